@@ -1,0 +1,192 @@
+"""The adapter layer between trio and grpclib (asyncio).
+
+grpclib only runs on asyncio; krproxy runs it inside trio through trio-asyncio. This module
+keeps the grpclib-specific pieces in one place:
+
+- :class:`BytesCodec` lets a handler or a client pass ``bytes`` instead of a message, so
+  forwarded calls are never decoded (betterproto2 messages still encode/decode as usual).
+- :class:`RawStatusDetailsCodec` carries ``grpc-status-details-bin`` through as bytes.
+- :func:`install_fallback` answers method paths nobody registered (grpclib's own answer
+  lacks ``content-type``, which grpc-go reports as UNKNOWN instead of UNIMPLEMENTED).
+- :func:`bind_unix_socket` replaces a stale socket file but refuses to take over a live one.
+- :func:`serve` runs a grpclib server as a trio task: ready only once it listens.
+
+Create grpclib ``Server`` and ``Channel`` objects only inside ``trio_asyncio.open_loop()``:
+both capture the running asyncio loop when constructed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import functools
+import logging
+import os
+import socket
+import stat
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import grpclib.const
+import grpclib.server
+import trio
+import trio_asyncio
+from grpclib.encoding.base import StatusDetailsCodecBase
+from grpclib.encoding.proto import ProtoCodec
+from grpclib.exceptions import GRPCError
+
+LOGGER = logging.getLogger("krproxy.grpc")
+
+#: The request/reply "type" for methods handled as raw bytes.
+Raw = bytes
+
+StreamHandler = Callable[[grpclib.server.Stream[Any, Any]], Awaitable[None]]
+
+
+class BytesCodec(ProtoCodec):
+    """Protobuf codec that passes ``bytes`` through untouched.
+
+    Content subtype stays ``proto``, so peers see an ordinary gRPC protobuf service.
+    """
+
+    def encode(self, message: Any, message_type: Any) -> bytes:
+        if message_type is Raw:
+            return bytes(message)
+        return bytes(message.SerializeToString())
+
+    def decode(self, data: bytes, message_type: Any) -> Any:
+        if message_type is Raw:
+            return data
+        return message_type.FromString(data)
+
+
+class RawStatusDetailsCodec(StatusDetailsCodecBase):
+    """Keeps rich error details (``grpc-status-details-bin``) as opaque bytes, both ways."""
+
+    def encode(self, status: grpclib.const.Status, message: str | None, details: Any) -> bytes:
+        return bytes(details)
+
+    def decode(self, status: grpclib.const.Status, message: str | None, data: bytes) -> bytes:
+        return data
+
+
+class _FallbackMapping(dict[str, grpclib.const.Handler]):
+    """A route table whose ``get`` builds a handler for paths that are not registered."""
+
+    def __init__(
+        self,
+        routes: Mapping[str, grpclib.const.Handler],
+        fallback: Callable[[str], grpclib.const.Handler],
+    ) -> None:
+        super().__init__(routes)
+        self._fallback = fallback
+
+    def get(self, path: str, default: Any = None) -> grpclib.const.Handler:
+        handler = super().get(path)
+        return handler if handler is not None else self._fallback(path)
+
+
+def install_fallback(server: grpclib.server.Server, fallback: Callable[[str], grpclib.const.Handler]) -> None:
+    """Route every unregistered method path of ``server`` to ``fallback(path)``.
+
+    grpclib copies the handlers' ``__mapping__()`` into ``Server._mapping`` and looks paths up
+    with ``.get()``; there is no public hook for unknown paths, so this swaps that dict for
+    one with a default. Call it before :meth:`Server.start`.
+    """
+    server._mapping = _FallbackMapping(server._mapping, fallback)
+
+
+async def _unimplemented(path: str, stream: grpclib.server.Stream[Any, Any]) -> None:
+    raise GRPCError(grpclib.const.Status.UNIMPLEMENTED, f"unknown method {path}")
+
+
+def unimplemented_fallback(path: str) -> grpclib.const.Handler:
+    """A fallback answering UNIMPLEMENTED the way a real gRPC server does (with content-type)."""
+    return grpclib.const.Handler(
+        functools.partial(_unimplemented, path), grpclib.const.Cardinality.STREAM_STREAM, Raw, Raw
+    )
+
+
+class SocketInUseError(OSError):
+    """Another process is accepting connections on the socket path we were asked to bind."""
+
+
+def strip_unix_scheme(endpoint: str) -> str:
+    """``unix:///run/x.sock`` and ``/run/x.sock`` both name the socket file ``/run/x.sock``."""
+    return endpoint.removeprefix("unix://")
+
+
+def bind_unix_socket(path: str, *, mode: int = 0o660, gid: int | None = None) -> socket.socket:
+    """Bind and listen on a unix socket at ``path``, with ``mode`` (and group ``gid``).
+
+    A socket file nobody listens on (left by a crash) is replaced. A socket somebody
+    listens on raises :class:`SocketInUseError`: taking it over silently would cut off the
+    other process. Any other kind of file at ``path`` is an error too.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        st = os.lstat(path)
+        if not stat.S_ISSOCK(st.st_mode):
+            raise FileExistsError(errno.EEXIST, "exists and is not a socket", path)
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except ConnectionRefusedError:
+            LOGGER.info("event=stale_socket_removed path=%s", path)
+            os.unlink(path)
+        else:
+            raise SocketInUseError(errno.EADDRINUSE, "another process is listening on", path)
+        finally:
+            probe.close()
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        # Set permissions before listen(): nobody can connect in between.
+        os.chmod(path, mode)
+        if gid is not None:
+            os.chown(path, -1, gid)
+        sock.listen(128)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def serve(
+    handlers: Iterable[Any],
+    path: str,
+    *,
+    codec: ProtoCodec | None = None,
+    status_details_codec: StatusDetailsCodecBase | None = None,
+    fallback: Callable[[str], grpclib.const.Handler] | None = unimplemented_fallback,
+    mode: int = 0o660,
+    configure: Callable[[grpclib.server.Server], None] | None = None,
+    task_status: trio.TaskStatus[grpclib.server.Server] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve grpclib ``handlers`` on the unix socket ``path`` until cancelled.
+
+    Must run inside ``trio_asyncio.open_loop()``. Reports the started ``Server`` through
+    ``task_status`` only once the socket accepts connections.
+
+    Resource handling: on cancellation the server stops listening, in-flight handlers are
+    cancelled, and the socket file is removed (it is ours: we bound it).
+    """
+    sock = bind_unix_socket(path, mode=mode)
+    server = grpclib.server.Server(list(handlers), codec=codec, status_details_codec=status_details_codec)
+    if fallback is not None:
+        install_fallback(server, fallback)
+    if configure is not None:
+        configure(server)
+    try:
+        await trio_asyncio.aio_as_trio(server.start)(sock=sock)
+        task_status.started(server)
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            server.close()
+            await trio_asyncio.aio_as_trio(server.wait_closed)()
+            sock.close()
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)

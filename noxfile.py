@@ -1,0 +1,54 @@
+"""Sessions that build, check and test krproxy.
+
+``nox`` with no arguments runs the default sessions: the unit and integration tests,
+the end-to-end tests against a real containerd (skipped with a reason where the machine
+cannot run one), lint and typecheck.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.sessions = ["tests", "e2e", "lint", "typecheck"]
+nox.options.reuse_existing_virtualenvs = True
+
+def _install(session: nox.Session) -> None:
+    session.install("-e", ".[test]")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Unit and integration tests (no real runtime needed)."""
+    _install(session)
+    session.run("pytest", "tests/unit", "tests/integration", *session.posargs)
+
+
+@nox.session
+def e2e(session: nox.Session) -> None:
+    """End-to-end tests: the krproxy daemon in front of a real containerd in a private sandbox."""
+    _install(session)
+    session.run("pytest", "tests/e2e", *session.posargs)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff: lint and formatting."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on krproxy/ and fakes/ (generated code excluded)."""
+    _install(session)
+    session.install("mypy")
+    session.run("mypy")
+
+
+@nox.session
+def protos(session: nox.Session) -> None:
+    """Regenerate krproxy/proto from protos/ (commit the result)."""
+    _install(session)
+    session.run("python", "scripts/genproto.py")
