@@ -154,6 +154,12 @@ def bind_unix_socket(path: str, *, mode: int = 0o660, gid: int | None = None) ->
     return sock
 
 
+def stop_listening(server: grpclib.server.Server) -> None:
+    """Stop accepting connections but leave running calls alone (grpclib's ``close`` cancels them)."""
+    if server._server is not None:
+        server._server.close()
+
+
 async def serve(
     handlers: Iterable[Any],
     path: str,
@@ -162,6 +168,7 @@ async def serve(
     status_details_codec: StatusDetailsCodecBase | None = None,
     fallback: Callable[[str], grpclib.const.Handler] | None = unimplemented_fallback,
     mode: int = 0o660,
+    gid: int | None = None,
     configure: Callable[[grpclib.server.Server], None] | None = None,
     task_status: trio.TaskStatus[grpclib.server.Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -173,7 +180,7 @@ async def serve(
     Resource handling: on cancellation the server stops listening, in-flight handlers are
     cancelled, and the socket file is removed (it is ours: we bound it).
     """
-    sock = bind_unix_socket(path, mode=mode)
+    sock = bind_unix_socket(path, mode=mode, gid=gid)
     server = grpclib.server.Server(list(handlers), codec=codec, status_details_codec=status_details_codec)
     if fallback is not None:
         install_fallback(server, fallback)

@@ -1,0 +1,85 @@
+"""Structured logging: one line per event, ``key=value`` (default) or JSON.
+
+Code logs events with :func:`event`, naming the event and its fields::
+
+    log.event(LOGGER, "backend_unavailable", backend="/run/containerd.sock", error=str(err))
+
+which renders as ``ts=2026-11-22T07:02:03.123Z level=warning logger=krproxy.forward
+event=backend_unavailable backend=/run/containerd.sock error="..."``. Plain ``LOGGER.info(msg)``
+calls from libraries still render, with their text as ``msg=``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+FORMATS = ("logfmt", "json")
+LEVELS = ("debug", "info", "warning", "error")
+
+
+def event(logger: logging.Logger, name: str, *, level: int = logging.INFO, **fields: Any) -> None:
+    """Log the event ``name`` with ``fields`` at ``level``."""
+    if logger.isEnabledFor(level):
+        logger.log(level, name, extra={"krproxy_fields": fields})
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    seconds = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+    return f"{seconds}.{int(record.msecs):03d}Z"
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "ts": _timestamp(record),
+        "level": record.levelname.lower(),
+        "logger": record.name,
+    }
+    extra = getattr(record, "krproxy_fields", None)
+    if extra is None:
+        fields["msg"] = record.getMessage()
+    else:
+        fields["event"] = record.getMessage()
+        fields.update(extra)
+    if record.exc_info:
+        fields["exc"] = logging.Formatter().formatException(record.exc_info)
+    return fields
+
+
+def _logfmt_value(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    if text and not any(c in text for c in ' "=\n\t\\'):
+        return text
+    return json.dumps(text)
+
+
+class LogfmtFormatter(logging.Formatter):
+    """``key=value`` pairs; values with spaces, quotes or ``=`` are JSON-quoted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return " ".join(f"{key}={_logfmt_value(value)}" for key, value in _fields(record).items())
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(_fields(record), default=str)
+
+
+def configure(level: str = "info", fmt: str = "logfmt", stream: Any = None) -> None:
+    """Send all logging to ``stream`` (stderr) in ``fmt`` at ``level``, replacing earlier setup."""
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {FORMATS}, not {fmt!r}")
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else LogfmtFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    # grpclib logs every cancelled request at INFO; keep its noise below ours.
+    logging.getLogger("grpclib").setLevel(max(root.level, logging.WARNING))
