@@ -169,18 +169,21 @@ async def serve(
     fallback: Callable[[str], grpclib.const.Handler] | None = unimplemented_fallback,
     mode: int = 0o660,
     gid: int | None = None,
+    sock: socket.socket | None = None,
     configure: Callable[[grpclib.server.Server], None] | None = None,
     task_status: trio.TaskStatus[grpclib.server.Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve grpclib ``handlers`` on the unix socket ``path`` until cancelled.
 
-    Must run inside ``trio_asyncio.open_loop()``. Reports the started ``Server`` through
+    Must run inside ``trio_asyncio.open_loop()``. Binds ``path`` itself unless given a
+    socket already bound there by :func:`bind_unix_socket` as ``sock``. Reports the started ``Server`` through
     ``task_status`` only once the socket accepts connections.
 
     Resource handling: on cancellation the server stops listening, in-flight handlers are
     cancelled, and the socket file is removed (it is ours: we bound it).
     """
-    sock = bind_unix_socket(path, mode=mode, gid=gid)
+    if sock is None:
+        sock = bind_unix_socket(path, mode=mode, gid=gid)
     server = grpclib.server.Server(list(handlers), codec=codec, status_details_codec=status_details_codec)
     if fallback is not None:
         install_fallback(server, fallback)

@@ -79,6 +79,8 @@ async def serve(
     """
     if config.backend_mode is not BackendMode.CONTAINERD:
         raise NotImplementedError(f"backend mode {config.backend_mode.value} is not supported yet")
+    # Bind before anything else runs, so "socket in use" surfaces as itself, not in a group.
+    sock = _grpc.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
     runtime = Backend(config.runtime_endpoint)
     image = runtime if config.image_socket == config.runtime_endpoint else Backend(config.image_socket)
     forwarder = Forwarder(runtime, image)
@@ -92,8 +94,7 @@ async def serve(
                     codec=_grpc.BytesCodec(),
                     status_details_codec=_grpc.RawStatusDetailsCodec(),
                     fallback=forwarder.fallback,
-                    mode=config.socket_mode,
-                    gid=config.socket_group,
+                    sock=sock,
                 )
             )
             daemon = Daemon(config, forwarder, server)

@@ -25,7 +25,6 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
-import anyio
 import attrs
 import grpclib.client
 import grpclib.server
@@ -252,16 +251,27 @@ class Forwarder:
         with self._track():
             backend = self.backend_for(path)
             try:
-                async with (
-                    backend.call(
-                        path, Cardinality.STREAM_STREAM, metadata=stream.metadata, deadline=stream.deadline
-                    ) as upstream,
-                    anyio.create_task_group() as tg,
-                ):
-                    tg.start_soon(_relay_requests, stream, upstream)
-                    await _relay_replies(upstream, stream)
+                async with backend.call(
+                    path, Cardinality.STREAM_STREAM, metadata=stream.metadata, deadline=stream.deadline
+                ) as upstream:
+                    await upstream.send_request()
+                    # Requests are pumped by a task of their own while replies are relayed
+                    # here, so the backend's status surfaces as a plain GRPCError (not an
+                    # exception group). The pump ends with the call either way.
+                    pump = asyncio.ensure_future(_relay_requests(stream, upstream))
+                    pump.add_done_callback(_consume_outcome)
+                    try:
+                        await _relay_replies(upstream, stream)
+                    finally:
+                        pump.cancel()
             except BackendError as err:
                 await _relay_error(stream, err)
+
+
+def _consume_outcome(task: asyncio.Future[None]) -> None:
+    """Mark a helper task's outcome as seen; a caller that stopped sending is no error."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _relay_requests(stream: ServerStream, upstream: grpclib.client.Stream[bytes, bytes]) -> None:

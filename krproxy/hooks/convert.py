@@ -1,0 +1,386 @@
+"""Named conversions between wire messages (CRI ``runtime.v1``, hook protocol ``runtime.v1alpha1``) and the
+domain records of :mod:`krproxy.hooks.model`. Every wire type the hook core reads or writes passes here.
+
+From CRI requests (the live path, koord-runtime-proxy's ``ParseRequest``):
+
+* :func:`pod_from_run_request` — RunPodSandbox → :class:`PodInfo`: name, uid, namespace, runtime handler,
+  labels, annotations, ``config.linux.cgroup_parent``. ``resources``/``overhead`` stay ``None`` (the reference
+  fills them in Docker mode only). Unlike the reference we also keep the metadata ``attempt`` and pass it on
+  in ``pod_meta`` (an additive field no plugin is known to read).
+* :func:`container_from_create_request` — CreateContainer + the stored pod → :class:`ContainerInfo`: name,
+  attempt, annotations, ``config.linux.resources`` (always present, zero when absent), envs (list → map, the
+  later value of a duplicated name wins, first-seen order kept), ``sandbox_config.linux.cgroup_parent``.
+
+From CRI List/Status answers (store recovery after a restart; the reference recovers only metadata, labels and
+annotations and loses cgroup parent, resources and envs):
+
+* :func:`pod_from_sandbox` / :func:`container_from_list` — what ``ListPodSandbox``/``ListContainers`` carry
+  (reference parity: no cgroup parent, resources unknown, no envs).
+* :func:`pod_from_status` / :func:`container_from_status` — ``PodSandboxStatus``/``ContainerStatus`` plus the
+  ``info`` map of a ``verbose=true`` status call. What each runtime reports:
+
+  - ``PodSandboxStatus`` has no cgroup parent field. containerd (1.6 and later) puts a JSON document under
+    ``info["info"]`` whose ``config`` is the PodSandboxConfig it received (so ``config.linux.cgroup_parent``
+    is exactly what the proxy forwarded, after hooks) and whose ``runtimeSpec.linux.cgroupsPath`` is the OCI
+    cgroup path. We take ``config.linux.cgroup_parent`` first, else derive the parent from ``cgroupsPath``
+    (``parent:prefix:id`` systemd form → ``parent``; a cgroupfs path ending in the sandbox id → its
+    directory), else ``""``.
+  - ``ContainerStatus.resources.linux`` is the runtime's view of the current resources (containerd ≥ 1.7,
+    CRI-O); containerd 1.6 leaves it empty. Then we fall back to the verbose ``config.linux.resources`` —
+    the creation-time values, stale if UpdateContainerResources ran since — else ``None`` (unknown).
+    We do not read ``runtimeSpec.linux.resources``: containerd rewrites values there (e.g. swap = limit).
+  - envs come from the verbose ``config.envs`` (the CRI envs; ``runtimeSpec.process.env`` also holds the
+    image's variables, so it is not used); absent → empty.
+  Malformed or missing verbose info is never an error: the field is simply not recovered.
+
+To hook-protocol requests: :func:`pod_hook_request` (PreRunPodSandbox, PostStopPodSandbox) and
+:func:`container_hook_request` (the five container hooks).
+
+CRI ``KeyValue.value`` is ``bytes`` in our schema while hook-protocol envs are strings: values are decoded as
+UTF-8 with ``surrogateescape`` (so they encode back to the same bytes); in hook requests any undecodable byte
+is sent as U+FFFD.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
+from krproxy.proto.runtime import v1, v1alpha1
+
+__all__ = [
+    "container_from_create_request",
+    "container_from_list",
+    "container_from_status",
+    "container_hook_request",
+    "envs_from_cri",
+    "envs_to_cri",
+    "pod_from_run_request",
+    "pod_from_sandbox",
+    "pod_from_status",
+    "pod_hook_request",
+    "resources_from_cri",
+    "resources_from_hook",
+    "resources_to_cri",
+    "resources_to_hook",
+]
+
+_AnyResources = v1.LinuxContainerResources | v1alpha1.LinuxContainerResources
+
+
+# --- resources and envs ------------------------------------------------------------------------------------
+
+
+def _resources_from(r: _AnyResources) -> Resources:
+    return Resources(
+        cpu_period=r.cpu_period,
+        cpu_quota=r.cpu_quota,
+        cpu_shares=r.cpu_shares,
+        memory_limit_in_bytes=r.memory_limit_in_bytes,
+        oom_score_adj=r.oom_score_adj,
+        cpuset_cpus=r.cpuset_cpus,
+        cpuset_mems=r.cpuset_mems,
+        hugepage_limits=[(h.page_size, h.limit) for h in r.hugepage_limits],
+        unified=r.unified,
+        memory_swap_limit_in_bytes=r.memory_swap_limit_in_bytes,
+    )
+
+
+def resources_from_cri(resources: v1.LinuxContainerResources | None) -> Resources:
+    """CRI resources → :class:`Resources`; ``None`` gives all-zero resources (like Go's nil-safe getters)."""
+    return _resources_from(resources) if resources is not None else Resources()
+
+
+def resources_from_hook(resources: v1alpha1.LinuxContainerResources | None) -> Resources | None:
+    """Hook-protocol resources → :class:`Resources`; ``None`` stays ``None`` (the plugin sent none)."""
+    return _resources_from(resources) if resources is not None else None
+
+
+def write_resources(target: _AnyResources, resources: Resources) -> None:
+    """Set every field of *target* (a CRI or hook message) from *resources*, keeping its unknown fields."""
+    target.cpu_period = resources.cpu_period
+    target.cpu_quota = resources.cpu_quota
+    target.cpu_shares = resources.cpu_shares
+    target.memory_limit_in_bytes = resources.memory_limit_in_bytes
+    target.oom_score_adj = resources.oom_score_adj
+    target.cpuset_cpus = resources.cpuset_cpus
+    target.cpuset_mems = resources.cpuset_mems
+    target.unified = dict(resources.unified)
+    target.memory_swap_limit_in_bytes = resources.memory_swap_limit_in_bytes
+    if isinstance(target, v1.LinuxContainerResources):
+        target.hugepage_limits = [
+            v1.HugepageLimit(page_size=s, limit=n) for s, n in resources.hugepage_limits
+        ]
+    else:
+        target.hugepage_limits = [
+            v1alpha1.HugepageLimit(page_size=s, limit=n) for s, n in resources.hugepage_limits
+        ]
+
+
+def resources_to_cri(resources: Resources) -> v1.LinuxContainerResources:
+    """:class:`Resources` → a new CRI ``LinuxContainerResources``."""
+    message = v1.LinuxContainerResources()
+    write_resources(message, resources)
+    return message
+
+
+def resources_to_hook(resources: Resources) -> v1alpha1.LinuxContainerResources:
+    """:class:`Resources` → a new hook-protocol ``LinuxContainerResources``."""
+    message = v1alpha1.LinuxContainerResources()
+    write_resources(message, resources)
+    return message
+
+
+def envs_from_cri(envs: Iterable[v1.KeyValue]) -> FrozenMap[str, str]:
+    """CRI env list → map: a later value of a duplicated name wins, names keep their first-seen position."""
+    return FrozenMap((kv.key, kv.value.decode("utf-8", "surrogateescape")) for kv in envs)
+
+
+def envs_to_cri(envs: Mapping[str, str]) -> list[v1.KeyValue]:
+    """Map → CRI env list, in the map's order."""
+    return [v1.KeyValue(key=k, value=v.encode("utf-8", "surrogateescape")) for k, v in envs.items()]
+
+
+def _hook_safe(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return value
+
+
+# --- from CRI requests -------------------------------------------------------------------------------------
+
+
+def pod_from_run_request(request: v1.RunPodSandboxRequest) -> PodInfo:
+    """The pod record of a RunPodSandbox request (before or after hooks were merged into it)."""
+    config = request.config or v1.PodSandboxConfig()
+    meta = config.metadata or v1.PodSandboxMetadata()
+    return PodInfo(
+        name=meta.name,
+        uid=meta.uid,
+        namespace=meta.namespace,
+        attempt=meta.attempt,
+        runtime_handler=request.runtime_handler,
+        labels=config.labels,
+        annotations=config.annotations,
+        cgroup_parent=config.linux.cgroup_parent if config.linux is not None else "",
+    )
+
+
+def container_from_create_request(request: v1.CreateContainerRequest, pod: PodInfo) -> ContainerInfo:
+    """The container record of a CreateContainer request; *pod* is the stored record of its sandbox."""
+    config = request.config or v1.ContainerConfig()
+    meta = config.metadata or v1.ContainerMetadata()
+    sandbox_linux = request.sandbox_config.linux if request.sandbox_config is not None else None
+    return ContainerInfo(
+        pod_sandbox_id=request.pod_sandbox_id,
+        pod=pod,
+        name=meta.name,
+        attempt=meta.attempt,
+        annotations=config.annotations,
+        resources=resources_from_cri(config.linux.resources if config.linux is not None else None),
+        envs=envs_from_cri(config.envs),
+        pod_cgroup_parent=sandbox_linux.cgroup_parent if sandbox_linux is not None else "",
+    )
+
+
+# --- from CRI List/Status answers (recovery) ---------------------------------------------------------------
+
+
+def pod_from_sandbox(sandbox: v1.PodSandbox) -> PodInfo:
+    """The pod record recoverable from a ListPodSandbox item (no cgroup parent: the list does not carry it)."""
+    meta = sandbox.metadata or v1.PodSandboxMetadata()
+    return PodInfo(
+        name=meta.name,
+        uid=meta.uid,
+        namespace=meta.namespace,
+        attempt=meta.attempt,
+        runtime_handler=sandbox.runtime_handler,
+        labels=sandbox.labels,
+        annotations=sandbox.annotations,
+    )
+
+
+def _verbose(info: Mapping[str, str] | None) -> dict[str, Any]:
+    """The JSON document a runtime puts under ``info["info"]`` of a verbose status, or ``{}``."""
+    if not info or "info" not in info:
+        return {}
+    try:
+        document = json.loads(info["info"])
+    except (ValueError, RecursionError):
+        return {}
+    return document if isinstance(document, dict) else {}
+
+
+def _dig(document: Any, *path: str) -> Any:
+    for key in path:
+        if not isinstance(document, dict):
+            return None
+        document = document.get(key)
+    return document
+
+
+def _cgroup_parent_from_path(cgroups_path: str, sandbox_id: str) -> str:
+    parts = cgroups_path.split(":")
+    if len(parts) == 3:  # systemd driver: "<parent slice>:<prefix>:<id>"
+        return parts[0]
+    head, _, tail = cgroups_path.rstrip("/").rpartition("/")
+    if sandbox_id and sandbox_id in tail:  # cgroupfs driver: "<parent>/<id>" (CRI-O: "<parent>/crio-<id>")
+        return head
+    return ""
+
+
+def pod_from_status(status: v1.PodSandboxStatus, info: Mapping[str, str] | None = None) -> PodInfo:
+    """The pod record recoverable from PodSandboxStatus and its verbose *info* (see the module docstring)."""
+    meta = status.metadata or v1.PodSandboxMetadata()
+    document = _verbose(info)
+    cgroup_parent = _dig(document, "config", "linux", "cgroup_parent")
+    if not isinstance(cgroup_parent, str) or not cgroup_parent:
+        cgroups_path = _dig(document, "runtimeSpec", "linux", "cgroupsPath")
+        cgroup_parent = (
+            _cgroup_parent_from_path(cgroups_path, status.id) if isinstance(cgroups_path, str) else ""
+        )
+    return PodInfo(
+        name=meta.name,
+        uid=meta.uid,
+        namespace=meta.namespace,
+        attempt=meta.attempt,
+        runtime_handler=status.runtime_handler,
+        labels=status.labels,
+        annotations=status.annotations,
+        cgroup_parent=cgroup_parent,
+    )
+
+
+def container_from_list(container: v1.Container, pod: PodInfo) -> ContainerInfo:
+    """The container record recoverable from a ListContainers item (resources unknown, no envs)."""
+    meta = container.metadata or v1.ContainerMetadata()
+    return ContainerInfo(
+        pod_sandbox_id=container.pod_sandbox_id,
+        pod=pod,
+        name=meta.name,
+        attempt=meta.attempt,
+        id=container.id,
+        annotations=container.annotations,
+        resources=None,
+        pod_cgroup_parent=pod.cgroup_parent,
+    )
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _str(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _resources_from_json(document: Any) -> Resources | None:
+    """Resources from the Go-JSON form of a CRI LinuxContainerResources (snake_case keys, omitempty)."""
+    if not isinstance(document, dict):
+        return None
+    hugepages = document.get("hugepage_limits")
+    unified = document.get("unified")
+    return Resources(
+        cpu_period=_int(document.get("cpu_period")),
+        cpu_quota=_int(document.get("cpu_quota")),
+        cpu_shares=_int(document.get("cpu_shares")),
+        memory_limit_in_bytes=_int(document.get("memory_limit_in_bytes")),
+        oom_score_adj=_int(document.get("oom_score_adj")),
+        cpuset_cpus=_str(document.get("cpuset_cpus")),
+        cpuset_mems=_str(document.get("cpuset_mems")),
+        hugepage_limits=[
+            (_str(h.get("page_size")), _int(h.get("limit")))
+            for h in (hugepages if isinstance(hugepages, list) else [])
+            if isinstance(h, dict)
+        ],
+        unified=(
+            {k: v for k, v in unified.items() if isinstance(v, str)} if isinstance(unified, dict) else None
+        ),
+        memory_swap_limit_in_bytes=_int(document.get("memory_swap_limit_in_bytes")),
+    )
+
+
+def _envs_from_json(document: Any) -> FrozenMap[str, str]:
+    if not isinstance(document, list):
+        return FrozenMap()
+    return FrozenMap(
+        (_str(kv.get("key")), _str(kv.get("value")))
+        for kv in document
+        if isinstance(kv, dict) and isinstance(kv.get("key"), str)
+    )
+
+
+def container_from_status(
+    status: v1.ContainerStatus,
+    pod_sandbox_id: str,
+    pod: PodInfo,
+    info: Mapping[str, str] | None = None,
+) -> ContainerInfo:
+    """The container record recoverable from ContainerStatus and its verbose *info* (see the module docstring).
+
+    ContainerStatus does not name the sandbox: pass *pod_sandbox_id* from the ListContainers item.
+    """
+    meta = status.metadata or v1.ContainerMetadata()
+    document = _verbose(info)
+    resources: Resources | None
+    if status.resources is not None and status.resources.linux is not None:
+        resources = resources_from_cri(status.resources.linux)
+    else:
+        resources = _resources_from_json(_dig(document, "config", "linux", "resources"))
+    return ContainerInfo(
+        pod_sandbox_id=pod_sandbox_id,
+        pod=pod,
+        name=meta.name,
+        attempt=meta.attempt,
+        id=status.id,
+        annotations=status.annotations,
+        resources=resources,
+        envs=_envs_from_json(_dig(document, "config", "envs")),
+        pod_cgroup_parent=pod.cgroup_parent,
+    )
+
+
+# --- to hook-protocol requests -----------------------------------------------------------------------------
+
+
+def _pod_meta(pod: PodInfo) -> v1alpha1.PodSandboxMetadata:
+    return v1alpha1.PodSandboxMetadata(
+        name=pod.name, uid=pod.uid, namespace=pod.namespace, attempt=pod.attempt
+    )
+
+
+def pod_hook_request(pod: PodInfo) -> v1alpha1.PodSandboxHookRequest:
+    """The request of PreRunPodSandbox and PostStopPodSandbox hooks for *pod*."""
+    return v1alpha1.PodSandboxHookRequest(
+        pod_meta=_pod_meta(pod),
+        runtime_handler=pod.runtime_handler,
+        labels=dict(pod.labels),
+        annotations=dict(pod.annotations),
+        cgroup_parent=pod.cgroup_parent,
+        overhead=resources_to_hook(pod.overhead) if pod.overhead is not None else None,
+        resources=resources_to_hook(pod.resources) if pod.resources is not None else None,
+    )
+
+
+def container_hook_request(container: ContainerInfo) -> v1alpha1.ContainerResourceHookRequest:
+    """The request of the container hooks for *container* (``container_resources`` absent when unknown)."""
+    pod = container.pod
+    return v1alpha1.ContainerResourceHookRequest(
+        pod_meta=_pod_meta(pod),
+        container_meta=v1alpha1.ContainerMetadata(
+            name=container.name, attempt=container.attempt, id=container.id
+        ),
+        container_annotations=dict(container.annotations),
+        container_resources=(
+            resources_to_hook(container.resources) if container.resources is not None else None
+        ),
+        pod_resources=resources_to_hook(pod.resources) if pod.resources is not None else None,
+        pod_annotations=dict(pod.annotations),
+        pod_labels=dict(pod.labels),
+        pod_cgroup_parent=container.pod_cgroup_parent,
+        container_envs={k: _hook_safe(v) for k, v in container.envs.items()},
+    )

@@ -1,0 +1,175 @@
+"""Frozen domain records for runtime hooks: what the proxy knows about a pod or a container.
+
+These records are the sans-I/O core's vocabulary. They never hold wire (betterproto2) objects; the
+conversions to and from CRI and hook-protocol messages live in :mod:`krproxy.hooks.convert`.
+
+Immutable mappings: every string map (labels, annotations, envs, cgroup v2 ``unified``) is a
+:class:`FrozenMap` — a read-only, *hashable*, insertion-ordered ``Mapping``. Hashable so that records stay
+usable as set members and dict keys (attrs frozen classes hash their fields); insertion-ordered so that an
+environment keeps the order kubelet sent it in (see :func:`krproxy.hooks.merge.apply_create`). Equality
+ignores order, like ``dict``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from typing import Generic, TypeVar, final, overload
+
+import attrs
+
+__all__ = [
+    "ContainerInfo",
+    "FrozenMap",
+    "PodInfo",
+    "Resources",
+    "to_frozen_map",
+]
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+@final
+class FrozenMap(Mapping[K, V], Generic[K, V]):
+    """A read-only, hashable mapping that remembers insertion order.
+
+    Strictly read-only: there is no way to change one after construction; :meth:`merged` returns a new one.
+    Hashing requires hashable values.
+    """
+
+    __slots__ = ("_data", "_hash")
+
+    _data: dict[K, V]
+    _hash: int | None
+
+    def __init__(self, items: Mapping[K, V] | Iterable[tuple[K, V]] = ()) -> None:
+        self._data = dict(items)
+        self._hash = None
+
+    def __getitem__(self, key: K) -> V:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, FrozenMap):
+            return self._data == other._data
+        if isinstance(other, Mapping):
+            return self._data == dict(other.items())
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = hash(frozenset(self._data.items()))
+        return self._hash
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+    def merged(self, *others: Mapping[K, V]) -> FrozenMap[K, V]:
+        """Return a copy with every key of *others* added or overwritten, in order (Koordinator's MergeMap)."""
+        data = dict(self._data)
+        for other in others:
+            data.update(other)
+        return FrozenMap(data)
+
+
+@overload
+def to_frozen_map(value: None) -> FrozenMap[str, str]: ...
+@overload
+def to_frozen_map(value: Mapping[K, V] | Iterable[tuple[K, V]]) -> FrozenMap[K, V]: ...
+def to_frozen_map(
+    value: Mapping[K, V] | Iterable[tuple[K, V]] | None,
+) -> FrozenMap[K, V] | FrozenMap[str, str]:
+    """Converter: ``None`` → empty map; a FrozenMap is returned as is; anything else is copied."""
+    if value is None:
+        return FrozenMap()
+    if isinstance(value, FrozenMap):
+        return value
+    return FrozenMap(value)
+
+
+def _str_map(value: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> FrozenMap[str, str]:
+    return to_frozen_map(value)
+
+
+def _hugepages(value: Iterable[tuple[str, int]] | None) -> tuple[tuple[str, int], ...]:
+    return tuple((str(size), int(limit)) for size, limit in value or ())
+
+
+@attrs.frozen
+class Resources:
+    """Linux cgroup settings of a container (or pod), as CRI's ``LinuxContainerResources``.
+
+    Zero and ``""`` mean "not set", except ``cpu_quota`` −1 (unlimited) and ``oom_score_adj`` where 0 is a value.
+
+    Attributes:
+        hugepage_limits: ``(page_size, limit)`` pairs in request order, e.g. ``(("2MB", 1 << 30),)``.
+        unified: cgroup v2 ``unified`` key/values.
+    """
+
+    cpu_period: int = 0
+    cpu_quota: int = 0
+    cpu_shares: int = 0
+    memory_limit_in_bytes: int = 0
+    oom_score_adj: int = 0
+    cpuset_cpus: str = ""
+    cpuset_mems: str = ""
+    hugepage_limits: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_hugepages)
+    unified: FrozenMap[str, str] = attrs.field(factory=FrozenMap, converter=_str_map)
+    memory_swap_limit_in_bytes: int = 0
+
+
+@attrs.frozen
+class PodInfo:
+    """What the proxy remembers about a pod sandbox (Koordinator's ``PodSandboxInfo``).
+
+    Attributes:
+        resources: pod-level resources; ``None`` in CRI mode (the reference only fills it for Docker).
+        overhead: pod overhead; ``None`` in CRI mode, likewise.
+    """
+
+    name: str = ""
+    uid: str = ""
+    namespace: str = ""
+    attempt: int = 0
+    runtime_handler: str = ""
+    labels: FrozenMap[str, str] = attrs.field(factory=FrozenMap, converter=_str_map)
+    annotations: FrozenMap[str, str] = attrs.field(factory=FrozenMap, converter=_str_map)
+    cgroup_parent: str = ""
+    resources: Resources | None = None
+    overhead: Resources | None = None
+
+    def has_label(self, key: str, value: str) -> bool:
+        """Whether the pod carries label *key* with exactly *value* (used for the skip-hookserver opt-out)."""
+        return self.labels.get(key) == value
+
+
+@attrs.frozen
+class ContainerInfo:
+    """What the proxy remembers about a container (Koordinator's ``ContainerInfo``).
+
+    Attributes:
+        pod_sandbox_id: the sandbox the container belongs to.
+        pod: the pod's record as it was when the container was created (gives the hook request's
+            ``pod_meta``, ``pod_labels``, ``pod_annotations`` and ``pod_resources``).
+        id: the runtime's container id; ``""`` before CreateContainer returned.
+        resources: ``None`` when unknown (recovered from a runtime that does not report them).
+        envs: environment, one value per name (later duplicates win), in first-seen order.
+        pod_cgroup_parent: the pod's cgroup parent as seen by this container (CreateContainer's
+            ``sandbox_config.linux.cgroup_parent``; a plugin may change it).
+    """
+
+    pod_sandbox_id: str = ""
+    pod: PodInfo = attrs.field(factory=PodInfo)
+    name: str = ""
+    attempt: int = 0
+    id: str = ""
+    annotations: FrozenMap[str, str] = attrs.field(factory=FrozenMap, converter=_str_map)
+    resources: Resources | None = None
+    envs: FrozenMap[str, str] = attrs.field(factory=FrozenMap, converter=_str_map)
+    pod_cgroup_parent: str = ""

@@ -1,0 +1,226 @@
+"""The hook server application: plugins, rules, the pods it knows about, and the executor.
+
+Everything here is synchronous: a hook call is "build the context, run the stage's
+functions, apply, answer", with no awaits, so it runs unchanged inside a grpclib handler
+(asyncio side), in the standalone reconcile loop and in unit tests. The socket glue lives in
+``_service`` and ``_standalone``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import attrs
+
+from krproxy.proto.runtime import v1alpha1 as hook
+
+from ._context import ContainerContext, ContainerInfo, PodContext, PodInfo
+from ._done import apply_container, apply_pod, container_response, pod_response
+from ._executor import Change, Executor
+from ._policy import NodePolicy
+from ._registry import FailurePolicy, HookFailedError, Level, Registry, Stage, run_hooks
+from ._rules import Rules
+
+LOGGER = logging.getLogger("krproxy.hookserver")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Where the executor writes unless told otherwise.
+DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
+DEFAULT_RESCTRL_ROOT = "/sys/fs/resctrl"
+
+
+@attrs.frozen
+class PodTarget:
+    """A pod and its known containers, as reconcilers see them."""
+
+    pod: PodInfo
+    containers: tuple[ContainerInfo, ...] = ()
+
+
+def _pod_key(pod: PodInfo) -> str:
+    return pod.meta.uid or pod.cgroup_parent
+
+
+@attrs.define
+class PodCache:
+    """The pods (and containers) a hook server has seen; the targets of a re-apply."""
+
+    _pods: dict[str, PodInfo] = attrs.Factory(dict)
+    _containers: dict[str, dict[str, ContainerInfo]] = attrs.Factory(dict)
+
+    def add_pod(self, pod: PodInfo) -> None:
+        key = _pod_key(pod)
+        self._pods[key] = pod
+        self._containers.setdefault(key, {})
+
+    def remove_pod(self, pod: PodInfo) -> None:
+        key = _pod_key(pod)
+        self._pods.pop(key, None)
+        self._containers.pop(key, None)
+
+    def add_container(self, container: ContainerInfo) -> None:
+        if not container.id:
+            return
+        key = _pod_key(container.pod)
+        if key not in self._pods:
+            self.add_pod(container.pod)
+        self._containers[key][container.id] = container
+
+    def remove_container(self, container: ContainerInfo) -> None:
+        self._containers.get(_pod_key(container.pod), {}).pop(container.id, None)
+
+    def replace(self, targets: Sequence[PodTarget]) -> None:
+        """Forget everything and take ``targets`` (standalone mode's listing)."""
+        self._pods.clear()
+        self._containers.clear()
+        for target in targets:
+            self.add_pod(target.pod)
+            for container in target.containers:
+                self.add_container(container)
+
+    def targets(self) -> tuple[PodTarget, ...]:
+        return tuple(
+            PodTarget(pod, tuple(self._containers.get(key, {}).values())) for key, pod in self._pods.items()
+        )
+
+
+@attrs.frozen
+class Ticker:
+    """A periodic plugin task: ``fn(targets)`` returns True when settings must be re-applied."""
+
+    name: str
+    interval: float
+    fn: Callable[[Sequence[PodTarget]], bool] = attrs.field(hash=False)
+
+
+def _default_executor() -> Executor:
+    return Executor.for_roots(DEFAULT_CGROUP_ROOT, DEFAULT_RESCTRL_ROOT)
+
+
+@attrs.define
+class HookServer:
+    """A hook server: register plugin functions on it, then serve it (or run it standalone).
+
+    Attributes:
+        plugin_failure_policy: FAIL stops a stage at the first raising function and answers
+            the hook call with an error; IGNORE logs and goes on (koordlet's default).
+    """
+
+    executor: Executor = attrs.Factory(_default_executor)
+    plugin_failure_policy: FailurePolicy = FailurePolicy.IGNORE
+    registry: Registry = attrs.Factory(Registry)
+    rules: Rules = attrs.Factory(Rules)
+    pods: PodCache = attrs.Factory(PodCache)
+    tickers: list[Ticker] = attrs.Factory(list)
+    policy: NodePolicy | None = None
+
+    def __attrs_post_init__(self) -> None:
+        self.rules.on_update(self.reconcile)
+
+    # -- registration ----------------------------------------------------------------------
+
+    def hook(self, stage: Stage, *, name: str | None = None, description: str = "") -> Callable[[F], F]:
+        """Decorator: run the function at ``stage`` (a PodContext or ContainerContext argument)."""
+
+        def register(fn: F) -> F:
+            self.registry.register(stage, name or fn.__name__, description or (fn.__doc__ or ""), fn)
+            return fn
+
+        return register
+
+    def reconciler(self, level: Level, *, name: str | None = None, description: str = "") -> Callable[[F], F]:
+        """Decorator: run the function for every known pod/container on re-apply and in standalone."""
+
+        def register(fn: F) -> F:
+            self.registry.register_reconciler(level, name or fn.__name__, description or (fn.__doc__ or ""), fn)
+            return fn
+
+        return register
+
+    def rule(self, name: str, description: str = "") -> Callable[[F], F]:
+        """Decorator: ``fn(policy) -> bool`` parses the node policy, True when it changed."""
+
+        def register(fn: F) -> F:
+            self.rules.register(name, description, fn)
+            return fn
+
+        return register
+
+    def every(self, interval: float, *, name: str) -> Callable[[F], F]:
+        """Decorator: call ``fn(targets) -> bool`` every ``interval`` s; True re-applies."""
+
+        def register(fn: F) -> F:
+            self.tickers.append(Ticker(name, interval, fn))
+            return fn
+
+        return register
+
+    # -- hook calls (proxy mode) -----------------------------------------------------------
+
+    def handle_pod(self, stage: Stage, req: hook.PodSandboxHookRequest) -> hook.PodSandboxHookResponse:
+        """Answer a pod-level hook call. Raises :class:`HookFailedError` under FAIL."""
+        ctx = PodContext(PodInfo.from_proto(req))
+        run_hooks(self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value)
+        apply_pod(self.executor, ctx)
+        if stage is Stage.PRE_RUN_POD_SANDBOX:
+            self.pods.add_pod(ctx.request)
+        elif stage is Stage.POST_STOP_POD_SANDBOX:
+            self.pods.remove_pod(ctx.request)
+        return pod_response(req, ctx)
+
+    def handle_container(
+        self, stage: Stage, req: hook.ContainerResourceHookRequest
+    ) -> hook.ContainerResourceHookResponse:
+        """Answer a container-level hook call. Raises :class:`HookFailedError` under FAIL."""
+        ctx = ContainerContext(ContainerInfo.from_proto(req))
+        run_hooks(self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value)
+        apply_container(self.executor, ctx, include_cri=False)
+        if stage is Stage.POST_STOP_CONTAINER:
+            self.pods.remove_container(ctx.request)
+        else:
+            self.pods.add_container(ctx.request)
+        return container_response(req, ctx)
+
+    # -- re-apply (policy change, tickers, standalone) ---------------------------------------
+
+    def reconcile(self, targets: Sequence[PodTarget] | None = None) -> list[Change]:
+        """Run the reconcilers for every target (default: all known pods) and write the results.
+
+        Everything goes through the executor here, CRI-expressible settings included. A
+        failing reconciler or write is logged; the other pods still get their settings.
+        """
+        changes: list[Change] = []
+        for target in self.pods.targets() if targets is None else targets:
+            pod_ctx = PodContext(target.pod)
+            changes += self._reconcile_one(Level.POD, pod_ctx, lambda c=pod_ctx: apply_pod(self.executor, c))
+            for container in target.containers:
+                ctx = ContainerContext(container)
+                changes += self._reconcile_one(
+                    Level.CONTAINER, ctx, lambda c=ctx: apply_container(self.executor, c, include_cri=True)
+                )
+        return changes
+
+    def _reconcile_one(self, level: Level, ctx: Any, done: Callable[[], list[Change]]) -> list[Change]:
+        try:
+            run_hooks(self.registry.reconcilers(level), ctx, FailurePolicy.IGNORE, where=f"reconcile-{level.value}")
+            return done()
+        except (OSError, HookFailedError) as exc:
+            LOGGER.error("event=reconcile_failed level=%s error=%r", level.value, exc)
+            return []
+
+    def set_policy(self, policy: NodePolicy) -> tuple[str, ...]:
+        """Take a new node policy: rules parse it; if any changed, all pods are re-applied."""
+        self.policy = policy
+        return self.rules.update(policy)
+
+    def tick(self, ticker: Ticker) -> list[Change]:
+        """Run one periodic task; re-apply when it says so."""
+        try:
+            changed = ticker.fn(self.pods.targets())
+        except Exception as exc:
+            LOGGER.error("event=ticker_failed ticker=%s error=%r", ticker.name, exc)
+            return []
+        return self.reconcile() if changed else []

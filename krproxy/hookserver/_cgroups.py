@@ -1,0 +1,85 @@
+"""Names of the cgroup files the policies touch, for cgroup v1 and v2, and where pods live.
+
+Pure: nothing here reads or writes a file. The executor uses these tables to turn
+"set cpu shares of this pod to 2" into a path and a value for the node's cgroup version.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+#: The CFS period kubelet and runc use when none is given (µs).
+DEFAULT_CFS_PERIOD = 100_000
+
+
+@attrs.frozen
+class _Names:
+    v1_controller: str
+    v1_file: str
+    v2_file: str
+
+
+class CgroupFile(enum.Enum):
+    """A cgroup setting by meaning; :meth:`path` gives the file for a cgroup version."""
+
+    CPU_SHARES = _Names("cpu", "cpu.shares", "cpu.weight")
+    CFS_QUOTA = _Names("cpu", "cpu.cfs_quota_us", "cpu.max")
+    CPUSET_CPUS = _Names("cpuset", "cpuset.cpus", "cpuset.cpus")
+    MEMORY_LIMIT = _Names("memory", "memory.limit_in_bytes", "memory.max")
+    # Anolis/Alibaba Cloud Linux "group identity"; absent on mainline kernels.
+    CPU_BVT = _Names("cpu", "cpu.bvt_warp_ns", "cpu.bvt_warp_ns")
+    # Linux ≥ 5.15 SCHED_IDLE for a whole cgroup.
+    CPU_IDLE = _Names("cpu", "cpu.idle", "cpu.idle")
+    CPU_USAGE = _Names("cpuacct", "cpuacct.usage", "cpu.stat")
+    PROCS = _Names("cpu", "cgroup.procs", "cgroup.procs")
+
+    def path(self, cgroup_dir: str, version: int) -> str:
+        """The file of this setting for ``cgroup_dir``, relative to the cgroup root."""
+        names: _Names = self.value
+        rel = cgroup_dir.strip("/")
+        if version == 1:
+            return "/".join(p for p in (names.v1_controller, rel, names.v1_file) if p)
+        return "/".join(p for p in (rel, names.v2_file) if p)
+
+
+def shares_to_weight(shares: int) -> int:
+    """cgroup v1 ``cpu.shares`` → v2 ``cpu.weight`` (the conversion runc and kubelet use)."""
+    shares = min(max(shares, 2), 262144)
+    return 1 + ((shares - 2) * 9999) // 262142
+
+
+def format_value(file: CgroupFile, value: int | str, version: int, current: str | None) -> str:
+    """The text to write into ``file`` for ``value``; ``current`` is the file's content (for cpu.max)."""
+    if version == 1 or isinstance(value, str):
+        return str(value)
+    if file is CgroupFile.CPU_SHARES:
+        return str(shares_to_weight(value))
+    if file is CgroupFile.CFS_QUOTA:
+        parts = (current or "").split()
+        period = parts[1] if len(parts) == 2 else str(DEFAULT_CFS_PERIOD)
+        return f"{'max' if value < 0 else value} {period}"
+    if file is CgroupFile.MEMORY_LIMIT:
+        return "max" if value <= 0 else str(value)
+    return str(value)
+
+
+def _systemd_expand(slice_name: str) -> str:
+    """``kubepods-besteffort-pod1.slice`` → ``kubepods.slice/kubepods-besteffort.slice/…-pod1.slice``."""
+    parts = slice_name.removesuffix(".slice").split("-")
+    return "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
+
+
+def pod_cgroup_dir(cgroup_parent: str) -> str:
+    """The pod's cgroup directory (relative to a hierarchy root) from its cgroup parent."""
+    if cgroup_parent.endswith(".slice") and "/" not in cgroup_parent:
+        return _systemd_expand(cgroup_parent)
+    return cgroup_parent.strip("/")
+
+
+def container_cgroup_dir(cgroup_parent: str, container_id: str) -> str:
+    """The container's cgroup directory: ``<pod dir>/<id>`` (cgroupfs) or its systemd scope."""
+    if cgroup_parent.endswith(".slice") and "/" not in cgroup_parent:
+        return f"{_systemd_expand(cgroup_parent)}/cri-containerd-{container_id}.scope"
+    return f"{pod_cgroup_dir(cgroup_parent)}/{container_id}"

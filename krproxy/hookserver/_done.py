@@ -1,0 +1,153 @@
+"""The "done" step: plugin changes → echoed hook response + files for the executor.
+
+The response always starts as an echo of the request, because the proxy merges answers
+field by field and *always* overwrites ``cpuset_cpus``/``cpuset_mems``/``oom_score_adj``
+with what we return (hook-semantics 2.4): a server that answered only its changes would
+wipe those. CRI-expressible container settings (cpuset, cfs quota, shares, memory limit) go
+into the response; the rest (group identity, cpu.idle, resctrl) is written by the executor.
+Pod-level resources are written by the executor too: the proxy ignores them in CRI mode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import attrs
+
+from krproxy.proto.runtime import v1alpha1 as hook
+
+from ._cgroups import CgroupFile, container_cgroup_dir, pod_cgroup_dir
+from ._context import ContainerContext, PodContext, ResourceChanges
+from ._executor import Change, Executor
+
+LOGGER = logging.getLogger("krproxy.hookserver")
+
+#: cpu.shares for a BE pod when neither cpu.bvt_warp_ns nor cpu.idle exists (kernel minimum).
+FALLBACK_BE_SHARES = 2
+
+
+@attrs.frozen
+class Write:
+    """One planned cgroup write."""
+
+    file: CgroupFile
+    value: int | str
+
+
+def _copy_resources(res: hook.LinuxContainerResources | None) -> hook.LinuxContainerResources | None:
+    return None if res is None else hook.LinuxContainerResources.FromString(res.SerializeToString())
+
+
+def _with_cri_changes(
+    res: hook.LinuxContainerResources | None, changes: ResourceChanges
+) -> hook.LinuxContainerResources | None:
+    cri = (changes.cpuset, changes.cfs_quota, changes.cpu_shares, changes.memory_limit)
+    if all(v is None for v in cri):
+        return res
+    res = res if res is not None else hook.LinuxContainerResources()
+    if changes.cpuset is not None:
+        res.cpuset_cpus = changes.cpuset
+    if changes.cfs_quota is not None:
+        res.cpu_quota = changes.cfs_quota
+    if changes.cpu_shares is not None:
+        res.cpu_shares = changes.cpu_shares
+    if changes.memory_limit is not None:
+        res.memory_limit_in_bytes = changes.memory_limit
+    return res
+
+
+def pod_response(req: hook.PodSandboxHookRequest, ctx: PodContext) -> hook.PodSandboxHookResponse:
+    """Echo ``req`` with the plugins' label, annotation and cgroup parent changes applied."""
+    changes = ctx.response
+    return hook.PodSandboxHookResponse(
+        labels={**req.labels, **changes.labels},
+        annotations={**req.annotations, **changes.annotations},
+        cgroup_parent=changes.cgroup_parent if changes.cgroup_parent else req.cgroup_parent,
+        resources=_with_cri_changes(_copy_resources(req.resources), changes.resources),
+    )
+
+
+def container_response(
+    req: hook.ContainerResourceHookRequest, ctx: ContainerContext
+) -> hook.ContainerResourceHookResponse:
+    """Echo ``req`` with annotations, CRI-expressible resources and added envs applied."""
+    changes = ctx.response
+    return hook.ContainerResourceHookResponse(
+        container_annotations={**req.container_annotations, **changes.annotations},
+        container_resources=_with_cri_changes(_copy_resources(req.container_resources), changes.resources),
+        pod_cgroup_parent=req.pod_cgroup_parent,
+        container_envs={**req.container_envs, **changes.add_envs},
+    )
+
+
+def plan_writes(
+    changes: ResourceChanges, *, include_cri: bool, has: Callable[[CgroupFile], bool]
+) -> list[Write]:
+    """The cgroup writes for ``changes``; ``has(file)`` says whether the kernel offers a file.
+
+    Group identity fallback (documented in ``policies.groupidentity``): without
+    ``cpu.bvt_warp_ns``, a negative bvt (BE) becomes ``cpu.idle=1`` where that exists, else
+    ``cpu.shares=2``; a non-negative bvt becomes ``cpu.idle=0`` where that exists.
+    """
+    writes: list[Write] = []
+    if changes.cpu_bvt is not None:
+        if has(CgroupFile.CPU_BVT):
+            writes.append(Write(CgroupFile.CPU_BVT, changes.cpu_bvt))
+        elif has(CgroupFile.CPU_IDLE) and changes.cpu_idle is None:
+            writes.append(Write(CgroupFile.CPU_IDLE, 1 if changes.cpu_bvt < 0 else 0))
+        elif changes.cpu_bvt < 0 and changes.cpu_shares is None:
+            writes.append(Write(CgroupFile.CPU_SHARES, FALLBACK_BE_SHARES))
+    if changes.cpu_idle is not None:
+        writes.append(Write(CgroupFile.CPU_IDLE, changes.cpu_idle))
+    if include_cri:
+        for file, value in (
+            (CgroupFile.CPU_SHARES, changes.cpu_shares),
+            (CgroupFile.CFS_QUOTA, changes.cfs_quota),
+            (CgroupFile.CPUSET_CPUS, changes.cpuset),
+            (CgroupFile.MEMORY_LIMIT, changes.memory_limit),
+        ):
+            if value is not None:
+                writes.append(Write(file, value))
+    return writes
+
+
+def apply(
+    executor: Executor, cgroup_dir: str, changes: ResourceChanges, *, include_cri: bool
+) -> list[Change]:
+    """Write ``changes`` for ``cgroup_dir``; a missing cgroup or file is logged and skipped."""
+    done: list[Change] = []
+
+    def has(file: CgroupFile) -> bool:
+        return executor.has(cgroup_dir, file)
+
+    for write in plan_writes(changes, include_cri=include_cri, has=has):
+        try:
+            change = executor.set(cgroup_dir, write.file, write.value)
+        except FileNotFoundError as exc:
+            LOGGER.info("event=cgroup_write_skipped dir=%s reason=%s", cgroup_dir, exc)
+            continue
+        if change is not None:
+            done.append(change)
+    if changes.resctrl is not None:
+        done += executor.resctrl_group(changes.resctrl.name, changes.resctrl.schemata)
+        done += executor.resctrl_add_tasks(changes.resctrl.name, executor.pids(cgroup_dir))
+    return done
+
+
+def apply_pod(executor: Executor, ctx: PodContext) -> list[Change]:
+    """Pod-level settings always go through the executor (proxy and standalone alike)."""
+    if not ctx.request.cgroup_parent:
+        return []
+    return apply(
+        executor, pod_cgroup_dir(ctx.request.cgroup_parent), ctx.response.resources, include_cri=True
+    )
+
+
+def apply_container(executor: Executor, ctx: ContainerContext, *, include_cri: bool) -> list[Change]:
+    """Container-level settings; ``include_cri`` is False when the response carries them."""
+    info = ctx.request
+    if not info.id or not info.pod.cgroup_parent:
+        return []
+    cgroup_dir = container_cgroup_dir(info.pod.cgroup_parent, info.id)
+    return apply(executor, cgroup_dir, ctx.response.resources, include_cri=include_cri)

@@ -1,0 +1,143 @@
+"""Writes cgroup and resctrl files under a root, and reports what it changed.
+
+The only module of the SDK that writes files on the node. Every path is resolved (symlinks
+and ``..``) and must stay inside its root, so a crafted cgroup parent cannot make the hook
+server write elsewhere. Directories are never created in the cgroup tree (that would create
+cgroups); resctrl group directories are created on demand, as the resctrl ABI expects.
+A write that would not change the file is skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+from collections.abc import Iterable
+
+import attrs
+
+from ._cgroups import CgroupFile, format_value
+
+LOGGER = logging.getLogger("krproxy.hookserver.executor")
+
+
+class PathOutsideRootError(PermissionError):
+    """The path resolves to somewhere outside the executor's root."""
+
+
+@attrs.frozen
+class Change:
+    """One file the executor changed: ``old`` is ``None`` when the file was created."""
+
+    path: str
+    old: str | None
+    new: str
+
+
+def _resolve(root: pathlib.Path, rel: str) -> pathlib.Path:
+    base = pathlib.Path(os.path.realpath(root))
+    target = pathlib.Path(os.path.realpath(base / rel.lstrip("/")))
+    if target != base and base not in target.parents:
+        raise PathOutsideRootError(f"{rel!r} resolves to {str(target)!r}, outside {str(base)!r}")
+    return target
+
+
+def _read(path: pathlib.Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
+def _write(path: pathlib.Path, text: str, *, append: bool = False) -> None:
+    with open(path, "a" if append else "w") as f:
+        f.write(text)
+
+
+@attrs.define
+class Executor:
+    """Applies settings under ``cgroup_root`` (v1 or v2) and ``resctrl_root``.
+
+    Attributes:
+        cgroup_version: 1 (one hierarchy per controller) or 2 (unified).
+    """
+
+    cgroup_root: pathlib.Path = attrs.field(converter=pathlib.Path)
+    resctrl_root: pathlib.Path = attrs.field(converter=pathlib.Path)
+    cgroup_version: int = 2
+
+    @classmethod
+    def for_roots(cls, cgroup_root: str | os.PathLike[str], resctrl_root: str | os.PathLike[str]) -> Executor:
+        """Detect the cgroup version: v2 has ``cgroup.controllers`` at the root."""
+        version = 2 if (pathlib.Path(cgroup_root) / "cgroup.controllers").exists() else 1
+        return cls(pathlib.Path(cgroup_root), pathlib.Path(resctrl_root), version)
+
+    # -- cgroups ---------------------------------------------------------------------------
+
+    def cgroup_path(self, cgroup_dir: str, file: CgroupFile) -> pathlib.Path:
+        return _resolve(self.cgroup_root, file.path(cgroup_dir, self.cgroup_version))
+
+    def has(self, cgroup_dir: str, file: CgroupFile) -> bool:
+        """Whether the kernel offers ``file`` for ``cgroup_dir`` (the file exists)."""
+        return self.cgroup_path(cgroup_dir, file).is_file()
+
+    def read(self, cgroup_dir: str, file: CgroupFile) -> str | None:
+        return _read(self.cgroup_path(cgroup_dir, file))
+
+    def set(self, cgroup_dir: str, file: CgroupFile, value: int | str) -> Change | None:
+        """Write ``value`` (converted for the cgroup version) unless the file already holds it.
+
+        Raises:
+            FileNotFoundError: the cgroup or the file does not exist (not created on purpose).
+            PathOutsideRootError: ``cgroup_dir`` escapes the root.
+        """
+        path = self.cgroup_path(cgroup_dir, file)
+        old = _read(path)
+        if old is None:
+            raise FileNotFoundError(f"no cgroup file {path}")
+        new = format_value(file, value, self.cgroup_version, old)
+        if old == new:
+            return None
+        _write(path, new)
+        LOGGER.info("event=cgroup_write path=%s old=%s new=%s", path, old, new)
+        return Change(str(path), old, new)
+
+    def pids(self, cgroup_dir: str) -> tuple[int, ...]:
+        text = self.read(cgroup_dir, CgroupFile.PROCS) or ""
+        return tuple(int(tok) for tok in text.split())
+
+    # -- resctrl ---------------------------------------------------------------------------
+
+    def resctrl_path(self, rel: str) -> pathlib.Path:
+        return _resolve(self.resctrl_root, rel)
+
+    def resctrl_group(self, name: str, schemata: Iterable[str]) -> list[Change]:
+        """Create the group ``name`` if needed and make its schemata hold ``schemata`` lines."""
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"bad resctrl group name {name!r}")
+        changes: list[Change] = []
+        group = self.resctrl_path(name)
+        if not group.is_dir():
+            group.mkdir()
+            changes.append(Change(str(group), None, "<dir>"))
+        path = group / "schemata"
+        old = _read(path)
+        have = {line.strip() for line in (old or "").splitlines()}
+        wanted = [line for line in schemata if line not in have]
+        if wanted:
+            new = "\n".join(wanted) + "\n"
+            _write(path, new)
+            changes.append(Change(str(path), old, new.strip()))
+        return changes
+
+    def resctrl_add_tasks(self, name: str, pids: Iterable[int]) -> list[Change]:
+        """Move ``pids`` into the resctrl group ``name`` (one write per task, like the kernel wants)."""
+        path = self.resctrl_path(f"{name}/tasks")
+        changes: list[Change] = []
+        for pid in pids:
+            old = _read(path) or ""
+            if str(pid) in old.split():
+                continue
+            _write(path, f"{pid}\n", append=True)
+            changes.append(Change(str(path), old or None, str(pid)))
+        return changes
