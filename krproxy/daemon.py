@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import signal
+import socket
 
 import attrs
 import grpclib.server
@@ -71,16 +72,19 @@ async def serve(
     config: ProxyConfig,
     *,
     handle_signals: bool = True,
+    sock: socket.socket | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the proxy until a shutdown is requested; must run inside ``trio_asyncio.open_loop()``.
+
+    ``sock`` is the listening socket if the caller bound it already (see :func:`run`).
 
     Reports the :class:`Daemon` through ``task_status`` once the socket accepts connections.
     """
     if config.backend_mode is not BackendMode.CONTAINERD:
         raise NotImplementedError(f"backend mode {config.backend_mode.value} is not supported yet")
-    # Bind before anything else runs, so "socket in use" surfaces as itself, not in a group.
-    sock = _grpc.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
+    if sock is None:
+        sock = _grpc.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
     runtime = Backend(config.runtime_endpoint)
     image = runtime if config.image_socket == config.runtime_endpoint else Backend(config.image_socket)
     forwarder = Forwarder(runtime, image)
@@ -118,10 +122,15 @@ async def serve(
 
 
 def run(config: ProxyConfig) -> None:
-    """Blocking entry point: ``trio.run`` → ``open_loop`` → :func:`serve`."""
+    """Blocking entry point: ``trio.run`` → ``open_loop`` → :func:`serve`.
+
+    The socket is bound first, outside trio, so that start-up errors (socket in use, no
+    permission) raise as themselves rather than inside exception groups.
+    """
+    sock = _grpc.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
 
     async def main() -> None:
         async with trio_asyncio.open_loop():
-            await serve(config)
+            await serve(config, sock=sock)
 
     trio.run(main)

@@ -1,7 +1,8 @@
 """A stand-alone echo backend for tests that must kill the backend process (SIGKILL).
 
 Run: python tests/integration/echo_backend.py SOCKET
-Every method echoes its request; a request of b"hang" is never answered.
+Every method echoes its request; a request of b"hang" is never answered, and one of
+b"sleep:SECONDS" is answered after that many seconds.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ async def _handle(stream: grpclib.server.Stream[bytes, bytes]) -> None:
     async for message in stream:
         if message == b"hang":
             await asyncio.sleep(3600)
+        elif message.startswith(b"sleep:"):
+            await asyncio.sleep(float(message.removeprefix(b"sleep:")))
         await stream.send_message(message)
 
 
