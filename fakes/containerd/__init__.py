@@ -1,0 +1,31 @@
+"""A fake containerd: a stateful CRI runtime and image service on a unix socket, for tests.
+
+The pure state machine is :class:`RuntimeState`; :class:`FakeContainerd` puts it on the wire with a
+request log and fault injection; :func:`run_fake_containerd` serves it as a trio task.
+"""
+
+from __future__ import annotations
+
+from fakes.containerd.server import FakeContainerd as FakeContainerd
+from fakes.containerd.server import Fault as Fault
+from fakes.containerd.server import RecordedRequest as RecordedRequest
+from fakes.containerd.server import run_fake_containerd as run_fake_containerd
+from fakes.containerd.state import Code as Code
+from fakes.containerd.state import CriError as CriError
+from fakes.containerd.state import ExecResult as ExecResult
+from fakes.containerd.state import RuntimeState as RuntimeState
+from fakes.containerd.state import sequential_ids as sequential_ids
+from fakes.containerd.state import stepping_clock as stepping_clock
+
+__all__ = [
+    "Code",
+    "CriError",
+    "ExecResult",
+    "FakeContainerd",
+    "Fault",
+    "RecordedRequest",
+    "RuntimeState",
+    "run_fake_containerd",
+    "sequential_ids",
+    "stepping_clock",
+]

@@ -1,0 +1,62 @@
+"""``python -m fakes.containerd --socket PATH``: run a fake containerd until SIGINT or SIGTERM.
+
+Exits 0 after a signal, with the socket file removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from collections.abc import Sequence
+
+import trio
+import trio_asyncio
+
+from fakes.containerd.server import FakeContainerd, run_fake_containerd
+from krproxy._grpc import strip_unix_scheme
+
+LOGGER = logging.getLogger("fakes.containerd")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fakes.containerd",
+        description="Serve a fake containerd CRI runtime and image service on a unix socket.",
+    )
+    parser.add_argument("--socket", required=True, help="unix socket path (a unix:// prefix is accepted)")
+    parser.add_argument("--seed-pods", type=int, default=0, help="READY pods to create at start")
+    parser.add_argument("--containers-per-pod", type=int, default=1, help="RUNNING containers per seeded pod")
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging threshold (DEBUG logs every request)",
+    )
+    return parser
+
+
+async def _serve(path: str, fake: FakeContainerd) -> None:
+    # Open the signal receiver first: a signal arriving during start-up must not be lost.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+            await nursery.start(run_fake_containerd, path, fake)
+            async for signum in signals:
+                LOGGER.info("event=shutdown signal=%s", signal.Signals(signum).name)
+                break
+            nursery.cancel_scope.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments, seed the fake if asked, and serve until a signal arrives."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    fake = FakeContainerd()
+    if args.seed_pods:
+        fake.seed(args.seed_pods, args.containers_per_pod)
+    trio.run(_serve, strip_unix_scheme(args.socket), fake)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

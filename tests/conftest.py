@@ -1,0 +1,90 @@
+"""Fixtures shared by every test suite.
+
+- ``short_tmp``: a fresh directory under ``/tmp`` with a short path (unix socket paths are limited
+  to 107 bytes, and pytest's ``tmp_path`` can be longer), removed afterwards.
+- ``aio_loop``: the trio-asyncio loop; grpclib servers and channels must live inside it.
+- ``fake_containerd``: a :class:`~fakes.containerd.FakeContainerd` served on a socket in
+  ``short_tmp``, with a deterministic clock and IDs; yields ``(fake, socket_path)``.
+- ``cri_client``: a factory ``cri_client(socket_path) -> CriClient`` of independent grpcio clients
+  (upstream ``cri_api`` stubs), closed at teardown.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import grpc
+import pytest
+import trio
+import trio_asyncio
+from cri_api.v1 import api_pb2_grpc
+
+from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, sequential_ids, stepping_clock
+
+#: Generous client-side deadline for grpcio calls in tests: a hung call fails instead of hanging.
+CALL_TIMEOUT = 10.0
+
+
+@attrs.define
+class CriClient:
+    """Synchronous grpcio CRI stubs for one socket, plus a helper to call them from trio."""
+
+    channel: grpc.Channel
+    runtime: Any
+    image: Any
+
+    async def call(self, method: Callable[..., Any], request: Any, *, deadline: float = CALL_TIMEOUT) -> Any:
+        """Run a unary grpcio call in a worker thread so the trio loop (and the server) keep going.
+
+        ``deadline`` is the grpcio call timeout in seconds (real time; the server sees it too).
+        """
+        return await trio.to_thread.run_sync(functools.partial(method, request, timeout=deadline))
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="kp-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+async def aio_loop() -> AsyncIterator[Any]:
+    async with trio_asyncio.open_loop() as loop:
+        yield loop
+
+
+@pytest.fixture
+async def fake_containerd(aio_loop: Any, short_tmp: Path) -> AsyncIterator[tuple[FakeContainerd, str]]:
+    fake = FakeContainerd(RuntimeState(clock=stepping_clock(), new_id=sequential_ids()))
+    path = str(short_tmp / "containerd.sock")
+    async with trio.open_nursery() as nursery:
+        await nursery.start(run_fake_containerd, path, fake)
+        yield fake, path
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+def cri_client() -> Iterator[Callable[[str], CriClient]]:
+    channels: list[grpc.Channel] = []
+
+    def connect(path: str) -> CriClient:
+        channel = grpc.insecure_channel("unix://" + path)
+        channels.append(channel)
+        return CriClient(
+            channel=channel,
+            runtime=api_pb2_grpc.RuntimeServiceStub(channel),
+            image=api_pb2_grpc.ImageServiceStub(channel),
+        )
+
+    yield connect
+    for channel in channels:
+        channel.close()
