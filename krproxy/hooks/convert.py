@@ -65,6 +65,7 @@ __all__ = [
     "resources_from_hook",
     "resources_to_cri",
     "resources_to_hook",
+    "write_resources",
 ]
 
 _AnyResources = v1.LinuxContainerResources | v1alpha1.LinuxContainerResources

@@ -1,0 +1,125 @@
+"""The in-memory store of pod and container records (koord-runtime-proxy's ``store`` package).
+
+StartContainer, StopContainer, StopPodSandbox and UpdateContainerResources requests carry only an id; the
+store lets the proxy send plugins the full record anyway, so plugins can stay stateless.
+
+When the proxy writes and drops entries (the reference's points, plus Remove*):
+
+* put: after a successful RunPodSandbox (key: the returned sandbox id) and CreateContainer (key: the
+  returned container id), with the record as merged by the pre hooks;
+* update: after PreStartContainer / PreUpdateContainerResources answers (the reference mutates the stored
+  record in place, so later hooks see the merged values) — :meth:`HookStore.update_container` never
+  re-creates an entry that was dropped meanwhile;
+* drop: StopPodSandbox drops the pod, StopContainer the container — after the post hook, whether or not the
+  runtime call succeeded (reference behaviour: a retried Stop then runs no hooks). We also drop on
+  RemovePodSandbox (the pod *and* its containers, :meth:`HookStore.remove_pod`) and RemoveContainer, which
+  the reference never does (its entries for containers of a stopped-but-not-removed pod otherwise leak);
+* load: :meth:`HookStore.load` replaces everything with what recovery rebuilt from the runtime, before the
+  proxy serves.
+
+Not thread-safe: it is used from one event loop, synchronously (no await between read and write).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import final
+
+import attrs
+
+from krproxy.hooks.model import ContainerInfo, PodInfo
+
+__all__ = ["HookStore", "StoreStatistics"]
+
+
+@attrs.frozen
+class StoreStatistics:
+    """Sizes of the store at one moment.
+
+    Attributes:
+        pods: pod records.
+        containers: container records.
+        orphan_containers: container records whose pod record is gone (e.g. after StopPodSandbox).
+    """
+
+    pods: int
+    containers: int
+    orphan_containers: int
+
+
+@final
+@attrs.define(eq=False)
+class HookStore:
+    """Pod records by sandbox id and container records by container id; records are frozen values."""
+
+    _pods: dict[str, PodInfo] = attrs.field(factory=dict, init=False)
+    _containers: dict[str, ContainerInfo] = attrs.field(factory=dict, init=False)
+
+    # --- pods ---
+
+    def put_pod(self, sandbox_id: str, pod: PodInfo) -> None:
+        """Store (or replace) the record of sandbox *sandbox_id*."""
+        self._pods[sandbox_id] = pod
+
+    def get_pod(self, sandbox_id: str) -> PodInfo | None:
+        """The record of sandbox *sandbox_id*, or None."""
+        return self._pods.get(sandbox_id)
+
+    def delete_pod(self, sandbox_id: str) -> PodInfo | None:
+        """Drop the pod record only (StopPodSandbox); return it, or None if there was none."""
+        return self._pods.pop(sandbox_id, None)
+
+    def remove_pod(self, sandbox_id: str) -> tuple[str, ...]:
+        """Drop the pod record and every container record of that sandbox (RemovePodSandbox); return the ids
+        of the dropped containers."""
+        self._pods.pop(sandbox_id, None)
+        dropped = tuple(cid for cid, c in self._containers.items() if c.pod_sandbox_id == sandbox_id)
+        for cid in dropped:
+            del self._containers[cid]
+        return dropped
+
+    # --- containers ---
+
+    def put_container(self, container_id: str, container: ContainerInfo) -> None:
+        """Store (or replace) the record of container *container_id*."""
+        self._containers[container_id] = container
+
+    def get_container(self, container_id: str) -> ContainerInfo | None:
+        """The record of container *container_id*, or None."""
+        return self._containers.get(container_id)
+
+    def update_container(self, container_id: str, container: ContainerInfo) -> bool:
+        """Replace the record of *container_id* if it is still stored; return whether it was."""
+        if container_id not in self._containers:
+            return False
+        self._containers[container_id] = container
+        return True
+
+    def delete_container(self, container_id: str) -> ContainerInfo | None:
+        """Drop the container record (StopContainer, RemoveContainer); return it, or None."""
+        return self._containers.pop(container_id, None)
+
+    # --- whole store ---
+
+    def load(
+        self, pods: Iterable[tuple[str, PodInfo]], containers: Iterable[tuple[str, ContainerInfo]]
+    ) -> None:
+        """Replace the whole content with recovered records: ``(sandbox id, pod)`` and ``(container id,
+        container)`` pairs."""
+        self._pods = dict(pods)
+        self._containers = dict(containers)
+
+    def pods(self) -> dict[str, PodInfo]:
+        """A snapshot of all pod records by sandbox id."""
+        return dict(self._pods)
+
+    def containers(self) -> dict[str, ContainerInfo]:
+        """A snapshot of all container records by container id."""
+        return dict(self._containers)
+
+    def statistics(self) -> StoreStatistics:
+        """Current sizes."""
+        orphans = sum(1 for c in self._containers.values() if c.pod_sandbox_id not in self._pods)
+        return StoreStatistics(
+            pods=len(self._pods), containers=len(self._containers), orphan_containers=orphans
+        )

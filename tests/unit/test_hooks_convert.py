@@ -1,0 +1,353 @@
+"""Conversions between CRI/hook-protocol messages and hook records (krproxy.hooks.convert)."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from krproxy.hooks.convert import (
+    container_from_create_request,
+    container_from_list,
+    container_from_status,
+    container_hook_request,
+    envs_from_cri,
+    pod_from_run_request,
+    pod_from_sandbox,
+    pod_from_status,
+    pod_hook_request,
+    resources_from_cri,
+    resources_from_hook,
+    resources_to_cri,
+    resources_to_hook,
+)
+from krproxy.hooks.merge import prepare_update
+from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
+from krproxy.proto.runtime import v1, v1alpha1
+
+RESOURCES = Resources(
+    cpu_period=100000,
+    cpu_quota=-1,
+    cpu_shares=1024,
+    memory_limit_in_bytes=1 << 29,
+    oom_score_adj=-997,
+    cpuset_cpus="0-1",
+    cpuset_mems="0",
+    hugepage_limits=[("2MB", 4 << 20)],
+    unified={"memory.high": "max"},
+    memory_swap_limit_in_bytes=1 << 30,
+)
+
+RUN = v1.RunPodSandboxRequest(
+    config=v1.PodSandboxConfig(
+        metadata=v1.PodSandboxMetadata(name="web", uid="u1", namespace="default", attempt=2),
+        labels={"app": "web"},
+        annotations={"a": "1"},
+        linux=v1.LinuxPodSandboxConfig(
+            cgroup_parent="/kubepods/podu1", resources=resources_to_cri(Resources(cpu_shares=2))
+        ),
+    ),
+    runtime_handler="runc",
+)
+
+POD = PodInfo(
+    name="web",
+    uid="u1",
+    namespace="default",
+    attempt=2,
+    runtime_handler="runc",
+    labels={"app": "web"},
+    annotations={"a": "1"},
+    cgroup_parent="/kubepods/podu1",
+)
+
+CREATE = v1.CreateContainerRequest(
+    pod_sandbox_id="sb1",
+    config=v1.ContainerConfig(
+        metadata=v1.ContainerMetadata(name="app", attempt=1),
+        annotations={"c": "1"},
+        envs=[
+            v1.KeyValue(key="A", value=b"1"),
+            v1.KeyValue(key="B", value=b"2"),
+            v1.KeyValue(key="A", value=b"3"),
+        ],
+        linux=v1.LinuxContainerConfig(resources=resources_to_cri(RESOURCES)),
+    ),
+    sandbox_config=v1.PodSandboxConfig(linux=v1.LinuxPodSandboxConfig(cgroup_parent="/kubepods/podu1")),
+)
+
+CONTAINER = ContainerInfo(
+    pod_sandbox_id="sb1",
+    pod=POD,
+    name="app",
+    attempt=1,
+    annotations={"c": "1"},
+    resources=RESOURCES,
+    envs={"A": "3", "B": "2"},
+    pod_cgroup_parent="/kubepods/podu1",
+)
+
+
+def hook_pod_meta() -> v1alpha1.PodSandboxMetadata:
+    return v1alpha1.PodSandboxMetadata(name="web", uid="u1", namespace="default", attempt=2)
+
+
+def expected_container_request(
+    container_id: str, resources: Resources
+) -> v1alpha1.ContainerResourceHookRequest:
+    return v1alpha1.ContainerResourceHookRequest(
+        pod_meta=hook_pod_meta(),
+        container_meta=v1alpha1.ContainerMetadata(name="app", attempt=1, id=container_id),
+        container_annotations={"c": "1"},
+        container_resources=resources_to_hook(resources),
+        pod_resources=None,
+        pod_annotations={"a": "1"},
+        pod_labels={"app": "web"},
+        pod_cgroup_parent="/kubepods/podu1",
+        container_envs={"A": "3", "B": "2"},
+    )
+
+
+class TestFromCriRequests:
+    def test_pod_from_run_request(self) -> None:
+        """RunPodSandbox gives meta, handler, labels, annotations, cgroup parent; never resources."""
+        assert POD == pod_from_run_request(RUN)
+
+    def test_container_from_create_request(self) -> None:
+        """CreateContainer gives meta, annotations, resources, envs (later wins) and the sandbox's cgroup
+        parent, with the stored pod."""
+        assert CONTAINER == container_from_create_request(CREATE, POD)
+
+    def test_missing_linux_gives_zero_resources(self) -> None:
+        """Container resources are always present, zero when the request has none."""
+        request = v1.CreateContainerRequest(pod_sandbox_id="sb1", config=v1.ContainerConfig())
+
+        assert Resources() == container_from_create_request(request, POD).resources
+
+    def test_env_order_first_seen(self) -> None:
+        """Env names keep their first position while the later value wins."""
+        envs = [v1.KeyValue(key=k, value=v) for k, v in [("Z", b"1"), ("A", b"2"), ("Z", b"3")]]
+
+        assert [("Z", "3"), ("A", "2")] == list(envs_from_cri(envs).items())
+
+
+class TestHookRequests:
+    """The hook request each hook point sends (hook-semantics.md 2.3)."""
+
+    def test_pre_run_pod_sandbox(self) -> None:
+        """PreRunPodSandbox: pod meta, handler, labels, annotations, cgroup parent; no resources/overhead."""
+        expected = v1alpha1.PodSandboxHookRequest(
+            pod_meta=hook_pod_meta(),
+            runtime_handler="runc",
+            labels={"app": "web"},
+            annotations={"a": "1"},
+            cgroup_parent="/kubepods/podu1",
+        )
+
+        assert expected == pod_hook_request(pod_from_run_request(RUN))
+
+    def test_post_stop_pod_sandbox(self) -> None:
+        """PostStopPodSandbox sends the stored pod record."""
+        assert pod_hook_request(POD) == pod_hook_request(pod_from_run_request(RUN))
+
+    def test_pre_create_container(self) -> None:
+        """PreCreateContainer: container fields from the request, pod fields from the store, empty id."""
+        actual = container_hook_request(container_from_create_request(CREATE, POD))
+
+        assert expected_container_request("", RESOURCES) == actual
+
+    @pytest.mark.parametrize("hook", ["PreStartContainer", "PostStartContainer", "PostStopContainer"])
+    def test_stored_container(self, hook: str) -> None:
+        """Start/Stop hooks send the stored record, which carries the runtime's container id."""
+        stored = _with_id(container_from_create_request(CREATE, POD), "c1")
+
+        assert expected_container_request("c1", RESOURCES) == container_hook_request(stored)
+
+    def test_pre_update_container_resources(self) -> None:
+        """PreUpdateContainerResources sends the stored record with the request's resources merged in."""
+        stored = _with_id(container_from_create_request(CREATE, POD), "c1")
+        request = v1.UpdateContainerResourcesRequest(
+            container_id="c1", linux=v1.LinuxContainerResources(cpu_shares=4, oom_score_adj=5)
+        )
+
+        actual = container_hook_request(prepare_update(stored, request))
+
+        expected_resources = attrs.evolve(RESOURCES, cpu_shares=4)
+        assert expected_container_request("c1", expected_resources) == actual
+
+    def test_unknown_resources_absent(self) -> None:
+        """A recovered container without known resources sends no container_resources."""
+        request = container_hook_request(ContainerInfo(pod=POD, name="app"))
+
+        assert request.container_resources is None
+
+    def test_undecodable_env_value(self) -> None:
+        """An env value that is not UTF-8 is sent with U+FFFD and the request serializes."""
+        info = container_from_create_request(
+            v1.CreateContainerRequest(
+                config=v1.ContainerConfig(envs=[v1.KeyValue(key="X", value=b"a\xffb")])
+            ),
+            POD,
+        )
+
+        request = container_hook_request(info)
+
+        assert {"X": "a\ufffdb"} == request.container_envs
+        assert request == v1alpha1.ContainerResourceHookRequest.FromString(request.SerializeToString())
+
+
+def _with_id(info: ContainerInfo, container_id: str) -> ContainerInfo:
+    return attrs.evolve(info, id=container_id)
+
+
+class TestRecovery:
+    def test_pod_from_sandbox(self) -> None:
+        """A ListPodSandbox item gives everything but the cgroup parent."""
+        sandbox = v1.PodSandbox(
+            id="sb1",
+            metadata=v1.PodSandboxMetadata(name="web", uid="u1", namespace="default", attempt=2),
+            labels={"app": "web"},
+            annotations={"a": "1"},
+            runtime_handler="runc",
+        )
+
+        assert attrs.evolve(POD, cgroup_parent="") == pod_from_sandbox(sandbox)
+
+    @pytest.mark.parametrize(
+        ("info", "expected"),
+        [
+            (
+                {"info": json.dumps({"config": {"linux": {"cgroup_parent": "/kubepods/podu1"}}})},
+                "/kubepods/podu1",
+            ),
+            (
+                {"info": json.dumps({"runtimeSpec": {"linux": {"cgroupsPath": "/kubepods/podu1/sb1"}}})},
+                "/kubepods/podu1",
+            ),
+            (
+                {
+                    "info": json.dumps(
+                        {"runtimeSpec": {"linux": {"cgroupsPath": "kubepods-podu1.slice:cri-containerd:sb1"}}}
+                    )
+                },
+                "kubepods-podu1.slice",
+            ),
+            ({"info": json.dumps({"runtimeSpec": {"linux": {"cgroupsPath": "/elsewhere/x"}}})}, ""),
+            ({"info": "not json"}, ""),
+            ({"info": "[1]"}, ""),
+            ({"info": json.dumps({"config": {"linux": {"cgroup_parent": 5}}})}, ""),
+            ({}, ""),
+            (None, ""),
+        ],
+    )
+    def test_pod_from_status(self, info: dict[str, str] | None, expected: str) -> None:
+        """The cgroup parent is recovered from verbose info where the runtime reports it, else empty."""
+        status = v1.PodSandboxStatus(
+            id="sb1",
+            metadata=v1.PodSandboxMetadata(name="web", uid="u1", namespace="default", attempt=2),
+            labels={"app": "web"},
+            annotations={"a": "1"},
+            runtime_handler="runc",
+        )
+
+        assert attrs.evolve(POD, cgroup_parent=expected) == pod_from_status(status, info)
+
+    def test_container_from_list(self) -> None:
+        """A ListContainers item gives meta, id and annotations; resources unknown, envs empty."""
+        item = v1.Container(
+            id="c1",
+            pod_sandbox_id="sb1",
+            metadata=v1.ContainerMetadata(name="app", attempt=1),
+            annotations={"c": "1"},
+        )
+
+        expected = ContainerInfo(
+            pod_sandbox_id="sb1",
+            pod=POD,
+            name="app",
+            attempt=1,
+            id="c1",
+            annotations={"c": "1"},
+            pod_cgroup_parent="/kubepods/podu1",
+        )
+        assert expected == container_from_list(item, POD)
+
+    def _status(self, resources: v1.LinuxContainerResources | None) -> v1.ContainerStatus:
+        return v1.ContainerStatus(
+            id="c1",
+            metadata=v1.ContainerMetadata(name="app", attempt=1),
+            annotations={"c": "1"},
+            resources=v1.ContainerResources(linux=resources) if resources is not None else None,
+        )
+
+    def test_container_from_status_reported_resources(self) -> None:
+        """Resources reported in ContainerStatus.resources.linux win over verbose info."""
+        info = {"info": json.dumps({"config": {"linux": {"resources": {"cpu_shares": 7}}}})}
+
+        actual = container_from_status(self._status(resources_to_cri(RESOURCES)), "sb1", POD, info)
+
+        assert RESOURCES == actual.resources
+
+    def test_container_from_status_verbose(self) -> None:
+        """containerd 1.6: resources and envs come from the verbose creation config."""
+        config = {
+            "envs": [{"key": "A", "value": "1"}, {"key": "A", "value": "3"}, {"key": "B", "value": "2"}],
+            "linux": {
+                "resources": {
+                    "cpu_period": 100000,
+                    "cpu_quota": -1,
+                    "cpu_shares": 1024,
+                    "memory_limit_in_bytes": 1 << 29,
+                    "oom_score_adj": -997,
+                    "cpuset_cpus": "0-1",
+                    "cpuset_mems": "0",
+                    "hugepage_limits": [{"page_size": "2MB", "limit": 4 << 20}],
+                    "unified": {"memory.high": "max"},
+                    "memory_swap_limit_in_bytes": 1 << 30,
+                }
+            },
+        }
+
+        actual = container_from_status(
+            self._status(None), "sb1", POD, {"info": json.dumps({"config": config})}
+        )
+
+        assert _with_id(CONTAINER, "c1") == actual
+
+    def test_container_from_status_nothing_reported(self) -> None:
+        """Without reported resources or verbose info, resources are unknown and envs empty."""
+        actual = container_from_status(self._status(None), "sb1", POD)
+
+        assert (None, {}) == (actual.resources, dict(actual.envs))
+
+
+resources_strategy = st.builds(
+    Resources,
+    cpu_period=st.integers(-(2**63), 2**63 - 1),
+    cpu_quota=st.integers(-(2**63), 2**63 - 1),
+    cpu_shares=st.integers(0, 2**62),
+    memory_limit_in_bytes=st.integers(0, 2**62),
+    oom_score_adj=st.integers(-1000, 1000),
+    cpuset_cpus=st.text(max_size=8),
+    cpuset_mems=st.text(max_size=8),
+    hugepage_limits=st.lists(st.tuples(st.text(max_size=4), st.integers(0, 2**64 - 1)), max_size=3),
+    unified=st.dictionaries(st.text(max_size=6), st.text(max_size=6), max_size=3),
+    memory_swap_limit_in_bytes=st.integers(0, 2**62),
+)
+
+
+class TestResources:
+    @given(resources_strategy)
+    def test_round_trip(self, resources: Resources) -> None:
+        """Resources survive domain → CRI → wire → domain and domain → hook → wire → domain."""
+        cri = v1.LinuxContainerResources.FromString(resources_to_cri(resources).SerializeToString())
+        hook = v1alpha1.LinuxContainerResources.FromString(resources_to_hook(resources).SerializeToString())
+
+        assert (resources, resources) == (resources_from_cri(cri), resources_from_hook(hook))
+
+    def test_absent(self) -> None:
+        """Absent CRI resources are zero; absent hook resources stay absent."""
+        assert (Resources(), None) == (resources_from_cri(None), resources_from_hook(None))

@@ -1,0 +1,94 @@
+"""The in-memory pod/container store (krproxy.hooks.store)."""
+
+from __future__ import annotations
+
+from krproxy.hooks.model import ContainerInfo, PodInfo
+from krproxy.hooks.store import HookStore, StoreStatistics
+
+POD = PodInfo(name="web", uid="u1", namespace="default")
+
+
+def container(name: str, sandbox: str = "sb1") -> ContainerInfo:
+    return ContainerInfo(pod_sandbox_id=sandbox, pod=POD, name=name, id=f"id-{name}")
+
+
+class TestHookStore:
+    def test_put_get_pod(self) -> None:
+        """A stored pod is found by sandbox id; an unknown id gives None."""
+        store = HookStore()
+
+        store.put_pod("sb1", POD)
+
+        assert (POD, None) == (store.get_pod("sb1"), store.get_pod("sb2"))
+
+    def test_delete_pod_keeps_containers(self) -> None:
+        """StopPodSandbox's delete drops only the pod record, like the reference."""
+        store = HookStore()
+        store.put_pod("sb1", POD)
+        store.put_container("c1", container("a"))
+
+        deleted = store.delete_pod("sb1")
+
+        assert (POD, None, container("a")) == (deleted, store.get_pod("sb1"), store.get_container("c1"))
+        assert StoreStatistics(pods=0, containers=1, orphan_containers=1) == store.statistics()
+
+    def test_remove_pod_drops_its_containers(self) -> None:
+        """RemovePodSandbox drops the pod and its containers, not other pods' containers."""
+        store = HookStore()
+        store.put_pod("sb1", POD)
+        store.put_pod("sb2", POD)
+        store.put_container("c1", container("a"))
+        store.put_container("c2", container("b"))
+        store.put_container("c3", container("c", sandbox="sb2"))
+
+        dropped = store.remove_pod("sb1")
+
+        assert ("c1", "c2") == dropped
+        assert ({"sb2": POD}, {"c3": container("c", sandbox="sb2")}) == (store.pods(), store.containers())
+
+    def test_container_lifecycle(self) -> None:
+        """Containers are put, updated in place and deleted by container id."""
+        store = HookStore()
+        store.put_container("c1", container("a"))
+        updated = container("a2")
+
+        was_there = store.update_container("c1", updated)
+        deleted = store.delete_container("c1")
+
+        assert (True, updated, None) == (was_there, deleted, store.get_container("c1"))
+
+    def test_update_does_not_resurrect(self) -> None:
+        """Updating a container that was dropped meanwhile does not store it again."""
+        store = HookStore()
+
+        assert (False, None) == (store.update_container("c1", container("a")), store.get_container("c1"))
+
+    def test_delete_missing(self) -> None:
+        """Deleting unknown ids is harmless and returns None."""
+        store = HookStore()
+
+        assert (None, None, ()) == (store.delete_pod("x"), store.delete_container("x"), store.remove_pod("x"))
+
+    def test_load_replaces(self) -> None:
+        """load replaces the whole content with the recovered records."""
+        store = HookStore()
+        store.put_pod("old", POD)
+        store.put_container("old", container("old"))
+
+        store.load([("sb1", POD)], [("c1", container("a")), ("c2", container("b"))])
+
+        assert ({"sb1": POD}, ["c1", "c2"]) == (store.pods(), sorted(store.containers()))
+        assert StoreStatistics(pods=1, containers=2, orphan_containers=0) == store.statistics()
+
+    def test_snapshots_are_copies(self) -> None:
+        """pods() and containers() return copies the caller may change freely."""
+        store = HookStore()
+        store.put_pod("sb1", POD)
+
+        store.pods().clear()
+
+        assert POD == store.get_pod("sb1")
+
+    def test_statistics_frozen_empty(self) -> None:
+        """An empty store reports zeros."""
+        assert StoreStatistics(pods=0, containers=0, orphan_containers=0) == HookStore().statistics()
