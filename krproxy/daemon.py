@@ -5,8 +5,15 @@
     trio.run
     └── trio_asyncio.open_loop()            grpclib lives on this asyncio loop
         └── root nursery
-            ├── CRI server (krproxy._grpc.serve)   forwards to the backend runtime
-            └── signal watcher                      SIGTERM/SIGINT -> graceful drain
+            ├── hook directory watcher      registration files -> Dispatcher registry
+            ├── store recovery              List/Status from the runtime, retried until it works
+            ├── CRI server (krproxy._grpc.serve)   forwards to the backend, hooks on the way
+            └── signal watcher              SIGTERM/SIGINT -> graceful drain
+
+Start-up order: the socket is bound first; the plugins present in the hook directory are
+loaded; then the server accepts calls. Store recovery runs in the background and retries
+while the runtime is down: calls that carry hooks wait for it (within their deadline), all
+other calls are forwarded at once.
 
 Shutdown: on SIGTERM or SIGINT the proxy stops accepting connections and new calls
 (UNAVAILABLE "shutting down"), gives in-flight calls ``grace_period`` seconds to finish,
@@ -28,6 +35,12 @@ import trio_asyncio
 from krproxy import _grpc, log
 from krproxy.config import BackendMode, ProxyConfig
 from krproxy.forward import Backend, Forwarder
+from krproxy.hooks.dispatch import Dispatcher
+from krproxy.hooks.recovery import recover
+from krproxy.hooks.runtime import HookRuntime
+from krproxy.hooks.store import HookStore
+from krproxy.hooks.watcher import watch
+from krproxy.metrics import Metrics
 
 LOGGER = logging.getLogger("krproxy.daemon")
 
@@ -38,6 +51,8 @@ class Daemon:
 
     config: ProxyConfig
     forwarder: Forwarder
+    hooks: HookRuntime
+    metrics: Metrics
     server: grpclib.server.Server
     _shutdown: trio.Event = attrs.field(factory=trio.Event, init=False)
 
@@ -58,6 +73,42 @@ class Daemon:
             await trio_asyncio.aio_as_trio(self.forwarder.wait_idle)()
         if scope.cancelled_caught:
             log.event(LOGGER, "grace_period_over", level=logging.WARNING, cancelled=self.forwarder.in_flight)
+
+
+#: Retry delays of store recovery while the runtime is unreachable: doubling up to a cap.
+RECOVERY_BACKOFF = (0.1, 5.0)
+
+
+async def _recover_store(config: ProxyConfig, hooks: HookRuntime, metrics: Metrics) -> None:
+    delay, cap = RECOVERY_BACKOFF
+    while True:
+        try:
+            recovered = await trio_asyncio.aio_as_trio(recover)(config.runtime_endpoint)
+        except Exception as err:
+            log.event(
+                LOGGER,
+                "recovery_retry",
+                level=logging.WARNING,
+                runtime=config.runtime_endpoint,
+                error=f"{type(err).__name__}: {err}",
+                retry_in=delay,
+            )
+            await trio.sleep(delay)
+            delay = min(delay * 2, cap)
+            continue
+        hooks.store.load(recovered.pods, recovered.containers)
+        hooks.mark_recovered()
+        metrics.recovered.set(1)
+        log.event(
+            LOGGER,
+            "store_recovered",
+            pods=len(recovered.pods),
+            containers=len(recovered.containers),
+            fallbacks=recovered.fallbacks,
+            orphans=recovered.orphans,
+            seconds=round(recovered.seconds, 3),
+        )
+        return
 
 
 async def _watch_signals(daemon: Daemon) -> None:
@@ -87,9 +138,21 @@ async def serve(
         sock = _grpc.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
     runtime = Backend(config.runtime_endpoint)
     image = runtime if config.image_socket == config.runtime_endpoint else Backend(config.image_socket)
-    forwarder = Forwarder(runtime, image)
+    metrics = Metrics()
+    dispatcher = Dispatcher(observe=metrics.observe_hook)
+    hooks = HookRuntime(HookStore(), dispatcher, config.skip_label)
+    forwarder = Forwarder(runtime, image, hooks.interceptors())
     try:
         async with trio.open_nursery() as nursery:
+            await nursery.start(
+                functools.partial(
+                    watch,
+                    config.hook_dir,
+                    dispatcher.publish,
+                    on_error=lambda name: metrics.registration_errors.labels(name).inc(),
+                )
+            )
+            nursery.start_soon(_recover_store, config, hooks, metrics)
             server = await nursery.start(
                 functools.partial(
                     _grpc.serve,
@@ -101,7 +164,7 @@ async def serve(
                     sock=sock,
                 )
             )
-            daemon = Daemon(config, forwarder, server)
+            daemon = Daemon(config, forwarder, hooks, metrics, server)
             if handle_signals:
                 nursery.start_soon(_watch_signals, daemon)
             log.event(
@@ -110,12 +173,15 @@ async def serve(
                 listen=config.listen,
                 runtime=config.runtime_endpoint,
                 image=config.image_socket,
+                hook_dir=config.hook_dir,
+                plugins=len(dispatcher.registry.plugins),
             )
             task_status.started(daemon)
             await daemon._shutdown.wait()
             await daemon._drain()
             nursery.cancel_scope.cancel()
     finally:
+        dispatcher.close()
         runtime.close()
         image.close()
     log.event(LOGGER, "stopped", listen=config.listen)

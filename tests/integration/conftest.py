@@ -3,42 +3,31 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
 import trio
-import trio_asyncio
 
 from krproxy.daemon import Daemon
 from tests.integration.support import ScriptedBackend, start_proxy, start_scripted_backend
 
 
 @pytest.fixture
-def sockdir() -> Iterator[str]:
-    """A short temp dir for sockets (unix socket paths are limited to 107 bytes)."""
-    path = tempfile.mkdtemp(prefix="kp-", dir="/tmp")
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+def sockdir(short_tmp: Path) -> str:
+    """``short_tmp`` as a string: the directory for this test's sockets."""
+    return str(short_tmp)
 
 
 @pytest.fixture
-async def aio() -> AsyncIterator[None]:
-    """The asyncio loop grpclib runs on, inside this test's trio run."""
-    async with trio_asyncio.open_loop():
-        yield
-
-
-@pytest.fixture
-async def scripted_backend(aio: None, nursery: trio.Nursery, sockdir: str) -> ScriptedBackend:
+async def scripted_backend(aio_loop: None, nursery: trio.Nursery, sockdir: str) -> ScriptedBackend:
     backend, _ = await start_scripted_backend(nursery, os.path.join(sockdir, "backend.sock"))
     return backend
 
 
 @pytest.fixture
-async def proxy(aio: None, nursery: trio.Nursery, sockdir: str) -> Daemon:
+async def proxy(aio_loop: None, nursery: trio.Nursery, sockdir: str) -> Daemon:
     """The proxy on ``sockdir/proxy.sock`` in front of ``sockdir/backend.sock``."""
     return await start_proxy(nursery, sockdir)
 

@@ -56,6 +56,10 @@ class ScriptedBackend:
     started: list[str] = attrs.field(factory=list)
     cancelled: list[str] = attrs.field(factory=list)
 
+    def messages_for(self, path: str) -> list[list[bytes]]:
+        """The request messages of every call to ``path``, in arrival order."""
+        return [r.messages for r in self.received if r.path == path]
+
     def fallback(self, path: str) -> grpclib.const.Handler:
         return grpclib.const.Handler(
             functools.partial(self._handle, path), grpclib.const.Cardinality.STREAM_STREAM, bytes, bytes

@@ -1,0 +1,189 @@
+"""Calling hook plugins over gRPC (``runtime.v1alpha1.RuntimeHookService``).
+
+:meth:`Dispatcher.run` calls every plugin registered for a hook point, in registry order,
+handing each the request as the previous plugins left it (koord-runtime-proxy calls one
+random plugin instead). Each call has the plugin's own timeout.
+
+Error handling: a plugin is an untrusted peer. Whatever goes wrong with one call — it is
+unreachable, hangs past its timeout, answers an error status or bytes that do not decode —
+becomes a :class:`HookFailure`. With failure policy ``Fail`` on a pre hook the CRI call is
+rejected (:class:`HookRejected`, a gRPC status naming plugin, hook and cause); otherwise
+the failure is logged and the chain goes on without that plugin's changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import attrs
+import grpclib.client
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from krproxy import log
+from krproxy.hooks.points import HookPoint, Stage
+from krproxy.hooks.registration import FailurePolicy, PluginRegistration, Registry
+from krproxy.proto.runtime import v1alpha1 as hookapi
+
+LOGGER = logging.getLogger("krproxy.hooks.dispatch")
+
+Request = hookapi.PodSandboxHookRequest | hookapi.ContainerResourceHookRequest
+Response = hookapi.PodSandboxHookResponse | hookapi.ContainerResourceHookResponse
+Record = TypeVar("Record")
+
+
+@attrs.frozen
+class HookFailure:
+    """One failed plugin call."""
+
+    plugin: str
+    point: HookPoint
+    cause: str
+
+    def describe(self) -> str:
+        return f"hook server {self.plugin} failed {self.point.value}: {self.cause}"
+
+
+class HookRejected(GRPCError):
+    """A ``Fail`` plugin failed a pre hook: the CRI call is refused and nothing is forwarded.
+
+    The status is UNKNOWN, as koord-runtime-proxy answers (its message starts with
+    ``hook server err:`` too), so kubelet and tooling see the same thing from either proxy.
+    """
+
+    def __init__(self, failure: HookFailure) -> None:
+        super().__init__(Status.UNKNOWN, f"hook server err: {failure.describe()}")
+        self.failure = failure
+
+
+@attrs.frozen
+class Outcome:
+    """What one plugin call did, for logs, metrics and traces."""
+
+    plugin: str
+    point: HookPoint
+    result: str  # "ok" | "failed" | "rejected"
+    seconds: float
+    detail: str = ""
+
+
+@attrs.frozen
+class ChainResult(Generic[Record]):
+    """The record after every plugin had its turn, and what each call did."""
+
+    value: Record
+    outcomes: tuple[Outcome, ...]
+
+
+def _describe(err: BaseException, plugin: PluginRegistration) -> str:
+    if isinstance(err, asyncio.TimeoutError):
+        return f"no answer within {plugin.timeout:g}s"
+    if isinstance(err, GRPCError):
+        return f"{err.status.name}: {err.message or ''}".rstrip(": ")
+    if isinstance(err, (ConnectionRefusedError, FileNotFoundError)):
+        return f"unreachable at {plugin.endpoint} ({err.strerror})"
+    return f"{type(err).__name__}: {err}"
+
+
+class Dispatcher:
+    """Holds the current plugin registry and one gRPC channel per plugin endpoint.
+
+    Create and use inside the asyncio loop. ``observe`` is told every :class:`Outcome`.
+    """
+
+    def __init__(self, observe: Callable[[Outcome], None] = lambda outcome: None) -> None:
+        self.registry = Registry()
+        self._channels: dict[str, grpclib.client.Channel] = {}
+        self._observe = observe
+
+    def publish(self, registry: Registry) -> None:
+        """Switch to a new registry; channels of endpoints no longer registered are closed."""
+        self.registry = registry
+        endpoints = {p.endpoint for p in registry.plugins.values()}
+        for endpoint in list(self._channels):
+            if endpoint not in endpoints:
+                self._channels.pop(endpoint).close()
+
+    def close(self) -> None:
+        for channel in self._channels.values():
+            channel.close()
+        self._channels.clear()
+
+    def plugins_for(self, point: HookPoint) -> Sequence[PluginRegistration]:
+        return self.registry.plugins_for(point)
+
+    def _channel(self, endpoint: str) -> grpclib.client.Channel:
+        channel = self._channels.get(endpoint)
+        if channel is None:
+            channel = self._channels[endpoint] = grpclib.client.Channel(path=endpoint)
+        return channel
+
+    async def call(self, plugin: PluginRegistration, point: HookPoint, request: Request) -> Response:
+        """One plugin call; raises whatever went wrong (see :meth:`run` for the policy)."""
+        reply_type: type[Any] = (
+            hookapi.PodSandboxHookResponse if point.is_pod_level else hookapi.ContainerResourceHookResponse
+        )
+        method = grpclib.client.UnaryUnaryMethod(
+            self._channel(plugin.endpoint), point.rpc_path, type(request), reply_type
+        )
+        response: Response = await method(request, timeout=plugin.timeout)
+        return response
+
+    async def run(
+        self,
+        point: HookPoint,
+        record: Record,
+        to_request: Callable[[Record], Request],
+        merge: Callable[[Record, Any], Record],
+        *,
+        target: str = "",
+    ) -> ChainResult[Record]:
+        """Call every plugin registered for ``point`` in order, threading ``record`` through them.
+
+        Each plugin gets ``to_request(record)``; a pre hook's answer is folded in with
+        ``merge(record, answer)``. Post hooks' answers are ignored. ``target`` (a pod or
+        container id) only goes into the logs.
+
+        Raises:
+            HookRejected: a ``Fail`` plugin failed a pre hook; later plugins are not called.
+        """
+        outcomes: list[Outcome] = []
+        for plugin in self.plugins_for(point):
+            started = time.perf_counter()
+            try:
+                answer = await self.call(plugin, point, to_request(record))
+            except Exception as err:  # the plugin is an untrusted peer: every failure is handled
+                failure = HookFailure(plugin.name, point, _describe(err, plugin))
+                rejected = plugin.failure_policy is FailurePolicy.FAIL and point.stage is Stage.PRE
+                outcome = Outcome(
+                    plugin.name,
+                    point,
+                    "rejected" if rejected else "failed",
+                    time.perf_counter() - started,
+                    failure.cause,
+                )
+                outcomes.append(outcome)
+                self._observe(outcome)
+                log.event(
+                    LOGGER,
+                    "hook_failed",
+                    level=logging.WARNING,
+                    plugin=plugin.name,
+                    hook=point.value,
+                    target=target,
+                    policy=plugin.failure_policy.value,
+                    cause=failure.cause,
+                )
+                if rejected:
+                    raise HookRejected(failure) from None
+                continue
+            outcome = Outcome(plugin.name, point, "ok", time.perf_counter() - started)
+            outcomes.append(outcome)
+            self._observe(outcome)
+            if point.stage is Stage.PRE:
+                record = merge(record, answer)
+        return ChainResult(record, tuple(outcomes))

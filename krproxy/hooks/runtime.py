@@ -1,0 +1,285 @@
+"""Hooks on the request path: the interceptors for the CRI methods that carry hook points.
+
+=============================  =====================================================
+CRI method                     what happens
+=============================  =====================================================
+RunPodSandbox                  PreRunPodSandbox chain → forward → store the pod
+CreateContainer                PreCreateContainer chain → forward → store the container
+StartContainer                 PreStartContainer → forward → PostStartContainer
+StopContainer                  forward → PostStopContainer → drop the container
+StopPodSandbox                 forward → PostStopPodSandbox → drop the pod
+UpdateContainerResources       PreUpdateContainerResources chain → forward → store
+RemoveContainer / RemovePod…   forward → drop from the store (no hooks)
+=============================  =====================================================
+
+Post hooks run whether or not the runtime call succeeded, and the runtime's answer or
+error goes back to kubelet unchanged. Pods labelled with the skip label (by default
+``runtimeproxy.koordinator.sh/skip-hookserver=true``) get no hooks, but are still stored.
+
+When no plugin changed anything, the original request bytes are forwarded, so a proxy with
+plugins that only observe is byte-for-byte transparent too.
+
+Intercepted calls wait until the store has been recovered from the runtime after a
+restart (:meth:`HookRuntime.mark_recovered`), so no hook ever runs against a partial store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from krproxy import log
+from krproxy.forward import Forward, Interceptor, Reply
+from krproxy.hooks import convert, merge
+from krproxy.hooks.dispatch import Dispatcher
+from krproxy.hooks.model import ContainerInfo, PodInfo
+from krproxy.hooks.points import HookPoint
+from krproxy.hooks.store import HookStore
+from krproxy.proto.runtime import v1 as cri
+
+LOGGER = logging.getLogger("krproxy.hooks")
+
+_RUNTIME = "/runtime.v1.RuntimeService/"
+
+
+def _reply_field(message_type: type[Any], reply: Reply, field: str) -> str | None:
+    """One id field of a backend reply, or None (logged) if the reply does not decode.
+
+    The reply still goes back to kubelet unchanged: only the store misses the entry.
+    """
+    try:
+        value: str = getattr(message_type.FromString(reply.message), field)
+    except Exception as err:
+        log.event(
+            LOGGER,
+            "reply_undecodable",
+            level=logging.WARNING,
+            message=message_type.__name__,
+            error=f"{type(err).__name__}: {err}",
+        )
+        return None
+    return value
+
+
+def _decode(message_type: type[Any], data: bytes, what: str) -> Any:
+    try:
+        return message_type.FromString(data)
+    except Exception as err:  # a malformed request must not reach the hooks, nor crash anything
+        raise GRPCError(Status.INVALID_ARGUMENT, f"cannot decode {what}: {err}") from None
+
+
+@attrs.define(eq=False)
+class HookRuntime:
+    """Store + dispatcher, exposed to the forwarder as :meth:`interceptors`."""
+
+    store: HookStore
+    dispatcher: Dispatcher
+    skip_label: tuple[str, str]
+    _recovered: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+
+    def interceptors(self) -> dict[str, Interceptor]:
+        handlers: dict[str, Callable[[bytes, Forward], Awaitable[Reply]]] = {
+            "RunPodSandbox": self.run_pod_sandbox,
+            "CreateContainer": self.create_container,
+            "StartContainer": self.start_container,
+            "StopContainer": self.stop_container,
+            "StopPodSandbox": self.stop_pod_sandbox,
+            "UpdateContainerResources": self.update_container_resources,
+            "RemoveContainer": self.remove_container,
+            "RemovePodSandbox": self.remove_pod_sandbox,
+        }
+
+        def bind(handler: Callable[[bytes, Forward], Awaitable[Reply]]) -> Interceptor:
+            async def intercept(path: str, request: bytes, forward: Forward) -> Reply:
+                await self._recovered.wait()
+                return await handler(request, forward)
+
+            return intercept
+
+        return {_RUNTIME + name: bind(handler) for name, handler in handlers.items()}
+
+    def mark_recovered(self) -> None:
+        """Let intercepted calls through: the store now reflects the runtime."""
+        self._recovered.set()
+
+    @property
+    def recovered(self) -> bool:
+        return self._recovered.is_set()
+
+    def _skips(self, pod: PodInfo) -> bool:
+        return pod.has_label(*self.skip_label)
+
+    # -- pods --------------------------------------------------------------------------
+
+    async def run_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
+        request = _decode(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest")
+        pod = convert.pod_from_run_request(request)
+        if not self._skips(pod):
+            chain = await self.dispatcher.run(
+                HookPoint.PRE_RUN_POD_SANDBOX,
+                pod,
+                convert.pod_hook_request,
+                lambda p, answer: merge.merge_pod_info(p, answer).value,
+                target=f"pod {pod.namespace}/{pod.name}",
+            )
+            if chain.value != pod:
+                pod = chain.value
+                data = bytes(merge.apply_run_pod(request, pod).SerializeToString())
+        reply = await forward(data)
+        sandbox_id = _reply_field(cri.RunPodSandboxResponse, reply, "pod_sandbox_id")
+        if sandbox_id:
+            self.store.put_pod(sandbox_id, pod)
+        return reply
+
+    async def stop_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
+        sandbox_id = _decode(cri.StopPodSandboxRequest, data, "StopPodSandboxRequest").pod_sandbox_id
+        try:
+            return await forward(data)
+        finally:
+            pod = self.store.get_pod(sandbox_id)
+            if pod is None:
+                _missing("pod", sandbox_id, HookPoint.POST_STOP_POD_SANDBOX)
+            elif not self._skips(pod):
+                await self.dispatcher.run(
+                    HookPoint.POST_STOP_POD_SANDBOX,
+                    pod,
+                    convert.pod_hook_request,
+                    _keep,
+                    target=sandbox_id,
+                )
+            self.store.delete_pod(sandbox_id)
+
+    async def remove_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
+        sandbox_id = _decode(cri.RemovePodSandboxRequest, data, "RemovePodSandboxRequest").pod_sandbox_id
+        reply = await forward(data)
+        self.store.remove_pod(sandbox_id)
+        return reply
+
+    # -- containers --------------------------------------------------------------------
+
+    async def create_container(self, data: bytes, forward: Forward) -> Reply:
+        request = _decode(cri.CreateContainerRequest, data, "CreateContainerRequest")
+        pod = self.store.get_pod(request.pod_sandbox_id)
+        if pod is None:
+            # Better than the reference (which skips hooks): the request carries the pod's config.
+            _missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
+            pod = convert.pod_from_run_request(cri.RunPodSandboxRequest(config=request.sandbox_config))
+        info = convert.container_from_create_request(request, pod)
+        if not self._skips(pod):
+            chain = await self.dispatcher.run(
+                HookPoint.PRE_CREATE_CONTAINER,
+                info,
+                convert.container_hook_request,
+                _merge_container,
+                target=f"pod {pod.namespace}/{pod.name} container {info.name}",
+            )
+            if chain.value != info:
+                info = chain.value
+                data = bytes(merge.apply_create(request, info).SerializeToString())
+        reply = await forward(data)
+        container_id = _decode(
+            cri.CreateContainerResponse, reply.message, "CreateContainerResponse"
+        ).container_id
+        self.store.put_container(container_id, attrs.evolve(info, id=container_id))
+        return reply
+
+    async def start_container(self, data: bytes, forward: Forward) -> Reply:
+        container_id = _decode(cri.StartContainerRequest, data, "StartContainerRequest").container_id
+        info = self._hooked_container(container_id, HookPoint.PRE_START_CONTAINER)
+        if info is not None:
+            chain = await self.dispatcher.run(
+                HookPoint.PRE_START_CONTAINER,
+                info,
+                convert.container_hook_request,
+                _merge_container,
+                target=container_id,
+            )
+            if chain.value != info:
+                info = chain.value
+                self.store.update_container(container_id, info)
+        try:
+            return await forward(data)
+        finally:
+            if info is not None:
+                await self.dispatcher.run(
+                    HookPoint.POST_START_CONTAINER,
+                    info,
+                    convert.container_hook_request,
+                    _keep,
+                    target=container_id,
+                )
+
+    async def stop_container(self, data: bytes, forward: Forward) -> Reply:
+        container_id = _decode(cri.StopContainerRequest, data, "StopContainerRequest").container_id
+        try:
+            return await forward(data)
+        finally:
+            info = self._hooked_container(container_id, HookPoint.POST_STOP_CONTAINER)
+            if info is not None:
+                await self.dispatcher.run(
+                    HookPoint.POST_STOP_CONTAINER,
+                    info,
+                    convert.container_hook_request,
+                    _keep,
+                    target=container_id,
+                )
+            self.store.delete_container(container_id)
+
+    async def update_container_resources(self, data: bytes, forward: Forward) -> Reply:
+        request = _decode(cri.UpdateContainerResourcesRequest, data, "UpdateContainerResourcesRequest")
+        container_id = request.container_id
+        stored = self._hooked_container(container_id, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
+        if stored is None:
+            return await forward(data)
+        prepared = merge.prepare_update(stored, request)
+        chain = await self.dispatcher.run(
+            HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
+            prepared,
+            convert.container_hook_request,
+            _merge_container,
+            target=container_id,
+        )
+        if chain.value != prepared:
+            data = bytes(merge.apply_update(request, chain.value).SerializeToString())
+        reply = await forward(data)
+        self.store.update_container(container_id, chain.value)
+        return reply
+
+    async def remove_container(self, data: bytes, forward: Forward) -> Reply:
+        container_id = _decode(cri.RemoveContainerRequest, data, "RemoveContainerRequest").container_id
+        reply = await forward(data)
+        self.store.delete_container(container_id)
+        return reply
+
+    def _hooked_container(self, container_id: str, point: HookPoint) -> ContainerInfo | None:
+        """The stored container if hooks should run for it, else None (unknown or skipped)."""
+        info = self.store.get_container(container_id)
+        if info is None:
+            _missing("container", container_id, point)
+            return None
+        return None if self._skips(info.pod) else info
+
+
+def _merge_container(info: ContainerInfo, answer: Any) -> ContainerInfo:
+    return merge.merge_container_info(info, answer).value
+
+
+def _keep(record: Any, answer: Any) -> Any:
+    return record
+
+
+def _missing(kind: str, ident: str, point: HookPoint) -> None:
+    log.event(
+        LOGGER,
+        "hook_skipped_unknown_" + kind,
+        level=logging.WARNING,
+        id=ident,
+        hook=point.value,
+        reason=f"{kind} not in the store (created before the proxy, or already stopped)",
+    )

@@ -1,0 +1,49 @@
+"""Prometheus metrics of the daemon (names prefixed ``krproxy_``).
+
+Collected in a registry of our own (not prometheus-client's global one), so several daemons
+in one test process never share counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from krproxy.hooks.dispatch import Outcome
+
+#: Latency buckets in seconds: from a fast local call (~0.3 ms) to kubelet's 2 min deadline.
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
+
+
+class Metrics:
+    """The daemon's counters, gauges and histograms."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.registration_errors = Counter(
+            "krproxy_registration_errors_total",
+            "Registration files found invalid, by file name.",
+            ["file"],
+            registry=r,
+        )
+        self.hook_calls = Counter(
+            "krproxy_hook_calls_total",
+            "Hook plugin calls by plugin, hook point and result (ok, failed, rejected).",
+            ["plugin", "hook", "result"],
+            registry=r,
+        )
+        self.hook_seconds = Histogram(
+            "krproxy_hook_call_seconds",
+            "Hook plugin call latency by plugin and hook point.",
+            ["plugin", "hook"],
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.store_pods = Gauge("krproxy_store_pods", "Pods in the hook store.", registry=r)
+        self.store_containers = Gauge("krproxy_store_containers", "Containers in the hook store.", registry=r)
+        self.recovered = Gauge(
+            "krproxy_store_recovered", "1 once the store was rebuilt from the runtime.", registry=r
+        )
+
+    def observe_hook(self, outcome: Outcome) -> None:
+        self.hook_calls.labels(outcome.plugin, outcome.point.value, outcome.result).inc()
+        self.hook_seconds.labels(outcome.plugin, outcome.point.value).observe(outcome.seconds)
