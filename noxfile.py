@@ -28,7 +28,7 @@ def tests(session: nox.Session) -> None:
 def e2e(session: nox.Session) -> None:
     """End-to-end tests: the krproxy daemon in front of a real containerd in a private sandbox."""
     _install(session)
-    session.run("pytest", "tests/e2e", *session.posargs)
+    session.run("pytest", "tests/e2e", "-m", "e2e", *session.posargs)
 
 
 @nox.session
