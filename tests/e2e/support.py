@@ -1,0 +1,270 @@
+"""Helpers for end-to-end tests: the containerd sandbox, the ``krproxy serve`` daemon, a CRI client.
+
+The fixtures that use them live in conftest.py. Everything here is blocking (grpcio and
+subprocesses); e2e tests are plain sync tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import grpc
+from cri_api.v1 import api_pb2 as pb
+from cri_api.v1 import api_pb2_grpc as pb_grpc
+from google.protobuf.message import Message
+
+REPO = Path(__file__).resolve().parents[2]
+SANDBOX_SCRIPT = REPO / "scripts" / "containerd-sandbox"
+#: A container loop that exits at once on SIGTERM (the shell runs the trap while ``wait`` waits).
+LOOP = ["sh", "-c", "while :; do sleep 1 & wait $!; done"]
+#: Generous per-call deadline: RunPodSandbox takes ~0.1 s here, but CI machines are noisy.
+TIMEOUT = 30
+
+
+def run_script(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``scripts/containerd-sandbox ARGS``; never raises on a non-zero exit."""
+    return subprocess.run(
+        [sys.executable, str(SANDBOX_SCRIPT), *args], capture_output=True, text=True, timeout=600
+    )
+
+
+def alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie (PID 1 here reaps orphans slowly)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def wait_until(predicate: Callable[[], bool], limit: float = 10.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until it holds; fail after ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached after {limit}s")
+        time.sleep(0.02)
+
+
+@attrs.define
+class Containerd:
+    """A private containerd started by ``scripts/containerd-sandbox`` in ``dir``."""
+
+    dir: Path
+    cgroup_parent: str
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """sandbox.json as written by the last ``start`` (it changes when containerd restarts)."""
+        state: dict[str, Any] = json.loads((self.dir / "sandbox.json").read_text())
+        return state
+
+    @property
+    def socket(self) -> str:
+        return str(self.dir / "containerd.sock")
+
+    @property
+    def busybox(self) -> str:
+        return str(self.state["busybox_image"])
+
+    def start(self) -> None:
+        r = run_script("start", "--dir", str(self.dir), "--cgroup-parent", self.cgroup_parent)
+        assert 0 == r.returncode, f"containerd-sandbox start failed:\n{r.stderr}"
+
+    def stop(self) -> None:
+        r = run_script("stop", "--dir", str(self.dir))
+        assert 0 == r.returncode, f"containerd-sandbox stop failed:\n{r.stderr}"
+
+    def crash(self) -> None:
+        """SIGKILL containerd (by the PID in sandbox.json) and wait until it is gone."""
+        pid = self.state["pid"]
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not alive(pid), what=f"containerd {pid} gone")
+
+
+@attrs.define
+class Proxy:
+    """A ``krproxy serve`` subprocess listening on ``socket``; its stderr goes to ``log_path``."""
+
+    process: subprocess.Popen[bytes]
+    socket: str
+    log_path: Path
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def terminate(self, limit: float = 30) -> int:
+        """SIGTERM the daemon and return its exit code (SIGKILL and fail if it hangs)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(limit)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"krproxy ignored SIGTERM for {limit}s; log:\n{self.log}") from None
+
+
+def start_proxy(workdir: Path, backend: str, grace_period: float = 10, limit: float = 30) -> Proxy:
+    """Start ``krproxy serve`` in front of ``backend``; return once the socket answers Version."""
+    socket = str(workdir / "proxy.sock")
+    (workdir / "hooks").mkdir(exist_ok=True)
+    log_path = workdir / "krproxy.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "krproxy", "serve"),
+                *("--koord-runtimeproxy-endpoint", socket, "--remote-runtime-service-endpoint", backend),
+                *("--hook-dir", str(workdir / "hooks"), "--grace-period", str(grace_period)),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            cwd=workdir,  # not the repo: `python -m` would import krproxy from the cwd first
+        )
+    proxy = Proxy(process, socket, log_path)
+    deadline = time.monotonic() + limit
+    # Connect only once the socket exists: grpcio backs off ~1 s after a failed connection.
+    wait_until(lambda: os.path.exists(socket) or process.poll() is not None, limit, "proxy socket")
+    with Cri.connect(socket) as cri:
+        while True:
+            if process.poll() is not None:
+                raise AssertionError(f"krproxy exited with {process.returncode}; log:\n{proxy.log}")
+            with contextlib.suppress(grpc.RpcError):
+                cri.runtime.Version(pb.VersionRequest(), timeout=1)
+                return proxy
+            if time.monotonic() > deadline:
+                proxy.terminate()
+                raise AssertionError(f"krproxy not answering after {limit}s; log:\n{proxy.log}")
+            time.sleep(0.05)
+
+
+@attrs.define
+class Cri:
+    """grpcio stubs for one CRI socket, plus raw-bytes access to any method path."""
+
+    channel: grpc.Channel
+    runtime: Any
+    image: Any
+
+    @classmethod
+    @contextlib.contextmanager
+    def connect(cls, socket: str) -> Iterator[Cri]:
+        channel = grpc.insecure_channel(f"unix://{socket}", options=[("grpc.enable_retries", 0)])
+        try:
+            yield cls(channel, pb_grpc.RuntimeServiceStub(channel), pb_grpc.ImageServiceStub(channel))
+        finally:
+            channel.close()
+
+    def raw(self, path: str, request: bytes) -> bytes:
+        """Call ``path`` with serialized ``request``; return the serialized reply."""
+        call = self.channel.unary_unary(path, request_serializer=None, response_deserializer=None)
+        reply: bytes = call(request, timeout=TIMEOUT)
+        return reply
+
+
+def outcome(fn: Callable[[], Any]) -> Any:
+    """What a call gave: its result, or ``(code, details)`` if it failed."""
+    try:
+        return fn()
+    except grpc.RpcError as err:
+        return (err.code(), err.details())
+
+
+# --------------------------------------------------------------------------- pods
+
+
+def pod_config(cgroup_parent: str, name: str = "e2e") -> Any:
+    """A host-network pod whose cgroups go under ``/<cgroup_parent>/pod-<uid>`` (removed by ``stop``)."""
+    uid = uuid.uuid4().hex[:12]
+    return pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=f"{name}-{uid}", uid=uid, namespace="krproxy-e2e"),
+        hostname="",  # runc cannot set a hostname without a private UTS namespace
+        linux=pb.LinuxPodSandboxConfig(
+            cgroup_parent=f"/{cgroup_parent}/pod-{uid}",
+            security_context=pb.LinuxSandboxSecurityContext(
+                namespace_options=pb.NamespaceOption(network=pb.NODE)
+            ),
+        ),
+    )
+
+
+def container_config(image: str, name: str = "loop") -> Any:
+    return pb.ContainerConfig(
+        metadata=pb.ContainerMetadata(name=name), image=pb.ImageSpec(image=image), command=LOOP
+    )
+
+
+@attrs.frozen
+class Pod:
+    """A running pod with one running container."""
+
+    id: str
+    config: Any
+    container_id: str
+
+
+@contextlib.contextmanager
+def running_pod(cri: Cri, containerd: Containerd) -> Iterator[Pod]:
+    """Run a pod with one looping container through ``cri``; remove both afterwards."""
+    config = pod_config(containerd.cgroup_parent)
+    pod_id = cri.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=TIMEOUT).pod_sandbox_id
+    try:
+        request = pb.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=container_config(containerd.busybox), sandbox_config=config
+        )
+        container_id = cri.runtime.CreateContainer(request, timeout=TIMEOUT).container_id
+        cri.runtime.StartContainer(pb.StartContainerRequest(container_id=container_id), timeout=TIMEOUT)
+        yield Pod(pod_id, config, container_id)
+    finally:
+        with contextlib.suppress(grpc.RpcError):
+            cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=TIMEOUT)
+        with contextlib.suppress(grpc.RpcError):
+            cri.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=TIMEOUT)
+
+
+# --------------------------------------------------------------------------- comparing replies
+
+#: Fields that legitimately differ between two calls a few ms apart: sample times and the
+#: usage figures of a live container (its loop forks ``sleep`` every second).
+VOLATILE = frozenset({"timestamp", "cpu", "memory", "swap", "network", "process"})
+
+
+def normalised(message: Message, volatile: frozenset[str] = frozenset()) -> Message:
+    """A copy of ``message`` with ``volatile`` fields cleared and repeated messages sorted.
+
+    containerd lists pods, containers and images in map order, which differs between calls.
+    """
+    copy = type(message)()
+    copy.CopyFrom(message)
+    _normalise(copy, volatile)
+    return copy
+
+
+def _normalise(message: Message, volatile: frozenset[str]) -> None:
+    for field, value in message.ListFields():
+        if field.name in volatile:
+            message.ClearField(field.name)
+        elif field.message_type is None or field.message_type.GetOptions().map_entry:
+            continue
+        elif field.is_repeated:
+            for item in value:
+                _normalise(item, volatile)
+            ordered = sorted(item.SerializeToString(deterministic=True) for item in value)
+            del value[:]
+            for data in ordered:
+                value.add().ParseFromString(data)
+        else:
+            _normalise(value, volatile)
