@@ -13,6 +13,7 @@ nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests", "e2e", "lint", "typecheck"]
 nox.options.reuse_existing_virtualenvs = True
 
+
 def _install(session: nox.Session) -> None:
     session.install("-e", ".[test]")
 

@@ -8,13 +8,14 @@ functions, apply, answer", with no awaits, so it runs unchanged inside a grpclib
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import attrs
 
-from krproxy.proto.runtime import v1alpha1 as hook
+from krproxy.proto.runtime import v1alpha1 as pb
 
 from ._context import ContainerContext, ContainerInfo, PodContext, PodInfo
 from ._done import apply_container, apply_pod, container_response, pod_response
@@ -135,7 +136,9 @@ class HookServer:
         """Decorator: run the function for every known pod/container on re-apply and in standalone."""
 
         def register(fn: F) -> F:
-            self.registry.register_reconciler(level, name or fn.__name__, description or (fn.__doc__ or ""), fn)
+            self.registry.register_reconciler(
+                level, name or fn.__name__, description or (fn.__doc__ or ""), fn
+            )
             return fn
 
         return register
@@ -160,7 +163,7 @@ class HookServer:
 
     # -- hook calls (proxy mode) -----------------------------------------------------------
 
-    def handle_pod(self, stage: Stage, req: hook.PodSandboxHookRequest) -> hook.PodSandboxHookResponse:
+    def handle_pod(self, stage: Stage, req: pb.PodSandboxHookRequest) -> pb.PodSandboxHookResponse:
         """Answer a pod-level hook call. Raises :class:`HookFailedError` under FAIL."""
         ctx = PodContext(PodInfo.from_proto(req))
         run_hooks(self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value)
@@ -172,8 +175,8 @@ class HookServer:
         return pod_response(req, ctx)
 
     def handle_container(
-        self, stage: Stage, req: hook.ContainerResourceHookRequest
-    ) -> hook.ContainerResourceHookResponse:
+        self, stage: Stage, req: pb.ContainerResourceHookRequest
+    ) -> pb.ContainerResourceHookResponse:
         """Answer a container-level hook call. Raises :class:`HookFailedError` under FAIL."""
         ctx = ContainerContext(ContainerInfo.from_proto(req))
         run_hooks(self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value)
@@ -195,17 +198,20 @@ class HookServer:
         changes: list[Change] = []
         for target in self.pods.targets() if targets is None else targets:
             pod_ctx = PodContext(target.pod)
-            changes += self._reconcile_one(Level.POD, pod_ctx, lambda c=pod_ctx: apply_pod(self.executor, c))
+            changes += self._reconcile_one(
+                Level.POD, pod_ctx, functools.partial(apply_pod, self.executor, pod_ctx)
+            )
             for container in target.containers:
                 ctx = ContainerContext(container)
-                changes += self._reconcile_one(
-                    Level.CONTAINER, ctx, lambda c=ctx: apply_container(self.executor, c, include_cri=True)
-                )
+                done = functools.partial(apply_container, self.executor, ctx, include_cri=True)
+                changes += self._reconcile_one(Level.CONTAINER, ctx, done)
         return changes
 
     def _reconcile_one(self, level: Level, ctx: Any, done: Callable[[], list[Change]]) -> list[Change]:
         try:
-            run_hooks(self.registry.reconcilers(level), ctx, FailurePolicy.IGNORE, where=f"reconcile-{level.value}")
+            run_hooks(
+                self.registry.reconcilers(level), ctx, FailurePolicy.IGNORE, where=f"reconcile-{level.value}"
+            )
             return done()
         except (OSError, HookFailedError) as exc:
             LOGGER.error("event=reconcile_failed level=%s error=%r", level.value, exc)

@@ -83,3 +83,16 @@ def container_cgroup_dir(cgroup_parent: str, container_id: str) -> str:
     if cgroup_parent.endswith(".slice") and "/" not in cgroup_parent:
         return f"{_systemd_expand(cgroup_parent)}/cri-containerd-{container_id}.scope"
     return f"{pod_cgroup_dir(cgroup_parent)}/{container_id}"
+
+
+def kubelet_pod_cgroup_candidates(uid: str) -> tuple[str, ...]:
+    """Where kubelet puts a pod's cgroup, per QoS and driver (cgroupfs first, then systemd)."""
+    under = uid.replace("-", "_")
+    return (
+        f"/kubepods/pod{uid}",
+        f"/kubepods/burstable/pod{uid}",
+        f"/kubepods/besteffort/pod{uid}",
+        f"kubepods-pod{under}.slice",
+        f"kubepods-burstable-pod{under}.slice",
+        f"kubepods-besteffort-pod{under}.slice",
+    )

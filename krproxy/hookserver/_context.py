@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 import attrs
 
+from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hook
 
 #: Koordinator's pod label carrying the QoS class.
@@ -70,7 +71,8 @@ class Resources:
     cpuset_mems: str = ""
 
     @classmethod
-    def from_proto(cls, res: hook.LinuxContainerResources | None) -> Resources:
+    def from_proto(cls, res: hook.LinuxContainerResources | cri.LinuxContainerResources | None) -> Resources:
+        """From the hook protocol's or the CRI's LinuxContainerResources (same fields)."""
         if res is None:
             return cls()
         return cls(

@@ -77,6 +77,11 @@ class Executor:
     def cgroup_path(self, cgroup_dir: str, file: CgroupFile) -> pathlib.Path:
         return _resolve(self.cgroup_root, file.path(cgroup_dir, self.cgroup_version))
 
+    def cgroup_exists(self, cgroup_dir: str) -> bool:
+        """Whether ``cgroup_dir`` exists (v1: in the ``cpu`` hierarchy)."""
+        prefix = "cpu/" if self.cgroup_version == 1 else ""
+        return _resolve(self.cgroup_root, prefix + cgroup_dir.strip("/")).is_dir()
+
     def has(self, cgroup_dir: str, file: CgroupFile) -> bool:
         """Whether the kernel offers ``file`` for ``cgroup_dir`` (the file exists)."""
         return self.cgroup_path(cgroup_dir, file).is_file()

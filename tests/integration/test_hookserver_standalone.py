@@ -85,7 +85,8 @@ def snapshot(node: FakeNode) -> dict[str, str | None]:
 
 
 async def wait_until(predicate: Any) -> None:
-    while not predicate():
+    """Poll files the reconcile loop writes (there is no event to wait on); callers bound it."""
+    while not predicate():  # noqa: ASYNC110
         await trio.sleep(0.02)
 
 
@@ -111,8 +112,8 @@ async def test_standalone_converges_like_proxy_mode(
     proxy_app.set_policy(NodePolicy.load(policy))
     proxy_app.tick(proxy_app.tickers[0])
     create_answers = {}
-    for name, (qos, parent, annotations) in PODS.items():
-        pod = pod_request(name, qos=qos, cgroup_parent=parent, annotations=annotations)
+    for name, (qos, parent, pod_annotations) in PODS.items():
+        pod = pod_request(name, qos=qos, cgroup_parent=parent, annotations=pod_annotations)
         proxy_app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod)
         create_answers[name] = proxy_app.handle_container(
             Stage.PRE_CREATE_CONTAINER, container_request(pod, "app")

@@ -1,0 +1,55 @@
+"""Your first hook plugin: give every container of a pod a ``POD_NAME`` variable and
+mark BE pods' cgroups SCHED_IDLE.
+
+Run it next to krproxy (or koord-runtime-proxy)::
+
+    python examples/first_plugin.py --socket /run/first-plugin.sock --hook-dir /etc/runtime/hookserver.d
+
+It writes ``/etc/runtime/hookserver.d/first-plugin.json`` so the proxy starts calling it, and
+removes that file when stopped (Ctrl-C / SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+
+import trio
+import trio_asyncio
+
+from krproxy.hookserver import ContainerContext, HookServer, PodContext, QoSClass, ServeOptions, Stage, serve
+
+app = HookServer()
+
+
+@app.hook(Stage.PRE_CREATE_CONTAINER, name="pod-name-env", description="POD_NAME for every container")
+def pod_name_env(ctx: ContainerContext) -> None:
+    ctx.response.add_envs["POD_NAME"] = ctx.request.pod.meta.name
+
+
+@app.hook(Stage.PRE_RUN_POD_SANDBOX, name="be-idle", description="BE pods run SCHED_IDLE")
+def be_idle(ctx: PodContext) -> None:
+    if ctx.request.qos_class is QoSClass.BE:
+        ctx.response.resources.cpu_idle = 1
+
+
+async def _main(options: ServeOptions) -> None:
+    async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+
+        async def stop_on_sigterm() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM) as signals:
+                async for _ in signals:
+                    nursery.cancel_scope.cancel()
+
+        nursery.start_soon(stop_on_sigterm)
+        await serve(app, options)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--socket", default="/run/first-plugin.sock")
+    parser.add_argument("--hook-dir", default="/etc/runtime/hookserver.d")
+    args = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        trio.run(_main, ServeOptions(socket=args.socket, hook_dir=args.hook_dir, name="first-plugin"))

@@ -1,0 +1,48 @@
+"""The registration file that tells the proxy where this hook server listens.
+
+Same shape as koordlet's ``koordlet.json`` (Go ``json.Marshal`` of its HookServerConfig:
+compact, keys in this order, no trailing newline)::
+
+    {"remote-endpoint":"/var/run/koordlet/koordlet.sock","failure-policy":"Ignore","runtime-hooks":["PreRunPodSandbox"]}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterable
+
+from ._registry import FailurePolicy, Stage
+
+
+def registration_json(endpoint: str, failure_policy: FailurePolicy, stages: Iterable[Stage]) -> str:
+    return json.dumps(
+        {
+            "remote-endpoint": endpoint,
+            "failure-policy": failure_policy.value,
+            "runtime-hooks": [s.value for s in stages],
+        },
+        separators=(",", ":"),
+    )
+
+
+def write_registration(hook_dir: str, name: str, content: str) -> str:
+    """Write ``<hook_dir>/<name>.json`` atomically (temp file + rename); return its path.
+
+    The temp name does not end in ``json``, so the proxy's directory scan never reads it half-written.
+    """
+    os.makedirs(hook_dir, mode=0o755, exist_ok=True)
+    path = os.path.join(hook_dir, f"{name}.json")
+    tmp = os.path.join(hook_dir, f".{name}.json.tmp")
+    with open(tmp, "w") as f:
+        f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def remove_registration(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)

@@ -1,0 +1,186 @@
+"""Standalone mode: the same plugins without a proxy, applied by a reconcile loop.
+
+Every ``interval`` seconds (and right away when the policy changes) the loop lists pod
+sandboxes and containers from the CRI runtime and runs the reconcilers on them; the
+executor writes everything, CRI-expressible settings included.
+
+Trade-off (as koordlet's reconciler): it is asynchronous. A container starts with the
+runtime's settings and gets ours up to one ``interval`` later; settings that only exist at
+creation (environment variables) cannot be applied at all; a setting someone else changes
+is corrected only at the next pass. Use the proxy mode for strict consistency at start.
+
+The pod's cgroup parent is not in the CRI's status fields; it is read from the runtime's
+verbose sandbox info (containerd: ``info["info"]`` JSON → ``config.linux.cgroup_parent``, or
+the sandbox's ``runtimeSpec.linux.cgroupsPath``); failing that, kubelet's usual places
+(``/kubepods[/burstable|/besteffort]/pod<uid>`` or the systemd slices) are looked up under the
+cgroup root. Pods without one get no cgroup writes.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import grpclib.client
+import grpclib.exceptions
+import trio
+import trio_asyncio
+
+from krproxy._grpc import strip_unix_scheme
+from krproxy.proto.runtime import v1 as cri
+
+from ._app import HookServer, PodTarget
+from ._cgroups import kubelet_pod_cgroup_candidates, pod_cgroup_dir
+from ._context import ContainerInfo, PodInfo, PodMeta, Resources
+from ._executor import Executor
+from ._service import run_background
+
+LOGGER = logging.getLogger("krproxy.hookserver.standalone")
+
+#: koordlet's ``--runtime-hooks-reconcile-interval`` default.
+RECONCILE_INTERVAL = 10.0
+#: Deadline of each CRI call (s); a runtime slower than this is skipped until the next pass.
+CRI_TIMEOUT = 10.0
+
+
+def _dig(data: Any, *keys: str) -> Any:
+    for key in keys:
+        if not isinstance(data, Mapping):
+            return None
+        data = data.get(key)
+    return data
+
+
+def cgroup_parent_from_info(info: Mapping[str, str]) -> str:
+    """The sandbox's cgroup parent from containerd's verbose ``PodSandboxStatus`` info ("" if absent)."""
+    try:
+        data = json.loads(info.get("info", "") or "{}")
+    except ValueError:
+        return ""
+    parent = _dig(data, "config", "linux", "cgroup_parent")
+    if isinstance(parent, str) and parent:
+        return parent
+    path = _dig(data, "runtimeSpec", "linux", "cgroupsPath")
+    if isinstance(path, str) and path:
+        # systemd: "<slice>:cri-containerd:<id>"; cgroupfs: "<parent>/<sandbox id>".
+        return path.split(":")[0] if ":" in path else path.rsplit("/", 1)[0]
+    return ""
+
+
+def targets_from_cri(
+    sandboxes: Sequence[cri.PodSandbox],
+    sandbox_info: Mapping[str, Mapping[str, str]],
+    containers: Sequence[cri.Container],
+    statuses: Mapping[str, cri.ContainerStatus],
+    *,
+    find_cgroup_parent: Callable[[str], str] | None = None,
+) -> list[PodTarget]:
+    """Ready sandboxes and their running containers as reconcile targets.
+
+    ``find_cgroup_parent(uid)`` is asked when the runtime's info has no cgroup parent.
+    """
+    pods: dict[str, PodInfo] = {}
+    for sb in sandboxes:
+        if sb.state != cri.PodSandboxState.SANDBOX_READY:
+            continue
+        meta = sb.metadata
+        parent = cgroup_parent_from_info(sandbox_info.get(sb.id, {}))
+        if not parent and find_cgroup_parent is not None and meta is not None:
+            parent = find_cgroup_parent(meta.uid)
+        pods[sb.id] = PodInfo(
+            meta=PodMeta(meta.name, meta.namespace, meta.uid, meta.attempt) if meta else PodMeta(),
+            labels=sb.labels,
+            annotations=sb.annotations,
+            cgroup_parent=parent,
+            runtime_handler=sb.runtime_handler,
+        )
+    by_pod: dict[str, list[ContainerInfo]] = {sid: [] for sid in pods}
+    for c in containers:
+        if c.pod_sandbox_id not in pods or c.state != cri.ContainerState.CONTAINER_RUNNING:
+            continue
+        status = statuses.get(c.id)
+        linux = status.resources.linux if status is not None and status.resources is not None else None
+        by_pod[c.pod_sandbox_id].append(
+            ContainerInfo(
+                pod=pods[c.pod_sandbox_id],
+                name=c.metadata.name if c.metadata else "",
+                id=c.id,
+                attempt=c.metadata.attempt if c.metadata else 0,
+                annotations=c.annotations,
+                resources=Resources.from_proto(linux),
+            )
+        )
+    return [PodTarget(pod, tuple(by_pod[sid])) for sid, pod in pods.items()]
+
+
+def find_kubelet_cgroup(executor: Executor, uid: str) -> str:
+    """The first of kubelet's usual pod cgroups for ``uid`` that exists under the executor's root."""
+    for candidate in kubelet_pod_cgroup_candidates(uid):
+        if executor.cgroup_exists(pod_cgroup_dir(candidate)):
+            return candidate
+    return ""
+
+
+async def list_targets(
+    stub: cri.RuntimeServiceStub, find_cgroup_parent: Callable[[str], str] | None = None
+) -> list[PodTarget]:
+    """List pods and containers from the runtime (asyncio side: call via ``aio_as_trio``)."""
+    sandboxes = (await stub.list_pod_sandbox(cri.ListPodSandboxRequest(), timeout=CRI_TIMEOUT)).items
+    info: dict[str, Mapping[str, str]] = {}
+    for sb in sandboxes:
+        if sb.state == cri.PodSandboxState.SANDBOX_READY:
+            req = cri.PodSandboxStatusRequest(pod_sandbox_id=sb.id, verbose=True)
+            info[sb.id] = (await stub.pod_sandbox_status(req, timeout=CRI_TIMEOUT)).info
+    containers = (await stub.list_containers(cri.ListContainersRequest(), timeout=CRI_TIMEOUT)).containers
+    statuses: dict[str, cri.ContainerStatus] = {}
+    for c in containers:
+        if c.state == cri.ContainerState.CONTAINER_RUNNING and c.pod_sandbox_id in info:
+            resp = await stub.container_status(
+                cri.ContainerStatusRequest(container_id=c.id), timeout=CRI_TIMEOUT
+            )
+            if resp.status is not None:
+                statuses[c.id] = resp.status
+    return targets_from_cri(sandboxes, info, containers, statuses, find_cgroup_parent=find_cgroup_parent)
+
+
+async def reconcile_once(app: HookServer, stub: cri.RuntimeServiceStub) -> bool:
+    """One pass: list, remember, reconcile. False (and logged) when the runtime did not answer."""
+    try:
+        find = functools.partial(find_kubelet_cgroup, app.executor)
+        targets = await trio_asyncio.aio_as_trio(list_targets)(stub, find)
+    except (TimeoutError, grpclib.exceptions.GRPCError, OSError) as exc:
+        LOGGER.warning("event=cri_list_failed error=%r", exc)
+        return False
+    app.pods.replace(targets)
+    changes = app.reconcile()
+    LOGGER.info("event=reconciled pods=%d changes=%d", len(targets), len(changes))
+    return True
+
+
+async def run_standalone(
+    app: HookServer,
+    cri_endpoint: str,
+    *,
+    interval: float = RECONCILE_INTERVAL,
+    policy_path: str | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Reconcile forever. Must run inside ``trio_asyncio.open_loop()``.
+
+    Ready (``started()``) after the policy is loaded and the first pass has run.
+    """
+    channel = grpclib.client.Channel(path=strip_unix_scheme(cri_endpoint))
+    stub = cri.RuntimeServiceStub(channel)
+    try:
+        async with trio.open_nursery() as nursery:
+            await run_background(app, policy_path, nursery)
+            await reconcile_once(app, stub)
+            task_status.started()
+            while True:
+                await trio.sleep(interval)
+                await reconcile_once(app, stub)
+    finally:
+        channel.close()

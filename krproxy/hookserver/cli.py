@@ -1,0 +1,156 @@
+"""``krproxy hooks serve`` and ``krproxy hooks standalone``.
+
+Mount under the main CLI with :func:`add_subcommands`; each parsed namespace carries its
+handler in ``args.func(args) -> int``. :func:`main` runs this CLI on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import signal
+from collections.abc import Sequence
+from typing import Any
+
+import trio
+import trio_asyncio
+
+from ._app import DEFAULT_CGROUP_ROOT, DEFAULT_RESCTRL_ROOT, HookServer
+from ._executor import Executor
+from ._registry import FailurePolicy, Stage
+from ._service import ServeOptions, serve
+from ._standalone import RECONCILE_INTERVAL, run_standalone
+from .policies import install_all
+
+DEFAULT_HOOK_DIR = "/etc/runtime/hookserver.d"
+DEFAULT_SOCKET = "/var/run/krproxy-hookserver/hookserver.sock"
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--policy", metavar="FILE", help="node policy file (YAML/JSON), watched live")
+    p.add_argument("--cgroup-root", default=DEFAULT_CGROUP_ROOT, metavar="DIR")
+    p.add_argument("--resctrl-root", default=DEFAULT_RESCTRL_ROOT, metavar="DIR")
+    p.add_argument(
+        "--proc-stat", default="/proc/stat", metavar="FILE", help="node CPU counters for cpu suppress"
+    )
+    p.add_argument(
+        "--plugin-failure-policy",
+        choices=[p.value for p in FailurePolicy],
+        default="Ignore",
+        help="Fail: stop a stage at the first failing plugin and answer with an error",
+    )
+    p.add_argument("--no-builtin", action="store_true", help="do not install the built-in policies")
+    p.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE and call its register(app); repeatable",
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+
+
+def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``hooks {serve,standalone}`` to ``subparsers`` (from ``add_subparsers()``)."""
+    hooks: argparse.ArgumentParser = subparsers.add_parser(
+        "hooks", help="run a hook server (SDK built-in policies)"
+    )
+    sub = hooks.add_subparsers(dest="hooks_command", required=True)
+
+    s = sub.add_parser("serve", help="serve RuntimeHookService for krproxy / koord-runtime-proxy")
+    s.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH")
+    s.add_argument(
+        "--host-endpoint", metavar="PATH", help="socket path as the proxy sees it (default: --socket)"
+    )
+    s.add_argument("--hook-dir", default=DEFAULT_HOOK_DIR, metavar="DIR")
+    s.add_argument("--name", default="krproxy-hookserver", help="registration file is <hook-dir>/<name>.json")
+    s.add_argument("--failure-policy", choices=[p.value for p in FailurePolicy], default="Ignore")
+    s.add_argument(
+        "--disable-stages", nargs="*", default=[], choices=[s.value for s in Stage], metavar="STAGE"
+    )
+    _common(s)
+    s.set_defaults(func=_serve)
+
+    st = sub.add_parser("standalone", help="apply the policies by reconciling pods listed from the CRI")
+    st.add_argument("--cri-endpoint", default="unix:///run/containerd/containerd.sock")
+    st.add_argument("--interval", type=float, default=RECONCILE_INTERVAL, metavar="SECONDS")
+    _common(st)
+    st.set_defaults(func=_standalone)
+    return hooks
+
+
+def build_app(args: argparse.Namespace) -> HookServer:
+    app = HookServer(
+        executor=Executor.for_roots(args.cgroup_root, args.resctrl_root),
+        plugin_failure_policy=FailurePolicy(args.plugin_failure_policy),
+    )
+    if not args.no_builtin:
+        install_all(app, proc_stat=args.proc_stat)
+    for name in args.plugin:
+        importlib.import_module(name).register(app)
+    return app
+
+
+def _logging(args: argparse.Namespace) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(message)s"
+    )
+
+
+def _serve(args: argparse.Namespace) -> int:
+    _logging(args)
+    app = build_app(args)
+    options = ServeOptions(
+        socket=args.socket,
+        hook_dir=args.hook_dir,
+        name=args.name,
+        endpoint=args.host_endpoint,
+        failure_policy=FailurePolicy(args.failure_policy),
+        policy_path=args.policy,
+        disabled_stages=tuple(Stage(s) for s in args.disable_stages),
+    )
+
+    async def run() -> None:
+        async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_on_sigterm, nursery.cancel_scope)
+            await serve(app, options)
+
+    return _run(run)
+
+
+def _standalone(args: argparse.Namespace) -> int:
+    _logging(args)
+    app = build_app(args)
+
+    async def run() -> None:
+        async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+            nursery.start_soon(_cancel_on_sigterm, nursery.cancel_scope)
+            await run_standalone(app, args.cri_endpoint, interval=args.interval, policy_path=args.policy)
+
+    return _run(run)
+
+
+async def _cancel_on_sigterm(scope: trio.CancelScope) -> None:
+    """SIGTERM stops gracefully: the registration file is removed before the socket closes."""
+    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
+
+
+def _run(fn: Any) -> int:
+    try:
+        trio.run(fn)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``krproxy hooks …`` on its own: ``main(["hooks", "serve", "--socket", …])``."""
+    parser = argparse.ArgumentParser(prog="krproxy")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_subcommands(sub)
+    args = parser.parse_args(argv)
+    return int(args.func(args))

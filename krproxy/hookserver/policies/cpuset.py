@@ -1,0 +1,53 @@
+"""cpuset from Koordinator's scheduling result.
+
+The scheduler records the CPUs it bound a pod to in the pod annotation
+``scheduling.koordinator.sh/resource-status`` (JSON ``{"cpuset": "0-3"}``). Every container
+of such a pod gets ``cpuset_cpus`` from it, and its CFS quota unset (−1) — a pod with
+dedicated CPUs should not also be throttled (koordlet does the same, issue #489).
+
+Runs at PreCreateContainer and PreUpdateContainerResources (into the hook response, so the
+runtime applies it) and as a container reconciler (written directly by the executor).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+
+from .._app import HookServer
+from .._context import ContainerContext
+from .._registry import Level, Stage
+
+NAME = "cpuset"
+ANNOTATION = "scheduling.koordinator.sh/resource-status"
+LOGGER = logging.getLogger("krproxy.hookserver.cpuset")
+
+
+def cpuset_from_annotations(annotations: Mapping[str, str]) -> str | None:
+    """The cpuset in the resource-status annotation, or None (absent or unparsable)."""
+    raw = annotations.get(ANNOTATION)
+    if raw is None:
+        return None
+    try:
+        status = json.loads(raw)
+    except ValueError:
+        LOGGER.warning("event=bad_resource_status value=%r", raw)
+        return None
+    cpuset = status.get("cpuset") if isinstance(status, dict) else None
+    return cpuset if isinstance(cpuset, str) and cpuset else None
+
+
+def set_cpuset(ctx: ContainerContext) -> None:
+    """Container cpuset (and unlimited CFS quota) from the pod's resource-status annotation."""
+    cpuset = cpuset_from_annotations(ctx.request.pod.annotations)
+    if cpuset is not None:
+        ctx.response.resources.cpuset = cpuset
+        ctx.response.resources.cfs_quota = -1
+
+
+def install(app: HookServer) -> None:
+    description = "container cpuset from scheduling.koordinator.sh/resource-status"
+    app.registry.register(Stage.PRE_CREATE_CONTAINER, NAME, description, set_cpuset)
+    app.registry.register(Stage.PRE_UPDATE_CONTAINER_RESOURCES, NAME, description, set_cpuset)
+    app.registry.register_reconciler(Level.CONTAINER, NAME, description, set_cpuset)

@@ -1,0 +1,53 @@
+"""Group identity: CPU priority of a pod's cgroup by QoS class.
+
+On kernels with Alibaba Cloud Linux / Anolis group identity, ``cpu.bvt_warp_ns`` of the pod
+cgroup is set from the policy's ``cpuQOS.groupIdentity`` for the pod's class (Koordinator's
+usual values: LSR/LS 2, BE -1). Where the kernel lacks ``cpu.bvt_warp_ns`` the executor
+falls back (see ``_done.plan_writes``): a negative value (BE) becomes ``cpu.idle = 1``
+(SCHED_IDLE cgroup, Linux ≥ 5.15), or ``cpu.shares = 2`` where ``cpu.idle`` is missing too;
+a non-negative value becomes ``cpu.idle = 0``. Classes without a ``cpuQOS`` section, and
+SYSTEM pods, are left alone.
+
+Runs at PreRunPodSandbox (kubelet has created the pod cgroup by then) and as a pod
+reconciler, so a policy change reaches running pods.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from .._app import HookServer
+from .._context import PodContext, QoSClass
+from .._policy import NodePolicy
+from .._registry import Level, Stage
+
+NAME = "groupidentity"
+
+
+@attrs.define
+class GroupIdentity:
+    bvt: dict[QoSClass, int] = attrs.Factory(dict)
+
+    def parse(self, policy: NodePolicy) -> bool:
+        bvt = {}
+        for qos in (QoSClass.LSE, QoSClass.LSR, QoSClass.LS, QoSClass.BE):
+            strategy = policy.strategy(qos)
+            if strategy is not None and strategy.cpu_qos is not None:
+                bvt[qos] = strategy.cpu_qos.group_identity
+        changed = bvt != self.bvt
+        self.bvt = bvt
+        return changed
+
+    def set_pod(self, ctx: PodContext) -> None:
+        value = self.bvt.get(ctx.request.qos_class)
+        if value is not None:
+            ctx.response.resources.cpu_bvt = value
+
+
+def install(app: HookServer) -> GroupIdentity:
+    plugin = GroupIdentity()
+    description = "cpu.bvt_warp_ns (or cpu.idle/cpu.shares) of the pod cgroup by QoS class"
+    app.rules.register(NAME, description, plugin.parse)
+    app.registry.register(Stage.PRE_RUN_POD_SANDBOX, NAME, description, plugin.set_pod)
+    app.registry.register_reconciler(Level.POD, NAME, description, plugin.set_pod)
+    return plugin

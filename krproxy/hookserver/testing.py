@@ -1,0 +1,146 @@
+"""Helpers for testing hook plugins without a node: a fake cgroup/resctrl tree and requests.
+
+Public on purpose (like ``structlog.testing``): plugin authors test their plugins with these.
+
+    node = FakeNode(tmp_path).create()
+    node.add_cgroup("/kubepods/besteffort/pod1")
+    app = HookServer(executor=node.executor())
+"""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from krproxy.proto.runtime import v1alpha1 as pb
+
+from ._cgroups import CgroupFile
+from ._context import QOS_LABEL
+from ._executor import Executor
+
+_V1_DEFAULTS = {
+    CgroupFile.CPU_SHARES: "1024",
+    CgroupFile.CFS_QUOTA: "-1",
+    CgroupFile.CPUSET_CPUS: "",
+    CgroupFile.MEMORY_LIMIT: "9223372036854771712",
+    CgroupFile.CPU_USAGE: "0",
+}
+_V2_DEFAULTS = {
+    CgroupFile.CPU_SHARES: "100",
+    CgroupFile.CFS_QUOTA: "max 100000",
+    CgroupFile.CPUSET_CPUS: "",
+    CgroupFile.MEMORY_LIMIT: "max",
+    CgroupFile.CPU_USAGE: "usage_usec 0\nuser_usec 0\nsystem_usec 0",
+}
+
+
+@attrs.define
+class FakeNode:
+    """A directory that looks like ``/sys/fs/cgroup`` + ``/sys/fs/resctrl`` to the executor.
+
+    Attributes:
+        bvt / idle: whether cgroups get ``cpu.bvt_warp_ns`` / ``cpu.idle`` (kernel features).
+        resctrl / mba: whether resctrl (``info/L3``) and memory bandwidth (``info/MB``) exist.
+    """
+
+    root: pathlib.Path = attrs.field(converter=pathlib.Path)
+    cgroup_version: int = 2
+    bvt: bool = True
+    idle: bool = True
+    resctrl: bool = True
+    mba: bool = True
+    cbm_mask: str = "fff"
+
+    @property
+    def cgroup_root(self) -> pathlib.Path:
+        return self.root / "cgroup"
+
+    @property
+    def resctrl_root(self) -> pathlib.Path:
+        return self.root / "resctrl"
+
+    def create(self) -> FakeNode:
+        self.cgroup_root.mkdir(parents=True, exist_ok=True)
+        self.resctrl_root.mkdir(parents=True, exist_ok=True)
+        if self.cgroup_version == 2:
+            (self.cgroup_root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+        if self.resctrl:
+            (self.resctrl_root / "info" / "L3").mkdir(parents=True, exist_ok=True)
+            (self.resctrl_root / "info" / "L3" / "cbm_mask").write_text(self.cbm_mask + "\n")
+            (self.resctrl_root / "schemata").write_text(f"L3:0={self.cbm_mask}\n")
+            if self.mba:
+                (self.resctrl_root / "info" / "MB").mkdir(exist_ok=True)
+        return self
+
+    def executor(self) -> Executor:
+        return Executor(self.cgroup_root, self.resctrl_root, self.cgroup_version)
+
+    def add_cgroup(self, cgroup_dir: str, pids: Iterable[int] = ()) -> None:
+        """Create ``cgroup_dir`` with the files a kernel would show, at their default values."""
+        defaults = dict(_V1_DEFAULTS if self.cgroup_version == 1 else _V2_DEFAULTS)
+        if self.bvt:
+            defaults[CgroupFile.CPU_BVT] = "0"
+        if self.idle:
+            defaults[CgroupFile.CPU_IDLE] = "0"
+        defaults[CgroupFile.PROCS] = "".join(f"{p}\n" for p in pids)
+        for file, value in defaults.items():
+            path = self.cgroup_root / file.path(cgroup_dir, self.cgroup_version)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(value + "\n" if value and not value.endswith("\n") else value)
+
+    def read(self, cgroup_dir: str, file: CgroupFile) -> str | None:
+        path = self.cgroup_root / file.path(cgroup_dir, self.cgroup_version)
+        return path.read_text().strip() if path.exists() else None
+
+    def write(self, cgroup_dir: str, file: CgroupFile, value: str) -> None:
+        (self.cgroup_root / file.path(cgroup_dir, self.cgroup_version)).write_text(value + "\n")
+
+    def read_resctrl(self, rel: str) -> str | None:
+        path = self.resctrl_root / rel
+        return path.read_text().strip() if path.exists() else None
+
+
+def pod_request(
+    name: str,
+    *,
+    uid: str | None = None,
+    qos: str | None = None,
+    cgroup_parent: str | None = None,
+    annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> pb.PodSandboxHookRequest:
+    """A PreRunPodSandbox-style request; the cgroup parent defaults to a cgroupfs BestEffort pod."""
+    uid = uid or f"uid-{name}"
+    all_labels = {"io.kubernetes.pod.name": name, **(labels or {})}
+    if qos is not None:
+        all_labels[QOS_LABEL] = qos
+    return pb.PodSandboxHookRequest(
+        pod_meta=pb.PodSandboxMetadata(name=name, uid=uid, namespace="default"),
+        labels=all_labels,
+        annotations=dict(annotations or {}),
+        cgroup_parent=cgroup_parent or f"/kubepods/besteffort/pod{uid}",
+    )
+
+
+def container_request(
+    pod: pb.PodSandboxHookRequest,
+    name: str,
+    *,
+    id: str = "",
+    resources: pb.LinuxContainerResources | None = None,
+    envs: Mapping[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
+) -> pb.ContainerResourceHookRequest:
+    """A container-level request for a container of ``pod`` (``id`` empty before create)."""
+    return pb.ContainerResourceHookRequest(
+        pod_meta=pod.pod_meta,
+        container_meta=pb.ContainerMetadata(name=name, id=id),
+        container_annotations=dict(annotations or {}),
+        container_resources=resources if resources is not None else pb.LinuxContainerResources(),
+        pod_annotations=dict(pod.annotations),
+        pod_labels=dict(pod.labels),
+        pod_cgroup_parent=pod.cgroup_parent,
+        container_envs=dict(envs or {}),
+    )

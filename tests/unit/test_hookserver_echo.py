@@ -1,0 +1,147 @@
+"""The answer echoes the request: with no plugins the proxy's merge changes nothing.
+
+The proxy overwrites cpuset and oom_score_adj with whatever we answer and replaces the
+env set (hook-semantics 2.4), so the echo must be exact, field by field.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from krproxy.hookserver import (
+    ContainerContext,
+    ContainerInfo,
+    HookServer,
+    PodContext,
+    PodInfo,
+    QoSClass,
+    Stage,
+    container_response,
+    pod_response,
+)
+from krproxy.hookserver.testing import FakeNode, container_request, pod_request
+from krproxy.proto.runtime import v1alpha1 as pb
+
+texts = st.text(max_size=8)
+maps = st.dictionaries(texts, texts, max_size=3)
+ints = st.integers(min_value=-(2**40), max_value=2**40)
+resources = st.builds(
+    pb.LinuxContainerResources,
+    cpu_period=ints,
+    cpu_quota=ints,
+    cpu_shares=ints,
+    memory_limit_in_bytes=ints,
+    oom_score_adj=st.integers(-1000, 1000),
+    cpuset_cpus=texts,
+    cpuset_mems=texts,
+    unified=maps,
+    memory_swap_limit_in_bytes=ints,
+    hugepage_limits=st.lists(
+        st.builds(pb.HugepageLimit, page_size=texts, limit=st.integers(0, 2**40)), max_size=2
+    ),
+)
+pod_meta = st.builds(pb.PodSandboxMetadata, name=texts, uid=texts, namespace=texts, attempt=st.integers(0, 9))
+pod_requests = st.builds(
+    pb.PodSandboxHookRequest,
+    pod_meta=st.none() | pod_meta,
+    runtime_handler=texts,
+    labels=maps,
+    annotations=maps,
+    cgroup_parent=texts,
+    resources=st.none() | resources,
+)
+container_requests = st.builds(
+    pb.ContainerResourceHookRequest,
+    pod_meta=st.none() | pod_meta,
+    container_meta=st.none()
+    | st.builds(pb.ContainerMetadata, name=texts, attempt=st.integers(0, 9), id=texts),
+    container_annotations=maps,
+    container_resources=st.none() | resources,
+    pod_annotations=maps,
+    pod_labels=maps,
+    pod_cgroup_parent=texts,
+    container_envs=maps,
+)
+
+
+class TestEcho:
+    @given(pod_requests)
+    def test_pod_echo(self, req: pb.PodSandboxHookRequest) -> None:
+        """No changes: labels, annotations, cgroup parent and resources come back as sent."""
+        resp = pod_response(req, PodContext(PodInfo.from_proto(req)))
+        assert (req.labels, req.annotations, req.cgroup_parent) == (
+            resp.labels,
+            resp.annotations,
+            resp.cgroup_parent,
+        )
+        assert req.resources == resp.resources
+
+    @given(container_requests)
+    def test_container_echo(self, req: pb.ContainerResourceHookRequest) -> None:
+        """No changes: annotations, resources (cpuset, oom_score_adj…), envs, cgroup parent come back."""
+        resp = container_response(req, ContainerContext(ContainerInfo.from_proto(req)))
+        assert req.container_annotations == resp.container_annotations
+        assert req.container_resources == resp.container_resources
+        assert req.container_envs == resp.container_envs
+        assert req.pod_cgroup_parent == resp.pod_cgroup_parent
+
+    def test_app_without_plugins_echoes_every_stage(self, tmp_path: pathlib.Path) -> None:
+        """A HookServer with no plugins answers every stage with exactly the request's fields."""
+        app = HookServer(executor=FakeNode(tmp_path).create().executor())
+        res = pb.LinuxContainerResources(cpu_quota=5000, cpuset_cpus="1", oom_score_adj=-997)
+        pod = pod_request("p", annotations={"a": "b"})
+        ctr = container_request(pod, "c", id="c1", resources=res, envs={"E": "1"}, annotations={"x": "y"})
+        for stage in (Stage.PRE_RUN_POD_SANDBOX, Stage.POST_STOP_POD_SANDBOX):
+            got = app.handle_pod(stage, pod)
+            expected = pb.PodSandboxHookResponse(
+                labels=pod.labels, annotations=pod.annotations, cgroup_parent=pod.cgroup_parent
+            )
+            assert expected == got
+        for stage in Stage:
+            if not stage.is_pod:
+                expected_c = pb.ContainerResourceHookResponse(
+                    container_annotations={"x": "y"},
+                    container_resources=res,
+                    pod_cgroup_parent=pod.cgroup_parent,
+                    container_envs={"E": "1"},
+                )
+                assert expected_c == app.handle_container(stage, ctr)
+
+
+class TestChanges:
+    def test_changes_merge_into_echo(self) -> None:
+        """CRI-expressible changes land in the echoed resources; the rest of it is kept."""
+        pod = pod_request("p", qos="BE")
+        req = container_request(
+            pod, "c", resources=pb.LinuxContainerResources(cpu_shares=2, oom_score_adj=1000), envs={"A": "1"}
+        )
+        ctx = ContainerContext(ContainerInfo.from_proto(req))
+        assert QoSClass.BE == ctx.request.pod.qos_class
+        ctx.response.resources.cpuset = "2-3"
+        ctx.response.resources.cfs_quota = -1
+        ctx.response.resources.cpu_bvt = -1  # not CRI-expressible: not in the response
+        ctx.response.add_envs["B"] = "2"
+        ctx.response.annotations["note"] = "x"
+        resp = container_response(req, ctx)
+        expected = pb.LinuxContainerResources(
+            cpu_shares=2, oom_score_adj=1000, cpuset_cpus="2-3", cpu_quota=-1
+        )
+        assert expected == resp.container_resources
+        assert {"A": "1", "B": "2"} == resp.container_envs
+        assert {"note": "x"} == resp.container_annotations
+        # The request is not mutated by the echo.
+        assert "" == req.container_resources.cpuset_cpus  # type: ignore[union-attr]
+
+    def test_pod_changes(self) -> None:
+        """Labels/annotations are added, a non-empty cgroup parent replaces the old one."""
+        req = pod_request("p", labels={"keep": "1"})
+        ctx = PodContext(PodInfo.from_proto(req))
+        ctx.response.labels["new"] = "2"
+        ctx.response.cgroup_parent = "/elsewhere"
+        resp = pod_response(req, ctx)
+        assert {"keep": "1", "new": "2", "io.kubernetes.pod.name": "p"} == resp.labels
+        assert "/elsewhere" == resp.cgroup_parent
+        assert resp.resources is None

@@ -1,0 +1,140 @@
+"""The node policy file: parsing, validation, the live watcher and the rule module."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import pathlib
+
+import pytest
+
+from krproxy.hookserver import NodePolicy, PolicyError, PolicyWatcher, QoSClass, Rules
+from krproxy.hookserver._policy import CPUQoS, CPUSuppress, ResctrlQoS
+
+YAML = """
+resourceQOSStrategy:
+  lsrClass: {cpuQOS: {groupIdentity: 2}}
+  lsClass:
+    cpuQOS: {groupIdentity: 2}
+    resctrlQOS: {catRangeStartPercent: 0, catRangeEndPercent: 100, mbaPercent: 100}
+  beClass:
+    cpuQOS: {enable: true, groupIdentity: -1}
+    resctrlQOS: {catRangeEndPercent: 30, mbaPercent: 50}
+resourceUsedThresholdWithBE:
+  cpuSuppressThresholdPercent: 60
+  cpuSuppressPolicy: cpuset
+"""
+
+
+class TestParse:
+    def test_yaml(self) -> None:
+        """NodeSLO-shaped YAML becomes per-class strategies and the suppress settings."""
+        policy = NodePolicy.from_text(YAML)
+        be = policy.strategy(QoSClass.BE)
+        assert be is not None
+        assert CPUQoS(-1) == be.cpu_qos
+        assert ResctrlQoS(0, 30, 50) == be.resctrl_qos
+        assert CPUSuppress(60, "cpuset", 2000) == policy.cpu_suppress
+
+    def test_json_is_the_same(self) -> None:
+        """JSON is accepted and means the same."""
+        import yaml
+
+        assert NodePolicy.from_text(YAML) == NodePolicy.from_text(json.dumps(yaml.safe_load(YAML)))
+
+    def test_lse_uses_lsr_and_system_nothing(self) -> None:
+        """LSE pods get the lsrClass strategy; SYSTEM pods none."""
+        policy = NodePolicy.from_text(YAML)
+        assert policy.strategy(QoSClass.LSR) == policy.strategy(QoSClass.LSE)
+        assert policy.strategy(QoSClass.SYSTEM) is None
+
+    def test_disabled_section_is_absent(self) -> None:
+        """``enable: false`` switches a section off."""
+        policy = NodePolicy.from_text("resourceUsedThresholdWithBE: {enable: false}\n")
+        assert policy.cpu_suppress is None
+
+    @pytest.mark.parametrize(
+        "text",
+        [
+            "[1, 2]",
+            "resourceQOSStrategy: {beClass: {cpuQOS: {groupIdentity: 7}}}",
+            "resourceQOSStrategy: {beClass: {resctrlQOS: {catRangeStartPercent: 50, catRangeEndPercent: 40}}}",
+            "resourceUsedThresholdWithBE: {cpuSuppressPolicy: magic}",
+            "resourceUsedThresholdWithBE: {cpuSuppressThresholdPercent: '65'}",
+            "{unclosed",
+        ],
+    )
+    def test_invalid(self, text: str) -> None:
+        """Wrong shapes, ranges and syntax are PolicyErrors."""
+        with pytest.raises(PolicyError):
+            NodePolicy.from_text(text)
+
+
+class TestWatcher:
+    def test_change_bad_file_and_recovery(
+        self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A change is taken; a bad file keeps the last good policy (logged); a fix is taken again."""
+        path = tmp_path / "policy.yaml"
+        seen: list[NodePolicy] = []
+        watcher = PolicyWatcher(str(path), seen.append)
+        assert not watcher.poll()  # missing: nothing yet
+        path.write_text(YAML)
+        assert watcher.poll()
+        assert not watcher.poll()  # unchanged
+        path.write_text("resourceQOSStrategy: [oops")
+        with caplog.at_level(logging.ERROR):
+            assert not watcher.poll()
+        assert "policy_invalid" in caplog.text
+        assert NodePolicy.from_text(YAML) == watcher.current
+        path.write_text("resourceUsedThresholdWithBE: {cpuSuppressThresholdPercent: 50}\n")
+        os.utime(path, ns=(1, 1))  # a different stamp even within one mtime tick
+        assert watcher.poll()
+        assert [NodePolicy.from_text(YAML), watcher.current] == seen
+
+    def test_rename_over_is_noticed(self, tmp_path: pathlib.Path) -> None:
+        """Replacing the file by rename (new inode, as ConfigMap updates do) is a change."""
+        path = tmp_path / "policy.yaml"
+        path.write_text(YAML)
+        watcher = PolicyWatcher(str(path), lambda p: None)
+        watcher.poll()
+        new = tmp_path / "new.yaml"
+        new.write_text(YAML.replace("60", "70"))
+        os.replace(new, path)
+        assert watcher.poll()
+        assert watcher.current is not None and watcher.current.cpu_suppress == CPUSuppress(70, "cpuset", 2000)
+
+
+class TestRules:
+    def test_callbacks_run_only_when_a_rule_changed(self) -> None:
+        """Parse functions say whether their view changed; callbacks run only then."""
+        rules = Rules()
+        calls: list[str] = []
+        state: dict[str, object] = {}
+
+        def parse(policy: NodePolicy) -> bool:
+            changed = state.get("p") != policy.cpu_suppress
+            state["p"] = policy.cpu_suppress
+            return changed
+
+        rules.register("suppress", "", parse)
+        rules.register("unsupported", "", lambda p: True, system_supported=lambda: False)
+        rules.on_update(lambda: calls.append("reapply"))
+        assert ("suppress",) == rules.update(NodePolicy.from_text(YAML))
+        assert () == rules.update(NodePolicy.from_text(YAML))
+        assert ["reapply"] == calls
+
+    def test_failing_rule_is_logged_and_others_go_on(self, caplog: pytest.LogCaptureFixture) -> None:
+        """A raising parse function does not stop the other rules."""
+        rules = Rules()
+
+        def broken(policy: NodePolicy) -> bool:
+            raise RuntimeError("boom")
+
+        rules.register("a", "", broken)
+        rules.register("b", "", lambda p: True)
+        assert ("b",) == rules.update(NodePolicy())
+        assert "rule_parse_failed" in caplog.text
+        with pytest.raises(ValueError, match="already registered"):
+            rules.register("a", "", broken)
