@@ -17,8 +17,6 @@ from krproxy import __version__, config, log
 
 LOGGER = logging.getLogger("krproxy.cli")
 
-SUBCOMMANDS = ("serve", "demo", "version")
-
 
 def _octal(text: str) -> int:
     try:
@@ -142,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging(demo)
     demo.set_defaults(log_level="warning")
     subparsers.add_parser("version", help="print the version")
+    from krproxy.hookserver.cli import add_subcommands as add_hooks
+
+    add_hooks(subparsers)
     return parser
 
 
@@ -193,14 +194,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "version":
         print(f"krproxy {__version__}")
         return 0
+    if args.command == "hooks":
+        result: int = args.func(args)  # configures its own logging
+        return result
     log.configure(args.log_level, args.log_format)
     if args.command == "serve":
         return _serve(args)
     if args.command == "demo":
         from krproxy import demo
 
-        result: int = demo.main()
-        return result
+        return demo.main()
     parser.error(f"unknown command {args.command}")  # argparse validated it; exits
 
 

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import signal
 from collections.abc import Sequence
 from typing import Any
 
 import trio
 import trio_asyncio
+
+from krproxy import log
 
 from ._app import DEFAULT_CGROUP_ROOT, DEFAULT_RESCTRL_ROOT, HookServer
 from ._executor import Executor
@@ -93,9 +94,7 @@ def build_app(args: argparse.Namespace) -> HookServer:
 
 
 def _logging(args: argparse.Namespace) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(message)s"
-    )
+    log.configure("debug" if args.verbose else "info")
 
 
 def _serve(args: argparse.Namespace) -> int:
