@@ -141,6 +141,8 @@ async def serve(
     metrics = Metrics()
     dispatcher = Dispatcher(observe=metrics.observe_hook)
     hooks = HookRuntime(HookStore(), dispatcher, config.skip_label)
+    metrics.store_pods.set_function(lambda: hooks.store.statistics().pods)
+    metrics.store_containers.set_function(lambda: hooks.store.statistics().containers)
     forwarder = Forwarder(runtime, image, hooks.interceptors())
     try:
         async with trio.open_nursery() as nursery:
