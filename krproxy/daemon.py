@@ -32,7 +32,7 @@ import grpclib.server
 import trio
 import trio_asyncio
 
-from krproxy import _grpc, log
+from krproxy import _grpc, calls, log
 from krproxy.config import BackendMode, ProxyConfig
 from krproxy.forward import Backend, Forwarder
 from krproxy.hooks.dispatch import Dispatcher
@@ -139,11 +139,11 @@ async def serve(
     runtime = Backend(config.runtime_endpoint)
     image = runtime if config.image_socket == config.runtime_endpoint else Backend(config.image_socket)
     metrics = Metrics()
-    dispatcher = Dispatcher(observe=metrics.observe_hook)
+    dispatcher = Dispatcher(observe=metrics.observe_hook, on_outcome=calls.add_hook_outcome)
     hooks = HookRuntime(HookStore(), dispatcher, config.skip_label)
     metrics.store_pods.set_function(lambda: hooks.store.statistics().pods)
     metrics.store_containers.set_function(lambda: hooks.store.statistics().containers)
-    forwarder = Forwarder(runtime, image, hooks.interceptors())
+    forwarder = Forwarder(runtime, image, hooks.interceptors(), observers=[metrics.observe_call])
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(

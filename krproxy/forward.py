@@ -22,7 +22,8 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -34,7 +35,7 @@ from grpclib.exceptions import GRPCError, StreamTerminatedError
 from grpclib.metadata import Deadline
 from multidict import MultiDict
 
-from krproxy import log
+from krproxy import calls, log
 from krproxy._grpc import BytesCodec, Raw, RawStatusDetailsCodec
 from krproxy.proto.runtime import v1 as cri
 
@@ -147,6 +148,7 @@ class Forwarder:
         runtime: the backend for RuntimeService and for unknown method paths.
         image: the backend for ImageService (often the same socket as ``runtime``).
         interceptors: unary method paths whose calls go through an :data:`Interceptor`.
+        observers: told about every finished call (:class:`krproxy.calls.CallRecord`).
     """
 
     def __init__(
@@ -154,10 +156,12 @@ class Forwarder:
         runtime: Backend,
         image: Backend,
         interceptors: Mapping[str, Interceptor] | None = None,
+        observers: Sequence[calls.Observer] = (),
     ) -> None:
         self.runtime = runtime
         self.image = image
         self.interceptors: dict[str, Interceptor] = dict(interceptors or {})
+        self.observers: list[calls.Observer] = list(observers)
         self.in_flight = 0
         self.draining = False
         self._idle = asyncio.Event()
@@ -186,17 +190,35 @@ class Forwarder:
     # -- bookkeeping for graceful shutdown ---------------------------------------------
 
     @contextlib.contextmanager
-    def _track(self) -> Iterator[None]:
+    def _track(self, path: str) -> Iterator[calls.CallContext]:
+        """Count the call as in flight, make its :class:`CallContext` current, report it at the end."""
         if self.draining:
             raise GRPCError(Status.UNAVAILABLE, "krproxy is shutting down")
         self.in_flight += 1
         self._idle.clear()
+        ctx = calls.CallContext(path)
+        calls.CURRENT.set(ctx)  # this task's own context: grpclib runs one task per call
         try:
-            yield
+            yield ctx
+        except GRPCError as err:
+            ctx.fail(err.status, err.message)
+            raise
+        except BaseException:
+            ctx.fail(Status.CANCELLED, "the call ended before an answer was sent")
+            raise
         finally:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._idle.set()
+            if self.observers:
+                self._report(ctx.finish())
+
+    def _report(self, record: calls.CallRecord) -> None:
+        for observer in self.observers:
+            try:
+                observer(record)
+            except Exception:  # an observer must never break a call
+                LOGGER.exception("observer %r failed", observer)
 
     async def wait_idle(self) -> None:
         """Return once no call is in flight (checked after :attr:`draining` is set)."""
@@ -205,22 +227,36 @@ class Forwarder:
     # -- handlers ----------------------------------------------------------------------
 
     async def _unary(self, path: str, stream: ServerStream) -> None:
-        with self._track():
+        with self._track(path) as ctx:
             request = await stream.recv_message()
             assert request is not None  # grpclib guarantees one message for unary requests
+            ctx.request = request
             forward = functools.partial(self._forward_unary, path, stream)
             interceptor = self.interceptors.get(path)
             try:
                 reply = await (interceptor(path, request, forward) if interceptor else forward(request))
             except BackendError as err:
-                await _relay_error(stream, err)
+                await _relay_error(stream, err, ctx)
                 return
             await stream.send_initial_metadata(metadata=reply.initial_metadata)
             await stream.send_message(reply.message)
             await stream.send_trailing_metadata(metadata=reply.trailing_metadata)
+            ctx.reply, ctx.replies = reply.message, 1
 
     async def _forward_unary(self, path: str, stream: ServerStream, request: bytes) -> Reply:
         backend = self.backend_for(path)
+        ctx = calls.CURRENT.get()
+        if ctx is None:
+            return await self._call_backend(backend, path, stream, request)
+        if request is not ctx.request:
+            ctx.forwarded = request  # an interceptor changed it
+        started = time.perf_counter()
+        try:
+            return await self._call_backend(backend, path, stream, request)
+        finally:
+            ctx.backend_seconds += time.perf_counter() - started
+
+    async def _call_backend(self, backend: Backend, path: str, stream: ServerStream, request: bytes) -> Reply:
         async with backend.call(
             path, Cardinality.UNARY_UNARY, metadata=stream.metadata, deadline=stream.deadline
         ) as upstream:
@@ -234,21 +270,22 @@ class Forwarder:
             )
 
     async def _server_stream(self, path: str, stream: ServerStream) -> None:
-        with self._track():
+        with self._track(path) as ctx:
             request = await stream.recv_message()
             assert request is not None  # grpclib guarantees one message for unary requests
+            ctx.request = request
             backend = self.backend_for(path)
             try:
                 async with backend.call(
                     path, Cardinality.UNARY_STREAM, metadata=stream.metadata, deadline=stream.deadline
                 ) as upstream:
                     await upstream.send_message(request, end=True)
-                    await _relay_replies(upstream, stream)
+                    await _relay_replies(upstream, stream, ctx)
             except BackendError as err:
-                await _relay_error(stream, err)
+                await _relay_error(stream, err, ctx)
 
     async def _any_stream(self, path: str, stream: ServerStream) -> None:
-        with self._track():
+        with self._track(path) as ctx:
             backend = self.backend_for(path)
             try:
                 async with backend.call(
@@ -261,11 +298,11 @@ class Forwarder:
                     pump = asyncio.ensure_future(_relay_requests(stream, upstream))
                     pump.add_done_callback(_consume_outcome)
                     try:
-                        await _relay_replies(upstream, stream)
+                        await _relay_replies(upstream, stream, ctx)
                     finally:
                         pump.cancel()
             except BackendError as err:
-                await _relay_error(stream, err)
+                await _relay_error(stream, err, ctx)
 
 
 def _consume_outcome(task: asyncio.Future[None]) -> None:
@@ -280,16 +317,20 @@ async def _relay_requests(stream: ServerStream, upstream: grpclib.client.Stream[
     await upstream.end()
 
 
-async def _relay_replies(upstream: grpclib.client.Stream[bytes, bytes], stream: ServerStream) -> None:
+async def _relay_replies(
+    upstream: grpclib.client.Stream[bytes, bytes], stream: ServerStream, ctx: calls.CallContext
+) -> None:
     await upstream.recv_initial_metadata()
     await stream.send_initial_metadata(metadata=upstream.initial_metadata)
     async for message in upstream:
         await stream.send_message(message)
+        ctx.replies += 1
     await upstream.recv_trailing_metadata()
     await stream.send_trailing_metadata(metadata=upstream.trailing_metadata)
 
 
-async def _relay_error(stream: ServerStream, err: BackendError) -> None:
+async def _relay_error(stream: ServerStream, err: BackendError, ctx: calls.CallContext) -> None:
+    ctx.fail(err.status, err.message)
     await stream.send_trailing_metadata(
         status=err.status,
         status_message=err.message,

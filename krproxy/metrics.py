@@ -8,10 +8,16 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from krproxy.calls import CallRecord
+from krproxy.forward import known_routes
 from krproxy.hooks.dispatch import Outcome
 
 #: Latency buckets in seconds: from a fast local call (~0.3 ms) to kubelet's 2 min deadline.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
+
+
+#: Method paths that get their own label; anything else is "unknown" (label values stay bounded).
+_KNOWN_PATHS = frozenset(known_routes())
 
 
 class Metrics:
@@ -38,11 +44,37 @@ class Metrics:
             buckets=BUCKETS,
             registry=r,
         )
+        self.calls = Counter(
+            "krproxy_calls_total",
+            "CRI calls by method and status code (unknown method paths count as method=unknown).",
+            ["method", "code"],
+            registry=r,
+        )
+        self.call_seconds = Histogram(
+            "krproxy_call_seconds",
+            "Time a CRI call spent in the proxy, backend time included.",
+            ["method"],
+            buckets=BUCKETS,
+            registry=r,
+        )
+        self.backend_seconds = Histogram(
+            "krproxy_backend_seconds",
+            "Time a CRI call waited for the runtime.",
+            ["method"],
+            buckets=BUCKETS,
+            registry=r,
+        )
         self.store_pods = Gauge("krproxy_store_pods", "Pods in the hook store.", registry=r)
         self.store_containers = Gauge("krproxy_store_containers", "Containers in the hook store.", registry=r)
         self.recovered = Gauge(
             "krproxy_store_recovered", "1 once the store was rebuilt from the runtime.", registry=r
         )
+
+    def observe_call(self, record: CallRecord) -> None:
+        method = record.path.rpartition("/")[2] if record.path in _KNOWN_PATHS else "unknown"
+        self.calls.labels(method, record.status.name).inc()
+        self.call_seconds.labels(method).observe(record.seconds)
+        self.backend_seconds.labels(method).observe(record.backend_seconds)
 
     def observe_hook(self, outcome: Outcome) -> None:
         self.hook_calls.labels(outcome.plugin, outcome.point.value, outcome.result).inc()

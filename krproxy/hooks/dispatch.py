@@ -25,6 +25,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from krproxy import log
+from krproxy.hooks.merge import Change, Merged
 from krproxy.hooks.points import HookPoint, Stage
 from krproxy.hooks.registration import FailurePolicy, PluginRegistration, Registry
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -69,6 +70,7 @@ class Outcome:
     result: str  # "ok" | "failed" | "rejected"
     seconds: float
     detail: str = ""
+    changes: tuple[Change, ...] = ()
 
 
 @attrs.frozen
@@ -95,10 +97,16 @@ class Dispatcher:
     Create and use inside the asyncio loop. ``observe`` is told every :class:`Outcome`.
     """
 
-    def __init__(self, observe: Callable[[Outcome], None] = lambda outcome: None) -> None:
+    def __init__(
+        self,
+        observe: Callable[[Outcome], None] = lambda outcome: None,
+        *,
+        on_outcome: Callable[[Outcome], None] = lambda outcome: None,
+    ) -> None:
         self.registry = Registry()
         self._channels: dict[str, grpclib.client.Channel] = {}
         self._observe = observe
+        self._on_outcome = on_outcome
 
     def publish(self, registry: Registry) -> None:
         """Switch to a new registry; channels of endpoints no longer registered are closed."""
@@ -138,14 +146,16 @@ class Dispatcher:
         point: HookPoint,
         record: Record,
         to_request: Callable[[Record], Request],
-        merge: Callable[[Record, Any], Record],
+        merge: Callable[[Record, Any], Merged[Record]],
         *,
         target: str = "",
     ) -> ChainResult[Record]:
         """Call every plugin registered for ``point`` in order, threading ``record`` through them.
 
         Each plugin gets ``to_request(record)``; a pre hook's answer is folded in with
-        ``merge(record, answer)``. Post hooks' answers are ignored. ``target`` (a pod or
+        ``merge(record, answer)``, whose changes are kept in the plugin's :class:`Outcome`.
+        Post hooks' answers are ignored. Every outcome goes to ``observe`` (metrics) and
+        ``on_outcome`` (the current call's record). ``target`` (a pod or
         container id) only goes into the logs.
 
         Raises:
@@ -166,8 +176,7 @@ class Dispatcher:
                     time.perf_counter() - started,
                     failure.cause,
                 )
-                outcomes.append(outcome)
-                self._observe(outcome)
+                self._report(outcomes, outcome)
                 log.event(
                     LOGGER,
                     "hook_failed",
@@ -181,9 +190,16 @@ class Dispatcher:
                 if rejected:
                     raise HookRejected(failure) from None
                 continue
-            outcome = Outcome(plugin.name, point, "ok", time.perf_counter() - started)
-            outcomes.append(outcome)
-            self._observe(outcome)
+            changes: tuple[Change, ...] = ()
             if point.stage is Stage.PRE:
-                record = merge(record, answer)
+                merged = merge(record, answer)
+                record, changes = merged.value, merged.changes
+            self._report(
+                outcomes, Outcome(plugin.name, point, "ok", time.perf_counter() - started, "", changes)
+            )
         return ChainResult(record, tuple(outcomes))
+
+    def _report(self, outcomes: list[Outcome], outcome: Outcome) -> None:
+        outcomes.append(outcome)
+        self._observe(outcome)
+        self._on_outcome(outcome)

@@ -125,7 +125,7 @@ class HookRuntime:
                 HookPoint.PRE_RUN_POD_SANDBOX,
                 pod,
                 convert.pod_hook_request,
-                lambda p, answer: merge.merge_pod_info(p, answer).value,
+                merge.merge_pod_info,
                 target=f"pod {pod.namespace}/{pod.name}",
             )
             if chain.value != pod:
@@ -266,12 +266,12 @@ class HookRuntime:
         return None if self._skips(info.pod) else info
 
 
-def _merge_container(info: ContainerInfo, answer: Any) -> ContainerInfo:
-    return merge.merge_container_info(info, answer).value
+_merge_container = merge.merge_container_info
 
 
-def _keep(record: Any, answer: Any) -> Any:
-    return record
+def _keep(record: Any, answer: Any) -> merge.Merged[Any]:
+    """Post hooks: the answer is ignored."""
+    return merge.Merged(record)
 
 
 def _missing(kind: str, ident: str, point: HookPoint) -> None:

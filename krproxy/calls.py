@@ -1,0 +1,100 @@
+"""One CRI call as the proxy handled it: collected while it runs, handed to observers after.
+
+The forwarder opens a :class:`CallContext` for every call and makes it current (a
+``ContextVar``: grpclib runs each call in its own asyncio task, so contexts never mix). Code
+on the call's path adds to it — the dispatcher the hook outcomes, the forwarder the bytes it
+sent to the runtime and the time the runtime took. When the call ends, the forwarder freezes
+it into a :class:`CallRecord` and passes that to every observer (metrics, the recorder).
+
+Observers run on the request path: they must be quick and must not block or raise.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import time
+from collections.abc import Callable
+
+import attrs
+from grpclib.const import Status
+
+from krproxy.hooks.dispatch import Outcome
+
+
+@attrs.define
+class CallContext:
+    """What is known about the current call so far."""
+
+    path: str
+    request: bytes = b""
+    forwarded: bytes | None = None
+    backend_seconds: float = 0.0
+    hooks: list[Outcome] = attrs.field(factory=list)
+    status: Status = Status.OK
+    message: str | None = None
+    reply: bytes | None = None
+    replies: int = 0
+    started: float = attrs.field(factory=time.time)
+    _clock_start: float = attrs.field(factory=time.perf_counter)
+
+    def fail(self, status: Status, message: str | None) -> None:
+        self.status, self.message = status, message
+
+    def finish(self) -> CallRecord:
+        return CallRecord(
+            path=self.path,
+            started=self.started,
+            seconds=time.perf_counter() - self._clock_start,
+            backend_seconds=self.backend_seconds,
+            request=self.request,
+            forwarded=self.forwarded,
+            reply=self.reply,
+            replies=self.replies,
+            status=self.status,
+            message=self.message,
+            hooks=tuple(self.hooks),
+        )
+
+
+@attrs.frozen
+class CallRecord:
+    """A finished call.
+
+    Attributes:
+        path: the gRPC method path, e.g. ``/runtime.v1.RuntimeService/Version``.
+        started: wall-clock start, seconds since the epoch.
+        seconds: total time in the proxy, backend time included.
+        backend_seconds: time spent waiting for the runtime.
+        request: the request as the caller sent it (the first message, for streams).
+        forwarded: the request as sent to the runtime, if hooks changed it; else None.
+        reply: the reply (unary calls that succeeded); None otherwise.
+        replies: how many reply messages were relayed.
+        status: the status the caller got.
+        message: the status message the caller got, if any.
+        hooks: every plugin call made for this CRI call, in order.
+    """
+
+    path: str
+    started: float
+    seconds: float
+    backend_seconds: float
+    request: bytes
+    forwarded: bytes | None
+    reply: bytes | None
+    replies: int
+    status: Status
+    message: str | None
+    hooks: tuple[Outcome, ...]
+
+
+Observer = Callable[[CallRecord], None]
+
+#: The call being handled by the current asyncio task, if any.
+CURRENT: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("krproxy_call", default=None)
+
+
+def add_hook_outcome(outcome: Outcome) -> None:
+    """Attach a plugin call to the current CRI call, if there is one."""
+    ctx = CURRENT.get()
+    if ctx is not None:
+        ctx.hooks.append(outcome)

@@ -1,0 +1,122 @@
+"""Every call is reported to observers with what happened to it (the base of metrics and traces)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable
+
+import grpc
+import pytest
+import trio
+from cri_api.v1 import api_pb2 as pb
+from cri_api.v1 import api_pb2_grpc as pb_grpc
+from grpclib.const import Status
+
+from fakes.containerd import FakeContainerd, Fault
+from krproxy import _grpc
+from krproxy.calls import CallRecord
+from krproxy.daemon import Daemon
+from krproxy.demo import DemoLimitsPlugin
+from krproxy.hooks.points import HookPoint
+from tests.integration.support import in_thread, start_proxy, wait_until
+
+
+@pytest.fixture
+async def proxy_with_plugin(
+    fake_containerd: tuple[FakeContainerd, str], nursery: trio.Nursery, sockdir: str
+) -> tuple[Daemon, list[CallRecord]]:
+    """The proxy in front of the fake containerd, one PreCreateContainer plugin, records collected."""
+    _, backend = fake_containerd
+    plugin_socket = os.path.join(sockdir, "plugin.sock")
+    await nursery.start(_grpc.serve, [DemoLimitsPlugin()], plugin_socket)
+    os.makedirs(os.path.join(sockdir, "hooks"))
+    with open(os.path.join(sockdir, "hooks", "limits.json"), "w") as f:  # noqa: ASYNC230 - tiny local file
+        json.dump({"remote-endpoint": plugin_socket, "runtime-hooks": ["PreCreateContainer"]}, f)
+    daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    records: list[CallRecord] = []
+    daemon.forwarder.observers.append(records.append)
+    return daemon, records
+
+
+def _only(records: list[CallRecord], method: str) -> CallRecord:
+    (record,) = [r for r in records if r.path.endswith("/" + method)]
+    return record
+
+
+class TestCallRecords:
+    async def test_passthrough_call(
+        self, proxy_with_plugin: tuple[Daemon, list[CallRecord]], channel_to: Callable[[str], grpc.Channel]
+    ) -> None:
+        """A forwarded call is reported with its request, reply, status and timings, and no hooks."""
+        daemon, records = proxy_with_plugin
+        runtime = pb_grpc.RuntimeServiceStub(channel_to(daemon.config.listen))
+        reply = await in_thread(runtime.Version, pb.VersionRequest(version="v1"), timeout=10)
+        await wait_until(lambda: any(r.path.endswith("/Version") for r in records))
+        record = _only(records, "Version")
+        assert pb.VersionRequest(version="v1").SerializeToString() == record.request
+        assert reply.SerializeToString() == record.reply
+        assert "OK" == record.status.name
+        assert None is record.forwarded
+        assert () == record.hooks
+        assert 0 < record.backend_seconds <= record.seconds
+
+    async def test_hooked_call_reports_plugin_changes(
+        self,
+        proxy_with_plugin: tuple[Daemon, list[CallRecord]],
+        fake_containerd: tuple[FakeContainerd, str],
+        channel_to: Callable[[str], grpc.Channel],
+    ) -> None:
+        """A CreateContainer changed by a plugin is reported with the bytes actually forwarded and the
+        plugin's changes, field by field."""
+        daemon, records = proxy_with_plugin
+        fake, _ = fake_containerd
+        runtime = pb_grpc.RuntimeServiceStub(channel_to(daemon.config.listen))
+        config = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="p", uid="u", namespace="n"))
+        pod = await in_thread(runtime.RunPodSandbox, pb.RunPodSandboxRequest(config=config), timeout=10)
+        create = functools.partial(
+            runtime.CreateContainer,
+            pb.CreateContainerRequest(
+                pod_sandbox_id=pod.pod_sandbox_id,
+                config=pb.ContainerConfig(
+                    metadata=pb.ContainerMetadata(name="c"), image=pb.ImageSpec(image="x")
+                ),
+                sandbox_config=config,
+            ),
+            timeout=10,
+        )
+        await in_thread(create)
+        await wait_until(lambda: any(r.path.endswith("/CreateContainer") for r in records))
+        record = _only(records, "CreateContainer")
+        assert fake.requests("CreateContainer")[-1].raw == record.forwarded
+        (outcome,) = record.hooks
+        assert (HookPoint.PRE_CREATE_CONTAINER, "ok", "limits") == (
+            outcome.point,
+            outcome.result,
+            outcome.plugin,
+        )
+        changed = {c.field: c.new for c in outcome.changes}
+        assert 50_000 == changed["resources.cpu_quota"]
+        assert "0-1" == changed["resources.cpuset_cpus"]
+
+    async def test_backend_error_reported(
+        self,
+        proxy_with_plugin: tuple[Daemon, list[CallRecord]],
+        fake_containerd: tuple[FakeContainerd, str],
+        channel_to: Callable[[str], grpc.Channel],
+    ) -> None:
+        """A call the backend fails is reported with the backend's status and message, and counted in metrics."""
+        daemon, records = proxy_with_plugin
+        fake, _ = fake_containerd
+        fake.inject("Version", Fault(status=Status.RESOURCE_EXHAUSTED, message="busy"))
+        runtime = pb_grpc.RuntimeServiceStub(channel_to(daemon.config.listen))
+        with pytest.raises(grpc.RpcError):
+            await in_thread(runtime.Version, pb.VersionRequest(), timeout=10)
+        await wait_until(lambda: any(r.path.endswith("/Version") for r in records))
+        record = _only(records, "Version")
+        assert ("RESOURCE_EXHAUSTED", "busy") == (record.status.name, record.message)
+        samples = daemon.metrics.registry.get_sample_value(
+            "krproxy_calls_total", {"method": "Version", "code": "RESOURCE_EXHAUSTED"}
+        )
+        assert 1.0 == samples
