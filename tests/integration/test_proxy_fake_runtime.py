@@ -1,0 +1,114 @@
+"""The transparent proxy in front of the fake containerd: large lists and event streams."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import grpc
+import pytest
+import trio
+from cri_api.v1 import api_pb2 as pb
+from cri_api.v1 import api_pb2_grpc as pb_grpc
+
+from fakes.containerd import FakeContainerd
+from krproxy.daemon import Daemon
+from tests.integration.support import in_thread, start_proxy, wait_until
+
+
+@pytest.fixture
+async def proxy_to_fake(
+    fake_containerd: tuple[FakeContainerd, str], nursery: trio.Nursery, sockdir: str
+) -> Daemon:
+    _, backend = fake_containerd
+    return await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+
+
+class TestLargeList:
+    async def test_1000_containers_forwarded_intact(
+        self,
+        fake_containerd: tuple[FakeContainerd, str],
+        proxy_to_fake: Daemon,
+        channel_to: Callable[[str], grpc.Channel],
+    ) -> None:
+        """ListContainers with 1000 containers (~860 KB) comes back byte-identical to a direct call."""
+        fake, backend = fake_containerd
+        fake.seed(pods=1000, containers_per_pod=1)
+        path = "/runtime.v1.RuntimeService/ListContainers"
+        request = pb.ListContainersRequest().SerializeToString()
+
+        def raw(channel: grpc.Channel) -> bytes:
+            call = channel.unary_unary(path, request_serializer=None, response_deserializer=None)
+            answer: bytes = call(request, timeout=30)
+            return answer
+
+        through_proxy = await in_thread(raw, channel_to(proxy_to_fake.config.listen))
+        direct = await in_thread(raw, channel_to(backend))
+        assert len(direct) > 800_000
+        assert direct == through_proxy
+        assert 1000 == len(pb.ListContainersResponse.FromString(through_proxy).containers)
+
+
+class TestContainerEvents:
+    async def test_events_stream_through(
+        self,
+        fake_containerd: tuple[FakeContainerd, str],
+        proxy_to_fake: Daemon,
+        channel_to: Callable[[str], grpc.Channel],
+    ) -> None:
+        """GetContainerEvents through the proxy delivers the lifecycle events of a container created
+        while the stream is open, and cancelling the stream ends the backend's subscription."""
+        fake, _ = fake_containerd
+        runtime = pb_grpc.RuntimeServiceStub(channel_to(proxy_to_fake.config.listen))
+        events = runtime.GetContainerEvents(pb.GetEventsRequest(), timeout=30)
+        received: list[pb.ContainerEventResponse] = []
+        two_container_events = threading.Event()
+
+        def consume() -> None:
+            try:
+                for event in events:
+                    received.append(event)
+                    kinds = [
+                        e.container_event_type for e in received if e.container_id != e.pod_sandbox_status.id
+                    ]
+                    if len(kinds) >= 2:
+                        two_container_events.set()
+            except grpc.RpcError:
+                pass  # cancelled below
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        try:
+            await wait_until(lambda: fake.event_subscribers == 1)
+            config = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="p", uid="u", namespace="n"))
+            pod = await in_thread(runtime.RunPodSandbox, pb.RunPodSandboxRequest(config=config), timeout=10)
+            created = await in_thread(
+                runtime.CreateContainer,
+                pb.CreateContainerRequest(
+                    pod_sandbox_id=pod.pod_sandbox_id,
+                    config=pb.ContainerConfig(
+                        metadata=pb.ContainerMetadata(name="c"), image=pb.ImageSpec(image="x")
+                    ),
+                    sandbox_config=config,
+                ),
+                timeout=10,
+            )
+            await in_thread(
+                runtime.StartContainer,
+                pb.StartContainerRequest(container_id=created.container_id),
+                timeout=10,
+            )
+            await wait_until(two_container_events.is_set)
+        finally:
+            events.cancel()
+            await in_thread(consumer.join)
+        container_events = [
+            (e.container_id, e.container_event_type)
+            for e in received
+            if e.container_id == created.container_id
+        ]
+        assert [
+            (created.container_id, pb.CONTAINER_CREATED_EVENT),
+            (created.container_id, pb.CONTAINER_STARTED_EVENT),
+        ] == container_events
+        await wait_until(lambda: fake.event_subscribers == 0)
