@@ -10,12 +10,13 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.e2e.support import Containerd, Cri, Proxy, run_script, start_proxy
+from tests.e2e.support import Containerd, Cri, Plugin, Proxy, run_script, start_plugin, start_proxy
 
 HERE = Path(__file__).parent
 
@@ -80,3 +81,21 @@ def via_proxy(proxy: Proxy) -> Iterator[Cri]:
     """A grpcio CRI client talking to containerd through the proxy."""
     with Cri.connect(proxy.socket) as cri:
         yield cri
+
+
+@pytest.fixture
+def plugins(proxy: Proxy) -> Iterator[Callable[..., Plugin]]:
+    """``plugins(name, **config)`` starts a scripted hook plugin registered with ``proxy``.
+
+    Every plugin started is stopped by PID at teardown (before the proxy) and must exit 0.
+    """
+    started: list[Plugin] = []
+
+    def start(name: str, **config: Any) -> Plugin:
+        plugin = start_plugin(proxy, name, **config)
+        started.append(plugin)
+        return plugin
+
+    yield start
+    codes = {plugin.name: plugin.stop() for plugin in started}
+    assert all(code == 0 for code in codes.values()), f"plugin exit codes: {codes}"

@@ -100,10 +100,35 @@ class Proxy:
     process: subprocess.Popen[bytes]
     socket: str
     log_path: Path
+    #: How it was started (for :meth:`restart`); the hook dir is ``workdir / "hooks"``.
+    workdir: Path | None = None
+    backend: str = ""
+    grace_period: float = 10
+    #: Logs of the daemons this one replaced (see :meth:`restart`), oldest first.
+    previous_logs: list[Path] = attrs.field(factory=list)
 
     @property
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    @property
+    def hook_dir(self) -> Path:
+        assert self.workdir is not None, "proxy not started by start_proxy"
+        return self.workdir / "hooks"
+
+    def restart(self) -> int:
+        """SIGTERM the daemon, then start a new one on the same socket, backend and hook dir.
+
+        Returns the old daemon's exit code; from then on this object stands for the new daemon
+        (its log goes to a new file, the old one is kept in :attr:`previous_logs`).
+        """
+        assert self.workdir is not None, "proxy not started by start_proxy"
+        code = self.terminate()
+        log_name = f"krproxy-{len(self.previous_logs) + 2}.log"
+        new = start_proxy(self.workdir, self.backend, self.grace_period, log_name=log_name)
+        self.previous_logs.append(self.log_path)
+        self.process, self.log_path = new.process, new.log_path
+        return code
 
     def terminate(self, limit: float = 30) -> int:
         """SIGTERM the daemon and return its exit code (SIGKILL and fail if it hangs)."""
@@ -117,11 +142,13 @@ class Proxy:
             raise AssertionError(f"krproxy ignored SIGTERM for {limit}s; log:\n{self.log}") from None
 
 
-def start_proxy(workdir: Path, backend: str, grace_period: float = 10, limit: float = 30) -> Proxy:
+def start_proxy(
+    workdir: Path, backend: str, grace_period: float = 10, limit: float = 30, log_name: str = "krproxy.log"
+) -> Proxy:
     """Start ``krproxy serve`` in front of ``backend``; return once the socket answers Version."""
     socket = str(workdir / "proxy.sock")
     (workdir / "hooks").mkdir(exist_ok=True)
-    log_path = workdir / "krproxy.log"
+    log_path = workdir / log_name
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             [
@@ -134,7 +161,7 @@ def start_proxy(workdir: Path, backend: str, grace_period: float = 10, limit: fl
             stderr=log,
             cwd=workdir,  # not the repo: `python -m` would import krproxy from the cwd first
         )
-    proxy = Proxy(process, socket, log_path)
+    proxy = Proxy(process, socket, log_path, workdir, backend, grace_period)
     deadline = time.monotonic() + limit
     # Connect only once the socket exists: grpcio backs off ~1 s after a failed connection.
     wait_until(lambda: os.path.exists(socket) or process.poll() is not None, limit, "proxy socket")
@@ -268,3 +295,136 @@ def _normalise(message: Message, volatile: frozenset[str]) -> None:
                 value.add().ParseFromString(data)
         else:
             _normalise(value, volatile)
+
+
+# --------------------------------------------------------------------------- hook plugins
+
+
+def wait_registered(proxy: Proxy, name: str, limit: float = 10.0) -> None:
+    """Wait until the proxy logged that it loaded ``<hook dir>/<name>.json``."""
+    line = f"event=plugin_registered file={proxy.hook_dir / name}.json "
+    wait_until(lambda: line in proxy.log, limit, f"proxy registered plugin {name}")
+
+
+@attrs.define
+class Plugin:
+    """A ``tests/e2e/plugin_process.py`` subprocess; each hook call it got is a line in ``calls_path``."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    socket: str
+    calls_path: Path
+    log_path: Path
+
+    @property
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def calls(self, hook: str | None = None) -> list[dict[str, Any]]:
+        """The calls received so far (``{"hook": ..., "request": {...}}``), only ``hook``'s if given."""
+        if not self.calls_path.exists():
+            return []
+        lines = self.calls_path.read_text().splitlines()
+        calls = [json.loads(line) for line in lines if line.strip()]
+        return [c for c in calls if hook is None or c["hook"] == hook]
+
+    def requests(self, hook: str) -> list[dict[str, Any]]:
+        return [c["request"] for c in self.calls(hook)]
+
+    def hooks_called(self) -> list[str]:
+        return [c["hook"] for c in self.calls()]
+
+    def forget(self) -> None:
+        """Drop the calls recorded so far."""
+        self.calls_path.write_text("")
+
+    def stop(self, limit: float = 10) -> int:
+        """SIGTERM the plugin (by PID) and return its exit code; SIGKILL and fail if it hangs."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(limit)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise AssertionError(f"plugin {self.name} ignored SIGTERM; log:\n{self.log}") from None
+
+
+def start_plugin(proxy: Proxy, name: str, limit: float = 20, **config: Any) -> Plugin:
+    """Start a scripted plugin (see plugin_process.py for ``config``) registered in ``proxy``'s hook dir.
+
+    Returns once the proxy has loaded its registration file.
+    """
+    assert proxy.workdir is not None
+    socket = str(proxy.workdir / f"{name}.sock")
+    calls_path = proxy.workdir / f"{name}.calls.jsonl"
+    log_path = proxy.workdir / f"{name}.log"
+    config = {
+        **config,
+        "name": name,
+        "socket": socket,
+        "calls": str(calls_path),
+        "hook_dir": str(proxy.hook_dir),
+    }
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "tests.e2e.plugin_process", json.dumps(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            cwd=REPO,
+        )
+    plugin = Plugin(name, process, socket, calls_path, log_path)
+    registration = proxy.hook_dir / f"{name}.json"
+    try:
+        wait_until(
+            lambda: registration.exists() or process.poll() is not None, limit, f"plugin {name} serving"
+        )
+        if process.poll() is not None:
+            raise AssertionError(f"plugin {name} exited with {process.returncode}; log:\n{plugin.log}")
+        wait_registered(proxy, name)
+    except BaseException:
+        plugin.stop()
+        raise
+    return plugin
+
+
+# --------------------------------------------------------------------------- cgroups (v1)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cgroups_of(pid: int) -> dict[str, str]:
+    """Controller → cgroup path of process ``pid`` (cgroup v1; ``cpu,cpuacct`` split into both)."""
+    paths = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            if controller:
+                paths[controller] = path
+    return paths
+
+
+def cgroup_file(controller: str, path: str, name: str) -> str:
+    """The content of ``/sys/fs/cgroup/<controller>/<path>/<name>``, stripped."""
+    return (CGROUP_ROOT / controller / path.lstrip("/") / name).read_text().strip()
+
+
+def verbose_info(reply: Any) -> dict[str, Any]:
+    """The JSON document containerd puts under ``info["info"]`` of a verbose status reply."""
+    info: dict[str, Any] = json.loads(reply.info["info"])
+    return info
+
+
+def container_pid(cri: Cri, container_id: str) -> int:
+    reply = cri.runtime.ContainerStatus(
+        pb.ContainerStatusRequest(container_id=container_id, verbose=True), timeout=TIMEOUT
+    )
+    return int(verbose_info(reply)["pid"])
+
+
+def sandbox_pid(cri: Cri, pod_id: str) -> int:
+    reply = cri.runtime.PodSandboxStatus(
+        pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True), timeout=TIMEOUT
+    )
+    return int(verbose_info(reply)["pid"])

@@ -1,0 +1,181 @@
+"""A scriptable hook plugin for the e2e tests, run as its own process.
+
+    python -m tests.e2e.plugin_process '{"name": "p", "socket": "/tmp/x/p.sock", ...}'
+
+It serves ``runtime.v1alpha1.RuntimeHookService`` on ``socket``, appends one JSON line per call
+to ``calls`` (``{"hook": "PreCreateContainer", "request": {...}}``, snake_case keys, defaults
+included) *before* answering, and once it listens writes its registration file into
+``hook_dir``. Config keys (JSON, all but ``name``/``socket``/``calls``/``hook_dir`` optional):
+
+``hooks``, ``failure_policy``, ``timeout``
+    what goes into the registration file.
+``error``
+    ``{hook name: message}``: answer that hook with status INTERNAL and this message.
+``resources``
+    ``{hook name: {LinuxContainerResources field: value}}``: for container pre hooks, echo the
+    request (koordlet's convention) with these resource fields set.
+``move_pods_to``
+    a cgroup path prefix ``P``: PreRunPodSandbox answers ``cgroup_parent = P-<pod uid>``, and
+    PreCreateContainer answers ``pod_cgroup_parent = P-<pod uid>`` (so the container follows).
+
+Every other call is echoed unchanged. SIGTERM stops it (exit 0, socket removed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import betterproto2
+import trio
+import trio_asyncio
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from krproxy import _grpc
+from krproxy.proto.runtime import v1alpha1 as hookapi
+
+ALL_HOOKS = [
+    "PreRunPodSandbox",
+    "PostStopPodSandbox",
+    "PreCreateContainer",
+    "PreStartContainer",
+    "PostStartContainer",
+    "PostStopContainer",
+    "PreUpdateContainerResources",
+]
+
+
+def register(
+    hook_dir: str | Path,
+    name: str,
+    endpoint: str,
+    hooks: list[str],
+    failure_policy: str = "Ignore",
+    timeout: str = "2s",
+) -> Path:
+    """Write ``<hook_dir>/<name>.json`` atomically (the proxy must never read half a file)."""
+    path = Path(hook_dir) / f"{name}.json"
+    temp = Path(hook_dir) / f".{name}.json.tmp"  # dot files are not registration files
+    registration = {
+        "remote-endpoint": endpoint,
+        "failure-policy": failure_policy,
+        "runtime-hooks": hooks,
+        "timeout": timeout,
+    }
+    temp.write_text(json.dumps(registration))
+    os.replace(temp, path)
+    return path
+
+
+def as_dict(message: betterproto2.Message) -> dict[str, Any]:
+    """A hook message as plain JSON-able data: snake_case keys, ints as ints, defaults included."""
+    data: dict[str, Any] = message.to_dict(
+        output_format=betterproto2.OutputFormat.PYTHON,
+        casing=betterproto2.Casing.SNAKE,
+        include_default_values=True,
+    )
+    return data
+
+
+class ScriptedPlugin(hookapi.RuntimeHookServiceBase):
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.calls = open(config["calls"], "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+
+    def _record(self, hook: str, message: betterproto2.Message) -> None:
+        self.calls.write(json.dumps({"hook": hook, "request": as_dict(message)}) + "\n")
+        error = self.config.get("error", {}).get(hook)
+        if error is not None:
+            raise GRPCError(Status.INTERNAL, error)
+
+    def _moved(self, uid: str) -> str:
+        prefix = self.config.get("move_pods_to")
+        return f"{prefix}-{uid}" if prefix else ""
+
+    def _pod(self, hook: str, message: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
+        self._record(hook, message)
+        cgroup_parent = message.cgroup_parent
+        if hook == "PreRunPodSandbox" and message.pod_meta is not None:
+            cgroup_parent = self._moved(message.pod_meta.uid) or cgroup_parent
+        return hookapi.PodSandboxHookResponse(
+            labels=message.labels, annotations=message.annotations, cgroup_parent=cgroup_parent
+        )
+
+    def _container(
+        self, hook: str, message: hookapi.ContainerResourceHookRequest
+    ) -> hookapi.ContainerResourceHookResponse:
+        self._record(hook, message)
+        resources = message.container_resources or hookapi.LinuxContainerResources()
+        for field, value in self.config.get("resources", {}).get(hook, {}).items():
+            setattr(resources, field, value)
+        pod_cgroup_parent = message.pod_cgroup_parent
+        if hook == "PreCreateContainer" and message.pod_meta is not None:
+            pod_cgroup_parent = self._moved(message.pod_meta.uid) or pod_cgroup_parent
+        return hookapi.ContainerResourceHookResponse(
+            container_annotations=message.container_annotations,
+            container_resources=resources,
+            pod_cgroup_parent=pod_cgroup_parent,
+            container_envs=message.container_envs,
+        )
+
+    async def pre_run_pod_sandbox_hook(
+        self, message: hookapi.PodSandboxHookRequest
+    ) -> hookapi.PodSandboxHookResponse:
+        return self._pod("PreRunPodSandbox", message)
+
+    async def post_stop_pod_sandbox_hook(
+        self, message: hookapi.PodSandboxHookRequest
+    ) -> hookapi.PodSandboxHookResponse:
+        return self._pod("PostStopPodSandbox", message)
+
+    async def pre_create_container_hook(
+        self, message: hookapi.ContainerResourceHookRequest
+    ) -> hookapi.ContainerResourceHookResponse:
+        return self._container("PreCreateContainer", message)
+
+    async def pre_start_container_hook(
+        self, message: hookapi.ContainerResourceHookRequest
+    ) -> hookapi.ContainerResourceHookResponse:
+        return self._container("PreStartContainer", message)
+
+    async def post_start_container_hook(
+        self, message: hookapi.ContainerResourceHookRequest
+    ) -> hookapi.ContainerResourceHookResponse:
+        return self._container("PostStartContainer", message)
+
+    async def post_stop_container_hook(
+        self, message: hookapi.ContainerResourceHookRequest
+    ) -> hookapi.ContainerResourceHookResponse:
+        return self._container("PostStopContainer", message)
+
+    async def pre_update_container_resources_hook(
+        self, message: hookapi.ContainerResourceHookRequest
+    ) -> hookapi.ContainerResourceHookResponse:
+        return self._container("PreUpdateContainerResources", message)
+
+
+async def main(config: dict[str, Any]) -> None:
+    plugin = ScriptedPlugin(config)
+    async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        await nursery.start(_grpc.serve, [plugin], config["socket"])
+        register(
+            config["hook_dir"],
+            config["name"],
+            config["socket"],
+            config.get("hooks", ALL_HOOKS),
+            config.get("failure_policy", "Ignore"),
+            config.get("timeout", "2s"),
+        )
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                break
+        nursery.cancel_scope.cancel()
+
+
+if __name__ == "__main__":
+    trio.run(main, json.loads(sys.argv[1]))
