@@ -25,10 +25,14 @@ annotations and loses cgroup parent, resources and envs):
     cgroup path. We take ``config.linux.cgroup_parent`` first, else derive the parent from ``cgroupsPath``
     (``parent:prefix:id`` systemd form → ``parent``; a cgroupfs path ending in the sandbox id → its
     directory), else ``""``.
-  - ``ContainerStatus.resources.linux`` is the runtime's view of the current resources (containerd ≥ 1.7,
-    CRI-O); containerd 1.6 leaves it empty. Then we fall back to the verbose ``config.linux.resources`` —
-    the creation-time values, stale if UpdateContainerResources ran since — else ``None`` (unknown).
-    We do not read ``runtimeSpec.linux.resources``: containerd rewrites values there (e.g. swap = limit).
+  - ``ContainerStatus.resources.linux`` is the runtime's view of the current resources (containerd 1.6.20
+    fills it, as do later versions and CRI-O; older ones leave it empty). Then we fall back to the verbose
+    ``config.linux.resources`` — the creation-time values, stale if UpdateContainerResources ran since —
+    else ``None`` (unknown). The swap limit is the exception: runtimes report a *derived* value there
+    (containerd 1.6 reports swap = memory limit when none was asked for), and carrying that into later
+    update requests would send a limit nobody set; so swap is always taken from the verbose config (what
+    was actually requested), 0 when absent. We do not read ``runtimeSpec.linux.resources`` at all:
+    containerd rewrites values there too.
   - envs come from the verbose ``config.envs`` (the CRI envs; ``runtimeSpec.process.env`` also holds the
     image's variables, so it is not used); absent → empty.
   Malformed or missing verbose info is never an error: the field is simply not recovered.
@@ -46,6 +50,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+import attrs
 
 from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
 from krproxy.proto.runtime import v1, v1alpha1
@@ -329,7 +335,11 @@ def container_from_status(
     document = _verbose(info)
     resources: Resources | None
     if status.resources is not None and status.resources.linux is not None:
-        resources = resources_from_cri(status.resources.linux)
+        requested = _resources_from_json(_dig(document, "config", "linux", "resources"))
+        resources = attrs.evolve(
+            resources_from_cri(status.resources.linux),
+            memory_swap_limit_in_bytes=requested.memory_swap_limit_in_bytes if requested is not None else 0,
+        )
     else:
         resources = _resources_from_json(_dig(document, "config", "linux", "resources"))
     return ContainerInfo(

@@ -392,9 +392,9 @@ class TestProxyRestart:
             "pod_resources": None,
         } == identity(update_request)
 
-        # Resources: recovered from containerd's ContainerStatus, merged with kubelet's update.
-        # containerd reports memory swap = memory limit (it sets it so), so that comes back too.
-        recovered = resources(**LIMITS, cpu_shares=256, memory_swap_limit_in_bytes=64 * MiB)
+        # Resources: recovered from containerd's ContainerStatus, merged with kubelet's update. containerd
+        # reports swap = memory limit (derived, nobody asked for it); recovery keeps the requested 0.
+        recovered = resources(**LIMITS, cpu_shares=256, memory_swap_limit_in_bytes=0)
         assert {**recovered, "cpu_quota": 40_000, "cpu_shares": 512} == update_request["container_resources"]
         assert {**recovered, "cpu_quota": 15_000, "cpu_shares": 512} == stop_container["container_resources"]
 

@@ -284,12 +284,29 @@ class TestRecovery:
         )
 
     def test_container_from_status_reported_resources(self) -> None:
-        """Resources reported in ContainerStatus.resources.linux win over verbose info."""
+        """Resources reported in ContainerStatus.resources.linux win over verbose info, except swap, which
+        is taken from the requested config (absent there: 0)."""
         info = {"info": json.dumps({"config": {"linux": {"resources": {"cpu_shares": 7}}}})}
 
         actual = container_from_status(self._status(resources_to_cri(RESOURCES)), "sb1", POD, info)
 
-        assert RESOURCES == actual.resources
+        assert attrs.evolve(RESOURCES, memory_swap_limit_in_bytes=0) == actual.resources
+
+    def test_container_from_status_derived_swap_ignored(self) -> None:
+        """containerd 1.6 reports swap = memory limit when none was requested; the requested value is kept."""
+        reported = attrs.evolve(
+            RESOURCES, memory_limit_in_bytes=64 << 20, memory_swap_limit_in_bytes=64 << 20
+        )
+        requested = {"memory_limit_in_bytes": 64 << 20, "memory_swap_limit_in_bytes": 0}
+        info = {"info": json.dumps({"config": {"linux": {"resources": requested}}})}
+
+        actual = container_from_status(self._status(resources_to_cri(reported)), "sb1", POD, info)
+
+        assert actual.resources is not None
+        assert (64 << 20, 0) == (
+            actual.resources.memory_limit_in_bytes,
+            actual.resources.memory_swap_limit_in_bytes,
+        )
 
     def test_container_from_status_verbose(self) -> None:
         """containerd 1.6: resources and envs come from the verbose creation config."""
