@@ -194,10 +194,10 @@ class Forwarder:
         """Count the call as in flight, make its :class:`CallContext` current, report it at the end."""
         if self.draining:
             raise GRPCError(Status.UNAVAILABLE, "krproxy is shutting down")
-        self.in_flight += 1
-        self._idle.clear()
         ctx = calls.CallContext(path)
         calls.CURRENT.set(ctx)  # this task's own context: grpclib runs one task per call
+        self.in_flight += 1  # nothing may fail between here and the try: the finally undoes it
+        self._idle.clear()
         try:
             yield ctx
         except GRPCError as err:
