@@ -119,6 +119,18 @@ async def _tick_forever(app: HookServer, ticker: Ticker) -> None:
         app.tick(ticker)
 
 
+#: Stages a server registers even without plugin functions for them: its pod cache (the targets
+#: of a re-apply) forgets pods and containers only when the proxy tells it they stopped.
+LIFECYCLE_STAGES = (Stage.POST_STOP_POD_SANDBOX, Stage.POST_STOP_CONTAINER)
+
+
+def registered_stages(app: HookServer, options: ServeOptions) -> tuple[Stage, ...]:
+    """The stages written into the registration file: those with plugin functions, plus the
+    lifecycle stages, minus the disabled ones; in declaration order."""
+    wanted = set(app.registry.stages(options.disabled_stages)) | set(LIFECYCLE_STAGES)
+    return tuple(s for s in Stage if s in wanted and s not in options.disabled_stages)
+
+
 async def serve(
     app: HookServer, options: ServeOptions, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
 ) -> None:
@@ -132,9 +144,7 @@ async def serve(
         await run_background(app, options.policy_path, nursery)
         await nursery.start(_grpc.serve, [HookService(app)], options.socket)
         content = registration_json(
-            options.endpoint or options.socket,
-            options.failure_policy,
-            app.registry.stages(options.disabled_stages),
+            options.endpoint or options.socket, options.failure_policy, registered_stages(app, options)
         )
         path = write_registration(options.hook_dir, options.name, content)
         LOGGER.info("event=hookserver_started socket=%s registration=%s", options.socket, path)

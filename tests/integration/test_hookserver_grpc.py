@@ -78,7 +78,7 @@ async def test_round_trip_and_registration(short_tmp: pathlib.Path, stub_for: An
             assert str(registration) == path
             assert (
                 '{"remote-endpoint":"/var/run/hs.sock","failure-policy":"Fail",'
-                '"runtime-hooks":["PreRunPodSandbox","PreCreateContainer"]}'
+                '"runtime-hooks":["PreRunPodSandbox","PostStopPodSandbox","PreCreateContainer","PostStopContainer"]}'
             ) == registration.read_text()
             assert [".", "krproxy-hookserver.json"] == sorted([".", *os.listdir(registration.parent)])
 
@@ -138,8 +138,10 @@ async def test_policy_file_change_reapplies_to_running_pods(short_tmp: pathlib.P
             registered = json.loads((short_tmp / "hookserver.d" / "krproxy-hookserver.json").read_text())
             assert [
                 "PreRunPodSandbox",
+                "PostStopPodSandbox",
                 "PreCreateContainer",
                 "PostStartContainer",
+                "PostStopContainer",
                 "PreUpdateContainerResources",
             ] == registered["runtime-hooks"]
             stub = stub_for(options.socket)

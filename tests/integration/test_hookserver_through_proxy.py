@@ -1,0 +1,594 @@
+"""The SDK hook server (built-in policies) behind the real proxy, in front of the fake containerd.
+
+Issue 7's "done when", end to end: the SDK server registers itself in the proxy's hook
+directory with its own file (accepted unchanged); pods created through the proxy with the
+grpcio CRI client get group identity, CPU suppress and resctrl settings written under a
+temp node tree (:class:`FakeNode`), and the CRI-expressible ones reach the runtime inside
+the CreateContainer request; a policy edit re-applies without CRI calls; standalone mode
+converges the same tree without the proxy; plugin failures behave per failure policy.
+
+The fake containerd does not touch cgroups. Where a real runtime (runc) would apply the
+CreateContainer resources to the new container's cgroup, :func:`runtime_applies` does it
+from what the fake received, so a node tree here looks like a real node's after start.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import shutil
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+import grpc
+import pytest
+import trio
+from cri_api.v1 import api_pb2 as pb
+
+from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, sequential_ids, stepping_clock
+from krproxy.daemon import Daemon
+from krproxy.hooks.points import HookPoint
+from krproxy.hooks.registration import FailurePolicy as ProxyFailurePolicy
+from krproxy.hookserver import (
+    CgroupFile,
+    ContainerContext,
+    FailurePolicy,
+    HookServer,
+    PodContext,
+    PodTarget,
+    ServeOptions,
+    Stage,
+    registration_json,
+    run_standalone,
+    serve,
+)
+from krproxy.hookserver.policies import cpuset, envinject, install_all
+from krproxy.hookserver.policies.cpusuppress import Measurement
+from krproxy.hookserver.testing import FakeNode
+from krproxy.proto.runtime import v1 as cri
+from tests.conftest import CriClient
+from tests.integration.support import start_proxy, wait_until
+
+POLICY = """
+resourceQOSStrategy:
+  lsClass: {cpuQOS: {groupIdentity: 2}, resctrlQOS: {catRangeEndPercent: 100, mbaPercent: 100}}
+  beClass: {cpuQOS: {groupIdentity: -1}, resctrlQOS: {catRangeEndPercent: 25, mbaPercent: 30}}
+resourceUsedThresholdWithBE: {cpuSuppressThresholdPercent: 50, cpuSuppressPolicy: cfsQuota}
+"""
+#: The edit of the policy-change test: only BE settings move.
+EDITED_POLICY = (
+    POLICY.replace("groupIdentity: -1", "groupIdentity: 0")
+    .replace("catRangeEndPercent: 25, mbaPercent: 30", "catRangeEndPercent: 50, mbaPercent: 60")
+    .replace("cpuSuppressThresholdPercent: 50", "cpuSuppressThresholdPercent: 75")
+)
+REGISTRATION = "krproxy-hookserver.json"
+REFUSE = "test.krproxy.io/refuse"
+
+
+def meter(targets: Sequence[PodTarget]) -> Measurement:
+    """CPU suppress's usage sampler, fixed: 8 cores, 2 busy, all by LS pods.
+
+    BE budget = 8 × threshold − 2 LS − 0 system: 2 cores at 50 %, 4 at 75 %.
+    """
+    return Measurement(total_cores=8, node_used=2.0, ls_used=2.0)
+
+
+@attrs.frozen
+class Pod:
+    """A pod of the scenario: one container ``app`` with kubelet-style resources."""
+
+    name: str
+    qos: str
+    qos_dir: str  # kubelet's QoS cgroup: besteffort / burstable
+    pid: int
+    resources: pb.LinuxContainerResources
+    annotations: Mapping[str, str] = attrs.field(factory=dict)
+    labels: Mapping[str, str] = attrs.field(factory=dict)
+    container_annotations: Mapping[str, str] = attrs.field(factory=dict)
+
+    @property
+    def uid(self) -> str:
+        return f"uid-{self.name}"
+
+    @property
+    def cgroup_parent(self) -> str:
+        return f"/kubepods/{self.qos_dir}/pod{self.uid}"
+
+    def sandbox_config(self) -> pb.PodSandboxConfig:
+        return pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name=self.name, uid=self.uid, namespace="default"),
+            labels={"koordinator.sh/qosClass": self.qos, **self.labels},
+            annotations=dict(self.annotations),
+            linux=pb.LinuxPodSandboxConfig(cgroup_parent=self.cgroup_parent),
+        )
+
+    def container_config(self) -> pb.ContainerConfig:
+        return pb.ContainerConfig(
+            metadata=pb.ContainerMetadata(name="app"),
+            image=pb.ImageSpec(image="registry.k8s.io/pause:3.9"),
+            annotations=dict(self.container_annotations),
+            envs=[pb.KeyValue(key="FROM_KUBELET", value="1")],
+            linux=pb.LinuxContainerConfig(resources=self.resources),
+        )
+
+
+BE = Pod(
+    "be",
+    "BE",
+    "besteffort",
+    pid=100,
+    resources=pb.LinuxContainerResources(cpu_period=100_000, cpu_shares=2, oom_score_adj=1000),
+    annotations={envinject.ANNOTATION: json.dumps({"OMP_NUM_THREADS": "2"})},
+)
+LS = Pod(
+    "ls",
+    "LS",
+    "burstable",
+    pid=101,
+    resources=pb.LinuxContainerResources(
+        cpu_period=100_000,
+        cpu_quota=50_000,
+        cpu_shares=512,
+        memory_limit_in_bytes=256 << 20,
+        oom_score_adj=900,
+    ),
+    annotations={cpuset.ANNOTATION: json.dumps({"cpuset": "0-1"})},
+)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def make_app(node: FakeNode, plugin_failure_policy: FailurePolicy = FailurePolicy.IGNORE) -> HookServer:
+    app = HookServer(executor=node.executor(), plugin_failure_policy=plugin_failure_policy)
+    install_all(app, meter=meter)
+    return app
+
+
+def prime_cpu_suppress(app: HookServer) -> None:
+    """Take CPU suppress's first sample now instead of after its 1 s ticker interval.
+
+    ``install_all`` has no interval knob; without this the first BE pod would be created
+    before any BE budget exists (and get its quota one tick later, by re-apply).
+    """
+    (ticker,) = app.tickers
+    app.tick(ticker)
+
+
+def write_policy(path: pathlib.Path, text: str) -> None:
+    """Replace the policy file atomically (new inode: the watcher cannot miss it)."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+async def start_hookserver(
+    nursery: trio.Nursery, app: HookServer, daemon: Daemon, tmp: pathlib.Path, **options: Any
+) -> ServeOptions:
+    """Serve ``app`` registering into the proxy's hook dir; return once the proxy uses the file."""
+    opts = ServeOptions(socket=str(tmp / "hs.sock"), hook_dir=daemon.config.hook_dir, **options)
+    await nursery.start(serve, app, opts)
+    await wait_until(lambda: REGISTRATION in daemon.hooks.dispatcher.registry.plugins)
+    return opts
+
+
+def runtime_applies(node: FakeNode, cgroup_dir: str, res: cri.LinuxContainerResources | None) -> None:
+    """What runc does at create: the CRI resources into the container cgroup (set fields only)."""
+    if res is None:
+        return
+    executor = node.executor()
+    if res.cpu_shares:
+        executor.set(cgroup_dir, CgroupFile.CPU_SHARES, res.cpu_shares)
+    if res.cpu_quota:
+        executor.set(cgroup_dir, CgroupFile.CFS_QUOTA, res.cpu_quota)
+    if res.memory_limit_in_bytes:
+        executor.set(cgroup_dir, CgroupFile.MEMORY_LIMIT, res.memory_limit_in_bytes)
+    if res.cpuset_cpus:
+        executor.set(cgroup_dir, CgroupFile.CPUSET_CPUS, res.cpuset_cpus)
+
+
+def created(fake: FakeContainerd, sandbox_id: str) -> cri.CreateContainerRequest:
+    """The CreateContainer request the runtime received for ``sandbox_id``'s container."""
+    (request,) = [
+        r.message
+        for r in fake.requests("CreateContainer")
+        if isinstance(r.message, cri.CreateContainerRequest) and r.message.pod_sandbox_id == sandbox_id
+    ]
+    return request
+
+
+@attrs.frozen
+class Started:
+    sandbox_id: str
+    container_id: str
+
+
+async def start_pod(client: CriClient, fake: FakeContainerd, node: FakeNode, pod: Pod) -> Started:
+    """kubelet's pod start against ``client``'s socket (proxy or runtime), with the node's cgroups.
+
+    The pod cgroup exists before RunPodSandbox (kubelet makes it); the container cgroup appears
+    at create, holding ``pod.pid``, with what the runtime received applied to it.
+    """
+    node.add_cgroup(pod.cgroup_parent)
+    config = pod.sandbox_config()
+    sandbox = await client.call(client.runtime.RunPodSandbox, pb.RunPodSandboxRequest(config=config))
+    request = pb.CreateContainerRequest(
+        pod_sandbox_id=sandbox.pod_sandbox_id, config=pod.container_config(), sandbox_config=config
+    )
+    container = await client.call(client.runtime.CreateContainer, request)
+    cgroup_dir = f"{pod.cgroup_parent}/{container.container_id}"
+    node.add_cgroup(cgroup_dir, pids=[pod.pid])
+    received = created(fake, sandbox.pod_sandbox_id).config
+    runtime_applies(node, cgroup_dir, received.linux.resources if received and received.linux else None)
+    await client.call(
+        client.runtime.StartContainer, pb.StartContainerRequest(container_id=container.container_id)
+    )
+    return Started(sandbox.pod_sandbox_id, container.container_id)
+
+
+def cri_call_counts(fake: FakeContainerd) -> dict[str, int]:
+    """How many requests of each CRI method the runtime received."""
+    names = ("".join(part.title() for part in call.split("_")) for call in RuntimeState.CRI_CALLS)
+    return {name: len(fake.requests(name)) for name in names}
+
+
+def tree(node: FakeNode, rename: Mapping[str, str]) -> dict[str, str]:
+    """Every file of the node (cgroup and resctrl) → stripped content; container ids → names."""
+
+    def walk() -> Iterator[tuple[str, str]]:
+        for path in sorted(node.root.rglob("*")):
+            if path.is_file():
+                rel = str(path.relative_to(node.root))
+                for old, new in rename.items():
+                    rel = rel.replace(old, new)
+                yield rel, path.read_text().strip()
+
+    return dict(walk())
+
+
+async def converge(actual: Callable[[], dict[str, str]], expected: dict[str, str], limit: float) -> None:
+    """Wait for ``actual()`` to equal ``expected``; on timeout, fail with pytest's diff."""
+    try:
+        await wait_until(lambda: actual() == expected, limit=limit)
+    except trio.TooSlowError:
+        assert expected == actual()
+
+
+def pod_files(node: FakeNode, pod: Pod) -> tuple[str | None, str | None]:
+    """The pod-level settings: (group identity, cfs quota)."""
+    return node.read(pod.cgroup_parent, CgroupFile.CPU_BVT), node.read(
+        pod.cgroup_parent, CgroupFile.CFS_QUOTA
+    )
+
+
+def resctrl_files(node: FakeNode, group: str) -> tuple[str | None, str | None]:
+    return node.read_resctrl(f"{group}/schemata"), node.read_resctrl(f"{group}/tasks")
+
+
+# -- tests -------------------------------------------------------------------------------------
+
+
+async def test_sdk_registration_file_is_accepted_unchanged(
+    fake_containerd: tuple[FakeContainerd, str], short_tmp: pathlib.Path
+) -> None:
+    """The file the SDK writes (koordlet-shaped) is what the proxy registers, byte for byte, no warnings."""
+    _fake, runtime = fake_containerd
+    node = FakeNode(short_tmp / "node").create()
+    app = make_app(node)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
+            opts = await start_hookserver(nursery, app, daemon, short_tmp, failure_policy=FailurePolicy.FAIL)
+            path = pathlib.Path(daemon.config.hook_dir) / REGISTRATION
+            written = path.read_bytes()
+            stages = (  # the built-ins' stages plus the two lifecycle stages every SDK server takes
+                Stage.PRE_RUN_POD_SANDBOX,
+                Stage.POST_STOP_POD_SANDBOX,
+                Stage.PRE_CREATE_CONTAINER,
+                Stage.POST_START_CONTAINER,
+                Stage.POST_STOP_CONTAINER,
+                Stage.PRE_UPDATE_CONTAINER_RESOURCES,
+            )
+            assert registration_json(opts.socket, FailurePolicy.FAIL, stages).encode() == written
+            assert [REGISTRATION] == os.listdir(path.parent)  # no temp file left behind
+
+            registry = daemon.hooks.dispatcher.registry
+            assert {} == dict(registry.errors)
+            plugin = registry.plugins[REGISTRATION]
+            assert ("krproxy-hookserver", opts.socket, ProxyFailurePolicy.FAIL) == (
+                plugin.name,
+                plugin.endpoint,
+                plugin.failure_policy,
+            )
+            assert tuple(HookPoint(s.value) for s in stages) == plugin.hooks
+            assert () == plugin.warnings
+            assert written == path.read_bytes()  # nobody rewrote it
+            nursery.cancel_scope.cancel()
+
+
+async def test_be_and_ls_pods_get_their_settings_through_proxy(
+    fake_containerd: tuple[FakeContainerd, str],
+    short_tmp: pathlib.Path,
+    cri_client: Callable[[str], CriClient],
+) -> None:
+    """BE and LS pods created through the proxy: pod cgroups, resctrl groups and the exact
+    CreateContainer requests the runtime received."""
+    fake, runtime = fake_containerd
+    node = FakeNode(short_tmp / "node").create()
+    app = make_app(node)
+    policy = short_tmp / "policy.yaml"
+    write_policy(policy, POLICY)
+    with trio.fail_after(12):
+        async with trio.open_nursery() as nursery:
+            daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
+            await start_hookserver(nursery, app, daemon, short_tmp, policy_path=str(policy))
+            prime_cpu_suppress(app)
+            client = cri_client(daemon.config.listen)
+            be = await start_pod(client, fake, node, BE)
+            ls = await start_pod(client, fake, node, LS)
+
+            # Group identity and CPU suppress: BE bvt −1 and quota 2 cores; LS bvt 2, no quota.
+            assert ("-1", "200000 100000") == pod_files(node, BE)
+            assert ("2", "max 100000") == pod_files(node, LS)
+            assert "0" == node.read(BE.cgroup_parent, CgroupFile.CPU_IDLE)  # bvt exists: no fallback
+            # Resctrl: one group per class, the container's processes in it (PostStartContainer).
+            assert ("L3:0=7\nMB:0=30", "100") == resctrl_files(node, "BE")
+            assert ("L3:0=fff\nMB:0=100", "101") == resctrl_files(node, "LS")
+
+            # What the runtime received: the SDK's echo + the proxy's merge keep kubelet's values
+            # and add the plugins' (cpuset and unlimited quota for LS, env for BE).
+            be_req, ls_req = created(fake, be.sandbox_id), created(fake, ls.sandbox_id)
+            assert be_req.config is not None and be_req.config.linux is not None
+            assert ls_req.config is not None and ls_req.config.linux is not None
+            assert (
+                cri.LinuxContainerResources(cpu_period=100_000, cpu_shares=2, oom_score_adj=1000)
+                == be_req.config.linux.resources
+            )
+            assert (
+                cri.LinuxContainerResources(
+                    cpu_period=100_000,
+                    cpu_quota=-1,
+                    cpu_shares=512,
+                    memory_limit_in_bytes=256 << 20,
+                    oom_score_adj=900,
+                    cpuset_cpus="0-1",
+                )
+                == ls_req.config.linux.resources
+            )
+            assert {"FROM_KUBELET": b"1", "OMP_NUM_THREADS": b"2"} == {
+                kv.key: kv.value for kv in be_req.config.envs
+            }
+            assert {"FROM_KUBELET": b"1"} == {kv.key: kv.value for kv in ls_req.config.envs}
+            # The pods themselves went through unmodified (the SDK only echoes labels etc.).
+            (be_run, ls_run) = (r.message for r in fake.requests("RunPodSandbox"))
+            assert isinstance(be_run, cri.RunPodSandboxRequest) and be_run.config is not None
+            assert BE.sandbox_config() == pb.PodSandboxConfig.FromString(be_run.config.SerializeToString())
+            assert isinstance(ls_run, cri.RunPodSandboxRequest) and ls_run.config is not None
+            assert LS.sandbox_config() == pb.PodSandboxConfig.FromString(ls_run.config.SerializeToString())
+            nursery.cancel_scope.cancel()
+
+
+async def test_policy_change_reapplies_to_existing_pods(
+    fake_containerd: tuple[FakeContainerd, str],
+    short_tmp: pathlib.Path,
+    cri_client: Callable[[str], CriClient],
+) -> None:
+    """Editing the policy file rewrites the running pods' files, with no CRI call at all."""
+    fake, runtime = fake_containerd
+    node = FakeNode(short_tmp / "node").create()
+    app = make_app(node)
+    policy = short_tmp / "policy.yaml"
+    write_policy(policy, POLICY)
+    with trio.fail_after(12):
+        async with trio.open_nursery() as nursery:
+            daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
+            await start_hookserver(nursery, app, daemon, short_tmp, policy_path=str(policy))
+            prime_cpu_suppress(app)
+            client = cri_client(daemon.config.listen)
+            be = await start_pod(client, fake, node, BE)
+            ls = await start_pod(client, fake, node, LS)
+            ids = {be.container_id: "be-app", ls.container_id: "ls-app"}
+            before, calls = tree(node, ids), cri_call_counts(fake)
+            assert ("-1", "200000 100000") == pod_files(node, BE)
+
+            write_policy(policy, EDITED_POLICY)
+            expected = dict(before)
+            expected["cgroup/kubepods/besteffort/poduid-be/cpu.bvt_warp_ns"] = "0"
+            expected["cgroup/kubepods/besteffort/poduid-be/cpu.max"] = "400000 100000"  # 8 × 75 % − 2
+            expected["resctrl/BE/schemata"] = "L3:0=3f\nMB:0=60"
+            await converge(lambda: tree(node, ids), expected, limit=5)
+            assert calls == cri_call_counts(fake)
+            nursery.cancel_scope.cancel()
+
+
+async def test_standalone_converges_to_the_same_tree(
+    fake_containerd: tuple[FakeContainerd, str],
+    short_tmp: pathlib.Path,
+    cri_client: Callable[[str], CriClient],
+) -> None:
+    """The same pods, created directly on a second fake containerd and reconciled by standalone
+    mode (no proxy), end with the same cgroup and resctrl files as proxy mode."""
+    fake, runtime = fake_containerd
+    policy = short_tmp / "policy.yaml"
+    write_policy(policy, POLICY)
+    proxy_node = FakeNode(short_tmp / "a").create()
+    alone_node = FakeNode(short_tmp / "b").create()
+    proxy_app, alone_app = make_app(proxy_node), make_app(alone_node)
+    with trio.fail_after(12):
+        async with trio.open_nursery() as nursery:
+            daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
+            await start_hookserver(nursery, proxy_app, daemon, short_tmp, policy_path=str(policy))
+            prime_cpu_suppress(proxy_app)
+            client = cri_client(daemon.config.listen)
+            started = {pod.name: await start_pod(client, fake, proxy_node, pod) for pod in (BE, LS)}
+            proxy_tree = tree(proxy_node, {s.container_id: f"{n}-app" for n, s in started.items()})
+
+            # No proxy: the pods are created on the runtime itself, which applies kubelet's values.
+            fake2 = FakeContainerd(RuntimeState(clock=stepping_clock(), new_id=sequential_ids("other")))
+            runtime2 = str(short_tmp / "c2.sock")
+            await nursery.start(run_fake_containerd, runtime2, fake2)
+            direct = cri_client(runtime2)
+            started2 = {pod.name: await start_pod(direct, fake2, alone_node, pod) for pod in (BE, LS)}
+            rename2 = {s.container_id: f"{n}-app" for n, s in started2.items()}
+            assert ("0", "max 100000") == pod_files(alone_node, BE)  # nothing applied yet
+            # The fake's PodSandboxStatus has no verbose info (no cgroup parent): standalone
+            # finds each pod cgroup where kubelet puts it, under the node root.
+            status = await direct.call(
+                direct.runtime.PodSandboxStatus,
+                pb.PodSandboxStatusRequest(pod_sandbox_id=started2["be"].sandbox_id, verbose=True),
+            )
+            assert {} == dict(status.info)
+
+            await nursery.start(
+                functools.partial(run_standalone, alone_app, runtime2, interval=0.1, policy_path=str(policy))
+            )
+            # Standalone is asynchronous: the BE quota needs CPU suppress's first sample (1 s tick).
+            await converge(lambda: tree(alone_node, rename2), proxy_tree, limit=5)
+            # The container-level CRI settings it wrote are what the proxy put into CreateContainer.
+            ls_dir = f"{LS.cgroup_parent}/{started2['ls'].container_id}"
+            assert ("0-1", "max 100000") == (
+                alone_node.read(ls_dir, CgroupFile.CPUSET_CPUS),
+                alone_node.read(ls_dir, CgroupFile.CFS_QUOTA),
+            )
+            nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("plugin_policy", "registration_policy"),
+    [
+        (FailurePolicy.FAIL, FailurePolicy.FAIL),
+        (FailurePolicy.IGNORE, FailurePolicy.FAIL),
+        (FailurePolicy.FAIL, FailurePolicy.IGNORE),
+    ],
+    ids=[
+        "plugin-Fail/registration-Fail",
+        "plugin-Ignore/registration-Fail",
+        "plugin-Fail/registration-Ignore",
+    ],
+)
+async def test_plugin_error_under_failure_policies(
+    fake_containerd: tuple[FakeContainerd, str],
+    short_tmp: pathlib.Path,
+    cri_client: Callable[[str], CriClient],
+    plugin_policy: FailurePolicy,
+    registration_policy: FailurePolicy,
+) -> None:
+    """A custom hook ``strict-check`` raises for marked pods and containers, next to the built-ins.
+
+    - plugin Fail, registration Fail: the CRI call fails (UNKNOWN, naming the server and the
+      plugin), nothing is forwarded and nothing is written — not even what plugins that ran
+      before it in the stage asked for;
+    - plugin Ignore: the call succeeds and the other plugins' changes apply;
+    - plugin Fail, registration Ignore: the proxy drops the failed answer and forwards the
+      request unmodified (no SDK change at all for that call).
+    """
+    fake, runtime = fake_containerd
+    node = FakeNode(short_tmp / "node").create()
+    app = make_app(node, plugin_policy)
+
+    # Sorts after groupidentity/cpusuppress (pod stage) and cpuset/envinject (container stage).
+    @app.hook(Stage.PRE_RUN_POD_SANDBOX, name="strict-check")
+    @app.hook(Stage.PRE_CREATE_CONTAINER, name="strict-check")
+    def strict_check(ctx: PodContext | ContainerContext) -> None:
+        marks = ctx.request.labels if isinstance(ctx, PodContext) else ctx.request.annotations
+        if REFUSE in marks:
+            raise ValueError("refused by policy")
+
+    policy = short_tmp / "policy.yaml"
+    write_policy(policy, POLICY)
+    refused = plugin_policy is FailurePolicy.FAIL and registration_policy is FailurePolicy.FAIL
+    sdk_applied = plugin_policy is FailurePolicy.IGNORE
+    with trio.fail_after(12):
+        async with trio.open_nursery() as nursery:
+            daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
+            await start_hookserver(
+                nursery,
+                app,
+                daemon,
+                short_tmp,
+                policy_path=str(policy),
+                failure_policy=registration_policy,
+            )
+            prime_cpu_suppress(app)
+            client = cri_client(daemon.config.listen)
+
+            # Pod level: a BE pod marked for refusal.
+            marked_pod = attrs.evolve(BE, labels={REFUSE: "true"})
+            node.add_cgroup(marked_pod.cgroup_parent)
+            run = pb.RunPodSandboxRequest(config=marked_pod.sandbox_config())
+            if refused:
+                with pytest.raises(grpc.RpcError) as info:
+                    await client.call(client.runtime.RunPodSandbox, run)
+                assert grpc.StatusCode.UNKNOWN == info.value.code()
+                details = info.value.details()
+                assert details.startswith(
+                    "hook server err: hook server krproxy-hookserver failed PreRunPodSandbox"
+                )
+                assert "hook plugin 'strict-check' failed at PreRunPodSandbox: refused by policy" in details
+                assert [] == fake.requests("RunPodSandbox")
+            else:
+                await client.call(client.runtime.RunPodSandbox, run)
+                assert 1 == len(fake.requests("RunPodSandbox"))
+            expected_pod = ("-1", "200000 100000") if sdk_applied else ("0", "max 100000")
+            assert expected_pod == pod_files(node, marked_pod)
+
+            # Container level: an unmarked LS pod whose container is marked.
+            node.add_cgroup(LS.cgroup_parent)
+            ls_config = LS.sandbox_config()
+            sandbox = await client.call(
+                client.runtime.RunPodSandbox, pb.RunPodSandboxRequest(config=ls_config)
+            )
+            assert ("2", "max 100000") == pod_files(node, LS)
+            container = LS.container_config()
+            container.annotations[REFUSE] = "true"
+            create = pb.CreateContainerRequest(
+                pod_sandbox_id=sandbox.pod_sandbox_id, config=container, sandbox_config=ls_config
+            )
+            if refused:
+                with pytest.raises(grpc.RpcError) as info:
+                    await client.call(client.runtime.CreateContainer, create)
+                assert grpc.StatusCode.UNKNOWN == info.value.code()
+                assert "hook plugin 'strict-check' failed at PreCreateContainer" in info.value.details()
+                assert [] == fake.requests("CreateContainer")
+            else:
+                await client.call(client.runtime.CreateContainer, create)
+                received = created(fake, sandbox.pod_sandbox_id)
+                assert received.config is not None and received.config.linux is not None
+                resources = received.config.linux.resources
+                assert resources is not None
+                expected = ("0-1", -1) if sdk_applied else ("", 50_000)
+                assert expected == (resources.cpuset_cpus, resources.cpu_quota)
+            nursery.cancel_scope.cancel()
+
+
+async def test_removed_pod_is_forgotten_by_the_hook_server(
+    fake_containerd: tuple[FakeContainerd, str],
+    short_tmp: pathlib.Path,
+    cri_client: Callable[[str], CriClient],
+) -> None:
+    """After kubelet stops and removes a pod through the proxy, re-apply no longer targets it."""
+    fake, runtime = fake_containerd
+    node = FakeNode(short_tmp / "node").create()
+    app = make_app(node)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
+            await start_hookserver(nursery, app, daemon, short_tmp)
+            client = cri_client(daemon.config.listen)
+            be = await start_pod(client, fake, node, BE)
+            assert [1] == [len(t.containers) for t in app.pods.targets()]
+            for method, request in (
+                (client.runtime.StopContainer, pb.StopContainerRequest(container_id=be.container_id)),
+                (client.runtime.RemoveContainer, pb.RemoveContainerRequest(container_id=be.container_id)),
+                (client.runtime.StopPodSandbox, pb.StopPodSandboxRequest(pod_sandbox_id=be.sandbox_id)),
+                (client.runtime.RemovePodSandbox, pb.RemovePodSandboxRequest(pod_sandbox_id=be.sandbox_id)),
+            ):
+                await client.call(method, request)
+            shutil.rmtree(node.cgroup_root / BE.cgroup_parent.strip("/"))  # kubelet removes the cgroup
+            assert {} == daemon.hooks.store.pods()  # the proxy forgot it
+            app.reconcile()  # a re-apply (policy change, CPU suppress tick) …
+            assert () == app.pods.targets()  # … should not target it any more
+            nursery.cancel_scope.cancel()
