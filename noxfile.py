@@ -53,3 +53,10 @@ def protos(session: nox.Session) -> None:
     """Regenerate krproxy/proto from protos/ (commit the result)."""
     _install(session)
     session.run("python", "scripts/genproto.py")
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """Benchmarks: direct vs through krproxy (prints a table, writes bench-results.json)."""
+    _install(session)
+    session.run("python", "-m", "krproxy.bench", *session.posargs)

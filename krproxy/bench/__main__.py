@@ -1,0 +1,7 @@
+"""``python -m krproxy.bench``."""
+
+import sys
+
+from krproxy.bench import main
+
+sys.exit(main())

@@ -1,0 +1,175 @@
+"""The benchmark's CRI client: a separate process using grpcio (an independent gRPC stack).
+
+Usage (run by :mod:`krproxy.bench`, which reads the JSON it prints on stdout)::
+
+    python -m krproxy.bench.client latency --targets A,B --method Version --calls 2000 --blocks 10
+    python -m krproxy.bench.client throughput --target A --threads 8 --seconds 5
+    python -m krproxy.bench.client create --targets A,B,C --calls 300 --blocks 10 --pod-via A
+
+``latency`` alternates between the targets block by block after a warm-up, so that drift on a
+noisy machine hits every target alike; it prints per-target latencies in microseconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from cri_api.v1 import api_pb2 as pb
+
+WARMUP_CALLS = 200
+METHODS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    # method -> (path, request factory, needs a container id)
+    "Version": ("/runtime.v1.RuntimeService/Version", lambda cid: pb.VersionRequest(version="v1")),
+    "ContainerStatus": (
+        "/runtime.v1.RuntimeService/ContainerStatus",
+        lambda cid: pb.ContainerStatusRequest(container_id=cid),
+    ),
+    "ListContainers": ("/runtime.v1.RuntimeService/ListContainers", lambda cid: pb.ListContainersRequest()),
+}
+
+
+def _channel(socket: str) -> grpc.Channel:
+    return grpc.insecure_channel(f"unix://{socket}", options=[("grpc.max_receive_message_length", 64 << 20)])
+
+
+def _raw(channel: grpc.Channel, path: str) -> Callable[..., bytes]:
+    return channel.unary_unary(path, request_serializer=None, response_deserializer=None)  # type: ignore[no-any-return]
+
+
+def _first_container(channel: grpc.Channel) -> str:
+    answer = pb.ListContainersResponse.FromString(
+        _raw(channel, METHODS["ListContainers"][0])(
+            pb.ListContainersRequest().SerializeToString(), timeout=30
+        )
+    )
+    return answer.containers[0].id if answer.containers else ""
+
+
+def latency(args: argparse.Namespace) -> dict[str, Any]:
+    path, make = METHODS[args.method]
+    channels = {t: _channel(t) for t in args.targets}
+    cid = _first_container(channels[args.targets[0]])
+    request = make(cid).SerializeToString()
+    calls = {t: _raw(ch, path) for t, ch in channels.items()}
+    for call in calls.values():
+        for _ in range(min(WARMUP_CALLS, args.calls)):
+            call(request, timeout=30)
+    samples: dict[str, list[float]] = {t: [] for t in args.targets}
+    per_block = max(1, args.calls // args.blocks)
+    for _ in range(args.blocks):
+        for target, call in calls.items():
+            for _ in range(per_block):
+                started = time.perf_counter()
+                call(request, timeout=30)
+                samples[target].append((time.perf_counter() - started) * 1e6)
+    return {"latencies_us": samples}
+
+
+def throughput(args: argparse.Namespace) -> dict[str, Any]:
+    path, make = METHODS[args.method]
+    channel = _channel(args.target)
+    request = make("").SerializeToString()
+    call = _raw(channel, path)
+    counts = [0] * args.threads
+    errors: dict[str, int] = {}
+    deadline = time.perf_counter() + (args.seconds if not args.calls else 24 * 3600)
+    quota = args.calls // args.threads if args.calls else None
+    start = threading.Barrier(args.threads + 1)
+
+    def worker(index: int) -> None:
+        start.wait()
+        while time.perf_counter() < deadline and (quota is None or counts[index] < quota):
+            try:
+                call(request, timeout=30)
+                counts[index] += 1
+            except grpc.RpcError as err:
+                errors[err.code().name] = errors.get(err.code().name, 0) + 1
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(args.threads)]
+    for t in threads:
+        t.start()
+    started = time.perf_counter()
+    start.wait()
+    for t in threads:
+        t.join()
+    return {"calls": sum(counts), "seconds": time.perf_counter() - started, "errors": errors}
+
+
+def create(args: argparse.Namespace) -> dict[str, Any]:
+    """CreateContainer latency per target, in one pod created through ``--pod-via``."""
+    channels = {t: _channel(t) for t in args.targets}
+    config = pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name="bench", uid=f"bench-{time.time_ns()}", namespace="bench"),
+        linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/bench"),
+    )
+    run = _raw(channels[args.pod_via], "/runtime.v1.RuntimeService/RunPodSandbox")
+    pod_id = pb.RunPodSandboxResponse.FromString(
+        run(pb.RunPodSandboxRequest(config=config).SerializeToString(), timeout=30)
+    ).pod_sandbox_id
+    counter = iter(range(10**9))
+
+    def request() -> bytes:
+        message = pb.CreateContainerRequest(
+            pod_sandbox_id=pod_id,
+            config=pb.ContainerConfig(
+                metadata=pb.ContainerMetadata(name=f"c{next(counter)}"),
+                image=pb.ImageSpec(image="docker.io/library/busybox:latest"),
+                envs=[pb.KeyValue(key="A", value="1")],
+                linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(cpu_shares=512)),
+            ),
+            sandbox_config=config,
+        )
+        return bytes(message.SerializeToString())
+
+    calls = {t: _raw(ch, "/runtime.v1.RuntimeService/CreateContainer") for t, ch in channels.items()}
+    for call in calls.values():
+        for _ in range(20):
+            call(request(), timeout=30)
+    samples: dict[str, list[float]] = {t: [] for t in args.targets}
+    per_block = max(1, args.calls // args.blocks)
+    for _ in range(args.blocks):
+        for target, call in calls.items():
+            for _ in range(per_block):
+                body = request()
+                started = time.perf_counter()
+                call(body, timeout=30)
+                samples[target].append((time.perf_counter() - started) * 1e6)
+    return {"latencies_us": samples}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m krproxy.bench.client")
+    sub = parser.add_subparsers(dest="case", required=True)
+    lat = sub.add_parser("latency")
+    lat.add_argument("--targets", type=lambda v: v.split(","), required=True)
+    lat.add_argument("--method", choices=sorted(METHODS), default="Version")
+    lat.add_argument("--calls", type=int, default=2000)
+    lat.add_argument("--blocks", type=int, default=10)
+    thr = sub.add_parser("throughput")
+    thr.add_argument("--target", required=True)
+    thr.add_argument("--method", choices=sorted(METHODS), default="Version")
+    thr.add_argument("--threads", type=int, default=8)
+    thr.add_argument("--seconds", type=float, default=5.0)
+    thr.add_argument(
+        "--calls", type=int, default=0, help="stop after this many calls in all (0: run --seconds)"
+    )
+    cre = sub.add_parser("create")
+    cre.add_argument("--targets", type=lambda v: v.split(","), required=True)
+    cre.add_argument("--pod-via", required=True)
+    cre.add_argument("--calls", type=int, default=300)
+    cre.add_argument("--blocks", type=int, default=10)
+    args = parser.parse_args(argv)
+    result = {"latency": latency, "throughput": throughput, "create": create}[args.case](args)
+    json.dump(result, sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
