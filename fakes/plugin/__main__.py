@@ -1,0 +1,113 @@
+"""``python -m fakes.plugin --socket PATH --hook-dir DIR``: run a fake hook plugin until SIGINT or SIGTERM.
+
+On start it serves the socket, then writes ``DIR/<name>.json`` registering itself; on a signal it
+removes that file, stops serving and exits 0. It echoes every hook request as koordlet does, with
+the changes asked for by the ``--set-*``/``--add-*`` flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from collections.abc import Sequence
+
+import trio
+import trio_asyncio
+
+from fakes.plugin.registration import remove_registration, write_registration
+from fakes.plugin.server import Changes, FakePlugin, Misbehaviour, run_fake_plugin
+from krproxy._grpc import strip_unix_scheme
+from krproxy.hooks.points import HookPoint
+
+LOGGER = logging.getLogger("fakes.plugin")
+
+
+def _hooks(value: str) -> tuple[HookPoint, ...]:
+    hooks = []
+    for name in filter(None, (n.strip() for n in value.split(","))):
+        point = HookPoint.from_name(name)
+        if point is None:
+            known = ",".join(p.value for p in HookPoint)
+            raise argparse.ArgumentTypeError(f"unknown hook {name!r} (known: {known})")
+        hooks.append(point)
+    return tuple(hooks)
+
+
+def _key_value(value: str) -> tuple[str, str]:
+    key, sep, val = value.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, not {value!r}")
+    return key, val
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m fakes.plugin",
+        description="Serve a fake runtime hook plugin on a unix socket and register it in a hook directory.",
+    )
+    parser.add_argument("--socket", required=True, help="unix socket path (a unix:// prefix is accepted)")
+    parser.add_argument("--hook-dir", required=True, help="the proxy's hook directory")
+    parser.add_argument("--name", default="fake-plugin", help="registration file name, without .json")
+    parser.add_argument(
+        "--hooks",
+        type=_hooks,
+        default=tuple(HookPoint),
+        help="comma-separated hook names (default: all seven)",
+    )
+    parser.add_argument("--failure-policy", choices=["Fail", "Ignore"], default="Ignore")
+    parser.add_argument("--set-cpu-quota", type=int, metavar="N", help="container cpu_quota to set")
+    parser.add_argument("--set-memory-limit", type=int, metavar="N", help="container memory limit (bytes)")
+    parser.add_argument("--set-cpuset", metavar="CPUS", help="container cpuset_cpus to set, e.g. 0-1")
+    parser.add_argument(
+        "--add-annotation",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="annotation to add (pod and container hooks); repeatable",
+    )
+    parser.add_argument("--delay", type=float, default=0.0, metavar="S", help="seconds before each answer")
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+async def _serve(args: argparse.Namespace, plugin: FakePlugin) -> None:
+    socket = strip_unix_scheme(args.socket)
+    # Open the signal receiver first: a signal arriving during start-up must not be lost.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+            await nursery.start(run_fake_plugin, socket, plugin)
+            try:
+                path = write_registration(
+                    args.hook_dir, args.name, socket, args.hooks, failure_policy=args.failure_policy
+                )
+                LOGGER.info("event=registered file=%s socket=%s", path, socket)
+                async for signum in signals:
+                    LOGGER.info("event=shutdown signal=%s", signal.Signals(signum).name)
+                    break
+            finally:
+                remove_registration(args.hook_dir, args.name)
+            nursery.cancel_scope.cancel()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse arguments and serve until a signal arrives."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    plugin = FakePlugin(
+        Changes(
+            cpu_quota=args.set_cpu_quota,
+            memory_limit=args.set_memory_limit,
+            cpuset_cpus=args.set_cpuset,
+            annotations=dict(args.add_annotation),
+        )
+    )
+    if args.delay:
+        plugin.misbehave(Misbehaviour(delay=args.delay))
+    trio.run(_serve, args, plugin)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,233 @@
+"""Shared harness of the ``test_hooks_*`` integration tests (this module holds no tests).
+
+A :class:`Node` is what a kubelet sees: the real proxy daemon in front of a fake containerd, hook
+plugins (:class:`fakes.plugin.FakePlugin`) registered in its hook directory, and an independent grpcio
+CRI client (upstream ``cri_api`` stubs) talking to the proxy.
+
+Plugins started before :meth:`Node.start_proxy` are loaded by the proxy's first directory scan (no
+waiting); plugins registered later are waited for (the directory is polled every 0.5 s).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import attrs
+import trio
+from cri_api.v1 import api_pb2
+
+from fakes.containerd import FakeContainerd
+from fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_atomic, write_registration
+from krproxy.daemon import Daemon
+from krproxy.hooks.points import HookPoint
+from krproxy.proto.runtime import v1alpha1 as hookapi
+from tests.integration.support import start_proxy, wait_until
+
+#: Plugin timeout used by default: short, so that timeout tests take little real time.
+PLUGIN_TIMEOUT = "0.3s"
+#: How long a registration change may take to reach the proxy (two polls of the watcher).
+REGISTRATION_LIMIT = 1.5
+
+POD_LABELS = {"io.kubernetes.pod.name": "web", "app": "web"}
+POD_ANNOTATIONS = {"kubernetes.io/config.source": "api"}
+CGROUP_PARENT = "/kubepods/burstable/poduid-web"
+RESOURCES = {
+    "cpu_period": 100_000,
+    "cpu_quota": 200_000,
+    "cpu_shares": 2048,
+    "memory_limit_in_bytes": 1 << 30,
+    "oom_score_adj": 900,
+    "cpuset_cpus": "0-3",
+    "cpuset_mems": "0",
+}
+
+
+def pod_config(
+    name: str = "web", *, labels: Mapping[str, str] | None = None, attempt: int = 1
+) -> api_pb2.PodSandboxConfig:
+    """A kubelet-like PodSandboxConfig with labels, annotations and a cgroup parent."""
+    return api_pb2.PodSandboxConfig(
+        metadata=api_pb2.PodSandboxMetadata(name=name, uid=f"uid-{name}", namespace="prod", attempt=attempt),
+        hostname=name,
+        labels=dict(POD_LABELS if labels is None else labels),
+        annotations=POD_ANNOTATIONS,
+        linux=api_pb2.LinuxPodSandboxConfig(cgroup_parent=CGROUP_PARENT),
+    )
+
+
+def container_config(name: str = "app") -> api_pb2.ContainerConfig:
+    """A kubelet-like ContainerConfig with annotations, envs (one duplicated) and full Linux resources."""
+    return api_pb2.ContainerConfig(
+        metadata=api_pb2.ContainerMetadata(name=name, attempt=2),
+        image=api_pb2.ImageSpec(image="nginx:1.25"),
+        labels={"io.kubernetes.container.name": name},
+        annotations={"io.kubernetes.container.hash": "abc"},
+        envs=[
+            api_pb2.KeyValue(key="PATH", value="/bin"),
+            api_pb2.KeyValue(key="MODE", value="a"),
+            api_pb2.KeyValue(key="MODE", value="b"),
+        ],
+        linux=api_pb2.LinuxContainerConfig(resources=api_pb2.LinuxContainerResources(**RESOURCES)),
+    )
+
+
+def hook_resources(**overrides: Any) -> hookapi.LinuxContainerResources:
+    """The hook-protocol form of :data:`RESOURCES`, with *overrides*."""
+    return hookapi.LinuxContainerResources(**{**RESOURCES, **overrides})
+
+
+@attrs.define
+class Node:
+    """The proxy, a fake containerd, fake plugins and a grpcio client, all in one test's nursery."""
+
+    nursery: trio.Nursery
+    sockdir: str
+    fake: FakeContainerd
+    runtime_socket: str
+    client_factory: Any
+    daemon: Daemon | None = None
+    proxy_name: str = "proxy.sock"
+    _client: Any = None
+
+    @property
+    def hook_dir(self) -> str:
+        return os.path.join(self.sockdir, "hooks")
+
+    @property
+    def proxy_socket(self) -> str:
+        return os.path.join(self.sockdir, self.proxy_name)
+
+    @property
+    def proxy(self) -> Daemon:
+        assert self.daemon is not None, "start_proxy() first"
+        return self.daemon
+
+    # -- plugins --------------------------------------------------------------------------------
+
+    def plugin_socket(self, name: str) -> str:
+        return os.path.join(self.sockdir, f"{name}.sock")
+
+    async def add_plugin(
+        self,
+        name: str,
+        plugin: FakePlugin | None = None,
+        hooks: Iterable[HookPoint | str] = ALL_HOOKS,
+        *,
+        failure_policy: str = "Ignore",
+        call_timeout: str | float | None = PLUGIN_TIMEOUT,
+        order: int | None = None,
+        serve: bool = True,
+    ) -> FakePlugin:
+        """Serve *plugin* on ``<sockdir>/<name>.sock`` (unless not *serve*) and register it as ``<name>.json``."""
+        plugin = FakePlugin() if plugin is None else plugin
+        if serve:
+            await self.nursery.start(run_fake_plugin, self.plugin_socket(name), plugin)
+        write_registration(
+            self.hook_dir,
+            name,
+            self.plugin_socket(name),
+            hooks,
+            failure_policy=failure_policy,
+            timeout=call_timeout,
+            order=order,
+        )
+        if self.daemon is not None:
+            await self.wait_registered(f"{name}.json")
+        return plugin
+
+    def write_file(self, file: str, content: bytes | dict[str, Any]) -> None:
+        """Write any content as ``hook_dir/<file>``, atomically."""
+        os.makedirs(self.hook_dir, exist_ok=True)
+        data = content if isinstance(content, bytes) else json.dumps(content).encode()
+        write_atomic(os.path.join(self.hook_dir, file), data)
+
+    def registered(self) -> list[str]:
+        """The registration files the proxy currently uses, in call order."""
+        return [p.file for p in self.proxy.hooks.dispatcher.registry.ordered()]
+
+    async def wait_registered(self, file: str, present: bool = True) -> None:
+        await wait_until(lambda: (file in self.registered()) == present, REGISTRATION_LIMIT)
+
+    # -- proxy ----------------------------------------------------------------------------------
+
+    async def start_proxy(
+        self, *, wait_recovered: bool = True, socket_name: str = "proxy.sock", **config: Any
+    ) -> Daemon:
+        """Start the proxy on ``<sockdir>/<socket_name>`` in front of the fake containerd, and wait until
+        its store is recovered."""
+        config.setdefault("runtime_endpoint", self.runtime_socket)
+        self.proxy_name = socket_name
+        self._client = None
+        config["listen"] = self.proxy_socket
+        self.daemon = await start_proxy(self.nursery, self.sockdir, **config)
+        if wait_recovered:
+            await wait_until(lambda: self.proxy.hooks.recovered, 2.0)
+        return self.daemon
+
+    async def stop_proxy(self) -> None:
+        """Shut the proxy down gracefully (as SIGTERM does) and wait until its socket is gone."""
+        self.proxy.request_shutdown()
+        await wait_until(lambda: not os.path.exists(self.proxy_socket), 2.0)
+        self.daemon = None
+
+    # -- CRI calls through the proxy (grpcio) ---------------------------------------------------
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            self._client = self.client_factory(self.proxy_socket)
+        return self._client
+
+    async def call(self, method: str, request: Any) -> Any:
+        return await self.client.call(getattr(self.client.runtime, method), request)
+
+    async def run_pod(self, config: api_pb2.PodSandboxConfig | None = None) -> str:
+        request = api_pb2.RunPodSandboxRequest(config=config or pod_config(), runtime_handler="runc")
+        return str((await self.call("RunPodSandbox", request)).pod_sandbox_id)
+
+    def create_request(
+        self, pod_id: str, config: api_pb2.ContainerConfig | None = None
+    ) -> api_pb2.CreateContainerRequest:
+        return api_pb2.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=config or container_config(), sandbox_config=pod_config()
+        )
+
+    async def create_container(self, pod_id: str, config: api_pb2.ContainerConfig | None = None) -> str:
+        reply = await self.call("CreateContainer", self.create_request(pod_id, config))
+        return str(reply.container_id)
+
+    async def start(self, container_id: str) -> None:
+        await self.call("StartContainer", api_pb2.StartContainerRequest(container_id=container_id))
+
+    async def stop(self, container_id: str) -> None:
+        await self.call("StopContainer", api_pb2.StopContainerRequest(container_id=container_id, timeout=0))
+
+    async def stop_pod(self, pod_id: str) -> None:
+        await self.call("StopPodSandbox", api_pb2.StopPodSandboxRequest(pod_sandbox_id=pod_id))
+
+    async def update(self, container_id: str, **resources: Any) -> None:
+        request = api_pb2.UpdateContainerResourcesRequest(
+            container_id=container_id, linux=api_pb2.LinuxContainerResources(**resources)
+        )
+        await self.call("UpdateContainerResources", request)
+
+    async def pod_with_container(self) -> tuple[str, str]:
+        """Run the default pod and create (not start) its default container; return both ids."""
+        pod_id = await self.run_pod()
+        return pod_id, await self.create_container(pod_id)
+
+    # -- what the fake containerd received ------------------------------------------------------
+
+    def received(self, method: str) -> list[Any]:
+        """The requests of *method* the fake containerd got, decoded with the upstream (grpcio) types."""
+        message_type = getattr(api_pb2, f"{method}Request")
+        return [message_type.FromString(r.raw) for r in self.fake.requests(method)]
+
+
+async def make_node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any) -> Node:
+    """The fixture body of ``node`` in each ``test_hooks_*`` module (proxy not started yet)."""
+    fake, path = fake_containerd
+    return Node(nursery, sockdir, fake, path, cri_client)

@@ -1,0 +1,247 @@
+"""Failing plugins: error status, timeout, unreachable, crash, garbage answers — under Fail and Ignore.
+
+Fail on a pre hook rejects the CRI call with UNKNOWN naming plugin, hook and cause, and nothing is
+forwarded; Ignore forwards the request as if that plugin were not there; post hooks never fail a call.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from typing import Any
+
+import grpc
+import grpclib.client
+import pytest
+import trio
+import trio_asyncio
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour
+from krproxy.hooks.points import HookPoint
+from krproxy.proto.runtime import v1 as cri
+from tests.integration.hooks_support import Node, make_node
+
+pytestmark = pytest.mark.usefixtures("aio_loop")
+
+CREATE = HookPoint.PRE_CREATE_CONTAINER
+POST_HOOKS = [HookPoint.POST_START_CONTAINER, HookPoint.POST_STOP_CONTAINER, HookPoint.POST_STOP_POD_SANDBOX]
+
+#: The cause of a timeout: the proxy's own deadline fired, or the plugin's grpclib server enforced the
+#: deadline the proxy sent it (grpc-timeout) first and answered DEADLINE_EXCEEDED.
+TIMEOUT_CAUSES = ("no answer within 0.3s", "DEADLINE_EXCEEDED")
+#: How to make the plugin fail, and the starts of the cause the proxy may report.
+TROUBLES: dict[str, tuple[Misbehaviour | None, tuple[str, ...]]] = {
+    "error": (Misbehaviour(status=Status.INTERNAL, message="boom"), ("INTERNAL: boom",)),
+    "timeout": (Misbehaviour(hang=True), TIMEOUT_CAUSES),
+    "crash": (Misbehaviour(drop=True), ("StreamTerminatedError: Connection lost",)),
+    "garbage": (Misbehaviour(garbage=GARBAGE), ("EOFError",)),
+    "unreachable": (None, ("unreachable at ",)),
+}
+
+
+@pytest.fixture
+async def node(
+    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
+) -> Node:
+    return await make_node(nursery, sockdir, fake_containerd, cri_client)
+
+
+async def failing_plugin(node: Node, trouble: str, policy: str, name: str = "bad") -> FakePlugin:
+    """A plugin on PreCreateContainer that would raise cpu_quota, but fails as *trouble* says."""
+    plugin = FakePlugin(Changes(cpu_quota=1))
+    misbehaviour, _ = TROUBLES[trouble]
+    if misbehaviour is not None:
+        plugin.misbehave(misbehaviour)
+    await node.add_plugin(name, plugin, [CREATE], failure_policy=policy, serve=misbehaviour is not None)
+    return plugin
+
+
+async def rejection(node: Node, method: str, request: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        await node.call(method, request)
+    return info.value
+
+
+@pytest.mark.parametrize("trouble", list(TROUBLES))
+class TestPreHookFailure:
+    async def test_fail_rejects_and_forwards_nothing(self, node: Node, trouble: str) -> None:
+        """Fail: UNKNOWN "hook server err: hook server bad failed PreCreateContainer: <cause>", and the
+        runtime never sees the CreateContainer."""
+        await failing_plugin(node, trouble, "Fail")
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+
+        error = await rejection(node, "CreateContainer", node.create_request(pod_id))
+
+        assert grpc.StatusCode.UNKNOWN == error.code()
+        prefix = "hook server err: hook server bad failed PreCreateContainer: "
+        assert error.details().startswith(tuple(prefix + c for c in TROUBLES[trouble][1])), error.details()
+        assert [] == node.fake.requests("CreateContainer")
+        assert {} == node.proxy.hooks.store.containers()
+        metrics = node.proxy.metrics.registry
+        labels = {"plugin": "bad", "hook": "PreCreateContainer", "result": "rejected"}
+        assert 1.0 == metrics.get_sample_value("krproxy_hook_calls_total", labels)
+
+    async def test_ignore_forwards_unmodified(self, node: Node, trouble: str) -> None:
+        """Ignore: the call goes on, and the runtime gets kubelet's request without that plugin's change."""
+        await failing_plugin(node, trouble, "Ignore")
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+
+        container_id = await node.create_container(pod_id)
+
+        assert [node.create_request(pod_id)] == node.received("CreateContainer")
+        assert container_id in node.proxy.hooks.store.containers()
+        metrics = node.proxy.metrics.registry
+        labels = {"plugin": "bad", "hook": "PreCreateContainer", "result": "failed"}
+        assert 1.0 == metrics.get_sample_value("krproxy_hook_calls_total", labels)
+
+
+class TestPreHookFailureDetails:
+    async def test_stale_socket_file_is_unreachable(self, node: Node) -> None:
+        """A socket file nobody listens on (a crashed plugin's) is reported as unreachable."""
+        path = node.plugin_socket("stale")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.bind(path)
+        await node.add_plugin("stale", hooks=[CREATE], failure_policy="Fail", serve=False)
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+
+        error = await rejection(node, "CreateContainer", node.create_request(pod_id))
+
+        assert f"hook server stale failed PreCreateContainer: unreachable at {path}" in error.details()
+        assert await trio.Path(path).exists()
+
+    async def test_fail_on_pre_start_rejects_start(self, node: Node) -> None:
+        """A Fail plugin failing PreStartContainer rejects StartContainer; the runtime never sees it."""
+        plugin = FakePlugin()
+        plugin.misbehave(
+            Misbehaviour(status=Status.UNAVAILABLE, message="busy"), HookPoint.PRE_START_CONTAINER
+        )
+        await node.add_plugin("p", plugin, failure_policy="Fail")
+        await node.start_proxy()
+        _, container_id = await node.pod_with_container()
+
+        error = await rejection(node, "StartContainer", cri_start(container_id))
+
+        assert "hook server p failed PreStartContainer: UNAVAILABLE: busy" in error.details()
+        assert [] == node.fake.requests("StartContainer")
+        assert HookPoint.POST_START_CONTAINER not in plugin.hooks_called()
+
+    async def test_fail_stops_the_chain(self, node: Node) -> None:
+        """After a Fail plugin failed, later plugins are not called."""
+        await failing_plugin(node, "error", "Fail", name="a")
+        later = await node.add_plugin("b", hooks=[CREATE])
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+
+        await rejection(node, "CreateContainer", node.create_request(pod_id))
+
+        assert [] == later.calls
+
+    async def test_ignored_failure_leaves_the_chain_going(self, node: Node) -> None:
+        """After an Ignore plugin failed, the next plugin gets the request as it was before it."""
+        await failing_plugin(node, "error", "Ignore", name="a")
+        later = await node.add_plugin("b", FakePlugin(Changes(cpu_shares=3)), [CREATE])
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+
+        await node.create_container(pod_id)
+
+        [seen] = later.requests(CREATE)
+        assert 2048 == seen.container_resources.cpu_shares
+        assert 0 < seen.container_resources.cpu_quota != 1
+        [received] = node.received("CreateContainer")
+        assert 3 == received.config.linux.resources.cpu_shares
+
+    async def test_plugin_recovers_after_a_failure(self, node: Node) -> None:
+        """A failure affects one call only: the plugin's next answer is used again."""
+        plugin = FakePlugin(Changes(cpu_quota=1))
+        plugin.misbehave(Misbehaviour(drop=True, times=1), CREATE)
+        await node.add_plugin("p", plugin, [CREATE], failure_policy="Fail")
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+        await rejection(node, "CreateContainer", node.create_request(pod_id))
+
+        await node.create_container(pod_id)
+
+        [received] = node.received("CreateContainer")
+        assert 1 == received.config.linux.resources.cpu_quota
+
+
+class TestPostHookFailure:
+    @pytest.mark.parametrize("trouble", ["error", "timeout", "garbage", "crash"])
+    async def test_post_hook_failures_never_fail_the_call(self, node: Node, trouble: str) -> None:
+        """Post hooks of a Fail plugin may fail in any way: Start/Stop/StopPodSandbox still succeed."""
+        plugin = FakePlugin()
+        misbehaviour, _ = TROUBLES[trouble]
+        assert misbehaviour is not None
+        for point in POST_HOOKS:
+            plugin.misbehave(misbehaviour, point)
+        await node.add_plugin("p", plugin, failure_policy="Fail")
+        await node.start_proxy()
+        pod_id, container_id = await node.pod_with_container()
+
+        await node.start(container_id)
+        await node.stop(container_id)
+        await node.stop_pod(pod_id)
+
+        assert POST_HOOKS == [h for h in plugin.hooks_called() if h in POST_HOOKS]
+        assert 1 == len(node.fake.requests("StopPodSandbox"))
+
+    async def test_unreachable_post_hook_plugin(self, node: Node) -> None:
+        """A Fail plugin that is not running at all does not fail post-hook calls."""
+        await node.add_plugin("gone", hooks=POST_HOOKS, failure_policy="Fail", serve=False)
+        await node.start_proxy()
+        pod_id, container_id = await node.pod_with_container()
+
+        await node.start(container_id)
+        await node.stop(container_id)
+        await node.stop_pod(pod_id)
+
+
+def cri_start(container_id: str) -> Any:
+    from cri_api.v1 import api_pb2
+
+    return api_pb2.StartContainerRequest(container_id=container_id)
+
+
+class TestTimeoutInVirtualTime:
+    async def test_hung_plugin_times_out_on_its_own_deadline(self, node: Node, autojump_clock: Any) -> None:
+        """With trio's autojump clock a plugin's 5 s timeout passes in no real time: the Fail plugin's
+        hang rejects the call after exactly its timeout (virtual), with a grpclib client so no real thread
+        waits."""
+        plugin = FakePlugin()
+        plugin.misbehave(Misbehaviour(hang=True), CREATE)
+        await node.add_plugin("slow", plugin, [CREATE], failure_policy="Fail", call_timeout="5s")
+        await node.start_proxy()
+        channel = grpclib.client.Channel(path=node.proxy_socket)
+        stub = cri.RuntimeServiceStub(channel)
+        try:
+            pod = await trio_asyncio.aio_as_trio(stub.run_pod_sandbox)(
+                cri.RunPodSandboxRequest(
+                    config=cri.PodSandboxConfig(metadata=cri.PodSandboxMetadata(name="web", uid="u"))
+                )
+            )
+            request = cri.CreateContainerRequest(
+                pod_sandbox_id=pod.pod_sandbox_id,
+                config=cri.ContainerConfig(metadata=cri.ContainerMetadata(name="app")),
+            )
+            started, real_started = trio.current_time(), time.monotonic()
+            with pytest.raises(GRPCError) as info:
+                await trio_asyncio.aio_as_trio(stub.create_container)(request)
+            elapsed = trio.current_time() - started
+        finally:
+            channel.close()
+
+        assert Status.UNKNOWN == info.value.status
+        # Under the autojump clock the plugin's server-side deadline always fires first: it is the
+        # grpc-timeout header the proxy sent, i.e. the remaining time rounded down (to 4999m here).
+        message = info.value.message or ""
+        assert message.startswith("hook server err: hook server slow failed PreCreateContainer: ")
+        assert message.endswith(("no answer within 5s", "DEADLINE_EXCEEDED")), message
+        assert 4.99 <= elapsed <= 5.0
+        assert time.monotonic() - real_started < 5.0
+        assert [] == node.fake.requests("CreateContainer")

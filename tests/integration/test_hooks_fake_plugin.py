@@ -1,0 +1,189 @@
+"""The fake hook plugin itself: its answers and misbehaviours seen by a plain grpclib client, and its
+command line, registering with a running proxy and changing a container end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import grpclib.client
+import pytest
+import trio
+import trio_asyncio
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour, run_fake_plugin
+from krproxy.hooks.points import HookPoint
+from krproxy.proto.runtime import v1alpha1 as hookapi
+from tests.integration.hooks_support import Node, make_node
+
+pytestmark = pytest.mark.usefixtures("aio_loop")
+
+CREATE = HookPoint.PRE_CREATE_CONTAINER
+REQUEST = hookapi.ContainerResourceHookRequest(
+    container_meta=hookapi.ContainerMetadata(name="app"),
+    container_annotations={"a": "1"},
+    container_resources=hookapi.LinuxContainerResources(cpu_shares=2, cpuset_cpus="0"),
+    pod_cgroup_parent="/kubepods",
+    container_envs={"E": "1"},
+    pod_labels={"l": "1"},
+)
+
+
+@pytest.fixture
+async def node(
+    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
+) -> Node:
+    return await make_node(nursery, sockdir, fake_containerd, cri_client)
+
+
+async def call_create(path: str, request: hookapi.ContainerResourceHookRequest = REQUEST) -> Any:
+    channel = grpclib.client.Channel(path=path)
+    try:
+        stub = hookapi.RuntimeHookServiceStub(channel)
+        return await trio_asyncio.aio_as_trio(stub.pre_create_container_hook)(request, timeout=2)
+    finally:
+        channel.close()
+
+
+class TestFakePlugin:
+    async def test_default_echoes_like_koordlet(
+        self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path
+    ) -> None:
+        """Without changes the answer echoes annotations, resources, pod cgroup parent and envs; the call
+        is logged with its request."""
+        path = str(short_tmp / "p.sock")
+        plugin = await nursery.start(run_fake_plugin, path, FakePlugin())
+
+        answer = await call_create(path)
+
+        assert (
+            hookapi.ContainerResourceHookResponse(
+                container_annotations={"a": "1"},
+                container_resources=hookapi.LinuxContainerResources(cpu_shares=2, cpuset_cpus="0"),
+                pod_cgroup_parent="/kubepods",
+                container_envs={"E": "1"},
+            )
+            == answer
+        )
+        assert [REQUEST] == plugin.requests(CREATE)
+
+    async def test_changes_do_not_touch_the_logged_request(
+        self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path
+    ) -> None:
+        """Changes apply to the answer only; the call log keeps the request as received."""
+        path = str(short_tmp / "p.sock")
+        plugin = await nursery.start(
+            run_fake_plugin, path, FakePlugin(Changes(cpu_quota=-1, envs={"X": "y"}))
+        )
+
+        answer = await call_create(path)
+
+        assert -1 == answer.container_resources.cpu_quota
+        assert {"E": "1", "X": "y"} == answer.container_envs
+        assert [REQUEST] == plugin.requests(CREATE)
+
+    async def test_canned_answer_and_misbehaviour_count(
+        self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path
+    ) -> None:
+        """A canned answer is sent as is; a misbehaviour with ``times`` affects that many calls only."""
+        path = str(short_tmp / "p.sock")
+        plugin = FakePlugin()
+        plugin.answer(CREATE, hookapi.ContainerResourceHookResponse(pod_cgroup_parent="/x"))
+        plugin.misbehave(Misbehaviour(status=Status.PERMISSION_DENIED, message="no", times=1), CREATE)
+        await nursery.start(run_fake_plugin, path, plugin)
+
+        with pytest.raises(GRPCError) as info:
+            await call_create(path)
+        answer = await call_create(path)
+
+        assert (Status.PERMISSION_DENIED, "no") == (info.value.status, info.value.message)
+        assert hookapi.ContainerResourceHookResponse(pod_cgroup_parent="/x") == answer
+        assert [CREATE, CREATE] == plugin.hooks_called()
+
+    async def test_garbage_does_not_decode(
+        self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path
+    ) -> None:
+        """The garbage answer really fails to decode as the response type."""
+        path = str(short_tmp / "p.sock")
+        plugin = FakePlugin()
+        plugin.misbehave(Misbehaviour(garbage=GARBAGE))
+        await nursery.start(run_fake_plugin, path, plugin)
+
+        with pytest.raises(EOFError):
+            await call_create(path)
+
+
+class TestCommandLine:
+    async def test_registers_changes_and_unregisters(self, node: Node, sockdir: str) -> None:
+        """``python -m fakes.plugin`` writes its registration file, changes containers through a running
+        proxy as its flags say, and on SIGTERM removes the file and exits 0."""
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+        socket_path = os.path.join(sockdir, "cli.sock")
+        registration = os.path.join(node.hook_dir, "cli.json")
+        command = [
+            sys.executable,
+            "-m",
+            "fakes.plugin",
+            f"--socket=unix://{socket_path}",
+            f"--hook-dir={node.hook_dir}",
+            "--name=cli",
+            "--hooks=PreCreateContainer,PreRunPodSandbox",
+            "--failure-policy=Fail",
+            "--set-cpu-quota=-1",
+            "--set-memory-limit=536870912",
+            "--set-cpuset=1-2",
+            "--add-annotation=demo=yes",
+            "--delay=0.01",
+        ]
+        process = await trio.lowlevel.open_process(command)
+        try:
+            await node.wait_registered("cli.json")
+            assert {
+                "remote-endpoint": socket_path,
+                "failure-policy": "Fail",
+                "runtime-hooks": ["PreCreateContainer", "PreRunPodSandbox"],
+            } == json.loads(await trio.Path(registration).read_text())
+
+            await node.create_container(pod_id)
+
+            [received] = node.received("CreateContainer")
+            resources = received.config.linux.resources
+            assert (-1, 536870912, "1-2") == (
+                resources.cpu_quota,
+                resources.memory_limit_in_bytes,
+                resources.cpuset_cpus,
+            )
+            assert "yes" == received.config.annotations["demo"]
+        finally:
+            process.send_signal(signal.SIGTERM)
+            with trio.fail_after(5):
+                code = await process.wait()
+        assert 0 == code
+        assert not await trio.Path(registration).exists()
+        assert not await trio.Path(socket_path).exists()
+        await node.wait_registered("cli.json", present=False)
+
+    async def test_rejects_unknown_hook(self) -> None:
+        """An unknown hook name is a usage error (exit 2), naming the hook."""
+        result = await trio.run_process(
+            [
+                sys.executable,
+                "-m",
+                "fakes.plugin",
+                "--socket=/tmp/x.sock",
+                "--hook-dir=/tmp",
+                "--hooks=PreFoo",
+            ],
+            capture_stderr=True,
+            check=False,
+        )
+
+        assert 2 == result.returncode
+        assert b"unknown hook 'PreFoo'" in result.stderr

@@ -1,0 +1,233 @@
+"""The seven hook points through the real proxy: what each plugin call carries, and what reaches the runtime.
+
+A kubelet-like grpcio client drives the proxy in front of a fake containerd; a fake plugin registered
+for every hook echoes (or changes) what it is sent and logs every call.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+from cri_api.v1 import api_pb2
+
+from fakes.plugin import Changes, FakePlugin
+from krproxy.hooks.points import HookPoint
+from krproxy.proto.runtime import v1alpha1 as hookapi
+from tests.integration.hooks_support import (
+    CGROUP_PARENT,
+    POD_ANNOTATIONS,
+    POD_LABELS,
+    Node,
+    hook_resources,
+    make_node,
+    pod_config,
+)
+
+pytestmark = pytest.mark.usefixtures("aio_loop")
+
+SKIP_LABEL = {"runtimeproxy.koordinator.sh/skip-hookserver": "true"}
+POD_META = hookapi.PodSandboxMetadata(name="web", uid="uid-web", namespace="prod", attempt=1)
+#: The envs of container_config() as a map: the later MODE wins.
+ENVS = {"PATH": "/bin", "MODE": "b"}
+
+
+@pytest.fixture
+async def node(
+    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
+) -> Node:
+    return await make_node(nursery, sockdir, fake_containerd, cri_client)
+
+
+def container_request(container_id: str = "", **changes: Any) -> hookapi.ContainerResourceHookRequest:
+    """What container hooks get for container_config() in pod_config(), before any plugin change."""
+    fields: dict[str, Any] = {
+        "pod_meta": POD_META,
+        "container_meta": hookapi.ContainerMetadata(name="app", attempt=2, id=container_id),
+        "container_annotations": {"io.kubernetes.container.hash": "abc"},
+        "container_resources": hook_resources(),
+        "pod_annotations": POD_ANNOTATIONS,
+        "pod_labels": POD_LABELS,
+        "pod_cgroup_parent": CGROUP_PARENT,
+        "container_envs": ENVS,
+    }
+    return hookapi.ContainerResourceHookRequest(**{**fields, **changes})
+
+
+class TestPodHooks:
+    async def test_pre_run_pod_sandbox(self, node: Node) -> None:
+        """PreRunPodSandbox gets the pod's meta, handler, labels, annotations and cgroup parent; its answer
+        is merged into the RunPodSandbox request the runtime receives."""
+        plugin = await node.add_plugin(
+            "p",
+            FakePlugin(Changes(labels={"added": "l"}, annotations={"added": "a"}, cgroup_parent="/moved")),
+            [HookPoint.PRE_RUN_POD_SANDBOX],
+        )
+        await node.start_proxy()
+
+        await node.run_pod()
+
+        assert [
+            hookapi.PodSandboxHookRequest(
+                pod_meta=POD_META,
+                runtime_handler="runc",
+                labels=POD_LABELS,
+                annotations=POD_ANNOTATIONS,
+                cgroup_parent=CGROUP_PARENT,
+            )
+        ] == plugin.requests(HookPoint.PRE_RUN_POD_SANDBOX)
+        expected = api_pb2.RunPodSandboxRequest(config=pod_config(), runtime_handler="runc")
+        expected.config.labels["added"] = "l"
+        expected.config.annotations["added"] = "a"
+        expected.config.linux.cgroup_parent = "/moved"
+        assert [expected] == node.received("RunPodSandbox")
+
+    async def test_post_stop_pod_sandbox(self, node: Node) -> None:
+        """PostStopPodSandbox gets the stored pod as the pre hook left it; the pod is then dropped."""
+        plugin = await node.add_plugin("p", FakePlugin(Changes(labels={"added": "l"})))
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+
+        await node.stop_pod(pod_id)
+
+        assert [
+            hookapi.PodSandboxHookRequest(
+                pod_meta=POD_META,
+                runtime_handler="runc",
+                labels={**POD_LABELS, "added": "l"},
+                annotations=POD_ANNOTATIONS,
+                cgroup_parent=CGROUP_PARENT,
+            )
+        ] == plugin.requests(HookPoint.POST_STOP_POD_SANDBOX)
+        assert [HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.POST_STOP_POD_SANDBOX] == plugin.hooks_called()
+        assert None is node.proxy.hooks.store.get_pod(pod_id)
+        assert [pod_id] == [r.pod_sandbox_id for r in node.received("StopPodSandbox")]
+
+
+class TestContainerHooks:
+    async def test_pre_create_container(self, node: Node) -> None:
+        """PreCreateContainer gets the container (no id yet), its resources, envs as a map, the sandbox's
+        cgroup parent and the stored pod's labels (as PreRunPodSandbox changed them)."""
+        plugin = await node.add_plugin("p", FakePlugin(Changes(labels={"added": "l"})))
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+
+        await node.create_container(pod_id)
+
+        assert [container_request(pod_labels={**POD_LABELS, "added": "l"})] == plugin.requests(
+            HookPoint.PRE_CREATE_CONTAINER
+        )
+        # An echo changes nothing: the runtime gets kubelet's request as sent (duplicate env included).
+        assert [node.create_request(pod_id)] == node.received("CreateContainer")
+
+    async def test_start_container(self, node: Node) -> None:
+        """PreStartContainer then PostStartContainer get the stored container, now with its id and the
+        PreCreateContainer changes; the runtime gets the StartContainer request unchanged."""
+        plugin = await node.add_plugin("p", FakePlugin(Changes(envs={"ADDED": "1"}, cpu_quota=50_000)))
+        await node.start_proxy()
+        _, container_id = await node.pod_with_container()
+
+        await node.start(container_id)
+
+        expected = container_request(
+            container_id,
+            container_resources=hook_resources(cpu_quota=50_000),
+            container_envs={**ENVS, "ADDED": "1"},
+        )
+        assert [expected] == plugin.requests(HookPoint.PRE_START_CONTAINER)
+        assert [expected] == plugin.requests(HookPoint.POST_START_CONTAINER)
+        assert [
+            HookPoint.PRE_RUN_POD_SANDBOX,
+            HookPoint.PRE_CREATE_CONTAINER,
+            HookPoint.PRE_START_CONTAINER,
+            HookPoint.POST_START_CONTAINER,
+        ] == plugin.hooks_called()
+        assert [api_pb2.StartContainerRequest(container_id=container_id)] == node.received("StartContainer")
+
+    async def test_pre_start_answer_updates_the_store(self, node: Node) -> None:
+        """What PreStartContainer answers is what later hooks of the container see."""
+        plugin = FakePlugin()
+        plugin.answer(HookPoint.PRE_START_CONTAINER, Changes(annotations={"started": "yes"}).answer)
+        await node.add_plugin("p", plugin)
+        await node.start_proxy()
+        _, container_id = await node.pod_with_container()
+        await node.start(container_id)
+
+        await node.stop(container_id)
+
+        [request] = plugin.requests(HookPoint.POST_STOP_CONTAINER)
+        assert {"io.kubernetes.container.hash": "abc", "started": "yes"} == request.container_annotations
+
+    async def test_post_stop_container(self, node: Node) -> None:
+        """PostStopContainer gets the stored container; then it is dropped from the store."""
+        plugin = await node.add_plugin("p", hooks=[HookPoint.POST_STOP_CONTAINER])
+        await node.start_proxy()
+        _, container_id = await node.pod_with_container()
+        await node.start(container_id)
+
+        await node.stop(container_id)
+
+        assert [container_request(container_id)] == plugin.requests(HookPoint.POST_STOP_CONTAINER)
+        assert None is node.proxy.hooks.store.get_container(container_id)
+        assert [container_id] == [r.container_id for r in node.received("StopContainer")]
+
+    async def test_pre_update_container_resources(self, node: Node) -> None:
+        """PreUpdateContainerResources gets the stored resources with the request's merged in (positive
+        values and non-empty cpusets win; oom_score_adj is not taken from the request)."""
+        plugin = await node.add_plugin("p", hooks=[HookPoint.PRE_UPDATE_CONTAINER_RESOURCES])
+        await node.start_proxy()
+        _, container_id = await node.pod_with_container()
+
+        await node.update(container_id, cpu_quota=300_000, cpu_shares=0, oom_score_adj=-5, cpuset_mems="")
+
+        assert [container_request(container_id, container_resources=hook_resources(cpu_quota=300_000))] == (
+            plugin.requests(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
+        )
+        # The echo changed nothing: the request goes to the runtime as kubelet sent it.
+        [received] = node.received("UpdateContainerResources")
+        assert api_pb2.LinuxContainerResources(cpu_quota=300_000, oom_score_adj=-5) == received.linux
+
+
+class TestSkipLabel:
+    async def test_skip_label_bypasses_every_hook(self, node: Node) -> None:
+        """A pod labelled skip-hookserver=true gets no hook at all, its requests reach the runtime
+        unchanged, and the store still tracks the pod and its container."""
+        plugin = await node.add_plugin("p", FakePlugin(Changes(labels={"x": "y"}, cpu_quota=1)))
+        await node.start_proxy()
+        config = pod_config(labels={**POD_LABELS, **SKIP_LABEL})
+        pod_id = await node.run_pod(config)
+        container_id = await node.create_container(pod_id)
+
+        assert None is not node.proxy.hooks.store.get_pod(pod_id)
+        assert container_id == node.proxy.hooks.store.containers()[container_id].id
+        await node.start(container_id)
+        await node.update(container_id, cpu_quota=5)
+        await node.stop(container_id)
+        await node.stop_pod(pod_id)
+
+        assert [] == plugin.calls
+        assert [api_pb2.RunPodSandboxRequest(config=config, runtime_handler="runc")] == node.received(
+            "RunPodSandbox"
+        )
+        assert [node.create_request(pod_id)] == node.received("CreateContainer")
+        assert None is node.proxy.hooks.store.get_pod(pod_id)
+
+    async def test_skip_label_needs_the_exact_value(self, node: Node) -> None:
+        """skip-hookserver=false does not opt out."""
+        plugin = await node.add_plugin("p", hooks=[HookPoint.PRE_RUN_POD_SANDBOX])
+        await node.start_proxy()
+
+        await node.run_pod(pod_config(labels={"runtimeproxy.koordinator.sh/skip-hookserver": "false"}))
+
+        assert [HookPoint.PRE_RUN_POD_SANDBOX] == plugin.hooks_called()
+
+    async def test_configured_skip_label(self, node: Node) -> None:
+        """The skip label's key and value come from the proxy's configuration."""
+        plugin = await node.add_plugin("p")
+        await node.start_proxy(skip_label=("example.com/no-hooks", "yes"))
+
+        pod_id = await node.run_pod(pod_config(labels={"example.com/no-hooks": "yes"}))
+        await node.create_container(pod_id)
+
+        assert [] == plugin.calls
