@@ -17,6 +17,7 @@ both capture the running asyncio loop when constructed.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import functools
@@ -154,6 +155,37 @@ def bind_unix_socket(path: str, *, mode: int = 0o660, gid: int | None = None) ->
     return sock
 
 
+def _track_connections(server: grpclib.server.Server) -> set[asyncio.BaseTransport]:
+    """The transports of the connections ``server`` accepts, kept current as they come and go.
+
+    grpclib's ``Server.close()`` stops the listener and cancels running calls but leaves
+    accepted connections open, so clients would keep talking to a stopped server (grpcio even
+    shares one connection between channels). Wrapping the protocol factory, before
+    ``start()``, is the only place to see every connection.
+    """
+    transports: set[asyncio.BaseTransport] = set()
+    make_protocol = server._protocol_factory
+
+    def factory() -> Any:
+        protocol = make_protocol()
+        made, lost = protocol.connection_made, protocol.connection_lost
+
+        def connection_made(transport: asyncio.BaseTransport) -> None:
+            transports.add(transport)
+            made(transport)
+
+        def connection_lost(exc: BaseException | None) -> None:
+            transports.discard(protocol.connection._transport)
+            lost(exc)
+
+        protocol.connection_made = connection_made  # type: ignore[method-assign]
+        protocol.connection_lost = connection_lost  # type: ignore[method-assign]
+        return protocol
+
+    server._protocol_factory = factory  # type: ignore[method-assign]
+    return transports
+
+
 def stop_listening(server: grpclib.server.Server) -> None:
     """Stop accepting connections but leave running calls alone (grpclib's ``close`` cancels them)."""
     if server._server is not None:
@@ -180,13 +212,15 @@ async def serve(
     ``task_status`` only once the socket accepts connections.
 
     Resource handling: on cancellation the server stops listening, in-flight handlers are
-    cancelled, and the socket file is removed (it is ours: we bound it).
+    cancelled, open client connections are closed, and the socket file is removed (it is
+    ours: we bound it).
     """
     if sock is None:
         sock = bind_unix_socket(path, mode=mode, gid=gid)
     server = grpclib.server.Server(list(handlers), codec=codec, status_details_codec=status_details_codec)
     if fallback is not None:
         install_fallback(server, fallback)
+    connections = _track_connections(server)
     if configure is not None:
         configure(server)
     try:
@@ -197,6 +231,8 @@ async def serve(
         with trio.CancelScope(shield=True):
             server.close()
             await trio_asyncio.aio_as_trio(server.wait_closed)()
+            for transport in list(connections):
+                transport.close()
             sock.close()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)

@@ -141,12 +141,6 @@ class TestRestart:
 
 
 class TestRestartOnTheSameSocket:
-    @pytest.mark.xfail(
-        strict=True,
-        reason="krproxy._grpc.serve leaves accepted connections open after it returns (grpclib's "
-        "Server.close() only stops the listener), so in one process a client that reuses its connection "
-        "(grpcio shares subchannels between channels) keeps reaching the stopped proxy's draining forwarder",
-    )
     async def test_client_reaches_the_restarted_proxy(self, node: Node) -> None:
         """After a graceful stop and a restart on the same socket, a new client reaches the new proxy."""
         await node.start_proxy()
