@@ -729,9 +729,30 @@ class RuntimeState:
     def update_container_resources(
         self, request: cri.UpdateContainerResourcesRequest
     ) -> cri.UpdateContainerResourcesResponse:
-        """Store the new Linux resources (any state, as containerd updates the spec regardless)."""
+        """Apply the new Linux resources (in any state, as containerd updates the spec regardless).
+
+        Like containerd's ``WithResources``, only the fields the request sets (non-zero, non-empty)
+        change; ``unified`` entries are added or overwritten; ``oom_score_adj`` is not updatable.
+        """
         container = self._find_container(request.container_id)
-        resources = _clone(request.linux) if request.linux is not None else container.resources
+        resources = container.resources
+        if request.linux is not None:
+            resources = _clone(resources) if resources is not None else cri.LinuxContainerResources()
+            for field in (
+                "cpu_period",
+                "cpu_quota",
+                "cpu_shares",
+                "memory_limit_in_bytes",
+                "cpuset_cpus",
+                "cpuset_mems",
+                "memory_swap_limit_in_bytes",
+            ):
+                value = getattr(request.linux, field)
+                if value:
+                    setattr(resources, field, value)
+            if request.linux.hugepage_limits:
+                resources.hugepage_limits = list(request.linux.hugepage_limits)
+            resources.unified = {**resources.unified, **request.linux.unified}
         self._containers[container.id] = attrs.evolve(container, resources=resources)
         return cri.UpdateContainerResourcesResponse()
 
