@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from krproxy.hooks.points import HookPoint
+from krproxy.hookserver._registration import write_atomic as write_atomic
 
 ALL_HOOKS: tuple[HookPoint, ...] = tuple(HookPoint)
 
@@ -37,17 +38,6 @@ def registration_document(
     if order is not None:
         document["order"] = order
     return document
-
-
-def write_atomic(path: str, content: bytes) -> None:
-    """Replace *path* with *content* in one step: write a hidden temp file beside it, then rename."""
-    directory, name = os.path.split(path)
-    temp = os.path.join(directory, f".{name}.tmp")
-    with open(temp, "wb") as f:
-        f.write(content)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temp, path)
 
 
 def write_registration(

@@ -34,13 +34,22 @@ def write_registration(hook_dir: str, name: str, content: str) -> str:
     """
     os.makedirs(hook_dir, mode=0o755, exist_ok=True)
     path = os.path.join(hook_dir, f"{name}.json")
-    tmp = os.path.join(hook_dir, f".{name}.json.tmp")
-    with open(tmp, "w") as f:
+    write_atomic(path, content.encode())
+    return path
+
+
+def write_atomic(path: str, content: bytes) -> None:
+    """Replace ``path`` with ``content`` in one step: a hidden temp file beside it, fsynced, then renamed.
+
+    The temp name (``.<name>.tmp``) starts with a dot, so a directory scan never reads it half-written.
+    """
+    directory, name = os.path.split(path)
+    temp = os.path.join(directory, f".{name}.tmp")
+    with open(temp, "wb") as f:
         f.write(content)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    os.replace(temp, path)
 
 
 def remove_registration(path: str) -> None:

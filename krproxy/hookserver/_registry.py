@@ -15,25 +15,17 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
+from krproxy.hooks.points import HookPoint
+from krproxy.hooks.registration import FailurePolicy as RegistrationFailurePolicy
+
 from ._context import ContainerContext, PodContext
 
 LOGGER = logging.getLogger("krproxy.hookserver")
 
 
-class Stage(enum.Enum):
-    """The hook points; values are the names used in registration files."""
-
-    PRE_RUN_POD_SANDBOX = "PreRunPodSandbox"
-    POST_STOP_POD_SANDBOX = "PostStopPodSandbox"
-    PRE_CREATE_CONTAINER = "PreCreateContainer"
-    PRE_START_CONTAINER = "PreStartContainer"
-    POST_START_CONTAINER = "PostStartContainer"
-    POST_STOP_CONTAINER = "PostStopContainer"
-    PRE_UPDATE_CONTAINER_RESOURCES = "PreUpdateContainerResources"
-
-    @property
-    def is_pod(self) -> bool:
-        return self in (Stage.PRE_RUN_POD_SANDBOX, Stage.POST_STOP_POD_SANDBOX)
+#: The hook points a plugin function can run at — the proxy's own enum; values are the names
+#: used in registration files.
+Stage = HookPoint
 
 
 class Level(enum.Enum):
@@ -43,9 +35,9 @@ class Level(enum.Enum):
     CONTAINER = "container"
 
 
-class FailurePolicy(enum.Enum):
-    FAIL = "Fail"
-    IGNORE = "Ignore"
+#: FAIL stops at the first failing plugin function (the call fails), IGNORE logs and goes on —
+#: the same two values as a registration file's ``failure-policy``.
+FailurePolicy = RegistrationFailurePolicy
 
 
 PodHook = Callable[[PodContext], None]

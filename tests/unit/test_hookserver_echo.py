@@ -101,7 +101,7 @@ class TestEcho:
             )
             assert expected == got
         for stage in Stage:
-            if not stage.is_pod:
+            if not stage.is_pod_level:
                 expected_c = pb.ContainerResourceHookResponse(
                     container_annotations={"x": "y"},
                     container_resources=res,
