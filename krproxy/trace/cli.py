@@ -1,0 +1,220 @@
+"""``krproxy trace show|replay|serve``.
+
+Mount under the main CLI with :func:`add_subcommands`; each parsed namespace carries its
+handler in ``args.func(args) -> int``.
+
+Exit status: 0 success (replay: every call identical); 1 replay found differences; 2 usage
+error, or a trace that cannot be read (the message names file and record).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+import trio
+import trio_asyncio
+
+from krproxy import _grpc, log
+from krproxy.trace import messages
+from krproxy.trace.backend import TraceBackend
+from krproxy.trace.files import TraceFileError, load
+from krproxy.trace.format import TraceRecord
+from krproxy.trace.replay import GrpcTransport, replay
+from krproxy.trace.show import Filter, parse_time, show
+
+LOGGER = logging.getLogger("krproxy.trace.serve")
+
+
+def _time(text: str) -> float:
+    try:
+        return parse_time(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time (ISO 8601 such as 2024-05-01T10:00:00Z, or seconds since the epoch)"
+        ) from None
+
+
+def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``trace {show,replay,serve}`` to ``subparsers`` (from ``add_subparsers()``)."""
+    trace: argparse.ArgumentParser = subparsers.add_parser(
+        "trace",
+        help="list, replay or serve recorded CRI traces (krproxy serve --record)",
+        description="Work with CRI traces recorded by `krproxy serve --record FILE`. "
+        "Several FILEs are read in the order given (e.g. FILE.2 FILE.1 FILE after rotation).",
+    )
+    sub = trace.add_subparsers(dest="trace_command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("show", help="list recorded calls", description="List recorded calls, decoded.")
+    s.add_argument("files", nargs="+", metavar="FILE")
+    s.add_argument(
+        "--method", action="append", default=[], metavar="M", help="method name or path; repeatable"
+    )
+    s.add_argument("--pod", default="", metavar="ID", help="sandbox ID prefix, namespace/name or pod name")
+    s.add_argument("--container", default="", metavar="ID", help="container ID prefix or name")
+    s.add_argument("--since", type=_time, metavar="TIME", help="calls started at or after TIME (UTC)")
+    s.add_argument("--until", type=_time, metavar="TIME", help="calls started at or before TIME (UTC)")
+    s.add_argument("--json", action="store_true", help="one JSON object per call and line")
+    s.add_argument(
+        "-d", "--details", action="store_true", help="show hook changes and decoded messages under each call"
+    )
+    s.set_defaults(func=_logged(_show, "warning"))
+
+    r = sub.add_parser(
+        "replay",
+        help="send the recorded requests to a proxy or runtime and compare the answers",
+        description="Send the recorded requests, in the order the calls started, to ENDPOINT; map the "
+        "IDs it assigns; compare each answer to the recorded one with volatile fields normalised. "
+        "Exit 0 when all are identical, 1 on any difference.",
+    )
+    r.add_argument("files", nargs="+", metavar="FILE")
+    r.add_argument(
+        "--target", required=True, metavar="ENDPOINT", help="unix socket of a CRI runtime or proxy"
+    )
+    r.add_argument("--timing", action="store_true", help="keep the recorded gaps between calls")
+    r.add_argument("--speed", type=float, default=1.0, help="with --timing: play this many times faster")
+    r.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="deadline of each call")
+    r.add_argument(
+        "--ignore",
+        action="append",
+        default=[],
+        metavar="FIELD",
+        help="also treat this field name as volatile; repeatable",
+    )
+    r.add_argument(
+        "--progress",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="progress bar on stderr; auto: when stderr is a terminal",
+    )
+    r.set_defaults(func=_logged(_replay, "warning"))
+
+    v = sub.add_parser(
+        "serve",
+        help="answer CRI calls from a trace (a runtime stand-in)",
+        description="Serve CRI on a unix socket, answering each call with a recorded one of the same "
+        "method (matching requests first, then in recorded order), until SIGINT/SIGTERM.",
+    )
+    v.add_argument("files", nargs="+", metavar="FILE")
+    v.add_argument("--socket", required=True, metavar="PATH", help="unix socket to listen on")
+    v.add_argument("--timing", action="store_true", help="answer after the recorded backend time")
+    v.set_defaults(func=_logged(_serve, "info"))
+    return trace
+
+
+def _load(files: list[str]) -> tuple[TraceRecord, ...] | None:
+    try:
+        return load(
+            files, warn=lambda note: print(f"krproxy trace: warning: {note}", file=sys.stderr)
+        ).records
+    except TraceFileError as err:
+        print(f"krproxy trace: error: {err}", file=sys.stderr)
+        return None
+
+
+def _show(args: argparse.Namespace) -> int:
+    records = _load(args.files)
+    if records is None:
+        return 2
+    selection = Filter(tuple(args.method), args.pod, args.container, args.since, args.until)
+    try:
+        for line in show(records, selection, as_json=args.json, details=args.details):
+            print(line)
+    except BrokenPipeError:  # `| head`
+        sys.stderr.close()
+    return 0
+
+
+def progress_bar(out: TextIO, width: int = 30) -> Callable[[int, int, TraceRecord], None]:
+    """A one-line progress bar redrawn in place: ``[#####.....] 12/40 CreateContainer``."""
+
+    def draw(done: int, total: int, record: TraceRecord) -> None:
+        filled = width * done // total if total else width
+        label = "done" if done == total else record.method
+        out.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {label:<32.32}")
+        if done == total:
+            out.write("\n")
+        out.flush()
+
+    return draw
+
+
+def _replay(args: argparse.Namespace) -> int:
+    records = _load(args.files)
+    if records is None:
+        return 2
+    show_progress = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
+    transport = GrpcTransport(args.target)
+    try:
+        report = replay(
+            records,
+            transport,
+            timing=args.timing,
+            speed=args.speed,
+            timeout=args.timeout,
+            volatile=messages.VOLATILE | frozenset(args.ignore),
+            progress=progress_bar(sys.stderr) if show_progress else None,
+        )
+    finally:
+        transport.close()
+    for line in report.lines():
+        print(line)
+    return 0 if report.ok else 1
+
+
+async def _serve_trace(backend: TraceBackend, socket: str) -> None:
+    async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        await nursery.start(
+            functools.partial(
+                _grpc.serve,
+                [backend],
+                socket,
+                codec=_grpc.BytesCodec(),
+                status_details_codec=_grpc.RawStatusDetailsCodec(),
+                fallback=backend.fallback,
+            )
+        )
+        log.event(
+            LOGGER,
+            "serving",
+            socket=socket,
+            methods=len(backend.answers.paths),
+        )
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                break
+        nursery.cancel_scope.cancel()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    records = _load(args.files)
+    if records is None:
+        return 2
+    backend = TraceBackend(records, timing=args.timing)
+    try:
+        trio.run(_serve_trace, backend, _grpc.strip_unix_scheme(args.socket))
+    except OSError as err:
+        print(f"krproxy trace serve: error: {err}", file=sys.stderr)
+        return 1
+    stats = backend.answers.statistics()
+    print(
+        f"answered: {stats.exact} matching, {stats.sequential} in recorded order, "
+        f"{stats.repeated} repeated, {stats.missing} not in the trace",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _logged(command: Callable[[argparse.Namespace], int], level: str) -> Callable[[argparse.Namespace], int]:
+    """``command`` with logging set up first (the main CLI leaves that to subcommands like this)."""
+
+    def run(args: argparse.Namespace) -> int:
+        log.configure(level, "logfmt")
+        return command(args)
+
+    return run

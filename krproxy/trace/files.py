@@ -1,0 +1,61 @@
+"""Reading trace files from disk (one or several, e.g. ``FILE.2 FILE.1 FILE`` after rotation)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+
+from krproxy.trace.format import ReadResult, TraceError, TraceRecord, read_records
+
+
+class TraceFileError(TraceError):
+    """A trace file could not be read; the message names the file and the problem."""
+
+
+@attrs.frozen
+class Loaded:
+    """The records of one or more files, in file order, and what was noticed reading them."""
+
+    records: tuple[TraceRecord, ...]
+    files: tuple[tuple[str, ReadResult], ...]
+    notes: tuple[str, ...]
+
+
+def load(paths: Sequence[str], *, warn: Callable[[str], None] = lambda note: None) -> Loaded:
+    """Read the trace files ``paths`` in the order given.
+
+    A torn last record is skipped and reported through ``warn`` (and in :attr:`Loaded.notes`).
+
+    Raises:
+        TraceFileError: a file is missing, not a trace, or has a corrupt record; the message
+            names the file and, for a corrupt record, its number and byte offset.
+    """
+    records: list[TraceRecord] = []
+    files: list[tuple[str, ReadResult]] = []
+    notes: list[str] = []
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as err:
+            raise TraceFileError(f"{path}: {err.strerror or err}") from None
+        try:
+            result = read_records(data)
+        except TraceError as err:
+            raise TraceFileError(f"{path}: {err}") from None
+        files.append((path, result))
+        records.extend(result.records)
+        for note in _notes(result):
+            notes.append(f"{path}: {note}")
+            warn(f"{path}: {note}")
+    return Loaded(tuple(records), tuple(files), tuple(notes))
+
+
+def _notes(result: ReadResult) -> list[str]:
+    notes = []
+    if result.torn is not None:
+        notes.append(result.torn.describe())
+    if result.unknown_kinds:
+        notes.append(f"{result.unknown_kinds} records of kinds this krproxy does not know were skipped")
+    return notes
