@@ -1,0 +1,284 @@
+"""``krproxy-runc-wrapper``: runc with hooks.d hooks, for a containerd runtime handler.
+
+containerd's runc shim runs the program named by the runtime option ``BinaryName`` for every
+runc command. With this wrapper there, ``create`` (and ``run``) first reads the bundle's
+``config.json``, evaluates every hook file's ``when`` against it (annotations, ``process.args[0]``,
+bind mounts) and appends the matching hooks to the spec's ``hooks`` for their stages; then the
+real runc is ``exec``-ed with the arguments unchanged. runc itself then runs the hooks at the
+exact points the runtime spec defines (``createRuntime`` after the namespaces exist,
+``poststart`` after the process started, ``poststop`` in ``runc delete``), with the true state on
+stdin — ``pid`` and ``bundle`` included — and enforces their ``timeout``. A failing
+pre-start hook fails ``runc create``, hence StartContainer. This is what CRI-O and podman do:
+they, too, put the hooks into the spec and let the runtime run them.
+
+Every other runc command (``state``, ``start``, ``kill``, ``delete``, ``exec``...) is ``exec``-ed
+at once, without reading any hook file; ``create`` with no matching hook leaves ``config.json``
+untouched. Standard library only, and nothing imported that the fast path does not need.
+
+Configuration (first found wins for ``runc`` and ``log``; ``hooks-dir`` lines accumulate):
+
+- environment: ``KRPROXY_RUNC`` (the real runc), ``KRPROXY_OCI_HOOKS_DIRS`` (colon-separated
+  directories, least preferred first), ``KRPROXY_OCI_LOG`` (a file to append log lines to);
+- ``krproxy-runc-wrapper.conf`` in the directory the wrapper was invoked from (the directory of
+  ``BinaryName`` — not resolved through symlinks), lines ``key = value`` or ``--key value``
+  with keys ``runc``, ``hooks-dir`` (repeatable, least preferred first) and ``log``; ``#``
+  starts a comment;
+- defaults: ``runc`` from ``PATH`` (never the wrapper itself), the hooks.d directories
+  :data:`DEFAULT_HOOK_DIRS`, no log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+CONFIG_NAME = "krproxy-runc-wrapper.conf"
+
+#: The hooks.d directories CRI-O and podman read, least preferred first.
+DEFAULT_HOOK_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
+
+#: runc's global options that take a value (``--root DIR`` or ``--root=DIR``).
+_GLOBAL_WITH_VALUE = frozenset({"--log", "--log-format", "--root", "--criu", "--rootless"})
+
+#: Mount destinations containerd's CRI plugin adds by itself when the caller did not mount them;
+#: they do not count as "bind mounts the caller asked for" (podman likewise ignores its own).
+RUNTIME_BIND_MOUNTS = frozenset({"/etc/hostname", "/etc/hosts", "/etc/resolv.conf", "/dev/shm"})
+
+#: Exit status when the wrapper cannot find runc at all (126: found but cannot run, by convention).
+EXIT_NO_RUNC = 127
+
+
+class Settings(NamedTuple):
+    runc: str | None
+    hook_dirs: tuple[str, ...]
+    log: str | None
+
+
+def read_config(path: str) -> dict[str, list[str]]:
+    """``key -> values`` of a config file; an absent file is empty."""
+    values: dict[str, list[str]] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return values
+    for raw in lines:
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if "=" in line:
+            key, value = line.split("=", 1)
+        else:
+            key, _, value = line.partition(" ")
+        values.setdefault(key.strip().lstrip("-"), []).append(value.strip())
+    return values
+
+
+def _last(values: list[str] | None) -> str | None:
+    return values[-1] if values else None
+
+
+def settings(argv0: str, environ: dict[str, str] | os._Environ[str]) -> Settings:
+    """Where runc, the hook directories and the log are, from the environment and the config file."""
+    config = read_config(os.path.join(os.path.dirname(os.path.abspath(argv0)), CONFIG_NAME))
+    runc = environ.get("KRPROXY_RUNC") or _last(config.get("runc"))
+    env_dirs = [d for d in environ.get("KRPROXY_OCI_HOOKS_DIRS", "").split(":") if d]
+    hook_dirs = tuple(env_dirs or config.get("hooks-dir") or DEFAULT_HOOK_DIRS)
+    log = environ.get("KRPROXY_OCI_LOG") or _last(config.get("log"))
+    return Settings(runc, hook_dirs, log)
+
+
+def find_runc(configured: str | None, argv0: str, path: str) -> str | None:
+    """The real runc: as configured, else the first ``runc`` on ``path`` that is not this wrapper."""
+    if configured:
+        return configured
+    me = os.path.realpath(argv0)
+    for directory in path.split(os.pathsep):
+        candidate = os.path.join(directory or ".", "runc")
+        if os.access(candidate, os.X_OK) and os.path.realpath(candidate) != me:
+            return candidate
+    return None
+
+
+class Invocation(NamedTuple):
+    """The parts of a runc command line the wrapper cares about."""
+
+    command: str | None
+    bundle: str | None
+    container_id: str | None
+
+
+def parse_runc_args(args: Sequence[str]) -> Invocation:
+    """Find the subcommand, and for ``create``/``run`` the bundle (default: cwd) and the container id."""
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if not arg.startswith("-"):
+            break
+        name = "--" + arg.lstrip("-").split("=", 1)[0]
+        index += 2 if name in _GLOBAL_WITH_VALUE and "=" not in arg else 1
+    if index >= len(args):
+        return Invocation(None, None, None)
+    command, rest = args[index], list(args[index + 1 :])
+    if command not in ("create", "run"):
+        return Invocation(command, None, None)
+    bundle: str | None = None
+    positional: list[str] = []
+    i = 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg in ("-b", "--bundle", "-bundle"):
+            bundle = rest[i + 1] if i + 1 < len(rest) else None
+            i += 2
+            continue
+        if arg.startswith(("--bundle=", "-bundle=", "-b=")):
+            bundle = arg.split("=", 1)[1]
+        elif arg.startswith("-"):
+            # Options of create/run that take a value; the others are switches.
+            if arg.lstrip("-") in ("console-socket", "pid-file", "preserve-fds") and "=" not in arg:
+                i += 1
+        else:
+            positional.append(arg)
+        i += 1
+    return Invocation(command, bundle or os.getcwd(), positional[-1] if positional else None)
+
+
+def container_from_spec(spec: dict[str, Any]) -> Any:
+    """The ``when`` facts of a runtime spec (annotations, ``process.args[0]``, bind mounts)."""
+    from krproxy.ocihooks.model import Container
+
+    args = (spec.get("process") or {}).get("args") or []
+    mounts = spec.get("mounts") or []
+    has_bind_mounts = any(
+        isinstance(m, dict)
+        and (m.get("type") == "bind" or {"bind", "rbind"} & set(m.get("options") or ()))
+        and m.get("destination") not in RUNTIME_BIND_MOUNTS
+        for m in mounts
+    )
+    annotations = spec.get("annotations") or {}
+    return Container(
+        annotations={str(k): str(v) for k, v in annotations.items()},
+        command=args[0] if args and isinstance(args[0], str) else None,
+        has_bind_mounts=has_bind_mounts,
+    )
+
+
+class Logger:
+    """Appends logfmt-ish lines to a file; does nothing without one. Never raises."""
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        if not self.path:
+            return
+        parts = [time.strftime("ts=%Y-%m-%dT%H:%M:%SZ", time.gmtime()), f"event={event}"]
+        for key, value in fields.items():
+            text = str(value)
+            quoted = not text or " " in text or '"' in text
+            parts.append(f"{key}={json.dumps(text) if quoted else text}")
+        try:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(" ".join(parts) + "\n")
+        except OSError:
+            pass
+
+
+def load_hooks(directories: Sequence[str], logger: Logger) -> list[Any]:
+    """The hook files in force in ``directories`` (least preferred first); invalid ones are logged."""
+    from krproxy.ocihooks.model import InvalidHookFile, effective, parse_hook_file
+
+    layers = []
+    for directory in directories:
+        layer: dict[str, Any] = {}
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            names = []
+        for name in names:
+            # Same selection as the proxy's watcher (krproxy.hooks.registration.is_registration_file),
+            # repeated here so the wrapper need not import the daemon's modules.
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            path = os.path.join(directory, name)
+            try:
+                with open(path, "rb") as f:
+                    content = f.read(64 * 1024 + 1)
+                layer[name] = parse_hook_file(name, content, path)
+            except IsADirectoryError:
+                continue
+            except (OSError, InvalidHookFile) as err:
+                layer[name] = str(err)
+                logger("oci_hook_invalid", file=path, error=str(err))
+        layers.append(layer)
+    return effective(layers)
+
+
+def inject(bundle: str, directories: Sequence[str], logger: Logger, container_id: str | None) -> list[str]:
+    """Add the matching hooks to ``bundle/config.json``; return ``"file:stage"`` for each one added."""
+    from krproxy.ocihooks.model import STAGES, select
+
+    hooks = load_hooks(directories, logger)
+    if not hooks:
+        return []
+    path = os.path.join(bundle, "config.json")
+    with open(path, encoding="utf-8") as f:
+        spec = json.load(f)
+    container = container_from_spec(spec)
+    added: list[str] = []
+    spec_hooks = spec.get("hooks") or {}
+    for stage in STAGES:
+        entries = list(spec_hooks.get(stage) or [])
+        for hook in select(hooks, stage, container):
+            entry = hook.command.to_spec()
+            if entry not in entries:  # a retried create must not run a hook twice
+                entries.append(entry)
+                added.append(f"{hook.name}:{stage}")
+        if entries:
+            spec_hooks[stage] = entries
+    if not added:
+        return []
+    spec["hooks"] = spec_hooks
+    mode = os.stat(path).st_mode & 0o7777
+    temporary = os.path.join(bundle, ".config.json.krproxy-oci")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(spec, f)
+    os.replace(temporary, path)
+    logger("oci_hooks_injected", id=container_id or "", bundle=bundle, hooks=",".join(added))
+    return added
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: inject hooks on ``create``/``run``, then become the real runc."""
+    argv0 = sys.argv[0]
+    args = list(sys.argv[1:] if argv is None else argv)
+    config = settings(argv0, os.environ)
+    runc = find_runc(config.runc, argv0, os.environ.get("PATH", os.defpath))
+    logger = Logger(config.log)
+    if runc is None:
+        print(
+            f"krproxy-runc-wrapper: cannot find runc (set KRPROXY_RUNC or `runc =` in {CONFIG_NAME})",
+            file=sys.stderr,
+        )
+        return EXIT_NO_RUNC
+    invocation = parse_runc_args(args)
+    if invocation.command in ("create", "run") and invocation.bundle:
+        try:
+            inject(invocation.bundle, config.hook_dirs, logger, invocation.container_id)
+        except Exception as err:
+            # Fail closed: a container must not start without the hooks meant for it. (Invalid hook
+            # files are not such an error: they are logged and ignored in load_hooks.)
+            error = f"{type(err).__name__}: {err}"
+            logger("oci_hooks_inject_failed", id=invocation.container_id or "", error=error)
+            print(f"krproxy-runc-wrapper: cannot add OCI hooks to the bundle: {error}", file=sys.stderr)
+            return 1
+    os.execv(runc, [runc, *args])  # replaces this process: never returns
+
+
+if __name__ == "__main__":
+    sys.exit(main())

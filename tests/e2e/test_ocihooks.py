@@ -1,0 +1,390 @@
+"""OCI hooks (hooks.d) against a real containerd, both ways: at the proxy, and inside runc via the wrapper.
+
+``mechanism`` runs each test twice:
+
+- ``proxy``: ``krproxy serve --oci-hooks-dir LOW --oci-hooks-dir HIGH`` in front of containerd; pods use
+  the default runc handler.
+- ``wrapper``: straight to containerd; pods use the ``krproxy-oci`` runtime handler, whose
+  ``BinaryName`` (configured by scripts/containerd-sandbox) is ``krproxy-runc-wrapper``, installed here
+  with a ``krproxy-runc-wrapper.conf`` naming the same two directories.
+
+The hooks are a Python script that appends its label and the state it read on stdin to a JSON-lines file.
+Hooks at runc's createContainer/startContainer stages would run inside the container's mount
+namespace, where the script does not exist, so these tests use prestart, createRuntime, poststart
+and poststop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import grpc
+import pytest
+from cri_api.v1 import api_pb2 as pb
+
+from tests.e2e.support import LOOP, TIMEOUT, Containerd, Cri, Proxy, pod_config, wait_until
+
+RECORDER = f"""#!{sys.executable}
+import json, sys, time
+out, label = sys.argv[1], sys.argv[2]
+code = int(sys.argv[3]) if len(sys.argv) > 3 else 0
+state = json.loads(sys.stdin.read())
+with open(out, "a") as f:
+    f.write(json.dumps({{"label": label, "state": state}}) + "\\n")
+if len(sys.argv) > 4:
+    time.sleep(float(sys.argv[4]))
+if code:
+    sys.stderr.write("hook " + label + " says no")
+sys.exit(code)
+"""
+
+#: Annotations with this prefix reach the OCI spec under the krproxy-oci handler (the sandbox's allowlist).
+ANNOTATION = "krproxy.e2e/team"
+#: Hooks.d changes reach the proxy within two polls; the wrapper reads the directories on every create.
+RELOAD_LIMIT = 2.0
+WRAPPER = Path(sys.executable).parent / "krproxy-runc-wrapper"
+
+
+@attrs.define
+class Hooks:
+    low: Path
+    high: Path
+    record: Path
+    script: Path
+
+    def write(
+        self,
+        name: str,
+        when: dict[str, Any],
+        stages: list[str],
+        *,
+        label: str = "",
+        exit_code: int = 0,
+        sleep: float | None = None,
+        timeout: int | None = None,
+        directory: Path | None = None,
+    ) -> Path:
+        args = [str(self.script), str(self.record), label or name, str(exit_code)]
+        if sleep is not None:
+            args.append(str(sleep))
+        hook: dict[str, Any] = {"path": str(self.script), "args": args}
+        if timeout is not None:
+            hook["timeout"] = timeout
+        path = (directory or self.low) / name
+        tmp = path.with_name("." + path.name + ".tmp")
+        tmp.write_text(json.dumps({"version": "1.0.0", "hook": hook, "when": when, "stages": stages}))
+        os.replace(tmp, path)
+        return path
+
+    def calls(self, container_id: str | None = None) -> list[dict[str, Any]]:
+        if not self.record.exists():
+            return []
+        calls = [json.loads(line) for line in self.record.read_text().splitlines() if line.strip()]
+        return [c for c in calls if container_id is None or c["state"]["id"] == container_id]
+
+    def labels(self, container_id: str) -> list[str]:
+        return [c["label"] for c in self.calls(container_id)]
+
+
+@attrs.define
+class Node:
+    """How a test reaches containerd: the client, the runtime handler, and the proxy when there is one."""
+
+    kind: str
+    cri: Cri
+    containerd: Containerd
+    hooks: Hooks
+    handler: str = ""
+    proxy: Proxy | None = None
+    pod_config: Any = None
+
+    def settle(self) -> None:
+        """Give a hooks.d change time to take effect (the proxy polls; the wrapper reads on each create)."""
+        if self.proxy is not None:
+            time.sleep(RELOAD_LIMIT)
+
+    @contextlib.contextmanager
+    def pod(self) -> Iterator[str]:
+        config = pod_config(self.containerd.cgroup_parent, name="oci")
+        request = pb.RunPodSandboxRequest(config=config, runtime_handler=self.handler)
+        self.pod_config = config
+        pod_id = self.cri.runtime.RunPodSandbox(request, timeout=TIMEOUT).pod_sandbox_id
+        try:
+            yield pod_id
+        finally:
+            with contextlib.suppress(grpc.RpcError):
+                self.cri.runtime.StopPodSandbox(
+                    pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=TIMEOUT
+                )
+            with contextlib.suppress(grpc.RpcError):
+                self.cri.runtime.RemovePodSandbox(
+                    pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=TIMEOUT
+                )
+
+    def create(
+        self,
+        pod_id: str,
+        name: str,
+        *,
+        annotations: dict[str, str] | None = None,
+        command: list[str] | None = None,
+        mounts: list[Any] | None = None,
+    ) -> str:
+        config = pb.ContainerConfig(
+            metadata=pb.ContainerMetadata(name=name),
+            image=pb.ImageSpec(image=self.containerd.busybox),
+            command=command or LOOP,
+            annotations=annotations or {},
+            mounts=mounts or [],
+        )
+        request = pb.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=config, sandbox_config=self.pod_config
+        )
+        return str(self.cri.runtime.CreateContainer(request, timeout=TIMEOUT).container_id)
+
+    def start(self, container_id: str) -> None:
+        self.cri.runtime.StartContainer(pb.StartContainerRequest(container_id=container_id), timeout=TIMEOUT)
+
+    def stop(self, container_id: str) -> None:
+        self.cri.runtime.StopContainer(
+            pb.StopContainerRequest(container_id=container_id, timeout=5), timeout=TIMEOUT
+        )
+
+    def state_of(self, container_id: str) -> int:
+        reply = self.cri.runtime.ContainerStatus(
+            pb.ContainerStatusRequest(container_id=container_id), timeout=TIMEOUT
+        )
+        return int(reply.status.state)
+
+
+def _start_oci_proxy(workdir: Path, backend: str, dirs: list[Path], limit: float = 30) -> Proxy:
+    """``krproxy serve`` with ``--oci-hooks-dir`` for each of ``dirs``; returns once it answers Version."""
+    socket = str(workdir / "proxy.sock")
+    (workdir / "hooks").mkdir(exist_ok=True)
+    log_path = workdir / "krproxy.log"
+    command = [
+        *(sys.executable, "-m", "krproxy", "serve", "--koord-runtimeproxy-endpoint", socket),
+        *("--remote-runtime-service-endpoint", backend, "--hook-dir", str(workdir / "hooks")),
+    ]
+    for directory in dirs:
+        command += ["--oci-hooks-dir", str(directory)]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=workdir)
+    proxy = Proxy(process, socket, log_path, workdir, backend)
+    wait_until(lambda: os.path.exists(socket) or process.poll() is not None, limit, "proxy socket")
+    with Cri.connect(socket) as cri:
+        deadline = time.monotonic() + limit
+        while True:
+            assert process.poll() is None, f"krproxy exited with {process.returncode}; log:\n{proxy.log}"
+            with contextlib.suppress(grpc.RpcError):
+                cri.runtime.Version(pb.VersionRequest(), timeout=1)
+                return proxy
+            if time.monotonic() > deadline:
+                proxy.terminate()
+                raise AssertionError(f"krproxy not answering after {limit}s; log:\n{proxy.log}")
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def hooks(short_tmp: Path) -> Hooks:
+    low, high = short_tmp / "hooks-low", short_tmp / "hooks-high"
+    low.mkdir()
+    high.mkdir()
+    script = short_tmp / "recorder.py"
+    script.write_text(RECORDER)
+    script.chmod(0o755)
+    return Hooks(low, high, short_tmp / "record.jsonl", script)
+
+
+@pytest.fixture(params=["proxy", "wrapper"])
+def node(
+    request: pytest.FixtureRequest, containerd: Containerd, hooks: Hooks, short_tmp: Path
+) -> Iterator[Node]:
+    if request.param == "proxy":
+        proxy = _start_oci_proxy(short_tmp, containerd.socket, [hooks.low, hooks.high])
+        try:
+            with Cri.connect(proxy.socket) as cri:
+                yield Node("proxy", cri, containerd, hooks, proxy=proxy)
+        finally:
+            code = proxy.terminate()
+        assert 0 == code, f"krproxy exited with {code}; log:\n{proxy.log}"
+        return
+    if not WRAPPER.exists():
+        pytest.skip(f"{WRAPPER} is not installed (pip install -e . creates it)")
+    runc = shutil.which("runc")
+    assert runc is not None
+    install = containerd.dir / "krproxy-oci"
+    install.mkdir(exist_ok=True)
+    link = install / "krproxy-runc-wrapper"
+    link.unlink(missing_ok=True)
+    link.symlink_to(WRAPPER)
+    (install / "krproxy-runc-wrapper.conf").write_text(
+        f"runc = {runc}\nhooks-dir = {hooks.low}\nhooks-dir = {hooks.high}\nlog = {short_tmp / 'wrapper.log'}\n"
+    )
+    try:
+        with Cri.connect(containerd.socket) as cri:
+            yield Node("wrapper", cri, containerd, hooks, handler="krproxy-oci")
+    finally:
+        (install / "krproxy-runc-wrapper.conf").unlink(missing_ok=True)
+
+
+def _failed_start(node: Node, container_id: str) -> tuple[grpc.StatusCode, str, float]:
+    started = time.monotonic()
+    with pytest.raises(grpc.RpcError) as caught:
+        node.start(container_id)
+    return caught.value.code(), str(caught.value.details()), time.monotonic() - started
+
+
+class TestOciHooks:
+    def test_each_when_kind(self, node: Node, short_tmp: Path) -> None:
+        """always, annotations, commands and hasBindMounts each select a hook only for matching containers."""
+        h = node.hooks
+        h.write("10-always.json", {"always": True}, ["prestart"])
+        h.write("20-annotations.json", {"annotations": {f"^{ANNOTATION}$": "^gpu$"}}, ["prestart"])
+        h.write("30-commands.json", {"commands": ["^sh$"]}, ["prestart"])
+        h.write("40-binds.json", {"hasBindMounts": True}, ["prestart"])
+        node.settle()
+        data = short_tmp / "data"
+        data.mkdir()
+        with node.pod() as pod_id:
+            matching = node.create(
+                pod_id,
+                "matching",
+                annotations={ANNOTATION: "gpu"},
+                mounts=[pb.Mount(container_path="/data", host_path=str(data))],
+            )
+            node.start(matching)
+            plain = node.create(
+                pod_id, "plain", annotations={ANNOTATION: "web"}, command=["/bin/sh", "-c", LOOP[2]]
+            )
+            node.start(plain)
+            assert ["10-always.json", "20-annotations.json", "30-commands.json", "40-binds.json"] == h.labels(
+                matching
+            )
+            assert ["10-always.json"] == h.labels(plain)
+
+    def test_state_on_stdin(self, node: Node) -> None:
+        """Every stage's hook reads the OCI state: id, status, annotations; pid and bundle where known."""
+        h = node.hooks
+        for stage in ("prestart", "createRuntime", "poststart", "poststop"):
+            h.write(f"{stage}.json", {"annotations": {f"^{ANNOTATION}$": "state"}}, [stage])
+        node.settle()
+        with node.pod() as pod_id:
+            container_id = node.create(pod_id, "state", annotations={ANNOTATION: "state"})
+            node.start(container_id)
+            node.stop(container_id)
+            wait_until(lambda: len(h.calls(container_id)) == 4, 10, "poststop hook ran")
+        calls = {c["label"]: c["state"] for c in h.calls(container_id)}
+        assert ["prestart.json", "createRuntime.json", "poststart.json", "poststop.json"] == h.labels(
+            container_id
+        )
+        for state in calls.values():
+            assert (container_id, "state") == (state["id"], state["annotations"][ANNOTATION])
+            assert state["ociVersion"].startswith("1.")
+        assert "stopped" == calls["poststop.json"]["status"]
+        if node.kind == "wrapper":
+            # runc passes its true state: the container's pid and bundle directory.
+            assert calls["prestart.json"]["pid"] > 0
+            assert container_id in calls["prestart.json"]["bundle"]
+            assert os.path.isabs(calls["poststart.json"]["bundle"])
+            assert "container" == calls["prestart.json"]["annotations"]["io.kubernetes.cri.container-type"]
+        else:
+            # The proxy knows no bundle; the pid only once the container runs (containerd's verbose status).
+            assert "bundle" not in calls["prestart.json"] and "pid" not in calls["prestart.json"]
+            assert ("creating", "running") == (
+                calls["prestart.json"]["status"],
+                calls["poststart.json"]["status"],
+            )
+            assert calls["poststart.json"]["pid"] > 0
+
+    def test_failing_prestart_blocks_the_start(self, node: Node) -> None:
+        """A pre-start hook exiting non-zero fails StartContainer, and the container never runs."""
+        node.hooks.write(
+            "gate.json", {"annotations": {f"^{ANNOTATION}$": "gate"}}, ["createRuntime"], exit_code=3
+        )
+        node.settle()
+        with node.pod() as pod_id:
+            container_id = node.create(pod_id, "gate", annotations={ANNOTATION: "gate"})
+            code, details, _ = _failed_start(node, container_id)
+            assert grpc.StatusCode.UNKNOWN == code
+            assert "hook gate.json says no" in details, details
+            assert pb.CONTAINER_RUNNING != node.state_of(container_id)
+            assert ["gate.json"] == node.hooks.labels(container_id)
+
+    def test_timeout_is_enforced(self, node: Node) -> None:
+        """A pre-start hook over its timeout is killed and the start fails soon after the timeout."""
+        node.hooks.write(
+            "slow.json", {"annotations": {f"^{ANNOTATION}$": "slow"}}, ["prestart"], sleep=60, timeout=1
+        )
+        node.settle()
+        with node.pod() as pod_id:
+            container_id = node.create(pod_id, "slow", annotations={ANNOTATION: "slow"})
+            _, details, seconds = _failed_start(node, container_id)
+            assert seconds < 15, f"start took {seconds:.1f}s"
+            assert "time" in details.lower(), details
+            assert pb.CONTAINER_RUNNING != node.state_of(container_id)
+
+    def test_precedence_and_live_reload(self, node: Node) -> None:
+        """The later directory wins on a shared name; removing it brings the earlier back; new files apply."""
+        h = node.hooks
+        when = {"annotations": {f"^{ANNOTATION}$": "reload"}}
+        h.write("a.json", when, ["prestart"], label="low")
+        h.write("a.json", when, ["prestart"], label="high", directory=h.high)
+        node.settle()
+        with node.pod() as pod_id:
+            first = node.create(pod_id, "first", annotations={ANNOTATION: "reload"})
+            node.start(first)
+            assert ["high"] == h.labels(first)
+            (h.high / "a.json").unlink()
+            h.write("b.json", when, ["prestart"], label="new")
+            node.settle()
+            second = node.create(pod_id, "second", annotations={ANNOTATION: "reload"})
+            node.start(second)
+            assert ["low", "new"] == h.labels(second)
+
+
+def test_wrapper_is_quick_when_no_hook_matches(short_tmp: Path) -> None:
+    """The installed wrapper passes a non-create command straight to runc, silently, with runc's status."""
+    if not WRAPPER.exists():
+        pytest.skip(f"{WRAPPER} is not installed")
+    fake = short_tmp / "runc"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    env = {
+        **os.environ,
+        "KRPROXY_RUNC": str(fake),
+        "KRPROXY_OCI_HOOKS_DIRS": str(short_tmp / uuid.uuid4().hex),
+    }
+    done = subprocess.run([str(WRAPPER), "state", "x"], env=env, capture_output=True, text=True, timeout=30)
+    assert (0, "") == (done.returncode, done.stderr)
+
+
+class TestPostStageFailures:
+    def test_failing_poststart(self, node: Node) -> None:
+        """A failing poststart hook: only logged at the proxy; runc (1.1) instead fails the start and kills the container."""
+        node.hooks.write(
+            "post.json", {"annotations": {f"^{ANNOTATION}$": "post"}}, ["poststart"], exit_code=1
+        )
+        node.settle()
+        with node.pod() as pod_id:
+            container_id = node.create(pod_id, "post", annotations={ANNOTATION: "post"})
+            if node.kind == "proxy":
+                node.start(container_id)
+                assert pb.CONTAINER_RUNNING == node.state_of(container_id)
+                assert node.proxy is not None and "event=oci_hook_failed" in node.proxy.log
+            else:
+                _, details, _ = _failed_start(node, container_id)
+                assert "hook post.json says no" in details, details
+                assert pb.CONTAINER_RUNNING != node.state_of(container_id)
+            assert ["post.json"] == node.hooks.labels(container_id)

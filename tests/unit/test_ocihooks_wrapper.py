@@ -1,0 +1,177 @@
+"""krproxy-runc-wrapper: runc command lines, spec facts, hook injection, configuration, exec."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from krproxy.ocihooks import wrapper
+from krproxy.ocihooks.model import Container
+
+SPEC: dict[str, Any] = {
+    "ociVersion": "1.0.2",
+    "process": {"args": ["/bin/sh", "-c", "true"]},
+    "annotations": {"io.kubernetes.cri.container-type": "container", "gpu": "yes"},
+    "mounts": [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/etc/hosts", "type": "bind", "source": "/x/hosts", "options": ["rbind"]},
+    ],
+    "hooks": {"prestart": [{"path": "/already/there"}]},
+}
+
+
+def write_hook(directory: Path, name: str, path: str, when: dict[str, Any], stages: list[str]) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    doc = {"version": "1.0.0", "hook": {"path": path}, "when": when, "stages": stages}
+    (directory / name).write_text(json.dumps(doc))
+
+
+@pytest.fixture
+def bundle(tmp_path: Path) -> Path:
+    path = tmp_path / "bundle"
+    path.mkdir()
+    (path / "config.json").write_text(json.dumps(SPEC))
+    (path / "config.json").chmod(0o600)
+    return path
+
+
+class TestParseRuncArgs:
+    def test_containerd_create(self) -> None:
+        """containerd's runc create: global flags, then create with --bundle, --pid-file and the id."""
+        args = [
+            "--root", "/run/containerd/runc/k8s.io", "--log", "/b/log.json", "--log-format", "json",
+            "create", "--bundle", "/b", "--pid-file", "/b/init.pid", "--no-pivot", "abc",
+        ]  # fmt: skip
+        assert wrapper.Invocation("create", "/b", "abc") == wrapper.parse_runc_args(args)
+
+    def test_equals_forms_and_short_bundle(self) -> None:
+        """--root=DIR and -b DIR work too."""
+        args = ["--root=/r", "--systemd-cgroup", "create", "-b", "/b", "--console-socket", "/s", "id1"]
+        assert wrapper.Invocation("create", "/b", "id1") == wrapper.parse_runc_args(args)
+
+    def test_other_commands(self) -> None:
+        """Other subcommands are recognised but not parsed further."""
+        assert wrapper.Invocation("delete", None, None) == wrapper.parse_runc_args(
+            ["--root", "/r", "delete", "x"]
+        )
+
+    def test_bundle_defaults_to_cwd(self) -> None:
+        """Without --bundle runc uses the current directory."""
+        assert os.getcwd() == wrapper.parse_runc_args(["create", "x"]).bundle
+
+
+class TestSpecFacts:
+    def test_facts(self) -> None:
+        """annotations and args[0] come from the spec; runtime-added binds do not count."""
+        assert Container(SPEC["annotations"], "/bin/sh", False) == wrapper.container_from_spec(SPEC)
+
+    def test_caller_bind_mount(self) -> None:
+        """A bind mount elsewhere counts as requested by the caller."""
+        spec = {
+            **SPEC,
+            "mounts": [{"destination": "/data", "type": "bind", "source": "/srv", "options": ["rbind"]}],
+        }
+        assert wrapper.container_from_spec(spec).has_bind_mounts
+
+
+class TestInject:
+    def test_matching_hooks_appended(self, tmp_path: Path, bundle: Path) -> None:
+        """Matching hooks are appended after the spec's own, per stage; others are left out."""
+        hooks = tmp_path / "hooks"
+        write_hook(hooks, "10-gpu.json", "/gpu", {"annotations": {"^gpu$": "yes"}}, ["prestart", "poststop"])
+        write_hook(hooks, "20-init.json", "/init-only", {"commands": ["^/init$"]}, ["prestart"])
+        added = wrapper.inject(str(bundle), [str(hooks)], wrapper.Logger(None), "c1")
+        spec = json.loads((bundle / "config.json").read_text())
+        assert ["10-gpu.json:prestart", "10-gpu.json:poststop"] == added
+        assert [{"path": "/already/there"}, {"path": "/gpu"}] == spec["hooks"]["prestart"]
+        assert [{"path": "/gpu"}] == spec["hooks"]["poststop"]
+        assert 0o600 == (bundle / "config.json").stat().st_mode & 0o777
+
+    def test_nothing_matches_leaves_file_untouched(self, tmp_path: Path, bundle: Path) -> None:
+        """With no matching hook config.json is not rewritten."""
+        hooks = tmp_path / "hooks"
+        write_hook(hooks, "a.json", "/x", {"always": False}, ["prestart"])
+        before = (bundle / "config.json").stat().st_mtime_ns, (bundle / "config.json").read_bytes()
+        assert [] == wrapper.inject(str(bundle), [str(hooks)], wrapper.Logger(None), "c1")
+        assert before == ((bundle / "config.json").stat().st_mtime_ns, (bundle / "config.json").read_bytes())
+
+    def test_precedence_and_invalid_files(self, tmp_path: Path, bundle: Path) -> None:
+        """A later directory wins on the same name; an invalid file is logged and skipped."""
+        low, high, log = tmp_path / "low", tmp_path / "high", tmp_path / "log"
+        write_hook(low, "a.json", "/low", {"always": True}, ["prestart"])
+        write_hook(high, "a.json", "/high", {"always": True}, ["prestart"])
+        (high / "b.json").write_text("{nope")
+        wrapper.inject(str(bundle), [str(low), str(high)], wrapper.Logger(str(log)), "c1")
+        spec = json.loads((bundle / "config.json").read_text())
+        assert [{"path": "/already/there"}, {"path": "/high"}] == spec["hooks"]["prestart"]
+        assert "event=oci_hook_invalid" in log.read_text() and "b.json" in log.read_text()
+
+    def test_retried_create_adds_once(self, tmp_path: Path, bundle: Path) -> None:
+        """Injecting twice does not duplicate hooks."""
+        hooks = tmp_path / "hooks"
+        write_hook(hooks, "a.json", "/a", {"always": True}, ["poststart"])
+        wrapper.inject(str(bundle), [str(hooks)], wrapper.Logger(None), "c1")
+        assert [] == wrapper.inject(str(bundle), [str(hooks)], wrapper.Logger(None), "c1")
+
+
+class TestSettings:
+    def test_config_file_next_to_argv0(self, tmp_path: Path) -> None:
+        """runc, hooks-dir (repeatable, both syntaxes) and log come from the .conf beside the wrapper."""
+        (tmp_path / wrapper.CONFIG_NAME).write_text(
+            "# comment\nrunc = /opt/runc\n--hooks-dir /a\nhooks-dir=/b\nlog = /var/log/w.log\n"
+        )
+        got = wrapper.settings(str(tmp_path / "krproxy-runc-wrapper"), {})
+        assert wrapper.Settings("/opt/runc", ("/a", "/b"), "/var/log/w.log") == got
+
+    def test_environment_wins_and_defaults(self, tmp_path: Path) -> None:
+        """Environment variables override the file; without either the hooks.d defaults apply."""
+        env = {"KRPROXY_RUNC": "/e/runc", "KRPROXY_OCI_HOOKS_DIRS": "/x:/y"}
+        assert wrapper.Settings("/e/runc", ("/x", "/y"), None) == wrapper.settings(str(tmp_path / "w"), env)
+        assert wrapper.DEFAULT_HOOK_DIRS == wrapper.settings(str(tmp_path / "w"), {}).hook_dirs
+
+    def test_find_runc_skips_itself(self, tmp_path: Path) -> None:
+        """On PATH, a runc that is the wrapper itself (symlink) is skipped."""
+        me, first, second = tmp_path / "wrapper", tmp_path / "a", tmp_path / "b"
+        me.write_text("#!/bin/sh\n")
+        me.chmod(0o755)
+        first.mkdir()
+        second.mkdir()
+        (first / "runc").symlink_to(me)
+        (second / "runc").write_text("#!/bin/sh\n")
+        (second / "runc").chmod(0o755)
+        assert str(second / "runc") == wrapper.find_runc(None, str(me), f"{first}:{second}")
+
+
+class TestExec:
+    def run_wrapper(
+        self, tmp_path: Path, args: list[str], hooks: Path
+    ) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+        record = tmp_path / "runc-args"
+        runc = tmp_path / "runc"
+        runc.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {record}\nexit 7\n")
+        runc.chmod(0o755)
+        env = {**os.environ, "KRPROXY_RUNC": str(runc), "KRPROXY_OCI_HOOKS_DIRS": str(hooks)}
+        done = subprocess.run(
+            [sys.executable, "-m", "krproxy.ocihooks.wrapper", *args], env=env, capture_output=True, text=True
+        )
+        return done, record.read_text().splitlines() if record.exists() else []
+
+    def test_create_injects_then_execs_runc_unchanged(self, tmp_path: Path, bundle: Path) -> None:
+        """On create the hooks are in config.json when runc runs, with the arguments unchanged and its exit status."""
+        hooks = tmp_path / "hooks"
+        write_hook(hooks, "a.json", "/a", {"always": True}, ["createRuntime"])
+        args = ["--root", "/r", "create", "--bundle", str(bundle), "id 1"]
+        done, got = self.run_wrapper(tmp_path, args, hooks)
+        assert (7, args) == (done.returncode, got)
+        assert [{"path": "/a"}] == json.loads((bundle / "config.json").read_text())["hooks"]["createRuntime"]
+
+    def test_other_commands_pass_straight_through(self, tmp_path: Path) -> None:
+        """Commands other than create/run reach runc as they came."""
+        done, got = self.run_wrapper(tmp_path, ["--root", "/r", "state", "abc"], tmp_path / "none")
+        assert (7, ["--root", "/r", "state", "abc"]) == (done.returncode, got)
