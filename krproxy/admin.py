@@ -1,0 +1,510 @@
+"""The admin HTTP endpoint (``--metrics-address``) and the ``krproxy status`` client.
+
+Endpoints, all ``GET`` (or ``HEAD``):
+
+=============  ==========================================================================
+``/metrics``   Prometheus text (OpenMetrics when the scraper asks for it)
+``/healthz``   200 while the process runs its event loop
+``/readyz``    200 once the proxy socket accepts calls and the store is recovered from the
+               runtime; 503 with the reasons otherwise (also while shutting down)
+``/status``    JSON: version, sockets, backend state, plugins, store, in-flight calls, uptime
+=============  ==========================================================================
+
+The server is a trio task in the daemon's root nursery (no thread, unlike prometheus-client's
+``start_http_server``). HTTP is parsed by the sans-I/O :func:`parse_head` — one request per
+connection, answered with ``Connection: close``, which is all a scraper, a probe or ``curl``
+needs — so no HTTP library is required. Bodies are never read.
+
+Resource handling: each connection gets :data:`REQUEST_TIMEOUT` seconds for everything; at most
+:data:`MAX_CONNECTIONS` are served at once, and more are closed unanswered.
+
+Error handling: nothing a client sends or does can raise out of a connection's task; a
+malformed request gets a 4xx answer, a broken connection is dropped, and an unexpected error
+is logged and answered 500.
+
+Security: no authentication and no TLS. The endpoint reveals plugin names and sockets, pod
+and container counts and the runtime's state, so it listens on loopback unless
+``--metrics-allow-remote`` says otherwise (see docs/security.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import http
+import http.client
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+import attrs
+import trio
+from prometheus_client.exposition import choose_encoder
+
+from krproxy import __version__, log
+from krproxy.config import DEFAULT_METRICS_ADDRESS as DEFAULT_STATUS_ADDRESS
+from krproxy.config import ProxyConfig, parse_address
+from krproxy.forward import Backend, Forwarder
+from krproxy.hooks.runtime import HookRuntime
+from krproxy.metrics import Metrics
+
+LOGGER = logging.getLogger("krproxy.admin")
+
+#: Largest request head (request line + headers) accepted; a scraper's is a few hundred bytes.
+MAX_HEAD = 8192
+#: Seconds a connection may take from accept to the last byte of the answer; stops slow clients
+#: from holding connections open.
+REQUEST_TIMEOUT = 10.0
+#: Connections served at once; a scraper and a probe or two are the normal load.
+MAX_CONNECTIONS = 32
+#: Backlog of the listening socket.
+BACKLOG = 64
+
+_TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
+
+
+# --- HTTP, sans I/O -----------------------------------------------------------------------------
+
+
+class BadRequest(Exception):
+    """The client sent something that is not an acceptable HTTP/1.x request head."""
+
+    def __init__(self, status: http.HTTPStatus, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+
+
+@attrs.frozen
+class Request:
+    """A parsed request head.
+
+    Attributes:
+        method: e.g. ``GET``.
+        target: the request target as sent, query included.
+        version: ``HTTP/1.0`` or ``HTTP/1.1``.
+        headers: ``(lower-case name, value)`` pairs in order.
+    """
+
+    method: str
+    target: str
+    version: str = "HTTP/1.1"
+    headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def path(self) -> str:
+        return self.target.partition("?")[0]
+
+    def header(self, name: str) -> str | None:
+        """The first value of header *name* (case-insensitive), or None."""
+        name = name.lower()
+        return next((value for key, value in self.headers if key == name), None)
+
+
+def parse_head(data: bytes) -> Request | None:
+    """Parse the request head at the start of *data*; None if more bytes are needed.
+
+    Strict on purpose: CRLF line ends, ``METHOD SP origin-form-target SP HTTP/1.x``, headers as
+    ``token ":" value`` without line folding. Whatever follows the head is ignored.
+
+    Raises:
+        BadRequest: malformed (400), too large (431) or an unsupported HTTP version (505).
+    """
+    end = data.find(b"\r\n\r\n")
+    if end < 0 and len(data) <= MAX_HEAD:
+        return None
+    if end < 0 or end > MAX_HEAD:
+        raise BadRequest(
+            http.HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"request head over {MAX_HEAD} bytes"
+        )
+    request_line, *header_lines = data[:end].split(b"\r\n")
+    parts = request_line.split(b" ")
+    if len(parts) != 3:
+        raise BadRequest(http.HTTPStatus.BAD_REQUEST, "malformed request line")
+    method, target, version = parts
+    if not method or not set(method) <= _TOKEN:
+        raise BadRequest(http.HTTPStatus.BAD_REQUEST, "malformed method")
+    if not target.startswith(b"/") or any(b <= 0x20 or b >= 0x7F for b in target):
+        raise BadRequest(http.HTTPStatus.BAD_REQUEST, "malformed request target")
+    if not version.startswith(b"HTTP/"):
+        raise BadRequest(http.HTTPStatus.BAD_REQUEST, "malformed HTTP version")
+    if version not in (b"HTTP/1.0", b"HTTP/1.1"):
+        raise BadRequest(http.HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, "only HTTP/1.0 and HTTP/1.1")
+    headers: list[tuple[str, str]] = []
+    for line in header_lines:
+        name, colon, value = line.partition(b":")
+        if not colon or not name or not set(name) <= _TOKEN:
+            raise BadRequest(http.HTTPStatus.BAD_REQUEST, "malformed header line")
+        headers.append((name.decode("ascii").lower(), value.strip(b" \t").decode("latin-1")))
+    return Request(method.decode("ascii"), target.decode("ascii"), version.decode("ascii"), tuple(headers))
+
+
+@attrs.frozen
+class Response:
+    """An answer to render: status, body, content type and extra headers."""
+
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def render(self, *, head_only: bool = False) -> bytes:
+        """The response bytes; ``head_only`` (for HEAD) omits the body but keeps its length."""
+        reason = http.HTTPStatus(self.status).phrase
+        lines = [
+            f"HTTP/1.1 {self.status} {reason}",
+            f"Content-Type: {self.content_type}",
+            f"Content-Length: {len(self.body)}",
+            "Connection: close",
+            "Cache-Control: no-store",
+            *(f"{name}: {value}" for name, value in self.headers),
+        ]
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        return head if head_only else head + self.body
+
+
+def _text(status: int, text: str, **kwargs: Any) -> Response:
+    return Response(status, text.encode() + b"\n", **kwargs)
+
+
+# --- what the endpoint reports ------------------------------------------------------------------
+
+
+def _backend_state(reachable: bool | None) -> str:
+    return {None: "unknown", True: "up", False: "down"}[reachable]
+
+
+@attrs.define(eq=False)
+class AdminView:
+    """The daemon's parts the endpoint reports on, read live on each request.
+
+    Attributes:
+        backends: ``(role, backend)``; the runtime and, if it is another socket, the image service.
+        listening: set by the daemon once the proxy socket accepts calls.
+        address: ``HOST:PORT`` the endpoint listens on (the real port when 0 was asked for).
+    """
+
+    config: ProxyConfig
+    forwarder: Forwarder
+    hooks: HookRuntime
+    metrics: Metrics
+    backends: Sequence[tuple[str, Backend]]
+    listening: bool = False
+    address: str = ""
+    started: float = attrs.field(factory=time.time)
+    _clock_start: float = attrs.field(factory=time.monotonic)
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        """Whether the proxy is ready for kubelet, and if not, why."""
+        reasons: list[str] = []
+        if self.forwarder.draining:
+            reasons.append("shutting down")
+        elif not self.listening:
+            reasons.append("the proxy socket is not accepting calls yet")
+        if not self.hooks.recovered:
+            down = [b.path for _, b in self.backends if b.reachable is False]
+            suffix = f" (runtime unreachable: {', '.join(down)})" if down else ""
+            reasons.append("the store is not recovered from the runtime yet" + suffix)
+        return not reasons, reasons
+
+    def status(self) -> dict[str, Any]:
+        """The ``/status`` document (see docs/operations.md)."""
+        ready, reasons = self.readiness()
+        registry = self.hooks.dispatcher.registry
+        stats = self.hooks.store.statistics()
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "ready": ready,
+            "reasons": reasons,
+            "listening": self.listening,
+            "draining": self.forwarder.draining,
+            "listen": self.config.listen,
+            "admin_address": self.address,
+            "started": self.started,
+            "uptime_seconds": round(time.monotonic() - self._clock_start, 3),
+            "in_flight": self.forwarder.in_flight,
+            "recording": self.metrics.registry.get_sample_value("krproxy_recording") == 1.0,
+            "backends": [
+                {
+                    "role": role,
+                    "endpoint": backend.path,
+                    "state": _backend_state(backend.reachable),
+                    "last_error": backend.last_error if backend.reachable is False else "",
+                }
+                for role, backend in self.backends
+            ],
+            "store": {"recovered": self.hooks.recovered, "pods": stats.pods, "containers": stats.containers},
+            "hook_dir": self.config.hook_dir,
+            "plugins": [
+                {
+                    "name": p.name,
+                    "file": p.file,
+                    "endpoint": p.endpoint,
+                    "hooks": [h.value for h in p.hooks],
+                    "failure_policy": p.failure_policy.value,
+                    "timeout": p.timeout,
+                    "order": p.order,
+                    "warnings": list(p.warnings),
+                }
+                for p in registry.ordered()
+            ],
+            "registration_errors": dict(sorted(registry.errors.items())),
+        }
+
+
+def _up(backend: Backend) -> float:
+    # NaN until the first call: neither up nor down, so an alert on == 0 stays quiet.
+    return float("nan") if backend.reachable is None else float(backend.reachable)
+
+
+def wire_metrics(view: AdminView) -> None:
+    """Point the metrics that are read at scrape time (gauges) at the live daemon."""
+    metrics = view.metrics
+    metrics.in_flight.set_function(lambda: view.forwarder.in_flight)
+    metrics.plugins.set_function(lambda: len(view.hooks.dispatcher.registry.plugins))
+    metrics.ready.set_function(lambda: view.readiness()[0])
+    for role, backend in view.backends:
+        metrics.backend_up.labels(role, backend.path).set_function(functools.partial(_up, backend))
+
+
+def respond(request: Request, view: AdminView) -> Response:
+    """The answer to one request (pure but for reading the live :class:`AdminView`)."""
+    if request.method not in ("GET", "HEAD"):
+        return _text(405, "only GET and HEAD", headers=(("Allow", "GET, HEAD"),))
+    path = request.path
+    if path == "/metrics":
+        encoder, content_type = choose_encoder(request.header("accept") or "")
+        return Response(200, encoder(view.metrics.registry), content_type)
+    if path == "/healthz":
+        return _text(200, "ok")
+    if path == "/readyz":
+        ready, reasons = view.readiness()
+        return _text(200, "ready") if ready else _text(503, "not ready: " + "; ".join(reasons))
+    if path == "/status":
+        body = json.dumps(view.status(), indent=2, sort_keys=True).encode() + b"\n"
+        return Response(200, body, "application/json")
+    return _text(404, "not found; try /metrics, /healthz, /readyz or /status")
+
+
+# --- the server (I/O) ---------------------------------------------------------------------------
+
+
+def bind(address: str) -> socket.socket:
+    """A listening TCP socket on ``HOST:PORT`` (``localhost`` means 127.0.0.1, empty: 0.0.0.0).
+
+    Bound outside trio, like the proxy socket, so that "address in use" is a plain OSError.
+    Policy (loopback only unless allowed) is :class:`~krproxy.config.ProxyConfig`'s to enforce.
+    """
+    host, port = parse_address(address)
+    host = {"localhost": "127.0.0.1", "": "0.0.0.0"}.get(host, host)
+    family, kind, proto, _, sockaddr = socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind(sockaddr)
+        sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def bound_address(sock: socket.socket) -> str:
+    """``HOST:PORT`` a bound socket listens on (IPv6 in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+async def _read_request(stream: trio.abc.ReceiveStream) -> Request | None:
+    data = b""
+    while True:
+        request = parse_head(data)
+        if request is not None:
+            return request
+        chunk = await stream.receive_some(4096)
+        if not chunk:
+            return None  # the client went away before finishing its request
+        data += chunk
+
+
+async def _handle(view: AdminView, limiter: trio.CapacityLimiter, stream: trio.SocketStream) -> None:
+    try:
+        limiter.acquire_nowait()
+    except trio.WouldBlock:
+        return  # over capacity: closed unanswered (by serve_listeners)
+    try:
+        with trio.move_on_after(REQUEST_TIMEOUT):
+            try:
+                request = await _read_request(stream)
+            except BadRequest as err:
+                await stream.send_all(_text(err.status, str(err)).render())
+                return
+            if request is None:
+                return
+            try:
+                response = respond(request, view)
+            except Exception:
+                LOGGER.exception("admin endpoint failed answering %s", request.target)
+                response = _text(500, "internal error; see the daemon's log")
+            await stream.send_all(response.render(head_only=request.method == "HEAD"))
+    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+        pass  # the client hung up: nothing to answer
+    finally:
+        limiter.release()
+
+
+async def serve(
+    view: AdminView, sock: socket.socket, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+) -> NoReturn:
+    """Serve the endpoint on the listening socket *sock* until cancelled; reports ``HOST:PORT``."""
+    listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+    view.address = bound_address(sock)
+    limiter = trio.CapacityLimiter(MAX_CONNECTIONS)
+
+    async def handler(stream: trio.SocketStream) -> None:
+        await _handle(view, limiter, stream)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(trio.serve_listeners, handler, [listener])
+        log.event(LOGGER, "admin_listening", address=view.address)
+        task_status.started(view.address)
+        await trio.sleep_forever()
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# --- `krproxy status` ---------------------------------------------------------------------------
+
+
+class Unreachable(Exception):
+    """No daemon answered at the address, or its answer was not a status document."""
+
+
+def fetch_status(address: str, timeout: float = 5.0) -> dict[str, Any]:
+    """GET ``/status`` from a daemon's admin endpoint (blocking; for the CLI).
+
+    Raises:
+        Unreachable: connection failed or timed out, or the answer was not a JSON object.
+    """
+    try:
+        host, port = parse_address(address)
+    except ValueError as err:
+        raise Unreachable(str(err)) from None
+    host = {"": "127.0.0.1"}.get(host, host)
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request("GET", "/status")
+        answer = connection.getresponse()
+        body = answer.read()
+        if answer.status != 200:
+            raise Unreachable(f"{address}/status answered {answer.status} {answer.reason}")
+        document = json.loads(body)
+    except (OSError, http.client.HTTPException, ValueError) as err:
+        raise Unreachable(f"no krproxy status at {address}: {err}") from None
+    finally:
+        connection.close()
+    if not isinstance(document, dict):
+        raise Unreachable(f"{address}/status did not answer a JSON object")
+    return document
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{days}d"] if days else []
+    if days or hours:
+        parts.append(f"{hours}h")
+    if days or hours or minutes:
+        parts.append(f"{minutes}m")
+    return "".join([*parts, f"{secs}s"])
+
+
+def render_status(status: Mapping[str, Any]) -> str:
+    """A readable report of a ``/status`` document (missing keys are shown as ``?``)."""
+
+    def get(key: str, default: Any = "?") -> Any:
+        return status.get(key, default)
+
+    ready = get("ready", False)
+    lines = [
+        f"krproxy {get('version')} (pid {get('pid')}), up {_duration(float(get('uptime_seconds', 0)))}",
+        "ready: yes" if ready else "ready: NO — " + "; ".join(get("reasons", []) or ["unknown"]),
+        f"listen: {get('listen')} ({'accepting calls' if get('listening', False) else 'not accepting calls'}"
+        + (", shutting down" if get("draining", False) else "")
+        + f"), {get('in_flight', 0)} in flight",
+    ]
+    for backend in get("backends", []):
+        line = f"backend {backend.get('role', '?')}: {backend.get('endpoint', '?')} — {backend.get('state', '?')}"
+        if backend.get("last_error"):
+            line += f" ({backend['last_error']})"
+        elif backend.get("state") == "unknown":
+            line += " (no call forwarded yet)"
+        lines.append(line)
+    store = get("store", {})
+    lines.append(
+        f"store: {store.get('pods', '?')} pods, {store.get('containers', '?')} containers, "
+        + ("recovered" if store.get("recovered") else "NOT recovered")
+    )
+    if get("recording", False):
+        lines.append("recording: on")
+    plugins = get("plugins", [])
+    lines.append(f"plugins ({get('hook_dir')}): {len(plugins) or 'none'}")
+    for p in plugins:
+        hooks = ", ".join(p.get("hooks", [])) or "no hooks"
+        lines.append(
+            f"  {p.get('name')}: {p.get('endpoint')} policy={p.get('failure_policy')} "
+            f"timeout={p.get('timeout')}s order={p.get('order')} hooks: {hooks}"
+        )
+        lines.extend(f"    warning: {w}" for w in p.get("warnings", []))
+    errors = get("registration_errors", {})
+    if errors:
+        lines.append(f"registration errors: {len(errors)}")
+        lines.extend(f"  {error}" for error in errors.values())
+    return "\n".join(lines) + "\n"
+
+
+def add_status_subcommand(subparsers: Any) -> None:
+    """Add ``krproxy status`` to the CLI's subparsers."""
+    import argparse
+
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "status",
+        help="report a running daemon's readiness, backend and plugins",
+        description="Ask a running `krproxy serve --metrics-address ...` for /status and print it. "
+        "Exit status: 0 ready, 1 running but not ready, 2 unreachable.",
+    )
+    p.add_argument(
+        "--metrics-address",
+        default=DEFAULT_STATUS_ADDRESS,
+        metavar="HOST:PORT",
+        help="the daemon's --metrics-address; default: %(default)s",
+    )
+    p.add_argument("--json", action="store_true", help="print the /status JSON document as it came")
+    p.add_argument(
+        "--timeout", type=float, default=5.0, metavar="SECONDS", help="give up after; default: %(default)s"
+    )
+    p.set_defaults(func=status_main)
+
+
+def status_main(args: Any) -> int:
+    """``krproxy status``: 0 ready, 1 not ready, 2 unreachable."""
+    import sys
+
+    try:
+        status = fetch_status(args.metrics_address, args.timeout)
+    except Unreachable as err:
+        print(f"krproxy status: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True))
+    else:
+        print(render_status(status), end="")
+    return 0 if status.get("ready") is True else 1

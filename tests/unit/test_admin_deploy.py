@@ -1,0 +1,80 @@
+"""The deployment files in deploy/ agree with the CLI: their flags parse and mean what the docs say."""
+
+from __future__ import annotations
+
+import configparser
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from krproxy import cli
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+PROXY_SOCKET = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
+
+
+def serve_args(argv: list[str]) -> Any:
+    """Parse a `krproxy serve ...` command line with the real parser."""
+    assert "serve" == argv[0]
+    return cli.build_parser().parse_args(argv)
+
+
+def unit() -> configparser.RawConfigParser:
+    parser = configparser.RawConfigParser(strict=False)
+    parser.optionxform = str  # type: ignore[assignment,method-assign]
+    parser.read_string((DEPLOY / "krproxy.service").read_text().replace("\\\n", " "))
+    return parser
+
+
+def daemonset() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load((DEPLOY / "daemonset.yaml").read_text())
+    return document
+
+
+class TestSystemdUnit:
+    def test_exec_start_flags_parse(self) -> None:
+        """ExecStart is a valid `krproxy serve` command with the koord-compatible endpoints."""
+        command = shlex.split(unit()["Service"]["ExecStart"])
+        args = serve_args(command[1:])
+        assert ("/usr/local/bin/krproxy", f"unix://{PROXY_SOCKET}", "127.0.0.1:9722") == (
+            command[0],
+            args.listen,
+            args.metrics_address,
+        )
+
+    def test_ordering_and_restart(self) -> None:
+        """Started after containerd and before kubelet, restarted always, given time to drain."""
+        parsed = unit()
+        assert ("always", "kubelet.service", "20") == (
+            parsed["Service"]["Restart"],
+            parsed["Unit"]["Before"],
+            parsed["Service"]["TimeoutStopSec"],
+        )
+        assert "containerd.service" in parsed["Unit"]["After"].split()
+
+
+class TestDaemonSet:
+    def test_container_args_parse(self) -> None:
+        """The container runs a valid `krproxy serve` on the proxy socket kubelet is switched to."""
+        [container] = daemonset()["spec"]["template"]["spec"]["containers"]
+        args = serve_args(container["args"])
+        assert (["krproxy"], f"unix://{PROXY_SOCKET}") == (container["command"], args.listen)
+
+    def test_probe_uses_status(self) -> None:
+        """The readiness probe is `krproxy status` at the daemon's metrics address."""
+        [container] = daemonset()["spec"]["template"]["spec"]["containers"]
+        probe = container["readinessProbe"]["exec"]["command"]
+        parsed = cli.build_parser().parse_args(probe[1:])
+        assert ("status", serve_args(container["args"]).metrics_address) == (
+            parsed.command,
+            parsed.metrics_address,
+        )
+
+    def test_host_paths(self) -> None:
+        """The proxy socket directory, containerd's socket directory and the hook directory come from the host."""
+        spec = daemonset()["spec"]["template"]["spec"]
+        paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+        assert {"/var/run/koord-runtimeproxy", "/run/containerd", "/etc/runtime/hookserver.d"} <= paths
+        assert (False, "OnDelete") == (spec["hostPID"], daemonset()["spec"]["updateStrategy"]["type"])
