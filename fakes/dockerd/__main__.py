@@ -1,0 +1,40 @@
+"""``python -m fakes.dockerd --socket PATH``: run the fake Docker Engine API until SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import logging
+import signal
+from collections.abc import Sequence
+
+import trio
+
+from fakes.dockerd.server import FakeDockerd, run_fake_dockerd
+from fakes.dockerd.state import DockerState
+
+
+async def _main(path: str, cgroup_driver: str) -> None:
+    fake = FakeDockerd(DockerState(cgroup_driver=cgroup_driver))
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(functools.partial(run_fake_dockerd, path, fake))
+            print(path, flush=True)
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
+                break
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fakes.dockerd", description=__doc__)
+    parser.add_argument("--socket", required=True, metavar="PATH", help="unix socket to listen on")
+    parser.add_argument("--cgroup-driver", default="cgroupfs", choices=["cgroupfs", "systemd"])
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(name)s %(message)s")
+    trio.run(_main, args.socket, args.cgroup_driver)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,322 @@
+"""Hooks on the Docker request path: create/start/stop/update/remove of containers.
+
+================================  ================================================================
+request                           what happens
+================================  ================================================================
+create, sandbox                   PreRunPodSandbox chain → forward → store the pod by Docker id
+create, app container             PreCreateContainer chain → forward → store the container
+start                             PreStartContainer → forward → PostStartContainer
+stop                              forward → PostStopContainer / PostStopPodSandbox → drop the entry
+update                            PreUpdateContainerResources chain → forward → store
+remove (``DELETE``)               forward → drop the container, or the pod and its containers
+================================  ================================================================
+
+The same hook points, plugins, store and merge rules as CRI mode (:mod:`krproxy.hooks`); only the
+wire format differs (:mod:`krproxy.docker.convert`). A pre hook of a ``Fail`` plugin that fails
+turns the request into HTTP 500 with the error text, and nothing is forwarded; ``Ignore`` goes on
+with the request as it was. Post hook failures are logged only (the reference writes a second
+status line after the real response, which clients never see).
+
+Deviations from koord-runtime-proxy, each on purpose:
+
+* a create whose ``name`` is not a dockershim name (``k8s_..._<attempt>``) is forwarded unchanged
+  (the reference answers 500), so the socket also serves ordinary Docker clients;
+* an app container whose sandbox is not stored gets hooks with the pod meta from its name (the
+  reference refuses the create with 500 "Failed to get pod info");
+* a stop of an id the store does not know is forwarded (the reference answers 500 "No such
+  container" without asking dockerd), so containers made elsewhere still stop;
+* ``DELETE /containers/{id}`` drops store entries, which the reference never does.
+
+Intercepted requests wait until the store has been recovered from dockerd after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+import attrs
+import trio
+
+from krproxy import log
+from krproxy.docker import convert
+from krproxy.docker._http import Reply, error_reply
+from krproxy.docker.routes import Action, Route, query_value
+from krproxy.hooks import convert as hook_convert
+from krproxy.hooks import merge
+from krproxy.hooks.dispatch import ChainResult, HookRejected
+from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
+from krproxy.hooks.points import HookPoint
+from krproxy.hooks.store import HookStore
+
+__all__ = ["BadRequest", "Chain", "DockerHooks", "Forward", "Request"]
+
+LOGGER = logging.getLogger("krproxy.docker.hooks")
+
+
+class Chain(Protocol):
+    """:meth:`krproxy.hooks.dispatch.Dispatcher.run`, callable from trio."""
+
+    def __call__(
+        self,
+        point: HookPoint,
+        record: Any,
+        to_request: Callable[[Any], Any],
+        merge: Callable[[Any, Any], merge.Merged[Any]],
+        *,
+        target: str = "",
+    ) -> Awaitable[ChainResult[Any]]: ...
+
+
+#: Send the request to dockerd, with this body instead of the original when not None; the reply.
+Forward = Callable[[bytes | None], Awaitable[Reply]]
+
+
+@attrs.frozen
+class Request:
+    """An intercepted request as the client sent it (body read whole)."""
+
+    method: bytes
+    target: bytes
+    body: bytes
+
+
+class BadRequest(Exception):
+    """The request body cannot be what dockerd expects; the client gets 400 and nothing is forwarded."""
+
+
+def _json_object(body: bytes, what: str) -> dict[str, Any]:
+    try:
+        document = json.loads(body)
+    except (ValueError, RecursionError) as err:
+        raise BadRequest(f"invalid JSON in {what} request: {err}") from None
+    if not isinstance(document, dict):
+        raise BadRequest(f"{what} request body must be a JSON object")
+    return document
+
+
+def _encode(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _keep(record: Any, answer: Any) -> merge.Merged[Any]:
+    """Post hooks: the answer is ignored."""
+    return merge.Merged(record)
+
+
+def _created_id(reply: Reply) -> str:
+    try:
+        document = json.loads(reply.body)
+    except (ValueError, RecursionError):
+        document = None
+    ident = document.get("Id") if isinstance(document, dict) else None
+    if not isinstance(ident, str) or not ident:
+        log.event(LOGGER, "create_reply_undecodable", level=logging.WARNING, status=reply.status)
+        return ""
+    return ident
+
+
+@attrs.define(eq=False)
+class DockerHooks:
+    """Store + hook chain for Docker requests; :meth:`handle` runs one intercepted request.
+
+    Attributes:
+        cgroup_driver: dockerd's cgroup driver (``cgroupfs`` or ``systemd``), learnt by recovery.
+    """
+
+    store: HookStore
+    chain: Chain
+    skip_label: tuple[str, str]
+    cgroup_driver: str = "cgroupfs"
+    _recovered: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    def mark_recovered(self) -> None:
+        """Let intercepted requests through: the store now reflects dockerd."""
+        self._recovered.set()
+
+    @property
+    def recovered(self) -> bool:
+        return self._recovered.is_set()
+
+    async def handle(self, route: Route, request: Request, forward: Forward) -> Reply:
+        """Run the hooks of *route* around *forward*; the reply to send the client."""
+        await self._recovered.wait()
+        try:
+            if route.action is Action.CREATE:
+                return await self._create(request, forward)
+            if route.action is Action.START:
+                return await self._start(self._resolve(route.container), forward)
+            if route.action is Action.STOP:
+                return await self._stop(self._resolve(route.container), forward)
+            if route.action is Action.UPDATE:
+                return await self._update(self._resolve(route.container), request, forward)
+            return await self._remove(self._resolve(route.container), forward)
+        except HookRejected as err:
+            return error_reply(500, err.message or "hook server err")
+        except BadRequest as err:
+            return error_reply(400, str(err))
+
+    def _skips(self, pod: PodInfo) -> bool:
+        return pod.has_label(*self.skip_label)
+
+    def _resolve(self, ident: str) -> str:
+        """The stored id *ident* names: itself, or the one stored id it is a prefix of (Docker accepts
+        unique id prefixes); else *ident* unchanged."""
+        if self.store.get_container(ident) is not None or self.store.get_pod(ident) is not None:
+            return ident
+        if len(ident) >= 4:
+            matches = [i for i in (*self.store.containers(), *self.store.pods()) if i.startswith(ident)]
+            if len(matches) == 1:
+                return matches[0]
+        return ident
+
+    # -- create ------------------------------------------------------------------------------
+
+    async def _create(self, request: Request, forward: Forward) -> Reply:
+        name = convert.parse_k8s_name(query_value(request.target, "name"))
+        if name is None:
+            return await forward(None)  # not made by kubelet: no hooks, not stored
+        body = _json_object(request.body, "create")
+        if convert.is_sandbox(convert.labels_of(body)):
+            return await self._create_sandbox(name, body, forward)
+        return await self._create_container(name, body, forward)
+
+    async def _create_sandbox(self, name: convert.K8sName, body: dict[str, Any], forward: Forward) -> Reply:
+        pod = merged = convert.pod_from_create(name, body, self.cgroup_driver)
+        if not self._skips(pod):
+            chain = await self.chain(
+                HookPoint.PRE_RUN_POD_SANDBOX,
+                pod,
+                hook_convert.pod_hook_request,
+                convert.merge_docker_pod,
+                target=f"pod {pod.namespace}/{pod.name}",
+            )
+            merged = chain.value
+        new_body = (
+            None if merged == pod else _encode(convert.apply_pod(body, pod, merged, self.cgroup_driver))
+        )
+        reply = await forward(new_body)
+        if reply.ok and (ident := _created_id(reply)):
+            self.store.put_pod(ident, merged)
+        return reply
+
+    async def _create_container(self, name: convert.K8sName, body: dict[str, Any], forward: Forward) -> Reply:
+        sandbox_id = convert.labels_of(body).get(convert.SANDBOX_ID_LABEL, "")
+        pod = self.store.get_pod(sandbox_id)
+        if pod is None:
+            log.event(
+                LOGGER,
+                "pod_not_stored",
+                level=logging.WARNING,
+                sandbox=sandbox_id,
+                container=name.container,
+                reason="pod meta taken from the container name",
+            )
+            pod = convert.pod_from_name(name)
+        info = merged = convert.container_from_create(name, body, pod)
+        if not self._skips(pod):
+            chain = await self.chain(
+                HookPoint.PRE_CREATE_CONTAINER,
+                info,
+                hook_convert.container_hook_request,
+                merge.merge_container_info,
+                target=f"pod {pod.namespace}/{pod.name} container {info.name}",
+            )
+            merged = chain.value
+        new_body = (
+            None
+            if merged == info
+            else _encode(convert.apply_container(body, info, merged, self.cgroup_driver))
+        )
+        reply = await forward(new_body)
+        if reply.ok and (ident := _created_id(reply)):
+            self.store.put_container(ident, attrs.evolve(merged, id=ident))
+        return reply
+
+    # -- start / stop / update / remove ------------------------------------------------------
+
+    def _hooked_container(self, ident: str) -> ContainerInfo | None:
+        info = self.store.get_container(ident)
+        return None if info is None or self._skips(info.pod) else info
+
+    async def _start(self, ident: str, forward: Forward) -> Reply:
+        info = self._hooked_container(ident)
+        if info is None:
+            return await forward(None)
+        chain = await self.chain(
+            HookPoint.PRE_START_CONTAINER,
+            info,
+            hook_convert.container_hook_request,
+            merge.merge_container_info,
+            target=ident,
+        )
+        if chain.value != info:
+            info = chain.value
+            self.store.update_container(ident, info)
+        try:
+            return await forward(None)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.chain(
+                    HookPoint.POST_START_CONTAINER,
+                    info,
+                    hook_convert.container_hook_request,
+                    _keep,
+                    target=ident,
+                )
+
+    async def _stop(self, ident: str, forward: Forward) -> Reply:
+        try:
+            return await forward(None)
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._after_stop(ident)
+
+    async def _after_stop(self, ident: str) -> None:
+        info = self.store.delete_container(ident)
+        if info is not None:
+            if not self._skips(info.pod):
+                await self.chain(
+                    HookPoint.POST_STOP_CONTAINER,
+                    info,
+                    hook_convert.container_hook_request,
+                    _keep,
+                    target=ident,
+                )
+            return
+        pod = self.store.delete_pod(ident)
+        if pod is not None and not self._skips(pod):
+            await self.chain(
+                HookPoint.POST_STOP_POD_SANDBOX, pod, hook_convert.pod_hook_request, _keep, target=ident
+            )
+
+    async def _update(self, ident: str, request: Request, forward: Forward) -> Reply:
+        stored = self._hooked_container(ident)
+        if stored is None:
+            return await forward(None)
+        body = _json_object(request.body, "update")
+        requested = convert.update_from_docker(body)
+        before = merge.update_resource_by_update_request(stored.resources or Resources(), requested)
+        prepared = attrs.evolve(stored, resources=before)
+        chain = await self.chain(
+            HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
+            prepared,
+            hook_convert.container_hook_request,
+            merge.merge_container_info,
+            target=ident,
+        )
+        after = chain.value.resources or Resources()
+        new_body = None if after == before else _encode(convert.apply_update(body, before, after))
+        reply = await forward(new_body)
+        if reply.ok:
+            self.store.update_container(ident, chain.value)
+        return reply
+
+    async def _remove(self, ident: str, forward: Forward) -> Reply:
+        reply = await forward(None)
+        if reply.ok:
+            self.store.delete_container(ident)
+            self.store.remove_pod(ident)
+        return reply

@@ -1,0 +1,130 @@
+"""Docker mode store recovery: a restarted proxy rebuilds its store from dockerd, and waits for a dockerd
+that is not up yet instead of crashing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+import trio
+
+from fakes.plugin import FakePlugin
+from krproxy.docker.client import request
+from krproxy.hooks.model import Resources
+from krproxy.hooks.points import HookPoint
+from krproxy.proto.runtime import v1alpha1 as hookapi
+from tests.integration.support import wait_until
+from tests.integration.test_docker_support import (
+    CGROUP_PARENT,
+    POD_ANNOTATIONS,
+    DockerNode,
+    make_node,
+)
+
+pytestmark = pytest.mark.usefixtures("aio_loop")
+
+
+@pytest.fixture
+async def node(aio_loop: Any, nursery: trio.Nursery, sockdir: str) -> DockerNode:
+    return await make_node(nursery, sockdir)
+
+
+class TestRecovery:
+    async def test_restarted_proxy_recovers_pods_and_containers(self, node: DockerNode) -> None:
+        """After a restart the store holds the pod and the container as dockerd reports them: meta from
+        the dockershim names, labels/annotations split, cgroup parent, current resources and envs."""
+        await node.start_proxy()
+        sandbox, container = await node.create_pod()
+        await node.call("POST", f"/containers/{container}/update", {"CpuShares": 512})
+        before = node.proxy.hooks.store.get_container(container)
+        await node.stop_proxy()
+        await node.start_proxy()
+        store = node.proxy.hooks.store
+        pod = store.get_pod(sandbox)
+        assert pod is not None
+        assert ("web", "prod", "uid-web", 1) == (pod.name, pod.namespace, pod.uid, pod.attempt)
+        assert POD_ANNOTATIONS == pod.annotations
+        assert CGROUP_PARENT == pod.cgroup_parent
+        recovered = store.get_container(container)
+        assert recovered is not None and before is not None
+        assert before.resources == recovered.resources
+        assert isinstance(recovered.resources, Resources) and 512 == recovered.resources.cpu_shares
+        assert (before.envs, before.annotations, before.pod_cgroup_parent) == (
+            recovered.envs,
+            recovered.annotations,
+            recovered.pod_cgroup_parent,
+        )
+        assert (sandbox, "app", 2) == (recovered.pod_sandbox_id, recovered.name, recovered.attempt)
+
+    async def test_hooks_after_restart_get_the_full_record(self, node: DockerNode) -> None:
+        """PreStartContainer after a restart carries the recovered pod meta, resources and envs."""
+        plugin = await node.add_plugin("p", FakePlugin(), [HookPoint.PRE_START_CONTAINER])
+        await node.start_proxy()
+        _, container = await node.create_pod()
+        await node.stop_proxy()
+        await node.start_proxy()
+        await node.call("POST", f"/containers/{container}/start")
+        [sent] = plugin.requests(HookPoint.PRE_START_CONTAINER)
+        assert (
+            hookapi.PodSandboxMetadata(name="web", uid="uid-web", namespace="prod", attempt=1)
+            == sent.pod_meta
+        )
+        assert {"PATH": "/bin", "MODE": "b"} == sent.container_envs
+        assert 2048 == sent.container_resources.cpu_shares
+
+    async def test_containers_not_made_by_kubelet_are_left_out(self, node: DockerNode) -> None:
+        """Recovery keeps only containers with dockershim's labels."""
+        await node.start_proxy()
+        await node.create("plain", {"Image": "busybox"})
+        await node.stop_proxy()
+        await node.start_proxy()
+        assert (0, 0) == (
+            node.proxy.hooks.store.statistics().pods,
+            node.proxy.hooks.store.statistics().containers,
+        )
+
+    async def test_proxy_waits_for_dockerd(self, aio_loop: Any, nursery: trio.Nursery, sockdir: str) -> None:
+        """Started before dockerd, the proxy serves (502 meanwhile), retries recovery, and intercepted
+        requests wait until the store is recovered."""
+        node = await make_node(nursery, sockdir, dockerd=False)
+        await node.start_proxy(wait_recovered=False)
+        assert 502 == (await node.call("GET", "/_ping")).status
+        assert not node.proxy.hooks.recovered
+        await node.start_dockerd()
+        sandbox, _ = await node.create_pod()
+        assert node.proxy.hooks.recovered
+        assert node.proxy.hooks.store.get_pod(sandbox) is not None
+
+
+class TestDaemonProcess:
+    async def test_cli_serves_docker_mode_and_stops_on_sigterm(self, node: DockerNode) -> None:
+        """``krproxy serve --backend-runtime-mode=Docker`` proxies to dockerd and exits 0 on SIGTERM."""
+        args = [
+            sys.executable,
+            "-m",
+            "krproxy",
+            "serve",
+            "--backend-runtime-mode=Docker",
+            f"--koord-runtimeproxy-endpoint={node.proxy_socket}",
+            f"--remote-runtime-service-endpoint=unix://{node.docker_socket}",
+            f"--hook-dir={node.hook_dir}",
+        ]
+        process = await trio.lowlevel.open_process(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            await wait_until(lambda: os.path.exists(node.proxy_socket), 10.0)
+            with trio.fail_after(5):
+                reply = await request(node.proxy_socket, "GET", "/_ping")
+            assert (200, b"OK") == (reply.status, reply.body)
+            process.send_signal(signal.SIGTERM)
+            with trio.fail_after(10):
+                assert 0 == await process.wait()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            assert process.stderr is not None
+            await process.stderr.aclose()
