@@ -33,6 +33,16 @@ def e2e(session: nox.Session) -> None:
 
 
 @nox.session
+def soak(session: nox.Session) -> None:
+    """The bounded soak (not a default session): 200k mixed calls or 10 minutes, 64 clients, 2 plugins.
+
+    Budget via KRPROXY_SOAK_CALLS / _SECONDS / _CLIENTS / _PROCESSES; figures are printed.
+    """
+    _install(session)
+    session.run("pytest", "tests/soak", "-m", "soak", "-s", *session.posargs)
+
+
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff: lint and formatting."""
     session.install("ruff==0.17.6")  # the version pinned in pyproject's test extra

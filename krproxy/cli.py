@@ -64,7 +64,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         dest="runtime",
         default=config.DEFAULT_RUNTIME_ENDPOINT,
         metavar="SOCKET",
-        help="the real runtime's CRI socket; default: %(default)s",
+        help="the real runtime's CRI socket (Docker mode: dockerd's API socket); default: %(default)s",
     )
     p.add_argument(
         "--remote-image-service-endpoint",
@@ -77,7 +77,8 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "--backend-runtime-mode",
         choices=[m.value for m in config.BackendMode],
         default=config.BackendMode.CONTAINERD.value,
-        help="backend API: Containerd (CRI); Docker is not supported yet; default: %(default)s",
+        help="backend API: Containerd (CRI over gRPC) or Docker (HTTP proxy in front of dockerd: pass "
+        "--remote-runtime-service-endpoint=unix:///var/run/docker.sock); default: %(default)s",
     )
     p.add_argument(
         "--hook-dir",
@@ -119,7 +120,67 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="on SIGTERM/SIGINT, how long in-flight calls may take before they are cancelled; "
         "default: %(default)s",
     )
+    p.add_argument(
+        "--oci-hooks-dir",
+        dest="oci_hook_dirs",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="run OCI hooks (hooks.d JSON files, docs/oci-hooks.md) from DIR around container "
+        "start/stop; repeatable, a later DIR wins on the same file name (CRI-O's order is "
+        "/usr/share/containers/oci/hooks.d then /etc/containers/oci/hooks.d); default: none, off",
+    )
+    _add_record(p)
+    _add_admin(p)
     _add_logging(p)
+
+
+def _add_admin(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-address",
+        default="",
+        metavar="HOST:PORT",
+        help="serve /metrics, /healthz, /readyz and /status over HTTP at HOST:PORT (loopback only "
+        f"unless --metrics-allow-remote; e.g. {config.DEFAULT_METRICS_ADDRESS}); default: off",
+    )
+    p.add_argument(
+        "--metrics-allow-remote",
+        action="store_true",
+        help="allow a non-loopback --metrics-address: the endpoint has no authentication and shows "
+        "plugin sockets and pod counts, so only with a firewall or network policy in front",
+    )
+    p.add_argument(
+        "--insecure-registration-files",
+        action="store_true",
+        help="use registration files whatever their owner and mode (default: only files owned by "
+        "root and not world-writable); for tests and development",
+    )
+
+
+def _add_record(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--record",
+        default="",
+        metavar="FILE",
+        help="record every CRI call into the trace FILE (see `krproxy trace`); SIGUSR1 toggles recording",
+    )
+    p.add_argument(
+        "--record-max-bytes",
+        type=int,
+        default=64 << 20,
+        metavar="N",
+        help="rotate the trace file at N bytes (0: never); default: %(default)s",
+    )
+    p.add_argument(
+        "--record-keep",
+        type=int,
+        default=3,
+        metavar="N",
+        help="rotated trace files kept; default: %(default)s",
+    )
+    p.add_argument(
+        "--record-paused", action="store_true", help="with --record: start with recording off until SIGUSR1"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,6 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
     from krproxy.hookserver.cli import add_subcommands as add_hooks
 
     add_hooks(subparsers)
+    from krproxy.trace.cli import add_subcommands as add_trace
+
+    add_trace(subparsers)
+    from krproxy.admin import add_status_subcommand
+
+    add_status_subcommand(subparsers)
     return parser
 
 
@@ -161,15 +228,17 @@ def _serve(args: argparse.Namespace) -> int:
             socket_mode=args.socket_mode,
             socket_group=args.socket_group,
             grace_period=args.grace_period,
+            oci_hook_dirs=tuple(args.oci_hook_dirs),
+            record=args.record,
+            record_max_bytes=args.record_max_bytes,
+            record_keep=args.record_keep,
+            record_paused=args.record_paused,
+            metrics_address=args.metrics_address,
+            metrics_allow_remote=args.metrics_allow_remote,
+            insecure_registration_files=args.insecure_registration_files,
         )
     except ValueError as err:
         print(f"krproxy serve: error: {err}", file=sys.stderr)
-        return 2
-    if cfg.backend_mode is not config.BackendMode.CONTAINERD:
-        print(
-            f"krproxy serve: error: --backend-runtime-mode={cfg.backend_mode.value} is not supported yet",
-            file=sys.stderr,
-        )
         return 2
     try:
         daemon.run(cfg)
@@ -194,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "version":
         print(f"krproxy {__version__}")
         return 0
-    if args.command == "hooks":
+    if args.command in ("hooks", "trace", "status"):
         result: int = args.func(args)  # configures its own logging
         return result
     log.configure(args.log_level, args.log_format)

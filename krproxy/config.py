@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import ipaddress
 
 import attrs
 
@@ -34,6 +35,38 @@ def _optional_socket_path(endpoint: str) -> str:
     return _socket_path(endpoint) if endpoint else ""
 
 
+#: Where ``krproxy status`` looks for a daemon when not told (the address the deploy files use).
+DEFAULT_METRICS_ADDRESS = "127.0.0.1:9722"
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[V6]:PORT`` for IPv6; empty HOST: every interface) → ``(host, port)``.
+
+    Raises:
+        ValueError: not of that form, or the port is not 0..65535.
+    """
+    host, sep, port = text.rpartition(":")
+    if not sep:
+        raise ValueError(f"{text!r} is not HOST:PORT")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ValueError(f"{text!r}: write IPv6 addresses in brackets, as [::1]:PORT")
+    if not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"{text!r}: the port must be a number in 0..65535")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether *host* names this machine's loopback only (``localhost``, ``127.0.0.0/8``, ``::1``)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @attrs.frozen
 class ProxyConfig:
     """Everything ``krproxy serve`` needs to know.
@@ -42,12 +75,25 @@ class ProxyConfig:
         listen: socket path kubelet connects to (``unix://`` prefix stripped).
         runtime_endpoint: the backend RuntimeService socket.
         image_endpoint: the backend ImageService socket; the runtime socket when empty.
-        backend_mode: the backend's API; only Containerd is served today.
+        backend_mode: the backend's API: Containerd (CRI) or Docker (``runtime_endpoint`` is then
+            dockerd's API socket; see docs/docker-mode.md).
         hook_dir: directory of plugin registration files.
         skip_label: pods carrying this label key=value bypass all hooks.
         socket_mode: permission bits of the listening socket.
         socket_group: group id of the listening socket, unchanged when None.
         grace_period: seconds in-flight calls may take to finish after SIGTERM.
+        metrics_allow_remote: allow a ``metrics_address`` that is not loopback.
+        metrics_address: ``HOST:PORT`` of the HTTP endpoint (``/metrics``, ``/healthz``,
+            ``/readyz``, ``/status``); none when empty. Loopback only unless allowed: the
+            endpoint has no authentication and reveals the node's plugins and pod counts.
+        insecure_registration_files: read registration files whatever their owner and mode
+            (by default only root-owned files not writable by others are used).
+        record: trace file every CRI call is recorded into (docs/trace-format.md); none when empty.
+        record_max_bytes: rotate the trace file at this size (0: never).
+        record_keep: rotated trace files kept (FILE.1 ... FILE.N).
+        record_paused: with ``record``, start with recording off (SIGUSR1 toggles it).
+        oci_hook_dirs: hooks.d directories of OCI hook files (docs/oci-hooks.md), least preferred
+            first; empty (the default): no OCI hooks at the proxy.
     """
 
     listen: str = attrs.field(default=DEFAULT_LISTEN, converter=_socket_path)
@@ -59,6 +105,25 @@ class ProxyConfig:
     socket_mode: int = 0o660
     socket_group: int | None = None
     grace_period: float = attrs.field(default=10.0)
+    metrics_allow_remote: bool = False
+    metrics_address: str = attrs.field(default="")
+    insecure_registration_files: bool = False
+    record: str = ""
+    record_max_bytes: int = attrs.field(default=64 << 20, validator=attrs.validators.ge(0))
+    record_keep: int = attrs.field(default=3, validator=attrs.validators.ge(0))
+    record_paused: bool = False
+    oci_hook_dirs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    @metrics_address.validator
+    def _check_metrics_address(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if not value:
+            return
+        host, _ = parse_address(value)
+        if not self.metrics_allow_remote and not is_loopback(host):
+            raise ValueError(
+                f"metrics address {value!r} is not a loopback address; the endpoint has no "
+                "authentication, so exposing it beyond this node needs --metrics-allow-remote"
+            )
 
     @grace_period.validator
     def _check_grace(self, attribute: attrs.Attribute[float], value: float) -> None:

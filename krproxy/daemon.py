@@ -7,8 +7,10 @@
         └── root nursery
             ├── hook directory watcher      registration files -> Dispatcher registry
             ├── store recovery              List/Status from the runtime, retried until it works
+            ├── trace recorder (--record)   writes recorded calls to the trace file
             ├── CRI server (krproxy._grpc.serve)   forwards to the backend, hooks on the way
-            └── signal watcher              SIGTERM/SIGINT -> graceful drain
+            ├── admin endpoint (--metrics-address) /metrics /healthz /readyz /status (krproxy.admin)
+            └── signal watchers             SIGTERM/SIGINT -> graceful drain; SIGUSR1 -> recording on/off
 
 Start-up order: the socket is bound first; the plugins present in the hook directory are
 loaded; then the server accepts calls. Store recovery runs in the background and retries
@@ -26,13 +28,14 @@ import functools
 import logging
 import signal
 import socket
+from typing import Any, cast
 
 import attrs
 import grpclib.server
 import trio
 import trio_asyncio
 
-from krproxy import _grpc, calls, log
+from krproxy import _grpc, admin, calls, log
 from krproxy.config import BackendMode, ProxyConfig
 from krproxy.forward import Backend, Forwarder
 from krproxy.hooks.dispatch import Dispatcher
@@ -41,6 +44,8 @@ from krproxy.hooks.runtime import HookRuntime
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.watcher import watch
 from krproxy.metrics import Metrics
+from krproxy.ocihooks import proxy as ocihooks
+from krproxy.trace.recorder import Recorder, watch_toggle_signal
 
 LOGGER = logging.getLogger("krproxy.daemon")
 
@@ -54,6 +59,9 @@ class Daemon:
     hooks: HookRuntime
     metrics: Metrics
     server: grpclib.server.Server
+    recorder: Recorder | None = None
+    admin_view: admin.AdminView | None = None
+    oci_hooks: ocihooks.OciHooks | None = None
     _shutdown: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     def request_shutdown(self) -> None:
@@ -124,16 +132,32 @@ async def serve(
     *,
     handle_signals: bool = True,
     sock: socket.socket | None = None,
+    admin_sock: socket.socket | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the proxy until a shutdown is requested; must run inside ``trio_asyncio.open_loop()``.
 
-    ``sock`` is the listening socket if the caller bound it already (see :func:`run`).
+    ``sock`` is the listening socket if the caller bound it already (see :func:`run`), and
+    ``admin_sock`` likewise the admin endpoint's (else bound here if ``config.metrics_address``).
 
     Reports the :class:`Daemon` through ``task_status`` once the socket accepts connections.
     """
-    if config.backend_mode is not BackendMode.CONTAINERD:
-        raise NotImplementedError(f"backend mode {config.backend_mode.value} is not supported yet")
+    if config.backend_mode is BackendMode.DOCKER:
+        # Docker mode is an HTTP proxy with its own task tree; it reports a DockerDaemon.
+        from krproxy.docker.server import serve as serve_docker
+
+        if config.metrics_address:  # the admin endpoint (krproxy.admin) reads the CRI daemon's parts
+            log.event(LOGGER, "admin_unavailable", level=logging.WARNING, reason="not served in Docker mode")
+        if admin_sock is not None:
+            admin_sock.close()
+
+        await serve_docker(
+            config,
+            handle_signals=handle_signals,
+            sock=sock,
+            task_status=cast("trio.TaskStatus[Any]", task_status),
+        )
+        return
     if sock is None:
         sock = _grpc.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
     runtime = Backend(config.runtime_endpoint)
@@ -143,18 +167,43 @@ async def serve(
     hooks = HookRuntime(HookStore(), dispatcher, config.skip_label)
     metrics.store_pods.set_function(lambda: hooks.store.statistics().pods)
     metrics.store_containers.set_function(lambda: hooks.store.statistics().containers)
-    forwarder = Forwarder(runtime, image, hooks.interceptors(), observers=[metrics.observe_call])
+    interceptors = hooks.interceptors()
+    # OCI hooks (--oci-hooks-dir): their interceptors wrap the plugin ones (krproxy/ocihooks/proxy.py).
+    oci_hooks = ocihooks.for_daemon(config.runtime_endpoint) if config.oci_hook_dirs else None
+    if oci_hooks is not None:
+        interceptors = oci_hooks.wrap(interceptors)
+    forwarder = Forwarder(runtime, image, interceptors, observers=[metrics.observe_call])
+    backends = [("runtime", runtime)] if image is runtime else [("runtime", runtime), ("image", image)]
+    view = admin.AdminView(config, forwarder, hooks, metrics, backends)
+    admin.wire_metrics(view)
+    if admin_sock is None and config.metrics_address:
+        admin_sock = admin.bind(config.metrics_address)
     try:
         async with trio.open_nursery() as nursery:
+            if admin_sock is not None:
+                await nursery.start(admin.serve, view, admin_sock)
             await nursery.start(
                 functools.partial(
                     watch,
                     config.hook_dir,
                     dispatcher.publish,
                     on_error=lambda name: metrics.registration_errors.labels(name).inc(),
+                    trusted_only=not config.insecure_registration_files,
                 )
             )
+            if oci_hooks is not None:
+                await nursery.start(ocihooks.serve_hook_dirs, oci_hooks, config.oci_hook_dirs)
             nursery.start_soon(_recover_store, config, hooks, metrics)
+            recorder = None
+            if config.record:
+                recorder = Recorder(
+                    config.record,
+                    max_bytes=config.record_max_bytes,
+                    keep=config.record_keep,
+                    active=not config.record_paused,
+                )
+                await nursery.start(recorder.run)
+                forwarder.observers.append(recorder.observe)
             server = await nursery.start(
                 functools.partial(
                     _grpc.serve,
@@ -166,9 +215,12 @@ async def serve(
                     sock=sock,
                 )
             )
-            daemon = Daemon(config, forwarder, hooks, metrics, server)
+            view.listening = True
+            daemon = Daemon(config, forwarder, hooks, metrics, server, recorder, admin_view=view)
+            daemon.oci_hooks = oci_hooks
             if handle_signals:
                 nursery.start_soon(_watch_signals, daemon)
+                nursery.start_soon(watch_toggle_signal, recorder)
             log.event(
                 LOGGER,
                 "ready",
@@ -183,6 +235,8 @@ async def serve(
             await daemon._drain()
             nursery.cancel_scope.cancel()
     finally:
+        if admin_sock is not None:
+            admin_sock.close()
         dispatcher.close()
         runtime.close()
         image.close()
@@ -196,9 +250,33 @@ def run(config: ProxyConfig) -> None:
     permission) raise as themselves rather than inside exception groups.
     """
     sock = _grpc.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
+    try:
+        admin_sock = admin.bind(config.metrics_address) if config.metrics_address else None
+    except OSError:
+        sock.close()
+        raise
 
     async def main() -> None:
-        async with trio_asyncio.open_loop():
-            await serve(config, sock=sock)
+        async with trio_asyncio.open_loop() as loop:
+            loop.set_exception_handler(_log_loop_error)
+            await serve(config, sock=sock, admin_sock=admin_sock)
 
     trio.run(main)
+
+
+def _log_loop_error(loop: Any, context: dict[str, Any]) -> None:
+    """Log an error asyncio could not hand to anyone, instead of crashing the daemon.
+
+    trio-asyncio's default handler re-raises such errors into the root nursery, so one bad
+    connection would stop the proxy: e.g. grpclib 0.4.9 raises NotImplementedError from
+    ``data_received`` for an HTTP/2 frame of unknown type (which RFC 9113 says to ignore).
+    asyncio has already closed that connection's transport by the time this is called.
+    """
+    error = context.get("exception")
+    log.event(
+        LOGGER,
+        "asyncio_error",
+        level=logging.ERROR,
+        message=context.get("message", ""),
+        error=f"{type(error).__name__}: {error}" if error is not None else "",
+    )

@@ -87,10 +87,16 @@ class Backend:
 
     The channel connects on first use and reconnects after the connection was lost, so a
     restarted runtime is picked up by the next call. Create inside the asyncio loop.
+
+    :attr:`reachable` is what the last call learned: True once the runtime answered (any
+    status), False after it could not be reached, None before the first call;
+    :attr:`last_error` says why it was last unreachable.
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
+        self.reachable: bool | None = None
+        self.last_error = ""
         self.channel = grpclib.client.Channel(
             path=path, codec=BytesCodec(), status_details_codec=RawStatusDetailsCodec()
         )
@@ -120,12 +126,16 @@ class Backend:
                 path, cardinality, Raw, Raw, metadata=metadata, deadline=deadline
             ) as upstream:
                 yield upstream
+            self.reachable = True
         except BackendError:
+            self.reachable = True
             raise
         except GRPCError as err:
+            self.reachable = True
             trailers = upstream.trailing_metadata if upstream is not None else None
             raise BackendError(err.status, err.message, err.details, trailers) from None
         except (OSError, StreamTerminatedError, h2.exceptions.ProtocolError) as err:
+            self.reachable, self.last_error = False, str(err) or type(err).__name__
             log.event(
                 LOGGER,
                 "backend_unavailable",

@@ -6,11 +6,13 @@ in one test process never share counters.
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
+from krproxy import __version__
 from krproxy.calls import CallRecord
 from krproxy.forward import known_routes
 from krproxy.hooks.dispatch import Outcome
+from krproxy.hooks.validate import INVALID_ANSWER
 
 #: Latency buckets in seconds: from a fast local call (~0.3 ms) to kubelet's 2 min deadline.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
@@ -69,6 +71,32 @@ class Metrics:
         self.recovered = Gauge(
             "krproxy_store_recovered", "1 once the store was rebuilt from the runtime.", registry=r
         )
+        self.backend_up = Gauge(
+            "krproxy_backend_up",
+            "1 when the last call reached the runtime at this socket, 0 after it was unreachable "
+            "(NaN before the first call).",
+            ["role", "endpoint"],
+            registry=r,
+        )
+        self.recording = Gauge(
+            "krproxy_recording", "1 while CRI calls are being recorded to a trace, else 0.", registry=r
+        )
+        self.in_flight = Gauge("krproxy_calls_in_flight", "CRI calls being handled now.", registry=r)
+        self.plugins = Gauge(
+            "krproxy_plugins_registered", "Plugins with a valid registration file.", registry=r
+        )
+        self.invalid_answers = Counter(
+            "krproxy_hook_answers_invalid_total",
+            "Pre-hook answers refused by validation, by plugin and hook point "
+            "(each is also counted as a failed or rejected hook call).",
+            ["plugin", "hook"],
+            registry=r,
+        )
+        self.ready = Gauge(
+            "krproxy_ready", "1 when the proxy listens and its store is recovered (/readyz).", registry=r
+        )
+        self.info = Info("krproxy_build", "The daemon's version.", registry=r)
+        self.info.info({"version": __version__})
 
     def observe_call(self, record: CallRecord) -> None:
         method = record.path.rpartition("/")[2] if record.path in _KNOWN_PATHS else "unknown"
@@ -79,3 +107,5 @@ class Metrics:
     def observe_hook(self, outcome: Outcome) -> None:
         self.hook_calls.labels(outcome.plugin, outcome.point.value, outcome.result).inc()
         self.hook_seconds.labels(outcome.plugin, outcome.point.value).observe(outcome.seconds)
+        if outcome.detail.startswith(INVALID_ANSWER):
+            self.invalid_answers.labels(outcome.plugin, outcome.point.value).inc()

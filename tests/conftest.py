@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 import grpc
+import hypothesis
 import pytest
 import trio
 import trio_asyncio
@@ -29,6 +30,9 @@ from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, 
 
 #: Generous client-side deadline for grpcio calls in tests: a hung call fails instead of hanging.
 CALL_TIMEOUT = 10.0
+
+# `--hypothesis-profile=fuzz`: the long fuzzing run (see tests/fuzz/__init__.py for the budget).
+hypothesis.settings.register_profile("fuzz", deadline=None, print_blob=True)
 
 
 @attrs.define

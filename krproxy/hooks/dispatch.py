@@ -6,9 +6,11 @@ random plugin instead). Each call has the plugin's own timeout.
 
 Error handling: a plugin is an untrusted peer. Whatever goes wrong with one call — it is
 unreachable, hangs past its timeout, answers an error status or bytes that do not decode —
-becomes a :class:`HookFailure`. With failure policy ``Fail`` on a pre hook the CRI call is
-rejected (:class:`HookRejected`, a gRPC status naming plugin, hook and cause); otherwise
-the failure is logged and the chain goes on without that plugin's changes.
+becomes a :class:`HookFailure`; so does a pre hook's answer that breaks a rule of
+:mod:`krproxy.hooks.validate` (cause ``invalid answer: ...``), before any of it is applied.
+With failure policy ``Fail`` on a pre hook the CRI call is rejected (:class:`HookRejected`, a
+gRPC status naming plugin, hook and cause); otherwise the failure is logged and the chain goes
+on without that plugin's changes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from krproxy import log
 from krproxy.hooks.merge import Change, Merged
 from krproxy.hooks.points import HookPoint, Stage
 from krproxy.hooks.registration import FailurePolicy, PluginRegistration, Registry
+from krproxy.hooks.validate import INVALID_ANSWER, check_answer
 from krproxy.proto.runtime import v1alpha1 as hookapi
 
 LOGGER = logging.getLogger("krproxy.hooks.dispatch")
@@ -81,9 +84,22 @@ class ChainResult(Generic[Record]):
     outcomes: tuple[Outcome, ...]
 
 
+class InvalidAnswer(Exception):
+    """A pre hook's answer broke a rule of :mod:`krproxy.hooks.validate`; handled as a plugin failure."""
+
+    def __init__(self, violations: Sequence[str]) -> None:
+        super().__init__(f"{INVALID_ANSWER}: " + "; ".join(violations))
+        self.violations = tuple(violations)
+
+
 def _describe(err: BaseException, plugin: PluginRegistration) -> str:
+    if isinstance(err, InvalidAnswer):
+        return str(err)
     if isinstance(err, asyncio.TimeoutError):
         return f"no answer within {plugin.timeout:g}s"
+    if isinstance(err, GRPCError) and err.status is Status.DEADLINE_EXCEEDED:
+        # The plugin enforced the deadline we sent it (grpclib sends it rounded down) first.
+        return f"no answer within {plugin.timeout:g}s (the plugin gave up: DEADLINE_EXCEEDED)"
     if isinstance(err, GRPCError):
         return f"{err.status.name}: {err.message or ''}".rstrip(": ")
     if isinstance(err, (ConnectionRefusedError, FileNotFoundError)):
@@ -166,6 +182,10 @@ class Dispatcher:
             started = time.perf_counter()
             try:
                 answer = await self.call(plugin, point, to_request(record))
+                if point.stage is Stage.PRE:
+                    violations = check_answer(record, answer)
+                    if violations:
+                        raise InvalidAnswer(violations)
             except Exception as err:  # the plugin is an untrusted peer: every failure is handled
                 failure = HookFailure(plugin.name, point, _describe(err, plugin))
                 rejected = plugin.failure_policy is FailurePolicy.FAIL and point.stage is Stage.PRE

@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 from collections.abc import Callable, Mapping
 
 import attrs
@@ -74,16 +75,47 @@ def take_snapshot(directory: str) -> Snapshot | None:
     return snapshot
 
 
-def read_file(path: str) -> bytes | None:
+class UntrustedFile(Exception):
+    """A registration file that someone other than root could have written; refused unread."""
+
+
+def untrusted_reason(st: os.stat_result) -> str | None:
+    """Why a file with status *st* must not be trusted as a registration file, or None.
+
+    A registration file tells the daemon (root) which socket to hand every pod's spec to and
+    whose answers to apply, so it must be as hard to write as the daemon itself: owned by root
+    (or by the daemon's own user, the same thing in production) and not writable by others.
+    """
+    if st.st_uid not in (0, os.geteuid()):
+        return f"owned by uid {st.st_uid}, not root"
+    if st.st_mode & stat.S_IWOTH:
+        return f"world-writable (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def read_file(path: str, *, trusted_only: bool = True) -> bytes | None:
     """The file's bytes (at most :data:`MAX_FILE_SIZE` + 1), or None if it is gone.
+
+    With *trusted_only*, the file actually opened (a symlink's target) must pass
+    :func:`untrusted_reason`, checked on the open descriptor so that it cannot be swapped
+    between the check and the read; otherwise :class:`UntrustedFile` is raised. The file is
+    opened non-blocking and must not be a FIFO, socket or device, so nothing dropped into the
+    directory can stall the daemon.
 
     Other errors (no permission, a directory) propagate as OSError for the caller to report.
     """
     try:
-        with open(path, "rb") as f:
-            return f.read(MAX_FILE_SIZE + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
+    with open(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            raise UntrustedFile("not a regular file")
+        problem = untrusted_reason(st) if trusted_only else None
+        if problem is not None:
+            raise UntrustedFile(problem)
+        return f.read(MAX_FILE_SIZE + 1)  # a directory raises IsADirectoryError here
 
 
 def ensure_directory(directory: str) -> bool:
@@ -102,13 +134,25 @@ def ensure_directory(directory: str) -> bool:
     return True
 
 
-def load_changes(directory: str, registry: Registry, names: list[str]) -> Registry:
-    """Apply the current content of each named file to ``registry``, logging every outcome."""
+def load_changes(
+    directory: str, registry: Registry, names: list[str], *, trusted_only: bool = True
+) -> Registry:
+    """Apply the current content of each named file to ``registry``, logging every outcome.
+
+    A file refused by :func:`read_file` (untrusted owner or mode) counts as invalid: its
+    previous valid version, if any, stays in force.
+    """
     for name in names:
         path = os.path.join(directory, name)
         problem: str | None = None
         try:
-            content = read_file(path)
+            content = read_file(path, trusted_only=trusted_only)
+        except UntrustedFile as err:
+            content = b""
+            problem = (
+                f"refused: {err}; registration files must be owned by root and not writable by others "
+                "(--insecure-registration-files relaxes this)"
+            )
         except OSError as err:
             content = b""  # unreadable: reported below as a registration error
             problem = f"cannot read: {err.strerror or err}"
@@ -158,6 +202,7 @@ async def watch(
     *,
     on_error: Callable[[str], None] = lambda name: None,
     interval: float = POLL_INTERVAL,
+    trusted_only: bool = True,
     task_status: trio.TaskStatus[Registry] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Keep ``publish``-ing the registry of ``directory`` as its files change; runs until cancelled.
@@ -165,7 +210,8 @@ async def watch(
     The first scan completes before ``task_status.started(registry)``, so a daemon serves
     only once the plugins present at start-up are loaded. ``on_error(name)`` is called for
     each file found invalid (for the metric). A missing directory is created, or waited
-    for when it cannot be; it is never fatal.
+    for when it cannot be; it is never fatal. ``trusted_only=False`` reads files whatever
+    their owner and mode (``--insecure-registration-files``, for tests and development).
     """
     registry = Registry()
     before: Snapshot = {}
@@ -178,7 +224,7 @@ async def watch(
             after = after or {}
         names = changed_files(before, after)
         if names:
-            registry = load_changes(directory, registry, names)
+            registry = load_changes(directory, registry, names, trusted_only=trusted_only)
             for name in names:
                 if registry.error_for(name) is not None:
                     on_error(name)

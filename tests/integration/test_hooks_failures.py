@@ -239,9 +239,11 @@ class TestTimeoutInVirtualTime:
         assert Status.UNKNOWN == info.value.status
         # Under the autojump clock the plugin's server-side deadline always fires first: it is the
         # grpc-timeout header the proxy sent, i.e. the remaining time rounded down (to 4999m here).
+        # Either way the proxy words it as the plugin's timeout.
         message = info.value.message or ""
-        assert message.startswith("hook server err: hook server slow failed PreCreateContainer: ")
-        assert message.endswith(("no answer within 5s", "DEADLINE_EXCEEDED")), message
+        assert message.startswith(
+            "hook server err: hook server slow failed PreCreateContainer: no answer within 5s"
+        )
         assert 4.99 <= elapsed <= 5.0
         assert time.monotonic() - real_started < 5.0
         assert [] == node.fake.requests("CreateContainer")

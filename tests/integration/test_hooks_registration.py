@@ -15,8 +15,8 @@ import trio
 from fakes.plugin import FakePlugin, registration_document
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import FailurePolicy
-from tests.integration.support import wait_until
 from tests.integration.hooks_support import REGISTRATION_LIMIT, Node, make_node
+from tests.integration.support import wait_until
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
 
