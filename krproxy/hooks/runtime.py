@@ -26,8 +26,9 @@ restart (:meth:`HookRuntime.mark_recovered`), so no hook ever runs against a par
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import attrs
@@ -72,6 +73,29 @@ def _decode(message_type: type[Any], data: bytes, what: str) -> Any:
         return message_type.FromString(data)
     except Exception as err:  # a malformed request must not reach the hooks, nor crash anything
         raise GRPCError(Status.INVALID_ARGUMENT, f"cannot decode {what}: {err}") from None
+
+
+def _decode_id(message_type: type[Any], data: bytes, field: str) -> str:
+    """The id field of a request that carries only an id."""
+    value = getattr(_decode(message_type, data, message_type.__name__), field)
+    if not isinstance(value, str):
+        raise GRPCError(
+            Status.INVALID_ARGUMENT, f"malformed {message_type.__name__}: {field} is not a string"
+        )
+    return value
+
+
+@contextlib.contextmanager
+def _malformed(what: str) -> Iterator[None]:
+    """Reading a decoded request failed: the request was malformed, not the proxy broken.
+
+    betterproto2 decodes a field sent with the wrong wire type into a value of the wrong type
+    (``config == 1``) instead of refusing it, so such requests only fail once read.
+    """
+    try:
+        yield
+    except (AttributeError, TypeError, ValueError) as err:
+        raise GRPCError(Status.INVALID_ARGUMENT, f"malformed {what}: {type(err).__name__}: {err}") from None
 
 
 @attrs.define(eq=False)
@@ -119,7 +143,8 @@ class HookRuntime:
 
     async def run_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
         request = _decode(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest")
-        pod = convert.pod_from_run_request(request)
+        with _malformed("RunPodSandboxRequest"):
+            pod = convert.pod_from_run_request(request)
         if not self._skips(pod):
             chain = await self.dispatcher.run(
                 HookPoint.PRE_RUN_POD_SANDBOX,
@@ -130,7 +155,8 @@ class HookRuntime:
             )
             if chain.value != pod:
                 pod = chain.value
-                data = bytes(merge.apply_run_pod(request, pod).SerializeToString())
+                with _malformed("RunPodSandboxRequest"):
+                    data = bytes(merge.apply_run_pod(request, pod).SerializeToString())
         reply = await forward(data)
         sandbox_id = _reply_field(cri.RunPodSandboxResponse, reply, "pod_sandbox_id")
         if sandbox_id:
@@ -138,7 +164,7 @@ class HookRuntime:
         return reply
 
     async def stop_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
-        sandbox_id = _decode(cri.StopPodSandboxRequest, data, "StopPodSandboxRequest").pod_sandbox_id
+        sandbox_id = _decode_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")
         try:
             return await forward(data)
         finally:
@@ -156,7 +182,7 @@ class HookRuntime:
             self.store.delete_pod(sandbox_id)
 
     async def remove_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
-        sandbox_id = _decode(cri.RemovePodSandboxRequest, data, "RemovePodSandboxRequest").pod_sandbox_id
+        sandbox_id = _decode_id(cri.RemovePodSandboxRequest, data, "pod_sandbox_id")
         reply = await forward(data)
         self.store.remove_pod(sandbox_id)
         return reply
@@ -165,12 +191,13 @@ class HookRuntime:
 
     async def create_container(self, data: bytes, forward: Forward) -> Reply:
         request = _decode(cri.CreateContainerRequest, data, "CreateContainerRequest")
-        pod = self.store.get_pod(request.pod_sandbox_id)
-        if pod is None:
-            # Better than the reference (which skips hooks): the request carries the pod's config.
-            _missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
-            pod = convert.pod_from_run_request(cri.RunPodSandboxRequest(config=request.sandbox_config))
-        info = convert.container_from_create_request(request, pod)
+        with _malformed("CreateContainerRequest"):
+            pod = self.store.get_pod(request.pod_sandbox_id)
+            if pod is None:
+                # Better than the reference (which skips hooks): the request carries the pod's config.
+                _missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
+                pod = convert.pod_from_run_request(cri.RunPodSandboxRequest(config=request.sandbox_config))
+            info = convert.container_from_create_request(request, pod)
         if not self._skips(pod):
             chain = await self.dispatcher.run(
                 HookPoint.PRE_CREATE_CONTAINER,
@@ -181,16 +208,16 @@ class HookRuntime:
             )
             if chain.value != info:
                 info = chain.value
-                data = bytes(merge.apply_create(request, info).SerializeToString())
+                with _malformed("CreateContainerRequest"):
+                    data = bytes(merge.apply_create(request, info).SerializeToString())
         reply = await forward(data)
-        container_id = _decode(
-            cri.CreateContainerResponse, reply.message, "CreateContainerResponse"
-        ).container_id
-        self.store.put_container(container_id, attrs.evolve(info, id=container_id))
+        container_id = _reply_field(cri.CreateContainerResponse, reply, "container_id")
+        if container_id:
+            self.store.put_container(container_id, attrs.evolve(info, id=container_id))
         return reply
 
     async def start_container(self, data: bytes, forward: Forward) -> Reply:
-        container_id = _decode(cri.StartContainerRequest, data, "StartContainerRequest").container_id
+        container_id = _decode_id(cri.StartContainerRequest, data, "container_id")
         info = self._hooked_container(container_id, HookPoint.PRE_START_CONTAINER)
         if info is not None:
             chain = await self.dispatcher.run(
@@ -216,7 +243,7 @@ class HookRuntime:
                 )
 
     async def stop_container(self, data: bytes, forward: Forward) -> Reply:
-        container_id = _decode(cri.StopContainerRequest, data, "StopContainerRequest").container_id
+        container_id = _decode_id(cri.StopContainerRequest, data, "container_id")
         try:
             return await forward(data)
         finally:
@@ -233,11 +260,12 @@ class HookRuntime:
 
     async def update_container_resources(self, data: bytes, forward: Forward) -> Reply:
         request = _decode(cri.UpdateContainerResourcesRequest, data, "UpdateContainerResourcesRequest")
-        container_id = request.container_id
-        stored = self._hooked_container(container_id, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
-        if stored is None:
-            return await forward(data)
-        prepared = merge.prepare_update(stored, request)
+        with _malformed("UpdateContainerResourcesRequest"):
+            container_id = request.container_id
+            stored = self._hooked_container(container_id, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
+            if stored is None:
+                return await forward(data)
+            prepared = merge.prepare_update(stored, request)
         chain = await self.dispatcher.run(
             HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
             prepared,
@@ -246,13 +274,14 @@ class HookRuntime:
             target=container_id,
         )
         if chain.value != prepared:
-            data = bytes(merge.apply_update(request, chain.value).SerializeToString())
+            with _malformed("UpdateContainerResourcesRequest"):
+                data = bytes(merge.apply_update(request, chain.value).SerializeToString())
         reply = await forward(data)
         self.store.update_container(container_id, chain.value)
         return reply
 
     async def remove_container(self, data: bytes, forward: Forward) -> Reply:
-        container_id = _decode(cri.RemoveContainerRequest, data, "RemoveContainerRequest").container_id
+        container_id = _decode_id(cri.RemoveContainerRequest, data, "container_id")
         reply = await forward(data)
         self.store.delete_container(container_id)
         return reply
