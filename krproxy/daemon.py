@@ -6,6 +6,7 @@
     └── trio_asyncio.open_loop()            grpclib lives on this asyncio loop
         └── root nursery
             ├── hook directory watcher      registration files -> Dispatcher registry
+            ├── OCI hooks.d watcher (--oci-hooks-dir)   hook files -> OCI hook interceptors
             ├── store recovery              List/Status from the runtime, retried until it works
             ├── trace recorder (--record)   writes recorded calls to the trace file
             ├── CRI server (krproxy._grpc.serve)   forwards to the backend, hooks on the way
@@ -16,6 +17,8 @@ Start-up order: the socket is bound first; the plugins present in the hook direc
 loaded; then the server accepts calls. Store recovery runs in the background and retries
 while the runtime is down: calls that carry hooks wait for it (within their deadline), all
 other calls are forwarded at once.
+
+``--backend-runtime-mode=Docker`` runs a different server instead (:mod:`krproxy.docker`).
 
 Shutdown: on SIGTERM or SIGINT the proxy stops accepting connections and new calls
 (UNAVAILABLE "shutting down"), gives in-flight calls ``grace_period`` seconds to finish,
