@@ -186,6 +186,14 @@ def _track_connections(server: grpclib.server.Server) -> set[asyncio.BaseTranspo
     return transports
 
 
+def _unlink_if_ours(path: str, inode: int) -> None:
+    try:
+        if os.stat(path).st_ino == inode:
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def stop_listening(server: grpclib.server.Server) -> None:
     """Stop accepting connections but leave running calls alone (grpclib's ``close`` cancels them)."""
     if server._server is not None:
@@ -223,16 +231,21 @@ async def serve(
     connections = _track_connections(server)
     if configure is not None:
         configure(server)
+    # The inode of the socket file we bound: at the end we remove the file only if it is still
+    # ours (a successor may have replaced it while we were draining).
+    inode = os.stat(path).st_ino
     try:
         await trio_asyncio.aio_as_trio(server.start)(sock=sock)
         task_status.started(server)
         await trio.sleep_forever()
     finally:
         with trio.CancelScope(shield=True):
-            server.close()
-            await trio_asyncio.aio_as_trio(server.wait_closed)()
-            for transport in list(connections):
-                transport.close()
+            if server._server is not None:  # close() raises if start() failed; keep that error
+                server.close()
+                # Connections first: from Python 3.12.1 on, wait_closed() waits for every
+                # connection to close, and kubelet's never would.
+                for transport in list(connections):
+                    transport.close()
+                await trio_asyncio.aio_as_trio(server.wait_closed)()
             sock.close()
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            _unlink_if_ours(path, inode)

@@ -134,6 +134,10 @@ class Backend:
             self.reachable = True
             trailers = upstream.trailing_metadata if upstream is not None else None
             raise BackendError(err.status, err.message, err.details, trailers) from None
+        except TimeoutError:
+            # Before OSError, of which TimeoutError is a subclass: the caller's deadline passed,
+            # which says nothing about the runtime's health.
+            raise GRPCError(Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {self.path}") from None
         except (OSError, StreamTerminatedError, h2.exceptions.ProtocolError) as err:
             self.reachable, self.last_error = False, str(err) or type(err).__name__
             log.event(
@@ -147,8 +151,6 @@ class Backend:
             raise GRPCError(
                 Status.UNAVAILABLE, f"backend runtime {self.path} is unavailable: {err}"
             ) from None
-        except TimeoutError:
-            raise GRPCError(Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {self.path}") from None
 
 
 class Forwarder:
@@ -212,6 +214,9 @@ class Forwarder:
             yield ctx
         except GRPCError as err:
             ctx.fail(err.status, err.message)
+            raise
+        except Exception as err:  # a bug of ours: grpclib answers UNKNOWN and logs it
+            ctx.fail(Status.UNKNOWN, f"{type(err).__name__}: {err}")
             raise
         except BaseException:
             ctx.fail(Status.CANCELLED, "the call ended before an answer was sent")

@@ -210,18 +210,29 @@ async def watch(
     The first scan completes before ``task_status.started(registry)``, so a daemon serves
     only once the plugins present at start-up are loaded. ``on_error(name)`` is called for
     each file found invalid (for the metric). A missing directory is created, or waited
-    for when it cannot be; it is never fatal. ``trusted_only=False`` reads files whatever
+    for when it cannot be; one that cannot be read keeps the current plugins (logged once
+    per distinct error); neither is ever fatal. ``trusted_only=False`` reads files whatever
     their owner and mode (``--insecure-registration-files``, for tests and development).
     """
     registry = Registry()
     before: Snapshot = {}
     started = False
+    scan_error = ""
     while True:
-        after = take_snapshot(directory)
-        if after is None:
-            if ensure_directory(directory):
-                after = take_snapshot(directory)
-            after = after or {}
+        try:
+            after = take_snapshot(directory)
+            if after is None:
+                if ensure_directory(directory):
+                    after = take_snapshot(directory)
+                after = after or {}
+        except OSError as err:
+            # Not a directory, unreadable, I/O error: keep the plugins we have and look again.
+            if str(err) != scan_error:
+                scan_error = str(err)
+                log.event(LOGGER, "hook_dir_unreadable", level=logging.ERROR, dir=directory, error=scan_error)
+            after = before
+        else:
+            scan_error = ""
         names = changed_files(before, after)
         if names:
             registry = load_changes(directory, registry, names, trusted_only=trusted_only)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+import trio
 
 from krproxy.hooks.registration import Registry
 from krproxy.hooks.watcher import (
@@ -16,6 +17,7 @@ from krproxy.hooks.watcher import (
     load_changes,
     read_file,
     take_snapshot,
+    watch,
 )
 
 VALID = json.dumps({"remote-endpoint": "/run/p.sock", "runtime-hooks": ["PreCreateContainer"]}).encode()
@@ -183,3 +185,22 @@ class TestReadFile:
 
         assert content is not None
         assert MAX_FILE_SIZE + 1 == len(content)
+
+
+class TestWatchSurvivesABadDirectory:
+    async def test_directory_replaced_by_a_file(self, tmp_path: Path) -> None:
+        """A hook directory that becomes a plain file keeps the loaded plugins; the watcher carries on."""
+        hook_dir = tmp_path / "hooks"
+        hook_dir.mkdir()
+        (hook_dir / "a.json").write_text(
+            '{"remote-endpoint": "/run/a.sock", "runtime-hooks": ["PreRunPodSandbox"]}'
+        )
+        published: list[Registry] = []
+        async with trio.open_nursery() as nursery:
+            await nursery.start(watch, str(hook_dir), published.append)
+            (hook_dir / "a.json").unlink()
+            hook_dir.rmdir()
+            hook_dir.write_text("not a directory")
+            await trio.sleep(1.2)  # two polls: the NotADirectoryError must not end the task
+            nursery.cancel_scope.cancel()
+        assert ["a.json"] == list(published[-1].plugins)
