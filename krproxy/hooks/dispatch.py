@@ -92,6 +92,19 @@ class InvalidAnswer(Exception):
         self.violations = tuple(violations)
 
 
+def _check_encodable(answer: Response) -> None:
+    """Refuse an answer that decoded only loosely.
+
+    betterproto2 does not check wire types when decoding: a varint sent for a string field
+    decodes as an int (``cgroup_parent=5``) and would fail only later, when the merged CRI
+    request is encoded — outside the failure policy. Encoding the answer surfaces it here.
+    """
+    try:
+        answer.SerializeToString()
+    except Exception as err:
+        raise InvalidAnswer([f"answer has fields of the wrong type ({type(err).__name__}: {err})"]) from None
+
+
 def _describe(err: BaseException, plugin: PluginRegistration) -> str:
     if isinstance(err, InvalidAnswer):
         return str(err)
@@ -180,12 +193,16 @@ class Dispatcher:
         outcomes: list[Outcome] = []
         for plugin in self.plugins_for(point):
             started = time.perf_counter()
+            changes: tuple[Change, ...] = ()
             try:
                 answer = await self.call(plugin, point, to_request(record))
                 if point.stage is Stage.PRE:
+                    _check_encodable(answer)
                     violations = check_answer(record, answer)
                     if violations:
                         raise InvalidAnswer(violations)
+                    merged = merge(record, answer)
+                    record, changes = merged.value, merged.changes
             except Exception as err:  # the plugin is an untrusted peer: every failure is handled
                 failure = HookFailure(plugin.name, point, _describe(err, plugin))
                 rejected = plugin.failure_policy is FailurePolicy.FAIL and point.stage is Stage.PRE
@@ -210,10 +227,6 @@ class Dispatcher:
                 if rejected:
                     raise HookRejected(failure) from None
                 continue
-            changes: tuple[Change, ...] = ()
-            if point.stage is Stage.PRE:
-                merged = merge(record, answer)
-                record, changes = merged.value, merged.changes
             self._report(
                 outcomes, Outcome(plugin.name, point, "ok", time.perf_counter() - started, "", changes)
             )

@@ -37,6 +37,8 @@ TROUBLES: dict[str, tuple[Misbehaviour | None, tuple[str, ...]]] = {
     "timeout": (Misbehaviour(hang=True), TIMEOUT_CAUSES),
     "crash": (Misbehaviour(drop=True), ("StreamTerminatedError: Connection lost",)),
     "garbage": (Misbehaviour(garbage=GARBAGE), ("EOFError",)),
+    # Decodes without error (betterproto2 ignores wire types) but pod_cgroup_parent comes out an int.
+    "loose": (Misbehaviour(garbage=b"\x18\x05"), ("invalid answer: answer has fields of the wrong type",)),
     "unreachable": (None, ("unreachable at ",)),
 }
 
