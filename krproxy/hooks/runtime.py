@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
@@ -106,6 +107,9 @@ class HookRuntime:
     dispatcher: Dispatcher
     skip_label: tuple[str, str]
     _recovered: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
+    _locks: weakref.WeakValueDictionary[str, asyncio.Lock] = attrs.field(
+        factory=weakref.WeakValueDictionary, init=False
+    )
 
     def interceptors(self) -> dict[str, Interceptor]:
         handlers: dict[str, Callable[[bytes, Forward], Awaitable[Reply]]] = {
@@ -165,21 +169,20 @@ class HookRuntime:
 
     async def stop_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
         sandbox_id = _decode_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")
-        try:
-            return await forward(data)
-        finally:
+
+        async def post() -> None:
             pod = self.store.get_pod(sandbox_id)
             if pod is None:
-                _missing("pod", sandbox_id, HookPoint.POST_STOP_POD_SANDBOX)
+                self._missing("pod", sandbox_id, HookPoint.POST_STOP_POD_SANDBOX)
             elif not self._skips(pod):
-                await self.dispatcher.run(
-                    HookPoint.POST_STOP_POD_SANDBOX,
-                    pod,
-                    convert.pod_hook_request,
-                    _keep,
-                    target=sandbox_id,
-                )
-            self.store.delete_pod(sandbox_id)
+                await self._post_hook(
+                    HookPoint.POST_STOP_POD_SANDBOX, pod, sandbox_id, convert.pod_hook_request
+                )()
+
+        try:
+            return await _forward_then(forward, data, post)
+        finally:
+            self.store.delete_pod(sandbox_id)  # like the reference: whatever the runtime said
 
     async def remove_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
         sandbox_id = _decode_id(cri.RemovePodSandboxRequest, data, "pod_sandbox_id")
@@ -195,7 +198,7 @@ class HookRuntime:
             pod = self.store.get_pod(request.pod_sandbox_id)
             if pod is None:
                 # Better than the reference (which skips hooks): the request carries the pod's config.
-                _missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
+                self._missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
                 pod = convert.pod_from_run_request(cri.RunPodSandboxRequest(config=request.sandbox_config))
             info = convert.container_from_create_request(request, pod)
         if not self._skips(pod):
@@ -203,7 +206,7 @@ class HookRuntime:
                 HookPoint.PRE_CREATE_CONTAINER,
                 info,
                 convert.container_hook_request,
-                _merge_container,
+                merge.merge_container_info,
                 target=f"pod {pod.namespace}/{pod.name} container {info.name}",
             )
             if chain.value != info:
@@ -218,67 +221,67 @@ class HookRuntime:
 
     async def start_container(self, data: bytes, forward: Forward) -> Reply:
         container_id = _decode_id(cri.StartContainerRequest, data, "container_id")
-        info = self._hooked_container(container_id, HookPoint.PRE_START_CONTAINER)
-        if info is not None:
+        async with self._lock(container_id):
+            info = self._hooked_container(container_id, HookPoint.PRE_START_CONTAINER)
+            if info is None:
+                return await forward(data)
             chain = await self.dispatcher.run(
                 HookPoint.PRE_START_CONTAINER,
                 info,
                 convert.container_hook_request,
-                _merge_container,
+                merge.merge_container_info,
                 target=container_id,
             )
             if chain.value != info:
                 info = chain.value
                 self.store.update_container(container_id, info)
-        try:
-            return await forward(data)
-        finally:
-            if info is not None:
-                await self.dispatcher.run(
-                    HookPoint.POST_START_CONTAINER,
-                    info,
-                    convert.container_hook_request,
-                    _keep,
-                    target=container_id,
-                )
+            post = self._post_hook(
+                HookPoint.POST_START_CONTAINER, info, container_id, convert.container_hook_request
+            )
+            return await _forward_then(forward, data, post)
 
     async def stop_container(self, data: bytes, forward: Forward) -> Reply:
         container_id = _decode_id(cri.StopContainerRequest, data, "container_id")
-        try:
-            return await forward(data)
-        finally:
+
+        async def post() -> None:
             info = self._hooked_container(container_id, HookPoint.POST_STOP_CONTAINER)
             if info is not None:
-                await self.dispatcher.run(
-                    HookPoint.POST_STOP_CONTAINER,
-                    info,
-                    convert.container_hook_request,
-                    _keep,
-                    target=container_id,
-                )
-            self.store.delete_container(container_id)
+                await self._post_hook(
+                    HookPoint.POST_STOP_CONTAINER, info, container_id, convert.container_hook_request
+                )()
+
+        try:
+            return await _forward_then(forward, data, post)
+        finally:
+            self.store.delete_container(container_id)  # like the reference: whatever the runtime said
 
     async def update_container_resources(self, data: bytes, forward: Forward) -> Reply:
         request = _decode(cri.UpdateContainerResourcesRequest, data, "UpdateContainerResourcesRequest")
         with _malformed("UpdateContainerResourcesRequest"):
             container_id = request.container_id
-            stored = self._hooked_container(container_id, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
-            if stored is None:
-                return await forward(data)
-            prepared = merge.prepare_update(stored, request)
-        chain = await self.dispatcher.run(
-            HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
-            prepared,
-            convert.container_hook_request,
-            _merge_container,
-            target=container_id,
-        )
-        if chain.value != prepared:
+            if not isinstance(container_id, str):
+                raise TypeError("container_id is not a string")
+        # Held across read -> hooks -> forward -> store, so that two updates of one container
+        # (kubelet's CPU manager and a resize, say) cannot undo each other in the runtime.
+        async with self._lock(container_id):
             with _malformed("UpdateContainerResourcesRequest"):
-                data = bytes(merge.apply_update(request, chain.value).SerializeToString())
-        reply = await forward(data)
-        self.store.update_container(container_id, chain.value)
-        return reply
+                stored = self._hooked_container(container_id, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
+                if stored is None:
+                    return await forward(data)
+                prepared = merge.prepare_update(stored, request)
+            chain = await self.dispatcher.run(
+                HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
+                prepared,
+                convert.container_hook_request,
+                merge.merge_container_info,
+                target=container_id,
+            )
+            if chain.value != prepared:
+                with _malformed("UpdateContainerResourcesRequest"):
+                    data = bytes(merge.apply_update(request, chain.value).SerializeToString())
+            reply = await forward(data)
+            self.store.update_container(container_id, chain.value)
+            return reply
 
     async def remove_container(self, data: bytes, forward: Forward) -> Reply:
         container_id = _decode_id(cri.RemoveContainerRequest, data, "container_id")
@@ -286,29 +289,57 @@ class HookRuntime:
         self.store.delete_container(container_id)
         return reply
 
+    def _missing(self, kind: str, ident: str, point: HookPoint) -> None:
+        """An id the store does not know: hooks skipped. Worth a warning only if a plugin wanted
+        this hook (kubelet stops a pod twice before removing it, so the second time is normal)."""
+        log.event(
+            LOGGER,
+            "hook_skipped_unknown_" + kind,
+            level=logging.WARNING if self.dispatcher.plugins_for(point) else logging.DEBUG,
+            id=ident,
+            hook=point.value,
+            reason=f"{kind} not in the store (created before the proxy, or already stopped)",
+        )
+
+    def _lock(self, container_id: str) -> asyncio.Lock:
+        """The lock serialising hooked calls on one container (dropped with its last user)."""
+        lock = self._locks.get(container_id)
+        if lock is None:
+            lock = self._locks[container_id] = asyncio.Lock()
+        return lock
+
+    def _post_hook(
+        self, point: HookPoint, record: Any, target: str, to_request: Callable[[Any], Any]
+    ) -> Callable[[], Awaitable[None]]:
+        async def run() -> None:
+            await self.dispatcher.run(point, record, to_request, _keep, target=target)
+
+        return run
+
     def _hooked_container(self, container_id: str, point: HookPoint) -> ContainerInfo | None:
         """The stored container if hooks should run for it, else None (unknown or skipped)."""
         info = self.store.get_container(container_id)
         if info is None:
-            _missing("container", container_id, point)
+            self._missing("container", container_id, point)
             return None
         return None if self._skips(info.pod) else info
 
 
-_merge_container = merge.merge_container_info
+async def _forward_then(forward: Forward, data: bytes, post: Callable[[], Awaitable[None]]) -> Reply:
+    """Forward, then run the post hooks — after the runtime's answer, also an error one.
+
+    Not after a cancellation (kubelet gave up, or shutdown cancelled the call): nobody would
+    wait for the result, and hooks running then would outlive the grace period.
+    """
+    try:
+        reply = await forward(data)
+    except GRPCError:
+        await post()
+        raise
+    await post()
+    return reply
 
 
 def _keep(record: Any, answer: Any) -> merge.Merged[Any]:
     """Post hooks: the answer is ignored."""
     return merge.Merged(record)
-
-
-def _missing(kind: str, ident: str, point: HookPoint) -> None:
-    log.event(
-        LOGGER,
-        "hook_skipped_unknown_" + kind,
-        level=logging.WARNING,
-        id=ident,
-        hook=point.value,
-        reason=f"{kind} not in the store (created before the proxy, or already stopped)",
-    )
