@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import re
 
 import attrs
 
@@ -23,11 +24,17 @@ class BackendMode(enum.Enum):
 
 
 def _socket_path(endpoint: str) -> str:
+    """``unix:///x.sock``, ``unix:/x.sock`` and ``/x.sock`` name the socket ``/x.sock``; anything
+    else (another scheme, a relative path) is refused — the same rules as registration files."""
     path = strip_unix_scheme(endpoint)
+    if path.startswith("unix:"):
+        path = path.removeprefix("unix:")
     if not path:
         raise ValueError("an endpoint must name a unix socket path")
-    if "://" in path:
+    if "://" in path or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", path):
         raise ValueError(f"only unix sockets are supported, not {endpoint!r}")
+    if not path.startswith("/"):
+        raise ValueError(f"a socket path must be absolute, not {endpoint!r}")
     return path
 
 

@@ -50,8 +50,13 @@ def _fields(record: logging.LogRecord) -> dict[str, Any]:
 
 
 def _logfmt_value(value: Any) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    if text and not any(c in text for c in ' "=\n\t\\'):
+    if isinstance(value, str):
+        text = value
+    elif value is None or isinstance(value, (bool, int, float, list, dict)):
+        text = json.dumps(value, default=str)
+    else:  # exceptions, paths, enums: their text, quoted once below if need be
+        text = str(value)
+    if text and text.isprintable() and not any(c in text for c in ' "=\\'):
         return text
     return json.dumps(text)
 

@@ -153,21 +153,33 @@ class Dispatcher:
     def plugins_for(self, point: HookPoint) -> Sequence[PluginRegistration]:
         return self.registry.plugins_for(point)
 
-    def _channel(self, endpoint: str) -> grpclib.client.Channel:
+    def _channel(self, endpoint: str) -> tuple[grpclib.client.Channel, bool]:
+        """A channel to ``endpoint``, and whether it is cached (else the caller closes it).
+
+        Only endpoints of the current registry are cached: a chain that began before its
+        plugin was unregistered must not leave a channel behind that nobody closes.
+        """
         channel = self._channels.get(endpoint)
-        if channel is None:
-            channel = self._channels[endpoint] = grpclib.client.Channel(path=endpoint)
-        return channel
+        if channel is not None:
+            return channel, True
+        channel = grpclib.client.Channel(path=endpoint)
+        if any(p.endpoint == endpoint for p in self.registry.plugins.values()):
+            self._channels[endpoint] = channel
+            return channel, True
+        return channel, False
 
     async def call(self, plugin: PluginRegistration, point: HookPoint, request: Request) -> Response:
         """One plugin call; raises whatever went wrong (see :meth:`run` for the policy)."""
         reply_type: type[Any] = (
             hookapi.PodSandboxHookResponse if point.is_pod_level else hookapi.ContainerResourceHookResponse
         )
-        method = grpclib.client.UnaryUnaryMethod(
-            self._channel(plugin.endpoint), point.rpc_path, type(request), reply_type
-        )
-        response: Response = await method(request, timeout=plugin.timeout)
+        channel, cached = self._channel(plugin.endpoint)
+        method = grpclib.client.UnaryUnaryMethod(channel, point.rpc_path, type(request), reply_type)
+        try:
+            response: Response = await method(request, timeout=plugin.timeout)
+        finally:
+            if not cached:
+                channel.close()
         return response
 
     async def run(
