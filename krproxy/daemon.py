@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import signal
 import socket
 from typing import Any, cast
 
@@ -38,7 +37,7 @@ import grpclib.server
 import trio
 import trio_asyncio
 
-from krproxy import _grpc, admin, calls, log
+from krproxy import _grpc, _supervise, admin, calls, log
 from krproxy.config import BackendMode, ProxyConfig
 from krproxy.forward import Backend, Forwarder
 from krproxy.hooks.dispatch import Dispatcher
@@ -86,48 +85,24 @@ class Daemon:
             log.event(LOGGER, "grace_period_over", level=logging.WARNING, cancelled=self.forwarder.in_flight)
 
 
-#: Retry delays of store recovery while the runtime is unreachable: doubling up to a cap.
-RECOVERY_BACKOFF = (0.1, 5.0)
-
-
 async def _recover_store(config: ProxyConfig, hooks: HookRuntime, metrics: Metrics) -> None:
-    delay, cap = RECOVERY_BACKOFF
-    while True:
-        try:
-            recovered = await trio_asyncio.aio_as_trio(recover)(config.runtime_endpoint)
-        except Exception as err:
-            log.event(
-                LOGGER,
-                "recovery_retry",
-                level=logging.WARNING,
-                runtime=config.runtime_endpoint,
-                error=f"{type(err).__name__}: {err}",
-                retry_in=delay,
-            )
-            await trio.sleep(delay)
-            delay = min(delay * 2, cap)
-            continue
-        hooks.store.load(recovered.pods, recovered.containers)
-        hooks.mark_recovered()
-        metrics.recovered.set(1)
-        log.event(
-            LOGGER,
-            "store_recovered",
-            pods=len(recovered.pods),
-            containers=len(recovered.containers),
-            fallbacks=recovered.fallbacks,
-            orphans=recovered.orphans,
-            seconds=round(recovered.seconds, 3),
-        )
-        return
-
-
-async def _watch_signals(daemon: Daemon) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            log.event(LOGGER, "signal", signal=signal.Signals(signum).name)
-            daemon.request_shutdown()
-            return
+    recovered = await _supervise.retry(
+        functools.partial(trio_asyncio.aio_as_trio(recover), config.runtime_endpoint),
+        retry_on=(Exception,),  # whatever the runtime does, recovery is tried again
+        runtime=config.runtime_endpoint,
+    )
+    hooks.store.load(recovered.pods, recovered.containers)
+    hooks.mark_recovered()
+    metrics.recovered.set(1)
+    log.event(
+        LOGGER,
+        "store_recovered",
+        pods=len(recovered.pods),
+        containers=len(recovered.containers),
+        fallbacks=recovered.fallbacks,
+        orphans=recovered.orphans,
+        seconds=round(recovered.seconds, 3),
+    )
 
 
 async def serve(
@@ -222,7 +197,7 @@ async def serve(
             daemon = Daemon(config, forwarder, hooks, metrics, server, recorder, admin_view=view)
             daemon.oci_hooks = oci_hooks
             if handle_signals:
-                nursery.start_soon(_watch_signals, daemon)
+                nursery.start_soon(_supervise.watch_signals, daemon.request_shutdown)
                 nursery.start_soon(watch_toggle_signal, recorder)
             log.event(
                 LOGGER,

@@ -39,7 +39,6 @@ import contextlib
 import functools
 import logging
 import os
-import signal
 import socket
 from typing import Any
 
@@ -48,7 +47,7 @@ import h11
 import trio
 import trio_asyncio
 
-from krproxy import _grpc, log
+from krproxy import _grpc, _supervise, log
 from krproxy.config import ProxyConfig
 from krproxy.docker import _http, client, recovery
 from krproxy.docker._http import Peer, Reply, error_reply, header
@@ -73,8 +72,6 @@ MAX_PIPELINED = 1 << 20
 RAW_STREAM_TYPES = (b"application/vnd.docker.raw-stream", b"application/vnd.docker.multiplexed-stream")
 #: ProxyConfig settings that only CRI mode honours (the admin endpoint is warned about by krproxy.daemon).
 _CRI_ONLY = ("record", "oci_hook_dirs")
-#: Retry delays of store recovery while dockerd is unreachable: doubling up to a cap.
-RECOVERY_BACKOFF = (0.1, 5.0)
 
 
 class _Upstream(Exception):
@@ -357,45 +354,25 @@ class DockerDaemon:
 
 
 async def _recover_store(config: ProxyConfig, hooks: DockerHooks, metrics: Metrics) -> None:
-    delay, cap = RECOVERY_BACKOFF
-    while True:
-        try:
-            recovered = await recovery.recover(config.runtime_endpoint)
-        except (OSError, h11.ProtocolError, client.DockerError) as err:
-            log.event(
-                LOGGER,
-                "recovery_retry",
-                level=logging.WARNING,
-                runtime=config.runtime_endpoint,
-                error=f"{type(err).__name__}: {err}",
-                retry_in=delay,
-            )
-            await trio.sleep(delay)
-            delay = min(delay * 2, cap)
-            continue
-        hooks.store.load(recovered.pods.items(), recovered.containers.items())
-        hooks.cgroup_driver = recovered.cgroup_driver
-        hooks.mark_recovered()
-        metrics.recovered.set(1)
-        log.event(
-            LOGGER,
-            "store_recovered",
-            pods=len(recovered.pods),
-            containers=len(recovered.containers),
-            cgroup_driver=recovered.cgroup_driver,
-            vanished=recovered.vanished,
-            orphans=recovered.orphans,
-            seconds=round(recovered.seconds, 3),
-        )
-        return
-
-
-async def _watch_signals(daemon: DockerDaemon) -> None:
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async for signum in signals:
-            log.event(LOGGER, "signal", signal=signal.Signals(signum).name)
-            daemon.request_shutdown()
-            return
+    recovered = await _supervise.retry(
+        functools.partial(recovery.recover, config.runtime_endpoint),
+        retry_on=(OSError, h11.ProtocolError, client.DockerError),
+        runtime=config.runtime_endpoint,
+    )
+    hooks.store.load(recovered.pods.items(), recovered.containers.items())
+    hooks.cgroup_driver = recovered.cgroup_driver
+    hooks.mark_recovered()
+    metrics.recovered.set(1)
+    log.event(
+        LOGGER,
+        "store_recovered",
+        pods=len(recovered.pods),
+        containers=len(recovered.containers),
+        cgroup_driver=recovered.cgroup_driver,
+        vanished=recovered.vanished,
+        orphans=recovered.orphans,
+        seconds=round(recovered.seconds, 3),
+    )
 
 
 async def serve(
@@ -448,7 +425,7 @@ async def serve(
                 await handlers.start(accept)
                 daemon = DockerDaemon(config, proxy, hooks, dispatcher, metrics)
                 if handle_signals:
-                    nursery.start_soon(_watch_signals, daemon)
+                    nursery.start_soon(_supervise.watch_signals, daemon.request_shutdown)
                 log.event(
                     LOGGER,
                     "ready",

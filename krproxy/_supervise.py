@@ -1,0 +1,54 @@
+"""trio helpers shared by the CRI daemon (:mod:`krproxy.daemon`) and Docker mode (:mod:`krproxy.docker`)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import trio
+
+from krproxy import log
+
+LOGGER = logging.getLogger("krproxy.recovery")
+
+#: Retry delays of store recovery while the runtime is unreachable: doubling up to a cap.
+RECOVERY_BACKOFF = (0.1, 5.0)
+
+T = TypeVar("T")
+
+
+async def retry(
+    attempt: Callable[[], Awaitable[T]],
+    *,
+    retry_on: tuple[type[Exception], ...],
+    backoff: tuple[float, float] = RECOVERY_BACKOFF,
+    **fields: Any,
+) -> T:
+    """Await ``attempt()`` until it succeeds, sleeping between failures (logged as ``recovery_retry``
+    with ``fields``). Errors outside ``retry_on`` propagate."""
+    delay, cap = backoff
+    while True:
+        try:
+            return await attempt()
+        except retry_on as err:
+            log.event(
+                LOGGER,
+                "recovery_retry",
+                level=logging.WARNING,
+                **fields,
+                error=f"{type(err).__name__}: {err}",
+                retry_in=delay,
+            )
+        await trio.sleep(delay)
+        delay = min(delay * 2, cap)
+
+
+async def watch_signals(request_shutdown: Callable[[], None]) -> None:
+    """Call ``request_shutdown`` on the first SIGTERM or SIGINT, then return."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.event(LOGGER.getChild("signal"), "signal", signal=signal.Signals(signum).name)
+            request_shutdown()
+            return
