@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import errno
 import functools
+import heapq
 import logging
 import os
 import socket
@@ -30,6 +31,7 @@ from typing import Any
 
 import grpclib.const
 import grpclib.server
+import h2.connection
 import trio
 import trio_asyncio
 from grpclib.encoding.base import StatusDetailsCodecBase
@@ -40,6 +42,14 @@ LOGGER = logging.getLogger("krproxy.grpc")
 
 #: The request/reply "type" for methods handled as raw bytes.
 Raw = bytes
+
+#: Closed streams h2 remembers per connection (h2's default: 65536), for every connection of the
+#: process. h2 keeps how each one ended, to tell a late frame on a stream it reset from a protocol
+#: error; about 120 bytes each, so 7.5 MB for each long-lived connection (kubelet's, the runtime's,
+#: each plugin's) once it carried 65536 calls. Late frames arrive within a round trip on a unix
+#: socket, while 4096 other streams closing first takes seconds even at a soak's call rate.
+CLOSED_STREAMS_KEPT = 4096
+h2.connection.H2Connection.MAX_CLOSED_STREAMS = CLOSED_STREAMS_KEPT
 
 StreamHandler = Callable[[grpclib.server.Stream[Any, Any]], Awaitable[None]]
 
@@ -186,6 +196,47 @@ def _track_connections(server: grpclib.server.Server) -> set[asyncio.BaseTranspo
     return transports
 
 
+class _CancelledTimerPurge:
+    """Drops cancelled timers from a trio-asyncio loop's heap, as asyncio's own loops do.
+
+    grpclib starts a timer for every call with a deadline (server and client side) and cancels
+    it when the call ends. trio-asyncio 0.16 keeps cancelled timers in its heap until they would
+    have fired (its ``_timer_handle_cancelled`` does nothing), and each keeps the context it was
+    created in: in the proxy, the call's :class:`krproxy.calls.CallContext` with the request and
+    reply bytes. At hundreds of calls per second with kubelet's 2-minute deadlines that is
+    tens of thousands of finished calls held in memory. Like ``asyncio.BaseEventLoop``, this
+    rebuilds the heap once more than half of it (and over 100 timers) was cancelled.
+    """
+
+    def __init__(self, loop: Any) -> None:
+        self._loop = loop
+        self._timers: list[asyncio.TimerHandle] = loop._timers
+        self._cancelled = 0
+
+    def __call__(self, handle: asyncio.TimerHandle) -> None:
+        # Counts every cancel, also of timers that later leave the heap unnoticed (when due): an
+        # overestimate, which only makes a purge come early; the purge resets the count.
+        self._cancelled += 1
+        # Not while the loop shuts down: it cancels its timers while iterating over the heap.
+        if self._cancelled > 100 and self._cancelled * 2 > len(self._timers) and self._loop.is_running():
+            # In place: the loop holds this list (no await in between, the loop is single-threaded).
+            self._timers[:] = [timer for timer in self._timers if not timer.cancelled()]
+            heapq.heapify(self._timers)
+            self._cancelled = 0
+
+
+def purge_cancelled_timers(loop: asyncio.AbstractEventLoop) -> None:
+    """Make the trio-asyncio ``loop`` forget cancelled timers (see :class:`_CancelledTimerPurge`).
+
+    Idempotent; does nothing to other loops (asyncio's own purge them already).
+    """
+    timers = getattr(loop, "_timers", None)
+    if not isinstance(loop, trio_asyncio.BaseTrioEventLoop) or not isinstance(timers, list):
+        return
+    if not isinstance(vars(loop).get("_timer_handle_cancelled"), _CancelledTimerPurge):
+        loop._timer_handle_cancelled = _CancelledTimerPurge(loop)
+
+
 def _unlink_if_ours(path: str, inode: int) -> None:
     try:
         if os.stat(path).st_ino == inode:
@@ -229,6 +280,7 @@ async def serve(
     if fallback is not None:
         install_fallback(server, fallback)
     connections = _track_connections(server)
+    purge_cancelled_timers(trio_asyncio.current_loop.get())
     if configure is not None:
         configure(server)
     # The inode of the socket file we bound: at the end we remove the file only if it is still

@@ -1,0 +1,108 @@
+"""The daemon's memory stays bounded over many calls: finished calls are not kept.
+
+Measured in-process with ``tracemalloc`` (Python allocations only, so the figures do not depend on
+the allocator returning memory to the OS). h2's record of closed stream ids is left out: it is a
+bounded cache (:data:`krproxy._grpc.CLOSED_STREAMS_KEPT` ids per connection, about 120 bytes each)
+that grows until then by design.
+
+The leak this guards against: grpclib cancels a call's deadline timer when the call ends, and
+trio-asyncio kept cancelled timers until they were due, each with the context it was created in,
+so with the call's :class:`krproxy.calls.CallContext` and its request and reply bytes (about 1 KB
+per Version call with a 60 s deadline; see :func:`krproxy._grpc.purge_cancelled_timers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import tracemalloc
+from collections.abc import Callable, Iterator
+
+import grpc
+import pytest
+import trio
+import trio_asyncio
+from cri_api.v1 import api_pb2 as pb
+from cri_api.v1 import api_pb2_grpc as pb_grpc
+
+from fakes.containerd import FakeContainerd
+from krproxy import _grpc, calls
+from krproxy.daemon import Daemon
+from tests.integration.support import in_thread, start_proxy, wait_until
+
+#: Calls measured, after WARM_UP calls (connections made, caches filled).
+CALLS = 600
+WARM_UP = 100
+#: Growth allowed over CALLS calls beside h2's cache. Kept calls grow it by about 1.1 KB per call.
+MAX_GROWTH = 256 * 1024
+#: Call contexts that may still be alive: the loop keeps up to 100 cancelled timers (as asyncio's
+#: own loops do), and a connection's reader task keeps the context it was started in.
+MAX_CALL_CONTEXTS = 110
+
+
+@pytest.fixture
+def traced() -> Iterator[None]:
+    """tracemalloc on for the test (1 frame is enough to tell h2's cache apart), off after."""
+    already = tracemalloc.is_tracing()
+    if not already:
+        tracemalloc.start(1)
+    yield
+    if not already:
+        tracemalloc.stop()
+
+
+def _traced_bytes() -> int:
+    """Traced memory now, leaving out h2's and hyperframe's bounded closed-stream bookkeeping."""
+    gc.collect()
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [
+            tracemalloc.Filter(False, "*/h2/*"),
+            tracemalloc.Filter(False, "*/hyperframe/*"),
+            tracemalloc.Filter(False, tracemalloc.__file__),
+        ]
+    )
+    return sum(stat.size for stat in snapshot.statistics("filename"))
+
+
+def _call_contexts() -> int:
+    gc.collect()
+    return sum(1 for obj in gc.get_objects() if type(obj) is calls.CallContext)
+
+
+def _versions(stub: pb_grpc.RuntimeServiceStub, times: int) -> None:
+    for _ in range(times):
+        stub.Version(pb.VersionRequest(), timeout=60)
+
+
+@pytest.fixture
+async def proxy(fake_containerd: tuple[FakeContainerd, str], nursery: trio.Nursery, sockdir: str) -> Daemon:
+    """The proxy in front of the fake containerd."""
+    _, backend = fake_containerd
+    return await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+
+
+class TestMemory:
+    async def test_finished_calls_are_not_kept(
+        self, traced: None, proxy: Daemon, channel_to: Callable[[str], grpc.Channel]
+    ) -> None:
+        """Calls with a deadline leave neither their CallContext nor their bytes behind."""
+        stub = pb_grpc.RuntimeServiceStub(channel_to(proxy.config.listen))
+        await in_thread(_versions, stub, WARM_UP)
+        before = _traced_bytes()
+        await in_thread(_versions, stub, CALLS)
+        growth = _traced_bytes() - before
+        assert _call_contexts() <= MAX_CALL_CONTEXTS
+        assert growth < MAX_GROWTH, f"traced memory grew {growth} bytes over {CALLS} calls"
+
+
+class TestPurgeCancelledTimers:
+    async def test_cancelled_timers_leave_the_heap(self, aio_loop: trio_asyncio.TrioEventLoop) -> None:
+        """Once most of the loop's timers are cancelled, they are dropped instead of kept until due."""
+        _grpc.purge_cancelled_timers(aio_loop)
+        _grpc.purge_cancelled_timers(aio_loop)  # idempotent
+        heap: list[asyncio.TimerHandle] = aio_loop._timers  # type: ignore[attr-defined]
+        handles = [aio_loop.call_later(3600, lambda: None) for _ in range(1000)]
+        await wait_until(lambda: {id(h) for h in handles} <= {id(t) for t in heap})
+        for handle in handles:
+            handle.cancel()
+        assert sum(1 for timer in heap if timer.cancelled()) <= 100
