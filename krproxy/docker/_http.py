@@ -73,6 +73,27 @@ class Peer:
                 continue
             return event  # type: ignore[return-value]
 
+    async def read_body(self, limit: int, what: str = "request body") -> bytes | None:
+        """The rest of the current message's body, or None once it exceeds ``limit`` bytes.
+
+        Raises:
+            h11.RemoteProtocolError: something other than body data before the end of the message
+                (``what`` names the message in the error).
+        """
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            event = await self.next_event()
+            if isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > limit:
+                    return None
+                chunks.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                return b"".join(chunks)
+            else:
+                raise h11.RemoteProtocolError(f"unexpected {type(event).__name__} in {what}")
+
     async def send(self, event: h11.Event) -> None:
         """Send one event (h11 does the framing: Content-Length or chunked)."""
         data = self.conn.send(event)

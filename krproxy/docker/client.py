@@ -52,22 +52,13 @@ async def request(
             response = await peer.next_event()
         if not isinstance(response, h11.Response):
             raise DockerError(f"no response to {method} {target}")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            event = await peer.next_event()
-            if isinstance(event, h11.Data):
-                size += len(event.data)
-                if size > MAX_BODY:
-                    raise DockerError(f"reply to {method} {target} exceeds {MAX_BODY} bytes")
-                chunks.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                break
-            else:
-                raise DockerError(f"unexpected {type(event).__name__} in reply to {method} {target}")
-        return Reply(
-            response.status_code, list(response.headers.raw_items()), b"".join(chunks), response.reason
-        )
+        try:
+            content = await peer.read_body(MAX_BODY, f"reply to {method} {target}")
+        except h11.RemoteProtocolError as err:
+            raise DockerError(str(err)) from None
+        if content is None:
+            raise DockerError(f"reply to {method} {target} exceeds {MAX_BODY} bytes")
+        return Reply(response.status_code, list(response.headers.raw_items()), content, response.reason)
 
 
 async def get_json(socket_path: str, target: str) -> Any:

@@ -151,7 +151,7 @@ class DockerProxy:
             hooked = route(event.method, event.target)
             if hooked is None:
                 return await self._passthrough(down, event)
-            body = await self._read_body(down, MAX_HOOKED_BODY)
+            body = await down.read_body(MAX_HOOKED_BODY)
             if body is None:
                 await self._send_reply(down, error_reply(413, "request body too large", close=True))
                 return False
@@ -188,22 +188,6 @@ class DockerProxy:
         except h11.LocalProtocolError as err:  # e.g. a body for a HEAD request: drop the connection
             log.event(LOGGER, "reply_not_sendable", level=logging.WARNING, error=str(err))
             down.conn.send_failed()
-
-    @staticmethod
-    async def _read_body(peer: Peer, limit: int) -> bytes | None:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            event = await peer.next_event()
-            if isinstance(event, h11.Data):
-                size += len(event.data)
-                if size > limit:
-                    return None
-                chunks.append(bytes(event.data))
-            elif isinstance(event, h11.EndOfMessage):
-                return b"".join(chunks)
-            else:
-                raise h11.RemoteProtocolError(f"unexpected {type(event).__name__} in request body")
 
     async def _connect(self) -> Peer:
         try:
@@ -250,7 +234,7 @@ class DockerProxy:
             if isinstance(head, h11.InformationalResponse) or _hijacks(head):
                 raise _Upstream(f"dockerd hijacked {request.method.decode()} {request.target.decode()}")
             try:
-                content = await self._read_body(up, MAX_HOOKED_REPLY)
+                content = await up.read_body(MAX_HOOKED_REPLY, "reply body")
             except (h11.RemoteProtocolError, trio.BrokenResourceError) as err:
                 raise _Upstream(f"bad answer from dockerd: {err}") from None
             if content is None:
