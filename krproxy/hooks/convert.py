@@ -57,6 +57,7 @@ from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
 from krproxy.proto.runtime import v1, v1alpha1
 
 __all__ = [
+    "cgroup_parent_from_verbose",
     "container_from_create_request",
     "container_from_list",
     "container_from_status",
@@ -240,16 +241,20 @@ def _cgroup_parent_from_path(cgroups_path: str, sandbox_id: str) -> str:
     return ""
 
 
+def cgroup_parent_from_verbose(info: Mapping[str, str] | None, sandbox_id: str) -> str:
+    """A sandbox's cgroup parent from a verbose ``PodSandboxStatus`` *info* map ("" if not found):
+    containerd's ``config.linux.cgroup_parent``, else derived from ``runtimeSpec.linux.cgroupsPath``."""
+    document = _verbose(info)
+    cgroup_parent = _dig(document, "config", "linux", "cgroup_parent")
+    if isinstance(cgroup_parent, str) and cgroup_parent:
+        return cgroup_parent
+    cgroups_path = _dig(document, "runtimeSpec", "linux", "cgroupsPath")
+    return _cgroup_parent_from_path(cgroups_path, sandbox_id) if isinstance(cgroups_path, str) else ""
+
+
 def pod_from_status(status: v1.PodSandboxStatus, info: Mapping[str, str] | None = None) -> PodInfo:
     """The pod record recoverable from PodSandboxStatus and its verbose *info* (see the module docstring)."""
     meta = status.metadata or v1.PodSandboxMetadata()
-    document = _verbose(info)
-    cgroup_parent = _dig(document, "config", "linux", "cgroup_parent")
-    if not isinstance(cgroup_parent, str) or not cgroup_parent:
-        cgroups_path = _dig(document, "runtimeSpec", "linux", "cgroupsPath")
-        cgroup_parent = (
-            _cgroup_parent_from_path(cgroups_path, status.id) if isinstance(cgroups_path, str) else ""
-        )
     return PodInfo(
         name=meta.name,
         uid=meta.uid,
@@ -258,7 +263,7 @@ def pod_from_status(status: v1.PodSandboxStatus, info: Mapping[str, str] | None 
         runtime_handler=status.runtime_handler,
         labels=status.labels,
         annotations=status.annotations,
-        cgroup_parent=cgroup_parent,
+        cgroup_parent=cgroup_parent_from_verbose(info, status.id),
     )
 
 

@@ -19,10 +19,8 @@ cgroup root. Pods without one get no cgroup writes.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import grpclib.client
 import grpclib.exceptions
@@ -30,6 +28,7 @@ import trio
 import trio_asyncio
 
 from krproxy._grpc import strip_unix_scheme
+from krproxy.hooks.convert import cgroup_parent_from_verbose
 from krproxy.proto.runtime import v1 as cri
 
 from ._app import HookServer, PodTarget
@@ -46,28 +45,10 @@ RECONCILE_INTERVAL = 10.0
 CRI_TIMEOUT = 10.0
 
 
-def _dig(data: Any, *keys: str) -> Any:
-    for key in keys:
-        if not isinstance(data, Mapping):
-            return None
-        data = data.get(key)
-    return data
-
-
-def cgroup_parent_from_info(info: Mapping[str, str]) -> str:
-    """The sandbox's cgroup parent from containerd's verbose ``PodSandboxStatus`` info ("" if absent)."""
-    try:
-        data = json.loads(info.get("info", "") or "{}")
-    except ValueError:
-        return ""
-    parent = _dig(data, "config", "linux", "cgroup_parent")
-    if isinstance(parent, str) and parent:
-        return parent
-    path = _dig(data, "runtimeSpec", "linux", "cgroupsPath")
-    if isinstance(path, str) and path:
-        # systemd: "<slice>:cri-containerd:<id>"; cgroupfs: "<parent>/<sandbox id>".
-        return path.split(":")[0] if ":" in path else path.rsplit("/", 1)[0]
-    return ""
+def cgroup_parent_from_info(info: Mapping[str, str], sandbox_id: str) -> str:
+    """The sandbox's cgroup parent from containerd's verbose ``PodSandboxStatus`` info ("" if absent);
+    the proxy's own recovery reads it the same way."""
+    return cgroup_parent_from_verbose(info, sandbox_id)
 
 
 def targets_from_cri(
@@ -87,7 +68,7 @@ def targets_from_cri(
         if sb.state != cri.PodSandboxState.SANDBOX_READY:
             continue
         meta = sb.metadata
-        parent = cgroup_parent_from_info(sandbox_info.get(sb.id, {}))
+        parent = cgroup_parent_from_info(sandbox_info.get(sb.id, {}), sb.id)
         if not parent and find_cgroup_parent is not None and meta is not None:
             parent = find_cgroup_parent(meta.uid)
         pods[sb.id] = PodInfo(

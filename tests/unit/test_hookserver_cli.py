@@ -39,15 +39,15 @@ class TestStandalonePure:
     def test_cgroup_parent_from_containerd_info(self) -> None:
         """containerd's verbose info: config.linux.cgroup_parent, else the runtime spec's cgroupsPath."""
         info = {"info": json.dumps({"config": {"linux": {"cgroup_parent": "/kubepods/pod1"}}})}
-        assert "/kubepods/pod1" == cgroup_parent_from_info(info)
+        assert "/kubepods/pod1" == cgroup_parent_from_info(info, "sandbox")
         spec = {"info": json.dumps({"runtimeSpec": {"linux": {"cgroupsPath": "/kubepods/pod1/sandbox"}}})}
-        assert "/kubepods/pod1" == cgroup_parent_from_info(spec)
+        assert "/kubepods/pod1" == cgroup_parent_from_info(spec, "sandbox")
         systemd = {
             "info": json.dumps({"runtimeSpec": {"linux": {"cgroupsPath": "kp-pod1.slice:cri-containerd:x"}}})
         }
-        assert "kp-pod1.slice" == cgroup_parent_from_info(systemd)
-        assert "" == cgroup_parent_from_info({"info": "not json"})
-        assert "" == cgroup_parent_from_info({})
+        assert "kp-pod1.slice" == cgroup_parent_from_info(systemd, "x")
+        assert "" == cgroup_parent_from_info({"info": "not json"}, "sandbox")
+        assert "" == cgroup_parent_from_info({}, "sandbox")
 
     def test_targets_keep_ready_pods_and_running_containers(self) -> None:
         """NOTREADY sandboxes and non-running containers are not targets; resources come from status."""
