@@ -237,7 +237,7 @@ def purge_cancelled_timers(loop: asyncio.AbstractEventLoop) -> None:
         loop._timer_handle_cancelled = _CancelledTimerPurge(loop)
 
 
-def _unlink_if_ours(path: str, inode: int) -> None:
+def unlink_if_ours(path: str, inode: int) -> None:
     try:
         if os.stat(path).st_ino == inode:
             os.unlink(path)
@@ -300,4 +300,49 @@ async def serve(
                     transport.close()
                 await trio_asyncio.aio_as_trio(server.wait_closed)()
             sock.close()
-            _unlink_if_ours(path, inode)
+            unlink_if_ours(path, inode)
+
+
+async def serve_in_process(
+    handlers: Iterable[Any],
+    *,
+    codec: ProtoCodec | None = None,
+    status_details_codec: StatusDetailsCodecBase | None = None,
+    fallback: Callable[[str], grpclib.const.Handler] | None = unimplemented_fallback,
+    task_status: trio.TaskStatus[Callable[[], socket.socket]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve grpclib ``handlers`` to connections made in this process, until cancelled.
+
+    Reports a ``connect()`` function through ``task_status``: each call returns our end of a
+    new socket pair whose other end the server has accepted. Nothing listens on a file or
+    port, so no other process can reach these handlers. Must run inside
+    ``trio_asyncio.open_loop()``. On cancellation running handlers are cancelled and the
+    connections closed.
+    """
+    server = grpclib.server.Server(list(handlers), codec=codec, status_details_codec=status_details_codec)
+    if fallback is not None:
+        install_fallback(server, fallback)
+    connections = _track_connections(server)
+    loop = trio_asyncio.current_loop.get()
+    purge_cancelled_timers(loop)
+
+    def connect() -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        theirs.setblocking(False)
+        # Runs on the asyncio loop: grpclib attaches its protocol to the socket right away,
+        # and reads what we send once the loop gets to it.
+        loop.create_task(loop.connect_accepted_socket(server._protocol_factory, sock=theirs))
+        return ours
+
+    try:
+        task_status.started(connect)
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            handlers_ = list(server._handlers)
+            for handler in handlers_:
+                handler.close()
+            for transport in list(connections):
+                transport.close()
+            if handlers_:
+                await trio_asyncio.aio_as_trio(asyncio.gather)(*(h.wait_closed() for h in handlers_))

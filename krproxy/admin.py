@@ -47,9 +47,10 @@ from prometheus_client.exposition import choose_encoder
 from krproxy import __version__, log
 from krproxy.config import DEFAULT_METRICS_ADDRESS as DEFAULT_STATUS_ADDRESS
 from krproxy.config import ProxyConfig, parse_address
-from krproxy.forward import Backend, Forwarder
+from krproxy.forward import Backend
 from krproxy.hooks.runtime import HookRuntime
 from krproxy.metrics import Metrics
+from krproxy.relay.relay import Relay
 
 LOGGER = logging.getLogger("krproxy.admin")
 
@@ -187,7 +188,7 @@ class AdminView:
     """
 
     config: ProxyConfig
-    forwarder: Forwarder
+    relay: Relay
     hooks: HookRuntime
     metrics: Metrics
     backends: Sequence[tuple[str, Backend]]
@@ -199,7 +200,7 @@ class AdminView:
     def readiness(self) -> tuple[bool, list[str]]:
         """Whether the proxy is ready for kubelet, and if not, why."""
         reasons: list[str] = []
-        if self.forwarder.draining:
+        if self.relay.draining:
             reasons.append("shutting down")
         elif not self.listening:
             reasons.append("the proxy socket is not accepting calls yet")
@@ -220,12 +221,12 @@ class AdminView:
             "ready": ready,
             "reasons": reasons,
             "listening": self.listening,
-            "draining": self.forwarder.draining,
+            "draining": self.relay.draining,
             "listen": self.config.listen,
             "admin_address": self.address,
             "started": self.started,
             "uptime_seconds": round(time.monotonic() - self._clock_start, 3),
-            "in_flight": self.forwarder.in_flight,
+            "in_flight": self.relay.in_flight,
             "recording": self.metrics.registry.get_sample_value("krproxy_recording") == 1.0,
             "backends": [
                 {
@@ -263,7 +264,7 @@ def _up(backend: Backend) -> float:
 def wire_metrics(view: AdminView) -> None:
     """Point the metrics that are read at scrape time (gauges) at the live daemon."""
     metrics = view.metrics
-    metrics.in_flight.set_function(lambda: view.forwarder.in_flight)
+    metrics.in_flight.set_function(lambda: view.relay.in_flight)
     metrics.plugins.set_function(lambda: len(view.hooks.dispatcher.registry.plugins))
     metrics.ready.set_function(lambda: view.readiness()[0])
     for role, backend in view.backends:

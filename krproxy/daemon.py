@@ -9,7 +9,9 @@
             ├── OCI hooks.d watcher (--oci-hooks-dir)   hook files -> OCI hook interceptors
             ├── store recovery              List/Status from the runtime, retried until it works
             ├── trace recorder (--record)   writes recorded calls to the trace file
-            ├── CRI server (krproxy._grpc.serve)   forwards to the backend, hooks on the way
+            ├── CRI front end (krproxy.relay)   relays calls to the runtime, frame by frame
+            ├── hook handler (krproxy._grpc.serve_in_process)   grpclib server the relay hands
+            │                                   the calls with hook points to (Forwarder + hooks)
             ├── admin endpoint (--metrics-address) /metrics /healthz /readyz /status (krproxy.admin)
             └── signal watchers             SIGTERM/SIGINT -> graceful drain; SIGUSR1 -> recording on/off
 
@@ -29,17 +31,18 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import socket
 from typing import Any, cast
 
 import attrs
-import grpclib.server
+import grpclib.const
 import trio
 import trio_asyncio
 
 from krproxy import _grpc, _supervise, admin, calls, log
 from krproxy.config import BackendMode, ProxyConfig
-from krproxy.forward import Backend, Forwarder
+from krproxy.forward import Backend, Forwarder, known_routes
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.recovery import recover
 from krproxy.hooks.runtime import HookRuntime
@@ -47,6 +50,7 @@ from krproxy.hooks.store import HookStore
 from krproxy.hooks.watcher import watch
 from krproxy.metrics import Metrics
 from krproxy.ocihooks import proxy as ocihooks
+from krproxy.relay import Relay, Route, connect_unix
 from krproxy.trace.recorder import Recorder, watch_toggle_signal
 
 LOGGER = logging.getLogger("krproxy.daemon")
@@ -57,10 +61,10 @@ class Daemon:
     """A running proxy, as handed to whoever started it (tests, the demo)."""
 
     config: ProxyConfig
+    relay: Relay
     forwarder: Forwarder
     hooks: HookRuntime
     metrics: Metrics
-    server: grpclib.server.Server
     recorder: Recorder | None = None
     admin_view: admin.AdminView | None = None
     oci_hooks: ocihooks.OciHooks | None = None
@@ -71,18 +75,18 @@ class Daemon:
         self._shutdown.set()
 
     async def _drain(self) -> None:
+        self.relay.start_draining()
         self.forwarder.draining = True
-        _grpc.stop_listening(self.server)
         log.event(
             LOGGER,
             "draining",
-            in_flight=self.forwarder.in_flight,
+            in_flight=self.relay.in_flight,
             grace_period=self.config.grace_period,
         )
         with trio.move_on_after(self.config.grace_period) as scope:
-            await trio_asyncio.aio_as_trio(self.forwarder.wait_idle)()
+            await self.relay.wait_idle()
         if scope.cancelled_caught:
-            log.event(LOGGER, "grace_period_over", level=logging.WARNING, cancelled=self.forwarder.in_flight)
+            log.event(LOGGER, "grace_period_over", level=logging.WARNING, cancelled=self.relay.in_flight)
 
 
 async def _recover_store(config: ProxyConfig, hooks: HookRuntime, metrics: Metrics) -> None:
@@ -138,6 +142,9 @@ async def serve(
         return
     if sock is None:
         sock = _grpc.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
+    # At the end the socket file is removed only if it is still ours: a successor may have
+    # replaced it while we were draining.
+    inode = os.stat(config.listen).st_ino
     runtime = Backend(config.runtime_endpoint)
     image = runtime if config.image_socket == config.runtime_endpoint else Backend(config.image_socket)
     metrics = Metrics()
@@ -151,8 +158,10 @@ async def serve(
     if oci_hooks is not None:
         interceptors = oci_hooks.wrap(interceptors)
     forwarder = Forwarder(runtime, image, interceptors, observers=[metrics.observe_call])
+    # One observer list: calls the relay forwards and calls with hooks are reported alike.
+    relay = Relay(observers=forwarder.observers)
     backends = [("runtime", runtime)] if image is runtime else [("runtime", runtime), ("image", image)]
-    view = admin.AdminView(config, forwarder, hooks, metrics, backends)
+    view = admin.AdminView(config, relay, hooks, metrics, backends)
     admin.wire_metrics(view)
     if admin_sock is None and config.metrics_address:
         admin_sock = admin.bind(config.metrics_address)
@@ -182,19 +191,28 @@ async def serve(
                 )
                 await nursery.start(recorder.run)
                 forwarder.observers.append(recorder.observe)
-            server = await nursery.start(
+            connect_hook_handler = await nursery.start(
                 functools.partial(
-                    _grpc.serve,
+                    _grpc.serve_in_process,
                     [forwarder],
-                    config.listen,
                     codec=_grpc.BytesCodec(),
                     status_details_codec=_grpc.RawStatusDetailsCodec(),
                     fallback=forwarder.fallback,
-                    sock=sock,
                 )
             )
+            runtime_route = _route(relay, runtime)
+            relay.configure(
+                runtime=runtime_route,
+                image=runtime_route if image is runtime else _route(relay, image),
+                internal=Route(relay, "krproxy's hook handler", connect_hook_handler, reports=False),
+                intercepted=forwarder.interceptors,
+                unary_paths=[
+                    p for p, c in known_routes().items() if c is grpclib.const.Cardinality.UNARY_UNARY
+                ],
+            )
+            await nursery.start(relay.serve, sock)
             view.listening = True
-            daemon = Daemon(config, forwarder, hooks, metrics, server, recorder, admin_view=view)
+            daemon = Daemon(config, relay, forwarder, hooks, metrics, recorder, admin_view=view)
             daemon.oci_hooks = oci_hooks
             if handle_signals:
                 nursery.start_soon(_supervise.watch_signals, daemon.request_shutdown)
@@ -213,12 +231,25 @@ async def serve(
             await daemon._drain()
             nursery.cancel_scope.cancel()
     finally:
+        sock.close()
+        _grpc.unlink_if_ours(config.listen, inode)
         if admin_sock is not None:
             admin_sock.close()
         dispatcher.close()
         runtime.close()
         image.close()
     log.event(LOGGER, "stopped", listen=config.listen)
+
+
+def _route(relay: Relay, backend: Backend) -> Route:
+    """The relay's route to a runtime socket; it keeps ``backend``'s reachability current."""
+
+    def on_state(reachable: bool, error: str) -> None:
+        backend.reachable = reachable
+        if error:
+            backend.last_error = error
+
+    return Route(relay, f"backend runtime {backend.path}", connect_unix(backend.path), on_state=on_state)
 
 
 def run(config: ProxyConfig) -> None:

@@ -236,7 +236,7 @@ async def run_demo(out: Any = None) -> int:
             demo.check(f"plugin was called once (calls: {plugin.calls})", plugin.calls == 1)
             daemon.request_shutdown()
             with trio.fail_after(15):
-                while daemon.forwarder.in_flight:  # noqa: ASYNC110 - drain is brief; no event to wait on
+                while daemon.relay.in_flight:  # noqa: ASYNC110 - drain is brief; no event to wait on
                     await trio.sleep(0.01)
             nursery.cancel_scope.cancel()
     finally:

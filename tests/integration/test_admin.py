@@ -270,12 +270,12 @@ class TestReadiness:
     ) -> None:
         """Once shutdown starts, /readyz says so (the endpoint lives until the drain is over)."""
         daemon = await start_proxy(nursery, sockdir, metrics_address=LOOPBACK)
-        daemon.forwarder.draining = True  # what _drain() sets first
+        daemon.relay.draining = True  # what _drain() sets first
 
         code, _, body = await get(daemon, "/readyz")
 
         assert (503, True) == (code, b"shutting down" in body)
-        daemon.forwarder.draining = False
+        daemon.relay.draining = False
 
 
 class TestConfig:

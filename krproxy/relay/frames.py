@@ -1,0 +1,204 @@
+"""HTTP/2 frames and header blocks, as much of RFC 9113 / RFC 7541 as a gRPC hop needs.
+
+Only bytes in, bytes out: no I/O and no connection state (that is :mod:`krproxy.relay.relay`).
+
+Header blocks are *decoded* with the ``hpack`` package (a peer may use the dynamic table and
+Huffman coding) but *encoded* here, without either: every field is a full static-table match
+or a literal "without indexing". Such a block never touches the peer's dynamic table, so the
+relay has no encoder state to keep, and repeated fields come from a small cache.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+# Frame types (RFC 9113 §6).
+DATA = 0x0
+HEADERS = 0x1
+PRIORITY = 0x2
+RST_STREAM = 0x3
+SETTINGS = 0x4
+PUSH_PROMISE = 0x5
+PING = 0x6
+GOAWAY = 0x7
+WINDOW_UPDATE = 0x8
+CONTINUATION = 0x9
+
+# Flags.
+END_STREAM = 0x1
+ACK = 0x1
+END_HEADERS = 0x4
+PADDED = 0x8
+PRIORITY_FLAG = 0x20
+
+# Error codes (RFC 9113 §7).
+NO_ERROR = 0x0
+PROTOCOL_ERROR = 0x1
+INTERNAL_ERROR = 0x2
+FLOW_CONTROL_ERROR = 0x3
+STREAM_CLOSED = 0x5
+FRAME_SIZE_ERROR = 0x6
+REFUSED_STREAM = 0x7
+CANCEL = 0x8
+COMPRESSION_ERROR = 0x9
+
+# Settings (RFC 9113 §6.5.2).
+HEADER_TABLE_SIZE = 0x1
+ENABLE_PUSH = 0x2
+MAX_CONCURRENT_STREAMS = 0x3
+INITIAL_WINDOW_SIZE = 0x4
+MAX_FRAME_SIZE = 0x5
+MAX_HEADER_LIST_SIZE = 0x6
+
+DEFAULT_WINDOW = 65_535
+DEFAULT_MAX_FRAME = 16_384
+MAX_WINDOW = 2**31 - 1
+MAX_STREAM_ID = 2**31 - 1
+
+HEAD = struct.Struct(">BHBBL")  # length (24 bits as 8 + 16), type, flags, stream id
+HEAD_SIZE = HEAD.size
+_SETTING = struct.Struct(">HL")
+_U32 = struct.Struct(">L")
+_GOAWAY = struct.Struct(">LL")
+
+
+class ProtocolError(Exception):
+    """The peer broke HTTP/2; ends the whole connection with GOAWAY(code)."""
+
+    def __init__(self, message: str, code: int = PROTOCOL_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def frame(kind: int, flags: int, stream_id: int, payload: bytes | bytearray | memoryview = b"") -> bytes:
+    size = len(payload)
+    return HEAD.pack(size >> 16, size & 0xFFFF, kind, flags, stream_id) + payload
+
+
+def settings(values: Iterable[tuple[int, int]]) -> bytes:
+    return frame(SETTINGS, 0, 0, b"".join(_SETTING.pack(key, value) for key, value in values))
+
+
+def parse_settings(payload: bytes) -> list[tuple[int, int]]:
+    if len(payload) % 6:
+        raise ProtocolError("SETTINGS payload is not a multiple of 6 bytes", FRAME_SIZE_ERROR)
+    return [_SETTING.unpack_from(payload, offset) for offset in range(0, len(payload), 6)]
+
+
+def window_update(stream_id: int, increment: int) -> bytes:
+    return frame(WINDOW_UPDATE, 0, stream_id, _U32.pack(increment))
+
+
+def parse_u32(payload: bytes) -> int:
+    if len(payload) != 4:
+        raise ProtocolError(f"frame payload of {len(payload)} bytes where 4 were due", FRAME_SIZE_ERROR)
+    return int(_U32.unpack(payload)[0]) & 0x7FFF_FFFF
+
+
+def rst_stream(stream_id: int, code: int) -> bytes:
+    return frame(RST_STREAM, 0, stream_id, _U32.pack(code))
+
+
+def goaway(last_stream_id: int, code: int, debug: bytes = b"") -> bytes:
+    return frame(GOAWAY, 0, 0, _GOAWAY.pack(last_stream_id, code) + debug)
+
+
+def parse_goaway(payload: bytes) -> tuple[int, int]:
+    if len(payload) < 8:
+        raise ProtocolError("GOAWAY shorter than 8 bytes", FRAME_SIZE_ERROR)
+    last, code = _GOAWAY.unpack_from(payload)
+    return last & 0x7FFF_FFFF, code
+
+
+def unpad(flags: int, payload: bytes) -> bytes:
+    """The payload of a DATA or HEADERS frame without its padding (PADDED flag)."""
+    if not flags & PADDED:
+        return payload
+    if not payload or payload[0] >= len(payload):
+        raise ProtocolError("padding longer than the frame")
+    return payload[1 : len(payload) - payload[0]]
+
+
+def header_fragment(flags: int, payload: bytes) -> bytes:
+    """The header block fragment of a HEADERS frame (padding and priority removed)."""
+    payload = unpad(flags, payload)
+    if flags & PRIORITY_FLAG:
+        if len(payload) < 5:
+            raise ProtocolError("HEADERS with priority shorter than 5 bytes", FRAME_SIZE_ERROR)
+        payload = payload[5:]
+    return payload
+
+
+def header_frames(stream_id: int, block: bytes, end_stream: bool, max_frame: int) -> bytes:
+    """HEADERS (+ CONTINUATION) frames carrying ``block``."""
+    flags = END_STREAM if end_stream else 0
+    if len(block) <= max_frame:
+        return frame(HEADERS, flags | END_HEADERS, stream_id, block)
+    chunks = [block[i : i + max_frame] for i in range(0, len(block), max_frame)]
+    out = [frame(HEADERS, flags, stream_id, chunks[0])]
+    out += [frame(CONTINUATION, 0, stream_id, chunk) for chunk in chunks[1:-1]]
+    out.append(frame(CONTINUATION, END_HEADERS, stream_id, chunks[-1]))
+    return b"".join(out)
+
+
+# -- HPACK encoding without the dynamic table ------------------------------------------------
+
+#: Fields the HPACK static table (RFC 7541 Appendix A) holds whole, by index.
+_STATIC_FIELDS = {
+    (b":method", b"GET"): 2,
+    (b":method", b"POST"): 3,
+    (b":path", b"/"): 4,
+    (b":scheme", b"http"): 6,
+    (b":scheme", b"https"): 7,
+    (b":status", b"200"): 8,
+    (b":status", b"204"): 9,
+    (b":status", b"206"): 10,
+    (b":status", b"304"): 11,
+    (b":status", b"400"): 12,
+    (b":status", b"404"): 13,
+    (b":status", b"500"): 14,
+}
+
+_CACHE_LIMIT = 4096
+_field_cache: dict[tuple[bytes, bytes], bytes] = {}
+
+
+def _integer(value: int, prefix_bits: int, first: int) -> bytes:
+    """RFC 7541 §5.1 integer with an N-bit prefix; ``first`` holds the bits above the prefix."""
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(name: bytes, value: bytes) -> bytes:
+    index = _STATIC_FIELDS.get((name, value))
+    if index is not None:
+        return bytes((0x80 | index,))  # indexed header field
+    # Literal header field without indexing, new name (first byte 0x00), no Huffman coding.
+    return b"\x00" + _integer(len(name), 7, 0) + name + _integer(len(value), 7, 0) + value
+
+
+def encode_headers(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """A header block for ``headers`` that leaves the peer's dynamic table alone."""
+    parts = []
+    cache = _field_cache
+    for field in headers:
+        encoded = cache.get(field)
+        if encoded is None:
+            encoded = _field(*field)
+            if len(encoded) < 256:
+                if len(cache) >= _CACHE_LIMIT:  # e.g. grpc-timeout values: start over
+                    cache.clear()
+                cache[field] = encoded
+        parts.append(encoded)
+    return b"".join(parts)
