@@ -1,9 +1,9 @@
 """One CRI call as the proxy handled it: collected while it runs, handed to observers after.
 
-The forwarder opens a :class:`CallContext` for every call and makes it current (a
-``ContextVar``: grpclib runs each call in its own asyncio task, so contexts never mix). Code
-on the call's path adds to it — the dispatcher the hook outcomes, the forwarder the bytes it
-sent to the runtime and the time the runtime took. When the call ends, the forwarder freezes
+The relay opens a :class:`CallContext` for every call with hook points and makes it current
+(a ``ContextVar``: each such call runs in a task of its own, so contexts never mix). Code on
+the call's path adds to it — the dispatcher the hook outcomes, the relay the bytes it sent to
+the runtime and the time the runtime took. When the call ends, the relay freezes
 it into a :class:`CallRecord` and passes that to every observer (metrics, the recorder).
 
 Observers run on the request path: they must be quick and must not block or raise.

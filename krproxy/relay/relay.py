@@ -19,8 +19,7 @@ Per call the relay adds, on its own account: the caller's deadline (``grpc-timeo
 enforced here too, so a runtime that hangs cannot keep a call open past it; a runtime that
 cannot be reached, or drops its connection mid-call, ends the call with UNAVAILABLE naming
 the socket (the next call reconnects); a caller that goes away resets the upstream stream.
-Every finished call is reported to the observers as a :class:`krproxy.calls.CallRecord`, except
-the ones handed to the in-process server, which reports them itself.
+Every finished call is reported to the observers as a :class:`krproxy.calls.CallRecord`.
 
 Flow control is end to end: bytes received on one side are granted back to the sender only
 once they were written towards the other side, within that side's window. So a slow reader
@@ -34,6 +33,7 @@ buffer is full).
 
 from __future__ import annotations
 
+import base64
 import heapq
 import itertools
 import logging
@@ -42,15 +42,18 @@ import socket
 import time
 import urllib.parse
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, cast
 
+import attrs
 import hpack
 import hpack.exceptions
 import trio
 from grpclib.const import Status
+from grpclib.exceptions import GRPCError
 
 from krproxy import calls, log
+from krproxy.forward import BackendError, Interceptor, Reply
 from krproxy.relay import frames as f
 
 LOGGER = logging.getLogger("krproxy.relay")
@@ -333,8 +336,8 @@ class Call:
         self.answered = False  # the caller got a status (trailers), from upstream or from us
         self.finished = False
         self.deadline = math.inf
-        self.request_tap = _Tap(keep_all=False) if route.reports else None
-        self.reply_tap = _Tap(keep_all=relay.unary(path)) if route.reports else None
+        self.request_tap: _Tap | None = _Tap(keep_all=False)
+        self.reply_tap: _Tap | None = _Tap(keep_all=relay.is_unary(path))
 
     def on_request_data(self, data: bytes, end: bool) -> None:
         if self.request_tap is not None and data:
@@ -450,7 +453,7 @@ class Call:
         request = self.request_tap.first if self.request_tap is not None else None
         reply_tap = self.reply_tap
         reply = None
-        ok = self.status is Status.OK and self.relay.unary(self.path)
+        ok = self.status is Status.OK and self.relay.is_unary(self.path)
         if ok and reply_tap is not None and reply_tap.first is not None and reply_tap.messages == 1:
             reply = bytes(reply_tap.first)
         return calls.CallRecord(
@@ -883,13 +886,11 @@ class Route:
         describe: str,
         connect: Callable[[], socket.socket],
         *,
-        reports: bool = True,
         on_state: Callable[[bool, str], None] | None = None,
     ) -> None:
         self.relay = relay
         self.describe = describe
         self.connect = connect
-        self.reports = reports  # False: the upstream reports its calls to the observers itself
         self.on_state = on_state
         self.reachable: bool | None = None
         self.ep: Endpoint | None = None
@@ -964,11 +965,10 @@ class Relay:
     """The CRI front end (see the module docstring).
 
     Args:
-        runtime: route for RuntimeService calls and for unknown method paths.
-        image: route for ImageService calls (may be ``runtime``).
-        internal: route for the paths in ``intercepted``: the in-process server with the hooks.
-        unary_paths: method paths whose replies are single messages (for call records).
-        observers: told about every finished call that did not go to ``internal``.
+        observers: told about every finished call (:class:`krproxy.calls.CallRecord`).
+
+    :meth:`configure` sets the routes (runtime; image, which may be the runtime's), the
+    interceptors by method path, and the unary method paths (whose replies records carry).
     """
 
     def __init__(self, observers: list[calls.Observer] | None = None) -> None:
@@ -977,8 +977,8 @@ class Relay:
         )  # kept, not copied: the daemon shares it with the Forwarder
         self.runtime: Route = None  # type: ignore[assignment]  # set by configure()
         self.image: Route = None  # type: ignore[assignment]
-        self.internal: Route | None = None
-        self.intercepted: frozenset[str] = frozenset()
+        self.interceptors: dict[str, Interceptor] = {}
+        self._plugin_routes: dict[str, Route] = {}
         self._unary_paths: frozenset[str] = frozenset()
         self.nursery: trio.Nursery = None  # type: ignore[assignment]  # set by serve()
         self.dirty: list[Endpoint] = []
@@ -997,15 +997,14 @@ class Relay:
         self,
         runtime: Route,
         image: Route,
-        internal: Route | None,
-        intercepted: Iterable[str],
+        interceptors: Mapping[str, Interceptor],
         unary_paths: Iterable[str],
     ) -> None:
-        self.runtime, self.image, self.internal = runtime, image, internal
-        self.intercepted = frozenset(intercepted)
+        self.runtime, self.image = runtime, image
+        self.interceptors = dict(interceptors)
         self._unary_paths = frozenset(unary_paths)
 
-    def unary(self, path: str) -> bool:
+    def is_unary(self, path: str) -> bool:
         return path in self._unary_paths
 
     # -- serving -----------------------------------------------------------------------
@@ -1031,7 +1030,7 @@ class Relay:
             self.stopping = True
             for ep in list(self._clients):
                 ep.close(_STOPPED)
-            for route in {self.runtime, self.image, self.internal}:
+            for route in {self.runtime, self.image, *self._plugin_routes.values()}:
                 if route is not None and route.ep is not None:
                     route.ep.close(_STOPPED)
             self.flush()
@@ -1081,20 +1080,27 @@ class Relay:
             ep.write(f.rst_stream(stream_id, f.PROTOCOL_ERROR))
             return
         text = path.decode("utf-8", "replace")
-        if text in self.intercepted and self.internal is not None:
-            route = self.internal
-        else:
-            route = self.image if b".ImageService/" in path else self.runtime
-        call = Call(self, text, route)
+        route = self.image if b".ImageService/" in path else self.runtime
+        interceptor = self.interceptors.get(text)
+        call = (
+            Call(self, text, route)
+            if interceptor is None
+            else LocalCall(self, text, route, interceptor, headers)
+        )
         client = call.client = Half(ep, stream_id, call)
-        client.recv_ended = end
         ep.halves[stream_id] = client
         self.in_flight += 1
         if self.draining:
+            client.recv_ended = end
             call.fail(Status.UNAVAILABLE, "krproxy is shutting down")
             return
         if timeout is not None:
             self._add_deadline(call, trio.current_time() + timeout)
+        if interceptor is not None:
+            if end:
+                call.on_request_data(b"", True)
+            return
+        client.recv_ended = end
         try:
             upstream_ep = route.endpoint()
         except OSError as err:
@@ -1112,7 +1118,7 @@ class Relay:
             for event in self._idle_waiters:
                 event.set()
             self._idle_waiters.clear()
-        if call.route.reports and self.observers:
+        if self.observers:
             record = call.record()
             for observer in self.observers:
                 try:
@@ -1126,6 +1132,66 @@ class Relay:
             event = trio.Event()
             self._idle_waiters.append(event)
             await event.wait()
+
+    # -- calls of our own --------------------------------------------------------------
+
+    async def unary(
+        self,
+        route: Route,
+        path: str,
+        message: bytes,
+        metadata: Iterable[tuple[bytes, bytes]] = (),
+        deadline: float = math.inf,
+    ) -> Answer:
+        """Call ``path`` on ``route`` with ``message``, within ``deadline`` (trio clock).
+
+        Returns the answer whatever its status. Raises OSError if the upstream cannot be
+        reached, :class:`UpstreamError` if it went away or answered something that is not
+        gRPC, and TimeoutError when the deadline passed first (the stream is reset then).
+        """
+        exchange = _Exchange()
+        ep = route.endpoint()
+        upstream = exchange.upstream = Half(ep, 0, exchange)  # type: ignore[arg-type]
+        fields: Headers = [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", path.encode()),
+            (b":authority", b"localhost"),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+        ]
+        if deadline != math.inf:
+            fields.append((b"grpc-timeout", b"%du" % max(1, int((deadline - trio.current_time()) * 1e6))))
+        fields += metadata
+        ep.open_stream(upstream, f.encode_headers(fields), False)
+        upstream.send_data(_message(message), True)
+        self.flush()
+        try:
+            with trio.move_on_at(deadline):
+                await exchange.done.wait()
+        finally:
+            if not exchange.done.is_set():  # the deadline passed, or our caller was cancelled
+                upstream.abort(f.CANCEL)
+                exchange.settle()
+                self.flush()
+        if not exchange.done.is_set():
+            raise TimeoutError()
+        if exchange.error is not None:
+            raise UpstreamError(exchange.error)
+        return exchange.answer()
+
+    def plugin_route(self, endpoint: str) -> Route:
+        """The route to a hook plugin's socket: one per socket path, until :meth:`drop_route`."""
+        route = self._plugin_routes.get(endpoint)
+        if route is None:
+            route = self._plugin_routes[endpoint] = Route(self, f"plugin {endpoint}", connect_unix(endpoint))
+        return route
+
+    def drop_route(self, endpoint: str) -> None:
+        """Forget the route to ``endpoint``; its connection closes once its calls are over."""
+        route = self._plugin_routes.pop(endpoint, None)
+        if route is not None and route.ep is not None:
+            route.ep.retire()
 
     # -- deadlines ---------------------------------------------------------------------
 
@@ -1165,3 +1231,241 @@ class Relay:
         """Refuse new calls (UNAVAILABLE) and stop accepting connections; running calls go on."""
         self.draining = True
         self.stop_accepting()
+
+
+# -- calls the relay answers itself, and calls it makes ---------------------------------------
+
+_PLAIN_HEADERS: Headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+_PLAIN_TRAILERS: Headers = [(b"grpc-status", b"0")]
+#: Request header fields not passed on when the relay makes a call of its own.
+_OWN_FIELDS = frozenset(
+    (b":method", b":scheme", b":path", b":authority", b"content-type", b"te", b"grpc-timeout")
+)
+
+
+def _message(data: bytes) -> bytes:
+    """gRPC's length-prefixed framing of one uncompressed message."""
+    return b"\x00" + len(data).to_bytes(4, "big") + data
+
+
+def _status_fields(status: Status, message: str | None, details: bytes | None) -> Headers:
+    fields = [(b"grpc-status", b"%d" % status.value)]
+    if message:
+        fields.append((b"grpc-message", urllib.parse.quote(message, safe=" ").encode()))
+    if details:
+        fields.append((b"grpc-status-details-bin", base64.b64encode(details).rstrip(b"=")))
+    return fields
+
+
+class LocalCall(Call):
+    """A call with hook points: the relay collects the request and runs the interceptor.
+
+    The interceptor runs in a task of its own; its ``forward`` makes a unary call on the
+    runtime route (:meth:`Relay.unary`), with the caller's metadata and what is left of the
+    caller's deadline. Its reply, or the runtime's error answer, goes back unchanged.
+    """
+
+    __slots__ = ("_interceptor", "_metadata", "_scope", "_started", "ctx")
+
+    def __init__(
+        self, relay: Relay, path: str, route: Route, interceptor: Interceptor, headers: Headers
+    ) -> None:
+        super().__init__(relay, path, route)
+        self.reply_tap = None
+        self._interceptor = interceptor
+        self._metadata = [field for field in headers if field[0] not in _OWN_FIELDS]
+        self._scope: trio.CancelScope | None = None
+        self._started = False
+        self.ctx = calls.CallContext(path)
+
+    def on_request_data(self, data: bytes, end: bool) -> None:
+        assert self.request_tap is not None
+        if data:
+            self.request_tap.feed(data)
+            self.client.grant(len(data))
+        if end:
+            self.client.recv_ended = True
+            if not self._started and not self.finished and not self.answered:
+                self._started = True
+                self.relay.nursery.start_soon(self._handle)
+
+    def on_request_trailers(self, headers: Headers) -> None:
+        self.on_request_data(b"", True)
+
+    async def _handle(self) -> None:
+        tap = self.request_tap
+        assert tap is not None
+        ctx = self.ctx
+        calls.CURRENT.set(ctx)  # this task's own context; asyncio tasks started from it inherit it
+        try:
+            if tap.first is None or tap.messages < 1:
+                raise GRPCError(Status.INTERNAL, "the request carried no complete message")
+            ctx.request = bytes(tap.first)
+            with trio.CancelScope() as self._scope:
+                reply = await self._interceptor(self.path, ctx.request, self._forward)
+                ctx.reply, ctx.replies = reply.message, 1  # before answering: that may finish the call
+                self._answer(
+                    reply.headers or _PLAIN_HEADERS, _message(reply.message), reply.trailers or _PLAIN_TRAILERS
+                )
+        except BackendError as err:
+            self._answer(err.headers, None, err.trailers, err)
+        except GRPCError as err:
+            details = err.details if isinstance(err.details, bytes) else None
+            self._answer(None, None, _status_fields(err.status, err.message, details), err)
+        except Exception as err:  # a bug of ours: answer UNKNOWN, keep serving
+            LOGGER.exception("interceptor for %s failed", self.path)
+            unknown = GRPCError(Status.UNKNOWN, f"{type(err).__name__}: {err}")
+            self._answer(None, None, _status_fields(unknown.status, unknown.message, None), unknown)
+        finally:
+            self.relay.flush()
+
+    def _answer(
+        self, headers: Headers | None, body: bytes | None, trailers: Headers, err: GRPCError | None = None
+    ) -> None:
+        client = self.client
+        if self.answered or client.done or client.send_ended:
+            return
+        self.answered = True
+        if err is not None:
+            self.status, self.message = err.status, err.message
+        if headers is None:  # trailers-only; a runtime's own such answer has its :status already
+            whole = trailers if trailers and trailers[0][0] == b":status" else [*_PLAIN_HEADERS, *trailers]
+            client.send_headers(f.encode_headers(whole), True)
+            return
+        client.send_headers(f.encode_headers(headers), False)
+        if body is not None:
+            client.send_data(body, False)
+        client.send_trailers(f.encode_headers(trailers))
+
+    async def _forward(self, data: bytes) -> Reply:
+        ctx = self.ctx
+        if data is not ctx.request:
+            ctx.forwarded = data  # an interceptor changed it
+        started = time.perf_counter()
+        try:
+            answer = await self.relay.unary(self.route, self.path, data, self._metadata, self.deadline)
+        finally:
+            ctx.backend_seconds += time.perf_counter() - started
+        if answer.status is not Status.OK:
+            raise BackendError(
+                answer.status,
+                answer.message,
+                answer.details,
+                headers=answer.headers,
+                trailers=answer.trailers,
+            )
+        return Reply(answer.body, answer.headers or [], answer.trailers)
+
+    def fail(self, status: Status, message: str) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        super().fail(status, message)
+
+    def caller_gone(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        super().caller_gone()
+
+    def record(self) -> calls.CallRecord:
+        ctx = self.ctx
+        if self.status is not Status.OK:
+            ctx.fail(self.status, self.message)
+        return ctx.finish()
+
+
+@attrs.frozen
+class Answer:
+    """What an upstream answered to a unary call the relay made (any status)."""
+
+    status: Status
+    message: str | None
+    details: bytes | None
+    body: bytes
+    headers: Headers | None  # None for a trailers-only answer
+    trailers: Headers
+
+
+class UpstreamError(Exception):
+    """A call the relay made got no answer: the stream or the connection ended first."""
+
+
+class _Exchange:
+    """The relay's side of a unary call it makes itself; the upstream half reports here."""
+
+    __slots__ = ("backend_clock", "body", "done", "error", "finished", "headers", "trailers", "upstream")
+
+    def __init__(self) -> None:
+        self.upstream: Half = None  # type: ignore[assignment]  # set right after construction
+        self.headers: Headers | None = None
+        self.trailers: Headers | None = None
+        self.body = bytearray()
+        self.error: str | None = None
+        self.done = trio.Event()
+        self.finished = False
+        self.backend_clock = 0.0
+
+    def on_reply_headers(self, headers: Headers, end: bool) -> None:
+        if end:
+            self.trailers = headers
+            self.done.set()
+        else:
+            self.headers = headers
+
+    def on_reply_data(self, data: bytes, end: bool) -> None:
+        self.body += data
+        self.upstream.grant(len(data))
+        if end:  # gRPC ends with trailers; an answer without them is broken
+            self.error = "the answer ended without a status"
+            self.done.set()
+
+    def upstream_gone(self, reason: str) -> None:
+        self.upstream.reset = True
+        if not self.done.is_set():
+            self.error = reason
+            self.done.set()
+        self.settle()
+
+    def settle(self) -> None:
+        upstream = self.upstream
+        if upstream.recv_ended and not upstream.send_ended and not upstream.reset:
+            upstream.abort(f.CANCEL)
+        if upstream.done and not self.finished:
+            self.finished = True
+            upstream.ep.forget(upstream)
+
+    def answer(self) -> Answer:
+        trailers = self.trailers or []
+        code = message = details = None
+        for name, value in trailers:
+            if name == b"grpc-status":
+                code = value
+            elif name == b"grpc-message":
+                message = urllib.parse.unquote(value.decode("utf-8", "replace"))
+            elif name == b"grpc-status-details-bin":
+                details = base64.b64decode(value + b"=" * (-len(value) % 4))
+        status = _STATUS_BY_CODE.get(int(code)) if code is not None and code.isdigit() else None
+        if status is None:
+            status, message = Status.UNKNOWN, message or "the answer carried no valid grpc-status"
+        body = b""
+        if status is Status.OK:
+            raw = self.body
+            if len(raw) < 5 or raw[0] != 0 or int.from_bytes(raw[1:5], "big") != len(raw) - 5:
+                raise UpstreamError("the answer is not one uncompressed gRPC message")
+            body = bytes(raw[5:])
+        return Answer(status, message, details, body, self.headers, trailers)
+
+
+async def _wait_answer(relay: Relay, exchange: _Exchange, deadline: float) -> Answer:
+    try:
+        with trio.move_on_at(deadline):
+            await exchange.done.wait()
+    finally:
+        if not exchange.done.is_set():  # deadline, or our caller was cancelled
+            exchange.upstream.abort(f.CANCEL)
+            exchange.settle()
+            relay.flush()
+    if not exchange.done.is_set():
+        raise TimeoutError()
+    if exchange.error is not None:
+        raise UpstreamError(exchange.error)
+    return exchange.answer()

@@ -36,7 +36,7 @@ async def proxy_with_plugin(
         json.dump({"remote-endpoint": plugin_socket, "runtime-hooks": ["PreCreateContainer"]}, f)
     daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
     records: list[CallRecord] = []
-    daemon.forwarder.observers.append(records.append)
+    daemon.relay.observers.append(records.append)
     return daemon, records
 
 
