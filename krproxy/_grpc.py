@@ -29,6 +29,7 @@ import stat
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
+import grpclib.config
 import grpclib.const
 import grpclib.server
 import h2.connection
@@ -180,12 +181,16 @@ def _track_connections(server: grpclib.server.Server) -> set[asyncio.BaseTranspo
         protocol = make_protocol()
         made, lost = protocol.connection_made, protocol.connection_lost
 
+        mine: list[asyncio.BaseTransport] = []  # grpclib drops its own reference when it closes
+
         def connection_made(transport: asyncio.BaseTransport) -> None:
+            mine.append(transport)
             transports.add(transport)
             made(transport)
 
         def connection_lost(exc: BaseException | None) -> None:
-            transports.discard(protocol.connection._transport)
+            for transport in mine:
+                transports.discard(transport)
             lost(exc)
 
         protocol.connection_made = connection_made  # type: ignore[method-assign]
@@ -262,6 +267,7 @@ async def serve(
     gid: int | None = None,
     sock: socket.socket | None = None,
     configure: Callable[[grpclib.server.Server], None] | None = None,
+    config: grpclib.config.Configuration | None = None,
     task_status: trio.TaskStatus[grpclib.server.Server] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve grpclib ``handlers`` on the unix socket ``path`` until cancelled.
@@ -276,7 +282,9 @@ async def serve(
     """
     if sock is None:
         sock = bind_unix_socket(path, mode=mode, gid=gid)
-    server = grpclib.server.Server(list(handlers), codec=codec, status_details_codec=status_details_codec)
+    server = grpclib.server.Server(
+        list(handlers), codec=codec, status_details_codec=status_details_codec, config=config
+    )
     if fallback is not None:
         install_fallback(server, fallback)
     connections = _track_connections(server)

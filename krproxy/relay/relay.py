@@ -494,7 +494,10 @@ class Endpoint:
         self.send_window = f.DEFAULT_WINDOW
         self.peer_initial_window = f.DEFAULT_WINDOW
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
-        self.peer_max_streams = 2**31
+        # Until the peer's SETTINGS say otherwise, no more streams than RFC 9113 asks every
+        # peer to allow: h2 (grpclib) closes the connection on a stream beyond its limit.
+        self.peer_max_streams = 100
+        self._peer_settings_seen = False
         self.recv_window = CONNECTION_WINDOW
         self.to_grant = 0
         self.next_id = 1
@@ -585,12 +588,15 @@ class Endpoint:
         if self.halves.get(half.id) is half:
             del self.halves[half.id]
         self.blocked.pop(half.id, None)
+        self._start_waiting()
+        if self.retiring and not self.halves and not self.waiting:
+            self.close(_RETIRED)
+
+    def _start_waiting(self) -> None:
         while self.waiting and len(self.halves) < self.peer_max_streams and not self.closed:
             waiting, block, end = self.waiting.popleft()
             if not waiting.done:
                 self._start(waiting, block, end)
-        if self.retiring and not self.halves and not self.waiting:
-            self.close(_RETIRED)
 
     def retire(self) -> None:
         """Take no new streams; close once the running ones are over."""
@@ -788,6 +794,9 @@ class Endpoint:
                 half.call.settle()
 
     def _on_settings(self, values: Iterable[tuple[int, int]]) -> None:
+        if not self._peer_settings_seen:
+            self._peer_settings_seen = True
+            self.peer_max_streams = 2**31  # the peer states its limit now, or has none
         for key, value in values:
             if key == f.INITIAL_WINDOW_SIZE:
                 if value > f.MAX_WINDOW:
@@ -807,6 +816,7 @@ class Endpoint:
             elif key == f.ENABLE_PUSH and value > 1:
                 raise f.ProtocolError("ENABLE_PUSH above 1")
             # HEADER_TABLE_SIZE needs nothing: our header blocks never use the dynamic table.
+        self._start_waiting()
 
     def _on_window_update(self, stream_id: int, increment: int) -> None:
         if increment == 0:

@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 import grpc
+import grpclib.config
 import grpclib.const
 import grpclib.server
 import trio
@@ -81,7 +82,10 @@ class ScriptedBackend:
 
 
 async def start_scripted_backend(
-    nursery: trio.Nursery, path: str, backend: ScriptedBackend | None = None
+    nursery: trio.Nursery,
+    path: str,
+    backend: ScriptedBackend | None = None,
+    config: grpclib.config.Configuration | None = None,
 ) -> tuple[ScriptedBackend, grpclib.server.Server]:
     backend = backend or ScriptedBackend()
     server = await nursery.start(
@@ -92,6 +96,7 @@ async def start_scripted_backend(
             codec=_grpc.BytesCodec(),
             status_details_codec=_grpc.RawStatusDetailsCodec(),
             fallback=backend.fallback,
+            config=config,
         )
     )
     return backend, server

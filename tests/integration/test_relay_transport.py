@@ -1,0 +1,241 @@
+"""The relay's HTTP/2 handling, end to end: flow control, stream limits, big header blocks,
+padding, and the deadline it enforces on its own.
+
+Clients are grpcio (C core) and, where a test needs frames grpcio would not send, a bare
+``h2`` connection over a blocking socket in a thread. Backends are grpclib servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Callable
+
+import attrs
+import grpc
+import grpclib.config
+import grpclib.server
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
+import trio
+
+from krproxy.daemon import Daemon
+from tests.integration.support import (
+    ScriptedBackend,
+    hang,
+    in_thread,
+    raw_unary,
+    start_proxy,
+    start_scripted_backend,
+    wait_until,
+)
+
+ECHO = "/test.Relay/Echo"
+BIG = "/test.Relay/Big"
+SLOW = "/test.Relay/Slow"
+HANG = "/test.Relay/Hang"
+BIG_REPLY = bytes(range(256)) * 1200  # 307,200 bytes
+
+
+def _framed(message: bytes) -> bytes:
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+@attrs.frozen
+class H2Answer:
+    headers: dict[bytes, bytes]
+    body: bytes
+    trailers: dict[bytes, bytes]
+    window_updates_sent: int
+
+
+def h2_unary(
+    path: str,
+    method: str,
+    message: bytes,
+    *,
+    extra: list[tuple[str, str]] | None = None,
+    window: int | None = None,
+    pad: int | None = None,
+    priority: bool = False,
+    limit: float = 10.0,
+) -> H2Answer:
+    """One gRPC call with the ``h2`` library, acknowledging data only as it is read.
+
+    ``window`` sets our SETTINGS_INITIAL_WINDOW_SIZE (the relay must not send more than
+    that per stream before we grant more); ``pad`` pads the request DATA frame; ``priority``
+    sends a PRIORITY frame first. Never resets the stream on its own.
+    """
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(limit)
+    sock.connect(path)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
+    conn.initiate_connection()
+    if window is not None:
+        conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+    sock.sendall(conn.data_to_send())
+    stream_id = conn.get_next_available_stream_id()
+    if priority:
+        conn.prioritize(stream_id, weight=200)
+    fields = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", method),
+        (":authority", "relay-test"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+        *(extra or []),
+    ]
+    conn.send_headers(stream_id, fields)
+    conn.send_data(stream_id, _framed(message), end_stream=True, pad_length=pad)
+    sock.sendall(conn.data_to_send())
+    headers: dict[bytes, bytes] = {}
+    trailers: dict[bytes, bytes] = {}
+    body = bytearray()
+    updates = 0
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("the relay closed the connection")
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    headers = dict(event.headers)  # type: ignore[arg-type]
+                elif isinstance(event, h2.events.DataReceived):
+                    body += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    updates += 1
+                elif isinstance(event, h2.events.TrailersReceived):
+                    trailers = dict(event.headers)  # type: ignore[arg-type]
+                elif isinstance(event, h2.events.StreamReset):
+                    raise ConnectionError(f"stream reset, error code {event.error_code}")
+                elif isinstance(event, h2.events.StreamEnded):
+                    if not trailers:  # trailers-only answer
+                        trailers = headers
+                    return H2Answer(headers, bytes(body), trailers, updates)
+            sock.sendall(conn.data_to_send())
+    finally:
+        sock.close()
+
+
+async def _big(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+    await stream.send_message(BIG_REPLY)
+
+
+async def _backend_and_proxy(
+    nursery: trio.Nursery, sockdir: str, config: grpclib.config.Configuration | None = None
+) -> tuple[ScriptedBackend, Daemon]:
+    backend, _ = await start_scripted_backend(nursery, os.path.join(sockdir, "backend.sock"), config=config)
+    backend.behaviours[BIG] = _big
+    backend.behaviours[HANG] = hang
+    return backend, await start_proxy(nursery, sockdir)
+
+
+class TestFlowControl:
+    async def test_messages_larger_than_every_window(
+        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
+    ) -> None:
+        """6 MB each way through a backend that grants 64 KiB at a time arrives byte for byte."""
+        small = grpclib.config.Configuration(
+            http2_connection_window_size=65535, http2_stream_window_size=65535
+        )
+        backend, daemon = await _backend_and_proxy(nursery, sockdir, small)
+        message = os.urandom(6 * 1024 * 1024)
+        answer = await in_thread(raw_unary(channel_to(daemon.config.listen), ECHO), message, timeout=30)
+        assert message == answer
+        assert [[message]] == backend.messages_for(ECHO)
+
+    async def test_a_reader_with_a_tiny_window_gets_everything(
+        self, aio_loop: None, nursery: trio.Nursery, sockdir: str
+    ) -> None:
+        """The relay sends a caller no more than the caller's window allows, and waits for its grants."""
+        _, daemon = await _backend_and_proxy(nursery, sockdir)
+        answer: H2Answer = await in_thread(h2_unary, daemon.config.listen, BIG, b"", window=1000)
+        assert (_framed(BIG_REPLY), b"0") == (answer.body, answer.trailers[b"grpc-status"])
+        # h2 raises on any DATA beyond the window it granted, so arriving at all proves the
+        # relay kept to it; the number of grants shows it really had to wait for them.
+        assert answer.window_updates_sent >= len(_framed(BIG_REPLY)) // 1000
+
+
+class TestStreams:
+    async def test_more_concurrent_calls_than_the_backend_allows(
+        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
+    ) -> None:
+        """grpclib (h2) takes 100 streams per connection; the relay queues the rest instead of failing them."""
+        backend, daemon = await _backend_and_proxy(nursery, sockdir)
+        released = asyncio.Event()  # set from the trio side once enough calls are running
+
+        async def slow(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+            await released.wait()
+            await stream.send_message(messages[0])
+
+        backend.behaviours[SLOW] = slow
+        call = raw_unary(channel_to(daemon.config.listen), SLOW)
+        futures = [call.future(b"%d" % i, timeout=30) for i in range(150)]
+        await wait_until(lambda: backend.started.count(SLOW) >= 100, limit=10)
+        await trio.sleep(0.2)
+        running = backend.started.count(SLOW)
+        released.set()
+        answers = [await in_thread(future.result) for future in futures]
+        assert 100 == running  # the backend's limit held while the others waited in the relay
+        assert [b"%d" % i for i in range(150)] == answers
+
+    async def test_header_blocks_larger_than_a_frame(
+        self, aio_loop: None, nursery: trio.Nursery, sockdir: str
+    ) -> None:
+        """40 KB of metadata crosses in HEADERS + CONTINUATION frames, both ways."""
+        backend, daemon = await _backend_and_proxy(nursery, sockdir)
+        big = "v" * 40_000
+
+        async def echo_metadata(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+            await stream.send_initial_metadata()
+            await stream.send_message(messages[0])
+            await stream.send_trailing_metadata(metadata={"x-big-reply": str(stream.metadata.get("x-big"))})
+
+        backend.behaviours[ECHO] = echo_metadata
+        channel = grpc.insecure_channel(
+            f"unix://{daemon.config.listen}", options=[("grpc.max_metadata_size", 1 << 20)]
+        )
+        try:
+            answer, call = await in_thread(
+                raw_unary(channel, ECHO).with_call, b"ping", metadata=[("x-big", big)], timeout=10
+            )
+        finally:
+            channel.close()
+        assert b"ping" == answer
+        assert big == dict(call.trailing_metadata())["x-big-reply"]
+        (received,) = [r for r in backend.received if r.path == ECHO]
+        assert big == received.metadata["x-big"]
+
+    async def test_padded_data_and_priority_frames(
+        self, aio_loop: None, nursery: trio.Nursery, sockdir: str
+    ) -> None:
+        """Padding is removed before the message is passed on; PRIORITY frames are ignored."""
+        backend, daemon = await _backend_and_proxy(nursery, sockdir)
+        answer: H2Answer = await in_thread(
+            h2_unary, daemon.config.listen, ECHO, b"padded", pad=40, priority=True
+        )
+        assert (_framed(b"padded"), b"0") == (answer.body, answer.trailers[b"grpc-status"])
+        assert [[b"padded"]] == backend.messages_for(ECHO)
+
+
+class TestDeadlines:
+    async def test_enforced_when_the_caller_does_not(
+        self, aio_loop: None, nursery: trio.Nursery, sockdir: str
+    ) -> None:
+        """A caller that sent grpc-timeout but never cancels still gets DEADLINE_EXCEEDED, on time,
+        and the runtime's call is cancelled."""
+        backend, daemon = await _backend_and_proxy(nursery, sockdir)
+        started = time.monotonic()
+        answer: H2Answer = await in_thread(
+            h2_unary, daemon.config.listen, HANG, b"", extra=[("grpc-timeout", "300m")]
+        )
+        took = time.monotonic() - started
+        assert b"4" == answer.trailers[b"grpc-status"]
+        assert b"deadline exceeded waiting for backend runtime" in answer.trailers[b"grpc-message"]
+        assert 0.3 <= took < 3
+        await wait_until(lambda: HANG in backend.cancelled)

@@ -1,0 +1,144 @@
+"""The relay's HTTP/2 pieces that need no socket: frames, header blocks, gRPC message counting."""
+
+from __future__ import annotations
+
+import hpack
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from krproxy.relay import frames as f
+from krproxy.relay.relay import _Tap, grpc_timeout
+
+header_fields = st.lists(
+    st.tuples(st.binary(min_size=1, max_size=300), st.binary(max_size=3000)),
+    max_size=20,
+)
+
+
+def _split(block: bytes) -> list[tuple[int, int, int, bytes]]:
+    frames_, offset = [], 0
+    while offset < len(block):
+        high, low, kind, flags, stream_id = f.HEAD.unpack_from(block, offset)
+        size = high << 16 | low
+        frames_.append((kind, flags, stream_id, block[offset + 9 : offset + 9 + size]))
+        offset += 9 + size
+    return frames_
+
+
+class TestHeaderBlocks:
+    @given(header_fields)
+    def test_any_fields_decode_back_and_leave_the_dynamic_table_empty(
+        self, fields: list[tuple[bytes, bytes]]
+    ) -> None:
+        decoder = hpack.Decoder()
+        decoder.max_header_list_size = 1 << 20
+        assert fields == [tuple(h) for h in decoder.decode(f.encode_headers(fields), raw=True)]
+        assert 0 == len(decoder.header_table.dynamic_entries)
+
+    def test_static_table_fields_are_one_byte(self) -> None:
+        assert b"\x83\x86\x88" == f.encode_headers(
+            [(b":method", b"POST"), (b":scheme", b"http"), (b":status", b"200")]
+        )
+
+    @pytest.mark.parametrize("value", [0, 126, 127, 128, 255, 16383, 16384, 1 << 20])
+    def test_length_prefixes_at_the_boundaries(self, value: int) -> None:
+        text = b"x" * value
+        assert [(b"k", text)] == [
+            tuple(h) for h in _decoder().decode(f.encode_headers([(b"k", text)]), raw=True)
+        ]
+
+    def test_a_block_larger_than_a_frame_continues(self) -> None:
+        block = bytes(range(256)) * 100  # 25,600 bytes
+        frames_ = _split(f.header_frames(5, block, True, 10_000))
+        assert [(f.HEADERS, f.END_STREAM), (f.CONTINUATION, 0), (f.CONTINUATION, f.END_HEADERS)] == [
+            (kind, flags) for kind, flags, _, _ in frames_
+        ]
+        assert {5} == {stream_id for _, _, stream_id, _ in frames_}
+        assert block == b"".join(payload for *_, payload in frames_)
+
+    def test_a_small_block_is_one_frame(self) -> None:
+        assert [(f.HEADERS, f.END_HEADERS, 3, b"abc")] == _split(f.header_frames(3, b"abc", False, 16_384))
+
+
+def _decoder() -> hpack.Decoder:
+    decoder = hpack.Decoder()
+    decoder.max_header_list_size = 1 << 22
+    return decoder
+
+
+class TestFramePayloads:
+    def test_padding_removed(self) -> None:
+        assert b"data" == f.unpad(f.PADDED, b"\x03data\x00\x00\x00")
+        assert b"data" == f.unpad(0, b"data")
+        assert b"" == f.unpad(f.PADDED, b"\x04data")  # all padding: legal
+
+    @pytest.mark.parametrize("payload", [b"", b"\x05data", b"\xffdata"])
+    def test_padding_longer_than_the_frame_is_a_protocol_error(self, payload: bytes) -> None:
+        with pytest.raises(f.ProtocolError):
+            f.unpad(f.PADDED, payload)
+
+    def test_priority_fields_skipped_in_headers(self) -> None:
+        assert b"block" == f.header_fragment(f.PRIORITY_FLAG, b"\x00\x00\x00\x01\x10block")
+        assert b"block" == f.header_fragment(f.PRIORITY_FLAG | f.PADDED, b"\x01\x00\x00\x00\x01\x10block\x00")
+
+    def test_settings_round_trip_and_bad_length(self) -> None:
+        frame = f.settings([(f.INITIAL_WINDOW_SIZE, 1 << 22), (f.ENABLE_PUSH, 0)])
+        ((kind, flags, stream_id, payload),) = _split(frame)
+        assert (f.SETTINGS, 0, 0) == (kind, flags, stream_id)
+        assert [(f.INITIAL_WINDOW_SIZE, 1 << 22), (f.ENABLE_PUSH, 0)] == f.parse_settings(payload)
+        with pytest.raises(f.ProtocolError) as err:
+            f.parse_settings(b"\x00\x04\x00")
+        assert f.FRAME_SIZE_ERROR == err.value.code
+
+    def test_window_update_and_goaway(self) -> None:
+        ((_, _, stream_id, payload),) = _split(f.window_update(7, 1000))
+        assert (7, 1000) == (stream_id, f.parse_u32(payload))
+        ((_, _, _, payload),) = _split(f.goaway(9, f.PROTOCOL_ERROR, b"why"))
+        assert (9, f.PROTOCOL_ERROR) == f.parse_goaway(payload)
+        with pytest.raises(f.ProtocolError):
+            f.parse_u32(b"\x00\x00\x01")
+
+
+class TestGrpcTimeout:
+    @pytest.mark.parametrize(
+        ("value", "seconds"),
+        [
+            (b"1H", 3600.0),
+            (b"2M", 120.0),
+            (b"3S", 3.0),
+            (b"250m", 0.25),
+            (b"1999873u", 1.999873),
+            (b"5n", 5e-9),
+        ],
+    )
+    def test_units(self, value: bytes, seconds: float) -> None:
+        assert seconds == pytest.approx(grpc_timeout(value))
+
+    @pytest.mark.parametrize("value", [b"", b"S", b"10", b"10x", b"-1S", b"123456789S", b"1.5S"])
+    def test_malformed_is_none(self, value: bytes) -> None:
+        assert grpc_timeout(value) is None
+
+
+def _framed(*messages: bytes) -> bytes:
+    return b"".join(b"\x00" + len(m).to_bytes(4, "big") + m for m in messages)
+
+
+class TestTap:
+    @given(st.lists(st.binary(max_size=40), min_size=1, max_size=5), st.data())
+    def test_counts_messages_however_the_bytes_are_cut(
+        self, messages: list[bytes], data: st.DataObject
+    ) -> None:
+        stream = _framed(*messages)
+        cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
+        first, every = _Tap(keep_all=False), _Tap(keep_all=True)
+        for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+            first.feed(stream[start:end])
+            every.feed(stream[start:end])
+        assert (len(messages), messages[0]) == (first.messages, bytes(first.first or b""))
+        assert (len(messages), b"".join(messages)) == (every.messages, bytes(every.first or b""))
+
+    def test_incomplete_message_is_not_counted(self) -> None:
+        tap = _Tap(keep_all=False)
+        tap.feed(_framed(b"abcdef")[:-2])
+        assert 0 == tap.messages
