@@ -2,7 +2,8 @@
 
 This is the only module of the fake that touches grpclib or asyncio. Each CRI method path gets a
 handler that receives the request as raw bytes (so the exact bytes a proxy forwarded can be
-recorded), decodes it, applies any injected fault, calls the state, and encodes the answer.
+recorded), decodes it, applies any injected fault, calls the state, and encodes the answer (or
+sends it as the state encoded it, for :data:`~fakes.containerd.state.RuntimeState.ENCODED_CALLS`).
 
 Which methods work is decided by :data:`~fakes.containerd.state.RuntimeState.CRI_CALLS` plus
 ``GetContainerEvents`` (served here, since it needs a live stream); every other method of the
@@ -222,7 +223,7 @@ class FakeContainerd:
             self.flush_events()
         if fault is not None and fault.after_call and await self._misbehave(fault, stream):
             return
-        await stream.send_message(bytes(reply.SerializeToString()))
+        await stream.send_message(reply if isinstance(reply, bytes) else bytes(reply.SerializeToString()))
 
 
 class _Routes:
@@ -246,7 +247,9 @@ class _Routes:
                 snake = handler.func.__name__.removeprefix("__rpc_")
                 streaming = handler.cardinality.server_streaming
                 call = (
-                    getattr(self._fake.state, snake)
+                    getattr(self._fake.state, f"{snake}_encoded")
+                    if snake in RuntimeState.ENCODED_CALLS
+                    else getattr(self._fake.state, snake)
                     if snake in RuntimeState.CRI_CALLS
                     else getattr(service, snake)
                 )

@@ -36,9 +36,15 @@ annotations and loses cgroup parent, resources and envs):
   - envs come from the verbose ``config.envs`` (the CRI envs; ``runtimeSpec.process.env`` also holds the
     image's variables, so it is not used); absent → empty.
   Malformed or missing verbose info is never an error: the field is simply not recovered.
+* :func:`pod_from_wire_sandbox`, :func:`container_from_wire_list`, :func:`pod_from_wire_status`,
+  :func:`container_from_wire_status` — the same four from messages decoded with upb
+  (:mod:`krproxy.hooks.wire`), which recovery uses for speed.
 
 To hook-protocol requests: :func:`pod_hook_request` (PreRunPodSandbox, PostStopPodSandbox) and
-:func:`container_hook_request` (the five container hooks).
+:func:`container_hook_request` (the five container hooks). :func:`pod_hook_request_bytes` and
+:func:`container_hook_request_bytes` serialize the same messages straight from the records, several times faster
+than building and encoding betterproto2 messages (which costs more than the rest of a hook call's own work); the
+tests check that both decode to the same message.
 
 CRI ``KeyValue.value`` is ``bytes`` in our schema while hook-protocol envs are strings: values are decoded as
 UTF-8 with ``surrogateescape`` (so they encode back to the same bytes); in hook requests any undecodable byte
@@ -61,13 +67,19 @@ __all__ = [
     "container_from_create_request",
     "container_from_list",
     "container_from_status",
+    "container_from_wire_list",
+    "container_from_wire_status",
     "container_hook_request",
+    "container_hook_request_bytes",
     "envs_from_cri",
     "envs_to_cri",
     "pod_from_run_request",
     "pod_from_sandbox",
     "pod_from_status",
+    "pod_from_wire_sandbox",
+    "pod_from_wire_status",
     "pod_hook_request",
+    "pod_hook_request_bytes",
     "resources_from_cri",
     "resources_from_hook",
     "resources_to_cri",
@@ -338,15 +350,9 @@ def container_from_status(
     """
     meta = status.metadata or v1.ContainerMetadata()
     document = _verbose(info)
-    resources: Resources | None
+    reported = None
     if status.resources is not None and status.resources.linux is not None:
-        requested = _resources_from_json(_dig(document, "config", "linux", "resources"))
-        resources = attrs.evolve(
-            resources_from_cri(status.resources.linux),
-            memory_swap_limit_in_bytes=requested.memory_swap_limit_in_bytes if requested is not None else 0,
-        )
-    else:
-        resources = _resources_from_json(_dig(document, "config", "linux", "resources"))
+        reported = resources_from_cri(status.resources.linux)
     return ContainerInfo(
         pod_sandbox_id=pod_sandbox_id,
         pod=pod,
@@ -354,7 +360,115 @@ def container_from_status(
         attempt=meta.attempt,
         id=status.id,
         annotations=status.annotations,
-        resources=resources,
+        resources=_recovered_resources(reported, document),
+        envs=_envs_from_json(_dig(document, "config", "envs")),
+        pod_cgroup_parent=pod.cgroup_parent,
+    )
+
+
+def _recovered_resources(reported: Resources | None, document: Any) -> Resources | None:
+    """A recovered container's resources: those the runtime reports (with the swap limit of the requested
+    config, 0 when absent), else the requested ones of the verbose *document*, else ``None``."""
+    requested = _resources_from_json(_dig(document, "config", "linux", "resources"))
+    if reported is None:
+        return requested
+    return attrs.evolve(
+        reported,
+        memory_swap_limit_in_bytes=requested.memory_swap_limit_in_bytes if requested is not None else 0,
+    )
+
+
+# --- the same from upb-decoded answers (recovery's bulk path, krproxy.hooks.wire) --------------------------
+#
+# Each gives exactly what its betterproto2 counterpart above gives for the same bytes. upb reads an unset
+# sub-message as an empty one (hence HasField where "absent" differs from "empty"), and map fields come as
+# repeated key/value entries.
+
+
+def _entries(field: Iterable[Any]) -> dict[str, Any]:
+    """A map field read as its repeated entries → the dict betterproto2 decodes (see ``wire.entries``)."""
+    return {entry.key: entry.value for entry in field}
+
+
+def pod_from_wire_sandbox(sandbox: Any) -> PodInfo:
+    """:func:`pod_from_sandbox` of a ``wire`` PodSandbox."""
+    meta = sandbox.metadata
+    return PodInfo(
+        name=meta.name,
+        uid=meta.uid,
+        namespace=meta.namespace,
+        attempt=meta.attempt,
+        runtime_handler=sandbox.runtime_handler,
+        labels=_entries(sandbox.labels),
+        annotations=_entries(sandbox.annotations),
+    )
+
+
+def pod_from_wire_status(status: Any, info: Mapping[str, str] | None = None) -> PodInfo:
+    """:func:`pod_from_status` of a ``wire`` PodSandboxStatus (*info* as a dict)."""
+    meta = status.metadata
+    return PodInfo(
+        name=meta.name,
+        uid=meta.uid,
+        namespace=meta.namespace,
+        attempt=meta.attempt,
+        runtime_handler=status.runtime_handler,
+        labels=_entries(status.labels),
+        annotations=_entries(status.annotations),
+        cgroup_parent=cgroup_parent_from_verbose(info, status.id),
+    )
+
+
+def container_from_wire_list(container: Any, pod: PodInfo) -> ContainerInfo:
+    """:func:`container_from_list` of a ``wire`` Container."""
+    meta = container.metadata
+    return ContainerInfo(
+        pod_sandbox_id=container.pod_sandbox_id,
+        pod=pod,
+        name=meta.name,
+        attempt=meta.attempt,
+        id=container.id,
+        annotations=_entries(container.annotations),
+        resources=None,
+        pod_cgroup_parent=pod.cgroup_parent,
+    )
+
+
+def _resources_from_wire(r: Any) -> Resources:
+    return Resources(
+        cpu_period=r.cpu_period,
+        cpu_quota=r.cpu_quota,
+        cpu_shares=r.cpu_shares,
+        memory_limit_in_bytes=r.memory_limit_in_bytes,
+        oom_score_adj=r.oom_score_adj,
+        cpuset_cpus=r.cpuset_cpus,
+        cpuset_mems=r.cpuset_mems,
+        hugepage_limits=[(h.page_size, h.limit) for h in r.hugepage_limits],
+        unified=_entries(r.unified),
+        memory_swap_limit_in_bytes=r.memory_swap_limit_in_bytes,
+    )
+
+
+def container_from_wire_status(
+    status: Any,
+    pod_sandbox_id: str,
+    pod: PodInfo,
+    info: Mapping[str, str] | None = None,
+) -> ContainerInfo:
+    """:func:`container_from_status` of a ``wire`` ContainerStatus (*info* as a dict)."""
+    meta = status.metadata
+    document = _verbose(info)
+    reported = None
+    if status.HasField("resources") and status.resources.HasField("linux"):
+        reported = _resources_from_wire(status.resources.linux)
+    return ContainerInfo(
+        pod_sandbox_id=pod_sandbox_id,
+        pod=pod,
+        name=meta.name,
+        attempt=meta.attempt,
+        id=status.id,
+        annotations=_entries(status.annotations),
+        resources=_recovered_resources(reported, document),
         envs=_envs_from_json(_dig(document, "config", "envs")),
         pod_cgroup_parent=pod.cgroup_parent,
     )
@@ -400,3 +514,120 @@ def container_hook_request(container: ContainerInfo) -> v1alpha1.ContainerResour
         pod_cgroup_parent=container.pod_cgroup_parent,
         container_envs={k: _hook_safe(v) for k, v in container.envs.items()},
     )
+
+
+# --- to hook-protocol requests, serialized ----------------------------------------------------------------
+#
+# Protobuf's wire format written by hand for the two hook requests (protos/runtime_hook_v1alpha1.proto): proto3
+# leaves out scalars at their default, writes a sub-message whenever the betterproto2 builders above set one
+# (even empty), and a map as one entry message {1: key, 2: value} per item. Every field number is below 16,
+# so each tag is one byte: ``field number << 3 | wire type`` (0 varint, 2 length-delimited).
+
+
+def _varint(value: int) -> bytes:
+    value &= 0xFFFF_FFFF_FFFF_FFFF  # negative int64s as ten-byte two's complement, like every encoder
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _put_str(out: bytearray, tag: bytes, value: str) -> None:
+    if value:
+        data = value.encode()
+        out += tag
+        out += _varint(len(data))
+        out += data
+
+
+def _put_int(out: bytearray, tag: bytes, value: int) -> None:
+    if value:
+        out += tag
+        out += _varint(value)
+
+
+def _put_message(out: bytearray, tag: bytes, body: bytes | bytearray) -> None:
+    out += tag
+    out += _varint(len(body))
+    out += body
+
+
+def _put_map(out: bytearray, tag: bytes, items: Iterable[tuple[str, str]]) -> None:
+    for key, value in items:
+        entry = bytearray()
+        _put_str(entry, _KEY, key)
+        _put_str(entry, _VALUE, value)
+        _put_message(out, tag, entry)
+
+
+#: The tags of a map entry's fields (tags are ``field number << 3 | wire type``; 2: length-delimited, 0: varint).
+_KEY, _VALUE = b"\x0a", b"\x12"
+
+
+def _resources_bytes(r: Resources) -> bytearray:
+    """``LinuxContainerResources`` (fields 1–10)."""
+    out = bytearray()
+    _put_int(out, b"\x08", r.cpu_period)
+    _put_int(out, b"\x10", r.cpu_quota)
+    _put_int(out, b"\x18", r.cpu_shares)
+    _put_int(out, b"\x20", r.memory_limit_in_bytes)
+    _put_int(out, b"\x28", r.oom_score_adj)
+    _put_str(out, b"\x32", r.cpuset_cpus)
+    _put_str(out, b"\x3a", r.cpuset_mems)
+    for page_size, limit in r.hugepage_limits:  # HugepageLimit {1: page_size, 2: limit}
+        entry = bytearray()
+        _put_str(entry, b"\x0a", page_size)
+        _put_int(entry, b"\x10", limit)
+        _put_message(out, b"\x42", entry)
+    _put_map(out, b"\x4a", r.unified.items())
+    _put_int(out, b"\x50", r.memory_swap_limit_in_bytes)
+    return out
+
+
+def _pod_meta_bytes(pod: PodInfo) -> bytearray:
+    """``PodSandboxMetadata`` {1: name, 2: uid, 3: namespace, 4: attempt}."""
+    out = bytearray()
+    _put_str(out, b"\x0a", pod.name)
+    _put_str(out, b"\x12", pod.uid)
+    _put_str(out, b"\x1a", pod.namespace)
+    _put_int(out, b"\x20", pod.attempt)
+    return out
+
+
+def pod_hook_request_bytes(pod: PodInfo) -> bytes:
+    """:func:`pod_hook_request`, serialized."""
+    out = bytearray()
+    _put_message(out, b"\x0a", _pod_meta_bytes(pod))  # 1 pod_meta
+    _put_str(out, b"\x12", pod.runtime_handler)  # 2
+    _put_map(out, b"\x1a", pod.labels.items())  # 3
+    _put_map(out, b"\x22", pod.annotations.items())  # 4
+    _put_str(out, b"\x2a", pod.cgroup_parent)  # 5
+    if pod.overhead is not None:
+        _put_message(out, b"\x32", _resources_bytes(pod.overhead))  # 6
+    if pod.resources is not None:
+        _put_message(out, b"\x3a", _resources_bytes(pod.resources))  # 7
+    return bytes(out)
+
+
+def container_hook_request_bytes(container: ContainerInfo) -> bytes:
+    """:func:`container_hook_request`, serialized."""
+    pod = container.pod
+    out = bytearray()
+    _put_message(out, b"\x0a", _pod_meta_bytes(pod))  # 1 pod_meta
+    meta = bytearray()  # 2 container_meta: ContainerMetadata {1: name, 2: attempt, 3: id}
+    _put_str(meta, b"\x0a", container.name)
+    _put_int(meta, b"\x10", container.attempt)
+    _put_str(meta, b"\x1a", container.id)
+    _put_message(out, b"\x12", meta)
+    _put_map(out, b"\x1a", container.annotations.items())  # 3 container_annotations
+    if container.resources is not None:
+        _put_message(out, b"\x22", _resources_bytes(container.resources))  # 4 container_resources
+    if pod.resources is not None:
+        _put_message(out, b"\x2a", _resources_bytes(pod.resources))  # 5 pod_resources
+    _put_map(out, b"\x32", pod.annotations.items())  # 6 pod_annotations
+    _put_map(out, b"\x3a", pod.labels.items())  # 7 pod_labels
+    _put_str(out, b"\x42", container.pod_cgroup_parent)  # 8
+    _put_map(out, b"\x4a", ((k, _hook_safe(v)) for k, v in container.envs.items()))  # 9 container_envs
+    return bytes(out)

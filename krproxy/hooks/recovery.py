@@ -8,24 +8,28 @@ never blocks recovery. Containers whose sandbox is not listed are skipped with a
 
 Status calls run :data:`CONCURRENCY` at a time: enough to hide per-call latency, few enough
 not to crowd out kubelet's own calls to the runtime while the proxy starts.
+
+Answers travel as bytes and are decoded with upb (:mod:`krproxy.hooks.wire`), not betterproto2:
+a node's thousands of status answers would otherwise cost seconds of pure-Python decoding. The
+``*_from_wire_*`` functions of :mod:`krproxy.hooks.convert` build the same records from them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import grpclib.client
+import grpclib.const
 
 from krproxy import log
-from krproxy.hooks import convert
+from krproxy._grpc import BytesCodec, Raw
+from krproxy.hooks import convert, wire
 from krproxy.hooks.model import ContainerInfo, PodInfo
-from krproxy.proto.runtime import v1 as cri
 
 LOGGER = logging.getLogger("krproxy.hooks.recovery")
 
@@ -35,6 +39,7 @@ CONCURRENCY = 16
 #: Per-call timeout of recovery's CRI calls, in seconds.
 CALL_TIMEOUT = 30.0
 
+A = TypeVar("A")
 T = TypeVar("T")
 
 
@@ -49,14 +54,29 @@ class Recovered:
     orphans: int  # containers skipped because their sandbox was not listed
 
 
-async def _bounded(jobs: list[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
-    semaphore = asyncio.Semaphore(limit)
+async def _map_bounded(fn: Callable[[A], Awaitable[T]], items: Sequence[A], limit: int) -> list[T]:
+    """``[await fn(item) for item in items]``, with up to *limit* calls in flight (as many worker tasks)."""
+    results: dict[int, T] = {}
+    todo = iter(enumerate(items))
 
-    async def run(job: Callable[[], Awaitable[T]]) -> T:
-        async with semaphore:
-            return await job()
+    async def work() -> None:
+        for index, item in todo:
+            results[index] = await fn(item)
 
-    return list(await asyncio.gather(*(run(job) for job in jobs)))
+    await asyncio.gather(*(work() for _ in range(min(limit, len(items)))))
+    return [results[index] for index in range(len(items))]
+
+
+async def _call(channel: grpclib.client.Channel, path: str, request: Any) -> bytes:
+    """One unary call with an upb request; the reply's bytes (an error status raises ``GRPCError``)."""
+    async with channel.request(
+        path, grpclib.const.Cardinality.UNARY_UNARY, Raw, Raw, timeout=CALL_TIMEOUT
+    ) as stream:
+        await stream.send_message(request.SerializeToString(), end=True)
+        reply = await stream.recv_message()
+    if reply is None:
+        raise RuntimeError(f"{path}: the runtime sent no reply message")
+    return reply
 
 
 async def recover(runtime_socket: str) -> Recovered:
@@ -66,51 +86,56 @@ async def recover(runtime_socket: str) -> Recovered:
     caller retries); individual status failures only reduce what is recovered.
     """
     started = time.perf_counter()
-    channel = grpclib.client.Channel(path=runtime_socket)
-    stub = cri.RuntimeServiceStub(channel)
+    channel = grpclib.client.Channel(path=runtime_socket, codec=BytesCodec())
     fallbacks = 0
     try:
-        sandboxes = (await stub.list_pod_sandbox(cri.ListPodSandboxRequest(), timeout=CALL_TIMEOUT)).items
-        containers = (
-            await stub.list_containers(cri.ListContainersRequest(), timeout=CALL_TIMEOUT)
+        sandboxes = wire.ListPodSandboxResponse.FromString(
+            await _call(channel, wire.LIST_POD_SANDBOX, wire.ListPodSandboxRequest())
+        ).items
+        containers = wire.ListContainersResponse.FromString(
+            await _call(channel, wire.LIST_CONTAINERS, wire.ListContainersRequest())
         ).containers
 
-        async def pod(sandbox: cri.PodSandbox) -> PodInfo:
+        async def pod(sandbox: Any) -> PodInfo:
             nonlocal fallbacks
             try:
-                answer = await stub.pod_sandbox_status(
-                    cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox.id, verbose=True), timeout=CALL_TIMEOUT
+                request = wire.PodSandboxStatusRequest(pod_sandbox_id=sandbox.id, verbose=True)
+                answer = wire.PodSandboxStatusResponse.FromString(
+                    await _call(channel, wire.POD_SANDBOX_STATUS, request)
                 )
             except Exception:  # vanished or unsupported: the list item still tells the essentials
                 fallbacks += 1
-                return convert.pod_from_sandbox(sandbox)
-            if answer.status is None:
+                return convert.pod_from_wire_sandbox(sandbox)
+            if not answer.HasField("status"):
                 fallbacks += 1
-                return convert.pod_from_sandbox(sandbox)
-            return convert.pod_from_status(answer.status, answer.info)
+                return convert.pod_from_wire_sandbox(sandbox)
+            return convert.pod_from_wire_status(answer.status, wire.entries(answer.info))
 
-        pod_infos = await _bounded([functools.partial(pod, s) for s in sandboxes], CONCURRENCY)
+        pod_infos = await _map_bounded(pod, sandboxes, CONCURRENCY)
         pods = {s.id: info for s, info in zip(sandboxes, pod_infos, strict=True)}
 
         listed = [c for c in containers if c.pod_sandbox_id in pods]
         orphans = len(containers) - len(listed)
 
-        async def container(item: cri.Container) -> ContainerInfo:
+        async def container(item: Any) -> ContainerInfo:
             nonlocal fallbacks
             owner = pods[item.pod_sandbox_id]
             try:
-                answer = await stub.container_status(
-                    cri.ContainerStatusRequest(container_id=item.id, verbose=True), timeout=CALL_TIMEOUT
+                request = wire.ContainerStatusRequest(container_id=item.id, verbose=True)
+                answer = wire.ContainerStatusResponse.FromString(
+                    await _call(channel, wire.CONTAINER_STATUS, request)
                 )
             except Exception:
                 fallbacks += 1
-                return convert.container_from_list(item, owner)
-            if answer.status is None:
+                return convert.container_from_wire_list(item, owner)
+            if not answer.HasField("status"):
                 fallbacks += 1
-                return convert.container_from_list(item, owner)
-            return convert.container_from_status(answer.status, item.pod_sandbox_id, owner, answer.info)
+                return convert.container_from_wire_list(item, owner)
+            return convert.container_from_wire_status(
+                answer.status, item.pod_sandbox_id, owner, wire.entries(answer.info)
+            )
 
-        container_infos = await _bounded([functools.partial(container, c) for c in listed], CONCURRENCY)
+        container_infos = await _map_bounded(container, listed, CONCURRENCY)
     finally:
         channel.close()
     if orphans:

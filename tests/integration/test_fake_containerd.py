@@ -188,6 +188,29 @@ class TestPodLifecycle:
         assert 800_000 < reply.ByteSize() < 920_000
 
 
+class TestEncodedAnswers:
+    """The calls a store recovery makes in bulk are answered from encodings kept on the records
+    (RuntimeState.ENCODED_CALLS; tests/unit/test_recovery_fake_answers.py checks the bytes)."""
+
+    async def test_served_over_the_socket(
+        self, fake_containerd: FakeFixture, cri_client: ClientFactory
+    ) -> None:
+        """A seeded pod's status reaches a client whole, its containers' statuses included."""
+        fake, path = fake_containerd
+        [first, second] = fake.seed(1, 2)
+        client = cri_client(path)
+        [pod_id] = fake.state.sandboxes
+
+        reply = await client.call(
+            client.runtime.PodSandboxStatus,
+            api_pb2.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True),
+        )
+
+        assert pod_id == reply.status.id
+        assert [first, second] == [c.id for c in reply.containers_statuses]
+        assert 512 == reply.containers_statuses[0].resources.linux.cpu_shares
+
+
 class TestErrors:
     async def test_unknown_ids(self, fake_containerd: FakeFixture, cri_client: ClientFactory) -> None:
         """Unknown IDs are NOT_FOUND for status and stop, but removing them succeeds like containerd."""

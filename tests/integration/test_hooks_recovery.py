@@ -9,15 +9,27 @@ container envs are not recoverable from it (real containerd reports both in verb
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
 from typing import Any
 
+import attrs
+import grpclib.client
+import grpclib.server
 import pytest
 import trio
+import trio_asyncio
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
 
 from fakes.containerd import FakeContainerd, run_fake_containerd
 from fakes.plugin import Changes, FakePlugin
+from krproxy.hooks import convert
+from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
 from krproxy.hooks.points import HookPoint
+from krproxy.hooks.recovery import Recovered, recover
+from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.hooks_support import (
     POD_ANNOTATIONS,
@@ -27,6 +39,7 @@ from tests.integration.hooks_support import (
     make_node,
     pod_config,
 )
+from tests.integration.support import Behaviour, ScriptedBackend, start_scripted_backend
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
 
@@ -149,3 +162,262 @@ class TestRestartOnTheSameSocket:
         await node.start_proxy()
 
         await node.run_pod(pod_config("second"))
+
+
+# -- recover() itself ------------------------------------------------------------------------------
+
+
+async def _recover_with_betterproto2(path: str) -> tuple[dict[str, PodInfo], dict[str, ContainerInfo]]:
+    """What recovery gave before it decoded with upb: the same calls through the betterproto2 stub, the
+    answers converted by the betterproto2 functions of krproxy.hooks.convert (no failures expected)."""
+    channel = grpclib.client.Channel(path=path)
+    stub = cri.RuntimeServiceStub(channel)
+    try:
+        pods = {}
+        for sandbox in (await stub.list_pod_sandbox(cri.ListPodSandboxRequest())).items:
+            answer = await stub.pod_sandbox_status(
+                cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox.id, verbose=True)
+            )
+            assert answer.status is not None
+            pods[sandbox.id] = convert.pod_from_status(answer.status, answer.info)
+        containers = {}
+        for item in (await stub.list_containers(cri.ListContainersRequest())).containers:
+            status = await stub.container_status(
+                cri.ContainerStatusRequest(container_id=item.id, verbose=True)
+            )
+            assert status.status is not None
+            owner = pods[item.pod_sandbox_id]
+            containers[item.id] = convert.container_from_status(
+                status.status, item.pod_sandbox_id, owner, status.info
+            )
+        return pods, containers
+    finally:
+        channel.close()
+
+
+def _ordered(records: dict[str, Any]) -> list[tuple[str, list[Any]]]:
+    """IDs in order, each with its record's maps as item lists (records compare equal in any map order)."""
+    maps = ("labels", "annotations", "envs")
+    return [(key, [list(getattr(r, m).items()) for m in maps if hasattr(r, m)]) for key, r in records.items()]
+
+
+class TestRecover:
+    async def test_same_records_as_the_betterproto2_path(self, fake_containerd: Any) -> None:
+        """Against a fake with seeded pods and containers in every state and with all kinds of resources,
+        recovery rebuilds exactly the records that decoding with betterproto2 gave, in the same order."""
+        fake, path = fake_containerd
+        state = fake.state
+        seeded = fake.seed(4, 3)
+        pod_id = state.run_pod_sandbox(
+            cri.RunPodSandboxRequest(
+                config=cri.PodSandboxConfig(
+                    metadata=cri.PodSandboxMetadata(name="web", uid="u1", namespace="prod", attempt=3),
+                    labels={"z": "1", "a": "2", "m": "3"},
+                    annotations={"k": "v"},
+                ),
+                runtime_handler="kata",
+            )
+        ).pod_sandbox_id
+        created = []
+        for name, linux in [
+            (
+                "full",
+                cri.LinuxContainerResources(
+                    cpu_period=100_000,
+                    cpu_quota=-1,
+                    cpu_shares=2048,
+                    memory_limit_in_bytes=1 << 30,
+                    oom_score_adj=-997,
+                    cpuset_cpus="0-3",
+                    cpuset_mems="0",
+                    hugepage_limits=[cri.HugepageLimit(page_size="2MB", limit=1 << 21)],
+                    unified={"memory.high": "max", "cpu.weight": "100"},
+                    memory_swap_limit_in_bytes=2 << 30,
+                ),
+            ),
+            ("none", None),
+        ]:
+            created.append(
+                state.create_container(
+                    cri.CreateContainerRequest(
+                        pod_sandbox_id=pod_id,
+                        config=cri.ContainerConfig(
+                            metadata=cri.ContainerMetadata(name=name, attempt=1),
+                            image=cri.ImageSpec(image="busybox"),
+                            annotations={"b": "1", "a": "2"},
+                            linux=cri.LinuxContainerConfig(resources=linux),
+                        ),
+                    )
+                ).container_id
+            )
+        state.start_container(cri.StartContainerRequest(container_id=created[0]))
+        state.update_container_resources(
+            cri.UpdateContainerResourcesRequest(
+                container_id=seeded[0], linux=cri.LinuxContainerResources(cpu_shares=99, unified={"x": "y"})
+            )
+        )
+        state.stop_container(cri.StopContainerRequest(container_id=seeded[1], timeout=0))
+        state.exit_container(seeded[2], 137, "OOMKilled")
+        state.stop_pod_sandbox(
+            cri.StopPodSandboxRequest(pod_sandbox_id=state.containers[seeded[3]].pod_sandbox_id)
+        )
+        fake.flush_events()
+
+        recovered: Recovered = await trio_asyncio.aio_as_trio(recover)(path)
+        pods, containers = await trio_asyncio.aio_as_trio(_recover_with_betterproto2)(path)
+
+        assert (5, 14, 0, 0) == (
+            len(recovered.pods),
+            len(recovered.containers),
+            recovered.fallbacks,
+            recovered.orphans,
+        )
+        assert (pods, containers) == (recovered.pods, recovered.containers)
+        assert (_ordered(pods), _ordered(containers)) == (
+            _ordered(recovered.pods),
+            _ordered(recovered.containers),
+        )
+
+    async def test_verbose_info_failures_and_orphans(
+        self, aio_loop: Any, nursery: trio.Nursery, sockdir: str
+    ) -> None:
+        """Verbose info gives the cgroup parent, resources and envs; a failed or status-less answer falls back
+        to the list item; a container of an unlisted pod is skipped."""
+        answers: dict[str, bytes | GRPCError] = {}
+
+        def pod(sandbox_id: str, name: str, **status: Any) -> cri.PodSandbox:
+            meta = cri.PodSandboxMetadata(name=name, uid=f"uid-{name}", namespace="ns", attempt=1)
+            answers[sandbox_id] = bytes(
+                cri.PodSandboxStatusResponse(
+                    status=cri.PodSandboxStatus(id=sandbox_id, metadata=meta, labels={"from": "status"}),
+                    **status,
+                )
+            )
+            return cri.PodSandbox(
+                id=sandbox_id, metadata=meta, labels={"from": "list"}, runtime_handler="runc"
+            )
+
+        verbose_pod = {"config": {"linux": {"cgroup_parent": "/kubepods/burstable/pod-a"}}}
+        sandboxes = [
+            pod("sb-a", "a", info={"info": json.dumps(verbose_pod)}),
+            pod("sb-b", "b"),
+            pod("sb-c", "c"),
+        ]
+        answers["sb-b"] = GRPCError(Status.NOT_FOUND, "gone")
+        answers["sb-c"] = bytes(cri.PodSandboxStatusResponse())  # no status: fall back too
+
+        verbose_container = {
+            "config": {
+                "envs": [{"key": "B", "value": "1"}, {"key": "A", "value": "2"}],
+                "linux": {"resources": {"cpu_shares": 2, "memory_swap_limit_in_bytes": 7}},
+            }
+        }
+        answers["c-1"] = bytes(
+            cri.ContainerStatusResponse(
+                status=cri.ContainerStatus(
+                    id="c-1",
+                    metadata=cri.ContainerMetadata(name="app", attempt=2),
+                    annotations={"from": "status"},
+                    resources=cri.ContainerResources(linux=cri.LinuxContainerResources(cpu_shares=512)),
+                ),
+                info={"info": json.dumps(verbose_container)},
+            )
+        )
+        answers["c-2"] = GRPCError(Status.UNKNOWN, "broken")
+        containers = [
+            cri.Container(
+                id=container_id,
+                pod_sandbox_id=sandbox_id,
+                metadata=cri.ContainerMetadata(name=name, attempt=2),
+                annotations={"from": "list"},
+            )
+            for container_id, sandbox_id, name in [
+                ("c-1", "sb-a", "app"),
+                ("c-2", "sb-b", "side"),
+                ("c-3", "sb-gone", "orphan"),
+            ]
+        ]
+
+        answers["list-pods"] = bytes(cri.ListPodSandboxResponse(items=sandboxes))
+        answers["list-containers"] = bytes(cri.ListContainersResponse(containers=containers))
+
+        def answer(key: Callable[[bytes], str]) -> Behaviour:
+            async def behaviour(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+                [request] = messages
+                reply = answers[key(request)]
+                if isinstance(reply, GRPCError):
+                    raise reply
+                await stream.send_message(reply)
+
+            return behaviour
+
+        backend = ScriptedBackend()
+        backend.behaviours.update(
+            {
+                "/runtime.v1.RuntimeService/ListPodSandbox": answer(lambda _: "list-pods"),
+                "/runtime.v1.RuntimeService/ListContainers": answer(lambda _: "list-containers"),
+                "/runtime.v1.RuntimeService/PodSandboxStatus": answer(
+                    lambda request: cri.PodSandboxStatusRequest.FromString(request).pod_sandbox_id
+                ),
+                "/runtime.v1.RuntimeService/ContainerStatus": answer(
+                    lambda request: cri.ContainerStatusRequest.FromString(request).container_id
+                ),
+            }
+        )
+        path = os.path.join(sockdir, "backend.sock")
+        await start_scripted_backend(nursery, path, backend)
+
+        recovered: Recovered = await trio_asyncio.aio_as_trio(recover)(path)
+
+        pod_a = PodInfo(
+            name="a",
+            uid="uid-a",
+            namespace="ns",
+            attempt=1,
+            labels={"from": "status"},
+            cgroup_parent="/kubepods/burstable/pod-a",
+        )
+        pod_b = PodInfo(
+            name="b", uid="uid-b", namespace="ns", attempt=1, runtime_handler="runc", labels={"from": "list"}
+        )
+        pod_c = attrs.evolve(pod_b, name="c", uid="uid-c")
+        assert {"sb-a": pod_a, "sb-b": pod_b, "sb-c": pod_c} == recovered.pods
+        assert {
+            "c-1": ContainerInfo(
+                pod_sandbox_id="sb-a",
+                pod=pod_a,
+                name="app",
+                attempt=2,
+                id="c-1",
+                annotations={"from": "status"},
+                resources=Resources(cpu_shares=512, memory_swap_limit_in_bytes=7),
+                envs={"B": "1", "A": "2"},
+                pod_cgroup_parent="/kubepods/burstable/pod-a",
+            ),
+            "c-2": ContainerInfo(
+                pod_sandbox_id="sb-b",
+                pod=pod_b,
+                name="side",
+                attempt=2,
+                id="c-2",
+                annotations={"from": "list"},
+            ),
+        } == recovered.containers
+        assert ["B", "A"] == list(recovered.containers["c-1"].envs)
+        assert (3, 1) == (recovered.fallbacks, recovered.orphans)
+
+    async def test_a_failed_list_raises(self, aio_loop: Any, nursery: trio.Nursery, sockdir: str) -> None:
+        """Without the lists nothing can be recovered: recover() raises and the daemon retries it."""
+
+        async def unavailable(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+            raise GRPCError(Status.UNAVAILABLE, "starting")
+
+        backend = ScriptedBackend()
+        backend.behaviours["/runtime.v1.RuntimeService/ListPodSandbox"] = unavailable
+        path = os.path.join(sockdir, "backend.sock")
+        await start_scripted_backend(nursery, path, backend)
+
+        with pytest.raises(GRPCError) as raised:
+            await trio_asyncio.aio_as_trio(recover)(path)
+
+        assert Status.UNAVAILABLE == raised.value.status
