@@ -43,7 +43,7 @@ from krproxy import _grpc, _supervise, admin, calls, log
 from krproxy.config import BackendMode, ProxyConfig
 from krproxy.forward import Backend, Forward, Interceptor, Reply, known_routes
 from krproxy.hooks.dispatch import Dispatcher
-from krproxy.hooks.recovery import recover
+from krproxy.hooks.recovery import CALL_TIMEOUT, recover
 from krproxy.hooks.runtime import HookRuntime
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.watcher import watch
@@ -86,13 +86,16 @@ class Daemon:
             log.event(LOGGER, "grace_period_over", level=logging.WARNING, cancelled=self.relay.in_flight)
 
 
-async def _recover_store(config: ProxyConfig, hooks: HookRuntime, metrics: Metrics) -> None:
+async def _recover_store(
+    config: ProxyConfig, relay: Relay, runtime: Route, hooks: HookRuntime, metrics: Metrics
+) -> None:
+    call = functools.partial(relay.call, runtime, within=CALL_TIMEOUT)
     recovered = await _supervise.retry(
-        functools.partial(trio_asyncio.aio_as_trio(recover), config.runtime_endpoint),
+        functools.partial(recover, call),
         retry_on=(Exception,),  # whatever the runtime does, recovery is tried again
         runtime=config.runtime_endpoint,
     )
-    hooks.store.load(recovered.pods, recovered.containers)
+    hooks.store.load(recovered.pods.items(), recovered.containers.items())
     hooks.mark_recovered()
     metrics.recovered.set(1)
     log.event(
@@ -175,7 +178,6 @@ async def serve(
             )
             if oci_hooks is not None:
                 await nursery.start(ocihooks.serve_hook_dirs, oci_hooks, config.oci_hook_dirs)
-            nursery.start_soon(_recover_store, config, hooks, metrics)
             recorder = None
             if config.record:
                 recorder = Recorder(
@@ -196,6 +198,8 @@ async def serve(
                 ],
             )
             await nursery.start(relay.serve, sock)
+            # Calls with hook points wait for the store; all others are relayed meanwhile.
+            nursery.start_soon(_recover_store, config, relay, runtime_route, hooks, metrics)
             view.listening = True
             daemon = Daemon(config, relay, hooks, metrics, recorder, admin_view=view)
             daemon.oci_hooks = oci_hooks

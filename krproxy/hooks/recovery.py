@@ -16,18 +16,15 @@ a node's thousands of status answers would otherwise cost seconds of pure-Python
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+import anyio
 import attrs
-import grpclib.client
-import grpclib.const
 
 from krproxy import log
-from krproxy._grpc import BytesCodec, Raw
 from krproxy.hooks import convert, wire
 from krproxy.hooks.model import ContainerInfo, PodInfo
 
@@ -54,6 +51,10 @@ class Recovered:
     orphans: int  # containers skipped because their sandbox was not listed
 
 
+#: Makes one unary CRI call: ``call(path, request bytes) -> reply bytes``; an error status raises.
+UnaryCall = Callable[[str, bytes], Awaitable[bytes]]
+
+
 async def _map_bounded(fn: Callable[[A], Awaitable[T]], items: Sequence[A], limit: int) -> list[T]:
     """``[await fn(item) for item in items]``, with up to *limit* calls in flight (as many worker tasks)."""
     results: dict[int, T] = {}
@@ -63,81 +64,67 @@ async def _map_bounded(fn: Callable[[A], Awaitable[T]], items: Sequence[A], limi
         for index, item in todo:
             results[index] = await fn(item)
 
-    await asyncio.gather(*(work() for _ in range(min(limit, len(items)))))
+    async with anyio.create_task_group() as workers:
+        for _ in range(min(limit, len(items))):
+            workers.start_soon(work)
     return [results[index] for index in range(len(items))]
 
 
-async def _call(channel: grpclib.client.Channel, path: str, request: Any) -> bytes:
-    """One unary call with an upb request; the reply's bytes (an error status raises ``GRPCError``)."""
-    async with channel.request(
-        path, grpclib.const.Cardinality.UNARY_UNARY, Raw, Raw, timeout=CALL_TIMEOUT
-    ) as stream:
-        await stream.send_message(request.SerializeToString(), end=True)
-        reply = await stream.recv_message()
-    if reply is None:
-        raise RuntimeError(f"{path}: the runtime sent no reply message")
-    return reply
+async def recover(call: UnaryCall) -> Recovered:
+    """Read every pod and container from the runtime that ``call`` reaches.
 
-
-async def recover(runtime_socket: str) -> Recovered:
-    """Read every pod and container from the runtime at ``runtime_socket``.
-
-    Must run on the asyncio loop. Raises if the runtime cannot be listed at all (the
-    caller retries); individual status failures only reduce what is recovered.
+    Runs on trio or asyncio, whichever ``call`` needs. Raises if the runtime cannot be listed
+    at all (the caller retries); individual status failures only reduce what is recovered.
     """
     started = time.perf_counter()
-    channel = grpclib.client.Channel(path=runtime_socket, codec=BytesCodec())
+
+    async def _call(path: str, request: Any) -> bytes:
+        return await call(path, request.SerializeToString())
+
     fallbacks = 0
-    try:
-        sandboxes = wire.ListPodSandboxResponse.FromString(
-            await _call(channel, wire.LIST_POD_SANDBOX, wire.ListPodSandboxRequest())
-        ).items
-        containers = wire.ListContainersResponse.FromString(
-            await _call(channel, wire.LIST_CONTAINERS, wire.ListContainersRequest())
-        ).containers
+    sandboxes = wire.ListPodSandboxResponse.FromString(
+        await _call(wire.LIST_POD_SANDBOX, wire.ListPodSandboxRequest())
+    ).items
+    containers = wire.ListContainersResponse.FromString(
+        await _call(wire.LIST_CONTAINERS, wire.ListContainersRequest())
+    ).containers
 
-        async def pod(sandbox: Any) -> PodInfo:
-            nonlocal fallbacks
-            try:
-                request = wire.PodSandboxStatusRequest(pod_sandbox_id=sandbox.id, verbose=True)
-                answer = wire.PodSandboxStatusResponse.FromString(
-                    await _call(channel, wire.POD_SANDBOX_STATUS, request)
-                )
-            except Exception:  # vanished or unsupported: the list item still tells the essentials
-                fallbacks += 1
-                return convert.pod_from_wire_sandbox(sandbox)
-            if not answer.HasField("status"):
-                fallbacks += 1
-                return convert.pod_from_wire_sandbox(sandbox)
-            return convert.pod_from_wire_status(answer.status, wire.entries(answer.info))
+    async def pod(sandbox: Any) -> PodInfo:
+        nonlocal fallbacks
+        try:
+            request = wire.PodSandboxStatusRequest(pod_sandbox_id=sandbox.id, verbose=True)
+            answer = wire.PodSandboxStatusResponse.FromString(await _call(wire.POD_SANDBOX_STATUS, request))
+        except Exception:  # vanished or unsupported: the list item still tells the essentials
+            fallbacks += 1
+            return convert.pod_from_wire_sandbox(sandbox)
+        if not answer.HasField("status"):
+            fallbacks += 1
+            return convert.pod_from_wire_sandbox(sandbox)
+        return convert.pod_from_wire_status(answer.status, wire.entries(answer.info))
 
-        pod_infos = await _map_bounded(pod, sandboxes, CONCURRENCY)
-        pods = {s.id: info for s, info in zip(sandboxes, pod_infos, strict=True)}
+    pod_infos = await _map_bounded(pod, sandboxes, CONCURRENCY)
+    pods = {s.id: info for s, info in zip(sandboxes, pod_infos, strict=True)}
 
-        listed = [c for c in containers if c.pod_sandbox_id in pods]
-        orphans = len(containers) - len(listed)
+    listed = [c for c in containers if c.pod_sandbox_id in pods]
+    orphans = len(containers) - len(listed)
 
-        async def container(item: Any) -> ContainerInfo:
-            nonlocal fallbacks
-            owner = pods[item.pod_sandbox_id]
-            try:
-                request = wire.ContainerStatusRequest(container_id=item.id, verbose=True)
-                answer = wire.ContainerStatusResponse.FromString(
-                    await _call(channel, wire.CONTAINER_STATUS, request)
-                )
-            except Exception:
-                fallbacks += 1
-                return convert.container_from_wire_list(item, owner)
-            if not answer.HasField("status"):
-                fallbacks += 1
-                return convert.container_from_wire_list(item, owner)
-            return convert.container_from_wire_status(
-                answer.status, item.pod_sandbox_id, owner, wire.entries(answer.info)
-            )
+    async def container(item: Any) -> ContainerInfo:
+        nonlocal fallbacks
+        owner = pods[item.pod_sandbox_id]
+        try:
+            request = wire.ContainerStatusRequest(container_id=item.id, verbose=True)
+            answer = wire.ContainerStatusResponse.FromString(await _call(wire.CONTAINER_STATUS, request))
+        except Exception:
+            fallbacks += 1
+            return convert.container_from_wire_list(item, owner)
+        if not answer.HasField("status"):
+            fallbacks += 1
+            return convert.container_from_wire_list(item, owner)
+        return convert.container_from_wire_status(
+            answer.status, item.pod_sandbox_id, owner, wire.entries(answer.info)
+        )
 
-        container_infos = await _map_bounded(container, listed, CONCURRENCY)
-    finally:
-        channel.close()
+    container_infos = await _map_bounded(container, listed, CONCURRENCY)
     if orphans:
         log.event(LOGGER, "recovery_orphans", level=logging.WARNING, containers=orphans)
     return Recovered(

@@ -988,7 +988,7 @@ class Relay:
         self.runtime: Route = None  # type: ignore[assignment]  # set by configure()
         self.image: Route = None  # type: ignore[assignment]
         self.interceptors: dict[str, Interceptor] = {}
-        self._plugin_routes: dict[str, Route] = {}
+        self._routes: dict[str, Route] = {}  # to plugins and other sockets, by path
         self._unary_paths: frozenset[str] = frozenset()
         self.nursery: trio.Nursery = None  # type: ignore[assignment]  # set by serve()
         self.dirty: list[Endpoint] = []
@@ -1019,31 +1019,38 @@ class Relay:
 
     # -- serving -----------------------------------------------------------------------
 
-    async def serve(
-        self, listener: socket.socket, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Accept callers on ``listener`` (bound and listening) until cancelled.
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the relay's tasks (without accepting callers) until cancelled.
 
-        On cancellation every connection is closed; calls still running end (the upstream
-        streams are reset). The listener is left to the caller.
+        Enough for calls of our own (:meth:`call`, :meth:`unary`). On cancellation every
+        connection is closed; calls still running end (the upstream streams are reset).
         """
-        listener.setblocking(False)
         try:
             async with trio.open_nursery() as nursery:
                 self.nursery = nursery
                 nursery.start_soon(self._expire_deadlines)
-                with trio.CancelScope() as self._accepting:
-                    task_status.started()
-                    await self._accept(listener)
+                task_status.started()
                 await trio.sleep_forever()
         finally:
             self.stopping = True
             for ep in list(self._clients):
                 ep.close(_STOPPED)
-            for route in {self.runtime, self.image, *self._plugin_routes.values()}:
+            for route in {self.runtime, self.image, *self._routes.values()}:
                 if route is not None and route.ep is not None:
                     route.ep.close(_STOPPED)
             self.flush()
+
+    async def serve(
+        self, listener: socket.socket, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """:meth:`run`, accepting callers on ``listener`` (bound and listening) until cancelled
+        or :meth:`stop_accepting`. The listener is left to the caller."""
+        listener.setblocking(False)
+        async with trio.open_nursery() as outer:
+            await outer.start(self.run)
+            with trio.CancelScope() as self._accepting:
+                task_status.started()
+                await self._accept(listener)
 
     async def _accept(self, listener: socket.socket) -> None:
         while True:
@@ -1190,16 +1197,26 @@ class Relay:
             raise UpstreamError(exchange.error)
         return exchange.answer()
 
-    def plugin_route(self, endpoint: str) -> Route:
-        """The route to a hook plugin's socket: one per socket path, until :meth:`drop_route`."""
-        route = self._plugin_routes.get(endpoint)
+    async def call(self, route: Route, path: str, message: bytes, within: float) -> bytes:
+        """:meth:`unary` for callers that want the reply message or an exception.
+
+        Raises :class:`GRPCError` for an error status, and what :meth:`unary` raises.
+        """
+        answer = await self.unary(route, path, message, deadline=trio.current_time() + within)
+        if answer.status is not Status.OK:
+            raise GRPCError(answer.status, answer.message, answer.details)
+        return answer.body
+
+    def route_to(self, endpoint: str, describe: str) -> Route:
+        """The route to the socket at ``endpoint``: one per path, kept until :meth:`drop_route`."""
+        route = self._routes.get(endpoint)
         if route is None:
-            route = self._plugin_routes[endpoint] = Route(self, f"plugin {endpoint}", connect_unix(endpoint))
+            route = self._routes[endpoint] = Route(self, describe, connect_unix(endpoint))
         return route
 
     def drop_route(self, endpoint: str) -> None:
         """Forget the route to ``endpoint``; its connection closes once its calls are over."""
-        route = self._plugin_routes.pop(endpoint, None)
+        route = self._routes.pop(endpoint, None)
         if route is not None and route.ep is not None:
             route.ep.retire()
 
@@ -1315,7 +1332,9 @@ class LocalCall(Call):
                 reply = await self._interceptor(self.path, ctx.request, self._forward)
                 ctx.reply, ctx.replies = reply.message, 1  # before answering: that may finish the call
                 self._answer(
-                    reply.headers or _PLAIN_HEADERS, _message(reply.message), reply.trailers or _PLAIN_TRAILERS
+                    reply.headers or _PLAIN_HEADERS,
+                    _message(reply.message),
+                    reply.trailers or _PLAIN_TRAILERS,
                 )
         except BackendError as err:
             self._answer(err.headers, None, err.trailers, err)

@@ -9,6 +9,7 @@ container envs are not recoverable from it (real containerd reports both in verb
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -28,9 +29,10 @@ from fakes.plugin import Changes, FakePlugin
 from krproxy.hooks import convert
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
 from krproxy.hooks.points import HookPoint
-from krproxy.hooks.recovery import Recovered, recover
+from krproxy.hooks.recovery import CALL_TIMEOUT, Recovered, recover
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hookapi
+from krproxy.relay import Relay
 from tests.integration.hooks_support import (
     POD_ANNOTATIONS,
     POD_LABELS,
@@ -167,6 +169,13 @@ class TestRestartOnTheSameSocket:
 # -- recover() itself ------------------------------------------------------------------------------
 
 
+async def _recover(nursery: trio.Nursery, path: str) -> Recovered:
+    """recover() through a relay of its own, as the daemon runs it."""
+    relay = Relay()
+    await nursery.start(relay.run)
+    return await recover(functools.partial(relay.call, relay.route_to(path, "runtime"), within=CALL_TIMEOUT))
+
+
 async def _recover_with_betterproto2(path: str) -> tuple[dict[str, PodInfo], dict[str, ContainerInfo]]:
     """What recovery gave before it decoded with upb: the same calls through the betterproto2 stub, the
     answers converted by the betterproto2 functions of krproxy.hooks.convert (no failures expected)."""
@@ -202,7 +211,9 @@ def _ordered(records: dict[str, Any]) -> list[tuple[str, list[Any]]]:
 
 
 class TestRecover:
-    async def test_same_records_as_the_betterproto2_path(self, fake_containerd: Any) -> None:
+    async def test_same_records_as_the_betterproto2_path(
+        self, fake_containerd: Any, nursery: trio.Nursery
+    ) -> None:
         """Against a fake with seeded pods and containers in every state and with all kinds of resources,
         recovery rebuilds exactly the records that decoding with betterproto2 gave, in the same order."""
         fake, path = fake_containerd
@@ -263,7 +274,7 @@ class TestRecover:
         )
         fake.flush_events()
 
-        recovered: Recovered = await trio_asyncio.aio_as_trio(recover)(path)
+        recovered: Recovered = await _recover(nursery, path)
         pods, containers = await trio_asyncio.aio_as_trio(_recover_with_betterproto2)(path)
 
         assert (5, 14, 0, 0) == (
@@ -367,7 +378,7 @@ class TestRecover:
         path = os.path.join(sockdir, "backend.sock")
         await start_scripted_backend(nursery, path, backend)
 
-        recovered: Recovered = await trio_asyncio.aio_as_trio(recover)(path)
+        recovered: Recovered = await _recover(nursery, path)
 
         pod_a = PodInfo(
             name="a",
@@ -418,6 +429,6 @@ class TestRecover:
         await start_scripted_backend(nursery, path, backend)
 
         with pytest.raises(GRPCError) as raised:
-            await trio_asyncio.aio_as_trio(recover)(path)
+            await _recover(nursery, path)
 
         assert Status.UNAVAILABLE == raised.value.status
