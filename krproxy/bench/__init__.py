@@ -237,12 +237,89 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             label: _summary(got[t]) for label, t in zip(labels, targets, strict=False)
         }
 
+        results["real_containerd"] = _real_containerd(procs, workdir, args)
         results["recovery"] = _recovery(procs, workdir)
         results["leak_check"] = _leak_check(proxy_procs["plain"].pid, plain, args.leak_calls)
     finally:
         procs.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return results
+
+
+#: scripts/containerd-sandbox, found next to the package in a source checkout (pip install -e .).
+SANDBOX_SCRIPT = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "containerd-sandbox"
+)
+
+
+def _real_containerd(procs: Processes, workdir: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Small and listing calls against a real containerd (the e2e sandbox), direct vs proxied.
+
+    Runs when containerd and runc are installed, we are root and the sandbox script is there
+    (``nox -s e2e`` installs them); otherwise says why not. Populates the sandbox with pods
+    of created containers first, so ListContainers and ContainerStatus have something to say.
+    """
+    missing = [tool for tool in ("containerd", "runc") if shutil.which(tool) is None]
+    if missing or os.geteuid() != 0 or not os.path.exists(SANDBOX_SCRIPT):
+        why = (
+            f"{', '.join(missing)} not installed"
+            if missing
+            else "not root"
+            if os.geteuid()
+            else "no sandbox script"
+        )
+        return {"skipped": why}
+    sandbox = os.path.join(workdir, "real-containerd")
+    cgroup_parent = f"krproxy-bench-{os.getpid()}"
+    started = subprocess.run(
+        [PY, SANDBOX_SCRIPT, "start", "--dir", sandbox, "--cgroup-parent", cgroup_parent],
+        capture_output=True,
+        text=True,
+    )
+    if started.returncode != 0:
+        return {"skipped": f"containerd-sandbox start failed: {started.stderr.strip()[-300:]}"}
+    try:
+        with open(os.path.join(sandbox, "sandbox.json")) as f:
+            state = json.load(f)
+        direct = state["socket"]
+        populated = _client(
+            "populate",
+            "--target",
+            direct,
+            "--pods",
+            str(args.real_pods),
+            "--containers",
+            str(args.real_containers_per_pod),
+            "--image",
+            state["busybox_image"],
+            "--cgroup-parent",
+            cgroup_parent,
+        )
+        hook_dir = os.path.join(workdir, "hooks-real")
+        os.makedirs(hook_dir)
+        listen = os.path.join(workdir, "krproxy-real.sock")
+        procs.start("krproxy-real", _serve_args(listen, direct, hook_dir), listen)
+        results: dict[str, Any] = {"containers": populated["containers"]}
+        for method, calls in (
+            ("Version", args.small_calls),
+            ("ContainerStatus", args.small_calls),
+            ("ListContainers", max(args.small_calls // 4, 50)),
+        ):
+            got = _client(
+                "latency",
+                "--targets",
+                f"{direct},{listen}",
+                "--method",
+                method,
+                "--calls",
+                str(calls),
+                "--blocks",
+                "10",
+            )["latencies_us"]
+            results[method] = {"direct": _summary(got[direct]), "proxy": _summary(got[listen])}
+        return results
+    finally:
+        subprocess.run([PY, SANDBOX_SCRIPT, "stop", "--dir", sandbox], capture_output=True)
 
 
 def _recovery(procs: Processes, workdir: str) -> dict[str, float]:
@@ -373,6 +450,22 @@ def report(results: dict[str, Any]) -> str:
         )
     else:
         lines.append("CreateContainer with --record      not measured: recording is not built yet")
+    real = results.get("real_containerd", {"skipped": "not run"})
+    if "skipped" in real:
+        lines.append(f"real containerd                   not measured: {real['skipped']}")
+    else:
+        for method in ("Version", "ContainerStatus"):
+            r = real[method]
+            ok = r["proxy"]["median_ms"] - r["direct"]["median_ms"] <= 0.5
+            row(f"real containerd {method}", r["direct"], r["proxy"], f"added <=0.5 ms: {_check(ok)}")
+        r = real["ListContainers"]
+        ratio_ok = r["proxy"]["median_ms"] / r["direct"]["median_ms"] <= 2.0
+        row(
+            f"real ListContainers ({real['containers']})",
+            r["direct"],
+            r["proxy"],
+            f"ratio <=2.0: {_check(ratio_ok)}",
+        )
     t = results["throughput_32_callers"]
     lines.append(
         f"throughput, 32 callers            direct {t['direct']:8.0f}/s   proxy {t['proxy']:8.0f}/s"
@@ -399,6 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--create-calls", type=int, default=300)
     parser.add_argument("--throughput-seconds", type=float, default=5.0)
     parser.add_argument("--leak-calls", type=int, default=100_000)
+    parser.add_argument("--real-pods", type=int, default=10, help="pods created in the real containerd")
+    parser.add_argument("--real-containers-per-pod", type=int, default=20)
     parser.add_argument("--json", default="bench-results.json", metavar="FILE", help="default: %(default)s")
     args = parser.parse_args(argv)
     results = run(args)

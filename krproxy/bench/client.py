@@ -5,6 +5,7 @@ Usage (run by :mod:`krproxy.bench`, which reads the JSON it prints on stdout)::
     python -m krproxy.bench.client latency --targets A,B --method Version --calls 2000 --blocks 10
     python -m krproxy.bench.client throughput --target A --threads 8 --seconds 5
     python -m krproxy.bench.client create --targets A,B,C --calls 300 --blocks 10 --pod-via A
+    python -m krproxy.bench.client populate --target A --pods 10 --containers 20 --image IMG --cgroup-parent P
 
 ``latency`` alternates between the targets block by block after a warm-up, so that drift on a
 noisy machine hits every target alike; it prints per-target latencies in microseconds.
@@ -156,6 +157,48 @@ def create(args: argparse.Namespace) -> dict[str, Any]:
     return {"latencies_us": samples}
 
 
+def populate(args: argparse.Namespace) -> dict[str, Any]:
+    """Create ``--pods`` host-network pods with ``--containers`` created (not started) containers each,
+    for the real-containerd cases; pods' cgroups go under ``/<cgroup_parent>/``."""
+    channel = _channel(args.target)
+    run = _raw(channel, "/runtime.v1.RuntimeService/RunPodSandbox")
+    create_ = _raw(channel, "/runtime.v1.RuntimeService/CreateContainer")
+    started = time.perf_counter()
+    for p in range(args.pods):
+        uid = f"bench-{p}-{time.time_ns()}"
+        config = pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name=uid, uid=uid, namespace="krproxy-bench"),
+            hostname="",  # runc cannot set a hostname without a private UTS namespace
+            linux=pb.LinuxPodSandboxConfig(
+                cgroup_parent=f"/{args.cgroup_parent}/pod-{uid}",
+                security_context=pb.LinuxSandboxSecurityContext(
+                    namespace_options=pb.NamespaceOption(network=pb.NODE)
+                ),
+            ),
+        )
+        pod_id = pb.RunPodSandboxResponse.FromString(
+            run(pb.RunPodSandboxRequest(config=config).SerializeToString(), timeout=120)
+        ).pod_sandbox_id
+        for c in range(args.containers):
+            request = pb.CreateContainerRequest(
+                pod_sandbox_id=pod_id,
+                config=pb.ContainerConfig(
+                    metadata=pb.ContainerMetadata(name=f"c{c}"),
+                    image=pb.ImageSpec(image=args.image),
+                    command=["sleep", "3600"],
+                    labels={"app": "bench", "index": str(c)},
+                    annotations={"krproxy.bench/pod": uid},
+                ),
+                sandbox_config=config,
+            )
+            create_(request.SerializeToString(), timeout=120)
+    return {
+        "pods": args.pods,
+        "containers": args.pods * args.containers,
+        "seconds": time.perf_counter() - started,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m krproxy.bench.client")
     sub = parser.add_subparsers(dest="case", required=True)
@@ -177,8 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     cre.add_argument("--pod-via", required=True)
     cre.add_argument("--calls", type=int, default=300)
     cre.add_argument("--blocks", type=int, default=10)
+    pop = sub.add_parser("populate")
+    pop.add_argument("--target", required=True)
+    pop.add_argument("--pods", type=int, default=10)
+    pop.add_argument("--containers", type=int, default=20)
+    pop.add_argument("--image", required=True)
+    pop.add_argument("--cgroup-parent", required=True)
     args = parser.parse_args(argv)
-    result = {"latency": latency, "throughput": throughput, "create": create}[args.case](args)
+    result = {"latency": latency, "throughput": throughput, "create": create, "populate": populate}[
+        args.case
+    ](args)
     json.dump(result, sys.stdout)
     return 0
 
