@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from krproxy.relay import frames as f
-from krproxy.relay.relay import _Tap, grpc_timeout
+from krproxy.relay.rpc import _Tap, grpc_timeout
 
 header_fields = st.lists(
     st.tuples(st.binary(min_size=1, max_size=300), st.binary(max_size=3000)),

@@ -1,0 +1,734 @@
+"""HTTP/2 connections of the relay: framing state, flow control, streams (RFC 9113).
+
+An :class:`Endpoint` is one connection, to a caller (kubelet) or to an upstream (the runtime, a
+plugin). A :class:`Half` is one stream on it; the relay pairs two halves into a call
+(:mod:`krproxy.relay.rpc`), and the endpoint hands each frame of a stream to that call. A
+:class:`Route` holds the connection to one upstream socket and opens a new one when needed.
+
+Flow control is end to end: bytes received on one side are granted back to the sender only
+once they were written towards the other side, within that side's window. So a slow reader
+slows its writer down, and the relay holds at most one window of data per stream.
+
+I/O: non-blocking sockets in one trio thread. A reader task per connection parses what
+arrived and hands it on; whatever that queued on any connection is then written with a plain
+``send`` (:meth:`Relay.flush`); a writer task waits only when a socket's buffer is full.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol, cast
+
+import hpack
+import hpack.exceptions
+import trio
+
+from krproxy import log
+from krproxy.relay import frames as f
+
+if TYPE_CHECKING:
+    from krproxy.relay.relay import Relay
+
+LOGGER = logging.getLogger("krproxy.relay")
+
+Headers = list[tuple[bytes, bytes]]
+
+#: Window we grant each stream (SETTINGS_INITIAL_WINDOW_SIZE), and the connection as a whole.
+#: An 860 KB ListContainers answer fits in one stream window, so it never waits for a grant.
+STREAM_WINDOW = 4 * 1024 * 1024
+CONNECTION_WINDOW = 16 * 1024 * 1024
+#: Granted bytes are sent back in WINDOW_UPDATEs once this much has accumulated.
+_STREAM_GRANT_AT = STREAM_WINDOW // 4
+_CONNECTION_GRANT_AT = CONNECTION_WINDOW // 4
+#: Largest header block (with CONTINUATIONs) accepted from a peer.
+MAX_HEADER_BLOCK = 1024 * 1024
+_RECV_SIZE = 256 * 1024
+#: Reads handled back to back before the reader lets other tasks run.
+_READS_PER_CHECKPOINT = 8
+
+
+_RETIRED = "retired"
+_STOPPED = "krproxy stopped"
+
+
+class CallSide(Protocol):
+    """What a stream's frames are handed to: a call in the relay (:mod:`krproxy.relay.rpc`)."""
+
+    finished: bool
+    backend_clock: float
+
+    def on_request_data(self, data: bytes, end: bool) -> None: ...
+    def on_request_trailers(self, headers: Headers) -> None: ...
+    def on_reply_headers(self, headers: Headers, end: bool) -> None: ...
+    def on_reply_data(self, data: bytes, end: bool) -> None: ...
+    def caller_gone(self) -> None: ...
+    def upstream_gone(self, reason: str) -> None: ...
+    def settle(self) -> None: ...
+
+
+class _Closed(Exception):
+    """The peer closed the connection."""
+
+
+class Half:
+    """One side of a relayed call: a stream on one connection."""
+
+    __slots__ = (
+        "call",
+        "end_pending",
+        "ep",
+        "headers_sent",
+        "id",
+        "opened",
+        "peer",
+        "pending",
+        "recv_ended",
+        "recv_window",
+        "reset",
+        "send_ended",
+        "send_window",
+        "to_grant",
+        "trailers_pending",
+    )
+
+    def __init__(self, ep: Endpoint, stream_id: int, call: CallSide) -> None:
+        self.ep = ep
+        self.id = stream_id
+        self.call = call
+        self.peer: Half | None = None
+        self.opened = True
+        self.send_window = ep.peer_initial_window
+        self.recv_window = STREAM_WINDOW
+        self.to_grant = 0
+        self.pending = bytearray()
+        self.end_pending = False
+        self.trailers_pending: bytes | None = None
+        self.headers_sent = False
+        self.recv_ended = False
+        self.send_ended = False
+        self.reset = False
+
+    @property
+    def done(self) -> bool:
+        return self.reset or (self.send_ended and self.recv_ended)
+
+    # -- sending towards this half's peer connection ---------------------------------------
+
+    def send_data(self, data: bytes, end: bool) -> None:
+        """Queue ``data`` (from the paired half) and send what the windows allow."""
+        if self.reset or self.send_ended:
+            if self.peer is not None:
+                self.peer.grant(len(data))
+            return
+        ep = self.ep
+        size = len(data)
+        if (
+            self.opened
+            and not self.pending
+            and size <= self.send_window
+            and size <= ep.send_window
+            and size <= ep.peer_max_frame
+        ):
+            # The common case: the whole chunk fits; no queueing, no copy into `pending`.
+            if size or end:
+                ep.write(
+                    f.HEAD.pack(size >> 16, size & 0xFFFF, f.DATA, f.END_STREAM if end else 0, self.id) + data
+                )
+            self.send_window -= size
+            ep.send_window -= size
+            if end:
+                self.send_ended = True
+            if self.peer is not None and size:
+                self.peer.grant(size)
+            if end:
+                self.call.settle()
+            return
+        self.pending += data
+        if end:
+            self.end_pending = True
+        self.pump()
+
+    def send_trailers(self, block: bytes) -> None:
+        """Send a header block ending the stream, after any data still queued."""
+        if self.reset or self.send_ended:
+            return
+        self.trailers_pending = block
+        self.pump()
+
+    def send_headers(self, block: bytes, end: bool) -> None:
+        """Send response (or request) headers at once; they are not flow controlled."""
+        if self.reset or self.send_ended:
+            return
+        self.headers_sent = True
+        self.ep.write(f.header_frames(self.id, block, end, self.ep.peer_max_frame))
+        if end:
+            self.send_ended = True
+            self.call.settle()
+
+    def pump(self) -> None:
+        """Send queued data within the windows; then the queued end of stream or trailers."""
+        if not self.opened or self.reset or self.send_ended:
+            return
+        ep = self.ep
+        pending = self.pending
+        sent = 0
+        total = len(pending)
+        if total:
+            view = memoryview(pending)
+            while sent < total:
+                size = min(total - sent, self.send_window, ep.send_window, ep.peer_max_frame)
+                if size <= 0:
+                    break
+                last = sent + size == total
+                flags = f.END_STREAM if last and self.end_pending and self.trailers_pending is None else 0
+                ep.write(f.HEAD.pack(size >> 16, size & 0xFFFF, f.DATA, flags, self.id))
+                ep.write(view[sent : sent + size])
+                sent += size
+                self.send_window -= size
+                ep.send_window -= size
+                if flags:
+                    self.send_ended = True
+            view.release()
+            del pending[:sent]
+            if sent and self.peer is not None:
+                self.peer.grant(sent)
+        if pending:
+            ep.blocked[self.id] = self
+            return
+        ep.blocked.pop(self.id, None)
+        if self.trailers_pending is not None:
+            block, self.trailers_pending = self.trailers_pending, None
+            ep.write(f.header_frames(self.id, block, True, ep.peer_max_frame))
+            self.send_ended = True
+        elif self.end_pending and not self.send_ended:
+            ep.write(f.frame(f.DATA, f.END_STREAM, self.id))
+            self.send_ended = True
+        if self.send_ended:
+            self.call.settle()
+
+    # -- receiving: give flow-control credit back ------------------------------------------
+
+    def grant(self, size: int) -> None:
+        """``size`` bytes received on this half were passed on: let its sender send more."""
+        ep = self.ep
+        ep.grant(size)
+        if not self.recv_ended and not self.reset:
+            self.to_grant += size
+            if self.to_grant >= _STREAM_GRANT_AT:
+                ep.write(f.window_update(self.id, self.to_grant))
+                self.recv_window += self.to_grant
+                self.to_grant = 0
+
+    def abort(self, code: int) -> None:
+        """Reset this stream (RST_STREAM) unless it is over already."""
+        if self.done:
+            return
+        self.reset = True
+        self.pending.clear()
+        self.ep.blocked.pop(self.id, None)
+        if self.opened and not self.ep.closed:
+            self.ep.write(f.rst_stream(self.id, code))
+
+
+class Endpoint:
+    """One HTTP/2 connection: to a caller (``server_side``) or to an upstream."""
+
+    def __init__(
+        self, relay: Relay, sock: socket.socket, *, server_side: bool, route: Route | None = None
+    ) -> None:
+        sock.setblocking(False)
+        self.relay = relay
+        self.sock = sock
+        self.server_side = server_side
+        self.route = route
+        self.out = bytearray()
+        self.dirty = False
+        self.writing = False
+        self.closed = False
+        self.retiring = False  # takes no new streams (GOAWAY received, or ids used up)
+        self.halves: dict[int, Half] = {}
+        self.blocked: dict[int, Half] = {}  # halves with data waiting for send window
+        # Upstream halves waiting for a stream slot (peer's MAX_CONCURRENT_STREAMS), with their headers.
+        self.waiting: deque[tuple[Half, bytes, bool]] = deque()
+        self.send_window = f.DEFAULT_WINDOW
+        self.peer_initial_window = f.DEFAULT_WINDOW
+        self.peer_max_frame = f.DEFAULT_MAX_FRAME
+        # Until the peer's SETTINGS say otherwise, no more streams than RFC 9113 asks every
+        # peer to allow: h2 (grpclib) closes the connection on a stream beyond its limit.
+        self.peer_max_streams = 100
+        self._peer_settings_seen = False
+        self.recv_window = CONNECTION_WINDOW
+        self.to_grant = 0
+        self.next_id = 1
+        self.last_peer_id = 0
+        self.decoder = hpack.Decoder()
+        self._continuation: tuple[int, int, bytearray] | None = None
+        ours = [(f.INITIAL_WINDOW_SIZE, STREAM_WINDOW)]
+        if not server_side:
+            self.out += f.PREFACE
+            ours.append((f.ENABLE_PUSH, 0))
+        self.write(f.settings(ours))
+        self.write(f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
+
+    # -- output ------------------------------------------------------------------------
+
+    def write(self, data: bytes | memoryview) -> None:
+        self.out += data
+        if not self.dirty:
+            self.dirty = True
+            self.relay.dirty.append(self)
+
+    def try_send(self) -> None:
+        """Write out what is buffered, without waiting; a writer task takes over the rest."""
+        self.dirty = False
+        if self.writing or self.closed or not self.out:
+            return
+        try:
+            sent = self.sock.send(self.out)
+        except BlockingIOError:
+            sent = 0
+        except OSError as err:
+            self.close(f"send failed: {err}")
+            return
+        if sent == len(self.out):
+            self.out.clear()
+            return
+        del self.out[:sent]
+        self.writing = True
+        self.relay.nursery.start_soon(self._write_rest)
+
+    async def _write_rest(self) -> None:
+        try:
+            while self.out and not self.closed:
+                try:
+                    await trio.lowlevel.wait_writable(self.sock)
+                    sent = self.sock.send(self.out)
+                except BlockingIOError:
+                    continue
+                except (OSError, trio.ClosedResourceError) as err:
+                    self.close(f"send failed: {err}")
+                    return
+                del self.out[:sent]
+        finally:
+            self.writing = False
+
+    def grant(self, size: int) -> None:
+        self.to_grant += size
+        if self.to_grant >= _CONNECTION_GRANT_AT:
+            self.write(f.window_update(0, self.to_grant))
+            self.recv_window += self.to_grant
+            self.to_grant = 0
+
+    # -- streams -----------------------------------------------------------------------
+
+    def open_stream(self, half: Half, block: bytes, end: bool) -> None:
+        """Start ``half`` as a new stream carrying ``block``, or queue it for a free slot."""
+        half.opened = False
+        half.trailers_pending = None
+        half.headers_sent = False
+        if len(self.halves) >= self.peer_max_streams:
+            self.waiting.append((half, block, end))
+            return
+        self._start(half, block, end)
+
+    def _start(self, half: Half, block: bytes, end: bool) -> None:
+        half.id = self.next_id
+        self.next_id += 2
+        if self.next_id > f.MAX_STREAM_ID:
+            self.retire()
+        half.opened = True
+        half.send_window = self.peer_initial_window
+        self.halves[half.id] = half
+        half.send_headers(block, end)
+        half.call.backend_clock = time.perf_counter()
+        half.pump()
+
+    def forget(self, half: Half) -> None:
+        if self.halves.get(half.id) is half:
+            del self.halves[half.id]
+        self.blocked.pop(half.id, None)
+        self._start_waiting()
+        if self.retiring and not self.halves and not self.waiting:
+            self.close(_RETIRED)
+
+    def _start_waiting(self) -> None:
+        while self.waiting and len(self.halves) < self.peer_max_streams and not self.closed:
+            waiting, block, end = self.waiting.popleft()
+            if not waiting.done:
+                self._start(waiting, block, end)
+
+    def retire(self) -> None:
+        """Take no new streams; close once the running ones are over."""
+        self.retiring = True
+        if self.route is not None:
+            self.route.drop(self)
+        if not self.halves and not self.waiting:
+            self.close(_RETIRED)
+
+    # -- input -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Read and handle frames until the connection ends, then end its calls."""
+        reason = "connection closed"
+        try:
+            await self._read_loop()
+        except _Closed:
+            reason = "connection closed by peer"
+        except f.ProtocolError as err:
+            reason = f"HTTP/2 protocol error: {err}"
+            log.event(LOGGER, "protocol_error", level=logging.WARNING, peer=self.describe, error=err)
+            if not self.closed:
+                self.write(f.goaway(self.last_peer_id, err.code, str(err).encode()[:200]))
+                self.try_send()
+        except (OSError, trio.ClosedResourceError) as err:
+            reason = str(err) or type(err).__name__
+        except trio.Cancelled:
+            reason = _STOPPED
+            raise
+        finally:
+            self.close(reason)
+            self.relay.flush()
+
+    @property
+    def describe(self) -> str:
+        return self.route.describe if self.route is not None else "caller"
+
+    async def _read_loop(self) -> None:
+        sock = self.sock
+        buf = bytearray()
+        preface = self.server_side
+        reads = 0
+        while True:
+            try:
+                data = sock.recv(_RECV_SIZE)
+            except BlockingIOError:
+                reads = 0
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            if not data:
+                raise _Closed()
+            buf += data
+            if preface:
+                if len(buf) < len(f.PREFACE):
+                    if not f.PREFACE.startswith(bytes(buf)):
+                        raise f.ProtocolError("not an HTTP/2 connection preface")
+                    continue
+                if not buf.startswith(f.PREFACE):
+                    raise f.ProtocolError("not an HTTP/2 connection preface")
+                del buf[: len(f.PREFACE)]
+                preface = False
+            used = self._frames(buf)
+            del buf[:used]
+            self.relay.flush()
+            reads += 1
+            if reads >= _READS_PER_CHECKPOINT:
+                reads = 0
+                await trio.lowlevel.checkpoint()
+
+    def _frames(self, buf: bytearray) -> int:
+        offset, total = 0, len(buf)
+        head = f.HEAD
+        while total - offset >= f.HEAD_SIZE:
+            high, low, kind, flags, stream_id = head.unpack_from(buf, offset)
+            size = high << 16 | low
+            if size > f.DEFAULT_MAX_FRAME:
+                raise f.ProtocolError(f"frame of {size} bytes exceeds 16384", f.FRAME_SIZE_ERROR)
+            end = offset + f.HEAD_SIZE + size
+            if end > total:
+                break
+            payload = bytes(buf[offset + f.HEAD_SIZE : end])
+            offset = end
+            self._frame(kind, flags, stream_id & 0x7FFF_FFFF, payload)
+        return offset
+
+    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
+        if self._continuation is not None and kind != f.CONTINUATION:
+            raise f.ProtocolError("header block interrupted before END_HEADERS")
+        if kind == f.DATA:
+            self._on_data(flags, stream_id, payload)
+        elif kind == f.HEADERS:
+            self._require_stream(stream_id, "HEADERS")
+            fragment = f.header_fragment(flags, payload)
+            if flags & f.END_HEADERS:
+                self._on_block(stream_id, flags, fragment)
+            else:
+                self._continuation = (stream_id, flags, bytearray(fragment))
+        elif kind == f.CONTINUATION:
+            if self._continuation is None or self._continuation[0] != stream_id:
+                raise f.ProtocolError("CONTINUATION without a header block to continue")
+            _, first_flags, block = self._continuation
+            block += payload
+            if len(block) > MAX_HEADER_BLOCK:
+                raise f.ProtocolError("header block too large")
+            if flags & f.END_HEADERS:
+                self._continuation = None
+                self._on_block(stream_id, first_flags, bytes(block))
+        elif kind == f.SETTINGS:
+            self._require_connection(stream_id, "SETTINGS")
+            if not flags & f.ACK:
+                self._on_settings(f.parse_settings(payload))
+                self.write(f.frame(f.SETTINGS, f.ACK, 0))
+        elif kind == f.WINDOW_UPDATE:
+            self._on_window_update(stream_id, f.parse_u32(payload))
+        elif kind == f.PING:
+            self._require_connection(stream_id, "PING")
+            if len(payload) != 8:
+                raise f.ProtocolError("PING payload is not 8 bytes", f.FRAME_SIZE_ERROR)
+            if not flags & f.ACK:
+                self.write(f.frame(f.PING, f.ACK, 0, payload))
+        elif kind == f.RST_STREAM:
+            self._require_stream(stream_id, "RST_STREAM")
+            self._on_reset(stream_id, f.parse_u32(payload))
+        elif kind == f.GOAWAY:
+            self._require_connection(stream_id, "GOAWAY")
+            self._on_goaway(*f.parse_goaway(payload))
+        elif kind == f.PUSH_PROMISE:
+            raise f.ProtocolError("PUSH_PROMISE (push is disabled)")
+        # PRIORITY and unknown frame types are ignored (RFC 9113 §5.5, §5.3.2).
+
+    @staticmethod
+    def _require_stream(stream_id: int, kind: str) -> None:
+        if stream_id == 0:
+            raise f.ProtocolError(f"{kind} on stream 0")
+
+    @staticmethod
+    def _require_connection(stream_id: int, kind: str) -> None:
+        if stream_id != 0:
+            raise f.ProtocolError(f"{kind} on stream {stream_id}")
+
+    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
+        self._require_stream(stream_id, "DATA")
+        size = len(payload)
+        self.recv_window -= size
+        if self.recv_window < 0:
+            raise f.ProtocolError("DATA beyond the connection window", f.FLOW_CONTROL_ERROR)
+        data = f.unpad(flags, payload)
+        half = self.halves.get(stream_id)
+        if half is None or half.recv_ended or half.reset:
+            self.grant(size)  # a stream that is over (or never was): nothing to pass on
+            if self.server_side and stream_id > self.last_peer_id:
+                raise f.ProtocolError(f"DATA on idle stream {stream_id}")
+            return
+        half.recv_window -= size
+        if half.recv_window < 0:
+            raise f.ProtocolError(f"DATA beyond the window of stream {stream_id}", f.FLOW_CONTROL_ERROR)
+        if size != len(data):
+            half.grant(size - len(data))  # padding is consumed here
+        end = bool(flags & f.END_STREAM)
+        if end:
+            half.recv_ended = True
+        if self.server_side:
+            half.call.on_request_data(data, end)
+        else:
+            half.call.on_reply_data(data, end)
+
+    def _on_block(self, stream_id: int, flags: int, block: bytes) -> None:
+        try:
+            headers = cast(Headers, self.decoder.decode(block, raw=True))
+        except (hpack.exceptions.HPACKError, IndexError, ValueError) as err:
+            raise f.ProtocolError(f"undecodable header block: {err}", f.COMPRESSION_ERROR) from None
+        end = bool(flags & f.END_STREAM)
+        half = self.halves.get(stream_id)
+        if self.server_side:
+            if half is None:
+                if stream_id % 2 == 0:
+                    raise f.ProtocolError(f"caller opened even stream {stream_id}")
+                if stream_id <= self.last_peer_id:
+                    return  # a late header block on a stream that is over
+                self.last_peer_id = stream_id
+                self.relay.open_call(self, stream_id, headers, end)
+                return
+            if half.recv_ended or half.reset:
+                return
+            half.recv_ended = end
+            if not end:
+                raise f.ProtocolError(f"second header block on stream {stream_id} without END_STREAM")
+            half.call.on_request_trailers(headers)
+            half.call.settle()
+        elif half is not None and not half.recv_ended and not half.reset:
+            if end:
+                half.recv_ended = True
+            half.call.on_reply_headers(headers, end)
+            if end:
+                half.call.settle()
+
+    def _on_settings(self, values: Iterable[tuple[int, int]]) -> None:
+        if not self._peer_settings_seen:
+            self._peer_settings_seen = True
+            self.peer_max_streams = 2**31  # the peer states its limit now, or has none
+        for key, value in values:
+            if key == f.INITIAL_WINDOW_SIZE:
+                if value > f.MAX_WINDOW:
+                    raise f.ProtocolError("INITIAL_WINDOW_SIZE above 2^31-1", f.FLOW_CONTROL_ERROR)
+                delta = value - self.peer_initial_window
+                self.peer_initial_window = value
+                for half in self.halves.values():
+                    half.send_window += delta
+                if delta > 0:
+                    self._pump_blocked()
+            elif key == f.MAX_FRAME_SIZE:
+                if not f.DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
+                    raise f.ProtocolError(f"MAX_FRAME_SIZE {value} out of range")
+                self.peer_max_frame = value
+            elif key == f.MAX_CONCURRENT_STREAMS:
+                self.peer_max_streams = value
+            elif key == f.ENABLE_PUSH and value > 1:
+                raise f.ProtocolError("ENABLE_PUSH above 1")
+            # HEADER_TABLE_SIZE needs nothing: our header blocks never use the dynamic table.
+        self._start_waiting()
+
+    def _on_window_update(self, stream_id: int, increment: int) -> None:
+        if increment == 0:
+            raise f.ProtocolError("WINDOW_UPDATE of 0")
+        if stream_id == 0:
+            self.send_window += increment
+            if self.send_window > f.MAX_WINDOW:
+                raise f.ProtocolError("connection window above 2^31-1", f.FLOW_CONTROL_ERROR)
+            self._pump_blocked()
+            return
+        half = self.halves.get(stream_id)
+        if half is not None:
+            half.send_window += increment
+            if half.pending or half.trailers_pending is not None:
+                half.pump()
+
+    def _pump_blocked(self) -> None:
+        for half in list(self.blocked.values()):
+            half.pump()
+            if self.send_window <= 0:
+                break
+
+    def _on_reset(self, stream_id: int, code: int) -> None:
+        half = self.halves.get(stream_id)
+        if half is None or half.reset:
+            return
+        half.reset = True
+        if self.server_side:
+            half.call.caller_gone()
+        else:
+            half.call.upstream_gone(f"stream reset by the runtime (HTTP/2 error code {code})")
+
+    def _on_goaway(self, last_stream_id: int, code: int) -> None:
+        if self.server_side:
+            return  # the caller will open no more streams; the running ones go on
+        self.retire()
+        for half in [h for h in self.halves.values() if h.id > last_stream_id] + [w[0] for w in self.waiting]:
+            half.reset = True
+            half.call.upstream_gone(f"the runtime is going away (GOAWAY, HTTP/2 error code {code})")
+
+    # -- the end ---------------------------------------------------------------------
+
+    def close(self, reason: str) -> None:
+        """Close the socket and end every call on it."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.route is not None:
+            self.route.lost(self, reason)
+        trio.lowlevel.notify_closing(self.sock)
+        self.sock.close()
+        self.out.clear()
+        for half in list(self.halves.values()) + [w[0] for w in self.waiting]:
+            if half.call.finished:
+                continue
+            half.reset = True
+            if self.server_side:
+                half.call.caller_gone()
+            else:
+                half.call.upstream_gone(reason)
+        self.halves.clear()
+        self.waiting.clear()
+        self.blocked.clear()
+
+
+class Route:
+    """Where one kind of call goes: a runtime socket, or the in-process server.
+
+    Holds one upstream connection at a time, opened on first use and again after it was
+    lost, so a restarted runtime is picked up by the next call. ``on_state(reachable, error)``
+    is told when the runtime answers after being unreachable, and when it cannot be reached.
+    """
+
+    def __init__(
+        self,
+        relay: Relay,
+        describe: str,
+        connect: Callable[[], socket.socket],
+        *,
+        on_state: Callable[[bool, str], None] | None = None,
+    ) -> None:
+        self.relay = relay
+        self.describe = describe
+        self.connect = connect
+        self.on_state = on_state
+        self.reachable: bool | None = None
+        self.ep: Endpoint | None = None
+
+    def endpoint(self) -> Endpoint:
+        """The connection new calls go on; connects first if there is none. Raises OSError."""
+        ep = self.ep
+        if ep is None or ep.closed or ep.retiring:
+            try:
+                sock = self.connect()
+            except OSError as err:
+                self._unreachable(str(err) or type(err).__name__)
+                raise
+            ep = self.ep = Endpoint(self.relay, sock, server_side=False, route=self)
+            self.relay.nursery.start_soon(ep.run)
+        return ep
+
+    def drop(self, ep: Endpoint) -> None:
+        if self.ep is ep:
+            self.ep = None
+
+    def lost(self, ep: Endpoint, reason: str) -> None:
+        self.drop(ep)
+        if reason in (_RETIRED, _STOPPED):
+            return
+        running = len(ep.halves) + len(ep.waiting)
+        if running:
+            self._unreachable(reason, calls=running)
+        else:  # an idle connection ended: nothing was lost, the next call reconnects
+            log.event(LOGGER, "backend_disconnected", backend=self.describe, reason=reason)
+
+    def mark_reachable(self) -> None:
+        if self.reachable is not True:
+            self.reachable = True
+            if self.on_state is not None:
+                self.on_state(True, "")
+
+    def _unreachable(self, error: str, calls: int = 0) -> None:
+        self.reachable = False
+        if self.on_state is not None:
+            self.on_state(False, error)
+        log.event(
+            LOGGER,
+            "backend_unavailable",
+            level=logging.WARNING,
+            backend=self.describe,
+            error=error,
+            calls=calls,
+        )
+
+
+def connect_unix(path: str) -> Callable[[], socket.socket]:
+    """A connect function for :class:`Route`: a non-blocking connection to the socket at ``path``."""
+
+    def connect() -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(path)
+        except BlockingIOError:
+            sock.close()  # a unix socket refuses at once when its backlog is full
+            raise ConnectionRefusedError(f"{path}: listen backlog full") from None
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    return connect

@@ -1,0 +1,502 @@
+"""gRPC calls in the relay: relayed ones, ones the relay answers itself, ones it makes.
+
+- :class:`Call`: a caller's stream paired with a stream to the runtime; frames are passed on,
+  the status is read from the trailers for the call record.
+- :class:`LocalCall`: a call with hook points; the relay collects the request and runs the
+  interceptor, whose ``forward`` is a call of the relay's own.
+- :class:`_Exchange`: the relay's side of a unary call it makes (to the runtime for an
+  intercepted call, to a plugin, for store recovery), read back as an :class:`Answer`.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+import time
+import urllib.parse
+from typing import TYPE_CHECKING
+
+import attrs
+import trio
+from grpclib.const import Status
+from grpclib.exceptions import GRPCError
+
+from krproxy import calls
+from krproxy.forward import BackendError, Interceptor, Reply
+from krproxy.relay import frames as f
+from krproxy.relay.connection import Half, Headers, Route
+
+if TYPE_CHECKING:
+    from krproxy.relay.relay import Relay
+
+LOGGER = logging.getLogger("krproxy.relay")
+
+_GRPC_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+_STATUS_BY_CODE = {status.value: status for status in Status}
+
+
+def grpc_timeout(value: bytes) -> float | None:
+    """Seconds in a ``grpc-timeout`` header value (``"100m"``), None if malformed."""
+    unit = _GRPC_TIMEOUT_UNITS.get(value[-1:])
+    if unit is None or not value[:-1].isdigit() or len(value) > 9:
+        return None
+    return int(value[:-1]) * unit
+
+
+def _trailers_only(status: Status, message: str, headers_sent: bool) -> Headers:
+    fields: Headers = [] if headers_sent else [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    fields.append((b"grpc-status", b"%d" % status.value))
+    fields.append((b"grpc-message", urllib.parse.quote(message, safe=" ").encode()))
+    return fields
+
+
+class _Tap:
+    """Counts the gRPC messages in one direction of a call and keeps the first one's bytes.
+
+    ``keep_all`` keeps every message's bytes instead (for unary replies, as records carry them).
+    """
+
+    __slots__ = ("_head", "_keep_all", "_left", "first", "messages")
+
+    def __init__(self, keep_all: bool) -> None:
+        self._head = bytearray()
+        self._left = 0
+        self._keep_all = keep_all
+        self.first: bytearray | None = None
+        self.messages = 0
+
+    def feed(self, data: bytes) -> None:
+        i, n = 0, len(data)
+        while i < n:
+            if self._left:
+                take = min(self._left, n - i)
+                if self.first is not None and (self.messages == 0 or self._keep_all):
+                    self.first += data[i : i + take]
+                i += take
+                self._left -= take
+                if not self._left:
+                    self.messages += 1
+                continue
+            need = 5 - len(self._head)
+            self._head += data[i : i + need]
+            i += need
+            if len(self._head) == 5:
+                self._left = int.from_bytes(self._head[1:5], "big")
+                self._head.clear()
+                if self.first is None:
+                    self.first = bytearray()
+                if not self._left:
+                    self.messages += 1
+
+
+class Call:
+    """A gRPC call in the relay: the caller's half, the upstream half, and what is known."""
+
+    __slots__ = (
+        "answered",
+        "backend_clock",
+        "backend_seconds",
+        "client",
+        "clock",
+        "deadline",
+        "finished",
+        "message",
+        "path",
+        "relay",
+        "reply_tap",
+        "request_tap",
+        "route",
+        "started",
+        "status",
+        "upstream",
+    )
+
+    def __init__(self, relay: Relay, path: str, route: Route) -> None:
+        self.relay = relay
+        self.path = path
+        self.route = route
+        self.client: Half = None  # type: ignore[assignment]  # set right after construction
+        self.upstream: Half | None = None
+        self.started = time.time()
+        self.clock = time.perf_counter()
+        self.backend_clock = 0.0
+        self.backend_seconds = 0.0
+        self.status = Status.OK
+        self.message: str | None = None
+        self.answered = False  # the caller got a status (trailers), from upstream or from us
+        self.finished = False
+        self.deadline = math.inf
+        self.request_tap: _Tap | None = _Tap(keep_all=False)
+        self.reply_tap: _Tap | None = _Tap(keep_all=relay.is_unary(path))
+
+    def on_request_data(self, data: bytes, end: bool) -> None:
+        if self.request_tap is not None and data:
+            self.request_tap.feed(data)
+        upstream = self.upstream
+        if upstream is None or upstream.done:
+            self.client.grant(len(data))
+            return
+        upstream.send_data(data, end)
+
+    def on_reply_data(self, data: bytes, end: bool) -> None:
+        if self.reply_tap is not None and data:
+            self.reply_tap.feed(data)
+        if end:
+            self._backend_done()
+        self.client.send_data(data, end)
+
+    def on_reply_headers(self, headers: Headers, end: bool) -> None:
+        self.route.mark_reachable()
+        block = f.encode_headers(headers)
+        if end:
+            self._backend_done()
+            self._take_status(headers)
+            if self.client.headers_sent:
+                self.client.send_trailers(block)
+            else:
+                self.client.send_headers(block, True)
+        else:
+            self.client.send_headers(block, False)
+
+    def on_request_trailers(self, headers: Headers) -> None:
+        # gRPC callers end a request with END_STREAM on DATA; a header block is legal though.
+        if self.upstream is not None and not self.upstream.done:
+            self.upstream.send_trailers(f.encode_headers(headers))
+
+    def _backend_done(self) -> None:
+        if self.backend_clock:
+            self.backend_seconds = time.perf_counter() - self.backend_clock
+
+    def _take_status(self, headers: Headers) -> None:
+        self.answered = True
+        code, message = None, None
+        for name, value in headers:
+            if name == b"grpc-status":
+                code = value
+            elif name == b"grpc-message":
+                message = value
+        status = _STATUS_BY_CODE.get(int(code)) if code is not None and code.isdigit() else None
+        self.status = status if status is not None else Status.UNKNOWN
+        self.message = (
+            urllib.parse.unquote(message.decode("utf-8", "replace")) if message is not None else None
+        )
+
+    def fail(self, status: Status, message: str) -> None:
+        """End the call with ``status`` for the caller and reset the upstream stream."""
+        if self.finished:
+            return
+        client = self.client
+        if not client.done and not client.send_ended and not self.answered:
+            self.answered = True
+            self.status, self.message = status, message
+            client.pending.clear()
+            client.end_pending = False
+            client.ep.blocked.pop(client.id, None)
+            block = f.encode_headers(_trailers_only(status, message, client.headers_sent))
+            client.trailers_pending = None
+            client.send_headers(block, True)
+        if self.upstream is not None:
+            self.upstream.abort(f.CANCEL)
+        self.settle()
+
+    def caller_gone(self) -> None:
+        """The caller reset the stream or its connection closed."""
+        if not self.answered:
+            self.answered = True
+            self.status, self.message = Status.CANCELLED, "the call ended before an answer was sent"
+        self.client.reset = True
+        if self.upstream is not None:
+            self.upstream.abort(f.CANCEL)
+        self.settle()
+
+    def upstream_gone(self, reason: str) -> None:
+        """The upstream stream was reset or its connection lost, before the call ended."""
+        upstream = self.upstream
+        if upstream is not None:
+            upstream.reset = True
+        if not self.answered:
+            self.fail(Status.UNAVAILABLE, f"{self.route.describe} is unavailable: {reason}")
+        else:
+            self.settle()
+
+    def settle(self) -> None:
+        """Close what is over; once both halves are, the call is finished."""
+        if self.finished:
+            return
+        client, upstream = self.client, self.upstream
+        if client.send_ended and not client.recv_ended and not client.reset:
+            # We answered before the caller finished sending: close its side (RFC 9113 §8.1).
+            client.abort(f.NO_ERROR)
+        if upstream is not None and upstream.recv_ended and not upstream.send_ended and not upstream.reset:
+            upstream.abort(f.CANCEL)  # the upstream answered; nothing more of the request matters
+        if client.done and (upstream is None or upstream.done):
+            self.finish()
+
+    def finish(self) -> None:
+        self.finished = True
+        self.client.ep.forget(self.client)
+        if self.upstream is not None:
+            self.upstream.ep.forget(self.upstream)
+        self.relay.call_finished(self)
+
+    def record(self) -> calls.CallRecord:
+        request = self.request_tap.first if self.request_tap is not None else None
+        reply_tap = self.reply_tap
+        reply = None
+        ok = self.status is Status.OK and self.relay.is_unary(self.path)
+        if ok and reply_tap is not None and reply_tap.first is not None and reply_tap.messages == 1:
+            reply = bytes(reply_tap.first)
+        return calls.CallRecord(
+            path=self.path,
+            started=self.started,
+            seconds=time.perf_counter() - self.clock,
+            backend_seconds=self.backend_seconds,
+            request=bytes(request) if request is not None else b"",
+            forwarded=None,
+            reply=reply,
+            replies=reply_tap.messages if reply_tap is not None else 0,
+            status=self.status,
+            message=self.message,
+            hooks=(),
+        )
+
+
+# -- calls the relay answers itself, and calls it makes ---------------------------------------
+
+_PLAIN_HEADERS: Headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+_PLAIN_TRAILERS: Headers = [(b"grpc-status", b"0")]
+#: Request header fields not passed on when the relay makes a call of its own.
+_OWN_FIELDS = frozenset(
+    (b":method", b":scheme", b":path", b":authority", b"content-type", b"te", b"grpc-timeout")
+)
+
+
+def _message(data: bytes) -> bytes:
+    """gRPC's length-prefixed framing of one uncompressed message."""
+    return b"\x00" + len(data).to_bytes(4, "big") + data
+
+
+def _status_fields(status: Status, message: str | None, details: bytes | None) -> Headers:
+    fields = [(b"grpc-status", b"%d" % status.value)]
+    if message:
+        fields.append((b"grpc-message", urllib.parse.quote(message, safe=" ").encode()))
+    if details:
+        fields.append((b"grpc-status-details-bin", base64.b64encode(details).rstrip(b"=")))
+    return fields
+
+
+class LocalCall(Call):
+    """A call with hook points: the relay collects the request and runs the interceptor.
+
+    The interceptor runs in a task of its own; its ``forward`` makes a unary call on the
+    runtime route (:meth:`Relay.unary`), with the caller's metadata and what is left of the
+    caller's deadline. Its reply, or the runtime's error answer, goes back unchanged.
+    """
+
+    __slots__ = ("_interceptor", "_metadata", "_scope", "_started", "ctx")
+
+    def __init__(
+        self, relay: Relay, path: str, route: Route, interceptor: Interceptor, headers: Headers
+    ) -> None:
+        super().__init__(relay, path, route)
+        self.reply_tap = None
+        self._interceptor = interceptor
+        self._metadata = [field for field in headers if field[0] not in _OWN_FIELDS]
+        self._scope: trio.CancelScope | None = None
+        self._started = False
+        self.ctx = calls.CallContext(path)
+
+    def on_request_data(self, data: bytes, end: bool) -> None:
+        assert self.request_tap is not None
+        if data:
+            self.request_tap.feed(data)
+            self.client.grant(len(data))
+        if end:
+            self.client.recv_ended = True
+            if not self._started and not self.finished and not self.answered:
+                self._started = True
+                self.relay.nursery.start_soon(self._handle)
+
+    def on_request_trailers(self, headers: Headers) -> None:
+        self.on_request_data(b"", True)
+
+    async def _handle(self) -> None:
+        tap = self.request_tap
+        assert tap is not None
+        ctx = self.ctx
+        calls.CURRENT.set(ctx)  # this task's own context; asyncio tasks started from it inherit it
+        try:
+            if tap.first is None or tap.messages < 1:
+                raise GRPCError(Status.INTERNAL, "the request carried no complete message")
+            ctx.request = bytes(tap.first)
+            with trio.CancelScope() as self._scope:
+                reply = await self._interceptor(self.path, ctx.request, self._forward)
+                ctx.reply, ctx.replies = reply.message, 1  # before answering: that may finish the call
+                self._answer(
+                    reply.headers or _PLAIN_HEADERS,
+                    _message(reply.message),
+                    reply.trailers or _PLAIN_TRAILERS,
+                )
+        except BackendError as err:
+            self._answer(err.headers, None, err.trailers, err)
+        except GRPCError as err:
+            details = err.details if isinstance(err.details, bytes) else None
+            self._answer(None, None, _status_fields(err.status, err.message, details), err)
+        except Exception as err:  # a bug of ours: answer UNKNOWN, keep serving
+            LOGGER.exception("interceptor for %s failed", self.path)
+            unknown = GRPCError(Status.UNKNOWN, f"{type(err).__name__}: {err}")
+            self._answer(None, None, _status_fields(unknown.status, unknown.message, None), unknown)
+        finally:
+            self.relay.flush()
+
+    def _answer(
+        self, headers: Headers | None, body: bytes | None, trailers: Headers, err: GRPCError | None = None
+    ) -> None:
+        client = self.client
+        if self.answered or client.done or client.send_ended:
+            return
+        self.answered = True
+        if err is not None:
+            self.status, self.message = err.status, err.message
+        if headers is None:  # trailers-only; a runtime's own such answer has its :status already
+            whole = trailers if trailers and trailers[0][0] == b":status" else [*_PLAIN_HEADERS, *trailers]
+            client.send_headers(f.encode_headers(whole), True)
+            return
+        client.send_headers(f.encode_headers(headers), False)
+        if body is not None:
+            client.send_data(body, False)
+        client.send_trailers(f.encode_headers(trailers))
+
+    async def _forward(self, data: bytes) -> Reply:
+        ctx = self.ctx
+        if data is not ctx.request:
+            ctx.forwarded = data  # an interceptor changed it
+        started = time.perf_counter()
+        try:
+            answer = await self.relay.unary(self.route, self.path, data, self._metadata, self.deadline)
+        finally:
+            ctx.backend_seconds += time.perf_counter() - started
+        if answer.status is not Status.OK:
+            raise BackendError(
+                answer.status,
+                answer.message,
+                answer.details,
+                headers=answer.headers,
+                trailers=answer.trailers,
+            )
+        return Reply(answer.body, answer.headers or [], answer.trailers)
+
+    def fail(self, status: Status, message: str) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        super().fail(status, message)
+
+    def caller_gone(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        super().caller_gone()
+
+    def record(self) -> calls.CallRecord:
+        ctx = self.ctx
+        if self.status is not Status.OK:
+            ctx.fail(self.status, self.message)
+        return ctx.finish()
+
+
+@attrs.frozen
+class Answer:
+    """What an upstream answered to a unary call the relay made (any status)."""
+
+    status: Status
+    message: str | None
+    details: bytes | None
+    body: bytes
+    headers: Headers | None  # None for a trailers-only answer
+    trailers: Headers
+
+
+class UpstreamError(Exception):
+    """A call the relay made got no answer: the stream or the connection ended first."""
+
+
+class _Exchange:
+    """The relay's side of a unary call it makes itself; the upstream half reports here."""
+
+    __slots__ = ("backend_clock", "body", "done", "error", "finished", "headers", "trailers", "upstream")
+
+    def __init__(self) -> None:
+        self.upstream: Half = None  # type: ignore[assignment]  # set right after construction
+        self.headers: Headers | None = None
+        self.trailers: Headers | None = None
+        self.body = bytearray()
+        self.error: str | None = None
+        self.done = trio.Event()
+        self.finished = False
+        self.backend_clock = 0.0
+
+    def on_reply_headers(self, headers: Headers, end: bool) -> None:
+        if end:
+            self.trailers = headers
+            self.done.set()
+        else:
+            self.headers = headers
+
+    def on_reply_data(self, data: bytes, end: bool) -> None:
+        self.body += data
+        self.upstream.grant(len(data))
+        if end:  # gRPC ends with trailers; an answer without them is broken
+            self.error = "the answer ended without a status"
+            self.done.set()
+
+    def upstream_gone(self, reason: str) -> None:
+        self.upstream.reset = True
+        if not self.done.is_set():
+            self.error = reason
+            self.done.set()
+        self.settle()
+
+    def settle(self) -> None:
+        upstream = self.upstream
+        if upstream.recv_ended and not upstream.send_ended and not upstream.reset:
+            upstream.abort(f.CANCEL)
+        if upstream.done and not self.finished:
+            self.finished = True
+            upstream.ep.forget(upstream)
+
+    def answer(self) -> Answer:
+        trailers = self.trailers or []
+        code = message = details = None
+        for name, value in trailers:
+            if name == b"grpc-status":
+                code = value
+            elif name == b"grpc-message":
+                message = urllib.parse.unquote(value.decode("utf-8", "replace"))
+            elif name == b"grpc-status-details-bin":
+                details = base64.b64decode(value + b"=" * (-len(value) % 4))
+        status = _STATUS_BY_CODE.get(int(code)) if code is not None and code.isdigit() else None
+        if status is None:
+            status, message = Status.UNKNOWN, message or "the answer carried no valid grpc-status"
+        body = b""
+        if status is Status.OK:
+            raw = self.body
+            if len(raw) < 5 or raw[0] != 0 or int.from_bytes(raw[1:5], "big") != len(raw) - 5:
+                raise UpstreamError("the answer is not one uncompressed gRPC message")
+            body = bytes(raw[5:])
+        return Answer(status, message, details, body, self.headers, trailers)
+
+
+async def _wait_answer(relay: Relay, exchange: _Exchange, deadline: float) -> Answer:
+    try:
+        with trio.move_on_at(deadline):
+            await exchange.done.wait()
+    finally:
+        if not exchange.done.is_set():  # deadline, or our caller was cancelled
+            exchange.upstream.abort(f.CANCEL)
+            exchange.settle()
+            relay.flush()
+    if not exchange.done.is_set():
+        raise TimeoutError()
+    if exchange.error is not None:
+        raise UpstreamError(exchange.error)
+    return exchange.answer()
