@@ -1,27 +1,31 @@
 """The fake hook plugin on the wire: a scriptable ``runtime.v1alpha1.RuntimeHookService``.
 
-Every hook RPC is routed to :meth:`FakePlugin._handle` as raw bytes (via
-:class:`krproxy._grpc.BytesCodec`), so a test can make the plugin answer bytes that do not
-decode, as well as delay, fail, hang or drop the connection. Answers are computed per hook:
-by default the request is echoed back the way koordlet's proxy server does, with the
-plugin's :class:`Changes` applied on top.
+Every hook RPC reaches :meth:`FakePlugin.handle` as raw bytes (served by
+:mod:`fakes.plugin.h2server`), so a test can make the plugin answer bytes that do not decode,
+as well as delay, fail, hang or drop the connection. Answers are computed per hook: by default
+the request is echoed back the way koordlet's proxy server does, with the plugin's
+:class:`Changes` applied on top.
+
+The plain echo (no changes, no canned answer, no trouble) is built from the request's wire
+form (:func:`echo_bytes`), without decoding and re-encoding it: the benchmark's plugins echo,
+and their CPU counts in the proxy's measured latency. The call log keeps each request's bytes
+and decodes them when read.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 import attrs
 import grpclib.const
-import grpclib.server
 import trio
-from grpclib.exceptions import GRPCError
+import trio_asyncio
 
-from krproxy._grpc import BytesCodec, Raw, serve
+from fakes.plugin.h2server import Exchange, start_server
+from krproxy._grpc import purge_cancelled_timers
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
 
@@ -143,12 +147,79 @@ class Misbehaviour:
     times: int | None = None
 
 
+#: The echo answer's fields: request field number -> answer field number, for container hooks
+#: (annotations, resources, pod cgroup parent, envs) and pod hooks (labels, annotations, cgroup
+#: parent, resources). All are length-delimited (maps, messages, strings).
+_ECHO_FIELDS: dict[bool, dict[int, bytes]] = {
+    False: {3: b"\x0a", 4: b"\x12", 8: b"\x1a", 9: b"\x22"},
+    True: {3: b"\x0a", 4: b"\x12", 5: b"\x1a", 7: b"\x22"},
+}
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than 10 bytes")
+
+
+def echo_bytes(hook: HookPoint, request: bytes) -> bytes | None:
+    """The plain echo answer to *request* (:func:`echo_pod` / :func:`echo_container`, serialized),
+    built from its wire form: each echoed field is copied under the answer's field number.
+
+    Decoding the result gives what the decoded echo gives (repeated keys and fields resolve the
+    same way on the receiving side). None when only a decode can judge the request: a field
+    that is cut short, of a wire type the echo does not expect, or a group.
+    """
+    fields = _ECHO_FIELDS[hook.is_pod_level]
+    out = bytearray()
+    pos, end = 0, len(request)
+    try:
+        while pos < end:
+            key, pos = _varint(request, pos)
+            wire = key & 7
+            if wire == 2:
+                body = pos
+                size, pos = _varint(request, pos)
+                pos += size
+                tag = fields.get(key >> 3)
+                if tag is not None and pos <= end:
+                    out += tag
+                    out += request[body:pos]
+            elif wire == 0:
+                _, pos = _varint(request, pos)
+            elif wire in (1, 5):
+                pos += 8 if wire == 1 else 4
+            else:
+                return None
+            if wire != 2 and (key >> 3) in fields:
+                return None
+    except (IndexError, ValueError):
+        return None
+    return bytes(out) if pos == end else None
+
+
 @attrs.frozen
 class Call:
-    """One hook call the plugin received."""
+    """One hook call the plugin received: the hook and the request's bytes."""
 
     hook: HookPoint
-    request: HookRequest = attrs.field(eq=False)
+    message: bytes = attrs.field(eq=False, repr=False)
+
+    @property
+    def request(self) -> HookRequest:
+        """The request, decoded (anew on each read, so nothing can change the logged one)."""
+        return request_type(self.hook).FromString(self.message)
+
+
+_NO_CHANGES = Changes()
+_HOOKS_BY_PATH = {point.rpc_path: point for point in HookPoint}
 
 
 @attrs.define(eq=False)
@@ -188,9 +259,24 @@ class FakePlugin:
         """The hook of every call received, in arrival order."""
         return [call.hook for call in self.calls]
 
-    def handlers(self) -> list[Any]:
-        """The grpclib handler objects to serve (with :class:`krproxy._grpc.BytesCodec`)."""
-        return [_Routes(self)]
+    def handle(self, exchange: Exchange) -> None:
+        """Serve one call (the :mod:`fakes.plugin.h2server` handler)."""
+        hook = _HOOKS_BY_PATH.get(exchange.path)
+        if hook is None:
+            exchange.fail(grpclib.const.Status.UNIMPLEMENTED, f"unknown method {exchange.path}")
+            return
+        raw = exchange.message
+        echo = None
+        if not self._trouble and hook not in self.answers and self.changes == _NO_CHANGES:
+            echo = echo_bytes(hook, raw)
+        request = request_type(hook).FromString(raw) if echo is None else None  # a failure: INTERNAL
+        self.calls.append(Call(hook, raw))
+        LOGGER.debug("event=hook_call hook=%s bytes=%d", hook.value, len(raw))
+        trouble = self._take_trouble(hook)
+        if trouble is not None:
+            exchange.run(self._misbehave(exchange, hook, request, trouble))
+        else:
+            exchange.answer(echo if echo is not None else self._answer(hook, request))
 
     # -- machinery ----------------------------------------------------------------------------
 
@@ -207,50 +293,25 @@ class FakePlugin:
                 self._trouble[key] = (trouble, left - 1)
         return trouble
 
-    def _answer(self, hook: HookPoint, request: HookRequest) -> bytes:
+    def _answer(self, hook: HookPoint, request: Any) -> bytes:
         answer = self.answers.get(hook, self.changes.answer)(request)
         return answer if isinstance(answer, bytes) else bytes(answer.SerializeToString())
 
-    async def _handle(self, hook: HookPoint, stream: grpclib.server.Stream[bytes, bytes]) -> None:
-        raw = await stream.recv_message()
-        assert raw is not None
-        request = request_type(hook).FromString(raw)
-        self.calls.append(Call(hook, request))
-        LOGGER.debug("event=hook_call hook=%s bytes=%d", hook.value, len(raw))
-        trouble = self._take_trouble(hook)
-        if trouble is not None:
-            if trouble.delay:
-                await asyncio.sleep(trouble.delay)
-            if trouble.hang:
-                await asyncio.Event().wait()
-            if trouble.drop:
-                # grpclib has no public way to cut a connection: abort the transport it holds.
-                stream._stream._transport.abort()
-                await asyncio.Event().wait()
-            if trouble.status is not None:
-                raise GRPCError(trouble.status, trouble.message or None)
-            if trouble.garbage is not None:
-                await stream.send_message(trouble.garbage)
-                return
-        await stream.send_message(self._answer(hook, request))
-
-
-class _Routes:
-    """A grpclib handler whose route table has every hook RPC, requests and replies as bytes."""
-
-    def __init__(self, plugin: FakePlugin) -> None:
-        self._plugin = plugin
-
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return {
-            point.rpc_path: grpclib.const.Handler(
-                functools.partial(self._plugin._handle, point),
-                grpclib.const.Cardinality.UNARY_UNARY,
-                Raw,
-                Raw,
-            )
-            for point in HookPoint
-        }
+    async def _misbehave(
+        self, exchange: Exchange, hook: HookPoint, request: Any, trouble: Misbehaviour
+    ) -> None:
+        if trouble.delay:
+            await asyncio.sleep(trouble.delay)
+        if trouble.hang:
+            await asyncio.Event().wait()
+        if trouble.drop:
+            exchange.drop()
+        elif trouble.status is not None:
+            exchange.fail(trouble.status, trouble.message or None)
+        elif trouble.garbage is not None:
+            exchange.answer(trouble.garbage)
+        else:
+            exchange.answer(self._answer(hook, request))
 
 
 async def run_fake_plugin(
@@ -265,7 +326,12 @@ async def run_fake_plugin(
     ``task_status`` once the socket accepts connections; on cancellation the socket file is removed.
     """
     plugin = FakePlugin() if plugin is None else plugin
-    async with trio.open_nursery() as nursery:
-        await nursery.start(functools.partial(serve, plugin.handlers(), path, codec=BytesCodec()))
-        LOGGER.info("event=listening path=%s", path)
+    purge_cancelled_timers(trio_asyncio.current_loop.get())
+    server = await trio_asyncio.aio_as_trio(start_server)(path, plugin.handle)
+    LOGGER.info("event=listening path=%s", path)
+    try:
         task_status.started(plugin)
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            await trio_asyncio.aio_as_trio(server.close)()

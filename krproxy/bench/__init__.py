@@ -248,7 +248,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 #: scripts/containerd-sandbox, found next to the package in a source checkout (pip install -e .).
 SANDBOX_SCRIPT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts", "containerd-sandbox"
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+    "scripts",
+    "containerd-sandbox",
 )
 
 

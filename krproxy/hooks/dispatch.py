@@ -22,15 +22,15 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import attrs
-import grpclib.client
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from krproxy import log
+from krproxy.hooks.h2 import PluginChannel
 from krproxy.hooks.merge import Change, Merged
 from krproxy.hooks.points import HookPoint, Stage
 from krproxy.hooks.registration import FailurePolicy, PluginRegistration, Registry
-from krproxy.hooks.validate import INVALID_ANSWER, check_answer
+from krproxy.hooks.validate import INVALID_ANSWER, WRONG_TYPES, check_answer, wrong_types
 from krproxy.proto.runtime import v1alpha1 as hookapi
 
 LOGGER = logging.getLogger("krproxy.hooks.dispatch")
@@ -92,17 +92,15 @@ class InvalidAnswer(Exception):
         self.violations = tuple(violations)
 
 
-def _check_encodable(answer: Response) -> None:
-    """Refuse an answer that decoded only loosely.
+def _check_types(answer: Response) -> None:
+    """Refuse an answer that decoded only loosely (:func:`krproxy.hooks.validate.wrong_types`)."""
+    wrong = wrong_types(answer)
+    if wrong:
+        raise InvalidAnswer([f"{WRONG_TYPES} ({', '.join(wrong)})"])
 
-    betterproto2 does not check wire types when decoding: a varint sent for a string field
-    decodes as an int (``cgroup_parent=5``) and would fail only later, when the merged CRI
-    request is encoded — outside the failure policy. Encoding the answer surfaces it here.
-    """
-    try:
-        answer.SerializeToString()
-    except Exception as err:
-        raise InvalidAnswer([f"answer has fields of the wrong type ({type(err).__name__}: {err})"]) from None
+
+def _serialized(request: Request | bytes) -> bytes:
+    return request if isinstance(request, bytes) else bytes(request.SerializeToString())
 
 
 def _describe(err: BaseException, plugin: PluginRegistration) -> str:
@@ -111,7 +109,7 @@ def _describe(err: BaseException, plugin: PluginRegistration) -> str:
     if isinstance(err, asyncio.TimeoutError):
         return f"no answer within {plugin.timeout:g}s"
     if isinstance(err, GRPCError) and err.status is Status.DEADLINE_EXCEEDED:
-        # The plugin enforced the deadline we sent it (grpclib sends it rounded down) first.
+        # The plugin enforced the deadline we sent it (grpc-timeout, rounded down) first.
         return f"no answer within {plugin.timeout:g}s (the plugin gave up: DEADLINE_EXCEEDED)"
     if isinstance(err, GRPCError):
         return f"{err.status.name}: {err.message or ''}".rstrip(": ")
@@ -121,7 +119,7 @@ def _describe(err: BaseException, plugin: PluginRegistration) -> str:
 
 
 class Dispatcher:
-    """Holds the current plugin registry and one gRPC channel per plugin endpoint.
+    """Holds the current plugin registry and one channel (:class:`PluginChannel`) per plugin endpoint.
 
     Create and use inside the asyncio loop. ``observe`` is told every :class:`Outcome`.
     """
@@ -133,7 +131,7 @@ class Dispatcher:
         on_outcome: Callable[[Outcome], None] = lambda outcome: None,
     ) -> None:
         self.registry = Registry()
-        self._channels: dict[str, grpclib.client.Channel] = {}
+        self._channels: dict[str, PluginChannel] = {}
         self._observe = observe
         self._on_outcome = on_outcome
 
@@ -153,7 +151,7 @@ class Dispatcher:
     def plugins_for(self, point: HookPoint) -> Sequence[PluginRegistration]:
         return self.registry.plugins_for(point)
 
-    def _channel(self, endpoint: str) -> tuple[grpclib.client.Channel, bool]:
+    def _channel(self, endpoint: str) -> tuple[PluginChannel, bool]:
         """A channel to ``endpoint``, and whether it is cached (else the caller closes it).
 
         Only endpoints of the current registry are cached: a chain that began before its
@@ -162,39 +160,42 @@ class Dispatcher:
         channel = self._channels.get(endpoint)
         if channel is not None:
             return channel, True
-        channel = grpclib.client.Channel(path=endpoint)
+        channel = PluginChannel(endpoint)
         if any(p.endpoint == endpoint for p in self.registry.plugins.values()):
             self._channels[endpoint] = channel
             return channel, True
         return channel, False
 
-    async def call(self, plugin: PluginRegistration, point: HookPoint, request: Request) -> Response:
-        """One plugin call; raises whatever went wrong (see :meth:`run` for the policy)."""
+    async def call(self, plugin: PluginRegistration, point: HookPoint, request: Request | bytes) -> Response:
+        """One plugin call (``request`` as a message or serialized); raises whatever went wrong
+        (see :meth:`run` for the policy)."""
         reply_type: type[Any] = (
             hookapi.PodSandboxHookResponse if point.is_pod_level else hookapi.ContainerResourceHookResponse
         )
         channel, cached = self._channel(plugin.endpoint)
-        method = grpclib.client.UnaryUnaryMethod(channel, point.rpc_path, type(request), reply_type)
         try:
-            response: Response = await method(request, timeout=plugin.timeout)
+            answer = await channel.unary(point.rpc_path, _serialized(request), plugin.timeout)
         finally:
             if not cached:
                 channel.close()
+        response: Response = reply_type.FromString(answer)
         return response
 
     async def run(
         self,
         point: HookPoint,
         record: Record,
-        to_request: Callable[[Record], Request],
+        to_request: Callable[[Record], Request | bytes],
         merge: Callable[[Record, Any], Merged[Record]],
         *,
         target: str = "",
     ) -> ChainResult[Record]:
         """Call every plugin registered for ``point`` in order, threading ``record`` through them.
 
-        Each plugin gets ``to_request(record)``; a pre hook's answer is folded in with
-        ``merge(record, answer)``, whose changes are kept in the plugin's :class:`Outcome`.
+        Each plugin gets ``to_request(record)`` (a message, or one already serialized); a pre
+        hook's answer is folded in with ``merge(record, answer)``, whose changes are kept in the
+        plugin's :class:`Outcome`. A merge that changes nothing keeps the record as it was, so the
+        next plugin's request is not built and serialized again.
         Post hooks' answers are ignored. Every outcome goes to ``observe`` (metrics) and
         ``on_outcome`` (the current call's record). ``target`` (a pod or
         container id) only goes into the logs.
@@ -203,18 +204,23 @@ class Dispatcher:
             HookRejected: a ``Fail`` plugin failed a pre hook; later plugins are not called.
         """
         outcomes: list[Outcome] = []
+        request: tuple[Record, bytes] | None = None  # the serialized request of `record`
         for plugin in self.plugins_for(point):
             started = time.perf_counter()
             changes: tuple[Change, ...] = ()
             try:
-                answer = await self.call(plugin, point, to_request(record))
+                if request is None or request[0] is not record:
+                    request = (record, _serialized(to_request(record)))
+                answer = await self.call(plugin, point, request[1])
                 if point.stage is Stage.PRE:
-                    _check_encodable(answer)
+                    _check_types(answer)
                     violations = check_answer(record, answer)
                     if violations:
                         raise InvalidAnswer(violations)
                     merged = merge(record, answer)
-                    record, changes = merged.value, merged.changes
+                    changes = merged.changes
+                    if merged.value != record:
+                        record = merged.value
             except Exception as err:  # the plugin is an untrusted peer: every failure is handled
                 failure = HookFailure(plugin.name, point, _describe(err, plugin))
                 rejected = plugin.failure_policy is FailurePolicy.FAIL and point.stage is Stage.PRE

@@ -153,7 +153,7 @@ class HookRuntime:
             chain = await self.dispatcher.run(
                 HookPoint.PRE_RUN_POD_SANDBOX,
                 pod,
-                convert.pod_hook_request,
+                convert.pod_hook_request_bytes,
                 merge.merge_pod_info,
                 target=f"pod {pod.namespace}/{pod.name}",
             )
@@ -176,7 +176,7 @@ class HookRuntime:
                 self._missing("pod", sandbox_id, HookPoint.POST_STOP_POD_SANDBOX)
             elif not self._skips(pod):
                 await self._post_hook(
-                    HookPoint.POST_STOP_POD_SANDBOX, pod, sandbox_id, convert.pod_hook_request
+                    HookPoint.POST_STOP_POD_SANDBOX, pod, sandbox_id, convert.pod_hook_request_bytes
                 )()
 
         try:
@@ -205,7 +205,7 @@ class HookRuntime:
             chain = await self.dispatcher.run(
                 HookPoint.PRE_CREATE_CONTAINER,
                 info,
-                convert.container_hook_request,
+                convert.container_hook_request_bytes,
                 merge.merge_container_info,
                 target=f"pod {pod.namespace}/{pod.name} container {info.name}",
             )
@@ -228,7 +228,7 @@ class HookRuntime:
             chain = await self.dispatcher.run(
                 HookPoint.PRE_START_CONTAINER,
                 info,
-                convert.container_hook_request,
+                convert.container_hook_request_bytes,
                 merge.merge_container_info,
                 target=container_id,
             )
@@ -236,7 +236,7 @@ class HookRuntime:
                 info = chain.value
                 self.store.update_container(container_id, info)
             post = self._post_hook(
-                HookPoint.POST_START_CONTAINER, info, container_id, convert.container_hook_request
+                HookPoint.POST_START_CONTAINER, info, container_id, convert.container_hook_request_bytes
             )
             return await _forward_then(forward, data, post)
 
@@ -247,7 +247,7 @@ class HookRuntime:
             info = self._hooked_container(container_id, HookPoint.POST_STOP_CONTAINER)
             if info is not None:
                 await self._post_hook(
-                    HookPoint.POST_STOP_CONTAINER, info, container_id, convert.container_hook_request
+                    HookPoint.POST_STOP_CONTAINER, info, container_id, convert.container_hook_request_bytes
                 )()
 
         try:
@@ -272,7 +272,7 @@ class HookRuntime:
             chain = await self.dispatcher.run(
                 HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
                 prepared,
-                convert.container_hook_request,
+                convert.container_hook_request_bytes,
                 merge.merge_container_info,
                 target=container_id,
             )

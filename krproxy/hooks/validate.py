@@ -40,6 +40,7 @@ from krproxy.proto.runtime import v1alpha1
 __all__ = [
     "INVALID_ANSWER",
     "MAX_BYTES",
+    "WRONG_TYPES",
     "check_answer",
     "check_cgroup_parent",
     "check_container_answer",
@@ -47,10 +48,14 @@ __all__ = [
     "check_pod_answer",
     "check_resources",
     "is_below",
+    "wrong_types",
 ]
 
 #: How a violation's cause starts in logs, statuses and metrics.
 INVALID_ANSWER = "invalid answer"
+
+#: How the violation of :func:`wrong_types` starts.
+WRONG_TYPES = "answer has fields of the wrong type"
 
 #: Largest memory or swap limit accepted: 1 PiB, far beyond any node, well below overflow.
 MAX_BYTES = 1 << 50
@@ -208,3 +213,66 @@ def check_answer(record: object, answer: object) -> list[str]:
     if isinstance(record, ContainerInfo) and isinstance(answer, v1alpha1.ContainerResourceHookResponse):
         return check_container_answer(record, answer)
     return []
+
+
+# --- field types ---------------------------------------------------------------------------------------------
+#
+# betterproto2 does not check wire types when decoding: a varint sent for a string field decodes as an int
+# (``cgroup_parent=5``), a varint for a message field as an int. Such a value would only fail later — when the
+# merged CRI request is encoded, outside the failure policy — or not at all. So every field an answer can carry
+# is checked for its declared type before anything else looks at it.
+
+_INT_RESOURCES = (
+    "cpu_period",
+    "cpu_quota",
+    "cpu_shares",
+    "memory_limit_in_bytes",
+    "oom_score_adj",
+    "memory_swap_limit_in_bytes",
+)
+
+
+def _is_str_map(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+def _resources_types(r: object, name: str) -> list[str]:
+    if r is None:
+        return []
+    if not isinstance(r, v1alpha1.LinuxContainerResources):
+        return [name]
+    wrong = [f"{name}.{f}" for f in _INT_RESOURCES if not isinstance(getattr(r, f), int)]
+    wrong += [f"{name}.{f}" for f in ("cpuset_cpus", "cpuset_mems") if not isinstance(getattr(r, f), str)]
+    if not _is_str_map(r.unified):
+        wrong.append(f"{name}.unified")
+    pages = r.hugepage_limits
+    if not isinstance(pages, list) or not all(
+        isinstance(p, v1alpha1.HugepageLimit) and isinstance(p.page_size, str) and isinstance(p.limit, int)
+        for p in pages
+    ):
+        wrong.append(f"{name}.hugepage_limits")
+    return wrong
+
+
+def wrong_types(answer: object) -> list[str]:
+    """The fields of a decoded hook answer whose value is not of the field's type (see above).
+
+    Answers of other types are not checked.
+    """
+    if isinstance(answer, v1alpha1.ContainerResourceHookResponse):
+        maps, resources, parent = (
+            ("container_annotations", "container_envs"),
+            "container_resources",
+            "pod_cgroup_parent",
+        )
+    elif isinstance(answer, v1alpha1.PodSandboxHookResponse):
+        maps, resources, parent = ("labels", "annotations"), "resources", "cgroup_parent"
+    else:
+        return []
+    wrong = [f for f in maps if not _is_str_map(getattr(answer, f))]
+    wrong += _resources_types(getattr(answer, resources), resources)
+    if not isinstance(getattr(answer, parent), str):
+        wrong.append(parent)
+    return wrong

@@ -64,6 +64,19 @@ class TestChain:
         assert 222 == received.config.linux.resources.cpu_quota
         assert 7 == received.config.linux.resources.cpu_shares
 
+    async def test_echoing_plugins_all_get_the_same_request(self, node: Node) -> None:
+        """Plugins that change nothing pass the request on as it was: the later ones get the very bytes the
+        first one got, and the runtime gets kubelet's request."""
+        plugins = [await node.add_plugin(name, FakePlugin(), [CREATE]) for name in ("a", "b", "c")]
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+
+        await node.create_container(pod_id)
+
+        [first], [second], [third] = ([c.message for c in p.calls] for p in plugins)
+        assert first == second == third
+        assert [node.create_request(pod_id)] == node.received("CreateContainer")
+
     async def test_order_key_before_file_name(self, node: Node) -> None:
         """A lower "order" runs first whatever the file names; equal orders fall back to file names."""
         log: list[str] = []

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import grpc
 import grpclib.client
 import pytest
 import trio
@@ -117,6 +118,65 @@ class TestFakePlugin:
 
         with pytest.raises(EOFError):
             await call_create(path)
+
+
+class TestServerWithGrpcio:
+    """The fake's own HTTP/2 server (fakes.plugin.h2server) under grpcio's client: a second, independent
+    gRPC stack, with small initial flow-control windows."""
+
+    @staticmethod
+    async def grpcio_call(path: str, method: str, request: bytes) -> bytes:
+        def run() -> bytes:
+            with grpc.insecure_channel(f"unix://{path}") as channel:
+                answer: bytes = channel.unary_unary(method)(request, timeout=5)
+                return answer
+
+        return await trio.to_thread.run_sync(run)
+
+    async def test_large_echo(self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path) -> None:
+        """A request with 1 MB of annotations is echoed whole, and logged."""
+        path = str(short_tmp / "p.sock")
+        plugin = await nursery.start(run_fake_plugin, path, FakePlugin())
+        request = hookapi.ContainerResourceHookRequest(container_annotations={"big": "x" * (1 << 20)})
+
+        raw = await self.grpcio_call(path, CREATE.rpc_path, bytes(request.SerializeToString()))
+
+        answer = hookapi.ContainerResourceHookResponse.FromString(raw)
+        assert {"big": "x" * (1 << 20)} == answer.container_annotations
+        assert [request] == plugin.requests(CREATE)
+
+    async def test_status_and_unknown_method(
+        self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path
+    ) -> None:
+        """A scripted status arrives with its message; a method the service lacks is UNIMPLEMENTED."""
+        path = str(short_tmp / "p.sock")
+        plugin = FakePlugin()
+        plugin.misbehave(Misbehaviour(status=Status.UNAVAILABLE, message="busy: ünïcode"))
+        await nursery.start(run_fake_plugin, path, plugin)
+
+        with pytest.raises(grpc.RpcError) as refused:
+            await self.grpcio_call(path, CREATE.rpc_path, bytes(REQUEST.SerializeToString()))
+        with pytest.raises(grpc.RpcError) as unknown:
+            await self.grpcio_call(path, "/runtime.v1alpha1.RuntimeHookService/Nope", b"")
+
+        assert (grpc.StatusCode.UNAVAILABLE, "busy: ünïcode") == (
+            refused.value.code(),
+            refused.value.details(),
+        )
+        assert grpc.StatusCode.UNIMPLEMENTED == unknown.value.code()
+
+    async def test_delay_then_answer(self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path) -> None:
+        """A delayed answer still comes, after the delay."""
+        path = str(short_tmp / "p.sock")
+        plugin = FakePlugin()
+        plugin.misbehave(Misbehaviour(delay=0.2))
+        await nursery.start(run_fake_plugin, path, plugin)
+
+        started = trio.current_time()
+        answer = await call_create(path)
+
+        assert trio.current_time() - started >= 0.2
+        assert "/kubepods" == answer.pod_cgroup_parent
 
 
 class TestCommandLine:

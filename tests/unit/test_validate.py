@@ -15,6 +15,7 @@ from krproxy.hooks.validate import (
     check_pod_answer,
     check_resources,
     is_below,
+    wrong_types,
 )
 from krproxy.proto.runtime import v1alpha1
 
@@ -267,3 +268,47 @@ class TestCheckAnswer:
             len(check_answer(POD, bad_container)),
             len(check_answer(object(), bad_pod)),
         )
+
+
+class TestWrongTypes:
+    @pytest.mark.parametrize(
+        ("raw", "expected"),
+        [
+            (b"\x18\x05", ["pod_cgroup_parent"]),  # a varint for the string
+            (b"\x10\x05", ["container_resources"]),  # a varint for the message
+            (b"\x0a\x02\x08\x01", ["container_annotations"]),  # a map entry with an int key
+            (b"\x12\x02\x30\x05", ["container_resources.cpuset_cpus"]),
+            (b"\x12\x02\x0a\x00", ["container_resources.cpu_period"]),  # a string for an int
+            (b"\x22\x02\x08\x01", ["container_envs"]),
+        ],
+    )
+    def test_loosely_decoded_container_answers(self, raw: bytes, expected: list[str]) -> None:
+        """betterproto2 decodes these despite their wire types; each wrong field is named."""
+        answer = v1alpha1.ContainerResourceHookResponse.FromString(raw)
+
+        assert expected == wrong_types(answer)
+
+    def test_loosely_decoded_pod_answer(self) -> None:
+        """The pod answer's fields are checked alike."""
+        answer = v1alpha1.PodSandboxHookResponse.FromString(b"\x18\x05\x20\x01")
+
+        assert ["resources", "cgroup_parent"] == wrong_types(answer)
+
+    def test_well_typed_answers_pass(self) -> None:
+        """Every field set with its own type: nothing to report, for both answer types and unknown ones."""
+        container = v1alpha1.ContainerResourceHookResponse(
+            container_annotations={"a": "b"},
+            container_resources=resources(
+                cpu_quota=-1,
+                cpuset_cpus="0",
+                unified={"k": "v"},
+                hugepage_limits=[v1alpha1.HugepageLimit("2MB", 1)],
+            ),
+            pod_cgroup_parent="/kubepods",
+            container_envs={"E": "1"},
+        )
+        pod = v1alpha1.PodSandboxHookResponse(
+            labels={"l": "v"}, cgroup_parent="/kubepods", resources=resources()
+        )
+
+        assert ([], [], []) == (wrong_types(container), wrong_types(pod), wrong_types(object()))

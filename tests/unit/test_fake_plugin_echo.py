@@ -1,0 +1,107 @@
+"""The fake plugin's wire-level echo (fakes.plugin.server.echo_bytes): it must answer exactly what the decoded
+echo (echo_container / echo_pod) answers, for any request; and give up (None) on requests only a decode can
+judge."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fakes.plugin.server import echo_bytes, echo_container, echo_pod
+from krproxy.hooks.points import HookPoint
+from krproxy.proto.runtime import v1alpha1 as hookapi
+from tests.fuzz import examples
+
+FUZZ = settings(max_examples=examples(200), deadline=None)
+
+names = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=8)
+string_maps = st.dictionaries(names, names, max_size=3)
+int64 = st.integers(-(1 << 63), (1 << 63) - 1)
+resources = st.builds(
+    hookapi.LinuxContainerResources,
+    cpu_period=int64,
+    cpu_quota=int64,
+    cpuset_cpus=names,
+    hugepage_limits=st.lists(
+        st.builds(hookapi.HugepageLimit, page_size=names, limit=st.integers(0, (1 << 64) - 1)), max_size=2
+    ),
+    unified=string_maps,
+)
+pod_meta = st.builds(hookapi.PodSandboxMetadata, name=names, uid=names, attempt=st.integers(0, (1 << 32) - 1))
+container_requests = st.builds(
+    hookapi.ContainerResourceHookRequest,
+    pod_meta=st.none() | pod_meta,
+    container_meta=st.none() | st.builds(hookapi.ContainerMetadata, name=names, id=names),
+    container_annotations=string_maps,
+    container_resources=st.none() | resources,
+    pod_resources=st.none() | resources,
+    pod_annotations=string_maps,
+    pod_labels=string_maps,
+    pod_cgroup_parent=names,
+    container_envs=string_maps,
+)
+pod_requests = st.builds(
+    hookapi.PodSandboxHookRequest,
+    pod_meta=st.none() | pod_meta,
+    runtime_handler=names,
+    labels=string_maps,
+    annotations=string_maps,
+    cgroup_parent=names,
+    overhead=st.none() | resources,
+    resources=st.none() | resources,
+)
+
+
+class TestEchoBytes:
+    @FUZZ
+    @given(container_requests, st.sampled_from([p for p in HookPoint if not p.is_pod_level]))
+    def test_container_echo_decodes_as_the_decoded_echo(
+        self, request: hookapi.ContainerResourceHookRequest, hook: HookPoint
+    ) -> None:
+        """For any container hook request, the wire echo decodes to echo_container(request)."""
+        answer = echo_bytes(hook, bytes(request.SerializeToString()))
+
+        assert answer is not None
+        assert echo_container(request) == hookapi.ContainerResourceHookResponse.FromString(answer)
+
+    @FUZZ
+    @given(pod_requests, st.sampled_from([p for p in HookPoint if p.is_pod_level]))
+    def test_pod_echo_decodes_as_the_decoded_echo(
+        self, request: hookapi.PodSandboxHookRequest, hook: HookPoint
+    ) -> None:
+        """For any pod hook request, the wire echo decodes to echo_pod(request)."""
+        answer = echo_bytes(hook, bytes(request.SerializeToString()))
+
+        assert answer is not None
+        assert echo_pod(request) == hookapi.PodSandboxHookResponse.FromString(answer)
+
+    def test_repeated_fields_resolve_alike(self) -> None:
+        """A field sent twice (a later string wins, a map key seen again takes the later value) gives the
+        same answer as decoding first."""
+        first = hookapi.ContainerResourceHookRequest(
+            pod_cgroup_parent="/a", container_envs={"K": "1", "J": "0"}
+        )
+        second = hookapi.ContainerResourceHookRequest(pod_cgroup_parent="/b", container_envs={"K": "2"})
+        raw = bytes(first.SerializeToString()) + bytes(second.SerializeToString())
+
+        answer = echo_bytes(HookPoint.PRE_CREATE_CONTAINER, raw)
+
+        assert answer is not None
+        expected = echo_container(hookapi.ContainerResourceHookRequest.FromString(raw))
+        assert expected == hookapi.ContainerResourceHookResponse.FromString(answer)
+        assert "/b" == expected.pod_cgroup_parent
+
+    @pytest.mark.parametrize(
+        "raw",
+        [
+            b"\x42\x05ab",  # pod_cgroup_parent cut short
+            b"\x40\x05",  # pod_cgroup_parent sent as a varint
+            b"\x0b\x0c",  # a group
+            b"\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",  # a varint of 11 bytes
+            b"\x08",  # a key without its value
+        ],
+    )
+    def test_gives_up_on_what_only_a_decode_can_judge(self, raw: bytes) -> None:
+        """Truncated or oddly typed fields: None, and the fake decodes the request the slow way."""
+        assert None is echo_bytes(HookPoint.PRE_CREATE_CONTAINER, raw)
