@@ -14,11 +14,13 @@ from __future__ import annotations
 import contextvars
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 from grpclib.const import Status
 
-from krproxy.hooks.dispatch import Outcome
+if TYPE_CHECKING:  # dispatch calls plugins through the relay, which records calls here
+    from krproxy.hooks.dispatch import Outcome
 
 
 @attrs.define

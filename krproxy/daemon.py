@@ -3,19 +3,20 @@
 ::
 
     trio.run
-    └── trio_asyncio.open_loop()            grpclib lives on this asyncio loop
-        └── root nursery
-            ├── hook directory watcher      registration files -> Dispatcher registry
-            ├── OCI hooks.d watcher (--oci-hooks-dir)   hook files -> OCI hook interceptors
-            ├── store recovery              List/Status from the runtime, retried until it works
-            ├── trace recorder (--record)   writes recorded calls to the trace file
-            ├── CRI front end (krproxy.relay)   relays calls to the runtime, frame by frame;
-            │                                   runs the interceptors of the calls with hook points
-            ├── admin endpoint (--metrics-address) /metrics /healthz /readyz /status (krproxy.admin)
-            └── signal watchers             SIGTERM/SIGINT -> graceful drain; SIGUSR1 -> recording on/off
+    └── root nursery
+        ├── admin endpoint (--metrics-address) /metrics /healthz /readyz /status (krproxy.admin)
+        ├── hook directory watcher      registration files -> Dispatcher registry
+        ├── OCI hooks.d watcher (--oci-hooks-dir)   hook files -> OCI hook interceptors
+        ├── trace recorder (--record)   writes recorded calls to the trace file
+        ├── CRI front end (krproxy.relay)   relays calls to the runtime, frame by frame; runs the
+        │                               interceptors of the calls with hook points; calls plugins
+        ├── store recovery              List/Status from the runtime, retried until it works
+        └── signal watchers             SIGTERM/SIGINT -> graceful drain; SIGUSR1 -> recording on/off
+
+Everything runs on trio, in one thread (OCI hooks run in worker threads).
 
 Start-up order: the socket is bound first; the plugins present in the hook directory are
-loaded; then the server accepts calls. Store recovery runs in the background and retries
+loaded; then the relay accepts calls. Store recovery runs in the background and retries
 while the runtime is down: calls that carry hooks wait for it (within their deadline), all
 other calls are forwarded at once.
 
@@ -37,11 +38,10 @@ from typing import Any, cast
 import attrs
 import grpclib.const
 import trio
-import trio_asyncio
 
 from krproxy import _grpc, _supervise, admin, calls, log
 from krproxy.config import BackendMode, ProxyConfig
-from krproxy.forward import Backend, Forward, Interceptor, Reply, known_routes
+from krproxy.forward import Backend, known_routes
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.recovery import CALL_TIMEOUT, recover
 from krproxy.hooks.runtime import HookRuntime
@@ -117,7 +117,7 @@ async def serve(
     admin_sock: socket.socket | None = None,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the proxy until a shutdown is requested; must run inside ``trio_asyncio.open_loop()``.
+    """Run the proxy until a shutdown is requested.
 
     ``sock`` is the listening socket if the caller bound it already (see :func:`run`), and
     ``admin_sock`` likewise the admin endpoint's (else bound here if ``config.metrics_address``).
@@ -148,16 +148,27 @@ async def serve(
     runtime = Backend(config.runtime_endpoint)
     image = runtime if config.image_socket == config.runtime_endpoint else Backend(config.image_socket)
     metrics = Metrics()
-    dispatcher = Dispatcher(observe=metrics.observe_hook, on_outcome=calls.add_hook_outcome)
+    relay = Relay(observers=[metrics.observe_call])
+    runtime_route = _route(relay, runtime)
+    image_route = runtime_route if image is runtime else _route(relay, image)
+    dispatcher = Dispatcher(relay, observe=metrics.observe_hook, on_outcome=calls.add_hook_outcome)
     hooks = HookRuntime(HookStore(), dispatcher, config.skip_label)
     metrics.store_pods.set_function(lambda: hooks.store.statistics().pods)
     metrics.store_containers.set_function(lambda: hooks.store.statistics().containers)
     interceptors = hooks.interceptors()
     # OCI hooks (--oci-hooks-dir): their interceptors wrap the plugin ones (krproxy/ocihooks/proxy.py).
-    oci_hooks = ocihooks.for_daemon(config.runtime_endpoint) if config.oci_hook_dirs else None
-    if oci_hooks is not None:
+    oci_hooks = None
+    if config.oci_hook_dirs:
+        oci_hooks = ocihooks.for_daemon(
+            functools.partial(relay.call, runtime_route, within=ocihooks.LOOKUP_TIMEOUT)
+        )
         interceptors = oci_hooks.wrap(interceptors)
-    relay = Relay(observers=[metrics.observe_call])
+    relay.configure(
+        runtime=runtime_route,
+        image=image_route,
+        interceptors=interceptors,
+        unary_paths=[p for p, c in known_routes().items() if c is grpclib.const.Cardinality.UNARY_UNARY],
+    )
     backends = [("runtime", runtime)] if image is runtime else [("runtime", runtime), ("image", image)]
     view = admin.AdminView(config, relay, hooks, metrics, backends)
     admin.wire_metrics(view)
@@ -188,15 +199,6 @@ async def serve(
                 )
                 await nursery.start(recorder.run)
                 relay.observers.append(recorder.observe)
-            runtime_route = _route(relay, runtime)
-            relay.configure(
-                runtime=runtime_route,
-                image=runtime_route if image is runtime else _route(relay, image),
-                interceptors={path: _on_asyncio(i) for path, i in interceptors.items()},
-                unary_paths=[
-                    p for p, c in known_routes().items() if c is grpclib.const.Cardinality.UNARY_UNARY
-                ],
-            )
             await nursery.start(relay.serve, sock)
             # Calls with hook points wait for the store; all others are relayed meanwhile.
             nursery.start_soon(_recover_store, config, relay, runtime_route, hooks, metrics)
@@ -236,22 +238,8 @@ def _route(relay: Relay, backend: Backend) -> Route:
     )
 
 
-def _on_asyncio(interceptor: Interceptor) -> Interceptor:
-    """Run an interceptor written for asyncio (the hooks use grpclib) from the relay's trio task.
-
-    Its ``forward`` goes back to trio. Each crossing costs about 40 µs.
-    """
-    run = trio_asyncio.aio_as_trio(interceptor)
-
-    async def intercept(path: str, request: bytes, forward: Forward) -> Reply:
-        reply: Reply = await run(path, request, trio_asyncio.trio_as_aio(forward))
-        return reply
-
-    return intercept
-
-
 def run(config: ProxyConfig) -> None:
-    """Blocking entry point: ``trio.run`` → ``open_loop`` → :func:`serve`.
+    """Blocking entry point: ``trio.run`` → :func:`serve`.
 
     The socket is bound first, outside trio, so that start-up errors (socket in use, no
     permission) raise as themselves rather than inside exception groups.
@@ -263,27 +251,4 @@ def run(config: ProxyConfig) -> None:
         sock.close()
         raise
 
-    async def main() -> None:
-        async with trio_asyncio.open_loop() as loop:
-            loop.set_exception_handler(_log_loop_error)
-            await serve(config, sock=sock, admin_sock=admin_sock)
-
-    trio.run(main)
-
-
-def _log_loop_error(loop: Any, context: dict[str, Any]) -> None:
-    """Log an error asyncio could not hand to anyone, instead of crashing the daemon.
-
-    trio-asyncio's default handler re-raises such errors into the root nursery, so one bad
-    connection would stop the proxy: e.g. grpclib 0.4.9 raises NotImplementedError from
-    ``data_received`` for an HTTP/2 frame of unknown type (which RFC 9113 says to ignore).
-    asyncio has already closed that connection's transport by the time this is called.
-    """
-    error = context.get("exception")
-    log.event(
-        LOGGER,
-        "asyncio_error",
-        level=logging.ERROR,
-        message=context.get("message", ""),
-        error=f"{type(error).__name__}: {error}" if error is not None else "",
-    )
+    trio.run(functools.partial(serve, config, sock=sock, admin_sock=admin_sock))

@@ -8,14 +8,14 @@ the changes asked for by the ``--set-*``/``--add-*`` flags.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import signal
 from collections.abc import Sequence
 
-from fakes.plugin.h2server import start_server
+import trio
+
 from fakes.plugin.registration import remove_registration, write_registration
-from fakes.plugin.server import Changes, FakePlugin, Misbehaviour
+from fakes.plugin.server import Changes, FakePlugin, Misbehaviour, run_fake_plugin
 from krproxy._grpc import strip_unix_scheme
 from krproxy.hooks.points import HookPoint
 
@@ -72,31 +72,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace, plugin: FakePlugin) -> None:
-    """Serve and stay registered until SIGINT or SIGTERM (on a plain asyncio loop: see :func:`main`)."""
+    """Serve and stay registered until SIGINT or SIGTERM."""
     socket = strip_unix_scheme(args.socket)
-    loop = asyncio.get_running_loop()
-    stop: asyncio.Future[signal.Signals] = loop.create_future()
-
-    def on_signal(signum: signal.Signals) -> None:
-        if not stop.done():
-            stop.set_result(signum)
-
-    # Handle the signals first: one arriving during start-up must not be lost.
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, on_signal, signum)
-    server = await start_server(socket, plugin.handle)
-    LOGGER.info("event=listening path=%s", socket)
-    try:
-        path = write_registration(
-            args.hook_dir, args.name, socket, args.hooks, failure_policy=args.failure_policy
-        )
-        try:
-            LOGGER.info("event=registered file=%s socket=%s", path, socket)
-            LOGGER.info("event=shutdown signal=%s", (await stop).name)
-        finally:
-            remove_registration(args.hook_dir, args.name)
-    finally:
-        await server.close()
+    # Watch the signals first: one arriving during start-up must not be lost.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_fake_plugin, socket, plugin)
+            path = write_registration(
+                args.hook_dir, args.name, socket, args.hooks, failure_policy=args.failure_policy
+            )
+            try:
+                LOGGER.info("event=registered file=%s socket=%s", path, socket)
+                async for signum in signals:
+                    LOGGER.info("event=shutdown signal=%s", signal.Signals(signum).name)
+                    break
+            finally:
+                remove_registration(args.hook_dir, args.name)
+            nursery.cancel_scope.cancel()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,11 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     if args.delay:
         plugin.misbehave(Misbehaviour(delay=args.delay))
-    # A plain selector loop, not trio: the server is asyncio code, and trio-asyncio's loop (which
-    # asyncio.run() would pick once trio_asyncio is imported) would add its own cost to every call
-    # the benchmark measures.
-    with asyncio.Runner(loop_factory=asyncio.SelectorEventLoop) as runner:
-        runner.run(_serve(args, plugin))
+    trio.run(_serve, args, plugin)
     return 0
 
 

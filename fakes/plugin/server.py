@@ -1,8 +1,8 @@
 """The fake hook plugin on the wire: a scriptable ``runtime.v1alpha1.RuntimeHookService``.
 
-Every hook RPC reaches :meth:`FakePlugin.handle` as raw bytes (served by
-:mod:`fakes.plugin.h2server`), so a test can make the plugin answer bytes that do not decode,
-as well as delay, fail, hang or drop the connection. Answers are computed per hook: by default
+Every hook RPC reaches :meth:`FakePlugin.handle` as raw bytes (served by krproxy's own HTTP/2
+relay, :mod:`krproxy.relay`, answering every call itself), so a test can make the plugin answer
+bytes that do not decode, as well as delay, fail, hang or drop the connection. Answers are computed per hook: by default
 the request is echoed back the way koordlet's proxy server does, with the plugin's
 :class:`Changes` applied on top.
 
@@ -14,20 +14,22 @@ and decodes them when read.
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 import attrs
 import grpclib.const
 import trio
-import trio_asyncio
+from grpclib.exceptions import GRPCError
 
-from fakes.plugin.h2server import Exchange, start_server
-from krproxy._grpc import purge_cancelled_timers
+from krproxy._grpc import bind_unix_socket, unlink_if_ours
+from krproxy.forward import Forward, Reply
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
+from krproxy.relay import Relay
+from krproxy.relay.rpc import CloseConnection
 
 LOGGER = logging.getLogger("fakes.plugin")
 
@@ -130,7 +132,7 @@ class Misbehaviour:
     """Trouble to inject into hook calls; applied in field order, the first that ends the call wins.
 
     Attributes:
-        delay: seconds to wait before answering (asyncio time: trio's MockClock drives it).
+        delay: seconds to wait before answering (trio time: a MockClock drives it).
         hang: never answer (until the caller gives up or the plugin stops).
         drop: abort the proxy's connection mid-call, as a crashing plugin does.
         status: answer with this gRPC error status and ``message``.
@@ -259,24 +261,24 @@ class FakePlugin:
         """The hook of every call received, in arrival order."""
         return [call.hook for call in self.calls]
 
-    def handle(self, exchange: Exchange) -> None:
-        """Serve one call (the :mod:`fakes.plugin.h2server` handler)."""
-        hook = _HOOKS_BY_PATH.get(exchange.path)
-        if hook is None:
-            exchange.fail(grpclib.const.Status.UNIMPLEMENTED, f"unknown method {exchange.path}")
-            return
-        raw = exchange.message
+    async def handle(self, path: str, raw: bytes, forward: Forward) -> Reply:
+        """Serve one call (an interceptor of the plugin's relay: every hook path, nothing forwarded)."""
+        hook = _HOOKS_BY_PATH[path]
         echo = None
         if not self._trouble and hook not in self.answers and self.changes == _NO_CHANGES:
             echo = echo_bytes(hook, raw)
-        request = request_type(hook).FromString(raw) if echo is None else None  # a failure: INTERNAL
         self.calls.append(Call(hook, raw))
         LOGGER.debug("event=hook_call hook=%s bytes=%d", hook.value, len(raw))
+        request = None
+        if echo is None:
+            try:
+                request = request_type(hook).FromString(raw)
+            except Exception as err:
+                raise GRPCError(grpclib.const.Status.INTERNAL, f"cannot decode the request: {err}") from None
         trouble = self._take_trouble(hook)
         if trouble is not None:
-            exchange.run(self._misbehave(exchange, hook, request, trouble))
-        else:
-            exchange.answer(echo if echo is not None else self._answer(hook, request))
+            return Reply(await self._misbehave(hook, request, trouble))
+        return Reply(echo if echo is not None else self._answer(hook, request))
 
     # -- machinery ----------------------------------------------------------------------------
 
@@ -297,21 +299,18 @@ class FakePlugin:
         answer = self.answers.get(hook, self.changes.answer)(request)
         return answer if isinstance(answer, bytes) else bytes(answer.SerializeToString())
 
-    async def _misbehave(
-        self, exchange: Exchange, hook: HookPoint, request: Any, trouble: Misbehaviour
-    ) -> None:
+    async def _misbehave(self, hook: HookPoint, request: Any, trouble: Misbehaviour) -> bytes:
         if trouble.delay:
-            await asyncio.sleep(trouble.delay)
+            await trio.sleep(trouble.delay)
         if trouble.hang:
-            await asyncio.Event().wait()
+            await trio.sleep_forever()
         if trouble.drop:
-            exchange.drop()
-        elif trouble.status is not None:
-            exchange.fail(trouble.status, trouble.message or None)
-        elif trouble.garbage is not None:
-            exchange.answer(trouble.garbage)
-        else:
-            exchange.answer(self._answer(hook, request))
+            raise CloseConnection()
+        if trouble.status is not None:
+            raise GRPCError(trouble.status, trouble.message or None)
+        if trouble.garbage is not None:
+            return trouble.garbage
+        return self._answer(hook, request)
 
 
 async def run_fake_plugin(
@@ -322,16 +321,22 @@ async def run_fake_plugin(
 ) -> None:
     """Serve a fake plugin on the unix socket *path* until cancelled.
 
-    Must run inside ``trio_asyncio.open_loop()``. Reports the :class:`FakePlugin` through
-    ``task_status`` once the socket accepts connections; on cancellation the socket file is removed.
+    Reports the :class:`FakePlugin` through ``task_status`` once the socket accepts connections;
+    on cancellation connections are closed and the socket file is removed (if still ours). The
+    caller's ``grpc-timeout`` is not enforced: a hanging fake hangs until the caller gives up.
     """
     plugin = FakePlugin() if plugin is None else plugin
-    purge_cancelled_timers(trio_asyncio.current_loop.get())
-    server = await trio_asyncio.aio_as_trio(start_server)(path, plugin.handle)
-    LOGGER.info("event=listening path=%s", path)
+    sock = bind_unix_socket(path)
+    inode = os.stat(path).st_ino
+    relay = Relay(enforce_deadlines=False)
+    hooks = [point.rpc_path for point in HookPoint]
+    relay.configure(None, None, {rpc_path: plugin.handle for rpc_path in hooks}, unary_paths=hooks)
     try:
-        task_status.started(plugin)
-        await trio.sleep_forever()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(relay.serve, sock)
+            LOGGER.info("event=listening path=%s", path)
+            task_status.started(plugin)
+            await trio.sleep_forever()
     finally:
-        with trio.CancelScope(shield=True):
-            await trio_asyncio.aio_as_trio(server.close)()
+        sock.close()
+        unlink_if_ours(path, inode)

@@ -57,7 +57,7 @@ LOGGER = logging.getLogger("krproxy.docker.hooks")
 
 
 class Chain(Protocol):
-    """:meth:`krproxy.hooks.dispatch.Dispatcher.run`, callable from trio."""
+    """:meth:`krproxy.hooks.dispatch.Dispatcher.run`."""
 
     def __call__(
         self,

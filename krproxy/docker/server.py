@@ -3,13 +3,13 @@
 ::
 
     trio.run
-    └── trio_asyncio.open_loop()       the hook dispatcher's grpclib channels live on this loop
-        └── root nursery
-            ├── hook directory watcher     registration files -> Dispatcher registry
-            ├── store recovery             /info, /containers/json?all=1, inspect; retried
-            ├── connection handlers        one task per client connection (h11 on trio streams)
-            │   └── accept loop            trio.serve_listeners on the proxy socket
-            └── signal watcher             SIGTERM/SIGINT -> graceful drain
+    └── root nursery
+        ├── relay (not serving)            the dispatcher's connections to the plugins
+        ├── hook directory watcher         registration files -> Dispatcher registry
+        ├── store recovery                 /info, /containers/json?all=1, inspect; retried
+        ├── connection handlers            one task per client connection (h11 on trio streams)
+        │   └── accept loop                trio.serve_listeners on the proxy socket
+        └── signal watcher                 SIGTERM/SIGINT -> graceful drain
 
 Per client connection, requests are read one after another (keep-alive). Each request gets its
 own connection to dockerd's socket. Intercepted requests (:mod:`krproxy.docker.routes`) are
@@ -20,8 +20,8 @@ Protocols`` after ``Upgrade: tcp``, or ``200`` with a ``vnd.docker.raw-stream`` 
 ``multiplexed-stream`` content type and no body framing) become a byte relay both ways
 (:func:`krproxy.docker._http.splice`) until dockerd's side ends.
 
-The hook dispatcher speaks grpclib (asyncio); each hook chain is one trio→asyncio hop
-(``trio_asyncio.aio_as_trio``), about 40 µs, once per intercepted request.
+Plugins are called as in CRI mode, through a :class:`krproxy.relay.Relay` that serves no
+socket of its own.
 
 Error handling: a request that is not HTTP/1.1 gets 400 (431 for oversized heads) and the
 connection is closed; a body that cannot be a create/update request gets 400; dockerd
@@ -45,7 +45,6 @@ from typing import Any
 import attrs
 import h11
 import trio
-import trio_asyncio
 
 from krproxy import _grpc, _supervise, log
 from krproxy.config import ProxyConfig
@@ -57,6 +56,7 @@ from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.watcher import watch
 from krproxy.metrics import Metrics
+from krproxy.relay import Relay
 
 __all__ = ["DockerDaemon", "DockerProxy", "serve"]
 
@@ -366,7 +366,7 @@ async def serve(
     sock: socket.socket | None = None,
     task_status: trio.TaskStatus[DockerDaemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the Docker-mode proxy until a shutdown is requested; must run inside ``trio_asyncio.open_loop()``.
+    """Run the Docker-mode proxy until a shutdown is requested.
 
     ``sock`` is the listening socket if the caller bound it already. Reports the
     :class:`DockerDaemon` through ``task_status`` once the socket accepts connections.
@@ -378,13 +378,15 @@ async def serve(
         log.event(LOGGER, "cri_only_settings_ignored", level=logging.WARNING, settings=",".join(ignored))
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
     metrics = Metrics()
-    dispatcher = Dispatcher(observe=metrics.observe_hook)
-    hooks = DockerHooks(HookStore(), trio_asyncio.aio_as_trio(dispatcher.run), config.skip_label)
+    relay = Relay()  # not serving: only the dispatcher's calls to the plugins
+    dispatcher = Dispatcher(relay, observe=metrics.observe_hook)
+    hooks = DockerHooks(HookStore(), dispatcher.run, config.skip_label)
     metrics.store_pods.set_function(lambda: hooks.store.statistics().pods)
     metrics.store_containers.set_function(lambda: hooks.store.statistics().containers)
     proxy = DockerProxy(config.runtime_endpoint, hooks)
     try:
         async with trio.open_nursery() as nursery:
+            await nursery.start(relay.run)
             await nursery.start(
                 functools.partial(
                     watch,

@@ -15,7 +15,6 @@ on without that plugin's changes.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -26,12 +25,13 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from krproxy import log
-from krproxy.hooks.h2 import PluginChannel
 from krproxy.hooks.merge import Change, Merged
 from krproxy.hooks.points import HookPoint, Stage
 from krproxy.hooks.registration import FailurePolicy, PluginRegistration, Registry
 from krproxy.hooks.validate import INVALID_ANSWER, WRONG_TYPES, check_answer, wrong_types
 from krproxy.proto.runtime import v1alpha1 as hookapi
+from krproxy.relay import Relay
+from krproxy.relay.rpc import UpstreamError
 
 LOGGER = logging.getLogger("krproxy.hooks.dispatch")
 
@@ -106,7 +106,7 @@ def _serialized(request: Request | bytes) -> bytes:
 def _describe(err: BaseException, plugin: PluginRegistration) -> str:
     if isinstance(err, InvalidAnswer):
         return str(err)
-    if isinstance(err, asyncio.TimeoutError):
+    if isinstance(err, TimeoutError):
         return f"no answer within {plugin.timeout:g}s"
     if isinstance(err, GRPCError) and err.status is Status.DEADLINE_EXCEEDED:
         # The plugin enforced the deadline we sent it (grpc-timeout, rounded down) first.
@@ -115,56 +115,45 @@ def _describe(err: BaseException, plugin: PluginRegistration) -> str:
         return f"{err.status.name}: {err.message or ''}".rstrip(": ")
     if isinstance(err, (ConnectionRefusedError, FileNotFoundError)):
         return f"unreachable at {plugin.endpoint} ({err.strerror})"
+    if isinstance(err, UpstreamError):
+        return f"connection lost: {err}"
     return f"{type(err).__name__}: {err}"
 
 
 class Dispatcher:
-    """Holds the current plugin registry and one channel (:class:`PluginChannel`) per plugin endpoint.
+    """Holds the current plugin registry; calls plugins through ``relay`` (a connection per endpoint).
 
-    Create and use inside the asyncio loop. ``observe`` is told every :class:`Outcome`.
+    Use in the trio thread the relay runs in. ``observe`` is told every :class:`Outcome`.
     """
 
     def __init__(
         self,
+        relay: Relay,
         observe: Callable[[Outcome], None] = lambda outcome: None,
         *,
         on_outcome: Callable[[Outcome], None] = lambda outcome: None,
     ) -> None:
         self.registry = Registry()
-        self._channels: dict[str, PluginChannel] = {}
+        self._relay = relay
+        self._endpoints: set[str] = set()  # endpoints the relay keeps a route to for us
         self._observe = observe
         self._on_outcome = on_outcome
 
     def publish(self, registry: Registry) -> None:
-        """Switch to a new registry; channels of endpoints no longer registered are closed."""
+        """Switch to a new registry; connections to endpoints no longer registered are closed."""
         self.registry = registry
         endpoints = {p.endpoint for p in registry.plugins.values()}
-        for endpoint in list(self._channels):
-            if endpoint not in endpoints:
-                self._channels.pop(endpoint).close()
+        for endpoint in self._endpoints - endpoints:
+            self._relay.drop_route(endpoint)
+        self._endpoints &= endpoints
 
     def close(self) -> None:
-        for channel in self._channels.values():
-            channel.close()
-        self._channels.clear()
+        for endpoint in self._endpoints:
+            self._relay.drop_route(endpoint)
+        self._endpoints.clear()
 
     def plugins_for(self, point: HookPoint) -> Sequence[PluginRegistration]:
         return self.registry.plugins_for(point)
-
-    def _channel(self, endpoint: str) -> tuple[PluginChannel, bool]:
-        """A channel to ``endpoint``, and whether it is cached (else the caller closes it).
-
-        Only endpoints of the current registry are cached: a chain that began before its
-        plugin was unregistered must not leave a channel behind that nobody closes.
-        """
-        channel = self._channels.get(endpoint)
-        if channel is not None:
-            return channel, True
-        channel = PluginChannel(endpoint)
-        if any(p.endpoint == endpoint for p in self.registry.plugins.values()):
-            self._channels[endpoint] = channel
-            return channel, True
-        return channel, False
 
     async def call(self, plugin: PluginRegistration, point: HookPoint, request: Request | bytes) -> Response:
         """One plugin call (``request`` as a message or serialized); raises whatever went wrong
@@ -172,12 +161,20 @@ class Dispatcher:
         reply_type: type[Any] = (
             hookapi.PodSandboxHookResponse if point.is_pod_level else hookapi.ContainerResourceHookResponse
         )
-        channel, cached = self._channel(plugin.endpoint)
+        endpoint = plugin.endpoint
+        # Only endpoints of the current registry keep their connection: a chain that began before
+        # its plugin was unregistered must not leave one behind that nobody closes.
+        registered = any(p.endpoint == endpoint for p in self.registry.plugins.values())
+        route = self._relay.route_to(endpoint, f"plugin {plugin.name} at {endpoint}")
+        if registered:
+            self._endpoints.add(endpoint)
         try:
-            answer = await channel.unary(point.rpc_path, _serialized(request), plugin.timeout)
+            answer = await self._relay.call(
+                route, point.rpc_path, _serialized(request), within=plugin.timeout
+            )
         finally:
-            if not cached:
-                channel.close()
+            if not registered and endpoint not in self._endpoints:
+                self._relay.drop_route(endpoint)
         response: Response = reply_type.FromString(answer)
         return response
 

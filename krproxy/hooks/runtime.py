@@ -25,7 +25,6 @@ restart (:meth:`HookRuntime.mark_recovered`), so no hook ever runs against a par
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import weakref
@@ -33,6 +32,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import attrs
+import trio
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
@@ -106,8 +106,8 @@ class HookRuntime:
     store: HookStore
     dispatcher: Dispatcher
     skip_label: tuple[str, str]
-    _recovered: asyncio.Event = attrs.field(factory=asyncio.Event, init=False)
-    _locks: weakref.WeakValueDictionary[str, asyncio.Lock] = attrs.field(
+    _recovered: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _locks: weakref.WeakValueDictionary[str, trio.Lock] = attrs.field(
         factory=weakref.WeakValueDictionary, init=False
     )
 
@@ -301,11 +301,11 @@ class HookRuntime:
             reason=f"{kind} not in the store (created before the proxy, or already stopped)",
         )
 
-    def _lock(self, container_id: str) -> asyncio.Lock:
+    def _lock(self, container_id: str) -> trio.Lock:
         """The lock serialising hooked calls on one container (dropped with its last user)."""
         lock = self._locks.get(container_id)
         if lock is None:
-            lock = self._locks[container_id] = asyncio.Lock()
+            lock = self._locks[container_id] = trio.Lock()
         return lock
 
     def _post_hook(

@@ -31,7 +31,6 @@ left it to the image (empty ``command``) and a ``commands`` condition needs it.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
@@ -39,7 +38,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
-import grpclib.client
 import trio
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
@@ -133,17 +131,18 @@ def looked_from_status(reply: cri.ContainerStatusResponse) -> Looked:
 
 
 class StatusLookup:
-    """:data:`Lookup` through a verbose ContainerStatus on the runtime socket. Create inside the loop."""
+    """:data:`Lookup` through a verbose ContainerStatus, made with ``call(path, request) -> reply``
+    (the daemon's: the relay's runtime route)."""
 
-    def __init__(self, runtime_socket: str) -> None:
-        self._channel = grpclib.client.Channel(path=runtime_socket)
-        self._stub = cri.RuntimeServiceStub(self._channel)
+    def __init__(self, call: Callable[[str, bytes], Awaitable[bytes]]) -> None:
+        self._call = call
 
     async def __call__(self, container_id: str) -> Looked | None:
+        request = cri.ContainerStatusRequest(container_id=container_id, verbose=True)
         try:
-            reply = await self._stub.container_status(
-                cri.ContainerStatusRequest(container_id=container_id, verbose=True), timeout=LOOKUP_TIMEOUT
-            )
+            with trio.fail_after(LOOKUP_TIMEOUT):
+                data = await self._call(_RUNTIME + "ContainerStatus", bytes(request.SerializeToString()))
+            reply = cri.ContainerStatusResponse.FromString(data)
         except Exception as err:
             log.event(
                 LOGGER,
@@ -154,9 +153,6 @@ class StatusLookup:
             )
             return None
         return looked_from_status(reply)
-
-    def close(self) -> None:
-        self._channel.close()
 
 
 async def _no_lookup(container_id: str) -> Looked | None:
@@ -328,10 +324,9 @@ class OciHooks:
             await self._run(hook, "poststop", container_id, state)
 
     async def _run(self, hook: HookFile, stage: str, container_id: str, state: bytes) -> HookRun:
-        # A worker thread of the asyncio loop (anyio's to_thread does not see trio-asyncio's loop
-        # as running). A cancelled call still waits for the hook: its timeout bounds that.
-        run: HookRun = await asyncio.get_event_loop().run_in_executor(
-            None, functools.partial(run_hook, hook.command, state, timeout=self.default_timeout)
+        # In a worker thread. A cancelled call still waits for the hook: its timeout bounds that.
+        run: HookRun = await trio.to_thread.run_sync(
+            functools.partial(run_hook, hook.command, state, timeout=self.default_timeout)
         )
         fields: dict[str, Any] = {
             "file": hook.source,
@@ -349,9 +344,9 @@ class OciHooks:
         return run
 
 
-def for_daemon(runtime_socket: str) -> OciHooks:
-    """The daemon's :class:`OciHooks`: look-ups go to the runtime socket. Create inside the loop."""
-    return OciHooks(lookup=StatusLookup(runtime_socket))
+def for_daemon(call: Callable[[str, bytes], Awaitable[bytes]]) -> OciHooks:
+    """The daemon's :class:`OciHooks`: look-ups are ContainerStatus calls made with ``call``."""
+    return OciHooks(lookup=StatusLookup(call))
 
 
 async def serve_hook_dirs(
@@ -361,8 +356,4 @@ async def serve_hook_dirs(
     task_status: trio.TaskStatus[list[HookFile]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """The daemon's task: keep ``oci_hooks`` in step with ``directories``; started once loaded."""
-    try:
-        await watch_hook_dirs(directories, oci_hooks.publish, task_status=task_status)
-    finally:
-        if isinstance(oci_hooks.lookup, StatusLookup):
-            oci_hooks.lookup.close()
+    await watch_hook_dirs(directories, oci_hooks.publish, task_status=task_status)

@@ -3,17 +3,18 @@
 kubelet's connections end here; each of its streams (one gRPC call) is paired with a stream on
 an *upstream* connection and the two are relayed frame by frame::
 
-    kubelet ─HTTP/2─┐                 ┌─ runtime socket (RuntimeService, unknown paths)
-    kubelet ─HTTP/2─┤ Relay ──────────┼─ image socket (ImageService, if it is another socket)
-                    │  (this module)  └─ in-process grpclib server: the calls with hook points
-                    └ deadlines, records   (krproxy.forward.Forwarder + interceptors)
+    kubelet ─HTTP/2─┐                   ┌─ runtime socket (RuntimeService, unknown paths)
+    kubelet ─HTTP/2─┤ Relay ────────────┼─ image socket (ImageService, if it is another socket)
+                    │ (this module)     └─ plugin sockets (the relay's own calls, for the hooks)
+                    └ interceptors: the calls with hook points, answered here
 
 Messages are never parsed: DATA payloads are copied from one connection to the other, header
-blocks are decoded (HPACK state is per connection) and re-encoded. Calls with hook points go to
-the in-process grpclib server, which runs the interceptors and calls the runtime itself; to
-the relay it is just another upstream. Everything else — the 30-odd other CRI methods, method
-paths our protos lack, server streams such as GetContainerEvents — costs one frame copy each
-way, which is what makes the proxy cheap (docs/performance.md).
+blocks are decoded (HPACK state is per connection) and re-encoded. A call with hook points is
+answered by the relay itself: it collects the request and runs the path's interceptor, which
+forwards through a unary call of the relay's own (:meth:`Relay.unary`); plugin calls and store
+recovery use the same. Everything else — the 30-odd other CRI methods, method paths our protos
+lack, server streams such as GetContainerEvents — costs one frame copy each way, which is what
+makes the proxy cheap (docs/performance.md).
 
 Per call the relay adds, on its own account: the caller's deadline (``grpc-timeout``) is
 enforced here too, so a runtime that hangs cannot keep a call open past it; a runtime that
@@ -56,16 +57,20 @@ class Relay:
     Args:
         observers: told about every finished call (:class:`krproxy.calls.CallRecord`).
 
-    :meth:`configure` sets the routes (runtime; image, which may be the runtime's), the
-    interceptors by method path, and the unary method paths (whose replies records carry).
+    :meth:`configure` sets the routes (runtime; image, which may be the runtime's; None for a
+    relay that only answers calls itself: other paths get UNIMPLEMENTED), the interceptors by
+    method path, and the unary method paths (whose replies records carry).
     """
 
-    def __init__(self, observers: list[calls.Observer] | None = None) -> None:
-        self.observers = (
-            observers if observers is not None else []
-        )  # kept, not copied: the daemon shares it with the Forwarder
-        self.runtime: Route = None  # type: ignore[assignment]  # set by configure()
-        self.image: Route = None  # type: ignore[assignment]
+    def __init__(
+        self, observers: list[calls.Observer] | None = None, *, enforce_deadlines: bool = True
+    ) -> None:
+        self.observers = observers if observers is not None else []  # kept, not copied
+        #: False: a caller's ``grpc-timeout`` is passed on but not enforced here (the fake
+        #: plugin uses this to hang the way a real server that ignores deadlines does).
+        self.enforce_deadlines = enforce_deadlines
+        self.runtime: Route | None = None  # set by configure()
+        self.image: Route | None = None
         self.interceptors: dict[str, Interceptor] = {}
         self._routes: dict[str, Route] = {}  # to plugins and other sockets, by path
         self._unary_paths: frozenset[str] = frozenset()
@@ -84,8 +89,8 @@ class Relay:
 
     def configure(
         self,
-        runtime: Route,
-        image: Route,
+        runtime: Route | None,
+        image: Route | None,
         interceptors: Mapping[str, Interceptor],
         unary_paths: Iterable[str],
     ) -> None:
@@ -190,13 +195,16 @@ class Relay:
             client.recv_ended = end
             call.fail(Status.UNAVAILABLE, "krproxy is shutting down")
             return
-        if timeout is not None:
+        if timeout is not None and self.enforce_deadlines:
             self._add_deadline(call, trio.current_time() + timeout)
         if interceptor is not None:
             if end:
                 call.on_request_data(b"", True)
             return
         client.recv_ended = end
+        if route is None:  # a relay that only answers calls itself
+            call.fail(Status.UNIMPLEMENTED, f"unknown method {text}")
+            return
         try:
             upstream_ep = route.endpoint()
         except OSError as err:
@@ -327,8 +335,7 @@ class Relay:
                 if call.finished:
                     self._dead_timers -= 1
                 else:
-                    route = call.route
-                    call.fail(Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {route.describe}")
+                    call.fail(Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {call.describe}")
             self.flush()
 
     # -- shutdown ----------------------------------------------------------------------

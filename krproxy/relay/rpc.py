@@ -112,7 +112,7 @@ class Call:
         "upstream",
     )
 
-    def __init__(self, relay: Relay, path: str, route: Route) -> None:
+    def __init__(self, relay: Relay, path: str, route: Route | None) -> None:
         self.relay = relay
         self.path = path
         self.route = route
@@ -129,6 +129,11 @@ class Call:
         self.deadline = math.inf
         self.request_tap: _Tap | None = _Tap(keep_all=False)
         self.reply_tap: _Tap | None = _Tap(keep_all=relay.is_unary(path))
+
+    @property
+    def describe(self) -> str:
+        """What the call goes to, for messages."""
+        return self.route.describe if self.route is not None else "krproxy"
 
     def on_request_data(self, data: bytes, end: bool) -> None:
         if self.request_tap is not None and data:
@@ -147,7 +152,8 @@ class Call:
         self.client.send_data(data, end)
 
     def on_reply_headers(self, headers: Headers, end: bool) -> None:
-        self.route.mark_reachable()
+        if self.route is not None:
+            self.route.mark_reachable()
         block = f.encode_headers(headers)
         if end:
             self._backend_done()
@@ -216,7 +222,7 @@ class Call:
         if upstream is not None:
             upstream.reset = True
         if not self.answered:
-            self.fail(Status.UNAVAILABLE, f"{self.route.describe} is unavailable: {reason}")
+            self.fail(Status.UNAVAILABLE, f"{self.describe} is unavailable: {reason}")
         else:
             self.settle()
 
@@ -286,6 +292,13 @@ def _status_fields(status: Status, message: str | None, details: bytes | None) -
     return fields
 
 
+class CloseConnection(Exception):
+    """Raised by an interceptor to close the caller's connection instead of answering.
+
+    For test doubles that play a peer that crashes mid-call (the fake plugin's ``drop``).
+    """
+
+
 class LocalCall(Call):
     """A call with hook points: the relay collects the request and runs the interceptor.
 
@@ -297,7 +310,7 @@ class LocalCall(Call):
     __slots__ = ("_interceptor", "_metadata", "_scope", "_started", "ctx")
 
     def __init__(
-        self, relay: Relay, path: str, route: Route, interceptor: Interceptor, headers: Headers
+        self, relay: Relay, path: str, route: Route | None, interceptor: Interceptor, headers: Headers
     ) -> None:
         super().__init__(relay, path, route)
         self.reply_tap = None
@@ -325,7 +338,7 @@ class LocalCall(Call):
         tap = self.request_tap
         assert tap is not None
         ctx = self.ctx
-        calls.CURRENT.set(ctx)  # this task's own context; asyncio tasks started from it inherit it
+        calls.CURRENT.set(ctx)  # this task's own context: calls never share one
         try:
             if tap.first is None or tap.messages < 1:
                 raise GRPCError(Status.INTERNAL, "the request carried no complete message")
@@ -338,6 +351,8 @@ class LocalCall(Call):
                     _message(reply.message),
                     reply.trailers or _PLAIN_TRAILERS,
                 )
+        except CloseConnection:
+            self.client.ep.close("the handler closed the connection")
         except BackendError as err:
             self._answer(err.headers, None, err.trailers, err)
         except GRPCError as err:
@@ -372,6 +387,8 @@ class LocalCall(Call):
         ctx = self.ctx
         if data is not ctx.request:
             ctx.forwarded = data  # an interceptor changed it
+        if self.route is None:
+            raise GRPCError(Status.UNIMPLEMENTED, f"{self.path}: nothing to forward to")
         started = time.perf_counter()
         try:
             answer = await self.relay.unary(self.route, self.path, data, self._metadata, self.deadline)

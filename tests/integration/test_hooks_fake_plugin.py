@@ -121,7 +121,7 @@ class TestFakePlugin:
 
 
 class TestServerWithGrpcio:
-    """The fake's own HTTP/2 server (fakes.plugin.h2server) under grpcio's client: a second, independent
+    """The fake plugin (krproxy's relay answering every call itself) under grpcio's client: a second, independent
     gRPC stack, with small initial flow-control windows."""
 
     @staticmethod
