@@ -66,7 +66,7 @@ class CallSide(Protocol):
     def on_reply_headers(self, headers: Headers, end: bool) -> None: ...
     def on_reply_data(self, data: bytes, end: bool) -> None: ...
     def caller_gone(self) -> None: ...
-    def upstream_gone(self, reason: str) -> None: ...
+    def upstream_gone(self, reason: str, refused: bool = False) -> None: ...
     def settle(self) -> None: ...
 
 
@@ -610,15 +610,16 @@ class Endpoint:
         if self.server_side:
             half.call.caller_gone()
         else:
-            half.call.upstream_gone(f"stream reset by the runtime (HTTP/2 error code {code})")
+            refused = code == f.REFUSED_STREAM  # not processed (RFC 9113 §8.7): safe to send again
+            half.call.upstream_gone(f"stream reset by {self.describe} (HTTP/2 error code {code})", refused)
 
     def _on_goaway(self, last_stream_id: int, code: int) -> None:
         if self.server_side:
             return  # the caller will open no more streams; the running ones go on
         self.retire()
         for half in [h for h in self.halves.values() if h.id > last_stream_id] + [w[0] for w in self.waiting]:
-            half.reset = True
-            half.call.upstream_gone(f"the runtime is going away (GOAWAY, HTTP/2 error code {code})")
+            half.reset = True  # above the last stream it will process: not processed, like a refusal
+            half.call.upstream_gone(f"{self.describe} is going away (GOAWAY, HTTP/2 error code {code})", True)
 
     # -- the end ---------------------------------------------------------------------
 

@@ -50,6 +50,9 @@ from krproxy.relay.rpc import Answer, Call, LocalCall, UpstreamError, _Exchange,
 
 LOGGER = logging.getLogger("krproxy.relay")
 
+#: Seconds before a call the upstream refused unprocessed is sent again.
+_REFUSED_PAUSE = 0.005
+
 
 class Relay:
     """The CRI front end (see the module docstring).
@@ -251,8 +254,27 @@ class Relay:
 
         Returns the answer whatever its status. Raises OSError if the upstream cannot be
         reached, :class:`UpstreamError` if it went away or answered something that is not
-        gRPC, and TimeoutError when the deadline passed first (the stream is reset then).
+        gRPC, and TimeoutError when the deadline passed first (the stream is reset then). A call
+        the upstream refused unprocessed (REFUSED_STREAM, GOAWAY) is sent again, as gRPC's
+        transparent retry does: servers may count a finished stream a little longer than we do.
         """
+        framed = _message(message)
+        extra = list(metadata)
+        while True:
+            exchange = await self._exchange(route, path, framed, extra, deadline)
+            if not exchange.refused:
+                break
+            with trio.move_on_at(deadline):
+                await trio.sleep(_REFUSED_PAUSE)
+            if trio.current_time() >= deadline:
+                raise TimeoutError()
+        if exchange.error is not None:
+            raise UpstreamError(exchange.error)
+        return exchange.answer()
+
+    async def _exchange(
+        self, route: Route, path: str, framed: bytes, metadata: Headers, deadline: float
+    ) -> _Exchange:
         exchange = _Exchange()
         ep = route.endpoint()
         upstream = exchange.upstream = Half(ep, 0, exchange)  # type: ignore[arg-type]
@@ -268,7 +290,7 @@ class Relay:
             fields.append((b"grpc-timeout", b"%du" % max(1, int((deadline - trio.current_time()) * 1e6))))
         fields += metadata
         ep.open_stream(upstream, f.encode_headers(fields), False)
-        upstream.send_data(_message(message), True)
+        upstream.send_data(framed, True)
         self.flush()
         try:
             with trio.move_on_at(deadline):
@@ -280,9 +302,7 @@ class Relay:
                 self.flush()
         if not exchange.done.is_set():
             raise TimeoutError()
-        if exchange.error is not None:
-            raise UpstreamError(exchange.error)
-        return exchange.answer()
+        return exchange
 
     async def call(self, route: Route, path: str, message: bytes, within: float) -> bytes:
         """:meth:`unary` for callers that want the reply message or an exception.

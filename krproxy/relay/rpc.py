@@ -216,12 +216,23 @@ class Call:
             self.upstream.abort(f.CANCEL)
         self.settle()
 
-    def upstream_gone(self, reason: str) -> None:
-        """The upstream stream was reset or its connection lost, before the call ended."""
+    def upstream_gone(self, reason: str, refused: bool = False) -> None:
+        """The upstream stream was reset or its connection lost, before the call ended.
+
+        ``refused``: the upstream did not process the call (REFUSED_STREAM, or above a GOAWAY's
+        last stream). If the caller has had no answer yet it gets REFUSED_STREAM too, which gRPC
+        clients take as leave to send the call again (grpc-go's transparent retry).
+        """
         upstream = self.upstream
         if upstream is not None:
             upstream.reset = True
-        if not self.answered:
+        client = self.client
+        if refused and not self.answered and not client.headers_sent and not client.done:
+            self.answered = True
+            self.status, self.message = Status.UNAVAILABLE, f"{self.describe} refused the call: {reason}"
+            client.abort(f.REFUSED_STREAM)
+            self.settle()
+        elif not self.answered:
             self.fail(Status.UNAVAILABLE, f"{self.describe} is unavailable: {reason}")
         else:
             self.settle()
@@ -440,7 +451,17 @@ class UpstreamError(Exception):
 class _Exchange:
     """The relay's side of a unary call it makes itself; the upstream half reports here."""
 
-    __slots__ = ("backend_clock", "body", "done", "error", "finished", "headers", "trailers", "upstream")
+    __slots__ = (
+        "backend_clock",
+        "body",
+        "done",
+        "error",
+        "finished",
+        "headers",
+        "refused",
+        "trailers",
+        "upstream",
+    )
 
     def __init__(self) -> None:
         self.upstream: Half = None  # type: ignore[assignment]  # set right after construction
@@ -448,6 +469,7 @@ class _Exchange:
         self.trailers: Headers | None = None
         self.body = bytearray()
         self.error: str | None = None
+        self.refused = False  # the upstream did not process it: safe to send again
         self.done = trio.Event()
         self.finished = False
         self.backend_clock = 0.0
@@ -466,10 +488,10 @@ class _Exchange:
             self.error = "the answer ended without a status"
             self.done.set()
 
-    def upstream_gone(self, reason: str) -> None:
+    def upstream_gone(self, reason: str, refused: bool = False) -> None:
         self.upstream.reset = True
         if not self.done.is_set():
-            self.error = reason
+            self.error, self.refused = reason, refused
             self.done.set()
         self.settle()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 
@@ -19,8 +20,10 @@ import grpclib.config
 import grpclib.server
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h2.settings
+import pytest
 import trio
 
 from krproxy.daemon import Daemon
@@ -183,6 +186,60 @@ class TestStreams:
         answers = [await in_thread(future.result) for future in futures]
         assert 100 == running  # the backend's limit held while the others waited in the relay
         assert [b"%d" % i for i in range(150)] == answers
+
+    async def test_a_refused_call_is_refused_to_the_caller(
+        self, aio_loop: None, nursery: trio.Nursery, sockdir: str
+    ) -> None:
+        """A runtime that refuses a stream unprocessed (RST_STREAM REFUSED_STREAM): the relay refuses the
+        caller's stream the same way, which grpc-go (kubelet) takes as leave to send the call again."""
+        backend = os.path.join(sockdir, "backend.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(backend)
+        listener.listen(4)
+        refused: list[int] = []
+
+        def serve_one_connection() -> None:
+            conn_sock, _ = listener.accept()
+            conn = h2.connection.H2Connection(
+                h2.config.H2Configuration(client_side=False, header_encoding=None)
+            )
+            conn.initiate_connection()
+            conn_sock.sendall(conn.data_to_send())
+            bodies: dict[int, bytes] = {}
+            while True:
+                data = conn_sock.recv(65536)
+                if not data:
+                    return
+                for event in conn.receive_data(data):
+                    if (
+                        isinstance(event, h2.events.RequestReceived)
+                        and (b":path", ECHO.encode()) in event.headers
+                        and not refused
+                    ):
+                        refused.append(event.stream_id)
+                        conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+                    elif isinstance(event, h2.events.DataReceived):
+                        bodies[event.stream_id] = bodies.get(event.stream_id, b"") + event.data
+                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    elif isinstance(event, h2.events.StreamEnded) and event.stream_id not in refused:
+                        conn.send_headers(
+                            event.stream_id, [(":status", "200"), ("content-type", "application/grpc")]
+                        )
+                        conn.send_data(event.stream_id, bodies.pop(event.stream_id, b""))
+                        conn.send_headers(event.stream_id, [("grpc-status", "0")], end_stream=True)
+                conn_sock.sendall(conn.data_to_send())
+
+        thread = threading.Thread(target=serve_one_connection, daemon=True)
+        thread.start()
+        daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+        try:
+            with pytest.raises(ConnectionError, match="stream reset, error code 7"):
+                await in_thread(h2_unary, daemon.config.listen, ECHO, b"refused")
+            answer: H2Answer = await in_thread(h2_unary, daemon.config.listen, ECHO, b"again")
+        finally:
+            listener.close()
+        assert (_framed(b"again"), b"0") == (answer.body, answer.trailers[b"grpc-status"])
+        assert 1 == len(refused)
 
     async def test_header_blocks_larger_than_a_frame(
         self, aio_loop: None, nursery: trio.Nursery, sockdir: str
