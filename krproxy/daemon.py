@@ -199,6 +199,7 @@ async def serve(
                 )
                 await nursery.start(recorder.run)
                 relay.observers.append(recorder.observe)
+                relay.keep_messages = True
             await nursery.start(relay.serve, sock)
             # Calls with hook points wait for the store; all others are relayed meanwhile.
             nursery.start_soon(_recover_store, config, relay, runtime_route, hooks, metrics)

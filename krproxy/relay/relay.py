@@ -72,6 +72,10 @@ class Relay:
         #: False: a caller's ``grpc-timeout`` is passed on but not enforced here (the fake
         #: plugin uses this to hang the way a real server that ignores deadlines does).
         self.enforce_deadlines = enforce_deadlines
+        #: Whether records of relayed calls carry the request and (unary) reply bytes: only the
+        #: trace recorder needs them, and keeping an 860 KB list per call costs memory and time.
+        #: Records of calls with hook points always carry them.
+        self.keep_messages = False
         self.runtime: Route | None = None  # set by configure()
         self.image: Route | None = None
         self.interceptors: dict[str, Interceptor] = {}
@@ -85,7 +89,7 @@ class Relay:
         self._idle_waiters: list[trio.Event] = []
         self._accepting: trio.CancelScope | None = None
         self._clients: set[Endpoint] = set()
-        self._deadlines: list[list[Any]] = []  # heap of [deadline, seq, call or None]
+        self._deadlines: list[list[Any]] = []  # heap of [deadline, seq, call; None once finished]
         self._dead_timers = 0
         self._seq = itertools.count()
         self._timer: trio.CancelScope | None = None
@@ -219,7 +223,11 @@ class Relay:
 
     def call_finished(self, call: Call) -> None:
         self.in_flight -= 1
-        if call.deadline != math.inf:
+        if call.timer is not None:
+            # The entry stays in the heap until due (kubelet's deadlines are minutes long), but
+            # not the finished call, with its request and reply.
+            call.timer[2] = None
+            call.timer = None
             self._dead_timers += 1
         if self.in_flight == 0 and self._idle_waiters:
             for event in self._idle_waiters:
@@ -331,13 +339,14 @@ class Relay:
 
     def _add_deadline(self, call: Call, deadline: float) -> None:
         call.deadline = deadline
-        heapq.heappush(self._deadlines, [deadline, next(self._seq), call])
+        call.timer = [deadline, next(self._seq), call]
+        heapq.heappush(self._deadlines, call.timer)
         if self._timer is not None and deadline < self._timer.deadline:
             self._timer.deadline = deadline
-        # Finished calls stay in the heap until due (kubelet's deadlines are minutes long):
-        # rebuild it without them once they are the majority, so they do not pile up.
+        # Entries of finished calls stay until due: rebuild the heap without them once they are
+        # the majority, so they do not pile up.
         if self._dead_timers > 100 and self._dead_timers * 2 > len(self._deadlines):
-            self._deadlines = [entry for entry in self._deadlines if not entry[2].finished]
+            self._deadlines = [entry for entry in self._deadlines if entry[2] is not None]
             heapq.heapify(self._deadlines)
             self._dead_timers = 0
 
@@ -351,8 +360,7 @@ class Relay:
             heap = self._deadlines
             while heap and heap[0][0] <= now:
                 call = heapq.heappop(heap)[2]
-                assert isinstance(call, Call)
-                if call.finished:
+                if call is None:  # finished before its deadline
                     self._dead_timers -= 1
                 else:
                     call.fail(Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {call.describe}")

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 import urllib.parse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
@@ -51,18 +51,23 @@ def _trailers_only(status: Status, message: str, headers_sent: bool) -> Headers:
     return fields
 
 
-class _Tap:
-    """Counts the gRPC messages in one direction of a call and keeps the first one's bytes.
+KEEP_NONE, KEEP_FIRST, KEEP_ALL = 0, 1, 2
 
-    ``keep_all`` keeps every message's bytes instead (for unary replies, as records carry them).
+
+class _Tap:
+    """Counts the gRPC messages in one direction of a call; keeps their bytes if asked to.
+
+    ``keep``: :data:`KEEP_NONE` (count only), :data:`KEEP_FIRST` (the first message: a request,
+    or what an interceptor needs) or :data:`KEEP_ALL` (every message's bytes, for unary replies
+    in call records).
     """
 
-    __slots__ = ("_head", "_keep_all", "_left", "first", "messages")
+    __slots__ = ("_head", "_keep", "_left", "first", "messages")
 
-    def __init__(self, keep_all: bool) -> None:
+    def __init__(self, keep: int) -> None:
         self._head = bytearray()
         self._left = 0
-        self._keep_all = keep_all
+        self._keep = keep
         self.first: bytearray | None = None
         self.messages = 0
 
@@ -71,7 +76,7 @@ class _Tap:
         while i < n:
             if self._left:
                 take = min(self._left, n - i)
-                if self.first is not None and (self.messages == 0 or self._keep_all):
+                if self.first is not None and (self.messages == 0 or self._keep == KEEP_ALL):
                     self.first += data[i : i + take]
                 i += take
                 self._left -= take
@@ -84,7 +89,7 @@ class _Tap:
             if len(self._head) == 5:
                 self._left = int.from_bytes(self._head[1:5], "big")
                 self._head.clear()
-                if self.first is None:
+                if self.first is None and self._keep != KEEP_NONE:
                     self.first = bytearray()
                 if not self._left:
                     self.messages += 1
@@ -109,6 +114,7 @@ class Call:
         "route",
         "started",
         "status",
+        "timer",
         "upstream",
     )
 
@@ -127,8 +133,11 @@ class Call:
         self.answered = False  # the caller got a status (trailers), from upstream or from us
         self.finished = False
         self.deadline = math.inf
-        self.request_tap: _Tap | None = _Tap(keep_all=False)
-        self.reply_tap: _Tap | None = _Tap(keep_all=relay.is_unary(path))
+        self.timer: list[Any] | None = None  # its entry in the relay's deadline heap
+        # Message bytes only if records are to carry them (relay.keep_messages: e.g. recording).
+        keep = relay.keep_messages
+        self.request_tap: _Tap | None = _Tap(KEEP_FIRST if keep else KEEP_NONE)
+        self.reply_tap: _Tap | None = _Tap(KEEP_ALL if keep and relay.is_unary(path) else KEEP_NONE)
 
     @property
     def describe(self) -> str:
@@ -324,6 +333,7 @@ class LocalCall(Call):
         self, relay: Relay, path: str, route: Route | None, interceptor: Interceptor, headers: Headers
     ) -> None:
         super().__init__(relay, path, route)
+        self.request_tap = _Tap(KEEP_FIRST)  # the interceptor needs the request
         self.reply_tap = None
         self._interceptor = interceptor
         self._metadata = [field for field in headers if field[0] not in _OWN_FIELDS]

@@ -37,6 +37,7 @@ async def proxy_with_plugin(
     daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
     records: list[CallRecord] = []
     daemon.relay.observers.append(records.append)
+    daemon.relay.keep_messages = True  # what --record sets
     return daemon, records
 
 

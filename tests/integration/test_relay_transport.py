@@ -296,3 +296,16 @@ class TestDeadlines:
         assert b"deadline exceeded waiting for backend runtime" in answer.trailers[b"grpc-message"]
         assert 0.3 <= took < 3
         await wait_until(lambda: HANG in backend.cancelled)
+
+    async def test_finished_calls_are_not_kept_until_their_deadline(
+        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
+    ) -> None:
+        """kubelet's deadlines are minutes long: a finished call leaves the deadline heap's entry
+        behind (until due or purged) but not itself, with its request and reply."""
+        _, daemon = await _backend_and_proxy(nursery, sockdir)
+        call = raw_unary(channel_to(daemon.config.listen), BIG)
+        for _ in range(20):
+            assert BIG_REPLY == await in_thread(call, b"", timeout=120)
+        entries = [entry for entry in daemon.relay._deadlines if entry[0] > trio.current_time() + 60]
+        assert 20 == len(entries)
+        assert [None] * 20 == [entry[2] for entry in entries]

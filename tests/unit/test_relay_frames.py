@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from krproxy.relay import frames as f
-from krproxy.relay.rpc import _Tap, grpc_timeout
+from krproxy.relay.rpc import KEEP_ALL, KEEP_FIRST, KEEP_NONE, _Tap, grpc_timeout
 
 header_fields = st.lists(
     st.tuples(st.binary(min_size=1, max_size=300), st.binary(max_size=3000)),
@@ -131,14 +131,15 @@ class TestTap:
     ) -> None:
         stream = _framed(*messages)
         cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
-        first, every = _Tap(keep_all=False), _Tap(keep_all=True)
+        first, every, count = _Tap(KEEP_FIRST), _Tap(KEEP_ALL), _Tap(KEEP_NONE)
         for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
-            first.feed(stream[start:end])
-            every.feed(stream[start:end])
+            for tap in (first, every, count):
+                tap.feed(stream[start:end])
         assert (len(messages), messages[0]) == (first.messages, bytes(first.first or b""))
         assert (len(messages), b"".join(messages)) == (every.messages, bytes(every.first or b""))
+        assert (len(messages), None) == (count.messages, count.first)
 
     def test_incomplete_message_is_not_counted(self) -> None:
-        tap = _Tap(keep_all=False)
+        tap = _Tap(KEEP_FIRST)
         tap.feed(_framed(b"abcdef")[:-2])
         assert 0 == tap.messages
