@@ -6,13 +6,13 @@ Set-up, all on unix sockets in a temp directory:
 - two fake hook plugin processes (``python -m fakes.plugin``) registered for every hook, the first
   setting a cpu quota, the second an annotation;
 - the proxy daemon, in this process on a thread of its own (``trio.run`` → ``open_loop`` →
-  :func:`krproxy.daemon.serve`), so that its asyncio tasks can be counted;
+  :func:`krproxy.daemon.serve`), so that its trio tasks can be counted;
 - ``--processes`` client processes with ``--clients`` threads in all, each with its own grpcio channel,
   making calls until ``--calls`` calls were made in total or ``--seconds`` passed.
 
 Each client repeats a mix: Version, ListContainers, ContainerStatus of a seeded container, and a hooked
 lifecycle (CreateContainer → StartContainer → StopContainer → RemoveContainer in the client's own pod).
-Every call must succeed: any error is unexpected. The daemon's RSS, fds and asyncio tasks are sampled at
+Every call must succeed: any error is unexpected. The daemon's RSS, fds and trio tasks are sampled at
 the start (after a warm-up), the middle and the end; the run fails if RSS grew by more than
 ``--max-rss-growth-mb`` after the warm-up, or fds or tasks grew by more than a small constant.
 """
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import array
-import asyncio
 import collections
 import contextlib
 import functools
@@ -39,14 +38,13 @@ from typing import Any
 
 import attrs
 import trio
-import trio_asyncio
 
 from krproxy.config import ProxyConfig
 from krproxy.daemon import Daemon, serve
 
 SEEDED_PODS = 20
 WARM_UP_SECONDS = 3.0
-#: fds and asyncio tasks allowed beyond the start sample at the end (channels reconnecting, a call in flight).
+#: fds and tasks allowed beyond the start sample at the end (channels reconnecting, a call in flight).
 COUNT_SLACK = 8
 
 
@@ -55,7 +53,7 @@ class Sample:
     at: float
     rss_mb: float
     fds: int
-    asyncio_tasks: int
+    tasks: int
     calls: int
 
 
@@ -76,31 +74,36 @@ class DaemonThread:
     def __init__(self, config: ProxyConfig) -> None:
         self.config = config
         self.daemon: Daemon | None = None
-        self.loop: Any = None
         self._ready = threading.Event()
         self._token: trio.lowlevel.TrioToken | None = None
         self._thread = threading.Thread(target=trio.run, args=(self._main,), name="daemon", daemon=True)
 
     async def _main(self) -> None:
         self._token = trio.lowlevel.current_trio_token()
-        async with trio_asyncio.open_loop() as loop:
-            self.loop = loop
-            async with trio.open_nursery() as nursery:
-                self.daemon = await nursery.start(functools.partial(serve, self.config, handle_signals=False))
-                self._ready.set()
+        async with trio.open_nursery() as nursery:
+            self.daemon = await nursery.start(functools.partial(serve, self.config, handle_signals=False))
+            self._ready.set()
 
     def start(self) -> None:
         self._thread.start()
         if not self._ready.wait(30):
             raise RuntimeError("the daemon did not start")
 
-    def asyncio_tasks(self) -> int:
-        for _ in range(10):
-            try:
-                return sum(1 for t in asyncio.all_tasks(self.loop) if not t.done())
-            except RuntimeError:  # the set changed size while we looked (another thread): look again
-                continue
-        return -1
+    def tasks(self) -> int:
+        """The daemon's live trio tasks (it runs no asyncio)."""
+
+        def count() -> int:
+            root = trio.lowlevel.current_root_task()
+            todo, seen = [root] if root is not None else [], 0
+            while todo:
+                task = todo.pop()
+                seen += 1
+                for nursery in task.child_nurseries:
+                    todo.extend(nursery.child_tasks)
+            return seen
+
+        assert self._token is not None
+        return trio.from_thread.run_sync(count, trio_token=self._token)
 
     def stop(self) -> None:
         if self._token is not None and self.daemon is not None:
@@ -239,8 +242,8 @@ class Figures:
             found.append(f"RSS grew {end.rss_mb - start.rss_mb:.1f} MB (limit {max_rss_growth_mb})")
         if end.fds > start.fds + COUNT_SLACK:
             found.append(f"fds grew from {start.fds} to {end.fds}")
-        if end.asyncio_tasks > start.asyncio_tasks + COUNT_SLACK:
-            found.append(f"asyncio tasks grew from {start.asyncio_tasks} to {end.asyncio_tasks}")
+        if end.tasks > start.tasks + COUNT_SLACK:
+            found.append(f"tasks grew from {start.tasks} to {end.tasks}")
         if self.store != (SEEDED_PODS, SEEDED_PODS):
             found.append(f"store holds {self.store} (pods, containers); expected only the seeded ones")
         return found
@@ -251,11 +254,10 @@ class Figures:
             f"latency p50 {self.p50_ms:.2f} ms, p99 {self.p99_ms:.2f} ms",
             f"errors by method:code {json.dumps(self.errors) if self.errors else 'none'}",
             f"store at the end: {self.store[0]} pods, {self.store[1]} containers",
-            "daemon samples (time s, RSS MB, fds, asyncio tasks, calls so far):",
+            "daemon samples (time s, RSS MB, fds, trio tasks, calls so far):",
         ]
         lines += [
-            f"  {s.at:7.1f}  {s.rss_mb:7.1f}  {s.fds:4d}  {s.asyncio_tasks:4d}  {s.calls:8d}"
-            for s in self.samples
+            f"  {s.at:7.1f}  {s.rss_mb:7.1f}  {s.fds:4d}  {s.tasks:4d}  {s.calls:8d}" for s in self.samples
         ]
         return "\n".join(lines)
 
@@ -335,7 +337,7 @@ def soak(calls: int, seconds: float, clients: int, processes: int) -> Figures:
                 time.time() - began,
                 _rss_mb(),
                 len(os.listdir("/proc/self/fd")),
-                daemon.asyncio_tasks(),  # type: ignore[union-attr]
+                daemon.tasks(),
                 calls - budget.value,
             )
 
