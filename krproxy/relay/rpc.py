@@ -454,6 +454,11 @@ class Answer:
     trailers: Headers
 
 
+#: Largest answer the relay accepts to a call of its own: a plugin's is a few hundred bytes, a
+#: node's ListContainers a few MB.
+MAX_OWN_ANSWER = 64 * 1024 * 1024
+
+
 class UpstreamError(Exception):
     """A call the relay made got no answer: the stream or the connection ended first."""
 
@@ -492,7 +497,15 @@ class _Exchange:
             self.headers = headers
 
     def on_reply_data(self, data: bytes, end: bool) -> None:
+        if self.done.is_set():
+            return
         self.body += data
+        if len(self.body) > MAX_OWN_ANSWER:  # a peer that would fill our memory: stop reading it
+            self.error = f"the answer is larger than {MAX_OWN_ANSWER} bytes"
+            self.done.set()
+            self.upstream.abort(f.CANCEL)
+            self.settle()
+            return
         self.upstream.grant(len(data))
         if end:  # gRPC ends with trailers; an answer without them is broken
             self.error = "the answer ended without a status"

@@ -190,3 +190,14 @@ class TestConnectionTrouble:
         finally:
             thread.join()
             listener.close()
+
+    async def test_an_endless_answer_is_cut_off(
+        self, relay: Relay, route: Route, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A peer answering more than MAX_OWN_ANSWER bytes: the call fails, the stream is reset."""
+        monkeypatch.setattr("krproxy.relay.rpc.MAX_OWN_ANSWER", 100_000)
+        with (
+            grpcio_server(_path(route, short_tmp), lambda request, context: b"x" * 300_000),
+            pytest.raises(UpstreamError, match="larger than 100000 bytes"),
+        ):
+            await relay.call(route, PATH, b"x", within=10)
