@@ -1,7 +1,8 @@
-"""The adapter layer between trio and grpclib (asyncio).
+"""The adapter layer between trio and grpclib (asyncio), and unix socket binding.
 
-grpclib only runs on asyncio; krproxy runs it inside trio through trio-asyncio. This module
-keeps the grpclib-specific pieces in one place:
+The daemon itself speaks HTTP/2 through its own relay (:mod:`krproxy.relay`); grpclib serves
+the SDK's hook servers, ``krproxy trace serve``, the fakes and the tests' backends, inside trio
+through trio-asyncio. This module keeps the grpclib-specific pieces in one place:
 
 - :class:`BytesCodec` lets a handler or a client pass ``bytes`` instead of a message, so
   forwarded calls are never decoded (betterproto2 messages still encode/decode as usual).
@@ -248,12 +249,6 @@ def unlink_if_ours(path: str, inode: int) -> None:
             os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-def stop_listening(server: grpclib.server.Server) -> None:
-    """Stop accepting connections but leave running calls alone (grpclib's ``close`` cancels them)."""
-    if server._server is not None:
-        server._server.close()
 
 
 async def serve(
