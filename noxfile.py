@@ -76,6 +76,11 @@ def protos(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """Benchmarks: direct vs through krproxy (prints a table, writes bench-results.json)."""
+    """Benchmarks: direct vs through krproxy (prints a table, writes bench-results.json).
+
+    The real-containerd cases need containerd and runc: installed here if we can (as the e2e
+    session does); where that fails the table says why they were skipped.
+    """
     _install(session)
+    session.run("python", "scripts/containerd-sandbox", "install", success_codes=[0, 1, 2], silent=True)
     session.run("python", "-m", "krproxy.bench", *session.posargs)
