@@ -46,6 +46,8 @@ _STREAM_GRANT_AT = STREAM_WINDOW // 4
 _CONNECTION_GRANT_AT = CONNECTION_WINDOW // 4
 #: Largest header block (with CONTINUATIONs) accepted from a peer.
 MAX_HEADER_BLOCK = 1024 * 1024
+#: Largest decoded header list accepted (grpc-go's default limit; hpack's own is only 64 KiB).
+MAX_HEADER_LIST = 16 * 1024 * 1024
 _RECV_SIZE = 256 * 1024
 #: Reads handled back to back before the reader lets other tasks run.
 _READS_PER_CHECKPOINT = 8
@@ -223,12 +225,20 @@ class Half:
                 self.recv_window += self.to_grant
                 self.to_grant = 0
 
+    def drop_pending(self) -> None:
+        """Discard the data still queued here, granting it back to its sender (the paired half's
+        connection), whose window would otherwise shrink for good."""
+        if self.pending:
+            if self.peer is not None:
+                self.peer.grant(len(self.pending))
+            self.pending.clear()
+
     def abort(self, code: int) -> None:
         """Reset this stream (RST_STREAM) unless it is over already."""
         if self.done:
             return
         self.reset = True
-        self.pending.clear()
+        self.drop_pending()
         self.ep.blocked.pop(self.id, None)
         if self.opened and not self.ep.closed:
             self.ep.write(f.rst_stream(self.id, code))
@@ -265,7 +275,7 @@ class Endpoint:
         self.to_grant = 0
         self.next_id = 1
         self.last_peer_id = 0
-        self.decoder = hpack.Decoder()
+        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
         self._continuation: tuple[int, int, bytearray] | None = None
         ours = [(f.INITIAL_WINDOW_SIZE, STREAM_WINDOW)]
         if not server_side:
@@ -348,6 +358,7 @@ class Endpoint:
         half.pump()
 
     def forget(self, half: Half) -> None:
+        half.drop_pending()  # a stream reset by its peer, or on a lost connection, left it
         if self.halves.get(half.id) is half:
             del self.halves[half.id]
         self.blocked.pop(half.id, None)

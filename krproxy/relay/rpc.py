@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import base64
+import binascii
 import logging
 import math
 import time
@@ -205,7 +206,7 @@ class Call:
         if not client.done and not client.send_ended and not self.answered:
             self.answered = True
             self.status, self.message = status, message
-            client.pending.clear()
+            client.drop_pending()
             client.end_pending = False
             client.ep.blocked.pop(client.id, None)
             block = f.encode_headers(_trailers_only(status, message, client.headers_sent))
@@ -356,6 +357,8 @@ class LocalCall(Call):
         self.on_request_data(b"", True)
 
     async def _handle(self) -> None:
+        if self.finished or self.answered:  # reset or failed before this task ran: cancelled
+            return
         tap = self.request_tap
         assert tap is not None
         ctx = self.ctx
@@ -413,6 +416,12 @@ class LocalCall(Call):
         started = time.perf_counter()
         try:
             answer = await self.relay.unary(self.route, self.path, data, self._metadata, self.deadline)
+        except TimeoutError:  # (an OSError: first)
+            raise GRPCError(
+                Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {self.describe}"
+            ) from None
+        except (OSError, UpstreamError) as err:  # unreachable, or the connection broke: as for relayed calls
+            raise GRPCError(Status.UNAVAILABLE, f"{self.describe} is unavailable: {err}") from None
         finally:
             ctx.backend_seconds += time.perf_counter() - started
         if answer.status is not Status.OK:
@@ -500,16 +509,17 @@ class _Exchange:
         if self.done.is_set():
             return
         self.body += data
+        self.upstream.grant(len(data))
         if len(self.body) > MAX_OWN_ANSWER:  # a peer that would fill our memory: stop reading it
             self.error = f"the answer is larger than {MAX_OWN_ANSWER} bytes"
             self.done.set()
             self.upstream.abort(f.CANCEL)
             self.settle()
             return
-        self.upstream.grant(len(data))
         if end:  # gRPC ends with trailers; an answer without them is broken
             self.error = "the answer ended without a status"
             self.done.set()
+            self.settle()  # the stream is over: free its slot
 
     def upstream_gone(self, reason: str, refused: bool = False) -> None:
         self.upstream.reset = True
@@ -535,7 +545,10 @@ class _Exchange:
             elif name == b"grpc-message":
                 message = urllib.parse.unquote(value.decode("utf-8", "replace"))
             elif name == b"grpc-status-details-bin":
-                details = base64.b64decode(value + b"=" * (-len(value) % 4))
+                try:
+                    details = base64.b64decode(value + b"=" * (-len(value) % 4))
+                except binascii.Error:  # not base64: the status and message still stand
+                    details = None
         status = _STATUS_BY_CODE.get(int(code)) if code is not None and code.isdigit() else None
         if status is None:
             status, message = Status.UNKNOWN, message or "the answer carried no valid grpc-status"
