@@ -48,6 +48,8 @@ _CONNECTION_GRANT_AT = CONNECTION_WINDOW // 4
 MAX_HEADER_BLOCK = 1024 * 1024
 #: Largest decoded header list accepted (grpc-go's default limit; hpack's own is only 64 KiB).
 MAX_HEADER_LIST = 16 * 1024 * 1024
+#: Bytes queued for a peer beyond which the connection is closed (see Endpoint.try_send).
+MAX_UNSENT = 64 * 1024 * 1024
 _RECV_SIZE = 256 * 1024
 #: Reads handled back to back before the reader lets other tasks run.
 _READS_PER_CHECKPOINT = 8
@@ -295,7 +297,14 @@ class Endpoint:
     def try_send(self) -> None:
         """Write out what is buffered, without waiting; a writer task takes over the rest."""
         self.dirty = False
-        if self.writing or self.closed or not self.out:
+        if self.closed or not self.out:
+            return
+        if len(self.out) > MAX_UNSENT:
+            # Data is flow controlled, so only a peer that sends (pings, resets) without reading
+            # gets here; it would fill our memory with our answers to it.
+            self.close(f"the peer does not read: {len(self.out)} bytes unsent")
+            return
+        if self.writing:
             return
         try:
             sent = self.sock.send(self.out)
@@ -346,6 +355,10 @@ class Endpoint:
         self._start(half, block, end)
 
     def _start(self, half: Half, block: bytes, end: bool) -> None:
+        if self.next_id > f.MAX_STREAM_ID:  # ids used up while it waited: not sent, so refused
+            half.reset = True
+            half.call.upstream_gone(f"{self.describe}: stream ids used up on this connection", True)
+            return
         half.id = self.next_id
         self.next_id += 2
         if self.next_id > f.MAX_STREAM_ID:
@@ -579,6 +592,8 @@ class Endpoint:
                 self.peer_initial_window = value
                 for half in self.halves.values():
                     half.send_window += delta
+                    if half.send_window > f.MAX_WINDOW:  # RFC 9113 §6.9.2
+                        raise f.ProtocolError("a stream window above 2^31-1", f.FLOW_CONTROL_ERROR)
                 if delta > 0:
                     self._pump_blocked()
             elif key == f.MAX_FRAME_SIZE:
@@ -604,6 +619,8 @@ class Endpoint:
         half = self.halves.get(stream_id)
         if half is not None:
             half.send_window += increment
+            if half.send_window > f.MAX_WINDOW:  # RFC 9113 §6.9.1 (ended here as a connection error)
+                raise f.ProtocolError(f"window of stream {stream_id} above 2^31-1", f.FLOW_CONTROL_ERROR)
             if half.pending or half.trailers_pending is not None:
                 half.pump()
 

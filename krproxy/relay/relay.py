@@ -50,8 +50,9 @@ from krproxy.relay.rpc import Answer, Call, LocalCall, UpstreamError, _Exchange,
 
 LOGGER = logging.getLogger("krproxy.relay")
 
-#: Seconds before a call the upstream refused unprocessed is sent again.
+#: Seconds before a call the upstream refused unprocessed is sent again, and how often at most.
 _REFUSED_PAUSE = 0.005
+_REFUSED_ATTEMPTS = 200
 
 
 class Relay:
@@ -234,7 +235,11 @@ class Relay:
                 event.set()
             self._idle_waiters.clear()
         if self.observers:
-            record = call.record()
+            try:
+                record = call.record()
+            except Exception:  # a bug of ours; the call itself is over and fine
+                LOGGER.exception("call record of %s failed", call.path)
+                return
             for observer in self.observers:
                 try:
                     observer(record)
@@ -268,10 +273,12 @@ class Relay:
         """
         framed = _message(message)
         extra = list(metadata)
-        while True:
+        for attempt in itertools.count(1):
             exchange = await self._exchange(route, path, framed, extra, deadline)
             if not exchange.refused:
                 break
+            if attempt >= _REFUSED_ATTEMPTS:  # even without a deadline, not forever
+                raise UpstreamError(f"{route.describe} refused the call {attempt} times: {exchange.error}")
             with trio.move_on_at(deadline):
                 await trio.sleep(_REFUSED_PAUSE)
             if trio.current_time() >= deadline:

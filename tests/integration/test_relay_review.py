@@ -420,3 +420,115 @@ class TestCallsWithHookPoints:
         for trailers in (unreachable, dropped):
             assert b"14" == trailers[b"grpc-status"], trailers
             assert b"backend runtime rt.sock is unavailable" in trailers[b"grpc-message"], trailers
+
+
+class TestHardening:
+    async def test_an_upstream_refusing_every_call_is_not_retried_forever(
+        self, relay: Relay, upstream_path: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Refused calls are sent again, but a bounded number of times, even without a deadline."""
+        import krproxy.relay.relay as relay_module
+
+        monkeypatch.setattr(relay_module, "_REFUSED_ATTEMPTS", 5)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(upstream_path)
+        listener.listen(1)
+        listener.settimeout(5)
+        refused = []
+
+        def refuse_everything() -> None:
+            sock, _ = listener.accept()
+            sock.settimeout(5)
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+            conn.initiate_connection()
+            sock.sendall(conn.data_to_send())
+            with contextlib.suppress(OSError):
+                while len(refused) < 5:
+                    data = sock.recv(65536)
+                    if not data:
+                        break
+                    for event in conn.receive_data(data):
+                        if isinstance(event, h2.events.RequestReceived):
+                            refused.append(event.stream_id)
+                            conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+                    sock.sendall(conn.data_to_send())
+            sock.close()
+
+        thread = threading.Thread(target=refuse_everything, daemon=True)
+        thread.start()
+        try:
+            with pytest.raises(UpstreamError, match="refused the call 5 times"):
+                await relay.unary(relay.route_to(upstream_path, "upstream"), PATH, b"x")
+        finally:
+            thread.join(5)
+            listener.close()
+        assert 5 == len(refused)
+
+    async def test_a_stream_window_beyond_the_limit_ends_the_connection(
+        self, nursery: trio.Nursery, relay: Relay, upstream_path: str, short_tmp: Path
+    ) -> None:
+        """A WINDOW_UPDATE taking a stream's window past 2^31-1 is a flow-control error (RFC 9113 §6.9.1)."""
+        from krproxy.relay import frames
+
+        started = threading.Event()
+
+        def slow(path: bytes, body: bytes) -> Answer:
+            started.set()
+            import time
+
+            time.sleep(1)
+            return Answer(body=_framed(b"late"))
+
+        listen = str(short_tmp / "relay.sock")
+        relay.configure(relay.route_to(upstream_path, "upstream"), None, {}, unary_paths=[PATH])
+        await _serve_relay(nursery, relay, listen)
+
+        def run() -> int:
+            client = Client(listen)
+            try:
+                stream_id = client.start(PATH, b"x")
+                client.flush()
+                started.wait(5)
+                client.sock.sendall(frames.window_update(stream_id, 2**31 - 1))
+                while True:
+                    data = client.sock.recv(65536)
+                    if not data:
+                        raise ConnectionError("closed without GOAWAY")
+                    for event in client.conn.receive_data(data):
+                        if isinstance(event, h2.events.ConnectionTerminated):
+                            return int(event.error_code)
+            finally:
+                client.close()
+
+        with serving(upstream_path, slow):
+            code = await trio.to_thread.run_sync(run)
+        assert h2.errors.ErrorCodes.FLOW_CONTROL_ERROR == code
+
+    async def test_a_peer_that_sends_without_reading_is_cut_off(
+        self,
+        nursery: trio.Nursery,
+        relay: Relay,
+        upstream_path: str,
+        short_tmp: Path,
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Pings answered into a connection nobody reads: the relay closes it instead of queueing forever."""
+        from krproxy.relay import frames
+
+        monkeypatch.setattr("krproxy.relay.connection.MAX_UNSENT", 64 * 1024)
+        listen = str(short_tmp / "relay.sock")
+        relay.configure(relay.route_to(upstream_path, "upstream"), None, {}, unary_paths=[PATH])
+        await _serve_relay(nursery, relay, listen)
+        client = Client(listen)
+        ping = frames.frame(frames.PING, 0, 0, b"12345678")
+        try:
+
+            def flood() -> None:
+                with contextlib.suppress(OSError):  # the relay closing its end ends the flood
+                    for _ in range(200):
+                        client.sock.sendall(ping * 1000)
+
+            await trio.to_thread.run_sync(flood)
+            await wait_until(lambda: not relay._clients)
+        finally:
+            client.close()
