@@ -66,6 +66,7 @@ class Daemon:
     recorder: Recorder | None = None
     admin_view: admin.AdminView | None = None
     oci_hooks: ocihooks.OciHooks | None = None
+    listener: socket.socket | None = None  # closed when draining starts
     _shutdown: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     def request_shutdown(self) -> None:
@@ -74,6 +75,11 @@ class Daemon:
 
     async def _drain(self) -> None:
         self.relay.start_draining()
+        if self.listener is not None:
+            # New connections are refused at once (kubelet retries elsewhere or later) instead of
+            # waiting unserved in the backlog. The accept loop is no longer waiting on it.
+            trio.lowlevel.notify_closing(self.listener)
+            self.listener.close()
         log.event(
             LOGGER,
             "draining",
@@ -206,6 +212,7 @@ async def serve(
             view.listening = True
             daemon = Daemon(config, relay, hooks, metrics, recorder, admin_view=view)
             daemon.oci_hooks = oci_hooks
+            daemon.listener = sock
             if handle_signals:
                 nursery.start_soon(_supervise.watch_signals, daemon.request_shutdown)
                 nursery.start_soon(watch_toggle_signal, recorder)

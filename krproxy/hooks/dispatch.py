@@ -114,7 +114,7 @@ def _describe(err: BaseException, plugin: PluginRegistration) -> str:
     if isinstance(err, GRPCError):
         return f"{err.status.name}: {err.message or ''}".rstrip(": ")
     if isinstance(err, (ConnectionRefusedError, FileNotFoundError)):
-        return f"unreachable at {plugin.endpoint} ({err.strerror})"
+        return f"unreachable at {plugin.endpoint} ({err.strerror or err})"  # no strerror: backlog full
     if isinstance(err, UpstreamError):
         return f"connection lost: {err}"
     return f"{type(err).__name__}: {err}"

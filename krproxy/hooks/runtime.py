@@ -37,7 +37,7 @@ from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
 from krproxy import log
-from krproxy.forward import Forward, Interceptor, Reply
+from krproxy.forward import BackendError, Forward, Interceptor, Reply
 from krproxy.hooks import convert, merge
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.model import ContainerInfo, PodInfo
@@ -333,7 +333,9 @@ async def _forward_then(forward: Forward, data: bytes, post: Callable[[], Awaita
     """
     try:
         reply = await forward(data)
-    except GRPCError:
+    except GRPCError as err:
+        if err.status is Status.DEADLINE_EXCEEDED and not isinstance(err, BackendError):
+            raise  # the caller's deadline passed at the proxy: kubelet gave up, as for a cancellation
         await post()
         raise
     await post()

@@ -341,6 +341,9 @@ class OciHooks:
             log.event(LOGGER, "oci_hook_ran", **fields)
         else:
             log.event(LOGGER, "oci_hook_failed", level=logging.WARNING, error=run.describe(), **fields)
+        # The thread's result arrives even if the call was cancelled meanwhile, with no checkpoint:
+        # end here, or the caller would go on (forward a StartContainer kubelet gave up on).
+        await trio.lowlevel.checkpoint_if_cancelled()
         return run
 
 

@@ -271,6 +271,9 @@ class Relay:
         the upstream refused unprocessed (REFUSED_STREAM, GOAWAY) is sent again, as gRPC's
         transparent retry does: servers may count a finished stream a little longer than we do.
         """
+        # A caller cancelled while it did work without a checkpoint (e.g. an OCI hook in a thread)
+        # must not get its request sent: everything up to the first wait below is synchronous.
+        await trio.lowlevel.checkpoint_if_cancelled()
         framed = _message(message)
         extra = list(metadata)
         for attempt in itertools.count(1):
