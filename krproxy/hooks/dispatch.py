@@ -115,8 +115,8 @@ def _describe(err: BaseException, plugin: PluginRegistration) -> str:
         return f"{err.status.name}: {err.message or ''}".rstrip(": ")
     if isinstance(err, (ConnectionRefusedError, FileNotFoundError)):
         return f"unreachable at {plugin.endpoint} ({err.strerror or err})"  # no strerror: backlog full
-    if isinstance(err, UpstreamError):
-        return f"connection lost: {err}"
+    if isinstance(err, UpstreamError):  # its message says what happened: connection lost, bad answer...
+        return str(err)
     return f"{type(err).__name__}: {err}"
 
 

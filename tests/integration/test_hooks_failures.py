@@ -35,7 +35,7 @@ TIMEOUT_CAUSES = ("no answer within 0.3s", "DEADLINE_EXCEEDED")
 TROUBLES: dict[str, tuple[Misbehaviour | None, tuple[str, ...]]] = {
     "error": (Misbehaviour(status=Status.INTERNAL, message="boom"), ("INTERNAL: boom",)),
     "timeout": (Misbehaviour(hang=True), TIMEOUT_CAUSES),
-    "crash": (Misbehaviour(drop=True), ("connection lost: ",)),
+    "crash": (Misbehaviour(drop=True), ("connection closed by peer",)),
     "garbage": (Misbehaviour(garbage=GARBAGE), ("EOFError",)),
     # Decodes without error (betterproto2 ignores wire types) but pod_cgroup_parent comes out an int.
     "loose": (Misbehaviour(garbage=b"\x18\x05"), ("invalid answer: answer has fields of the wrong type",)),
