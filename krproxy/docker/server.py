@@ -376,6 +376,9 @@ async def serve(
     ignored = [name for name in _CRI_ONLY if getattr(config, name, None)]
     if ignored:
         log.event(LOGGER, "cri_only_settings_ignored", level=logging.WARNING, settings=",".join(ignored))
+    # At the end the socket file is removed only if it is still ours: a successor may have
+    # replaced it while we were draining.
+    inode = os.stat(config.listen).st_ino
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
     metrics = Metrics()
     relay = Relay()  # not serving: only the dispatcher's calls to the plugins
@@ -424,6 +427,8 @@ async def serve(
                 task_status.started(daemon)
                 await daemon._shutdown.wait()
                 accepting.cancel()
+                # New connections are refused at once instead of waiting unserved in the backlog.
+                await listener.aclose()
                 proxy.draining = True
                 log.event(LOGGER, "draining", in_flight=proxy.in_flight, grace_period=config.grace_period)
                 with trio.move_on_after(config.grace_period) as grace:
@@ -435,6 +440,5 @@ async def serve(
     finally:
         dispatcher.close()
         sock.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(config.listen)
+        _grpc.unlink_if_ours(config.listen, inode)
     log.event(LOGGER, "stopped", listen=config.listen)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 from typing import Any
 
 import h11
@@ -16,6 +17,7 @@ import pytest
 import trio
 
 from fakes.dockerd import multiplex
+from krproxy import _grpc
 from krproxy.docker.client import request
 from tests.integration.support import wait_until
 from tests.integration.test_docker_support import (
@@ -236,3 +238,28 @@ class TestShutdown:
         await node.stop_proxy()
         with pytest.raises(OSError):
             await request(node.proxy_socket, "GET", "/_ping")
+
+    async def test_draining_refuses_new_connections_and_keeps_a_successors_socket(
+        self, node: DockerNode
+    ) -> None:
+        """Once draining starts, a new connection is refused at once (not left in the backlog), and a
+        socket file another instance put in its place meanwhile is not removed at the end."""
+        stream = await open_raw(node.proxy_socket)  # a request in flight holds the drain open
+        async with stream:
+            await stream.send_all(
+                b"POST /containers/create?name=x HTTP/1.1\r\nHost: d\r\nContent-Length: 100\r\n\r\n{"
+            )
+            await wait_until(lambda: node.proxy.proxy.in_flight == 1, 3.0)
+            node.proxy.request_shutdown()
+            await wait_until(lambda: node.proxy.proxy.draining, 3.0)
+            late = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            with late, pytest.raises((ConnectionRefusedError, FileNotFoundError)):
+                late.connect(node.proxy_socket)
+            await trio.Path(node.proxy_socket).unlink()
+            successor = _grpc.bind_unix_socket(node.proxy_socket)
+            try:
+                await wait_until(lambda: node.proxy.proxy.in_flight == 0, 5.0)  # the grace period ended it
+                await trio.sleep(0.2)
+                assert await trio.Path(node.proxy_socket).exists()
+            finally:
+                successor.close()
