@@ -45,11 +45,34 @@ def grpc_timeout(value: bytes) -> float | None:
     return int(value[:-1]) * unit
 
 
-def _trailers_only(status: Status, message: str, headers_sent: bool) -> Headers:
-    fields: Headers = [] if headers_sent else [(b":status", b"200"), (b"content-type", b"application/grpc")]
-    fields.append((b"grpc-status", b"%d" % status.value))
-    fields.append((b"grpc-message", urllib.parse.quote(message, safe=" ").encode()))
+_PLAIN_HEADERS: Headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+_PLAIN_TRAILERS: Headers = [(b"grpc-status", b"0")]
+
+
+def _status_fields(status: Status, message: str | None, details: bytes | None) -> Headers:
+    fields = [(b"grpc-status", b"%d" % status.value)]
+    if message:
+        fields.append((b"grpc-message", urllib.parse.quote(message, safe=" ").encode()))
+    if details:
+        fields.append((b"grpc-status-details-bin", base64.b64encode(details).rstrip(b"=")))
     return fields
+
+
+def _read_status(headers: Headers) -> tuple[Status | None, str | None, bytes | None]:
+    """``grpc-status`` (None if missing or unknown), ``grpc-message`` and ``grpc-status-details-bin``."""
+    code = message = details = None
+    for name, value in headers:
+        if name == b"grpc-status":
+            code = value
+        elif name == b"grpc-message":
+            message = urllib.parse.unquote(value.decode("utf-8", "replace"))
+        elif name == b"grpc-status-details-bin":
+            try:
+                details = base64.b64decode(value + b"=" * (-len(value) % 4))
+            except binascii.Error:  # not base64: the status and message still stand
+                details = None
+    status = _STATUS_BY_CODE.get(int(code)) if code is not None and code.isdigit() else None
+    return status, message, details
 
 
 KEEP_NONE, KEEP_FIRST, KEEP_ALL = 0, 1, 2
@@ -186,17 +209,8 @@ class Call:
 
     def _take_status(self, headers: Headers) -> None:
         self.answered = True
-        code, message = None, None
-        for name, value in headers:
-            if name == b"grpc-status":
-                code = value
-            elif name == b"grpc-message":
-                message = value
-        status = _STATUS_BY_CODE.get(int(code)) if code is not None and code.isdigit() else None
+        status, self.message, _ = _read_status(headers)
         self.status = status if status is not None else Status.UNKNOWN
-        self.message = (
-            urllib.parse.unquote(message.decode("utf-8", "replace")) if message is not None else None
-        )
 
     def fail(self, status: Status, message: str) -> None:
         """End the call with ``status`` for the caller and reset the upstream stream."""
@@ -209,7 +223,8 @@ class Call:
             client.drop_pending()
             client.end_pending = False
             client.ep.blocked.pop(client.id, None)
-            block = f.encode_headers(_trailers_only(status, message, client.headers_sent))
+            fields = _status_fields(status, message, None)
+            block = f.encode_headers(fields if client.headers_sent else [*_PLAIN_HEADERS, *fields])
             client.trailers_pending = None
             client.send_headers(block, True)
         if self.upstream is not None:
@@ -291,8 +306,6 @@ class Call:
 
 # -- calls the relay answers itself, and calls it makes ---------------------------------------
 
-_PLAIN_HEADERS: Headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
-_PLAIN_TRAILERS: Headers = [(b"grpc-status", b"0")]
 #: Request header fields not passed on when the relay makes a call of its own.
 _OWN_FIELDS = frozenset(
     (b":method", b":scheme", b":path", b":authority", b"content-type", b"te", b"grpc-timeout")
@@ -302,15 +315,6 @@ _OWN_FIELDS = frozenset(
 def _message(data: bytes) -> bytes:
     """gRPC's length-prefixed framing of one uncompressed message."""
     return b"\x00" + len(data).to_bytes(4, "big") + data
-
-
-def _status_fields(status: Status, message: str | None, details: bytes | None) -> Headers:
-    fields = [(b"grpc-status", b"%d" % status.value)]
-    if message:
-        fields.append((b"grpc-message", urllib.parse.quote(message, safe=" ").encode()))
-    if details:
-        fields.append((b"grpc-status-details-bin", base64.b64encode(details).rstrip(b"=")))
-    return fields
 
 
 class CloseConnection(Exception):
@@ -538,18 +542,7 @@ class _Exchange:
 
     def answer(self) -> Answer:
         trailers = self.trailers or []
-        code = message = details = None
-        for name, value in trailers:
-            if name == b"grpc-status":
-                code = value
-            elif name == b"grpc-message":
-                message = urllib.parse.unquote(value.decode("utf-8", "replace"))
-            elif name == b"grpc-status-details-bin":
-                try:
-                    details = base64.b64decode(value + b"=" * (-len(value) % 4))
-                except binascii.Error:  # not base64: the status and message still stand
-                    details = None
-        status = _STATUS_BY_CODE.get(int(code)) if code is not None and code.isdigit() else None
+        status, message, details = _read_status(trailers)
         if status is None:
             status, message = Status.UNKNOWN, message or "the answer carried no valid grpc-status"
         body = b""
