@@ -93,7 +93,8 @@ _AnyResources = v1.LinuxContainerResources | v1alpha1.LinuxContainerResources
 # --- resources and envs ------------------------------------------------------------------------------------
 
 
-def _resources_from(r: _AnyResources) -> Resources:
+def _resources_from(r: Any, unified: Mapping[str, str] | None = None) -> Resources:
+    """Resources of a CRI or hook message (betterproto2, or upb with ``unified`` read as a dict)."""
     return Resources(
         cpu_period=r.cpu_period,
         cpu_quota=r.cpu_quota,
@@ -103,7 +104,7 @@ def _resources_from(r: _AnyResources) -> Resources:
         cpuset_cpus=r.cpuset_cpus,
         cpuset_mems=r.cpuset_mems,
         hugepage_limits=[(h.page_size, h.limit) for h in r.hugepage_limits],
-        unified=r.unified,
+        unified=r.unified if unified is None else unified,
         memory_swap_limit_in_bytes=r.memory_swap_limit_in_bytes,
     )
 
@@ -434,21 +435,6 @@ def container_from_wire_list(container: Any, pod: PodInfo) -> ContainerInfo:
     )
 
 
-def _resources_from_wire(r: Any) -> Resources:
-    return Resources(
-        cpu_period=r.cpu_period,
-        cpu_quota=r.cpu_quota,
-        cpu_shares=r.cpu_shares,
-        memory_limit_in_bytes=r.memory_limit_in_bytes,
-        oom_score_adj=r.oom_score_adj,
-        cpuset_cpus=r.cpuset_cpus,
-        cpuset_mems=r.cpuset_mems,
-        hugepage_limits=[(h.page_size, h.limit) for h in r.hugepage_limits],
-        unified=_entries(r.unified),
-        memory_swap_limit_in_bytes=r.memory_swap_limit_in_bytes,
-    )
-
-
 def container_from_wire_status(
     status: Any,
     pod_sandbox_id: str,
@@ -460,7 +446,7 @@ def container_from_wire_status(
     document = _verbose(info)
     reported = None
     if status.HasField("resources") and status.resources.HasField("linux"):
-        reported = _resources_from_wire(status.resources.linux)
+        reported = _resources_from(status.resources.linux, _entries(status.resources.linux.unified))
     return ContainerInfo(
         pod_sandbox_id=pod_sandbox_id,
         pod=pod,
