@@ -46,7 +46,16 @@ from krproxy import calls, log
 from krproxy.forward import Interceptor
 from krproxy.relay import frames as f
 from krproxy.relay.connection import _STOPPED, Endpoint, Half, Headers, Route, connect_unix
-from krproxy.relay.rpc import Answer, Call, LocalCall, UpstreamError, _Exchange, _message, grpc_timeout
+from krproxy.relay.rpc import (
+    Answer,
+    Call,
+    LocalCall,
+    UpstreamError,
+    _Exchange,
+    _message,
+    encode_grpc_timeout,
+    grpc_timeout,
+)
 
 LOGGER = logging.getLogger("krproxy.relay")
 
@@ -305,7 +314,7 @@ class Relay:
             (b"te", b"trailers"),
         ]
         if deadline != math.inf:
-            fields.append((b"grpc-timeout", b"%du" % max(1, int((deadline - trio.current_time()) * 1e6))))
+            fields.append((b"grpc-timeout", encode_grpc_timeout(deadline - trio.current_time())))
         fields += metadata
         ep.open_stream(upstream, f.encode_headers(fields), False)
         upstream.send_data(framed, True)

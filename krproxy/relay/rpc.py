@@ -37,12 +37,42 @@ _GRPC_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e
 _STATUS_BY_CODE = {status.value: status for status in Status}
 
 
+#: The gRPC spec allows at most 8 digits in ``grpc-timeout``; grpc-go (containerd, koordlet)
+#: resets a stream whose value is longer (1.6: RST_STREAM PROTOCOL_ERROR; 2.x: INTERNAL).
+_GRPC_TIMEOUT_MAX = 10**8 - 1
+#: Units from the finest, as grpc-go's ``encodeTimeout`` tries them, with their size in ns.
+_GRPC_TIMEOUT_ENCODE = (
+    (b"n", 1),
+    (b"u", 10**3),
+    (b"m", 10**6),
+    (b"S", 10**9),
+    (b"M", 60 * 10**9),
+    (b"H", 3600 * 10**9),
+)
+
+
 def grpc_timeout(value: bytes) -> float | None:
     """Seconds in a ``grpc-timeout`` header value (``"100m"``), None if malformed."""
     unit = _GRPC_TIMEOUT_UNITS.get(value[-1:])
     if unit is None or not value[:-1].isdigit() or len(value) > 9:
         return None
     return int(value[:-1]) * unit
+
+
+def encode_grpc_timeout(seconds: float) -> bytes:
+    """A ``grpc-timeout`` header value for ``seconds``, as the gRPC spec and grpc-go write it.
+
+    The finest unit whose count fits in 8 digits, rounded up (a peer never sees a deadline
+    earlier than ours); ``0n`` for a deadline already past, 99999999 hours at most.
+    """
+    if seconds <= 0:
+        return b"0n"
+    nanos = math.ceil(seconds * 1e9)
+    for unit, size in _GRPC_TIMEOUT_ENCODE:
+        count = -(-nanos // size)
+        if count <= _GRPC_TIMEOUT_MAX:
+            return b"%d%s" % (count, unit)
+    return b"%d%s" % (_GRPC_TIMEOUT_MAX, b"H")
 
 
 _PLAIN_HEADERS: Headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]

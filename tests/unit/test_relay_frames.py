@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from krproxy.relay import frames as f
-from krproxy.relay.rpc import KEEP_ALL, KEEP_FIRST, KEEP_NONE, _Tap, grpc_timeout
+from krproxy.relay.rpc import KEEP_ALL, KEEP_FIRST, KEEP_NONE, _Tap, encode_grpc_timeout, grpc_timeout
 
 header_fields = st.lists(
     st.tuples(st.binary(min_size=1, max_size=300), st.binary(max_size=3000)),
@@ -118,6 +118,36 @@ class TestGrpcTimeout:
     @pytest.mark.parametrize("value", [b"", b"S", b"10", b"10x", b"-1S", b"123456789S", b"1.5S"])
     def test_malformed_is_none(self, value: bytes) -> None:
         assert grpc_timeout(value) is None
+
+    @pytest.mark.parametrize(
+        ("seconds", "value"),
+        [
+            (0.001, b"1000000n"),
+            (0.1, b"100000u"),  # 10^8 ns would be 9 digits
+            (2.0, b"2000000u"),
+            (99.999999, b"99999999u"),
+            (100.0, b"100000m"),
+            (120.0, b"120000m"),  # kubelet's default runtime-request-timeout
+            (240.0, b"240000m"),  # kubelet's RunPodSandbox
+            (36000.0, b"36000000m"),  # 10 h
+            (10**6, b"1000000S"),
+            (0.0, b"0n"),
+            (-3.0, b"0n"),
+            (10**20, b"99999999H"),
+        ],
+    )
+    def test_encoded_like_grpc_go(self, seconds: float, value: bytes) -> None:
+        """The finest unit whose count has at most 8 digits, as grpc-go's encodeTimeout."""
+        assert value == encode_grpc_timeout(seconds)
+
+    @given(st.floats(min_value=1e-9, max_value=3.5e11, allow_nan=False))  # 99999999 H is the cap
+    def test_encoded_fits_and_never_shortens(self, seconds: float) -> None:
+        """Every encoding parses back (at most 8 digits) to no less than the deadline, and not much more."""
+        value = encode_grpc_timeout(seconds)
+        decoded = grpc_timeout(value)
+        assert decoded is not None, value
+        assert decoded >= seconds * (1 - 1e-12)
+        assert decoded <= seconds * (1 + 1e-5) + 1e-9  # rounded up in a unit at most 1000x coarser
 
 
 def _framed(*messages: bytes) -> bytes:
