@@ -1,0 +1,40 @@
+"""gRPC status codes, without grpclib.
+
+The daemon (the relay, Docker mode, the runc wrapper, ``trace show``) speaks gRPC through
+its own sans-I/O relay and never runs grpclib; only the plugin SDK, ``trace serve`` and the
+fakes do, through one adapter module. The daemon still needs the status codes — to read the
+runtime's ``grpc-status``, to answer statuses of its own and to record them — so they live
+here, in a module that imports nothing but the standard library.
+
+The numbers are gRPC's (``doc/statuscodes.md`` in grpc/grpc) and the names those of
+``grpclib.const.Status``, so a value converts either way by number: ``Status(s.value)``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+__all__ = ["Status"]
+
+
+@enum.unique
+class Status(enum.IntEnum):
+    """A gRPC status code: what ``grpc-status`` carries in a response's trailers."""
+
+    OK = 0
+    CANCELLED = 1
+    UNKNOWN = 2
+    INVALID_ARGUMENT = 3
+    DEADLINE_EXCEEDED = 4
+    NOT_FOUND = 5
+    ALREADY_EXISTS = 6
+    PERMISSION_DENIED = 7
+    RESOURCE_EXHAUSTED = 8
+    FAILED_PRECONDITION = 9
+    ABORTED = 10
+    OUT_OF_RANGE = 11
+    UNIMPLEMENTED = 12
+    INTERNAL = 13
+    UNAVAILABLE = 14
+    DATA_LOSS = 15
+    UNAUTHENTICATED = 16
