@@ -493,10 +493,13 @@ class Endpoint:
                 self._on_block(stream_id, first_flags, bytes(block))
         elif kind == f.SETTINGS:
             self._require_connection(stream_id, "SETTINGS")
+            if flags & f.ACK and payload:  # RFC 9113 §6.5
+                raise f.ProtocolError("SETTINGS ACK with a payload", f.FRAME_SIZE_ERROR)
             if not flags & f.ACK:
                 self._on_settings(f.parse_settings(payload))
                 self.write(f.frame(f.SETTINGS, f.ACK, 0))
         elif kind == f.WINDOW_UPDATE:
+            self._require_not_idle(stream_id, "WINDOW_UPDATE")
             self._on_window_update(stream_id, f.parse_u32(payload))
         elif kind == f.PING:
             self._require_connection(stream_id, "PING")
@@ -506,6 +509,7 @@ class Endpoint:
                 self.write(f.frame(f.PING, f.ACK, 0, payload))
         elif kind == f.RST_STREAM:
             self._require_stream(stream_id, "RST_STREAM")
+            self._require_not_idle(stream_id, "RST_STREAM")
             self._on_reset(stream_id, f.parse_u32(payload))
         elif kind == f.GOAWAY:
             self._require_connection(stream_id, "GOAWAY")
@@ -518,6 +522,16 @@ class Endpoint:
     def _require_stream(stream_id: int, kind: str) -> None:
         if stream_id == 0:
             raise f.ProtocolError(f"{kind} on stream 0")
+
+    def _require_not_idle(self, stream_id: int, kind: str) -> None:
+        """RST_STREAM or WINDOW_UPDATE on a stream nobody opened yet is a connection error
+        (RFC 9113 §5.1): the peer's stream ids and ours are told apart by parity."""
+        if stream_id == 0:
+            return
+        ours = (stream_id % 2 == 1) != self.server_side
+        idle = stream_id >= self.next_id if ours else stream_id > self.last_peer_id
+        if idle:
+            raise f.ProtocolError(f"{kind} on idle stream {stream_id}")
 
     @staticmethod
     def _require_connection(stream_id: int, kind: str) -> None:
