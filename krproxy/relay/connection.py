@@ -623,7 +623,17 @@ class Endpoint:
 
     def _on_window_update(self, stream_id: int, increment: int) -> None:
         if increment == 0:
-            raise f.ProtocolError("WINDOW_UPDATE of 0")
+            if stream_id == 0:
+                raise f.ProtocolError("WINDOW_UPDATE of 0")
+            # On a stream it is that stream's error only (RFC 9113 §6.9): reset it, keep the rest.
+            zeroed = self.halves.get(stream_id)
+            if zeroed is not None and not zeroed.done and not zeroed.reset:
+                zeroed.abort(f.PROTOCOL_ERROR)
+                if self.server_side:
+                    zeroed.call.caller_gone()
+                else:
+                    zeroed.call.upstream_gone("the runtime sent a WINDOW_UPDATE of 0 (PROTOCOL_ERROR)")
+            return
         if stream_id == 0:
             self.send_window += increment
             if self.send_window > f.MAX_WINDOW:

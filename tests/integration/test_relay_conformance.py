@@ -91,3 +91,60 @@ async def test_a_misbehaving_caller_gets_the_connection_error_h2_gives(
     await nursery.start(relay.serve, listener)
     assert H2_DIFFERS.get(case, expected) == _h2_verdict(data)
     assert expected == await trio.to_thread.run_sync(_relay_verdict, listen, data)
+
+
+async def test_a_window_update_of_0_on_a_stream_resets_only_that_stream(
+    nursery: trio.Nursery, short_tmp: Path
+) -> None:
+    """WINDOW_UPDATE of 0 on an open stream is a stream error (RFC 9113 §6.9): RST_STREAM
+    PROTOCOL_ERROR on it, and the connection still answers a PING."""
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a runtime that never answers
+    silent.bind(str(short_tmp / "silent.sock"))
+    silent.listen(4)
+    relay = Relay()
+    await nursery.start(relay.run)
+    relay.configure(relay.route_to(str(short_tmp / "silent.sock"), "upstream"), None, {}, unary_paths=[PATH])
+    listen = str(short_tmp / "relay.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(listen)
+    listener.listen(4)
+    await nursery.start(relay.serve, listener)
+    encoder = h2.connection.H2Connection().encoder
+    block = encoder.encode(
+        [(":method", "POST"), (":scheme", "http"), (":path", PATH), ("content-type", "application/grpc")]
+    )
+    data = _after_preface(
+        f.frame(f.HEADERS, f.END_HEADERS, 1, block),
+        f.frame(f.WINDOW_UPDATE, 0, 1, b"\x00\x00\x00\x00"),
+        f.frame(f.PING, 0, 0, b"12345678"),
+    )
+
+    def run() -> list[tuple[int, int, bytes]]:
+        seen: list[tuple[int, int, bytes]] = []
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(listen)
+            sock.sendall(data)
+            buf = b""
+            while not any(kind == f.PING for kind, _, _ in seen):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+                while len(buf) >= f.HEAD_SIZE:
+                    high, low, kind, _flags, stream = f.HEAD.unpack_from(buf, 0)
+                    size = high << 16 | low
+                    if len(buf) < f.HEAD_SIZE + size:
+                        break
+                    seen.append((kind, stream, buf[f.HEAD_SIZE : f.HEAD_SIZE + size]))
+                    buf = buf[f.HEAD_SIZE + size :]
+        return seen
+
+    try:
+        seen = await trio.to_thread.run_sync(run)
+    finally:
+        silent.close()
+    resets = [(stream, int.from_bytes(p, "big")) for kind, stream, p in seen if kind == f.RST_STREAM]
+    assert [(1, f.PROTOCOL_ERROR)] == resets
+    assert [] == [kind for kind, _, _ in seen if kind == f.GOAWAY]
+    assert any(kind == f.PING for kind, _, _ in seen)
