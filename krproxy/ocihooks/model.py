@@ -70,12 +70,16 @@ class HookCommand(NamedTuple):
         return list(self.args) if self.args else [self.path]
 
     def to_spec(self) -> dict[str, Any]:
-        """The entry as it goes into a runtime spec's ``hooks.<stage>`` list."""
+        """The entry as it goes into a runtime spec's ``hooks.<stage>`` list.
+
+        ``env`` is always written, empty when the file has none: runc runs a hook without ``env``
+        in its own environment (containerd-shim's, the wrapper's ``KRPROXY_*`` included), whereas
+        the hook file promises ``env`` is the whole environment, as at the proxy.
+        """
         entry: dict[str, Any] = {"path": self.path}
         if self.args:
             entry["args"] = list(self.args)
-        if self.env:
-            entry["env"] = list(self.env)
+        entry["env"] = list(self.env)
         if self.timeout is not None:
             entry["timeout"] = self.timeout
         return entry

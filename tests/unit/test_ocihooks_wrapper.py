@@ -89,9 +89,21 @@ class TestInject:
         added = wrapper.inject(str(bundle), [str(hooks)], wrapper.Logger(None), "c1")
         spec = json.loads((bundle / "config.json").read_text())
         assert ["10-gpu.json:prestart", "10-gpu.json:poststop"] == added
-        assert [{"path": "/already/there"}, {"path": "/gpu"}] == spec["hooks"]["prestart"]
-        assert [{"path": "/gpu"}] == spec["hooks"]["poststop"]
+        assert [{"path": "/already/there"}, {"path": "/gpu", "env": []}] == spec["hooks"]["prestart"]
+        assert [{"path": "/gpu", "env": []}] == spec["hooks"]["poststop"]
         assert 0o600 == (bundle / "config.json").stat().st_mode & 0o777
+
+    def test_env_always_written(self, tmp_path: Path, bundle: Path) -> None:
+        """A hook's env goes into the spec as the file gives it, and empty when the file has none (runc would pass its own)."""
+        hooks = tmp_path / "hooks"
+        hooks.mkdir()
+        with_env = {"path": "/h", "env": ["A=1"]}
+        doc = {"version": "1.0.0", "hook": with_env, "when": {"always": True}, "stages": ["poststart"]}
+        (hooks / "10-env.json").write_text(json.dumps(doc))
+        write_hook(hooks, "20-bare.json", "/bare", {"always": True}, ["poststart"])
+        wrapper.inject(str(bundle), [str(hooks)], wrapper.Logger(None), "c1")
+        spec = json.loads((bundle / "config.json").read_text())
+        assert [{"path": "/h", "env": ["A=1"]}, {"path": "/bare", "env": []}] == spec["hooks"]["poststart"]
 
     def test_nothing_matches_leaves_file_untouched(self, tmp_path: Path, bundle: Path) -> None:
         """With no matching hook config.json is not rewritten."""
@@ -109,7 +121,7 @@ class TestInject:
         (high / "b.json").write_text("{nope")
         wrapper.inject(str(bundle), [str(low), str(high)], wrapper.Logger(str(log)), "c1")
         spec = json.loads((bundle / "config.json").read_text())
-        assert [{"path": "/already/there"}, {"path": "/high"}] == spec["hooks"]["prestart"]
+        assert [{"path": "/already/there"}, {"path": "/high", "env": []}] == spec["hooks"]["prestart"]
         assert "event=oci_hook_invalid" in log.read_text() and "b.json" in log.read_text()
 
     def test_retried_create_adds_once(self, tmp_path: Path, bundle: Path) -> None:
@@ -169,7 +181,9 @@ class TestExec:
         args = ["--root", "/r", "create", "--bundle", str(bundle), "id 1"]
         done, got = self.run_wrapper(tmp_path, args, hooks)
         assert (7, args) == (done.returncode, got)
-        assert [{"path": "/a"}] == json.loads((bundle / "config.json").read_text())["hooks"]["createRuntime"]
+        assert [{"path": "/a", "env": []}] == json.loads((bundle / "config.json").read_text())["hooks"][
+            "createRuntime"
+        ]
 
     def test_other_commands_pass_straight_through(self, tmp_path: Path) -> None:
         """Commands other than create/run reach runc as they came."""
