@@ -1,15 +1,10 @@
 """The node policy file (shaped after Koordinator's NodeSLO spec) and its live watcher.
 
-Example (YAML; JSON works too)::
-
-    resourceQOSStrategy:
-      lsrClass: {cpuQOS: {groupIdentity: 2}, resctrlQOS: {catRangeEndPercent: 100, mbaPercent: 100}}
-      lsClass:  {cpuQOS: {groupIdentity: 2}, resctrlQOS: {catRangeEndPercent: 100, mbaPercent: 100}}
-      beClass:  {cpuQOS: {groupIdentity: -1}, resctrlQOS: {catRangeEndPercent: 30, mbaPercent: 50}}
-    resourceUsedThresholdWithBE:
-      cpuSuppressThresholdPercent: 65
-      cpuSuppressPolicy: cfsQuota        # or cpuset
-      cpuSuppressMinQuota: 2000          # µs per 100 ms period: BE never gets less
+The file's keys, their meaning, unit, range and default are defined once, in :data:`SCHEMA`:
+the loader validates against it (an unknown key is refused, with a "did you mean" for a near
+miss, exactly like a bad value), and ``docs/plugin-authoring.md``'s policy reference is
+generated from it (:func:`schema_markdown`; ``scripts/gen_policy_doc.py`` rewrites the doc,
+a unit test fails when the two disagree).
 
 A section is in force when present, unless it says ``enable: false``. LSE pods use the
 ``lsrClass`` strategy (as in Koordinator); SYSTEM pods are left alone.
@@ -17,14 +12,17 @@ A section is in force when present, unless it says ``enable: false``. LSE pods u
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 import trio
 import yaml
+
+from krproxy import log
 
 from ._context import QoSClass
 
@@ -36,6 +34,206 @@ POLL_INTERVAL = 1.0
 
 class PolicyError(ValueError):
     """The policy file is not a valid node policy."""
+
+
+# -- the schema ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Key:
+    """One key of the policy file. Strictly read-only.
+
+    Attributes:
+        name: the key as written in the file.
+        meaning: one sentence for the docs.
+        unit: the value's unit ("" when it has none).
+        default: the value when the key is absent (``None``: "not set", the setting is left alone).
+        lo / hi: the inclusive range of an integer.
+        choices: the allowed strings of a choice.
+        keys: the keys of a section (a mapping); a section also takes ``enable``.
+        example: the value in the documented example (sections: from their keys).
+    """
+
+    name: str
+    meaning: str
+    unit: str = ""
+    default: Any = None
+    lo: int | None = None
+    hi: int | None = None
+    choices: tuple[str, ...] = ()
+    keys: tuple[Key, ...] = ()
+    example: Any = None
+
+    @property
+    def is_section(self) -> bool:
+        return bool(self.keys)
+
+    def allowed(self) -> str:
+        """The allowed values, for messages and the docs."""
+        if self.is_section:
+            return "a mapping"
+        if self.choices:
+            return " or ".join(self.choices)
+        if self.lo is None:
+            return "true or false"
+        return f"an integer in [{self.lo}, {self.hi}]"
+
+
+#: Every section's on/off switch (Koordinator's ``enable``).
+ENABLE = Key("enable", "false switches the section off as if it were absent", default=True)
+
+
+def _class_keys(group_identity: int, cat_end: int, mba: int) -> tuple[Key, ...]:
+    return (
+        Key(
+            "cpuQOS",
+            "CPU priority of the class's pod cgroups",
+            keys=(
+                Key(
+                    "groupIdentity",
+                    "group identity (cpu.bvt_warp_ns) of the pod cgroup: 2 highest … -1 lowest; without"
+                    " bvt, -1 becomes cpu.idle=1 (else cpu.shares=2) and ≥ 0 cpu.idle=0",
+                    lo=-1,
+                    hi=2,
+                    example=group_identity,
+                ),
+            ),
+        ),
+        Key(
+            "resctrlQOS",
+            "LLC ways and memory bandwidth of the class's resctrl group (needs /sys/fs/resctrl)",
+            keys=(
+                Key(
+                    "catRangeStartPercent", "first LLC way, as a share of the ways", "%", 0, 0, 100, example=0
+                ),
+                Key(
+                    "catRangeEndPercent",
+                    "end of the LLC ways (exclusive), above catRangeStartPercent",
+                    "%",
+                    100,
+                    0,
+                    100,
+                    example=cat_end,
+                ),
+                Key(
+                    "mbaPercent", "memory bandwidth cap (MB: line; needs MBA)", "%", 100, 1, 100, example=mba
+                ),
+            ),
+        ),
+    )
+
+
+#: The policy file, top down.
+SCHEMA = Key(
+    "",
+    "the node policy",
+    keys=(
+        Key(
+            "resourceQOSStrategy",
+            "per-QoS-class settings (LSE pods use lsrClass; SYSTEM pods are left alone)",
+            keys=(
+                Key("lsrClass", "pods labelled LSR or LSE", keys=_class_keys(2, 100, 100)),
+                Key("lsClass", "pods labelled LS or not labelled", keys=_class_keys(2, 100, 100)),
+                Key("beClass", "pods labelled BE", keys=_class_keys(-1, 30, 50)),
+            ),
+        ),
+        Key(
+            "resourceUsedThresholdWithBE",
+            "BE CPU suppress: BE pods get what LS pods and the system leave of a share of the node",
+            keys=(
+                Key(
+                    "cpuSuppressThresholdPercent",
+                    "share of the node's CPUs that LS + system + BE may use together",
+                    "% of all CPUs",
+                    65,
+                    0,
+                    100,
+                    example=65,
+                ),
+                Key(
+                    "cpuSuppressPolicy",
+                    "how BE is held to the budget: cfsQuota (pod CFS quota) or cpuset (BE containers"
+                    " on the highest-numbered CPUs no LS pod is pinned to)",
+                    default="cfsQuota",
+                    choices=("cfsQuota", "cpuset"),
+                    example="cfsQuota",
+                ),
+                Key(
+                    "cpuSuppressMinQuota",
+                    "the least CFS quota a BE pod is ever given",
+                    "µs per 100 ms period",
+                    2000,
+                    1000,
+                    2**40,
+                    example=2000,
+                ),
+            ),
+        ),
+    ),
+)
+
+
+def _did_you_mean(name: str, known: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    if not close:
+        lowered = {k.lower(): k for k in known}
+        close = [lowered[name.lower()]] if name.lower() in lowered else []
+    return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {', '.join(known)})"
+
+
+def _value(key: Key, value: Any, where: str) -> Any:
+    if key.choices:
+        if value not in key.choices:
+            raise PolicyError(f"{where} must be {key.allowed()}, not {value!r}")
+        return value
+    if key.lo is None:  # a switch
+        if not isinstance(value, bool):
+            raise PolicyError(f"{where} must be {key.allowed()}, not {value!r}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not key.lo <= value <= key.hi:  # type: ignore[operator]
+        raise PolicyError(f"{where} must be {key.allowed()}, not {value!r}")
+    return value
+
+
+def validate(section: Key, data: Any, where: str = "") -> dict[str, Any] | None:
+    """``data`` checked against ``section``: every key known and every value allowed.
+
+    Returns the section's values with defaults filled in (sub-sections: their own dict, or
+    ``None`` when absent or ``enable: false``); ``None`` when the section itself is switched off.
+
+    Raises:
+        PolicyError: naming every unknown key (with the nearest known one) or the first bad value.
+    """
+    if not isinstance(data, Mapping):
+        raise PolicyError(f"{where or 'the policy'} must be a mapping, not {type(data).__name__}")
+    known = {k.name: k for k in section.keys}
+    if where:
+        known[ENABLE.name] = ENABLE
+    unknown = [str(name) for name in data if name not in known]
+    if unknown:
+        raise PolicyError(
+            "; ".join(
+                f"unknown key {_join(where, name)!r}{_did_you_mean(name, list(known))}" for name in unknown
+            )
+        )
+    if where and _value(ENABLE, data.get(ENABLE.name, True), _join(where, ENABLE.name)) is False:
+        return None
+    values: dict[str, Any] = {}
+    for key in section.keys:
+        path = _join(where, key.name)
+        raw = data.get(key.name)
+        if key.is_section:
+            values[key.name] = None if raw is None else validate(key, raw, path)
+        else:
+            values[key.name] = key.default if raw is None else _value(key, raw, path)
+    return values
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
+
+
+# -- the parsed policy --------------------------------------------------------------------------
 
 
 @attrs.frozen
@@ -66,37 +264,19 @@ class CPUSuppress:
 _CLASS_KEYS = {"lsrClass": QoSClass.LSR, "lsClass": QoSClass.LS, "beClass": QoSClass.BE}
 
 
-def _section(data: Mapping[str, Any], key: str) -> Mapping[str, Any] | None:
-    value = data.get(key)
-    if value is None:
-        return None
-    if not isinstance(value, Mapping):
-        raise PolicyError(f"{key} must be a mapping, not {type(value).__name__}")
-    return None if value.get("enable") is False else value
-
-
-def _int(data: Mapping[str, Any], key: str, default: int, lo: int, hi: int) -> int:
-    value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise PolicyError(f"{key} must be an integer in [{lo}, {hi}], not {value!r}")
-    return value
-
-
-def _class_strategy(data: Mapping[str, Any]) -> ClassStrategy:
-    cpu = _section(data, "cpuQOS")
-    rdt = _section(data, "resctrlQOS")
+def _class_strategy(values: Mapping[str, Any], where: str) -> ClassStrategy:
+    cpu, rdt = values["cpuQOS"], values["resctrlQOS"]
     cpu_qos = None
-    if cpu is not None and "groupIdentity" in cpu:
-        cpu_qos = CPUQoS(_int(cpu, "groupIdentity", 0, -1, 2))
+    if cpu is not None and cpu["groupIdentity"] is not None:
+        cpu_qos = CPUQoS(cpu["groupIdentity"])
     resctrl_qos = None
     if rdt is not None:
-        resctrl_qos = ResctrlQoS(
-            _int(rdt, "catRangeStartPercent", 0, 0, 100),
-            _int(rdt, "catRangeEndPercent", 100, 0, 100),
-            _int(rdt, "mbaPercent", 100, 1, 100),
-        )
+        resctrl_qos = ResctrlQoS(rdt["catRangeStartPercent"], rdt["catRangeEndPercent"], rdt["mbaPercent"])
         if resctrl_qos.cat_range_start_percent >= resctrl_qos.cat_range_end_percent:
-            raise PolicyError("catRangeStartPercent must be below catRangeEndPercent")
+            raise PolicyError(
+                f"{where}.resctrlQOS: catRangeStartPercent ({resctrl_qos.cat_range_start_percent}) must be"
+                f" below catRangeEndPercent ({resctrl_qos.cat_range_end_percent})"
+            )
     return ClassStrategy(cpu_qos, resctrl_qos)
 
 
@@ -109,26 +289,27 @@ class NodePolicy:
 
     @classmethod
     def from_mapping(cls, data: Any) -> NodePolicy:
+        """Validate ``data`` against :data:`SCHEMA` and build the policy.
+
+        Raises:
+            PolicyError: an unknown key (named, with the nearest known one) or a bad value.
+        """
         if data is None:
             return cls()
-        if not isinstance(data, Mapping):
-            raise PolicyError("the policy must be a mapping")
+        values = validate(SCHEMA, data)
+        assert values is not None  # the top level has no ``enable``
         classes = {}
-        strategy = _section(data, "resourceQOSStrategy") or {}
+        strategy = values["resourceQOSStrategy"] or {}
         for key, qos in _CLASS_KEYS.items():
-            section = _section(strategy, key)
-            if section is not None:
-                classes[qos] = _class_strategy(section)
+            if strategy.get(key) is not None:
+                classes[qos] = _class_strategy(strategy[key], f"resourceQOSStrategy.{key}")
         suppress = None
-        threshold = _section(data, "resourceUsedThresholdWithBE")
+        threshold = values["resourceUsedThresholdWithBE"]
         if threshold is not None:
-            policy = threshold.get("cpuSuppressPolicy", "cfsQuota")
-            if policy not in ("cfsQuota", "cpuset"):
-                raise PolicyError(f"cpuSuppressPolicy must be cpuset or cfsQuota, not {policy!r}")
             suppress = CPUSuppress(
-                _int(threshold, "cpuSuppressThresholdPercent", 65, 0, 100),
-                policy,
-                _int(threshold, "cpuSuppressMinQuota", 2000, 1000, 2**40),
+                threshold["cpuSuppressThresholdPercent"],
+                threshold["cpuSuppressPolicy"],
+                threshold["cpuSuppressMinQuota"],
             )
         return cls(classes, suppress)
 
@@ -149,6 +330,92 @@ class NodePolicy:
     def strategy(self, qos: QoSClass) -> ClassStrategy | None:
         """The strategy for a pod of class ``qos`` (LSE → LSR; SYSTEM → none)."""
         return self.classes.get(QoSClass.LSR if qos is QoSClass.LSE else qos)
+
+
+# -- the generated reference --------------------------------------------------------------------
+
+
+def _default_text(key: Key) -> str:
+    if key.default is None:
+        return "not set (left alone)"
+    if isinstance(key.default, bool):
+        return "true" if key.default else "false"
+    return str(key.default)
+
+
+def _comment(key: Key) -> str:
+    parts = [key.meaning]
+    if not key.is_section:
+        if key.unit:
+            parts.append(f"unit: {key.unit}")
+        parts.append(f"{key.allowed()}; default {_default_text(key)}")
+    return "# " + "; ".join(parts)
+
+
+def annotated_example() -> str:
+    """A complete policy file with every key, each preceded by a comment saying what it means."""
+    lines: list[str] = []
+    commented: set[str] = set()
+
+    def walk(section: Key, indent: str, where: str) -> None:
+        for key in section.keys:
+            path = _join(where, "<class>" if key.name in _CLASS_KEYS else key.name)
+            if key.name in _CLASS_KEYS or path not in commented:  # the classes' keys: once
+                lines.append(indent + _comment(key))
+                commented.add(path)
+            if key.is_section:
+                lines.append(f"{indent}{key.name}:")
+                walk(key, indent + "  ", path)
+            else:
+                example = key.example if key.example is not None else key.default
+                lines.append(f"{indent}{key.name}: {example}")
+
+    walk(SCHEMA, "", "")
+    return "\n".join(lines) + "\n"
+
+
+def _rows(section: Key, where: str) -> list[str]:
+    rows = []
+    seen: set[str] = set()
+    for key in section.keys:
+        # The three class sections share their keys: one set of rows for <class>.
+        name = "<class>" if key.name in _CLASS_KEYS else key.name
+        path = _join(where, name)
+        if path in seen:
+            continue
+        seen.add(path)
+        if key.is_section:
+            meaning = key.meaning
+            if name == "<class>":
+                meaning = "; ".join(f"`{k.name}`: {k.meaning}" for k in section.keys if k.name in _CLASS_KEYS)
+            rows.append(f"| `{path}` | {meaning} | | a mapping | absent (off) |")
+            rows += _rows(key, path)
+        else:
+            allowed = " or ".join(f"`{c}`" for c in key.choices) if key.choices else key.allowed()
+            rows.append(f"| `{path}` | {key.meaning} | {key.unit} | {allowed} | {_default_text(key)} |")
+    return rows
+
+
+def schema_markdown() -> str:
+    """The policy reference of ``docs/plugin-authoring.md``: the annotated example and the key table."""
+    return "\n".join(
+        [
+            "```yaml",
+            annotated_example().rstrip("\n"),
+            "```",
+            "",
+            "Every section also takes `enable` (default `true`; `false` switches the section off as if it"
+            " were absent). A key not in this table is refused, like a bad value: the file is not taken"
+            " and the last good policy stays in force.",
+            "",
+            "| key | meaning | unit | allowed | default |",
+            "|---|---|---|---|---|",
+            *_rows(SCHEMA, ""),
+        ]
+    )
+
+
+# -- the watcher --------------------------------------------------------------------------------
 
 
 def _stamp(path: str) -> tuple[int, int, int] | None:
@@ -178,20 +445,26 @@ class PolicyWatcher:
         if stamp == self._stamp:
             return False
         self._stamp = stamp
+        kept = self.current is not None
         if stamp is None:
-            LOGGER.warning(
-                "event=policy_missing path=%s kept_last_good=%s", self.path, self.current is not None
-            )
+            log.event(LOGGER, "policy_missing", level=logging.WARNING, path=self.path, kept_last_good=kept)
             return False
         try:
             policy = NodePolicy.load(self.path)
         except (OSError, PolicyError) as exc:
-            LOGGER.error("event=policy_invalid path=%s error=%s kept_last_good=true", self.path, exc)
+            log.event(
+                LOGGER,
+                "policy_invalid",
+                level=logging.ERROR,
+                path=self.path,
+                error=str(exc),
+                kept_last_good=kept,
+            )
             return False
         if policy == self.current:
             return False
         self.current = policy
-        LOGGER.info("event=policy_loaded path=%s", self.path)
+        log.event(LOGGER, "policy_loaded", path=self.path)
         self.on_change(policy)
         return True
 

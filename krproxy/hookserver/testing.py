@@ -9,8 +9,10 @@ Public on purpose (like ``structlog.testing``): plugin authors test their plugin
 
 from __future__ import annotations
 
+import logging
 import pathlib
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 
@@ -144,3 +146,12 @@ def container_request(
         pod_cgroup_parent=pod.cgroup_parent,
         container_envs=dict(envs or {}),
     )
+
+
+def logged_events(records: Iterable[logging.LogRecord], name: str) -> list[dict[str, Any]]:
+    """The fields of every ``name`` event in ``records`` (e.g. pytest's ``caplog.records``)."""
+    return [
+        dict(getattr(r, "krproxy_fields", {}))
+        for r in records
+        if getattr(r, "krproxy_fields", None) is not None and r.getMessage() == name
+    ]

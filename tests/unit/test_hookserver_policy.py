@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -10,7 +11,18 @@ import pathlib
 import pytest
 
 from krproxy.hookserver import NodePolicy, PolicyError, PolicyWatcher, QoSClass, Rules
-from krproxy.hookserver._policy import CPUQoS, CPUSuppress, ResctrlQoS
+from krproxy.hookserver._policy import (
+    SCHEMA,
+    CPUQoS,
+    CPUSuppress,
+    Key,
+    ResctrlQoS,
+    annotated_example,
+    schema_markdown,
+)
+from krproxy.hookserver.testing import logged_events
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 YAML = """
 resourceQOSStrategy:
@@ -69,6 +81,103 @@ class TestParse:
         """Wrong shapes, ranges and syntax are PolicyErrors."""
         with pytest.raises(PolicyError):
             NodePolicy.from_text(text)
+
+
+class TestUnknownKeys:
+    @pytest.mark.parametrize(
+        ("text", "message"),
+        [
+            (
+                "resourceQOSStrategy: {beClass: {cpuQOS: {groupIdentiy: -1}}}",
+                "unknown key 'resourceQOSStrategy.beClass.cpuQOS.groupIdentiy' (did you mean 'groupIdentity'?)",
+            ),
+            (
+                "resourceQOSStrategy: {beclass: {}}",
+                "unknown key 'resourceQOSStrategy.beclass' (did you mean 'beClass'?)",
+            ),
+            (
+                "resourceUsedThresholdWithBE: {cpuSuppresPolicy: cpuset}",
+                "(did you mean 'cpuSuppressPolicy'?)",
+            ),
+            ("resourceQOSStrategy: {lsClass: {enabled: false}}", "(did you mean 'enable'?)"),
+            (
+                "memoryQOS: {}",
+                "unknown key 'memoryQOS' (known keys: resourceQOSStrategy, resourceUsedThresholdWithBE)",
+            ),
+        ],
+    )
+    def test_unknown_key_is_refused_with_the_nearest_known_one(self, text: str, message: str) -> None:
+        """A key the schema does not know is an error naming it, and the nearest known key if any."""
+        with pytest.raises(PolicyError) as err:
+            NodePolicy.from_text(text)
+        assert message in str(err.value)
+
+    def test_every_unknown_key_is_named(self) -> None:
+        """Several unknown keys in one section are all named."""
+        with pytest.raises(PolicyError, match=r"'a'.*; unknown key 'b'"):
+            NodePolicy.from_text("{a: 1, b: 2}")
+
+    def test_unknown_key_keeps_the_last_good_policy(
+        self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A misspelt key is refused like a bad value: the last good policy stays, and the log says so."""
+        path = tmp_path / "policy.yaml"
+        path.write_text(YAML)
+        seen: list[NodePolicy] = []
+        watcher = PolicyWatcher(str(path), seen.append)
+        assert watcher.poll()
+        path.write_text(YAML.replace("groupIdentity: -1", "groupIdentiy: -1"))
+        os.utime(path, ns=(1, 1))
+        with caplog.at_level(logging.ERROR):
+            assert not watcher.poll()
+        assert NodePolicy.from_text(YAML) == watcher.current
+        assert [NodePolicy.from_text(YAML)] == seen
+        [invalid] = logged_events(caplog.records, "policy_invalid")
+        assert "groupIdentiy" in invalid["error"] and "did you mean 'groupIdentity'" in invalid["error"]
+        assert invalid["kept_last_good"] is True
+
+
+class TestSchemaDoc:
+    def _generated_part(self) -> str:
+        spec = importlib.util.spec_from_file_location(
+            "gen_policy_doc", ROOT / "scripts" / "gen_policy_doc.py"
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        documented: str = module.documented((ROOT / "docs" / "plugin-authoring.md").read_text())
+        return documented
+
+    def test_doc_is_generated_from_the_loaders_schema(self) -> None:
+        """docs/plugin-authoring.md shows exactly what the loader's schema says (regenerate with
+        ``python scripts/gen_policy_doc.py`` after changing SCHEMA)."""
+        assert schema_markdown() == self._generated_part()
+
+    def test_annotated_example_is_a_valid_policy_with_every_key(self) -> None:
+        """The documented example loads, and it sets every key of the schema."""
+        policy = NodePolicy.from_text(annotated_example())
+        assert {QoSClass.LSR, QoSClass.LS, QoSClass.BE} == set(policy.classes)
+        assert policy.cpu_suppress is not None
+
+        def names(section: Key) -> set[str]:
+            out = {section.name}
+            for key in section.keys:
+                out |= names(key)
+            return out
+
+        keys_in_example = {
+            line.split(":")[0].strip()
+            for line in annotated_example().splitlines()
+            if ":" in line and not line.lstrip().startswith("#")
+        }
+        assert names(SCHEMA) - {""} == keys_in_example
+
+    def test_every_key_has_meaning_and_default_in_the_table(self) -> None:
+        """Each leaf key has a row with its meaning and default."""
+        table = [line for line in schema_markdown().splitlines() if line.startswith("| `")]
+        for row in table:
+            cells = [c.strip() for c in row.strip("|").split("|")]
+            assert cells[1] and cells[4], row
 
 
 class TestWatcher:
