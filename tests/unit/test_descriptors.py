@@ -8,7 +8,10 @@ Comments (source info) and the file name are not part of the wire schema and are
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -87,3 +90,89 @@ class TestDescriptorsMatchReference:
         ref = {"messageType": [{"name": "A", "field": [{"name": "x", "number": 1}]}]}
         ours = {"messageType": [{"name": "A", "field": [{"name": "x", "number": 2}]}]}
         assert ".messageType[A].field[x].number: ours 2 != reference 1" == first_difference(ours, ref)
+
+
+# NRI's api.proto is not in shared/reference: it comes from Debian's NRI source package, one
+# per containerd generation (trixie's containerd 1.7.24 is built with NRI 0.6.1, sid's 2.1.9
+# with 0.8.0). Ours equals 0.8.0; 0.6.1 must be a subset of it (v1alpha1 only grew).
+NRI_PACKAGE = "golang-github-containerd-nri-dev"
+NRI_VERSIONS = {"0.8.0-1": "sid", "0.6.1-2": "trixie"}
+NRI_PROTO = "usr/share/gocode/src/github.com/containerd/nri/pkg/api/api.proto"
+DEB_CACHE = os.environ.get("KRPROXY_DEB_CACHE", "/var/cache/krproxy-debs")
+
+
+def upstream_nri_descriptor(version: str, tmp_path: pathlib.Path) -> dict[str, Any]:
+    """NRI's own api.proto of ``version``, compiled; skips (with the reason) where it cannot be had."""
+    fetch = [sys.executable, str(ROOT / "scripts" / "fetch-debian-package")]
+    fetched = subprocess.run(
+        [*fetch, NRI_VERSIONS[version], NRI_PACKAGE, version, DEB_CACHE],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if fetched.returncode != 0:
+        pytest.skip(f"upstream NRI {version} api.proto not available: {fetched.stderr.strip()}")
+    proto = pathlib.Path(fetched.stdout.strip()) / NRI_PROTO
+    out = tmp_path / f"nri-{version}.pb"
+    rc = protoc.main(["protoc", f"-I{proto.parent}", f"--descriptor_set_out={out}", proto.name])
+    assert rc == 0, f"protoc failed on upstream {proto}"
+    (fd,) = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
+    doc = json_format.MessageToDict(fd)
+    doc.pop("name")
+    return _normalise(doc)  # type: ignore[no-any-return]
+
+
+def missing_from(ours: Any, older: Any, path: str = "") -> str | None:
+    """The first element of ``older`` that ``ours`` lacks or has differently (lists matched by name)."""
+    if isinstance(older, dict) and isinstance(ours, dict):
+        for key, value in older.items():
+            if key not in ours:
+                return f"{path}.{key}: missing in ours (upstream has {value!r})"
+            diff = missing_from(ours[key], value, f"{path}.{key}")
+            if diff:
+                return diff
+        return None
+    if isinstance(older, list) and isinstance(ours, list):
+        named = {item.get("name"): item for item in ours if isinstance(item, dict)}
+        for i, item in enumerate(older):
+            if isinstance(item, dict) and "name" in item:
+                if item["name"] not in named:
+                    return f"{path}[{item['name']}]: missing in ours"
+                diff = missing_from(named[item["name"]], item, f"{path}[{item['name']}]")
+            else:
+                diff = None if item in ours else f"{path}[{i}]: {item!r} missing in ours"
+            if diff:
+                return diff
+        return None
+    return None if ours == older else f"{path}: ours {ours!r} != upstream {older!r}"
+
+
+class TestNriMatchesUpstream:
+    def test_equal_to_nri_0_8(self, tmp_path: pathlib.Path) -> None:
+        """protos/nri_v1alpha1.proto equals NRI 0.8.0's api.proto (containerd 2.1), element by element."""
+        upstream = upstream_nri_descriptor("0.8.0-1", tmp_path)
+        ours = compile_descriptor("nri_v1alpha1.proto", tmp_path)
+        ours.pop("name")
+        diff = first_difference(_normalise(ours), upstream)
+        assert diff is None, f"nri_v1alpha1.proto differs from NRI 0.8.0: {diff}"
+
+    def test_nri_0_6_is_a_subset(self, tmp_path: pathlib.Path) -> None:
+        """Every message, field, enum value and method of NRI 0.6.1 (containerd 1.7) is in ours, the same."""
+        upstream = upstream_nri_descriptor("0.6.1-2", tmp_path)
+        ours = compile_descriptor("nri_v1alpha1.proto", tmp_path)
+        ours.pop("name")
+        assert missing_from(_normalise(ours), upstream) is None
+
+    def test_subset_check_names_what_is_missing(self) -> None:
+        """The subset check reports a field the older schema has and ours lacks, by path."""
+        older = {
+            "messageType": [{"name": "A", "field": [{"name": "x", "number": 1}, {"name": "y", "number": 2}]}]
+        }
+        ours = {
+            "messageType": [{"name": "A", "field": [{"name": "x", "number": 1}, {"name": "z", "number": 3}]}]
+        }
+        assert ".messageType[A].field[y]: missing in ours" == missing_from(ours, older)
+        assert (
+            missing_from(older, {"messageType": [{"name": "A", "field": [{"name": "x", "number": 1}]}]})
+            is None
+        )
