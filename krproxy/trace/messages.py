@@ -264,21 +264,174 @@ def _key(where: str, key: str) -> str:
     return f"{where}.{key}" if key.isidentifier() else f"{where}[{key!r}]"
 
 
-def differences(where: str, recorded: Any, actual: Any) -> Iterator[Difference]:
-    """Every leaf where ``recorded`` and ``actual`` (plain JSON-like values) differ."""
+# --- repeated fields whose order the runtime does not define ----------------------------------------
+
+
+@attrs.frozen
+class Unordered:
+    """A repeated field of a reply compared as a multiset: its order carries no meaning.
+
+    Attributes:
+        key: dotted paths into an element whose values name it (its ID where it has one); the
+            elements of each name are compared with each other. Empty for scalars: the value
+            is its own name.
+        why: why the order is not defined.
+    """
+
+    key: tuple[str, ...]
+    why: str
+
+
+_FROM_A_STORE = "the runtime lists its store (containerd: a map), in an order that changes between calls"
+_BY_NAME = "one entry per name; readers look entries up by it"
+
+#: ``(message, field)`` -> how the repeated field is compared, for every repeated field of a
+#: unary reply whose order CRI does not define or gives no effect. docs/trace-format.md lists them.
+UNORDERED: Mapping[tuple[str, str], Unordered] = {
+    ("ListImagesResponse", "images"): Unordered(("id",), _FROM_A_STORE),
+    ("ListContainersResponse", "containers"): Unordered(("id",), _FROM_A_STORE),
+    ("ListPodSandboxResponse", "items"): Unordered(("id",), _FROM_A_STORE),
+    ("ListContainerStatsResponse", "stats"): Unordered(("attributes.id",), _FROM_A_STORE),
+    ("ListPodSandboxStatsResponse", "stats"): Unordered(("attributes.id",), _FROM_A_STORE),
+    ("LinuxPodSandboxStats", "containers"): Unordered(("attributes.id",), _FROM_A_STORE),
+    ("WindowsPodSandboxStats", "containers"): Unordered(("attributes.id",), _FROM_A_STORE),
+    ("PodSandboxStatusResponse", "containers_statuses"): Unordered(("id",), _FROM_A_STORE),
+    ("ListPodSandboxMetricsResponse", "pod_metrics"): Unordered(("pod_sandbox_id",), _FROM_A_STORE),
+    ("PodSandboxMetrics", "container_metrics"): Unordered(("container_id",), _FROM_A_STORE),
+    ("RestorePodResponse", "restored_containers"): Unordered(("container_id",), _FROM_A_STORE),
+    ("Image", "repo_tags"): Unordered((), "the names the image store holds for the image, a set"),
+    ("Image", "repo_digests"): Unordered((), "the digests the image store holds for the image, a set"),
+    ("ListMetricDescriptorsResponse", "descriptors"): Unordered(("name",), _BY_NAME),
+    ("PodSandboxMetrics", "metrics"): Unordered(
+        ("name", "label_values"), "one sample per metric and label values, looked up by both"
+    ),
+    ("ContainerMetrics", "metrics"): Unordered(
+        ("name", "label_values"), "one sample per metric and label values, looked up by both"
+    ),
+    ("RuntimeStatus", "conditions"): Unordered(("type",), "kubelet looks conditions up by type"),
+    ("StatusResponse", "runtime_handlers"): Unordered(("name",), _BY_NAME + " (containerd: from a map)"),
+    ("ImageFsInfoResponse", "image_filesystems"): Unordered(
+        ("fs_id.mountpoint",), "one entry per file system (containerd 2.x: per snapshotter, from a map)"
+    ),
+    ("ImageFsInfoResponse", "container_filesystems"): Unordered(
+        ("fs_id.mountpoint",), "one entry per file system (containerd 2.x: per snapshotter, from a map)"
+    ),
+    ("NetworkUsage", "interfaces"): Unordered(("name",), _BY_NAME),
+    ("WindowsNetworkUsage", "interfaces"): Unordered(("name",), _BY_NAME),
+    ("LinuxContainerResources", "hugepage_limits"): Unordered(
+        ("page_size",), "one limit per page size; their order has no effect"
+    ),
+    ("WindowsContainerResources", "affinity_cpus"): Unordered(
+        ("cpu_group",), "one mask per CPU group; their order has no effect"
+    ),
+    ("LinuxContainerUser", "supplemental_groups"): Unordered((), "a set of group IDs"),
+}
+
+_ECHO = "what the caller configured, in its order, and the order takes effect"
+
+#: ``(message, field)`` -> why its order is meaningful: these repeated fields of replies stay
+#: compared position by position. Every repeated field of a unary reply is in exactly one of
+#: :data:`UNORDERED` and this table (a test walks the protos).
+ORDERED: Mapping[tuple[str, str], str] = {
+    ("ContainerStatus", "mounts"): _ECHO + ": a later mount covers an earlier one",
+    ("Mount", "mount_options"): _ECHO + ": a later option overrides an earlier one",
+    ("Mount", "uid_mappings"): _ECHO + ": written to the uid_map as given",
+    ("Mount", "gid_mappings"): _ECHO + ": written to the gid_map as given",
+    ("UserNamespace", "uids"): _ECHO + ": written to the uid_map as given",
+    ("UserNamespace", "gids"): _ECHO + ": written to the gid_map as given",
+    ("Metric", "label_values"): "value i belongs to the descriptor's label key i",
+    ("MetricDescriptor", "label_keys"): "fixes the order of every sample's label values",
+    ("PodSandboxNetworkStatus", "additional_ips"): "the runtime's order of address families (and volatile)",
+}
+
+
+@functools.cache
+def _field_shape(shape: type[betterproto2.Message], name: str) -> tuple[Any, Unordered | None]:
+    """The message class of field ``name`` of ``shape`` (elements, if repeated) and its rule."""
+    proto = cast(Any, shape)._betterproto
+    meta = proto.meta_by_field_name.get(name)
+    if meta is None or meta.map_meta is not None:
+        return None, None
+    child = proto.cls_by_field.get(name)
+    if not (isinstance(child, type) and issubclass(child, betterproto2.Message)):
+        child = None
+    rule = UNORDERED.get((shape.__name__, name)) if meta.repeated else None
+    return child, rule
+
+
+def _pick(element: Any, path: str) -> Any:
+    for part in path.split("."):
+        element = element.get(part) if isinstance(element, dict) else None
+    return element
+
+
+def element_name(element: Any, key: tuple[str, ...]) -> str:
+    """How a difference names an element of an unordered list, e.g. ``id="sha256:1a2b"``."""
+    if not key:
+        return _show(element)
+    return " ".join(f"{path}={_show(_pick(element, path))}" for path in key)
+
+
+def _unordered_differences(
+    where: str, recorded: list[Any], actual: list[Any], rule: Unordered, shape: Any
+) -> Iterator[Difference]:
+    groups: dict[str, tuple[list[Any], list[Any]]] = {}
+    for side, items in enumerate((recorded, actual)):
+        for item in items:
+            groups.setdefault(element_name(item, rule.key), ([], []))[side].append(item)
+    for name in sorted(groups):
+        left, right = groups[name]
+        unmatched = list(right)
+        rest = []
+        for item in left:
+            if item in unmatched:
+                unmatched.remove(item)
+            else:
+                rest.append(item)
+        for i in range(max(len(rest), len(unmatched))):
+            yield from differences(
+                f"{where}[{name}]",
+                rest[i] if i < len(rest) else None,
+                unmatched[i] if i < len(unmatched) else None,
+                shape,
+            )
+
+
+def differences(
+    where: str, recorded: Any, actual: Any, shape: type[betterproto2.Message] | None = None
+) -> Iterator[Difference]:
+    """Every leaf where ``recorded`` and ``actual`` (plain JSON-like values) differ.
+
+    ``shape`` is the message class the values were rendered from, if known: its repeated
+    fields listed in :data:`UNORDERED` are compared as multisets, element by element matched
+    by name, and a difference inside an element is reported under that element's name (e.g.
+    ``reply.images[id="sha256:1a2b"].size``); an element on one side only is reported whole.
+    Other lists are compared position by position.
+    """
     if isinstance(recorded, dict) and isinstance(actual, dict):
         for key in sorted(set(recorded) | set(actual)):
-            yield from differences(_key(where, key), recorded.get(key), actual.get(key))
+            child, rule = _field_shape(shape, key) if shape is not None else (None, None)
+            left, right = recorded.get(key), actual.get(key)
+            if rule is not None and isinstance(left, list | None) and isinstance(right, list | None):
+                yield from _unordered_differences(_key(where, key), left or [], right or [], rule, child)
+            else:
+                yield from differences(_key(where, key), left, right, child)
     elif isinstance(recorded, list) and isinstance(actual, list):
         for i in range(max(len(recorded), len(actual))):
             yield from differences(
                 f"{where}[{i}]",
                 recorded[i] if i < len(recorded) else None,
                 actual[i] if i < len(actual) else None,
+                shape,
             )
     elif recorded != actual:
         yield Difference(where, recorded, actual)
 
 
-def all_differences(pairs: Iterable[tuple[str, Any, Any]]) -> list[Difference]:
-    return [d for where, recorded, actual in pairs for d in differences(where, recorded, actual)]
+def all_differences(
+    pairs: Iterable[tuple[str, Any, Any, type[betterproto2.Message] | None]],
+) -> list[Difference]:
+    """The differences of each ``(where, recorded, actual, shape)`` (see :func:`differences`)."""
+    return [
+        d for where, recorded, actual, shape in pairs for d in differences(where, recorded, actual, shape)
+    ]

@@ -124,22 +124,27 @@ def _reply_side(raw: bytes | None, decoded: Any, back: dict[str, str], volatile:
 def compare(
     record: TraceRecord, answer: Answer, ids: IdMap, volatile: frozenset[str] = messages.VOLATILE
 ) -> tuple[Difference, ...]:
-    """Where ``answer`` differs from the recorded outcome of ``record`` (after learning its IDs)."""
+    """Where ``answer`` differs from the recorded outcome of ``record`` (after learning its IDs).
+
+    Lists whose order the runtime does not define (:data:`krproxy.trace.messages.UNORDERED`)
+    are compared as multisets, so a runtime listing the same images in another order is no
+    difference.
+    """
     recorded_reply = messages.decode(record.path, record.reply, reply=True)
     actual_reply = messages.decode(record.path, answer.reply, reply=True)
     ids.learn(recorded_reply, actual_reply)
     back = ids.reverse()
-    pairs: list[tuple[str, Any, Any]] = [
-        ("status", record.status.name, answer.status.name),
-        ("message", record.message or None, messages.normalise_text(answer.message, back) or None),
-    ]
-    pairs.append(
+    types = messages.method_types(record.path)
+    pairs: list[tuple[str, Any, Any, Any]] = [
+        ("status", record.status.name, answer.status.name, None),
+        ("message", record.message or None, messages.normalise_text(answer.message, back) or None, None),
         (
             "reply",
             _reply_side(record.reply, recorded_reply, {}, volatile),
             _reply_side(answer.reply, actual_reply, back, volatile),
-        )
-    )
+            types.reply if types is not None else None,
+        ),
+    ]
     return tuple(messages.all_differences(pairs))
 
 

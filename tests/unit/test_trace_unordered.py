@@ -1,0 +1,207 @@
+"""Replay compares lists whose order the runtime does not define as multisets.
+
+containerd lists images, containers and sandboxes in map order, which changes from call to call:
+the same 16 images in another order must be no difference, while a changed, missing or extra
+element still is one, named by its ID. Lists whose order means something stay positional, and every
+repeated field of a reply is classified one way or the other.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import attrs
+import betterproto2
+from grpclib.const import Cardinality, Status
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from krproxy.proto.runtime import v1 as cri
+from krproxy.trace import messages
+from krproxy.trace.messages import IdMap
+from krproxy.trace.replay import Answer, compare
+from tests.unit.test_trace_replay import rec
+
+IMAGE = "/runtime.v1.ImageService/ListImages"
+DOCS = Path(__file__).parents[2] / "docs" / "trace-format.md"
+
+
+def image(n: int, *, size: int = 0, tags: tuple[str, ...] = ()) -> cri.Image:
+    return cri.Image(
+        id=f"sha256:{n:04x}",
+        repo_tags=list(tags) or [f"registry.local/img{n}:latest", f"registry.local/img{n}:v{n}"],
+        repo_digests=[f"registry.local/img{n}@sha256:{n:064x}"],
+        size=size or 1000 + n,
+    )
+
+
+def images_diff(recorded: list[cri.Image], actual: list[cri.Image]) -> list[tuple[str, Any, Any]]:
+    # rec() builds RuntimeService records; ListImages belongs to the ImageService.
+    record = rec(1, "ListImages", cri.ListImagesRequest(), cri.ListImagesResponse(images=recorded))
+    record = attrs.evolve(record, path=IMAGE)
+    answer = Answer(Status.OK, None, bytes(cri.ListImagesResponse(images=actual)))
+    return [(d.where, d.recorded, d.actual) for d in compare(record, answer, IdMap())]
+
+
+class TestImages:
+    @settings(max_examples=60, deadline=None)
+    @given(st.data(), st.integers(min_value=0, max_value=16))
+    def test_any_permutation_is_no_difference(self, data: st.DataObject, count: int) -> None:
+        """The same images, each with its tags in any order, listed in any order: no difference."""
+        recorded = [image(n) for n in range(count)]
+        actual = [
+            image(n, tags=tuple(data.draw(st.permutations(list(image(n).repo_tags)))))
+            for n in data.draw(st.permutations(range(count)))
+        ]
+        assert [] == images_diff(recorded, actual)
+
+    def test_changed_element_is_named_by_its_id(self) -> None:
+        """A different size of one image among 16 shuffled ones is one difference naming that image."""
+        recorded = [image(n) for n in range(16)]
+        actual = [image(n, size=5 if n == 7 else 0) for n in reversed(range(16))]
+        assert [('reply.images[id="sha256:0007"].size', "1007", "5")] == images_diff(recorded, actual)
+
+    def test_missing_and_extra_elements(self) -> None:
+        """An image the replay lacks and one it has in addition are reported whole, by ID."""
+        recorded = [image(n) for n in range(3)]
+        actual = [image(2), image(0), image(9)]
+        diff = images_diff(recorded, actual)
+        assert [
+            ('reply.images[id="sha256:0001"]', messages.to_plain(image(1)), None),
+            ('reply.images[id="sha256:0009"]', None, messages.to_plain(image(9))),
+        ] == diff
+
+    def test_all_missing(self) -> None:
+        """An empty list (absent from the reply) against a full one names every element."""
+        diff = images_diff([image(1), image(2)], [])
+        assert ['reply.images[id="sha256:0001"]', 'reply.images[id="sha256:0002"]'] == [d[0] for d in diff]
+
+    def test_changed_tag_inside_an_element(self) -> None:
+        """A tag renamed inside one image is a missing and an extra tag of that image."""
+        recorded = [image(1, tags=("a:1", "b:1"))]
+        actual = [image(1, tags=("c:1", "a:1"))]
+        assert [
+            ('reply.images[id="sha256:0001"].repo_tags["b:1"]', "b:1", None),
+            ('reply.images[id="sha256:0001"].repo_tags["c:1"]', None, "c:1"),
+        ] == images_diff(recorded, actual)
+
+    def test_multiset_counts_duplicates(self) -> None:
+        """The same element twice is not the same as once."""
+        diff = images_diff([image(1), image(1)], [image(1)])
+        assert [('reply.images[id="sha256:0001"]', messages.to_plain(image(1)), None)] == diff
+
+
+def container(cid: str, state: cri.ContainerState = cri.ContainerState.CONTAINER_RUNNING) -> cri.Container:
+    return cri.Container(id=cid, pod_sandbox_id="p", state=state, created_at=5)
+
+
+class TestRuntimeLists:
+    def _diff(self, method: str, recorded: Any, actual: Any, ids: IdMap | None = None) -> list[str]:
+        record = rec(1, method, getattr(cri, f"{method}Request")(), recorded)
+        answer = Answer(Status.OK, None, bytes(actual))
+        return [d.describe() for d in compare(record, answer, ids or IdMap())]
+
+    def test_containers_with_new_ids_in_another_order(self) -> None:
+        """Container IDs the replay learnt are mapped back before elements are matched."""
+        ids = IdMap({"c1": "n1", "c2": "n2", "c3": "n3"})
+        recorded = cri.ListContainersResponse(containers=[container("c1"), container("c2"), container("c3")])
+        actual = cri.ListContainersResponse(containers=[container("n3"), container("n1"), container("n2")])
+        assert [] == self._diff("ListContainers", recorded, actual, ids)
+
+    def test_container_state_change_names_the_container(self) -> None:
+        recorded = cri.ListContainersResponse(containers=[container("c1"), container("c2")])
+        actual = cri.ListContainersResponse(
+            containers=[container("c2", cri.ContainerState.CONTAINER_EXITED), container("c1")]
+        )
+        assert [
+            'reply.containers[id="c2"].state: recorded "CONTAINER_RUNNING", replay "CONTAINER_EXITED"'
+        ] == self._diff("ListContainers", recorded, actual)
+
+    def test_sandboxes(self) -> None:
+        """ListPodSandbox items in another order: none; one more sandbox: named."""
+        a, b, c = (cri.PodSandbox(id=i, state=cri.PodSandboxState.SANDBOX_READY) for i in "abc")
+        recorded = cri.ListPodSandboxResponse(items=[a, b])
+        assert [] == self._diff("ListPodSandbox", recorded, cri.ListPodSandboxResponse(items=[b, a]))
+        diff = self._diff("ListPodSandbox", recorded, cri.ListPodSandboxResponse(items=[b, c, a]))
+        assert 1 == len(diff) and diff[0].startswith('reply.items[id="c"]: recorded (absent), replay {')
+
+    def test_stats_are_keyed_by_their_attributes_id(self) -> None:
+        """Stats carry their container's ID in attributes; volatile usage figures are not compared."""
+
+        def stats(cid: str, usage: int, name: str = "app") -> cri.ContainerStats:
+            return cri.ContainerStats(
+                attributes=cri.ContainerAttributes(id=cid, metadata=cri.ContainerMetadata(name=name)),
+                cpu=cri.CpuUsage(timestamp=usage, usage_core_nano_seconds=cri.UInt64Value(usage)),
+            )
+
+        recorded = cri.ListContainerStatsResponse(stats=[stats("c1", 1), stats("c2", 2)])
+        same = cri.ListContainerStatsResponse(stats=[stats("c2", 20), stats("c1", 10)])
+        renamed = cri.ListContainerStatsResponse(stats=[stats("c2", 20), stats("c1", 10, "web")])
+        assert [] == self._diff("ListContainerStats", recorded, same)
+        assert [
+            'reply.stats[attributes.id="c1"].attributes.metadata.name: recorded "app", replay "web"'
+        ] == self._diff("ListContainerStats", recorded, renamed)
+
+    def test_ordered_lists_stay_positional(self) -> None:
+        """Mounts echo the caller's order, which takes effect: reversed mounts are a difference."""
+
+        def status(*paths: str) -> cri.ContainerStatusResponse:
+            mounts = [cri.Mount(container_path=p, host_path="/h" + p) for p in paths]
+            return cri.ContainerStatusResponse(status=cri.ContainerStatus(id="c", mounts=mounts))
+
+        diff = self._diff("ContainerStatus", status("/a", "/b"), status("/b", "/a"))
+        assert 4 == len(diff) and diff[0].startswith("reply.status.mounts[0].container_path:")
+
+
+def _repeated_reply_fields() -> set[tuple[str, str]]:
+    """Every (message, field) of a repeated, non-map field reachable from a unary CRI reply."""
+    found: set[tuple[str, str]] = set()
+    seen: set[type] = set()
+
+    def walk(cls: type[betterproto2.Message]) -> None:
+        if cls in seen:
+            return
+        seen.add(cls)
+        for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+            meta = field.metadata["betterproto"]
+            if meta.map_meta is not None:
+                continue
+            if meta.repeated:
+                found.add((cls.__name__, field.name))
+            child = cls._betterproto.cls_by_field.get(field.name)  # type: ignore[attr-defined]
+            if isinstance(child, type) and issubclass(child, betterproto2.Message):
+                walk(child)
+
+    for path in messages._methods():
+        types = messages.method_types(path)
+        if types is not None and types.cardinality is Cardinality.UNARY_UNARY:
+            walk(types.reply)
+    return found
+
+
+class TestClassification:
+    def test_every_repeated_reply_field_is_decided(self) -> None:
+        """A repeated field of a reply is either unordered or ordered, never both, never neither."""
+        unordered, ordered = set(messages.UNORDERED), set(messages.ORDERED)
+        assert set() == unordered & ordered
+        assert _repeated_reply_fields() == unordered | ordered
+
+    def test_keys_name_fields_of_the_element(self) -> None:
+        """Each key path of an unordered list exists in its element's message."""
+        by_name = {cls.__name__: cls for cls in vars(cri).values() if isinstance(cls, type)}
+        for (message, field), rule in messages.UNORDERED.items():
+            element = by_name[message]._betterproto.cls_by_field[field]
+            for path in rule.key:
+                cls = element
+                for part in path.split("."):
+                    assert part in cls._betterproto.meta_by_field_name, (message, field, path)
+                    cls = cls._betterproto.cls_by_field[part]
+
+    def test_docs_list_the_unordered_fields(self) -> None:
+        """docs/trace-format.md names every field compared as a multiset, with its key."""
+        text = DOCS.read_text()
+        for (message, field), rule in messages.UNORDERED.items():
+            key = ", ".join(f"`{k}`" for k in rule.key) or "the value"
+            assert f"| `{message}.{field}` | {key} |" in text, (message, field)
