@@ -51,6 +51,17 @@ VOLATILE: frozenset[str] = frozenset(
         "inodes_used",
         "inodes_free",
         "capacity_bytes",
+        "swap_available_bytes",
+        "swap_usage_bytes",
+        "commit_memory_bytes",
+        "rx_bytes",
+        "rx_errors",
+        "rx_packets_dropped",
+        "tx_bytes",
+        "tx_errors",
+        "tx_packets_dropped",
+        "process_count",
+        "psi",
     }
 )
 

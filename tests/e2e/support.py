@@ -143,9 +143,14 @@ class Proxy:
 
 
 def start_proxy(
-    workdir: Path, backend: str, grace_period: float = 10, limit: float = 30, log_name: str = "krproxy.log"
+    workdir: Path,
+    backend: str,
+    grace_period: float = 10,
+    limit: float = 30,
+    log_name: str = "krproxy.log",
+    extra: tuple[str, ...] = (),
 ) -> Proxy:
-    """Start ``krproxy serve`` in front of ``backend``; return once the socket answers Version."""
+    """Start ``krproxy serve ... EXTRA`` in front of ``backend``; return once the socket answers Version."""
     socket = str(workdir / "proxy.sock")
     (workdir / "hooks").mkdir(exist_ok=True)
     log_path = workdir / log_name
@@ -155,6 +160,7 @@ def start_proxy(
                 *(sys.executable, "-m", "krproxy", "serve"),
                 *("--koord-runtimeproxy-endpoint", socket, "--remote-runtime-service-endpoint", backend),
                 *("--hook-dir", str(workdir / "hooks"), "--grace-period", str(grace_period)),
+                *extra,
             ],
             stdin=subprocess.DEVNULL,
             stdout=log,

@@ -134,6 +134,7 @@ class TestRuntimeLists:
             return cri.ContainerStats(
                 attributes=cri.ContainerAttributes(id=cid, metadata=cri.ContainerMetadata(name=name)),
                 cpu=cri.CpuUsage(timestamp=usage, usage_core_nano_seconds=cri.UInt64Value(usage)),
+                swap=cri.SwapUsage(timestamp=usage, swap_usage_bytes=cri.UInt64Value(usage)),
             )
 
         recorded = cri.ListContainerStatsResponse(stats=[stats("c1", 1), stats("c2", 2)])
@@ -143,6 +144,29 @@ class TestRuntimeLists:
         assert [
             'reply.stats[attributes.id="c1"].attributes.metadata.name: recorded "app", replay "web"'
         ] == self._diff("ListContainerStats", recorded, renamed)
+
+    def test_pod_stats_counters_are_volatile(self) -> None:
+        """Network and process counters of pod stats move between calls: not compared; interfaces by name."""
+
+        def stats(rx: int, processes: int, *names: str) -> cri.PodSandboxStats:
+            interfaces = [cri.NetworkInterfaceUsage(name=n, rx_bytes=cri.UInt64Value(rx)) for n in names]
+            return cri.PodSandboxStats(
+                attributes=cri.PodSandboxAttributes(id="p"),
+                linux=cri.LinuxPodSandboxStats(
+                    network=cri.NetworkUsage(interfaces=interfaces),
+                    process=cri.ProcessUsage(process_count=cri.UInt64Value(processes)),
+                ),
+            )
+
+        def reply(s: cri.PodSandboxStats) -> cri.ListPodSandboxStatsResponse:
+            return cri.ListPodSandboxStatsResponse(stats=[s])
+
+        recorded = reply(stats(1, 2, "eth0", "lo"))
+        assert [] == self._diff("ListPodSandboxStats", recorded, reply(stats(50, 3, "lo", "eth0")))
+        assert [
+            """reply.stats[attributes.id="p"].linux.network.interfaces[name="eth1"]: recorded (absent), """
+            """replay {"name": "eth1", "rx_bytes": "<volatile>"}""",
+        ] == self._diff("ListPodSandboxStats", recorded, reply(stats(50, 3, "lo", "eth0", "eth1")))
 
     def test_ordered_lists_stay_positional(self) -> None:
         """Mounts echo the caller's order, which takes effect: reversed mounts are a difference."""
