@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, cast
@@ -399,13 +400,8 @@ def _unordered_differences(
                 unmatched.remove(item)
             else:
                 rest.append(item)
-        for i in range(max(len(rest), len(unmatched))):
-            yield from differences(
-                f"{where}[{name}]",
-                rest[i] if i < len(rest) else None,
-                unmatched[i] if i < len(unmatched) else None,
-                shape,
-            )
+        for left_item, right_item in itertools.zip_longest(rest, unmatched):
+            yield from differences(f"{where}[{name}]", left_item, right_item, shape)
 
 
 def differences(
@@ -428,13 +424,8 @@ def differences(
             else:
                 yield from differences(_key(where, key), left, right, child)
     elif isinstance(recorded, list) and isinstance(actual, list):
-        for i in range(max(len(recorded), len(actual))):
-            yield from differences(
-                f"{where}[{i}]",
-                recorded[i] if i < len(recorded) else None,
-                actual[i] if i < len(actual) else None,
-                shape,
-            )
+        for i, (left, right) in enumerate(itertools.zip_longest(recorded, actual)):
+            yield from differences(f"{where}[{i}]", left, right, shape)
     elif recorded != actual:
         yield Difference(where, recorded, actual)
 
