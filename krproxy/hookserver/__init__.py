@@ -41,6 +41,8 @@ from ._done import pod_response as pod_response
 from ._executor import Change as Change
 from ._executor import Executor as Executor
 from ._executor import PathOutsideRootError as PathOutsideRootError
+from ._features import FeatureStatus as FeatureStatus
+from ._features import NodeProbe as NodeProbe
 from ._policy import NodePolicy as NodePolicy
 from ._policy import PolicyError as PolicyError
 from ._policy import PolicyWatcher as PolicyWatcher
@@ -69,11 +71,13 @@ __all__ = [
     "DuplicateHookError",
     "Executor",
     "FailurePolicy",
+    "FeatureStatus",
     "HookFailedError",
     "HookServer",
     "HookService",
     "Level",
     "NodePolicy",
+    "NodeProbe",
     "PathOutsideRootError",
     "PodCache",
     "PodChanges",

@@ -20,6 +20,7 @@ from krproxy.proto.runtime import v1alpha1 as pb
 from ._context import ContainerContext, ContainerInfo, PodContext, PodInfo
 from ._done import apply_container, apply_pod, container_response, pod_response
 from ._executor import Change, Executor
+from ._features import Features, FeatureStatus, NodeProbe, StatusFn
 from ._policy import NodePolicy
 from ._registry import FailurePolicy, HookFailedError, Level, Registry, Stage, run_hooks
 from ._rules import Rules
@@ -116,6 +117,7 @@ class HookServer:
     rules: Rules = attrs.Factory(Rules)
     pods: PodCache = attrs.Factory(PodCache)
     tickers: list[Ticker] = attrs.Factory(list)
+    features: Features = attrs.Factory(Features)
     policy: NodePolicy | None = None
 
     def __attrs_post_init__(self) -> None:
@@ -160,6 +162,19 @@ class HookServer:
             return fn
 
         return register
+
+    def feature(self, name: str, status: StatusFn) -> None:
+        """Report ``status(policy)`` (a :class:`FeatureStatus`) at start and on every policy change."""
+        self.features.register(name, status)
+
+    @property
+    def probe(self) -> NodeProbe:
+        """Kernel files on this node, for status functions."""
+        return NodeProbe(self.executor)
+
+    def report_features(self) -> list[FeatureStatus]:
+        """Log (one line each) and export whether each feature is active here, and why."""
+        return self.features.report(self.policy)
 
     # -- hook calls (proxy mode) -----------------------------------------------------------
 
@@ -218,8 +233,12 @@ class HookServer:
             return []
 
     def set_policy(self, policy: NodePolicy) -> tuple[str, ...]:
-        """Take a new node policy: rules parse it; if any changed, all pods are re-applied."""
+        """Take a new node policy: rules parse it; if any changed, all pods are re-applied.
+
+        Every feature's status is reported for the new policy first.
+        """
         self.policy = policy
+        self.report_features()
         return self.rules.update(policy)
 
     def tick(self, ticker: Ticker) -> list[Change]:

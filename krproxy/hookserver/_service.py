@@ -109,6 +109,8 @@ async def run_background(app: HookServer, policy_path: str | None, nursery: trio
     if policy_path is not None:
         watcher = PolicyWatcher(policy_path, app.set_policy)
         await nursery.start(watcher.run)
+    if app.policy is None:  # no (valid) policy yet: the features' status without one
+        app.report_features()
     for ticker in app.tickers:
         nursery.start_soon(_tick_forever, app, ticker)
 

@@ -49,6 +49,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         metavar="MODULE",
         help="import MODULE and call its register(app); repeatable",
     )
+    p.add_argument(
+        "--metrics-textfile",
+        metavar="FILE",
+        help="write krproxy_hookserver_feature_active (Prometheus text) here at start and on every policy"
+        " change, for node_exporter's textfile collector",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -86,6 +92,7 @@ def build_app(args: argparse.Namespace) -> HookServer:
         executor=Executor.for_roots(args.cgroup_root, args.resctrl_root),
         plugin_failure_policy=FailurePolicy(args.plugin_failure_policy),
     )
+    app.features.textfile = args.metrics_textfile
     if not args.no_builtin:
         install_all(app, proc_stat=args.proc_stat)
     for name in args.plugin:

@@ -11,12 +11,16 @@ runtime applies it) and as a container reconciler (written directly by the execu
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Mapping
 
 from .._app import HookServer
+from .._cgroups import CgroupFile
 from .._context import ContainerContext
+from .._features import FeatureStatus, NodeProbe
+from .._policy import NodePolicy
 from .._registry import Level, Stage
 
 NAME = "cpuset"
@@ -46,8 +50,24 @@ def set_cpuset(ctx: ContainerContext) -> None:
         ctx.response.resources.cfs_quota = -1
 
 
+def status(probe: NodeProbe, policy: NodePolicy | None) -> FeatureStatus:
+    """Needs no policy; in the hook answer it always works, the reconciler needs cpuset.cpus."""
+    if not probe.has(CgroupFile.CPUSET_CPUS):
+        return FeatureStatus(
+            NAME,
+            True,
+            f"in hook answers only: {probe.missing(CgroupFile.CPUSET_CPUS)}, so the reconciler cannot correct it",
+            mode="hook",
+            wanted=False,
+        )
+    return FeatureStatus(
+        NAME, True, f"from the pod annotation {ANNOTATION}", mode="hook+reconcile", wanted=False
+    )
+
+
 def install(app: HookServer) -> None:
     description = "container cpuset from scheduling.koordinator.sh/resource-status"
     app.registry.register(Stage.PRE_CREATE_CONTAINER, NAME, description, set_cpuset)
     app.registry.register(Stage.PRE_UPDATE_CONTAINER_RESOURCES, NAME, description, set_cpuset)
     app.registry.register_reconciler(Level.CONTAINER, NAME, description, set_cpuset)
+    app.feature(NAME, functools.partial(status, app.probe))

@@ -17,7 +17,9 @@ is unset (−1). The meter is injectable, so tests feed numbers instead of /proc
 
 from __future__ import annotations
 
+import functools
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 
@@ -27,6 +29,7 @@ from .._app import HookServer, PodTarget
 from .._cgroups import DEFAULT_CFS_PERIOD, CgroupFile, pod_cgroup_dir
 from .._context import ContainerContext, PodContext, QoSClass
 from .._executor import Executor
+from .._features import FeatureStatus, NodeProbe
 from .._policy import CPUSuppress, NodePolicy
 from .._registry import Level, Stage
 
@@ -178,6 +181,27 @@ class CpuSuppressPlugin:
             ctx.response.resources.cpuset = self.cpuset
 
 
+def status(probe: NodeProbe, proc_stat: str, policy: NodePolicy | None) -> FeatureStatus:
+    """Active when the policy has resourceUsedThresholdWithBE and the node has the files it needs."""
+    config = policy.cpu_suppress if policy is not None else None
+    if config is None:
+        return FeatureStatus(NAME, False, "no resourceUsedThresholdWithBE in the policy", wanted=False)
+    needed = [CgroupFile.CPU_USAGE, CgroupFile.CFS_QUOTA]
+    if config.policy == "cpuset":
+        needed.append(CgroupFile.CPUSET_CPUS)
+    for file in needed:
+        if not probe.has(file):
+            return FeatureStatus(NAME, False, probe.missing(file), mode=config.policy)
+    if not os.access(proc_stat, os.R_OK):
+        return FeatureStatus(NAME, False, f"cannot read {proc_stat} (node CPU usage)", mode=config.policy)
+    return FeatureStatus(
+        NAME,
+        True,
+        f"BE held to {config.threshold_percent}% of the node minus LS and system use",
+        mode=config.policy,
+    )
+
+
 def install(
     app: HookServer, meter: Meter | None = None, *, interval: float = INTERVAL, proc_stat: str = "/proc/stat"
 ) -> CpuSuppressPlugin:
@@ -190,4 +214,5 @@ def install(
     app.registry.register_reconciler(Level.POD, NAME, description, plugin.set_pod)
     app.registry.register_reconciler(Level.CONTAINER, NAME, description, plugin.set_container)
     app.every(interval, name=NAME)(plugin.tick)
+    app.feature(NAME, functools.partial(status, app.probe, proc_stat))
     return plugin

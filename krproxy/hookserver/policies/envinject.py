@@ -14,6 +14,8 @@ import logging
 
 from .._app import HookServer
 from .._context import ContainerContext
+from .._features import FeatureStatus
+from .._policy import NodePolicy
 from .._registry import Stage
 
 NAME = "envinject"
@@ -37,5 +39,15 @@ def inject_env(ctx: ContainerContext) -> None:
     ctx.response.add_envs.update(envs)
 
 
+def status(policy: NodePolicy | None) -> FeatureStatus:
+    return FeatureStatus(
+        NAME,
+        True,
+        f"from the pod annotation {ANNOTATION}, at PreCreateContainer (proxy mode only)",
+        wanted=False,
+    )
+
+
 def install(app: HookServer) -> None:
     app.registry.register(Stage.PRE_CREATE_CONTAINER, NAME, f"container env from {ANNOTATION}", inject_env)
+    app.feature(NAME, status)

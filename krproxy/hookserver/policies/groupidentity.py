@@ -14,10 +14,14 @@ reconciler, so a policy change reaches running pods.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from .._app import HookServer
+from .._cgroups import CgroupFile
 from .._context import PodContext, QoSClass
+from .._features import FeatureStatus, NodeProbe
 from .._policy import NodePolicy
 from .._registry import Level, Stage
 
@@ -44,10 +48,40 @@ class GroupIdentity:
             ctx.response.resources.cpu_bvt = value
 
 
+def _configured(policy: NodePolicy | None) -> bool:
+    return policy is not None and any(
+        (s := policy.strategy(q)) is not None and s.cpu_qos is not None
+        for q in (QoSClass.LSR, QoSClass.LS, QoSClass.BE)
+    )
+
+
+def status(probe: NodeProbe, policy: NodePolicy | None) -> FeatureStatus:
+    """Active when the policy sets a groupIdentity; the mode says which kernel file carries it."""
+    if not _configured(policy):
+        return FeatureStatus(
+            NAME, False, "no resourceQOSStrategy.<class>.cpuQOS.groupIdentity in the policy", wanted=False
+        )
+    if probe.has(CgroupFile.CPU_BVT):
+        return FeatureStatus(NAME, True, "the kernel has group identity", mode="cpu.bvt_warp_ns")
+    no_bvt = probe.missing(CgroupFile.CPU_BVT) + ": kernel without group identity"
+    if probe.has(CgroupFile.CPU_IDLE):
+        return FeatureStatus(
+            NAME, True, f"fallback: {no_bvt}; BE pods get cpu.idle=1, the others cpu.idle=0", mode="cpu.idle"
+        )
+    return FeatureStatus(
+        NAME,
+        True,
+        f"fallback: {no_bvt}, {probe.missing(CgroupFile.CPU_IDLE)} (Linux < 5.15); BE pods get cpu.shares=2,"
+        " the others nothing",
+        mode="cpu.shares",
+    )
+
+
 def install(app: HookServer) -> GroupIdentity:
     plugin = GroupIdentity()
     description = "cpu.bvt_warp_ns (or cpu.idle/cpu.shares) of the pod cgroup by QoS class"
     app.rules.register(NAME, description, plugin.parse)
     app.registry.register(Stage.PRE_RUN_POD_SANDBOX, NAME, description, plugin.set_pod)
     app.registry.register_reconciler(Level.POD, NAME, description, plugin.set_pod)
+    app.feature(NAME, functools.partial(status, app.probe))
     return plugin

@@ -12,6 +12,7 @@ machines without resctrl (no ``info/L3``).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import attrs
@@ -19,6 +20,7 @@ import attrs
 from .._app import HookServer
 from .._context import ContainerContext, QoSClass, ResctrlGroup
 from .._executor import Executor
+from .._features import FeatureStatus
 from .._policy import NodePolicy, ResctrlQoS
 from .._registry import Level, Stage
 
@@ -83,10 +85,43 @@ class Resctrl:
             ctx.response.resources.resctrl = group
 
 
+def _configured(policy: NodePolicy | None) -> bool:
+    return policy is not None and any(
+        (s := policy.strategy(q)) is not None and s.resctrl_qos is not None
+        for q in (QoSClass.LSR, QoSClass.LS, QoSClass.BE)
+    )
+
+
+def status(executor: Executor, policy: NodePolicy | None) -> FeatureStatus:
+    """Active when the policy has a resctrlQOS and the node has resctrl with L3 CAT."""
+    if not _configured(policy):
+        return FeatureStatus(
+            NAME, False, "no resourceQOSStrategy.<class>.resctrlQOS in the policy", wanted=False
+        )
+    root = executor.resctrl_root
+    if not executor.resctrl_path("info").is_dir():
+        return FeatureStatus(
+            NAME, False, f"no resctrl mount at {root} (mount -t resctrl resctrl {root}; needs a CPU with RDT)"
+        )
+    if not executor.resctrl_path("info/L3/cbm_mask").is_file():
+        return FeatureStatus(
+            NAME, False, f"no {root}/info/L3/cbm_mask: the CPU has no L3 cache allocation (CAT)"
+        )
+    if not executor.resctrl_path("info/MB").is_dir():
+        return FeatureStatus(
+            NAME,
+            True,
+            f"no {root}/info/MB: the CPU has no memory bandwidth allocation, mbaPercent is ignored",
+            mode="L3",
+        )
+    return FeatureStatus(NAME, True, "resctrl with L3 CAT and MBA", mode="L3+MB")
+
+
 def install(app: HookServer) -> Resctrl:
     plugin = Resctrl(app.executor)
     description = "LLC/memory bandwidth: resctrl group per QoS class"
     app.rules.register(NAME, description, plugin.parse, system_supported=plugin.supported)
     app.registry.register(Stage.POST_START_CONTAINER, NAME, description, plugin.set_container)
     app.registry.register_reconciler(Level.CONTAINER, NAME, description, plugin.set_container)
+    app.feature(NAME, functools.partial(status, app.executor))
     return plugin
