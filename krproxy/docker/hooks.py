@@ -11,6 +11,10 @@ update                            PreUpdateContainerResources chain → forward 
 remove (``DELETE``)               forward → drop the container, or the pod and its containers
 ================================  ================================================================
 
+stop and remove drop the entry only when dockerd is done with the object (:func:`_finished`: 2xx,
+304 already stopped, 404 no such container); after another answer, or none, the entry stays so a
+retried stop still runs its PostStop hook with the full record (as in CRI mode).
+
 The same hook points, plugins, store and merge rules as CRI mode (:mod:`krproxy.hooks`); only the
 wire format differs (:mod:`krproxy.docker.convert`). A pre hook of a ``Fail`` plugin that fails
 turns the request into HTTP 500 with the error text, and nothing is forwarded; ``Ignore`` goes on
@@ -99,6 +103,12 @@ def _json_object(body: bytes, what: str) -> dict[str, Any]:
 
 def _encode(document: dict[str, Any]) -> bytes:
     return json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _finished(reply: Reply) -> bool:
+    """Whether dockerd is done with the object of a stop or remove: success, 304 (already stopped) or
+    404 (no such container). After any other answer kubelet retries, and the retry needs the record."""
+    return reply.ok or reply.status in (304, 404)
 
 
 def _keep(record: Any, answer: Any) -> merge.Merged[Any]:
@@ -268,15 +278,19 @@ class DockerHooks:
                 )
 
     async def _stop(self, ident: str, forward: Forward) -> Reply:
+        reply: Reply | None = None
         try:
-            return await forward(None)
+            reply = await forward(None)
+            return reply
         finally:
             with trio.CancelScope(shield=True):
-                await self._after_stop(ident)
+                await self._after_stop(ident, forget=reply is not None and _finished(reply))
 
-    async def _after_stop(self, ident: str) -> None:
-        info = self.store.delete_container(ident)
+    async def _after_stop(self, ident: str, *, forget: bool) -> None:
+        info = self.store.get_container(ident)
         if info is not None:
+            if forget:
+                self.store.delete_container(ident)
             if not self._skips(info.pod):
                 await self.chain(
                     HookPoint.POST_STOP_CONTAINER,
@@ -286,7 +300,9 @@ class DockerHooks:
                     target=ident,
                 )
             return
-        pod = self.store.delete_pod(ident)
+        pod = self.store.get_pod(ident)
+        if pod is not None and forget:
+            self.store.delete_pod(ident)
         if pod is not None and not self._skips(pod):
             await self.chain(
                 HookPoint.POST_STOP_POD_SANDBOX, pod, hook_convert.pod_hook_request, _keep, target=ident
@@ -316,7 +332,7 @@ class DockerHooks:
 
     async def _remove(self, ident: str, forward: Forward) -> Reply:
         reply = await forward(None)
-        if reply.ok:
+        if _finished(reply):
             self.store.delete_container(ident)
             self.store.remove_pod(ident)
         return reply

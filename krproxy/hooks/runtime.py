@@ -13,7 +13,10 @@ RemoveContainer / RemovePod…   forward → drop from the store (no hooks)
 =============================  =====================================================
 
 Post hooks run whether or not the runtime call succeeded, and the runtime's answer or
-error goes back to kubelet unchanged. Pods labelled with the skip label (by default
+error goes back to kubelet unchanged. Stop and Remove drop the store entry only when the
+runtime succeeded or answered NOT_FOUND (the object is gone); after any other failure the
+entry stays, so kubelet's retry still runs PostStop hooks with the full record
+(:func:`_forward_then_forget`). Pods labelled with the skip label (by default
 ``runtimeproxy.koordinator.sh/skip-hookserver=true``) get no hooks, but are still stored.
 
 When no plugin changed anything, the original request bytes are forwarded, so a proxy with
@@ -179,16 +182,13 @@ class HookRuntime:
                     HookPoint.POST_STOP_POD_SANDBOX, pod, sandbox_id, convert.pod_hook_request_bytes
                 )()
 
-        try:
-            return await _forward_then(forward, data, post)
-        finally:
-            self.store.delete_pod(sandbox_id)  # like the reference: whatever the runtime said
+        return await _forward_then_forget(
+            _forward_then(forward, data, post), lambda: self.store.delete_pod(sandbox_id)
+        )
 
     async def remove_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
         sandbox_id = _decode_id(cri.RemovePodSandboxRequest, data, "pod_sandbox_id")
-        reply = await forward(data)
-        self.store.remove_pod(sandbox_id)
-        return reply
+        return await _forward_then_forget(forward(data), lambda: self.store.remove_pod(sandbox_id))
 
     # -- containers --------------------------------------------------------------------
 
@@ -250,10 +250,9 @@ class HookRuntime:
                     HookPoint.POST_STOP_CONTAINER, info, container_id, convert.container_hook_request_bytes
                 )()
 
-        try:
-            return await _forward_then(forward, data, post)
-        finally:
-            self.store.delete_container(container_id)  # like the reference: whatever the runtime said
+        return await _forward_then_forget(
+            _forward_then(forward, data, post), lambda: self.store.delete_container(container_id)
+        )
 
     async def update_container_resources(self, data: bytes, forward: Forward) -> Reply:
         request = _decode(cri.UpdateContainerResourcesRequest, data, "UpdateContainerResourcesRequest")
@@ -285,9 +284,7 @@ class HookRuntime:
 
     async def remove_container(self, data: bytes, forward: Forward) -> Reply:
         container_id = _decode_id(cri.RemoveContainerRequest, data, "container_id")
-        reply = await forward(data)
-        self.store.delete_container(container_id)
-        return reply
+        return await _forward_then_forget(forward(data), lambda: self.store.delete_container(container_id))
 
     def _missing(self, kind: str, ident: str, point: HookPoint) -> None:
         """An id the store does not know: hooks skipped. Worth a warning only if a plugin wanted
@@ -339,6 +336,26 @@ async def _forward_then(forward: Forward, data: bytes, post: Callable[[], Awaita
         await post()
         raise
     await post()
+    return reply
+
+
+async def _forward_then_forget(call: Awaitable[Reply], forget: Callable[[], object]) -> Reply:
+    """Await a Stop or Remove call, then ``forget`` its store entry if the object is done with.
+
+    Forgotten when the runtime succeeded, or answered NOT_FOUND (the object is gone: no later
+    call can need its record). Kept after any other failure — an error status, an unreachable
+    runtime, a deadline, a cancellation — since kubelet retries a failed Stop, and the retry's
+    PostStop hooks need the full record. (koord-runtime-proxy drops the entry before knowing the
+    outcome, so a retried Stop runs no hooks; its fix, koordinator#3142, drops on success only.)
+    A kept entry is not leaked: the retry, or kubelet's Remove, drops it.
+    """
+    try:
+        reply = await call
+    except BackendError as err:
+        if err.status is Status.NOT_FOUND:
+            forget()
+        raise
+    forget()
     return reply
 
 

@@ -10,10 +10,12 @@ When the proxy writes and drops entries (the reference's points, plus Remove*):
 * update: after PreStartContainer / PreUpdateContainerResources answers (the reference mutates the stored
   record in place, so later hooks see the merged values) — :meth:`HookStore.update_container` never
   re-creates an entry that was dropped meanwhile;
-* drop: StopPodSandbox drops the pod, StopContainer the container — after the post hook, whether or not the
-  runtime call succeeded (reference behaviour: a retried Stop then runs no hooks). We also drop on
-  RemovePodSandbox (the pod *and* its containers, :meth:`HookStore.remove_pod`) and RemoveContainer, which
-  the reference never does (its entries for containers of a stopped-but-not-removed pod otherwise leak);
+* drop: StopPodSandbox drops the pod, StopContainer the container — after the post hook, and only when the
+  runtime succeeded or answered NOT_FOUND; after another failure the entry stays, so kubelet's retry runs
+  its PostStop hooks with the full record (the reference drops it whatever the runtime said, so a retried
+  Stop runs no hooks). We also drop on RemovePodSandbox (the pod *and* its containers,
+  :meth:`HookStore.remove_pod`) and RemoveContainer, on the same condition, which the reference never does
+  (its entries for containers of a stopped-but-not-removed pod otherwise leak);
 * load: :meth:`HookStore.load` replaces everything with what recovery rebuilt from the runtime, before the
   proxy serves.
 

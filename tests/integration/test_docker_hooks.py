@@ -225,6 +225,51 @@ class TestStartStop:
         assert POD_META == request.pod_meta
         assert node.proxy.hooks.store.get_pod(sandbox) is None
 
+    async def test_failed_stop_keeps_the_entry_for_the_retry(self, node: DockerNode) -> None:
+        """A stop dockerd fails (500) keeps the container stored: the retry runs PostStopContainer with the
+        full record again, and its success drops the entry."""
+        plugin = await node.add_plugin("p")
+        await node.start_proxy()
+        _, container = await node.create_pod()
+        await node.call("POST", f"/containers/{container}/start")
+        node.fake.inject("POST", "/stop$", 500, "cannot kill container: permission denied")
+
+        assert 500 == (await node.call("POST", f"/containers/{container}/stop")).status
+        assert node.proxy.hooks.store.get_container(container) is not None
+        assert 204 == (await node.call("POST", f"/containers/{container}/stop")).status
+
+        first, second = plugin.requests(HookPoint.POST_STOP_CONTAINER)
+        assert first == second and container == second.container_meta.id and second.container_resources
+        assert node.proxy.hooks.store.get_container(container) is None
+
+    async def test_failed_sandbox_stop_keeps_the_pod_and_404_drops_it(self, node: DockerNode) -> None:
+        """The same for a sandbox; a stop answered 404 (dockerd lost it) drops the pod."""
+        plugin = await node.add_plugin("p")
+        await node.start_proxy()
+        sandbox, _ = await node.create_pod()
+        node.fake.inject("POST", "/stop$", 500)
+        assert 500 == (await node.call("POST", f"/containers/{sandbox}/stop")).status
+        assert node.proxy.hooks.store.get_pod(sandbox) is not None
+        node.fake.inject("POST", "/stop$", 404, f"No such container: {sandbox}")
+        assert 404 == (await node.call("POST", f"/containers/{sandbox}/stop")).status
+        assert 2 == len(plugin.requests(HookPoint.POST_STOP_POD_SANDBOX))
+        assert node.proxy.hooks.store.get_pod(sandbox) is None
+
+    async def test_failed_remove_keeps_and_404_drops(self, node: DockerNode) -> None:
+        """DELETE answered 409/500 keeps the entries; 404 (already gone) drops them."""
+        await node.start_proxy()
+        sandbox, container = await node.create_pod()
+        node.fake.inject("DELETE", "^/containers/", 409, "You cannot remove a running container")
+        assert 409 == (await node.call("DELETE", f"/containers/{container}")).status
+        assert node.proxy.hooks.store.get_container(container) is not None
+        node.fake.inject("DELETE", "^/containers/", 404, "No such container", times=2)
+        assert 404 == (await node.call("DELETE", f"/containers/{container}")).status
+        assert 404 == (await node.call("DELETE", f"/containers/{sandbox}")).status
+        assert (0, 0) == (
+            node.proxy.hooks.store.statistics().pods,
+            node.proxy.hooks.store.statistics().containers,
+        )
+
     async def test_stop_of_unknown_container_reaches_dockerd(self, node: DockerNode) -> None:
         """A stop of an id nobody stored is forwarded, and dockerd's 404 comes back unchanged."""
         await node.start_proxy()

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import grpc
 import pytest
 import trio
 from cri_api.v1 import api_pb2
+from grpclib.const import Status
 
+from fakes.containerd import Fault
 from fakes.plugin import Changes, FakePlugin
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -231,3 +234,91 @@ class TestSkipLabel:
         await node.create_container(pod_id)
 
         assert [] == plugin.calls
+
+
+class TestRetriedStop:
+    """A Stop the runtime failed keeps its store entry, so kubelet's retry still reaches the PostStop hooks;
+    a Stop or Remove of an object the runtime no longer has (NOT_FOUND) drops it."""
+
+    async def test_retried_stop_container_runs_post_stop_with_the_full_record(self, node: Node) -> None:
+        plugin = await node.add_plugin("p", hooks=[HookPoint.POST_STOP_CONTAINER])
+        await node.start_proxy()
+        _, container_id = await node.pod_with_container()
+        await node.start(container_id)
+        node.fake.inject("StopContainer", Fault(status=Status.INTERNAL, message="shim busy"))
+
+        with pytest.raises(grpc.RpcError) as failed:
+            await node.stop(container_id)
+        assert grpc.StatusCode.INTERNAL == failed.value.code()
+        assert None is not node.proxy.hooks.store.get_container(container_id)
+
+        await node.stop(container_id)  # kubelet's retry; the runtime now succeeds
+
+        assert [container_request(container_id)] * 2 == plugin.requests(HookPoint.POST_STOP_CONTAINER)
+        assert None is node.proxy.hooks.store.get_container(container_id)
+        assert 2 == len(node.received("StopContainer"))
+
+    async def test_retried_stop_pod_sandbox_runs_post_stop_with_the_full_record(self, node: Node) -> None:
+        plugin = await node.add_plugin("p", hooks=[HookPoint.POST_STOP_POD_SANDBOX])
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+        node.fake.inject("StopPodSandbox", Fault(status=Status.UNAVAILABLE, message="network teardown"))
+
+        with pytest.raises(grpc.RpcError):
+            await node.stop_pod(pod_id)
+        assert None is not node.proxy.hooks.store.get_pod(pod_id)
+
+        await node.stop_pod(pod_id)
+
+        expected = hookapi.PodSandboxHookRequest(
+            pod_meta=POD_META,
+            runtime_handler="runc",
+            labels=POD_LABELS,
+            annotations=POD_ANNOTATIONS,
+            cgroup_parent=CGROUP_PARENT,
+        )
+        assert [expected] * 2 == plugin.requests(HookPoint.POST_STOP_POD_SANDBOX)
+        assert None is node.proxy.hooks.store.get_pod(pod_id)
+
+    async def test_stop_of_a_container_the_runtime_lost_drops_it(self, node: Node) -> None:
+        """NOT_FOUND: the object is gone, no retry will need its record."""
+        plugin = await node.add_plugin("p", hooks=[HookPoint.POST_STOP_CONTAINER])
+        await node.start_proxy()
+        pod_id, container_id = await node.pod_with_container()
+        node.fake.inject("StopContainer", Fault(status=Status.NOT_FOUND, message="not found"))
+        node.fake.inject("StopPodSandbox", Fault(status=Status.NOT_FOUND, message="not found"))
+
+        for stop in (node.stop(container_id), node.stop_pod(pod_id)):
+            with pytest.raises(grpc.RpcError) as failed:
+                await stop
+            assert grpc.StatusCode.NOT_FOUND == failed.value.code()
+
+        assert [container_request(container_id)] == plugin.requests(HookPoint.POST_STOP_CONTAINER)
+        assert None is node.proxy.hooks.store.get_container(container_id)
+        assert None is node.proxy.hooks.store.get_pod(pod_id)
+
+    async def test_failed_remove_keeps_and_not_found_remove_drops(self, node: Node) -> None:
+        """Remove*: the same rule. A failed RemoveContainer/RemovePodSandbox keeps the entries (a later
+        Stop of them still runs its hooks); NOT_FOUND drops them."""
+        await node.start_proxy()
+        pod_id, container_id = await node.pod_with_container()
+        store = node.proxy.hooks.store
+        remove_container = api_pb2.RemoveContainerRequest(container_id=container_id)
+        remove_pod = api_pb2.RemovePodSandboxRequest(pod_sandbox_id=pod_id)
+        node.fake.inject("RemoveContainer", Fault(status=Status.INTERNAL, message="busy"))
+        node.fake.inject("RemovePodSandbox", Fault(status=Status.INTERNAL, message="busy"))
+
+        for method, request in (("RemoveContainer", remove_container), ("RemovePodSandbox", remove_pod)):
+            with pytest.raises(grpc.RpcError):
+                await node.call(method, request)
+        assert (True, True) == (
+            store.get_container(container_id) is not None,
+            store.get_pod(pod_id) is not None,
+        )
+
+        node.fake.inject("RemoveContainer", Fault(status=Status.NOT_FOUND, message="gone"))
+        node.fake.inject("RemovePodSandbox", Fault(status=Status.NOT_FOUND, message="gone"))
+        for method, request in (("RemoveContainer", remove_container), ("RemovePodSandbox", remove_pod)):
+            with pytest.raises(grpc.RpcError):
+                await node.call(method, request)
+        assert (None, None) == (store.get_container(container_id), store.get_pod(pod_id))
