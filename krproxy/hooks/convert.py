@@ -61,6 +61,7 @@ import attrs
 
 from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
 from krproxy.proto.runtime import v1, v1alpha1
+from krproxy.protowire import varint
 
 __all__ = [
     "cgroup_parent_from_verbose",
@@ -510,33 +511,23 @@ def container_hook_request(container: ContainerInfo) -> v1alpha1.ContainerResour
 # so each tag is one byte: ``field number << 3 | wire type`` (0 varint, 2 length-delimited).
 
 
-def _varint(value: int) -> bytes:
-    value &= 0xFFFF_FFFF_FFFF_FFFF  # negative int64s as ten-byte two's complement, like every encoder
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _put_str(out: bytearray, tag: bytes, value: str) -> None:
     if value:
         data = value.encode()
         out += tag
-        out += _varint(len(data))
+        out += varint(len(data))
         out += data
 
 
 def _put_int(out: bytearray, tag: bytes, value: int) -> None:
     if value:
         out += tag
-        out += _varint(value)
+        out += varint(value)
 
 
 def _put_message(out: bytearray, tag: bytes, body: bytes | bytearray) -> None:
     out += tag
-    out += _varint(len(body))
+    out += varint(len(body))
     out += body
 
 
