@@ -18,6 +18,7 @@ import signal
 import trio
 import trio_asyncio
 
+from krproxy import log
 from krproxy.hookserver import ContainerContext, HookServer, PodContext, QoSClass, ServeOptions, Stage, serve
 
 app = HookServer()
@@ -50,6 +51,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket", default="/run/first-plugin.sock")
     parser.add_argument("--hook-dir", default="/etc/runtime/hookserver.d")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log every hook call's decisions")
     args = parser.parse_args()
+    # The SDK's log format (logfmt on stderr), as `krproxy hooks serve` does: without it the
+    # SDK's events (deferred or failed cgroup writes...) would go nowhere.
+    log.configure("debug" if args.verbose else "info")
     with contextlib.suppress(KeyboardInterrupt):
         trio.run(_main, ServeOptions(socket=args.socket, hook_dir=args.hook_dir, name="first-plugin"))

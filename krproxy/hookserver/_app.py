@@ -8,26 +8,41 @@ functions, apply, answer", with no awaits, so it runs unchanged inside a grpclib
 
 from __future__ import annotations
 
-import functools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import attrs
 
+from krproxy import log
 from krproxy.proto.runtime import v1alpha1 as pb
 
 from ._context import ContainerContext, ContainerInfo, PodContext, PodInfo
-from ._done import apply_container, apply_pod, container_response, pod_response
+from ._done import (
+    CgroupMissingError,
+    apply_container,
+    apply_pod,
+    container_response,
+    order_quota_writes,
+    pod_response,
+    who,
+)
 from ._executor import Change, Executor
 from ._features import Features, FeatureStatus, NodeProbe, StatusFn
 from ._policy import NodePolicy
-from ._registry import FailurePolicy, HookFailedError, Level, Registry, Stage, run_hooks
+from ._registry import FailurePolicy, Level, Registry, RunResult, Stage, run_hooks
 from ._rules import Rules
 
 LOGGER = logging.getLogger("krproxy.hookserver")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: Seconds between attempts at settings whose cgroup did not exist yet (a pod's cgroup appears
+#: when the runtime starts the sandbox, after PreRunPodSandbox answered).
+RETRY_INTERVAL = 1.0
+#: Seconds after which such settings are given up (logged as an error): the pod never started.
+PENDING_TIMEOUT = 300.0
 
 #: Where the executor writes unless told otherwise.
 DEFAULT_CGROUP_ROOT = "/sys/fs/cgroup"
@@ -98,6 +113,46 @@ class Ticker:
     fn: Callable[[Sequence[PodTarget]], bool] = attrs.field(hash=False)
 
 
+@attrs.frozen
+class Pending:
+    """Settings computed at a hook call whose cgroup did not exist yet; ``since`` is the clock's time."""
+
+    ctx: PodContext | ContainerContext
+    since: float
+
+
+def _who(ctx: PodContext | ContainerContext) -> str:
+    if isinstance(ctx, PodContext):
+        return who(ctx.request)
+    return who(ctx.request.pod, ctx.request.name)
+
+
+def _changed(value: Any) -> dict[str, Any]:
+    """The fields of a response that a plugin set (not None, not empty)."""
+    out: dict[str, Any] = {}
+    for key, field in attrs.asdict(value, recurse=False).items():
+        if attrs.has(type(field)):
+            out.update({f"{key}.{k}": v for k, v in _changed(field).items()})
+        elif field is not None and field != {}:
+            out[key] = field
+    return out
+
+
+def _log_decision(stage: Stage, ctx: PodContext | ContainerContext, result: RunResult) -> None:
+    """At debug level, one line per hook call: who, which functions ran, what they decided."""
+    if LOGGER.isEnabledFor(logging.DEBUG):
+        log.event(
+            LOGGER,
+            "hook_decision",
+            level=logging.DEBUG,
+            stage=stage.value,
+            pod=_who(ctx),
+            ran=",".join(result.ran),
+            failed=",".join(result.failed),
+            changes=_changed(ctx.response),
+        )
+
+
 def _default_executor() -> Executor:
     return Executor.for_roots(DEFAULT_CGROUP_ROOT, DEFAULT_RESCTRL_ROOT)
 
@@ -119,6 +174,9 @@ class HookServer:
     tickers: list[Ticker] = attrs.Factory(list)
     features: Features = attrs.Factory(Features)
     policy: NodePolicy | None = None
+    #: Settings waiting for their cgroup, by ``pod:<key>`` / ``container:<id>``.
+    pending: dict[str, Pending] = attrs.Factory(dict)
+    clock: Callable[[], float] = attrs.field(default=time.monotonic, hash=False)
 
     def __attrs_post_init__(self) -> None:
         self.rules.on_update(self.reconcile)
@@ -179,14 +237,25 @@ class HookServer:
     # -- hook calls (proxy mode) -----------------------------------------------------------
 
     def handle_pod(self, stage: Stage, req: pb.PodSandboxHookRequest) -> pb.PodSandboxHookResponse:
-        """Answer a pod-level hook call. Raises :class:`HookFailedError` under FAIL."""
+        """Answer a pod-level hook call. Raises :class:`HookFailedError` under FAIL.
+
+        Pod-level settings whose cgroup does not exist yet are kept and retried
+        (:meth:`retry_pending`) until it does.
+        """
         ctx = PodContext(PodInfo.from_proto(req))
-        run_hooks(self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value)
-        apply_pod(self.executor, ctx)
+        result = run_hooks(self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value)
+        _log_decision(stage, ctx, result)
+        key = "pod:" + _pod_key(ctx.request)
+        if stage is Stage.POST_STOP_POD_SANDBOX:
+            self.pods.remove_pod(ctx.request)
+            self.pending.pop(key, None)
+        try:
+            apply_pod(self.executor, ctx)
+        except CgroupMissingError as exc:
+            if stage is not Stage.POST_STOP_POD_SANDBOX:
+                self._defer(key, ctx, exc)
         if stage is Stage.PRE_RUN_POD_SANDBOX:
             self.pods.add_pod(ctx.request)
-        elif stage is Stage.POST_STOP_POD_SANDBOX:
-            self.pods.remove_pod(ctx.request)
         return pod_response(req, ctx)
 
     def handle_container(
@@ -194,43 +263,103 @@ class HookServer:
     ) -> pb.ContainerResourceHookResponse:
         """Answer a container-level hook call. Raises :class:`HookFailedError` under FAIL."""
         ctx = ContainerContext(ContainerInfo.from_proto(req))
-        run_hooks(self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value)
-        apply_container(self.executor, ctx, include_cri=False)
+        result = run_hooks(self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value)
+        _log_decision(stage, ctx, result)
+        if self.pending:  # the pod's cgroup exists by the time its containers are created
+            self.retry_pending()
+        key = "container:" + ctx.request.id
+        try:
+            apply_container(self.executor, ctx, include_cri=False)
+        except CgroupMissingError as exc:
+            if stage is not Stage.POST_STOP_CONTAINER:
+                self._defer(key, ctx, exc)
         if stage is Stage.POST_STOP_CONTAINER:
             self.pods.remove_container(ctx.request)
+            self.pending.pop(key, None)
         else:
             self.pods.add_container(ctx.request)
         return container_response(req, ctx)
+
+    # -- settings waiting for their cgroup -------------------------------------------------------
+
+    def _defer(self, key: str, ctx: PodContext | ContainerContext, exc: CgroupMissingError) -> None:
+        self.pending[key] = Pending(ctx, self.clock())
+        log.event(LOGGER, "cgroup_write_deferred", pod=_who(ctx), reason=str(exc), retry_every=RETRY_INTERVAL)
+
+    def retry_pending(self) -> list[Change]:
+        """Apply the settings still waiting for their cgroup; give up on those older than
+        :data:`PENDING_TIMEOUT` (logged as an error). Every outcome is logged."""
+        changes: list[Change] = []
+        now = self.clock()
+        for key, pending in list(self.pending.items()):
+            ctx = pending.ctx
+            try:
+                if isinstance(ctx, PodContext):
+                    done = apply_pod(self.executor, ctx)
+                else:
+                    done = apply_container(self.executor, ctx, include_cri=False)
+            except CgroupMissingError as exc:
+                if now - pending.since >= PENDING_TIMEOUT:
+                    del self.pending[key]
+                    log.event(
+                        LOGGER,
+                        "cgroup_write_abandoned",
+                        level=logging.ERROR,
+                        pod=_who(ctx),
+                        waited=round(now - pending.since, 1),
+                        reason=str(exc),
+                    )
+                continue
+            except OSError as exc:
+                del self.pending[key]
+                log.event(LOGGER, "cgroup_write_failed", level=logging.ERROR, pod=_who(ctx), error=str(exc))
+                continue
+            del self.pending[key]
+            changes += done
+            log.event(LOGGER, "cgroup_write_retried", pod=_who(ctx), changes=len(done))
+        return changes
 
     # -- re-apply (policy change, tickers, standalone) ---------------------------------------
 
     def reconcile(self, targets: Sequence[PodTarget] | None = None) -> list[Change]:
         """Run the reconcilers for every target (default: all known pods) and write the results.
 
-        Everything goes through the executor here, CRI-expressible settings included. A
-        failing reconciler or write is logged; the other pods still get their settings.
+        Everything goes through the executor here, CRI-expressible settings included, in an
+        order cgroup v1 accepts (:func:`order_quota_writes`). A failing reconciler or write is
+        logged, naming the pod, file and value; the other writes and pods still go ahead.
         """
         changes: list[Change] = []
         for target in self.pods.targets() if targets is None else targets:
             pod_ctx = PodContext(target.pod)
-            changes += self._reconcile_one(
-                Level.POD, pod_ctx, functools.partial(apply_pod, self.executor, pod_ctx)
+            run_hooks(
+                self.registry.reconcilers(Level.POD), pod_ctx, FailurePolicy.IGNORE, where="reconcile-pod"
             )
-            for container in target.containers:
-                ctx = ContainerContext(container)
-                done = functools.partial(apply_container, self.executor, ctx, include_cri=True)
-                changes += self._reconcile_one(Level.CONTAINER, ctx, done)
+            ctxs = [ContainerContext(c) for c in target.containers]
+            for ctx in ctxs:
+                run_hooks(
+                    self.registry.reconcilers(Level.CONTAINER),
+                    ctx,
+                    FailurePolicy.IGNORE,
+                    where="reconcile-container",
+                )
+            before, after = order_quota_writes(self.executor, pod_ctx, ctxs)
+            for ctx in before:
+                changes += self._write(ctx)
+            changes += self._write(pod_ctx)
+            for ctx in after:
+                changes += self._write(ctx)
         return changes
 
-    def _reconcile_one(self, level: Level, ctx: Any, done: Callable[[], list[Change]]) -> list[Change]:
+    def _write(self, ctx: PodContext | ContainerContext) -> list[Change]:
         try:
-            run_hooks(
-                self.registry.reconcilers(level), ctx, FailurePolicy.IGNORE, where=f"reconcile-{level.value}"
-            )
-            return done()
-        except (OSError, HookFailedError) as exc:
-            LOGGER.error("event=reconcile_failed level=%s error=%r", level.value, exc)
-            return []
+            if isinstance(ctx, PodContext):
+                return apply_pod(self.executor, ctx)
+            return apply_container(self.executor, ctx, include_cri=True)
+        except CgroupMissingError as exc:
+            log.event(LOGGER, "cgroup_missing", pod=_who(ctx), reason=str(exc))
+        except OSError as exc:
+            log.event(LOGGER, "reconcile_failed", level=logging.ERROR, pod=_who(ctx), error=str(exc))
+        return []
 
     def set_policy(self, policy: NodePolicy) -> tuple[str, ...]:
         """Take a new node policy: rules parse it; if any changed, all pods are re-applied.
@@ -246,6 +375,6 @@ class HookServer:
         try:
             changed = ticker.fn(self.pods.targets())
         except Exception as exc:
-            LOGGER.error("event=ticker_failed ticker=%s error=%r", ticker.name, exc)
+            log.event(LOGGER, "ticker_failed", level=logging.ERROR, ticker=ticker.name, error=repr(exc))
             return []
         return self.reconcile() if changed else []

@@ -11,15 +11,16 @@ Pod-level resources are written by the executor too: the proxy ignores them in C
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 
+from krproxy import log
 from krproxy.proto.runtime import v1alpha1 as hook
 
 from ._cgroups import CgroupFile, container_cgroup_dir, pod_cgroup_dir
-from ._context import ContainerContext, PodContext, ResourceChanges
-from ._executor import Change, Executor
+from ._context import ContainerContext, PodContext, PodInfo, ResourceChanges
+from ._executor import CgroupWriteError, Change, Executor
 
 LOGGER = logging.getLogger("krproxy.hookserver")
 
@@ -112,20 +113,48 @@ def plan_writes(
     return writes
 
 
+class CgroupMissingError(FileNotFoundError):
+    """The cgroup does not exist (yet): nothing was written. Pod cgroups appear when the runtime
+    starts the sandbox, after PreRunPodSandbox; the hook server retries them (``HookServer.retry_pending``)."""
+
+
+def who(pod: PodInfo, container: str = "") -> str:
+    """``namespace/name`` of a pod (``/container`` added), for messages."""
+    name = f"{pod.meta.namespace}/{pod.meta.name}" if pod.meta.name else pod.cgroup_parent
+    return f"{name}/{container}" if container else name
+
+
 def apply(
-    executor: Executor, cgroup_dir: str, changes: ResourceChanges, *, include_cri: bool
+    executor: Executor, cgroup_dir: str, changes: ResourceChanges, *, include_cri: bool, pod: str = ""
 ) -> list[Change]:
-    """Write ``changes`` for ``cgroup_dir``; a missing cgroup or file is logged and skipped."""
+    """Write ``changes`` for ``cgroup_dir``; a file the kernel lacks is logged and skipped.
+
+    Raises:
+        CgroupMissingError: ``cgroup_dir`` does not exist (nothing written).
+        CgroupWriteError: the kernel refused a value; names ``pod``, the file and the value.
+    """
     done: list[Change] = []
 
     def has(file: CgroupFile) -> bool:
         return executor.has(cgroup_dir, file)
 
-    for write in plan_writes(changes, include_cri=include_cri, has=has):
+    writes = plan_writes(changes, include_cri=include_cri, has=has)
+    if (writes or changes.resctrl is not None) and not executor.cgroup_exists(cgroup_dir):
+        raise CgroupMissingError(f"pod {pod}: no cgroup {cgroup_dir} under {executor.cgroup_root} yet")
+    for write in writes:
         try:
             change = executor.set(cgroup_dir, write.file, write.value)
+        except CgroupWriteError as exc:
+            raise exc.for_pod(pod) from exc.cause
         except FileNotFoundError as exc:
-            LOGGER.info("event=cgroup_write_skipped dir=%s reason=%s", cgroup_dir, exc)
+            log.event(
+                LOGGER,
+                "cgroup_write_skipped",
+                pod=pod,
+                file=write.file.name.lower(),
+                value=write.value,
+                reason=str(exc),
+            )
             continue
         if change is not None:
             done.append(change)
@@ -140,7 +169,11 @@ def apply_pod(executor: Executor, ctx: PodContext) -> list[Change]:
     if not ctx.request.cgroup_parent:
         return []
     return apply(
-        executor, pod_cgroup_dir(ctx.request.cgroup_parent), ctx.response.resources, include_cri=True
+        executor,
+        pod_cgroup_dir(ctx.request.cgroup_parent),
+        ctx.response.resources,
+        include_cri=True,
+        pod=who(ctx.request),
     )
 
 
@@ -150,4 +183,63 @@ def apply_container(executor: Executor, ctx: ContainerContext, *, include_cri: b
     if not info.id or not info.pod.cgroup_parent:
         return []
     cgroup_dir = container_cgroup_dir(info.pod.cgroup_parent, info.id)
-    return apply(executor, cgroup_dir, ctx.response.resources, include_cri=include_cri)
+    return apply(
+        executor, cgroup_dir, ctx.response.resources, include_cri=include_cri, pod=who(info.pod, info.name)
+    )
+
+
+def _quota(text: str | None) -> int:
+    """A v1 ``cpu.cfs_quota_us`` value; unlimited (-1) and unreadable count as unlimited."""
+    try:
+        value = int(text or "-1")
+    except ValueError:
+        return -1
+    return value
+
+
+def _above(a: int, b: int) -> bool:
+    """Whether quota ``a`` is more than quota ``b`` (-1 is unlimited)."""
+    return (a < 0 <= b) or (0 <= b < a)
+
+
+def _exceeds(child: int, parent: int) -> bool:
+    """Whether cgroup v1 refuses ``child`` under ``parent`` (an unlimited child is allowed)."""
+    return 0 <= parent < child
+
+
+def order_quota_writes(
+    executor: Executor, pod: PodContext, containers: Sequence[ContainerContext]
+) -> tuple[list[ContainerContext], list[ContainerContext]]:
+    """Containers to write before the pod and after it, so cgroup v1 accepts every quota.
+
+    cgroup v1 refuses a child's ``cpu.cfs_quota_us`` above its parent's and a parent's below a
+    child's. When the pod's quota is set, each container's is kept at or below it (its own limit
+    — a plugin's value, else the one kubelet gave it — capped by the pod's; a container capped
+    earlier gets its own limit back when the pod's rises). Containers whose quota goes down are
+    written first (lower the child before the parent), the others after (raise the parent first).
+    cgroup v2 has no such rule (``cpu.max`` limits nest), so there the pod simply goes first.
+    """
+    quota = pod.response.resources.cfs_quota
+    if executor.cgroup_version != 1 or quota is None or not pod.request.cgroup_parent:
+        return [], list(containers)
+    before: list[ContainerContext] = []
+    after: list[ContainerContext] = []
+    for ctx in containers:
+        if not ctx.request.id:
+            after.append(ctx)
+            continue
+        cgroup_dir = container_cgroup_dir(pod.request.cgroup_parent, ctx.request.id)
+        try:
+            current = _quota(executor.read(cgroup_dir, CgroupFile.CFS_QUOTA))
+        except OSError:
+            current = -1
+        own = ctx.response.resources.cfs_quota
+        if own is None:
+            own = ctx.request.resources.cpu_quota if ctx.request.resources.cpu_quota > 0 else -1
+            if own < 0 and _exceeds(current, quota):
+                own = current  # kubelet's limit unknown here: cap what the file holds
+        capped = quota if _exceeds(own, quota) else own
+        if capped != current and (capped >= 0 or current >= 0):
+            ctx.response.resources.cfs_quota = capped
+        (before if _above(current, capped) else after).append(ctx)
+    return before, after

@@ -9,6 +9,7 @@ A write that would not change the file is skipped.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pathlib
@@ -23,6 +24,24 @@ LOGGER = logging.getLogger("krproxy.hookserver.executor")
 
 class PathOutsideRootError(PermissionError):
     """The path resolves to somewhere outside the executor's root."""
+
+
+class CgroupWriteError(OSError):
+    """The kernel refused a cgroup write; the message names the file, the value and the reason."""
+
+    def __init__(self, path: pathlib.Path | str, value: str, cause: OSError, *, pod: str = "") -> None:
+        self.path, self.value, self.cause, self.pod = str(path), value, cause, pod
+        hint = ""
+        if cause.errno == errno.EINVAL and str(path).endswith("cpu.cfs_quota_us"):
+            hint = " (cgroup v1 refuses a quota above the parent's, or a parent's below a child's)"
+        who = f"pod {pod}: " if pod else ""
+        super().__init__(
+            cause.errno, f"{who}cannot write {value!r} to {path}: {cause.strerror or cause}{hint}"
+        )
+
+    def for_pod(self, pod: str) -> CgroupWriteError:
+        """The same error, naming ``pod``."""
+        return CgroupWriteError(self.path, self.value, self.cause, pod=pod)
 
 
 @attrs.frozen
@@ -94,6 +113,7 @@ class Executor:
 
         Raises:
             FileNotFoundError: the cgroup or the file does not exist (not created on purpose).
+            CgroupWriteError: the kernel refused the value.
             PathOutsideRootError: ``cgroup_dir`` escapes the root.
         """
         path = self.cgroup_path(cgroup_dir, file)
@@ -103,9 +123,18 @@ class Executor:
         new = format_value(file, value, self.cgroup_version, old)
         if old == new:
             return None
-        _write(path, new)
+        try:
+            self._write_cgroup(path, new)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise CgroupWriteError(path, new, exc) from exc
         LOGGER.info("event=cgroup_write path=%s old=%s new=%s", path, old, new)
         return Change(str(path), old, new)
+
+    def _write_cgroup(self, path: pathlib.Path, text: str) -> None:
+        """The one place a cgroup file is written (a test executor may apply kernel rules here)."""
+        _write(path, text)
 
     def pids(self, cgroup_dir: str) -> tuple[int, ...]:
         text = self.read(cgroup_dir, CgroupFile.PROCS) or ""

@@ -16,7 +16,7 @@ from grpclib.exceptions import GRPCError
 from krproxy import _grpc
 from krproxy.proto.runtime import v1alpha1 as hook
 
-from ._app import HookServer, Ticker
+from ._app import RETRY_INTERVAL, HookServer, Ticker
 from ._policy import PolicyWatcher
 from ._registration import registration_json, remove_registration, write_registration
 from ._registry import FailurePolicy, HookFailedError, Stage
@@ -113,6 +113,15 @@ async def run_background(app: HookServer, policy_path: str | None, nursery: trio
         app.report_features()
     for ticker in app.tickers:
         nursery.start_soon(_tick_forever, app, ticker)
+    nursery.start_soon(_retry_forever, app)
+
+
+async def _retry_forever(app: HookServer) -> None:
+    """Settings whose cgroup did not exist at their hook call are retried until it does."""
+    while True:
+        await trio.sleep(RETRY_INTERVAL)
+        if app.pending:
+            app.retry_pending()
 
 
 async def _tick_forever(app: HookServer, ticker: Ticker) -> None:

@@ -9,7 +9,9 @@ Public on purpose (like ``structlog.testing``): plugin authors test their plugin
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import pathlib
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -54,6 +56,9 @@ class FakeNode:
     resctrl: bool = True
     mba: bool = True
     cbm_mask: str = "fff"
+    #: Refuse cgroup v1 CFS quota writes the kernel refuses (EINVAL): a child's above its parent's,
+    #: a parent's below a child's.
+    strict_quota: bool = False
 
     @property
     def cgroup_root(self) -> pathlib.Path:
@@ -77,6 +82,8 @@ class FakeNode:
         return self
 
     def executor(self) -> Executor:
+        if self.strict_quota and self.cgroup_version == 1:
+            return _V1QuotaRules(self.cgroup_root, self.resctrl_root, self.cgroup_version)
         return Executor(self.cgroup_root, self.resctrl_root, self.cgroup_version)
 
     def add_cgroup(self, cgroup_dir: str, pids: Iterable[int] = ()) -> None:
@@ -102,6 +109,26 @@ class FakeNode:
     def read_resctrl(self, rel: str) -> str | None:
         path = self.resctrl_root / rel
         return path.read_text().strip() if path.exists() else None
+
+
+def _quota_at(path: pathlib.Path) -> int:
+    try:
+        return int(path.read_text().strip() or "-1")
+    except (FileNotFoundError, ValueError):
+        return -1
+
+
+class _V1QuotaRules(Executor):
+    """An executor that refuses what cgroup v1 refuses for ``cpu.cfs_quota_us`` (EINVAL)."""
+
+    def _write_cgroup(self, path: pathlib.Path, text: str) -> None:
+        if path.name == "cpu.cfs_quota_us":
+            new = int(text)
+            parent = _quota_at(path.parent.parent / path.name)
+            children = [_quota_at(c / path.name) for c in path.parent.iterdir() if c.is_dir()]
+            if 0 <= parent < new or any(0 <= new < c for c in children):
+                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        super()._write_cgroup(path, text)
 
 
 def pod_request(

@@ -13,17 +13,28 @@ budget once to the ``besteffort`` QoS cgroup; we write it per BE pod because a K
 BE pod need not live there — each BE pod is capped at the budget, not their sum.) With
 ``cpuset`` BE containers get the ``ceil(budget)`` highest-numbered CPUs and the pod quota
 is unset (−1). The meter is injectable, so tests feed numbers instead of /proc.
+
+A control loop, not a follower: a new budget is taken only when it differs from the one in
+force by more than :data:`HYSTERESIS` (and at least :data:`MIN_STEP`), so a load that wanders
+around the budget causes no writes; a cut (less CPU for BE: LS needs it) is taken at once, a raise
+at most once per :data:`RAISE_INTERVAL`. In cpuset mode BE containers never get a CPU that an
+LS pod is pinned to (the cpuset of a non-BE pod's ``scheduling.koordinator.sh/resource-status``);
+when every CPU is pinned, BE keeps the cpuset it has (logged). A policy change is taken at once.
+The clock is injectable, like the meter.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
+
+from krproxy import log
 
 from .._app import HookServer, PodTarget
 from .._cgroups import DEFAULT_CFS_PERIOD, CgroupFile, pod_cgroup_dir
@@ -32,10 +43,19 @@ from .._executor import Executor
 from .._features import FeatureStatus, NodeProbe
 from .._policy import CPUSuppress, NodePolicy
 from .._registry import Level, Stage
+from .cpuset import cpuset_from_annotations
 
 NAME = "cpusuppress"
+LOGGER = logging.getLogger("krproxy.hookserver.cpusuppress")
 #: How often usage is sampled and the budget recomputed (koordlet's default is 1 s too).
 INTERVAL = 1.0
+#: A new quota is taken only when it differs from the one in force by more than this share of it:
+#: usage measured over one second wanders by a few percent without any real change.
+HYSTERESIS = 0.05
+#: ... and by more than this (µs per 100 ms period, 0.05 CPU), so small quotas do not chatter.
+MIN_STEP = 5000
+#: Seconds between raises (more CPU for BE); cuts are taken at once, since LS pods need the CPU.
+RAISE_INTERVAL = 60.0
 
 
 @attrs.frozen
@@ -62,11 +82,48 @@ def be_quota(budget_cores: float, min_quota: int, period: int = DEFAULT_CFS_PERI
     return max(int(budget_cores * period), min_quota)
 
 
-def be_cpuset(total_cores: int, quota: int, period: int = DEFAULT_CFS_PERIOD) -> str:
-    """The ``ceil(quota/period)`` highest-numbered CPUs, as a cpuset list."""
-    n = min(max(math.ceil(quota / period), 1), total_cores)
-    first, last = total_cores - n, total_cores - 1
-    return str(last) if first == last else f"{first}-{last}"
+def parse_cpus(text: str) -> frozenset[int]:
+    """A cpuset list (``0-3,8``) as CPU numbers; a malformed part is ignored."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            continue
+    return frozenset(cpus)
+
+
+def format_cpus(cpus: Iterable[int]) -> str:
+    """CPU numbers as a cpuset list, ranges folded: ``{0, 1, 2, 5}`` → ``0-2,5``."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def be_cpuset(
+    total_cores: int, quota: int, period: int = DEFAULT_CFS_PERIOD, pinned: frozenset[int] = frozenset()
+) -> str | None:
+    """The ``ceil(quota/period)`` highest-numbered CPUs not in ``pinned``, as a cpuset list
+    (fewer when not enough are free; ``None`` when none is)."""
+    free = [cpu for cpu in range(total_cores - 1, -1, -1) if cpu not in pinned]
+    n = min(max(math.ceil(quota / period), 1), len(free))
+    return format_cpus(free[:n]) if n else None
+
+
+def ls_pinned_cpus(targets: Sequence[PodTarget]) -> frozenset[int]:
+    """CPUs that non-BE pods are pinned to by the scheduler (their resource-status cpuset)."""
+    pinned: set[int] = set()
+    for t in targets:
+        if not _is_be(t.pod.qos_class):
+            cpus = cpuset_from_annotations(t.pod.annotations)
+            if cpus:
+                pinned |= parse_cpus(cpus)
+    return frozenset(pinned)
 
 
 def _is_be(qos: QoSClass) -> bool:
@@ -139,34 +196,72 @@ class ProcfsMeter:
 
 @attrs.define
 class CpuSuppressPlugin:
+    """The BE budget in force (``quota``, ``cpuset``) and how it follows measurements.
+
+    Attributes:
+        clock: seconds, monotonic; injectable so tests drive time.
+    """
+
     meter: Meter = attrs.field(hash=False)
     config: CPUSuppress | None = None
     quota: int | None = None
     cpuset: str | None = None
+    clock: Callable[[], float] = attrs.field(default=time.monotonic, hash=False)
+    cgroup_version: int = 2
     _last: Measurement | None = None
+    _pinned: frozenset[int] = frozenset()
+    _changed_at: float | None = None
 
     def parse(self, policy: NodePolicy) -> bool:
         changed = policy.cpu_suppress != self.config
         self.config = policy.cpu_suppress
         if changed and self._last is not None:
-            self._recompute(self._last)
+            self._recompute(self._last, force=True)
         return changed
 
-    def _recompute(self, m: Measurement) -> bool:
+    def _take_quota(self, target: int, *, force: bool) -> bool:
+        """Whether ``target`` replaces the quota in force (hysteresis and rate limit)."""
+        held, now = self.quota, self.clock()
+        if held is None or force:
+            return True
+        if abs(target - held) <= max(held * HYSTERESIS, MIN_STEP):
+            return False
+        if target > held and self._changed_at is not None and now - self._changed_at < RAISE_INTERVAL:
+            LOGGER.debug("event=cpusuppress_raise_deferred quota=%d wanted=%d", held, target)
+            return False
+        return True
+
+    def _recompute(self, m: Measurement, *, force: bool = False) -> bool:
         if self.config is None:
             return False
-        quota = be_quota(be_budget(m, self.config.threshold_percent), self.config.min_quota)
-        cpuset = be_cpuset(m.total_cores, quota)
+        target = be_quota(be_budget(m, self.config.threshold_percent), self.config.min_quota)
+        quota = target if self._take_quota(target, force=force) else self.quota
+        assert quota is not None
+        cpuset = be_cpuset(m.total_cores, quota, pinned=self._pinned)
+        if cpuset is None:
+            log.event(
+                LOGGER,
+                "cpusuppress_no_free_cpu",
+                level=logging.WARNING,
+                pinned=format_cpus(self._pinned),
+                kept=self.cpuset or "",
+            )
+            cpuset = self.cpuset
         changed = (quota, cpuset) != (self.quota, self.cpuset)
+        if changed:
+            if quota != self.quota:
+                self._changed_at = self.clock()
+            log.event(LOGGER, "cpusuppress_budget", quota=quota, cpuset=cpuset or "", target=target)
         self.quota, self.cpuset = quota, cpuset
         return changed
 
     def tick(self, targets: Sequence[PodTarget]) -> bool:
-        """Sample; True when the BE budget changed (so BE pods must be re-applied)."""
+        """Sample; True when the BE budget in force changed (so BE pods must be re-applied)."""
         m = self.meter(targets)
         if m is None:
             return False
         self._last = m
+        self._pinned = ls_pinned_cpus(targets)
         return self._recompute(m)
 
     def set_pod(self, ctx: PodContext) -> None:
@@ -175,10 +270,16 @@ class CpuSuppressPlugin:
         ctx.response.resources.cfs_quota = self.quota if self.config.policy == "cfsQuota" else -1
 
     def set_container(self, ctx: ContainerContext) -> None:
-        if self.config is None or self.cpuset is None or self.config.policy != "cpuset":
+        if self.config is None or not _is_be(ctx.request.pod.qos_class):
             return
-        if _is_be(ctx.request.pod.qos_class):
-            ctx.response.resources.cpuset = self.cpuset
+        if self.config.policy == "cpuset":
+            if self.cpuset is not None:
+                ctx.response.resources.cpuset = self.cpuset
+            return
+        own = ctx.request.resources.cpu_quota
+        if self.cgroup_version == 1 and self.quota is not None and own > self.quota:
+            # cgroup v1 refuses a container quota above the pod's: the container gets the budget.
+            ctx.response.resources.cfs_quota = self.quota
 
 
 def status(probe: NodeProbe, proc_stat: str, policy: NodePolicy | None) -> FeatureStatus:
@@ -206,7 +307,10 @@ def install(
     app: HookServer, meter: Meter | None = None, *, interval: float = INTERVAL, proc_stat: str = "/proc/stat"
 ) -> CpuSuppressPlugin:
     """Install with ``meter`` (default: :class:`ProcfsMeter` on the app's executor and ``proc_stat``)."""
-    plugin = CpuSuppressPlugin(meter if meter is not None else ProcfsMeter(app.executor, proc_stat))
+    plugin = CpuSuppressPlugin(
+        meter if meter is not None else ProcfsMeter(app.executor, proc_stat),
+        cgroup_version=app.executor.cgroup_version,
+    )
     description = "BE CPU suppress: cfs quota or cpuset from measured LS usage"
     app.rules.register(NAME, description, plugin.parse)
     app.registry.register(Stage.PRE_RUN_POD_SANDBOX, NAME, description, plugin.set_pod)
