@@ -40,6 +40,7 @@ from krproxy.hooks import merge, validate
 from krproxy.hooks.convert import resources_from_hook
 from krproxy.hooks.merge import Change, Merged
 from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
+from krproxy.hooks.slices import is_slice_name, slice_path
 from krproxy.proto.runtime import v1alpha1 as hookapi
 
 LOGGER = logging.getLogger("krproxy.docker.convert")
@@ -210,14 +211,16 @@ def rebuild_env(original: Any, envs: Mapping[str, str]) -> list[str]:
 
 
 def to_cri_cgroup_parent(driver: str, parent: str) -> str:
-    """Docker's ``CgroupParent`` → the CRI path hooks see (only the systemd driver differs)."""
-    if driver != "systemd" or not parent or parent.startswith("/"):
+    """Docker's ``CgroupParent`` → the CRI path hooks see (only the systemd driver differs).
+
+    With the systemd driver a slice name becomes the path of the slice hierarchy it names
+    (:func:`krproxy.hooks.slices.slice_path`): ``kubepods-burstable-pod1.slice`` →
+    ``/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice``. Anything else
+    (empty, a path, a name dockerd would refuse) is passed on unchanged.
+    """
+    if driver != "systemd" or not is_slice_name(parent):
         return parent
-    if "burstable" in parent:
-        return f"/kubepods.slice/kubepods-burstable.slice/{parent}"
-    if "besteffort" in parent:
-        return f"/kubepods.slice/kubepods-besteffort.slice/{parent}"
-    return f"/kubepods.slice/{parent}"
+    return slice_path(parent)
 
 
 def to_docker_cgroup_parent(driver: str, parent: str) -> str:

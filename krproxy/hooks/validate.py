@@ -35,6 +35,7 @@ import re
 from collections.abc import Mapping
 
 from krproxy.hooks.model import ContainerInfo, PodInfo
+from krproxy.hooks.slices import slice_path
 from krproxy.proto.runtime import v1alpha1
 
 __all__ = [
@@ -70,14 +71,8 @@ _SLICE = re.compile(r"[A-Za-z0-9:_.\\-]+\.slice")
 _CPU_RANGE = re.compile(r"(\d{1,5})(?:-(\d{1,5})(?::(\d{1,5})/(\d{1,5}))?)?")
 
 
-def _slice_path(name: str) -> str:
-    """The cgroup path of a systemd slice: ``a-b-c.slice`` → ``/a.slice/a-b.slice/a-b-c.slice``."""
-    parts = name.removesuffix(".slice").split("-")
-    return "".join("/" + "-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
-
-
 def _as_path(cgroup_parent: str) -> str:
-    return cgroup_parent if "/" in cgroup_parent else _slice_path(cgroup_parent)
+    return cgroup_parent if "/" in cgroup_parent else slice_path(cgroup_parent)
 
 
 def is_below(child: str, parent: str) -> bool:

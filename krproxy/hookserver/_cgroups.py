@@ -10,6 +10,8 @@ import enum
 
 import attrs
 
+from krproxy.hooks.slices import is_slice_name, slice_path
+
 #: The CFS period kubelet and runc use when none is given (µs).
 DEFAULT_CFS_PERIOD = 100_000
 
@@ -65,23 +67,17 @@ def format_value(file: CgroupFile, value: int | str, version: int, current: str 
     return str(value)
 
 
-def _systemd_expand(slice_name: str) -> str:
-    """``kubepods-besteffort-pod1.slice`` → ``kubepods.slice/kubepods-besteffort.slice/…-pod1.slice``."""
-    parts = slice_name.removesuffix(".slice").split("-")
-    return "/".join("-".join(parts[: i + 1]) + ".slice" for i in range(len(parts)))
-
-
 def pod_cgroup_dir(cgroup_parent: str) -> str:
     """The pod's cgroup directory (relative to a hierarchy root) from its cgroup parent."""
-    if cgroup_parent.endswith(".slice") and "/" not in cgroup_parent:
-        return _systemd_expand(cgroup_parent)
+    if is_slice_name(cgroup_parent):
+        return slice_path(cgroup_parent).lstrip("/")
     return cgroup_parent.strip("/")
 
 
 def container_cgroup_dir(cgroup_parent: str, container_id: str) -> str:
     """The container's cgroup directory: ``<pod dir>/<id>`` (cgroupfs) or its systemd scope."""
-    if cgroup_parent.endswith(".slice") and "/" not in cgroup_parent:
-        return f"{_systemd_expand(cgroup_parent)}/cri-containerd-{container_id}.scope"
+    if is_slice_name(cgroup_parent):
+        return f"{pod_cgroup_dir(cgroup_parent)}/cri-containerd-{container_id}.scope"
     return f"{pod_cgroup_dir(cgroup_parent)}/{container_id}"
 
 

@@ -12,7 +12,10 @@ from krproxy.docker._http import error_reply, raw_head, with_body_length
 from krproxy.docker.convert import K8sName
 from krproxy.docker.routes import Action, Route, query_value, route
 from krproxy.docker.server import _hijacks
+from krproxy.hooks import validate
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
+from krproxy.hooks.slices import slice_path
+from krproxy.hookserver._cgroups import pod_cgroup_dir
 from krproxy.proto.runtime import v1alpha1 as hookapi
 
 HOST_CONFIG = {
@@ -76,25 +79,53 @@ class TestEnvs:
         assert envs == dict(convert.envs_from_docker(convert.rebuild_env([], envs)))
 
 
+#: koord-runtime-proxy's ToCriCgroupPath cases (pkg/runtimeproxy/server/docker utils_test.go), then ours.
+SYSTEMD_PARENTS = [
+    (
+        "kubepods-burstable-djfklsjdf98.slice",
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-djfklsjdf98.slice",
+    ),
+    (
+        "kubepods-besteffort-fsdfsdf.slice",
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-fsdfsdf.slice",
+    ),
+    ("kubepods-dfsdfsdf.slice", "/kubepods.slice/kubepods-dfsdfsdf.slice"),
+    ("koordinator-dfsdfsdf.slice", "/koordinator.slice/koordinator-dfsdfsdf.slice"),
+    ("dfsdfsdf.slice", "/dfsdfsdf.slice"),
+    ("", ""),
+    # A burstable pod outside kubepods stays outside it (the old rule put it under kubepods.slice).
+    ("batch-burstable-pod1.slice", "/batch.slice/batch-burstable.slice/batch-burstable-pod1.slice"),
+    (
+        "kubepods-besteffort-pod7712555c_ce62_454a_9e18_9ff0217b8941.slice",
+        "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod7712555c_ce62_454a_9e18_9ff0217b8941.slice",
+    ),
+    # Not a slice name: passed on as sent (dockerd refuses a systemd parent that is not "<name>.slice").
+    ("/kubepods.slice/kubepods-pod1.slice", "/kubepods.slice/kubepods-pod1.slice"),
+    ("burstable/djfklsjdf98", "burstable/djfklsjdf98"),
+    ("kubepods", "kubepods"),
+]
+
+#: The cases whose parent is a slice name.
+SLICE_NAMES = [(name, path) for name, path in SYSTEMD_PARENTS if name.endswith(".slice") and "/" not in name]
+
+
 class TestCgroups:
-    @pytest.mark.parametrize(
-        ("parent", "expected"),
-        [
-            (
-                "kubepods-burstable-pod1.slice",
-                "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice",
-            ),
-            (
-                "kubepods-besteffort-pod1.slice",
-                "/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod1.slice",
-            ),
-            ("kubepods-pod1.slice", "/kubepods.slice/kubepods-pod1.slice"),
-            ("", ""),
-        ],
-    )
+    @pytest.mark.parametrize(("parent", "expected"), SYSTEMD_PARENTS)
     def test_systemd_slice_to_cri_path(self, parent: str, expected: str) -> None:
-        """With the systemd driver a slice name is expanded under its QoS parent."""
+        """With the systemd driver a slice name becomes the path of its slice hierarchy, whatever its prefix."""
         assert expected == convert.to_cri_cgroup_parent("systemd", parent)
+
+    @pytest.mark.parametrize(("parent", "expected"), SLICE_NAMES)
+    def test_one_expansion_for_docker_mode_validation_and_the_sdk(self, parent: str, expected: str) -> None:
+        """Docker mode, answer validation and the SDK's cgroup directories expand a slice the same way."""
+        assert expected == slice_path(parent) == convert.to_cri_cgroup_parent("systemd", parent)
+        assert expected.lstrip("/") == pod_cgroup_dir(parent)
+        assert validate.is_below(expected + "/x", parent) and validate.is_below(parent, expected)
+
+    @pytest.mark.parametrize(("parent", "expected"), SLICE_NAMES)
+    def test_systemd_round_trip(self, parent: str, expected: str) -> None:
+        """Back to Docker, the expanded path becomes the slice name it came from."""
+        assert parent == convert.to_docker_cgroup_parent("systemd", expected)
 
     def test_cgroupfs_is_unchanged_both_ways(self) -> None:
         """With cgroupfs the path is the same in Docker and CRI form."""
