@@ -58,6 +58,7 @@ from ._rules import Rules as Rules
 from ._service import HookService as HookService
 from ._service import ServeOptions as ServeOptions
 from ._service import serve as serve
+from ._standalone import PodSelector as PodSelector
 from ._standalone import run_standalone as run_standalone
 from ._standalone import targets_from_cri as targets_from_cri
 
@@ -84,6 +85,7 @@ __all__ = [
     "PodContext",
     "PodInfo",
     "PodMeta",
+    "PodSelector",
     "PodTarget",
     "PolicyError",
     "PolicyWatcher",

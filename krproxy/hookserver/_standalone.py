@@ -14,26 +14,32 @@ verbose sandbox info (containerd: ``info["info"]`` JSON → ``config.linux.cgrou
 the sandbox's ``runtimeSpec.linux.cgroupsPath``); failing that, kubelet's usual places
 (``/kubepods[/burstable|/besteffort]/pod<uid>`` or the systemd slices) are looked up under the
 cgroup root. Pods without one get no cgroup writes.
+
+Only the pods a :class:`PodSelector` selects are touched: by default those with Koordinator's QoS
+label (``koordinator.sh/qosClass``) — on a shared node other tenants' pods are not ours to
+change — optionally narrowed to namespaces and labels.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
+import attrs
 import grpclib.client
 import grpclib.exceptions
 import trio
 import trio_asyncio
 
+from krproxy import log
 from krproxy._grpc import strip_unix_scheme
 from krproxy.hooks.convert import cgroup_parent_from_verbose
 from krproxy.proto.runtime import v1 as cri
 
 from ._app import HookServer, PodTarget
 from ._cgroups import kubelet_pod_cgroup_candidates, pod_cgroup_dir
-from ._context import ContainerInfo, PodInfo, PodMeta, Resources
+from ._context import QOS_LABEL, ContainerInfo, PodInfo, PodMeta, Resources
 from ._executor import Executor
 from ._service import run_background
 
@@ -43,6 +49,62 @@ LOGGER = logging.getLogger("krproxy.hookserver.standalone")
 RECONCILE_INTERVAL = 10.0
 #: Deadline of each CRI call (s); a runtime slower than this is skipped until the next pass.
 CRI_TIMEOUT = 10.0
+
+
+def _strings(values: Iterable[str]) -> frozenset[str]:
+    return frozenset(values)
+
+
+def _labels(values: Mapping[str, str]) -> dict[str, str]:
+    return dict(values)
+
+
+@attrs.frozen
+class PodSelector:
+    """Which pods standalone mode acts on.
+
+    Attributes:
+        namespaces: only pods in these namespaces (empty: any namespace).
+        labels: only pods with all these labels at these values.
+        qos_labelled: only pods with Koordinator's QoS label (the default).
+    """
+
+    namespaces: frozenset[str] = attrs.field(default=frozenset(), converter=_strings)
+    labels: Mapping[str, str] = attrs.field(factory=dict, converter=_labels)
+    qos_labelled: bool = True
+
+    @classmethod
+    def parse(
+        cls, namespaces: Iterable[str], selectors: Iterable[str], *, all_pods: bool = False
+    ) -> PodSelector:
+        """From ``--namespace`` values and ``--selector key=value[,key=value]`` values.
+
+        Raises:
+            ValueError: a selector term is not ``key=value``.
+        """
+        labels: dict[str, str] = {}
+        for selector in selectors:
+            for term in filter(None, (t.strip() for t in selector.split(","))):
+                key, eq, value = term.partition("=")
+                if not eq or not key.strip():
+                    raise ValueError(f"label selector term {term!r} is not key=value (e.g. app=batch)")
+                labels[key.strip()] = value.strip()
+        return cls(frozenset(namespaces), labels, not all_pods)
+
+    def matches(self, pod: PodInfo) -> bool:
+        if self.qos_labelled and QOS_LABEL not in pod.labels:
+            return False
+        if self.namespaces and pod.meta.namespace not in self.namespaces:
+            return False
+        return all(pod.labels.get(k) == v for k, v in self.labels.items())
+
+    def describe(self) -> str:
+        parts = [f"label {QOS_LABEL}" if self.qos_labelled else "all pods"]
+        if self.namespaces:
+            parts.append("namespaces " + ",".join(sorted(self.namespaces)))
+        if self.labels:
+            parts.append("labels " + ",".join(f"{k}={v}" for k, v in sorted(self.labels.items())))
+        return "; ".join(parts)
 
 
 def cgroup_parent_from_info(info: Mapping[str, str], sandbox_id: str) -> str:
@@ -127,17 +189,23 @@ async def list_targets(
     return targets_from_cri(sandboxes, info, containers, statuses, find_cgroup_parent=find_cgroup_parent)
 
 
-async def reconcile_once(app: HookServer, stub: cri.RuntimeServiceStub) -> bool:
-    """One pass: list, remember, reconcile. False (and logged) when the runtime did not answer."""
+async def reconcile_once(
+    app: HookServer, stub: cri.RuntimeServiceStub, selector: PodSelector | None = None
+) -> bool:
+    """One pass: list, select, remember, reconcile. False (and logged) when the runtime did not answer."""
+    selector = PodSelector() if selector is None else selector
     try:
         find = functools.partial(find_kubelet_cgroup, app.executor)
-        targets = await trio_asyncio.aio_as_trio(list_targets)(stub, find)
+        listed = await trio_asyncio.aio_as_trio(list_targets)(stub, find)
     except (TimeoutError, grpclib.exceptions.GRPCError, OSError) as exc:
-        LOGGER.warning("event=cri_list_failed error=%r", exc)
+        log.event(LOGGER, "cri_list_failed", level=logging.WARNING, error=repr(exc))
         return False
+    targets = [t for t in listed if selector.matches(t.pod)]
     app.pods.replace(targets)
     changes = app.reconcile()
-    LOGGER.info("event=reconciled pods=%d changes=%d", len(targets), len(changes))
+    log.event(
+        LOGGER, "reconciled", pods=len(targets), not_selected=len(listed) - len(targets), changes=len(changes)
+    )
     return True
 
 
@@ -147,21 +215,28 @@ async def run_standalone(
     *,
     interval: float = RECONCILE_INTERVAL,
     policy_path: str | None = None,
+    selector: PodSelector | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Reconcile forever. Must run inside ``trio_asyncio.open_loop()``.
+    """Reconcile the pods ``selector`` selects (default: Koordinator-QoS-labelled ones) forever.
+    Must run inside ``trio_asyncio.open_loop()``.
 
     Ready (``started()``) after the policy is loaded and the first pass has run.
     """
+    selector = PodSelector() if selector is None else selector
     channel = grpclib.client.Channel(path=strip_unix_scheme(cri_endpoint))
     stub = cri.RuntimeServiceStub(channel)
+    log.event(
+        LOGGER, "standalone_started", cri_endpoint=cri_endpoint, interval=interval, pods=selector.describe()
+    )
     try:
         async with trio.open_nursery() as nursery:
             await run_background(app, policy_path, nursery)
-            await reconcile_once(app, stub)
+            await reconcile_once(app, stub, selector)
             task_status.started()
             while True:
                 await trio.sleep(interval)
-                await reconcile_once(app, stub)
+                await reconcile_once(app, stub, selector)
     finally:
         channel.close()
+        log.event(LOGGER, "standalone_stopped", cri_endpoint=cri_endpoint)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import signal
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,10 +19,11 @@ import trio_asyncio
 from krproxy import log
 
 from ._app import DEFAULT_CGROUP_ROOT, DEFAULT_RESCTRL_ROOT, HookServer
+from ._context import QOS_LABEL
 from ._executor import Executor
 from ._registry import FailurePolicy, Stage
 from ._service import ServeOptions, serve
-from ._standalone import RECONCILE_INTERVAL, run_standalone
+from ._standalone import RECONCILE_INTERVAL, PodSelector, run_standalone
 from .policies import install_all
 
 DEFAULT_HOOK_DIR = "/etc/runtime/hookserver.d"
@@ -82,6 +84,27 @@ def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     st = sub.add_parser("standalone", help="apply the policies by reconciling pods listed from the CRI")
     st.add_argument("--cri-endpoint", default="unix:///run/containerd/containerd.sock")
     st.add_argument("--interval", type=float, default=RECONCILE_INTERVAL, metavar="SECONDS")
+    st.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="only pods in this namespace; repeatable (default: every namespace)",
+    )
+    st.add_argument(
+        "--selector",
+        "-l",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="only pods with these labels; repeatable",
+    )
+    st.add_argument(
+        "--all-pods",
+        action="store_true",
+        help=f"also pods without the {QOS_LABEL} label (by default only Koordinator-QoS-labelled pods"
+        " are touched: on a shared node the others are not ours to change)",
+    )
     _common(st)
     st.set_defaults(func=_standalone)
     return hooks
@@ -126,13 +149,20 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _standalone(args: argparse.Namespace) -> int:
+    try:
+        selector = PodSelector.parse(args.namespace, args.selector, all_pods=args.all_pods)
+    except ValueError as exc:
+        print(f"krproxy hooks standalone: --selector: {exc}", file=sys.stderr)
+        return 2
     _logging(args)
     app = build_app(args)
 
     async def run() -> None:
         async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_sigterm, nursery.cancel_scope)
-            await run_standalone(app, args.cri_endpoint, interval=args.interval, policy_path=args.policy)
+            await run_standalone(
+                app, args.cri_endpoint, interval=args.interval, policy_path=args.policy, selector=selector
+            )
 
     return _run(run)
 

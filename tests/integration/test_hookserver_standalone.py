@@ -17,7 +17,15 @@ import pytest
 import trio
 
 from fakes.containerd import FakeContainerd
-from krproxy.hookserver import CgroupFile, HookServer, NodePolicy, PodTarget, Stage, run_standalone
+from krproxy.hookserver import (
+    CgroupFile,
+    HookServer,
+    NodePolicy,
+    PodSelector,
+    PodTarget,
+    Stage,
+    run_standalone,
+)
 from krproxy.hookserver.policies import cpuset, cpusuppress, groupidentity, resctrl
 from krproxy.hookserver.policies.cpusuppress import Measurement
 from krproxy.hookserver.testing import FakeNode, container_request, pod_request
@@ -49,14 +57,14 @@ def make_app(node: FakeNode) -> HookServer:
     return app
 
 
-def start_pod(fake: FakeContainerd, name: str) -> str:
+def start_pod(fake: FakeContainerd, name: str, *, namespace: str = "default", labelled: bool = True) -> str:
     """RunPodSandbox + CreateContainer + StartContainer in the fake; returns the container id."""
     qos, _parent, annotations = PODS[name]
     sandbox_id = fake.state.run_pod_sandbox(
         cri.RunPodSandboxRequest(
             config=cri.PodSandboxConfig(
-                metadata=cri.PodSandboxMetadata(name=name, uid=f"uid-{name}", namespace="default"),
-                labels={"koordinator.sh/qosClass": qos},
+                metadata=cri.PodSandboxMetadata(name=name, uid=f"uid-{name}", namespace=namespace),
+                labels={"koordinator.sh/qosClass": qos} if labelled else {"app": name},
                 annotations=annotations,
             )
         )
@@ -181,3 +189,58 @@ async def test_runtime_outage_is_logged_and_retried(
             )
             await wait_until(lambda: caplog.text.count("cri_list_failed") >= 3)
             nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize(
+    ("selector", "touched"),
+    [
+        (None, {"be"}),  # default: only Koordinator-QoS-labelled pods
+        (PodSelector(frozenset({"tenant"}), qos_labelled=False), {"ls"}),
+        (PodSelector(labels={"app": "ls"}, qos_labelled=False), {"ls"}),
+        (PodSelector(frozenset({"tenant"})), set()),
+    ],
+)
+async def test_only_selected_pods_are_touched(
+    fake_containerd: tuple[FakeContainerd, str],
+    short_tmp: pathlib.Path,
+    selector: PodSelector | None,
+    touched: set[str],
+) -> None:
+    """On a shared node: a QoS-labelled BE pod in ``default`` and another tenant's unlabelled pod;
+    standalone changes only the pods its selector selects."""
+    fake, socket = fake_containerd
+    node = FakeNode(short_tmp / "n").create()
+    ids = {"be": start_pod(fake, "be"), "ls": start_pod(fake, "ls", namespace="tenant", labelled=False)}
+    for name, cid in ids.items():
+        node.add_cgroup(PODS[name][1])
+        node.add_cgroup(f"{PODS[name][1]}/{cid}")
+    policy = short_tmp / "policy.yaml"
+    policy.write_text(POLICY)
+    app = make_app(node)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(
+                functools.partial(
+                    run_standalone, app, socket, interval=0.05, policy_path=str(policy), selector=selector
+                )
+            )
+            assert touched == {t.pod.meta.name for t in app.pods.targets()}
+            nursery.cancel_scope.cancel()
+    bvt = {name: node.read(PODS[name][1], CgroupFile.CPU_BVT) for name in ids}
+    assert {"be": "-1" if "be" in touched else "0", "ls": "2" if "ls" in touched else "0"} == bvt
+
+
+class TestPodSelector:
+    def test_parse(self) -> None:
+        """--namespace and --selector values become a selector; --all-pods drops the QoS label rule."""
+        selector = PodSelector.parse(["a", "b"], ["app=x,tier = batch", "team=t"], all_pods=True)
+        assert (
+            PodSelector(frozenset({"a", "b"}), {"app": "x", "tier": "batch", "team": "t"}, False) == selector
+        )
+        assert PodSelector() == PodSelector.parse([], [])
+
+    @pytest.mark.parametrize("bad", ["app", "=x", "app=x,oops"])
+    def test_bad_selector(self, bad: str) -> None:
+        """A term that is not key=value is refused, saying what is expected."""
+        with pytest.raises(ValueError, match="is not key=value"):
+            PodSelector.parse([], [bad])

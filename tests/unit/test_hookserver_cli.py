@@ -139,3 +139,12 @@ class TestCli:
         )
         with pytest.raises(SystemExit):
             self._parse("hooks", "serve", "--failure-policy", "Maybe")
+
+    def test_standalone_selector_flags(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """--namespace/--selector/--all-pods are parsed; a bad selector exits 2 saying what is wrong."""
+        args = self._parse(
+            "hooks", "standalone", "--namespace", "batch", "-l", "app=x", "--all-pods", "--selector", "bad"
+        )
+        assert (["batch"], ["app=x", "bad"], True) == (args.namespace, args.selector, args.all_pods)
+        assert 2 == args.func(args)
+        assert "'bad' is not key=value" in capsys.readouterr().err
