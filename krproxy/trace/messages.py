@@ -11,7 +11,8 @@ learns ``recorded -> new`` from replies (top-level ``*_id`` fields, e.g. RunPodS
 
 Volatile fields (:data:`VOLATILE`: timestamps, pids, addresses, usage counters, the verbose
 ``info`` map) differ between any two runs; normalised, a non-default value becomes
-``"<volatile>"`` (a default one stays absent, so "set" vs "unset" is still compared).
+``"<volatile>"`` (a default one stays absent, so "set" vs "unset" is still compared); the
+sample times of stats (:data:`SAMPLE_TIMES`) are removed whole.
 """
 
 from __future__ import annotations
@@ -67,6 +68,12 @@ VOLATILE: frozenset[str] = frozenset(
 )
 
 VOLATILE_MARK = "<volatile>"
+
+#: Volatile down to their presence: removed from both sides, so neither value nor "set vs unset"
+#: is compared. A stats sample's ``timestamp`` says when the runtime sampled, and whether it had
+#: sampled yet when asked (containerd fills a writable layer's usage from a collector that runs
+#: every few seconds, so the same call answers with or without it depending on timing).
+SAMPLE_TIMES: frozenset[str] = frozenset({"timestamp"})
 
 Plain = dict[str, Any]
 
@@ -220,6 +227,7 @@ def _normalise_value(value: Any, back: Mapping[str, str], volatile: frozenset[st
         return {
             key: VOLATILE_MARK if key in volatile else _normalise_value(item, back, volatile)
             for key, item in value.items()
+            if key not in SAMPLE_TIMES
         }
     if isinstance(value, list):
         return [_normalise_value(item, back, volatile) for item in value]

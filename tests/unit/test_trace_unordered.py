@@ -229,3 +229,27 @@ class TestClassification:
         for (message, field), rule in messages.UNORDERED.items():
             key = ", ".join(f"`{k}`" for k in rule.key) or "the value"
             assert f"| `{message}.{field}` | {key} |" in text, (message, field)
+
+
+class TestSampleTimes:
+    def test_a_sample_time_set_on_one_side_only_is_no_difference(self) -> None:
+        """containerd answers a writable layer with or without its sample time, depending on its collector."""
+        layer = cri.FilesystemUsage(
+            fs_id=cri.FilesystemIdentifier(mountpoint="/m"), used_bytes=cri.UInt64Value(1)
+        )
+        sampled = cri.FilesystemUsage(
+            timestamp=7, fs_id=cri.FilesystemIdentifier(mountpoint="/m"), used_bytes=cri.UInt64Value(1)
+        )
+
+        def reply(usage: cri.FilesystemUsage) -> cri.ListContainerStatsResponse:
+            stats = cri.ContainerStats(attributes=cri.ContainerAttributes(id="c"), writable_layer=usage)
+            return cri.ListContainerStatsResponse(stats=[stats])
+
+        record = rec(1, "ListContainerStats", cri.ListContainerStatsRequest(), reply(layer))
+        assert () == compare(record, Answer(Status.OK, None, bytes(reply(sampled))), IdMap())
+        moved = cri.FilesystemUsage(timestamp=7, fs_id=cri.FilesystemIdentifier(mountpoint="/elsewhere"))
+        assert ['reply.stats[attributes.id="c"].writable_layer.fs_id.mountpoint'] == [
+            d.where
+            for d in compare(record, Answer(Status.OK, None, bytes(reply(moved))), IdMap())
+            if d.where.endswith("mountpoint")
+        ]
