@@ -408,6 +408,8 @@ class Endpoint:
             if not self.closed:
                 self.write(f.goaway(self.last_peer_id, err.code, str(err).encode()[:200]))
                 self.try_send()
+        except ConnectionResetError:  # the peer closed with our bytes unread, e.g. it crashed
+            reason = "connection reset by peer"
         except (OSError, trio.ClosedResourceError) as err:
             reason = str(err) or type(err).__name__
         except trio.Cancelled:

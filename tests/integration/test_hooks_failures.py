@@ -35,7 +35,8 @@ TIMEOUT_CAUSES = ("no answer within 0.3s", "DEADLINE_EXCEEDED")
 TROUBLES: dict[str, tuple[Misbehaviour | None, tuple[str, ...]]] = {
     "error": (Misbehaviour(status=Status.INTERNAL, message="boom"), ("INTERNAL: boom",)),
     "timeout": (Misbehaviour(hang=True), TIMEOUT_CAUSES),
-    "crash": (Misbehaviour(drop=True), ("connection closed by peer",)),
+    # A crash ends the connection; with the proxy's request still unread the kernel resets it.
+    "crash": (Misbehaviour(drop=True), ("connection closed by peer", "connection reset by peer")),
     "garbage": (Misbehaviour(garbage=GARBAGE), ("EOFError",)),
     # Decodes without error (betterproto2 ignores wire types) but pod_cgroup_parent comes out an int.
     "loose": (Misbehaviour(garbage=b"\x18\x05"), ("invalid answer: answer has fields of the wrong type",)),
@@ -115,6 +116,30 @@ class TestPreHookFailureDetails:
 
         assert f"hook server stale failed PreCreateContainer: unreachable at {path}" in error.details()
         assert await trio.Path(path).exists()
+
+    async def test_plugin_that_closes_with_our_request_unread_is_reset(self, node: Node) -> None:
+        """A plugin that dies with the proxy's bytes unread resets the connection (ECONNRESET):
+        reported as what happened, "connection reset by peer", not as an errno string."""
+        path = node.plugin_socket("reset")
+        listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await listener.bind(path)
+        listener.listen()
+
+        async def accept_then_die() -> None:
+            conn, _ = await listener.accept()
+            await trio.lowlevel.wait_readable(conn)  # the proxy's preface and request are queued, unread
+            await trio.sleep(0.1)
+            conn.close()  # closing with unread input makes the kernel reset the peer
+
+        node.nursery.start_soon(accept_then_die)
+        await node.add_plugin("reset", hooks=[CREATE], failure_policy="Fail", serve=False)
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+
+        error = await rejection(node, "CreateContainer", node.create_request(pod_id))
+
+        listener.close()
+        assert "hook server reset failed PreCreateContainer: connection reset by peer" in error.details()
 
     async def test_fail_on_pre_start_rejects_start(self, node: Node) -> None:
         """A Fail plugin failing PreStartContainer rejects StartContainer; the runtime never sees it."""
