@@ -31,7 +31,7 @@ from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
 from fakes.containerd import FakeContainerd, run_fake_containerd
-from krproxy import _grpc
+from krproxy import _grpc, kubelet
 from krproxy.config import ProxyConfig
 from krproxy.daemon import serve
 from krproxy.proto.runtime import v1 as cri
@@ -102,7 +102,7 @@ def _pod_config() -> pb.PodSandboxConfig:
 async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
     channel = grpc.insecure_channel(f"unix://{proxy_socket}")
     runtime = pb_grpc.RuntimeServiceStub(channel)  # type: ignore[no-untyped-call]
-    timeout = 10
+    timeout = kubelet.RUNTIME_REQUEST_TIMEOUT  # kubelet's deadlines, as a node has them
     try:
         await demo.step(
             "Version",
@@ -112,7 +112,9 @@ async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
         pod_config = _pod_config()
         pod = await demo.step(
             "RunPodSandbox",
-            lambda: runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=pod_config), timeout=timeout),
+            lambda: runtime.RunPodSandbox(
+                pb.RunPodSandboxRequest(config=pod_config), timeout=kubelet.RUN_POD_SANDBOX_TIMEOUT
+            ),
             lambda r: f"pod default/demo -> sandbox {r.pod_sandbox_id[:12]}",
         )
         if pod is None:
@@ -168,24 +170,33 @@ async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
         await demo.step(
             "ExecSync",
             lambda: runtime.ExecSync(
-                pb.ExecSyncRequest(container_id=cid, cmd=["echo", "hello"], timeout=5), timeout=timeout
+                pb.ExecSyncRequest(container_id=cid, cmd=["echo", "hello"], timeout=5),
+                timeout=kubelet.exec_sync_timeout(5),
             ),
             lambda r: f"exit {r.exit_code}, stdout {r.stdout!r}",
         )
         for name, call in (
             (
                 "StopContainer",
-                lambda: runtime.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=1)),
+                lambda: runtime.StopContainer(
+                    pb.StopContainerRequest(container_id=cid, timeout=1),
+                    timeout=kubelet.stop_container_timeout(1),
+                ),
             ),
-            ("RemoveContainer", lambda: runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid))),
+            (
+                "RemoveContainer",
+                lambda: runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=timeout),
+            ),
             (
                 "StopPodSandbox",
-                lambda: runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id)),
+                lambda: runtime.StopPodSandbox(
+                    pb.StopPodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id), timeout=timeout
+                ),
             ),
             (
                 "RemovePodSandbox",
                 lambda: runtime.RemovePodSandbox(
-                    pb.RemovePodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id)
+                    pb.RemovePodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id), timeout=timeout
                 ),
             ),
         ):

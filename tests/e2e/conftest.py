@@ -19,6 +19,9 @@ import pytest
 from tests.e2e.support import Containerd, Cri, Plugin, Proxy, run_script, start_plugin, start_proxy
 
 HERE = Path(__file__).parent
+#: Which containerd this pytest run uses: 1.6 (the machine's own package, the default), 1.7 or 2.x
+#: (Debian trixie's / sid's, fetched by ``containerd-sandbox fetch``). ``nox -s e2e`` runs each.
+CONTAINERD_VERSION = os.environ.get("KRPROXY_E2E_CONTAINERD", "1.6")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -43,9 +46,15 @@ def containerd() -> Iterator[Containerd]:
         pytest.skip(
             f"containerd-sandbox install failed (exit {installed.returncode}):\n{_tail(installed.stderr)}"
         )
+    fetched = run_script("fetch", "--version", CONTAINERD_VERSION)
+    if fetched.returncode != 0:
+        pytest.skip(f"containerd {CONTAINERD_VERSION} cannot be had here: {_tail(fetched.stderr, 1)}")
+    bin_dir = fetched.stdout.strip().splitlines()[-1]
     root = Path(tempfile.mkdtemp(prefix="kpe2e-", dir="/tmp"))
     # A cgroup parent of our own, so parallel runs never clean up each other's cgroups.
-    sandbox = Containerd(root / "containerd", cgroup_parent=f"krproxy-e2e-{uuid.uuid4().hex[:6]}")
+    sandbox = Containerd(
+        root / "containerd", cgroup_parent=f"krproxy-e2e-{uuid.uuid4().hex[:6]}", bin_dir=bin_dir
+    )
     try:
         sandbox.start()
         yield sandbox

@@ -24,12 +24,15 @@ from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 from google.protobuf.message import Message
 
+from krproxy import kubelet
+
 REPO = Path(__file__).resolve().parents[2]
 SANDBOX_SCRIPT = REPO / "scripts" / "containerd-sandbox"
 #: A container loop that exits at once on SIGTERM (the shell runs the trap while ``wait`` waits).
 LOOP = ["sh", "-c", "while :; do sleep 1 & wait $!; done"]
-#: Generous per-call deadline: RunPodSandbox takes ~0.1 s here, but CI machines are noisy.
-TIMEOUT = 30
+
+#: The deadline of a CRI call in the tests: kubelet's (krproxy/kubelet.py), not a shortened one.
+TIMEOUT = kubelet.RUNTIME_REQUEST_TIMEOUT
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess[str]:
@@ -63,6 +66,8 @@ class Containerd:
 
     dir: Path
     cgroup_parent: str
+    #: Where the containerd, shim and ctr to run are (``containerd-sandbox fetch``); "" for PATH.
+    bin_dir: str = ""
 
     @property
     def state(self) -> dict[str, Any]:
@@ -78,8 +83,25 @@ class Containerd:
     def busybox(self) -> str:
         return str(self.state["busybox_image"])
 
+    @property
+    def version(self) -> str:
+        """The version containerd reports (``1.6.20~ds1``, ``2.1.9+unknown``...)."""
+        return str(self.state["containerd_version"])
+
+    @property
+    def major(self) -> int:
+        return int(self.version.split(".")[0])
+
+    @property
+    def ctr(self) -> str:
+        """The ``ctr`` of this containerd."""
+        return os.path.join(self.bin_dir, "ctr") if self.bin_dir else "ctr"
+
     def start(self) -> None:
-        r = run_script("start", "--dir", str(self.dir), "--cgroup-parent", self.cgroup_parent)
+        r = run_script(
+            *("start", "--dir", str(self.dir), "--cgroup-parent", self.cgroup_parent),
+            *(("--bin-dir", self.bin_dir) if self.bin_dir else ()),
+        )
         assert 0 == r.returncode, f"containerd-sandbox start failed:\n{r.stderr}"
 
     def stop(self) -> None:
@@ -253,7 +275,8 @@ class Pod:
 def running_pod(cri: Cri, containerd: Containerd) -> Iterator[Pod]:
     """Run a pod with one looping container through ``cri``; remove both afterwards."""
     config = pod_config(containerd.cgroup_parent)
-    pod_id = cri.runtime.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=TIMEOUT).pod_sandbox_id
+    request = pb.RunPodSandboxRequest(config=config)
+    pod_id = cri.runtime.RunPodSandbox(request, timeout=kubelet.RUN_POD_SANDBOX_TIMEOUT).pod_sandbox_id
     try:
         request = pb.CreateContainerRequest(
             pod_sandbox_id=pod_id, config=container_config(containerd.busybox), sandbox_config=config

@@ -17,6 +17,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
+from krproxy import kubelet
 from tests.e2e.plugin_process import ALL_HOOKS, register
 from tests.e2e.support import (
     CGROUP_ROOT,
@@ -71,7 +72,7 @@ def cleanup(direct: Cri) -> Iterator[list[str]]:
 
 def run_pod(cri: Cri, config: Any, pods: list[str]) -> str:
     pod_id: str = cri.runtime.RunPodSandbox(
-        pb.RunPodSandboxRequest(config=config), timeout=TIMEOUT
+        pb.RunPodSandboxRequest(config=config), timeout=kubelet.RUN_POD_SANDBOX_TIMEOUT
     ).pod_sandbox_id
     pods.append(pod_id)
     return pod_id
@@ -144,10 +145,10 @@ def containers_in(direct: Cri, pod_id: str) -> list[Any]:
 
 def ctr_containers(containerd: Containerd) -> set[str] | None:
     """Container ids containerd itself holds in the CRI namespace (None if ``ctr`` is missing)."""
-    if shutil.which("ctr") is None:
+    if shutil.which(containerd.ctr) is None:
         return None
     listed = subprocess.run(
-        ["ctr", "-a", containerd.socket, "-n", "k8s.io", "containers", "ls", "-q"],
+        [containerd.ctr, "-a", containerd.socket, "-n", "k8s.io", "containers", "ls", "-q"],
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -362,7 +363,8 @@ class TestProxyRestart:
                     cgroup_file("cpu", cgroups_of(pid)["cpu"], "cpu.shares"),
                 )
                 cri.runtime.StopContainer(
-                    pb.StopContainerRequest(container_id=cid, timeout=10), timeout=TIMEOUT
+                    pb.StopContainerRequest(container_id=cid, timeout=10),
+                    timeout=kubelet.stop_container_timeout(10),
                 )
                 cri.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=TIMEOUT)
 
@@ -428,7 +430,8 @@ class TestSkipLabel:
             start(via_proxy, cid)
             update(via_proxy, cid, cpu_period=100_000, cpu_quota=50_000)
             via_proxy.runtime.StopContainer(
-                pb.StopContainerRequest(container_id=cid, timeout=10), timeout=TIMEOUT
+                pb.StopContainerRequest(container_id=cid, timeout=10),
+                timeout=kubelet.stop_container_timeout(10),
             )
             via_proxy.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=TIMEOUT)
             via_proxy.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=TIMEOUT)

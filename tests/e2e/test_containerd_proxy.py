@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 from cri_api.v1 import api_pb2 as pb
 
+from krproxy import kubelet
 from tests.e2e.support import (
     TIMEOUT,
     VOLATILE,
@@ -123,7 +124,8 @@ class TestPodLifecycle:
         """A pod and its container go through their whole life with every call made through the proxy."""
         rt = via_proxy.runtime
         config = pod_config(containerd.cgroup_parent, "lifecycle")
-        pod_id = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=config), timeout=TIMEOUT).pod_sandbox_id
+        request = pb.RunPodSandboxRequest(config=config)
+        pod_id = rt.RunPodSandbox(request, timeout=kubelet.RUN_POD_SANDBOX_TIMEOUT).pod_sandbox_id
         assert pb.SANDBOX_READY == pod_status(via_proxy, pod_id).state
 
         request = pb.CreateContainerRequest(
@@ -137,17 +139,20 @@ class TestPodLifecycle:
         assert pb.CONTAINER_RUNNING == container_status(via_proxy, cid).state
 
         exec_ok = rt.ExecSync(
-            pb.ExecSyncRequest(container_id=cid, cmd=["echo", "hello"], timeout=10), timeout=TIMEOUT
+            pb.ExecSyncRequest(container_id=cid, cmd=["echo", "hello"], timeout=10),
+            timeout=kubelet.exec_sync_timeout(10),
         )
         assert (0, b"hello\n", b"") == (exec_ok.exit_code, exec_ok.stdout, exec_ok.stderr)
         exec_failing = rt.ExecSync(
             pb.ExecSyncRequest(container_id=cid, cmd=["sh", "-c", "echo oops >&2; exit 3"], timeout=10),
-            timeout=TIMEOUT,
+            timeout=kubelet.exec_sync_timeout(10),
         )
         assert (3, b"", b"oops\n") == (exec_failing.exit_code, exec_failing.stdout, exec_failing.stderr)
 
         started = time.monotonic()
-        rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=10), timeout=TIMEOUT)
+        rt.StopContainer(
+            pb.StopContainerRequest(container_id=cid, timeout=10), timeout=kubelet.stop_container_timeout(10)
+        )
         assert time.monotonic() - started < 5, "StopContainer waited out its timeout"
         assert pb.CONTAINER_EXITED == container_status(via_proxy, cid).state
 
@@ -181,6 +186,53 @@ class TestReadOnlyCalls:
             expected = outcome(lambda p=path: direct.raw(p, b"\x08\x01"))
             assert grpc.StatusCode.UNIMPLEMENTED == expected[0]
             assert expected == outcome(lambda p=path: via_proxy.raw(p, b"\x08\x01"))
+
+
+class TestNewerMethods:
+    """Methods and fields newer containerds added reach the client unchanged through the proxy."""
+
+    def test_new_methods_answer_as_direct(self, containerd: Containerd, direct: Cri, via_proxy: Cri) -> None:
+        """RuntimeConfig, ListMetricDescriptors, UpdatePodSandboxResources: the same answer or error both ways.
+
+        What they answer depends on the version: 1.6's gRPC server knows none of them ("unknown
+        method"); 1.7 has them in its API but answers UNIMPLEMENTED ("method ... not implemented");
+        2.1.9 answers RuntimeConfig with its cgroup driver, ListMetricDescriptors "not implemented"
+        and does not know UpdatePodSandboxResources. The test pins RuntimeConfig's answer per major
+        version and asks the proxy to give exactly what containerd gives for each.
+        """
+        with running_pod(direct, containerd) as pod:
+            update = pb.UpdatePodSandboxResourcesRequest(
+                pod_sandbox_id=pod.id,
+                resources=pb.LinuxContainerResources(cpu_shares=2, cpu_period=100_000),
+            )
+            calls = [
+                (RUNTIME + "RuntimeConfig", pb.RuntimeConfigRequest()),
+                (RUNTIME + "ListMetricDescriptors", pb.ListMetricDescriptorsRequest()),
+                (RUNTIME + "UpdatePodSandboxResources", update),
+            ]
+            answers = {
+                path.rsplit("/", 1)[1]: (
+                    answer(direct, path, request, frozenset()),
+                    answer(via_proxy, path, request, frozenset()),
+                )
+                for path, request in calls
+            }
+        assert {name: pair[0] for name, pair in answers.items()} == {
+            name: pair[1] for name, pair in answers.items()
+        }
+        config = answers["RuntimeConfig"][1]
+        if containerd.major >= 2:
+            assert pb.CGROUPFS == config.linux.cgroup_driver
+        else:
+            assert grpc.StatusCode.UNIMPLEMENTED == config[0]
+
+    def test_status_fields_of_the_version(self, containerd: Containerd, direct: Cri, via_proxy: Cri) -> None:
+        """Status through the proxy carries what this containerd puts there (2.x: runtime handlers, features)."""
+        expected = direct.runtime.Status(pb.StatusRequest(), timeout=TIMEOUT)
+        actual = via_proxy.runtime.Status(pb.StatusRequest(), timeout=TIMEOUT)
+        assert normalised(expected) == normalised(actual)
+        if containerd.major >= 2:
+            assert {"runc", "krproxy-oci"} <= {h.name for h in actual.runtime_handlers}
 
 
 class TestContainerEvents:
@@ -236,7 +288,7 @@ class TestContainerdRestart:
         assert expected == via_proxy.runtime.Version(pb.VersionRequest(), timeout=TIMEOUT)
         with running_pod(via_proxy, containerd) as pod:
             request = pb.ExecSyncRequest(container_id=pod.container_id, cmd=["true"], timeout=10)
-            assert 0 == via_proxy.runtime.ExecSync(request, timeout=TIMEOUT).exit_code
+            assert 0 == via_proxy.runtime.ExecSync(request, timeout=kubelet.exec_sync_timeout(10)).exit_code
 
 
 class TestShutdown:
@@ -250,7 +302,7 @@ class TestShutdown:
                 container_id=pod.container_id, cmd=["sh", "-c", f"sleep 2; echo {marker}"], timeout=30
             )
             started = time.monotonic()
-            future = cri.runtime.ExecSync.future(request, timeout=TIMEOUT)
+            future = cri.runtime.ExecSync.future(request, timeout=kubelet.exec_sync_timeout(30))
             wait_until(lambda: running(marker), what="exec process running in the container")
             proxy.process.send_signal(signal.SIGTERM)
             reply = future.result()

@@ -33,6 +33,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
+from krproxy import kubelet
 from tests.e2e.support import LOOP, TIMEOUT, Containerd, Cri, Proxy, pod_config, wait_until
 
 RECORDER = f"""#!{sys.executable}
@@ -119,7 +120,9 @@ class Node:
         config = pod_config(self.containerd.cgroup_parent, name="oci")
         request = pb.RunPodSandboxRequest(config=config, runtime_handler=self.handler)
         self.pod_config = config
-        pod_id = self.cri.runtime.RunPodSandbox(request, timeout=TIMEOUT).pod_sandbox_id
+        pod_id = self.cri.runtime.RunPodSandbox(
+            request, timeout=kubelet.RUN_POD_SANDBOX_TIMEOUT
+        ).pod_sandbox_id
         try:
             yield pod_id
         finally:
@@ -158,7 +161,8 @@ class Node:
 
     def stop(self, container_id: str) -> None:
         self.cri.runtime.StopContainer(
-            pb.StopContainerRequest(container_id=container_id, timeout=5), timeout=TIMEOUT
+            pb.StopContainerRequest(container_id=container_id, timeout=5),
+            timeout=kubelet.stop_container_timeout(5),
         )
 
     def state_of(self, container_id: str) -> int:
