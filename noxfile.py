@@ -29,7 +29,12 @@ def tests(session: nox.Session) -> None:
 
 @nox.session
 def e2e(session: nox.Session) -> None:
-    """End-to-end tests: the krproxy daemon in front of a real containerd in a private sandbox."""
+    """End-to-end tests: the krproxy daemon in front of real containerd 1.6, 1.7 and 2.x in private sandboxes.
+
+    scripts/e2e-matrix runs tests/e2e once per containerd version (in parallel) and Docker mode's
+    file once, and prints passed/failed/skipped per version. Arguments go to every pytest run;
+    ``--versions 1.6,2.x`` or ``--jobs N`` narrow the matrix or change how many run at a time.
+    """
     _install(session)
     # Docker mode's e2e test needs a dockerd; fetch one if we can (unpacked, not installed).
     # Where that fails the test is skipped with its reason, like the containerd ones.
@@ -38,7 +43,7 @@ def e2e(session: nox.Session) -> None:
     path = fetched.strip().splitlines()[-1] if isinstance(fetched, str) and fetched.strip() else ""
     if os.access(path, os.X_OK):  # on failure the output is the reason, not a path
         env["KRPROXY_DOCKERD"] = path
-    session.run("pytest", "tests/e2e", "-m", "e2e", *session.posargs, env=env)
+    session.run("python", "scripts/e2e-matrix", *session.posargs, env=env)
 
 
 @nox.session
