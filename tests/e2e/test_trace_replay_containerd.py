@@ -24,6 +24,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
+from krproxy import kubelet
 from krproxy.trace.format import read_records
 from tests.e2e.support import REPO, TIMEOUT, Containerd, Cri, container_config, pod_config, start_proxy
 
@@ -55,7 +56,7 @@ def _one_file_layer(number: int) -> bytes:
 
 
 def _ctr(containerd: Containerd, *args: str) -> None:
-    ctr = shutil.which("ctr")
+    ctr = shutil.which(containerd.ctr)  # the ctr of the containerd version under test
     assert ctr is not None, "ctr not found (it comes with containerd: scripts/containerd-sandbox install)"
     r = subprocess.run(
         [ctr, "-a", containerd.socket, "-n", "k8s.io", *args], capture_output=True, text=True, timeout=120
@@ -106,7 +107,7 @@ def drive_session(cri: Cri, containerd: Containerd) -> None:
     for n in range(PODS):
         config = pod_config(containerd.cgroup_parent, name=f"replay{n}")
         pod = cri.runtime.RunPodSandbox(
-            pb.RunPodSandboxRequest(config=config), timeout=TIMEOUT
+            pb.RunPodSandboxRequest(config=config), timeout=kubelet.RUN_POD_SANDBOX_TIMEOUT
         ).pod_sandbox_id
         create = pb.CreateContainerRequest(
             pod_sandbox_id=pod, config=container_config(containerd.busybox), sandbox_config=config
@@ -120,7 +121,8 @@ def drive_session(cri: Cri, containerd: Containerd) -> None:
         cri.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=container), timeout=TIMEOUT)
     for _pod, container in pods:
         cri.runtime.StopContainer(
-            pb.StopContainerRequest(container_id=container, timeout=10), timeout=TIMEOUT
+            pb.StopContainerRequest(container_id=container, timeout=10),
+            timeout=kubelet.stop_container_timeout(10),
         )
         cri.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=container), timeout=TIMEOUT)
     _lists(cri)
