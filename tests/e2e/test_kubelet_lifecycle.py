@@ -23,6 +23,7 @@ as well and is the only error accepted, and only in the relist).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import threading
 import time
 from collections import Counter
@@ -135,6 +136,17 @@ def pod_lifecycle(cri: Cri, containerd: Containerd, index: int) -> dict[str, Any
     }
 
 
+def remove_leftovers(direct: Cri) -> None:
+    """Remove, directly, the pods a failed lifecycle left behind (none when every call worked)."""
+    for pod in direct.runtime.ListPodSandbox(
+        pb.ListPodSandboxRequest(), timeout=kubelet.RUNTIME_REQUEST_TIMEOUT
+    ).items:
+        if pod.metadata.name.startswith("kubelet-"):
+            with contextlib.suppress(grpc.RpcError):
+                direct.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod.id), timeout=60)
+                direct.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod.id), timeout=60)
+
+
 @pytest.mark.parametrize("with_plugin", [False, True], ids=["no-plugin", "plugin-5m"])
 def test_concurrent_pods_with_kubelet_deadlines(
     with_plugin: bool, containerd: Containerd, via_proxy: Cri, direct: Cri, plugins: Callable[..., Plugin]
@@ -151,6 +163,9 @@ def test_concurrent_pods_with_kubelet_deadlines(
     try:
         with concurrent.futures.ThreadPoolExecutor(PODS) as pool:
             results = list(pool.map(lambda i: pod_lifecycle(via_proxy, containerd, i), range(PODS)))
+    except BaseException:
+        remove_leftovers(direct)
+        raise
     finally:
         relister.stop.set()
         poller.join()
