@@ -80,24 +80,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         help="backend API: Containerd (CRI over gRPC) or Docker (HTTP proxy in front of dockerd: pass "
         "--remote-runtime-service-endpoint=unix:///var/run/docker.sock); default: %(default)s",
     )
-    p.add_argument(
-        "--hook-dir",
-        default=config.DEFAULT_HOOK_DIR,
-        metavar="DIR",
-        help="directory of plugin registration files (*.json); default: %(default)s",
-    )
-    p.add_argument(
-        "--runtime-hook-server-key",
-        default=config.DEFAULT_SKIP_LABEL[0],
-        metavar="KEY",
-        help="pods labelled KEY=VAL bypass hooks (so a hook server can run as a pod); default: %(default)s",
-    )
-    p.add_argument(
-        "--runtime-hook-server-val",
-        default=config.DEFAULT_SKIP_LABEL[1],
-        metavar="VAL",
-        help="see --runtime-hook-server-key; default: %(default)s",
-    )
+    _add_hook_dir(p)
     p.add_argument(
         "--socket-mode",
         type=_octal,
@@ -149,12 +132,92 @@ def _add_admin(p: argparse.ArgumentParser) -> None:
         help="allow a non-loopback --metrics-address: the endpoint has no authentication and shows "
         "plugin sockets and pod counts, so only with a firewall or network policy in front",
     )
+
+
+def _add_hook_dir(p: argparse.ArgumentParser) -> None:
+    """The hook directory and the skip label: the same for ``serve`` and ``nri``."""
+    p.add_argument(
+        "--hook-dir",
+        default=config.DEFAULT_HOOK_DIR,
+        metavar="DIR",
+        help="directory of plugin registration files (*.json); default: %(default)s",
+    )
+    p.add_argument(
+        "--runtime-hook-server-key",
+        default=config.DEFAULT_SKIP_LABEL[0],
+        metavar="KEY",
+        help="pods labelled KEY=VAL bypass hooks (so a hook server can run as a pod); default: %(default)s",
+    )
+    p.add_argument(
+        "--runtime-hook-server-val",
+        default=config.DEFAULT_SKIP_LABEL[1],
+        metavar="VAL",
+        help="see --runtime-hook-server-key; default: %(default)s",
+    )
     p.add_argument(
         "--insecure-registration-files",
         action="store_true",
         help="use registration files whatever their owner and mode (default: only files owned by "
         "root and not world-writable); for tests and development",
     )
+
+
+def _add_nri(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from krproxy.nri import DEFAULT_SOCKET
+
+    p = subparsers.add_parser(
+        "nri",
+        help="run the hook plugins through the runtime's NRI (containerd >= 1.7) instead of a proxy",
+        description="Register with the runtime as an external NRI plugin and call the hook plugins of the "
+        "hook directory at NRI's pod and container events (docs/nri.md). kubelet talks to the runtime "
+        "directly: no proxy socket.",
+    )
+    p.add_argument(
+        "--nri-socket",
+        default=DEFAULT_SOCKET,
+        metavar="SOCKET",
+        help="the runtime's NRI socket; default: %(default)s",
+    )
+    p.add_argument("--plugin-name", default="krproxy", help="name to register under; default: %(default)s")
+    p.add_argument(
+        "--plugin-index",
+        default="50",
+        metavar="NN",
+        help="two-digit index: NRI calls plugins in ascending index order; default: %(default)s",
+    )
+    _add_hook_dir(p)
+    _add_logging(p)
+
+
+def _nri(args: argparse.Namespace) -> int:
+    import functools
+
+    import trio
+
+    from krproxy import _supervise
+    from krproxy.nri import plugin
+
+    try:
+        cfg = plugin.NriConfig(
+            socket=args.nri_socket.removeprefix("unix://"),
+            plugin_name=args.plugin_name,
+            plugin_index=args.plugin_index,
+            hook_dir=args.hook_dir,
+            skip_label=(args.runtime_hook_server_key, args.runtime_hook_server_val),
+            insecure_registration_files=args.insecure_registration_files,
+        )
+    except ValueError as err:
+        print(f"krproxy nri: error: {err}", file=sys.stderr)
+        return 2
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(functools.partial(plugin.serve, cfg))
+            await _supervise.watch_signals(nursery.cancel_scope.cancel)
+
+    trio.run(run)
+    log.event(LOGGER, "stopped", mode="nri")
+    return 0
 
 
 def _add_record(p: argparse.ArgumentParser) -> None:
@@ -192,6 +255,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"krproxy {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     _add_serve(subparsers)
+    _add_nri(subparsers)
     demo = subparsers.add_parser(
         "demo",
         help="run a pod lifecycle through the proxy in front of the bundled fake containerd",
@@ -269,6 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.configure(args.log_level, args.log_format)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "nri":
+        return _nri(args)
     if args.command == "demo":
         from krproxy import demo
 

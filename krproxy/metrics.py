@@ -95,6 +95,12 @@ class Metrics:
         self.ready = Gauge(
             "krproxy_ready", "1 when the proxy listens and its store is recovered (/readyz).", registry=r
         )
+        self.nri_not_applied = Counter(
+            "krproxy_nri_changes_not_applied_total",
+            "Changes hook servers asked for that NRI cannot make at that event (krproxy nri), by hook and field.",
+            ["hook", "field"],
+            registry=r,
+        )
         self.info = Info("krproxy_build", "The daemon's version.", registry=r)
         self.info.info({"version": __version__})
 

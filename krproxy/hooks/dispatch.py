@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import attrs
+import trio
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
@@ -103,14 +104,18 @@ def _serialized(request: Request | bytes) -> bytes:
     return request if isinstance(request, bytes) else bytes(request.SerializeToString())
 
 
-def _describe(err: BaseException, plugin: PluginRegistration) -> str:
-    if isinstance(err, InvalidAnswer):
+class NoTimeLeft(Exception):
+    """The caller's deadline (NRI's request timeout) left no time for this plugin; handled as a plugin failure."""
+
+
+def _describe(err: BaseException, plugin: PluginRegistration, within: float) -> str:
+    if isinstance(err, (InvalidAnswer, NoTimeLeft)):
         return str(err)
     if isinstance(err, TimeoutError):
-        return f"no answer within {plugin.timeout:g}s"
+        return f"no answer within {within:g}s"
     if isinstance(err, GRPCError) and err.status is Status.DEADLINE_EXCEEDED:
         # The plugin enforced the deadline we sent it (grpc-timeout, rounded down) first.
-        return f"no answer within {plugin.timeout:g}s (the plugin gave up: DEADLINE_EXCEEDED)"
+        return f"no answer within {within:g}s (the plugin gave up: DEADLINE_EXCEEDED)"
     if isinstance(err, GRPCError):
         return f"{err.status.name}: {err.message or ''}".rstrip(": ")
     if isinstance(err, (ConnectionRefusedError, FileNotFoundError)):
@@ -155,9 +160,16 @@ class Dispatcher:
     def plugins_for(self, point: HookPoint) -> Sequence[PluginRegistration]:
         return self.registry.plugins_for(point)
 
-    async def call(self, plugin: PluginRegistration, point: HookPoint, request: Request | bytes) -> Response:
-        """One plugin call (``request`` as a message or serialized); raises whatever went wrong
-        (see :meth:`run` for the policy)."""
+    async def call(
+        self,
+        plugin: PluginRegistration,
+        point: HookPoint,
+        request: Request | bytes,
+        *,
+        within: float | None = None,
+    ) -> Response:
+        """One plugin call (``request`` as a message or serialized), given ``within`` seconds (default: the
+        plugin's timeout); raises whatever went wrong (see :meth:`run` for the policy)."""
         reply_type: type[Any] = (
             hookapi.PodSandboxHookResponse if point.is_pod_level else hookapi.ContainerResourceHookResponse
         )
@@ -170,7 +182,10 @@ class Dispatcher:
             self._endpoints.add(endpoint)
         try:
             answer = await self._relay.call(
-                route, point.rpc_path, _serialized(request), within=plugin.timeout
+                route,
+                point.rpc_path,
+                _serialized(request),
+                within=plugin.timeout if within is None else within,
             )
         finally:
             if not registered and endpoint not in self._endpoints:
@@ -186,6 +201,7 @@ class Dispatcher:
         merge: Callable[[Record, Any], Merged[Record]],
         *,
         target: str = "",
+        deadline: float | None = None,
     ) -> ChainResult[Record]:
         """Call every plugin registered for ``point`` in order, threading ``record`` through them.
 
@@ -197,6 +213,11 @@ class Dispatcher:
         ``on_outcome`` (the current call's record). ``target`` (a pod or
         container id) only goes into the logs.
 
+        ``deadline`` (trio time) bounds the whole chain, for callers that must answer by then (NRI
+        drops a plugin that misses the runtime's request timeout): each plugin gets its own timeout
+        or what is left before the deadline, whichever is shorter, and a plugin reached with no
+        time left fails (its failure policy applies) without being called.
+
         Raises:
             HookRejected: a ``Fail`` plugin failed a pre hook; later plugins are not called.
         """
@@ -205,10 +226,15 @@ class Dispatcher:
         for plugin in self.plugins_for(point):
             started = time.perf_counter()
             changes: tuple[Change, ...] = ()
+            within = plugin.timeout
+            if deadline is not None:
+                within = min(within, deadline - trio.current_time())
             try:
+                if within <= 0:
+                    raise NoTimeLeft("not called: no time left within the runtime's request timeout")
                 if request is None or request[0] is not record:
                     request = (record, _serialized(to_request(record)))
-                answer = await self.call(plugin, point, request[1])
+                answer = await self.call(plugin, point, request[1], within=within)
                 if point.stage is Stage.PRE:
                     _check_types(answer)
                     violations = check_answer(record, answer)
@@ -219,7 +245,7 @@ class Dispatcher:
                     if merged.value != record:
                         record = merged.value
             except Exception as err:  # the plugin is an untrusted peer: every failure is handled
-                failure = HookFailure(plugin.name, point, _describe(err, plugin))
+                failure = HookFailure(plugin.name, point, _describe(err, plugin, within))
                 rejected = plugin.failure_policy is FailurePolicy.FAIL and point.stage is Stage.PRE
                 outcome = Outcome(
                     plugin.name,

@@ -1,0 +1,485 @@
+"""A fake NRI runtime: the runtime side of NRI, as containerd runs it, for tests without root.
+
+It listens on a unix socket for external plugins and does what containerd's NRI adaptation (containerd/nri
+``pkg/adaptation``, 0.6.1 and 0.8.0) does with them:
+
+* **Registration.** A plugin must call ``RegisterPlugin`` within the registration timeout, with a non-empty
+  name and a two-digit index; then it is sent ``Configure`` (the runtime's name and version, the plugin's
+  config and — unless the fake plays NRI 0.6.1 — the registration and request timeouts in milliseconds)
+  and answers its event mask (0: every event; bits outside the valid events: refused). Then
+  ``Synchronize`` with every pod and container; when ``sync_chunk`` is set, in parts of at most that many
+  objects with ``more`` set on all but the last, and a plugin that does not echo ``more`` (or sends
+  updates before the last part) is dropped, as NRI 0.8 does. Plugins are then called in index order.
+* **Events.** The test drives the lifecycle (:meth:`FakeNriRuntime.run_pod`, :meth:`create_container`, ...)
+  as containerd's CRI plugin does; each subscribed plugin gets its call with the runtime's request
+  timeout. A plugin that times out or whose connection fails is dropped and the operation goes on
+  without it; a plugin that answers an error fails the operation (:class:`NriError`), as NRI does.
+* **Adjustments.** A ``CreateContainer`` answer's ``ContainerAdjustment`` (annotations, env, mounts,
+  resources, cgroups path, rlimits, OCI hooks) is applied to the container being created, each plugin
+  seeing the previous ones' result; two plugins setting the same field (or annotation, env variable,
+  unified key) is an error naming both, as NRI's ownership rules make it. Keys starting with ``-`` remove.
+  ``ContainerUpdate``\\ s (in answers or in ``UpdateContainers``) change the resources of the named
+  containers; an update of an unknown container fails unless ``ignore_failure``.
+
+:attr:`FakeNriRuntime.log` records every call made and received, for assertions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import attrs
+import trio
+
+from krproxy._grpc import bind_unix_socket, unlink_if_ours
+from krproxy.grpcstatus import Status
+from krproxy.nri import PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
+from krproxy.nri._session import ConnectionLost, Session, TtrpcError
+from krproxy.proto.nri.pkg.api import v1alpha1 as api
+
+__all__ = ["ConnectedPlugin", "FakeNriRuntime", "NriError", "all_events", "event_mask"]
+
+LOGGER = logging.getLogger("fakes.nri")
+
+
+def event_mask(events: Iterable[api.Event]) -> int:
+    """NRI's event mask: bit ``e - 1`` for each event ``e``."""
+    mask = 0
+    for event in events:
+        mask |= 1 << (event - 1)
+    return mask
+
+
+def all_events() -> int:
+    """Every valid event (``ValidEvents`` in NRI)."""
+    return (1 << (api.Event.LAST - 1)) - 1
+
+
+class NriError(Exception):
+    """A lifecycle operation failed because of a plugin (its error, or conflicting adjustments)."""
+
+
+@attrs.define(eq=False)
+class ConnectedPlugin:
+    """A registered, configured and synchronized plugin."""
+
+    name: str
+    index: str
+    events: int
+    session: Session
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.index}-{self.name}"
+
+    def subscribed(self, event: api.Event) -> bool:
+        return bool(self.events & (1 << (event - 1)))
+
+
+@attrs.define(eq=False)
+class FakeNriRuntime:
+    """The runtime side of NRI on ``socket_path``; see the module docstring.
+
+    Attributes:
+        request_timeout / registration_timeout: seconds, sent in Configure (as ms) unless ``nri_0_6``.
+        nri_0_6: behave as NRI 0.6.1 (containerd 1.7): no timeouts in Configure, Synchronize in one part.
+        sync_chunk: objects (pods + containers) per Synchronize part; None: one part.
+        pods / containers: the runtime's state, by id.
+        log: ``(direction, what)`` of every call: ``("call", "Configure")``, ``("serve", "RegisterPlugin")``.
+    """
+
+    socket_path: str
+    runtime_name: str = "fake-containerd"
+    runtime_version: str = "2.1.9"
+    request_timeout: float = 2.0
+    registration_timeout: float = 5.0
+    plugin_config: str = ""
+    nri_0_6: bool = False
+    sync_chunk: int | None = None
+    pods: dict[str, api.PodSandbox] = attrs.field(factory=dict)
+    containers: dict[str, api.Container] = attrs.field(factory=dict)
+    plugins: list[ConnectedPlugin] = attrs.field(factory=list, init=False)
+    log: list[tuple[str, str]] = attrs.field(factory=list, init=False)
+    dropped: list[tuple[str, str]] = attrs.field(factory=list, init=False)
+    _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    # -- serving -----------------------------------------------------------------------------------
+
+    async def serve(self, *, task_status: trio.TaskStatus[FakeNriRuntime] = trio.TASK_STATUS_IGNORED) -> None:
+        """Accept plugins until cancelled; reports itself once the socket listens."""
+        sock = bind_unix_socket(self.socket_path)
+        inode = os.stat(self.socket_path).st_ino
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+        try:
+            async with trio.open_nursery() as nursery:
+                task_status.started(self)
+                while True:
+                    stream = await listener.accept()
+                    nursery.start_soon(self._connect, stream)
+        finally:
+            for plugin in self.plugins:
+                with trio.CancelScope(shield=True):
+                    await plugin.session.aclose()
+            self.plugins.clear()
+            sock.close()
+            unlink_if_ours(self.socket_path, inode)
+
+    async def _connect(self, stream: trio.SocketStream) -> None:
+        registered: trio.MemorySendChannel[api.RegisterPluginRequest]
+        registered, registrations = trio.open_memory_channel[api.RegisterPluginRequest](1)
+
+        async def register(payload: bytes) -> bytes:
+            self.log.append(("serve", "RegisterPlugin"))
+            request = api.RegisterPluginRequest.parse(payload)
+            if not request.plugin_name:
+                raise TtrpcError(Status.UNKNOWN, "invalid (empty) plugin name")
+            index = request.plugin_idx
+            if len(index) != 2 or not index.isdigit():
+                raise TtrpcError(
+                    Status.UNKNOWN, f'invalid plugin index: invalid plugin index "{index}", must be 2 digits'
+                )
+            registered.send_nowait(request)
+            return bytes(api.Empty())
+
+        async def update_containers(payload: bytes) -> bytes:
+            self.log.append(("serve", "UpdateContainers"))
+            request = api.UpdateContainersRequest.parse(payload)
+            failed = self._apply_updates(request.update)
+            return bytes(api.UpdateContainersResponse(failed=failed))
+
+        session = Session(
+            stream,
+            _mux.RUNTIME_SERVICE_CONN,
+            _mux.PLUGIN_SERVICE_CONN,
+            {
+                (RUNTIME_SERVICE, "RegisterPlugin"): register,
+                (RUNTIME_SERVICE, "UpdateContainers"): update_containers,
+            },
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.run)
+            plugin = await self._start(session, registrations)
+            if plugin is None:
+                await session.aclose()
+                return
+            self.plugins.append(plugin)
+            self.plugins.sort(key=lambda p: p.index)
+            self._notify()
+            # Serve UpdateContainers until the connection goes; then forget the plugin.
+        if plugin in self.plugins:
+            self._drop(plugin, session.reason or "connection closed")
+
+    async def _start(
+        self, session: Session, registrations: trio.MemoryReceiveChannel[api.RegisterPluginRequest]
+    ) -> ConnectedPlugin | None:
+        with trio.move_on_after(self.registration_timeout) as scope:
+            request = await registrations.receive()
+        if scope.cancelled_caught:
+            self.dropped.append(("?", "plugin registration timed out"))
+            return None
+        try:
+            with trio.fail_after(self.request_timeout):
+                self.log.append(("call", "Configure"))
+                configure = api.ConfigureRequest(
+                    config=self.plugin_config,
+                    runtime_name=self.runtime_name,
+                    runtime_version=self.runtime_version,
+                )
+                if not self.nri_0_6:
+                    configure.registration_timeout = int(self.registration_timeout * 1000)
+                    configure.request_timeout = int(self.request_timeout * 1000)
+                answer = api.ConfigureResponse.parse(
+                    await session.call(PLUGIN_SERVICE, "Configure", bytes(configure))
+                )
+            events = answer.events or all_events()
+            if events & ~all_events():
+                raise NriError(f"invalid plugin events: 0x{events & ~all_events():x}")
+            plugin = ConnectedPlugin(request.plugin_name, request.plugin_idx, events, session)
+            with trio.fail_after(self.request_timeout):
+                updates = await self._synchronize(plugin)
+        except (TtrpcError, ConnectionLost, trio.TooSlowError, NriError, ValueError) as exc:
+            self.dropped.append(
+                (f"{request.plugin_idx}-{request.plugin_name}", f"{type(exc).__name__}: {exc}")
+            )
+            return None
+        self._apply_updates(updates)
+        return plugin
+
+    async def _synchronize(self, plugin: ConnectedPlugin) -> list[api.ContainerUpdate]:
+        pods, containers = list(self.pods.values()), list(self.containers.values())
+        chunk = None if self.nri_0_6 else self.sync_chunk
+        while True:
+            if chunk is None:
+                part_pods, part_containers, pods, containers = pods, containers, [], []
+            else:
+                part_pods, pods = pods[:chunk], pods[chunk:]
+                room = chunk - len(part_pods)
+                part_containers, containers = containers[:room], containers[room:]
+            more = bool(pods or containers)
+            self.log.append(("call", "Synchronize"))
+            request = api.SynchronizeRequest(pods=part_pods, containers=part_containers)
+            if more:
+                request.more = True
+            answer = api.SynchronizeResponse.parse(
+                await plugin.session.call(PLUGIN_SERVICE, "Synchronize", bytes(request))
+            )
+            if not more:
+                return list(answer.update)
+            if answer.update or answer.more != more:
+                raise NriError("plugin does not handle split sync requests")
+
+    def _drop(self, plugin: ConnectedPlugin, reason: str) -> None:
+        if plugin in self.plugins:
+            self.plugins.remove(plugin)
+            self.dropped.append((plugin.full_name, reason))
+            LOGGER.info("event=plugin_dropped plugin=%s reason=%s", plugin.full_name, reason)
+            self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_for_plugins(self, count: int) -> None:
+        """Until ``count`` plugins are registered, configured and synchronized."""
+        while len(self.plugins) != count:
+            await self._changed.wait()
+
+    # -- calling plugins ---------------------------------------------------------------------------
+
+    async def _call_each(
+        self,
+        event: api.Event,
+        method: str,
+        request: Any,
+        reply_type: type[Any],
+        apply: Callable[[str, Any], None],
+    ) -> None:
+        """Call every subscribed plugin in order, as NRI's adaptation does (see the module docstring)."""
+        for plugin in list(self.plugins):
+            if not plugin.subscribed(event):
+                continue
+            self.log.append(("call", method if method != "StateChange" else f"StateChange:{event.name}"))
+            try:
+                with trio.fail_after(self.request_timeout):
+                    answer = await plugin.session.call(PLUGIN_SERVICE, method, bytes(request))
+            except (
+                trio.TooSlowError,
+                ConnectionLost,
+            ) as exc:  # fatal: the plugin is dropped, the operation goes on
+                reason = "timed out" if isinstance(exc, trio.TooSlowError) else str(exc)
+                self._drop(plugin, f"failed to handle {method} request: {reason}")
+                await plugin.session.aclose()
+                continue
+            except TtrpcError as exc:
+                raise NriError(f"plugin {plugin.full_name}: {exc.code.name}: {exc.message}") from None
+            apply(plugin.full_name, reply_type.parse(answer))
+
+    async def _state_change(
+        self, event: api.Event, pod: api.PodSandbox, container: api.Container | None = None
+    ) -> None:
+        request = api.StateChangeEvent(event=event, pod=pod, container=container)
+        await self._call_each(event, "StateChange", request, api.Empty, lambda name, answer: None)
+
+    # -- the lifecycle, as the CRI plugin drives it ---------------------------------------------------
+
+    async def run_pod(self, pod: api.PodSandbox) -> None:
+        self.pods[pod.id] = pod
+        await self._state_change(api.Event.RUN_POD_SANDBOX, pod)
+
+    async def stop_pod(self, pod_id: str) -> None:
+        await self._state_change(api.Event.STOP_POD_SANDBOX, self.pods[pod_id])
+
+    async def remove_pod(self, pod_id: str) -> None:
+        pod = self.pods.pop(pod_id)
+        await self._state_change(api.Event.REMOVE_POD_SANDBOX, pod)
+
+    async def create_container(self, container: api.Container) -> api.Container:
+        """Create ``container`` with every plugin's adjustments; returns it as created."""
+        pod = self.pods[container.pod_sandbox_id]
+        container.state = api.ContainerState.CONTAINER_UNKNOWN
+        if container.linux is None:
+            container.linux = api.LinuxContainer()
+        if container.linux.resources is None:
+            container.linux.resources = api.LinuxResources()
+        owners: dict[str, str] = {}
+        pending: list[api.ContainerUpdate] = []
+
+        def apply(plugin: str, answer: api.CreateContainerResponse) -> None:
+            if answer.adjust is not None:
+                _adjust(container, answer.adjust, plugin, owners)
+            pending.extend(answer.update)
+
+        request = api.CreateContainerRequest(pod=pod, container=container)
+        await self._call_each(
+            api.Event.CREATE_CONTAINER, "CreateContainer", request, api.CreateContainerResponse, apply
+        )
+        container.state = api.ContainerState.CONTAINER_CREATED
+        self.containers[container.id] = container
+        self._apply_updates(pending)
+        await self._state_change(api.Event.POST_CREATE_CONTAINER, pod, container)
+        return container
+
+    async def start_container(self, container_id: str) -> None:
+        container = self.containers[container_id]
+        pod = self.pods[container.pod_sandbox_id]
+        await self._state_change(api.Event.START_CONTAINER, pod, container)
+        container.state = api.ContainerState.CONTAINER_RUNNING
+        await self._state_change(api.Event.POST_START_CONTAINER, pod, container)
+
+    async def update_container(self, container_id: str, resources: api.LinuxResources) -> api.LinuxResources:
+        """Update a container's resources with the plugins' changes; returns the resources applied."""
+        container = self.containers[container_id]
+        pod = self.pods[container.pod_sandbox_id]
+        wanted = api.LinuxResources.parse(bytes(resources))
+        owners: dict[str, str] = {}
+        others: list[api.ContainerUpdate] = []
+
+        def apply(plugin: str, answer: api.UpdateContainerResponse) -> None:
+            for update in answer.update:
+                if update.container_id == container_id:
+                    if update.linux is not None and update.linux.resources is not None:
+                        _merge_resources(wanted, update.linux.resources, plugin, owners)
+                else:
+                    others.append(update)
+
+        request = api.UpdateContainerRequest(pod=pod, container=container, linux_resources=resources)
+        await self._call_each(
+            api.Event.UPDATE_CONTAINER, "UpdateContainer", request, api.UpdateContainerResponse, apply
+        )
+        _merge_resources(_resources_of(container), wanted, "", {})
+        self._apply_updates(others)
+        await self._state_change(api.Event.POST_UPDATE_CONTAINER, pod, container)
+        return wanted
+
+    async def stop_container(self, container_id: str) -> None:
+        container = self.containers[container_id]
+        pod = self.pods[container.pod_sandbox_id]
+        pending: list[api.ContainerUpdate] = []
+        request = api.StopContainerRequest(pod=pod, container=container)
+        await self._call_each(
+            api.Event.STOP_CONTAINER,
+            "StopContainer",
+            request,
+            api.StopContainerResponse,
+            lambda plugin, answer: pending.extend(answer.update),
+        )
+        container.state = api.ContainerState.CONTAINER_STOPPED
+        self._apply_updates(pending)
+
+    async def remove_container(self, container_id: str) -> None:
+        container = self.containers.pop(container_id)
+        await self._state_change(api.Event.REMOVE_CONTAINER, self.pods[container.pod_sandbox_id], container)
+
+    def _apply_updates(self, updates: Iterable[api.ContainerUpdate]) -> list[api.ContainerUpdate]:
+        failed = []
+        for update in updates:
+            container = self.containers.get(update.container_id)
+            if container is None:
+                if not update.ignore_failure:
+                    failed.append(update)
+                continue
+            if update.linux is not None and update.linux.resources is not None:
+                _merge_resources(_resources_of(container), update.linux.resources, "", {})
+        return failed
+
+
+# --- adjustments (NRI's pkg/adaptation/result.go, the parts a hook bridge can produce and more) -------
+
+
+def _claim(owners: dict[str, str], field: str, plugin: str) -> None:
+    if not plugin:
+        return
+    owner = owners.get(field)
+    if owner is not None and owner != plugin:
+        raise NriError(f"plugins {owner!r} and {plugin!r} both tried to set {field}")
+    owners[field] = plugin
+
+
+def _resources_of(container: api.Container) -> api.LinuxResources:
+    if container.linux is None:
+        container.linux = api.LinuxContainer()
+    if container.linux.resources is None:
+        container.linux.resources = api.LinuxResources()
+    return container.linux.resources
+
+
+def _merge_resources(
+    target: api.LinuxResources, change: api.LinuxResources, plugin: str, owners: dict[str, str]
+) -> None:
+    """Set every field ``change`` sets (Optional* present, strings non-empty, map keys) in ``target``."""
+    for group in ("memory", "cpu"):
+        source = getattr(change, group)
+        if source is None:
+            continue
+        if getattr(target, group) is None:
+            setattr(target, group, api.LinuxMemory() if group == "memory" else api.LinuxCpu())
+        dest = getattr(target, group)
+        for field in attrs_fields(source):
+            value = getattr(source, field)
+            if value is None or value == "":
+                continue
+            _claim(owners, f"{group}.{field}", plugin)
+            setattr(dest, field, value)
+    for key, value in change.unified.items():
+        _claim(owners, f"unified[{key}]", plugin)
+        target.unified[key] = value
+    for limit in change.hugepage_limits:
+        _claim(owners, f"hugepage_limits[{limit.page_size}]", plugin)
+        target.hugepage_limits = [h for h in target.hugepage_limits if h.page_size != limit.page_size] + [
+            limit
+        ]
+    for field in ("blockio_class", "rdt_class", "pids"):
+        if getattr(change, field) is not None:
+            _claim(owners, field, plugin)
+            setattr(target, field, getattr(change, field))
+
+
+def attrs_fields(message: Any) -> list[str]:
+    """The field names of a betterproto2 message, in declaration order."""
+    return [f.name for f in message.__dataclass_fields__.values()]
+
+
+def _adjust(
+    container: api.Container, adjust: api.ContainerAdjustment, plugin: str, owners: dict[str, str]
+) -> None:
+    for key, value in adjust.annotations.items():
+        name, remove = (key[1:], True) if key.startswith("-") else (key, False)
+        if remove:
+            container.annotations.pop(name, None)
+            owners.pop(f"annotations[{name}]", None)
+            continue
+        _claim(owners, f"annotations[{name}]", plugin)
+        container.annotations[name] = value
+    for kv in adjust.env:
+        name, remove = (kv.key[1:], True) if kv.key.startswith("-") else (kv.key, False)
+        container.env = [e for e in container.env if e.split("=", 1)[0] != name]
+        if remove:
+            owners.pop(f"env[{name}]", None)
+            continue
+        _claim(owners, f"env[{name}]", plugin)
+        container.env.append(f"{name}={kv.value}")
+    for mount in adjust.mounts:
+        _claim(owners, f"mounts[{mount.destination}]", plugin)
+        container.mounts = [m for m in container.mounts if m.destination != mount.destination] + [mount]
+    if adjust.hooks is not None:
+        if container.hooks is None:
+            container.hooks = api.Hooks()
+        for stage in attrs_fields(adjust.hooks):
+            getattr(container.hooks, stage).extend(getattr(adjust.hooks, stage))
+    for rlimit in adjust.rlimits:
+        _claim(owners, f"rlimits[{rlimit.type}]", plugin)
+        container.rlimits = [r for r in container.rlimits if r.type != rlimit.type] + [rlimit]
+    linux = adjust.linux
+    if linux is not None:
+        assert container.linux is not None
+        if linux.resources is not None:
+            _merge_resources(_resources_of(container), linux.resources, plugin, owners)
+        if linux.cgroups_path:
+            _claim(owners, "cgroups_path", plugin)
+            container.linux.cgroups_path = linux.cgroups_path
+        if linux.oom_score_adj is not None:
+            _claim(owners, "oom_score_adj", plugin)
+            container.linux.oom_score_adj = linux.oom_score_adj

@@ -1,0 +1,194 @@
+"""Between NRI's pods and containers and the hook core's records; hook answers as NRI adjustments.
+
+Pure and synchronous. NRI hands a plugin the pod and the container with every event, so the hook requests
+are built from the event itself (:func:`pod_from_nri`, :func:`container_from_nri`), as CRI mode builds them
+from the CRI request. What the hook servers changed is then expressed the way NRI can apply it:
+
+* at CreateContainer, a ``ContainerAdjustment`` (:func:`adjustment`): annotations and environment variables
+  set or removed (NRI's ``-key`` marks a removal), resources and ``oom_score_adj`` set;
+* at UpdateContainer, a ``ContainerUpdate`` of the container being updated (:func:`resources_update`),
+  which NRI merges into the update it was asked to make.
+
+Only fields that changed are sent: NRI gives each field to the one plugin that sets it and refuses a second
+one, so claiming untouched fields would break other NRI plugins. What NRI cannot do is listed by name in
+the ``not_applied`` part of each result (the caller logs it and counts it): a pod's labels, annotations and
+cgroup parent (the pod exists by the time NRI tells a plugin about it), a container's pod cgroup parent, a
+cpuset or unified key cleared (NRI only sets values), hugepage limits, and annotations at an update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import attrs
+
+from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
+from krproxy.proto.nri.pkg.api import v1alpha1 as api
+
+__all__ = [
+    "Adjusted",
+    "adjustment",
+    "container_from_nri",
+    "envs_from_nri",
+    "pod_changes",
+    "pod_from_nri",
+    "resources_from_nri",
+    "resources_update",
+]
+
+
+def pod_from_nri(pod: api.PodSandbox | None) -> PodInfo:
+    """The pod as the hook core sees it. NRI has no sandbox attempt counter: ``attempt`` stays 0."""
+    if pod is None:
+        return PodInfo()
+    linux = pod.linux
+    return PodInfo(
+        name=pod.name,
+        uid=pod.uid,
+        namespace=pod.namespace,
+        runtime_handler=pod.runtime_handler,
+        labels=pod.labels,
+        annotations=pod.annotations,
+        cgroup_parent=linux.cgroup_parent if linux is not None else "",
+    )
+
+
+def resources_from_nri(
+    resources: api.LinuxResources | None, oom_score_adj: api.OptionalInt | None = None
+) -> Resources:
+    """CRI-style resources from NRI's (``oom_score_adj`` lives beside them in NRI's ``LinuxContainer``)."""
+    if resources is None:
+        resources = api.LinuxResources()
+    cpu, memory = resources.cpu, resources.memory
+
+    def value(wrapper: object) -> int:
+        return int(getattr(wrapper, "value", 0)) if wrapper is not None else 0
+
+    return Resources(
+        cpu_period=value(cpu.period) if cpu else 0,
+        cpu_quota=value(cpu.quota) if cpu else 0,
+        cpu_shares=value(cpu.shares) if cpu else 0,
+        memory_limit_in_bytes=value(memory.limit) if memory else 0,
+        oom_score_adj=value(oom_score_adj),
+        cpuset_cpus=cpu.cpus if cpu else "",
+        cpuset_mems=cpu.mems if cpu else "",
+        hugepage_limits=[(h.page_size, h.limit) for h in resources.hugepage_limits],
+        unified=resources.unified,
+        memory_swap_limit_in_bytes=value(memory.swap) if memory else 0,
+    )
+
+
+def envs_from_nri(env: list[str]) -> FrozenMap[str, str]:
+    """``KEY=value`` strings as a map (a later duplicate wins, first-seen order kept), as CRI mode does."""
+    out: dict[str, str] = {}
+    for item in env:
+        key, _, value = item.partition("=")
+        out[key] = value
+    return FrozenMap(out)
+
+
+def container_from_nri(pod: api.PodSandbox | None, container: api.Container | None) -> ContainerInfo:
+    """The container as the hook core sees it, with its pod. NRI has no attempt counter: ``attempt`` stays 0."""
+    pod_info = pod_from_nri(pod)
+    if container is None:
+        return ContainerInfo(pod=pod_info, pod_cgroup_parent=pod_info.cgroup_parent)
+    linux = container.linux
+    return ContainerInfo(
+        pod_sandbox_id=container.pod_sandbox_id,
+        pod=pod_info,
+        name=container.name,
+        id=container.id,
+        annotations=container.annotations,
+        resources=resources_from_nri(
+            linux.resources if linux else None, linux.oom_score_adj if linux else None
+        ),
+        envs=envs_from_nri(container.env),
+        pod_cgroup_parent=pod_info.cgroup_parent,
+    )
+
+
+@attrs.frozen
+class Adjusted:
+    """What NRI will apply (``None``: nothing) and what it cannot, by field name."""
+
+    adjust: api.ContainerAdjustment | None
+    not_applied: tuple[str, ...] = ()
+
+
+def resources_update(before: Resources, after: Resources) -> tuple[api.LinuxResources | None, list[str]]:
+    """The fields of ``after`` that differ from ``before``, as NRI resources; and what NRI cannot set."""
+    out = api.LinuxResources()
+    cpu, memory = api.LinuxCpu(), api.LinuxMemory()
+    not_applied: list[str] = []
+    if after.cpu_period != before.cpu_period:
+        cpu.period = api.OptionalUInt64(value=after.cpu_period)
+    if after.cpu_quota != before.cpu_quota:
+        cpu.quota = api.OptionalInt64(value=after.cpu_quota)
+    if after.cpu_shares != before.cpu_shares:
+        cpu.shares = api.OptionalUInt64(value=after.cpu_shares)
+    for name in ("cpuset_cpus", "cpuset_mems"):
+        new = getattr(after, name)
+        if new != getattr(before, name):
+            if new:
+                setattr(cpu, "cpus" if name == "cpuset_cpus" else "mems", new)
+            else:
+                not_applied.append(f"{name} cleared")
+    if after.memory_limit_in_bytes != before.memory_limit_in_bytes:
+        memory.limit = api.OptionalInt64(value=after.memory_limit_in_bytes)
+    if after.memory_swap_limit_in_bytes != before.memory_swap_limit_in_bytes:
+        memory.swap = api.OptionalInt64(value=after.memory_swap_limit_in_bytes)
+    for key, value in after.unified.items():
+        if before.unified.get(key) != value:
+            out.unified[key] = value
+    not_applied += [f"unified[{key}] removed" for key in before.unified if key not in after.unified]
+    if after.hugepage_limits != before.hugepage_limits:
+        not_applied.append("hugepage_limits")
+    if cpu != api.LinuxCpu():
+        out.cpu = cpu
+    if memory != api.LinuxMemory():
+        out.memory = memory
+    return (out if out != api.LinuxResources() else None), not_applied
+
+
+def _map_changes(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, str]:
+    """Set keys whose value changed; ``-key`` (NRI's removal mark) for keys that went away."""
+    changes = {key: value for key, value in after.items() if before.get(key) != value}
+    changes.update({f"-{key}": "" for key in before if key not in after})
+    return changes
+
+
+def adjustment(before: ContainerInfo, after: ContainerInfo) -> Adjusted:
+    """What the hook servers changed between ``before`` and ``after`` at PreCreateContainer, as NRI's adjustment."""
+    adjust = api.ContainerAdjustment(annotations=_map_changes(before.annotations, after.annotations))
+    adjust.env = [
+        api.KeyValue(key=key, value=value) for key, value in _map_changes(before.envs, after.envs).items()
+    ]
+    not_applied: list[str] = []
+    if after.pod_cgroup_parent != before.pod_cgroup_parent:
+        not_applied.append("pod_cgroup_parent")
+    if after.resources is not None and before.resources is not None:
+        resources, missing = resources_update(before.resources, after.resources)
+        not_applied += missing
+        linux = api.LinuxContainerAdjustment(resources=resources)
+        if after.resources.oom_score_adj != before.resources.oom_score_adj:
+            linux.oom_score_adj = api.OptionalInt(value=after.resources.oom_score_adj)
+        if linux != api.LinuxContainerAdjustment():
+            adjust.linux = linux
+    return Adjusted(adjust if adjust != api.ContainerAdjustment() else None, tuple(not_applied))
+
+
+def pod_changes(before: PodInfo, after: PodInfo) -> tuple[str, ...]:
+    """The fields a pod hook changed; NRI can apply none of them (the pod exists when NRI reports it)."""
+    changed = [
+        f"labels[{k}]"
+        for k in set(before.labels) | set(after.labels)
+        if before.labels.get(k) != after.labels.get(k)
+    ]
+    changed += [
+        f"annotations[{k}]"
+        for k in set(before.annotations) | set(after.annotations)
+        if before.annotations.get(k) != after.annotations.get(k)
+    ]
+    if before.cgroup_parent != after.cgroup_parent:
+        changed.append("cgroup_parent")
+    return tuple(sorted(changed))

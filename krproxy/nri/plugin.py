@@ -1,0 +1,437 @@
+"""``krproxy nri``: the hook servers of the hook directory, attached through NRI instead of a proxy.
+
+krproxy registers with the runtime as an external NRI plugin and, at each NRI event, runs the hook
+servers registered for the matching hook point, with ``krproxy serve``'s own machinery: the same
+registration files and directory watcher, order, per-plugin timeouts, failure policies, skip label and
+answer validation (:class:`krproxy.hooks.dispatch.Dispatcher`). The hook requests are built from the pod
+and container NRI sends with the event, and the answers turned into what NRI can apply
+(:mod:`krproxy.nri.convert`):
+
+======================  ==============================  ===============================================
+hook point              NRI event (call)                what NRI applies of the answer
+======================  ==============================  ===============================================
+PreRunPodSandbox        RUN_POD_SANDBOX (StateChange)   nothing: the pod exists already (logged)
+PostStopPodSandbox      STOP_POD_SANDBOX (StateChange)  (answer ignored, as in proxy mode)
+PreCreateContainer      CREATE_CONTAINER                annotations, env, resources, oom_score_adj
+                                                        (ContainerAdjustment); not the pod cgroup parent
+PreStartContainer       START_CONTAINER (StateChange)   nothing in the runtime; krproxy's store, as in
+                                                        proxy mode
+PostStartContainer      POST_START_CONTAINER            (answer ignored)
+PostStopContainer       STOP_CONTAINER                  (answer ignored)
+PreUpdateContainer-     UPDATE_CONTAINER                resources (a ContainerUpdate of that container);
+Resources                                               not annotations
+======================  ==============================  ===============================================
+
+Every change NRI cannot make is logged (``nri_change_not_applied``) and counted
+(``krproxy_nri_changes_not_applied_total{hook,field}``), never dropped silently.
+
+Failure policies under NRI's rules: a ``Fail`` hook server's failure of a pre hook is answered to the
+runtime as an error, and NRI then fails the CRI operation; ``Ignore`` goes on without that server's
+changes. NRI drops a plugin that misses its request timeout (2 s unless configured; sent in Configure by
+NRI 0.8, assumed by 0.6): the chain of hook servers is given that timeout less a margin
+(:data:`MARGIN`), so a slow hook server fails (by its policy) but krproxy stays registered.
+
+Subscription: the events of the hook points registered hook servers name, plus the four that keep the
+store (pods run and removed, containers created and removed). When the registrations change the events
+needed, krproxy re-registers (NRI fixes the subscription at Configure).
+
+State: the store is filled from Synchronize (in parts when NRI 0.8 splits it) and the events. When the
+connection drops (the runtime restarts, or drops the plugin) krproxy reconnects with backoff and
+registers again; the runtime synchronizes it again, so nothing is lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import trio
+
+from krproxy import log
+from krproxy.grpcstatus import Status
+from krproxy.hooks import convert as hook_convert
+from krproxy.hooks import merge
+from krproxy.hooks.dispatch import Dispatcher, HookRejected
+from krproxy.hooks.model import ContainerInfo, PodInfo
+from krproxy.hooks.points import HookPoint
+from krproxy.hooks.registration import Registry
+from krproxy.hooks.store import HookStore
+from krproxy.hooks.watcher import watch
+from krproxy.metrics import Metrics
+from krproxy.nri import DEFAULT_SOCKET, PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
+from krproxy.nri import convert as nri_convert
+from krproxy.nri._session import ConnectionLost, Handler, Session, TtrpcError
+from krproxy.proto.nri.pkg.api import v1alpha1 as api
+from krproxy.relay import Relay
+
+__all__ = ["EVENT_OF", "MARGIN", "NriConfig", "NriPlugin", "serve"]
+
+LOGGER = logging.getLogger("krproxy.nri")
+
+#: The NRI event each hook point runs at.
+EVENT_OF: Mapping[HookPoint, api.Event] = {
+    HookPoint.PRE_RUN_POD_SANDBOX: api.Event.RUN_POD_SANDBOX,
+    HookPoint.POST_STOP_POD_SANDBOX: api.Event.STOP_POD_SANDBOX,
+    HookPoint.PRE_CREATE_CONTAINER: api.Event.CREATE_CONTAINER,
+    HookPoint.PRE_START_CONTAINER: api.Event.START_CONTAINER,
+    HookPoint.POST_START_CONTAINER: api.Event.POST_START_CONTAINER,
+    HookPoint.POST_STOP_CONTAINER: api.Event.STOP_CONTAINER,
+    HookPoint.PRE_UPDATE_CONTAINER_RESOURCES: api.Event.UPDATE_CONTAINER,
+}
+#: Events subscribed to whatever is registered: they keep the store current.
+STORE_EVENTS = (
+    api.Event.RUN_POD_SANDBOX,
+    api.Event.REMOVE_POD_SANDBOX,
+    api.Event.POST_CREATE_CONTAINER,
+    api.Event.REMOVE_CONTAINER,
+)
+#: NRI's default request timeout (``DefaultPluginRequestTimeout``), assumed when Configure says none.
+DEFAULT_REQUEST_TIMEOUT = 2.0
+#: Registration must be answered within this (NRI's ``DefaultPluginRegistrationTimeout``).
+REGISTRATION_TIMEOUT = 5.0
+#: Time kept back from the runtime's request timeout for krproxy's own work and the answer's trip.
+MARGIN = 0.2
+#: Reconnection backoff: first wait, and the longest.
+RECONNECT_MIN, RECONNECT_MAX = 0.5, 10.0
+
+
+def mask_of(events: set[api.Event]) -> int:
+    mask = 0
+    for event in events:
+        mask |= 1 << (event - 1)
+    return mask
+
+
+def _check_index(index: str) -> str:
+    if len(index) != 2 or not index.isdigit():
+        raise ValueError(f"NRI plugin index must be two digits, 00..99 (got {index!r})")
+    return index
+
+
+def _check_name(name: str) -> str:
+    if not name or "/" in name:
+        raise ValueError(f"NRI plugin name must be non-empty, without '/' (got {name!r})")
+    return name
+
+
+@attrs.frozen
+class NriConfig:
+    """What ``krproxy nri`` is told on its command line."""
+
+    socket: str = DEFAULT_SOCKET
+    plugin_name: str = attrs.field(default="krproxy", converter=_check_name)
+    plugin_index: str = attrs.field(default="50", converter=_check_index)
+    hook_dir: str = "/etc/runtime/hookserver.d"
+    skip_label: tuple[str, str] = ("runtimeproxy.koordinator.sh/skip-hookserver", "true")
+    insecure_registration_files: bool = False
+
+
+@attrs.define(eq=False)
+class NriPlugin:
+    """The NRI plugin's state and its Plugin-service handlers (one instance across reconnections)."""
+
+    config: NriConfig
+    dispatcher: Dispatcher
+    metrics: Metrics
+    store: HookStore = attrs.field(factory=HookStore)
+    runtime: str = ""
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    #: The event mask sent at the last Configure.
+    subscribed: int = 0
+    #: Set once the runtime synchronized the current connection (/readyz's meaning).
+    synchronized: trio.Event = attrs.field(factory=trio.Event)
+    _sync_pods: list[api.PodSandbox] = attrs.field(factory=list, init=False)
+    _sync_containers: list[api.Container] = attrs.field(factory=list, init=False)
+    _resubscribe: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    def events_needed(self) -> int:
+        events = set(STORE_EVENTS)
+        events.update(EVENT_OF[point] for point in HookPoint if self.dispatcher.plugins_for(point))
+        return mask_of(events)
+
+    def publish(self, registry: Registry) -> None:
+        """The watcher's callback: new registrations; re-register when they need other events."""
+        self.dispatcher.publish(registry)
+        self.metrics.plugins.set(len(registry.plugins))
+        if self.subscribed and self.events_needed() != self.subscribed:
+            log.event(LOGGER, "nri_resubscribe", events=hex(self.events_needed()), was=hex(self.subscribed))
+            self._resubscribe.set()
+
+    def handlers(self) -> dict[tuple[str, str], Handler]:
+        methods = {
+            "Configure": self.configure,
+            "Synchronize": self.synchronize,
+            "Shutdown": self.shutdown,
+            "CreateContainer": self.create_container,
+            "UpdateContainer": self.update_container,
+            "StopContainer": self.stop_container,
+            "StateChange": self.state_change,
+        }
+        return {(PLUGIN_SERVICE, name): handler for name, handler in methods.items()}
+
+    # -- the connection --------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect, register and serve; reconnect with backoff whenever the connection ends. Never returns."""
+        task_status.started()
+        wait = RECONNECT_MIN
+        while True:
+            try:
+                stream = await trio.open_unix_socket(self.config.socket)
+            except OSError as exc:
+                log.event(
+                    LOGGER,
+                    "nri_unreachable",
+                    level=logging.WARNING,
+                    socket=self.config.socket,
+                    error=str(exc),
+                    retry=wait,
+                )
+                await trio.sleep(wait)
+                wait = min(wait * 2, RECONNECT_MAX)
+                continue
+            served = await self._serve(stream)
+            self.metrics.ready.set(0)
+            if served:  # it was up: come back at once, then back off if that fails
+                wait = RECONNECT_MIN
+                if self._resubscribe.is_set():
+                    continue
+            await trio.sleep(wait)
+            wait = min(wait * 2, RECONNECT_MAX)
+
+    async def _serve(self, stream: trio.SocketStream) -> bool:
+        """One connection, until it ends; True if the runtime got as far as synchronizing krproxy."""
+        session = Session(stream, _mux.PLUGIN_SERVICE_CONN, _mux.RUNTIME_SERVICE_CONN, self.handlers())
+        self.synchronized = trio.Event()
+        self._resubscribe = trio.Event()  # a new connection is configured with what is needed now
+        self._sync_pods, self._sync_containers = [], []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._register, session)
+            await session.run()
+            nursery.cancel_scope.cancel()
+        log.event(LOGGER, "nri_disconnected", level=logging.WARNING, reason=session.reason)
+        return self.synchronized.is_set()
+
+    async def _register(self, session: Session) -> None:
+        """Register; then report readiness once synchronized, and close the connection to re-subscribe."""
+        request = api.RegisterPluginRequest(
+            plugin_name=self.config.plugin_name, plugin_idx=self.config.plugin_index
+        )
+        try:
+            with trio.fail_after(REGISTRATION_TIMEOUT):
+                await session.call(RUNTIME_SERVICE, "RegisterPlugin", bytes(request))
+        except (TtrpcError, ConnectionLost, trio.TooSlowError) as exc:
+            log.event(LOGGER, "nri_registration_failed", level=logging.WARNING, error=str(exc) or "timed out")
+            await session.aclose()
+            return
+        log.event(LOGGER, "nri_registered", plugin=self.config.plugin_name, index=self.config.plugin_index)
+        await self.synchronized.wait()
+        self.metrics.ready.set(1)
+        log.event(LOGGER, "nri_synchronized", runtime=self.runtime, pods=self.store.statistics().pods)
+        await self._resubscribe.wait()
+        await session.aclose()
+
+    # -- Plugin service ------------------------------------------------------------------------
+
+    async def configure(self, payload: bytes) -> bytes:
+        request = api.ConfigureRequest.parse(payload)
+        self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
+        self.request_timeout = (
+            request.request_timeout / 1000 if request.request_timeout > 0 else DEFAULT_REQUEST_TIMEOUT
+        )
+        self.subscribed = self.events_needed()
+        log.event(
+            LOGGER,
+            "nri_configured",
+            runtime=self.runtime,
+            request_timeout=self.request_timeout,
+            events=hex(self.subscribed),
+        )
+        return bytes(api.ConfigureResponse(events=self.subscribed))
+
+    async def synchronize(self, payload: bytes) -> bytes:
+        request = api.SynchronizeRequest.parse(payload)
+        self._sync_pods += request.pods
+        self._sync_containers += request.containers
+        if request.more:  # NRI 0.8 sends large states in parts: answer each, keep them all
+            return bytes(api.SynchronizeResponse(more=True))
+        pods = {pod.id: nri_convert.pod_from_nri(pod) for pod in self._sync_pods}
+        by_id = {pod.id: pod for pod in self._sync_pods}
+        containers = [
+            (c.id, nri_convert.container_from_nri(by_id.get(c.pod_sandbox_id), c))
+            for c in self._sync_containers
+        ]
+        self.store.load(pods.items(), containers)
+        self._sync_pods, self._sync_containers = [], []
+        self.synchronized.set()
+        return bytes(api.SynchronizeResponse())
+
+    async def shutdown(self, payload: bytes) -> bytes:
+        log.event(LOGGER, "nri_runtime_shutdown", runtime=self.runtime)
+        return bytes(api.Empty())
+
+    def _deadline(self) -> float:
+        """When the chain must be done: the runtime's request timeout (and the call's deadline) less MARGIN."""
+        now = trio.current_time()
+        deadline = min(now + self.request_timeout, trio.current_effective_deadline())
+        return deadline - max(MARGIN, 0.1 * self.request_timeout)
+
+    def _skips(self, pod: PodInfo) -> bool:
+        return pod.has_label(*self.config.skip_label)
+
+    def _not_applied(self, point: HookPoint, target: str, fields: tuple[str, ...] | list[str]) -> None:
+        for field in fields:
+            self.metrics.nri_not_applied.labels(point.value, field.split("[")[0]).inc()
+        if fields:
+            log.event(
+                LOGGER,
+                "nri_change_not_applied",
+                level=logging.WARNING,
+                hook=point.value,
+                target=target,
+                fields=",".join(fields),
+                reason="NRI cannot make these changes at this event",
+            )
+
+    async def _pod_chain(self, point: HookPoint, pod: PodInfo, target: str) -> PodInfo:
+        chain = self._run(point, pod, hook_convert.pod_hook_request_bytes, merge.merge_pod_info, target)
+        result: PodInfo = await chain
+        return result
+
+    async def _container_chain(self, point: HookPoint, info: ContainerInfo, target: str) -> ContainerInfo:
+        chain = self._run(
+            point, info, hook_convert.container_hook_request_bytes, merge.merge_container_info, target
+        )
+        result: ContainerInfo = await chain
+        return result
+
+    async def _run(self, point: HookPoint, record: Any, to_request: Any, fold: Any, target: str) -> Any:
+        """Run ``point``'s hook servers within the budget; a Fail server's failure becomes an error for the runtime."""
+        try:
+            chain = await self.dispatcher.run(
+                point, record, to_request, fold, target=target, deadline=self._deadline()
+            )
+        except HookRejected as exc:
+            raise TtrpcError(Status.UNKNOWN, str(exc.message)) from None
+        return chain.value
+
+    async def create_container(self, payload: bytes) -> bytes:
+        request = api.CreateContainerRequest.parse(payload)
+        info = nri_convert.container_from_nri(request.pod, request.container)
+        point = HookPoint.PRE_CREATE_CONTAINER
+        if self._skips(info.pod) or not self.dispatcher.plugins_for(point):
+            return bytes(api.CreateContainerResponse())
+        target = f"pod {info.pod.namespace}/{info.pod.name} container {info.name}"
+        after = await self._container_chain(point, info, target)
+        adjusted = nri_convert.adjustment(info, after)
+        self._not_applied(point, target, adjusted.not_applied)
+        return bytes(api.CreateContainerResponse(adjust=adjusted.adjust))
+
+    async def update_container(self, payload: bytes) -> bytes:
+        request = api.UpdateContainerRequest.parse(payload)
+        info = nri_convert.container_from_nri(request.pod, request.container)
+        point = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
+        if self._skips(info.pod) or not self.dispatcher.plugins_for(point):
+            return bytes(api.UpdateContainerResponse())
+        wanted = nri_convert.resources_from_nri(request.linux_resources)
+        stored = self.store.get_container(info.id) or info
+        current = stored.resources if stored.resources is not None else wanted
+        prepared = attrs.evolve(stored, resources=merge.update_resource_by_update_request(current, wanted))
+        after = await self._container_chain(point, prepared, info.id)
+        not_applied = [
+            f"annotations[{k}]"
+            for k in after.annotations
+            if prepared.annotations.get(k) != after.annotations[k]
+        ]
+        update = api.UpdateContainerResponse()
+        if after.resources is not None and prepared.resources is not None:
+            resources, missing = nri_convert.resources_update(wanted, after.resources)
+            not_applied += missing
+            if resources is not None:
+                update.update = [
+                    api.ContainerUpdate(
+                        container_id=info.id, linux=api.LinuxContainerUpdate(resources=resources)
+                    )
+                ]
+        self._not_applied(point, info.id, not_applied)
+        self.store.update_container(info.id, after)
+        return bytes(update)
+
+    async def stop_container(self, payload: bytes) -> bytes:
+        request = api.StopContainerRequest.parse(payload)
+        info = nri_convert.container_from_nri(request.pod, request.container)
+        if not self._skips(info.pod) and self.dispatcher.plugins_for(HookPoint.POST_STOP_CONTAINER):
+            await self._container_chain(HookPoint.POST_STOP_CONTAINER, info, info.id)
+        return bytes(api.StopContainerResponse())
+
+    async def state_change(self, payload: bytes) -> bytes:
+        event = api.StateChangeEvent.parse(payload)
+        pod = nri_convert.pod_from_nri(event.pod)
+        kind = event.event
+        if kind == api.Event.RUN_POD_SANDBOX:
+            if event.pod is not None:
+                self.store.put_pod(event.pod.id, pod)
+            await self._pod_hook(HookPoint.PRE_RUN_POD_SANDBOX, pod)
+        elif kind == api.Event.STOP_POD_SANDBOX:
+            await self._pod_hook(HookPoint.POST_STOP_POD_SANDBOX, pod)
+        elif kind == api.Event.REMOVE_POD_SANDBOX:
+            if event.pod is not None:
+                self.store.remove_pod(event.pod.id)
+        elif kind == api.Event.POST_CREATE_CONTAINER:
+            info = nri_convert.container_from_nri(event.pod, event.container)
+            self.store.put_container(info.id, info)
+        elif kind == api.Event.START_CONTAINER:
+            await self._container_hook(HookPoint.PRE_START_CONTAINER, event)
+        elif kind == api.Event.POST_START_CONTAINER:
+            await self._container_hook(HookPoint.POST_START_CONTAINER, event)
+        elif kind == api.Event.REMOVE_CONTAINER and event.container is not None:
+            self.store.delete_container(event.container.id)
+        return bytes(api.Empty())
+
+    async def _pod_hook(self, point: HookPoint, pod: PodInfo) -> None:
+        if self._skips(pod) or not self.dispatcher.plugins_for(point):
+            return
+        target = f"pod {pod.namespace}/{pod.name}"
+        after = await self._pod_chain(point, pod, target)
+        if point is HookPoint.PRE_RUN_POD_SANDBOX:
+            self._not_applied(point, target, nri_convert.pod_changes(pod, after))
+
+    async def _container_hook(self, point: HookPoint, event: api.StateChangeEvent) -> None:
+        info = nri_convert.container_from_nri(event.pod, event.container)
+        if self._skips(info.pod) or not self.dispatcher.plugins_for(point):
+            return
+        after = await self._container_chain(point, self.store.get_container(info.id) or info, info.id)
+        if point is HookPoint.PRE_START_CONTAINER:
+            self.store.update_container(info.id, after)  # as in proxy mode: the answer updates the store
+
+
+async def serve(
+    config: NriConfig, *, task_status: trio.TaskStatus[NriPlugin] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Run ``krproxy nri`` until cancelled: the hook directory watcher and the NRI connection."""
+    metrics = Metrics()
+    relay = Relay()
+    dispatcher = Dispatcher(relay, observe=metrics.observe_hook)
+    plugin = NriPlugin(config, dispatcher, metrics)
+    metrics.store_pods.set_function(lambda: plugin.store.statistics().pods)
+    metrics.store_containers.set_function(lambda: plugin.store.statistics().containers)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(relay.run)  # not serving: only the dispatcher's calls to the hook servers
+            await nursery.start(
+                functools.partial(
+                    watch,
+                    config.hook_dir,
+                    plugin.publish,
+                    on_error=lambda name: metrics.registration_errors.labels(name).inc(),
+                    trusted_only=not config.insecure_registration_files,
+                )
+            )
+            await nursery.start(plugin.run)
+            log.event(LOGGER, "nri_started", socket=config.socket, hook_dir=config.hook_dir)
+            task_status.started(plugin)
+    finally:
+        dispatcher.close()

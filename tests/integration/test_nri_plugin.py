@@ -1,0 +1,358 @@
+"""``krproxy nri`` against the fake NRI runtime, with fake hook servers from the hook directory.
+
+Each test runs the runtime side (fakes.nri), krproxy's NRI plugin (krproxy.nri.plugin.serve) and hook
+servers (fakes.plugin) in one trio run over unix sockets in a temp dir.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterable
+
+import attrs
+import pytest
+import trio
+
+from fakes.nri import FakeNriRuntime, NriError, event_mask
+from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
+from krproxy.hooks.points import HookPoint
+from krproxy.nri import plugin as nri_plugin
+from krproxy.nri.plugin import NriConfig, NriPlugin
+from krproxy.proto.nri.pkg.api import v1alpha1 as api
+from tests.integration.support import wait_until
+
+LIMIT = 10  # seconds any one test may take
+
+
+def pod(name: str = "web", *, labels: dict[str, str] | None = None) -> api.PodSandbox:
+    return api.PodSandbox(
+        id=f"pod-{name}",
+        name=name,
+        uid=f"uid-{name}",
+        namespace="prod",
+        labels={"app": name} if labels is None else labels,
+        annotations={"kubernetes.io/config.source": "api"},
+        linux=api.LinuxPodSandbox(cgroup_parent="/kubepods/burstable/pod-uid"),
+    )
+
+
+def container(name: str = "app", pod_id: str = "pod-web") -> api.Container:
+    return api.Container(
+        id=f"ctr-{name}",
+        pod_sandbox_id=pod_id,
+        name=name,
+        annotations={"io.kubernetes.container.hash": "abc"},
+        env=["PATH=/bin", "MODE=a"],
+        linux=api.LinuxContainer(
+            resources=api.LinuxResources(
+                cpu=api.LinuxCpu(
+                    shares=api.OptionalUInt64(value=1024),
+                    quota=api.OptionalInt64(value=100_000),
+                    period=api.OptionalUInt64(value=100_000),
+                ),
+                memory=api.LinuxMemory(limit=api.OptionalInt64(value=1 << 30)),
+            )
+        ),
+    )
+
+
+@attrs.define
+class Node:
+    """A fake runtime, krproxy's NRI plugin and a hook directory."""
+
+    sockdir: str
+    runtime: FakeNriRuntime
+    nursery: trio.Nursery
+    plugin: NriPlugin | None = None
+
+    @property
+    def hook_dir(self) -> str:
+        return os.path.join(self.sockdir, "hooks")
+
+    async def hook_server(
+        self,
+        name: str,
+        hooks: Iterable[HookPoint],
+        *,
+        policy: str = "Ignore",
+        plugin_timeout: str = "1s",
+        **kw: object,
+    ) -> FakePlugin:
+        fake = FakePlugin(**kw)  # type: ignore[arg-type]
+        endpoint = os.path.join(self.sockdir, f"{name}.sock")
+        await self.nursery.start(run_fake_plugin, endpoint, fake)
+        write_registration(
+            self.hook_dir, name, endpoint, hooks, failure_policy=policy, timeout=plugin_timeout
+        )
+        return fake
+
+    async def start_krproxy(self) -> NriPlugin:
+        os.makedirs(self.hook_dir, exist_ok=True)
+        config = NriConfig(
+            socket=self.runtime.socket_path, hook_dir=self.hook_dir, insecure_registration_files=True
+        )
+        self.plugin = await self.nursery.start(nri_plugin.serve, config)
+        await self.runtime.wait_for_plugins(1)
+        return self.plugin
+
+
+@pytest.fixture
+async def node(nursery: trio.Nursery, short_tmp: object) -> Node:
+    sockdir = str(short_tmp)
+    runtime = FakeNriRuntime(os.path.join(sockdir, "nri.sock"), request_timeout=2.0)
+    await nursery.start(runtime.serve)
+    return Node(sockdir, runtime, nursery)
+
+
+class TestRegistration:
+    async def test_registers_configures_synchronizes(self, node: Node) -> None:
+        """krproxy registers under its name and index, subscribes to what its hook servers need, and
+        loads the runtime's pods and containers from Synchronize."""
+        node.runtime.pods["pod-old"] = pod("old")
+        node.runtime.containers["ctr-old"] = container("old", "pod-old")
+        await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER])
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await plugin.synchronized.wait()
+        [connected] = node.runtime.plugins
+        assert ("50", "krproxy") == (connected.index, connected.name)
+        wanted = {api.Event.CREATE_CONTAINER, *nri_plugin.STORE_EVENTS}
+        assert event_mask(wanted) == connected.events
+        assert {"pod-old"} == set(plugin.store.pods())
+        stored = plugin.store.get_container("ctr-old")
+        assert stored is not None and "old" == stored.pod.name
+        assert 1.0 == plugin.metrics.ready._value.get()
+
+    async def test_request_timeout_from_configure(self, node: Node) -> None:
+        """The runtime's request timeout (Configure, NRI 0.8) is what hook chains are budgeted in."""
+        node.runtime.request_timeout = 1.5
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+        assert 1.5 == plugin.request_timeout
+
+    async def test_nri_0_6_runtime(self, node: Node) -> None:
+        """A runtime that sends no timeouts (NRI 0.6.1, containerd 1.7) gets NRI's default of 2 s assumed."""
+        node.runtime.nri_0_6 = True
+        node.runtime.request_timeout = 1.0
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+        assert nri_plugin.DEFAULT_REQUEST_TIMEOUT == plugin.request_timeout
+
+    async def test_split_synchronize(self, node: Node) -> None:
+        """A state sent in parts (NRI 0.8's ``more``) is collected whole."""
+        node.runtime.sync_chunk = 3
+        for i in range(4):
+            node.runtime.pods[f"pod-{i}"] = pod(str(i))
+            node.runtime.containers[f"ctr-{i}"] = container(str(i), f"pod-{i}")
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await plugin.synchronized.wait()
+        assert 3 == node.runtime.log.count(("call", "Synchronize"))
+        assert (4, 4) == (len(plugin.store.pods()), len(plugin.store.containers()))
+
+    async def test_reconnects_after_runtime_drops_it(self, node: Node) -> None:
+        """When the connection goes, krproxy registers again and is synchronized again."""
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            [first] = node.runtime.plugins
+            node.runtime.pods["pod-new"] = pod("new")
+            await first.session.aclose()
+            await wait_until(
+                lambda: bool(node.runtime.plugins) and node.runtime.plugins[0] is not first, LIMIT
+            )
+            assert node.plugin is not None
+            await wait_until(lambda: "pod-new" in node.plugin.store.pods())  # type: ignore[union-attr]
+        assert 2 == node.runtime.log.count(("serve", "RegisterPlugin"))
+
+    async def test_waits_for_the_runtime(self, nursery: trio.Nursery, short_tmp: object) -> None:
+        """Started before the runtime, krproxy keeps trying and registers once the socket appears."""
+        sockdir = str(short_tmp)
+        socket = os.path.join(sockdir, "nri.sock")
+        os.makedirs(os.path.join(sockdir, "hooks"))
+        config = NriConfig(
+            socket=socket, hook_dir=os.path.join(sockdir, "hooks"), insecure_registration_files=True
+        )
+        with trio.fail_after(LIMIT):
+            plugin = await nursery.start(nri_plugin.serve, config)
+            await trio.sleep(0.3)
+            runtime = FakeNriRuntime(socket)
+            await nursery.start(runtime.serve)
+            await runtime.wait_for_plugins(1)
+            await plugin.synchronized.wait()
+
+    async def test_resubscribes_when_registrations_change(self, node: Node) -> None:
+        """A hook server registered later for another event makes krproxy re-register with that event."""
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            [first] = node.runtime.plugins
+            assert not first.subscribed(api.Event.UPDATE_CONTAINER)
+            await node.hook_server("late", [HookPoint.PRE_UPDATE_CONTAINER_RESOURCES])
+            await wait_until(
+                lambda: (
+                    bool(node.runtime.plugins)
+                    and node.runtime.plugins[0].subscribed(api.Event.UPDATE_CONTAINER)
+                ),
+                LIMIT,
+            )
+
+
+class TestCreate:
+    async def test_changes_become_an_adjustment(self, node: Node) -> None:
+        """A PreCreateContainer hook server's resources, env and annotations reach the created container."""
+        changes = Changes(
+            cpu_shares=4096,
+            memory_limit=2 << 30,
+            cpuset_cpus="0-1",
+            envs={"ADDED": "1"},
+            annotations={"a": "b"},
+        )
+        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER], changes=changes)
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            created = await node.runtime.create_container(container())
+        [request] = fake.requests(HookPoint.PRE_CREATE_CONTAINER)
+        assert ("web", "prod", "app") == (
+            request.pod_meta.name,
+            request.pod_meta.namespace,
+            request.container_meta.name,
+        )
+        assert {"app": "web"} == request.pod_labels
+        assert {"PATH": "/bin", "MODE": "a"} == request.container_envs
+        assert 1024 == request.container_resources.cpu_shares
+        assert created.linux is not None and created.linux.resources is not None
+        cpu, memory = created.linux.resources.cpu, created.linux.resources.memory
+        assert cpu is not None and memory is not None
+        assert (4096, "0-1", 2 << 30) == (cpu.shares.value, cpu.cpus, memory.limit.value)  # type: ignore[union-attr]
+        assert ["PATH=/bin", "MODE=a", "ADDED=1"] == created.env
+        assert "b" == created.annotations["a"]
+
+    async def test_pod_cgroup_parent_is_not_applied_and_said(self, node: Node) -> None:
+        """A change NRI cannot make is logged and counted, and the rest still applied."""
+        changes = Changes(cgroup_parent="/kubepods/burstable/pod-uid/moved", cpu_shares=512)
+        await node.hook_server(
+            "h", [HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_RUN_POD_SANDBOX], changes=changes
+        )
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            created = await node.runtime.create_container(container())
+        assert created.linux.resources.cpu.shares.value == 512  # type: ignore[union-attr]
+        counter = plugin.metrics.nri_not_applied
+        assert 1 == counter.labels("PreCreateContainer", "pod_cgroup_parent")._value.get()
+        assert 1 == counter.labels("PreRunPodSandbox", "cgroup_parent")._value.get()
+
+    async def test_fail_policy_fails_the_creation(self, node: Node) -> None:
+        """A Fail hook server's error fails CreateContainer in the runtime, naming server and hook."""
+        fake = await node.hook_server("strict", [HookPoint.PRE_CREATE_CONTAINER], policy="Fail")
+        fake.misbehave(Misbehaviour(status=__import__("grpclib").const.Status.INTERNAL, message="no"))
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            with pytest.raises(NriError, match="hook server strict failed PreCreateContainer: INTERNAL: no"):
+                await node.runtime.create_container(container())
+        assert 1 == len(node.runtime.plugins)  # still registered
+
+    async def test_ignore_policy_creates_unchanged(self, node: Node) -> None:
+        """An Ignore hook server's error leaves the container as asked for."""
+        fake = await node.hook_server("lax", [HookPoint.PRE_CREATE_CONTAINER], changes=Changes(cpu_shares=1))
+        fake.misbehave(Misbehaviour(hang=True))
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            created = await node.runtime.create_container(container())
+        assert created.linux.resources.cpu.shares.value == 1024  # type: ignore[union-attr]
+
+    async def test_slow_server_does_not_get_krproxy_dropped(self, node: Node) -> None:
+        """A hook server slower than the runtime's request timeout fails within it; krproxy stays registered."""
+        node.runtime.request_timeout = 0.6
+        fake = await node.hook_server("slow", [HookPoint.PRE_CREATE_CONTAINER], plugin_timeout="5s")
+        fake.misbehave(Misbehaviour(hang=True))
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            await node.runtime.create_container(container())
+        assert 1 == len(node.runtime.plugins) and [] == node.runtime.dropped
+
+    async def test_skip_label(self, node: Node) -> None:
+        """Pods carrying the skip label get no hooks."""
+        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER], changes=Changes(cpu_shares=1))
+        skipped = pod(labels={"runtimeproxy.koordinator.sh/skip-hookserver": "true"})
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(skipped)
+            await node.runtime.create_container(container())
+        assert [] == fake.calls
+
+
+class TestOtherEvents:
+    async def test_update_resources(self, node: Node) -> None:
+        """A PreUpdateContainerResources answer changes the update the runtime makes."""
+        fake = await node.hook_server(
+            "h", [HookPoint.PRE_UPDATE_CONTAINER_RESOURCES], changes=Changes(cpu_quota=50_000)
+        )
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            await node.runtime.create_container(container())
+            asked = api.LinuxResources(memory=api.LinuxMemory(limit=api.OptionalInt64(value=3 << 30)))
+            applied = await node.runtime.update_container("ctr-app", asked)
+        [request] = fake.requests(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
+        assert 3 << 30 == request.container_resources.memory_limit_in_bytes
+        assert (50_000, 3 << 30) == (applied.cpu.quota.value, applied.memory.limit.value)  # type: ignore[union-attr]
+        resources = node.runtime.containers["ctr-app"].linux.resources  # type: ignore[union-attr]
+        assert 50_000 == resources.cpu.quota.value  # type: ignore[union-attr]
+
+    async def test_lifecycle_hooks_in_order(self, node: Node) -> None:
+        """Every hook point is called at its NRI event, in lifecycle order, with the pod's labels."""
+        fake = await node.hook_server("all", list(HookPoint))
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            await node.runtime.create_container(container())
+            await node.runtime.start_container("ctr-app")
+            await node.runtime.update_container("ctr-app", api.LinuxResources())
+            await node.runtime.stop_container("ctr-app")
+            await node.runtime.remove_container("ctr-app")
+            await node.runtime.stop_pod("pod-web")
+            await node.runtime.remove_pod("pod-web")
+        assert [
+            HookPoint.PRE_RUN_POD_SANDBOX,
+            HookPoint.PRE_CREATE_CONTAINER,
+            HookPoint.PRE_START_CONTAINER,
+            HookPoint.POST_START_CONTAINER,
+            HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
+            HookPoint.POST_STOP_CONTAINER,
+            HookPoint.POST_STOP_POD_SANDBOX,
+        ] == fake.hooks_called()
+        assert {"app": "web"} == fake.requests(HookPoint.POST_STOP_CONTAINER)[0].pod_labels
+        assert node.plugin is not None and {} == node.plugin.store.pods()
+
+
+class TestCommand:
+    async def test_krproxy_nri_process(self, node: Node) -> None:
+        """``krproxy nri`` as a process registers with the runtime, and exits 0 on SIGTERM."""
+        os.makedirs(node.hook_dir, exist_ok=True)
+        command = [
+            sys.executable,
+            "-m",
+            "krproxy",
+            "nri",
+            "--nri-socket",
+            f"unix://{node.runtime.socket_path}",
+        ]
+        command += ["--plugin-index", "07", "--hook-dir", node.hook_dir, "--insecure-registration-files"]
+        with trio.fail_after(LIMIT):
+            process = await trio.lowlevel.open_process(command, stderr=subprocess.DEVNULL)
+            try:
+                await node.runtime.wait_for_plugins(1)
+                assert "07" == node.runtime.plugins[0].index
+                process.send_signal(signal.SIGTERM)
+                assert 0 == await process.wait()
+            finally:
+                if process.returncode is None:
+                    process.kill()
+                    await process.wait()

@@ -1,0 +1,167 @@
+"""NRI pods and containers to hook records, and hook results to NRI adjustments (krproxy.nri.convert)."""
+
+from __future__ import annotations
+
+import attrs
+
+from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
+from krproxy.nri import convert
+from krproxy.proto.nri.pkg.api import v1alpha1 as api
+
+POD = api.PodSandbox(
+    id="p1",
+    name="web",
+    uid="u1",
+    namespace="prod",
+    labels={"app": "web"},
+    annotations={"a": "1"},
+    runtime_handler="runc",
+    linux=api.LinuxPodSandbox(cgroup_parent="/kubepods/pod-u1"),
+)
+CONTAINER = api.Container(
+    id="c1",
+    pod_sandbox_id="p1",
+    name="app",
+    annotations={"h": "x"},
+    env=["PATH=/bin", "MODE=a", "MODE=b", "EMPTY="],
+    linux=api.LinuxContainer(
+        resources=api.LinuxResources(
+            cpu=api.LinuxCpu(
+                shares=api.OptionalUInt64(value=1024),
+                quota=api.OptionalInt64(value=-1),
+                period=api.OptionalUInt64(value=100_000),
+                cpus="0-3",
+            ),
+            memory=api.LinuxMemory(
+                limit=api.OptionalInt64(value=1 << 30), swap=api.OptionalInt64(value=2 << 30)
+            ),
+            unified={"memory.high": "max"},
+            hugepage_limits=[api.HugepageLimit(page_size="2MB", limit=1 << 21)],
+        ),
+        oom_score_adj=api.OptionalInt(value=-997),
+    ),
+)
+
+
+class TestFromNri:
+    def test_pod(self) -> None:
+        """Name, uid, namespace, handler, labels, annotations and the cgroup parent are taken; no attempt."""
+        expected = PodInfo(
+            name="web",
+            uid="u1",
+            namespace="prod",
+            runtime_handler="runc",
+            labels={"app": "web"},
+            annotations={"a": "1"},
+            cgroup_parent="/kubepods/pod-u1",
+        )
+        assert expected == convert.pod_from_nri(POD)
+
+    def test_container(self) -> None:
+        """Resources (with oom_score_adj from beside them), env as a map (later duplicate wins) and the pod."""
+        info = convert.container_from_nri(POD, CONTAINER)
+        assert (
+            Resources(
+                cpu_period=100_000,
+                cpu_quota=-1,
+                cpu_shares=1024,
+                memory_limit_in_bytes=1 << 30,
+                oom_score_adj=-997,
+                cpuset_cpus="0-3",
+                hugepage_limits=(("2MB", 1 << 21),),
+                unified={"memory.high": "max"},
+                memory_swap_limit_in_bytes=2 << 30,
+            )
+            == info.resources
+        )
+        assert {"PATH": "/bin", "MODE": "b", "EMPTY": ""} == info.envs
+        assert ("c1", "p1", "app", "/kubepods/pod-u1") == (
+            info.id,
+            info.pod_sandbox_id,
+            info.name,
+            info.pod_cgroup_parent,
+        )
+        assert "web" == info.pod.name
+
+    def test_missing_parts(self) -> None:
+        """A pod or container without its optional parts converts to empty records, never an error."""
+        assert PodInfo() == convert.pod_from_nri(None)
+        info = convert.container_from_nri(api.PodSandbox(), api.Container(id="c"))
+        assert (Resources(), {}) == (info.resources, info.envs)
+
+
+class TestAdjustment:
+    def before(self) -> ContainerInfo:
+        return convert.container_from_nri(POD, CONTAINER)
+
+    def test_nothing_changed(self) -> None:
+        """An echo becomes no adjustment at all (so no field is claimed from other NRI plugins)."""
+        assert convert.Adjusted(None) == convert.adjustment(self.before(), self.before())
+
+    def test_only_changed_fields(self) -> None:
+        """Changed resources, env and annotations are set; removals carry NRI's '-' mark; nothing else."""
+        before = self.before()
+        assert before.resources is not None
+        after = attrs.evolve(
+            before,
+            annotations={"h": "x", "new": "v"},
+            envs={"PATH": "/bin", "MODE": "c", "ADDED": "1"},
+            resources=attrs.evolve(before.resources, cpu_shares=2048, cpuset_cpus="1", oom_score_adj=0),
+        )
+        adjusted = convert.adjustment(before, after)
+        assert () == adjusted.not_applied
+        assert adjusted.adjust == api.ContainerAdjustment(
+            annotations={"new": "v"},
+            env=[
+                api.KeyValue(key="MODE", value="c"),
+                api.KeyValue(key="ADDED", value="1"),
+                api.KeyValue(key="-EMPTY", value=""),
+            ],
+            linux=api.LinuxContainerAdjustment(
+                resources=api.LinuxResources(
+                    cpu=api.LinuxCpu(shares=api.OptionalUInt64(value=2048), cpus="1")
+                ),
+                oom_score_adj=api.OptionalInt(value=0),
+            ),
+        )
+
+    def test_what_nri_cannot_do_is_named(self) -> None:
+        """The pod cgroup parent, a cleared cpuset, a removed unified key and hugepages are listed, not sent."""
+        before = self.before()
+        assert before.resources is not None
+        after = attrs.evolve(
+            before,
+            pod_cgroup_parent="/kubepods/pod-u1/x",
+            resources=attrs.evolve(before.resources, cpuset_cpus="", unified={}, hugepage_limits=()),
+        )
+        adjusted = convert.adjustment(before, after)
+        assert None is adjusted.adjust
+        assert (
+            "pod_cgroup_parent",
+            "cpuset_cpus cleared",
+            "unified[memory.high] removed",
+            "hugepage_limits",
+        ) == (adjusted.not_applied)
+
+
+class TestResourcesUpdate:
+    def test_memory_and_quota(self) -> None:
+        """An update carries the changed fields only, with NRI's optional wrappers."""
+        before = Resources(cpu_quota=100, memory_limit_in_bytes=1)
+        resources, missing = convert.resources_update(
+            before, attrs.evolve(before, cpu_quota=-1, memory_limit_in_bytes=5)
+        )
+        assert [] == missing
+        assert (
+            api.LinuxResources(
+                cpu=api.LinuxCpu(quota=api.OptionalInt64(value=-1)),
+                memory=api.LinuxMemory(limit=api.OptionalInt64(value=5)),
+            )
+            == resources
+        )
+
+    def test_pod_changes(self) -> None:
+        """Every pod field a hook changed is named (NRI applies none)."""
+        before = convert.pod_from_nri(POD)
+        after = attrs.evolve(before, labels={"app": "web", "x": "1"}, annotations={}, cgroup_parent="/other")
+        assert ("annotations[a]", "cgroup_parent", "labels[x]") == convert.pod_changes(before, after)
