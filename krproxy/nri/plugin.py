@@ -348,7 +348,7 @@ class NriPlugin:
         ]
         update = api.UpdateContainerResponse()
         if after.resources is not None and prepared.resources is not None:
-            resources, missing = nri_convert.resources_update(wanted, after.resources)
+            resources, missing = nri_convert.resources_update(prepared.resources, after.resources)
             not_applied += missing
             if resources is not None:
                 update.update = [
