@@ -265,6 +265,18 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logging(demo)
     demo.set_defaults(log_level="warning")
     subparsers.add_parser("version", help="print the version")
+    launcher = subparsers.add_parser(
+        "oci-launcher",
+        help="write the fast krproxy-runc-wrapper launcher (a containerd runtime's BinaryName)",
+        description="Write a /bin/sh launcher for the runc wrapper at PATH: runc commands that no "
+        "OCI hook can concern go straight to runc, without starting Python (see docs/oci-hooks.md). "
+        "runc, the hook directories and the log are resolved now, from krproxy-runc-wrapper.conf "
+        "next to PATH, then PATH.",
+    )
+    launcher.add_argument(
+        "path", metavar="PATH", help="where to write it, e.g. /usr/local/bin/krproxy-runc-wrapper"
+    )
+    launcher.add_argument("--runc", metavar="FILE", help="the real runc (default: as the wrapper finds it)")
     from krproxy.hookserver.cli import add_subcommands as add_hooks
 
     add_hooks(subparsers)
@@ -326,6 +338,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if args.command == "version":
         print(f"krproxy {__version__}")
+        return 0
+    if args.command == "oci-launcher":
+        from krproxy.ocihooks.wrapper import write_launcher
+
+        try:
+            write_launcher(args.path, runc=args.runc)
+        except OSError as err:
+            print(f"krproxy oci-launcher: error: {err}", file=sys.stderr)
+            return 1
+        print(f"wrote {args.path}")
         return 0
     if args.command in ("hooks", "trace", "status"):
         result: int = args.func(args)  # configures its own logging

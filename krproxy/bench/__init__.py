@@ -238,6 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
 
         results["real_containerd"] = _real_containerd(procs, workdir, args)
+        results["runc_wrapper"] = runc_wrapper(workdir, args.wrapper_calls)
         results["recovery"] = _recovery(procs, workdir)
         results["leak_check"] = _leak_check(proxy_procs["plain"].pid, plain, args.leak_calls)
     finally:
@@ -322,6 +323,74 @@ def _real_containerd(procs: Processes, workdir: str, args: argparse.Namespace) -
         return results
     finally:
         subprocess.run([PY, SANDBOX_SCRIPT, "stop", "--dir", sandbox], capture_output=True)
+
+
+def _timed_runs(
+    variants: dict[str, list[str]], env: dict[str, str], calls: int
+) -> dict[str, dict[str, float]]:
+    """Wall time of each command line (start to exit), alternating variants block by block."""
+    samples: dict[str, list[float]] = {name: [] for name in variants}
+    blocks = 10
+    for block in range(blocks + 1):  # block 0 warms the page cache and is not counted
+        for name, argv in variants.items():
+            for _ in range(max(calls // blocks, 1)):
+                started = time.perf_counter_ns()
+                subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                if block:
+                    samples[name].append((time.perf_counter_ns() - started) / 1000)
+    return {name: _summary(got) for name, got in samples.items()}
+
+
+def runc_wrapper(workdir: str, calls: int) -> dict[str, Any]:
+    """What the OCI hooks runc wrapper adds to a runc call that no hook concerns.
+
+    Plain runc against the fast launcher (``krproxy oci-launcher``) and the Python entry point
+    (``krproxy-runc-wrapper``), for ``runc --version`` and ``runc state`` (a container that does
+    not exist: runc's own work is small, so the wrapper's share shows). Then the create path with
+    a hook directory that holds a hook matching nothing, against a runc that does nothing
+    (``true``): the Python wrapper's whole cost (start, reading hooks and ``config.json``).
+    """
+    from krproxy.ocihooks.wrapper import write_launcher
+
+    runc = shutil.which("runc")
+    if runc is None:
+        return {"skipped": "runc not installed"}
+    base = os.path.join(workdir, "runc-wrapper")
+    hooks = os.path.join(base, "hooks")
+    os.makedirs(hooks)
+    launcher = os.path.join(base, "krproxy-runc-wrapper")
+    write_launcher(launcher, runc=runc)
+    entry_point = os.path.join(os.path.dirname(PY), "krproxy-runc-wrapper")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KRPROXY_")}
+    env.update(KRPROXY_RUNC=runc, KRPROXY_OCI_HOOKS_DIRS=hooks)
+    results: dict[str, Any] = {}
+    root = os.path.join(base, "root")
+    for name, args in (("version", ["--version"]), ("state", ["--root", root, "state", "nothing"])):
+        variants = {"runc": [runc, *args], "launcher": [launcher, *args]}
+        if os.path.exists(entry_point):
+            variants["entry_point"] = [entry_point, *args]
+        results[name] = _timed_runs(variants, env, calls)
+    # The create path: a hook file that matches nothing, runc replaced by `true`.
+    with open(os.path.join(hooks, "never.json"), "w") as f:
+        json.dump(
+            {
+                "version": "1.0.0",
+                "hook": {"path": "/bin/true"},
+                "when": {"annotations": {"^x$": "y"}},
+                "stages": ["prestart"],
+            },
+            f,
+        )
+    bundle = os.path.join(base, "bundle")
+    os.makedirs(bundle)
+    with open(os.path.join(bundle, "config.json"), "w") as f:
+        json.dump({"ociVersion": "1.0.2", "process": {"args": ["sh"]}, "annotations": {}, "mounts": []}, f)
+    true = shutil.which("true") or "/bin/true"
+    create = ["--root", root, "create", "--bundle", bundle, "c1"]
+    results["create"] = _timed_runs(
+        {"runc": [true, *create], "launcher": [launcher, *create]}, {**env, "KRPROXY_RUNC": true}, calls
+    )
+    return results
 
 
 def _recovery(procs: Processes, workdir: str) -> dict[str, float]:
@@ -468,6 +537,7 @@ def report(results: dict[str, Any]) -> str:
             r["proxy"],
             f"ratio <=2.0: {_check(ratio_ok)}",
         )
+    lines += report_runc_wrapper(results.get("runc_wrapper", {"skipped": "not run"}))
     t = results["throughput_32_callers"]
     lines.append(
         f"throughput, 32 callers            direct {t['direct']:8.0f}/s   proxy {t['proxy']:8.0f}/s"
@@ -487,6 +557,42 @@ def report(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: What the wrapper may add to a runc call that no hook concerns (issue 19).
+WRAPPER_TARGET_MS = 10.0
+
+
+def report_runc_wrapper(r: dict[str, Any]) -> list[str]:
+    """Rows for :func:`runc_wrapper`'s figures: added ms per runc call, launcher and entry point."""
+    if "skipped" in r:
+        return [f"runc wrapper                      not measured: {r['skipped']}"]
+    lines = []
+    for name, label in (
+        ("version", "runc --version"),
+        ("state", "runc state"),
+        ("create", "create, 1 hook, no match"),
+    ):
+        runs = r[name]
+        plain = runs["runc"]
+        for variant in ("launcher", "entry_point"):
+            if variant not in runs:
+                continue
+            v = runs[variant]
+            added = v["median_ms"] - plain["median_ms"]
+            target = ""
+            if name != "create":
+                target = f"added <={WRAPPER_TARGET_MS:g} ms: {_check(added <= WRAPPER_TARGET_MS)}"
+                if variant == "entry_point":
+                    target = "(Python entry point; no target)"
+            else:
+                target = "(Python wrapper vs `true`; info)"
+            lines.append(
+                f"{'wrapper ' + variant[:8] + ' ' + label:<33} {plain['median_ms']:7.3f}/{plain['p99_ms']:7.3f}"
+                f"   {v['median_ms']:7.3f}/{v['p99_ms']:7.3f}   {v['median_ms'] / plain['median_ms']:5.2f}"
+                f"   {added:8.3f}   {target}"
+            )
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m krproxy.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--small-calls", type=int, default=2000)
@@ -497,9 +603,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--real-pods", type=int, default=10, help="pods created in the real containerd")
     parser.add_argument("--real-containers-per-pod", type=int, default=20)
     parser.add_argument("--json", default="bench-results.json", metavar="FILE", help="default: %(default)s")
+    parser.add_argument("--wrapper-calls", type=int, default=200, help="runs per runc wrapper variant")
+    parser.add_argument(
+        "--only-runc-wrapper", action="store_true", help="measure only what the OCI hooks runc wrapper adds"
+    )
     args = parser.parse_args(argv)
-    results = run(args)
-    print(report(results))
+    if args.only_runc_wrapper:
+        workdir = tempfile.mkdtemp(prefix="krproxy-bench-")
+        try:
+            results = {"runc_wrapper": runc_wrapper(workdir, args.wrapper_calls)}
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        print("\n".join(report_runc_wrapper(results["runc_wrapper"])))
+    else:
+        results = run(args)
+        print(report(results))
     with open(args.json, "w") as f:
         json.dump(results, f, indent=2)
     print(f"\nJSON written to {args.json}")

@@ -25,14 +25,22 @@ Configuration (first found wins for ``runc`` and ``log``; ``hooks-dir`` lines ac
   starts a comment;
 - defaults: ``runc`` from ``PATH`` (never the wrapper itself), the hooks.d directories
   :data:`DEFAULT_HOOK_DIRS`, no log.
+
+**The fast launcher** (:func:`launcher_script`; ``krproxy oci-launcher PATH`` writes it): a
+``/bin/sh`` script to use as ``BinaryName`` instead of the Python entry point, because a Python
+start costs several times what runc itself does. With shell built-ins only it finds the
+subcommand and ``exec``s runc directly for every command but ``create``/``run``, and for those
+too when no hook directory holds a ``*.json`` file — no Python at all on that path. Otherwise it
+runs this module under ``python -I -S`` (no site processing: the wrapper needs the standard
+library only, and krproxy's own directory is put on ``sys.path`` by hand). runc, the hook
+directories and the log are resolved when the launcher is written; the environment variables
+above still override them at run time.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -176,6 +184,9 @@ class Logger:
     def __call__(self, event: str, **fields: Any) -> None:
         if not self.path:
             return
+        import json
+        import time
+
         parts = [time.strftime("ts=%Y-%m-%dT%H:%M:%SZ", time.gmtime()), f"event={event}"]
         for key, value in fields.items():
             text = str(value)
@@ -220,6 +231,8 @@ def load_hooks(directories: Sequence[str], logger: Logger) -> list[Any]:
 
 def inject(bundle: str, directories: Sequence[str], logger: Logger, container_id: str | None) -> list[str]:
     """Add the matching hooks to ``bundle/config.json``; return ``"file:stage"`` for each one added."""
+    import json  # here, not at the top: the commands that pass straight through never need it
+
     from krproxy.ocihooks.model import STAGES, select
 
     hooks = load_hooks(directories, logger)
@@ -253,9 +266,96 @@ def inject(bundle: str, directories: Sequence[str], logger: Logger, container_id
     return added
 
 
+#: The launcher's environment variable naming itself (its directory holds the config file).
+LAUNCHER_ENV = "KRPROXY_RUNC_WRAPPER"
+
+_LAUNCHER = """#!/bin/sh
+# krproxy-runc-wrapper fast launcher, written by `krproxy oci-launcher` (krproxy {version}).
+# Every runc command but create/run, and those too when no hook directory holds a *.json file,
+# goes straight to runc; the others run the wrapper under Python without site processing, which
+# adds the matching OCI hooks to the bundle's config.json and then execs runc.
+# Resolved when written: runc {runc}, hook directories {dirs}, log {log}.
+# KRPROXY_RUNC, KRPROXY_OCI_HOOKS_DIRS and KRPROXY_OCI_LOG override them.
+runc=${{KRPROXY_RUNC:-{q_runc}}}
+skip=
+for arg do
+  if [ -n "$skip" ]; then skip=; continue; fi
+  case "$arg" in
+    {value_options}) skip=1 ;;
+    -*) ;;
+    create|run)
+      dirs=${{KRPROXY_OCI_HOOKS_DIRS:-{q_dirs}}}
+      log=${{KRPROXY_OCI_LOG:-{q_log}}}
+      IFS=:
+      for dir in $dirs; do
+        for file in "$dir"/*.json; do
+          if [ -e "$file" ]; then
+            unset IFS
+            KRPROXY_RUNC="$runc" KRPROXY_OCI_HOOKS_DIRS="$dirs" KRPROXY_OCI_LOG="$log" \\
+              {env_name}="$0" exec {q_python} -I -S {q_wrapper} "$@"
+          fi
+        done
+      done
+      unset IFS
+      break ;;
+    *) break ;;
+  esac
+done
+exec "$runc" "$@"
+"""
+
+
+def launcher_script(path: str, *, runc: str | None = None, python: str | None = None) -> str:
+    """The fast launcher to install at ``path`` (see the module docstring).
+
+    runc, the hook directories and the log are resolved as the wrapper would for ``path`` (its
+    directory's config file, then ``PATH``) unless ``runc`` is given.
+
+    Raises:
+        FileNotFoundError: no runc to name.
+    """
+    import shlex
+
+    from krproxy import __version__
+
+    config = settings(path, {})
+    found = find_runc(runc or config.runc, path, os.environ.get("PATH", os.defpath))
+    if found is None:
+        raise FileNotFoundError(f"no runc found for {path} (give one, or set `runc =` in {CONFIG_NAME})")
+    value_options = "|".join(
+        f"{dashes}{name.lstrip('-')}" for name in sorted(_GLOBAL_WITH_VALUE) for dashes in ("--", "-")
+    )
+    dirs = ":".join(config.hook_dirs)
+    return _LAUNCHER.format(
+        version=__version__,
+        runc=found,
+        dirs=dirs,
+        log=config.log or "none",
+        q_runc=shlex.quote(found),
+        q_dirs=shlex.quote(dirs),
+        q_log=shlex.quote(config.log or ""),
+        value_options=value_options,
+        env_name=LAUNCHER_ENV,
+        q_python=shlex.quote(python or sys.executable),
+        q_wrapper=shlex.quote(os.path.abspath(__file__)),
+    )
+
+
+def write_launcher(path: str, *, runc: str | None = None, python: str | None = None) -> str:
+    """Write :func:`launcher_script` to ``path`` (mode 0755, atomically); return the text."""
+    text = launcher_script(path, runc=runc, python=python)
+    temporary = f"{path}.krproxy-tmp"
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(temporary, 0o755)
+    os.replace(temporary, path)
+    return text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: inject hooks on ``create``/``run``, then become the real runc."""
-    argv0 = sys.argv[0]
+    argv0 = os.environ.pop(LAUNCHER_ENV, None) or sys.argv[0]
     args = list(sys.argv[1:] if argv is None else argv)
     config = settings(argv0, os.environ)
     runc = find_runc(config.runc, argv0, os.environ.get("PATH", os.defpath))
@@ -281,4 +381,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if sys.flags.no_site and sys.flags.isolated:
+        # Run by the fast launcher (python -I -S .../krproxy/ocihooks/wrapper.py): neither this
+        # directory nor site-packages is on sys.path; krproxy's parent directory is needed for
+        # krproxy.ocihooks.model.
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     sys.exit(main())

@@ -34,6 +34,7 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from krproxy import kubelet
+from krproxy.ocihooks.wrapper import write_launcher
 from tests.e2e.support import LOOP, TIMEOUT, Containerd, Cri, Proxy, pod_config, wait_until
 
 RECORDER = f"""#!{sys.executable}
@@ -41,8 +42,11 @@ import json, sys, time
 out, label = sys.argv[1], sys.argv[2]
 code = int(sys.argv[3]) if len(sys.argv) > 3 else 0
 state = json.loads(sys.stdin.read())
+# The environment the hook was started with (Python itself may add LC_CTYPE to os.environ).
+with open("/proc/self/environ", "rb") as f:
+    env = dict(v.decode().partition("=")[::2] for v in f.read().split(b"\\0") if v)
 with open(out, "a") as f:
-    f.write(json.dumps({{"label": label, "state": state}}) + "\\n")
+    f.write(json.dumps({{"label": label, "state": state, "env": env}}) + "\\n")
 if len(sys.argv) > 4:
     time.sleep(float(sys.argv[4]))
 if code:
@@ -75,6 +79,7 @@ class Hooks:
         sleep: float | None = None,
         timeout: int | None = None,
         directory: Path | None = None,
+        env: list[str] | None = None,
     ) -> Path:
         args = [str(self.script), str(self.record), label or name, str(exit_code)]
         if sleep is not None:
@@ -82,6 +87,8 @@ class Hooks:
         hook: dict[str, Any] = {"path": str(self.script), "args": args}
         if timeout is not None:
             hook["timeout"] = timeout
+        if env is not None:
+            hook["env"] = env
         path = (directory or self.low) / name
         tmp = path.with_name("." + path.name + ".tmp")
         tmp.write_text(json.dumps({"version": "1.0.0", "hook": hook, "when": when, "stages": stages}))
@@ -211,7 +218,7 @@ def hooks(short_tmp: Path) -> Hooks:
     return Hooks(low, high, short_tmp / "record.jsonl", script)
 
 
-@pytest.fixture(params=["proxy", "wrapper"])
+@pytest.fixture(params=["proxy", "wrapper", "launcher"])
 def node(
     request: pytest.FixtureRequest, containerd: Containerd, hooks: Hooks, short_tmp: Path
 ) -> Iterator[Node]:
@@ -232,10 +239,13 @@ def node(
     install.mkdir(exist_ok=True)
     link = install / "krproxy-runc-wrapper"
     link.unlink(missing_ok=True)
-    link.symlink_to(WRAPPER)
     (install / "krproxy-runc-wrapper.conf").write_text(
         f"runc = {runc}\nhooks-dir = {hooks.low}\nhooks-dir = {hooks.high}\nlog = {short_tmp / 'wrapper.log'}\n"
     )
+    if request.param == "launcher":  # the /bin/sh fast launcher, resolved from the .conf above
+        write_launcher(str(link))
+    else:  # the Python entry point
+        link.symlink_to(WRAPPER)
     try:
         with Cri.connect(containerd.socket) as cri:
             yield Node("wrapper", cri, containerd, hooks, handler="krproxy-oci")
@@ -313,6 +323,20 @@ class TestOciHooks:
                 calls["poststart.json"]["status"],
             )
             assert calls["poststart.json"]["pid"] > 0
+
+    def test_environment_is_exactly_the_files_env(self, node: Node) -> None:
+        """A hook file without ``env`` runs with an empty environment (not runc's, containerd's or
+        the shim's); one with ``env`` gets exactly that."""
+        h = node.hooks
+        when = {"annotations": {f"^{ANNOTATION}$": "env"}}
+        h.write("bare.json", when, ["prestart"])
+        h.write("set.json", when, ["prestart"], env=["A=1", "B=two words"])
+        node.settle()
+        with node.pod() as pod_id:
+            container_id = node.create(pod_id, "env", annotations={ANNOTATION: "env"})
+            node.start(container_id)
+        envs = {c["label"]: c["env"] for c in h.calls(container_id)}
+        assert {"bare.json": {}, "set.json": {"A": "1", "B": "two words"}} == envs
 
     def test_failing_prestart_blocks_the_start(self, node: Node) -> None:
         """A pre-start hook exiting non-zero fails StartContainer, and the container never runs."""

@@ -189,3 +189,87 @@ class TestExec:
         """Commands other than create/run reach runc as they came."""
         done, got = self.run_wrapper(tmp_path, ["--root", "/r", "state", "abc"], tmp_path / "none")
         assert (7, ["--root", "/r", "state", "abc"]) == (done.returncode, got)
+
+
+class TestLauncher:
+    """The /bin/sh launcher: runc directly unless a hook file could concern the call."""
+
+    def install(self, tmp_path: Path, hooks: Path, *, python: str = sys.executable) -> tuple[Path, Path]:
+        record = tmp_path / "runc-args"
+        runc = tmp_path / "runc"
+        runc.write_text(
+            f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {record}\nenv | grep '^KRPROXY_RUNC_WRAPPER=' >> {record}\nexit 7\n"
+        )
+        runc.chmod(0o755)
+        bin_dir = tmp_path / "bin"
+        bin_dir.mkdir()
+        (bin_dir / wrapper.CONFIG_NAME).write_text(f"hooks-dir = {hooks}\n")
+        launcher = bin_dir / "krproxy-runc-wrapper"
+        wrapper.write_launcher(str(launcher), runc=str(runc), python=python)
+        return launcher, record
+
+    def run(self, launcher: Path, args: list[str], record: Path) -> tuple[int, list[str]]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KRPROXY_")}
+        cwd = launcher.parent.parent / "cwd"
+        cwd.mkdir(exist_ok=True)
+        done = subprocess.run(
+            [str(launcher), *args], env=env, capture_output=True, text=True, timeout=60, cwd=cwd
+        )
+        assert "" == done.stderr
+        assert [] == os.listdir(cwd)  # no log file (or anything else) where runc is started
+        return done.returncode, record.read_text().splitlines() if record.exists() else []
+
+    def test_other_commands_never_start_python(self, tmp_path: Path) -> None:
+        """state/start/delete... reach runc unchanged even when the Python named in it does not exist;
+        a global option's value that reads like a command is skipped."""
+        hooks = tmp_path / "hooks"
+        write_hook(hooks, "a.json", "/a", {"always": True}, ["createRuntime"])
+        launcher, record = self.install(tmp_path, hooks, python="/nonexistent/python")
+        for args in (
+            ["--root", "/r", "state", "abc"],
+            ["--log", "create", "delete", "x"],
+            ["--root=/r", "kill", "x"],
+        ):
+            assert (7, args) == self.run(launcher, args, record)
+
+    def test_create_without_hook_files_never_starts_python(self, tmp_path: Path, bundle: Path) -> None:
+        """With no *.json in the hook directories a create goes straight to runc, config.json untouched."""
+        hooks = tmp_path / "hooks"
+        hooks.mkdir()
+        (hooks / ".hidden.json").write_text("{}")
+        (hooks / "notes.txt").write_text("")
+        launcher, record = self.install(tmp_path, hooks, python="/nonexistent/python")
+        before = (bundle / "config.json").read_text()
+        args = ["--root", "/r", "create", "--bundle", str(bundle), "id1"]
+        assert (7, args) == self.run(launcher, args, record)
+        assert before == (bundle / "config.json").read_text()
+
+    def test_create_with_hooks_runs_the_wrapper_without_site(self, tmp_path: Path, bundle: Path) -> None:
+        """With hook files the wrapper (python -I -S) adds the matching hooks, then execs runc with
+        the arguments unchanged; the launcher's own variable does not reach runc."""
+        hooks = tmp_path / "hooks"
+        write_hook(hooks, "a.json", "/a", {"always": True}, ["createRuntime"])
+        launcher, record = self.install(tmp_path, hooks)
+        args = ["--root", "/r", "create", "--bundle", str(bundle), "id 1"]
+        assert (7, args) == self.run(launcher, args, record)
+        assert [{"path": "/a", "env": []}] == json.loads((bundle / "config.json").read_text())["hooks"][
+            "createRuntime"
+        ]
+
+    def test_paths_with_spaces_and_the_log(self, tmp_path: Path, bundle: Path) -> None:
+        """runc, hook directory and log paths that need quoting work, and the log is the configured one."""
+        hooks = tmp_path / "hook dir"
+        write_hook(hooks, "a.json", "/a", {"always": True}, ["createRuntime"])
+        launcher, record = self.install(tmp_path, hooks)
+        log_file = tmp_path / "log file.log"
+        (launcher.parent / wrapper.CONFIG_NAME).write_text(f"hooks-dir = {hooks}\nlog = {log_file}\n")
+        wrapper.write_launcher(str(launcher), runc=str(tmp_path / "runc"))
+        args = ["create", "--bundle", str(bundle), "c2"]
+        assert (7, args) == self.run(launcher, args, record)
+        assert "event=oci_hooks_injected" in log_file.read_text()
+
+    def test_no_runc_no_launcher(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Without a runc anywhere the launcher is not written, and the error says how to fix it."""
+        monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+        with pytest.raises(FileNotFoundError, match="runc ="):
+            wrapper.launcher_script(str(tmp_path / "w"))
