@@ -38,7 +38,7 @@ import os
 import socket
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import attrs
 import trio
@@ -48,6 +48,7 @@ from krproxy import __version__, log
 from krproxy.config import DEFAULT_METRICS_ADDRESS as DEFAULT_STATUS_ADDRESS
 from krproxy.config import ProxyConfig, parse_address
 from krproxy.forward import Backend
+from krproxy.hooks.registration import Registry
 from krproxy.hooks.runtime import HookRuntime
 from krproxy.metrics import Metrics
 from krproxy.relay.relay import Relay
@@ -177,6 +178,17 @@ def _backend_state(reachable: bool | None) -> str:
     return {None: "unknown", True: "up", False: "down"}[reachable]
 
 
+class View(Protocol):
+    """What the endpoint reads: ``krproxy serve``'s :class:`AdminView`, or ``krproxy nri``'s view."""
+
+    metrics: Metrics
+    address: str
+
+    def readiness(self) -> tuple[bool, list[str]]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+
 @attrs.define(eq=False)
 class AdminView:
     """The daemon's parts the endpoint reports on, read live on each request.
@@ -239,21 +251,28 @@ class AdminView:
             ],
             "store": {"recovered": self.hooks.recovered, "pods": stats.pods, "containers": stats.containers},
             "hook_dir": self.config.hook_dir,
-            "plugins": [
-                {
-                    "name": p.name,
-                    "file": p.file,
-                    "endpoint": p.endpoint,
-                    "hooks": [h.value for h in p.hooks],
-                    "failure_policy": p.failure_policy.value,
-                    "timeout": p.timeout,
-                    "order": p.order,
-                    "warnings": list(p.warnings),
-                }
-                for p in registry.ordered()
-            ],
-            "registration_errors": dict(sorted(registry.errors.items())),
+            **registry_status(registry),
         }
+
+
+def registry_status(registry: Registry) -> dict[str, Any]:
+    """The ``plugins`` and ``registration_errors`` parts of a ``/status`` document."""
+    return {
+        "plugins": [
+            {
+                "name": p.name,
+                "file": p.file,
+                "endpoint": p.endpoint,
+                "hooks": [h.value for h in p.hooks],
+                "failure_policy": p.failure_policy.value,
+                "timeout": p.timeout,
+                "order": p.order,
+                "warnings": list(p.warnings),
+            }
+            for p in registry.ordered()
+        ],
+        "registration_errors": dict(sorted(registry.errors.items())),
+    }
 
 
 def _up(backend: Backend) -> float:
@@ -271,8 +290,8 @@ def wire_metrics(view: AdminView) -> None:
         metrics.backend_up.labels(role, backend.path).set_function(functools.partial(_up, backend))
 
 
-def respond(request: Request, view: AdminView) -> Response:
-    """The answer to one request (pure but for reading the live :class:`AdminView`)."""
+def respond(request: Request, view: View) -> Response:
+    """The answer to one request (pure but for reading the live :class:`View`)."""
     if request.method not in ("GET", "HEAD"):
         return _text(405, "only GET and HEAD", headers=(("Allow", "GET, HEAD"),))
     path = request.path
@@ -335,7 +354,7 @@ async def _read_request(stream: trio.abc.ReceiveStream) -> Request | None:
         data += chunk
 
 
-async def _handle(view: AdminView, limiter: trio.CapacityLimiter, stream: trio.SocketStream) -> None:
+async def _handle(view: View, limiter: trio.CapacityLimiter, stream: trio.SocketStream) -> None:
     try:
         limiter.acquire_nowait()
     except trio.WouldBlock:
@@ -362,7 +381,7 @@ async def _handle(view: AdminView, limiter: trio.CapacityLimiter, stream: trio.S
 
 
 async def serve(
-    view: AdminView, sock: socket.socket, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
+    view: View, sock: socket.socket, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
 ) -> NoReturn:
     """Serve the endpoint on the listening socket *sock* until cancelled; reports ``HOST:PORT``."""
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
@@ -438,10 +457,20 @@ def render_status(status: Mapping[str, Any]) -> str:
     lines = [
         f"krproxy {get('version')} (pid {get('pid')}), up {_duration(float(get('uptime_seconds', 0)))}",
         "ready: yes" if ready else "ready: NO — " + "; ".join(get("reasons", []) or ["unknown"]),
-        f"listen: {get('listen')} ({'accepting calls' if get('listening', False) else 'not accepting calls'}"
-        + (", shutting down" if get("draining", False) else "")
-        + f"), {get('in_flight', 0)} in flight",
     ]
+    nri = get("nri", None)
+    if isinstance(nri, Mapping):  # krproxy nri: no proxy socket, a plugin of the runtime's NRI
+        registered = f"registered as {nri.get('plugin', '?')}" if nri.get("registered") else "not registered"
+        lines.append(
+            f"nri: {nri.get('socket', '?')} — {registered}, runtime {nri.get('runtime') or '?'}, "
+            f"request timeout {nri.get('request_timeout', '?')}s, events {nri.get('events', '?')}"
+        )
+    else:
+        lines.append(
+            f"listen: {get('listen')} ({'accepting calls' if get('listening', False) else 'not accepting calls'}"
+            + (", shutting down" if get("draining", False) else "")
+            + f"), {get('in_flight', 0)} in flight"
+        )
     for backend in get("backends", []):
         line = f"backend {backend.get('role', '?')}: {backend.get('endpoint', '?')} — {backend.get('state', '?')}"
         if backend.get("last_error"):
@@ -479,7 +508,7 @@ def add_status_subcommand(subparsers: Any) -> None:
     p: argparse.ArgumentParser = subparsers.add_parser(
         "status",
         help="report a running daemon's readiness, backend and plugins",
-        description="Ask a running `krproxy serve --metrics-address ...` for /status and print it. "
+        description="Ask a running `krproxy serve` or `krproxy nri` (started with --metrics-address) for /status and print it. "
         "Exit status: 0 ready, 1 running but not ready, 2 unreachable.",
     )
     p.add_argument(

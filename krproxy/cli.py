@@ -186,6 +186,7 @@ def _add_nri(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="two-digit index: NRI calls plugins in ascending index order; default: %(default)s",
     )
     _add_hook_dir(p)
+    _add_admin(p)
     _add_logging(p)
 
 
@@ -205,14 +206,23 @@ def _nri(args: argparse.Namespace) -> int:
             hook_dir=args.hook_dir,
             skip_label=(args.runtime_hook_server_key, args.runtime_hook_server_val),
             insecure_registration_files=args.insecure_registration_files,
+            metrics_address=args.metrics_address,
+            metrics_allow_remote=args.metrics_allow_remote,
         )
     except ValueError as err:
         print(f"krproxy nri: error: {err}", file=sys.stderr)
         return 2
+    from krproxy import admin
+
+    try:  # bound before trio runs, so that "address in use" is a plain error
+        admin_sock = admin.bind(cfg.metrics_address) if cfg.metrics_address else None
+    except OSError as err:
+        log.event(LOGGER, "startup_failed", level=logging.ERROR, error=str(err))
+        return 1
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            await nursery.start(functools.partial(plugin.serve, cfg))
+            await nursery.start(functools.partial(plugin.serve, cfg, admin_sock=admin_sock))
             await _supervise.watch_signals(nursery.cancel_scope.cancel)
 
     trio.run(run)

@@ -74,6 +74,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def check_metrics_address(value: str, allow_remote: bool) -> None:
+    """Refuse an admin endpoint address beyond loopback unless allowed (``serve`` and ``nri`` alike)."""
+    if not value:
+        return
+    host, _ = parse_address(value)
+    if not allow_remote and not is_loopback(host):
+        raise ValueError(
+            f"metrics address {value!r} is not a loopback address; the endpoint has no "
+            "authentication, so exposing it beyond this node needs --metrics-allow-remote"
+        )
+
+
 @attrs.frozen
 class ProxyConfig:
     """Everything ``krproxy serve`` needs to know.
@@ -123,14 +135,7 @@ class ProxyConfig:
 
     @metrics_address.validator
     def _check_metrics_address(self, attribute: attrs.Attribute[str], value: str) -> None:
-        if not value:
-            return
-        host, _ = parse_address(value)
-        if not self.metrics_allow_remote and not is_loopback(host):
-            raise ValueError(
-                f"metrics address {value!r} is not a loopback address; the endpoint has no "
-                "authentication, so exposing it beyond this node needs --metrics-allow-remote"
-            )
+        check_metrics_address(value, self.metrics_allow_remote)
 
     @grace_period.validator
     def _check_grace(self, attribute: attrs.Attribute[float], value: float) -> None:

@@ -44,13 +44,17 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import socket
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
 import trio
 
-from krproxy import log
+from krproxy import __version__, admin, log
+from krproxy.config import check_metrics_address
 from krproxy.grpcstatus import Status
 from krproxy.hooks import convert as hook_convert
 from krproxy.hooks import merge
@@ -127,6 +131,13 @@ class NriConfig:
     hook_dir: str = "/etc/runtime/hookserver.d"
     skip_label: tuple[str, str] = ("runtimeproxy.koordinator.sh/skip-hookserver", "true")
     insecure_registration_files: bool = False
+    metrics_allow_remote: bool = False
+    #: ``HOST:PORT`` of the admin endpoint (/metrics, /healthz, /readyz, /status); "" for none.
+    metrics_address: str = attrs.field(default="")
+
+    @metrics_address.validator
+    def _check_metrics_address(self, attribute: attrs.Attribute[str], value: str) -> None:
+        check_metrics_address(value, self.metrics_allow_remote)
 
 
 @attrs.define(eq=False)
@@ -143,6 +154,12 @@ class NriPlugin:
     subscribed: int = 0
     #: Set once the runtime synchronized the current connection (/readyz's meaning).
     synchronized: trio.Event = attrs.field(factory=trio.Event)
+    #: Whether the current connection is registered.
+    registered: bool = False
+    #: Why krproxy is not connected, for /readyz and /status ("" when it is).
+    last_error: str = ""
+    #: ``HOST:PORT`` the admin endpoint listens on ("" without one).
+    admin_address: str = ""
     _sync_pods: list[api.PodSandbox] = attrs.field(factory=list, init=False)
     _sync_containers: list[api.Container] = attrs.field(factory=list, init=False)
     _resubscribe: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -182,6 +199,7 @@ class NriPlugin:
             try:
                 stream = await trio.open_unix_socket(self.config.socket)
             except OSError as exc:
+                self.last_error = f"cannot connect: {exc.strerror or exc}"
                 log.event(
                     LOGGER,
                     "nri_unreachable",
@@ -194,7 +212,7 @@ class NriPlugin:
                 wait = min(wait * 2, RECONNECT_MAX)
                 continue
             served = await self._serve(stream)
-            self.metrics.ready.set(0)
+            self.registered = False
             if served:  # it was up: come back at once, then back off if that fails
                 wait = RECONNECT_MIN
                 if self._resubscribe.is_set():
@@ -212,6 +230,7 @@ class NriPlugin:
             nursery.start_soon(self._register, session)
             await session.run()
             nursery.cancel_scope.cancel()
+        self.last_error = f"disconnected: {session.reason}"
         log.event(LOGGER, "nri_disconnected", level=logging.WARNING, reason=session.reason)
         return self.synchronized.is_set()
 
@@ -224,12 +243,13 @@ class NriPlugin:
             with trio.fail_after(REGISTRATION_TIMEOUT):
                 await session.call(RUNTIME_SERVICE, "RegisterPlugin", bytes(request))
         except (TtrpcError, ConnectionLost, trio.TooSlowError) as exc:
+            self.last_error = f"registration failed: {str(exc) or 'timed out'}"
             log.event(LOGGER, "nri_registration_failed", level=logging.WARNING, error=str(exc) or "timed out")
             await session.aclose()
             return
+        self.registered, self.last_error = True, ""
         log.event(LOGGER, "nri_registered", plugin=self.config.plugin_name, index=self.config.plugin_index)
         await self.synchronized.wait()
-        self.metrics.ready.set(1)
         log.event(LOGGER, "nri_synchronized", runtime=self.runtime, pods=self.store.statistics().pods)
         await self._resubscribe.wait()
         await session.aclose()
@@ -408,18 +428,82 @@ class NriPlugin:
             self.store.update_container(info.id, after)  # as in proxy mode: the answer updates the store
 
 
+@attrs.define(eq=False)
+class NriView:
+    """What ``krproxy nri``'s admin endpoint reports (:class:`krproxy.admin.View`)."""
+
+    plugin: NriPlugin
+    metrics: Metrics
+    address: str = ""
+    started: float = attrs.field(factory=time.time)
+    _clock_start: float = attrs.field(factory=time.monotonic)
+
+    def readiness(self) -> tuple[bool, list[str]]:
+        """Ready once registered with the runtime and synchronized by it."""
+        plugin = self.plugin
+        if not plugin.registered:
+            why = f" ({plugin.last_error})" if plugin.last_error else ""
+            return False, [f"not registered with the runtime's NRI at {plugin.config.socket}{why}"]
+        if not plugin.synchronized.is_set():
+            return False, ["registered, not synchronized by the runtime yet"]
+        return True, []
+
+    def status(self) -> dict[str, Any]:
+        ready, reasons = self.readiness()
+        plugin = self.plugin
+        stats = plugin.store.statistics()
+        config = plugin.config
+        return {
+            "version": __version__,
+            "pid": os.getpid(),
+            "ready": ready,
+            "reasons": reasons,
+            "mode": "nri",
+            "admin_address": self.address,
+            "started": self.started,
+            "uptime_seconds": round(time.monotonic() - self._clock_start, 3),
+            "nri": {
+                "socket": config.socket,
+                "plugin": f"{config.plugin_index}-{config.plugin_name}",
+                "registered": plugin.registered,
+                "last_error": plugin.last_error,
+                "runtime": plugin.runtime,
+                "request_timeout": plugin.request_timeout,
+                "events": hex(plugin.subscribed),
+            },
+            "store": {
+                "recovered": plugin.synchronized.is_set(),
+                "pods": stats.pods,
+                "containers": stats.containers,
+            },
+            "hook_dir": config.hook_dir,
+            **admin.registry_status(plugin.dispatcher.registry),
+        }
+
+
 async def serve(
-    config: NriConfig, *, task_status: trio.TaskStatus[NriPlugin] = trio.TASK_STATUS_IGNORED
+    config: NriConfig,
+    *,
+    admin_sock: socket.socket | None = None,
+    task_status: trio.TaskStatus[NriPlugin] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run ``krproxy nri`` until cancelled: the hook directory watcher and the NRI connection."""
+    """Run ``krproxy nri`` until cancelled: the admin endpoint, the hook directory watcher and the NRI
+    connection. ``admin_sock`` is the endpoint's listening socket if the caller bound it (else bound here
+    when ``config.metrics_address`` is set)."""
     metrics = Metrics()
     relay = Relay()
     dispatcher = Dispatcher(relay, observe=metrics.observe_hook)
     plugin = NriPlugin(config, dispatcher, metrics)
     metrics.store_pods.set_function(lambda: plugin.store.statistics().pods)
     metrics.store_containers.set_function(lambda: plugin.store.statistics().containers)
+    view = NriView(plugin, metrics)
+    metrics.ready.set_function(lambda: view.readiness()[0])
+    if admin_sock is None and config.metrics_address:
+        admin_sock = admin.bind(config.metrics_address)
     try:
         async with trio.open_nursery() as nursery:
+            if admin_sock is not None:
+                plugin.admin_address = await nursery.start(admin.serve, view, admin_sock)
             await nursery.start(relay.run)  # not serving: only the dispatcher's calls to the hook servers
             await nursery.start(
                 functools.partial(
@@ -435,3 +519,5 @@ async def serve(
             task_status.started(plugin)
     finally:
         dispatcher.close()
+        if admin_sock is not None:
+            admin_sock.close()

@@ -6,6 +6,7 @@ servers (fakes.plugin) in one trio run over unix sockets in a temp dir.
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ import trio
 
 from fakes.nri import FakeNriRuntime, NriError, event_mask
 from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
+from krproxy import admin
 from krproxy.hooks.points import HookPoint
 from krproxy.nri import plugin as nri_plugin
 from krproxy.nri.plugin import NriConfig, NriPlugin
@@ -124,7 +126,7 @@ class TestRegistration:
         assert {"pod-old"} == set(plugin.store.pods())
         stored = plugin.store.get_container("ctr-old")
         assert stored is not None and "old" == stored.pod.name
-        assert 1.0 == plugin.metrics.ready._value.get()
+        assert 1.0 == plugin.metrics.registry.get_sample_value("krproxy_ready")
 
     async def test_request_timeout_from_configure(self, node: Node) -> None:
         """The runtime's request timeout (Configure, NRI 0.8) is what hook chains are budgeted in."""
@@ -356,3 +358,94 @@ class TestCommand:
                 if process.returncode is None:
                     process.kill()
                     await process.wait()
+
+
+class TestRestarts:
+    async def test_krproxy_restart_loses_no_hook(self, node: Node) -> None:
+        """krproxy stopped mid-lifecycle and started again: the pod run meanwhile is in its store from
+        Synchronize, and the next event reaches the hook server with the pod's labels and annotations."""
+        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER])
+        os.makedirs(node.hook_dir, exist_ok=True)
+        config = NriConfig(
+            socket=node.runtime.socket_path, hook_dir=node.hook_dir, insecure_registration_files=True
+        )
+        with trio.fail_after(LIMIT):
+            with trio.CancelScope() as first:
+                async with trio.open_nursery() as n:
+                    await n.start(nri_plugin.serve, config)
+                    await node.runtime.wait_for_plugins(1)
+                    first.cancel()
+            await node.runtime.wait_for_plugins(0)
+            await node.runtime.run_pod(pod())  # while krproxy is away
+            plugin = await node.nursery.start(nri_plugin.serve, config)
+            await node.runtime.wait_for_plugins(1)
+            await plugin.synchronized.wait()
+            assert "web" == plugin.store.pods()["pod-web"].name
+            await node.runtime.create_container(container())
+        [request] = fake.requests(HookPoint.PRE_CREATE_CONTAINER)
+        assert {"app": "web"} == request.pod_labels
+        assert {"kubernetes.io/config.source": "api"} == request.pod_annotations
+
+    async def test_runtime_restart(self, node: Node, nursery: trio.Nursery) -> None:
+        """The runtime going away and coming back on the same path: krproxy registers with the new one,
+        which synchronizes it, and hooks run again."""
+        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER])
+        path = os.path.join(node.sockdir, "restart.sock")
+        config = NriConfig(socket=path, hook_dir=node.hook_dir, insecure_registration_files=True)
+        with trio.fail_after(LIMIT):
+            with trio.CancelScope() as first_life:
+                async with trio.open_nursery() as n:
+                    first = await n.start(FakeNriRuntime(path).serve)
+                    plugin = await nursery.start(nri_plugin.serve, config)
+                    await first.wait_for_plugins(1)
+                    first_life.cancel()
+            second = FakeNriRuntime(path)
+            second.pods["pod-web"] = pod()
+            await nursery.start(second.serve)
+            await second.wait_for_plugins(1)
+            await wait_until(lambda: "pod-web" in plugin.store.pods())
+            await second.create_container(container())
+        assert 1 == len(fake.requests(HookPoint.PRE_CREATE_CONTAINER))
+
+
+class TestAdmin:
+    async def test_readyz_and_status(self, nursery: trio.Nursery, short_tmp: object) -> None:
+        """/readyz says why krproxy is not ready until it is registered and synchronized; /status and
+        ``krproxy status`` describe the NRI connection and the hook servers."""
+        sockdir = str(short_tmp)
+        socket_path = os.path.join(sockdir, "nri.sock")
+        hook_dir = os.path.join(sockdir, "hooks")
+        write_registration(hook_dir, "h", os.path.join(sockdir, "h.sock"), [HookPoint.PRE_CREATE_CONTAINER])
+        config = NriConfig(
+            socket=socket_path,
+            hook_dir=hook_dir,
+            insecure_registration_files=True,
+            metrics_address="127.0.0.1:0",
+        )
+        with trio.fail_after(LIMIT):
+            plugin = await nursery.start(nri_plugin.serve, config)
+            await wait_until(lambda: "cannot connect" in plugin.last_error)
+            address = plugin.admin_address
+            code, text = await trio.to_thread.run_sync(get, address, "/readyz")
+            assert 503 == code and f"not registered with the runtime's NRI at {socket_path}" in text
+            runtime = FakeNriRuntime(socket_path)
+            await nursery.start(runtime.serve)
+            await runtime.wait_for_plugins(1)
+            await plugin.synchronized.wait()
+            assert (200, "ready") == await trio.to_thread.run_sync(get, address, "/readyz")
+            status = await trio.to_thread.run_sync(admin.fetch_status, address)
+        assert "50-krproxy" == status["nri"]["plugin"] and status["nri"]["registered"]
+        assert ["h"] == [p["name"] for p in status["plugins"]]
+        report = admin.render_status(status)
+        assert "nri: " + socket_path + " — registered as 50-krproxy, runtime fake-containerd 2.1.9" in report
+        assert "ready: yes" in report
+
+
+def get(address: str, path: str) -> tuple[int, str]:
+    connection = http.client.HTTPConnection(address, timeout=5)
+    try:
+        connection.request("GET", path)
+        response = connection.getresponse()
+        return response.status, response.read().decode().strip()
+    finally:
+        connection.close()
