@@ -14,6 +14,9 @@ included) *before* answering, and once it listens writes its registration file i
 ``resources``
     ``{hook name: {LinuxContainerResources field: value}}``: for container pre hooks, echo the
     request (koordlet's convention) with these resource fields set.
+``envs``
+    ``{hook name: {NAME: value}}``: for container pre hooks, echo the request's envs with these
+    added or overwritten.
 ``move_pods_to``
     a cgroup path prefix ``P``: PreRunPodSandbox answers ``cgroup_parent = P-<pod uid>``, and
     PreCreateContainer answers ``pod_cgroup_parent = P-<pod uid>`` (so the container follows).
@@ -116,11 +119,12 @@ class ScriptedPlugin(hookapi.RuntimeHookServiceBase):
         pod_cgroup_parent = message.pod_cgroup_parent
         if hook == "PreCreateContainer" and message.pod_meta is not None:
             pod_cgroup_parent = self._moved(message.pod_meta.uid) or pod_cgroup_parent
+        envs = {**message.container_envs, **self.config.get("envs", {}).get(hook, {})}
         return hookapi.ContainerResourceHookResponse(
             container_annotations=message.container_annotations,
             container_resources=resources,
             pod_cgroup_parent=pod_cgroup_parent,
-            container_envs=message.container_envs,
+            container_envs=envs,
         )
 
     async def pre_run_pod_sandbox_hook(

@@ -78,3 +78,33 @@ class TestDaemonSet:
         paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
         assert {"/var/run/koord-runtimeproxy", "/run/containerd", "/etc/runtime/hookserver.d"} <= paths
         assert (False, "OnDelete") == (spec["hostPID"], daemonset()["spec"]["updateStrategy"]["type"])
+
+
+class TestNriDaemonSet:
+    def document(self) -> dict[str, Any]:
+        loaded: dict[str, Any] = yaml.safe_load((DEPLOY / "daemonset-nri.yaml").read_text())
+        return loaded
+
+    def test_args_parse_and_validate(self) -> None:
+        """The container runs a valid `krproxy nri` on containerd's default NRI socket, with a probe of its status."""
+        from krproxy.nri.plugin import NriConfig
+
+        [container] = self.document()["spec"]["template"]["spec"]["containers"]
+        args = cli.build_parser().parse_args(container["args"])
+        assert ("nri", "unix:///var/run/nri/nri.sock") == (args.command, args.nri_socket)
+        config = NriConfig(
+            socket=args.nri_socket.removeprefix("unix://"),
+            plugin_name=args.plugin_name,
+            plugin_index=args.plugin_index,
+            metrics_address=args.metrics_address,
+        )
+        probe = cli.build_parser().parse_args(container["readinessProbe"]["exec"]["command"][1:])
+        assert ("status", config.metrics_address) == (probe.command, probe.metrics_address)
+
+    def test_host_paths(self) -> None:
+        """The NRI socket directory and the hook directory come from the host at the same paths."""
+        spec = self.document()["spec"]["template"]["spec"]
+        paths = {v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+        assert {"/var/run/nri", "/etc/runtime/hookserver.d"} <= paths
+        mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+        assert {"/var/run/nri", "/etc/runtime/hookserver.d"} <= mounts
