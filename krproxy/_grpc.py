@@ -40,6 +40,8 @@ from grpclib.encoding.base import StatusDetailsCodecBase
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 
+from krproxy import log
+
 LOGGER = logging.getLogger("krproxy.grpc")
 
 #: The request/reply "type" for methods handled as raw bytes.
@@ -144,7 +146,7 @@ def bind_unix_socket(path: str, *, mode: int = 0o660, gid: int | None = None) ->
         try:
             probe.connect(path)
         except ConnectionRefusedError:
-            LOGGER.info("event=stale_socket_removed path=%s", path)
+            log.event(LOGGER, "stale_socket_removed", path=path)
             os.unlink(path)
         else:
             raise SocketInUseError(errno.EADDRINUSE, "another process is listening on", path)

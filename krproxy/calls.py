@@ -12,12 +12,15 @@ Observers run on the request path: they must be quick and must not block or rais
 from __future__ import annotations
 
 import contextvars
+import logging
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import attrs
 from grpclib.const import Status
+
+from krproxy import log
 
 if TYPE_CHECKING:  # dispatch calls plugins through the relay, which records calls here
     from krproxy.hooks.dispatch import Outcome
@@ -90,6 +93,24 @@ class CallRecord:
 
 
 Observer = Callable[[CallRecord], None]
+
+LOGGER = logging.getLogger("krproxy.calls")
+
+
+def log_call(record: CallRecord) -> None:
+    """Observer: at debug level (``krproxy serve --log-level debug``), one line per finished call."""
+    if LOGGER.isEnabledFor(logging.DEBUG):
+        log.event(
+            LOGGER,
+            "call",
+            level=logging.DEBUG,
+            method=record.path,
+            code=record.status.name,
+            ms=round(record.seconds * 1000, 3),
+            backend_ms=round(record.backend_seconds * 1000, 3),
+            hooks=len(record.hooks),
+        )
+
 
 #: The call being handled by the current asyncio task, if any.
 CURRENT: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("krproxy_call", default=None)

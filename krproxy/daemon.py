@@ -154,7 +154,7 @@ async def serve(
     runtime = Backend(config.runtime_endpoint)
     image = runtime if config.image_socket == config.runtime_endpoint else Backend(config.image_socket)
     metrics = Metrics()
-    relay = Relay(observers=[metrics.observe_call])
+    relay = Relay(observers=[metrics.observe_call, calls.log_call])
     runtime_route = _route(relay, runtime)
     image_route = runtime_route if image is runtime else _route(relay, image)
     dispatcher = Dispatcher(relay, observe=metrics.observe_hook, on_outcome=calls.add_hook_outcome)

@@ -277,3 +277,15 @@ class Dispatcher:
         outcomes.append(outcome)
         self._observe(outcome)
         self._on_outcome(outcome)
+        if LOGGER.isEnabledFor(logging.DEBUG):  # `--log-level debug`: one line per plugin call
+            log.event(
+                LOGGER,
+                "hook_call",
+                level=logging.DEBUG,
+                plugin=outcome.plugin,
+                hook=outcome.point.value,
+                result=outcome.result,
+                ms=round(outcome.seconds * 1000, 3),
+                changes=",".join(c.field for c in outcome.changes),
+                detail=outcome.detail,
+            )

@@ -179,7 +179,7 @@ class HookServer:
     clock: Callable[[], float] = attrs.field(default=time.monotonic, hash=False)
 
     def __attrs_post_init__(self) -> None:
-        self.rules.on_update(self.reconcile)
+        self.rules.on_update(lambda: self._reapply("policy"))
 
     # -- registration ----------------------------------------------------------------------
 
@@ -377,4 +377,10 @@ class HookServer:
         except Exception as exc:
             log.event(LOGGER, "ticker_failed", level=logging.ERROR, ticker=ticker.name, error=repr(exc))
             return []
-        return self.reconcile() if changed else []
+        return self._reapply(f"ticker:{ticker.name}") if changed else []
+
+    def _reapply(self, cause: str) -> list[Change]:
+        """Reconcile every known pod and log what it wrote and why (policy change, a ticker)."""
+        changes = self.reconcile()
+        log.event(LOGGER, "reapplied", cause=cause, pods=len(self.pods.targets()), changes=len(changes))
+        return changes

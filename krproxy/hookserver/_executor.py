@@ -17,6 +17,8 @@ from collections.abc import Iterable
 
 import attrs
 
+from krproxy import log
+
 from ._cgroups import CgroupFile, format_value
 
 LOGGER = logging.getLogger("krproxy.hookserver.executor")
@@ -129,7 +131,7 @@ class Executor:
             raise
         except OSError as exc:
             raise CgroupWriteError(path, new, exc) from exc
-        LOGGER.info("event=cgroup_write path=%s old=%s new=%s", path, old, new)
+        log.event(LOGGER, "cgroup_write", path=str(path), old=old, new=new)
         return Change(str(path), old, new)
 
     def _write_cgroup(self, path: pathlib.Path, text: str) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
+from krproxy import log
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import FailurePolicy as RegistrationFailurePolicy
 
@@ -87,7 +88,9 @@ def run_hooks(hooks: Sequence[Hook[Ctx]], ctx: Ctx, policy: FailurePolicy, *, wh
         except Exception as exc:
             if policy is FailurePolicy.FAIL:
                 raise HookFailedError(where, hook.name, exc) from exc
-            LOGGER.warning("event=hook_failed where=%s plugin=%s error=%r", where, hook.name, exc)
+            log.event(
+                LOGGER, "hook_failed", level=logging.WARNING, where=where, plugin=hook.name, error=repr(exc)
+            )
             failed.append(hook.name)
     return RunResult(tuple(ran), tuple(failed))
 

@@ -12,6 +12,8 @@ from collections.abc import Callable
 
 import attrs
 
+from krproxy import log
+
 from ._policy import NodePolicy
 
 LOGGER = logging.getLogger("krproxy.hookserver.rules")
@@ -64,9 +66,9 @@ class Rules:
                 if rule.parse(policy):
                     updated.append(name)
             except Exception as exc:
-                LOGGER.error("event=rule_parse_failed rule=%s error=%r", name, exc)
+                log.event(LOGGER, "rule_parse_failed", level=logging.ERROR, rule=name, error=repr(exc))
         if updated:
-            LOGGER.info("event=rules_updated rules=%s", ",".join(updated))
+            log.event(LOGGER, "rules_updated", rules=",".join(updated))
             for callback in self._callbacks:
                 callback()
         return tuple(updated)

@@ -13,7 +13,7 @@ import trio
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
-from krproxy import _grpc
+from krproxy import _grpc, log
 from krproxy.proto.runtime import v1alpha1 as hook
 
 from ._app import RETRY_INTERVAL, HookServer, Ticker
@@ -158,10 +158,11 @@ async def serve(
             options.endpoint or options.socket, options.failure_policy, registered_stages(app, options)
         )
         path = write_registration(options.hook_dir, options.name, content)
-        LOGGER.info("event=hookserver_started socket=%s registration=%s", options.socket, path)
+        log.event(LOGGER, "hookserver_started", socket=options.socket, registration=path)
         try:
             task_status.started(path)
             await trio.sleep_forever()
         finally:
             remove_registration(path)
             nursery.cancel_scope.cancel()
+            log.event(LOGGER, "hookserver_stopped", socket=options.socket, registration_removed=path)

@@ -189,7 +189,7 @@ class Logger:
 
         parts = [time.strftime("ts=%Y-%m-%dT%H:%M:%SZ", time.gmtime()), f"event={event}"]
         for key, value in fields.items():
-            text = str(value)
+            text = ("true" if value else "false") if isinstance(value, bool) else str(value)
             quoted = not text or " " in text or '"' in text
             parts.append(f"{key}={json.dumps(text) if quoted else text}")
         try:

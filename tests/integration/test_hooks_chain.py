@@ -3,6 +3,7 @@ checked on the exact requests the fake containerd finally receives."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from cri_api.v1 import api_pb2
 
 from fakes.plugin import Changes, FakePlugin
 from krproxy.hooks.points import HookPoint
+from krproxy.hookserver.testing import logged_events
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.hooks_support import RESOURCES, Node, hook_resources, make_node
 
@@ -193,3 +195,25 @@ class TestUpdateContainerResources:
         # The plugin's answer equals the stored record it was sent, so nothing changed: kubelet's own
         # request is forwarded (containerd ignores zero fields, so its resources stay as merged).
         assert api_pb2.LinuxContainerResources(cpu_period=50_000) == second.linux
+
+
+class TestDebugLog:
+    async def test_a_line_per_call_and_per_plugin_call(
+        self, node: Node, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """At debug level (``krproxy serve --log-level debug``) the proxy logs each CRI call it relayed
+        and each plugin call with its result and the fields it changed; at info level neither."""
+        await node.add_plugin("10-first", tagging("first", [], cpu_quota=111), [CREATE])
+        await node.start_proxy()
+        with caplog.at_level(logging.INFO):
+            pod_id = await node.run_pod()
+        assert [] == logged_events(caplog.records, "call")
+        with caplog.at_level(logging.DEBUG):
+            await node.create_container(pod_id)
+        [hook] = logged_events(caplog.records, "hook_call")
+        assert ("10-first", "PreCreateContainer", "ok") == (hook["plugin"], hook["hook"], hook["result"])
+        assert "resources.cpu_quota" in hook["changes"].split(",")
+        [call] = [
+            c for c in logged_events(caplog.records, "call") if c["method"].endswith("/CreateContainer")
+        ]
+        assert ("OK", 1) == (call["code"], call["hooks"])

@@ -7,6 +7,7 @@ registration file removed) before the test returns.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 from collections.abc import AsyncIterator
@@ -18,6 +19,7 @@ import trio
 import trio_asyncio
 from grpclib.exceptions import GRPCError
 
+from krproxy import log
 from krproxy.hookserver import (
     CgroupFile,
     ContainerContext,
@@ -30,7 +32,7 @@ from krproxy.hookserver import (
 )
 from krproxy.hookserver.policies import install_all
 from krproxy.hookserver.policies.cpusuppress import Measurement
-from krproxy.hookserver.testing import FakeNode, container_request, pod_request
+from krproxy.hookserver.testing import FakeNode, container_request, logged_events, pod_request
 from krproxy.proto.runtime import v1alpha1 as pb
 
 BE_POD = "/kubepods/besteffort/poduid-be"
@@ -153,3 +155,39 @@ async def test_policy_file_change_reapplies_to_running_pods(short_tmp: pathlib.P
             while node.read(BE_POD, CgroupFile.CPU_BVT) != "0":  # noqa: ASYNC110
                 await trio.sleep(0.05)
             nursery.cancel_scope.cancel()
+
+
+async def test_one_log_format_and_a_stop_line(
+    short_tmp: pathlib.Path, stub_for: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Everything the hook server logs — start, policy (refused too), features, hook decisions at
+    debug, writes, stop — is an event with its keys at the top level and booleans as true/false."""
+    node = FakeNode(short_tmp / "node", bvt=False).create()
+    node.add_cgroup(BE_POD)
+    app = HookServer(executor=node.executor())
+    install_all(app, meter=lambda targets: Measurement(4, 0.0, 0.0))
+    policy = short_tmp / "policy.yaml"
+    policy.write_text("resourceQOSStrategy: {beClass: {cpuQOS: {groupIdentiy: -1}}}\n")
+    with caplog.at_level(logging.DEBUG), trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, app, _options(short_tmp, policy_path=str(policy)))
+            stub = stub_for(str(short_tmp / "hs.sock"))
+            pod = pod_request("web", qos="BE", cgroup_parent=BE_POD)
+            await trio_asyncio.aio_as_trio(stub.pre_run_pod_sandbox_hook)(pod, timeout=5)
+            nursery.cancel_scope.cancel()
+    ours = [r for r in caplog.records if r.name.startswith("krproxy.hookserver")]
+    lines = [log.LogfmtFormatter().format(r) for r in ours]
+    assert lines and all(" event=" in line and " msg=" not in line for line in lines), lines
+    assert not [line for line in lines if "=True" in line or "=False" in line]
+    events = [r.getMessage() for r in ours]
+    for expected in (
+        "policy_invalid",
+        "feature_status",
+        "hook_decision",
+        "hookserver_started",
+        "hookserver_stopped",
+    ):
+        assert expected in events
+    assert "hookserver_stopped" == events[-1]
+    [invalid] = logged_events(caplog.records, "policy_invalid")
+    assert invalid["kept_last_good"] is False  # there was none: nothing is applied

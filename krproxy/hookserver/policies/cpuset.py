@@ -16,6 +16,8 @@ import json
 import logging
 from collections.abc import Mapping
 
+from krproxy import log
+
 from .._app import HookServer
 from .._cgroups import CgroupFile
 from .._context import ContainerContext
@@ -36,7 +38,7 @@ def cpuset_from_annotations(annotations: Mapping[str, str]) -> str | None:
     try:
         status = json.loads(raw)
     except ValueError:
-        LOGGER.warning("event=bad_resource_status value=%r", raw)
+        log.event(LOGGER, "bad_resource_status", level=logging.WARNING, value=raw)
         return None
     cpuset = status.get("cpuset") if isinstance(status, dict) else None
     return cpuset if isinstance(cpuset, str) and cpuset else None

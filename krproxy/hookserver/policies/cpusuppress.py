@@ -227,7 +227,7 @@ class CpuSuppressPlugin:
         if abs(target - held) <= max(held * HYSTERESIS, MIN_STEP):
             return False
         if target > held and self._changed_at is not None and now - self._changed_at < RAISE_INTERVAL:
-            LOGGER.debug("event=cpusuppress_raise_deferred quota=%d wanted=%d", held, target)
+            log.event(LOGGER, "cpusuppress_raise_deferred", level=logging.DEBUG, quota=held, wanted=target)
             return False
         return True
 

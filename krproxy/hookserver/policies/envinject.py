@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import logging
 
+from krproxy import log
+
 from .._app import HookServer
 from .._context import ContainerContext
+from .._done import who
 from .._features import FeatureStatus
 from .._policy import NodePolicy
 from .._registry import Stage
@@ -31,10 +34,10 @@ def inject_env(ctx: ContainerContext) -> None:
     try:
         envs = json.loads(raw)
     except ValueError:
-        LOGGER.warning("event=bad_env_annotation value=%r", raw)
+        log.event(LOGGER, "bad_env_annotation", level=logging.WARNING, pod=who(ctx.request.pod), value=raw)
         return
     if not isinstance(envs, dict) or not all(isinstance(v, str) for v in envs.values()):
-        LOGGER.warning("event=bad_env_annotation value=%r", raw)
+        log.event(LOGGER, "bad_env_annotation", level=logging.WARNING, pod=who(ctx.request.pod), value=raw)
         return
     ctx.response.add_envs.update(envs)
 
