@@ -101,22 +101,24 @@ class TestHysteresis:
             "202000 100000",
         )
 
-    def test_cut_at_once_raise_after_the_interval(self, tmp_path: pathlib.Path) -> None:
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_cut_at_once_raise_after_the_interval(self, tmp_path: pathlib.Path, version: int) -> None:
         """More LS load cuts BE at once; less load raises BE only RAISE_INTERVAL after the last change."""
         load = Load(ls_used=2.0)
-        app, node, _ = _setup(tmp_path, load)
+        app, node, _ = _setup(tmp_path, load, version=version)
+        q = {1: "{}", 2: "{} 100000"}[version].format
         _start(app)
         app.tick(app.tickers[0])
-        assert "200000 100000" == node.read(BE_POD, CgroupFile.CFS_QUOTA)
+        assert q(200000) == node.read(BE_POD, CgroupFile.CFS_QUOTA)
         load.now, load.ls_used = 10.0, 3.0
         app.tick(app.tickers[0])
-        assert "100000 100000" == node.read(BE_POD, CgroupFile.CFS_QUOTA)  # cut: at once
+        assert q(100000) == node.read(BE_POD, CgroupFile.CFS_QUOTA)  # cut: at once
         load.now, load.ls_used = 20.0, 1.0
         app.tick(app.tickers[0])
-        assert "100000 100000" == node.read(BE_POD, CgroupFile.CFS_QUOTA)  # raise: deferred
+        assert q(100000) == node.read(BE_POD, CgroupFile.CFS_QUOTA)  # raise: deferred
         load.now = 10.0 + RAISE_INTERVAL
         app.tick(app.tickers[0])
-        assert "300000 100000" == node.read(BE_POD, CgroupFile.CFS_QUOTA)
+        assert q(300000) == node.read(BE_POD, CgroupFile.CFS_QUOTA)
 
     def test_policy_change_is_taken_at_once(self, tmp_path: pathlib.Path) -> None:
         """A new threshold bypasses the rate limit: the operator asked for it."""
@@ -140,10 +142,11 @@ class TestCpuset:
         )
         assert "4-5" == be_cpuset(8, 200000, pinned=frozenset({6, 7}))
 
-    def test_be_never_gets_cpus_ls_pods_are_pinned_to(self, tmp_path: pathlib.Path) -> None:
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_be_never_gets_cpus_ls_pods_are_pinned_to(self, tmp_path: pathlib.Path, version: int) -> None:
         """An LS pod pinned to CPUs 6-7 (resource-status) keeps them: BE gets the next highest ones."""
         load = Load(ls_used=2.0)
-        app, node, _ = _setup(tmp_path, load, mode="cpuset")
+        app, node, _ = _setup(tmp_path, load, mode="cpuset", version=version)
         status = {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "6-7"})}
         _start(app, ls_annotations=status)
         app.tick(app.tickers[0])

@@ -41,6 +41,13 @@ class FixedMeter:
         return self.m
 
 
+def _quota(version: int, quota: int) -> str:
+    """A CFS quota as the kernel shows it: v1 ``cpu.cfs_quota_us``, v2 ``cpu.max``."""
+    if version == 1:
+        return str(quota)
+    return f"{'max' if quota < 0 else quota} 100000"
+
+
 def _node(tmp_path: pathlib.Path, **kw: object) -> FakeNode:
     node = FakeNode(tmp_path, **kw).create()  # type: ignore[arg-type]
     node.add_cgroup(BE_POD)
@@ -89,9 +96,10 @@ class TestBEvsLS:
         assert "101\n102" == node.read_resctrl("BE/tasks")
         assert "201" == node.read_resctrl("LS/tasks")
 
-    def test_group_identity_fallback_cpu_idle(self, tmp_path: pathlib.Path) -> None:
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_group_identity_fallback_cpu_idle(self, tmp_path: pathlib.Path, version: int) -> None:
         """Without cpu.bvt_warp_ns: BE → cpu.idle 1, LS → cpu.idle 0."""
-        node = _node(tmp_path, bvt=False)
+        node = _node(tmp_path, bvt=False, cgroup_version=version)
         app = _app(node, FixedMeter(None))
         app.set_policy(NodePolicy.from_text(POLICY))
         app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("be", qos="BE", cgroup_parent=BE_POD))
@@ -99,21 +107,23 @@ class TestBEvsLS:
         assert ("1", "0") == (node.read(BE_POD, CgroupFile.CPU_IDLE), node.read(LS_POD, CgroupFile.CPU_IDLE))
         assert node.read(BE_POD, CgroupFile.CPU_BVT) is None
 
-    def test_group_identity_fallback_shares(self, tmp_path: pathlib.Path) -> None:
-        """Without cpu.bvt_warp_ns and cpu.idle: BE → minimal cpu.shares; LS untouched."""
-        node = _node(tmp_path, cgroup_version=1, bvt=False, idle=False)
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_group_identity_fallback_shares(self, tmp_path: pathlib.Path, version: int) -> None:
+        """Without cpu.bvt_warp_ns and cpu.idle: BE → minimal cpu.shares (v2: cpu.weight 1); LS untouched."""
+        node = _node(tmp_path, cgroup_version=version, bvt=False, idle=False)
         app = _app(node, FixedMeter(None))
         app.set_policy(NodePolicy.from_text(POLICY))
         app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("be", qos="BE", cgroup_parent=BE_POD))
         app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("ls", cgroup_parent=LS_POD))
-        assert ("2", "1024") == (
+        assert (("2", "1024") if version == 1 else ("1", "100")) == (
             node.read(BE_POD, CgroupFile.CPU_SHARES),
             node.read(LS_POD, CgroupFile.CPU_SHARES),
         )
 
-    def test_policy_change_reapplies_to_existing_pods(self, tmp_path: pathlib.Path) -> None:
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_policy_change_reapplies_to_existing_pods(self, tmp_path: pathlib.Path, version: int) -> None:
         """A new policy re-applies group identity, resctrl and quota to the pods already running."""
-        node = _node(tmp_path)
+        node = _node(tmp_path, cgroup_version=version)
         app = _app(node, FixedMeter(Measurement(8, 3.0, 2.5)))
         app.set_policy(NodePolicy.from_text(POLICY))
         app.tick(app.tickers[0])
@@ -129,20 +139,21 @@ class TestBEvsLS:
         assert "1" == node.read(LS_POD, CgroupFile.CPU_BVT)
         assert "L3:0=3f" in (node.read_resctrl("BE/schemata") or "")
         # 8 × 75% − 2.5 − 0.5 = 3 cores
-        assert "300000 100000" == node.read(BE_POD, CgroupFile.CFS_QUOTA)
+        assert _quota(version, 300000) == node.read(BE_POD, CgroupFile.CFS_QUOTA)
 
-    def test_measured_usage_change_reapplies(self, tmp_path: pathlib.Path) -> None:
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_measured_usage_change_reapplies(self, tmp_path: pathlib.Path, version: int) -> None:
         """When LS usage rises, the BE quota shrinks at the next tick, down to the floor."""
-        node = _node(tmp_path)
+        node = _node(tmp_path, cgroup_version=version)
         meter = FixedMeter(Measurement(8, 1.0, 1.0))
         app = _app(node, meter)
         app.set_policy(NodePolicy.from_text(POLICY))
         _run_pods(app)
         app.tick(app.tickers[0])
-        assert "300000 100000" == node.read(BE_POD, CgroupFile.CFS_QUOTA)
+        assert _quota(version, 300000) == node.read(BE_POD, CgroupFile.CFS_QUOTA)
         meter.m = Measurement(8, 7.5, 7.0)
         app.tick(app.tickers[0])
-        assert "10000 100000" == node.read(BE_POD, CgroupFile.CFS_QUOTA)
+        assert _quota(version, 10000) == node.read(BE_POD, CgroupFile.CFS_QUOTA)
 
     def test_stopped_pods_are_forgotten(self, tmp_path: pathlib.Path) -> None:
         """PostStop hooks remove pods and containers from the re-apply targets."""
@@ -167,9 +178,10 @@ class TestSuppressMath:
         assert 150000 == be_quota(1.5, 2000)
         assert ("6-7", "7", "0-7") == (be_cpuset(8, 150000), be_cpuset(8, 2000), be_cpuset(8, 10**7))
 
-    def test_cpuset_policy(self, tmp_path: pathlib.Path) -> None:
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_cpuset_policy(self, tmp_path: pathlib.Path, version: int) -> None:
         """With cpuSuppressPolicy cpuset, BE containers get the top CPUs and the pod quota is unset."""
-        node = _node(tmp_path)
+        node = _node(tmp_path, cgroup_version=version)
         app = _app(node, FixedMeter(Measurement(8, 2.0, 2.0)))
         app.set_policy(NodePolicy.from_text(POLICY.replace("cfsQuota", "cpuset")))
         app.tick(app.tickers[0])
@@ -179,7 +191,7 @@ class TestSuppressMath:
         app.reconcile()
         assert "6-7" == node.read(f"{BE_POD}/c-be", CgroupFile.CPUSET_CPUS)
         assert "" == node.read(f"{LS_POD}/c-ls", CgroupFile.CPUSET_CPUS)
-        assert "max 100000" == node.read(BE_POD, CgroupFile.CFS_QUOTA)
+        assert _quota(version, -1) == node.read(BE_POD, CgroupFile.CFS_QUOTA)
 
     @pytest.mark.parametrize("version", [1, 2])
     def test_procfs_meter(self, tmp_path: pathlib.Path, version: int) -> None:
@@ -209,9 +221,13 @@ class TestSuppressMath:
 
 
 class TestSmallPolicies:
-    def test_cpuset_from_annotation(self, tmp_path: pathlib.Path) -> None:
-        """resource-status {"cpuset"} → container cpuset and unlimited quota; bad JSON is ignored."""
-        app = HookServer(executor=_node(tmp_path).executor())
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_cpuset_from_annotation(self, tmp_path: pathlib.Path, version: int) -> None:
+        """resource-status {"cpuset"} → container cpuset and unlimited quota, in the answer and (reconcile)
+        in the container's files; bad JSON is ignored."""
+        node = _node(tmp_path, cgroup_version=version)
+        node.write(f"{LS_POD}/c-ls", CgroupFile.CFS_QUOTA, _quota(version, 50000))
+        app = HookServer(executor=node.executor())
         cpuset.install(app)
         pod = pod_request("p", annotations={cpuset.ANNOTATION: json.dumps({"cpuset": "0-3"})})
         for stage in (Stage.PRE_CREATE_CONTAINER, Stage.PRE_UPDATE_CONTAINER_RESOURCES):
@@ -220,6 +236,15 @@ class TestSmallPolicies:
         bad = pod_request("p", annotations={cpuset.ANNOTATION: "{nope"})
         resp = app.handle_container(Stage.PRE_CREATE_CONTAINER, container_request(bad, "c"))
         assert "" == resp.container_resources.cpuset_cpus  # type: ignore[union-attr]
+        pinned = pod_request(
+            "ls", cgroup_parent=LS_POD, annotations={cpuset.ANNOTATION: json.dumps({"cpuset": "2-3"})}
+        )
+        app.handle_container(Stage.POST_START_CONTAINER, container_request(pinned, "app", id="c-ls"))
+        app.reconcile()
+        assert ("2-3", _quota(version, -1)) == (
+            node.read(f"{LS_POD}/c-ls", CgroupFile.CPUSET_CPUS),
+            node.read(f"{LS_POD}/c-ls", CgroupFile.CFS_QUOTA),
+        )
 
     def test_env_from_annotation(self, tmp_path: pathlib.Path) -> None:
         """The env annotation's variables are added to the container's own."""
@@ -241,30 +266,33 @@ class TestSmallPolicies:
             resctrl.cat_mask("fff", 0, 1),
         )
 
-    def test_resctrl_absent_does_nothing(self, tmp_path: pathlib.Path) -> None:
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_resctrl_absent_does_nothing(self, tmp_path: pathlib.Path, version: int) -> None:
         """Without resctrl the rule is not supported and no group is made."""
-        node = _node(tmp_path, resctrl=False)
+        node = _node(tmp_path, resctrl=False, cgroup_version=version)
         app = HookServer(executor=node.executor())
         plugin = resctrl.install(app)
         app.set_policy(NodePolicy.from_text(POLICY))
         assert {} == plugin.groups
         assert not (node.resctrl_root / "BE").exists()
 
-    def test_groupidentity_skips_system_pods(self, tmp_path: pathlib.Path) -> None:
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_groupidentity_skips_system_pods(self, tmp_path: pathlib.Path, version: int) -> None:
         """SYSTEM pods are not touched."""
-        node = _node(tmp_path)
+        node = _node(tmp_path, cgroup_version=version)
         app = HookServer(executor=node.executor())
         groupidentity.install(app)
         app.set_policy(NodePolicy.from_text(POLICY))
         app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("s", qos="SYSTEM", cgroup_parent=BE_POD))
         assert "0" == node.read(BE_POD, CgroupFile.CPU_BVT)
 
-    def test_suppress_disabled_by_default(self, tmp_path: pathlib.Path) -> None:
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_suppress_disabled_by_default(self, tmp_path: pathlib.Path, version: int) -> None:
         """Without a resourceUsedThresholdWithBE section nothing is suppressed."""
-        node = _node(tmp_path)
+        node = _node(tmp_path, cgroup_version=version)
         app = HookServer(executor=node.executor())
         cpusuppress.install(app, FixedMeter(Measurement(8, 8.0, 8.0)))
         app.set_policy(NodePolicy())
         app.tick(app.tickers[0])
         _run_pods(app)
-        assert "max 100000" == node.read(BE_POD, CgroupFile.CFS_QUOTA)
+        assert _quota(version, -1) == node.read(BE_POD, CgroupFile.CFS_QUOTA)
