@@ -7,7 +7,7 @@ RunPodSandbox                  PreRunPodSandbox chain → forward → store the 
 CreateContainer                PreCreateContainer chain → forward → store the container
 StartContainer                 PreStartContainer → forward → PostStartContainer
 StopContainer                  forward → PostStopContainer → drop the container
-StopPodSandbox                 forward → PostStopPodSandbox → drop the pod
+StopPodSandbox                 forward → PostStopPodSandbox → drop the pod (NOT_FOUND: and its containers)
 UpdateContainerResources       PreUpdateContainerResources chain → forward → store
 RemoveContainer / RemovePod…   forward → drop from the store (no hooks)
 =============================  =====================================================
@@ -183,7 +183,9 @@ class HookRuntime:
                 )()
 
         return await _forward_then_forget(
-            _forward_then(forward, data, post), lambda: self.store.delete_pod(sandbox_id)
+            _forward_then(forward, data, post),
+            lambda: self.store.delete_pod(sandbox_id),
+            gone=lambda: self.store.remove_pod(sandbox_id),
         )
 
     async def remove_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
@@ -339,11 +341,15 @@ async def _forward_then(forward: Forward, data: bytes, post: Callable[[], Awaita
     return reply
 
 
-async def _forward_then_forget(call: Awaitable[Reply], forget: Callable[[], object]) -> Reply:
+async def _forward_then_forget(
+    call: Awaitable[Reply], forget: Callable[[], object], *, gone: Callable[[], object] | None = None
+) -> Reply:
     """Await a Stop or Remove call, then ``forget`` its store entry if the object is done with.
 
     Forgotten when the runtime succeeded, or answered NOT_FOUND (the object is gone: no later
-    call can need its record). Kept after any other failure — an error status, an unreachable
+    call can need its record; ``gone``, if given, is called instead of ``forget`` then: a sandbox
+    the runtime no longer has took its containers with it, and kubelet sends no RemoveContainer
+    for containers the runtime does not list). Kept after any other failure — an error status, an unreachable
     runtime, a deadline, a cancellation — since kubelet retries a failed Stop, and the retry's
     PostStop hooks need the full record. (koord-runtime-proxy drops the entry before knowing the
     outcome, so a retried Stop runs no hooks; its fix, koordinator#3142, drops on success only.)
@@ -353,7 +359,7 @@ async def _forward_then_forget(call: Awaitable[Reply], forget: Callable[[], obje
         reply = await call
     except BackendError as err:
         if err.status is Status.NOT_FOUND:
-            forget()
+            (gone or forget)()
         raise
     forget()
     return reply

@@ -11,7 +11,8 @@ When the proxy writes and drops entries (the reference's points, plus Remove*):
   record in place, so later hooks see the merged values) — :meth:`HookStore.update_container` never
   re-creates an entry that was dropped meanwhile;
 * drop: StopPodSandbox drops the pod, StopContainer the container — after the post hook, and only when the
-  runtime succeeded or answered NOT_FOUND; after another failure the entry stays, so kubelet's retry runs
+  runtime succeeded or answered NOT_FOUND (a StopPodSandbox answered NOT_FOUND drops the pod's containers
+  too, as RemovePodSandbox does); after another failure the entry stays, so kubelet's retry runs
   its PostStop hooks with the full record (the reference drops it whatever the runtime said, so a retried
   Stop runs no hooks). We also drop on RemovePodSandbox (the pod *and* its containers,
   :meth:`HookStore.remove_pod`) and RemoveContainer, on the same condition, which the reference never does

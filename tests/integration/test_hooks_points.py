@@ -297,6 +297,27 @@ class TestRetriedStop:
         assert None is node.proxy.hooks.store.get_container(container_id)
         assert None is node.proxy.hooks.store.get_pod(pod_id)
 
+    async def test_stop_pod_sandbox_not_found_drops_the_pods_containers_too(self, node: Node) -> None:
+        """A sandbox the runtime no longer has took its containers with it (RemovePodSandbox removes them
+        first), and kubelet will send no RemoveContainer for containers the runtime does not list: their
+        records go with the pod's, as after RemovePodSandbox. A successful Stop keeps them (the containers
+        still exist until the pod is removed)."""
+        await node.start_proxy()
+        store = node.proxy.hooks.store
+        stopped_pod = await node.run_pod(pod_config("db"))
+        stopped_container = await node.create_container(stopped_pod)
+        await node.stop_pod(stopped_pod)
+        assert store.get_container(stopped_container) is not None
+        pod_id, container_id = await node.pod_with_container()
+        node.fake.inject("StopPodSandbox", Fault(status=Status.NOT_FOUND, message="not found"))
+
+        with pytest.raises(grpc.RpcError) as failed:
+            await node.stop_pod(pod_id)
+
+        assert grpc.StatusCode.NOT_FOUND == failed.value.code()
+        assert (None, None) == (store.get_pod(pod_id), store.get_container(container_id))
+        assert store.get_container(stopped_container) is not None
+
     async def test_failed_remove_keeps_and_not_found_remove_drops(self, node: Node) -> None:
         """Remove*: the same rule. A failed RemoveContainer/RemovePodSandbox keeps the entries (a later
         Stop of them still runs its hooks); NOT_FOUND drops them."""
