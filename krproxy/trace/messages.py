@@ -392,23 +392,53 @@ def element_name(element: Any, key: tuple[str, ...]) -> str:
     return " ".join(f"{path}={_show(_pick(element, path))}" for path in key)
 
 
+def _canonical(value: Any, shape: Any) -> Any:
+    """``value`` with every list of :data:`UNORDERED` inside it sorted: equal multisets, equal values."""
+    if isinstance(value, dict):
+        result = {}
+        for key, item in value.items():
+            child, rule = _field_shape(shape, key) if shape is not None else (None, None)
+            if rule is not None and isinstance(item, list):
+                result[key] = sorted((_canonical(i, child) for i in item), key=_text)
+            else:
+                result[key] = _canonical(item, child)
+        return result
+    if isinstance(value, list):
+        return [_canonical(item, shape) for item in value]
+    return value
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
 def _unordered_differences(
     where: str, recorded: list[Any], actual: list[Any], rule: Unordered, shape: Any
 ) -> Iterator[Difference]:
+    """Elements are grouped by name; within a name, equal elements (nested unordered lists compared
+    as multisets too) pair off, and the rest are compared in their order. Linear in the elements
+    (plus sorting), also when many share a name."""
     groups: dict[str, tuple[list[Any], list[Any]]] = {}
     for side, items in enumerate((recorded, actual)):
         for item in items:
             groups.setdefault(element_name(item, rule.key), ([], []))[side].append(item)
     for name in sorted(groups):
         left, right = groups[name]
-        unmatched = list(right)
+        if len(left) <= 1 and len(right) <= 1:  # the usual case: one element per name
+            yield from differences(f"{where}[{name}]", next(iter(left), None), next(iter(right), None), shape)
+            continue
+        by_value: dict[str, list[int]] = {}
+        for index, item in enumerate(right):
+            by_value.setdefault(_text(_canonical(item, shape)), []).append(index)
         rest = []
         for item in left:
-            if item in unmatched:
-                unmatched.remove(item)
+            same = by_value.get(_text(_canonical(item, shape)))
+            if same:
+                same.pop()
             else:
                 rest.append(item)
-        for left_item, right_item in itertools.zip_longest(rest, unmatched):
+        others = [right[index] for index in sorted(i for indices in by_value.values() for i in indices)]
+        for left_item, right_item in itertools.zip_longest(rest, others):
             yield from differences(f"{where}[{name}]", left_item, right_item, shape)
 
 

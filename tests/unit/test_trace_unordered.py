@@ -92,6 +92,35 @@ class TestImages:
         diff = images_diff([image(1), image(1)], [image(1)])
         assert [('reply.images[id="sha256:0001"]', messages.to_plain(image(1)), None)] == diff
 
+    def test_elements_of_one_name_match_whatever_the_order_of_their_own_sets(self) -> None:
+        """Two images of one name (both without an ID here), listed in another order and each with its tags
+        in another order, are the same multiset: no difference (matching compared them order-sensitively,
+        then paired the leftovers by position, and reported ten false differences)."""
+        recorded = [cri.Image(repo_tags=["a:1", "b:1"], size=1), cri.Image(repo_tags=["c:1", "d:1"], size=2)]
+        actual = [cri.Image(repo_tags=["d:1", "c:1"], size=2), cri.Image(repo_tags=["b:1", "a:1"], size=1)]
+        assert [] == images_diff(recorded, actual)
+
+    @settings(max_examples=40, deadline=None)
+    @given(st.data(), st.integers(min_value=1, max_value=12))
+    def test_one_change_among_elements_of_one_name_is_reported(self, data: st.DataObject, count: int) -> None:
+        """Among images of one name in any order, each with its tags in any order, one changed size is
+        reported (as that image on each side: the name cannot tell which recorded image it was), and
+        nothing else."""
+        recorded = [image(n) for n in range(count)]
+        changed = data.draw(st.integers(min_value=0, max_value=count - 1))
+        actual = [
+            image(
+                n, size=5 if n == changed else 0, tags=tuple(data.draw(st.permutations(image(n).repo_tags)))
+            )
+            for n in data.draw(st.permutations(range(count)))
+        ]
+        for item in (*recorded, *actual):
+            item.id = ""
+        diff = images_diff(recorded, actual)
+        sizes = {(d[1], d[2]) for d in diff if d[0] == "reply.images[id=(absent)].size"}
+        assert {(str(1000 + changed), "5")} == sizes
+        assert all(d[0].startswith("reply.images[id=(absent)]") for d in diff)
+
 
 def container(cid: str, state: cri.ContainerState = cri.ContainerState.CONTAINER_RUNNING) -> cri.Container:
     return cri.Container(id=cid, pod_sandbox_id="p", state=state, created_at=5)
