@@ -40,7 +40,7 @@ from krproxy.hooks import merge, validate
 from krproxy.hooks.convert import resources_from_hook
 from krproxy.hooks.merge import Change, Merged
 from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
-from krproxy.hooks.slices import is_slice_name, slice_path
+from krproxy.hooks.slices import ROOT, is_slice_name, slice_path
 from krproxy.proto.runtime import v1alpha1 as hookapi
 
 LOGGER = logging.getLogger("krproxy.docker.convert")
@@ -224,9 +224,10 @@ def to_cri_cgroup_parent(driver: str, parent: str) -> str:
 
 
 def to_docker_cgroup_parent(driver: str, parent: str) -> str:
-    """A CRI cgroup parent → Docker's ``CgroupParent`` (systemd driver: the slice's base name)."""
+    """A CRI cgroup parent → Docker's ``CgroupParent`` (systemd driver: the slice's base name; the
+    root cgroup ``/`` is the root slice ``-.slice``)."""
     if driver == "systemd":
-        return posixpath.basename(parent.rstrip("/"))
+        return posixpath.basename(parent.rstrip("/")) or (ROOT if parent.startswith("/") else "")
     return parent
 
 

@@ -14,7 +14,8 @@ answer's ``hugepage_limits`` are never applied, so are not checked.
 Rules (the bounds are the kernel's and runc's where they have one):
 
 - pod ``cgroup_parent``: an absolute, clean path (no ``.``, ``..`` or empty components, not ``/``
-  itself) or a systemd slice name (``kubepods-burstable.slice``). Where a pod goes is the plugin's
+  itself) or a systemd slice name (``kubepods-burstable.slice``; not the root slice ``-.slice``,
+  nor a name runc cannot expand, such as ``a--b.slice`` or ``a-.slice``). Where a pod goes is the plugin's
   call (koordlet moves pods between QoS parents), so no subtree is imposed on pods.
 - container ``pod_cgroup_parent``: as above, and equal to or below the pod's cgroup parent: the
   one kubelet sent in the sandbox config, or the one the pod's record holds (a PreRunPodSandbox
@@ -35,7 +36,7 @@ import re
 from collections.abc import Mapping
 
 from krproxy.hooks.model import ContainerInfo, PodInfo
-from krproxy.hooks.slices import slice_path
+from krproxy.hooks.slices import ROOT, is_slice_name, slice_path
 from krproxy.proto.runtime import v1alpha1
 
 __all__ = [
@@ -88,7 +89,7 @@ def check_cgroup_parent(value: str) -> str | None:
     if "\0" in value:
         return "contains a NUL character"
     if "/" not in value:
-        if not _SLICE.fullmatch(value) or value.startswith("-") or "--" in value or value == "-.slice":
+        if not _SLICE.fullmatch(value) or not is_slice_name(value) or value == ROOT:
             return "neither an absolute path nor a systemd slice name"
         return None
     if not value.startswith("/"):

@@ -76,9 +76,8 @@ def pod_cgroup_dir(cgroup_parent: str) -> str:
 
 def container_cgroup_dir(cgroup_parent: str, container_id: str) -> str:
     """The container's cgroup directory: ``<pod dir>/<id>`` (cgroupfs) or its systemd scope."""
-    if is_slice_name(cgroup_parent):
-        return f"{pod_cgroup_dir(cgroup_parent)}/cri-containerd-{container_id}.scope"
-    return f"{pod_cgroup_dir(cgroup_parent)}/{container_id}"
+    leaf = f"cri-containerd-{container_id}.scope" if is_slice_name(cgroup_parent) else container_id
+    return "/".join(part for part in (pod_cgroup_dir(cgroup_parent), leaf) if part)
 
 
 def kubelet_pod_cgroup_candidates(uid: str) -> tuple[str, ...]:
