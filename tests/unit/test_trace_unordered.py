@@ -9,6 +9,7 @@ repeated field of a reply is classified one way or the other.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -258,6 +259,13 @@ class TestClassification:
         for (message, field), rule in messages.UNORDERED.items():
             key = ", ".join(f"`{k}`" for k in rule.key) or "the value"
             assert f"| `{message}.{field}` | {key} |" in text, (message, field)
+
+    def test_docs_tables_hold_exactly_the_classified_fields(self) -> None:
+        """The two tables of docs/trace-format.md name every classified field once, and nothing else: an
+        ordered field missing from the docs, or a row for a field the code no longer has, fails."""
+        rows = re.findall(r"^\| `(\w+)\.(\w+)` \|", DOCS.read_text(), re.MULTILINE)
+        assert len(rows) == len(set(rows))
+        assert set(messages.UNORDERED) | set(messages.ORDERED) == set(rows)
 
 
 class TestSampleTimes:
