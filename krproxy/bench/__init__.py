@@ -9,8 +9,10 @@ Cases (issue 8): small passthrough latency (Version, ContainerStatus); large pas
 (ListContainers of 1000 containers, ~860 KB); throughput with 32 concurrent callers; hooked
 CreateContainer with one and with three chained plugins; the same with recording on (when
 ``--record`` exists); store recovery of 1000 pods / 3000 containers and the RSS after it; RSS
-and open fds after 100k calls. Prints a table (medians, p99s, proxy/direct) with each target
-marked met or missed, and writes the figures as JSON.
+and open fds after 100k calls; NRI mode against containerd 2.x (pod start and a plain call, with
+and without ``krproxy nri`` registered; ``--only-nri`` runs just these). Prints a table
+(medians, p99s, proxy/direct) with each target marked met or missed, and writes the figures
+as JSON.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import re
 import shutil
 import signal
@@ -239,6 +242,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         results["real_containerd"] = _real_containerd(procs, workdir, args)
         results["runc_wrapper"] = runc_wrapper(workdir, args.wrapper_calls)
+        results["nri"] = nri(workdir, args)
         results["recovery"] = _recovery(procs, workdir)
         results["leak_check"] = _leak_check(proxy_procs["plain"].pid, plain, args.leak_calls)
     finally:
@@ -323,6 +327,126 @@ def _real_containerd(procs: Processes, workdir: str, args: argparse.Namespace) -
         return results
     finally:
         subprocess.run([PY, SANDBOX_SCRIPT, "stop", "--dir", sandbox], capture_output=True)
+
+
+def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
+    """NRI mode against a real containerd 2.x (NRI on by default): pod start with and without ``krproxy nri``
+    registered (one hook server that answers at once, on PreCreateContainer), and Version straight to
+    containerd in both states (plain CRI calls never touch krproxy in NRI mode).
+
+    The two states alternate block by block (``krproxy nri`` started, synchronized, then stopped again), so
+    machine noise hits both alike. Needs root and ``containerd-sandbox fetch --version 2.x``; otherwise says
+    why not.
+    """
+    if os.geteuid() != 0 or not os.path.exists(SANDBOX_SCRIPT):
+        return {"skipped": "not root" if os.geteuid() else "no sandbox script"}
+    fetched = subprocess.run(
+        [PY, SANDBOX_SCRIPT, "fetch", "--version", "2.x"], capture_output=True, text=True
+    )
+    if fetched.returncode != 0:
+        return {"skipped": f"containerd 2.x cannot be had: {fetched.stderr.strip()[-300:]}"}
+    bin_dir = fetched.stdout.strip().splitlines()[-1]
+    sandbox = os.path.join(workdir, "nri-containerd")
+    cgroup_parent = f"krproxy-bench-nri-{os.getpid()}"
+    started = subprocess.run(
+        [
+            PY,
+            SANDBOX_SCRIPT,
+            "start",
+            "--dir",
+            sandbox,
+            "--cgroup-parent",
+            cgroup_parent,
+            "--bin-dir",
+            bin_dir,
+        ],
+        capture_output=True,
+        text=True,
+    )
+    if started.returncode != 0:
+        return {"skipped": f"containerd-sandbox start failed: {started.stderr.strip()[-300:]}"}
+    procs = Processes(workdir)
+    try:
+        with open(os.path.join(sandbox, "sandbox.json")) as f:
+            state = json.load(f)
+        direct, image = state["socket"], state["busybox_image"]
+        socket = os.path.join(sandbox, "run", "nri", "nri.sock")
+        if not os.path.exists(socket):
+            return {"skipped": f"containerd {state.get('containerd_version', '?')} serves no NRI socket"}
+        hook_dir = os.path.join(workdir, "hooks-nri")
+        os.makedirs(hook_dir)
+        plugin = os.path.join(workdir, "nri-plugin.sock")
+        procs.start(
+            "plugin-nri",
+            [
+                "-m",
+                "fakes.plugin",
+                "--socket",
+                plugin,
+                "--hook-dir",
+                hook_dir,
+                "--name",
+                "p",
+                "--hooks",
+                "PreCreateContainer",
+            ],
+            plugin,
+        )
+        pods: dict[str, list[float]] = {"without": [], "with": []}
+        version: dict[str, list[float]] = {"without": [], "with": []}
+        blocks = max(args.nri_blocks, 1)
+        for block in range(blocks):
+            for state_name in ("without", "with"):
+                daemon = _start_nri(workdir, socket, hook_dir, block) if state_name == "with" else None
+                try:
+                    got = _client(
+                        "pod-create", "--target", direct, "--pods", str(args.nri_pods), "--image", image,
+                        "--cgroup-parent", cgroup_parent,
+                    )  # fmt: skip
+                    pods[state_name] += got["latencies_us"]
+                    calls = _client("latency", "--targets", direct, "--calls", str(args.nri_version_calls))
+                    version[state_name] += calls["latencies_us"][direct]
+                finally:
+                    if daemon is not None:
+                        daemon.send_signal(signal.SIGTERM)
+                        daemon.wait(30)
+        return {
+            "pod_start": {k: _summary(v) for k, v in pods.items()},
+            "version": {k: _summary(v) for k, v in version.items()},
+            "containerd": state.get("containerd_version", "?"),
+        }
+    finally:
+        procs.stop()
+        subprocess.run([PY, SANDBOX_SCRIPT, "stop", "--dir", sandbox], capture_output=True)
+
+
+def _start_nri(workdir: str, socket: str, hook_dir: str, block: int) -> subprocess.Popen[bytes]:
+    """``krproxy nri`` on ``socket``; returns once containerd synchronized it with its hook server loaded."""
+    log_path = os.path.join(workdir, f"krproxy-nri-{block}.log")
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [
+                PY,
+                "-m",
+                "krproxy",
+                "nri",
+                "--nri-socket",
+                socket,
+                "--hook-dir",
+                hook_dir,
+                "--insecure-registration-files",
+            ],
+            stdout=log,
+            stderr=log,
+            cwd=workdir,
+        )
+    deadline = time.monotonic() + 60
+    while "event=nri_synchronized" not in pathlib.Path(log_path).read_text(errors="replace"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"krproxy nri did not register; see {log_path}")
+        time.sleep(0.05)
+    return process
 
 
 def _timed_runs(
@@ -538,6 +662,7 @@ def report(results: dict[str, Any]) -> str:
             f"ratio <=2.0: {_check(ratio_ok)}",
         )
     lines += report_runc_wrapper(results.get("runc_wrapper", {"skipped": "not run"}))
+    lines += report_nri(results.get("nri", {"skipped": "not run"}))
     t = results["throughput_32_callers"]
     lines.append(
         f"throughput, 32 callers            direct {t['direct']:8.0f}/s   proxy {t['proxy']:8.0f}/s"
@@ -593,6 +718,25 @@ def report_runc_wrapper(r: dict[str, Any]) -> list[str]:
     return lines
 
 
+def report_nri(r: dict[str, Any]) -> list[str]:
+    """Rows for :func:`nri`: without vs with ``krproxy nri`` registered (medians/p99 in ms)."""
+    if "skipped" in r:
+        return [f"NRI mode                          not measured: {r['skipped']}"]
+    lines = [
+        f"NRI mode, containerd {r['containerd']}: without / with krproxy nri registered (ms, median/p99)"
+    ]
+    for name, label in (
+        ("pod_start", "pod start (run+create+start)"),
+        ("version", "Version (plain CRI call)"),
+    ):
+        a, b = r[name]["without"], r[name]["with"]
+        lines.append(
+            f"{label:<33} {a['median_ms']:8.3f}/{a['p99_ms']:8.3f}"
+            f"   {b['median_ms']:8.3f}/{b['p99_ms']:8.3f}   added {b['median_ms'] - a['median_ms']:+8.3f}"
+        )
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m krproxy.bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--small-calls", type=int, default=2000)
@@ -607,8 +751,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--only-runc-wrapper", action="store_true", help="measure only what the OCI hooks runc wrapper adds"
     )
+    parser.add_argument(
+        "--only-nri", action="store_true", help="measure only the NRI mode cases (containerd 2.x)"
+    )
+    parser.add_argument(
+        "--nri-blocks", type=int, default=4, help="NRI cases: blocks per state (with/without)"
+    )
+    parser.add_argument("--nri-pods", type=int, default=5, help="NRI cases: pods started per block")
+    parser.add_argument(
+        "--nri-version-calls", type=int, default=500, help="NRI cases: Version calls per block"
+    )
     args = parser.parse_args(argv)
-    if args.only_runc_wrapper:
+    if args.only_nri:
+        workdir = tempfile.mkdtemp(prefix="krproxy-bench-")
+        try:
+            results = {"nri": nri(workdir, args)}
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        print("\n".join(report_nri(results["nri"])))
+    elif args.only_runc_wrapper:
         workdir = tempfile.mkdtemp(prefix="krproxy-bench-")
         try:
             results = {"runc_wrapper": runc_wrapper(workdir, args.wrapper_calls)}

@@ -199,6 +199,60 @@ def populate(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def pod_create(args: argparse.Namespace) -> dict[str, Any]:
+    """Time RunPodSandbox + CreateContainer + StartContainer of one-container pods (kubelet's pod start),
+    straight to ``--target``; each pod is stopped and removed again, untimed."""
+    channel = _channel(args.target)
+    call = {
+        name: _raw(channel, f"/runtime.v1.RuntimeService/{name}")
+        for name in (
+            "RunPodSandbox",
+            "CreateContainer",
+            "StartContainer",
+            "StopPodSandbox",
+            "RemovePodSandbox",
+        )
+    }
+    samples: list[float] = []
+    for p in range(args.pods):
+        uid = f"bench-nri-{p}-{time.time_ns()}"
+        config = pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name=uid, uid=uid, namespace="krproxy-bench"),
+            hostname="",  # runc cannot set a hostname without a private UTS namespace
+            linux=pb.LinuxPodSandboxConfig(
+                cgroup_parent=f"/{args.cgroup_parent}/pod-{uid}",
+                security_context=pb.LinuxSandboxSecurityContext(
+                    namespace_options=pb.NamespaceOption(network=pb.NODE)
+                ),
+            ),
+        )
+        container = pb.ContainerConfig(
+            metadata=pb.ContainerMetadata(name="c"),
+            image=pb.ImageSpec(image=args.image),
+            command=["sh", "-c", "trap 'exit 0' TERM; while :; do sleep 1; done"],
+            linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(cpu_shares=512)),
+        )
+        started = time.perf_counter()
+        pod_id = pb.RunPodSandboxResponse.FromString(
+            call["RunPodSandbox"](pb.RunPodSandboxRequest(config=config).SerializeToString(), timeout=240)
+        ).pod_sandbox_id
+        request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=container, sandbox_config=config)
+        container_id = pb.CreateContainerResponse.FromString(
+            call["CreateContainer"](request.SerializeToString(), timeout=240)
+        ).container_id
+        call["StartContainer"](
+            pb.StartContainerRequest(container_id=container_id).SerializeToString(), timeout=240
+        )
+        samples.append((time.perf_counter() - started) * 1e6)
+        call["StopPodSandbox"](
+            pb.StopPodSandboxRequest(pod_sandbox_id=pod_id).SerializeToString(), timeout=240
+        )
+        call["RemovePodSandbox"](
+            pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id).SerializeToString(), timeout=240
+        )
+    return {"latencies_us": samples}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m krproxy.bench.client")
     sub = parser.add_subparsers(dest="case", required=True)
@@ -226,10 +280,14 @@ def main(argv: list[str] | None = None) -> int:
     pop.add_argument("--containers", type=int, default=20)
     pop.add_argument("--image", required=True)
     pop.add_argument("--cgroup-parent", required=True)
+    pod = sub.add_parser("pod-create")
+    pod.add_argument("--target", required=True)
+    pod.add_argument("--pods", type=int, default=5)
+    pod.add_argument("--image", required=True)
+    pod.add_argument("--cgroup-parent", required=True)
     args = parser.parse_args(argv)
-    result = {"latency": latency, "throughput": throughput, "create": create, "populate": populate}[
-        args.case
-    ](args)
+    cases = {"latency": latency, "throughput": throughput, "create": create, "populate": populate}
+    result = {**cases, "pod-create": pod_create}[args.case](args)
     json.dump(result, sys.stdout)
     return 0
 

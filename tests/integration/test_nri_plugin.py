@@ -279,6 +279,22 @@ class TestCreate:
             await node.runtime.create_container(container())
         assert 1 == len(node.runtime.plugins) and [] == node.runtime.dropped
 
+    async def test_no_time_left_applies_the_policy(self, node: Node) -> None:
+        """A hook server reached after the budget is spent is not called and fails by its policy (here Fail)."""
+        node.runtime.request_timeout = 0.6
+        slow = await node.hook_server("a-slow", [HookPoint.PRE_CREATE_CONTAINER], plugin_timeout="5s")
+        slow.misbehave(Misbehaviour(hang=True))
+        late = await node.hook_server("b-late", [HookPoint.PRE_CREATE_CONTAINER], policy="Fail")
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            with pytest.raises(
+                NriError, match="hook server b-late failed PreCreateContainer: not called: no time left"
+            ):
+                await node.runtime.create_container(container())
+        assert [] == late.calls
+        assert 1 == len(node.runtime.plugins)
+
     async def test_skip_label(self, node: Node) -> None:
         """Pods carrying the skip label get no hooks."""
         fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER], changes=Changes(cpu_shares=1))
