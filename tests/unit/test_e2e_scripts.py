@@ -1,0 +1,122 @@
+"""The pure parts of the e2e scripts: containerd configs per version, the matrix's counts, version prefixes."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+
+
+def load(name: str) -> ModuleType:
+    """Import ``scripts/<name>`` (no .py suffix) as a module."""
+    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(SCRIPTS / name))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[loader.name] = module  # dataclasses look their module up there
+    before, sys.dont_write_bytecode = sys.dont_write_bytecode, True  # no __pycache__ in scripts/
+    try:
+        loader.exec_module(module)
+    finally:
+        sys.dont_write_bytecode = before
+    return module
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> ModuleType:
+    return load("containerd-sandbox")
+
+
+class TestContainerdConfig:
+    def config(self, sandbox: ModuleType, tmp_path: Path, major: int) -> dict[str, Any]:
+        text = sandbox.render_config(sandbox.Paths(str(tmp_path)), "krproxy.local/pause:latest", major)
+        return tomllib.loads(text)
+
+    def test_version_2_for_containerd_1(self, sandbox: ModuleType, tmp_path: Path) -> None:
+        config = self.config(sandbox, tmp_path, 1)
+        assert 2 == config["version"]
+        cri = config["plugins"]["io.containerd.grpc.v1.cri"]
+        assert ("krproxy.local/pause:latest", True) == (cri["sandbox_image"], cri["restrict_oom_score_adj"])
+        assert "overlayfs" == cri["containerd"]["snapshotter"]
+        runtimes = cri["containerd"]["runtimes"]
+        assert runtimes["runc"]["options"]["SystemdCgroup"] is False
+        assert (
+            f"{tmp_path}/krproxy-oci/krproxy-runc-wrapper" == runtimes["krproxy-oci"]["options"]["BinaryName"]
+        )
+        assert str(tmp_path / "cni" / "bin") == cri["cni"]["bin_dir"]
+        assert sandbox.STATS_COLLECT_PERIOD == cri["stats_collect_period"]
+        assert "io.containerd.cri.v1.runtime" not in config["plugins"]
+
+    def test_version_3_for_containerd_2(self, sandbox: ModuleType, tmp_path: Path) -> None:
+        """The same settings under 2.x's plugin names; nothing left in 1.x's places but the stream server."""
+        config = self.config(sandbox, tmp_path, 2)
+        assert 3 == config["version"]
+        plugins = config["plugins"]
+        images, runtime = plugins["io.containerd.cri.v1.images"], plugins["io.containerd.cri.v1.runtime"]
+        assert "krproxy.local/pause:latest" == images["pinned_images"]["sandbox"]
+        assert ("overlayfs", sandbox.STATS_COLLECT_PERIOD) == (
+            images["snapshotter"],
+            images["stats_collect_period"],
+        )
+        assert runtime["restrict_oom_score_adj"] is True
+        runtimes = runtime["containerd"]["runtimes"]
+        assert runtimes["runc"]["options"]["SystemdCgroup"] is False
+        assert ["krproxy.e2e/*"] == runtimes["krproxy-oci"]["pod_annotations"]
+        assert [str(tmp_path / "cni" / "bin")] == runtime["cni"]["bin_dirs"]
+        assert {"stream_server_address", "stream_server_port"} == set(plugins["io.containerd.grpc.v1.cri"])
+        assert "io.containerd.nri.v1.nri" not in plugins  # NRI as 2.x's default has it
+
+    @pytest.mark.parametrize("major", [1, 2])
+    def test_every_path_inside_the_sandbox_dir(self, sandbox: ModuleType, tmp_path: Path, major: int) -> None:
+        config = self.config(sandbox, tmp_path, major)
+        paths = [config["root"], config["state"], config["grpc"]["address"], config["ttrpc"]["address"]]
+        paths.append(config["plugins"]["io.containerd.internal.v1.opt"]["path"])
+        assert all(Path(p).is_relative_to(tmp_path) for p in paths), paths
+
+
+def test_matrix_counts_from_junit(tmp_path: Path) -> None:
+    matrix = load("e2e-matrix")
+    junit = tmp_path / "r.xml"
+    junit.write_text(
+        "<testsuites><testsuite>"
+        '<testcase name="a"/><testcase name="b"/>'
+        '<testcase name="c"><failure message="boom"/></testcase>'
+        '<testcase name="d"><error message="setup"/></testcase>'
+        '<testcase name="e"><skipped message="containerd 1.7 cannot be had here: no root&#10;more"/></testcase>'
+        '<testcase name="f"><skipped message="containerd 1.7 cannot be had here: no root"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    found = matrix.counts(junit)
+    assert (2, 2, 2) == (found.passed, found.failed, found.skipped)
+    assert ["containerd 1.7 cannot be had here: no root"] == found.reasons
+    missing = matrix.counts(tmp_path / "absent.xml")
+    assert (0, 0, 0, ["no JUnit report: pytest did not finish"]) == (
+        missing.passed,
+        missing.failed,
+        missing.skipped,
+        missing.reasons,
+    )
+
+
+def test_fetch_debian_package_version_prefix(tmp_path: Path) -> None:
+    """A ``*`` prefix finds the newest unpacked match and never a half-unpacked one."""
+    fetch = load("fetch-debian-package")
+    for name in (
+        "containerd_1.7.9-1",
+        "containerd_1.7.24~ds1-6",
+        "containerd_1.7.30.partial",
+        "containerd_2.1.9-5",
+    ):
+        (tmp_path / name / "usr").mkdir(parents=True)
+    assert str(tmp_path / "containerd_1.7.24~ds1-6") == fetch._unpacked(str(tmp_path), "containerd", "1.7.*")
+    assert str(tmp_path / "containerd_2.1.9-5") == fetch._unpacked(str(tmp_path), "containerd", "2.*")
+    assert fetch._unpacked(str(tmp_path), "containerd", "1.8.*") is None
+    assert str(tmp_path / "containerd_1.7.9-1") == fetch._unpacked(str(tmp_path), "containerd", "1.7.9-1")
