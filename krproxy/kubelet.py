@@ -12,6 +12,7 @@ from __future__ import annotations
 RUNTIME_REQUEST_TIMEOUT = 120
 #: RunPodSandbox gets twice the request timeout (it may pull the pause image).
 RUN_POD_SANDBOX_TIMEOUT = 2 * RUNTIME_REQUEST_TIMEOUT
+#: PullImage gets no deadline at all (kubelet only cancels it).
 
 
 def stop_container_timeout(grace_period: int) -> int:

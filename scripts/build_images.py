@@ -290,9 +290,9 @@ def _base_rootfs(layer: _LayerWriter) -> None:
 
 
 def build_busybox_image(
-    out_path: str, busybox: str = "/bin/busybox", name: str = BUSYBOX_IMAGE
+    out_path: str, busybox: str = "/bin/busybox", name: str = BUSYBOX_IMAGE, env: list[str] | None = None
 ) -> BuiltImage:
-    """Image with a static busybox and a symlink per applet in /bin."""
+    """Image with a static busybox and a symlink per applet in /bin (``env``: the config's Env)."""
     if not os.path.exists(busybox):
         raise FileNotFoundError(f"{busybox} not found (apt-get install busybox-static)")
     if not elf_is_static(busybox):
@@ -306,7 +306,7 @@ def build_busybox_image(
         if "/" in applet:
             continue
         layer.symlink("bin/" + applet, "busybox")
-    digest = write_oci_tar(out_path, name, layer.finish(), cmd=["sh"])
+    digest = write_oci_tar(out_path, name, layer.finish(), cmd=["sh"], env=env)
     return BuiltImage(name, out_path, digest, f"busybox from {busybox}")
 
 

@@ -84,6 +84,11 @@ class Containerd:
         return str(self.state["busybox_image"])
 
     @property
+    def pull_image(self) -> str:
+        """An image only the sandbox's registry has: CRI PullImage of it downloads (busybox, Env KRPROXY_PULLED=yes)."""
+        return str(self.state["pull_image"])
+
+    @property
     def version(self) -> str:
         """The version containerd reports (``1.6.20~ds1``, ``2.1.9+unknown``...)."""
         return str(self.state["containerd_version"])

@@ -4,10 +4,12 @@ The client does what kubelet's runtime manager does for a pod with one container
 policy IfNotPresent), with the deadlines kubelet's CRI client gives each call:
 
 - RunPodSandbox (4 min), PodSandboxStatus;
-- ImageStatus of the container's image; present (imported by the sandbox), so no PullImage:
-  kubelet pulls only an absent image, and the sandbox has no registry;
+- ImageStatus of the container's image (pull policy IfNotPresent) and, when it is absent,
+  PullImage (no deadline, as kubelet gives none; one pull at a time, as kubelet's default
+  serialized puller does) from the sandbox's pull-only registry: the image is removed before
+  each test, so the first pod pulls it and the others find it present;
 - CreateContainer, StartContainer (2 min each), then an exec probe: ExecSync with a 1 s probe
-  timeout (deadline: probe timeout + 2 min);
+  timeout (deadline: probe timeout + 2 min) that prints an Env entry only the pulled image has;
 - all along, a PLEG-like relist in another thread: ListPodSandbox and ListContainers (no
   filter) every 100 ms, then PodSandboxStatus/ContainerStatus of what they list — kubelet relists
   every second; faster here so that the relists overlap the lifecycle calls;
@@ -48,6 +50,28 @@ PROBE_TIMEOUT = 1
 PLUGIN_TIMEOUT = "5m"
 
 
+class Puller:
+    """kubelet's image manager for one image: ImageStatus, and PullImage if absent, one pull at a time."""
+
+    def __init__(self, cri: Cri, image: str) -> None:
+        self.cri = cri
+        self.spec = pb.ImageSpec(image=image)
+        self.lock = threading.Lock()
+        self.pulls = 0
+
+    def ensure(self, sandbox_config: Any) -> str:
+        """The image's ID, pulled first if containerd does not have it."""
+        with self.lock:
+            status = self.cri.image.ImageStatus(
+                pb.ImageStatusRequest(image=self.spec), timeout=kubelet.RUNTIME_REQUEST_TIMEOUT
+            )
+            if status.image.id:
+                return str(status.image.id)
+            request = pb.PullImageRequest(image=self.spec, sandbox_config=sandbox_config)
+            self.pulls += 1
+            return str(self.cri.image.PullImage(request, timeout=None).image_ref)  # kubelet: no deadline
+
+
 class Relister:
     """PLEG-like polling in a thread: list pods and containers, then ask each one's status."""
 
@@ -81,9 +105,9 @@ class Relister:
             self.rounds += 1
 
 
-def pod_lifecycle(cri: Cri, containerd: Containerd, index: int) -> dict[str, Any]:
+def pod_lifecycle(cri: Cri, containerd: Containerd, puller: Puller, index: int) -> dict[str, Any]:
     """One pod's life as kubelet drives it; returns what the test checks."""
-    rt, image = cri.runtime, cri.image
+    rt = cri.runtime
     config = pod_config(containerd.cgroup_parent, f"kubelet-{index}")
     pod_id = rt.RunPodSandbox(
         pb.RunPodSandboxRequest(config=config), timeout=kubelet.RUN_POD_SANDBOX_TIMEOUT
@@ -92,11 +116,8 @@ def pod_lifecycle(cri: Cri, containerd: Containerd, index: int) -> dict[str, Any
         pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id), timeout=kubelet.RUNTIME_REQUEST_TIMEOUT
     ).status.state
 
-    spec = pb.ImageSpec(image=containerd.busybox)
-    present = image.ImageStatus(pb.ImageStatusRequest(image=spec), timeout=kubelet.RUNTIME_REQUEST_TIMEOUT)
-    assert present.image.id, f"{containerd.busybox} not in containerd: kubelet would pull it"
-
-    container = container_config(containerd.busybox, name="app")
+    image_ref = puller.ensure(config)
+    container = container_config(containerd.pull_image, name="app")
     container.labels["io.kubernetes.pod.uid"] = config.metadata.uid
     create = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=container, sandbox_config=config)
     cid = rt.CreateContainer(create, timeout=kubelet.RUNTIME_REQUEST_TIMEOUT).container_id
@@ -106,7 +127,7 @@ def pod_lifecycle(cri: Cri, containerd: Containerd, index: int) -> dict[str, Any
     ).status.state
 
     probe = rt.ExecSync(
-        pb.ExecSyncRequest(container_id=cid, cmd=["sh", "-c", "echo ok"], timeout=PROBE_TIMEOUT),
+        pb.ExecSyncRequest(container_id=cid, cmd=["sh", "-c", "echo $KRPROXY_PULLED"], timeout=PROBE_TIMEOUT),
         timeout=kubelet.exec_sync_timeout(PROBE_TIMEOUT),
     )
 
@@ -132,6 +153,7 @@ def pod_lifecycle(cri: Cri, containerd: Containerd, index: int) -> dict[str, Any
         "uid": config.metadata.uid,
         "states": (ready, running, exited),
         "probe": (probe.exit_code, probe.stdout),
+        "image_ref": image_ref,
         "stop_seconds": stop_seconds,
     }
 
@@ -157,12 +179,16 @@ def test_concurrent_pods_with_kubelet_deadlines(
         if with_plugin
         else None
     )
+    with contextlib.suppress(grpc.RpcError):  # so that this test pulls it (absent already: fine)
+        spec = pb.ImageSpec(image=containerd.pull_image)
+        direct.image.RemoveImage(pb.RemoveImageRequest(image=spec), timeout=kubelet.RUNTIME_REQUEST_TIMEOUT)
+    puller = Puller(via_proxy, containerd.pull_image)
     relister = Relister(via_proxy)
     poller = threading.Thread(target=relister.run, name="pleg")
     poller.start()
     try:
         with concurrent.futures.ThreadPoolExecutor(PODS) as pool:
-            results = list(pool.map(lambda i: pod_lifecycle(via_proxy, containerd, i), range(PODS)))
+            results = list(pool.map(lambda i: pod_lifecycle(via_proxy, containerd, puller, i), range(PODS)))
     except BaseException:
         remove_leftovers(direct)
         raise
@@ -172,8 +198,10 @@ def test_concurrent_pods_with_kubelet_deadlines(
 
     for result in results:
         assert (pb.SANDBOX_READY, pb.CONTAINER_RUNNING, pb.CONTAINER_EXITED) == result["states"]
-        assert (0, b"ok\n") == result["probe"]
+        assert (0, b"yes\n") == result["probe"], "the container did not run from the pulled image"
         assert result["stop_seconds"] < GRACE_PERIOD / 2, "StopContainer waited out the grace period"
+    assert 1 == puller.pulls
+    assert 1 == len({r["image_ref"] for r in results})
     assert [] == relister.errors
     assert relister.rounds > 0
     pod_ids = {r["pod_id"] for r in results}

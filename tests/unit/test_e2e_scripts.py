@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import http.client
 import importlib.machinery
 import importlib.util
 import sys
+import threading
 import tomllib
 from pathlib import Path
 from types import ModuleType
@@ -16,8 +19,10 @@ SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def load(name: str) -> ModuleType:
-    """Import ``scripts/<name>`` (no .py suffix) as a module."""
-    loader = importlib.machinery.SourceFileLoader(name.replace("-", "_"), str(SCRIPTS / name))
+    """Import ``scripts/<name>`` (with or without a .py suffix) as a module."""
+    loader = importlib.machinery.SourceFileLoader(
+        name.removesuffix(".py").replace("-", "_"), str(SCRIPTS / name)
+    )
     spec = importlib.util.spec_from_loader(loader.name, loader)
     assert spec is not None
     module = importlib.util.module_from_spec(spec)
@@ -53,6 +58,7 @@ class TestContainerdConfig:
         )
         assert str(tmp_path / "cni" / "bin") == cri["cni"]["bin_dir"]
         assert sandbox.STATS_COLLECT_PERIOD == cri["stats_collect_period"]
+        assert str(tmp_path / "certs.d") == cri["registry"]["config_path"]
         assert "io.containerd.cri.v1.runtime" not in config["plugins"]
 
     def test_version_3_for_containerd_2(self, sandbox: ModuleType, tmp_path: Path) -> None:
@@ -66,6 +72,7 @@ class TestContainerdConfig:
             images["snapshotter"],
             images["stats_collect_period"],
         )
+        assert str(tmp_path / "certs.d") == images["registry"]["config_path"]
         assert runtime["restrict_oom_score_adj"] is True
         runtimes = runtime["containerd"]["runtimes"]
         assert runtimes["runc"]["options"]["SystemdCgroup"] is False
@@ -120,3 +127,44 @@ def test_fetch_debian_package_version_prefix(tmp_path: Path) -> None:
     assert str(tmp_path / "containerd_2.1.9-5") == fetch._unpacked(str(tmp_path), "containerd", "2.*")
     assert fetch._unpacked(str(tmp_path), "containerd", "1.8.*") is None
     assert str(tmp_path / "containerd_1.7.9-1") == fetch._unpacked(str(tmp_path), "containerd", "1.7.9-1")
+
+
+def test_pull_registry_serves_only_pulls(tmp_path: Path) -> None:
+    """Manifest by tag and digest, blobs of that repository; 404 for anything unknown, 405 for writes."""
+    images = load("build_images.py")
+    registry = load("pull_registry.py")
+    layer = images._LayerWriter()
+    layer.file("hello", b"hi\n")
+    tarball = str(tmp_path / "img.tar")
+    manifest_digest = images.write_oci_tar(tarball, "x/y:z", layer.finish(), cmd=["/hello"])
+    store = registry.Store()
+    store.add("krproxy/test:pull", tarball)
+    server = registry.ThreadingHTTPServer(("127.0.0.1", 0), registry.handler(store))
+    thread = threading.Thread(target=server.serve_forever)
+    thread.start()
+    try:
+
+        def call(method: str, path: str) -> tuple[int, dict[str, str], bytes]:
+            conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+            try:
+                conn.request(method, path)
+                reply = conn.getresponse()
+                return reply.status, dict(reply.getheaders()), reply.read()
+            finally:
+                conn.close()
+
+        assert 200 == call("GET", "/v2/")[0]
+        status, headers, body = call("HEAD", "/v2/krproxy/test/manifests/pull")
+        assert (200, manifest_digest, b"") == (status, headers["Docker-Content-Digest"], body)
+        status, headers, body = call("GET", f"/v2/krproxy/test/manifests/{manifest_digest}")
+        assert "sha256:" + hashlib.sha256(body).hexdigest() == manifest_digest
+        config = registry.json.loads(body)["config"]["digest"]
+        status, _, blob = call("GET", f"/v2/krproxy/test/blobs/{config}")
+        assert (200, config) == (status, "sha256:" + hashlib.sha256(blob).hexdigest())
+        assert 404 == call("GET", f"/v2/other/repo/blobs/{config}")[0]
+        assert 404 == call("GET", "/v2/krproxy/test/manifests/latest")[0]
+        assert 405 == call("PUT", "/v2/krproxy/test/manifests/pull")[0]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
