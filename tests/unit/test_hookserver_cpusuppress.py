@@ -228,3 +228,39 @@ class TestV1QuotaOrder:
         assert "default/be" == failed["pod"]
         assert "'200000'" in failed["error"] and f"{BE_POD}/cpu.cfs_quota_us" in failed["error"]
         assert "Invalid argument" in failed["error"]
+
+    def test_own_quota_remembered_from_create(self, tmp_path: pathlib.Path) -> None:
+        """As through the proxy: kubelet's quota (4 CPUs) is capped in the PreCreateContainer answer
+        (v1 would refuse it under a 2-CPU pod), later calls carry the capped value, and the container
+        still gets its own 4 CPUs back when the budget allows; a resize is remembered too."""
+        load = Load(ls_used=2.0)
+        app, node, plugin = _setup(tmp_path, load, version=1, strict=True)
+        app.tick(app.tickers[0])  # budget 2 CPUs
+        be = pod_request("be", qos="BE", cgroup_parent=BE_POD)
+        app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, be)
+        kubelet = pb.LinuxContainerResources(cpu_period=100000, cpu_quota=400000)
+        answer = app.handle_container(
+            Stage.PRE_CREATE_CONTAINER, container_request(be, "app", resources=kubelet)
+        )
+        assert 200000 == answer.container_resources.cpu_quota  # type: ignore[union-attr]
+        node.write(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA, "200000")  # what the runtime applied
+        capped = pb.LinuxContainerResources(cpu_period=100000, cpu_quota=200000)
+        app.handle_container(
+            Stage.PRE_START_CONTAINER, container_request(be, "app", id="c-be", resources=capped)
+        )
+        load.now, load.ls_used = RAISE_INTERVAL, 0.0  # budget 4 CPUs
+        app.tick(app.tickers[0])
+        assert "400000" == node.read(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA)
+        resized = pb.LinuxContainerResources(cpu_period=100000, cpu_quota=300000)
+        app.handle_container(
+            Stage.PRE_UPDATE_CONTAINER_RESOURCES, container_request(be, "app", id="c-be", resources=resized)
+        )
+        node.write(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA, "300000")
+        app.reconcile()
+        assert ("400000", "300000") == (
+            node.read(BE_POD, CgroupFile.CFS_QUOTA),
+            node.read(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA),
+        )
+        assert {("uid-be", "app"): 300000} == plugin._own
+        app.handle_pod(Stage.POST_STOP_POD_SANDBOX, be)
+        assert {} == plugin._own  # forgotten with the pod

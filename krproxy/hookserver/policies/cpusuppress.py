@@ -210,6 +210,8 @@ class CpuSuppressPlugin:
     cgroup_version: int = 2
     _last: Measurement | None = None
     _pinned: frozenset[int] = frozenset()
+    #: Each BE container's own CFS quota as kubelet set it, by (pod uid, container name).
+    _own: dict[tuple[str, str], int] = attrs.Factory(dict)
     _changed_at: float | None = None
 
     def parse(self, policy: NodePolicy) -> bool:
@@ -270,16 +272,38 @@ class CpuSuppressPlugin:
         ctx.response.resources.cfs_quota = self.quota if self.config.policy == "cfsQuota" else -1
 
     def set_container(self, ctx: ContainerContext) -> None:
+        """Hook (PreCreateContainer, PreUpdateContainerResources): the request carries kubelet's
+        limits, remembered as the container's own quota; then as :meth:`reconcile_container`."""
+        self._own[_container_key(ctx)] = ctx.request.resources.cpu_quota
+        self.reconcile_container(ctx)
+
+    def reconcile_container(self, ctx: ContainerContext) -> None:
         if self.config is None or not _is_be(ctx.request.pod.qos_class):
             return
         if self.config.policy == "cpuset":
             if self.cpuset is not None:
                 ctx.response.resources.cpuset = self.cpuset
             return
-        own = ctx.request.resources.cpu_quota
-        if self.cgroup_version == 1 and self.quota is not None and own > self.quota:
-            # cgroup v1 refuses a container quota above the pod's: the container gets the budget.
+        # cgroup v1 refuses a container quota above the pod's: the container gets at most the
+        # budget, and its own (kubelet's) quota back when the budget allows. (The request may
+        # carry the capped value: the runtime was told it.)
+        own = self._own.get(_container_key(ctx), ctx.request.resources.cpu_quota)
+        if self.cgroup_version != 1 or own <= 0:
+            return
+        if self.quota is not None and own > self.quota:
             ctx.response.resources.cfs_quota = self.quota
+        elif ctx.request.id:  # a running container: back to its own
+            ctx.response.resources.cfs_quota = own
+
+    def forget_pod(self, ctx: PodContext) -> None:
+        """PostStopPodSandbox: the pod's containers' remembered quotas go."""
+        uid = ctx.request.meta.uid
+        for key in [k for k in self._own if k[0] == uid]:
+            del self._own[key]
+
+
+def _container_key(ctx: ContainerContext) -> tuple[str, str]:
+    return (ctx.request.pod.meta.uid, ctx.request.name)
 
 
 def status(probe: NodeProbe, proc_stat: str, policy: NodePolicy | None) -> FeatureStatus:
@@ -315,8 +339,10 @@ def install(
     app.rules.register(NAME, description, plugin.parse)
     app.registry.register(Stage.PRE_RUN_POD_SANDBOX, NAME, description, plugin.set_pod)
     app.registry.register(Stage.PRE_CREATE_CONTAINER, NAME, description, plugin.set_container)
+    app.registry.register(Stage.PRE_UPDATE_CONTAINER_RESOURCES, NAME, description, plugin.set_container)
+    app.registry.register(Stage.POST_STOP_POD_SANDBOX, NAME, description, plugin.forget_pod)
     app.registry.register_reconciler(Level.POD, NAME, description, plugin.set_pod)
-    app.registry.register_reconciler(Level.CONTAINER, NAME, description, plugin.set_container)
+    app.registry.register_reconciler(Level.CONTAINER, NAME, description, plugin.reconcile_container)
     app.every(interval, name=NAME)(plugin.tick)
     app.feature(NAME, functools.partial(status, app.probe, proc_stat))
     return plugin
