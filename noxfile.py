@@ -1,13 +1,22 @@
 """Sessions that build, check and test krproxy.
 
-``nox`` with no arguments runs the default sessions: the unit and integration tests,
-the end-to-end tests against a real containerd (skipped with a reason where the machine
+``nox`` with no arguments runs the default sessions: the unit and integration tests on every
+supported Python (``tests(3.11)``, ``tests(3.12)``, ``tests(3.13)``; ``nox -s tests`` runs all
+three), the end-to-end tests against a real containerd (skipped with a reason where the machine
 cannot run one), lint and typecheck.
+
+An interpreter the machine lacks is reported as a skipped session with the reason; on CI (where
+``CI`` is set) nox counts that as a failure instead.
 """
 
 from __future__ import annotations
 
+import glob
 import os
+import re
+import shutil
+import subprocess
+import sys
 
 import nox
 
@@ -16,13 +25,63 @@ nox.options.sessions = ["tests", "e2e", "lint", "typecheck"]
 nox.options.reuse_existing_virtualenvs = True
 
 
+#: The Python versions krproxy supports (pyproject's requires-python); each gets a test session.
+PYTHONS = ["3.11", "3.12", "3.13"]
+
+
+def _is_version(path: str, version: str) -> bool:
+    """Whether ``path`` runs and is Python ``version`` (a pyenv shim of an unselected one fails)."""
+    try:
+        done = subprocess.run(
+            [path, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except OSError:
+        return False
+    return done.returncode == 0 and done.stdout.strip() == version
+
+
+def _pyenv_root() -> str:
+    if os.environ.get("PYENV_ROOT"):
+        return os.environ["PYENV_ROOT"]
+    try:
+        return subprocess.run(["pyenv", "root"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.path.expanduser("~/.pyenv")
+
+
+def _release(name: str) -> tuple[int, ...]:
+    """``3.12.1`` -> ``(3, 12, 1)``; a pre-release counts as its release (``3.13.0rc1`` -> 3.13.0)."""
+    return tuple(int(re.match(r"\d*", part).group() or 0) for part in name.split(".")[:3])
+
+
+def _find_python(version: str) -> str:
+    """A path to an interpreter of ``version``, or ``version`` itself when none is found.
+
+    Found by path: pyenv's ``python3.12`` shim fails unless pyenv selects 3.12, so the
+    interpreters under ``$(pyenv root)/versions`` are tried first (the newest patch release),
+    then ``pythonX.Y`` on PATH. With ``version`` itself nox looks once more and, finding
+    nothing, skips the session with the reason (fails it on CI).
+    """
+    found = glob.glob(os.path.join(_pyenv_root(), "versions", f"{version}.*", "bin", f"python{version}"))
+    newest_first = sorted(found, key=lambda path: _release(path.split(os.sep)[-3]), reverse=True)
+    candidates = [*newest_first, shutil.which(f"python{version}"), sys.executable]
+    for path in candidates:
+        if path and _is_version(path, version):
+            return path
+    return version
+
+
 def _install(session: nox.Session) -> None:
     session.install("-e", ".[test]")
 
 
 @nox.session
+@nox.parametrize("python", [nox.param(_find_python(v), id=v) for v in PYTHONS])
 def tests(session: nox.Session) -> None:
-    """Unit and integration tests (no real runtime needed)."""
+    """Unit and integration tests (no real runtime needed), on each supported Python."""
     _install(session)
     session.run("pytest", "tests/unit", "tests/integration", *session.posargs)
 

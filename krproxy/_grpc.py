@@ -1,15 +1,18 @@
-"""The adapter layer between trio and grpclib (asyncio), and unix socket binding.
+"""The adapter between trio and grpclib (asyncio): the only module that imports grpclib first.
 
-The daemon itself speaks HTTP/2 through its own relay (:mod:`krproxy.relay`); grpclib serves
-the SDK's hook servers, ``krproxy trace serve``, the fakes and the tests' backends, inside trio
-through trio-asyncio. This module keeps the grpclib-specific pieces in one place:
+The daemon itself speaks HTTP/2 through its own relay (:mod:`krproxy.relay`) and never imports
+this module, grpclib or trio-asyncio; grpclib serves the SDK's hook servers, ``krproxy trace
+serve``, the fakes and the tests' backends, inside trio through trio-asyncio. This module owns
+the import order (trio-asyncio, then grpclib: see the imports) and keeps the grpclib-specific
+pieces in one place:
 
 - :class:`BytesCodec` lets a handler or a client pass ``bytes`` instead of a message, so
   forwarded calls are never decoded (betterproto2 messages still encode/decode as usual).
 - :class:`RawStatusDetailsCodec` carries ``grpc-status-details-bin`` through as bytes.
 - :func:`install_fallback` answers method paths nobody registered (grpclib's own answer
   lacks ``content-type``, which grpc-go reports as UNKNOWN instead of UNIMPLEMENTED).
-- :func:`bind_unix_socket` replaces a stale socket file but refuses to take over a live one.
+- :func:`bind_unix_socket` (from :mod:`krproxy.unixsock`) replaces a stale socket file but
+  refuses to take over a live one.
 - :func:`serve` runs a grpclib server as a trio task: ready only once it listens.
 
 Create grpclib ``Server`` and ``Channel`` objects only inside ``trio_asyncio.open_loop()``:
@@ -20,27 +23,60 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import heapq
 import logging
 import os
 import socket
-import stat
+import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
+import trio
+
+with warnings.catch_warnings():
+    # trio-asyncio 0.16 subclasses asyncio.AbstractChildWatcher, deprecated since Python 3.12 and
+    # removed in 3.14 (where trio-asyncio cannot be imported at all; see README). Nothing of ours
+    # starts subprocesses through asyncio, so the warning is only noise, silenced for this import.
+    warnings.filterwarnings("ignore", "'AbstractChildWatcher' is deprecated", DeprecationWarning)
+    import trio_asyncio
+
+# isort: split
+# grpclib after trio-asyncio: grpclib keeps its own reference to asyncio.current_task when it is
+# imported, trio-asyncio replaces that function when *it* is imported, and on Python 3.12+ a grpclib
+# imported first fails every call ("no running event loop"); see also the fix-up below, for a
+# grpclib imported before this module. Every module that imports grpclib or trio-asyncio imports
+# this module too (tests/integration/test_imports.py checks that).
 import grpclib.config
 import grpclib.const
 import grpclib.server
+import grpclib.utils
 import h2.connection
-import trio
-import trio_asyncio
 from grpclib.encoding.base import StatusDetailsCodecBase
 from grpclib.encoding.proto import ProtoCodec
 from grpclib.exceptions import GRPCError
 
-from krproxy import log
+from krproxy.unixsock import SocketInUseError, bind_unix_socket, strip_unix_scheme, unlink_if_ours
+
+__all__ = [
+    "BytesCodec",
+    "Raw",
+    "RawStatusDetailsCodec",
+    "SocketInUseError",
+    "bind_unix_socket",
+    "install_fallback",
+    "open_loop",
+    "purge_cancelled_timers",
+    "serve",
+    "strip_unix_scheme",
+    "unimplemented_fallback",
+    "unlink_if_ours",
+]
+
+# A program that imported grpclib itself before this module left grpclib holding asyncio's
+# unpatched current_task; give it trio-asyncio's, so the order cannot matter any more.
+if getattr(grpclib.utils, "_current_task", asyncio.current_task) is not asyncio.current_task:
+    grpclib.utils._current_task = asyncio.current_task
 
 LOGGER = logging.getLogger("krproxy.grpc")
 
@@ -122,53 +158,6 @@ def unimplemented_fallback(path: str) -> grpclib.const.Handler:
     )
 
 
-class SocketInUseError(OSError):
-    """Another process is accepting connections on the socket path we were asked to bind."""
-
-
-def strip_unix_scheme(endpoint: str) -> str:
-    """``unix:///run/x.sock`` and ``/run/x.sock`` both name the socket file ``/run/x.sock``."""
-    return endpoint.removeprefix("unix://")
-
-
-def bind_unix_socket(path: str, *, mode: int = 0o660, gid: int | None = None) -> socket.socket:
-    """Bind and listen on a unix socket at ``path``, with ``mode`` (and group ``gid``).
-
-    A socket file nobody listens on (left by a crash) is replaced. A socket somebody
-    listens on raises :class:`SocketInUseError`: taking it over silently would cut off the
-    other process. Any other kind of file at ``path`` is an error too.
-    """
-    with contextlib.suppress(FileNotFoundError):
-        st = os.lstat(path)
-        if not stat.S_ISSOCK(st.st_mode):
-            raise FileExistsError(errno.EEXIST, "exists and is not a socket", path)
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except ConnectionRefusedError:
-            log.event(LOGGER, "stale_socket_removed", path=path)
-            os.unlink(path)
-        else:
-            raise SocketInUseError(errno.EADDRINUSE, "another process is listening on", path)
-        finally:
-            probe.close()
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        sock.bind(path)
-        # Set permissions before listen(): nobody can connect in between.
-        os.chmod(path, mode)
-        if gid is not None:
-            os.chown(path, -1, gid)
-        sock.listen(128)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
 def _track_connections(server: grpclib.server.Server) -> set[asyncio.BaseTransport]:
     """The transports of the connections ``server`` accepts, kept current as they come and go.
 
@@ -245,12 +234,13 @@ def purge_cancelled_timers(loop: asyncio.AbstractEventLoop) -> None:
         loop._timer_handle_cancelled = _CancelledTimerPurge(loop)
 
 
-def unlink_if_ours(path: str, inode: int) -> None:
-    try:
-        if os.stat(path).st_ino == inode:
-            os.unlink(path)
-    except FileNotFoundError:
-        pass
+def open_loop() -> contextlib.AbstractAsyncContextManager[asyncio.AbstractEventLoop]:
+    """The asyncio loop grpclib runs on, inside trio: ``async with _grpc.open_loop(): ...``.
+
+    Create grpclib ``Server`` and ``Channel`` objects only inside it (both capture the loop).
+    """
+    loop: contextlib.AbstractAsyncContextManager[asyncio.AbstractEventLoop] = trio_asyncio.open_loop()
+    return loop
 
 
 async def serve(

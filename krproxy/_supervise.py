@@ -45,9 +45,16 @@ async def retry(
         delay = min(delay * 2, cap)
 
 
-async def watch_signals(request_shutdown: Callable[[], None]) -> None:
-    """Call ``request_shutdown`` on the first SIGTERM or SIGINT, then return."""
+async def watch_signals(
+    request_shutdown: Callable[[], None], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Call ``request_shutdown`` on the first SIGTERM or SIGINT, then return.
+
+    Reports started once the signals are caught (start it with ``nursery.start``, so that a
+    daemon that says it is ready also stops gracefully on a SIGTERM sent at once).
+    """
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
         async for signum in signals:
             log.event(LOGGER.getChild("signal"), "signal", signal=signal.Signals(signum).name)
             request_shutdown()

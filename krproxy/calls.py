@@ -15,15 +15,12 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import attrs
-from grpclib.const import Status
 
 from krproxy import log
-
-if TYPE_CHECKING:  # dispatch calls plugins through the relay, which records calls here
-    from krproxy.hooks.dispatch import Outcome
+from krproxy.grpcstatus import Status
+from krproxy.hooks.outcomes import Outcome
 
 
 @attrs.define

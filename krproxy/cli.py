@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _serve(args: argparse.Namespace) -> int:
     from krproxy import daemon
-    from krproxy._grpc import SocketInUseError
+    from krproxy.unixsock import SocketInUseError
 
     try:
         cfg = config.ProxyConfig(

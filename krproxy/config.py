@@ -8,7 +8,7 @@ import re
 
 import attrs
 
-from krproxy._grpc import strip_unix_scheme
+from krproxy.unixsock import strip_unix_scheme
 
 DEFAULT_LISTEN = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
 DEFAULT_RUNTIME_ENDPOINT = "/var/run/containerd/containerd.sock"

@@ -36,12 +36,12 @@ import socket
 from typing import Any, cast
 
 import attrs
-import grpclib.const
 import trio
 
-from krproxy import _grpc, _supervise, admin, calls, log
+from krproxy import _supervise, admin, calls, log, unixsock
 from krproxy.config import BackendMode, ProxyConfig
 from krproxy.forward import Backend, known_routes
+from krproxy.grpcstatus import Cardinality
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.recovery import CALL_TIMEOUT, recover
 from krproxy.hooks.runtime import HookRuntime
@@ -147,7 +147,7 @@ async def serve(
         )
         return
     if sock is None:
-        sock = _grpc.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
+        sock = unixsock.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
     # At the end the socket file is removed only if it is still ours: a successor may have
     # replaced it while we were draining.
     inode = os.stat(config.listen).st_ino
@@ -173,7 +173,7 @@ async def serve(
         runtime=runtime_route,
         image=image_route,
         interceptors=interceptors,
-        unary_paths=[p for p, c in known_routes().items() if c is grpclib.const.Cardinality.UNARY_UNARY],
+        unary_paths=[p for p, c in known_routes().items() if c is Cardinality.UNARY_UNARY],
     )
     backends = [("runtime", runtime)] if image is runtime else [("runtime", runtime), ("image", image)]
     view = admin.AdminView(config, relay, hooks, metrics, backends)
@@ -214,8 +214,8 @@ async def serve(
             daemon.oci_hooks = oci_hooks
             daemon.listener = sock
             if handle_signals:
-                nursery.start_soon(_supervise.watch_signals, daemon.request_shutdown)
-                nursery.start_soon(watch_toggle_signal, recorder)
+                await nursery.start(_supervise.watch_signals, daemon.request_shutdown)
+                await nursery.start(watch_toggle_signal, recorder)
             log.event(
                 LOGGER,
                 "ready",
@@ -231,7 +231,7 @@ async def serve(
             nursery.cancel_scope.cancel()
     finally:
         sock.close()
-        _grpc.unlink_if_ours(config.listen, inode)
+        unixsock.unlink_if_ours(config.listen, inode)
         if admin_sock is not None:
             admin_sock.close()
         dispatcher.close()
@@ -252,7 +252,7 @@ def run(config: ProxyConfig) -> None:
     The socket is bound first, outside trio, so that start-up errors (socket in use, no
     permission) raise as themselves rather than inside exception groups.
     """
-    sock = _grpc.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
+    sock = unixsock.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
     try:
         admin_sock = admin.bind(config.metrics_address) if config.metrics_address else None
     except OSError:

@@ -8,8 +8,8 @@ Everything runs in one process and one ``trio.run``, on sockets in a fresh temp 
   limit, a cpuset and an annotation set;
 * ``krproxy serve`` in front of the fake.
 
-An independent CRI client (grpcio with the upstream stubs) then drives a whole pod
-lifecycle through the proxy and the demo prints each step, and what the runtime finally
+A CRI client independent of the proxy's relay (grpclib's, with h2 underneath) then drives a
+whole pod lifecycle through the proxy and the demo prints each step, and what the runtime finally
 received for CreateContainer. Exit status 0 when every step behaved.
 """
 
@@ -21,14 +21,13 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-import grpc
+import grpclib.client
+import grpclib.exceptions
 import trio
 import trio_asyncio
-from cri_api.v1 import api_pb2 as pb
-from cri_api.v1 import api_pb2_grpc as pb_grpc
 
 from fakes.containerd import FakeContainerd, run_fake_containerd
 from krproxy import _grpc, kubelet
@@ -36,6 +35,8 @@ from krproxy.config import ProxyConfig
 from krproxy.daemon import serve
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hookapi
+from krproxy.proto.runtime.v1 import services as cri_services
+from krproxy.proto.runtime.v1alpha1 import services as hook_services
 
 #: What the demo plugin asks for; the demo checks the runtime received exactly this.
 DEMO_LIMITS = {"cpu_quota": 50_000, "cpu_period": 100_000, "memory_limit_in_bytes": 256 << 20}
@@ -43,7 +44,7 @@ DEMO_CPUSET = "0-1"
 DEMO_ANNOTATION = ("demo.krproxy.io/limited-by", "demo-limits")
 
 
-class DemoLimitsPlugin(hookapi.RuntimeHookServiceBase):
+class DemoLimitsPlugin(hook_services.RuntimeHookServiceBase):
     """Sets resources on every new container, echoing everything else (koordlet's convention)."""
 
     def __init__(self) -> None:
@@ -75,12 +76,14 @@ class Demo:
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
 
-    async def step(self, name: str, call: Callable[[], Any], describe: Callable[[Any], str]) -> Any:
+    async def step(
+        self, name: str, call: Callable[[], Awaitable[Any]], describe: Callable[[Any], str]
+    ) -> Any:
         try:
-            result = await trio.to_thread.run_sync(call)
-        except grpc.RpcError as err:
+            result = await trio_asyncio.aio_as_trio(call)()
+        except grpclib.exceptions.GRPCError as err:
             self.failures += 1
-            self.say(f"  FAIL {name:<24} {err.code().name}: {err.details()}")
+            self.say(f"  FAIL {name:<24} {err.status.name}: {err.message}")
             return None
         self.say(f"  ok   {name:<24} {describe(result)}")
         return result
@@ -91,44 +94,44 @@ class Demo:
         self.say(f"  {'ok  ' if ok else 'FAIL'} {what}")
 
 
-def _pod_config() -> pb.PodSandboxConfig:
-    return pb.PodSandboxConfig(
-        metadata=pb.PodSandboxMetadata(name="demo", uid="demo-uid-1", namespace="default", attempt=0),
+def _pod_config() -> cri.PodSandboxConfig:
+    return cri.PodSandboxConfig(
+        metadata=cri.PodSandboxMetadata(name="demo", uid="demo-uid-1", namespace="default", attempt=0),
         labels={"app": "demo"},
-        linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/besteffort/poddemo-uid-1"),
+        linux=cri.LinuxPodSandboxConfig(cgroup_parent="/kubepods/besteffort/poddemo-uid-1"),
     )
 
 
 async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
-    channel = grpc.insecure_channel(f"unix://{proxy_socket}")
-    runtime = pb_grpc.RuntimeServiceStub(channel)  # type: ignore[no-untyped-call]
+    channel = grpclib.client.Channel(path=proxy_socket)  # inside the loop: it captures it
+    runtime = cri_services.RuntimeServiceStub(channel)
     timeout = kubelet.RUNTIME_REQUEST_TIMEOUT  # kubelet's deadlines, as a node has them
     try:
         await demo.step(
             "Version",
-            lambda: runtime.Version(pb.VersionRequest(), timeout=timeout),
+            lambda: runtime.version(cri.VersionRequest(), timeout=timeout),
             lambda r: f"{r.runtime_name} {r.runtime_version} (CRI {r.runtime_api_version})",
         )
         pod_config = _pod_config()
         pod = await demo.step(
             "RunPodSandbox",
-            lambda: runtime.RunPodSandbox(
-                pb.RunPodSandboxRequest(config=pod_config), timeout=kubelet.RUN_POD_SANDBOX_TIMEOUT
+            lambda: runtime.run_pod_sandbox(
+                cri.RunPodSandboxRequest(config=pod_config), timeout=kubelet.RUN_POD_SANDBOX_TIMEOUT
             ),
             lambda r: f"pod default/demo -> sandbox {r.pod_sandbox_id[:12]}",
         )
         if pod is None:
             return
-        container_config = pb.ContainerConfig(
-            metadata=pb.ContainerMetadata(name="app"),
-            image=pb.ImageSpec(image="docker.io/library/busybox:latest"),
+        container_config = cri.ContainerConfig(
+            metadata=cri.ContainerMetadata(name="app"),
+            image=cri.ImageSpec(image="docker.io/library/busybox:latest"),
             command=["sh", "-c", "sleep 3600"],
-            linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(cpu_shares=2)),
+            linux=cri.LinuxContainerConfig(resources=cri.LinuxContainerResources(cpu_shares=2)),
         )
         created = await demo.step(
             "CreateContainer",
-            lambda: runtime.CreateContainer(
-                pb.CreateContainerRequest(
+            lambda: runtime.create_container(
+                cri.CreateContainerRequest(
                     pod_sandbox_id=pod.pod_sandbox_id, config=container_config, sandbox_config=pod_config
                 ),
                 timeout=timeout,
@@ -157,20 +160,18 @@ async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
         )
         await demo.step(
             "StartContainer",
-            lambda: runtime.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=timeout),
+            lambda: runtime.start_container(cri.StartContainerRequest(container_id=cid), timeout=timeout),
             lambda r: "started",
         )
         await demo.step(
             "ContainerStatus",
-            lambda: runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=cid), timeout=timeout),
-            lambda r: (
-                f"{pb.ContainerState.Name(r.status.state)}, cpu_quota={r.status.resources.linux.cpu_quota}"
-            ),
+            lambda: runtime.container_status(cri.ContainerStatusRequest(container_id=cid), timeout=timeout),
+            lambda r: f"{r.status.state.name}, cpu_quota={r.status.resources.linux.cpu_quota}",
         )
         await demo.step(
             "ExecSync",
-            lambda: runtime.ExecSync(
-                pb.ExecSyncRequest(container_id=cid, cmd=["echo", "hello"], timeout=5),
+            lambda: runtime.exec_sync(
+                cri.ExecSyncRequest(container_id=cid, cmd=["echo", "hello"], timeout=5),
                 timeout=kubelet.exec_sync_timeout(5),
             ),
             lambda r: f"exit {r.exit_code}, stdout {r.stdout!r}",
@@ -178,32 +179,34 @@ async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
         for name, call in (
             (
                 "StopContainer",
-                lambda: runtime.StopContainer(
-                    pb.StopContainerRequest(container_id=cid, timeout=1),
+                lambda: runtime.stop_container(
+                    cri.StopContainerRequest(container_id=cid, timeout=1),
                     timeout=kubelet.stop_container_timeout(1),
                 ),
             ),
             (
                 "RemoveContainer",
-                lambda: runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=timeout),
+                lambda: runtime.remove_container(
+                    cri.RemoveContainerRequest(container_id=cid), timeout=timeout
+                ),
             ),
             (
                 "StopPodSandbox",
-                lambda: runtime.StopPodSandbox(
-                    pb.StopPodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id), timeout=timeout
+                lambda: runtime.stop_pod_sandbox(
+                    cri.StopPodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id), timeout=timeout
                 ),
             ),
             (
                 "RemovePodSandbox",
-                lambda: runtime.RemovePodSandbox(
-                    pb.RemovePodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id), timeout=timeout
+                lambda: runtime.remove_pod_sandbox(
+                    cri.RemovePodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id), timeout=timeout
                 ),
             ),
         ):
             await demo.step(name, call, lambda r: "done")
         listed = await demo.step(
             "ListPodSandbox",
-            lambda: runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=timeout),
+            lambda: runtime.list_pod_sandbox(cri.ListPodSandboxRequest(), timeout=timeout),
             lambda r: f"{len(r.items)} pods left",
         )
         demo.check("nothing left behind", listed is not None and len(listed.items) == 0)
@@ -231,7 +234,7 @@ async def run_demo(out: Any = None) -> int:
     demo.say("krproxy demo: the proxy in front of the bundled fake containerd, with one hook plugin")
     demo.say(f"  sockets and hook dir in {workdir}")
     try:
-        async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        async with _grpc.open_loop(), trio.open_nursery() as nursery:
             fake: FakeContainerd = await nursery.start(run_fake_containerd, paths["containerd"])
             plugin = DemoLimitsPlugin()
             await nursery.start(_grpc.serve, [plugin], paths["plugin"])

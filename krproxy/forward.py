@@ -16,10 +16,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 import attrs
-from grpclib.const import Cardinality, Status
-from grpclib.exceptions import GRPCError
 
-from krproxy.proto.runtime import v1 as cri
+from krproxy.grpcstatus import Cardinality, GRPCError, Status
+from krproxy.methods import cri_methods
 
 #: Header fields as they travel: (name, value) bytes pairs, pseudo-headers included.
 Headers = list[tuple[bytes, bytes]]
@@ -69,8 +68,7 @@ Interceptor = Callable[[str, bytes, Forward], Awaitable[Reply]]
 
 def known_routes() -> dict[str, Cardinality]:
     """Every RuntimeService and ImageService method path of our protos, with its cardinality."""
-    mapping = {**cri.RuntimeServiceBase().__mapping__(), **cri.ImageServiceBase().__mapping__()}
-    return {path: handler.cardinality for path, handler in mapping.items()}
+    return {path: method.cardinality for path, method in cri_methods().items()}
 
 
 @attrs.define(eq=False)

@@ -1,4 +1,4 @@
-"""gRPC status codes, without grpclib.
+"""gRPC status codes, the error that carries one, and method cardinalities, without grpclib.
 
 The daemon (the relay, Docker mode, the runc wrapper, ``trace show``) speaks gRPC through
 its own sans-I/O relay and never runs grpclib; only the plugin SDK, ``trace serve`` and the
@@ -8,13 +8,15 @@ here, in a module that imports nothing but the standard library.
 
 The numbers are gRPC's (``doc/statuscodes.md`` in grpc/grpc) and the names those of
 ``grpclib.const.Status``, so a value converts either way by number: ``Status(s.value)``.
+:class:`GRPCError` and :class:`Cardinality` mirror ``grpclib.exceptions.GRPCError`` and
+``grpclib.const.Cardinality`` likewise; code that runs a grpclib server converts at its edge.
 """
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["Status"]
+__all__ = ["Cardinality", "GRPCError", "Status"]
 
 
 @enum.unique
@@ -38,3 +40,35 @@ class Status(enum.IntEnum):
     UNAVAILABLE = 14
     DATA_LOSS = 15
     UNAUTHENTICATED = 16
+
+
+class GRPCError(Exception):
+    """A call ended with an error ``status`` (never OK), a ``message`` and rich ``details``.
+
+    Raised by the relay's own calls for the status a peer answered, and by interceptors to
+    refuse a call: the relay answers the caller with these three fields.
+    """
+
+    def __init__(self, status: Status, message: str | None = None, details: bytes | None = None) -> None:
+        super().__init__(status, message, details)
+        self.status = status
+        self.message = message
+        self.details = details
+
+
+@enum.unique
+class Cardinality(enum.Enum):
+    """How many messages each side of a method sends: one (UNARY) or a stream."""
+
+    UNARY_UNARY = (False, False)
+    UNARY_STREAM = (False, True)
+    STREAM_UNARY = (True, False)
+    STREAM_STREAM = (True, True)
+
+    @property
+    def client_streaming(self) -> bool:
+        return self.value[0]
+
+    @property
+    def server_streaming(self) -> bool:
+        return self.value[1]

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from krproxy import __version__
 from krproxy.calls import CallRecord
 from krproxy.forward import known_routes
-from krproxy.hooks.dispatch import Outcome
+from krproxy.hooks.outcomes import Outcome
 from krproxy.hooks.validate import INVALID_ANSWER
 
 #: Latency buckets in seconds: from a fast local call (~0.3 ms) to kubelet's 2 min deadline.

@@ -23,10 +23,10 @@ import grpc
 import hypothesis
 import pytest
 import trio
-import trio_asyncio
 from cri_api.v1 import api_pb2_grpc
 
 from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, sequential_ids, stepping_clock
+from krproxy import _grpc  # the adapter: trio-asyncio (warning handled), grpclib set up for it
 
 #: Generous client-side deadline for grpcio calls in tests: a hung call fails instead of hanging.
 CALL_TIMEOUT = 10.0
@@ -62,7 +62,7 @@ def short_tmp() -> Iterator[Path]:
 
 @pytest.fixture
 async def aio_loop() -> AsyncIterator[Any]:
-    async with trio_asyncio.open_loop() as loop:
+    async with _grpc.open_loop() as loop:
         yield loop
 
 

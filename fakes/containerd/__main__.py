@@ -11,10 +11,10 @@ import signal
 from collections.abc import Sequence
 
 import trio
-import trio_asyncio
 
 from fakes.containerd.server import FakeContainerd, run_fake_containerd
-from krproxy._grpc import strip_unix_scheme
+from krproxy import _grpc
+from krproxy.unixsock import strip_unix_scheme
 
 LOGGER = logging.getLogger("fakes.containerd")
 
@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
 async def _serve(path: str, fake: FakeContainerd) -> None:
     # Open the signal receiver first: a signal arriving during start-up must not be lost.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        async with _grpc.open_loop(), trio.open_nursery() as nursery:
             await nursery.start(run_fake_containerd, path, fake)
             async for signum in signals:
                 LOGGER.info("event=shutdown signal=%s", signal.Signals(signum).name)

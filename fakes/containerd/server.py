@@ -30,6 +30,7 @@ from grpclib.exceptions import GRPCError
 from fakes.containerd.state import CriError, RuntimeState
 from krproxy._grpc import BytesCodec, Raw, serve
 from krproxy.proto.runtime import v1 as cri
+from krproxy.proto.runtime.v1 import services as cri_services
 
 LOGGER = logging.getLogger("fakes.containerd")
 
@@ -70,7 +71,7 @@ class RecordedRequest:
     metadata: Metadata
 
 
-class _RuntimeService(cri.RuntimeServiceBase):
+class _RuntimeService(cri_services.RuntimeServiceBase):
     """The runtime service; every method not served by the state stays UNIMPLEMENTED."""
 
     def __init__(self, fake: FakeContainerd) -> None:
@@ -84,7 +85,7 @@ class _RuntimeService(cri.RuntimeServiceBase):
         return self._fake._subscribe()
 
 
-class _ImageService(cri.ImageServiceBase):
+class _ImageService(cri_services.ImageServiceBase):
     """The image service; every method not served by the state stays UNIMPLEMENTED."""
 
 

@@ -16,8 +16,8 @@ import trio
 
 from fakes.plugin.registration import remove_registration, write_registration
 from fakes.plugin.server import Changes, FakePlugin, Misbehaviour, run_fake_plugin
-from krproxy._grpc import strip_unix_scheme
 from krproxy.hooks.points import HookPoint
+from krproxy.unixsock import strip_unix_scheme
 
 LOGGER = logging.getLogger("fakes.plugin")
 

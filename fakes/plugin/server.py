@@ -20,16 +20,15 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 import attrs
-import grpclib.const
 import trio
-from grpclib.exceptions import GRPCError
 
-from krproxy._grpc import bind_unix_socket, unlink_if_ours
 from krproxy.forward import Forward, Reply
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from krproxy.relay import Relay
 from krproxy.relay.rpc import CloseConnection
+from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
 LOGGER = logging.getLogger("fakes.plugin")
 
@@ -143,7 +142,7 @@ class Misbehaviour:
     delay: float = 0.0
     hang: bool = False
     drop: bool = False
-    status: grpclib.const.Status | None = None
+    status: Status | None = None
     message: str = ""
     garbage: bytes | None = None
     times: int | None = None
@@ -274,7 +273,7 @@ class FakePlugin:
             try:
                 request = request_type(hook).FromString(raw)
             except Exception as err:
-                raise GRPCError(grpclib.const.Status.INTERNAL, f"cannot decode the request: {err}") from None
+                raise GRPCError(Status.INTERNAL, f"cannot decode the request: {err}") from None
         trouble = self._take_trouble(hook)
         if trouble is not None:
             return Reply(await self._misbehave(hook, request, trouble))

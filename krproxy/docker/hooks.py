@@ -50,8 +50,8 @@ from krproxy.docker._http import Reply, error_reply
 from krproxy.docker.routes import Action, Route, query_value
 from krproxy.hooks import convert as hook_convert
 from krproxy.hooks import merge
-from krproxy.hooks.dispatch import ChainResult, HookRejected
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
+from krproxy.hooks.outcomes import ChainResult, HookRejected
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.store import HookStore
 

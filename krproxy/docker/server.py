@@ -46,7 +46,7 @@ import attrs
 import h11
 import trio
 
-from krproxy import _grpc, _supervise, log
+from krproxy import _supervise, log, unixsock
 from krproxy.config import ProxyConfig
 from krproxy.docker import _http, client, recovery
 from krproxy.docker._http import Peer, Reply, error_reply, header
@@ -372,7 +372,7 @@ async def serve(
     :class:`DockerDaemon` through ``task_status`` once the socket accepts connections.
     """
     if sock is None:
-        sock = _grpc.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
+        sock = unixsock.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
     ignored = [name for name in _CRI_ONLY if getattr(config, name, None)]
     if ignored:
         log.event(LOGGER, "cri_only_settings_ignored", level=logging.WARNING, settings=",".join(ignored))
@@ -414,7 +414,7 @@ async def serve(
                 await handlers.start(accept)
                 daemon = DockerDaemon(config, proxy, hooks, dispatcher, metrics)
                 if handle_signals:
-                    nursery.start_soon(_supervise.watch_signals, daemon.request_shutdown)
+                    await nursery.start(_supervise.watch_signals, daemon.request_shutdown)
                 log.event(
                     LOGGER,
                     "ready",
@@ -440,5 +440,5 @@ async def serve(
     finally:
         dispatcher.close()
         sock.close()
-        _grpc.unlink_if_ours(config.listen, inode)
+        unixsock.unlink_if_ours(config.listen, inode)
     log.event(LOGGER, "stopped", listen=config.listen)

@@ -18,15 +18,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-import attrs
 import trio
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 
 from krproxy import log
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.merge import Change, Merged
+from krproxy.hooks.outcomes import ChainResult, HookFailure, HookRejected, Outcome
 from krproxy.hooks.points import HookPoint, Stage
 from krproxy.hooks.registration import FailurePolicy, PluginRegistration, Registry
 from krproxy.hooks.validate import INVALID_ANSWER, WRONG_TYPES, check_answer, wrong_types
@@ -39,50 +38,6 @@ LOGGER = logging.getLogger("krproxy.hooks.dispatch")
 Request = hookapi.PodSandboxHookRequest | hookapi.ContainerResourceHookRequest
 Response = hookapi.PodSandboxHookResponse | hookapi.ContainerResourceHookResponse
 Record = TypeVar("Record")
-
-
-@attrs.frozen
-class HookFailure:
-    """One failed plugin call."""
-
-    plugin: str
-    point: HookPoint
-    cause: str
-
-    def describe(self) -> str:
-        return f"hook server {self.plugin} failed {self.point.value}: {self.cause}"
-
-
-class HookRejected(GRPCError):
-    """A ``Fail`` plugin failed a pre hook: the CRI call is refused and nothing is forwarded.
-
-    The status is UNKNOWN, as koord-runtime-proxy answers (its message starts with
-    ``hook server err:`` too), so kubelet and tooling see the same thing from either proxy.
-    """
-
-    def __init__(self, failure: HookFailure) -> None:
-        super().__init__(Status.UNKNOWN, f"hook server err: {failure.describe()}")
-        self.failure = failure
-
-
-@attrs.frozen
-class Outcome:
-    """What one plugin call did, for logs, metrics and traces."""
-
-    plugin: str
-    point: HookPoint
-    result: str  # "ok" | "failed" | "rejected"
-    seconds: float
-    detail: str = ""
-    changes: tuple[Change, ...] = ()
-
-
-@attrs.frozen
-class ChainResult(Generic[Record]):
-    """The record after every plugin had its turn, and what each call did."""
-
-    value: Record
-    outcomes: tuple[Outcome, ...]
 
 
 class InvalidAnswer(Exception):

@@ -36,11 +36,10 @@ from typing import Any
 
 import attrs
 import trio
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 
 from krproxy import log
 from krproxy.forward import BackendError, Forward, Interceptor, Reply
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import convert, merge
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.model import ContainerInfo, PodInfo

@@ -34,6 +34,10 @@ from ._policy import NodePolicy
 from ._registry import FailurePolicy, Level, Registry, RunResult, Stage, run_hooks
 from ._rules import Rules
 
+#: Seconds between two reconciliations in standalone mode (koordlet's
+#: ``--runtime-hooks-reconcile-interval`` default).
+RECONCILE_INTERVAL = 10.0
+
 LOGGER = logging.getLogger("krproxy.hookserver")
 
 F = TypeVar("F", bound=Callable[..., Any])

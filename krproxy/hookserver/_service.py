@@ -15,6 +15,7 @@ from grpclib.exceptions import GRPCError
 
 from krproxy import _grpc, log
 from krproxy.proto.runtime import v1alpha1 as hook
+from krproxy.proto.runtime.v1alpha1 import services as hook_services
 
 from ._app import RETRY_INTERVAL, HookServer, Ticker
 from ._policy import PolicyWatcher
@@ -24,7 +25,7 @@ from ._registry import FailurePolicy, HookFailedError, Stage
 LOGGER = logging.getLogger("krproxy.hookserver")
 
 
-class HookService(hook.RuntimeHookServiceBase):
+class HookService(hook_services.RuntimeHookServiceBase):
     """Answers every hook point by running the app's plugins for that stage."""
 
     def __init__(self, app: HookServer) -> None:

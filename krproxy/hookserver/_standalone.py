@@ -32,12 +32,13 @@ import grpclib.exceptions
 import trio
 import trio_asyncio
 
-from krproxy import log
-from krproxy._grpc import strip_unix_scheme
+from krproxy import log  # _grpc: the adapter (trio-asyncio and grpclib set up)
 from krproxy.hooks.convert import cgroup_parent_from_verbose
 from krproxy.proto.runtime import v1 as cri
+from krproxy.proto.runtime.v1 import services as cri_services
+from krproxy.unixsock import strip_unix_scheme
 
-from ._app import HookServer, PodTarget
+from ._app import RECONCILE_INTERVAL, HookServer, PodTarget
 from ._cgroups import kubelet_pod_cgroup_candidates, pod_cgroup_dir
 from ._context import QOS_LABEL, ContainerInfo, PodInfo, PodMeta, Resources
 from ._executor import Executor
@@ -45,8 +46,6 @@ from ._service import run_background
 
 LOGGER = logging.getLogger("krproxy.hookserver.standalone")
 
-#: koordlet's ``--runtime-hooks-reconcile-interval`` default.
-RECONCILE_INTERVAL = 10.0
 #: Deadline of each CRI call (s); a runtime slower than this is skipped until the next pass.
 CRI_TIMEOUT = 10.0
 
@@ -168,7 +167,7 @@ def find_kubelet_cgroup(executor: Executor, uid: str) -> str:
 
 
 async def list_targets(
-    stub: cri.RuntimeServiceStub, find_cgroup_parent: Callable[[str], str] | None = None
+    stub: cri_services.RuntimeServiceStub, find_cgroup_parent: Callable[[str], str] | None = None
 ) -> list[PodTarget]:
     """List pods and containers from the runtime (asyncio side: call via ``aio_as_trio``)."""
     sandboxes = (await stub.list_pod_sandbox(cri.ListPodSandboxRequest(), timeout=CRI_TIMEOUT)).items
@@ -190,7 +189,7 @@ async def list_targets(
 
 
 async def reconcile_once(
-    app: HookServer, stub: cri.RuntimeServiceStub, selector: PodSelector | None = None
+    app: HookServer, stub: cri_services.RuntimeServiceStub, selector: PodSelector | None = None
 ) -> bool:
     """One pass: list, select, remember, reconcile. False (and logged) when the runtime did not answer."""
     selector = PodSelector() if selector is None else selector
@@ -225,7 +224,7 @@ async def run_standalone(
     """
     selector = PodSelector() if selector is None else selector
     channel = grpclib.client.Channel(path=strip_unix_scheme(cri_endpoint))
-    stub = cri.RuntimeServiceStub(channel)
+    stub = cri_services.RuntimeServiceStub(channel)
     log.event(
         LOGGER, "standalone_started", cri_endpoint=cri_endpoint, interval=interval, pods=selector.describe()
     )

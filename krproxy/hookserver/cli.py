@@ -14,16 +14,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import trio
-import trio_asyncio
 
 from krproxy import log
 
-from ._app import DEFAULT_CGROUP_ROOT, DEFAULT_RESCTRL_ROOT, HookServer
+from ._app import DEFAULT_CGROUP_ROOT, DEFAULT_RESCTRL_ROOT, RECONCILE_INTERVAL, HookServer
 from ._context import QOS_LABEL
 from ._executor import Executor
 from ._registry import FailurePolicy, Stage
-from ._service import ServeOptions, serve
-from ._standalone import RECONCILE_INTERVAL, PodSelector, run_standalone
 from .policies import install_all
 
 DEFAULT_HOOK_DIR = "/etc/runtime/hookserver.d"
@@ -128,6 +125,11 @@ def _logging(args: argparse.Namespace) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    # grpclib (through trio-asyncio) only for the command that serves: see krproxy/_grpc.py.
+    from krproxy import _grpc
+
+    from ._service import ServeOptions, serve
+
     _logging(args)
     app = build_app(args)
     options = ServeOptions(
@@ -141,7 +143,7 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
     async def run() -> None:
-        async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        async with _grpc.open_loop(), trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_sigterm, nursery.cancel_scope)
             await serve(app, options)
 
@@ -149,6 +151,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _standalone(args: argparse.Namespace) -> int:
+    from krproxy import _grpc
+
+    from ._standalone import PodSelector, run_standalone
+
     try:
         selector = PodSelector.parse(args.namespace, args.selector, all_pods=args.all_pods)
     except ValueError as exc:
@@ -158,7 +164,7 @@ def _standalone(args: argparse.Namespace) -> int:
     app = build_app(args)
 
     async def run() -> None:
-        async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        async with _grpc.open_loop(), trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_sigterm, nursery.cancel_scope)
             await run_standalone(
                 app, args.cri_endpoint, interval=args.interval, policy_path=args.policy, selector=selector

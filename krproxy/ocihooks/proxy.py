@@ -39,11 +39,10 @@ from typing import Any
 
 import attrs
 import trio
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 
 from krproxy import log
 from krproxy.forward import Forward, Interceptor, Reply
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.ocihooks.execute import HookRun, run_hook
 from krproxy.ocihooks.model import PRE_START_STAGES, Container, HookFile, select, state_document
 from krproxy.ocihooks.watch import watch_hook_dirs

@@ -39,11 +39,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import trio
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 
 from krproxy import calls, log
 from krproxy.forward import Interceptor
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import frames as f
 from krproxy.relay.connection import _STOPPED, Endpoint, Half, Headers, Route, connect_unix
 from krproxy.relay.rpc import (

@@ -20,11 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 import trio
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 
 from krproxy import calls
 from krproxy.forward import BackendError, Interceptor, Reply
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import frames as f
 from krproxy.relay.connection import Half, Headers, Route
 

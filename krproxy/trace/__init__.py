@@ -9,6 +9,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from krproxy.trace.files import Loaded as Loaded
 from krproxy.trace.files import TraceFileError as TraceFileError
 from krproxy.trace.files import load as load
@@ -16,7 +18,19 @@ from krproxy.trace.format import CorruptRecordError as CorruptRecordError
 from krproxy.trace.format import TraceError as TraceError
 from krproxy.trace.format import TraceFormatError as TraceFormatError
 from krproxy.trace.format import TraceRecord as TraceRecord
-from krproxy.trace.recorder import Recorder as Recorder
+
+if TYPE_CHECKING:
+    from krproxy.trace.recorder import Recorder as Recorder
+
+
+def __getattr__(name: str) -> Any:
+    # The recorder runs on trio; reading a trace file (format, files) needs no event loop.
+    if name == "Recorder":
+        from krproxy.trace.recorder import Recorder
+
+        return Recorder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "CorruptRecordError",

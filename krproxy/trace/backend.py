@@ -25,11 +25,11 @@ from typing import Any
 import attrs
 import grpclib.const
 import grpclib.server
-from grpclib.const import Cardinality, Status
 from grpclib.exceptions import GRPCError
 
 from krproxy import log
 from krproxy._grpc import Raw
+from krproxy.grpcstatus import Cardinality, Status
 from krproxy.trace import messages
 from krproxy.trace.format import TraceRecord
 from krproxy.trace.replay import replay_order
@@ -172,7 +172,7 @@ class TraceBackend:
 
     def fallback(self, path: str) -> grpclib.const.Handler:
         return grpclib.const.Handler(
-            functools.partial(self._handle, path), Cardinality.STREAM_STREAM, Raw, Raw
+            functools.partial(self._handle, path), grpclib.const.Cardinality.STREAM_STREAM, Raw, Raw
         )
 
     async def _handle(self, path: str, stream: grpclib.server.Stream[Any, Any]) -> None:
@@ -185,11 +185,11 @@ class TraceBackend:
         record = self.answers.answer(path, requests[0] if requests else b"")
         if record is None:
             log.event(LOGGER, "not_in_trace", level=logging.WARNING, method=path)
-            raise GRPCError(Status.UNIMPLEMENTED, f"{path} is not in the trace")
+            raise GRPCError(grpclib.const.Status.UNIMPLEMENTED, f"{path} is not in the trace")
         log.event(LOGGER, "answered", level=logging.DEBUG, method=path, record=record.number)
         if self.timing and record.backend_seconds > 0:
             await asyncio.sleep(record.backend_seconds)
         if record.status is not Status.OK:
-            raise GRPCError(record.status, record.message)
+            raise GRPCError(grpclib.const.Status(record.status.value), record.message)
         if record.reply is not None:
             await stream.send_message(record.reply)

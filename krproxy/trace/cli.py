@@ -15,18 +15,20 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import trio
-import trio_asyncio
 
-from krproxy import _grpc, log
+from krproxy import log
 from krproxy.trace import messages
-from krproxy.trace.backend import TraceBackend
 from krproxy.trace.files import TraceFileError, load
 from krproxy.trace.format import TraceRecord
 from krproxy.trace.replay import GrpcTransport, replay
 from krproxy.trace.show import Filter, parse_time, show
+from krproxy.unixsock import strip_unix_scheme
+
+if TYPE_CHECKING:
+    from krproxy.trace.backend import TraceBackend
 
 LOGGER = logging.getLogger("krproxy.trace.serve")
 
@@ -149,7 +151,15 @@ def _replay(args: argparse.Namespace) -> int:
     if records is None:
         return 2
     show_progress = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
-    transport = GrpcTransport(args.target)
+    try:
+        transport = GrpcTransport(args.target)
+    except ModuleNotFoundError as err:
+        print(
+            f"krproxy trace replay: error: it sends calls with grpcio, which is not installed ({err}); "
+            "install it with: python3 -m pip install 'krproxy[grpcio]'",
+            file=sys.stderr,
+        )
+        return 2
     try:
         report = replay(
             records,
@@ -168,7 +178,9 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 async def _serve_trace(backend: TraceBackend, socket: str) -> None:
-    async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+    from krproxy import _grpc
+
+    async with _grpc.open_loop(), trio.open_nursery() as nursery:
         await nursery.start(
             functools.partial(
                 _grpc.serve,
@@ -195,9 +207,12 @@ def _serve(args: argparse.Namespace) -> int:
     records = _load(args.files)
     if records is None:
         return 2
+    # grpclib (through trio-asyncio) only for the command that serves: see krproxy/_grpc.py.
+    from krproxy.trace.backend import TraceBackend
+
     backend = TraceBackend(records, timing=args.timing)
     try:
-        trio.run(_serve_trace, backend, _grpc.strip_unix_scheme(args.socket))
+        trio.run(_serve_trace, backend, strip_unix_scheme(args.socket))
     except OSError as err:
         print(f"krproxy trace serve: error: {err}", file=sys.stderr)
         return 1

@@ -30,10 +30,10 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import attrs
-from grpclib.const import Status
 
 from krproxy.calls import CallRecord
-from krproxy.hooks.dispatch import Outcome
+from krproxy.grpcstatus import Status
+from krproxy.hooks.outcomes import Outcome
 
 MAGIC = b"KRPTRACE"
 #: The format version this module writes; readers accept files of this version only.

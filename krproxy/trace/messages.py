@@ -26,8 +26,9 @@ from typing import Any, cast
 
 import attrs
 import betterproto2
-from grpclib.const import Cardinality
 
+from krproxy.grpcstatus import Cardinality
+from krproxy.methods import Method, cri_methods
 from krproxy.proto.runtime import v1 as cri
 
 #: Field names whose values differ between runs by nature.
@@ -78,27 +79,13 @@ SAMPLE_TIMES: frozenset[str] = frozenset({"timestamp"})
 Plain = dict[str, Any]
 
 
-@attrs.frozen
-class MethodTypes:
-    """The request and reply classes of a CRI method."""
-
-    request: type[betterproto2.Message]
-    reply: type[betterproto2.Message]
-    cardinality: Cardinality
-
-
-@functools.cache
-def _methods() -> dict[str, MethodTypes]:
-    mapping = {**cri.RuntimeServiceBase().__mapping__(), **cri.ImageServiceBase().__mapping__()}
-    return {
-        path: MethodTypes(handler.request_type, handler.reply_type, handler.cardinality)
-        for path, handler in mapping.items()
-    }
+#: The request and reply classes of a CRI method, and its cardinality.
+MethodTypes = Method
 
 
 def method_types(path: str) -> MethodTypes | None:
     """The message classes of ``path``; None for a method our protos do not know."""
-    return _methods().get(path)
+    return cri_methods().get(path)
 
 
 def is_replayable(path: str) -> bool:

@@ -341,12 +341,16 @@ class Recorder:
                     await trio.to_thread.run_sync(self._writer.close)
 
 
-async def watch_toggle_signal(recorder: Recorder | None) -> None:
+async def watch_toggle_signal(
+    recorder: Recorder | None, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+) -> None:
     """Toggle ``recorder`` on every SIGUSR1 (without a recorder, say why nothing happens).
 
     SIGUSR1 is caught even without a recorder: its default action would kill the daemon.
+    Reports started once SIGUSR1 is caught.
     """
     with trio.open_signal_receiver(signal.SIGUSR1) as signals:
+        task_status.started()
         async for _ in signals:
             if recorder is None:
                 log.event(

@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
-from grpclib.const import Status
 
+from krproxy.grpcstatus import Status
 from krproxy.trace import messages
 from krproxy.trace.format import TraceRecord
 from krproxy.trace.messages import Difference, IdMap

@@ -41,6 +41,7 @@ from grpclib.exceptions import GRPCError
 
 from krproxy import _grpc
 from krproxy.proto.runtime import v1alpha1 as hookapi
+from krproxy.proto.runtime.v1alpha1 import services as hook_services
 
 ALL_HOOKS = [
     "PreRunPodSandbox",
@@ -85,7 +86,7 @@ def as_dict(message: betterproto2.Message) -> dict[str, Any]:
     return data
 
 
-class ScriptedPlugin(hookapi.RuntimeHookServiceBase):
+class ScriptedPlugin(hook_services.RuntimeHookServiceBase):
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.calls = open(config["calls"], "a", buffering=1)  # noqa: SIM115 - lives as long as the process

@@ -21,6 +21,7 @@ from grpclib.exceptions import GRPCError
 from fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1 as cri
+from krproxy.proto.runtime.v1 import services as cri_services
 from tests.integration.hooks_support import Node, make_node
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
@@ -245,7 +246,7 @@ class TestTimeoutInVirtualTime:
         await node.add_plugin("slow", plugin, [CREATE], failure_policy="Fail", call_timeout="5s")
         await node.start_proxy()
         channel = grpclib.client.Channel(path=node.proxy_socket)
-        stub = cri.RuntimeServiceStub(channel)
+        stub = cri_services.RuntimeServiceStub(channel)
         try:
             pod = await trio_asyncio.aio_as_trio(stub.run_pod_sandbox)(
                 cri.RunPodSandboxRequest(

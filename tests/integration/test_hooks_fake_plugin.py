@@ -21,6 +21,7 @@ from grpclib.exceptions import GRPCError
 from fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour, run_fake_plugin
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
+from krproxy.proto.runtime.v1alpha1 import services as hook_services
 from tests.integration.hooks_support import Node, make_node
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
@@ -46,7 +47,7 @@ async def node(
 async def call_create(path: str, request: hookapi.ContainerResourceHookRequest = REQUEST) -> Any:
     channel = grpclib.client.Channel(path=path)
     try:
-        stub = hookapi.RuntimeHookServiceStub(channel)
+        stub = hook_services.RuntimeHookServiceStub(channel)
         return await trio_asyncio.aio_as_trio(stub.pre_create_container_hook)(request, timeout=2)
     finally:
         channel.close()

@@ -17,21 +17,23 @@ from typing import Any
 
 import attrs
 import grpclib.client
+import grpclib.const
+import grpclib.exceptions
 import grpclib.server
 import pytest
 import trio
 import trio_asyncio
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 
 from fakes.containerd import FakeContainerd, run_fake_containerd
 from fakes.plugin import Changes, FakePlugin
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import convert
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.recovery import CALL_TIMEOUT, Recovered, recover
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hookapi
+from krproxy.proto.runtime.v1 import services as cri_services
 from krproxy.relay import Relay
 from tests.integration.hooks_support import (
     POD_ANNOTATIONS,
@@ -180,7 +182,7 @@ async def _recover_with_betterproto2(path: str) -> tuple[dict[str, PodInfo], dic
     """What recovery gave before it decoded with upb: the same calls through the betterproto2 stub, the
     answers converted by the betterproto2 functions of krproxy.hooks.convert (no failures expected)."""
     channel = grpclib.client.Channel(path=path)
-    stub = cri.RuntimeServiceStub(channel)
+    stub = cri_services.RuntimeServiceStub(channel)
     try:
         pods = {}
         for sandbox in (await stub.list_pod_sandbox(cri.ListPodSandboxRequest())).items:
@@ -421,7 +423,7 @@ class TestRecover:
         """Without the lists nothing can be recovered: recover() raises and the daemon retries it."""
 
         async def unavailable(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
-            raise GRPCError(Status.UNAVAILABLE, "starting")
+            raise grpclib.exceptions.GRPCError(grpclib.const.Status.UNAVAILABLE, "starting")  # the backend's
 
         backend = ScriptedBackend()
         backend.behaviours["/runtime.v1.RuntimeService/ListPodSandbox"] = unavailable

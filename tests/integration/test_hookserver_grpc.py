@@ -34,6 +34,7 @@ from krproxy.hookserver.policies import install_all
 from krproxy.hookserver.policies.cpusuppress import Measurement
 from krproxy.hookserver.testing import FakeNode, container_request, logged_events, pod_request
 from krproxy.proto.runtime import v1alpha1 as pb
+from krproxy.proto.runtime.v1alpha1 import services as pb_services
 
 BE_POD = "/kubepods/besteffort/poduid-be"
 POLICY = "resourceQOSStrategy: {beClass: {cpuQOS: {groupIdentity: -1}}}\n"
@@ -44,10 +45,10 @@ async def stub_for(aio_loop: Any) -> AsyncIterator[Any]:
     """Hook service stubs on the test's asyncio loop; channels closed at teardown."""
     channels: list[grpclib.client.Channel] = []
 
-    def connect(path: str) -> pb.RuntimeHookServiceStub:
+    def connect(path: str) -> pb_services.RuntimeHookServiceStub:
         channel = grpclib.client.Channel(path=path)
         channels.append(channel)
-        return pb.RuntimeHookServiceStub(channel)
+        return pb_services.RuntimeHookServiceStub(channel)
 
     yield connect
     for channel in channels:

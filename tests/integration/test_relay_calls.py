@@ -16,9 +16,8 @@ from typing import Any
 import grpc
 import pytest
 import trio
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import Relay, Route
 from krproxy.relay.rpc import UpstreamError
 from tests.integration.support import wait_until

@@ -22,10 +22,9 @@ import h2.exceptions
 import h2.settings
 import pytest
 import trio
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 
 from krproxy.forward import Forward, Reply
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import Relay, Route, connect_unix
 from krproxy.relay.connection import CONNECTION_WINDOW
 from krproxy.relay.rpc import UpstreamError

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from krproxy.hooks.points import HookPoint, Stage, hook_points_for
-from krproxy.proto.runtime import v1alpha1
+from krproxy.proto.runtime.v1alpha1 import services as hook_services
 
 P = HookPoint
 
@@ -45,7 +45,7 @@ class TestHookPoint:
 
     def test_rpc_paths_exist_in_generated_service(self) -> None:
         """Every hook point's RPC path is served by the generated RuntimeHookService."""
-        mapping = v1alpha1.RuntimeHookServiceBase.__mapping__(v1alpha1.RuntimeHookServiceBase())
+        mapping = hook_services.RuntimeHookServiceBase.__mapping__(hook_services.RuntimeHookServiceBase())
 
         assert {p.rpc_path for p in HookPoint} == set(mapping)
 

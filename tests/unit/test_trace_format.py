@@ -7,13 +7,13 @@ import zlib
 from pathlib import Path
 
 import pytest
-from grpclib.const import Status
 from hypothesis import given
 from hypothesis import strategies as st
 
 from krproxy.calls import CallRecord
-from krproxy.hooks.dispatch import Outcome
+from krproxy.grpcstatus import Status
 from krproxy.hooks.merge import Change
+from krproxy.hooks.outcomes import Outcome
 from krproxy.hooks.points import HookPoint
 from krproxy.trace import format as fmt
 from krproxy.trace.files import TraceFileError, load

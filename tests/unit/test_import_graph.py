@@ -1,0 +1,145 @@
+"""krproxy's modules import each other without cycles (docs/architecture.md, "Layers").
+
+The graph is read from the source: an edge ``a -> b`` for every ``import b`` or ``from b import
+x`` in ``a`` (``from package import module`` counts as an edge to the module), at any depth of
+the module, lazy imports inside functions included; imports under ``if TYPE_CHECKING:`` are left
+out, since they never run. A package's ``__init__`` is a node of its own; a submodule's implicit
+import of its parent package (Python imports the parent first) is not an edge.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+from collections.abc import Iterable
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(
+    tree: ast.AST, package: str, modules: Iterable[str] = (), *, type_checking: bool = False
+) -> list[str]:
+    """Absolute names of what ``tree`` (a module in ``package``) imports, TYPE_CHECKING left out.
+
+    ``modules`` are the known module names, to tell ``from package import module`` from
+    ``from module import name``. With ``type_checking``, imports for the type checker count too.
+    """
+    modules = set(modules)
+    found: list[str] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node) and not type_checking:
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join([*base, node.module] if node.module else base)
+            else:
+                module = node.module or ""
+            # `from package import module` reaches the module; `from module import name` the module.
+            found.extend(
+                f"{module}.{alias.name}" if f"{module}.{alias.name}" in modules else module
+                for alias in node.names
+            )
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def import_graph(top: str = "krproxy", *, type_checking: bool = False) -> dict[str, set[str]]:
+    """``module -> modules of ``top`` it imports``, for every module under ``top/``."""
+    paths = sorted((ROOT / top).rglob("*.py"))
+    modules = {_module_name(p): p for p in paths}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        targets = set(_imports(tree, package, modules, type_checking=type_checking))
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``graph`` as ``[a, b, ..., a]``, or ``[]`` when there is none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state:
+                cycle = visit(nxt)
+                if cycle:
+                    return cycle
+        path.pop()
+        state[node] = 2
+        return []
+
+    for node in sorted(graph):
+        if node not in state:
+            cycle = visit(node)
+            if cycle:
+                return cycle
+    return []
+
+
+def test_krproxy_has_no_import_cycle() -> None:
+    """No module of krproxy/ reaches itself through its imports."""
+    assert [] == find_cycle(import_graph())
+
+
+def across_packages(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """``graph`` without the edges inside one package (``krproxy.relay.rpc -> krproxy.relay.relay``)."""
+
+    def package(module: str) -> str:
+        return module.rpartition(".")[0]
+
+    return {m: {t for t in targets if package(t) != package(m)} for m, targets in graph.items()}
+
+
+def test_no_cycle_across_packages_even_for_the_type_checker() -> None:
+    """Counting the imports made only for the type checker too, no module reaches itself through
+    another package: value types (calls, hooks.outcomes) sit below the machinery that makes them
+    (hooks.dispatch, the relay). Inside one package, classes may name each other in annotations."""
+    assert [] == find_cycle(across_packages(import_graph(type_checking=True)))
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    """The checker itself: a graph with a cycle reports it, from the first module on it."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": set()}
+    assert ["a", "b", "c", "a"] == find_cycle(graph)
+    assert [] == find_cycle({"a": {"b"}, "b": set()})
+
+
+def test_the_graph_sees_relative_and_lazy_imports() -> None:
+    """Edges come from relative imports, from imports inside functions, and not from TYPE_CHECKING."""
+    graph = import_graph()
+    assert "krproxy.hookserver._service" in graph["krproxy.hookserver.cli"]  # lazy, relative
+    assert "krproxy._grpc" in graph["krproxy.proto.runtime.v1.services"]
+    code = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import krproxy.relay\nimport krproxy.calls\n"
+    assert "krproxy.relay" not in _imports(ast.parse(code), "krproxy")
+    assert "krproxy.calls" in _imports(ast.parse(code), "krproxy")
