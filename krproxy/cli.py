@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 import grp
 import logging
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from krproxy import __version__, config, log
+from krproxy import __version__, _argparse, config, log
 
 LOGGER = logging.getLogger("krproxy.cli")
 
@@ -35,16 +37,23 @@ def _group(text: str) -> int:
 
 
 def _add_logging(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log-level", choices=log.LEVELS, default="info", help="default: %(default)s")
+    parser.add_argument(
+        "--log-level",
+        type=_argparse.choice_of(log.LEVELS),
+        choices=log.LEVELS,
+        default="info",
+        help="the least severe events logged (any case)",
+    )
     parser.add_argument(
         "--log-format",
+        type=_argparse.choice_of(log.FORMATS),
         choices=log.FORMATS,
         default="logfmt",
         help="one event per line as key=value pairs (logfmt) or JSON; default: %(default)s",
     )
 
 
-def _add_serve(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_serve(subparsers: argparse._SubParsersAction[Any]) -> None:
     p = subparsers.add_parser(
         "serve",
         help="run the proxy daemon",
@@ -257,10 +266,12 @@ def _add_record(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _argparse.Parser(
         prog="krproxy",
         description="krproxy: a CRI runtime proxy with hook plugins for Kubernetes nodes.",
-        epilog="Run `krproxy COMMAND --help` for a command's options.",
+        epilog="Flags without a COMMAND mean `krproxy serve` (as koord-runtime-proxy is invoked): "
+        "`krproxy --remote-runtime-service-endpoint=...` is `krproxy serve --remote-runtime-service-endpoint=...`. "
+        "Run `krproxy COMMAND --help` for a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"krproxy {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -274,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_logging(demo)
     demo.set_defaults(log_level="warning")
-    subparsers.add_parser("version", help="print the version")
+    subparsers.add_parser("version", help="print the version", description="Print krproxy's version.")
     launcher = subparsers.add_parser(
         "oci-launcher",
         help="write the fast krproxy-runc-wrapper launcher (a containerd runtime's BinaryName)",
@@ -299,10 +310,49 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: The flags naming paths, and the check each value must pass (config's own converters).
+_PATH_FLAGS = (
+    ("--koord-runtimeproxy-endpoint", "listen", config.socket_path),
+    ("--remote-runtime-service-endpoint", "runtime", config.socket_path),
+    ("--remote-image-service-endpoint", "image", config.socket_path),
+    ("--hook-dir", "hook_dir", config.absolute_dir),
+)
+
+
+def _check_paths(args: argparse.Namespace) -> str:
+    """The first bad path flag's error, naming the flag; empty when all are good."""
+    checks = [(flag, getattr(args, dest), check) for flag, dest, check in _PATH_FLAGS]
+    checks += [("--oci-hooks-dir", d, config.absolute_dir) for d in args.oci_hook_dirs]
+    for flag, value, check in checks:
+        if not value:
+            continue
+        try:
+            check(value)
+        except ValueError as err:
+            return f"{flag}: {err}"
+    return ""
+
+
+def _check_record(path: str) -> str:
+    """Why the trace file cannot be written (created empty if missing); empty when it can."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    except OSError as err:
+        return f"--record {path}: cannot write the trace file ({err.strerror}); choose a writable path"
+    return ""
+
+
 def _serve(args: argparse.Namespace) -> int:
     from krproxy import daemon
     from krproxy.unixsock import SocketInUseError
 
+    def usage_error(message: str) -> int:
+        print(f"krproxy serve: error: {message}", file=sys.stderr)
+        return 2
+
+    bad_path = _check_paths(args)
+    if bad_path:
+        return usage_error(bad_path)
     try:
         cfg = config.ProxyConfig(
             listen=args.listen,
@@ -324,15 +374,34 @@ def _serve(args: argparse.Namespace) -> int:
             insecure_registration_files=args.insecure_registration_files,
         )
     except ValueError as err:
-        print(f"krproxy serve: error: {err}", file=sys.stderr)
-        return 2
+        return usage_error(str(err))
+    if cfg.record:
+        unwritable = _check_record(cfg.record)
+        if unwritable:
+            return usage_error(unwritable)
     try:
         daemon.run(cfg)
     except SocketInUseError as err:
-        log.event(LOGGER, "socket_in_use", level=logging.ERROR, listen=err.filename, error=err.strerror)
+        log.event(
+            LOGGER,
+            "socket_in_use",
+            level=logging.ERROR,
+            listen=err.filename,
+            error=f"{err.strerror}: stop that process first, or choose another --koord-runtimeproxy-endpoint",
+        )
         return 1
     except OSError as err:
-        log.event(LOGGER, "startup_failed", level=logging.ERROR, error=str(err))
+        flag = "--koord-runtimeproxy-endpoint" if err.filename == cfg.listen else ""
+        if not flag and cfg.metrics_address:
+            flag = "--metrics-address"  # the only other thing bound at start
+        log.event(
+            LOGGER,
+            "startup_failed",
+            level=logging.ERROR,
+            flag=flag,
+            path=err.filename or "",
+            error=err.strerror or str(err),
+        )
         return 1
     return 0
 

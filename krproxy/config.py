@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import enum
 import ipaddress
+import os
 import re
+from collections.abc import Iterable
 
 import attrs
 
@@ -23,9 +25,18 @@ class BackendMode(enum.Enum):
     DOCKER = "Docker"
 
 
-def _socket_path(endpoint: str) -> str:
+#: The longest path a unix socket can have on Linux (``sun_path`` is 108 bytes, NUL included).
+MAX_SOCKET_PATH = 107
+
+
+def socket_path(endpoint: str) -> str:
     """``unix:///x.sock``, ``unix:/x.sock`` and ``/x.sock`` name the socket ``/x.sock``; anything
-    else (another scheme, a relative path) is refused — the same rules as registration files."""
+    else (another scheme, a relative path, a path too long for a unix socket) is refused — the
+    same rules as registration files.
+
+    Raises:
+        ValueError: saying what is wrong and what would be right.
+    """
     path = strip_unix_scheme(endpoint)
     if path.startswith("unix:"):
         path = path.removeprefix("unix:")
@@ -35,11 +46,32 @@ def _socket_path(endpoint: str) -> str:
         raise ValueError(f"only unix sockets are supported, not {endpoint!r}")
     if not path.startswith("/"):
         raise ValueError(f"a socket path must be absolute, not {endpoint!r}")
+    size = len(os.fsencode(path))
+    if size > MAX_SOCKET_PATH:
+        raise ValueError(
+            f"{path!r} is {size} bytes long, longer than a unix socket path can be "
+            f"({MAX_SOCKET_PATH} bytes): choose a shorter path"
+        )
     return path
 
 
+def absolute_dir(path: str) -> str:
+    """``path`` itself if it is absolute (a daemon's directories must not depend on its cwd).
+
+    Raises:
+        ValueError: for a relative path.
+    """
+    if not os.path.isabs(path):
+        raise ValueError(f"a directory must be an absolute path, not {path!r}")
+    return path
+
+
+def _absolute_dirs(paths: Iterable[str]) -> tuple[str, ...]:
+    return tuple(absolute_dir(p) for p in paths)
+
+
 def _optional_socket_path(endpoint: str) -> str:
-    return _socket_path(endpoint) if endpoint else ""
+    return socket_path(endpoint) if endpoint else ""
 
 
 #: Where ``krproxy status`` looks for a daemon when not told (the address the deploy files use).
@@ -115,11 +147,11 @@ class ProxyConfig:
             first; empty (the default): no OCI hooks at the proxy.
     """
 
-    listen: str = attrs.field(default=DEFAULT_LISTEN, converter=_socket_path)
-    runtime_endpoint: str = attrs.field(default=DEFAULT_RUNTIME_ENDPOINT, converter=_socket_path)
+    listen: str = attrs.field(default=DEFAULT_LISTEN, converter=socket_path)
+    runtime_endpoint: str = attrs.field(default=DEFAULT_RUNTIME_ENDPOINT, converter=socket_path)
     image_endpoint: str = attrs.field(default="", converter=_optional_socket_path)
     backend_mode: BackendMode = attrs.field(default=BackendMode.CONTAINERD, converter=BackendMode)
-    hook_dir: str = DEFAULT_HOOK_DIR
+    hook_dir: str = attrs.field(default=DEFAULT_HOOK_DIR, converter=absolute_dir)
     skip_label: tuple[str, str] = DEFAULT_SKIP_LABEL
     socket_mode: int = 0o660
     socket_group: int | None = None
@@ -131,7 +163,7 @@ class ProxyConfig:
     record_max_bytes: int = attrs.field(default=64 << 20, validator=attrs.validators.ge(0))
     record_keep: int = attrs.field(default=3, validator=attrs.validators.ge(0))
     record_paused: bool = False
-    oci_hook_dirs: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    oci_hook_dirs: tuple[str, ...] = attrs.field(default=(), converter=_absolute_dirs)
 
     @metrics_address.validator
     def _check_metrics_address(self, attribute: attrs.Attribute[str], value: str) -> None:

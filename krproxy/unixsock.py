@@ -34,7 +34,9 @@ def bind_unix_socket(path: str, *, mode: int = 0o660, gid: int | None = None) ->
 
     A socket file nobody listens on (left by a crash) is replaced. A socket somebody
     listens on raises :class:`SocketInUseError`: taking it over silently would cut off the
-    other process. Any other kind of file at ``path`` is an error too.
+    other process. Any other kind of file at ``path`` is an error too. Missing parent
+    directories are created, and removed again when binding fails; every error (an
+    :class:`OSError`) names ``path``.
     """
     with contextlib.suppress(FileNotFoundError):
         st = os.lstat(path)
@@ -47,15 +49,18 @@ def bind_unix_socket(path: str, *, mode: int = 0o660, gid: int | None = None) ->
             log.event(LOGGER, "stale_socket_removed", path=path)
             os.unlink(path)
         else:
-            raise SocketInUseError(errno.EADDRINUSE, "another process is listening on", path)
+            raise SocketInUseError(errno.EADDRINUSE, "another process is listening on this socket", path)
         finally:
             probe.close()
-    parent = os.path.dirname(path)
-    if parent:
-        os.makedirs(parent, exist_ok=True)
+    created = _make_parents(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(path)
+        try:
+            sock.bind(path)
+        except OSError as err:
+            if err.filename is None:  # bind's own errors name no path ("AF_UNIX path too long")
+                raise OSError(err.errno, err.strerror or str(err), path) from None
+            raise
         # Set permissions before listen(): nobody can connect in between.
         os.chmod(path, mode)
         if gid is not None:
@@ -63,8 +68,31 @@ def bind_unix_socket(path: str, *, mode: int = 0o660, gid: int | None = None) ->
         sock.listen(128)
     except BaseException:
         sock.close()
+        for directory in reversed(created):  # leave nothing behind that we made
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
         raise
     return sock
+
+
+def _make_parents(path: str) -> list[str]:
+    """Create the missing parent directories of ``path``; returns them, outermost first."""
+    missing: list[str] = []
+    parent = os.path.dirname(path)
+    while parent and not os.path.isdir(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    created: list[str] = []
+    try:
+        for directory in reversed(missing):
+            os.mkdir(directory)
+            created.append(directory)
+    except OSError:
+        for directory in reversed(created):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
+        raise
+    return created
 
 
 def unlink_if_ours(path: str, inode: int) -> None:

@@ -13,14 +13,18 @@ from collections.abc import Sequence
 import trio
 
 from fakes.containerd.server import FakeContainerd, run_fake_containerd
-from krproxy import _grpc
+from krproxy import _argparse, _grpc
 from krproxy.unixsock import strip_unix_scheme
 
 LOGGER = logging.getLogger("fakes.containerd")
 
 
+#: Logging thresholds, by their logging names.
+LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _argparse.Parser(
         prog="python -m fakes.containerd",
         description="Serve a fake containerd CRI runtime and image service on a unix socket.",
     )
@@ -30,8 +34,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-level",
         default="INFO",
-        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging threshold (DEBUG logs every request)",
+        type=_argparse.choice_of(LEVELS),
+        choices=LEVELS,
+        help="logging threshold, any case (DEBUG logs every request)",
     )
     return parser
 

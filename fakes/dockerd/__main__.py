@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import logging
 import signal
@@ -12,6 +11,7 @@ import trio
 
 from fakes.dockerd.server import FakeDockerd, run_fake_dockerd
 from fakes.dockerd.state import DockerState
+from krproxy import _argparse
 
 
 async def _main(path: str, cgroup_driver: str) -> None:
@@ -26,10 +26,15 @@ async def _main(path: str, cgroup_driver: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fakes.dockerd", description=__doc__)
+    parser = _argparse.Parser(prog="python -m fakes.dockerd", description=__doc__)
     parser.add_argument("--socket", required=True, metavar="PATH", help="unix socket to listen on")
-    parser.add_argument("--cgroup-driver", default="cgroupfs", choices=["cgroupfs", "systemd"])
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument(
+        "--cgroup-driver", default="cgroupfs", choices=["cgroupfs", "systemd"], help="what dockerd reports"
+    )
+    levels = ["debug", "info", "warning", "error"]
+    parser.add_argument(
+        "--log-level", default="warning", type=_argparse.choice_of(levels), choices=levels, help="any case"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(name)s %(message)s")
     trio.run(_main, args.socket, args.cgroup_driver)

@@ -16,6 +16,7 @@ import trio
 
 from fakes.plugin.registration import remove_registration, write_registration
 from fakes.plugin.server import Changes, FakePlugin, Misbehaviour, run_fake_plugin
+from krproxy import _argparse
 from krproxy.hooks.points import HookPoint
 from krproxy.unixsock import strip_unix_scheme
 
@@ -41,7 +42,7 @@ def _key_value(value: str) -> tuple[str, str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _argparse.Parser(
         prog="python -m fakes.plugin",
         description="Serve a fake runtime hook plugin on a unix socket and register it in a hook directory.",
     )
@@ -54,7 +55,12 @@ def _parser() -> argparse.ArgumentParser:
         default=tuple(HookPoint),
         help="comma-separated hook names (default: all seven)",
     )
-    parser.add_argument("--failure-policy", choices=["Fail", "Ignore"], default="Ignore")
+    parser.add_argument(
+        "--failure-policy",
+        choices=["Fail", "Ignore"],
+        default="Ignore",
+        help="written into the registration file",
+    )
     parser.add_argument("--set-cpu-quota", type=int, metavar="N", help="container cpu_quota to set")
     parser.add_argument("--set-memory-limit", type=int, metavar="N", help="container memory limit (bytes)")
     parser.add_argument("--set-cpuset", metavar="CPUS", help="container cpuset_cpus to set, e.g. 0-1")
@@ -67,7 +73,10 @@ def _parser() -> argparse.ArgumentParser:
         help="annotation to add (pod and container hooks); repeatable",
     )
     parser.add_argument("--delay", type=float, default=0.0, metavar="S", help="seconds before each answer")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    levels = ["DEBUG", "INFO", "WARNING", "ERROR"]
+    parser.add_argument(
+        "--log-level", default="INFO", type=_argparse.choice_of(levels), choices=levels, help="any case"
+    )
     return parser
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import trio
 
-from krproxy import log
+from krproxy import _argparse, log
 
 from ._app import DEFAULT_CGROUP_ROOT, DEFAULT_RESCTRL_ROOT, RECONCILE_INTERVAL, HookServer
 from ._context import QOS_LABEL
@@ -29,8 +29,12 @@ DEFAULT_SOCKET = "/var/run/krproxy-hookserver/hookserver.sock"
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", metavar="FILE", help="node policy file (YAML/JSON), watched live")
-    p.add_argument("--cgroup-root", default=DEFAULT_CGROUP_ROOT, metavar="DIR")
-    p.add_argument("--resctrl-root", default=DEFAULT_RESCTRL_ROOT, metavar="DIR")
+    p.add_argument(
+        "--cgroup-root", default=DEFAULT_CGROUP_ROOT, metavar="DIR", help="the node's cgroup v1/v2 mount"
+    )
+    p.add_argument(
+        "--resctrl-root", default=DEFAULT_RESCTRL_ROOT, metavar="DIR", help="the node's resctrl mount (RDT)"
+    )
     p.add_argument(
         "--proc-stat", default="/proc/stat", metavar="FILE", help="node CPU counters for cpu suppress"
     )
@@ -54,33 +58,69 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="write krproxy_hookserver_feature_active (Prometheus text) here at start and on every policy"
         " change, for node_exporter's textfile collector",
     )
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="log at debug level")
 
 
 def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``hooks {serve,standalone}`` to ``subparsers`` (from ``add_subparsers()``)."""
     hooks: argparse.ArgumentParser = subparsers.add_parser(
-        "hooks", help="run a hook server (SDK built-in policies)"
+        "hooks",
+        help="run a hook server (SDK built-in policies)",
+        description="Run the SDK's hook server with its built-in policies: `serve` behind krproxy or "
+        "koord-runtime-proxy, `standalone` without a proxy.",
     )
-    sub = hooks.add_subparsers(dest="hooks_command", required=True)
+    sub = hooks.add_subparsers(dest="hooks_command", required=True, metavar="COMMAND")
 
-    s = sub.add_parser("serve", help="serve RuntimeHookService for krproxy / koord-runtime-proxy")
-    s.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH")
+    s = sub.add_parser(
+        "serve",
+        help="serve RuntimeHookService for krproxy / koord-runtime-proxy",
+        description="Serve the hook protocol on a unix socket and register it in the proxy's hook directory.",
+    )
+    s.add_argument("--socket", default=DEFAULT_SOCKET, metavar="PATH", help="unix socket to listen on")
     s.add_argument(
         "--host-endpoint", metavar="PATH", help="socket path as the proxy sees it (default: --socket)"
     )
-    s.add_argument("--hook-dir", default=DEFAULT_HOOK_DIR, metavar="DIR")
-    s.add_argument("--name", default="krproxy-hookserver", help="registration file is <hook-dir>/<name>.json")
-    s.add_argument("--failure-policy", choices=[p.value for p in FailurePolicy], default="Ignore")
     s.add_argument(
-        "--disable-stages", nargs="*", default=[], choices=[s.value for s in Stage], metavar="STAGE"
+        "--hook-dir", default=DEFAULT_HOOK_DIR, metavar="DIR", help="the proxy's hook directory (--hook-dir)"
+    )
+    s.add_argument("--name", default="krproxy-hookserver", help="registration file is <hook-dir>/<name>.json")
+    s.add_argument(
+        "--failure-policy",
+        choices=[p.value for p in FailurePolicy],
+        default="Ignore",
+        help="written into the registration file: what the proxy does when this server fails a call",
+    )
+    stages = [s.value for s in Stage]
+    s.add_argument(
+        "--disable-stages",
+        nargs="*",
+        default=[],
+        choices=stages,
+        metavar="STAGE",
+        help=f"stages not to register for, any of: {', '.join(stages)}",
     )
     _common(s)
     s.set_defaults(func=_serve)
 
-    st = sub.add_parser("standalone", help="apply the policies by reconciling pods listed from the CRI")
-    st.add_argument("--cri-endpoint", default="unix:///run/containerd/containerd.sock")
-    st.add_argument("--interval", type=float, default=RECONCILE_INTERVAL, metavar="SECONDS")
+    st = sub.add_parser(
+        "standalone",
+        help="apply the policies by reconciling pods listed from the CRI",
+        description="Without a proxy: list pods and containers from the runtime every --interval "
+        "seconds and apply the policies to their cgroups.",
+    )
+    st.add_argument(
+        "--cri-endpoint",
+        default="unix:///run/containerd/containerd.sock",
+        metavar="SOCKET",
+        help="the runtime's CRI socket",
+    )
+    st.add_argument(
+        "--interval",
+        type=float,
+        default=RECONCILE_INTERVAL,
+        metavar="SECONDS",
+        help="seconds between two reconciliations",
+    )
     st.add_argument(
         "--namespace",
         action="append",
@@ -191,8 +231,8 @@ def _run(fn: Any) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``krproxy hooks …`` on its own: ``main(["hooks", "serve", "--socket", …])``."""
-    parser = argparse.ArgumentParser(prog="krproxy")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _argparse.Parser(prog="krproxy")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_subcommands(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))

@@ -59,6 +59,14 @@ _RETIRED = "retired"
 _STOPPED = "krproxy stopped"
 
 
+#: Said when the peer answers in HTTP/1 (dockerd does, to an HTTP/2 preface): the usual reason
+#: is a proxy in CRI mode pointed at dockerd's socket.
+_HTTP1_PEER = (
+    "the peer speaks HTTP/1, not gRPC over HTTP/2; if it is dockerd, run krproxy with "
+    "--backend-runtime-mode=Docker"
+)
+
+
 class CallSide(Protocol):
     """What a stream's frames are handed to: a call in the relay (:mod:`krproxy.relay.rpc`)."""
 
@@ -462,6 +470,8 @@ class Endpoint:
             high, low, kind, flags, stream_id = head.unpack_from(buf, offset)
             size = high << 16 | low
             if size > f.DEFAULT_MAX_FRAME:
+                if buf.startswith(b"HTTP/1.", offset):  # an HTTP/1 answer, read as a frame header
+                    raise f.ProtocolError(_HTTP1_PEER, f.PROTOCOL_ERROR)
                 raise f.ProtocolError(f"frame of {size} bytes exceeds 16384", f.FRAME_SIZE_ERROR)
             end = offset + f.HEAD_SIZE + size
             if end > total:

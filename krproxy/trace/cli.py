@@ -53,7 +53,7 @@ def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     sub = trace.add_subparsers(dest="trace_command", required=True, metavar="COMMAND")
 
     s = sub.add_parser("show", help="list recorded calls", description="List recorded calls, decoded.")
-    s.add_argument("files", nargs="+", metavar="FILE")
+    s.add_argument("files", nargs="+", metavar="FILE", help="trace files, oldest first")
     s.add_argument(
         "--method", action="append", default=[], metavar="M", help="method name or path; repeatable"
     )
@@ -74,12 +74,14 @@ def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
         "IDs it assigns; compare each answer to the recorded one with volatile fields normalised. "
         "Exit 0 when all are identical, 1 on any difference.",
     )
-    r.add_argument("files", nargs="+", metavar="FILE")
+    r.add_argument("files", nargs="+", metavar="FILE", help="trace files, oldest first")
     r.add_argument(
         "--target", required=True, metavar="ENDPOINT", help="unix socket of a CRI runtime or proxy"
     )
     r.add_argument("--timing", action="store_true", help="keep the recorded gaps between calls")
-    r.add_argument("--speed", type=float, default=1.0, help="with --timing: play this many times faster")
+    r.add_argument(
+        "--speed", type=float, default=1.0, metavar="X", help="with --timing: play this many times faster"
+    )
     r.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="deadline of each call")
     r.add_argument(
         "--ignore",
@@ -102,7 +104,7 @@ def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
         description="Serve CRI on a unix socket, answering each call with a recorded one of the same "
         "method (matching requests first, then in recorded order), until SIGINT/SIGTERM.",
     )
-    v.add_argument("files", nargs="+", metavar="FILE")
+    v.add_argument("files", nargs="+", metavar="FILE", help="trace files, oldest first")
     v.add_argument("--socket", required=True, metavar="PATH", help="unix socket to listen on")
     v.add_argument("--timing", action="store_true", help="answer after the recorded backend time")
     v.set_defaults(func=_logged(_serve, "info"))

@@ -1,0 +1,251 @@
+"""The command lines explain themselves, and refuse bad input with a message that says how to fix it.
+
+Every test here stops before a daemon would run: at argument parsing, or at a start-up check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fakes.containerd.__main__ import _parser as fake_containerd_parser
+from fakes.plugin.__main__ import _parser as fake_plugin_parser
+from krproxy import _argparse, cli
+from krproxy.unixsock import bind_unix_socket
+
+
+def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """``parser`` and every subcommand's parser below it."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _parsers(sub)
+
+
+def _options(parser: argparse.ArgumentParser) -> Iterator[argparse.Action]:
+    for action in parser._actions:
+        if action.option_strings and not isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            yield action
+
+
+ALL_PARSERS = [
+    *_parsers(cli.build_parser()),
+    fake_containerd_parser(),
+    fake_plugin_parser(),
+]
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """``krproxy ARGV`` in this process: (exit status, stderr)."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as stop:
+        code = int(stop.code or 0)
+    return code, capsys.readouterr().err
+
+
+class TestHelp:
+    @pytest.mark.parametrize("parser", ALL_PARSERS, ids=lambda p: p.prog)
+    def test_every_option_has_help_and_shows_its_default(self, parser: argparse.ArgumentParser) -> None:
+        """Each option of each (sub)command has help text, and that text shows its default."""
+        formatter = parser._get_formatter()
+        assert isinstance(formatter, _argparse.HelpFormatter)
+        lacking = [
+            action.option_strings[-1]
+            for action in _options(parser)
+            if not action.help or "default" not in (formatter._get_help_string(action) or "")
+        ]
+        assert [] == lacking
+
+    def test_a_switch_shows_off_and_a_value_its_default(self) -> None:
+        """``(default: off)`` for a switch, the value (with a literal %) otherwise."""
+        parser = _argparse.Parser(prog="t")
+        parser.add_argument("--flag", action="store_true", help="a switch")
+        parser.add_argument("--ratio", default="50%", help="a share")
+        text = parser.format_help()
+        assert "a switch (default: off)" in text
+        assert "a share (default: 50%)" in text
+
+    def test_hooks_serve_lists_the_stages_it_can_disable(self) -> None:
+        """`krproxy hooks serve --help` names the valid --disable-stages values."""
+        [hooks_serve] = [p for p in ALL_PARSERS if p.prog == "krproxy hooks serve"]
+        assert "PreCreateContainer" in " ".join(hooks_serve.format_help().split())
+
+    def test_top_level_help_says_flags_alone_mean_serve(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """`krproxy --help` tells that flags without a command mean `krproxy serve`."""
+        with pytest.raises(SystemExit) as stop:
+            cli.main(["--help"])
+        assert 0 == stop.value.code
+        assert "Flags without a COMMAND mean `krproxy serve`" in " ".join(capsys.readouterr().out.split())
+
+
+class TestParsing:
+    def test_hooks_without_a_command_shows_hooks_usage(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """`krproxy hooks` says a COMMAND is required, with hooks' usage, not an internal name."""
+        code, err = _run(["hooks"], capsys)
+        assert 2 == code
+        assert "hooks_command" not in err
+        assert "usage: krproxy hooks [-h] COMMAND" in err
+        assert "the following arguments are required: COMMAND" in err
+
+    @pytest.mark.parametrize("argv", [["serve", "--bogus"], ["--hook-dir=/x", "--bogus"]])
+    def test_an_unknown_flag_after_serve_shows_serves_usage(
+        self, argv: list[str], capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """An unknown option is reported by serve, with serve's usage (also when serve is implied)."""
+        code, err = _run(argv, capsys)
+        assert 2 == code
+        assert "usage: krproxy serve" in err
+        assert "krproxy serve: error: unrecognized arguments: --bogus" in err
+
+    def test_an_unknown_flag_after_trace_show_shows_its_usage(
+        self, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Nested subcommands too: the innermost parser reports it."""
+        code, err = _run(["trace", "show", "x.krt", "--bogus"], capsys)
+        assert 2 == code
+        assert "krproxy trace show: error: unrecognized arguments: --bogus" in err
+
+    @pytest.mark.parametrize(
+        "argv", [["serve", "--record-k", "3"], ["serve", "--koord-runtimeproxy", "/x.sock"]]
+    )
+    def test_abbreviated_flags_are_refused(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+        """A prefix of a long flag is not taken for the flag (koord-runtime-proxy's names must match)."""
+        code, err = _run(argv, capsys)
+        assert 2 == code
+        assert f"unrecognized arguments: {argv[1]}" in err
+
+    @pytest.mark.parametrize("given", ["DEBUG", "Debug", "debug"])
+    def test_log_level_takes_any_case(self, given: str) -> None:
+        """--log-level is case-insensitive in krproxy and in the fakes, each keeping its own spelling."""
+        parser = cli.build_parser()
+        assert "debug" == parser.parse_args(["serve", f"--log-level={given}"]).log_level
+        assert "debug" == parser.parse_args(["demo", f"--log-level={given}"]).log_level
+        assert (
+            "DEBUG" == fake_containerd_parser().parse_args(["--socket=/s", f"--log-level={given}"]).log_level
+        )
+        plugin_args = ["--socket=/s", "--hook-dir=/h", f"--log-level={given}"]
+        assert "DEBUG" == fake_plugin_parser().parse_args(plugin_args).log_level
+
+    def test_a_wrong_log_level_still_lists_the_choices(self, capsys: pytest.CaptureFixture[str]) -> None:
+        code, err = _run(["serve", "--log-level=loud"], capsys)
+        assert 2 == code
+        assert "invalid choice: 'loud'" in err
+        assert "'debug', 'info', 'warning', 'error'" in err
+
+
+class TestServeRefuses:
+    """Bad paths are refused before anything starts, naming the flag and what to do."""
+
+    def test_a_relative_hook_dir(self, capsys: pytest.CaptureFixture[str]) -> None:
+        code, err = _run(["serve", "--hook-dir=hooks.d"], capsys)
+        assert 2 == code
+        assert "--hook-dir: a directory must be an absolute path, not 'hooks.d'" in err
+
+    def test_a_relative_oci_hooks_dir(self, capsys: pytest.CaptureFixture[str]) -> None:
+        code, err = _run(["serve", "--oci-hooks-dir=hooks.d"], capsys)
+        assert 2 == code
+        assert "--oci-hooks-dir: a directory must be an absolute path" in err
+
+    @pytest.mark.parametrize(
+        "flag",
+        [
+            "--koord-runtimeproxy-endpoint",
+            "--remote-runtime-service-endpoint",
+            "--remote-image-service-endpoint",
+        ],
+    )
+    def test_a_socket_path_too_long(
+        self, flag: str, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A path a unix socket cannot have is refused at start, naming flag and path; no directory is made."""
+        parent = short_tmp / ("d" * 60)
+        path = parent / ("s" * 60 + ".sock")
+        code, err = _run(["serve", f"{flag}=unix://{path}"], capsys)
+        assert 2 == code
+        assert f"krproxy serve: error: {flag}: '{path}' is {len(str(path))} bytes long" in err
+        assert "choose a shorter path" in err
+        assert not parent.exists()
+
+    def test_a_record_file_that_cannot_be_written(
+        self, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """--record into a directory that does not exist refuses to start (it used to run unrecorded)."""
+        listen = short_tmp / "p.sock"
+        trace = short_tmp / "missing" / "t.krt"
+        code, err = _run(["serve", f"--koord-runtimeproxy-endpoint={listen}", f"--record={trace}"], capsys)
+        assert 2 == code
+        assert f"--record {trace}: cannot write the trace file (No such file or directory)" in err
+        assert not listen.exists()
+
+    def test_a_listen_path_whose_directory_cannot_be_made(
+        self, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A parent that is a file: the error names the flag and the path."""
+        listen = short_tmp / "made" / "file" / "p.sock"
+        os.makedirs(short_tmp / "made")
+        (short_tmp / "made" / "file").write_text("")
+        code, err = _run(["serve", f"--koord-runtimeproxy-endpoint={listen}"], capsys)
+        assert 1 == code
+        assert "event=startup_failed flag=--koord-runtimeproxy-endpoint" in err
+        assert str(listen.parent) in err
+
+    def test_a_socket_in_use_says_so_in_full(
+        self, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Another process listening: the message is whole and says what to do."""
+        listen = str(short_tmp / "p.sock")
+        other = bind_unix_socket(listen)
+        try:
+            code, err = _run(["serve", f"--koord-runtimeproxy-endpoint={listen}"], capsys)
+        finally:
+            other.close()
+        assert 1 == code
+        assert "event=socket_in_use" in err
+        assert (
+            "another process is listening on this socket: stop that process first, or choose another" in err
+        )
+
+
+class TestBindUnixSocket:
+    def test_a_failed_bind_names_the_path_and_leaves_no_directory(self, short_tmp: Path) -> None:
+        """Binding a path too long for a unix socket: the OSError names it, the new directories are gone."""
+        top = short_tmp / "a"
+        path = str(top / "b" / ("c" * 120))
+        with pytest.raises(OSError) as raised:
+            bind_unix_socket(path)
+        assert path == raised.value.filename
+        assert not top.exists()
+
+    def test_a_live_socket_is_not_taken_over(self, short_tmp: Path) -> None:
+        path = str(short_tmp / "s.sock")
+        first = bind_unix_socket(path)
+        try:
+            with pytest.raises(OSError, match="another process is listening on this socket"):
+                bind_unix_socket(path)
+            probe = socket.socket(socket.AF_UNIX)
+            probe.connect(path)  # still the first one's
+            probe.close()
+        finally:
+            first.close()
+
+
+def test_trace_replay_without_grpcio_says_how_to_install_it(tmp_path: Path) -> None:
+    """With grpcio missing, `krproxy trace replay` says which extra brings it (and exits 2)."""
+    trace = Path(__file__).resolve().parents[1] / "data" / "traces" / "fake-lifecycle.krt"
+    code = (
+        "import sys; sys.modules['grpc'] = None\n"
+        "from krproxy import cli\n"
+        f"sys.exit(cli.main(['trace', 'replay', {str(trace)!r}, '--target', {str(tmp_path / 'x.sock')!r}]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert 2 == done.returncode
+    assert "python3 -m pip install 'krproxy[grpcio]'" in done.stderr
