@@ -32,7 +32,10 @@ import grpclib.exceptions
 import trio
 import trio_asyncio
 
-from krproxy import log  # _grpc: the adapter (trio-asyncio and grpclib set up)
+from krproxy import (
+    _grpc,  # noqa: F401  (the adapter: trio-asyncio and grpclib set up)
+    log,
+)
 from krproxy.hooks.convert import cgroup_parent_from_verbose
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime.v1 import services as cri_services
