@@ -94,7 +94,6 @@ class Relay:
         self.dirty: list[Endpoint] = []
         self.in_flight = 0
         self.draining = False
-        self.stopping = False
         self._idle_waiters: list[trio.Event] = []
         self._accepting: trio.CancelScope | None = None
         self._clients: set[Endpoint] = set()
@@ -132,7 +131,6 @@ class Relay:
                 task_status.started()
                 await trio.sleep_forever()
         finally:
-            self.stopping = True
             for ep in list(self._clients):
                 ep.close(_STOPPED)
             for route in {self.runtime, self.image, *self._routes.values()}:

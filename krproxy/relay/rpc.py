@@ -581,19 +581,3 @@ class _Exchange:
                 raise UpstreamError("the answer is not one uncompressed gRPC message")
             body = bytes(raw[5:])
         return Answer(status, message, details, body, self.headers, trailers)
-
-
-async def _wait_answer(relay: Relay, exchange: _Exchange, deadline: float) -> Answer:
-    try:
-        with trio.move_on_at(deadline):
-            await exchange.done.wait()
-    finally:
-        if not exchange.done.is_set():  # deadline, or our caller was cancelled
-            exchange.upstream.abort(f.CANCEL)
-            exchange.settle()
-            relay.flush()
-    if not exchange.done.is_set():
-        raise TimeoutError()
-    if exchange.error is not None:
-        raise UpstreamError(exchange.error)
-    return exchange.answer()
