@@ -12,12 +12,13 @@ From CRI requests (the live path, koord-runtime-proxy's ``ParseRequest``):
   later value of a duplicated name wins, first-seen order kept), ``sandbox_config.linux.cgroup_parent``.
 
 From CRI List/Status answers (store recovery after a restart; the reference recovers only metadata, labels and
-annotations and loses cgroup parent, resources and envs):
+annotations and loses cgroup parent, resources and envs). Recovery decodes thousands of these, so they arrive
+as upb messages (:mod:`krproxy.hooks.wire`, about 100× faster than betterproto2), not betterproto2 ones:
 
-* :func:`pod_from_sandbox` / :func:`container_from_list` — what ``ListPodSandbox``/``ListContainers`` carry
-  (reference parity: no cgroup parent, resources unknown, no envs).
-* :func:`pod_from_status` / :func:`container_from_status` — ``PodSandboxStatus``/``ContainerStatus`` plus the
-  ``info`` map of a ``verbose=true`` status call. What each runtime reports:
+* :func:`pod_from_wire_sandbox` / :func:`container_from_wire_list` — what ``ListPodSandbox``/``ListContainers``
+  carry (reference parity: no cgroup parent, resources unknown, no envs).
+* :func:`pod_from_wire_status` / :func:`container_from_wire_status` — ``PodSandboxStatus``/``ContainerStatus``
+  plus the ``info`` map of a ``verbose=true`` status call. What each runtime reports:
 
   - ``PodSandboxStatus`` has no cgroup parent field. containerd (1.6 and later) puts a JSON document under
     ``info["info"]`` whose ``config`` is the PodSandboxConfig it received (so ``config.linux.cgroup_parent``
@@ -36,9 +37,6 @@ annotations and loses cgroup parent, resources and envs):
   - envs come from the verbose ``config.envs`` (the CRI envs; ``runtimeSpec.process.env`` also holds the
     image's variables, so it is not used); absent → empty.
   Malformed or missing verbose info is never an error: the field is simply not recovered.
-* :func:`pod_from_wire_sandbox`, :func:`container_from_wire_list`, :func:`pod_from_wire_status`,
-  :func:`container_from_wire_status` — the same four from messages decoded with upb
-  (:mod:`krproxy.hooks.wire`), which recovery uses for speed.
 
 To hook-protocol requests: :func:`pod_hook_request` (PreRunPodSandbox, PostStopPodSandbox) and
 :func:`container_hook_request` (the five container hooks). :func:`pod_hook_request_bytes` and
@@ -66,8 +64,6 @@ from krproxy.protowire import varint
 __all__ = [
     "cgroup_parent_from_verbose",
     "container_from_create_request",
-    "container_from_list",
-    "container_from_status",
     "container_from_wire_list",
     "container_from_wire_status",
     "container_hook_request",
@@ -75,8 +71,6 @@ __all__ = [
     "envs_from_cri",
     "envs_to_cri",
     "pod_from_run_request",
-    "pod_from_sandbox",
-    "pod_from_status",
     "pod_from_wire_sandbox",
     "pod_from_wire_status",
     "pod_hook_request",
@@ -212,20 +206,6 @@ def container_from_create_request(request: v1.CreateContainerRequest, pod: PodIn
 # --- from CRI List/Status answers (recovery) ---------------------------------------------------------------
 
 
-def pod_from_sandbox(sandbox: v1.PodSandbox) -> PodInfo:
-    """The pod record recoverable from a ListPodSandbox item (no cgroup parent: the list does not carry it)."""
-    meta = sandbox.metadata or v1.PodSandboxMetadata()
-    return PodInfo(
-        name=meta.name,
-        uid=meta.uid,
-        namespace=meta.namespace,
-        attempt=meta.attempt,
-        runtime_handler=sandbox.runtime_handler,
-        labels=sandbox.labels,
-        annotations=sandbox.annotations,
-    )
-
-
 def _verbose(info: Mapping[str, str] | None) -> dict[str, Any]:
     """The JSON document a runtime puts under ``info["info"]`` of a verbose status, or ``{}``."""
     if not info or "info" not in info:
@@ -264,36 +244,6 @@ def cgroup_parent_from_verbose(info: Mapping[str, str] | None, sandbox_id: str) 
         return cgroup_parent
     cgroups_path = _dig(document, "runtimeSpec", "linux", "cgroupsPath")
     return _cgroup_parent_from_path(cgroups_path, sandbox_id) if isinstance(cgroups_path, str) else ""
-
-
-def pod_from_status(status: v1.PodSandboxStatus, info: Mapping[str, str] | None = None) -> PodInfo:
-    """The pod record recoverable from PodSandboxStatus and its verbose *info* (see the module docstring)."""
-    meta = status.metadata or v1.PodSandboxMetadata()
-    return PodInfo(
-        name=meta.name,
-        uid=meta.uid,
-        namespace=meta.namespace,
-        attempt=meta.attempt,
-        runtime_handler=status.runtime_handler,
-        labels=status.labels,
-        annotations=status.annotations,
-        cgroup_parent=cgroup_parent_from_verbose(info, status.id),
-    )
-
-
-def container_from_list(container: v1.Container, pod: PodInfo) -> ContainerInfo:
-    """The container record recoverable from a ListContainers item (resources unknown, no envs)."""
-    meta = container.metadata or v1.ContainerMetadata()
-    return ContainerInfo(
-        pod_sandbox_id=container.pod_sandbox_id,
-        pod=pod,
-        name=meta.name,
-        attempt=meta.attempt,
-        id=container.id,
-        annotations=container.annotations,
-        resources=None,
-        pod_cgroup_parent=pod.cgroup_parent,
-    )
 
 
 def _int(value: Any) -> int:
@@ -340,34 +290,6 @@ def _envs_from_json(document: Any) -> FrozenMap[str, str]:
     )
 
 
-def container_from_status(
-    status: v1.ContainerStatus,
-    pod_sandbox_id: str,
-    pod: PodInfo,
-    info: Mapping[str, str] | None = None,
-) -> ContainerInfo:
-    """The container record recoverable from ContainerStatus and its verbose *info* (see the module docstring).
-
-    ContainerStatus does not name the sandbox: pass *pod_sandbox_id* from the ListContainers item.
-    """
-    meta = status.metadata or v1.ContainerMetadata()
-    document = _verbose(info)
-    reported = None
-    if status.resources is not None and status.resources.linux is not None:
-        reported = resources_from_cri(status.resources.linux)
-    return ContainerInfo(
-        pod_sandbox_id=pod_sandbox_id,
-        pod=pod,
-        name=meta.name,
-        attempt=meta.attempt,
-        id=status.id,
-        annotations=status.annotations,
-        resources=_recovered_resources(reported, document),
-        envs=_envs_from_json(_dig(document, "config", "envs")),
-        pod_cgroup_parent=pod.cgroup_parent,
-    )
-
-
 def _recovered_resources(reported: Resources | None, document: Any) -> Resources | None:
     """A recovered container's resources: those the runtime reports (with the swap limit of the requested
     config, 0 when absent), else the requested ones of the verbose *document*, else ``None``."""
@@ -380,11 +302,10 @@ def _recovered_resources(reported: Resources | None, document: Any) -> Resources
     )
 
 
-# --- the same from upb-decoded answers (recovery's bulk path, krproxy.hooks.wire) --------------------------
+# --- from upb-decoded answers (recovery, krproxy.hooks.wire) ------------------------------------------------
 #
-# Each gives exactly what its betterproto2 counterpart above gives for the same bytes. upb reads an unset
-# sub-message as an empty one (hence HasField where "absent" differs from "empty"), and map fields come as
-# repeated key/value entries.
+# upb reads an unset sub-message as an empty one (hence HasField where "absent" differs from "empty"), and
+# map fields come as repeated key/value entries (a key sent twice: the later value, in the first place).
 
 
 def _entries(field: Iterable[Any]) -> dict[str, Any]:
@@ -393,7 +314,7 @@ def _entries(field: Iterable[Any]) -> dict[str, Any]:
 
 
 def pod_from_wire_sandbox(sandbox: Any) -> PodInfo:
-    """:func:`pod_from_sandbox` of a ``wire`` PodSandbox."""
+    """The pod record recoverable from a ListPodSandbox item (no cgroup parent: the list does not carry it)."""
     meta = sandbox.metadata
     return PodInfo(
         name=meta.name,
@@ -407,7 +328,7 @@ def pod_from_wire_sandbox(sandbox: Any) -> PodInfo:
 
 
 def pod_from_wire_status(status: Any, info: Mapping[str, str] | None = None) -> PodInfo:
-    """:func:`pod_from_status` of a ``wire`` PodSandboxStatus (*info* as a dict)."""
+    """The pod record recoverable from PodSandboxStatus and its verbose *info* (see the module docstring)."""
     meta = status.metadata
     return PodInfo(
         name=meta.name,
@@ -422,7 +343,7 @@ def pod_from_wire_status(status: Any, info: Mapping[str, str] | None = None) -> 
 
 
 def container_from_wire_list(container: Any, pod: PodInfo) -> ContainerInfo:
-    """:func:`container_from_list` of a ``wire`` Container."""
+    """The container record recoverable from a ListContainers item (resources unknown, no envs)."""
     meta = container.metadata
     return ContainerInfo(
         pod_sandbox_id=container.pod_sandbox_id,
@@ -442,7 +363,10 @@ def container_from_wire_status(
     pod: PodInfo,
     info: Mapping[str, str] | None = None,
 ) -> ContainerInfo:
-    """:func:`container_from_status` of a ``wire`` ContainerStatus (*info* as a dict)."""
+    """The container record recoverable from ContainerStatus and its verbose *info* (see the module docstring).
+
+    ContainerStatus does not name the sandbox: pass *pod_sandbox_id* from the ListContainers item.
+    """
     meta = status.metadata
     document = _verbose(info)
     reported = None

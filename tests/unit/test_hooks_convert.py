@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import attrs
+import betterproto2
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from krproxy.hooks import wire
 from krproxy.hooks.convert import (
     container_from_create_request,
-    container_from_list,
-    container_from_status,
+    container_from_wire_list,
+    container_from_wire_status,
     container_hook_request,
     envs_from_cri,
     pod_from_run_request,
-    pod_from_sandbox,
-    pod_from_status,
+    pod_from_wire_sandbox,
+    pod_from_wire_status,
     pod_hook_request,
     resources_from_cri,
     resources_from_hook,
@@ -199,6 +202,11 @@ class TestHookRequests:
         assert request == v1alpha1.ContainerResourceHookRequest.FromString(request.SerializeToString())
 
 
+def _wire(message: betterproto2.Message) -> Any:
+    """``message`` as recovery reads it: its bytes decoded by the upb class of the same name."""
+    return wire.message_class(type(message).__name__).FromString(bytes(message))
+
+
 def _with_id(info: ContainerInfo, container_id: str) -> ContainerInfo:
     return attrs.evolve(info, id=container_id)
 
@@ -214,7 +222,7 @@ class TestRecovery:
             runtime_handler="runc",
         )
 
-        assert attrs.evolve(POD, cgroup_parent="") == pod_from_sandbox(sandbox)
+        assert attrs.evolve(POD, cgroup_parent="") == pod_from_wire_sandbox(_wire(sandbox))
 
     @pytest.mark.parametrize(
         ("info", "expected"),
@@ -253,7 +261,7 @@ class TestRecovery:
             runtime_handler="runc",
         )
 
-        assert attrs.evolve(POD, cgroup_parent=expected) == pod_from_status(status, info)
+        assert attrs.evolve(POD, cgroup_parent=expected) == pod_from_wire_status(_wire(status), info)
 
     def test_container_from_list(self) -> None:
         """A ListContainers item gives meta, id and annotations; resources unknown, envs empty."""
@@ -273,14 +281,16 @@ class TestRecovery:
             annotations={"c": "1"},
             pod_cgroup_parent="/kubepods/podu1",
         )
-        assert expected == container_from_list(item, POD)
+        assert expected == container_from_wire_list(_wire(item), POD)
 
-    def _status(self, resources: v1.LinuxContainerResources | None) -> v1.ContainerStatus:
-        return v1.ContainerStatus(
-            id="c1",
-            metadata=v1.ContainerMetadata(name="app", attempt=1),
-            annotations={"c": "1"},
-            resources=v1.ContainerResources(linux=resources) if resources is not None else None,
+    def _status(self, resources: v1.LinuxContainerResources | None) -> Any:
+        return _wire(
+            v1.ContainerStatus(
+                id="c1",
+                metadata=v1.ContainerMetadata(name="app", attempt=1),
+                annotations={"c": "1"},
+                resources=v1.ContainerResources(linux=resources) if resources is not None else None,
+            )
         )
 
     def test_container_from_status_reported_resources(self) -> None:
@@ -288,7 +298,7 @@ class TestRecovery:
         is taken from the requested config (absent there: 0)."""
         info = {"info": json.dumps({"config": {"linux": {"resources": {"cpu_shares": 7}}}})}
 
-        actual = container_from_status(self._status(resources_to_cri(RESOURCES)), "sb1", POD, info)
+        actual = container_from_wire_status(self._status(resources_to_cri(RESOURCES)), "sb1", POD, info)
 
         assert attrs.evolve(RESOURCES, memory_swap_limit_in_bytes=0) == actual.resources
 
@@ -300,7 +310,7 @@ class TestRecovery:
         requested = {"memory_limit_in_bytes": 64 << 20, "memory_swap_limit_in_bytes": 0}
         info = {"info": json.dumps({"config": {"linux": {"resources": requested}}})}
 
-        actual = container_from_status(self._status(resources_to_cri(reported)), "sb1", POD, info)
+        actual = container_from_wire_status(self._status(resources_to_cri(reported)), "sb1", POD, info)
 
         assert actual.resources is not None
         assert (64 << 20, 0) == (
@@ -328,7 +338,7 @@ class TestRecovery:
             },
         }
 
-        actual = container_from_status(
+        actual = container_from_wire_status(
             self._status(None), "sb1", POD, {"info": json.dumps({"config": config})}
         )
 
@@ -336,7 +346,7 @@ class TestRecovery:
 
     def test_container_from_status_nothing_reported(self) -> None:
         """Without reported resources or verbose info, resources are unknown and envs empty."""
-        actual = container_from_status(self._status(None), "sb1", POD)
+        actual = container_from_wire_status(self._status(None), "sb1", POD)
 
         assert (None, {}) == (actual.resources, dict(actual.envs))
 

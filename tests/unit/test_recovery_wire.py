@@ -1,11 +1,14 @@
-"""Recovery's upb path (krproxy.hooks.wire + convert.*_from_wire_*) gives exactly what the betterproto2 path
-(convert.pod_from_status & co.) gives for the same bytes, map order included."""
+"""Recovery's upb path (krproxy.hooks.wire + convert.*_from_wire_*) recovers, for any answer a runtime may
+send, exactly the fields of the messages it was encoded from, map order included (as betterproto2 decodes
+them: a key sent twice keeps its first place with the later value). The verbose info's own rules (cgroup
+parent, requested resources, envs) are table-tested in test_hooks_convert.py."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -74,6 +77,39 @@ def _keep_order(record: PodInfo | ContainerInfo) -> tuple[Any, ...]:
     return tuple(list(getattr(record, name).items()) for name in maps if hasattr(record, name))
 
 
+def _pod(
+    meta: v1.PodSandboxMetadata | None, item: v1.PodSandbox | v1.PodSandboxStatus, cgroup_parent: str
+) -> PodInfo:
+    """The record the fields of a ListPodSandbox item or a PodSandboxStatus make."""
+    meta = meta or v1.PodSandboxMetadata()
+    return PodInfo(
+        name=meta.name,
+        uid=meta.uid,
+        namespace=meta.namespace,
+        attempt=meta.attempt,
+        runtime_handler=item.runtime_handler,
+        labels=item.labels,
+        annotations=item.annotations,
+        cgroup_parent=cgroup_parent,
+    )
+
+
+def _container(
+    meta: v1.ContainerMetadata | None, container_id: str, annotations: dict[str, str]
+) -> ContainerInfo:
+    meta = meta or v1.ContainerMetadata()
+    return ContainerInfo(
+        pod_sandbox_id="sb1",
+        pod=POD,
+        name=meta.name,
+        attempt=meta.attempt,
+        id=container_id,
+        annotations=annotations,
+        resources=None,
+        pod_cgroup_parent=POD.cgroup_parent,
+    )
+
+
 @given(
     st.builds(
         v1.PodSandbox,
@@ -85,11 +121,11 @@ def _keep_order(record: PodInfo | ContainerInfo) -> tuple[Any, ...]:
     )
 )
 def test_pod_from_sandbox(sandbox: v1.PodSandbox) -> None:
+    """A ListPodSandbox item: its metadata, labels, annotations and handler; no cgroup parent."""
     data = bytes(v1.ListPodSandboxResponse(items=[sandbox]))
-    [old] = v1.ListPodSandboxResponse.FromString(data).items
-    [new] = wire.ListPodSandboxResponse.FromString(data).items
+    [item] = wire.ListPodSandboxResponse.FromString(data).items
 
-    expected, actual = convert.pod_from_sandbox(old), convert.pod_from_wire_sandbox(new)
+    expected, actual = _pod(sandbox.metadata, sandbox, ""), convert.pod_from_wire_sandbox(item)
 
     assert (expected, _keep_order(expected)) == (actual, _keep_order(actual))
 
@@ -106,13 +142,12 @@ def test_pod_from_sandbox(sandbox: v1.PodSandbox) -> None:
     infos,
 )
 def test_pod_from_status(status: v1.PodSandboxStatus, info: dict[str, str]) -> None:
+    """A PodSandboxStatus: its fields, and the cgroup parent its verbose info names."""
     data = bytes(v1.PodSandboxStatusResponse(status=status, info=info))
-    old = v1.PodSandboxStatusResponse.FromString(data)
-    new = wire.PodSandboxStatusResponse.FromString(data)
+    answer = wire.PodSandboxStatusResponse.FromString(data)
 
-    assert old.status is not None
-    expected = convert.pod_from_status(old.status, old.info)
-    actual = convert.pod_from_wire_status(new.status, wire.entries(new.info))
+    expected = _pod(status.metadata, status, convert.cgroup_parent_from_verbose(info, status.id))
+    actual = convert.pod_from_wire_status(answer.status, wire.entries(answer.info))
 
     assert (expected, _keep_order(expected)) == (actual, _keep_order(actual))
 
@@ -121,18 +156,19 @@ def test_pod_from_status(status: v1.PodSandboxStatus, info: dict[str, str]) -> N
     st.builds(
         v1.Container,
         id=text,
-        pod_sandbox_id=text,
+        pod_sandbox_id=st.just("sb1"),
         metadata=st.none() | container_metadata,
         labels=string_maps,
         annotations=string_maps,
     )
 )
 def test_container_from_list(container: v1.Container) -> None:
+    """A ListContainers item: its metadata, id and annotations; resources unknown, no envs."""
     data = bytes(v1.ListContainersResponse(containers=[container]))
-    [old] = v1.ListContainersResponse.FromString(data).containers
-    [new] = wire.ListContainersResponse.FromString(data).containers
+    [item] = wire.ListContainersResponse.FromString(data).containers
 
-    expected, actual = convert.container_from_list(old, POD), convert.container_from_wire_list(new, POD)
+    expected = _container(container.metadata, container.id, container.annotations)
+    actual = convert.container_from_wire_list(item, POD)
 
     assert (expected, _keep_order(expected)) == (actual, _keep_order(actual))
 
@@ -145,17 +181,20 @@ def test_container_from_list(container: v1.Container) -> None:
         annotations=string_maps,
         # Absent, present without linux, present with (possibly all-default) linux resources.
         resources=st.none() | st.builds(v1.ContainerResources, linux=st.none() | linux_resources),
-    ),
-    infos,
+    )
 )
-def test_container_from_status(status: v1.ContainerStatus, info: dict[str, str]) -> None:
-    data = bytes(v1.ContainerStatusResponse(status=status, info=info))
-    old = v1.ContainerStatusResponse.FromString(data)
-    new = wire.ContainerStatusResponse.FromString(data)
+def test_container_from_status(status: v1.ContainerStatus) -> None:
+    """A ContainerStatus without verbose info: its fields, and the resources it reports (any values,
+    hugepages and unified map included) with swap 0, since no requested swap is known."""
+    data = bytes(v1.ContainerStatusResponse(status=status))
+    answer = wire.ContainerStatusResponse.FromString(data)
 
-    assert old.status is not None
-    expected = convert.container_from_status(old.status, "sb1", POD, old.info)
-    actual = convert.container_from_wire_status(new.status, "sb1", POD, wire.entries(new.info))
+    reported = status.resources.linux if status.resources is not None else None
+    resources = None
+    if reported is not None:
+        resources = attrs.evolve(convert.resources_from_cri(reported), memory_swap_limit_in_bytes=0)
+    expected = attrs.evolve(_container(status.metadata, status.id, status.annotations), resources=resources)
+    actual = convert.container_from_wire_status(answer.status, "sb1", POD, wire.entries(answer.info))
 
     assert (expected, _keep_order(expected)) == (actual, _keep_order(actual))
 
