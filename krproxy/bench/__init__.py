@@ -37,6 +37,9 @@ import grpc
 PY = sys.executable
 
 
+__all__ = ["main", "report", "run"]
+
+
 class Processes:
     """Subprocesses the benchmark started; all stopped by PID at the end."""
 

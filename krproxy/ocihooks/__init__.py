@@ -12,3 +12,6 @@ The modules the wrapper imports (:mod:`.model`, :mod:`.execute`, :mod:`.wrapper`
 standard library only: the wrapper runs for every runc call, so its start-up time matters.
 This package's ``__init__`` therefore imports nothing.
 """
+
+# Its modules are the public surface: model (hook files, matching), execute, wrapper, proxy.
+__all__: list[str] = []
