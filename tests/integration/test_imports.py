@@ -19,16 +19,23 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-#: Modules of the pure core (docs/architecture.md): hook points, records, merge rules,
-#: registration parsing, the store and the trace format.
+#: Modules of the pure core (docs/architecture.md, "Layers"): hook points, records, merge rules,
+#: registration parsing, the store, the trace format and what they are made of.
 PURE_CORE = [
     "krproxy.hooks.merge",
     "krproxy.hooks.registration",
     "krproxy.hooks.store",
     "krproxy.trace.format",
     "krproxy.hooks.points",
+    "krproxy.hooks.model",
+    "krproxy.hooks.slices",
     "krproxy.hooks.outcomes",
+    "krproxy.hooks.convert",
+    "krproxy.hooks.validate",
     "krproxy.calls",
+    "krproxy.config",
+    "krproxy.methods",
+    "krproxy.forward",
 ]
 
 #: What the pure core must not load.
