@@ -15,10 +15,11 @@ from typing import Any
 
 import attrs
 import betterproto2
-from grpclib.const import Cardinality, Status
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from krproxy.grpcstatus import Cardinality, Status
+from krproxy.methods import cri_methods
 from krproxy.proto.runtime import v1 as cri
 from krproxy.trace import messages
 from krproxy.trace.messages import IdMap
@@ -228,7 +229,7 @@ def _repeated_reply_fields() -> set[tuple[str, str]]:
             if isinstance(child, type) and issubclass(child, betterproto2.Message):
                 walk(child)
 
-    for path in messages._methods():
+    for path in cri_methods():
         types = messages.method_types(path)
         if types is not None and types.cardinality is Cardinality.UNARY_UNARY:
             walk(types.reply)
