@@ -171,7 +171,7 @@ def _add_hook_dir(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_nri(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_nri(subparsers: argparse._SubParsersAction[Any]) -> None:
     from krproxy.nri import DEFAULT_SOCKET
 
     p = subparsers.add_parser(

@@ -58,8 +58,9 @@ from krproxy.config import check_metrics_address
 from krproxy.grpcstatus import Status
 from krproxy.hooks import convert as hook_convert
 from krproxy.hooks import merge
-from krproxy.hooks.dispatch import Dispatcher, HookRejected
+from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.model import ContainerInfo, PodInfo
+from krproxy.hooks.outcomes import HookRejected
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
 from krproxy.hooks.store import HookStore
