@@ -11,9 +11,9 @@ Endpoints, all ``GET`` (or ``HEAD``):
 =============  ==========================================================================
 
 The server is a trio task in the daemon's root nursery (no thread, unlike prometheus-client's
-``start_http_server``). HTTP is parsed by the sans-I/O :func:`parse_head` — one request per
+``start_http_server``). HTTP/1 is h11's (sans-I/O, as in Docker mode): one request per
 connection, answered with ``Connection: close``, which is all a scraper, a probe or ``curl``
-needs — so no HTTP library is required. Bodies are never read.
+needs. Bodies are never read.
 
 Resource handling: each connection gets :data:`REQUEST_TIMEOUT` seconds for everything; at most
 :data:`MAX_CONNECTIONS` are served at once, and more are closed unanswered.
@@ -41,6 +41,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn, Protocol
 
 import attrs
+import h11
 import trio
 from prometheus_client.exposition import choose_encoder
 
@@ -65,10 +66,7 @@ MAX_CONNECTIONS = 32
 #: Backlog of the listening socket.
 BACKLOG = 64
 
-_TOKEN = frozenset(b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz")
-
-
-# --- HTTP, sans I/O -----------------------------------------------------------------------------
+# --- HTTP, sans I/O (h11) -----------------------------------------------------------------------
 
 
 class BadRequest(Exception):
@@ -105,66 +103,86 @@ class Request:
         return next((value for key, value in self.headers if key == name), None)
 
 
-def parse_head(data: bytes) -> Request | None:
-    """Parse the request head at the start of *data*; None if more bytes are needed.
+@attrs.define(eq=False)
+class Connection:
+    """The server side of one admin connection: h11's state machine, plus the two limits h11 does
+    not keep itself (a complete head may still be over :data:`MAX_HEAD`; HTTP/2.0 is not 1.x)."""
 
-    Strict on purpose: CRLF line ends, ``METHOD SP origin-form-target SP HTTP/1.x``, headers as
-    ``token ":" value`` without line folding. Whatever follows the head is ignored.
+    machine: h11.Connection = attrs.field(
+        factory=lambda: h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+    )
+    received: int = 0
+
+
+def connection() -> Connection:
+    """A fresh server connection (see :class:`Connection`)."""
+    return Connection()
+
+
+def receive(conn: Connection, data: bytes) -> Request | None:
+    """Feed *data* to *conn*; the request once its head is complete, else None (more is needed).
+
+    Whatever follows the head is never read: one request per connection.
 
     Raises:
-        BadRequest: malformed (400), too large (431) or an unsupported HTTP version (505).
+        BadRequest: refused with the status to answer: what h11 says (400 for a malformed head
+            or a missing Host, 431 for an incomplete head over :data:`MAX_HEAD` bytes), 431 for
+            a complete one over it, 505 for a version other than HTTP/1.0 and 1.1, 400 for a
+            target that is not a path.
     """
-    end = data.find(b"\r\n\r\n")
-    if end < 0 and len(data) <= MAX_HEAD:
-        return None
-    if end < 0 or end > MAX_HEAD:
+    conn.received += len(data)
+    conn.machine.receive_data(data)
+    try:
+        event = conn.machine.next_event()
+    except h11.RemoteProtocolError as err:
+        raise BadRequest(http.HTTPStatus(err.error_status_hint), str(err)) from None
+    if not isinstance(event, h11.Request):
+        return None  # NEED_DATA (or the client closed: nothing to answer)
+    if conn.received - len(conn.machine.trailing_data[0]) > MAX_HEAD:
         raise BadRequest(
             http.HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"request head over {MAX_HEAD} bytes"
         )
-    request_line, *header_lines = data[:end].split(b"\r\n")
-    parts = request_line.split(b" ")
-    if len(parts) != 3:
-        raise BadRequest(http.HTTPStatus.BAD_REQUEST, "malformed request line")
-    method, target, version = parts
-    if not method or not set(method) <= _TOKEN:
-        raise BadRequest(http.HTTPStatus.BAD_REQUEST, "malformed method")
-    if not target.startswith(b"/") or any(b <= 0x20 or b >= 0x7F for b in target):
-        raise BadRequest(http.HTTPStatus.BAD_REQUEST, "malformed request target")
-    if not version.startswith(b"HTTP/"):
-        raise BadRequest(http.HTTPStatus.BAD_REQUEST, "malformed HTTP version")
-    if version not in (b"HTTP/1.0", b"HTTP/1.1"):
+    if event.http_version not in (b"1.0", b"1.1"):
         raise BadRequest(http.HTTPStatus.HTTP_VERSION_NOT_SUPPORTED, "only HTTP/1.0 and HTTP/1.1")
-    headers: list[tuple[str, str]] = []
-    for line in header_lines:
-        name, colon, value = line.partition(b":")
-        if not colon or not name or not set(name) <= _TOKEN:
-            raise BadRequest(http.HTTPStatus.BAD_REQUEST, "malformed header line")
-        headers.append((name.decode("ascii").lower(), value.strip(b" \t").decode("latin-1")))
-    return Request(method.decode("ascii"), target.decode("ascii"), version.decode("ascii"), tuple(headers))
+    if not event.target.startswith(b"/"):
+        raise BadRequest(http.HTTPStatus.BAD_REQUEST, "the request target must be a path (origin-form)")
+    return Request(
+        event.method.decode("ascii"),
+        event.target.decode("ascii"),
+        f"HTTP/{event.http_version.decode('ascii')}",
+        tuple((name.decode("ascii"), value.decode("latin-1")) for name, value in event.headers),
+    )
+
+
+def parse_head(data: bytes) -> Request | None:
+    """:func:`receive` on a fresh connection: the request at the start of *data*, or None."""
+    return receive(connection(), data)
 
 
 @attrs.frozen
 class Response:
-    """An answer to render: status, body, content type and extra headers."""
+    """An answer to send: status, body, content type and extra headers."""
 
     status: int
     body: bytes = b""
     content_type: str = "text/plain; charset=utf-8"
     headers: tuple[tuple[str, str], ...] = ()
 
-    def render(self, *, head_only: bool = False) -> bytes:
-        """The response bytes; ``head_only`` (for HEAD) omits the body but keeps its length."""
-        reason = http.HTTPStatus(self.status).phrase
-        lines = [
-            f"HTTP/1.1 {self.status} {reason}",
-            f"Content-Type: {self.content_type}",
-            f"Content-Length: {len(self.body)}",
-            "Connection: close",
-            "Cache-Control: no-store",
-            *(f"{name}: {value}" for name, value in self.headers),
+    def send(self, conn: Connection, *, head_only: bool = False) -> bytes:
+        """The bytes of this response on *conn*; ``head_only`` (for HEAD) omits the body but keeps
+        its length. Every answer closes the connection."""
+        headers = [
+            ("Content-Type", self.content_type),
+            ("Content-Length", str(len(self.body))),
+            ("Connection", "close"),
+            ("Cache-Control", "no-store"),
+            *self.headers,
         ]
-        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-        return head if head_only else head + self.body
+        reason = http.HTTPStatus(self.status).phrase.encode()
+        data = conn.machine.send(h11.Response(status_code=self.status, headers=headers, reason=reason)) or b""
+        if self.body and not head_only:
+            data += conn.machine.send(h11.Data(data=self.body)) or b""
+        return data + (conn.machine.send(h11.EndOfMessage()) or b"")
 
 
 def _text(status: int, text: str, **kwargs: Any) -> Response:
@@ -342,16 +360,14 @@ def bound_address(sock: socket.socket) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-async def _read_request(stream: trio.abc.ReceiveStream) -> Request | None:
-    data = b""
+async def _read_request(conn: Connection, stream: trio.abc.ReceiveStream) -> Request | None:
     while True:
-        request = parse_head(data)
-        if request is not None:
-            return request
         chunk = await stream.receive_some(4096)
         if not chunk:
             return None  # the client went away before finishing its request
-        data += chunk
+        request = receive(conn, bytes(chunk))
+        if request is not None:
+            return request
 
 
 async def _handle(view: View, limiter: trio.CapacityLimiter, stream: trio.SocketStream) -> None:
@@ -359,12 +375,13 @@ async def _handle(view: View, limiter: trio.CapacityLimiter, stream: trio.Socket
         limiter.acquire_nowait()
     except trio.WouldBlock:
         return  # over capacity: closed unanswered (by serve_listeners)
+    conn = connection()
     try:
         with trio.move_on_after(REQUEST_TIMEOUT):
             try:
-                request = await _read_request(stream)
+                request = await _read_request(conn, stream)
             except BadRequest as err:
-                await stream.send_all(_text(err.status, str(err)).render())
+                await stream.send_all(_text(err.status, str(err)).send(conn))
                 return
             if request is None:
                 return
@@ -373,7 +390,7 @@ async def _handle(view: View, limiter: trio.CapacityLimiter, stream: trio.Socket
             except Exception:
                 LOGGER.exception("admin endpoint failed answering %s", request.target)
                 response = _text(500, "internal error; see the daemon's log")
-            await stream.send_all(response.render(head_only=request.method == "HEAD"))
+            await stream.send_all(response.send(conn, head_only=request.method == "HEAD"))
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass  # the client hung up: nothing to answer
     finally:

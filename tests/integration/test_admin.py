@@ -96,7 +96,9 @@ class TestMetrics:
         """A scraper asking for OpenMetrics gets it, terminated by # EOF."""
         assert containerd_proxy.admin_view is not None
         address = containerd_proxy.admin_view.address
-        request = b"GET /metrics HTTP/1.1\r\nAccept: application/openmetrics-text; version=1.0.0\r\n\r\n"
+        request = (
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text; version=1.0.0\r\n\r\n"
+        )
 
         code, headers, body = await http(address, request)
 
@@ -192,12 +194,13 @@ class TestEndpoints:
     @pytest.mark.parametrize(
         ("request_bytes", "code"),
         [
-            (b"GET /nowhere HTTP/1.1\r\n\r\n", 404),
-            (b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n", 405),
-            (b"GET /metrics HTTP/2.0\r\n\r\n", 505),
-            (b"GET metrics HTTP/1.1\r\n\r\n", 400),
+            (b"GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n", 404),
+            (b"GET /nowhere HTTP/1.1\r\n\r\n", 400),  # HTTP/1.1 requires Host (h11)
+            (b"POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 405),
+            (b"GET /metrics HTTP/2.0\r\nHost: x\r\n\r\n", 505),
+            (b"GET metrics HTTP/1.1\r\nHost: x\r\n\r\n", 400),
             (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n", 400),
-            (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\n\r\n", 431),
+            (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 431),
         ],
     )
     async def test_bad_requests_are_answered_not_fatal(
