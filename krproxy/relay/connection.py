@@ -16,6 +16,7 @@ arrived and hands it on; whatever that queued on any connection is then written 
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import time
@@ -57,6 +58,19 @@ _READS_PER_CHECKPOINT = 8
 
 _RETIRED = "retired"
 _STOPPED = "krproxy stopped"
+
+#: What a socket error says happened to the connection, in words instead of an errno string.
+_PEER_ENDED = {
+    errno.ECONNRESET: "connection reset by peer",  # it closed with our bytes unread, e.g. it crashed
+    errno.EPIPE: "connection closed by peer",  # it closed, or stopped reading, before our write
+}
+
+
+def _socket_trouble(err: OSError | trio.ClosedResourceError) -> str:
+    """Why a read or write failed: the peer's doing in words (:data:`_PEER_ENDED`), else the error."""
+    if isinstance(err, OSError) and err.errno in _PEER_ENDED:
+        return _PEER_ENDED[err.errno]
+    return str(err) or type(err).__name__
 
 
 #: Said when the peer answers in HTTP/1 (dockerd does, to an HTTP/2 preface): the usual reason
@@ -319,7 +333,7 @@ class Endpoint:
         except BlockingIOError:
             sent = 0
         except OSError as err:
-            self.close(f"send failed: {err}")
+            self.close(f"send failed: {_socket_trouble(err)}")
             return
         if sent == len(self.out):
             self.out.clear()
@@ -337,7 +351,7 @@ class Endpoint:
                 except BlockingIOError:
                     continue
                 except (OSError, trio.ClosedResourceError) as err:
-                    self.close(f"send failed: {err}")
+                    self.close(f"send failed: {_socket_trouble(err)}")
                     return
                 del self.out[:sent]
         finally:
@@ -416,10 +430,8 @@ class Endpoint:
             if not self.closed:
                 self.write(f.goaway(self.last_peer_id, err.code, str(err).encode()[:200]))
                 self.try_send()
-        except ConnectionResetError:  # the peer closed with our bytes unread, e.g. it crashed
-            reason = "connection reset by peer"
         except (OSError, trio.ClosedResourceError) as err:
-            reason = str(err) or type(err).__name__
+            reason = _socket_trouble(err)
         except trio.Cancelled:
             reason = _STOPPED
             raise

@@ -36,8 +36,17 @@ TIMEOUT_CAUSES = ("no answer within 0.3s", "DEADLINE_EXCEEDED")
 TROUBLES: dict[str, tuple[Misbehaviour | None, tuple[str, ...]]] = {
     "error": (Misbehaviour(status=Status.INTERNAL, message="boom"), ("INTERNAL: boom",)),
     "timeout": (Misbehaviour(hang=True), TIMEOUT_CAUSES),
-    # A crash ends the connection; with the proxy's request still unread the kernel resets it.
-    "crash": (Misbehaviour(drop=True), ("connection closed by peer", "connection reset by peer")),
+    # A crash ends the connection; with the proxy's request still unread the kernel resets it. If the
+    # proxy happens to write (a SETTINGS ACK) after the crash, the write is what fails.
+    "crash": (
+        Misbehaviour(drop=True),
+        (
+            "connection closed by peer",
+            "connection reset by peer",
+            "send failed: connection closed by peer",
+            "send failed: connection reset by peer",
+        ),
+    ),
     "garbage": (Misbehaviour(garbage=GARBAGE), ("EOFError",)),
     # Decodes without error (betterproto2 ignores wire types) but pod_cgroup_parent comes out an int.
     "loose": (Misbehaviour(garbage=b"\x18\x05"), ("invalid answer: answer has fields of the wrong type",)),
@@ -141,6 +150,39 @@ class TestPreHookFailureDetails:
 
         listener.close()
         assert "hook server reset failed PreCreateContainer: connection reset by peer" in error.details()
+
+    async def test_plugin_that_stops_reading_is_reported_in_words(self, node: Node) -> None:
+        """A plugin that stops reading (shutdown SHUT_RD) and then speaks makes the proxy's next write
+        fail (EPIPE): reported as "connection closed by peer", like a close seen while reading, not as
+        an errno string ("send failed: [Errno 32] Broken pipe")."""
+        path = node.plugin_socket("deaf")
+        listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await listener.bind(path)
+        listener.listen()
+        done = trio.Event()
+
+        async def accept_then_stop_reading() -> None:
+            conn, _ = await listener.accept()
+            with conn:
+                await trio.lowlevel.wait_readable(conn)
+                await trio.sleep(0.1)  # the proxy's preface and request have arrived
+                await conn.recv(1 << 20)
+                conn.shutdown(socket.SHUT_RD)
+                await conn.send(b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # SETTINGS: the proxy answers an ACK
+                await done.wait()
+
+        node.nursery.start_soon(accept_then_stop_reading)
+        await node.add_plugin("deaf", hooks=[CREATE], failure_policy="Fail", serve=False)
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+
+        error = await rejection(node, "CreateContainer", node.create_request(pod_id))
+
+        done.set()
+        listener.close()
+        assert "hook server deaf failed PreCreateContainer: send failed: connection closed by peer" in (
+            error.details()
+        )
 
     async def test_fail_on_pre_start_rejects_start(self, node: Node) -> None:
         """A Fail plugin failing PreStartContainer rejects StartContainer; the runtime never sees it."""
