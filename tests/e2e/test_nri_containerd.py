@@ -1,10 +1,10 @@
 """``krproxy nri`` with a real containerd: a hook server's changes land in the real cgroup files and env with
 no proxy in the CRI path, and the same hook server through ``krproxy serve`` gives the same result.
 
-containerd 2.x serves NRI by default (``scripts/containerd-sandbox`` leaves it so; its socket is in the
-sandbox's own /run, reachable from here as ``DIR/run/nri/nri.sock``); 1.6 has no NRI and 1.7 ships it off,
-so these tests are skipped there, with the reason. Pods are created by a CRI client straight to
-containerd, with kubelet's deadlines.
+containerd 2.x serves NRI by default and ``scripts/containerd-sandbox`` turns it on for 1.7 (NRI 0.6.1:
+no timeouts in Configure); its socket is in the sandbox's own /run, reachable from here as
+``DIR/run/nri/nri.sock``. 1.6 has no NRI: the tests are skipped there, with the reason. Pods are
+created by a CRI client straight to containerd, with kubelet's deadlines.
 """
 
 from __future__ import annotations
@@ -51,29 +51,31 @@ def nri_socket(containerd: Containerd) -> Path:
     return containerd.dir / "run" / "nri" / "nri.sock"
 
 
+def start_nri(containerd: Containerd, workdir: Path, log_name: str = "krproxy-nri.log") -> Proxy:
+    """Start ``krproxy nri`` on containerd's NRI socket with hook dir ``workdir/hooks``."""
+    (workdir / "hooks").mkdir(exist_ok=True)
+    log_path = workdir / log_name
+    command = [sys.executable, "-m", "krproxy", "nri", "--nri-socket", str(nri_socket(containerd))]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [*command, "--hook-dir", str(workdir / "hooks")],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            cwd=workdir,
+        )
+    return Proxy(process, "", log_path, workdir)  # the same handle: a process, its log and hook dir
+
+
 @contextlib.contextmanager
 def krproxy_nri(containerd: Containerd, workdir: Path) -> Iterator[Proxy]:
     """``krproxy nri`` on containerd's NRI socket, hook dir ``workdir/hooks``; must exit 0 on SIGTERM."""
     socket = nri_socket(containerd)
     if not socket.exists():
         pytest.skip(
-            f"containerd {containerd.version} serves no NRI socket at {socket} (on by default from 2.x)"
+            f"containerd {containerd.version} serves no NRI socket at {socket} (NRI is 1.7 and later)"
         )
-    (workdir / "hooks").mkdir(exist_ok=True)
-    log_path = workdir / "krproxy-nri.log"
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "krproxy", "nri", "--nri-socket", str(socket)),
-                "--hook-dir",
-                str(workdir / "hooks"),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            cwd=workdir,
-        )
-    daemon = Proxy(process, "", log_path, workdir)  # the same handle: a process, its log and hook dir
+    daemon = start_nri(containerd, workdir)
     try:
         synchronized(daemon, 1)
         yield daemon
@@ -169,3 +171,43 @@ def test_parity_with_proxy_mode(
             assert 0 == plugin.stop()
     assert proxied == through_nri
     assert os.path.exists(proxy.socket)
+
+
+def test_restarts_lose_no_hook(containerd: Containerd, direct: Cri, short_tmp: Path) -> None:
+    """``krproxy nri`` killed mid-lifecycle and started again, then containerd crashed and restarted: each
+    time the next CreateContainer reaches the hook server, with the pod's labels and annotations."""
+    with krproxy_nri(containerd, short_tmp) as daemon:
+        plugin = start_plugin(daemon, "watch", hooks=["PreCreateContainer"])
+        try:
+            synchronized(daemon, 2)
+            pod = pod_config(containerd.cgroup_parent, "restart")
+            pod.labels["app"] = "nri-restart"
+            pod.annotations["krproxy.e2e/note"] = "kept"
+            with cleanup(direct) as pods:
+                pod_id = run_pod(direct, pod, pods)
+                daemon.process.kill()  # mid-lifecycle: the pod runs, its container is not created yet
+                daemon.process.wait()
+                restarted = start_nri(containerd, short_tmp, "krproxy-nri-2.log")
+                daemon.process, daemon.log_path = restarted.process, restarted.log_path
+                synchronized(daemon, 1)
+                create_container(direct, pod_id, pod, container_config(containerd.busybox))
+            [request] = plugin.requests("PreCreateContainer")
+            assert ("nri-restart", "kept") == (
+                request["pod_labels"]["app"],
+                request["pod_annotations"]["krproxy.e2e/note"],
+            )
+
+            containerd.crash()
+            containerd.start()  # same DIR and socket path
+            synchronized(daemon, 2)  # reconnected and synchronized by the new containerd
+            with cleanup(direct) as pods:
+                pod_id = run_pod(direct, pod_config(containerd.cgroup_parent, "after"), pods)
+                create_container(
+                    direct,
+                    pod_id,
+                    pod_config(containerd.cgroup_parent, "after"),
+                    container_config(containerd.busybox),
+                )
+            assert 2 == len(plugin.requests("PreCreateContainer"))
+        finally:
+            assert 0 == plugin.stop()
