@@ -41,9 +41,15 @@ def sandbox() -> ModuleType:
 
 
 class TestContainerdConfig:
-    def config(self, sandbox: ModuleType, tmp_path: Path, major: int) -> dict[str, Any]:
-        text = sandbox.render_config(sandbox.Paths(str(tmp_path)), "krproxy.local/pause:latest", major)
+    def config(self, sandbox: ModuleType, tmp_path: Path, major: int, minor: int = 6) -> dict[str, Any]:
+        text = sandbox.render_config(sandbox.Paths(str(tmp_path)), "krproxy.local/pause:latest", major, minor)
         return tomllib.loads(text)
+
+    def test_nri_on_for_1_7_only(self, sandbox: ModuleType, tmp_path: Path) -> None:
+        """containerd 1.7 gets NRI turned on (it ships it off; 2.x has it on by default); 1.6 has none to turn on."""
+        nri = self.config(sandbox, tmp_path, 1, 7)["plugins"]["io.containerd.nri.v1.nri"]
+        assert (False, False) == (nri["disable"], nri["disable_connections"])
+        assert "io.containerd.nri.v1.nri" not in self.config(sandbox, tmp_path, 1, 6)["plugins"]
 
     def test_version_2_for_containerd_1(self, sandbox: ModuleType, tmp_path: Path) -> None:
         config = self.config(sandbox, tmp_path, 1)
