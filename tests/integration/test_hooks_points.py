@@ -27,6 +27,7 @@ from tests.integration.hooks_support import (
     make_node,
     pod_config,
 )
+from tests.integration.support import in_thread
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
 
@@ -279,6 +280,33 @@ class TestRetriedStop:
         )
         assert [expected] * 2 == plugin.requests(HookPoint.POST_STOP_POD_SANDBOX)
         assert None is node.proxy.hooks.store.get_pod(pod_id)
+
+    async def test_stop_kubelet_gave_up_on_runs_post_stop_once_at_the_retry(self, node: Node) -> None:
+        """kubelet's deadline passes while the runtime stops the container: no PostStop then (nobody waits
+        for it), the entry stays, and the retry that works runs PostStopContainer once and drops it."""
+        plugin = await node.add_plugin("p", hooks=[HookPoint.POST_STOP_CONTAINER])
+        await node.start_proxy()
+        _, container_id = await node.pod_with_container()
+        await node.start(container_id)
+        node.fake.inject("StopContainer", Fault(delay=1.0))
+
+        with pytest.raises(grpc.RpcError) as failed:
+            await in_thread(
+                node.client.runtime.StopContainer,
+                api_pb2.StopContainerRequest(container_id=container_id, timeout=0),
+                timeout=0.2,
+            )
+        assert grpc.StatusCode.DEADLINE_EXCEEDED == failed.value.code()
+        await trio.sleep(0.3)
+        assert ([], True) == (
+            plugin.requests(HookPoint.POST_STOP_CONTAINER),
+            node.proxy.hooks.store.get_container(container_id) is not None,
+        )
+
+        await node.stop(container_id)
+
+        assert [container_request(container_id)] == plugin.requests(HookPoint.POST_STOP_CONTAINER)
+        assert None is node.proxy.hooks.store.get_container(container_id)
 
     async def test_stop_of_a_container_the_runtime_lost_drops_it(self, node: Node) -> None:
         """NOT_FOUND: the object is gone, no retry will need its record."""
