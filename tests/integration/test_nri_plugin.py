@@ -20,8 +20,11 @@ import trio
 from fakes.nri import FakeNriRuntime, NriError, event_mask
 from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
 from krproxy import admin
+from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
+from krproxy.nri import PLUGIN_SERVICE
 from krproxy.nri import plugin as nri_plugin
+from krproxy.nri._session import TtrpcError
 from krproxy.nri.plugin import NriConfig, NriPlugin
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from tests.integration.support import wait_until
@@ -304,6 +307,23 @@ class TestCreate:
             await node.runtime.run_pod(skipped)
             await node.runtime.create_container(container())
         assert [] == fake.calls
+
+
+class TestGarbage:
+    async def test_undecodable_event_is_answered_not_fatal(self, node: Node) -> None:
+        """A request krproxy cannot decode is answered with an error naming the problem; it stays registered
+        and serves the next event."""
+        await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER], changes=Changes(cpu_shares=7))
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            [connected] = node.runtime.plugins
+            with pytest.raises(TtrpcError) as info:
+                await connected.session.call(PLUGIN_SERVICE, "CreateContainer", b"\x0a\xff")
+            assert Status.UNKNOWN == info.value.code and info.value.message
+            await node.runtime.run_pod(pod())
+            created = await node.runtime.create_container(container())
+        assert 7 == created.linux.resources.cpu.shares.value  # type: ignore[union-attr]
+        assert [connected] == node.runtime.plugins
 
 
 class TestOtherEvents:
