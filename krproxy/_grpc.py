@@ -261,7 +261,8 @@ async def serve(
 
     Must run inside ``trio_asyncio.open_loop()``. Binds ``path`` itself unless given a
     socket already bound there by :func:`bind_unix_socket` as ``sock``. Reports the started ``Server`` through
-    ``task_status`` only once the socket accepts connections.
+    ``task_status`` only once the socket accepts connections. ``configure`` is called with the
+    ``Server`` before it starts (the fakes make it as strict as grpc-go there: :mod:`fakes.strict`).
 
     Resource handling: on cancellation the server stops listening, in-flight handlers are
     cancelled, open client connections are closed, and the socket file is removed (it is
@@ -274,10 +275,10 @@ async def serve(
     )
     if fallback is not None:
         install_fallback(server, fallback)
+    if configure is not None:  # first: what it changes (e.g. the protocol factory) is then tracked
+        configure(server)
     connections = _track_connections(server)
     purge_cancelled_timers(trio_asyncio.current_loop.get())
-    if configure is not None:
-        configure(server)
     # The inode of the socket file we bound: at the end we remove the file only if it is still
     # ours (a successor may have replaced it while we were draining).
     inode = os.stat(path).st_ino

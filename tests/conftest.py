@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import random
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -26,7 +28,19 @@ import trio
 from cri_api.v1 import api_pb2_grpc
 
 from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, sequential_ids, stepping_clock
+from fakes.containerd.state import LIST_SEED_ENV
 from krproxy import _grpc  # the adapter: trio-asyncio (warning handled), grpclib set up for it
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Fix the fake containerd's list order for the session (lists come shuffled, as containerd's)."""
+    os.environ.setdefault(LIST_SEED_ENV, str(random.randrange(2**32)))
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    seed = os.environ[LIST_SEED_ENV]
+    return f"fake containerd list order: {LIST_SEED_ENV}={seed} (set it to repeat this run's orders)"
+
 
 #: Generous client-side deadline for grpcio calls in tests: a hung call fails instead of hanging.
 CALL_TIMEOUT = 10.0

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import argparse
 import logging
+import random
 import signal
 from collections.abc import Sequence
 
 import trio
 
 from fakes.containerd.server import FakeContainerd, run_fake_containerd
+from fakes.containerd.state import RuntimeState, list_order
 from krproxy import _argparse, _grpc
 from krproxy.unixsock import strip_unix_scheme
 
@@ -31,6 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--socket", required=True, help="unix socket path (a unix:// prefix is accepted)")
     parser.add_argument("--seed-pods", type=int, default=0, help="READY pods to create at start")
     parser.add_argument("--containers-per-pod", type=int, default=1, help="RUNNING containers per seeded pod")
+    parser.add_argument(
+        "--list-seed",
+        type=int,
+        default=None,
+        help="seed of the order of list answers, shuffled on every call as containerd's change "
+        "(default: $FAKE_CONTAINERD_LIST_SEED, else random)",
+    )
     parser.add_argument(
         "--log-level",
         default="INFO",
@@ -56,7 +65,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse arguments, seed the fake if asked, and serve until a signal arrives."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    fake = FakeContainerd()
+    order = list_order() if args.list_seed is None else random.Random(args.list_seed)
+    fake = FakeContainerd(RuntimeState(order=order))
     if args.seed_pods:
         fake.seed(args.seed_pods, args.containers_per_pod)
     trio.run(_serve, strip_unix_scheme(args.socket), fake)

@@ -9,6 +9,12 @@ Which methods work is decided by :data:`~fakes.containerd.state.RuntimeState.CRI
 ``GetContainerEvents`` (served here, since it needs a live stream); every other method of the
 generated service bases answers UNIMPLEMENTED, as do unknown method paths (via
 :func:`krproxy._grpc.serve`'s fallback).
+
+The fake is as strict as containerd's grpc-go (:mod:`fakes.strict`): a request with a malformed
+``grpc-timeout`` (more than 8 digits) or without ``:method`` is refused as the chosen grpc-go
+version does (containerd 1.6's RST_STREAM PROTOCOL_ERROR by default), a message over 16 MiB either
+way is RESOURCE_EXHAUSTED, and no SETTINGS_MAX_CONCURRENT_STREAMS is advertised unless asked for.
+The header block of every request is logged (:meth:`FakeContainerd.headers`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import grpclib.server
 import trio
 from grpclib.exceptions import GRPCError
 
+from fakes import strict
+from fakes.containerd.grpc_go import serve_strictly
 from fakes.containerd.state import CriError, RuntimeState
 from krproxy._grpc import BytesCodec, Raw, serve
 from krproxy.proto.runtime import v1 as cri
@@ -97,10 +105,18 @@ class FakeContainerd:
         state: the pure runtime state; tests may inspect it or drive it directly (then call
             :meth:`flush_events` so subscribers see the resulting events).
         history: how many requests to remember per method.
+        grpc_go: how a request grpc-go refuses is answered (containerd 1.6's way by default).
+        max_concurrent_streams: the SETTINGS_MAX_CONCURRENT_STREAMS to advertise; None (the
+            default) advertises none, as containerd.
     """
 
     state: RuntimeState = attrs.Factory(RuntimeState)
     history: int = 100
+    grpc_go: strict.GrpcGo = strict.GrpcGo.V1_6
+    max_concurrent_streams: int | None = None
+    #: Every request refused for its headers (:func:`fakes.strict.check_request`), with why.
+    rejected: list[tuple[strict.Headers, strict.Rejection]] = attrs.field(init=False, factory=list)
+    _headers: dict[str, collections.deque[strict.Headers]] = attrs.field(init=False, factory=dict)
     _log: dict[str, collections.deque[RecordedRequest]] = attrs.field(init=False, factory=dict)
     _faults: dict[str, tuple[Fault, int | None]] = attrs.field(init=False, factory=dict)
     _subscribers: set[asyncio.Queue[cri.ContainerEventResponse]] = attrs.field(init=False, factory=set)
@@ -111,9 +127,16 @@ class FakeContainerd:
         """The last ``history`` requests of ``method`` (short name, e.g. ``"CreateContainer"``)."""
         return list(self._log.get(method, ()))
 
+    def headers(self, method: str) -> list[strict.Headers]:
+        """The header blocks of the last ``history`` requests of ``method`` (short name), pseudo-headers
+        and ``grpc-timeout`` included, as received; also of requests that failed later."""
+        return list(self._headers.get(method, ()))
+
     def clear_requests(self) -> None:
-        """Forget every recorded request."""
+        """Forget every recorded request and header block."""
         self._log.clear()
+        self._headers.clear()
+        self.rejected.clear()
 
     def inject(self, method: str, fault: Fault) -> None:
         """Make the next ``fault.times`` calls of ``method`` (short name) misbehave as described."""
@@ -145,10 +168,29 @@ class FakeContainerd:
 
     def handlers(self) -> list[Any]:
         """The grpclib handler objects to serve (pass them to :func:`krproxy._grpc.serve` with
-        :class:`krproxy._grpc.BytesCodec`)."""
+        :class:`krproxy._grpc.BytesCodec` and ``configure=``:meth:`configure`)."""
         return [_Routes(self, [_RuntimeService(self), _ImageService()])]
 
+    def configure(self, server: grpclib.server.Server) -> None:
+        """Make ``server`` (not started yet) as strict as containerd's grpc-go, logging headers here."""
+        serve_strictly(
+            server,
+            self.grpc_go,
+            max_concurrent_streams=self.max_concurrent_streams,
+            accepted=self._accepted,
+            rejected=self._rejected,
+        )
+
     # -- machinery ----------------------------------------------------------------------------
+
+    def _accepted(self, headers: strict.Headers) -> None:
+        path = next((value for name, value in headers if name == ":path"), "")
+        method = path.rsplit("/", 1)[-1]
+        self._headers.setdefault(method, collections.deque(maxlen=self.history)).append(tuple(headers))
+
+    def _rejected(self, headers: strict.Headers, rejection: strict.Rejection) -> None:
+        LOGGER.info("event=request_refused reason=%r", rejection.message)
+        self.rejected.append((tuple(headers), rejection))
 
     async def _subscribe(self) -> AsyncIterator[cri.ContainerEventResponse]:
         queue: asyncio.Queue[cri.ContainerEventResponse] = asyncio.Queue()
@@ -197,6 +239,10 @@ class FakeContainerd:
     ) -> None:
         raw = await stream.recv_message()
         assert raw is not None
+        if len(raw) > strict.MAX_MESSAGE:
+            raise GRPCError(
+                grpclib.const.Status.RESOURCE_EXHAUSTED, strict.too_large(len(raw), sending=False)
+            )
         message = request_type.FromString(raw)
         log = self._log.setdefault(method, collections.deque(maxlen=self.history))
         log.append(RecordedRequest(method, message, raw, tuple((stream.metadata or {}).items())))
@@ -212,7 +258,7 @@ class FakeContainerd:
                 replies = call(message)
                 await stream.send_initial_metadata()
                 async for reply in replies:
-                    await stream.send_message(bytes(reply.SerializeToString()))
+                    await stream.send_message(_checked(bytes(reply.SerializeToString())))
                 return
             try:
                 reply = call(message)
@@ -224,7 +270,16 @@ class FakeContainerd:
             self.flush_events()
         if fault is not None and fault.after_call and await self._misbehave(fault, stream):
             return
-        await stream.send_message(reply if isinstance(reply, bytes) else bytes(reply.SerializeToString()))
+        await stream.send_message(
+            _checked(reply if isinstance(reply, bytes) else bytes(reply.SerializeToString()))
+        )
+
+
+def _checked(reply: bytes) -> bytes:
+    """``reply``, unless it is over containerd's limit: then RESOURCE_EXHAUSTED, as grpc-go sends."""
+    if len(reply) > strict.MAX_MESSAGE:
+        raise GRPCError(grpclib.const.Status.RESOURCE_EXHAUSTED, strict.too_large(len(reply), sending=True))
+    return reply
 
 
 class _Routes:
@@ -277,6 +332,8 @@ async def run_fake_containerd(
     """
     fake = FakeContainerd() if fake is None else fake
     async with trio.open_nursery() as nursery:
-        await nursery.start(functools.partial(serve, fake.handlers(), path, codec=BytesCodec()))
+        await nursery.start(
+            functools.partial(serve, fake.handlers(), path, codec=BytesCodec(), configure=fake.configure)
+        )
         LOGGER.info("event=listening path=%s", path)
         task_status.started(fake)

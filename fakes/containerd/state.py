@@ -21,6 +21,8 @@ from __future__ import annotations
 import enum
 import hashlib
 import itertools
+import os
+import random
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import ClassVar, TypeVar
@@ -43,6 +45,7 @@ IMAGE_FS_MOUNTPOINT = "/var/lib/containerd/io.containerd.snapshotter.v1.overlayf
 
 _M = TypeVar("_M", bound=betterproto2.Message)
 _R = TypeVar("_R", "Sandbox", "Container")
+_T = TypeVar("_T")
 
 ContainerState = cri.ContainerState
 SandboxState = cri.PodSandboxState
@@ -113,6 +116,17 @@ def stepping_clock(start: int = 1_700_000_000_000_000_000, step: int = 1_000_000
         return start + step * next(counter)
 
     return now
+
+
+#: Environment variable that seeds :func:`list_order` (set it to repeat a run's list orders).
+LIST_SEED_ENV = "FAKE_CONTAINERD_LIST_SEED"
+
+
+def list_order() -> random.Random:
+    """The default order of a fake's list answers: seeded from ``$FAKE_CONTAINERD_LIST_SEED`` when it
+    is set (the tests' conftest sets and prints it), at random otherwise."""
+    seed = os.environ.get(LIST_SEED_ENV)
+    return random.Random(int(seed) if seed else None)
 
 
 def normalize_image_name(name: str) -> str:
@@ -265,6 +279,10 @@ class RuntimeState:
             first", the message containerd's own guard would give.
         require_pulled_images: when true, CreateContainer of an image nobody pulled is NOT_FOUND
             (like containerd); by default the image is recorded on the fly, so tests need no pulls.
+        order: shuffles every list answer (ListPodSandbox, ListContainers, ListContainerStats,
+            ListImages) anew on each call: containerd's lists come from maps and their order
+            changes from call to call, so nobody may rely on one. Seeded by
+            :func:`list_order`, or pass ``random.Random(seed)``.
     """
 
     #: The CRI methods (snake_case, as in the generated services) this class answers.
@@ -307,6 +325,7 @@ class RuntimeState:
     new_id: Callable[[], str] = attrs.Factory(sequential_ids)
     force_remove_running: bool = True
     require_pulled_images: bool = False
+    order: random.Random = attrs.Factory(list_order)
     _sandboxes: dict[str, Sandbox] = attrs.field(init=False, factory=dict)
     _containers: dict[str, Container] = attrs.field(init=False, factory=dict)
     #: Sandbox ID -> the IDs of its containers, in creation order (the keys; values unused).
@@ -473,7 +492,9 @@ class RuntimeState:
 
     def list_pod_sandbox_encoded(self, request: cri.ListPodSandboxRequest) -> bytes:
         """:meth:`list_pod_sandbox`, encoded: the very same bytes."""
-        return b"".join(self._sandbox_item_bytes(s) for s in self._select_sandboxes(request.filter))
+        return b"".join(
+            self._sandbox_item_bytes(s) for s in self._unordered(self._select_sandboxes(request.filter))
+        )
 
     def pod_sandbox_status_encoded(self, request: cri.PodSandboxStatusRequest) -> bytes:
         """:meth:`pod_sandbox_status`, encoded: the very same bytes (fields: status 1,
@@ -486,7 +507,9 @@ class RuntimeState:
 
     def list_containers_encoded(self, request: cri.ListContainersRequest) -> bytes:
         """:meth:`list_containers`, encoded: the very same bytes."""
-        return b"".join(self._container_item_bytes(c) for c in self._select_containers(request.filter))
+        return b"".join(
+            self._container_item_bytes(c) for c in self._unordered(self._select_containers(request.filter))
+        )
 
     def container_status_encoded(self, request: cri.ContainerStatusRequest) -> bytes:
         """:meth:`container_status`, encoded: the very same bytes."""
@@ -654,8 +677,14 @@ class RuntimeState:
     def list_pod_sandbox(self, request: cri.ListPodSandboxRequest) -> cri.ListPodSandboxResponse:
         """Sandboxes matching every given filter (ID or ID prefix, state, labels)."""
         return cri.ListPodSandboxResponse(
-            items=[self._sandbox_message(s) for s in self._select_sandboxes(request.filter)]
+            items=[self._sandbox_message(s) for s in self._unordered(self._select_sandboxes(request.filter))]
         )
+
+    def _unordered(self, items: Iterable[_T]) -> list[_T]:
+        """``items`` in an order of :attr:`order`'s choosing (see the class docstring)."""
+        shuffled = list(items)
+        self.order.shuffle(shuffled)
+        return shuffled
 
     def _select_sandboxes(self, flt: cri.PodSandboxFilter | None) -> Iterable[Sandbox]:
         sandboxes: Iterable[Sandbox] = self._sandboxes.values()
@@ -806,7 +835,9 @@ class RuntimeState:
     def list_containers(self, request: cri.ListContainersRequest) -> cri.ListContainersResponse:
         """Containers matching every given filter (ID or ID prefix, state, pod, labels)."""
         return cri.ListContainersResponse(
-            containers=[self._container_message(c) for c in self._select_containers(request.filter)]
+            containers=[
+                self._container_message(c) for c in self._unordered(self._select_containers(request.filter))
+            ]
         )
 
     def _select_containers(self, flt: cri.ContainerFilter | None) -> Iterable[Container]:
@@ -940,7 +971,7 @@ class RuntimeState:
             image = self._resolve_image(name)
             images = [image] if image is not None else []
         else:
-            images = list(self._images.values())
+            images = self._unordered(self._images.values())
         return cri.ListImagesResponse(images=[self._image_message(i) for i in images])
 
     def image_status(self, request: cri.ImageStatusRequest) -> cri.ImageStatusResponse:

@@ -6,6 +6,11 @@ bytes that do not decode, as well as delay, fail, hang or drop the connection. A
 the request is echoed back the way koordlet's proxy server does, with the plugin's
 :class:`Changes` applied on top.
 
+The plugin is as strict as a grpc-go hook server (koordlet) about request headers
+(:mod:`fakes.strict`): a malformed ``grpc-timeout`` (more than 8 digits) or a missing ``:method``
+is refused the way the chosen grpc-go version does (RST_STREAM PROTOCOL_ERROR by default), and
+every accepted request's header block is logged (:attr:`FakePlugin.headers`).
+
 The plain echo (no changes, no canned answer, no trouble) is built from the request's wire
 form (:func:`echo_bytes`), without decoding and re-encoding it: the benchmark's plugins echo,
 and their CPU counts in the proxy's measured latency. The call log keeps each request's bytes
@@ -22,11 +27,14 @@ from typing import Any, TypeAlias
 import attrs
 import trio
 
+from fakes import strict
 from krproxy.forward import Forward, Reply
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from krproxy.relay import Relay
+from krproxy.relay import frames as f
+from krproxy.relay.connection import Endpoint, Headers
 from krproxy.relay.rpc import CloseConnection
 from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
@@ -231,11 +239,18 @@ class FakePlugin:
         changes: applied on top of the echo for every hook without its own answer.
         answers: per-hook computed answers, replacing the echo (see :meth:`answer`).
         calls: every call received, in arrival order (also those that misbehaved).
+        grpc_go: how a request grpc-go refuses is answered (:class:`fakes.strict.GrpcGo`).
+        headers: the header block of every request accepted, in arrival order (``grpc-timeout``
+            included).
+        rejected: every request refused for its headers, with why.
     """
 
     changes: Changes = attrs.field(factory=Changes)
     answers: dict[HookPoint, Answer] = attrs.field(factory=dict)
+    grpc_go: strict.GrpcGo = strict.GrpcGo.V1_6
     calls: list[Call] = attrs.field(factory=list, init=False)
+    headers: list[strict.Headers] = attrs.field(factory=list, init=False)
+    rejected: list[tuple[strict.Headers, strict.Rejection]] = attrs.field(factory=list, init=False)
     _trouble: dict[HookPoint | None, tuple[Misbehaviour, int | None]] = attrs.field(init=False, factory=dict)
 
     # -- test-facing API ----------------------------------------------------------------------
@@ -312,6 +327,36 @@ class FakePlugin:
         return self._answer(hook, request)
 
 
+class _StrictRelay(Relay):
+    """The plugin's relay, refusing a request's header block as a grpc-go server does."""
+
+    def __init__(self, plugin: FakePlugin) -> None:
+        super().__init__(enforce_deadlines=False)
+        self._plugin = plugin
+
+    def open_call(self, ep: Endpoint, stream_id: int, headers: Headers, end: bool) -> None:
+        text = tuple((name.decode("latin-1"), value.decode("latin-1")) for name, value in headers)
+        rejection = strict.check_request(text)
+        if rejection is None:
+            self._plugin.headers.append(text)
+            super().open_call(ep, stream_id, headers, end)
+            return
+        LOGGER.info("event=request_refused reason=%r", rejection.message)
+        self._plugin.rejected.append((text, rejection))
+        if self._plugin.grpc_go is strict.GrpcGo.V1_6:
+            ep.write(f.rst_stream(stream_id, f.PROTOCOL_ERROR))
+            return
+        answer = [
+            (b":status", b"%d" % rejection.http_status),
+            (b"content-type", b"application/grpc"),
+            (b"grpc-status", b"13"),  # INTERNAL
+            (b"grpc-message", rejection.message.encode()),
+        ]
+        ep.write(f.header_frames(stream_id, f.encode_headers(answer), True, ep.peer_max_frame))
+        if not end:
+            ep.write(f.rst_stream(stream_id, f.NO_ERROR))
+
+
 async def run_fake_plugin(
     path: str,
     plugin: FakePlugin | None = None,
@@ -322,12 +367,13 @@ async def run_fake_plugin(
 
     Reports the :class:`FakePlugin` through ``task_status`` once the socket accepts connections;
     on cancellation connections are closed and the socket file is removed (if still ours). The
-    caller's ``grpc-timeout`` is not enforced: a hanging fake hangs until the caller gives up.
+    caller's ``grpc-timeout`` is checked (:mod:`fakes.strict`) but not enforced: a hanging fake
+    hangs until the caller gives up.
     """
     plugin = FakePlugin() if plugin is None else plugin
     sock = bind_unix_socket(path)
     inode = os.stat(path).st_ino
-    relay = Relay(enforce_deadlines=False)
+    relay = _StrictRelay(plugin)
     hooks = [point.rpc_path for point in HookPoint]
     relay.configure(None, None, {rpc_path: plugin.handle for rpc_path in hooks}, unary_paths=hooks)
     try:

@@ -132,7 +132,9 @@ class TestPodLifecycle:
             state=api_pb2.ContainerStateValue(state=api_pb2.CONTAINER_RUNNING)
         )
         assert [web_ctr] == await containers(pod_sandbox_id=web)
-        assert [web_ctr, db_ctr] == await containers(label_selector={"io.kubernetes.container.name": "app"})
+        assert sorted([web_ctr, db_ctr]) == sorted(
+            await containers(label_selector={"io.kubernetes.container.name": "app"})
+        )
         assert [] == await containers(id="nope")
 
         reply = await client.call(

@@ -212,9 +212,13 @@ def _wire(message: Any) -> Any:
 
 
 def _ordered(records: dict[str, Any]) -> list[tuple[str, list[Any]]]:
-    """IDs in order, each with its record's maps as item lists (records compare equal in any map order)."""
+    """Each record's maps as item lists, by ID (records compare equal in any map order; the order of
+    the records is the runtime's list order, which containerd, and the fake, leave undefined)."""
     maps = ("labels", "annotations", "envs")
-    return [(key, [list(getattr(r, m).items()) for m in maps if hasattr(r, m)]) for key, r in records.items()]
+    return [
+        (key, [list(getattr(r, m).items()) for m in maps if hasattr(r, m)])
+        for key, r in sorted(records.items())
+    ]
 
 
 class TestRecover:
@@ -223,7 +227,7 @@ class TestRecover:
     ) -> None:
         """Against a fake with seeded pods and containers in every state and with all kinds of resources,
         recovery (concurrent calls through the relay) rebuilds exactly the records that the same calls made
-        one at a time give, in the same order."""
+        one at a time give, their maps in the same order."""
         fake, path = fake_containerd
         state = fake.state
         seeded = fake.seed(4, 3)

@@ -1,0 +1,118 @@
+"""What grpc-go servers (containerd, koordlet) refuse, refused by the fakes too.
+
+The fakes are built on lenient stacks: grpclib accepts a ``grpc-timeout`` of any length and
+ignores a request without ``:method`` (it logs a KeyError and never answers); h2 advertises
+``SETTINGS_MAX_CONCURRENT_STREAMS`` = 100; neither limits message sizes. A proxy tested only
+against such fakes can send what a real runtime resets (issue 15: krproxy's 9-digit
+``grpc-timeout`` passed every test and failed every pod against containerd). This module holds
+the rules, once, for the fakes that speak gRPC:
+
+- :func:`check_request` judges a request's header block as grpc-go's ``operateHeaders`` does
+  (``:method`` must be POST; ``grpc-timeout`` at most 8 digits and a unit, as its
+  ``decodeTimeout`` demands) and says how the peer answers (:class:`Rejection`), in the manner of
+  the grpc-go version chosen (:class:`GrpcGo`).
+- :data:`MAX_MESSAGE` and :func:`too_large` are containerd's message limit and grpc-go's answer
+  (with RESOURCE_EXHAUSTED).
+
+The fakes apply them where their stack lets them: the fake containerd (grpclib) through grpclib's
+own extension points (:mod:`fakes.containerd.grpc_go`), the fake plugin (krproxy's relay) in a
+relay subclass (:mod:`fakes.plugin.server`). This module imports neither.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+#: containerd's limit on one gRPC message, received or sent (``defaults.DefaultMaxRecvMsgSize`` and
+#: ``DefaultMaxSendMsgSize``, 16 MiB; grpc-go's own default for receiving is 4 MiB).
+MAX_MESSAGE = 16 << 20
+
+#: grpc-timeout units grpc-go's ``decodeTimeout`` accepts.
+_TIMEOUT_UNITS = frozenset("HMSmun")
+
+
+class GrpcGo(enum.Enum):
+    """Which grpc-go answers a request its transport refuses (the header checks of :func:`check_request`).
+
+    - ``V1_6``: containerd 1.6's grpc-go resets the stream (RST_STREAM PROTOCOL_ERROR). Verified
+      against containerd 1.6.20 for a 9-digit ``grpc-timeout`` (docs/testing.md).
+    - ``V2``: the grpc-go of containerd 2.x (and 1.7) aborts the stream early: a trailers-only
+      answer with HTTP status 400 (405 for a method other than POST), ``grpc-status`` INTERNAL and
+      a message, then RST_STREAM NO_ERROR if the request was not over. containerd 2.1.9 answers a
+      9-digit ``grpc-timeout`` with INTERNAL "malformed grpc-timeout: transport: timeout string is
+      too long".
+    """
+
+    V1_6 = "1.6"
+    V2 = "2"
+
+
+@attrs.frozen
+class Rejection:
+    """How a grpc-go server refuses a request: what :data:`GrpcGo.V1_6` and :data:`GrpcGo.V2` send."""
+
+    http_status: int  # V2's early abort
+    message: str  # V2's grpc-message (INTERNAL); also the fakes' log line
+
+    def describe(self) -> str:
+        return self.message
+
+
+def timeout_error(value: str) -> str | None:
+    """grpc-go's ``decodeTimeout`` error for a ``grpc-timeout`` value, None if it is valid.
+
+    At least one digit and at most 8 (the gRPC spec: ``1*8DIGIT``), then one of H M S m u n.
+    """
+    if len(value) < 2:
+        return f'transport: timeout string is too short: "{value}"'
+    if len(value) > 9:
+        return f'transport: timeout string is too long: "{value}"'
+    if value[-1] not in _TIMEOUT_UNITS:
+        return f'transport: timeout unit is not recognized: "{value}"'
+    digits = value[:-1]
+    if not (digits.isascii() and digits.isdigit()):
+        return f'strconv.ParseUint: parsing "{digits}": invalid syntax'
+    return None
+
+
+def check_request(headers: Iterable[tuple[str, str]]) -> Rejection | None:
+    """None if grpc-go would accept this request header block, else how it refuses it.
+
+    Checked in grpc-go's order: ``grpc-timeout`` first, then ``:method``. A request without
+    ``:method`` (or with another method than POST) is malformed HTTP/2 (RFC 9113 §8.3.1).
+    """
+    method = None
+    for name, value in headers:
+        if name == "grpc-timeout":
+            error = timeout_error(value)
+            if error is not None:
+                return Rejection(400, f"malformed grpc-timeout: {error}")
+        elif name == ":method":
+            method = value
+    if method != "POST":
+        shown = method or ""
+        return Rejection(405, f'Received a HEADERS frame with :method "{shown}" which should be POST')
+    return None
+
+
+def too_large(size: int, *, sending: bool) -> str:
+    """grpc-go's message for a message over :data:`MAX_MESSAGE`, sent with RESOURCE_EXHAUSTED."""
+    verb = "trying to send message" if sending else "received message"
+    return f"grpc: {verb} larger than max ({size} vs. {MAX_MESSAGE})"
+
+
+Headers = Sequence[tuple[str, str]]
+
+
+__all__ = [
+    "MAX_MESSAGE",
+    "GrpcGo",
+    "Headers",
+    "Rejection",
+    "check_request",
+    "timeout_error",
+    "too_large",
+]
