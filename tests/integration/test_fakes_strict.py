@@ -144,6 +144,17 @@ async def test_no_max_concurrent_streams_is_advertised_unless_asked_for(
     assert SettingCodes.INITIAL_WINDOW_SIZE in answer.settings
 
 
+async def test_the_fake_plugin_advertises_no_max_concurrent_streams(
+    aio_loop: None, nursery: trio.Nursery, sockdir: str
+) -> None:
+    """koordlet's grpc-go advertises none either (krproxy's relay, which serves the fake plugin, sends none)."""
+    _, path = await _fake_plugin(nursery, sockdir, GrpcGo.V1_6)
+    answer = await request(path, grpc_request(HOOK.rpc_path, 2.0), framed(HOOK_REQUEST))
+    assert 0 == answer.grpc_status
+    assert SettingCodes.MAX_CONCURRENT_STREAMS not in answer.settings
+    assert SettingCodes.INITIAL_WINDOW_SIZE in answer.settings  # the settings frame was read
+
+
 def _version_request(size: int) -> bytes:
     """A VersionRequest (field 1: a string) of exactly ``size`` bytes on the wire."""
     for header in range(2, 7):
