@@ -37,9 +37,19 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault(LIST_SEED_ENV, str(random.randrange(2**32)))
 
 
-def pytest_report_header(config: pytest.Config) -> str:
+def _list_seed_line() -> str:
     seed = os.environ[LIST_SEED_ENV]
     return f"fake containerd list order: {LIST_SEED_ENV}={seed} (set it to repeat this run's orders)"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return _list_seed_line()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The seed again after a failure (``-q`` hides the header)."""
+    if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        terminalreporter.write_line(_list_seed_line())
 
 
 #: Generous client-side deadline for grpcio calls in tests: a hung call fails instead of hanging.

@@ -256,3 +256,18 @@ async def test_lists_come_in_no_fixed_order_but_a_seed_repeats_them(
         tuple(c.id for c in again.list_containers(cri.ListContainersRequest()).containers) for _ in range(5)
     ]
     assert orders == replay
+
+
+async def test_grpclib_itself_refuses_a_request_without_content_type(
+    fake_containerd: tuple[FakeContainerd, str],
+) -> None:
+    """This check is grpclib's own (docs/testing.md: with another status than grpc-go's INVALID_ARGUMENT)."""
+    fake, path = fake_containerd
+    fields = [field for field in grpc_request(VERSION, 2.0) if field[0] != "content-type"]
+    answer = await request(path, fields, framed(b""))
+    assert ("415", 2, "Missing content-type header") == (
+        dict(answer.headers)[":status"],
+        answer.grpc_status,
+        answer.grpc_message,
+    )
+    assert ([], 1) == (fake.requests("Version"), len(fake.headers("Version")))  # let through by fakes.strict
