@@ -38,9 +38,11 @@ class _StrictHandler(grpclib.protocol.AbstractHandler):
         grpc_go: GrpcGo,
         accepted: Callable[[Headers], None],
         rejected: Callable[[Headers, Rejection], None],
+        deadlines: bool,
     ) -> None:
         self._inner = inner
         self._grpc_go = grpc_go
+        self._deadlines = deadlines
         self._accepted = accepted
         self._rejected = rejected
         self._aborts: set[asyncio.Task[None]] = set()
@@ -54,6 +56,8 @@ class _StrictHandler(grpclib.protocol.AbstractHandler):
         rejection = check_request(headers)
         if rejection is None:
             self._accepted(headers)
+            if not self._deadlines:  # checked and logged, not enforced: grpclib never sees it
+                headers = [field for field in headers if field[0] != "grpc-timeout"]
             self._inner.accept(stream, headers, release_stream)
             return
         self._rejected(headers, rejection)
@@ -145,6 +149,7 @@ def serve_strictly(
     grpc_go: GrpcGo = GrpcGo.V1_6,
     *,
     max_concurrent_streams: int | None = None,
+    deadlines: bool = True,
     accepted: Callable[[Headers], None] = lambda headers: None,
     rejected: Callable[[Headers, Rejection], None] = lambda headers, rejection: None,
 ) -> None:
@@ -152,13 +157,15 @@ def serve_strictly(
 
     ``accepted`` is told the header block of every request let through, ``rejected`` every
     refused one with why. ``max_concurrent_streams``: the SETTINGS_MAX_CONCURRENT_STREAMS to
-    advertise (None: none, as containerd).
+    advertise (None: none, as containerd). ``deadlines``: False to check ``grpc-timeout`` but not
+    enforce it (grpclib enforces it in real time, by ``time.monotonic``, which a test's stopped
+    trio clock cannot stop).
     """
     make_protocol = server._protocol_factory
 
     def factory() -> grpclib.protocol.H2Protocol:
         plain = make_protocol()  # grpclib's own, with its handler registered on the server
-        handler = _StrictHandler(plain.handler, grpc_go, accepted, rejected)
+        handler = _StrictHandler(plain.handler, grpc_go, accepted, rejected, deadlines)
         return _StrictProtocol(handler, plain.config, plain.h2_config, max_concurrent_streams)
 
     server._protocol_factory = factory  # type: ignore[method-assign]

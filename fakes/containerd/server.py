@@ -108,12 +108,16 @@ class FakeContainerd:
         grpc_go: how a request grpc-go refuses is answered (containerd 1.6's way by default).
         max_concurrent_streams: the SETTINGS_MAX_CONCURRENT_STREAMS to advertise; None (the
             default) advertises none, as containerd.
+        enforce_deadlines: False: a caller's ``grpc-timeout`` is checked and logged but not
+            enforced (grpclib would enforce it in real time, which a test's stopped trio clock
+            does not stop).
     """
 
     state: RuntimeState = attrs.Factory(RuntimeState)
     history: int = 100
     grpc_go: strict.GrpcGo = strict.GrpcGo.V1_6
     max_concurrent_streams: int | None = None
+    enforce_deadlines: bool = True
     #: Every request refused for its headers (:func:`fakes.strict.check_request`), with why.
     rejected: list[tuple[strict.Headers, strict.Rejection]] = attrs.field(init=False, factory=list)
     _headers: dict[str, collections.deque[strict.Headers]] = attrs.field(init=False, factory=dict)
@@ -177,6 +181,7 @@ class FakeContainerd:
             server,
             self.grpc_go,
             max_concurrent_streams=self.max_concurrent_streams,
+            deadlines=self.enforce_deadlines,
             accepted=self._accepted,
             rejected=self._rejected,
         )
