@@ -20,6 +20,7 @@ from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
 from fakes.strict import GrpcGo, Headers, Rejection, check_request
+from krproxy import _grpc  # noqa: F401 - the adapter, imported wherever grpclib is (it sets grpclib up)
 
 LOGGER = logging.getLogger("fakes.containerd")
 
