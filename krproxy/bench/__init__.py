@@ -7,7 +7,8 @@ proxied targets block by block after a warm-up, so machine noise hits both alike
 
 Cases (issue 8): small passthrough latency (Version, ContainerStatus); large passthrough
 (ListContainers of 1000 containers, ~860 KB); throughput with 32 concurrent callers; hooked
-CreateContainer with one and with three chained plugins; the same with recording on (when
+CreateContainer with one and with three chained plugins; small calls while another client is
+stuck with ~20 MB of answers unread (issue 16); the same with recording on (when
 ``--record`` exists); store recovery of 1000 pods / 3000 containers and the RSS after it; RSS
 and open fds after 100k calls; NRI mode against containerd 2.x (pod start and a plain call, with
 and without ``krproxy nri`` registered; ``--only-nri`` runs just these). Prints a table
@@ -243,6 +244,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             label: _summary(got[t]) for label, t in zip(labels, targets, strict=False)
         }
 
+        results["stuck_client"] = _stuck_client(plain, args)
         results["real_containerd"] = _real_containerd(procs, workdir, args)
         results["runc_wrapper"] = runc_wrapper(workdir, args.wrapper_calls)
         results["nri"] = nri(workdir, args)
@@ -252,6 +254,58 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         procs.stop()
         shutil.rmtree(workdir, ignore_errors=True)
     return results
+
+
+def _stuck_client(proxy: str, args: argparse.Namespace) -> dict[str, Any]:
+    """kubelet's small calls while another client of the same proxy is stuck (issue 16): it has
+    1000 calls in flight (976 ContainerStatus, 24 ListContainers: ~20 MB of answers) and reads none."""
+    from cri_api.v1 import api_pb2 as pb
+
+    from krproxy.bench.stuck import hold_unread
+
+    channel = grpc.insecure_channel(
+        f"unix://{proxy}", options=[("grpc.max_receive_message_length", 64 << 20)]
+    )
+    try:
+        listed = channel.unary_unary("/runtime.v1.RuntimeService/ListContainers")(
+            pb.ListContainersRequest().SerializeToString(), timeout=30
+        )
+    finally:
+        channel.close()
+    containers = pb.ListContainersResponse.FromString(listed).containers
+    status = pb.ContainerStatusRequest(container_id=containers[0].id, verbose=True).SerializeToString()
+    calls = [("/runtime.v1.RuntimeService/ContainerStatus", status)] * 976
+    calls += [
+        ("/runtime.v1.RuntimeService/ListContainers", pb.ListContainersRequest().SerializeToString())
+    ] * 24
+
+    def version_latency() -> dict[str, float]:
+        got = _client(
+            "latency",
+            "--targets",
+            proxy,
+            "--method",
+            "Version",
+            "--calls",
+            str(args.small_calls // 2),
+            "--blocks",
+            "5",
+        )["latencies_us"]
+        return _summary(got[proxy])
+
+    before = version_latency()
+    stuck = hold_unread(proxy, calls)
+    try:
+        time.sleep(5.0)  # the fake takes seconds to answer 24 ListContainers of 1000 containers
+        while_stuck = version_latency()
+    finally:
+        stuck.close()
+    return {
+        "streams": len(calls),
+        "unread_mb": 24 * len(listed) / 1e6,
+        "before": before,
+        "stuck": while_stuck,
+    }
 
 
 #: scripts/containerd-sandbox, found next to the package in a source checkout (pip install -e .).
@@ -666,6 +720,14 @@ def report(results: dict[str, Any]) -> str:
         )
     lines += report_runc_wrapper(results.get("runc_wrapper", {"skipped": "not run"}))
     lines += report_nri(results.get("nri", {"skipped": "not run"}))
+    sc = results.get("stuck_client")
+    if sc is not None:
+        ok = sc["stuck"]["median_ms"] <= 2 * sc["before"]["median_ms"] + 0.5
+        lines.append(
+            f"Version while a client is stuck   ({sc['streams']} unread streams, >={sc['unread_mb']:.0f} MB unread)"
+            f" {sc['before']['median_ms']:.3f}/{sc['before']['p99_ms']:.3f} ms before,"
+            f" {sc['stuck']['median_ms']:.3f}/{sc['stuck']['p99_ms']:.3f} ms stuck   usual latency: {_check(ok)}"
+        )
     t = results["throughput_32_callers"]
     lines.append(
         f"throughput, 32 callers            direct {t['direct']:8.0f}/s   proxy {t['proxy']:8.0f}/s"

@@ -5,9 +5,15 @@ plugin). A :class:`Half` is one stream on it; the relay pairs two halves into a 
 (:mod:`krproxy.relay.rpc`), and the endpoint hands each frame of a stream to that call. A
 :class:`Route` holds the connection to one upstream socket and opens a new one when needed.
 
-Flow control is end to end: bytes received on one side are granted back to the sender only
-once they were written towards the other side, within that side's window. So a slow reader
-slows its writer down, and the relay holds at most one window of data per stream.
+Flow control: a *stream's* credit is granted back to its sender only once its bytes were
+written towards the other side, within that side's window, so a slow reader slows down its own
+stream's writer and the relay holds at most one stream window of data per stream. The credit of
+an *upstream connection* (shared by every caller) is granted back as soon as its bytes are
+buffered here: a caller that stops reading holds up its own streams only, never the runtime
+connection's window that every other caller needs. A caller's connection credit stays end to
+end (its requests wait for the runtime's windows, not our memory). What one caller connection
+may have buffered is bounded (:data:`MAX_HELD`), as are its streams (:data:`CALLER_MAX_STREAMS`)
+and the calls waiting for an upstream stream slot (:data:`MAX_WAITING`).
 
 I/O: non-blocking sockets in one trio thread. A reader task per connection parses what
 arrived and hands it on; whatever that queued on any connection is then written with a plain
@@ -51,6 +57,16 @@ MAX_HEADER_BLOCK = 1024 * 1024
 MAX_HEADER_LIST = 16 * 1024 * 1024
 #: Bytes queued for a peer beyond which the connection is closed (see Endpoint.try_send).
 MAX_UNSENT = 64 * 1024 * 1024
+#: Bytes of answers held for one caller connection (relayed but not yet within its windows)
+#: beyond which that connection is closed: a caller that stops reading ends its own calls.
+#: Each stream holds at most one stream window (:data:`STREAM_WINDOW`).
+MAX_HELD = 256 * 1024 * 1024
+#: Streams one caller connection may have open (the SETTINGS_MAX_CONCURRENT_STREAMS we
+#: advertise); one beyond it is refused (RST_STREAM REFUSED_STREAM, RFC 9113 §5.1.2).
+CALLER_MAX_STREAMS = 1000
+#: Calls waiting for a stream slot on one upstream connection (its peer's
+#: MAX_CONCURRENT_STREAMS); a call beyond it fails at once instead of queueing.
+MAX_WAITING = 10_000
 _RECV_SIZE = 256 * 1024
 #: Reads handled back to back before the reader lets other tasks run.
 _READS_PER_CHECKPOINT = 8
@@ -174,6 +190,10 @@ class Half:
                 self.call.settle()
             return
         self.pending += data
+        ep.held += size
+        if ep.held > MAX_HELD and not ep.dirty:  # try_send closes it, outside this frame's handling
+            ep.dirty = True
+            ep.relay.dirty.append(ep)
         if end:
             self.end_pending = True
         self.pump()
@@ -220,6 +240,7 @@ class Half:
                     self.send_ended = True
             view.release()
             del pending[:sent]
+            ep.held -= sent
             if sent and self.peer is not None:
                 self.peer.grant(sent)
         if pending:
@@ -239,9 +260,13 @@ class Half:
     # -- receiving: give flow-control credit back ------------------------------------------
 
     def grant(self, size: int) -> None:
-        """``size`` bytes received on this half were passed on: let its sender send more."""
+        """``size`` bytes received on this half were passed on: let its sender send more.
+
+        On a caller's connection that is connection credit too; an upstream connection got
+        its credit back when the bytes arrived (see the module docstring)."""
         ep = self.ep
-        ep.grant(size)
+        if ep.server_side:
+            ep.grant(size)
         if not self.recv_ended and not self.reset:
             self.to_grant += size
             if self.to_grant >= _STREAM_GRANT_AT:
@@ -255,6 +280,7 @@ class Half:
         if self.pending:
             if self.peer is not None:
                 self.peer.grant(len(self.pending))
+            self.ep.held -= len(self.pending)
             self.pending.clear()
 
     def abort(self, code: int) -> None:
@@ -286,6 +312,7 @@ class Endpoint:
         self.retiring = False  # takes no new streams (GOAWAY received, or ids used up)
         self.halves: dict[int, Half] = {}
         self.blocked: dict[int, Half] = {}  # halves with data waiting for send window
+        self.held = 0  # bytes in the halves' `pending`: received elsewhere, not yet sent here
         # Upstream halves waiting for a stream slot (peer's MAX_CONCURRENT_STREAMS), with their headers.
         self.waiting: deque[tuple[Half, bytes, bool]] = deque()
         self.send_window = f.DEFAULT_WINDOW
@@ -302,7 +329,9 @@ class Endpoint:
         self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
         self._continuation: tuple[int, int, bytearray] | None = None
         ours = [(f.INITIAL_WINDOW_SIZE, STREAM_WINDOW)]
-        if not server_side:
+        if server_side:
+            ours.append((f.MAX_CONCURRENT_STREAMS, CALLER_MAX_STREAMS))
+        else:
             self.out += f.PREFACE
             ours.append((f.ENABLE_PUSH, 0))
         self.write(f.settings(ours))
@@ -325,6 +354,9 @@ class Endpoint:
             # Data is flow controlled, so only a peer that sends (pings, resets) without reading
             # gets here; it would fill our memory with our answers to it.
             self.close(f"the peer does not read: {len(self.out)} bytes unsent")
+            return
+        if self.held > MAX_HELD:
+            self.close(f"the peer does not read: {self.held} bytes of answers held for it")
             return
         if self.writing:
             return
@@ -372,6 +404,12 @@ class Endpoint:
         half.trailers_pending = None
         half.headers_sent = False
         if len(self.halves) >= self.peer_max_streams:
+            if len(self.waiting) >= MAX_WAITING:
+                half.reset = True
+                half.call.upstream_gone(
+                    f"{self.describe}: {len(self.waiting)} calls already wait for a stream slot"
+                )
+                return
             self.waiting.append((half, block, end))
             return
         self._start(half, block, end)
@@ -394,6 +432,8 @@ class Endpoint:
 
     def forget(self, half: Half) -> None:
         half.drop_pending()  # a stream reset by its peer, or on a lost connection, left it
+        if not half.opened:  # ended while it waited for a slot: it holds no place in the queue
+            self.waiting = deque(entry for entry in self.waiting if entry[0] is not half)
         if self.halves.get(half.id) is half:
             del self.halves[half.id]
         self.blocked.pop(half.id, None)
@@ -568,10 +608,13 @@ class Endpoint:
         self.recv_window -= size
         if self.recv_window < 0:
             raise f.ProtocolError("DATA beyond the connection window", f.FLOW_CONTROL_ERROR)
+        if not self.server_side:
+            self.grant(size)  # an upstream connection's credit comes back on arrival
         data = f.unpad(flags, payload)
         half = self.halves.get(stream_id)
         if half is None or half.recv_ended or half.reset:
-            self.grant(size)  # a stream that is over (or never was): nothing to pass on
+            if self.server_side:
+                self.grant(size)  # a stream that is over (or never was): nothing to pass on
             if self.server_side and stream_id > self.last_peer_id:
                 raise f.ProtocolError(f"DATA on idle stream {stream_id}")
             return
@@ -602,6 +645,9 @@ class Endpoint:
                 if stream_id <= self.last_peer_id:
                     return  # a late header block on a stream that is over
                 self.last_peer_id = stream_id
+                if len(self.halves) >= CALLER_MAX_STREAMS:  # beyond what we advertised
+                    self.write(f.rst_stream(stream_id, f.REFUSED_STREAM))
+                    return
                 self.relay.open_call(self, stream_id, headers, end)
                 return
             if half.recv_ended or half.reset:

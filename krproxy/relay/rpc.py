@@ -301,6 +301,10 @@ class Call:
             client.abort(f.NO_ERROR)
         if upstream is not None and upstream.recv_ended and not upstream.send_ended and not upstream.reset:
             upstream.abort(f.CANCEL)  # the upstream answered; nothing more of the request matters
+        if upstream is not None and upstream.done:
+            # The runtime's half is over: free its stream slot now, not once the caller has
+            # read the answer (a caller that never reads would hold the runtime's slots).
+            upstream.ep.forget(upstream)
         if client.done and (upstream is None or upstream.done):
             self.finish()
 

@@ -27,6 +27,7 @@ import pytest
 import trio
 
 from krproxy.daemon import Daemon
+from krproxy.relay import frames as f
 from tests.integration.support import (
     ScriptedBackend,
     hang,
@@ -186,6 +187,100 @@ class TestStreams:
         answers = [await in_thread(future.result) for future in futures]
         assert 100 == running  # the backend's limit held while the others waited in the relay
         assert [b"%d" % i for i in range(150)] == answers
+
+    async def test_calls_waiting_for_a_stream_slot_are_bounded(
+        self,
+        aio_loop: None,
+        nursery: trio.Nursery,
+        sockdir: str,
+        channel_to: Callable[[str], grpc.Channel],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """Beyond the backend's 100 streams and MAX_WAITING queued calls, a call fails at once
+        (naming the queue) instead of waiting in an unbounded list; the queued ones go on."""
+        monkeypatch.setattr("krproxy.relay.connection.MAX_WAITING", 5)
+        backend, daemon = await _backend_and_proxy(nursery, sockdir)
+        released = asyncio.Event()
+
+        async def slow(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+            await released.wait()
+            await stream.send_message(messages[0])
+
+        backend.behaviours[SLOW] = slow
+        call = raw_unary(channel_to(daemon.config.listen), SLOW)
+        futures = [call.future(b"%d" % i, timeout=30) for i in range(110)]
+        await wait_until(lambda: backend.started.count(SLOW) >= 100, limit=10)
+        await wait_until(lambda: sum(future.done() for future in futures) >= 5, limit=10)
+        released.set()
+        answers: list[bytes] = []
+        refusals: list[str] = []
+        for future in futures:
+            try:
+                answers.append(await in_thread(future.result))
+            except grpc.RpcError as err:
+                assert grpc.StatusCode.UNAVAILABLE == err.code()
+                refusals.append(str(err.details()))
+        # 100 running, 5 queued (fewer if store recovery's own calls took places), the rest refused.
+        assert 5 <= len(refusals) <= 10
+        assert all("5 calls already wait for a stream slot" in r for r in refusals)
+        assert len(answers) == len(set(answers)) == 110 - len(refusals)
+        assert set(answers) <= {b"%d" % i for i in range(110)}
+
+    async def test_the_stream_limit_is_advertised_and_kept(
+        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The relay states SETTINGS_MAX_CONCURRENT_STREAMS to callers and refuses a stream
+        beyond it (REFUSED_STREAM: the caller may send it again), keeping the others."""
+        monkeypatch.setattr("krproxy.relay.connection.CALLER_MAX_STREAMS", 3)
+        _, daemon = await _backend_and_proxy(nursery, sockdir)
+
+        def four_calls() -> tuple[int, list[tuple[int, int]]]:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(10)
+            sock.connect(daemon.config.listen)
+            conn = h2.connection.H2Connection(
+                h2.config.H2Configuration(client_side=True, header_encoding=None)
+            )
+            conn.initiate_connection()
+            sock.sendall(conn.data_to_send())
+            advertised = None
+            while advertised is None:
+                for event in conn.receive_data(sock.recv(65536)):
+                    if isinstance(event, h2.events.RemoteSettingsChanged):
+                        advertised = conn.remote_settings.max_concurrent_streams
+            fields = [
+                (b":method", b"POST"),
+                (b":scheme", b"http"),
+                (b":path", HANG.encode()),
+                (b":authority", b"relay-test"),
+                (b"content-type", b"application/grpc"),
+                (b"te", b"trailers"),
+            ]
+            for stream_id in (1, 3, 5):
+                conn.send_headers(stream_id, fields)
+                conn.send_data(stream_id, _framed(b""), end_stream=True)
+            # h2 keeps to the advertised limit itself: the 4th stream is written by hand.
+            fourth = f.header_frames(7, f.encode_headers(fields), False, 16384)
+            sock.sendall(conn.data_to_send() + fourth + f.frame(f.DATA, f.END_STREAM, 7, _framed(b"")))
+            reset: list[tuple[int, int]] = []
+            buf = b""
+            try:
+                while not reset:  # read frames by hand: h2 would take a reset of stream 7 as an error
+                    buf += sock.recv(65536)
+                    while len(buf) >= f.HEAD_SIZE:
+                        high, low, kind, _flags, stream = f.HEAD.unpack_from(buf, 0)
+                        end = f.HEAD_SIZE + (high << 16 | low)
+                        if len(buf) < end:
+                            break
+                        if kind == f.RST_STREAM:
+                            reset.append((stream, int.from_bytes(buf[f.HEAD_SIZE : end], "big")))
+                        buf = buf[end:]
+            finally:
+                sock.close()
+            return advertised, reset
+
+        advertised, reset = await in_thread(four_calls)
+        assert (3, [(7, f.REFUSED_STREAM)]) == (advertised, reset)
 
     async def test_a_refused_call_is_refused_to_the_caller(
         self, aio_loop: None, nursery: trio.Nursery, sockdir: str
