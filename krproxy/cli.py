@@ -105,6 +105,14 @@ def _add_serve(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="group (name or gid) owning the proxy socket; default: the daemon's group",
     )
     p.add_argument(
+        "--max-request-message-size",
+        type=int,
+        default=16 << 20,
+        metavar="BYTES",
+        help="largest request message a caller may send (a larger one gets RESOURCE_EXHAUSTED "
+        "before it is buffered; containerd's own limit is the default); default: %(default)s",
+    )
+    p.add_argument(
         "--grace-period",
         type=float,
         default=10.0,
@@ -364,6 +372,7 @@ def _serve(args: argparse.Namespace) -> int:
             socket_mode=args.socket_mode,
             socket_group=args.socket_group,
             grace_period=args.grace_period,
+            max_request_message_size=args.max_request_message_size,
             oci_hook_dirs=tuple(args.oci_hook_dirs),
             record=args.record,
             record_max_bytes=args.record_max_bytes,

@@ -155,6 +155,7 @@ async def serve(
     image = runtime if config.image_socket == config.runtime_endpoint else Backend(config.image_socket)
     metrics = Metrics()
     relay = Relay(observers=[metrics.observe_call, calls.log_call])
+    relay.max_request = config.max_request_message_size
     runtime_route = _route(relay, runtime)
     image_route = runtime_route if image is runtime else _route(relay, image)
     dispatcher = Dispatcher(relay, observe=metrics.observe_hook, on_outcome=calls.add_hook_outcome)

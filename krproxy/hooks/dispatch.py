@@ -35,6 +35,10 @@ from krproxy.relay.rpc import UpstreamError
 
 LOGGER = logging.getLogger("krproxy.hooks.dispatch")
 
+#: Largest plugin answer accepted (as grpc-go's default receive limit, which the reference's
+#: plugin client has): a larger one is that plugin's failure, under its failure policy.
+MAX_PLUGIN_ANSWER = 4 * 1024 * 1024
+
 Request = hookapi.PodSandboxHookRequest | hookapi.ContainerResourceHookRequest
 Response = hookapi.PodSandboxHookResponse | hookapi.ContainerResourceHookResponse
 Record = TypeVar("Record")
@@ -141,6 +145,7 @@ class Dispatcher:
                 point.rpc_path,
                 _serialized(request),
                 within=plugin.timeout if within is None else within,
+                max_answer=MAX_PLUGIN_ANSWER,
             )
         finally:
             if not registered and endpoint not in self._endpoints:

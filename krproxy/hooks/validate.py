@@ -28,6 +28,10 @@ Rules (the bounds are the kernel's and runc's where they have one):
 - ``unified`` keys are cgroup file names: non-empty, no ``/``, not ``.``/``..``, no NUL.
 - env names non-empty, without ``=`` or NUL; label, annotation keys non-empty, without NUL; no
   value contains NUL.
+- sizes: a label, annotation or env key is at most :data:`MAX_KEY` (4096) characters, a value at
+  most :data:`MAX_VALUE` (262144: Kubernetes' limit for all of a pod's annotations together, so
+  no value kubelet sends is larger). The whole answer is at most 4 MiB
+  (:data:`krproxy.hooks.dispatch.MAX_PLUGIN_ANSWER`), checked before it is decoded.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ from krproxy.proto.runtime import v1alpha1
 __all__ = [
     "INVALID_ANSWER",
     "MAX_BYTES",
+    "MAX_KEY",
+    "MAX_VALUE",
     "WRONG_TYPES",
     "check_answer",
     "check_cgroup_parent",
@@ -52,6 +58,10 @@ __all__ = [
     "is_below",
     "wrong_types",
 ]
+
+#: Largest key and value (characters) a plugin may set in labels, annotations and envs.
+MAX_KEY = 4096
+MAX_VALUE = 256 * 1024
 
 #: How a violation's cause starts in logs, statuses and metrics.
 INVALID_ANSWER = "invalid answer"
@@ -159,7 +169,16 @@ def _check_map(name: str, values: Mapping[str, str]) -> list[str]:
             problems.append(f"{name} key {key!r} contains a NUL character")
         elif "\0" in value:
             problems.append(f"{name}[{key}] contains a NUL character")
+        problems += _check_sizes(name, key, value)
     return problems
+
+
+def _check_sizes(name: str, key: str, value: str) -> list[str]:
+    if len(key) > MAX_KEY:
+        return [f"{name} key {key[:40]!r}... is longer than {MAX_KEY} characters"]
+    if len(value) > MAX_VALUE:
+        return [f"{name}[{key}] is longer than {MAX_VALUE} characters ({len(value)})"]
+    return []
 
 
 def _check_envs(envs: Mapping[str, str]) -> list[str]:
@@ -169,6 +188,7 @@ def _check_envs(envs: Mapping[str, str]) -> list[str]:
             problems.append(f"env name {key!r} is not a name (empty, or contains '=' or NUL)")
         elif "\0" in value:
             problems.append(f"env {key} value contains a NUL character")
+        problems += _check_sizes("env", key, value)
     return problems
 
 

@@ -112,6 +112,37 @@ class CallSide(Protocol):
     def settle(self) -> None: ...
 
 
+class _Over:
+    """What a half reports to once its call is over (see :meth:`Half.release`): nothing."""
+
+    finished = True
+    backend_clock = 0.0
+
+    def on_request_data(self, data: bytes, end: bool) -> None:
+        pass
+
+    def on_request_trailers(self, headers: Headers) -> None:
+        pass
+
+    def on_reply_headers(self, headers: Headers, end: bool) -> None:
+        pass
+
+    def on_reply_data(self, data: bytes, end: bool) -> None:
+        pass
+
+    def caller_gone(self) -> None:
+        pass
+
+    def upstream_gone(self, reason: str, refused: bool = False) -> None:
+        pass
+
+    def settle(self) -> None:
+        pass
+
+
+_OVER = _Over()
+
+
 class _Closed(Exception):
     """The peer closed the connection."""
 
@@ -283,6 +314,13 @@ class Half:
             self.ep.held -= len(self.pending)
             self.pending.clear()
 
+    def release(self) -> None:
+        """The call is over: drop the references between this half, its call and its peer, so
+        that their memory goes at once (reference counting), not at a full garbage collection."""
+        self.call = _OVER
+        self.peer = None
+        self.trailers_pending = None
+
     def abort(self, code: int) -> None:
         """Reset this stream (RST_STREAM) unless it is over already."""
         if self.done:
@@ -372,7 +410,7 @@ class Endpoint:
             return
         del self.out[:sent]
         self.writing = True
-        self.relay.nursery.start_soon(self._write_rest)
+        self.relay.spawn(self._write_rest)
 
     async def _write_rest(self) -> None:
         try:
@@ -801,7 +839,7 @@ class Route:
                 self._unreachable(str(err) or type(err).__name__)
                 raise
             ep = self.ep = Endpoint(self.relay, sock, server_side=False, route=self)
-            self.relay.nursery.start_soon(ep.run)
+            self.relay.spawn(ep.run)
         return ep
 
     def drop(self, ep: Endpoint) -> None:

@@ -30,12 +30,13 @@ accepting, routing, deadlines, draining).
 
 from __future__ import annotations
 
+import contextvars
 import heapq
 import itertools
 import logging
 import math
 import socket
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import trio
@@ -46,6 +47,7 @@ from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import frames as f
 from krproxy.relay.connection import _STOPPED, Endpoint, Half, Headers, Route, connect_unix
 from krproxy.relay.rpc import (
+    MAX_OWN_ANSWER,
     Answer,
     Call,
     LocalCall,
@@ -57,6 +59,9 @@ from krproxy.relay.rpc import (
 )
 
 LOGGER = logging.getLogger("krproxy.relay")
+
+#: Largest request message accepted (``--max-request-message-size``), as containerd's limit.
+MAX_REQUEST = 16 * 1024 * 1024
 
 #: Seconds before a call the upstream refused unprocessed is sent again, and how often at most.
 _REFUSED_PAUSE = 0.005
@@ -85,6 +90,8 @@ class Relay:
         #: trace recorder needs them, and keeping an 860 KB list per call costs memory and time.
         #: Records of calls with hook points always carry them.
         self.keep_messages = False
+        #: Largest request message: one announcing more gets RESOURCE_EXHAUSTED at once.
+        self.max_request = MAX_REQUEST
         self.runtime: Route | None = None  # set by configure()
         self.image: Route | None = None
         self.interceptors: dict[str, Interceptor] = {}
@@ -163,7 +170,7 @@ class Relay:
                 continue
             ep = Endpoint(self, sock, server_side=True)
             self._clients.add(ep)
-            self.nursery.start_soon(self._serve_client, ep)
+            self.nursery.start_soon(self._serve_client, ep)  # the accept loop is in no call
             self.flush()
 
     async def _serve_client(self, ep: Endpoint) -> None:
@@ -175,6 +182,14 @@ class Relay:
     def stop_accepting(self) -> None:
         if self._accepting is not None:
             self._accepting.cancel()
+
+    def spawn(self, fn: Callable[[], Awaitable[object]]) -> None:
+        """Start a long-lived task (a connection's reader or writer) outside any call's context:
+        a task inherits the context it was started in, and one started while a call with hook
+        points ran would keep that call (``calls.CURRENT``, with its request) alive."""
+        context = contextvars.copy_context()
+        context.run(calls.CURRENT.set, None)
+        context.run(self.nursery.start_soon, fn)
 
     def flush(self) -> None:
         """Write out every connection something was queued on."""
@@ -268,8 +283,11 @@ class Relay:
         message: bytes,
         metadata: Iterable[tuple[bytes, bytes]] = (),
         deadline: float = math.inf,
+        max_answer: int = MAX_OWN_ANSWER,
     ) -> Answer:
         """Call ``path`` on ``route`` with ``message``, within ``deadline`` (trio clock).
+
+        An answer larger than ``max_answer`` bytes is an :class:`UpstreamError`.
 
         Returns the answer whatever its status. Raises OSError if the upstream cannot be
         reached, :class:`UpstreamError` if it went away or answered something that is not
@@ -283,7 +301,7 @@ class Relay:
         framed = _message(message)
         extra = list(metadata)
         for attempt in itertools.count(1):
-            exchange = await self._exchange(route, path, framed, extra, deadline)
+            exchange = await self._exchange(route, path, framed, extra, deadline, max_answer)
             if not exchange.refused:
                 break
             if attempt >= _REFUSED_ATTEMPTS:  # even without a deadline, not forever
@@ -297,9 +315,9 @@ class Relay:
         return exchange.answer()
 
     async def _exchange(
-        self, route: Route, path: str, framed: bytes, metadata: Headers, deadline: float
+        self, route: Route, path: str, framed: bytes, metadata: Headers, deadline: float, max_answer: int
     ) -> _Exchange:
-        exchange = _Exchange()
+        exchange = _Exchange(max_answer)
         ep = route.endpoint()
         upstream = exchange.upstream = Half(ep, 0, exchange)  # type: ignore[arg-type]
         fields: Headers = [
@@ -328,12 +346,16 @@ class Relay:
             raise TimeoutError()
         return exchange
 
-    async def call(self, route: Route, path: str, message: bytes, within: float) -> bytes:
+    async def call(
+        self, route: Route, path: str, message: bytes, within: float, max_answer: int = MAX_OWN_ANSWER
+    ) -> bytes:
         """:meth:`unary` for callers that want the reply message or an exception.
 
         Raises :class:`GRPCError` for an error status, and what :meth:`unary` raises.
         """
-        answer = await self.unary(route, path, message, deadline=trio.current_time() + within)
+        answer = await self.unary(
+            route, path, message, deadline=trio.current_time() + within, max_answer=max_answer
+        )
         if answer.status is not Status.OK:
             raise GRPCError(answer.status, answer.message, answer.details)
         return answer.body

@@ -107,20 +107,30 @@ def _read_status(headers: Headers) -> tuple[Status | None, str | None, bytes | N
 KEEP_NONE, KEEP_FIRST, KEEP_ALL = 0, 1, 2
 
 
+class MessageTooLarge(Exception):
+    """A message's length prefix announced more than a :class:`_Tap`'s limit."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"a message of {size} bytes is larger than the limit of {limit} bytes")
+        self.size, self.limit = size, limit
+
+
 class _Tap:
     """Counts the gRPC messages in one direction of a call; keeps their bytes if asked to.
 
     ``keep``: :data:`KEEP_NONE` (count only), :data:`KEEP_FIRST` (the first message: a request,
     or what an interceptor needs) or :data:`KEEP_ALL` (every message's bytes, for unary replies
-    in call records).
+    in call records). ``limit``: a message whose 5-byte prefix announces more raises
+    :class:`MessageTooLarge` before any of it is kept.
     """
 
-    __slots__ = ("_head", "_keep", "_left", "first", "messages")
+    __slots__ = ("_head", "_keep", "_left", "_limit", "first", "messages")
 
-    def __init__(self, keep: int) -> None:
+    def __init__(self, keep: int, limit: int = 2**32) -> None:
         self._head = bytearray()
         self._left = 0
         self._keep = keep
+        self._limit = limit
         self.first: bytearray | None = None
         self.messages = 0
 
@@ -142,6 +152,8 @@ class _Tap:
             if len(self._head) == 5:
                 self._left = int.from_bytes(self._head[1:5], "big")
                 self._head.clear()
+                if self._left > self._limit:
+                    raise MessageTooLarge(self._left, self._limit)
                 if self.first is None and self._keep != KEEP_NONE:
                     self.first = bytearray()
                 if not self._left:
@@ -189,7 +201,7 @@ class Call:
         self.timer: list[Any] | None = None  # its entry in the relay's deadline heap
         # Message bytes only if records are to carry them (relay.keep_messages: e.g. recording).
         keep = relay.keep_messages
-        self.request_tap: _Tap | None = _Tap(KEEP_FIRST if keep else KEEP_NONE)
+        self.request_tap: _Tap | None = _Tap(KEEP_FIRST if keep else KEEP_NONE, relay.max_request)
         self.reply_tap: _Tap | None = _Tap(KEEP_ALL if keep and relay.is_unary(path) else KEEP_NONE)
 
     @property
@@ -199,7 +211,11 @@ class Call:
 
     def on_request_data(self, data: bytes, end: bool) -> None:
         if self.request_tap is not None and data:
-            self.request_tap.feed(data)
+            try:
+                self.request_tap.feed(data)
+            except MessageTooLarge as err:
+                self.too_large(data, err)
+                return
         upstream = self.upstream
         if upstream is None or upstream.done:
             self.client.grant(len(data))
@@ -231,6 +247,16 @@ class Call:
         # gRPC callers end a request with END_STREAM on DATA; a header block is legal though.
         if self.upstream is not None and not self.upstream.done:
             self.upstream.send_trailers(f.encode_headers(headers))
+
+    def too_large(self, data: bytes, err: MessageTooLarge) -> None:
+        """The request announced a message above the limit: RESOURCE_EXHAUSTED, as grpc-go
+        (containerd) answers, before any more of it is buffered or sent on."""
+        self.client.grant(len(data))
+        self.fail(
+            Status.RESOURCE_EXHAUSTED,
+            f"request message of {err.size} bytes is larger than krproxy's limit of {err.limit} bytes"
+            " (--max-request-message-size)",
+        )
 
     def _backend_done(self) -> None:
         if self.backend_clock:
@@ -310,10 +336,16 @@ class Call:
 
     def finish(self) -> None:
         self.finished = True
-        self.client.ep.forget(self.client)
-        if self.upstream is not None:
-            self.upstream.ep.forget(self.upstream)
+        client, upstream = self.client, self.upstream
+        client.ep.forget(client)
+        if upstream is not None:
+            upstream.ep.forget(upstream)
         self.relay.call_finished(self)
+        # No reference cycles (call <-> half): the call's bytes are freed as soon as it is over,
+        # not at the next full garbage collection.
+        client.release()
+        if upstream is not None:
+            upstream.release()
 
     def record(self) -> calls.CallRecord:
         request = self.request_tap.first if self.request_tap is not None else None
@@ -357,6 +389,17 @@ class CloseConnection(Exception):
     """
 
 
+def _forget_traceback(err: BaseException) -> None:
+    """Drop what an exception that ended a call holds: its traceback's frames hold the call and
+    its request, in reference cycles (a frame holding the exception) that only a full garbage
+    collection would free."""
+    chain: BaseException | None = err
+    while chain is not None:
+        context = chain.__context__
+        chain.__traceback__ = chain.__cause__ = chain.__context__ = None
+        chain = context
+
+
 class LocalCall(Call):
     """A call with hook points: the relay collects the request and runs the interceptor.
 
@@ -371,7 +414,7 @@ class LocalCall(Call):
         self, relay: Relay, path: str, route: Route | None, interceptor: Interceptor, headers: Headers
     ) -> None:
         super().__init__(relay, path, route)
-        self.request_tap = _Tap(KEEP_FIRST)  # the interceptor needs the request
+        self.request_tap = _Tap(KEEP_FIRST, relay.max_request)  # the interceptor needs the request
         self.reply_tap = None
         self._interceptor = interceptor
         self._metadata = [field for field in headers if field[0] not in _OWN_FIELDS]
@@ -382,7 +425,11 @@ class LocalCall(Call):
     def on_request_data(self, data: bytes, end: bool) -> None:
         assert self.request_tap is not None
         if data:
-            self.request_tap.feed(data)
+            try:
+                self.request_tap.feed(data)
+            except MessageTooLarge as err:
+                self.too_large(data, err)
+                return
             self.client.grant(len(data))
         if end:
             self.client.recv_ended = True
@@ -416,13 +463,16 @@ class LocalCall(Call):
             self.client.ep.close("the handler closed the connection")
         except BackendError as err:
             self._answer(err.headers, None, err.trailers, err)
+            _forget_traceback(err)
         except GRPCError as err:
             details = err.details if isinstance(err.details, bytes) else None
             self._answer(None, None, _status_fields(err.status, err.message, details), err)
+            _forget_traceback(err)
         except Exception as err:  # a bug of ours: answer UNKNOWN, keep serving
             LOGGER.exception("interceptor for %s failed", self.path)
             unknown = GRPCError(Status.UNKNOWN, f"{type(err).__name__}: {err}")
             self._answer(None, None, _status_fields(unknown.status, unknown.message, None), unknown)
+            _forget_traceback(err)
         finally:
             self.relay.flush()
 
@@ -500,8 +550,8 @@ class Answer:
     trailers: Headers
 
 
-#: Largest answer the relay accepts to a call of its own: a plugin's is a few hundred bytes, a
-#: node's ListContainers a few MB.
+#: Largest answer the relay accepts to a call of its own by default: a node's ListContainers is
+#: a few MB. Plugin calls pass a smaller limit (krproxy.hooks.dispatch.MAX_PLUGIN_ANSWER).
 MAX_OWN_ANSWER = 64 * 1024 * 1024
 
 
@@ -519,12 +569,14 @@ class _Exchange:
         "error",
         "finished",
         "headers",
+        "limit",
         "refused",
         "trailers",
         "upstream",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = MAX_OWN_ANSWER) -> None:
+        self.limit = limit
         self.upstream: Half = None  # type: ignore[assignment]  # set right after construction
         self.headers: Headers | None = None
         self.trailers: Headers | None = None
@@ -547,8 +599,8 @@ class _Exchange:
             return
         self.body += data
         self.upstream.grant(len(data))
-        if len(self.body) > MAX_OWN_ANSWER:  # a peer that would fill our memory: stop reading it
-            self.error = f"the answer is larger than {MAX_OWN_ANSWER} bytes"
+        if len(self.body) > self.limit:  # a peer that would fill our memory: stop reading it
+            self.error = f"the answer is larger than {self.limit} bytes"
             self.done.set()
             self.upstream.abort(f.CANCEL)
             self.settle()
@@ -572,6 +624,7 @@ class _Exchange:
         if upstream.done and not self.finished:
             self.finished = True
             upstream.ep.forget(upstream)
+            upstream.release()  # no cycle (exchange <-> half)
 
     def answer(self) -> Answer:
         trailers = self.trailers or []

@@ -21,6 +21,7 @@ from grpclib.exceptions import GRPCError
 from fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1 as cri
+from krproxy.proto.runtime import v1alpha1
 from krproxy.proto.runtime.v1 import services as cri_services
 from tests.integration.hooks_support import Node, make_node
 
@@ -32,6 +33,9 @@ POST_HOOKS = [HookPoint.POST_START_CONTAINER, HookPoint.POST_STOP_CONTAINER, Hoo
 #: The cause of a timeout: the proxy's own deadline fired, or the plugin's grpclib server enforced the
 #: deadline the proxy sent it (grpc-timeout) first and answered DEADLINE_EXCEEDED.
 TIMEOUT_CAUSES = ("no answer within 0.3s", "DEADLINE_EXCEEDED")
+_BIG_5MB = {"big": "x" * (5 << 20)}
+_BIG_300K = {"big": "x" * (300 << 10)}
+
 #: How to make the plugin fail, and the starts of the cause the proxy may report.
 TROUBLES: dict[str, tuple[Misbehaviour | None, tuple[str, ...]]] = {
     "error": (Misbehaviour(status=Status.INTERNAL, message="boom"), ("INTERNAL: boom",)),
@@ -51,6 +55,16 @@ TROUBLES: dict[str, tuple[Misbehaviour | None, tuple[str, ...]]] = {
     # Decodes without error (betterproto2 ignores wire types) but pod_cgroup_parent comes out an int.
     "loose": (Misbehaviour(garbage=b"\x18\x05"), ("invalid answer: answer has fields of the wrong type",)),
     "unreachable": (None, ("unreachable at ",)),
+    # A 5 MB answer: beyond the 4 MiB a plugin may answer (grpc-go's default limit).
+    "oversized": (
+        Misbehaviour(garbage=bytes(v1alpha1.ContainerResourceHookResponse(container_annotations=_BIG_5MB))),
+        ("the answer is larger than 4194304 bytes",),
+    ),
+    # Within the answer limit, but a value larger than any kubelet sends.
+    "value too large": (
+        Misbehaviour(garbage=bytes(v1alpha1.ContainerResourceHookResponse(container_annotations=_BIG_300K))),
+        ("invalid answer: container_annotations[big] is longer than 262144 characters",),
+    ),
 }
 
 

@@ -111,7 +111,7 @@ class TestAgainstGrpcio:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "nö way: 100%")
 
         with grpcio_server(_path(route, short_tmp), refuse), pytest.raises(GRPCError) as info:
-            await relay.call(route, PATH, b"x", within=10)
+            await relay.call(route, PATH, b"x", within=10, max_answer=100_000)
 
         assert (Status.FAILED_PRECONDITION, "nö way: 100%") == (info.value.status, info.value.message)
 
@@ -193,10 +193,9 @@ class TestConnectionTrouble:
     async def test_an_endless_answer_is_cut_off(
         self, relay: Relay, route: Route, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """A peer answering more than MAX_OWN_ANSWER bytes: the call fails, the stream is reset."""
-        monkeypatch.setattr("krproxy.relay.rpc.MAX_OWN_ANSWER", 100_000)
+        """A peer answering more than the call's answer limit: the call fails, the stream is reset."""
         with (
             grpcio_server(_path(route, short_tmp), lambda request, context: b"x" * 300_000),
             pytest.raises(UpstreamError, match="larger than 100000 bytes"),
         ):
-            await relay.call(route, PATH, b"x", within=10)
+            await relay.call(route, PATH, b"x", within=10, max_answer=100_000)

@@ -341,13 +341,12 @@ class TestOwnCalls:
     async def test_an_answer_cut_off_for_size_gives_back_all_its_window(
         self, relay: Relay, upstream_path: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """An answer above MAX_OWN_ANSWER: every byte received on the connection is granted back,
+        """An answer above its limit: every byte received on the connection is granted back,
         the frame that crossed the limit included (else each such answer shrinks the window)."""
-        monkeypatch.setattr("krproxy.relay.rpc.MAX_OWN_ANSWER", 100_000)
         route = relay.route_to(upstream_path, "plugin p")
         with serving(upstream_path, lambda path, body: Answer(body=_framed(b"x" * 300_000))):
             with pytest.raises(UpstreamError, match="larger than 100000 bytes"):
-                await relay.call(route, PATH, b"x", within=5)
+                await relay.call(route, PATH, b"x", within=5, max_answer=100_000)
             ep = route.ep
             assert ep is not None
             await wait_until(lambda: ep.recv_window + ep.to_grant == CONNECTION_WINDOW, limit=2)
