@@ -22,9 +22,10 @@ other calls are forwarded at once.
 
 ``--backend-runtime-mode=Docker`` runs a different server instead (:mod:`krproxy.docker`).
 
-Shutdown: on SIGTERM or SIGINT the proxy stops accepting connections and new calls
-(UNAVAILABLE "shutting down"), gives in-flight calls ``grace_period`` seconds to finish,
-then cancels what is left, removes its socket file and returns.
+Shutdown: on SIGTERM or SIGINT the proxy stops accepting connections, sends each caller
+connection the two-step GOAWAY (new calls go to a new connection), gives in-flight calls
+``grace_period`` seconds to finish, then cancels what is left, removes its socket file (unless
+systemd passed it: socket activation) and returns.
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class Daemon:
             grace_period=self.config.grace_period,
         )
         with trio.move_on_after(self.config.grace_period) as scope:
-            await self.relay.wait_idle()
+            await self.relay.wait_drained()
         if scope.cancelled_caught:
             log.event(LOGGER, "grace_period_over", level=logging.WARNING, cancelled=self.relay.in_flight)
 
@@ -121,12 +122,14 @@ async def serve(
     handle_signals: bool = True,
     sock: socket.socket | None = None,
     admin_sock: socket.socket | None = None,
+    inherited: bool = False,
     task_status: trio.TaskStatus[Daemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the proxy until a shutdown is requested.
 
     ``sock`` is the listening socket if the caller bound it already (see :func:`run`), and
     ``admin_sock`` likewise the admin endpoint's (else bound here if ``config.metrics_address``).
+    ``inherited``: ``sock`` is systemd's (socket activation): its file is left in place at the end.
 
     Reports the :class:`Daemon` through ``task_status`` once the socket accepts connections.
     """
@@ -150,7 +153,7 @@ async def serve(
         sock = unixsock.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
     # At the end the socket file is removed only if it is still ours: a successor may have
     # replaced it while we were draining.
-    inode = os.stat(config.listen).st_ino
+    inode = 0 if inherited else os.stat(config.listen).st_ino
     runtime = Backend(config.runtime_endpoint)
     image = runtime if config.image_socket == config.runtime_endpoint else Backend(config.image_socket)
     metrics = Metrics()
@@ -232,7 +235,8 @@ async def serve(
             nursery.cancel_scope.cancel()
     finally:
         sock.close()
-        unixsock.unlink_if_ours(config.listen, inode)
+        if not inherited:
+            unixsock.unlink_if_ours(config.listen, inode)
         if admin_sock is not None:
             admin_sock.close()
         dispatcher.close()
@@ -251,13 +255,54 @@ def run(config: ProxyConfig) -> None:
     """Blocking entry point: ``trio.run`` → :func:`serve`.
 
     The socket is bound first, outside trio, so that start-up errors (socket in use, no
-    permission) raise as themselves rather than inside exception groups.
+    permission) raise as themselves rather than inside exception groups. Under systemd socket
+    activation (``deploy/krproxy.socket``) the listening socket is systemd's, passed as fd 3.
     """
-    sock = unixsock.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
+    sock = activated_listener(config.listen)
+    inherited = sock is not None
+    if sock is None:
+        sock = unixsock.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
     try:
         admin_sock = admin.bind(config.metrics_address) if config.metrics_address else None
     except OSError:
         sock.close()
         raise
 
-    trio.run(functools.partial(serve, config, sock=sock, admin_sock=admin_sock))
+    trio.run(functools.partial(serve, config, sock=sock, admin_sock=admin_sock, inherited=inherited))
+
+
+#: The first file descriptor systemd passes (sd_listen_fds(3)).
+_LISTEN_FDS_START = 3
+
+
+def activated_listener(path: str) -> socket.socket | None:
+    """The listening socket systemd passed us (``LISTEN_PID`` is ours, ``LISTEN_FDS`` ≥ 1), or None.
+
+    With socket activation the socket outlives the process: during a restart kubelet's new
+    connections wait in its backlog for the successor instead of being refused. The variables
+    are removed from the environment (children must not take them for theirs).
+    """
+    pid, count = os.environ.get("LISTEN_PID", ""), os.environ.get("LISTEN_FDS", "")
+    for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        os.environ.pop(name, None)
+    if pid != str(os.getpid()) or not count.isdigit() or int(count) < 1:
+        return None
+    if int(count) > 1:
+        raise ValueError(f"systemd passed {count} sockets; the krproxy.socket unit must listen on one")
+    sock = socket.socket(fileno=_LISTEN_FDS_START)
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        sock.close()
+        raise ValueError("the socket systemd passed is not a unix stream socket (ListenStream=<path>)")
+    os.set_inheritable(sock.fileno(), False)
+    name = sock.getsockname()
+    if name != path:
+        log.event(
+            LOGGER,
+            "activated_socket_elsewhere",
+            level=logging.WARNING,
+            socket=name,
+            listen=path,
+            hint="make ListenStream= in krproxy.socket and --koord-runtimeproxy-endpoint the same path",
+        )
+    log.event(LOGGER, "socket_activated", socket=name)
+    return sock

@@ -74,6 +74,9 @@ _READS_PER_CHECKPOINT = 8
 
 _RETIRED = "retired"
 _STOPPED = "krproxy stopped"
+_DRAINED = "drained"
+#: The PING payload that marks the round trip of a graceful shutdown's first GOAWAY.
+_DRAIN_PING = b"krdrain\x00"
 
 #: What a socket error says happened to the connection, in words instead of an errno string.
 _PEER_ENDED = {
@@ -346,6 +349,7 @@ class Endpoint:
         self.out = bytearray()
         self.dirty = False
         self.writing = False
+        self.closing = False  # close once `out` is written (a drained connection)
         self.closed = False
         self.retiring = False  # takes no new streams (GOAWAY received, or ids used up)
         self.halves: dict[int, Half] = {}
@@ -364,6 +368,10 @@ class Endpoint:
         self.to_grant = 0
         self.next_id = 1
         self.last_peer_id = 0
+        #: Graceful shutdown of a caller's connection (RFC 9113 §6.8): None, "announced" (a
+        #: GOAWAY with the largest id and a PING are out), or "final" (GOAWAY with the last id
+        #: we process: streams above it are refused, the connection closes once idle).
+        self.goaway: str | None = None
         self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
         self._continuation: tuple[int, int, bytearray] | None = None
         ours = [(f.INITIAL_WINDOW_SIZE, STREAM_WINDOW)]
@@ -426,6 +434,8 @@ class Endpoint:
                 del self.out[:sent]
         finally:
             self.writing = False
+            if self.closing and not self.out:
+                self.close(_DRAINED)
 
     def grant(self, size: int) -> None:
         self.to_grant += size
@@ -478,6 +488,35 @@ class Endpoint:
         self._start_waiting()
         if self.retiring and not self.halves and not self.waiting:
             self.close(_RETIRED)
+        elif self.goaway == "final" and not self.halves:
+            self._close_when_sent()
+
+    def announce_goaway(self) -> None:
+        """First step of a graceful shutdown (RFC 9113 §6.8): GOAWAY with the largest stream id,
+        so the caller opens no new streams but those already on their way are still served, and
+        a PING whose answer tells that they have all arrived (then :meth:`final_goaway`)."""
+        if self.goaway is not None or self.closed:
+            return
+        self.goaway = "announced"
+        self.write(f.goaway(f.MAX_STREAM_ID, f.NO_ERROR))
+        self.write(f.frame(f.PING, 0, 0, _DRAIN_PING))
+
+    def final_goaway(self) -> None:
+        """Second step: GOAWAY with the last stream id processed; later streams are refused (the
+        caller sends them again elsewhere), and the connection closes once its calls are over."""
+        if self.goaway == "final" or self.closed:
+            return
+        self.goaway = "final"
+        self.write(f.goaway(self.last_peer_id, f.NO_ERROR))
+        if not self.halves:
+            self._close_when_sent()
+
+    def _close_when_sent(self) -> None:
+        """Close once everything queued (the last answers, the GOAWAY) is written out."""
+        self.closing = True
+        self.try_send()
+        if not self.out and not self.writing:
+            self.close(_DRAINED)
 
     def _start_waiting(self) -> None:
         while self.waiting and len(self.halves) < self.peer_max_streams and not self.closed:
@@ -609,6 +648,8 @@ class Endpoint:
                 raise f.ProtocolError("PING payload is not 8 bytes", f.FRAME_SIZE_ERROR)
             if not flags & f.ACK:
                 self.write(f.frame(f.PING, f.ACK, 0, payload))
+            elif payload == _DRAIN_PING and self.goaway == "announced":
+                self.final_goaway()
         elif kind == f.RST_STREAM:
             self._require_stream(stream_id, "RST_STREAM")
             self._require_not_idle(stream_id, "RST_STREAM")
@@ -682,6 +723,9 @@ class Endpoint:
                     raise f.ProtocolError(f"caller opened even stream {stream_id}")
                 if stream_id <= self.last_peer_id:
                     return  # a late header block on a stream that is over
+                if self.goaway == "final":  # above the last id of our GOAWAY: not processed
+                    self.write(f.rst_stream(stream_id, f.REFUSED_STREAM))
+                    return
                 self.last_peer_id = stream_id
                 if len(self.halves) >= CALLER_MAX_STREAMS:  # beyond what we advertised
                     self.write(f.rst_stream(stream_id, f.REFUSED_STREAM))

@@ -220,10 +220,6 @@ class Relay:
         client = call.client = Half(ep, stream_id, call)
         ep.halves[stream_id] = client
         self.in_flight += 1
-        if self.draining:
-            client.recv_ended = end
-            call.fail(Status.UNAVAILABLE, "krproxy is shutting down")
-            return
         if timeout is not None and self.enforce_deadlines:
             self._add_deadline(call, trio.current_time() + timeout)
         if interceptor is not None:
@@ -407,6 +403,22 @@ class Relay:
     # -- shutdown ----------------------------------------------------------------------
 
     def start_draining(self) -> None:
-        """Refuse new calls (UNAVAILABLE) and stop accepting connections; running calls go on."""
+        """Stop accepting connections and start the two-step GOAWAY on every caller connection
+        (RFC 9113 §6.8; :meth:`Endpoint.announce_goaway`): calls already sent are served, calls
+        not yet sent go elsewhere (a new connection, to our successor), running calls go on."""
         self.draining = True
         self.stop_accepting()
+        for ep in list(self._clients):
+            ep.announce_goaway()
+        self.flush()
+
+    async def wait_drained(self, round_trip: float = 1.0) -> None:
+        """Return once every caller connection has had its final GOAWAY (at its PING's answer,
+        or after ``round_trip`` seconds without one) and no call is in flight."""
+        with trio.move_on_after(round_trip):
+            while any(ep.goaway == "announced" for ep in self._clients):  # noqa: ASYNC110 - one round trip
+                await trio.sleep(0.005)
+        for ep in list(self._clients):
+            ep.final_goaway()
+        self.flush()
+        await self.wait_idle()

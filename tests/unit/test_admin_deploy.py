@@ -54,6 +54,19 @@ class TestSystemdUnit:
         )
         assert "containerd.service" in parsed["Unit"]["After"].split()
 
+    def test_socket_unit_listens_where_the_service_serves(self) -> None:
+        """krproxy.socket (socket activation) listens on the path the service's ExecStart names,
+        for the service, which wants it."""
+        socket_unit = configparser.RawConfigParser(strict=False)
+        socket_unit.optionxform = str  # type: ignore[assignment,method-assign]
+        socket_unit.read_string((DEPLOY / "krproxy.socket").read_text())
+        assert (PROXY_SOCKET, "krproxy.service", "0660") == (
+            socket_unit["Socket"]["ListenStream"],
+            socket_unit["Socket"]["Service"],
+            socket_unit["Socket"]["SocketMode"],
+        )
+        assert "krproxy.socket" in unit()["Unit"]["Wants"].split()
+
 
 class TestDaemonSet:
     def test_container_args_parse(self) -> None:

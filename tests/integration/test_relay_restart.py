@@ -1,0 +1,115 @@
+"""A restart of krproxy under a steady stream of calls fails none (issue 16).
+
+As under systemd socket activation (``deploy/krproxy.socket``), the test holds the listening
+socket and passes it to each ``krproxy serve`` process as fd 3 (``LISTEN_FDS``/``LISTEN_PID``).
+On SIGTERM the daemon sends the two-step GOAWAY (RFC 9113 §6.8) and lets its calls finish; the
+caller's next calls go on a new connection, which waits in the socket's backlog until the
+successor accepts it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+from cri_api.v1 import api_pb2 as pb
+from cri_api.v1 import api_pb2_grpc as pb_grpc
+
+from krproxy.bench import Processes, _serve_args
+
+
+def _activated(argv: list[str], listener: socket.socket, log: str) -> subprocess.Popen[bytes]:
+    """Start ``python argv`` with ``listener`` as its fd 3, the way systemd passes a socket."""
+    fd = listener.fileno()
+
+    def as_systemd_does() -> None:
+        os.dup2(fd, 3)
+        os.environ["LISTEN_FDS"] = "1"
+        os.environ["LISTEN_PID"] = str(os.getpid())
+
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, *argv], stdout=out, stderr=out, pass_fds=(3,), preexec_fn=as_systemd_does
+        )
+
+
+@pytest.fixture
+def workdir() -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix="krrestart-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_restart_with_an_inherited_socket_fails_no_call(workdir: str) -> None:
+    procs = Processes(workdir)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    daemons: list[subprocess.Popen[bytes]] = []
+    try:
+        backend = os.path.join(workdir, "containerd.sock")
+        procs.start("containerd", ["-m", "fakes.containerd", "--socket", backend], backend)
+        listen = os.path.join(workdir, "krproxy.sock")
+        listener.bind(listen)
+        listener.listen(128)
+        hooks = os.path.join(workdir, "hooks")
+        os.makedirs(hooks)
+        argv = _serve_args(listen, backend, hooks, "--log-level=info")
+        log = os.path.join(workdir, "krproxy.log")
+        daemons.append(_activated(argv, listener, log))
+
+        stop = threading.Event()
+        latencies: list[float] = []
+        failures: list[str] = []
+
+        def steady_calls() -> None:
+            with grpc.insecure_channel(f"unix://{listen}") as channel:
+                stub = pb_grpc.RuntimeServiceStub(channel)
+                while not stop.is_set():
+                    started = time.monotonic()
+                    try:
+                        stub.Version(pb.VersionRequest(), timeout=20)
+                    except grpc.RpcError as err:
+                        failures.append(f"{err.code()}: {err.details()}")
+                    latencies.append(time.monotonic() - started)
+
+        caller = threading.Thread(target=steady_calls)
+        caller.start()
+        try:
+            deadline = time.monotonic() + 30
+            while len(latencies) < 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            before = len(latencies)
+            daemons[0].send_signal(signal.SIGTERM)
+            assert 0 == daemons[0].wait(timeout=20)
+            stopped = len(latencies)
+            daemons.append(_activated(argv, listener, log))  # as systemd's Restart= would
+            while len(latencies) < stopped + 200 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            caller.join(timeout=30)
+        slowest = max(latencies[before:])
+        print(f"calls: {len(latencies)}, during the restart the slowest took {slowest:.3f} s")
+        assert [] == failures
+        assert len(latencies) >= stopped + 200, "the successor served no calls"
+        with open(log, "rb") as out:
+            text = out.read()
+        assert 2 == text.count(b"event=socket_activated")
+        assert 1 == text.count(b"event=stopped")
+        assert os.path.exists(listen)  # the socket file is systemd's: left in place
+    finally:
+        for daemon in daemons:
+            if daemon.poll() is None:
+                daemon.send_signal(signal.SIGTERM)
+                daemon.wait(timeout=20)
+        procs.stop()
+        listener.close()
