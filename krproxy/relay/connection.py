@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import socket
 import time
 from collections import deque
@@ -64,6 +65,9 @@ MAX_HELD = 256 * 1024 * 1024
 #: Streams one caller connection may have open (the SETTINGS_MAX_CONCURRENT_STREAMS we
 #: advertise); one beyond it is refused (RST_STREAM REFUSED_STREAM, RFC 9113 §5.1.2).
 CALLER_MAX_STREAMS = 1000
+#: Seconds a caller has to send the HTTP/2 connection preface before its connection is closed
+#: (grpc-go servers, containerd among them, give 120 s; kubelet sends it at once).
+HANDSHAKE_TIMEOUT = 20.0
 #: Calls waiting for a stream slot on one upstream connection (its peer's
 #: MAX_CONCURRENT_STREAMS); a call beyond it fails at once instead of queueing.
 MAX_WAITING = 10_000
@@ -71,6 +75,11 @@ _RECV_SIZE = 256 * 1024
 #: Reads handled back to back before the reader lets other tasks run.
 _READS_PER_CHECKPOINT = 8
 
+
+#: Streams reset by us whose late frames are ignored, per connection (older ones: errors).
+_RESET_IDS_KEPT = 1024
+#: A private flag on a header block: its HEADERS frame made the stream depend on itself.
+_SELF_DEPENDENT = 0x100
 
 _RETIRED = "retired"
 _STOPPED = "krproxy stopped"
@@ -111,7 +120,7 @@ class CallSide(Protocol):
     def on_reply_headers(self, headers: Headers, end: bool) -> None: ...
     def on_reply_data(self, data: bytes, end: bool) -> None: ...
     def caller_gone(self) -> None: ...
-    def upstream_gone(self, reason: str, refused: bool = False) -> None: ...
+    def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None: ...
     def settle(self) -> None: ...
 
 
@@ -136,7 +145,7 @@ class _Over:
     def caller_gone(self) -> None:
         pass
 
-    def upstream_gone(self, reason: str, refused: bool = False) -> None:
+    def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
         pass
 
     def settle(self) -> None:
@@ -244,7 +253,7 @@ class Half:
         if self.reset or self.send_ended:
             return
         self.headers_sent = True
-        self.ep.write(f.header_frames(self.id, block, end, self.ep.peer_max_frame))
+        self.ep.write(self.ep.header_frames(self.id, block, end))
         if end:
             self.send_ended = True
             self.call.settle()
@@ -283,7 +292,7 @@ class Half:
         ep.blocked.pop(self.id, None)
         if self.trailers_pending is not None:
             block, self.trailers_pending = self.trailers_pending, None
-            ep.write(f.header_frames(self.id, block, True, ep.peer_max_frame))
+            ep.write(ep.header_frames(self.id, block, True))
             self.send_ended = True
         elif self.end_pending and not self.send_ended:
             ep.write(f.frame(f.DATA, f.END_STREAM, self.id))
@@ -332,7 +341,7 @@ class Half:
         self.drop_pending()
         self.ep.blocked.pop(self.id, None)
         if self.opened and not self.ep.closed:
-            self.ep.write(f.rst_stream(self.id, code))
+            self.ep.reset_stream(self.id, code)
 
 
 class Endpoint:
@@ -372,8 +381,14 @@ class Endpoint:
         #: GOAWAY with the largest id and a PING are out), or "final" (GOAWAY with the last id
         #: we process: streams above it are refused, the connection closes once idle).
         self.goaway: str | None = None
+        self.peer_table_size = 4096  # SETTINGS_HEADER_TABLE_SIZE, for our encoder (RFC 7541 §4.2)
+        self.table_update = False  # a dynamic table size update is owed in the next block
+        # Streams we reset lately: frames the peer sent before it saw that are ignored.
+        self._reset_ids: set[int] = set()
+        self._reset_order: deque[int] = deque()
         self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
         self._continuation: tuple[int, int, bytearray] | None = None
+        self._handshake = trio.CancelScope()  # run() replaces it: the preface's deadline
         ours = [(f.INITIAL_WINDOW_SIZE, STREAM_WINDOW)]
         if server_side:
             ours.append((f.MAX_CONCURRENT_STREAMS, CALLER_MAX_STREAMS))
@@ -537,8 +552,13 @@ class Endpoint:
     async def run(self) -> None:
         """Read and handle frames until the connection ends, then end its calls."""
         reason = "connection closed"
+        deadline = trio.current_time() + HANDSHAKE_TIMEOUT if self.server_side else math.inf
         try:
-            await self._read_loop()
+            with trio.CancelScope(deadline=deadline) as self._handshake:
+                await self._read_loop()
+            # _read_loop only ever ends by raising: here the deadline cancelled it.
+            reason = f"no HTTP/2 connection preface within {HANDSHAKE_TIMEOUT:g} s"
+            log.event(LOGGER, "handshake_timeout", level=logging.WARNING, peer=self.describe)
         except _Closed:
             reason = "connection closed by peer"
         except f.ProtocolError as err:
@@ -584,6 +604,7 @@ class Endpoint:
                     raise f.ProtocolError("not an HTTP/2 connection preface")
                 del buf[: len(f.PREFACE)]
                 preface = False
+                self._handshake.deadline = math.inf
             used = self._frames(buf)
             del buf[:used]
             self.relay.flush()
@@ -617,7 +638,9 @@ class Endpoint:
             self._on_data(flags, stream_id, payload)
         elif kind == f.HEADERS:
             self._require_stream(stream_id, "HEADERS")
-            fragment = f.header_fragment(flags, payload)
+            fragment, depends_on = f.header_fragment(flags, payload)
+            if depends_on == stream_id:  # a stream error, once the block is decoded (HPACK state)
+                flags |= _SELF_DEPENDENT
             if flags & f.END_HEADERS:
                 self._on_block(stream_id, flags, fragment)
             else:
@@ -659,7 +682,14 @@ class Endpoint:
             self._on_goaway(*f.parse_goaway(payload))
         elif kind == f.PUSH_PROMISE:
             raise f.ProtocolError("PUSH_PROMISE (push is disabled)")
-        # PRIORITY and unknown frame types are ignored (RFC 9113 §5.5, §5.3.2).
+        elif kind == f.PRIORITY:  # the scheme is deprecated (§5.3.2), the frame still checked
+            self._require_stream(stream_id, "PRIORITY")
+            try:
+                if f.parse_priority(payload) == stream_id:
+                    raise f.StreamError(f"stream {stream_id} depends on itself")
+            except f.StreamError as err:
+                self._stream_error(stream_id, err.code)
+        # Unknown frame types are ignored (RFC 9113 §5.5).
 
     @staticmethod
     def _require_stream(stream_id: int, kind: str) -> None:
@@ -696,6 +726,8 @@ class Endpoint:
                 self.grant(size)  # a stream that is over (or never was): nothing to pass on
             if self.server_side and stream_id > self.last_peer_id:
                 raise f.ProtocolError(f"DATA on idle stream {stream_id}")
+            if self.server_side and half is not None and not half.reset:  # half-closed (remote)
+                self._stream_error(stream_id, f.STREAM_CLOSED)
             return
         half.recv_window -= size
         if half.recv_window < 0:
@@ -722,21 +754,41 @@ class Endpoint:
                 if stream_id % 2 == 0:
                     raise f.ProtocolError(f"caller opened even stream {stream_id}")
                 if stream_id <= self.last_peer_id:
-                    return  # a late header block on a stream that is over
-                if self.goaway == "final":  # above the last id of our GOAWAY: not processed
-                    self.write(f.rst_stream(stream_id, f.REFUSED_STREAM))
-                    return
+                    if stream_id in self._reset_ids:
+                        return  # we reset it: frames already on their way are ignored (§5.1)
+                    raise f.ProtocolError(
+                        f"HEADERS opening stream {stream_id}, not above stream {self.last_peer_id}"
+                        " (stream ids are never lower nor reused, RFC 9113 §5.1.1)"
+                    )
                 self.last_peer_id = stream_id
-                if len(self.halves) >= CALLER_MAX_STREAMS:  # beyond what we advertised
-                    self.write(f.rst_stream(stream_id, f.REFUSED_STREAM))
+                if self.goaway == "final" or len(self.halves) >= CALLER_MAX_STREAMS:
+                    # Above the last id of our GOAWAY, or beyond the streams we advertised: not
+                    # processed, so the caller may send it again (elsewhere).
+                    self.reset_stream(stream_id, f.REFUSED_STREAM)
+                    return
+                problem = (
+                    "it depends on itself" if flags & _SELF_DEPENDENT else f.request_header_problem(headers)
+                )
+                if problem is not None:  # malformed (RFC 9113 §8.1.1): a stream error
+                    log.event(
+                        LOGGER, "malformed_request", level=logging.DEBUG, stream=stream_id, problem=problem
+                    )
+                    self.reset_stream(stream_id, f.PROTOCOL_ERROR)
                     return
                 self.relay.open_call(self, stream_id, headers, end)
                 return
-            if half.recv_ended or half.reset:
+            if half.reset:
+                return
+            if half.recv_ended:  # half-closed (remote): a stream error (RFC 9113 §5.1)
+                self._stream_error(half.id, f.STREAM_CLOSED)
                 return
             half.recv_ended = end
             if not end:
                 raise f.ProtocolError(f"second header block on stream {stream_id} without END_STREAM")
+            problem = f.request_header_problem(headers, trailers=True)
+            if problem is not None:
+                self._stream_error(half.id, f.PROTOCOL_ERROR)
+                return
             half.call.on_request_trailers(headers)
             half.call.settle()
         elif half is not None and not half.recv_ended and not half.reset:
@@ -770,7 +822,11 @@ class Endpoint:
                 self.peer_max_streams = value
             elif key == f.ENABLE_PUSH and value > 1:
                 raise f.ProtocolError("ENABLE_PUSH above 1")
-            # HEADER_TABLE_SIZE needs nothing: our header blocks never use the dynamic table.
+            elif key == f.HEADER_TABLE_SIZE and value < self.peer_table_size:
+                # Our blocks never use the dynamic table, but the peer's decoder must be told
+                # that its smaller size took effect (RFC 7541 §4.2), in our next header block.
+                self.peer_table_size = value
+                self.table_update = True
         self._start_waiting()
 
     def _on_window_update(self, stream_id: int, increment: int) -> None:
@@ -778,13 +834,7 @@ class Endpoint:
             if stream_id == 0:
                 raise f.ProtocolError("WINDOW_UPDATE of 0")
             # On a stream it is that stream's error only (RFC 9113 §6.9): reset it, keep the rest.
-            zeroed = self.halves.get(stream_id)
-            if zeroed is not None and not zeroed.done and not zeroed.reset:
-                zeroed.abort(f.PROTOCOL_ERROR)
-                if self.server_side:
-                    zeroed.call.caller_gone()
-                else:
-                    zeroed.call.upstream_gone("the runtime sent a WINDOW_UPDATE of 0 (PROTOCOL_ERROR)")
+            self._stream_error(stream_id, f.PROTOCOL_ERROR)
             return
         if stream_id == 0:
             self.send_window += increment
@@ -799,6 +849,40 @@ class Endpoint:
                 raise f.ProtocolError(f"window of stream {stream_id} above 2^31-1", f.FLOW_CONTROL_ERROR)
             if half.pending or half.trailers_pending is not None:
                 half.pump()
+
+    def _stream_error(self, stream_id: int, code: int) -> None:
+        """A stream error (RFC 9113 §5.4.2): RST_STREAM(code) on that stream, its call ended; the
+        connection and its other streams go on. Nothing is sent for an idle stream."""
+        half = self.halves.get(stream_id)
+        if half is not None:
+            if half.done or half.reset:
+                return
+            half.abort(code)
+            if self.server_side:
+                half.call.caller_gone()
+            else:
+                half.call.upstream_gone(f"{self.describe} broke HTTP/2 on the stream ({f.ERROR_NAMES[code]})")
+            return
+        ours = (stream_id % 2 == 1) != self.server_side
+        if stream_id < (self.next_id if ours else self.last_peer_id + 1) and stream_id not in self._reset_ids:
+            self.reset_stream(stream_id, code)
+
+    def reset_stream(self, stream_id: int, code: int) -> None:
+        """Send RST_STREAM; frames the peer sent before it sees it are ignored (RFC 9113 §5.1)."""
+        self.write(f.rst_stream(stream_id, code))
+        reset = self._reset_ids
+        reset.add(stream_id)
+        self._reset_order.append(stream_id)
+        if len(self._reset_order) > _RESET_IDS_KEPT:
+            reset.discard(self._reset_order.popleft())
+
+    def header_frames(self, stream_id: int, block: bytes, end: bool) -> bytes:
+        """HEADERS (+ CONTINUATION) frames for ``block``, starting with the dynamic table size
+        update the peer is owed after lowering SETTINGS_HEADER_TABLE_SIZE (RFC 7541 §4.2)."""
+        if self.table_update:
+            self.table_update = False
+            block = f.table_size_update(0) + block  # we never use the table: 0 fits every limit
+        return f.header_frames(stream_id, block, end, self.peer_max_frame)
 
     def _pump_blocked(self) -> None:
         for half in list(self.blocked.values()):
@@ -815,7 +899,8 @@ class Endpoint:
             half.call.caller_gone()
         else:
             refused = code == f.REFUSED_STREAM  # not processed (RFC 9113 §8.7): safe to send again
-            half.call.upstream_gone(f"stream reset by {self.describe} (HTTP/2 error code {code})", refused)
+            name = f.ERROR_NAMES.get(code, f"HTTP/2 error code {code}")
+            half.call.upstream_gone(f"{self.describe} reset the stream ({name})", refused, reset_code=code)
 
     def _on_goaway(self, last_stream_id: int, code: int) -> None:
         if self.server_side:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterable
 
+from hpack import NeverIndexedHeaderTuple
+
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 # Frame types (RFC 9113 §6).
@@ -44,6 +46,25 @@ FRAME_SIZE_ERROR = 0x6
 REFUSED_STREAM = 0x7
 CANCEL = 0x8
 COMPRESSION_ERROR = 0x9
+ENHANCE_YOUR_CALM = 0xB
+
+#: Error code names, for messages.
+ERROR_NAMES = {
+    0x0: "NO_ERROR",
+    0x1: "PROTOCOL_ERROR",
+    0x2: "INTERNAL_ERROR",
+    0x3: "FLOW_CONTROL_ERROR",
+    0x4: "SETTINGS_TIMEOUT",
+    0x5: "STREAM_CLOSED",
+    0x6: "FRAME_SIZE_ERROR",
+    0x7: "REFUSED_STREAM",
+    0x8: "CANCEL",
+    0x9: "COMPRESSION_ERROR",
+    0xA: "CONNECT_ERROR",
+    0xB: "ENHANCE_YOUR_CALM",
+    0xC: "INADEQUATE_SECURITY",
+    0xD: "HTTP_1_1_REQUIRED",
+}
 
 # Settings (RFC 9113 §6.5.2).
 HEADER_TABLE_SIZE = 0x1
@@ -122,14 +143,74 @@ def unpad(flags: int, payload: bytes) -> bytes:
     return payload[1 : len(payload) - payload[0]]
 
 
-def header_fragment(flags: int, payload: bytes) -> bytes:
-    """The header block fragment of a HEADERS frame (padding and priority removed)."""
+def header_fragment(flags: int, payload: bytes) -> tuple[bytes, int | None]:
+    """The header block fragment of a HEADERS frame (padding and priority removed), and the
+    stream the priority fields say it depends on (None without the PRIORITY flag)."""
     payload = unpad(flags, payload)
     if flags & PRIORITY_FLAG:
         if len(payload) < 5:
             raise ProtocolError("HEADERS with priority shorter than 5 bytes", FRAME_SIZE_ERROR)
-        payload = payload[5:]
-    return payload
+        return payload[5:], int(_U32.unpack_from(payload)[0]) & 0x7FFF_FFFF
+    return payload, None
+
+
+def parse_priority(payload: bytes) -> int:
+    """The stream a PRIORITY frame's stream depends on. Raises :class:`StreamError` for a wrong
+    length (RFC 9113 §6.3: a stream error of type FRAME_SIZE_ERROR)."""
+    if len(payload) != 5:
+        raise StreamError(f"PRIORITY of {len(payload)} bytes, not 5", FRAME_SIZE_ERROR)
+    return int(_U32.unpack_from(payload)[0]) & 0x7FFF_FFFF
+
+
+class StreamError(Exception):
+    """The peer broke HTTP/2 on one stream only: RST_STREAM(code) on it, the connection goes on."""
+
+    def __init__(self, message: str, code: int = PROTOCOL_ERROR) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+#: Header fields specific to a connection (RFC 9113 §8.2.2): an HTTP/2 request carrying one is malformed.
+_CONNECTION_SPECIFIC = frozenset(
+    (b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding", b"upgrade")
+)
+_REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
+
+
+def request_header_problem(headers: Iterable[tuple[bytes, bytes]], trailers: bool = False) -> str | None:
+    """What makes a request's header list (or its trailers) malformed (RFC 9113 §8.2, §8.3.1),
+    or None. A malformed request is a stream error of type PROTOCOL_ERROR (§8.1.1)."""
+    regular = False
+    seen: set[bytes] = set()
+    for name, value in headers:
+        if name.startswith(b":"):
+            if trailers:
+                return f"pseudo-header {name!r} in trailers"
+            if regular:
+                return f"pseudo-header {name!r} after a regular header field"
+            if name not in _REQUEST_PSEUDO:
+                return f"pseudo-header {name!r} is not a request pseudo-header"
+            if name in seen:
+                return f"pseudo-header {name!r} twice"
+            seen.add(name)
+            continue
+        regular = True
+        if not name or name != name.lower() or any(c <= 0x20 or c == 0x7F for c in name):
+            return f"header field name {name!r} is not lowercase token characters"
+        if name in _CONNECTION_SPECIFIC:
+            return f"connection-specific header field {name!r}"
+        if name == b"te" and value != b"trailers":
+            return f"te header field {value!r} (only 'trailers' is allowed)"
+    if not trailers:
+        missing = [n.decode() for n in (b":method", b":scheme", b":path") if n not in seen]
+        if missing:
+            return "no " + ", ".join(missing)
+    return None
+
+
+def table_size_update(size: int) -> bytes:
+    """An HPACK dynamic table size update (RFC 7541 §6.3), which starts a header block."""
+    return _integer(size, 5, 0x20)
 
 
 def header_frames(stream_id: int, block: bytes, end_stream: bool, max_frame: int) -> bytes:
@@ -188,11 +269,20 @@ def _field(name: bytes, value: bytes) -> bytes:
     return b"\x00" + _integer(len(name), 7, 0) + name + _integer(len(value), 7, 0) + value
 
 
+def _never_indexed(name: bytes, value: bytes) -> bytes:
+    # Literal header field never indexed, new name (RFC 7541 §6.2.3): the flag tells every
+    # later hop to keep the field out of its tables too (credentials, cookies).
+    return b"\x10" + _integer(len(name), 7, 0) + name + _integer(len(value), 7, 0) + value
+
+
 def encode_headers(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
     """A header block for ``headers`` that leaves the peer's dynamic table alone."""
     parts = []
     cache = _field_cache
     for field in headers:
+        if field.__class__ is NeverIndexedHeaderTuple:  # decoded with that flag: keep it
+            parts.append(_never_indexed(*field))
+            continue
         encoded = cache.get(field)
         if encoded is None:
             encoded = _field(*field)

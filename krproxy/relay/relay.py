@@ -60,6 +60,10 @@ from krproxy.relay.rpc import (
 
 LOGGER = logging.getLogger("krproxy.relay")
 
+#: Caller connections served at once; one more is closed at once (counted in the log), so that
+#: a client opening connections in a loop cannot use up the daemon's file descriptors.
+MAX_CONNECTIONS = 1000
+
 #: Largest request message accepted (``--max-request-message-size``), as containerd's limit.
 MAX_REQUEST = 16 * 1024 * 1024
 
@@ -104,6 +108,7 @@ class Relay:
         self._idle_waiters: list[trio.Event] = []
         self._accepting: trio.CancelScope | None = None
         self._clients: set[Endpoint] = set()
+        self._turned_away = 0  # connections closed at once: MAX_CONNECTIONS were open
         self._deadlines: list[list[Any]] = []  # heap of [deadline, seq, call; None once finished]
         self._dead_timers = 0
         self._seq = itertools.count()
@@ -168,6 +173,18 @@ class Relay:
                 log.event(LOGGER, "accept_failed", level=logging.ERROR, error=err)
                 await trio.sleep(0.1)
                 continue
+            if len(self._clients) >= MAX_CONNECTIONS:
+                sock.close()
+                self._turned_away += 1
+                if self._turned_away in (1, 10, 100) or self._turned_away % 1000 == 0:
+                    log.event(
+                        LOGGER,
+                        "connection_limit",
+                        level=logging.WARNING,
+                        connections=len(self._clients),
+                        turned_away=self._turned_away,
+                    )
+                continue
             ep = Endpoint(self, sock, server_side=True)
             self._clients.add(ep)
             self.nursery.start_soon(self._serve_client, ep)  # the accept loop is in no call
@@ -206,8 +223,8 @@ class Relay:
                 path = value
             elif name == b"grpc-timeout":
                 timeout = grpc_timeout(value)
-        if path is None:
-            ep.write(f.rst_stream(stream_id, f.PROTOCOL_ERROR))
+        if path is None:  # (request_header_problem checked it is there)
+            ep.reset_stream(stream_id, f.PROTOCOL_ERROR)
             return
         text = path.decode("utf-8", "replace")
         route = self.image if b".ImageService/" in path else self.runtime

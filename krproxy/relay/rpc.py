@@ -104,6 +104,15 @@ def _read_status(headers: Headers) -> tuple[Status | None, str | None, bytes | N
     return status, message, details
 
 
+#: The status of a call whose stream the upstream reset, by HTTP/2 error code (as grpc-go's
+#: http2ErrConvTab); codes not listed are INTERNAL. REFUSED_STREAM is handled apart (a retry).
+_RESET_STATUS = {
+    f.CANCEL: Status.CANCELLED,
+    f.ENHANCE_YOUR_CALM: Status.RESOURCE_EXHAUSTED,
+    0xC: Status.PERMISSION_DENIED,  # INADEQUATE_SECURITY
+    f.REFUSED_STREAM: Status.UNAVAILABLE,
+}
+
 KEEP_NONE, KEEP_FIRST, KEEP_ALL = 0, 1, 2
 
 
@@ -296,12 +305,15 @@ class Call:
             self.upstream.abort(f.CANCEL)
         self.settle()
 
-    def upstream_gone(self, reason: str, refused: bool = False) -> None:
+    def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
         """The upstream stream was reset or its connection lost, before the call ended.
 
         ``refused``: the upstream did not process the call (REFUSED_STREAM, or above a GOAWAY's
         last stream). If the caller has had no answer yet it gets REFUSED_STREAM too, which gRPC
         clients take as leave to send the call again (grpc-go's transparent retry).
+        ``reset_code``: the upstream reset the stream with this HTTP/2 error code; the caller
+        gets the status grpc-go gives such a reset (INTERNAL for a protocol error, CANCELLED,
+        RESOURCE_EXHAUSTED for ENHANCE_YOUR_CALM...), not UNAVAILABLE.
         """
         upstream = self.upstream
         if upstream is not None:
@@ -312,6 +324,8 @@ class Call:
             self.status, self.message = Status.UNAVAILABLE, f"{self.describe} refused the call: {reason}"
             client.abort(f.REFUSED_STREAM)
             self.settle()
+        elif not self.answered and reset_code is not None:
+            self.fail(_RESET_STATUS.get(reset_code, Status.INTERNAL), reason)
         elif not self.answered:
             self.fail(Status.UNAVAILABLE, f"{self.describe} is unavailable: {reason}")
         else:
@@ -610,7 +624,7 @@ class _Exchange:
             self.done.set()
             self.settle()  # the stream is over: free its slot
 
-    def upstream_gone(self, reason: str, refused: bool = False) -> None:
+    def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
         self.upstream.reset = True
         if not self.done.is_set():
             self.error, self.refused = reason, refused

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import h2.config
 import h2.connection
+import h2.events
 import h2.exceptions
+import h2.settings
+import hpack
 import pytest
 import trio
 
@@ -148,3 +151,262 @@ async def test_a_window_update_of_0_on_a_stream_resets_only_that_stream(
     assert [(1, f.PROTOCOL_ERROR)] == resets
     assert [] == [kind for kind, _, _ in seen if kind == f.GOAWAY]
     assert any(kind == f.PING for kind, _, _ in seen)
+
+
+# -- stream errors: the relay resets the one stream, as RFC 9113 says; h2 as the oracle of the code ----
+
+
+def _block(*fields: tuple[str, str]) -> bytes:
+    return hpack.Encoder().encode(list(fields))
+
+
+GOOD = (
+    (":method", "POST"),
+    (":scheme", "http"),
+    (":path", PATH),
+    (":authority", "relay-test"),
+    ("content-type", "application/grpc"),
+    ("te", "trailers"),
+)
+
+
+def _open(*fields: tuple[str, str], end: bool = False, priority: bytes = b"") -> bytes:
+    flags = f.END_HEADERS | (f.END_STREAM if end else 0) | (f.PRIORITY_FLAG if priority else 0)
+    return f.frame(f.HEADERS, flags, 1, priority + _block(*fields))
+
+
+def _without(name: str) -> tuple[tuple[str, str], ...]:
+    return tuple(field for field in GOOD if field[0] != name)
+
+
+STREAM_CASES = {
+    "data-on-half-closed-stream": (
+        _open(*GOOD, end=True) + f.frame(f.DATA, 0, 1, b"\x00\x00\x00\x00\x00"),
+        f.STREAM_CLOSED,
+    ),
+    "headers-on-half-closed-stream": (
+        _open(*GOOD, end=True) + f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, _block(("x-late", "1"))),
+        f.STREAM_CLOSED,
+    ),
+    "priority-of-wrong-length": (
+        _open(*GOOD) + f.frame(f.PRIORITY, 0, 1, b"\x00\x00\x00"),
+        f.FRAME_SIZE_ERROR,
+    ),
+    "priority-depending-on-itself": (
+        _open(*GOOD) + f.frame(f.PRIORITY, 0, 1, b"\x00\x00\x00\x01\x10"),
+        f.PROTOCOL_ERROR,
+    ),
+    "headers-depending-on-itself": (_open(*GOOD, priority=b"\x00\x00\x00\x01\x10"), f.PROTOCOL_ERROR),
+    "uppercase-header-name": (_open(*GOOD, ("X-Upper", "1")), f.PROTOCOL_ERROR),
+    "connection-specific-header": (_open(*GOOD, ("connection", "keep-alive")), f.PROTOCOL_ERROR),
+    "te-other-than-trailers": (_open(*_without("te"), ("te", "gzip")), f.PROTOCOL_ERROR),
+    "pseudo-header-after-regular": (_open(*_without(":path"), (":path", PATH)), f.PROTOCOL_ERROR),
+    "unknown-pseudo-header": (_open(*GOOD, (":color", "blue")), f.PROTOCOL_ERROR),
+    "response-pseudo-header": (_open((":status", "200"), *GOOD), f.PROTOCOL_ERROR),
+    "missing-method": (_open(*_without(":method")), f.PROTOCOL_ERROR),
+    "missing-scheme": (_open(*_without(":scheme")), f.PROTOCOL_ERROR),
+    "missing-path": (_open(*_without(":path")), f.PROTOCOL_ERROR),
+}
+
+#: ``h2`` raises a *connection* error (its ProtocolError) for a malformed header list and for bad
+#: PRIORITY frames, where RFC 9113 (§8.1.1, §5.3.1, §6.3) makes them stream errors; the code is
+#: the same, and that is what is compared. No case differs in the code.
+H2_STREAM_DIFFERS: dict[str, int] = {}
+
+
+def _h2_code(data: bytes) -> int:
+    """The code an ``h2`` server answers ``data`` with: its connection error's, or the code of
+    the RST_STREAM it sends for stream 1 (0: neither)."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    conn.initiate_connection()
+    conn.data_to_send()
+    try:
+        conn.receive_data(data)
+    except h2.exceptions.ProtocolError as err:
+        return int(err.error_code)
+    out = conn.data_to_send()
+    while len(out) >= f.HEAD_SIZE:
+        high, low, kind, _flags, stream = f.HEAD.unpack_from(out, 0)
+        size = high << 16 | low
+        if kind == f.RST_STREAM and stream == 1:
+            return int.from_bytes(out[f.HEAD_SIZE : f.HEAD_SIZE + 4], "big")
+        out = out[f.HEAD_SIZE + size :]
+    return 0
+
+
+def _relay_frames(path: str, data: bytes) -> list[tuple[int, int, bytes]]:
+    """The frames the relay answers ``data`` + a PING with, up to the PING's answer."""
+    seen: list[tuple[int, int, bytes]] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(path)
+        sock.sendall(data + f.frame(f.PING, 0, 0, b"12345678"))
+        buf = b""
+        while not any(kind == f.PING for kind, _, _ in seen):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            while len(buf) >= f.HEAD_SIZE:
+                high, low, kind, _flags, stream = f.HEAD.unpack_from(buf, 0)
+                size = high << 16 | low
+                if len(buf) < f.HEAD_SIZE + size:
+                    break
+                seen.append((kind, stream, buf[f.HEAD_SIZE : f.HEAD_SIZE + size]))
+                buf = buf[f.HEAD_SIZE + size :]
+    return seen
+
+
+async def _relay_before_a_silent_runtime(nursery: trio.Nursery, short_tmp: Path) -> tuple[str, socket.socket]:
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a runtime that never answers
+    silent.bind(str(short_tmp / "silent.sock"))
+    silent.listen(4)
+    relay = Relay()
+    await nursery.start(relay.run)
+    relay.configure(relay.route_to(str(short_tmp / "silent.sock"), "upstream"), None, {}, unary_paths=[PATH])
+    listen = str(short_tmp / "relay.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(listen)
+    listener.listen(4)
+    await nursery.start(relay.serve, listener)
+    return listen, silent
+
+
+@pytest.mark.parametrize("case", sorted(STREAM_CASES))
+async def test_a_stream_error_resets_only_that_stream(
+    nursery: trio.Nursery, short_tmp: Path, case: str
+) -> None:
+    """RST_STREAM with the RFC's code on stream 1, no GOAWAY: the connection still answers."""
+    body, expected = STREAM_CASES[case]
+    data = _after_preface(body)
+    listen, silent = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    try:
+        seen = await trio.to_thread.run_sync(_relay_frames, listen, data)
+    finally:
+        silent.close()
+    resets = [(stream, int.from_bytes(p, "big")) for kind, stream, p in seen if kind == f.RST_STREAM]
+    assert H2_STREAM_DIFFERS.get(case, expected) == _h2_code(data)
+    assert ([(1, expected)], []) == (resets, [kind for kind, _, _ in seen if kind == f.GOAWAY])
+    assert any(kind == f.PING for kind, _, _ in seen)
+
+
+async def test_a_request_on_a_lower_stream_id_is_a_connection_error(
+    nursery: trio.Nursery, short_tmp: Path
+) -> None:
+    """HEADERS opening stream 1 after stream 3 (RFC 9113 §5.1.1): GOAWAY PROTOCOL_ERROR, as h2
+    says, instead of silence (the caller would wait for its deadline)."""
+    encoder = hpack.Encoder()
+    data = _after_preface(
+        f.frame(f.HEADERS, f.END_HEADERS, 3, encoder.encode(list(GOOD))),
+        f.frame(f.HEADERS, f.END_HEADERS, 1, encoder.encode(list(GOOD))),
+    )
+    listen, silent = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    try:
+        verdict = await trio.to_thread.run_sync(_relay_verdict, listen, data)
+    finally:
+        silent.close()
+    assert f.PROTOCOL_ERROR == _h2_verdict(data) == verdict
+
+
+async def test_a_lowered_header_table_size_is_acknowledged(nursery: trio.Nursery, short_tmp: Path) -> None:
+    """A caller's SETTINGS_HEADER_TABLE_SIZE of 0: the relay's next header block starts with a
+    dynamic table size update (RFC 7541 §4.2), which h2's decoder (as nghttp2's) insists on."""
+    listen, silent = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    silent.close()  # an unreachable runtime: the relay answers UNAVAILABLE itself
+
+    def call() -> list[object]:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        conn.update_settings({h2.settings.SettingCodes.HEADER_TABLE_SIZE: 0})
+        conn.send_headers(1, list(GOOD), end_stream=True)
+        events: list[object] = []
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(listen)
+            sock.sendall(conn.data_to_send())
+            while not any(isinstance(e, h2.events.StreamEnded) for e in events):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                events += conn.receive_data(chunk)  # raises on a block without the update
+                sock.sendall(conn.data_to_send())
+        return events
+
+    events = await trio.to_thread.run_sync(call)
+    assert any(isinstance(e, h2.events.ResponseReceived) for e in events)
+
+
+def test_never_indexed_fields_keep_their_flag() -> None:
+    """A field the caller sent never-indexed (RFC 7541 §6.2.3) is passed on never-indexed."""
+    block = hpack.Encoder().encode([hpack.NeverIndexedHeaderTuple(b"authorization", b"secret"), (b"a", b"b")])
+    decoded = hpack.Decoder().decode(f.encode_headers(hpack.Decoder().decode(block, raw=True)), raw=True)
+    assert [(b"authorization", b"secret"), (b"a", b"b")] == decoded
+    assert [False, True] == [getattr(field, "indexable", True) for field in decoded]
+
+
+async def test_a_connection_without_preface_is_closed(
+    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller that connects and never sends the preface is not kept forever."""
+    monkeypatch.setattr("krproxy.relay.connection.HANDSHAKE_TIMEOUT", 0.3)
+    listen, silent = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    silent.close()
+
+    def idle() -> bytes:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(listen)
+            received = b""
+            while chunk := sock.recv(65536):  # the relay's SETTINGS, then the end
+                received += chunk
+            return received
+
+    received = await trio.to_thread.run_sync(idle)
+    assert f.SETTINGS == f.HEAD.unpack_from(received, 0)[2]
+
+
+async def test_connections_beyond_the_cap_are_closed(
+    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With MAX_CONNECTIONS open, one more is closed at once; the open ones still answer."""
+    monkeypatch.setattr("krproxy.relay.relay.MAX_CONNECTIONS", 2)
+    listen, silent = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    silent.close()
+
+    def three() -> tuple[bool, bool]:
+        socks = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]
+        try:
+            for sock in socks[:2]:
+                sock.settimeout(10)
+                sock.connect(listen)
+                sock.recv(65536)  # its SETTINGS: accepted and served
+            third = socks[2]
+            third.settimeout(10)
+            third.connect(listen)
+            closed = third.recv(65536) == b""
+            frames = _relay_frames_on(socks[0], _after_preface())
+            return closed, any(kind == f.PING for kind, _, _ in frames)
+        finally:
+            for sock in socks:
+                sock.close()
+
+    assert (True, True) == await trio.to_thread.run_sync(three)
+
+
+def _relay_frames_on(sock: socket.socket, data: bytes) -> list[tuple[int, int, bytes]]:
+    seen: list[tuple[int, int, bytes]] = []
+    sock.sendall(data + f.frame(f.PING, 0, 0, b"12345678"))
+    buf = b""
+    while not any(kind == f.PING and stream == 0 for kind, stream, _ in seen):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while len(buf) >= f.HEAD_SIZE:
+            high, low, kind, _flags, stream = f.HEAD.unpack_from(buf, 0)
+            size = high << 16 | low
+            if len(buf) < f.HEAD_SIZE + size:
+                break
+            seen.append((kind, stream, buf[f.HEAD_SIZE : f.HEAD_SIZE + size]))
+            buf = buf[f.HEAD_SIZE + size :]
+    return seen

@@ -12,6 +12,7 @@ import os
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 
 import attrs
@@ -335,6 +336,45 @@ class TestStreams:
             listener.close()
         assert (_framed(b"again"), b"0") == (answer.body, answer.trailers[b"grpc-status"])
         assert 1 == len(refused)
+
+    @pytest.mark.parametrize(
+        ("code", "status"),
+        [
+            (h2.errors.ErrorCodes.PROTOCOL_ERROR, b"13"),  # INTERNAL
+            (h2.errors.ErrorCodes.CANCEL, b"1"),  # CANCELLED
+            (h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, b"8"),  # RESOURCE_EXHAUSTED
+        ],
+    )
+    async def test_a_stream_reset_by_the_runtime_is_named(
+        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, code: int, status: bytes
+    ) -> None:
+        """A runtime that resets a stream (e.g. containerd on a request it takes for malformed):
+        the caller gets the status grpc-go gives that reset, naming the code, not UNAVAILABLE."""
+        backend = os.path.join(sockdir, "backend.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(backend)
+        listener.listen(4)
+
+        def reset_every_stream() -> None:
+            conn_sock, _ = listener.accept()
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+            conn.initiate_connection()
+            conn_sock.sendall(conn.data_to_send())
+            while data := conn_sock.recv(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.RequestReceived):
+                        conn.reset_stream(event.stream_id, code)
+                conn_sock.sendall(conn.data_to_send())
+
+        threading.Thread(target=reset_every_stream, daemon=True).start()
+        daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+        try:
+            answer: H2Answer = await in_thread(h2_unary, daemon.config.listen, ECHO, b"x")
+        finally:
+            listener.close()
+        assert status == answer.trailers[b"grpc-status"]
+        message = urllib.parse.unquote(answer.trailers[b"grpc-message"].decode())
+        assert f"reset the stream ({h2.errors.ErrorCodes(code).name})" in message, message
 
     async def test_header_blocks_larger_than_a_frame(
         self, aio_loop: None, nursery: trio.Nursery, sockdir: str

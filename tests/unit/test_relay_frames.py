@@ -79,8 +79,10 @@ class TestFramePayloads:
             f.unpad(f.PADDED, payload)
 
     def test_priority_fields_skipped_in_headers(self) -> None:
-        assert b"block" == f.header_fragment(f.PRIORITY_FLAG, b"\x00\x00\x00\x01\x10block")
-        assert b"block" == f.header_fragment(f.PRIORITY_FLAG | f.PADDED, b"\x01\x00\x00\x00\x01\x10block\x00")
+        assert (b"block", 1) == f.header_fragment(f.PRIORITY_FLAG, b"\x00\x00\x00\x01\x10block")
+        assert (b"block", 1) == f.header_fragment(
+            f.PRIORITY_FLAG | f.PADDED, b"\x01\x00\x00\x00\x01\x10block\x00"
+        )
 
     def test_settings_round_trip_and_bad_length(self) -> None:
         frame = f.settings([(f.INITIAL_WINDOW_SIZE, 1 << 22), (f.ENABLE_PUSH, 0)])
@@ -173,3 +175,37 @@ class TestTap:
         tap = _Tap(KEEP_FIRST)
         tap.feed(_framed(b"abcdef")[:-2])
         assert 0 == tap.messages
+
+
+GOOD = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/a.B/C"), (b"te", b"trailers")]
+
+
+class TestRequestHeaderRules:
+    """RFC 9113 §8.2 / §8.3.1 on a decoded request header list, without sockets."""
+
+    def test_a_grpc_request_is_well_formed(self) -> None:
+        assert f.request_header_problem(GOOD) is None
+        assert f.request_header_problem([(b"grpc-status", b"0")], trailers=True) is None
+
+    @pytest.mark.parametrize(
+        ("headers", "problem"),
+        [
+            ([*GOOD, (b"X-Up", b"1")], "not lowercase"),
+            ([*GOOD, (b"keep-alive", b"1")], "connection-specific"),
+            ([*GOOD[:3], (b"te", b"gzip")], "only 'trailers'"),
+            ([(b"te", b"trailers"), *GOOD[:3]], "after a regular"),
+            ([(b":protocol", b"x"), *GOOD], "not a request pseudo-header"),
+            ([(b":path", b"/x"), *GOOD], "twice"),
+            (GOOD[1:], "no :method"),
+        ],
+    )
+    def test_malformed_requests(self, headers: list[tuple[bytes, bytes]], problem: str) -> None:
+        found = f.request_header_problem(headers)
+        assert found is not None and problem in found
+
+    def test_pseudo_headers_in_trailers(self) -> None:
+        assert "in trailers" in str(f.request_header_problem([(b":path", b"/x")], trailers=True))
+
+    def test_table_size_update(self) -> None:
+        assert b"\x20" == f.table_size_update(0)
+        assert b"\x3f\xe1\x1f" == f.table_size_update(4096)
