@@ -18,6 +18,9 @@ from krproxy import log
 __all__ = ["SocketInUseError", "bind_unix_socket", "strip_unix_scheme", "unlink_if_ours"]
 
 LOGGER = logging.getLogger("krproxy.grpc")
+_IN_USE = "another process is listening on this socket"
+#: ``sizeof(sockaddr_un.sun_path)`` on Linux, the terminating NUL included.
+_SUN_PATH_SIZE = 108
 
 
 class SocketInUseError(OSError):
@@ -49,23 +52,44 @@ def bind_unix_socket(path: str, *, mode: int = 0o660, gid: int | None = None) ->
             log.event(LOGGER, "stale_socket_removed", path=path)
             os.unlink(path)
         else:
-            raise SocketInUseError(errno.EADDRINUSE, "another process is listening on this socket", path)
+            raise SocketInUseError(errno.EADDRINUSE, _IN_USE, path)
         finally:
             probe.close()
+    if len(os.fsencode(path)) >= _SUN_PATH_SIZE:  # checked first: linking the bound socket there would not catch it
+        raise OSError(
+            errno.ENAMETOOLONG, f"too long for a unix socket (at most {_SUN_PATH_SIZE - 1} bytes)", path
+        )
     created = _make_parents(path)
+    # Bound under a temporary name and linked into place once listening, so the file at
+    # ``path`` is never a socket that refuses connections: a client that polls for the file
+    # (kubelet, a test) and then connects does not race our listen(). The temporary name is
+    # no longer than ``path``, so any path that fits a unix socket address works.
+    temporary = _temporary_name(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         try:
-            sock.bind(path)
+            sock.bind(temporary)
         except OSError as err:
             if err.filename is None:  # bind's own errors name no path ("AF_UNIX path too long")
                 raise OSError(err.errno, err.strerror or str(err), path) from None
             raise
-        # Set permissions before listen(): nobody can connect in between.
-        os.chmod(path, mode)
-        if gid is not None:
-            os.chown(path, -1, gid)
-        sock.listen(128)
+        try:
+            os.chmod(temporary, mode)  # before listen(): nobody can connect in between
+            if gid is not None:
+                os.chown(temporary, -1, gid)
+            sock.listen(128)
+            if temporary != path:
+                try:  # a link, not a rename: it fails if another process took the path meanwhile
+                    os.link(temporary, path)
+                except FileExistsError:
+                    raise SocketInUseError(errno.EADDRINUSE, _IN_USE, path) from None
+                finally:
+                    os.unlink(temporary)
+        except BaseException:
+            if temporary != path:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+            raise
     except BaseException:
         sock.close()
         for directory in reversed(created):  # leave nothing behind that we made
@@ -73,6 +97,13 @@ def bind_unix_socket(path: str, *, mode: int = 0o660, gid: int | None = None) ->
                 os.rmdir(directory)
         raise
     return sock
+
+
+def _temporary_name(path: str) -> str:
+    """A name beside ``path`` for binding before the rename: ``.<pid>`` in the same directory,
+    or ``path`` itself when that would be longer (a name too short to hold the pid)."""
+    temporary = os.path.join(os.path.dirname(path), f".{os.getpid()}")
+    return temporary if len(temporary) <= len(path) else path
 
 
 def _make_parents(path: str) -> list[str]:

@@ -267,7 +267,7 @@ class TestFailures:
         started = time.monotonic()
         with pytest.raises(grpc.RpcError) as caught:
             await node.start(container_id)
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 20  # killed at its timeout, not after its 30 s sleep
         assert "timed out after 1.0s (process group killed)" in str(caught.value.details())
         assert [] == node.started_by_runtime()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ import pytest
 from fakes.containerd.__main__ import _parser as fake_containerd_parser
 from fakes.plugin.__main__ import _parser as fake_plugin_parser
 from krproxy import _argparse, cli
-from krproxy.unixsock import bind_unix_socket
+from krproxy.unixsock import SocketInUseError, bind_unix_socket
 
 
 def _parsers(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
@@ -224,6 +225,51 @@ class TestBindUnixSocket:
             bind_unix_socket(path)
         assert path == raised.value.filename
         assert not top.exists()
+
+    def test_the_file_appears_listening_with_its_mode(self, short_tmp: Path) -> None:
+        """Bound under a temporary name and renamed once listening: only the socket itself is left,
+        with the mode asked for, and it accepts a connection."""
+        path = short_tmp / "s.sock"
+        sock = bind_unix_socket(str(path), mode=0o600)
+        try:
+            assert ["s.sock"] == sorted(os.listdir(short_tmp))
+            assert 0o600 == stat.S_IMODE(os.stat(path).st_mode)
+            probe = socket.socket(socket.AF_UNIX)
+            probe.connect(str(path))
+            probe.close()
+        finally:
+            sock.close()
+
+    def test_a_path_taken_while_binding_is_not_replaced(
+        self, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Two daemons starting at once: the one that loses the race gets SocketInUseError and
+        leaves the winner's socket (and no temporary file) in place."""
+        path = short_tmp / "s.sock"
+        winner: list[socket.socket] = []
+        listen = socket.socket.listen
+
+        def listen_after_a_rival(self: socket.socket, backlog: int) -> None:
+            listen(self, backlog)
+            if not winner:  # another process binds the path between our bind and our link
+                winner.append(socket.socket(socket.AF_UNIX))
+                winner[0].bind(str(path))
+                listen(winner[0], 1)
+
+        monkeypatch.setattr(socket.socket, "listen", listen_after_a_rival)
+        try:
+            with pytest.raises(SocketInUseError):
+                bind_unix_socket(str(path))
+            assert ["s.sock"] == os.listdir(short_tmp)
+            probe = socket.socket(socket.AF_UNIX)
+            probe.connect(str(path))  # reaches the winner, not a socket of ours
+            winner[0].settimeout(5)
+            accepted, _ = winner[0].accept()
+            accepted.close()
+            probe.close()
+        finally:
+            for sock in winner:
+                sock.close()
 
     def test_a_live_socket_is_not_taken_over(self, short_tmp: Path) -> None:
         path = str(short_tmp / "s.sock")
