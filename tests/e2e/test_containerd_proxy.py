@@ -194,11 +194,11 @@ class TestNewerMethods:
     def test_new_methods_answer_as_direct(self, containerd: Containerd, direct: Cri, via_proxy: Cri) -> None:
         """RuntimeConfig, ListMetricDescriptors, UpdatePodSandboxResources: the same answer or error both ways.
 
-        What they answer depends on the version: 1.6's gRPC server knows none of them ("unknown
-        method"); 1.7 has them in its API but answers UNIMPLEMENTED ("method ... not implemented");
-        2.1.9 answers RuntimeConfig with its cgroup driver, ListMetricDescriptors "not implemented"
-        and does not know UpdatePodSandboxResources. The test pins RuntimeConfig's answer per major
-        version and asks the proxy to give exactly what containerd gives for each.
+        What they answer depends on the version (docs/testing.md, "The end-to-end matrix"): 1.6
+        knows none of them, 1.7 answers RuntimeConfig and ListMetricDescriptors "not implemented",
+        2.1.9 answers RuntimeConfig with its cgroup driver; none knows UpdatePodSandboxResources.
+        The test pins RuntimeConfig's answer per major version and requires the proxy to give
+        exactly what containerd gives for each.
         """
         with running_pod(direct, containerd) as pod:
             update = pb.UpdatePodSandboxResourcesRequest(
