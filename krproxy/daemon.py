@@ -146,6 +146,7 @@ async def serve(
             config,
             handle_signals=handle_signals,
             sock=sock,
+            inherited=inherited,
             task_status=cast("trio.TaskStatus[Any]", task_status),
         )
         return

@@ -364,11 +364,13 @@ async def serve(
     *,
     handle_signals: bool = True,
     sock: socket.socket | None = None,
+    inherited: bool = False,
     task_status: trio.TaskStatus[DockerDaemon] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the Docker-mode proxy until a shutdown is requested.
 
-    ``sock`` is the listening socket if the caller bound it already. Reports the
+    ``sock`` is the listening socket if the caller bound it already; ``inherited``: it is
+    systemd's (socket activation), and its file is left in place at the end. Reports the
     :class:`DockerDaemon` through ``task_status`` once the socket accepts connections.
     """
     if sock is None:
@@ -378,7 +380,7 @@ async def serve(
         log.event(LOGGER, "cri_only_settings_ignored", level=logging.WARNING, settings=",".join(ignored))
     # At the end the socket file is removed only if it is still ours: a successor may have
     # replaced it while we were draining.
-    inode = os.stat(config.listen).st_ino
+    inode = 0 if inherited else os.stat(config.listen).st_ino
     listener = trio.SocketListener(trio.socket.from_stdlib_socket(sock))
     metrics = Metrics()
     relay = Relay()  # not serving: only the dispatcher's calls to the plugins
@@ -440,5 +442,6 @@ async def serve(
     finally:
         dispatcher.close()
         sock.close()
-        unixsock.unlink_if_ours(config.listen, inode)
+        if not inherited:
+            unixsock.unlink_if_ours(config.listen, inode)
     log.event(LOGGER, "stopped", listen=config.listen)

@@ -113,3 +113,34 @@ def test_a_restart_with_an_inherited_socket_fails_no_call(workdir: str) -> None:
                 daemon.wait(timeout=20)
         procs.stop()
         listener.close()
+
+
+def test_docker_mode_leaves_an_inherited_socket_file_in_place(workdir: str) -> None:
+    """Docker mode takes the socket from systemd too; at stop the file stays (it is systemd's:
+    removing it would leave the still-listening socket without a path for the successor)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listen = os.path.join(workdir, "krproxy.sock")
+    listener.bind(listen)
+    listener.listen(16)
+    hooks = os.path.join(workdir, "hooks")
+    os.makedirs(hooks)
+    argv = [
+        *_serve_args(listen, os.path.join(workdir, "docker.sock"), hooks, "--log-level=info"),
+        "--backend-runtime-mode=Docker",
+    ]
+    log = os.path.join(workdir, "krproxy.log")
+    daemon = _activated(argv, listener, log)
+    try:
+        deadline = time.monotonic() + 30
+        while b"event=ready" not in open(log, "rb").read() and time.monotonic() < deadline:  # noqa: SIM115
+            time.sleep(0.05)
+        daemon.send_signal(signal.SIGTERM)
+        assert 0 == daemon.wait(timeout=20)
+        text = open(log, "rb").read()  # noqa: SIM115
+        assert b"event=socket_activated" in text and b"event=stopped" in text
+        assert os.path.exists(listen)
+    finally:
+        if daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
+        listener.close()
