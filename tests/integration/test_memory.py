@@ -17,6 +17,7 @@ import asyncio
 import gc
 import tracemalloc
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -26,8 +27,11 @@ from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
 from fakes.containerd import FakeContainerd
+from fakes.plugin import FakePlugin
 from krproxy import _grpc, calls
 from krproxy.daemon import Daemon
+from krproxy.hooks.points import HookPoint
+from tests.integration.hooks_support import make_node
 from tests.integration.support import in_thread, start_proxy, wait_until
 
 #: Calls measured, after WARM_UP calls (connections made, caches filled).
@@ -36,7 +40,7 @@ WARM_UP = 100
 #: Growth allowed over CALLS calls beside h2's cache. Kept calls grow it by about 1.1 KB per call.
 MAX_GROWTH = 256 * 1024
 #: Call contexts that may still be alive: the loop keeps up to 100 cancelled timers (as asyncio's
-#: own loops do), and a connection's reader task keeps the context it was started in.
+#: own loops do).
 MAX_CALL_CONTEXTS = 110
 
 
@@ -106,3 +110,18 @@ class TestPurgeCancelledTimers:
         for handle in handles:
             handle.cancel()
         assert sum(1 for timer in heap if timer.cancelled()) <= 100
+
+
+class TestCallContextsOfTasks:
+    async def test_a_connection_opened_during_a_call_does_not_keep_the_call(
+        self, aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
+    ) -> None:
+        """The first PreRunPodSandbox opens the plugin's connection from within the call; its
+        reader task must not inherit the call's context (``calls.CURRENT``, with the request),
+        which would keep that call alive as long as the connection."""
+        node = await make_node(nursery, sockdir, fake_containerd, cri_client)
+        await node.add_plugin("p", FakePlugin(), [HookPoint.PRE_RUN_POD_SANDBOX])
+        await node.start_proxy()
+        await node.run_pod()
+        await wait_until(lambda: node.proxy.relay.in_flight == 0)
+        assert 0 == _call_contexts()
