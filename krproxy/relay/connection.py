@@ -13,7 +13,8 @@ buffered here: a caller that stops reading holds up its own streams only, never 
 connection's window that every other caller needs. A caller's connection credit stays end to
 end (its requests wait for the runtime's windows, not our memory). What one caller connection
 may have buffered is bounded (:data:`MAX_HELD`), as are its streams (:data:`CALLER_MAX_STREAMS`)
-and the calls waiting for an upstream stream slot (:data:`MAX_WAITING`).
+and the calls waiting for an upstream stream slot (:data:`MAX_WAITING`), which take turns by
+caller connection.
 
 I/O: non-blocking sockets in one trio thread. A reader task per connection parses what
 arrived and hands it on; whatever that queued on any connection is then written with a plain
@@ -28,7 +29,7 @@ import math
 import socket
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol, cast
 
 import hpack
@@ -153,6 +154,59 @@ class _Over:
 
 
 _OVER = _Over()
+
+
+_Waiting = tuple["Half", bytes, bool]
+
+
+class _FairQueue:
+    """Calls waiting for a stream slot, taken in turns by caller connection (round robin): a
+    caller with hundreds of calls queued does not make another caller's one call wait behind
+    them. The relay's own calls (hooked forwards, plugin and recovery calls) share one turn."""
+
+    def __init__(self) -> None:
+        self._queues: dict[object, deque[_Waiting]] = {}
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __iter__(self) -> Iterator[_Waiting]:
+        for queue in list(self._queues.values()):
+            yield from list(queue)
+
+    @staticmethod
+    def _turn(half: Half) -> object:
+        client = getattr(half.call, "client", None)
+        return client.ep if client is not None else None
+
+    def append(self, entry: _Waiting) -> None:
+        self._queues.setdefault(self._turn(entry[0]), deque()).append(entry)
+        self._count += 1
+
+    def popleft(self) -> _Waiting:
+        turn = next(iter(self._queues))
+        queue = self._queues.pop(turn)
+        entry = queue.popleft()
+        if queue:
+            self._queues[turn] = queue  # back at the end: the next caller's turn comes first
+        self._count -= 1
+        return entry
+
+    def remove(self, half: Half) -> None:
+        queue = self._queues.get(self._turn(half))
+        if queue is None:
+            return
+        kept = deque(entry for entry in queue if entry[0] is not half)
+        self._count -= len(queue) - len(kept)
+        if kept:
+            self._queues[self._turn(half)] = kept
+        else:
+            del self._queues[self._turn(half)]
+
+    def clear(self) -> None:
+        self._queues.clear()
+        self._count = 0
 
 
 class _Closed(Exception):
@@ -365,7 +419,7 @@ class Endpoint:
         self.blocked: dict[int, Half] = {}  # halves with data waiting for send window
         self.held = 0  # bytes in the halves' `pending`: received elsewhere, not yet sent here
         # Upstream halves waiting for a stream slot (peer's MAX_CONCURRENT_STREAMS), with their headers.
-        self.waiting: deque[tuple[Half, bytes, bool]] = deque()
+        self.waiting = _FairQueue()
         self.send_window = f.DEFAULT_WINDOW
         self.peer_initial_window = f.DEFAULT_WINDOW
         self.peer_max_frame = f.DEFAULT_MAX_FRAME
@@ -496,7 +550,7 @@ class Endpoint:
     def forget(self, half: Half) -> None:
         half.drop_pending()  # a stream reset by its peer, or on a lost connection, left it
         if not half.opened:  # ended while it waited for a slot: it holds no place in the queue
-            self.waiting = deque(entry for entry in self.waiting if entry[0] is not half)
+            self.waiting.remove(half)
         if self.halves.get(half.id) is half:
             del self.halves[half.id]
         self.blocked.pop(half.id, None)

@@ -227,6 +227,39 @@ class TestStreams:
         assert len(answers) == len(set(answers)) == 110 - len(refusals)
         assert set(answers) <= {b"%d" % i for i in range(110)}
 
+    async def test_queued_calls_take_turns_by_caller(
+        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
+    ) -> None:
+        """One caller fills the backend's 100 streams and queues 100 more; another caller's call
+        gets the first slot that frees, not the one after the first caller's whole queue."""
+        backend, daemon = await _backend_and_proxy(nursery, sockdir)
+        release = asyncio.Semaphore(0)
+
+        async def slow(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+            await release.acquire()
+            await stream.send_message(messages[0])
+
+        backend.behaviours[SLOW] = slow
+        greedy = raw_unary(channel_to(daemon.config.listen), SLOW)
+        futures = [greedy.future(b"%d" % i, timeout=30) for i in range(200)]
+        await wait_until(lambda: backend.started.count(SLOW) >= 100, limit=10)
+        await wait_until(lambda: daemon.relay.in_flight >= 200, limit=10)
+        other = grpc.insecure_channel(f"unix://{daemon.config.listen}")  # a connection of its own
+        try:
+            answer = raw_unary(other, ECHO).future(b"mine", timeout=30)
+            await wait_until(lambda: daemon.relay.in_flight >= 201, limit=10)
+            release.release()  # two slots free: one for each caller's turn
+            release.release()
+            # In arrival order it would wait for all 100 queued calls of the first caller.
+            assert b"mine" == await in_thread(answer.result, timeout=10)
+            assert backend.started.count(SLOW) < 200
+        finally:
+            for _ in range(200):
+                release.release()
+            for future in futures:
+                await in_thread(future.result)
+            other.close()
+
     async def test_the_stream_limit_is_advertised_and_kept(
         self, aio_loop: None, nursery: trio.Nursery, sockdir: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
