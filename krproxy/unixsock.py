@@ -55,7 +55,9 @@ def bind_unix_socket(path: str, *, mode: int = 0o660, gid: int | None = None) ->
             raise SocketInUseError(errno.EADDRINUSE, _IN_USE, path)
         finally:
             probe.close()
-    if len(os.fsencode(path)) >= _SUN_PATH_SIZE:  # checked first: linking the bound socket there would not catch it
+    if (
+        len(os.fsencode(path)) >= _SUN_PATH_SIZE
+    ):  # checked first: linking the bound socket there would not catch it
         raise OSError(
             errno.ENAMETOOLONG, f"too long for a unix socket (at most {_SUN_PATH_SIZE - 1} bytes)", path
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import re
@@ -258,7 +259,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def _stuck_client(proxy: str, args: argparse.Namespace) -> dict[str, Any]:
     """kubelet's small calls while another client of the same proxy is stuck (issue 16): it has
-    1000 calls in flight (976 ContainerStatus, 24 ListContainers: ~20 MB of answers) and reads none."""
+    1000 calls in flight (verbose ContainerStatus, and as many ListContainers as make ~20 MB of
+    answers with them: 24 against the fake's 1000 containers) and reads none of the answers."""
     from cri_api.v1 import api_pb2 as pb
 
     from krproxy.bench.stuck import hold_unread
@@ -266,18 +268,22 @@ def _stuck_client(proxy: str, args: argparse.Namespace) -> dict[str, Any]:
     channel = grpc.insecure_channel(
         f"unix://{proxy}", options=[("grpc.max_receive_message_length", 64 << 20)]
     )
+    status_path, list_path = (
+        "/runtime.v1.RuntimeService/ContainerStatus",
+        "/runtime.v1.RuntimeService/ListContainers",
+    )
+    list_request = pb.ListContainersRequest().SerializeToString()
     try:
-        listed = channel.unary_unary("/runtime.v1.RuntimeService/ListContainers")(
-            pb.ListContainersRequest().SerializeToString(), timeout=30
-        )
+        listed = len(channel.unary_unary(list_path)(list_request, timeout=30))
+        first = pb.ListContainersResponse.FromString(channel.unary_unary(list_path)(list_request, timeout=30))
+        status = pb.ContainerStatusRequest(
+            container_id=first.containers[0].id, verbose=True
+        ).SerializeToString()
+        stated = len(channel.unary_unary(status_path)(status, timeout=30))
     finally:
         channel.close()
-    containers = pb.ListContainersResponse.FromString(listed).containers
-    status = pb.ContainerStatusRequest(container_id=containers[0].id, verbose=True).SerializeToString()
-    calls = [("/runtime.v1.RuntimeService/ContainerStatus", status)] * 976
-    calls += [
-        ("/runtime.v1.RuntimeService/ListContainers", pb.ListContainersRequest().SerializeToString())
-    ] * 24
+    lists = min(1000, max(0, math.ceil((20e6 - 1000 * stated) / max(1, listed - stated))))
+    calls = [(status_path, status)] * (1000 - lists) + [(list_path, list_request)] * lists
 
     def version_latency() -> dict[str, float]:
         got = _client(
@@ -296,13 +302,13 @@ def _stuck_client(proxy: str, args: argparse.Namespace) -> dict[str, Any]:
     before = version_latency()
     stuck = hold_unread(proxy, calls)
     try:
-        time.sleep(5.0)  # the fake takes seconds to answer 24 ListContainers of 1000 containers
+        time.sleep(5.0)  # the fake takes seconds to answer its ListContainers of 1000 containers
         while_stuck = version_latency()
     finally:
         stuck.close()
     return {
         "streams": len(calls),
-        "unread_mb": 24 * len(listed) / 1e6,
+        "unread_mb": ((1000 - lists) * stated + lists * listed) / 1e6,
         "before": before,
         "stuck": while_stuck,
     }
@@ -725,7 +731,7 @@ def report(results: dict[str, Any]) -> str:
         if sc is not None:
             ok = sc["stuck"]["median_ms"] <= 2 * sc["before"]["median_ms"] + 0.5
             lines.append(
-                f"{label}Version, a client stuck    ({sc['streams']} unread streams, >={sc['unread_mb']:.0f} MB unread)"
+                f"{label}Version, a client stuck    ({sc['streams']} unread streams, {sc['unread_mb']:.0f} MB unread)"
                 f" {sc['before']['median_ms']:.3f}/{sc['before']['p99_ms']:.3f} ms before,"
                 f" {sc['stuck']['median_ms']:.3f}/{sc['stuck']['p99_ms']:.3f} ms stuck   usual latency: {_check(ok)}"
             )
