@@ -20,16 +20,25 @@ included) *before* answering, and once it listens writes its registration file i
 ``move_pods_to``
     a cgroup path prefix ``P``: PreRunPodSandbox answers ``cgroup_parent = P-<pod uid>``, and
     PreCreateContainer answers ``pod_cgroup_parent = P-<pod uid>`` (so the container follows).
+``headers``
+    a file to append, per request, ``{"path": ..., "grpc-timeout": ...}`` (the header as sent,
+    "" when absent).
+
+The server is as strict as a hook server on grpc-go (koordlet) is: it refuses what grpc-go
+refuses (a ``grpc-timeout`` of more than 8 digits answers INTERNAL, and so on:
+:func:`fakes.containerd.grpc_go.serve_strictly`).
 
 Every other call is echoed unchanged. SIGTERM stops it (exit 0, socket removed).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +48,8 @@ import trio_asyncio
 from grpclib.const import Status
 from grpclib.exceptions import GRPCError
 
+from fakes.containerd.grpc_go import serve_strictly
+from fakes.strict import GrpcGo, Headers
 from krproxy import _grpc
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from krproxy.proto.runtime.v1alpha1 import services as hook_services
@@ -164,10 +175,31 @@ class ScriptedPlugin(hook_services.RuntimeHookServiceBase):
         return self._container("PreUpdateContainerResources", message)
 
 
+def header_log(path: str | None) -> Callable[[Headers], None]:
+    """Append each accepted request's path and ``grpc-timeout`` to ``path`` (nothing if None)."""
+    if path is None:
+        return lambda headers: None
+    out = open(path, "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+
+    def log(headers: Headers) -> None:
+        fields = dict(headers)
+        out.write(
+            json.dumps({"path": fields.get(":path", ""), "grpc-timeout": fields.get("grpc-timeout", "")})
+            + "\n"
+        )
+
+    return log
+
+
 async def main(config: dict[str, Any]) -> None:
     plugin = ScriptedPlugin(config)
+    accepted = header_log(config.get("headers"))
+
+    def strict(server: Any) -> None:
+        serve_strictly(server, GrpcGo.V2, accepted=accepted)
+
     async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
-        await nursery.start(_grpc.serve, [plugin], config["socket"])
+        await nursery.start(functools.partial(_grpc.serve, [plugin], config["socket"], configure=strict))
         register(
             config["hook_dir"],
             config["name"],

@@ -349,10 +349,19 @@ class Plugin:
     socket: str
     calls_path: Path
     log_path: Path
+    #: One JSON line per request the plugin's (grpc-go-strict) server accepted: path, grpc-timeout.
+    headers_path: Path | None = None
 
     @property
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def grpc_timeouts(self) -> list[str]:
+        """The ``grpc-timeout`` header of every request accepted so far, as sent."""
+        if self.headers_path is None or not self.headers_path.exists():
+            return []
+        lines = self.headers_path.read_text().splitlines()
+        return [str(json.loads(line)["grpc-timeout"]) for line in lines if line.strip()]
 
     def calls(self, hook: str | None = None) -> list[dict[str, Any]]:
         """The calls received so far (``{"hook": ..., "request": {...}}``), only ``hook``'s if given."""
@@ -393,11 +402,13 @@ def start_plugin(proxy: Proxy, name: str, limit: float = 20, **config: Any) -> P
     socket = str(proxy.workdir / f"{name}.sock")
     calls_path = proxy.workdir / f"{name}.calls.jsonl"
     log_path = proxy.workdir / f"{name}.log"
+    headers_path = proxy.workdir / f"{name}.headers.jsonl"
     config = {
         **config,
         "name": name,
         "socket": socket,
         "calls": str(calls_path),
+        "headers": str(headers_path),
         "hook_dir": str(proxy.hook_dir),
     }
     with open(log_path, "wb") as log:
@@ -408,7 +419,7 @@ def start_plugin(proxy: Proxy, name: str, limit: float = 20, **config: Any) -> P
             stderr=log,
             cwd=REPO,
         )
-    plugin = Plugin(name, process, socket, calls_path, log_path)
+    plugin = Plugin(name, process, socket, calls_path, log_path, headers_path)
     registration = proxy.hook_dir / f"{name}.json"
     try:
         wait_until(

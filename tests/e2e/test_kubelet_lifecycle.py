@@ -158,6 +158,13 @@ def pod_lifecycle(cri: Cri, containerd: Containerd, puller: Puller, index: int) 
     }
 
 
+def grpc_timeout_seconds(value: str) -> float:
+    """A ``grpc-timeout`` header value (at most 8 digits and a unit) in seconds."""
+    units = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+    assert 1 <= len(value[:-1]) <= 8 and value[:-1].isdigit() and value[-1] in units, value
+    return int(value[:-1]) * units[value[-1]]
+
+
 def remove_leftovers(direct: Cri) -> None:
     """Remove, directly, the pods a failed lifecycle left behind (none when every call worked)."""
     for pod in direct.runtime.ListPodSandbox(
@@ -226,3 +233,9 @@ def test_concurrent_pods_with_kubelet_deadlines(
         assert {r["container_id"] for r in results} == {
             req["container_meta"]["id"] for req in plugin.requests("PostStopContainer")
         }
+        # The plugin's server refuses a grpc-timeout of more than 8 digits, as grpc-go does: every
+        # call reached it (above), and krproxy gave them deadlines of kubelet's size (100 s and
+        # more took 9 digits in microseconds before issue 15).
+        seconds = [grpc_timeout_seconds(value) for value in plugin.grpc_timeouts()]
+        assert len(seconds) == sum(hooks.values())
+        assert max(seconds) >= 100, seconds
