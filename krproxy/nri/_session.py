@@ -195,6 +195,8 @@ class Session:
         request = _ttrpc.Request(service, method, payload, timeout_nano)
         waiter = _Waiter()
         async with self._send_lock:  # stream ids must reach the wire in increasing order
+            if self._lost is not None:  # lost while this call waited for the lock: nothing will answer
+                raise ConnectionLost(str(self._lost))
             stream_id = self._client.send_request(request)
             self._waiters[stream_id] = waiter
             await self._flush_locked()

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Mapping
 
 import pytest
 import trio
+import trio.testing
 
 from krproxy.grpcstatus import Status
 from krproxy.nri import _mux, _ttrpc
@@ -171,3 +172,26 @@ class TestConnectionEnds:
         assert _ttrpc.Response(payload=b"echo:hi") == _ttrpc.Response.decode(data[18 : 18 + size])
         await peer.aclose()
         await session.aclose()
+
+    async def test_call_queued_behind_a_failing_send_fails_too(self, autojump_clock: object) -> None:
+        """A call that waited for the send lock while the connection was lost fails with ConnectionLost
+        instead of waiting for an answer that can never come (it used to hang)."""
+        left, right = trio.testing.lockstep_stream_pair()  # a peer that never reads: send_all blocks
+        session = Session(left, 1, 2, {})
+        outcomes: list[str] = []
+
+        async def call() -> None:
+            try:
+                await session.call(RUNTIME, "Echo", b"x")
+            except ConnectionLost:
+                outcomes.append("lost")
+
+        with trio.fail_after(60):
+            async with trio.open_nursery() as n:
+                n.start_soon(call)
+                await trio.testing.wait_all_tasks_blocked()
+                n.start_soon(call)
+                await trio.testing.wait_all_tasks_blocked()  # one in send_all, one waiting for the lock
+                await session.aclose()
+        assert ["lost", "lost"] == outcomes
+        await right.aclose()
