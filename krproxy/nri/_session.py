@@ -87,6 +87,8 @@ class Session:
     _send_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
     _waiters: dict[int, _Waiter] = attrs.field(factory=dict, init=False)
     _lost: BaseException | None = attrs.field(default=None, init=False)
+    #: Set whenever a received request has been answered (or the session ended): :meth:`wait_idle` polls it.
+    _answered: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     @property
     def closed(self) -> bool:
@@ -179,6 +181,17 @@ class Session:
             return
         self._server.send_response(stream_id, response)
         await self._flush()
+        self._answered.set()  # only now: the answer is on the wire
+
+    async def wait_idle(self) -> None:
+        """Return once every request received so far has been answered, or the session ended.
+
+        For closing the connection without failing the calls in flight (the peer takes a call cut off by
+        a close as the plugin's failure).
+        """
+        while self._server.pending and self._lost is None:
+            self._answered = trio.Event()
+            await self._answered.wait()
 
     async def call(self, service: str, method: str, payload: bytes) -> bytes:
         """Call ``service/method`` on the peer; the answer's payload, or :class:`TtrpcError`.
@@ -236,6 +249,7 @@ class Session:
     def _lose(self, error: BaseException) -> None:
         if self._lost is None:
             self._lost = error
+        self._answered.set()
         for waiter in self._waiters.values():
             waiter.error = self._lost
             waiter.done.set()

@@ -33,7 +33,7 @@ NRI 0.8, assumed by 0.6): the chain of hook servers is given that timeout less a
 
 Subscription: the events of the hook points registered hook servers name, plus the four that keep the
 store (pods run and removed, containers created and removed). When the registrations change the events
-needed, krproxy re-registers (NRI fixes the subscription at Configure).
+needed, krproxy answers the calls in flight and re-registers (NRI fixes the subscription at Configure).
 
 State: the store is filled from Synchronize (in parts when NRI 0.8 splits it) and the events. When the
 connection drops (the runtime restarts, or drops the plugin) krproxy reconnects with backoff and
@@ -253,6 +253,10 @@ class NriPlugin:
         await self.synchronized.wait()
         log.event(LOGGER, "nri_synchronized", runtime=self.runtime, pods=self.store.statistics().pods)
         await self._resubscribe.wait()
+        # Answer the calls in flight first: NRI takes a call cut off by the close as krproxy's failure and
+        # goes on without its changes. (A call still on its way when the socket closes is lost all the same.)
+        with trio.move_on_after(self.request_timeout):
+            await session.wait_idle()
         await session.aclose()
 
     # -- Plugin service ------------------------------------------------------------------------

@@ -203,6 +203,41 @@ class TestRegistration:
                 LIMIT,
             )
 
+    async def test_resubscription_waits_for_calls_in_flight(self, node: Node) -> None:
+        """A registration change while a CreateContainer is being hooked: krproxy answers that call before
+        it closes the connection to re-subscribe (closing at once made NRI drop krproxy and create the
+        container without the hook server's changes)."""
+        node.runtime.request_timeout = 6.0
+        fake = await node.hook_server(
+            "h", [HookPoint.PRE_CREATE_CONTAINER], changes=Changes(cpu_shares=4096), plugin_timeout="5s"
+        )
+        fake.misbehave(Misbehaviour(delay=2.0))
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            [first] = node.runtime.plugins
+            await node.runtime.run_pod(pod())
+            created: list[api.Container] = []
+
+            async def create() -> None:
+                created.append(await node.runtime.create_container(container()))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(create)
+                await wait_until(lambda: bool(fake.calls), LIMIT)
+                await node.hook_server("late", [HookPoint.PRE_UPDATE_CONTAINER_RESOURCES])
+                await wait_until(
+                    lambda: (
+                        bool(node.runtime.plugins)
+                        and node.runtime.plugins[0].subscribed(api.Event.UPDATE_CONTAINER)
+                    ),
+                    LIMIT,
+                )
+        assert node.runtime.plugins[0] is not first and plugin.registered
+        # The event that follows (POST_CREATE_CONTAINER) may meet the closed socket: the re-registration
+        # window docs/nri.md describes. The call in flight itself must have been answered.
+        assert [] == [why for _, why in node.runtime.dropped if "CreateContainer" in why]
+        assert 4096 == created[0].linux.resources.cpu.shares.value  # type: ignore[union-attr]
+
 
 class TestCreate:
     async def test_changes_become_an_adjustment(self, node: Node) -> None:
