@@ -137,7 +137,7 @@ class FakeNriRuntime:
             if not request.plugin_name:
                 raise TtrpcError(Status.UNKNOWN, "invalid (empty) plugin name")
             index = request.plugin_idx
-            if len(index) != 2 or not index.isdigit():
+            if len(index.encode()) != 2 or not (index.isascii() and index.isdigit()):  # Go: bytes, 0-9
                 raise TtrpcError(
                     Status.UNKNOWN, f'invalid plugin index: invalid plugin index "{index}", must be 2 digits'
                 )

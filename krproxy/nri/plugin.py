@@ -111,7 +111,7 @@ def mask_of(events: set[api.Event]) -> int:
 
 
 def _check_index(index: str) -> str:
-    if len(index) != 2 or not index.isdigit():
+    if len(index) != 2 or not (index.isascii() and index.isdigit()):  # NRI: two bytes, each 0-9
         raise ValueError(f"NRI plugin index must be two digits, 00..99 (got {index!r})")
     return index
 

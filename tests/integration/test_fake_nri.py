@@ -63,7 +63,13 @@ async def runtime(nursery: trio.Nursery, short_tmp: object) -> FakeNriRuntime:
 
 @pytest.mark.parametrize(
     ("name", "index", "error"),
-    [("", "10", "invalid (empty) plugin name"), ("p", "7", 'invalid plugin index "7", must be 2 digits')],
+    [
+        ("", "10", "invalid (empty) plugin name"),
+        ("p", "7", 'invalid plugin index "7", must be 2 digits'),
+        # Go counts bytes and takes 0-9 only: two Arabic-Indic digits are four bytes, not an index
+        ("p", "\u0661\u0662", "must be 2 digits"),
+        ("p", "\u00b2\u00b3", "must be 2 digits"),
+    ],
 )
 async def test_registration_refused(
     runtime: FakeNriRuntime, nursery: trio.Nursery, name: str, index: str, error: str
