@@ -12,11 +12,13 @@ def test_two_ascii_digits(index: str) -> None:
     assert index == NriConfig(plugin_index=index).plugin_index
 
 
-@pytest.mark.parametrize("index", ["", "7", "100", "5a", " 5", "\u0661\u0662", "\u00b2\u00b3", "\uff11\uff12"])
+@pytest.mark.parametrize(
+    "index", ["", "7", "100", "5a", " 5", "\u0661\u0662", "\u00b2\u00b3", "\uff11\uff12"]
+)
 def test_other_indexes_refused(index: str) -> None:
     """NRI takes exactly two bytes 0-9 (``api.CheckPluginIndex``); Python's isdigit() alone lets Unicode
     digits through, which the runtime then refuses at every registration, retried forever."""
-    with pytest.raises(ValueError, match="two digits, 00..99"):
+    with pytest.raises(ValueError, match=r"two digits, 00\.\.99"):
         NriConfig(plugin_index=index)
 
 
