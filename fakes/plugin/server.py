@@ -89,7 +89,8 @@ class Changes:
     (created if the request had none), envs and annotations are added or overwritten.
 
     Attributes:
-        cpu_quota / cpu_shares / memory_limit / cpuset_cpus: container resources to set (None: keep).
+        cpu_quota / cpu_shares / memory_limit / cpuset_cpus / oom_score_adj: container resources to set
+            (None: keep).
         annotations: added to the pod's (pod hooks) or container's (container hooks) annotations.
         labels: added to the pod's labels (pod hooks only).
         envs: added to the container's envs (container hooks only).
@@ -100,6 +101,7 @@ class Changes:
     cpu_shares: int | None = None
     memory_limit: int | None = None
     cpuset_cpus: str | None = None
+    oom_score_adj: int | None = None
     annotations: Mapping[str, str] = attrs.field(factory=dict)
     labels: Mapping[str, str] = attrs.field(factory=dict)
     envs: Mapping[str, str] = attrs.field(factory=dict)
@@ -124,6 +126,7 @@ class Changes:
             "cpu_shares": self.cpu_shares,
             "memory_limit_in_bytes": self.memory_limit,
             "cpuset_cpus": self.cpuset_cpus,
+            "oom_score_adj": self.oom_score_adj,
         }
         if any(value is not None for value in fields.values()):
             resources = answer.container_resources or hookapi.LinuxContainerResources()

@@ -19,7 +19,7 @@ PreStartContainer       START_CONTAINER (StateChange)   nothing in the runtime; 
 PostStartContainer      POST_START_CONTAINER            (answer ignored)
 PostStopContainer       STOP_CONTAINER                  (answer ignored)
 PreUpdateContainer-     UPDATE_CONTAINER                resources (a ContainerUpdate of that container);
-Resources                                               not annotations
+Resources                                               not annotations, not oom_score_adj
 ======================  ==============================  ===============================================
 
 Every change NRI cannot make is logged (``nri_change_not_applied``) and counted
@@ -375,6 +375,8 @@ class NriPlugin:
         if after.resources is not None and prepared.resources is not None:
             resources, missing = nri_convert.resources_update(prepared.resources, after.resources)
             not_applied += missing
+            if after.resources.oom_score_adj != prepared.resources.oom_score_adj:
+                not_applied.append("oom_score_adj")  # NRI's ContainerUpdate has no such field
             if resources is not None:
                 update.update = [
                     api.ContainerUpdate(

@@ -379,6 +379,24 @@ class TestOtherEvents:
         resources = node.runtime.containers["ctr-app"].linux.resources  # type: ignore[union-attr]
         assert 50_000 == resources.cpu.quota.value  # type: ignore[union-attr]
 
+    async def test_update_changes_nri_cannot_make_are_said(self, node: Node) -> None:
+        """At an update NRI takes resources only: a changed oom_score_adj (no field in NRI's update) is
+        logged and counted like a changed annotation, and the rest still applied."""
+        await node.hook_server(
+            "h",
+            [HookPoint.PRE_UPDATE_CONTAINER_RESOURCES],
+            changes=Changes(cpu_quota=50_000, oom_score_adj=500, annotations={"a": "b"}),
+        )
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            await node.runtime.create_container(container())
+            applied = await node.runtime.update_container("ctr-app", api.LinuxResources())
+        assert 50_000 == applied.cpu.quota.value  # type: ignore[union-attr]
+        counter = plugin.metrics.nri_not_applied
+        assert 1 == counter.labels("PreUpdateContainerResources", "annotations")._value.get()
+        assert 1 == counter.labels("PreUpdateContainerResources", "oom_score_adj")._value.get()
+
     async def test_lifecycle_hooks_in_order(self, node: Node) -> None:
         """Every hook point is called at its NRI event, in lifecycle order, with the pod's labels."""
         fake = await node.hook_server("all", list(HookPoint))
