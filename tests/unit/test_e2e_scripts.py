@@ -110,6 +110,26 @@ def test_matrix_counts_from_junit(tmp_path: Path) -> None:
     found = matrix.counts(junit)
     assert (2, 2, 2) == (found.passed, found.failed, found.skipped)
     assert ["containerd 1.7 cannot be had here: no root"] == found.reasons
+    job = matrix.Job("containerd-1.7", [], {}, version="1.7.24~ds1")
+    lines = matrix.summary([matrix.Result(job, 0, 12.4, tmp_path / "log", found)], 20.0).splitlines()
+    assert lines[1].split() == [
+        *(
+            "containerd-1.7",
+            "(1.7.24~ds1)",
+            "passed",
+            "2",
+            "failed",
+            "2",
+            "skipped",
+            "2",
+            "(12",
+            "s,",
+            "exit",
+            "0)",
+        ),
+    ]
+    assert "skipped: containerd 1.7 cannot be had here: no root" == lines[2].strip()
+    assert "wall time 20 s" == lines[3].strip()
     missing = matrix.counts(tmp_path / "absent.xml")
     assert (0, 0, 0, ["no JUnit report: pytest did not finish"]) == (
         missing.passed,
