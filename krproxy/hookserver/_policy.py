@@ -52,6 +52,8 @@ class Key:
         choices: the allowed strings of a choice.
         keys: the keys of a section (a mapping); a section also takes ``enable``.
         example: the value in the documented example (sections: from their keys).
+        koordinator: keys Koordinator's NodeSLO has in this section that this hook server does
+            not implement: refused as such, never "corrected" into a key that means something else.
     """
 
     name: str
@@ -63,6 +65,7 @@ class Key:
     choices: tuple[str, ...] = ()
     keys: tuple[Key, ...] = ()
     example: Any = None
+    koordinator: tuple[str, ...] = ()
 
     @property
     def is_section(self) -> bool:
@@ -88,6 +91,7 @@ def _class_keys(group_identity: int, cat_end: int, mba: int) -> tuple[Key, ...]:
         Key(
             "cpuQOS",
             "CPU priority of the class's pod cgroups",
+            koordinator=("schedIdle", "coreExpeller"),
             keys=(
                 Key(
                     "groupIdentity",
@@ -123,6 +127,12 @@ def _class_keys(group_identity: int, cat_end: int, mba: int) -> tuple[Key, ...]:
     )
 
 
+#: A class section's (Koordinator's ResourceQOS) keys not implemented here.
+_CLASS_NOT_DONE = ("memoryQOS", "blkioQOS", "networkQOS")
+
+#: The top-level keys of a whole Kubernetes object (``kubectl get nodeslo -o yaml``).
+_OBJECT_KEYS = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
+
 #: The policy file, top down.
 SCHEMA = Key(
     "",
@@ -132,10 +142,21 @@ SCHEMA = Key(
             "resourceQOSStrategy",
             "per-QoS-class settings (LSE pods use lsrClass; SYSTEM pods are left alone)",
             keys=(
-                Key("lsrClass", "pods labelled LSR or LSE", keys=_class_keys(2, 100, 100)),
-                Key("lsClass", "pods labelled LS or not labelled", keys=_class_keys(2, 100, 100)),
-                Key("beClass", "pods labelled BE", keys=_class_keys(-1, 30, 50)),
+                Key(
+                    "lsrClass",
+                    "pods labelled LSR or LSE",
+                    keys=_class_keys(2, 100, 100),
+                    koordinator=_CLASS_NOT_DONE,
+                ),
+                Key(
+                    "lsClass",
+                    "pods labelled LS or not labelled",
+                    keys=_class_keys(2, 100, 100),
+                    koordinator=_CLASS_NOT_DONE,
+                ),
+                Key("beClass", "pods labelled BE", keys=_class_keys(-1, 30, 50), koordinator=_CLASS_NOT_DONE),
             ),
+            koordinator=("policies", "systemClass", "cgroupRoot"),
         ),
         Key(
             "resourceUsedThresholdWithBE",
@@ -168,8 +189,19 @@ SCHEMA = Key(
                     example=2000,
                 ),
             ),
+            koordinator=(
+                "cpuSuppressMinPercent",
+                "memoryEvictThresholdPercent",
+                "memoryEvictLowerPercent",
+                "cpuEvictBESatisfactionUpperPercent",
+                "cpuEvictBESatisfactionLowerPercent",
+                "cpuEvictBEUsageThresholdPercent",
+                "cpuEvictTimeWindowSeconds",
+                "cpuEvictPolicy",
+            ),
         ),
     ),
+    koordinator=("cpuBurstStrategy", "systemStrategy", "extensions", "hostApplications"),
 )
 
 
@@ -211,12 +243,14 @@ def validate(section: Key, data: Any, where: str = "") -> dict[str, Any] | None:
         known[ENABLE.name] = ENABLE
     unknown = [str(name) for name in data if name not in known]
     if unknown:
-        raise PolicyError(
-            "; ".join(
-                f"unknown key {_join(where, name)!r}{_did_you_mean(name, list(known))}" for name in unknown
+        if not where and "spec" in unknown and set(unknown) <= _OBJECT_KEYS:
+            raise PolicyError(
+                "this is a whole NodeSLO object: the policy file holds what is under its 'spec:'"
+                " (its keys one level up, without apiVersion, kind and metadata)"
             )
-        )
-    if where and _value(ENABLE, data.get(ENABLE.name, True), _join(where, ENABLE.name)) is False:
+        raise PolicyError("; ".join(_unknown(section, where, name, list(known)) for name in unknown))
+    enable = data.get(ENABLE.name)
+    if where and enable is not None and _value(ENABLE, enable, _join(where, ENABLE.name)) is False:
         return None
     values: dict[str, Any] = {}
     for key in section.keys:
@@ -227,6 +261,16 @@ def validate(section: Key, data: Any, where: str = "") -> dict[str, Any] | None:
         else:
             values[key.name] = key.default if raw is None else _value(key, raw, path)
     return values
+
+
+def _unknown(section: Key, where: str, name: str, known: Sequence[str]) -> str:
+    path = _join(where, name)
+    if name in section.koordinator:
+        return (
+            f"key {path!r} is a Koordinator NodeSLO key this hook server does not implement; remove it"
+            f" (implemented here: {', '.join(known)})"
+        )
+    return f"unknown key {path!r}{_did_you_mean(name, known)}"
 
 
 def _join(where: str, name: str) -> str:
@@ -396,6 +440,17 @@ def _rows(section: Key, where: str) -> list[str]:
     return rows
 
 
+def _not_implemented(section: Key, where: str) -> list[str]:
+    found = [f"`{_join(where, name)}`" for name in section.koordinator]
+    seen: set[str] = set()
+    for key in section.keys:
+        name = "<class>" if key.name in _CLASS_KEYS else key.name
+        if name not in seen:
+            seen.add(name)
+            found += _not_implemented(key, _join(where, name))
+    return found
+
+
 def schema_markdown() -> str:
     """The policy reference of ``docs/plugin-authoring.md``: the annotated example and the key table."""
     return "\n".join(
@@ -406,7 +461,10 @@ def schema_markdown() -> str:
             "",
             "Every section also takes `enable` (default `true`; `false` switches the section off as if it"
             " were absent). A key not in this table is refused, like a bad value: the file is not taken"
-            " and the last good policy stays in force.",
+            " and the last good policy stays in force. So are the keys of Koordinator's NodeSLO spec"
+            " this hook server does not implement (the message says so), which are: "
+            + "; ".join(_not_implemented(SCHEMA, ""))
+            + ". A whole NodeSLO object is refused too: give what is under its `spec:`.",
             "",
             "| key | meaning | unit | allowed | default |",
             "|---|---|---|---|---|",

@@ -112,6 +112,53 @@ class TestUnknownKeys:
             NodePolicy.from_text(text)
         assert message in str(err.value)
 
+    @pytest.mark.parametrize(
+        ("text", "key"),
+        [
+            ("resourceQOSStrategy: {systemClass: {}}", "resourceQOSStrategy.systemClass"),
+            ("resourceQOSStrategy: {policies: {cpuPolicy: coreSched}}", "resourceQOSStrategy.policies"),
+            (
+                "resourceQOSStrategy: {beClass: {memoryQOS: {enable: true}}}",
+                "resourceQOSStrategy.beClass.memoryQOS",
+            ),
+            (
+                "resourceQOSStrategy: {lsClass: {cpuQOS: {schedIdle: 1}}}",
+                "resourceQOSStrategy.lsClass.cpuQOS.schedIdle",
+            ),
+            (
+                "resourceUsedThresholdWithBE: {cpuSuppressMinPercent: 10}",
+                "resourceUsedThresholdWithBE.cpuSuppressMinPercent",
+            ),
+            (
+                "resourceUsedThresholdWithBE: {memoryEvictThresholdPercent: 70}",
+                "resourceUsedThresholdWithBE.memoryEvictThresholdPercent",
+            ),
+            ("cpuBurstStrategy: {policy: auto}", "cpuBurstStrategy"),
+        ],
+    )
+    def test_koordinator_keys_not_implemented_are_named_so(self, text: str, key: str) -> None:
+        """A real NodeSLO key this hook server does not implement is refused as such, not "corrected"
+        into a different key (systemClass is not a misspelt lsClass, cpuSuppressMinPercent not a
+        misspelt cpuSuppressThresholdPercent)."""
+        with pytest.raises(PolicyError) as err:
+            NodePolicy.from_text(text)
+        message = str(err.value)
+        assert f"key {key!r} is a Koordinator NodeSLO key this hook server does not implement" in message
+        assert "did you mean" not in message
+
+    def test_a_whole_nodeslo_object_says_to_give_its_spec(self) -> None:
+        """A NodeSLO object as kubectl prints it is refused with how to fix it: the spec's contents."""
+        text = "apiVersion: slo.koordinator.sh/v1alpha1\nkind: NodeSLO\nmetadata: {name: n}\nspec: {}\n"
+        with pytest.raises(PolicyError, match=r"whole NodeSLO object.*what is under its 'spec:'"):
+            NodePolicy.from_text(text)
+
+    def test_null_enable_is_absent(self) -> None:
+        """`enable:` with no value (YAML null) is the default, as for every other key (and for a
+        Koordinator *bool), not an error."""
+        assert NodePolicy.from_text(
+            "resourceQOSStrategy: {beClass: {cpuQOS: {enable: null, groupIdentity: -1}}}"
+        ) == NodePolicy.from_text("resourceQOSStrategy: {beClass: {cpuQOS: {groupIdentity: -1}}}")
+
     def test_every_unknown_key_is_named(self) -> None:
         """Several unknown keys in one section are all named."""
         with pytest.raises(PolicyError, match=r"'a'.*; unknown key 'b'"):
