@@ -216,7 +216,8 @@ def order_quota_writes(
     child's. When the pod's quota is set, each container's is kept at or below it (its own limit
     — a plugin's value, else the one kubelet gave it — capped by the pod's; a container capped
     earlier gets its own limit back when the pod's rises). Containers whose quota goes down are
-    written first (lower the child before the parent), the others after (raise the parent first).
+    written first (lower the child before the parent), the others — and those that go from
+    unlimited to a limit — after (raise the parent first).
     cgroup v2 has no such rule (``cpu.max`` limits nest), so there the pod simply goes first.
     """
     quota = pod.response.resources.cfs_quota
@@ -241,5 +242,8 @@ def order_quota_writes(
         capped = quota if _exceeds(own, quota) else own
         if capped != current and (capped >= 0 or current >= 0):
             ctx.response.resources.cfs_quota = capped
-        (before if _above(current, capped) else after).append(ctx)
+        # Lowered from a limit: before the pod (capped < current <= the pod's old quota). From
+        # unlimited: after it (the new value may be above the pod's old quota; an unlimited child
+        # is accepted under any parent meanwhile).
+        (before if current >= 0 and _above(current, capped) else after).append(ctx)
     return before, after

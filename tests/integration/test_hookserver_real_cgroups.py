@@ -14,7 +14,16 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from krproxy.hookserver import Executor, HookServer, NodePolicy, PodInfo, PodTarget, Stage
+from krproxy.hookserver import (
+    ContainerContext,
+    Executor,
+    HookServer,
+    Level,
+    NodePolicy,
+    PodInfo,
+    PodTarget,
+    Stage,
+)
 from krproxy.hookserver.policies import cpusuppress, groupidentity
 from krproxy.hookserver.policies.cpusuppress import RAISE_INTERVAL, Measurement
 from krproxy.hookserver.testing import container_request, logged_events, pod_request
@@ -122,3 +131,32 @@ def test_refused_write_names_pod_file_and_value(scratch: str, caplog: pytest.Log
     assert f"{pod_dir}/cpu.cfs_quota_us" in failed["error"] and "'200000'" in failed["error"]
     assert "Invalid argument" in failed["error"]
     assert "-1" == _quota(pod_dir)
+
+
+def test_v1_kernel_accepts_an_unlimited_container_limited_as_the_pod_rises(
+    scratch: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A container without a quota (-1) that a plugin limits to 1.5 CPUs while the pod rises from
+    1 CPU to 4: the kernel refuses the 1.5 under the pod's old 1, so it is written after the pod."""
+    load = Load()
+    load.ls_used = 3.0  # 8 × 50 % − 3 = 1 CPU
+    app, _ = _app(load)
+
+    @app.reconciler(Level.CONTAINER)
+    def cap(ctx: ContainerContext) -> None:
+        if ctx.request.id:
+            ctx.response.resources.cfs_quota = 150000
+
+    pod_dir = CPU / scratch / "podbe"
+    (pod_dir / "c1").mkdir(parents=True)
+    be = pod_request("be", qos="BE", cgroup_parent=f"/{scratch}/podbe")
+    app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, be)
+    app.handle_container(Stage.PRE_START_CONTAINER, container_request(be, "app", id="c1"))
+    app.tick(app.tickers[0])
+    assert ("100000", "100000") == (_quota(pod_dir), _quota(pod_dir / "c1"))
+    (pod_dir / "c1" / "cpu.cfs_quota_us").write_text("-1")
+    load.now, load.ls_used = RAISE_INTERVAL, 0.0  # 4 CPUs
+    with caplog.at_level(logging.ERROR):
+        app.tick(app.tickers[0])
+    assert [] == logged_events(caplog.records, "reconcile_failed")
+    assert ("400000", "150000") == (_quota(pod_dir), _quota(pod_dir / "c1"))

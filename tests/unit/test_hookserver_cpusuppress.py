@@ -9,7 +9,16 @@ from collections.abc import Sequence
 
 import pytest
 
-from krproxy.hookserver import CgroupFile, HookServer, NodePolicy, PodTarget, Stage
+from krproxy.hookserver import (
+    CgroupFile,
+    ContainerContext,
+    HookServer,
+    Level,
+    NodePolicy,
+    PodTarget,
+    QoSClass,
+    Stage,
+)
 from krproxy.hookserver.policies import cpusuppress
 from krproxy.hookserver.policies.cpusuppress import (
     RAISE_INTERVAL,
@@ -208,6 +217,34 @@ class TestV1QuotaOrder:
         load.now, load.total = 2 * RAISE_INTERVAL, 12  # budget 6 CPUs: the container keeps its 4
         app.tick(app.tickers[0])
         assert ("600000", "400000") == (
+            node.read(BE_POD, CgroupFile.CFS_QUOTA),
+            node.read(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA),
+        )
+
+    def test_unlimited_container_limited_while_the_pod_is_raised(
+        self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """cgroup v1: a container with no quota (-1) that a plugin limits to 1.5 CPUs while the pod
+        goes from 1 CPU to 4 is written after the pod: before it, 1.5 CPUs under the pod's 1 is
+        refused. (Unlimited is not "above" in the order: the child may stay unlimited meanwhile.)"""
+        load = Load(ls_used=3.0)  # 8 × 50 % − 3 = 1 CPU
+        app, node, _ = _setup(tmp_path, load, version=1, strict=True)
+
+        @app.reconciler(Level.CONTAINER)
+        def cap(ctx: ContainerContext) -> None:
+            if ctx.request.pod.qos_class is QoSClass.BE and ctx.request.id:
+                ctx.response.resources.cfs_quota = 150000
+
+        node.write(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA, "-1")
+        _start(app)
+        app.tick(app.tickers[0])
+        assert "100000" == node.read(BE_POD, CgroupFile.CFS_QUOTA)
+        node.write(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA, "-1")  # e.g. reset by the runtime
+        load.now, load.ls_used = RAISE_INTERVAL, 0.0  # budget 4 CPUs
+        with caplog.at_level(logging.ERROR):
+            app.tick(app.tickers[0])
+        assert [] == logged_events(caplog.records, "reconcile_failed")
+        assert ("400000", "150000") == (
             node.read(BE_POD, CgroupFile.CFS_QUOTA),
             node.read(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA),
         )
