@@ -190,6 +190,53 @@ class TestCpuset:
         assert before == plugin.cpuset
         assert [{"pinned": "0-1", "kept": before}] == logged_events(caplog.records, "cpusuppress_no_free_cpu")
 
+    def test_every_cpu_pinned_is_logged_once_not_every_second(
+        self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """The warning is for the change of state: a minute of ticks with every CPU pinned logs it
+        once; once a CPU is free and then pinned again, it is logged again."""
+        load = Load(ls_used=2.0, total=2)
+        app, _, _ = _setup(tmp_path, load, mode="cpuset")
+        _start(app)
+        app.tick(app.tickers[0])
+        status = {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "0-1"})}
+        pinned = pod_request("ls", cgroup_parent=LS_POD, annotations=status)
+        app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pinned)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            for second in range(1, 61):
+                load.now = float(second)
+                app.tick(app.tickers[0])
+            assert 1 == len(logged_events(caplog.records, "cpusuppress_no_free_cpu"))
+            app.handle_pod(Stage.POST_STOP_POD_SANDBOX, pinned)
+            app.tick(app.tickers[0])
+            app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pinned)
+            app.tick(app.tickers[0])
+        assert 2 == len(logged_events(caplog.records, "cpusuppress_no_free_cpu"))
+
+    def test_cfs_quota_mode_does_not_care_about_pinned_cpus(
+        self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """With cpuSuppressPolicy cfsQuota, BE's cpuset is not touched: LS pods pinning CPUs (all of
+        them, even) neither warn about cpusets nor re-apply every pod."""
+        load = Load(ls_used=2.0, total=2)
+        app, _, plugin = _setup(tmp_path, load, mode="cfsQuota")
+        _start(app)
+        app.tick(app.tickers[0])
+        status = {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "0-1"})}
+        app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("ls", cgroup_parent=LS_POD, annotations=status))
+        caplog.clear()  # only what the ticks below log (another test may have left INFO on)
+        with caplog.at_level(logging.INFO):
+            for second in range(1, 11):
+                load.now = float(second)
+                app.tick(app.tickers[0])
+        assert [] == logged_events(caplog.records, "cpusuppress_no_free_cpu")
+        reapplied = [
+            e for e in logged_events(caplog.records, "reapplied") if e["cause"] == "ticker:cpusuppress"
+        ]
+        assert [] == reapplied
+        assert plugin.cpuset is None
+
 
 class TestV1QuotaOrder:
     def test_container_quota_above_the_budget(

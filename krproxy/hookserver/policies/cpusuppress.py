@@ -19,7 +19,8 @@ force by more than :data:`HYSTERESIS` (and at least :data:`MIN_STEP`), so a load
 around the budget causes no writes; a cut (less CPU for BE: LS needs it) is taken at once, a raise
 at most once per :data:`RAISE_INTERVAL`. In cpuset mode BE containers never get a CPU that an
 LS pod is pinned to (the cpuset of a non-BE pod's ``scheduling.koordinator.sh/resource-status``);
-when every CPU is pinned, BE keeps the cpuset it has (logged). A policy change is taken at once.
+when every CPU is pinned, BE keeps the cpuset it has (logged when that starts). In cfsQuota mode
+BE's cpuset is not touched. A policy change is taken at once.
 The clock is injectable, like the meter.
 """
 
@@ -213,6 +214,8 @@ class CpuSuppressPlugin:
     #: Each BE container's own CFS quota as kubelet set it, by (pod uid, container name).
     _own: dict[tuple[str, str], int] = attrs.Factory(dict)
     _changed_at: float | None = None
+    #: Every CPU is pinned by LS pods (cpuset mode): logged once when it starts.
+    _no_free_cpu: bool = False
 
     def parse(self, policy: NodePolicy) -> bool:
         changed = policy.cpu_suppress != self.config
@@ -239,16 +242,20 @@ class CpuSuppressPlugin:
         target = be_quota(be_budget(m, self.config.threshold_percent), self.config.min_quota)
         quota = target if self._take_quota(target, force=force) else self.quota
         assert quota is not None
-        cpuset = be_cpuset(m.total_cores, quota, pinned=self._pinned)
-        if cpuset is None:
-            log.event(
-                LOGGER,
-                "cpusuppress_no_free_cpu",
-                level=logging.WARNING,
-                pinned=format_cpus(self._pinned),
-                kept=self.cpuset or "",
-            )
-            cpuset = self.cpuset
+        cpuset = None  # cfsQuota mode leaves BE's cpuset alone, whatever LS pods pin
+        if self.config.policy == "cpuset":
+            cpuset = be_cpuset(m.total_cores, quota, pinned=self._pinned)
+            if cpuset is None and not self._no_free_cpu:  # logged when it starts, not every tick
+                log.event(
+                    LOGGER,
+                    "cpusuppress_no_free_cpu",
+                    level=logging.WARNING,
+                    pinned=format_cpus(self._pinned),
+                    kept=self.cpuset or "",
+                )
+            self._no_free_cpu = cpuset is None
+            if cpuset is None:
+                cpuset = self.cpuset
         changed = (quota, cpuset) != (self.quota, self.cpuset)
         if changed:
             if quota != self.quota:
