@@ -129,6 +129,47 @@ class TestHysteresis:
         app.tick(app.tickers[0])
         assert q(300000) == node.read(BE_POD, CgroupFile.CFS_QUOTA)
 
+    @pytest.mark.parametrize("version", [1, 2])
+    @pytest.mark.parametrize("mode", ["cfsQuota", "cpuset"])
+    def test_switched_off_releases_be(self, tmp_path: pathlib.Path, version: int, mode: str) -> None:
+        """Suppress switched off (section removed, or enable: false) gives BE its CPU back: the pod
+        quota unlimited, a v1 container its own quota, the cpuset every CPU; as koordlet recovers
+        BE when the strategy is disabled. Nothing is written for BE afterwards."""
+        load = Load(ls_used=3.0)  # 1 CPU
+        app, node, _ = _setup(tmp_path, load, version=version, mode=mode, strict=True)
+        node.write(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA, "400000" if version == 1 else "400000 100000")
+        _start(app, be_quota=400000)
+        app.tick(app.tickers[0])
+        container = f"{BE_POD}/c-be"
+        if mode == "cfsQuota":
+            assert "100000" == node.read(BE_POD, CgroupFile.CFS_QUOTA).split()[0]
+        else:
+            assert "7" == node.read(container, CgroupFile.CPUSET_CPUS)
+        app.set_policy(NodePolicy.from_text("resourceUsedThresholdWithBE: {enable: false}"))
+        unlimited = "-1" if version == 1 else "max 100000"
+        assert unlimited == node.read(BE_POD, CgroupFile.CFS_QUOTA)
+        assert 400000 == int(node.read(container, CgroupFile.CFS_QUOTA).split()[0])
+        if mode == "cpuset":
+            assert "0-7" == node.read(container, CgroupFile.CPUSET_CPUS)
+        node.write(BE_POD, CgroupFile.CFS_QUOTA, "123456" if version == 1 else "123456 100000")
+        load.now = 5.0
+        app.tick(app.tickers[0])
+        app.reconcile()
+        assert "123456" == node.read(BE_POD, CgroupFile.CFS_QUOTA).split()[0]  # left alone now
+
+    def test_cpuset_to_cfs_quota_gives_the_cpus_back(self, tmp_path: pathlib.Path) -> None:
+        """From cpuset mode to cfsQuota: the BE container leaves its one CPU for every CPU no LS pod
+        is pinned to, and the pod gets the quota instead."""
+        load = Load(ls_used=3.0)  # 1 CPU
+        app, node, _ = _setup(tmp_path, load, mode="cpuset")
+        status = {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "0-1"})}
+        _start(app, ls_annotations=status)
+        app.tick(app.tickers[0])
+        assert "7" == node.read(f"{BE_POD}/c-be", CgroupFile.CPUSET_CPUS)
+        app.set_policy(_policy("cfsQuota"))
+        assert "2-7" == node.read(f"{BE_POD}/c-be", CgroupFile.CPUSET_CPUS)
+        assert "100000 100000" == node.read(BE_POD, CgroupFile.CFS_QUOTA)
+
     def test_policy_change_is_taken_at_once(self, tmp_path: pathlib.Path) -> None:
         """A new threshold bypasses the rate limit: the operator asked for it."""
         load = Load(ls_used=2.0)

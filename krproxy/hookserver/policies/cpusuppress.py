@@ -20,7 +20,9 @@ around the budget causes no writes; a cut (less CPU for BE: LS needs it) is take
 at most once per :data:`RAISE_INTERVAL`. In cpuset mode BE containers never get a CPU that an
 LS pod is pinned to (the cpuset of a non-BE pod's ``scheduling.koordinator.sh/resource-status``);
 when every CPU is pinned, BE keeps the cpuset it has (logged when that starts). In cfsQuota mode
-BE's cpuset is not touched. A policy change is taken at once.
+BE's cpuset is not touched. A policy change is taken at once. Switched off (or from one mode to the
+other), suppress gives back what it held BE to, once: the pod quota unlimited, a v1 container its
+own quota, the cpuset every CPU no LS pod is pinned to.
 The clock is injectable, like the meter.
 """
 
@@ -216,13 +218,40 @@ class CpuSuppressPlugin:
     _changed_at: float | None = None
     #: Every CPU is pinned by LS pods (cpuset mode): logged once when it starts.
     _no_free_cpu: bool = False
+    #: Set by :meth:`_release` for the re-apply that follows a switch-off or a mode change.
+    _release_quota: bool = False
+    _release_cpuset: str | None = None
 
     def parse(self, policy: NodePolicy) -> bool:
         changed = policy.cpu_suppress != self.config
-        self.config = policy.cpu_suppress
+        old, self.config = self.config, policy.cpu_suppress
+        if changed and old is not None:
+            self._release(old)
         if changed and self._last is not None:
             self._recompute(self._last, force=True)
         return changed
+
+    def _release(self, old: CPUSuppress) -> None:
+        """Suppress switched off, or its mode changed: what the old mode held BE to is given back
+        at the re-apply that follows (as koordlet recovers BE when the strategy is disabled)."""
+        new_mode = self.config.policy if self.config is not None else None
+        if old.policy == "cfsQuota" and new_mode != "cfsQuota" and self.quota is not None:
+            self._release_quota = True
+        if old.policy == "cpuset" and new_mode != "cpuset" and self.cpuset is not None:
+            total = self._last.total_cores if self._last is not None else 0
+            free = [cpu for cpu in range(total) if cpu not in self._pinned]
+            self._release_cpuset = format_cpus(free or range(total)) or None
+        if self.config is None:
+            self.quota = self.cpuset = None
+        elif new_mode != "cpuset":
+            self.cpuset = None
+        log.event(
+            LOGGER,
+            "cpusuppress_released",
+            quota=self._release_quota,
+            cpuset=self._release_cpuset or "",
+            now=new_mode or "off",
+        )
 
     def _take_quota(self, target: int, *, force: bool) -> bool:
         """Whether ``target`` replaces the quota in force (hysteresis and rate limit)."""
@@ -266,6 +295,8 @@ class CpuSuppressPlugin:
 
     def tick(self, targets: Sequence[PodTarget]) -> bool:
         """Sample; True when the BE budget in force changed (so BE pods must be re-applied)."""
+        # A release is for the re-apply that followed the policy change (already done).
+        self._release_quota, self._release_cpuset = False, None
         m = self.meter(targets)
         if m is None:
             return False
@@ -274,7 +305,11 @@ class CpuSuppressPlugin:
         return self._recompute(m)
 
     def set_pod(self, ctx: PodContext) -> None:
-        if self.config is None or self.quota is None or not _is_be(ctx.request.qos_class):
+        if not _is_be(ctx.request.qos_class):
+            return
+        if self._release_quota and (self.config is None or self.config.policy != "cfsQuota"):
+            ctx.response.resources.cfs_quota = -1
+        if self.config is None or self.quota is None:
             return
         ctx.response.resources.cfs_quota = self.quota if self.config.policy == "cfsQuota" else -1
 
@@ -285,7 +320,15 @@ class CpuSuppressPlugin:
         self.reconcile_container(ctx)
 
     def reconcile_container(self, ctx: ContainerContext) -> None:
-        if self.config is None or not _is_be(ctx.request.pod.qos_class):
+        if not _is_be(ctx.request.pod.qos_class):
+            return
+        if self._release_cpuset is not None:
+            ctx.response.resources.cpuset = self._release_cpuset
+        if self._release_quota and self.cgroup_version == 1 and ctx.request.id:
+            own = self._own.get(_container_key(ctx), ctx.request.resources.cpu_quota)
+            if own > 0:
+                ctx.response.resources.cfs_quota = own
+        if self.config is None:
             return
         if self.config.policy == "cpuset":
             if self.cpuset is not None:
