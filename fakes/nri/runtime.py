@@ -85,7 +85,9 @@ class FakeNriRuntime:
 
     Attributes:
         request_timeout / registration_timeout: seconds, sent in Configure (as ms) unless ``nri_0_6``.
-        nri_0_6: behave as NRI 0.6.1 (containerd 1.7): no timeouts in Configure, Synchronize in one part.
+        nri_0_6: behave as NRI 0.6.1 (containerd 1.7): no timeouts in Configure, Synchronize in one part,
+            an adjustment's ``oom_score_adj`` (field 4 of ``LinuxContainerAdjustment``, new in 0.8) unknown
+            and so ignored.
         sync_chunk: objects (pods + containers) per Synchronize part; None: one part.
         pods / containers: the runtime's state, by id.
         log: ``(direction, what)`` of every call: ``("call", "Configure")``, ``("serve", "RegisterPlugin")``.
@@ -309,7 +311,7 @@ class FakeNriRuntime:
 
         def apply(plugin: str, answer: api.CreateContainerResponse) -> None:
             if answer.adjust is not None:
-                _adjust(container, answer.adjust, plugin, owners)
+                _adjust(container, answer.adjust, plugin, owners, nri_0_6=self.nri_0_6)
             pending.extend(answer.update)
 
         request = api.CreateContainerRequest(pod=pod, container=container)
@@ -443,7 +445,12 @@ def attrs_fields(message: Any) -> list[str]:
 
 
 def _adjust(
-    container: api.Container, adjust: api.ContainerAdjustment, plugin: str, owners: dict[str, str]
+    container: api.Container,
+    adjust: api.ContainerAdjustment,
+    plugin: str,
+    owners: dict[str, str],
+    *,
+    nri_0_6: bool = False,
 ) -> None:
     for key, value in adjust.annotations.items():
         name, remove = (key[1:], True) if key.startswith("-") else (key, False)
@@ -480,6 +487,6 @@ def _adjust(
         if linux.cgroups_path:
             _claim(owners, "cgroups_path", plugin)
             container.linux.cgroups_path = linux.cgroups_path
-        if linux.oom_score_adj is not None:
+        if linux.oom_score_adj is not None and not nri_0_6:  # 0.6.1's schema has no such field: Go drops it
             _claim(owners, "oom_score_adj", plugin)
             container.linux.oom_score_adj = linux.oom_score_adj

@@ -13,7 +13,8 @@ Only fields that changed are sent: NRI gives each field to the one plugin that s
 one, so claiming untouched fields would break other NRI plugins. What NRI cannot do is listed by name in
 the ``not_applied`` part of each result (the caller logs it and counts it): a pod's labels, annotations and
 cgroup parent (the pod exists by the time NRI tells a plugin about it), a container's pod cgroup parent, a
-cpuset or unified key cleared (NRI only sets values), hugepage limits, and annotations at an update.
+cpuset or unified key cleared (NRI only sets values), hugepage limits, annotations and ``oom_score_adj`` at an
+update, and ``oom_score_adj`` at creation with NRI 0.6.1.
 """
 
 from __future__ import annotations
@@ -157,8 +158,12 @@ def _map_changes(before: Mapping[str, str], after: Mapping[str, str]) -> dict[st
     return changes
 
 
-def adjustment(before: ContainerInfo, after: ContainerInfo) -> Adjusted:
-    """What the hook servers changed between ``before`` and ``after`` at PreCreateContainer, as NRI's adjustment."""
+def adjustment(before: ContainerInfo, after: ContainerInfo, *, oom_score_adj: bool = True) -> Adjusted:
+    """What the hook servers changed between ``before`` and ``after`` at PreCreateContainer, as NRI's adjustment.
+
+    ``oom_score_adj``: whether the runtime's NRI has that adjustment field (0.8 does; 0.6.1, containerd 1.7's,
+    does not and would drop it unseen): without it a changed ``oom_score_adj`` is listed as not applied.
+    """
     adjust = api.ContainerAdjustment(annotations=_map_changes(before.annotations, after.annotations))
     adjust.env = [
         api.KeyValue(key=key, value=value) for key, value in _map_changes(before.envs, after.envs).items()
@@ -171,7 +176,10 @@ def adjustment(before: ContainerInfo, after: ContainerInfo) -> Adjusted:
         not_applied += missing
         linux = api.LinuxContainerAdjustment(resources=resources)
         if after.resources.oom_score_adj != before.resources.oom_score_adj:
-            linux.oom_score_adj = api.OptionalInt(value=after.resources.oom_score_adj)
+            if oom_score_adj:
+                linux.oom_score_adj = api.OptionalInt(value=after.resources.oom_score_adj)
+            else:
+                not_applied.append("oom_score_adj")
         if linux != api.LinuxContainerAdjustment():
             adjust.linux = linux
     return Adjusted(adjust if adjust != api.ContainerAdjustment() else None, tuple(not_applied))

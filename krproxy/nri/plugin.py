@@ -12,8 +12,9 @@ hook point              NRI event (call)                what NRI applies of the 
 ======================  ==============================  ===============================================
 PreRunPodSandbox        RUN_POD_SANDBOX (StateChange)   nothing: the pod exists already (logged)
 PostStopPodSandbox      STOP_POD_SANDBOX (StateChange)  (answer ignored, as in proxy mode)
-PreCreateContainer      CREATE_CONTAINER                annotations, env, resources, oom_score_adj
-                                                        (ContainerAdjustment); not the pod cgroup parent
+PreCreateContainer      CREATE_CONTAINER                annotations, env, resources, oom_score_adj (NRI
+                                                        0.8+) (ContainerAdjustment); not the pod cgroup
+                                                        parent
 PreStartContainer       START_CONTAINER (StateChange)   nothing in the runtime; krproxy's store, as in
                                                         proxy mode
 PostStartContainer      POST_START_CONTAINER            (answer ignored)
@@ -153,6 +154,9 @@ class NriPlugin:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     #: The event mask sent at the last Configure.
     subscribed: int = 0
+    #: Whether the runtime's NRI is 0.8 or later (its Configure carries timeouts; 0.6.1's does not). 0.6.1
+    #: has no ``oom_score_adj`` in ContainerAdjustment.
+    nri_0_8: bool = True
     #: Set once the runtime synchronized the current connection (/readyz's meaning).
     synchronized: trio.Event = attrs.field(factory=trio.Event)
     #: Whether the current connection is registered.
@@ -268,10 +272,12 @@ class NriPlugin:
             request.request_timeout / 1000 if request.request_timeout > 0 else DEFAULT_REQUEST_TIMEOUT
         )
         self.subscribed = self.events_needed()
+        self.nri_0_8 = request.registration_timeout > 0 or request.request_timeout > 0
         log.event(
             LOGGER,
             "nri_configured",
             runtime=self.runtime,
+            nri="0.8+" if self.nri_0_8 else "before 0.8",
             request_timeout=self.request_timeout,
             events=hex(self.subscribed),
         )
@@ -351,7 +357,7 @@ class NriPlugin:
             return bytes(api.CreateContainerResponse())
         target = f"pod {info.pod.namespace}/{info.pod.name} container {info.name}"
         after = await self._container_chain(point, info, target)
-        adjusted = nri_convert.adjustment(info, after)
+        adjusted = nri_convert.adjustment(info, after, oom_score_adj=self.nri_0_8)
         self._not_applied(point, target, adjusted.not_applied)
         return bytes(api.CreateContainerResponse(adjust=adjusted.adjust))
 

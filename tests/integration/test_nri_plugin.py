@@ -285,6 +285,32 @@ class TestCreate:
         assert 1 == counter.labels("PreCreateContainer", "pod_cgroup_parent")._value.get()
         assert 1 == counter.labels("PreRunPodSandbox", "cgroup_parent")._value.get()
 
+    async def test_oom_score_adj_on_nri_0_6_is_said_not_applied(self, node: Node) -> None:
+        """NRI 0.6.1 (containerd 1.7) has no oom_score_adj in its ContainerAdjustment and drops the unknown
+        field: there krproxy logs and counts it as not applied instead of sending it into the void."""
+        node.runtime.nri_0_6 = True
+        await node.hook_server(
+            "h", [HookPoint.PRE_CREATE_CONTAINER], changes=Changes(oom_score_adj=500, cpu_shares=512)
+        )
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            created = await node.runtime.create_container(container())
+        assert created.linux is not None and created.linux.oom_score_adj is None
+        assert 512 == created.linux.resources.cpu.shares.value  # type: ignore[union-attr]
+        counter = plugin.metrics.nri_not_applied
+        assert 1 == counter.labels("PreCreateContainer", "oom_score_adj")._value.get()
+
+    async def test_oom_score_adj_on_nri_0_8_is_applied(self, node: Node) -> None:
+        """The same change with NRI 0.8 (timeouts in Configure) is an adjustment the runtime applies."""
+        await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER], changes=Changes(oom_score_adj=500))
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            created = await node.runtime.create_container(container())
+        assert 500 == created.linux.oom_score_adj.value  # type: ignore[union-attr]
+        assert 0 == plugin.metrics.nri_not_applied.labels("PreCreateContainer", "oom_score_adj")._value.get()
+
     async def test_fail_policy_fails_the_creation(self, node: Node) -> None:
         """A Fail hook server's error fails CreateContainer in the runtime, naming server and hook."""
         fake = await node.hook_server("strict", [HookPoint.PRE_CREATE_CONTAINER], policy="Fail")

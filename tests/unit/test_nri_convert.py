@@ -143,6 +143,19 @@ class TestAdjustment:
             "hugepage_limits",
         ) == (adjusted.not_applied)
 
+    def test_oom_score_adj_without_the_field(self) -> None:
+        """With NRI 0.6.1 (no oom_score_adj in its adjustment) a changed value is named, not sent."""
+        before = self.before()
+        assert before.resources is not None
+        after = attrs.evolve(before, resources=attrs.evolve(before.resources, oom_score_adj=0, cpu_shares=2))
+        adjusted = convert.adjustment(before, after, oom_score_adj=False)
+        assert ("oom_score_adj",) == adjusted.not_applied
+        assert adjusted.adjust == api.ContainerAdjustment(
+            linux=api.LinuxContainerAdjustment(
+                resources=api.LinuxResources(cpu=api.LinuxCpu(shares=api.OptionalUInt64(value=2)))
+            )
+        )
+
 
 class TestResourcesUpdate:
     def test_memory_and_quota(self) -> None:
