@@ -22,6 +22,7 @@ import trio
 
 from krproxy.relay import Relay
 from krproxy.relay import frames as f
+from tests.integration.support import wait_until
 
 PATH = "/test.Conformance/Call"
 
@@ -257,7 +258,9 @@ def _relay_frames(path: str, data: bytes) -> list[tuple[int, int, bytes]]:
     return seen
 
 
-async def _relay_before_a_silent_runtime(nursery: trio.Nursery, short_tmp: Path) -> tuple[str, socket.socket]:
+async def _relay_before_a_silent_runtime(
+    nursery: trio.Nursery, short_tmp: Path
+) -> tuple[str, socket.socket, Relay]:
     silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a runtime that never answers
     silent.bind(str(short_tmp / "silent.sock"))
     silent.listen(4)
@@ -269,7 +272,7 @@ async def _relay_before_a_silent_runtime(nursery: trio.Nursery, short_tmp: Path)
     listener.bind(listen)
     listener.listen(4)
     await nursery.start(relay.serve, listener)
-    return listen, silent
+    return listen, silent, relay
 
 
 @pytest.mark.parametrize("case", sorted(STREAM_CASES))
@@ -279,7 +282,7 @@ async def test_a_stream_error_resets_only_that_stream(
     """RST_STREAM with the RFC's code on stream 1, no GOAWAY: the connection still answers."""
     body, expected = STREAM_CASES[case]
     data = _after_preface(body)
-    listen, silent = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
     try:
         seen = await trio.to_thread.run_sync(_relay_frames, listen, data)
     finally:
@@ -300,7 +303,7 @@ async def test_a_request_on_a_lower_stream_id_is_a_connection_error(
         f.frame(f.HEADERS, f.END_HEADERS, 3, encoder.encode(list(GOOD))),
         f.frame(f.HEADERS, f.END_HEADERS, 1, encoder.encode(list(GOOD))),
     )
-    listen, silent = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
     try:
         verdict = await trio.to_thread.run_sync(_relay_verdict, listen, data)
     finally:
@@ -311,7 +314,7 @@ async def test_a_request_on_a_lower_stream_id_is_a_connection_error(
 async def test_a_lowered_header_table_size_is_acknowledged(nursery: trio.Nursery, short_tmp: Path) -> None:
     """A caller's SETTINGS_HEADER_TABLE_SIZE of 0: the relay's next header block starts with a
     dynamic table size update (RFC 7541 §4.2), which h2's decoder (as nghttp2's) insists on."""
-    listen, silent = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
     silent.close()  # an unreachable runtime: the relay answers UNAVAILABLE itself
 
     def call() -> list[object]:
@@ -349,7 +352,7 @@ async def test_a_connection_without_preface_is_closed(
 ) -> None:
     """A caller that connects and never sends the preface is not kept forever."""
     monkeypatch.setattr("krproxy.relay.connection.HANDSHAKE_TIMEOUT", 0.3)
-    listen, silent = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
     silent.close()
 
     def idle() -> bytes:
@@ -370,7 +373,7 @@ async def test_connections_beyond_the_cap_are_closed(
 ) -> None:
     """With MAX_CONNECTIONS open, one more is closed at once; the open ones still answer."""
     monkeypatch.setattr("krproxy.relay.relay.MAX_CONNECTIONS", 2)
-    listen, silent = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
     silent.close()
 
     def three() -> tuple[bool, bool]:
@@ -410,3 +413,55 @@ def _relay_frames_on(sock: socket.socket, data: bytes) -> list[tuple[int, int, b
             seen.append((kind, stream, buf[f.HEAD_SIZE : f.HEAD_SIZE + size]))
             buf = buf[f.HEAD_SIZE + size :]
     return seen
+
+
+async def test_shutdown_sends_the_two_step_goaway(nursery: trio.Nursery, short_tmp: Path) -> None:
+    """RFC 9113 §6.8: GOAWAY with the largest id and a PING; a stream opened before the PING's
+    answer is still taken; after the answer GOAWAY names it as the last, and a later stream is
+    refused (REFUSED_STREAM: the caller sends it again elsewhere)."""
+    listen, silent, relay = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    encoder = hpack.Encoder()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    frames: list[tuple[int, int, int, bytes]] = []
+    buf = b""
+
+    def read_until(kind: int) -> tuple[int, int, int, bytes]:
+        nonlocal buf
+        while True:
+            while len(buf) >= f.HEAD_SIZE:
+                high, low, got, flags, stream = f.HEAD.unpack_from(buf, 0)
+                size = high << 16 | low
+                if len(buf) < f.HEAD_SIZE + size:
+                    break
+                frame = (got, flags, stream, buf[f.HEAD_SIZE : f.HEAD_SIZE + size])
+                buf = buf[f.HEAD_SIZE + size :]
+                frames.append(frame)
+                if got == kind:
+                    return frame
+            chunk = sock.recv(65536)
+            assert chunk, "the relay closed the connection"
+            buf += chunk
+
+    try:
+        await trio.to_thread.run_sync(sock.connect, listen)
+        sock.sendall(_after_preface(f.frame(f.HEADERS, f.END_HEADERS, 1, encoder.encode(list(GOOD)))))
+        await trio.to_thread.run_sync(read_until, f.SETTINGS)
+        await wait_until(lambda: relay.in_flight == 1)
+        relay.start_draining()
+        _, _, _, first = await trio.to_thread.run_sync(read_until, f.GOAWAY)
+        _, ping_flags, _, ping = await trio.to_thread.run_sync(read_until, f.PING)
+        # Stream 3 was on its way before we saw the GOAWAY: it is served.
+        sock.sendall(f.frame(f.HEADERS, f.END_HEADERS, 3, encoder.encode(list(GOOD))))
+        await wait_until(lambda: relay.in_flight == 2)
+        sock.sendall(f.frame(f.PING, f.ACK, 0, ping))
+        _, _, _, final = await trio.to_thread.run_sync(read_until, f.GOAWAY)
+        sock.sendall(f.frame(f.HEADERS, f.END_HEADERS, 5, encoder.encode(list(GOOD))))
+        _, _, stream, code = await trio.to_thread.run_sync(read_until, f.RST_STREAM)
+    finally:
+        sock.close()
+        silent.close()
+    assert (2**31 - 1, f.NO_ERROR) == f.parse_goaway(first)
+    assert 0 == ping_flags & f.ACK
+    assert (3, f.NO_ERROR) == f.parse_goaway(final)
+    assert (5, f.REFUSED_STREAM) == (stream, int.from_bytes(code, "big"))
