@@ -445,7 +445,8 @@ class Endpoint:
         self._handshake = trio.CancelScope()  # run() replaces it: the preface's deadline
         ours = [(f.INITIAL_WINDOW_SIZE, STREAM_WINDOW)]
         if server_side:
-            ours.append((f.MAX_CONCURRENT_STREAMS, CALLER_MAX_STREAMS))
+            if relay.caller_max_streams is not None:
+                ours.append((f.MAX_CONCURRENT_STREAMS, relay.caller_max_streams))
         else:
             self.out += f.PREFACE
             ours.append((f.ENABLE_PUSH, 0))
@@ -815,13 +816,18 @@ class Endpoint:
                         " (stream ids are never lower nor reused, RFC 9113 §5.1.1)"
                     )
                 self.last_peer_id = stream_id
-                if self.goaway == "final" or len(self.halves) >= CALLER_MAX_STREAMS:
+                limit = self.relay.caller_max_streams
+                if self.goaway == "final" or (limit is not None and len(self.halves) >= limit):
                     # Above the last id of our GOAWAY, or beyond the streams we advertised: not
                     # processed, so the caller may send it again (elsewhere).
                     self.reset_stream(stream_id, f.REFUSED_STREAM)
                     return
                 problem = (
-                    "it depends on itself" if flags & _SELF_DEPENDENT else f.request_header_problem(headers)
+                    "it depends on itself"
+                    if flags & _SELF_DEPENDENT
+                    else f.request_header_problem(headers)
+                    if self.relay.check_request_headers
+                    else None
                 )
                 if problem is not None:  # malformed (RFC 9113 §8.1.1): a stream error
                     log.event(

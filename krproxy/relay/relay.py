@@ -44,6 +44,7 @@ import trio
 from krproxy import calls, log
 from krproxy.forward import Interceptor
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.relay import connection
 from krproxy.relay import frames as f
 from krproxy.relay.connection import _STOPPED, Endpoint, Half, Headers, Route, connect_unix
 from krproxy.relay.rpc import (
@@ -96,6 +97,12 @@ class Relay:
         self.keep_messages = False
         #: Largest request message: one announcing more gets RESOURCE_EXHAUSTED at once.
         self.max_request = MAX_REQUEST
+        #: Streams per caller connection, advertised and kept (None: none advertised, as a
+        #: grpc-go server by default; the fake plugin plays one).
+        self.caller_max_streams: int | None = connection.CALLER_MAX_STREAMS
+        #: Whether request header lists are checked as RFC 9113 §8.2 says before open_call
+        #: (off for a relay that plays a server with rules of its own: the fake plugin).
+        self.check_request_headers = True
         self.runtime: Route | None = None  # set by configure()
         self.image: Route | None = None
         self.interceptors: dict[str, Interceptor] = {}
