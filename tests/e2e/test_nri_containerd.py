@@ -109,6 +109,10 @@ def lifecycle(cri: Cri, containerd: Containerd, direct: Cri) -> dict[str, object
         cid = create_container(cri, pod_id, pod, container)
         start(cri, cid)
         pid = container_pid(direct, cid)
+        # StartContainer returns once runc has told its init to exec; until it has, /proc/PID holds
+        # runc init's environment, not the container's.
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        wait_until(lambda: cmdline.read_bytes().split(b"\0")[0] == b"sh", what="the container's sh exec'd")
         created = cgroup_values(pid)
         env = environ(pid).get("KRPROXY_HOOKED", "")
         request = pb.UpdateContainerResourcesRequest(
