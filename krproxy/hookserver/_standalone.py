@@ -79,7 +79,8 @@ class PodSelector:
     def parse(
         cls, namespaces: Iterable[str], selectors: Iterable[str], *, all_pods: bool = False
     ) -> PodSelector:
-        """From ``--namespace`` values and ``--selector key=value[,key=value]`` values.
+        """From ``--namespace`` values and ``--selector key=value[,key=value]`` values (``==``
+        as kubectl takes it; ``!=`` and set-based terms are refused).
 
         Raises:
             ValueError: a selector term is not ``key=value``.
@@ -88,9 +89,18 @@ class PodSelector:
         for selector in selectors:
             for term in filter(None, (t.strip() for t in selector.split(","))):
                 key, eq, value = term.partition("=")
-                if not eq or not key.strip():
+                key, value = key.strip(), value.removeprefix("=").strip()  # kubectl's == too
+                if key.endswith("!"):
+                    raise ValueError(
+                        f"label selector term {term!r}: only key=value (or key==value) is supported"
+                    )
+                if not eq or not key:
                     raise ValueError(f"label selector term {term!r} is not key=value (e.g. app=batch)")
-                labels[key.strip()] = value.strip()
+                if labels.get(key, value) != value:
+                    raise ValueError(
+                        f"label {key!r} is given two values ({labels[key]!r} and {value!r}): no pod has both"
+                    )
+                labels[key] = value
         return cls(frozenset(namespaces), labels, not all_pods)
 
     def matches(self, pod: PodInfo) -> bool:

@@ -6,10 +6,11 @@ import argparse
 import json
 import os
 import pathlib
+import re
 
 import pytest
 
-from krproxy.hookserver import FailurePolicy, Stage, registration_json, targets_from_cri
+from krproxy.hookserver import FailurePolicy, PodSelector, Stage, registration_json, targets_from_cri
 from krproxy.hookserver._registration import remove_registration, write_registration
 from krproxy.hookserver._standalone import cgroup_parent_from_info, find_kubelet_cgroup
 from krproxy.hookserver.cli import add_subcommands, build_app
@@ -148,3 +149,31 @@ class TestCli:
         assert (["batch"], ["app=x", "bad"], True) == (args.namespace, args.selector, args.all_pods)
         assert 2 == args.func(args)
         assert "'bad' is not key=value" in capsys.readouterr().err
+
+
+class TestPodSelectorParse:
+    """``--selector`` takes kubectl's equality terms; anything else is refused, never read as a
+    label no pod has (which would select nothing, silently)."""
+
+    def test_equality_terms(self) -> None:
+        """``a=b``, kubectl's ``a==b`` and spaces; several -l values all apply."""
+        selector = PodSelector.parse([], ["app=x, tier==batch", "team = a"])
+        assert {"app": "x", "tier": "batch", "team": "a"} == dict(selector.labels)
+
+    @pytest.mark.parametrize(
+        ("term", "message"),
+        [
+            ("app!=x", "'app!=x': only key=value"),
+            ("env in (a", "'env in (a' is not key=value"),
+            ("!app", "'!app' is not key=value"),
+            ("app", "'app' is not key=value"),
+        ],
+    )
+    def test_other_terms_are_refused(self, term: str, message: str) -> None:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            PodSelector.parse([], [term])
+
+    def test_one_key_two_values_is_refused(self) -> None:
+        """kubectl would require both (no pod matches): refused, naming the key."""
+        with pytest.raises(ValueError, match="label 'app' is given two values"):
+            PodSelector.parse([], ["app=x", "app=y"])
