@@ -253,13 +253,15 @@ class HookServer:
         if stage is Stage.POST_STOP_POD_SANDBOX:
             self.pods.remove_pod(ctx.request)
             self.pending.pop(key, None)
+        elif stage is Stage.PRE_RUN_POD_SANDBOX:
+            # Remembered first: a write the kernel refuses fails this call, but re-applies
+            # (policy change, CPU suppress) must still reach the pod.
+            self.pods.add_pod(ctx.request)
         try:
             apply_pod(self.executor, ctx)
         except CgroupMissingError as exc:
             if stage is not Stage.POST_STOP_POD_SANDBOX:
                 self._defer(key, ctx, exc)
-        if stage is Stage.PRE_RUN_POD_SANDBOX:
-            self.pods.add_pod(ctx.request)
         return pod_response(req, ctx)
 
     def handle_container(
@@ -272,6 +274,8 @@ class HookServer:
         if self.pending:  # the pod's cgroup exists by the time its containers are created
             self.retry_pending()
         key = "container:" + ctx.request.id
+        if stage is not Stage.POST_STOP_CONTAINER:
+            self.pods.add_container(ctx.request)  # first, as for pods: a refused write still fails the call
         try:
             apply_container(self.executor, ctx, include_cri=False)
         except CgroupMissingError as exc:
@@ -280,8 +284,6 @@ class HookServer:
         if stage is Stage.POST_STOP_CONTAINER:
             self.pods.remove_container(ctx.request)
             self.pending.pop(key, None)
-        else:
-            self.pods.add_container(ctx.request)
         return container_response(req, ctx)
 
     # -- settings waiting for their cgroup -------------------------------------------------------

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import pathlib
 
 import pytest
 
-from krproxy.hookserver import CgroupFile, HookServer, PodContext, QoSClass, Stage
+from krproxy.hookserver import CgroupFile, ContainerContext, HookServer, PodContext, QoSClass, Stage
 from krproxy.hookserver._app import PENDING_TIMEOUT
+from krproxy.hookserver._executor import CgroupWriteError
 from krproxy.hookserver.testing import FakeNode, container_request, logged_events, pod_request
 
 POD = "/kubepods/besteffort/poduid-be"
@@ -120,3 +122,42 @@ class TestDecisionLog:
         with caplog.at_level(logging.INFO):
             app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("be", qos="BE", cgroup_parent=POD))
         assert [] == logged_events(caplog.records, "hook_decision")
+
+
+class TestRefusedWriteKeepsThePod:
+    """A write the kernel refuses fails the hook call (naming pod, file and value), but the pod and
+    its containers are still remembered, so re-applies (policy change, CPU suppress) reach them."""
+
+    @staticmethod
+    def _refuse(app: HookServer, monkeypatch: pytest.MonkeyPatch) -> None:
+        def refuse(self: object, cgroup_dir: str, file: CgroupFile, value: int | str) -> None:
+            raise CgroupWriteError(
+                f"{cgroup_dir}/{file.name}", str(value), OSError(errno.EINVAL, "Invalid argument")
+            )
+
+        monkeypatch.setattr(type(app.executor), "set", refuse)
+
+    def test_pod(self, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        app, node, _ = _app(tmp_path)
+        node.add_cgroup(POD)
+        self._refuse(app, monkeypatch)
+        with pytest.raises(CgroupWriteError, match="pod default/be: cannot write '1'"):
+            app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("be", qos="BE", cgroup_parent=POD))
+        assert ["be"] == [t.pod.meta.name for t in app.pods.targets()]
+
+    def test_container(self, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        app, node, _ = _app(tmp_path)
+
+        @app.hook(Stage.PRE_START_CONTAINER, name="idle")
+        def idle(ctx: ContainerContext) -> None:
+            ctx.response.resources.cpu_idle = 1
+
+        node.add_cgroup(POD)
+        node.add_cgroup(f"{POD}/c1")
+        be = pod_request("be", qos="BE", cgroup_parent=POD)
+        app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, be)
+        self._refuse(app, monkeypatch)
+        with pytest.raises(CgroupWriteError, match="pod default/be/app: cannot write '1'"):
+            app.handle_container(Stage.PRE_START_CONTAINER, container_request(be, "app", id="c1"))
+        [target] = app.pods.targets()
+        assert ["c1"] == [c.id for c in target.containers]
