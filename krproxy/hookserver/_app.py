@@ -293,9 +293,11 @@ class HookServer:
         log.event(LOGGER, "cgroup_write_deferred", pod=_who(ctx), reason=str(exc), retry_every=RETRY_INTERVAL)
 
     def retry_pending(self) -> list[Change]:
-        """Apply the settings still waiting for their cgroup; give up on those older than
-        :data:`PENDING_TIMEOUT` (logged as an error). Every outcome is logged."""
+        """Apply the settings still waiting for their cgroup, then re-apply those pods (a re-apply
+        made meanwhile could not reach them); give up on those older than :data:`PENDING_TIMEOUT`
+        (logged as an error). Every outcome is logged."""
         changes: list[Change] = []
+        retried: set[str] = set()
         now = self.clock()
         for key, pending in list(self.pending.items()):
             ctx = pending.ctx
@@ -323,6 +325,11 @@ class HookServer:
             del self.pending[key]
             changes += done
             log.event(LOGGER, "cgroup_write_retried", pod=_who(ctx), changes=len(done))
+            retried.add(_pod_key(ctx.request if isinstance(ctx, PodContext) else ctx.request.pod))
+        if retried:
+            # What was computed at the hook call may be older than a re-apply (policy change,
+            # CPU suppress) that could not reach the missing cgroup meanwhile: re-apply now.
+            changes += self.reconcile([t for t in self.pods.targets() if _pod_key(t.pod) in retried])
         return changes
 
     # -- re-apply (policy change, tickers, standalone) ---------------------------------------

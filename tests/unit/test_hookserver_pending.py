@@ -8,9 +8,19 @@ import pathlib
 
 import pytest
 
-from krproxy.hookserver import CgroupFile, ContainerContext, HookServer, PodContext, QoSClass, Stage
+from krproxy.hookserver import (
+    CgroupFile,
+    ContainerContext,
+    HookServer,
+    NodePolicy,
+    PodContext,
+    QoSClass,
+    Stage,
+)
 from krproxy.hookserver._app import PENDING_TIMEOUT
 from krproxy.hookserver._executor import CgroupWriteError
+from krproxy.hookserver.policies import cpusuppress
+from krproxy.hookserver.policies.cpusuppress import Measurement
 from krproxy.hookserver.testing import FakeNode, container_request, logged_events, pod_request
 
 POD = "/kubepods/besteffort/poduid-be"
@@ -161,3 +171,27 @@ class TestRefusedWriteKeepsThePod:
             app.handle_container(Stage.PRE_START_CONTAINER, container_request(be, "app", id="c1"))
         [target] = app.pods.targets()
         assert ["c1"] == [c.id for c in target.containers]
+
+
+def test_a_retry_is_not_older_than_a_re_apply_missed_meanwhile(tmp_path: pathlib.Path) -> None:
+    """The budget is cut while the BE pod's cgroup does not exist yet (that re-apply cannot reach
+    it): when the cgroup appears, the pod ends with the budget in force, not the one its
+    PreRunPodSandbox was answered with."""
+    node = FakeNode(tmp_path, cgroup_version=1).create()
+    app = HookServer(executor=node.executor())
+    load = {"ls": 2.0}  # 8 × 50 % − 2 = 2 CPUs
+    plugin = cpusuppress.install(app, lambda targets: Measurement(8, load["ls"], load["ls"]))
+    plugin.clock = lambda: 0.0
+    app.set_policy(
+        NodePolicy.from_text(
+            "resourceUsedThresholdWithBE: {cpuSuppressThresholdPercent: 50, cpuSuppressPolicy: cfsQuota}"
+        )
+    )
+    app.tick(app.tickers[0])
+    app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("be", qos="BE", cgroup_parent=POD))
+    assert 1 == len(app.pending)
+    load["ls"] = 3.0  # 1 CPU: a cut, taken at once; the pod's cgroup is still missing
+    app.tick(app.tickers[0])
+    node.add_cgroup(POD)
+    app.retry_pending()
+    assert "100000" == node.read(POD, CgroupFile.CFS_QUOTA)
