@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 import time
 from collections.abc import Callable
 
@@ -36,6 +37,9 @@ class CallContext:
     message: str | None = None
     reply: bytes | None = None
     replies: int = 0
+    #: The caller's deadline (trio time; ``inf`` when it sent none): what this call does on its
+    #: own account (plugin calls) must end by then, as the forward does.
+    deadline: float = math.inf
     started: float = attrs.field(factory=time.time)
     _clock_start: float = attrs.field(factory=time.perf_counter)
 
@@ -111,6 +115,12 @@ def log_call(record: CallRecord) -> None:
 
 #: The call being handled by the current asyncio task, if any.
 CURRENT: contextvars.ContextVar[CallContext | None] = contextvars.ContextVar("krproxy_call", default=None)
+
+
+def current_deadline() -> float | None:
+    """The current call's deadline (trio time), None outside a call or when it has none."""
+    ctx = CURRENT.get()
+    return None if ctx is None or ctx.deadline == math.inf else ctx.deadline
 
 
 def add_hook_outcome(outcome: Outcome) -> None:

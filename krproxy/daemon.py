@@ -162,7 +162,12 @@ async def serve(
     relay.max_request = config.max_request_message_size
     runtime_route = _route(relay, runtime)
     image_route = runtime_route if image is runtime else _route(relay, image)
-    dispatcher = Dispatcher(relay, observe=metrics.observe_hook, on_outcome=calls.add_hook_outcome)
+    dispatcher = Dispatcher(
+        relay,
+        observe=metrics.observe_hook,
+        on_outcome=calls.add_hook_outcome,
+        call_deadline=calls.current_deadline,
+    )
     hooks = HookRuntime(HookStore(), dispatcher, config.skip_label)
     metrics.store_pods.set_function(lambda: hooks.store.statistics().pods)
     metrics.store_containers.set_function(lambda: hooks.store.statistics().containers)

@@ -64,7 +64,8 @@ def _serialized(request: Request | bytes) -> bytes:
 
 
 class NoTimeLeft(Exception):
-    """The caller's deadline (NRI's request timeout) left no time for this plugin; handled as a plugin failure."""
+    """The caller's deadline (kubelet's, NRI's request timeout) left no time for this plugin; handled
+    as a plugin failure."""
 
 
 def _describe(err: BaseException, plugin: PluginRegistration, within: float) -> str:
@@ -96,12 +97,14 @@ class Dispatcher:
         observe: Callable[[Outcome], None] = lambda outcome: None,
         *,
         on_outcome: Callable[[Outcome], None] = lambda outcome: None,
+        call_deadline: Callable[[], float | None] = lambda: None,
     ) -> None:
         self.registry = Registry()
         self._relay = relay
         self._endpoints: set[str] = set()  # endpoints the relay keeps a route to for us
         self._observe = observe
         self._on_outcome = on_outcome
+        self._call_deadline = call_deadline
 
     def publish(self, registry: Registry) -> None:
         """Switch to a new registry; connections to endpoints no longer registered are closed."""
@@ -174,13 +177,17 @@ class Dispatcher:
         container id) only goes into the logs.
 
         ``deadline`` (trio time) bounds the whole chain, for callers that must answer by then (NRI
-        drops a plugin that misses the runtime's request timeout): each plugin gets its own timeout
-        or what is left before the deadline, whichever is shorter, and a plugin reached with no
-        time left fails (its failure policy applies) without being called.
+        drops a plugin that misses the runtime's request timeout); by default it is the current
+        CRI call's deadline (``call_deadline``: kubelet's, so a plugin is never told it has longer
+        than kubelet will wait, as koord-runtime-proxy passes kubelet's context on). Each plugin
+        gets its own timeout or what is left before the deadline, whichever is shorter, and a
+        plugin reached with no time left fails (its failure policy applies) without being called.
 
         Raises:
             HookRejected: a ``Fail`` plugin failed a pre hook; later plugins are not called.
         """
+        if deadline is None:
+            deadline = self._call_deadline()
         outcomes: list[Outcome] = []
         request: tuple[Record, bytes] | None = None  # the serialized request of `record`
         for plugin in self.plugins_for(point):
@@ -191,7 +198,7 @@ class Dispatcher:
                 within = min(within, deadline - trio.current_time())
             try:
                 if within <= 0:
-                    raise NoTimeLeft("not called: no time left within the runtime's request timeout")
+                    raise NoTimeLeft("not called: no time left before the caller's deadline")
                 if request is None or request[0] is not record:
                     request = (record, _serialized(to_request(record)))
                 answer = await self.call(plugin, point, request[1], within=within)

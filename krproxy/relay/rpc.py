@@ -461,6 +461,7 @@ class LocalCall(Call):
         assert tap is not None
         ctx = self.ctx
         calls.CURRENT.set(ctx)  # this task's own context: calls never share one
+        ctx.deadline = self.deadline
         try:
             if tap.first is None or tap.messages < 1:
                 raise GRPCError(Status.INTERNAL, "the request carried no complete message")
