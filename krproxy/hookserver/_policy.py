@@ -359,11 +359,21 @@ class NodePolicy:
 
     @classmethod
     def from_text(cls, text: str) -> NodePolicy:
-        """Parse YAML (which includes JSON)."""
+        """Parse YAML (which includes JSON).
+
+        Raises:
+            PolicyError: also for an empty text (only blanks or comments): a file caught between a
+                writer's truncate and write would switch everything off; "nothing" is ``{}``.
+        """
         try:
             data = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise PolicyError(f"not YAML/JSON: {exc}") from exc
+        if data is None:
+            raise PolicyError(
+                "the file is empty (or only comments); a policy with nothing in force is {} — and write"
+                " the file atomically (a temporary file renamed over it)"
+            )
         return cls.from_mapping(data)
 
     @classmethod

@@ -249,6 +249,26 @@ class TestWatcher:
         assert watcher.poll()
         assert [NodePolicy.from_text(YAML), watcher.current] == seen
 
+    @pytest.mark.parametrize("text", ["", "\n", "# nothing yet\n"])
+    def test_an_empty_file_is_not_a_policy(
+        self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture, text: str
+    ) -> None:
+        """A file caught empty (a writer that truncates, then writes) is refused, keeping the last
+        good policy: taken, it would switch every feature off (and release BE) for a second.
+        A policy with nothing in force is written `{}`."""
+        path = tmp_path / "policy.yaml"
+        path.write_text(YAML)
+        watcher = PolicyWatcher(str(path), lambda p: None)
+        assert watcher.poll()
+        path.write_text(text)
+        os.utime(path, ns=(1, 1))
+        with caplog.at_level(logging.ERROR):
+            assert not watcher.poll()
+        assert NodePolicy.from_text(YAML) == watcher.current
+        [invalid] = logged_events(caplog.records, "policy_invalid")
+        assert "empty" in invalid["error"] and "{}" in invalid["error"]
+        assert NodePolicy() == NodePolicy.from_text("{}")
+
     def test_rename_over_is_noticed(self, tmp_path: pathlib.Path) -> None:
         """Replacing the file by rename (new inode, as ConfigMap updates do) is a change."""
         path = tmp_path / "policy.yaml"
