@@ -108,6 +108,30 @@ class TestBEvsLS:
         assert node.read(BE_POD, CgroupFile.CPU_BVT) is None
 
     @pytest.mark.parametrize("version", [1, 2])
+    @pytest.mark.parametrize("bvt", [True, False])
+    def test_group_identity_switched_off_resets_to_0(
+        self, tmp_path: pathlib.Path, version: int, bvt: bool
+    ) -> None:
+        """A class's cpuQOS removed from the policy (or enable: false): its running pods go back to
+        group identity 0 (cpu.idle 0 in the fallback), as koordlet resets them when cpuQOS is
+        disabled, instead of staying at -1 / SCHED_IDLE for good. New pods are left alone."""
+        node = _node(tmp_path, bvt=bvt, cgroup_version=version)
+        app = _app(node, FixedMeter(None))
+        app.set_policy(NodePolicy.from_text(POLICY))
+        app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("be", qos="BE", cgroup_parent=BE_POD))
+        file = CgroupFile.CPU_BVT if bvt else CgroupFile.CPU_IDLE
+        assert ("-1" if bvt else "1") == node.read(BE_POD, file)
+        app.set_policy(
+            NodePolicy.from_text(POLICY.replace("cpuQOS: {groupIdentity: -1}", "cpuQOS: {enable: false}"))
+        )
+        assert "0" == node.read(BE_POD, file)
+        other = "/kubepods/besteffort/poduid-be2"
+        node.add_cgroup(other)
+        node.write(other, file, "-1" if bvt else "1")
+        app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("be2", qos="BE", cgroup_parent=other))
+        assert ("-1" if bvt else "1") == node.read(other, file)
+
+    @pytest.mark.parametrize("version", [1, 2])
     def test_group_identity_fallback_shares(self, tmp_path: pathlib.Path, version: int) -> None:
         """Without cpu.bvt_warp_ns and cpu.idle: BE → minimal cpu.shares (v2: cpu.weight 1); LS untouched."""
         node = _node(tmp_path, cgroup_version=version, bvt=False, idle=False)

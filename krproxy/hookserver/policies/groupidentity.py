@@ -6,7 +6,8 @@ usual values: LSR/LS 2, BE -1). Where the kernel lacks ``cpu.bvt_warp_ns`` the e
 falls back (see ``_done.plan_writes``): a negative value (BE) becomes ``cpu.idle = 1``
 (SCHED_IDLE cgroup, Linux ≥ 5.15), or ``cpu.shares = 2`` where ``cpu.idle`` is missing too;
 a non-negative value becomes ``cpu.idle = 0``. Classes without a ``cpuQOS`` section, and
-SYSTEM pods, are left alone.
+SYSTEM pods, are left alone; when a policy change drops a class's setting, that class's running
+pods are set back to 0 (``cpu.idle = 0``), as koordlet resets them.
 
 Runs at PreRunPodSandbox (kubelet has created the pod cgroup by then) and as a pod
 reconciler, so a policy change reaches running pods.
@@ -31,6 +32,8 @@ NAME = "groupidentity"
 @attrs.define
 class GroupIdentity:
     bvt: dict[QoSClass, int] = attrs.Factory(dict)
+    #: Classes the last policy change took the setting from: their running pods go back to 0.
+    released: dict[QoSClass, int] = attrs.Factory(dict)
 
     def parse(self, policy: NodePolicy) -> bool:
         bvt = {}
@@ -39,11 +42,19 @@ class GroupIdentity:
             if strategy is not None and strategy.cpu_qos is not None:
                 bvt[qos] = strategy.cpu_qos.group_identity
         changed = bvt != self.bvt
+        if changed:
+            self.released = {qos: 0 for qos in self.bvt if qos not in bvt}
         self.bvt = bvt
         return changed
 
     def set_pod(self, ctx: PodContext) -> None:
         value = self.bvt.get(ctx.request.qos_class)
+        if value is not None:
+            ctx.response.resources.cpu_bvt = value
+
+    def reconcile_pod(self, ctx: PodContext) -> None:
+        """As :meth:`set_pod`; a class whose setting the policy dropped gets 0 (koordlet's reset)."""
+        value = self.bvt.get(ctx.request.qos_class, self.released.get(ctx.request.qos_class))
         if value is not None:
             ctx.response.resources.cpu_bvt = value
 
@@ -82,6 +93,6 @@ def install(app: HookServer) -> GroupIdentity:
     description = "cpu.bvt_warp_ns (or cpu.idle/cpu.shares) of the pod cgroup by QoS class"
     app.rules.register(NAME, description, plugin.parse)
     app.registry.register(Stage.PRE_RUN_POD_SANDBOX, NAME, description, plugin.set_pod)
-    app.registry.register_reconciler(Level.POD, NAME, description, plugin.set_pod)
+    app.registry.register_reconciler(Level.POD, NAME, description, plugin.reconcile_pod)
     app.feature(NAME, functools.partial(status, app.probe))
     return plugin
