@@ -290,6 +290,13 @@ class TestSmallPolicies:
             resctrl.cat_mask("fff", 0, 1),
         )
 
+    @pytest.mark.parametrize(("start", "end"), [(95, 100), (99, 100), (92, 93), (0, 100), (50, 51)])
+    def test_cat_mask_stays_inside_the_cache(self, start: int, end: int) -> None:
+        """A range at the top of the cache (catRangeStartPercent 95 of 12 ways) still gives a mask
+        within cbm_mask — the kernel refuses a bit beyond it — with at least one way."""
+        mask = int(resctrl.cat_mask("fff", start, end), 16)
+        assert mask and mask & 0xFFF == mask
+
     @pytest.mark.parametrize("version", [1, 2])
     def test_resctrl_absent_does_nothing(self, tmp_path: pathlib.Path, version: int) -> None:
         """Without resctrl the rule is not supported and no group is made."""

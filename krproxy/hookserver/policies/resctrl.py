@@ -35,8 +35,10 @@ def cat_mask(cbm_mask: str, start_percent: int, end_percent: int) -> str:
     ('fff', 'f', 'fc0')
     """
     ways = int(cbm_mask, 16).bit_count()
-    start = math.ceil(ways * start_percent / 100)
-    end = max(math.ceil(ways * end_percent / 100), start + 1)
+    # At least one way, and none beyond the cache (the kernel refuses a bit outside cbm_mask):
+    # 95-100 % of 12 ways is the top way, not way 12.
+    start = min(math.ceil(ways * start_percent / 100), ways - 1)
+    end = min(max(math.ceil(ways * end_percent / 100), start + 1), ways)
     return format(((1 << end) - 1) ^ ((1 << start) - 1), "x")
 
 
