@@ -290,6 +290,21 @@ class TestSmallPolicies:
             resctrl.cat_mask("fff", 0, 1),
         )
 
+    def test_resctrl_switched_off_gives_the_cache_back(self, tmp_path: pathlib.Path) -> None:
+        """A class's resctrlQOS dropped by a policy change: its group (where its running containers
+        still are) gets the whole cache and bandwidth at the re-apply, instead of keeping BE on a
+        quarter of the LLC for good."""
+        node = _node(tmp_path)
+        app = _app(node, FixedMeter(None))
+        app.set_policy(NodePolicy.from_text(POLICY))
+        _run_pods(app)
+        assert "L3:0=7\nMB:0=30" == node.read_resctrl("BE/schemata")
+        be_line = "\n    resctrlQOS: {catRangeStartPercent: 0, catRangeEndPercent: 25, mbaPercent: 30}"
+        assert be_line in POLICY
+        app.set_policy(NodePolicy.from_text(POLICY.replace(be_line, "")))
+        assert "L3:0=fff\nMB:0=100" == node.read_resctrl("BE/schemata")
+        assert "101\n102" == node.read_resctrl("BE/tasks")
+
     @pytest.mark.parametrize(("start", "end"), [(95, 100), (99, 100), (92, 93), (0, 100), (50, 51)])
     def test_cat_mask_stays_inside_the_cache(self, start: int, end: int) -> None:
         """A range at the top of the cache (catRangeStartPercent 95 of 12 ways) still gives a mask

@@ -6,7 +6,9 @@ ways between ``catRangeStartPercent`` and ``catRangeEndPercent`` of the cache (f
 ``info/L3/cbm_mask``), and ``MB:<id>=<mbaPercent>`` where the CPU offers MBA (``info/MB``).
 Cache ids come from the root ``schemata`` (default ``0``). A container's processes
 (``cgroup.procs``) are moved into its class's group after start (PostStartContainer) and on
-every reconcile. LSE pods use the LSR group; SYSTEM pods are left alone. Does nothing on
+every reconcile. LSE pods use the LSR group; SYSTEM pods are left alone. When a policy change
+drops a class's setting, its group gets the whole cache and bandwidth (its running containers are
+still in it). Does nothing on
 machines without resctrl (no ``info/L3``).
 """
 
@@ -64,6 +66,9 @@ def _cache_ids(executor: Executor) -> tuple[str, ...]:
 class Resctrl:
     executor: Executor
     groups: dict[QoSClass, ResctrlGroup] = attrs.Factory(dict)
+    #: Classes the last policy change took the setting from: their group (where their running
+    #: containers are) gets the whole cache and bandwidth at the re-apply.
+    released: dict[QoSClass, ResctrlGroup] = attrs.Factory(dict)
 
     def supported(self) -> bool:
         return self.executor.resctrl_path("info/L3/cbm_mask").is_file()
@@ -78,11 +83,23 @@ class Resctrl:
             if strategy is not None and strategy.resctrl_qos is not None:
                 groups[qos] = ResctrlGroup(name, schemata_lines(strategy.resctrl_qos, cbm, ids, mba))
         changed = groups != self.groups
+        if changed:
+            full = schemata_lines(ResctrlQoS(), cbm, ids, mba)
+            self.released = {
+                qos: ResctrlGroup(group.name, full) for qos, group in self.groups.items() if qos not in groups
+            }
         self.groups = groups
         return changed
 
     def set_container(self, ctx: ContainerContext) -> None:
         group = self.groups.get(ctx.request.pod.qos_class)
+        if group is not None:
+            ctx.response.resources.resctrl = group
+
+    def reconcile_container(self, ctx: ContainerContext) -> None:
+        """As :meth:`set_container`; a class whose setting the policy dropped gets its group back
+        with the whole cache and bandwidth."""
+        group = self.groups.get(ctx.request.pod.qos_class, self.released.get(ctx.request.pod.qos_class))
         if group is not None:
             ctx.response.resources.resctrl = group
 
@@ -124,6 +141,6 @@ def install(app: HookServer) -> Resctrl:
     description = "LLC/memory bandwidth: resctrl group per QoS class"
     app.rules.register(NAME, description, plugin.parse, system_supported=plugin.supported)
     app.registry.register(Stage.POST_START_CONTAINER, NAME, description, plugin.set_container)
-    app.registry.register_reconciler(Level.CONTAINER, NAME, description, plugin.set_container)
+    app.registry.register_reconciler(Level.CONTAINER, NAME, description, plugin.reconcile_container)
     app.feature(NAME, functools.partial(status, app.executor))
     return plugin
