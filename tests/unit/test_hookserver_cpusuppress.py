@@ -157,6 +157,23 @@ class TestHysteresis:
         app.reconcile()
         assert "123456" == node.read(BE_POD, CgroupFile.CFS_QUOTA).split()[0]  # left alone now
 
+    def test_release_is_logged_only_when_something_is_given_back(
+        self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A new threshold releases nothing (no line); switching off logs what is given back."""
+        load = Load(ls_used=3.0)
+        app, _, _ = _setup(tmp_path, load)
+        _start(app)
+        app.tick(app.tickers[0])
+        caplog.clear()
+        with caplog.at_level(logging.INFO):
+            app.set_policy(_policy(threshold=75))
+            assert [] == logged_events(caplog.records, "cpusuppress_released")
+            app.set_policy(NodePolicy.from_text("{}"))
+        assert [{"quota": True, "cpuset": "", "now": "off"}] == logged_events(
+            caplog.records, "cpusuppress_released"
+        )
+
     def test_cpuset_to_cfs_quota_gives_the_cpus_back(self, tmp_path: pathlib.Path) -> None:
         """From cpuset mode to cfsQuota: the BE container leaves its one CPU for every CPU no LS pod
         is pinned to, and the pod gets the quota instead."""

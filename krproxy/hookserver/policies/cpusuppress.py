@@ -245,6 +245,8 @@ class CpuSuppressPlugin:
             self.quota = self.cpuset = None
         elif new_mode != "cpuset":
             self.cpuset = None
+        if not (self._release_quota or self._release_cpuset):
+            return
         log.event(
             LOGGER,
             "cpusuppress_released",
