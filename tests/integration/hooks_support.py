@@ -5,7 +5,15 @@ plugins (:class:`fakes.plugin.FakePlugin`) registered in its hook directory, and
 CRI client (upstream ``cri_api`` stubs) talking to the proxy.
 
 Plugins started before :meth:`Node.start_proxy` are loaded by the proxy's first directory scan (no
-waiting); plugins registered later are waited for (the directory is polled every 0.5 s).
+waiting); plugins registered (or registered anew) later are waited for until the proxy uses what was
+written (the directory is polled every 0.5 s).
+
+Timing: a plugin that answers gets :data:`PLUGIN_TIMEOUT`, long enough that it never fires on a loaded
+machine (CI runs three suites at once on 2 cores); a test that wants the proxy's timeout to fire makes
+the plugin hang on exactly the calls that should time out and gives it :data:`HANG_TIMEOUT` for them
+(:meth:`Node.add_plugin` again with ``call_timeout=HANG_TIMEOUT``, after any calls it must answer).
+Waits for something that must happen are liveness bounds (:data:`~tests.integration.support.LIVENESS_LIMIT`),
+never speed claims.
 """
 
 from __future__ import annotations
@@ -23,13 +31,19 @@ from fakes.containerd import FakeContainerd
 from fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_atomic, write_registration
 from krproxy.daemon import Daemon
 from krproxy.hooks.points import HookPoint
+from krproxy.hooks.registration import parse_registration
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from tests.integration.support import start_proxy, wait_until
+from tests.integration.support import LIVENESS_LIMIT, start_proxy, wait_until
 
-#: Plugin timeout used by default: short, so that timeout tests take little real time.
-PLUGIN_TIMEOUT = "0.3s"
-#: How long a registration change may take to reach the proxy (two polls of the watcher).
-REGISTRATION_LIMIT = 1.5
+#: Plugin timeout used by default, for plugins that answer: it must not fire even when the machine is
+#: loaded (at 0.3 s a PreRunPodSandbox answer came too late now and then, and the pod went unchanged).
+PLUGIN_TIMEOUT = "10s"
+#: Plugin timeout for calls a test makes the plugin hang on (the timeout is meant to fire): short, so that
+#: timeout tests take little real time. A hang never answers, so the timeout fires however loaded.
+HANG_TIMEOUT = "0.3s"
+#: How long a registration change may take to reach the proxy before a test fails. A liveness bound:
+#: the watcher's poll interval is shown in virtual time (tests/unit/test_hooks_watcher.py).
+REGISTRATION_LIMIT = LIVENESS_LIMIT
 
 POD_LABELS = {"io.kubernetes.pod.name": "web", "app": "web"}
 POD_ANNOTATIONS = {"kubernetes.io/config.source": "api"}
@@ -121,11 +135,15 @@ class Node:
         order: int | None = None,
         serve: bool = True,
     ) -> FakePlugin:
-        """Serve *plugin* on ``<sockdir>/<name>.sock`` (unless not *serve*) and register it as ``<name>.json``."""
+        """Serve *plugin* on ``<sockdir>/<name>.sock`` (unless not *serve*) and register it as ``<name>.json``.
+
+        With the proxy running, returns once the proxy uses this registration (a rewritten one too: the
+        same endpoint keeps the proxy's connection to the plugin).
+        """
         plugin = FakePlugin() if plugin is None else plugin
         if serve:
             await self.nursery.start(run_fake_plugin, self.plugin_socket(name), plugin)
-        write_registration(
+        path = write_registration(
             self.hook_dir,
             name,
             self.plugin_socket(name),
@@ -135,7 +153,11 @@ class Node:
             order=order,
         )
         if self.daemon is not None:
-            await self.wait_registered(f"{name}.json")
+            expected = parse_registration(f"{name}.json", await trio.Path(path).read_bytes())
+            dispatcher = self.proxy.hooks.dispatcher
+            await wait_until(
+                lambda: dispatcher.registry.plugins.get(expected.file) == expected, REGISTRATION_LIMIT
+            )
         return plugin
 
     def write_file(self, file: str, content: bytes | dict[str, Any]) -> None:
@@ -164,13 +186,13 @@ class Node:
         config["listen"] = self.proxy_socket
         self.daemon = await start_proxy(self.nursery, self.sockdir, **config)
         if wait_recovered:
-            await wait_until(lambda: self.proxy.hooks.recovered, 2.0)
+            await wait_until(lambda: self.proxy.hooks.recovered)
         return self.daemon
 
     async def stop_proxy(self) -> None:
         """Shut the proxy down gracefully (as SIGTERM does) and wait until its socket is gone."""
         self.proxy.request_shutdown()
-        await wait_until(lambda: not os.path.exists(self.proxy_socket), 2.0)
+        await wait_until(lambda: not os.path.exists(self.proxy_socket))
         self.daemon = None
 
     # -- CRI calls through the proxy (grpcio) ---------------------------------------------------

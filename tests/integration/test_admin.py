@@ -241,7 +241,7 @@ class TestReadiness:
         before_code, _, before = await get(daemon, "/readyz")
         not_ready = await status(daemon)
         await nursery.start(run_fake_containerd, runtime, FakeContainerd(RuntimeState()))
-        await wait_until(lambda: daemon.hooks.recovered, limit=10)
+        await wait_until(lambda: daemon.hooks.recovered)
         after_code, _, _ = await get(daemon, "/readyz")
 
         assert 503 == before_code

@@ -16,6 +16,7 @@ import trio
 from fakes.plugin import Changes, FakePlugin, Misbehaviour
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
+from tests.integration.hooks_support import HANG_TIMEOUT
 from tests.integration.test_docker_support import (
     CGROUP_PARENT,
     CONTAINER_NAME,
@@ -30,6 +31,8 @@ from tests.integration.test_docker_support import (
 )
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
+
+UPDATE = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
 
 POD_META = hookapi.PodSandboxMetadata(name="web", uid="uid-web", namespace="prod", attempt=1)
 RESOURCES = hookapi.LinuxContainerResources(
@@ -322,7 +325,10 @@ class TestUpdate:
 
     async def test_fail_policy_rejects_update(self, node: DockerNode) -> None:
         """A Fail plugin failing PreUpdateContainerResources answers 500 and dockerd gets no update."""
-        plugin = await node.add_plugin("strict", failure_policy="Fail")
+        # On this hook only, so the short timeout (meant to fire) meets the hang alone.
+        plugin = await node.add_plugin(
+            "strict", hooks=[UPDATE], failure_policy="Fail", call_timeout=HANG_TIMEOUT
+        )
         await node.start_proxy()
         _, container = await node.create_pod()
         plugin.misbehave(Misbehaviour(hang=True))

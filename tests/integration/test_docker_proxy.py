@@ -249,16 +249,16 @@ class TestShutdown:
             await stream.send_all(
                 b"POST /containers/create?name=x HTTP/1.1\r\nHost: d\r\nContent-Length: 100\r\n\r\n{"
             )
-            await wait_until(lambda: node.proxy.proxy.in_flight == 1, 3.0)
+            await wait_until(lambda: node.proxy.proxy.in_flight == 1)
             node.proxy.request_shutdown()
-            await wait_until(lambda: node.proxy.proxy.draining, 3.0)
+            await wait_until(lambda: node.proxy.proxy.draining)
             late = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             with late, pytest.raises((ConnectionRefusedError, FileNotFoundError)):
                 late.connect(node.proxy_socket)
             await trio.Path(node.proxy_socket).unlink()
             successor = _grpc.bind_unix_socket(node.proxy_socket)
             try:
-                await wait_until(lambda: node.proxy.proxy.in_flight == 0, 5.0)  # the grace period ended it
+                await wait_until(lambda: node.proxy.proxy.in_flight == 0)  # the grace period ended it
                 await trio.sleep(0.2)
                 assert await trio.Path(node.proxy_socket).exists()
             finally:

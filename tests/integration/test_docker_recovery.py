@@ -115,7 +115,7 @@ class TestDaemonProcess:
         ]
         process = await trio.lowlevel.open_process(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            await wait_until(lambda: os.path.exists(node.proxy_socket), 10.0)
+            await wait_until(lambda: os.path.exists(node.proxy_socket))
             with trio.fail_after(5):
                 reply = await request(node.proxy_socket, "GET", "/_ping")
             assert (200, b"OK") == (reply.status, reply.body)

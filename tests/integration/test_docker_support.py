@@ -25,12 +25,11 @@ from krproxy.docker import DockerDaemon
 from krproxy.docker._http import Reply
 from krproxy.docker.client import request
 from krproxy.hooks.points import HookPoint
-from tests.integration.support import wait_until
+from tests.integration.hooks_support import PLUGIN_TIMEOUT
+from tests.integration.support import LIVENESS_LIMIT, wait_until
 
-#: Plugin timeout: short, so failure tests take little real time.
-PLUGIN_TIMEOUT = "0.3s"
-#: Seconds any one socket operation of a test may take.
-IO_LIMIT = 5.0
+#: Seconds any one socket operation of a test may take (a liveness bound).
+IO_LIMIT = LIVENESS_LIMIT
 
 SANDBOX_NAME = "k8s_POD_web_prod_uid-web_1"
 CONTAINER_NAME = "k8s_app_web_prod_uid-web_2"
@@ -118,15 +117,17 @@ class DockerNode:
         hooks: Iterable[HookPoint] = ALL_HOOKS,
         *,
         failure_policy: str = "Ignore",
+        call_timeout: str = PLUGIN_TIMEOUT,
         serve: bool = True,
     ) -> FakePlugin:
-        """Serve *plugin* on ``<sockdir>/<name>.sock`` (unless not *serve*) and register it."""
+        """Serve *plugin* on ``<sockdir>/<name>.sock`` (unless not *serve*) and register it (before the proxy
+        starts: a running proxy picks the file up at its next poll)."""
         plugin = FakePlugin() if plugin is None else plugin
         path = os.path.join(self.sockdir, f"{name}.sock")
         if serve:
             await self.nursery.start(run_fake_plugin, path, plugin)
         write_registration(
-            self.hook_dir, name, path, hooks, failure_policy=failure_policy, timeout=PLUGIN_TIMEOUT
+            self.hook_dir, name, path, hooks, failure_policy=failure_policy, timeout=call_timeout
         )
         return plugin
 
@@ -144,13 +145,13 @@ class DockerNode:
             functools.partial(serve, ProxyConfig(**settings), handle_signals=False)
         )
         if wait_recovered:
-            await wait_until(lambda: self.proxy.hooks.recovered, 3.0)
+            await wait_until(lambda: self.proxy.hooks.recovered)
         return self.proxy
 
     async def stop_proxy(self) -> None:
         """Shut the proxy down gracefully and wait until its socket is gone."""
         self.proxy.request_shutdown()
-        await wait_until(lambda: not os.path.exists(self.proxy_socket), 3.0)
+        await wait_until(lambda: not os.path.exists(self.proxy_socket))
         self.daemon = None
 
     async def call(self, method: str, target: str, body: Any = None) -> Reply:

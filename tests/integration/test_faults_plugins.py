@@ -23,7 +23,7 @@ from fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour, run_fake_pl
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.faults_support import Processes, Usage, assert_no_leak, processes, version_ok
-from tests.integration.hooks_support import PLUGIN_TIMEOUT, Node, container_config, make_node
+from tests.integration.hooks_support import HANG_TIMEOUT, PLUGIN_TIMEOUT, Node, container_config, make_node
 from tests.integration.support import in_thread, wait_until
 
 CREATE = HookPoint.PRE_CREATE_CONTAINER
@@ -109,6 +109,16 @@ async def warm_up(node: Node, pod_id: str) -> Usage:
     return Usage.now()
 
 
+async def misbehave(node: Node, plugin: FakePlugin, trouble: str, policy: str) -> None:
+    """From now on *plugin* fails as *trouble* says; a hang gets the short timeout (meant to fire), set
+    only now so that the warm-up call had the long one (the proxy keeps its connection to the plugin)."""
+    if trouble == "hang":
+        await node.add_plugin(
+            "bad", plugin, [CREATE], failure_policy=policy, call_timeout=HANG_TIMEOUT, serve=False
+        )
+    plugin.misbehave(TROUBLES[trouble])
+
+
 class TestMisbehavingPlugin:
     @pytest.mark.parametrize("trouble", list(TROUBLES))
     async def test_ignore_policy(self, node: Node, trouble: str) -> None:
@@ -119,7 +129,7 @@ class TestMisbehavingPlugin:
         await node.start_proxy()
         pod_id = await node.run_pod()
         before = await warm_up(node, pod_id)
-        plugin.misbehave(TROUBLES[trouble])
+        await misbehave(node, plugin, trouble, "Ignore")
 
         outcomes, details = await burst(node, pod_id)
 
@@ -141,7 +151,7 @@ class TestMisbehavingPlugin:
         await node.start_proxy()
         pod_id = await node.run_pod()
         before = await warm_up(node, pod_id)
-        plugin.misbehave(TROUBLES[trouble])
+        await misbehave(node, plugin, trouble, "Fail")
 
         outcomes, details = await burst(node, pod_id)
 

@@ -1,7 +1,8 @@
 """Registration files change under a running proxy: add, modify, rename, delete, malformed versions.
 
-The proxy polls its hook directory every 0.5 s; every change must be in effect within about a second
-(:data:`REGISTRATION_LIMIT`), with no restart and without disturbing the other plugins.
+The proxy polls its hook directory every 0.5 s: every change takes effect at the next poll (shown in virtual
+time in tests/unit/test_hooks_watcher.py), with no restart and without disturbing the other plugins. Here
+the waits are liveness bounds (:data:`REGISTRATION_LIMIT`): a loaded machine may take longer.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def errors(node: Node, file: str) -> float:
 
 class TestLiveChanges:
     async def test_add_takes_effect_without_restart(self, node: Node) -> None:
-        """A file written while the proxy runs registers its plugin within a second."""
+        """A file written while the proxy runs registers its plugin, with no restart."""
         await node.start_proxy()
         pod_id = await node.run_pod()
         plugin = FakePlugin()

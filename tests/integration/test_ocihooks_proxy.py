@@ -21,7 +21,7 @@ from cri_api.v1 import api_pb2
 from krproxy.daemon import Daemon
 from krproxy.forward import Reply
 from krproxy.ocihooks.proxy import compose
-from tests.integration.support import in_thread, start_proxy, wait_until
+from tests.integration.support import LIVENESS_LIMIT, in_thread, start_proxy, wait_until
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
 
@@ -40,8 +40,9 @@ if code:
 sys.exit(code)
 """
 
-#: How long a hooks.d change may take to reach the proxy (two polls).
-RELOAD_LIMIT = 1.5
+#: How long a hooks.d change may take to reach the proxy before a test fails (a liveness bound; the
+#: proxy polls every 0.5 s).
+RELOAD_LIMIT = LIVENESS_LIMIT
 
 
 class Hooks:
@@ -155,7 +156,7 @@ async def node(nursery: trio.Nursery, short_tmp: Path, fake_containerd: Any, cri
     daemon = await start_proxy(
         nursery, str(short_tmp), runtime_endpoint=path, oci_hook_dirs=(str(hooks.low), str(hooks.high))
     )
-    await wait_until(lambda: daemon.hooks.recovered, 2.0)
+    await wait_until(lambda: daemon.hooks.recovered)
     return Node(daemon, fake, cri_client(daemon.config.listen), cri_client(path), hooks)
 
 

@@ -349,7 +349,7 @@ class TestOwnCalls:
                 await relay.call(route, PATH, b"x", within=5, max_answer=100_000)
             ep = route.ep
             assert ep is not None
-            await wait_until(lambda: ep.recv_window + ep.to_grant == CONNECTION_WINDOW, limit=2)
+            await wait_until(lambda: ep.recv_window + ep.to_grant == CONNECTION_WINDOW)
 
 
 class TestCallsWithHookPoints:

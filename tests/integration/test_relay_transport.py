@@ -181,7 +181,7 @@ class TestStreams:
         backend.behaviours[SLOW] = slow
         call = raw_unary(channel_to(daemon.config.listen), SLOW)
         futures = [call.future(b"%d" % i, timeout=30) for i in range(150)]
-        await wait_until(lambda: backend.started.count(SLOW) >= 100, limit=10)
+        await wait_until(lambda: backend.started.count(SLOW) >= 100)
         await trio.sleep(0.2)
         running = backend.started.count(SLOW)
         released.set()
@@ -210,8 +210,8 @@ class TestStreams:
         backend.behaviours[SLOW] = slow
         call = raw_unary(channel_to(daemon.config.listen), SLOW)
         futures = [call.future(b"%d" % i, timeout=30) for i in range(110)]
-        await wait_until(lambda: backend.started.count(SLOW) >= 100, limit=10)
-        await wait_until(lambda: sum(future.done() for future in futures) >= 5, limit=10)
+        await wait_until(lambda: backend.started.count(SLOW) >= 100)
+        await wait_until(lambda: sum(future.done() for future in futures) >= 5)
         released.set()
         answers: list[bytes] = []
         refusals: list[str] = []
@@ -242,12 +242,12 @@ class TestStreams:
         backend.behaviours[SLOW] = slow
         greedy = raw_unary(channel_to(daemon.config.listen), SLOW)
         futures = [greedy.future(b"%d" % i, timeout=30) for i in range(200)]
-        await wait_until(lambda: backend.started.count(SLOW) >= 100, limit=10)
-        await wait_until(lambda: daemon.relay.in_flight >= 200, limit=10)
+        await wait_until(lambda: backend.started.count(SLOW) >= 100)
+        await wait_until(lambda: daemon.relay.in_flight >= 200)
         other = grpc.insecure_channel(f"unix://{daemon.config.listen}")  # a connection of its own
         try:
             answer = raw_unary(other, ECHO).future(b"mine", timeout=30)
-            await wait_until(lambda: daemon.relay.in_flight >= 201, limit=10)
+            await wait_until(lambda: daemon.relay.in_flight >= 201)
             release.release()  # two slots free: one for each caller's turn
             release.release()
             # In arrival order it would wait for all 100 queued calls of the first caller.

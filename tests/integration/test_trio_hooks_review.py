@@ -58,8 +58,10 @@ class TestCancelledOciHook:
                 timeout=0.3,
             )
         assert grpc.StatusCode.DEADLINE_EXCEEDED == caught.value.code()
-        await trio.sleep(1.5)  # the hook has finished by now
-        assert ["slow.json"] == node.hooks.labels()
+        # The hook records its label, then sleeps 1 s: it started (however loaded the machine), and 1.5 s
+        # later it has ended and the proxy has had its chance to forward.
+        await wait_until(lambda: ["slow.json"] == node.hooks.labels())
+        await trio.sleep(1.5)
         assert ([], []) == (forwarded, node.started_by_runtime())
 
 
@@ -103,9 +105,9 @@ class TestDrain:
             nursery.start_soon(
                 functools.partial(in_thread, node.client.runtime.Version, api_pb2.VersionRequest())
             )
-            await wait_until(lambda: daemon.relay.in_flight == 1, 2.0)
+            await wait_until(lambda: daemon.relay.in_flight == 1)
             daemon.request_shutdown()
-            await wait_until(lambda: daemon.relay.draining, 2.0)
+            await wait_until(lambda: daemon.relay.draining)
             await trio.sleep(0.05)
             late = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             with late, pytest.raises((ConnectionRefusedError, FileNotFoundError)):
