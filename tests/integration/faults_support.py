@@ -88,7 +88,7 @@ class Usage:
         )
 
 
-async def settled_usage(before: Usage, limit: float = 5.0) -> Usage:
+async def settled_usage(before: Usage, limit: float = 30.0) -> Usage:
     """The usage once it is back within the allowance of ``before`` (finished calls need a moment to
     close their streams), or the last one seen after ``limit`` seconds, for the assertion to show."""
     deadline = trio.current_time() + limit
@@ -117,7 +117,7 @@ def version_ok(path: str, timeout: float = 5.0) -> bool:
     return bool(reply.runtime_name)
 
 
-def wait_for_socket(path: str, process: subprocess.Popen[bytes], log: str, limit: float = 20.0) -> None:
+def wait_for_socket(path: str, process: subprocess.Popen[bytes], log: str, limit: float = 30.0) -> None:
     """Block until ``path`` accepts gRPC connections; kill ``process`` and fail if it never does."""
     with channel(path) as ch:
         try:
@@ -224,7 +224,7 @@ def processes(directory: str) -> Iterator[Processes]:
 
 
 async def wait_for_log(
-    process: Process, event: str, count: int = 1, limit: float = 10.0
+    process: Process, event: str, count: int = 1, limit: float = 30.0
 ) -> list[dict[str, str]]:
     """Wait until ``process`` logged ``event`` at least ``count`` times; return those lines' fields."""
     with trio.fail_after(limit):
@@ -233,7 +233,7 @@ async def wait_for_log(
     return found
 
 
-def blocking_wait_for_log(process: Process, event: str, limit: float = 10.0) -> list[dict[str, str]]:
+def blocking_wait_for_log(process: Process, event: str, limit: float = 30.0) -> list[dict[str, str]]:
     """:func:`wait_for_log` for synchronous tests."""
     deadline = time.monotonic() + limit
     while not (found := process.events(event)):

@@ -18,7 +18,7 @@ from cri_api.v1 import api_pb2
 from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd
 from krproxy.daemon import Daemon
 from tests.conftest import CriClient
-from tests.integration.support import start_proxy, wait_until
+from tests.integration.support import LIVENESS_LIMIT, start_proxy, wait_until
 
 LOOPBACK = "127.0.0.1:0"
 
@@ -26,7 +26,7 @@ LOOPBACK = "127.0.0.1:0"
 async def http(address: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
     """Send raw request bytes to ``HOST:PORT``; the status, headers and body of the answer."""
     host, _, port = address.rpartition(":")
-    with trio.fail_after(5):
+    with trio.fail_after(LIVENESS_LIMIT):
         stream = await trio.open_tcp_stream(host, int(port))
         async with stream:
             await stream.send_all(request)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 #: How long a daemon may take to start (imports included) before a test gives up.
-START_LIMIT = 20.0
+START_LIMIT = 30.0
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from krproxy.config import ProxyConfig
 from krproxy.daemon import serve
 from krproxy.relay import Relay
 from krproxy.relay.rpc import UpstreamError
+from tests.integration.support import LIVENESS_LIMIT
 
 HINT = "the peer speaks HTTP/1, not gRPC over HTTP/2; if it is dockerd, run krproxy with --backend-runtime-mode=Docker"
 
@@ -29,7 +30,7 @@ async def test_the_relays_own_call_to_dockerd_names_http1(nursery: trio.Nursery,
     relay = Relay()
     await nursery.start(relay.run)
     route = relay.route_to(docker, f"backend runtime {docker}")
-    with trio.fail_after(10), pytest.raises(UpstreamError) as raised:
+    with trio.fail_after(LIVENESS_LIMIT), pytest.raises(UpstreamError) as raised:
         await relay.call(route, "/runtime.v1.RuntimeService/Version", b"", within=5)
     assert HINT in str(raised.value)
 

@@ -12,13 +12,13 @@ import grpc
 import pytest
 import trio
 
-from tests.integration.support import in_thread, raw_unary
+from tests.integration.support import LIVENESS_LIMIT, in_thread, raw_unary
 
 VERSION = "/runtime.v1.RuntimeService/Version"
 ECHO_BACKEND = os.path.join(os.path.dirname(__file__), "echo_backend.py")
 
 
-def _wait_for_socket(path: str, process: subprocess.Popen[bytes], limit: float = 20.0) -> None:
+def _wait_for_socket(path: str, process: subprocess.Popen[bytes], limit: float = LIVENESS_LIMIT) -> None:
     channel = grpc.insecure_channel(f"unix://{path}")
     try:
         grpc.channel_ready_future(channel).result(timeout=limit)

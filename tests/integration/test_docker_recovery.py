@@ -17,7 +17,7 @@ from krproxy.docker.client import request
 from krproxy.hooks.model import Resources
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from tests.integration.support import wait_until
+from tests.integration.support import LIVENESS_LIMIT, wait_until
 from tests.integration.test_docker_support import (
     CGROUP_PARENT,
     POD_ANNOTATIONS,
@@ -116,11 +116,11 @@ class TestDaemonProcess:
         process = await trio.lowlevel.open_process(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
             await wait_until(lambda: os.path.exists(node.proxy_socket))
-            with trio.fail_after(5):
+            with trio.fail_after(LIVENESS_LIMIT):
                 reply = await request(node.proxy_socket, "GET", "/_ping")
             assert (200, b"OK") == (reply.status, reply.body)
             process.send_signal(signal.SIGTERM)
-            with trio.fail_after(10):
+            with trio.fail_after(LIVENESS_LIMIT):
                 assert 0 == await process.wait()
         finally:
             if process.returncode is None:

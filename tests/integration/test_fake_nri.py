@@ -13,9 +13,9 @@ from krproxy.grpcstatus import Status
 from krproxy.nri import PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
 from krproxy.nri._session import Session, TtrpcError
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
-from tests.integration.support import wait_until
+from tests.integration.support import LIVENESS_LIMIT, wait_until
 
-LIMIT = 10
+LIMIT = LIVENESS_LIMIT
 
 
 async def connect(

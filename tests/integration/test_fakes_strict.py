@@ -28,7 +28,7 @@ from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.conftest import CriClient
 from tests.integration.h2_client import framed, grpc_request, request
-from tests.integration.support import in_thread, raw_unary
+from tests.integration.support import LIVENESS_LIMIT, in_thread, raw_unary
 
 VERSION = "/runtime.v1.RuntimeService/Version"
 HOOK = HookPoint.PRE_CREATE_CONTAINER
@@ -89,7 +89,7 @@ async def test_a_request_without_method_gets_an_answer_not_silence(
     """grpclib alone would log a KeyError and never answer: the caller would wait for its deadline."""
     _, path, rpc, message = await _peer(kind, nursery, sockdir, GrpcGo.V1_6)
     fields = [field for field in grpc_request(rpc, 2.0) if field[0] != ":method"]
-    with trio.fail_after(5):
+    with trio.fail_after(LIVENESS_LIMIT):
         answer = await request(path, fields, framed(message))
     assert ErrorCodes.PROTOCOL_ERROR == answer.reset, answer
 

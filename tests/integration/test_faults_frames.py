@@ -26,12 +26,14 @@ from hypothesis import strategies as st
 
 from tests.fuzz import examples
 from tests.integration.faults_support import FD_SLACK, Process, Processes, open_fds, version_ok
+from tests.integration.support import LIVENESS_LIMIT
 
 VERSION = "/runtime.v1.RuntimeService/Version"
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-#: How long a garbage connection may stay open after we stopped sending, before it counts as hung.
-CLOSE_LIMIT = 5.0
+#: How long a garbage connection may stay open after we stopped sending, before it counts as hung (a
+#: liveness bound).
+CLOSE_LIMIT = LIVENESS_LIMIT
 
 FUZZ = settings(
     max_examples=examples(40),

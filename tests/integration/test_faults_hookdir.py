@@ -23,7 +23,7 @@ from krproxy.hooks import watcher
 from krproxy.hooks.points import HookPoint
 from tests.integration.faults_support import Usage, assert_no_leak, version_ok
 from tests.integration.hooks_support import REGISTRATION_LIMIT, Node, container_config, make_node
-from tests.integration.support import in_thread, wait_until
+from tests.integration.support import LIVENESS_LIMIT, in_thread, wait_until
 
 CREATE = HookPoint.PRE_CREATE_CONTAINER
 
@@ -196,13 +196,13 @@ class TestUnreadable:
             return sock
 
         with add_odd_entries("early"):
-            with trio.fail_after(5):
+            with trio.fail_after(LIVENESS_LIMIT):
                 await node.start_proxy()
             pod_id = await node.run_pod()
             assert 7 == await create_quota(node, pod_id, "one")
             with add_odd_entries("late"):
                 await trio.sleep(2 * watcher.POLL_INTERVAL + 0.1)  # the watcher has looked at them
-                with trio.fail_after(5):
+                with trio.fail_after(LIVENESS_LIMIT):
                     assert 7 == await create_quota(node, pod_id, "two")
 
         assert ["good.json"] == node.registered()

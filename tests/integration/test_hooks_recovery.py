@@ -43,7 +43,7 @@ from tests.integration.hooks_support import (
     make_node,
     pod_config,
 )
-from tests.integration.support import Behaviour, ScriptedBackend, start_scripted_backend
+from tests.integration.support import LIVENESS_LIMIT, Behaviour, ScriptedBackend, start_scripted_backend
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
 
@@ -149,7 +149,7 @@ class TestRestart:
         assert not done.is_set()
 
         await node.nursery.start(run_fake_containerd, late, fake)
-        with trio.fail_after(3):
+        with trio.fail_after(LIVENESS_LIMIT):
             await done.wait()
 
         assert node.proxy.hooks.recovered

@@ -35,6 +35,7 @@ from krproxy.hookserver.policies.cpusuppress import Measurement
 from krproxy.hookserver.testing import FakeNode, container_request, logged_events, pod_request
 from krproxy.proto.runtime import v1alpha1 as pb
 from krproxy.proto.runtime.v1alpha1 import services as pb_services
+from tests.integration.support import LIVENESS_LIMIT
 
 BE_POD = "/kubepods/besteffort/poduid-be"
 POLICY = "resourceQOSStrategy: {beClass: {cpuQOS: {groupIdentity: -1}}}\n"
@@ -75,7 +76,7 @@ async def test_round_trip_and_registration(short_tmp: pathlib.Path, stub_for: An
 
     options = _options(short_tmp, endpoint="/var/run/hs.sock", failure_policy=FailurePolicy.FAIL)
     registration = short_tmp / "hookserver.d" / "krproxy-hookserver.json"
-    with trio.fail_after(10):
+    with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             path = await nursery.start(serve, app, options)
             assert str(registration) == path
@@ -111,7 +112,7 @@ async def test_fail_policy_answers_with_error(short_tmp: pathlib.Path, stub_for:
         raise RuntimeError("kaput")
 
     options = _options(short_tmp)
-    with trio.fail_after(10):
+    with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             await nursery.start(serve, app, options)
             stub = stub_for(options.socket)
@@ -135,7 +136,7 @@ async def test_policy_file_change_reapplies_to_running_pods(short_tmp: pathlib.P
     policy = short_tmp / "policy.yaml"
     policy.write_text(POLICY)
     options = _options(short_tmp, policy_path=str(policy))
-    with trio.fail_after(10):
+    with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             await nursery.start(serve, app, options)
             registered = json.loads((short_tmp / "hookserver.d" / "krproxy-hookserver.json").read_text())
@@ -169,7 +170,7 @@ async def test_one_log_format_and_a_stop_line(
     install_all(app, meter=lambda targets: Measurement(4, 0.0, 0.0))
     policy = short_tmp / "policy.yaml"
     policy.write_text("resourceQOSStrategy: {beClass: {cpuQOS: {groupIdentiy: -1}}}\n")
-    with caplog.at_level(logging.DEBUG), trio.fail_after(10):
+    with caplog.at_level(logging.DEBUG), trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             await nursery.start(serve, app, _options(short_tmp, policy_path=str(policy)))
             stub = stub_for(str(short_tmp / "hs.sock"))

@@ -30,6 +30,7 @@ from krproxy.hookserver.policies import cpuset, cpusuppress, groupidentity, resc
 from krproxy.hookserver.policies.cpusuppress import Measurement
 from krproxy.hookserver.testing import FakeNode, container_request, pod_request
 from krproxy.proto.runtime import v1 as cri
+from tests.integration.support import LIVENESS_LIMIT, wait_until
 
 POLICY = """
 resourceQOSStrategy:
@@ -92,12 +93,6 @@ def snapshot(node: FakeNode) -> dict[str, str | None]:
     return files
 
 
-async def wait_until(predicate: Any) -> None:
-    """Poll files the reconcile loop writes (there is no event to wait on); callers bound it."""
-    while not predicate():  # noqa: ASYNC110
-        await trio.sleep(0.02)
-
-
 async def test_standalone_converges_like_proxy_mode(
     fake_containerd: tuple[FakeContainerd, str], short_tmp: pathlib.Path
 ) -> None:
@@ -129,7 +124,7 @@ async def test_standalone_converges_like_proxy_mode(
         proxy_app.handle_container(Stage.POST_START_CONTAINER, container_request(pod, "app", id=ids[name]))
 
     app = make_app(standalone_node)
-    with trio.fail_after(10):
+    with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             await nursery.start(
                 functools.partial(
@@ -163,7 +158,7 @@ async def test_later_pod_is_picked_up_at_next_pass(
     policy = short_tmp / "policy.yaml"
     policy.write_text(POLICY)
     app = make_app(node)
-    with trio.fail_after(10):
+    with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             await nursery.start(
                 functools.partial(run_standalone, app, socket, interval=0.05, policy_path=str(policy))
@@ -182,7 +177,7 @@ async def test_runtime_outage_is_logged_and_retried(
 ) -> None:
     """No runtime at the socket: each pass logs the failure and the loop keeps going."""
     app = make_app(FakeNode(short_tmp / "n").create())
-    with trio.fail_after(10):
+    with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             await nursery.start(
                 functools.partial(run_standalone, app, str(short_tmp / "missing.sock"), interval=0.02)
@@ -217,7 +212,7 @@ async def test_only_selected_pods_are_touched(
     policy = short_tmp / "policy.yaml"
     policy.write_text(POLICY)
     app = make_app(node)
-    with trio.fail_after(10):
+    with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             await nursery.start(
                 functools.partial(

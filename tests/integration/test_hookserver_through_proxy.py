@@ -50,7 +50,7 @@ from krproxy.hookserver.policies.cpusuppress import Measurement
 from krproxy.hookserver.testing import FakeNode
 from krproxy.proto.runtime import v1 as cri
 from tests.conftest import CriClient
-from tests.integration.support import start_proxy, wait_until
+from tests.integration.support import LIVENESS_LIMIT, start_proxy, wait_until
 
 POLICY = """
 resourceQOSStrategy:
@@ -249,10 +249,10 @@ def tree(node: FakeNode, rename: Mapping[str, str]) -> dict[str, str]:
     return dict(walk())
 
 
-async def converge(actual: Callable[[], dict[str, str]], expected: dict[str, str], limit: float) -> None:
-    """Wait for ``actual()`` to equal ``expected``; on timeout, fail with pytest's diff."""
+async def converge(actual: Callable[[], dict[str, str]], expected: dict[str, str]) -> None:
+    """Wait for ``actual()`` to equal ``expected`` (a liveness bound); on timeout, fail with pytest's diff."""
     try:
-        await wait_until(lambda: actual() == expected, limit=limit)
+        await wait_until(lambda: actual() == expected)
     except trio.TooSlowError:
         assert expected == actual()
 
@@ -278,7 +278,7 @@ async def test_sdk_registration_file_is_accepted_unchanged(
     _fake, runtime = fake_containerd
     node = FakeNode(short_tmp / "node").create()
     app = make_app(node)
-    with trio.fail_after(10):
+    with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
             opts = await start_hookserver(nursery, app, daemon, short_tmp, failure_policy=FailurePolicy.FAIL)
@@ -321,7 +321,7 @@ async def test_be_and_ls_pods_get_their_settings_through_proxy(
     app = make_app(node)
     policy = short_tmp / "policy.yaml"
     write_policy(policy, POLICY)
-    with trio.fail_after(12):
+    with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
             await start_hookserver(nursery, app, daemon, short_tmp, policy_path=str(policy))
@@ -382,7 +382,7 @@ async def test_policy_change_reapplies_to_existing_pods(
     app = make_app(node)
     policy = short_tmp / "policy.yaml"
     write_policy(policy, POLICY)
-    with trio.fail_after(12):
+    with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
             await start_hookserver(nursery, app, daemon, short_tmp, policy_path=str(policy))
@@ -399,7 +399,7 @@ async def test_policy_change_reapplies_to_existing_pods(
             expected["cgroup/kubepods/besteffort/poduid-be/cpu.bvt_warp_ns"] = "0"
             expected["cgroup/kubepods/besteffort/poduid-be/cpu.max"] = "400000 100000"  # 8 × 75 % − 2
             expected["resctrl/BE/schemata"] = "L3:0=3f\nMB:0=60"
-            await converge(lambda: tree(node, ids), expected, limit=5)
+            await converge(lambda: tree(node, ids), expected)
             assert calls == cri_call_counts(fake)
             nursery.cancel_scope.cancel()
 
@@ -417,7 +417,7 @@ async def test_standalone_converges_to_the_same_tree(
     proxy_node = FakeNode(short_tmp / "a").create()
     alone_node = FakeNode(short_tmp / "b").create()
     proxy_app, alone_app = make_app(proxy_node), make_app(alone_node)
-    with trio.fail_after(12):
+    with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
             await start_hookserver(nursery, proxy_app, daemon, short_tmp, policy_path=str(policy))
@@ -446,7 +446,7 @@ async def test_standalone_converges_to_the_same_tree(
                 functools.partial(run_standalone, alone_app, runtime2, interval=0.1, policy_path=str(policy))
             )
             # Standalone is asynchronous: the BE quota needs CPU suppress's first sample (1 s tick).
-            await converge(lambda: tree(alone_node, rename2), proxy_tree, limit=5)
+            await converge(lambda: tree(alone_node, rename2), proxy_tree)
             # The container-level CRI settings it wrote are what the proxy put into CreateContainer.
             ls_dir = f"{LS.cgroup_parent}/{started2['ls'].container_id}"
             assert ("0-1", "max 100000") == (
@@ -501,7 +501,7 @@ async def test_plugin_error_under_failure_policies(
     write_policy(policy, POLICY)
     refused = plugin_policy is FailurePolicy.FAIL and registration_policy is FailurePolicy.FAIL
     sdk_applied = plugin_policy is FailurePolicy.IGNORE
-    with trio.fail_after(12):
+    with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
             await start_hookserver(
@@ -573,7 +573,7 @@ async def test_removed_pod_is_forgotten_by_the_hook_server(
     fake, runtime = fake_containerd
     node = FakeNode(short_tmp / "node").create()
     app = make_app(node)
-    with trio.fail_after(10):
+    with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
             await start_hookserver(nursery, app, daemon, short_tmp)

@@ -27,9 +27,9 @@ from krproxy.nri import plugin as nri_plugin
 from krproxy.nri._session import TtrpcError
 from krproxy.nri.plugin import NriConfig, NriPlugin
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
-from tests.integration.support import wait_until
+from tests.integration.support import LIVENESS_LIMIT, wait_until
 
-LIMIT = 10  # seconds any one test may take
+LIMIT = LIVENESS_LIMIT  # seconds any one test may take (a liveness bound)
 
 
 def pod(name: str = "web", *, labels: dict[str, str] | None = None) -> api.PodSandbox:

@@ -12,6 +12,7 @@ import trio.testing
 from krproxy.grpcstatus import Status
 from krproxy.nri import _mux, _ttrpc
 from krproxy.nri._session import ConnectionLost, Handler, Session, TtrpcError
+from tests.integration.support import LIVENESS_LIMIT
 
 PLUGIN, RUNTIME = "test.Plugin", "test.Runtime"
 
@@ -70,7 +71,7 @@ class TestCalls:
     @pytest.mark.parametrize("size", [0, 10, 5000, 3 << 20])
     async def test_both_directions(self, pair: _Pair, size: int) -> None:
         """Each side calls the other's service on its own connection, small and multi-frame payloads alike."""
-        with trio.fail_after(10):
+        with trio.fail_after(LIVENESS_LIMIT):
             payload = b"p" * size
             assert b"echo:" + payload == await pair.runtime.call(PLUGIN, "Echo", payload)
             assert b"echo:" + payload == await pair.plugin.call(RUNTIME, "Echo", payload)
@@ -82,7 +83,7 @@ class TestCalls:
         async def one(i: int) -> None:
             results[i] = await pair.runtime.call(PLUGIN, "Echo", str(i).encode())
 
-        with trio.fail_after(10):
+        with trio.fail_after(LIVENESS_LIMIT):
             async with trio.open_nursery() as n:
                 for i in range(50):
                     n.start_soon(one, i)
@@ -90,13 +91,13 @@ class TestCalls:
 
     async def test_handler_status(self, pair: _Pair) -> None:
         """A handler's TtrpcError reaches the caller with its code and message."""
-        with trio.fail_after(10), pytest.raises(TtrpcError) as info:
+        with trio.fail_after(LIVENESS_LIMIT), pytest.raises(TtrpcError) as info:
             await pair.runtime.call(PLUGIN, "Fail", b"")
         assert (Status.FAILED_PRECONDITION, "plugin says no") == (info.value.code, info.value.message)
 
     async def test_handler_crash_is_unknown(self, pair: _Pair) -> None:
         """Any other exception is answered UNKNOWN with its text; the session goes on."""
-        with trio.fail_after(10):
+        with trio.fail_after(LIVENESS_LIMIT):
             with pytest.raises(TtrpcError) as info:
                 await pair.runtime.call(PLUGIN, "Crash", b"")
             assert (Status.UNKNOWN, "'boom'") == (info.value.code, info.value.message)
@@ -108,7 +109,7 @@ class TestCalls:
     )
     async def test_unimplemented(self, pair: _Pair, service: str, method: str, message: str) -> None:
         """Unknown services and methods are answered UNIMPLEMENTED, worded as Go's ttrpc words it."""
-        with trio.fail_after(10), pytest.raises(TtrpcError) as info:
+        with trio.fail_after(LIVENESS_LIMIT), pytest.raises(TtrpcError) as info:
             await pair.runtime.call(service, method, b"")
         assert (Status.UNIMPLEMENTED, message) == (info.value.code, info.value.message)
 
@@ -117,7 +118,7 @@ class TestCalls:
         # Real time: sockets and the autojump clock do not mix.
         with pytest.raises(trio.TooSlowError), trio.fail_after(0.2):
             await pair.runtime.call(PLUGIN, "Slow", b"")
-        with trio.fail_after(5):
+        with trio.fail_after(LIVENESS_LIMIT):
             assert b"echo:after" == await pair.runtime.call(PLUGIN, "Echo", b"after")
             await pair.slow_cancelled.wait()  # by the deadline the call carried (the session is still open)
         assert not pair.plugin.closed
@@ -127,7 +128,7 @@ class TestCalls:
 class TestConnectionEnds:
     async def test_peer_close_fails_waiting_calls(self, pair: _Pair) -> None:
         """Calls waiting when the peer goes away fail with ConnectionLost, and so do later ones."""
-        with trio.fail_after(10):
+        with trio.fail_after(LIVENESS_LIMIT):
             async with trio.open_nursery() as n:
 
                 async def close_soon() -> None:
@@ -145,7 +146,7 @@ class TestConnectionEnds:
         a, b = trio.socket.socketpair()
         session = Session(trio.SocketStream(a), 1, 2, {})
         peer = trio.SocketStream(b)
-        with trio.fail_after(10):
+        with trio.fail_after(LIVENESS_LIMIT):
             async with trio.open_nursery() as n:
                 n.start_soon(session.run)
                 await peer.send_all(struct.pack(">II", 1, 0xFFFFFFFF))
@@ -162,7 +163,7 @@ class TestConnectionEnds:
         await peer.send_all(
             struct.pack(">II", 1, 10 + len(request)) + struct.pack(">IIBB", len(request), 7, 1, 0) + request
         )
-        with trio.fail_after(10):
+        with trio.fail_after(LIVENESS_LIMIT):
             data = b""
             while len(data) < 18 or len(data) < 8 + struct.unpack(">II", data[:8])[1]:
                 data += await peer.receive_some()

@@ -20,6 +20,7 @@ import trio
 from krproxy.daemon import Daemon
 from krproxy.forward import known_routes
 from tests.integration.support import (
+    LIVENESS_LIMIT,
     ScriptedBackend,
     hang,
     in_thread,
@@ -192,7 +193,7 @@ class TestBackendAvailability:
             process = await trio.lowlevel.open_process(
                 [sys.executable, script, daemon.config.runtime_endpoint]
             )
-            with trio.fail_after(20):
+            with trio.fail_after(LIVENESS_LIMIT):
                 while True:
                     try:
                         await in_thread(call, b"ping", timeout=5)

@@ -46,11 +46,13 @@ async def test_a_caller_that_never_reads_does_not_stall_the_others(
         def others() -> float:
             started = time.monotonic()
             for _ in range(20):
-                assert len(call(request, timeout=10)) == one_answer
+                assert len(call(request, timeout=30)) == one_answer
             return time.monotonic() - started
 
         seconds = await in_thread(others)
-        assert seconds < 10, f"the second caller took {seconds:.1f} s"
+        # Not held up behind the stuck caller: its calls would wait for ever (their 30 s deadline). The
+        # bound is generous for a loaded machine; the figures are in the bench (the stuck-client case).
+        assert seconds < 60, f"the second caller took {seconds:.1f} s"
         assert proxy.relay.in_flight == before  # the stuck calls are still held, not failed
     finally:
         stuck.close()

@@ -462,7 +462,9 @@ class TestDeadlines:
         took = time.monotonic() - started
         assert b"4" == answer.trailers[b"grpc-status"]
         assert b"deadline exceeded waiting for backend runtime" in answer.trailers[b"grpc-message"]
-        assert 0.3 <= took < 3
+        assert (
+            0.3 <= took < 30
+        )  # at its deadline, not at the runtime's hour-long hang (a loaded machine is slow)
         await wait_until(lambda: HANG in backend.cancelled)
 
     async def test_finished_calls_are_not_kept_until_their_deadline(

@@ -26,7 +26,7 @@ from tests.integration.hooks_support import (
     make_node,
     pod_config,
 )
-from tests.integration.support import wait_until
+from tests.integration.support import LIVENESS_LIMIT, wait_until
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
 
@@ -136,7 +136,7 @@ class TestRegistrationFiles:
         os.mkfifo(os.path.join(node.hook_dir, "pipe.json"))
         node.write_file("p.json", registration(node))
 
-        with trio.fail_after(5):
+        with trio.fail_after(LIVENESS_LIMIT):
             await node.start_proxy()
 
         error = node.proxy.hooks.dispatcher.registry.error_for("pipe.json") or ""
