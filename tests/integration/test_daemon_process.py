@@ -81,6 +81,9 @@ class TestSignals:
         process, listen = start_daemon(sockdir, echo_backend, "--grace-period=10")
         daemon_processes.append(process)
         call = raw_unary(channel_to(listen), VERSION)
+        # Connected first: a call still connecting at SIGTERM would be refused, not drained (under load
+        # 0.5 s was not always enough to connect and send it).
+        assert b"ping" == await in_thread(call, b"ping", timeout=30)
         in_flight = call.future(b"sleep:1.5", timeout=30)
         await trio.sleep(0.5)
         process.send_signal(signal.SIGTERM)
@@ -101,8 +104,10 @@ class TestSignals:
         """A call that outlives the grace period is cancelled and the daemon still exits 0."""
         process, listen = start_daemon(sockdir, echo_backend, "--grace-period=0.5")
         daemon_processes.append(process)
-        in_flight = raw_unary(channel_to(listen), VERSION).future(b"hang", timeout=30)
-        await trio.sleep(0.3)
+        call = raw_unary(channel_to(listen), VERSION)
+        assert b"ping" == await in_thread(call, b"ping", timeout=30)  # connected first, as above
+        in_flight = call.future(b"hang", timeout=30)
+        await trio.sleep(0.5)
         process.send_signal(signal.SIGTERM)
         _, stderr = await in_thread(process.communicate, timeout=20)
         assert 0 == process.returncode, stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import queue
 import signal
 import sys
@@ -19,7 +20,7 @@ from grpclib.const import Status
 
 from fakes.containerd import FakeContainerd, Fault, run_fake_containerd
 from krproxy.proto.runtime import v1 as cri
-from tests.integration.support import LIVENESS_LIMIT
+from tests.integration.support import LIVENESS_LIMIT, wait_until
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
 
@@ -367,10 +368,7 @@ class TestEvents:
 
         reader = threading.Thread(target=read, daemon=True)
         reader.start()
-        for _ in range(1000):
-            if fake.event_subscribers:
-                break
-            await trio.sleep(0.01)
+        await wait_until(lambda: fake.event_subscribers > 0)
         ctr_id = await create_container(client, pod_id)
         await client.call(client.runtime.StartContainer, api_pb2.StartContainerRequest(container_id=ctr_id))
         fake.exit_container(ctr_id, 137, "OOMKilled")
@@ -421,10 +419,7 @@ class TestCli:
         ]
         proc = await trio.lowlevel.open_process(argv)
         try:
-            for _ in range(400):
-                if await trio.Path(path).exists():
-                    break
-                await trio.sleep(0.05)
+            await wait_until(lambda: os.path.exists(path))  # the process has started
             client = cri_client(path)
             reply = await client.call(client.runtime.ListContainers, api_pb2.ListContainersRequest())
             proc.send_signal(signal.SIGINT)

@@ -10,6 +10,7 @@ import trio
 from fakes.plugin import Changes, FakePlugin, Misbehaviour
 from krproxy.hooks.points import HookPoint
 from tests.integration.hooks_support import Node, make_node
+from tests.integration.support import wait_until
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
 UPDATE = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
@@ -27,14 +28,16 @@ class TestOverlappingUpdates:
         """Two updates of one container sent at once: the second's hooks see the first's result."""
         # Slow, so the calls overlap.
         plugin = FakePlugin(Changes(cpu_shares=7))
-        plugin.misbehave(Misbehaviour(delay=0.3, times=None), UPDATE)
-        await node.add_plugin("slow", plugin, [UPDATE], call_timeout="5s")
+        plugin.misbehave(Misbehaviour(delay=1.0, times=None), UPDATE)
+        await node.add_plugin("slow", plugin, [UPDATE])
         await node.start_proxy()
         _, container_id = await node.pod_with_container()
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(lambda: node.update(container_id, cpu_quota=30_000))
-            await trio.sleep(0.05)
+            # The first is at the plugin before the second is sent (a fixed 50 ms did not always do
+            # that on a loaded machine, and the second then came first).
+            await wait_until(lambda: 1 == len(plugin.calls))
             nursery.start_soon(lambda: node.update(container_id, memory_limit_in_bytes=64 << 20))
 
         first, second = plugin.requests(UPDATE)

@@ -204,7 +204,8 @@ class TestBackendAvailability:
         process = await start_backend()
         try:
             in_flight = call.future(b"hang", timeout=30)
-            await trio.sleep(0.3)
+            await wait_until(lambda: 1 == daemon.relay.in_flight)  # the relay has it
+            await trio.sleep(0.3)  # and has sent it on
             process.kill()
             await process.wait()
             with pytest.raises(grpc.RpcError) as info:
