@@ -16,6 +16,7 @@ import logging
 import math
 import time
 import urllib.parse
+import zlib
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -133,7 +134,7 @@ class _Tap:
     :class:`MessageTooLarge` before any of it is kept.
     """
 
-    __slots__ = ("_head", "_keep", "_left", "_limit", "first", "messages")
+    __slots__ = ("_head", "_keep", "_left", "_limit", "compressed", "first", "messages")
 
     def __init__(self, keep: int, limit: int = 2**32) -> None:
         self._head = bytearray()
@@ -141,6 +142,7 @@ class _Tap:
         self._keep = keep
         self._limit = limit
         self.first: bytearray | None = None
+        self.compressed = False  # the first message's compressed flag (grpc-encoding applies)
         self.messages = 0
 
     def feed(self, data: bytes) -> None:
@@ -160,11 +162,12 @@ class _Tap:
             i += need
             if len(self._head) == 5:
                 self._left = int.from_bytes(self._head[1:5], "big")
-                self._head.clear()
                 if self._left > self._limit:
                     raise MessageTooLarge(self._left, self._limit)
                 if self.first is None and self._keep != KEEP_NONE:
                     self.first = bytearray()
+                    self.compressed = bool(self._head[0] & 1)
+                self._head.clear()
                 if not self._left:
                     self.messages += 1
 
@@ -385,10 +388,44 @@ class Call:
 
 # -- calls the relay answers itself, and calls it makes ---------------------------------------
 
-#: Request header fields not passed on when the relay makes a call of its own.
+#: Request header fields not passed on when the relay makes a call of its own (which it sends
+#: uncompressed, and whose answer it can only read uncompressed).
 _OWN_FIELDS = frozenset(
-    (b":method", b":scheme", b":path", b":authority", b"content-type", b"te", b"grpc-timeout")
+    (
+        b":method",
+        b":scheme",
+        b":path",
+        b":authority",
+        b"content-type",
+        b"te",
+        b"grpc-timeout",
+        b"grpc-encoding",
+        b"grpc-accept-encoding",
+    )
 )
+
+#: The zlib ``wbits`` of each grpc-encoding a compressed request may come in (gRPC's
+#: compression.md): gzip has a gzip header, deflate is zlib's format.
+_DECOMPRESS_WBITS = {b"gzip": 31, b"deflate": 15}
+#: Compressed requests at least this large are decompressed in a worker thread.
+_THREAD_DECOMPRESS_AT = 64 * 1024
+
+
+def _decompress(data: bytes, wbits: int, limit: int) -> bytes:
+    """``data`` decompressed, at most ``limit`` bytes of it (more: :class:`MessageTooLarge`)."""
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as err:
+        problem = f"grpc: failed to decompress the received message: {err}"
+    else:
+        if len(out) > limit:
+            raise MessageTooLarge(len(out), limit)
+        if not inflater.eof:
+            problem = "grpc: failed to decompress the received message: it is truncated"
+        else:
+            return out
+    raise GRPCError(Status.INTERNAL, problem)
 
 
 def _message(data: bytes) -> bytes:
@@ -422,7 +459,7 @@ class LocalCall(Call):
     caller's deadline. Its reply, or the runtime's error answer, goes back unchanged.
     """
 
-    __slots__ = ("_interceptor", "_metadata", "_scope", "_started", "ctx")
+    __slots__ = ("_encoding", "_interceptor", "_metadata", "_scope", "_started", "ctx")
 
     def __init__(
         self, relay: Relay, path: str, route: Route | None, interceptor: Interceptor, headers: Headers
@@ -432,6 +469,7 @@ class LocalCall(Call):
         self.reply_tap = None
         self._interceptor = interceptor
         self._metadata = [field for field in headers if field[0] not in _OWN_FIELDS]
+        self._encoding = next((value for name, value in headers if name == b"grpc-encoding"), b"identity")
         self._scope: trio.CancelScope | None = None
         self._started = False
         self.ctx = calls.CallContext(path)
@@ -467,6 +505,8 @@ class LocalCall(Call):
                 raise GRPCError(Status.INTERNAL, "the request carried no complete message")
             ctx.request = bytes(tap.first)
             with trio.CancelScope() as self._scope:
+                if tap.compressed:
+                    ctx.request = await self._decompressed(ctx.request)
                 reply = await self._interceptor(self.path, ctx.request, self._forward)
                 ctx.reply, ctx.replies = reply.message, 1  # before answering: that may finish the call
                 self._answer(
@@ -490,6 +530,31 @@ class LocalCall(Call):
             _forget_traceback(err)
         finally:
             self.relay.flush()
+
+    async def _decompressed(self, data: bytes) -> bytes:
+        """A request message that came compressed (gzip or deflate, as gRPC clients may send),
+        decompressed: the interceptor reads protobuf, and forwards it uncompressed."""
+        encoding = self._encoding
+        if encoding == b"identity":  # as grpc-go: the flag says compressed, the header says not
+            raise GRPCError(Status.INTERNAL, "grpc: compressed flag set with identity or empty encoding")
+        wbits = _DECOMPRESS_WBITS.get(encoding)
+        if wbits is None:
+            raise GRPCError(
+                Status.UNIMPLEMENTED,
+                f"grpc: Decompressor is not installed for grpc-encoding {encoding.decode('ascii', 'replace')!r}"
+                " (krproxy reads gzip and deflate)",
+            )
+        limit = self.relay.max_request
+        try:
+            if len(data) < _THREAD_DECOMPRESS_AT:
+                return _decompress(data, wbits, limit)
+            return await trio.to_thread.run_sync(_decompress, data, wbits, limit)
+        except MessageTooLarge as err:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"request message decompressed is larger than krproxy's limit of {err.limit} bytes"
+                " (--max-request-message-size)",
+            ) from None
 
     def _answer(
         self, headers: Headers | None, body: bytes | None, trailers: Headers, err: GRPCError | None = None

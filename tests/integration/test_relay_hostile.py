@@ -1,0 +1,221 @@
+"""Hostile and careless callers against the relay in front of the fake containerd, with a raw
+``h2`` client (issue 16's review): stream accounting over thousands of calls that end every
+way a stream can end, what a reset frees, and the answers held for a caller that stops reading.
+"""
+
+from __future__ import annotations
+
+import gzip
+import socket
+
+import grpc
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import pytest
+import trio
+from cri_api.v1 import api_pb2 as pb
+from cri_api.v1 import api_pb2_grpc
+
+from fakes.containerd import FakeContainerd
+from krproxy.grpcstatus import Status
+from tests.integration.support import in_thread, start_proxy, wait_until
+
+VERSION = "/runtime.v1.RuntimeService/Version"
+LIST = "/runtime.v1.RuntimeService/ListContainers"
+RUN = "/runtime.v1.RuntimeService/RunPodSandbox"
+
+
+def _framed(message: bytes) -> bytes:
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def _fields(path: str, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+    return [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", path.encode()),
+        (b":authority", b"localhost"),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+        *extra,
+    ]
+
+
+class RawCaller:
+    """One HTTP/2 connection driven frame by frame with ``h2`` over a blocking unix socket."""
+
+    def __init__(self, path: str, *, read: bool = True) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(20)
+        self.sock.connect(path)
+        self.conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(
+                client_side=True,
+                header_encoding=None,
+                validate_outbound_headers=False,
+                normalize_outbound_headers=False,
+            )
+        )
+        self.conn.initiate_connection()
+        self.read = read  # acknowledge received data (False: a caller that stops reading)
+        self.ended: dict[int, str] = {}
+        self.trailers: dict[int, dict[bytes, bytes]] = {}
+        self.flush()
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def pump(self) -> None:
+        """Read what arrived and handle it (once)."""
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise ConnectionError("the relay closed the connection")
+        for event in self.conn.receive_data(data):
+            if isinstance(event, h2.events.DataReceived) and self.read:
+                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.TrailersReceived | h2.events.ResponseReceived):
+                self.trailers[event.stream_id] = dict(event.headers)  # (the last block: the status)
+            if isinstance(event, h2.events.StreamEnded):
+                self.ended[event.stream_id] = "ended"
+            elif isinstance(event, h2.events.StreamReset):
+                self.ended[event.stream_id] = f"reset {event.error_code!r}"
+        self.flush()
+
+    def wait(self, stream_id: int) -> str:
+        while stream_id not in self.ended:
+            self.pump()
+        return self.ended[stream_id]
+
+    def open(self, path: str, message: bytes | None, *extra: tuple[bytes, bytes], end: bool = True) -> int:
+        stream_id = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(stream_id, _fields(path, *extra), end_stream=message is None and end)
+        if message is not None:
+            self.conn.send_data(stream_id, _framed(message), end_stream=end)
+        self.flush()
+        return stream_id
+
+    def reset(self, stream_id: int) -> None:
+        try:
+            self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+        except h2.exceptions.StreamClosedError:
+            return
+        self.flush()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def test_thousands_of_calls_ending_every_way_leave_no_stream_counted(
+    fake_containerd: tuple[FakeContainerd, str], nursery: trio.Nursery, sockdir: str
+) -> None:
+    """5000 calls on one connection, ending by answer, by the caller's reset before or after the
+    answer, by a malformed request, by a deadline, by a too large request: none stays counted
+    against the 1000 streams advertised, so the next call is served, not refused."""
+    _, backend = fake_containerd
+    proxy = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    request = pb.VersionRequest().SerializeToString()
+
+    def run() -> tuple[list[str], str]:
+        caller = RawCaller(proxy.config.listen)
+        endings = []
+        try:
+            for i in range(5000):
+                kind = i % 6
+                if kind == 0:
+                    endings.append(caller.wait(caller.open(VERSION, request)))
+                elif kind == 1:  # reset at once, before any answer
+                    caller.reset(caller.open(VERSION, request))
+                elif kind == 2:  # headers only, then reset
+                    caller.reset(caller.open(VERSION, None, end=False))
+                elif kind == 3:  # malformed: reset by the relay
+                    endings.append(caller.wait(caller.open(VERSION, request, (b"connection", b"close"))))
+                elif kind == 4:  # a deadline already past
+                    endings.append(caller.wait(caller.open(VERSION, request, (b"grpc-timeout", b"1n"))))
+                else:  # announced larger than the limit
+                    stream_id = caller.open(VERSION, None, end=False)
+                    caller.conn.send_data(stream_id, b"\x00\x7f\xff\xff\xff", end_stream=False)
+                    caller.flush()
+                    endings.append(caller.wait(stream_id))
+            last = caller.wait(caller.open(VERSION, request))
+            return endings, last
+        finally:
+            caller.close()
+
+    endings, last = await in_thread(run)
+    assert "ended" == last
+    # Reset by the relay: the malformed requests (PROTOCOL_ERROR), and the too large ones once
+    # answered (NO_ERROR: the rest of the request is not wanted, RFC 9113 §8.1).
+    assert {"ended", "reset <ErrorCodes.PROTOCOL_ERROR: 1>", "reset <ErrorCodes.NO_ERROR: 0>"} == set(endings)
+    await wait_until(lambda: proxy.relay.in_flight == 0)
+
+
+SANDBOX = pb.RunPodSandboxRequest(
+    config=pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name="web", namespace="default", uid="uid-1"),
+        annotations={"note": "x" * 4000},
+    )
+)
+
+
+@pytest.mark.parametrize("compression", [grpc.Compression.Gzip, grpc.Compression.Deflate])
+async def test_a_compressed_request_with_hook_points_is_decompressed(
+    fake_containerd: tuple[FakeContainerd, str],
+    nursery: trio.Nursery,
+    sockdir: str,
+    compression: grpc.Compression,
+) -> None:
+    """A grpcio client that compresses its requests (grpc-encoding gzip or deflate, the message's
+    compressed flag set): a call with hook points gets the request it sent, not its compressed
+    bytes read as protobuf (which failed as INVALID_ARGUMENT, or could pass as another request)."""
+    fake, backend = fake_containerd
+    proxy = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    channel = grpc.insecure_channel("unix://" + proxy.config.listen, compression=compression)
+    try:
+        stub = api_pb2_grpc.RuntimeServiceStub(channel)
+        reply = await in_thread(stub.RunPodSandbox, SANDBOX, timeout=10)
+    finally:
+        channel.close()
+    (received,) = fake.requests("RunPodSandbox")
+    assert SANDBOX.SerializeToString() == bytes(received.message)
+    assert reply.pod_sandbox_id
+
+
+async def test_a_compressed_request_krproxy_cannot_read_is_refused(
+    fake_containerd: tuple[FakeContainerd, str], nursery: trio.Nursery, sockdir: str
+) -> None:
+    """The compressed flag with an encoding krproxy cannot read: UNIMPLEMENTED, as grpc-go answers;
+    without any grpc-encoding: INTERNAL; a small gzip message that inflates beyond the 16 MiB
+    limit: RESOURCE_EXHAUSTED. Nothing is sent on."""
+    fake, backend = fake_containerd
+    proxy = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    body = SANDBOX.SerializeToString()
+    bomb = gzip.compress(b"\x00" * (16 * 1024 * 1024 + 1))
+    cases = [([(b"grpc-encoding", b"snappy")], body), ([], body), ([(b"grpc-encoding", b"gzip")], bomb)]
+
+    def run() -> list[dict[bytes, bytes]]:
+        caller = RawCaller(proxy.config.listen)
+        try:
+            statuses = []
+            for extra, message in cases:
+                stream_id = caller.open(RUN, None, *extra, end=False)
+                caller.conn.send_data(
+                    stream_id, b"\x01" + len(message).to_bytes(4, "big") + message, end_stream=True
+                )
+                caller.flush()
+                caller.wait(stream_id)
+                statuses.append(caller.trailers[stream_id])
+            return statuses
+        finally:
+            caller.close()
+
+    unknown, missing, inflated = await in_thread(run)
+    assert b"%d" % Status.UNIMPLEMENTED.value == unknown[b"grpc-status"]
+    assert b"snappy" in unknown[b"grpc-message"]
+    assert b"%d" % Status.INTERNAL.value == missing[b"grpc-status"]
+    assert b"%d" % Status.RESOURCE_EXHAUSTED.value == inflated[b"grpc-status"]
+    assert [] == fake.requests("RunPodSandbox")
