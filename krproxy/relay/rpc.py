@@ -109,6 +109,7 @@ def _read_status(headers: Headers) -> tuple[Status | None, str | None, bytes | N
 #: http2ErrConvTab); codes not listed are INTERNAL. REFUSED_STREAM is handled apart (a retry).
 _RESET_STATUS = {
     f.CANCEL: Status.CANCELLED,
+    f.FLOW_CONTROL_ERROR: Status.RESOURCE_EXHAUSTED,
     f.ENHANCE_YOUR_CALM: Status.RESOURCE_EXHAUSTED,
     0xC: Status.PERMISSION_DENIED,  # INADEQUATE_SECURITY
     f.REFUSED_STREAM: Status.UNAVAILABLE,

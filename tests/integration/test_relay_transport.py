@@ -376,6 +376,8 @@ class TestStreams:
             (h2.errors.ErrorCodes.PROTOCOL_ERROR, b"13"),  # INTERNAL
             (h2.errors.ErrorCodes.CANCEL, b"1"),  # CANCELLED
             (h2.errors.ErrorCodes.ENHANCE_YOUR_CALM, b"8"),  # RESOURCE_EXHAUSTED
+            (h2.errors.ErrorCodes.FLOW_CONTROL_ERROR, b"8"),  # RESOURCE_EXHAUSTED
+            (h2.errors.ErrorCodes.INADEQUATE_SECURITY, b"7"),  # PERMISSION_DENIED
         ],
     )
     async def test_a_stream_reset_by_the_runtime_is_named(
