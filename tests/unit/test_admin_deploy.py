@@ -67,6 +67,21 @@ class TestSystemdUnit:
         )
         assert "krproxy.socket" in unit()["Unit"]["Wants"].split()
 
+    def test_restarting_the_service_leaves_the_socket_alone(self) -> None:
+        """``systemctl restart krproxy`` must not restart krproxy.socket: that would close the
+        listening socket (and the connections waiting in its backlog) exactly when it is to
+        outlive the process. PartOf=, BindsTo= or Requires= on the service would propagate the
+        restart or stop to the socket (systemd.unit(5))."""
+        socket_unit = configparser.RawConfigParser(strict=False)
+        socket_unit.optionxform = str  # type: ignore[assignment,method-assign]
+        socket_unit.read_string((DEPLOY / "krproxy.socket").read_text())
+        tying = {
+            key: socket_unit["Unit"][key]
+            for key in ("PartOf", "BindsTo", "Requires")
+            if "krproxy.service" in socket_unit["Unit"].get(key, "").split()
+        }
+        assert {} == tying
+
 
 class TestDaemonSet:
     def test_container_args_parse(self) -> None:
