@@ -12,7 +12,8 @@ an *upstream connection* (shared by every caller) is granted back as soon as its
 buffered here: a caller that stops reading holds up its own streams only, never the runtime
 connection's window that every other caller needs. A caller's connection credit stays end to
 end (its requests wait for the runtime's windows, not our memory). What one caller connection
-may have buffered is bounded (:data:`MAX_HELD`), as are its streams (:data:`CALLER_MAX_STREAMS`)
+may have buffered is bounded (:data:`MAX_HELD`), as is what calls with hook points have
+collected of its requests (they are taken whole before the hooks run), and its streams (:data:`CALLER_MAX_STREAMS`)
 and the calls waiting for an upstream stream slot (:data:`MAX_WAITING`), which take turns by
 caller connection.
 
@@ -61,7 +62,9 @@ MAX_HEADER_LIST = 16 * 1024 * 1024
 MAX_UNSENT = 64 * 1024 * 1024
 #: Bytes of answers held for one caller connection (relayed but not yet within its windows)
 #: beyond which that connection is closed: a caller that stops reading ends its own calls.
-#: Each stream holds at most one stream window (:data:`STREAM_WINDOW`).
+#: Each stream holds at most one stream window (:data:`STREAM_WINDOW`). Also the most request
+#: bytes calls with hook points may have collected from one connection at once: a call that
+#: would pass it is RESOURCE_EXHAUSTED.
 MAX_HELD = 256 * 1024 * 1024
 #: Streams one caller connection may have open (the SETTINGS_MAX_CONCURRENT_STREAMS we
 #: advertise); one beyond it is refused (RST_STREAM REFUSED_STREAM, RFC 9113 §5.1.2).
@@ -418,6 +421,9 @@ class Endpoint:
         self.halves: dict[int, Half] = {}
         self.blocked: dict[int, Half] = {}  # halves with data waiting for send window
         self.held = 0  # bytes in the halves' `pending`: received elsewhere, not yet sent here
+        # Request bytes collected from this caller by calls with hook points still running (each
+        # is taken whole before its hooks run); bounded by MAX_HELD too (krproxy.relay.rpc).
+        self.collected = 0
         # Upstream halves waiting for a stream slot (peer's MAX_CONCURRENT_STREAMS), with their headers.
         self.waiting = _FairQueue()
         self.send_window = f.DEFAULT_WINDOW

@@ -25,6 +25,7 @@ import trio
 from krproxy import calls
 from krproxy.forward import BackendError, Interceptor, Reply
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.relay import connection
 from krproxy.relay import frames as f
 from krproxy.relay.connection import Half, Headers, Route
 
@@ -460,7 +461,7 @@ class LocalCall(Call):
     caller's deadline. Its reply, or the runtime's error answer, goes back unchanged.
     """
 
-    __slots__ = ("_encoding", "_interceptor", "_metadata", "_scope", "_started", "ctx")
+    __slots__ = ("_collected", "_encoding", "_interceptor", "_metadata", "_scope", "_started", "ctx")
 
     def __init__(
         self, relay: Relay, path: str, route: Route | None, interceptor: Interceptor, headers: Headers
@@ -473,16 +474,30 @@ class LocalCall(Call):
         self._encoding = next((value for name, value in headers if name == b"grpc-encoding"), b"identity")
         self._scope: trio.CancelScope | None = None
         self._started = False
+        self._collected = 0  # request bytes counted in the caller connection's `collected`
         self.ctx = calls.CallContext(path)
 
     def on_request_data(self, data: bytes, end: bool) -> None:
         assert self.request_tap is not None
         if data:
+            ep = self.client.ep
+            if ep.collected + len(data) > connection.MAX_HELD:
+                # Its windows are granted as it arrives, so bound it here: a caller sending many
+                # large requests and never finishing them would otherwise fill our memory.
+                self.client.grant(len(data))
+                self.fail(
+                    Status.RESOURCE_EXHAUSTED,
+                    f"krproxy already holds {ep.collected} bytes of requests from this connection"
+                    f" (limit {connection.MAX_HELD}); send fewer large calls at once",
+                )
+                return
             try:
                 self.request_tap.feed(data)
             except MessageTooLarge as err:
                 self.too_large(data, err)
                 return
+            ep.collected += len(data)
+            self._collected += len(data)
             self.client.grant(len(data))
         if end:
             self.client.recv_ended = True
@@ -606,6 +621,11 @@ class LocalCall(Call):
         if self._scope is not None:
             self._scope.cancel()
         super().fail(status, message)
+
+    def finish(self) -> None:
+        self.client.ep.collected -= self._collected
+        self._collected = 0
+        super().finish()
 
     def caller_gone(self) -> None:
         if self._scope is not None:

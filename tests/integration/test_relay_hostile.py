@@ -99,6 +99,20 @@ class RawCaller:
         self.flush()
         return stream_id
 
+    def send_body(self, stream_id: int, data: bytes, end: bool) -> None:
+        """Send ``data`` on ``stream_id`` in frames, within the relay's windows."""
+        view = memoryview(data)
+        while view:
+            size = min(
+                len(view), self.conn.local_flow_control_window(stream_id), self.conn.max_outbound_frame_size
+            )
+            if size <= 0:
+                self.pump()  # wait for a WINDOW_UPDATE
+                continue
+            self.conn.send_data(stream_id, bytes(view[:size]), end_stream=end and size == len(view))
+            view = view[size:]
+            self.flush()
+
     def reset(self, stream_id: int) -> None:
         try:
             self.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
@@ -219,3 +233,48 @@ async def test_a_compressed_request_krproxy_cannot_read_is_refused(
     assert b"%d" % Status.INTERNAL.value == missing[b"grpc-status"]
     assert b"%d" % Status.RESOURCE_EXHAUSTED.value == inflated[b"grpc-status"]
     assert [] == fake.requests("RunPodSandbox")
+
+
+async def test_requests_collected_for_hooks_are_bounded_per_connection(
+    fake_containerd: tuple[FakeContainerd, str],
+    nursery: trio.Nursery,
+    sockdir: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The relay collects a call with hook points whole before it runs the hooks, granting the
+    caller's windows as it goes; what one connection may have collected at once is bounded as
+    its unread answers are (MAX_HELD), or a caller sending 1000 unfinished 16 MiB requests would
+    have krproxy hold 16 GB. The call beyond the bound is RESOURCE_EXHAUSTED; those within it, and
+    other connections, go on."""
+    monkeypatch.setattr("krproxy.relay.connection.MAX_HELD", 6 * 1024 * 1024)
+    fake, backend = fake_containerd
+    proxy = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    part = b"\x00" + (3 * 1024 * 1024).to_bytes(4, "big") + b"\x0a" * (2 * 1024 * 1024)  # unfinished
+
+    def run() -> tuple[set[int], dict[bytes, bytes], str]:
+        caller = RawCaller(proxy.config.listen)
+        caller.sock.settimeout(5)
+        try:
+            streams = []
+            for _ in range(4):
+                stream_id = caller.open(RUN, None, end=False)
+                caller.send_body(stream_id, part, end=False)
+                streams.append(stream_id)
+            while len(caller.ended) < 2:
+                caller.pump()
+            ended = set(caller.ended)
+            status = caller.trailers[max(ended)]
+            other = RawCaller(proxy.config.listen)
+            try:
+                version = other.wait(other.open(VERSION, pb.VersionRequest().SerializeToString()))
+            finally:
+                other.close()
+            return ended, status, version
+        finally:
+            caller.close()
+
+    ended, status, version = await in_thread(run)
+    assert {5, 7} == ended  # 2 x 2 MiB collected; the third and fourth would pass 6 MiB
+    assert b"%d" % Status.RESOURCE_EXHAUSTED.value == status[b"grpc-status"]
+    assert "ended" == version
+    assert [] == fake.requests("RunPodSandbox")  # none finished; the refused one never goes on
