@@ -291,7 +291,7 @@ class Half:
             return
         self.pending += data
         ep.held += size
-        if ep.held > MAX_HELD and not ep.dirty:  # try_send closes it, outside this frame's handling
+        if ep.server_side and ep.held > MAX_HELD and not ep.dirty:  # try_send closes it, outside this frame
             ep.dirty = True
             ep.relay.dirty.append(ep)
         if end:
@@ -477,7 +477,9 @@ class Endpoint:
             # gets here; it would fill our memory with our answers to it.
             self.close(f"the peer does not read: {len(self.out)} bytes unsent")
             return
-        if self.held > MAX_HELD:
+        if self.server_side and self.held > MAX_HELD:
+            # A caller's. What waits for an upstream is requests of many callers, each bounded
+            # by the windows it has from us: never a reason to close it on every caller.
             self.close(f"the peer does not read: {self.held} bytes of answers held for it")
             return
         if self.writing:

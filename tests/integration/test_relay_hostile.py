@@ -6,7 +6,9 @@ way a stream can end, what a reset frees, and the answers held for a caller that
 from __future__ import annotations
 
 import gzip
+import os
 import socket
+import threading
 
 import grpc
 import h2.config
@@ -278,3 +280,68 @@ async def test_requests_collected_for_hooks_are_bounded_per_connection(
     assert b"%d" % Status.RESOURCE_EXHAUSTED.value == status[b"grpc-status"]
     assert "ended" == version
     assert [] == fake.requests("RunPodSandbox")  # none finished; the refused one never goes on
+
+
+async def test_requests_waiting_for_the_runtimes_window_do_not_close_its_connection(
+    nursery: trio.Nursery, sockdir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MAX_HELD bounds what one *caller* connection has waiting for it. Request bytes waiting for
+    a runtime that grants no window are many callers' (each bounded by its own windows): their
+    sum past MAX_HELD must not close the runtime connection, which would fail every caller's
+    calls (UNAVAILABLE) for what a few large requests queued."""
+    monkeypatch.setattr("krproxy.relay.connection.MAX_HELD", 1024 * 1024)
+    backend = os.path.join(sockdir, "backend.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(backend)
+    listener.listen(4)
+    stop = threading.Event()
+
+    def no_window() -> None:  # a runtime that takes streams but grants no window (65,535 bytes in all)
+        conn_sock, _ = listener.accept()
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        conn_sock.sendall(conn.data_to_send())
+        conn_sock.settimeout(0.2)
+        with conn_sock:
+            while not stop.is_set():
+                try:
+                    data = conn_sock.recv(65536)
+                except TimeoutError:
+                    continue
+                if not data:
+                    return
+                conn.receive_data(data)
+                conn_sock.sendall(conn.data_to_send())
+
+    thread = threading.Thread(target=no_window, daemon=True)
+    thread.start()
+    proxy = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+
+    def callers() -> list[RawCaller]:
+        opened = []
+        for _ in range(3):  # 3 x 512 KiB: more than MAX_HELD in all, each well within it
+            caller = RawCaller(proxy.config.listen)
+            stream_id = caller.open(VERSION, None, end=False)
+            caller.send_body(stream_id, b"\x00" * (512 * 1024), end=True)
+            opened.append(caller)
+        return opened
+
+    opened = await in_thread(callers)
+    try:
+        route = proxy.relay.runtime
+        assert route is not None
+
+        def queued() -> int:
+            return route.ep.held if route.ep is not None else 0
+
+        with trio.move_on_after(5):
+            while queued() < 3 * 512 * 1024 - 65_535:  # noqa: ASYNC110 - all but what the runtime's window took
+                await trio.sleep(0.02)
+        await trio.sleep(0.1)
+        assert (3, False) == (proxy.relay.in_flight, route.ep is None or route.ep.closed)
+    finally:
+        for caller in opened:
+            caller.close()
+        stop.set()
+        listener.close()
+        await trio.to_thread.run_sync(thread.join)
