@@ -345,3 +345,56 @@ async def test_requests_waiting_for_the_runtimes_window_do_not_close_its_connect
         stop.set()
         listener.close()
         await trio.to_thread.run_sync(thread.join)
+
+
+async def test_exactly_16_mib_passes_and_one_byte_more_does_not(
+    fake_containerd: tuple[FakeContainerd, str], nursery: trio.Nursery, sockdir: str
+) -> None:
+    """The limit is on the message, as containerd's: 16 MiB exactly is passed on (relayed, and
+    with hook points), one byte more is RESOURCE_EXHAUSTED from its prefix; the message is sent
+    in 1000-byte DATA frames, so the prefix and the body arrive in pieces."""
+    fake, backend = fake_containerd
+    proxy = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    limit = 16 * 1024 * 1024
+    version = pb.VersionRequest(version="v" * (limit - 5)).SerializeToString()
+    sandbox = pb.RunPodSandboxRequest(
+        config=pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(name="big", namespace="default", uid="uid-big"),
+            annotations={"big": "x" * (limit - 200)},
+        )
+    ).SerializeToString()
+    sandbox = pb.RunPodSandboxRequest.FromString(sandbox)
+    sandbox.config.annotations["big"] += "x" * (limit - sandbox.ByteSize())
+    whole = sandbox.SerializeToString()
+    assert limit == len(version) == len(whole)
+
+    def call(path: str, message: bytes) -> dict[bytes, bytes]:
+        caller = RawCaller(proxy.config.listen)
+        try:
+            stream_id = caller.open(path, None, end=False)
+            framed = _framed(message)
+            for i in range(0, len(framed), 1000):
+                while (
+                    stream_id not in caller.ended and caller.conn.local_flow_control_window(stream_id) < 1000
+                ):
+                    caller.pump()
+                if stream_id in caller.ended:  # answered (refused) before the rest was sent
+                    break
+                caller.conn.send_data(stream_id, framed[i : i + 1000], end_stream=i + 1000 >= len(framed))
+                if i % 64_000 == 0:
+                    caller.flush()
+            caller.flush()
+            caller.wait(stream_id)
+            return caller.trailers[stream_id]
+        finally:
+            caller.close()
+
+    assert b"0" == (await in_thread(call, VERSION, version))[b"grpc-status"]
+    assert b"0" == (await in_thread(call, RUN, whole))[b"grpc-status"]
+    for path, message in ((VERSION, version + b"v"), (RUN, whole + b"\x00")):
+        status = await in_thread(call, path, message)
+        assert (b"%d" % Status.RESOURCE_EXHAUSTED.value, True) == (
+            status[b"grpc-status"],
+            b"16777216" in status[b"grpc-message"],
+        )
+    assert 1 == len(fake.requests("RunPodSandbox"))
