@@ -398,3 +398,100 @@ async def test_exactly_16_mib_passes_and_one_byte_more_does_not(
             b"16777216" in status[b"grpc-message"],
         )
     assert 1 == len(fake.requests("RunPodSandbox"))
+
+
+async def test_a_stream_window_is_granted_to_the_runtime_only_as_the_caller_reads(
+    nursery: trio.Nursery, sockdir: str
+) -> None:
+    """The runtime connection's window comes back on arrival, but a stream's only as its caller
+    reads: a runtime answering 8 MiB to a caller that reads nothing can send one stream window
+    (4 MiB) and gets no WINDOW_UPDATE for that stream; once the caller reads, the rest follows."""
+    backend = os.path.join(sockdir, "backend.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(backend)
+    listener.listen(4)
+    answer = _framed(b"a" * (8 * 1024 * 1024))
+    seen: dict[str, int] = {"sent": 0, "stream_updates": 0, "connection_updates": 0}
+    stop = threading.Event()
+
+    def big_answers() -> None:
+        conn_sock, _ = listener.accept()
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        conn_sock.settimeout(0.05)
+        streams: dict[int, int] = {}  # stream -> bytes of the answer sent
+        with conn_sock:
+            while not stop.is_set():
+                for stream_id, offset in list(streams.items()):
+                    size = min(conn.local_flow_control_window(stream_id), len(answer) - offset, 16384)
+                    while size > 0:
+                        conn.send_data(stream_id, answer[offset : offset + size])
+                        offset += size
+                        seen["sent"] = offset  # (one stream answered: the caller's)
+                        size = min(conn.local_flow_control_window(stream_id), len(answer) - offset, 16384)
+                    streams[stream_id] = offset
+                    if offset == len(answer):
+                        conn.send_headers(stream_id, [("grpc-status", "0")], end_stream=True)
+                        del streams[stream_id]
+                conn_sock.sendall(conn.data_to_send())
+                try:
+                    data = conn_sock.recv(65536)
+                except TimeoutError:
+                    continue
+                if not data:
+                    return
+                for event in conn.receive_data(data):
+                    if (
+                        isinstance(event, h2.events.RequestReceived)
+                        and (b":path", VERSION.encode()) in event.headers
+                    ):
+                        conn.send_headers(
+                            event.stream_id, [(":status", "200"), ("content-type", "application/grpc")]
+                        )
+                        streams[event.stream_id] = 0
+                    elif isinstance(event, h2.events.RequestReceived):  # krproxy's own (store recovery)
+                        fields = [
+                            (":status", "200"),
+                            ("content-type", "application/grpc"),
+                            ("grpc-status", "12"),
+                        ]
+                        conn.send_headers(event.stream_id, fields, end_stream=True)
+                    elif isinstance(event, h2.events.WindowUpdated) and event.stream_id in streams:
+                        seen["stream_updates"] += 1
+                    elif isinstance(event, h2.events.WindowUpdated) and not event.stream_id:
+                        seen["connection_updates"] += 1
+                    elif isinstance(event, h2.events.DataReceived):
+                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+
+    thread = threading.Thread(target=big_answers, daemon=True)
+    thread.start()
+    proxy = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    caller = await in_thread(RawCaller, proxy.config.listen, read=False)
+    try:
+        stream_id = await in_thread(caller.open, VERSION, b"")
+        with trio.move_on_after(1.0):
+            await wait_until(lambda: seen["sent"] >= 4 * 1024 * 1024)
+        await trio.sleep(0.5)  # time for a WINDOW_UPDATE that should not come
+        held = (seen["sent"], seen["stream_updates"])
+        for ep in proxy.relay._clients:
+            print(
+                "DBG",
+                ep.held,
+                ep.send_window,
+                ep.peer_initial_window,
+                [(h.id, h.send_window, len(h.pending), h.reset, h.send_ended) for h in ep.halves.values()],
+            )
+        print(
+            "DBG2", caller.ended, caller.conn.streams[stream_id]._inbound_window_manager.current_window_size
+        )
+        assert seen["connection_updates"] > 0  # the runtime connection's window did come back
+        caller.read = True  # it reads (and acknowledges) from now on: nothing was read so far
+        caller.sock.settimeout(10)
+        ending = await in_thread(caller.wait, stream_id)
+    finally:
+        caller.close()
+        stop.set()
+        listener.close()
+        await trio.to_thread.run_sync(thread.join)
+    assert (4 * 1024 * 1024, 0) == held
+    assert ("ended", len(answer)) == (ending, seen["sent"])
