@@ -29,6 +29,9 @@ import attrs
 #: containerd's limit on one gRPC message, received or sent (``defaults.DefaultMaxRecvMsgSize`` and
 #: ``DefaultMaxSendMsgSize``, 16 MiB; grpc-go's own default for receiving is 4 MiB).
 MAX_MESSAGE = 16 << 20
+#: grpc-go's default limit on a received message (``defaultServerMaxReceiveMessageSize``, 4 MiB),
+#: which a hook server such as koordlet keeps: the fake plugin's limit.
+MAX_PLUGIN_REQUEST = 4 << 20
 
 #: grpc-timeout units grpc-go's ``decodeTimeout`` accepts.
 _TIMEOUT_UNITS = frozenset("HMSmun")
@@ -109,6 +112,7 @@ Headers = Sequence[tuple[str, str]]
 
 __all__ = [
     "MAX_MESSAGE",
+    "MAX_PLUGIN_REQUEST",
     "GrpcGo",
     "Headers",
     "Rejection",

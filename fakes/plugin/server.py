@@ -340,6 +340,7 @@ class _StrictRelay(Relay):
         # fakes.strict's rules (open_call below) rather than the relay's own.
         self.caller_max_streams = None
         self.check_request_headers = False
+        self.max_request = strict.MAX_PLUGIN_REQUEST  # grpc-go's default receive limit
 
     def open_call(self, ep: Endpoint, stream_id: int, headers: Headers, end: bool) -> None:
         text = tuple((name.decode("latin-1"), value.decode("latin-1")) for name, value in headers)

@@ -22,7 +22,7 @@ from h2.settings import SettingCodes
 
 from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd
 from fakes.plugin import FakePlugin, run_fake_plugin
-from fakes.strict import MAX_MESSAGE, GrpcGo
+from fakes.strict import MAX_MESSAGE, MAX_PLUGIN_REQUEST, GrpcGo
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -169,6 +169,38 @@ def _version_request(size: int) -> bytes:
         if 1 + len(length) == header:
             return b"\x0a" + bytes(length) + b"v" * body
     raise AssertionError(size)
+
+
+@pytest.mark.parametrize(("size", "refused"), [(MAX_PLUGIN_REQUEST, False), (MAX_PLUGIN_REQUEST + 1, True)])
+async def test_the_fake_plugin_refuses_a_request_over_4_mib(
+    aio_loop: None,
+    nursery: trio.Nursery,
+    sockdir: str,
+    channel_to: Callable[[str], grpc.Channel],
+    size: int,
+    refused: bool,
+) -> None:
+    """koordlet keeps grpc-go's default receive limit of 4 MiB: RESOURCE_EXHAUSTED above it."""
+    plugin, path = await _fake_plugin(nursery, sockdir, GrpcGo.V1_6)
+
+    def hook_request(value: int) -> bytes:
+        annotations = {"a": "v" * value}
+        return bytes(
+            hookapi.ContainerResourceHookRequest(container_annotations=annotations).SerializeToString()
+        )
+
+    message = hook_request(size - 16)
+    message = hook_request(size - 16 + size - len(message))  # the length prefixes are as long for both
+    assert size == len(message)
+    call = raw_unary(channel_to(path), HOOK.rpc_path)
+    if not refused:
+        await in_thread(call, message, timeout=30)
+        assert [HOOK] == plugin.hooks_called()
+        return
+    with pytest.raises(grpc.RpcError) as caught:
+        await in_thread(call, message, timeout=30)
+    assert grpc.StatusCode.RESOURCE_EXHAUSTED == caught.value.code()
+    assert [] == plugin.calls  # refused before the hook server saw it
 
 
 @pytest.mark.parametrize(("size", "refused"), [(MAX_MESSAGE, False), (MAX_MESSAGE + 1, True)])
