@@ -73,7 +73,8 @@ CALLER_MAX_STREAMS = 1000
 #: (grpc-go servers, containerd among them, give 120 s; kubelet sends it at once).
 HANDSHAKE_TIMEOUT = 20.0
 #: Calls waiting for a stream slot on one upstream connection (its peer's
-#: MAX_CONCURRENT_STREAMS); a call beyond it fails at once instead of queueing.
+#: MAX_CONCURRENT_STREAMS); beyond it a call fails at once instead of queueing: the latest of
+#: the caller with the most calls waiting (which may be the new call).
 MAX_WAITING = 10_000
 _RECV_SIZE = 256 * 1024
 #: Reads handled back to back before the reader lets other tasks run.
@@ -194,6 +195,20 @@ class _FairQueue:
         if queue:
             self._queues[turn] = queue  # back at the end: the next caller's turn comes first
         self._count -= 1
+        return entry
+
+    def evict_for(self, half: Half) -> _Waiting | None:
+        """The queue is full: the latest entry of the caller with the most calls waiting, taken
+        out to make room for ``half``; None if ``half``'s caller would then have the most (it
+        is the one to be refused)."""
+        largest = max(self._queues, key=lambda turn: len(self._queues[turn]))
+        queue = self._queues[largest]
+        if len(self._queues.get(self._turn(half), ())) + 1 >= len(queue):
+            return None
+        entry = queue.pop()
+        self._count -= 1
+        if not queue:
+            del self._queues[largest]
         return entry
 
     def remove(self, half: Half) -> None:
@@ -531,11 +546,15 @@ class Endpoint:
         half.headers_sent = False
         if len(self.halves) >= self.peer_max_streams:
             if len(self.waiting) >= MAX_WAITING:
-                half.reset = True
-                half.call.upstream_gone(
-                    f"{self.describe}: {len(self.waiting)} calls already wait for a stream slot"
-                )
-                return
+                # Refused: the call of the caller with the most calls waiting, which is this one
+                # or that caller's latest, so that one caller cannot lock the others out.
+                reason = f"{self.describe}: {len(self.waiting)} calls already wait for a stream slot"
+                evicted = self.waiting.evict_for(half)
+                refused = half if evicted is None else evicted[0]
+                refused.reset = True
+                refused.call.upstream_gone(reason)
+                if evicted is None:
+                    return
             self.waiting.append((half, block, end))
             return
         self._start(half, block, end)

@@ -28,6 +28,7 @@ import pytest
 import trio
 
 from krproxy.daemon import Daemon
+from krproxy.relay import Relay
 from krproxy.relay import frames as f
 from tests.integration.support import (
     ScriptedBackend,
@@ -226,6 +227,57 @@ class TestStreams:
         assert all("5 calls already wait for a stream slot" in r for r in refusals)
         assert len(answers) == len(set(answers)) == 110 - len(refusals)
         assert set(answers) <= {b"%d" % i for i in range(110)}
+
+    async def test_a_full_queue_refuses_the_caller_with_the_most_calls_waiting(
+        self,
+        aio_loop: None,
+        nursery: trio.Nursery,
+        sockdir: str,
+        channel_to: Callable[[str], grpc.Channel],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """One caller fills the backend's 100 streams and the MAX_WAITING queue: another caller's
+        one call still gets a place in the queue (the first caller's latest queued call is
+        refused for it) instead of failing at once: one caller cannot lock kubelet out."""
+        monkeypatch.setattr("krproxy.relay.connection.MAX_WAITING", 5)
+        backend, _ = await start_scripted_backend(nursery, os.path.join(sockdir, "backend.sock"))
+        # A bare relay: no store recovery whose calls would take places of their own.
+        relay = Relay()
+        await nursery.start(relay.run)
+        relay.configure(relay.route_to(os.path.join(sockdir, "backend.sock"), "backend"), None, {}, [SLOW])
+        listen = os.path.join(sockdir, "relay.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(listen)
+        listener.listen(16)
+        await nursery.start(relay.serve, listener)
+        released = asyncio.Event()
+
+        async def slow(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+            await released.wait()
+            await stream.send_message(messages[0])
+
+        backend.behaviours[SLOW] = slow
+        greedy = raw_unary(channel_to(listen), SLOW)
+        futures = [greedy.future(b"%d" % i, timeout=30) for i in range(105)]
+        await wait_until(lambda: backend.started.count(SLOW) >= 100)
+        await wait_until(lambda: relay.runtime is not None and len(relay.runtime.ep.waiting) >= 5)
+        # A connection of its own (grpcio shares one between channels to the same target).
+        channel = grpc.insecure_channel("unix://" + listen, options=[("grpc.use_local_subchannel_pool", 1)])
+        try:
+            other = raw_unary(channel, SLOW).future(b"other", timeout=30)
+            await wait_until(lambda: sum(future.done() for future in futures) + other.done() >= 1)
+            released.set()
+            assert b"other" == await in_thread(other.result)
+        finally:
+            released.set()
+            channel.close()
+        refused = []
+        for future in futures:
+            try:
+                await in_thread(future.result)
+            except grpc.RpcError as err:
+                refused.append((err.code(), "5 calls already wait for a stream slot" in str(err.details())))
+        assert [(grpc.StatusCode.UNAVAILABLE, True)] == refused  # its latest made room for the other's
 
     async def test_queued_calls_take_turns_by_caller(
         self, aio_loop: None, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
