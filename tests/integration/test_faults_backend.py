@@ -152,17 +152,19 @@ class TestBackendSlow:
         """A runtime slower than the caller's deadline: DEADLINE_EXCEEDED, and the runtime call is cancelled
         (the delayed work is never done), for a hooked and a plain forwarded method alike."""
         fake, _ = fake_containerd
-        fake.inject(method, Fault(delay=1.0, times=None))
+        # The call must reach the runtime before the caller's deadline: 1 s (0.3 s was tight under load),
+        # and a delay well beyond it.
+        fake.inject(method, Fault(delay=4.0, times=None))
         before = await warm_up(daemon.config.listen)
 
         with channel(daemon.config.listen) as ch:
             stubs = [api_pb2_grpc.RuntimeServiceStub(ch), api_pb2_grpc.ImageServiceStub(ch)]
             call = next(getattr(s, method) for s in stubs if hasattr(s, method))
             with pytest.raises(grpc.RpcError) as info:
-                await in_thread(call, request_, timeout=0.3)
+                await in_thread(call, request_, timeout=1.0)
 
         assert grpc.StatusCode.DEADLINE_EXCEEDED == info.value.code()
-        await trio.sleep(1.2)  # past the fault's delay: a call still running would have done the work
+        await trio.sleep(4.2)  # past the fault's delay: a call still running would have done the work
         assert [] == list(done(fake.state))
         assert 1 == len(fake.requests(method))
         assert await in_thread(version_ok, daemon.config.listen)
@@ -174,7 +176,7 @@ class TestBackendSlow:
         fake.inject("RunPodSandbox", Fault(delay=0.3, times=None))
         with channel(daemon.config.listen) as ch:
             stub = api_pb2_grpc.RuntimeServiceStub(ch)
-            reply = await in_thread(stub.RunPodSandbox, pod_request("slow"), timeout=5)
+            reply = await in_thread(stub.RunPodSandbox, pod_request("slow"), timeout=30)
         assert [reply.pod_sandbox_id] == list(fake.state.sandboxes)
 
     async def test_burst_of_expiring_calls(self, daemon: Daemon, fake_containerd: Any) -> None:
