@@ -23,7 +23,7 @@ from cri_api.v1 import api_pb2_grpc
 
 from fakes.containerd import FakeContainerd
 from krproxy.grpcstatus import Status
-from tests.integration.support import in_thread, start_proxy, wait_until
+from tests.integration.support import LIVENESS_LIMIT, in_thread, start_proxy, wait_until
 
 VERSION = "/runtime.v1.RuntimeService/Version"
 LIST = "/runtime.v1.RuntimeService/ListContainers"
@@ -433,7 +433,11 @@ async def test_a_stream_window_is_granted_to_the_runtime_only_as_the_caller_read
                     if offset == len(answer):
                         conn.send_headers(stream_id, [("grpc-status", "0")], end_stream=True)
                         del streams[stream_id]
+                # The short timeout is for polling reads only: a send that met it raised TimeoutError
+                # under load, ended this thread and left the answer half sent.
+                conn_sock.settimeout(LIVENESS_LIMIT)
                 conn_sock.sendall(conn.data_to_send())
+                conn_sock.settimeout(0.05)
                 try:
                     data = conn_sock.recv(65536)
                 except TimeoutError:
@@ -469,8 +473,8 @@ async def test_a_stream_window_is_granted_to_the_runtime_only_as_the_caller_read
     caller = await in_thread(RawCaller, proxy.config.listen, read=False)
     try:
         stream_id = await in_thread(caller.open, VERSION, b"")
-        with trio.move_on_after(1.0):
-            await wait_until(lambda: seen["sent"] >= 4 * 1024 * 1024)
+        # The first stream window arrives (a liveness bound: 1 s was not always enough under load).
+        await wait_until(lambda: seen["sent"] >= 4 * 1024 * 1024)
         await trio.sleep(0.5)  # time for a WINDOW_UPDATE that should not come
         held = (seen["sent"], seen["stream_updates"])
         for ep in proxy.relay._clients:
