@@ -477,17 +477,6 @@ async def test_a_stream_window_is_granted_to_the_runtime_only_as_the_caller_read
         await wait_until(lambda: seen["sent"] >= 4 * 1024 * 1024)
         await trio.sleep(0.5)  # time for a WINDOW_UPDATE that should not come
         held = (seen["sent"], seen["stream_updates"])
-        for ep in proxy.relay._clients:
-            print(
-                "DBG",
-                ep.held,
-                ep.send_window,
-                ep.peer_initial_window,
-                [(h.id, h.send_window, len(h.pending), h.reset, h.send_ended) for h in ep.halves.values()],
-            )
-        print(
-            "DBG2", caller.ended, caller.conn.streams[stream_id]._inbound_window_manager.current_window_size
-        )
         assert seen["connection_updates"] > 0  # the runtime connection's window did come back
         caller.read = True  # it reads (and acknowledges) from now on: nothing was read so far
         caller.sock.settimeout(10)
