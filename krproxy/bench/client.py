@@ -157,6 +157,20 @@ def create(args: argparse.Namespace) -> dict[str, Any]:
     return {"latencies_us": samples}
 
 
+def _pod_config(uid: str, cgroup_parent: str) -> Any:
+    """A host-network pod named ``uid`` whose cgroups go under ``/<cgroup_parent>/``."""
+    return pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name=uid, uid=uid, namespace="krproxy-bench"),
+        hostname="",  # runc cannot set a hostname without a private UTS namespace
+        linux=pb.LinuxPodSandboxConfig(
+            cgroup_parent=f"/{cgroup_parent}/pod-{uid}",
+            security_context=pb.LinuxSandboxSecurityContext(
+                namespace_options=pb.NamespaceOption(network=pb.NODE)
+            ),
+        ),
+    )
+
+
 def populate(args: argparse.Namespace) -> dict[str, Any]:
     """Create ``--pods`` host-network pods with ``--containers`` created (not started) containers each,
     for the real-containerd cases; pods' cgroups go under ``/<cgroup_parent>/``."""
@@ -166,16 +180,7 @@ def populate(args: argparse.Namespace) -> dict[str, Any]:
     started = time.perf_counter()
     for p in range(args.pods):
         uid = f"bench-{p}-{time.time_ns()}"
-        config = pb.PodSandboxConfig(
-            metadata=pb.PodSandboxMetadata(name=uid, uid=uid, namespace="krproxy-bench"),
-            hostname="",  # runc cannot set a hostname without a private UTS namespace
-            linux=pb.LinuxPodSandboxConfig(
-                cgroup_parent=f"/{args.cgroup_parent}/pod-{uid}",
-                security_context=pb.LinuxSandboxSecurityContext(
-                    namespace_options=pb.NamespaceOption(network=pb.NODE)
-                ),
-            ),
-        )
+        config = _pod_config(uid, args.cgroup_parent)
         pod_id = pb.RunPodSandboxResponse.FromString(
             run(pb.RunPodSandboxRequest(config=config).SerializeToString(), timeout=120)
         ).pod_sandbox_id
@@ -216,16 +221,7 @@ def pod_create(args: argparse.Namespace) -> dict[str, Any]:
     samples: list[float] = []
     for p in range(args.pods):
         uid = f"bench-nri-{p}-{time.time_ns()}"
-        config = pb.PodSandboxConfig(
-            metadata=pb.PodSandboxMetadata(name=uid, uid=uid, namespace="krproxy-bench"),
-            hostname="",  # runc cannot set a hostname without a private UTS namespace
-            linux=pb.LinuxPodSandboxConfig(
-                cgroup_parent=f"/{args.cgroup_parent}/pod-{uid}",
-                security_context=pb.LinuxSandboxSecurityContext(
-                    namespace_options=pb.NamespaceOption(network=pb.NODE)
-                ),
-            ),
-        )
+        config = _pod_config(uid, args.cgroup_parent)
         container = pb.ContainerConfig(
             metadata=pb.ContainerMetadata(name="c"),
             image=pb.ImageSpec(image=args.image),
