@@ -169,8 +169,7 @@ async def serve(
         call_deadline=calls.current_deadline,
     )
     hooks = HookRuntime(HookStore(), dispatcher, config.skip_label)
-    metrics.store_pods.set_function(lambda: hooks.store.statistics().pods)
-    metrics.store_containers.set_function(lambda: hooks.store.statistics().containers)
+    metrics.track_store(lambda: hooks.store)
     interceptors = hooks.interceptors()
     # OCI hooks (--oci-hooks-dir): their interceptors wrap the plugin ones (krproxy/ocihooks/proxy.py).
     oci_hooks = None
@@ -199,7 +198,7 @@ async def serve(
                     watch,
                     config.hook_dir,
                     dispatcher.publish,
-                    on_error=lambda name: metrics.registration_errors.labels(name).inc(),
+                    on_error=metrics.registration_error,
                     trusted_only=not config.insecure_registration_files,
                 )
             )

@@ -6,12 +6,15 @@ in one test process never share counters.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from krproxy import __version__
 from krproxy.calls import CallRecord
 from krproxy.forward import known_routes
 from krproxy.hooks.outcomes import Outcome
+from krproxy.hooks.store import HookStore
 from krproxy.hooks.validate import INVALID_ANSWER
 
 #: Latency buckets in seconds: from a fast local call (~0.3 ms) to kubelet's 2 min deadline.
@@ -103,6 +106,16 @@ class Metrics:
         )
         self.info = Info("krproxy_build", "The daemon's version.", registry=r)
         self.info.info({"version": __version__})
+
+    def track_store(self, store: Callable[[], HookStore]) -> None:
+        """Report the pods and containers of ``store()`` (read at each scrape: a daemon may replace
+        its store, as NRI mode does at each Synchronize)."""
+        self.store_pods.set_function(lambda: store().statistics().pods)
+        self.store_containers.set_function(lambda: store().statistics().containers)
+
+    def registration_error(self, name: str) -> None:
+        """Count a registration file that could not be used (the hook directory watcher's ``on_error``)."""
+        self.registration_errors.labels(name).inc()
 
     def observe_call(self, record: CallRecord) -> None:
         method = record.path.rpartition("/")[2] if record.path in _KNOWN_PATHS else "unknown"

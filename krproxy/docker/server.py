@@ -386,8 +386,7 @@ async def serve(
     relay = Relay()  # not serving: only the dispatcher's calls to the plugins
     dispatcher = Dispatcher(relay, observe=metrics.observe_hook)
     hooks = DockerHooks(HookStore(), dispatcher.run, config.skip_label)
-    metrics.store_pods.set_function(lambda: hooks.store.statistics().pods)
-    metrics.store_containers.set_function(lambda: hooks.store.statistics().containers)
+    metrics.track_store(lambda: hooks.store)
     proxy = DockerProxy(config.runtime_endpoint, hooks)
     try:
         async with trio.open_nursery() as nursery:
@@ -397,7 +396,7 @@ async def serve(
                     watch,
                     config.hook_dir,
                     dispatcher.publish,
-                    on_error=lambda name: metrics.registration_errors.labels(name).inc(),
+                    on_error=metrics.registration_error,
                 )
             )
             nursery.start_soon(_recover_store, config, hooks, metrics)

@@ -507,8 +507,7 @@ async def serve(
     relay = Relay()
     dispatcher = Dispatcher(relay, observe=metrics.observe_hook)
     plugin = NriPlugin(config, dispatcher, metrics)
-    metrics.store_pods.set_function(lambda: plugin.store.statistics().pods)
-    metrics.store_containers.set_function(lambda: plugin.store.statistics().containers)
+    metrics.track_store(lambda: plugin.store)
     view = NriView(plugin, metrics)
     metrics.ready.set_function(lambda: view.readiness()[0])
     if admin_sock is None and config.metrics_address:
@@ -523,7 +522,7 @@ async def serve(
                     watch,
                     config.hook_dir,
                     plugin.publish,
-                    on_error=lambda name: metrics.registration_errors.labels(name).inc(),
+                    on_error=metrics.registration_error,
                     trusted_only=not config.insecure_registration_files,
                 )
             )
