@@ -7,6 +7,7 @@ Pure: nothing here reads or writes a file. The executor uses these tables to tur
 from __future__ import annotations
 
 import enum
+import math
 
 import attrs
 
@@ -46,18 +47,52 @@ class CgroupFile(enum.Enum):
         return "/".join(p for p in (rel, names.v2_file) if p)
 
 
+#: cgroup v1 ``cpu.shares`` range (the kernel's MIN_SHARES, MAX_SHARES) and v2 ``cpu.weight`` range.
+MIN_SHARES, MAX_SHARES = 2, 262144
+MIN_WEIGHT, MAX_WEIGHT = 1, 10000
+
+
 def shares_to_weight(shares: int) -> int:
-    """cgroup v1 ``cpu.shares`` → v2 ``cpu.weight`` (the conversion runc and kubelet use)."""
-    shares = min(max(shares, 2), 262144)
-    return 1 + ((shares - 2) * 9999) // 262142
+    """cgroup v1 ``cpu.shares`` → v2 ``cpu.weight``, as runc converts the OCI ``cpu.shares``.
+
+    0 means "unset" and gives 0: nothing is to be written (runc writes no ``cpu.weight`` then).
+    Otherwise runc's current formula (opencontainers/cgroups ``ConvertCPUSharesToCgroupV2Value``,
+    runc ≥ 1.3.2 and crun ≥ 1.23; kubelet's tests expect it): ``ceil(10^((l² + 125·l)/612 − 7/34))``
+    with ``l = log2(shares)``, a curve through the ends of both ranges and the defaults
+    (2 → 1, 1024 → 100, 262144 → 10000); at most 2 gives 1, at least 262144 gives 10000.
+    Older runc (≤ 1.3.1) used the straight line ``1 + (shares − 2)·9999 // 262142`` (1024 → 39).
+
+    Raises:
+        ValueError: ``shares`` is negative (no cgroup value; runc's is unsigned).
+    """
+    if shares < 0:
+        raise ValueError(f"cpu shares {shares} is negative: give 0 (unset) or {MIN_SHARES}..{MAX_SHARES}")
+    if shares == 0:
+        return 0
+    if shares <= MIN_SHARES:
+        return MIN_WEIGHT
+    if shares >= MAX_SHARES:
+        return MAX_WEIGHT
+    exp = math.log2(shares)
+    return math.ceil(10 ** ((exp * exp + 125 * exp) / 612 - 7 / 34))
 
 
-def format_value(file: CgroupFile, value: int | str, version: int, current: str | None) -> str:
-    """The text to write into ``file`` for ``value``; ``current`` is the file's content (for cpu.max)."""
+def format_value(file: CgroupFile, value: int | str, version: int, current: str | None) -> str | None:
+    """The text to write into ``file`` for ``value``; ``current`` is the file's content (for cpu.max).
+
+    None when there is nothing to write: ``cpu.shares`` 0 is "unset" (as for runc, on v1 and v2 alike:
+    the kernel would take a 0 as its minimum, 2).
+
+    Raises:
+        ValueError: a value no cgroup file can hold (negative cpu shares).
+    """
+    if file is CgroupFile.CPU_SHARES and isinstance(value, int):
+        weight = shares_to_weight(value)  # the checks, on v1 too
+        if weight == 0:
+            return None
+        return str(value if version == 1 else weight)
     if version == 1 or isinstance(value, str):
         return str(value)
-    if file is CgroupFile.CPU_SHARES:
-        return str(shares_to_weight(value))
     if file is CgroupFile.CFS_QUOTA:
         parts = (current or "").split()
         period = parts[1] if len(parts) == 2 else str(DEFAULT_CFS_PERIOD)

@@ -111,19 +111,23 @@ class Executor:
         return _read(self.cgroup_path(cgroup_dir, file))
 
     def set(self, cgroup_dir: str, file: CgroupFile, value: int | str) -> Change | None:
-        """Write ``value`` (converted for the cgroup version) unless the file already holds it.
+        """Write ``value`` (converted for the cgroup version) unless the file already holds it, or
+        the value means "unset" (``cpu.shares`` 0, see :func:`format_value`).
 
         Raises:
             FileNotFoundError: the cgroup or the file does not exist (not created on purpose).
-            CgroupWriteError: the kernel refused the value.
+            CgroupWriteError: the kernel refused the value, or no cgroup file can hold it.
             PathOutsideRootError: ``cgroup_dir`` escapes the root.
         """
         path = self.cgroup_path(cgroup_dir, file)
         old = _read(path)
         if old is None:
             raise FileNotFoundError(f"no cgroup file {path}")
-        new = format_value(file, value, self.cgroup_version, old)
-        if old == new:
+        try:
+            new = format_value(file, value, self.cgroup_version, old)
+        except ValueError as exc:
+            raise CgroupWriteError(path, str(value), OSError(errno.EINVAL, str(exc))) from exc
+        if new is None or old == new:  # None: the value means "unset", nothing to write
             return None
         try:
             self._write_cgroup(path, new)

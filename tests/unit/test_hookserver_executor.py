@@ -16,6 +16,7 @@ from krproxy.hookserver import (
     pod_cgroup_dir,
 )
 from krproxy.hookserver._cgroups import shares_to_weight
+from krproxy.hookserver._executor import CgroupWriteError
 from krproxy.hookserver.testing import FakeNode
 
 POD = "/kubepods/besteffort/pod1"
@@ -64,9 +65,30 @@ class TestPaths:
         )
         assert container_cgroup_dir(parent, "abc").endswith("pod1_2.slice/cri-containerd-abc.scope")
 
-    def test_shares_to_weight(self) -> None:
-        """The runc conversion: 2 → 1, 1024 → 39, 262144 → 10000."""
-        assert (1, 39, 10000) == (shares_to_weight(2), shares_to_weight(1024), shares_to_weight(262144))
+    @pytest.mark.parametrize(
+        ("shares", "weight"),
+        # runc's (opencontainers/cgroups) values; 2000 → 170 is what runc issue 4896 shows for v1.4.
+        [
+            (0, 0),
+            (1, 1),
+            (2, 1),
+            (3, 2),
+            (1024, 100),
+            (2000, 170),
+            (262143, 10000),
+            (262144, 10000),
+            (262145, 10000),
+            (10**9, 10000),
+        ],
+    )
+    def test_shares_to_weight(self, shares: int, weight: int) -> None:
+        """runc's conversion: 0 is "unset" (0), the ends and the defaults meet (2 → 1, 1024 → 100,
+        262144 → 10000), and values beyond the v1 range are clamped to the v2 range."""
+        assert weight == shares_to_weight(shares)
+
+    def test_negative_shares_refused(self) -> None:
+        with pytest.raises(ValueError, match="negative"):
+            shares_to_weight(-1)
 
 
 class TestExecutor:
@@ -96,6 +118,33 @@ class TestExecutor:
             node.read(POD, CgroupFile.CPU_SHARES),
             node.read(POD, CgroupFile.CFS_QUOTA),
             node.read(POD, CgroupFile.MEMORY_LIMIT),
+        )
+
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_zero_shares_write_nothing(self, tmp_path: pathlib.Path, version: int) -> None:
+        """cpu.shares 0 means "unset" (as for runc): neither cpu.shares nor cpu.weight is written
+        (the kernel would take 0 as its minimum: shares 2, weight 1)."""
+        node = FakeNode(tmp_path, cgroup_version=version).create()
+        node.add_cgroup(POD)
+        before = node.read(POD, CgroupFile.CPU_SHARES)
+        assert node.executor().set(POD, CgroupFile.CPU_SHARES, 0) is None
+        assert before == node.read(POD, CgroupFile.CPU_SHARES)
+
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_negative_shares_named_in_the_error(self, tmp_path: pathlib.Path, version: int) -> None:
+        node = FakeNode(tmp_path, cgroup_version=version).create()
+        node.add_cgroup(POD)
+        with pytest.raises(CgroupWriteError, match=r"'-5'.*cpu\.(shares|weight).*negative"):
+            node.executor().set(POD, CgroupFile.CPU_SHARES, -5)
+
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_shares_written_per_version(self, tmp_path: pathlib.Path, version: int) -> None:
+        """v1 takes the shares as they are, v2 their weight."""
+        node = FakeNode(tmp_path, cgroup_version=version).create()
+        node.add_cgroup(POD)
+        node.executor().set(POD, CgroupFile.CPU_SHARES, 2048)
+        assert ("2048" if version == 1 else str(shares_to_weight(2048))) == node.read(
+            POD, CgroupFile.CPU_SHARES
         )
 
     def test_detects_version(self, tmp_path: pathlib.Path) -> None:
