@@ -175,6 +175,33 @@ _CONNECTION_SPECIFIC = frozenset(
     (b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding", b"upgrade")
 )
 _REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
+#: The octets a regular field name may hold: RFC 9110's token characters but uppercase letters.
+#: RFC 9113 §8.2.1 forbids 0x00-0x20, 0x41-0x5a (uppercase), 0x7f-0xff and ':'; grpc-go's framer
+#: (containerd's, ``validWireHeaderFieldName``) takes token characters only, which also leaves
+#: out ``"(),/;<=>?@[\]{}``. A request either refuses is malformed.
+_NAME_OCTETS = b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz"
+#: The octets a field value may hold: all but the controls other than HTAB, and DEL. RFC 9113
+#: §8.2.1 forbids NUL, LF and CR; grpc-go's framer (``httpguts.ValidHeaderFieldValue``) every
+#: control but HTAB (and SP, which is no control), DEL too.
+_VALUE_OCTETS = bytes(c for c in range(256) if c == 0x09 or 0x20 <= c != 0x7F)
+_WHITESPACE = (0x20, 0x09)
+
+
+def field_problem(name: bytes, value: bytes) -> str | None:
+    """What RFC 9113 §8.2.1 (and grpc-go's framer) find wrong in one field, or None.
+
+    Pseudo-header names are judged by :func:`request_header_problem` (a known few); a value is
+    never quoted, as it may be a credential."""
+    if not name.startswith(b":") and (not name or name.translate(None, _NAME_OCTETS)):
+        return f"header field name {name!r} is not lowercase token characters"
+    if value:
+        bad = value.translate(None, _VALUE_OCTETS)
+        if bad:
+            return f"header field {name!r} has a control character (0x{bad[0]:02x}) in its value"
+        if value[0] in _WHITESPACE or value[-1] in _WHITESPACE:
+            # RFC 9113 §8.2.1 and h2 refuse it; grpc-go's framer lets it through.
+            return f"header field {name!r} has a value starting or ending with whitespace"
+    return None
 
 
 def request_header_problem(headers: Iterable[tuple[bytes, bytes]], trailers: bool = False) -> str | None:
@@ -183,6 +210,9 @@ def request_header_problem(headers: Iterable[tuple[bytes, bytes]], trailers: boo
     regular = False
     seen: set[bytes] = set()
     for name, value in headers:
+        problem = field_problem(name, value)
+        if problem is not None:
+            return problem
         if name.startswith(b":"):
             if trailers:
                 return f"pseudo-header {name!r} in trailers"
@@ -195,8 +225,6 @@ def request_header_problem(headers: Iterable[tuple[bytes, bytes]], trailers: boo
             seen.add(name)
             continue
         regular = True
-        if not name or name != name.lower() or any(c <= 0x20 or c == 0x7F for c in name):
-            return f"header field name {name!r} is not lowercase token characters"
         if name in _CONNECTION_SPECIFIC:
             return f"connection-specific header field {name!r}"
         if name == b"te" and value != b"trailers":

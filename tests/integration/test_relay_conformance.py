@@ -20,11 +20,13 @@ import hpack
 import pytest
 import trio
 
+from fakes.containerd import FakeContainerd
 from krproxy.relay import Relay
 from krproxy.relay import frames as f
-from tests.integration.support import wait_until
+from tests.integration.support import LIVENESS_LIMIT, start_proxy, wait_until
 
 PATH = "/test.Conformance/Call"
+VERSION = "/runtime.v1.RuntimeService/Version"
 
 
 def _after_preface(*frames: bytes) -> bytes:
@@ -180,6 +182,10 @@ def _without(name: str) -> tuple[tuple[str, str], ...]:
     return tuple(field for field in GOOD if field[0] != name)
 
 
+def _replaced(name: str, value: str) -> tuple[tuple[str, str], ...]:
+    return tuple((key, value if key == name else old) for key, old in GOOD)
+
+
 STREAM_CASES = {
     "data-on-half-closed-stream": (
         _open(*GOOD, end=True) + f.frame(f.DATA, 0, 1, b"\x00\x00\x00\x00\x00"),
@@ -207,12 +213,29 @@ STREAM_CASES = {
     "missing-method": (_open(*_without(":method")), f.PROTOCOL_ERROR),
     "missing-scheme": (_open(*_without(":scheme")), f.PROTOCOL_ERROR),
     "missing-path": (_open(*_without(":path")), f.PROTOCOL_ERROR),
+    # RFC 9113 §8.2.1: the octets a field may not hold.
+    "nul-in-header-value": (_open(*GOOD, ("x-id", "a\x00b")), f.PROTOCOL_ERROR),
+    "lf-in-header-value": (_open(*GOOD, ("x-id", "a\nx-injected: 1")), f.PROTOCOL_ERROR),
+    "cr-in-header-value": (_open(*GOOD, ("x-id", "a\rb")), f.PROTOCOL_ERROR),
+    "crlf-in-path": (_open(*_replaced(":path", PATH + "\r\n")), f.PROTOCOL_ERROR),
+    "leading-space-in-header-value": (_open(*GOOD, ("x-id", " a")), f.PROTOCOL_ERROR),
+    "trailing-tab-in-header-value": (_open(*GOOD, ("x-id", "a\t")), f.PROTOCOL_ERROR),
+    "control-character-in-header-value": (_open(*GOOD, ("x-id", "a\x01b")), f.PROTOCOL_ERROR),
+    "nul-in-header-name": (_open(*GOOD, ("x-\x00id", "1")), f.PROTOCOL_ERROR),
+    "lf-in-header-name": (_open(*GOOD, ("x-\nid", "1")), f.PROTOCOL_ERROR),
+    "colon-in-header-name": (_open(*GOOD, ("x:id", "1")), f.PROTOCOL_ERROR),
+    "separator-in-header-name": (_open(*GOOD, ("x(id)", "1")), f.PROTOCOL_ERROR),
 }
 
 #: ``h2`` raises a *connection* error (its ProtocolError) for a malformed header list and for bad
 #: PRIORITY frames, where RFC 9113 (§8.1.1, §5.3.1, §6.3) makes them stream errors; the code is
-#: the same, and that is what is compared. No case differs in the code.
-H2_STREAM_DIFFERS: dict[str, int] = {}
+#: the same, and that is what is compared. Where the code differs: fields the RFC allows but
+#: grpc-go's framer (containerd's, behind us) refuses with RST_STREAM PROTOCOL_ERROR, as the
+#: relay does; h2 accepts them (0).
+H2_STREAM_DIFFERS: dict[str, int] = {
+    "control-character-in-header-value": 0,  # httpguts.ValidHeaderFieldValue: no control but HTAB
+    "separator-in-header-name": 0,  # validWireHeaderFieldName: token characters only
+}
 
 
 def _h2_code(data: bytes) -> int:
@@ -291,6 +314,67 @@ async def test_a_stream_error_resets_only_that_stream(
     assert H2_STREAM_DIFFERS.get(case, expected) == _h2_code(data)
     assert ([(1, expected)], []) == (resets, [kind for kind, _, _ in seen if kind == f.GOAWAY])
     assert any(kind == f.PING for kind, _, _ in seen)
+
+
+@pytest.mark.parametrize(
+    "field",
+    [(b"x-id", b"a\x00b"), (b"x-id", b"a\r\nx-injected: 1"), (b"x-id", b"a\x01"), (b"x(id)", b"1")],
+    ids=["nul", "crlf", "control", "separator-in-name"],
+)
+async def test_a_forbidden_octet_fails_its_own_stream_and_never_reaches_the_runtime(
+    fake_containerd: tuple[FakeContainerd, str],
+    nursery: trio.Nursery,
+    sockdir: str,
+    field: tuple[bytes, bytes],
+) -> None:
+    """Three Version calls on one connection, the middle one carrying a field RFC 9113 §8.2.1 (or
+    grpc-go's framer) forbids: that stream is reset PROTOCOL_ERROR, the calls before and after it
+    are answered, and the runtime sees those two only, never the field."""
+    fake, backend = fake_containerd
+    proxy = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    fields = [(name.encode(), value.encode()) for name, value in _replaced(":path", VERSION)]
+
+    def run() -> tuple[dict[int, str], dict[int, bytes]]:
+        conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(
+                client_side=True,
+                header_encoding=None,
+                validate_outbound_headers=False,
+                normalize_outbound_headers=False,
+            )
+        )
+        conn.initiate_connection()
+        for stream_id, extra in ((1, []), (3, [field]), (5, [])):
+            conn.send_headers(stream_id, [*fields, *extra])
+            conn.send_data(stream_id, b"\x00\x00\x00\x00\x00", end_stream=True)
+        endings: dict[int, str] = {}
+        statuses: dict[int, bytes] = {}
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(LIVENESS_LIMIT)
+            sock.connect(proxy.config.listen)
+            sock.sendall(conn.data_to_send())
+            while len(endings) < 3:
+                data = sock.recv(65536)
+                assert data, "the relay closed the connection"
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.TrailersReceived):
+                        statuses[event.stream_id] = dict(event.headers)[b"grpc-status"]
+                    elif isinstance(event, h2.events.StreamEnded):
+                        endings[event.stream_id] = "ended"
+                    elif isinstance(event, h2.events.StreamReset):
+                        endings[event.stream_id] = f.ERROR_NAMES[event.error_code]
+                    elif isinstance(event, h2.events.ConnectionTerminated):
+                        raise AssertionError(f"GOAWAY {event.error_code!r}")
+                sock.sendall(conn.data_to_send())
+        return endings, statuses
+
+    endings, statuses = await trio.to_thread.run_sync(run)
+    assert {1: "ended", 3: "PROTOCOL_ERROR", 5: "ended"} == endings
+    assert {1: b"0", 5: b"0"} == statuses
+    seen = fake.headers("Version")
+    assert 2 == len(seen)
+    assert [] == [headers for headers in seen if field[0].decode("latin-1") in dict(headers)]
+    assert [] == fake.rejected
 
 
 async def test_a_request_on_a_lower_stream_id_is_a_connection_error(

@@ -197,11 +197,34 @@ class TestRequestHeaderRules:
             ([(b":protocol", b"x"), *GOOD], "not a request pseudo-header"),
             ([(b":path", b"/x"), *GOOD], "twice"),
             (GOOD[1:], "no :method"),
+            ([*GOOD, (b"x-id", b"a\x00b")], "control character (0x00)"),
+            ([*GOOD, (b"x-id", b"a\nb")], "control character (0x0a)"),
+            ([*GOOD, (b"x-id", b"a\rb")], "control character (0x0d)"),
+            ([*GOOD, (b"x-id", b"a\x01")], "control character (0x01)"),  # grpc-go's rule
+            ([*GOOD, (b"x-id", b"a\x7f")], "control character (0x7f)"),  # grpc-go's rule
+            ([(b":path", b"/a.B/C\r\n"), *GOOD[:2], GOOD[3]], "control character (0x0d)"),
+            ([*GOOD, (b"x-id", b" a")], "starting or ending with whitespace"),
+            ([*GOOD, (b"x-id", b"a\t")], "starting or ending with whitespace"),
+            ([*GOOD, (b"x\x00id", b"1")], "not lowercase token"),
+            ([*GOOD, (b"x\nid", b"1")], "not lowercase token"),
+            ([*GOOD, (b"x id", b"1")], "not lowercase token"),
+            ([*GOOD, (b"x:id", b"1")], "not lowercase token"),
+            ([*GOOD, (b"x\xe9", b"1")], "not lowercase token"),
+            ([*GOOD, (b"x(id)", b"1")], "not lowercase token"),  # grpc-go's rule: token characters
+            ([*GOOD, (b"", b"1")], "not lowercase token"),
         ],
     )
     def test_malformed_requests(self, headers: list[tuple[bytes, bytes]], problem: str) -> None:
         found = f.request_header_problem(headers)
         assert found is not None and problem in found
+
+    def test_values_may_hold_inner_whitespace_and_octets_above_ascii(self) -> None:
+        """RFC 9113 §8.2.1 and grpc-go both accept these (and an empty value)."""
+        assert f.request_header_problem([*GOOD, (b"x-id", b"a b\tc\x80\xff"), (b"x-e", b"")]) is None
+        assert f.request_header_problem([*GOOD, (b"x-!#$%&'*+-.^_`|~09az", b"1")]) is None
+
+    def test_trailers_are_judged_by_the_same_field_rules(self) -> None:
+        assert "control character" in str(f.request_header_problem([(b"x-id", b"\x00")], trailers=True))
 
     def test_pseudo_headers_in_trailers(self) -> None:
         assert "in trailers" in str(f.request_header_problem([(b":path", b"/x")], trailers=True))
