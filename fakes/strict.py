@@ -7,10 +7,12 @@ against such fakes can send what a real runtime resets (issue 15: krproxy's 9-di
 ``grpc-timeout`` passed every test and failed every pod against containerd). This module holds
 the rules, once, for the fakes that speak gRPC:
 
-- :func:`check_request` judges a request's header block as grpc-go's ``operateHeaders`` does
-  (``:method`` must be POST; ``grpc-timeout`` at most 8 digits and a unit, as its
-  ``decodeTimeout`` demands) and says how the peer answers (:class:`Rejection`), in the manner of
-  the grpc-go version chosen (:class:`GrpcGo`).
+- :func:`check_request` judges a request's header block as grpc-go does: first as its HTTP/2
+  framer (``golang.org/x/net/http2``'s ``readMetaFrame``: no control character but HTAB in a
+  value, regular names of lowercase token characters, pseudo-headers first, known and once), then
+  as its ``operateHeaders`` (``:method`` must be POST; ``grpc-timeout`` at most 8 digits and a
+  unit, as its ``decodeTimeout`` demands), and says how the peer answers (:class:`Rejection`), in
+  the manner of the grpc-go version chosen (:class:`GrpcGo`).
 - :data:`MAX_MESSAGE` and :func:`too_large` are containerd's message limit and grpc-go's answer
   (with RESOURCE_EXHAUSTED).
 
@@ -35,6 +37,11 @@ MAX_PLUGIN_REQUEST = 4 << 20
 
 #: grpc-timeout units grpc-go's ``decodeTimeout`` accepts.
 _TIMEOUT_UNITS = frozenset("HMSmun")
+#: What grpc-go's framer lets a regular field name hold (``validWireHeaderFieldName``: token
+#: characters, ``httpguts.IsTokenRune``, and no uppercase letter).
+_NAME_CHARACTERS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+#: Pseudo-headers grpc-go's framer knows (``checkPseudos``); the first four make a request.
+_REQUEST_PSEUDO = frozenset((":method", ":path", ":scheme", ":authority"))
 
 
 class GrpcGo(enum.Enum):
@@ -55,13 +62,21 @@ class GrpcGo(enum.Enum):
 
 @attrs.frozen
 class Rejection:
-    """How a grpc-go server refuses a request: what :data:`GrpcGo.V1_6` and :data:`GrpcGo.V2` send."""
+    """How a grpc-go server refuses a request: what :data:`GrpcGo.V1_6` and :data:`GrpcGo.V2` send.
 
-    http_status: int  # V2's early abort
+    ``http_status`` is None for a request its HTTP/2 framer refuses (a stream error, before
+    ``operateHeaders`` sees it): RST_STREAM PROTOCOL_ERROR from every version."""
+
+    http_status: int | None  # V2's early abort; None: the framer's reset
     message: str  # V2's grpc-message (INTERNAL); also the fakes' log line
 
     def describe(self) -> str:
         return self.message
+
+    def resets(self, grpc_go: GrpcGo) -> bool:
+        """Whether ``grpc_go`` answers with RST_STREAM PROTOCOL_ERROR alone; else with grpc-go's
+        early abort (an HTTP status, INTERNAL, then RST_STREAM NO_ERROR if the request was not over)."""
+        return self.http_status is None or grpc_go is GrpcGo.V1_6
 
 
 def timeout_error(value: str) -> str | None:
@@ -81,12 +96,45 @@ def timeout_error(value: str) -> str | None:
     return None
 
 
+def framer_error(headers: Iterable[tuple[str, str]]) -> str | None:
+    """The error grpc-go's HTTP/2 framer (``readMetaFrame``, ``checkPseudos``) finds in a decoded
+    header block, in its words, or None. RFC 9113 §8.2.1 forbids NUL, CR and LF in a value;
+    grpc-go refuses every control character but HTAB (``httpguts.ValidHeaderFieldValue``), and
+    lets a value start or end with whitespace (which the RFC and krproxy's relay refuse)."""
+    regular = False
+    pseudo: list[str] = []
+    for name, value in headers:
+        if any((ord(c) < 0x20 and c != "\t") or c == "\x7f" for c in value):
+            return f"invalid header field value for {name!r}"
+        if name.startswith(":"):
+            if regular:
+                return "pseudo header field after regular"
+            pseudo.append(name)
+        else:
+            regular = True
+            if not name or not _NAME_CHARACTERS.issuperset(name):
+                return f"invalid header field name {name!r}"
+    for i, name in enumerate(pseudo):
+        if name not in _REQUEST_PSEUDO and name != ":status":
+            return f"invalid pseudo-header {name!r}"
+        if name in pseudo[:i]:
+            return f"duplicate pseudo-header {name!r}"
+    if ":status" in pseudo and not _REQUEST_PSEUDO.isdisjoint(pseudo):
+        return "mix of request and response pseudo headers"
+    return None
+
+
 def check_request(headers: Iterable[tuple[str, str]]) -> Rejection | None:
     """None if grpc-go would accept this request header block, else how it refuses it.
 
-    Checked in grpc-go's order: ``grpc-timeout`` first, then ``:method``. A request without
-    ``:method`` (or with another method than POST) is malformed HTTP/2 (RFC 9113 §8.3.1).
+    Checked in grpc-go's order: the framer's rules (:func:`framer_error`) first, then
+    ``grpc-timeout``, then ``:method``. A request without ``:method`` (or with another method
+    than POST) is malformed HTTP/2 (RFC 9113 §8.3.1).
     """
+    headers = list(headers)
+    error = framer_error(headers)
+    if error is not None:
+        return Rejection(None, error)
     method = None
     for name, value in headers:
         if name == "grpc-timeout":
@@ -117,6 +165,7 @@ __all__ = [
     "Headers",
     "Rejection",
     "check_request",
+    "framer_error",
     "timeout_error",
     "too_large",
 ]

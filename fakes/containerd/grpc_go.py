@@ -62,7 +62,7 @@ class _StrictHandler(grpclib.protocol.AbstractHandler):
             self._inner.accept(stream, headers, release_stream)
             return
         self._rejected(headers, rejection)
-        if self._grpc_go is GrpcGo.V1_6:
+        if rejection.resets(self._grpc_go):
             stream.reset_nowait(ErrorCodes.PROTOCOL_ERROR)
             release_stream()
             return

@@ -351,11 +351,11 @@ class _StrictRelay(Relay):
             return
         LOGGER.info("event=request_refused reason=%r", rejection.message)
         self._plugin.rejected.append((text, rejection))
-        if self._plugin.grpc_go is strict.GrpcGo.V1_6:
+        if rejection.resets(self._plugin.grpc_go):
             ep.write(f.rst_stream(stream_id, f.PROTOCOL_ERROR))
             return
         answer = [
-            (b":status", b"%d" % rejection.http_status),
+            (b":status", str(rejection.http_status).encode()),
             (b"content-type", b"application/grpc"),
             (b"grpc-status", b"13"),  # INTERNAL
             (b"grpc-message", rejection.message.encode()),

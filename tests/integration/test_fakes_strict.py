@@ -131,6 +131,43 @@ async def test_grpc_go_2_aborts_early_with_internal(
     )
 
 
+@pytest.mark.parametrize("kind", PEERS)
+@pytest.mark.parametrize("grpc_go", [GrpcGo.V1_6, GrpcGo.V2])
+@pytest.mark.parametrize(
+    ("field", "refused"),
+    [
+        (("x-id", "a\x00b"), True),
+        (("x-id", "a\r\nx-injected: 1"), True),
+        (("x-id", "a\x01"), True),
+        (("x-Id", "1"), True),
+        (("x(id)", "1"), True),
+        (("x-id", " a\tb "), False),  # RFC 9113 §8.2.1 forbids the outer whitespace; grpc-go lets it through
+    ],
+    ids=["nul", "crlf", "control", "uppercase-name", "separator-in-name", "outer-whitespace"],
+)
+async def test_a_field_grpc_go_s_framer_refuses_resets_the_stream_in_every_version(
+    aio_loop: None,
+    nursery: trio.Nursery,
+    sockdir: str,
+    kind: str,
+    grpc_go: GrpcGo,
+    field: tuple[str, str],
+    refused: bool,
+) -> None:
+    """golang.org/x/net/http2 refuses a control character but HTAB in a value, and a regular name
+    of other than lowercase token characters, as a stream error before grpc-go's operateHeaders
+    sees the request: RST_STREAM PROTOCOL_ERROR, 1.6 and 2.x alike, the connection going on."""
+    peer, path, rpc, message = await _peer(kind, nursery, sockdir, grpc_go)
+    answer = await request(path, [*grpc_request(rpc, 2.0), field], framed(message))
+    if not refused:
+        assert (None, 0) == (answer.reset, answer.grpc_status), answer
+        assert [] == peer.rejected
+        return
+    assert (ErrorCodes.PROTOCOL_ERROR, [], False) == (answer.reset, answer.headers, answer.connection_closed)
+    assert [field] == [next(f for f in headers if f[0] == field[0]) for headers, _ in peer.rejected]
+    assert [None] == [rejection.http_status for _, rejection in peer.rejected]
+
+
 @pytest.mark.parametrize(("advertised", "expected"), [(None, None), (7, 7)])
 async def test_no_max_concurrent_streams_is_advertised_unless_asked_for(
     aio_loop: None, nursery: trio.Nursery, sockdir: str, advertised: int | None, expected: int | None

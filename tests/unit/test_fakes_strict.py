@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fakes.strict import MAX_MESSAGE, check_request, timeout_error, too_large
+from fakes.strict import MAX_MESSAGE, GrpcGo, check_request, timeout_error, too_large
 from krproxy.relay.rpc import encode_grpc_timeout
 
 POST = [(":method", "POST"), (":path", "/runtime.v1.RuntimeService/Version")]
@@ -69,3 +69,36 @@ def test_too_large_is_said_as_grpc_go_says_it(sending: bool) -> None:
     assert f"grpc: {verb} larger than max (16777217 vs. 16777216)" == too_large(
         MAX_MESSAGE + 1, sending=sending
     )
+
+
+@pytest.mark.parametrize(
+    ("fields", "error"),
+    [
+        ([*POST, ("x-id", "a\x00b")], "invalid header field value for 'x-id'"),
+        ([*POST, ("x-id", "a\rb")], "invalid header field value for 'x-id'"),
+        ([*POST, ("x-id", "a\x7f")], "invalid header field value for 'x-id'"),
+        ([(":path", "/a\n"), (":method", "POST")], "invalid header field value for ':path'"),
+        ([*POST, ("X-Id", "1")], "invalid header field name 'X-Id'"),
+        ([*POST, ("x id", "1")], "invalid header field name 'x id'"),
+        ([*POST, ("x:id", "1")], "invalid header field name 'x:id'"),
+        ([*POST, ("", "1")], "invalid header field name ''"),
+        ([("x-id", "1"), *POST], "pseudo header field after regular"),
+        ([*POST, (":protocol", "x")], "invalid pseudo-header ':protocol'"),
+        ([*POST, (":method", "POST")], "duplicate pseudo-header ':method'"),
+        ([(":status", "200"), *POST], "mix of request and response pseudo headers"),
+    ],
+)
+def test_grpc_go_s_framer_refuses_before_operate_headers(fields: list[tuple[str, str]], error: str) -> None:
+    """A stream error of the framer (``readMetaFrame``): no HTTP status, a reset in every version,
+    and judged before a bad ``grpc-timeout``."""
+    rejection = check_request([*fields, ("grpc-timeout", "123456789m")])
+    assert rejection is not None
+    assert (None, error) == (rejection.http_status, rejection.message)
+    assert rejection.resets(GrpcGo.V1_6) and rejection.resets(GrpcGo.V2)
+
+
+def test_grpc_go_s_framer_lets_through_what_http_allows() -> None:
+    """Inner and outer whitespace (RFC 9113 forbids the outer; grpc-go does not check it), octets
+    above ASCII, an empty value, every token character in a name."""
+    fields = [*POST, ("x-id", " a\tb "), ("x-e", ""), ("x-u", "é"), ("!#$%&'*+-.^_`|~09az", "1")]
+    assert check_request(fields) is None
