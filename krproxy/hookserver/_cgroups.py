@@ -13,8 +13,11 @@ import attrs
 
 from krproxy.hooks.slices import is_slice_name, slice_path
 
-#: The CFS period kubelet and runc use when none is given (µs).
+#: The CFS period kubelet and runc use when none is given (µs), and the kernel's for a new cgroup;
+#: the SDK assumes it only where a cgroup shows no period (no ``cpu.cfs_period_us``/``cpu.max``).
 DEFAULT_CFS_PERIOD = 100_000
+#: The least CFS quota (and period) the kernel accepts (µs): 1 ms.
+MIN_CFS_QUOTA = 1000
 
 
 @attrs.frozen
@@ -29,6 +32,8 @@ class CgroupFile(enum.Enum):
 
     CPU_SHARES = _Names("cpu", "cpu.shares", "cpu.weight")
     CFS_QUOTA = _Names("cpu", "cpu.cfs_quota_us", "cpu.max")
+    # v2 has quota and period in one file, "QUOTA PERIOD" ("max PERIOD" when unlimited).
+    CFS_PERIOD = _Names("cpu", "cpu.cfs_period_us", "cpu.max")
     CPUSET_CPUS = _Names("cpuset", "cpuset.cpus", "cpuset.cpus")
     MEMORY_LIMIT = _Names("memory", "memory.limit_in_bytes", "memory.max")
     # Anolis/Alibaba Cloud Linux "group identity"; absent on mainline kernels.
@@ -100,6 +105,30 @@ def format_value(file: CgroupFile, value: int | str, version: int, current: str 
     if file is CgroupFile.MEMORY_LIMIT:
         return "max" if value <= 0 else str(value)
     return str(value)
+
+
+def parse_cfs_period(text: str | None, version: int) -> int | None:
+    """The CFS period (µs) in a ``cpu.cfs_period_us`` (v1) or ``cpu.max`` (v2) text; None if absent
+    or unreadable."""
+    fields = (text or "").split()
+    field = fields[0] if version == 1 and len(fields) == 1 else fields[1] if len(fields) == 2 else ""
+    try:
+        period = int(field)
+    except ValueError:
+        return None
+    return period if period > 0 else None
+
+
+def scale_quota(quota: int, period: int, from_period: int = DEFAULT_CFS_PERIOD) -> int:
+    """``quota`` µs per ``from_period`` as µs per ``period``: the same share of a CPU, rounded down
+    (as kubelet's ``MilliCPUToQuota``: never above the share, so a child scaled from its parent's
+    quota is accepted under it); unlimited (negative) stays -1, and a limit never goes below the
+    kernel's minimum, :data:`MIN_CFS_QUOTA`."""
+    if quota < 0:
+        return -1
+    if period == from_period:
+        return quota
+    return max(quota * period // from_period, MIN_CFS_QUOTA)
 
 
 def pod_cgroup_dir(cgroup_parent: str) -> str:

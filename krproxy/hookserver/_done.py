@@ -18,7 +18,7 @@ import attrs
 from krproxy import log
 from krproxy.proto.runtime import v1alpha1 as hook
 
-from ._cgroups import CgroupFile, container_cgroup_dir, pod_cgroup_dir
+from ._cgroups import CgroupFile, container_cgroup_dir, pod_cgroup_dir, scale_quota
 from ._context import ContainerContext, PodContext, PodInfo, ResourceChanges
 from ._executor import CgroupWriteError, Change, Executor
 
@@ -202,9 +202,10 @@ def _above(a: int, b: int) -> bool:
     return (a < 0 <= b) or (0 <= b < a)
 
 
-def _exceeds(child: int, parent: int) -> bool:
-    """Whether cgroup v1 refuses ``child`` under ``parent`` (an unlimited child is allowed)."""
-    return 0 <= parent < child
+def _exceeds(child: int, child_period: int, parent: int, parent_period: int) -> bool:
+    """Whether cgroup v1 refuses quota ``child`` under ``parent`` (an unlimited child is allowed).
+    The kernel compares shares of a CPU, quota / period (``tg_cfs_schedulable_down``)."""
+    return parent >= 0 and child >= 0 and child * parent_period > parent * child_period
 
 
 def order_quota_writes(
@@ -213,7 +214,7 @@ def order_quota_writes(
     """Containers to write before the pod and after it, so cgroup v1 accepts every quota.
 
     cgroup v1 refuses a child's ``cpu.cfs_quota_us`` above its parent's and a parent's below a
-    child's. When the pod's quota is set, each container's is kept at or below it (its own limit
+    child's, each taken as a share of a CPU (quota / period: the two may have different periods). When the pod's quota is set, each container's is kept at or below it (its own limit
     — a plugin's value, else the one kubelet gave it — capped by the pod's; a container capped
     earlier gets its own limit back when the pod's rises). Containers whose quota goes down are
     written first (lower the child before the parent), the others — and those that go from
@@ -223,6 +224,7 @@ def order_quota_writes(
     quota = pod.response.resources.cfs_quota
     if executor.cgroup_version != 1 or quota is None or not pod.request.cgroup_parent:
         return [], list(containers)
+    pod_period = executor.cfs_period(pod_cgroup_dir(pod.request.cgroup_parent))
     before: list[ContainerContext] = []
     after: list[ContainerContext] = []
     for ctx in containers:
@@ -234,12 +236,14 @@ def order_quota_writes(
             current = _quota(executor.read(cgroup_dir, CgroupFile.CFS_QUOTA))
         except OSError:
             current = -1
+        period = executor.cfs_period(cgroup_dir)
         own = ctx.response.resources.cfs_quota
         if own is None:
             own = ctx.request.resources.cpu_quota if ctx.request.resources.cpu_quota > 0 else -1
-            if own < 0 and _exceeds(current, quota):
+            if own < 0 and _exceeds(current, period, quota, pod_period):
                 own = current  # kubelet's limit unknown here: cap what the file holds
-        capped = quota if _exceeds(own, quota) else own
+        # Quotas are µs per period, each cgroup's own: the container's cap is the pod's share.
+        capped = scale_quota(quota, period, pod_period) if _exceeds(own, period, quota, pod_period) else own
         if capped != current and (capped >= 0 or current >= 0):
             ctx.response.resources.cfs_quota = capped
         # Lowered from a limit: before the pod (capped < current <= the pod's old quota). From

@@ -19,7 +19,7 @@ import attrs
 
 from krproxy import log
 
-from ._cgroups import CgroupFile, format_value
+from ._cgroups import DEFAULT_CFS_PERIOD, CgroupFile, format_value, parse_cfs_period
 
 LOGGER = logging.getLogger("krproxy.hookserver.executor")
 
@@ -109,6 +109,16 @@ class Executor:
 
     def read(self, cgroup_dir: str, file: CgroupFile) -> str | None:
         return _read(self.cgroup_path(cgroup_dir, file))
+
+    def cfs_period(self, cgroup_dir: str) -> int:
+        """The CFS period (µs) of ``cgroup_dir``: v1 ``cpu.cfs_period_us``, v2 the second field of
+        ``cpu.max``; :data:`DEFAULT_CFS_PERIOD` only when the cgroup shows none (absent, unreadable)."""
+        try:
+            text = self.read(cgroup_dir, CgroupFile.CFS_PERIOD)
+        except OSError:
+            text = None
+        period = parse_cfs_period(text, self.cgroup_version)
+        return DEFAULT_CFS_PERIOD if period is None else period
 
     def set(self, cgroup_dir: str, file: CgroupFile, value: int | str) -> Change | None:
         """Write ``value`` (converted for the cgroup version) unless the file already holds it, or

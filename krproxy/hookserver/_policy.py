@@ -181,7 +181,8 @@ SCHEMA = Key(
                 ),
                 Key(
                     "cpuSuppressMinQuota",
-                    "the least CFS quota a BE pod is ever given",
+                    "the least CFS quota a BE pod is ever given (scaled to the pod cgroup's own CFS"
+                    " period: 2000 is 1000 µs per 50 ms period)",
                     "µs per 100 ms period",
                     2000,
                     1000,

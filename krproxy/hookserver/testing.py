@@ -20,20 +20,21 @@ import attrs
 
 from krproxy.proto.runtime import v1alpha1 as pb
 
-from ._cgroups import CgroupFile
+from ._cgroups import DEFAULT_CFS_PERIOD, CgroupFile, parse_cfs_period
 from ._context import QOS_LABEL
 from ._executor import Executor
 
 _V1_DEFAULTS = {
     CgroupFile.CPU_SHARES: "1024",
     CgroupFile.CFS_QUOTA: "-1",
+    CgroupFile.CFS_PERIOD: str(DEFAULT_CFS_PERIOD),
     CgroupFile.CPUSET_CPUS: "",
     CgroupFile.MEMORY_LIMIT: "9223372036854771712",
     CgroupFile.CPU_USAGE: "0",
 }
 _V2_DEFAULTS = {
     CgroupFile.CPU_SHARES: "100",
-    CgroupFile.CFS_QUOTA: "max 100000",
+    CgroupFile.CFS_QUOTA: f"max {DEFAULT_CFS_PERIOD}",
     CgroupFile.CPUSET_CPUS: "",
     CgroupFile.MEMORY_LIMIT: "max",
     CgroupFile.CPU_USAGE: "usage_usec 0\nuser_usec 0\nsystem_usec 0",
@@ -57,8 +58,10 @@ class FakeNode:
     mba: bool = True
     cbm_mask: str = "fff"
     #: Refuse cgroup v1 CFS quota writes the kernel refuses (EINVAL): a child's above its parent's,
-    #: a parent's below a child's.
+    #: a parent's below a child's (as shares of a CPU: quota / period).
     strict_quota: bool = False
+    #: The CFS period (µs) new cgroups get (v1 ``cpu.cfs_period_us``, v2 the second field of ``cpu.max``).
+    cfs_period: int = DEFAULT_CFS_PERIOD
 
     @property
     def cgroup_root(self) -> pathlib.Path:
@@ -86,9 +89,15 @@ class FakeNode:
             return _V1QuotaRules(self.cgroup_root, self.resctrl_root, self.cgroup_version)
         return Executor(self.cgroup_root, self.resctrl_root, self.cgroup_version)
 
-    def add_cgroup(self, cgroup_dir: str, pids: Iterable[int] = ()) -> None:
-        """Create ``cgroup_dir`` with the files a kernel would show, at their default values."""
+    def add_cgroup(self, cgroup_dir: str, pids: Iterable[int] = (), *, cfs_period: int | None = None) -> None:
+        """Create ``cgroup_dir`` with the files a kernel would show, at their default values (the CFS
+        period: ``cfs_period``, else the node's)."""
         defaults = dict(_V1_DEFAULTS if self.cgroup_version == 1 else _V2_DEFAULTS)
+        period = self.cfs_period if cfs_period is None else cfs_period
+        if self.cgroup_version == 1:
+            defaults[CgroupFile.CFS_PERIOD] = str(period)
+        else:
+            defaults[CgroupFile.CFS_QUOTA] = f"max {period}"
         if self.bvt:
             defaults[CgroupFile.CPU_BVT] = "0"
         if self.idle:
@@ -111,21 +120,27 @@ class FakeNode:
         return path.read_text().strip() if path.exists() else None
 
 
-def _quota_at(path: pathlib.Path) -> int:
+def _share_at(cgroup: pathlib.Path, quota: int | None = None) -> float:
+    """A v1 cgroup's CFS limit as a share of a CPU (quota / period), -1 when unlimited or absent;
+    ``quota`` instead of the file's."""
     try:
-        return int(path.read_text().strip() or "-1")
+        if quota is None:
+            quota = int((cgroup / "cpu.cfs_quota_us").read_text().strip() or "-1")
+        period = parse_cfs_period((cgroup / "cpu.cfs_period_us").read_text(), 1)
     except (FileNotFoundError, ValueError):
         return -1
+    return -1 if quota < 0 else quota / (period or DEFAULT_CFS_PERIOD)
 
 
 class _V1QuotaRules(Executor):
-    """An executor that refuses what cgroup v1 refuses for ``cpu.cfs_quota_us`` (EINVAL)."""
+    """An executor that refuses what cgroup v1 refuses for ``cpu.cfs_quota_us`` (EINVAL). The kernel
+    compares shares of a CPU, quota / period (``tg_cfs_schedulable_down``), not the raw quotas."""
 
     def _write_cgroup(self, path: pathlib.Path, text: str) -> None:
         if path.name == "cpu.cfs_quota_us":
-            new = int(text)
-            parent = _quota_at(path.parent.parent / path.name)
-            children = [_quota_at(c / path.name) for c in path.parent.iterdir() if c.is_dir()]
+            new = _share_at(path.parent, int(text))
+            parent = _share_at(path.parent.parent)
+            children = [_share_at(c) for c in path.parent.iterdir() if c.is_dir()]
             if 0 <= parent < new or any(0 <= new < c for c in children):
                 raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
         super()._write_cgroup(path, text)

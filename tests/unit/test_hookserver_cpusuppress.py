@@ -19,6 +19,7 @@ from krproxy.hookserver import (
     QoSClass,
     Stage,
 )
+from krproxy.hookserver._cgroups import DEFAULT_CFS_PERIOD, scale_quota
 from krproxy.hookserver.policies import cpusuppress
 from krproxy.hookserver.policies.cpusuppress import (
     RAISE_INTERVAL,
@@ -55,10 +56,16 @@ class Load:
 
 
 def _setup(
-    tmp_path: pathlib.Path, load: Load, *, version: int = 2, mode: str = "cfsQuota", strict: bool = False
+    tmp_path: pathlib.Path,
+    load: Load,
+    *,
+    version: int = 2,
+    mode: str = "cfsQuota",
+    strict: bool = False,
+    be_period: int = DEFAULT_CFS_PERIOD,
 ) -> tuple[HookServer, FakeNode, cpusuppress.CpuSuppressPlugin]:
     node = FakeNode(tmp_path, cgroup_version=version, strict_quota=strict).create()
-    node.add_cgroup(BE_POD)
+    node.add_cgroup(BE_POD, cfs_period=be_period)
     node.add_cgroup(LS_POD)
     node.add_cgroup(f"{BE_POD}/c-be")
     node.add_cgroup(f"{LS_POD}/c-ls")
@@ -403,6 +410,60 @@ class TestV1QuotaOrder:
             node.read(BE_POD, CgroupFile.CFS_QUOTA),
             node.read(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA),
         )
-        assert {("uid-be", "app"): 300000} == plugin._own
+        assert {("uid-be", "app"): (300000, 100000)} == plugin._own
         app.handle_pod(Stage.POST_STOP_POD_SANDBOX, be)
         assert {} == plugin._own  # forgotten with the pod
+
+
+class TestCfsPeriod:
+    """The budget is a share of the CPUs: a cgroup whose CFS period is not 100 ms gets the quota
+    for its own period (v1 ``cpu.cfs_period_us``, v2 the second field of ``cpu.max``)."""
+
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_pod_quota_for_its_period(self, tmp_path: pathlib.Path, version: int) -> None:
+        """A 2-CPU budget is 100000 µs per 50 ms period (not 200000: that is 4 CPUs); v2 keeps
+        "QUOTA PERIOD" together."""
+        load = Load(ls_used=2.0)  # 8 × 50 % − 2 = 2 CPUs
+        app, node, _ = _setup(tmp_path, load, version=version, be_period=50000)
+        _start(app)
+        app.tick(app.tickers[0])
+        expected = "100000" if version == 1 else "100000 50000"
+        assert expected == node.read(BE_POD, CgroupFile.CFS_QUOTA)
+        if version == 1:
+            assert "50000" == node.read(BE_POD, CgroupFile.CFS_PERIOD)
+
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_default_period_only_without_a_period_file(self, tmp_path: pathlib.Path, version: int) -> None:
+        """The executor reads the period a cgroup shows; 100 ms only when it shows none."""
+        node = FakeNode(tmp_path, cgroup_version=version).create()
+        node.add_cgroup(BE_POD, cfs_period=250000)
+        executor = node.executor()
+        assert (250000, DEFAULT_CFS_PERIOD) == (executor.cfs_period(BE_POD), executor.cfs_period(LS_POD))
+
+    def test_v1_container_capped_by_share_not_raw_quota(
+        self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """cgroup v1 compares quota / period: a container of 4 CPUs per 100 ms under a pod of 2 CPUs
+        per 50 ms is capped to 200000 per 100 ms (raw, 200000 > 100000 would look too high and
+        400000 vs 100000 would be refused as is); the kernel's rule, kept by the strict fake node."""
+        load = Load(ls_used=2.0)  # budget 2 CPUs
+        app, node, _ = _setup(tmp_path, load, version=1, strict=True, be_period=50000)
+        node.write(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA, "400000")
+        _start(app, be_quota=400000)
+        with caplog.at_level(logging.ERROR):
+            app.tick(app.tickers[0])
+        assert [] == logged_events(caplog.records, "reconcile_failed")
+        assert ("100000", "200000") == (
+            node.read(BE_POD, CgroupFile.CFS_QUOTA),
+            node.read(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA),
+        )
+
+    def test_scale_quota(self) -> None:
+        """Same share of a CPU, rounded down, never below the kernel's 1 ms; unlimited stays -1."""
+        assert (100000, 9999, 1000, -1, 200000) == (
+            scale_quota(200000, 50000),
+            scale_quota(33333, 30000),
+            scale_quota(2000, 10000),
+            scale_quota(-5, 50000),
+            scale_quota(200000, 100000),
+        )

@@ -8,7 +8,10 @@ deltas into cores. Like koordlet::
     budget = total_cores × cpuSuppressThresholdPercent / 100 − ls_used − system
 
 (LS here means every non-BE pod.) With ``cpuSuppressPolicy: cfsQuota`` each BE pod's cgroup
-gets ``cfs quota = budget × period``, never below ``cpuSuppressMinQuota``. (koordlet writes the
+gets ``cfs quota = budget × period``, never below ``cpuSuppressMinQuota`` (µs per 100 ms), where
+the period is the pod cgroup's own (``cpu.cfs_period_us``, or the second field of v2 ``cpu.max``;
+100 ms only when it shows none): the budget held is in µs per 100 ms, scaled to each cgroup's
+period when written. (koordlet writes the
 budget once to the ``besteffort`` QoS cgroup; we write it per BE pod because a Koordinator
 BE pod need not live there — each BE pod is capped at the budget, not their sum.) With
 ``cpuset`` BE containers get the ``ceil(budget)`` highest-numbered CPUs and the pod quota
@@ -40,8 +43,8 @@ import attrs
 from krproxy import log
 
 from .._app import HookServer, PodTarget
-from .._cgroups import DEFAULT_CFS_PERIOD, CgroupFile, pod_cgroup_dir
-from .._context import ContainerContext, PodContext, QoSClass
+from .._cgroups import DEFAULT_CFS_PERIOD, CgroupFile, pod_cgroup_dir, scale_quota
+from .._context import ContainerContext, PodContext, PodInfo, QoSClass
 from .._executor import Executor
 from .._features import FeatureStatus, NodeProbe
 from .._policy import CPUSuppress, NodePolicy
@@ -197,12 +200,19 @@ class ProcfsMeter:
         return Measurement(cores, node_used, ls, be)
 
 
+def _default_period(cgroup_dir: str) -> int:
+    return DEFAULT_CFS_PERIOD
+
+
 @attrs.define
 class CpuSuppressPlugin:
     """The BE budget in force (``quota``, ``cpuset``) and how it follows measurements.
 
     Attributes:
+        quota: the budget as a CFS quota in µs per :data:`DEFAULT_CFS_PERIOD` (100 ms); written
+            scaled to each cgroup's own period.
         clock: seconds, monotonic; injectable so tests drive time.
+        cfs_period: the CFS period of a cgroup directory (the executor's :meth:`Executor.cfs_period`).
     """
 
     meter: Meter = attrs.field(hash=False)
@@ -211,10 +221,11 @@ class CpuSuppressPlugin:
     cpuset: str | None = None
     clock: Callable[[], float] = attrs.field(default=time.monotonic, hash=False)
     cgroup_version: int = 2
+    cfs_period: Callable[[str], int] = attrs.field(default=_default_period, hash=False)
     _last: Measurement | None = None
     _pinned: frozenset[int] = frozenset()
-    #: Each BE container's own CFS quota as kubelet set it, by (pod uid, container name).
-    _own: dict[tuple[str, str], int] = attrs.Factory(dict)
+    #: Each BE container's own CFS quota and period as kubelet set them, by (pod uid, container name).
+    _own: dict[tuple[str, str], tuple[int, int]] = attrs.Factory(dict)
     _changed_at: float | None = None
     #: Every CPU is pinned by LS pods (cpuset mode): logged once when it starts.
     _no_free_cpu: bool = False
@@ -313,12 +324,21 @@ class CpuSuppressPlugin:
             ctx.response.resources.cfs_quota = -1
         if self.config is None or self.quota is None:
             return
-        ctx.response.resources.cfs_quota = self.quota if self.config.policy == "cfsQuota" else -1
+        if self.config.policy != "cfsQuota":
+            ctx.response.resources.cfs_quota = -1
+            return
+        ctx.response.resources.cfs_quota = self._pod_quota(ctx.request, self.quota)[0]
+
+    def _pod_quota(self, pod: PodInfo, quota: int) -> tuple[int, int]:
+        """The budget ``quota`` (µs per 100 ms) for ``pod``'s cgroup, and that cgroup's period."""
+        parent = pod.cgroup_parent
+        period = self.cfs_period(pod_cgroup_dir(parent)) if parent else DEFAULT_CFS_PERIOD
+        return scale_quota(quota, period), period
 
     def set_container(self, ctx: ContainerContext) -> None:
         """Hook (PreCreateContainer, PreUpdateContainerResources): the request carries kubelet's
         limits, remembered as the container's own quota; then as :meth:`reconcile_container`."""
-        self._own[_container_key(ctx)] = ctx.request.resources.cpu_quota
+        self._own[_container_key(ctx)] = _limit(ctx)
         self.reconcile_container(ctx)
 
     def reconcile_container(self, ctx: ContainerContext) -> None:
@@ -327,7 +347,7 @@ class CpuSuppressPlugin:
         if self._release_cpuset is not None:
             ctx.response.resources.cpuset = self._release_cpuset
         if self._release_quota and self.cgroup_version == 1 and ctx.request.id:
-            own = self._own.get(_container_key(ctx), ctx.request.resources.cpu_quota)
+            own, _ = self._own.get(_container_key(ctx), _limit(ctx))
             if own > 0:
                 ctx.response.resources.cfs_quota = own
         if self.config is None:
@@ -336,14 +356,18 @@ class CpuSuppressPlugin:
             if self.cpuset is not None:
                 ctx.response.resources.cpuset = self.cpuset
             return
-        # cgroup v1 refuses a container quota above the pod's: the container gets at most the
-        # budget, and its own (kubelet's) quota back when the budget allows. (The request may
-        # carry the capped value: the runtime was told it.)
-        own = self._own.get(_container_key(ctx), ctx.request.resources.cpu_quota)
+        # cgroup v1 refuses a container quota above the pod's (as a share of a CPU, quota / period):
+        # the container gets at most the budget, and its own (kubelet's) quota back when the budget
+        # allows. (The request may carry the capped value: the runtime was told it.)
+        own, period = self._own.get(_container_key(ctx), _limit(ctx))
         if self.cgroup_version != 1 or own <= 0:
             return
-        if self.quota is not None and own > self.quota:
-            ctx.response.resources.cfs_quota = self.quota
+        if self.quota is None:
+            pod_quota, pod_period = -1, DEFAULT_CFS_PERIOD
+        else:
+            pod_quota, pod_period = self._pod_quota(ctx.request.pod, self.quota)
+        if pod_quota >= 0 and own * pod_period > pod_quota * period:
+            ctx.response.resources.cfs_quota = scale_quota(pod_quota, period, pod_period)
         elif ctx.request.id:  # a running container: back to its own
             ctx.response.resources.cfs_quota = own
 
@@ -356,6 +380,13 @@ class CpuSuppressPlugin:
 
 def _container_key(ctx: ContainerContext) -> tuple[str, str]:
     return (ctx.request.pod.meta.uid, ctx.request.name)
+
+
+def _limit(ctx: ContainerContext) -> tuple[int, int]:
+    """The container's CFS quota and period as the request carries them (kubelet sends both; a
+    period of 0 is the runtime's default, 100 ms)."""
+    res = ctx.request.resources
+    return res.cpu_quota, res.cpu_period if res.cpu_period > 0 else DEFAULT_CFS_PERIOD
 
 
 def status(probe: NodeProbe, proc_stat: str, policy: NodePolicy | None) -> FeatureStatus:
@@ -386,6 +417,7 @@ def install(
     plugin = CpuSuppressPlugin(
         meter if meter is not None else ProcfsMeter(app.executor, proc_stat),
         cgroup_version=app.executor.cgroup_version,
+        cfs_period=app.executor.cfs_period,
     )
     description = "BE CPU suppress: cfs quota or cpuset from measured LS usage"
     app.rules.register(NAME, description, plugin.parse)
