@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 
 import attrs
 
@@ -35,6 +36,8 @@ class CgroupFile(enum.Enum):
     # v2 has quota and period in one file, "QUOTA PERIOD" ("max PERIOD" when unlimited).
     CFS_PERIOD = _Names("cpu", "cpu.cfs_period_us", "cpu.max")
     CPUSET_CPUS = _Names("cpuset", "cpuset.cpus", "cpuset.cpus")
+    # The CPUs a cgroup can use in fact (at the root: every online CPU).
+    CPUSET_EFFECTIVE = _Names("cpuset", "cpuset.effective_cpus", "cpuset.cpus.effective")
     MEMORY_LIMIT = _Names("memory", "memory.limit_in_bytes", "memory.max")
     # Anolis/Alibaba Cloud Linux "group identity"; absent on mainline kernels.
     CPU_BVT = _Names("cpu", "cpu.bvt_warp_ns", "cpu.bvt_warp_ns")
@@ -105,6 +108,29 @@ def format_value(file: CgroupFile, value: int | str, version: int, current: str 
     if file is CgroupFile.MEMORY_LIMIT:
         return "max" if value <= 0 else str(value)
     return str(value)
+
+
+def parse_cpus(text: str) -> frozenset[int]:
+    """A cpuset list (``0-3,8``) as CPU numbers; a malformed part is ignored."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        try:
+            cpus.update(range(int(lo), int(hi or lo) + 1))
+        except ValueError:
+            continue
+    return frozenset(cpus)
+
+
+def format_cpus(cpus: Iterable[int]) -> str:
+    """CPU numbers as a cpuset list, ranges folded: ``{0, 1, 2, 5}`` → ``0-2,5``."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def parse_cfs_period(text: str | None, version: int) -> int | None:

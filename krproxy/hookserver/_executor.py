@@ -19,9 +19,13 @@ import attrs
 
 from krproxy import log
 
-from ._cgroups import DEFAULT_CFS_PERIOD, CgroupFile, format_value, parse_cfs_period
+from ._cgroups import DEFAULT_CFS_PERIOD, CgroupFile, format_value, parse_cfs_period, parse_cpus
 
 LOGGER = logging.getLogger("krproxy.hookserver.executor")
+
+#: The kernel's list of online CPUs (``0-3,6``): CPUs that are offline (hot-unplugged, or
+#: ``maxcpus=``) are missing from it.
+SYSFS_CPU_ONLINE = "/sys/devices/system/cpu/online"
 
 
 class PathOutsideRootError(PermissionError):
@@ -152,6 +156,20 @@ class Executor:
         """The one place a cgroup file is written (a test executor may apply kernel rules here)."""
         _write(path, text)
 
+    def root_cpus(self) -> frozenset[int]:
+        """The CPUs the root cgroup can use, which the kernel keeps equal to the online ones: v2
+        ``cpuset.cpus.effective``, v1 ``cpuset.effective_cpus`` (else ``cpuset.cpus``); empty when
+        the root shows none (no cpuset controller there)."""
+        for file in (CgroupFile.CPUSET_EFFECTIVE, CgroupFile.CPUSET_CPUS):
+            try:
+                text = self.read("", file)
+            except OSError:
+                continue
+            cpus = parse_cpus(text or "")
+            if cpus:
+                return cpus
+        return frozenset()
+
     def pids(self, cgroup_dir: str) -> tuple[int, ...]:
         text = self.read(cgroup_dir, CgroupFile.PROCS) or ""
         return tuple(int(tok) for tok in text.split())
@@ -191,3 +209,17 @@ class Executor:
             _write(path, f"{pid}\n", append=True)
             changes.append(Change(str(path), old or None, str(pid)))
         return changes
+
+
+def online_cpus(executor: Executor, sysfs_online: str = SYSFS_CPU_ONLINE) -> frozenset[int]:
+    """The node's usable CPUs by number: the root cgroup's (:meth:`Executor.root_cpus`), else the
+    kernel's online list ``sysfs_online``; never ``0..N-1`` from a count, which names offline CPUs
+    (a cpuset with one is refused) and misses the high numbers. Empty when neither can be read."""
+    cpus = executor.root_cpus()
+    if cpus:
+        return cpus
+    try:
+        with open(sysfs_online) as f:
+            return parse_cpus(f.read().strip())
+    except OSError:
+        return frozenset()

@@ -62,6 +62,9 @@ class FakeNode:
     strict_quota: bool = False
     #: The CFS period (µs) new cgroups get (v1 ``cpu.cfs_period_us``, v2 the second field of ``cpu.max``).
     cfs_period: int = DEFAULT_CFS_PERIOD
+    #: The node's online CPUs, as the root cgroup shows them (v1 ``cpuset.cpus`` and
+    #: ``cpuset.effective_cpus``, v2 ``cpuset.cpus.effective``); None: no cpuset at the root.
+    cpus: str | None = "0-7"
 
     @property
     def cgroup_root(self) -> pathlib.Path:
@@ -76,6 +79,14 @@ class FakeNode:
         self.resctrl_root.mkdir(parents=True, exist_ok=True)
         if self.cgroup_version == 2:
             (self.cgroup_root / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+        if self.cpus is not None:
+            files = [CgroupFile.CPUSET_EFFECTIVE]
+            if self.cgroup_version == 1:  # v2's root has no cpuset.cpus
+                files.append(CgroupFile.CPUSET_CPUS)
+            for file in files:
+                path = self.cgroup_root / file.path("", self.cgroup_version)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(self.cpus + "\n")
         if self.resctrl:
             (self.resctrl_root / "info" / "L3").mkdir(parents=True, exist_ok=True)
             (self.resctrl_root / "info" / "L3" / "cbm_mask").write_text(self.cbm_mask + "\n")

@@ -20,6 +20,7 @@ from krproxy.hookserver import (
     Stage,
 )
 from krproxy.hookserver._cgroups import DEFAULT_CFS_PERIOD, scale_quota
+from krproxy.hookserver._executor import online_cpus
 from krproxy.hookserver.policies import cpusuppress
 from krproxy.hookserver.policies.cpusuppress import (
     RAISE_INTERVAL,
@@ -63,8 +64,11 @@ def _setup(
     mode: str = "cfsQuota",
     strict: bool = False,
     be_period: int = DEFAULT_CFS_PERIOD,
+    cpus: str | None = None,
 ) -> tuple[HookServer, FakeNode, cpusuppress.CpuSuppressPlugin]:
-    node = FakeNode(tmp_path, cgroup_version=version, strict_quota=strict).create()
+    """A node (online CPUs ``cpus``, default ``0..load.total-1``) with a BE and an LS pod."""
+    cpus = f"0-{load.total - 1}" if cpus is None else cpus
+    node = FakeNode(tmp_path, cgroup_version=version, strict_quota=strict, cpus=cpus).create()
     node.add_cgroup(BE_POD, cfs_period=be_period)
     node.add_cgroup(LS_POD)
     node.add_cgroup(f"{BE_POD}/c-be")
@@ -211,10 +215,10 @@ class TestCpuset:
         assert frozenset({0, 1, 2, 5}) == parse_cpus("0-2,5")
         assert "0-2,5" == format_cpus({5, 0, 2, 1})
         assert ("5,7", None) == (
-            be_cpuset(8, 200000, pinned=frozenset({6})),
-            be_cpuset(2, 100000, pinned=frozenset({0, 1})),
+            be_cpuset(range(8), 200000, pinned=frozenset({6})),
+            be_cpuset(range(2), 100000, pinned=frozenset({0, 1})),
         )
-        assert "4-5" == be_cpuset(8, 200000, pinned=frozenset({6, 7}))
+        assert "4-5" == be_cpuset(range(8), 200000, pinned=frozenset({6, 7}))
 
     @pytest.mark.parametrize("version", [1, 2])
     def test_be_never_gets_cpus_ls_pods_are_pinned_to(self, tmp_path: pathlib.Path, version: int) -> None:
@@ -253,7 +257,9 @@ class TestCpuset:
         with caplog.at_level(logging.WARNING):
             app.tick(app.tickers[0])
         assert before == plugin.cpuset
-        assert [{"pinned": "0-1", "kept": before}] == logged_events(caplog.records, "cpusuppress_no_free_cpu")
+        assert [{"online": "0-1", "pinned": "0-1", "kept": before}] == logged_events(
+            caplog.records, "cpusuppress_no_free_cpu"
+        )
 
     def test_every_cpu_pinned_is_logged_once_not_every_second(
         self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
@@ -467,3 +473,56 @@ class TestCfsPeriod:
             scale_quota(-5, 50000),
             scale_quota(200000, 100000),
         )
+
+
+class TestOnlineCpus:
+    """cpuset mode places BE on the CPUs that are online, not on ``0..N-1`` from a count."""
+
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_offline_cpus_never_named(self, tmp_path: pathlib.Path, version: int) -> None:
+        """With CPUs 3 and 7 offline (the root cgroup shows 0-2,4-6: 6 online), a 2-CPU budget
+        is the two highest online CPUs, 5-6; LS pinning 6 moves BE to 4-5."""
+        load = Load(ls_used=1.0, total=6)  # 6 × 50 % − 1 = 2 CPUs
+        app, node, plugin = _setup(tmp_path, load, version=version, mode="cpuset", cpus="0-2,4-6")
+        _start(app)
+        app.tick(app.tickers[0])
+        assert "5-6" == plugin.cpuset
+        assert "5-6" == node.read(f"{BE_POD}/c-be", CgroupFile.CPUSET_CPUS)
+        status = {"scheduling.koordinator.sh/resource-status": json.dumps({"cpuset": "6"})}
+        app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("ls", cgroup_parent=LS_POD, annotations=status))
+        load.now = 1.0
+        app.tick(app.tickers[0])
+        assert "4-5" == node.read(f"{BE_POD}/c-be", CgroupFile.CPUSET_CPUS)
+
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_switched_off_gives_back_the_online_cpus(self, tmp_path: pathlib.Path, version: int) -> None:
+        """Released from cpuset mode, BE gets every online CPU back: 0-2,4-6, not 0-5."""
+        load = Load(ls_used=1.0, total=6)
+        app, node, _ = _setup(tmp_path, load, version=version, mode="cpuset", cpus="0-2,4-6")
+        _start(app)
+        app.tick(app.tickers[0])
+        app.set_policy(NodePolicy.from_text("{}"))
+        assert "0-2,4-6" == node.read(f"{BE_POD}/c-be", CgroupFile.CPUSET_CPUS)
+
+    @pytest.mark.parametrize("version", [1, 2])
+    def test_sources(self, tmp_path: pathlib.Path, version: int) -> None:
+        """The root cgroup's effective cpuset first, the kernel's online list when the root shows
+        none, nothing when neither can be read (then cpuset mode reports itself inactive)."""
+        online = tmp_path / "online"
+        online.write_text("0-1,3\n")
+        with_root = FakeNode(tmp_path / "a", cgroup_version=version, cpus="2-5").create().executor()
+        without = FakeNode(tmp_path / "b", cgroup_version=version, cpus=None).create().executor()
+        assert (frozenset({2, 3, 4, 5}), frozenset({0, 1, 3}), frozenset()) == (
+            online_cpus(with_root, str(online)),
+            online_cpus(without, str(online)),
+            online_cpus(without, str(tmp_path / "absent")),
+        )
+
+    def test_unknown_cpus_make_cpuset_mode_inactive(self, tmp_path: pathlib.Path) -> None:
+        node = FakeNode(tmp_path, cpus=None).create()
+        node.add_cgroup("kubepods")
+        app = HookServer(executor=node.executor())
+        cpusuppress.install(app, Load(1.0), cpu_online=str(tmp_path / "absent"))
+        app.policy = _policy("cpuset")
+        [status] = [s for s in app.report_features() if s.feature == "cpusuppress"]
+        assert not status.active and "which CPUs are online" in status.reason

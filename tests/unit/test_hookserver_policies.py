@@ -200,7 +200,11 @@ class TestSuppressMath:
         """The quota never goes below the floor; the cpuset takes ceil(quota) top CPUs."""
         assert 2000 == be_quota(-3.0, 2000)
         assert 150000 == be_quota(1.5, 2000)
-        assert ("6-7", "7", "0-7") == (be_cpuset(8, 150000), be_cpuset(8, 2000), be_cpuset(8, 10**7))
+        assert ("6-7", "7", "0-7") == (
+            be_cpuset(range(8), 150000),
+            be_cpuset(range(8), 2000),
+            be_cpuset(range(8), 10**7),
+        )
 
     @pytest.mark.parametrize("version", [1, 2])
     def test_cpuset_policy(self, tmp_path: pathlib.Path, version: int) -> None:

@@ -10,16 +10,21 @@
 from __future__ import annotations
 
 from .._app import HookServer
+from .._executor import SYSFS_CPU_ONLINE
 from . import cpuset, cpusuppress, envinject, groupidentity, resctrl
 
 
 def install_all(
-    app: HookServer, *, meter: cpusuppress.Meter | None = None, proc_stat: str = "/proc/stat"
+    app: HookServer,
+    *,
+    meter: cpusuppress.Meter | None = None,
+    proc_stat: str = "/proc/stat",
+    cpu_online: str = SYSFS_CPU_ONLINE,
 ) -> None:
     """Install every built-in policy on ``app``."""
     groupidentity.install(app)
     cpuset.install(app)
-    cpusuppress.install(app, meter, proc_stat=proc_stat)
+    cpusuppress.install(app, meter, proc_stat=proc_stat, cpu_online=cpu_online)
     resctrl.install(app)
     envinject.install(app)
 

@@ -14,8 +14,9 @@ the period is the pod cgroup's own (``cpu.cfs_period_us``, or the second field o
 period when written. (koordlet writes the
 budget once to the ``besteffort`` QoS cgroup; we write it per BE pod because a Koordinator
 BE pod need not live there — each BE pod is capped at the budget, not their sum.) With
-``cpuset`` BE containers get the ``ceil(budget)`` highest-numbered CPUs and the pod quota
-is unset (−1). The meter is injectable, so tests feed numbers instead of /proc.
+``cpuset`` BE containers get the ``ceil(budget)`` highest-numbered online CPUs (the cgroup root's
+effective cpuset, else ``/sys/devices/system/cpu/online``: an offline CPU is never named) and
+the pod quota is unset (−1). The meter is injectable, so tests feed numbers instead of /proc.
 
 A control loop, not a follower: a new budget is taken only when it differs from the one in
 force by more than :data:`HYSTERESIS` (and at least :data:`MIN_STEP`), so a load that wanders
@@ -43,9 +44,16 @@ import attrs
 from krproxy import log
 
 from .._app import HookServer, PodTarget
-from .._cgroups import DEFAULT_CFS_PERIOD, CgroupFile, pod_cgroup_dir, scale_quota
+from .._cgroups import (
+    DEFAULT_CFS_PERIOD,
+    CgroupFile,
+    format_cpus,
+    parse_cpus,
+    pod_cgroup_dir,
+    scale_quota,
+)
 from .._context import ContainerContext, PodContext, PodInfo, QoSClass
-from .._executor import Executor
+from .._executor import SYSFS_CPU_ONLINE, Executor, online_cpus
 from .._features import FeatureStatus, NodeProbe
 from .._policy import CPUSuppress, NodePolicy
 from .._registry import Level, Stage
@@ -88,35 +96,12 @@ def be_quota(budget_cores: float, min_quota: int, period: int = DEFAULT_CFS_PERI
     return max(int(budget_cores * period), min_quota)
 
 
-def parse_cpus(text: str) -> frozenset[int]:
-    """A cpuset list (``0-3,8``) as CPU numbers; a malformed part is ignored."""
-    cpus: set[int] = set()
-    for part in text.split(","):
-        lo, _, hi = part.strip().partition("-")
-        try:
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-        except ValueError:
-            continue
-    return frozenset(cpus)
-
-
-def format_cpus(cpus: Iterable[int]) -> str:
-    """CPU numbers as a cpuset list, ranges folded: ``{0, 1, 2, 5}`` → ``0-2,5``."""
-    runs: list[list[int]] = []
-    for cpu in sorted(cpus):
-        if runs and cpu == runs[-1][1] + 1:
-            runs[-1][1] = cpu
-        else:
-            runs.append([cpu, cpu])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
-
-
 def be_cpuset(
-    total_cores: int, quota: int, period: int = DEFAULT_CFS_PERIOD, pinned: frozenset[int] = frozenset()
+    cpus: Iterable[int], quota: int, period: int = DEFAULT_CFS_PERIOD, pinned: frozenset[int] = frozenset()
 ) -> str | None:
-    """The ``ceil(quota/period)`` highest-numbered CPUs not in ``pinned``, as a cpuset list
-    (fewer when not enough are free; ``None`` when none is)."""
-    free = [cpu for cpu in range(total_cores - 1, -1, -1) if cpu not in pinned]
+    """The ``ceil(quota/period)`` highest-numbered of the node's online ``cpus`` not in ``pinned``,
+    as a cpuset list (fewer when not enough are free; ``None`` when none is)."""
+    free = sorted(set(cpus) - pinned, reverse=True)
     n = min(max(math.ceil(quota / period), 1), len(free))
     return format_cpus(free[:n]) if n else None
 
@@ -204,6 +189,10 @@ def _default_period(cgroup_dir: str) -> int:
     return DEFAULT_CFS_PERIOD
 
 
+def _no_cpus() -> frozenset[int]:
+    return frozenset()
+
+
 @attrs.define
 class CpuSuppressPlugin:
     """The BE budget in force (``quota``, ``cpuset``) and how it follows measurements.
@@ -213,6 +202,8 @@ class CpuSuppressPlugin:
             scaled to each cgroup's own period.
         clock: seconds, monotonic; injectable so tests drive time.
         cfs_period: the CFS period of a cgroup directory (the executor's :meth:`Executor.cfs_period`).
+        node_cpus: the node's online CPUs by number (:func:`online_cpus`), read when cpuset mode
+            places BE (so a CPU taken offline is left out from the next tick on).
     """
 
     meter: Meter = attrs.field(hash=False)
@@ -222,6 +213,7 @@ class CpuSuppressPlugin:
     clock: Callable[[], float] = attrs.field(default=time.monotonic, hash=False)
     cgroup_version: int = 2
     cfs_period: Callable[[str], int] = attrs.field(default=_default_period, hash=False)
+    node_cpus: Callable[[], frozenset[int]] = attrs.field(default=_no_cpus, hash=False)
     _last: Measurement | None = None
     _pinned: frozenset[int] = frozenset()
     #: Each BE container's own CFS quota and period as kubelet set them, by (pod uid, container name).
@@ -249,9 +241,8 @@ class CpuSuppressPlugin:
         if old.policy == "cfsQuota" and new_mode != "cfsQuota" and self.quota is not None:
             self._release_quota = True
         if old.policy == "cpuset" and new_mode != "cpuset" and self.cpuset is not None:
-            total = self._last.total_cores if self._last is not None else 0
-            free = [cpu for cpu in range(total) if cpu not in self._pinned]
-            self._release_cpuset = format_cpus(free or range(total)) or None
+            cpus = self.node_cpus()
+            self._release_cpuset = format_cpus(cpus - self._pinned or cpus) or None
         if self.config is None:
             self.quota = self.cpuset = None
         elif new_mode != "cpuset":
@@ -286,12 +277,14 @@ class CpuSuppressPlugin:
         assert quota is not None
         cpuset = None  # cfsQuota mode leaves BE's cpuset alone, whatever LS pods pin
         if self.config.policy == "cpuset":
-            cpuset = be_cpuset(m.total_cores, quota, pinned=self._pinned)
+            cpus = self.node_cpus()
+            cpuset = be_cpuset(cpus, quota, pinned=self._pinned)
             if cpuset is None and not self._no_free_cpu:  # logged when it starts, not every tick
                 log.event(
                     LOGGER,
                     "cpusuppress_no_free_cpu",
                     level=logging.WARNING,
+                    online=format_cpus(cpus),
                     pinned=format_cpus(self._pinned),
                     kept=self.cpuset or "",
                 )
@@ -389,7 +382,13 @@ def _limit(ctx: ContainerContext) -> tuple[int, int]:
     return res.cpu_quota, res.cpu_period if res.cpu_period > 0 else DEFAULT_CFS_PERIOD
 
 
-def status(probe: NodeProbe, proc_stat: str, policy: NodePolicy | None) -> FeatureStatus:
+def status(
+    probe: NodeProbe,
+    proc_stat: str,
+    node_cpus: Callable[[], frozenset[int]],
+    cpu_online: str,
+    policy: NodePolicy | None,
+) -> FeatureStatus:
     """Active when the policy has resourceUsedThresholdWithBE and the node has the files it needs."""
     config = policy.cpu_suppress if policy is not None else None
     if config is None:
@@ -400,6 +399,14 @@ def status(probe: NodeProbe, proc_stat: str, policy: NodePolicy | None) -> Featu
     for file in needed:
         if not probe.has(file):
             return FeatureStatus(NAME, False, probe.missing(file), mode=config.policy)
+    if config.policy == "cpuset" and not node_cpus():
+        return FeatureStatus(
+            NAME,
+            False,
+            f"cannot tell which CPUs are online: the cgroup root shows no effective cpuset and"
+            f" {cpu_online} cannot be read",
+            mode=config.policy,
+        )
     if not os.access(proc_stat, os.R_OK):
         return FeatureStatus(NAME, False, f"cannot read {proc_stat} (node CPU usage)", mode=config.policy)
     return FeatureStatus(
@@ -411,13 +418,21 @@ def status(probe: NodeProbe, proc_stat: str, policy: NodePolicy | None) -> Featu
 
 
 def install(
-    app: HookServer, meter: Meter | None = None, *, interval: float = INTERVAL, proc_stat: str = "/proc/stat"
+    app: HookServer,
+    meter: Meter | None = None,
+    *,
+    interval: float = INTERVAL,
+    proc_stat: str = "/proc/stat",
+    cpu_online: str = SYSFS_CPU_ONLINE,
 ) -> CpuSuppressPlugin:
-    """Install with ``meter`` (default: :class:`ProcfsMeter` on the app's executor and ``proc_stat``)."""
+    """Install with ``meter`` (default: :class:`ProcfsMeter` on the app's executor and ``proc_stat``);
+    the node's CPUs are the cgroup root's, else those ``cpu_online`` lists (:func:`online_cpus`)."""
+    node_cpus = functools.partial(online_cpus, app.executor, cpu_online)
     plugin = CpuSuppressPlugin(
         meter if meter is not None else ProcfsMeter(app.executor, proc_stat),
         cgroup_version=app.executor.cgroup_version,
         cfs_period=app.executor.cfs_period,
+        node_cpus=node_cpus,
     )
     description = "BE CPU suppress: cfs quota or cpuset from measured LS usage"
     app.rules.register(NAME, description, plugin.parse)
@@ -428,5 +443,5 @@ def install(
     app.registry.register_reconciler(Level.POD, NAME, description, plugin.set_pod)
     app.registry.register_reconciler(Level.CONTAINER, NAME, description, plugin.reconcile_container)
     app.every(interval, name=NAME)(plugin.tick)
-    app.feature(NAME, functools.partial(status, app.probe, proc_stat))
+    app.feature(NAME, functools.partial(status, app.probe, proc_stat, node_cpus, cpu_online))
     return plugin
