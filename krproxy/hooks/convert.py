@@ -246,6 +246,13 @@ def cgroup_parent_from_verbose(info: Mapping[str, str] | None, sandbox_id: str) 
     return _cgroup_parent_from_path(cgroups_path, sandbox_id) if isinstance(cgroups_path, str) else ""
 
 
+def cgroups_path_from_verbose(info: Mapping[str, str] | None) -> str:
+    """A container's (or sandbox's) OCI ``linux.cgroupsPath`` from a verbose status *info* map
+    (containerd and CRI-O: ``runtimeSpec.linux.cgroupsPath`` in ``info["info"]``), "" if not found."""
+    cgroups_path = _dig(_verbose(info), "runtimeSpec", "linux", "cgroupsPath")
+    return cgroups_path if isinstance(cgroups_path, str) else ""
+
+
 def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 

@@ -25,6 +25,8 @@ from ._app import PodCache as PodCache
 from ._app import PodTarget as PodTarget
 from ._app import Ticker as Ticker
 from ._cgroups import CgroupFile as CgroupFile
+from ._cgroups import cgroups_path_dir as cgroups_path_dir
+from ._cgroups import container_cgroup_candidates as container_cgroup_candidates
 from ._cgroups import container_cgroup_dir as container_cgroup_dir
 from ._cgroups import pod_cgroup_dir as pod_cgroup_dir
 from ._context import QOS_LABEL as QOS_LABEL
@@ -40,6 +42,7 @@ from ._context import ResctrlGroup as ResctrlGroup
 from ._context import ResourceChanges as ResourceChanges
 from ._context import Resources as Resources
 from ._done import container_response as container_response
+from ._done import find_container_cgroup as find_container_cgroup
 from ._done import pod_response as pod_response
 from ._executor import Change as Change
 from ._executor import Executor as Executor
@@ -122,8 +125,11 @@ __all__ = [
     "ServeOptions",
     "Stage",
     "Ticker",
+    "cgroups_path_dir",
+    "container_cgroup_candidates",
     "container_cgroup_dir",
     "container_response",
+    "find_container_cgroup",
     "pod_cgroup_dir",
     "pod_response",
     "registration_json",

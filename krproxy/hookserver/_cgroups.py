@@ -164,10 +164,45 @@ def pod_cgroup_dir(cgroup_parent: str) -> str:
     return cgroup_parent.strip("/")
 
 
+#: How runtimes name a container's cgroup under its pod's with the systemd cgroup driver (a scope
+#: ``<prefix>-<id>.scope`` in the pod's slice): containerd's CRI, CRI-O, Docker (and cri-dockerd).
+SCOPE_PREFIXES = ("cri-containerd", "crio", "docker")
+#: ... and with the cgroupfs driver (a directory ``<prefix><id>`` in the pod's): containerd and
+#: Docker use the bare id, CRI-O ``crio-<id>``.
+CGROUPFS_PREFIXES = ("", "crio-")
+
+
+def container_cgroup_candidates(cgroup_parent: str, container_id: str) -> tuple[str, ...]:
+    """Where runtimes put a container's cgroup (relative to a hierarchy root), the likeliest first:
+    for a systemd pod slice the scopes (``cri-containerd-<id>.scope``, ``crio-<id>.scope``,
+    ``docker-<id>.scope``) before the cgroupfs forms (``<id>``, ``crio-<id>``); for a cgroupfs pod
+    directory the other way round."""
+    scopes = tuple(f"{prefix}-{container_id}.scope" for prefix in SCOPE_PREFIXES)
+    dirs = tuple(f"{prefix}{container_id}" for prefix in CGROUPFS_PREFIXES)
+    systemd = is_slice_name(cgroup_parent) or cgroup_parent.rstrip("/").endswith(".slice")
+    pod = pod_cgroup_dir(cgroup_parent)
+    return tuple(
+        "/".join(part for part in (pod, leaf) if part)
+        for leaf in (scopes + dirs if systemd else dirs + scopes)
+    )
+
+
 def container_cgroup_dir(cgroup_parent: str, container_id: str) -> str:
-    """The container's cgroup directory: ``<pod dir>/<id>`` (cgroupfs) or its systemd scope."""
-    leaf = f"cri-containerd-{container_id}.scope" if is_slice_name(cgroup_parent) else container_id
-    return "/".join(part for part in (pod_cgroup_dir(cgroup_parent), leaf) if part)
+    """The likeliest of :func:`container_cgroup_candidates` (containerd's naming), without looking at
+    the node; the SDK itself looks for the one that exists (``find_container_cgroup``)."""
+    return container_cgroup_candidates(cgroup_parent, container_id)[0]
+
+
+def cgroups_path_dir(cgroups_path: str) -> str:
+    """An OCI ``linux.cgroupsPath`` as the runtime gave it to runc, as a cgroup directory (relative
+    to a hierarchy root): systemd's ``<slice>:<prefix>:<name>`` is the scope ``<prefix>-<name>.scope``
+    in the slice (``<name>`` itself when it is a slice), a path is taken as it is. "" for ""."""
+    parts = cgroups_path.split(":")
+    if len(parts) != 3:
+        return cgroups_path.strip("/")
+    slice_name, prefix, name = parts
+    unit = name if name.endswith(".slice") else f"{prefix}-{name}.scope" if prefix else f"{name}.scope"
+    return "/".join(part for part in (pod_cgroup_dir(slice_name or "system.slice"), unit) if part)
 
 
 def kubelet_pod_cgroup_candidates(uid: str) -> tuple[str, ...]:

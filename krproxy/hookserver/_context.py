@@ -118,7 +118,15 @@ class PodInfo:
 
 @attrs.frozen
 class ContainerInfo:
-    """A container and the pod it belongs to. ``id`` is empty before CreateContainer answered."""
+    """A container and the pod it belongs to. ``id`` is empty before CreateContainer answered.
+
+    Attributes:
+        cgroup_path: the container's cgroup as the runtime gave it to the OCI runtime
+            (``linux.cgroupsPath``: a path, or systemd's ``<slice>:<prefix>:<id>``), when known —
+            standalone mode reads it from the runtime's verbose container status; the hook
+            protocol does not carry it, so "" in hook calls (the SDK then looks for the runtime's
+            naming under the pod's cgroup).
+    """
 
     pod: PodInfo
     name: str = ""
@@ -127,6 +135,7 @@ class ContainerInfo:
     annotations: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_map)
     resources: Resources = attrs.field(factory=Resources)
     envs: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_map)
+    cgroup_path: str = ""
 
     @classmethod
     def from_proto(cls, req: hook.ContainerResourceHookRequest) -> ContainerInfo:

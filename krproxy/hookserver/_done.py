@@ -18,8 +18,8 @@ import attrs
 from krproxy import log
 from krproxy.proto.runtime import v1alpha1 as hook
 
-from ._cgroups import CgroupFile, container_cgroup_dir, pod_cgroup_dir, scale_quota
-from ._context import ContainerContext, PodContext, PodInfo, ResourceChanges
+from ._cgroups import CgroupFile, cgroups_path_dir, container_cgroup_candidates, pod_cgroup_dir, scale_quota
+from ._context import ContainerContext, ContainerInfo, PodContext, PodInfo, ResourceChanges
 from ._executor import CgroupWriteError, Change, Executor
 
 LOGGER = logging.getLogger("krproxy.hookserver")
@@ -125,12 +125,19 @@ def who(pod: PodInfo, container: str = "") -> str:
 
 
 def apply(
-    executor: Executor, cgroup_dir: str, changes: ResourceChanges, *, include_cri: bool, pod: str = ""
+    executor: Executor,
+    cgroup_dir: str,
+    changes: ResourceChanges,
+    *,
+    include_cri: bool,
+    pod: str = "",
+    tried: Sequence[str] = (),
 ) -> list[Change]:
     """Write ``changes`` for ``cgroup_dir``; a file the kernel lacks is logged and skipped.
 
     Raises:
-        CgroupMissingError: ``cgroup_dir`` does not exist (nothing written).
+        CgroupMissingError: ``cgroup_dir`` does not exist (nothing written); the message names
+            every directory ``tried`` for it.
         CgroupWriteError: the kernel refused a value; names ``pod``, the file and the value.
     """
     done: list[Change] = []
@@ -140,7 +147,8 @@ def apply(
 
     writes = plan_writes(changes, include_cri=include_cri, has=has)
     if (writes or changes.resctrl is not None) and not executor.cgroup_exists(cgroup_dir):
-        raise CgroupMissingError(f"pod {pod}: no cgroup {cgroup_dir} under {executor.cgroup_root} yet")
+        where = f"at any of {', '.join(tried)}" if len(tried) > 1 else cgroup_dir
+        raise CgroupMissingError(f"pod {pod}: no cgroup {where} under {executor.cgroup_root} yet")
     for write in writes:
         try:
             change = executor.set(cgroup_dir, write.file, write.value)
@@ -177,14 +185,34 @@ def apply_pod(executor: Executor, ctx: PodContext) -> list[Change]:
     )
 
 
+def find_container_cgroup(executor: Executor, info: ContainerInfo) -> tuple[str, tuple[str, ...]]:
+    """The container's cgroup directory, and the directories looked at for it.
+
+    The runtime's own path when known (``info.cgroup_path``, OCI ``linux.cgroupsPath``); else the
+    first of :func:`container_cgroup_candidates` that exists on the node (containerd, CRI-O, Docker;
+    systemd and cgroupfs drivers), or the likeliest when none does yet.
+    """
+    if info.cgroup_path:
+        cgroup_dir = cgroups_path_dir(info.cgroup_path)
+        return cgroup_dir, (cgroup_dir,)
+    tried = container_cgroup_candidates(info.pod.cgroup_parent, info.id)
+    found = next((c for c in tried if executor.cgroup_exists(c)), tried[0])
+    return found, tried
+
+
 def apply_container(executor: Executor, ctx: ContainerContext, *, include_cri: bool) -> list[Change]:
     """Container-level settings; ``include_cri`` is False when the response carries them."""
     info = ctx.request
-    if not info.id or not info.pod.cgroup_parent:
+    if not info.id or not (info.pod.cgroup_parent or info.cgroup_path):
         return []
-    cgroup_dir = container_cgroup_dir(info.pod.cgroup_parent, info.id)
+    cgroup_dir, tried = find_container_cgroup(executor, info)
     return apply(
-        executor, cgroup_dir, ctx.response.resources, include_cri=include_cri, pod=who(info.pod, info.name)
+        executor,
+        cgroup_dir,
+        ctx.response.resources,
+        include_cri=include_cri,
+        pod=who(info.pod, info.name),
+        tried=tried,
     )
 
 
@@ -231,7 +259,7 @@ def order_quota_writes(
         if not ctx.request.id:
             after.append(ctx)
             continue
-        cgroup_dir = container_cgroup_dir(pod.request.cgroup_parent, ctx.request.id)
+        cgroup_dir = find_container_cgroup(executor, ctx.request)[0]
         try:
             current = _quota(executor.read(cgroup_dir, CgroupFile.CFS_QUOTA))
         except OSError:

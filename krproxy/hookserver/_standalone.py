@@ -13,7 +13,9 @@ The pod's cgroup parent is not in the CRI's status fields; it is read from the r
 verbose sandbox info (containerd: ``info["info"]`` JSON → ``config.linux.cgroup_parent``, or
 the sandbox's ``runtimeSpec.linux.cgroupsPath``); failing that, kubelet's usual places
 (``/kubepods[/burstable|/besteffort]/pod<uid>`` or the systemd slices) are looked up under the
-cgroup root. Pods without one get no cgroup writes.
+cgroup root. Pods without one get no cgroup writes. A container's own cgroup is read the same way,
+from the verbose container status (``runtimeSpec.linux.cgroupsPath``); failing that, the SDK looks
+for the runtimes' naming under the pod's cgroup (``find_container_cgroup``).
 
 Only the pods a :class:`PodSelector` selects are touched: by default those with Koordinator's QoS
 label (``koordinator.sh/qosClass``) — on a shared node other tenants' pods are not ours to
@@ -36,7 +38,7 @@ from krproxy import (
     _grpc,  # noqa: F401  (the adapter: trio-asyncio and grpclib set up)
     log,
 )
-from krproxy.hooks.convert import cgroup_parent_from_verbose
+from krproxy.hooks.convert import cgroup_parent_from_verbose, cgroups_path_from_verbose
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime.v1 import services as cri_services
 from krproxy.unixsock import strip_unix_scheme
@@ -132,10 +134,13 @@ def targets_from_cri(
     statuses: Mapping[str, cri.ContainerStatus],
     *,
     find_cgroup_parent: Callable[[str], str] | None = None,
+    container_info: Mapping[str, Mapping[str, str]] | None = None,
 ) -> list[PodTarget]:
     """Ready sandboxes and their running containers as reconcile targets.
 
     ``find_cgroup_parent(uid)`` is asked when the runtime's info has no cgroup parent.
+    ``container_info`` (by container id: a verbose ``ContainerStatus`` info map) gives each
+    container's cgroup as the runtime made it (:attr:`ContainerInfo.cgroup_path`).
     """
     pods: dict[str, PodInfo] = {}
     for sb in sandboxes:
@@ -166,6 +171,7 @@ def targets_from_cri(
                 attempt=c.metadata.attempt if c.metadata else 0,
                 annotations=c.annotations,
                 resources=Resources.from_proto(linux),
+                cgroup_path=cgroups_path_from_verbose((container_info or {}).get(c.id)),
             )
         )
     return [PodTarget(pod, tuple(by_pod[sid])) for sid, pod in pods.items()]
@@ -191,14 +197,23 @@ async def list_targets(
             info[sb.id] = (await stub.pod_sandbox_status(req, timeout=CRI_TIMEOUT)).info
     containers = (await stub.list_containers(cri.ListContainersRequest(), timeout=CRI_TIMEOUT)).containers
     statuses: dict[str, cri.ContainerStatus] = {}
+    container_info: dict[str, Mapping[str, str]] = {}
     for c in containers:
         if c.state == cri.ContainerState.CONTAINER_RUNNING and c.pod_sandbox_id in info:
             resp = await stub.container_status(
-                cri.ContainerStatusRequest(container_id=c.id), timeout=CRI_TIMEOUT
+                cri.ContainerStatusRequest(container_id=c.id, verbose=True), timeout=CRI_TIMEOUT
             )
             if resp.status is not None:
                 statuses[c.id] = resp.status
-    return targets_from_cri(sandboxes, info, containers, statuses, find_cgroup_parent=find_cgroup_parent)
+            container_info[c.id] = resp.info
+    return targets_from_cri(
+        sandboxes,
+        info,
+        containers,
+        statuses,
+        find_cgroup_parent=find_cgroup_parent,
+        container_info=container_info,
+    )
 
 
 async def reconcile_once(
