@@ -42,7 +42,7 @@ def request_key(path: str, request: bytes) -> str | bytes:
     message = messages.decode(path, request)
     if message is None:
         return request
-    return json.dumps(messages.normalise(messages.to_plain(message)), sort_keys=True)
+    return json.dumps(messages.normalise(messages.to_plain(message), shape=type(message)), sort_keys=True)
 
 
 def is_read_only(path: str) -> bool:

@@ -10,7 +10,7 @@ learns ``recorded -> new`` from replies (top-level ``*_id`` fields, e.g. RunPodS
 :func:`normalise` maps them back in replies before comparing.
 
 Volatile fields (:data:`VOLATILE`: timestamps, pids, addresses, usage counters, the verbose
-``info`` map) differ between any two runs; normalised, a non-default value becomes
+``info`` map; :data:`VOLATILE_FIELDS`: a metric sample's ``value``) differ between any two runs; normalised, a non-default value becomes
 ``"<volatile>"`` (a default one stays absent, so "set" vs "unset" is still compared); the
 sample times of stats (:data:`SAMPLE_TIMES`) are removed whole.
 """
@@ -69,6 +69,16 @@ VOLATILE: frozenset[str] = frozenset(
 )
 
 VOLATILE_MARK = "<volatile>"
+
+#: ``(message, field)`` -> why: volatile fields whose name is too common to blank everywhere
+#: (:data:`VOLATILE` goes by name alone: ``value`` is also ``Image.uid.value``). Normalised like
+#: :data:`VOLATILE` where the decoded reply's message types are known (:func:`normalise` with ``shape``).
+VOLATILE_FIELDS: Mapping[tuple[str, str], str] = {
+    (
+        "Metric",
+        "value",
+    ): "a sample of a counter or gauge (CPU time, memory, network bytes): differs between runs",
+}
 
 #: Volatile down to their presence: removed from both sides, so neither value nor "set vs unset"
 #: is compared. A stats sample's ``timestamp`` says when the runtime sampled, and whether it had
@@ -209,27 +219,38 @@ def rewrite_ids(path: str, request: bytes, ids: IdMap) -> bytes:
 # --- normalisation and differences -------------------------------------------------------------------
 
 
-def _normalise_value(value: Any, back: Mapping[str, str], volatile: frozenset[str]) -> Any:
+def _normalise_value(
+    value: Any, back: Mapping[str, str], volatile: frozenset[str], shape: type[betterproto2.Message] | None
+) -> Any:
     if isinstance(value, dict):
-        return {
-            key: VOLATILE_MARK if key in volatile else _normalise_value(item, back, volatile)
-            for key, item in value.items()
-            if key not in SAMPLE_TIMES
-        }
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            if key in SAMPLE_TIMES:
+                continue
+            if key in volatile or (shape is not None and (shape.__name__, key) in VOLATILE_FIELDS):
+                out[key] = VOLATILE_MARK
+                continue
+            child = _field_shape(shape, key)[0] if shape is not None else None
+            out[key] = _normalise_value(item, back, volatile, child)
+        return out
     if isinstance(value, list):
-        return [_normalise_value(item, back, volatile) for item in value]
+        return [_normalise_value(item, back, volatile, shape) for item in value]
     if isinstance(value, str):
         return back.get(value, value)
     return value
 
 
 def normalise(
-    plain: Plain | None, back: Mapping[str, str] | None = None, volatile: frozenset[str] = VOLATILE
+    plain: Plain | None,
+    back: Mapping[str, str] | None = None,
+    volatile: frozenset[str] = VOLATILE,
+    shape: type[betterproto2.Message] | None = None,
 ) -> Plain | None:
-    """Blank volatile fields and map IDs back (``back``: target ID -> recorded ID)."""
+    """Blank volatile fields and map IDs back (``back``: target ID -> recorded ID). ``shape``, the
+    message class ``plain`` was made from, lets :data:`VOLATILE_FIELDS` be blanked too."""
     if plain is None:
         return None
-    result: Plain = _normalise_value(plain, back or {}, volatile)
+    result: Plain = _normalise_value(plain, back or {}, volatile, shape)
     return result
 
 

@@ -118,7 +118,7 @@ def _reply_side(raw: bytes | None, decoded: Any, back: dict[str, str], volatile:
         return None
     if decoded is None:
         return {"undecodable_hex": raw.hex()}
-    return messages.normalise(messages.to_plain(decoded), back, volatile)
+    return messages.normalise(messages.to_plain(decoded), back, volatile, type(decoded))
 
 
 def compare(

@@ -199,6 +199,42 @@ class TestRuntimeLists:
             """replay {"name": "eth1", "rx_bytes": "<volatile>"}""",
         ] == self._diff("ListPodSandboxStats", recorded, reply(stats(50, 3, "lo", "eth0", "eth1")))
 
+    def test_metric_values_are_volatile(self) -> None:
+        """ListPodSandboxMetrics samples move between calls: a Metric's value is not compared, while
+        its name, type and label values are (and an absent value still differs from a set one)."""
+
+        def reply(value: int | None, *labels: str) -> cri.ListPodSandboxMetricsResponse:
+            metric = cri.Metric(
+                name="container_cpu_usage_seconds_total",
+                metric_type=cri.MetricType.COUNTER,
+                label_values=list(labels),
+                value=None if value is None else cri.UInt64Value(value),
+            )
+            container = cri.ContainerMetrics(container_id="c", metrics=[metric])
+            return cri.ListPodSandboxMetricsResponse(
+                pod_metrics=[cri.PodSandboxMetrics(pod_sandbox_id="p", container_metrics=[container])]
+            )
+
+        recorded = reply(1500, "cpu0")
+        assert [] == self._diff("ListPodSandboxMetrics", recorded, reply(2750, "cpu0"))
+        relabelled = self._diff("ListPodSandboxMetrics", recorded, reply(2750, "cpu1"))
+        assert 2 == len(relabelled) and all("label_values" in d for d in relabelled)  # one gone, one new
+        assert 1 == len(self._diff("ListPodSandboxMetrics", recorded, reply(None, "cpu0")))
+
+    def test_value_is_volatile_in_metrics_only(self) -> None:
+        """The rule is for Metric.value, not every field named value: an image's uid still counts."""
+
+        def images(uid: int) -> cri.ListImagesResponse:
+            return cri.ListImagesResponse(images=[cri.Image(id="sha256:1", uid=cri.Int64Value(uid))])
+
+        assert ['reply.images[id="sha256:1"].uid.value: recorded "1", replay "1000"'] == self._diff_images(
+            images(1), images(1000)
+        )
+
+    def _diff_images(self, recorded: Any, actual: Any) -> list[str]:
+        record = attrs.evolve(rec(1, "ListImages", cri.ListImagesRequest(), recorded), path=IMAGE)
+        return [d.describe() for d in compare(record, Answer(Status.OK, None, bytes(actual)), IdMap())]
+
     def test_ordered_lists_stay_positional(self) -> None:
         """Mounts echo the caller's order, which takes effect: reversed mounts are a difference."""
 
