@@ -306,6 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
         "path", metavar="PATH", help="where to write it, e.g. /usr/local/bin/krproxy-runc-wrapper"
     )
     launcher.add_argument("--runc", metavar="FILE", help="the real runc (default: as the wrapper finds it)")
+    launcher.add_argument(
+        "--index",
+        metavar="FILE",
+        help="where the launcher keeps the index that lets a create no hook can match skip Python "
+        "(default: /run/krproxy/oci-hooks-<hash of PATH>.index; written by the wrapper)",
+    )
     from krproxy.hookserver.cli import add_subcommands as add_hooks
 
     add_hooks(subparsers)
@@ -431,7 +437,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from krproxy.ocihooks.wrapper import write_launcher
 
         try:
-            write_launcher(args.path, runc=args.runc)
+            write_launcher(args.path, runc=args.runc, index=args.index)
         except OSError as err:
             print(f"krproxy oci-launcher: error: {err}", file=sys.stderr)
             return 1

@@ -230,7 +230,12 @@ def pod_create(args: argparse.Namespace) -> dict[str, Any]:
         )
         started = time.perf_counter()
         pod_id = pb.RunPodSandboxResponse.FromString(
-            call["RunPodSandbox"](pb.RunPodSandboxRequest(config=config).SerializeToString(), timeout=240)
+            call["RunPodSandbox"](
+                pb.RunPodSandboxRequest(
+                    config=config, runtime_handler=args.runtime_handler
+                ).SerializeToString(),
+                timeout=240,
+            )
         ).pod_sandbox_id
         request = pb.CreateContainerRequest(pod_sandbox_id=pod_id, config=container, sandbox_config=config)
         container_id = pb.CreateContainerResponse.FromString(
@@ -281,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     pod.add_argument("--pods", type=int, default=5)
     pod.add_argument("--image", required=True)
     pod.add_argument("--cgroup-parent", required=True)
+    pod.add_argument("--runtime-handler", default="", help="RunPodSandbox's runtime_handler (default: none)")
     args = parser.parse_args(argv)
     cases = {"latency": latency, "throughput": throughput, "create": create, "populate": populate}
     result = {**cases, "pod-create": pod_create}[args.case](args)

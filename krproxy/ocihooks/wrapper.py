@@ -30,17 +30,22 @@ Configuration (first found wins for ``runc`` and ``log``; ``hooks-dir`` lines ac
 ``/bin/sh`` script to use as ``BinaryName`` instead of the Python entry point, because a Python
 start costs several times what runc itself does. With shell built-ins only it finds the
 subcommand and ``exec``s runc directly for every command but ``create``/``run``, and for those
-too when no hook directory holds a ``*.json`` file — no Python at all on that path. Otherwise it
-runs this module under ``python -I -S`` (no site processing: the wrapper needs the standard
-library only, and krproxy's own directory is put on ``sys.path`` by hand). runc, the hook
-directories and the log are resolved when the launcher is written; the environment variables
-above still override them at run time.
+too when no hook directory holds a ``*.json`` file — no Python at all on that path. With hook
+files present, a ``create`` still goes straight to runc when the launcher's *index* is current
+and ``grep -F`` finds none of its strings in ``config.json``: then no hook can match
+(:mod:`krproxy.ocihooks.index` says how the strings are derived and how the launcher tells that
+the index is current, with one ``find``). Otherwise it runs this module under ``python -I -S``
+(no site processing: the wrapper needs the standard library only, and krproxy's own directory is
+put on ``sys.path`` by hand), which also writes the index anew when it was not current. runc,
+the hook directories, the log and the index's path are resolved when the launcher is written;
+the environment variables above still override the first three at run time.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -51,6 +56,9 @@ DEFAULT_HOOK_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/h
 
 #: runc's global options that take a value (``--root DIR`` or ``--root=DIR``).
 _GLOBAL_WITH_VALUE = frozenset({"--log", "--log-format", "--root", "--criu", "--rootless"})
+
+#: Options of ``create``/``run`` that take a value, besides ``--bundle``.
+_CREATE_WITH_VALUE = ("console-socket", "pid-file", "preserve-fds")
 
 #: Mount destinations containerd's CRI plugin adds by itself when the caller did not mount them;
 #: they do not count as "bind mounts the caller asked for" (podman likewise ignores its own).
@@ -147,7 +155,7 @@ def parse_runc_args(args: Sequence[str]) -> Invocation:
             bundle = arg.split("=", 1)[1]
         elif arg.startswith("-"):
             # Options of create/run that take a value; the others are switches.
-            if arg.lstrip("-") in ("console-socket", "pid-file", "preserve-fds") and "=" not in arg:
+            if arg.lstrip("-") in _CREATE_WITH_VALUE and "=" not in arg:
                 i += 1
         else:
             positional.append(arg)
@@ -185,7 +193,6 @@ class Logger:
         if not self.path:
             return
         import json
-        import time
 
         parts = [time.strftime("ts=%Y-%m-%dT%H:%M:%SZ", time.gmtime()), f"event={event}"]
         for key, value in fields.items():
@@ -229,13 +236,31 @@ def load_hooks(directories: Sequence[str], logger: Logger) -> list[Any]:
     return effective(layers)
 
 
-def inject(bundle: str, directories: Sequence[str], logger: Logger, container_id: str | None) -> list[str]:
-    """Add the matching hooks to ``bundle/config.json``; return ``"file:stage"`` for each one added."""
+def inject(
+    bundle: str,
+    directories: Sequence[str],
+    logger: Logger,
+    container_id: str | None,
+    index: str | None = None,
+) -> list[str]:
+    """Add the matching hooks to ``bundle/config.json``; return ``"file:stage"`` for each one added.
+
+    With ``index``, also write the launcher's index there for the hook files read (a failure to
+    write it is logged: the launcher then keeps running the wrapper for every create).
+    """
     import json  # here, not at the top: the commands that pass straight through never need it
 
     from krproxy.ocihooks.model import STAGES, select
 
+    read_started_ns = time.time_ns()
     hooks = load_hooks(directories, logger)
+    if index:
+        from krproxy.ocihooks.index import existing_dirs, write_index
+
+        try:
+            write_index(index, existing_dirs(directories), hooks, read_started_ns)
+        except OSError as err:
+            logger("oci_index_unwritable", index=index, error=str(err))
     if not hooks:
         return []
     path = os.path.join(bundle, "config.json")
@@ -269,47 +294,97 @@ def inject(bundle: str, directories: Sequence[str], logger: Logger, container_id
 #: The launcher's environment variable naming itself (its directory holds the config file).
 LAUNCHER_ENV = "KRPROXY_RUNC_WRAPPER"
 
+#: The launcher's environment variable naming the index to write (set when it was not current).
+INDEX_ENV = "KRPROXY_OCI_INDEX_WRITE"
+
+#: Where launchers keep their index by default (a tmpfs: gone at boot, written again when needed).
+DEFAULT_INDEX_DIR = "/run/krproxy"
+
 _LAUNCHER = """#!/bin/sh
 # krproxy-runc-wrapper fast launcher, written by `krproxy oci-launcher` (krproxy {version}).
-# Every runc command but create/run, and those too when no hook directory holds a *.json file,
-# goes straight to runc; the others run the wrapper under Python without site processing, which
-# adds the matching OCI hooks to the bundle's config.json and then execs runc.
-# Resolved when written: runc {runc}, hook directories {dirs}, log {log}.
+# Commands other than create/run go straight to runc. So does a create/run when no hook directory
+# holds a *.json file, or when the index is current (no hook directory or file changed since the
+# wrapper wrote it) and none of its strings occurs in the bundle's config.json: then no hook can
+# match (see krproxy/ocihooks/index.py). Otherwise the wrapper runs under Python without site
+# processing: it adds the matching OCI hooks to config.json, writes the index anew if it was not
+# current, and execs runc.
+# Resolved when written: runc {runc}, hook directories {dirs}, log {log}, index {index}.
 # KRPROXY_RUNC, KRPROXY_OCI_HOOKS_DIRS and KRPROXY_OCI_LOG override them.
 runc=${{KRPROXY_RUNC:-{q_runc}}}
-skip=
+command= skip= bundle=.
 for arg do
-  if [ -n "$skip" ]; then skip=; continue; fi
-  case "$arg" in
-    {value_options}) skip=1 ;;
-    -*) ;;
-    create|run)
-      dirs=${{KRPROXY_OCI_HOOKS_DIRS:-{q_dirs}}}
-      log=${{KRPROXY_OCI_LOG:-{q_log}}}
-      IFS=:
-      for dir in $dirs; do
-        for file in "$dir"/*.json; do
-          if [ -e "$file" ]; then
-            unset IFS
-            KRPROXY_RUNC="$runc" KRPROXY_OCI_HOOKS_DIRS="$dirs" KRPROXY_OCI_LOG="$log" \\
-              {env_name}="$0" exec {q_python} -I -S {q_wrapper} "$@"
-          fi
-        done
-      done
-      unset IFS
-      break ;;
-    *) break ;;
-  esac
+  if [ -n "$skip" ]; then
+    if [ "$skip" = bundle ]; then bundle=$arg; fi
+    skip=
+  elif [ -z "$command" ]; then
+    case "$arg" in
+      {global_value_options}) skip=1 ;;
+      -*) ;;
+      create|run) command=$arg ;;
+      *) break ;;
+    esac
+  else
+    case "$arg" in
+      -b|-bundle|--bundle) skip=bundle ;;
+      -b=*|-bundle=*|--bundle=*) bundle=${{arg#*=}} ;;
+      {create_value_options}) skip=1 ;;
+    esac
+  fi
 done
+if [ -n "$command" ]; then
+  dirs=${{KRPROXY_OCI_HOOKS_DIRS:-{q_dirs}}}
+  log=${{KRPROXY_OCI_LOG:-{q_log}}}
+  index={q_index}
+  found= existing= relative=
+  IFS=:
+  for dir in $dirs; do
+    if [ -d "$dir" ]; then existing="$existing:$dir"; fi
+    case "$dir" in /*) ;; *) relative=1 ;; esac
+    for file in "$dir"/*.json; do
+      if [ -e "$file" ]; then found=1; break; fi
+    done
+  done
+  unset IFS
+  if [ -n "$found" ]; then
+    line= current=
+    if [ -r "$index" ]; then IFS= read -r line < "$index"; fi
+    if [ -z "$relative" ] && [ "$line" = "{header}$existing" ]; then
+      set -f; IFS=:
+      if changed=$(find -L ${{existing#:}} -maxdepth 1 -cnewer "$index" -print -quit 2>/dev/null) \\
+          && [ -z "$changed" ]; then
+        current=1
+      fi
+      unset IFS; set +f
+    fi
+    if [ -n "$current" ]; then
+      grep -qF -f "$index" -- "$bundle/config.json" 2>/dev/null
+      if [ $? -eq 1 ]; then exec "$runc" "$@"; fi
+      index=
+    fi
+    KRPROXY_RUNC="$runc" KRPROXY_OCI_HOOKS_DIRS="$dirs" KRPROXY_OCI_LOG="$log" {index_env}="$index" \\
+      {env_name}="$0" exec {q_python} -I -S {q_wrapper} "$@"
+  fi
+fi
 exec "$runc" "$@"
 """
 
 
-def launcher_script(path: str, *, runc: str | None = None, python: str | None = None) -> str:
+def default_index(path: str) -> str:
+    """Where the launcher written at ``path`` keeps its index: under ``/run/krproxy``, named after ``path``."""
+    import hashlib
+
+    digest = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:16]
+    return os.path.join(DEFAULT_INDEX_DIR, f"oci-hooks-{digest}.index")
+
+
+def launcher_script(
+    path: str, *, runc: str | None = None, python: str | None = None, index: str | None = None
+) -> str:
     """The fast launcher to install at ``path`` (see the module docstring).
 
     runc, the hook directories and the log are resolved as the wrapper would for ``path`` (its
-    directory's config file, then ``PATH``) unless ``runc`` is given.
+    directory's config file, then ``PATH``) unless ``runc`` is given. ``index`` is where the
+    launcher keeps its index (default :func:`default_index`).
 
     Raises:
         FileNotFoundError: no runc to name.
@@ -317,33 +392,43 @@ def launcher_script(path: str, *, runc: str | None = None, python: str | None = 
     import shlex
 
     from krproxy import __version__
+    from krproxy.ocihooks.index import HEADER
 
     config = settings(path, {})
     found = find_runc(runc or config.runc, path, os.environ.get("PATH", os.defpath))
     if found is None:
         raise FileNotFoundError(f"no runc found for {path} (give one, or set `runc =` in {CONFIG_NAME})")
-    value_options = "|".join(
-        f"{dashes}{name.lstrip('-')}" for name in sorted(_GLOBAL_WITH_VALUE) for dashes in ("--", "-")
-    )
+
+    def alternatives(names: Sequence[str]) -> str:
+        return "|".join(f"{dashes}{name}" for name in sorted(names) for dashes in ("--", "-"))
+
     dirs = ":".join(config.hook_dirs)
+    index = os.path.abspath(index or default_index(path))
     return _LAUNCHER.format(
         version=__version__,
         runc=found,
         dirs=dirs,
         log=config.log or "none",
+        index=index,
         q_runc=shlex.quote(found),
         q_dirs=shlex.quote(dirs),
         q_log=shlex.quote(config.log or ""),
-        value_options=value_options,
+        q_index=shlex.quote(index),
+        header=HEADER,
+        global_value_options=alternatives([name.lstrip("-") for name in _GLOBAL_WITH_VALUE]),
+        create_value_options=alternatives(_CREATE_WITH_VALUE),
+        index_env=INDEX_ENV,
         env_name=LAUNCHER_ENV,
         q_python=shlex.quote(python or sys.executable),
         q_wrapper=shlex.quote(os.path.abspath(__file__)),
     )
 
 
-def write_launcher(path: str, *, runc: str | None = None, python: str | None = None) -> str:
+def write_launcher(
+    path: str, *, runc: str | None = None, python: str | None = None, index: str | None = None
+) -> str:
     """Write :func:`launcher_script` to ``path`` (mode 0755, atomically); return the text."""
-    text = launcher_script(path, runc=runc, python=python)
+    text = launcher_script(path, runc=runc, python=python, index=index)
     temporary = f"{path}.krproxy-tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o755)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -356,6 +441,7 @@ def write_launcher(path: str, *, runc: str | None = None, python: str | None = N
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point: inject hooks on ``create``/``run``, then become the real runc."""
     argv0 = os.environ.pop(LAUNCHER_ENV, None) or sys.argv[0]
+    index = os.environ.pop(INDEX_ENV, None)
     args = list(sys.argv[1:] if argv is None else argv)
     config = settings(argv0, os.environ)
     runc = find_runc(config.runc, argv0, os.environ.get("PATH", os.defpath))
@@ -369,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     invocation = parse_runc_args(args)
     if invocation.command in ("create", "run") and invocation.bundle:
         try:
-            inject(invocation.bundle, config.hook_dirs, logger, invocation.container_id)
+            inject(invocation.bundle, config.hook_dirs, logger, invocation.container_id, index)
         except Exception as err:
             # Fail closed: a container must not start without the hooks meant for it. (Invalid hook
             # files are not such an error: they are logged and ignored in load_hooks.)

@@ -243,7 +243,7 @@ def node(
         f"runc = {runc}\nhooks-dir = {hooks.low}\nhooks-dir = {hooks.high}\nlog = {short_tmp / 'wrapper.log'}\n"
     )
     if request.param == "launcher":  # the /bin/sh fast launcher, resolved from the .conf above
-        write_launcher(str(link))
+        write_launcher(str(link), index=str(install / "oci-hooks.index"))
     else:  # the Python entry point
         link.symlink_to(WRAPPER)
     try:
@@ -287,6 +287,32 @@ class TestOciHooks:
                 matching
             )
             assert ["10-always.json"] == h.labels(plain)
+
+    def test_hook_that_matches_nothing(self, node: Node, short_tmp: Path) -> None:
+        """A hook keyed on an annotation runs for the container that has it and for no other. Through
+        the fast launcher, once its index is current (a second after the hook files last changed),
+        the other containers' creates are decided by the index against containerd's own
+        config.json, without Python; the hook must still run for the one that has the annotation."""
+        h = node.hooks
+        h.write("traced.json", {"annotations": {f"^{ANNOTATION}$": "^traced-by-seccomp$"}}, ["prestart"])
+        node.settle()
+        time.sleep(1.1)
+        with node.pod() as pod_id:
+            ids = [
+                node.create(pod_id, "traced-1", annotations={ANNOTATION: "traced-by-seccomp"}),
+                node.create(pod_id, "plain-1"),
+                node.create(pod_id, "other-1", annotations={ANNOTATION: "web"}),
+                node.create(pod_id, "plain-2"),
+                node.create(pod_id, "traced-2", annotations={ANNOTATION: "traced-by-seccomp"}),
+            ]
+            for container_id in ids:
+                node.start(container_id)
+            got = [h.labels(container_id) for container_id in ids]
+        assert [["traced.json"], [], [], [], ["traced.json"]] == got
+        install = node.containerd.dir / "krproxy-oci"
+        if node.handler and not (install / "krproxy-runc-wrapper").is_symlink():  # the launcher
+            lines = (install / "oci-hooks.index").read_text().splitlines()
+            assert [f"# krproxy-oci-index 1 dirs=:{h.low}:{h.high}", "traced-by-seccomp"] == lines
 
     def test_state_on_stdin(self, node: Node) -> None:
         """Every stage's hook reads the OCI state: id, status, annotations; pid and bundle where known."""

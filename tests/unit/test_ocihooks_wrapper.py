@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +195,9 @@ class TestExec:
 class TestLauncher:
     """The /bin/sh launcher: runc directly unless a hook file could concern the call."""
 
-    def install(self, tmp_path: Path, hooks: Path, *, python: str = sys.executable) -> tuple[Path, Path]:
+    def install(
+        self, tmp_path: Path, hooks: Path, *, python: str = sys.executable, index: Path | None = None
+    ) -> tuple[Path, Path]:
         record = tmp_path / "runc-args"
         runc = tmp_path / "runc"
         runc.write_text(
@@ -205,7 +208,8 @@ class TestLauncher:
         bin_dir.mkdir()
         (bin_dir / wrapper.CONFIG_NAME).write_text(f"hooks-dir = {hooks}\n")
         launcher = bin_dir / "krproxy-runc-wrapper"
-        wrapper.write_launcher(str(launcher), runc=str(runc), python=python)
+        index = index or tmp_path / "index" / "oci.index"
+        wrapper.write_launcher(str(launcher), runc=str(runc), python=python, index=str(index))
         return launcher, record
 
     def run(self, launcher: Path, args: list[str], record: Path) -> tuple[int, list[str]]:
@@ -263,10 +267,108 @@ class TestLauncher:
         launcher, record = self.install(tmp_path, hooks)
         log_file = tmp_path / "log file.log"
         (launcher.parent / wrapper.CONFIG_NAME).write_text(f"hooks-dir = {hooks}\nlog = {log_file}\n")
-        wrapper.write_launcher(str(launcher), runc=str(tmp_path / "runc"))
+        wrapper.write_launcher(str(launcher), runc=str(tmp_path / "runc"), index=str(tmp_path / "index"))
         args = ["create", "--bundle", str(bundle), "c2"]
         assert (7, args) == self.run(launcher, args, record)
         assert "event=oci_hooks_injected" in log_file.read_text()
+
+    def current_index(self, tmp_path: Path, hooks: Path, bundle: Path) -> tuple[Path, Path, Path]:
+        """A launcher whose index was written by a first create and is current: the index is dated a
+        second before the wrapper read the hook files, so they must be older than that."""
+        index = tmp_path / "run" / "oci.index"
+        launcher, record = self.install(tmp_path, hooks, index=index)
+        time.sleep(1.05)
+        assert 7 == self.run(launcher, ["create", "--bundle", str(bundle), "first"], record)[0]
+        assert index.exists()
+        return launcher, record, index
+
+    def test_create_no_hook_can_match_never_starts_python(self, tmp_path: Path, bundle: Path) -> None:
+        """With a current index and none of its strings in config.json, a create goes straight to
+        runc even though hook files exist; config.json stays as it was."""
+        hooks = tmp_path / "hooks"
+        write_hook(
+            hooks,
+            "seccomp.json",
+            "/a",
+            {"annotations": {r"^io\.containers\.trace-syscall$": ".*"}},
+            ["prestart"],
+        )
+        write_hook(hooks, "gpu.json", "/b", {"commands": [r"nvidia-smi$"]}, ["prestart"])
+        launcher, record, index = self.current_index(tmp_path, hooks, bundle)
+        assert ["nvidia-smi", "io.containers.trace-syscall"] == index.read_text().splitlines()[1:]
+        wrapper.write_launcher(
+            str(launcher), runc=str(tmp_path / "runc"), python="/nonexistent/python", index=str(index)
+        )
+        before = (bundle / "config.json").read_text()
+        for args in (
+            ["--root", "/r", "create", "--bundle", str(bundle), "id1"],
+            ["create", "-b", str(bundle), "--pid-file", "/p", "id2"],
+            ["run", f"--bundle={bundle}", "--console-socket", "/s", "id3"],
+        ):
+            assert (7, args) == self.run(launcher, args, record)
+        assert before == (bundle / "config.json").read_text()
+
+    def test_create_with_a_needle_runs_the_wrapper(self, tmp_path: Path, bundle: Path) -> None:
+        """A string of the index in config.json (here the annotation the hook wants) runs the wrapper,
+        which decides: the hook is added."""
+        hooks = tmp_path / "hooks"
+        write_hook(hooks, "gpu.json", "/g", {"annotations": {"^gpu$": "^yes$"}}, ["prestart"])
+        write_hook(hooks, "other.json", "/o", {"annotations": {"^other$": ""}}, ["prestart"])
+        spec = json.loads((bundle / "config.json").read_text())
+        (bundle / "config.json").write_text(json.dumps({**spec, "annotations": {"x": "y"}}))
+        launcher, record, _ = self.current_index(tmp_path, hooks, bundle)
+        (bundle / "config.json").write_text(json.dumps(spec))  # SPEC has gpu=yes
+        assert 7 == self.run(launcher, ["create", "--bundle", str(bundle), "id1"], record)[0]
+        prestart = json.loads((bundle / "config.json").read_text())["hooks"]["prestart"]
+        assert ["/already/there", "/g"] == [entry["path"] for entry in prestart]
+
+    def test_changed_hook_files_make_the_index_stale(self, tmp_path: Path, bundle: Path) -> None:
+        """A hook file changed, added or removed after the index was written, or another set of hook
+        directories, sends the next create to the wrapper, which writes the index anew."""
+        hooks = tmp_path / "hooks"
+        write_hook(hooks, "a.json", "/a", {"annotations": {"^nothing-has-this$": ""}}, ["prestart"])
+        launcher, record, index = self.current_index(tmp_path, hooks, bundle)
+        args = ["create", "--bundle", str(bundle), "id1"]
+
+        def hooks_added() -> list[str]:
+            doc = json.loads((bundle / "config.json").read_text())
+            return [e["path"] for e in doc["hooks"].get("prestart", []) if e["path"] != "/already/there"]
+
+        # Changed in place: the file's ctime moves, the directory's does not.
+        write_hook(hooks, "a.json", "/a", {"annotations": {"^gpu$": ""}}, ["prestart"])
+        assert 7 == self.run(launcher, args, record)[0]
+        assert ["/a"] == hooks_added()
+        assert "gpu" in index.read_text().splitlines()
+        # A second directory appears (with a hook that always applies): the header no longer matches.
+        (bundle / "config.json").write_text(json.dumps(SPEC))
+        extra = tmp_path / "extra"
+        write_hook(extra, "b.json", "/b", {"always": True}, ["prestart"])
+        time.sleep(1.05)
+        launcher.parent.joinpath(wrapper.CONFIG_NAME).write_text(
+            f"hooks-dir = {hooks}\nhooks-dir = {extra}\n"
+        )
+        wrapper.write_launcher(str(launcher), runc=str(tmp_path / "runc"), index=str(index))
+        assert 7 == self.run(launcher, args, record)[0]
+        assert ["/a", "/b"] == hooks_added()
+
+    def test_unwritable_index_still_adds_hooks(self, tmp_path: Path, bundle: Path) -> None:
+        """An index that cannot be written is logged, and every create keeps running the wrapper."""
+        hooks = tmp_path / "hooks"
+        write_hook(hooks, "a.json", "/a", {"annotations": {"^gpu$": ""}}, ["prestart"])
+        (tmp_path / "file").write_text("")
+        launcher, _ = self.install(tmp_path, hooks, index=tmp_path / "file" / "index")
+        log_file = tmp_path / "wrapper.log"
+        env_log = {"KRPROXY_OCI_LOG": str(log_file)}
+        done = subprocess.run(
+            [str(launcher), "create", "--bundle", str(bundle), "id1"],
+            env={**{k: v for k, v in os.environ.items() if not k.startswith("KRPROXY_")}, **env_log},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (7, "") == (done.returncode, done.stderr)
+        assert "/a" in (bundle / "config.json").read_text()
+        assert "event=oci_index_unwritable" in log_file.read_text()
 
     def test_no_runc_no_launcher(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         """Without a runc anywhere the launcher is not written, and the error says how to fix it."""
