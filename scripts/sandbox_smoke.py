@@ -15,6 +15,10 @@ that the limits are in the container's real cgroup v1 files, an
 UpdateContainerResources round trip, StopContainer (must not wait out its
 timeout), RemoveContainer, StopPodSandbox, RemovePodSandbox.
 
+Every call has the deadline kubelet gives it with its default flags (``krproxy.kubelet``: 2 min,
+4 min for RunPodSandbox, the command's or grace period's timeout added for ExecSync and
+StopContainer), so krproxy is driven as kubelet drives it.
+
 Exits non-zero on the first failure, after removing the pod it created.
 """
 
@@ -34,6 +38,8 @@ from typing import Any
 import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
+
+from krproxy import kubelet
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
@@ -85,7 +91,10 @@ def container_cgroups(rt: Any, cid: str) -> dict[str, str]:
     On cgroup v1 containerd does not give containers a cgroup namespace, so
     /proc/self/cgroup inside shows host paths.
     """
-    r = rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["cat", "/proc/self/cgroup"], timeout=10))
+    r = rt.ExecSync(
+        pb.ExecSyncRequest(container_id=cid, cmd=["cat", "/proc/self/cgroup"], timeout=10),
+        timeout=kubelet.exec_sync_timeout(10),
+    )
     check(r.exit_code == 0, f"cat /proc/self/cgroup failed: {r.stderr!r}")
     out: dict[str, str] = {}
     for line in r.stdout.decode().splitlines():
@@ -114,11 +123,14 @@ def main() -> int:
     pod_id = cid = None
     try:
         with step("Version"):
-            v = rt.Version(pb.VersionRequest(), timeout=10)
+            v = rt.Version(pb.VersionRequest(), timeout=kubelet.RUNTIME_REQUEST_TIMEOUT)
             print(f"   runtime {v.runtime_name} {v.runtime_version}, api {v.runtime_api_version}")
 
         with step("ImageStatus busybox"):
-            st = img.ImageStatus(pb.ImageStatusRequest(image=pb.ImageSpec(image=state["busybox_image"])))
+            st = img.ImageStatus(
+                pb.ImageStatusRequest(image=pb.ImageSpec(image=state["busybox_image"])),
+                timeout=kubelet.RUNTIME_REQUEST_TIMEOUT,
+            )
             check(st.image.id != "", "busybox image not known to the CRI")
 
         pod_config = pb.PodSandboxConfig(
@@ -132,7 +144,9 @@ def main() -> int:
             ),
         )
         with step(f"RunPodSandbox (cgroup_parent={parent})"):
-            pod_id = rt.RunPodSandbox(pb.RunPodSandboxRequest(config=pod_config), timeout=60).pod_sandbox_id
+            pod_id = rt.RunPodSandbox(
+                pb.RunPodSandboxRequest(config=pod_config), timeout=kubelet.RUN_POD_SANDBOX_TIMEOUT
+            ).pod_sandbox_id
             print(f"   pod {pod_id}")
 
         resources = pb.LinuxContainerResources(
@@ -153,15 +167,20 @@ def main() -> int:
                 pb.CreateContainerRequest(
                     pod_sandbox_id=pod_id, config=ctr_config, sandbox_config=pod_config
                 ),
-                timeout=60,
+                timeout=kubelet.RUNTIME_REQUEST_TIMEOUT,
             ).container_id
             print(f"   container {cid}")
 
         with step("StartContainer"):
-            rt.StartContainer(pb.StartContainerRequest(container_id=cid), timeout=60)
+            rt.StartContainer(
+                pb.StartContainerRequest(container_id=cid), timeout=kubelet.RUNTIME_REQUEST_TIMEOUT
+            )
 
         with step("ExecSync echo hi"):
-            r = rt.ExecSync(pb.ExecSyncRequest(container_id=cid, cmd=["echo", "hi"], timeout=10), timeout=30)
+            r = rt.ExecSync(
+                pb.ExecSyncRequest(container_id=cid, cmd=["echo", "hi"], timeout=10),
+                timeout=kubelet.exec_sync_timeout(10),
+            )
             check(r.exit_code == 0 and r.stdout == b"hi\n", f"unexpected exec result {r}")
 
         with step("cgroup files match the requested resources"):
@@ -191,29 +210,41 @@ def main() -> int:
             new.CopyFrom(resources)
             new.cpu_quota = 20000
             rt.UpdateContainerResources(
-                pb.UpdateContainerResourcesRequest(container_id=cid, linux=new), timeout=30
+                pb.UpdateContainerResourcesRequest(container_id=cid, linux=new),
+                timeout=kubelet.RUNTIME_REQUEST_TIMEOUT,
             )
             q = read_cg(mounts, cg, "cpu", "cpu.cfs_quota_us")
             check(q == "20000", f"cpu.cfs_quota_us is {q} after update")
 
         with step("StopContainer (timeout 10s, TERM is trapped)"):
             t0 = time.monotonic()
-            rt.StopContainer(pb.StopContainerRequest(container_id=cid, timeout=10), timeout=30)
+            rt.StopContainer(
+                pb.StopContainerRequest(container_id=cid, timeout=10),
+                timeout=kubelet.stop_container_timeout(10),
+            )
             check(time.monotonic() - t0 < 5, "StopContainer waited out its timeout")
-            st = rt.ContainerStatus(pb.ContainerStatusRequest(container_id=cid)).status
+            st = rt.ContainerStatus(
+                pb.ContainerStatusRequest(container_id=cid), timeout=kubelet.RUNTIME_REQUEST_TIMEOUT
+            ).status
             check(
                 st.state == pb.CONTAINER_EXITED and st.exit_code == 0, f"state {st.state} exit {st.exit_code}"
             )
 
         with step("RemoveContainer"):
-            rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=30)
+            rt.RemoveContainer(
+                pb.RemoveContainerRequest(container_id=cid), timeout=kubelet.RUNTIME_REQUEST_TIMEOUT
+            )
             cid = None
 
         with step("StopPodSandbox"):
-            rt.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=30)
+            rt.StopPodSandbox(
+                pb.StopPodSandboxRequest(pod_sandbox_id=pod_id), timeout=kubelet.RUNTIME_REQUEST_TIMEOUT
+            )
 
         with step("RemovePodSandbox"):
-            rt.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=30)
+            rt.RemovePodSandbox(
+                pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=kubelet.RUNTIME_REQUEST_TIMEOUT
+            )
             pod_id = None
 
         left = sorted(str(p) for p in CGROUP_ROOT.glob(f"*{parent}") if p.is_dir())
@@ -227,14 +258,16 @@ def main() -> int:
         # Best-effort cleanup of whatever this run created.
         if cid:
             with contextlib.suppress(grpc.RpcError):
-                rt.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=30)
+                rt.RemoveContainer(
+                    pb.RemoveContainerRequest(container_id=cid), timeout=kubelet.RUNTIME_REQUEST_TIMEOUT
+                )
         if pod_id:
             for call, req in (
                 (rt.StopPodSandbox, pb.StopPodSandboxRequest),
                 (rt.RemovePodSandbox, pb.RemovePodSandboxRequest),
             ):
                 with contextlib.suppress(grpc.RpcError):
-                    call(req(pod_sandbox_id=pod_id), timeout=30)
+                    call(req(pod_sandbox_id=pod_id), timeout=kubelet.RUNTIME_REQUEST_TIMEOUT)
         channel.close()
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import http.client
 import importlib.machinery
@@ -194,3 +195,32 @@ def test_pull_registry_serves_only_pulls(tmp_path: Path) -> None:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+class TestSandboxSmokeDeadlines:
+    def test_every_cri_call_has_kubelets_deadline(self) -> None:
+        """Each CRI call of sandbox_smoke.py passes a deadline taken from krproxy.kubelet (kubelet's
+        own, with its default flags), never a literal number of seconds and never none at all."""
+        tree = ast.parse((SCRIPTS / "sandbox_smoke.py").read_text())
+        calls = [
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in ("rt", "img")
+        ]
+        calls += [  # the clean-up loop calls the stub methods through a variable
+            node
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "call"
+        ]
+        assert len(calls) >= 14
+        wrong = []
+        for call in calls:
+            deadline = next((k.value for k in call.keywords if k.arg == "timeout"), None)
+            if deadline is None or "kubelet." not in ast.unparse(deadline):
+                wrong.append(
+                    f"line {call.lineno}: {ast.unparse(call.func)}(timeout={ast.unparse(deadline) if deadline else None})"
+                )
+        assert [] == wrong
