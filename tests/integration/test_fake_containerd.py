@@ -18,7 +18,14 @@ import trio
 from cri_api.v1 import api_pb2
 from grpclib.const import Status
 
-from fakes.containerd import FakeContainerd, Fault, run_fake_containerd
+from fakes.containerd import (
+    FakeContainerd,
+    Fault,
+    RuntimeState,
+    run_fake_containerd,
+    sequential_ids,
+    stepping_clock,
+)
 from krproxy.proto.runtime import v1 as cri
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 
@@ -337,20 +344,39 @@ class TestFaults:
         assert (grpc.StatusCode.UNAVAILABLE, "containerd") == (code, reply.runtime_name)
 
     async def test_delay_uses_trio_clock(
-        self, fake_containerd: FakeFixture, cri_client: ClientFactory, autojump_clock: trio.abc.Clock
+        self, aio_loop: Any, short_tmp: Any, cri_client: ClientFactory, mock_clock: trio.testing.MockClock
     ) -> None:
-        """A 30 s delay passes in virtual time under the autojump clock, not in wall time."""
-        fake, path = fake_containerd
-        client = cri_client(path)
-        # Not longer: with a 10 min delay the call lost its connection in 2 of 3 loaded parallel runs
-        # ("Stream removed (Broken pipe)"), likely a connection timer the clock jumped over while the
-        # grpcio thread worked; 30 s never failed so.
-        fake.inject("Version", Fault(delay=30))
-        virtual, wall = trio.current_time(), time.monotonic()
-        # The server enforces the client's deadline in the same virtual time, so leave room.
-        await client.call(client.runtime.Version, api_pb2.VersionRequest(), deadline=120)
-        assert trio.current_time() - virtual >= 30
-        assert time.monotonic() - wall < 25  # less than the delay itself, however loaded the machine
+        """A fault's delay passes in trio's time: a 10 min delay ends when the clock is moved on
+        10 min, long before the client's deadline of a few seconds of wall time runs out.
+
+        The clock stands still (rate 0, no autojump) and moves only by the test's jump, once the
+        fake holds the whole request: an autojump clock also jumps whenever the trio loop waits for
+        the grpcio client thread (connecting, or between the request's HEADERS and its DATA), onto
+        the server's deadline timer for the call — DEADLINE_EXCEEDED for a call nothing delayed —
+        or past grpclib's keepalive and its 20 s PING ACK timeout, closing the connection.
+        """
+        fake = FakeContainerd(
+            RuntimeState(clock=stepping_clock(), new_id=sequential_ids()),
+            # The server would enforce the client's (wall) deadline in trio time: at the jump it
+            # would fire before the delay ends.
+            enforce_deadlines=False,
+        )
+        path = str(short_tmp / "containerd.sock")
+        async with trio.open_nursery() as nursery:
+            await nursery.start(run_fake_containerd, path, fake)
+            fake.inject("Version", Fault(delay=600))
+            client = cri_client(path)
+            start = trio.current_time()
+            future = client.runtime.Version.future(api_pb2.VersionRequest(), timeout=LIVENESS_LIMIT)
+            until = time.monotonic() + LIVENESS_LIMIT
+            while not fake.requests("Version"):  # the handler is in its delay once it logged the request
+                assert time.monotonic() < until, "the fake never received the call"
+                await trio.to_thread.run_sync(time.sleep, 0.01)
+            assert not future.done()
+            mock_clock.jump(600)
+            reply = await trio.to_thread.run_sync(future.result)
+            assert ("containerd", 600) == (reply.runtime_name, trio.current_time() - start)
+            nursery.cancel_scope.cancel()
 
 
 class TestEvents:
