@@ -92,6 +92,11 @@ def _start(
     return be
 
 
+def _be_quotas(node: FakeNode) -> tuple[str | None, str | None]:
+    """The CFS quotas of the BE pod and of its container, as the files hold them."""
+    return node.read(BE_POD, CgroupFile.CFS_QUOTA), node.read(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA)
+
+
 def _quota_writes(changes: Sequence[object], cgroup: str) -> int:
     return sum(1 for c in changes if cgroup in c.path and ("cfs_quota" in c.path or "cpu.max" in c.path))  # type: ignore[attr-defined]
 
@@ -310,34 +315,28 @@ class TestCpuset:
 
 
 class TestV1QuotaOrder:
+    @pytest.mark.parametrize("pod_period", [100000, 50000])
     def test_container_quota_above_the_budget(
-        self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+        self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture, pod_period: int
     ) -> None:
         """cgroup v1: a BE container whose own quota (4 CPUs) is above the budget (2) is lowered
-        before the pod, and gets its own quota back (pod raised first) when the budget allows."""
+        before the pod, and gets its own quota back (pod raised first) when the budget allows.
+        The kernel compares quota / period, so a pod with a 50 ms period holds 2 CPUs at 100000
+        and its container (100 ms) is capped at 200000, not at the pod's raw 100000."""
         load = Load(ls_used=2.0)
-        app, node, _ = _setup(tmp_path, load, version=1, strict=True)
+        app, node, _ = _setup(tmp_path, load, version=1, strict=True, be_period=pod_period)
         node.write(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA, "400000")
         _start(app, be_quota=400000)
         with caplog.at_level(logging.ERROR):
             app.tick(app.tickers[0])
         assert [] == logged_events(caplog.records, "reconcile_failed")
-        assert ("200000", "200000") == (
-            node.read(BE_POD, CgroupFile.CFS_QUOTA),
-            node.read(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA),
-        )
+        assert (str(2 * pod_period), "200000") == _be_quotas(node)
         load.now, load.ls_used = RAISE_INTERVAL, 0.0  # budget 4 CPUs
         app.tick(app.tickers[0])
-        assert ("400000", "400000") == (
-            node.read(BE_POD, CgroupFile.CFS_QUOTA),
-            node.read(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA),
-        )
+        assert (str(4 * pod_period), "400000") == _be_quotas(node)
         load.now, load.total = 2 * RAISE_INTERVAL, 12  # budget 6 CPUs: the container keeps its 4
         app.tick(app.tickers[0])
-        assert ("600000", "400000") == (
-            node.read(BE_POD, CgroupFile.CFS_QUOTA),
-            node.read(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA),
-        )
+        assert (str(6 * pod_period), "400000") == _be_quotas(node)
 
     def test_unlimited_container_limited_while_the_pod_is_raised(
         self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
@@ -445,24 +444,6 @@ class TestCfsPeriod:
         node.add_cgroup(BE_POD, cfs_period=250000)
         executor = node.executor()
         assert (250000, DEFAULT_CFS_PERIOD) == (executor.cfs_period(BE_POD), executor.cfs_period(LS_POD))
-
-    def test_v1_container_capped_by_share_not_raw_quota(
-        self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
-    ) -> None:
-        """cgroup v1 compares quota / period: a container of 4 CPUs per 100 ms under a pod of 2 CPUs
-        per 50 ms is capped to 200000 per 100 ms (raw, 200000 > 100000 would look too high and
-        400000 vs 100000 would be refused as is); the kernel's rule, kept by the strict fake node."""
-        load = Load(ls_used=2.0)  # budget 2 CPUs
-        app, node, _ = _setup(tmp_path, load, version=1, strict=True, be_period=50000)
-        node.write(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA, "400000")
-        _start(app, be_quota=400000)
-        with caplog.at_level(logging.ERROR):
-            app.tick(app.tickers[0])
-        assert [] == logged_events(caplog.records, "reconcile_failed")
-        assert ("100000", "200000") == (
-            node.read(BE_POD, CgroupFile.CFS_QUOTA),
-            node.read(f"{BE_POD}/c-be", CgroupFile.CFS_QUOTA),
-        )
 
     def test_scale_quota(self) -> None:
         """Same share of a CPU, rounded down, never below the kernel's 1 ms; unlimited stays -1."""
