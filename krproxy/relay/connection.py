@@ -28,6 +28,8 @@ import errno
 import logging
 import math
 import socket
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -56,8 +58,27 @@ _STREAM_GRANT_AT = STREAM_WINDOW // 4
 _CONNECTION_GRANT_AT = CONNECTION_WINDOW // 4
 #: Largest header block (with CONTINUATIONs) accepted from a peer.
 MAX_HEADER_BLOCK = 1024 * 1024
-#: Largest decoded header list accepted (grpc-go's default limit; hpack's own is only 64 KiB).
+#: Largest decoded header list accepted: grpc-go's default for servers
+#: (``defaultServerMaxHeaderListSize``), which containerd keeps (it sets no MaxHeaderListSize);
+#: hpack's own default is only 64 KiB. One beyond it ends the connection (COMPRESSION_ERROR:
+#: hpack stops in the middle of the block, so the connection's HPACK state is lost).
 MAX_HEADER_LIST = 16 * 1024 * 1024
+#: Bytes of header blocks a connection's reader decodes on the event loop between two waits
+#: for its socket; a block that does not fit is decoded in a worker thread while the reader
+#: waits (frames after it wait too: HPACK state is the connection's). HPACK decoding in Python
+#: costs ~2 µs a field, and a field may take one byte: a 1 MiB block of indexed fields held
+#: every other caller up for ~0.6 s, and blocks just small enough to be decoded here one after
+#: the other would as well. 4 KiB is ~8 ms at worst, and ten to a hundred of kubelet's blocks.
+DECODE_PER_TURN = 4 * 1024
+#: Blocks this large and larger take the worker thread of large blocks
+#: (``Relay.large_decodes``), others beyond DECODE_PER_TURN that of small ones
+#: (``Relay.small_decodes``), so that a caller's few small blocks never wait for a peer's
+#: megabyte.
+LARGE_BLOCK = 16 * 1024
+#: Seconds a decoding worker thread runs before the event loop's thread may take the
+#: interpreter (GIL) back: Python's 5 ms made every step of other callers' calls (request,
+#: forward, answer) wait up to 5 ms while a block was decoded aside.
+_ASIDE_SWITCH_INTERVAL = 0.0001
 #: Bytes queued for a peer beyond which the connection is closed (see Endpoint.try_send).
 MAX_UNSENT = 64 * 1024 * 1024
 #: Bytes of answers held for one caller connection (relayed but not yet within its windows)
@@ -463,6 +484,10 @@ class Endpoint:
         self._reset_order: deque[int] = deque()
         self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
         self._continuation: tuple[int, int, bytearray] | None = None
+        # A header block left for a worker thread (see DECODE_PER_TURN), with its stream and
+        # flags, and the bytes of blocks decoded on the event loop since the socket was waited for.
+        self._deferred: tuple[int, int, bytes] | None = None
+        self._decoded = 0
         self._handshake = trio.CancelScope()  # run() replaces it: the preface's deadline
         ours = [(f.INITIAL_WINDOW_SIZE, STREAM_WINDOW)]
         if server_side:
@@ -671,7 +696,7 @@ class Endpoint:
             try:
                 data = sock.recv(_RECV_SIZE)
             except BlockingIOError:
-                reads = 0
+                reads = self._decoded = 0
                 await trio.lowlevel.wait_readable(sock)
                 continue
             if not data:
@@ -687,18 +712,41 @@ class Endpoint:
                 del buf[: len(f.PREFACE)]
                 preface = False
                 self._handshake.deadline = math.inf
-            used = self._frames(buf)
-            del buf[:used]
-            self.relay.flush()
+            await self._handle(buf)
             reads += 1
             if reads >= _READS_PER_CHECKPOINT:
                 reads = 0
                 await trio.lowlevel.checkpoint()
 
+    async def _handle(self, buf: bytearray) -> None:
+        """Handle the whole frames in ``buf`` and remove them, waiting for a worker thread to
+        decode each header block beyond what the event loop decodes (:data:`DECODE_PER_TURN`)."""
+        while True:
+            used = self._frames(buf)
+            del buf[:used]
+            self.relay.flush()
+            deferred, self._deferred = self._deferred, None
+            if deferred is None:
+                return
+            stream_id, flags, block = deferred
+            large = len(block) >= LARGE_BLOCK
+            headers = await trio.to_thread.run_sync(
+                _decode_aside,
+                self.decoder,
+                block,
+                limiter=self.relay.large_decodes if large else self.relay.small_decodes,
+                abandon_on_cancel=True,  # a relay stopping does not wait for it
+            )
+            if self.closed:  # closed meanwhile (e.g. it stopped reading our answers)
+                raise trio.ClosedResourceError("connection closed")
+            self._on_block(stream_id, flags, headers)
+
     def _frames(self, buf: bytearray) -> int:
+        """Handle the whole frames at the start of ``buf``; the bytes used. Stops after a header
+        block left for a worker thread (:meth:`_handle` waits for it)."""
         offset, total = 0, len(buf)
         head = f.HEAD
-        while total - offset >= f.HEAD_SIZE:
+        while total - offset >= f.HEAD_SIZE and self._deferred is None:
             high, low, kind, flags, stream_id = head.unpack_from(buf, offset)
             size = high << 16 | low
             if size > f.DEFAULT_MAX_FRAME:
@@ -724,7 +772,7 @@ class Endpoint:
             if depends_on == stream_id:  # a stream error, once the block is decoded (HPACK state)
                 flags |= _SELF_DEPENDENT
             if flags & f.END_HEADERS:
-                self._on_block(stream_id, flags, fragment)
+                self._block(stream_id, flags, fragment)
             else:
                 self._continuation = (stream_id, flags, bytearray(fragment))
         elif kind == f.CONTINUATION:
@@ -736,7 +784,7 @@ class Endpoint:
                 raise f.ProtocolError("header block too large")
             if flags & f.END_HEADERS:
                 self._continuation = None
-                self._on_block(stream_id, first_flags, bytes(block))
+                self._block(stream_id, first_flags, bytes(block))
         elif kind == f.SETTINGS:
             self._require_connection(stream_id, "SETTINGS")
             if flags & f.ACK and payload:  # RFC 9113 §6.5
@@ -824,11 +872,15 @@ class Endpoint:
         else:
             half.call.on_reply_data(data, end)
 
-    def _on_block(self, stream_id: int, flags: int, block: bytes) -> None:
-        try:
-            headers = cast(Headers, self.decoder.decode(block, raw=True))
-        except (hpack.exceptions.HPACKError, IndexError, ValueError) as err:
-            raise f.ProtocolError(f"undecodable header block: {err}", f.COMPRESSION_ERROR) from None
+    def _block(self, stream_id: int, flags: int, block: bytes) -> None:
+        """A whole header block arrived: decode it here, or leave it for a worker thread."""
+        self._decoded += len(block)
+        if self._decoded > DECODE_PER_TURN:
+            self._deferred = (stream_id, flags, block)  # _handle decodes it; _frames stops here
+            return
+        self._on_block(stream_id, flags, _decode_block(self.decoder, block))
+
+    def _on_block(self, stream_id: int, flags: int, headers: Headers) -> None:
         end = bool(flags & f.END_STREAM)
         half = self.halves.get(stream_id)
         if self.server_side:
@@ -1020,6 +1072,50 @@ class Endpoint:
         self.halves.clear()
         self.waiting.clear()
         self.blocked.clear()
+
+
+def _decode_block(decoder: hpack.Decoder, block: bytes) -> Headers:
+    """A header block decoded with the connection's HPACK state (on the event loop, or in a
+    worker thread while the connection's reader waits). Raises a COMPRESSION_ERROR."""
+    try:
+        return cast(Headers, decoder.decode(block, raw=True))
+    except (hpack.exceptions.HPACKError, IndexError, ValueError) as err:
+        raise f.ProtocolError(f"undecodable header block: {err}", f.COMPRESSION_ERROR) from None
+
+
+class _Aside:
+    """The interpreter's switch interval while blocks are decoded in worker threads
+    (:data:`_ASIDE_SWITCH_INTERVAL`): the first thread to start sets it, the last one to end
+    puts the previous value back (two may decode at once, one per limiter)."""
+
+    lock = threading.Lock()
+    running = 0
+    interval = 0.0
+
+    @classmethod
+    def enter(cls) -> None:
+        with cls.lock:
+            if not cls.running:
+                cls.interval = sys.getswitchinterval()
+                sys.setswitchinterval(min(cls.interval, _ASIDE_SWITCH_INTERVAL))
+            cls.running += 1
+
+    @classmethod
+    def leave(cls) -> None:
+        with cls.lock:
+            cls.running -= 1
+            if not cls.running:
+                sys.setswitchinterval(cls.interval)
+
+
+def _decode_aside(decoder: hpack.Decoder, block: bytes) -> Headers:
+    """:func:`_decode_block` in a worker thread, the event loop's thread getting the interpreter
+    back more often meanwhile (:class:`_Aside`)."""
+    _Aside.enter()
+    try:
+        return _decode_block(decoder, block)
+    finally:
+        _Aside.leave()
 
 
 class Route:

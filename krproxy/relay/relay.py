@@ -103,6 +103,12 @@ class Relay:
         #: Whether request header lists are checked as RFC 9113 §8.2 says before open_call
         #: (off for a relay that plays a server with rules of its own: the fake plugin).
         self.check_request_headers = True
+        #: The worker threads header blocks are decoded in when the event loop would spend too
+        #: long on them (connection.DECODE_PER_TURN): one for large blocks and one for small
+        #: ones, for all connections, so that peers sending many share two threads' worth of
+        #: the interpreter and the event loop keeps the rest.
+        self.large_decodes = trio.CapacityLimiter(1)
+        self.small_decodes = trio.CapacityLimiter(1)
         self.runtime: Route | None = None  # set by configure()
         self.image: Route | None = None
         self.interceptors: dict[str, Interceptor] = {}

@@ -9,6 +9,7 @@ import gzip
 import os
 import socket
 import threading
+from typing import Any
 
 import grpc
 import h2.config
@@ -16,6 +17,7 @@ import h2.connection
 import h2.errors
 import h2.events
 import h2.exceptions
+import hpack
 import pytest
 import trio
 from cri_api.v1 import api_pb2 as pb
@@ -23,6 +25,7 @@ from cri_api.v1 import api_pb2_grpc
 
 from fakes.containerd import FakeContainerd
 from krproxy.grpcstatus import Status
+from krproxy.relay import frames as f
 from tests.integration.support import LIVENESS_LIMIT, in_thread, start_proxy, wait_until
 
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -488,3 +491,84 @@ async def test_a_stream_window_is_granted_to_the_runtime_only_as_the_caller_read
         await trio.to_thread.run_sync(thread.join)
     assert (4 * 1024 * 1024, 0) == held
     assert ("ended", len(answer)) == (ending, seen["sent"])
+
+
+@pytest.mark.parametrize(
+    ("size", "anywhere"),
+    [(384 * 1024, True), (4000, False)],
+    ids=["384-KiB-blocks", "4000-byte-blocks"],
+)
+async def test_huge_header_blocks_hold_up_only_their_own_connection(
+    fake_containerd: tuple[FakeContainerd, str],
+    nursery: trio.Nursery,
+    sockdir: str,
+    monkeypatch: pytest.MonkeyPatch,
+    size: int,
+    anywhere: bool,
+) -> None:
+    """One connection sends header blocks of one-byte indexed fields one after the other: 384 KiB
+    (393,216 fields, within the 16 MiB list limit; ~2 µs each to decode), or 4000 bytes, small
+    but beyond what the event loop decodes between two reads. While the relay decodes one of them
+    (held open here until the other client is done), a second connection completes 20 Version
+    calls; then 20 more while the blocks keep coming. Decoded on the event loop, such a block
+    held every caller up: none of the 20 could complete during it (the 384 KiB case holds a block
+    wherever it is decoded; the 4000-byte one holds the first decoded off the event loop's
+    thread, and fails before the fix for want of one)."""
+    real_decode = hpack.Decoder.decode
+    decoding, released = threading.Event(), threading.Event()
+    held: list[bool] = []  # for the block held: whether the second client let it go
+    loop_thread = threading.current_thread()
+
+    def decode(decoder: hpack.Decoder, block: bytes, raw: bool = False) -> Any:
+        headers = real_decode(decoder, block, raw=raw)
+        aside = threading.current_thread() is not loop_thread
+        if len(block) >= size and (anywhere or aside) and not decoding.is_set():
+            decoding.set()
+            held.append(released.wait(LIVENESS_LIMIT))
+        return headers
+
+    monkeypatch.setattr(hpack.Decoder, "decode", decode)
+    _, backend = fake_containerd
+    proxy = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    block = b"\x82" * size  # (":method", "GET") again and again: malformed, reset once decoded
+    stop = threading.Event()
+    sent = []
+
+    def hostile() -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(2 * LIVENESS_LIMIT)  # longer than the hold
+            sock.connect(proxy.config.listen)
+            sock.sendall(f.PREFACE + f.settings([]))
+            stream_id = 1
+            while not stop.is_set():
+                sock.sendall(f.header_frames(stream_id, block, True, f.DEFAULT_MAX_FRAME))
+                sent.append(stream_id)
+                stream_id += 2
+
+    def second() -> list[str]:
+        caller = RawCaller(proxy.config.listen)
+        caller.sock.settimeout(2 * LIVENESS_LIMIT)  # longer than the hold: an answer late, not lost
+        request = pb.VersionRequest().SerializeToString()
+        try:
+            assert decoding.wait(LIVENESS_LIMIT), "no block was held (none decoded off the event loop)"
+            endings = [caller.wait(caller.open(VERSION, request)) for _ in range(20)]
+            released.set()
+            endings += [caller.wait(caller.open(VERSION, request)) for _ in range(20)]
+            while len(sent) < 3 and sender.is_alive():  # the relay took two more: it decoded the 2nd
+                endings.append(caller.wait(caller.open(VERSION, request)))
+            return endings
+        finally:
+            released.set()
+            caller.close()
+
+    sender = threading.Thread(target=hostile, daemon=True)
+    sender.start()
+    try:
+        endings = await in_thread(second)
+    finally:
+        stop.set()
+        await in_thread(sender.join, LIVENESS_LIMIT)
+    assert [True] == held  # released by the second client, not by the liveness bound
+    assert ["ended"] == sorted(set(endings))
+    assert len(endings) >= 40
+    assert len(sent) >= 3

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+
 import hpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from krproxy.relay import frames as f
+from krproxy.relay.connection import _Aside, _decode_aside
 from krproxy.relay.rpc import KEEP_ALL, KEEP_FIRST, KEEP_NONE, _Tap, encode_grpc_timeout, grpc_timeout
 
 header_fields = st.lists(
@@ -232,3 +235,25 @@ class TestRequestHeaderRules:
     def test_table_size_update(self) -> None:
         assert b"\x20" == f.table_size_update(0)
         assert b"\x3f\xe1\x1f" == f.table_size_update(4096)
+
+
+class TestDecodingAside:
+    def test_the_switch_interval_is_lowered_while_any_block_is_decoded_aside(self) -> None:
+        """Two worker threads may decode at once: the interval comes back only when both are done."""
+        before = sys.getswitchinterval()
+        _Aside.enter()
+        _Aside.enter()
+        assert sys.getswitchinterval() < before
+        _Aside.leave()
+        assert sys.getswitchinterval() < before
+        _Aside.leave()
+        assert before == sys.getswitchinterval()
+
+    def test_a_block_decoded_aside_is_the_block_decoded(self) -> None:
+        block = hpack.Encoder().encode([(b":path", b"/a.B/C"), (b"x-id", b"1")])
+        assert [(b":path", b"/a.B/C"), (b"x-id", b"1")] == _decode_aside(hpack.Decoder(), block)
+
+    def test_an_undecodable_block_is_a_compression_error(self) -> None:
+        with pytest.raises(f.ProtocolError) as caught:
+            _decode_aside(hpack.Decoder(), b"\xff\xff\xff\xff")
+        assert f.COMPRESSION_ERROR == caught.value.code
