@@ -47,7 +47,7 @@ from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.recovery import CALL_TIMEOUT, recover
 from krproxy.hooks.runtime import HookRuntime
 from krproxy.hooks.store import HookStore
-from krproxy.hooks.watcher import watch
+from krproxy.hooks.watcher import watch_hook_dir
 from krproxy.metrics import Metrics
 from krproxy.ocihooks import proxy as ocihooks
 from krproxy.relay import Relay, Route, connect_unix
@@ -193,15 +193,7 @@ async def serve(
         async with trio.open_nursery() as nursery:
             if admin_sock is not None:
                 await nursery.start(admin.serve, view, admin_sock)
-            await nursery.start(
-                functools.partial(
-                    watch,
-                    config.hook_dir,
-                    dispatcher.publish,
-                    on_error=metrics.registration_error,
-                    trusted_only=not config.insecure_registration_files,
-                )
-            )
+            await nursery.start(watch_hook_dir, config, dispatcher.publish, metrics.registration_error)
             if oci_hooks is not None:
                 await nursery.start(ocihooks.serve_hook_dirs, oci_hooks, config.oci_hook_dirs)
             recorder = None

@@ -54,7 +54,7 @@ from krproxy.docker.hooks import DockerHooks, Request
 from krproxy.docker.routes import route
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.store import HookStore
-from krproxy.hooks.watcher import watch
+from krproxy.hooks.watcher import watch_hook_dir
 from krproxy.metrics import Metrics
 from krproxy.relay import Relay
 
@@ -391,14 +391,7 @@ async def serve(
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(relay.run)
-            await nursery.start(
-                functools.partial(
-                    watch,
-                    config.hook_dir,
-                    dispatcher.publish,
-                    on_error=metrics.registration_error,
-                )
-            )
+            await nursery.start(watch_hook_dir, config, dispatcher.publish, metrics.registration_error)
             nursery.start_soon(_recover_store, config, hooks, metrics)
             async with trio.open_nursery() as handlers:
                 accepting = trio.CancelScope()

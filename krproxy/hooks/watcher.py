@@ -7,7 +7,8 @@ fsnotify-based watchers (the reference's) lose track. A scan costs one ``scandir
 ``stat`` per file, a few microseconds for the handful of files a node has.
 
 Change detection is pure (:func:`changed_files` compares two :data:`Snapshot` values); the
-I/O is :func:`take_snapshot`, :func:`read_file` and the loop in :func:`watch`.
+I/O is :func:`take_snapshot`, :func:`read_file` and the loop in :func:`watch`, which every
+daemon (CRI, Docker and NRI mode) starts through :func:`watch_hook_dir`, with its flags.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import logging
 import os
 import stat
 from collections.abc import Callable, Mapping
+from typing import Protocol
 
 import attrs
 import trio
@@ -84,12 +86,15 @@ def untrusted_reason(st: os.stat_result) -> str | None:
 
     A registration file tells the daemon (root) which socket to hand every pod's spec to and
     whose answers to apply, so it must be as hard to write as the daemon itself: owned by root
-    (or by the daemon's own user, the same thing in production) and not writable by others.
+    (or by the daemon's own user, the same thing in production) and not writable by others:
+    not by everyone, nor by a group other than root's (or the daemon's own).
     """
     if st.st_uid not in (0, os.geteuid()):
         return f"owned by uid {st.st_uid}, not root"
     if st.st_mode & stat.S_IWOTH:
         return f"world-writable (mode {stat.S_IMODE(st.st_mode):04o})"
+    if st.st_mode & stat.S_IWGRP and st.st_gid not in (0, os.getegid()):
+        return f"writable by group {st.st_gid} (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 
 
@@ -245,3 +250,33 @@ async def watch(
             started = True
             task_status.started(registry)
         await trio.sleep(interval)
+
+
+class HookDirSettings(Protocol):
+    """What a daemon's configuration says about its hook directory (``ProxyConfig``, ``NriConfig``)."""
+
+    @property
+    def hook_dir(self) -> str: ...
+
+    @property
+    def insecure_registration_files(self) -> bool: ...
+
+
+async def watch_hook_dir(
+    settings: HookDirSettings,
+    publish: Callable[[Registry], None],
+    on_error: Callable[[str], None],
+    *,
+    task_status: trio.TaskStatus[Registry] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """:func:`watch` the daemon's hook directory as its flags say: registration files must be
+    owned by root and writable by nobody else unless ``--insecure-registration-files`` is given.
+    The one way CRI, Docker and NRI mode start their watcher, so that no mode reads the flags
+    otherwise (Docker mode ignored ``--insecure-registration-files``)."""
+    await watch(
+        settings.hook_dir,
+        publish,
+        on_error=on_error,
+        trusted_only=not settings.insecure_registration_files,
+        task_status=task_status,
+    )

@@ -43,7 +43,6 @@ registers again; the runtime synchronizes it again, so nothing is lost.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import socket
@@ -65,7 +64,7 @@ from krproxy.hooks.outcomes import HookRejected
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
 from krproxy.hooks.store import HookStore
-from krproxy.hooks.watcher import watch
+from krproxy.hooks.watcher import watch_hook_dir
 from krproxy.metrics import Metrics
 from krproxy.nri import DEFAULT_SOCKET, PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
 from krproxy.nri import convert as nri_convert
@@ -517,15 +516,7 @@ async def serve(
             if admin_sock is not None:
                 plugin.admin_address = await nursery.start(admin.serve, view, admin_sock)
             await nursery.start(relay.run)  # not serving: only the dispatcher's calls to the hook servers
-            await nursery.start(
-                functools.partial(
-                    watch,
-                    config.hook_dir,
-                    plugin.publish,
-                    on_error=metrics.registration_error,
-                    trusted_only=not config.insecure_registration_files,
-                )
-            )
+            await nursery.start(watch_hook_dir, config, plugin.publish, metrics.registration_error)
             await nursery.start(plugin.run)
             log.event(LOGGER, "nri_started", socket=config.socket, hook_dir=config.hook_dir)
             task_status.started(plugin)

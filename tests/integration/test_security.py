@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -27,12 +28,25 @@ from tests.integration.hooks_support import (
     pod_config,
 )
 from tests.integration.support import LIVENESS_LIMIT, wait_until
+from tests.integration.test_docker_support import make_node as make_docker_node
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
 
 CREATE = HookPoint.PRE_CREATE_CONTAINER
 RUN_POD = HookPoint.PRE_RUN_POD_SANDBOX
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
+
+
+#: Ways to make a registration file one that someone other than root could have written.
+UNTRUSTED = pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda path: os.chown(path, 1000, 1000), "owned by uid 1000, not root"),
+        (lambda path: (os.chown(path, 0, 1000), os.chmod(path, 0o664)), "writable by group 1000 (mode 0664)"),
+        (lambda path: os.chmod(path, 0o646), "world-writable (mode 0646)"),
+    ],
+    ids=["not-root", "group-writable", "world-writable"],
+)
 
 
 @pytest.fixture
@@ -90,15 +104,19 @@ class TestRegistrationFiles:
         assert ([], "world-writable (mode 0646)") == (node.registered(), error.split("refused: ")[1][:26])
 
     @as_root
-    async def test_file_not_owned_by_root_is_refused(self, node: Node) -> None:
-        """A file owned by another user is refused, naming its owner."""
+    @UNTRUSTED
+    async def test_file_others_could_write_is_refused(
+        self, node: Node, change: Callable[[str], object], reason: str
+    ) -> None:
+        """A file owned by another user, or writable by a group other than root's, is refused,
+        naming why, and counted."""
         node.write_file("p.json", registration(node))
-        os.chown(os.path.join(node.hook_dir, "p.json"), 1000, 1000)
+        change(os.path.join(node.hook_dir, "p.json"))
         await node.start_proxy()
 
         error = await wait_error(node, "p.json")
 
-        assert ([], True) == (node.registered(), "refused: owned by uid 1000, not root" in error)
+        assert ([], True) == (node.registered(), f"refused: {reason}" in error)
         assert 1.0 == error_count(node, "p.json")
 
     @as_root
@@ -112,6 +130,40 @@ class TestRegistrationFiles:
         await node.start_proxy(insecure_registration_files=True)
 
         assert ["p.json"] == node.registered()
+
+    @as_root
+    @UNTRUSTED
+    @pytest.mark.parametrize("insecure", [False, True])
+    async def test_docker_mode_judges_files_as_cri_mode_does(
+        self,
+        nursery: trio.Nursery,
+        sockdir: str,
+        change: Callable[[str], object],
+        reason: str,
+        insecure: bool,
+    ) -> None:
+        """Docker mode refuses a registration file not owned by root, world-writable or writable by
+        a group other than root's, naming why and counting it, unless --insecure-registration-files
+        is given; then it uses it. (It ignored the flag and refused such files whatever it said.)"""
+        docker = await make_docker_node(nursery, sockdir)
+        await docker.add_plugin("p")
+        change(os.path.join(docker.hook_dir, "p.json"))
+
+        daemon = await docker.start_proxy(insecure_registration_files=insecure)
+
+        registry = daemon.dispatcher.registry
+        errors = daemon.metrics.registry.get_sample_value(
+            "krproxy_registration_errors_total", {"file": "p.json"}
+        )
+        if insecure:
+            assert (["p.json"], None, None) == (
+                [p.file for p in registry.ordered()],
+                registry.error_for("p.json"),
+                errors,
+            )
+        else:
+            assert ([], 1.0) == ([p.file for p in registry.ordered()], errors)
+            assert f"refused: {reason}" in (registry.error_for("p.json") or "")
 
     async def test_symlink_is_judged_by_its_target(self, node: Node, sockdir: str) -> None:
         """A symlink (root-owned, as every symlink may be) to a world-writable file is refused;

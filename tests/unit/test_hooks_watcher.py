@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from krproxy.hooks.watcher import (
     load_changes,
     read_file,
     take_snapshot,
+    untrusted_reason,
     watch,
 )
 
@@ -237,3 +239,23 @@ class TestWatchSurvivesABadDirectory:
             await trio.sleep(1.2)  # two polls: the NotADirectoryError must not end the task
             nursery.cancel_scope.cancel()
         assert ["a.json"] == list(published[-1].plugins)
+
+
+def _stat(mode: int, uid: int = 0, gid: int = 0) -> os.stat_result:
+    return os.stat_result((stat.S_IFREG | mode, 1, 1, 1, uid, gid, 10, 0, 0, 0))
+
+
+@pytest.mark.parametrize(
+    ("st", "reason"),
+    [
+        (_stat(0o644), None),
+        (_stat(0o664), None),  # writable by root's group only
+        (_stat(0o600, uid=os.geteuid(), gid=os.getegid()), None),
+        (_stat(0o644, uid=1000), "owned by uid 1000, not root"),
+        (_stat(0o646), "world-writable (mode 0646)"),
+        (_stat(0o664, gid=1000), "writable by group 1000 (mode 0664)"),
+        (_stat(0o644, gid=1000), None),  # the group may read it, not write it
+    ],
+)
+def test_who_may_have_written_a_registration_file(st: os.stat_result, reason: str | None) -> None:
+    assert reason == untrusted_reason(st)
