@@ -37,6 +37,8 @@ MAX_PLUGIN_REQUEST = 4 << 20
 
 #: grpc-timeout units grpc-go's ``decodeTimeout`` accepts.
 _TIMEOUT_UNITS = frozenset("HMSmun")
+#: gRPC's status INTERNAL, which grpc-go's early abort carries.
+_INTERNAL = 13
 #: What grpc-go's framer lets a regular field name hold (``validWireHeaderFieldName``: token
 #: characters, ``httpguts.IsTokenRune``, and no uppercase letter).
 _NAME_CHARACTERS = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
@@ -74,9 +76,21 @@ class Rejection:
         return self.message
 
     def resets(self, grpc_go: GrpcGo) -> bool:
-        """Whether ``grpc_go`` answers with RST_STREAM PROTOCOL_ERROR alone; else with grpc-go's
-        early abort (an HTTP status, INTERNAL, then RST_STREAM NO_ERROR if the request was not over)."""
+        """Whether ``grpc_go`` answers with RST_STREAM PROTOCOL_ERROR alone; else with
+        :meth:`early_abort_headers` (then RST_STREAM NO_ERROR if the request was not over)."""
         return self.http_status is None or grpc_go is GrpcGo.V1_6
+
+    def early_abort_headers(self) -> list[tuple[str, str]]:
+        """grpc-go's ``earlyAbortStream`` answer: a trailers-only header block with the HTTP
+        status, ``grpc-status`` INTERNAL and the message."""
+        if self.http_status is None:
+            raise ValueError("a request refused by grpc-go's framer is reset, not answered")
+        return [
+            (":status", str(self.http_status)),
+            ("content-type", "application/grpc"),
+            ("grpc-status", str(_INTERNAL)),
+            ("grpc-message", self.message),
+        ]
 
 
 def timeout_error(value: str) -> str | None:

@@ -15,7 +15,6 @@ from typing import Any, cast
 import grpclib.protocol
 import grpclib.server
 import h2.connection
-from grpclib.const import Status
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
@@ -76,15 +75,7 @@ class _StrictHandler(grpclib.protocol.AbstractHandler):
     ) -> None:
         """grpc-go's ``earlyAbortStream``: a trailers-only answer, then a reset if the request goes on."""
         try:
-            await stream.send_headers(
-                [
-                    (":status", str(rejection.http_status)),
-                    ("content-type", "application/grpc"),
-                    ("grpc-status", str(Status.INTERNAL.value)),
-                    ("grpc-message", rejection.message),
-                ],
-                end_stream=True,
-            )
+            await stream.send_headers(rejection.early_abort_headers(), end_stream=True)
             if stream.closable:
                 stream.reset_nowait(ErrorCodes.NO_ERROR)
         except Exception:  # the connection went away meanwhile: nothing left to answer

@@ -354,12 +354,7 @@ class _StrictRelay(Relay):
         if rejection.resets(self._plugin.grpc_go):
             ep.write(f.rst_stream(stream_id, f.PROTOCOL_ERROR))
             return
-        answer = [
-            (b":status", str(rejection.http_status).encode()),
-            (b"content-type", b"application/grpc"),
-            (b"grpc-status", b"13"),  # INTERNAL
-            (b"grpc-message", rejection.message.encode()),
-        ]
+        answer = [(name.encode(), value.encode()) for name, value in rejection.early_abort_headers()]
         ep.write(f.header_frames(stream_id, f.encode_headers(answer), True, ep.peer_max_frame))
         if not end:
             ep.write(f.rst_stream(stream_id, f.NO_ERROR))

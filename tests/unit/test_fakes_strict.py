@@ -102,3 +102,22 @@ def test_grpc_go_s_framer_lets_through_what_http_allows() -> None:
     above ASCII, an empty value, every token character in a name."""
     fields = [*POST, ("x-id", " a\tb "), ("x-e", ""), ("x-u", "é"), ("!#$%&'*+-.^_`|~09az", "1")]
     assert check_request(fields) is None
+
+
+def test_the_early_abort_is_trailers_only_with_internal() -> None:
+    """grpc-go's earlyAbortStream, as both fakes send it (GrpcGo.V2)."""
+    rejection = check_request([("grpc-timeout", "123456789m")])
+    assert rejection is not None and not rejection.resets(GrpcGo.V2) and rejection.resets(GrpcGo.V1_6)
+    assert [
+        (":status", "400"),
+        ("content-type", "application/grpc"),
+        ("grpc-status", "13"),
+        ("grpc-message", 'malformed grpc-timeout: transport: timeout string is too long: "123456789m"'),
+    ] == rejection.early_abort_headers()
+
+
+def test_a_framer_refusal_has_no_early_abort() -> None:
+    rejection = check_request([*POST, ("x-id", "\x00")])
+    assert rejection is not None
+    with pytest.raises(ValueError, match="reset, not answered"):
+        rejection.early_abort_headers()
