@@ -24,8 +24,8 @@ from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc
 
 from fakes.containerd import FakeContainerd
+from krproxy.bench.flood import send_header_blocks
 from krproxy.grpcstatus import Status
-from krproxy.relay import frames as f
 from tests.integration.support import LIVENESS_LIMIT, in_thread, start_proxy, wait_until
 
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -530,20 +530,11 @@ async def test_huge_header_blocks_hold_up_only_their_own_connection(
     monkeypatch.setattr(hpack.Decoder, "decode", decode)
     _, backend = fake_containerd
     proxy = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
-    block = b"\x82" * size  # (":method", "GET") again and again: malformed, reset once decoded
     stop = threading.Event()
-    sent = []
-
-    def hostile() -> None:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(2 * LIVENESS_LIMIT)  # longer than the hold
-            sock.connect(proxy.config.listen)
-            sock.sendall(f.PREFACE + f.settings([]))
-            stream_id = 1
-            while not stop.is_set():
-                sock.sendall(f.header_frames(stream_id, block, True, f.DEFAULT_MAX_FRAME))
-                sent.append(stream_id)
-                stream_id += 2
+    sent: list[int] = []  # streams whose block went out whole (each malformed: reset once decoded)
+    sender = threading.Thread(
+        target=send_header_blocks, args=(proxy.config.listen, size, stop, sent), daemon=True
+    )
 
     def second() -> list[str]:
         caller = RawCaller(proxy.config.listen)
@@ -561,7 +552,6 @@ async def test_huge_header_blocks_hold_up_only_their_own_connection(
             released.set()
             caller.close()
 
-    sender = threading.Thread(target=hostile, daemon=True)
     sender.start()
     try:
         endings = await in_thread(second)
