@@ -8,6 +8,7 @@ grpclib reads them, and the h2 settings the connection starts with.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 from collections.abc import Callable
 from typing import Any, cast
@@ -158,7 +159,11 @@ def serve_strictly(
     def factory() -> grpclib.protocol.H2Protocol:
         plain = make_protocol()  # grpclib's own, with its handler registered on the server
         handler = _StrictHandler(plain.handler, grpc_go, accepted, rejected, deadlines)
-        return _StrictProtocol(handler, plain.config, plain.h2_config, max_concurrent_streams)
+        # grpclib has h2 read header fields as ASCII, and the connection died on an octet above
+        # 0x7f in a value, which grpc-go takes (obs-text); as latin-1 each octet is one character.
+        h2_config = copy.copy(plain.h2_config)
+        h2_config.header_encoding = "latin-1"
+        return _StrictProtocol(handler, plain.config, h2_config, max_concurrent_streams)
 
     server._protocol_factory = factory  # type: ignore[method-assign]
 

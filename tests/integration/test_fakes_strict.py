@@ -142,8 +142,9 @@ async def test_grpc_go_2_aborts_early_with_internal(
         (("x-Id", "1"), True),
         (("x(id)", "1"), True),
         (("x-id", " a\tb "), False),  # RFC 9113 §8.2.1 forbids the outer whitespace; grpc-go lets it through
+        (("x-id", "caf\u00e9"), False),  # octets above 0x7f (obs-text): grpclib's connection died on them
     ],
-    ids=["nul", "crlf", "control", "uppercase-name", "separator-in-name", "outer-whitespace"],
+    ids=["nul", "crlf", "control", "uppercase-name", "separator-in-name", "outer-whitespace", "obs-text"],
 )
 async def test_a_field_grpc_go_s_framer_refuses_resets_the_stream_in_every_version(
     aio_loop: None,
