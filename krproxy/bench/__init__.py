@@ -246,6 +246,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
 
         results["stuck_client"] = _stuck_client(plain, args)
+        from krproxy.bench.flood import measure as header_flood
+
+        results["header_flood"] = header_flood(args.flood_calls, [1 << 20, 4095])
         results["real_containerd"] = _real_containerd(procs, workdir, args)
         results["runc_wrapper"] = runc_wrapper(workdir, args.wrapper_calls)
         results["runc_wrapper_containerd"] = runc_wrapper_containerd(workdir, args)
@@ -802,6 +805,16 @@ def report(results: dict[str, Any]) -> str:
                 f" {sc['before']['median_ms']:.3f}/{sc['before']['p99_ms']:.3f} ms before,"
                 f" {sc['stuck']['median_ms']:.3f}/{sc['stuck']['p99_ms']:.3f} ms stuck   usual latency: {_check(ok)}"
             )
+    for size, r in results.get("header_flood", {}).items():
+        if size == "idle":
+            continue
+        idle = results["header_flood"]["idle"]
+        ok = r["median_ms"] <= 2 * idle["median_ms"] + 0.5
+        lines.append(
+            f"Version, another caller floods    ({size.removeprefix('blocks_of_')}-byte header blocks)"
+            f" {idle['median_ms']:.3f}/{idle['p99_ms']:.3f} ms idle, {r['median_ms']:.3f}/{r['p99_ms']:.3f} ms"
+            f" flooded   usual latency: {_check(ok)}"
+        )
     t = results["throughput_32_callers"]
     lines.append(
         f"throughput, 32 callers            direct {t['direct']:8.0f}/s   proxy {t['proxy']:8.0f}/s"
@@ -904,6 +917,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--real-containers-per-pod", type=int, default=20)
     parser.add_argument("--json", default="bench-results.json", metavar="FILE", help="default: %(default)s")
     parser.add_argument("--wrapper-calls", type=int, default=200, help="runs per runc wrapper variant")
+    parser.add_argument(
+        "--flood-calls", type=int, default=1000, help="Version calls per header-flood measurement"
+    )
     parser.add_argument(
         "--wrapper-blocks", type=int, default=10, help="wrapper on containerd: blocks per runtime handler"
     )
