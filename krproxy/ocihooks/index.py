@@ -72,6 +72,9 @@ _LONG_ESCAPES = frozenset("xuUN0123456789")
 #: Characters with a meaning of their own in a pattern.
 _META = frozenset(".^$*+?{}[]()|\\")
 
+#: A ``{m,n}`` repeat as ``re`` reads one (``{}``, ``{x}``, ``{1,`` are literal text, to be parsed on).
+_REPEAT = re.compile(r"\{(?!\})[0-9]*(?:,[0-9]*)?\}")
+
 
 def required_literal(pattern: re.Pattern[str]) -> str:
     """The longest run of :data:`NEEDLE_CHARS` that every string ``pattern`` finds must contain.
@@ -119,11 +122,10 @@ def required_literal(pattern: re.Pattern[str]) -> str:
             continue
         elif char == "|":
             return ""
-        elif char in "*?{":
+        elif char in "*?" or (char == "{" and _REPEAT.match(text, i - 1)):
             run = run[:-1]  # the atom before may occur zero times (a group's or class's run is closed)
             if char == "{":
-                close = text.find("}", i)
-                i = len(text) if close < 0 else close + 1
+                i = text.index("}", i) + 1  # the repeat's own "}"
         elif char not in _META and char in NEEDLE_CHARS:
             run += char
             continue

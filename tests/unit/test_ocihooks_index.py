@@ -48,6 +48,13 @@ class TestRequiredLiteral:
             (r".*", ""),
             (r"ab\.?cd", "ab"),  # the optional "." splits "ab" from "cd"; the first longest wins
             (r'say"hello"', "hello"),  # '"' is escaped in JSON
+            # A "{" that does not start a {m,n} repeat is a literal "{": what follows it is parsed as
+            # usual (a class, a group), not skipped up to the next "}".
+            (r"x{[}ab]cd", "cd"),  # "ab" is in the class [}ab]: "x{}cd" matches
+            (r"x{(ab}cd)?", "x"),  # "cd" is in an optional group: "x{" matches
+            (r"a{}bcd", "bcd"),  # "{}" is literal text
+            (r"ab{,}cde", "cde"),  # {,} is a repeat (zero or more)
+            (r"ab{1,2}+cde", "cde"),  # possessive repeat
         ],
     )
     def test_cases(self, pattern: str, expected: str) -> None:
@@ -59,7 +66,8 @@ class TestRequiredLiteral:
         """For random patterns, every string the pattern finds contains the literal."""
         tokens = st.sampled_from(
             ["a", "b", "c", "-", ".", r"\.", "x", "*", "+", "?", "{2}", "{0,1}", "(", ")", "(?:",
-             "[ab]", "[^a]", "^", "$", "|", r"\d", r"\w", r"\x61", "(?=a)", "(?i)", "+?", "*?", '"', "/"]
+             "[ab]", "[^a]", "^", "$", "|", r"\d", r"\w", r"\x61", "(?=a)", "(?i)", "+?", "*?", '"', "/",
+             "{", "}", "{,}", "[}a]", "{1,"]
         )  # fmt: skip
         pattern = "".join(data.draw(st.lists(tokens, max_size=10)))
         try:
