@@ -337,14 +337,16 @@ if [ -n "$command" ]; then
   index={q_index}
   found= existing= relative=
   IFS=:
+  set -f
   for dir in $dirs; do
+    set +f
     if [ -d "$dir" ]; then existing="$existing:$dir"; fi
     case "$dir" in /*) ;; *) relative=1 ;; esac
     for file in "$dir"/*.json; do
       if [ -e "$file" ]; then found=1; break; fi
     done
   done
-  unset IFS
+  set +f; unset IFS
   if [ -n "$found" ]; then
     line= current=
     if [ -r "$index" ]; then IFS= read -r line < "$index"; fi

@@ -351,6 +351,15 @@ class TestLauncher:
         assert 7 == self.run(launcher, args, record)[0]
         assert ["/a", "/b"] == hooks_added()
 
+    def test_hook_directory_name_is_not_a_pattern(self, tmp_path: Path, bundle: Path) -> None:
+        """A hook directory whose name reads like a glob (h[1]) is that directory, not h1."""
+        hooks = tmp_path / "h[1]"
+        write_hook(hooks, "g.json", "/g", {"annotations": {"^gpu$": "^yes$"}}, ["prestart"])
+        (tmp_path / "h1").mkdir()  # no hook files: the glob's match would send the create to runc
+        launcher, record = self.install(tmp_path, hooks)
+        assert 7 == self.run(launcher, ["create", "--bundle", str(bundle), "id1"], record)[0]
+        assert "/g" in (bundle / "config.json").read_text()
+
     def test_unwritable_index_still_adds_hooks(self, tmp_path: Path, bundle: Path) -> None:
         """An index that cannot be written is logged, and every create keeps running the wrapper."""
         hooks = tmp_path / "hooks"
