@@ -27,6 +27,9 @@ U+2028/U+2029.
 **Freshness.** The index is valid for the hook files it was computed from. Its first line names
 the hook directories that existed; the launcher compares it with the directories it sees, and asks
 ``find -L DIRS -maxdepth 1 -cnewer INDEX`` whether any directory or file in them changed since.
+That sees only the final targets of symlinks, so the second line names the directories holding
+a symlink on the way to a hook directory or a hook file (:func:`deciding_dirs`): repointing one
+replaces an entry there, and ``find -L DIRS -maxdepth 0 -cnewer INDEX`` sees the change.
 The index's mtime is set to one second *before* the wrapper started reading the directories, so a
 change made while (or just before) the index was computed makes it stale — the file system's
 ctime comes from a coarse clock that may lag the one :func:`time.time_ns` reads by a few
@@ -46,6 +49,8 @@ from krproxy.ocihooks.model import HookFile
 __all__ = [
     "HEADER",
     "NEEDLE_CHARS",
+    "WATCH",
+    "deciding_dirs",
     "existing_dirs",
     "header",
     "hook_needles",
@@ -55,7 +60,13 @@ __all__ = [
 ]
 
 #: The first line's prefix; the launcher compares the whole first line with ``HEADER + dirs``.
-HEADER = "# krproxy-oci-index 1 dirs="
+HEADER = "# krproxy-oci-index 2 dirs="
+
+#: The second line's prefix, before ``:DIR`` for each deciding directory (:func:`deciding_dirs`).
+WATCH = "# watch="
+
+#: More symlinks than this on one path: a loop (Linux gives up after 40 too).
+_MAX_SYMLINKS = 40
 
 #: Characters a needle may hold: none of them is ever escaped in JSON text.
 NEEDLE_CHARS = frozenset(string.ascii_letters + string.digits + "._-:@+=,~")
@@ -169,6 +180,53 @@ def hook_needles(hook: HookFile) -> list[str] | None:
     return max(usable, key=lambda needles: min(len(n) for n in needles))
 
 
+def deciding_dirs(directories: Iterable[str]) -> str | None:
+    """The directories whose entries decide which files the hook paths lead to, as ``:DIR`` each.
+
+    The real directory holding each symlink met on the way to a directory of ``directories`` or to
+    a ``*.json`` in one, through symlink targets too: a symlink is repointed by replacing it, which
+    changes that directory. None when one cannot be written in the index (a ``:`` or a newline in
+    its name) or the symlinks loop.
+    """
+    found: set[str] = set()
+    try:
+        for directory in directories:
+            _symlink_dirs(directory, found)
+            for name in _json_names(directory):
+                _symlink_dirs(os.path.join(directory, name), found)
+    except RecursionError:
+        return None
+    if any(":" in d or "\n" in d for d in found):
+        return None
+    return "".join(f":{d}" for d in sorted(found))
+
+
+def _json_names(directory: str) -> list[str]:
+    try:
+        return [n for n in os.listdir(directory) if n.endswith(".json") and not n.startswith(".")]
+    except OSError:
+        return []
+
+
+def _symlink_dirs(path: str, found: set[str], hops: int = 0) -> None:
+    """Add to ``found`` the real directory holding each symlink on the way to ``path``."""
+    if hops > _MAX_SYMLINKS:
+        raise RecursionError(f"too many symlinks at {path}")
+    current = os.sep
+    for part in os.path.join(os.getcwd(), path).split(os.sep):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            continue
+        following = os.path.join(current, part)
+        if os.path.islink(following):
+            found.add(current)
+            _symlink_dirs(os.path.join(current, os.readlink(following)), found, hops + 1)
+            following = os.path.realpath(following)
+        current = following
+
+
 def existing_dirs(directories: Iterable[str]) -> str:
     """The directories that exist, as the launcher writes them: ``:DIR`` for each, in order."""
     return "".join(f":{d}" for d in directories if os.path.isdir(d))
@@ -178,12 +236,16 @@ def header(dirs: str) -> str:
     return HEADER + dirs
 
 
-def index_lines(dirs: str, hooks: Sequence[HookFile]) -> list[str]:
-    """The index's lines: the header, then each distinct needle once.
+def index_lines(dirs: str, hooks: Sequence[HookFile], watch: str | None = "") -> list[str]:
+    """The index's lines: the header, the deciding directories ``watch``, then each distinct needle once.
 
-    The header is itself a pattern ``grep -F`` looks for; it cannot hide a match, only cause one.
+    ``watch`` None (the directories could not be named) adds the empty needle: every create then
+    runs the wrapper. The first two lines are patterns ``grep -F`` looks for too; they cannot hide
+    a match, only cause one.
     """
-    lines = [header(dirs)]
+    lines = [header(dirs), WATCH + (watch or "")]
+    if watch is None:
+        lines.append("")
     for hook in hooks:
         for needle in hook_needles(hook) or ():
             if needle not in lines:
@@ -195,14 +257,17 @@ def write_index(path: str, dirs: str, hooks: Sequence[HookFile], read_started_ns
     """Write the index for ``hooks`` (read from ``dirs`` starting at ``read_started_ns``) atomically.
 
     The parent directory is created (mode 0700) if needed. The mtime is set to
-    ``read_started_ns`` minus :data:`BACKDATE_NS`, before the file is renamed into place.
+    ``read_started_ns`` minus :data:`BACKDATE_NS`, before the file is renamed into place. The
+    deciding directories are found now, after the reading: one changed since (a symlink repointed)
+    is newer than the index, whichever way it resolved.
     """
+    watch = deciding_dirs(dirs.split(":")[1:])
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
     temporary = f"{path}.{os.getpid()}.tmp"
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write("".join(line + "\n" for line in index_lines(dirs, hooks)))
+            f.write("".join(line + "\n" for line in index_lines(dirs, hooks, watch)))
         stamp = read_started_ns - BACKDATE_NS
         os.utime(temporary, ns=(stamp, stamp))
         os.replace(temporary, path)

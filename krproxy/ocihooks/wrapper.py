@@ -303,9 +303,10 @@ DEFAULT_INDEX_DIR = "/run/krproxy"
 _LAUNCHER = """#!/bin/sh
 # krproxy-runc-wrapper fast launcher, written by `krproxy oci-launcher` (krproxy {version}).
 # Commands other than create/run go straight to runc. So does a create/run when no hook directory
-# holds a *.json file, or when the index is current (no hook directory or file changed since the
-# wrapper wrote it) and none of its strings occurs in the bundle's config.json: then no hook can
-# match (see krproxy/ocihooks/index.py). Otherwise the wrapper runs under Python without site
+# holds a *.json file, or when the index is current (no hook directory or file, nor a directory
+# holding a symlink on the way to one, changed since the wrapper wrote it) and none of its strings
+# occurs in the bundle's config.json: then no hook can match (see krproxy/ocihooks/index.py).
+# Otherwise the wrapper runs under Python without site
 # processing: it adds the matching OCI hooks to config.json, writes the index anew if it was not
 # current, and execs runc.
 # Resolved when written: runc {runc}, hook directories {dirs}, log {log}, index {index}.
@@ -348,11 +349,14 @@ if [ -n "$command" ]; then
   done
   set +f; unset IFS
   if [ -n "$found" ]; then
-    line= current=
-    if [ -r "$index" ]; then IFS= read -r line < "$index"; fi
+    line= watch= current=
+    if [ -r "$index" ]; then {{ IFS= read -r line; IFS= read -r watch; }} < "$index"; fi
+    case "$watch" in "{watch}"*) watch=${{watch#"{watch}"}} ;; *) line= ;; esac
     if [ -z "$relative" ] && [ "$line" = "{header}$existing" ]; then
       set -f; IFS=:
       if changed=$(find -L ${{existing#:}} -maxdepth 1 -cnewer "$index" -print -quit 2>/dev/null) \\
+          && [ -z "$changed" ] \\
+          && {{ [ -z "$watch" ] || changed=$(find -L ${{watch#:}} -maxdepth 0 -cnewer "$index" -print -quit 2>/dev/null); }} \\
           && [ -z "$changed" ]; then
         current=1
       fi
@@ -394,7 +398,7 @@ def launcher_script(
     import shlex
 
     from krproxy import __version__
-    from krproxy.ocihooks.index import HEADER
+    from krproxy.ocihooks.index import HEADER, WATCH
 
     config = settings(path, {})
     found = find_runc(runc or config.runc, path, os.environ.get("PATH", os.defpath))
@@ -417,6 +421,7 @@ def launcher_script(
         q_log=shlex.quote(config.log or ""),
         q_index=shlex.quote(index),
         header=HEADER,
+        watch=WATCH,
         global_value_options=alternatives([name.lstrip("-") for name in _GLOBAL_WITH_VALUE]),
         create_value_options=alternatives(_CREATE_WITH_VALUE),
         index_env=INDEX_ENV,

@@ -312,7 +312,7 @@ class TestOciHooks:
         install = node.containerd.dir / "krproxy-oci"
         if node.handler and not (install / "krproxy-runc-wrapper").is_symlink():  # the launcher
             lines = (install / "oci-hooks.index").read_text().splitlines()
-            assert [f"# krproxy-oci-index 1 dirs=:{h.low}:{h.high}", "traced-by-seccomp"] == lines
+            assert [f"# krproxy-oci-index 2 dirs=:{h.low}:{h.high}", "# watch=", "traced-by-seccomp"] == lines
 
     def test_state_on_stdin(self, node: Node) -> None:
         """Every stage's hook reads the OCI state: id, status, annotations; pid and bundle where known."""

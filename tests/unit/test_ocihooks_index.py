@@ -123,10 +123,31 @@ class TestIndexFile:
         path = tmp_path / "sub" / "index"
         started = time.time_ns()
         index.write_index(str(path), ":/d1:/d2", hooks, started)  # type: ignore[arg-type]
-        assert ["# krproxy-oci-index 1 dirs=:/d1:/d2", "a.b"] == path.read_text().splitlines()
+        assert ["# krproxy-oci-index 2 dirs=:/d1:/d2", "# watch=", "a.b"] == path.read_text().splitlines()
         assert started - index.BACKDATE_NS == path.stat().st_mtime_ns
         assert 0o700 == (path.parent.stat().st_mode & 0o777)
         assert ["index"] == os.listdir(path.parent)  # no temporary left behind
+
+    def test_deciding_dirs_hold_the_symlinks_on_the_way(self, tmp_path: Path) -> None:
+        """The directories holding a symlink on the way to a hook directory or to a hook file (their
+        targets' symlinks too); none for plain paths; None (and the empty needle) for a loop."""
+        real = tmp_path / "real"
+        (real / "hooks").mkdir(parents=True)
+        (tmp_path / "links").mkdir()
+        (tmp_path / "links" / "to-real").symlink_to("../real")
+        (tmp_path / "vendor" / "v1").mkdir(parents=True)
+        (tmp_path / "vendor" / "v1" / "a.json").write_text("{}")
+        (tmp_path / "vendor" / "current").symlink_to("v1")
+        (real / "hooks" / "a.json").symlink_to(tmp_path / "vendor" / "current" / "a.json")
+        (real / "hooks" / "plain.json").write_text("{}")
+        (real / "hooks" / "other.txt").symlink_to("/nonexistent")  # not a hook file: not followed
+        assert "" == index.deciding_dirs([str(tmp_path / "vendor")])
+        got = index.deciding_dirs([str(tmp_path / "links" / "to-real" / "hooks")])
+        assert f":{tmp_path / 'links'}:{real / 'hooks'}:{tmp_path / 'vendor'}" == got
+        (tmp_path / "loop").symlink_to("loop")
+        assert index.deciding_dirs([str(tmp_path / "loop")]) is None
+        lines = index.index_lines(":/d", [], None)
+        assert ["# krproxy-oci-index 2 dirs=:/d", "# watch=", ""] == lines
 
     def test_existing_dirs(self, tmp_path: Path) -> None:
         (tmp_path / "a").mkdir()

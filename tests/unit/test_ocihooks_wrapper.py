@@ -295,7 +295,7 @@ class TestLauncher:
         )
         write_hook(hooks, "gpu.json", "/b", {"commands": [r"nvidia-smi$"]}, ["prestart"])
         launcher, record, index = self.current_index(tmp_path, hooks, bundle)
-        assert ["nvidia-smi", "io.containers.trace-syscall"] == index.read_text().splitlines()[1:]
+        assert ["# watch=", "nvidia-smi", "io.containers.trace-syscall"] == index.read_text().splitlines()[1:]
         wrapper.write_launcher(
             str(launcher), runc=str(tmp_path / "runc"), python="/nonexistent/python", index=str(index)
         )
@@ -350,6 +350,36 @@ class TestLauncher:
         wrapper.write_launcher(str(launcher), runc=str(tmp_path / "runc"), index=str(index))
         assert 7 == self.run(launcher, args, record)[0]
         assert ["/a", "/b"] == hooks_added()
+
+    @staticmethod
+    def repoint(link: Path, target: Path) -> None:
+        """Point the symlink ``link`` at ``target`` atomically (ln -sfn: a new link renamed over)."""
+        temporary = link.with_name(link.name + ".new")
+        temporary.symlink_to(target)
+        temporary.rename(link)
+
+    @pytest.mark.parametrize("what", ["directory", "file"])
+    def test_repointed_symlink_makes_the_index_stale(self, tmp_path: Path, bundle: Path, what: str) -> None:
+        """A hook directory that is a symlink, or a hook file reached through one, repointed at files
+        older than the index (a version switch, a rollback): the create runs the wrapper, which adds
+        the hook the new target holds. find -L sees only the final targets, whose ctimes did not move."""
+        old, new = tmp_path / "v1", tmp_path / "v2"
+        write_hook(old, "a.json", "/old-hook", {"annotations": {"^nothing-has-this$": ""}}, ["prestart"])
+        # SPEC has gpu=yes
+        write_hook(new, "a.json", "/new-hook", {"annotations": {"^gpu$": "^yes$"}}, ["prestart"])
+        current = tmp_path / "current"
+        current.symlink_to(old)
+        if what == "directory":
+            hooks = current
+        else:
+            hooks = tmp_path / "hooks"
+            hooks.mkdir()
+            (hooks / "a.json").symlink_to(current / "a.json")
+        launcher, record, _ = self.current_index(tmp_path, hooks, bundle)
+        assert "/old-hook" not in (bundle / "config.json").read_text()
+        self.repoint(current, new)
+        assert 7 == self.run(launcher, ["create", "--bundle", str(bundle), "id1"], record)[0]
+        assert "/new-hook" in (bundle / "config.json").read_text()
 
     def test_hook_directory_name_is_not_a_pattern(self, tmp_path: Path, bundle: Path) -> None:
         """A hook directory whose name reads like a glob (h[1]) is that directory, not h1."""
