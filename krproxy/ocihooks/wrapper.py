@@ -349,23 +349,30 @@ if [ -n "$command" ]; then
   done
   set +f; unset IFS
   if [ -n "$found" ]; then
-    line= watch= current=
-    if [ -r "$index" ]; then {{ IFS= read -r line; IFS= read -r watch; }} < "$index"; fi
-    case "$watch" in "{watch}"*) watch=${{watch#"{watch}"}} ;; *) line= ;; esac
-    if [ -z "$relative" ] && [ "$line" = "{header}$existing" ]; then
-      set -f; IFS=:
-      if changed=$(find -L ${{existing#:}} -maxdepth 1 -cnewer "$index" -print -quit 2>/dev/null) \\
-          && [ -z "$changed" ] \\
-          && {{ [ -z "$watch" ] || changed=$(find -L ${{watch#:}} -maxdepth 0 -cnewer "$index" -print -quit 2>/dev/null); }} \\
-          && [ -z "$changed" ]; then
-        current=1
-      fi
-      unset IFS; set +f
-    fi
-    if [ -n "$current" ]; then
-      grep -qF -f "$index" -- "$bundle/config.json" 2>/dev/null
-      if [ $? -eq 1 ]; then exec "$runc" "$@"; fi
-      index=
+    current=
+    # The index is read through one open descriptor (3): the strings grep looks for are those of
+    # the index found current, even if a wrapper replaces the file meanwhile.
+    if [ -z "$relative" ] && [ -r "$index" ]; then
+      {{
+        line= watch=
+        IFS= read -r line <&3; IFS= read -r watch <&3
+        case "$watch" in "{watch}"*) watch=${{watch#"{watch}"}} ;; *) line= ;; esac
+        if [ "$line" = "{header}$existing" ]; then
+          set -f; IFS=:
+          if changed=$(find -L ${{existing#:}} -maxdepth 1 -cnewer /dev/fd/3 -print -quit 2>/dev/null) \\
+              && [ -z "$changed" ] \\
+              && {{ [ -z "$watch" ] || changed=$(find -L ${{watch#:}} -maxdepth 0 -cnewer /dev/fd/3 -print -quit 2>/dev/null); }} \\
+              && [ -z "$changed" ]; then
+            current=1
+          fi
+          unset IFS; set +f
+        fi
+        if [ -n "$current" ]; then
+          grep -qF -f /dev/fd/3 -- "$bundle/config.json" 2>/dev/null
+          if [ $? -eq 1 ]; then exec "$runc" "$@" 3<&-; fi
+          index=
+        fi
+      }} 3< "$index"
     fi
     KRPROXY_RUNC="$runc" KRPROXY_OCI_HOOKS_DIRS="$dirs" KRPROXY_OCI_LOG="$log" {index_env}="$index" \\
       {env_name}="$0" exec {q_python} -I -S {q_wrapper} "$@"

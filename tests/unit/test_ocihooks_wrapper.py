@@ -381,6 +381,39 @@ class TestLauncher:
         assert 7 == self.run(launcher, ["create", "--bundle", str(bundle), "id1"], record)[0]
         assert "/new-hook" in (bundle / "config.json").read_text()
 
+    def test_index_replaced_after_the_check_is_not_read(self, tmp_path: Path, bundle: Path) -> None:
+        """The strings grep looks for come from the index the launcher found current, even when a
+        slower wrapper (it read the hook files before they changed) replaces the index between the
+        check and the grep: here find itself does that, leaving an index without the string."""
+        hooks = tmp_path / "hooks"
+        write_hook(hooks, "gpu.json", "/gpu-hook", {"annotations": {"^gpu$": "^yes$"}}, ["prestart"])
+        spec = json.loads((bundle / "config.json").read_text())
+        (bundle / "config.json").write_text(json.dumps({**spec, "annotations": {"x": "y"}}))
+        launcher, _, index = self.current_index(tmp_path, hooks, bundle)
+        (bundle / "config.json").write_text(json.dumps(spec))  # SPEC has gpu=yes
+        stale = tmp_path / "stale-index"
+        stale.write_text("\n".join(index.read_text().splitlines()[:2]) + "\n")  # no "gpu"
+        shims = tmp_path / "shims"
+        shims.mkdir()
+        real_find = subprocess.run(["sh", "-c", "command -v find"], capture_output=True, text=True).stdout
+        (shims / "find").write_text(
+            f'#!/bin/sh\n{real_find.strip()} "$@"\nstatus=$?\n'
+            f"cp {stale} {index}.new && touch -d '1 hour ago' {index}.new && mv {index}.new {index}\n"
+            "exit $status\n"
+        )
+        (shims / "find").chmod(0o755)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KRPROXY_")}
+        env["PATH"] = f"{shims}:{env['PATH']}"
+        done = subprocess.run(
+            [str(launcher), "create", "--bundle", str(bundle), "id1"],
+            env=env,
+            capture_output=True,
+            timeout=60,
+        )
+        assert (7, b"") == (done.returncode, done.stderr)
+        assert index.read_text() == stale.read_text()  # find did replace it
+        assert "/gpu-hook" in (bundle / "config.json").read_text()
+
     def test_hook_directory_name_is_not_a_pattern(self, tmp_path: Path, bundle: Path) -> None:
         """A hook directory whose name reads like a glob (h[1]) is that directory, not h1."""
         hooks = tmp_path / "h[1]"
