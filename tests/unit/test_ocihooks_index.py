@@ -154,3 +154,59 @@ class TestIndexFile:
         assert f":{tmp_path / 'a'}" == index.existing_dirs(
             [str(tmp_path / "a"), str(tmp_path / "missing"), ""]
         )
+
+
+def go_json(doc: object) -> str:
+    """JSON as Go's encoding/json writes it (containerd's config.json): UTF-8, with <, >, &, U+2028
+    and U+2029 escaped."""
+    text = json.dumps(doc, ensure_ascii=False)
+    for char in "<>&\u2028\u2029":
+        text = text.replace(char, f"\\u{ord(char):04x}")
+    return text
+
+
+PATTERN = st.lists(
+    st.sampled_from(
+        ["a", "b", "-", ".", r"\.", "x", "*", "+", "?", "{2}", "{0,1}", "(", ")", "(?:", "[ab]", "[^a]", "^",
+         "$", "|", r"\d", r"\x61", "(?=a)", "(?i)", "+?", '"', "/", "<", "&", "{", "}", "[}a]", "é", " "]
+    ),
+    max_size=8,
+).map("".join)  # fmt: skip
+
+
+class TestNeedlesAgainstMatching:
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def test_a_matching_hook_has_a_needle_in_the_file(self, data: st.DataObject) -> None:
+        """Random ``when`` (annotations, commands, always, hasBindMounts) and specs built to match it
+        often: whenever the hook matches the spec, one of its needles is in the spec's JSON text."""
+        from krproxy.ocihooks.model import InvalidHookFile
+        from krproxy.ocihooks.wrapper import container_from_spec
+
+        when: dict[str, object] = {}
+        if data.draw(st.booleans()):
+            when["annotations"] = data.draw(st.dictionaries(PATTERN, PATTERN, max_size=2))
+        if data.draw(st.booleans()):
+            when["commands"] = data.draw(st.lists(PATTERN, max_size=2))
+        for key in ("always", "hasBindMounts"):
+            if data.draw(st.booleans()):
+                when[key] = data.draw(st.booleans())
+        try:
+            parsed = hook(when)
+        except InvalidHookFile:
+            assume(False)
+            return
+
+        def text_for(pattern: re.Pattern[str]) -> str:
+            return data.draw(st.one_of(st.from_regex(pattern), st.text(max_size=5)))
+
+        annotations = {text_for(k): text_for(v) for k, v in parsed.when.annotations}  # type: ignore[attr-defined]
+        annotations.update(data.draw(st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2)))
+        commands = parsed.when.commands  # type: ignore[attr-defined]
+        args = [text_for(data.draw(st.sampled_from(commands)))] if commands else ["/bin/sh"]
+        mounts = [{"destination": "/d", "type": "bind", "source": "/s"}] if data.draw(st.booleans()) else []
+        text = go_json({"process": {"args": args}, "annotations": annotations, "mounts": mounts})
+        if parsed.when.matches(container_from_spec(json.loads(text))):  # type: ignore[attr-defined]
+            needles = index.hook_needles(parsed)  # type: ignore[arg-type]
+            assert needles is not None
+            assert any(needle in text for needle in needles)
