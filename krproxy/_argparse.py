@@ -14,11 +14,11 @@ import argparse
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["HelpFormatter", "Parser", "choice_of"]
+__all__ = ["HelpFormatter", "Parser", "at_least", "choice_of"]
 
 
 def _shown(default: Any) -> str:
-    if default is None or default == [] or default == ():
+    if default is None or default == "" or default == [] or default == ():
         return "none"
     if default is False:
         return "off"
@@ -27,6 +27,23 @@ def _shown(default: Any) -> str:
     if isinstance(default, (list, tuple)):
         return " ".join(str(getattr(d, "value", d)) for d in default)
     return str(default)
+
+
+def at_least(minimum: int, kind: type[int] | type[float] = int) -> Any:
+    """An argparse ``type`` for a number not below ``minimum``: the error names the flag (argparse
+    prefixes ``argument --flag:``) and the bound, as ``must be at least 0, not '-1'``."""
+    noun = "a whole number" if kind is int else "a number"
+
+    def convert(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {noun}, not {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {text!r}")
+        return value
+
+    return convert
 
 
 class HelpFormatter(argparse.HelpFormatter):

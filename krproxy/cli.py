@@ -36,6 +36,17 @@ def _group(text: str) -> int:
         raise argparse.ArgumentTypeError(f"no group named {text!r}") from None
 
 
+def _address(text: str) -> str:
+    """``HOST:PORT`` as given, once it parses (so the error names ``--metrics-address``); empty: off."""
+    if not text:
+        return text
+    try:
+        config.parse_address(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
 def _add_logging(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level",
@@ -106,7 +117,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--max-request-message-size",
-        type=int,
+        type=_argparse.at_least(1024),
         default=16 << 20,
         metavar="BYTES",
         help="largest request message a caller may send (a larger one gets RESOURCE_EXHAUSTED "
@@ -114,7 +125,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument(
         "--grace-period",
-        type=float,
+        type=_argparse.at_least(0, float),
         default=10.0,
         metavar="SECONDS",
         help="on SIGTERM/SIGINT, how long in-flight calls may take before they are cancelled; "
@@ -138,6 +149,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[Any]) -> None:
 def _add_admin(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-address",
+        type=_address,
         default="",
         metavar="HOST:PORT",
         help="serve /metrics, /healthz, /readyz and /status over HTTP at HOST:PORT (loopback only "
@@ -256,14 +268,14 @@ def _add_record(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--record-max-bytes",
-        type=int,
+        type=_argparse.at_least(0),
         default=64 << 20,
         metavar="N",
         help="rotate the trace file at N bytes (0: never); default: %(default)s",
     )
     p.add_argument(
         "--record-keep",
-        type=int,
+        type=_argparse.at_least(0),
         default=3,
         metavar="N",
         help="rotated trace files kept; default: %(default)s",

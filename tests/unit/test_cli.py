@@ -75,6 +75,12 @@ class TestHelp:
         assert "a switch (default: off)" in text
         assert "a share (default: 50%)" in text
 
+    def test_an_empty_default_shows_none(self) -> None:
+        """An option whose default is the empty string shows ``(default: none)``, not ``(default: )``."""
+        parser = _argparse.Parser(prog="t")
+        parser.add_argument("--record", default="", help="a file")
+        assert "a file (default: none)" in " ".join(parser.format_help().split())
+
     def test_hooks_serve_lists_the_stages_it_can_disable(self) -> None:
         """`krproxy hooks serve --help` names the valid --disable-stages values."""
         [hooks_serve] = [p for p in ALL_PARSERS if p.prog == "krproxy hooks serve"]
@@ -155,6 +161,33 @@ class TestServeRefuses:
         code, err = _run(["serve", "--oci-hooks-dir=hooks.d"], capsys)
         assert 2 == code
         assert "--oci-hooks-dir: a directory must be an absolute path" in err
+
+    @pytest.mark.parametrize(
+        ("argv", "expected"),
+        [
+            (
+                ["--max-request-message-size=0"],
+                "argument --max-request-message-size: must be at least 1024, not '0'",
+            ),
+            (["--record-max-bytes=-1"], "argument --record-max-bytes: must be at least 0, not '-1'"),
+            (["--record-keep=-1"], "argument --record-keep: must be at least 0, not '-1'"),
+            (["--grace-period=-1"], "argument --grace-period: must be at least 0, not '-1'"),
+            (["--record-keep=many"], "argument --record-keep: must be a whole number, not 'many'"),
+            (["--metrics-address=localhost"], "argument --metrics-address: 'localhost' is not HOST:PORT"),
+            (
+                ["--metrics-address=127.0.0.1:99999"],
+                "argument --metrics-address: '127.0.0.1:99999': the port",
+            ),
+        ],
+    )
+    def test_a_bad_number_or_address_names_its_flag(
+        self, argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """An out-of-range number or a malformed address is refused naming the flag as written
+        (it used to name the attribute, ``'record_keep' must be >= 0: -1``, or no flag at all)."""
+        code, err = _run(["serve", *argv], capsys)
+        assert 2 == code
+        assert f"krproxy serve: error: {expected}" in err
 
     @pytest.mark.parametrize(
         "flag",
