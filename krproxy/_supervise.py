@@ -48,12 +48,16 @@ async def retry(
 async def watch_signals(
     request_shutdown: Callable[[], None], *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    """Call ``request_shutdown`` on the first SIGTERM or SIGINT, then return.
+    """Call ``request_shutdown`` on the first SIGTERM, SIGINT or SIGHUP, then return.
+
+    SIGHUP stops gracefully too: the daemon has nothing to reload (it watches its registration
+    files), and left to its default action the signal would kill it at once, calls cut, trace
+    records unwritten and the socket file left behind.
 
     Reports started once the signals are caught (start it with ``nursery.start``, so that a
     daemon that says it is ready also stops gracefully on a SIGTERM sent at once).
     """
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         task_status.started()
         async for signum in signals:
             log.event(LOGGER.getChild("signal"), "signal", signal=signal.Signals(signum).name)

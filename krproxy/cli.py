@@ -128,7 +128,7 @@ def _add_serve(subparsers: argparse._SubParsersAction[Any]) -> None:
         type=_argparse.at_least(0, float),
         default=10.0,
         metavar="SECONDS",
-        help="on SIGTERM/SIGINT, how long in-flight calls may take before they are cancelled; "
+        help="on SIGTERM/SIGINT/SIGHUP, how long in-flight calls may take before they are cancelled; "
         "default: %(default)s",
     )
     p.add_argument(

@@ -70,14 +70,19 @@ def daemon_processes() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 class TestSignals:
+    @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
     async def test_sigterm_drains_in_flight_calls(
         self,
+        signum: signal.Signals,
         sockdir: str,
         echo_backend: str,
         daemon_processes: list[subprocess.Popen[bytes]],
         channel_to: Callable[[str], grpc.Channel],
     ) -> None:
-        """On SIGTERM a call in flight completes, the daemon exits 0 and removes its socket."""
+        """On SIGTERM a call in flight completes, the daemon exits 0 and removes its socket.
+
+        SIGHUP (the terminal closed, or a ``kill -HUP`` meant as "reload") too: it used to kill the
+        daemon at once, unlogged, the call cut and the socket file left behind."""
         process, listen = start_daemon(sockdir, echo_backend, "--grace-period=10")
         daemon_processes.append(process)
         call = raw_unary(channel_to(listen), VERSION)
@@ -86,11 +91,12 @@ class TestSignals:
         assert b"ping" == await in_thread(call, b"ping", timeout=30)
         in_flight = call.future(b"sleep:1.5", timeout=30)
         await trio.sleep(0.5)
-        process.send_signal(signal.SIGTERM)
+        process.send_signal(signum)
         assert b"sleep:1.5" == await in_thread(in_flight.result)
         _, stderr = await in_thread(process.communicate, timeout=20)
         assert 0 == process.returncode, stderr
         assert not await trio.Path(listen).exists()
+        assert f"event=signal signal={signum.name}".encode() in stderr
         assert b"event=draining" in stderr
         assert b"event=stopped" in stderr
 
