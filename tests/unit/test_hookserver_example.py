@@ -57,3 +57,12 @@ def test_app_end_to_end(example: ModuleType, tmp_path: pathlib.Path) -> None:
     assert "1" == node.read(pod.cgroup_parent, CgroupFile.CPU_IDLE)
     resp = app.handle_container(Stage.PRE_CREATE_CONTAINER, container_request(pod, "app"))
     assert {"POD_NAME": "batch"} == resp.container_envs
+
+
+def test_the_guide_shows_the_whole_example() -> None:
+    """plugin-authoring.md section 1 shows examples/first_plugin.py whole, so a reader who writes the
+    file as shown gets a server (it showed only the hook functions: run as written, the file
+    defined ``app`` and exited 0 without serving)."""
+    guide = (EXAMPLE.parents[1] / "docs" / "plugin-authoring.md").read_text()
+    first_block = guide.split("```python\n", 1)[1].split("```\n", 1)[0]
+    assert EXAMPLE.read_text() == first_block
