@@ -442,7 +442,12 @@ def fetch_status(address: str, timeout: float = 5.0) -> dict[str, Any]:
         if answer.status != 200:
             raise Unreachable(f"{address}/status answered {answer.status} {answer.reason}")
         document = json.loads(body)
-    except (OSError, http.client.HTTPException, ValueError) as err:
+    except OSError as err:
+        raise Unreachable(
+            f"no krproxy status at {address}: {err}; is krproxy serve (or nri) running with "
+            f"--metrics-address={address}? The status endpoint is off without that flag"
+        ) from None
+    except (http.client.HTTPException, ValueError) as err:
         raise Unreachable(f"no krproxy status at {address}: {err}") from None
     finally:
         connection.close()

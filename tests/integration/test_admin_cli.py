@@ -117,7 +117,7 @@ class TestStatusCommand:
         assert "ready: NO — the store is not recovered from the runtime yet" in result.stdout
 
     def test_unreachable(self, sockdir: str) -> None:
-        """Nobody at the address: exit 2 and a message on stderr."""
+        """Nobody at the address: exit 2 and a message on stderr that says what to check."""
         import socket
 
         with socket.socket() as sock:
@@ -128,3 +128,5 @@ class TestStatusCommand:
 
         assert (2, "") == (result.returncode, result.stdout)
         assert "no krproxy status at 127.0.0.1:" in result.stderr
+        # It says what to check: the admin endpoint is off unless the daemon was given the flag.
+        assert f"is krproxy serve (or nri) running with --metrics-address=127.0.0.1:{port}?" in result.stderr
