@@ -444,7 +444,8 @@ class Relay:
 
     async def wait_drained(self, round_trip: float = 1.0) -> None:
         """Return once every caller connection has had its final GOAWAY (at its PING's answer,
-        or after ``round_trip`` seconds without one) and no call is in flight."""
+        or after ``round_trip`` seconds without one), no call is in flight, and every caller
+        connection has written out what it had queued and closed."""
         with trio.move_on_after(round_trip):
             while any(ep.goaway == "announced" for ep in self._clients):  # noqa: ASYNC110 - one round trip
                 await trio.sleep(0.005)
@@ -452,3 +453,8 @@ class Relay:
             ep.final_goaway()
         self.flush()
         await self.wait_idle()
+        # A call is over once its trailers are queued, not written: each connection closes itself
+        # when its queue is out (the last answers, the final GOAWAY). Closing before would cut an
+        # answer the final GOAWAY called processed, and the caller would not send it again.
+        while self._clients:  # noqa: ASYNC110 - bounded by the daemon's grace period
+            await trio.sleep(0.005)
