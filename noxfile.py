@@ -86,6 +86,10 @@ def tests(session: nox.Session) -> None:
     # nghttp2's h2load, the relay's third-party HTTP/2 client (tests/integration/test_relay_h2load.py);
     # where it cannot be installed the script says why and that test is skipped.
     session.run("sh", "scripts/install-h2load", external=True, success_codes=[0, 1])
+    # A grpc-go client set up as kubelet's (tests/integration/test_grpc_go_client.py), built from
+    # Debian trixie's Go and grpc-go unpacked under /var/cache/krproxy-debs; where that cannot be
+    # done the script says why and those tests are skipped with it.
+    session.run("python", "scripts/install-go-client", success_codes=[0, 1])
     session.run("pytest", "tests/unit", "tests/integration", *session.posargs)
 
 
