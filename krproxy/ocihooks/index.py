@@ -125,6 +125,9 @@ def required_literal(pattern: re.Pattern[str]) -> str:
                 continue
         elif char == "[":
             i = _class_end(text, i - 1)
+        elif char == "(" and text.startswith("?#", i):
+            i = _comment_end(text, i + 2)  # a comment is nothing: the run goes on, a repeat after
+            continue  # it applies to the atom before it
         elif char == "(":
             depth += 1
         elif char == ")":
@@ -147,6 +150,13 @@ def required_literal(pattern: re.Pattern[str]) -> str:
             run = ""
     runs.append(run)
     return max(runs, key=len)
+
+
+def _comment_end(text: str, i: int) -> int:
+    """The index after the ``)`` that ends a ``(?#`` comment whose text starts at ``i``."""
+    while i < len(text) and text[i] != ")":
+        i += 2 if text[i] == "\\" else 1
+    return i + 1
 
 
 def _class_end(text: str, start: int) -> int:

@@ -55,6 +55,9 @@ class TestRequiredLiteral:
             (r"a{}bcd", "bcd"),  # "{}" is literal text
             (r"ab{,}cde", "cde"),  # {,} is a repeat (zero or more)
             (r"ab{1,2}+cde", "cde"),  # possessive repeat
+            # A comment is nothing: a repeat after it applies to the atom before it.
+            (r"abc(?#x)*d", "ab"),  # "c" may be absent: "abd" matches
+            (r"ab(?#x\)y)cd", "abcd"),
         ],
     )
     def test_cases(self, pattern: str, expected: str) -> None:
@@ -67,7 +70,7 @@ class TestRequiredLiteral:
         tokens = st.sampled_from(
             ["a", "b", "c", "-", ".", r"\.", "x", "*", "+", "?", "{2}", "{0,1}", "(", ")", "(?:",
              "[ab]", "[^a]", "^", "$", "|", r"\d", r"\w", r"\x61", "(?=a)", "(?i)", "+?", "*?", '"', "/",
-             "{", "}", "{,}", "[}a]", "{1,"]
+             "{", "}", "{,}", "[}a]", "{1,", "(?#x)", "(?#[)"]
         )  # fmt: skip
         pattern = "".join(data.draw(st.lists(tokens, max_size=10)))
         try:
