@@ -334,6 +334,8 @@ for arg do
 done
 if [ -n "$command" ]; then
   dirs=${{KRPROXY_OCI_HOOKS_DIRS:-{q_dirs}}}
+  case "$dirs" in *[!:]*) ;; *) dirs={q_dirs} ;; esac  # no directory named: as if unset (the wrapper)
+  bundle=${{bundle:-.}}  # --bundle "": the current directory, as for runc
   log=${{KRPROXY_OCI_LOG:-{q_log}}}
   index={q_index}
   found= existing= relative=
@@ -341,6 +343,7 @@ if [ -n "$command" ]; then
   set -f
   for dir in $dirs; do
     set +f
+    if [ -z "$dir" ]; then continue; fi
     if [ -d "$dir" ]; then existing="$existing:$dir"; fi
     case "$dir" in /*) ;; *) relative=1 ;; esac
     for file in "$dir"/*.json; do

@@ -308,6 +308,41 @@ class TestLauncher:
             assert (7, args) == self.run(launcher, args, record)
         assert before == (bundle / "config.json").read_text()
 
+    def test_empty_bundle_is_the_current_directory(self, tmp_path: Path, bundle: Path) -> None:
+        """``--bundle ""`` means the current directory to runc and the wrapper: the launcher reads
+        ./config.json too (it read /config.json), and decides without Python when it can."""
+        hooks = tmp_path / "hooks"
+        write_hook(hooks, "gpu.json", "/g", {"annotations": {"^gpu-never$": ""}}, ["prestart"])
+        launcher, record, index = self.current_index(tmp_path, hooks, bundle)
+        wrapper.write_launcher(
+            str(launcher), runc=str(tmp_path / "runc"), python="/nonexistent/python", index=str(index)
+        )
+        args = ["create", "--bundle", "", "id1"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KRPROXY_")}
+        done = subprocess.run(
+            [str(launcher), *args], env=env, capture_output=True, text=True, timeout=60, cwd=bundle
+        )
+        assert (7, "", args) == (done.returncode, done.stderr, record.read_text().splitlines())
+
+    def test_hook_dirs_of_colons_alone_are_the_configured_ones(self, tmp_path: Path, bundle: Path) -> None:
+        """KRPROXY_OCI_HOOKS_DIRS=":" names no directory: the launcher, like the wrapper, uses the
+        configured ones (it looked for /*.json instead)."""
+        hooks = tmp_path / "hooks"
+        write_hook(hooks, "a.json", "/a", {"always": True}, ["prestart"])
+        launcher, record = self.install(tmp_path, hooks)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KRPROXY_")}
+        done = subprocess.run(
+            [str(launcher), "create", "--bundle", str(bundle), "id1"],
+            env={**env, "KRPROXY_OCI_HOOKS_DIRS": ":"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert (7, "") == (done.returncode, done.stderr)
+        assert ["create", "--bundle", str(bundle), "id1"] == record.read_text().splitlines()
+        prestart = json.loads((bundle / "config.json").read_text())["hooks"]["prestart"]
+        assert "/a" in [entry["path"] for entry in prestart]
+
     def test_create_with_a_needle_runs_the_wrapper(self, tmp_path: Path, bundle: Path) -> None:
         """A string of the index in config.json (here the annotation the hook wants) runs the wrapper,
         which decides: the hook is added."""
