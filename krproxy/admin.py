@@ -29,6 +29,7 @@ and container counts and the runtime's state, so it listens on loopback unless
 
 from __future__ import annotations
 
+import errno
 import functools
 import http
 import http.client
@@ -333,7 +334,10 @@ def respond(request: Request, view: View) -> Response:
 def bind(address: str) -> socket.socket:
     """A listening TCP socket on ``HOST:PORT`` (``localhost`` means 127.0.0.1, empty: 0.0.0.0).
 
-    Bound outside trio, like the proxy socket, so that "address in use" is a plain OSError.
+    Bound outside trio, like the proxy socket, so that "address in use" is a plain error.
+
+    Raises:
+        AddressUnavailable: the address cannot be listened on (in use, not this machine's...).
     Policy (loopback only unless allowed) is :class:`~krproxy.config.ProxyConfig`'s to enforce.
     """
     host, port = parse_address(address)
@@ -348,10 +352,23 @@ def bind(address: str) -> socket.socket:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         sock.bind(sockaddr)
         sock.listen(BACKLOG)
+    except OSError as err:
+        sock.close()
+        raise AddressUnavailable(err.errno, err.strerror, address) from None
     except BaseException:
         sock.close()
         raise
     return sock
+
+
+class AddressUnavailable(OSError):
+    """The admin endpoint could not listen on its address (``filename``)."""
+
+    def hint(self) -> str:
+        """What to do about it, for the start-up error."""
+        if self.errno == errno.EADDRINUSE:
+            return "another process listens there: stop it, or choose another --metrics-address"
+        return "choose another --metrics-address"
 
 
 def bound_address(sock: socket.socket) -> str:

@@ -13,9 +13,12 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from krproxy import __version__, _argparse, config, log
+
+if TYPE_CHECKING:
+    from krproxy.admin import AddressUnavailable
 
 LOGGER = logging.getLogger("krproxy.cli")
 
@@ -245,9 +248,8 @@ def _nri(args: argparse.Namespace) -> int:
 
     try:  # bound before trio runs, so that "address in use" is a plain error
         admin_sock = admin.bind(cfg.metrics_address) if cfg.metrics_address else None
-    except OSError as err:
-        log.event(LOGGER, "startup_failed", level=logging.ERROR, error=str(err))
-        return 1
+    except admin.AddressUnavailable as err:
+        return _admin_unavailable(err)
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
@@ -368,8 +370,21 @@ def _check_record(path: str) -> str:
     return ""
 
 
+def _admin_unavailable(err: AddressUnavailable) -> int:
+    """Log that ``--metrics-address`` could not be listened on (serve and nri); exit status 1."""
+    log.event(
+        LOGGER,
+        "startup_failed",
+        level=logging.ERROR,
+        flag="--metrics-address",
+        address=err.filename,
+        error=f"{err.strerror}: {err.hint()}",
+    )
+    return 1
+
+
 def _serve(args: argparse.Namespace) -> int:
-    from krproxy import daemon
+    from krproxy import admin, daemon
     from krproxy.unixsock import SocketInUseError
 
     def usage_error(message: str) -> int:
@@ -417,10 +432,10 @@ def _serve(args: argparse.Namespace) -> int:
             error=f"{err.strerror}: stop that process first, or choose another --koord-runtimeproxy-endpoint",
         )
         return 1
+    except admin.AddressUnavailable as err:
+        return _admin_unavailable(err)
     except OSError as err:
         flag = "--koord-runtimeproxy-endpoint" if err.filename == cfg.listen else ""
-        if not flag and cfg.metrics_address:
-            flag = "--metrics-address"  # the only other thing bound at start
         log.event(
             LOGGER,
             "startup_failed",

@@ -255,14 +255,16 @@ def run(config: ProxyConfig) -> None:
     permission) raise as themselves rather than inside exception groups. Under systemd socket
     activation (``deploy/krproxy.socket``) the listening socket is systemd's, passed as fd 3.
     """
-    sock = activated_listener(config.listen)
-    inherited = sock is not None
-    if sock is None:
-        sock = unixsock.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
+    # The admin address first: when it is taken, nothing has been created yet (no socket file).
+    admin_sock = admin.bind(config.metrics_address) if config.metrics_address else None
     try:
-        admin_sock = admin.bind(config.metrics_address) if config.metrics_address else None
-    except OSError:
-        sock.close()
+        sock = activated_listener(config.listen)
+        inherited = sock is not None
+        if sock is None:
+            sock = unixsock.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
+    except BaseException:
+        if admin_sock is not None:
+            admin_sock.close()
         raise
 
     trio.run(functools.partial(serve, config, sock=sock, admin_sock=admin_sock, inherited=inherited))

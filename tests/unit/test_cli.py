@@ -232,6 +232,25 @@ class TestServeRefuses:
         assert "event=startup_failed flag=--koord-runtimeproxy-endpoint" in err
         assert str(listen.parent) in err
 
+    def test_a_metrics_address_in_use_says_what_to_do_and_leaves_nothing(
+        self, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """Another process on --metrics-address: the message names the flag and the address and says
+        what to do; neither the proxy socket nor its new directory is left behind (the socket file
+        was, and the message had ``path=""`` and only ``Address already in use``)."""
+        listen = short_tmp / "new" / "p.sock"
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            address = f"127.0.0.1:{taken.getsockname()[1]}"
+            code, err = _run(
+                ["serve", f"--koord-runtimeproxy-endpoint={listen}", f"--metrics-address={address}"], capsys
+            )
+        assert 1 == code
+        assert f"event=startup_failed flag=--metrics-address address={address}" in err
+        assert "another process listens there: stop it, or choose another --metrics-address" in err
+        assert not listen.parent.exists()
+
     def test_a_socket_in_use_says_so_in_full(
         self, short_tmp: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
