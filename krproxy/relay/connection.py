@@ -1175,13 +1175,17 @@ class Route:
                 self.on_state(True, "")
 
     def _unreachable(self, error: str, calls: int = 0) -> None:
+        # A warning once per event: the backend going down, or a connection breaking under calls.
+        # While it stays down, each further failed connect (every call, every recovery retry) is
+        # a debug line, not a warning per kubelet call.
+        news = self.reachable is not False or calls > 0
         self.reachable = False
         if self.on_state is not None:
             self.on_state(False, error)
         log.event(
             LOGGER,
             "backend_unavailable",
-            level=logging.WARNING,
+            level=logging.WARNING if news else logging.DEBUG,
             backend=self.describe,
             error=error,
             calls=calls,

@@ -8,6 +8,7 @@ runtime is back) and it holds no more fds or tasks than before.
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +20,7 @@ from cri_api.v1 import api_pb2, api_pb2_grpc
 
 from fakes.containerd import Fault
 from krproxy.daemon import Daemon
+from krproxy.hookserver.testing import logged_events
 from tests.integration.faults_support import (
     Processes,
     Usage,
@@ -208,3 +210,47 @@ class TestBackendSlow:
         await wait_until(lambda: 0 == daemon.relay.in_flight)
         assert await in_thread(version_ok, daemon.config.listen)
         await assert_no_leak(before)
+
+
+def _unavailable(listen: str) -> grpc.StatusCode:
+    """The status of a Version call on a fresh connection to ``listen`` (blocking; use a thread)."""
+    try:
+        version_ok(listen)
+    except grpc.RpcError as err:
+        return err.code()
+    return grpc.StatusCode.OK
+
+
+class TestBackendDownLogging:
+    async def test_an_outage_warns_once_not_per_call(
+        self,
+        aio_loop: None,
+        nursery: trio.Nursery,
+        sockdir: str,
+        procs: Processes,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """While the runtime is down every call fails UNAVAILABLE, but only the first failure logs
+        ``backend_unavailable`` at warning level, as operations.md says (once per event, not per
+        call); the others at debug. An outage after the runtime was reached again warns again.
+        (Every call and every recovery retry used to warn: a line per kubelet call.)"""
+        runtime = os.path.join(sockdir, "backend.sock")
+
+        def warnings() -> list[dict[str, Any]]:
+            records = [r for r in caplog.records if r.levelno >= logging.WARNING]
+            return logged_events(records, "backend_unavailable")
+
+        with caplog.at_level(logging.DEBUG, logger="krproxy.relay"):
+            daemon = await start_proxy(nursery, sockdir)  # the runtime is not there yet
+            listen = daemon.config.listen
+            for _ in range(3):
+                assert grpc.StatusCode.UNAVAILABLE == await in_thread(_unavailable, listen)
+            assert 1 == len(warnings())
+            assert 3 <= len(logged_events(caplog.records, "backend_unavailable"))  # the rest at debug
+
+            backend = procs.containerd(runtime)
+            assert await in_thread(version_ok, listen)
+            backend.kill()
+            for _ in range(3):
+                assert grpc.StatusCode.UNAVAILABLE == await in_thread(_unavailable, listen)
+            assert 2 == len(warnings())
