@@ -43,6 +43,7 @@ registers again; the runtime synchronizes it again, so nothing is lost.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -203,13 +204,20 @@ class NriPlugin:
             try:
                 stream = await trio.open_unix_socket(self.config.socket)
             except OSError as exc:
-                self.last_error = f"cannot connect: {exc.strerror or exc}"
+                hint = ""
+                if exc.errno in (errno.ENOENT, errno.ECONNREFUSED):  # nobody serves NRI there
+                    hint = (
+                        "is NRI enabled in the runtime (docs/nri.md, Enabling NRI; containerd 1.7 ships "
+                        "it off, 1.6 has none), and is --nri-socket its socket_path?"
+                    )
+                self.last_error = f"cannot connect: {exc.strerror or exc}" + (f"; {hint}" if hint else "")
                 log.event(
                     LOGGER,
                     "nri_unreachable",
                     level=logging.WARNING,
                     socket=self.config.socket,
                     error=str(exc),
+                    hint=hint,
                     retry=wait,
                 )
                 await trio.sleep(wait)

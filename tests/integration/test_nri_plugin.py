@@ -546,6 +546,9 @@ class TestAdmin:
             address = plugin.admin_address
             code, text = await trio.to_thread.run_sync(get, address, "/readyz")
             assert 503 == code and f"not registered with the runtime's NRI at {socket_path}" in text
+            # No socket there: the reason says what to check (NRI off in containerd, or a wrong flag).
+            assert "is NRI enabled in the runtime (docs/nri.md, Enabling NRI;" in text
+            assert "--nri-socket" in text
             runtime = FakeNriRuntime(socket_path)
             await nursery.start(runtime.serve)
             await runtime.wait_for_plugins(1)
