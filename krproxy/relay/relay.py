@@ -338,6 +338,7 @@ class Relay:
                 raise TimeoutError()
         if exchange.error is not None:
             raise UpstreamError(exchange.error)
+        route.mark_reachable()  # our own calls (store recovery's) count, as their failures do
         return exchange.answer()
 
     async def _exchange(

@@ -267,6 +267,19 @@ class TestReadiness:
         assert ("down", True) == (backend["state"], bool(backend["last_error"]))
         assert f'krproxy_backend_up{{endpoint="{runtime}",role="runtime"}} 0.0' in metrics.decode()
 
+    async def test_recovery_reaching_the_runtime_reports_it_up(
+        self, containerd_proxy: Daemon, sockdir: str
+    ) -> None:
+        """Store recovery's calls that reach the runtime turn its state to up, as failing ones turn it
+        down: a proxy that has just rebuilt its store from the runtime said "unknown (no call
+        forwarded yet)", and after an outage at start "down" until kubelet's next call."""
+        [backend] = (await status(containerd_proxy))["backends"]
+        _, _, metrics = await get(containerd_proxy, "/metrics")
+
+        assert ("up", "") == (backend["state"], backend["last_error"])
+        runtime = containerd_proxy.config.runtime_endpoint
+        assert f'krproxy_backend_up{{endpoint="{runtime}",role="runtime"}} 1.0' in metrics.decode()
+
     async def test_readyz_fails_while_draining(
         self, aio_loop: Any, nursery: trio.Nursery, sockdir: str
     ) -> None:
