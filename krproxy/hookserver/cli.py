@@ -214,8 +214,11 @@ def _standalone(args: argparse.Namespace) -> int:
 
 
 async def _cancel_on_sigterm(scope: trio.CancelScope) -> None:
-    """SIGTERM stops gracefully: the registration file is removed before the socket closes."""
-    with trio.open_signal_receiver(signal.SIGTERM) as signals:
+    """SIGTERM or SIGHUP stops gracefully: the registration file is removed before the socket closes.
+
+    SIGHUP too (the terminal closed): left to its default action it would kill the server at once
+    and leave its registration file naming a dead socket."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
         async for _ in signals:
             scope.cancel()
             return

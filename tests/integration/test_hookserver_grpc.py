@@ -10,6 +10,10 @@ import json
 import logging
 import os
 import pathlib
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -193,3 +197,31 @@ async def test_one_log_format_and_a_stop_line(
     assert "hookserver_stopped" == events[-1]
     [invalid] = logged_events(caplog.records, "policy_invalid")
     assert invalid["kept_last_good"] is False  # there was none: nothing is applied
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+def test_hooks_serve_stops_on_a_signal_and_unregisters(
+    short_tmp: pathlib.Path, signum: signal.Signals
+) -> None:
+    """``krproxy hooks serve`` as a process: SIGTERM, and SIGHUP (its terminal closed) too, removes the
+    registration file and exits 0. SIGHUP used to kill it at once, leaving a registration that names
+    a dead socket (with ``Fail``, every hooked CRI call then fails)."""
+    hook_dir = short_tmp / "hooks"
+    registration = hook_dir / "sdk.json"
+    command = [sys.executable, "-m", "krproxy", "hooks", "serve", "--socket", str(short_tmp / "s.sock")]
+    command += ["--hook-dir", str(hook_dir), "--name", "sdk", "--no-builtin", "--cgroup-root", str(short_tmp)]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + LIVENESS_LIMIT
+        while not registration.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1]
+            time.sleep(0.05)
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=LIVENESS_LIMIT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert 0 == process.returncode, stderr
+    assert not registration.exists()
+    assert b"event=hookserver_stopped" in stderr
