@@ -30,6 +30,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -246,8 +247,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         }
 
         results["stuck_client"] = _stuck_client(plain, args)
-        from krproxy.bench.flood import measure as header_flood
-
         results["header_flood"] = header_flood(args.flood_calls, [1 << 20, 4095])
         results["real_containerd"] = _real_containerd(procs, workdir, args)
         results["runc_wrapper"] = runc_wrapper(workdir, args.wrapper_calls)
@@ -316,6 +315,59 @@ def _stuck_client(proxy: str, args: argparse.Namespace) -> dict[str, Any]:
         "before": before,
         "stuck": while_stuck,
     }
+
+
+def header_flood(calls: int, sizes: list[int]) -> dict[str, Any]:
+    """Version latency through ``krproxy serve`` (in front of the fake containerd), idle and while
+    another connection floods it with header blocks of each of ``sizes`` bytes
+    (:func:`krproxy.bench.flood.send_header_blocks`)."""
+    from krproxy.bench.flood import send_header_blocks
+
+    workdir = tempfile.mkdtemp(prefix="krflood-", dir="/tmp")
+    procs = Processes(workdir)
+    backend, proxy = os.path.join(workdir, "containerd.sock"), os.path.join(workdir, "krproxy.sock")
+
+    def latency() -> dict[str, float]:
+        got = _client(
+            "latency", "--targets", proxy, "--method", "Version", "--calls", str(calls), "--blocks", "5"
+        )
+        return _summary(got["latencies_us"][proxy])
+
+    results: dict[str, Any] = {}
+    try:
+        procs.start("containerd", ["-m", "fakes.containerd", "--socket", backend], backend)
+        procs.start("krproxy", _serve_args(proxy, backend, os.path.join(workdir, "hooks")), proxy)
+        results["idle"] = latency()
+        for size in sizes:
+            stop = threading.Event()
+            sent: list[int] = []
+            sender = threading.Thread(target=send_header_blocks, args=(proxy, size, stop, sent), daemon=True)
+            sender.start()
+            try:
+                results[f"blocks_of_{size}"] = {**latency(), "blocks_sent": len(sent)}
+            finally:
+                stop.set()
+                sender.join(60)
+    finally:
+        procs.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def report_header_flood(flood: dict[str, Any]) -> list[str]:
+    """Rows for :func:`header_flood`: each flood against the idle figure (the stuck-client target)."""
+    lines = []
+    idle = flood.get("idle")
+    for size, r in flood.items():
+        if size == "idle" or idle is None:
+            continue
+        ok = r["median_ms"] <= 2 * idle["median_ms"] + 0.5
+        lines.append(
+            f"Version, another caller floods    ({size.removeprefix('blocks_of_')}-byte header blocks)"
+            f" {idle['median_ms']:.3f}/{idle['p99_ms']:.3f} ms idle, {r['median_ms']:.3f}/{r['p99_ms']:.3f} ms"
+            f" flooded   usual latency: {_check(ok)}"
+        )
+    return lines
 
 
 #: scripts/containerd-sandbox, found next to the package in a source checkout (pip install -e .).
@@ -805,16 +857,7 @@ def report(results: dict[str, Any]) -> str:
                 f" {sc['before']['median_ms']:.3f}/{sc['before']['p99_ms']:.3f} ms before,"
                 f" {sc['stuck']['median_ms']:.3f}/{sc['stuck']['p99_ms']:.3f} ms stuck   usual latency: {_check(ok)}"
             )
-    for size, r in results.get("header_flood", {}).items():
-        if size == "idle":
-            continue
-        idle = results["header_flood"]["idle"]
-        ok = r["median_ms"] <= 2 * idle["median_ms"] + 0.5
-        lines.append(
-            f"Version, another caller floods    ({size.removeprefix('blocks_of_')}-byte header blocks)"
-            f" {idle['median_ms']:.3f}/{idle['p99_ms']:.3f} ms idle, {r['median_ms']:.3f}/{r['p99_ms']:.3f} ms"
-            f" flooded   usual latency: {_check(ok)}"
-        )
+    lines += report_header_flood(results.get("header_flood", {}))
     t = results["throughput_32_callers"]
     lines.append(
         f"throughput, 32 callers            direct {t['direct']:8.0f}/s   proxy {t['proxy']:8.0f}/s"
@@ -931,6 +974,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only-nri", action="store_true", help="measure only the NRI mode cases (containerd 2.x)"
     )
     parser.add_argument(
+        "--only-header-flood",
+        action="store_true",
+        help="measure only Version calls while another caller floods krproxy with header blocks",
+    )
+    parser.add_argument(
         "--nri-blocks", type=int, default=4, help="NRI cases: blocks per state (with/without)"
     )
     parser.add_argument("--nri-pods", type=int, default=5, help="NRI cases: pods started per block")
@@ -945,6 +993,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
         print("\n".join(report_nri(results["nri"])))
+    elif args.only_header_flood:
+        results = {"header_flood": header_flood(args.flood_calls, [1 << 20, 384 << 10, 4095])}
+        print("\n".join(report_header_flood(results["header_flood"])))
     elif args.only_runc_wrapper:
         workdir = tempfile.mkdtemp(prefix="krproxy-bench-")
         try:
