@@ -21,6 +21,7 @@ import h11
 import trio
 
 __all__ = [
+    "HTTP2_PEER",
     "MAX_HEADER_BYTES",
     "RECEIVE_SIZE",
     "Headers",
@@ -41,6 +42,19 @@ MAX_HEADER_BYTES = 64 * 1024
 
 Headers = list[tuple[bytes, bytes]]
 
+#: Said when what should be dockerd answers with an HTTP/2 frame (grpc-go sends its SETTINGS at
+#: once): the usual reason is Docker mode left on the default endpoint, containerd's CRI socket.
+HTTP2_PEER = (
+    "the peer speaks HTTP/2 (gRPC), not the Docker API; if it is containerd's CRI socket, pass "
+    "dockerd's (--remote-runtime-service-endpoint=unix:///var/run/docker.sock) or drop "
+    "--backend-runtime-mode=Docker"
+)
+
+
+def _is_http2_frame(data: bytes) -> bool:
+    """Whether ``data`` starts as a server's first HTTP/2 frame does: SETTINGS (type 4) on stream 0."""
+    return len(data) >= 9 and data[3] == 0x04 and data[5:9] == b"\x00\x00\x00\x00"
+
 
 @attrs.define(eq=False)
 class Peer:
@@ -48,6 +62,8 @@ class Peer:
 
     stream: trio.SocketStream
     conn: h11.Connection
+    #: The first bytes the peer sent, to tell what it speaks when h11 cannot parse them.
+    _first: bytes = attrs.field(default=b"", init=False)
 
     @classmethod
     def server(cls, stream: trio.SocketStream) -> Peer:
@@ -67,9 +83,17 @@ class Peer:
             trio.BrokenResourceError: the connection was reset.
         """
         while True:
-            event = self.conn.next_event()
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError as err:
+                if _is_http2_frame(self._first):
+                    raise h11.RemoteProtocolError(f"{err}; {HTTP2_PEER}") from None
+                raise
             if event is h11.NEED_DATA:
-                self.conn.receive_data(await self.stream.receive_some(RECEIVE_SIZE))
+                data = await self.stream.receive_some(RECEIVE_SIZE)
+                if not self._first:
+                    self._first = data
+                self.conn.receive_data(data)
                 continue
             return event  # type: ignore[return-value]
 

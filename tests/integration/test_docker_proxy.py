@@ -128,6 +128,37 @@ class TestPassthrough:
         await node.start_dockerd()
         assert 200 == (await node.call("GET", "/_ping")).status
 
+    async def test_a_grpc_socket_in_place_of_dockerd_is_named(
+        self, aio_loop: Any, nursery: trio.Nursery, sockdir: str
+    ) -> None:
+        """Docker mode pointed at a gRPC runtime (containerd's CRI socket, the endpoint's default):
+        the 502 says so and how to fix it. It said only ``bad answer from dockerd: illegal request
+        line``. The stand-in answers as grpc-go does: its SETTINGS frame first, then it hangs up."""
+        node = await make_node(nursery, sockdir, dockerd=False)
+        settings_frame = b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x05\x00\x00\x40\x00"
+
+        async def grpc_like(stream: trio.SocketStream) -> None:
+            async with stream:
+                await stream.send_all(settings_frame)
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await stream.receive_some(65536)
+
+        listeners = [trio.SocketListener(trio.socket.from_stdlib_socket(_listening(node.docker_socket)))]
+        await nursery.start(trio.serve_listeners, grpc_like, listeners)
+        await node.start_proxy(wait_recovered=False)
+        reply = await node.call("GET", "/_ping")
+        message = json.loads(reply.body)["message"]
+        assert 502 == reply.status
+        assert "the peer speaks HTTP/2 (gRPC), not the Docker API" in message
+        assert "--remote-runtime-service-endpoint=unix:///var/run/docker.sock" in message
+
+
+def _listening(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen()
+    return sock
+
 
 class TestHijack:
     async def exec_id(self, node: DockerNode) -> str:
