@@ -50,12 +50,16 @@ class HookDirectories:
         self.directories = list(directories)
         self.layers: list[dict[str, Entry]] = [{} for _ in directories]
         self.snapshots: list[Snapshot] = [{} for _ in directories]
+        #: Whether each directory existed at the last scan (None: not scanned yet).
+        self.present: list[bool | None] = [None for _ in directories]
 
     def rescan(self) -> bool:
         """Scan every directory; reload changed files; True if anything changed."""
         changed = False
         for index, directory in enumerate(self.directories):
-            after = take_snapshot(directory) or {}
+            found = take_snapshot(directory)
+            self._note_presence(index, found is not None)
+            after = found or {}
             names = changed_files(self.snapshots[index], after)
             self.snapshots[index] = after
             for name in names:
@@ -68,6 +72,23 @@ class HookDirectories:
                 _report(directory, name, entry, masked=self._masked(index, name))
             changed = changed or bool(names)
         return changed
+
+    def _note_presence(self, index: int, present: bool) -> None:
+        """Log a directory missing at start or gone since (a mistyped path runs no hooks), and its return."""
+        before, self.present[index] = self.present[index], present
+        if present == before or (present and before is None):
+            return
+        directory = self.directories[index]
+        if present:
+            log.event(LOGGER, "oci_hooks_dir_found", dir=directory)
+        else:
+            log.event(
+                LOGGER,
+                "oci_hooks_dir_missing",
+                level=logging.WARNING,
+                dir=directory,
+                hint="no hooks from it until it is created; check the --oci-hooks-dir path",
+            )
 
     def _masked(self, index: int, name: str) -> str | None:
         for later in range(index + 1, len(self.directories)):
