@@ -6,7 +6,7 @@ Run it next to krproxy (or koord-runtime-proxy)::
     python examples/first_plugin.py --socket /run/first-plugin.sock --hook-dir /etc/runtime/hookserver.d
 
 It writes ``/etc/runtime/hookserver.d/first-plugin.json`` so the proxy starts calling it, and
-removes that file when stopped (Ctrl-C / SIGTERM).
+removes that file when stopped (Ctrl-C, SIGTERM or SIGHUP).
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ def be_idle(ctx: PodContext) -> None:
 async def _main(options: ServeOptions) -> None:
     async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
 
-        async def stop_on_sigterm() -> None:
-            with trio.open_signal_receiver(signal.SIGTERM) as signals:
+        async def stop_on_signal() -> None:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
                 async for _ in signals:
                     nursery.cancel_scope.cancel()
 
-        nursery.start_soon(stop_on_sigterm)
+        nursery.start_soon(stop_on_signal)
         await serve(app, options)
 
 

@@ -199,17 +199,35 @@ async def test_one_log_format_and_a_stop_line(
     assert invalid["kept_last_good"] is False  # there was none: nothing is applied
 
 
+EXAMPLE_PLUGIN = pathlib.Path(__file__).resolve().parents[2] / "examples" / "first_plugin.py"
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+@pytest.mark.parametrize("server", ["hooks-serve", "example"])
 def test_hooks_serve_stops_on_a_signal_and_unregisters(
-    short_tmp: pathlib.Path, signum: signal.Signals
+    short_tmp: pathlib.Path, signum: signal.Signals, server: str
 ) -> None:
-    """``krproxy hooks serve`` as a process: SIGTERM, and SIGHUP (its terminal closed) too, removes the
-    registration file and exits 0. SIGHUP used to kill it at once, leaving a registration that names
-    a dead socket (with ``Fail``, every hooked CRI call then fails)."""
+    """``krproxy hooks serve`` and the guide's example plugin as processes: SIGTERM, and SIGHUP (its
+    terminal closed) too, removes the registration file and exits 0. SIGHUP used to kill them at
+    once, leaving a registration that names a dead socket (with ``Fail``, every hooked CRI call then
+    fails)."""
     hook_dir = short_tmp / "hooks"
-    registration = hook_dir / "sdk.json"
-    command = [sys.executable, "-m", "krproxy", "hooks", "serve", "--socket", str(short_tmp / "s.sock")]
-    command += ["--hook-dir", str(hook_dir), "--name", "sdk", "--no-builtin", "--cgroup-root", str(short_tmp)]
+    socket = str(short_tmp / "s.sock")
+    if server == "example":
+        registration = hook_dir / "first-plugin.json"
+        command = [sys.executable, str(EXAMPLE_PLUGIN), "--socket", socket, "--hook-dir", str(hook_dir)]
+    else:
+        registration = hook_dir / "sdk.json"
+        command = [sys.executable, "-m", "krproxy", "hooks", "serve", "--socket", socket]
+        command += [
+            "--hook-dir",
+            str(hook_dir),
+            "--name",
+            "sdk",
+            "--no-builtin",
+            "--cgroup-root",
+            str(short_tmp),
+        ]
     process = subprocess.Popen(command, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + LIVENESS_LIMIT
