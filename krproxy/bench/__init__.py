@@ -19,6 +19,7 @@ as JSON.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -378,6 +379,36 @@ SANDBOX_SCRIPT = os.path.join(
 )
 
 
+class _NoSandbox(Exception):
+    """containerd-sandbox could not start; the message says why."""
+
+
+@contextlib.contextmanager
+def _sandbox(workdir: str, name: str, *options: str) -> Iterator[tuple[str, dict[str, Any], str]]:
+    """A real containerd from ``scripts/containerd-sandbox`` in ``workdir/name``, its pods' cgroups
+    under ``krproxy-bench-<name>-<pid>``: yields (its directory, its ``sandbox.json``, that cgroup
+    parent) and stops it afterwards. ``options`` go to ``containerd-sandbox start``.
+
+    Raises:
+        _NoSandbox: it did not start (the message ends with the script's error).
+    """
+    sandbox = os.path.join(workdir, name)
+    cgroup_parent = f"krproxy-bench-{name}-{os.getpid()}"
+    started = subprocess.run(
+        [PY, SANDBOX_SCRIPT, "start", "--dir", sandbox, "--cgroup-parent", cgroup_parent, *options],
+        capture_output=True,
+        text=True,
+    )
+    if started.returncode != 0:
+        raise _NoSandbox(f"containerd-sandbox start failed: {started.stderr.strip()[-300:]}")
+    try:
+        with open(os.path.join(sandbox, "sandbox.json")) as f:
+            state = json.load(f)
+        yield sandbox, state, cgroup_parent
+    finally:
+        subprocess.run([PY, SANDBOX_SCRIPT, "stop", "--dir", sandbox], capture_output=True)
+
+
 def _real_containerd(procs: Processes, workdir: str, args: argparse.Namespace) -> dict[str, Any]:
     """Small and listing calls against a real containerd (the e2e sandbox), direct vs proxied.
 
@@ -395,58 +426,48 @@ def _real_containerd(procs: Processes, workdir: str, args: argparse.Namespace) -
             else "no sandbox script"
         )
         return {"skipped": why}
-    sandbox = os.path.join(workdir, "real-containerd")
-    cgroup_parent = f"krproxy-bench-{os.getpid()}"
-    started = subprocess.run(
-        [PY, SANDBOX_SCRIPT, "start", "--dir", sandbox, "--cgroup-parent", cgroup_parent],
-        capture_output=True,
-        text=True,
-    )
-    if started.returncode != 0:
-        return {"skipped": f"containerd-sandbox start failed: {started.stderr.strip()[-300:]}"}
     try:
-        with open(os.path.join(sandbox, "sandbox.json")) as f:
-            state = json.load(f)
-        direct = state["socket"]
-        populated = _client(
-            "populate",
-            "--target",
-            direct,
-            "--pods",
-            str(args.real_pods),
-            "--containers",
-            str(args.real_containers_per_pod),
-            "--image",
-            state["busybox_image"],
-            "--cgroup-parent",
-            cgroup_parent,
-        )
-        hook_dir = os.path.join(workdir, "hooks-real")
-        os.makedirs(hook_dir)
-        listen = os.path.join(workdir, "krproxy-real.sock")
-        procs.start("krproxy-real", _serve_args(listen, direct, hook_dir), listen)
-        results: dict[str, Any] = {"containers": populated["containers"]}
-        for method, calls in (
-            ("Version", args.small_calls),
-            ("ContainerStatus", args.small_calls),
-            ("ListContainers", max(args.small_calls // 4, 50)),
-        ):
-            got = _client(
-                "latency",
-                "--targets",
-                f"{direct},{listen}",
-                "--method",
-                method,
-                "--calls",
-                str(calls),
-                "--blocks",
-                "10",
-            )["latencies_us"]
-            results[method] = {"direct": _summary(got[direct]), "proxy": _summary(got[listen])}
-        results["stuck_client"] = _stuck_client(listen, args)
-        return results
-    finally:
-        subprocess.run([PY, SANDBOX_SCRIPT, "stop", "--dir", sandbox], capture_output=True)
+        with _sandbox(workdir, "real-containerd") as (_, state, cgroup_parent):
+            direct = state["socket"]
+            populated = _client(
+                "populate",
+                "--target",
+                direct,
+                "--pods",
+                str(args.real_pods),
+                "--containers",
+                str(args.real_containers_per_pod),
+                "--image",
+                state["busybox_image"],
+                "--cgroup-parent",
+                cgroup_parent,
+            )
+            hook_dir = os.path.join(workdir, "hooks-real")
+            os.makedirs(hook_dir)
+            listen = os.path.join(workdir, "krproxy-real.sock")
+            procs.start("krproxy-real", _serve_args(listen, direct, hook_dir), listen)
+            results: dict[str, Any] = {"containers": populated["containers"]}
+            for method, calls in (
+                ("Version", args.small_calls),
+                ("ContainerStatus", args.small_calls),
+                ("ListContainers", max(args.small_calls // 4, 50)),
+            ):
+                got = _client(
+                    "latency",
+                    "--targets",
+                    f"{direct},{listen}",
+                    "--method",
+                    method,
+                    "--calls",
+                    str(calls),
+                    "--blocks",
+                    "10",
+                )["latencies_us"]
+                results[method] = {"direct": _summary(got[direct]), "proxy": _summary(got[listen])}
+            results["stuck_client"] = _stuck_client(listen, args)
+            return results
+    except _NoSandbox as err:
+        return {"skipped": str(err)}
 
 
 def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -466,78 +487,66 @@ def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
     if fetched.returncode != 0:
         return {"skipped": f"containerd 2.x cannot be had: {fetched.stderr.strip()[-300:]}"}
     bin_dir = fetched.stdout.strip().splitlines()[-1]
-    sandbox = os.path.join(workdir, "nri-containerd")
-    cgroup_parent = f"krproxy-bench-nri-{os.getpid()}"
-    started = subprocess.run(
-        [
-            PY,
-            SANDBOX_SCRIPT,
-            "start",
-            "--dir",
-            sandbox,
-            "--cgroup-parent",
-            cgroup_parent,
-            "--bin-dir",
-            bin_dir,
-        ],
-        capture_output=True,
-        text=True,
-    )
-    if started.returncode != 0:
-        return {"skipped": f"containerd-sandbox start failed: {started.stderr.strip()[-300:]}"}
     procs = Processes(workdir)
     try:
-        with open(os.path.join(sandbox, "sandbox.json")) as f:
-            state = json.load(f)
-        direct, image = state["socket"], state["busybox_image"]
-        socket = os.path.join(sandbox, "run", "nri", "nri.sock")
-        if not os.path.exists(socket):
-            return {"skipped": f"containerd {state.get('containerd_version', '?')} serves no NRI socket"}
-        hook_dir = os.path.join(workdir, "hooks-nri")
-        os.makedirs(hook_dir)
-        plugin = os.path.join(workdir, "nri-plugin.sock")
-        procs.start(
-            "plugin-nri",
-            [
-                "-m",
-                "fakes.plugin",
-                "--socket",
-                plugin,
-                "--hook-dir",
-                hook_dir,
-                "--name",
-                "p",
-                "--hooks",
-                "PreCreateContainer",
-            ],
-            plugin,
-        )
-        pods: dict[str, list[float]] = {"without": [], "with": []}
-        version: dict[str, list[float]] = {"without": [], "with": []}
-        blocks = max(args.nri_blocks, 1)
-        for block in range(blocks):
-            for state_name in ("without", "with"):
-                daemon = _start_nri(workdir, socket, hook_dir, block) if state_name == "with" else None
-                try:
-                    got = _client(
-                        "pod-create", "--target", direct, "--pods", str(args.nri_pods), "--image", image,
-                        "--cgroup-parent", cgroup_parent,
-                    )  # fmt: skip
-                    pods[state_name] += got["latencies_us"]
-                    calls = _client("latency", "--targets", direct, "--calls", str(args.nri_version_calls))
-                    version[state_name] += calls["latencies_us"][direct]
-                finally:
-                    if daemon is not None:
-                        daemon.send_signal(signal.SIGTERM)
-                        daemon.wait(30)
-        return {
-            "pod_start": {k: _summary(v) for k, v in pods.items()},
-            "version": {k: _summary(v) for k, v in version.items()},
-            "containerd": state.get("containerd_version", "?"),
-        }
-    finally:
-        procs.stop()
-        subprocess.run([PY, SANDBOX_SCRIPT, "stop", "--dir", sandbox], capture_output=True)
+        with _sandbox(workdir, "nri-containerd", "--bin-dir", bin_dir) as (sandbox, state, cgroup_parent):
+            try:
+                direct, image = state["socket"], state["busybox_image"]
+                socket = os.path.join(sandbox, "run", "nri", "nri.sock")
+                if not os.path.exists(socket):
+                    return {
+                        "skipped": f"containerd {state.get('containerd_version', '?')} serves no NRI socket"
+                    }
+                hook_dir = os.path.join(workdir, "hooks-nri")
+                os.makedirs(hook_dir)
+                plugin = os.path.join(workdir, "nri-plugin.sock")
+                procs.start(
+                    "plugin-nri",
+                    [
+                        "-m",
+                        "fakes.plugin",
+                        "--socket",
+                        plugin,
+                        "--hook-dir",
+                        hook_dir,
+                        "--name",
+                        "p",
+                        "--hooks",
+                        "PreCreateContainer",
+                    ],
+                    plugin,
+                )
+                pods: dict[str, list[float]] = {"without": [], "with": []}
+                version: dict[str, list[float]] = {"without": [], "with": []}
+                blocks = max(args.nri_blocks, 1)
+                for block in range(blocks):
+                    for state_name in ("without", "with"):
+                        daemon = (
+                            _start_nri(workdir, socket, hook_dir, block) if state_name == "with" else None
+                        )
+                        try:
+                            got = _client(
+                                "pod-create", "--target", direct, "--pods", str(args.nri_pods), "--image", image,
+                                "--cgroup-parent", cgroup_parent,
+                            )  # fmt: skip
+                            pods[state_name] += got["latencies_us"]
+                            calls = _client(
+                                "latency", "--targets", direct, "--calls", str(args.nri_version_calls)
+                            )
+                            version[state_name] += calls["latencies_us"][direct]
+                        finally:
+                            if daemon is not None:
+                                daemon.send_signal(signal.SIGTERM)
+                                daemon.wait(30)
+                return {
+                    "pod_start": {k: _summary(v) for k, v in pods.items()},
+                    "version": {k: _summary(v) for k, v in version.items()},
+                    "containerd": state.get("containerd_version", "?"),
+                }
+            finally:
+                procs.stop()
+    except _NoSandbox as err:
+        return {"skipped": str(err)}
 
 
 def _start_nri(workdir: str, socket: str, hook_dir: str, block: int) -> subprocess.Popen[bytes]:
@@ -671,35 +680,25 @@ def runc_wrapper_containerd(workdir: str, args: argparse.Namespace) -> dict[str,
     runc = shutil.which("runc")
     if os.geteuid() != 0 or not os.path.exists(SANDBOX_SCRIPT) or runc is None:
         return {"skipped": "not root" if os.geteuid() else "no sandbox script or no runc"}
-    sandbox = os.path.join(workdir, "wrapper-containerd")
-    cgroup_parent = f"krproxy-bench-wrapper-{os.getpid()}"
-    started = subprocess.run(
-        [PY, SANDBOX_SCRIPT, "start", "--dir", sandbox, "--cgroup-parent", cgroup_parent],
-        capture_output=True,
-        text=True,
-    )
-    if started.returncode != 0:
-        return {"skipped": f"containerd-sandbox start failed: {started.stderr.strip()[-300:]}"}
     try:
-        with open(os.path.join(sandbox, "sandbox.json")) as f:
-            state = json.load(f)
-        # The sandbox's config names this path as BinaryName of the runtime handler "krproxy-oci".
-        _wrapper_install(os.path.join(sandbox, "krproxy-oci"), runc, {"never.json": _NO_MATCH_HOOK})
-        pods: dict[str, list[float]] = {"runc": [], "launcher": []}
-        for _ in range(max(args.wrapper_blocks, 1)):
-            for name, handler in (("runc", ""), ("launcher", "krproxy-oci")):
-                got = _client(
-                    "pod-create", "--target", state["socket"], "--pods", str(args.wrapper_pods),
-                    "--image", state["busybox_image"], "--cgroup-parent", cgroup_parent,
-                    "--runtime-handler", handler,
-                )  # fmt: skip
-                pods[name] += got["latencies_us"]
-        return {
-            "pod_start": {k: _summary(v) for k, v in pods.items()},
-            "containerd": state.get("containerd_version", "?"),
-        }
-    finally:
-        subprocess.run([PY, SANDBOX_SCRIPT, "stop", "--dir", sandbox], capture_output=True)
+        with _sandbox(workdir, "wrapper-containerd") as (sandbox, state, cgroup_parent):
+            # The sandbox's config names this path as BinaryName of the runtime handler "krproxy-oci".
+            _wrapper_install(os.path.join(sandbox, "krproxy-oci"), runc, {"never.json": _NO_MATCH_HOOK})
+            pods: dict[str, list[float]] = {"runc": [], "launcher": []}
+            for _ in range(max(args.wrapper_blocks, 1)):
+                for name, handler in (("runc", ""), ("launcher", "krproxy-oci")):
+                    got = _client(
+                        "pod-create", "--target", state["socket"], "--pods", str(args.wrapper_pods),
+                        "--image", state["busybox_image"], "--cgroup-parent", cgroup_parent,
+                        "--runtime-handler", handler,
+                    )  # fmt: skip
+                    pods[name] += got["latencies_us"]
+            return {
+                "pod_start": {k: _summary(v) for k, v in pods.items()},
+                "containerd": state.get("containerd_version", "?"),
+            }
+    except _NoSandbox as err:
+        return {"skipped": str(err)}
 
 
 def _recovery(procs: Processes, workdir: str) -> dict[str, float]:
