@@ -37,7 +37,7 @@ from krproxy.hooks.points import HookPoint
 from tests.conftest import CriClient
 from tests.integration.hooks_support import Node, container_config, make_node, pod_config
 from tests.integration.support import LIVENESS_LIMIT, start_proxy, start_scripted_backend, wait_until
-from tests.integration.test_relay_restart import _activated
+from tests.integration.test_relay_restart import _activated, _stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = "/runtime.v1.RuntimeService/"
@@ -278,12 +278,7 @@ def test_a_restart_loses_no_call_of_a_grpc_go_client(
         if client is not None and client.poll() is None:
             client.kill()
             client.wait()
-        for daemon in daemons:
-            if daemon.poll() is None:
-                daemon.send_signal(signal.SIGTERM)
-                daemon.wait(timeout=20)
-        procs.stop()
-        listener.close()
+        _stop_all(daemons, procs, listener)
 
 
 def _wait_for(predicate: Any) -> None:

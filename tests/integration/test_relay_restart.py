@@ -44,6 +44,16 @@ def _activated(argv: list[str], listener: socket.socket, log: str) -> subprocess
         )
 
 
+def _stop_all(daemons: list[subprocess.Popen[bytes]], procs: Processes, listener: socket.socket) -> None:
+    """Stop the daemons still running (SIGTERM, as systemd does), the fakes, and close the socket."""
+    for daemon in daemons:
+        if daemon.poll() is None:
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(timeout=20)
+    procs.stop()
+    listener.close()
+
+
 @pytest.fixture
 def workdir() -> Iterator[str]:
     path = tempfile.mkdtemp(prefix="krrestart-", dir="/tmp")
@@ -119,12 +129,7 @@ def test_a_restart_with_an_inherited_socket_fails_no_call(workdir: str) -> None:
         assert 1 == text.count(b"event=stopped")
         assert os.path.exists(listen)  # the socket file is systemd's: left in place
     finally:
-        for daemon in daemons:
-            if daemon.poll() is None:
-                daemon.send_signal(signal.SIGTERM)
-                daemon.wait(timeout=20)
-        procs.stop()
-        listener.close()
+        _stop_all(daemons, procs, listener)
 
 
 def test_docker_mode_leaves_an_inherited_socket_file_in_place(workdir: str) -> None:
