@@ -32,12 +32,12 @@ from cri_api.v1 import api_pb2 as pb
 
 from fakes.containerd import FakeContainerd
 from fakes.plugin import Changes, FakePlugin
-from krproxy.bench import Processes, _serve_args
+from krproxy.bench import Processes
 from krproxy.hooks.points import HookPoint
 from tests.conftest import CriClient
 from tests.integration.hooks_support import Node, container_config, make_node, pod_config
 from tests.integration.support import LIVENESS_LIMIT, start_proxy, start_scripted_backend, wait_until
-from tests.integration.test_relay_restart import _activated, _stop_all
+from tests.integration.test_relay_restart import _activated, _serve_activated, _stop_all
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = "/runtime.v1.RuntimeService/"
@@ -237,17 +237,7 @@ def test_a_restart_loses_no_call_of_a_grpc_go_client(
     daemons: list[subprocess.Popen[bytes]] = []
     client: subprocess.Popen[bytes] | None = None
     try:
-        backend = os.path.join(workdir, "containerd.sock")
-        fake = ["-m", "fakes.containerd", "--socket", backend, "--seed-pods", str(seed_pods)]
-        procs.start("containerd", fake, backend)
-        listen = os.path.join(workdir, "krproxy.sock")
-        listener.bind(listen)
-        listener.listen(128)
-        hooks = os.path.join(workdir, "hooks")
-        os.makedirs(hooks)
-        argv = _serve_args(listen, backend, hooks, "--log-level=info")
-        log = os.path.join(workdir, "krproxy.log")
-        daemons.append(_activated(argv, listener, log))
+        listen, argv, log = _serve_activated(workdir, procs, listener, daemons, "--seed-pods", str(seed_pods))
         answered = os.path.join(workdir, "answered")
         # kubelet's connect timeout is 5 s: a successor that takes longer to start (a loaded
         # machine) would fail calls UNAVAILABLE for that reason alone, not for krproxy's GOAWAY.

@@ -44,6 +44,29 @@ def _activated(argv: list[str], listener: socket.socket, log: str) -> subprocess
         )
 
 
+def _serve_activated(
+    workdir: str,
+    procs: Processes,
+    listener: socket.socket,
+    daemons: list[subprocess.Popen[bytes]],
+    *fake_args: str,
+) -> tuple[str, list[str], str]:
+    """The fake containerd (``fake_args`` added) and ``krproxy serve`` on ``listener``, bound at
+    ``workdir/krproxy.sock``, as systemd starts it (appended to ``daemons``); returns the socket
+    path, the daemon's argv (to start its successor) and its log file."""
+    backend = os.path.join(workdir, "containerd.sock")
+    procs.start("containerd", ["-m", "fakes.containerd", "--socket", backend, *fake_args], backend)
+    listen = os.path.join(workdir, "krproxy.sock")
+    listener.bind(listen)
+    listener.listen(128)
+    hooks = os.path.join(workdir, "hooks")
+    os.makedirs(hooks)
+    argv = _serve_args(listen, backend, hooks, "--log-level=info")
+    log = os.path.join(workdir, "krproxy.log")
+    daemons.append(_activated(argv, listener, log))
+    return listen, argv, log
+
+
 def _stop_all(daemons: list[subprocess.Popen[bytes]], procs: Processes, listener: socket.socket) -> None:
     """Stop the daemons still running (SIGTERM, as systemd does), the fakes, and close the socket."""
     for daemon in daemons:
@@ -66,16 +89,7 @@ def test_a_restart_with_an_inherited_socket_fails_no_call(workdir: str) -> None:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     daemons: list[subprocess.Popen[bytes]] = []
     try:
-        backend = os.path.join(workdir, "containerd.sock")
-        procs.start("containerd", ["-m", "fakes.containerd", "--socket", backend], backend)
-        listen = os.path.join(workdir, "krproxy.sock")
-        listener.bind(listen)
-        listener.listen(128)
-        hooks = os.path.join(workdir, "hooks")
-        os.makedirs(hooks)
-        argv = _serve_args(listen, backend, hooks, "--log-level=info")
-        log = os.path.join(workdir, "krproxy.log")
-        daemons.append(_activated(argv, listener, log))
+        listen, argv, log = _serve_activated(workdir, procs, listener, daemons)
 
         stop = threading.Event()
         latencies: list[float] = []
