@@ -14,9 +14,7 @@ import socket
 import h2.config
 import h2.connection
 
-
-def _framed(message: bytes) -> bytes:
-    return b"\x00" + len(message).to_bytes(4, "big") + message
+from krproxy.relay.rpc import grpc_message, request_headers
 
 
 def hold_unread(path: str, calls: list[tuple[str, bytes]]) -> socket.socket:
@@ -37,16 +35,9 @@ def hold_unread(path: str, calls: list[tuple[str, bytes]]) -> socket.socket:
             raise ConnectionError(f"{path} closed the connection")
         conn.receive_data(data)
     for method, request in calls:
-        fields = [
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":path", method.encode()),
-            (b":authority", b"stuck-client"),
-            (b"content-type", b"application/grpc"),
-            (b"te", b"trailers"),
-        ]
+        fields = request_headers(method, b"stuck-client")
         stream_id = conn.get_next_available_stream_id()
         conn.send_headers(stream_id, fields)
-        conn.send_data(stream_id, _framed(request), end_stream=True)
+        conn.send_data(stream_id, grpc_message(request), end_stream=True)
         sock.sendall(conn.data_to_send())
     return sock

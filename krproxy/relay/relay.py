@@ -54,9 +54,10 @@ from krproxy.relay.rpc import (
     LocalCall,
     UpstreamError,
     _Exchange,
-    _message,
     encode_grpc_timeout,
+    grpc_message,
     grpc_timeout,
+    request_headers,
 )
 
 LOGGER = logging.getLogger("krproxy.relay")
@@ -324,7 +325,7 @@ class Relay:
         # A caller cancelled while it did work without a checkpoint (e.g. an OCI hook in a thread)
         # must not get its request sent: everything up to the first wait below is synchronous.
         await trio.lowlevel.checkpoint_if_cancelled()
-        framed = _message(message)
+        framed = grpc_message(message)
         extra = list(metadata)
         for attempt in itertools.count(1):
             exchange = await self._exchange(route, path, framed, extra, deadline, max_answer)
@@ -347,14 +348,7 @@ class Relay:
         exchange = _Exchange(max_answer)
         ep = route.endpoint()
         upstream = exchange.upstream = Half(ep, 0, exchange)  # type: ignore[arg-type]
-        fields: Headers = [
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":path", path.encode()),
-            (b":authority", b"localhost"),
-            (b"content-type", b"application/grpc"),
-            (b"te", b"trailers"),
-        ]
+        fields = request_headers(path)
         if deadline != math.inf:
             fields.append((b"grpc-timeout", encode_grpc_timeout(deadline - trio.current_time())))
         fields += metadata

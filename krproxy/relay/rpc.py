@@ -430,9 +430,22 @@ def _decompress(data: bytes, wbits: int, limit: int) -> bytes:
     raise GRPCError(Status.INTERNAL, problem)
 
 
-def _message(data: bytes) -> bytes:
+def grpc_message(data: bytes) -> bytes:
     """gRPC's length-prefixed framing of one uncompressed message."""
     return b"\x00" + len(data).to_bytes(4, "big") + data
+
+
+def request_headers(path: str, authority: bytes = b"localhost") -> Headers:
+    """The header fields that open a gRPC call of ``path``: the pseudo-headers first (RFC 9113
+    §8.3.1), then gRPC's ``content-type`` and ``te``; a caller appends ``grpc-timeout`` and metadata."""
+    return [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", path.encode()),
+        (b":authority", authority),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+    ]
 
 
 class CloseConnection(Exception):
@@ -527,7 +540,7 @@ class LocalCall(Call):
                 ctx.reply, ctx.replies = reply.message, 1  # before answering: that may finish the call
                 self._answer(
                     reply.headers or _PLAIN_HEADERS,
-                    _message(reply.message),
+                    grpc_message(reply.message),
                     reply.trailers or _PLAIN_TRAILERS,
                 )
         except CloseConnection:

@@ -26,6 +26,7 @@ from cri_api.v1 import api_pb2_grpc
 from fakes.containerd import FakeContainerd
 from krproxy.bench.flood import send_header_blocks
 from krproxy.grpcstatus import Status
+from krproxy.relay.rpc import grpc_message, request_headers
 from tests.integration.support import LIVENESS_LIMIT, in_thread, start_proxy, wait_until
 
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -33,20 +34,8 @@ LIST = "/runtime.v1.RuntimeService/ListContainers"
 RUN = "/runtime.v1.RuntimeService/RunPodSandbox"
 
 
-def _framed(message: bytes) -> bytes:
-    return b"\x00" + len(message).to_bytes(4, "big") + message
-
-
 def _fields(path: str, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
-    return [
-        (b":method", b"POST"),
-        (b":scheme", b"http"),
-        (b":path", path.encode()),
-        (b":authority", b"localhost"),
-        (b"content-type", b"application/grpc"),
-        (b"te", b"trailers"),
-        *extra,
-    ]
+    return [*request_headers(path), *extra]
 
 
 class RawCaller:
@@ -100,7 +89,7 @@ class RawCaller:
         stream_id = self.conn.get_next_available_stream_id()
         self.conn.send_headers(stream_id, _fields(path, *extra), end_stream=message is None and end)
         if message is not None:
-            self.conn.send_data(stream_id, _framed(message), end_stream=end)
+            self.conn.send_data(stream_id, grpc_message(message), end_stream=end)
         self.flush()
         return stream_id
 
@@ -375,7 +364,7 @@ async def test_exactly_16_mib_passes_and_one_byte_more_does_not(
         caller = RawCaller(proxy.config.listen)
         try:
             stream_id = caller.open(path, None, end=False)
-            framed = _framed(message)
+            framed = grpc_message(message)
             for i in range(0, len(framed), 1000):
                 while (
                     stream_id not in caller.ended and caller.conn.local_flow_control_window(stream_id) < 1000
@@ -413,7 +402,7 @@ async def test_a_stream_window_is_granted_to_the_runtime_only_as_the_caller_read
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(backend)
     listener.listen(4)
-    answer = _framed(b"a" * (8 * 1024 * 1024))
+    answer = grpc_message(b"a" * (8 * 1024 * 1024))
     seen: dict[str, int] = {"sent": 0, "stream_updates": 0, "connection_updates": 0}
     stop = threading.Event()
 

@@ -27,15 +27,11 @@ from krproxy.forward import Forward, Reply
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import Relay, Route, connect_unix
 from krproxy.relay.connection import CONNECTION_WINDOW
-from krproxy.relay.rpc import UpstreamError
+from krproxy.relay.rpc import UpstreamError, grpc_message, request_headers
 from tests.integration.support import wait_until
 
 PATH = "/test.Review/Call"
 Fields = list[tuple[bytes, bytes]]
-
-
-def _framed(message: bytes) -> bytes:
-    return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
 @attrs.define
@@ -192,17 +188,9 @@ class Client:
 
     def start(self, path: str, message: bytes, extra: Fields | None = None) -> int:
         stream_id = self.conn.get_next_available_stream_id()
-        fields = [
-            (b":method", b"POST"),
-            (b":scheme", b"http"),
-            (b":path", path.encode()),
-            (b":authority", b"review"),
-            (b"content-type", b"application/grpc"),
-            (b"te", b"trailers"),
-            *(extra or []),
-        ]
+        fields = [*request_headers(path, b"review"), *(extra or [])]
         self.conn.send_headers(stream_id, fields)
-        self.conn.send_data(stream_id, _framed(message), end_stream=True)
+        self.conn.send_data(stream_id, grpc_message(message), end_stream=True)
         return stream_id
 
     def flush(self) -> None:
@@ -259,7 +247,8 @@ class TestFlowControlCredit:
         relay = Relay()
         listen = str(short_tmp / "relay.sock")
         with serving(
-            upstream_path, lambda path, body: Answer(body=_framed(big) if body == _framed(b"big") else body)
+            upstream_path,
+            lambda path, body: Answer(body=grpc_message(big) if body == grpc_message(b"big") else body),
         ) as server:
             relay.configure(Route(relay, "runtime", connect_unix(upstream_path)), None, {}, [])
             await _serve_relay(nursery, relay, listen)
@@ -280,7 +269,7 @@ class TestFlowControlCredit:
                     fresh.close()
             finally:
                 stalled.close()
-        assert (_framed(big), b"0") == (body, trailers[b"grpc-status"])
+        assert (grpc_message(big), b"0") == (body, trailers[b"grpc-status"])
 
 
 def _pending_to_callers(relay: Relay) -> int:
@@ -312,7 +301,9 @@ class TestOwnCalls:
         route = relay.route_to(upstream_path, "plugin p")
 
         def script(path: bytes, body: bytes) -> Answer:
-            return Answer(body=body, trailers=None if body == _framed(b"bad") else [(b"grpc-status", b"0")])
+            return Answer(
+                body=body, trailers=None if body == grpc_message(b"bad") else [(b"grpc-status", b"0")]
+            )
 
         with serving(upstream_path, script, {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1}):
             assert b"warm-up" == await relay.call(route, PATH, b"warm-up", within=5)  # SETTINGS known
@@ -344,7 +335,7 @@ class TestOwnCalls:
         """An answer above its limit: every byte received on the connection is granted back,
         the frame that crossed the limit included (else each such answer shrinks the window)."""
         route = relay.route_to(upstream_path, "plugin p")
-        with serving(upstream_path, lambda path, body: Answer(body=_framed(b"x" * 300_000))):
+        with serving(upstream_path, lambda path, body: Answer(body=grpc_message(b"x" * 300_000))):
             with pytest.raises(UpstreamError, match="larger than 100000 bytes"):
                 await relay.call(route, PATH, b"x", within=5, max_answer=100_000)
             ep = route.ep
@@ -376,7 +367,7 @@ class TestCallsWithHookPoints:
             body, trailers = await trio.to_thread.run_sync(client.call, PATH, b"second")
         finally:
             client.close()
-        assert (_framed(b"second"), b"0") == (body, trailers[b"grpc-status"])
+        assert (grpc_message(b"second"), b"0") == (body, trailers[b"grpc-status"])
         assert [b"second"] == seen
 
     async def test_a_runtime_lost_under_an_intercepted_call_is_unavailable(
@@ -475,7 +466,7 @@ class TestHardening:
             import time
 
             time.sleep(1)
-            return Answer(body=_framed(b"late"))
+            return Answer(body=grpc_message(b"late"))
 
         listen = str(short_tmp / "relay.sock")
         relay.configure(relay.route_to(upstream_path, "upstream"), None, {}, unary_paths=[PATH])

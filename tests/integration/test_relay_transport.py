@@ -30,6 +30,7 @@ import trio
 from krproxy.daemon import Daemon
 from krproxy.relay import Relay
 from krproxy.relay import frames as f
+from krproxy.relay.rpc import grpc_message, request_headers
 from tests.integration.support import (
     ScriptedBackend,
     hang,
@@ -45,10 +46,6 @@ BIG = "/test.Relay/Big"
 SLOW = "/test.Relay/Slow"
 HANG = "/test.Relay/Hang"
 BIG_REPLY = bytes(range(256)) * 1200  # 307,200 bytes
-
-
-def _framed(message: bytes) -> bytes:
-    return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
 @attrs.frozen
@@ -97,7 +94,7 @@ def h2_unary(
         *(extra or []),
     ]
     conn.send_headers(stream_id, fields)
-    conn.send_data(stream_id, _framed(message), end_stream=True, pad_length=pad)
+    conn.send_data(stream_id, grpc_message(message), end_stream=True, pad_length=pad)
     sock.sendall(conn.data_to_send())
     headers: dict[bytes, bytes] = {}
     trailers: dict[bytes, bytes] = {}
@@ -161,10 +158,10 @@ class TestFlowControl:
         """The relay sends a caller no more than the caller's window allows, and waits for its grants."""
         _, daemon = await _backend_and_proxy(nursery, sockdir)
         answer: H2Answer = await in_thread(h2_unary, daemon.config.listen, BIG, b"", window=1000)
-        assert (_framed(BIG_REPLY), b"0") == (answer.body, answer.trailers[b"grpc-status"])
+        assert (grpc_message(BIG_REPLY), b"0") == (answer.body, answer.trailers[b"grpc-status"])
         # h2 raises on any DATA beyond the window it granted, so arriving at all proves the
         # relay kept to it; the number of grants shows it really had to wait for them.
-        assert answer.window_updates_sent >= len(_framed(BIG_REPLY)) // 1000
+        assert answer.window_updates_sent >= len(grpc_message(BIG_REPLY)) // 1000
 
 
 class TestStreams:
@@ -334,20 +331,13 @@ class TestStreams:
                 for event in conn.receive_data(sock.recv(65536)):
                     if isinstance(event, h2.events.RemoteSettingsChanged):
                         advertised = conn.remote_settings.max_concurrent_streams
-            fields = [
-                (b":method", b"POST"),
-                (b":scheme", b"http"),
-                (b":path", HANG.encode()),
-                (b":authority", b"relay-test"),
-                (b"content-type", b"application/grpc"),
-                (b"te", b"trailers"),
-            ]
+            fields = request_headers(HANG, b"relay-test")
             for stream_id in (1, 3, 5):
                 conn.send_headers(stream_id, fields)
-                conn.send_data(stream_id, _framed(b""), end_stream=True)
+                conn.send_data(stream_id, grpc_message(b""), end_stream=True)
             # h2 keeps to the advertised limit itself: the 4th stream is written by hand.
             fourth = f.header_frames(7, f.encode_headers(fields), False, 16384)
-            sock.sendall(conn.data_to_send() + fourth + f.frame(f.DATA, f.END_STREAM, 7, _framed(b"")))
+            sock.sendall(conn.data_to_send() + fourth + f.frame(f.DATA, f.END_STREAM, 7, grpc_message(b"")))
             reset: list[tuple[int, int]] = []
             buf = b""
             try:
@@ -419,7 +409,7 @@ class TestStreams:
             answer: H2Answer = await in_thread(h2_unary, daemon.config.listen, ECHO, b"again")
         finally:
             listener.close()
-        assert (_framed(b"again"), b"0") == (answer.body, answer.trailers[b"grpc-status"])
+        assert (grpc_message(b"again"), b"0") == (answer.body, answer.trailers[b"grpc-status"])
         assert 1 == len(refused)
 
     @pytest.mark.parametrize(
@@ -498,7 +488,7 @@ class TestStreams:
         answer: H2Answer = await in_thread(
             h2_unary, daemon.config.listen, ECHO, b"padded", pad=40, priority=True
         )
-        assert (_framed(b"padded"), b"0") == (answer.body, answer.trailers[b"grpc-status"])
+        assert (grpc_message(b"padded"), b"0") == (answer.body, answer.trailers[b"grpc-status"])
         assert [[b"padded"]] == backend.messages_for(ECHO)
 
 
