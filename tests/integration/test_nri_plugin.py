@@ -115,6 +115,11 @@ async def node(nursery: trio.Nursery, short_tmp: object) -> Node:
     return Node(sockdir, runtime, nursery)
 
 
+async def _wait_subscribed(node: Node, event: api.Event) -> None:
+    """Until the plugin containerd knows (the latest registration) subscribes to ``event``."""
+    await wait_until(lambda: bool(node.runtime.plugins) and node.runtime.plugins[0].subscribed(event), LIMIT)
+
+
 class TestRegistration:
     async def test_registers_configures_synchronizes(self, node: Node) -> None:
         """krproxy registers under its name and index, subscribes to what its hook servers need, and
@@ -198,13 +203,7 @@ class TestRegistration:
             [first] = node.runtime.plugins
             assert not first.subscribed(api.Event.UPDATE_CONTAINER)
             await node.hook_server("late", [HookPoint.PRE_UPDATE_CONTAINER_RESOURCES])
-            await wait_until(
-                lambda: (
-                    bool(node.runtime.plugins)
-                    and node.runtime.plugins[0].subscribed(api.Event.UPDATE_CONTAINER)
-                ),
-                LIMIT,
-            )
+            await _wait_subscribed(node, api.Event.UPDATE_CONTAINER)
 
     async def test_resubscription_waits_for_calls_in_flight(self, node: Node) -> None:
         """A registration change while a CreateContainer is being hooked: krproxy answers that call before
@@ -228,13 +227,7 @@ class TestRegistration:
                 nursery.start_soon(create)
                 await wait_until(lambda: bool(fake.calls), LIMIT)
                 await node.hook_server("late", [HookPoint.PRE_UPDATE_CONTAINER_RESOURCES])
-                await wait_until(
-                    lambda: (
-                        bool(node.runtime.plugins)
-                        and node.runtime.plugins[0].subscribed(api.Event.UPDATE_CONTAINER)
-                    ),
-                    LIMIT,
-                )
+                await _wait_subscribed(node, api.Event.UPDATE_CONTAINER)
         assert node.runtime.plugins[0] is not first and plugin.registered
         # The event that follows (POST_CREATE_CONTAINER) may meet the closed socket: the re-registration
         # window docs/nri.md describes. The call in flight itself must have been answered.
