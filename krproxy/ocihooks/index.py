@@ -44,7 +44,7 @@ import re
 import string
 from collections.abc import Iterable, Sequence
 
-from krproxy.ocihooks.model import HookFile
+from krproxy.ocihooks.model import HookFile, is_hook_file
 
 __all__ = [
     "HEADER",
@@ -213,7 +213,7 @@ def deciding_dirs(directories: Iterable[str]) -> str | None:
 
 def _json_names(directory: str) -> list[str]:
     try:
-        return [n for n in os.listdir(directory) if n.endswith(".json") and not n.startswith(".")]
+        return [name for name in os.listdir(directory) if is_hook_file(name)]
     except OSError:
         return []
 

@@ -151,6 +151,13 @@ class HookFile(NamedTuple):
         return stage in self.stages and self.when.matches(container)
 
 
+def is_hook_file(name: str) -> bool:
+    """Whether the directory entry ``name`` is a hook file: ``*.json``, not hidden. The proxy's
+    watcher selects by the same rule (krproxy.hooks.registration.is_registration_file), kept apart
+    so that the wrapper need not import the daemon's modules."""
+    return name.endswith(".json") and not name.startswith(".")
+
+
 def sort_key(name: str) -> tuple[str, str]:
     """Hook files run in the order of their names compared lower-cased (ties: exact name)."""
     return (name.lower(), name)

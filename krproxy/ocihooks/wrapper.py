@@ -208,7 +208,7 @@ class Logger:
 
 def load_hooks(directories: Sequence[str], logger: Logger) -> list[Any]:
     """The hook files in force in ``directories`` (least preferred first); invalid ones are logged."""
-    from krproxy.ocihooks.model import InvalidHookFile, effective, parse_hook_file
+    from krproxy.ocihooks.model import InvalidHookFile, effective, is_hook_file, parse_hook_file
 
     layers = []
     for directory in directories:
@@ -218,9 +218,7 @@ def load_hooks(directories: Sequence[str], logger: Logger) -> list[Any]:
         except OSError:
             names = []
         for name in names:
-            # Same selection as the proxy's watcher (krproxy.hooks.registration.is_registration_file),
-            # repeated here so the wrapper need not import the daemon's modules.
-            if not name.endswith(".json") or name.startswith("."):
+            if not is_hook_file(name):
                 continue
             path = os.path.join(directory, name)
             try:
