@@ -19,7 +19,6 @@ as JSON.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -29,85 +28,33 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 
-PY = sys.executable
-
+from krproxy.bench._support import (
+    PY,
+    SANDBOX_SCRIPT,
+    Processes,
+    _client,
+    _NoSandbox,
+    _sandbox,
+    _serve_args,
+    _summary,
+)
+from krproxy.bench.anchor import go_anchor, report_go_anchor
 
 __all__ = ["main", "report", "run"]
-
-
-class Processes:
-    """Subprocesses the benchmark started; all stopped by PID at the end."""
-
-    def __init__(self, workdir: str) -> None:
-        self.workdir = workdir
-        self.started: list[subprocess.Popen[bytes]] = []
-
-    def start(self, name: str, argv: Sequence[str], socket: str) -> subprocess.Popen[bytes]:
-        log = open(os.path.join(self.workdir, f"{name}.log"), "wb")  # noqa: SIM115 - lives as long as the process
-        process = subprocess.Popen([PY, *argv], stdout=log, stderr=log, cwd=self.workdir)
-        self.started.append(process)
-        channel = grpc.insecure_channel(f"unix://{socket}")
-        try:
-            grpc.channel_ready_future(channel).result(timeout=60)
-        except grpc.FutureTimeoutError:
-            raise RuntimeError(f"{name} did not start; see {log.name}") from None
-        finally:
-            channel.close()
-        return process
-
-    def stop(self) -> None:
-        for process in self.started:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.started:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _client(*args: str) -> dict[str, Any]:
-    out = subprocess.run([PY, "-m", "krproxy.bench.client", *args], capture_output=True, check=True)
-    result: dict[str, Any] = json.loads(out.stdout)
-    return result
-
-
-def _summary(samples_us: list[float]) -> dict[str, float]:
-    ordered = sorted(samples_us)
-    return {
-        "median_ms": statistics.median(ordered) / 1000,
-        "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] / 1000,
-        "n": len(ordered),
-    }
 
 
 def _proc_status(pid: int) -> dict[str, float]:
     with open(f"/proc/{pid}/status") as f:
         rss_kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     return {"rss_mb": rss_kb / 1024, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
-
-
-def _serve_args(listen: str, backend: str, hook_dir: str, *extra: str) -> list[str]:
-    return [
-        "-m",
-        "krproxy",
-        "serve",
-        f"--koord-runtimeproxy-endpoint={listen}",
-        f"--remote-runtime-service-endpoint={backend}",
-        f"--hook-dir={hook_dir}",
-        "--log-level=warning",
-        *extra,
-    ]
 
 
 def _record_supported() -> bool:
@@ -253,6 +200,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["runc_wrapper"] = runc_wrapper(workdir, args.wrapper_calls)
         results["runc_wrapper_containerd"] = runc_wrapper_containerd(workdir, args)
         results["nri"] = nri(workdir, args)
+        results["go_anchor"] = go_anchor(workdir, args)
         results["recovery"] = _recovery(procs, workdir)
         results["leak_check"] = _leak_check(proxy_procs["plain"].pid, plain, args.leak_calls)
     finally:
@@ -369,44 +317,6 @@ def report_header_flood(flood: dict[str, Any]) -> list[str]:
             f" flooded   usual latency: {_check(ok)}"
         )
     return lines
-
-
-#: scripts/containerd-sandbox, found next to the package in a source checkout (pip install -e .).
-SANDBOX_SCRIPT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "scripts",
-    "containerd-sandbox",
-)
-
-
-class _NoSandbox(Exception):
-    """containerd-sandbox could not start; the message says why."""
-
-
-@contextlib.contextmanager
-def _sandbox(workdir: str, name: str, *options: str) -> Iterator[tuple[str, dict[str, Any], str]]:
-    """A real containerd from ``scripts/containerd-sandbox`` in ``workdir/name``, its pods' cgroups
-    under ``krproxy-bench-<name>-<pid>``: yields (its directory, its ``sandbox.json``, that cgroup
-    parent) and stops it afterwards. ``options`` go to ``containerd-sandbox start``.
-
-    Raises:
-        _NoSandbox: it did not start (the message ends with the script's error).
-    """
-    sandbox = os.path.join(workdir, name)
-    cgroup_parent = f"krproxy-bench-{name}-{os.getpid()}"
-    started = subprocess.run(
-        [PY, SANDBOX_SCRIPT, "start", "--dir", sandbox, "--cgroup-parent", cgroup_parent, *options],
-        capture_output=True,
-        text=True,
-    )
-    if started.returncode != 0:
-        raise _NoSandbox(f"containerd-sandbox start failed: {started.stderr.strip()[-300:]}")
-    try:
-        with open(os.path.join(sandbox, "sandbox.json")) as f:
-            state = json.load(f)
-        yield sandbox, state, cgroup_parent
-    finally:
-        subprocess.run([PY, SANDBOX_SCRIPT, "stop", "--dir", sandbox], capture_output=True)
 
 
 def _real_containerd(procs: Processes, workdir: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -848,6 +758,7 @@ def report(results: dict[str, Any]) -> str:
     lines += report_runc_wrapper(results.get("runc_wrapper", {"skipped": "not run"}))
     lines += report_runc_wrapper_containerd(results.get("runc_wrapper_containerd", {"skipped": "not run"}))
     lines += report_nri(results.get("nri", {"skipped": "not run"}))
+    lines += report_go_anchor(results.get("go_anchor", {"skipped": "not run"}))
     for label, sc in (("", results.get("stuck_client")), ("real ", real.get("stuck_client"))):
         if sc is not None:
             ok = sc["stuck"]["median_ms"] <= 2 * sc["before"]["median_ms"] + 0.5
@@ -984,8 +895,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--nri-version-calls", type=int, default=500, help="NRI cases: Version calls per block"
     )
+    parser.add_argument(
+        "--only-go-anchor",
+        action="store_true",
+        help="measure only krproxy against a grpc-go raw-forwarding proxy on real containerd",
+    )
+    parser.add_argument("--anchor-pods", type=int, default=20, help="Go anchor: pods in the containerd")
+    parser.add_argument(
+        "--anchor-calls", type=int, default=6000, help="Go anchor: calls of the mix per round"
+    )
+    parser.add_argument("--anchor-rounds", type=int, default=3, help="Go anchor: rounds per proxy")
     args = parser.parse_args(argv)
-    if args.only_nri:
+    if args.only_go_anchor:
+        workdir = tempfile.mkdtemp(prefix="krproxy-bench-")
+        try:
+            results = {"go_anchor": go_anchor(workdir, args)}
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+        print("\n".join(report_go_anchor(results["go_anchor"])))
+    elif args.only_nri:
         workdir = tempfile.mkdtemp(prefix="krproxy-bench-")
         try:
             results = {"nri": nri(workdir, args)}
