@@ -42,7 +42,9 @@ from krproxy.bench._support import (
     Processes,
     _client,
     _NoSandbox,
+    _populate,
     _sandbox,
+    _scratch,
     _serve_args,
     _summary,
 )
@@ -339,18 +341,8 @@ def _real_containerd(procs: Processes, workdir: str, args: argparse.Namespace) -
     try:
         with _sandbox(workdir, "real-containerd") as (_, state, cgroup_parent):
             direct = state["socket"]
-            populated = _client(
-                "populate",
-                "--target",
-                direct,
-                "--pods",
-                str(args.real_pods),
-                "--containers",
-                str(args.real_containers_per_pod),
-                "--image",
-                state["busybox_image"],
-                "--cgroup-parent",
-                cgroup_parent,
+            populated = _populate(
+                direct, args.real_pods, args.real_containers_per_pod, state["busybox_image"], cgroup_parent
             )
             hook_dir = os.path.join(workdir, "hooks-real")
             os.makedirs(hook_dir)
@@ -907,11 +899,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--anchor-rounds", type=int, default=3, help="Go anchor: rounds per proxy")
     args = parser.parse_args(argv)
     if args.only_go_anchor:
-        workdir = tempfile.mkdtemp(prefix="krproxy-bench-")
-        try:
+        with _scratch() as workdir:
             results = {"go_anchor": go_anchor(workdir, args)}
-        finally:
-            shutil.rmtree(workdir, ignore_errors=True)
         print("\n".join(report_go_anchor(results["go_anchor"])))
     elif args.only_nri:
         workdir = tempfile.mkdtemp(prefix="krproxy-bench-")

@@ -1,15 +1,18 @@
 """What the benchmark's cases share: the processes they start, the client process, the real-containerd
-sandbox, and how latencies are summed up."""
+sandbox, and how latencies are summed up. Names start with ``_``: they serve ``krproxy.bench``'s
+modules only."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -59,6 +62,33 @@ def _client(*args: str) -> dict[str, Any]:
     out = subprocess.run([PY, "-m", "krproxy.bench.client", *args], capture_output=True, check=True)
     result: dict[str, Any] = json.loads(out.stdout)
     return result
+
+
+def _populate(target: str, pods: int, containers: int, image: str, cgroup_parent: str) -> dict[str, Any]:
+    """Create ``pods`` pods of ``containers`` created containers each in the runtime at ``target``."""
+    return _client(
+        "populate",
+        "--target",
+        target,
+        "--pods",
+        str(pods),
+        "--containers",
+        str(containers),
+        "--image",
+        image,
+        "--cgroup-parent",
+        cgroup_parent,
+    )
+
+
+@contextlib.contextmanager
+def _scratch() -> Iterator[str]:
+    """A temp dir for a case's sockets, sandboxes and logs, removed afterwards."""
+    workdir = tempfile.mkdtemp(prefix="krproxy-bench-")
+    try:
+        yield workdir
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _summary(samples_us: list[float]) -> dict[str, float]:

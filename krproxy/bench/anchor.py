@@ -31,6 +31,7 @@ from krproxy.bench._support import (
     Processes,
     _client,
     _NoSandbox,
+    _populate,
     _sandbox,
     _serve_args,
     _summary,
@@ -75,19 +76,7 @@ def go_anchor(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
     try:
         with _sandbox(workdir, "go-anchor") as (_, state, cgroup_parent):
             direct = state["socket"]
-            populated = _client(
-                "populate",
-                "--target",
-                direct,
-                "--pods",
-                str(args.anchor_pods),
-                "--containers",
-                "1",
-                "--image",
-                state["busybox_image"],
-                "--cgroup-parent",
-                cgroup_parent,
-            )
+            populated = _populate(direct, args.anchor_pods, 1, state["busybox_image"], cgroup_parent)
             hook_dir = os.path.join(workdir, "hooks-anchor")
             os.makedirs(hook_dir, exist_ok=True)
             krproxy_sock = os.path.join(workdir, "krproxy-anchor.sock")

@@ -74,6 +74,19 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
     return {"latencies_us": samples}
 
 
+def _run_threads(count: int, start: threading.Barrier, worker: Callable[[int], None]) -> float:
+    """Run ``worker(0..count-1)`` in threads released together by ``start`` (of ``count + 1``
+    parties); the seconds from their release until the last one is done."""
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    started = time.perf_counter()
+    start.wait()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
 def throughput(args: argparse.Namespace) -> dict[str, Any]:
     path, make = METHODS[args.method]
     channel = _channel(args.target)
@@ -94,14 +107,8 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
             except grpc.RpcError as err:
                 errors[err.code().name] = errors.get(err.code().name, 0) + 1
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(args.threads)]
-    for t in threads:
-        t.start()
-    started = time.perf_counter()
-    start.wait()
-    for t in threads:
-        t.join()
-    return {"calls": sum(counts), "seconds": time.perf_counter() - started, "errors": errors}
+    seconds = _run_threads(args.threads, start, worker)
+    return {"calls": sum(counts), "seconds": seconds, "errors": errors}
 
 
 def _steady_mix(channel: grpc.Channel) -> list[tuple[Callable[..., bytes], bytes]]:
@@ -145,14 +152,8 @@ def mix(args: argparse.Namespace) -> dict[str, Any]:
             except grpc.RpcError as err:
                 errors[err.code().name] = errors.get(err.code().name, 0) + 1
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(args.threads)]
-    for t in threads:
-        t.start()
-    started = time.perf_counter()
-    start.wait()
-    for t in threads:
-        t.join()
-    return {"calls": quota * args.threads, "seconds": time.perf_counter() - started, "errors": errors}
+    seconds = _run_threads(args.threads, start, worker)
+    return {"calls": quota * args.threads, "seconds": seconds, "errors": errors}
 
 
 def create(args: argparse.Namespace) -> dict[str, Any]:
