@@ -28,6 +28,7 @@ from tests.e2e.support import (
     Cri,
     Plugin,
     Proxy,
+    container_config,
     outcome,
     pod_config,
     start_plugin,
@@ -132,6 +133,31 @@ def test_hook_adjusts_the_resize_containerd_receives(
         resources, overhead = containerd_sees(direct, pod_id)
         assert {**RESOURCES, "cpu_quota": 100_000} == resources
         assert OVERHEAD == overhead
+
+
+def test_restarted_proxy_recovers_the_resize(
+    resizing: Containerd, proxy: Proxy, via_proxy: Cri, direct: Cri, plugins: Callable[..., Plugin]
+) -> None:
+    """After a proxy restart the store is rebuilt from containerd, whose verbose status reports the last
+    resize: a later container hook still gets the pod's resources."""
+    plugin = plugins("watcher", hooks=["PreCreateContainer"])
+    with labelled_pod(via_proxy, direct, resizing) as pod_id:
+        resize(via_proxy, resize_request(pod_id))
+        assert 0 == proxy.restart()
+
+        config = container_config(resizing.busybox)
+        sandbox = direct.runtime.PodSandboxStatus(
+            pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id), timeout=60
+        )
+        request = pb.CreateContainerRequest(
+            pod_sandbox_id=pod_id,
+            config=config,
+            sandbox_config=pod_config(resizing.cgroup_parent, name=sandbox.status.metadata.name),
+        )
+        via_proxy.runtime.CreateContainer(request, timeout=kubelet.RUNTIME_REQUEST_TIMEOUT)
+
+        [created] = plugin.requests("PreCreateContainer")
+        assert RESOURCES.items() <= created["pod_resources"].items()
 
 
 def test_fail_refuses_the_resize(
