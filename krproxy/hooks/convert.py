@@ -38,8 +38,12 @@ as upb messages (:mod:`krproxy.hooks.wire`, about 100× faster than betterproto2
     image's variables, so it is not used); absent → empty.
   Malformed or missing verbose info is never an error: the field is simply not recovered.
 
-To hook-protocol requests: :func:`pod_hook_request` (PreRunPodSandbox, PostStopPodSandbox) and
-:func:`container_hook_request` (the five container hooks). :func:`pod_hook_request_bytes` and
+* :func:`pod_resize_from_request` — UpdatePodSandboxResources + the stored pod → :class:`PodResize`: the
+  stored record with ``resources`` and ``overhead`` set to the requested ones (``None`` where absent).
+
+To hook-protocol requests: :func:`pod_hook_request` (PreRunPodSandbox, PostStopPodSandbox, and
+PreUpdatePodSandboxResources with the resize's pod) and :func:`container_hook_request` (the five container
+hooks). :func:`pod_hook_request_bytes` and
 :func:`container_hook_request_bytes` serialize the same messages straight from the records, several times faster
 than building and encoding betterproto2 messages (which costs more than the rest of a hook call's own work); the
 tests check that both decode to the same message.
@@ -57,7 +61,7 @@ from typing import Any
 
 import attrs
 
-from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
+from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, PodResize, Resources
 from krproxy.proto.runtime import v1, v1alpha1
 from krproxy.protowire import varint
 
@@ -75,6 +79,8 @@ __all__ = [
     "pod_from_wire_status",
     "pod_hook_request",
     "pod_hook_request_bytes",
+    "pod_resize_from_request",
+    "pod_resize_hook_request_bytes",
     "resources_from_cri",
     "resources_from_hook",
     "resources_to_cri",
@@ -200,6 +206,18 @@ def container_from_create_request(request: v1.CreateContainerRequest, pod: PodIn
         resources=resources_from_cri(config.linux.resources if config.linux is not None else None),
         envs=envs_from_cri(config.envs),
         pod_cgroup_parent=sandbox_linux.cgroup_parent if sandbox_linux is not None else "",
+    )
+
+
+def pod_resize_from_request(request: v1.UpdatePodSandboxResourcesRequest, pod: PodInfo) -> PodResize:
+    """The resize an UpdatePodSandboxResources request asks for; *pod* is the stored record of its sandbox."""
+    return PodResize(
+        pod_sandbox_id=request.pod_sandbox_id,
+        pod=attrs.evolve(
+            pod,
+            resources=resources_from_cri(request.resources) if request.resources is not None else None,
+            overhead=resources_from_cri(request.overhead) if request.overhead is not None else None,
+        ),
     )
 
 
@@ -517,6 +535,12 @@ def pod_hook_request_bytes(pod: PodInfo) -> bytes:
     if pod.resources is not None:
         _put_message(out, b"\x3a", _resources_bytes(pod.resources))  # 7
     return bytes(out)
+
+
+def pod_resize_hook_request_bytes(resize: PodResize) -> bytes:
+    """The PreUpdatePodSandboxResources request: :func:`pod_hook_request_bytes` of the resize's pod (its
+    ``resources`` and ``overhead`` are the requested ones)."""
+    return pod_hook_request_bytes(resize.pod)
 
 
 def container_hook_request_bytes(container: ContainerInfo) -> bytes:

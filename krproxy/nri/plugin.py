@@ -171,7 +171,8 @@ class NriPlugin:
 
     def events_needed(self) -> int:
         events = set(STORE_EVENTS)
-        events.update(EVENT_OF[point] for point in HookPoint if self.dispatcher.plugins_for(point))
+        # A point with no NRI event (PreUpdatePodSandboxResources before NRI 0.12) is not called in NRI mode.
+        events.update(EVENT_OF[p] for p in HookPoint if p in EVENT_OF and self.dispatcher.plugins_for(p))
         return mask_of(events)
 
     def publish(self, registry: Registry) -> None:
