@@ -14,6 +14,7 @@ from krproxy import __version__
 from krproxy.calls import CallRecord
 from krproxy.forward import known_routes
 from krproxy.hooks.outcomes import Outcome
+from krproxy.hooks.points import HookPoint
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.validate import INVALID_ANSWER
 
@@ -104,6 +105,19 @@ class Metrics:
             ["hook", "field"],
             registry=r,
         )
+        self.required_held = Counter(
+            "krproxy_required_calls_held_total",
+            "CRI calls refused (UNAVAILABLE, nothing forwarded) because a required hook server was not "
+            "registered and answering, by server and hook point.",
+            ["server", "hook"],
+            registry=r,
+        )
+        self.required_up = Gauge(
+            "krproxy_required_server_up",
+            "1 while a --required-hook-server is registered and answering its probe, else 0.",
+            ["server"],
+            registry=r,
+        )
         self.info = Info("krproxy_build", "The daemon's version.", registry=r)
         self.info.info({"version": __version__})
 
@@ -116,6 +130,10 @@ class Metrics:
     def registration_error(self, name: str) -> None:
         """Count a registration file that could not be used (the hook directory watcher's ``on_error``)."""
         self.registration_errors.labels(name).inc()
+
+    def required_call_held(self, server: str, point: HookPoint) -> None:
+        """Count a call held back for a missing required hook server (the guard's ``held``)."""
+        self.required_held.labels(server, point.value).inc()
 
     def observe_call(self, record: CallRecord) -> None:
         method = record.path.rpartition("/")[2] if record.path in _KNOWN_PATHS else "unknown"
