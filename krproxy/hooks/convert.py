@@ -36,6 +36,9 @@ as upb messages (:mod:`krproxy.hooks.wire`, about 100× faster than betterproto2
     containerd rewrites values there too.
   - envs come from the verbose ``config.envs`` (the CRI envs; ``runtimeSpec.process.env`` also holds the
     image's variables, so it is not used); absent → empty.
+  - a pod's resources and overhead as the last UpdatePodSandboxResources set them: containerd 2.3 reports
+    them in ``info["info"]`` as ``resources.linux`` / ``overhead.linux``; absent (older runtimes, no resize
+    yet) → ``None``, as in the live path.
   Malformed or missing verbose info is never an error: the field is simply not recovered.
 
 * :func:`pod_resize_from_request` — UpdatePodSandboxResources + the stored pod → :class:`PodResize`: the
@@ -256,7 +259,10 @@ def _cgroup_parent_from_path(cgroups_path: str, sandbox_id: str) -> str:
 def cgroup_parent_from_verbose(info: Mapping[str, str] | None, sandbox_id: str) -> str:
     """A sandbox's cgroup parent from a verbose ``PodSandboxStatus`` *info* map ("" if not found):
     containerd's ``config.linux.cgroup_parent``, else derived from ``runtimeSpec.linux.cgroupsPath``."""
-    document = _verbose(info)
+    return _cgroup_parent_from_document(_verbose(info), sandbox_id)
+
+
+def _cgroup_parent_from_document(document: dict[str, Any], sandbox_id: str) -> str:
     cgroup_parent = _dig(document, "config", "linux", "cgroup_parent")
     if isinstance(cgroup_parent, str) and cgroup_parent:
         return cgroup_parent
@@ -355,6 +361,7 @@ def pod_from_wire_sandbox(sandbox: Any) -> PodInfo:
 def pod_from_wire_status(status: Any, info: Mapping[str, str] | None = None) -> PodInfo:
     """The pod record recoverable from PodSandboxStatus and its verbose *info* (see the module docstring)."""
     meta = status.metadata
+    document = _verbose(info)
     return PodInfo(
         name=meta.name,
         uid=meta.uid,
@@ -363,7 +370,9 @@ def pod_from_wire_status(status: Any, info: Mapping[str, str] | None = None) -> 
         runtime_handler=status.runtime_handler,
         labels=_entries(status.labels),
         annotations=_entries(status.annotations),
-        cgroup_parent=cgroup_parent_from_verbose(info, status.id),
+        cgroup_parent=_cgroup_parent_from_document(document, status.id),
+        resources=_resources_from_json(_dig(document, "resources", "linux")),
+        overhead=_resources_from_json(_dig(document, "overhead", "linux")),
     )
 
 

@@ -6,6 +6,7 @@ containerd 2.3 does (or UNIMPLEMENTED, as 1.6 to 2.1); fake plugins registered f
 
 from __future__ import annotations
 
+import pathlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -18,6 +19,8 @@ from grpclib.const import Status
 from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, sequential_ids, stepping_clock
 from fakes.plugin import FakePlugin, Misbehaviour
 from krproxy.hooks.points import HookPoint
+from krproxy.hookserver import HookServer, PodContext, ServeOptions, Stage, serve
+from krproxy.hookserver.testing import FakeNode
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.hooks_support import (
     CGROUP_PARENT,
@@ -27,11 +30,11 @@ from tests.integration.hooks_support import (
     make_node,
     pod_config,
 )
+from tests.integration.support import wait_until
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
 
 RESIZE = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
-METHOD = "/runtime.v1.RuntimeService/UpdatePodSandboxResources"
 POD_META = hookapi.PodSandboxMetadata(name="web", uid="uid-web", namespace="prod", attempt=1)
 #: What kubelet sends for a pod resized to 1.5 CPUs and 1 GiB, with a RuntimeClass overhead.
 RESOURCES = {
@@ -70,18 +73,7 @@ def resize_request(pod_id: str, **resources: int) -> api_pb2.UpdatePodSandboxRes
 
 
 async def resize(node: Node, request: api_pb2.UpdatePodSandboxResourcesRequest | bytes) -> None:
-    """Send UpdatePodSandboxResources through the proxy (the upstream stubs predate the method)."""
-    serialize = (
-        (lambda data: data)
-        if isinstance(request, bytes)
-        else api_pb2.UpdatePodSandboxResourcesRequest.SerializeToString
-    )
-    call = node.client.channel.unary_unary(
-        METHOD,
-        request_serializer=serialize,
-        response_deserializer=api_pb2.UpdatePodSandboxResourcesResponse.FromString,
-    )
-    await node.client.call(call, request)
+    await node.update_pod(request)
 
 
 async def refused(node: Node, request: api_pb2.UpdatePodSandboxResourcesRequest) -> grpc.RpcError:
@@ -259,3 +251,28 @@ class TestRuntimeAnswers:
 
         assert grpc.StatusCode.NOT_FOUND == error.code()
         assert [] == plugin.requests(RESIZE)
+
+
+class TestSdkHookServer:
+    async def test_sdk_handler_caps_the_resize(self, node: Node, nursery: trio.Nursery, sockdir: str) -> None:
+        """An SDK server with a PreUpdatePodSandboxResources handler registers for the point, is told the
+        pod's labels and requested resources, and its capped quota reaches the runtime."""
+        app = HookServer(executor=FakeNode(pathlib.Path(sockdir) / "node").create().executor())
+        seen: list[tuple[str, int]] = []
+
+        @app.hook(Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES)
+        def cap(ctx: PodContext) -> None:
+            assert ctx.request.resources is not None
+            seen.append((ctx.request.labels["app"], ctx.request.resources.cpu_quota))
+            ctx.response.resources.cfs_quota = min(ctx.request.resources.cpu_quota, 100_000)
+
+        await node.start_proxy()
+        options = ServeOptions(socket=f"{sockdir}/sdk.sock", hook_dir=node.hook_dir, name="sdk")
+        await nursery.start(serve, app, options)
+        await wait_until(lambda: "sdk.json" in node.registered())
+        pod_id = await node.run_pod()
+
+        await resize(node, resize_request(pod_id))
+
+        assert [("web", 150_000)] == seen
+        assert [resize_request(pod_id, cpu_quota=100_000)] == node.received("UpdatePodSandboxResources")
