@@ -241,13 +241,7 @@ class AdminView:
             down = [b.path for _, b in self.backends if b.reachable is False]
             suffix = f" (runtime unreachable: {', '.join(down)})" if down else ""
             reasons.append("the store is not recovered from the runtime yet" + suffix)
-        guard = self.hooks.guard
-        missing = guard.missing() if guard is not None else []
-        if missing:
-            reasons.append(
-                "required hook servers missing (calls at their hook points are refused): "
-                + ", ".join(f"{name} {a.describe()}" for name, a in missing)
-            )
+        reasons += required_reasons(self.hooks.guard)
         return not reasons, reasons
 
     def status(self) -> dict[str, Any]:
@@ -282,6 +276,15 @@ class AdminView:
             **registry_status(registry),
             "required_servers": required_status(self.hooks.guard),
         }
+
+
+def required_reasons(guard: Guard | None) -> list[str]:
+    """The /readyz reason naming the ``--required-hook-server`` servers that are not up, if any."""
+    missing = guard.missing() if guard is not None else []
+    if not missing:
+        return []
+    described = ", ".join(f"{name} {a.describe()}" for name, a in missing)
+    return [f"required hook servers missing (calls at their hook points are refused): {described}"]
 
 
 def required_status(guard: Guard | None) -> list[dict[str, Any]]:

@@ -159,6 +159,18 @@ def _required_server(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _requirements(args: argparse.Namespace) -> Any:
+    """The :class:`~krproxy.hooks.required.Requirements` of ``serve``'s or ``nri``'s flags."""
+    from krproxy.hooks.required import Requirements
+
+    return Requirements(
+        servers=tuple(args.required_servers),
+        annotation=args.required_plugins_annotation,
+        tolerate_annotation=args.tolerate_missing_plugins_annotation,
+        startup_grace=args.required_startup_grace,
+    )
+
+
 def _add_required(p: argparse.ArgumentParser) -> None:
     """Required hook servers (docs/hooks.md, "Required hook servers")."""
     from krproxy.hooks.required import DEFAULT_STARTUP_GRACE, REQUIRED_PLUGINS_ANNOTATION
@@ -172,7 +184,8 @@ def _add_required(p: argparse.ArgumentParser) -> None:
         metavar="NAME[=POINT,...]",
         help="the hook server registered as NAME.json must be registered and answering, or calls at its "
         "hook points (all, or the POINTs listed, e.g. koordlet=PreRunPodSandbox,PreCreateContainer) "
-        "fail with UNAVAILABLE and nothing is forwarded; repeatable; default: none",
+        "fail with UNAVAILABLE and the runtime does nothing (krproxy nri: at PreCreateContainer and "
+        "PreUpdateContainerResources only); repeatable; default: none",
     )
     p.add_argument(
         "--required-plugins-annotation",
@@ -267,6 +280,7 @@ def _add_nri(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="two-digit index: NRI calls plugins in ascending index order; default: %(default)s",
     )
     _add_hook_dir(p)
+    _add_required(p)
     _add_admin(p)
     _add_logging(p)
 
@@ -289,6 +303,7 @@ def _nri(args: argparse.Namespace) -> int:
             insecure_registration_files=args.insecure_registration_files,
             metrics_address=args.metrics_address,
             metrics_allow_remote=args.metrics_allow_remote,
+            requirements=_requirements(args),
         )
     except ValueError as err:
         print(f"krproxy nri: error: {err}", file=sys.stderr)
@@ -434,7 +449,6 @@ def _admin_unavailable(err: AddressUnavailable) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from krproxy import admin, daemon
-    from krproxy.hooks.required import Requirements
     from krproxy.unixsock import SocketInUseError
 
     def usage_error(message: str) -> int:
@@ -464,12 +478,7 @@ def _serve(args: argparse.Namespace) -> int:
             metrics_address=args.metrics_address,
             metrics_allow_remote=args.metrics_allow_remote,
             insecure_registration_files=args.insecure_registration_files,
-            requirements=Requirements(
-                servers=tuple(args.required_servers),
-                annotation=args.required_plugins_annotation,
-                tolerate_annotation=args.tolerate_missing_plugins_annotation,
-                startup_grace=args.required_startup_grace,
-            ),
+            requirements=_requirements(args),
         )
     except ValueError as err:
         return usage_error(str(err))

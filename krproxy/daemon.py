@@ -185,10 +185,7 @@ async def serve(
     if config.requirements.active:
         guard = Guard(config.requirements, dispatcher, config.hook_dir, held=metrics.required_call_held)
         publish = functools.partial(_publish, dispatcher, guard)
-        for server in config.requirements.servers:
-            metrics.required_up.labels(server.name).set_function(
-                functools.partial(lambda name: float(guard.availability(name).up), server.name)
-            )
+        metrics.track_required(guard)
     hooks = HookRuntime(HookStore(), dispatcher, config.skip_label, guard)
     metrics.track_store(lambda: hooks.store)
     interceptors = hooks.interceptors()

@@ -24,6 +24,7 @@ the call with UNAVAILABLE naming the server and what is missing, and counts it.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Callable, Sequence
 
@@ -191,35 +192,37 @@ class Guard:
 
     # -- the request path -----------------------------------------------------------------
 
-    async def admit(self, point: HookPoint, names: Sequence[str]) -> None:
+    async def admit(self, point: HookPoint, names: Sequence[str], *, deadline: float | None = None) -> None:
         """Return once every server in *names* is up; else raise :class:`RequiredMissing`.
 
         Servers not up are probed again first. Within the start-up grace the call then waits for them
-        (until the grace ends or shortly before the call's deadline).
+        (until the grace ends). ``deadline`` (trio time; default: the current CRI call's, see
+        :func:`krproxy.calls.current_deadline`) bounds both, less :data:`DEADLINE_MARGIN`, so the caller
+        gets this refusal rather than its own timeout (NRI drops a plugin that misses its deadline).
         """
         if not names:
             return
         missing = [n for n in names if not self.availability(n).up]
         if not missing:
             return
-        missing = await self._recheck(missing)
-        if missing and trio.current_time() < self._grace_end:
-            until = self._grace_end
+        if deadline is None:
             deadline = calls.current_deadline()
-            if deadline is not None:
-                until = min(until, deadline - DEADLINE_MARGIN)
-            with trio.move_on_at(until):
-                while missing:
-                    with trio.move_on_after(PROBE_INTERVAL):
-                        await self._changed.wait()
-                    missing = await self._recheck(missing)
+        limit = math.inf if deadline is None else deadline - DEADLINE_MARGIN
+        with trio.move_on_at(limit):
+            missing = await self._recheck(missing)
+            if missing and trio.current_time() < self._grace_end:
+                with trio.move_on_at(self._grace_end):
+                    while missing:
+                        with trio.move_on_after(PROBE_INTERVAL):
+                            await self._changed.wait()
+                        missing = await self._recheck(missing)
         if missing:
             for name in missing:
                 self._held(name, point)
             raise RequiredMissing(point, [(n, self.availability(n)) for n in missing])
 
     async def _recheck(self, names: Sequence[str]) -> list[str]:
-        """Probe *names* again (unless just probed); those still not up."""
+        """Probe *names* again (sharing probes under way); those still not up."""
         async with trio.open_nursery() as nursery:
             for name in names:
                 nursery.start_soon(self._probe_now, name)

@@ -12,7 +12,7 @@ import trio.lowlevel
 import trio.testing
 
 from krproxy import cli
-from krproxy.hooks.guard import PROBE_INTERVAL, Guard, RequiredMissing
+from krproxy.hooks.guard import DEADLINE_MARGIN, PROBE_INTERVAL, Guard, RequiredMissing
 from krproxy.hooks.outcomes import Outcome
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import PluginRegistration, Registry
@@ -294,3 +294,15 @@ class TestGuard:
             await trio.sleep(0.1)  # well before the prober's next round (UP_INTERVAL)
             assert State.NOT_ANSWERING is g.availability("koordlet").state
             nursery.cancel_scope.cancel()
+
+    async def test_the_callers_deadline_bounds_the_grace(
+        self, autojump_clock: trio.testing.MockClock
+    ) -> None:
+        """NRI drops a plugin that misses its request timeout: the wait ends before the deadline given."""
+        g = guard(FakeDispatcher(), grace=60.0)
+        deadline = trio.current_time() + 2.0
+
+        with pytest.raises(RequiredMissing):
+            await g.admit(RUN, ["koordlet"], deadline=deadline)
+
+        assert deadline - DEADLINE_MARGIN == pytest.approx(trio.current_time())
