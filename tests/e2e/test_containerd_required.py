@@ -31,6 +31,7 @@ from tests.e2e.support import (
     wait_until,
 )
 from tests.e2e.test_containerd_hooks import LIMITS, cleanup, create_container, run_pod, start
+from tests.e2e.test_nri_containerd import krproxy_nri
 
 REQUIRED = (
     "--required-hook-server",
@@ -126,3 +127,33 @@ def test_kill_9_and_restart_with_the_server_gone_lets_nothing_through(
             plugin.stop()
             code = second.terminate()
         assert 0 == code, f"krproxy exited with {code}; log:\n{second.log}"
+
+
+def test_annotated_container_through_nri(containerd: Containerd, direct: Cri, short_tmp: Path) -> None:
+    """``krproxy nri``: a container whose pod names a hook server in NRI's annotation is not created while
+    that server is missing (containerd fails CreateContainer with krproxy's answer), and is created with its
+    changes once it runs."""
+    pod = pod_config(containerd.cgroup_parent, "nri-required")
+    pod.annotations["required-plugins.noderesource.dev/container.loop"] = '["limits"]'
+    with krproxy_nri(containerd, short_tmp) as daemon, cleanup(direct) as pods:
+        pod_id = run_pod(direct, pod, pods)  # NRI cannot hold a sandbox: only its containers
+        with pytest.raises(grpc.RpcError) as info:
+            create_container(direct, pod_id, pod, container_config(containerd.busybox))
+
+        assert "required hook server limits is not registered" in (info.value.details() or "")
+        request = pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=pod_id))
+        assert [] == list(direct.runtime.ListContainers(request, timeout=TIMEOUT).containers)
+
+        plugin = start_plugin(
+            daemon, "limits", hooks=["PreCreateContainer"], resources={"PreCreateContainer": LIMITS}
+        )
+        try:
+            cid = create_container(
+                direct, pod_id, pod, container_config(containerd.busybox)
+            )  # kubelet's retry
+            start(direct, cid)
+            cgroup = cgroups_of(container_pid(direct, cid))["cpu"]
+            assert "30000" == cgroup_file("cpu", cgroup, "cpu.cfs_quota_us")
+            assert ["PreCreateContainer"] == plugin.hooks_called()
+        finally:
+            assert 0 == plugin.stop()
