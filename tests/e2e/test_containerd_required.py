@@ -157,3 +157,35 @@ def test_annotated_container_through_nri(containerd: Containerd, direct: Cri, sh
             assert ["PreCreateContainer"] == plugin.hooks_called()
         finally:
             assert 0 == plugin.stop()
+
+
+def test_annotated_container_through_the_proxy(containerd: Containerd, short_tmp: Path, direct: Cri) -> None:
+    """``krproxy serve`` (no flag): NRI's container-scoped annotation holds that container's CreateContainer,
+    and nothing is created in containerd, until the named hook server runs."""
+    proxy = start_proxy(short_tmp, containerd.socket)
+    pod = pod_config(containerd.cgroup_parent, "annotated")
+    pod.annotations["required-plugins.noderesource.dev/container.loop"] = '["limits"]'
+    plugin = None
+    try:
+        with Cri.connect(proxy.socket) as via_proxy, cleanup(direct) as pods:
+            pod_id = run_pod(via_proxy, pod, pods)  # the pod itself requires nothing
+            with pytest.raises(grpc.RpcError) as info:
+                create_container(via_proxy, pod_id, pod, container_config(containerd.busybox))
+
+            assert grpc.StatusCode.UNAVAILABLE == info.value.code()
+            assert "required hook server limits is not registered" in (info.value.details() or "")
+            request = pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=pod_id))
+            assert [] == list(direct.runtime.ListContainers(request, timeout=TIMEOUT).containers)
+
+            plugin = start_plugin(
+                proxy, "limits", hooks=["PreCreateContainer"], resources={"PreCreateContainer": LIMITS}
+            )
+            cid = create_container(via_proxy, pod_id, pod, container_config(containerd.busybox))
+            start(via_proxy, cid)
+            cgroup = cgroups_of(container_pid(direct, cid))["cpu"]
+            assert "30000" == cgroup_file("cpu", cgroup, "cpu.cfs_quota_us")
+    finally:
+        if plugin is not None:
+            plugin.stop()
+        code = proxy.terminate()
+    assert 0 == code, f"krproxy exited with {code}; log:\n{proxy.log}"
