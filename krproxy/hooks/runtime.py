@@ -25,6 +25,12 @@ plugins that only observe is byte-for-byte transparent too.
 
 Intercepted calls wait until the store has been recovered from the runtime after a
 restart (:meth:`HookRuntime.mark_recovered`), so no hook ever runs against a partial store.
+
+Required hook servers (:mod:`krproxy.hooks.required`): before a hooked call does anything at a
+point where the flags or the pod's annotations require a server, :meth:`HookRuntime._require` asks
+the :class:`~krproxy.hooks.guard.Guard`, which refuses it (UNAVAILABLE, nothing forwarded) while
+that server is not registered and answering; Stop calls are checked before forwarding, for their
+Post points. Pods with the skip label, and ids the store does not know, run no hooks and need none.
 """
 
 from __future__ import annotations
