@@ -18,11 +18,18 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2
 
-from fakes.plugin import Changes, FakePlugin, run_fake_plugin, write_registration
+from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
 from krproxy import admin
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.required import Requirements, parse_required_server
-from tests.integration.hooks_support import PLUGIN_TIMEOUT, Node, container_config, make_node, pod_config
+from tests.integration.hooks_support import (
+    HANG_TIMEOUT,
+    PLUGIN_TIMEOUT,
+    Node,
+    container_config,
+    make_node,
+    pod_config,
+)
 from tests.integration.support import wait_until
 
 pytestmark = pytest.mark.usefixtures("aio_loop")
@@ -143,6 +150,22 @@ class TestAbsentServer:
         assert grpc.StatusCode.UNAVAILABLE == error.code()
         assert "required hook server koordlet" in error.details()
         assert [] == node.fake.requests("RunPodSandbox")
+
+    async def test_a_server_too_slow_for_its_hook_call_refuses_it(self, node: Node) -> None:
+        """It answers the probe but not the hook call within its timeout (Ignore in its file): refused, not
+        sent on without its changes; the next call, once it is fast again, is hooked."""
+        plugin = hooked_plugin()
+        plugin.misbehave(Misbehaviour(hang=True, times=1), RUN)
+        await node.add_plugin("koordlet", plugin, [RUN], call_timeout=HANG_TIMEOUT)
+        await node.start_proxy(requirements=requiring("koordlet"))
+
+        error = await refused(node, "RunPodSandbox", run_request())
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert "required hook server koordlet failed PreRunPodSandbox: no answer within" in error.details()
+        assert [] == node.fake.requests("RunPodSandbox")
+        await node.run_pod()
+        assert [HOOKED_PARENT] == [r.config.linux.cgroup_parent for r in node.received("RunPodSandbox")]
 
 
 class TestRegisteredButNotThere:
