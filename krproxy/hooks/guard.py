@@ -83,6 +83,7 @@ class Guard:
         self._held = held
         self._states: dict[str, Availability] = {}
         self._probing: dict[str, trio.Event] = {}
+        self._suspects: set[str] = set()  # failed a hook call: probed in the next round
         self._changed = trio.Event()  # set (and replaced) whenever a state changes
         self._wake = trio.Event()  # set to make run() probe at once
         # Construct inside trio, when the daemon starts: the grace counts from here.
@@ -117,6 +118,7 @@ class Guard:
         if outcome.result == "ok":
             self._set(outcome.plugin, Availability(State.UP))
         else:
+            self._suspects.add(outcome.plugin)
             self._wake.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -131,10 +133,13 @@ class Guard:
             await self._probe_all()
 
     async def _probe_all(self) -> None:
-        # The flags' servers only: names pods annotate are probed when a call needs them.
+        # The flags' servers, and servers that just failed a hook call; other names pods annotate are
+        # probed when a call needs them.
+        names = {s.name for s in self.requirements.servers} | self._suspects
+        self._suspects = set()
         async with trio.open_nursery() as nursery:
-            for server in self.requirements.servers:
-                nursery.start_soon(self._probe_now, server.name)
+            for name in sorted(names):
+                nursery.start_soon(self._probe_now, name)
 
     async def _probe_now(self, name: str) -> None:
         """Probe *name*, or wait for the probe of it already under way (many calls at once share one)."""

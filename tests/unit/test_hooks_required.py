@@ -306,3 +306,19 @@ class TestGuard:
             await g.admit(RUN, ["koordlet"], deadline=deadline)
 
         assert deadline - DEADLINE_MARGIN == pytest.approx(trio.current_time())
+
+    async def test_an_annotated_server_failing_a_call_is_probed(
+        self, autojump_clock: trio.testing.MockClock
+    ) -> None:
+        """Names pods annotate are not probed in rounds, except right after they failed a hook call."""
+        dispatcher = FakeDispatcher()
+        dispatcher.register("net")
+        g = guard(dispatcher)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(g.run)
+            await g.admit(RUN, ["net"])
+            dispatcher.answers["/run/net.sock"] = ConnectionRefusedError(111, "Connection refused")
+            g.observe(Outcome("net", RUN, "rejected", 0.1, "unreachable"))
+            await trio.sleep(0.1)
+            assert State.UNREACHABLE is g.availability("net").state
+            nursery.cancel_scope.cancel()
