@@ -591,6 +591,17 @@ async def serve(
     if config.requirements.active:
         guard = Guard(config.requirements, dispatcher, config.hook_dir, held=metrics.required_call_held)
         metrics.track_required(guard)
+        for server in config.requirements.servers:
+            unheld = [p.value for p in HookPoint if p in server.points and p not in GUARDED]
+            if unheld:  # an explicit list, or the default of every point: say what NRI cannot hold
+                log.event(
+                    LOGGER,
+                    "required_points_not_held",
+                    level=logging.WARNING if len(unheld) == len(server.points) else logging.INFO,
+                    server=server.name,
+                    points=",".join(unheld),
+                    reason="NRI fails the CRI operation only for CreateContainer and UpdateContainer",
+                )
     plugin = NriPlugin(config, dispatcher, metrics, guard=guard)
     metrics.track_store(lambda: plugin.store)
     view = NriView(plugin, metrics)
