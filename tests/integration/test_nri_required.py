@@ -5,6 +5,7 @@ UpdateContainer) fail while a required server is missing, and succeed with its c
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 import pytest
@@ -105,3 +106,19 @@ async def test_container_annotation_names_a_hook_server(
             await runtime.create_container(container("app"))
         await runtime.create_container(container("sidecar"))  # not annotated
         await runtime.create_container(container("db"))  # krproxy itself: present by definition
+
+
+async def test_points_nri_cannot_hold_are_named_at_start(
+    nursery: trio.Nursery, runtime: FakeNriRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="krproxy.nri")
+    with trio.fail_after(LIVENESS_LIMIT):
+        await start_krproxy(nursery, runtime, "net=PreRunPodSandbox", "limits")
+
+    records = [r for r in caplog.records if r.getMessage() == "required_points_not_held"]
+    fields = [r.krproxy_fields for r in records]  # type: ignore[attr-defined]
+    assert [("net", "PreRunPodSandbox"), "limits"] == [
+        (f["server"], f["points"]) if f["server"] == "net" else f["server"] for f in fields
+    ]
+    assert "PreCreateContainer" not in fields[1]["points"]
+    assert [logging.WARNING, logging.INFO] == [r.levelno for r in records]
