@@ -25,6 +25,12 @@ plugins that only observe is byte-for-byte transparent too.
 
 Intercepted calls wait until the store has been recovered from the runtime after a
 restart (:meth:`HookRuntime.mark_recovered`), so no hook ever runs against a partial store.
+
+Required hook servers (:mod:`krproxy.hooks.required`): before a hooked call does anything at a
+point where the flags or the pod's annotations require a server, :meth:`HookRuntime._require` asks
+the :class:`~krproxy.hooks.guard.Guard`, which refuses it (UNAVAILABLE, nothing forwarded) while
+that server is not registered and answering; Stop calls are checked before forwarding, for their
+Post points. Pods with the skip label, and ids the store does not know, run no hooks and need none.
 """
 
 from __future__ import annotations
@@ -43,8 +49,10 @@ from krproxy.forward import BackendError, Forward, Interceptor, Reply
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import convert, merge
 from krproxy.hooks.dispatch import Dispatcher
+from krproxy.hooks.guard import Guard
 from krproxy.hooks.model import ContainerInfo, PodInfo
 from krproxy.hooks.points import HookPoint
+from krproxy.hooks.required import AnnotationError, required_names
 from krproxy.hooks.store import HookStore
 from krproxy.proto.runtime import v1 as cri
 
@@ -124,6 +132,7 @@ class HookRuntime:
     store: HookStore
     dispatcher: Dispatcher
     skip_label: tuple[str, str]
+    guard: Guard | None = None
     _recovered: trio.Event = attrs.field(factory=trio.Event, init=False)
     _locks: weakref.WeakValueDictionary[str, trio.Lock] = attrs.field(
         factory=weakref.WeakValueDictionary, init=False
@@ -162,6 +171,18 @@ class HookRuntime:
     def _skips(self, pod: PodInfo) -> bool:
         return pod.has_label(*self.skip_label)
 
+    async def _require(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> tuple[str, ...]:
+        """The required hook servers of a hooked call at *point*, once all are up (see
+        :mod:`krproxy.hooks.guard`); raises UNAVAILABLE, before anything is forwarded, if one is not."""
+        if self.guard is None:
+            return ()
+        try:
+            names = required_names(self.guard.requirements, point, pod.annotations, container)
+        except AnnotationError as err:
+            raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
+        await self.guard.admit(point, names)
+        return names
+
     # -- pods --------------------------------------------------------------------------
 
     async def run_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
@@ -169,12 +190,14 @@ class HookRuntime:
         with _malformed("RunPodSandboxRequest"):
             pod = convert.pod_from_run_request(request)
         if not self._skips(pod):
+            required = await self._require(HookPoint.PRE_RUN_POD_SANDBOX, pod)
             chain = await self.dispatcher.run(
                 HookPoint.PRE_RUN_POD_SANDBOX,
                 pod,
                 convert.pod_hook_request_bytes,
                 merge.merge_pod_info,
                 target=f"pod {pod.namespace}/{pod.name}",
+                required=required,
             )
             if chain.value != pod:
                 pod = chain.value
@@ -188,6 +211,9 @@ class HookRuntime:
 
     async def stop_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
         sandbox_id = _decode_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")
+        known = self.store.get_pod(sandbox_id)
+        if known is not None and not self._skips(known):
+            await self._require(HookPoint.POST_STOP_POD_SANDBOX, known)
 
         async def post() -> None:
             pod = self.store.get_pod(sandbox_id)
@@ -227,12 +253,14 @@ class HookRuntime:
                     return await forward(data)
                 resize = convert.pod_resize_from_request(request, stored)
             if not self._skips(stored):
+                required = await self._require(point, stored)
                 chain = await self.dispatcher.run(
                     point,
                     resize,
                     convert.pod_resize_hook_request_bytes,
                     merge.merge_pod_resize,
                     target=f"pod {stored.namespace}/{stored.name}",
+                    required=required,
                 )
                 if chain.value != resize:
                     resize = chain.value
@@ -258,12 +286,14 @@ class HookRuntime:
                 pod = convert.pod_from_run_request(cri.RunPodSandboxRequest(config=request.sandbox_config))
             info = convert.container_from_create_request(request, pod)
         if not self._skips(pod):
+            required = await self._require(HookPoint.PRE_CREATE_CONTAINER, pod, info.name)
             chain = await self.dispatcher.run(
                 HookPoint.PRE_CREATE_CONTAINER,
                 info,
                 convert.container_hook_request_bytes,
                 merge.merge_container_info,
                 target=f"pod {pod.namespace}/{pod.name} container {info.name}",
+                required=required,
             )
             if chain.value != info:
                 info = chain.value
@@ -281,12 +311,15 @@ class HookRuntime:
             info = self._hooked_container(container_id, HookPoint.PRE_START_CONTAINER)
             if info is None:
                 return await forward(data)
+            required = await self._require(HookPoint.PRE_START_CONTAINER, info.pod, info.name)
+            await self._require(HookPoint.POST_START_CONTAINER, info.pod, info.name)
             chain = await self.dispatcher.run(
                 HookPoint.PRE_START_CONTAINER,
                 info,
                 convert.container_hook_request_bytes,
                 merge.merge_container_info,
                 target=container_id,
+                required=required,
             )
             if chain.value != info:
                 info = chain.value
@@ -298,6 +331,9 @@ class HookRuntime:
 
     async def stop_container(self, data: bytes, forward: Forward) -> Reply:
         container_id = _decode_id(cri.StopContainerRequest, data, "container_id")
+        known = self.store.get_container(container_id)
+        if known is not None and not self._skips(known.pod):
+            await self._require(HookPoint.POST_STOP_CONTAINER, known.pod, known.name)
 
         async def post() -> None:
             info = self._hooked_container(container_id, HookPoint.POST_STOP_CONTAINER)
@@ -326,12 +362,14 @@ class HookRuntime:
                 if stored is None:
                     return await forward(data)
                 prepared = merge.prepare_update(stored, request)
+            required = await self._require(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, stored.pod, stored.name)
             chain = await self.dispatcher.run(
                 HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
                 prepared,
                 convert.container_hook_request_bytes,
                 merge.merge_container_info,
                 target=container_id,
+                required=required,
             )
             if chain.value != prepared:
                 with _malformed("UpdateContainerResourcesRequest"):
