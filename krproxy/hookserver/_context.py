@@ -94,7 +94,8 @@ class PodInfo:
         cgroup_parent: the pod's own cgroup as kubelet passes it to the runtime
             (cgroupfs ``/kubepods/besteffort/pod<uid>`` or systemd ``kubepods-…-pod<uid>.slice``).
         resources: at ``PreUpdatePodSandboxResources`` (pod-level resize), the pod resources kubelet
-            asks for; None at the other stages (the proxy sends none there in CRI mode).
+            asks for; at ``PostStopPodSandbox`` those of the pod's last resize (None if it was never
+            resized); None at ``PreRunPodSandbox`` in CRI mode.
         overhead: likewise, the pod overhead (RuntimeClass ``overhead``) sent with a resize.
     """
 

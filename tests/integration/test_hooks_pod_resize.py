@@ -139,6 +139,28 @@ class TestResizeHook:
         pod = node.proxy.hooks.store.get_pod(pod_id)
         assert pod is not None and pod.resources is not None and 120_000 == pod.resources.cpu_quota
 
+    async def test_a_resized_pod_carries_its_resources_at_post_stop(self, node: Node) -> None:
+        """After a resize the stored pod has resources and overhead, so PostStopPodSandbox is told them
+        too (a pod never resized has none there)."""
+        plugin = await node.add_plugin("p", hooks=[RESIZE, HookPoint.POST_STOP_POD_SANDBOX])
+        await node.start_proxy()
+        resized = await node.run_pod()
+        other = await node.run_pod(pod_config("other"))
+
+        await resize(node, resize_request(resized))
+        await node.stop_pod(resized)
+        await node.stop_pod(other)
+
+        first, second = plugin.requests(HookPoint.POST_STOP_POD_SANDBOX)
+        assert (
+            hookapi.LinuxContainerResources(**RESOURCES),
+            hookapi.LinuxContainerResources(**OVERHEAD),
+        ) == (
+            first.resources,
+            first.overhead,
+        )
+        assert (None, None) == (second.resources, second.overhead)
+
     async def test_fail_refuses_the_resize(self, node: Node) -> None:
         """A rejecting answer under Fail: kubelet gets UNKNOWN "hook server err: ...", the runtime nothing,
         and the store keeps the pod's old resources."""
