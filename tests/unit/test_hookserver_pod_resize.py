@@ -103,3 +103,26 @@ class TestResizeStage:
             pass
 
         assert RESIZE in registered_stages(app, options)
+
+    def test_deferred_resize_keeps_cri_changes_out_of_the_cgroup(self, tmp_path: pathlib.Path) -> None:
+        """Settings of a resize whose pod cgroup is not there yet are written once it is: the group
+        identity, as when the cgroup was there at the call, but not the capped quota, which went into the
+        answer (kubelet writes the pod's quota)."""
+        node = FakeNode(tmp_path).create()
+        app = HookServer(executor=node.executor())
+
+        @app.hook(RESIZE)
+        def cap(ctx: PodContext) -> None:
+            ctx.response.resources.cfs_quota = 200_000
+            ctx.response.resources.cpu_bvt = -1
+
+        answer = app.handle_pod(RESIZE, resize_request())
+        pod_cgroup = "/kubepods/besteffort/poduid-web"
+        node.add_cgroup(pod_cgroup)
+        app.retry_pending()
+
+        assert answer.resources is not None and 200_000 == answer.resources.cpu_quota
+        assert ("-1", "max 100000") == (
+            node.read(pod_cgroup, CgroupFile.CPU_BVT),
+            node.read(pod_cgroup, CgroupFile.CFS_QUOTA),
+        )
