@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import pathlib
 
-from krproxy.hookserver import CgroupFile, HookServer, PodContext, Resources, ServeOptions, Stage
+from krproxy.hookserver import (
+    CgroupFile,
+    ContainerContext,
+    HookServer,
+    PodContext,
+    Resources,
+    ServeOptions,
+    Stage,
+)
 from krproxy.hookserver._service import registered_stages
-from krproxy.hookserver.testing import FakeNode, pod_request
+from krproxy.hookserver.testing import FakeNode, container_request, pod_request
 from krproxy.proto.runtime import v1alpha1 as pb
 
 RESIZE = Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES
@@ -126,3 +134,20 @@ class TestResizeStage:
             node.read(pod_cgroup, CgroupFile.CPU_BVT),
             node.read(pod_cgroup, CgroupFile.CFS_QUOTA),
         )
+
+    def test_container_stages_see_the_pod_resources(self, tmp_path: pathlib.Path) -> None:
+        """After a resize the proxy sends container hooks the pod's resources (pod_resources): a container
+        handler finds them on its pod, as pod handlers do."""
+        app, _ = app_on(tmp_path)
+        seen: list[Resources | None] = []
+
+        @app.hook(Stage.PRE_UPDATE_CONTAINER_RESOURCES)
+        def look(ctx: ContainerContext) -> None:
+            seen.append(ctx.request.pod.resources)
+
+        resized = container_request(resize_request(), "app", id="c1")
+        never = container_request(pod_request("web", qos="BE"), "app", id="c1")
+        app.handle_container(Stage.PRE_UPDATE_CONTAINER_RESOURCES, resized)
+        app.handle_container(Stage.PRE_UPDATE_CONTAINER_RESOURCES, never)
+
+        assert [Resources.from_proto(REQUESTED), None] == seen
