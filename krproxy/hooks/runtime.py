@@ -39,7 +39,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -59,6 +59,8 @@ from krproxy.proto.runtime import v1 as cri
 LOGGER = logging.getLogger("krproxy.hooks")
 
 _RUNTIME = "/runtime.v1.RuntimeService/"
+
+R = TypeVar("R")
 
 
 def _reply_field(message_type: type[Any], reply: Reply, field: str) -> str | None:
@@ -191,18 +193,17 @@ class HookRuntime:
             pod = convert.pod_from_run_request(request)
         if not self._skips(pod):
             required = await self._require(HookPoint.PRE_RUN_POD_SANDBOX, pod)
-            chain = await self.dispatcher.run(
+            pod, data = await self._pre_hooks(
                 HookPoint.PRE_RUN_POD_SANDBOX,
                 pod,
                 convert.pod_hook_request_bytes,
                 merge.merge_pod_info,
                 target=f"pod {pod.namespace}/{pod.name}",
                 required=required,
+                data=data,
+                rebuild=lambda merged: merge.apply_run_pod(request, merged),
+                what="RunPodSandboxRequest",
             )
-            if chain.value != pod:
-                pod = chain.value
-                with _malformed("RunPodSandboxRequest"):
-                    data = bytes(merge.apply_run_pod(request, pod).SerializeToString())
         reply = await forward(data)
         sandbox_id = _reply_field(cri.RunPodSandboxResponse, reply, "pod_sandbox_id")
         if sandbox_id:
@@ -254,18 +255,17 @@ class HookRuntime:
                 resize = convert.pod_resize_from_request(request, stored)
             if not self._skips(stored):
                 required = await self._require(point, stored)
-                chain = await self.dispatcher.run(
+                resize, data = await self._pre_hooks(
                     point,
                     resize,
                     convert.pod_resize_hook_request_bytes,
                     merge.merge_pod_resize,
                     target=f"pod {stored.namespace}/{stored.name}",
                     required=required,
+                    data=data,
+                    rebuild=lambda merged: merge.apply_pod_resize(request, merged),
+                    what="UpdatePodSandboxResourcesRequest",
                 )
-                if chain.value != resize:
-                    resize = chain.value
-                    with _malformed("UpdatePodSandboxResourcesRequest"):
-                        data = bytes(merge.apply_pod_resize(request, resize).SerializeToString())
             reply = await forward(data)
             self.store.resize_pod(sandbox_id, resize.pod.resources, resize.pod.overhead)
             return reply
@@ -287,18 +287,17 @@ class HookRuntime:
             info = convert.container_from_create_request(request, pod)
         if not self._skips(pod):
             required = await self._require(HookPoint.PRE_CREATE_CONTAINER, pod, info.name)
-            chain = await self.dispatcher.run(
+            info, data = await self._pre_hooks(
                 HookPoint.PRE_CREATE_CONTAINER,
                 info,
                 convert.container_hook_request_bytes,
                 merge.merge_container_info,
                 target=f"pod {pod.namespace}/{pod.name} container {info.name}",
                 required=required,
+                data=data,
+                rebuild=lambda merged: merge.apply_create(request, merged),
+                what="CreateContainerRequest",
             )
-            if chain.value != info:
-                info = chain.value
-                with _malformed("CreateContainerRequest"):
-                    data = bytes(merge.apply_create(request, info).SerializeToString())
         reply = await forward(data)
         container_id = _reply_field(cri.CreateContainerResponse, reply, "container_id")
         if container_id:
@@ -363,24 +362,48 @@ class HookRuntime:
                     return await forward(data)
                 prepared = merge.prepare_update(stored, request)
             required = await self._require(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, stored.pod, stored.name)
-            chain = await self.dispatcher.run(
+            updated, data = await self._pre_hooks(
                 HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
                 prepared,
                 convert.container_hook_request_bytes,
                 merge.merge_container_info,
                 target=container_id,
                 required=required,
+                data=data,
+                rebuild=lambda merged: merge.apply_update(request, merged),
+                what="UpdateContainerResourcesRequest",
             )
-            if chain.value != prepared:
-                with _malformed("UpdateContainerResourcesRequest"):
-                    data = bytes(merge.apply_update(request, chain.value).SerializeToString())
             reply = await forward(data)
-            self.store.update_container(container_id, chain.value)
+            self.store.update_container(container_id, updated)
             return reply
 
     async def remove_container(self, data: bytes, forward: Forward) -> Reply:
         container_id = _decode_id(cri.RemoveContainerRequest, data, "container_id")
         return await _forward_then_forget(forward(data), lambda: self.store.delete_container(container_id))
+
+    async def _pre_hooks(
+        self,
+        point: HookPoint,
+        record: R,
+        to_request: Callable[[R], bytes],
+        merge_answer: Callable[[R, Any], merge.Merged[R]],
+        *,
+        target: str,
+        required: tuple[str, ...],
+        data: bytes,
+        rebuild: Callable[[R], Any],
+        what: str,
+    ) -> tuple[R, bytes]:
+        """Run the pre hooks of *point* on *record*; return the record as the plugins left it and the
+        request to forward: kubelet's *data* itself when no plugin changed anything, else the message
+        ``rebuild(record)`` makes, encoded."""
+        chain = await self.dispatcher.run(
+            point, record, to_request, merge_answer, target=target, required=required
+        )
+        if chain.value == record:
+            return record, data
+        with _malformed(what):
+            return chain.value, bytes(rebuild(chain.value).SerializeToString())
 
     def _missing(self, kind: str, ident: str, point: HookPoint) -> None:
         """An id the store does not know: hooks skipped. Worth a warning only if a plugin wanted
