@@ -31,13 +31,14 @@ from collections.abc import Callable, Sequence
 import trio
 
 from krproxy import calls, log
-from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.dispatch import Dispatcher
-from krproxy.hooks.outcomes import Outcome
+from krproxy.hooks.outcomes import Outcome, RequiredMissing
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
-from krproxy.hooks.required import Availability, Requirements, State, missing_message
+from krproxy.hooks.required import Availability, Requirements, State
 from krproxy.relay.rpc import UpstreamError
+
+__all__ = ["Guard", "RequiredMissing"]
 
 LOGGER = logging.getLogger("krproxy.hooks.required")
 
@@ -51,15 +52,6 @@ UP_INTERVAL = 5.0
 #: Seconds kept before the call's deadline when waiting during the start-up grace, so that kubelet gets
 #: our UNAVAILABLE (which names the server) rather than its own DEADLINE_EXCEEDED.
 DEADLINE_MARGIN = 0.1
-
-
-class RequiredMissing(GRPCError):
-    """A call needs required hook servers that are not up: refused with UNAVAILABLE, nothing forwarded."""
-
-    def __init__(self, point: HookPoint, missing: Sequence[tuple[str, Availability]]) -> None:
-        super().__init__(Status.UNAVAILABLE, missing_message(point, missing))
-        self.point = point
-        self.missing = tuple(missing)
 
 
 class Guard:

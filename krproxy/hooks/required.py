@@ -30,13 +30,16 @@ from krproxy.hooks.points import HookPoint
 
 __all__ = [
     "DEFAULT_STARTUP_GRACE",
+    "NOTHING_NEEDED",
     "REQUIRED_PLUGINS_ANNOTATION",
     "AnnotationError",
     "Availability",
+    "Needed",
     "RequiredServer",
     "Requirements",
     "State",
     "effective_annotation",
+    "hooked_names",
     "missing_message",
     "parse_bool",
     "parse_name_list",
@@ -244,6 +247,44 @@ def required_names(
     return tuple(dict.fromkeys(names))
 
 
+def hooked_names(
+    requirements: Requirements, point: HookPoint, annotations: Mapping[str, str], container: str | None
+) -> tuple[str, ...]:
+    """Those of :func:`required_names` that must be *called* at *point*, not only be up: servers whose
+    ``--required-hook-server`` lists *point* by name, and the names a container's annotation requires at
+    PreCreateContainer (NRI's validator refuses a container that a required plugin did not process). A
+    server flagged without points is required wherever its registration file has it called, and a pod's
+    names at PreRunPodSandbox only need to be up (NRI never sees that point).
+
+    Raises:
+        AnnotationError: as :func:`required_names`.
+    """
+    if tolerates_missing(annotations, requirements.tolerate_annotation, container):
+        return ()
+    every = frozenset(HookPoint)
+    names = [s.name for s in requirements.servers if point in s.points and s.points != every]
+    if requirements.annotation and point is HookPoint.PRE_CREATE_CONTAINER:
+        names += _annotated(annotations, requirements.annotation, container)
+    return tuple(dict.fromkeys(names))
+
+
+@attrs.frozen
+class Needed:
+    """The required hook servers of one call at one hook point.
+
+    Attributes:
+        names: must be registered and answering (:func:`required_names`); one failing the call refuses it.
+        hooked: of those, the ones that must be registered for the point itself (:func:`hooked_names`).
+    """
+
+    names: tuple[str, ...] = ()
+    hooked: tuple[str, ...] = ()
+
+
+#: A call that needs no hook server.
+NOTHING_NEEDED = Needed()
+
+
 class State(enum.Enum):
     """Where a required hook server stands, as last probed."""
 
@@ -251,6 +292,7 @@ class State(enum.Enum):
     MISSING = "not registered"
     UNREACHABLE = "registered but its socket is unreachable"
     NOT_ANSWERING = "registered but not answering"
+    NOT_HOOKED = "registered, but not for this hook point"
     UP = "registered and answering"
 
 

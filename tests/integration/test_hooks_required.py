@@ -21,6 +21,7 @@ from cri_api.v1 import api_pb2
 from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
 from krproxy import admin
 from krproxy.hooks.points import HookPoint
+from krproxy.hooks.registration import Registry
 from krproxy.hooks.required import Requirements, parse_required_server
 from tests.integration.hooks_support import (
     HANG_TIMEOUT,
@@ -133,6 +134,64 @@ class TestAbsentServer:
         assert grpc.StatusCode.UNAVAILABLE == error.code()
         assert "PreCreateContainer needs it" in error.details()
         assert [] == node.fake.requests("CreateContainer")
+
+    async def test_a_server_registered_without_a_required_point_refuses_it(self, node: Node) -> None:
+        """Required at PreCreateContainer, registered (and answering) for PreRunPodSandbox only: the
+        container is not created without it, as NRI's validator refuses a plugin that did not process it."""
+        await node.add_plugin("koordlet", hooked_plugin(), [RUN])
+        await node.start_proxy(requirements=requiring("koordlet=PreCreateContainer"))
+        pod_id = await node.run_pod()
+
+        error = await refused(node, "CreateContainer", node.create_request(pod_id))
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert (
+            "required hook server koordlet is registered, but not for this hook point "
+            "(koordlet.json lists PreRunPodSandbox): PreCreateContainer needs it"
+        ) in error.details()
+        assert [] == node.fake.requests("CreateContainer")
+
+    async def test_an_annotated_server_must_be_registered_for_create_container(self, node: Node) -> None:
+        """A container annotated with a server that does not hook PreCreateContainer is not created: NRI's
+        validator refuses a container a required plugin did not process."""
+        await node.add_plugin("gpu", hooked_plugin(), [RUN])
+        await node.start_proxy(requirements=requiring())
+        config = annotated({"required-plugins.noderesource.dev/container.app": '["gpu"]'})
+        pod_id = await node.run_pod(config)
+        request = api_pb2.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=container_config("app"), sandbox_config=config
+        )
+
+        error = await refused(node, "CreateContainer", request)
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert "required hook server gpu is registered, but not for this hook point" in error.details()
+        assert [] == node.fake.requests("CreateContainer")
+
+    async def test_a_registration_gone_after_the_check_refuses_the_call(
+        self, node: Node, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The server is up when the guard checks it, and its file goes away before the chain runs (it
+        is shutting down): the call is refused, not sent on without it."""
+        await node.add_plugin("koordlet", hooked_plugin(), [RUN])
+        await node.start_proxy(requirements=requiring("koordlet"))
+        guard = node.proxy.hooks.guard
+        assert guard is not None
+        checked = guard.admit
+
+        async def admit_then_unregister(point: HookPoint, names: Any, **kwargs: Any) -> None:
+            await checked(point, names, **kwargs)
+            node.proxy.hooks.dispatcher.publish(Registry())
+
+        monkeypatch.setattr(guard, "admit", admit_then_unregister)
+
+        error = await refused(node, "RunPodSandbox", run_request())
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert "required hook server koordlet is not registered (its registration file went away)" in (
+            error.details()
+        )
+        assert [] == node.fake.requests("RunPodSandbox")
 
     async def test_a_registered_server_that_fails_a_call_refuses_it(self, node: Node, sockdir: str) -> None:
         """Up at the probe, gone at the call (Ignore in its file): the call is refused, not sent unhooked."""
