@@ -219,7 +219,7 @@ def tolerates_missing(annotations: Mapping[str, str], key: str, container: str |
     value = effective_annotation(annotations, key, container)
     if value is None:
         return False
-    flag = parse_bool(value.strip())
+    flag = parse_bool(value)  # as NRI's validator: strconv.ParseBool, no surrounding space allowed
     if flag is None:
         raise AnnotationError(f'annotation {key} {value!r} is not a boolean; write "true" or "false"')
     return flag

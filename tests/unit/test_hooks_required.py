@@ -135,7 +135,13 @@ class TestDecision:
 
     @pytest.mark.parametrize(
         ("annotations", "problem"),
-        [({KEY: "net"}, "is not a list of hook server names"), ({"tolerate": "yes"}, "is not a boolean")],
+        [
+            ({KEY: "net"}, "is not a list of hook server names"),
+            ({"tolerate": "yes"}, "is not a boolean"),
+            # strconv.ParseBool takes no spaces: NRI refuses " true", so it must not exempt here.
+            ({"tolerate": " true"}, "is not a boolean"),
+            ({"tolerate": "true\n"}, "is not a boolean"),
+        ],
     )
     def test_malformed_annotations_refuse(self, annotations: dict[str, str], problem: str) -> None:
         with pytest.raises(AnnotationError, match=problem):
