@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import trio
 
@@ -35,7 +35,7 @@ from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.outcomes import Outcome, RequiredMissing
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
-from krproxy.hooks.required import Availability, Requirements, State
+from krproxy.hooks.required import Availability, Needed, Requirements, State, needed
 from krproxy.relay.rpc import UpstreamError
 
 __all__ = ["Guard", "RequiredMissing"]
@@ -188,6 +188,28 @@ class Guard:
         self._changed = trio.Event()
 
     # -- the request path -----------------------------------------------------------------
+
+    async def require(
+        self,
+        point: HookPoint,
+        annotations: Mapping[str, str],
+        container: str | None,
+        *,
+        met: Collection[str] = (),
+        deadline: float | None = None,
+    ) -> Needed:
+        """What a call at *point* needs (:func:`~krproxy.hooks.required.needed`), once :meth:`admit` let it
+        in and the dispatcher's registry would call each server where it must
+        (:meth:`~krproxy.hooks.dispatch.Dispatcher.check_required`); pass the result to the chain.
+
+        Raises:
+            AnnotationError: the pod's annotations do not parse.
+            RequiredMissing: a server is not up, or not registered for *point* where it must be.
+        """
+        need = needed(self.requirements, point, annotations, container, met=met)
+        await self.admit(point, need.names, deadline=deadline)
+        self._dispatcher.check_required(point, need.names, need.hooked)
+        return need
 
     async def admit(self, point: HookPoint, names: Sequence[str], *, deadline: float | None = None) -> None:
         """Return once every server in *names* is up; else raise :class:`RequiredMissing`.

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -41,6 +41,7 @@ __all__ = [
     "effective_annotation",
     "hooked_names",
     "missing_message",
+    "needed",
     "parse_bool",
     "parse_name_list",
     "parse_required_server",
@@ -283,6 +284,25 @@ class Needed:
 
 #: A call that needs no hook server.
 NOTHING_NEEDED = Needed()
+
+
+def needed(
+    requirements: Requirements,
+    point: HookPoint,
+    annotations: Mapping[str, str],
+    container: str | None,
+    *,
+    met: Collection[str] = (),
+) -> Needed:
+    """:func:`required_names` and :func:`hooked_names` of one call, less the names in *met* (krproxy's
+    own NRI plugin name, in NRI mode).
+
+    Raises:
+        AnnotationError: as :func:`required_names`.
+    """
+    names = required_names(requirements, point, annotations, container)
+    hooked = hooked_names(requirements, point, annotations, container)
+    return Needed(tuple(n for n in names if n not in met), tuple(n for n in hooked if n not in met))
 
 
 class State(enum.Enum):

@@ -52,7 +52,7 @@ from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard
 from krproxy.hooks.model import ContainerInfo, PodInfo
 from krproxy.hooks.points import HookPoint
-from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed, hooked_names, required_names
+from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed
 from krproxy.hooks.store import HookStore
 from krproxy.proto.runtime import v1 as cri
 
@@ -174,20 +174,15 @@ class HookRuntime:
         return pod.has_label(*self.skip_label)
 
     async def _require(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> Needed:
-        """The required hook servers of a hooked call at *point*, once all are up (see
-        :mod:`krproxy.hooks.guard`) and registered for it where they must be; raises UNAVAILABLE, before
-        anything is forwarded, if one is not."""
+        """The required hook servers of a hooked call at *point*, once all are up and registered where
+        they must be (:meth:`~krproxy.hooks.guard.Guard.require`); raises UNAVAILABLE, before anything is
+        forwarded, if one is not."""
         if self.guard is None:
             return NOTHING_NEEDED
-        requirements = self.guard.requirements
         try:
-            names = required_names(requirements, point, pod.annotations, container)
-            hooked = hooked_names(requirements, point, pod.annotations, container)
+            return await self.guard.require(point, pod.annotations, container)
         except AnnotationError as err:
             raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
-        await self.guard.admit(point, names)
-        self.dispatcher.check_required(point, names, hooked)
-        return Needed(names, hooked)
 
     # -- pods --------------------------------------------------------------------------
 

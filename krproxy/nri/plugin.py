@@ -65,14 +65,7 @@ from krproxy.hooks.model import ContainerInfo, PodInfo
 from krproxy.hooks.outcomes import HookRejected, Outcome, RequiredFailed
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
-from krproxy.hooks.required import (
-    NOTHING_NEEDED,
-    AnnotationError,
-    Needed,
-    Requirements,
-    hooked_names,
-    required_names,
-)
+from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed, Requirements
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.watcher import watch_hook_dir
 from krproxy.metrics import Metrics
@@ -372,21 +365,15 @@ class NriPlugin:
         krproxy's own NRI plugin name (``name`` or ``index-name``, as NRI's validator matches) are met."""
         if self.guard is None or point not in GUARDED:
             return NOTHING_NEEDED
-        requirements = self.guard.requirements
+        own = {self.config.plugin_name, f"{self.config.plugin_index}-{self.config.plugin_name}"}
         try:
-            names = required_names(requirements, point, pod.annotations, container)
-            hooked = hooked_names(requirements, point, pod.annotations, container)
+            return await self.guard.require(
+                point, pod.annotations, container, met=own, deadline=self._deadline()
+            )
         except AnnotationError as err:
             raise TtrpcError(Status.INVALID_ARGUMENT, str(err)) from None
-        own = {self.config.plugin_name, f"{self.config.plugin_index}-{self.config.plugin_name}"}
-        names = tuple(n for n in names if n not in own)
-        hooked = tuple(n for n in hooked if n not in own)
-        try:
-            await self.guard.admit(point, names, deadline=self._deadline())
-            self.dispatcher.check_required(point, names, hooked)
         except RequiredMissing as exc:
             raise TtrpcError(Status.UNAVAILABLE, exc.message or "") from None
-        return Needed(names, hooked)
 
     async def _pod_chain(self, point: HookPoint, pod: PodInfo, target: str) -> PodInfo:
         chain = self._run(point, pod, hook_convert.pod_hook_request_bytes, merge.merge_pod_info, target)
