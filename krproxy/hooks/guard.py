@@ -208,7 +208,12 @@ class Guard:
         """
         need = needed(self.requirements, point, annotations, container, met=met)
         await self.admit(point, need.names, deadline=deadline)
-        self._dispatcher.check_required(point, need.names, need.hooked)
+        try:
+            self._dispatcher.check_required(point, need.names, need.hooked)
+        except RequiredMissing as refusal:
+            for name, _ in refusal.missing:
+                self._held(name, point)
+            raise
         return need
 
     async def admit(self, point: HookPoint, names: Sequence[str], *, deadline: float | None = None) -> None:

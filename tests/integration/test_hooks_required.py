@@ -150,6 +150,7 @@ class TestAbsentServer:
             "(koordlet.json lists PreRunPodSandbox): PreCreateContainer needs it"
         ) in error.details()
         assert [] == node.fake.requests("CreateContainer")
+        assert 1.0 == held(node, "koordlet", CREATE)
 
     async def test_an_annotated_server_must_be_registered_for_create_container(self, node: Node) -> None:
         """A container annotated with a server that does not hook PreCreateContainer is not created: NRI's
