@@ -63,6 +63,24 @@ class TestFlag:
         err = capsys.readouterr().err
         assert "argument --required-hook-server: 'koordlet=PreStart': unknown hook point 'PreStart'" in err
 
+    def test_docker_mode_refuses_required_servers(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Any
+    ) -> None:
+        """Docker mode has no guard: a required server there would hold nothing, so it is refused at start
+        rather than run unguarded while the operator believes pods wait for it."""
+        code = cli.main(
+            [
+                "serve",
+                "--backend-runtime-mode=Docker",
+                "--required-hook-server",
+                "koordlet",
+                f"--koord-runtimeproxy-endpoint={tmp_path}/p.sock",
+            ]
+        )
+        err = capsys.readouterr().err
+        assert 2 == code
+        assert "--required-hook-server is not supported with --backend-runtime-mode=Docker" in err
+
     def test_repeated_flags_add_up(self) -> None:
         servers = [parse_required_server("a=PreRunPodSandbox"), parse_required_server("a=PreCreateContainer")]
         assert (RequiredServer("a", frozenset({RUN, CREATE})),) == Requirements(tuple(servers)).servers
