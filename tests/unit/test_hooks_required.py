@@ -22,6 +22,8 @@ from krproxy.hooks.required import (
     Requirements,
     State,
     effective_annotation,
+    hooked_names,
+    needed,
     parse_bool,
     parse_name_list,
     parse_required_server,
@@ -133,6 +135,21 @@ class TestDecision:
         assert ("gpu",) == required_names(self.requirements, CREATE, annotations, "app")
         assert ("net",) == required_names(self.requirements, CREATE, annotations, "sidecar")
         assert () == required_names(self.requirements, HookPoint.PRE_START_CONTAINER, annotations, "app")
+
+    def test_hooked_names_are_named_points_and_annotated_containers(self) -> None:
+        """Must be called at the point itself: a flag's named points, a container's annotated names; not
+        a bare flag's (wherever its file has it called) nor the pod's names at PreRunPodSandbox."""
+        requirements = Requirements(
+            (RequiredServer("koordlet", frozenset({RUN})), RequiredServer("everywhere")),
+            tolerate_annotation="tolerate",
+        )
+        annotations = {f"{KEY}/pod": '["net"]', f"{KEY}/container.app": '["gpu"]'}
+        assert ("koordlet",) == hooked_names(requirements, RUN, annotations, None)
+        assert ("gpu",) == hooked_names(requirements, CREATE, annotations, "app")
+        assert ("net",) == hooked_names(requirements, CREATE, annotations, "sidecar")
+        assert () == hooked_names(requirements, CREATE, {**annotations, "tolerate": "true"}, "app")
+        need = needed(requirements, CREATE, annotations, "app", met=("gpu",))
+        assert (("everywhere",), ()) == (need.names, need.hooked)
 
     def test_no_repeats(self) -> None:
         assert ("koordlet",) == required_names(self.requirements, RUN, {KEY: '["koordlet"]'}, None)
