@@ -228,6 +228,43 @@ class TestAbsentServer:
         assert [HOOKED_PARENT] == [r.config.linux.cgroup_parent for r in node.received("RunPodSandbox")]
 
 
+class TestFlapping:
+    async def test_many_pods_while_the_server_flaps_none_runs_unhooked(self, node: Node) -> None:
+        """40 pods, a few milliseconds apart, while the required server stops and starts again and again
+        (its file stays): each pod is refused or forwarded hooked, none is forwarded without its changes."""
+        await node.add_plugin("koordlet", hooks=[RUN], serve=False)
+        await node.start_proxy(requirements=requiring("koordlet"))
+        codes: list[grpc.StatusCode] = []
+
+        async def pod(i: int) -> None:
+            await trio.sleep(i * 0.01)
+            try:
+                await node.run_pod(pod_config(f"p{i}"))
+            except grpc.RpcError as err:
+                codes.append(err.code())
+            else:
+                codes.append(grpc.StatusCode.OK)
+
+        async def flap() -> None:
+            for _ in range(5):
+                async with trio.open_nursery() as server:
+                    await server.start(run_fake_plugin, node.plugin_socket("koordlet"), hooked_plugin())
+                    await trio.sleep(0.04)
+                    server.cancel_scope.cancel()
+                await trio.sleep(0.04)
+
+        async with trio.open_nursery() as calls:
+            calls.start_soon(flap)
+            for i in range(40):
+                calls.start_soon(pod, i)
+
+        assert 40 == len(codes)
+        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}
+        forwarded = node.received("RunPodSandbox")
+        assert codes.count(grpc.StatusCode.OK) == len(forwarded)
+        assert all(HOOKED_PARENT == r.config.linux.cgroup_parent for r in forwarded)
+
+
 class TestRegisteredButNotThere:
     async def test_socket_unreachable(self, node: Node) -> None:
         await node.add_plugin("koordlet", hooks=[RUN], serve=False)  # registered, nothing listens
