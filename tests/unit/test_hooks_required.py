@@ -97,6 +97,13 @@ class TestAnnotations:
         assert "bare" == effective_annotation({KEY: "bare"}, KEY, "app")
         assert effective_annotation({f"{KEY}/container.app": "x"}, KEY, None) is None
 
+    def test_container_names_with_dots_match_whole(self) -> None:
+        """NRI joins the key and the name as they are: container.my.app is container my.app, not my."""
+        annotations = {f"{KEY}/container.my.app": '["gpu"]'}
+        assert '["gpu"]' == effective_annotation(annotations, KEY, "my.app")
+        assert effective_annotation(annotations, KEY, "my") is None
+        assert ("gpu",) == required_names(Requirements(), CREATE, annotations, "my.app")
+
     @pytest.mark.parametrize(
         ("value", "names"),
         [
