@@ -76,6 +76,7 @@ class Guard:
         self._states: dict[str, Availability] = {}
         self._probing: dict[str, trio.Event] = {}
         self._suspects: set[str] = set()  # failed a hook call: probed in the next round
+        self._unhooked: set[tuple[str, HookPoint]] = set()  # logged as registered without a point
         self._changed = trio.Event()  # set (and replaced) whenever a state changes
         self._wake = trio.Event()  # set to make run() probe at once
         # Construct inside trio, when the daemon starts: the grace counts from here.
@@ -101,6 +102,7 @@ class Guard:
 
     def publish(self, registry: Registry) -> None:
         """The hook directory changed: probe again at once (after the dispatcher took *registry*)."""
+        self._unhooked.clear()
         self._wake.set()
 
     def observe(self, outcome: Outcome) -> None:
@@ -211,8 +213,18 @@ class Guard:
         try:
             self._dispatcher.check_required(point, need.names, need.hooked)
         except RequiredMissing as refusal:
-            for name, _ in refusal.missing:
+            for name, availability in refusal.missing:
                 self._held(name, point)
+                if availability.state is State.NOT_HOOKED and (name, point) not in self._unhooked:
+                    self._unhooked.add((name, point))  # once per registry: a file to fix, not an outage
+                    log.event(
+                        LOGGER,
+                        "required_server_not_hooked",
+                        level=logging.WARNING,
+                        server=name,
+                        hook=point.value,
+                        detail=availability.detail,
+                    )
             raise
         return need
 

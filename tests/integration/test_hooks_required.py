@@ -8,6 +8,7 @@ calls go through; once the server is there, the retry goes through with its chan
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from krproxy import admin
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
 from krproxy.hooks.required import Requirements, parse_required_server
+from krproxy.hookserver.testing import logged_events
 from tests.integration.hooks_support import (
     HANG_TIMEOUT,
     PLUGIN_TIMEOUT,
@@ -135,14 +137,22 @@ class TestAbsentServer:
         assert "PreCreateContainer needs it" in error.details()
         assert [] == node.fake.requests("CreateContainer")
 
-    async def test_a_server_registered_without_a_required_point_refuses_it(self, node: Node) -> None:
+    async def test_a_server_registered_without_a_required_point_refuses_it(
+        self, node: Node, caplog: pytest.LogCaptureFixture
+    ) -> None:
         """Required at PreCreateContainer, registered (and answering) for PreRunPodSandbox only: the
-        container is not created without it, as NRI's validator refuses a plugin that did not process it."""
+        container is not created without it, as NRI's validator refuses a plugin that did not process it.
+        The log names the file to fix once, not once per call."""
+        caplog.set_level(logging.INFO, logger="krproxy.hooks.required")
         await node.add_plugin("koordlet", hooked_plugin(), [RUN])
         await node.start_proxy(requirements=requiring("koordlet=PreCreateContainer"))
         pod_id = await node.run_pod()
 
+        await refused(node, "CreateContainer", node.create_request(pod_id))
         error = await refused(node, "CreateContainer", node.create_request(pod_id))
+
+        [logged] = logged_events(caplog.records, "required_server_not_hooked")
+        assert ("koordlet", "PreCreateContainer") == (logged["server"], logged["hook"])
 
         assert grpc.StatusCode.UNAVAILABLE == error.code()
         assert (
@@ -150,7 +160,7 @@ class TestAbsentServer:
             "(koordlet.json lists PreRunPodSandbox): PreCreateContainer needs it"
         ) in error.details()
         assert [] == node.fake.requests("CreateContainer")
-        assert 1.0 == held(node, "koordlet", CREATE)
+        assert 2.0 == held(node, "koordlet", CREATE)
 
     async def test_an_annotated_server_must_be_registered_for_create_container(self, node: Node) -> None:
         """A container annotated with a server that does not hook PreCreateContainer is not created: NRI's
