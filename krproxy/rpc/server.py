@@ -541,6 +541,21 @@ class Server:
             sock.close()
             unlink_if_ours(path, inode)
 
+    async def drain(self, grace: float) -> bool:
+        """Stop gracefully, the first part (then cancel :meth:`serve`): accept no more
+        connections, send every connection the two-step GOAWAY (RFC 9113 §6.8: calls already
+        sent are served, later ones are refused unprocessed, which clients send again elsewhere),
+        and wait up to ``grace`` seconds for the running calls to end and their answers to be
+        written. True if everything ended in time."""
+        relay = self.relay
+        if relay.nursery is None:
+            return True  # not serving
+        relay.start_draining()
+        with trio.move_on_after(grace):
+            await relay.wait_drained(round_trip=min(1.0, grace))
+            return True
+        return False
+
     async def serve_socket(
         self, sock: socket.socket, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> NoReturn:
