@@ -548,8 +548,6 @@ class Server:
         and wait up to ``grace`` seconds for the running calls to end and their answers to be
         written. True if everything ended in time."""
         relay = self.relay
-        if relay.nursery is None:
-            return True  # not serving
         relay.start_draining()
         with trio.move_on_after(grace):
             await relay.wait_drained(round_trip=min(1.0, grace))
