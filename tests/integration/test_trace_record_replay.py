@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 import trio
 
-from krproxy import _grpc, cli
+from krproxy import cli, rpc
 from krproxy.trace import load
 from krproxy.trace.backend import TraceBackend
-from krproxy.trace.replay import GrpcTransport, ReplayReport, replay
+from krproxy.trace.replay import ChannelTransport, ReplayReport, replay
 from tests.integration.support import wait_until
 from tests.integration.test_trace_support import (
     CONTAINERD_GOLDEN,
@@ -31,13 +33,17 @@ from tests.integration.test_trace_support import (
 LIFECYCLE_CALLS = 18
 
 
+@contextlib.asynccontextmanager
+async def transport_to(socket: str) -> AsyncIterator[ChannelTransport]:
+    """`trace replay`'s transport to ``socket``; call it in a worker thread (``in_thread``)."""
+    async with rpc.Channel(socket) as channel:
+        yield ChannelTransport(channel)
+
+
 async def replay_against(socket: str, trace: Path | str) -> ReplayReport:
     records = load([str(trace)]).records
-    transport = GrpcTransport(socket)
-    try:
+    async with transport_to(socket) as transport:
         return await in_thread(replay, records, transport, timeout=10)
-    finally:
-        transport.close()
 
 
 async def record_lifecycle(nursery: trio.Nursery, sockdir: str, trace: str) -> None:
@@ -114,15 +120,7 @@ class TestTraceServe:
         backend = TraceBackend(records)
         backend_socket = str(short_tmp / "trace.sock")
         async with trio.open_nursery() as nursery:
-            await nursery.start(
-                functools.partial(
-                    _grpc.serve,
-                    [backend],
-                    backend_socket,
-                    codec=_grpc.BytesCodec(),
-                    fallback=backend.fallback,
-                )
-            )
+            await nursery.start(rpc.Server({}, fallback=backend.fallback).serve, backend_socket)
             node = await start_node(nursery, str(short_tmp), backend_socket=backend_socket)
             report = await replay_against(node.proxy_socket, golden)
             nursery.cancel_scope.cancel()
@@ -136,12 +134,9 @@ class TestTraceServe:
         backend = TraceBackend(load([str(FAKE_GOLDEN)]).records)
         socket = str(short_tmp / "trace.sock")
         async with trio.open_nursery() as nursery:
-            await nursery.start(
-                functools.partial(
-                    _grpc.serve, [backend], socket, codec=_grpc.BytesCodec(), fallback=backend.fallback
-                )
-            )
-            answer = await in_thread(GrpcTransport(socket), "/runtime.v1.RuntimeService/ExecSync", b"", 5)
+            await nursery.start(rpc.Server({}, fallback=backend.fallback).serve, socket)
+            async with transport_to(socket) as transport:
+                answer = await in_thread(transport, "/runtime.v1.RuntimeService/ExecSync", b"", 5)
             nursery.cancel_scope.cancel()
         assert ("UNIMPLEMENTED", "/runtime.v1.RuntimeService/ExecSync is not in the trace") == (
             answer.status.name,
@@ -160,15 +155,14 @@ class TestRecordingControl:
             node = await start_node(nursery, str(short_tmp), record=trace)
             recorder = node.daemon.recorder
             assert recorder is not None
-            transport = GrpcTransport(node.proxy_socket)
-            version = functools.partial(transport, "/runtime.v1.RuntimeService/Version", b"", 5)
-            await in_thread(version)
-            assert False is recorder.toggle()
-            await in_thread(version)
-            await in_thread(version)
-            assert True is recorder.toggle()
-            await in_thread(version)
-            transport.close()
+            async with transport_to(node.proxy_socket) as transport:
+                version = functools.partial(transport, "/runtime.v1.RuntimeService/Version", b"", 5)
+                await in_thread(version)
+                assert False is recorder.toggle()
+                await in_thread(version)
+                await in_thread(version)
+                assert True is recorder.toggle()
+                await in_thread(version)
             await recorder.flush()
             nursery.cancel_scope.cancel()
         assert 2 == len(load([trace]).records)
@@ -180,9 +174,8 @@ class TestRecordingControl:
         trace = short_tmp / "trace.krt"
         async with trio.open_nursery() as nursery:
             node = await start_node(nursery, str(short_tmp), record=str(trace), record_paused=True)
-            transport = GrpcTransport(node.proxy_socket)
-            await in_thread(transport, "/runtime.v1.RuntimeService/Version", b"", 5)
-            transport.close()
+            async with transport_to(node.proxy_socket) as transport:
+                await in_thread(transport, "/runtime.v1.RuntimeService/Version", b"", 5)
             assert node.daemon.recorder is not None
             await node.daemon.recorder.flush()
             nursery.cancel_scope.cancel()
@@ -196,9 +189,8 @@ class TestRecordingControl:
         blocker.write_text("not a directory")
         async with trio.open_nursery() as nursery:
             node = await start_node(nursery, str(short_tmp), record=str(blocker / "trace.krt"))
-            transport = GrpcTransport(node.proxy_socket)
-            answer = await in_thread(transport, "/runtime.v1.RuntimeService/Version", b"", 5)
-            transport.close()
+            async with transport_to(node.proxy_socket) as transport:
+                answer = await in_thread(transport, "/runtime.v1.RuntimeService/Version", b"", 5)
             nursery.cancel_scope.cancel()
         assert "OK" == answer.status.name
         assert node.daemon.recorder is not None and not node.daemon.recorder.active
