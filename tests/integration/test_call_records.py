@@ -12,13 +12,13 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
-from grpclib.const import Status
 
 from fakes.containerd import FakeContainerd, Fault
 from krproxy import _grpc
 from krproxy.calls import CallRecord
 from krproxy.daemon import Daemon
 from krproxy.demo import DemoLimitsPlugin
+from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from tests.integration.support import in_thread, start_proxy, wait_until
 
