@@ -86,3 +86,6 @@ def configure(level: str = "info", fmt: str = "logfmt", stream: Any = None) -> N
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # hpack (the relay's header decoder) logs every header field at DEBUG, which would drown our
+    # events at -v: it stays at WARNING whatever our level.
+    logging.getLogger("hpack").setLevel(max(root.level, logging.WARNING))
