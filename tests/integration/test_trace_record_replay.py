@@ -59,7 +59,7 @@ async def record_lifecycle(nursery: trio.Nursery, sockdir: str, trace: str) -> N
 
 
 class TestRecordAndReplay:
-    async def test_recorded_trace_replays_identically(self, aio_loop: None, short_tmp: Path) -> None:
+    async def test_recorded_trace_replays_identically(self, short_tmp: Path) -> None:
         """A lifecycle recorded through the proxy replays against a fresh fake with zero differences."""
         trace = str(short_tmp / "trace.krt")
         async with trio.open_nursery() as nursery:
@@ -70,7 +70,7 @@ class TestRecordAndReplay:
         assert [] == list(report.lines())[:-1]
         assert (LIFECYCLE_CALLS, 0, 2) == (report.identical, report.different, len(report.ids))
 
-    async def test_recording_holds_the_hook_decisions(self, aio_loop: None, short_tmp: Path) -> None:
+    async def test_recording_holds_the_hook_decisions(self, short_tmp: Path) -> None:
         """The CreateContainer record carries the forwarded request and the plugin's field changes."""
         trace = str(short_tmp / "trace.krt")
         async with trio.open_nursery() as nursery:
@@ -82,7 +82,7 @@ class TestRecordAndReplay:
         assert "resources.cpuset_cpus" in {c.field for c in hook.changes}
         assert create.forwarded is not None and create.forwarded != create.request
 
-    async def test_golden_fake_trace_replays_identically(self, aio_loop: None, short_tmp: Path) -> None:
+    async def test_golden_fake_trace_replays_identically(self, short_tmp: Path) -> None:
         """The committed golden trace replays against a fresh fake behind the proxy with zero differences."""
         async with trio.open_nursery() as nursery:
             node = await start_node(nursery, str(short_tmp))
@@ -91,7 +91,7 @@ class TestRecordAndReplay:
         assert "OK 18 calls: 18 identical, 0 different, 0 skipped; 2 ids mapped" == list(report.lines())[-1]
 
     async def test_changed_plugin_gives_a_readable_diff_and_exit_1(
-        self, aio_loop: None, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+        self, short_tmp: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """With a plugin that now sets another cpuset and annotation, `trace replay` prints where and exits 1."""
         async with trio.open_nursery() as nursery:
@@ -112,9 +112,7 @@ class TestRecordAndReplay:
 
 class TestTraceServe:
     @pytest.mark.parametrize("golden", [FAKE_GOLDEN, CONTAINERD_GOLDEN], ids=["fake", "containerd"])
-    async def test_proxy_in_front_of_a_served_trace(
-        self, aio_loop: None, short_tmp: Path, golden: Path
-    ) -> None:
+    async def test_proxy_in_front_of_a_served_trace(self, short_tmp: Path, golden: Path) -> None:
         """A trace served by `trace serve`, behind the proxy with the same plugin, replays identically."""
         records = load([str(golden)]).records
         backend = TraceBackend(records)
@@ -127,9 +125,7 @@ class TestTraceServe:
         assert (LIFECYCLE_CALLS, 0) == (report.identical, report.different)
         assert 0 == backend.answers.statistics().missing
 
-    async def test_unknown_method_is_unimplemented(
-        self, aio_loop: None, short_tmp: Path, channel_to: object
-    ) -> None:
+    async def test_unknown_method_is_unimplemented(self, short_tmp: Path, channel_to: object) -> None:
         """A method the trace does not hold is answered UNIMPLEMENTED, naming it."""
         backend = TraceBackend(load([str(FAKE_GOLDEN)]).records)
         socket = str(short_tmp / "trace.sock")
@@ -145,9 +141,7 @@ class TestTraceServe:
 
 
 class TestRecordingControl:
-    async def test_toggle_off_and_on(
-        self, aio_loop: None, short_tmp: Path, caplog: pytest.LogCaptureFixture
-    ) -> None:
+    async def test_toggle_off_and_on(self, short_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
         """Calls made while recording is off are not in the trace; toggling logs each state."""
         caplog.set_level(logging.INFO, logger="krproxy.trace")
         trace = str(short_tmp / "trace.krt")
@@ -169,7 +163,7 @@ class TestRecordingControl:
         states = [r.krproxy_fields["state"] for r in caplog.records if r.getMessage() == "recording"]  # type: ignore[attr-defined]
         assert ["on", "off", "on"] == states
 
-    async def test_paused_start_records_nothing(self, aio_loop: None, short_tmp: Path) -> None:
+    async def test_paused_start_records_nothing(self, short_tmp: Path) -> None:
         """With record_paused the file is not even created until recording is switched on."""
         trace = short_tmp / "trace.krt"
         async with trio.open_nursery() as nursery:
@@ -182,7 +176,7 @@ class TestRecordingControl:
         assert not trace.exists()
 
     async def test_unwritable_file_leaves_the_proxy_serving(
-        self, aio_loop: None, short_tmp: Path, caplog: pytest.LogCaptureFixture
+        self, short_tmp: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         """A trace path that cannot be created turns recording off; calls still go through."""
         blocker = short_tmp / "file"
