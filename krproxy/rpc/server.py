@@ -456,10 +456,17 @@ class _ServerRelay(Relay):
                 self._add_deadline(call, deadline)
         stream = call.stream = Stream(call, text, headers, end, deadline)
         check = server.check_headers
-        if check is not None and not server.check_is_async and not check(stream):
-            if not call.answered and not call.finished:
-                call.reset(f.PROTOCOL_ERROR)
-            return
+        if check is not None and not server.check_is_async:
+            try:
+                passed = check(stream)
+            except Exception:  # the check's bug: this stream's end, never the connection's
+                LOGGER.exception("check_headers failed on a request for %s", text)
+                passed = False
+                call.reset(f.INTERNAL_ERROR)
+            if not passed:
+                if not call.answered and not call.finished:
+                    call.reset(f.PROTOCOL_ERROR)
+                return
         if path is None:
             call.reset(f.PROTOCOL_ERROR)  # (the relay's own checks refuse it before, when on)
             return

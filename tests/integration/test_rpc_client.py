@@ -183,3 +183,20 @@ async def test_calls_to_krproxys_own_server(nursery: trio.Nursery, sock: str) ->
         with trio.fail_after(LIVENESS_LIMIT):
             await left.wait()
         assert b"ok" == await channel.unary("/t.S/Reverse", b"ko")
+
+
+async def test_first_calls_made_at_once_share_the_channel(nursery: trio.Nursery, sock: str) -> None:
+    async def reverse(message: bytes) -> bytes:
+        return message[::-1]
+
+    await nursery.start(Server({"/t.S/Reverse": unary(reverse)}).serve, sock)
+    replies: dict[int, bytes] = {}
+    async with Channel(sock) as channel:
+
+        async def one(i: int) -> None:
+            replies[i] = await channel.unary("/t.S/Reverse", b"%d-" % i)
+
+        async with trio.open_nursery() as calls:
+            for i in range(20):
+                calls.start_soon(one, i)
+    assert {i: (b"%d-" % i)[::-1] for i in range(20)} == replies
