@@ -35,8 +35,6 @@ from tests.integration.hooks_support import (
 )
 from tests.integration.support import wait_until
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
-
 RUN = HookPoint.PRE_RUN_POD_SANDBOX
 CREATE = HookPoint.PRE_CREATE_CONTAINER
 #: The cgroup parent the required plugin gives pods: seen in the runtime's request only if it was called.
@@ -44,9 +42,7 @@ HOOKED_PARENT = "/kubepods/hooked"
 
 
 @pytest.fixture
-async def node(
-    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
-) -> Node:
+async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any) -> Node:
     return await make_node(nursery, sockdir, fake_containerd, cri_client)
 
 
