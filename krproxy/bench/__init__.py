@@ -375,7 +375,7 @@ def report_header_flood(flood: dict[str, Any]) -> list[str]:
 def rpc_server_cpu(calls: int, rounds: int = 3) -> dict[str, Any]:
     """CPU of a unary hook-sized call in the server's own process: :mod:`krproxy.rpc`'s Server
     against a relay answering through an interceptor (:mod:`krproxy.bench.rpcserver`), ``calls``
-    echo calls of 600 bytes from grpcio per round, the engines taking turns round by round.
+    echo calls of 600 bytes from grpcio per round, the engines taking turns (and turns going first).
     The server reports its own getrusage before and after each round."""
     workdir = tempfile.mkdtemp(prefix="krrpc-", dir="/tmp")
     procs = Processes(workdir)
@@ -394,8 +394,9 @@ def rpc_server_cpu(calls: int, rounds: int = 3) -> dict[str, Any]:
             calls_of[engine] = (echo, cpu)
             for _ in range(200):  # warm-up: connection, code paths, allocator
                 echo(request, timeout=10)
-        for _ in range(rounds):
-            for engine, (echo, cpu) in calls_of.items():
+        for turn in range(rounds):
+            order = list(calls_of.items())
+            for engine, (echo, cpu) in order[::-1] if turn % 2 else order:  # who goes first alternates
                 before = float(cpu(b"", timeout=10))
                 for _ in range(calls):
                     echo(request, timeout=10)

@@ -55,6 +55,7 @@ class Channel:
         self._relay = Relay()
         self._route = Route(self._relay, self.path, connect_unix(self.path))
         self._scope: trio.CancelScope | None = None
+        self._started: trio.Event | None = None
         self._stopped: trio.Event | None = None
         self._closed = False
 
@@ -76,10 +77,11 @@ class Channel:
     async def _start(self) -> None:
         if self._closed:
             raise RuntimeError(f"the channel to {self.path} is closed")
-        if self._scope is not None:
+        if self._started is not None:
+            await self._started.wait()  # (at once, but for the calls racing the first one)
             return
         scope = self._scope = trio.CancelScope()
-        started = trio.Event()
+        started = self._started = trio.Event()
         stopped = self._stopped = trio.Event()
 
         async def run() -> None:

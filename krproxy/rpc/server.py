@@ -456,10 +456,17 @@ class _ServerRelay(Relay):
                 self._add_deadline(call, deadline)
         stream = call.stream = Stream(call, text, headers, end, deadline)
         check = server.check_headers
-        if check is not None and not server.check_is_async and not check(stream):
-            if not call.answered and not call.finished:
-                call.reset(f.PROTOCOL_ERROR)
-            return
+        if check is not None and not server.check_is_async:
+            try:
+                passed = check(stream)
+            except Exception:  # the check's bug: this stream's end, never the connection's
+                LOGGER.exception("check_headers failed on a request for %s", text)
+                passed = False
+                call.reset(f.INTERNAL_ERROR)
+            if not passed:
+                if not call.answered and not call.finished:
+                    call.reset(f.PROTOCOL_ERROR)
+                return
         if path is None:
             call.reset(f.PROTOCOL_ERROR)  # (the relay's own checks refuse it before, when on)
             return
@@ -533,6 +540,19 @@ class Server:
         finally:
             sock.close()
             unlink_if_ours(path, inode)
+
+    async def drain(self, grace: float) -> bool:
+        """Stop gracefully, the first part (then cancel :meth:`serve`): accept no more
+        connections, send every connection the two-step GOAWAY (RFC 9113 §6.8: calls already
+        sent are served, later ones are refused unprocessed, which clients send again elsewhere),
+        and wait up to ``grace`` seconds for the running calls to end and their answers to be
+        written. True if everything ended in time."""
+        relay = self.relay
+        relay.start_draining()
+        with trio.move_on_after(grace):
+            await relay.wait_drained(round_trip=min(1.0, grace))
+            return True
+        return False
 
     async def serve_socket(
         self, sock: socket.socket, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -612,3 +612,19 @@ async def test_sending_after_the_handler_ended_the_call_is_an_error_of_the_handl
     record = caplog.records[0]
     assert "/t.S/Twice" in record.getMessage() and record.exc_info is not None
     assert "ended this call already" in str(record.exc_info[1])
+
+
+async def test_a_check_headers_that_raises_resets_its_stream_only(
+    nursery: trio.Nursery, sock: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def check(stream: Stream) -> bool:
+        if (b"x-bug", b"1") in stream.headers:
+            raise KeyError("a bug in the check")
+        return True
+
+    await start(nursery, sock, Server({ECHO: unary(_reverse)}, check_headers=check))
+    with caplog.at_level(logging.ERROR, logger="krproxy.rpc"):
+        answer = await request(sock, grpc_request(ECHO, **{"x-bug": "1"}), framed(b"ab"))
+    assert f.INTERNAL_ERROR == answer.reset and not answer.connection_closed
+    assert any(r.exc_info and ECHO in r.getMessage() for r in caplog.records)
+    assert b"ba" == (await request(sock, grpc_request(ECHO), framed(b"ab"))).message
