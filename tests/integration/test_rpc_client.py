@@ -241,3 +241,27 @@ async def test_drain_lets_running_calls_finish_then_closes(nursery: trio.Nursery
             await running.wait()
         assert not await second.drain(0.3)
         tasks.cancel_scope.cancel()
+
+
+async def test_a_server_stream_the_server_refused_is_opened_again(nursery: trio.Nursery, sock: str) -> None:
+    """Two streams opened on a new connection before the server's SETTINGS arrive: the second
+    is beyond its MAX_CONCURRENT_STREAMS of 1 and refused (REFUSED_STREAM, not processed), so it
+    is sent again, and waits for the first to end."""
+
+    async def count(message: bytes) -> AsyncIterator[bytes]:
+        for i in range(3):
+            await trio.sleep(0.01)
+            yield b"%d" % i
+
+    await nursery.start(Server({"/t.S/Count": unary_stream(count)}, max_streams=1).serve, sock)
+    got: list[list[bytes]] = []
+    async with Channel(sock) as channel:
+
+        async def one() -> None:
+            async with channel.server_stream("/t.S/Count", b"", timeout=LIVENESS_LIMIT) as replies:
+                got.append([reply async for reply in replies])
+
+        async with trio.open_nursery() as calls:
+            calls.start_soon(one)
+            calls.start_soon(one)
+    assert [[b"0", b"1", b"2"]] * 2 == got
