@@ -75,12 +75,20 @@ def header_check(
     return check
 
 
+#: Header fields of a request that are gRPC's own, not the caller's metadata (besides ``grpc-*``).
+_NOT_METADATA = frozenset(("te", "content-type", "user-agent"))
+
+
 def metadata_items(headers: Iterable[tuple[bytes, bytes]]) -> Metadata:
-    """Request metadata as text pairs; a ``-bin`` value base64-decoded to bytes (as gRPC libraries
-    hand it to applications). A ``-bin`` value that is not base64 stays as received, as text."""
+    """The caller's metadata in a request's header fields, as gRPC libraries hand it to
+    applications: without pseudo-headers, ``grpc-*``, ``te``, ``content-type`` and ``user-agent``;
+    text values as text, a ``-bin`` value base64-decoded to bytes (one that is not base64 stays
+    as received, as text)."""
     items: list[tuple[str, str | bytes]] = []
     for name, value in headers:
         key = name.decode("latin-1")
+        if key.startswith((":", "grpc-")) or key in _NOT_METADATA:
+            continue
         if key.endswith("-bin"):
             try:
                 items.append((key, base64.b64decode(value + b"=" * (-len(value) % 4), validate=True)))
