@@ -109,8 +109,10 @@ def tests(session: nox.Session, sid: str | None) -> None:
     session.run("sh", "scripts/install-h2load", external=True, success_codes=[0, 1])
     # A grpc-go client set up as kubelet's (tests/integration/test_grpc_go_client.py), built from
     # Debian trixie's Go and grpc-go unpacked under /var/cache/krproxy-debs; where that cannot be
-    # done the script says why and those tests are skipped with it.
+    # done the script says why and those tests are skipped with it. The same for the benchmark's
+    # grpc-go proxy (tests/integration/test_go_anchor_proxy.py).
     session.run("python", "scripts/install-go-client", success_codes=[0, 1])
+    session.run("python", "scripts/install-go-client", "--program", "goproxy", success_codes=[0, 1])
     session.run("pytest", *TEST_PATHS, *session.posargs)
 
 
@@ -133,6 +135,14 @@ def _tests_in_sid(session: nox.Session, version: str) -> None:
     # The grpc-go client is built on the host (its Go comes unpacked from Debian packages) into
     # /var/cache/krproxy-debs, which the chroot sees read-only; h2load is installed in the chroot.
     session.run(sys.executable, "scripts/install-go-client", external=True, success_codes=[0, 1])
+    session.run(
+        sys.executable,
+        "scripts/install-go-client",
+        "--program",
+        "goproxy",
+        external=True,
+        success_codes=[0, 1],
+    )
     sid = [sys.executable, "scripts/sid-python", "run", "--"]
     venv = os.path.join(".nox", f"tests-sid-{version.replace('.', '-')}")
     if not os.path.lexists(os.path.join(venv, "bin", "python")):  # a link to the chroot's python
