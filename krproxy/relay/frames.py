@@ -222,6 +222,8 @@ def request_header_problem(headers: Iterable[tuple[bytes, bytes]], trailers: boo
                 return f"pseudo-header {name!r} is not a request pseudo-header"
             if name in seen:
                 return f"pseudo-header {name!r} twice"
+            if name == b":path" and not value:  # §8.3.1: never empty for http and https URIs
+                return "empty :path"
             seen.add(name)
             continue
         regular = True

@@ -213,6 +213,7 @@ STREAM_CASES = {
     "missing-method": (_open(*_without(":method")), f.PROTOCOL_ERROR),
     "missing-scheme": (_open(*_without(":scheme")), f.PROTOCOL_ERROR),
     "missing-path": (_open(*_without(":path")), f.PROTOCOL_ERROR),
+    "empty-path": (_open(*_replaced(":path", "")), f.PROTOCOL_ERROR),
     # RFC 9113 §8.2.1: the octets a field may not hold.
     "nul-in-header-value": (_open(*GOOD, ("x-id", "a\x00b")), f.PROTOCOL_ERROR),
     "lf-in-header-value": (_open(*GOOD, ("x-id", "a\nx-injected: 1")), f.PROTOCOL_ERROR),
