@@ -1001,8 +1001,9 @@ class Endpoint:
         half = self.halves.get(stream_id)
         if half is not None:
             half.send_window += increment
-            if half.send_window > f.MAX_WINDOW:  # RFC 9113 §6.9.1 (ended here as a connection error)
-                raise f.ProtocolError(f"window of stream {stream_id} above 2^31-1", f.FLOW_CONTROL_ERROR)
+            if half.send_window > f.MAX_WINDOW:  # that stream's error only (RFC 9113 §6.9.1)
+                self._stream_error(stream_id, f.FLOW_CONTROL_ERROR)
+                return
             if half.pending or half.trailers_pending is not None:
                 half.pump()
 

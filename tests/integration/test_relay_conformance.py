@@ -204,6 +204,7 @@ STREAM_CASES = {
         f.PROTOCOL_ERROR,
     ),
     "headers-depending-on-itself": (_open(*GOOD, priority=b"\x00\x00\x00\x01\x10"), f.PROTOCOL_ERROR),
+    "window-above-2^31-1-on-a-stream": (_open(*GOOD) + f.window_update(1, f.MAX_WINDOW), f.FLOW_CONTROL_ERROR),
     "uppercase-header-name": (_open(*GOOD, ("X-Upper", "1")), f.PROTOCOL_ERROR),
     "connection-specific-header": (_open(*GOOD, ("connection", "keep-alive")), f.PROTOCOL_ERROR),
     "te-other-than-trailers": (_open(*_without("te"), ("te", "gzip")), f.PROTOCOL_ERROR),
