@@ -835,7 +835,7 @@ class Endpoint:
                 if f.parse_priority(payload) == stream_id:
                     raise f.StreamError(f"stream {stream_id} depends on itself")
             except f.StreamError as err:
-                self._stream_error(stream_id, err.code)
+                self._stream_error(stream_id, err.code, idle=True)
         # Unknown frame types are ignored (RFC 9113 §5.5).
 
     @staticmethod
@@ -1007,9 +1007,11 @@ class Endpoint:
             if half.pending or half.trailers_pending is not None:
                 half.pump()
 
-    def _stream_error(self, stream_id: int, code: int) -> None:
+    def _stream_error(self, stream_id: int, code: int, idle: bool = False) -> None:
         """A stream error (RFC 9113 §5.4.2): RST_STREAM(code) on that stream, its call ended; the
-        connection and its other streams go on. Nothing is sent for an idle stream."""
+        connection and its other streams go on. Nothing is sent for an idle stream, unless
+        ``idle``: a PRIORITY frame may name one, and its own error is the stream's (§5.3.1 of
+        RFC 7540; grpc-go's and hyper's servers reset it too)."""
         half = self.halves.get(stream_id)
         if half is not None:
             if half.done or half.reset:
@@ -1021,7 +1023,8 @@ class Endpoint:
                 half.call.upstream_gone(f"{self.describe} broke HTTP/2 on the stream ({f.ERROR_NAMES[code]})")
             return
         ours = (stream_id % 2 == 1) != self.server_side
-        if stream_id < (self.next_id if ours else self.last_peer_id + 1) and stream_id not in self._reset_ids:
+        known = stream_id < (self.next_id if ours else self.last_peer_id + 1)
+        if (known or idle) and stream_id not in self._reset_ids:
             self.reset_stream(stream_id, code)
 
     def reset_stream(self, stream_id: int, code: int) -> None:

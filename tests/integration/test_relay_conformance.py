@@ -203,6 +203,10 @@ STREAM_CASES = {
         _open(*GOOD) + f.frame(f.PRIORITY, 0, 1, b"\x00\x00\x00\x01\x10"),
         f.PROTOCOL_ERROR,
     ),
+    "priority-depending-on-itself-on-an-idle-stream": (
+        f.frame(f.PRIORITY, 0, 1, b"\x00\x00\x00\x01\x10"),
+        f.PROTOCOL_ERROR,
+    ),
     "headers-depending-on-itself": (_open(*GOOD, priority=b"\x00\x00\x00\x01\x10"), f.PROTOCOL_ERROR),
     "window-above-2^31-1-on-a-stream": (_open(*GOOD) + f.window_update(1, f.MAX_WINDOW), f.FLOW_CONTROL_ERROR),
     "uppercase-header-name": (_open(*GOOD, ("X-Upper", "1")), f.PROTOCOL_ERROR),
