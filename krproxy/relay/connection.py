@@ -873,8 +873,14 @@ class Endpoint:
                 self.grant(size)  # a stream that is over (or never was): nothing to pass on
             if self.server_side and stream_id > self.last_peer_id:
                 raise f.ProtocolError(f"DATA on idle stream {stream_id}")
-            if self.server_side and half is not None and not half.reset:  # half-closed (remote)
+            if not self.server_side:
+                return
+            if half is not None and not half.done:  # half-closed (remote): its call ends too
                 self._stream_error(stream_id, f.STREAM_CLOSED)
+            elif stream_id not in self._reset_ids:
+                # Closed: the caller reset it, or both sides ended it (RFC 9113 §6.1: a stream
+                # error). Not when we reset it: what was in flight then is ignored (§5.1).
+                self.reset_stream(stream_id, f.STREAM_CLOSED)
             return
         half.recv_window -= size
         if half.recv_window < 0:

@@ -191,6 +191,10 @@ STREAM_CASES = {
         _open(*GOOD, end=True) + f.frame(f.DATA, 0, 1, b"\x00\x00\x00\x00\x00"),
         f.STREAM_CLOSED,
     ),
+    "data-after-the-callers-rst-stream": (
+        _open(*GOOD) + f.rst_stream(1, f.CANCEL) + f.frame(f.DATA, 0, 1, b"\x00\x00\x00\x00\x00"),
+        f.STREAM_CLOSED,
+    ),
     "headers-on-half-closed-stream": (
         _open(*GOOD, end=True) + f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, _block(("x-late", "1"))),
         f.STREAM_CLOSED,
@@ -319,6 +323,32 @@ async def test_a_stream_error_resets_only_that_stream(
     resets = [(stream, int.from_bytes(p, "big")) for kind, stream, p in seen if kind == f.RST_STREAM]
     assert H2_STREAM_DIFFERS.get(case, expected) == _h2_code(data)
     assert ([(1, expected)], []) == (resets, [kind for kind, _, _ in seen if kind == f.GOAWAY])
+    assert any(kind == f.PING for kind, _, _ in seen)
+
+
+async def test_data_on_a_closed_stream_is_refused_unless_we_reset_it(
+    nursery: trio.Nursery, short_tmp: Path
+) -> None:
+    """Before an unreachable runtime the relay answers each call at once. Stream 1 ends both
+    ways; stream 3 is answered before the caller ended it, so the relay resets it (NO_ERROR).
+    DATA on 3 then was on its way before the caller saw that reset: ignored (RFC 9113 §5.1),
+    never a reason to end kubelet's connection. DATA on 1 is on a closed stream: RST_STREAM
+    STREAM_CLOSED (§6.1). The connection still answers a PING."""
+    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    silent.close()
+    encoder = hpack.Encoder()
+    message = b"\x00\x00\x00\x00\x00"
+    data = _after_preface(
+        f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, encoder.encode(list(GOOD))),
+        f.frame(f.HEADERS, f.END_HEADERS, 3, encoder.encode(list(GOOD))),
+        f.frame(f.DATA, 0, 3, message),
+        f.frame(f.DATA, f.END_STREAM, 3, message),
+        f.frame(f.DATA, f.END_STREAM, 1, message),
+    )
+    seen = await trio.to_thread.run_sync(_relay_frames, listen, data)
+    resets = [(stream, int.from_bytes(p, "big")) for kind, stream, p in seen if kind == f.RST_STREAM]
+    assert [(3, f.NO_ERROR), (1, f.STREAM_CLOSED)] == resets
+    assert [] == [kind for kind, _, _ in seen if kind == f.GOAWAY]
     assert any(kind == f.PING for kind, _, _ in seen)
 
 
