@@ -266,6 +266,7 @@ class Half:
         "call",
         "end_pending",
         "ep",
+        "expect",
         "headers_sent",
         "id",
         "opened",
@@ -296,6 +297,8 @@ class Half:
         self.recv_ended = False
         self.send_ended = False
         self.reset = False
+        #: Request bytes still due by the caller's content-length header (None: it sent none).
+        self.expect: int | None = None
 
     @property
     def done(self) -> bool:
@@ -888,6 +891,15 @@ class Endpoint:
         if size != len(data):
             half.grant(size - len(data))  # padding is consumed here
         end = bool(flags & f.END_STREAM)
+        if half.expect is not None:
+            half.expect -= len(data)
+            if half.expect < 0 or (end and half.expect):
+                # DATA other than the content-length said: malformed (RFC 9113 §8.1.1), not
+                # passed on; its connection credit comes back here (the padding's came above).
+                if self.server_side:
+                    self.grant(len(data))
+                self._stream_error(stream_id, f.PROTOCOL_ERROR)
+                return
         if end:
             half.recv_ended = True
         if self.server_side:
@@ -931,6 +943,9 @@ class Endpoint:
                     if self.relay.check_request_headers
                     else None
                 )
+                length = None if problem is not None else f.content_length(headers)
+                if end and length:
+                    problem = f"content-length {length} but no DATA"
                 if problem is not None:  # malformed (RFC 9113 §8.1.1): a stream error
                     log.event(
                         LOGGER, "malformed_request", level=logging.DEBUG, stream=stream_id, problem=problem
@@ -938,6 +953,8 @@ class Endpoint:
                     self.reset_stream(stream_id, f.PROTOCOL_ERROR)
                     return
                 self.relay.open_call(self, stream_id, headers, end)
+                if length is not None and stream_id in self.halves:
+                    self.halves[stream_id].expect = length
                 return
             if half.reset:
                 return
@@ -948,7 +965,7 @@ class Endpoint:
             if not end:
                 raise f.ProtocolError(f"second header block on stream {stream_id} without END_STREAM")
             problem = f.request_header_problem(headers, trailers=True)
-            if problem is not None:
+            if problem is not None or half.expect:  # malformed, or DATA short of content-length
                 self._stream_error(half.id, f.PROTOCOL_ERROR)
                 return
             half.call.on_request_trailers(headers)
