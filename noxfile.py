@@ -83,9 +83,13 @@ def _install(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Unit and integration tests (no real runtime needed), on each supported Python."""
     _install(session)
-    # nghttp2's h2load, the relay's third-party HTTP/2 client (tests/integration/test_relay_h2load.py);
-    # where it cannot be installed the script says why and that test is skipped.
-    session.run("sh", "scripts/install-h2load", external=True, success_codes=[0, 1])
+    # nghttp2's h2load, the relay's third-party HTTP/2 client (tests/integration/test_relay_h2load.py),
+    # and socat, which bridges h2spec's TCP to the proxy's unix socket (tests/integration/test_h2spec.py);
+    # where one cannot be installed the script says why and its test is skipped.
+    for command, package in (("h2load", "nghttp2-client"), ("socat", "socat")):
+        session.run(
+            "sh", "scripts/install-debian-command", command, package, external=True, success_codes=[0, 1]
+        )
     # A grpc-go client set up as kubelet's (tests/integration/test_grpc_go_client.py), built from
     # Debian trixie's Go and grpc-go unpacked under /var/cache/krproxy-debs; where that cannot be
     # done the script says why and those tests are skipped with it.

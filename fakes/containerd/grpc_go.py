@@ -63,7 +63,10 @@ class _StrictHandler(grpclib.protocol.AbstractHandler):
             return
         self._rejected(headers, rejection)
         if rejection.resets(self._grpc_go):
-            stream.reset_nowait(ErrorCodes.PROTOCOL_ERROR)
+            # Closed already when the caller's RST_STREAM came in the same read as its HEADERS
+            # (h2 handles both before grpclib hands the stream here): nothing left to reset.
+            if stream.closable:
+                stream.reset_nowait(ErrorCodes.PROTOCOL_ERROR)
             release_stream()
             return
         task = asyncio.get_event_loop().create_task(self._abort_early(stream, rejection, release_stream))

@@ -359,6 +359,25 @@ async def test_a_stream_error_resets_only_that_stream(
     assert any(kind == f.PING for kind, _, _ in seen)
 
 
+async def test_window_update_and_priority_on_a_half_closed_stream_are_accepted(
+    nursery: trio.Nursery, short_tmp: Path
+) -> None:
+    """A request ended with its HEADERS (half-closed, remote) may still get WINDOW_UPDATE and
+    PRIORITY frames (RFC 9113 §5.1): no reset, no GOAWAY."""
+    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    data = _after_preface(
+        _open(*GOOD, end=True),
+        f.window_update(1, 1),
+        f.frame(f.PRIORITY, 0, 1, b"\x00\x00\x00\x00\xff"),
+    )
+    try:
+        seen = await trio.to_thread.run_sync(_relay_frames, listen, data)
+    finally:
+        silent.close()
+    assert [] == [kind for kind, _, _ in seen if kind in (f.RST_STREAM, f.GOAWAY)]
+    assert any(kind == f.PING for kind, _, _ in seen)
+
+
 async def test_data_on_a_closed_stream_is_refused_unless_we_reset_it(
     nursery: trio.Nursery, short_tmp: Path
 ) -> None:
