@@ -42,13 +42,14 @@ PATH = "/runtime.v1.RuntimeService/Version"
 EXCEPTIONS = {
     "generic/2/2": "WINDOW_UPDATE on a half-closed (remote) stream, then a DATA frame expected: a gRPC "
     "server answers h2spec's GET without a gRPC message trailers-only (HEADERS with END_STREAM), "
-    "with no DATA frame. The rule (the frame is accepted) is covered by test_relay_review's "
-    "window tests and test_relay_flow's stalled answers.",
+    "with no DATA frame. The rule (the frame is accepted) is covered by test_relay_conformance's "
+    "test_window_update_and_priority_on_a_half_closed_stream_are_accepted.",
     "generic/2/3": "PRIORITY on a half-closed (remote) stream, then a DATA frame expected: trailers-only, "
-    "as generic/2/2. Covered by test_relay_conformance's priority cases.",
+    "as generic/2/2, and covered by the same test.",
     "http2/5.1.2/1": "1001 HEADERS with END_STREAM to exceed SETTINGS_MAX_CONCURRENT_STREAMS (1000): "
-    "krproxy answers each at once, so fewer than 1000 are ever open and the limit is never "
-    "exceeded. The refusal of a stream beyond the limit is covered by test_relay_limits.",
+    "krproxy answers each at once, so fewer than 1000 are open at a time and the limit is not "
+    "exceeded. The refusal of a stream beyond the limit is covered by test_relay_transport's "
+    "test_the_stream_limit_is_advertised_and_kept.",
 }
 
 #: Cases h2spec skips itself: they need a response body (DATA) to watch flow control at work,

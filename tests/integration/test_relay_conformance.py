@@ -40,6 +40,42 @@ CASES = {
     ),
     "window-update-on-idle-stream": (_after_preface(f.window_update(11, 100)), f.PROTOCOL_ERROR),
     "rst-stream-on-idle-stream": (_after_preface(f.rst_stream(11, f.CANCEL)), f.PROTOCOL_ERROR),
+    # A peer's SETTINGS_MAX_FRAME_SIZE outside 16384..2^24-1 (RFC 9113 §6.5.2): a connection
+    # error, never a frame size of 0 that would leave every DATA frame unsent (CVE-2026-33814).
+    **{
+        f"max-frame-size-{size}": (
+            _after_preface(f.settings([(f.MAX_FRAME_SIZE, size)])),
+            f.PROTOCOL_ERROR,
+        )
+        for size in (0, 16_383, 2**24)
+    },
+    # Malformed frame headers: lengths the frame type forbids, padding beyond the payload.
+    "settings-length-not-a-multiple-of-6": (
+        _after_preface(f.frame(f.SETTINGS, 0, 0, b"\x00\x03\x00\x00\x00\x64\x00")),
+        f.FRAME_SIZE_ERROR,
+    ),
+    "ping-of-7-bytes": (_after_preface(f.frame(f.PING, 0, 0, b"1234567")), f.FRAME_SIZE_ERROR),
+    "window-update-of-3-bytes": (
+        _after_preface(f.frame(f.WINDOW_UPDATE, 0, 0, b"\x00\x00\x01")),
+        f.FRAME_SIZE_ERROR,
+    ),
+    "headers-padding-beyond-the-payload": (
+        _after_preface(f.frame(f.HEADERS, f.END_HEADERS | f.PADDED, 1, b"\x09\x82\x86\x84")),
+        f.PROTOCOL_ERROR,
+    ),
+    "data-padding-beyond-the-payload": (
+        _after_preface(
+            f.frame(
+                f.HEADERS, f.END_HEADERS, 1, hpack.Encoder().encode([(":method", "POST"), (":path", PATH)])
+            ),
+            f.frame(f.DATA, f.PADDED, 1, b"\x09abcd"),
+        ),
+        f.PROTOCOL_ERROR,
+    ),
+    "headers-with-priority-shorter-than-5-bytes": (
+        _after_preface(f.frame(f.HEADERS, f.END_HEADERS | f.PRIORITY_FLAG, 1, b"\x00\x00\x00")),
+        f.FRAME_SIZE_ERROR,
+    ),
 }
 
 #: Cases where ``h2`` answers otherwise than RFC 9113 asks: h2 turns every frame hyperframe
