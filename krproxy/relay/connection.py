@@ -102,6 +102,12 @@ _RECV_SIZE = 256 * 1024
 _READS_PER_CHECKPOINT = 8
 
 
+#: Stream windows a peer's changes of SETTINGS_INITIAL_WINDOW_SIZE may make us adjust over a
+#: connection's life (each change adjusts every open stream's); beyond it the connection ends
+#: with ENHANCE_YOUR_CALM. A few hundred thousand cost a fraction of a second; grpc-go (kubelet,
+#: containerd) changes it only as its BDP estimate grows, a handful of times per connection.
+MAX_WINDOW_SHIFTS = 1_000_000
+
 #: Streams reset by us whose late frames are ignored, per connection (older ones: errors).
 _RESET_IDS_KEPT = 1024
 #: A private flag on a header block: its HEADERS frame made the stream depend on itself.
@@ -489,6 +495,7 @@ class Endpoint:
         # peer to allow: h2 (grpclib) closes the connection on a stream beyond its limit.
         self.peer_max_streams = 100
         self._peer_settings_seen = False
+        self._window_shifts = 0  # stream windows adjusted for the peer's INITIAL_WINDOW_SIZE changes
         self.recv_window = CONNECTION_WINDOW
         self.to_grant = 0
         self.next_id = 1
@@ -987,6 +994,13 @@ class Endpoint:
                     raise f.ProtocolError("INITIAL_WINDOW_SIZE above 2^31-1", f.FLOW_CONTROL_ERROR)
                 delta = value - self.peer_initial_window
                 self.peer_initial_window = value
+                if delta and self.halves:
+                    # A peer flipping it back and forth makes us walk every stream each time.
+                    self._window_shifts += len(self.halves)
+                    if self._window_shifts > MAX_WINDOW_SHIFTS:
+                        raise f.ProtocolError(
+                            "too many SETTINGS_INITIAL_WINDOW_SIZE changes", f.ENHANCE_YOUR_CALM
+                        )
                 for half in self.halves.values():
                     half.send_window += delta
                     if half.send_window > f.MAX_WINDOW:  # RFC 9113 §6.9.2

@@ -278,6 +278,27 @@ async def test_a_trailer_flood_on_a_stream_is_one_stream_error(
     assert _pinged(seen)
 
 
+def _window_flips(count: int) -> bytes:
+    return b"".join(f.settings([(f.INITIAL_WINDOW_SIZE, 65_535 + i % 2)]) for i in range(1, count + 1))
+
+
+@pytest.mark.parametrize(("flips", "ended"), [(40, False), (120, True)])
+async def test_repeated_initial_window_size_changes_end_the_connection(
+    silent_relay: tuple[str, SilentRuntime, Relay], monkeypatch: pytest.MonkeyPatch, flips: int, ended: bool
+) -> None:
+    """CPU from SETTINGS_INITIAL_WINDOW_SIZE changes: each adjusts every open stream's window.
+    Rule: a connection gets MAX_WINDOW_SHIFTS such adjustments (here 1000, with 10 streams open:
+    100 changes); beyond them it ends with GOAWAY ENHANCE_YOUR_CALM. Fewer changes are served."""
+    monkeypatch.setattr("krproxy.relay.connection.MAX_WINDOW_SHIFTS", 1000)
+    listen, _, _ = silent_relay
+    encoder = hpack.Encoder()
+    block = encoder.encode([(n.decode(), v.decode()) for n, v in request_headers(PATH)])
+    opened = b"".join(f.frame(f.HEADERS, f.END_HEADERS, i, block) for i in range(1, 21, 2))
+    seen = await trio.to_thread.run_sync(_exchange, listen, _after_preface(opened, _window_flips(flips)))
+    goaways = [int.from_bytes(p[4:8], "big") for kind, _, _, p in seen if kind == f.GOAWAY]
+    assert ([f.ENHANCE_YOUR_CALM] if ended else []) == goaways
+
+
 def _connection_credit(seen: list[tuple[int, int, int, bytes]]) -> int:
     return sum(f.parse_u32(p) for kind, _, stream, p in seen if kind == f.WINDOW_UPDATE and stream == 0)
 
@@ -530,3 +551,21 @@ async def test_an_upstreams_trailer_flood_leaves_the_first_trailers_in_force(
         upstream.close()
     assert (Status.OK, Status.OK) == (getattr(first, "status", first), getattr(second, "status", second))
     assert [] == upstream.goaways
+
+
+async def test_an_upstreams_repeated_initial_window_size_changes_fail_the_call(
+    relay: Relay, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An upstream flipping SETTINGS_INITIAL_WINDOW_SIZE while a call is open: beyond
+    MAX_WINDOW_SHIFTS stream adjustments (here 100) the relay ends the connection with
+    ENHANCE_YOUR_CALM and the call fails at once."""
+    monkeypatch.setattr("krproxy.relay.connection.MAX_WINDOW_SHIFTS", 100)
+    path = str(short_tmp / "upstream.sock")
+    upstream = ScriptedUpstream(path, lambda stream: _window_flips(300))
+    try:
+        answer = await _call(relay, path)
+        await wait_until(lambda: bool(upstream.goaways), limit=10)
+    finally:
+        upstream.close()
+    assert isinstance(answer, UpstreamError)
+    assert [f.ENHANCE_YOUR_CALM] == upstream.goaways
