@@ -31,7 +31,7 @@ from krproxy.relay import Relay
 from krproxy.relay import frames as f
 from krproxy.relay.connection import CONNECTION_WINDOW, MAX_HEADER_BLOCK
 from krproxy.relay.rpc import UpstreamError, grpc_message, request_headers
-from tests.integration.support import wait_until
+from tests.integration.support import LIVENESS_LIMIT, wait_until
 
 PATH = "/test.Attack/Call"
 MESSAGE = grpc_message(b"ping")
@@ -143,7 +143,7 @@ async def silent_relay(
 def _exchange(listen: str, data: bytes) -> list[tuple[int, int, int, bytes]]:
     """Send ``data`` and a PING; the frames the relay answers with, up to the PING's answer."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10)
+        sock.settimeout(LIVENESS_LIMIT)
         sock.connect(listen)
         sock.sendall(data + f.frame(f.PING, 0, 0, b"attacked"))
         return _read_frames(sock, _pinged)
@@ -169,7 +169,7 @@ async def test_rapid_reset_never_holds_more_runtime_streams_than_the_caller_may_
     seen = await trio.to_thread.run_sync(_exchange, listen, _after_preface(flood))
     assert _pinged(seen)
     assert [] == [kind for kind, _, _, _ in seen if kind == f.GOAWAY]
-    await wait_until(lambda: relay.in_flight == 0 and runtime.received == runtime.reset, limit=15)
+    await wait_until(lambda: relay.in_flight == 0 and runtime.received == runtime.reset)
     assert runtime.most_open <= 10
 
 
@@ -188,7 +188,7 @@ async def test_made_you_reset_never_holds_more_runtime_streams_than_the_caller_m
     assert _pinged(seen)
     resets = [int.from_bytes(p, "big") for kind, _, _, p in seen if kind == f.RST_STREAM]
     assert [f.PROTOCOL_ERROR] * 2000 == resets
-    await wait_until(lambda: relay.in_flight == 0 and runtime.received == runtime.reset, limit=15)
+    await wait_until(lambda: relay.in_flight == 0 and runtime.received == runtime.reset)
     assert runtime.most_open <= 10
 
 
@@ -205,7 +205,7 @@ async def test_a_continuation_flood_ends_the_connection_at_the_block_limit(
 
     def run() -> list[tuple[int, int, int, bytes]]:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(10)
+            sock.settimeout(LIVENESS_LIMIT)
             sock.connect(listen)
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 sock.sendall(data)  # the relay may close before taking it all
@@ -243,7 +243,7 @@ async def test_unknown_frame_types_are_ignored(
 
     def run() -> list[tuple[int, int, int, bytes]]:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(10)
+            sock.settimeout(LIVENESS_LIMIT)
             sock.connect(listen)
             sock.sendall(data)
             return _read_frames(
@@ -431,9 +431,9 @@ async def relay(nursery: trio.Nursery) -> Relay:
 
 
 async def _call(relay: Relay, path: str) -> object:
-    """The relay's own call to the upstream at ``path``: its answer or the error, within 10 s
+    """The relay's own call to the upstream at ``path``: its answer or the error, within LIVENESS_LIMIT
     (never a hang)."""
-    with trio.fail_after(10):
+    with trio.fail_after(LIVENESS_LIMIT):
         try:
             return await relay.unary(relay.route_to(path, "upstream"), PATH, b"ping")
         except (UpstreamError, OSError) as err:
@@ -468,7 +468,7 @@ async def test_an_upstreams_invalid_max_frame_size_fails_the_call_at_once(
     upstream = ScriptedUpstream(path, _answer, f.settings([(f.MAX_FRAME_SIZE, size)]))
     try:
         answer = await _call(relay, path)
-        await wait_until(lambda: bool(upstream.goaways), limit=10)
+        await wait_until(lambda: bool(upstream.goaways))
     finally:
         upstream.close()
     assert isinstance(answer, UpstreamError)
@@ -489,7 +489,7 @@ async def test_an_upstreams_continuation_flood_fails_the_call_at_once(relay: Rel
     upstream = ScriptedUpstream(path, flood)
     try:
         answer = await _call(relay, path)
-        await wait_until(lambda: bool(upstream.goaways), limit=10)
+        await wait_until(lambda: bool(upstream.goaways))
     finally:
         upstream.close()
     assert isinstance(answer, UpstreamError)
@@ -522,7 +522,7 @@ async def test_an_upstreams_malformed_frame_fails_the_call_at_once(
     upstream = ScriptedUpstream(path, lambda stream: frame)
     try:
         answer = await _call(relay, path)
-        await wait_until(lambda: bool(upstream.goaways), limit=10)
+        await wait_until(lambda: bool(upstream.goaways))
     finally:
         upstream.close()
     assert isinstance(answer, UpstreamError)
@@ -564,7 +564,7 @@ async def test_an_upstreams_repeated_initial_window_size_changes_fail_the_call(
     upstream = ScriptedUpstream(path, lambda stream: _window_flips(300))
     try:
         answer = await _call(relay, path)
-        await wait_until(lambda: bool(upstream.goaways), limit=10)
+        await wait_until(lambda: bool(upstream.goaways))
     finally:
         upstream.close()
     assert isinstance(answer, UpstreamError)
