@@ -11,7 +11,8 @@ CreateContainer with one and with three chained plugins; small calls while anoth
 stuck with ~20 MB of answers unread (issue 16); the same with recording on (when
 ``--record`` exists); store recovery of 1000 pods / 3000 containers and the RSS after it; RSS
 and open fds after 100k calls; NRI mode against containerd 2.x (pod start and a plain call, with
-and without ``krproxy nri`` registered; ``--only-nri`` runs just these). Prints a table
+and without ``krproxy nri`` registered; ``--only-nri`` runs just these). CPU per unary call of
+:mod:`krproxy.rpc`'s server beside a relay interceptor (``--only-rpc-server``). Prints a table
 (medians, p99s, proxy/direct) with each target marked met or missed, and writes the figures
 as JSON.
 """
@@ -319,6 +320,62 @@ def report_header_flood(flood: dict[str, Any]) -> list[str]:
             f" flooded   usual latency: {_check(ok)}"
         )
     return lines
+
+
+def rpc_server_cpu(calls: int, rounds: int = 3) -> dict[str, Any]:
+    """CPU of a unary hook-sized call in the server's own process: :mod:`krproxy.rpc`'s Server
+    against a relay answering through an interceptor (:mod:`krproxy.bench.rpcserver`), ``calls``
+    echo calls of 600 bytes from grpcio per round, the engines taking turns (and turns going first).
+    The server reports its own getrusage before and after each round."""
+    workdir = tempfile.mkdtemp(prefix="krrpc-", dir="/tmp")
+    procs = Processes(workdir)
+    request = os.urandom(600)
+    samples: dict[str, list[float]] = {"rpc": [], "relay": []}
+    channels: list[grpc.Channel] = []
+    try:
+        calls_of = {}
+        for engine in samples:
+            path = os.path.join(workdir, f"{engine}.sock")
+            procs.start(f"rpcserver-{engine}", ["-m", "krproxy.bench.rpcserver", engine, path], path)
+            channel = grpc.insecure_channel(f"unix://{path}")
+            channels.append(channel)
+            echo = channel.unary_unary("/krproxy.bench.Echo/Echo")
+            cpu = channel.unary_unary("/krproxy.bench.Echo/Cpu")
+            calls_of[engine] = (echo, cpu)
+            for _ in range(200):  # warm-up: connection, code paths, allocator
+                echo(request, timeout=10)
+        for turn in range(rounds):
+            order = list(calls_of.items())
+            for engine, (echo, cpu) in order[::-1] if turn % 2 else order:  # who goes first alternates
+                before = float(cpu(b"", timeout=10))
+                for _ in range(calls):
+                    echo(request, timeout=10)
+                after = float(cpu(b"", timeout=10))
+                samples[engine].append((after - before) / calls * 1e6)
+    finally:
+        for channel in channels:
+            channel.close()
+        procs.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        engine: {"cpu_us_per_call": min(us), "rounds_us": us, "calls": calls}
+        for engine, us in samples.items()
+    }
+
+
+#: CPU per unary call the hook server engine may cost in its own process (issue 24).
+RPC_SERVER_CPU_TARGET_US = 200.0
+
+
+def report_rpc_server_cpu(r: dict[str, Any]) -> list[str]:
+    rpc, relay = r["rpc"], r["relay"]
+    ok = rpc["cpu_us_per_call"] <= RPC_SERVER_CPU_TARGET_US
+    rounds = ", ".join(f"{us:.0f}" for us in rpc["rounds_us"])
+    return [
+        f"hook server CPU per unary call    krproxy.rpc {rpc['cpu_us_per_call']:.0f} us (rounds {rounds}),"
+        f" relay interceptor {relay['cpu_us_per_call']:.0f} us"
+        f"   <= {RPC_SERVER_CPU_TARGET_US:.0f} us: {_check(ok)}"
+    ]
 
 
 def _real_containerd(procs: Processes, workdir: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -881,6 +938,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="measure only Version calls while another caller floods krproxy with header blocks",
     )
     parser.add_argument(
+        "--only-rpc-server",
+        action="store_true",
+        help="measure only the CPU per unary call of krproxy.rpc's server (hook servers' engine)",
+    )
+    parser.add_argument(
         "--nri-blocks", type=int, default=4, help="NRI cases: blocks per state (with/without)"
     )
     parser.add_argument("--nri-pods", type=int, default=5, help="NRI cases: pods started per block")
@@ -912,6 +974,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.only_header_flood:
         results = {"header_flood": header_flood(args.flood_calls, [1 << 20, 384 << 10, 4095])}
         print("\n".join(report_header_flood(results["header_flood"])))
+    elif args.only_rpc_server:
+        results = {"rpc_server": rpc_server_cpu(args.small_calls)}
+        print("\n".join(report_rpc_server_cpu(results["rpc_server"])))
     elif args.only_runc_wrapper:
         workdir = tempfile.mkdtemp(prefix="krproxy-bench-")
         try:
@@ -925,7 +990,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(lines + report_runc_wrapper_containerd(results["runc_wrapper_containerd"])))
     else:
         results = run(args)
+        results["rpc_server"] = rpc_server_cpu(args.small_calls)
         print(report(results))
+        print("\n".join(report_rpc_server_cpu(results["rpc_server"])))
     with open(args.json, "w") as f:
         json.dump(results, f, indent=2)
     print(f"\nJSON written to {args.json}")

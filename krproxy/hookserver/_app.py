@@ -1,9 +1,9 @@
 """The hook server application: plugins, rules, the pods it knows about, and the executor.
 
 Everything here is synchronous: a hook call is "build the context, run the stage's
-functions, apply, answer", with no awaits, so it runs unchanged inside a grpclib handler
-(asyncio side), in the standalone reconcile loop and in unit tests. The socket glue lives in
-``_service`` and ``_standalone``.
+functions, apply, answer", with no awaits, so it runs unchanged in the served app's worker thread
+(``_service.AppWorker``), in the standalone reconcile loop and in unit tests. The socket glue
+lives in ``_service`` and ``_standalone``.
 """
 
 from __future__ import annotations
@@ -119,10 +119,12 @@ class Ticker:
 
 @attrs.frozen
 class Pending:
-    """Settings computed at a hook call whose cgroup did not exist yet; ``since`` is the clock's time."""
+    """Settings computed at a hook call whose cgroup did not exist yet; ``since`` is the clock's time;
+    ``include_cri`` whether the CRI-expressible ones are written too (as at that call)."""
 
     ctx: PodContext | ContainerContext
     since: float
+    include_cri: bool = True
 
 
 def _who(ctx: PodContext | ContainerContext) -> str:
@@ -253,15 +255,18 @@ class HookServer:
         if stage is Stage.POST_STOP_POD_SANDBOX:
             self.pods.remove_pod(ctx.request)
             self.pending.pop(key, None)
-        elif stage is Stage.PRE_RUN_POD_SANDBOX:
+        elif stage in (Stage.PRE_RUN_POD_SANDBOX, Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES):
             # Remembered first: a write the kernel refuses fails this call, but re-applies
-            # (policy change, CPU suppress) must still reach the pod.
+            # (policy change, CPU suppress) must still reach the pod. A resize refreshes the record
+            # (it now carries the pod's resources).
             self.pods.add_pod(ctx.request)
+        # A resize's CRI-expressible changes travel in the answer, to the runtime.
+        include_cri = stage is not Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES
         try:
-            apply_pod(self.executor, ctx)
+            apply_pod(self.executor, ctx, include_cri=include_cri)
         except CgroupMissingError as exc:
             if stage is not Stage.POST_STOP_POD_SANDBOX:
-                self._defer(key, ctx, exc)
+                self._defer(key, ctx, exc, include_cri=include_cri)
         return pod_response(req, ctx)
 
     def handle_container(
@@ -280,7 +285,7 @@ class HookServer:
             apply_container(self.executor, ctx, include_cri=False)
         except CgroupMissingError as exc:
             if stage is not Stage.POST_STOP_CONTAINER:
-                self._defer(key, ctx, exc)
+                self._defer(key, ctx, exc, include_cri=False)
         if stage is Stage.POST_STOP_CONTAINER:
             self.pods.remove_container(ctx.request)
             self.pending.pop(key, None)
@@ -288,8 +293,10 @@ class HookServer:
 
     # -- settings waiting for their cgroup -------------------------------------------------------
 
-    def _defer(self, key: str, ctx: PodContext | ContainerContext, exc: CgroupMissingError) -> None:
-        self.pending[key] = Pending(ctx, self.clock())
+    def _defer(
+        self, key: str, ctx: PodContext | ContainerContext, exc: CgroupMissingError, *, include_cri: bool
+    ) -> None:
+        self.pending[key] = Pending(ctx, self.clock(), include_cri)
         log.event(LOGGER, "cgroup_write_deferred", pod=_who(ctx), reason=str(exc), retry_every=RETRY_INTERVAL)
 
     def retry_pending(self) -> list[Change]:
@@ -303,9 +310,9 @@ class HookServer:
             ctx = pending.ctx
             try:
                 if isinstance(ctx, PodContext):
-                    done = apply_pod(self.executor, ctx)
+                    done = apply_pod(self.executor, ctx, include_cri=pending.include_cri)
                 else:
-                    done = apply_container(self.executor, ctx, include_cri=False)
+                    done = apply_container(self.executor, ctx, include_cri=pending.include_cri)
             except CgroupMissingError as exc:
                 if now - pending.since >= PENDING_TIMEOUT:
                     del self.pending[key]

@@ -5,7 +5,8 @@ run without a listener) and one :class:`krproxy.relay.Route` to the socket: the 
 opened on the first call and again after it was lost. Unary calls are the relay's own
 (:meth:`Relay.unary`: REFUSED_STREAM and GOAWAY refusals sent again, deadlines, an answer size
 limit); a server-streaming call is a stream on the same connection read message by message
-(:class:`_Reading`), its stream credit given back as the caller takes the messages.
+(:class:`_Reading`), its stream credit given back as the caller takes the messages, opened
+again if the server refused it unprocessed.
 
 The relay's tasks run in a trio system task started on the first call, so a channel works
 with or without ``async with``; :meth:`Channel.aclose` (or leaving the ``async with``) closes
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from types import TracebackType
 
 import trio
@@ -26,7 +27,7 @@ import trio
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import frames as f
 from krproxy.relay.connection import Half, Headers, Route, connect_unix
-from krproxy.relay.relay import Relay
+from krproxy.relay.relay import _REFUSED_ATTEMPTS, _REFUSED_PAUSE, Relay
 from krproxy.relay.rpc import (
     MAX_OWN_ANSWER,
     MessageTooLarge,
@@ -55,6 +56,7 @@ class Channel:
         self._relay = Relay()
         self._route = Route(self._relay, self.path, connect_unix(self.path))
         self._scope: trio.CancelScope | None = None
+        self._started: trio.Event | None = None
         self._stopped: trio.Event | None = None
         self._closed = False
 
@@ -76,10 +78,11 @@ class Channel:
     async def _start(self) -> None:
         if self._closed:
             raise RuntimeError(f"the channel to {self.path} is closed")
-        if self._scope is not None:
+        if self._started is not None:
+            await self._started.wait()  # (at once, but for the calls racing the first one)
             return
         scope = self._scope = trio.CancelScope()
-        started = trio.Event()
+        started = self._started = trio.Event()
         stopped = self._stopped = trio.Event()
 
         async def run() -> None:
@@ -145,25 +148,32 @@ class Channel:
         after the messages that came before it. Leaving the block early cancels the call."""
         await self._start()
         deadline = self._deadline(timeout)
-        reading = _Reading(self.max_answer)
+        extra = list(metadata)
+
+        def open_stream() -> _Reading:
+            reading = _Reading(self.max_answer)
+            try:
+                ep = self._route.endpoint()
+            except OSError as err:
+                raise self._unreachable(err) from None
+            half = reading.upstream = Half(ep, 0, reading)
+            reading.inbox = Inbox(half, self.max_answer)
+            fields = request_headers(method)
+            if deadline != math.inf:
+                fields.append((b"grpc-timeout", encode_grpc_timeout(deadline - trio.current_time())))
+            fields += extra
+            ep.open_stream(half, f.encode_headers(fields), False)
+            half.send_data(grpc_message(request), True)
+            self._relay.flush()
+            return reading
+
+        replies = _Replies(open_stream, method, self.path, deadline)
         try:
-            ep = self._route.endpoint()
-        except OSError as err:
-            raise self._unreachable(err) from None
-        half = reading.upstream = Half(ep, 0, reading)
-        reading.inbox = Inbox(half, self.max_answer)
-        fields = request_headers(method)
-        if deadline != math.inf:
-            fields.append((b"grpc-timeout", encode_grpc_timeout(deadline - trio.current_time())))
-        fields += metadata
-        ep.open_stream(half, f.encode_headers(fields), False)
-        half.send_data(grpc_message(request), True)
-        self._relay.flush()
-        try:
-            yield _Replies(reading, method, self.path, deadline)
+            yield replies
         finally:
+            reading = replies.reading
             if not reading.finished:
-                half.abort(f.CANCEL)
+                reading.upstream.abort(f.CANCEL)
                 reading.settle()
                 self._relay.flush()
 
@@ -174,7 +184,17 @@ class Channel:
 class _Reading:
     """The client's side of a server-streaming call: the stream's half reports here."""
 
-    __slots__ = ("backend_clock", "error", "finished", "headers", "inbox", "limit", "trailers", "upstream")
+    __slots__ = (
+        "backend_clock",
+        "error",
+        "finished",
+        "headers",
+        "inbox",
+        "limit",
+        "refused",
+        "trailers",
+        "upstream",
+    )
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -183,6 +203,7 @@ class _Reading:
         self.headers: Headers | None = None
         self.trailers: Headers | None = None
         self.error: GRPCError | None = None
+        self.refused = False  # the server did not process it (REFUSED_STREAM, GOAWAY): sent again
         self.finished = False
         self.backend_clock = 0.0
 
@@ -212,6 +233,7 @@ class _Reading:
         self.upstream.reset = True
         if self.error is None and self.trailers is None:
             self.error = GRPCError(Status.UNAVAILABLE, reason)
+            self.refused = refused and self.headers is None
         self.inbox.wake()
         self.settle()
 
@@ -236,21 +258,24 @@ class _Reading:
 
 
 class _Replies:
-    """The reply messages of a server-streaming call, then its status."""
+    """The reply messages of a server-streaming call, then its status. A stream the server
+    refused unprocessed is opened again (as :meth:`Relay.unary` sends a refused call again)."""
 
-    def __init__(self, reading: _Reading, method: str, path: str, deadline: float) -> None:
-        self._reading = reading
+    def __init__(self, open_stream: Callable[[], _Reading], method: str, path: str, deadline: float) -> None:
+        self._open = open_stream
         self._method = method
         self._path = path
         self._deadline = deadline
+        self._attempts = 1
+        self.reading = open_stream()
 
     def __aiter__(self) -> _Replies:
         return self
 
     async def __anext__(self) -> bytes:
-        reading = self._reading
-        inbox = reading.inbox
         while True:
+            reading = self.reading
+            inbox = reading.inbox
             taken = inbox.take()
             if taken is not None:
                 compressed, reply = taken
@@ -260,6 +285,13 @@ class _Replies:
                     )
                 return reply
             if reading.error is not None:
+                if reading.refused and self._attempts < _REFUSED_ATTEMPTS:
+                    self._attempts += 1
+                    with trio.move_on_at(self._deadline):
+                        await trio.sleep(_REFUSED_PAUSE)
+                    if trio.current_time() < self._deadline:
+                        self.reading = self._open()
+                        continue
                 error = reading.error
                 raise GRPCError(error.status, f"{self._method} on {self._path}: {error.message}")
             if reading.trailers is not None:

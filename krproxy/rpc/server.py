@@ -101,6 +101,7 @@ class Stream:
         A message with the compressed flag is decompressed (gzip, deflate); see
         :func:`krproxy.rpc._messages.decompress` for the errors, raised as :class:`GRPCError`.
         """
+        await trio.lowlevel.checkpoint_if_cancelled()
         call = self._call
         inbox = call.inbox
         while True:
@@ -124,6 +125,7 @@ class Stream:
     async def send_initial_metadata(self, metadata: Sequence[tuple[bytes, bytes]] = ()) -> None:
         """Send the response headers (``:status`` 200, gRPC's content-type, then ``metadata``).
         Optional: :meth:`send_message` sends the plain ones first if none were sent."""
+        await trio.lowlevel.checkpoint_if_cancelled()
         call = self._call
         call.check_open()
         client = call.client
@@ -136,6 +138,7 @@ class Stream:
 
     async def send_message(self, message: bytes) -> None:
         """Send one reply message; waits while the caller is far behind in reading."""
+        await trio.lowlevel.checkpoint_if_cancelled()  # a call ended by its caller ends its handler
         call = self._call
         call.check_open()
         client = call.client
@@ -157,6 +160,7 @@ class Stream:
     ) -> None:
         """End the call with ``status``; after any reply messages still queued. Without response
         headers sent before, a trailers-only answer (one header block), as grpc-go sends errors."""
+        await trio.lowlevel.checkpoint_if_cancelled()
         call = self._call
         call.check_open()
         call.end(status, message, details, metadata)
@@ -169,6 +173,11 @@ class Stream:
         if the request had not ended, as after any answer (RFC 9113 §8.1)."""
         call = self._call
         call.check_open()
+        if call.client.headers_sent:
+            raise RuntimeError(f"{self.path}: the response headers were sent already")
+        call.ended_here = True
+        if call.answered:  # the call ended already (its caller went away)
+            return
         call.answered = True
         call.status = Status.INTERNAL
         call.client.send_headers(f.encode_headers(headers), True)
@@ -222,7 +231,7 @@ class _ServerCall(Call):
     """A call the server answers: the caller's half and no upstream (the relay's :class:`Call`
     gives the ending rules: answering early resets the rest of the request, a reset ends it)."""
 
-    __slots__ = ("_collected", "_scope", "inbox", "server", "stream", "unsent")
+    __slots__ = ("_collected", "_scope", "ended_here", "inbox", "server", "stream", "unsent")
 
     def __init__(self, server: Server, path: str) -> None:
         super().__init__(server.relay, path, None)
@@ -230,6 +239,7 @@ class _ServerCall(Call):
         self.server = server
         self.inbox: Inbox = None  # type: ignore[assignment]  # set with `client`, right after
         self.unsent = 0  # reply bytes queued beyond the caller's windows
+        self.ended_here = False  # the handler (or check_headers) ended the call: no more sends
         self._collected = 0  # request bytes held here, counted in the connection's `collected`
         self._scope: trio.CancelScope | None = None
         self.stream: Stream = None  # type: ignore[assignment]  # set right after construction
@@ -302,12 +312,13 @@ class _ServerCall(Call):
     # -- from the handler ----------------------------------------------------------------
 
     def check_open(self) -> None:
-        if self.answered and not self.finished and not self.client.reset:
-            raise RuntimeError(f"{self.path}: the call was answered already")
+        if self.ended_here:
+            raise RuntimeError(f"{self.path}: the handler ended this call already")
 
     def reply(self, message: bytes) -> None:
         """A unary answer: headers, ``message`` and OK trailers, in one write."""
         client = self.client
+        self.ended_here = True
         if self.answered or client.send_ended or client.reset:
             return
         self.answered = True
@@ -325,6 +336,7 @@ class _ServerCall(Call):
     ) -> None:
         """Trailers with ``status`` after what is queued; trailers-only if no headers went out."""
         client = self.client
+        self.ended_here = True
         if self.answered or client.send_ended or client.reset:
             return
         self.answered = True
@@ -342,6 +354,7 @@ class _ServerCall(Call):
             client.send_headers(f.encode_headers([*_PLAIN_HEADERS, *fields]), True)
 
     def reset(self, code: int) -> None:
+        self.ended_here = True
         if self._scope is not None:
             self._scope.cancel()
         client = self.client
@@ -443,10 +456,17 @@ class _ServerRelay(Relay):
                 self._add_deadline(call, deadline)
         stream = call.stream = Stream(call, text, headers, end, deadline)
         check = server.check_headers
-        if check is not None and not server.check_is_async and not check(stream):
-            if not call.answered and not call.finished:
-                call.reset(f.PROTOCOL_ERROR)
-            return
+        if check is not None and not server.check_is_async:
+            try:
+                passed = check(stream)
+            except Exception:  # the check's bug: this stream's end, never the connection's
+                LOGGER.exception("check_headers failed on a request for %s", text)
+                passed = False
+                call.reset(f.INTERNAL_ERROR)
+            if not passed:
+                if not call.answered and not call.finished:
+                    call.reset(f.PROTOCOL_ERROR)
+                return
         if path is None:
             call.reset(f.PROTOCOL_ERROR)  # (the relay's own checks refuse it before, when on)
             return
@@ -520,6 +540,19 @@ class Server:
         finally:
             sock.close()
             unlink_if_ours(path, inode)
+
+    async def drain(self, grace: float) -> bool:
+        """Stop gracefully, the first part (then cancel :meth:`serve`): accept no more
+        connections, send every connection the two-step GOAWAY (RFC 9113 §6.8: calls already
+        sent are served, later ones are refused unprocessed, which clients send again elsewhere),
+        and wait up to ``grace`` seconds for the running calls to end and their answers to be
+        written. True if everything ended in time."""
+        relay = self.relay
+        relay.start_draining()
+        with trio.move_on_after(grace):
+            await relay.wait_drained(round_trip=min(1.0, grace))
+            return True
+        return False
 
     async def serve_socket(
         self, sock: socket.socket, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED

@@ -4,6 +4,7 @@ threads) and against krproxy.rpc's own Server."""
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,84 @@ async def test_calls_to_krproxys_own_server(nursery: trio.Nursery, sock: str) ->
         with trio.fail_after(LIVENESS_LIMIT):
             await left.wait()
         assert b"ok" == await channel.unary("/t.S/Reverse", b"ko")
+
+
+async def test_first_calls_made_at_once_share_the_channel(nursery: trio.Nursery, sock: str) -> None:
+    async def reverse(message: bytes) -> bytes:
+        return message[::-1]
+
+    await nursery.start(Server({"/t.S/Reverse": unary(reverse)}).serve, sock)
+    replies: dict[int, bytes] = {}
+    async with Channel(sock) as channel:
+
+        async def one(i: int) -> None:
+            replies[i] = await channel.unary("/t.S/Reverse", b"%d-" % i)
+
+        async with trio.open_nursery() as calls:
+            for i in range(20):
+                calls.start_soon(one, i)
+    assert {i: (b"%d-" % i)[::-1] for i in range(20)} == replies
+
+
+async def test_drain_lets_running_calls_finish_then_closes(nursery: trio.Nursery, sock: str) -> None:
+    release, running = trio.Event(), trio.Event()
+
+    async def slow(message: bytes) -> bytes:
+        running.set()
+        await release.wait()
+        return b"finished"
+
+    server = Server({"/t.S/Slow": unary(slow)})
+    await nursery.start(server.serve, sock)
+    replies: list[bytes] = []
+    drained: list[bool] = []
+    async with Channel(sock) as channel, trio.open_nursery() as tasks:
+
+        async def call() -> None:
+            replies.append(await channel.unary("/t.S/Slow", b"", timeout=LIVENESS_LIMIT))
+
+        async def drain() -> None:
+            drained.append(await server.drain(LIVENESS_LIMIT))
+
+        tasks.start_soon(call)
+        with trio.fail_after(LIVENESS_LIMIT):
+            await running.wait()
+        tasks.start_soon(drain)
+        await trio.sleep(0.2)
+        assert [] == drained  # the call is still running: the drain waits for it
+        release.set()
+    assert [b"finished"] == replies and [True] == drained
+    # A call that never ends: the drain gives up after its grace.
+    second = Server({"/t.S/Slow": unary(slow)})
+    await nursery.start(second.serve, sock + "2")
+    running, release = trio.Event(), trio.Event()  # never released
+    async with Channel(sock + "2") as channel, trio.open_nursery() as tasks:
+        tasks.start_soon(functools.partial(channel.unary, "/t.S/Slow", b"", timeout=LIVENESS_LIMIT))
+        with trio.fail_after(LIVENESS_LIMIT):
+            await running.wait()
+        assert not await second.drain(0.3)
+        tasks.cancel_scope.cancel()
+
+
+async def test_a_server_stream_the_server_refused_is_opened_again(nursery: trio.Nursery, sock: str) -> None:
+    """Two streams opened on a new connection before the server's SETTINGS arrive: the second
+    is beyond its MAX_CONCURRENT_STREAMS of 1 and refused (REFUSED_STREAM, not processed), so it
+    is sent again, and waits for the first to end."""
+
+    async def count(message: bytes) -> AsyncIterator[bytes]:
+        for i in range(3):
+            await trio.sleep(0.01)
+            yield b"%d" % i
+
+    await nursery.start(Server({"/t.S/Count": unary_stream(count)}, max_streams=1).serve, sock)
+    got: list[list[bytes]] = []
+    async with Channel(sock) as channel:
+
+        async def one() -> None:
+            async with channel.server_stream("/t.S/Count", b"", timeout=LIVENESS_LIMIT) as replies:
+                got.append([reply async for reply in replies])
+
+        async with trio.open_nursery() as calls:
+            calls.start_soon(one)
+            calls.start_soon(one)
+    assert [[b"0", b"1", b"2"]] * 2 == got
