@@ -135,7 +135,7 @@ def _tests_in_sid(session: nox.Session, version: str) -> None:
             session.error(reason)
         session.skip(reason)
     # The grpc-go client is built on the host (its Go comes unpacked from Debian packages) into
-    # /var/cache/krproxy-debs, which the chroot sees read-only; h2load is installed in the chroot.
+    # /var/cache/krproxy-debs, which the chroot sees read-only; h2load and socat are installed in the chroot.
     session.run(sys.executable, "scripts/install-go-client", external=True, success_codes=[0, 1])
     sid = [sys.executable, "scripts/sid-python", "run", "--"]
     venv = os.path.join(".nox", f"tests-sid-{version.replace('.', '-')}")
@@ -143,7 +143,16 @@ def _tests_in_sid(session: nox.Session, version: str) -> None:
         session.run(*sid, f"python{version}", "-m", "venv", venv, external=True)
     python = os.path.join(venv, "bin", "python")
     session.run(*sid, python, "-m", "pip", "install", "-e", ".[test]", external=True)
-    session.run(*sid, "sh", "scripts/install-h2load", external=True, success_codes=[0, 1])
+    for command, package in (("h2load", "nghttp2-client"), ("socat", "socat")):
+        session.run(
+            *sid,
+            "sh",
+            "scripts/install-debian-command",
+            command,
+            package,
+            external=True,
+            success_codes=[0, 1],
+        )
     session.run(*sid, python, "-m", "pytest", *TEST_PATHS, *session.posargs, external=True)
 
 
