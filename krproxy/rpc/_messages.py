@@ -28,7 +28,8 @@ class Messages:
     """Splits DATA into messages; ``ready`` holds the complete ones as (compressed, bytes).
 
     ``limit``: a message whose prefix announces more raises :class:`MessageTooLarge` at once,
-    before any of it is kept.
+    before any of it is kept. A flag byte other than 0 (plain) or 1 (compressed) raises
+    :class:`GRPCError` INTERNAL, as grpc-go answers it.
     """
 
     __slots__ = ("_partial", "limit", "ready")
@@ -45,13 +46,16 @@ class Messages:
             self._partial.clear()
         offset, total = 0, len(data)
         while total - offset >= 5:
+            flag = data[offset]
+            if flag > 1:
+                raise GRPCError(Status.INTERNAL, f"grpc: received unexpected payload format {flag}")
             size = int.from_bytes(data[offset + 1 : offset + 5], "big")
             if size > self.limit:
                 raise MessageTooLarge(size, self.limit)
             end = offset + 5 + size
             if end > total:
                 break
-            self.ready.append((bool(data[offset] & 1), data[offset + 5 : end]))
+            self.ready.append((flag == 1, data[offset + 5 : end]))
             offset = end
         if offset < total:
             self._partial += data[offset:]
@@ -75,7 +79,7 @@ class Inbox:
         self._waiter: trio.Event | None = None
 
     def arrived(self, data: bytes) -> None:
-        """DATA arrived on the half. Raises :class:`MessageTooLarge`."""
+        """DATA arrived on the half. Raises :class:`MessageTooLarge`, :class:`GRPCError`."""
         self.messages.feed(data)
         if self.messages.ready:
             self.owed += len(data)

@@ -224,6 +224,9 @@ class _Reading:
                 Status.RESOURCE_EXHAUSTED, f"received message larger than max ({err.size} vs. {err.limit})"
             )
             self.upstream.abort(f.CANCEL)
+        except GRPCError as err:  # not gRPC's framing
+            self.error = err
+            self.upstream.abort(f.CANCEL)
         if end and self.error is None:  # gRPC ends with trailers; an answer without them is broken
             self.error = GRPCError(Status.INTERNAL, "the server ended the stream without a status")
         self.inbox.wake()

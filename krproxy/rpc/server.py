@@ -271,6 +271,10 @@ class _ServerCall(Call):
                     f"grpc: received message larger than max ({err.size} vs. {err.limit})",
                 )
                 return
+            except GRPCError as err:  # not gRPC's framing
+                client.grant(size)
+                self.fail(err.status, err.message or "")
+                return
             ep.grant(size)  # the connection's credit at once; the stream's as messages are taken
             ep.collected += size
             self._collected += size
