@@ -32,19 +32,26 @@ class Messages:
     :class:`GRPCError` INTERNAL, as grpc-go answers it.
     """
 
-    __slots__ = ("_partial", "limit", "ready")
+    __slots__ = ("_need", "_partial", "limit", "ready")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._partial = bytearray()
+        self._partial = bytearray()  # the start of a message not complete yet
+        self._need = 5  # the bytes `_partial` must hold before it is parsed again
         self.ready: deque[tuple[bool, bytes]] = deque()
 
     def feed(self, data: bytes) -> None:
-        if self._partial:
-            self._partial += data
-            data = bytes(self._partial)
-            self._partial.clear()
+        partial = self._partial
+        if partial:
+            # Appended to until the message is complete, parsed again only then: a large
+            # message arriving in many frames is copied a constant number of times.
+            partial += data
+            if len(partial) < self._need:
+                return
+            data = bytes(partial)
+            partial.clear()
         offset, total = 0, len(data)
+        need = 5
         while total - offset >= 5:
             flag = data[offset]
             if flag > 1:
@@ -54,11 +61,13 @@ class Messages:
                 raise MessageTooLarge(size, self.limit)
             end = offset + 5 + size
             if end > total:
+                need = 5 + size
                 break
             self.ready.append((flag == 1, data[offset + 5 : end]))
             offset = end
         if offset < total:
-            self._partial += data[offset:]
+            partial += memoryview(data)[offset:]
+        self._need = need
 
     @property
     def incomplete(self) -> bool:
