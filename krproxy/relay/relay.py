@@ -50,6 +50,7 @@ from krproxy.relay.connection import _STOPPED, Endpoint, Half, Headers, Route, c
 from krproxy.relay.rpc import (
     MAX_OWN_ANSWER,
     Answer,
+    AnswerTooLarge,
     Call,
     LocalCall,
     UpstreamError,
@@ -314,7 +315,7 @@ class Relay:
     ) -> Answer:
         """Call ``path`` on ``route`` with ``message``, within ``deadline`` (trio clock).
 
-        An answer larger than ``max_answer`` bytes is an :class:`UpstreamError`.
+        An answer larger than ``max_answer`` bytes is an :class:`AnswerTooLarge` (an :class:`UpstreamError`).
 
         Returns the answer whatever its status. Raises OSError if the upstream cannot be
         reached, :class:`UpstreamError` if it went away or answered something that is not
@@ -338,7 +339,7 @@ class Relay:
             if trio.current_time() >= deadline:
                 raise TimeoutError()
         if exchange.error is not None:
-            raise UpstreamError(exchange.error)
+            raise (AnswerTooLarge if exchange.too_large else UpstreamError)(exchange.error)
         route.mark_reachable()  # our own calls (store recovery's) count, as their failures do
         return exchange.answer()
 

@@ -673,6 +673,10 @@ class UpstreamError(Exception):
     """A call the relay made got no answer: the stream or the connection ended first."""
 
 
+class AnswerTooLarge(UpstreamError):
+    """A call the relay made was answered more than its ``max_answer`` bytes (the stream is reset)."""
+
+
 class _Exchange:
     """The relay's side of a unary call it makes itself; the upstream half reports here."""
 
@@ -685,6 +689,7 @@ class _Exchange:
         "headers",
         "limit",
         "refused",
+        "too_large",
         "trailers",
         "upstream",
     )
@@ -697,6 +702,7 @@ class _Exchange:
         self.body = bytearray()
         self.error: str | None = None
         self.refused = False  # the upstream did not process it: safe to send again
+        self.too_large = False  # the answer passed `limit`
         self.done = trio.Event()
         self.finished = False
         self.backend_clock = 0.0
@@ -715,6 +721,7 @@ class _Exchange:
         self.upstream.grant(len(data))
         if len(self.body) > self.limit:  # a peer that would fill our memory: stop reading it
             self.error = f"the answer is larger than {self.limit} bytes"
+            self.too_large = True
             self.done.set()
             self.upstream.abort(f.CANCEL)
             self.settle()

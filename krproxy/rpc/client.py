@@ -30,6 +30,7 @@ from krproxy.relay.connection import Half, Headers, Route, connect_unix
 from krproxy.relay.relay import _REFUSED_ATTEMPTS, _REFUSED_PAUSE, Relay
 from krproxy.relay.rpc import (
     MAX_OWN_ANSWER,
+    AnswerTooLarge,
     MessageTooLarge,
     UpstreamError,
     _read_status,
@@ -128,6 +129,8 @@ class Channel:
             ) from None
         except OSError as err:
             raise self._unreachable(err) from None
+        except AnswerTooLarge as err:  # as grpc-go's client: not a reason to try again
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, f"{method} on {self.path}: {err}") from None
         except UpstreamError as err:
             raise GRPCError(Status.UNAVAILABLE, f"{method} on {self.path}: {err}") from None
         if answer.status is not Status.OK:

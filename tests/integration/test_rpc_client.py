@@ -265,3 +265,15 @@ async def test_a_server_stream_the_server_refused_is_opened_again(nursery: trio.
             calls.start_soon(one)
             calls.start_soon(one)
     assert [[b"0", b"1", b"2"]] * 2 == got
+
+
+async def test_an_answer_over_max_answer_is_resource_exhausted(grpcio_server: _Generic, sock: str) -> None:
+    """As the Channel's docstring says (and grpc-go's client answers), for unary calls as for
+    server streams; it was UNAVAILABLE for a unary call (the relay's own error), which tells a
+    caller to try again. The channel goes on serving calls."""
+    async with Channel(sock, max_answer=1000) as channel:
+        with pytest.raises(GRPCError) as caught:
+            await channel.unary("/g.S/Echo", b"y" * 2000)
+        assert Status.RESOURCE_EXHAUSTED == caught.value.status, caught.value
+        assert "larger than 1000 bytes" in (caught.value.message or "")
+        assert b"cba" == await channel.unary("/g.S/Echo", b"abc")
