@@ -53,6 +53,7 @@ from krproxy.relay.rpc import (
     AnswerTooLarge,
     Call,
     LocalCall,
+    StreamReset,
     UpstreamError,
     _Exchange,
     encode_grpc_timeout,
@@ -315,7 +316,8 @@ class Relay:
     ) -> Answer:
         """Call ``path`` on ``route`` with ``message``, within ``deadline`` (trio clock).
 
-        An answer larger than ``max_answer`` bytes is an :class:`AnswerTooLarge` (an :class:`UpstreamError`).
+        An answer larger than ``max_answer`` bytes is an :class:`AnswerTooLarge`, a stream the
+        upstream reset a :class:`StreamReset` (both are :class:`UpstreamError`).
 
         Returns the answer whatever its status. Raises OSError if the upstream cannot be
         reached, :class:`UpstreamError` if it went away or answered something that is not
@@ -339,7 +341,11 @@ class Relay:
             if trio.current_time() >= deadline:
                 raise TimeoutError()
         if exchange.error is not None:
-            raise (AnswerTooLarge if exchange.too_large else UpstreamError)(exchange.error)
+            if exchange.too_large:
+                raise AnswerTooLarge(exchange.error)
+            if exchange.reset_code is not None:
+                raise StreamReset(exchange.error, exchange.reset_code)
+            raise UpstreamError(exchange.error)
         route.mark_reachable()  # our own calls (store recovery's) count, as their failures do
         return exchange.answer()
 

@@ -673,6 +673,14 @@ class UpstreamError(Exception):
     """A call the relay made got no answer: the stream or the connection ended first."""
 
 
+class StreamReset(UpstreamError):
+    """The upstream reset the stream of a call the relay made (RST_STREAM ``code``) before answering."""
+
+    def __init__(self, reason: str, code: int) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
 class AnswerTooLarge(UpstreamError):
     """A call the relay made was answered more than its ``max_answer`` bytes (the stream is reset)."""
 
@@ -689,6 +697,7 @@ class _Exchange:
         "headers",
         "limit",
         "refused",
+        "reset_code",
         "too_large",
         "trailers",
         "upstream",
@@ -703,6 +712,7 @@ class _Exchange:
         self.error: str | None = None
         self.refused = False  # the upstream did not process it: safe to send again
         self.too_large = False  # the answer passed `limit`
+        self.reset_code: int | None = None  # the upstream reset the stream before answering
         self.done = trio.Event()
         self.finished = False
         self.backend_clock = 0.0
@@ -734,7 +744,7 @@ class _Exchange:
     def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
         self.upstream.reset = True
         if not self.done.is_set():
-            self.error, self.refused = reason, refused
+            self.error, self.refused, self.reset_code = reason, refused, reset_code
             self.done.set()
         self.settle()
 

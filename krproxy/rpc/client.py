@@ -29,9 +29,11 @@ from krproxy.relay import frames as f
 from krproxy.relay.connection import Half, Headers, Route, connect_unix
 from krproxy.relay.relay import _REFUSED_ATTEMPTS, _REFUSED_PAUSE, Relay
 from krproxy.relay.rpc import (
+    _RESET_STATUS,
     MAX_OWN_ANSWER,
     AnswerTooLarge,
     MessageTooLarge,
+    StreamReset,
     UpstreamError,
     _read_status,
     encode_grpc_timeout,
@@ -131,6 +133,8 @@ class Channel:
             raise self._unreachable(err) from None
         except AnswerTooLarge as err:  # as grpc-go's client: not a reason to try again
             raise GRPCError(Status.RESOURCE_EXHAUSTED, f"{method} on {self.path}: {err}") from None
+        except StreamReset as err:
+            raise GRPCError(_reset_status(err.code), f"{method} on {self.path}: {err}") from None
         except UpstreamError as err:
             raise GRPCError(Status.UNAVAILABLE, f"{method} on {self.path}: {err}") from None
         if answer.status is not Status.OK:
@@ -182,6 +186,12 @@ class Channel:
 
     def _unreachable(self, err: OSError) -> GRPCError:
         return GRPCError(Status.UNAVAILABLE, f"cannot reach {self.path}: {err.strerror or err}")
+
+
+def _reset_status(code: int) -> Status:
+    """The status of a call whose stream the server reset with ``code``, as grpc-go's client
+    maps it (http2ErrConvTab): CANCEL is CANCELLED, REFUSED_STREAM UNAVAILABLE... others INTERNAL."""
+    return _RESET_STATUS.get(code, Status.INTERNAL)
 
 
 class _Reading:
@@ -238,7 +248,8 @@ class _Reading:
     def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
         self.upstream.reset = True
         if self.error is None and self.trailers is None:
-            self.error = GRPCError(Status.UNAVAILABLE, reason)
+            status = Status.UNAVAILABLE if reset_code is None else _reset_status(reset_code)
+            self.error = GRPCError(status, reason)
             self.refused = refused and self.headers is None
         self.inbox.wake()
         self.settle()

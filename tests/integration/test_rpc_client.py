@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.relay import frames as f
 from krproxy.rpc import Channel, Server, Stream, unary, unary_stream
 
 LIVENESS_LIMIT = 30.0  # seconds: a bound on what must happen, not a speed claim
@@ -277,3 +278,34 @@ async def test_an_answer_over_max_answer_is_resource_exhausted(grpcio_server: _G
         assert Status.RESOURCE_EXHAUSTED == caught.value.status, caught.value
         assert "larger than 1000 bytes" in (caught.value.message or "")
         assert b"cba" == await channel.unary("/g.S/Echo", b"abc")
+
+
+async def test_a_stream_the_server_resets_has_the_status_grpc_go_gives_the_reset(
+    nursery: trio.Nursery, sock: str
+) -> None:
+    """RST_STREAM's code is the status as grpc-go's client maps it (http2ErrConvTab): CANCEL is
+    CANCELLED, INTERNAL_ERROR (or any code not listed) INTERNAL, ENHANCE_YOUR_CALM
+    RESOURCE_EXHAUSTED; only REFUSED_STREAM is UNAVAILABLE (it was UNAVAILABLE for every code)."""
+
+    async def reset(stream: Stream) -> None:
+        code = int(await stream.recv_message() or b"0")
+        stream.reset(code)
+
+    await nursery.start(Server({"/t.S/Reset": reset}).serve, sock)
+    wanted = {
+        f.CANCEL: Status.CANCELLED,
+        f.INTERNAL_ERROR: Status.INTERNAL,
+        f.PROTOCOL_ERROR: Status.INTERNAL,
+        f.ENHANCE_YOUR_CALM: Status.RESOURCE_EXHAUSTED,
+    }
+    async with Channel(sock) as channel:
+        for code, status in wanted.items():
+            with pytest.raises(GRPCError) as caught:
+                await channel.unary("/t.S/Reset", b"%d" % code)
+            assert status == caught.value.status, caught.value
+            assert f.ERROR_NAMES[code] in (caught.value.message or "")
+            with pytest.raises(GRPCError) as caught:
+                async with channel.server_stream("/t.S/Reset", b"%d" % code) as replies:
+                    async for _ in replies:
+                        pass
+            assert status == caught.value.status, caught.value
