@@ -430,6 +430,28 @@ def _decompress(data: bytes, wbits: int, limit: int) -> bytes:
     raise GRPCError(Status.INTERNAL, problem)
 
 
+async def decompress_message(encoding: bytes, data: bytes, limit: int) -> bytes:
+    """A message that came with the compressed flag, decompressed as its ``grpc-encoding``
+    says (gzip or deflate; a large one in a worker thread), at most ``limit`` bytes of it.
+
+    Raises :class:`GRPCError` as grpc-go answers: INTERNAL for the flag with no encoding (or
+    ``identity``) and for bytes that do not decompress, UNIMPLEMENTED for another encoding;
+    :class:`MessageTooLarge` when it decompresses to more than ``limit`` (each caller words that).
+    """
+    if encoding in (b"", b"identity"):
+        raise GRPCError(Status.INTERNAL, "grpc: compressed flag set with identity or empty encoding")
+    wbits = _DECOMPRESS_WBITS.get(encoding)
+    if wbits is None:
+        raise GRPCError(
+            Status.UNIMPLEMENTED,
+            f"grpc: Decompressor is not installed for grpc-encoding {encoding.decode('ascii', 'replace')!r}"
+            " (krproxy reads gzip and deflate)",
+        )
+    if len(data) < _THREAD_DECOMPRESS_AT:
+        return _decompress(data, wbits, limit)
+    return await trio.to_thread.run_sync(_decompress, data, wbits, limit)
+
+
 def grpc_message(data: bytes) -> bytes:
     """gRPC's length-prefixed framing of one uncompressed message."""
     return b"\x00" + len(data).to_bytes(4, "big") + data
@@ -563,21 +585,8 @@ class LocalCall(Call):
     async def _decompressed(self, data: bytes) -> bytes:
         """A request message that came compressed (gzip or deflate, as gRPC clients may send),
         decompressed: the interceptor reads protobuf, and forwards it uncompressed."""
-        encoding = self._encoding
-        if encoding == b"identity":  # as grpc-go: the flag says compressed, the header says not
-            raise GRPCError(Status.INTERNAL, "grpc: compressed flag set with identity or empty encoding")
-        wbits = _DECOMPRESS_WBITS.get(encoding)
-        if wbits is None:
-            raise GRPCError(
-                Status.UNIMPLEMENTED,
-                f"grpc: Decompressor is not installed for grpc-encoding {encoding.decode('ascii', 'replace')!r}"
-                " (krproxy reads gzip and deflate)",
-            )
-        limit = self.relay.max_request
         try:
-            if len(data) < _THREAD_DECOMPRESS_AT:
-                return _decompress(data, wbits, limit)
-            return await trio.to_thread.run_sync(_decompress, data, wbits, limit)
+            return await decompress_message(self._encoding, data, self.relay.max_request)
         except MessageTooLarge as err:
             raise GRPCError(
                 Status.RESOURCE_EXHAUSTED,

@@ -10,7 +10,6 @@ message still incomplete are granted at once (a message may be larger than the w
 
 from __future__ import annotations
 
-import zlib
 from collections import deque
 
 import trio
@@ -18,10 +17,6 @@ import trio
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay.connection import Half
 from krproxy.relay.rpc import MessageTooLarge
-
-#: The zlib ``wbits`` of each grpc-encoding a compressed message may come in (gRPC's
-#: compression.md): gzip has a gzip header, deflate is zlib's format.
-_WBITS = {b"gzip": 31, b"deflate": 15}
 
 
 class Messages:
@@ -120,34 +115,3 @@ class Inbox:
         if self._waiter is None:
             self._waiter = trio.Event()
         await self._waiter.wait()
-
-
-def decompress(encoding: bytes, data: bytes, limit: int) -> bytes:
-    """A message that came with the compressed flag, decompressed as its ``grpc-encoding`` says.
-
-    Raises :class:`GRPCError` as grpc-go answers: INTERNAL for the flag without an encoding or
-    for bytes that do not decompress, UNIMPLEMENTED for an encoding we lack (we read gzip and
-    deflate), RESOURCE_EXHAUSTED when it decompresses to more than ``limit`` bytes.
-    """
-    if encoding in (b"", b"identity"):
-        raise GRPCError(Status.INTERNAL, "grpc: compressed flag set with identity or empty encoding")
-    wbits = _WBITS.get(encoding)
-    if wbits is None:
-        raise GRPCError(
-            Status.UNIMPLEMENTED,
-            f"grpc: Decompressor is not installed for grpc-encoding {encoding.decode('ascii', 'replace')!r}"
-            " (gzip and deflate are)",
-        )
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(data, limit + 1)
-    except zlib.error as err:
-        raise GRPCError(Status.INTERNAL, f"grpc: failed to decompress the received message: {err}") from None
-    if len(out) > limit:
-        raise GRPCError(
-            Status.RESOURCE_EXHAUSTED,
-            f"grpc: received message after decompression larger than max ({len(out)}+ vs. {limit})",
-        )
-    if not inflater.eof:
-        raise GRPCError(Status.INTERNAL, "grpc: failed to decompress the received message: it is truncated")
-    return out

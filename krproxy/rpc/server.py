@@ -49,10 +49,11 @@ from krproxy.relay.rpc import (
     MessageTooLarge,
     _forget_traceback,
     _status_fields,
+    decompress_message,
     grpc_message,
     grpc_timeout,
 )
-from krproxy.rpc._messages import Inbox, decompress
+from krproxy.rpc._messages import Inbox
 from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
 __all__ = ["Handler", "Server", "Stream", "unary", "unary_stream"]
@@ -99,7 +100,8 @@ class Stream:
         """The next request message; None once the request has ended (or the call is over).
 
         A message with the compressed flag is decompressed (gzip, deflate); see
-        :func:`krproxy.rpc._messages.decompress` for the errors, raised as :class:`GRPCError`.
+        :func:`krproxy.relay.rpc.decompress_message` for the errors, raised as :class:`GRPCError`
+        (RESOURCE_EXHAUSTED when it decompresses to more than ``max_request``).
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         call = self._call
@@ -111,7 +113,14 @@ class Stream:
                 call.took(len(message) + 5)
                 if compressed:
                     encoding = next((v for k, v in self.headers if k == b"grpc-encoding"), b"")
-                    return decompress(encoding, message, call.server.max_request)
+                    limit = call.server.max_request
+                    try:
+                        return await decompress_message(encoding, message, limit)
+                    except MessageTooLarge:
+                        raise GRPCError(
+                            Status.RESOURCE_EXHAUSTED,
+                            f"grpc: received message after decompression larger than max ({limit + 1}+ vs. {limit})",
+                        ) from None
                 return message
             client = call.client
             if call.finished or client.reset:
