@@ -694,7 +694,26 @@ class AnswerTooLarge(UpstreamError):
     """A call the relay made was answered more than its ``max_answer`` bytes (the stream is reset)."""
 
 
-class _Exchange:
+class OwnStream:
+    """A stream the relay opened itself (a unary call of its own, a client's server stream):
+    its ``upstream`` half reports to it; ``finished`` once the stream is forgotten."""
+
+    __slots__ = ("finished", "upstream")
+    upstream: Half
+    finished: bool
+
+    def settle(self) -> None:
+        """Reset what the server still sends to an answer read whole; forget the stream once done."""
+        upstream = self.upstream
+        if upstream.recv_ended and not upstream.send_ended and not upstream.reset:
+            upstream.abort(f.CANCEL)
+        if upstream.done and not self.finished:
+            self.finished = True
+            upstream.ep.forget(upstream)
+            upstream.release()  # no cycle (stream <-> half)
+
+
+class _Exchange(OwnStream):
     """The relay's side of a unary call it makes itself; the upstream half reports here."""
 
     __slots__ = (
@@ -702,14 +721,12 @@ class _Exchange:
         "body",
         "done",
         "error",
-        "finished",
         "headers",
         "limit",
         "refused",
         "reset_code",
         "too_large",
         "trailers",
-        "upstream",
     )
 
     def __init__(self, limit: int = MAX_OWN_ANSWER) -> None:
@@ -756,15 +773,6 @@ class _Exchange:
             self.error, self.refused, self.reset_code = reason, refused, reset_code
             self.done.set()
         self.settle()
-
-    def settle(self) -> None:
-        upstream = self.upstream
-        if upstream.recv_ended and not upstream.send_ended and not upstream.reset:
-            upstream.abort(f.CANCEL)
-        if upstream.done and not self.finished:
-            self.finished = True
-            upstream.ep.forget(upstream)
-            upstream.release()  # no cycle (exchange <-> half)
 
     def answer(self) -> Answer:
         trailers = self.trailers or []

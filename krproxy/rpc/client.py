@@ -33,6 +33,7 @@ from krproxy.relay.rpc import (
     MAX_OWN_ANSWER,
     AnswerTooLarge,
     MessageTooLarge,
+    OwnStream,
     StreamReset,
     UpstreamError,
     _read_status,
@@ -194,19 +195,17 @@ def _reset_status(code: int) -> Status:
     return _RESET_STATUS.get(code, Status.INTERNAL)
 
 
-class _Reading:
+class _Reading(OwnStream):
     """The client's side of a server-streaming call: the stream's half reports here."""
 
     __slots__ = (
         "backend_clock",
         "error",
-        "finished",
         "headers",
         "inbox",
         "limit",
         "refused",
         "trailers",
-        "upstream",
     )
 
     def __init__(self, limit: int) -> None:
@@ -253,15 +252,6 @@ class _Reading:
             self.refused = refused and self.headers is None
         self.inbox.wake()
         self.settle()
-
-    def settle(self) -> None:
-        upstream = self.upstream
-        if upstream.recv_ended and not upstream.send_ended and not upstream.reset:
-            upstream.abort(f.CANCEL)
-        if upstream.done and not self.finished:
-            self.finished = True
-            upstream.ep.forget(upstream)
-            upstream.release()
 
     # Calls of a caller's connection only; a client's stream never gets them.
     def on_request_data(self, data: bytes, end: bool) -> None:
