@@ -317,7 +317,8 @@ class Relay:
         """Call ``path`` on ``route`` with ``message``, within ``deadline`` (trio clock).
 
         An answer larger than ``max_answer`` bytes is an :class:`AnswerTooLarge`, a stream the
-        upstream reset a :class:`StreamReset` (both are :class:`UpstreamError`).
+        upstream reset a :class:`StreamReset`, an OK answer without one plain message a
+        :class:`BadAnswer` (all are :class:`UpstreamError`).
 
         Returns the answer whatever its status. Raises OSError if the upstream cannot be
         reached, :class:`UpstreamError` if it went away or answered something that is not

@@ -690,6 +690,10 @@ class StreamReset(UpstreamError):
         self.code = code
 
 
+class BadAnswer(UpstreamError):
+    """A call the relay made was answered OK, but not with one uncompressed gRPC message."""
+
+
 class AnswerTooLarge(UpstreamError):
     """A call the relay made was answered more than its ``max_answer`` bytes (the stream is reset)."""
 
@@ -783,6 +787,6 @@ class _Exchange(OwnStream):
         if status is Status.OK:
             raw = self.body
             if len(raw) < 5 or raw[0] != 0 or int.from_bytes(raw[1:5], "big") != len(raw) - 5:
-                raise UpstreamError("the answer is not one uncompressed gRPC message")
+                raise BadAnswer("the answer is not one uncompressed gRPC message")
             body = bytes(raw[5:])
         return Answer(status, message, details, body, self.headers, trailers)

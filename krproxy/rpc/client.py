@@ -32,6 +32,7 @@ from krproxy.relay.rpc import (
     _RESET_STATUS,
     MAX_OWN_ANSWER,
     AnswerTooLarge,
+    BadAnswer,
     MessageTooLarge,
     OwnStream,
     StreamReset,
@@ -134,6 +135,8 @@ class Channel:
             raise self._unreachable(err) from None
         except AnswerTooLarge as err:  # as grpc-go's client: not a reason to try again
             raise GRPCError(Status.RESOURCE_EXHAUSTED, f"{method} on {self.path}: {err}") from None
+        except BadAnswer as err:  # the server did answer: as grpc-go, not a reason to try again
+            raise GRPCError(Status.INTERNAL, f"{method} on {self.path}: {err}") from None
         except StreamReset as err:
             raise GRPCError(_reset_status(err.code), f"{method} on {self.path}: {err}") from None
         except UpstreamError as err:

@@ -309,3 +309,25 @@ async def test_a_stream_the_server_resets_has_the_status_grpc_go_gives_the_reset
                     async for _ in replies:
                         pass
             assert status == caught.value.status, caught.value
+
+
+async def test_an_ok_answer_without_exactly_one_message_is_internal(nursery: trio.Nursery, sock: str) -> None:
+    """A unary call answered OK with no message, or with two, got UNAVAILABLE, which tells the
+    caller to send again a call the server did carry out; grpc-go's client answers INTERNAL
+    (a cardinality violation)."""
+
+    async def none(stream: Stream) -> None:
+        await stream.recv_message()
+
+    async def two(stream: Stream) -> None:
+        await stream.recv_message()
+        await stream.send_message(b"one")
+        await stream.send_message(b"two")
+
+    await nursery.start(Server({"/t.S/None": none, "/t.S/Two": two}).serve, sock)
+    async with Channel(sock) as channel:
+        for method in ("/t.S/None", "/t.S/Two"):
+            with pytest.raises(GRPCError) as caught:
+                await channel.unary(method, b"")
+            assert Status.INTERNAL == caught.value.status, caught.value
+            assert "not one uncompressed gRPC message" in (caught.value.message or "")
