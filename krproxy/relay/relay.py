@@ -50,7 +50,6 @@ from krproxy.relay.connection import _STOPPED, Endpoint, Half, Headers, Route, c
 from krproxy.relay.rpc import (
     MAX_OWN_ANSWER,
     Answer,
-    AnswerTooLarge,
     Call,
     LocalCall,
     StreamReset,
@@ -317,8 +316,8 @@ class Relay:
         """Call ``path`` on ``route`` with ``message``, within ``deadline`` (trio clock).
 
         An answer larger than ``max_answer`` bytes is an :class:`AnswerTooLarge`, a stream the
-        upstream reset a :class:`StreamReset`, an OK answer without one plain message a
-        :class:`BadAnswer` (all are :class:`UpstreamError`).
+        upstream reset a :class:`StreamReset`, an answer gRPC does not give (OK without one
+        plain message, no trailers) a :class:`BadAnswer` (all are :class:`UpstreamError`).
 
         Returns the answer whatever its status. Raises OSError if the upstream cannot be
         reached, :class:`UpstreamError` if it went away or answered something that is not
@@ -342,11 +341,9 @@ class Relay:
             if trio.current_time() >= deadline:
                 raise TimeoutError()
         if exchange.error is not None:
-            if exchange.too_large:
-                raise AnswerTooLarge(exchange.error)
             if exchange.reset_code is not None:
                 raise StreamReset(exchange.error, exchange.reset_code)
-            raise UpstreamError(exchange.error)
+            raise exchange.error_type(exchange.error)
         route.mark_reachable()  # our own calls (store recovery's) count, as their failures do
         return exchange.answer()
 

@@ -691,7 +691,8 @@ class StreamReset(UpstreamError):
 
 
 class BadAnswer(UpstreamError):
-    """A call the relay made was answered OK, but not with one uncompressed gRPC message."""
+    """A call the relay made was answered, but not as gRPC answers: OK without one uncompressed
+    message, or an answer ending without its trailers."""
 
 
 class AnswerTooLarge(UpstreamError):
@@ -725,11 +726,11 @@ class _Exchange(OwnStream):
         "body",
         "done",
         "error",
+        "error_type",
         "headers",
         "limit",
         "refused",
         "reset_code",
-        "too_large",
         "trailers",
     )
 
@@ -741,7 +742,7 @@ class _Exchange(OwnStream):
         self.body = bytearray()
         self.error: str | None = None
         self.refused = False  # the upstream did not process it: safe to send again
-        self.too_large = False  # the answer passed `limit`
+        self.error_type: type[UpstreamError] = UpstreamError  # what `error` is raised as
         self.reset_code: int | None = None  # the upstream reset the stream before answering
         self.done = trio.Event()
         self.finished = False
@@ -761,13 +762,14 @@ class _Exchange(OwnStream):
         self.upstream.grant(len(data))
         if len(self.body) > self.limit:  # a peer that would fill our memory: stop reading it
             self.error = f"the answer is larger than {self.limit} bytes"
-            self.too_large = True
+            self.error_type = AnswerTooLarge
             self.done.set()
             self.upstream.abort(f.CANCEL)
             self.settle()
             return
         if end:  # gRPC ends with trailers; an answer without them is broken
             self.error = "the answer ended without a status"
+            self.error_type = BadAnswer
             self.done.set()
             self.settle()  # the stream is over: free its slot
 

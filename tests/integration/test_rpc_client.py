@@ -4,12 +4,18 @@ threads) and against krproxy.rpc's own Server."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
+import socket
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 import trio
 
@@ -331,3 +337,50 @@ async def test_an_ok_answer_without_exactly_one_message_is_internal(nursery: tri
                 await channel.unary(method, b"")
             assert Status.INTERNAL == caught.value.status, caught.value
             assert "not one uncompressed gRPC message" in (caught.value.message or "")
+
+
+async def test_an_answer_ending_without_trailers_is_internal(sock: str) -> None:
+    """A server that ends the stream with its DATA, no trailers: grpc-go's client answers
+    INTERNAL ("server closed the stream without sending trailers"), as the Channel's server
+    streams did; a unary call got UNAVAILABLE (send it again) for a call the server answered."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock)
+    listener.listen(1)
+    listener.settimeout(LIVENESS_LIMIT)
+
+    def answer_without_trailers() -> None:
+        conn_sock, _ = listener.accept()
+        conn_sock.settimeout(LIVENESS_LIMIT)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        conn_sock.sendall(conn.data_to_send())
+        answered = 0
+        with contextlib.suppress(OSError):
+            while answered < 2:
+                data = conn_sock.recv(65536)
+                if not data:
+                    break
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.StreamEnded):
+                        conn.send_headers(
+                            event.stream_id, [(":status", "200"), ("content-type", "application/grpc")]
+                        )
+                        conn.send_data(event.stream_id, b"\x00\x00\x00\x00\x02ok", end_stream=True)
+                        answered += 1
+                conn_sock.sendall(conn.data_to_send())
+        conn_sock.close()
+
+    thread = threading.Thread(target=answer_without_trailers, daemon=True)
+    thread.start()
+    try:
+        async with Channel(sock) as channel:
+            with pytest.raises(GRPCError) as caught:
+                await channel.unary("/t.S/M", b"")
+            assert Status.INTERNAL == caught.value.status, caught.value
+            with pytest.raises(GRPCError) as caught:
+                async with channel.server_stream("/t.S/M", b"") as replies:
+                    assert [b"ok"] == [reply async for reply in replies]
+            assert Status.INTERNAL == caught.value.status, caught.value
+    finally:
+        await trio.to_thread.run_sync(thread.join, LIVENESS_LIMIT)
+        listener.close()
