@@ -488,7 +488,36 @@ def _forget_traceback(err: BaseException) -> None:
         chain = context
 
 
-class LocalCall(Call):
+class HandledCall(Call):
+    """A call answered by a handler task of ours (an interceptor, a :mod:`krproxy.rpc` handler):
+    ``_scope`` is the task's cancel scope, cancelled when the call ends without it (failed, or
+    its caller gone); ``_collected`` the request bytes it holds, counted in the caller
+    connection's ``collected`` until the call finishes."""
+
+    __slots__ = ("_collected", "_scope")
+
+    def __init__(self, relay: Relay, path: str, route: Route | None) -> None:
+        super().__init__(relay, path, route)
+        self._scope: trio.CancelScope | None = None
+        self._collected = 0
+
+    def fail(self, status: Status, message: str) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        super().fail(status, message)
+
+    def finish(self) -> None:
+        self.client.ep.collected -= self._collected
+        self._collected = 0
+        super().finish()
+
+    def caller_gone(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        super().caller_gone()
+
+
+class LocalCall(HandledCall):
     """A call with hook points: the relay collects the request and runs the interceptor.
 
     The interceptor runs in a task of its own; its ``forward`` makes a unary call on the
@@ -496,7 +525,7 @@ class LocalCall(Call):
     caller's deadline. Its reply, or the runtime's error answer, goes back unchanged.
     """
 
-    __slots__ = ("_collected", "_encoding", "_interceptor", "_metadata", "_scope", "_started", "ctx")
+    __slots__ = ("_encoding", "_interceptor", "_metadata", "_started", "ctx")
 
     def __init__(
         self, relay: Relay, path: str, route: Route | None, interceptor: Interceptor, headers: Headers
@@ -507,9 +536,7 @@ class LocalCall(Call):
         self._interceptor = interceptor
         self._metadata = [field for field in headers if field[0] not in _OWN_FIELDS]
         self._encoding = next((value for name, value in headers if name == b"grpc-encoding"), b"identity")
-        self._scope: trio.CancelScope | None = None
         self._started = False
-        self._collected = 0  # request bytes counted in the caller connection's `collected`
         self.ctx = calls.CallContext(path)
 
     def on_request_data(self, data: bytes, end: bool) -> None:
@@ -638,21 +665,6 @@ class LocalCall(Call):
                 trailers=answer.trailers,
             )
         return Reply(answer.body, answer.headers or [], answer.trailers)
-
-    def fail(self, status: Status, message: str) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        super().fail(status, message)
-
-    def finish(self) -> None:
-        self.client.ep.collected -= self._collected
-        self._collected = 0
-        super().finish()
-
-    def caller_gone(self) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        super().caller_gone()
 
     def record(self) -> calls.CallRecord:
         ctx = self.ctx

@@ -44,8 +44,8 @@ from krproxy.relay.connection import Endpoint, Half, Headers
 from krproxy.relay.relay import Relay
 from krproxy.relay.rpc import (
     _PLAIN_HEADERS,
-    Call,
     CloseConnection,
+    HandledCall,
     MessageTooLarge,
     _forget_traceback,
     _status_fields,
@@ -236,11 +236,11 @@ def unary_stream(fn: Callable[[bytes], AsyncIterator[bytes]]) -> Handler:
     return handle
 
 
-class _ServerCall(Call):
+class _ServerCall(HandledCall):
     """A call the server answers: the caller's half and no upstream (the relay's :class:`Call`
     gives the ending rules: answering early resets the rest of the request, a reset ends it)."""
 
-    __slots__ = ("_collected", "_scope", "ended_here", "inbox", "server", "stream", "unsent")
+    __slots__ = ("ended_here", "inbox", "server", "stream", "unsent")
 
     def __init__(self, server: Server, path: str) -> None:
         super().__init__(server.relay, path, None)
@@ -249,8 +249,6 @@ class _ServerCall(Call):
         self.inbox: Inbox = None  # type: ignore[assignment]  # set with `client`, right after
         self.unsent = 0  # reply bytes queued beyond the caller's windows
         self.ended_here = False  # the handler (or check_headers) ended the call: no more sends
-        self._collected = 0  # request bytes held here, counted in the connection's `collected`
-        self._scope: trio.CancelScope | None = None
         self.stream: Stream = None  # type: ignore[assignment]  # set right after construction
 
     @property
@@ -306,19 +304,7 @@ class _ServerCall(Call):
         self.client.ep.collected -= size
         self._collected -= size
 
-    def caller_gone(self) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        super().caller_gone()
-
-    def fail(self, status: Status, message: str) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        super().fail(status, message)
-
     def finish(self) -> None:
-        self.client.ep.collected -= self._collected
-        self._collected = 0
         self.inbox.wake()
         super().finish()
 
