@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import functools
+import os
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +19,7 @@ import h2.connection
 import h2.events
 import pytest
 import trio
+import trio.lowlevel
 
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import frames as f
@@ -384,3 +386,61 @@ async def test_an_answer_ending_without_trailers_is_internal(sock: str) -> None:
     finally:
         await trio.to_thread.run_sync(thread.join, LIVENESS_LIMIT)
         listener.close()
+
+
+async def test_no_fd_or_call_is_left_after_many_calls_and_failures(nursery: trio.Nursery, sock: str) -> None:
+    """Calls that succeed, fail, are reset, time out or find no server, on channels opened and
+    closed, leave the process's fds and the server's calls and connections as they were."""
+
+    async def reverse(message: bytes) -> bytes:
+        return message[::-1]
+
+    async def hang(stream: Stream) -> None:
+        await trio.sleep_forever()
+
+    async def reset(stream: Stream) -> None:
+        await stream.recv_message()
+        stream.reset(f.CANCEL)
+
+    async def count(message: bytes) -> AsyncIterator[bytes]:
+        for i in range(int(message)):
+            yield b"%d" % i
+
+    server = Server(
+        {"/t.S/R": unary(reverse), "/t.S/Hang": hang, "/t.S/Reset": reset, "/t.S/Count": unary_stream(count)}
+    )
+    fds = len(os.listdir("/proc/self/fd"))
+    scope = trio.CancelScope()
+
+    async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await server.serve(sock, task_status=task_status)
+
+    await nursery.start(serve)
+    for _ in range(10):
+        async with Channel(sock) as channel:
+            assert b"ba" == await channel.unary("/t.S/R", b"ab")
+            with pytest.raises(GRPCError) as caught:
+                await channel.unary("/t.S/Hang", b"", timeout=0.05)
+            assert Status.DEADLINE_EXCEEDED == caught.value.status
+            with pytest.raises(GRPCError) as caught:
+                await channel.unary("/t.S/Reset", b"")  # no deadline: a loaded machine is slow
+            assert Status.CANCELLED == caught.value.status
+            async with channel.server_stream("/t.S/Count", b"5") as replies:
+                async for _ in replies:
+                    break
+            with pytest.raises(GRPCError):
+                await channel.unary("/t.S/Missing", b"")
+    with trio.fail_after(LIVENESS_LIMIT):
+        await server.relay.wait_idle()  # every call ended on the server too
+        while server.relay._clients:  # noqa: ASYNC110 - no event for it: the server sees each EOF
+            await trio.sleep(0.01)
+    assert fds + 1 == len(os.listdir("/proc/self/fd"))  # the server's listening socket
+    scope.cancel()
+    for _ in range(10):
+        async with Channel(sock) as channel:
+            with pytest.raises(GRPCError) as caught:
+                await channel.unary("/t.S/R", b"")
+            assert Status.UNAVAILABLE == caught.value.status
+    await trio.lowlevel.checkpoint()
+    assert fds == len(os.listdir("/proc/self/fd"))
