@@ -52,6 +52,7 @@ from krproxy.relay.rpc import (
     Answer,
     Call,
     LocalCall,
+    StreamReset,
     UpstreamError,
     _Exchange,
     encode_grpc_timeout,
@@ -314,7 +315,9 @@ class Relay:
     ) -> Answer:
         """Call ``path`` on ``route`` with ``message``, within ``deadline`` (trio clock).
 
-        An answer larger than ``max_answer`` bytes is an :class:`UpstreamError`.
+        An answer larger than ``max_answer`` bytes is an :class:`AnswerTooLarge`, a stream the
+        upstream reset a :class:`StreamReset`, an answer gRPC does not give (OK without one
+        plain message, no trailers) a :class:`BadAnswer` (all are :class:`UpstreamError`).
 
         Returns the answer whatever its status. Raises OSError if the upstream cannot be
         reached, :class:`UpstreamError` if it went away or answered something that is not
@@ -338,7 +341,9 @@ class Relay:
             if trio.current_time() >= deadline:
                 raise TimeoutError()
         if exchange.error is not None:
-            raise UpstreamError(exchange.error)
+            if exchange.reset_code is not None:
+                raise StreamReset(exchange.error, exchange.reset_code)
+            raise exchange.error_type(exchange.error)
         route.mark_reachable()  # our own calls (store recovery's) count, as their failures do
         return exchange.answer()
 

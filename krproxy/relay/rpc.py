@@ -430,6 +430,28 @@ def _decompress(data: bytes, wbits: int, limit: int) -> bytes:
     raise GRPCError(Status.INTERNAL, problem)
 
 
+async def decompress_message(encoding: bytes, data: bytes, limit: int) -> bytes:
+    """A message that came with the compressed flag, decompressed as its ``grpc-encoding``
+    says (gzip or deflate; a large one in a worker thread), at most ``limit`` bytes of it.
+
+    Raises :class:`GRPCError` as grpc-go answers: INTERNAL for the flag with no encoding (or
+    ``identity``) and for bytes that do not decompress, UNIMPLEMENTED for another encoding;
+    :class:`MessageTooLarge` when it decompresses to more than ``limit`` (each caller words that).
+    """
+    if encoding in (b"", b"identity"):
+        raise GRPCError(Status.INTERNAL, "grpc: compressed flag set with identity or empty encoding")
+    wbits = _DECOMPRESS_WBITS.get(encoding)
+    if wbits is None:
+        raise GRPCError(
+            Status.UNIMPLEMENTED,
+            f"grpc: Decompressor is not installed for grpc-encoding {encoding.decode('ascii', 'replace')!r}"
+            " (krproxy reads gzip and deflate)",
+        )
+    if len(data) < _THREAD_DECOMPRESS_AT:
+        return _decompress(data, wbits, limit)
+    return await trio.to_thread.run_sync(_decompress, data, wbits, limit)
+
+
 def grpc_message(data: bytes) -> bytes:
     """gRPC's length-prefixed framing of one uncompressed message."""
     return b"\x00" + len(data).to_bytes(4, "big") + data
@@ -466,7 +488,36 @@ def _forget_traceback(err: BaseException) -> None:
         chain = context
 
 
-class LocalCall(Call):
+class HandledCall(Call):
+    """A call answered by a handler task of ours (an interceptor, a :mod:`krproxy.rpc` handler):
+    ``_scope`` is the task's cancel scope, cancelled when the call ends without it (failed, or
+    its caller gone); ``_collected`` the request bytes it holds, counted in the caller
+    connection's ``collected`` until the call finishes."""
+
+    __slots__ = ("_collected", "_scope")
+
+    def __init__(self, relay: Relay, path: str, route: Route | None) -> None:
+        super().__init__(relay, path, route)
+        self._scope: trio.CancelScope | None = None
+        self._collected = 0
+
+    def fail(self, status: Status, message: str) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        super().fail(status, message)
+
+    def finish(self) -> None:
+        self.client.ep.collected -= self._collected
+        self._collected = 0
+        super().finish()
+
+    def caller_gone(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        super().caller_gone()
+
+
+class LocalCall(HandledCall):
     """A call with hook points: the relay collects the request and runs the interceptor.
 
     The interceptor runs in a task of its own; its ``forward`` makes a unary call on the
@@ -474,7 +525,7 @@ class LocalCall(Call):
     caller's deadline. Its reply, or the runtime's error answer, goes back unchanged.
     """
 
-    __slots__ = ("_collected", "_encoding", "_interceptor", "_metadata", "_scope", "_started", "ctx")
+    __slots__ = ("_encoding", "_interceptor", "_metadata", "_started", "ctx")
 
     def __init__(
         self, relay: Relay, path: str, route: Route | None, interceptor: Interceptor, headers: Headers
@@ -485,9 +536,7 @@ class LocalCall(Call):
         self._interceptor = interceptor
         self._metadata = [field for field in headers if field[0] not in _OWN_FIELDS]
         self._encoding = next((value for name, value in headers if name == b"grpc-encoding"), b"identity")
-        self._scope: trio.CancelScope | None = None
         self._started = False
-        self._collected = 0  # request bytes counted in the caller connection's `collected`
         self.ctx = calls.CallContext(path)
 
     def on_request_data(self, data: bytes, end: bool) -> None:
@@ -563,21 +612,8 @@ class LocalCall(Call):
     async def _decompressed(self, data: bytes) -> bytes:
         """A request message that came compressed (gzip or deflate, as gRPC clients may send),
         decompressed: the interceptor reads protobuf, and forwards it uncompressed."""
-        encoding = self._encoding
-        if encoding == b"identity":  # as grpc-go: the flag says compressed, the header says not
-            raise GRPCError(Status.INTERNAL, "grpc: compressed flag set with identity or empty encoding")
-        wbits = _DECOMPRESS_WBITS.get(encoding)
-        if wbits is None:
-            raise GRPCError(
-                Status.UNIMPLEMENTED,
-                f"grpc: Decompressor is not installed for grpc-encoding {encoding.decode('ascii', 'replace')!r}"
-                " (krproxy reads gzip and deflate)",
-            )
-        limit = self.relay.max_request
         try:
-            if len(data) < _THREAD_DECOMPRESS_AT:
-                return _decompress(data, wbits, limit)
-            return await trio.to_thread.run_sync(_decompress, data, wbits, limit)
+            return await decompress_message(self._encoding, data, self.relay.max_request)
         except MessageTooLarge as err:
             raise GRPCError(
                 Status.RESOURCE_EXHAUSTED,
@@ -630,21 +666,6 @@ class LocalCall(Call):
             )
         return Reply(answer.body, answer.headers or [], answer.trailers)
 
-    def fail(self, status: Status, message: str) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        super().fail(status, message)
-
-    def finish(self) -> None:
-        self.client.ep.collected -= self._collected
-        self._collected = 0
-        super().finish()
-
-    def caller_gone(self) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        super().caller_gone()
-
     def record(self) -> calls.CallRecord:
         ctx = self.ctx
         if self.status is not Status.OK:
@@ -673,7 +694,43 @@ class UpstreamError(Exception):
     """A call the relay made got no answer: the stream or the connection ended first."""
 
 
-class _Exchange:
+class StreamReset(UpstreamError):
+    """The upstream reset the stream of a call the relay made (RST_STREAM ``code``) before answering."""
+
+    def __init__(self, reason: str, code: int) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+class BadAnswer(UpstreamError):
+    """A call the relay made was answered, but not as gRPC answers: OK without one uncompressed
+    message, or an answer ending without its trailers."""
+
+
+class AnswerTooLarge(UpstreamError):
+    """A call the relay made was answered more than its ``max_answer`` bytes (the stream is reset)."""
+
+
+class OwnStream:
+    """A stream the relay opened itself (a unary call of its own, a client's server stream):
+    its ``upstream`` half reports to it; ``finished`` once the stream is forgotten."""
+
+    __slots__ = ("finished", "upstream")
+    upstream: Half
+    finished: bool
+
+    def settle(self) -> None:
+        """Reset what the server still sends to an answer read whole; forget the stream once done."""
+        upstream = self.upstream
+        if upstream.recv_ended and not upstream.send_ended and not upstream.reset:
+            upstream.abort(f.CANCEL)
+        if upstream.done and not self.finished:
+            self.finished = True
+            upstream.ep.forget(upstream)
+            upstream.release()  # no cycle (stream <-> half)
+
+
+class _Exchange(OwnStream):
     """The relay's side of a unary call it makes itself; the upstream half reports here."""
 
     __slots__ = (
@@ -681,12 +738,12 @@ class _Exchange:
         "body",
         "done",
         "error",
-        "finished",
+        "error_type",
         "headers",
         "limit",
         "refused",
+        "reset_code",
         "trailers",
-        "upstream",
     )
 
     def __init__(self, limit: int = MAX_OWN_ANSWER) -> None:
@@ -697,6 +754,8 @@ class _Exchange:
         self.body = bytearray()
         self.error: str | None = None
         self.refused = False  # the upstream did not process it: safe to send again
+        self.error_type: type[UpstreamError] = UpstreamError  # what `error` is raised as
+        self.reset_code: int | None = None  # the upstream reset the stream before answering
         self.done = trio.Event()
         self.finished = False
         self.backend_clock = 0.0
@@ -715,30 +774,23 @@ class _Exchange:
         self.upstream.grant(len(data))
         if len(self.body) > self.limit:  # a peer that would fill our memory: stop reading it
             self.error = f"the answer is larger than {self.limit} bytes"
+            self.error_type = AnswerTooLarge
             self.done.set()
             self.upstream.abort(f.CANCEL)
             self.settle()
             return
         if end:  # gRPC ends with trailers; an answer without them is broken
             self.error = "the answer ended without a status"
+            self.error_type = BadAnswer
             self.done.set()
             self.settle()  # the stream is over: free its slot
 
     def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
         self.upstream.reset = True
         if not self.done.is_set():
-            self.error, self.refused = reason, refused
+            self.error, self.refused, self.reset_code = reason, refused, reset_code
             self.done.set()
         self.settle()
-
-    def settle(self) -> None:
-        upstream = self.upstream
-        if upstream.recv_ended and not upstream.send_ended and not upstream.reset:
-            upstream.abort(f.CANCEL)
-        if upstream.done and not self.finished:
-            self.finished = True
-            upstream.ep.forget(upstream)
-            upstream.release()  # no cycle (exchange <-> half)
 
     def answer(self) -> Answer:
         trailers = self.trailers or []
@@ -749,6 +801,6 @@ class _Exchange:
         if status is Status.OK:
             raw = self.body
             if len(raw) < 5 or raw[0] != 0 or int.from_bytes(raw[1:5], "big") != len(raw) - 5:
-                raise UpstreamError("the answer is not one uncompressed gRPC message")
+                raise BadAnswer("the answer is not one uncompressed gRPC message")
             body = bytes(raw[5:])
         return Answer(status, message, details, body, self.headers, trailers)

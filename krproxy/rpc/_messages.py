@@ -10,7 +10,6 @@ message still incomplete are granted at once (a message may be larger than the w
 
 from __future__ import annotations
 
-import zlib
 from collections import deque
 
 import trio
@@ -19,42 +18,51 @@ from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay.connection import Half
 from krproxy.relay.rpc import MessageTooLarge
 
-#: The zlib ``wbits`` of each grpc-encoding a compressed message may come in (gRPC's
-#: compression.md): gzip has a gzip header, deflate is zlib's format.
-_WBITS = {b"gzip": 31, b"deflate": 15}
-
 
 class Messages:
     """Splits DATA into messages; ``ready`` holds the complete ones as (compressed, bytes).
 
     ``limit``: a message whose prefix announces more raises :class:`MessageTooLarge` at once,
-    before any of it is kept.
+    before any of it is kept. A flag byte other than 0 (plain) or 1 (compressed) raises
+    :class:`GRPCError` INTERNAL, as grpc-go answers it.
     """
 
-    __slots__ = ("_partial", "limit", "ready")
+    __slots__ = ("_need", "_partial", "limit", "ready")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._partial = bytearray()
+        self._partial = bytearray()  # the start of a message not complete yet
+        self._need = 5  # the bytes `_partial` must hold before it is parsed again
         self.ready: deque[tuple[bool, bytes]] = deque()
 
     def feed(self, data: bytes) -> None:
-        if self._partial:
-            self._partial += data
-            data = bytes(self._partial)
-            self._partial.clear()
+        partial = self._partial
+        if partial:
+            # Appended to until the message is complete, parsed again only then: a large
+            # message arriving in many frames is copied a constant number of times.
+            partial += data
+            if len(partial) < self._need:
+                return
+            data = bytes(partial)
+            partial.clear()
         offset, total = 0, len(data)
+        need = 5
         while total - offset >= 5:
+            flag = data[offset]
+            if flag > 1:
+                raise GRPCError(Status.INTERNAL, f"grpc: received unexpected payload format {flag}")
             size = int.from_bytes(data[offset + 1 : offset + 5], "big")
             if size > self.limit:
                 raise MessageTooLarge(size, self.limit)
             end = offset + 5 + size
             if end > total:
+                need = 5 + size
                 break
-            self.ready.append((bool(data[offset] & 1), data[offset + 5 : end]))
+            self.ready.append((flag == 1, data[offset + 5 : end]))
             offset = end
         if offset < total:
-            self._partial += data[offset:]
+            partial += memoryview(data)[offset:]
+        self._need = need
 
     @property
     def incomplete(self) -> bool:
@@ -75,7 +83,7 @@ class Inbox:
         self._waiter: trio.Event | None = None
 
     def arrived(self, data: bytes) -> None:
-        """DATA arrived on the half. Raises :class:`MessageTooLarge`."""
+        """DATA arrived on the half. Raises :class:`MessageTooLarge`, :class:`GRPCError`."""
         self.messages.feed(data)
         if self.messages.ready:
             self.owed += len(data)
@@ -107,34 +115,3 @@ class Inbox:
         if self._waiter is None:
             self._waiter = trio.Event()
         await self._waiter.wait()
-
-
-def decompress(encoding: bytes, data: bytes, limit: int) -> bytes:
-    """A message that came with the compressed flag, decompressed as its ``grpc-encoding`` says.
-
-    Raises :class:`GRPCError` as grpc-go answers: INTERNAL for the flag without an encoding or
-    for bytes that do not decompress, UNIMPLEMENTED for an encoding we lack (we read gzip and
-    deflate), RESOURCE_EXHAUSTED when it decompresses to more than ``limit`` bytes.
-    """
-    if encoding in (b"", b"identity"):
-        raise GRPCError(Status.INTERNAL, "grpc: compressed flag set with identity or empty encoding")
-    wbits = _WBITS.get(encoding)
-    if wbits is None:
-        raise GRPCError(
-            Status.UNIMPLEMENTED,
-            f"grpc: Decompressor is not installed for grpc-encoding {encoding.decode('ascii', 'replace')!r}"
-            " (gzip and deflate are)",
-        )
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(data, limit + 1)
-    except zlib.error as err:
-        raise GRPCError(Status.INTERNAL, f"grpc: failed to decompress the received message: {err}") from None
-    if len(out) > limit:
-        raise GRPCError(
-            Status.RESOURCE_EXHAUSTED,
-            f"grpc: received message after decompression larger than max ({len(out)}+ vs. {limit})",
-        )
-    if not inflater.eof:
-        raise GRPCError(Status.INTERNAL, "grpc: failed to decompress the received message: it is truncated")
-    return out

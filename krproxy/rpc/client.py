@@ -29,8 +29,13 @@ from krproxy.relay import frames as f
 from krproxy.relay.connection import Half, Headers, Route, connect_unix
 from krproxy.relay.relay import _REFUSED_ATTEMPTS, _REFUSED_PAUSE, Relay
 from krproxy.relay.rpc import (
+    _RESET_STATUS,
     MAX_OWN_ANSWER,
+    AnswerTooLarge,
+    BadAnswer,
     MessageTooLarge,
+    OwnStream,
+    StreamReset,
     UpstreamError,
     _read_status,
     encode_grpc_timeout,
@@ -128,6 +133,12 @@ class Channel:
             ) from None
         except OSError as err:
             raise self._unreachable(err) from None
+        except AnswerTooLarge as err:  # as grpc-go's client: not a reason to try again
+            raise GRPCError(Status.RESOURCE_EXHAUSTED, f"{method} on {self.path}: {err}") from None
+        except BadAnswer as err:  # the server did answer: as grpc-go, not a reason to try again
+            raise GRPCError(Status.INTERNAL, f"{method} on {self.path}: {err}") from None
+        except StreamReset as err:
+            raise GRPCError(_reset_status(err.code), f"{method} on {self.path}: {err}") from None
         except UpstreamError as err:
             raise GRPCError(Status.UNAVAILABLE, f"{method} on {self.path}: {err}") from None
         if answer.status is not Status.OK:
@@ -181,19 +192,23 @@ class Channel:
         return GRPCError(Status.UNAVAILABLE, f"cannot reach {self.path}: {err.strerror or err}")
 
 
-class _Reading:
+def _reset_status(code: int) -> Status:
+    """The status of a call whose stream the server reset with ``code``, as grpc-go's client
+    maps it (http2ErrConvTab): CANCEL is CANCELLED, REFUSED_STREAM UNAVAILABLE... others INTERNAL."""
+    return _RESET_STATUS.get(code, Status.INTERNAL)
+
+
+class _Reading(OwnStream):
     """The client's side of a server-streaming call: the stream's half reports here."""
 
     __slots__ = (
         "backend_clock",
         "error",
-        "finished",
         "headers",
         "inbox",
         "limit",
         "refused",
         "trailers",
-        "upstream",
     )
 
     def __init__(self, limit: int) -> None:
@@ -224,6 +239,9 @@ class _Reading:
                 Status.RESOURCE_EXHAUSTED, f"received message larger than max ({err.size} vs. {err.limit})"
             )
             self.upstream.abort(f.CANCEL)
+        except GRPCError as err:  # not gRPC's framing
+            self.error = err
+            self.upstream.abort(f.CANCEL)
         if end and self.error is None:  # gRPC ends with trailers; an answer without them is broken
             self.error = GRPCError(Status.INTERNAL, "the server ended the stream without a status")
         self.inbox.wake()
@@ -232,19 +250,11 @@ class _Reading:
     def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
         self.upstream.reset = True
         if self.error is None and self.trailers is None:
-            self.error = GRPCError(Status.UNAVAILABLE, reason)
+            status = Status.UNAVAILABLE if reset_code is None else _reset_status(reset_code)
+            self.error = GRPCError(status, reason)
             self.refused = refused and self.headers is None
         self.inbox.wake()
         self.settle()
-
-    def settle(self) -> None:
-        upstream = self.upstream
-        if upstream.recv_ended and not upstream.send_ended and not upstream.reset:
-            upstream.abort(f.CANCEL)
-        if upstream.done and not self.finished:
-            self.finished = True
-            upstream.ep.forget(upstream)
-            upstream.release()
 
     # Calls of a caller's connection only; a client's stream never gets them.
     def on_request_data(self, data: bytes, end: bool) -> None:

@@ -44,15 +44,16 @@ from krproxy.relay.connection import Endpoint, Half, Headers
 from krproxy.relay.relay import Relay
 from krproxy.relay.rpc import (
     _PLAIN_HEADERS,
-    Call,
     CloseConnection,
+    HandledCall,
     MessageTooLarge,
     _forget_traceback,
     _status_fields,
+    decompress_message,
     grpc_message,
     grpc_timeout,
 )
-from krproxy.rpc._messages import Inbox, decompress
+from krproxy.rpc._messages import Inbox
 from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
 __all__ = ["Handler", "Server", "Stream", "unary", "unary_stream"]
@@ -99,7 +100,8 @@ class Stream:
         """The next request message; None once the request has ended (or the call is over).
 
         A message with the compressed flag is decompressed (gzip, deflate); see
-        :func:`krproxy.rpc._messages.decompress` for the errors, raised as :class:`GRPCError`.
+        :func:`krproxy.relay.rpc.decompress_message` for the errors, raised as :class:`GRPCError`
+        (RESOURCE_EXHAUSTED when it decompresses to more than ``max_request``).
         """
         await trio.lowlevel.checkpoint_if_cancelled()
         call = self._call
@@ -111,7 +113,14 @@ class Stream:
                 call.took(len(message) + 5)
                 if compressed:
                     encoding = next((v for k, v in self.headers if k == b"grpc-encoding"), b"")
-                    return decompress(encoding, message, call.server.max_request)
+                    limit = call.server.max_request
+                    try:
+                        return await decompress_message(encoding, message, limit)
+                    except MessageTooLarge:
+                        raise GRPCError(
+                            Status.RESOURCE_EXHAUSTED,
+                            f"grpc: received message after decompression larger than max ({limit + 1}+ vs. {limit})",
+                        ) from None
                 return message
             client = call.client
             if call.finished or client.reset:
@@ -227,11 +236,11 @@ def unary_stream(fn: Callable[[bytes], AsyncIterator[bytes]]) -> Handler:
     return handle
 
 
-class _ServerCall(Call):
+class _ServerCall(HandledCall):
     """A call the server answers: the caller's half and no upstream (the relay's :class:`Call`
     gives the ending rules: answering early resets the rest of the request, a reset ends it)."""
 
-    __slots__ = ("_collected", "_scope", "ended_here", "inbox", "server", "stream", "unsent")
+    __slots__ = ("ended_here", "inbox", "server", "stream", "unsent")
 
     def __init__(self, server: Server, path: str) -> None:
         super().__init__(server.relay, path, None)
@@ -240,8 +249,6 @@ class _ServerCall(Call):
         self.inbox: Inbox = None  # type: ignore[assignment]  # set with `client`, right after
         self.unsent = 0  # reply bytes queued beyond the caller's windows
         self.ended_here = False  # the handler (or check_headers) ended the call: no more sends
-        self._collected = 0  # request bytes held here, counted in the connection's `collected`
-        self._scope: trio.CancelScope | None = None
         self.stream: Stream = None  # type: ignore[assignment]  # set right after construction
 
     @property
@@ -271,6 +278,10 @@ class _ServerCall(Call):
                     f"grpc: received message larger than max ({err.size} vs. {err.limit})",
                 )
                 return
+            except GRPCError as err:  # not gRPC's framing
+                client.grant(size)
+                self.fail(err.status, err.message or "")
+                return
             ep.grant(size)  # the connection's credit at once; the stream's as messages are taken
             ep.collected += size
             self._collected += size
@@ -293,19 +304,7 @@ class _ServerCall(Call):
         self.client.ep.collected -= size
         self._collected -= size
 
-    def caller_gone(self) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        super().caller_gone()
-
-    def fail(self, status: Status, message: str) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        super().fail(status, message)
-
     def finish(self) -> None:
-        self.client.ep.collected -= self._collected
-        self._collected = 0
         self.inbox.wake()
         super().finish()
 

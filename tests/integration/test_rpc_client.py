@@ -4,16 +4,25 @@ threads) and against krproxy.rpc's own Server."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import functools
+import os
+import socket
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
 import pytest
 import trio
+import trio.lowlevel
 
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.relay import frames as f
 from krproxy.rpc import Channel, Server, Stream, unary, unary_stream
 
 LIVENESS_LIMIT = 30.0  # seconds: a bound on what must happen, not a speed claim
@@ -265,3 +274,173 @@ async def test_a_server_stream_the_server_refused_is_opened_again(nursery: trio.
             calls.start_soon(one)
             calls.start_soon(one)
     assert [[b"0", b"1", b"2"]] * 2 == got
+
+
+async def test_an_answer_over_max_answer_is_resource_exhausted(grpcio_server: _Generic, sock: str) -> None:
+    """As the Channel's docstring says (and grpc-go's client answers), for unary calls as for
+    server streams; it was UNAVAILABLE for a unary call (the relay's own error), which tells a
+    caller to try again. The channel goes on serving calls."""
+    async with Channel(sock, max_answer=1000) as channel:
+        with pytest.raises(GRPCError) as caught:
+            await channel.unary("/g.S/Echo", b"y" * 2000)
+        assert Status.RESOURCE_EXHAUSTED == caught.value.status, caught.value
+        assert "larger than 1000 bytes" in (caught.value.message or "")
+        assert b"cba" == await channel.unary("/g.S/Echo", b"abc")
+
+
+async def test_a_stream_the_server_resets_has_the_status_grpc_go_gives_the_reset(
+    nursery: trio.Nursery, sock: str
+) -> None:
+    """RST_STREAM's code is the status as grpc-go's client maps it (http2ErrConvTab): CANCEL is
+    CANCELLED, INTERNAL_ERROR (or any code not listed) INTERNAL, ENHANCE_YOUR_CALM
+    RESOURCE_EXHAUSTED; only REFUSED_STREAM is UNAVAILABLE (it was UNAVAILABLE for every code)."""
+
+    async def reset(stream: Stream) -> None:
+        code = int(await stream.recv_message() or b"0")
+        stream.reset(code)
+
+    await nursery.start(Server({"/t.S/Reset": reset}).serve, sock)
+    wanted = {
+        f.CANCEL: Status.CANCELLED,
+        f.INTERNAL_ERROR: Status.INTERNAL,
+        f.PROTOCOL_ERROR: Status.INTERNAL,
+        f.ENHANCE_YOUR_CALM: Status.RESOURCE_EXHAUSTED,
+    }
+    async with Channel(sock) as channel:
+        for code, status in wanted.items():
+            with pytest.raises(GRPCError) as caught:
+                await channel.unary("/t.S/Reset", b"%d" % code)
+            assert status == caught.value.status, caught.value
+            assert f.ERROR_NAMES[code] in (caught.value.message or "")
+            with pytest.raises(GRPCError) as caught:
+                async with channel.server_stream("/t.S/Reset", b"%d" % code) as replies:
+                    async for _ in replies:
+                        pass
+            assert status == caught.value.status, caught.value
+
+
+async def test_an_ok_answer_without_exactly_one_message_is_internal(nursery: trio.Nursery, sock: str) -> None:
+    """A unary call answered OK with no message, or with two, got UNAVAILABLE, which tells the
+    caller to send again a call the server did carry out; grpc-go's client answers INTERNAL
+    (a cardinality violation)."""
+
+    async def none(stream: Stream) -> None:
+        await stream.recv_message()
+
+    async def two(stream: Stream) -> None:
+        await stream.recv_message()
+        await stream.send_message(b"one")
+        await stream.send_message(b"two")
+
+    await nursery.start(Server({"/t.S/None": none, "/t.S/Two": two}).serve, sock)
+    async with Channel(sock) as channel:
+        for method in ("/t.S/None", "/t.S/Two"):
+            with pytest.raises(GRPCError) as caught:
+                await channel.unary(method, b"")
+            assert Status.INTERNAL == caught.value.status, caught.value
+            assert "not one uncompressed gRPC message" in (caught.value.message or "")
+
+
+async def test_an_answer_ending_without_trailers_is_internal(sock: str) -> None:
+    """A server that ends the stream with its DATA, no trailers: grpc-go's client answers
+    INTERNAL ("server closed the stream without sending trailers"), as the Channel's server
+    streams did; a unary call got UNAVAILABLE (send it again) for a call the server answered."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sock)
+    listener.listen(1)
+    listener.settimeout(LIVENESS_LIMIT)
+
+    def answer_without_trailers() -> None:
+        conn_sock, _ = listener.accept()
+        conn_sock.settimeout(LIVENESS_LIMIT)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        conn_sock.sendall(conn.data_to_send())
+        answered = 0
+        with contextlib.suppress(OSError):
+            while answered < 2:
+                data = conn_sock.recv(65536)
+                if not data:
+                    break
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.StreamEnded):
+                        conn.send_headers(
+                            event.stream_id, [(":status", "200"), ("content-type", "application/grpc")]
+                        )
+                        conn.send_data(event.stream_id, b"\x00\x00\x00\x00\x02ok", end_stream=True)
+                        answered += 1
+                conn_sock.sendall(conn.data_to_send())
+        conn_sock.close()
+
+    thread = threading.Thread(target=answer_without_trailers, daemon=True)
+    thread.start()
+    try:
+        async with Channel(sock) as channel:
+            with pytest.raises(GRPCError) as caught:
+                await channel.unary("/t.S/M", b"")
+            assert Status.INTERNAL == caught.value.status, caught.value
+            with pytest.raises(GRPCError) as caught:
+                async with channel.server_stream("/t.S/M", b"") as replies:
+                    assert [b"ok"] == [reply async for reply in replies]
+            assert Status.INTERNAL == caught.value.status, caught.value
+    finally:
+        await trio.to_thread.run_sync(thread.join, LIVENESS_LIMIT)
+        listener.close()
+
+
+async def test_no_fd_or_call_is_left_after_many_calls_and_failures(nursery: trio.Nursery, sock: str) -> None:
+    """Calls that succeed, fail, are reset, time out or find no server, on channels opened and
+    closed, leave the process's fds and the server's calls and connections as they were."""
+
+    async def reverse(message: bytes) -> bytes:
+        return message[::-1]
+
+    async def hang(stream: Stream) -> None:
+        await trio.sleep_forever()
+
+    async def reset(stream: Stream) -> None:
+        await stream.recv_message()
+        stream.reset(f.CANCEL)
+
+    async def count(message: bytes) -> AsyncIterator[bytes]:
+        for i in range(int(message)):
+            yield b"%d" % i
+
+    server = Server(
+        {"/t.S/R": unary(reverse), "/t.S/Hang": hang, "/t.S/Reset": reset, "/t.S/Count": unary_stream(count)}
+    )
+    fds = len(os.listdir("/proc/self/fd"))
+    scope = trio.CancelScope()
+
+    async def serve(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        with scope:
+            await server.serve(sock, task_status=task_status)
+
+    await nursery.start(serve)
+    for _ in range(10):
+        async with Channel(sock) as channel:
+            assert b"ba" == await channel.unary("/t.S/R", b"ab")
+            with pytest.raises(GRPCError) as caught:
+                await channel.unary("/t.S/Hang", b"", timeout=0.05)
+            assert Status.DEADLINE_EXCEEDED == caught.value.status
+            with pytest.raises(GRPCError) as caught:
+                await channel.unary("/t.S/Reset", b"")  # no deadline: a loaded machine is slow
+            assert Status.CANCELLED == caught.value.status
+            async with channel.server_stream("/t.S/Count", b"5") as replies:
+                async for _ in replies:
+                    break
+            with pytest.raises(GRPCError):
+                await channel.unary("/t.S/Missing", b"")
+    with trio.fail_after(LIVENESS_LIMIT):
+        await server.relay.wait_idle()  # every call ended on the server too
+        while server.relay._clients:  # noqa: ASYNC110 - no event for it: the server sees each EOF
+            await trio.sleep(0.01)
+    assert fds + 1 == len(os.listdir("/proc/self/fd"))  # the server's listening socket
+    scope.cancel()
+    for _ in range(10):
+        async with Channel(sock) as channel:
+            with pytest.raises(GRPCError) as caught:
+                await channel.unary("/t.S/R", b"")
+            assert Status.UNAVAILABLE == caught.value.status
+    await trio.lowlevel.checkpoint()
+    assert fds == len(os.listdir("/proc/self/fd"))

@@ -475,6 +475,25 @@ async def test_a_gzip_request_message_is_decompressed(nursery: trio.Nursery, soc
     assert b"olleh" == answer.message
     answer = await request(sock, grpc_request(ECHO, **{"grpc-encoding": "br"}), body)
     assert 12 == answer.grpc_status and "br" in answer.grpc_message
+    answer = await request(sock, grpc_request(ECHO), body)  # the flag without grpc-encoding
+    assert 13 == answer.grpc_status and "compressed flag set" in answer.grpc_message
+    bomb = gzip.compress(b"\x00" * (16 * 1024 * 1024 + 1))  # over max_request once inflated
+    answer = await request(
+        sock, grpc_request(ECHO, **{"grpc-encoding": "gzip"}), b"\x01" + len(bomb).to_bytes(4, "big") + bomb
+    )
+    assert 8 == answer.grpc_status and "after decompression larger than max" in answer.grpc_message
+
+
+async def test_a_message_flag_byte_other_than_0_or_1_is_internal(nursery: trio.Nursery, sock: str) -> None:
+    """The byte before a message's length is 0 (plain) or 1 (compressed); grpc-go answers any
+    other INTERNAL "grpc: received unexpected payload format N" (it was taken as plain, answered OK)."""
+    await start(nursery, sock, Server({ECHO: unary(_reverse)}))
+    for flag in (2, 0x81, 0xFF):
+        answer = await request(sock, grpc_request(ECHO), bytes([flag]) + b"\x00\x00\x00\x02ab")
+        assert 13 == answer.grpc_status and b"" == answer.data
+        assert f"grpc: received unexpected payload format {flag}" == answer.grpc_message
+    answer = await request(sock, grpc_request(ECHO), b"\x00\x00\x00\x00\x02ab")
+    assert b"ba" == answer.message
 
 
 async def frames_until_ping(

@@ -1,0 +1,58 @@
+"""krproxy.rpc._messages.Messages: gRPC's length-prefixed messages out of DATA payloads cut
+anywhere (prefixes split across frames, several messages in one frame, empty messages)."""
+
+from __future__ import annotations
+
+import pytest
+
+from krproxy.grpcstatus import GRPCError, Status
+from krproxy.relay.rpc import MessageTooLarge
+from krproxy.rpc._messages import Messages
+
+
+def _framed(flag: int, message: bytes) -> bytes:
+    return bytes([flag]) + len(message).to_bytes(4, "big") + message
+
+
+MESSAGES = [(False, b"abc"), (True, b""), (False, b"x" * 70), (False, b""), (True, b"tail")]
+STREAM = b"".join(_framed(int(compressed), message) for compressed, message in MESSAGES)
+
+
+def _feed(chunks: list[bytes], limit: int = 1024) -> Messages:
+    messages = Messages(limit)
+    for chunk in chunks:
+        messages.feed(chunk)
+    return messages
+
+
+def test_the_same_messages_however_the_bytes_are_cut() -> None:
+    for size in range(1, len(STREAM) + 1):
+        chunks = [STREAM[i : i + size] for i in range(0, len(STREAM), size)]
+        messages = _feed(chunks)
+        assert MESSAGES == list(messages.ready), size
+        assert not messages.incomplete
+    for cut in range(len(STREAM) + 1):
+        for second in range(cut, len(STREAM) + 1):
+            messages = _feed([STREAM[:cut], STREAM[cut:second], STREAM[second:]])
+            assert MESSAGES == list(messages.ready), (cut, second)
+
+
+def test_a_message_not_all_there_is_incomplete() -> None:
+    for cut in range(1, len(_framed(0, b"abc"))):
+        messages = _feed([_framed(0, b"abc")[:cut]])
+        assert messages.incomplete and not messages.ready
+
+
+def test_a_prefix_over_the_limit_raises_before_its_bytes_arrive() -> None:
+    head = _framed(0, b"y" * 11)[:5]
+    for cut in range(1, 5):
+        messages = Messages(10)
+        messages.feed(head[:cut])
+        with pytest.raises(MessageTooLarge):
+            messages.feed(head[cut:])
+
+
+def test_a_flag_other_than_0_or_1_is_internal() -> None:
+    with pytest.raises(GRPCError) as caught:
+        _feed([_framed(0, b"ok"), _framed(2, b"no")[:3], _framed(2, b"no")[3:]])
+    assert Status.INTERNAL == caught.value.status
