@@ -8,20 +8,27 @@ and container NRI sends with the event, and the answers turned into what NRI can
 (:mod:`krproxy.nri.convert`):
 
 ======================  ==============================  ===============================================
-hook point              NRI event (call)                what NRI applies of the answer
+hook point              NRI event                       what NRI applies of the answer
 ======================  ==============================  ===============================================
-PreRunPodSandbox        RUN_POD_SANDBOX (StateChange)   nothing: the pod exists already (logged)
-PostStopPodSandbox      STOP_POD_SANDBOX (StateChange)  (answer ignored, as in proxy mode)
+PreRunPodSandbox        RUN_POD_SANDBOX                 nothing: the pod exists already (logged)
+PostStopPodSandbox      STOP_POD_SANDBOX                (answer ignored, as in proxy mode)
 PreCreateContainer      CREATE_CONTAINER                annotations, env, resources, oom_score_adj (NRI
                                                         0.8+) (ContainerAdjustment); not the pod cgroup
                                                         parent
-PreStartContainer       START_CONTAINER (StateChange)   nothing in the runtime; krproxy's store, as in
+PreStartContainer       START_CONTAINER                 nothing in the runtime; krproxy's store, as in
                                                         proxy mode
 PostStartContainer      POST_START_CONTAINER            (answer ignored)
 PostStopContainer       STOP_CONTAINER                  (answer ignored)
 PreUpdateContainer-     UPDATE_CONTAINER                resources (a ContainerUpdate of that container);
 Resources                                               not annotations, not oom_score_adj
 ======================  ==============================  ===============================================
+
+The events without an answer of their own (pods run, stopped, removed; containers created, started,
+removed) come as NRI 0.12's dedicated methods (``RunPodSandbox``, ``StartContainer``, ...; see
+:data:`EVENT_METHODS`) from a runtime of NRI 0.12 (containerd 2.3), and as ``StateChange`` from older
+ones (containerd 1.7: NRI 0.6.1 or 0.8.0; 2.0-2.1: 0.8.0; 2.2: 0.10/0.11), which krproxy still serves. A
+0.12 runtime calls ``StateChange`` only for a plugin that answers Unimplemented to the dedicated method,
+and records a deprecation for it; krproxy implements each method it subscribes the event of.
 
 Every change NRI cannot make is logged (``nri_change_not_applied``) and counted
 (``krproxy_nri_changes_not_applied_total{hook,field}``), never dropped silently.
@@ -94,6 +101,24 @@ STORE_EVENTS = (
     api.Event.POST_CREATE_CONTAINER,
     api.Event.REMOVE_CONTAINER,
 )
+#: The NRI version krproxy speaks, sent in RegisterPlugin (NRI 0.12's version exchange).
+NRI_VERSION = "v0.12.2"
+#: NRI 0.12's dedicated method of each event that has no answer of its own (before 0.12: StateChange),
+#: with its request message.
+EVENT_METHODS: Mapping[str, tuple[api.Event, type[Any]]] = {
+    "RunPodSandbox": (api.Event.RUN_POD_SANDBOX, api.RunPodSandboxRequest),
+    "StopPodSandbox": (api.Event.STOP_POD_SANDBOX, api.StopPodSandboxRequest),
+    "RemovePodSandbox": (api.Event.REMOVE_POD_SANDBOX, api.RemovePodSandboxRequest),
+    "PostCreateContainer": (api.Event.POST_CREATE_CONTAINER, api.PostCreateContainerRequest),
+    "StartContainer": (api.Event.START_CONTAINER, api.StartContainerRequest),
+    "PostStartContainer": (api.Event.POST_START_CONTAINER, api.PostStartContainerRequest),
+    "RemoveContainer": (api.Event.REMOVE_CONTAINER, api.RemoveContainerRequest),
+}
+#: The events a runtime before NRI 0.12 knows (its ``ValidEvents``: 0.8.0's ``LAST`` is 12); it refuses
+#: a plugin that subscribes to any other. 0.12 says its version in Configure and knows every event.
+EVENTS_BEFORE_0_12 = (1 << api.Event.REMOVE_CONTAINER) - 1
+#: Every event of NRI 0.12 (its ``ValidEvents``).
+ALL_EVENTS = (1 << (api.Event.LAST - 1)) - 1
 #: NRI's default request timeout (``DefaultPluginRequestTimeout``), assumed when Configure says none.
 DEFAULT_REQUEST_TIMEOUT = 2.0
 #: Registration must be answered within this (NRI's ``DefaultPluginRegistrationTimeout``).
@@ -157,6 +182,13 @@ class NriPlugin:
     #: Whether the runtime's NRI is 0.8 or later (its Configure carries timeouts; 0.6.1's does not). 0.6.1
     #: has no ``oom_score_adj`` in ContainerAdjustment.
     nri_0_8: bool = True
+    #: The runtime's NRI version from Configure (NRI 0.12 and later; "" before).
+    nri_version: str = ""
+    #: The events the runtime accepts a subscription to (:data:`EVENTS_BEFORE_0_12` until it says 0.12).
+    runtime_events: int = EVENTS_BEFORE_0_12
+    #: How the runtime delivered the last event without an answer of its own: "dedicated" (NRI 0.12's
+    #: methods) or "StateChange" (before 0.12, or a 0.12 runtime's deprecated fallback); "" before any.
+    event_calls: str = ""
     #: Set once the runtime synchronized the current connection (/readyz's meaning).
     synchronized: trio.Event = attrs.field(factory=trio.Event)
     #: Whether the current connection is registered.
@@ -170,9 +202,11 @@ class NriPlugin:
     _resubscribe: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     def events_needed(self) -> int:
+        """The event mask to subscribe: what the registered hook servers and the store need, of what
+        the runtime knows."""
         events = set(STORE_EVENTS)
         events.update(EVENT_OF[point] for point in HookPoint if self.dispatcher.plugins_for(point))
-        return mask_of(events)
+        return mask_of(events) & self.runtime_events
 
     def publish(self, registry: Registry) -> None:
         """The watcher's callback: new registrations; re-register when they need other events."""
@@ -183,7 +217,7 @@ class NriPlugin:
             self._resubscribe.set()
 
     def handlers(self) -> dict[tuple[str, str], Handler]:
-        methods = {
+        methods: dict[str, Handler] = {
             "Configure": self.configure,
             "Synchronize": self.synchronize,
             "Shutdown": self.shutdown,
@@ -192,6 +226,8 @@ class NriPlugin:
             "StopContainer": self.stop_container,
             "StateChange": self.state_change,
         }
+        for name, (event, request_type) in EVENT_METHODS.items():
+            methods[name] = self._event_method(event, request_type)
         return {(PLUGIN_SERVICE, name): handler for name, handler in methods.items()}
 
     # -- the connection --------------------------------------------------------------------------
@@ -249,7 +285,7 @@ class NriPlugin:
     async def _register(self, session: Session) -> None:
         """Register; then report readiness once synchronized, and close the connection to re-subscribe."""
         request = api.RegisterPluginRequest(
-            plugin_name=self.config.plugin_name, plugin_idx=self.config.plugin_index
+            plugin_name=self.config.plugin_name, plugin_idx=self.config.plugin_index, NRI_version=NRI_VERSION
         )
         try:
             with trio.fail_after(REGISTRATION_TIMEOUT):
@@ -278,13 +314,16 @@ class NriPlugin:
         self.request_timeout = (
             request.request_timeout / 1000 if request.request_timeout > 0 else DEFAULT_REQUEST_TIMEOUT
         )
+        self.nri_version = request.NRI_version
+        # NRI 0.12 says its version here; older runtimes refuse a plugin subscribing to events they lack.
+        self.runtime_events = ALL_EVENTS if self.nri_version else EVENTS_BEFORE_0_12
         self.subscribed = self.events_needed()
         self.nri_0_8 = request.registration_timeout > 0 or request.request_timeout > 0
         log.event(
             LOGGER,
             "nri_configured",
             runtime=self.runtime,
-            nri="0.8+" if self.nri_0_8 else "before 0.8",
+            nri=self.nri_version or ("0.8 to 0.11" if self.nri_0_8 else "before 0.8"),
             request_timeout=self.request_timeout,
             events=hex(self.subscribed),
         )
@@ -407,29 +446,47 @@ class NriPlugin:
             await self._container_chain(HookPoint.POST_STOP_CONTAINER, info, info.id)
         return bytes(api.StopContainerResponse())
 
+    def _event_method(self, event: api.Event, request_type: type[Any]) -> Handler:
+        """The handler of NRI 0.12's dedicated method for ``event`` (e.g. ``StartContainer``)."""
+
+        async def handle(payload: bytes) -> bytes:
+            request = request_type.parse(payload)
+            self.event_calls = "dedicated"
+            await self._on_event(event, request.pod, getattr(request, "container", None))
+            return b""  # every such response is an empty message
+
+        return handle
+
     async def state_change(self, payload: bytes) -> bytes:
+        """The same events from a runtime before NRI 0.12 (or a 0.12 one's deprecated fallback)."""
         event = api.StateChangeEvent.parse(payload)
-        pod = nri_convert.pod_from_nri(event.pod)
-        kind = event.event
+        self.event_calls = "StateChange"
+        await self._on_event(event.event, event.pod, event.container)
+        return bytes(api.Empty())
+
+    async def _on_event(
+        self, kind: api.Event, nri_pod: api.PodSandbox | None, nri_container: api.Container | None
+    ) -> None:
+        """An event without an answer of its own: keep the store, run the hook point's servers."""
+        pod = nri_convert.pod_from_nri(nri_pod)
         if kind == api.Event.RUN_POD_SANDBOX:
-            if event.pod is not None:
-                self.store.put_pod(event.pod.id, pod)
+            if nri_pod is not None:
+                self.store.put_pod(nri_pod.id, pod)
             await self._pod_hook(HookPoint.PRE_RUN_POD_SANDBOX, pod)
         elif kind == api.Event.STOP_POD_SANDBOX:
             await self._pod_hook(HookPoint.POST_STOP_POD_SANDBOX, pod)
         elif kind == api.Event.REMOVE_POD_SANDBOX:
-            if event.pod is not None:
-                self.store.remove_pod(event.pod.id)
+            if nri_pod is not None:
+                self.store.remove_pod(nri_pod.id)
         elif kind == api.Event.POST_CREATE_CONTAINER:
-            info = nri_convert.container_from_nri(event.pod, event.container)
+            info = nri_convert.container_from_nri(nri_pod, nri_container)
             self.store.put_container(info.id, info)
         elif kind == api.Event.START_CONTAINER:
-            await self._container_hook(HookPoint.PRE_START_CONTAINER, event)
+            await self._container_hook(HookPoint.PRE_START_CONTAINER, nri_pod, nri_container)
         elif kind == api.Event.POST_START_CONTAINER:
-            await self._container_hook(HookPoint.POST_START_CONTAINER, event)
-        elif kind == api.Event.REMOVE_CONTAINER and event.container is not None:
-            self.store.delete_container(event.container.id)
-        return bytes(api.Empty())
+            await self._container_hook(HookPoint.POST_START_CONTAINER, nri_pod, nri_container)
+        elif kind == api.Event.REMOVE_CONTAINER and nri_container is not None:
+            self.store.delete_container(nri_container.id)
 
     async def _pod_hook(self, point: HookPoint, pod: PodInfo) -> None:
         if self._skips(pod) or not self.dispatcher.plugins_for(point):
@@ -439,8 +496,10 @@ class NriPlugin:
         if point is HookPoint.PRE_RUN_POD_SANDBOX:
             self._not_applied(point, target, nri_convert.pod_changes(pod, after))
 
-    async def _container_hook(self, point: HookPoint, event: api.StateChangeEvent) -> None:
-        info = nri_convert.container_from_nri(event.pod, event.container)
+    async def _container_hook(
+        self, point: HookPoint, nri_pod: api.PodSandbox | None, nri_container: api.Container | None
+    ) -> None:
+        info = nri_convert.container_from_nri(nri_pod, nri_container)
         if self._skips(info.pod) or not self.dispatcher.plugins_for(point):
             return
         after = await self._container_chain(point, self.store.get_container(info.id) or info, info.id)
@@ -488,6 +547,8 @@ class NriView:
                 "registered": plugin.registered,
                 "last_error": plugin.last_error,
                 "runtime": plugin.runtime,
+                "nri_version": plugin.nri_version,
+                "event_calls": plugin.event_calls,
                 "request_timeout": plugin.request_timeout,
                 "events": hex(plugin.subscribed),
             },

@@ -231,7 +231,7 @@ class TestRegistration:
         assert node.runtime.plugins[0] is not first and plugin.registered
         # The event that follows (POST_CREATE_CONTAINER) may meet the closed socket: the re-registration
         # window docs/nri.md describes. The call in flight itself must have been answered.
-        assert [] == [why for _, why in node.runtime.dropped if "CreateContainer" in why]
+        assert [] == [why for _, why in node.runtime.dropped if "handle CreateContainer " in why]
         assert 4096 == created[0].linux.resources.cpu.shares.value  # type: ignore[union-attr]
 
 
@@ -419,11 +419,16 @@ class TestOtherEvents:
         assert 1 == counter.labels("PreUpdateContainerResources", "annotations")._value.get()
         assert 1 == counter.labels("PreUpdateContainerResources", "oom_score_adj")._value.get()
 
-    async def test_lifecycle_hooks_in_order(self, node: Node) -> None:
-        """Every hook point is called at its NRI event, in lifecycle order, with the pod's labels."""
+    @pytest.mark.parametrize("nri_version", ["v0.12.2", ""])
+    async def test_lifecycle_hooks_in_order(self, node: Node, nri_version: str) -> None:
+        """Every hook point is called at its NRI event, in lifecycle order, with the pod's labels: from a
+        runtime of NRI 0.12 (containerd 2.3) through the dedicated event methods, leaving no deprecation
+        behind, and from an older one (containerd 1.7 to 2.2) through StateChange."""
+        node.runtime.nri_version = nri_version
         fake = await node.hook_server("all", list(HookPoint))
         with trio.fail_after(LIMIT):
-            await node.start_krproxy()
+            plugin = await node.start_krproxy()
+            [connected] = node.runtime.plugins
             await node.runtime.run_pod(pod())
             await node.runtime.create_container(container())
             await node.runtime.start_container("ctr-app")
@@ -442,7 +447,15 @@ class TestOtherEvents:
             HookPoint.POST_STOP_POD_SANDBOX,
         ] == fake.hooks_called()
         assert {"app": "web"} == fake.requests(HookPoint.POST_STOP_CONTAINER)[0].pod_labels
-        assert node.plugin is not None and {} == node.plugin.store.pods()
+        assert {} == plugin.store.pods() and {} == plugin.store.containers()
+        assert nri_plugin.NRI_VERSION == connected.nri_version  # said at registration
+        assert nri_version == plugin.nri_version
+        state_changes = [what for _, what in node.runtime.log if what.startswith("StateChange")]
+        assert [] == node.runtime.deprecations
+        if nri_version:
+            assert [] == state_changes and "dedicated" == plugin.event_calls
+        else:
+            assert len(state_changes) == 7 and "StateChange" == plugin.event_calls
 
 
 class TestCommand:
@@ -551,7 +564,10 @@ class TestAdmin:
         assert "50-krproxy" == status["nri"]["plugin"] and status["nri"]["registered"]
         assert ["h"] == [p["name"] for p in status["plugins"]]
         report = admin.render_status(status)
-        assert "nri: " + socket_path + " — registered as 50-krproxy, runtime fake-containerd 2.1.9" in report
+        assert (
+            f"nri: {socket_path} — registered as 50-krproxy, runtime fake-containerd 2.3.4 (NRI v0.12.2), "
+            in report
+        )
         assert "ready: yes" in report
 
 
