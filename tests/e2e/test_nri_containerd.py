@@ -4,7 +4,8 @@ no proxy in the CRI path, and the same hook server through ``krproxy serve`` giv
 containerd 2.x serves NRI by default and ``scripts/containerd-sandbox`` turns it on for 1.7 (NRI 0.6.1:
 no timeouts in Configure); its socket is in the sandbox's own /run, reachable from here as
 ``DIR/run/nri/nri.sock``. 1.6 has no NRI: the tests are skipped there, with the reason. Pods are
-created by a CRI client straight to containerd, with kubelet's deadlines.
+created by a CRI client straight to containerd, with kubelet's deadlines. containerd 2.3 (NRI 0.12)
+records a deprecation for a plugin that leaves its events to StateChange: no test may leave one.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from tests.e2e.test_containerd_hooks import (
     create_container,
     run_pod,
     start,
+    update,
 )
 
 #: The hook server's configuration, the same in both modes.
@@ -92,6 +94,19 @@ def synchronized(daemon: Proxy, times: int) -> None:
         f"krproxy nri synchronized {times} times",
     )
     assert daemon.process.poll() is None, f"krproxy nri exited; log:\n{daemon.log}"
+
+
+def nri_deprecations(containerd: Containerd) -> list[str]:
+    """The lines of ``ctr deprecations list`` recording a plugin's use of NRI's deprecated interface
+    (containerd 2.3: StateChange instead of NRI 0.12's dedicated event methods)."""
+    listed = subprocess.run(
+        [containerd.ctr, "--address", containerd.socket, "deprecations", "list"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert 0 == listed.returncode, f"ctr deprecations list failed: {listed.stderr}"
+    return [line for line in listed.stdout.splitlines() if "nri-plugin-interface" in line]
 
 
 def environ(pid: int) -> dict[str, str]:
@@ -215,3 +230,48 @@ def test_restarts_lose_no_hook(containerd: Containerd, direct: Cri, short_tmp: P
             assert 2 == len(plugin.requests("PreCreateContainer"))
         finally:
             assert 0 == plugin.stop()
+
+
+#: Every hook point NRI mode runs a hook server at: krproxy subscribes to every event of a lifecycle.
+EVERY_HOOK = [
+    "PreRunPodSandbox",
+    "PreCreateContainer",
+    "PreStartContainer",
+    "PostStartContainer",
+    "PreUpdateContainerResources",
+    "PostStopContainer",
+    "PostStopPodSandbox",
+]
+
+
+def test_every_event_without_the_deprecated_interface(
+    containerd: Containerd, direct: Cri, short_tmp: Path
+) -> None:
+    """A pod's whole lifecycle with a hook server on every hook point: each point reaches it, and
+    containerd records no use of NRI's deprecated interface — on 2.3 (NRI 0.12) no
+    ``io.containerd.deprecation/nri-plugin-interface`` in ``ctr deprecations list`` and no "deprecated
+    interface" warning in its log, which krproxy answering the dedicated event methods Unimplemented
+    (falling back to StateChange) leaves for each of seven events."""
+    with krproxy_nri(containerd, short_tmp) as daemon:
+        plugin = start_plugin(daemon, "every", hooks=EVERY_HOOK)
+        try:
+            synchronized(daemon, 2)
+            pod = pod_config(containerd.cgroup_parent, "every")
+            with cleanup(direct) as pods:
+                pod_id = run_pod(direct, pod, pods)
+                cid = create_container(direct, pod_id, pod, container_config(containerd.busybox))
+                start(direct, cid)
+                update(direct, cid, cpu_period=100_000, cpu_quota=50_000)
+                direct.runtime.StopContainer(pb.StopContainerRequest(container_id=cid), timeout=TIMEOUT)
+                direct.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=TIMEOUT)
+            wait_until(lambda: "PostStopPodSandbox" in plugin.hooks_called(), what="PostStopPodSandbox")
+            called = plugin.hooks_called()
+        finally:
+            assert 0 == plugin.stop()
+        configured = [line for line in daemon.log.splitlines() if "event=nri_configured" in line]
+    assert EVERY_HOOK == sorted(set(called), key=EVERY_HOOK.index)
+    assert [] == nri_deprecations(containerd)
+    log = (containerd.dir / "containerd.log").read_text(errors="replace")
+    assert [] == [line for line in log.splitlines() if "deprecated interface" in line]
+    if containerd.version.startswith("2.3."):  # the version exchange: containerd says its NRI version
+        assert "nri=v0.12" in configured[-1], configured
