@@ -471,21 +471,22 @@ def _real_containerd(procs: Processes, workdir: str, args: argparse.Namespace) -
 
 
 def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
-    """NRI mode against a real containerd 2.x (NRI on by default): pod start with and without ``krproxy nri``
+    """NRI mode against a real containerd (``--nri-containerd``: 2.3, the default, or 2.x; NRI on by default in
+    both): pod start with and without ``krproxy nri``
     registered (one hook server that answers at once, on PreCreateContainer), and Version straight to
     containerd in both states (plain CRI calls never touch krproxy in NRI mode).
 
     The two states alternate block by block (``krproxy nri`` started, synchronized, then stopped again), so
-    machine noise hits both alike. Needs root and ``containerd-sandbox fetch --version 2.x``; otherwise says
-    why not.
+    machine noise hits both alike. Needs root and ``containerd-sandbox fetch --version VERSION``; otherwise
+    says why not.
     """
     if os.geteuid() != 0 or not os.path.exists(SANDBOX_SCRIPT):
         return {"skipped": "not root" if os.geteuid() else "no sandbox script"}
     fetched = subprocess.run(
-        [PY, SANDBOX_SCRIPT, "fetch", "--version", "2.x"], capture_output=True, text=True
+        [PY, SANDBOX_SCRIPT, "fetch", "--version", args.nri_containerd], capture_output=True, text=True
     )
     if fetched.returncode != 0:
-        return {"skipped": f"containerd 2.x cannot be had: {fetched.stderr.strip()[-300:]}"}
+        return {"skipped": f"containerd {args.nri_containerd} cannot be had: {fetched.stderr.strip()[-300:]}"}
     bin_dir = fetched.stdout.strip().splitlines()[-1]
     procs = Processes(workdir)
     try:
@@ -970,7 +971,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only-runc-wrapper", action="store_true", help="measure only what the OCI hooks runc wrapper adds"
     )
     parser.add_argument(
-        "--only-nri", action="store_true", help="measure only the NRI mode cases (containerd 2.x)"
+        "--only-nri", action="store_true", help="measure only the NRI mode cases (--nri-containerd)"
+    )
+    parser.add_argument(
+        "--nri-containerd",
+        default="2.3",
+        choices=["2.3", "2.x"],
+        help="NRI cases: which containerd (containerd-sandbox fetch --version); default %(default)s",
     )
     parser.add_argument(
         "--only-header-flood",
