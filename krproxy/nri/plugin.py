@@ -74,7 +74,7 @@ from krproxy.hooks.registration import Registry
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.watcher import watch_hook_dir
 from krproxy.metrics import Metrics
-from krproxy.nri import DEFAULT_SOCKET, PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
+from krproxy.nri import DEFAULT_SOCKET, PLUGIN_SERVICE, RUNTIME_SERVICE, _mux, wire
 from krproxy.nri import convert as nri_convert
 from krproxy.nri._session import ConnectionLost, Handler, Session, TtrpcError
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
@@ -104,15 +104,15 @@ STORE_EVENTS = (
 #: The NRI version krproxy speaks, sent in RegisterPlugin (NRI 0.12's version exchange).
 NRI_VERSION = "v0.12.2"
 #: NRI 0.12's dedicated method of each event that has no answer of its own (before 0.12: StateChange),
-#: with its request message.
-EVENT_METHODS: Mapping[str, tuple[api.Event, type[Any]]] = {
-    "RunPodSandbox": (api.Event.RUN_POD_SANDBOX, api.RunPodSandboxRequest),
-    "StopPodSandbox": (api.Event.STOP_POD_SANDBOX, api.StopPodSandboxRequest),
-    "RemovePodSandbox": (api.Event.REMOVE_POD_SANDBOX, api.RemovePodSandboxRequest),
-    "PostCreateContainer": (api.Event.POST_CREATE_CONTAINER, api.PostCreateContainerRequest),
-    "StartContainer": (api.Event.START_CONTAINER, api.StartContainerRequest),
-    "PostStartContainer": (api.Event.POST_START_CONTAINER, api.PostStartContainerRequest),
-    "RemoveContainer": (api.Event.REMOVE_CONTAINER, api.RemoveContainerRequest),
+#: with its request message's name.
+EVENT_METHODS: Mapping[str, tuple[api.Event, str]] = {
+    "RunPodSandbox": (api.Event.RUN_POD_SANDBOX, "RunPodSandboxRequest"),
+    "StopPodSandbox": (api.Event.STOP_POD_SANDBOX, "StopPodSandboxRequest"),
+    "RemovePodSandbox": (api.Event.REMOVE_POD_SANDBOX, "RemovePodSandboxRequest"),
+    "PostCreateContainer": (api.Event.POST_CREATE_CONTAINER, "PostCreateContainerRequest"),
+    "StartContainer": (api.Event.START_CONTAINER, "StartContainerRequest"),
+    "PostStartContainer": (api.Event.POST_START_CONTAINER, "PostStartContainerRequest"),
+    "RemoveContainer": (api.Event.REMOVE_CONTAINER, "RemoveContainerRequest"),
 }
 #: The events a runtime before NRI 0.12 knows (its ``ValidEvents``: 0.8.0's ``LAST`` is 12); it refuses
 #: a plugin that subscribes to any other. 0.12 says its version in Configure and knows every event.
@@ -197,8 +197,8 @@ class NriPlugin:
     last_error: str = ""
     #: ``HOST:PORT`` the admin endpoint listens on ("" without one).
     admin_address: str = ""
-    _sync_pods: list[api.PodSandbox] = attrs.field(factory=list, init=False)
-    _sync_containers: list[api.Container] = attrs.field(factory=list, init=False)
+    _sync_pods: list[Any] = attrs.field(factory=list, init=False)  # upb PodSandbox and Container
+    _sync_containers: list[Any] = attrs.field(factory=list, init=False)
     _resubscribe: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     def events_needed(self) -> int:
@@ -330,7 +330,7 @@ class NriPlugin:
         return bytes(api.ConfigureResponse(events=self.subscribed))
 
     async def synchronize(self, payload: bytes) -> bytes:
-        request = api.SynchronizeRequest.parse(payload)
+        request = wire.parse("SynchronizeRequest", payload)
         self._sync_pods += request.pods
         self._sync_containers += request.containers
         if request.more:  # NRI 0.8 sends large states in parts: answer each, keep them all
@@ -396,7 +396,7 @@ class NriPlugin:
         return chain.value
 
     async def create_container(self, payload: bytes) -> bytes:
-        request = api.CreateContainerRequest.parse(payload)
+        request = wire.parse("CreateContainerRequest", payload)
         info = nri_convert.container_from_nri(request.pod, request.container)
         point = HookPoint.PRE_CREATE_CONTAINER
         if self._skips(info.pod) or not self.dispatcher.plugins_for(point):
@@ -408,7 +408,7 @@ class NriPlugin:
         return bytes(api.CreateContainerResponse(adjust=adjusted.adjust))
 
     async def update_container(self, payload: bytes) -> bytes:
-        request = api.UpdateContainerRequest.parse(payload)
+        request = wire.parse("UpdateContainerRequest", payload)
         info = nri_convert.container_from_nri(request.pod, request.container)
         point = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
         if self._skips(info.pod) or not self.dispatcher.plugins_for(point):
@@ -440,33 +440,35 @@ class NriPlugin:
         return bytes(update)
 
     async def stop_container(self, payload: bytes) -> bytes:
-        request = api.StopContainerRequest.parse(payload)
+        request = wire.parse("StopContainerRequest", payload)
         info = nri_convert.container_from_nri(request.pod, request.container)
         if not self._skips(info.pod) and self.dispatcher.plugins_for(HookPoint.POST_STOP_CONTAINER):
             await self._container_chain(HookPoint.POST_STOP_CONTAINER, info, info.id)
         return bytes(api.StopContainerResponse())
 
-    def _event_method(self, event: api.Event, request_type: type[Any]) -> Handler:
+    def _event_method(self, event: api.Event, request_type: str) -> Handler:
         """The handler of NRI 0.12's dedicated method for ``event`` (e.g. ``StartContainer``)."""
+        message = wire.message_class(request_type)
+        has_container = "container" in message.DESCRIPTOR.fields_by_name
 
         async def handle(payload: bytes) -> bytes:
-            request = request_type.parse(payload)
+            request = message()
+            request.ParseFromString(payload)
             self.event_calls = "dedicated"
-            await self._on_event(event, request.pod, getattr(request, "container", None))
+            container = _present(request, "container") if has_container else None
+            await self._on_event(event, _present(request, "pod"), container)
             return b""  # every such response is an empty message
 
         return handle
 
     async def state_change(self, payload: bytes) -> bytes:
         """The same events from a runtime before NRI 0.12 (or a 0.12 one's deprecated fallback)."""
-        event = api.StateChangeEvent.parse(payload)
+        event = wire.parse("StateChangeEvent", payload)
         self.event_calls = "StateChange"
-        await self._on_event(event.event, event.pod, event.container)
+        await self._on_event(event.event, _present(event, "pod"), _present(event, "container"))
         return bytes(api.Empty())
 
-    async def _on_event(
-        self, kind: api.Event, nri_pod: api.PodSandbox | None, nri_container: api.Container | None
-    ) -> None:
+    async def _on_event(self, kind: api.Event, nri_pod: Any | None, nri_container: Any | None) -> None:
         """An event without an answer of its own: keep the store, run the hook point's servers."""
         pod = nri_convert.pod_from_nri(nri_pod)
         if kind == api.Event.RUN_POD_SANDBOX:
@@ -496,15 +498,18 @@ class NriPlugin:
         if point is HookPoint.PRE_RUN_POD_SANDBOX:
             self._not_applied(point, target, nri_convert.pod_changes(pod, after))
 
-    async def _container_hook(
-        self, point: HookPoint, nri_pod: api.PodSandbox | None, nri_container: api.Container | None
-    ) -> None:
+    async def _container_hook(self, point: HookPoint, nri_pod: Any | None, nri_container: Any | None) -> None:
         info = nri_convert.container_from_nri(nri_pod, nri_container)
         if self._skips(info.pod) or not self.dispatcher.plugins_for(point):
             return
         after = await self._container_chain(point, self.store.get_container(info.id) or info, info.id)
         if point is HookPoint.PRE_START_CONTAINER:
             self.store.update_container(info.id, after)  # as in proxy mode: the answer updates the store
+
+
+def _present(message: Any, field: str) -> Any | None:
+    """The upb sub-message ``field`` of ``message`` if set, else None (upb reads an unset one as empty)."""
+    return getattr(message, field) if message.HasField(field) else None
 
 
 @attrs.define(eq=False)
