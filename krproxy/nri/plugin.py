@@ -39,11 +39,16 @@ changes. NRI drops a plugin that misses its request timeout (2 s unless configur
 NRI 0.8, assumed by 0.6): the chain of hook servers is given that timeout less a margin
 (:data:`MARGIN`), so a slow hook server fails (by its policy) but krproxy stays registered.
 
-Subscription: the events of the hook points registered hook servers name, plus the four that keep the
-store (pods run and removed, containers created and removed). When the registrations change the events
-needed, krproxy answers the calls in flight and re-registers (NRI fixes the subscription at Configure).
+Subscription: the events of the hook points registered hook servers name; plus, while one of them is on
+a point whose request comes from krproxy's store (:data:`STORE_READERS`: PreStartContainer,
+PostStartContainer, PreUpdateContainerResources), the four that keep the store (pods run and removed,
+containers created and removed). Every subscribed event is a call the runtime makes and waits for, most
+on a pod's way to running; nothing else is subscribed (with no hook server, only :data:`IDLE_EVENT`: NRI
+reads an empty mask as every event). When the registrations change the events needed, krproxy answers
+the calls in flight and re-registers (NRI fixes the subscription at Configure).
 
-State: the store is filled from Synchronize (in parts when NRI 0.8 splits it) and the events. When the
+State: while kept, the store is filled from Synchronize (in parts when NRI 0.8 splits it) and the events;
+otherwise it stays empty rather than go stale. When the
 connection drops (the runtime restarts, or drops the plugin) krproxy reconnects with backoff and
 registers again; the runtime synchronizes it again, so nothing is lost.
 """
@@ -94,7 +99,18 @@ EVENT_OF: Mapping[HookPoint, api.Event] = {
     HookPoint.POST_STOP_CONTAINER: api.Event.STOP_CONTAINER,
     HookPoint.PRE_UPDATE_CONTAINER_RESOURCES: api.Event.UPDATE_CONTAINER,
 }
-#: Events subscribed to whatever is registered: they keep the store current.
+#: The hook points whose requests come from krproxy's store (the container as created and as the hook
+#: servers left it), not from the event alone.
+STORE_READERS = frozenset(
+    {
+        HookPoint.PRE_START_CONTAINER,
+        HookPoint.POST_START_CONTAINER,
+        HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
+    }
+)
+#: Events subscribed to while a hook server of a :data:`STORE_READERS` point is registered: they keep the
+#: store current. Without one the store is not kept, and these events (each a call from the runtime on a
+#: pod's path) are not subscribed unless a hook point needs them.
 STORE_EVENTS = (
     api.Event.RUN_POD_SANDBOX,
     api.Event.REMOVE_POD_SANDBOX,
@@ -119,6 +135,9 @@ EVENT_METHODS: Mapping[str, tuple[api.Event, str]] = {
 EVENTS_BEFORE_0_12 = (1 << api.Event.REMOVE_CONTAINER) - 1
 #: Every event of NRI 0.12 (its ``ValidEvents``).
 ALL_EVENTS = (1 << (api.Event.LAST - 1)) - 1
+#: The one event subscribed to when no hook server needs any (NRI reads an empty mask as every event):
+#: once per pod, at its removal, never on the way to a running container.
+IDLE_EVENT = api.Event.REMOVE_POD_SANDBOX
 #: NRI's default request timeout (``DefaultPluginRequestTimeout``), assumed when Configure says none.
 DEFAULT_REQUEST_TIMEOUT = 2.0
 #: Registration must be answered within this (NRI's ``DefaultPluginRegistrationTimeout``).
@@ -179,6 +198,8 @@ class NriPlugin:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     #: The event mask sent at the last Configure.
     subscribed: int = 0
+    #: Whether the store is kept on this connection (decided at Configure, with the events).
+    store_kept: bool = False
     #: Whether the runtime's NRI is 0.8 or later (its Configure carries timeouts; 0.6.1's does not). 0.6.1
     #: has no ``oom_score_adj`` in ContainerAdjustment.
     nri_0_8: bool = True
@@ -201,12 +222,18 @@ class NriPlugin:
     _sync_containers: list[Any] = attrs.field(factory=list, init=False)
     _resubscribe: trio.Event = attrs.field(factory=trio.Event, init=False)
 
+    def keeps_store(self) -> bool:
+        """Whether a registered hook server's point reads the store (:data:`STORE_READERS`)."""
+        return any(self.dispatcher.plugins_for(point) for point in STORE_READERS)
+
     def events_needed(self) -> int:
         """The event mask to subscribe: what the registered hook servers and the store need, of what
         the runtime knows."""
-        events = set(STORE_EVENTS)
-        events.update(EVENT_OF[point] for point in HookPoint if self.dispatcher.plugins_for(point))
-        return mask_of(events) & self.runtime_events
+        events = {EVENT_OF[point] for point in HookPoint if self.dispatcher.plugins_for(point)}
+        if self.keeps_store():
+            events.update(STORE_EVENTS)
+        # NRI reads an empty mask as every event: with nothing to do, one event off the pods' start path.
+        return mask_of(events) & self.runtime_events or mask_of({IDLE_EVENT})
 
     def publish(self, registry: Registry) -> None:
         """The watcher's callback: new registrations; re-register when they need other events."""
@@ -318,6 +345,7 @@ class NriPlugin:
         # NRI 0.12 says its version here; older runtimes refuse a plugin subscribing to events they lack.
         self.runtime_events = ALL_EVENTS if self.nri_version else EVENTS_BEFORE_0_12
         self.subscribed = self.events_needed()
+        self.store_kept = self.keeps_store()
         self.nri_0_8 = request.registration_timeout > 0 or request.request_timeout > 0
         log.event(
             LOGGER,
@@ -326,6 +354,7 @@ class NriPlugin:
             nri=self.nri_version or ("0.8 to 0.11" if self.nri_0_8 else "before 0.8"),
             request_timeout=self.request_timeout,
             events=hex(self.subscribed),
+            store=self.store_kept,
         )
         return bytes(api.ConfigureResponse(events=self.subscribed))
 
@@ -335,6 +364,8 @@ class NriPlugin:
         self._sync_containers += request.containers
         if request.more:  # NRI 0.8 sends large states in parts: answer each, keep them all
             return bytes(api.SynchronizeResponse(more=True))
+        if not self.store_kept:  # no event would keep it current: hold nothing rather than a stale copy
+            self._sync_pods, self._sync_containers = [], []
         pods = {pod.id: nri_convert.pod_from_nri(pod) for pod in self._sync_pods}
         by_id = {pod.id: pod for pod in self._sync_pods}
         containers = [
@@ -471,23 +502,25 @@ class NriPlugin:
     async def _on_event(self, kind: api.Event, nri_pod: Any | None, nri_container: Any | None) -> None:
         """An event without an answer of its own: keep the store, run the hook point's servers."""
         pod = nri_convert.pod_from_nri(nri_pod)
+        store = self.store_kept
         if kind == api.Event.RUN_POD_SANDBOX:
-            if nri_pod is not None:
+            if store and nri_pod is not None:
                 self.store.put_pod(nri_pod.id, pod)
             await self._pod_hook(HookPoint.PRE_RUN_POD_SANDBOX, pod)
         elif kind == api.Event.STOP_POD_SANDBOX:
             await self._pod_hook(HookPoint.POST_STOP_POD_SANDBOX, pod)
         elif kind == api.Event.REMOVE_POD_SANDBOX:
-            if nri_pod is not None:
+            if store and nri_pod is not None:
                 self.store.remove_pod(nri_pod.id)
         elif kind == api.Event.POST_CREATE_CONTAINER:
-            info = nri_convert.container_from_nri(nri_pod, nri_container)
-            self.store.put_container(info.id, info)
+            if store:
+                info = nri_convert.container_from_nri(nri_pod, nri_container)
+                self.store.put_container(info.id, info)
         elif kind == api.Event.START_CONTAINER:
             await self._container_hook(HookPoint.PRE_START_CONTAINER, nri_pod, nri_container)
         elif kind == api.Event.POST_START_CONTAINER:
             await self._container_hook(HookPoint.POST_START_CONTAINER, nri_pod, nri_container)
-        elif kind == api.Event.REMOVE_CONTAINER and nri_container is not None:
+        elif kind == api.Event.REMOVE_CONTAINER and store and nri_container is not None:
             self.store.delete_container(nri_container.id)
 
     async def _pod_hook(self, point: HookPoint, pod: PodInfo) -> None:
@@ -558,6 +591,7 @@ class NriView:
                 "events": hex(plugin.subscribed),
             },
             "store": {
+                "kept": plugin.store_kept,
                 "recovered": plugin.synchronized.is_set(),
                 "pods": stats.pods,
                 "containers": stats.containers,

@@ -122,22 +122,54 @@ async def _wait_subscribed(node: Node, event: api.Event) -> None:
 
 class TestRegistration:
     async def test_registers_configures_synchronizes(self, node: Node) -> None:
-        """krproxy registers under its name and index, subscribes to what its hook servers need, and
-        loads the runtime's pods and containers from Synchronize."""
+        """krproxy registers under its name and index, subscribes to what its hook servers need (a point
+        built from the store: the events that keep it), and loads the runtime's pods and containers from
+        Synchronize."""
         node.runtime.pods["pod-old"] = pod("old")
         node.runtime.containers["ctr-old"] = container("old", "pod-old")
-        await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER])
+        await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_START_CONTAINER])
         with trio.fail_after(LIMIT):
             plugin = await node.start_krproxy()
             await plugin.synchronized.wait()
         [connected] = node.runtime.plugins
         assert ("50", "krproxy") == (connected.index, connected.name)
-        wanted = {api.Event.CREATE_CONTAINER, *nri_plugin.STORE_EVENTS}
+        wanted = {api.Event.CREATE_CONTAINER, api.Event.START_CONTAINER, *nri_plugin.STORE_EVENTS}
         assert event_mask(wanted) == connected.events
         assert {"pod-old"} == set(plugin.store.pods())
         stored = plugin.store.get_container("ctr-old")
         assert stored is not None and "old" == stored.pod.name
         assert 1.0 == plugin.metrics.registry.get_sample_value("krproxy_ready")
+
+    async def test_only_what_the_hook_points_need(self, node: Node) -> None:
+        """With hook servers on points built from the event alone (PreCreateContainer here) krproxy keeps no
+        store and subscribes to their events only: one NRI call per pod start, not three (run, create,
+        post-create). Its hooks still get the pod's labels."""
+        node.runtime.pods["pod-old"] = pod("old")
+        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER], changes=Changes(cpu_shares=7))
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await plugin.synchronized.wait()
+            await node.runtime.run_pod(pod())
+            created = await node.runtime.create_container(container())
+            await node.runtime.start_container("ctr-app")
+        [connected] = node.runtime.plugins
+        assert event_mask({api.Event.CREATE_CONTAINER}) == connected.events
+        assert ["CreateContainer"] == [what for way, what in node.runtime.log if way == "call"][2:]
+        assert 7 == created.linux.resources.cpu.shares.value  # type: ignore[union-attr]
+        assert {"app": "web"} == fake.requests(HookPoint.PRE_CREATE_CONTAINER)[0].pod_labels
+        assert ({}, {}) == (plugin.store.pods(), plugin.store.containers())  # nothing stale held
+        assert not plugin.store_kept
+
+    async def test_no_hook_server_no_event_on_the_start_path(self, node: Node) -> None:
+        """With no hook server registered krproxy subscribes to pod removal only: an empty mask would mean
+        every event to NRI."""
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            await node.runtime.create_container(container())
+        [connected] = node.runtime.plugins
+        assert event_mask({api.Event.REMOVE_POD_SANDBOX}) == connected.events
+        assert ["Configure", "Synchronize"] == [what for way, what in node.runtime.log if way == "call"]
 
     async def test_request_timeout_from_configure(self, node: Node) -> None:
         """The runtime's request timeout (Configure, NRI 0.8) is what hook chains are budgeted in."""
@@ -156,6 +188,7 @@ class TestRegistration:
 
     async def test_split_synchronize(self, node: Node) -> None:
         """A state sent in parts (NRI 0.8's ``more``) is collected whole."""
+        await node.hook_server("h", [HookPoint.PRE_START_CONTAINER])  # a point that reads the store
         node.runtime.sync_chunk = 3
         for i in range(4):
             node.runtime.pods[f"pod-{i}"] = pod(str(i))
@@ -168,6 +201,7 @@ class TestRegistration:
 
     async def test_reconnects_after_runtime_drops_it(self, node: Node) -> None:
         """When the connection goes, krproxy registers again and is synchronized again."""
+        await node.hook_server("h", [HookPoint.PRE_START_CONTAINER])  # a point that reads the store
         with trio.fail_after(LIMIT):
             await node.start_krproxy()
             [first] = node.runtime.plugins
@@ -488,7 +522,7 @@ class TestRestarts:
     async def test_krproxy_restart_loses_no_hook(self, node: Node) -> None:
         """krproxy stopped mid-lifecycle and started again: the pod run meanwhile is in its store from
         Synchronize, and the next event reaches the hook server with the pod's labels and annotations."""
-        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER])
+        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_START_CONTAINER])
         os.makedirs(node.hook_dir, exist_ok=True)
         config = NriConfig(
             socket=node.runtime.socket_path, hook_dir=node.hook_dir, insecure_registration_files=True
@@ -513,7 +547,7 @@ class TestRestarts:
     async def test_runtime_restart(self, node: Node, nursery: trio.Nursery) -> None:
         """The runtime going away and coming back on the same path: krproxy registers with the new one,
         which synchronizes it, and hooks run again."""
-        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER])
+        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_START_CONTAINER])
         path = os.path.join(node.sockdir, "restart.sock")
         config = NriConfig(socket=path, hook_dir=node.hook_dir, insecure_registration_files=True)
         with trio.fail_after(LIMIT):
