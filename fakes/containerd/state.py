@@ -59,6 +59,7 @@ class Code(enum.IntEnum):
     INVALID_ARGUMENT = 3
     NOT_FOUND = 5
     FAILED_PRECONDITION = 9
+    UNIMPLEMENTED = 12
 
 
 class CriError(Exception):
@@ -187,6 +188,10 @@ class Sandbox:
     runtime_handler: str = ""
     ip: str = ""
     namespace_options: cri.NamespaceOption | None = attrs.field(default=None, hash=False)
+    #: What the last UpdatePodSandboxResources set (containerd 2.3 keeps both in the sandbox's status and
+    #: its ``updated-resources`` extension); None until then.
+    overhead: cri.LinuxContainerResources | None = attrs.field(default=None, hash=False)
+    resources: cri.LinuxContainerResources | None = attrs.field(default=None, hash=False)
     #: Encoded parts of answers about this record (see ``RuntimeState.ENCODED_CALLS``); kept until the
     #: record is replaced, so a new record starts empty.
     wire: dict[str, bytes] = attrs.field(init=False, factory=dict, eq=False, hash=False, repr=False)
@@ -283,6 +288,8 @@ class RuntimeState:
             ListImages) anew on each call: containerd's lists come from maps and their order
             changes from call to call, so nobody may rely on one. Seeded by
             :func:`list_order`, or pass ``random.Random(seed)``.
+        pod_resize: answer UpdatePodSandboxResources as containerd 2.3 does (true, the default), or with
+            UNIMPLEMENTED "unknown method ..." as containerd 1.6 to 2.1, whose CRI server lacks it (false).
     """
 
     #: The CRI methods (snake_case, as in the generated services) this class answers.
@@ -302,6 +309,7 @@ class RuntimeState:
             "list_containers",
             "container_status",
             "update_container_resources",
+            "update_pod_sandbox_resources",
             "exec_sync",
             "container_stats",
             "list_container_stats",
@@ -326,6 +334,7 @@ class RuntimeState:
     force_remove_running: bool = True
     require_pulled_images: bool = False
     order: random.Random = attrs.Factory(list_order)
+    pod_resize: bool = True
     _sandboxes: dict[str, Sandbox] = attrs.field(init=False, factory=dict)
     _containers: dict[str, Container] = attrs.field(init=False, factory=dict)
     #: Sandbox ID -> the IDs of its containers, in creation order (the keys; values unused).
@@ -895,6 +904,28 @@ class RuntimeState:
             resources.unified = {**resources.unified, **request.linux.unified}
         self._containers[container.id] = attrs.evolve(container, resources=resources)
         return cri.UpdateContainerResourcesResponse()
+
+    def update_pod_sandbox_resources(
+        self, request: cri.UpdatePodSandboxResourcesRequest
+    ) -> cri.UpdatePodSandboxResourcesResponse:
+        """Record the pod's new overhead and resources (pod-level resize, KEP-5419), as containerd 2.3 does.
+
+        containerd 2.3 looks the sandbox up (unknown: NOT_FOUND), in any state, and keeps both messages as
+        sent, replacing the previous ones (absent ones become absent); it writes no cgroup (kubelet does).
+        With :attr:`pod_resize` false the answer is grpc-go's for a method the server lacks: UNIMPLEMENTED.
+        """
+        if not self.pod_resize:
+            raise CriError(
+                Code.UNIMPLEMENTED,
+                "unknown method UpdatePodSandboxResources for service runtime.v1.RuntimeService",
+            )
+        sandbox = self._find_sandbox(request.pod_sandbox_id)
+        self._sandboxes[sandbox.id] = attrs.evolve(
+            sandbox,
+            overhead=_clone(request.overhead) if request.overhead is not None else None,
+            resources=_clone(request.resources) if request.resources is not None else None,
+        )
+        return cri.UpdatePodSandboxResourcesResponse()
 
     def exec_sync(self, request: cri.ExecSyncRequest) -> cri.ExecSyncResponse:
         """Answer a scripted result, or exit 0 with the command line echoed on stdout.

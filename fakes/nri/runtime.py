@@ -365,6 +365,34 @@ class FakeNriRuntime:
     async def stop_pod(self, pod_id: str) -> None:
         await self._event(api.Event.STOP_POD_SANDBOX, self.pods[pod_id])
 
+    async def update_pod(
+        self,
+        pod_id: str,
+        resources: api.LinuxResources | None = None,
+        overhead: api.LinuxResources | None = None,
+    ) -> None:
+        """A pod-level resize (CRI UpdatePodSandboxResources), as containerd 2.3 drives it: UpdatePodSandbox
+        (a plugin's error fails it; no StateChange fallback: NRI has none for it), the new resources
+        recorded in the pod, then PostUpdatePodSandbox. Playing an NRI before 0.12: the runtime has no such
+        events, so it only records the resources."""
+        pod = self.pods[pod_id]
+        if self.nri_0_12:
+            request = api.UpdatePodSandboxRequest(
+                pod=pod, overhead_linux_resources=overhead, linux_resources=resources
+            )
+            await self._call_each(
+                api.Event.UPDATE_POD_SANDBOX,
+                "UpdatePodSandbox",
+                request,
+                api.UpdatePodSandboxResponse,
+                lambda name, answer: None,
+            )
+        if pod.linux is None:
+            pod.linux = api.LinuxPodSandbox()
+        pod.linux.pod_resources, pod.linux.pod_overhead = resources, overhead
+        if self.nri_0_12:
+            await self._event(api.Event.POST_UPDATE_POD_SANDBOX, pod)
+
     async def remove_pod(self, pod_id: str) -> None:
         pod = self.pods.pop(pod_id)
         await self._event(api.Event.REMOVE_POD_SANDBOX, pod)
@@ -464,6 +492,7 @@ _EVENT_METHODS: dict[api.Event, tuple[str, type[Any]]] = {
     api.Event.RUN_POD_SANDBOX: ("RunPodSandbox", api.RunPodSandboxRequest),
     api.Event.STOP_POD_SANDBOX: ("StopPodSandbox", api.StopPodSandboxRequest),
     api.Event.REMOVE_POD_SANDBOX: ("RemovePodSandbox", api.RemovePodSandboxRequest),
+    api.Event.POST_UPDATE_POD_SANDBOX: ("PostUpdatePodSandbox", api.PostUpdatePodSandboxRequest),
     api.Event.POST_CREATE_CONTAINER: ("PostCreateContainer", api.PostCreateContainerRequest),
     api.Event.START_CONTAINER: ("StartContainer", api.StartContainerRequest),
     api.Event.POST_START_CONTAINER: ("PostStartContainer", api.PostStartContainerRequest),

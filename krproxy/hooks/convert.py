@@ -36,10 +36,17 @@ as upb messages (:mod:`krproxy.hooks.wire`, about 100× faster than betterproto2
     containerd rewrites values there too.
   - envs come from the verbose ``config.envs`` (the CRI envs; ``runtimeSpec.process.env`` also holds the
     image's variables, so it is not used); absent → empty.
+  - a pod's resources and overhead as the last UpdatePodSandboxResources set them: containerd 2.3 reports
+    them in ``info["info"]`` as ``resources.linux`` / ``overhead.linux``; absent (older runtimes, no resize
+    yet) → ``None``, as in the live path.
   Malformed or missing verbose info is never an error: the field is simply not recovered.
 
-To hook-protocol requests: :func:`pod_hook_request` (PreRunPodSandbox, PostStopPodSandbox) and
-:func:`container_hook_request` (the five container hooks). :func:`pod_hook_request_bytes` and
+* :func:`pod_resize_from_request` — UpdatePodSandboxResources + the stored pod → :class:`PodResize`: the
+  stored record with ``resources`` and ``overhead`` set to the requested ones (``None`` where absent).
+
+To hook-protocol requests: :func:`pod_hook_request` (PreRunPodSandbox, PostStopPodSandbox, and
+PreUpdatePodSandboxResources with the resize's pod) and :func:`container_hook_request` (the five container
+hooks). :func:`pod_hook_request_bytes` and
 :func:`container_hook_request_bytes` serialize the same messages straight from the records, several times faster
 than building and encoding betterproto2 messages (which costs more than the rest of a hook call's own work); the
 tests check that both decode to the same message.
@@ -57,7 +64,7 @@ from typing import Any
 
 import attrs
 
-from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
+from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, PodResize, Resources
 from krproxy.proto.runtime import v1, v1alpha1
 from krproxy.protowire import varint
 
@@ -75,6 +82,8 @@ __all__ = [
     "pod_from_wire_status",
     "pod_hook_request",
     "pod_hook_request_bytes",
+    "pod_resize_from_request",
+    "pod_resize_hook_request_bytes",
     "resources_from_cri",
     "resources_from_hook",
     "resources_to_cri",
@@ -203,6 +212,18 @@ def container_from_create_request(request: v1.CreateContainerRequest, pod: PodIn
     )
 
 
+def pod_resize_from_request(request: v1.UpdatePodSandboxResourcesRequest, pod: PodInfo) -> PodResize:
+    """The resize an UpdatePodSandboxResources request asks for; *pod* is the stored record of its sandbox."""
+    return PodResize(
+        pod_sandbox_id=request.pod_sandbox_id,
+        pod=attrs.evolve(
+            pod,
+            resources=resources_from_cri(request.resources) if request.resources is not None else None,
+            overhead=resources_from_cri(request.overhead) if request.overhead is not None else None,
+        ),
+    )
+
+
 # --- from CRI List/Status answers (recovery) ---------------------------------------------------------------
 
 
@@ -238,7 +259,10 @@ def _cgroup_parent_from_path(cgroups_path: str, sandbox_id: str) -> str:
 def cgroup_parent_from_verbose(info: Mapping[str, str] | None, sandbox_id: str) -> str:
     """A sandbox's cgroup parent from a verbose ``PodSandboxStatus`` *info* map ("" if not found):
     containerd's ``config.linux.cgroup_parent``, else derived from ``runtimeSpec.linux.cgroupsPath``."""
-    document = _verbose(info)
+    return _cgroup_parent_from_document(_verbose(info), sandbox_id)
+
+
+def _cgroup_parent_from_document(document: dict[str, Any], sandbox_id: str) -> str:
     cgroup_parent = _dig(document, "config", "linux", "cgroup_parent")
     if isinstance(cgroup_parent, str) and cgroup_parent:
         return cgroup_parent
@@ -337,6 +361,7 @@ def pod_from_wire_sandbox(sandbox: Any) -> PodInfo:
 def pod_from_wire_status(status: Any, info: Mapping[str, str] | None = None) -> PodInfo:
     """The pod record recoverable from PodSandboxStatus and its verbose *info* (see the module docstring)."""
     meta = status.metadata
+    document = _verbose(info)
     return PodInfo(
         name=meta.name,
         uid=meta.uid,
@@ -345,7 +370,9 @@ def pod_from_wire_status(status: Any, info: Mapping[str, str] | None = None) -> 
         runtime_handler=status.runtime_handler,
         labels=_entries(status.labels),
         annotations=_entries(status.annotations),
-        cgroup_parent=cgroup_parent_from_verbose(info, status.id),
+        cgroup_parent=_cgroup_parent_from_document(document, status.id),
+        resources=_resources_from_json(_dig(document, "resources", "linux")),
+        overhead=_resources_from_json(_dig(document, "overhead", "linux")),
     )
 
 
@@ -517,6 +544,12 @@ def pod_hook_request_bytes(pod: PodInfo) -> bytes:
     if pod.resources is not None:
         _put_message(out, b"\x3a", _resources_bytes(pod.resources))  # 7
     return bytes(out)
+
+
+def pod_resize_hook_request_bytes(resize: PodResize) -> bytes:
+    """The PreUpdatePodSandboxResources request: :func:`pod_hook_request_bytes` of the resize's pod (its
+    ``resources`` and ``overhead`` are the requested ones)."""
+    return pod_hook_request_bytes(resize.pod)
 
 
 def container_hook_request_bytes(container: ContainerInfo) -> bytes:

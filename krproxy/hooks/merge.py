@@ -24,6 +24,11 @@ Rules (koord-runtime-proxy v1.8, ``resexecutor/cri``; see shared/notes/hook-sema
   always rebuilt from the map — duplicates collapse even when no plugin touched the envs.
 * Env order (Go's is random): names that were in the request keep their first position, names a plugin added
   follow, sorted by name. Deterministic, and a request no plugin changed keeps its order.
+* UpdatePodSandboxResources (krproxy's PreUpdatePodSandboxResources, no reference): only the answer's
+  ``resources`` are applied, merged into the requested ones by :func:`update_resource` (the container rules:
+  echo what you keep), and only when the request carries resources; the request's ``resources`` are then
+  replaced by the result. The answer's labels, annotations and cgroup parent have nowhere to go in the CRI
+  request (a running pod is not relabelled or moved) and are ignored; the overhead is not in the answer.
 * UpdateContainerResources: the stored resources are first updated by the request
   (:func:`prepare_update`), then by the answer. Annotations: the reference *replaces* the request's
   annotations by stored ∪ answer; we keep the request's own annotations underneath (stored ∪ answer win on
@@ -50,19 +55,21 @@ from krproxy.hooks.convert import (
     resources_from_hook,
     write_resources,
 )
-from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
+from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, PodResize, Resources
 from krproxy.proto.runtime import v1, v1alpha1
 
 __all__ = [
     "Change",
     "Merged",
     "apply_create",
+    "apply_pod_resize",
     "apply_run_pod",
     "apply_update",
     "merge_container_info",
     "merge_create_container",
     "merge_pod",
     "merge_pod_info",
+    "merge_pod_resize",
     "merge_update_container",
     "prepare_update",
     "update_resource",
@@ -70,7 +77,13 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-_M = TypeVar("_M", v1.RunPodSandboxRequest, v1.CreateContainerRequest, v1.UpdateContainerResourcesRequest)
+_M = TypeVar(
+    "_M",
+    v1.RunPodSandboxRequest,
+    v1.CreateContainerRequest,
+    v1.UpdateContainerResourcesRequest,
+    v1.UpdatePodSandboxResourcesRequest,
+)
 
 
 @attrs.frozen
@@ -218,6 +231,19 @@ def merge_pod_info(pod: PodInfo, response: v1alpha1.PodSandboxHookResponse) -> M
     return Merged(merged, _diff_pod(pod, merged))
 
 
+def merge_pod_resize(resize: PodResize, response: v1alpha1.PodSandboxHookResponse) -> Merged[PodResize]:
+    """Merge a PreUpdatePodSandboxResources answer into the resize: its ``resources`` by :func:`update_resource`
+    (when the request carried resources); everything else in the answer is ignored."""
+    requested = resize.pod.resources
+    if requested is None:
+        return Merged(resize)
+    resources = update_resource(requested, resources_from_hook(response.resources))
+    if resources == requested:
+        return Merged(resize)
+    merged = attrs.evolve(resize, pod=attrs.evolve(resize.pod, resources=resources))
+    return Merged(merged, tuple(_diff_resources("resources", requested, resources)))
+
+
 def merge_container_info(
     info: ContainerInfo, response: v1alpha1.ContainerResourceHookResponse
 ) -> Merged[ContainerInfo]:
@@ -317,6 +343,18 @@ def apply_update(
             out.linux = v1.LinuxContainerResources()
         write_resources(out.linux, info.resources)
     out.annotations = {**out.annotations, **info.annotations}
+    return out
+
+
+def apply_pod_resize(
+    request: v1.UpdatePodSandboxResourcesRequest, resize: PodResize
+) -> v1.UpdatePodSandboxResourcesRequest:
+    """A copy of *request* whose ``resources`` are the resize's (every field; unknown fields kept)."""
+    out = _clone(request)
+    if resize.pod.resources is not None:
+        if out.resources is None:
+            out.resources = v1.LinuxContainerResources()
+        write_resources(out.resources, resize.pod.resources)
     return out
 
 

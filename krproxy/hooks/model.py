@@ -21,6 +21,7 @@ __all__ = [
     "ContainerInfo",
     "FrozenMap",
     "PodInfo",
+    "PodResize",
     "Resources",
     "to_frozen_map",
 ]
@@ -129,7 +130,8 @@ class PodInfo:
     """What the proxy remembers about a pod sandbox (Koordinator's ``PodSandboxInfo``).
 
     Attributes:
-        resources: pod-level resources; ``None`` in CRI mode (the reference only fills it for Docker).
+        resources: pod-level resources; ``None`` in CRI mode (the reference only fills it for Docker) until a
+            pod-level resize (UpdatePodSandboxResources) set them.
         overhead: pod overhead; ``None`` in CRI mode, likewise.
     """
 
@@ -173,3 +175,20 @@ class ContainerInfo:
     resources: Resources | None = None
     envs: FrozenMap[str, str] = attrs.field(factory=FrozenMap, converter=_str_map)
     pod_cgroup_parent: str = ""
+
+
+@attrs.frozen
+class PodResize:
+    """A pod-level resize (CRI ``UpdatePodSandboxResources``) as PreUpdatePodSandboxResources hooks see it.
+
+    Its own record type, not a :class:`PodInfo`, because an answer to it may change other things than a
+    PreRunPodSandbox answer may (only ``resources``; see :func:`krproxy.hooks.merge.merge_pod_resize`).
+
+    Attributes:
+        pod_sandbox_id: the sandbox being resized.
+        pod: the stored pod, with ``resources`` and ``overhead`` set to the ones requested (``None`` where the
+            request carries none).
+    """
+
+    pod_sandbox_id: str
+    pod: PodInfo

@@ -1,6 +1,7 @@
-"""The seven runtime hook points, their stage, the CRI call each runs on and its hook-protocol RPC.
+"""The eight runtime hook points, their stage, the CRI call each runs on and its hook-protocol RPC.
 
-All routing facts live in this one table (koord-runtime-proxy's mapping, see DESIGN.md):
+All routing facts live in this one table (koord-runtime-proxy's mapping, see DESIGN.md, plus
+krproxy's extension PreUpdatePodSandboxResources, the pod-level resize of KEP-5419):
 
 ==========================  ===========================  =====
 CRI method                  hook points (in call order)   stage
@@ -12,7 +13,11 @@ StartContainer              PreStartContainer,           pre,
                             PostStartContainer           post
 StopContainer               PostStopContainer            post
 UpdateContainerResources    PreUpdateContainerResources  pre
+UpdatePodSandboxResources   PreUpdatePodSandboxResources pre
 ==========================  ===========================  =====
+
+PreUpdatePodSandboxResources is not in Koordinator's protocol: only hook servers whose registration
+file lists it are called there (:data:`EXTENSIONS`), so existing servers never see the new RPC.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import enum
 
 __all__ = [
     "CRI_RUNTIME_SERVICE",
+    "EXTENSIONS",
     "HOOK_SERVICE",
     "UNSUPPORTED_HOOK_NAMES",
     "HookPoint",
@@ -56,6 +62,7 @@ class HookPoint(enum.Enum):
     POST_START_CONTAINER = "PostStartContainer"
     POST_STOP_CONTAINER = "PostStopContainer"
     PRE_UPDATE_CONTAINER_RESOURCES = "PreUpdateContainerResources"
+    PRE_UPDATE_POD_SANDBOX_RESOURCES = "PreUpdatePodSandboxResources"
 
     @property
     def stage(self) -> Stage:
@@ -85,7 +92,11 @@ class HookPoint(enum.Enum):
     @property
     def is_pod_level(self) -> bool:
         """True if the hook speaks PodSandboxHookRequest/Response, False for ContainerResourceHook*."""
-        return self in (HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.POST_STOP_POD_SANDBOX)
+        return self in (
+            HookPoint.PRE_RUN_POD_SANDBOX,
+            HookPoint.POST_STOP_POD_SANDBOX,
+            HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES,
+        )
 
     @classmethod
     def from_name(cls, name: str) -> HookPoint | None:
@@ -104,7 +115,11 @@ _CRI_METHOD: dict[HookPoint, str] = {
     HookPoint.POST_START_CONTAINER: "StartContainer",
     HookPoint.POST_STOP_CONTAINER: "StopContainer",
     HookPoint.PRE_UPDATE_CONTAINER_RESOURCES: "UpdateContainerResources",
+    HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES: "UpdatePodSandboxResources",
 }
+
+#: Hook points krproxy adds to Koordinator's protocol (RPCs koordlet and koord-runtime-proxy do not know).
+EXTENSIONS = frozenset({HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES})
 
 
 def hook_points_for(cri_method: str) -> tuple[HookPoint, ...]:

@@ -9,6 +9,7 @@ StartContainer                 PreStartContainer → forward → PostStartContai
 StopContainer                  forward → PostStopContainer → drop the container
 StopPodSandbox                 forward → PostStopPodSandbox → drop the pod (NOT_FOUND: and its containers)
 UpdateContainerResources       PreUpdateContainerResources chain → forward → store
+UpdatePodSandboxResources      PreUpdatePodSandboxResources chain → forward → store the pod's resources
 RemoveContainer / RemovePod…   forward → drop from the store (no hooks)
 =============================  =====================================================
 
@@ -136,6 +137,7 @@ class HookRuntime:
             "StopContainer": self.stop_container,
             "StopPodSandbox": self.stop_pod_sandbox,
             "UpdateContainerResources": self.update_container_resources,
+            "UpdatePodSandboxResources": self.update_pod_sandbox_resources,
             "RemoveContainer": self.remove_container,
             "RemovePodSandbox": self.remove_pod_sandbox,
         }
@@ -201,6 +203,44 @@ class HookRuntime:
             lambda: self.store.delete_pod(sandbox_id),
             gone=lambda: self.store.remove_pod(sandbox_id),
         )
+
+    async def update_pod_sandbox_resources(self, data: bytes, forward: Forward) -> Reply:
+        """Pod-level resize (KEP-5419): kubelet calls this before it writes the pod's cgroup and fails the
+        resize on any error but UNIMPLEMENTED, which runtimes without the call (containerd before 2.3)
+        answer; that answer, like every runtime error, goes back unchanged and leaves the store as it was.
+        """
+        request = await _decode_request(
+            cri.UpdatePodSandboxResourcesRequest, data, "UpdatePodSandboxResourcesRequest"
+        )
+        with _malformed("UpdatePodSandboxResourcesRequest"):
+            sandbox_id = request.pod_sandbox_id
+            if not isinstance(sandbox_id, str):
+                raise TypeError("pod_sandbox_id is not a string")
+        point = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
+        # Held across read -> hooks -> forward -> store, as for UpdateContainerResources: a resize and
+        # kubelet's revert of it must reach the runtime and the store in the same order.
+        async with self._lock("pod/" + sandbox_id):
+            with _malformed("UpdatePodSandboxResourcesRequest"):
+                stored = self.store.get_pod(sandbox_id)
+                if stored is None:
+                    self._missing("pod", sandbox_id, point)
+                    return await forward(data)
+                resize = convert.pod_resize_from_request(request, stored)
+            if not self._skips(stored):
+                chain = await self.dispatcher.run(
+                    point,
+                    resize,
+                    convert.pod_resize_hook_request_bytes,
+                    merge.merge_pod_resize,
+                    target=f"pod {stored.namespace}/{stored.name}",
+                )
+                if chain.value != resize:
+                    resize = chain.value
+                    with _malformed("UpdatePodSandboxResourcesRequest"):
+                        data = bytes(merge.apply_pod_resize(request, resize).SerializeToString())
+            reply = await forward(data)
+            self.store.resize_pod(sandbox_id, resize.pod.resources, resize.pod.overhead)
+            return reply
 
     async def remove_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
         sandbox_id = _decode_id(cri.RemovePodSandboxRequest, data, "pod_sandbox_id")
@@ -316,11 +356,12 @@ class HookRuntime:
             reason=f"{kind} not in the store (created before the proxy, or already stopped)",
         )
 
-    def _lock(self, container_id: str) -> trio.Lock:
-        """The lock serialising hooked calls on one container (dropped with its last user)."""
-        lock = self._locks.get(container_id)
+    def _lock(self, key: str) -> trio.Lock:
+        """The lock serialising hooked calls on one container (key: its id) or pod (``pod/<sandbox id>``);
+        dropped with its last user."""
+        lock = self._locks.get(key)
         if lock is None:
-            lock = self._locks[container_id] = trio.Lock()
+            lock = self._locks[key] = trio.Lock()
         return lock
 
     def _post_hook(

@@ -10,6 +10,9 @@ When the proxy writes and drops entries (the reference's points, plus Remove*):
 * update: after PreStartContainer / PreUpdateContainerResources answers (the reference mutates the stored
   record in place, so later hooks see the merged values) — :meth:`HookStore.update_container` never
   re-creates an entry that was dropped meanwhile;
+* resize: after a successful UpdatePodSandboxResources the pod's ``resources`` and ``overhead`` become the
+  ones forwarded (after PreUpdatePodSandboxResources answers), in the pod record and in the pod of each of its
+  container records (:meth:`HookStore.resize_pod`), so later container hooks get them as ``pod_resources``;
 * drop: StopPodSandbox drops the pod, StopContainer the container — after the post hook, and only when the
   runtime succeeded or answered NOT_FOUND (a StopPodSandbox answered NOT_FOUND drops the pod's containers
   too, as RemovePodSandbox does); after another failure the entry stays, so kubelet's retry runs
@@ -30,7 +33,7 @@ from typing import final
 
 import attrs
 
-from krproxy.hooks.model import ContainerInfo, PodInfo
+from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
 
 __all__ = ["HookStore", "StoreStatistics"]
 
@@ -80,6 +83,20 @@ class HookStore:
         for cid in dropped:
             del self._containers[cid]
         return dropped
+
+    def resize_pod(self, sandbox_id: str, resources: Resources | None, overhead: Resources | None) -> bool:
+        """Set the resources and overhead of sandbox *sandbox_id*, in its record and in the pod of its
+        containers' records; return whether the pod was stored (it is never re-created)."""
+        pod = self._pods.get(sandbox_id)
+        if pod is None:
+            return False
+        self._pods[sandbox_id] = attrs.evolve(pod, resources=resources, overhead=overhead)
+        for cid, container in self._containers.items():
+            if container.pod_sandbox_id == sandbox_id:
+                self._containers[cid] = attrs.evolve(
+                    container, pod=attrs.evolve(container.pod, resources=resources, overhead=overhead)
+                )
+        return True
 
     # --- containers ---
 

@@ -9,7 +9,9 @@ plugin's failure policy (``Fail`` rejects the CRI call naming plugin, hook and v
 
 Only the fields that the merge rules (:mod:`krproxy.hooks.merge`) would apply are checked:
 an empty ``cgroup_parent`` changes nothing and is fine; a pod answer's ``resources`` and every
-answer's ``hugepage_limits`` are never applied, so are not checked.
+answer's ``hugepage_limits`` are never applied, so are not checked — except that a
+PreUpdatePodSandboxResources answer's ``resources`` are applied and checked, while its labels,
+annotations and cgroup parent are not applied and not checked.
 
 Rules (the bounds are the kernel's and runc's where they have one):
 
@@ -39,7 +41,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from krproxy.hooks.model import ContainerInfo, PodInfo
+from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize
 from krproxy.hooks.slices import ROOT, is_slice_name, slice_path
 from krproxy.proto.runtime import v1alpha1
 
@@ -54,6 +56,7 @@ __all__ = [
     "check_container_answer",
     "check_cpu_list",
     "check_pod_answer",
+    "check_pod_resize_answer",
     "check_resources",
     "is_below",
     "wrong_types",
@@ -202,6 +205,13 @@ def check_pod_answer(pod: PodInfo, answer: v1alpha1.PodSandboxHookResponse) -> l
     return problems
 
 
+def check_pod_resize_answer(resize: PodResize, answer: v1alpha1.PodSandboxHookResponse) -> list[str]:
+    """Violations in a PreUpdatePodSandboxResources answer: only its ``resources`` are applied, so checked."""
+    if answer.resources is None or resize.pod.resources is None:
+        return []
+    return check_resources(answer.resources, "resources")
+
+
 def check_container_answer(info: ContainerInfo, answer: v1alpha1.ContainerResourceHookResponse) -> list[str]:
     """Violations in a container pre-hook answer for *info* (as the previous plugins left it)."""
     problems = _check_map("container_annotations", answer.container_annotations)
@@ -228,6 +238,8 @@ def check_answer(record: object, answer: object) -> list[str]:
         return check_pod_answer(record, answer)
     if isinstance(record, ContainerInfo) and isinstance(answer, v1alpha1.ContainerResourceHookResponse):
         return check_container_answer(record, answer)
+    if isinstance(record, PodResize) and isinstance(answer, v1alpha1.PodSandboxHookResponse):
+        return check_pod_resize_answer(record, answer)
     return []
 
 

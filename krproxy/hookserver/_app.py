@@ -253,12 +253,14 @@ class HookServer:
         if stage is Stage.POST_STOP_POD_SANDBOX:
             self.pods.remove_pod(ctx.request)
             self.pending.pop(key, None)
-        elif stage is Stage.PRE_RUN_POD_SANDBOX:
+        elif stage in (Stage.PRE_RUN_POD_SANDBOX, Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES):
             # Remembered first: a write the kernel refuses fails this call, but re-applies
-            # (policy change, CPU suppress) must still reach the pod.
+            # (policy change, CPU suppress) must still reach the pod. A resize refreshes the record
+            # (it now carries the pod's resources).
             self.pods.add_pod(ctx.request)
         try:
-            apply_pod(self.executor, ctx)
+            # A resize's CRI-expressible changes travel in the answer, to the runtime.
+            apply_pod(self.executor, ctx, include_cri=stage is not Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES)
         except CgroupMissingError as exc:
             if stage is not Stage.POST_STOP_POD_SANDBOX:
                 self._defer(key, ctx, exc)

@@ -93,6 +93,9 @@ class PodInfo:
     Attributes:
         cgroup_parent: the pod's own cgroup as kubelet passes it to the runtime
             (cgroupfs ``/kubepods/besteffort/pod<uid>`` or systemd ``kubepods-…-pod<uid>.slice``).
+        resources: at ``PreUpdatePodSandboxResources`` (pod-level resize), the pod resources kubelet
+            asks for; None at the other stages (the proxy sends none there in CRI mode).
+        overhead: likewise, the pod overhead (RuntimeClass ``overhead``) sent with a resize.
     """
 
     meta: PodMeta = attrs.field(factory=PodMeta)
@@ -100,6 +103,8 @@ class PodInfo:
     annotations: Mapping[str, str] = attrs.field(factory=dict, converter=_frozen_map)
     cgroup_parent: str = ""
     runtime_handler: str = ""
+    resources: Resources | None = None
+    overhead: Resources | None = None
 
     @classmethod
     def from_proto(cls, req: hook.PodSandboxHookRequest) -> PodInfo:
@@ -109,6 +114,8 @@ class PodInfo:
             annotations=req.annotations,
             cgroup_parent=req.cgroup_parent,
             runtime_handler=req.runtime_handler,
+            resources=Resources.from_proto(req.resources) if req.resources is not None else None,
+            overhead=Resources.from_proto(req.overhead) if req.overhead is not None else None,
         )
 
     @property
@@ -184,6 +191,13 @@ class ResourceChanges:
 
 @attrs.define
 class PodChanges:
+    """What plugins ask for at a pod-level stage.
+
+    At ``PreUpdatePodSandboxResources`` only ``resources`` matters: its ``cpu_shares``, ``cfs_quota``,
+    ``cpuset`` and ``memory_limit`` change the resources the runtime is sent (the other settings are
+    written to the pod's cgroup); labels, annotations and ``cgroup_parent`` are ignored by the proxy there.
+    """
+
     labels: dict[str, str] = attrs.Factory(dict)
     annotations: dict[str, str] = attrs.Factory(dict)
     cgroup_parent: str | None = None

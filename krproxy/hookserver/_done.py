@@ -59,7 +59,8 @@ def _with_cri_changes(
 
 
 def pod_response(req: hook.PodSandboxHookRequest, ctx: PodContext) -> hook.PodSandboxHookResponse:
-    """Echo ``req`` with the plugins' label, annotation and cgroup parent changes applied."""
+    """Echo ``req`` with the plugins' label, annotation, cgroup parent and CRI-expressible resource changes
+    applied (the proxy takes the resources only from a PreUpdatePodSandboxResources answer)."""
     changes = ctx.response
     return hook.PodSandboxHookResponse(
         labels={**req.labels, **changes.labels},
@@ -172,15 +173,16 @@ def apply(
     return done
 
 
-def apply_pod(executor: Executor, ctx: PodContext) -> list[Change]:
-    """Pod-level settings always go through the executor (proxy and standalone alike)."""
+def apply_pod(executor: Executor, ctx: PodContext, *, include_cri: bool = True) -> list[Change]:
+    """Pod-level settings go through the executor (proxy and standalone alike); with ``include_cri``
+    false (a pod-level resize, whose answer carries them to the runtime) all but the CRI-expressible ones."""
     if not ctx.request.cgroup_parent:
         return []
     return apply(
         executor,
         pod_cgroup_dir(ctx.request.cgroup_parent),
         ctx.response.resources,
-        include_cri=True,
+        include_cri=include_cri,
         pod=who(ctx.request),
     )
 

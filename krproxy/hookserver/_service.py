@@ -80,6 +80,11 @@ class HookService(hook_services.RuntimeHookServiceBase):
     ) -> hook.ContainerResourceHookResponse:
         return self._container(Stage.PRE_UPDATE_CONTAINER_RESOURCES, message)
 
+    async def pre_update_pod_sandbox_resources_hook(
+        self, message: hook.PodSandboxHookRequest
+    ) -> hook.PodSandboxHookResponse:
+        return self._pod(Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES, message)
+
 
 @attrs.frozen
 class ServeOptions:

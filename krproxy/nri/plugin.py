@@ -21,6 +21,8 @@ PostStartContainer      POST_START_CONTAINER            (answer ignored)
 PostStopContainer       STOP_CONTAINER                  (answer ignored)
 PreUpdateContainer-     UPDATE_CONTAINER                resources (a ContainerUpdate of that container);
 Resources                                               not annotations, not oom_score_adj
+PreUpdatePodSandbox-    UPDATE_POD_SANDBOX (NRI 0.12)   nothing: NRI can refuse a pod's resize (a Fail
+Resources                                               server's refusal) but not change it (logged)
 ======================  ==============================  ===============================================
 
 The events without an answer of their own (pods run, stopped, removed; containers created, started,
@@ -72,7 +74,7 @@ from krproxy.grpcstatus import Status
 from krproxy.hooks import convert as hook_convert
 from krproxy.hooks import merge
 from krproxy.hooks.dispatch import Dispatcher
-from krproxy.hooks.model import ContainerInfo, PodInfo
+from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize
 from krproxy.hooks.outcomes import HookRejected
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
@@ -98,6 +100,7 @@ EVENT_OF: Mapping[HookPoint, api.Event] = {
     HookPoint.POST_START_CONTAINER: api.Event.POST_START_CONTAINER,
     HookPoint.POST_STOP_CONTAINER: api.Event.STOP_CONTAINER,
     HookPoint.PRE_UPDATE_CONTAINER_RESOURCES: api.Event.UPDATE_CONTAINER,
+    HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES: api.Event.UPDATE_POD_SANDBOX,  # NRI 0.12 and later
 }
 #: The hook points whose requests come from krproxy's store (the container as created and as the hook
 #: servers left it), not from the event alone.
@@ -251,6 +254,7 @@ class NriPlugin:
             "CreateContainer": self.create_container,
             "UpdateContainer": self.update_container,
             "StopContainer": self.stop_container,
+            "UpdatePodSandbox": self.update_pod_sandbox,
             "StateChange": self.state_change,
         }
         for name, (event, request_type) in EVENT_METHODS.items():
@@ -346,6 +350,19 @@ class NriPlugin:
         self.runtime_events = ALL_EVENTS if self.nri_version else EVENTS_BEFORE_0_12
         self.subscribed = self.events_needed()
         self.store_kept = self.keeps_store()
+        unavailable = [
+            point.value
+            for point in HookPoint
+            if self.dispatcher.plugins_for(point) and not mask_of({EVENT_OF[point]}) & self.runtime_events
+        ]
+        if unavailable:
+            log.event(
+                LOGGER,
+                "nri_hook_point_unavailable",
+                level=logging.WARNING,
+                hooks=",".join(unavailable),
+                reason="the runtime's NRI has no event for them (NRI 0.12 and later has)",
+            )
         self.nri_0_8 = request.registration_timeout > 0 or request.request_timeout > 0
         log.event(
             LOGGER,
@@ -469,6 +486,34 @@ class NriPlugin:
         self._not_applied(point, info.id, not_applied)
         self.store.update_container(info.id, after)
         return bytes(update)
+
+    async def update_pod_sandbox(self, payload: bytes) -> bytes:
+        """NRI 0.12's UpdatePodSandbox (CRI UpdatePodSandboxResources, a pod-level resize): the
+        PreUpdatePodSandboxResources hook servers see the pod with the requested resources and overhead;
+        a Fail server's refusal fails the resize. NRI can refuse the update but not change it: changed
+        resources are logged and counted as not applied."""
+        request = wire.parse("UpdatePodSandboxRequest", payload)
+        pod = nri_convert.pod_from_nri(_present(request, "pod"))
+        point = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
+        if self._skips(pod) or not self.dispatcher.plugins_for(point):
+            return b""
+        wanted = _present(request, "linux_resources")
+        overhead = _present(request, "overhead_linux_resources")
+        resize = PodResize(
+            pod_sandbox_id=request.pod.id,
+            pod=attrs.evolve(
+                pod,
+                resources=nri_convert.resources_from_nri(wanted) if wanted is not None else None,
+                overhead=nri_convert.resources_from_nri(overhead) if overhead is not None else None,
+            ),
+        )
+        target = f"pod {pod.namespace}/{pod.name}"
+        after: PodResize = await self._run(
+            point, resize, hook_convert.pod_resize_hook_request_bytes, merge.merge_pod_resize, target
+        )
+        if after.pod.resources != resize.pod.resources:
+            self._not_applied(point, target, ["resources"])
+        return b""  # UpdatePodSandboxResponse is an empty message
 
     async def stop_container(self, payload: bytes) -> bytes:
         request = wire.parse("StopContainerRequest", payload)

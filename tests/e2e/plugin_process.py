@@ -12,8 +12,9 @@ included) *before* answering, and once it listens writes its registration file i
 ``error``
     ``{hook name: message}``: answer that hook with status INTERNAL and this message.
 ``resources``
-    ``{hook name: {LinuxContainerResources field: value}}``: for container pre hooks, echo the
-    request (koordlet's convention) with these resource fields set.
+    ``{hook name: {LinuxContainerResources field: value}}``: for container pre hooks and
+    PreUpdatePodSandboxResources, echo the request (koordlet's convention) with these resource
+    fields set.
 ``envs``
     ``{hook name: {NAME: value}}``: for container pre hooks, echo the request's envs with these
     added or overwritten.
@@ -117,8 +118,15 @@ class ScriptedPlugin(hook_services.RuntimeHookServiceBase):
         cgroup_parent = message.cgroup_parent
         if hook == "PreRunPodSandbox" and message.pod_meta is not None:
             cgroup_parent = self._moved(message.pod_meta.uid) or cgroup_parent
+        resources = message.resources
+        for field, value in self.config.get("resources", {}).get(hook, {}).items():
+            resources = resources or hookapi.LinuxContainerResources()
+            setattr(resources, field, value)
         return hookapi.PodSandboxHookResponse(
-            labels=message.labels, annotations=message.annotations, cgroup_parent=cgroup_parent
+            labels=message.labels,
+            annotations=message.annotations,
+            cgroup_parent=cgroup_parent,
+            resources=resources,
         )
 
     def _container(
@@ -173,6 +181,11 @@ class ScriptedPlugin(hook_services.RuntimeHookServiceBase):
         self, message: hookapi.ContainerResourceHookRequest
     ) -> hookapi.ContainerResourceHookResponse:
         return self._container("PreUpdateContainerResources", message)
+
+    async def pre_update_pod_sandbox_resources_hook(
+        self, message: hookapi.PodSandboxHookRequest
+    ) -> hookapi.PodSandboxHookResponse:
+        return self._pod("PreUpdatePodSandboxResources", message)
 
 
 def header_log(path: str | None) -> Callable[[Headers], None]:

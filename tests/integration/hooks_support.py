@@ -236,6 +236,17 @@ class Node:
         )
         await self.call("UpdateContainerResources", request)
 
+    async def update_pod(self, request: api_pb2.UpdatePodSandboxResourcesRequest | bytes) -> None:
+        """UpdatePodSandboxResources (pod-level resize), a message or its bytes as they are to be sent;
+        the upstream grpcio stubs predate the method, so it is called by path."""
+        serialize = api_pb2.UpdatePodSandboxResourcesRequest.SerializeToString
+        call = self.client.channel.unary_unary(
+            "/runtime.v1.RuntimeService/UpdatePodSandboxResources",
+            request_serializer=(lambda data: data) if isinstance(request, bytes) else serialize,
+            response_deserializer=api_pb2.UpdatePodSandboxResourcesResponse.FromString,
+        )
+        await self.client.call(call, request)
+
     async def pod_with_container(self) -> tuple[str, str]:
         """Run the default pod and create (not start) its default container; return both ids."""
         pod_id = await self.run_pod()

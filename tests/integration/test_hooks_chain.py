@@ -107,18 +107,22 @@ class TestChain:
         assert "/b" == received.config.linux.cgroup_parent
 
     async def test_every_plugin_is_called_on_every_hook(self, node: Node) -> None:
-        """Unlike the reference (one random plugin per hook), both plugins get all seven hooks."""
+        """Unlike the reference (one random plugin per hook), both plugins get all eight hooks."""
         first = await node.add_plugin("a")
         second = await node.add_plugin("b")
         await node.start_proxy()
         pod_id, container_id = await node.pod_with_container()
         await node.start(container_id)
         await node.update(container_id, cpu_shares=10)
+        resources = api_pb2.LinuxContainerResources(cpu_shares=20)
+        await node.update_pod(
+            api_pb2.UpdatePodSandboxResourcesRequest(pod_sandbox_id=pod_id, resources=resources)
+        )
         await node.stop(container_id)
         await node.stop_pod(pod_id)
 
         assert set(HookPoint) == set(first.hooks_called()) == set(second.hooks_called())
-        assert 7 == len(first.calls) == len(second.calls)
+        assert 8 == len(first.calls) == len(second.calls)
 
 
 class TestKoordletStyle:

@@ -28,6 +28,7 @@ from krproxy.nri import plugin as nri_plugin
 from krproxy.nri._session import TtrpcError
 from krproxy.nri.plugin import NriConfig, NriPlugin
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
+from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 
 LIMIT = LIVENESS_LIMIT  # seconds any one test may take (a liveness bound)
@@ -613,3 +614,87 @@ def get(address: str, path: str) -> tuple[int, str]:
         return response.status, response.read().decode().strip()
     finally:
         connection.close()
+
+
+RESIZE = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
+#: A pod resized to 1.5 CPUs and 1 GiB, with a RuntimeClass overhead, as containerd 2.3 tells NRI.
+RESIZED = api.LinuxResources(
+    cpu=api.LinuxCpu(
+        shares=api.OptionalUInt64(value=1536),
+        quota=api.OptionalInt64(value=150_000),
+        period=api.OptionalUInt64(value=100_000),
+    ),
+    memory=api.LinuxMemory(limit=api.OptionalInt64(value=1 << 30)),
+)
+OVERHEAD = api.LinuxResources(cpu=api.LinuxCpu(shares=api.OptionalUInt64(value=25)))
+
+
+class TestPodResize:
+    async def test_hook_server_told_the_pod_and_the_requested_resources(self, node: Node) -> None:
+        """At NRI 0.12's UpdatePodSandbox the PreUpdatePodSandboxResources server gets the pod's labels,
+        annotations and the requested resources and overhead; an echo lets the resize through."""
+        fake = await node.hook_server("resize", [RESIZE])
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            await node.runtime.update_pod("pod-web", RESIZED, OVERHEAD)
+        [connected] = node.runtime.plugins
+        assert event_mask({api.Event.UPDATE_POD_SANDBOX}) == connected.events
+        [request] = fake.requests(RESIZE)
+        assert ({"app": "web"}, "api") == (
+            request.labels,
+            request.annotations["kubernetes.io/config.source"],
+        )
+        assert (150_000, 100_000, 1536, 1 << 30) == (
+            request.resources.cpu_quota,
+            request.resources.cpu_period,
+            request.resources.cpu_shares,
+            request.resources.memory_limit_in_bytes,
+        )
+        assert 25 == request.overhead.cpu_shares
+        assert RESIZED == node.runtime.pods["pod-web"].linux.pod_resources  # type: ignore[union-attr]
+
+    async def test_fail_refuses_the_resize(self, node: Node) -> None:
+        """A Fail server's refusal is krproxy's error to NRI, which fails the resize."""
+        fake = await node.hook_server("guard", [RESIZE], policy="Fail")
+        fake.misbehave(Misbehaviour(status=Status.PERMISSION_DENIED, message="no more cpu", times=None))
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            with pytest.raises(NriError, match="hook server guard failed PreUpdatePodSandboxResources"):
+                await node.runtime.update_pod("pod-web", RESIZED, OVERHEAD)
+        assert node.runtime.pods["pod-web"].linux.pod_resources is None  # type: ignore[union-attr]
+
+    async def test_changed_resources_are_said_not_applied(self, node: Node) -> None:
+        """NRI cannot change a resize: a server's changed resources are logged and counted, the resize goes
+        on as kubelet asked."""
+
+        def halve(request: Any) -> Any:
+            answer = hookapi.PodSandboxHookResponse(resources=request.resources)
+            answer.resources.cpu_quota = 75_000  # type: ignore[union-attr]
+            return answer
+
+        fake = await node.hook_server("halve", [RESIZE])
+        fake.answer(RESIZE, halve)
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            await node.runtime.update_pod("pod-web", RESIZED, OVERHEAD)
+        counter = plugin.metrics.nri_not_applied
+        assert 1 == counter.labels("PreUpdatePodSandboxResources", "resources")._value.get()
+        assert RESIZED == node.runtime.pods["pod-web"].linux.pod_resources  # type: ignore[union-attr]
+
+    async def test_a_runtime_before_nri_0_12_has_no_such_event(self, node: Node) -> None:
+        """An older runtime would refuse a subscription to UPDATE_POD_SANDBOX (and drop krproxy): krproxy
+        leaves it out, says the point is unavailable, and serves its other points."""
+        node.runtime.nri_version = ""
+        fake = await node.hook_server("both", [RESIZE, HookPoint.PRE_CREATE_CONTAINER])
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            await node.runtime.update_pod("pod-web", RESIZED)
+            await node.runtime.create_container(container())
+        [connected] = node.runtime.plugins
+        assert event_mask({api.Event.CREATE_CONTAINER}) == connected.events
+        assert [] == node.runtime.dropped
+        assert [HookPoint.PRE_CREATE_CONTAINER] == fake.hooks_called()

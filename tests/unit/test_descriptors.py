@@ -27,6 +27,23 @@ CASES = [
     ("nri_v1alpha1.proto", "nri-api-v0.12.2.descriptor.json"),
 ]
 
+#: The hook protocol's one documented extension of Koordinator's (docs/hooks.md): the pod-level resize hook.
+#: The comparison with the reference removes exactly this method, after checking its shape.
+HOOK_EXTENSION = {
+    "name": "PreUpdatePodSandboxResourcesHook",
+    "inputType": ".runtime.v1alpha1.PodSandboxHookRequest",
+    "outputType": ".runtime.v1alpha1.PodSandboxHookResponse",
+}
+
+
+def without_hook_extension(descriptor: dict[str, Any]) -> dict[str, Any]:
+    """*descriptor* (of runtime_hook_v1alpha1.proto) without :data:`HOOK_EXTENSION`, which must be the
+    service's last method, exactly as declared there."""
+    (service,) = descriptor["service"]
+    *methods, last = service["method"]
+    assert _normalise(last) == HOOK_EXTENSION, f"the last hook method is not the documented extension: {last}"
+    return {**descriptor, "service": [{**service, "method": methods}]}
+
 
 def compile_descriptor(proto: str, tmp_path: pathlib.Path) -> dict[str, Any]:
     out = tmp_path / "set.pb"
@@ -83,8 +100,22 @@ class TestDescriptorsMatchReference:
         ours = compile_descriptor(proto, tmp_path)
         for doc in (ref, ours):
             doc.pop("name")  # the file name is not part of the wire schema
+        if proto == "runtime_hook_v1alpha1.proto":
+            ours = without_hook_extension(ours)
         diff = first_difference(_normalise(ours), _normalise(ref))
         assert diff is None, f"{proto} differs from {reference}: {diff}"
+
+    def test_hook_extension_is_removed_once(self) -> None:
+        """Only the documented extension is allowed: a second added method, or one of another shape, shows."""
+        method = {"name": "PreRunPodSandboxHook", "inputType": ".x.A", "outputType": ".x.B"}
+        ours = {"service": [{"name": "S", "method": [method, HOOK_EXTENSION]}]}
+        assert {"service": [{"name": "S", "method": [method]}]} == without_hook_extension(ours)
+        renamed = {"service": [{"name": "S", "method": [method, {**HOOK_EXTENSION, "name": "Other"}]}]}
+        with pytest.raises(AssertionError, match="not the documented extension"):
+            without_hook_extension(renamed)
+        twice = {"service": [{"name": "S", "method": [method, HOOK_EXTENSION, HOOK_EXTENSION]}]}
+        ref = {"service": [{"name": "S", "method": [method]}]}
+        assert first_difference(without_hook_extension(twice), ref) is not None
 
     def test_difference_is_reported(self) -> None:
         """The comparison names the first differing field by path (so a failure is readable)."""

@@ -278,6 +278,37 @@ class TestSandbox:
         assert ("", True) == (ips[0], ips[1].startswith("10.88."))
 
 
+class TestPodResize:
+    def test_recorded_as_sent(self) -> None:
+        """containerd 2.3 keeps the overhead and resources of the last UpdatePodSandboxResources."""
+        state = new_state()
+        pod = run_pod(state)
+        resources = cri.LinuxContainerResources(cpu_quota=150000, memory_limit_in_bytes=1 << 30)
+
+        state.update_pod_sandbox_resources(
+            cri.UpdatePodSandboxResourcesRequest(pod_sandbox_id=pod, resources=resources)
+        )
+
+        assert (None, resources) == (state.sandboxes[pod].overhead, state.sandboxes[pod].resources)
+
+    def test_unknown_sandbox_is_not_found(self) -> None:
+        state = new_state()
+        request = cri.UpdatePodSandboxResourcesRequest(pod_sandbox_id="nope")
+
+        assert Code.NOT_FOUND == error_code(lambda: state.update_pod_sandbox_resources(request))
+
+    def test_older_containerd_answers_unimplemented(self) -> None:
+        """containerd 1.6 to 2.1 lack the method: UNIMPLEMENTED, and nothing is recorded."""
+        state = new_state(pod_resize=False)
+        pod = run_pod(state)
+        request = cri.UpdatePodSandboxResourcesRequest(
+            pod_sandbox_id=pod, resources=cri.LinuxContainerResources(cpu_shares=2)
+        )
+
+        assert Code.UNIMPLEMENTED == error_code(lambda: state.update_pod_sandbox_resources(request))
+        assert state.sandboxes[pod].resources is None
+
+
 class TestLookupsAndLists:
     def test_ids_are_64_hex_and_deterministic(self) -> None:
         """Two states with the default generator hand out the same 64-hex IDs."""

@@ -263,6 +263,27 @@ class TestRecovery:
 
         assert attrs.evolve(POD, cgroup_parent=expected) == pod_from_wire_status(_wire(status), info)
 
+    def test_pod_resources_from_status(self) -> None:
+        """containerd 2.3 reports the last pod-level resize (resources.linux, overhead.linux): recovered."""
+        status = v1.PodSandboxStatus(
+            id="sb1", metadata=v1.PodSandboxMetadata(name="web", uid="u1", namespace="default")
+        )
+        document = {
+            "resources": {
+                "linux": {"cpu_period": 100000, "cpu_quota": 123456, "memory_limit_in_bytes": 1024}
+            },
+            "overhead": {"linux": {"cpu_shares": 25}},
+        }
+
+        pod = pod_from_wire_status(_wire(status), {"info": json.dumps(document)})
+
+        assert Resources(cpu_period=100000, cpu_quota=123456, memory_limit_in_bytes=1024) == pod.resources
+        assert Resources(cpu_shares=25) == pod.overhead
+        assert (None, None) == (
+            pod_from_wire_status(_wire(status), {"info": "{}"}).resources,
+            pod_from_wire_status(_wire(status), None).overhead,
+        )
+
     def test_container_from_list(self) -> None:
         """A ListContainers item gives meta, id and annotations; resources unknown, envs empty."""
         item = v1.Container(

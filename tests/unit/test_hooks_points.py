@@ -27,6 +27,13 @@ class TestHookPoint:
                 "PreUpdateContainerResourcesHook",
                 False,
             ),
+            (
+                P.PRE_UPDATE_POD_SANDBOX_RESOURCES,
+                Stage.PRE,
+                "UpdatePodSandboxResources",
+                "PreUpdatePodSandboxResourcesHook",
+                True,
+            ),
         ],
     )
     def test_table(
@@ -55,6 +62,7 @@ class TestHookPoint:
             ("StartContainer", (P.PRE_START_CONTAINER, P.POST_START_CONTAINER)),
             ("/runtime.v1.RuntimeService/StartContainer", (P.PRE_START_CONTAINER, P.POST_START_CONTAINER)),
             ("RunPodSandbox", (P.PRE_RUN_POD_SANDBOX,)),
+            ("UpdatePodSandboxResources", (P.PRE_UPDATE_POD_SANDBOX_RESOURCES,)),
             ("StopPodSandbox", (P.POST_STOP_POD_SANDBOX,)),
             ("ListContainers", ()),
             ("RemovePodSandbox", ()),

@@ -131,7 +131,7 @@ class TestParseRegistration:
                 doc(runtime_hooks=["PreCreateContainer", "PreFoo"]),
                 'runtime-hooks: unknown hook "PreFoo" (known: PreRunPodSandbox, PostStopPodSandbox, '
                 "PreCreateContainer, PreStartContainer, PostStartContainer, PostStopContainer, "
-                "PreUpdateContainerResources)",
+                "PreUpdateContainerResources, PreUpdatePodSandboxResources)",
             ),
             (doc(timeout="2"), 'timeout "2" is not a number of seconds or a duration like "2s" or "500ms"'),
             (doc(timeout=True), 'timeout true is not a number of seconds or a duration like "2s" or "500ms"'),

@@ -176,7 +176,8 @@ default_message_pool.register_message("runtime.v1alpha1", "LinuxContainerResourc
 @dataclass(eq=False, repr=False)
 class PodSandboxHookRequest(betterproto2.Message):
     """
-    What a hook server is told about a pod. overhead and resources stay empty in CRI mode.
+    What a hook server is told about a pod. overhead and resources stay empty in CRI mode, except
+    in PreUpdatePodSandboxResourcesHook, where they are the requested overhead and resources.
     """
 
     pod_meta: "PodSandboxMetadata | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
@@ -213,7 +214,8 @@ default_message_pool.register_message("runtime.v1alpha1", "PodSandboxHookRequest
 class PodSandboxHookResponse(betterproto2.Message):
     """
     Changes a hook server asks for: maps are added/overwritten key by key, a non-empty
-    cgroup_parent replaces the old one. resources is ignored in CRI mode.
+    cgroup_parent replaces the old one. resources is ignored in CRI mode, except in
+    PreUpdatePodSandboxResourcesHook, where it is the only field applied.
     """
 
     labels: "dict[str, str]" = betterproto2.field(

@@ -172,6 +172,29 @@ class RuntimeHookServiceStub(betterproto2_grpclib.ServiceStub):
             metadata=metadata,
         )
 
+    async def pre_update_pod_sandbox_resources_hook(
+        self,
+        message: "PodSandboxHookRequest",
+        *,
+        timeout: "float | None" = None,
+        deadline: "Deadline | None" = None,
+        metadata: "MetadataLike | None" = None,
+    ) -> "PodSandboxHookResponse":
+        """
+        krproxy's extension (not in Koordinator): before UpdatePodSandboxResources (pod-level resize).
+        The request is the stored pod with resources = the requested pod resources and overhead = the
+        requested overhead; only the answer's resources are applied (merged like container resources).
+        """
+
+        return await self._unary_unary(
+            "/runtime.v1alpha1.RuntimeHookService/PreUpdatePodSandboxResourcesHook",
+            message,
+            PodSandboxHookResponse,
+            timeout=timeout,
+            deadline=deadline,
+            metadata=metadata,
+        )
+
 
 class RuntimeHookServiceBase(betterproto2_grpclib.ServiceBase):
     """
@@ -239,6 +262,17 @@ class RuntimeHookServiceBase(betterproto2_grpclib.ServiceBase):
 
         raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
 
+    async def pre_update_pod_sandbox_resources_hook(
+        self, message: "PodSandboxHookRequest"
+    ) -> "PodSandboxHookResponse":
+        """
+        krproxy's extension (not in Koordinator): before UpdatePodSandboxResources (pod-level resize).
+        The request is the stored pod with resources = the requested pod resources and overhead = the
+        requested overhead; only the answer's resources are applied (merged like container resources).
+        """
+
+        raise grpclib.GRPCError(grpclib.const.Status.UNIMPLEMENTED)
+
     async def __rpc_pre_run_pod_sandbox_hook(
         self, stream: "grpclib.server.Stream[PodSandboxHookRequest, PodSandboxHookResponse]"
     ) -> None:
@@ -295,6 +329,14 @@ class RuntimeHookServiceBase(betterproto2_grpclib.ServiceBase):
         response = await self.pre_update_container_resources_hook(request)
         await stream.send_message(response)
 
+    async def __rpc_pre_update_pod_sandbox_resources_hook(
+        self, stream: "grpclib.server.Stream[PodSandboxHookRequest, PodSandboxHookResponse]"
+    ) -> None:
+        request = await stream.recv_message()
+        assert request is not None
+        response = await self.pre_update_pod_sandbox_resources_hook(request)
+        await stream.send_message(response)
+
     def __mapping__(self) -> "dict[str, grpclib.const.Handler]":
         return {
             "/runtime.v1alpha1.RuntimeHookService/PreRunPodSandboxHook": grpclib.const.Handler(
@@ -338,5 +380,11 @@ class RuntimeHookServiceBase(betterproto2_grpclib.ServiceBase):
                 grpclib.const.Cardinality.UNARY_UNARY,
                 ContainerResourceHookRequest,
                 ContainerResourceHookResponse,
+            ),
+            "/runtime.v1alpha1.RuntimeHookService/PreUpdatePodSandboxResourcesHook": grpclib.const.Handler(
+                self.__rpc_pre_update_pod_sandbox_resources_hook,
+                grpclib.const.Cardinality.UNARY_UNARY,
+                PodSandboxHookRequest,
+                PodSandboxHookResponse,
             ),
         }

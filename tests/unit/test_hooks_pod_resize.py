@@ -1,0 +1,188 @@
+"""PreUpdatePodSandboxResources, krproxy's pod-level resize hook: records, hook request, merge rules,
+validation, store and registration."""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+
+from krproxy.hooks import convert
+from krproxy.hooks.merge import Change, apply_pod_resize, merge_pod_resize
+from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize, Resources
+from krproxy.hooks.points import EXTENSIONS, HookPoint
+from krproxy.hooks.registration import Registry
+from krproxy.hooks.store import HookStore
+from krproxy.hooks.validate import check_answer
+from krproxy.proto.runtime import v1, v1alpha1
+
+POD = PodInfo(
+    name="web",
+    uid="u1",
+    namespace="default",
+    attempt=1,
+    runtime_handler="runc",
+    labels={"app": "web"},
+    annotations={"team": "a"},
+    cgroup_parent="/kubepods/burstable/podu1",
+)
+REQUESTED = Resources(cpu_period=100000, cpu_quota=150000, cpu_shares=1536, memory_limit_in_bytes=1 << 30)
+OVERHEAD = Resources(cpu_shares=25, memory_limit_in_bytes=64 << 20)
+
+
+def resize_request(resources: Resources = REQUESTED) -> v1.UpdatePodSandboxResourcesRequest:
+    return v1.UpdatePodSandboxResourcesRequest(
+        pod_sandbox_id="sb1",
+        overhead=convert.resources_to_cri(OVERHEAD),
+        resources=convert.resources_to_cri(resources),
+    )
+
+
+def resize() -> PodResize:
+    return convert.pod_resize_from_request(resize_request(), POD)
+
+
+class TestHookRequest:
+    def test_carries_the_stored_pod_and_the_requested_resources(self) -> None:
+        """The hook is told the stored pod (meta, handler, labels, annotations, cgroup parent) with
+        resources = the requested pod resources and overhead = the requested overhead."""
+        request = v1alpha1.PodSandboxHookRequest.FromString(convert.pod_resize_hook_request_bytes(resize()))
+
+        assert (
+            v1alpha1.PodSandboxHookRequest(
+                pod_meta=v1alpha1.PodSandboxMetadata(name="web", uid="u1", namespace="default", attempt=1),
+                runtime_handler="runc",
+                labels={"app": "web"},
+                annotations={"team": "a"},
+                cgroup_parent="/kubepods/burstable/podu1",
+                overhead=convert.resources_to_hook(OVERHEAD),
+                resources=convert.resources_to_hook(REQUESTED),
+            )
+            == request
+        )
+
+    def test_absent_overhead_and_resources_stay_absent(self) -> None:
+        """A request without overhead (no RuntimeClass overhead) sends none: not an all-zero one."""
+        request = v1.UpdatePodSandboxResourcesRequest(pod_sandbox_id="sb1")
+
+        pod = convert.pod_resize_from_request(request, POD).pod
+
+        assert (None, None) == (pod.resources, pod.overhead)
+
+
+class TestMerge:
+    def test_answer_resources_merged_like_container_resources(self) -> None:
+        """Positive values replace, quota ≠ 0 replaces, cpusets always, unified added; the change is listed."""
+        answer = v1alpha1.PodSandboxHookResponse(
+            resources=v1alpha1.LinuxContainerResources(cpu_quota=200000, unified={"memory.high": "900"})
+        )
+
+        merged = merge_pod_resize(resize(), answer)
+
+        assert attrs.evolve(REQUESTED, cpu_quota=200000, unified={"memory.high": "900"}) == (
+            merged.value.pod.resources
+        )
+        assert (
+            Change("resources.cpu_quota", 150000, 200000),
+            Change("resources.unified[memory.high]", None, "900"),
+        ) == merged.changes
+
+    def test_everything_but_resources_is_ignored(self) -> None:
+        """Labels, annotations and cgroup parent of an answer have nowhere to go: the resize is unchanged."""
+        answer = v1alpha1.PodSandboxHookResponse(
+            labels={"x": "1"}, annotations={"y": "2"}, cgroup_parent="/elsewhere"
+        )
+
+        merged = merge_pod_resize(resize(), answer)
+
+        assert (resize(), ()) == (merged.value, merged.changes)
+
+    def test_request_without_resources_cannot_gain_them(self) -> None:
+        """As for containers (Koordinator: both must be non-nil), no requested resources → nothing merged."""
+        bare = convert.pod_resize_from_request(v1.UpdatePodSandboxResourcesRequest(pod_sandbox_id="sb1"), POD)
+        answer = v1alpha1.PodSandboxHookResponse(resources=v1alpha1.LinuxContainerResources(cpu_shares=4))
+
+        assert bare == merge_pod_resize(bare, answer).value
+
+    def test_apply_replaces_resources_keeps_the_rest(self) -> None:
+        """The forwarded request carries the merged resources; id and overhead are the request's."""
+        merged = attrs.evolve(
+            resize(), pod=attrs.evolve(POD, resources=attrs.evolve(REQUESTED, cpu_shares=4))
+        )
+
+        out = apply_pod_resize(resize_request(), merged)
+
+        assert resize_request(attrs.evolve(REQUESTED, cpu_shares=4)) == out
+
+    def test_apply_keeps_unknown_fields(self) -> None:
+        """A field a newer kubelet sends (unknown to our schema) survives a merged resize."""
+        data = bytes(resize_request()) + b"\xa2\x06\x03abc"  # field 100, length-delimited
+
+        out = apply_pod_resize(v1.UpdatePodSandboxResourcesRequest.FromString(data), resize())
+
+        assert bytes(out).endswith(b"\xa2\x06\x03abc")
+
+
+class TestValidate:
+    def test_resources_are_checked(self) -> None:
+        """The applied field is checked with the container resources' bounds."""
+        answer = v1alpha1.PodSandboxHookResponse(resources=v1alpha1.LinuxContainerResources(cpu_shares=1))
+
+        assert ["resources.cpu_shares=1 is not 0 or 2..262144"] == check_answer(resize(), answer)
+
+    def test_fields_not_applied_are_not_checked(self) -> None:
+        """A bad cgroup parent in a resize answer is ignored, not a failure (it is never applied)."""
+        answer = v1alpha1.PodSandboxHookResponse(cgroup_parent="../..", labels={"": "x"})
+
+        assert [] == check_answer(resize(), answer)
+
+
+class TestStore:
+    def test_resize_reaches_the_pod_and_its_containers(self) -> None:
+        """Later container hooks get the new pod resources as pod_resources."""
+        store = HookStore()
+        store.put_pod("sb1", POD)
+        store.put_container("c1", ContainerInfo(pod_sandbox_id="sb1", pod=POD, name="a", id="c1"))
+        store.put_container("c2", ContainerInfo(pod_sandbox_id="sb2", pod=POD, name="b", id="c2"))
+
+        assert store.resize_pod("sb1", REQUESTED, OVERHEAD)
+
+        stored_c1 = store.get_container("c1")
+        stored_c2 = store.get_container("c2")
+        assert stored_c1 is not None and stored_c2 is not None
+        assert attrs.evolve(POD, resources=REQUESTED, overhead=OVERHEAD) == store.get_pod("sb1")
+        assert convert.resources_to_hook(REQUESTED) == convert.container_hook_request(stored_c1).pod_resources
+        assert stored_c2.pod == POD
+
+    def test_unknown_pod_is_not_created(self) -> None:
+        store = HookStore()
+
+        assert not store.resize_pod("sb1", REQUESTED, None)
+        assert store.get_pod("sb1") is None
+
+
+class TestRegistration:
+    def test_listed_only(self) -> None:
+        """A server is called at the new point only if its file lists it; existing files are untouched."""
+        registry = Registry().apply(
+            "koordlet.json",
+            json.dumps({"remote-endpoint": "/run/k.sock", "runtime-hooks": ["PreRunPodSandbox"]}).encode(),
+        )
+        registry = registry.apply(
+            "resizer.json",
+            json.dumps(
+                {"remote-endpoint": "/run/r.sock", "runtime-hooks": ["PreUpdatePodSandboxResources"]}
+            ).encode(),
+        )
+
+        assert ["resizer"] == [
+            p.name for p in registry.plugins_for(HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES)
+        ]
+
+    def test_the_extension_is_pod_level_and_pre(self) -> None:
+        point = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
+        assert (frozenset({point}), True, "UpdatePodSandboxResources") == (
+            EXTENSIONS,
+            point.is_pod_level,
+            point.cri_method,
+        )
