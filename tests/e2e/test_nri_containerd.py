@@ -17,9 +17,11 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
+from tests.e2e import test_containerd_pod_resize as resize_e2e
 from tests.e2e.support import (
     TIMEOUT,
     Containerd,
@@ -275,3 +277,42 @@ def test_every_event_without_the_deprecated_interface(
     assert [] == [line for line in log.splitlines() if "deprecated interface" in line]
     if containerd.version.startswith("2.3."):  # the version exchange: containerd says its NRI version
         assert "nri=v0.12" in configured[-1], configured
+
+
+def test_pod_resize_through_nri(containerd: Containerd, direct: Cri, short_tmp: Path) -> None:
+    """containerd 2.3 (NRI 0.12) raises UpdatePodSandbox for UpdatePodSandboxResources: the
+    PreUpdatePodSandboxResources hook servers get the pod's labels and annotations with the requested
+    resources and overhead, and a Fail server's refusal fails the call, straight to containerd."""
+    if not containerd.version.startswith("2.3."):
+        pytest.skip(
+            f"containerd {containerd.version} raises no NRI UpdatePodSandbox (NRI 0.12, containerd 2.3): "
+            "run with KRPROXY_E2E_CONTAINERD=2.3"
+        )
+    hook = resize_e2e.HOOK
+    with krproxy_nri(containerd, short_tmp) as daemon:
+        watch = start_plugin(daemon, "aa-watch", hooks=[hook])
+        guard = start_plugin(
+            daemon, "zz-guard", hooks=[hook], failure_policy="Fail", error={hook: "no more cpu"}
+        )
+        try:
+            synchronized(daemon, 2)
+            pod = pod_config(containerd.cgroup_parent, "resize")
+            pod.labels.update(resize_e2e.LABELS)
+            pod.annotations.update(resize_e2e.ANNOTATIONS)
+            with cleanup(direct) as pods:
+                pod_id = run_pod(direct, pod, pods)
+                with pytest.raises(grpc.RpcError) as refused:
+                    direct.runtime.UpdatePodSandboxResources(
+                        resize_e2e.resize_request(pod_id), timeout=TIMEOUT
+                    )
+        finally:
+            assert 0 == watch.stop()
+            assert 0 == guard.stop()
+    assert "hook server zz-guard failed PreUpdatePodSandboxResources" in refused.value.details()
+    assert "no more cpu" in refused.value.details()
+    [request] = watch.requests(hook)
+    assert resize_e2e.LABELS.items() <= request["labels"].items()
+    assert resize_e2e.ANNOTATIONS.items() <= request["annotations"].items()
+    assert resize_e2e.RESOURCES.items() <= request["resources"].items()
+    assert resize_e2e.OVERHEAD.items() <= request["overhead"].items()
+    assert [] == nri_deprecations(containerd)
