@@ -519,12 +519,14 @@ def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
                 )
                 pods: dict[str, list[float]] = {"without": [], "with": []}
                 version: dict[str, list[float]] = {"without": [], "with": []}
+                cpu_per_pod: list[float] = []  # krproxy nri CPU ms per pod, one figure per "with" block
                 blocks = max(args.nri_blocks, 1)
                 for block in range(blocks):
                     for state_name in ("without", "with"):
                         daemon = (
                             _start_nri(workdir, socket, hook_dir, block) if state_name == "with" else None
                         )
+                        cpu_before = _cpu_seconds(daemon.pid) if daemon is not None else 0.0
                         try:
                             got = _client(
                                 "pod-create", "--target", direct, "--pods", str(args.nri_pods), "--image", image,
@@ -535,6 +537,9 @@ def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
                                 "latency", "--targets", direct, "--calls", str(args.nri_version_calls)
                             )
                             version[state_name] += calls["latencies_us"][direct]
+                            if daemon is not None:
+                                used = _cpu_seconds(daemon.pid) - cpu_before
+                                cpu_per_pod.append(used * 1000 / max(args.nri_pods, 1))
                         finally:
                             if daemon is not None:
                                 daemon.send_signal(signal.SIGTERM)
@@ -542,12 +547,19 @@ def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
                 return {
                     "pod_start": {k: _summary(v) for k, v in pods.items()},
                     "version": {k: _summary(v) for k, v in version.items()},
+                    "krproxy_cpu_ms_per_pod": round(statistics.median(cpu_per_pod), 2),
                     "containerd": state.get("containerd_version", "?"),
                 }
             finally:
                 procs.stop()
     except _NoSandbox as err:
         return {"skipped": str(err)}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time ``pid`` has used so far (``/proc/PID/stat``, clock-tick resolution)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (14th, 15th)
 
 
 def _start_nri(workdir: str, socket: str, hook_dir: str, block: int) -> subprocess.Popen[bytes]:
@@ -945,6 +957,11 @@ def report_nri(r: dict[str, Any]) -> list[str]:
         lines.append(
             f"{label:<33} {a['median_ms']:8.3f}/{a['p99_ms']:8.3f}"
             f"   {b['median_ms']:8.3f}/{b['p99_ms']:8.3f}   added {b['median_ms'] - a['median_ms']:+8.3f}"
+        )
+    if "krproxy_cpu_ms_per_pod" in r:
+        lines.append(
+            f"{'krproxy nri CPU per pod':<33} {r['krproxy_cpu_ms_per_pod']:8.2f} ms (run to removal; median of the "
+            "'with' blocks; user+system, its idle work included)"
         )
     return lines
 
