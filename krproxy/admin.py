@@ -50,6 +50,8 @@ from krproxy import __version__, log
 from krproxy.config import DEFAULT_METRICS_ADDRESS as DEFAULT_STATUS_ADDRESS
 from krproxy.config import ProxyConfig, parse_address
 from krproxy.forward import Backend
+from krproxy.hooks.guard import Guard
+from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
 from krproxy.hooks.runtime import HookRuntime
 from krproxy.metrics import Metrics
@@ -239,6 +241,7 @@ class AdminView:
             down = [b.path for _, b in self.backends if b.reachable is False]
             suffix = f" (runtime unreachable: {', '.join(down)})" if down else ""
             reasons.append("the store is not recovered from the runtime yet" + suffix)
+        reasons += required_reasons(self.hooks.guard)
         return not reasons, reasons
 
     def status(self) -> dict[str, Any]:
@@ -271,7 +274,37 @@ class AdminView:
             "store": {"recovered": self.hooks.recovered, "pods": stats.pods, "containers": stats.containers},
             "hook_dir": self.config.hook_dir,
             **registry_status(registry),
+            "required_servers": required_status(self.hooks.guard),
         }
+
+
+def required_reasons(guard: Guard | None) -> list[str]:
+    """The /readyz reason naming the ``--required-hook-server`` servers that are not up, if any."""
+    missing = guard.missing() if guard is not None else []
+    if not missing:
+        return []
+    described = ", ".join(f"{name} {a.describe()}" for name, a in missing)
+    return [f"required hook servers missing (calls at their hook points are refused): {described}"]
+
+
+def required_status(guard: Guard | None) -> list[dict[str, Any]]:
+    """The ``required_servers`` part of a ``/status`` document: the ``--required-hook-server`` servers,
+    then names pods' annotations required (``declared`` false), each with its state as last probed."""
+    if guard is None:
+        return []
+    points = {s.name: [p.value for p in HookPoint if p in s.points] for s in guard.requirements.servers}
+    return [
+        {
+            "name": name,
+            "declared": name in points,
+            "hooks": points.get(
+                name, [HookPoint.PRE_RUN_POD_SANDBOX.value, HookPoint.PRE_CREATE_CONTAINER.value]
+            ),
+            "state": availability.state.name.lower(),
+            "detail": availability.detail,
+        }
+        for name, availability in sorted(guard.states().items(), key=lambda i: (i[0] not in points, i[0]))
+    ]
 
 
 def registry_status(registry: Registry) -> dict[str, Any]:
@@ -542,6 +575,14 @@ def render_status(status: Mapping[str, Any]) -> str:
             f"timeout={p.get('timeout')}s order={p.get('order')} hooks: {hooks}"
         )
         lines.extend(f"    warning: {w}" for w in p.get("warnings", []))
+    for server in get("required_servers", []):
+        state = server.get("state", "?")
+        detail = f" ({server['detail']})" if server.get("detail") else ""
+        origin = "" if server.get("declared", True) else ", from pod annotations"
+        lines.append(
+            f"required hook server {server.get('name')}: {state.replace('_', ' ')}{detail}{origin}; "
+            f"hooks: {', '.join(server.get('hooks', [])) or '?'}"
+        )
     errors = get("registration_errors", {})
     if errors:
         lines.append(f"registration errors: {len(errors)}")

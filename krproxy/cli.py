@@ -144,9 +144,71 @@ def _add_serve(subparsers: argparse._SubParsersAction[Any]) -> None:
         "start/stop; repeatable, a later DIR wins on the same file name (CRI-O's order is "
         "/usr/share/containers/oci/hooks.d then /etc/containers/oci/hooks.d); default: none, off",
     )
+    _add_required(p)
     _add_record(p)
     _add_admin(p)
     _add_logging(p)
+
+
+def _required_server(text: str) -> Any:
+    from krproxy.hooks.required import parse_required_server
+
+    try:
+        return parse_required_server(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _requirements(args: argparse.Namespace) -> Any:
+    """The :class:`~krproxy.hooks.required.Requirements` of ``serve``'s or ``nri``'s flags."""
+    from krproxy.hooks.required import Requirements
+
+    return Requirements(
+        servers=tuple(args.required_servers),
+        annotation=args.required_plugins_annotation,
+        tolerate_annotation=args.tolerate_missing_plugins_annotation,
+        startup_grace=args.required_startup_grace,
+    )
+
+
+def _add_required(p: argparse.ArgumentParser) -> None:
+    """Required hook servers (docs/hooks.md, "Required hook servers")."""
+    from krproxy.hooks.required import DEFAULT_STARTUP_GRACE, REQUIRED_PLUGINS_ANNOTATION
+
+    p.add_argument(
+        "--required-hook-server",
+        dest="required_servers",
+        type=_required_server,
+        action="append",
+        default=[],
+        metavar="NAME[=POINT,...]",
+        help="the hook server registered as NAME.json must be registered and answering, or calls at its "
+        "hook points (all, or the POINTs listed, e.g. koordlet=PreRunPodSandbox,PreCreateContainer) "
+        "fail with UNAVAILABLE and the runtime does nothing (krproxy nri: at PreCreateContainer and "
+        "PreUpdateContainerResources only); repeatable; default: none",
+    )
+    p.add_argument(
+        "--required-plugins-annotation",
+        default=REQUIRED_PLUGINS_ANNOTATION,
+        metavar="KEY",
+        help="pod annotation (also KEY/pod and KEY/container.NAME) listing hook servers the pod requires, "
+        "as NRI reads it; empty: ignored; default: %(default)s",
+    )
+    p.add_argument(
+        "--tolerate-missing-plugins-annotation",
+        default="",
+        metavar="KEY",
+        help="pod annotation (also KEY/pod and KEY/container.NAME) that, set to true, exempts the pod or "
+        "container from required hook servers (NRI's tolerate_missing_plugins_annotation); default: none",
+    )
+    p.add_argument(
+        "--required-startup-grace",
+        type=_argparse.at_least(0, float),
+        default=DEFAULT_STARTUP_GRACE,
+        metavar="SECONDS",
+        help="after start, how long a call needing a missing required hook server waits for it before it "
+        "fails; default: %(default)s",
+    )
 
 
 def _add_admin(p: argparse.ArgumentParser) -> None:
@@ -218,6 +280,7 @@ def _add_nri(subparsers: argparse._SubParsersAction[Any]) -> None:
         help="two-digit index: NRI calls plugins in ascending index order; default: %(default)s",
     )
     _add_hook_dir(p)
+    _add_required(p)
     _add_admin(p)
     _add_logging(p)
 
@@ -240,6 +303,7 @@ def _nri(args: argparse.Namespace) -> int:
             insecure_registration_files=args.insecure_registration_files,
             metrics_address=args.metrics_address,
             metrics_allow_remote=args.metrics_allow_remote,
+            requirements=_requirements(args),
         )
     except ValueError as err:
         print(f"krproxy nri: error: {err}", file=sys.stderr)
@@ -414,6 +478,7 @@ def _serve(args: argparse.Namespace) -> int:
             metrics_address=args.metrics_address,
             metrics_allow_remote=args.metrics_allow_remote,
             insecure_registration_files=args.insecure_registration_files,
+            requirements=_requirements(args),
         )
     except ValueError as err:
         return usage_error(str(err))

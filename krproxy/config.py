@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from krproxy.hooks.required import Requirements
 from krproxy.unixsock import strip_unix_scheme
 
 DEFAULT_LISTEN = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
@@ -147,6 +148,8 @@ class ProxyConfig:
         record_paused: with ``record``, start with recording off (SIGUSR1 toggles it).
         oci_hook_dirs: hooks.d directories of OCI hook files (docs/oci-hooks.md), least preferred
             first; empty (the default): no OCI hooks at the proxy.
+        requirements: required hook servers (``--required-hook-server``), the annotations pods name
+            them with, and the start-up grace (docs/hooks.md, "Required hook servers").
     """
 
     listen: str = attrs.field(default=DEFAULT_LISTEN, converter=socket_path)
@@ -167,6 +170,7 @@ class ProxyConfig:
     record_keep: int = attrs.field(default=3, validator=attrs.validators.ge(0))
     record_paused: bool = False
     oci_hook_dirs: tuple[str, ...] = attrs.field(default=(), converter=_absolute_dirs)
+    requirements: Requirements = attrs.field(factory=Requirements)
 
     @metrics_address.validator
     def _check_metrics_address(self, attribute: attrs.Attribute[str], value: str) -> None:

@@ -5,7 +5,8 @@
     trio.run
     └── root nursery
         ├── admin endpoint (--metrics-address) /metrics /healthz /readyz /status (krproxy.admin)
-        ├── hook directory watcher      registration files -> Dispatcher registry
+        ├── hook directory watcher      registration files -> Dispatcher registry (and Guard)
+        ├── required servers' prober    --required-hook-server states (krproxy.hooks.guard)
         ├── OCI hooks.d watcher (--oci-hooks-dir)   hook files -> OCI hook interceptors
         ├── trace recorder (--record)   writes recorded calls to the trace file
         ├── CRI front end (krproxy.relay)   relays calls to the runtime, frame by frame; runs the
@@ -16,7 +17,9 @@
 Everything runs on trio, in one thread (OCI hooks run in worker threads).
 
 Start-up order: the socket is bound first; the plugins present in the hook directory are
-loaded; then the relay accepts calls. Store recovery runs in the background and retries
+loaded; then the relay accepts calls. A call that needs a required hook server (``--required-hook-server``,
+or a pod's required-plugins annotation) probes it before anything is forwarded, and during the start-up
+grace waits for it (:mod:`krproxy.hooks.guard`). Store recovery runs in the background and retries
 while the runtime is down: calls that carry hooks wait for it (within their deadline), all
 other calls are forwarded at once.
 
@@ -44,7 +47,10 @@ from krproxy.config import BackendMode, ProxyConfig
 from krproxy.forward import Backend, known_routes
 from krproxy.grpcstatus import Cardinality
 from krproxy.hooks.dispatch import Dispatcher
+from krproxy.hooks.guard import Guard
+from krproxy.hooks.outcomes import Outcome
 from krproxy.hooks.recovery import CALL_TIMEOUT, recover
+from krproxy.hooks.registration import Registry
 from krproxy.hooks.runtime import HookRuntime
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.watcher import watch_hook_dir
@@ -162,13 +168,25 @@ async def serve(
     relay.max_request = config.max_request_message_size
     runtime_route = _route(relay, runtime)
     image_route = runtime_route if image is runtime else _route(relay, image)
+    guard: Guard | None = None
+
+    def observe_hook(outcome: Outcome) -> None:
+        metrics.observe_hook(outcome)
+        if guard is not None:
+            guard.observe(outcome)
+
     dispatcher = Dispatcher(
         relay,
-        observe=metrics.observe_hook,
+        observe=observe_hook,
         on_outcome=calls.add_hook_outcome,
         call_deadline=calls.current_deadline,
     )
-    hooks = HookRuntime(HookStore(), dispatcher, config.skip_label)
+    publish = dispatcher.publish
+    if config.requirements.active:
+        guard = Guard(config.requirements, dispatcher, config.hook_dir, held=metrics.required_call_held)
+        publish = functools.partial(_publish, dispatcher, guard)
+        metrics.track_required(guard)
+    hooks = HookRuntime(HookStore(), dispatcher, config.skip_label, guard)
     metrics.track_store(lambda: hooks.store)
     interceptors = hooks.interceptors()
     # OCI hooks (--oci-hooks-dir): their interceptors wrap the plugin ones (krproxy/ocihooks/proxy.py).
@@ -193,7 +211,7 @@ async def serve(
         async with trio.open_nursery() as nursery:
             if admin_sock is not None:
                 await nursery.start(admin.serve, view, admin_sock)
-            await nursery.start(watch_hook_dir, config, dispatcher.publish, metrics.registration_error)
+            await nursery.start(watch_hook_dir, config, publish, metrics.registration_error)
             if oci_hooks is not None:
                 await nursery.start(ocihooks.serve_hook_dirs, oci_hooks, config.oci_hook_dirs)
             recorder = None
@@ -208,6 +226,10 @@ async def serve(
                 relay.observers.append(recorder.observe)
                 relay.keep_messages = True
             await nursery.start(relay.serve, sock)
+            if guard is not None:
+                # Calls needing a required server probe it themselves (and wait out the start-up
+                # grace); this keeps /readyz, the metrics and the log current.
+                nursery.start_soon(guard.run)
             # Calls with hook points wait for the store; all others are relayed meanwhile.
             nursery.start_soon(_recover_store, config, relay, runtime_route, hooks, metrics)
             view.listening = True
@@ -238,6 +260,11 @@ async def serve(
             admin_sock.close()
         dispatcher.close()
     log.event(LOGGER, "stopped", listen=config.listen)
+
+
+def _publish(dispatcher: Dispatcher, guard: Guard, registry: Registry) -> None:
+    dispatcher.publish(registry)
+    guard.publish(registry)
 
 
 def _route(relay: Relay, backend: Backend) -> Route:

@@ -6,7 +6,9 @@ in one test process never share counters.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
@@ -14,8 +16,12 @@ from krproxy import __version__
 from krproxy.calls import CallRecord
 from krproxy.forward import known_routes
 from krproxy.hooks.outcomes import Outcome
+from krproxy.hooks.points import HookPoint
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.validate import INVALID_ANSWER
+
+if TYPE_CHECKING:
+    from krproxy.hooks.guard import Guard
 
 #: Latency buckets in seconds: from a fast local call (~0.3 ms) to kubelet's 2 min deadline.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120)
@@ -104,6 +110,19 @@ class Metrics:
             ["hook", "field"],
             registry=r,
         )
+        self.required_held = Counter(
+            "krproxy_required_calls_held_total",
+            "CRI calls refused (UNAVAILABLE, nothing forwarded) because a required hook server was not "
+            "registered and answering, by server and hook point.",
+            ["server", "hook"],
+            registry=r,
+        )
+        self.required_up = Gauge(
+            "krproxy_required_server_up",
+            "1 while a --required-hook-server is registered and answering its probe, else 0.",
+            ["server"],
+            registry=r,
+        )
         self.info = Info("krproxy_build", "The daemon's version.", registry=r)
         self.info.info({"version": __version__})
 
@@ -116,6 +135,16 @@ class Metrics:
     def registration_error(self, name: str) -> None:
         """Count a registration file that could not be used (the hook directory watcher's ``on_error``)."""
         self.registration_errors.labels(name).inc()
+
+    def track_required(self, guard: Guard) -> None:
+        """Report each ``--required-hook-server``'s state (read at each scrape)."""
+        for server in guard.requirements.servers:
+            up = functools.partial(lambda name: float(guard.availability(name).up), server.name)
+            self.required_up.labels(server.name).set_function(up)
+
+    def required_call_held(self, server: str, point: HookPoint) -> None:
+        """Count a call held back for a missing required hook server (the guard's ``held``)."""
+        self.required_held.labels(server, point.value).inc()
 
     def observe_call(self, record: CallRecord) -> None:
         method = record.path.rpartition("/")[2] if record.path in _KNOWN_PATHS else "unknown"

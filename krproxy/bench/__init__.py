@@ -11,7 +11,8 @@ CreateContainer with one and with three chained plugins; small calls while anoth
 stuck with ~20 MB of answers unread (issue 16); the same with recording on (when
 ``--record`` exists); store recovery of 1000 pods / 3000 containers and the RSS after it; RSS
 and open fds after 100k calls; NRI mode against containerd 2.x (pod start and a plain call, with
-and without ``krproxy nri`` registered; ``--only-nri`` runs just these). Prints a table
+and without ``krproxy nri`` registered; ``--only-nri`` runs just these). CPU per unary call of
+:mod:`krproxy.rpc`'s server beside a relay interceptor (``--only-rpc-server``). Prints a table
 (medians, p99s, proxy/direct) with each target marked met or missed, and writes the figures
 as JSON.
 """
@@ -19,7 +20,6 @@ as JSON.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
@@ -29,85 +29,35 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 
-PY = sys.executable
-
+from krproxy.bench._support import (
+    PY,
+    SANDBOX_SCRIPT,
+    Processes,
+    _client,
+    _NoSandbox,
+    _populate,
+    _sandbox,
+    _scratch,
+    _serve_args,
+    _summary,
+)
+from krproxy.bench.anchor import go_anchor, report_go_anchor
 
 __all__ = ["main", "report", "run"]
-
-
-class Processes:
-    """Subprocesses the benchmark started; all stopped by PID at the end."""
-
-    def __init__(self, workdir: str) -> None:
-        self.workdir = workdir
-        self.started: list[subprocess.Popen[bytes]] = []
-
-    def start(self, name: str, argv: Sequence[str], socket: str) -> subprocess.Popen[bytes]:
-        log = open(os.path.join(self.workdir, f"{name}.log"), "wb")  # noqa: SIM115 - lives as long as the process
-        process = subprocess.Popen([PY, *argv], stdout=log, stderr=log, cwd=self.workdir)
-        self.started.append(process)
-        channel = grpc.insecure_channel(f"unix://{socket}")
-        try:
-            grpc.channel_ready_future(channel).result(timeout=60)
-        except grpc.FutureTimeoutError:
-            raise RuntimeError(f"{name} did not start; see {log.name}") from None
-        finally:
-            channel.close()
-        return process
-
-    def stop(self) -> None:
-        for process in self.started:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.started:
-            try:
-                process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _client(*args: str) -> dict[str, Any]:
-    out = subprocess.run([PY, "-m", "krproxy.bench.client", *args], capture_output=True, check=True)
-    result: dict[str, Any] = json.loads(out.stdout)
-    return result
-
-
-def _summary(samples_us: list[float]) -> dict[str, float]:
-    ordered = sorted(samples_us)
-    return {
-        "median_ms": statistics.median(ordered) / 1000,
-        "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] / 1000,
-        "n": len(ordered),
-    }
 
 
 def _proc_status(pid: int) -> dict[str, float]:
     with open(f"/proc/{pid}/status") as f:
         rss_kb = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     return {"rss_mb": rss_kb / 1024, "fds": len(os.listdir(f"/proc/{pid}/fd"))}
-
-
-def _serve_args(listen: str, backend: str, hook_dir: str, *extra: str) -> list[str]:
-    return [
-        "-m",
-        "krproxy",
-        "serve",
-        f"--koord-runtimeproxy-endpoint={listen}",
-        f"--remote-runtime-service-endpoint={backend}",
-        f"--hook-dir={hook_dir}",
-        "--log-level=warning",
-        *extra,
-    ]
 
 
 def _record_supported() -> bool:
@@ -253,6 +203,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["runc_wrapper"] = runc_wrapper(workdir, args.wrapper_calls)
         results["runc_wrapper_containerd"] = runc_wrapper_containerd(workdir, args)
         results["nri"] = nri(workdir, args)
+        results["go_anchor"] = go_anchor(workdir, args)
         results["recovery"] = _recovery(procs, workdir)
         results["leak_check"] = _leak_check(proxy_procs["plain"].pid, plain, args.leak_calls)
     finally:
@@ -371,42 +322,60 @@ def report_header_flood(flood: dict[str, Any]) -> list[str]:
     return lines
 
 
-#: scripts/containerd-sandbox, found next to the package in a source checkout (pip install -e .).
-SANDBOX_SCRIPT = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-    "scripts",
-    "containerd-sandbox",
-)
-
-
-class _NoSandbox(Exception):
-    """containerd-sandbox could not start; the message says why."""
-
-
-@contextlib.contextmanager
-def _sandbox(workdir: str, name: str, *options: str) -> Iterator[tuple[str, dict[str, Any], str]]:
-    """A real containerd from ``scripts/containerd-sandbox`` in ``workdir/name``, its pods' cgroups
-    under ``krproxy-bench-<name>-<pid>``: yields (its directory, its ``sandbox.json``, that cgroup
-    parent) and stops it afterwards. ``options`` go to ``containerd-sandbox start``.
-
-    Raises:
-        _NoSandbox: it did not start (the message ends with the script's error).
-    """
-    sandbox = os.path.join(workdir, name)
-    cgroup_parent = f"krproxy-bench-{name}-{os.getpid()}"
-    started = subprocess.run(
-        [PY, SANDBOX_SCRIPT, "start", "--dir", sandbox, "--cgroup-parent", cgroup_parent, *options],
-        capture_output=True,
-        text=True,
-    )
-    if started.returncode != 0:
-        raise _NoSandbox(f"containerd-sandbox start failed: {started.stderr.strip()[-300:]}")
+def rpc_server_cpu(calls: int, rounds: int = 3) -> dict[str, Any]:
+    """CPU of a unary hook-sized call in the server's own process: :mod:`krproxy.rpc`'s Server
+    against a relay answering through an interceptor (:mod:`krproxy.bench.rpcserver`), ``calls``
+    echo calls of 600 bytes from grpcio per round, the engines taking turns (and turns going first).
+    The server reports its own getrusage before and after each round."""
+    workdir = tempfile.mkdtemp(prefix="krrpc-", dir="/tmp")
+    procs = Processes(workdir)
+    request = os.urandom(600)
+    samples: dict[str, list[float]] = {"rpc": [], "relay": []}
+    channels: list[grpc.Channel] = []
     try:
-        with open(os.path.join(sandbox, "sandbox.json")) as f:
-            state = json.load(f)
-        yield sandbox, state, cgroup_parent
+        calls_of = {}
+        for engine in samples:
+            path = os.path.join(workdir, f"{engine}.sock")
+            procs.start(f"rpcserver-{engine}", ["-m", "krproxy.bench.rpcserver", engine, path], path)
+            channel = grpc.insecure_channel(f"unix://{path}")
+            channels.append(channel)
+            echo = channel.unary_unary("/krproxy.bench.Echo/Echo")
+            cpu = channel.unary_unary("/krproxy.bench.Echo/Cpu")
+            calls_of[engine] = (echo, cpu)
+            for _ in range(200):  # warm-up: connection, code paths, allocator
+                echo(request, timeout=10)
+        for turn in range(rounds):
+            order = list(calls_of.items())
+            for engine, (echo, cpu) in order[::-1] if turn % 2 else order:  # who goes first alternates
+                before = float(cpu(b"", timeout=10))
+                for _ in range(calls):
+                    echo(request, timeout=10)
+                after = float(cpu(b"", timeout=10))
+                samples[engine].append((after - before) / calls * 1e6)
     finally:
-        subprocess.run([PY, SANDBOX_SCRIPT, "stop", "--dir", sandbox], capture_output=True)
+        for channel in channels:
+            channel.close()
+        procs.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return {
+        engine: {"cpu_us_per_call": min(us), "rounds_us": us, "calls": calls}
+        for engine, us in samples.items()
+    }
+
+
+#: CPU per unary call the hook server engine may cost in its own process (issue 24).
+RPC_SERVER_CPU_TARGET_US = 200.0
+
+
+def report_rpc_server_cpu(r: dict[str, Any]) -> list[str]:
+    rpc, relay = r["rpc"], r["relay"]
+    ok = rpc["cpu_us_per_call"] <= RPC_SERVER_CPU_TARGET_US
+    rounds = ", ".join(f"{us:.0f}" for us in rpc["rounds_us"])
+    return [
+        f"hook server CPU per unary call    krproxy.rpc {rpc['cpu_us_per_call']:.0f} us (rounds {rounds}),"
+        f" relay interceptor {relay['cpu_us_per_call']:.0f} us"
+        f"   <= {RPC_SERVER_CPU_TARGET_US:.0f} us: {_check(ok)}"
+    ]
 
 
 def _real_containerd(procs: Processes, workdir: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -429,18 +398,8 @@ def _real_containerd(procs: Processes, workdir: str, args: argparse.Namespace) -
     try:
         with _sandbox(workdir, "real-containerd") as (_, state, cgroup_parent):
             direct = state["socket"]
-            populated = _client(
-                "populate",
-                "--target",
-                direct,
-                "--pods",
-                str(args.real_pods),
-                "--containers",
-                str(args.real_containers_per_pod),
-                "--image",
-                state["busybox_image"],
-                "--cgroup-parent",
-                cgroup_parent,
+            populated = _populate(
+                direct, args.real_pods, args.real_containers_per_pod, state["busybox_image"], cgroup_parent
             )
             hook_dir = os.path.join(workdir, "hooks-real")
             os.makedirs(hook_dir)
@@ -861,6 +820,7 @@ def report(results: dict[str, Any]) -> str:
     lines += report_runc_wrapper(results.get("runc_wrapper", {"skipped": "not run"}))
     lines += report_runc_wrapper_containerd(results.get("runc_wrapper_containerd", {"skipped": "not run"}))
     lines += report_nri(results.get("nri", {"skipped": "not run"}))
+    lines += report_go_anchor(results.get("go_anchor", {"skipped": "not run"}))
     for label, sc in (("", results.get("stuck_client")), ("real ", real.get("stuck_client"))):
         if sc is not None:
             ok = sc["stuck"]["median_ms"] <= 2 * sc["before"]["median_ms"] + 0.5
@@ -1002,14 +962,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="measure only Version calls while another caller floods krproxy with header blocks",
     )
     parser.add_argument(
+        "--only-rpc-server",
+        action="store_true",
+        help="measure only the CPU per unary call of krproxy.rpc's server (hook servers' engine)",
+    )
+    parser.add_argument(
         "--nri-blocks", type=int, default=4, help="NRI cases: blocks per state (with/without)"
     )
     parser.add_argument("--nri-pods", type=int, default=5, help="NRI cases: pods started per block")
     parser.add_argument(
         "--nri-version-calls", type=int, default=500, help="NRI cases: Version calls per block"
     )
+    parser.add_argument(
+        "--only-go-anchor",
+        action="store_true",
+        help="measure only krproxy against a grpc-go raw-forwarding proxy on real containerd",
+    )
+    parser.add_argument("--anchor-pods", type=int, default=20, help="Go anchor: pods in the containerd")
+    parser.add_argument(
+        "--anchor-calls", type=int, default=6000, help="Go anchor: calls of the mix per round"
+    )
+    parser.add_argument("--anchor-rounds", type=int, default=3, help="Go anchor: rounds per proxy")
     args = parser.parse_args(argv)
-    if args.only_nri:
+    if args.only_go_anchor:
+        with _scratch() as workdir:
+            results = {"go_anchor": go_anchor(workdir, args)}
+        print("\n".join(report_go_anchor(results["go_anchor"])))
+    elif args.only_nri:
         workdir = tempfile.mkdtemp(prefix="krproxy-bench-")
         try:
             results = {"nri": nri(workdir, args)}
@@ -1019,6 +998,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.only_header_flood:
         results = {"header_flood": header_flood(args.flood_calls, [1 << 20, 384 << 10, 4095])}
         print("\n".join(report_header_flood(results["header_flood"])))
+    elif args.only_rpc_server:
+        results = {"rpc_server": rpc_server_cpu(args.small_calls)}
+        print("\n".join(report_rpc_server_cpu(results["rpc_server"])))
     elif args.only_runc_wrapper:
         workdir = tempfile.mkdtemp(prefix="krproxy-bench-")
         try:
@@ -1032,7 +1014,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(lines + report_runc_wrapper_containerd(results["runc_wrapper_containerd"])))
     else:
         results = run(args)
+        results["rpc_server"] = rpc_server_cpu(args.small_calls)
         print(report(results))
+        print("\n".join(report_rpc_server_cpu(results["rpc_server"])))
     with open(args.json, "w") as f:
         json.dump(results, f, indent=2)
     print(f"\nJSON written to {args.json}")

@@ -6,6 +6,7 @@ Usage (run by :mod:`krproxy.bench`, which reads the JSON it prints on stdout)::
     python -m krproxy.bench.client throughput --target A --threads 8 --seconds 5
     python -m krproxy.bench.client create --targets A,B,C --calls 300 --blocks 10 --pod-via A
     python -m krproxy.bench.client populate --target A --pods 10 --containers 20 --image IMG --cgroup-parent P
+    python -m krproxy.bench.client mix --target A --threads 4 --calls 4000
 
 ``latency`` alternates between the targets block by block after a warm-up, so that drift on a
 noisy machine hits every target alike; it prints per-target latencies in microseconds.
@@ -73,6 +74,19 @@ def latency(args: argparse.Namespace) -> dict[str, Any]:
     return {"latencies_us": samples}
 
 
+def _run_threads(count: int, start: threading.Barrier, worker: Callable[[int], None]) -> float:
+    """Run ``worker(0..count-1)`` in threads released together by ``start`` (of ``count + 1``
+    parties); the seconds from their release until the last one is done."""
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(count)]
+    for t in threads:
+        t.start()
+    started = time.perf_counter()
+    start.wait()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
 def throughput(args: argparse.Namespace) -> dict[str, Any]:
     path, make = METHODS[args.method]
     channel = _channel(args.target)
@@ -93,14 +107,53 @@ def throughput(args: argparse.Namespace) -> dict[str, Any]:
             except grpc.RpcError as err:
                 errors[err.code().name] = errors.get(err.code().name, 0) + 1
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(args.threads)]
-    for t in threads:
-        t.start()
-    started = time.perf_counter()
-    start.wait()
-    for t in threads:
-        t.join()
-    return {"calls": sum(counts), "seconds": time.perf_counter() - started, "errors": errors}
+    seconds = _run_threads(args.threads, start, worker)
+    return {"calls": sum(counts), "seconds": seconds, "errors": errors}
+
+
+def _steady_mix(channel: grpc.Channel) -> list[tuple[Callable[..., bytes], bytes]]:
+    """kubelet's steady calls on a node at rest, one of each: the PLEG relist (ListPodSandbox,
+    ListContainers), the status of a pod and of a container, the runtime's Status and Version."""
+    runtime = "/runtime.v1.RuntimeService/"
+    pods = pb.ListPodSandboxResponse.FromString(
+        _raw(channel, runtime + "ListPodSandbox")(pb.ListPodSandboxRequest().SerializeToString(), timeout=30)
+    ).items
+    return [
+        (_raw(channel, runtime + "ListPodSandbox"), pb.ListPodSandboxRequest().SerializeToString()),
+        (_raw(channel, runtime + "ListContainers"), pb.ListContainersRequest().SerializeToString()),
+        (
+            _raw(channel, runtime + "PodSandboxStatus"),
+            pb.PodSandboxStatusRequest(pod_sandbox_id=pods[0].id if pods else "").SerializeToString(),
+        ),
+        (
+            _raw(channel, runtime + "ContainerStatus"),
+            pb.ContainerStatusRequest(container_id=_first_container(channel)).SerializeToString(),
+        ),
+        (_raw(channel, runtime + "Status"), pb.StatusRequest().SerializeToString()),
+        (_raw(channel, runtime + "Version"), pb.VersionRequest(version="v1").SerializeToString()),
+    ]
+
+
+def mix(args: argparse.Namespace) -> dict[str, Any]:
+    """``--calls`` calls of kubelet's steady mix (:func:`_steady_mix`, in turn) from ``--threads``
+    callers on one connection; errors are counted by code (the caller judges them)."""
+    channel = _channel(args.target)
+    calls = _steady_mix(channel)
+    errors: dict[str, int] = {}
+    quota = args.calls // args.threads
+    start = threading.Barrier(args.threads + 1)
+
+    def worker(index: int) -> None:
+        start.wait()
+        for n in range(quota):
+            call, request = calls[(index + n) % len(calls)]
+            try:
+                call(request, timeout=30)
+            except grpc.RpcError as err:
+                errors[err.code().name] = errors.get(err.code().name, 0) + 1
+
+    seconds = _run_threads(args.threads, start, worker)
+    return {"calls": quota * args.threads, "seconds": seconds, "errors": errors}
 
 
 def create(args: argparse.Namespace) -> dict[str, Any]:
@@ -287,8 +340,12 @@ def main(argv: list[str] | None = None) -> int:
     pod.add_argument("--image", required=True)
     pod.add_argument("--cgroup-parent", required=True)
     pod.add_argument("--runtime-handler", default="", help="RunPodSandbox's runtime_handler (default: none)")
+    mixed = sub.add_parser("mix")
+    mixed.add_argument("--target", required=True)
+    mixed.add_argument("--threads", type=int, default=4)
+    mixed.add_argument("--calls", type=int, default=4000)
     args = parser.parse_args(argv)
-    cases = {"latency": latency, "throughput": throughput, "create": create, "populate": populate}
+    cases = {"latency": latency, "throughput": throughput, "create": create, "populate": populate, "mix": mix}
     result = {**cases, "pod-create": pod_create}[args.case](args)
     json.dump(result, sys.stdout)
     return 0

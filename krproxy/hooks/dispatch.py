@@ -15,9 +15,10 @@ on without that plugin's changes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, TypeVar
 
 import trio
@@ -25,7 +26,7 @@ import trio
 from krproxy import log
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.merge import Change, Merged
-from krproxy.hooks.outcomes import ChainResult, HookFailure, HookRejected, Outcome
+from krproxy.hooks.outcomes import ChainResult, HookFailure, HookRejected, Outcome, RequiredFailed
 from krproxy.hooks.points import HookPoint, Stage
 from krproxy.hooks.registration import FailurePolicy, PluginRegistration, Registry
 from krproxy.hooks.validate import INVALID_ANSWER, WRONG_TYPES, check_answer, wrong_types
@@ -34,6 +35,10 @@ from krproxy.relay import Relay
 from krproxy.relay.rpc import UpstreamError
 
 LOGGER = logging.getLogger("krproxy.hooks.dispatch")
+
+#: The method :meth:`Dispatcher.probe` calls: in no hook server's service, so a server answers it
+#: (UNIMPLEMENTED, or whatever its health service says) without doing any work.
+PROBE_PATH = "/grpc.health.v1.Health/Check"
 
 #: Largest plugin answer accepted (as grpc-go's default receive limit, which the reference's
 #: plugin client has): a larger one is that plugin's failure, under its failure policy.
@@ -135,6 +140,25 @@ class Dispatcher:
         reply_type: type[Any] = (
             hookapi.PodSandboxHookResponse if point.is_pod_level else hookapi.ContainerResourceHookResponse
         )
+        answer = await self._unary(
+            plugin, point.rpc_path, _serialized(request), plugin.timeout if within is None else within
+        )
+        response: Response = reply_type.FromString(answer)
+        return response
+
+    async def probe(self, plugin: PluginRegistration, within: float) -> None:
+        """Check that *plugin* answers gRPC calls: call :data:`PROBE_PATH`, a method no hook server
+        implements, and take any status as an answer (UNIMPLEMENTED is the usual one).
+
+        Raises:
+            OSError: the socket cannot be reached (absent, refused).
+            TimeoutError: nothing came back within ``within`` seconds.
+            UpstreamError: the connection ended, or the answer was not gRPC.
+        """
+        with contextlib.suppress(GRPCError):  # an answer, whatever it says
+            await self._unary(plugin, PROBE_PATH, b"", within)
+
+    async def _unary(self, plugin: PluginRegistration, path: str, request: bytes, within: float) -> bytes:
         endpoint = plugin.endpoint
         # Only endpoints of the current registry keep their connection: a chain that began before
         # its plugin was unregistered must not leave one behind that nobody closes.
@@ -143,18 +167,10 @@ class Dispatcher:
         if registered:
             self._endpoints.add(endpoint)
         try:
-            answer = await self._relay.call(
-                route,
-                point.rpc_path,
-                _serialized(request),
-                within=plugin.timeout if within is None else within,
-                max_answer=MAX_PLUGIN_ANSWER,
-            )
+            return await self._relay.call(route, path, request, within=within, max_answer=MAX_PLUGIN_ANSWER)
         finally:
             if not registered and endpoint not in self._endpoints:
                 self._relay.drop_route(endpoint)
-        response: Response = reply_type.FromString(answer)
-        return response
 
     async def run(
         self,
@@ -165,6 +181,7 @@ class Dispatcher:
         *,
         target: str = "",
         deadline: float | None = None,
+        required: Collection[str] = (),
     ) -> ChainResult[Record]:
         """Call every plugin registered for ``point`` in order, threading ``record`` through them.
 
@@ -183,8 +200,13 @@ class Dispatcher:
         gets its own timeout or what is left before the deadline, whichever is shorter, and a
         plugin reached with no time left fails (its failure policy applies) without being called.
 
+        ``required`` names the plugins this call must not go without (required hook servers,
+        :mod:`krproxy.hooks.required`): one of them failing a pre hook rejects the call whatever its
+        failure policy, with UNAVAILABLE (:class:`RequiredFailed`), since kubelet's retry may find it back.
+
         Raises:
             HookRejected: a ``Fail`` plugin failed a pre hook; later plugins are not called.
+            RequiredFailed: a required plugin failed a pre hook; later plugins are not called.
         """
         if deadline is None:
             deadline = self._call_deadline()
@@ -213,7 +235,10 @@ class Dispatcher:
                         record = merged.value
             except Exception as err:  # the plugin is an untrusted peer: every failure is handled
                 failure = HookFailure(plugin.name, point, _describe(err, plugin, within))
-                rejected = plugin.failure_policy is FailurePolicy.FAIL and point.stage is Stage.PRE
+                needed = plugin.name in required and point.stage is Stage.PRE
+                rejected = needed or (
+                    plugin.failure_policy is FailurePolicy.FAIL and point.stage is Stage.PRE
+                )
                 outcome = Outcome(
                     plugin.name,
                     point,
@@ -229,9 +254,11 @@ class Dispatcher:
                     plugin=plugin.name,
                     hook=point.value,
                     target=target,
-                    policy=plugin.failure_policy.value,
+                    policy="required" if needed else plugin.failure_policy.value,
                     cause=failure.cause,
                 )
+                if needed:
+                    raise RequiredFailed(failure) from None
                 if rejected:
                     raise HookRejected(failure) from None
                 continue

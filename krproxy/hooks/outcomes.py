@@ -14,7 +14,7 @@ from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.merge import Change
 from krproxy.hooks.points import HookPoint
 
-__all__ = ["ChainResult", "HookFailure", "HookRejected", "Outcome"]
+__all__ = ["ChainResult", "HookFailure", "HookRejected", "Outcome", "RequiredFailed"]
 
 Record = TypeVar("Record")
 
@@ -40,6 +40,19 @@ class HookRejected(GRPCError):
 
     def __init__(self, failure: HookFailure) -> None:
         super().__init__(Status.UNKNOWN, f"hook server err: {failure.describe()}")
+        self.failure = failure
+
+
+class RequiredFailed(GRPCError):
+    """A required hook server (:mod:`krproxy.hooks.required`) failed a pre hook: the CRI call is refused
+    with UNAVAILABLE, which kubelet retries, and nothing is forwarded (whatever the file's failure policy)."""
+
+    def __init__(self, failure: HookFailure) -> None:
+        super().__init__(
+            Status.UNAVAILABLE,
+            f"required {failure.describe()}; the call was not forwarded to the runtime, "
+            "kubelet's retry goes through once the hook server answers",
+        )
         self.failure = failure
 
 

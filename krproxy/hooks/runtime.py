@@ -25,6 +25,12 @@ plugins that only observe is byte-for-byte transparent too.
 
 Intercepted calls wait until the store has been recovered from the runtime after a
 restart (:meth:`HookRuntime.mark_recovered`), so no hook ever runs against a partial store.
+
+Required hook servers (:mod:`krproxy.hooks.required`): before a hooked call does anything at a
+point where the flags or the pod's annotations require a server, :meth:`HookRuntime._require` asks
+the :class:`~krproxy.hooks.guard.Guard`, which refuses it (UNAVAILABLE, nothing forwarded) while
+that server is not registered and answering; Stop calls are checked before forwarding, for their
+Post points. Pods with the skip label, and ids the store does not know, run no hooks and need none.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ import contextlib
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -43,14 +49,18 @@ from krproxy.forward import BackendError, Forward, Interceptor, Reply
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import convert, merge
 from krproxy.hooks.dispatch import Dispatcher
+from krproxy.hooks.guard import Guard
 from krproxy.hooks.model import ContainerInfo, PodInfo
 from krproxy.hooks.points import HookPoint
+from krproxy.hooks.required import AnnotationError, required_names
 from krproxy.hooks.store import HookStore
 from krproxy.proto.runtime import v1 as cri
 
 LOGGER = logging.getLogger("krproxy.hooks")
 
 _RUNTIME = "/runtime.v1.RuntimeService/"
+
+R = TypeVar("R")
 
 
 def _reply_field(message_type: type[Any], reply: Reply, field: str) -> str | None:
@@ -124,6 +134,7 @@ class HookRuntime:
     store: HookStore
     dispatcher: Dispatcher
     skip_label: tuple[str, str]
+    guard: Guard | None = None
     _recovered: trio.Event = attrs.field(factory=trio.Event, init=False)
     _locks: weakref.WeakValueDictionary[str, trio.Lock] = attrs.field(
         factory=weakref.WeakValueDictionary, init=False
@@ -162,6 +173,18 @@ class HookRuntime:
     def _skips(self, pod: PodInfo) -> bool:
         return pod.has_label(*self.skip_label)
 
+    async def _require(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> tuple[str, ...]:
+        """The required hook servers of a hooked call at *point*, once all are up (see
+        :mod:`krproxy.hooks.guard`); raises UNAVAILABLE, before anything is forwarded, if one is not."""
+        if self.guard is None:
+            return ()
+        try:
+            names = required_names(self.guard.requirements, point, pod.annotations, container)
+        except AnnotationError as err:
+            raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
+        await self.guard.admit(point, names)
+        return names
+
     # -- pods --------------------------------------------------------------------------
 
     async def run_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
@@ -169,17 +192,18 @@ class HookRuntime:
         with _malformed("RunPodSandboxRequest"):
             pod = convert.pod_from_run_request(request)
         if not self._skips(pod):
-            chain = await self.dispatcher.run(
+            required = await self._require(HookPoint.PRE_RUN_POD_SANDBOX, pod)
+            pod, data = await self._pre_hooks(
                 HookPoint.PRE_RUN_POD_SANDBOX,
                 pod,
                 convert.pod_hook_request_bytes,
                 merge.merge_pod_info,
                 target=f"pod {pod.namespace}/{pod.name}",
+                required=required,
+                data=data,
+                rebuild=lambda merged: merge.apply_run_pod(request, merged),
+                what="RunPodSandboxRequest",
             )
-            if chain.value != pod:
-                pod = chain.value
-                with _malformed("RunPodSandboxRequest"):
-                    data = bytes(merge.apply_run_pod(request, pod).SerializeToString())
         reply = await forward(data)
         sandbox_id = _reply_field(cri.RunPodSandboxResponse, reply, "pod_sandbox_id")
         if sandbox_id:
@@ -188,6 +212,9 @@ class HookRuntime:
 
     async def stop_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
         sandbox_id = _decode_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")
+        known = self.store.get_pod(sandbox_id)
+        if known is not None and not self._skips(known):
+            await self._require(HookPoint.POST_STOP_POD_SANDBOX, known)
 
         async def post() -> None:
             pod = self.store.get_pod(sandbox_id)
@@ -227,17 +254,18 @@ class HookRuntime:
                     return await forward(data)
                 resize = convert.pod_resize_from_request(request, stored)
             if not self._skips(stored):
-                chain = await self.dispatcher.run(
+                required = await self._require(point, stored)
+                resize, data = await self._pre_hooks(
                     point,
                     resize,
                     convert.pod_resize_hook_request_bytes,
                     merge.merge_pod_resize,
                     target=f"pod {stored.namespace}/{stored.name}",
+                    required=required,
+                    data=data,
+                    rebuild=lambda merged: merge.apply_pod_resize(request, merged),
+                    what="UpdatePodSandboxResourcesRequest",
                 )
-                if chain.value != resize:
-                    resize = chain.value
-                    with _malformed("UpdatePodSandboxResourcesRequest"):
-                        data = bytes(merge.apply_pod_resize(request, resize).SerializeToString())
             reply = await forward(data)
             self.store.resize_pod(sandbox_id, resize.pod.resources, resize.pod.overhead)
             return reply
@@ -258,17 +286,18 @@ class HookRuntime:
                 pod = convert.pod_from_run_request(cri.RunPodSandboxRequest(config=request.sandbox_config))
             info = convert.container_from_create_request(request, pod)
         if not self._skips(pod):
-            chain = await self.dispatcher.run(
+            required = await self._require(HookPoint.PRE_CREATE_CONTAINER, pod, info.name)
+            info, data = await self._pre_hooks(
                 HookPoint.PRE_CREATE_CONTAINER,
                 info,
                 convert.container_hook_request_bytes,
                 merge.merge_container_info,
                 target=f"pod {pod.namespace}/{pod.name} container {info.name}",
+                required=required,
+                data=data,
+                rebuild=lambda merged: merge.apply_create(request, merged),
+                what="CreateContainerRequest",
             )
-            if chain.value != info:
-                info = chain.value
-                with _malformed("CreateContainerRequest"):
-                    data = bytes(merge.apply_create(request, info).SerializeToString())
         reply = await forward(data)
         container_id = _reply_field(cri.CreateContainerResponse, reply, "container_id")
         if container_id:
@@ -281,12 +310,15 @@ class HookRuntime:
             info = self._hooked_container(container_id, HookPoint.PRE_START_CONTAINER)
             if info is None:
                 return await forward(data)
+            required = await self._require(HookPoint.PRE_START_CONTAINER, info.pod, info.name)
+            await self._require(HookPoint.POST_START_CONTAINER, info.pod, info.name)
             chain = await self.dispatcher.run(
                 HookPoint.PRE_START_CONTAINER,
                 info,
                 convert.container_hook_request_bytes,
                 merge.merge_container_info,
                 target=container_id,
+                required=required,
             )
             if chain.value != info:
                 info = chain.value
@@ -298,6 +330,9 @@ class HookRuntime:
 
     async def stop_container(self, data: bytes, forward: Forward) -> Reply:
         container_id = _decode_id(cri.StopContainerRequest, data, "container_id")
+        known = self.store.get_container(container_id)
+        if known is not None and not self._skips(known.pod):
+            await self._require(HookPoint.POST_STOP_CONTAINER, known.pod, known.name)
 
         async def post() -> None:
             info = self._hooked_container(container_id, HookPoint.POST_STOP_CONTAINER)
@@ -326,23 +361,49 @@ class HookRuntime:
                 if stored is None:
                     return await forward(data)
                 prepared = merge.prepare_update(stored, request)
-            chain = await self.dispatcher.run(
+            required = await self._require(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, stored.pod, stored.name)
+            updated, data = await self._pre_hooks(
                 HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
                 prepared,
                 convert.container_hook_request_bytes,
                 merge.merge_container_info,
                 target=container_id,
+                required=required,
+                data=data,
+                rebuild=lambda merged: merge.apply_update(request, merged),
+                what="UpdateContainerResourcesRequest",
             )
-            if chain.value != prepared:
-                with _malformed("UpdateContainerResourcesRequest"):
-                    data = bytes(merge.apply_update(request, chain.value).SerializeToString())
             reply = await forward(data)
-            self.store.update_container(container_id, chain.value)
+            self.store.update_container(container_id, updated)
             return reply
 
     async def remove_container(self, data: bytes, forward: Forward) -> Reply:
         container_id = _decode_id(cri.RemoveContainerRequest, data, "container_id")
         return await _forward_then_forget(forward(data), lambda: self.store.delete_container(container_id))
+
+    async def _pre_hooks(
+        self,
+        point: HookPoint,
+        record: R,
+        to_request: Callable[[R], bytes],
+        merge_answer: Callable[[R, Any], merge.Merged[R]],
+        *,
+        target: str,
+        required: tuple[str, ...],
+        data: bytes,
+        rebuild: Callable[[R], Any],
+        what: str,
+    ) -> tuple[R, bytes]:
+        """Run the pre hooks of *point* on *record*; return the record as the plugins left it and the
+        request to forward: kubelet's *data* itself when no plugin changed anything, else the message
+        ``rebuild(record)`` makes, encoded."""
+        chain = await self.dispatcher.run(
+            point, record, to_request, merge_answer, target=target, required=required
+        )
+        if chain.value == record:
+            return record, data
+        with _malformed(what):
+            return chain.value, bytes(rebuild(chain.value).SerializeToString())
 
     def _missing(self, kind: str, ident: str, point: HookPoint) -> None:
         """An id the store does not know: hooks skipped. Worth a warning only if a plugin wanted

@@ -12,7 +12,10 @@ When the proxy writes and drops entries (the reference's points, plus Remove*):
   re-creates an entry that was dropped meanwhile;
 * resize: after a successful UpdatePodSandboxResources the pod's ``resources`` and ``overhead`` become the
   ones forwarded (after PreUpdatePodSandboxResources answers), in the pod record and in the pod of each of its
-  container records (:meth:`HookStore.resize_pod`), so later container hooks get them as ``pod_resources``;
+  container records (:meth:`HookStore.resize_pod`), so later container hooks get them as ``pod_resources``.
+  Only a resize changes the pod part of a container record: put and update keep the stored pod's, so a
+  container call whose hooks ran during a resize (kubelet's CPU manager updates containers from another
+  goroutine than the pod's) does not write the old pod resources back;
 * drop: StopPodSandbox drops the pod, StopContainer the container — after the post hook, and only when the
   runtime succeeded or answered NOT_FOUND (a StopPodSandbox answered NOT_FOUND drops the pod's containers
   too, as RemovePodSandbox does); after another failure the entry stays, so kubelet's retry runs
@@ -101,7 +104,13 @@ class HookStore:
     # --- containers ---
 
     def put_container(self, container_id: str, container: ContainerInfo) -> None:
-        """Store (or replace) the record of container *container_id*."""
+        """Store (or replace) the record of container *container_id*; its pod's resources and overhead are
+        the stored pod's (a resize may have come while the container's hooks ran)."""
+        pod = self._pods.get(container.pod_sandbox_id)
+        if pod is not None and pod is not container.pod:
+            container = attrs.evolve(
+                container, pod=attrs.evolve(container.pod, resources=pod.resources, overhead=pod.overhead)
+            )
         self._containers[container_id] = container
 
     def get_container(self, container_id: str) -> ContainerInfo | None:
@@ -109,10 +118,13 @@ class HookStore:
         return self._containers.get(container_id)
 
     def update_container(self, container_id: str, container: ContainerInfo) -> bool:
-        """Replace the record of *container_id* if it is still stored; return whether it was."""
-        if container_id not in self._containers:
+        """Replace the record of *container_id* if it is still stored; return whether it was. The pod part
+        stays the stored one: container hooks never change it, and a resize (:meth:`resize_pod`) may have
+        come while they ran."""
+        current = self._containers.get(container_id)
+        if current is None:
             return False
-        self._containers[container_id] = container
+        self._containers[container_id] = attrs.evolve(container, pod=current.pod)
         return True
 
     def delete_container(self, container_id: str) -> ContainerInfo | None:

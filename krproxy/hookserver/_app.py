@@ -119,10 +119,12 @@ class Ticker:
 
 @attrs.frozen
 class Pending:
-    """Settings computed at a hook call whose cgroup did not exist yet; ``since`` is the clock's time."""
+    """Settings computed at a hook call whose cgroup did not exist yet; ``since`` is the clock's time;
+    ``include_cri`` whether the CRI-expressible ones are written too (as at that call)."""
 
     ctx: PodContext | ContainerContext
     since: float
+    include_cri: bool = True
 
 
 def _who(ctx: PodContext | ContainerContext) -> str:
@@ -258,12 +260,13 @@ class HookServer:
             # (policy change, CPU suppress) must still reach the pod. A resize refreshes the record
             # (it now carries the pod's resources).
             self.pods.add_pod(ctx.request)
+        # A resize's CRI-expressible changes travel in the answer, to the runtime.
+        include_cri = stage is not Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES
         try:
-            # A resize's CRI-expressible changes travel in the answer, to the runtime.
-            apply_pod(self.executor, ctx, include_cri=stage is not Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES)
+            apply_pod(self.executor, ctx, include_cri=include_cri)
         except CgroupMissingError as exc:
             if stage is not Stage.POST_STOP_POD_SANDBOX:
-                self._defer(key, ctx, exc)
+                self._defer(key, ctx, exc, include_cri=include_cri)
         return pod_response(req, ctx)
 
     def handle_container(
@@ -282,7 +285,7 @@ class HookServer:
             apply_container(self.executor, ctx, include_cri=False)
         except CgroupMissingError as exc:
             if stage is not Stage.POST_STOP_CONTAINER:
-                self._defer(key, ctx, exc)
+                self._defer(key, ctx, exc, include_cri=False)
         if stage is Stage.POST_STOP_CONTAINER:
             self.pods.remove_container(ctx.request)
             self.pending.pop(key, None)
@@ -290,8 +293,10 @@ class HookServer:
 
     # -- settings waiting for their cgroup -------------------------------------------------------
 
-    def _defer(self, key: str, ctx: PodContext | ContainerContext, exc: CgroupMissingError) -> None:
-        self.pending[key] = Pending(ctx, self.clock())
+    def _defer(
+        self, key: str, ctx: PodContext | ContainerContext, exc: CgroupMissingError, *, include_cri: bool
+    ) -> None:
+        self.pending[key] = Pending(ctx, self.clock(), include_cri)
         log.event(LOGGER, "cgroup_write_deferred", pod=_who(ctx), reason=str(exc), retry_every=RETRY_INTERVAL)
 
     def retry_pending(self) -> list[Change]:
@@ -305,9 +310,9 @@ class HookServer:
             ctx = pending.ctx
             try:
                 if isinstance(ctx, PodContext):
-                    done = apply_pod(self.executor, ctx)
+                    done = apply_pod(self.executor, ctx, include_cri=pending.include_cri)
                 else:
-                    done = apply_container(self.executor, ctx, include_cri=False)
+                    done = apply_container(self.executor, ctx, include_cri=pending.include_cri)
             except CgroupMissingError as exc:
                 if now - pending.since >= PENDING_TIMEOUT:
                     del self.pending[key]

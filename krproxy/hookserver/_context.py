@@ -94,7 +94,9 @@ class PodInfo:
         cgroup_parent: the pod's own cgroup as kubelet passes it to the runtime
             (cgroupfs ``/kubepods/besteffort/pod<uid>`` or systemd ``kubepods-…-pod<uid>.slice``).
         resources: at ``PreUpdatePodSandboxResources`` (pod-level resize), the pod resources kubelet
-            asks for; None at the other stages (the proxy sends none there in CRI mode).
+            asks for; at ``PostStopPodSandbox`` those of the pod's last resize (None if it was never
+            resized); None at ``PreRunPodSandbox`` in CRI mode. In a container context: the pod's last
+            resize's (the request's ``pod_resources``), or None.
         overhead: likewise, the pod overhead (RuntimeClass ``overhead``) sent with a resize.
     """
 
@@ -151,6 +153,7 @@ class ContainerInfo:
             labels=req.pod_labels,
             annotations=req.pod_annotations,
             cgroup_parent=req.pod_cgroup_parent,
+            resources=Resources.from_proto(req.pod_resources) if req.pod_resources is not None else None,
         )
         meta = req.container_meta
         return cls(

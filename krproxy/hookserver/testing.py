@@ -188,9 +188,11 @@ def container_request(
     envs: Mapping[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
 ) -> pb.ContainerResourceHookRequest:
-    """A container-level request for a container of ``pod`` (``id`` empty before create)."""
+    """A container-level request for a container of ``pod`` (``id`` empty before create); the pod's
+    ``resources`` (a resized pod's) become ``pod_resources``, as the proxy sends them."""
     return pb.ContainerResourceHookRequest(
         pod_meta=pod.pod_meta,
+        pod_resources=pod.resources,
         container_meta=pb.ContainerMetadata(name=name, id=id),
         container_annotations=dict(annotations or {}),
         container_resources=resources if resources is not None else pb.LinuxContainerResources(),

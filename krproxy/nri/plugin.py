@@ -74,10 +74,12 @@ from krproxy.grpcstatus import Status
 from krproxy.hooks import convert as hook_convert
 from krproxy.hooks import merge
 from krproxy.hooks.dispatch import Dispatcher
+from krproxy.hooks.guard import Guard, RequiredMissing
 from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize
-from krproxy.hooks.outcomes import HookRejected
+from krproxy.hooks.outcomes import HookRejected, Outcome, RequiredFailed
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
+from krproxy.hooks.required import AnnotationError, Requirements, required_names
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.watcher import watch_hook_dir
 from krproxy.metrics import Metrics
@@ -102,6 +104,10 @@ EVENT_OF: Mapping[HookPoint, api.Event] = {
     HookPoint.PRE_UPDATE_CONTAINER_RESOURCES: api.Event.UPDATE_CONTAINER,
     HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES: api.Event.UPDATE_POD_SANDBOX,  # NRI 0.12 and later
 }
+#: The hook points where a required hook server can hold the runtime back: NRI fails the CRI operation
+#: when the plugin answers these events with an error. The others are events after the fact
+#: (StateChange) or answers NRI does not wait on.
+GUARDED = (HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
 #: The hook points whose requests come from krproxy's store (the container as created and as the hook
 #: servers left it), not from the event alone.
 STORE_READERS = frozenset(
@@ -183,6 +189,8 @@ class NriConfig:
     metrics_allow_remote: bool = False
     #: ``HOST:PORT`` of the admin endpoint (/metrics, /healthz, /readyz, /status); "" for none.
     metrics_address: str = attrs.field(default="")
+    #: Required hook servers and the annotations naming them (held at :data:`GUARDED` points only).
+    requirements: Requirements = attrs.field(factory=Requirements)
 
     @metrics_address.validator
     def _check_metrics_address(self, attribute: attrs.Attribute[str], value: str) -> None:
@@ -221,6 +229,8 @@ class NriPlugin:
     last_error: str = ""
     #: ``HOST:PORT`` the admin endpoint listens on ("" without one).
     admin_address: str = ""
+    #: Required hook servers' states and the gate of the :data:`GUARDED` points (None: nothing required).
+    guard: Guard | None = None
     _sync_pods: list[Any] = attrs.field(factory=list, init=False)  # upb PodSandbox and Container
     _sync_containers: list[Any] = attrs.field(factory=list, init=False)
     _resubscribe: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -230,17 +240,31 @@ class NriPlugin:
         return any(self.dispatcher.plugins_for(point) for point in STORE_READERS)
 
     def events_needed(self) -> int:
-        """The event mask to subscribe: what the registered hook servers and the store need, of what
-        the runtime knows."""
+        """The event mask to subscribe: what the registered hook servers, the required servers' guarded
+        points and the store need, of what the runtime knows."""
         events = {EVENT_OF[point] for point in HookPoint if self.dispatcher.plugins_for(point)}
+        events.update(EVENT_OF[p] for p in self._guarded_points())
         if self.keeps_store():
             events.update(STORE_EVENTS)
         # NRI reads an empty mask as every event: with nothing to do, one event off the pods' start path.
         return mask_of(events) & self.runtime_events or mask_of({IDLE_EVENT})
 
+    def _guarded_points(self) -> list[HookPoint]:
+        """The :data:`GUARDED` points a required server may hold: their events are needed even with no
+        hook server registered (that is when they must fail)."""
+        if self.guard is None:
+            return []
+        requirements = self.guard.requirements
+        points = {p for server in requirements.servers for p in server.points}
+        if requirements.annotation:
+            points.add(HookPoint.PRE_CREATE_CONTAINER)
+        return [p for p in GUARDED if p in points]
+
     def publish(self, registry: Registry) -> None:
         """The watcher's callback: new registrations; re-register when they need other events."""
         self.dispatcher.publish(registry)
+        if self.guard is not None:
+            self.guard.publish(registry)
         self.metrics.plugins.set(len(registry.plugins))
         if self.subscribed and self.events_needed() != self.subscribed:
             log.event(LOGGER, "nri_resubscribe", events=hex(self.events_needed()), was=hex(self.subscribed))
@@ -421,36 +445,73 @@ class NriPlugin:
                 reason="NRI cannot make these changes at this event",
             )
 
+    async def _require(self, point: HookPoint, pod: PodInfo, container: str) -> tuple[str, ...]:
+        """The required hook servers of *point* for this container, once all are up; else an UNAVAILABLE
+        error for the runtime, which fails the CRI operation (:data:`GUARDED` points only). Names that are
+        krproxy's own NRI plugin name (``name`` or ``index-name``, as NRI's validator matches) are met."""
+        if self.guard is None or point not in GUARDED:
+            return ()
+        try:
+            names = required_names(self.guard.requirements, point, pod.annotations, container)
+        except AnnotationError as err:
+            raise TtrpcError(Status.INVALID_ARGUMENT, str(err)) from None
+        own = {self.config.plugin_name, f"{self.config.plugin_index}-{self.config.plugin_name}"}
+        names = tuple(n for n in names if n not in own)
+        try:
+            await self.guard.admit(point, names, deadline=self._deadline())
+        except RequiredMissing as exc:
+            raise TtrpcError(Status.UNAVAILABLE, exc.message or "") from None
+        return names
+
     async def _pod_chain(self, point: HookPoint, pod: PodInfo, target: str) -> PodInfo:
         chain = self._run(point, pod, hook_convert.pod_hook_request_bytes, merge.merge_pod_info, target)
         result: PodInfo = await chain
         return result
 
-    async def _container_chain(self, point: HookPoint, info: ContainerInfo, target: str) -> ContainerInfo:
+    async def _container_chain(
+        self, point: HookPoint, info: ContainerInfo, target: str, required: tuple[str, ...] = ()
+    ) -> ContainerInfo:
         chain = self._run(
-            point, info, hook_convert.container_hook_request_bytes, merge.merge_container_info, target
+            point,
+            info,
+            hook_convert.container_hook_request_bytes,
+            merge.merge_container_info,
+            target,
+            required,
         )
         result: ContainerInfo = await chain
         return result
 
-    async def _run(self, point: HookPoint, record: Any, to_request: Any, fold: Any, target: str) -> Any:
-        """Run ``point``'s hook servers within the budget; a Fail server's failure becomes an error for the runtime."""
+    async def _run(
+        self,
+        point: HookPoint,
+        record: Any,
+        to_request: Any,
+        fold: Any,
+        target: str,
+        required: tuple[str, ...] = (),
+    ) -> Any:
+        """Run ``point``'s hook servers within the budget; a Fail (or required) server's failure becomes an
+        error for the runtime."""
         try:
             chain = await self.dispatcher.run(
-                point, record, to_request, fold, target=target, deadline=self._deadline()
+                point, record, to_request, fold, target=target, deadline=self._deadline(), required=required
             )
-        except HookRejected as exc:
-            raise TtrpcError(Status.UNKNOWN, str(exc.message)) from None
+        except (HookRejected, RequiredFailed) as exc:
+            raise TtrpcError(exc.status, exc.message or "") from None
         return chain.value
 
     async def create_container(self, payload: bytes) -> bytes:
         request = wire.parse("CreateContainerRequest", payload)
         info = nri_convert.container_from_nri(request.pod, request.container)
         point = HookPoint.PRE_CREATE_CONTAINER
-        if self._skips(info.pod) or not self.dispatcher.plugins_for(point):
+        if self._skips(info.pod):
+            return bytes(api.CreateContainerResponse())
+        required = await self._require(point, info.pod, info.name)
+        if not self.dispatcher.plugins_for(point):
             return bytes(api.CreateContainerResponse())
         target = f"pod {info.pod.namespace}/{info.pod.name} container {info.name}"
-        after = await self._container_chain(point, info, target)
+        after = await self._container_chain(point, info, target, required)
         adjusted = nri_convert.adjustment(info, after, oom_score_adj=self.nri_0_8)
         self._not_applied(point, target, adjusted.not_applied)
         return bytes(api.CreateContainerResponse(adjust=adjusted.adjust))
@@ -459,13 +520,16 @@ class NriPlugin:
         request = wire.parse("UpdateContainerRequest", payload)
         info = nri_convert.container_from_nri(request.pod, request.container)
         point = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
-        if self._skips(info.pod) or not self.dispatcher.plugins_for(point):
+        if self._skips(info.pod):
+            return bytes(api.UpdateContainerResponse())
+        required = await self._require(point, info.pod, info.name)
+        if not self.dispatcher.plugins_for(point):
             return bytes(api.UpdateContainerResponse())
         wanted = nri_convert.resources_from_nri(request.linux_resources)
         stored = self.store.get_container(info.id) or info
         current = stored.resources if stored.resources is not None else wanted
         prepared = attrs.evolve(stored, resources=merge.update_resource_by_update_request(current, wanted))
-        after = await self._container_chain(point, prepared, info.id)
+        after = await self._container_chain(point, prepared, info.id, required)
         not_applied = [
             f"annotations[{k}]"
             for k in after.annotations
@@ -603,12 +667,14 @@ class NriView:
     def readiness(self) -> tuple[bool, list[str]]:
         """Ready once registered with the runtime and synchronized by it."""
         plugin = self.plugin
+        reasons: list[str] = []
         if not plugin.registered:
             why = f" ({plugin.last_error})" if plugin.last_error else ""
-            return False, [f"not registered with the runtime's NRI at {plugin.config.socket}{why}"]
-        if not plugin.synchronized.is_set():
-            return False, ["registered, not synchronized by the runtime yet"]
-        return True, []
+            reasons.append(f"not registered with the runtime's NRI at {plugin.config.socket}{why}")
+        elif not plugin.synchronized.is_set():
+            reasons.append("registered, not synchronized by the runtime yet")
+        reasons += admin.required_reasons(plugin.guard)
+        return not reasons, reasons
 
     def status(self) -> dict[str, Any]:
         ready, reasons = self.readiness()
@@ -643,6 +709,7 @@ class NriView:
             },
             "hook_dir": config.hook_dir,
             **admin.registry_status(plugin.dispatcher.registry),
+            "required_servers": admin.required_status(plugin.guard),
         }
 
 
@@ -657,8 +724,29 @@ async def serve(
     when ``config.metrics_address`` is set)."""
     metrics = Metrics()
     relay = Relay()
-    dispatcher = Dispatcher(relay, observe=metrics.observe_hook)
-    plugin = NriPlugin(config, dispatcher, metrics)
+    guard: Guard | None = None
+
+    def observe_hook(outcome: Outcome) -> None:
+        metrics.observe_hook(outcome)
+        if guard is not None:
+            guard.observe(outcome)
+
+    dispatcher = Dispatcher(relay, observe=observe_hook)
+    if config.requirements.active:
+        guard = Guard(config.requirements, dispatcher, config.hook_dir, held=metrics.required_call_held)
+        metrics.track_required(guard)
+        for server in config.requirements.servers:
+            unheld = [p.value for p in HookPoint if p in server.points and p not in GUARDED]
+            if unheld:  # an explicit list, or the default of every point: say what NRI cannot hold
+                log.event(
+                    LOGGER,
+                    "required_points_not_held",
+                    level=logging.WARNING if len(unheld) == len(server.points) else logging.INFO,
+                    server=server.name,
+                    points=",".join(unheld),
+                    reason="NRI fails the CRI operation only for CreateContainer and UpdateContainer",
+                )
+    plugin = NriPlugin(config, dispatcher, metrics, guard=guard)
     metrics.track_store(lambda: plugin.store)
     view = NriView(plugin, metrics)
     metrics.ready.set_function(lambda: view.readiness()[0])
@@ -670,6 +758,8 @@ async def serve(
                 plugin.admin_address = await nursery.start(admin.serve, view, admin_sock)
             await nursery.start(relay.run)  # not serving: only the dispatcher's calls to the hook servers
             await nursery.start(watch_hook_dir, config, plugin.publish, metrics.registration_error)
+            if guard is not None:
+                nursery.start_soon(guard.run)
             await nursery.start(plugin.run)
             log.event(LOGGER, "nri_started", socket=config.socket, hook_dir=config.hook_dir)
             task_status.started(plugin)

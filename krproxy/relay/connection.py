@@ -150,6 +150,13 @@ class CallSide(Protocol):
     def settle(self) -> None: ...
 
 
+class Credit(Protocol):
+    """Told of bytes queued on a half once they are written (or dropped): the paired half, whose
+    sender gets flow-control credit back, or a local sender waiting for room (:mod:`krproxy.rpc`)."""
+
+    def grant(self, size: int) -> None: ...
+
+
 class _Over:
     """What a half reports to once its call is over (see :meth:`Half.release`): nothing."""
 
@@ -277,7 +284,7 @@ class Half:
         self.ep = ep
         self.id = stream_id
         self.call = call
-        self.peer: Half | None = None
+        self.peer: Credit | None = None
         self.opened = True
         self.send_window = ep.peer_initial_window
         self.recv_window = STREAM_WINDOW
@@ -407,6 +414,16 @@ class Half:
             self.to_grant += size
             if self.to_grant >= _STREAM_GRANT_AT:
                 ep.write(f.window_update(self.id, self.to_grant))
+                self.recv_window += self.to_grant
+                self.to_grant = 0
+
+    def grant_stream(self, size: int) -> None:
+        """Stream credit only, for a reader of our own that gave the connection's credit back on
+        arrival and gives the stream's once its messages are taken (:mod:`krproxy.rpc`)."""
+        if not self.recv_ended and not self.reset:
+            self.to_grant += size
+            if self.to_grant >= _STREAM_GRANT_AT:
+                self.ep.write(f.window_update(self.id, self.to_grant))
                 self.recv_window += self.to_grant
                 self.to_grant = 0
 

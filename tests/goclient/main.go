@@ -46,7 +46,6 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/status"
 )
 
@@ -58,31 +57,6 @@ const (
 	kubeletMaxBackoff     = 3 * time.Second
 	kubeletConnectTimeout = 5 * time.Second // minConnectionTimeout
 )
-
-// rawCodec passes []byte through: requests are written and answers read as protobuf bytes.
-type rawCodec struct{}
-
-func (rawCodec) Marshal(v any) ([]byte, error) {
-	b, ok := v.(*[]byte)
-	if !ok {
-		return nil, fmt.Errorf("rawCodec: cannot marshal %T", v)
-	}
-	return *b, nil
-}
-
-func (rawCodec) Unmarshal(data []byte, v any) error {
-	b, ok := v.(*[]byte)
-	if !ok {
-		return fmt.Errorf("rawCodec: cannot unmarshal into %T", v)
-	}
-	*b = append((*b)[:0], data...)
-	return nil
-}
-
-// Name is "proto" so that the content-type stays application/grpc, as kubelet sends it.
-func (rawCodec) Name() string { return "proto" }
-
-var _ encoding.Codec = rawCodec{}
 
 type outcome struct {
 	code    codes.Code

@@ -16,7 +16,14 @@ import trio
 from cri_api.v1 import api_pb2
 from grpclib.const import Status
 
-from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, sequential_ids, stepping_clock
+from fakes.containerd import (
+    FakeContainerd,
+    Fault,
+    RuntimeState,
+    run_fake_containerd,
+    sequential_ids,
+    stepping_clock,
+)
 from fakes.plugin import FakePlugin, Misbehaviour
 from krproxy.hooks.points import HookPoint
 from krproxy.hookserver import HookServer, PodContext, ServeOptions, Stage, serve
@@ -139,6 +146,28 @@ class TestResizeHook:
         pod = node.proxy.hooks.store.get_pod(pod_id)
         assert pod is not None and pod.resources is not None and 120_000 == pod.resources.cpu_quota
 
+    async def test_a_resized_pod_carries_its_resources_at_post_stop(self, node: Node) -> None:
+        """After a resize the stored pod has resources and overhead, so PostStopPodSandbox is told them
+        too (a pod never resized has none there)."""
+        plugin = await node.add_plugin("p", hooks=[RESIZE, HookPoint.POST_STOP_POD_SANDBOX])
+        await node.start_proxy()
+        resized = await node.run_pod()
+        other = await node.run_pod(pod_config("other"))
+
+        await resize(node, resize_request(resized))
+        await node.stop_pod(resized)
+        await node.stop_pod(other)
+
+        first, second = plugin.requests(HookPoint.POST_STOP_POD_SANDBOX)
+        assert (
+            hookapi.LinuxContainerResources(**RESOURCES),
+            hookapi.LinuxContainerResources(**OVERHEAD),
+        ) == (
+            first.resources,
+            first.overhead,
+        )
+        assert (None, None) == (second.resources, second.overhead)
+
     async def test_fail_refuses_the_resize(self, node: Node) -> None:
         """A rejecting answer under Fail: kubelet gets UNKNOWN "hook server err: ...", the runtime nothing,
         and the store keeps the pod's old resources."""
@@ -239,6 +268,35 @@ class TestRuntimeAnswers:
         assert "unknown method UpdatePodSandboxResources for service runtime.v1.RuntimeService" == (
             error.details()
         )
+        pod = node.proxy.hooks.store.get_pod(pod_id)
+        assert pod is not None and pod.resources is None
+
+    @pytest.mark.parametrize(
+        ("fault", "code"),
+        [
+            (Fault(status=Status.UNAVAILABLE, message="shutting down"), grpc.StatusCode.UNAVAILABLE),
+            (Fault(status=Status.DEADLINE_EXCEEDED, message="nri plugin"), grpc.StatusCode.DEADLINE_EXCEEDED),
+            (Fault(status=Status.UNKNOWN, message="NRI sandbox update failed"), grpc.StatusCode.UNKNOWN),
+            (Fault(drop=True), grpc.StatusCode.UNAVAILABLE),
+        ],
+    )
+    async def test_runtime_errors_reach_the_caller_and_leave_the_store(
+        self, node: Node, fault: Fault, code: grpc.StatusCode
+    ) -> None:
+        """A runtime error comes back with its status (and message); a runtime that drops the connection
+        is UNAVAILABLE. The store keeps the old resources, also when a plugin had changed the resize."""
+        plugin = FakePlugin()
+        plugin.answer(RESIZE, set_resources(cpu_quota=120_000))
+        await node.add_plugin("p", plugin, hooks=[RESIZE])
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+        node.fake.inject("UpdatePodSandboxResources", fault)
+
+        error = await refused(node, resize_request(pod_id))
+
+        assert code == error.code()
+        if fault.message:
+            assert fault.message == error.details()
         pod = node.proxy.hooks.store.get_pod(pod_id)
         assert pod is not None and pod.resources is None
 

@@ -23,6 +23,7 @@ from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, wri
 from krproxy import admin
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
+from krproxy.hooks.required import Requirements
 from krproxy.nri import PLUGIN_SERVICE
 from krproxy.nri import plugin as nri_plugin
 from krproxy.nri._session import TtrpcError
@@ -162,10 +163,19 @@ class TestRegistration:
         assert not plugin.store_kept
 
     async def test_no_hook_server_no_event_on_the_start_path(self, node: Node) -> None:
-        """With no hook server registered krproxy subscribes to pod removal only: an empty mask would mean
-        every event to NRI."""
+        """With no hook server registered and no required-plugins annotation honoured krproxy subscribes to
+        pod removal only: an empty mask would mean every event to NRI. (By default the annotation is
+        honoured, and CREATE_CONTAINER is subscribed for it: test_nri_required.)"""
+        os.makedirs(node.hook_dir, exist_ok=True)
+        config = NriConfig(
+            socket=node.runtime.socket_path,
+            hook_dir=node.hook_dir,
+            insecure_registration_files=True,
+            requirements=Requirements(annotation=""),
+        )
         with trio.fail_after(LIMIT):
-            await node.start_krproxy()
+            await node.nursery.start(nri_plugin.serve, config)
+            await node.runtime.wait_for_plugins(1)
             await node.runtime.run_pod(pod())
             await node.runtime.create_container(container())
         [connected] = node.runtime.plugins
@@ -639,7 +649,7 @@ class TestPodResize:
             await node.runtime.run_pod(pod())
             await node.runtime.update_pod("pod-web", RESIZED, OVERHEAD)
         [connected] = node.runtime.plugins
-        assert event_mask({api.Event.UPDATE_POD_SANDBOX}) == connected.events
+        assert connected.subscribed(api.Event.UPDATE_POD_SANDBOX)
         [request] = fake.requests(RESIZE)
         assert ({"app": "web"}, "api") == (
             request.labels,

@@ -3,15 +3,23 @@ validation, store and registration."""
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import attrs
+import trio
 
+from fakes.plugin.server import echo_container, echo_pod
+from krproxy.forward import Reply
 from krproxy.hooks import convert
+from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.merge import Change, apply_pod_resize, merge_pod_resize
 from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize, Resources
 from krproxy.hooks.points import EXTENSIONS, HookPoint
-from krproxy.hooks.registration import Registry
+from krproxy.hooks.registration import PluginRegistration, Registry
+from krproxy.hooks.runtime import HookRuntime
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.validate import check_answer
 from krproxy.proto.runtime import v1, v1alpha1
@@ -186,3 +194,110 @@ class TestRegistration:
             point.is_pod_level,
             point.cri_method,
         )
+
+
+# --- a resize while a container call of the same pod is in its hooks ---------------------------------------
+
+
+class _HeldDispatcher(Dispatcher):
+    """Plugins that echo (with one annotation added) without a socket; a call at ``hold`` waits for
+    ``release``, so a test can run another CRI call while that one is in its hooks."""
+
+    def __init__(self, hold: HookPoint) -> None:
+        super().__init__(cast(Any, None))
+        self.hold = hold
+        self.entered = trio.Event()
+        self.release = trio.Event()
+        hooks = [p.value for p in HookPoint if p.stage.value == "pre"]
+        self.publish(
+            Registry().apply(
+                "p.json", json.dumps({"remote-endpoint": "/run/p.sock", "runtime-hooks": hooks}).encode()
+            )
+        )
+
+    async def call(
+        self,
+        plugin: PluginRegistration,
+        point: HookPoint,
+        request: Any,
+        *,
+        within: float | None = None,
+    ) -> Any:
+        if point is self.hold:
+            self.entered.set()
+            await self.release.wait()
+        if point.is_pod_level:
+            return echo_pod(v1alpha1.PodSandboxHookRequest.FromString(request))
+        answer = echo_container(v1alpha1.ContainerResourceHookRequest.FromString(request))
+        answer.container_annotations["seen"] = "yes"
+        return answer
+
+
+class TestResizeDuringContainerHooks:
+    """The pod part of a container record is the pod's: a container call whose hooks were running while
+    the pod was resized must not write the old pod resources back (later hooks would get them)."""
+
+    async def _resized_during(
+        self, hold: HookPoint, call: Callable[[HookRuntime], Awaitable[Any]]
+    ) -> HookStore:
+        store = HookStore()
+        store.put_pod("sb1", POD)
+        store.put_container(
+            "c1", ContainerInfo(pod_sandbox_id="sb1", pod=POD, name="a", id="c1", resources=REQUESTED)
+        )
+        dispatcher = _HeldDispatcher(hold)
+        runtime = HookRuntime(store, dispatcher, ("skip", "true"))
+        runtime.mark_recovered()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(call, runtime)
+            await dispatcher.entered.wait()
+            forward = functools.partial(_forward_ok, v1.UpdatePodSandboxResourcesResponse())
+            await runtime.update_pod_sandbox_resources(bytes(resize_request()), forward)
+            dispatcher.release.set()
+        return store
+
+    async def test_update_container_resources(self) -> None:
+        async def update(runtime: HookRuntime) -> None:
+            request = v1.UpdateContainerResourcesRequest(
+                container_id="c1", linux=convert.resources_to_cri(REQUESTED)
+            )
+            forward = functools.partial(_forward_ok, v1.UpdateContainerResourcesResponse())
+            await runtime.update_container_resources(bytes(request), forward)
+
+        store = await self._resized_during(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, update)
+
+        stored = store.get_container("c1")
+        assert stored is not None and "yes" == stored.annotations.get("seen")  # the update was stored
+        assert (REQUESTED, OVERHEAD) == (stored.pod.resources, stored.pod.overhead)
+
+    async def test_start_container(self) -> None:
+        async def start(runtime: HookRuntime) -> None:
+            forward = functools.partial(_forward_ok, v1.StartContainerResponse())
+            await runtime.start_container(bytes(v1.StartContainerRequest(container_id="c1")), forward)
+
+        store = await self._resized_during(HookPoint.PRE_START_CONTAINER, start)
+
+        stored = store.get_container("c1")
+        assert stored is not None and "yes" == stored.annotations.get("seen")
+        assert (REQUESTED, OVERHEAD) == (stored.pod.resources, stored.pod.overhead)
+
+    async def test_create_container(self) -> None:
+        async def create(runtime: HookRuntime) -> None:
+            request = v1.CreateContainerRequest(
+                pod_sandbox_id="sb1",
+                config=v1.ContainerConfig(metadata=v1.ContainerMetadata(name="b")),
+                sandbox_config=v1.PodSandboxConfig(),
+            )
+            forward = functools.partial(_forward_ok, v1.CreateContainerResponse(container_id="c2"))
+            await runtime.create_container(bytes(request), forward)
+
+        store = await self._resized_during(HookPoint.PRE_CREATE_CONTAINER, create)
+
+        stored = store.get_container("c2")
+        assert stored is not None and "yes" == stored.annotations.get("seen")
+        assert (REQUESTED, OVERHEAD) == (stored.pod.resources, stored.pod.overhead)
+
+
+async def _forward_ok(message: Any, data: bytes) -> Reply:
+    """A runtime that accepts every call, answering *message*."""
+    return Reply(bytes(message))

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import pathlib
 
-from krproxy.hookserver import CgroupFile, HookServer, PodContext, Resources, ServeOptions, Stage
+from krproxy.hookserver import (
+    CgroupFile,
+    ContainerContext,
+    HookServer,
+    PodContext,
+    Resources,
+    ServeOptions,
+    Stage,
+)
 from krproxy.hookserver._service import registered_stages
-from krproxy.hookserver.testing import FakeNode, pod_request
+from krproxy.hookserver.testing import FakeNode, container_request, pod_request
 from krproxy.proto.runtime import v1alpha1 as pb
 
 RESIZE = Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES
@@ -103,3 +111,43 @@ class TestResizeStage:
             pass
 
         assert RESIZE in registered_stages(app, options)
+
+    def test_deferred_resize_keeps_cri_changes_out_of_the_cgroup(self, tmp_path: pathlib.Path) -> None:
+        """Settings of a resize whose pod cgroup is not there yet are written once it is: the group
+        identity, as when the cgroup was there at the call, but not the capped quota, which went into the
+        answer (kubelet writes the pod's quota)."""
+        node = FakeNode(tmp_path).create()
+        app = HookServer(executor=node.executor())
+
+        @app.hook(RESIZE)
+        def cap(ctx: PodContext) -> None:
+            ctx.response.resources.cfs_quota = 200_000
+            ctx.response.resources.cpu_bvt = -1
+
+        answer = app.handle_pod(RESIZE, resize_request())
+        pod_cgroup = "/kubepods/besteffort/poduid-web"
+        node.add_cgroup(pod_cgroup)
+        app.retry_pending()
+
+        assert answer.resources is not None and 200_000 == answer.resources.cpu_quota
+        assert ("-1", "max 100000") == (
+            node.read(pod_cgroup, CgroupFile.CPU_BVT),
+            node.read(pod_cgroup, CgroupFile.CFS_QUOTA),
+        )
+
+    def test_container_stages_see_the_pod_resources(self, tmp_path: pathlib.Path) -> None:
+        """After a resize the proxy sends container hooks the pod's resources (pod_resources): a container
+        handler finds them on its pod, as pod handlers do."""
+        app, _ = app_on(tmp_path)
+        seen: list[Resources | None] = []
+
+        @app.hook(Stage.PRE_UPDATE_CONTAINER_RESOURCES)
+        def look(ctx: ContainerContext) -> None:
+            seen.append(ctx.request.pod.resources)
+
+        resized = container_request(resize_request(), "app", id="c1")
+        never = container_request(pod_request("web", qos="BE"), "app", id="c1")
+        app.handle_container(Stage.PRE_UPDATE_CONTAINER_RESOURCES, resized)
+        app.handle_container(Stage.PRE_UPDATE_CONTAINER_RESOURCES, never)
+
+        assert [Resources.from_proto(REQUESTED), None] == seen

@@ -176,8 +176,9 @@ default_message_pool.register_message("runtime.v1alpha1", "LinuxContainerResourc
 @dataclass(eq=False, repr=False)
 class PodSandboxHookRequest(betterproto2.Message):
     """
-    What a hook server is told about a pod. overhead and resources stay empty in CRI mode, except
-    in PreUpdatePodSandboxResourcesHook, where they are the requested overhead and resources.
+    What a hook server is told about a pod. In CRI mode overhead and resources are the requested
+    ones in PreUpdatePodSandboxResourcesHook, those of the pod's last resize in PostStopPodSandboxHook
+    (empty if it was never resized), and empty in PreRunPodSandboxHook.
     """
 
     pod_meta: "PodSandboxMetadata | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)

@@ -1,0 +1,140 @@
+"""gRPC's length-prefixed messages in one direction of a stream, and their flow-control credit.
+
+Shared by the server (request messages) and the client (reply messages) of :mod:`krproxy.rpc`.
+DATA payloads are fed in as they arrive; complete messages queue until the handler (or the
+caller iterating a server stream) takes them. Credit follows the reader: the bytes of a
+message nobody has taken yet are granted back to the sender only when the queue is taken
+empty, so a reader that stops reading stops its sender after one stream window; bytes of a
+message still incomplete are granted at once (a message may be larger than the window).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections import deque
+
+import trio
+
+from krproxy.grpcstatus import GRPCError, Status
+from krproxy.relay.connection import Half
+from krproxy.relay.rpc import MessageTooLarge
+
+#: The zlib ``wbits`` of each grpc-encoding a compressed message may come in (gRPC's
+#: compression.md): gzip has a gzip header, deflate is zlib's format.
+_WBITS = {b"gzip": 31, b"deflate": 15}
+
+
+class Messages:
+    """Splits DATA into messages; ``ready`` holds the complete ones as (compressed, bytes).
+
+    ``limit``: a message whose prefix announces more raises :class:`MessageTooLarge` at once,
+    before any of it is kept.
+    """
+
+    __slots__ = ("_partial", "limit", "ready")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._partial = bytearray()
+        self.ready: deque[tuple[bool, bytes]] = deque()
+
+    def feed(self, data: bytes) -> None:
+        if self._partial:
+            self._partial += data
+            data = bytes(self._partial)
+            self._partial.clear()
+        offset, total = 0, len(data)
+        while total - offset >= 5:
+            size = int.from_bytes(data[offset + 1 : offset + 5], "big")
+            if size > self.limit:
+                raise MessageTooLarge(size, self.limit)
+            end = offset + 5 + size
+            if end > total:
+                break
+            self.ready.append((bool(data[offset] & 1), data[offset + 5 : end]))
+            offset = end
+        if offset < total:
+            self._partial += data[offset:]
+
+    @property
+    def incomplete(self) -> bool:
+        """Whether part of a message has arrived (a stream ending now ends in the middle of one)."""
+        return bool(self._partial)
+
+
+class Inbox:
+    """The messages arriving on one half, for one reader, with the credit rule of the module
+    docstring. The connection's own credit is not this class's business (see its users)."""
+
+    __slots__ = ("_waiter", "half", "messages", "owed")
+
+    def __init__(self, half: Half, limit: int) -> None:
+        self.half = half
+        self.messages = Messages(limit)
+        self.owed = 0  # stream credit held back: bytes of messages not taken yet
+        self._waiter: trio.Event | None = None
+
+    def arrived(self, data: bytes) -> None:
+        """DATA arrived on the half. Raises :class:`MessageTooLarge`."""
+        self.messages.feed(data)
+        if self.messages.ready:
+            self.owed += len(data)
+            self.wake()
+        else:
+            self.half.grant_stream(len(data))
+
+    def take(self) -> tuple[bool, bytes] | None:
+        """The next complete message (compressed flag, bytes), None if none has arrived yet."""
+        ready = self.messages.ready
+        if not ready:
+            return None
+        message = ready.popleft()
+        if not ready and self.owed:
+            half, owed = self.half, self.owed
+            self.owed = 0
+            half.grant_stream(owed)
+            half.ep.relay.flush()  # a reader that sends nothing would leave the grant unsent
+        return message
+
+    def wake(self) -> None:
+        """Something happened (a message, the end, the call's end): the reader looks again."""
+        if self._waiter is not None:
+            self._waiter.set()
+            self._waiter = None
+
+    async def wait(self) -> None:
+        """Until :meth:`wake`."""
+        if self._waiter is None:
+            self._waiter = trio.Event()
+        await self._waiter.wait()
+
+
+def decompress(encoding: bytes, data: bytes, limit: int) -> bytes:
+    """A message that came with the compressed flag, decompressed as its ``grpc-encoding`` says.
+
+    Raises :class:`GRPCError` as grpc-go answers: INTERNAL for the flag without an encoding or
+    for bytes that do not decompress, UNIMPLEMENTED for an encoding we lack (we read gzip and
+    deflate), RESOURCE_EXHAUSTED when it decompresses to more than ``limit`` bytes.
+    """
+    if encoding in (b"", b"identity"):
+        raise GRPCError(Status.INTERNAL, "grpc: compressed flag set with identity or empty encoding")
+    wbits = _WBITS.get(encoding)
+    if wbits is None:
+        raise GRPCError(
+            Status.UNIMPLEMENTED,
+            f"grpc: Decompressor is not installed for grpc-encoding {encoding.decode('ascii', 'replace')!r}"
+            " (gzip and deflate are)",
+        )
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as err:
+        raise GRPCError(Status.INTERNAL, f"grpc: failed to decompress the received message: {err}") from None
+    if len(out) > limit:
+        raise GRPCError(
+            Status.RESOURCE_EXHAUSTED,
+            f"grpc: received message after decompression larger than max ({len(out)}+ vs. {limit})",
+        )
+    if not inflater.eof:
+        raise GRPCError(Status.INTERNAL, "grpc: failed to decompress the received message: it is truncated")
+    return out

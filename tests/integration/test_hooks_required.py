@@ -1,0 +1,322 @@
+"""Required hook servers through the proxy: absent, unreachable, not answering, back; flags and annotations.
+
+A call at a required server's hook point, while that server is not registered and answering, fails with
+UNAVAILABLE naming the server and what is missing, and the fake containerd receives nothing; other
+calls go through; once the server is there, the retry goes through with its changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+import pytest
+import trio
+from cri_api.v1 import api_pb2
+
+from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
+from krproxy import admin
+from krproxy.hooks.points import HookPoint
+from krproxy.hooks.required import Requirements, parse_required_server
+from tests.integration.hooks_support import (
+    HANG_TIMEOUT,
+    PLUGIN_TIMEOUT,
+    Node,
+    container_config,
+    make_node,
+    pod_config,
+)
+from tests.integration.support import wait_until
+
+pytestmark = pytest.mark.usefixtures("aio_loop")
+
+RUN = HookPoint.PRE_RUN_POD_SANDBOX
+CREATE = HookPoint.PRE_CREATE_CONTAINER
+#: The cgroup parent the required plugin gives pods: seen in the runtime's request only if it was called.
+HOOKED_PARENT = "/kubepods/hooked"
+
+
+@pytest.fixture
+async def node(
+    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
+) -> Node:
+    return await make_node(nursery, sockdir, fake_containerd, cri_client)
+
+
+def requiring(*flags: str, grace: float = 0.0, **kwargs: Any) -> Requirements:
+    """The requirements of ``--required-hook-server FLAG...``; no start-up grace unless given."""
+    return Requirements(tuple(parse_required_server(f) for f in flags), startup_grace=grace, **kwargs)
+
+
+def hooked_plugin() -> FakePlugin:
+    return FakePlugin(Changes(cgroup_parent=HOOKED_PARENT, annotations={"hooked": "yes"}))
+
+
+async def refused(node: Node, method: str, request: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as info:
+        await node.call(method, request)
+    return info.value
+
+
+def run_request(config: api_pb2.PodSandboxConfig | None = None) -> api_pb2.RunPodSandboxRequest:
+    return api_pb2.RunPodSandboxRequest(config=config or pod_config(), runtime_handler="runc")
+
+
+def held(node: Node, server: str, point: HookPoint) -> float | None:
+    labels = {"server": server, "hook": point.value}
+    return node.proxy.metrics.registry.get_sample_value("krproxy_required_calls_held_total", labels)
+
+
+@pytest.fixture
+def silent_socket(sockdir: str) -> Iterator[str]:
+    """A socket that accepts connections into its backlog and never answers: a hook server that is
+    registered but hung (or still starting)."""
+    path = os.path.join(sockdir, "hung.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    sock.listen(16)
+    try:
+        yield path
+    finally:
+        sock.close()
+
+
+class TestAbsentServer:
+    async def test_run_pod_refused_and_nothing_forwarded(self, node: Node) -> None:
+        await node.start_proxy(requirements=requiring("koordlet"))
+
+        error = await refused(node, "RunPodSandbox", run_request())
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        file = os.path.join(node.hook_dir, "koordlet.json")
+        assert f"required hook server koordlet is not registered (no {file})" in error.details()
+        assert "PreRunPodSandbox needs it" in error.details()
+        assert [] == node.fake.requests("RunPodSandbox")
+        assert 1.0 == held(node, "koordlet", RUN)
+
+    async def test_other_calls_go_through(self, node: Node) -> None:
+        await node.start_proxy(requirements=requiring("koordlet"))
+        runtime = node.client.runtime
+
+        assert (await node.client.call(runtime.Version, api_pb2.VersionRequest())).runtime_name
+        await node.client.call(runtime.ListPodSandbox, api_pb2.ListPodSandboxRequest())
+        await node.client.call(runtime.ListContainers, api_pb2.ListContainersRequest())
+        await node.client.call(runtime.Status, api_pb2.StatusRequest())
+        await node.client.call(
+            node.client.image.ImageStatus, api_pb2.ImageStatusRequest(image=api_pb2.ImageSpec(image="nginx"))
+        )
+
+        assert held(node, "koordlet", RUN) is None
+
+    async def test_retry_goes_through_hooked_once_it_is_there(self, node: Node) -> None:
+        await node.start_proxy(requirements=requiring("koordlet"))
+        await refused(node, "RunPodSandbox", run_request())
+
+        plugin = await node.add_plugin("koordlet", hooked_plugin(), [RUN])
+        pod_id = await node.run_pod()
+
+        [forwarded] = node.received("RunPodSandbox")
+        assert HOOKED_PARENT == forwarded.config.linux.cgroup_parent
+        assert [RUN] == plugin.hooks_called()
+        assert pod_id in node.proxy.hooks.store.pods()
+
+    async def test_points_named_limit_the_requirement(self, node: Node) -> None:
+        await node.start_proxy(requirements=requiring("koordlet=PreCreateContainer"))
+        pod_id = await node.run_pod()  # PreRunPodSandbox is not required
+
+        error = await refused(node, "CreateContainer", node.create_request(pod_id))
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert "PreCreateContainer needs it" in error.details()
+        assert [] == node.fake.requests("CreateContainer")
+
+    async def test_a_registered_server_that_fails_a_call_refuses_it(self, node: Node, sockdir: str) -> None:
+        """Up at the probe, gone at the call (Ignore in its file): the call is refused, not sent unhooked."""
+        async with trio.open_nursery() as plugins:
+            await plugins.start(run_fake_plugin, node.plugin_socket("koordlet"), hooked_plugin())
+            await node.add_plugin("koordlet", hooks=[RUN], serve=False)
+            await node.start_proxy(requirements=requiring("koordlet"))
+            await wait_until(
+                lambda: node.proxy.hooks.guard is not None and not node.proxy.hooks.guard.missing()
+            )
+            plugins.cancel_scope.cancel()
+
+        error = await refused(node, "RunPodSandbox", run_request())
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert "required hook server koordlet" in error.details()
+        assert [] == node.fake.requests("RunPodSandbox")
+
+    async def test_a_server_too_slow_for_its_hook_call_refuses_it(self, node: Node) -> None:
+        """It answers the probe but not the hook call within its timeout (Ignore in its file): refused, not
+        sent on without its changes; the next call, once it is fast again, is hooked."""
+        plugin = hooked_plugin()
+        plugin.misbehave(Misbehaviour(hang=True, times=1), RUN)
+        await node.add_plugin("koordlet", plugin, [RUN], call_timeout=HANG_TIMEOUT)
+        await node.start_proxy(requirements=requiring("koordlet"))
+
+        error = await refused(node, "RunPodSandbox", run_request())
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert "required hook server koordlet failed PreRunPodSandbox: no answer within" in error.details()
+        assert [] == node.fake.requests("RunPodSandbox")
+        await node.run_pod()
+        assert [HOOKED_PARENT] == [r.config.linux.cgroup_parent for r in node.received("RunPodSandbox")]
+
+
+class TestRegisteredButNotThere:
+    async def test_socket_unreachable(self, node: Node) -> None:
+        await node.add_plugin("koordlet", hooks=[RUN], serve=False)  # registered, nothing listens
+        await node.start_proxy(requirements=requiring("koordlet"))
+
+        error = await refused(node, "RunPodSandbox", run_request())
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        socket_path = node.plugin_socket("koordlet")
+        assert f"koordlet is registered but its socket is unreachable ({socket_path}:" in error.details()
+        assert [] == node.fake.requests("RunPodSandbox")
+
+    async def test_not_answering(self, node: Node, silent_socket: str) -> None:
+        write_registration(node.hook_dir, "koordlet", silent_socket, [RUN], timeout=PLUGIN_TIMEOUT)
+        await node.start_proxy(requirements=requiring("koordlet"))
+
+        error = await refused(node, "RunPodSandbox", run_request())
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert f"koordlet is registered but not answering (no answer within 1s at {silent_socket})" in (
+            error.details()
+        )
+        assert [] == node.fake.requests("RunPodSandbox")
+
+    async def test_readyz_and_status_name_it(self, node: Node) -> None:
+        await node.start_proxy(requirements=requiring("koordlet=PreRunPodSandbox"))
+        view = node.proxy.admin_view
+        assert view is not None
+        await wait_until(lambda: "koordlet" in " ".join(view.readiness()[1]))
+
+        ready, reasons = view.readiness()
+        report = admin.render_status(view.status())
+
+        assert not ready
+        assert any(
+            r.startswith("required hook servers missing") and "koordlet not registered" in r for r in reasons
+        )
+        assert "required hook server koordlet: missing (no " in report
+        assert "hooks: PreRunPodSandbox" in report
+        up = node.proxy.metrics.registry.get_sample_value(
+            "krproxy_required_server_up", {"server": "koordlet"}
+        )
+        assert 0.0 == up
+
+        await node.add_plugin("koordlet", hooks=[RUN])
+        await wait_until(lambda: view.readiness()[0])
+        assert "required hook server koordlet: up" in admin.render_status(view.status())
+
+
+class TestStartup:
+    async def test_a_call_waits_for_the_server_during_the_grace(self, node: Node) -> None:
+        """Within the start-up grace a call needing a missing server waits for it, then goes through hooked."""
+        await node.start_proxy(requirements=requiring("koordlet", grace=60.0))
+        async with trio.open_nursery() as calls:
+            calls.start_soon(node.run_pod)
+            await wait_until(lambda: node.proxy.relay.in_flight == 1)
+            assert [] == node.fake.requests("RunPodSandbox")
+            await node.add_plugin("koordlet", hooked_plugin(), [RUN])
+
+        [forwarded] = node.received("RunPodSandbox")
+        assert HOOKED_PARENT == forwarded.config.linux.cgroup_parent
+
+    async def test_restart_with_the_server_absent_lets_nothing_through(self, node: Node) -> None:
+        """A pod runs hooked; krproxy and the server go away; the new krproxy refuses until the server is back."""
+        async with trio.open_nursery() as plugins:
+            await plugins.start(run_fake_plugin, node.plugin_socket("koordlet"), hooked_plugin())
+            await node.add_plugin("koordlet", hooks=[RUN], serve=False)
+            await node.start_proxy(requirements=requiring("koordlet"))
+            await node.run_pod()
+            await node.stop_proxy()
+            plugins.cancel_scope.cancel()
+
+        await node.start_proxy(requirements=requiring("koordlet"), socket_name="proxy2.sock")
+        error = await refused(node, "RunPodSandbox", run_request(pod_config("db")))
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert 1 == len(node.fake.requests("RunPodSandbox"))  # the first krproxy's pod only
+
+        await node.nursery.start(run_fake_plugin, node.plugin_socket("koordlet"), hooked_plugin())
+        await node.run_pod(pod_config("db"))
+        assert [HOOKED_PARENT] * 2 == [r.config.linux.cgroup_parent for r in node.received("RunPodSandbox")]
+
+
+def annotated(annotations: dict[str, str], name: str = "web") -> api_pb2.PodSandboxConfig:
+    config = pod_config(name)
+    config.annotations.update(annotations)
+    return config
+
+
+class TestAnnotations:
+    async def test_container_scoped_requirement(self, node: Node) -> None:
+        await node.start_proxy(requirements=requiring())
+        key = "required-plugins.noderesource.dev/container.app"
+        config = annotated({key: json.dumps(["gpu"])})
+        pod_id = await node.run_pod(config)  # the pod itself requires nothing
+        request = api_pb2.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=container_config("app"), sandbox_config=config
+        )
+
+        error = await refused(node, "CreateContainer", request)
+        sidecar = await node.create_container(pod_id, container_config("sidecar"))
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert "required hook server gpu is not registered" in error.details()
+        assert ["sidecar"] == [r.config.metadata.name for r in node.received("CreateContainer")]
+        assert sidecar
+
+        await node.add_plugin("gpu", FakePlugin(Changes(cpu_quota=12345)), [CREATE])
+        await node.call("CreateContainer", request)
+        assert 12345 == node.received("CreateContainer")[-1].config.linux.resources.cpu_quota
+
+    async def test_pod_scoped_requirement_holds_run_pod_sandbox(self, node: Node) -> None:
+        await node.start_proxy(requirements=requiring())
+
+        error = await refused(
+            node,
+            "RunPodSandbox",
+            run_request(annotated({"required-plugins.noderesource.dev/pod": "[ net ]"})),
+        )
+
+        assert "required hook server net is not registered" in error.details()
+        assert [] == node.fake.requests("RunPodSandbox")
+
+    async def test_malformed_annotation_is_refused_with_the_fix(self, node: Node) -> None:
+        await node.start_proxy(requirements=requiring())
+
+        error = await refused(
+            node, "RunPodSandbox", run_request(annotated({"required-plugins.noderesource.dev": "net"}))
+        )
+
+        assert grpc.StatusCode.INVALID_ARGUMENT == error.code()
+        assert "is not a list of hook server names" in error.details()
+        assert [] == node.fake.requests("RunPodSandbox")
+
+    async def test_tolerate_annotation_exempts(self, node: Node) -> None:
+        tolerate = "tolerate-missing-nri-plugins.noderesource.dev"
+        await node.start_proxy(requirements=requiring("koordlet", tolerate_annotation=tolerate))
+
+        await node.run_pod(annotated({tolerate: "true"}))
+        error = await refused(node, "RunPodSandbox", run_request(annotated({tolerate: "false"}, "db")))
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert 1 == len(node.fake.requests("RunPodSandbox"))
+
+    async def test_skip_label_exempts(self, node: Node) -> None:
+        """A hook server's own pods carry the skip label: they must start while it is missing."""
+        await node.start_proxy(requirements=requiring("koordlet"))
+        labels = {"runtimeproxy.koordinator.sh/skip-hookserver": "true"}
+
+        await node.run_pod(pod_config("koordlet", labels=labels))
+
+        assert 1 == len(node.fake.requests("RunPodSandbox"))

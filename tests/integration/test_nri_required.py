@@ -1,0 +1,124 @@
+"""Required hook servers in ``krproxy nri``, against the fake NRI runtime: CreateContainer (and
+UpdateContainer) fail while a required server is missing, and succeed with its changes once it answers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import pytest
+import trio
+
+from fakes.nri import FakeNriRuntime, NriError
+from fakes.plugin import Changes, FakePlugin, run_fake_plugin, write_registration
+from krproxy.hooks.points import HookPoint
+from krproxy.hooks.required import Requirements, parse_required_server
+from krproxy.nri import plugin as nri_plugin
+from krproxy.nri.plugin import NriConfig, NriPlugin
+from krproxy.proto.nri.pkg.api import v1alpha1 as api
+from tests.integration.support import LIVENESS_LIMIT, wait_until
+
+CREATE = HookPoint.PRE_CREATE_CONTAINER
+KEY = "required-plugins.noderesource.dev"
+
+
+def pod(annotations: dict[str, str] | None = None) -> api.PodSandbox:
+    return api.PodSandbox(
+        id="pod-web", name="web", uid="uid-web", namespace="prod", annotations=dict(annotations or {})
+    )
+
+
+def container(name: str = "app") -> api.Container:
+    return api.Container(
+        id=f"ctr-{name}",
+        pod_sandbox_id="pod-web",
+        name=name,
+        linux=api.LinuxContainer(
+            resources=api.LinuxResources(cpu=api.LinuxCpu(shares=api.OptionalUInt64(value=1024)))
+        ),
+    )
+
+
+@pytest.fixture
+async def runtime(nursery: trio.Nursery, short_tmp: object) -> FakeNriRuntime:
+    runtime = FakeNriRuntime(os.path.join(str(short_tmp), "nri.sock"), request_timeout=10.0)
+    await nursery.start(runtime.serve)
+    return runtime
+
+
+def hook_dir(runtime: FakeNriRuntime) -> str:
+    return os.path.join(os.path.dirname(runtime.socket_path), "hooks")
+
+
+async def start_krproxy(nursery: trio.Nursery, runtime: FakeNriRuntime, *flags: str) -> NriPlugin:
+    os.makedirs(hook_dir(runtime), exist_ok=True)
+    requirements = Requirements(tuple(parse_required_server(f) for f in flags), startup_grace=0.0)
+    config = NriConfig(
+        socket=runtime.socket_path,
+        hook_dir=hook_dir(runtime),
+        insecure_registration_files=True,
+        requirements=requirements,
+    )
+    plugin: NriPlugin = await nursery.start(nri_plugin.serve, config)
+    await runtime.wait_for_plugins(1)
+    return plugin
+
+
+async def add_server(nursery: trio.Nursery, runtime: FakeNriRuntime, name: str, plugin: FakePlugin) -> None:
+    endpoint = os.path.join(os.path.dirname(runtime.socket_path), f"{name}.sock")
+    await nursery.start(run_fake_plugin, endpoint, plugin)
+    write_registration(hook_dir(runtime), name, endpoint, [CREATE], timeout="10s")
+
+
+async def test_create_container_fails_until_the_required_server_answers(
+    nursery: trio.Nursery, runtime: FakeNriRuntime
+) -> None:
+    with trio.fail_after(LIVENESS_LIMIT):
+        plugin = await start_krproxy(nursery, runtime, "limits")
+        assert plugin.subscribed & (1 << (api.Event.CREATE_CONTAINER - 1))  # even with no hook server
+        await runtime.run_pod(pod())
+
+        with pytest.raises(NriError, match="required hook server limits is not registered"):
+            await runtime.create_container(container())
+        assert 1 == len(runtime.plugins)  # answered in time: NRI keeps krproxy
+
+        await add_server(nursery, runtime, "limits", FakePlugin(Changes(cpu_shares=4096)))
+        await wait_until(lambda: "limits.json" in plugin.dispatcher.registry.plugins)
+        created = await runtime.create_container(container())
+
+    assert created.linux is not None and created.linux.resources is not None
+    assert created.linux.resources.cpu is not None
+    assert 4096 == created.linux.resources.cpu.shares.value
+
+
+async def test_container_annotation_names_a_hook_server(
+    nursery: trio.Nursery, runtime: FakeNriRuntime
+) -> None:
+    with trio.fail_after(LIVENESS_LIMIT):
+        await start_krproxy(nursery, runtime)
+        await runtime.run_pod(
+            pod({f"{KEY}/container.app": json.dumps(["gpu"]), f"{KEY}/container.db": '["krproxy"]'})
+        )
+
+        with pytest.raises(NriError, match="required hook server gpu is not registered"):
+            await runtime.create_container(container("app"))
+        await runtime.create_container(container("sidecar"))  # not annotated
+        await runtime.create_container(container("db"))  # krproxy itself: present by definition
+
+
+async def test_points_nri_cannot_hold_are_named_at_start(
+    nursery: trio.Nursery, runtime: FakeNriRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="krproxy.nri")
+    with trio.fail_after(LIVENESS_LIMIT):
+        await start_krproxy(nursery, runtime, "net=PreRunPodSandbox", "limits")
+
+    records = [r for r in caplog.records if r.getMessage() == "required_points_not_held"]
+    fields = [r.krproxy_fields for r in records]  # type: ignore[attr-defined]
+    assert [("net", "PreRunPodSandbox"), "limits"] == [
+        (f["server"], f["points"]) if f["server"] == "net" else f["server"] for f in fields
+    ]
+    assert "PreCreateContainer" not in fields[1]["points"]
+    assert [logging.WARNING, logging.INFO] == [r.levelno for r in records]

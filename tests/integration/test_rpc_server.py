@@ -1,0 +1,630 @@
+"""krproxy.rpc's server, driven by independent peers: grpcio's sync client in a worker thread,
+and a raw HTTP/2 client (:mod:`tests.integration.h2_client`) where the frames are the point
+(trailers-only answers, resets, deadlines under a MockClock)."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.settings
+import pytest
+import trio
+import trio.testing
+
+from krproxy.grpcstatus import GRPCError, Status
+from krproxy.relay import frames as f
+from krproxy.relay.rpc import CloseConnection
+from krproxy.rpc import Channel, Server, Stream, unary, unary_stream
+from krproxy.unixsock import SocketInUseError
+from tests.integration.h2_client import framed, grpc_request, request
+
+ECHO = "/test.Echo/Echo"
+LIVENESS_LIMIT = 30.0  # seconds: a bound on what must happen, not a speed claim
+
+
+async def _reverse(message: bytes) -> bytes:
+    return message[::-1]
+
+
+async def start(nursery: trio.Nursery, path: str, server: Server) -> str:
+    await nursery.start(server.serve, path)
+    return path
+
+
+@pytest.fixture
+def sock(short_tmp: Path) -> str:
+    return str(short_tmp / "rpc.sock")
+
+
+@pytest.fixture
+def grpcio() -> Iterator[Callable[[str], grpc.Channel]]:
+    channels: list[grpc.Channel] = []
+
+    def open_channel(path: str) -> grpc.Channel:
+        channel = grpc.insecure_channel(
+            "unix://" + path, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+        )
+        channels.append(channel)
+        return channel
+
+    yield open_channel
+    for channel in channels:
+        channel.close()
+
+
+async def call_unary(channel: grpc.Channel, path: str, message: bytes, **kwargs: Any) -> Any:
+    """A unary call of raw bytes from grpcio, in a worker thread (with_call: reply and call)."""
+    method = channel.unary_unary(path, request_serializer=None, response_deserializer=None)
+    kwargs.setdefault("timeout", LIVENESS_LIMIT)
+    return await trio.to_thread.run_sync(functools.partial(method.with_call, message, **kwargs))
+
+
+async def grpcio_error(
+    channel: grpc.Channel, path: str, message: bytes = b"x", **kwargs: Any
+) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        await call_unary(channel, path, message, **kwargs)
+    return caught.value
+
+
+async def test_a_unary_handler_answers_grpcio_and_sees_its_metadata(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], grpc.Channel]
+) -> None:
+    seen: list[Stream] = []
+
+    async def handler(stream: Stream) -> None:
+        seen.append(stream)
+        message = await stream.recv_message()
+        assert message is not None
+        await stream.send_initial_metadata([(b"x-answer", b"yes")])
+        await stream.send_message(message[::-1])
+        await stream.send_trailing_metadata(metadata=[(b"x-trailer", b"done")])
+
+    await start(nursery, sock, Server({ECHO: handler, "/test.Echo/Plain": unary(_reverse)}))
+    channel = grpcio(sock)
+    reply, call = await call_unary(channel, ECHO, b"hello", metadata=[("x-asked", "please")])
+    assert b"olleh" == reply
+    assert ("x-answer", "yes") in call.initial_metadata()
+    assert ("x-trailer", "done") in call.trailing_metadata()
+    assert (b"x-asked", b"please") in seen[0].metadata
+    assert all(not name.startswith(b":") for name, _ in seen[0].metadata)
+    assert (b":path", ECHO.encode()) in seen[0].headers
+    assert ECHO == seen[0].path
+    assert seen[0].deadline is not None  # grpcio sends its timeout
+    reply, _ = await call_unary(channel, "/test.Echo/Plain", b"abc")
+    assert b"cba" == reply
+    big = os.urandom(5 * 1024 * 1024)  # beyond one stream window both ways
+    reply, _ = await call_unary(channel, "/test.Echo/Plain", big)
+    assert big[::-1] == reply
+
+
+async def test_grpc_error_is_the_status_and_other_exceptions_are_unknown(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], grpc.Channel], caplog: pytest.LogCaptureFixture
+) -> None:
+    async def refuse(message: bytes) -> bytes:
+        raise GRPCError(Status.NOT_FOUND, "no such pod: é", b"\x08\x05")
+
+    async def crash(message: bytes) -> bytes:
+        raise ValueError("a bug")
+
+    server = Server({"/t.S/Refuse": unary(refuse), "/t.S/Crash": unary(crash), ECHO: unary(_reverse)})
+    await start(nursery, sock, server)
+    channel = grpcio(sock)
+    err = await grpcio_error(channel, "/t.S/Refuse")
+    assert grpc.StatusCode.NOT_FOUND == err.code()
+    assert "no such pod: é" == err.details()
+    assert ("grpc-status-details-bin", b"\x08\x05") in err.trailing_metadata()
+    with caplog.at_level(logging.ERROR, logger="krproxy.rpc"):
+        err = await grpcio_error(channel, "/t.S/Crash")
+    assert grpc.StatusCode.UNKNOWN == err.code()
+    assert "ValueError: a bug" == err.details()
+    assert any(r.exc_info and "/t.S/Crash" in r.getMessage() for r in caplog.records)
+    reply, _ = await call_unary(channel, ECHO, b"still here")  # the server lives on
+    assert b"ereh llits" == reply
+
+
+async def test_an_error_before_any_message_is_a_trailers_only_answer(
+    nursery: trio.Nursery, sock: str
+) -> None:
+    async def refuse(message: bytes) -> bytes:
+        raise GRPCError(Status.PERMISSION_DENIED, "not you")
+
+    await start(nursery, sock, Server({"/t.S/Refuse": unary(refuse)}))
+    answer = await request(sock, grpc_request("/t.S/Refuse"), framed(b"x"))
+    assert [] == answer.trailers and b"" == answer.data
+    assert ("grpc-status", "7") in answer.headers and ("grpc-message", "not you") in answer.headers
+    assert (":status", "200") in answer.headers
+    assert answer.reset is None
+
+
+async def test_unknown_paths_are_unimplemented_unless_the_fallback_answers(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], grpc.Channel]
+) -> None:
+    asked: list[str] = []
+
+    def fallback(path: str) -> Any:
+        asked.append(path)
+        return unary(_reverse) if path.startswith("/known.") else None
+
+    await start(nursery, sock, Server({}, fallback=fallback))
+    channel = grpcio(sock)
+    reply, _ = await call_unary(channel, "/known.S/Any", b"ab")
+    assert b"ba" == reply
+    err = await grpcio_error(channel, "/unknown.S/Any")
+    assert grpc.StatusCode.UNIMPLEMENTED == err.code()
+    assert "/unknown.S/Any" in (err.details() or "")
+    assert ["/known.S/Any", "/unknown.S/Any"] == asked
+    no_fallback = os.path.join(os.path.dirname(sock), "plain.sock")
+    await start(nursery, no_fallback, Server({ECHO: unary(_reverse)}))
+    err = await grpcio_error(grpcio(no_fallback), "/known.S/Any")
+    assert grpc.StatusCode.UNIMPLEMENTED == err.code()
+
+
+async def test_a_handler_returning_without_trailers_ends_ok(nursery: trio.Nursery, sock: str) -> None:
+    async def quiet(stream: Stream) -> None:
+        await stream.send_message(b"one")
+
+    async def silent(stream: Stream) -> None:
+        pass
+
+    await start(nursery, sock, Server({"/t.S/Quiet": quiet, "/t.S/Silent": silent}))
+    answer = await request(sock, grpc_request("/t.S/Quiet"), framed(b""))
+    assert framed(b"one") == answer.data and ("grpc-status", "0") in answer.trailers
+    answer = await request(sock, grpc_request("/t.S/Silent"), framed(b""))
+    assert ("grpc-status", "0") in answer.headers and [] == answer.trailers  # trailers-only OK
+
+
+async def test_serve_replaces_a_stale_socket_refuses_a_live_one_and_removes_its_own(sock: str) -> None:
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(sock)
+    stale.close()  # a file nobody listens on, as a crash leaves
+    async with trio.open_nursery() as nursery:
+        await start(nursery, sock, Server({ECHO: unary(_reverse)}))
+        answer = await request(sock, grpc_request(ECHO), framed(b"ab"))
+        assert b"ba" == answer.message
+        with pytest.raises(SocketInUseError):
+            await Server({}).serve(sock)
+        nursery.cancel_scope.cancel()
+    assert not Path(sock).exists()  # noqa: ASYNC240 - one stat, after the server stopped
+
+
+async def test_the_callers_deadline_cancels_the_handler(
+    nursery: trio.Nursery, sock: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    ended: list[str] = []
+    deadlines: list[float | None] = []
+
+    async def hang(stream: Stream) -> None:
+        deadlines.append(stream.deadline)
+        try:
+            await trio.sleep_forever()
+        finally:
+            ended.append("cancelled")
+
+    await start(nursery, sock, Server({"/t.S/Hang": hang}))
+    started = trio.current_time()
+    answer = await request(sock, grpc_request("/t.S/Hang", timeout=5.0), framed(b""))
+    assert 4 == answer.grpc_status  # DEADLINE_EXCEEDED, from the server
+    assert ["cancelled"] == ended
+    assert deadlines[0] is not None and deadlines[0] == pytest.approx(started + 5.0, abs=0.1)
+
+
+async def test_without_enforce_deadlines_the_handler_runs_past_the_deadline(
+    nursery: trio.Nursery, sock: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    ran: list[float] = []
+
+    async def slow(stream: Stream) -> None:
+        await trio.sleep(60)
+        ran.append(trio.current_time())
+        await stream.send_message(b"late")
+
+    await start(nursery, sock, Server({"/t.S/Slow": slow}, enforce_deadlines=False))
+    started = trio.current_time()
+    answer = await request(sock, grpc_request("/t.S/Slow", timeout=5.0), framed(b""))
+    assert b"late" == answer.message and ("grpc-status", "0") in answer.trailers
+    assert ran and ran[0] >= started + 60
+
+
+# -- streaming ------------------------------------------------------------------------------
+
+
+async def test_server_streaming_to_grpcio(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], grpc.Channel]
+) -> None:
+    async def count(message: bytes) -> AsyncIterator[bytes]:
+        for i in range(int(message)):
+            yield b"%d" % i
+
+    await start(nursery, sock, Server({"/t.S/Count": unary_stream(count)}))
+    method = grpcio(sock).unary_stream("/t.S/Count", request_serializer=None, response_deserializer=None)
+    replies = await trio.to_thread.run_sync(lambda: list(method(b"1000", timeout=LIVENESS_LIMIT)))
+    assert [b"%d" % i for i in range(1000)] == replies
+
+
+async def test_client_and_bidi_streaming_from_grpcio(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], grpc.Channel]
+) -> None:
+    async def total(stream: Stream) -> None:
+        size = 0
+        while (message := await stream.recv_message()) is not None:
+            size += len(message)
+        await stream.send_message(b"%d" % size)
+
+    async def echo_each(stream: Stream) -> None:
+        while (message := await stream.recv_message()) is not None:
+            await stream.send_message(message.upper())
+
+    await start(nursery, sock, Server({"/t.S/Total": total, "/t.S/Each": echo_each}))
+    channel = grpcio(sock)
+    chunks = [os.urandom(1024 * 1024) for _ in range(12)]  # 12 MiB: beyond the stream window
+    total_method = channel.stream_unary("/t.S/Total", request_serializer=None, response_deserializer=None)
+    reply = await trio.to_thread.run_sync(lambda: total_method(iter(chunks), timeout=LIVENESS_LIMIT))
+    assert b"%d" % (12 * 1024 * 1024) == reply
+    each = channel.stream_stream("/t.S/Each", request_serializer=None, response_deserializer=None)
+    words = [b"a", b"bc", b"def"]
+    replies = await trio.to_thread.run_sync(lambda: list(each(iter(words), timeout=LIVENESS_LIMIT)))
+    assert [b"A", b"BC", b"DEF"] == replies
+
+
+async def test_send_message_waits_for_a_caller_that_does_not_read(nursery: trio.Nursery, sock: str) -> None:
+    sent: list[int] = []
+    chunk = b"x" * (256 * 1024)
+
+    async def flood(stream: Stream) -> None:
+        for i in range(256):  # 64 MiB if nothing held it back
+            await stream.send_message(chunk)
+            sent.append(i)
+
+    await start(nursery, sock, Server({"/t.S/Flood": flood}))
+    async with Channel(sock) as channel:
+        async with channel.server_stream("/t.S/Flood", b"") as replies:
+            await trio.sleep(0.3)  # the handler runs until the windows (4 MiB) and the slack are used
+            held_at = len(sent)
+            assert held_at < 32  # 8 MiB: the stream window (4 MiB) plus a little
+            received = 0
+            async for reply in replies:
+                received += len(reply)
+        assert 256 * len(chunk) == received and 256 == len(sent)
+
+
+# -- the strict fakes' header checks ----------------------------------------------------------
+
+
+_ANSWER_EVENTS = frozenset(
+    ("ResponseReceived", "DataReceived", "TrailersReceived", "StreamEnded", "StreamReset")
+)
+
+
+def _strict(stream: Stream) -> bool:
+    """A grpc-go-like check: x-refuse: reset -> PROTOCOL_ERROR; abort -> trailers-only 400; else None."""
+    verdict = dict(stream.headers).get(b"x-refuse")
+    if verdict == b"reset":
+        stream.reset(f.PROTOCOL_ERROR)
+        return False
+    if verdict == b"abort":
+        stream.refuse([(b":status", b"400"), (b"content-type", b"application/grpc"), (b"grpc-status", b"13")])
+        return False
+    return verdict is None
+
+
+async def test_check_headers_resets_or_refuses_as_grpc_go_does(nursery: trio.Nursery, sock: str) -> None:
+    handled: list[str] = []
+
+    async def handler(stream: Stream) -> None:
+        handled.append(stream.path)
+        await stream.send_message(b"ok")
+
+    await start(nursery, sock, Server({ECHO: handler}, check_headers=_strict))
+    answer = await request(sock, grpc_request(ECHO, **{"x-refuse": "reset"}), framed(b""))
+    assert f.PROTOCOL_ERROR == answer.reset and [] == answer.headers
+    # An early abort: the answer, then RST_STREAM NO_ERROR since the HEADERS did not end the
+    # request (its DATA arrives in the same read, after the check ran) ...
+    seen = await frames_until_ping(sock, grpc_request(ECHO, **{"x-refuse": "abort"}), framed(b""))
+    assert [(f.HEADERS, True), (f.RST_STREAM, False)] == [(k, bool(fl & f.END_STREAM)) for k, fl, _ in seen]
+    assert f.NO_ERROR == f.parse_u32(seen[1][2])
+    answer = await request(sock, grpc_request(ECHO, **{"x-refuse": "abort"}), framed(b""))
+    assert (":status", "400") in answer.headers and 13 == answer.grpc_status
+    # ... and no reset for a request that ended with its HEADERS.
+    seen = await frames_until_ping(sock, grpc_request(ECHO, **{"x-refuse": "abort"}), None)
+    assert [f.HEADERS] == [kind for kind, _, _ in seen]
+    # False without an answer of its own: PROTOCOL_ERROR.
+    answer = await request(sock, grpc_request(ECHO, **{"x-refuse": "other"}), framed(b""))
+    assert f.PROTOCOL_ERROR == answer.reset
+    assert [] == handled
+    answer = await request(sock, grpc_request(ECHO), framed(b""))
+    assert b"ok" == answer.message and [ECHO] == handled
+
+
+async def test_an_async_check_headers_runs_before_the_handler(nursery: trio.Nursery, sock: str) -> None:
+    async def check(stream: Stream) -> bool:
+        await trio.lowlevel.checkpoint()
+        return _strict(stream)
+
+    await start(nursery, sock, Server({ECHO: unary(_reverse)}, check_headers=check))
+    answer = await request(sock, grpc_request(ECHO, **{"x-refuse": "reset"}), framed(b""))
+    assert f.PROTOCOL_ERROR == answer.reset
+    answer = await request(sock, grpc_request(ECHO), framed(b"ab"))
+    assert b"ba" == answer.message
+
+
+async def test_check_headers_replaces_the_relays_header_rules(nursery: trio.Nursery, sock: str) -> None:
+    # A value starting with a space: RFC 9113 §8.2.1 refuses it (the relay resets the stream),
+    # grpc-go lets it pass, and so does a server with a check of its own.
+    fields = grpc_request(ECHO, **{"x-padded": " value"})
+    await start(nursery, sock, Server({ECHO: unary(_reverse)}))
+    assert f.PROTOCOL_ERROR == (await request(sock, fields, framed(b"ab"))).reset
+    lenient = os.path.join(os.path.dirname(sock), "lenient.sock")
+    await start(nursery, lenient, Server({ECHO: unary(_reverse)}, check_headers=_strict))
+    assert b"ba" == (await request(lenient, fields, framed(b"ab"))).message
+
+
+# -- limits and endings -----------------------------------------------------------------------
+
+
+async def test_a_request_message_over_max_request_is_resource_exhausted(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], grpc.Channel]
+) -> None:
+    await start(nursery, sock, Server({ECHO: unary(_reverse)}, max_request=1024 * 1024))
+    channel = grpcio(sock)
+    err = await grpcio_error(channel, ECHO, b"x" * (1024 * 1024 + 1))
+    assert grpc.StatusCode.RESOURCE_EXHAUSTED == err.code()
+    assert "grpc: received message larger than max (1048577 vs. 1048576)" == err.details()
+    reply, _ = await call_unary(channel, ECHO, b"x" * (1024 * 1024))
+    assert 1024 * 1024 == len(reply)
+
+
+async def test_max_streams_is_advertised_and_kept(nursery: trio.Nursery, sock: str) -> None:
+    release = trio.Event()
+
+    async def wait(stream: Stream) -> None:
+        await release.wait()
+        await stream.send_message(b"done")
+
+    await start(nursery, sock, Server({ECHO: wait}, max_streams=1))
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    async with await trio.open_unix_socket(sock) as stream:
+        conn.initiate_connection()
+        for stream_id in (1, 3):
+            conn.send_headers(stream_id, grpc_request(ECHO))
+            conn.send_data(stream_id, framed(b""), end_stream=True)
+        await stream.send_all(conn.data_to_send())
+        events: list[Any] = []
+        with trio.fail_after(LIVENESS_LIMIT):
+            while not any(isinstance(e, h2.events.StreamReset) for e in events):
+                events += conn.receive_data(await stream.receive_some(65536))
+                await stream.send_all(conn.data_to_send())
+        settings = next(e for e in events if isinstance(e, h2.events.RemoteSettingsChanged))
+        assert 1 == settings.changed_settings[h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS].new_value
+        reset = next(e for e in events if isinstance(e, h2.events.StreamReset))
+        assert (3, h2.errors.ErrorCodes.REFUSED_STREAM) == (reset.stream_id, reset.error_code)
+        release.set()
+    unlimited = os.path.join(os.path.dirname(sock), "unlimited.sock")
+    await start(nursery, unlimited, Server({ECHO: unary(_reverse)}))
+    answer = await request(unlimited, grpc_request(ECHO), framed(b""))
+    assert h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS not in answer.settings  # as grpc-go
+
+
+async def test_close_connection_drops_the_transport_and_the_server_goes_on(
+    nursery: trio.Nursery, sock: str
+) -> None:
+    async def crash(stream: Stream) -> None:
+        stream.close_connection()
+
+    async def crash_by_raising(stream: Stream) -> None:
+        raise CloseConnection()
+
+    await start(
+        nursery, sock, Server({"/t.S/Crash": crash, "/t.S/Raise": crash_by_raising, ECHO: unary(_reverse)})
+    )
+    for path in ("/t.S/Crash", "/t.S/Raise"):
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        conn.initiate_connection()
+        conn.send_headers(1, grpc_request(path))
+        conn.send_data(1, framed(b""), end_stream=True)
+        received = bytearray()
+        async with await trio.open_unix_socket(sock) as stream:
+            await stream.send_all(conn.data_to_send())
+            with trio.fail_after(LIVENESS_LIMIT):
+                while data := await stream.receive_some(65536):  # until the server closes it
+                    received += data
+        events = conn.receive_data(bytes(received))
+        assert not [e for e in events if getattr(e, "stream_id", 0) == 1]  # no answer at all
+    assert b"ba" == (await request(sock, grpc_request(ECHO), framed(b"ab"))).message
+
+
+async def test_the_caller_going_away_cancels_the_handler(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], grpc.Channel]
+) -> None:
+    running, cancelled = trio.Event(), trio.Event()
+    token = trio.lowlevel.current_trio_token()
+
+    async def hang(stream: Stream) -> None:
+        token.run_sync_soon(running.set)
+        try:
+            await trio.sleep_forever()
+        finally:
+            cancelled.set()
+
+    await start(nursery, sock, Server({"/t.S/Hang": hang}, enforce_deadlines=False))
+    method = grpcio(sock).unary_unary("/t.S/Hang", request_serializer=None, response_deserializer=None)
+    future = method.future(b"", timeout=LIVENESS_LIMIT)
+    with trio.fail_after(LIVENESS_LIMIT):
+        await running.wait()
+        future.cancel()  # grpcio resets the stream (RST_STREAM CANCEL)
+        await cancelled.wait()
+
+
+async def test_a_gzip_request_message_is_decompressed(nursery: trio.Nursery, sock: str) -> None:
+    await start(nursery, sock, Server({ECHO: unary(_reverse)}))
+    packed = gzip.compress(b"hello")
+    body = b"\x01" + len(packed).to_bytes(4, "big") + packed
+    answer = await request(sock, grpc_request(ECHO, **{"grpc-encoding": "gzip"}), body)
+    assert b"olleh" == answer.message
+    answer = await request(sock, grpc_request(ECHO, **{"grpc-encoding": "br"}), body)
+    assert 12 == answer.grpc_status and "br" in answer.grpc_message
+
+
+async def frames_until_ping(
+    socket_path: str, fields: list[tuple[str, str]], body: bytes | None
+) -> list[tuple[int, int, bytes]]:
+    """The frames of stream 1 the server sent for one request on a new connection, as (type,
+    flags, payload), up to its answer to a PING sent once it answered: what it wrote right
+    after its answer (a reset) is in. Read raw: h2 hides a reset of a stream it saw end."""
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(1, fields, end_stream=body is None)
+    if body is not None:
+        conn.send_data(1, body, end_stream=True)
+    seen: list[tuple[int, int, bytes]] = []
+    buf = bytearray()
+    async with await trio.open_unix_socket(socket_path) as stream:
+        await stream.send_all(conn.data_to_send())
+        pinged = False
+        with trio.fail_after(LIVENESS_LIMIT):
+            while True:
+                data = await stream.receive_some(65536)
+                assert data, seen
+                buf += data
+                while len(buf) >= f.HEAD_SIZE:
+                    high, low, kind, flags, stream_id = f.HEAD.unpack_from(buf)
+                    end = f.HEAD_SIZE + (high << 16 | low)
+                    if len(buf) < end:
+                        break
+                    payload = bytes(buf[f.HEAD_SIZE : end])
+                    del buf[:end]
+                    if kind == f.PING and flags & f.ACK:
+                        return seen
+                    if kind == f.SETTINGS and not flags & f.ACK:
+                        await stream.send_all(f.frame(f.SETTINGS, f.ACK, 0))
+                    if stream_id == 1:
+                        seen.append((kind, flags, payload))
+                if not pinged and any(k == f.RST_STREAM or fl & f.END_STREAM for k, fl, _ in seen):
+                    await stream.send_all(f.frame(f.PING, 0, 0, b"12345678"))
+                    pinged = True
+
+
+async def test_a_handler_that_does_not_read_holds_its_caller_back(nursery: trio.Nursery, sock: str) -> None:
+    """Stream credit comes back as the handler takes messages: a caller sending faster than the
+    handler reads stops after one stream window (4 MiB), not at the server's memory."""
+    reading = trio.Event()
+
+    async def total(stream: Stream) -> None:
+        await reading.wait()
+        size = 0
+        while (message := await stream.recv_message()) is not None:
+            size += len(message)
+        await stream.send_message(b"%d" % size)
+
+    await start(nursery, sock, Server({"/t.S/Total": total}))
+    message = framed(b"m" * (16 * 1024 - 5))  # one frame each
+    wanted = 16 * 1024 * 1024
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.send_headers(1, grpc_request("/t.S/Total"))
+    sent = 0
+    answer = b""
+    async with await trio.open_unix_socket(sock) as stream:
+
+        async def pump(until: float) -> bool:
+            """Send what the windows allow and read the server's frames; True once the stream ended."""
+            nonlocal sent, answer
+            with trio.move_on_after(until):
+                while True:
+                    while sent < wanted and conn.local_flow_control_window(1) >= len(message):
+                        conn.send_data(1, message, end_stream=sent + len(message) == wanted)
+                        sent += len(message)
+                    await stream.send_all(conn.data_to_send())
+                    for event in conn.receive_data(await stream.receive_some(65536)):
+                        if isinstance(event, h2.events.DataReceived):
+                            answer += event.data
+                        if isinstance(event, h2.events.StreamEnded):
+                            return True
+            return False
+
+        assert not await pump(0.5)
+        held = sent
+        reading.set()
+        with trio.fail_after(LIVENESS_LIMIT):
+            assert await pump(LIVENESS_LIMIT)
+    assert held <= 5 * 1024 * 1024  # the stream window and the messages in flight, no more
+    assert sent == wanted and framed(b"%d" % (1024 * (16 * 1024 - 5))) == answer
+
+
+async def test_a_handler_sending_after_its_caller_left_is_cancelled(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], grpc.Channel]
+) -> None:
+    """Sends to a call that is over return at once (nothing is written): without a checkpoint
+    they would let a handler whose own loop never waits spin forever."""
+    running = trio.Event()
+    outcome: list[str] = []
+    token = trio.lowlevel.current_trio_token()
+
+    async def stubborn(stream: Stream) -> None:
+        token.run_sync_soon(running.set)
+        with trio.CancelScope(shield=True):  # deaf to the cancellation for a moment
+            await trio.sleep(0.5)
+        try:
+            for _ in range(100_000):
+                await stream.send_message(b"x")
+            outcome.append("spun")
+        except trio.Cancelled:
+            outcome.append("cancelled")
+            raise
+
+    await start(nursery, sock, Server({"/t.S/Stubborn": stubborn}, enforce_deadlines=False))
+    method = grpcio(sock).unary_unary("/t.S/Stubborn", request_serializer=None, response_deserializer=None)
+    future = method.future(b"", timeout=LIVENESS_LIMIT)
+    with trio.fail_after(LIVENESS_LIMIT):
+        await running.wait()
+        future.cancel()
+        while not outcome:  # noqa: ASYNC110 - the handler's own end, no event to wait on
+            await trio.sleep(0.05)
+    assert ["cancelled"] == outcome
+
+
+async def test_sending_after_the_handler_ended_the_call_is_an_error_of_the_handler(
+    nursery: trio.Nursery, sock: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def twice(stream: Stream) -> None:
+        await stream.send_trailing_metadata(Status.OK)
+        await stream.send_message(b"late")
+
+    await start(nursery, sock, Server({"/t.S/Twice": twice}))
+    with caplog.at_level(logging.ERROR, logger="krproxy.rpc"):
+        answer = await request(sock, grpc_request("/t.S/Twice"), framed(b""))
+        with trio.fail_after(LIVENESS_LIMIT):
+            while not caplog.records:  # noqa: ASYNC110 - logged by the handler's task
+                await trio.sleep(0.01)
+    assert 0 == answer.grpc_status and b"" == answer.data
+    record = caplog.records[0]
+    assert "/t.S/Twice" in record.getMessage() and record.exc_info is not None
+    assert "ended this call already" in str(record.exc_info[1])
+
+
+async def test_a_check_headers_that_raises_resets_its_stream_only(
+    nursery: trio.Nursery, sock: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def check(stream: Stream) -> bool:
+        if (b"x-bug", b"1") in stream.headers:
+            raise KeyError("a bug in the check")
+        return True
+
+    await start(nursery, sock, Server({ECHO: unary(_reverse)}, check_headers=check))
+    with caplog.at_level(logging.ERROR, logger="krproxy.rpc"):
+        answer = await request(sock, grpc_request(ECHO, **{"x-bug": "1"}), framed(b"ab"))
+    assert f.INTERNAL_ERROR == answer.reset and not answer.connection_closed
+    assert any(r.exc_info and ECHO in r.getMessage() for r in caplog.records)
+    assert b"ba" == (await request(sock, grpc_request(ECHO), framed(b"ab"))).message

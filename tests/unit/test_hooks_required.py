@@ -1,0 +1,324 @@
+"""Required hook servers: the flag, the annotations, the decision (pure), and the guard in virtual time."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import attrs
+import pytest
+import trio
+import trio.lowlevel
+import trio.testing
+
+from krproxy import cli
+from krproxy.hooks.guard import DEADLINE_MARGIN, PROBE_INTERVAL, Guard, RequiredMissing
+from krproxy.hooks.outcomes import Outcome
+from krproxy.hooks.points import HookPoint
+from krproxy.hooks.registration import PluginRegistration, Registry
+from krproxy.hooks.required import (
+    AnnotationError,
+    RequiredServer,
+    Requirements,
+    State,
+    effective_annotation,
+    parse_bool,
+    parse_name_list,
+    parse_required_server,
+    required_names,
+)
+
+RUN = HookPoint.PRE_RUN_POD_SANDBOX
+CREATE = HookPoint.PRE_CREATE_CONTAINER
+KEY = "required-plugins.noderesource.dev"
+
+
+class TestFlag:
+    def test_name_alone_means_every_point(self) -> None:
+        assert RequiredServer("koordlet", frozenset(HookPoint)) == parse_required_server("koordlet")
+
+    def test_points(self) -> None:
+        server = parse_required_server("koordlet=PreRunPodSandbox, PreUpdatePodSandboxResources")
+        assert frozenset({RUN, HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES}) == server.points
+
+    @pytest.mark.parametrize(
+        ("text", "problem"),
+        [
+            ("", "empty name"),
+            ("=PreRunPodSandbox", "empty name"),
+            ("koordlet=", "empty hook point"),
+            ("koordlet=PreRunPodSandbox,,", "empty hook point"),
+            ("koordlet=PreRun", "unknown hook point 'PreRun' (known: PreRunPodSandbox,"),
+            ("koordlet.json", "without .json"),
+            ("/etc/runtime/hookserver.d/koordlet", "without directory"),
+        ],
+    )
+    def test_bad_values(self, text: str, problem: str) -> None:
+        with pytest.raises(ValueError, match=problem.replace("(", r"\(").replace(".", r"\.")):
+            parse_required_server(text)
+
+    def test_cli_names_the_flag(self, capsys: pytest.CaptureFixture[str]) -> None:
+        with pytest.raises(SystemExit):
+            cli.main(["serve", "--required-hook-server", "koordlet=PreStart"])
+        err = capsys.readouterr().err
+        assert "argument --required-hook-server: 'koordlet=PreStart': unknown hook point 'PreStart'" in err
+
+    def test_repeated_flags_add_up(self) -> None:
+        servers = [parse_required_server("a=PreRunPodSandbox"), parse_required_server("a=PreCreateContainer")]
+        assert (RequiredServer("a", frozenset({RUN, CREATE})),) == Requirements(tuple(servers)).servers
+
+
+class TestAnnotations:
+    def test_effective_form_container_first_then_pod_then_bare(self) -> None:
+        annotations = {KEY: "bare", f"{KEY}/pod": "pod", f"{KEY}/container.app": "app"}
+        assert "app" == effective_annotation(annotations, KEY, "app")
+        assert "pod" == effective_annotation(annotations, KEY, "sidecar")
+        assert "pod" == effective_annotation(annotations, KEY, None)
+        assert "bare" == effective_annotation({KEY: "bare"}, KEY, "app")
+        assert effective_annotation({f"{KEY}/container.app": "x"}, KEY, None) is None
+
+    @pytest.mark.parametrize(
+        ("value", "names"),
+        [
+            ('["a", "b"]', ("a", "b")),
+            ("[ plugin ]", ("plugin",)),  # NRI's own test writes YAML flow lists
+            ("['a', \"b\"]", ("a", "b")),
+            ("- a\n- b\n", ("a", "b")),
+            ("", ()),
+            ("[]", ()),
+            ("null", ()),
+        ],
+    )
+    def test_name_lists(self, value: str, names: tuple[str, ...]) -> None:
+        assert names == parse_name_list(value)
+
+    @pytest.mark.parametrize("value", ["net", '"net"', "[1]", '{"a": 1}', "[a,,b]", "[a", "- a\nb"])
+    def test_not_name_lists(self, value: str) -> None:
+        assert parse_name_list(value) is None
+
+    def test_bool_spellings_are_go_s(self) -> None:
+        assert [True, True, False, None] == [parse_bool(v) for v in ("true", "1", "F", "yes")]
+
+
+class TestDecision:
+    requirements = Requirements(
+        (RequiredServer("koordlet", frozenset({RUN})),), tolerate_annotation="tolerate"
+    )
+
+    def test_flag_servers_at_their_points_only(self) -> None:
+        assert ("koordlet",) == required_names(self.requirements, RUN, {}, None)
+        assert () == required_names(self.requirements, CREATE, {}, "app")
+
+    def test_annotations_at_creation_points(self) -> None:
+        annotations = {f"{KEY}/pod": '["net"]', f"{KEY}/container.app": '["gpu"]'}
+        assert ("koordlet", "net") == required_names(self.requirements, RUN, annotations, None)
+        assert ("gpu",) == required_names(self.requirements, CREATE, annotations, "app")
+        assert ("net",) == required_names(self.requirements, CREATE, annotations, "sidecar")
+        assert () == required_names(self.requirements, HookPoint.PRE_START_CONTAINER, annotations, "app")
+
+    def test_no_repeats(self) -> None:
+        assert ("koordlet",) == required_names(self.requirements, RUN, {KEY: '["koordlet"]'}, None)
+
+    def test_annotations_off(self) -> None:
+        off = attrs.evolve(self.requirements, annotation="")
+        assert ("koordlet",) == required_names(off, RUN, {KEY: '["net"]'}, None)
+
+    def test_tolerate_clears_everything_in_its_scope(self) -> None:
+        annotations = {KEY: '["net"]', "tolerate/container.app": "true"}
+        assert () == required_names(self.requirements, CREATE, annotations, "app")
+        assert ("net",) == required_names(self.requirements, CREATE, annotations, "sidecar")
+        assert () == required_names(self.requirements, RUN, {"tolerate": "True"}, None)
+
+    def test_tolerate_key_unset_means_no_exemption(self) -> None:
+        plain = attrs.evolve(self.requirements, tolerate_annotation="")
+        assert ("koordlet",) == required_names(plain, RUN, {"tolerate": "true"}, None)
+
+    @pytest.mark.parametrize(
+        ("annotations", "problem"),
+        [({KEY: "net"}, "is not a list of hook server names"), ({"tolerate": "yes"}, "is not a boolean")],
+    )
+    def test_malformed_annotations_refuse(self, annotations: dict[str, str], problem: str) -> None:
+        with pytest.raises(AnnotationError, match=problem):
+            required_names(self.requirements, RUN, annotations, None)
+
+
+# -- the guard, in virtual time ---------------------------------------------------------------------
+
+
+@attrs.define
+class FakeDispatcher:
+    """What the guard uses of a Dispatcher: the registry, and a probe each plugin answers as scripted."""
+
+    registry: Registry = attrs.field(factory=Registry)
+    answers: dict[str, BaseException | None] = attrs.field(factory=dict)  # by endpoint; None: answers
+    probes: int = 0
+
+    def register(self, name: str, answer: BaseException | None = None) -> None:
+        plugin = PluginRegistration(name, f"{name}.json", f"/run/{name}.sock", hooks=(RUN,))
+        self.registry = Registry(self.registry.plugins.merged({plugin.file: plugin}))
+        self.answers[plugin.endpoint] = answer
+
+    def unregister(self, name: str) -> None:
+        self.registry = self.registry.apply(f"{name}.json", None)
+
+    async def probe(self, plugin: PluginRegistration, within: float) -> None:
+        self.probes += 1
+        await trio.lowlevel.checkpoint()
+        answer = self.answers.get(plugin.endpoint)
+        if answer is not None:
+            raise answer
+
+
+def guard(dispatcher: FakeDispatcher, grace: float = 0.0, **kwargs: Any) -> Guard:
+    requirements = Requirements((parse_required_server("koordlet"),), startup_grace=grace)
+    return Guard(requirements, dispatcher, "/etc/runtime/hookserver.d", **kwargs)  # type: ignore[arg-type]
+
+
+def missing_events(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "required_server" in r.getMessage()]
+
+
+class TestGuard:
+    async def test_refuses_with_what_is_missing_and_counts(self) -> None:
+        held: list[tuple[str, HookPoint]] = []
+        g = guard(FakeDispatcher(), held=lambda name, point: held.append((name, point)))
+
+        with pytest.raises(RequiredMissing) as info:
+            await g.admit(RUN, ["koordlet"])
+
+        assert "koordlet is not registered (no /etc/runtime/hookserver.d/koordlet.json)" in info.value.message
+        assert [("koordlet", RUN)] == held
+
+    @pytest.mark.parametrize(
+        ("answer", "state"),
+        [
+            (FileNotFoundError(2, "No such file or directory"), State.UNREACHABLE),
+            (ConnectionRefusedError(111, "Connection refused"), State.UNREACHABLE),
+            (TimeoutError(), State.NOT_ANSWERING),
+            (None, State.UP),
+        ],
+    )
+    async def test_probe_states(self, answer: BaseException | None, state: State) -> None:
+        dispatcher = FakeDispatcher()
+        dispatcher.register("koordlet", answer)
+        g = guard(dispatcher)
+
+        if state is State.UP:
+            await g.admit(RUN, ["koordlet"])
+        else:
+            with pytest.raises(RequiredMissing):
+                await g.admit(RUN, ["koordlet"])
+
+        assert state is g.availability("koordlet").state
+
+    async def test_back_is_seen_by_the_next_call(self) -> None:
+        dispatcher = FakeDispatcher()
+        g = guard(dispatcher)
+        with pytest.raises(RequiredMissing):
+            await g.admit(RUN, ["koordlet"])
+
+        dispatcher.register("koordlet")
+        await g.admit(RUN, ["koordlet"])  # no wait for the prober's next round
+
+    async def test_waits_during_the_grace_then_refuses(self, autojump_clock: trio.testing.MockClock) -> None:
+        g = guard(FakeDispatcher(), grace=5.0)
+        start = trio.current_time()
+
+        with pytest.raises(RequiredMissing):
+            await g.admit(RUN, ["koordlet"])
+
+        assert 5.0 == pytest.approx(trio.current_time() - start, abs=PROBE_INTERVAL)
+        with pytest.raises(RequiredMissing):  # after the grace: at once
+            with trio.fail_after(0.5):
+                await g.admit(RUN, ["koordlet"])
+
+    async def test_grace_wait_ends_when_the_server_appears(
+        self, autojump_clock: trio.testing.MockClock
+    ) -> None:
+        dispatcher = FakeDispatcher()
+        g = guard(dispatcher, grace=60.0)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(g.run)
+
+            async def appear() -> None:
+                await trio.sleep(3)
+                dispatcher.register("koordlet")
+
+            nursery.start_soon(appear)
+            await g.admit(RUN, ["koordlet"])
+            assert trio.current_time() < 10
+            nursery.cancel_scope.cancel()
+
+    async def test_logs_once_per_outage(
+        self, autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        caplog.set_level(logging.INFO, logger="krproxy.hooks.required")
+        dispatcher = FakeDispatcher()
+        dispatcher.register("koordlet")
+        g = guard(dispatcher)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(g.run)
+            dispatcher.answers["/run/koordlet.sock"] = ConnectionRefusedError(111, "Connection refused")
+            await trio.sleep(30)  # many probe rounds, one outage
+            for _ in range(3):
+                with pytest.raises(RequiredMissing):
+                    await g.admit(RUN, ["koordlet"])
+            dispatcher.unregister("koordlet")  # another reason, the same outage
+            g.publish(dispatcher.registry)
+            await trio.sleep(30)
+            dispatcher.register("koordlet")
+            g.publish(dispatcher.registry)
+            await trio.sleep(30)
+            nursery.cancel_scope.cancel()
+
+        events = missing_events(caplog)
+        assert ["required_server_up", "required_server_missing", "required_server_back"] == [
+            e.split()[0].removeprefix("event=") for e in events
+        ], events
+
+    async def test_missing_lists_flag_servers_only(self) -> None:
+        g = guard(FakeDispatcher())
+        with pytest.raises(RequiredMissing):
+            await g.admit(RUN, ["net"])  # an annotated name
+        assert ["koordlet"] == [name for name, _ in g.missing()]
+        assert State.MISSING is g.availability("net").state
+
+    async def test_a_failed_hook_call_prompts_a_probe(self, autojump_clock: trio.testing.MockClock) -> None:
+        dispatcher = FakeDispatcher()
+        dispatcher.register("koordlet")
+        g = guard(dispatcher)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(g.run)
+            dispatcher.answers["/run/koordlet.sock"] = TimeoutError()
+            g.observe(Outcome("koordlet", RUN, "rejected", 2.0, "no answer within 2s"))
+            await trio.sleep(0.1)  # well before the prober's next round (UP_INTERVAL)
+            assert State.NOT_ANSWERING is g.availability("koordlet").state
+            nursery.cancel_scope.cancel()
+
+    async def test_the_callers_deadline_bounds_the_grace(
+        self, autojump_clock: trio.testing.MockClock
+    ) -> None:
+        """NRI drops a plugin that misses its request timeout: the wait ends before the deadline given."""
+        g = guard(FakeDispatcher(), grace=60.0)
+        deadline = trio.current_time() + 2.0
+
+        with pytest.raises(RequiredMissing):
+            await g.admit(RUN, ["koordlet"], deadline=deadline)
+
+        assert deadline - DEADLINE_MARGIN == pytest.approx(trio.current_time())
+
+    async def test_an_annotated_server_failing_a_call_is_probed(
+        self, autojump_clock: trio.testing.MockClock
+    ) -> None:
+        """Names pods annotate are not probed in rounds, except right after they failed a hook call."""
+        dispatcher = FakeDispatcher()
+        dispatcher.register("net")
+        g = guard(dispatcher)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(g.run)
+            await g.admit(RUN, ["net"])
+            dispatcher.answers["/run/net.sock"] = ConnectionRefusedError(111, "Connection refused")
+            g.observe(Outcome("net", RUN, "rejected", 0.1, "unreachable"))
+            await trio.sleep(0.1)
+            assert State.UNREACHABLE is g.availability("net").state
+            nursery.cancel_scope.cancel()
