@@ -266,8 +266,14 @@ class NriPlugin:
         if self.guard is not None:
             self.guard.publish(registry)
         self.metrics.plugins.set(len(registry.plugins))
-        if self.subscribed and self.events_needed() != self.subscribed:
-            log.event(LOGGER, "nri_resubscribe", events=hex(self.events_needed()), was=hex(self.subscribed))
+        if not self.subscribed:  # not configured yet: Configure will subscribe to what is needed then
+            return
+        needed = self.events_needed()
+        # Said either way, so that an operator (and the e2e tests) can tell when new hook servers are in
+        # effect: at once, or after the re-registration.
+        log.event(LOGGER, "nri_hooks_published", events=hex(needed), resubscribe=needed != self.subscribed)
+        if needed != self.subscribed:
+            log.event(LOGGER, "nri_resubscribe", events=hex(needed), was=hex(self.subscribed))
             self._resubscribe.set()
 
     def handlers(self) -> dict[tuple[str, str], Handler]:

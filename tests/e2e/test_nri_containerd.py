@@ -111,6 +111,30 @@ def nri_deprecations(containerd: Containerd) -> list[str]:
     return [line for line in listed.stdout.splitlines() if "nri-plugin-interface" in line]
 
 
+def hooks_in_effect(daemon: Proxy) -> None:
+    """Wait until the hook servers krproxy nri loaded last are in effect: its ``nri_hooks_published`` after
+    the last registration said no re-registration was needed, or a synchronization followed it."""
+
+    def in_effect() -> bool:
+        lines = daemon.log.splitlines()
+        registered = [i for i, line in enumerate(lines) if "event=plugin_registered" in line]
+        published = [i for i, line in enumerate(lines) if "event=nri_hooks_published" in line]
+        if not published or (registered and published[-1] < registered[-1]):
+            return False
+        last = published[-1]
+        return "resubscribe=false" in lines[last] or any(
+            "event=nri_synchronized" in line for line in lines[last:]
+        )
+
+    try:
+        wait_until(
+            lambda: in_effect() or daemon.process.poll() is not None, 30, "krproxy nri hooks in effect"
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; log:\n{daemon.log}") from None
+    assert daemon.process.poll() is None, f"krproxy nri exited; log:\n{daemon.log}"
+
+
 def environ(pid: int) -> dict[str, str]:
     entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(e.decode().split("=", 1) for e in entries if b"=" in e)
@@ -151,7 +175,7 @@ def test_hook_server_through_nri(containerd: Containerd, direct: Cri, short_tmp:
             daemon, "limits", hooks=HOOKS, failure_policy="Fail", resources=RESOURCES, envs=ENVS
         )
         try:
-            synchronized(daemon, 2)  # re-registered for the events its new hook server needs
+            hooks_in_effect(daemon)  # re-registered if its new hook server needs other events
             landed = lifecycle(direct, containerd, direct)
         finally:
             assert 0 == plugin.stop()
@@ -186,7 +210,7 @@ def test_parity_with_proxy_mode(
             daemon, "limits", hooks=HOOKS, failure_policy="Fail", resources=RESOURCES, envs=ENVS
         )
         try:
-            synchronized(daemon, 2)
+            hooks_in_effect(daemon)
             through_nri = lifecycle(direct, containerd, direct)
         finally:
             assert 0 == plugin.stop()
@@ -200,7 +224,7 @@ def test_restarts_lose_no_hook(containerd: Containerd, direct: Cri, short_tmp: P
     with krproxy_nri(containerd, short_tmp) as daemon:
         plugin = start_plugin(daemon, "watch", hooks=["PreCreateContainer"])
         try:
-            synchronized(daemon, 2)
+            hooks_in_effect(daemon)
             pod = pod_config(containerd.cgroup_parent, "restart")
             pod.labels["app"] = "nri-restart"
             pod.annotations["krproxy.e2e/note"] = "kept"
@@ -257,7 +281,7 @@ def test_every_event_without_the_deprecated_interface(
     with krproxy_nri(containerd, short_tmp) as daemon:
         plugin = start_plugin(daemon, "every", hooks=EVERY_HOOK)
         try:
-            synchronized(daemon, 2)
+            hooks_in_effect(daemon)
             pod = pod_config(containerd.cgroup_parent, "every")
             with cleanup(direct) as pods:
                 pod_id = run_pod(direct, pod, pods)
@@ -295,7 +319,7 @@ def test_pod_resize_through_nri(containerd: Containerd, direct: Cri, short_tmp: 
             daemon, "zz-guard", hooks=[hook], failure_policy="Fail", error={hook: "no more cpu"}
         )
         try:
-            synchronized(daemon, 2)
+            hooks_in_effect(daemon)
             pod = pod_config(containerd.cgroup_parent, "resize")
             pod.labels.update(resize_e2e.LABELS)
             pod.annotations.update(resize_e2e.ANNOTATIONS)
