@@ -1,12 +1,14 @@
 """Sessions that build, check and test krproxy.
 
 ``nox`` with no arguments runs the default sessions: the unit and integration tests on every
-supported Python (``tests(3.11)``, ``tests(3.12)``, ``tests(3.13)``; ``nox -s tests`` runs all
-three), the end-to-end tests against a real containerd (skipped with a reason where the machine
-cannot run one), lint and typecheck.
+supported Python (``tests(3.11)`` to ``tests(3.15)``; ``nox -s tests`` runs all five), the
+end-to-end tests against a real containerd (skipped with a reason where the machine cannot run
+one), lint and typecheck.
 
-An interpreter the machine lacks is reported as a skipped session with the reason; on CI (where
-``CI`` is set) nox counts that as a failure instead.
+A test session runs on the machine's interpreter of its version (pyenv's, then ``pythonX.Y`` on
+PATH). Where there is none for 3.14 or 3.15, it runs in a Debian sid chroot that ships both
+(scripts/sid-python builds it once, as root, and caches it). An interpreter that cannot be had
+is reported as a skipped session with the reason; on CI (where ``CI`` is set) that fails the run.
 """
 
 from __future__ import annotations
@@ -26,7 +28,11 @@ nox.options.reuse_existing_virtualenvs = True
 
 
 #: The Python versions krproxy supports (pyproject's requires-python); each gets a test session.
-PYTHONS = ["3.11", "3.12", "3.13"]
+PYTHONS = ["3.11", "3.12", "3.13", "3.14", "3.15"]
+#: Run in scripts/sid-python's Debian sid chroot where the machine has no interpreter of theirs.
+SID_PYTHONS = ["3.14", "3.15"]
+#: What every test session runs: pytest's arguments before the session's own.
+TEST_PATHS = ["tests/unit", "tests/integration"]
 
 
 def _is_version(path: str, version: str) -> bool:
@@ -78,19 +84,86 @@ def _install(session: nox.Session) -> None:
     session.install("-e", ".[test]")
 
 
+def _test_params() -> list[nox.param]:
+    """One (python, sid) per version: the interpreter found, or ``False`` (no host venv) and the sid version."""
+    params = []
+    for version in PYTHONS:
+        found = _find_python(version)
+        if found == version and version in SID_PYTHONS:
+            params.append(nox.param(False, version, id=version))
+        else:
+            params.append(nox.param(found, None, id=version))
+    return params
+
+
 @nox.session
-@nox.parametrize("python", [nox.param(_find_python(v), id=v) for v in PYTHONS])
-def tests(session: nox.Session) -> None:
+@nox.parametrize(["python", "sid"], _test_params())
+def tests(session: nox.Session, sid: str | None) -> None:
     """Unit and integration tests (no real runtime needed), on each supported Python."""
+    if sid:
+        _tests_in_sid(session, sid)
+        return
     _install(session)
-    # nghttp2's h2load, the relay's third-party HTTP/2 client (tests/integration/test_relay_h2load.py);
-    # where it cannot be installed the script says why and that test is skipped.
-    session.run("sh", "scripts/install-h2load", external=True, success_codes=[0, 1])
+    # nghttp2's h2load, the relay's third-party HTTP/2 client (tests/integration/test_relay_h2load.py),
+    # and socat, which bridges h2spec's TCP to the proxy's unix socket (tests/integration/test_h2spec.py);
+    # where one cannot be installed the script says why and its test is skipped.
+    for command, package in (("h2load", "nghttp2-client"), ("socat", "socat")):
+        session.run(
+            "sh", "scripts/install-debian-command", command, package, external=True, success_codes=[0, 1]
+        )
     # A grpc-go client set up as kubelet's (tests/integration/test_grpc_go_client.py), built from
     # Debian trixie's Go and grpc-go unpacked under /var/cache/krproxy-debs; where that cannot be
-    # done the script says why and those tests are skipped with it.
+    # done the script says why and those tests are skipped with it. The same for the benchmark's
+    # grpc-go proxy (tests/integration/test_go_anchor_proxy.py).
     session.run("python", "scripts/install-go-client", success_codes=[0, 1])
-    session.run("pytest", "tests/unit", "tests/integration", *session.posargs)
+    session.run("python", "scripts/install-go-client", "--program", "goproxy", success_codes=[0, 1])
+    session.run("pytest", *TEST_PATHS, *session.posargs)
+
+
+def _tests_in_sid(session: nox.Session, version: str) -> None:
+    """The tests on Debian sid's Python ``version``, in scripts/sid-python's chroot.
+
+    The chroot is built on first use (about 2 minutes) and cached; the venv lives in
+    .nox/tests-sid-X-Y of the repository, made by the chroot's pythonX.Y. Where the chroot
+    cannot be had (no root, no debootstrap) the session is skipped with the reason, or fails on CI.
+    """
+    ensured = subprocess.run(
+        [sys.executable, "scripts/sid-python", "ensure"], stdout=subprocess.PIPE, text=True
+    )
+    if ensured.returncode != 0:
+        why = ensured.stdout.strip().removeprefix("sid-python: ")
+        reason = f"no Python {version} on this machine (pyenv, PATH) and no Debian sid chroot for it: {why}"
+        if "CI" in os.environ:  # as nox's --error-on-missing-interpreters for the other versions
+            session.error(reason)
+        session.skip(reason)
+    # The grpc-go client is built on the host (its Go comes unpacked from Debian packages) into
+    # /var/cache/krproxy-debs, which the chroot sees read-only; h2load and socat are installed in the chroot.
+    session.run(sys.executable, "scripts/install-go-client", external=True, success_codes=[0, 1])
+    session.run(
+        sys.executable,
+        "scripts/install-go-client",
+        "--program",
+        "goproxy",
+        external=True,
+        success_codes=[0, 1],
+    )
+    sid = [sys.executable, "scripts/sid-python", "run", "--"]
+    venv = os.path.join(".nox", f"tests-sid-{version.replace('.', '-')}")
+    if not os.path.lexists(os.path.join(venv, "bin", "python")):  # a link to the chroot's python
+        session.run(*sid, f"python{version}", "-m", "venv", venv, external=True)
+    python = os.path.join(venv, "bin", "python")
+    session.run(*sid, python, "-m", "pip", "install", "-e", ".[test]", external=True)
+    for command, package in (("h2load", "nghttp2-client"), ("socat", "socat")):
+        session.run(
+            *sid,
+            "sh",
+            "scripts/install-debian-command",
+            command,
+            package,
+            external=True,
+            success_codes=[0, 1],
+        )
+    session.run(*sid, python, "-m", "pytest", *TEST_PATHS, *session.posargs, external=True)
 
 
 @nox.session

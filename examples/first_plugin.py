@@ -16,7 +16,6 @@ import contextlib
 import signal
 
 import trio
-import trio_asyncio
 
 from krproxy import log
 from krproxy.hookserver import ContainerContext, HookServer, PodContext, QoSClass, ServeOptions, Stage, serve
@@ -36,7 +35,7 @@ def be_idle(ctx: PodContext) -> None:
 
 
 async def _main(options: ServeOptions) -> None:
-    async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+    async with trio.open_nursery() as nursery:
 
         async def stop_on_signal() -> None:
             with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:

@@ -1,8 +1,9 @@
 """What grpc-go servers (containerd, koordlet) refuse, refused by the fakes too.
 
-The fakes are built on lenient stacks: grpclib accepts a ``grpc-timeout`` of any length and
-ignores a request without ``:method`` (it logs a KeyError and never answers); h2 advertises
-``SETTINGS_MAX_CONCURRENT_STREAMS`` = 100; neither limits message sizes. A proxy tested only
+The fakes are built on a lenient stack: krproxy's own gRPC server (:mod:`krproxy.rpc`) judges
+request headers by RFC 9113, not as grpc-go does, and the stacks the fakes ran on before were more
+lenient still (grpclib accepted a ``grpc-timeout`` of any length and never answered a request
+without ``:method``; h2 advertised ``SETTINGS_MAX_CONCURRENT_STREAMS`` = 100). A proxy tested only
 against such fakes can send what a real runtime resets (issue 15: krproxy's 9-digit
 ``grpc-timeout`` passed every test and failed every pod against containerd). This module holds
 the rules, once, for the fakes that speak gRPC:
@@ -16,9 +17,9 @@ the rules, once, for the fakes that speak gRPC:
 - :data:`MAX_MESSAGE` and :func:`too_large` are containerd's message limit and grpc-go's answer
   (with RESOURCE_EXHAUSTED).
 
-The fakes apply them where their stack lets them: the fake containerd (grpclib) through grpclib's
-own extension points (:mod:`fakes.containerd.grpc_go`), the fake plugin (krproxy's relay) in a
-relay subclass (:mod:`fakes.plugin.server`). This module imports neither.
+The fakes apply them through their server's header check (:func:`fakes.grpc_go.header_check`,
+for :class:`krproxy.rpc.Server`), with the stream limit and message sizes set on the server
+(:mod:`fakes.containerd.server`, :mod:`fakes.plugin.server`). This module imports no server.
 """
 
 from __future__ import annotations

@@ -176,6 +176,14 @@ class ProxyConfig:
     def _check_metrics_address(self, attribute: attrs.Attribute[str], value: str) -> None:
         check_metrics_address(value, self.metrics_allow_remote)
 
+    @requirements.validator
+    def _check_requirements(self, attribute: attrs.Attribute[Requirements], value: Requirements) -> None:
+        if value.servers and self.backend_mode is BackendMode.DOCKER:
+            raise ValueError(
+                "--required-hook-server is not supported with --backend-runtime-mode=Docker: Docker mode "
+                "would hold no call for it (docs/docker-mode.md); use CRI mode, or drop the flag"
+            )
+
     @grace_period.validator
     def _check_grace(self, attribute: attrs.Attribute[float], value: float) -> None:
         if value < 0:

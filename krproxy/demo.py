@@ -8,9 +8,9 @@ Everything runs in one process and one ``trio.run``, on sockets in a fresh temp 
   limit, a cpuset and an annotation set;
 * ``krproxy serve`` in front of the fake.
 
-A CRI client independent of the proxy's relay (grpclib's, with h2 underneath) then drives a
-whole pod lifecycle through the proxy and the demo prints each step, and what the runtime finally
-received for CreateContainer. Exit status 0 when every step behaved.
+A CRI client (:class:`krproxy.rpc.Channel`) then drives a whole pod lifecycle through the proxy
+and the demo prints each step, and what the runtime finally received for CreateContainer. Exit
+status 0 when every step behaved.
 """
 
 from __future__ import annotations
@@ -22,21 +22,18 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
-import grpclib.client
-import grpclib.exceptions
 import trio
-import trio_asyncio
 
 from fakes.containerd import FakeContainerd, run_fake_containerd
-from krproxy import _grpc, kubelet
+from krproxy import kubelet, rpc
 from krproxy.config import ProxyConfig
 from krproxy.daemon import serve
+from krproxy.grpcstatus import GRPCError
+from krproxy.hooks.points import CRI_RUNTIME_SERVICE, HookPoint
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from krproxy.proto.runtime.v1 import services as cri_services
-from krproxy.proto.runtime.v1alpha1 import services as hook_services
 
 #: What the demo plugin asks for; the demo checks the runtime received exactly this.
 DEMO_LIMITS = {"cpu_quota": 50_000, "cpu_period": 100_000, "memory_limit_in_bytes": 256 << 20}
@@ -44,11 +41,26 @@ DEMO_CPUSET = "0-1"
 DEMO_ANNOTATION = ("demo.krproxy.io/limited-by", "demo-limits")
 
 
-class DemoLimitsPlugin(hook_services.RuntimeHookServiceBase):
-    """Sets resources on every new container, echoing everything else (koordlet's convention)."""
+M = TypeVar("M")
+
+
+class DemoLimitsPlugin:
+    """Sets resources on every new container, echoing everything else (koordlet's convention).
+
+    Serves PreCreateContainerHook only: ``await nursery.start(DemoLimitsPlugin().serve, path)``.
+    """
 
     def __init__(self) -> None:
         self.calls = 0
+
+    async def serve(self, path: str, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the hook protocol on the unix socket ``path`` until cancelled."""
+        server = rpc.Server({HookPoint.PRE_CREATE_CONTAINER.rpc_path: rpc.unary(self._pre_create_container)})
+        await server.serve(path, task_status=task_status)
+
+    async def _pre_create_container(self, request: bytes) -> bytes:
+        message = hookapi.ContainerResourceHookRequest.FromString(request)
+        return bytes((await self.pre_create_container_hook(message)).SerializeToString())
 
     async def pre_create_container_hook(
         self, message: hookapi.ContainerResourceHookRequest
@@ -80,8 +92,8 @@ class Demo:
         self, name: str, call: Callable[[], Awaitable[Any]], describe: Callable[[Any], str]
     ) -> Any:
         try:
-            result = await trio_asyncio.aio_as_trio(call)()
-        except grpclib.exceptions.GRPCError as err:
+            result = await call()
+        except GRPCError as err:
             self.failures += 1
             self.say(f"  FAIL {name:<24} {err.status.name}: {err.message}")
             return None
@@ -102,21 +114,37 @@ def _pod_config() -> cri.PodSandboxConfig:
     )
 
 
+class _Runtime:
+    """CRI RuntimeService calls on a channel: ``await runtime.call("Version", reply_type, request)``."""
+
+    def __init__(self, channel: rpc.Channel) -> None:
+        self.channel = channel
+
+    async def call(self, method: str, reply_type: type[M], request: Any, *, seconds: float) -> M:
+        """``method`` with a deadline ``seconds`` from now (sent as grpc-timeout, as kubelet does)."""
+        path = f"/{CRI_RUNTIME_SERVICE}/{method}"
+        reply = await self.channel.unary(path, bytes(request.SerializeToString()), timeout=seconds)
+        return reply_type.FromString(reply)  # type: ignore[attr-defined,no-any-return]
+
+
 async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
-    channel = grpclib.client.Channel(path=proxy_socket)  # inside the loop: it captures it
-    runtime = cri_services.RuntimeServiceStub(channel)
+    channel = rpc.Channel(proxy_socket)
+    runtime = _Runtime(channel)
     timeout = kubelet.RUNTIME_REQUEST_TIMEOUT  # kubelet's deadlines, as a node has them
     try:
         await demo.step(
             "Version",
-            lambda: runtime.version(cri.VersionRequest(), timeout=timeout),
+            lambda: runtime.call("Version", cri.VersionResponse, cri.VersionRequest(), seconds=timeout),
             lambda r: f"{r.runtime_name} {r.runtime_version} (CRI {r.runtime_api_version})",
         )
         pod_config = _pod_config()
         pod = await demo.step(
             "RunPodSandbox",
-            lambda: runtime.run_pod_sandbox(
-                cri.RunPodSandboxRequest(config=pod_config), timeout=kubelet.RUN_POD_SANDBOX_TIMEOUT
+            lambda: runtime.call(
+                "RunPodSandbox",
+                cri.RunPodSandboxResponse,
+                cri.RunPodSandboxRequest(config=pod_config),
+                seconds=kubelet.RUN_POD_SANDBOX_TIMEOUT,
             ),
             lambda r: f"pod default/demo -> sandbox {r.pod_sandbox_id[:12]}",
         )
@@ -130,11 +158,13 @@ async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
         )
         created = await demo.step(
             "CreateContainer",
-            lambda: runtime.create_container(
+            lambda: runtime.call(
+                "CreateContainer",
+                cri.CreateContainerResponse,
                 cri.CreateContainerRequest(
                     pod_sandbox_id=pod.pod_sandbox_id, config=container_config, sandbox_config=pod_config
                 ),
-                timeout=timeout,
+                seconds=timeout,
             ),
             lambda r: f"container app -> {r.container_id[:12]}",
         )
@@ -160,58 +190,83 @@ async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
         )
         await demo.step(
             "StartContainer",
-            lambda: runtime.start_container(cri.StartContainerRequest(container_id=cid), timeout=timeout),
+            lambda: runtime.call(
+                "StartContainer",
+                cri.StartContainerResponse,
+                cri.StartContainerRequest(container_id=cid),
+                seconds=timeout,
+            ),
             lambda r: "started",
         )
         await demo.step(
             "ContainerStatus",
-            lambda: runtime.container_status(cri.ContainerStatusRequest(container_id=cid), timeout=timeout),
+            lambda: runtime.call(
+                "ContainerStatus",
+                cri.ContainerStatusResponse,
+                cri.ContainerStatusRequest(container_id=cid),
+                seconds=timeout,
+            ),
             lambda r: f"{r.status.state.name}, cpu_quota={r.status.resources.linux.cpu_quota}",
         )
         await demo.step(
             "ExecSync",
-            lambda: runtime.exec_sync(
+            lambda: runtime.call(
+                "ExecSync",
+                cri.ExecSyncResponse,
                 cri.ExecSyncRequest(container_id=cid, cmd=["echo", "hello"], timeout=5),
-                timeout=kubelet.exec_sync_timeout(5),
+                seconds=kubelet.exec_sync_timeout(5),
             ),
             lambda r: f"exit {r.exit_code}, stdout {r.stdout!r}",
         )
         for name, call in (
             (
                 "StopContainer",
-                lambda: runtime.stop_container(
+                lambda: runtime.call(
+                    "StopContainer",
+                    cri.StopContainerResponse,
                     cri.StopContainerRequest(container_id=cid, timeout=1),
-                    timeout=kubelet.stop_container_timeout(1),
+                    seconds=kubelet.stop_container_timeout(1),
                 ),
             ),
             (
                 "RemoveContainer",
-                lambda: runtime.remove_container(
-                    cri.RemoveContainerRequest(container_id=cid), timeout=timeout
+                lambda: runtime.call(
+                    "RemoveContainer",
+                    cri.RemoveContainerResponse,
+                    cri.RemoveContainerRequest(container_id=cid),
+                    seconds=timeout,
                 ),
             ),
             (
                 "StopPodSandbox",
-                lambda: runtime.stop_pod_sandbox(
-                    cri.StopPodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id), timeout=timeout
+                lambda: runtime.call(
+                    "StopPodSandbox",
+                    cri.StopPodSandboxResponse,
+                    cri.StopPodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id),
+                    seconds=timeout,
                 ),
             ),
             (
                 "RemovePodSandbox",
-                lambda: runtime.remove_pod_sandbox(
-                    cri.RemovePodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id), timeout=timeout
+                lambda: runtime.call(
+                    "RemovePodSandbox",
+                    cri.RemovePodSandboxResponse,
+                    cri.RemovePodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id),
+                    seconds=timeout,
                 ),
             ),
         ):
             await demo.step(name, call, lambda r: "done")
         listed = await demo.step(
             "ListPodSandbox",
-            lambda: runtime.list_pod_sandbox(cri.ListPodSandboxRequest(), timeout=timeout),
+            lambda: runtime.call(
+                "ListPodSandbox", cri.ListPodSandboxResponse, cri.ListPodSandboxRequest(), seconds=timeout
+            ),
             lambda r: f"{len(r.items)} pods left",
         )
         demo.check("nothing left behind", listed is not None and len(listed.items) == 0)
     finally:
-        channel.close()
+        await channel.aclose()
 
 
 def _register_plugin(hook_dir: str, endpoint: str) -> None:
@@ -234,10 +289,10 @@ async def run_demo(out: Any = None) -> int:
     demo.say("krproxy demo: the proxy in front of the bundled fake containerd, with one hook plugin")
     demo.say(f"  sockets and hook dir in {workdir}")
     try:
-        async with _grpc.open_loop(), trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
             fake: FakeContainerd = await nursery.start(run_fake_containerd, paths["containerd"])
             plugin = DemoLimitsPlugin()
-            await nursery.start(_grpc.serve, [plugin], paths["plugin"])
+            await nursery.start(plugin.serve, paths["plugin"])
             _register_plugin(hook_dir, paths["plugin"])
             config = ProxyConfig(
                 listen=paths["krproxy"], runtime_endpoint=paths["containerd"], hook_dir=hook_dir

@@ -1,15 +1,12 @@
-"""gRPC status codes, the error that carries one, and method cardinalities, without grpclib.
+"""gRPC status codes, the error that carries one, and method cardinalities.
 
-The daemon (the relay, Docker mode, the runc wrapper, ``trace show``) speaks gRPC through
-its own sans-I/O relay and never runs grpclib; only the plugin SDK, ``trace serve`` and the
-fakes do, through one adapter module. The daemon still needs the status codes — to read the
-runtime's ``grpc-status``, to answer statuses of its own and to record them — so they live
-here, in a module that imports nothing but the standard library.
+Everything of krproxy that speaks gRPC — the relay, the plugin SDK's server (:mod:`krproxy.rpc`),
+``trace serve|replay``, the fakes — reads and answers statuses with these. They live here, in a
+module that imports nothing but the standard library, so that the pure core (the trace format,
+call records) can hold them too.
 
-The numbers are gRPC's (``doc/statuscodes.md`` in grpc/grpc) and the names those of
-``grpclib.const.Status``, so a value converts either way by number: ``Status(s.value)``.
-:class:`GRPCError` and :class:`Cardinality` mirror ``grpclib.exceptions.GRPCError`` and
-``grpclib.const.Cardinality`` likewise; code that runs a grpclib server converts at its edge.
+The numbers are gRPC's (``doc/statuscodes.md`` in grpc/grpc); the names are those of grpcio's
+``StatusCode`` and grpclib's ``Status``, so a value converts either way by number (``Status(n)``).
 """
 
 from __future__ import annotations

@@ -86,7 +86,6 @@ def configure(level: str = "info", fmt: str = "logfmt", stream: Any = None) -> N
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    # Libraries stay at WARNING whatever our level: grpclib logs every cancelled request at
-    # INFO, and hpack/h2 log each HTTP/2 frame at DEBUG, which would drown our events.
-    for noisy in ("grpclib", "hpack", "h2"):
-        logging.getLogger(noisy).setLevel(max(root.level, logging.WARNING))
+    # hpack (the relay's header decoder) logs every header field at DEBUG, which would drown our
+    # events at -v: it stays at WARNING whatever our level.
+    logging.getLogger("hpack").setLevel(max(root.level, logging.WARNING))

@@ -1,8 +1,8 @@
 """Every CRI method of our protos: its path, message classes and cardinality.
 
-Read from the serialized descriptor of ``protos/cri_v1.proto`` (:mod:`krproxy.proto.descriptors`),
-not from grpclib's service bases, so the daemon and ``krproxy trace`` know the route table
-without importing grpclib.
+Read from the serialized descriptor of ``protos/cri_v1.proto`` (:mod:`krproxy.proto.descriptors`):
+the generated betterproto2 code holds messages only (scripts/genproto.py), so this is where the
+daemon, ``krproxy trace`` and the fake containerd find the route table.
 """
 
 from __future__ import annotations

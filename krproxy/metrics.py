@@ -102,7 +102,9 @@ class Metrics:
             registry=r,
         )
         self.ready = Gauge(
-            "krproxy_ready", "1 when the proxy listens and its store is recovered (/readyz).", registry=r
+            "krproxy_ready",
+            "1 when the proxy listens, its store is recovered and every required hook server answers (/readyz).",
+            registry=r,
         )
         self.nri_not_applied = Counter(
             "krproxy_nri_changes_not_applied_total",

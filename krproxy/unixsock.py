@@ -1,7 +1,7 @@
 """Unix socket files: binding one safely, and naming one as an endpoint.
 
-Used by the daemon (its CRI or Docker socket) and by the grpclib servers (through
-:mod:`krproxy._grpc`); imports nothing but the standard library and :mod:`krproxy.log`.
+Used by the daemon (its CRI or Docker socket) and by :class:`krproxy.rpc.Server` (the SDK's hook
+server, ``trace serve``, the fakes); imports nothing but the standard library and :mod:`krproxy.log`.
 """
 
 from __future__ import annotations

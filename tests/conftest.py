@@ -2,7 +2,6 @@
 
 - ``short_tmp``: a fresh directory under ``/tmp`` with a short path (unix socket paths are limited
   to 107 bytes, and pytest's ``tmp_path`` can be longer), removed afterwards.
-- ``aio_loop``: the trio-asyncio loop; grpclib servers and channels must live inside it.
 - ``fake_containerd``: a :class:`~fakes.containerd.FakeContainerd` served on a socket in
   ``short_tmp``, with a deterministic clock and IDs; yields ``(fake, socket_path)``.
 - ``cri_client``: a factory ``cri_client(socket_path) -> CriClient`` of independent grpcio clients
@@ -29,7 +28,6 @@ from cri_api.v1 import api_pb2_grpc
 
 from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, sequential_ids, stepping_clock
 from fakes.containerd.state import LIST_SEED_ENV
-from krproxy import _grpc  # the adapter: trio-asyncio (warning handled), grpclib set up for it
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -96,13 +94,7 @@ def short_tmp() -> Iterator[Path]:
 
 
 @pytest.fixture
-async def aio_loop() -> AsyncIterator[Any]:
-    async with _grpc.open_loop() as loop:
-        yield loop
-
-
-@pytest.fixture
-async def fake_containerd(aio_loop: Any, short_tmp: Path) -> AsyncIterator[tuple[FakeContainerd, str]]:
+async def fake_containerd(short_tmp: Path) -> AsyncIterator[tuple[FakeContainerd, str]]:
     fake = FakeContainerd(RuntimeState(clock=stepping_clock(), new_id=sequential_ids()))
     path = str(short_tmp / "containerd.sock")
     async with trio.open_nursery() as nursery:

@@ -15,7 +15,7 @@ import trio
 
 from fakes.containerd.server import FakeContainerd, run_fake_containerd
 from fakes.containerd.state import RuntimeState, list_order
-from krproxy import _argparse, _grpc
+from krproxy import _argparse
 from krproxy.unixsock import strip_unix_scheme
 
 LOGGER = logging.getLogger("fakes.containerd")
@@ -53,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 async def _serve(path: str, fake: FakeContainerd) -> None:
     # Open the signal receiver first: a signal arriving during start-up must not be lost.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with _grpc.open_loop(), trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
             await nursery.start(run_fake_containerd, path, fake)
             async for signum in signals:
                 LOGGER.info("event=shutdown signal=%s", signal.Signals(signum).name)

@@ -1,48 +1,50 @@
-"""The fake containerd on the wire: grpclib services around :class:`~fakes.containerd.state.RuntimeState`.
+"""The fake containerd on the wire: :class:`~fakes.containerd.state.RuntimeState` served by krproxy's gRPC server.
 
-This is the only module of the fake that touches grpclib or asyncio. Each CRI method path gets a
-handler that receives the request as raw bytes (so the exact bytes a proxy forwarded can be
-recorded), decodes it, applies any injected fault, calls the state, and encodes the answer (or
-sends it as the state encoded it, for :data:`~fakes.containerd.state.RuntimeState.ENCODED_CALLS`).
+Each CRI method path (:func:`krproxy.methods.cri_methods`) gets a handler that receives the request
+as raw bytes (so the exact bytes a proxy forwarded can be recorded), decodes it, applies any
+injected fault, calls the state, and encodes the answer (or sends it as the state encoded it, for
+:data:`~fakes.containerd.state.RuntimeState.ENCODED_CALLS`).
 
 Which methods work is decided by :data:`~fakes.containerd.state.RuntimeState.CRI_CALLS` plus
-``GetContainerEvents`` (served here, since it needs a live stream); every other method of the
-generated service bases answers UNIMPLEMENTED, as do unknown method paths (via
-:func:`krproxy._grpc.serve`'s fallback).
+``GetContainerEvents`` (served here, since it needs a live stream); every other CRI method answers
+UNIMPLEMENTED "method X not implemented" (grpc-go's generated answer) after its request was
+recorded, and unknown method paths UNIMPLEMENTED from the server itself.
 
-The fake is as strict as containerd's grpc-go (:mod:`fakes.strict`): a request with a malformed
-``grpc-timeout`` (more than 8 digits) or without ``:method`` is refused as the chosen grpc-go
-version does (containerd 1.6's RST_STREAM PROTOCOL_ERROR by default), a message over 16 MiB either
-way is RESOURCE_EXHAUSTED, and no SETTINGS_MAX_CONCURRENT_STREAMS is advertised unless asked for.
-The header block of every request is logged (:meth:`FakeContainerd.headers`).
+The fake is as strict as containerd's grpc-go (:mod:`fakes.strict`, applied by
+:func:`fakes.grpc_go.header_check`): a request with a malformed ``grpc-timeout`` (more than 8
+digits) or without ``:method`` is refused as the chosen grpc-go version does (containerd 1.6's
+RST_STREAM PROTOCOL_ERROR by default), a message over 16 MiB either way is RESOURCE_EXHAUSTED with
+grpc-go's words (a request's by the server, before it is read), and no SETTINGS_MAX_CONCURRENT_STREAMS is advertised unless asked for. The header
+block of every request is logged (:meth:`FakeContainerd.headers`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
+import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+import math
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import attrs
 import betterproto2
-import grpclib.const
-import grpclib.server
+import betterproto2.casing
 import trio
-from grpclib.exceptions import GRPCError
 
 from fakes import strict
-from fakes.containerd.grpc_go import serve_strictly
 from fakes.containerd.state import CriError, RuntimeState
-from krproxy._grpc import BytesCodec, Raw, serve
+from fakes.grpc_go import Metadata, encode_metadata, header_check, metadata_items
+from krproxy import rpc
+from krproxy.grpcstatus import GRPCError, Status
+from krproxy.methods import cri_methods
 from krproxy.proto.runtime import v1 as cri
-from krproxy.proto.runtime.v1 import services as cri_services
 
 LOGGER = logging.getLogger("fakes.containerd")
 
-Metadata = tuple[tuple[str, str | bytes], ...]
+#: One subscriber of GetContainerEvents: where its events are sent.
+_Subscriber = trio.MemorySendChannel[cri.ContainerEventResponse]
 
 
 @attrs.frozen
@@ -50,10 +52,10 @@ class Fault:
     """Misbehaviour to inject into one CRI method.
 
     Attributes:
-        delay: seconds to wait before answering (asyncio time, so trio's MockClock drives it).
+        delay: seconds to wait before answering (trio time: a MockClock drives it).
         status: answer with this gRPC status instead of calling the runtime.
         message: the status message sent with ``status``.
-        trailing_metadata: extra trailing metadata sent with ``status``.
+        trailing_metadata: extra trailing metadata sent with ``status`` (a ``-bin`` key's value as bytes).
         drop: abort the client's connection mid-call; the client sees UNAVAILABLE.
         after_call: apply ``status``/``drop`` after the runtime did the work (the reply is lost),
             instead of before (the runtime never saw the call). ``delay`` always comes first.
@@ -61,7 +63,7 @@ class Fault:
     """
 
     delay: float = 0.0
-    status: grpclib.const.Status | None = None
+    status: Status | None = None
     message: str = ""
     trailing_metadata: Metadata = ()
     drop: bool = False
@@ -79,24 +81,6 @@ class RecordedRequest:
     metadata: Metadata
 
 
-class _RuntimeService(cri_services.RuntimeServiceBase):
-    """The runtime service; every method not served by the state stays UNIMPLEMENTED."""
-
-    def __init__(self, fake: FakeContainerd) -> None:
-        self._fake = fake
-
-    def get_container_events(
-        self, message: cri.GetEventsRequest
-    ) -> AsyncIterator[cri.ContainerEventResponse]:
-        # A plain function: the subscription exists as soon as this returns, before the first
-        # event is awaited, so an event produced right after the call starts is not missed.
-        return self._fake._subscribe()
-
-
-class _ImageService(cri_services.ImageServiceBase):
-    """The image service; every method not served by the state stays UNIMPLEMENTED."""
-
-
 @attrs.define(eq=False)
 class FakeContainerd:
     """A stateful fake containerd CRI endpoint with a request log and fault injection.
@@ -109,8 +93,7 @@ class FakeContainerd:
         max_concurrent_streams: the SETTINGS_MAX_CONCURRENT_STREAMS to advertise; None (the
             default) advertises none, as containerd.
         enforce_deadlines: False: a caller's ``grpc-timeout`` is checked and logged but not
-            enforced (grpclib would enforce it in real time, which a test's stopped trio clock
-            does not stop).
+            enforced (a test that stops trio's clock, or jumps it, decides when a call ends).
     """
 
     state: RuntimeState = attrs.Factory(RuntimeState)
@@ -123,7 +106,7 @@ class FakeContainerd:
     _headers: dict[str, collections.deque[strict.Headers]] = attrs.field(init=False, factory=dict)
     _log: dict[str, collections.deque[RecordedRequest]] = attrs.field(init=False, factory=dict)
     _faults: dict[str, tuple[Fault, int | None]] = attrs.field(init=False, factory=dict)
-    _subscribers: set[asyncio.Queue[cri.ContainerEventResponse]] = attrs.field(init=False, factory=set)
+    _subscribers: set[_Subscriber] = attrs.field(init=False, factory=set)
 
     # -- test-facing API ----------------------------------------------------------------------
 
@@ -167,26 +150,39 @@ class FakeContainerd:
     def flush_events(self) -> None:
         """Hand the state's pending lifecycle events to every GetContainerEvents stream."""
         for event in self.state.take_events():
-            for queue in self._subscribers:
-                queue.put_nowait(event)
+            for subscriber in self._subscribers:
+                subscriber.send_nowait(event)
 
-    def handlers(self) -> list[Any]:
-        """The grpclib handler objects to serve (pass them to :func:`krproxy._grpc.serve` with
-        :class:`krproxy._grpc.BytesCodec` and ``configure=``:meth:`configure`)."""
-        return [_Routes(self, [_RuntimeService(self), _ImageService()])]
-
-    def configure(self, server: grpclib.server.Server) -> None:
-        """Make ``server`` (not started yet) as strict as containerd's grpc-go, logging headers here."""
-        serve_strictly(
-            server,
-            self.grpc_go,
-            max_concurrent_streams=self.max_concurrent_streams,
-            deadlines=self.enforce_deadlines,
-            accepted=self._accepted,
-            rejected=self._rejected,
+    def server(self) -> rpc.Server:
+        """A :class:`krproxy.rpc.Server` serving this fake, as strict as containerd's grpc-go."""
+        return rpc.Server(
+            self._handlers(),
+            check_headers=header_check(self.grpc_go, accepted=self._accepted, rejected=self._rejected),
+            max_request=strict.MAX_MESSAGE,
+            max_streams=self.max_concurrent_streams,
+            enforce_deadlines=self.enforce_deadlines,
         )
 
     # -- machinery ----------------------------------------------------------------------------
+
+    def _handlers(self) -> dict[str, rpc.Handler]:
+        """A handler for every CRI method; the state's methods where it has them."""
+        handlers: dict[str, rpc.Handler] = {}
+        for path, method in cri_methods().items():
+            name = path.rsplit("/", 1)[1]
+            snake = betterproto2.casing.snake_case(name)
+            call: Callable[[Any], Any]
+            if snake in RuntimeState.ENCODED_CALLS:
+                call = getattr(self.state, f"{snake}_encoded")
+            elif snake in RuntimeState.CRI_CALLS:
+                call = getattr(self.state, snake)
+            elif snake == "get_container_events":
+                call = self._subscription
+            else:
+                call = functools.partial(_unimplemented, name)
+            streaming = method.cardinality.server_streaming
+            handlers[path] = functools.partial(self._handle, name, method.request, call, streaming)
+        return handlers
 
     def _accepted(self, headers: strict.Headers) -> None:
         path = next((value for name, value in headers if name == ":path"), "")
@@ -194,17 +190,18 @@ class FakeContainerd:
         self._headers.setdefault(method, collections.deque(maxlen=self.history)).append(tuple(headers))
 
     def _rejected(self, headers: strict.Headers, rejection: strict.Rejection) -> None:
-        LOGGER.info("event=request_refused reason=%r", rejection.message)
         self.rejected.append((tuple(headers), rejection))
 
-    async def _subscribe(self) -> AsyncIterator[cri.ContainerEventResponse]:
-        queue: asyncio.Queue[cri.ContainerEventResponse] = asyncio.Queue()
-        self._subscribers.add(queue)
+    @contextlib.asynccontextmanager
+    async def _subscription(self, request: cri.GetEventsRequest) -> AsyncIterator[AsyncIterator[Any]]:
+        """GetContainerEvents: subscribed on entry (before the answer starts, so an event produced
+        right after the call arrived is not missed), unsubscribed on exit."""
+        send, receive = trio.open_memory_channel[cri.ContainerEventResponse](math.inf)
+        self._subscribers.add(send)
         try:
-            while True:
-                yield await queue.get()
+            yield receive
         finally:
-            self._subscribers.discard(queue)
+            self._subscribers.discard(send)
 
     def _take_fault(self, method: str) -> Fault | None:
         entry = self._faults.get(method)
@@ -218,18 +215,15 @@ class FakeContainerd:
                 self._faults[method] = (fault, left - 1)
         return fault
 
-    async def _misbehave(self, fault: Fault, stream: grpclib.server.Stream[Any, Any]) -> bool:
-        """Apply a fault's status or drop; True when the call has been answered."""
+    @staticmethod
+    async def _misbehave(fault: Fault, stream: rpc.Stream) -> bool:
+        """Apply a fault's drop or status; True when the call has been answered (or cut off)."""
         if fault.drop:
-            # grpclib has no public way to cut a connection; its protocol stream holds the
-            # asyncio transport. Aborting makes grpclib cancel this handler (connection_lost).
-            stream._stream._transport.abort()
-            await asyncio.Event().wait()
+            stream.close_connection()
+            await trio.sleep_forever()  # the connection is gone: the server cancels this call
         if fault.status is not None:
             await stream.send_trailing_metadata(
-                status=fault.status,
-                status_message=fault.message or None,
-                metadata=fault.trailing_metadata or None,
+                fault.status, fault.message or None, metadata=encode_metadata(fault.trailing_metadata)
             )
             return True
         return False
@@ -240,37 +234,32 @@ class FakeContainerd:
         request_type: type[betterproto2.Message],
         call: Callable[[Any], Any],
         server_streaming: bool,
-        stream: grpclib.server.Stream[bytes, bytes],
+        stream: rpc.Stream,
     ) -> None:
         raw = await stream.recv_message()
-        assert raw is not None
-        if len(raw) > strict.MAX_MESSAGE:
-            raise GRPCError(
-                grpclib.const.Status.RESOURCE_EXHAUSTED, strict.too_large(len(raw), sending=False)
-            )
+        if raw is None:
+            raise GRPCError(Status.INTERNAL, f"{method}: the request ended without a message")
         message = request_type.FromString(raw)
         log = self._log.setdefault(method, collections.deque(maxlen=self.history))
-        log.append(RecordedRequest(method, message, raw, tuple((stream.metadata or {}).items())))
+        log.append(RecordedRequest(method, message, raw, metadata_items(stream.metadata)))
         LOGGER.debug("event=request method=%s bytes=%d", method, len(raw))
         fault = self._take_fault(method)
         if fault is not None:
             if fault.delay:
-                await asyncio.sleep(fault.delay)
+                await trio.sleep(fault.delay)
             if not fault.after_call and await self._misbehave(fault, stream):
                 return
         try:
             if server_streaming:
-                replies = call(message)
-                await stream.send_initial_metadata()
-                async for reply in replies:
-                    await stream.send_message(_checked(bytes(reply.SerializeToString())))
+                async with call(message) as replies:
+                    await stream.send_initial_metadata()
+                    async for reply in replies:
+                        await stream.send_message(_checked(bytes(reply.SerializeToString())))
                 return
             try:
                 reply = call(message)
-                if asyncio.iscoroutine(reply):
-                    reply = await reply
             except CriError as err:
-                raise GRPCError(grpclib.const.Status(err.code.value), err.message) from None
+                raise GRPCError(Status(err.code.value), err.message) from None
         finally:
             self.flush_events()
         if fault is not None and fault.after_call and await self._misbehave(fault, stream):
@@ -280,47 +269,16 @@ class FakeContainerd:
         )
 
 
+def _unimplemented(method: str, request: Any) -> Any:
+    """A CRI method the state does not model: grpc-go's generated ``Unimplemented...Server`` answer."""
+    raise GRPCError(Status.UNIMPLEMENTED, f"method {method} not implemented")
+
+
 def _checked(reply: bytes) -> bytes:
     """``reply``, unless it is over containerd's limit: then RESOURCE_EXHAUSTED, as grpc-go sends."""
     if len(reply) > strict.MAX_MESSAGE:
-        raise GRPCError(grpclib.const.Status.RESOURCE_EXHAUSTED, strict.too_large(len(reply), sending=True))
+        raise GRPCError(Status.RESOURCE_EXHAUSTED, strict.too_large(len(reply), sending=True))
     return reply
-
-
-class _Routes:
-    """A grpclib handler whose route table covers every method of the given generated services.
-
-    Requests and replies cross grpclib as bytes (:data:`krproxy._grpc.Raw`); :meth:`FakeContainerd._handle`
-    decodes and encodes them.
-    """
-
-    def __init__(self, fake: FakeContainerd, services: Iterable[Any]) -> None:
-        self._fake = fake
-        self._services = list(services)
-
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        routes: dict[str, grpclib.const.Handler] = {}
-        for service in self._services:
-            for path, handler in service.__mapping__().items():
-                method = path.rsplit("/", 1)[1]
-                # The generated handler for method ``Foo`` is the bound ``__rpc_foo``; its
-                # public counterpart ``foo`` is what a subclass overrides.
-                snake = handler.func.__name__.removeprefix("__rpc_")
-                streaming = handler.cardinality.server_streaming
-                call = (
-                    getattr(self._fake.state, f"{snake}_encoded")
-                    if snake in RuntimeState.ENCODED_CALLS
-                    else getattr(self._fake.state, snake)
-                    if snake in RuntimeState.CRI_CALLS
-                    else getattr(service, snake)
-                )
-                routes[path] = grpclib.const.Handler(
-                    functools.partial(self._fake._handle, method, handler.request_type, call, streaming),
-                    handler.cardinality,
-                    Raw,
-                    Raw,
-                )
-        return routes
 
 
 async def run_fake_containerd(
@@ -331,14 +289,11 @@ async def run_fake_containerd(
 ) -> None:
     """Serve a fake containerd on the unix socket ``path`` until cancelled.
 
-    Must run inside ``trio_asyncio.open_loop()``. Reports the :class:`FakeContainerd` through
-    ``task_status`` once the socket accepts connections; on cancellation the socket file is
-    removed.
+    Reports the :class:`FakeContainerd` through ``task_status`` once the socket accepts
+    connections; on cancellation connections are closed and the socket file is removed.
     """
     fake = FakeContainerd() if fake is None else fake
     async with trio.open_nursery() as nursery:
-        await nursery.start(
-            functools.partial(serve, fake.handlers(), path, codec=BytesCodec(), configure=fake.configure)
-        )
+        await nursery.start(fake.server().serve, path)
         LOGGER.info("event=listening path=%s", path)
         task_status.started(fake)

@@ -40,11 +40,11 @@ from typing import Any
 import attrs
 import trio
 
-from krproxy._grpc import bind_unix_socket, unlink_if_ours
 from krproxy.grpcstatus import Status
 from krproxy.nri import PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
 from krproxy.nri._session import ConnectionLost, Session, TtrpcError
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
+from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
 __all__ = ["ConnectedPlugin", "FakeNriRuntime", "NriError", "all_events", "event_mask"]
 

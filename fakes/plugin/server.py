@@ -1,15 +1,17 @@
 """The fake hook plugin on the wire: a scriptable ``runtime.v1alpha1.RuntimeHookService``.
 
-Every hook RPC reaches :meth:`FakePlugin.handle` as raw bytes (served by krproxy's own HTTP/2
-relay, :mod:`krproxy.relay`, answering every call itself), so a test can make the plugin answer
-bytes that do not decode, as well as delay, fail, hang or drop the connection. Answers are computed per hook: by default
+Every hook RPC reaches :class:`FakePlugin` as raw bytes (served by krproxy's own gRPC server,
+:class:`krproxy.rpc.Server`), so a test can make the plugin answer bytes that do not
+decode, as well as delay, fail, hang or drop the connection. Answers are computed per hook: by default
 the request is echoed back the way koordlet's proxy server does, with the plugin's
 :class:`Changes` applied on top.
 
 The plugin is as strict as a grpc-go hook server (koordlet) about request headers
-(:mod:`fakes.strict`): a malformed ``grpc-timeout`` (more than 8 digits) or a missing ``:method``
-is refused the way the chosen grpc-go version does (RST_STREAM PROTOCOL_ERROR by default), and
-every accepted request's header block is logged (:attr:`FakePlugin.headers`).
+(:mod:`fakes.strict`, applied by :func:`fakes.grpc_go.header_check`): a malformed ``grpc-timeout``
+(more than 8 digits) or a missing ``:method`` is refused the way the chosen grpc-go version does
+(RST_STREAM PROTOCOL_ERROR by default), and every accepted request's header block is logged
+(:attr:`FakePlugin.headers`). Like koordlet's grpc-go server it advertises no stream limit and
+takes request messages up to 4 MiB.
 
 The plain echo (no changes, no canned answer, no trouble) is built from the request's wire
 form (:func:`echo_bytes`), without decoding and re-encoding it: the benchmark's plugins echo,
@@ -19,8 +21,8 @@ and decodes them when read.
 
 from __future__ import annotations
 
+import functools
 import logging
-import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
@@ -28,15 +30,11 @@ import attrs
 import trio
 
 from fakes import strict
-from krproxy.forward import Forward, Reply
+from fakes.grpc_go import header_check
+from krproxy import rpc
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from krproxy.relay import Relay
-from krproxy.relay import frames as f
-from krproxy.relay.connection import Endpoint, Headers
-from krproxy.relay.rpc import CloseConnection
-from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
 LOGGER = logging.getLogger("fakes.plugin")
 
@@ -231,7 +229,6 @@ class Call:
 
 
 _NO_CHANGES = Changes()
-_HOOKS_BY_PATH = {point.rpc_path: point for point in HookPoint}
 
 
 @attrs.define(eq=False)
@@ -278,9 +275,29 @@ class FakePlugin:
         """The hook of every call received, in arrival order."""
         return [call.hook for call in self.calls]
 
-    async def handle(self, path: str, raw: bytes, forward: Forward) -> Reply:
-        """Serve one call (an interceptor of the plugin's relay: every hook path, nothing forwarded)."""
-        hook = _HOOKS_BY_PATH[path]
+    def server(self) -> rpc.Server:
+        """A :class:`krproxy.rpc.Server` serving this plugin, as strict as koordlet's grpc-go:
+        header checks, no stream limit advertised, grpc-go's default 4 MiB receive limit, and the
+        caller's ``grpc-timeout`` checked but not enforced (a hanging plugin hangs until the
+        caller gives up)."""
+        return rpc.Server(
+            {point.rpc_path: functools.partial(self._serve, point) for point in HookPoint},
+            check_headers=header_check(self.grpc_go, accepted=self.headers.append, rejected=self._rejected),
+            max_request=strict.MAX_PLUGIN_REQUEST,
+            max_streams=None,
+            enforce_deadlines=False,
+        )
+
+    # -- machinery ----------------------------------------------------------------------------
+
+    async def _serve(self, hook: HookPoint, stream: rpc.Stream) -> None:
+        raw = await stream.recv_message()
+        if raw is None:
+            raise GRPCError(Status.INTERNAL, "the request ended without a message")
+        await stream.send_message(await self._reply(hook, raw, stream))
+
+    async def _reply(self, hook: HookPoint, raw: bytes, stream: rpc.Stream) -> bytes:
+        """The answer to one call of *hook* with the request *raw* (GRPCError for a status)."""
         echo = None
         if not self._trouble and hook not in self.answers and self.changes == _NO_CHANGES:
             echo = echo_bytes(hook, raw)
@@ -294,10 +311,8 @@ class FakePlugin:
                 raise GRPCError(Status.INTERNAL, f"cannot decode the request: {err}") from None
         trouble = self._take_trouble(hook)
         if trouble is not None:
-            return Reply(await self._misbehave(hook, request, trouble))
-        return Reply(echo if echo is not None else self._answer(hook, request))
-
-    # -- machinery ----------------------------------------------------------------------------
+            return await self._misbehave(hook, request, trouble, stream)
+        return echo if echo is not None else self._answer(hook, request)
 
     def _take_trouble(self, hook: HookPoint) -> Misbehaviour | None:
         key: HookPoint | None = hook if hook in self._trouble else None
@@ -316,48 +331,24 @@ class FakePlugin:
         answer = self.answers.get(hook, self.changes.answer)(request)
         return answer if isinstance(answer, bytes) else bytes(answer.SerializeToString())
 
-    async def _misbehave(self, hook: HookPoint, request: Any, trouble: Misbehaviour) -> bytes:
+    def _rejected(self, headers: strict.Headers, rejection: strict.Rejection) -> None:
+        self.rejected.append((headers, rejection))
+
+    async def _misbehave(
+        self, hook: HookPoint, request: Any, trouble: Misbehaviour, stream: rpc.Stream
+    ) -> bytes:
         if trouble.delay:
             await trio.sleep(trouble.delay)
         if trouble.hang:
             await trio.sleep_forever()
         if trouble.drop:
-            raise CloseConnection()
+            stream.close_connection()
+            await trio.sleep_forever()  # the connection is gone: the server cancels this call
         if trouble.status is not None:
             raise GRPCError(trouble.status, trouble.message or None)
         if trouble.garbage is not None:
             return trouble.garbage
         return self._answer(hook, request)
-
-
-class _StrictRelay(Relay):
-    """The plugin's relay, refusing a request's header block as a grpc-go server does."""
-
-    def __init__(self, plugin: FakePlugin) -> None:
-        super().__init__(enforce_deadlines=False)
-        self._plugin = plugin
-        # As koordlet's grpc-go server: no stream limit advertised, header lists judged by
-        # fakes.strict's rules (open_call below) rather than the relay's own.
-        self.caller_max_streams = None
-        self.check_request_headers = False
-        self.max_request = strict.MAX_PLUGIN_REQUEST  # grpc-go's default receive limit
-
-    def open_call(self, ep: Endpoint, stream_id: int, headers: Headers, end: bool) -> None:
-        text = tuple((name.decode("latin-1"), value.decode("latin-1")) for name, value in headers)
-        rejection = strict.check_request(text)
-        if rejection is None:
-            self._plugin.headers.append(text)
-            super().open_call(ep, stream_id, headers, end)
-            return
-        LOGGER.info("event=request_refused reason=%r", rejection.message)
-        self._plugin.rejected.append((text, rejection))
-        if rejection.resets(self._plugin.grpc_go):
-            ep.write(f.rst_stream(stream_id, f.PROTOCOL_ERROR))
-            return
-        answer = [(name.encode(), value.encode()) for name, value in rejection.early_abort_headers()]
-        ep.write(f.header_frames(stream_id, f.encode_headers(answer), True, ep.peer_max_frame))
-        if not end:
-            ep.write(f.rst_stream(stream_id, f.NO_ERROR))
 
 
 async def run_fake_plugin(
@@ -369,22 +360,11 @@ async def run_fake_plugin(
     """Serve a fake plugin on the unix socket *path* until cancelled.
 
     Reports the :class:`FakePlugin` through ``task_status`` once the socket accepts connections;
-    on cancellation connections are closed and the socket file is removed (if still ours). The
-    caller's ``grpc-timeout`` is checked (:mod:`fakes.strict`) but not enforced: a hanging fake
-    hangs until the caller gives up.
+    on cancellation connections are closed and the socket file is removed (if still ours). See
+    :meth:`FakePlugin.server` for what it refuses.
     """
     plugin = FakePlugin() if plugin is None else plugin
-    sock = bind_unix_socket(path)
-    inode = os.stat(path).st_ino
-    relay = _StrictRelay(plugin)
-    hooks = [point.rpc_path for point in HookPoint]
-    relay.configure(None, None, {rpc_path: plugin.handle for rpc_path in hooks}, unary_paths=hooks)
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(relay.serve, sock)
-            LOGGER.info("event=listening path=%s", path)
-            task_status.started(plugin)
-            await trio.sleep_forever()
-    finally:
-        sock.close()
-        unlink_if_ours(path, inode)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(plugin.server().serve, path)
+        LOGGER.info("event=listening path=%s", path)
+        task_status.started(plugin)

@@ -26,9 +26,17 @@ import trio
 from krproxy import log
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.merge import Change, Merged
-from krproxy.hooks.outcomes import ChainResult, HookFailure, HookRejected, Outcome, RequiredFailed
+from krproxy.hooks.outcomes import (
+    ChainResult,
+    HookFailure,
+    HookRejected,
+    Outcome,
+    RequiredFailed,
+    RequiredMissing,
+)
 from krproxy.hooks.points import HookPoint, Stage
 from krproxy.hooks.registration import FailurePolicy, PluginRegistration, Registry
+from krproxy.hooks.required import Availability, State
 from krproxy.hooks.validate import INVALID_ANSWER, WRONG_TYPES, check_answer, wrong_types
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from krproxy.relay import Relay
@@ -127,6 +135,34 @@ class Dispatcher:
     def plugins_for(self, point: HookPoint) -> Sequence[PluginRegistration]:
         return self.registry.plugins_for(point)
 
+    def check_required(
+        self, point: HookPoint, required: Collection[str], hooked: Collection[str] = ()
+    ) -> None:
+        """Refuse a call whose required hook servers the current registry would not call at *point*:
+        one of *required* no longer registered (its file went away after the guard saw it up), or one of
+        *hooked* registered without *point* in its ``runtime-hooks``.
+
+        Raises:
+            RequiredMissing: UNAVAILABLE naming each such server, as the guard's refusal.
+        """
+        if not required and not hooked:
+            return
+        plugins = {p.name: p for p in self.registry.plugins.values()}
+        missing: list[tuple[str, Availability]] = []
+        for name in dict.fromkeys([*required, *hooked]):
+            plugin = plugins.get(name)
+            if plugin is None:
+                error = self.registry.error_for(f"{name}.json")
+                missing.append(
+                    (name, Availability(State.MISSING, error or "its registration file went away"))
+                )
+            elif name in hooked and not plugin.handles(point):
+                listed = ", ".join(p.value for p in plugin.hooks) or "nothing"
+                detail = f"{plugin.file} lists {listed}"
+                missing.append((name, Availability(State.NOT_HOOKED, detail)))
+        if missing:
+            raise RequiredMissing(point, missing)
+
     async def call(
         self,
         plugin: PluginRegistration,
@@ -182,6 +218,7 @@ class Dispatcher:
         target: str = "",
         deadline: float | None = None,
         required: Collection[str] = (),
+        hooked: Collection[str] = (),
     ) -> ChainResult[Record]:
         """Call every plugin registered for ``point`` in order, threading ``record`` through them.
 
@@ -203,16 +240,22 @@ class Dispatcher:
         ``required`` names the plugins this call must not go without (required hook servers,
         :mod:`krproxy.hooks.required`): one of them failing a pre hook rejects the call whatever its
         failure policy, with UNAVAILABLE (:class:`RequiredFailed`), since kubelet's retry may find it back.
+        At a pre hook, before any plugin is called, :meth:`check_required` refuses the call if one of them
+        is not in the registry the chain runs with, or one of ``hooked`` is not registered for ``point``.
 
         Raises:
             HookRejected: a ``Fail`` plugin failed a pre hook; later plugins are not called.
             RequiredFailed: a required plugin failed a pre hook; later plugins are not called.
+            RequiredMissing: a required plugin would not be called (see above); no plugin is called.
         """
         if deadline is None:
             deadline = self._call_deadline()
         outcomes: list[Outcome] = []
         request: tuple[Record, bytes] | None = None  # the serialized request of `record`
-        for plugin in self.plugins_for(point):
+        plugins = self.plugins_for(point)  # the same registry as the check's: no await in between
+        if point.stage is Stage.PRE:
+            self.check_required(point, required, hooked)
+        for plugin in plugins:
             started = time.perf_counter()
             changes: tuple[Change, ...] = ()
             within = plugin.timeout

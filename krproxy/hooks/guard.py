@@ -26,18 +26,19 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 import trio
 
 from krproxy import calls, log
-from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.dispatch import Dispatcher
-from krproxy.hooks.outcomes import Outcome
+from krproxy.hooks.outcomes import Outcome, RequiredMissing
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
-from krproxy.hooks.required import Availability, Requirements, State, missing_message
+from krproxy.hooks.required import Availability, Needed, Requirements, State, needed
 from krproxy.relay.rpc import UpstreamError
+
+__all__ = ["Guard", "RequiredMissing"]
 
 LOGGER = logging.getLogger("krproxy.hooks.required")
 
@@ -51,15 +52,6 @@ UP_INTERVAL = 5.0
 #: Seconds kept before the call's deadline when waiting during the start-up grace, so that kubelet gets
 #: our UNAVAILABLE (which names the server) rather than its own DEADLINE_EXCEEDED.
 DEADLINE_MARGIN = 0.1
-
-
-class RequiredMissing(GRPCError):
-    """A call needs required hook servers that are not up: refused with UNAVAILABLE, nothing forwarded."""
-
-    def __init__(self, point: HookPoint, missing: Sequence[tuple[str, Availability]]) -> None:
-        super().__init__(Status.UNAVAILABLE, missing_message(point, missing))
-        self.point = point
-        self.missing = tuple(missing)
 
 
 class Guard:
@@ -84,6 +76,7 @@ class Guard:
         self._states: dict[str, Availability] = {}
         self._probing: dict[str, trio.Event] = {}
         self._suspects: set[str] = set()  # failed a hook call: probed in the next round
+        self._unhooked: set[tuple[str, HookPoint]] = set()  # logged as registered without a point
         self._changed = trio.Event()  # set (and replaced) whenever a state changes
         self._wake = trio.Event()  # set to make run() probe at once
         # Construct inside trio, when the daemon starts: the grace counts from here.
@@ -109,6 +102,7 @@ class Guard:
 
     def publish(self, registry: Registry) -> None:
         """The hook directory changed: probe again at once (after the dispatcher took *registry*)."""
+        self._unhooked.clear()
         self._wake.set()
 
     def observe(self, outcome: Outcome) -> None:
@@ -196,6 +190,43 @@ class Guard:
         self._changed = trio.Event()
 
     # -- the request path -----------------------------------------------------------------
+
+    async def require(
+        self,
+        point: HookPoint,
+        annotations: Mapping[str, str],
+        container: str | None,
+        *,
+        met: Collection[str] = (),
+        deadline: float | None = None,
+    ) -> Needed:
+        """What a call at *point* needs (:func:`~krproxy.hooks.required.needed`), once :meth:`admit` let it
+        in and the dispatcher's registry would call each server where it must
+        (:meth:`~krproxy.hooks.dispatch.Dispatcher.check_required`); pass the result to the chain.
+
+        Raises:
+            AnnotationError: the pod's annotations do not parse.
+            RequiredMissing: a server is not up, or not registered for *point* where it must be.
+        """
+        need = needed(self.requirements, point, annotations, container, met=met)
+        await self.admit(point, need.names, deadline=deadline)
+        try:
+            self._dispatcher.check_required(point, need.names, need.hooked)
+        except RequiredMissing as refusal:
+            for name, availability in refusal.missing:
+                self._held(name, point)
+                if availability.state is State.NOT_HOOKED and (name, point) not in self._unhooked:
+                    self._unhooked.add((name, point))  # once per registry: a file to fix, not an outage
+                    log.event(
+                        LOGGER,
+                        "required_server_not_hooked",
+                        level=logging.WARNING,
+                        server=name,
+                        hook=point.value,
+                        detail=availability.detail,
+                    )
+            raise
+        return need
 
     async def admit(self, point: HookPoint, names: Sequence[str], *, deadline: float | None = None) -> None:
         """Return once every server in *names* is up; else raise :class:`RequiredMissing`.

@@ -6,6 +6,7 @@ dispatcher or the relay that makes the calls.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Generic, TypeVar
 
 import attrs
@@ -13,8 +14,9 @@ import attrs
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.merge import Change
 from krproxy.hooks.points import HookPoint
+from krproxy.hooks.required import Availability, missing_message
 
-__all__ = ["ChainResult", "HookFailure", "HookRejected", "Outcome", "RequiredFailed"]
+__all__ = ["ChainResult", "HookFailure", "HookRejected", "Outcome", "RequiredFailed", "RequiredMissing"]
 
 Record = TypeVar("Record")
 
@@ -54,6 +56,15 @@ class RequiredFailed(GRPCError):
             "kubelet's retry goes through once the hook server answers",
         )
         self.failure = failure
+
+
+class RequiredMissing(GRPCError):
+    """A call needs required hook servers that are not up: refused with UNAVAILABLE, nothing forwarded."""
+
+    def __init__(self, point: HookPoint, missing: Sequence[tuple[str, Availability]]) -> None:
+        super().__init__(Status.UNAVAILABLE, missing_message(point, missing))
+        self.point = point
+        self.missing = tuple(missing)
 
 
 @attrs.frozen

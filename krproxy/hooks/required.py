@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 import attrs
 
@@ -30,14 +30,18 @@ from krproxy.hooks.points import HookPoint
 
 __all__ = [
     "DEFAULT_STARTUP_GRACE",
+    "NOTHING_NEEDED",
     "REQUIRED_PLUGINS_ANNOTATION",
     "AnnotationError",
     "Availability",
+    "Needed",
     "RequiredServer",
     "Requirements",
     "State",
     "effective_annotation",
+    "hooked_names",
     "missing_message",
+    "needed",
     "parse_bool",
     "parse_name_list",
     "parse_required_server",
@@ -216,7 +220,7 @@ def tolerates_missing(annotations: Mapping[str, str], key: str, container: str |
     value = effective_annotation(annotations, key, container)
     if value is None:
         return False
-    flag = parse_bool(value.strip())
+    flag = parse_bool(value)  # as NRI's validator: strconv.ParseBool, no surrounding space allowed
     if flag is None:
         raise AnnotationError(f'annotation {key} {value!r} is not a boolean; write "true" or "false"')
     return flag
@@ -244,6 +248,63 @@ def required_names(
     return tuple(dict.fromkeys(names))
 
 
+def hooked_names(
+    requirements: Requirements, point: HookPoint, annotations: Mapping[str, str], container: str | None
+) -> tuple[str, ...]:
+    """Those of :func:`required_names` that must be *called* at *point*, not only be up: servers whose
+    ``--required-hook-server`` lists *point* by name, and the names a container's annotation requires at
+    PreCreateContainer (NRI's validator refuses a container that a required plugin did not process). A
+    server flagged without points is required wherever its registration file has it called, and a pod's
+    names at PreRunPodSandbox only need to be up (NRI never sees that point).
+
+    Raises:
+        AnnotationError: as :func:`required_names`.
+    """
+    if tolerates_missing(annotations, requirements.tolerate_annotation, container):
+        return ()
+    every = frozenset(HookPoint)
+    names = [s.name for s in requirements.servers if point in s.points and s.points != every]
+    if requirements.annotation and point is HookPoint.PRE_CREATE_CONTAINER:
+        names += _annotated(annotations, requirements.annotation, container)
+    return tuple(dict.fromkeys(names))
+
+
+@attrs.frozen
+class Needed:
+    """The required hook servers of one call at one hook point.
+
+    Attributes:
+        names: must be registered and answering (:func:`required_names`); one failing the call refuses it.
+        hooked: of those, the ones that must be registered for the point itself (:func:`hooked_names`).
+    """
+
+    names: tuple[str, ...] = ()
+    hooked: tuple[str, ...] = ()
+
+
+#: A call that needs no hook server.
+NOTHING_NEEDED = Needed()
+
+
+def needed(
+    requirements: Requirements,
+    point: HookPoint,
+    annotations: Mapping[str, str],
+    container: str | None,
+    *,
+    met: Collection[str] = (),
+) -> Needed:
+    """:func:`required_names` and :func:`hooked_names` of one call, less the names in *met* (krproxy's
+    own NRI plugin name, in NRI mode).
+
+    Raises:
+        AnnotationError: as :func:`required_names`.
+    """
+    names = required_names(requirements, point, annotations, container)
+    hooked = hooked_names(requirements, point, annotations, container)
+    return Needed(tuple(n for n in names if n not in met), tuple(n for n in hooked if n not in met))
+
+
 class State(enum.Enum):
     """Where a required hook server stands, as last probed."""
 
@@ -251,6 +312,7 @@ class State(enum.Enum):
     MISSING = "not registered"
     UNREACHABLE = "registered but its socket is unreachable"
     NOT_ANSWERING = "registered but not answering"
+    NOT_HOOKED = "registered, but not for this hook point"
     UP = "registered and answering"
 
 

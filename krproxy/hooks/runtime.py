@@ -52,7 +52,7 @@ from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard
 from krproxy.hooks.model import ContainerInfo, PodInfo
 from krproxy.hooks.points import HookPoint
-from krproxy.hooks.required import AnnotationError, required_names
+from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed
 from krproxy.hooks.store import HookStore
 from krproxy.proto.runtime import v1 as cri
 
@@ -173,17 +173,16 @@ class HookRuntime:
     def _skips(self, pod: PodInfo) -> bool:
         return pod.has_label(*self.skip_label)
 
-    async def _require(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> tuple[str, ...]:
-        """The required hook servers of a hooked call at *point*, once all are up (see
-        :mod:`krproxy.hooks.guard`); raises UNAVAILABLE, before anything is forwarded, if one is not."""
+    async def _require(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> Needed:
+        """The required hook servers of a hooked call at *point*, once all are up and registered where
+        they must be (:meth:`~krproxy.hooks.guard.Guard.require`); raises UNAVAILABLE, before anything is
+        forwarded, if one is not."""
         if self.guard is None:
-            return ()
+            return NOTHING_NEEDED
         try:
-            names = required_names(self.guard.requirements, point, pod.annotations, container)
+            return await self.guard.require(point, pod.annotations, container)
         except AnnotationError as err:
             raise GRPCError(Status.INVALID_ARGUMENT, str(err)) from None
-        await self.guard.admit(point, names)
-        return names
 
     # -- pods --------------------------------------------------------------------------
 
@@ -318,7 +317,8 @@ class HookRuntime:
                 convert.container_hook_request_bytes,
                 merge.merge_container_info,
                 target=container_id,
-                required=required,
+                required=required.names,
+                hooked=required.hooked,
             )
             if chain.value != info:
                 info = chain.value
@@ -389,7 +389,7 @@ class HookRuntime:
         merge_answer: Callable[[R, Any], merge.Merged[R]],
         *,
         target: str,
-        required: tuple[str, ...],
+        required: Needed,
         data: bytes,
         rebuild: Callable[[R], Any],
         what: str,
@@ -398,7 +398,13 @@ class HookRuntime:
         request to forward: kubelet's *data* itself when no plugin changed anything, else the message
         ``rebuild(record)`` makes, encoded."""
         chain = await self.dispatcher.run(
-            point, record, to_request, merge_answer, target=target, required=required
+            point,
+            record,
+            to_request,
+            merge_answer,
+            target=target,
+            required=required.names,
+            hooked=required.hooked,
         )
         if chain.value == record:
             return record, data

@@ -17,9 +17,6 @@ See ``docs/plugin-authoring.md``.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
 from ._app import HookServer as HookServer
 from ._app import PodCache as PodCache
 from ._app import PodTarget as PodTarget
@@ -61,33 +58,12 @@ from ._registry import Registry as Registry
 from ._registry import Stage as Stage
 from ._registry import run_hooks as run_hooks
 from ._rules import Rules as Rules
-
-if TYPE_CHECKING:
-    from ._service import HookService as HookService
-    from ._service import ServeOptions as ServeOptions
-    from ._service import serve as serve
-    from ._standalone import PodSelector as PodSelector
-    from ._standalone import run_standalone as run_standalone
-    from ._standalone import targets_from_cri as targets_from_cri
-
-#: Names served by grpclib's side of the SDK, imported on first use (PEP 562): writing policies,
-#: and the krproxy CLI, do not load grpclib and trio-asyncio.
-_LAZY = {
-    "HookService": "_service",
-    "ServeOptions": "_service",
-    "serve": "_service",
-    "PodSelector": "_standalone",
-    "run_standalone": "_standalone",
-    "targets_from_cri": "_standalone",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-
+from ._service import HookService as HookService
+from ._service import ServeOptions as ServeOptions
+from ._service import serve as serve
+from ._standalone import PodSelector as PodSelector
+from ._standalone import run_standalone as run_standalone
+from ._standalone import targets_from_cri as targets_from_cri
 
 __all__ = [
     "QOS_LABEL",

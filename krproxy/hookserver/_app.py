@@ -1,9 +1,9 @@
 """The hook server application: plugins, rules, the pods it knows about, and the executor.
 
 Everything here is synchronous: a hook call is "build the context, run the stage's
-functions, apply, answer", with no awaits, so it runs unchanged inside a grpclib handler
-(asyncio side), in the standalone reconcile loop and in unit tests. The socket glue lives in
-``_service`` and ``_standalone``.
+functions, apply, answer", with no awaits, so it runs unchanged in the served app's worker thread
+(``_service.AppWorker``), in the standalone reconcile loop and in unit tests. The socket glue
+lives in ``_service`` and ``_standalone``.
 """
 
 from __future__ import annotations

@@ -4,16 +4,26 @@ Like koordlet's ``hooks`` package: functions register per stage with a unique na
 runs its functions sorted by name on one shared context; with :attr:`FailurePolicy.FAIL` the
 first error stops the stage, with :attr:`FailurePolicy.IGNORE` it is logged and the rest run.
 Reconcilers (for standalone mode and for re-applying a changed policy) register per level.
+
+A function is either plain (``def``) or a coroutine function (``async def``). The served SDK
+(:mod:`._service`, :mod:`._standalone`) runs the app's work in a worker thread; there a plain
+function is called directly and an ``async def`` one is run on the trio event loop
+(``trio.from_thread.run``), so it may await trio or anyio. Called outside a served app (unit
+tests calling :meth:`HookServer.handle_pod`), an ``async def`` function runs in a ``trio.run`` of
+its own.
 """
 
 from __future__ import annotations
 
 import enum
+import inspect
 import logging
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 import attrs
+import trio
 
 from krproxy import log
 from krproxy.hooks.points import HookPoint
@@ -41,8 +51,8 @@ class Level(enum.Enum):
 FailurePolicy = RegistrationFailurePolicy
 
 
-PodHook = Callable[[PodContext], None]
-ContainerHook = Callable[[ContainerContext], None]
+PodHook = Callable[[PodContext], "Awaitable[None] | None"]
+ContainerHook = Callable[[ContainerContext], "Awaitable[None] | None"]
 Ctx = TypeVar("Ctx", PodContext, ContainerContext)
 
 
@@ -66,7 +76,46 @@ class Hook(Generic[Ctx]):
 
     name: str
     description: str
-    fn: Callable[[Ctx], None] = attrs.field(hash=False)
+    fn: Callable[[Ctx], Awaitable[None] | None] = attrs.field(hash=False)
+    is_async: bool = attrs.field(default=False, hash=False)
+
+    @classmethod
+    def of(cls, name: str, description: str, fn: Callable[[Any], Any]) -> Hook[Any]:
+        return cls(name, description, fn, inspect.iscoroutinefunction(fn))
+
+
+#: In the SDK's worker thread (:class:`krproxy.hookserver._service.AppWorker`), ``trio_token`` is
+#: the trio run an ``async def`` plugin function is handed to.
+WORKER_THREAD = threading.local()
+
+
+class AsyncHookOnEventLoopError(RuntimeError):
+    """An ``async def`` plugin function was called from the event loop's own thread."""
+
+
+def _in_trio_thread() -> bool:
+    try:
+        trio.lowlevel.current_trio_token()
+    except RuntimeError:
+        return False
+    return True
+
+
+def call_hook(hook: Hook[Ctx], ctx: Ctx) -> None:
+    """Run one plugin function on ``ctx``, awaiting it on trio if it is ``async def``."""
+    token = getattr(WORKER_THREAD, "trio_token", None)
+    if not hook.is_async:
+        hook.fn(ctx)
+    elif token is not None:
+        trio.from_thread.run(hook.fn, ctx, trio_token=token)  # type: ignore[arg-type]
+    elif _in_trio_thread():
+        raise AsyncHookOnEventLoopError(
+            f"async plugin function {hook.name!r} cannot run from the event loop's thread: the app's "
+            "hook calls block; serve it with krproxy.hookserver.serve (which runs them in a worker "
+            "thread), or call them with trio.to_thread.run_sync"
+        )
+    else:
+        trio.run(hook.fn, ctx)  # type: ignore[arg-type]
 
 
 @attrs.frozen
@@ -84,7 +133,7 @@ def run_hooks(hooks: Sequence[Hook[Ctx]], ctx: Ctx, policy: FailurePolicy, *, wh
     for hook in hooks:
         ran.append(hook.name)
         try:
-            hook.fn(ctx)
+            call_hook(hook, ctx)
         except Exception as exc:
             if policy is FailurePolicy.FAIL:
                 raise HookFailedError(where, hook.name, exc) from exc
@@ -102,13 +151,13 @@ class Registry:
     _stages: dict[Stage, list[Hook[Any]]] = attrs.Factory(lambda: {s: [] for s in Stage})
     _levels: dict[Level, list[Hook[Any]]] = attrs.Factory(lambda: {lv: [] for lv in Level})
 
-    def register(self, stage: Stage, name: str, description: str, fn: Callable[[Any], None]) -> None:
-        _insert(self._stages[stage], Hook(name, description, fn), stage.value)
+    def register(self, stage: Stage, name: str, description: str, fn: Callable[[Any], Any]) -> None:
+        _insert(self._stages[stage], Hook.of(name, description, fn), stage.value)
 
     def register_reconciler(
-        self, level: Level, name: str, description: str, fn: Callable[[Any], None]
+        self, level: Level, name: str, description: str, fn: Callable[[Any], Any]
     ) -> None:
-        _insert(self._levels[level], Hook(name, description, fn), level.value)
+        _insert(self._levels[level], Hook.of(name, description, fn), level.value)
 
     def hooks(self, stage: Stage) -> tuple[Hook[Any], ...]:
         return tuple(self._stages[stage])

@@ -27,32 +27,36 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
-import grpclib.client
-import grpclib.exceptions
 import trio
-import trio_asyncio
 
-from krproxy import (
-    _grpc,  # noqa: F401  (the adapter: trio-asyncio and grpclib set up)
-    log,
-)
+from krproxy import log, rpc
+from krproxy.grpcstatus import GRPCError
 from krproxy.hooks.convert import cgroup_parent_from_verbose, cgroups_path_from_verbose
+from krproxy.hooks.points import CRI_RUNTIME_SERVICE
 from krproxy.proto.runtime import v1 as cri
-from krproxy.proto.runtime.v1 import services as cri_services
-from krproxy.unixsock import strip_unix_scheme
 
 from ._app import RECONCILE_INTERVAL, HookServer, PodTarget
 from ._cgroups import kubelet_pod_cgroup_candidates, pod_cgroup_dir
 from ._context import QOS_LABEL, ContainerInfo, PodInfo, PodMeta, Resources
 from ._executor import Executor
-from ._service import run_background
+from ._service import AppWorker, run_background
 
 LOGGER = logging.getLogger("krproxy.hookserver.standalone")
 
 #: Deadline of each CRI call (s); a runtime slower than this is skipped until the next pass.
 CRI_TIMEOUT = 10.0
+
+M = TypeVar("M")
+
+
+async def _cri_call(channel: rpc.Channel, method: str, request: Any, reply_type: type[M]) -> M:
+    """One unary CRI RuntimeService call, ``method`` by name (e.g. ``"ListPodSandbox"``)."""
+    path = f"/{CRI_RUNTIME_SERVICE}/{method}"
+    reply = await channel.unary(path, bytes(request.SerializeToString()), timeout=CRI_TIMEOUT)
+    return reply_type.FromString(reply)  # type: ignore[attr-defined,no-any-return]
 
 
 def _strings(values: Iterable[str]) -> frozenset[str]:
@@ -186,22 +190,32 @@ def find_kubelet_cgroup(executor: Executor, uid: str) -> str:
 
 
 async def list_targets(
-    stub: cri_services.RuntimeServiceStub, find_cgroup_parent: Callable[[str], str] | None = None
+    channel: rpc.Channel, find_cgroup_parent: Callable[[str], str] | None = None
 ) -> list[PodTarget]:
-    """List pods and containers from the runtime (asyncio side: call via ``aio_as_trio``)."""
-    sandboxes = (await stub.list_pod_sandbox(cri.ListPodSandboxRequest(), timeout=CRI_TIMEOUT)).items
+    """List pods and containers from the runtime behind ``channel``."""
+    sandboxes = (
+        await _cri_call(channel, "ListPodSandbox", cri.ListPodSandboxRequest(), cri.ListPodSandboxResponse)
+    ).items
     info: dict[str, Mapping[str, str]] = {}
     for sb in sandboxes:
         if sb.state == cri.PodSandboxState.SANDBOX_READY:
             req = cri.PodSandboxStatusRequest(pod_sandbox_id=sb.id, verbose=True)
-            info[sb.id] = (await stub.pod_sandbox_status(req, timeout=CRI_TIMEOUT)).info
-    containers = (await stub.list_containers(cri.ListContainersRequest(), timeout=CRI_TIMEOUT)).containers
+            info[sb.id] = (
+                await _cri_call(channel, "PodSandboxStatus", req, cri.PodSandboxStatusResponse)
+            ).info
+    listed = await _cri_call(
+        channel, "ListContainers", cri.ListContainersRequest(), cri.ListContainersResponse
+    )
+    containers = listed.containers
     statuses: dict[str, cri.ContainerStatus] = {}
     container_info: dict[str, Mapping[str, str]] = {}
     for c in containers:
         if c.state == cri.ContainerState.CONTAINER_RUNNING and c.pod_sandbox_id in info:
-            resp = await stub.container_status(
-                cri.ContainerStatusRequest(container_id=c.id, verbose=True), timeout=CRI_TIMEOUT
+            resp = await _cri_call(
+                channel,
+                "ContainerStatus",
+                cri.ContainerStatusRequest(container_id=c.id, verbose=True),
+                cri.ContainerStatusResponse,
             )
             if resp.status is not None:
                 statuses[c.id] = resp.status
@@ -217,23 +231,34 @@ async def list_targets(
 
 
 async def reconcile_once(
-    app: HookServer, stub: cri_services.RuntimeServiceStub, selector: PodSelector | None = None
+    app: HookServer, channel: rpc.Channel, worker: AppWorker, selector: PodSelector | None = None
 ) -> bool:
-    """One pass: list, select, remember, reconcile. False (and logged) when the runtime did not answer."""
+    """One pass: list, select, remember, reconcile (on ``worker``). False (and logged) when the
+    runtime did not answer."""
     selector = PodSelector() if selector is None else selector
     try:
         find = functools.partial(find_kubelet_cgroup, app.executor)
-        listed = await trio_asyncio.aio_as_trio(list_targets)(stub, find)
-    except (TimeoutError, grpclib.exceptions.GRPCError, OSError) as exc:
-        log.event(LOGGER, "cri_list_failed", level=logging.WARNING, error=repr(exc))
+        listed = await list_targets(channel, find)
+    except (GRPCError, OSError) as exc:
+        log.event(LOGGER, "cri_list_failed", level=logging.WARNING, error=_describe(exc))
         return False
     targets = [t for t in listed if selector.matches(t.pod)]
-    app.pods.replace(targets)
-    changes = app.reconcile()
+
+    def take() -> int:
+        app.pods.replace(targets)
+        return len(app.reconcile())
+
+    changes = await worker.run(take)
     log.event(
-        LOGGER, "reconciled", pods=len(targets), not_selected=len(listed) - len(targets), changes=len(changes)
+        LOGGER, "reconciled", pods=len(targets), not_selected=len(listed) - len(targets), changes=changes
     )
     return True
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, GRPCError):
+        return f"{exc.status.name}: {exc.message}"
+    return repr(exc)
 
 
 async def run_standalone(
@@ -246,24 +271,23 @@ async def run_standalone(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Reconcile the pods ``selector`` selects (default: Koordinator-QoS-labelled ones) forever.
-    Must run inside ``trio_asyncio.open_loop()``.
 
     Ready (``started()``) after the policy is loaded and the first pass has run.
     """
     selector = PodSelector() if selector is None else selector
-    channel = grpclib.client.Channel(path=strip_unix_scheme(cri_endpoint))
-    stub = cri_services.RuntimeServiceStub(channel)
+    channel = rpc.Channel(cri_endpoint)
     log.event(
         LOGGER, "standalone_started", cri_endpoint=cri_endpoint, interval=interval, pods=selector.describe()
     )
     try:
-        async with trio.open_nursery() as nursery:
-            await run_background(app, policy_path, nursery)
-            await reconcile_once(app, stub, selector)
+        async with AppWorker.open() as worker, trio.open_nursery() as nursery:
+            await run_background(app, policy_path, nursery, worker)
+            await reconcile_once(app, channel, worker, selector)
             task_status.started()
             while True:
                 await trio.sleep(interval)
-                await reconcile_once(app, stub, selector)
+                await reconcile_once(app, channel, worker, selector)
     finally:
-        channel.close()
+        with trio.CancelScope(shield=True):
+            await channel.aclose()
         log.event(LOGGER, "standalone_stopped", cri_endpoint=cri_endpoint)

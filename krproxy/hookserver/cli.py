@@ -16,11 +16,14 @@ from typing import Any
 import trio
 
 from krproxy import _argparse, log
+from krproxy.unixsock import SocketInUseError
 
 from ._app import DEFAULT_CGROUP_ROOT, DEFAULT_RESCTRL_ROOT, RECONCILE_INTERVAL, HookServer
 from ._context import QOS_LABEL
 from ._executor import Executor
 from ._registry import FailurePolicy, Stage
+from ._service import ServeOptions, serve
+from ._standalone import PodSelector, run_standalone
 from .policies import install_all
 
 DEFAULT_HOOK_DIR = "/etc/runtime/hookserver.d"
@@ -165,11 +168,6 @@ def _logging(args: argparse.Namespace) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    # grpclib (through trio-asyncio) only for the command that serves: see krproxy/_grpc.py.
-    from krproxy import _grpc
-
-    from ._service import ServeOptions, serve
-
     _logging(args)
     app = build_app(args)
     options = ServeOptions(
@@ -183,18 +181,14 @@ def _serve(args: argparse.Namespace) -> int:
     )
 
     async def run() -> None:
-        async with _grpc.open_loop(), trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_sigterm, nursery.cancel_scope)
             await serve(app, options)
 
-    return _run(run)
+    return _run(run, "serve")
 
 
 def _standalone(args: argparse.Namespace) -> int:
-    from krproxy import _grpc
-
-    from ._standalone import PodSelector, run_standalone
-
     try:
         selector = PodSelector.parse(args.namespace, args.selector, all_pods=args.all_pods)
     except ValueError as exc:
@@ -204,13 +198,13 @@ def _standalone(args: argparse.Namespace) -> int:
     app = build_app(args)
 
     async def run() -> None:
-        async with _grpc.open_loop(), trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_sigterm, nursery.cancel_scope)
             await run_standalone(
                 app, args.cri_endpoint, interval=args.interval, policy_path=args.policy, selector=selector
             )
 
-    return _run(run)
+    return _run(run, "standalone")
 
 
 async def _cancel_on_sigterm(scope: trio.CancelScope) -> None:
@@ -224,12 +218,31 @@ async def _cancel_on_sigterm(scope: trio.CancelScope) -> None:
             return
 
 
-def _run(fn: Any) -> int:
+def _run(fn: Any, command: str) -> int:
+    """``trio.run(fn)``; an OS error (also inside trio's exception groups) is printed, exit 1."""
     try:
         trio.run(fn)
     except KeyboardInterrupt:
         return 130
+    except (OSError, ExceptionGroup) as err:
+        errors = _leaves(err)
+        if not all(isinstance(e, OSError) for e in errors):
+            raise
+        for error in errors:
+            hint = (
+                "; stop that process first, or choose another --socket"
+                if isinstance(error, SocketInUseError)
+                else ""
+            )
+            print(f"krproxy hooks {command}: error: {error}{hint}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _leaves(err: BaseException) -> list[BaseException]:
+    if isinstance(err, BaseExceptionGroup):
+        return [leaf for sub in err.exceptions for leaf in _leaves(sub)]
+    return [err]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

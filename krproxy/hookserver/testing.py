@@ -5,6 +5,8 @@ Public on purpose (like ``structlog.testing``): plugin authors test their plugin
     node = FakeNode(tmp_path).create()
     node.add_cgroup("/kubepods/besteffort/pod1")
     app = HookServer(executor=node.executor())
+
+:class:`HookClient` calls a served app over its socket, as the proxy does.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from typing import Any
 
 import attrs
 
+from krproxy import rpc
+from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as pb
 
 from ._cgroups import DEFAULT_CFS_PERIOD, CgroupFile, parse_cfs_period
@@ -210,3 +214,32 @@ def logged_events(records: Iterable[logging.LogRecord], name: str) -> list[dict[
         for r in records
         if getattr(r, "krproxy_fields", None) is not None and r.getMessage() == name
     ]
+
+
+class HookClient:
+    """Calls a hook server on its unix socket, as the proxy does (one :class:`krproxy.rpc.Channel`)::
+
+        async with HookClient(socket) as client:
+            answer = await client.call(Stage.PRE_RUN_POD_SANDBOX, pod_request("web"))
+
+    An error status raises :class:`krproxy.grpcstatus.GRPCError`.
+    """
+
+    def __init__(self, socket: str) -> None:
+        self.channel = rpc.Channel(socket)
+
+    async def call(self, stage: HookPoint, request: Any, *, seconds: float = 5.0) -> Any:
+        """``stage``'s hook call with ``request``, answered within ``seconds`` (its grpc-timeout);
+        the answer decoded (:class:`PodSandboxHookResponse` or :class:`ContainerResourceHookResponse`)."""
+        reply = await self.channel.unary(stage.rpc_path, bytes(request.SerializeToString()), timeout=seconds)
+        reply_type = pb.PodSandboxHookResponse if stage.is_pod_level else pb.ContainerResourceHookResponse
+        return reply_type.FromString(reply)
+
+    async def aclose(self) -> None:
+        await self.channel.aclose()
+
+    async def __aenter__(self) -> HookClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

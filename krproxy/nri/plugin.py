@@ -79,7 +79,7 @@ from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize
 from krproxy.hooks.outcomes import HookRejected, Outcome, RequiredFailed
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
-from krproxy.hooks.required import AnnotationError, Requirements, required_names
+from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed, Requirements
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.watcher import watch_hook_dir
 from krproxy.metrics import Metrics
@@ -451,23 +451,21 @@ class NriPlugin:
                 reason="NRI cannot make these changes at this event",
             )
 
-    async def _require(self, point: HookPoint, pod: PodInfo, container: str) -> tuple[str, ...]:
+    async def _require(self, point: HookPoint, pod: PodInfo, container: str) -> Needed:
         """The required hook servers of *point* for this container, once all are up; else an UNAVAILABLE
         error for the runtime, which fails the CRI operation (:data:`GUARDED` points only). Names that are
         krproxy's own NRI plugin name (``name`` or ``index-name``, as NRI's validator matches) are met."""
         if self.guard is None or point not in GUARDED:
-            return ()
+            return NOTHING_NEEDED
+        own = {self.config.plugin_name, f"{self.config.plugin_index}-{self.config.plugin_name}"}
         try:
-            names = required_names(self.guard.requirements, point, pod.annotations, container)
+            return await self.guard.require(
+                point, pod.annotations, container, met=own, deadline=self._deadline()
+            )
         except AnnotationError as err:
             raise TtrpcError(Status.INVALID_ARGUMENT, str(err)) from None
-        own = {self.config.plugin_name, f"{self.config.plugin_index}-{self.config.plugin_name}"}
-        names = tuple(n for n in names if n not in own)
-        try:
-            await self.guard.admit(point, names, deadline=self._deadline())
         except RequiredMissing as exc:
             raise TtrpcError(Status.UNAVAILABLE, exc.message or "") from None
-        return names
 
     async def _pod_chain(self, point: HookPoint, pod: PodInfo, target: str) -> PodInfo:
         chain = self._run(point, pod, hook_convert.pod_hook_request_bytes, merge.merge_pod_info, target)
@@ -475,7 +473,7 @@ class NriPlugin:
         return result
 
     async def _container_chain(
-        self, point: HookPoint, info: ContainerInfo, target: str, required: tuple[str, ...] = ()
+        self, point: HookPoint, info: ContainerInfo, target: str, required: Needed = NOTHING_NEEDED
     ) -> ContainerInfo:
         chain = self._run(
             point,
@@ -495,15 +493,22 @@ class NriPlugin:
         to_request: Any,
         fold: Any,
         target: str,
-        required: tuple[str, ...] = (),
+        required: Needed = NOTHING_NEEDED,
     ) -> Any:
         """Run ``point``'s hook servers within the budget; a Fail (or required) server's failure becomes an
         error for the runtime."""
         try:
             chain = await self.dispatcher.run(
-                point, record, to_request, fold, target=target, deadline=self._deadline(), required=required
+                point,
+                record,
+                to_request,
+                fold,
+                target=target,
+                deadline=self._deadline(),
+                required=required.names,
+                hooked=required.hooked,
             )
-        except (HookRejected, RequiredFailed) as exc:
+        except (HookRejected, RequiredFailed, RequiredMissing) as exc:
             raise TtrpcError(exc.status, exc.message or "") from None
         return chain.value
 
@@ -514,7 +519,7 @@ class NriPlugin:
         if self._skips(info.pod):
             return bytes(api.CreateContainerResponse())
         required = await self._require(point, info.pod, info.name)
-        if not self.dispatcher.plugins_for(point):
+        if not self.dispatcher.plugins_for(point) and not required.names:
             return bytes(api.CreateContainerResponse())
         target = f"pod {info.pod.namespace}/{info.pod.name} container {info.name}"
         after = await self._container_chain(point, info, target, required)
@@ -529,7 +534,7 @@ class NriPlugin:
         if self._skips(info.pod):
             return bytes(api.UpdateContainerResponse())
         required = await self._require(point, info.pod, info.name)
-        if not self.dispatcher.plugins_for(point):
+        if not self.dispatcher.plugins_for(point) and not required.names:
             return bytes(api.UpdateContainerResponse())
         wanted = nri_convert.resources_from_nri(request.linux_resources)
         stored = self.store.get_container(info.id) or info

@@ -102,6 +102,12 @@ _RECV_SIZE = 256 * 1024
 _READS_PER_CHECKPOINT = 8
 
 
+#: Stream windows a peer's changes of SETTINGS_INITIAL_WINDOW_SIZE may make us adjust over a
+#: connection's life (each change adjusts every open stream's); beyond it the connection ends
+#: with ENHANCE_YOUR_CALM. A few hundred thousand cost a fraction of a second; grpc-go (kubelet,
+#: containerd) changes it only as its BDP estimate grows, a handful of times per connection.
+MAX_WINDOW_SHIFTS = 1_000_000
+
 #: Streams reset by us whose late frames are ignored, per connection (older ones: errors).
 _RESET_IDS_KEPT = 1024
 #: A private flag on a header block: its HEADERS frame made the stream depend on itself.
@@ -266,6 +272,7 @@ class Half:
         "call",
         "end_pending",
         "ep",
+        "expect",
         "headers_sent",
         "id",
         "opened",
@@ -296,6 +303,8 @@ class Half:
         self.recv_ended = False
         self.send_ended = False
         self.reset = False
+        #: Request bytes still due by the caller's content-length header (None: it sent none).
+        self.expect: int | None = None
 
     @property
     def done(self) -> bool:
@@ -486,6 +495,7 @@ class Endpoint:
         # peer to allow: h2 (grpclib) closes the connection on a stream beyond its limit.
         self.peer_max_streams = 100
         self._peer_settings_seen = False
+        self._window_shifts = 0  # stream windows adjusted for the peer's INITIAL_WINDOW_SIZE changes
         self.recv_window = CONNECTION_WINDOW
         self.to_grant = 0
         self.next_id = 1
@@ -835,7 +845,7 @@ class Endpoint:
                 if f.parse_priority(payload) == stream_id:
                     raise f.StreamError(f"stream {stream_id} depends on itself")
             except f.StreamError as err:
-                self._stream_error(stream_id, err.code)
+                self._stream_error(stream_id, err.code, idle=True)
         # Unknown frame types are ignored (RFC 9113 §5.5).
 
     @staticmethod
@@ -873,8 +883,14 @@ class Endpoint:
                 self.grant(size)  # a stream that is over (or never was): nothing to pass on
             if self.server_side and stream_id > self.last_peer_id:
                 raise f.ProtocolError(f"DATA on idle stream {stream_id}")
-            if self.server_side and half is not None and not half.reset:  # half-closed (remote)
+            if not self.server_side:
+                return
+            if half is not None and not half.done:  # half-closed (remote): its call ends too
                 self._stream_error(stream_id, f.STREAM_CLOSED)
+            elif stream_id not in self._reset_ids:
+                # Closed: the caller reset it, or both sides ended it (RFC 9113 §6.1: a stream
+                # error). Not when we reset it: what was in flight then is ignored (§5.1).
+                self.reset_stream(stream_id, f.STREAM_CLOSED)
             return
         half.recv_window -= size
         if half.recv_window < 0:
@@ -882,6 +898,15 @@ class Endpoint:
         if size != len(data):
             half.grant(size - len(data))  # padding is consumed here
         end = bool(flags & f.END_STREAM)
+        if half.expect is not None:
+            half.expect -= len(data)
+            if half.expect < 0 or (end and half.expect):
+                # DATA other than the content-length said: malformed (RFC 9113 §8.1.1), not
+                # passed on; its connection credit comes back here (the padding's came above).
+                if self.server_side:
+                    self.grant(len(data))
+                self._stream_error(stream_id, f.PROTOCOL_ERROR)
+                return
         if end:
             half.recv_ended = True
         if self.server_side:
@@ -925,6 +950,9 @@ class Endpoint:
                     if self.relay.check_request_headers
                     else None
                 )
+                length = None if problem is not None else f.content_length(headers)
+                if end and length:
+                    problem = f"content-length {length} but no DATA"
                 if problem is not None:  # malformed (RFC 9113 §8.1.1): a stream error
                     log.event(
                         LOGGER, "malformed_request", level=logging.DEBUG, stream=stream_id, problem=problem
@@ -932,6 +960,8 @@ class Endpoint:
                     self.reset_stream(stream_id, f.PROTOCOL_ERROR)
                     return
                 self.relay.open_call(self, stream_id, headers, end)
+                if length is not None and stream_id in self.halves:
+                    self.halves[stream_id].expect = length
                 return
             if half.reset:
                 return
@@ -942,7 +972,7 @@ class Endpoint:
             if not end:
                 raise f.ProtocolError(f"second header block on stream {stream_id} without END_STREAM")
             problem = f.request_header_problem(headers, trailers=True)
-            if problem is not None:
+            if problem is not None or half.expect:  # malformed, or DATA short of content-length
                 self._stream_error(half.id, f.PROTOCOL_ERROR)
                 return
             half.call.on_request_trailers(headers)
@@ -964,6 +994,13 @@ class Endpoint:
                     raise f.ProtocolError("INITIAL_WINDOW_SIZE above 2^31-1", f.FLOW_CONTROL_ERROR)
                 delta = value - self.peer_initial_window
                 self.peer_initial_window = value
+                if delta and self.halves:
+                    # A peer flipping it back and forth makes us walk every stream each time.
+                    self._window_shifts += len(self.halves)
+                    if self._window_shifts > MAX_WINDOW_SHIFTS:
+                        raise f.ProtocolError(
+                            "too many SETTINGS_INITIAL_WINDOW_SIZE changes", f.ENHANCE_YOUR_CALM
+                        )
                 for half in self.halves.values():
                     half.send_window += delta
                     if half.send_window > f.MAX_WINDOW:  # RFC 9113 §6.9.2
@@ -1001,14 +1038,17 @@ class Endpoint:
         half = self.halves.get(stream_id)
         if half is not None:
             half.send_window += increment
-            if half.send_window > f.MAX_WINDOW:  # RFC 9113 §6.9.1 (ended here as a connection error)
-                raise f.ProtocolError(f"window of stream {stream_id} above 2^31-1", f.FLOW_CONTROL_ERROR)
+            if half.send_window > f.MAX_WINDOW:  # that stream's error only (RFC 9113 §6.9.1)
+                self._stream_error(stream_id, f.FLOW_CONTROL_ERROR)
+                return
             if half.pending or half.trailers_pending is not None:
                 half.pump()
 
-    def _stream_error(self, stream_id: int, code: int) -> None:
+    def _stream_error(self, stream_id: int, code: int, idle: bool = False) -> None:
         """A stream error (RFC 9113 §5.4.2): RST_STREAM(code) on that stream, its call ended; the
-        connection and its other streams go on. Nothing is sent for an idle stream."""
+        connection and its other streams go on. Nothing is sent for an idle stream, unless
+        ``idle``: a PRIORITY frame may name one, and its own error is the stream's (§5.3.1 of
+        RFC 7540; grpc-go's and hyper's servers reset it too)."""
         half = self.halves.get(stream_id)
         if half is not None:
             if half.done or half.reset:
@@ -1020,7 +1060,8 @@ class Endpoint:
                 half.call.upstream_gone(f"{self.describe} broke HTTP/2 on the stream ({f.ERROR_NAMES[code]})")
             return
         ours = (stream_id % 2 == 1) != self.server_side
-        if stream_id < (self.next_id if ours else self.last_peer_id + 1) and stream_id not in self._reset_ids:
+        known = stream_id < (self.next_id if ours else self.last_peer_id + 1)
+        if (known or idle) and stream_id not in self._reset_ids:
             self.reset_stream(stream_id, code)
 
     def reset_stream(self, stream_id: int, code: int) -> None:

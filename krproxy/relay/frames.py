@@ -222,6 +222,8 @@ def request_header_problem(headers: Iterable[tuple[bytes, bytes]], trailers: boo
                 return f"pseudo-header {name!r} is not a request pseudo-header"
             if name in seen:
                 return f"pseudo-header {name!r} twice"
+            if name == b":path" and not value:  # §8.3.1: never empty for http and https URIs
+                return "empty :path"
             seen.add(name)
             continue
         regular = True
@@ -229,10 +231,25 @@ def request_header_problem(headers: Iterable[tuple[bytes, bytes]], trailers: boo
             return f"connection-specific header field {name!r}"
         if name == b"te" and value != b"trailers":
             return f"te header field {value!r} (only 'trailers' is allowed)"
+        if name == b"content-length":
+            if not value.isdigit() or len(value) > 18:
+                return "content-length is not a number"
+            if name in seen:
+                return "content-length twice"
+            seen.add(name)
     if not trailers:
         missing = [n.decode() for n in (b":method", b":scheme", b":path") if n not in seen]
         if missing:
             return "no " + ", ".join(missing)
+    return None
+
+
+def content_length(headers: Iterable[tuple[bytes, bytes]]) -> int | None:
+    """The request's content-length, or None (also for a value that is no number, which
+    :func:`request_header_problem` refuses). The DATA received must add up to it (RFC 9113 §8.1.1)."""
+    for name, value in headers:
+        if name == b"content-length":
+            return int(value) if value.isdigit() and len(value) <= 18 else None
     return None
 
 

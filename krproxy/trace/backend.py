@@ -14,22 +14,17 @@ until the caller goes away: no event is invented.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import functools
 import json
 import logging
 from collections.abc import Iterable
-from typing import Any
 
 import attrs
-import grpclib.const
-import grpclib.server
-from grpclib.exceptions import GRPCError
+import trio
 
-from krproxy import log
-from krproxy._grpc import Raw
-from krproxy.grpcstatus import Cardinality, Status
+from krproxy import log, rpc
+from krproxy.grpcstatus import Cardinality, GRPCError, Status
 from krproxy.trace import messages
 from krproxy.trace.format import TraceRecord
 from krproxy.trace.replay import replay_order
@@ -155,9 +150,8 @@ class TraceAnswers:
 
 
 class TraceBackend:
-    """grpclib handler serving :class:`TraceAnswers` for every method path (raw bytes).
-
-    Serve with ``krproxy._grpc.serve([backend], path, codec=BytesCodec(), fallback=backend.fallback)``.
+    """Serves :class:`TraceAnswers` for every method path (raw bytes), as the fallback of a
+    :class:`krproxy.rpc.Server`: ``rpc.Server({}, fallback=backend.fallback)``.
 
     Args:
         timing: wait each call's recorded backend time before answering.
@@ -167,29 +161,26 @@ class TraceBackend:
         self.answers = TraceAnswers(records)
         self.timing = timing
 
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return {}
+    def fallback(self, path: str) -> rpc.Handler:
+        return functools.partial(self._handle, path)
 
-    def fallback(self, path: str) -> grpclib.const.Handler:
-        return grpclib.const.Handler(
-            functools.partial(self._handle, path), grpclib.const.Cardinality.STREAM_STREAM, Raw, Raw
-        )
-
-    async def _handle(self, path: str, stream: grpclib.server.Stream[Any, Any]) -> None:
+    async def _handle(self, path: str, stream: rpc.Stream) -> None:
         types = messages.method_types(path)
         if types is not None and types.cardinality is Cardinality.UNARY_STREAM:
             await stream.recv_message()
             await stream.send_initial_metadata()
-            await asyncio.Event().wait()  # no recorded events to send; until the caller leaves
-        requests = [m async for m in stream]
+            await trio.sleep_forever()  # no recorded events to send; until the caller leaves
+        requests = []
+        while (request := await stream.recv_message()) is not None:
+            requests.append(request)
         record = self.answers.answer(path, requests[0] if requests else b"")
         if record is None:
             log.event(LOGGER, "not_in_trace", level=logging.WARNING, method=path)
-            raise GRPCError(grpclib.const.Status.UNIMPLEMENTED, f"{path} is not in the trace")
+            raise GRPCError(Status.UNIMPLEMENTED, f"{path} is not in the trace")
         log.event(LOGGER, "answered", level=logging.DEBUG, method=path, record=record.number)
         if self.timing and record.backend_seconds > 0:
-            await asyncio.sleep(record.backend_seconds)
+            await trio.sleep(record.backend_seconds)
         if record.status is not Status.OK:
-            raise GRPCError(grpclib.const.Status(record.status.value), record.message)
+            raise GRPCError(record.status, record.message)
         if record.reply is not None:
             await stream.send_message(record.reply)

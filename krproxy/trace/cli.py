@@ -12,23 +12,22 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import trio
 
-from krproxy import log
+from krproxy import log, rpc
 from krproxy.trace import messages
+from krproxy.trace.backend import TraceBackend
 from krproxy.trace.files import TraceFileError, load
 from krproxy.trace.format import TraceRecord
-from krproxy.trace.replay import GrpcTransport, replay
+from krproxy.trace.replay import ChannelTransport, ReplayReport, Transport, replay
 from krproxy.trace.show import Filter, parse_time, show
-from krproxy.unixsock import strip_unix_scheme
-
-if TYPE_CHECKING:
-    from krproxy.trace.backend import TraceBackend
+from krproxy.unixsock import SocketInUseError, bind_unix_socket, strip_unix_scheme, unlink_if_ours
 
 LOGGER = logging.getLogger("krproxy.trace.serve")
 
@@ -153,70 +152,61 @@ def _replay(args: argparse.Namespace) -> int:
     if records is None:
         return 2
     show_progress = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
-    try:
-        transport = GrpcTransport(args.target)
-    except ModuleNotFoundError as err:
-        print(
-            f"krproxy trace replay: error: it sends calls with grpcio, which is not installed ({err}); "
-            "install it with: python3 -m pip install 'krproxy[grpcio]'",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        report = replay(
-            records,
-            transport,
-            timing=args.timing,
-            speed=args.speed,
-            timeout=args.timeout,
-            volatile=messages.VOLATILE | frozenset(args.ignore),
-            progress=progress_bar(sys.stderr) if show_progress else None,
-        )
-    finally:
-        transport.close()
+    replaying = functools.partial(
+        replay,
+        records,
+        timing=args.timing,
+        speed=args.speed,
+        timeout=args.timeout,
+        volatile=messages.VOLATILE | frozenset(args.ignore),
+        progress=progress_bar(sys.stderr) if show_progress else None,
+    )
+    report = trio.run(_replay_to, args.target, replaying)
     for line in report.lines():
         print(line)
     return 0 if report.ok else 1
 
 
-async def _serve_trace(backend: TraceBackend, socket: str) -> None:
-    from krproxy import _grpc
+async def _replay_to(target: str, replaying: Callable[[Transport], ReplayReport]) -> ReplayReport:
+    """Run the (blocking) replay in a worker thread, its calls on a channel of this trio run."""
+    async with rpc.Channel(strip_unix_scheme(target)) as channel:
+        return await trio.to_thread.run_sync(replaying, ChannelTransport(channel))
 
-    async with _grpc.open_loop(), trio.open_nursery() as nursery:
-        await nursery.start(
-            functools.partial(
-                _grpc.serve,
-                [backend],
-                socket,
-                codec=_grpc.BytesCodec(),
-                status_details_codec=_grpc.RawStatusDetailsCodec(),
-                fallback=backend.fallback,
-            )
-        )
-        log.event(
-            LOGGER,
-            "serving",
-            socket=socket,
-            methods=len(backend.answers.paths),
-        )
+
+async def _serve_trace(backend: TraceBackend, socket: str) -> None:
+    server = rpc.Server({}, fallback=backend.fallback)
+    sock = bind_unix_socket(socket)  # here, so that a socket in use is a plain error (see _serve)
+    inode = os.stat(socket).st_ino
+    try:
+        # Signals are ours before anyone is told we serve: a SIGTERM right after "serving" stops
+        # us cleanly (statistics printed) instead of killing the process.
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async for _ in signals:
-                break
-        nursery.cancel_scope.cancel()
+            async with trio.open_nursery() as nursery:
+                await nursery.start(server.serve_socket, sock)
+                log.event(LOGGER, "serving", socket=socket, methods=len(backend.answers.paths))
+                async for _ in signals:
+                    break
+                nursery.cancel_scope.cancel()
+    finally:
+        sock.close()
+        unlink_if_ours(socket, inode)
 
 
 def _serve(args: argparse.Namespace) -> int:
     records = _load(args.files)
     if records is None:
         return 2
-    # grpclib (through trio-asyncio) only for the command that serves: see krproxy/_grpc.py.
-    from krproxy.trace.backend import TraceBackend
-
     backend = TraceBackend(records, timing=args.timing)
     try:
         trio.run(_serve_trace, backend, strip_unix_scheme(args.socket))
+    except SocketInUseError as err:
+        print(
+            f"krproxy trace serve: error: {err}; stop that process first, or choose another --socket",
+            file=sys.stderr,
+        )
+        return 1
     except OSError as err:
-        print(f"krproxy trace serve: error: {err}", file=sys.stderr)
+        print(f"krproxy trace serve: error: --socket {args.socket}: {err}", file=sys.stderr)
         return 1
     stats = backend.answers.statistics()
     print(

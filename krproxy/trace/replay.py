@@ -11,21 +11,25 @@ GetContainerEvents, methods our protos do not know (relayed as raw streams, thei
 not recorded) — are skipped and counted.
 
 :func:`replay` is synchronous and takes its transport as an argument: tests drive it with a
-fake one, the CLI with :class:`GrpcTransport` (grpcio, raw bytes).
+fake one, the CLI with :class:`ChannelTransport` (a :class:`krproxy.rpc.Channel`, raw bytes).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
+import trio
 
-from krproxy.grpcstatus import Status
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.trace import messages
 from krproxy.trace.format import TraceRecord
 from krproxy.trace.messages import Difference, IdMap
+
+if TYPE_CHECKING:
+    from krproxy.rpc import Channel
 
 
 @attrs.frozen
@@ -194,31 +198,23 @@ def replay(
     return ReplayReport(tuple(results), dict(ids.new))
 
 
-class GrpcTransport:
-    """A :data:`Transport` over grpcio to a unix socket, sending and receiving raw bytes."""
+class ChannelTransport:
+    """A :data:`Transport` over a :class:`krproxy.rpc.Channel`, sending and receiving raw bytes.
 
-    def __init__(self, target: str) -> None:
-        import grpc
+    :func:`replay` is synchronous: run it in a worker thread of the trio run that owns the
+    channel (``trio.to_thread.run_sync``); each call hops back onto trio for the channel.
+    """
 
-        self._grpc = grpc
-        path = target.removeprefix("unix://")
-        self._channel = grpc.insecure_channel(
-            f"unix://{path}",
-            options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)],
-        )
-        self._methods: dict[str, Any] = {}
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
 
     def __call__(self, path: str, request: bytes, timeout: float) -> Answer:
-        method = self._methods.get(path)
-        if method is None:
-            method = self._methods[path] = self._channel.unary_unary(
-                path, request_serializer=None, response_deserializer=None
-            )
-        try:
-            reply = method(request, timeout=timeout)
-        except self._grpc.RpcError as err:
-            return Answer(Status(err.code().value[0]), err.details() or None, None)
-        return Answer(Status.OK, None, bytes(reply))
+        return trio.from_thread.run(self.call, path, request, timeout)
 
-    def close(self) -> None:
-        self._channel.close()
+    async def call(self, path: str, request: bytes, seconds: float) -> Answer:
+        """One unary call with a deadline ``seconds`` from now; an error status is an answer too."""
+        try:
+            reply = await self._channel.unary(path, request, timeout=seconds)
+        except GRPCError as err:
+            return Answer(err.status, err.message or None, None)
+        return Answer(Status.OK, None, reply)

@@ -27,7 +27,7 @@ included) *before* answering, and once it listens writes its registration file i
 
 The server is as strict as a hook server on grpc-go (koordlet) is: it refuses what grpc-go
 refuses (a ``grpc-timeout`` of more than 8 digits answers INTERNAL, and so on:
-:func:`fakes.containerd.grpc_go.serve_strictly`).
+:func:`fakes.grpc_go.header_check`).
 
 Every other call is echoed unchanged. SIGTERM stops it (exit 0, socket removed).
 """
@@ -45,15 +45,13 @@ from typing import Any
 
 import betterproto2
 import trio
-import trio_asyncio
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 
-from fakes.containerd.grpc_go import serve_strictly
+from fakes.grpc_go import header_check
 from fakes.strict import GrpcGo, Headers
-from krproxy import _grpc
+from krproxy import rpc
+from krproxy.grpcstatus import GRPCError, Status
+from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from krproxy.proto.runtime.v1alpha1 import services as hook_services
 
 ALL_HOOKS = [
     "PreRunPodSandbox",
@@ -98,10 +96,22 @@ def as_dict(message: betterproto2.Message) -> dict[str, Any]:
     return data
 
 
-class ScriptedPlugin(hook_services.RuntimeHookServiceBase):
+class ScriptedPlugin:
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
         self.calls = open(config["calls"], "a", buffering=1)  # noqa: SIM115 - lives as long as the process
+
+    def handlers(self) -> dict[str, rpc.Handler]:
+        """Every hook point, by its gRPC path."""
+        return {point.rpc_path: rpc.unary(functools.partial(self._call, point)) for point in HookPoint}
+
+    async def _call(self, point: HookPoint, request: bytes) -> bytes:
+        reply: betterproto2.Message
+        if point.is_pod_level:
+            reply = self._pod(point.value, hookapi.PodSandboxHookRequest.FromString(request))
+        else:
+            reply = self._container(point.value, hookapi.ContainerResourceHookRequest.FromString(request))
+        return bytes(reply.SerializeToString())
 
     def _record(self, hook: str, message: betterproto2.Message) -> None:
         self.calls.write(json.dumps({"hook": hook, "request": as_dict(message)}) + "\n")
@@ -147,46 +157,6 @@ class ScriptedPlugin(hook_services.RuntimeHookServiceBase):
             container_envs=envs,
         )
 
-    async def pre_run_pod_sandbox_hook(
-        self, message: hookapi.PodSandboxHookRequest
-    ) -> hookapi.PodSandboxHookResponse:
-        return self._pod("PreRunPodSandbox", message)
-
-    async def post_stop_pod_sandbox_hook(
-        self, message: hookapi.PodSandboxHookRequest
-    ) -> hookapi.PodSandboxHookResponse:
-        return self._pod("PostStopPodSandbox", message)
-
-    async def pre_create_container_hook(
-        self, message: hookapi.ContainerResourceHookRequest
-    ) -> hookapi.ContainerResourceHookResponse:
-        return self._container("PreCreateContainer", message)
-
-    async def pre_start_container_hook(
-        self, message: hookapi.ContainerResourceHookRequest
-    ) -> hookapi.ContainerResourceHookResponse:
-        return self._container("PreStartContainer", message)
-
-    async def post_start_container_hook(
-        self, message: hookapi.ContainerResourceHookRequest
-    ) -> hookapi.ContainerResourceHookResponse:
-        return self._container("PostStartContainer", message)
-
-    async def post_stop_container_hook(
-        self, message: hookapi.ContainerResourceHookRequest
-    ) -> hookapi.ContainerResourceHookResponse:
-        return self._container("PostStopContainer", message)
-
-    async def pre_update_container_resources_hook(
-        self, message: hookapi.ContainerResourceHookRequest
-    ) -> hookapi.ContainerResourceHookResponse:
-        return self._container("PreUpdateContainerResources", message)
-
-    async def pre_update_pod_sandbox_resources_hook(
-        self, message: hookapi.PodSandboxHookRequest
-    ) -> hookapi.PodSandboxHookResponse:
-        return self._pod("PreUpdatePodSandboxResources", message)
-
 
 def header_log(path: str | None) -> Callable[[Headers], None]:
     """Append each accepted request's path and ``grpc-timeout`` to ``path`` (nothing if None)."""
@@ -206,13 +176,10 @@ def header_log(path: str | None) -> Callable[[Headers], None]:
 
 async def main(config: dict[str, Any]) -> None:
     plugin = ScriptedPlugin(config)
-    accepted = header_log(config.get("headers"))
-
-    def strict(server: Any) -> None:
-        serve_strictly(server, GrpcGo.V2, accepted=accepted)
-
-    async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
-        await nursery.start(functools.partial(_grpc.serve, [plugin], config["socket"], configure=strict))
+    strict = header_check(GrpcGo.V2, accepted=header_log(config.get("headers")))
+    server = rpc.Server(plugin.handlers(), check_headers=strict)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(server.serve, config["socket"])
         register(
             config["hook_dir"],
             config["name"],

@@ -1,7 +1,7 @@
 // Command krproxy-goclient calls a CRI endpoint the way kubelet does, with grpc-go.
 //
 // kubelet is a grpc-go client (k8s.io/cri-client's remote runtime service). krproxy's tests
-// otherwise call it from Python (grpcio, grpclib) and nghttp2's h2load, whose HTTP/2 stacks
+// otherwise call it from Python (grpcio, krproxy.rpc) and nghttp2's h2load, whose HTTP/2 stacks
 // behave differently: grpc-go sends BDP-estimation PINGs and grows its windows as it measures,
 // refuses an answer over its receive limit itself, and after a GOAWAY or a lost connection
 // reconnects with backoff and replays only the calls the server said it never processed.

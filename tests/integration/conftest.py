@@ -21,13 +21,13 @@ def sockdir(short_tmp: Path) -> str:
 
 
 @pytest.fixture
-async def scripted_backend(aio_loop: None, nursery: trio.Nursery, sockdir: str) -> ScriptedBackend:
+async def scripted_backend(nursery: trio.Nursery, sockdir: str) -> ScriptedBackend:
     backend, _ = await start_scripted_backend(nursery, os.path.join(sockdir, "backend.sock"))
     return backend
 
 
 @pytest.fixture
-async def proxy(aio_loop: None, nursery: trio.Nursery, sockdir: str) -> Daemon:
+async def proxy(nursery: trio.Nursery, sockdir: str) -> Daemon:
     """The proxy on ``sockdir/proxy.sock`` in front of ``sockdir/backend.sock``."""
     return await start_proxy(nursery, sockdir)
 

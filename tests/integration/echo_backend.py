@@ -7,34 +7,29 @@ b"sleep:SECONDS" is answered after that many seconds.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import sys
 
-import grpclib.const
-import grpclib.server
 import trio
-import trio_asyncio
 
-from krproxy import _grpc
+from krproxy import rpc
 
 
-async def _handle(stream: grpclib.server.Stream[bytes, bytes]) -> None:
-    async for message in stream:
+async def _handle(stream: rpc.Stream) -> None:
+    while (message := await stream.recv_message()) is not None:
         if message == b"hang":
-            await asyncio.sleep(3600)
+            await trio.sleep_forever()
         elif message.startswith(b"sleep:"):
-            await asyncio.sleep(float(message.removeprefix(b"sleep:")))
+            await trio.sleep(float(message.removeprefix(b"sleep:")))
         await stream.send_message(message)
 
 
-def _fallback(path: str) -> grpclib.const.Handler:
-    return grpclib.const.Handler(_handle, grpclib.const.Cardinality.STREAM_STREAM, bytes, bytes)
+def _fallback(path: str) -> rpc.Handler:
+    return _handle
 
 
 async def main(path: str) -> None:
-    async with trio_asyncio.open_loop():
-        await _grpc.serve([], path, codec=_grpc.BytesCodec(), fallback=_fallback)
+    await rpc.Server({}, fallback=_fallback).serve(path)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Helpers of the fault-injection suite (``test_faults_*``); this module holds no tests.
 
-- Leak accounting for in-process daemons: :func:`open_fds`, :func:`asyncio_tasks`, :func:`trio_tasks`
-  and :class:`Usage`, a snapshot of all three to compare before and after a burst of trouble.
+- Leak accounting for in-process daemons: :func:`open_fds`, :func:`trio_tasks` and :class:`Usage`, a
+  snapshot of both to compare before and after a burst of trouble.
 - Processes: :class:`Processes` starts fake containerds (``python -m tests.integration.faults_support``,
   a fake that can be told to answer slowly) and ``krproxy serve`` daemons as real processes, with their
   stderr in a file, and kills whatever is left at teardown.
@@ -16,7 +16,6 @@ METHOD=SECONDS`` faults on every call of a method (so a test can kill it while a
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import os
 import re
@@ -29,26 +28,19 @@ from collections.abc import Iterator, Sequence
 import attrs
 import grpc
 import trio
-import trio_asyncio
 from cri_api.v1 import api_pb2, api_pb2_grpc
 
 from fakes.containerd import FakeContainerd, Fault, run_fake_containerd
 
-#: fds that may legitimately come and go around a burst (grpclib reconnecting a backend channel,
-#: a plugin channel, the watcher's scandir): a leak grows with the number of calls, not by this much.
-#: trio-asyncio runs one trio task per fd it watches, so trio tasks get the same allowance.
+#: fds that may legitimately come and go around a burst (the relay reconnecting a backend or plugin
+#: connection, the watcher's scandir): a leak grows with the number of calls, not by this much.
+#: Each connection has a trio task of its own, so trio tasks get the same allowance.
 FD_SLACK = 4
 
 
 def open_fds(pid: int | str = "self") -> int:
     """How many file descriptors the process has open."""
     return len(os.listdir(f"/proc/{pid}/fd"))
-
-
-def asyncio_tasks() -> int:
-    """Unfinished asyncio tasks on the running trio-asyncio loop (grpclib runs one per call)."""
-    loop = trio_asyncio.current_loop.get()
-    return sum(1 for task in asyncio.all_tasks(loop) if not task.done())
 
 
 def trio_task_names() -> list[str]:
@@ -70,22 +62,17 @@ def trio_tasks() -> int:
 
 @attrs.frozen
 class Usage:
-    """fds, asyncio tasks and trio tasks of this process at one moment."""
+    """fds and trio tasks of this process at one moment."""
 
     fds: int
-    asyncio_tasks: int
     trio_tasks: int
 
     @classmethod
     def now(cls) -> Usage:
-        return cls(open_fds(), asyncio_tasks(), trio_tasks())
+        return cls(open_fds(), trio_tasks())
 
     def leaked_since(self, before: Usage) -> bool:
-        return (
-            self.fds > before.fds + FD_SLACK
-            or self.asyncio_tasks > before.asyncio_tasks
-            or self.trio_tasks > before.trio_tasks + FD_SLACK
-        )
+        return self.fds > before.fds + FD_SLACK or self.trio_tasks > before.trio_tasks + FD_SLACK
 
 
 async def settled_usage(before: Usage, limit: float = 30.0) -> Usage:
@@ -255,7 +242,7 @@ def _delay(value: str) -> tuple[str, float]:
 
 async def _serve(path: str, fake: FakeContainerd) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async with trio_asyncio.open_loop(), trio.open_nursery() as nursery:
+        async with trio.open_nursery() as nursery:
             await nursery.start(run_fake_containerd, path, fake)
             async for _ in signals:
                 break

@@ -1,30 +1,34 @@
 """Helpers for proxy integration tests (the fixtures that use them live in conftest.py).
 
-:class:`ScriptedBackend` is a grpclib server that answers *every* method path as raw bytes,
-the way a test tells it to, and records what it received; it lets a test check exactly what
-the proxy forwarded (bytes, metadata, deadline) and make the backend misbehave on purpose.
+:class:`ScriptedBackend` is a :class:`krproxy.rpc.Server` that answers *every* method path as raw
+bytes, the way a test tells it to, and records what it received; it lets a test check exactly
+what the proxy forwarded (bytes, metadata, deadline) and make the backend misbehave on purpose.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
+import betterproto2
 import grpc
-import grpclib.config
-import grpclib.const
-import grpclib.server
 import trio
 
-from krproxy import _grpc
+from fakes.grpc_go import metadata_items
+from krproxy import rpc
 from krproxy.config import ProxyConfig
 from krproxy.daemon import Daemon, serve
 
-Behaviour = Callable[[grpclib.server.Stream[bytes, bytes], list[bytes]], Awaitable[None]]
+Behaviour = Callable[[rpc.Stream, list[bytes]], Awaitable[None]]
+Reply = TypeVar("Reply", bound=betterproto2.Message)
+
+#: The streams a :class:`ScriptedBackend` takes per connection (SETTINGS_MAX_CONCURRENT_STREAMS):
+#: 100, as the h2-based server the tests were written against (grpclib) advertised; tests of the
+#: relay's queueing depend on it.
+BACKEND_MAX_STREAMS = 100
 
 
 @attrs.frozen
@@ -37,15 +41,15 @@ class Received:
     timeout: float | None
 
 
-async def echo(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+async def echo(stream: rpc.Stream, messages: list[bytes]) -> None:
     """Answer with the request messages unchanged (one reply per request message)."""
     for message in messages:
         await stream.send_message(message)
 
 
-async def hang(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+async def hang(stream: rpc.Stream, messages: list[bytes]) -> None:
     """Never answer."""
-    await asyncio.sleep(3600)
+    await trio.sleep_forever()
 
 
 @attrs.define
@@ -61,44 +65,34 @@ class ScriptedBackend:
         """The request messages of every call to ``path``, in arrival order."""
         return [r.messages for r in self.received if r.path == path]
 
-    def fallback(self, path: str) -> grpclib.const.Handler:
-        return grpclib.const.Handler(
-            functools.partial(self._handle, path), grpclib.const.Cardinality.STREAM_STREAM, bytes, bytes
-        )
+    def server(self, *, max_streams: int | None = BACKEND_MAX_STREAMS) -> rpc.Server:
+        """A server answering every path through this backend."""
+        return rpc.Server({}, fallback=self._fallback, max_streams=max_streams)
 
-    async def _handle(self, path: str, stream: grpclib.server.Stream[bytes, bytes]) -> None:
+    def _fallback(self, path: str) -> rpc.Handler:
+        return functools.partial(self._handle, path)
+
+    async def _handle(self, path: str, stream: rpc.Stream) -> None:
         self.started.append(path)
         try:
-            messages = [m async for m in stream]
-            timeout = stream.deadline.time_remaining() if stream.deadline else None
-            self.received.append(Received(path, messages, dict(stream.metadata or {}), timeout))
+            messages = []
+            while (message := await stream.recv_message()) is not None:
+                messages.append(message)
+            timeout = stream.deadline - trio.current_time() if stream.deadline is not None else None
+            self.received.append(Received(path, messages, dict(metadata_items(stream.metadata)), timeout))
             await self.behaviours.get(path, echo)(stream, messages)
-        except asyncio.CancelledError:
+        except trio.Cancelled:
             self.cancelled.append(path)
             raise
 
-    def __mapping__(self) -> dict[str, grpclib.const.Handler]:
-        return {}
-
 
 async def start_scripted_backend(
-    nursery: trio.Nursery,
-    path: str,
-    backend: ScriptedBackend | None = None,
-    config: grpclib.config.Configuration | None = None,
-) -> tuple[ScriptedBackend, grpclib.server.Server]:
+    nursery: trio.Nursery, path: str, backend: ScriptedBackend | None = None, **options: Any
+) -> tuple[ScriptedBackend, rpc.Server]:
+    """Serve ``backend`` (a new one if None) on ``path``; ``options`` go to :meth:`ScriptedBackend.server`."""
     backend = backend or ScriptedBackend()
-    server = await nursery.start(
-        functools.partial(
-            _grpc.serve,
-            [backend],
-            path,
-            codec=_grpc.BytesCodec(),
-            status_details_codec=_grpc.RawStatusDetailsCodec(),
-            fallback=backend.fallback,
-            config=config,
-        )
-    )
+    server = backend.server(**options)
+    await nursery.start(server.serve, path)
     return backend, server
 
 
@@ -111,6 +105,20 @@ async def start_proxy(nursery: trio.Nursery, sockdir: str, **config: Any) -> Dae
         functools.partial(serve, ProxyConfig(**config), handle_signals=False)
     )
     return daemon
+
+
+async def unary_call(
+    channel: rpc.Channel,
+    path: str,
+    request: betterproto2.Message,
+    reply_type: type[Reply],
+    *,
+    timeout: float | None = None,  # noqa: ASYNC109 - the call's deadline, sent as grpc-timeout
+) -> Reply:
+    """One unary call through a :class:`krproxy.rpc.Channel` with messages encoded and decoded
+    here (raises :class:`krproxy.grpcstatus.GRPCError` for an error status)."""
+    reply = await channel.unary(path, bytes(request.SerializeToString()), timeout=timeout)
+    return reply_type.FromString(reply)
 
 
 def raw_unary(channel: grpc.Channel, path: str) -> grpc.UnaryUnaryMultiCallable:
@@ -137,8 +145,8 @@ async def wait_until(
 ) -> None:
     """Poll ``predicate`` until it holds; fail after ``limit`` seconds (a liveness bound).
 
-    For conditions set by code on the asyncio side of the bridge or in another process,
-    where there is no trio.Event to wait on.
+    For conditions set by code in another thread or process, or by a peer (a connection arriving,
+    a call starting), where there is no trio.Event to wait on.
     """
     with trio.fail_after(limit):
         while not predicate():  # noqa: ASYNC110 - see docstring

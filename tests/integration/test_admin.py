@@ -231,9 +231,7 @@ class TestEndpoints:
 
 
 class TestReadiness:
-    async def test_readyz_flips_after_recovery(
-        self, aio_loop: Any, nursery: trio.Nursery, sockdir: str
-    ) -> None:
+    async def test_readyz_flips_after_recovery(self, nursery: trio.Nursery, sockdir: str) -> None:
         """While the runtime is down the store cannot recover: 503 naming the reason; once it is up, 200."""
         runtime = os.path.join(sockdir, "containerd.sock")
         daemon = await start_proxy(nursery, sockdir, runtime_endpoint=runtime, metrics_address=LOOPBACK)
@@ -250,7 +248,7 @@ class TestReadiness:
         assert 200 == after_code
 
     async def test_backend_down_is_reported(
-        self, aio_loop: Any, nursery: trio.Nursery, sockdir: str, cri_client: Callable[[str], CriClient]
+        self, nursery: trio.Nursery, sockdir: str, cri_client: Callable[[str], CriClient]
     ) -> None:
         """Calls that cannot reach the runtime (store recovery's, kubelet's) turn its state to down, with the
         error, in /status and /metrics."""
@@ -280,9 +278,7 @@ class TestReadiness:
         runtime = containerd_proxy.config.runtime_endpoint
         assert f'krproxy_backend_up{{endpoint="{runtime}",role="runtime"}} 1.0' in metrics.decode()
 
-    async def test_readyz_fails_while_draining(
-        self, aio_loop: Any, nursery: trio.Nursery, sockdir: str
-    ) -> None:
+    async def test_readyz_fails_while_draining(self, nursery: trio.Nursery, sockdir: str) -> None:
         """Once shutdown starts, /readyz says so (the endpoint lives until the drain is over)."""
         daemon = await start_proxy(nursery, sockdir, metrics_address=LOOPBACK)
         daemon.relay.draining = True  # what _drain() sets first

@@ -12,13 +12,12 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
-from grpclib.const import Status
 
 from fakes.containerd import FakeContainerd, Fault
-from krproxy import _grpc
 from krproxy.calls import CallRecord
 from krproxy.daemon import Daemon
 from krproxy.demo import DemoLimitsPlugin
+from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from tests.integration.support import in_thread, start_proxy, wait_until
 
@@ -30,7 +29,7 @@ async def proxy_with_plugin(
     """The proxy in front of the fake containerd, one PreCreateContainer plugin, records collected."""
     _, backend = fake_containerd
     plugin_socket = os.path.join(sockdir, "plugin.sock")
-    await nursery.start(_grpc.serve, [DemoLimitsPlugin()], plugin_socket)
+    await nursery.start(DemoLimitsPlugin().serve, plugin_socket)
     os.makedirs(os.path.join(sockdir, "hooks"))
     with open(os.path.join(sockdir, "hooks", "limits.json"), "w") as f:  # noqa: ASYNC230 - tiny local file
         json.dump({"remote-endpoint": plugin_socket, "runtime-hooks": ["PreCreateContainer"]}, f)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import grpclib.const
 import pytest
 import trio
 
 from fakes.plugin import Changes, FakePlugin, Misbehaviour
+from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.hooks_support import HANG_TIMEOUT
@@ -29,8 +29,6 @@ from tests.integration.test_docker_support import (
     make_node,
     sandbox_body,
 )
-
-pytestmark = pytest.mark.usefixtures("aio_loop")
 
 UPDATE = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
 
@@ -48,7 +46,7 @@ SKIP = {"runtimeproxy.koordinator.sh/skip-hookserver": "true"}
 
 
 @pytest.fixture
-async def node(aio_loop: Any, nursery: trio.Nursery, sockdir: str) -> DockerNode:
+async def node(nursery: trio.Nursery, sockdir: str) -> DockerNode:
     return await make_node(nursery, sockdir)
 
 
@@ -130,7 +128,7 @@ class TestCreate:
         plugin = await node.add_plugin("strict", failure_policy="Fail")
         await node.start_proxy()
         sandbox = await node.create(SANDBOX_NAME, sandbox_body())
-        plugin.misbehave(Misbehaviour(status=grpclib.const.Status.INTERNAL, message="no cpus"))
+        plugin.misbehave(Misbehaviour(status=Status.INTERNAL, message="no cpus"))
         reply = await node.call("POST", f"/containers/create?name={CONTAINER_NAME}", container_body(sandbox))
         assert 500 == reply.status
         message = json.loads(reply.body)["message"]
@@ -141,7 +139,7 @@ class TestCreate:
         """An Ignore plugin that fails is logged; dockerd gets the request as the client sent it."""
         plugin = await node.add_plugin("lax", FakePlugin(Changes(cpu_quota=1)))
         await node.start_proxy()
-        plugin.misbehave(Misbehaviour(status=grpclib.const.Status.UNAVAILABLE))
+        plugin.misbehave(Misbehaviour(status=Status.UNAVAILABLE))
         body = sandbox_body()
         reply = await node.call("POST", f"/containers/create?name={SANDBOX_NAME}", body)
         assert 201 == reply.status
@@ -190,9 +188,7 @@ class TestStartStop:
         plugin = await node.add_plugin("strict", failure_policy="Fail")
         await node.start_proxy()
         _, container = await node.create_pod()
-        plugin.misbehave(
-            Misbehaviour(status=grpclib.const.Status.INTERNAL, message="nope"), HookPoint.PRE_START_CONTAINER
-        )
+        plugin.misbehave(Misbehaviour(status=Status.INTERNAL, message="nope"), HookPoint.PRE_START_CONTAINER)
         reply = await node.call("POST", f"/containers/{container}/start")
         assert 500 == reply.status
         assert not node.fake.state.containers[container].running
@@ -203,7 +199,7 @@ class TestStartStop:
         plugin = await node.add_plugin("strict", failure_policy="Fail")
         await node.start_proxy()
         _, container = await node.create_pod()
-        plugin.misbehave(Misbehaviour(status=grpclib.const.Status.INTERNAL), HookPoint.POST_START_CONTAINER)
+        plugin.misbehave(Misbehaviour(status=Status.INTERNAL), HookPoint.POST_START_CONTAINER)
         assert 204 == (await node.call("POST", f"/containers/{container}/start")).status
 
     async def test_stop_container_runs_post_stop_and_forgets_it(self, node: DockerNode) -> None:

@@ -10,15 +10,14 @@ import contextlib
 import json
 import os
 import socket
-from typing import Any
 
 import h11
 import pytest
 import trio
 
 from fakes.dockerd import multiplex
-from krproxy import _grpc
 from krproxy.docker.client import request
+from krproxy.unixsock import bind_unix_socket
 from tests.integration.support import wait_until
 from tests.integration.test_docker_support import (
     CONTAINER_NAME,
@@ -30,11 +29,9 @@ from tests.integration.test_docker_support import (
     receive_until,
 )
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
-
 
 @pytest.fixture
-async def node(aio_loop: Any, nursery: trio.Nursery, sockdir: str) -> DockerNode:
+async def node(nursery: trio.Nursery, sockdir: str) -> DockerNode:
     node = await make_node(nursery, sockdir)
     await node.start_proxy()
     node.fake.requests.clear()  # recovery's
@@ -118,7 +115,7 @@ class TestPassthrough:
         assert b'"Action": "create"' in data
         await wait_until(lambda: not node.fake.state.listeners)
 
-    async def test_dockerd_down_answers_502(self, aio_loop: Any, nursery: trio.Nursery, sockdir: str) -> None:
+    async def test_dockerd_down_answers_502(self, nursery: trio.Nursery, sockdir: str) -> None:
         """With nothing listening on dockerd's socket, requests get 502 and the proxy keeps serving."""
         node = await make_node(nursery, sockdir, dockerd=False)
         await node.start_proxy(wait_recovered=False)
@@ -129,7 +126,7 @@ class TestPassthrough:
         assert 200 == (await node.call("GET", "/_ping")).status
 
     async def test_a_grpc_socket_in_place_of_dockerd_is_named(
-        self, aio_loop: Any, nursery: trio.Nursery, sockdir: str
+        self, nursery: trio.Nursery, sockdir: str
     ) -> None:
         """Docker mode pointed at a gRPC runtime (containerd's CRI socket, the endpoint's default):
         the 502 says so and how to fix it. It said only ``bad answer from dockerd: illegal request
@@ -287,7 +284,7 @@ class TestShutdown:
             with late, pytest.raises((ConnectionRefusedError, FileNotFoundError)):
                 late.connect(node.proxy_socket)
             await trio.Path(node.proxy_socket).unlink()
-            successor = _grpc.bind_unix_socket(node.proxy_socket)
+            successor = bind_unix_socket(node.proxy_socket)
             try:
                 await wait_until(lambda: node.proxy.proxy.in_flight == 0)  # the grace period ended it
                 await trio.sleep(0.2)

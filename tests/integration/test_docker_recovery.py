@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any
 
 import pytest
 import trio
@@ -25,11 +24,9 @@ from tests.integration.test_docker_support import (
     make_node,
 )
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
-
 
 @pytest.fixture
-async def node(aio_loop: Any, nursery: trio.Nursery, sockdir: str) -> DockerNode:
+async def node(nursery: trio.Nursery, sockdir: str) -> DockerNode:
     return await make_node(nursery, sockdir)
 
 
@@ -87,7 +84,7 @@ class TestRecovery:
             node.proxy.hooks.store.statistics().containers,
         )
 
-    async def test_proxy_waits_for_dockerd(self, aio_loop: Any, nursery: trio.Nursery, sockdir: str) -> None:
+    async def test_proxy_waits_for_dockerd(self, nursery: trio.Nursery, sockdir: str) -> None:
         """Started before dockerd, the proxy serves (502 meanwhile), retries recovery, and intercepted
         requests wait until the store is recovered."""
         node = await make_node(nursery, sockdir, dockerd=False)

@@ -50,9 +50,7 @@ async def warm_up(listen: str) -> Usage:
 
 
 class TestBackendKilled:
-    async def test_killed_mid_call(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, procs: Processes
-    ) -> None:
+    async def test_killed_mid_call(self, nursery: trio.Nursery, sockdir: str, procs: Processes) -> None:
         """A call in flight when the runtime is SIGKILLed fails UNAVAILABLE naming the runtime socket;
         while it is down calls fail the same way, fast; once it is back Version works; nothing leaks."""
         runtime = os.path.join(sockdir, "backend.sock")
@@ -77,9 +75,7 @@ class TestBackendKilled:
         assert await in_thread(version_ok, daemon.config.listen)
         await assert_no_leak(before)
 
-    async def test_killed_mid_stream(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, procs: Processes
-    ) -> None:
+    async def test_killed_mid_stream(self, nursery: trio.Nursery, sockdir: str, procs: Processes) -> None:
         """An open GetContainerEvents stream ends UNAVAILABLE when the runtime dies; the proxy keeps
         answering; after the restart a new stream delivers events again."""
         runtime = os.path.join(sockdir, "backend.sock")
@@ -130,9 +126,7 @@ async def wait_in_flight(daemon: Daemon, count: int) -> bool:
 
 class TestBackendSlow:
     @pytest.fixture
-    async def daemon(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, fake_containerd: Any
-    ) -> Daemon:
+    async def daemon(self, nursery: trio.Nursery, sockdir: str, fake_containerd: Any) -> Daemon:
         _, runtime = fake_containerd
         return await start_proxy(nursery, sockdir, runtime_endpoint=runtime)
 
@@ -224,7 +218,6 @@ def _unavailable(listen: str) -> grpc.StatusCode:
 class TestBackendDownLogging:
     async def test_an_outage_warns_once_not_per_call(
         self,
-        aio_loop: None,
         nursery: trio.Nursery,
         sockdir: str,
         procs: Processes,

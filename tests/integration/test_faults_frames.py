@@ -211,7 +211,7 @@ class TestBogusGrpcFraming:
     )
     def test_wrong_length_prefix(self, path: str, declared: int, payload: bytes) -> None:
         """A length prefix that does not match the bytes sent: longer than the data (up to 4 GiB) ends in an
-        error status or a reset; shorter means a complete message plus trailing bytes, which grpclib answers
+        error status or a reset; shorter means a complete message plus trailing bytes, which the fake answers
         or refuses; either way the daemon keeps serving."""
         body = grpc_frame(0, declared, payload)
         reset, status = grpc_request(path, body)

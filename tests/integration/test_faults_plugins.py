@@ -17,9 +17,9 @@ import grpc
 import pytest
 import trio
 from cri_api.v1 import api_pb2
-from grpclib.const import Status
 
 from fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
+from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.faults_support import Processes, Usage, assert_no_leak, processes, version_ok
@@ -53,9 +53,7 @@ TROUBLES: dict[str, Misbehaviour] = {
 
 
 @pytest.fixture
-async def node(
-    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
-) -> Node:
+async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any) -> Node:
     return await make_node(nursery, sockdir, fake_containerd, cri_client)
 
 

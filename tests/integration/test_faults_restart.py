@@ -54,7 +54,7 @@ def identity(request: Any) -> tuple[Any, ...]:
 
 class TestProxyKilled:
     async def test_restart_recovers_every_entry_once(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, procs: Processes
+        self, nursery: trio.Nursery, sockdir: str, procs: Processes
     ) -> None:
         """SIGKILL the proxy with seeded and proxy-created pods live; the restarted one recovers exactly the
         runtime's pods and containers, and Stop/StopPodSandbox of objects created through the old proxy run

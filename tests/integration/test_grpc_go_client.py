@@ -2,7 +2,7 @@
 ``scripts/install-go-client``, which ``nox -s tests`` runs; without it these tests are skipped
 with its reason).
 
-kubelet is a grpc-go client, and the other tests call krproxy from grpcio, grpclib and h2load:
+kubelet is a grpc-go client, and the other tests call krproxy from grpcio, krproxy.rpc and h2load:
 grpc-go sends BDP-estimation PINGs and grows its windows as it measures, judges an answer's size
 against its own 16 MiB limit, and after a GOAWAY reconnects with backoff and replays only the
 calls the server said it never processed. The client prints one JSON summary per run (status
@@ -25,13 +25,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import grpclib.server
 import pytest
 import trio
 from cri_api.v1 import api_pb2 as pb
 
 from fakes.containerd import FakeContainerd
 from fakes.plugin import Changes, FakePlugin
+from krproxy import rpc
 from krproxy.bench import Processes
 from krproxy.hooks.points import HookPoint
 from tests.conftest import CriClient
@@ -70,9 +70,7 @@ async def run_client(binary: str, socket_path: str, *args: str) -> dict[str, Any
 
 
 @pytest.fixture
-async def node(
-    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
-) -> Node:
+async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any) -> Node:
     return await make_node(nursery, sockdir, fake_containerd, cri_client)
 
 
@@ -126,13 +124,13 @@ async def test_an_answer_of_12_mib_arrives_whole_as_from_the_runtime(
     assert {"min": size, "max": size} == direct["answer_bytes"] == relayed["answer_bytes"]
 
 
-async def _huge(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+async def _huge(stream: rpc.Stream, messages: list[bytes]) -> None:
     """An answer one byte over kubelet's limit (a runtime with a larger send limit than containerd's)."""
     await stream.send_message(b"x" * (LIMIT + 1))
 
 
 async def test_an_answer_over_16_mib_is_refused_by_kubelet_s_client_and_krproxy_goes_on(
-    goclient: str, aio_loop: None, nursery: trio.Nursery, sockdir: str
+    goclient: str, nursery: trio.Nursery, sockdir: str
 ) -> None:
     """grpc-go refuses an answer over its receive limit itself (RESOURCE_EXHAUSTED, from the
     length prefix) and resets the stream; krproxy must drop that stream's answer and serve the

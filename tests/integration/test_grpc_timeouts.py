@@ -11,7 +11,7 @@ ms to the 5 min maximum and failure policy Fail, so a refused plugin call fails 
 The trio clock is stopped (MockClock rate 0) while the calls run: a 1 ms deadline must not expire
 on a busy machine, and the deadline left when the proxy forwards is then exactly the caller's, so
 the header the peer got can be checked tightly. The fake containerd checks each ``grpc-timeout``
-but does not enforce it here: grpclib would, by the real clock. The caller is a raw HTTP/2 client that writes
+but does not enforce it here (a deadline enforced in trio time would fire at a clock jump). The caller is a raw HTTP/2 client that writes
 ``grpc-timeout`` as grpc-go does and has no timers of its own.
 """
 
@@ -155,7 +155,6 @@ async def _settle(done: Callable[[], bool]) -> None:
 @pytest.mark.parametrize("with_plugin", [False, True], ids=["forwards", "forwards-and-plugin"])
 @pytest.mark.parametrize("deadline", DEADLINES)
 async def test_forwards_and_plugin_calls_carry_a_timeout_grpc_go_accepts(
-    aio_loop: None,
     nursery: trio.Nursery,
     sockdir: str,
     cri_client: Callable[[str], CriClient],

@@ -16,15 +16,11 @@ from krproxy.hookserver.testing import logged_events
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.hooks_support import RESOURCES, Node, hook_resources, make_node
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
-
 CREATE = HookPoint.PRE_CREATE_CONTAINER
 
 
 @pytest.fixture
-async def node(
-    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
-) -> Node:
+async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any) -> Node:
     return await make_node(nursery, sockdir, fake_containerd, cri_client)
 
 

@@ -12,14 +12,11 @@ from krproxy.hooks.points import HookPoint
 from tests.integration.hooks_support import Node, make_node
 from tests.integration.support import wait_until
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
 UPDATE = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
 
 
 @pytest.fixture
-async def node(
-    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
-) -> Node:
+async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any) -> Node:
     return await make_node(nursery, sockdir, fake_containerd, cri_client)
 
 

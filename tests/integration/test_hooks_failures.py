@@ -11,26 +11,22 @@ import time
 from typing import Any
 
 import grpc
-import grpclib.client
 import pytest
 import trio
-import trio_asyncio
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 
 from fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour
+from krproxy import rpc
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1
-from krproxy.proto.runtime.v1 import services as cri_services
 from tests.integration.hooks_support import HANG_TIMEOUT, PLUGIN_TIMEOUT, Node, make_node
-
-pytestmark = pytest.mark.usefixtures("aio_loop")
+from tests.integration.support import unary_call
 
 CREATE = HookPoint.PRE_CREATE_CONTAINER
 POST_HOOKS = [HookPoint.POST_START_CONTAINER, HookPoint.POST_STOP_CONTAINER, HookPoint.POST_STOP_POD_SANDBOX]
 
-#: The cause of a timeout: the proxy's own deadline fired, or the plugin's grpclib server enforced the
+#: The cause of a timeout: the proxy's own deadline fired, or the plugin's server enforced the
 #: deadline the proxy sent it (grpc-timeout) first and answered DEADLINE_EXCEEDED.
 TIMEOUT_CAUSES = (f"no answer within {HANG_TIMEOUT}", "DEADLINE_EXCEEDED")
 _BIG_5MB = {"big": "x" * (5 << 20)}
@@ -69,9 +65,7 @@ TROUBLES: dict[str, tuple[Misbehaviour | None, tuple[str, ...]]] = {
 
 
 @pytest.fixture
-async def node(
-    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
-) -> Node:
+async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any) -> Node:
     return await make_node(nursery, sockdir, fake_containerd, cri_client)
 
 
@@ -310,19 +304,20 @@ def cri_start(container_id: str) -> Any:
 class TestTimeoutInVirtualTime:
     async def test_hung_plugin_times_out_on_its_own_deadline(self, node: Node, autojump_clock: Any) -> None:
         """With trio's autojump clock a plugin's 60 s timeout passes in no real time: the Fail plugin's
-        hang rejects the call after exactly its timeout (virtual), with a grpclib client so no real thread
-        waits."""
+        hang rejects the call after exactly its timeout (virtual), with a client on trio (krproxy.rpc) so
+        no real thread waits."""
         plugin = FakePlugin()
         plugin.misbehave(Misbehaviour(hang=True), CREATE)
         await node.add_plugin("slow", plugin, [CREATE], failure_policy="Fail", call_timeout="60s")
         await node.start_proxy()
-        channel = grpclib.client.Channel(path=node.proxy_socket)
-        stub = cri_services.RuntimeServiceStub(channel)
-        try:
-            pod = await trio_asyncio.aio_as_trio(stub.run_pod_sandbox)(
+        async with rpc.Channel(node.proxy_socket) as channel:
+            pod = await unary_call(
+                channel,
+                "/runtime.v1.RuntimeService/RunPodSandbox",
                 cri.RunPodSandboxRequest(
                     config=cri.PodSandboxConfig(metadata=cri.PodSandboxMetadata(name="web", uid="u"))
-                )
+                ),
+                cri.RunPodSandboxResponse,
             )
             request = cri.CreateContainerRequest(
                 pod_sandbox_id=pod.pod_sandbox_id,
@@ -330,10 +325,13 @@ class TestTimeoutInVirtualTime:
             )
             started, real_started = trio.current_time(), time.monotonic()
             with pytest.raises(GRPCError) as info:
-                await trio_asyncio.aio_as_trio(stub.create_container)(request)
+                await unary_call(
+                    channel,
+                    "/runtime.v1.RuntimeService/CreateContainer",
+                    request,
+                    cri.CreateContainerResponse,
+                )
             elapsed = trio.current_time() - started
-        finally:
-            channel.close()
 
         assert Status.UNKNOWN == info.value.status
         # Under the autojump clock the plugin's server-side deadline always fires first: it is the

@@ -1,4 +1,4 @@
-"""The fake hook plugin itself: its answers and misbehaviours seen by a plain grpclib client, and its
+"""The fake hook plugin itself: its answers and misbehaviours seen by a plain gRPC client, and its
 command line, registering with a running proxy and changing a container end to end."""
 
 from __future__ import annotations
@@ -11,24 +11,20 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import grpclib.client
 import pytest
 import trio
-import trio_asyncio
-from grpclib.const import Status
-from grpclib.exceptions import GRPCError
 
 from fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour, run_fake_plugin
+from krproxy import rpc
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from krproxy.proto.runtime.v1alpha1 import services as hook_services
 from tests.integration.hooks_support import Node, make_node
-from tests.integration.support import wait_until
+from tests.integration.support import unary_call, wait_until
 
 #: How long a new Python process may take to start (or stop) on a loaded CI machine.
 PROCESS_START_LIMIT = 30.0
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
 
 CREATE = HookPoint.PRE_CREATE_CONTAINER
 REQUEST = hookapi.ContainerResourceHookRequest(
@@ -42,25 +38,19 @@ REQUEST = hookapi.ContainerResourceHookRequest(
 
 
 @pytest.fixture
-async def node(
-    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
-) -> Node:
+async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any) -> Node:
     return await make_node(nursery, sockdir, fake_containerd, cri_client)
 
 
 async def call_create(path: str, request: hookapi.ContainerResourceHookRequest = REQUEST) -> Any:
-    channel = grpclib.client.Channel(path=path)
-    try:
-        stub = hook_services.RuntimeHookServiceStub(channel)
-        return await trio_asyncio.aio_as_trio(stub.pre_create_container_hook)(request, timeout=2)
-    finally:
-        channel.close()
+    async with rpc.Channel(path) as channel:
+        return await unary_call(
+            channel, CREATE.rpc_path, request, hookapi.ContainerResourceHookResponse, timeout=2
+        )
 
 
 class TestFakePlugin:
-    async def test_default_echoes_like_koordlet(
-        self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path
-    ) -> None:
+    async def test_default_echoes_like_koordlet(self, nursery: trio.Nursery, short_tmp: Path) -> None:
         """Without changes the answer echoes annotations, resources, pod cgroup parent and envs; the call
         is logged with its request."""
         path = str(short_tmp / "p.sock")
@@ -80,7 +70,7 @@ class TestFakePlugin:
         assert [REQUEST] == plugin.requests(CREATE)
 
     async def test_changes_do_not_touch_the_logged_request(
-        self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path
+        self, nursery: trio.Nursery, short_tmp: Path
     ) -> None:
         """Changes apply to the answer only; the call log keeps the request as received."""
         path = str(short_tmp / "p.sock")
@@ -94,9 +84,7 @@ class TestFakePlugin:
         assert {"E": "1", "X": "y"} == answer.container_envs
         assert [REQUEST] == plugin.requests(CREATE)
 
-    async def test_canned_answer_and_misbehaviour_count(
-        self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path
-    ) -> None:
+    async def test_canned_answer_and_misbehaviour_count(self, nursery: trio.Nursery, short_tmp: Path) -> None:
         """A canned answer is sent as is; a misbehaviour with ``times`` affects that many calls only."""
         path = str(short_tmp / "p.sock")
         plugin = FakePlugin()
@@ -112,9 +100,7 @@ class TestFakePlugin:
         assert hookapi.ContainerResourceHookResponse(pod_cgroup_parent="/x") == answer
         assert [CREATE, CREATE] == plugin.hooks_called()
 
-    async def test_garbage_does_not_decode(
-        self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path
-    ) -> None:
+    async def test_garbage_does_not_decode(self, nursery: trio.Nursery, short_tmp: Path) -> None:
         """The garbage answer really fails to decode as the response type."""
         path = str(short_tmp / "p.sock")
         plugin = FakePlugin()
@@ -126,8 +112,8 @@ class TestFakePlugin:
 
 
 class TestServerWithGrpcio:
-    """The fake plugin (krproxy's relay answering every call itself) under grpcio's client: a second, independent
-    gRPC stack, with small initial flow-control windows."""
+    """The fake plugin (krproxy's gRPC server) under grpcio's client: a second, independent gRPC stack,
+    with small initial flow-control windows."""
 
     @staticmethod
     async def grpcio_call(path: str, method: str, request: bytes) -> bytes:
@@ -138,7 +124,7 @@ class TestServerWithGrpcio:
 
         return await trio.to_thread.run_sync(run)
 
-    async def test_large_echo(self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path) -> None:
+    async def test_large_echo(self, nursery: trio.Nursery, short_tmp: Path) -> None:
         """A request with 1 MB of annotations is echoed whole, and logged."""
         path = str(short_tmp / "p.sock")
         plugin = await nursery.start(run_fake_plugin, path, FakePlugin())
@@ -150,9 +136,7 @@ class TestServerWithGrpcio:
         assert {"big": "x" * (1 << 20)} == answer.container_annotations
         assert [request] == plugin.requests(CREATE)
 
-    async def test_status_and_unknown_method(
-        self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path
-    ) -> None:
+    async def test_status_and_unknown_method(self, nursery: trio.Nursery, short_tmp: Path) -> None:
         """A scripted status arrives with its message; a method the service lacks is UNIMPLEMENTED."""
         path = str(short_tmp / "p.sock")
         plugin = FakePlugin()
@@ -170,7 +154,7 @@ class TestServerWithGrpcio:
         )
         assert grpc.StatusCode.UNIMPLEMENTED == unknown.value.code()
 
-    async def test_delay_then_answer(self, aio_loop: Any, nursery: trio.Nursery, short_tmp: Path) -> None:
+    async def test_delay_then_answer(self, nursery: trio.Nursery, short_tmp: Path) -> None:
         """A delayed answer still comes, after the delay."""
         path = str(short_tmp / "p.sock")
         plugin = FakePlugin()
@@ -209,7 +193,7 @@ class TestCommandLine:
         ]
         process = await trio.lowlevel.open_process(command)
         try:
-            # A new interpreter importing grpclib can take seconds on a loaded machine; the watcher's
+            # A new interpreter importing krproxy can take seconds on a loaded machine; the watcher's
             # own pick-up time is what wait_registered bounds, once the file is there.
             await wait_until(lambda: os.path.exists(registration), PROCESS_START_LIMIT)
             await node.wait_registered("cli.json")

@@ -14,7 +14,6 @@ import grpc
 import pytest
 import trio
 from cri_api.v1 import api_pb2
-from grpclib.const import Status
 
 from fakes.containerd import (
     FakeContainerd,
@@ -25,6 +24,7 @@ from fakes.containerd import (
     stepping_clock,
 )
 from fakes.plugin import FakePlugin, Misbehaviour
+from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.hookserver import HookServer, PodContext, ServeOptions, Stage, serve
 from krproxy.hookserver.testing import FakeNode
@@ -39,8 +39,6 @@ from tests.integration.hooks_support import (
 )
 from tests.integration.support import wait_until
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
-
 RESIZE = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
 POD_META = hookapi.PodSandboxMetadata(name="web", uid="uid-web", namespace="prod", attempt=1)
 #: What kubelet sends for a pod resized to 1.5 CPUs and 1 GiB, with a RuntimeClass overhead.
@@ -54,16 +52,12 @@ OVERHEAD = {"cpu_shares": 25, "memory_limit_in_bytes": 64 << 20}
 
 
 @pytest.fixture
-async def node(
-    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
-) -> Node:
+async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any) -> Node:
     return await make_node(nursery, sockdir, fake_containerd, cri_client)
 
 
 @pytest.fixture
-async def old_node(
-    aio_loop: Any, nursery: trio.Nursery, sockdir: str, cri_client: Any
-) -> AsyncIterator[Node]:
+async def old_node(nursery: trio.Nursery, sockdir: str, cri_client: Any) -> AsyncIterator[Node]:
     """A node whose runtime lacks UpdatePodSandboxResources, as containerd 1.6 to 2.1."""
     fake = FakeContainerd(RuntimeState(clock=stepping_clock(), new_id=sequential_ids(), pod_resize=False))
     path = f"{sockdir}/containerd-old.sock"

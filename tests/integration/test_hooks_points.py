@@ -12,10 +12,10 @@ import grpc
 import pytest
 import trio
 from cri_api.v1 import api_pb2
-from grpclib.const import Status
 
 from fakes.containerd import Fault
 from fakes.plugin import Changes, FakePlugin
+from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.hooks_support import (
@@ -29,8 +29,6 @@ from tests.integration.hooks_support import (
 )
 from tests.integration.support import in_thread
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
-
 SKIP_LABEL = {"runtimeproxy.koordinator.sh/skip-hookserver": "true"}
 POD_META = hookapi.PodSandboxMetadata(name="web", uid="uid-web", namespace="prod", attempt=1)
 #: The envs of container_config() as a map: the later MODE wins.
@@ -38,9 +36,7 @@ ENVS = {"PATH": "/bin", "MODE": "b"}
 
 
 @pytest.fixture
-async def node(
-    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
-) -> Node:
+async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any) -> Node:
     return await make_node(nursery, sockdir, fake_containerd, cri_client)
 
 

@@ -16,16 +16,13 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-import grpclib.client
-import grpclib.const
-import grpclib.exceptions
-import grpclib.server
+import grpc
 import pytest
 import trio
-import trio_asyncio
 
 from fakes.containerd import FakeContainerd, run_fake_containerd
 from fakes.plugin import Changes, FakePlugin
+from krproxy import rpc
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import convert, wire
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
@@ -33,7 +30,6 @@ from krproxy.hooks.points import HookPoint
 from krproxy.hooks.recovery import CALL_TIMEOUT, Recovered, recover
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from krproxy.proto.runtime.v1 import services as cri_services
 from krproxy.relay import Relay
 from tests.integration.hooks_support import (
     POD_ANNOTATIONS,
@@ -45,13 +41,9 @@ from tests.integration.hooks_support import (
 )
 from tests.integration.support import LIVENESS_LIMIT, Behaviour, ScriptedBackend, start_scripted_backend
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
-
 
 @pytest.fixture
-async def node(
-    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
-) -> Node:
+async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any) -> Node:
     return await make_node(nursery, sockdir, fake_containerd, cri_client)
 
 
@@ -178,23 +170,34 @@ async def _recover(nursery: trio.Nursery, path: str) -> Recovered:
     return await recover(functools.partial(relay.call, relay.route_to(path, "runtime"), within=CALL_TIMEOUT))
 
 
-async def _recover_one_by_one(path: str) -> tuple[dict[str, PodInfo], dict[str, ContainerInfo]]:
-    """The same calls as recovery, one after another through grpclib's client (not the relay), each answer
-    converted on its own (no failures expected)."""
-    channel = grpclib.client.Channel(path=path)
-    stub = cri_services.RuntimeServiceStub(channel)
-    try:
+def _recover_one_by_one(path: str) -> tuple[dict[str, PodInfo], dict[str, ContainerInfo]]:
+    """The same calls as recovery, one after another through grpcio's client (not the relay), each answer
+    converted on its own (no failures expected). Blocking: run it in a thread."""
+    with grpc.insecure_channel(f"unix://{path}") as channel:
+
+        def call(method: str, request: Any, reply_type: Any) -> Any:
+            answer = channel.unary_unary(f"/runtime.v1.RuntimeService/{method}")(
+                bytes(request.SerializeToString()), timeout=LIVENESS_LIMIT
+            )
+            return reply_type.FromString(answer)
+
         pods = {}
-        for sandbox in (await stub.list_pod_sandbox(cri.ListPodSandboxRequest())).items:
-            answer = await stub.pod_sandbox_status(
-                cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox.id, verbose=True)
+        for sandbox in call("ListPodSandbox", cri.ListPodSandboxRequest(), cri.ListPodSandboxResponse).items:
+            answer = call(
+                "PodSandboxStatus",
+                cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox.id, verbose=True),
+                cri.PodSandboxStatusResponse,
             )
             assert answer.status is not None
             pods[sandbox.id] = convert.pod_from_wire_status(_wire(answer.status), answer.info)
         containers = {}
-        for item in (await stub.list_containers(cri.ListContainersRequest())).containers:
-            status = await stub.container_status(
-                cri.ContainerStatusRequest(container_id=item.id, verbose=True)
+        for item in call(
+            "ListContainers", cri.ListContainersRequest(), cri.ListContainersResponse
+        ).containers:
+            status = call(
+                "ContainerStatus",
+                cri.ContainerStatusRequest(container_id=item.id, verbose=True),
+                cri.ContainerStatusResponse,
             )
             assert status.status is not None
             owner = pods[item.pod_sandbox_id]
@@ -202,8 +205,6 @@ async def _recover_one_by_one(path: str) -> tuple[dict[str, PodInfo], dict[str, 
                 _wire(status.status), item.pod_sandbox_id, owner, status.info
             )
         return pods, containers
-    finally:
-        channel.close()
 
 
 def _wire(message: Any) -> Any:
@@ -287,7 +288,7 @@ class TestRecover:
         fake.flush_events()
 
         recovered: Recovered = await _recover(nursery, path)
-        pods, containers = await trio_asyncio.aio_as_trio(_recover_one_by_one)(path)
+        pods, containers = await trio.to_thread.run_sync(_recover_one_by_one, path)
 
         assert (5, 14, 0, 0) == (
             len(recovered.pods),
@@ -301,9 +302,7 @@ class TestRecover:
             _ordered(recovered.containers),
         )
 
-    async def test_verbose_info_failures_and_orphans(
-        self, aio_loop: Any, nursery: trio.Nursery, sockdir: str
-    ) -> None:
+    async def test_verbose_info_failures_and_orphans(self, nursery: trio.Nursery, sockdir: str) -> None:
         """Verbose info gives the cgroup parent, resources and envs; a failed or status-less answer falls back
         to the list item; a container of an unlisted pod is skipped."""
         answers: dict[str, bytes | GRPCError] = {}
@@ -365,7 +364,7 @@ class TestRecover:
         answers["list-containers"] = bytes(cri.ListContainersResponse(containers=containers))
 
         def answer(key: Callable[[bytes], str]) -> Behaviour:
-            async def behaviour(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+            async def behaviour(stream: rpc.Stream, messages: list[bytes]) -> None:
                 [request] = messages
                 reply = answers[key(request)]
                 if isinstance(reply, GRPCError):
@@ -429,11 +428,11 @@ class TestRecover:
         assert ["B", "A"] == list(recovered.containers["c-1"].envs)
         assert (3, 1) == (recovered.fallbacks, recovered.orphans)
 
-    async def test_a_failed_list_raises(self, aio_loop: Any, nursery: trio.Nursery, sockdir: str) -> None:
+    async def test_a_failed_list_raises(self, nursery: trio.Nursery, sockdir: str) -> None:
         """Without the lists nothing can be recovered: recover() raises and the daemon retries it."""
 
-        async def unavailable(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
-            raise grpclib.exceptions.GRPCError(grpclib.const.Status.UNAVAILABLE, "starting")  # the backend's
+        async def unavailable(stream: rpc.Stream, messages: list[bytes]) -> None:
+            raise GRPCError(Status.UNAVAILABLE, "starting")  # the backend's
 
         backend = ScriptedBackend()
         backend.behaviours["/runtime.v1.RuntimeService/ListPodSandbox"] = unavailable

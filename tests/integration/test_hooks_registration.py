@@ -19,15 +19,11 @@ from krproxy.hooks.registration import FailurePolicy
 from tests.integration.hooks_support import REGISTRATION_LIMIT, Node, make_node
 from tests.integration.support import wait_until
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
-
 CREATE = HookPoint.PRE_CREATE_CONTAINER
 
 
 @pytest.fixture
-async def node(
-    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
-) -> Node:
+async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any) -> Node:
     return await make_node(nursery, sockdir, fake_containerd, cri_client)
 
 

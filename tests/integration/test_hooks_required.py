@@ -8,6 +8,7 @@ calls go through; once the server is there, the retry goes through with its chan
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from collections.abc import Iterator
@@ -21,7 +22,9 @@ from cri_api.v1 import api_pb2
 from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
 from krproxy import admin
 from krproxy.hooks.points import HookPoint
+from krproxy.hooks.registration import Registry
 from krproxy.hooks.required import Requirements, parse_required_server
+from krproxy.hookserver.testing import logged_events
 from tests.integration.hooks_support import (
     HANG_TIMEOUT,
     PLUGIN_TIMEOUT,
@@ -32,8 +35,6 @@ from tests.integration.hooks_support import (
 )
 from tests.integration.support import wait_until
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
-
 RUN = HookPoint.PRE_RUN_POD_SANDBOX
 CREATE = HookPoint.PRE_CREATE_CONTAINER
 #: The cgroup parent the required plugin gives pods: seen in the runtime's request only if it was called.
@@ -41,9 +42,7 @@ HOOKED_PARENT = "/kubepods/hooked"
 
 
 @pytest.fixture
-async def node(
-    aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
-) -> Node:
+async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any) -> Node:
     return await make_node(nursery, sockdir, fake_containerd, cri_client)
 
 
@@ -134,6 +133,73 @@ class TestAbsentServer:
         assert "PreCreateContainer needs it" in error.details()
         assert [] == node.fake.requests("CreateContainer")
 
+    async def test_a_server_registered_without_a_required_point_refuses_it(
+        self, node: Node, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Required at PreCreateContainer, registered (and answering) for PreRunPodSandbox only: the
+        container is not created without it, as NRI's validator refuses a plugin that did not process it.
+        The log names the file to fix once, not once per call."""
+        caplog.set_level(logging.INFO, logger="krproxy.hooks.required")
+        await node.add_plugin("koordlet", hooked_plugin(), [RUN])
+        await node.start_proxy(requirements=requiring("koordlet=PreCreateContainer"))
+        pod_id = await node.run_pod()
+
+        await refused(node, "CreateContainer", node.create_request(pod_id))
+        error = await refused(node, "CreateContainer", node.create_request(pod_id))
+
+        [logged] = logged_events(caplog.records, "required_server_not_hooked")
+        assert ("koordlet", "PreCreateContainer") == (logged["server"], logged["hook"])
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert (
+            "required hook server koordlet is registered, but not for this hook point "
+            "(koordlet.json lists PreRunPodSandbox): PreCreateContainer needs it"
+        ) in error.details()
+        assert [] == node.fake.requests("CreateContainer")
+        assert 2.0 == held(node, "koordlet", CREATE)
+
+    async def test_an_annotated_server_must_be_registered_for_create_container(self, node: Node) -> None:
+        """A container annotated with a server that does not hook PreCreateContainer is not created: NRI's
+        validator refuses a container a required plugin did not process."""
+        await node.add_plugin("gpu", hooked_plugin(), [RUN])
+        await node.start_proxy(requirements=requiring())
+        config = annotated({"required-plugins.noderesource.dev/container.app": '["gpu"]'})
+        pod_id = await node.run_pod(config)
+        request = api_pb2.CreateContainerRequest(
+            pod_sandbox_id=pod_id, config=container_config("app"), sandbox_config=config
+        )
+
+        error = await refused(node, "CreateContainer", request)
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert "required hook server gpu is registered, but not for this hook point" in error.details()
+        assert [] == node.fake.requests("CreateContainer")
+
+    async def test_a_registration_gone_after_the_check_refuses_the_call(
+        self, node: Node, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The server is up when the guard checks it, and its file goes away before the chain runs (it
+        is shutting down): the call is refused, not sent on without it."""
+        await node.add_plugin("koordlet", hooked_plugin(), [RUN])
+        await node.start_proxy(requirements=requiring("koordlet"))
+        guard = node.proxy.hooks.guard
+        assert guard is not None
+        checked = guard.admit
+
+        async def admit_then_unregister(point: HookPoint, names: Any, **kwargs: Any) -> None:
+            await checked(point, names, **kwargs)
+            node.proxy.hooks.dispatcher.publish(Registry())
+
+        monkeypatch.setattr(guard, "admit", admit_then_unregister)
+
+        error = await refused(node, "RunPodSandbox", run_request())
+
+        assert grpc.StatusCode.UNAVAILABLE == error.code()
+        assert "required hook server koordlet is not registered (its registration file went away)" in (
+            error.details()
+        )
+        assert [] == node.fake.requests("RunPodSandbox")
+
     async def test_a_registered_server_that_fails_a_call_refuses_it(self, node: Node, sockdir: str) -> None:
         """Up at the probe, gone at the call (Ignore in its file): the call is refused, not sent unhooked."""
         async with trio.open_nursery() as plugins:
@@ -166,6 +232,43 @@ class TestAbsentServer:
         assert [] == node.fake.requests("RunPodSandbox")
         await node.run_pod()
         assert [HOOKED_PARENT] == [r.config.linux.cgroup_parent for r in node.received("RunPodSandbox")]
+
+
+class TestFlapping:
+    async def test_many_pods_while_the_server_flaps_none_runs_unhooked(self, node: Node) -> None:
+        """40 pods, a few milliseconds apart, while the required server stops and starts again and again
+        (its file stays): each pod is refused or forwarded hooked, none is forwarded without its changes."""
+        await node.add_plugin("koordlet", hooks=[RUN], serve=False)
+        await node.start_proxy(requirements=requiring("koordlet"))
+        codes: list[grpc.StatusCode] = []
+
+        async def pod(i: int) -> None:
+            await trio.sleep(i * 0.01)
+            try:
+                await node.run_pod(pod_config(f"p{i}"))
+            except grpc.RpcError as err:
+                codes.append(err.code())
+            else:
+                codes.append(grpc.StatusCode.OK)
+
+        async def flap() -> None:
+            for _ in range(5):
+                async with trio.open_nursery() as server:
+                    await server.start(run_fake_plugin, node.plugin_socket("koordlet"), hooked_plugin())
+                    await trio.sleep(0.04)
+                    server.cancel_scope.cancel()
+                await trio.sleep(0.04)
+
+        async with trio.open_nursery() as calls:
+            calls.start_soon(flap)
+            for i in range(40):
+                calls.start_soon(pod, i)
+
+        assert 40 == len(codes)
+        assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}
+        forwarded = node.received("RunPodSandbox")
+        assert codes.count(grpc.StatusCode.OK) == len(forwarded)
+        assert all(HOOKED_PARENT == r.config.linux.cgroup_parent for r in forwarded)
 
 
 class TestRegisteredButNotThere:

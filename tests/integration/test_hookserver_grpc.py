@@ -11,19 +11,20 @@ import logging
 import os
 import pathlib
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import grpclib.client
+import anyio
 import pytest
 import trio
-import trio_asyncio
-from grpclib.exceptions import GRPCError
 
-from krproxy import log
+from krproxy import cli, log
+from krproxy.grpcstatus import GRPCError
 from krproxy.hookserver import (
     CgroupFile,
     ContainerContext,
@@ -36,9 +37,8 @@ from krproxy.hookserver import (
 )
 from krproxy.hookserver.policies import install_all
 from krproxy.hookserver.policies.cpusuppress import Measurement
-from krproxy.hookserver.testing import FakeNode, container_request, logged_events, pod_request
+from krproxy.hookserver.testing import FakeNode, HookClient, container_request, logged_events, pod_request
 from krproxy.proto.runtime import v1alpha1 as pb
-from krproxy.proto.runtime.v1alpha1 import services as pb_services
 from tests.integration.support import LIVENESS_LIMIT
 
 BE_POD = "/kubepods/besteffort/poduid-be"
@@ -46,18 +46,17 @@ POLICY = "resourceQOSStrategy: {beClass: {cpuQOS: {groupIdentity: -1}}}\n"
 
 
 @pytest.fixture
-async def stub_for(aio_loop: Any) -> AsyncIterator[Any]:
-    """Hook service stubs on the test's asyncio loop; channels closed at teardown."""
-    channels: list[grpclib.client.Channel] = []
+async def stub_for() -> AsyncIterator[Any]:
+    """Hook clients (:class:`HookClient`); closed at teardown."""
+    clients: list[HookClient] = []
 
-    def connect(path: str) -> pb_services.RuntimeHookServiceStub:
-        channel = grpclib.client.Channel(path=path)
-        channels.append(channel)
-        return pb_services.RuntimeHookServiceStub(channel)
+    def connect(path: str) -> HookClient:
+        clients.append(HookClient(path))
+        return clients[-1]
 
     yield connect
-    for channel in channels:
-        channel.close()
+    for client in clients:
+        await client.aclose()
 
 
 def _options(short_tmp: pathlib.Path, **kw: Any) -> ServeOptions:
@@ -92,17 +91,49 @@ async def test_round_trip_and_registration(short_tmp: pathlib.Path, stub_for: An
 
             stub = stub_for(options.socket)
             pod = pod_request("web", qos="BE", cgroup_parent=BE_POD)
-            resp = await trio_asyncio.aio_as_trio(stub.pre_run_pod_sandbox_hook)(pod, timeout=5)
+            resp = await stub.call(Stage.PRE_RUN_POD_SANDBOX, pod)
             assert (pod.labels, pod.cgroup_parent) == (resp.labels, resp.cgroup_parent)
             assert "1" == node.read(BE_POD, CgroupFile.CPU_IDLE)
 
             req = container_request(pod, "app", resources=pb.LinuxContainerResources(cpuset_cpus="1"))
-            cresp = await trio_asyncio.aio_as_trio(stub.pre_create_container_hook)(req, timeout=5)
+            cresp = await stub.call(Stage.PRE_CREATE_CONTAINER, req)
             assert {"HELLO": "web"} == cresp.container_envs
             assert "1" == cresp.container_resources.cpuset_cpus
             nursery.cancel_scope.cancel()
     assert not registration.exists()
     assert "hs.sock" not in os.listdir(short_tmp)  # the socket file is gone too
+
+
+async def test_plain_functions_run_in_a_worker_thread_async_ones_on_trio(
+    short_tmp: pathlib.Path, stub_for: Any
+) -> None:
+    """A plain plugin function runs in a worker thread, so a slow one cannot stall the event loop;
+    an ``async def`` one runs on the trio loop's thread and may await anyio. Both on one context,
+    by name: the async one sees what the plain one set."""
+    app = HookServer(executor=FakeNode(short_tmp / "node").create().executor())
+    threads: dict[str, threading.Thread] = {}
+
+    @app.hook(Stage.PRE_CREATE_CONTAINER, name="a-plain")
+    def plain(ctx: ContainerContext) -> None:
+        threads["plain"] = threading.current_thread()
+        ctx.response.add_envs["PLAIN"] = "1"
+
+    @app.hook(Stage.PRE_CREATE_CONTAINER, name="b-async")
+    async def asynchronous(ctx: ContainerContext) -> None:
+        await anyio.sleep(0.001)  # anyio, on trio
+        threads["async"] = threading.current_thread()
+        ctx.response.add_envs["ASYNC"] = ctx.response.add_envs["PLAIN"] + "2"
+
+    options = _options(short_tmp)
+    with trio.fail_after(LIVENESS_LIMIT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, app, options)
+            stub = stub_for(options.socket)
+            resp = await stub.call(Stage.PRE_CREATE_CONTAINER, container_request(pod_request("p"), "c"))
+            nursery.cancel_scope.cancel()
+    assert {"PLAIN": "1", "ASYNC": "12"} == resp.container_envs
+    assert threading.main_thread() is threads["async"]
+    assert threading.main_thread() is not threads["plain"]
 
 
 async def test_fail_policy_answers_with_error(short_tmp: pathlib.Path, stub_for: Any) -> None:
@@ -122,11 +153,11 @@ async def test_fail_policy_answers_with_error(short_tmp: pathlib.Path, stub_for:
             stub = stub_for(options.socket)
             req = container_request(pod_request("p"), "c", id="c1")
             with pytest.raises(GRPCError) as info:
-                await trio_asyncio.aio_as_trio(stub.pre_start_container_hook)(req, timeout=5)
+                await stub.call(Stage.PRE_START_CONTAINER, req)
             assert "broken" in (info.value.message or "")
             # Ignore: same plugin, the call succeeds with the echo.
             app.plugin_failure_policy = FailurePolicy.IGNORE
-            resp = await trio_asyncio.aio_as_trio(stub.pre_start_container_hook)(req, timeout=5)
+            resp = await stub.call(Stage.PRE_START_CONTAINER, req)
             assert req.container_resources == resp.container_resources
             nursery.cancel_scope.cancel()
 
@@ -154,7 +185,7 @@ async def test_policy_file_change_reapplies_to_running_pods(short_tmp: pathlib.P
             ] == registered["runtime-hooks"]
             stub = stub_for(options.socket)
             pod = pod_request("be", qos="BE", cgroup_parent=BE_POD)
-            await trio_asyncio.aio_as_trio(stub.pre_run_pod_sandbox_hook)(pod, timeout=5)
+            await stub.call(Stage.PRE_RUN_POD_SANDBOX, pod)
             assert "-1" == node.read(BE_POD, CgroupFile.CPU_BVT)
             policy.write_text(POLICY.replace("-1", "0"))
             # Polls a file the watcher's callback writes; there is no event to wait on.
@@ -179,7 +210,7 @@ async def test_one_log_format_and_a_stop_line(
             await nursery.start(serve, app, _options(short_tmp, policy_path=str(policy)))
             stub = stub_for(str(short_tmp / "hs.sock"))
             pod = pod_request("web", qos="BE", cgroup_parent=BE_POD)
-            await trio_asyncio.aio_as_trio(stub.pre_run_pod_sandbox_hook)(pod, timeout=5)
+            await stub.call(Stage.PRE_RUN_POD_SANDBOX, pod)
             nursery.cancel_scope.cancel()
     ours = [r for r in caplog.records if r.name.startswith("krproxy.hookserver")]
     lines = [log.LogfmtFormatter().format(r) for r in ours]
@@ -243,3 +274,28 @@ def test_hooks_serve_stops_on_a_signal_and_unregisters(
     assert 0 == process.returncode, stderr
     assert not registration.exists()
     assert b"event=hookserver_stopped" in stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["hooks", "serve", "--no-builtin", "--socket", "{socket}", "--hook-dir", "{tmp}/hooks"],
+        ["trace", "serve", "{trace}", "--socket", "{socket}"],
+    ],
+    ids=["hooks-serve", "trace-serve"],
+)
+def test_a_socket_in_use_is_refused_in_one_line(
+    argv: list[str], short_tmp: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`krproxy hooks serve` and `trace serve` on a socket another process listens on exit 1 with
+    one line naming the socket and what to do (a trio exception-group traceback before)."""
+    socket_path = str(short_tmp / "busy.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as busy:
+        busy.bind(socket_path)
+        busy.listen()
+        trace = pathlib.Path(__file__).parents[1] / "data" / "traces" / "fake-lifecycle.krt"
+        code = cli.main([a.format(socket=socket_path, tmp=short_tmp, trace=trace) for a in argv])
+    err = capsys.readouterr().err
+    assert 1 == code
+    assert f"another process is listening on this socket: '{socket_path}'; stop that process first" in err
+    assert "Traceback" not in err

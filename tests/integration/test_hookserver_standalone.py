@@ -11,7 +11,6 @@ import functools
 import json
 import pathlib
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 import trio
@@ -173,7 +172,7 @@ async def test_later_pod_is_picked_up_at_next_pass(
 
 
 async def test_runtime_outage_is_logged_and_retried(
-    aio_loop: Any, short_tmp: pathlib.Path, caplog: pytest.LogCaptureFixture
+    short_tmp: pathlib.Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """No runtime at the socket: each pass logs the failure and the loop keeps going."""
     app = make_app(FakeNode(short_tmp / "n").create())

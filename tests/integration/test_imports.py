@@ -1,7 +1,9 @@
-"""What each part of krproxy imports: the pure core loads no event loop or gRPC library, the daemon
-no grpclib or trio-asyncio, and grpclib is always reached through its adapter (krproxy._grpc).
+"""What each part of krproxy imports: the pure core loads no event loop or gRPC library, and no
+``krproxy`` command loads grpclib, trio-asyncio, h2, grpcio or an asyncio event loop (policy):
+they all speak gRPC through krproxy's own engine on trio, so ``pip install krproxy`` runs every
+command, on every Python trio runs on.
 
-The first two run real commands in a fresh interpreter and read ``sys.modules`` at the end, so a
+The tests run real commands in a fresh interpreter and read ``sys.modules`` at the end, so a
 lazy import inside a function counts as much as one at the top of a module.
 """
 
@@ -41,7 +43,7 @@ PURE_CORE = [
 #: What the pure core must not load.
 NOT_IN_CORE = {"trio_asyncio", "grpclib", "h2", "hpack", "grpc", "trio", "krproxy.relay"}
 
-#: What no part of the daemon may load (grpclib is for the SDK, `trace serve` and the fakes).
+#: What no krproxy command may load: the runtime dependencies hold none of them.
 NOT_IN_DAEMON = {"trio_asyncio", "grpclib", "grpc", "h2", "cri_api"}
 
 
@@ -65,18 +67,21 @@ def test_the_pure_core_imports_no_event_loop_and_no_grpc_library() -> None:
 
 
 # Runs `krproxy ARGS...` in this interpreter, stops it with SIGTERM once it logged `ready`
-# (a daemon) or lets it finish (a command), then prints the modules it had loaded.
+# (a daemon) or lets it finish (a command), then prints the modules it had loaded, and whether an
+# asyncio event loop policy was ever set up (asyncio's loops are made through it).
 _RUN_CLI = textwrap.dedent(
     """
     import json, sys
     from krproxy import cli
     code = cli.main(sys.argv[1:])
-    print(json.dumps(sorted(sys.modules)))
+    events = sys.modules.get("asyncio.events")
+    policy = getattr(events, "_event_loop_policy", None) if events is not None else None
+    print(json.dumps(sorted(sys.modules) + (["<asyncio loop policy>"] if policy is not None else [])))
     """
 )
 
 
-def _daemon_modules(args: list[str]) -> list[str]:
+def _daemon_modules(args: list[str], ready: str = "event=ready") -> list[str]:
     proc = subprocess.Popen(
         [sys.executable, "-c", _RUN_CLI, *args],
         stdout=subprocess.PIPE,
@@ -88,7 +93,7 @@ def _daemon_modules(args: list[str]) -> list[str]:
         seen = []
         for line in proc.stderr:
             seen.append(line)
-            if "event=ready" in line:
+            if ready in line:
                 break
         else:
             pytest.fail(
@@ -136,15 +141,64 @@ def test_trace_show_and_the_runc_wrapper_load_no_grpclib() -> None:
     assert [] == _loaded(modules, NOT_IN_DAEMON)
 
 
-def _top_level_imports(tree: ast.Module) -> list[str]:
-    """Modules imported at module level, outside ``if TYPE_CHECKING:`` blocks."""
+def _command_modules(args: list[str]) -> list[str]:
+    done = subprocess.run(
+        [sys.executable, "-c", _RUN_CLI, *args], capture_output=True, text=True, timeout=120, check=False
+    )
+    # cli.main returns the exit status; _RUN_CLI prints the modules whatever it was.
+    assert done.stdout.strip(), f"{args}: no output; stderr: {done.stderr}"
+    modules: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return modules
+
+
+#: What no krproxy command may load, with the asyncio loop policy marker of _RUN_CLI.
+NOT_IN_COMMANDS = NOT_IN_DAEMON | {"<asyncio loop policy>"}
+
+
+@pytest.mark.parametrize(
+    ("args", "ready"),
+    [
+        (["hooks", "serve", "--socket={tmp}/hs.sock", "--hook-dir={tmp}/hooks"], "event=hookserver_started"),
+        (
+            ["hooks", "standalone", "--cri-endpoint=unix://{tmp}/nobody.sock", "--interval=60"],
+            "event=cri_list_failed",
+        ),
+        (["trace", "serve", "{trace}", "--socket={tmp}/trace.sock"], "event=serving"),
+    ],
+    ids=["hooks-serve", "hooks-standalone", "trace-serve"],
+)
+def test_serving_commands_load_no_grpclib_h2_or_asyncio_loop(
+    args: list[str], ready: str, short_tmp: pathlib.Path
+) -> None:
+    """`krproxy hooks serve|standalone` and `trace serve`, started, serving and stopped, loaded
+    none of grpclib, trio-asyncio, h2, grpcio, and set up no asyncio event loop."""
+    trace = str(ROOT / "tests" / "data" / "traces" / "fake-lifecycle.krt")
+    modules = _daemon_modules([a.format(tmp=short_tmp, trace=trace) for a in args], ready)
+    assert "krproxy.rpc" in modules  # it did serve or call over gRPC
+    assert [] == _loaded(modules, NOT_IN_COMMANDS)
+
+
+def test_demo_and_trace_replay_load_no_grpclib_h2_or_asyncio_loop(short_tmp: pathlib.Path) -> None:
+    """`krproxy demo` (fake containerd, plugin, proxy, client in one process) and `trace replay`
+    (against nobody: every call UNAVAILABLE) load none of them either."""
+    trace = str(ROOT / "tests" / "data" / "traces" / "fake-lifecycle.krt")
+    for args in (
+        ["demo"],
+        ["trace", "replay", trace, f"--target={short_tmp / 'nobody.sock'}", "--progress=never"],
+    ):
+        modules = _command_modules(args)
+        assert "krproxy.rpc" in modules, args
+        assert [] == _loaded(modules, NOT_IN_COMMANDS), args
+
+
+def _all_imports(tree: ast.Module) -> list[str]:
+    """Every module imported anywhere in ``tree``: at the top, inside functions, under TYPE_CHECKING."""
     names: list[str] = []
-    for node in tree.body:
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names.append(node.module)
-            names += [f"{node.module}.{alias.name}" for alias in node.names]
     return names
 
 
@@ -152,22 +206,19 @@ def _sources() -> list[pathlib.Path]:
     return sorted(p for top in ("krproxy", "fakes") for p in (ROOT / top).rglob("*.py"))
 
 
-def test_grpclib_is_only_imported_together_with_its_adapter() -> None:
-    """Every module that imports grpclib or trio-asyncio also imports krproxy._grpc, which owns their order."""
+#: The benchmark drives krproxy from outside with independent stacks (grpcio clients, an h2
+#: stuck client); it runs with the test extra, and no krproxy command imports it.
+OUTSIDE_THE_PACKAGE_RULE = ROOT / "krproxy" / "bench"
+
+
+def test_no_module_imports_grpclib_trio_asyncio_or_h2() -> None:
+    """No module of krproxy or the fakes imports grpclib, trio-asyncio or h2, not even lazily:
+    `pip install krproxy` does not bring them (the benchmark's modules aside)."""
     offenders = []
     for path in _sources():
-        imports = _top_level_imports(ast.parse(path.read_text(), str(path)))
-        uses_grpclib = any(name.split(".")[0] in ("grpclib", "trio_asyncio") for name in imports)
-        if uses_grpclib and path != ROOT / "krproxy" / "_grpc.py" and "krproxy._grpc" not in imports:
+        if path.is_relative_to(OUTSIDE_THE_PACKAGE_RULE):
+            continue
+        imports = _all_imports(ast.parse(path.read_text(), str(path)))
+        if any(name.split(".")[0] in ("grpclib", "trio_asyncio", "h2") for name in imports):
             offenders.append(str(path.relative_to(ROOT)))
     assert [] == offenders
-
-
-def test_grpclib_imported_first_still_works_once_the_adapter_is_imported() -> None:
-    """grpclib imported before trio-asyncio (by a program of its own) gets trio-asyncio's current_task."""
-    code = (
-        "import asyncio, grpclib.utils, krproxy._grpc; "
-        "print(grpclib.utils._current_task is asyncio.current_task)"
-    )
-    done = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True)
-    assert "True" == done.stdout.strip()

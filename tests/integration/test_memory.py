@@ -1,19 +1,16 @@
 """The daemon's memory stays bounded over many calls: finished calls are not kept.
 
 Measured in-process with ``tracemalloc`` (Python allocations only, so the figures do not depend on
-the allocator returning memory to the OS). h2's record of closed stream ids is left out: it is a
-bounded cache (:data:`krproxy._grpc.CLOSED_STREAMS_KEPT` ids per connection, about 120 bytes each)
-that grows until then by design.
+the allocator returning memory to the OS).
 
-The leak this guards against: grpclib cancels a call's deadline timer when the call ends, and
-trio-asyncio kept cancelled timers until they were due, each with the context it was created in,
-so with the call's :class:`krproxy.calls.CallContext` and its request and reply bytes (about 1 KB
-per Version call with a 60 s deadline; see :func:`krproxy._grpc.purge_cancelled_timers`).
+The leak this guards against: a finished call's deadline entry keeping the call alive, with its
+:class:`krproxy.calls.CallContext` and its request and reply bytes (about 1 KB per Version call with
+a 60 s deadline). The fake containerd once ran on trio-asyncio, whose loop kept cancelled timers
+until they were due, each with the context it was created in.
 """
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import tracemalloc
 from collections.abc import Callable, Iterator
@@ -22,13 +19,12 @@ from typing import Any
 import grpc
 import pytest
 import trio
-import trio_asyncio
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
 from fakes.containerd import FakeContainerd
 from fakes.plugin import FakePlugin
-from krproxy import _grpc, calls
+from krproxy import calls
 from krproxy.daemon import Daemon
 from krproxy.hooks.points import HookPoint
 from tests.integration.hooks_support import make_node
@@ -37,16 +33,16 @@ from tests.integration.support import in_thread, start_proxy, wait_until
 #: Calls measured, after WARM_UP calls (connections made, caches filled).
 CALLS = 600
 WARM_UP = 100
-#: Growth allowed over CALLS calls beside h2's cache. Kept calls grow it by about 1.1 KB per call.
+#: Growth allowed over CALLS calls. Kept calls grow it by about 1.1 KB per call.
 MAX_GROWTH = 256 * 1024
-#: Call contexts that may still be alive: the loop keeps up to 100 cancelled timers (as asyncio's
-#: own loops do).
+#: Call contexts that may still be alive (the bound from when the fake ran on trio-asyncio, whose
+#: loop kept up to 100 cancelled timers, as asyncio's own loops do).
 MAX_CALL_CONTEXTS = 110
 
 
 @pytest.fixture
 def traced() -> Iterator[None]:
-    """tracemalloc on for the test (1 frame is enough to tell h2's cache apart), off after."""
+    """tracemalloc on for the test (1 frame is enough to tell tracemalloc's own apart), off after."""
     already = tracemalloc.is_tracing()
     if not already:
         tracemalloc.start(1)
@@ -56,15 +52,9 @@ def traced() -> Iterator[None]:
 
 
 def _traced_bytes() -> int:
-    """Traced memory now, leaving out h2's and hyperframe's bounded closed-stream bookkeeping."""
+    """Traced memory now, leaving out tracemalloc's own."""
     gc.collect()
-    snapshot = tracemalloc.take_snapshot().filter_traces(
-        [
-            tracemalloc.Filter(False, "*/h2/*"),
-            tracemalloc.Filter(False, "*/hyperframe/*"),
-            tracemalloc.Filter(False, tracemalloc.__file__),
-        ]
-    )
+    snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
     return sum(stat.size for stat in snapshot.statistics("filename"))
 
 
@@ -99,22 +89,9 @@ class TestMemory:
         assert growth < MAX_GROWTH, f"traced memory grew {growth} bytes over {CALLS} calls"
 
 
-class TestPurgeCancelledTimers:
-    async def test_cancelled_timers_leave_the_heap(self, aio_loop: trio_asyncio.TrioEventLoop) -> None:
-        """Once most of the loop's timers are cancelled, they are dropped instead of kept until due."""
-        _grpc.purge_cancelled_timers(aio_loop)
-        _grpc.purge_cancelled_timers(aio_loop)  # idempotent
-        heap: list[asyncio.TimerHandle] = aio_loop._timers  # type: ignore[attr-defined]
-        handles = [aio_loop.call_later(3600, lambda: None) for _ in range(1000)]
-        await wait_until(lambda: {id(h) for h in handles} <= {id(t) for t in heap})
-        for handle in handles:
-            handle.cancel()
-        assert sum(1 for timer in heap if timer.cancelled()) <= 100
-
-
 class TestCallContextsOfTasks:
     async def test_a_connection_opened_during_a_call_does_not_keep_the_call(
-        self, aio_loop: Any, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
+        self, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
     ) -> None:
         """The first PreRunPodSandbox opens the plugin's connection from within the call; its
         reader task must not inherit the call's context (``calls.CURRENT``, with the request),

@@ -355,7 +355,7 @@ class TestCreate:
     async def test_fail_policy_fails_the_creation(self, node: Node) -> None:
         """A Fail hook server's error fails CreateContainer in the runtime, naming server and hook."""
         fake = await node.hook_server("strict", [HookPoint.PRE_CREATE_CONTAINER], policy="Fail")
-        fake.misbehave(Misbehaviour(status=__import__("grpclib").const.Status.INTERNAL, message="no"))
+        fake.misbehave(Misbehaviour(status=Status.INTERNAL, message="no"))
         with trio.fail_after(LIMIT):
             await node.start_krproxy()
             await node.runtime.run_pod(pod())

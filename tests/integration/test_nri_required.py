@@ -66,10 +66,16 @@ async def start_krproxy(nursery: trio.Nursery, runtime: FakeNriRuntime, *flags: 
     return plugin
 
 
-async def add_server(nursery: trio.Nursery, runtime: FakeNriRuntime, name: str, plugin: FakePlugin) -> None:
+async def add_server(
+    nursery: trio.Nursery,
+    runtime: FakeNriRuntime,
+    name: str,
+    plugin: FakePlugin,
+    hooks: tuple[HookPoint, ...] = (CREATE,),
+) -> None:
     endpoint = os.path.join(os.path.dirname(runtime.socket_path), f"{name}.sock")
     await nursery.start(run_fake_plugin, endpoint, plugin)
-    write_registration(hook_dir(runtime), name, endpoint, [CREATE], timeout="10s")
+    write_registration(hook_dir(runtime), name, endpoint, list(hooks), timeout="10s")
 
 
 async def test_create_container_fails_until_the_required_server_answers(
@@ -122,3 +128,18 @@ async def test_points_nri_cannot_hold_are_named_at_start(
     ]
     assert "PreCreateContainer" not in fields[1]["points"]
     assert [logging.WARNING, logging.INFO] == [r.levelno for r in records]
+
+
+async def test_a_server_not_hooking_create_container_does_not_meet_it(
+    nursery: trio.Nursery, runtime: FakeNriRuntime
+) -> None:
+    """Annotated for a container, registered and answering, but for PreRunPodSandbox only: it would not
+    process the creation, so the container is refused (krproxy called no hook server at all before)."""
+    with trio.fail_after(LIVENESS_LIMIT):
+        plugin = await start_krproxy(nursery, runtime)
+        await add_server(nursery, runtime, "gpu", FakePlugin(), (HookPoint.PRE_RUN_POD_SANDBOX,))
+        await wait_until(lambda: "gpu.json" in plugin.dispatcher.registry.plugins)
+        await runtime.run_pod(pod({f"{KEY}/container.app": json.dumps(["gpu"])}))
+
+        with pytest.raises(NriError, match="required hook server gpu is registered, but not for this hook"):
+            await runtime.create_container(container("app"))

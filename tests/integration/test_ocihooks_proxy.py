@@ -24,8 +24,6 @@ from krproxy.forward import Reply
 from krproxy.ocihooks.proxy import compose
 from tests.integration.support import LIVENESS_LIMIT, in_thread, start_proxy, wait_until
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
-
 #: A hook: ``recorder.py OUT LABEL [EXIT [SLEEP]]`` records ``{"label", "state"}`` then sleeps and exits.
 RECORDER = f"""#!{sys.executable}
 import json, sys, time

@@ -12,13 +12,13 @@ import sys
 from collections.abc import Callable
 
 import grpc
-import grpclib.const
-import grpclib.server
 import pytest
 import trio
 
+from krproxy import rpc
 from krproxy.daemon import Daemon
 from krproxy.forward import known_routes
+from krproxy.grpcstatus import Cardinality, Status
 from tests.integration.support import (
     LIVENESS_LIMIT,
     ScriptedBackend,
@@ -49,7 +49,7 @@ class TestForwarding:
         """A request with unknown fields reaches the backend byte for byte, and so does the reply."""
         reply_bytes = b"\x0a\x071.2.3-x" + b"\xa2\x06\x03abc"
 
-        async def reply(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+        async def reply(stream: rpc.Stream, messages: list[bytes]) -> None:
             await stream.send_message(reply_bytes)
 
         scripted_backend.behaviours[VERSION] = reply
@@ -68,7 +68,7 @@ class TestForwarding:
         assert 43 == len(routes)
         for path, cardinality in routes.items():
             payload = only_unknown_fields(path)
-            if cardinality is grpclib.const.Cardinality.UNARY_STREAM:
+            if cardinality is Cardinality.UNARY_STREAM:
                 call = channel.unary_stream(path, request_serializer=None, response_deserializer=None)
                 answer = await in_thread(lambda c=call, p=payload: list(c(p, timeout=10)))
                 assert [payload] == answer, path
@@ -107,12 +107,12 @@ class TestErrors:
     ) -> None:
         """The backend's status code, message, rich details and trailing metadata reach the caller."""
 
-        async def fail(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+        async def fail(stream: rpc.Stream, messages: list[bytes]) -> None:
             await stream.send_trailing_metadata(
-                status=grpclib.const.Status.NOT_FOUND,
-                status_message='container "abc" not found',
-                status_details=b"\x08\x05\x12\x03xyz",
-                metadata={"x-reason": "gone"},
+                Status.NOT_FOUND,
+                'container "abc" not found',
+                details=b"\x08\x05\x12\x03xyz",
+                metadata=[(b"x-reason", b"gone")],
             )
 
         scripted_backend.behaviours["/runtime.v1.RuntimeService/ContainerStatus"] = fail
@@ -127,13 +127,12 @@ class TestErrors:
         assert b"\x08\x05\x12\x03xyz" == trailers["grpc-status-details-bin"]
 
     async def test_backend_unimplemented_comes_back_unimplemented(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
+        self, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
     ) -> None:
         """A path the backend does not know is answered UNIMPLEMENTED, exactly as the backend said."""
-        from krproxy import _grpc
         from tests.integration.support import start_proxy
 
-        await nursery.start(_grpc.serve, [], os.path.join(sockdir, "backend.sock"))
+        await nursery.start(rpc.Server({}).serve, os.path.join(sockdir, "backend.sock"))
         daemon = await start_proxy(nursery, sockdir)
         path = "/runtime.v1.RuntimeService/SomethingFromTheFuture"
         with pytest.raises(grpc.RpcError) as info:
@@ -166,7 +165,7 @@ class TestErrors:
 
 class TestBackendAvailability:
     async def test_starts_without_backend_and_recovers(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
+        self, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
     ) -> None:
         """With no backend the proxy still listens and answers UNAVAILABLE naming the socket; once the
         backend appears, calls succeed without a restart."""
@@ -182,7 +181,7 @@ class TestBackendAvailability:
         assert b"x" == await in_thread(call, b"x", timeout=10)
 
     async def test_backend_killed_and_restarted(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
+        self, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
     ) -> None:
         """A backend SIGKILLed mid-call fails that call with UNAVAILABLE; once it is back, calls work again."""
         daemon = await start_proxy(nursery, sockdir)
@@ -218,9 +217,7 @@ class TestBackendAvailability:
             process.kill()
             await process.wait()
 
-    async def test_socket_mode_and_stale_socket(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str
-    ) -> None:
+    async def test_socket_mode_and_stale_socket(self, nursery: trio.Nursery, sockdir: str) -> None:
         """A stale socket file is replaced, and the new socket has mode 0660."""
         import socket
 
@@ -233,9 +230,9 @@ class TestBackendAvailability:
         daemon = await start_proxy(nursery, sockdir)
         assert 0o660 == stat.S_IMODE(os.stat(daemon.config.listen).st_mode)
 
-    async def test_live_socket_refused(self, aio_loop: None, nursery: trio.Nursery, sockdir: str) -> None:
+    async def test_live_socket_refused(self, nursery: trio.Nursery, sockdir: str) -> None:
         """A socket another process listens on is an error, not a silent takeover."""
-        from krproxy._grpc import SocketInUseError
+        from krproxy.unixsock import SocketInUseError
         from tests.integration.support import start_proxy
 
         await start_proxy(nursery, sockdir)

@@ -1,6 +1,6 @@
 """The relay's own unary calls (Relay.call: plugin calls, forwards of intercepted calls, store
-recovery) against independent gRPC servers: grpcio (C core, as close to grpc-go as Python gets)
-and grpclib. Flow control, stream limits, statuses, timeouts, reconnection, unreachable sockets."""
+recovery) against an independent gRPC server: grpcio (C core, as close to grpc-go as Python
+gets). Flow control, stream limits, statuses, timeouts, reconnection, unreachable sockets."""
 
 from __future__ import annotations
 

@@ -40,6 +40,42 @@ CASES = {
     ),
     "window-update-on-idle-stream": (_after_preface(f.window_update(11, 100)), f.PROTOCOL_ERROR),
     "rst-stream-on-idle-stream": (_after_preface(f.rst_stream(11, f.CANCEL)), f.PROTOCOL_ERROR),
+    # A peer's SETTINGS_MAX_FRAME_SIZE outside 16384..2^24-1 (RFC 9113 §6.5.2): a connection
+    # error, never a frame size of 0 that would leave every DATA frame unsent (CVE-2026-33814).
+    **{
+        f"max-frame-size-{size}": (
+            _after_preface(f.settings([(f.MAX_FRAME_SIZE, size)])),
+            f.PROTOCOL_ERROR,
+        )
+        for size in (0, 16_383, 2**24)
+    },
+    # Malformed frame headers: lengths the frame type forbids, padding beyond the payload.
+    "settings-length-not-a-multiple-of-6": (
+        _after_preface(f.frame(f.SETTINGS, 0, 0, b"\x00\x03\x00\x00\x00\x64\x00")),
+        f.FRAME_SIZE_ERROR,
+    ),
+    "ping-of-7-bytes": (_after_preface(f.frame(f.PING, 0, 0, b"1234567")), f.FRAME_SIZE_ERROR),
+    "window-update-of-3-bytes": (
+        _after_preface(f.frame(f.WINDOW_UPDATE, 0, 0, b"\x00\x00\x01")),
+        f.FRAME_SIZE_ERROR,
+    ),
+    "headers-padding-beyond-the-payload": (
+        _after_preface(f.frame(f.HEADERS, f.END_HEADERS | f.PADDED, 1, b"\x09\x82\x86\x84")),
+        f.PROTOCOL_ERROR,
+    ),
+    "data-padding-beyond-the-payload": (
+        _after_preface(
+            f.frame(
+                f.HEADERS, f.END_HEADERS, 1, hpack.Encoder().encode([(":method", "POST"), (":path", PATH)])
+            ),
+            f.frame(f.DATA, f.PADDED, 1, b"\x09abcd"),
+        ),
+        f.PROTOCOL_ERROR,
+    ),
+    "headers-with-priority-shorter-than-5-bytes": (
+        _after_preface(f.frame(f.HEADERS, f.END_HEADERS | f.PRIORITY_FLAG, 1, b"\x00\x00\x00")),
+        f.FRAME_SIZE_ERROR,
+    ),
 }
 
 #: Cases where ``h2`` answers otherwise than RFC 9113 asks: h2 turns every frame hyperframe
@@ -186,9 +222,17 @@ def _replaced(name: str, value: str) -> tuple[tuple[str, str], ...]:
     return tuple((key, value if key == name else old) for key, old in GOOD)
 
 
+def _data(size: int, end: bool = False) -> bytes:
+    return f.frame(f.DATA, f.END_STREAM if end else 0, 1, bytes(size))
+
+
 STREAM_CASES = {
     "data-on-half-closed-stream": (
         _open(*GOOD, end=True) + f.frame(f.DATA, 0, 1, b"\x00\x00\x00\x00\x00"),
+        f.STREAM_CLOSED,
+    ),
+    "data-after-the-callers-rst-stream": (
+        _open(*GOOD) + f.rst_stream(1, f.CANCEL) + f.frame(f.DATA, 0, 1, b"\x00\x00\x00\x00\x00"),
         f.STREAM_CLOSED,
     ),
     "headers-on-half-closed-stream": (
@@ -203,7 +247,36 @@ STREAM_CASES = {
         _open(*GOOD) + f.frame(f.PRIORITY, 0, 1, b"\x00\x00\x00\x01\x10"),
         f.PROTOCOL_ERROR,
     ),
+    "priority-depending-on-itself-on-an-idle-stream": (
+        f.frame(f.PRIORITY, 0, 1, b"\x00\x00\x00\x01\x10"),
+        f.PROTOCOL_ERROR,
+    ),
     "headers-depending-on-itself": (_open(*GOOD, priority=b"\x00\x00\x00\x01\x10"), f.PROTOCOL_ERROR),
+    "window-above-2^31-1-on-a-stream": (
+        _open(*GOOD) + f.window_update(1, f.MAX_WINDOW),
+        f.FLOW_CONTROL_ERROR,
+    ),
+    # RFC 9113 §8.1.1: DATA that does not add up to the content-length makes the request malformed.
+    "content-length-below-the-data": (
+        _open(*GOOD, ("content-length", "1")) + _data(5, end=True),
+        f.PROTOCOL_ERROR,
+    ),
+    "content-length-below-two-data-frames": (
+        _open(*GOOD, ("content-length", "6")) + _data(5) + _data(5, end=True),
+        f.PROTOCOL_ERROR,
+    ),
+    "content-length-above-the-data": (
+        _open(*GOOD, ("content-length", "9")) + _data(5, end=True),
+        f.PROTOCOL_ERROR,
+    ),
+    "content-length-above-the-data-before-trailers": (
+        _open(*GOOD, ("content-length", "9"))
+        + _data(5)
+        + f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, _block(("x-trailer", "1"))),
+        f.PROTOCOL_ERROR,
+    ),
+    "content-length-without-data": (_open(*GOOD, ("content-length", "5"), end=True), f.PROTOCOL_ERROR),
+    "content-length-not-a-number": (_open(*GOOD, ("content-length", "five")), f.PROTOCOL_ERROR),
     "uppercase-header-name": (_open(*GOOD, ("X-Upper", "1")), f.PROTOCOL_ERROR),
     "connection-specific-header": (_open(*GOOD, ("connection", "keep-alive")), f.PROTOCOL_ERROR),
     "te-other-than-trailers": (_open(*_without("te"), ("te", "gzip")), f.PROTOCOL_ERROR),
@@ -213,6 +286,7 @@ STREAM_CASES = {
     "missing-method": (_open(*_without(":method")), f.PROTOCOL_ERROR),
     "missing-scheme": (_open(*_without(":scheme")), f.PROTOCOL_ERROR),
     "missing-path": (_open(*_without(":path")), f.PROTOCOL_ERROR),
+    "empty-path": (_open(*_replaced(":path", "")), f.PROTOCOL_ERROR),
     # RFC 9113 §8.2.1: the octets a field may not hold.
     "nul-in-header-value": (_open(*GOOD, ("x-id", "a\x00b")), f.PROTOCOL_ERROR),
     "lf-in-header-value": (_open(*GOOD, ("x-id", "a\nx-injected: 1")), f.PROTOCOL_ERROR),
@@ -235,6 +309,11 @@ STREAM_CASES = {
 H2_STREAM_DIFFERS: dict[str, int] = {
     "control-character-in-header-value": 0,  # httpguts.ValidHeaderFieldValue: no control but HTAB
     "separator-in-header-name": 0,  # validWireHeaderFieldName: token characters only
+    # h2 compares the DATA with the content-length only when DATA ends the stream; RFC 9113
+    # §8.1.1 calls the request malformed however it ends (golang.org/x/net's server checks
+    # at the end of the stream too, trailers included).
+    "content-length-without-data": 0,
+    "content-length-above-the-data-before-trailers": 0,
 }
 
 
@@ -316,6 +395,91 @@ async def test_a_stream_error_resets_only_that_stream(
     assert any(kind == f.PING for kind, _, _ in seen)
 
 
+async def test_window_update_and_priority_on_a_half_closed_stream_are_accepted(
+    nursery: trio.Nursery, short_tmp: Path
+) -> None:
+    """A request ended with its HEADERS (half-closed, remote) may still get WINDOW_UPDATE and
+    PRIORITY frames (RFC 9113 §5.1): no reset, no GOAWAY."""
+    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    data = _after_preface(
+        _open(*GOOD, end=True),
+        f.window_update(1, 1),
+        f.frame(f.PRIORITY, 0, 1, b"\x00\x00\x00\x00\xff"),
+    )
+    try:
+        seen = await trio.to_thread.run_sync(_relay_frames, listen, data)
+    finally:
+        silent.close()
+    assert [] == [kind for kind, _, _ in seen if kind in (f.RST_STREAM, f.GOAWAY)]
+    assert any(kind == f.PING for kind, _, _ in seen)
+
+
+async def test_data_on_a_closed_stream_is_refused_unless_we_reset_it(
+    nursery: trio.Nursery, short_tmp: Path
+) -> None:
+    """Before an unreachable runtime the relay answers each call at once. Stream 1 ends both
+    ways; stream 3 is answered before the caller ended it, so the relay resets it (NO_ERROR).
+    DATA on 3 then was on its way before the caller saw that reset: ignored (RFC 9113 §5.1),
+    never a reason to end kubelet's connection. DATA on 1 is on a closed stream: RST_STREAM
+    STREAM_CLOSED (§6.1). The connection still answers a PING."""
+    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    silent.close()
+    encoder = hpack.Encoder()
+    message = b"\x00\x00\x00\x00\x00"
+    data = _after_preface(
+        f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, encoder.encode(list(GOOD))),
+        f.frame(f.HEADERS, f.END_HEADERS, 3, encoder.encode(list(GOOD))),
+        f.frame(f.DATA, 0, 3, message),
+        f.frame(f.DATA, f.END_STREAM, 3, message),
+        f.frame(f.DATA, f.END_STREAM, 1, message),
+    )
+    seen = await trio.to_thread.run_sync(_relay_frames, listen, data)
+    resets = [(stream, int.from_bytes(p, "big")) for kind, stream, p in seen if kind == f.RST_STREAM]
+    assert [(3, f.NO_ERROR), (1, f.STREAM_CLOSED)] == resets
+    assert [] == [kind for kind, _, _ in seen if kind == f.GOAWAY]
+    assert any(kind == f.PING for kind, _, _ in seen)
+
+
+def _three_versions(
+    listen: str, middle: list[tuple[bytes, bytes]]
+) -> tuple[dict[int, str], dict[int, bytes]]:
+    """Three Version calls on one connection, ``middle`` added to the headers of the second:
+    how each stream ended, and the grpc-status of those answered."""
+    fields = [(name.encode(), value.encode()) for name, value in _replaced(":path", VERSION)]
+    conn = h2.connection.H2Connection(
+        h2.config.H2Configuration(
+            client_side=True,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
+    )
+    conn.initiate_connection()
+    for stream_id, extra in ((1, []), (3, middle), (5, [])):
+        conn.send_headers(stream_id, [*fields, *extra])
+        conn.send_data(stream_id, b"\x00\x00\x00\x00\x00", end_stream=True)
+    endings: dict[int, str] = {}
+    statuses: dict[int, bytes] = {}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(LIVENESS_LIMIT)
+        sock.connect(listen)
+        sock.sendall(conn.data_to_send())
+        while len(endings) < 3:
+            data = sock.recv(65536)
+            assert data, "the relay closed the connection"
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.TrailersReceived):
+                    statuses[event.stream_id] = dict(event.headers)[b"grpc-status"]
+                elif isinstance(event, h2.events.StreamEnded):
+                    endings[event.stream_id] = "ended"
+                elif isinstance(event, h2.events.StreamReset):
+                    endings[event.stream_id] = f.ERROR_NAMES[event.error_code]
+                elif isinstance(event, h2.events.ConnectionTerminated):
+                    raise AssertionError(f"GOAWAY {event.error_code!r}")
+            sock.sendall(conn.data_to_send())
+    return endings, statuses
+
+
 @pytest.mark.parametrize(
     "field",
     [(b"x-id", b"a\x00b"), (b"x-id", b"a\r\nx-injected: 1"), (b"x-id", b"a\x01"), (b"x(id)", b"1")],
@@ -332,49 +496,34 @@ async def test_a_forbidden_octet_fails_its_own_stream_and_never_reaches_the_runt
     are answered, and the runtime sees those two only, never the field."""
     fake, backend = fake_containerd
     proxy = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
-    fields = [(name.encode(), value.encode()) for name, value in _replaced(":path", VERSION)]
-
-    def run() -> tuple[dict[int, str], dict[int, bytes]]:
-        conn = h2.connection.H2Connection(
-            h2.config.H2Configuration(
-                client_side=True,
-                header_encoding=None,
-                validate_outbound_headers=False,
-                normalize_outbound_headers=False,
-            )
-        )
-        conn.initiate_connection()
-        for stream_id, extra in ((1, []), (3, [field]), (5, [])):
-            conn.send_headers(stream_id, [*fields, *extra])
-            conn.send_data(stream_id, b"\x00\x00\x00\x00\x00", end_stream=True)
-        endings: dict[int, str] = {}
-        statuses: dict[int, bytes] = {}
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(LIVENESS_LIMIT)
-            sock.connect(proxy.config.listen)
-            sock.sendall(conn.data_to_send())
-            while len(endings) < 3:
-                data = sock.recv(65536)
-                assert data, "the relay closed the connection"
-                for event in conn.receive_data(data):
-                    if isinstance(event, h2.events.TrailersReceived):
-                        statuses[event.stream_id] = dict(event.headers)[b"grpc-status"]
-                    elif isinstance(event, h2.events.StreamEnded):
-                        endings[event.stream_id] = "ended"
-                    elif isinstance(event, h2.events.StreamReset):
-                        endings[event.stream_id] = f.ERROR_NAMES[event.error_code]
-                    elif isinstance(event, h2.events.ConnectionTerminated):
-                        raise AssertionError(f"GOAWAY {event.error_code!r}")
-                sock.sendall(conn.data_to_send())
-        return endings, statuses
-
-    endings, statuses = await trio.to_thread.run_sync(run)
+    endings, statuses = await trio.to_thread.run_sync(_three_versions, proxy.config.listen, [field])
     assert {1: "ended", 3: "PROTOCOL_ERROR", 5: "ended"} == endings
     assert {1: b"0", 5: b"0"} == statuses
     seen = fake.headers("Version")
     assert 2 == len(seen)
     assert [] == [headers for headers in seen if field[0].decode("latin-1") in dict(headers)]
     assert [] == fake.rejected
+
+
+@pytest.mark.parametrize(("length", "answered"), [(b"5", True), (b"4", False), (b"6", False)])
+async def test_a_content_length_the_data_does_not_match_never_reaches_the_runtime(
+    fake_containerd: tuple[FakeContainerd, str],
+    nursery: trio.Nursery,
+    sockdir: str,
+    length: bytes,
+    answered: bool,
+) -> None:
+    """The middle of three Version calls (a 5-byte message each) declares a content-length: the
+    right one is passed on and answered; a wrong one makes the request malformed (RFC 9113
+    §8.1.1): that stream is reset PROTOCOL_ERROR and its message never reaches the runtime
+    (which saw its headers, then a reset), the others go on."""
+    fake, backend = fake_containerd
+    proxy = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    middle = [(b"content-length", length)]
+    endings, statuses = await trio.to_thread.run_sync(_three_versions, proxy.config.listen, middle)
+    assert {1: "ended", 3: "ended" if answered else "PROTOCOL_ERROR", 5: "ended"} == endings
+    assert {1: b"0", 5: b"0", **({3: b"0"} if answered else {})} == statuses
+    assert (3 if answered else 2) == len(fake.requests("Version"))
 
 
 async def test_a_request_on_a_lower_stream_id_is_a_connection_error(

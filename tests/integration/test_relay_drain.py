@@ -15,10 +15,10 @@ import os
 import socket
 from typing import Any
 
-import grpclib.server
 import h2.settings
 import trio
 
+from krproxy import rpc
 from krproxy.daemon import Daemon
 from tests.integration.support import start_proxy, start_scripted_backend, wait_until
 from tests.integration.test_relay_hostile import RawCaller
@@ -27,7 +27,7 @@ BIG = "/krproxy.test.Drain/Big"  # forwarded raw, and not a call of the store's 
 ANSWER = 4 << 20  # far more than a unix socket's buffer holds
 
 
-async def _big(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+async def _big(stream: rpc.Stream, messages: list[bytes]) -> None:
     await stream.send_message(b"x" * ANSWER)
 
 
@@ -58,7 +58,7 @@ def _read_to_eof(sock: socket.socket, stream_id: int) -> tuple[int, bool]:
 
 
 async def test_a_stop_writes_out_an_answer_queued_before_it_ends_the_connection(
-    aio_loop: None, nursery: trio.Nursery, sockdir: str
+    nursery: trio.Nursery, sockdir: str
 ) -> None:
     backend, _ = await start_scripted_backend(nursery, os.path.join(sockdir, "backend.sock"))
     backend.behaviours[BIG] = _big

@@ -5,7 +5,7 @@ request with COMPRESSION_ERROR when the relay does not acknowledge the smaller t
 h2load sends what it is told: POST with ``-d`` (a file holding one 5-byte-prefixed gRPC
 message) and the gRPC headers, so each request is a valid unary gRPC call. (A plain GET is not
 a gRPC call: the fake containerd answers it 4xx, directly as through krproxy, and h2load counts
-every such answer as failed.) ``scripts/install-h2load``
+every such answer as failed.) ``scripts/install-debian-command h2load nghttp2-client``
 (run by ``nox -s tests``) installs Debian's nghttp2-client; without h2load the test is skipped.
 """
 
@@ -25,7 +25,8 @@ from tests.integration.support import start_proxy
 
 H2LOAD = shutil.which("h2load")
 pytestmark = pytest.mark.skipif(
-    H2LOAD is None, reason="h2load not installed (Debian: nghttp2-client; run scripts/install-h2load)"
+    H2LOAD is None,
+    reason="h2load not installed (Debian: nghttp2-client; run scripts/install-debian-command h2load nghttp2-client)",
 )
 
 

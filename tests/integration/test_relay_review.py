@@ -453,10 +453,11 @@ class TestHardening:
             listener.close()
         assert 5 == len(refused)
 
-    async def test_a_stream_window_beyond_the_limit_ends_the_connection(
+    async def test_a_stream_window_beyond_the_limit_resets_that_stream(
         self, nursery: trio.Nursery, relay: Relay, upstream_path: str, short_tmp: Path
     ) -> None:
-        """A WINDOW_UPDATE taking a stream's window past 2^31-1 is a flow-control error (RFC 9113 §6.9.1)."""
+        """A WINDOW_UPDATE taking a stream's window past 2^31-1 is that stream's flow-control
+        error (RFC 9113 §6.9.1): RST_STREAM FLOW_CONTROL_ERROR, and the connection still answers."""
         from krproxy.relay import frames
 
         started = threading.Event()
@@ -472,26 +473,34 @@ class TestHardening:
         relay.configure(relay.route_to(upstream_path, "upstream"), None, {}, unary_paths=[PATH])
         await _serve_relay(nursery, relay, listen)
 
-        def run() -> int:
+        def run() -> tuple[int, bool]:
             client = Client(listen)
             try:
                 stream_id = client.start(PATH, b"x")
                 client.flush()
                 started.wait(5)
                 client.sock.sendall(frames.window_update(stream_id, 2**31 - 1))
+                code = None
                 while True:
                     data = client.sock.recv(65536)
                     if not data:
-                        raise ConnectionError("closed without GOAWAY")
+                        raise ConnectionError("closed")
                     for event in client.conn.receive_data(data):
                         if isinstance(event, h2.events.ConnectionTerminated):
-                            return int(event.error_code)
+                            raise AssertionError(f"GOAWAY {event.error_code!r}")
+                        if isinstance(event, h2.events.StreamReset):
+                            code = int(event.error_code)
+                            client.conn.ping(b"still-up")
+                            client.flush()
+                        if isinstance(event, h2.events.PingAckReceived):
+                            assert code is not None
+                            return code, True
             finally:
                 client.close()
 
         with serving(upstream_path, slow):
-            code = await trio.to_thread.run_sync(run)
-        assert h2.errors.ErrorCodes.FLOW_CONTROL_ERROR == code
+            answered = await trio.to_thread.run_sync(run)
+        assert (h2.errors.ErrorCodes.FLOW_CONTROL_ERROR, True) == answered
 
     async def test_a_peer_that_sends_without_reading_is_cut_off(
         self,

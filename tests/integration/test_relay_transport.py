@@ -2,12 +2,13 @@
 padding, and the deadline it enforces on its own.
 
 Clients are grpcio (C core) and, where a test needs frames grpcio would not send, a bare
-``h2`` connection over a blocking socket in a thread. Backends are grpclib servers.
+``h2`` connection over a blocking socket in a thread. Backends are krproxy.rpc servers
+(:class:`~tests.integration.support.ScriptedBackend`), and bare ``h2`` servers in a thread where a
+test needs what that server would not do (small windows, refused or reset streams).
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import threading
@@ -17,8 +18,6 @@ from collections.abc import Callable
 
 import attrs
 import grpc
-import grpclib.config
-import grpclib.server
 import h2.config
 import h2.connection
 import h2.errors
@@ -27,6 +26,8 @@ import h2.settings
 import pytest
 import trio
 
+from fakes.grpc_go import metadata_items
+from krproxy import rpc
 from krproxy.daemon import Daemon
 from krproxy.relay import Relay
 from krproxy.relay import frames as f
@@ -125,35 +126,81 @@ def h2_unary(
         sock.close()
 
 
-async def _big(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+async def _big(stream: rpc.Stream, messages: list[bytes]) -> None:
     await stream.send_message(BIG_REPLY)
 
 
-async def _backend_and_proxy(
-    nursery: trio.Nursery, sockdir: str, config: grpclib.config.Configuration | None = None
-) -> tuple[ScriptedBackend, Daemon]:
-    backend, _ = await start_scripted_backend(nursery, os.path.join(sockdir, "backend.sock"), config=config)
+async def _backend_and_proxy(nursery: trio.Nursery, sockdir: str) -> tuple[ScriptedBackend, Daemon]:
+    backend, _ = await start_scripted_backend(nursery, os.path.join(sockdir, "backend.sock"))
     backend.behaviours[BIG] = _big
     backend.behaviours[HANG] = hang
     return backend, await start_proxy(nursery, sockdir)
 
 
+def echo_in_small_windows(listener: socket.socket, echoed: list[bytes]) -> None:
+    """An ``h2`` gRPC server for one connection that echoes each request's message and grants the
+    relay no more than h2's default windows (65,535 bytes per stream and for the connection), as
+    it reads; its answers keep to the relay's windows. The messages of calls to :data:`ECHO` are
+    put in ``echoed``. Blocking: run it in a thread."""
+    conn_sock, _ = listener.accept()
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+    conn.initiate_connection()
+    paths: dict[int, bytes] = {}
+    bodies: dict[int, bytearray] = {}
+    unsent: dict[int, bytes] = {}
+    with conn_sock:
+        conn_sock.sendall(conn.data_to_send())
+        while data := conn_sock.recv(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.RequestReceived):
+                    paths[event.stream_id] = dict(event.headers)[b":path"]  # type: ignore[arg-type]
+                    bodies[event.stream_id] = bytearray()
+                elif isinstance(event, h2.events.DataReceived):
+                    bodies[event.stream_id] += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                elif isinstance(event, h2.events.StreamEnded):
+                    body = bytes(bodies.pop(event.stream_id))
+                    if paths.pop(event.stream_id) == ECHO.encode():
+                        echoed.append(body[5:])  # one message: its 5-byte prefix, then the message
+                    conn.send_headers(
+                        event.stream_id, [(":status", "200"), ("content-type", "application/grpc")]
+                    )
+                    unsent[event.stream_id] = body
+            for stream_id, rest in list(unsent.items()):
+                while rest and (
+                    room := min(conn.local_flow_control_window(stream_id), conn.max_outbound_frame_size)
+                ):
+                    conn.send_data(stream_id, rest[:room])
+                    rest = rest[room:]
+                unsent[stream_id] = rest
+                if not rest:
+                    del unsent[stream_id]
+                    conn.send_headers(stream_id, [("grpc-status", "0")], end_stream=True)
+            conn_sock.sendall(conn.data_to_send())
+
+
 class TestFlowControl:
     async def test_messages_larger_than_every_window(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
+        self, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
     ) -> None:
         """6 MB each way through a backend that grants 64 KiB at a time arrives byte for byte."""
-        small = grpclib.config.Configuration(
-            http2_connection_window_size=65535, http2_stream_window_size=65535
-        )
-        backend, daemon = await _backend_and_proxy(nursery, sockdir, small)
+        backend = os.path.join(sockdir, "backend.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(backend)
+        listener.listen(4)
+        echoed: list[bytes] = []
+        threading.Thread(target=echo_in_small_windows, args=(listener, echoed), daemon=True).start()
+        daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
         message = os.urandom(6 * 1024 * 1024)
-        answer = await in_thread(raw_unary(channel_to(daemon.config.listen), ECHO), message, timeout=30)
+        try:
+            answer = await in_thread(raw_unary(channel_to(daemon.config.listen), ECHO), message, timeout=30)
+        finally:
+            listener.close()
         assert message == answer
-        assert [[message]] == backend.messages_for(ECHO)
+        assert [message] == echoed
 
     async def test_a_reader_with_a_tiny_window_gets_everything(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str
+        self, nursery: trio.Nursery, sockdir: str
     ) -> None:
         """The relay sends a caller no more than the caller's window allows, and waits for its grants."""
         _, daemon = await _backend_and_proxy(nursery, sockdir)
@@ -166,13 +213,13 @@ class TestFlowControl:
 
 class TestStreams:
     async def test_more_concurrent_calls_than_the_backend_allows(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
+        self, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
     ) -> None:
-        """grpclib (h2) takes 100 streams per connection; the relay queues the rest instead of failing them."""
+        """The backend takes 100 streams per connection; the relay queues the rest instead of failing them."""
         backend, daemon = await _backend_and_proxy(nursery, sockdir)
-        released = asyncio.Event()  # set from the trio side once enough calls are running
+        released = trio.Event()  # set once enough calls are running
 
-        async def slow(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+        async def slow(stream: rpc.Stream, messages: list[bytes]) -> None:
             await released.wait()
             await stream.send_message(messages[0])
 
@@ -189,7 +236,6 @@ class TestStreams:
 
     async def test_calls_waiting_for_a_stream_slot_are_bounded(
         self,
-        aio_loop: None,
         nursery: trio.Nursery,
         sockdir: str,
         channel_to: Callable[[str], grpc.Channel],
@@ -199,9 +245,9 @@ class TestStreams:
         (naming the queue) instead of waiting in an unbounded list; the queued ones go on."""
         monkeypatch.setattr("krproxy.relay.connection.MAX_WAITING", 5)
         backend, daemon = await _backend_and_proxy(nursery, sockdir)
-        released = asyncio.Event()
+        released = trio.Event()
 
-        async def slow(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+        async def slow(stream: rpc.Stream, messages: list[bytes]) -> None:
             await released.wait()
             await stream.send_message(messages[0])
 
@@ -227,7 +273,6 @@ class TestStreams:
 
     async def test_a_full_queue_refuses_the_caller_with_the_most_calls_waiting(
         self,
-        aio_loop: None,
         nursery: trio.Nursery,
         sockdir: str,
         channel_to: Callable[[str], grpc.Channel],
@@ -247,9 +292,9 @@ class TestStreams:
         listener.bind(listen)
         listener.listen(16)
         await nursery.start(relay.serve, listener)
-        released = asyncio.Event()
+        released = trio.Event()
 
-        async def slow(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+        async def slow(stream: rpc.Stream, messages: list[bytes]) -> None:
             await released.wait()
             await stream.send_message(messages[0])
 
@@ -277,14 +322,14 @@ class TestStreams:
         assert [(grpc.StatusCode.UNAVAILABLE, True)] == refused  # its latest made room for the other's
 
     async def test_queued_calls_take_turns_by_caller(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
+        self, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
     ) -> None:
         """One caller fills the backend's 100 streams and queues 100 more; another caller's call
         gets the first slot that frees, not the one after the first caller's whole queue."""
         backend, daemon = await _backend_and_proxy(nursery, sockdir)
-        release = asyncio.Semaphore(0)
+        release = trio.Semaphore(0)
 
-        async def slow(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+        async def slow(stream: rpc.Stream, messages: list[bytes]) -> None:
             await release.acquire()
             await stream.send_message(messages[0])
 
@@ -310,7 +355,7 @@ class TestStreams:
             other.close()
 
     async def test_the_stream_limit_is_advertised_and_kept(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, monkeypatch: pytest.MonkeyPatch
+        self, nursery: trio.Nursery, sockdir: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """The relay states SETTINGS_MAX_CONCURRENT_STREAMS to callers and refuses a stream
         beyond it (REFUSED_STREAM: the caller may send it again), keeping the others."""
@@ -358,9 +403,7 @@ class TestStreams:
         advertised, reset = await in_thread(four_calls)
         assert (3, [(7, f.REFUSED_STREAM)]) == (advertised, reset)
 
-    async def test_a_refused_call_is_refused_to_the_caller(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str
-    ) -> None:
+    async def test_a_refused_call_is_refused_to_the_caller(self, nursery: trio.Nursery, sockdir: str) -> None:
         """A runtime that refuses a stream unprocessed (RST_STREAM REFUSED_STREAM): the relay refuses the
         caller's stream the same way, which grpc-go (kubelet) takes as leave to send the call again."""
         backend = os.path.join(sockdir, "backend.sock")
@@ -423,7 +466,7 @@ class TestStreams:
         ],
     )
     async def test_a_stream_reset_by_the_runtime_is_named(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, code: int, status: bytes
+        self, nursery: trio.Nursery, sockdir: str, code: int, status: bytes
     ) -> None:
         """A runtime that resets a stream (e.g. containerd on a request it takes for malformed):
         the caller gets the status grpc-go gives that reset, naming the code, not UNAVAILABLE."""
@@ -453,17 +496,16 @@ class TestStreams:
         message = urllib.parse.unquote(answer.trailers[b"grpc-message"].decode())
         assert f"reset the stream ({h2.errors.ErrorCodes(code).name})" in message, message
 
-    async def test_header_blocks_larger_than_a_frame(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str
-    ) -> None:
+    async def test_header_blocks_larger_than_a_frame(self, nursery: trio.Nursery, sockdir: str) -> None:
         """40 KB of metadata crosses in HEADERS + CONTINUATION frames, both ways."""
         backend, daemon = await _backend_and_proxy(nursery, sockdir)
         big = "v" * 40_000
 
-        async def echo_metadata(stream: grpclib.server.Stream[bytes, bytes], messages: list[bytes]) -> None:
+        async def echo_metadata(stream: rpc.Stream, messages: list[bytes]) -> None:
             await stream.send_initial_metadata()
             await stream.send_message(messages[0])
-            await stream.send_trailing_metadata(metadata={"x-big-reply": str(stream.metadata.get("x-big"))})
+            reply = str(dict(metadata_items(stream.metadata)).get("x-big"))
+            await stream.send_trailing_metadata(metadata=[(b"x-big-reply", reply.encode())])
 
         backend.behaviours[ECHO] = echo_metadata
         channel = grpc.insecure_channel(
@@ -480,9 +522,7 @@ class TestStreams:
         (received,) = [r for r in backend.received if r.path == ECHO]
         assert big == received.metadata["x-big"]
 
-    async def test_padded_data_and_priority_frames(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str
-    ) -> None:
+    async def test_padded_data_and_priority_frames(self, nursery: trio.Nursery, sockdir: str) -> None:
         """Padding is removed before the message is passed on; PRIORITY frames are ignored."""
         backend, daemon = await _backend_and_proxy(nursery, sockdir)
         answer: H2Answer = await in_thread(
@@ -493,9 +533,7 @@ class TestStreams:
 
 
 class TestDeadlines:
-    async def test_enforced_when_the_caller_does_not(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str
-    ) -> None:
+    async def test_enforced_when_the_caller_does_not(self, nursery: trio.Nursery, sockdir: str) -> None:
         """A caller that sent grpc-timeout but never cancels still gets DEADLINE_EXCEEDED, on time,
         and the runtime's call is cancelled."""
         backend, daemon = await _backend_and_proxy(nursery, sockdir)
@@ -512,7 +550,7 @@ class TestDeadlines:
         await wait_until(lambda: HANG in backend.cancelled)
 
     async def test_finished_calls_are_not_kept_until_their_deadline(
-        self, aio_loop: None, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
+        self, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
     ) -> None:
         """kubelet's deadlines are minutes long: a finished call leaves the deadline heap's entry
         behind (until due or purged) but not itself, with its request and reply."""

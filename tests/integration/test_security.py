@@ -30,8 +30,6 @@ from tests.integration.hooks_support import (
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 from tests.integration.test_docker_support import make_node as make_docker_node
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
-
 CREATE = HookPoint.PRE_CREATE_CONTAINER
 RUN_POD = HookPoint.PRE_RUN_POD_SANDBOX
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")

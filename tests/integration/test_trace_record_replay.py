@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
 import shutil
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 import pytest
 import trio
 
-from krproxy import _grpc, cli
+from krproxy import cli, rpc
 from krproxy.trace import load
 from krproxy.trace.backend import TraceBackend
-from krproxy.trace.replay import GrpcTransport, ReplayReport, replay
+from krproxy.trace.replay import ChannelTransport, ReplayReport, replay
 from tests.integration.support import wait_until
 from tests.integration.test_trace_support import (
     CONTAINERD_GOLDEN,
@@ -31,13 +33,17 @@ from tests.integration.test_trace_support import (
 LIFECYCLE_CALLS = 18
 
 
+@contextlib.asynccontextmanager
+async def transport_to(socket: str) -> AsyncIterator[ChannelTransport]:
+    """`trace replay`'s transport to ``socket``; call it in a worker thread (``in_thread``)."""
+    async with rpc.Channel(socket) as channel:
+        yield ChannelTransport(channel)
+
+
 async def replay_against(socket: str, trace: Path | str) -> ReplayReport:
     records = load([str(trace)]).records
-    transport = GrpcTransport(socket)
-    try:
+    async with transport_to(socket) as transport:
         return await in_thread(replay, records, transport, timeout=10)
-    finally:
-        transport.close()
 
 
 async def record_lifecycle(nursery: trio.Nursery, sockdir: str, trace: str) -> None:
@@ -53,7 +59,7 @@ async def record_lifecycle(nursery: trio.Nursery, sockdir: str, trace: str) -> N
 
 
 class TestRecordAndReplay:
-    async def test_recorded_trace_replays_identically(self, aio_loop: None, short_tmp: Path) -> None:
+    async def test_recorded_trace_replays_identically(self, short_tmp: Path) -> None:
         """A lifecycle recorded through the proxy replays against a fresh fake with zero differences."""
         trace = str(short_tmp / "trace.krt")
         async with trio.open_nursery() as nursery:
@@ -64,7 +70,7 @@ class TestRecordAndReplay:
         assert [] == list(report.lines())[:-1]
         assert (LIFECYCLE_CALLS, 0, 2) == (report.identical, report.different, len(report.ids))
 
-    async def test_recording_holds_the_hook_decisions(self, aio_loop: None, short_tmp: Path) -> None:
+    async def test_recording_holds_the_hook_decisions(self, short_tmp: Path) -> None:
         """The CreateContainer record carries the forwarded request and the plugin's field changes."""
         trace = str(short_tmp / "trace.krt")
         async with trio.open_nursery() as nursery:
@@ -76,7 +82,7 @@ class TestRecordAndReplay:
         assert "resources.cpuset_cpus" in {c.field for c in hook.changes}
         assert create.forwarded is not None and create.forwarded != create.request
 
-    async def test_golden_fake_trace_replays_identically(self, aio_loop: None, short_tmp: Path) -> None:
+    async def test_golden_fake_trace_replays_identically(self, short_tmp: Path) -> None:
         """The committed golden trace replays against a fresh fake behind the proxy with zero differences."""
         async with trio.open_nursery() as nursery:
             node = await start_node(nursery, str(short_tmp))
@@ -85,7 +91,7 @@ class TestRecordAndReplay:
         assert "OK 18 calls: 18 identical, 0 different, 0 skipped; 2 ids mapped" == list(report.lines())[-1]
 
     async def test_changed_plugin_gives_a_readable_diff_and_exit_1(
-        self, aio_loop: None, short_tmp: Path, capsys: pytest.CaptureFixture[str]
+        self, short_tmp: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """With a plugin that now sets another cpuset and annotation, `trace replay` prints where and exits 1."""
         async with trio.open_nursery() as nursery:
@@ -106,42 +112,27 @@ class TestRecordAndReplay:
 
 class TestTraceServe:
     @pytest.mark.parametrize("golden", [FAKE_GOLDEN, CONTAINERD_GOLDEN], ids=["fake", "containerd"])
-    async def test_proxy_in_front_of_a_served_trace(
-        self, aio_loop: None, short_tmp: Path, golden: Path
-    ) -> None:
+    async def test_proxy_in_front_of_a_served_trace(self, short_tmp: Path, golden: Path) -> None:
         """A trace served by `trace serve`, behind the proxy with the same plugin, replays identically."""
         records = load([str(golden)]).records
         backend = TraceBackend(records)
         backend_socket = str(short_tmp / "trace.sock")
         async with trio.open_nursery() as nursery:
-            await nursery.start(
-                functools.partial(
-                    _grpc.serve,
-                    [backend],
-                    backend_socket,
-                    codec=_grpc.BytesCodec(),
-                    fallback=backend.fallback,
-                )
-            )
+            await nursery.start(rpc.Server({}, fallback=backend.fallback).serve, backend_socket)
             node = await start_node(nursery, str(short_tmp), backend_socket=backend_socket)
             report = await replay_against(node.proxy_socket, golden)
             nursery.cancel_scope.cancel()
         assert (LIFECYCLE_CALLS, 0) == (report.identical, report.different)
         assert 0 == backend.answers.statistics().missing
 
-    async def test_unknown_method_is_unimplemented(
-        self, aio_loop: None, short_tmp: Path, channel_to: object
-    ) -> None:
+    async def test_unknown_method_is_unimplemented(self, short_tmp: Path, channel_to: object) -> None:
         """A method the trace does not hold is answered UNIMPLEMENTED, naming it."""
         backend = TraceBackend(load([str(FAKE_GOLDEN)]).records)
         socket = str(short_tmp / "trace.sock")
         async with trio.open_nursery() as nursery:
-            await nursery.start(
-                functools.partial(
-                    _grpc.serve, [backend], socket, codec=_grpc.BytesCodec(), fallback=backend.fallback
-                )
-            )
-            answer = await in_thread(GrpcTransport(socket), "/runtime.v1.RuntimeService/ExecSync", b"", 5)
+            await nursery.start(rpc.Server({}, fallback=backend.fallback).serve, socket)
+            async with transport_to(socket) as transport:
+                answer = await in_thread(transport, "/runtime.v1.RuntimeService/ExecSync", b"", 5)
             nursery.cancel_scope.cancel()
         assert ("UNIMPLEMENTED", "/runtime.v1.RuntimeService/ExecSync is not in the trace") == (
             answer.status.name,
@@ -150,9 +141,7 @@ class TestTraceServe:
 
 
 class TestRecordingControl:
-    async def test_toggle_off_and_on(
-        self, aio_loop: None, short_tmp: Path, caplog: pytest.LogCaptureFixture
-    ) -> None:
+    async def test_toggle_off_and_on(self, short_tmp: Path, caplog: pytest.LogCaptureFixture) -> None:
         """Calls made while recording is off are not in the trace; toggling logs each state."""
         caplog.set_level(logging.INFO, logger="krproxy.trace")
         trace = str(short_tmp / "trace.krt")
@@ -160,45 +149,42 @@ class TestRecordingControl:
             node = await start_node(nursery, str(short_tmp), record=trace)
             recorder = node.daemon.recorder
             assert recorder is not None
-            transport = GrpcTransport(node.proxy_socket)
-            version = functools.partial(transport, "/runtime.v1.RuntimeService/Version", b"", 5)
-            await in_thread(version)
-            assert False is recorder.toggle()
-            await in_thread(version)
-            await in_thread(version)
-            assert True is recorder.toggle()
-            await in_thread(version)
-            transport.close()
+            async with transport_to(node.proxy_socket) as transport:
+                version = functools.partial(transport, "/runtime.v1.RuntimeService/Version", b"", 5)
+                await in_thread(version)
+                assert False is recorder.toggle()
+                await in_thread(version)
+                await in_thread(version)
+                assert True is recorder.toggle()
+                await in_thread(version)
             await recorder.flush()
             nursery.cancel_scope.cancel()
         assert 2 == len(load([trace]).records)
         states = [r.krproxy_fields["state"] for r in caplog.records if r.getMessage() == "recording"]  # type: ignore[attr-defined]
         assert ["on", "off", "on"] == states
 
-    async def test_paused_start_records_nothing(self, aio_loop: None, short_tmp: Path) -> None:
+    async def test_paused_start_records_nothing(self, short_tmp: Path) -> None:
         """With record_paused the file is not even created until recording is switched on."""
         trace = short_tmp / "trace.krt"
         async with trio.open_nursery() as nursery:
             node = await start_node(nursery, str(short_tmp), record=str(trace), record_paused=True)
-            transport = GrpcTransport(node.proxy_socket)
-            await in_thread(transport, "/runtime.v1.RuntimeService/Version", b"", 5)
-            transport.close()
+            async with transport_to(node.proxy_socket) as transport:
+                await in_thread(transport, "/runtime.v1.RuntimeService/Version", b"", 5)
             assert node.daemon.recorder is not None
             await node.daemon.recorder.flush()
             nursery.cancel_scope.cancel()
         assert not trace.exists()
 
     async def test_unwritable_file_leaves_the_proxy_serving(
-        self, aio_loop: None, short_tmp: Path, caplog: pytest.LogCaptureFixture
+        self, short_tmp: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         """A trace path that cannot be created turns recording off; calls still go through."""
         blocker = short_tmp / "file"
         blocker.write_text("not a directory")
         async with trio.open_nursery() as nursery:
             node = await start_node(nursery, str(short_tmp), record=str(blocker / "trace.krt"))
-            transport = GrpcTransport(node.proxy_socket)
-            answer = await in_thread(transport, "/runtime.v1.RuntimeService/Version", b"", 5)
-            transport.close()
+            async with transport_to(node.proxy_socket) as transport:
+                answer = await in_thread(transport, "/runtime.v1.RuntimeService/Version", b"", 5)
             nursery.cancel_scope.cancel()
         assert "OK" == answer.status.name
         assert node.daemon.recorder is not None and not node.daemon.recorder.active

@@ -21,7 +21,6 @@ from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
 from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, sequential_ids, stepping_clock
-from krproxy import _grpc
 from krproxy.daemon import Daemon
 from krproxy.demo import DemoLimitsPlugin
 from tests.integration.support import start_proxy
@@ -158,14 +157,13 @@ async def start_node(
     """Start the fake (unless ``backend_socket`` names another backend), the plugin and the proxy.
 
     ``plugin=None`` uses :class:`DemoLimitsPlugin`; ``config`` goes to ``ProxyConfig``.
-    Must run inside ``trio_asyncio.open_loop()``.
     """
     if backend_socket is None:
         backend_socket = os.path.join(sockdir, "containerd.sock")
         fake = fake or new_fake()
         await nursery.start(run_fake_containerd, backend_socket, fake)
     plugin_socket = os.path.join(sockdir, "plugin.sock")
-    await nursery.start(_grpc.serve, [plugin or DemoLimitsPlugin()], plugin_socket)
+    await nursery.start((plugin or DemoLimitsPlugin()).serve, plugin_socket)
     hook_dir = os.path.join(sockdir, "hooks")
     os.makedirs(hook_dir, exist_ok=True)
     with open(os.path.join(hook_dir, "limits.json"), "w") as f:  # noqa: ASYNC230 - tiny local file

@@ -28,7 +28,6 @@ from tests.integration.test_ocihooks_proxy import Node, node, wait_reload
 
 __all__ = ["node"]  # the fixture, shared with test_ocihooks_proxy
 
-pytestmark = pytest.mark.usefixtures("aio_loop")
 
 START = HookPoint.PRE_START_CONTAINER
 
@@ -96,8 +95,8 @@ class TestDeadlineDuringForward:
 
 class TestDrain:
     async def test_new_connections_are_refused_while_draining(self, hooks_node: HooksNode) -> None:
-        """While in-flight calls drain, a new kubelet connection is refused at once (as when grpclib
-        closed its listening socket), rather than accepted by the kernel and left unanswered."""
+        """While in-flight calls drain, a new kubelet connection is refused at once (as when the
+        listening socket is closed), rather than accepted by the kernel and left unanswered."""
         node = hooks_node
         daemon = await node.start_proxy(grace_period=5.0)
         node.fake.inject("Version", Fault(delay=1.0))

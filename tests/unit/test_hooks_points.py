@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pathlib
+import re
+
 import pytest
 
 from krproxy.hooks.points import HookPoint, Stage, hook_points_for
-from krproxy.proto.runtime.v1alpha1 import services as hook_services
+
+HOOK_PROTO = pathlib.Path(__file__).resolve().parents[2] / "protos" / "runtime_hook_v1alpha1.proto"
 
 P = HookPoint
 
@@ -50,11 +54,17 @@ class TestHookPoint:
 
         assert expected == (point.stage, point.cri_method, point.cri_path, point.rpc_path, point.is_pod_level)
 
-    def test_rpc_paths_exist_in_generated_service(self) -> None:
-        """Every hook point's RPC path is served by the generated RuntimeHookService."""
-        mapping = hook_services.RuntimeHookServiceBase.__mapping__(hook_services.RuntimeHookServiceBase())
+    def test_rpc_paths_are_the_methods_of_the_proto_service(self) -> None:
+        """Every hook point's RPC path, and its request kind, is a method of RuntimeHookService in
+        protos/runtime_hook_v1alpha1.proto, and every method there is a hook point."""
+        service = re.search(r"service RuntimeHookService \{(.*?)\n\}", HOOK_PROTO.read_text(), re.DOTALL)
+        assert service is not None
+        methods = dict(re.findall(r"^\s*rpc (\w+)\((\w+)\)", service.group(1), re.MULTILINE))
 
-        assert {p.rpc_path for p in HookPoint} == set(mapping)
+        assert {f"/runtime.v1alpha1.RuntimeHookService/{name}" for name in methods} == {
+            p.rpc_path for p in HookPoint
+        }
+        assert all((methods[p.rpc_name] == "PodSandboxHookRequest") == p.is_pod_level for p in HookPoint)
 
     @pytest.mark.parametrize(
         ("method", "expected"),

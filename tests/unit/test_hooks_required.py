@@ -22,6 +22,8 @@ from krproxy.hooks.required import (
     Requirements,
     State,
     effective_annotation,
+    hooked_names,
+    needed,
     parse_bool,
     parse_name_list,
     parse_required_server,
@@ -63,6 +65,24 @@ class TestFlag:
         err = capsys.readouterr().err
         assert "argument --required-hook-server: 'koordlet=PreStart': unknown hook point 'PreStart'" in err
 
+    def test_docker_mode_refuses_required_servers(
+        self, capsys: pytest.CaptureFixture[str], tmp_path: Any
+    ) -> None:
+        """Docker mode has no guard: a required server there would hold nothing, so it is refused at start
+        rather than run unguarded while the operator believes pods wait for it."""
+        code = cli.main(
+            [
+                "serve",
+                "--backend-runtime-mode=Docker",
+                "--required-hook-server",
+                "koordlet",
+                f"--koord-runtimeproxy-endpoint={tmp_path}/p.sock",
+            ]
+        )
+        err = capsys.readouterr().err
+        assert 2 == code
+        assert "--required-hook-server is not supported with --backend-runtime-mode=Docker" in err
+
     def test_repeated_flags_add_up(self) -> None:
         servers = [parse_required_server("a=PreRunPodSandbox"), parse_required_server("a=PreCreateContainer")]
         assert (RequiredServer("a", frozenset({RUN, CREATE})),) == Requirements(tuple(servers)).servers
@@ -76,6 +96,13 @@ class TestAnnotations:
         assert "pod" == effective_annotation(annotations, KEY, None)
         assert "bare" == effective_annotation({KEY: "bare"}, KEY, "app")
         assert effective_annotation({f"{KEY}/container.app": "x"}, KEY, None) is None
+
+    def test_container_names_with_dots_match_whole(self) -> None:
+        """NRI joins the key and the name as they are: container.my.app is container my.app, not my."""
+        annotations = {f"{KEY}/container.my.app": '["gpu"]'}
+        assert '["gpu"]' == effective_annotation(annotations, KEY, "my.app")
+        assert effective_annotation(annotations, KEY, "my") is None
+        assert ("gpu",) == required_names(Requirements(), CREATE, annotations, "my.app")
 
     @pytest.mark.parametrize(
         ("value", "names"),
@@ -116,6 +143,21 @@ class TestDecision:
         assert ("net",) == required_names(self.requirements, CREATE, annotations, "sidecar")
         assert () == required_names(self.requirements, HookPoint.PRE_START_CONTAINER, annotations, "app")
 
+    def test_hooked_names_are_named_points_and_annotated_containers(self) -> None:
+        """Must be called at the point itself: a flag's named points, a container's annotated names; not
+        a bare flag's (wherever its file has it called) nor the pod's names at PreRunPodSandbox."""
+        requirements = Requirements(
+            (RequiredServer("koordlet", frozenset({RUN})), RequiredServer("everywhere")),
+            tolerate_annotation="tolerate",
+        )
+        annotations = {f"{KEY}/pod": '["net"]', f"{KEY}/container.app": '["gpu"]'}
+        assert ("koordlet",) == hooked_names(requirements, RUN, annotations, None)
+        assert ("gpu",) == hooked_names(requirements, CREATE, annotations, "app")
+        assert ("net",) == hooked_names(requirements, CREATE, annotations, "sidecar")
+        assert () == hooked_names(requirements, CREATE, {**annotations, "tolerate": "true"}, "app")
+        need = needed(requirements, CREATE, annotations, "app", met=("gpu",))
+        assert (("everywhere",), ()) == (need.names, need.hooked)
+
     def test_no_repeats(self) -> None:
         assert ("koordlet",) == required_names(self.requirements, RUN, {KEY: '["koordlet"]'}, None)
 
@@ -135,7 +177,13 @@ class TestDecision:
 
     @pytest.mark.parametrize(
         ("annotations", "problem"),
-        [({KEY: "net"}, "is not a list of hook server names"), ({"tolerate": "yes"}, "is not a boolean")],
+        [
+            ({KEY: "net"}, "is not a list of hook server names"),
+            ({"tolerate": "yes"}, "is not a boolean"),
+            # strconv.ParseBool takes no spaces: NRI refuses " true", so it must not exempt here.
+            ({"tolerate": " true"}, "is not a boolean"),
+            ({"tolerate": "true\n"}, "is not a boolean"),
+        ],
     )
     def test_malformed_annotations_refuse(self, annotations: dict[str, str], problem: str) -> None:
         with pytest.raises(AnnotationError, match=problem):

@@ -6,6 +6,7 @@ import pathlib
 from collections.abc import Callable
 
 import pytest
+import trio
 
 from krproxy.hookserver import (
     CgroupFile,
@@ -140,3 +141,32 @@ class TestFailurePolicy:
         assert ("add_env", "Adds FOO.") == (hook.name, hook.description)
         resp = app.handle_container(Stage.PRE_CREATE_CONTAINER, container_request(pod_request("p"), "c"))
         assert {"FOO": "bar"} == resp.container_envs
+
+
+class TestAsyncPluginFunctions:
+    def test_async_function_outside_a_served_app_runs_in_a_trio_run_of_its_own(self) -> None:
+        """Called without the SDK's server (a unit test calling handle_pod), an ``async def``
+        function still runs, and may await trio."""
+        app = HookServer(executor=FakeNode(pathlib.Path("/nonexistent")).executor())
+
+        @app.hook(Stage.PRE_RUN_POD_SANDBOX, name="later")
+        async def later(ctx: PodContext) -> None:
+            await trio.sleep(0.001)
+            ctx.response.labels["later"] = "yes"
+
+        assert "yes" == app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("p")).labels["later"]
+
+    async def test_async_function_on_the_event_loop_thread_fails_saying_why(self) -> None:
+        """From the event loop's own thread an ``async def`` function cannot be awaited by the
+        synchronous app: under FAIL the call fails naming the function and what to do."""
+        app = HookServer(
+            executor=FakeNode(pathlib.Path("/nonexistent")).executor(),
+            plugin_failure_policy=FailurePolicy.FAIL,
+        )
+
+        @app.hook(Stage.PRE_RUN_POD_SANDBOX, name="later")
+        async def later(ctx: PodContext) -> None:
+            raise AssertionError("never run")
+
+        with pytest.raises(HookFailedError, match=r"'later'.*event loop's thread.*worker thread"):
+            app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("p"))

@@ -3,8 +3,7 @@ trace backend's matching, and show's filters."""
 
 from __future__ import annotations
 
-from grpclib.const import Status
-
+from krproxy.grpcstatus import Status
 from krproxy.proto.runtime import v1 as cri
 from krproxy.trace import messages
 from krproxy.trace.backend import TraceAnswers

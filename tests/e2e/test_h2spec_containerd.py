@@ -1,0 +1,39 @@
+"""h2spec against krproxy in front of a real containerd (each version of the e2e matrix).
+
+The same run and verdict as tests/integration/test_h2spec.py (there in front of the fake
+containerd), containerd's answers held back as there (``RUNTIME_DELAY``): every case passes but
+the named exceptions, which a gRPC server answering at once cannot serve as h2spec assumes.
+Skipped with the reason where h2spec, lzma or socat is missing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from tests.e2e.support import Containerd, start_proxy
+from tests.integration.test_h2spec import EXCEPTIONS, RUNTIME_DELAY, SKIPPED, _run_h2spec, delayed
+from tests.integration.test_h2spec import pytestmark as h2spec_marks
+
+pytestmark = h2spec_marks
+
+
+async def test_h2spec_against_krproxy_before_containerd(
+    containerd: Containerd, nursery: trio.Nursery, short_tmp: Path
+) -> None:
+    runtime = str(short_tmp / "delayed.sock")
+    await delayed(nursery, containerd.socket, runtime, RUNTIME_DELAY)
+    proxy = await trio.to_thread.run_sync(start_proxy, short_tmp, runtime)
+    try:
+        outcome, output = await trio.to_thread.run_sync(_run_h2spec, proxy.socket, short_tmp)
+    finally:
+        code = await trio.to_thread.run_sync(proxy.terminate)
+    failed = {case for case, verdict in outcome.items() if verdict == "failed"}
+    skipped = {case for case, verdict in outcome.items() if verdict == "skipped"}
+    summary = output.strip().splitlines()[-1] if output.strip() else "no output"
+    print(f"h2spec: {summary}; failed: {', '.join(sorted(failed)) or 'none'}")
+    assert 146 == len(outcome), summary
+    assert set() == failed - set(EXCEPTIONS), output[-8000:]
+    assert set() == skipped - set(SKIPPED), summary
+    assert 0 == code, f"krproxy exited with {code}; log:\n{proxy.log}"
