@@ -533,9 +533,18 @@ def render_status(status: Mapping[str, Any]) -> str:
     nri = get("nri", None)
     if isinstance(nri, Mapping):  # krproxy nri: no proxy socket, a plugin of the runtime's NRI
         registered = f"registered as {nri.get('plugin', '?')}" if nri.get("registered") else "not registered"
+        protocol = ", ".join(
+            part
+            for part in (
+                f"NRI {nri['nri_version']}" if nri.get("nri_version") else "",
+                f"events via {nri['event_calls']}" if nri.get("event_calls") else "",
+            )
+            if part
+        )
         lines.append(
-            f"nri: {nri.get('socket', '?')} — {registered}, runtime {nri.get('runtime') or '?'}, "
-            f"request timeout {nri.get('request_timeout', '?')}s, events {nri.get('events', '?')}"
+            f"nri: {nri.get('socket', '?')} — {registered}, runtime {nri.get('runtime') or '?'}"
+            + (f" ({protocol})" if protocol else "")
+            + f", request timeout {nri.get('request_timeout', '?')}s, events {nri.get('events', '?')}"
         )
     else:
         lines.append(

@@ -1,12 +1,13 @@
 """A fake NRI runtime: the runtime side of NRI, as containerd runs it, for tests without root.
 
 It listens on a unix socket for external plugins and does what containerd's NRI adaptation (containerd/nri
-``pkg/adaptation``, 0.6.1 and 0.8.0) does with them:
+``pkg/adaptation``, 0.6.1, 0.8.0 and 0.12) does with them:
 
 * **Registration.** A plugin must call ``RegisterPlugin`` within the registration timeout, with a non-empty
   name and a two-digit index; then it is sent ``Configure`` (the runtime's name and version, the plugin's
-  config and — unless the fake plays NRI 0.6.1 — the registration and request timeouts in milliseconds)
-  and answers its event mask (0: every event; bits outside the valid events: refused). Then
+  config and — unless the fake plays NRI 0.6.1 — the registration and request timeouts in milliseconds;
+  playing 0.12, its NRI version) and answers its event mask (0: every event; bits outside the events the
+  played version knows: refused). Then
   ``Synchronize`` with every pod and container; when ``sync_chunk`` is set, in parts of at most that many
   objects with ``more`` set on all but the last, and a plugin that does not echo ``more`` (or sends
   updates before the last part) is dropped, as NRI 0.8 does. Plugins are then called in index order.
@@ -14,6 +15,11 @@ It listens on a unix socket for external plugins and does what containerd's NRI 
   as containerd's CRI plugin does; each subscribed plugin gets its call with the runtime's request
   timeout. A plugin that times out or whose connection fails is dropped and the operation goes on
   without it; a plugin that answers an error fails the operation (:class:`NriError`), as NRI does.
+  Events without an answer of their own (pods run, stopped, removed; containers created, started,
+  removed, updated) go to NRI 0.12's dedicated methods (``RunPodSandbox``, ...) when the fake plays 0.12:
+  a plugin that answers one Unimplemented is switched to ``StateChange`` for good (that event included)
+  and a deprecation is recorded (:attr:`FakeNriRuntime.deprecations`), as containerd 2.3 does. Playing
+  an older NRI (``nri_version=""``), every such event is a ``StateChange``.
 * **Adjustments.** A ``CreateContainer`` answer's ``ContainerAdjustment`` (annotations, env, mounts,
   resources, cgroups path, rlimits, OCI hooks) is applied to the container being created, each plugin
   seeing the previous ones' result; two plugins setting the same field (or annotation, env variable,
@@ -70,6 +76,10 @@ class ConnectedPlugin:
     index: str
     events: int
     session: Session
+    #: The NRI version the plugin said at registration ("" from a plugin before NRI 0.12).
+    nri_version: str = ""
+    #: Set once the plugin answered a dedicated event method Unimplemented: it gets StateChange since.
+    state_change_only: bool = False
 
     @property
     def full_name(self) -> str:
@@ -85,20 +95,27 @@ class FakeNriRuntime:
 
     Attributes:
         request_timeout / registration_timeout: seconds, sent in Configure (as ms) unless ``nri_0_6``.
+        nri_version: the NRI version played, sent in Configure: "v0.12.2" (containerd 2.3) calls the
+            dedicated event methods; "" plays NRI before 0.12 (containerd 1.7 to 2.2): StateChange only,
+            and only the events up to REMOVE_CONTAINER may be subscribed.
         nri_0_6: behave as NRI 0.6.1 (containerd 1.7): no timeouts in Configure, Synchronize in one part,
             an adjustment's ``oom_score_adj`` (field 4 of ``LinuxContainerAdjustment``, new in 0.8) unknown
-            and so ignored.
+            and so ignored; implies ``nri_version=""``.
         sync_chunk: objects (pods + containers) per Synchronize part; None: one part.
         pods / containers: the runtime's state, by id.
-        log: ``(direction, what)`` of every call: ``("call", "Configure")``, ``("serve", "RegisterPlugin")``.
+        log: ``(direction, what)`` of every call: ``("call", "Configure")``, ``("serve", "RegisterPlugin")``,
+            ``("call", "StateChange:RUN_POD_SANDBOX")``.
+        deprecations: ``(plugin, details)`` of each plugin switched to StateChange, e.g.
+            ``("50-krproxy", "does not implement RunPodSandbox")`` (containerd's ``nri-plugin-interface``).
     """
 
     socket_path: str
     runtime_name: str = "fake-containerd"
-    runtime_version: str = "2.1.9"
+    runtime_version: str = "2.3.4"
     request_timeout: float = 2.0
     registration_timeout: float = 5.0
     plugin_config: str = ""
+    nri_version: str = "v0.12.2"
     nri_0_6: bool = False
     sync_chunk: int | None = None
     pods: dict[str, api.PodSandbox] = attrs.field(factory=dict)
@@ -106,7 +123,21 @@ class FakeNriRuntime:
     plugins: list[ConnectedPlugin] = attrs.field(factory=list, init=False)
     log: list[tuple[str, str]] = attrs.field(factory=list, init=False)
     dropped: list[tuple[str, str]] = attrs.field(factory=list, init=False)
+    deprecations: list[tuple[str, str]] = attrs.field(factory=list, init=False)
     _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    @property
+    def nri_0_12(self) -> bool:
+        """Whether the fake plays NRI 0.12 (dedicated event methods, the version in Configure)."""
+        return bool(self.nri_version) and not self.nri_0_6
+
+    def valid_events(self) -> int:
+        """The events a plugin may subscribe to: every one with 0.12, up to REMOVE_CONTAINER before."""
+        return (
+            all_events()
+            if self.nri_0_12
+            else event_mask(e for e in api.Event if 0 < e <= api.Event.REMOVE_CONTAINER)
+        )
 
     # -- serving -----------------------------------------------------------------------------------
 
@@ -193,13 +224,18 @@ class FakeNriRuntime:
                 if not self.nri_0_6:
                     configure.registration_timeout = int(self.registration_timeout * 1000)
                     configure.request_timeout = int(self.request_timeout * 1000)
+                if self.nri_0_12:
+                    configure.NRI_version = self.nri_version
                 answer = api.ConfigureResponse.parse(
                     await session.call(PLUGIN_SERVICE, "Configure", bytes(configure))
                 )
-            events = answer.events or all_events()
-            if events & ~all_events():
-                raise NriError(f"invalid plugin events: 0x{events & ~all_events():x}")
-            plugin = ConnectedPlugin(request.plugin_name, request.plugin_idx, events, session)
+            valid = self.valid_events()
+            events = answer.events or valid
+            if events & ~valid:
+                raise NriError(f"invalid plugin events: 0x{events & ~valid:x}")
+            plugin = ConnectedPlugin(
+                request.plugin_name, request.plugin_idx, events, session, nri_version=request.NRI_version
+            )
             with trio.fail_after(self.request_timeout):
                 updates = await self._synchronize(plugin)
         except (TtrpcError, ConnectionLost, trio.TooSlowError, NriError, ValueError) as exc:
@@ -258,15 +294,19 @@ class FakeNriRuntime:
         request: Any,
         reply_type: type[Any],
         apply: Callable[[str, Any], None],
+        fallback: api.StateChangeEvent | None = None,
     ) -> None:
-        """Call every subscribed plugin in order, as NRI's adaptation does (see the module docstring)."""
+        """Call every subscribed plugin in order, as NRI's adaptation does (see the module docstring).
+
+        With ``fallback``, ``method`` is a dedicated event method of NRI 0.12: playing an older NRI, or for
+        a plugin that answered one Unimplemented, ``fallback`` goes to StateChange instead.
+        """
         for plugin in list(self.plugins):
             if not plugin.subscribed(event):
                 continue
-            self.log.append(("call", method if method != "StateChange" else f"StateChange:{event.name}"))
             try:
                 with trio.fail_after(self.request_timeout):
-                    answer = await plugin.session.call(PLUGIN_SERVICE, method, bytes(request))
+                    answer = await self._call(plugin, event, method, request, fallback)
             except (
                 trio.TooSlowError,
                 ConnectionLost,
@@ -279,24 +319,83 @@ class FakeNriRuntime:
                 raise NriError(f"plugin {plugin.full_name}: {exc.code.name}: {exc.message}") from None
             apply(plugin.full_name, reply_type.parse(answer))
 
-    async def _state_change(
+    async def _call(
+        self,
+        plugin: ConnectedPlugin,
+        event: api.Event,
+        method: str,
+        request: Any,
+        fallback: api.StateChangeEvent | None,
+    ) -> bytes:
+        if fallback is None or (self.nri_0_12 and not plugin.state_change_only):
+            self.log.append(("call", method))
+            try:
+                return await plugin.session.call(PLUGIN_SERVICE, method, bytes(request))
+            except TtrpcError as exc:
+                if fallback is None or exc.code != Status.UNIMPLEMENTED:
+                    raise
+            plugin.state_change_only = True  # as NRI 0.12's adaptation: for good, every event
+            self.deprecations.append((plugin.full_name, f"does not implement {method}"))
+            LOGGER.warning(
+                "event=nri_deprecated_interface plugin=%s deprecated=StateChange details=%s",
+                plugin.full_name,
+                f"does not implement {method}",
+            )
+        assert fallback is not None
+        self.log.append(("call", f"StateChange:{event.name}"))
+        return await plugin.session.call(PLUGIN_SERVICE, "StateChange", bytes(fallback))
+
+    async def _event(
         self, event: api.Event, pod: api.PodSandbox, container: api.Container | None = None
     ) -> None:
-        request = api.StateChangeEvent(event=event, pod=pod, container=container)
-        await self._call_each(event, "StateChange", request, api.Empty, lambda name, answer: None)
+        """An event without an answer of its own: NRI 0.12's dedicated method, or StateChange."""
+        method, request_type = _EVENT_METHODS[event]
+        request = (
+            request_type(pod=pod, container=container) if container is not None else request_type(pod=pod)
+        )
+        fallback = api.StateChangeEvent(event=event, pod=pod, container=container)
+        await self._call_each(event, method, request, api.Empty, lambda name, answer: None, fallback)
 
     # -- the lifecycle, as the CRI plugin drives it ---------------------------------------------------
 
     async def run_pod(self, pod: api.PodSandbox) -> None:
         self.pods[pod.id] = pod
-        await self._state_change(api.Event.RUN_POD_SANDBOX, pod)
+        await self._event(api.Event.RUN_POD_SANDBOX, pod)
 
     async def stop_pod(self, pod_id: str) -> None:
-        await self._state_change(api.Event.STOP_POD_SANDBOX, self.pods[pod_id])
+        await self._event(api.Event.STOP_POD_SANDBOX, self.pods[pod_id])
+
+    async def update_pod(
+        self,
+        pod_id: str,
+        resources: api.LinuxResources | None = None,
+        overhead: api.LinuxResources | None = None,
+    ) -> None:
+        """A pod-level resize (CRI UpdatePodSandboxResources), as containerd 2.3 drives it: UpdatePodSandbox
+        (a plugin's error fails it; no StateChange fallback: NRI has none for it), the new resources
+        recorded in the pod, then PostUpdatePodSandbox. Playing an NRI before 0.12: the runtime has no such
+        events, so it only records the resources."""
+        pod = self.pods[pod_id]
+        if self.nri_0_12:
+            request = api.UpdatePodSandboxRequest(
+                pod=pod, overhead_linux_resources=overhead, linux_resources=resources
+            )
+            await self._call_each(
+                api.Event.UPDATE_POD_SANDBOX,
+                "UpdatePodSandbox",
+                request,
+                api.UpdatePodSandboxResponse,
+                lambda name, answer: None,
+            )
+        if pod.linux is None:
+            pod.linux = api.LinuxPodSandbox()
+        pod.linux.pod_resources, pod.linux.pod_overhead = resources, overhead
+        if self.nri_0_12:
+            await self._event(api.Event.POST_UPDATE_POD_SANDBOX, pod)
 
     async def remove_pod(self, pod_id: str) -> None:
         pod = self.pods.pop(pod_id)
-        await self._state_change(api.Event.REMOVE_POD_SANDBOX, pod)
+        await self._event(api.Event.REMOVE_POD_SANDBOX, pod)
 
     async def create_container(self, container: api.Container) -> api.Container:
         """Create ``container`` with every plugin's adjustments; returns it as created."""
@@ -321,15 +420,15 @@ class FakeNriRuntime:
         container.state = api.ContainerState.CONTAINER_CREATED
         self.containers[container.id] = container
         self._apply_updates(pending)
-        await self._state_change(api.Event.POST_CREATE_CONTAINER, pod, container)
+        await self._event(api.Event.POST_CREATE_CONTAINER, pod, container)
         return container
 
     async def start_container(self, container_id: str) -> None:
         container = self.containers[container_id]
         pod = self.pods[container.pod_sandbox_id]
-        await self._state_change(api.Event.START_CONTAINER, pod, container)
+        await self._event(api.Event.START_CONTAINER, pod, container)
         container.state = api.ContainerState.CONTAINER_RUNNING
-        await self._state_change(api.Event.POST_START_CONTAINER, pod, container)
+        await self._event(api.Event.POST_START_CONTAINER, pod, container)
 
     async def update_container(self, container_id: str, resources: api.LinuxResources) -> api.LinuxResources:
         """Update a container's resources with the plugins' changes; returns the resources applied."""
@@ -353,7 +452,7 @@ class FakeNriRuntime:
         )
         _merge_resources(_resources_of(container), wanted, "", {})
         self._apply_updates(others)
-        await self._state_change(api.Event.POST_UPDATE_CONTAINER, pod, container)
+        await self._event(api.Event.POST_UPDATE_CONTAINER, pod, container)
         return wanted
 
     async def stop_container(self, container_id: str) -> None:
@@ -373,7 +472,7 @@ class FakeNriRuntime:
 
     async def remove_container(self, container_id: str) -> None:
         container = self.containers.pop(container_id)
-        await self._state_change(api.Event.REMOVE_CONTAINER, self.pods[container.pod_sandbox_id], container)
+        await self._event(api.Event.REMOVE_CONTAINER, self.pods[container.pod_sandbox_id], container)
 
     def _apply_updates(self, updates: Iterable[api.ContainerUpdate]) -> list[api.ContainerUpdate]:
         failed = []
@@ -386,6 +485,20 @@ class FakeNriRuntime:
             if update.linux is not None and update.linux.resources is not None:
                 _merge_resources(_resources_of(container), update.linux.resources, "", {})
         return failed
+
+
+#: NRI 0.12's dedicated method of each event without an answer of its own, and its request message.
+_EVENT_METHODS: dict[api.Event, tuple[str, type[Any]]] = {
+    api.Event.RUN_POD_SANDBOX: ("RunPodSandbox", api.RunPodSandboxRequest),
+    api.Event.STOP_POD_SANDBOX: ("StopPodSandbox", api.StopPodSandboxRequest),
+    api.Event.REMOVE_POD_SANDBOX: ("RemovePodSandbox", api.RemovePodSandboxRequest),
+    api.Event.POST_UPDATE_POD_SANDBOX: ("PostUpdatePodSandbox", api.PostUpdatePodSandboxRequest),
+    api.Event.POST_CREATE_CONTAINER: ("PostCreateContainer", api.PostCreateContainerRequest),
+    api.Event.START_CONTAINER: ("StartContainer", api.StartContainerRequest),
+    api.Event.POST_START_CONTAINER: ("PostStartContainer", api.PostStartContainerRequest),
+    api.Event.POST_UPDATE_CONTAINER: ("PostUpdateContainer", api.PostUpdateContainerRequest),
+    api.Event.REMOVE_CONTAINER: ("RemoveContainer", api.RemoveContainerRequest),
+}
 
 
 # --- adjustments (NRI's pkg/adaptation/result.go, the parts a hook bridge can produce and more) -------

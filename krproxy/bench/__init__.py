@@ -430,21 +430,22 @@ def _real_containerd(procs: Processes, workdir: str, args: argparse.Namespace) -
 
 
 def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
-    """NRI mode against a real containerd 2.x (NRI on by default): pod start with and without ``krproxy nri``
+    """NRI mode against a real containerd (``--nri-containerd``: 2.3, the default, or 2.x; NRI on by default in
+    both): pod start with and without ``krproxy nri``
     registered (one hook server that answers at once, on PreCreateContainer), and Version straight to
     containerd in both states (plain CRI calls never touch krproxy in NRI mode).
 
     The two states alternate block by block (``krproxy nri`` started, synchronized, then stopped again), so
-    machine noise hits both alike. Needs root and ``containerd-sandbox fetch --version 2.x``; otherwise says
-    why not.
+    machine noise hits both alike. Needs root and ``containerd-sandbox fetch --version VERSION``; otherwise
+    says why not.
     """
     if os.geteuid() != 0 or not os.path.exists(SANDBOX_SCRIPT):
         return {"skipped": "not root" if os.geteuid() else "no sandbox script"}
     fetched = subprocess.run(
-        [PY, SANDBOX_SCRIPT, "fetch", "--version", "2.x"], capture_output=True, text=True
+        [PY, SANDBOX_SCRIPT, "fetch", "--version", args.nri_containerd], capture_output=True, text=True
     )
     if fetched.returncode != 0:
-        return {"skipped": f"containerd 2.x cannot be had: {fetched.stderr.strip()[-300:]}"}
+        return {"skipped": f"containerd {args.nri_containerd} cannot be had: {fetched.stderr.strip()[-300:]}"}
     bin_dir = fetched.stdout.strip().splitlines()[-1]
     procs = Processes(workdir)
     try:
@@ -477,12 +478,14 @@ def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
                 )
                 pods: dict[str, list[float]] = {"without": [], "with": []}
                 version: dict[str, list[float]] = {"without": [], "with": []}
+                cpu_per_pod: list[float] = []  # krproxy nri CPU ms per pod, one figure per "with" block
                 blocks = max(args.nri_blocks, 1)
                 for block in range(blocks):
                     for state_name in ("without", "with"):
                         daemon = (
                             _start_nri(workdir, socket, hook_dir, block) if state_name == "with" else None
                         )
+                        cpu_before = _cpu_seconds(daemon.pid) if daemon is not None else 0.0
                         try:
                             got = _client(
                                 "pod-create", "--target", direct, "--pods", str(args.nri_pods), "--image", image,
@@ -493,6 +496,9 @@ def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
                                 "latency", "--targets", direct, "--calls", str(args.nri_version_calls)
                             )
                             version[state_name] += calls["latencies_us"][direct]
+                            if daemon is not None:
+                                used = _cpu_seconds(daemon.pid) - cpu_before
+                                cpu_per_pod.append(used * 1000 / max(args.nri_pods, 1))
                         finally:
                             if daemon is not None:
                                 daemon.send_signal(signal.SIGTERM)
@@ -500,12 +506,19 @@ def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
                 return {
                     "pod_start": {k: _summary(v) for k, v in pods.items()},
                     "version": {k: _summary(v) for k, v in version.items()},
+                    "krproxy_cpu_ms_per_pod": round(statistics.median(cpu_per_pod), 2),
                     "containerd": state.get("containerd_version", "?"),
                 }
             finally:
                 procs.stop()
     except _NoSandbox as err:
         return {"skipped": str(err)}
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time ``pid`` has used so far (``/proc/PID/stat``, clock-tick resolution)."""
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (14th, 15th)
 
 
 def _start_nri(workdir: str, socket: str, hook_dir: str, block: int) -> subprocess.Popen[bytes]:
@@ -905,6 +918,11 @@ def report_nri(r: dict[str, Any]) -> list[str]:
             f"{label:<33} {a['median_ms']:8.3f}/{a['p99_ms']:8.3f}"
             f"   {b['median_ms']:8.3f}/{b['p99_ms']:8.3f}   added {b['median_ms'] - a['median_ms']:+8.3f}"
         )
+    if "krproxy_cpu_ms_per_pod" in r:
+        lines.append(
+            f"{'krproxy nri CPU per pod':<33} {r['krproxy_cpu_ms_per_pod']:8.2f} ms (run to removal; median of the "
+            "'with' blocks; user+system, its idle work included)"
+        )
     return lines
 
 
@@ -930,7 +948,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--only-runc-wrapper", action="store_true", help="measure only what the OCI hooks runc wrapper adds"
     )
     parser.add_argument(
-        "--only-nri", action="store_true", help="measure only the NRI mode cases (containerd 2.x)"
+        "--only-nri", action="store_true", help="measure only the NRI mode cases (--nri-containerd)"
+    )
+    parser.add_argument(
+        "--nri-containerd",
+        default="2.3",
+        choices=["2.3", "2.x"],
+        help="NRI cases: which containerd (containerd-sandbox fetch --version); default %(default)s",
     )
     parser.add_argument(
         "--only-header-flood",

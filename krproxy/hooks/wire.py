@@ -39,6 +39,7 @@ __all__ = [
     "PodSandboxStatusResponse",
     "entries",
     "message_class",
+    "private_pool",
 ]
 
 _PACKAGE = "runtime.v1"
@@ -59,15 +60,16 @@ def _maps_as_entries(messages: Iterable[descriptor_pb2.DescriptorProto]) -> None
         _maps_as_entries(message.nested_type)
 
 
-def _pool() -> descriptor_pool.DescriptorPool:
-    file = descriptor_pb2.FileDescriptorProto.FromString(descriptors.CRI_V1)
+def private_pool(serialized: bytes) -> descriptor_pool.DescriptorPool:
+    """A descriptor pool of its own holding the serialized FileDescriptorProto, maps read as entries."""
+    file = descriptor_pb2.FileDescriptorProto.FromString(serialized)
     _maps_as_entries(file.message_type)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
     return pool
 
 
-_POOL = _pool()
+_POOL = private_pool(descriptors.CRI_V1)
 
 
 def message_class(name: str) -> Any:

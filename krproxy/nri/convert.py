@@ -2,7 +2,9 @@
 
 Pure and synchronous. NRI hands a plugin the pod and the container with every event, so the hook requests
 are built from the event itself (:func:`pod_from_nri`, :func:`container_from_nri`), as CRI mode builds them
-from the CRI request. What the hook servers changed is then expressed the way NRI can apply it:
+from the CRI request. The event's messages are upb messages (:mod:`krproxy.nri.wire`: decoded in
+microseconds where betterproto2 took milliseconds); an unset sub-message reads as an empty one, so an
+unset value reads as 0 or "". What the hook servers changed is then expressed the way NRI can apply it:
 
 * at CreateContainer, a ``ContainerAdjustment`` (:func:`adjustment`): annotations and environment variables
   set or removed (NRI's ``-key`` marks a removal), resources and ``oom_score_adj`` set;
@@ -19,11 +21,13 @@ update, and ``oom_score_adj`` at creation with NRI 0.6.1.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import attrs
 
 from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
+from krproxy.nri.wire import entries
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
 __all__ = [
@@ -38,48 +42,43 @@ __all__ = [
 ]
 
 
-def pod_from_nri(pod: api.PodSandbox | None) -> PodInfo:
-    """The pod as the hook core sees it. NRI has no sandbox attempt counter: ``attempt`` stays 0."""
+def pod_from_nri(pod: Any | None) -> PodInfo:
+    """The pod (an upb ``PodSandbox``) as the hook core sees it. NRI has no sandbox attempt counter:
+    ``attempt`` stays 0."""
     if pod is None:
         return PodInfo()
-    linux = pod.linux
     return PodInfo(
         name=pod.name,
         uid=pod.uid,
         namespace=pod.namespace,
         runtime_handler=pod.runtime_handler,
-        labels=pod.labels,
-        annotations=pod.annotations,
-        cgroup_parent=linux.cgroup_parent if linux is not None else "",
+        labels=entries(pod.labels),
+        annotations=entries(pod.annotations),
+        cgroup_parent=pod.linux.cgroup_parent,
     )
 
 
-def resources_from_nri(
-    resources: api.LinuxResources | None, oom_score_adj: api.OptionalInt | None = None
-) -> Resources:
-    """CRI-style resources from NRI's (``oom_score_adj`` lives beside them in NRI's ``LinuxContainer``)."""
+def resources_from_nri(resources: Any | None, oom_score_adj: Any | None = None) -> Resources:
+    """CRI-style resources from NRI's (upb ``LinuxResources``; ``oom_score_adj``, an ``OptionalInt``, lives
+    beside them in NRI's ``LinuxContainer``)."""
     if resources is None:
-        resources = api.LinuxResources()
+        return Resources(oom_score_adj=oom_score_adj.value if oom_score_adj is not None else 0)
     cpu, memory = resources.cpu, resources.memory
-
-    def value(wrapper: object) -> int:
-        return int(getattr(wrapper, "value", 0)) if wrapper is not None else 0
-
     return Resources(
-        cpu_period=value(cpu.period) if cpu else 0,
-        cpu_quota=value(cpu.quota) if cpu else 0,
-        cpu_shares=value(cpu.shares) if cpu else 0,
-        memory_limit_in_bytes=value(memory.limit) if memory else 0,
-        oom_score_adj=value(oom_score_adj),
-        cpuset_cpus=cpu.cpus if cpu else "",
-        cpuset_mems=cpu.mems if cpu else "",
+        cpu_period=cpu.period.value,
+        cpu_quota=cpu.quota.value,
+        cpu_shares=cpu.shares.value,
+        memory_limit_in_bytes=memory.limit.value,
+        oom_score_adj=oom_score_adj.value if oom_score_adj is not None else 0,
+        cpuset_cpus=cpu.cpus,
+        cpuset_mems=cpu.mems,
         hugepage_limits=[(h.page_size, h.limit) for h in resources.hugepage_limits],
-        unified=resources.unified,
-        memory_swap_limit_in_bytes=value(memory.swap) if memory else 0,
+        unified=entries(resources.unified),
+        memory_swap_limit_in_bytes=memory.swap.value,
     )
 
 
-def envs_from_nri(env: list[str]) -> FrozenMap[str, str]:
+def envs_from_nri(env: Iterable[str]) -> FrozenMap[str, str]:
     """``KEY=value`` strings as a map (a later duplicate wins, first-seen order kept), as CRI mode does."""
     out: dict[str, str] = {}
     for item in env:
@@ -88,8 +87,9 @@ def envs_from_nri(env: list[str]) -> FrozenMap[str, str]:
     return FrozenMap(out)
 
 
-def container_from_nri(pod: api.PodSandbox | None, container: api.Container | None) -> ContainerInfo:
-    """The container as the hook core sees it, with its pod. NRI has no attempt counter: ``attempt`` stays 0."""
+def container_from_nri(pod: Any | None, container: Any | None) -> ContainerInfo:
+    """The container (upb ``PodSandbox`` and ``Container``) as the hook core sees it, with its pod. NRI has no
+    attempt counter: ``attempt`` stays 0."""
     pod_info = pod_from_nri(pod)
     if container is None:
         return ContainerInfo(pod=pod_info, pod_cgroup_parent=pod_info.cgroup_parent)
@@ -99,10 +99,8 @@ def container_from_nri(pod: api.PodSandbox | None, container: api.Container | No
         pod=pod_info,
         name=container.name,
         id=container.id,
-        annotations=container.annotations,
-        resources=resources_from_nri(
-            linux.resources if linux else None, linux.oom_score_adj if linux else None
-        ),
+        annotations=entries(container.annotations),
+        resources=resources_from_nri(linux.resources, linux.oom_score_adj),
         envs=envs_from_nri(container.env),
         pod_cgroup_parent=pod_info.cgroup_parent,
     )

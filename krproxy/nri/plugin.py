@@ -8,20 +8,29 @@ and container NRI sends with the event, and the answers turned into what NRI can
 (:mod:`krproxy.nri.convert`):
 
 ======================  ==============================  ===============================================
-hook point              NRI event (call)                what NRI applies of the answer
+hook point              NRI event                       what NRI applies of the answer
 ======================  ==============================  ===============================================
-PreRunPodSandbox        RUN_POD_SANDBOX (StateChange)   nothing: the pod exists already (logged)
-PostStopPodSandbox      STOP_POD_SANDBOX (StateChange)  (answer ignored, as in proxy mode)
+PreRunPodSandbox        RUN_POD_SANDBOX                 nothing: the pod exists already (logged)
+PostStopPodSandbox      STOP_POD_SANDBOX                (answer ignored, as in proxy mode)
 PreCreateContainer      CREATE_CONTAINER                annotations, env, resources, oom_score_adj (NRI
                                                         0.8+) (ContainerAdjustment); not the pod cgroup
                                                         parent
-PreStartContainer       START_CONTAINER (StateChange)   nothing in the runtime; krproxy's store, as in
+PreStartContainer       START_CONTAINER                 nothing in the runtime; krproxy's store, as in
                                                         proxy mode
 PostStartContainer      POST_START_CONTAINER            (answer ignored)
 PostStopContainer       STOP_CONTAINER                  (answer ignored)
 PreUpdateContainer-     UPDATE_CONTAINER                resources (a ContainerUpdate of that container);
 Resources                                               not annotations, not oom_score_adj
+PreUpdatePodSandbox-    UPDATE_POD_SANDBOX (NRI 0.12)   nothing: NRI can refuse a pod's resize (a Fail
+Resources                                               server's refusal) but not change it (logged)
 ======================  ==============================  ===============================================
+
+The events without an answer of their own (pods run, stopped, removed; containers created, started,
+removed) come as NRI 0.12's dedicated methods (``RunPodSandbox``, ``StartContainer``, ...; see
+:data:`EVENT_METHODS`) from a runtime of NRI 0.12 (containerd 2.3), and as ``StateChange`` from older
+ones (containerd 1.7: NRI 0.6.1 or 0.8.0; 2.0-2.1: 0.8.0; 2.2: 0.10/0.11), which krproxy still serves. A
+0.12 runtime calls ``StateChange`` only for a plugin that answers Unimplemented to the dedicated method,
+and records a deprecation for it; krproxy implements each method it subscribes the event of.
 
 Every change NRI cannot make is logged (``nri_change_not_applied``) and counted
 (``krproxy_nri_changes_not_applied_total{hook,field}``), never dropped silently.
@@ -32,11 +41,16 @@ changes. NRI drops a plugin that misses its request timeout (2 s unless configur
 NRI 0.8, assumed by 0.6): the chain of hook servers is given that timeout less a margin
 (:data:`MARGIN`), so a slow hook server fails (by its policy) but krproxy stays registered.
 
-Subscription: the events of the hook points registered hook servers name, plus the four that keep the
-store (pods run and removed, containers created and removed). When the registrations change the events
-needed, krproxy answers the calls in flight and re-registers (NRI fixes the subscription at Configure).
+Subscription: the events of the hook points registered hook servers name; plus, while one of them is on
+a point whose request comes from krproxy's store (:data:`STORE_READERS`: PreStartContainer,
+PostStartContainer, PreUpdateContainerResources), the four that keep the store (pods run and removed,
+containers created and removed). Every subscribed event is a call the runtime makes and waits for, most
+on a pod's way to running; nothing else is subscribed (with no hook server, only :data:`IDLE_EVENT`: NRI
+reads an empty mask as every event). When the registrations change the events needed, krproxy answers
+the calls in flight and re-registers (NRI fixes the subscription at Configure).
 
-State: the store is filled from Synchronize (in parts when NRI 0.8 splits it) and the events. When the
+State: while kept, the store is filled from Synchronize (in parts when NRI 0.8 splits it) and the events;
+otherwise it stays empty rather than go stale. When the
 connection drops (the runtime restarts, or drops the plugin) krproxy reconnects with backoff and
 registers again; the runtime synchronizes it again, so nothing is lost.
 """
@@ -61,7 +75,7 @@ from krproxy.hooks import convert as hook_convert
 from krproxy.hooks import merge
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard, RequiredMissing
-from krproxy.hooks.model import ContainerInfo, PodInfo
+from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize
 from krproxy.hooks.outcomes import HookRejected, Outcome, RequiredFailed
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
@@ -69,7 +83,7 @@ from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed, Requ
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.watcher import watch_hook_dir
 from krproxy.metrics import Metrics
-from krproxy.nri import DEFAULT_SOCKET, PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
+from krproxy.nri import DEFAULT_SOCKET, PLUGIN_SERVICE, RUNTIME_SERVICE, _mux, wire
 from krproxy.nri import convert as nri_convert
 from krproxy.nri._session import ConnectionLost, Handler, Session, TtrpcError
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
@@ -88,18 +102,51 @@ EVENT_OF: Mapping[HookPoint, api.Event] = {
     HookPoint.POST_START_CONTAINER: api.Event.POST_START_CONTAINER,
     HookPoint.POST_STOP_CONTAINER: api.Event.STOP_CONTAINER,
     HookPoint.PRE_UPDATE_CONTAINER_RESOURCES: api.Event.UPDATE_CONTAINER,
+    HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES: api.Event.UPDATE_POD_SANDBOX,  # NRI 0.12 and later
 }
 #: The hook points where a required hook server can hold the runtime back: NRI fails the CRI operation
 #: when the plugin answers these events with an error. The others are events after the fact
 #: (StateChange) or answers NRI does not wait on.
 GUARDED = (HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
-#: Events subscribed to whatever is registered: they keep the store current.
+#: The hook points whose requests come from krproxy's store (the container as created and as the hook
+#: servers left it), not from the event alone.
+STORE_READERS = frozenset(
+    {
+        HookPoint.PRE_START_CONTAINER,
+        HookPoint.POST_START_CONTAINER,
+        HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
+    }
+)
+#: Events subscribed to while a hook server of a :data:`STORE_READERS` point is registered: they keep the
+#: store current. Without one the store is not kept, and these events (each a call from the runtime on a
+#: pod's path) are not subscribed unless a hook point needs them.
 STORE_EVENTS = (
     api.Event.RUN_POD_SANDBOX,
     api.Event.REMOVE_POD_SANDBOX,
     api.Event.POST_CREATE_CONTAINER,
     api.Event.REMOVE_CONTAINER,
 )
+#: The NRI version krproxy speaks, sent in RegisterPlugin (NRI 0.12's version exchange).
+NRI_VERSION = "v0.12.2"
+#: NRI 0.12's dedicated method of each event that has no answer of its own (before 0.12: StateChange),
+#: with its request message's name.
+EVENT_METHODS: Mapping[str, tuple[api.Event, str]] = {
+    "RunPodSandbox": (api.Event.RUN_POD_SANDBOX, "RunPodSandboxRequest"),
+    "StopPodSandbox": (api.Event.STOP_POD_SANDBOX, "StopPodSandboxRequest"),
+    "RemovePodSandbox": (api.Event.REMOVE_POD_SANDBOX, "RemovePodSandboxRequest"),
+    "PostCreateContainer": (api.Event.POST_CREATE_CONTAINER, "PostCreateContainerRequest"),
+    "StartContainer": (api.Event.START_CONTAINER, "StartContainerRequest"),
+    "PostStartContainer": (api.Event.POST_START_CONTAINER, "PostStartContainerRequest"),
+    "RemoveContainer": (api.Event.REMOVE_CONTAINER, "RemoveContainerRequest"),
+}
+#: The events a runtime before NRI 0.12 knows (its ``ValidEvents``: 0.8.0's ``LAST`` is 12); it refuses
+#: a plugin that subscribes to any other. 0.12 says its version in Configure and knows every event.
+EVENTS_BEFORE_0_12 = (1 << api.Event.REMOVE_CONTAINER) - 1
+#: Every event of NRI 0.12 (its ``ValidEvents``).
+ALL_EVENTS = (1 << (api.Event.LAST - 1)) - 1
+#: The one event subscribed to when no hook server needs any (NRI reads an empty mask as every event):
+#: once per pod, at its removal, never on the way to a running container.
+IDLE_EVENT = api.Event.REMOVE_POD_SANDBOX
 #: NRI's default request timeout (``DefaultPluginRequestTimeout``), assumed when Configure says none.
 DEFAULT_REQUEST_TIMEOUT = 2.0
 #: Registration must be answered within this (NRI's ``DefaultPluginRegistrationTimeout``).
@@ -162,9 +209,18 @@ class NriPlugin:
     request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     #: The event mask sent at the last Configure.
     subscribed: int = 0
+    #: Whether the store is kept on this connection (decided at Configure, with the events).
+    store_kept: bool = False
     #: Whether the runtime's NRI is 0.8 or later (its Configure carries timeouts; 0.6.1's does not). 0.6.1
     #: has no ``oom_score_adj`` in ContainerAdjustment.
     nri_0_8: bool = True
+    #: The runtime's NRI version from Configure (NRI 0.12 and later; "" before).
+    nri_version: str = ""
+    #: The events the runtime accepts a subscription to (:data:`EVENTS_BEFORE_0_12` until it says 0.12).
+    runtime_events: int = EVENTS_BEFORE_0_12
+    #: How the runtime delivered the last event without an answer of its own: "dedicated" (NRI 0.12's
+    #: methods) or "StateChange" (before 0.12, or a 0.12 runtime's deprecated fallback); "" before any.
+    event_calls: str = ""
     #: Set once the runtime synchronized the current connection (/readyz's meaning).
     synchronized: trio.Event = attrs.field(factory=trio.Event)
     #: Whether the current connection is registered.
@@ -175,16 +231,23 @@ class NriPlugin:
     admin_address: str = ""
     #: Required hook servers' states and the gate of the :data:`GUARDED` points (None: nothing required).
     guard: Guard | None = None
-    _sync_pods: list[api.PodSandbox] = attrs.field(factory=list, init=False)
-    _sync_containers: list[api.Container] = attrs.field(factory=list, init=False)
+    _sync_pods: list[Any] = attrs.field(factory=list, init=False)  # upb PodSandbox and Container
+    _sync_containers: list[Any] = attrs.field(factory=list, init=False)
     _resubscribe: trio.Event = attrs.field(factory=trio.Event, init=False)
 
+    def keeps_store(self) -> bool:
+        """Whether a registered hook server's point reads the store (:data:`STORE_READERS`)."""
+        return any(self.dispatcher.plugins_for(point) for point in STORE_READERS)
+
     def events_needed(self) -> int:
-        events = set(STORE_EVENTS)
-        # A point with no NRI event (PreUpdatePodSandboxResources before NRI 0.12) is not called in NRI mode.
-        events.update(EVENT_OF[p] for p in HookPoint if p in EVENT_OF and self.dispatcher.plugins_for(p))
+        """The event mask to subscribe: what the registered hook servers, the required servers' guarded
+        points and the store need, of what the runtime knows."""
+        events = {EVENT_OF[point] for point in HookPoint if self.dispatcher.plugins_for(point)}
         events.update(EVENT_OF[p] for p in self._guarded_points())
-        return mask_of(events)
+        if self.keeps_store():
+            events.update(STORE_EVENTS)
+        # NRI reads an empty mask as every event: with nothing to do, one event off the pods' start path.
+        return mask_of(events) & self.runtime_events or mask_of({IDLE_EVENT})
 
     def _guarded_points(self) -> list[HookPoint]:
         """The :data:`GUARDED` points a required server may hold: their events are needed even with no
@@ -203,20 +266,29 @@ class NriPlugin:
         if self.guard is not None:
             self.guard.publish(registry)
         self.metrics.plugins.set(len(registry.plugins))
-        if self.subscribed and self.events_needed() != self.subscribed:
-            log.event(LOGGER, "nri_resubscribe", events=hex(self.events_needed()), was=hex(self.subscribed))
+        if not self.subscribed:  # not configured yet: Configure will subscribe to what is needed then
+            return
+        needed = self.events_needed()
+        # Said either way, so that an operator (and the e2e tests) can tell when new hook servers are in
+        # effect: at once, or after the re-registration.
+        log.event(LOGGER, "nri_hooks_published", events=hex(needed), resubscribe=needed != self.subscribed)
+        if needed != self.subscribed:
+            log.event(LOGGER, "nri_resubscribe", events=hex(needed), was=hex(self.subscribed))
             self._resubscribe.set()
 
     def handlers(self) -> dict[tuple[str, str], Handler]:
-        methods = {
+        methods: dict[str, Handler] = {
             "Configure": self.configure,
             "Synchronize": self.synchronize,
             "Shutdown": self.shutdown,
             "CreateContainer": self.create_container,
             "UpdateContainer": self.update_container,
             "StopContainer": self.stop_container,
+            "UpdatePodSandbox": self.update_pod_sandbox,
             "StateChange": self.state_change,
         }
+        for name, (event, request_type) in EVENT_METHODS.items():
+            methods[name] = self._event_method(event, request_type)
         return {(PLUGIN_SERVICE, name): handler for name, handler in methods.items()}
 
     # -- the connection --------------------------------------------------------------------------
@@ -274,7 +346,7 @@ class NriPlugin:
     async def _register(self, session: Session) -> None:
         """Register; then report readiness once synchronized, and close the connection to re-subscribe."""
         request = api.RegisterPluginRequest(
-            plugin_name=self.config.plugin_name, plugin_idx=self.config.plugin_index
+            plugin_name=self.config.plugin_name, plugin_idx=self.config.plugin_index, NRI_version=NRI_VERSION
         )
         try:
             with trio.fail_after(REGISTRATION_TIMEOUT):
@@ -303,24 +375,44 @@ class NriPlugin:
         self.request_timeout = (
             request.request_timeout / 1000 if request.request_timeout > 0 else DEFAULT_REQUEST_TIMEOUT
         )
+        self.nri_version = request.NRI_version
+        # NRI 0.12 says its version here; older runtimes refuse a plugin subscribing to events they lack.
+        self.runtime_events = ALL_EVENTS if self.nri_version else EVENTS_BEFORE_0_12
         self.subscribed = self.events_needed()
+        self.store_kept = self.keeps_store()
+        unavailable = [
+            point.value
+            for point in HookPoint
+            if self.dispatcher.plugins_for(point) and not mask_of({EVENT_OF[point]}) & self.runtime_events
+        ]
+        if unavailable:
+            log.event(
+                LOGGER,
+                "nri_hook_point_unavailable",
+                level=logging.WARNING,
+                hooks=",".join(unavailable),
+                reason="the runtime's NRI has no event for them (NRI 0.12 and later has)",
+            )
         self.nri_0_8 = request.registration_timeout > 0 or request.request_timeout > 0
         log.event(
             LOGGER,
             "nri_configured",
             runtime=self.runtime,
-            nri="0.8+" if self.nri_0_8 else "before 0.8",
+            nri=self.nri_version or ("0.8 to 0.11" if self.nri_0_8 else "before 0.8"),
             request_timeout=self.request_timeout,
             events=hex(self.subscribed),
+            store=self.store_kept,
         )
         return bytes(api.ConfigureResponse(events=self.subscribed))
 
     async def synchronize(self, payload: bytes) -> bytes:
-        request = api.SynchronizeRequest.parse(payload)
+        request = wire.parse("SynchronizeRequest", payload)
         self._sync_pods += request.pods
         self._sync_containers += request.containers
         if request.more:  # NRI 0.8 sends large states in parts: answer each, keep them all
             return bytes(api.SynchronizeResponse(more=True))
+        if not self.store_kept:  # no event would keep it current: hold nothing rather than a stale copy
+            self._sync_pods, self._sync_containers = [], []
         pods = {pod.id: nri_convert.pod_from_nri(pod) for pod in self._sync_pods}
         by_id = {pod.id: pod for pod in self._sync_pods}
         containers = [
@@ -421,7 +513,7 @@ class NriPlugin:
         return chain.value
 
     async def create_container(self, payload: bytes) -> bytes:
-        request = api.CreateContainerRequest.parse(payload)
+        request = wire.parse("CreateContainerRequest", payload)
         info = nri_convert.container_from_nri(request.pod, request.container)
         point = HookPoint.PRE_CREATE_CONTAINER
         if self._skips(info.pod):
@@ -436,7 +528,7 @@ class NriPlugin:
         return bytes(api.CreateContainerResponse(adjust=adjusted.adjust))
 
     async def update_container(self, payload: bytes) -> bytes:
-        request = api.UpdateContainerRequest.parse(payload)
+        request = wire.parse("UpdateContainerRequest", payload)
         info = nri_convert.container_from_nri(request.pod, request.container)
         point = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
         if self._skips(info.pod):
@@ -470,36 +562,86 @@ class NriPlugin:
         self.store.update_container(info.id, after)
         return bytes(update)
 
+    async def update_pod_sandbox(self, payload: bytes) -> bytes:
+        """NRI 0.12's UpdatePodSandbox (CRI UpdatePodSandboxResources, a pod-level resize): the
+        PreUpdatePodSandboxResources hook servers see the pod with the requested resources and overhead;
+        a Fail server's refusal fails the resize. NRI can refuse the update but not change it: changed
+        resources are logged and counted as not applied."""
+        request = wire.parse("UpdatePodSandboxRequest", payload)
+        pod = nri_convert.pod_from_nri(_present(request, "pod"))
+        point = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
+        if self._skips(pod) or not self.dispatcher.plugins_for(point):
+            return b""
+        wanted = _present(request, "linux_resources")
+        overhead = _present(request, "overhead_linux_resources")
+        resize = PodResize(
+            pod_sandbox_id=request.pod.id,
+            pod=attrs.evolve(
+                pod,
+                resources=nri_convert.resources_from_nri(wanted) if wanted is not None else None,
+                overhead=nri_convert.resources_from_nri(overhead) if overhead is not None else None,
+            ),
+        )
+        target = f"pod {pod.namespace}/{pod.name}"
+        after: PodResize = await self._run(
+            point, resize, hook_convert.pod_resize_hook_request_bytes, merge.merge_pod_resize, target
+        )
+        if after.pod.resources != resize.pod.resources:
+            self._not_applied(point, target, ["resources"])
+        return b""  # UpdatePodSandboxResponse is an empty message
+
     async def stop_container(self, payload: bytes) -> bytes:
-        request = api.StopContainerRequest.parse(payload)
+        request = wire.parse("StopContainerRequest", payload)
         info = nri_convert.container_from_nri(request.pod, request.container)
         if not self._skips(info.pod) and self.dispatcher.plugins_for(HookPoint.POST_STOP_CONTAINER):
             await self._container_chain(HookPoint.POST_STOP_CONTAINER, info, info.id)
         return bytes(api.StopContainerResponse())
 
+    def _event_method(self, event: api.Event, request_type: str) -> Handler:
+        """The handler of NRI 0.12's dedicated method for ``event`` (e.g. ``StartContainer``)."""
+        message = wire.message_class(request_type)
+        has_container = "container" in message.DESCRIPTOR.fields_by_name
+
+        async def handle(payload: bytes) -> bytes:
+            request = message()
+            request.ParseFromString(payload)
+            self.event_calls = "dedicated"
+            container = _present(request, "container") if has_container else None
+            await self._on_event(event, _present(request, "pod"), container)
+            return b""  # every such response is an empty message
+
+        return handle
+
     async def state_change(self, payload: bytes) -> bytes:
-        event = api.StateChangeEvent.parse(payload)
-        pod = nri_convert.pod_from_nri(event.pod)
-        kind = event.event
+        """The same events from a runtime before NRI 0.12 (or a 0.12 one's deprecated fallback)."""
+        event = wire.parse("StateChangeEvent", payload)
+        self.event_calls = "StateChange"
+        await self._on_event(event.event, _present(event, "pod"), _present(event, "container"))
+        return bytes(api.Empty())
+
+    async def _on_event(self, kind: api.Event, nri_pod: Any | None, nri_container: Any | None) -> None:
+        """An event without an answer of its own: keep the store, run the hook point's servers."""
+        pod = nri_convert.pod_from_nri(nri_pod)
+        store = self.store_kept
         if kind == api.Event.RUN_POD_SANDBOX:
-            if event.pod is not None:
-                self.store.put_pod(event.pod.id, pod)
+            if store and nri_pod is not None:
+                self.store.put_pod(nri_pod.id, pod)
             await self._pod_hook(HookPoint.PRE_RUN_POD_SANDBOX, pod)
         elif kind == api.Event.STOP_POD_SANDBOX:
             await self._pod_hook(HookPoint.POST_STOP_POD_SANDBOX, pod)
         elif kind == api.Event.REMOVE_POD_SANDBOX:
-            if event.pod is not None:
-                self.store.remove_pod(event.pod.id)
+            if store and nri_pod is not None:
+                self.store.remove_pod(nri_pod.id)
         elif kind == api.Event.POST_CREATE_CONTAINER:
-            info = nri_convert.container_from_nri(event.pod, event.container)
-            self.store.put_container(info.id, info)
+            if store:
+                info = nri_convert.container_from_nri(nri_pod, nri_container)
+                self.store.put_container(info.id, info)
         elif kind == api.Event.START_CONTAINER:
-            await self._container_hook(HookPoint.PRE_START_CONTAINER, event)
+            await self._container_hook(HookPoint.PRE_START_CONTAINER, nri_pod, nri_container)
         elif kind == api.Event.POST_START_CONTAINER:
-            await self._container_hook(HookPoint.POST_START_CONTAINER, event)
-        elif kind == api.Event.REMOVE_CONTAINER and event.container is not None:
-            self.store.delete_container(event.container.id)
-        return bytes(api.Empty())
+            await self._container_hook(HookPoint.POST_START_CONTAINER, nri_pod, nri_container)
+        elif kind == api.Event.REMOVE_CONTAINER and store and nri_container is not None:
+            self.store.delete_container(nri_container.id)
 
     async def _pod_hook(self, point: HookPoint, pod: PodInfo) -> None:
         if self._skips(pod) or not self.dispatcher.plugins_for(point):
@@ -509,13 +651,18 @@ class NriPlugin:
         if point is HookPoint.PRE_RUN_POD_SANDBOX:
             self._not_applied(point, target, nri_convert.pod_changes(pod, after))
 
-    async def _container_hook(self, point: HookPoint, event: api.StateChangeEvent) -> None:
-        info = nri_convert.container_from_nri(event.pod, event.container)
+    async def _container_hook(self, point: HookPoint, nri_pod: Any | None, nri_container: Any | None) -> None:
+        info = nri_convert.container_from_nri(nri_pod, nri_container)
         if self._skips(info.pod) or not self.dispatcher.plugins_for(point):
             return
         after = await self._container_chain(point, self.store.get_container(info.id) or info, info.id)
         if point is HookPoint.PRE_START_CONTAINER:
             self.store.update_container(info.id, after)  # as in proxy mode: the answer updates the store
+
+
+def _present(message: Any, field: str) -> Any | None:
+    """The upb sub-message ``field`` of ``message`` if set, else None (upb reads an unset one as empty)."""
+    return getattr(message, field) if message.HasField(field) else None
 
 
 @attrs.define(eq=False)
@@ -560,10 +707,13 @@ class NriView:
                 "registered": plugin.registered,
                 "last_error": plugin.last_error,
                 "runtime": plugin.runtime,
+                "nri_version": plugin.nri_version,
+                "event_calls": plugin.event_calls,
                 "request_timeout": plugin.request_timeout,
                 "events": hex(plugin.subscribed),
             },
             "store": {
+                "kept": plugin.store_kept,
                 "recovered": plugin.synchronized.is_set(),
                 "pods": stats.pods,
                 "containers": stats.containers,

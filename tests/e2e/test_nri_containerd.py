@@ -4,7 +4,8 @@ no proxy in the CRI path, and the same hook server through ``krproxy serve`` giv
 containerd 2.x serves NRI by default and ``scripts/containerd-sandbox`` turns it on for 1.7 (NRI 0.6.1:
 no timeouts in Configure); its socket is in the sandbox's own /run, reachable from here as
 ``DIR/run/nri/nri.sock``. 1.6 has no NRI: the tests are skipped there, with the reason. Pods are
-created by a CRI client straight to containerd, with kubelet's deadlines.
+created by a CRI client straight to containerd, with kubelet's deadlines. containerd 2.3 (NRI 0.12)
+records a deprecation for a plugin that leaves its events to StateChange: no test may leave one.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
+from tests.e2e import test_containerd_pod_resize as resize_e2e
 from tests.e2e.support import (
     TIMEOUT,
     Containerd,
@@ -39,6 +42,7 @@ from tests.e2e.test_containerd_hooks import (
     create_container,
     run_pod,
     start,
+    update,
 )
 
 #: The hook server's configuration, the same in both modes.
@@ -94,6 +98,43 @@ def synchronized(daemon: Proxy, times: int) -> None:
     assert daemon.process.poll() is None, f"krproxy nri exited; log:\n{daemon.log}"
 
 
+def nri_deprecations(containerd: Containerd) -> list[str]:
+    """The lines of ``ctr deprecations list`` recording a plugin's use of NRI's deprecated interface
+    (containerd 2.3: StateChange instead of NRI 0.12's dedicated event methods)."""
+    listed = subprocess.run(
+        [containerd.ctr, "--address", containerd.socket, "deprecations", "list"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert 0 == listed.returncode, f"ctr deprecations list failed: {listed.stderr}"
+    return [line for line in listed.stdout.splitlines() if "nri-plugin-interface" in line]
+
+
+def hooks_in_effect(daemon: Proxy) -> None:
+    """Wait until the hook servers krproxy nri loaded last are in effect: its ``nri_hooks_published`` after
+    the last registration said no re-registration was needed, or a synchronization followed it."""
+
+    def in_effect() -> bool:
+        lines = daemon.log.splitlines()
+        registered = [i for i, line in enumerate(lines) if "event=plugin_registered" in line]
+        published = [i for i, line in enumerate(lines) if "event=nri_hooks_published" in line]
+        if not published or (registered and published[-1] < registered[-1]):
+            return False
+        last = published[-1]
+        return "resubscribe=false" in lines[last] or any(
+            "event=nri_synchronized" in line for line in lines[last:]
+        )
+
+    try:
+        wait_until(
+            lambda: in_effect() or daemon.process.poll() is not None, 30, "krproxy nri hooks in effect"
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; log:\n{daemon.log}") from None
+    assert daemon.process.poll() is None, f"krproxy nri exited; log:\n{daemon.log}"
+
+
 def environ(pid: int) -> dict[str, str]:
     entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(e.decode().split("=", 1) for e in entries if b"=" in e)
@@ -134,7 +175,7 @@ def test_hook_server_through_nri(containerd: Containerd, direct: Cri, short_tmp:
             daemon, "limits", hooks=HOOKS, failure_policy="Fail", resources=RESOURCES, envs=ENVS
         )
         try:
-            synchronized(daemon, 2)  # re-registered for the events its new hook server needs
+            hooks_in_effect(daemon)  # re-registered if its new hook server needs other events
             landed = lifecycle(direct, containerd, direct)
         finally:
             assert 0 == plugin.stop()
@@ -169,7 +210,7 @@ def test_parity_with_proxy_mode(
             daemon, "limits", hooks=HOOKS, failure_policy="Fail", resources=RESOURCES, envs=ENVS
         )
         try:
-            synchronized(daemon, 2)
+            hooks_in_effect(daemon)
             through_nri = lifecycle(direct, containerd, direct)
         finally:
             assert 0 == plugin.stop()
@@ -183,7 +224,7 @@ def test_restarts_lose_no_hook(containerd: Containerd, direct: Cri, short_tmp: P
     with krproxy_nri(containerd, short_tmp) as daemon:
         plugin = start_plugin(daemon, "watch", hooks=["PreCreateContainer"])
         try:
-            synchronized(daemon, 2)
+            hooks_in_effect(daemon)
             pod = pod_config(containerd.cgroup_parent, "restart")
             pod.labels["app"] = "nri-restart"
             pod.annotations["krproxy.e2e/note"] = "kept"
@@ -215,3 +256,87 @@ def test_restarts_lose_no_hook(containerd: Containerd, direct: Cri, short_tmp: P
             assert 2 == len(plugin.requests("PreCreateContainer"))
         finally:
             assert 0 == plugin.stop()
+
+
+#: Every hook point NRI mode runs a hook server at: krproxy subscribes to every event of a lifecycle.
+EVERY_HOOK = [
+    "PreRunPodSandbox",
+    "PreCreateContainer",
+    "PreStartContainer",
+    "PostStartContainer",
+    "PreUpdateContainerResources",
+    "PostStopContainer",
+    "PostStopPodSandbox",
+]
+
+
+def test_every_event_without_the_deprecated_interface(
+    containerd: Containerd, direct: Cri, short_tmp: Path
+) -> None:
+    """A pod's whole lifecycle with a hook server on every hook point: each point reaches it, and
+    containerd records no use of NRI's deprecated interface — on 2.3 (NRI 0.12) no
+    ``io.containerd.deprecation/nri-plugin-interface`` in ``ctr deprecations list`` and no "deprecated
+    interface" warning in its log, which krproxy answering the dedicated event methods Unimplemented
+    (falling back to StateChange) leaves for each of seven events."""
+    with krproxy_nri(containerd, short_tmp) as daemon:
+        plugin = start_plugin(daemon, "every", hooks=EVERY_HOOK)
+        try:
+            hooks_in_effect(daemon)
+            pod = pod_config(containerd.cgroup_parent, "every")
+            with cleanup(direct) as pods:
+                pod_id = run_pod(direct, pod, pods)
+                cid = create_container(direct, pod_id, pod, container_config(containerd.busybox))
+                start(direct, cid)
+                update(direct, cid, cpu_period=100_000, cpu_quota=50_000)
+                direct.runtime.StopContainer(pb.StopContainerRequest(container_id=cid), timeout=TIMEOUT)
+                direct.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=TIMEOUT)
+            wait_until(lambda: "PostStopPodSandbox" in plugin.hooks_called(), what="PostStopPodSandbox")
+            called = plugin.hooks_called()
+        finally:
+            assert 0 == plugin.stop()
+        configured = [line for line in daemon.log.splitlines() if "event=nri_configured" in line]
+    assert EVERY_HOOK == sorted(set(called), key=EVERY_HOOK.index)
+    assert [] == nri_deprecations(containerd)
+    log = (containerd.dir / "containerd.log").read_text(errors="replace")
+    assert [] == [line for line in log.splitlines() if "deprecated interface" in line]
+    if containerd.version.startswith("2.3."):  # the version exchange: containerd says its NRI version
+        assert "nri=v0.12" in configured[-1], configured
+
+
+def test_pod_resize_through_nri(containerd: Containerd, direct: Cri, short_tmp: Path) -> None:
+    """containerd 2.3 (NRI 0.12) raises UpdatePodSandbox for UpdatePodSandboxResources: the
+    PreUpdatePodSandboxResources hook servers get the pod's labels and annotations with the requested
+    resources and overhead, and a Fail server's refusal fails the call, straight to containerd."""
+    if not containerd.version.startswith("2.3."):
+        pytest.skip(
+            f"containerd {containerd.version} raises no NRI UpdatePodSandbox (NRI 0.12, containerd 2.3): "
+            "run with KRPROXY_E2E_CONTAINERD=2.3"
+        )
+    hook = resize_e2e.HOOK
+    with krproxy_nri(containerd, short_tmp) as daemon:
+        watch = start_plugin(daemon, "aa-watch", hooks=[hook])
+        guard = start_plugin(
+            daemon, "zz-guard", hooks=[hook], failure_policy="Fail", error={hook: "no more cpu"}
+        )
+        try:
+            hooks_in_effect(daemon)
+            pod = pod_config(containerd.cgroup_parent, "resize")
+            pod.labels.update(resize_e2e.LABELS)
+            pod.annotations.update(resize_e2e.ANNOTATIONS)
+            with cleanup(direct) as pods:
+                pod_id = run_pod(direct, pod, pods)
+                with pytest.raises(grpc.RpcError) as refused:
+                    direct.runtime.UpdatePodSandboxResources(
+                        resize_e2e.resize_request(pod_id), timeout=TIMEOUT
+                    )
+        finally:
+            assert 0 == watch.stop()
+            assert 0 == guard.stop()
+    assert "hook server zz-guard failed PreUpdatePodSandboxResources" in refused.value.details()
+    assert "no more cpu" in refused.value.details()
+    [request] = watch.requests(hook)
+    assert resize_e2e.LABELS.items() <= request["labels"].items()
+    assert resize_e2e.ANNOTATIONS.items() <= request["annotations"].items()
+    assert resize_e2e.RESOURCES.items() <= request["resources"].items()
+    assert resize_e2e.OVERHEAD.items() <= request["overhead"].items()
+    assert [] == nri_deprecations(containerd)

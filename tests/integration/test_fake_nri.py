@@ -138,3 +138,145 @@ async def test_plugin_error_fails_the_operation(runtime: FakeNriRuntime, nursery
         with pytest.raises(NriError, match="plugin 10-test: FAILED_PRECONDITION: not on my node"):
             await runtime.create_container(api.Container(id="c", pod_sandbox_id="p"))
     assert 1 == len(runtime.plugins)
+
+
+async def _lifecycle(runtime: FakeNriRuntime) -> None:
+    """A pod with one container through every event."""
+    await runtime.run_pod(api.PodSandbox(id="p"))
+    await runtime.create_container(api.Container(id="c", pod_sandbox_id="p"))
+    await runtime.start_container("c")
+    await runtime.update_container("c", api.LinuxResources())
+    await runtime.stop_container("c")
+    await runtime.remove_container("c")
+    await runtime.stop_pod("p")
+    await runtime.remove_pod("p")
+
+
+#: The events without an answer of their own, as the lifecycle above raises them.
+EVENTS = [
+    "RUN_POD_SANDBOX",
+    "POST_CREATE_CONTAINER",
+    "START_CONTAINER",
+    "POST_START_CONTAINER",
+    "POST_UPDATE_CONTAINER",
+    "REMOVE_CONTAINER",
+    "STOP_POD_SANDBOX",
+    "REMOVE_POD_SANDBOX",
+]
+DEDICATED = [
+    "RunPodSandbox",
+    "PostCreateContainer",
+    "StartContainer",
+    "PostStartContainer",
+    "PostUpdateContainer",
+    "RemoveContainer",
+    "StopPodSandbox",
+    "RemovePodSandbox",
+]
+
+
+async def _empty(payload: bytes) -> bytes:
+    return b""
+
+
+#: The methods with answers of their own, answered with no change.
+ANSWERING = {"CreateContainer": _empty, "UpdateContainer": _empty, "StopContainer": _empty}
+
+
+def _recorder(seen: list[str], name: str) -> Callable[[bytes], Awaitable[bytes]]:
+    async def handle(payload: bytes) -> bytes:
+        seen.append(name)
+        return b""
+
+    return handle
+
+
+class TestEventMethods:
+    async def test_nri_0_12_calls_the_dedicated_methods(
+        self, runtime: FakeNriRuntime, nursery: trio.Nursery
+    ) -> None:
+        """Playing NRI 0.12, each event goes to its own method; Configure says the version; no deprecation."""
+        seen: list[str] = []
+        configured: list[api.ConfigureRequest] = []
+
+        async def configure(payload: bytes) -> bytes:
+            configured.append(api.ConfigureRequest.parse(payload))
+            return bytes(api.ConfigureResponse())
+
+        handlers = {name: _recorder(seen, name) for name in DEDICATED}
+        with trio.fail_after(LIMIT):
+            await connect(nursery, runtime, {"Configure": configure, **ANSWERING, **handlers})
+            await runtime.wait_for_plugins(1)
+            await _lifecycle(runtime)
+        assert "v0.12.2" == configured[0].NRI_version
+        assert DEDICATED == seen
+        assert [] == [what for _, what in runtime.log if what.startswith("StateChange")]
+        assert [] == runtime.deprecations
+
+    async def test_nri_0_12_falls_back_to_state_change_on_unimplemented(
+        self, runtime: FakeNriRuntime, nursery: trio.Nursery
+    ) -> None:
+        """A plugin without the dedicated methods answers the first one Unimplemented: that event and all
+        later ones go to StateChange (one failed call, not one per event) and a deprecation is recorded."""
+        events: list[str] = []
+
+        async def state_change(payload: bytes) -> bytes:
+            events.append(api.StateChangeEvent.parse(payload).event.name)
+            return b""
+
+        with trio.fail_after(LIMIT):
+            await connect(nursery, runtime, {"StateChange": state_change, **ANSWERING})
+            await runtime.wait_for_plugins(1)
+            await _lifecycle(runtime)
+        assert EVENTS == events
+        assert [("10-test", "does not implement RunPodSandbox")] == runtime.deprecations
+        tried = [what for _, what in runtime.log if what in DEDICATED]
+        assert ["RunPodSandbox"] == tried
+
+    async def test_older_nri_calls_state_change_only(
+        self, runtime: FakeNriRuntime, nursery: trio.Nursery
+    ) -> None:
+        """Playing NRI before 0.12 (containerd 1.7 to 2.2): StateChange for every such event, even for a
+        plugin that has the dedicated methods; no version in Configure."""
+        runtime.nri_version = ""
+        seen: list[str] = []
+        configured: list[api.ConfigureRequest] = []
+
+        async def configure(payload: bytes) -> bytes:
+            configured.append(api.ConfigureRequest.parse(payload))
+            return bytes(api.ConfigureResponse())
+
+        async def state_change(payload: bytes) -> bytes:
+            seen.append(api.StateChangeEvent.parse(payload).event.name)
+            return b""
+
+        handlers = {name: _recorder(seen, name) for name in DEDICATED}
+        with trio.fail_after(LIMIT):
+            await connect(
+                nursery,
+                runtime,
+                {"Configure": configure, "StateChange": state_change, **ANSWERING, **handlers},
+            )
+            await runtime.wait_for_plugins(1)
+            await _lifecycle(runtime)
+        assert "" == configured[0].NRI_version
+        assert EVENTS == seen
+        assert [] == runtime.deprecations
+
+    @pytest.mark.parametrize(("version", "accepted"), [("v0.12.2", True), ("", False)])
+    async def test_events_an_older_nri_lacks_are_refused(
+        self, runtime: FakeNriRuntime, nursery: trio.Nursery, version: str, accepted: bool
+    ) -> None:
+        """UPDATE_POD_SANDBOX is an event of NRI 0.12: an older runtime refuses a plugin subscribing to it."""
+        runtime.nri_version = version
+
+        async def configure(payload: bytes) -> bytes:
+            return bytes(api.ConfigureResponse(events=1 << (api.Event.UPDATE_POD_SANDBOX - 1)))
+
+        with trio.fail_after(LIMIT):
+            await connect(nursery, runtime, {"Configure": configure})
+            await wait_until(lambda: bool(runtime.plugins or runtime.dropped), LIMIT)
+        if accepted:
+            assert 1 == len(runtime.plugins)
+        else:
+            assert [("10-test", "NriError: invalid plugin events: 0x800")] == runtime.dropped

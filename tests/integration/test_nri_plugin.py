@@ -23,11 +23,13 @@ from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, wri
 from krproxy import admin
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
+from krproxy.hooks.required import Requirements
 from krproxy.nri import PLUGIN_SERVICE
 from krproxy.nri import plugin as nri_plugin
 from krproxy.nri._session import TtrpcError
 from krproxy.nri.plugin import NriConfig, NriPlugin
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
+from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 
 LIMIT = LIVENESS_LIMIT  # seconds any one test may take (a liveness bound)
@@ -122,22 +124,63 @@ async def _wait_subscribed(node: Node, event: api.Event) -> None:
 
 class TestRegistration:
     async def test_registers_configures_synchronizes(self, node: Node) -> None:
-        """krproxy registers under its name and index, subscribes to what its hook servers need, and
-        loads the runtime's pods and containers from Synchronize."""
+        """krproxy registers under its name and index, subscribes to what its hook servers need (a point
+        built from the store: the events that keep it), and loads the runtime's pods and containers from
+        Synchronize."""
         node.runtime.pods["pod-old"] = pod("old")
         node.runtime.containers["ctr-old"] = container("old", "pod-old")
-        await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER])
+        await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_START_CONTAINER])
         with trio.fail_after(LIMIT):
             plugin = await node.start_krproxy()
             await plugin.synchronized.wait()
         [connected] = node.runtime.plugins
         assert ("50", "krproxy") == (connected.index, connected.name)
-        wanted = {api.Event.CREATE_CONTAINER, *nri_plugin.STORE_EVENTS}
+        wanted = {api.Event.CREATE_CONTAINER, api.Event.START_CONTAINER, *nri_plugin.STORE_EVENTS}
         assert event_mask(wanted) == connected.events
         assert {"pod-old"} == set(plugin.store.pods())
         stored = plugin.store.get_container("ctr-old")
         assert stored is not None and "old" == stored.pod.name
         assert 1.0 == plugin.metrics.registry.get_sample_value("krproxy_ready")
+
+    async def test_only_what_the_hook_points_need(self, node: Node) -> None:
+        """With hook servers on points built from the event alone (PreCreateContainer here) krproxy keeps no
+        store and subscribes to their events only: one NRI call per pod start, not three (run, create,
+        post-create). Its hooks still get the pod's labels."""
+        node.runtime.pods["pod-old"] = pod("old")
+        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER], changes=Changes(cpu_shares=7))
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await plugin.synchronized.wait()
+            await node.runtime.run_pod(pod())
+            created = await node.runtime.create_container(container())
+            await node.runtime.start_container("ctr-app")
+        [connected] = node.runtime.plugins
+        assert event_mask({api.Event.CREATE_CONTAINER}) == connected.events
+        assert ["CreateContainer"] == [what for way, what in node.runtime.log if way == "call"][2:]
+        assert 7 == created.linux.resources.cpu.shares.value  # type: ignore[union-attr]
+        assert {"app": "web"} == fake.requests(HookPoint.PRE_CREATE_CONTAINER)[0].pod_labels
+        assert ({}, {}) == (plugin.store.pods(), plugin.store.containers())  # nothing stale held
+        assert not plugin.store_kept
+
+    async def test_no_hook_server_no_event_on_the_start_path(self, node: Node) -> None:
+        """With no hook server registered and no required-plugins annotation honoured krproxy subscribes to
+        pod removal only: an empty mask would mean every event to NRI. (By default the annotation is
+        honoured, and CREATE_CONTAINER is subscribed for it: test_nri_required.)"""
+        os.makedirs(node.hook_dir, exist_ok=True)
+        config = NriConfig(
+            socket=node.runtime.socket_path,
+            hook_dir=node.hook_dir,
+            insecure_registration_files=True,
+            requirements=Requirements(annotation=""),
+        )
+        with trio.fail_after(LIMIT):
+            await node.nursery.start(nri_plugin.serve, config)
+            await node.runtime.wait_for_plugins(1)
+            await node.runtime.run_pod(pod())
+            await node.runtime.create_container(container())
+        [connected] = node.runtime.plugins
+        assert event_mask({api.Event.REMOVE_POD_SANDBOX}) == connected.events
+        assert ["Configure", "Synchronize"] == [what for way, what in node.runtime.log if way == "call"]
 
     async def test_request_timeout_from_configure(self, node: Node) -> None:
         """The runtime's request timeout (Configure, NRI 0.8) is what hook chains are budgeted in."""
@@ -156,6 +199,7 @@ class TestRegistration:
 
     async def test_split_synchronize(self, node: Node) -> None:
         """A state sent in parts (NRI 0.8's ``more``) is collected whole."""
+        await node.hook_server("h", [HookPoint.PRE_START_CONTAINER])  # a point that reads the store
         node.runtime.sync_chunk = 3
         for i in range(4):
             node.runtime.pods[f"pod-{i}"] = pod(str(i))
@@ -168,6 +212,7 @@ class TestRegistration:
 
     async def test_reconnects_after_runtime_drops_it(self, node: Node) -> None:
         """When the connection goes, krproxy registers again and is synchronized again."""
+        await node.hook_server("h", [HookPoint.PRE_START_CONTAINER])  # a point that reads the store
         with trio.fail_after(LIMIT):
             await node.start_krproxy()
             [first] = node.runtime.plugins
@@ -231,7 +276,7 @@ class TestRegistration:
         assert node.runtime.plugins[0] is not first and plugin.registered
         # The event that follows (POST_CREATE_CONTAINER) may meet the closed socket: the re-registration
         # window docs/nri.md describes. The call in flight itself must have been answered.
-        assert [] == [why for _, why in node.runtime.dropped if "CreateContainer" in why]
+        assert [] == [why for _, why in node.runtime.dropped if "handle CreateContainer " in why]
         assert 4096 == created[0].linux.resources.cpu.shares.value  # type: ignore[union-attr]
 
 
@@ -419,11 +464,16 @@ class TestOtherEvents:
         assert 1 == counter.labels("PreUpdateContainerResources", "annotations")._value.get()
         assert 1 == counter.labels("PreUpdateContainerResources", "oom_score_adj")._value.get()
 
-    async def test_lifecycle_hooks_in_order(self, node: Node) -> None:
-        """Every hook point is called at its NRI event, in lifecycle order, with the pod's labels."""
+    @pytest.mark.parametrize("nri_version", ["v0.12.2", ""])
+    async def test_lifecycle_hooks_in_order(self, node: Node, nri_version: str) -> None:
+        """Every hook point is called at its NRI event, in lifecycle order, with the pod's labels: from a
+        runtime of NRI 0.12 (containerd 2.3) through the dedicated event methods, leaving no deprecation
+        behind, and from an older one (containerd 1.7 to 2.2) through StateChange."""
+        node.runtime.nri_version = nri_version
         fake = await node.hook_server("all", list(HookPoint))
         with trio.fail_after(LIMIT):
-            await node.start_krproxy()
+            plugin = await node.start_krproxy()
+            [connected] = node.runtime.plugins
             await node.runtime.run_pod(pod())
             await node.runtime.create_container(container())
             await node.runtime.start_container("ctr-app")
@@ -442,7 +492,15 @@ class TestOtherEvents:
             HookPoint.POST_STOP_POD_SANDBOX,
         ] == fake.hooks_called()
         assert {"app": "web"} == fake.requests(HookPoint.POST_STOP_CONTAINER)[0].pod_labels
-        assert node.plugin is not None and {} == node.plugin.store.pods()
+        assert {} == plugin.store.pods() and {} == plugin.store.containers()
+        assert nri_plugin.NRI_VERSION == connected.nri_version  # said at registration
+        assert nri_version == plugin.nri_version
+        state_changes = [what for _, what in node.runtime.log if what.startswith("StateChange")]
+        assert [] == node.runtime.deprecations
+        if nri_version:
+            assert [] == state_changes and "dedicated" == plugin.event_calls
+        else:
+            assert len(state_changes) == 7 and "StateChange" == plugin.event_calls
 
 
 class TestCommand:
@@ -475,7 +533,7 @@ class TestRestarts:
     async def test_krproxy_restart_loses_no_hook(self, node: Node) -> None:
         """krproxy stopped mid-lifecycle and started again: the pod run meanwhile is in its store from
         Synchronize, and the next event reaches the hook server with the pod's labels and annotations."""
-        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER])
+        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_START_CONTAINER])
         os.makedirs(node.hook_dir, exist_ok=True)
         config = NriConfig(
             socket=node.runtime.socket_path, hook_dir=node.hook_dir, insecure_registration_files=True
@@ -500,7 +558,7 @@ class TestRestarts:
     async def test_runtime_restart(self, node: Node, nursery: trio.Nursery) -> None:
         """The runtime going away and coming back on the same path: krproxy registers with the new one,
         which synchronizes it, and hooks run again."""
-        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER])
+        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_START_CONTAINER])
         path = os.path.join(node.sockdir, "restart.sock")
         config = NriConfig(socket=path, hook_dir=node.hook_dir, insecure_registration_files=True)
         with trio.fail_after(LIMIT):
@@ -551,7 +609,10 @@ class TestAdmin:
         assert "50-krproxy" == status["nri"]["plugin"] and status["nri"]["registered"]
         assert ["h"] == [p["name"] for p in status["plugins"]]
         report = admin.render_status(status)
-        assert "nri: " + socket_path + " — registered as 50-krproxy, runtime fake-containerd 2.1.9" in report
+        assert (
+            f"nri: {socket_path} — registered as 50-krproxy, runtime fake-containerd 2.3.4 (NRI v0.12.2), "
+            in report
+        )
         assert "ready: yes" in report
 
 
@@ -563,3 +624,87 @@ def get(address: str, path: str) -> tuple[int, str]:
         return response.status, response.read().decode().strip()
     finally:
         connection.close()
+
+
+RESIZE = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
+#: A pod resized to 1.5 CPUs and 1 GiB, with a RuntimeClass overhead, as containerd 2.3 tells NRI.
+RESIZED = api.LinuxResources(
+    cpu=api.LinuxCpu(
+        shares=api.OptionalUInt64(value=1536),
+        quota=api.OptionalInt64(value=150_000),
+        period=api.OptionalUInt64(value=100_000),
+    ),
+    memory=api.LinuxMemory(limit=api.OptionalInt64(value=1 << 30)),
+)
+OVERHEAD = api.LinuxResources(cpu=api.LinuxCpu(shares=api.OptionalUInt64(value=25)))
+
+
+class TestPodResize:
+    async def test_hook_server_told_the_pod_and_the_requested_resources(self, node: Node) -> None:
+        """At NRI 0.12's UpdatePodSandbox the PreUpdatePodSandboxResources server gets the pod's labels,
+        annotations and the requested resources and overhead; an echo lets the resize through."""
+        fake = await node.hook_server("resize", [RESIZE])
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            await node.runtime.update_pod("pod-web", RESIZED, OVERHEAD)
+        [connected] = node.runtime.plugins
+        assert connected.subscribed(api.Event.UPDATE_POD_SANDBOX)
+        [request] = fake.requests(RESIZE)
+        assert ({"app": "web"}, "api") == (
+            request.labels,
+            request.annotations["kubernetes.io/config.source"],
+        )
+        assert (150_000, 100_000, 1536, 1 << 30) == (
+            request.resources.cpu_quota,
+            request.resources.cpu_period,
+            request.resources.cpu_shares,
+            request.resources.memory_limit_in_bytes,
+        )
+        assert 25 == request.overhead.cpu_shares
+        assert RESIZED == node.runtime.pods["pod-web"].linux.pod_resources  # type: ignore[union-attr]
+
+    async def test_fail_refuses_the_resize(self, node: Node) -> None:
+        """A Fail server's refusal is krproxy's error to NRI, which fails the resize."""
+        fake = await node.hook_server("guard", [RESIZE], policy="Fail")
+        fake.misbehave(Misbehaviour(status=Status.PERMISSION_DENIED, message="no more cpu", times=None))
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            with pytest.raises(NriError, match="hook server guard failed PreUpdatePodSandboxResources"):
+                await node.runtime.update_pod("pod-web", RESIZED, OVERHEAD)
+        assert node.runtime.pods["pod-web"].linux.pod_resources is None  # type: ignore[union-attr]
+
+    async def test_changed_resources_are_said_not_applied(self, node: Node) -> None:
+        """NRI cannot change a resize: a server's changed resources are logged and counted, the resize goes
+        on as kubelet asked."""
+
+        def halve(request: Any) -> Any:
+            answer = hookapi.PodSandboxHookResponse(resources=request.resources)
+            answer.resources.cpu_quota = 75_000  # type: ignore[union-attr]
+            return answer
+
+        fake = await node.hook_server("halve", [RESIZE])
+        fake.answer(RESIZE, halve)
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            await node.runtime.update_pod("pod-web", RESIZED, OVERHEAD)
+        counter = plugin.metrics.nri_not_applied
+        assert 1 == counter.labels("PreUpdatePodSandboxResources", "resources")._value.get()
+        assert RESIZED == node.runtime.pods["pod-web"].linux.pod_resources  # type: ignore[union-attr]
+
+    async def test_a_runtime_before_nri_0_12_has_no_such_event(self, node: Node) -> None:
+        """An older runtime would refuse a subscription to UPDATE_POD_SANDBOX (and drop krproxy): krproxy
+        leaves it out, says the point is unavailable, and serves its other points."""
+        node.runtime.nri_version = ""
+        fake = await node.hook_server("both", [RESIZE, HookPoint.PRE_CREATE_CONTAINER])
+        with trio.fail_after(LIMIT):
+            await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            await node.runtime.update_pod("pod-web", RESIZED)
+            await node.runtime.create_container(container())
+        [connected] = node.runtime.plugins
+        assert event_mask({api.Event.CREATE_CONTAINER}) == connected.events
+        assert [] == node.runtime.dropped
+        assert [HookPoint.PRE_CREATE_CONTAINER] == fake.hooks_called()

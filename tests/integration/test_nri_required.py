@@ -139,6 +139,11 @@ async def test_a_server_not_hooking_create_container_does_not_meet_it(
         plugin = await start_krproxy(nursery, runtime)
         await add_server(nursery, runtime, "gpu", FakePlugin(), (HookPoint.PRE_RUN_POD_SANDBOX,))
         await wait_until(lambda: "gpu.json" in plugin.dispatcher.registry.plugins)
+        # A PreRunPodSandbox server adds RUN_POD_SANDBOX to krproxy's events: wait for the re-registration
+        # (a CreateContainer meeting it goes on without krproxy, and nothing would be refused).
+        await wait_until(
+            lambda: bool(runtime.plugins) and runtime.plugins[0].subscribed(api.Event.RUN_POD_SANDBOX)
+        )
         await runtime.run_pod(pod({f"{KEY}/container.app": json.dumps(["gpu"])}))
 
         with pytest.raises(NriError, match="required hook server gpu is registered, but not for this hook"):

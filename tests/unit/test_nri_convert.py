@@ -1,14 +1,26 @@
-"""NRI pods and containers to hook records, and hook results to NRI adjustments (krproxy.nri.convert)."""
+"""NRI pods and containers to hook records, and hook results to NRI adjustments (krproxy.nri.convert).
+
+The pods and containers are written as betterproto2 messages and decoded with upb (:mod:`krproxy.nri.wire`),
+as krproxy decodes what the runtime sends.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import attrs
 
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
-from krproxy.nri import convert
+from krproxy.nri import convert, wire
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
-POD = api.PodSandbox(
+
+def upb(message: Any) -> Any:
+    """``message`` as krproxy reads it off the wire: serialized, then decoded with upb."""
+    return wire.parse(type(message).__name__, bytes(message))
+
+
+POD_MESSAGE = api.PodSandbox(
     id="p1",
     name="web",
     uid="u1",
@@ -18,7 +30,7 @@ POD = api.PodSandbox(
     runtime_handler="runc",
     linux=api.LinuxPodSandbox(cgroup_parent="/kubepods/pod-u1"),
 )
-CONTAINER = api.Container(
+CONTAINER_MESSAGE = api.Container(
     id="c1",
     pod_sandbox_id="p1",
     name="app",
@@ -41,6 +53,7 @@ CONTAINER = api.Container(
         oom_score_adj=api.OptionalInt(value=-997),
     ),
 )
+POD, CONTAINER = upb(POD_MESSAGE), upb(CONTAINER_MESSAGE)
 
 
 class TestFromNri:
@@ -86,7 +99,7 @@ class TestFromNri:
     def test_missing_parts(self) -> None:
         """A pod or container without its optional parts converts to empty records, never an error."""
         assert PodInfo() == convert.pod_from_nri(None)
-        info = convert.container_from_nri(api.PodSandbox(), api.Container(id="c"))
+        info = convert.container_from_nri(upb(api.PodSandbox()), upb(api.Container(id="c")))
         assert (Resources(), {}) == (info.resources, info.envs)
 
 

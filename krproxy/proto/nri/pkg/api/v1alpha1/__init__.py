@@ -5,6 +5,7 @@
 
 __all__ = (
     "CdiDevice",
+    "CompoundFieldOwners",
     "ConfigureRequest",
     "ConfigureResponse",
     "Container",
@@ -16,9 +17,13 @@ __all__ = (
     "CreateContainerResponse",
     "Empty",
     "Event",
+    "Field",
+    "FieldOwners",
     "Hook",
     "Hooks",
     "HugepageLimit",
+    "Image",
+    "IoPrioClass",
     "KeyValue",
     "LinuxContainer",
     "LinuxContainerAdjustment",
@@ -26,32 +31,74 @@ __all__ = (
     "LinuxCpu",
     "LinuxDevice",
     "LinuxDeviceCgroup",
+    "LinuxIoPriority",
     "LinuxMemory",
+    "LinuxMemoryPolicy",
     "LinuxNamespace",
+    "LinuxNetDevice",
     "LinuxPids",
     "LinuxPodSandbox",
+    "LinuxRdt",
     "LinuxResources",
+    "LinuxScheduler",
+    "LinuxSchedulerFlag",
+    "LinuxSchedulerPolicy",
+    "LinuxSeccomp",
+    "LinuxSeccompArg",
+    "LinuxSyscall",
+    "LogRequest",
+    "LogRequestLevel",
     "Mount",
+    "MpolFlag",
+    "MpolMode",
     "OptionalBool",
     "OptionalFileMode",
     "OptionalInt",
     "OptionalInt32",
     "OptionalInt64",
+    "OptionalRepeatedString",
     "OptionalString",
     "OptionalUInt32",
     "OptionalUInt64",
+    "OwningPlugins",
+    "PluginInstance",
     "PodSandbox",
     "PosixRlimit",
+    "PostCreateContainerRequest",
+    "PostCreateContainerResponse",
+    "PostStartContainerRequest",
+    "PostStartContainerResponse",
+    "PostUpdateContainerRequest",
+    "PostUpdateContainerResponse",
+    "PostUpdatePodSandboxRequest",
+    "PostUpdatePodSandboxResponse",
     "RegisterPluginRequest",
+    "RemoveContainerRequest",
+    "RemoveContainerResponse",
+    "RemovePodSandboxRequest",
+    "RemovePodSandboxResponse",
+    "RunPodSandboxRequest",
+    "RunPodSandboxResponse",
+    "SecurityProfile",
+    "SecurityProfileProfileType",
+    "StartContainerRequest",
+    "StartContainerResponse",
     "StateChangeEvent",
     "StopContainerRequest",
     "StopContainerResponse",
+    "StopPodSandboxRequest",
+    "StopPodSandboxResponse",
     "SynchronizeRequest",
     "SynchronizeResponse",
     "UpdateContainerRequest",
     "UpdateContainerResponse",
     "UpdateContainersRequest",
     "UpdateContainersResponse",
+    "UpdatePodSandboxRequest",
+    "UpdatePodSandboxResponse",
+    "User",
+    "ValidateContainerAdjustmentRequest",
+    "ValidateContainerAdjustmentResponse",
 )
 
 from dataclasses import dataclass
@@ -105,10 +152,271 @@ class Event(betterproto2.Enum):
 
     REMOVE_CONTAINER = 11
 
-    LAST = 12
+    UPDATE_POD_SANDBOX = 12
+    """
+    (0.12)
+    """
+
+    POST_UPDATE_POD_SANDBOX = 13
+    """
+    (0.12)
+    """
+
+    VALIDATE_CONTAINER_ADJUSTMENT = 14
+    """
+    (0.12)
+    """
+
+    LAST = 15
     """
     One past the last real event.
     """
+
+
+class Field(betterproto2.Enum):
+    """
+    (0.12)
+    """
+
+    None_ = 0
+
+    Annotations = 1
+
+    Mounts = 2
+
+    OciHooks = 3
+
+    Devices = 4
+
+    CdiDevices = 5
+
+    Env = 6
+
+    Args = 7
+
+    MemLimit = 8
+
+    MemReservation = 9
+
+    MemSwapLimit = 10
+
+    MemKernelLimit = 11
+
+    MemTCPLimit = 12
+
+    MemSwappiness = 13
+
+    MemDisableOomKiller = 14
+
+    MemUseHierarchy = 15
+
+    CPUShares = 16
+
+    CPUQuota = 17
+
+    CPUPeriod = 18
+
+    CPURealtimeRuntime = 19
+
+    CPURealtimePeriod = 20
+
+    CPUSetCPUs = 21
+
+    CPUSetMems = 22
+
+    PidsLimit = 23
+
+    HugepageLimits = 24
+
+    BlockioClass = 25
+
+    RdtClass = 26
+
+    CgroupsUnified = 27
+
+    CgroupsPath = 28
+
+    OomScoreAdj = 29
+
+    Rlimits = 30
+
+    IoPriority = 31
+
+    SeccompPolicy = 32
+
+    Namespace = 33
+
+    Sysctl = 34
+
+    LinuxNetDevices = 35
+
+    LinuxSched = 36
+
+    RdtClosID = 37
+
+    RdtSchemata = 38
+
+    RdtEnableMonitoring = 39
+
+    MemoryPolicy = 40
+
+    @classmethod
+    def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
+        return {
+            0: "None",
+        }
+
+    @classmethod
+    def betterproto_renamed_proto_names_to_value(cls) -> dict[str, int]:
+        return {
+            "None": 0,
+        }
+
+
+class IoPrioClass(betterproto2.Enum):
+    """
+    (0.12)
+    """
+
+    NONE = 0
+
+    RT = 1
+
+    BE = 2
+
+    IDLE = 3
+
+    @classmethod
+    def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
+        return {
+            0: "IOPRIO_CLASS_NONE",
+            1: "IOPRIO_CLASS_RT",
+            2: "IOPRIO_CLASS_BE",
+            3: "IOPRIO_CLASS_IDLE",
+        }
+
+    @classmethod
+    def betterproto_renamed_proto_names_to_value(cls) -> dict[str, int]:
+        return {
+            "IOPRIO_CLASS_NONE": 0,
+            "IOPRIO_CLASS_RT": 1,
+            "IOPRIO_CLASS_BE": 2,
+            "IOPRIO_CLASS_IDLE": 3,
+        }
+
+
+class LinuxSchedulerFlag(betterproto2.Enum):
+    """
+    (0.12)
+    """
+
+    SCHED_FLAG_RESET_ON_FORK = 0
+
+    SCHED_FLAG_RECLAIM = 1
+
+    SCHED_FLAG_DL_OVERRUN = 2
+
+    SCHED_FLAG_KEEP_POLICY = 3
+
+    SCHED_FLAG_KEEP_PARAMS = 4
+
+    SCHED_FLAG_UTIL_CLAMP_MIN = 5
+
+    SCHED_FLAG_UTIL_CLAMP_MAX = 6
+
+
+class LinuxSchedulerPolicy(betterproto2.Enum):
+    """
+    (0.12)
+    """
+
+    SCHED_NONE = 0
+
+    SCHED_OTHER = 1
+
+    SCHED_FIFO = 2
+
+    SCHED_RR = 3
+
+    SCHED_BATCH = 4
+
+    SCHED_ISO = 5
+
+    SCHED_IDLE = 6
+
+    SCHED_DEADLINE = 7
+
+
+class LogRequestLevel(betterproto2.Enum):
+    UNSPECIFIED = 0
+
+    DEBUG = 1
+
+    INFO = 2
+
+    WARN = 3
+
+    ERROR = 4
+
+    @classmethod
+    def betterproto_value_to_renamed_proto_names(cls) -> dict[int, str]:
+        return {
+            0: "LEVEL_UNSPECIFIED",
+            1: "LEVEL_DEBUG",
+            2: "LEVEL_INFO",
+            3: "LEVEL_WARN",
+            4: "LEVEL_ERROR",
+        }
+
+    @classmethod
+    def betterproto_renamed_proto_names_to_value(cls) -> dict[str, int]:
+        return {
+            "LEVEL_UNSPECIFIED": 0,
+            "LEVEL_DEBUG": 1,
+            "LEVEL_INFO": 2,
+            "LEVEL_WARN": 3,
+            "LEVEL_ERROR": 4,
+        }
+
+
+class MpolFlag(betterproto2.Enum):
+    """
+    (0.12)
+    """
+
+    MPOL_F_STATIC_NODES = 0
+
+    MPOL_F_RELATIVE_NODES = 1
+
+    MPOL_F_NUMA_BALANCING = 2
+
+
+class MpolMode(betterproto2.Enum):
+    """
+    (0.12)
+    """
+
+    MPOL_DEFAULT = 0
+
+    MPOL_PREFERRED = 1
+
+    MPOL_BIND = 2
+
+    MPOL_INTERLEAVE = 3
+
+    MPOL_LOCAL = 4
+
+    MPOL_PREFERRED_MANY = 5
+
+    MPOL_WEIGHTED_INTERLEAVE = 6
+
+
+class SecurityProfileProfileType(betterproto2.Enum):
+    RUNTIME_DEFAULT = 0
+
+    UNCONFINED = 1
+
+    LOCALHOST = 2
 
 
 @dataclass(eq=False, repr=False)
@@ -121,6 +429,22 @@ class CdiDevice(betterproto2.Message):
 
 
 default_message_pool.register_message("nri.pkg.api.v1alpha1", "CDIDevice", CdiDevice)
+
+
+@dataclass(eq=False, repr=False)
+class CompoundFieldOwners(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    owners: "dict[str, str]" = betterproto2.field(
+        1,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
+    )
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "CompoundFieldOwners", CompoundFieldOwners)
 
 
 @dataclass(eq=False, repr=False)
@@ -142,6 +466,11 @@ class ConfigureRequest(betterproto2.Message):
     request_timeout: "int" = betterproto2.field(5, betterproto2.TYPE_INT64)
     """
     (0.8) Milliseconds the runtime waits for any one call to the plugin; 0 when it does not say.
+    """
+
+    NRI_version: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+    """
+    (0.12) The runtime's NRI version, e.g. "v0.12.2"; empty before 0.12.
     """
 
 
@@ -203,6 +532,51 @@ class Container(betterproto2.Message):
 
     rlimits: "list[PosixRlimit]" = betterproto2.field(13, betterproto2.TYPE_MESSAGE, repeated=True)
 
+    created_at: "int" = betterproto2.field(14, betterproto2.TYPE_INT64)
+    """
+    (0.12)
+    """
+
+    started_at: "int" = betterproto2.field(15, betterproto2.TYPE_INT64)
+    """
+    (0.12)
+    """
+
+    finished_at: "int" = betterproto2.field(16, betterproto2.TYPE_INT64)
+    """
+    (0.12)
+    """
+
+    exit_code: "int" = betterproto2.field(17, betterproto2.TYPE_INT32)
+    """
+    (0.12)
+    """
+
+    status_reason: "str" = betterproto2.field(18, betterproto2.TYPE_STRING)
+    """
+    (0.12)
+    """
+
+    status_message: "str" = betterproto2.field(19, betterproto2.TYPE_STRING)
+    """
+    (0.12)
+    """
+
+    CDI_devices: "list[CdiDevice]" = betterproto2.field(20, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    (0.12)
+    """
+
+    user: "User | None" = betterproto2.field(21, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    (0.12)
+    """
+
+    image: "Image | None" = betterproto2.field(22, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    (0.12)
+    """
+
 
 default_message_pool.register_message("nri.pkg.api.v1alpha1", "Container", Container)
 
@@ -235,6 +609,11 @@ class ContainerAdjustment(betterproto2.Message):
     CDI_devices: "list[CdiDevice]" = betterproto2.field(8, betterproto2.TYPE_MESSAGE, repeated=True)
     """
     (0.8)
+    """
+
+    args: "list[str]" = betterproto2.field(9, betterproto2.TYPE_STRING, repeated=True)
+    """
+    (0.12)
     """
 
 
@@ -308,6 +687,28 @@ default_message_pool.register_message("nri.pkg.api.v1alpha1", "Empty", Empty)
 
 
 @dataclass(eq=False, repr=False)
+class FieldOwners(betterproto2.Message):
+    """
+    (0.12) Which plugin set which field (by Field number; compound fields by key).
+    """
+
+    simple: "dict[int, str]" = betterproto2.field(
+        1,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_INT32, betterproto2.TYPE_STRING),
+    )
+
+    compound: "dict[int, CompoundFieldOwners]" = betterproto2.field(
+        2,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_INT32, betterproto2.TYPE_MESSAGE),
+    )
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "FieldOwners", FieldOwners)
+
+
+@dataclass(eq=False, repr=False)
 class Hook(betterproto2.Message):
     path: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -354,6 +755,22 @@ default_message_pool.register_message("nri.pkg.api.v1alpha1", "HugepageLimit", H
 
 
 @dataclass(eq=False, repr=False)
+class Image(betterproto2.Message):
+    """
+    (0.12) The container's image.
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    digest: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    config_digest: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "Image", Image)
+
+
+@dataclass(eq=False, repr=False)
 class KeyValue(betterproto2.Message):
     """
     One environment variable (in ContainerAdjustment; the container's own env is "KEY=value").
@@ -379,6 +796,51 @@ class LinuxContainer(betterproto2.Message):
 
     cgroups_path: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
 
+    io_priority: "LinuxIoPriority | None" = betterproto2.field(6, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    (0.12)
+    """
+
+    seccomp_profile: "SecurityProfile | None" = betterproto2.field(
+        7, betterproto2.TYPE_MESSAGE, optional=True
+    )
+    """
+    (0.12)
+    """
+
+    seccomp_policy: "LinuxSeccomp | None" = betterproto2.field(8, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    (0.12)
+    """
+
+    sysctl: "dict[str, str]" = betterproto2.field(
+        9,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
+    )
+    """
+    (0.12)
+    """
+
+    net_devices: "dict[str, LinuxNetDevice]" = betterproto2.field(
+        10,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE),
+    )
+    """
+    (0.12)
+    """
+
+    scheduler: "LinuxScheduler | None" = betterproto2.field(11, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    (0.12)
+    """
+
+    rdt: "LinuxRdt | None" = betterproto2.field(12, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    (0.12)
+    """
+
 
 default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxContainer", LinuxContainer)
 
@@ -394,6 +856,56 @@ class LinuxContainerAdjustment(betterproto2.Message):
     oom_score_adj: "OptionalInt | None" = betterproto2.field(4, betterproto2.TYPE_MESSAGE, optional=True)
     """
     (0.8)
+    """
+
+    io_priority: "LinuxIoPriority | None" = betterproto2.field(5, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    (0.12)
+    """
+
+    seccomp_policy: "LinuxSeccomp | None" = betterproto2.field(6, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    (0.12)
+    """
+
+    namespaces: "list[LinuxNamespace]" = betterproto2.field(7, betterproto2.TYPE_MESSAGE, repeated=True)
+    """
+    (0.12)
+    """
+
+    sysctl: "dict[str, str]" = betterproto2.field(
+        8,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_STRING),
+    )
+    """
+    (0.12)
+    """
+
+    net_devices: "dict[str, LinuxNetDevice]" = betterproto2.field(
+        9,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE),
+    )
+    """
+    (0.12)
+    """
+
+    scheduler: "LinuxScheduler | None" = betterproto2.field(10, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    (0.12)
+    """
+
+    rdt: "LinuxRdt | None" = betterproto2.field(11, betterproto2.TYPE_MESSAGE, optional=True)
+    """
+    (0.12)
+    """
+
+    memory_policy: "LinuxMemoryPolicy | None" = betterproto2.field(
+        12, betterproto2.TYPE_MESSAGE, optional=True
+    )
+    """
+    (0.12)
     """
 
 
@@ -471,6 +983,22 @@ default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxDeviceCgroup
 
 
 @dataclass(eq=False, repr=False)
+class LinuxIoPriority(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    class_: "IoPrioClass" = betterproto2.field(
+        1, betterproto2.TYPE_ENUM, default_factory=lambda: IoPrioClass(0)
+    )
+
+    priority: "int" = betterproto2.field(2, betterproto2.TYPE_INT32)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxIOPriority", LinuxIoPriority)
+
+
+@dataclass(eq=False, repr=False)
 class LinuxMemory(betterproto2.Message):
     limit: "OptionalInt64 | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
 
@@ -495,6 +1023,22 @@ default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxMemory", Lin
 
 
 @dataclass(eq=False, repr=False)
+class LinuxMemoryPolicy(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    mode: "MpolMode" = betterproto2.field(1, betterproto2.TYPE_ENUM, default_factory=lambda: MpolMode(0))
+
+    nodes: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    flags: "list[MpolFlag]" = betterproto2.field(3, betterproto2.TYPE_ENUM, repeated=True)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxMemoryPolicy", LinuxMemoryPolicy)
+
+
+@dataclass(eq=False, repr=False)
 class LinuxNamespace(betterproto2.Message):
     type: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -502,6 +1046,18 @@ class LinuxNamespace(betterproto2.Message):
 
 
 default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxNamespace", LinuxNamespace)
+
+
+@dataclass(eq=False, repr=False)
+class LinuxNetDevice(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxNetDevice", LinuxNetDevice)
 
 
 @dataclass(eq=False, repr=False)
@@ -538,6 +1094,26 @@ default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxPodSandbox",
 
 
 @dataclass(eq=False, repr=False)
+class LinuxRdt(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    clos_id: "OptionalString | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    schemata: "OptionalRepeatedString | None" = betterproto2.field(
+        2, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    enable_monitoring: "OptionalBool | None" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, optional=True)
+
+    remove: "bool" = betterproto2.field(4, betterproto2.TYPE_BOOL)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxRdt", LinuxRdt)
+
+
+@dataclass(eq=False, repr=False)
 class LinuxResources(betterproto2.Message):
     """
     Linux resources. Every scalar is wrapped in an Optional* message, so "unset" differs from 0.
@@ -571,6 +1147,108 @@ class LinuxResources(betterproto2.Message):
 
 
 default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxResources", LinuxResources)
+
+
+@dataclass(eq=False, repr=False)
+class LinuxScheduler(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    policy: "LinuxSchedulerPolicy" = betterproto2.field(
+        1, betterproto2.TYPE_ENUM, default_factory=lambda: LinuxSchedulerPolicy(0)
+    )
+
+    nice: "int" = betterproto2.field(2, betterproto2.TYPE_INT32)
+
+    priority: "int" = betterproto2.field(3, betterproto2.TYPE_INT32)
+
+    flags: "list[LinuxSchedulerFlag]" = betterproto2.field(4, betterproto2.TYPE_ENUM, repeated=True)
+
+    runtime: "int" = betterproto2.field(5, betterproto2.TYPE_UINT64)
+
+    deadline: "int" = betterproto2.field(6, betterproto2.TYPE_UINT64)
+
+    period: "int" = betterproto2.field(7, betterproto2.TYPE_UINT64)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxScheduler", LinuxScheduler)
+
+
+@dataclass(eq=False, repr=False)
+class LinuxSeccomp(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    default_action: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    default_errno: "OptionalUInt32 | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
+
+    architectures: "list[str]" = betterproto2.field(3, betterproto2.TYPE_STRING, repeated=True)
+
+    flags: "list[str]" = betterproto2.field(4, betterproto2.TYPE_STRING, repeated=True)
+
+    listener_path: "str" = betterproto2.field(5, betterproto2.TYPE_STRING)
+
+    listener_metadata: "str" = betterproto2.field(6, betterproto2.TYPE_STRING)
+
+    syscalls: "list[LinuxSyscall]" = betterproto2.field(7, betterproto2.TYPE_MESSAGE, repeated=True)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxSeccomp", LinuxSeccomp)
+
+
+@dataclass(eq=False, repr=False)
+class LinuxSeccompArg(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    index: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
+
+    value: "int" = betterproto2.field(2, betterproto2.TYPE_UINT64)
+
+    value_two: "int" = betterproto2.field(3, betterproto2.TYPE_UINT64)
+
+    op: "str" = betterproto2.field(4, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxSeccompArg", LinuxSeccompArg)
+
+
+@dataclass(eq=False, repr=False)
+class LinuxSyscall(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    names: "list[str]" = betterproto2.field(1, betterproto2.TYPE_STRING, repeated=True)
+
+    action: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+    errno_ret: "OptionalUInt32 | None" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, optional=True)
+
+    args: "list[LinuxSeccompArg]" = betterproto2.field(4, betterproto2.TYPE_MESSAGE, repeated=True)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "LinuxSyscall", LinuxSyscall)
+
+
+@dataclass(eq=False, repr=False)
+class LogRequest(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    msg: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    level: "LogRequestLevel" = betterproto2.field(
+        2, betterproto2.TYPE_ENUM, default_factory=lambda: LogRequestLevel(0)
+    )
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "LogRequest", LogRequest)
 
 
 @dataclass(eq=False, repr=False)
@@ -632,6 +1310,20 @@ default_message_pool.register_message("nri.pkg.api.v1alpha1", "OptionalInt64", O
 
 
 @dataclass(eq=False, repr=False)
+class OptionalRepeatedString(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    value: "list[str]" = betterproto2.field(1, betterproto2.TYPE_STRING, repeated=True)
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "OptionalRepeatedString", OptionalRepeatedString
+)
+
+
+@dataclass(eq=False, repr=False)
 class OptionalString(betterproto2.Message):
     value: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -653,6 +1345,36 @@ class OptionalUInt64(betterproto2.Message):
 
 
 default_message_pool.register_message("nri.pkg.api.v1alpha1", "OptionalUInt64", OptionalUInt64)
+
+
+@dataclass(eq=False, repr=False)
+class OwningPlugins(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    owners: "dict[str, FieldOwners]" = betterproto2.field(
+        1,
+        betterproto2.TYPE_MAP,
+        map_meta=betterproto2.map_meta(betterproto2.TYPE_STRING, betterproto2.TYPE_MESSAGE),
+    )
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "OwningPlugins", OwningPlugins)
+
+
+@dataclass(eq=False, repr=False)
+class PluginInstance(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
+
+    index: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "PluginInstance", PluginInstance)
 
 
 @dataclass(eq=False, repr=False)
@@ -708,6 +1430,124 @@ default_message_pool.register_message("nri.pkg.api.v1alpha1", "POSIXRlimit", Pos
 
 
 @dataclass(eq=False, repr=False)
+class PostCreateContainerRequest(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pod: "PodSandbox | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    container: "Container | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "PostCreateContainerRequest", PostCreateContainerRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class PostCreateContainerResponse(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pass
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "PostCreateContainerResponse", PostCreateContainerResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class PostStartContainerRequest(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pod: "PodSandbox | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    container: "Container | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "PostStartContainerRequest", PostStartContainerRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class PostStartContainerResponse(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pass
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "PostStartContainerResponse", PostStartContainerResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class PostUpdateContainerRequest(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pod: "PodSandbox | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    container: "Container | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "PostUpdateContainerRequest", PostUpdateContainerRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class PostUpdateContainerResponse(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pass
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "PostUpdateContainerResponse", PostUpdateContainerResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class PostUpdatePodSandboxRequest(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pod: "PodSandbox | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "PostUpdatePodSandboxRequest", PostUpdatePodSandboxRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class PostUpdatePodSandboxResponse(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pass
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "PostUpdatePodSandboxResponse", PostUpdatePodSandboxResponse
+)
+
+
+@dataclass(eq=False, repr=False)
 class RegisterPluginRequest(betterproto2.Message):
     plugin_name: "str" = betterproto2.field(1, betterproto2.TYPE_STRING)
 
@@ -716,8 +1556,139 @@ class RegisterPluginRequest(betterproto2.Message):
     Exactly two digits, "00".."99".
     """
 
+    NRI_version: "str" = betterproto2.field(3, betterproto2.TYPE_STRING)
+    """
+    (0.12) The NRI version the plugin was built with, e.g. "v0.12.2".
+    """
+
 
 default_message_pool.register_message("nri.pkg.api.v1alpha1", "RegisterPluginRequest", RegisterPluginRequest)
+
+
+@dataclass(eq=False, repr=False)
+class RemoveContainerRequest(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pod: "PodSandbox | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    container: "Container | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "RemoveContainerRequest", RemoveContainerRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class RemoveContainerResponse(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pass
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "RemoveContainerResponse", RemoveContainerResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class RemovePodSandboxRequest(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pod: "PodSandbox | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "RemovePodSandboxRequest", RemovePodSandboxRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class RemovePodSandboxResponse(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pass
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "RemovePodSandboxResponse", RemovePodSandboxResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class RunPodSandboxRequest(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pod: "PodSandbox | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "RunPodSandboxRequest", RunPodSandboxRequest)
+
+
+@dataclass(eq=False, repr=False)
+class RunPodSandboxResponse(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pass
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "RunPodSandboxResponse", RunPodSandboxResponse)
+
+
+@dataclass(eq=False, repr=False)
+class SecurityProfile(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    profile_type: "SecurityProfileProfileType" = betterproto2.field(
+        1, betterproto2.TYPE_ENUM, default_factory=lambda: SecurityProfileProfileType(0)
+    )
+
+    localhost_ref: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "SecurityProfile", SecurityProfile)
+
+
+@dataclass(eq=False, repr=False)
+class StartContainerRequest(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pod: "PodSandbox | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    container: "Container | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "StartContainerRequest", StartContainerRequest)
+
+
+@dataclass(eq=False, repr=False)
+class StartContainerResponse(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pass
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "StartContainerResponse", StartContainerResponse
+)
 
 
 @dataclass(eq=False, repr=False)
@@ -754,6 +1725,32 @@ class StopContainerResponse(betterproto2.Message):
 
 
 default_message_pool.register_message("nri.pkg.api.v1alpha1", "StopContainerResponse", StopContainerResponse)
+
+
+@dataclass(eq=False, repr=False)
+class StopPodSandboxRequest(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pod: "PodSandbox | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "StopPodSandboxRequest", StopPodSandboxRequest)
+
+
+@dataclass(eq=False, repr=False)
+class StopPodSandboxResponse(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pass
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "StopPodSandboxResponse", StopPodSandboxResponse
+)
 
 
 @dataclass(eq=False, repr=False)
@@ -838,4 +1835,96 @@ class UpdateContainersResponse(betterproto2.Message):
 
 default_message_pool.register_message(
     "nri.pkg.api.v1alpha1", "UpdateContainersResponse", UpdateContainersResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class UpdatePodSandboxRequest(betterproto2.Message):
+    """
+    (0.12) Sent before the runtime applies a pod's new resources (CRI UpdatePodSandboxResources); an
+    error fails the update, nothing in the answer changes it.
+    """
+
+    pod: "PodSandbox | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    overhead_linux_resources: "LinuxResources | None" = betterproto2.field(
+        2, betterproto2.TYPE_MESSAGE, optional=True
+    )
+
+    linux_resources: "LinuxResources | None" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, optional=True)
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "UpdatePodSandboxRequest", UpdatePodSandboxRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class UpdatePodSandboxResponse(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    pass
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "UpdatePodSandboxResponse", UpdatePodSandboxResponse
+)
+
+
+@dataclass(eq=False, repr=False)
+class User(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    uid: "int" = betterproto2.field(1, betterproto2.TYPE_UINT32)
+
+    gid: "int" = betterproto2.field(2, betterproto2.TYPE_UINT32)
+
+    additional_gids: "list[int]" = betterproto2.field(3, betterproto2.TYPE_UINT32, repeated=True)
+
+
+default_message_pool.register_message("nri.pkg.api.v1alpha1", "User", User)
+
+
+@dataclass(eq=False, repr=False)
+class ValidateContainerAdjustmentRequest(betterproto2.Message):
+    """
+    (0.12) For validating plugins: the container, its final adjustment and updates, and which plugin
+    set which field.
+    """
+
+    pod: "PodSandbox | None" = betterproto2.field(1, betterproto2.TYPE_MESSAGE, optional=True)
+
+    container: "Container | None" = betterproto2.field(2, betterproto2.TYPE_MESSAGE, optional=True)
+
+    adjust: "ContainerAdjustment | None" = betterproto2.field(3, betterproto2.TYPE_MESSAGE, optional=True)
+
+    update: "list[ContainerUpdate]" = betterproto2.field(4, betterproto2.TYPE_MESSAGE, repeated=True)
+
+    owners: "OwningPlugins | None" = betterproto2.field(5, betterproto2.TYPE_MESSAGE, optional=True)
+
+    plugins: "list[PluginInstance]" = betterproto2.field(6, betterproto2.TYPE_MESSAGE, repeated=True)
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "ValidateContainerAdjustmentRequest", ValidateContainerAdjustmentRequest
+)
+
+
+@dataclass(eq=False, repr=False)
+class ValidateContainerAdjustmentResponse(betterproto2.Message):
+    """
+    (0.12)
+    """
+
+    reject: "bool" = betterproto2.field(1, betterproto2.TYPE_BOOL)
+
+    reason: "str" = betterproto2.field(2, betterproto2.TYPE_STRING)
+
+
+default_message_pool.register_message(
+    "nri.pkg.api.v1alpha1", "ValidateContainerAdjustmentResponse", ValidateContainerAdjustmentResponse
 )
