@@ -15,6 +15,7 @@ directory to keep h2spec's JUnit report and output there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -176,11 +177,17 @@ def _run_h2spec(listen: str, workdir: Path) -> tuple[dict[str, str], str]:
     return results(report), run.stdout
 
 
-async def _pump(source: trio.SocketStream, sink: trio.SocketStream, delay: float) -> None:
-    async with source, sink:
+async def _pump(
+    source: trio.SocketStream, sink: trio.SocketStream, delay: float, done: trio.CancelScope
+) -> None:
+    """Copy ``source`` to ``sink`` until either side is gone, then end the connection's other pump
+    too (``done``): closing the streams here, while the other pump still reads one of them, failed
+    that pump with ClosedResourceError (seen in the e2e run against containerd 1.7, 2.1 and 2.3)."""
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
         while chunk := await source.receive_some(65536):
             await trio.sleep(delay)
             await sink.send_all(chunk)
+    done.cancel()
 
 
 async def delayed(nursery: trio.Nursery, backend: str, listen: str, delay: float) -> None:
@@ -193,9 +200,9 @@ async def delayed(nursery: trio.Nursery, backend: str, listen: str, delay: float
 
     async def handle(caller: trio.SocketStream) -> None:
         runtime = await trio.open_unix_socket(backend)
-        async with trio.open_nursery() as pumps:
-            pumps.start_soon(_pump, caller, runtime, 0)
-            pumps.start_soon(_pump, runtime, caller, delay)
+        async with caller, runtime, trio.open_nursery() as pumps:
+            pumps.start_soon(_pump, caller, runtime, 0, pumps.cancel_scope)
+            pumps.start_soon(_pump, runtime, caller, delay, pumps.cancel_scope)
 
     nursery.start_soon(trio.serve_listeners, handle, listeners)
 
