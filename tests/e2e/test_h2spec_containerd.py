@@ -8,15 +8,29 @@ Skipped with the reason where h2spec, lzma or socat is missing.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.e2e.support import Containerd, start_proxy
 from tests.integration.test_h2spec import EXCEPTIONS, RUNTIME_DELAY, SKIPPED, _run_h2spec, delayed
 from tests.integration.test_h2spec import pytestmark as h2spec_marks
 
-pytestmark = h2spec_marks
+pytestmark = [
+    *h2spec_marks,
+    # In the full matrix (two containerd versions at a time) its verdicts varied from run to run:
+    # generic/5/1 answered RST_STREAM on 2.1 and 2.3, http2/6.9.1/2 saw the connection closed
+    # without the GOAWAY on 1.6, and http2/5.1.2/1 passed or not. Alone it passed on 1.7 and 2.3.
+    # Until those causes are found it runs only when asked; tests/integration/test_h2spec.py (in
+    # front of the fake containerd) runs in every test session.
+    pytest.mark.skipif(
+        not os.environ.get("KRPROXY_E2E_H2SPEC"),
+        reason="h2spec in front of real containerd gives verdicts that vary per run (causes not yet "
+        "found, docs/testing.md); run it with KRPROXY_E2E_H2SPEC=1",
+    ),
+]
 
 
 async def test_h2spec_against_krproxy_before_containerd(
