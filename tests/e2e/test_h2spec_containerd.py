@@ -42,7 +42,10 @@ async def test_h2spec_against_krproxy_before_containerd(
     try:
         outcome, output = await trio.to_thread.run_sync(_run_h2spec, proxy.socket, short_tmp)
     finally:
-        code = await trio.to_thread.run_sync(proxy.terminate)
+        # Shielded: when the bridge's nursery fails the test, the cancellation must not skip this
+        # (a failed run left its krproxy running).
+        with trio.CancelScope(shield=True):
+            code = await trio.to_thread.run_sync(proxy.terminate)
     failed = {case for case, verdict in outcome.items() if verdict == "failed"}
     skipped = {case for case, verdict in outcome.items() if verdict == "skipped"}
     summary = output.strip().splitlines()[-1] if output.strip() else "no output"
