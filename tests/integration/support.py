@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -151,3 +153,38 @@ async def wait_until(
     with trio.fail_after(limit):
         while not predicate():  # noqa: ASYNC110 - see docstring
             await trio.sleep(interval)
+
+
+class ThreadedUnixServer:
+    """A test server on a unix socket, on threads: one accepts, one serves each connection
+    (:meth:`serve_connection`, which subclasses write; the socket has a 0.2 s timeout so loops can
+    look at ``stopping``). :meth:`close` stops accepting, joins the threads and closes the socket.
+    A subclass sets what its connections need before calling ``__init__``, which starts accepting."""
+
+    def __init__(self, path: str, backlog: int = 4) -> None:
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(backlog)
+        self.listener.settimeout(0.2)
+        self.stopping = False
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def close(self) -> None:
+        self.stopping = True
+        for thread in list(self.threads):
+            thread.join(5)
+        self.listener.close()
+
+    def _accept(self) -> None:
+        while not self.stopping:
+            try:
+                sock, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            thread = threading.Thread(target=self.serve_connection, args=(sock,), daemon=True)
+            self.threads.append(thread)
+            thread.start()
+
+    def serve_connection(self, sock: socket.socket) -> None:
+        raise NotImplementedError

@@ -31,7 +31,7 @@ from krproxy.relay import Relay
 from krproxy.relay import frames as f
 from krproxy.relay.connection import CONNECTION_WINDOW, MAX_HEADER_BLOCK
 from krproxy.relay.rpc import UpstreamError, grpc_message, request_headers
-from tests.integration.support import LIVENESS_LIMIT, wait_until
+from tests.integration.support import LIVENESS_LIMIT, ThreadedUnixServer, wait_until
 
 PATH = "/test.Attack/Call"
 MESSAGE = grpc_message(b"ping")
@@ -332,7 +332,7 @@ async def test_data_dropped_on_reset_streams_is_credited_back_once(
 # -- client side: a hostile upstream -----------------------------------------------------------
 
 
-class ScriptedUpstream:
+class ScriptedUpstream(ThreadedUnixServer):
     """An upstream on a unix socket answering each connection with raw bytes: ``answer(stream_id)``
     gives what to send once the relay's request on that stream has arrived. Records the GOAWAY
     codes the relay sends it."""
@@ -341,31 +341,9 @@ class ScriptedUpstream:
         self.answer = answer
         self.settings = settings or f.settings([])
         self.goaways: list[int] = []
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(path)
-        self.listener.listen(4)
-        self.listener.settimeout(0.2)
-        self.stopping = False
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
+        super().__init__(path, backlog=4)
 
-    def close(self) -> None:
-        self.stopping = True
-        for thread in list(self.threads):
-            thread.join(5)
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while not self.stopping:
-            try:
-                sock, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
-            self.threads.append(thread)
-            thread.start()
-
-    def _serve(self, sock: socket.socket) -> None:
+    def serve_connection(self, sock: socket.socket) -> None:
         sock.settimeout(0.2)
         buf = b""
         preface = True

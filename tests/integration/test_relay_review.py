@@ -28,7 +28,7 @@ from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import Relay, Route, connect_unix
 from krproxy.relay.connection import CONNECTION_WINDOW
 from krproxy.relay.rpc import UpstreamError, grpc_message, request_headers
-from tests.integration.support import wait_until
+from tests.integration.support import ThreadedUnixServer, wait_until
 
 PATH = "/test.Review/Call"
 Fields = list[tuple[bytes, bytes]]
@@ -48,7 +48,7 @@ class Answer:
 Script = Callable[[bytes, bytes], Answer]  # (path, request body) -> answer
 
 
-class RawServer:
+class RawServer(ThreadedUnixServer):
     """An ``h2`` server on a unix socket, one thread per connection, answering by ``script``.
 
     Honours the relay's flow-control windows; ``sent`` counts answers sent completely.
@@ -59,31 +59,9 @@ class RawServer:
         self.settings = settings or {}
         self.sent = 0
         self.lock = threading.Lock()
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(path)
-        self.listener.listen(16)
-        self.listener.settimeout(0.2)
-        self.stopping = False
-        self.threads = [threading.Thread(target=self._accept, daemon=True)]
-        self.threads[0].start()
+        super().__init__(path, backlog=16)
 
-    def close(self) -> None:
-        self.stopping = True
-        for thread in list(self.threads):
-            thread.join(5)
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while not self.stopping:
-            try:
-                sock, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
-            self.threads.append(thread)
-            thread.start()
-
-    def _serve(self, sock: socket.socket) -> None:
+    def serve_connection(self, sock: socket.socket) -> None:
         sock.settimeout(0.2)
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
         conn.initiate_connection()
