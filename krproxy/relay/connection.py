@@ -40,7 +40,7 @@ import hpack.exceptions
 import trio
 
 from krproxy import log
-from krproxy.relay import frames as f
+from krproxy.h2 import frames as f
 
 if TYPE_CHECKING:
     from krproxy.relay.relay import Relay

@@ -44,8 +44,8 @@ import trio
 from krproxy import calls, log
 from krproxy.forward import Interceptor
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay import frames as f
 from krproxy.relay.connection import _STOPPED, Endpoint, Half, Headers, Route, connect_unix
 from krproxy.relay.rpc import (
     MAX_OWN_ANSWER,

@@ -25,8 +25,8 @@ import trio
 from krproxy import calls
 from krproxy.forward import BackendError, Interceptor, Reply
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay import frames as f
 from krproxy.relay.connection import Half, Headers, Route
 
 if TYPE_CHECKING:
