@@ -36,14 +36,17 @@ import hpack.exceptions
 
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
-from krproxy.h2._send import DRAIN_PING, LocalProtocolError, Sender
+from krproxy.h2._send import DRAIN_PING, RESET_IDS_KEPT, LocalProtocolError, Sender
 from krproxy.h2.streams import Stream
 
 __all__ = [
     "CONNECTION_WINDOW",
+    "DRAIN_PING",
+    "HTTP1_PEER",
     "MAX_HEADER_BLOCK",
     "MAX_HEADER_LIST",
     "MAX_WINDOW_SHIFTS",
+    "RESET_IDS_KEPT",
     "STREAM_WINDOW",
     "Connection",
     "LocalProtocolError",
