@@ -6,6 +6,7 @@ from __future__ import annotations
 import hpack
 import pytest
 
+from krproxy.h2 import _control as control
 from krproxy.h2 import connection as core
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
@@ -402,7 +403,7 @@ def test_initial_window_size_changes_adjust_open_streams_and_may_overflow_one() 
 
 
 def test_repeated_initial_window_size_changes_end_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(core, "MAX_WINDOW_SHIFTS", 1000)
+    monkeypatch.setattr(control, "MAX_WINDOW_SHIFTS", 1000)
     conn = server()
     for i in range(1, 200, 2):
         _open(conn, i)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from krproxy.h2 import _control as control
 from krproxy.h2 import connection as core
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
@@ -149,7 +150,7 @@ def test_an_upstreams_malformed_frame_ends_the_connection(wire: bytes) -> None:
 def test_an_upstreams_repeated_initial_window_size_changes_end_the_connection(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(core, "MAX_WINDOW_SHIFTS", 500)
+    monkeypatch.setattr(control, "MAX_WINDOW_SHIFTS", 500)
     conn = client()
     for _ in range(50):
         conn.start_stream(REQUEST)
