@@ -22,6 +22,7 @@ class Control(Sender):
 
     peer_settings_seen: bool
     window_shifts: int
+    max_window_shifts: int
     peer_table_size: int
     goaway_received: bool
 
@@ -41,7 +42,7 @@ class Control(Sender):
                 if delta and self.streams:
                     # A peer flipping it back and forth makes us walk every stream each time.
                     self.window_shifts += len(self.streams)
-                    if self.window_shifts > MAX_WINDOW_SHIFTS:
+                    if self.window_shifts > self.max_window_shifts:
                         raise f.ProtocolError(
                             "too many SETTINGS_INITIAL_WINDOW_SIZE changes", f.ENHANCE_YOUR_CALM
                         )
@@ -64,7 +65,7 @@ class Control(Sender):
                 # that its smaller size took effect (RFC 7541 §4.2), in our next header block.
                 self.peer_table_size = value
                 self.table_update = True
-        self._out += f.frame(f.SETTINGS, f.ACK, 0)
+        self.output += f.frame(f.SETTINGS, f.ACK, 0)
         self._events.append(ev.SettingsChanged(tuple(values)))
 
     def _on_window_update(self, stream_id: int, increment: int) -> None:
@@ -102,8 +103,10 @@ class Control(Sender):
         if not self.server:
             for stream in self.streams.values():
                 if stream.id > last_stream_id and not stream.reset:
-                    stream.reset = True  # not processed, like a refusal: no RST_STREAM
-                    self._drop(stream)
+                    # Not processed, like a refusal: no RST_STREAM. What is queued on it stays
+                    # until the driver releases the stream (release_stream reports it).
+                    stream.reset = True
+                    self.blocked.pop(stream.id, None)
                     refused.append(stream.id)
         self._events.append(ev.GoAwayReceived(last_stream_id, code, debug, tuple(refused)))
 

@@ -49,7 +49,7 @@ class Sender:
     table_update: bool
     reset_ids: set[int]
     _reset_order: deque[int]
-    _out: bytearray
+    output: bytearray
     _events: list[ev.Event]
     _grant_stream_at: int
     _grant_connection_at: int
@@ -60,17 +60,34 @@ class Sender:
         """A stream may be opened now (client role): below the peer's limit, ids left."""
         return len(self.streams) < self.peer_max_streams and self.next_id <= f.MAX_STREAM_ID
 
-    def start_stream(self, headers: ev.Headers | bytes, end_stream: bool = False) -> int:
+    def start_stream(
+        self, headers: ev.Headers | bytes, end_stream: bool = False, stream: Stream | None = None
+    ) -> int:
         """Open the next stream of ours with a request's ``headers`` (or an encoded block);
-        returns its id. Raises :class:`LocalProtocolError` unless :meth:`can_start_stream`."""
+        returns its id. ``stream``: state the driver kept while the stream waited for a slot
+        (data, its end, trailers queued on it go out now, as the windows allow). Raises
+        :class:`LocalProtocolError` unless :meth:`can_start_stream`."""
         if self.server:
             raise LocalProtocolError("a server opens no streams (push is not supported)")
         if not self.can_start_stream():
             raise LocalProtocolError("no stream can be opened now (peer's limit or ids used up)")
         stream_id = self.next_id
         self.next_id += 2
-        self.streams[stream_id] = Stream(stream_id, self.peer_initial_window, self.stream_window)
-        self.send_headers(stream_id, headers, end_stream)
+        if stream is None:
+            stream = Stream(stream_id, self.peer_initial_window, self.stream_window)
+        else:
+            stream.id = stream_id
+            stream.send_window = self.peer_initial_window
+            stream.recv_window = self.stream_window
+        self.streams[stream_id] = stream
+        block = headers if isinstance(headers, bytes) else f.encode_headers(headers)
+        stream.headers_sent = True
+        self.output += self._header_frames(stream_id, block, end_stream)
+        if end_stream:
+            stream.send_ended = True
+        elif stream.pending or stream.end_pending or stream.trailers_pending is not None:
+            self.buffered += len(stream.pending)
+            self._pump(stream)
         return stream_id
 
     def release_stream(self, stream_id: int) -> int:
@@ -96,7 +113,7 @@ class Sender:
             raise LocalProtocolError(f"headers after data on stream {stream_id}: use send_trailers")
         block = headers if isinstance(headers, bytes) else f.encode_headers(headers)
         stream.headers_sent = True
-        self._out += self._header_frames(stream_id, block, end_stream)
+        self.output += self._header_frames(stream_id, block, end_stream)
         if end_stream:
             stream.send_ended = True
 
@@ -118,10 +135,10 @@ class Sender:
         ):
             # The common case: the whole chunk fits; no queueing, no copy into `pending`.
             if size or end_stream:
-                self._out += f.HEAD.pack(
+                self.output += f.HEAD.pack(
                     size >> 16, size & 0xFFFF, f.DATA, f.END_STREAM if end_stream else 0, stream_id
                 )
-                self._out += data
+                self.output += data
             stream.send_window -= size
             self.send_window -= size
             if end_stream:
@@ -133,13 +150,23 @@ class Sender:
             stream.end_pending = True
         return self._pump(stream)
 
-    def send_trailers(self, stream_id: int, headers: ev.Headers | bytes) -> None:
-        """End the stream with a header block, after any data still queued."""
+    def send_trailers(self, stream_id: int, headers: ev.Headers | bytes) -> int:
+        """End the stream with a header block, after any data still queued. Returns the queued
+        bytes framed now (that waited for the windows)."""
         stream = self.streams.get(stream_id)
         if stream is None or stream.reset or stream.send_ended:
-            return
+            return 0
         stream.trailers_pending = headers if isinstance(headers, bytes) else f.encode_headers(headers)
-        self._pump(stream)
+        return self._pump(stream)
+
+    def abandon_output(self, stream_id: int) -> int:
+        """Drop what is queued on a stream (data, its end, trailers) so that the driver may end
+        it otherwise (e.g. with a status of its own); returns the data bytes dropped."""
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return 0
+        stream.end_pending = False
+        return self._drop(stream)
 
     def _pump(self, stream: Stream) -> int:
         """Frame queued data within the windows, then the queued end or trailers; the bytes framed."""
@@ -150,7 +177,7 @@ class Sender:
         total = len(pending)
         if total:
             view = memoryview(pending)
-            out = self._out
+            out = self.output
             while sent < total:
                 size = min(total - sent, stream.send_window, self.send_window, self.peer_max_frame)
                 if size <= 0:
@@ -173,10 +200,10 @@ class Sender:
         self.blocked.pop(stream.id, None)
         if stream.trailers_pending is not None:
             block, stream.trailers_pending = stream.trailers_pending, None
-            self._out += self._header_frames(stream.id, block, True)
+            self.output += self._header_frames(stream.id, block, True)
             stream.send_ended = True
         elif stream.end_pending and not stream.send_ended:
-            self._out += f.frame(f.DATA, f.END_STREAM, stream.id)
+            self.output += f.frame(f.DATA, f.END_STREAM, stream.id)
             stream.send_ended = True
         return sent
 
@@ -226,7 +253,7 @@ class Sender:
         return unsent
 
     def _send_reset(self, stream_id: int, code: int) -> None:
-        self._out += f.rst_stream(stream_id, code)
+        self.output += f.rst_stream(stream_id, code)
         self.reset_ids.add(stream_id)
         self._reset_order.append(stream_id)
         if len(self._reset_order) > RESET_IDS_KEPT:
@@ -238,18 +265,27 @@ class Sender:
         out once a quarter of a window has accumulated."""
         if not self.credit_on_arrival:
             self._grant_connection(size)
+        self.acknowledge_stream_data(stream_id, size)
+
+    def acknowledge_stream_data(self, stream_id: int, size: int) -> None:
+        """Stream credit only: for a consumer that gave the connection's share back already
+        (:meth:`acknowledge_connection_data`) and the stream's as it takes messages."""
         stream = self.streams.get(stream_id)
         if stream is not None and not stream.recv_ended and not stream.reset:
             stream.to_grant += size
             if stream.to_grant >= self._grant_stream_at:
-                self._out += f.window_update(stream_id, stream.to_grant)
+                self.output += f.window_update(stream_id, stream.to_grant)
                 stream.recv_window += stream.to_grant
                 stream.to_grant = 0
+
+    def acknowledge_connection_data(self, size: int) -> None:
+        """Connection credit only (see :meth:`acknowledge_stream_data`)."""
+        self._grant_connection(size)
 
     def _grant_connection(self, size: int) -> None:
         self.to_grant += size
         if self.to_grant >= self._grant_connection_at:
-            self._out += f.window_update(0, self.to_grant)
+            self.output += f.window_update(0, self.to_grant)
             self.recv_window += self.to_grant
             self.to_grant = 0
 
@@ -258,13 +294,13 @@ class Sender:
     def send_ping(self, payload: bytes) -> None:
         if len(payload) != 8:
             raise LocalProtocolError("a PING carries 8 bytes")
-        self._out += f.frame(f.PING, 0, 0, payload)
+        self.output += f.frame(f.PING, 0, 0, payload)
 
     def goaway(self, error_code: int = f.NO_ERROR, debug: bytes = b"") -> None:
         """GOAWAY naming the last stream the peer opened: no more streams (streams above it
         are refused)."""
         self.goaway_state = "final"
-        self._out += f.goaway(self.last_peer_id, error_code, debug)
+        self.output += f.goaway(self.last_peer_id, error_code, debug)
 
     def announce_goaway(self) -> None:
         """First step of a graceful shutdown (RFC 9113 §6.8): GOAWAY with the largest stream id,
@@ -274,8 +310,8 @@ class Sender:
         if self.goaway_state is not None:
             return
         self.goaway_state = "announced"
-        self._out += f.goaway(f.MAX_STREAM_ID, f.NO_ERROR)
-        self._out += f.frame(f.PING, 0, 0, DRAIN_PING)
+        self.output += f.goaway(f.MAX_STREAM_ID, f.NO_ERROR)
+        self.output += f.frame(f.PING, 0, 0, DRAIN_PING)
 
     def final_goaway(self) -> None:
         """Second step: GOAWAY with the last stream id processed; later streams are refused."""

@@ -34,6 +34,7 @@ from typing import cast
 import hpack
 import hpack.exceptions
 
+from krproxy.h2 import _control
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
 from krproxy.h2._control import MAX_WINDOW_SHIFTS, Control
@@ -96,6 +97,7 @@ class Connection(Control):
         connection_credit_on_arrival: bool | None = None,
         stream_window: int = STREAM_WINDOW,
         connection_window: int = CONNECTION_WINDOW,
+        max_window_shifts: int | None = None,
     ) -> None:
         """Args:
         max_concurrent_streams: the limit we advertise (server role); streams beyond it
@@ -104,6 +106,8 @@ class Connection(Control):
             that must see them.
         connection_credit_on_arrival: give the connection's flow-control credit back as
             data arrives rather than when it is acknowledged (default: in the client role).
+        max_window_shifts: stream windows the peer's SETTINGS_INITIAL_WINDOW_SIZE changes
+            may adjust (default :data:`MAX_WINDOW_SHIFTS`).
         """
         self.role = role
         self.server = role is Role.SERVER
@@ -131,6 +135,9 @@ class Connection(Control):
         self.peer_max_streams = 100
         self.peer_settings_seen = False
         self.window_shifts = 0
+        self.max_window_shifts = (
+            _control.MAX_WINDOW_SHIFTS if max_window_shifts is None else max_window_shifts
+        )
         self.next_id = 1 if not self.server else 2
         self.last_peer_id = 0
         #: Graceful shutdown (RFC 9113 §6.8): None, "announced" (a GOAWAY with the largest id and
@@ -144,7 +151,9 @@ class Connection(Control):
         self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
         self.terminated: ev.ConnectionTerminated | None = None
         self._in = bytearray()
-        self._out = bytearray()
+        #: The bytes queued for the peer: :meth:`data_to_send` takes them, or a driver writes
+        #: from this buffer and trims it in place (one copy less per write).
+        self.output = bytearray()
         self._events: list[ev.Event] = []
         self._preface_due = self.server
         self._continuation: tuple[int, int, bytearray] | None = None
@@ -156,18 +165,18 @@ class Connection(Control):
             if max_concurrent_streams is not None:
                 ours.append((f.MAX_CONCURRENT_STREAMS, max_concurrent_streams))
         else:
-            self._out += f.PREFACE
+            self.output += f.PREFACE
             ours.append((f.ENABLE_PUSH, 0))
-        self._out += f.settings(ours)
+        self.output += f.settings(ours)
         if connection_window > f.DEFAULT_WINDOW:
-            self._out += f.window_update(0, connection_window - f.DEFAULT_WINDOW)
+            self.output += f.window_update(0, connection_window - f.DEFAULT_WINDOW)
 
     # -- output --------------------------------------------------------------------------
 
     def data_to_send(self) -> bytes:
         """The bytes queued for the peer since the last call (no I/O: the driver writes them)."""
-        out = bytes(self._out)
-        self._out.clear()
+        out = bytes(self.output)
+        self.output.clear()
         return out
 
     @property
@@ -260,7 +269,7 @@ class Connection(Control):
     def _terminate(self, code: int, reason: str) -> None:
         if self.terminated is not None:
             return
-        self._out += f.goaway(self.last_peer_id, code, reason.encode()[:200])
+        self.output += f.goaway(self.last_peer_id, code, reason.encode()[:200])
         self.terminated = ev.ConnectionTerminated(code, reason)
         self._events.append(self.terminated)
 
@@ -304,7 +313,7 @@ class Connection(Control):
             if len(payload) != 8:
                 raise f.ProtocolError("PING payload is not 8 bytes", f.FRAME_SIZE_ERROR)
             if not flags & f.ACK:
-                self._out += f.frame(f.PING, f.ACK, 0, payload)
+                self.output += f.frame(f.PING, f.ACK, 0, payload)
                 self._events.append(ev.PingReceived(payload))
             else:
                 if payload == DRAIN_PING and self.goaway_state == "announced":

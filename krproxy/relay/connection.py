@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Protocol, cast
 
 import hpack
@@ -40,19 +40,43 @@ import hpack.exceptions
 import trio
 
 from krproxy import log
+from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
 
 # The limits and window sizes are the HTTP/2 core's (krproxy.h2.connection), one source for both.
 from krproxy.h2.connection import (
     CONNECTION_WINDOW,
-    DRAIN_PING,
-    HTTP1_PEER,
     MAX_HEADER_BLOCK,
     MAX_HEADER_LIST,
     MAX_WINDOW_SHIFTS,
-    RESET_IDS_KEPT,
     STREAM_WINDOW,
+    Connection,
+    Role,
 )
+from krproxy.h2.streams import Stream
+
+__all__ = [
+    "CALLER_MAX_STREAMS",
+    "CONNECTION_WINDOW",
+    "DECODE_PER_TURN",
+    "HANDSHAKE_TIMEOUT",
+    "LARGE_BLOCK",
+    "MAX_HEADER_BLOCK",
+    "MAX_HEADER_LIST",
+    "MAX_HELD",
+    "MAX_UNSENT",
+    "MAX_WAITING",
+    "MAX_WINDOW_SHIFTS",
+    "STREAM_WINDOW",
+    "CallSide",
+    "Credit",
+    "Endpoint",
+    "Half",
+    "Headers",
+    "Relay",
+    "Route",
+    "connect_unix",
+]
 
 LOGGER = logging.getLogger("krproxy.relay")
 
@@ -260,148 +284,124 @@ class _Closed(Exception):
     """The peer closed the connection."""
 
 
-class Half:
-    """One side of a relayed call: a stream on one connection."""
+class _Terminated(Exception):
+    """The HTTP/2 core ended the connection (the peer broke HTTP/2); its GOAWAY is queued."""
 
-    __slots__ = (
-        "call",
-        "end_pending",
-        "ep",
-        "expect",
-        "headers_sent",
-        "id",
-        "opened",
-        "peer",
-        "pending",
-        "recv_ended",
-        "recv_window",
-        "reset",
-        "send_ended",
-        "send_window",
-        "to_grant",
-        "trailers_pending",
-    )
+    def __init__(self, event: ev.ConnectionTerminated) -> None:
+        super().__init__(event.reason)
+        self.code = event.error_code
+
+
+def _over(s: Stream) -> bool:
+    """Nothing more is sent on the stream (a function: the send that follows may end it)."""
+    return s.reset or s.send_ended
+
+
+class Half:
+    """One side of a relayed call: a stream on one connection.
+
+    Its protocol state (windows, queued data, ends) is the core's :class:`~krproxy.h2.streams.Stream`,
+    shared: the connection's own once the stream is open, a stream of its own while an upstream
+    half waits for a slot (what is queued on it goes out when it starts)."""
+
+    __slots__ = ("call", "ep", "opened", "peer", "s")
 
     def __init__(self, ep: Endpoint, stream_id: int, call: CallSide) -> None:
         self.ep = ep
-        self.id = stream_id
         self.call = call
         self.peer: Credit | None = None
-        self.opened = True
-        self.send_window = ep.peer_initial_window
-        self.recv_window = STREAM_WINDOW
-        self.to_grant = 0
-        self.pending = bytearray()
-        self.end_pending = False
-        self.trailers_pending: bytes | None = None
-        self.headers_sent = False
-        self.recv_ended = False
-        self.send_ended = False
-        self.reset = False
-        #: Request bytes still due by the caller's content-length header (None: it sent none).
-        self.expect: int | None = None
+        stream = ep.h2.streams.get(stream_id) if stream_id else None
+        self.opened = stream is not None
+        self.s = stream if stream is not None else Stream(stream_id, 0, STREAM_WINDOW)
+
+    # The stream's state, as the calls read (and mark) it.
+
+    @property
+    def id(self) -> int:
+        return self.s.id
+
+    @property
+    def reset(self) -> bool:
+        return self.s.reset
+
+    @reset.setter
+    def reset(self, value: bool) -> None:
+        # The call is over without an RST_STREAM of ours (refused, or its connection lost).
+        self.s.reset = value
+
+    @property
+    def recv_ended(self) -> bool:
+        return self.s.recv_ended
+
+    @recv_ended.setter
+    def recv_ended(self, value: bool) -> None:
+        self.s.recv_ended = value
+
+    @property
+    def send_ended(self) -> bool:
+        return self.s.send_ended
+
+    @property
+    def headers_sent(self) -> bool:
+        return self.s.headers_sent
+
+    @property
+    def pending(self) -> bytearray:
+        return self.s.pending
 
     @property
     def done(self) -> bool:
-        return self.reset or (self.send_ended and self.recv_ended)
+        return self.s.done
 
     # -- sending towards this half's peer connection ---------------------------------------
 
     def send_data(self, data: bytes, end: bool) -> None:
         """Queue ``data`` (from the paired half) and send what the windows allow."""
-        if self.reset or self.send_ended:
+        s = self.s
+        if _over(s):
             if self.peer is not None:
                 self.peer.grant(len(data))
             return
         ep = self.ep
-        size = len(data)
-        if (
-            self.opened
-            and not self.pending
-            and size <= self.send_window
-            and size <= ep.send_window
-            and size <= ep.peer_max_frame
-        ):
-            # The common case: the whole chunk fits; no queueing, no copy into `pending`.
-            if size or end:
-                ep.write(
-                    f.HEAD.pack(size >> 16, size & 0xFFFF, f.DATA, f.END_STREAM if end else 0, self.id) + data
-                )
-            self.send_window -= size
-            ep.send_window -= size
+        if not self.opened:  # waiting for a slot: queued until it starts
+            s.pending += data
+            ep.waiting_held += len(data)
             if end:
-                self.send_ended = True
-            if self.peer is not None and size:
-                self.peer.grant(size)
-            if end:
-                self.call.settle()
+                s.end_pending = True
             return
-        self.pending += data
-        ep.held += size
-        if ep.server_side and ep.held > MAX_HELD and not ep.dirty:  # try_send closes it, outside this frame
+        taken = ep.h2.send_data(s.id, data, end)
+        ep.touch()
+        if taken and self.peer is not None:
+            self.peer.grant(taken)
+        if ep.server_side and ep.h2.buffered > MAX_HELD and not ep.dirty:  # try_send closes it
             ep.dirty = True
             ep.relay.dirty.append(ep)
-        if end:
-            self.end_pending = True
-        self.pump()
+        if s.send_ended:
+            self.call.settle()
 
     def send_trailers(self, block: bytes) -> None:
         """Send a header block ending the stream, after any data still queued."""
-        if self.reset or self.send_ended:
+        s = self.s
+        if _over(s):
             return
-        self.trailers_pending = block
-        self.pump()
+        if not self.opened:
+            s.trailers_pending = block
+            return
+        sent = self.ep.h2.send_trailers(s.id, block)
+        self.ep.touch()
+        if sent and self.peer is not None:
+            self.peer.grant(sent)
+        if s.send_ended:
+            self.call.settle()
 
     def send_headers(self, block: bytes, end: bool) -> None:
         """Send response (or request) headers at once; they are not flow controlled."""
-        if self.reset or self.send_ended:
+        s = self.s
+        if s.reset or s.send_ended:
             return
-        self.headers_sent = True
-        self.ep.write(self.ep.header_frames(self.id, block, end))
+        self.ep.h2.send_headers(s.id, block, end)
+        self.ep.touch()
         if end:
-            self.send_ended = True
-            self.call.settle()
-
-    def pump(self) -> None:
-        """Send queued data within the windows; then the queued end of stream or trailers."""
-        if not self.opened or self.reset or self.send_ended:
-            return
-        ep = self.ep
-        pending = self.pending
-        sent = 0
-        total = len(pending)
-        if total:
-            view = memoryview(pending)
-            while sent < total:
-                size = min(total - sent, self.send_window, ep.send_window, ep.peer_max_frame)
-                if size <= 0:
-                    break
-                last = sent + size == total
-                flags = f.END_STREAM if last and self.end_pending and self.trailers_pending is None else 0
-                ep.write(f.HEAD.pack(size >> 16, size & 0xFFFF, f.DATA, flags, self.id))
-                ep.write(view[sent : sent + size])
-                sent += size
-                self.send_window -= size
-                ep.send_window -= size
-                if flags:
-                    self.send_ended = True
-            view.release()
-            del pending[:sent]
-            ep.held -= sent
-            if sent and self.peer is not None:
-                self.peer.grant(sent)
-        if pending:
-            ep.blocked[self.id] = self
-            return
-        ep.blocked.pop(self.id, None)
-        if self.trailers_pending is not None:
-            block, self.trailers_pending = self.trailers_pending, None
-            ep.write(ep.header_frames(self.id, block, True))
-            self.send_ended = True
-        elif self.end_pending and not self.send_ended:
-            ep.write(f.frame(f.DATA, f.END_STREAM, self.id))
-            self.send_ended = True
-        if self.send_ended:
             self.call.settle()
 
     # -- receiving: give flow-control credit back ------------------------------------------
@@ -412,54 +412,56 @@ class Half:
         On a caller's connection that is connection credit too; an upstream connection got
         its credit back when the bytes arrived (see the module docstring)."""
         ep = self.ep
-        if ep.server_side:
-            ep.grant(size)
-        if not self.recv_ended and not self.reset:
-            self.to_grant += size
-            if self.to_grant >= _STREAM_GRANT_AT:
-                ep.write(f.window_update(self.id, self.to_grant))
-                self.recv_window += self.to_grant
-                self.to_grant = 0
+        ep.h2.acknowledge_received_data(self.s.id, size)
+        ep.touch()
 
     def grant_stream(self, size: int) -> None:
         """Stream credit only, for a reader of our own that gave the connection's credit back on
         arrival and gives the stream's once its messages are taken (:mod:`krproxy.rpc`)."""
-        if not self.recv_ended and not self.reset:
-            self.to_grant += size
-            if self.to_grant >= _STREAM_GRANT_AT:
-                self.ep.write(f.window_update(self.id, self.to_grant))
-                self.recv_window += self.to_grant
-                self.to_grant = 0
+        self.ep.h2.acknowledge_stream_data(self.s.id, size)
+        self.ep.touch()
 
     def drop_pending(self) -> None:
-        """Discard the data still queued here, granting it back to its sender (the paired half's
-        connection), whose window would otherwise shrink for good."""
-        if self.pending:
-            if self.peer is not None:
-                self.peer.grant(len(self.pending))
-            self.ep.held -= len(self.pending)
-            self.pending.clear()
+        """Discard what is still queued here (data, its end, trailers), granting the data back to
+        its sender (the paired half's connection), whose window would otherwise shrink for good."""
+        s = self.s
+        if self.opened:
+            dropped = self.ep.h2.abandon_output(s.id)
+        else:
+            dropped = len(s.pending)
+            self.ep.waiting_held -= dropped
+            s.pending.clear()
+            s.end_pending = False
+            s.trailers_pending = None
+        if dropped and self.peer is not None:
+            self.peer.grant(dropped)
 
     def release(self) -> None:
         """The call is over: drop the references between this half, its call and its peer, so
         that their memory goes at once (reference counting), not at a full garbage collection."""
         self.call = _OVER
         self.peer = None
-        self.trailers_pending = None
+        self.s.trailers_pending = None
 
     def abort(self, code: int) -> None:
         """Reset this stream (RST_STREAM) unless it is over already."""
-        if self.done:
+        if self.s.done:
             return
-        self.reset = True
+        ep = self.ep
+        if self.opened and not ep.closed:
+            dropped = ep.h2.reset_stream(self.s.id, code)
+            ep.touch()
+            if dropped and self.peer is not None:
+                self.peer.grant(dropped)
+            return
         self.drop_pending()
-        self.ep.blocked.pop(self.id, None)
-        if self.opened and not self.ep.closed:
-            self.ep.reset_stream(self.id, code)
+        self.s.reset = True
 
 
 class Endpoint:
-    """One HTTP/2 connection: to a caller (``server_side``) or to an upstream."""
+    """One HTTP/2 connection: to a caller (``server_side``) or to an upstream. The driver of a
+    :class:`krproxy.h2.connection.Connection`: socket, deadlines, decoding large header blocks
+    in a worker thread, flushing; the core's events become calls' steps."""
 
     def __init__(
         self, relay: Relay, sock: socket.socket, *, server_side: bool, route: Route | None = None
@@ -469,63 +471,47 @@ class Endpoint:
         self.sock = sock
         self.server_side = server_side
         self.route = route
-        self.out = bytearray()
+        self.h2 = Connection(
+            Role.SERVER if server_side else Role.CLIENT,
+            max_concurrent_streams=relay.caller_max_streams if server_side else None,
+            check_request_headers=relay.check_request_headers,
+            max_window_shifts=MAX_WINDOW_SHIFTS,  # read here: tests lower it
+        )
+        self.h2.decode_budget = DECODE_PER_TURN
+        self.out = self.h2.output  # written from and trimmed in place
         self.dirty = False
         self.writing = False
         self.closing = False  # close once `out` is written (a drained connection)
         self.closed = False
         self.retiring = False  # takes no new streams (GOAWAY received, or ids used up)
         self.halves: dict[int, Half] = {}
-        self.blocked: dict[int, Half] = {}  # halves with data waiting for send window
-        self.held = 0  # bytes in the halves' `pending`: received elsewhere, not yet sent here
+        # Bytes queued on upstream halves still waiting for a stream slot.
+        self.waiting_held = 0
         # Request bytes collected from this caller by calls with hook points still running (each
         # is taken whole before its hooks run); bounded by MAX_HELD too (krproxy.relay.rpc).
         self.collected = 0
         # Upstream halves waiting for a stream slot (peer's MAX_CONCURRENT_STREAMS), with their headers.
         self.waiting = _FairQueue()
-        self.send_window = f.DEFAULT_WINDOW
-        self.peer_initial_window = f.DEFAULT_WINDOW
-        self.peer_max_frame = f.DEFAULT_MAX_FRAME
-        # Until the peer's SETTINGS say otherwise, no more streams than RFC 9113 asks every
-        # peer to allow: h2 (grpclib) closes the connection on a stream beyond its limit.
-        self.peer_max_streams = 100
-        self._peer_settings_seen = False
-        self._window_shifts = 0  # stream windows adjusted for the peer's INITIAL_WINDOW_SIZE changes
-        self.recv_window = CONNECTION_WINDOW
-        self.to_grant = 0
-        self.next_id = 1
-        self.last_peer_id = 0
-        #: Graceful shutdown of a caller's connection (RFC 9113 §6.8): None, "announced" (a
-        #: GOAWAY with the largest id and a PING are out), or "final" (GOAWAY with the last id
-        #: we process: streams above it are refused, the connection closes once idle).
-        self.goaway: str | None = None
-        self.peer_table_size = 4096  # SETTINGS_HEADER_TABLE_SIZE, for our encoder (RFC 7541 §4.2)
-        self.table_update = False  # a dynamic table size update is owed in the next block
-        # Streams we reset lately: frames the peer sent before it saw that are ignored.
-        self._reset_ids: set[int] = set()
-        self._reset_order: deque[int] = deque()
-        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
-        self._continuation: tuple[int, int, bytearray] | None = None
-        # A header block left for a worker thread (see DECODE_PER_TURN), with its stream and
-        # flags, and the bytes of blocks decoded on the event loop since the socket was waited for.
-        self._deferred: tuple[int, int, bytes] | None = None
-        self._decoded = 0
         self._handshake = trio.CancelScope()  # run() replaces it: the preface's deadline
-        ours = [(f.INITIAL_WINDOW_SIZE, STREAM_WINDOW)]
-        if server_side:
-            if relay.caller_max_streams is not None:
-                ours.append((f.MAX_CONCURRENT_STREAMS, relay.caller_max_streams))
-        else:
-            self.out += f.PREFACE
-            ours.append((f.ENABLE_PUSH, 0))
-        self.write(f.settings(ours))
-        self.write(f.window_update(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW))
+        self.touch()
+
+    @property
+    def held(self) -> int:
+        """Bytes queued here: received elsewhere, not yet within this connection's windows."""
+        return self.h2.buffered + self.waiting_held
+
+    @property
+    def goaway(self) -> str | None:
+        """Graceful shutdown of a caller's connection (RFC 9113 §6.8): None, "announced" (a
+        GOAWAY with the largest id and a PING are out), or "final" (GOAWAY with the last id we
+        process: streams above it are refused, the connection closes once idle)."""
+        return self.h2.goaway_state
 
     # -- output ------------------------------------------------------------------------
 
-    def write(self, data: bytes | memoryview) -> None:
-        self.out += data
-        if not self.dirty:
+    def touch(self) -> None:
+        """The core may have queued bytes: have the relay write them out (Relay.flush)."""
+        if self.out and not self.dirty:
             self.dirty = True
             self.relay.dirty.append(self)
 
@@ -578,20 +564,16 @@ class Endpoint:
                 self.close(_DRAINED)
 
     def grant(self, size: int) -> None:
-        self.to_grant += size
-        if self.to_grant >= _CONNECTION_GRANT_AT:
-            self.write(f.window_update(0, self.to_grant))
-            self.recv_window += self.to_grant
-            self.to_grant = 0
+        """Connection credit for ``size`` received bytes (the streams' comes separately)."""
+        self.h2.acknowledge_connection_data(size)
+        self.touch()
 
     # -- streams -----------------------------------------------------------------------
 
     def open_stream(self, half: Half, block: bytes, end: bool) -> None:
         """Start ``half`` as a new stream carrying ``block``, or queue it for a free slot."""
         half.opened = False
-        half.trailers_pending = None
-        half.headers_sent = False
-        if len(self.halves) >= self.peer_max_streams:
+        if len(self.halves) >= self.h2.peer_max_streams:
             if len(self.waiting) >= MAX_WAITING:
                 # Refused: the call of the caller with the most calls waiting, which is this one
                 # or that caller's latest, so that one caller cannot lock the others out.
@@ -607,33 +589,45 @@ class Endpoint:
         self._start(half, block, end)
 
     def _start(self, half: Half, block: bytes, end: bool) -> None:
-        if self.next_id > f.MAX_STREAM_ID:  # ids used up while it waited: not sent, so refused
+        h2 = self.h2
+        if h2.next_id > f.MAX_STREAM_ID:  # ids used up while it waited: not sent, so refused
             half.reset = True
             half.call.upstream_gone(f"{self.describe}: stream ids used up on this connection", True)
             return
-        half.id = self.next_id
-        self.next_id += 2
-        if self.next_id > f.MAX_STREAM_ID:
-            self.retire()
+        s = half.s
+        queued = len(s.pending)
+        self.waiting_held -= queued
+        stream_id = h2.start_stream(block, end, stream=s)
         half.opened = True
-        half.send_window = self.peer_initial_window
-        self.halves[half.id] = half
-        half.send_headers(block, end)
+        self.halves[stream_id] = half
+        self.touch()
+        if h2.next_id > f.MAX_STREAM_ID:
+            self.retire()
         half.call.backend_clock = time.perf_counter()
-        half.pump()
+        sent = queued - len(s.pending)
+        if sent and half.peer is not None:
+            half.peer.grant(sent)
+        if s.send_ended:
+            half.call.settle()
 
     def forget(self, half: Half) -> None:
         half.drop_pending()  # a stream reset by its peer, or on a lost connection, left it
         if not half.opened:  # ended while it waited for a slot: it holds no place in the queue
             self.waiting.remove(half)
-        if self.halves.get(half.id) is half:
+        elif self.halves.get(half.id) is half:
             del self.halves[half.id]
-        self.blocked.pop(half.id, None)
+            self.h2.release_stream(half.id)
         self._start_waiting()
         if self.retiring and not self.halves and not self.waiting:
             self.close(_RETIRED)
         elif self.goaway == "final" and not self.halves:
             self._close_when_sent()
+
+    def reset_stream(self, stream_id: int, code: int) -> None:
+        """RST_STREAM on a stream the relay will not serve; frames the peer sent before it sees
+        it are ignored (RFC 9113 §5.1)."""
+        self.h2.reset_stream(stream_id, code)
+        self.touch()
 
     def announce_goaway(self) -> None:
         """First step of a graceful shutdown (RFC 9113 §6.8): GOAWAY with the largest stream id,
@@ -641,17 +635,16 @@ class Endpoint:
         a PING whose answer tells that they have all arrived (then :meth:`final_goaway`)."""
         if self.goaway is not None or self.closed:
             return
-        self.goaway = "announced"
-        self.write(f.goaway(f.MAX_STREAM_ID, f.NO_ERROR))
-        self.write(f.frame(f.PING, 0, 0, DRAIN_PING))
+        self.h2.announce_goaway()
+        self.touch()
 
     def final_goaway(self) -> None:
         """Second step: GOAWAY with the last stream id processed; later streams are refused (the
         caller sends them again elsewhere), and the connection closes once its calls are over."""
         if self.goaway == "final" or self.closed:
             return
-        self.goaway = "final"
-        self.write(f.goaway(self.last_peer_id, f.NO_ERROR))
+        self.h2.final_goaway()
+        self.touch()
         if not self.halves:
             self._close_when_sent()
 
@@ -663,7 +656,7 @@ class Endpoint:
             self.close(_DRAINED)
 
     def _start_waiting(self) -> None:
-        while self.waiting and len(self.halves) < self.peer_max_streams and not self.closed:
+        while self.waiting and len(self.halves) < self.h2.peer_max_streams and not self.closed:
             waiting, block, end = self.waiting.popleft()
             if not waiting.done:
                 self._start(waiting, block, end)
@@ -690,12 +683,11 @@ class Endpoint:
             log.event(LOGGER, "handshake_timeout", level=logging.WARNING, peer=self.describe)
         except _Closed:
             reason = "connection closed by peer"
-        except f.ProtocolError as err:
+        except _Terminated as err:
             reason = f"HTTP/2 protocol error: {err}"
             log.event(LOGGER, "protocol_error", level=logging.WARNING, peer=self.describe, error=err)
             if not self.closed:
-                self.write(f.goaway(self.last_peer_id, err.code, str(err).encode()[:200]))
-                self.try_send()
+                self.try_send()  # the core's GOAWAY
         except (OSError, trio.ClosedResourceError) as err:
             reason = _socket_trouble(err)
         except trio.Cancelled:
@@ -711,396 +703,130 @@ class Endpoint:
 
     async def _read_loop(self) -> None:
         sock = self.sock
-        buf = bytearray()
-        preface = self.server_side
+        h2 = self.h2
         reads = 0
         while True:
             try:
                 data = sock.recv(_RECV_SIZE)
             except BlockingIOError:
-                reads = self._decoded = 0
+                reads = 0
+                h2.decode_budget = DECODE_PER_TURN
                 await trio.lowlevel.wait_readable(sock)
                 continue
             if not data:
                 raise _Closed()
-            buf += data
-            if preface:
-                if len(buf) < len(f.PREFACE):
-                    if not f.PREFACE.startswith(bytes(buf)):
-                        raise f.ProtocolError("not an HTTP/2 connection preface")
-                    continue
-                if not buf.startswith(f.PREFACE):
-                    raise f.ProtocolError("not an HTTP/2 connection preface")
-                del buf[: len(f.PREFACE)]
-                preface = False
+            await self._handle(h2.receive_data(data))
+            if self._handshake.deadline != math.inf and h2.preface_received:
                 self._handshake.deadline = math.inf
-            await self._handle(buf)
             reads += 1
             if reads >= _READS_PER_CHECKPOINT:
                 reads = 0
                 await trio.lowlevel.checkpoint()
 
-    async def _handle(self, buf: bytearray) -> None:
-        """Handle the whole frames in ``buf`` and remove them, waiting for a worker thread to
-        decode each header block beyond what the event loop decodes (:data:`DECODE_PER_TURN`)."""
+    async def _handle(self, events: list[ev.Event]) -> None:
+        """Hand the core's events to the calls, waiting for a worker thread to decode each
+        header block beyond what the event loop decodes (:data:`DECODE_PER_TURN`)."""
         while True:
-            used = self._frames(buf)
-            del buf[:used]
+            self._dispatch(events)
+            self.touch()
             self.relay.flush()
-            deferred, self._deferred = self._deferred, None
-            if deferred is None:
+            last = events[-1] if events else None
+            if last.__class__ is ev.ConnectionTerminated:
+                raise _Terminated(last)
+            if last.__class__ is not ev.HeaderBlockReceived:
                 return
-            stream_id, flags, block = deferred
+            block = last.block
             large = len(block) >= LARGE_BLOCK
-            headers = await trio.to_thread.run_sync(
-                _decode_aside,
-                self.decoder,
-                block,
-                limiter=self.relay.large_decodes if large else self.relay.small_decodes,
-                abandon_on_cancel=True,  # a relay stopping does not wait for it
-            )
+            try:
+                headers: Headers | f.ProtocolError = await trio.to_thread.run_sync(
+                    _decode_aside,
+                    self.h2.decoder,
+                    block,
+                    limiter=self.relay.large_decodes if large else self.relay.small_decodes,
+                    abandon_on_cancel=True,  # a relay stopping does not wait for it
+                )
+            except f.ProtocolError as err:
+                headers = err
             if self.closed:  # closed meanwhile (e.g. it stopped reading our answers)
                 raise trio.ClosedResourceError("connection closed")
-            self._on_block(stream_id, flags, headers)
+            events = self.h2.receive_headers(headers)
 
-    def _frames(self, buf: bytearray) -> int:
-        """Handle the whole frames at the start of ``buf``; the bytes used. Stops after a header
-        block left for a worker thread (:meth:`_handle` waits for it)."""
-        offset, total = 0, len(buf)
-        head = f.HEAD
-        while total - offset >= f.HEAD_SIZE and self._deferred is None:
-            high, low, kind, flags, stream_id = head.unpack_from(buf, offset)
-            size = high << 16 | low
-            if size > f.DEFAULT_MAX_FRAME:
-                if buf.startswith(b"HTTP/1.", offset):  # an HTTP/1 answer, read as a frame header
-                    raise f.ProtocolError(HTTP1_PEER, f.PROTOCOL_ERROR)
-                raise f.ProtocolError(f"frame of {size} bytes exceeds 16384", f.FRAME_SIZE_ERROR)
-            end = offset + f.HEAD_SIZE + size
-            if end > total:
-                break
-            payload = bytes(buf[offset + f.HEAD_SIZE : end])
-            offset = end
-            self._frame(kind, flags, stream_id & 0x7FFF_FFFF, payload)
-        return offset
+    def _dispatch(self, events: list[ev.Event]) -> None:
+        server = self.server_side
+        halves = self.halves
+        for event in events:
+            kind = event.__class__
+            if kind is ev.DataReceived:
+                data = cast(ev.DataReceived, event)
+                half = halves.get(data.stream_id)
+                if half is None:  # the relay refused it (and the core reset it)
+                    self.h2.acknowledge_received_data(data.stream_id, data.flow_controlled_length)
+                elif server:
+                    half.call.on_request_data(data.data, data.end_stream)
+                else:
+                    half.call.on_reply_data(data.data, data.end_stream)
+            elif kind is ev.RequestReceived:
+                request = cast(ev.RequestReceived, event)
+                self.relay.open_call(self, request.stream_id, request.headers, request.end_stream)
+                if request.stream_id not in halves:  # refused or answered at once: not ours to keep
+                    self.h2.release_stream(request.stream_id)
+            elif kind is ev.HeadersReceived:
+                reply = cast(ev.HeadersReceived, event)
+                half = halves.get(reply.stream_id)
+                if half is not None:
+                    half.call.on_reply_headers(reply.headers, reply.end_stream)
+                    if reply.end_stream:
+                        half.call.settle()
+            elif kind is ev.DataSent:
+                sent = cast(ev.DataSent, event)
+                half = halves.get(sent.stream_id)
+                if half is not None:
+                    if sent.size and half.peer is not None:
+                        half.peer.grant(sent.size)
+                    if sent.stream_ended:
+                        half.call.settle()
+            elif kind is ev.TrailersReceived:
+                trailers = cast(ev.TrailersReceived, event)
+                half = halves.get(trailers.stream_id)
+                if half is not None:
+                    half.call.on_request_trailers(trailers.headers)
+                    half.call.settle()
+            elif kind is ev.StreamReset:
+                self._on_reset(cast(ev.StreamReset, event))
+            elif kind is ev.SettingsChanged:
+                self._start_waiting()
+            elif kind is ev.PingAcked:
+                if self.goaway == "final" and not halves and not self.closing:
+                    self._close_when_sent()  # the drain PING came back: the final GOAWAY is out
+            elif kind is ev.GoAwayReceived:
+                self._on_goaway(cast(ev.GoAwayReceived, event))
 
-    def _frame(self, kind: int, flags: int, stream_id: int, payload: bytes) -> None:
-        if self._continuation is not None and kind != f.CONTINUATION:
-            raise f.ProtocolError("header block interrupted before END_HEADERS")
-        if kind == f.DATA:
-            self._on_data(flags, stream_id, payload)
-        elif kind == f.HEADERS:
-            self._require_stream(stream_id, "HEADERS")
-            fragment, depends_on = f.header_fragment(flags, payload)
-            if depends_on == stream_id:  # a stream error, once the block is decoded (HPACK state)
-                flags |= _SELF_DEPENDENT
-            if flags & f.END_HEADERS:
-                self._block(stream_id, flags, fragment)
-            else:
-                self._continuation = (stream_id, flags, bytearray(fragment))
-        elif kind == f.CONTINUATION:
-            if self._continuation is None or self._continuation[0] != stream_id:
-                raise f.ProtocolError("CONTINUATION without a header block to continue")
-            _, first_flags, block = self._continuation
-            block += payload
-            if len(block) > MAX_HEADER_BLOCK:
-                raise f.ProtocolError("header block too large")
-            if flags & f.END_HEADERS:
-                self._continuation = None
-                self._block(stream_id, first_flags, bytes(block))
-        elif kind == f.SETTINGS:
-            self._require_connection(stream_id, "SETTINGS")
-            if flags & f.ACK and payload:  # RFC 9113 §6.5
-                raise f.ProtocolError("SETTINGS ACK with a payload", f.FRAME_SIZE_ERROR)
-            if not flags & f.ACK:
-                self._on_settings(f.parse_settings(payload))
-                self.write(f.frame(f.SETTINGS, f.ACK, 0))
-        elif kind == f.WINDOW_UPDATE:
-            self._require_not_idle(stream_id, "WINDOW_UPDATE")
-            self._on_window_update(stream_id, f.parse_u32(payload))
-        elif kind == f.PING:
-            self._require_connection(stream_id, "PING")
-            if len(payload) != 8:
-                raise f.ProtocolError("PING payload is not 8 bytes", f.FRAME_SIZE_ERROR)
-            if not flags & f.ACK:
-                self.write(f.frame(f.PING, f.ACK, 0, payload))
-            elif payload == DRAIN_PING and self.goaway == "announced":
-                self.final_goaway()
-        elif kind == f.RST_STREAM:
-            self._require_stream(stream_id, "RST_STREAM")
-            self._require_not_idle(stream_id, "RST_STREAM")
-            self._on_reset(stream_id, f.parse_u32(payload))
-        elif kind == f.GOAWAY:
-            self._require_connection(stream_id, "GOAWAY")
-            self._on_goaway(*f.parse_goaway(payload))
-        elif kind == f.PUSH_PROMISE:
-            raise f.ProtocolError("PUSH_PROMISE (push is disabled)")
-        elif kind == f.PRIORITY:  # the scheme is deprecated (§5.3.2), the frame still checked
-            self._require_stream(stream_id, "PRIORITY")
-            try:
-                if f.parse_priority(payload) == stream_id:
-                    raise f.StreamError(f"stream {stream_id} depends on itself")
-            except f.StreamError as err:
-                self._stream_error(stream_id, err.code, idle=True)
-        # Unknown frame types are ignored (RFC 9113 §5.5).
-
-    @staticmethod
-    def _require_stream(stream_id: int, kind: str) -> None:
-        if stream_id == 0:
-            raise f.ProtocolError(f"{kind} on stream 0")
-
-    def _require_not_idle(self, stream_id: int, kind: str) -> None:
-        """RST_STREAM or WINDOW_UPDATE on a stream nobody opened yet is a connection error
-        (RFC 9113 §5.1): the peer's stream ids and ours are told apart by parity."""
-        if stream_id == 0:
+    def _on_reset(self, event: ev.StreamReset) -> None:
+        half = self.halves.get(event.stream_id)
+        if half is None:
             return
-        ours = (stream_id % 2 == 1) != self.server_side
-        idle = stream_id >= self.next_id if ours else stream_id > self.last_peer_id
-        if idle:
-            raise f.ProtocolError(f"{kind} on idle stream {stream_id}")
-
-    @staticmethod
-    def _require_connection(stream_id: int, kind: str) -> None:
-        if stream_id != 0:
-            raise f.ProtocolError(f"{kind} on stream {stream_id}")
-
-    def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        self._require_stream(stream_id, "DATA")
-        size = len(payload)
-        self.recv_window -= size
-        if self.recv_window < 0:
-            raise f.ProtocolError("DATA beyond the connection window", f.FLOW_CONTROL_ERROR)
-        if not self.server_side:
-            self.grant(size)  # an upstream connection's credit comes back on arrival
-        data = f.unpad(flags, payload)
-        half = self.halves.get(stream_id)
-        if half is None or half.recv_ended or half.reset:
-            if self.server_side:
-                self.grant(size)  # a stream that is over (or never was): nothing to pass on
-            if self.server_side and stream_id > self.last_peer_id:
-                raise f.ProtocolError(f"DATA on idle stream {stream_id}")
-            if not self.server_side:
-                return
-            if half is not None and not half.done:  # half-closed (remote): its call ends too
-                self._stream_error(stream_id, f.STREAM_CLOSED)
-            elif stream_id not in self._reset_ids:
-                # Closed: the caller reset it, or both sides ended it (RFC 9113 §6.1: a stream
-                # error). Not when we reset it: what was in flight then is ignored (§5.1).
-                self.reset_stream(stream_id, f.STREAM_CLOSED)
-            return
-        half.recv_window -= size
-        if half.recv_window < 0:
-            raise f.ProtocolError(f"DATA beyond the window of stream {stream_id}", f.FLOW_CONTROL_ERROR)
-        if size != len(data):
-            half.grant(size - len(data))  # padding is consumed here
-        end = bool(flags & f.END_STREAM)
-        if half.expect is not None:
-            half.expect -= len(data)
-            if half.expect < 0 or (end and half.expect):
-                # DATA other than the content-length said: malformed (RFC 9113 §8.1.1), not
-                # passed on; its connection credit comes back here (the padding's came above).
-                if self.server_side:
-                    self.grant(len(data))
-                self._stream_error(stream_id, f.PROTOCOL_ERROR)
-                return
-        if end:
-            half.recv_ended = True
-        if self.server_side:
-            half.call.on_request_data(data, end)
-        else:
-            half.call.on_reply_data(data, end)
-
-    def _block(self, stream_id: int, flags: int, block: bytes) -> None:
-        """A whole header block arrived: decode it here, or leave it for a worker thread."""
-        self._decoded += len(block)
-        if self._decoded > DECODE_PER_TURN:
-            self._deferred = (stream_id, flags, block)  # _handle decodes it; _frames stops here
-            return
-        self._on_block(stream_id, flags, _decode_block(self.decoder, block))
-
-    def _on_block(self, stream_id: int, flags: int, headers: Headers) -> None:
-        end = bool(flags & f.END_STREAM)
-        half = self.halves.get(stream_id)
-        if self.server_side:
-            if half is None:
-                if stream_id % 2 == 0:
-                    raise f.ProtocolError(f"caller opened even stream {stream_id}")
-                if stream_id <= self.last_peer_id:
-                    if stream_id in self._reset_ids:
-                        return  # we reset it: frames already on their way are ignored (§5.1)
-                    raise f.ProtocolError(
-                        f"HEADERS opening stream {stream_id}, not above stream {self.last_peer_id}"
-                        " (stream ids are never lower nor reused, RFC 9113 §5.1.1)"
-                    )
-                self.last_peer_id = stream_id
-                limit = self.relay.caller_max_streams
-                if self.goaway == "final" or (limit is not None and len(self.halves) >= limit):
-                    # Above the last id of our GOAWAY, or beyond the streams we advertised: not
-                    # processed, so the caller may send it again (elsewhere).
-                    self.reset_stream(stream_id, f.REFUSED_STREAM)
-                    return
-                problem = (
-                    "it depends on itself"
-                    if flags & _SELF_DEPENDENT
-                    else f.request_header_problem(headers)
-                    if self.relay.check_request_headers
-                    else None
-                )
-                length = None if problem is not None else f.content_length(headers)
-                if end and length:
-                    problem = f"content-length {length} but no DATA"
-                if problem is not None:  # malformed (RFC 9113 §8.1.1): a stream error
-                    log.event(
-                        LOGGER, "malformed_request", level=logging.DEBUG, stream=stream_id, problem=problem
-                    )
-                    self.reset_stream(stream_id, f.PROTOCOL_ERROR)
-                    return
-                self.relay.open_call(self, stream_id, headers, end)
-                if length is not None and stream_id in self.halves:
-                    self.halves[stream_id].expect = length
-                return
-            if half.reset:
-                return
-            if half.recv_ended:  # half-closed (remote): a stream error (RFC 9113 §5.1)
-                self._stream_error(half.id, f.STREAM_CLOSED)
-                return
-            half.recv_ended = end
-            if not end:
-                raise f.ProtocolError(f"second header block on stream {stream_id} without END_STREAM")
-            problem = f.request_header_problem(headers, trailers=True)
-            if problem is not None or half.expect:  # malformed, or DATA short of content-length
-                self._stream_error(half.id, f.PROTOCOL_ERROR)
-                return
-            half.call.on_request_trailers(headers)
-            half.call.settle()
-        elif half is not None and not half.recv_ended and not half.reset:
-            if end:
-                half.recv_ended = True
-            half.call.on_reply_headers(headers, end)
-            if end:
-                half.call.settle()
-
-    def _on_settings(self, values: Iterable[tuple[int, int]]) -> None:
-        if not self._peer_settings_seen:
-            self._peer_settings_seen = True
-            self.peer_max_streams = 2**31  # the peer states its limit now, or has none
-        for key, value in values:
-            if key == f.INITIAL_WINDOW_SIZE:
-                if value > f.MAX_WINDOW:
-                    raise f.ProtocolError("INITIAL_WINDOW_SIZE above 2^31-1", f.FLOW_CONTROL_ERROR)
-                delta = value - self.peer_initial_window
-                self.peer_initial_window = value
-                if delta and self.halves:
-                    # A peer flipping it back and forth makes us walk every stream each time.
-                    self._window_shifts += len(self.halves)
-                    if self._window_shifts > MAX_WINDOW_SHIFTS:
-                        raise f.ProtocolError(
-                            "too many SETTINGS_INITIAL_WINDOW_SIZE changes", f.ENHANCE_YOUR_CALM
-                        )
-                for half in self.halves.values():
-                    half.send_window += delta
-                    if half.send_window > f.MAX_WINDOW:  # RFC 9113 §6.9.2
-                        raise f.ProtocolError("a stream window above 2^31-1", f.FLOW_CONTROL_ERROR)
-                if delta > 0:
-                    self._pump_blocked()
-            elif key == f.MAX_FRAME_SIZE:
-                if not f.DEFAULT_MAX_FRAME <= value <= 2**24 - 1:
-                    raise f.ProtocolError(f"MAX_FRAME_SIZE {value} out of range")
-                self.peer_max_frame = value
-            elif key == f.MAX_CONCURRENT_STREAMS:
-                self.peer_max_streams = value
-            elif key == f.ENABLE_PUSH and value > 1:
-                raise f.ProtocolError("ENABLE_PUSH above 1")
-            elif key == f.HEADER_TABLE_SIZE and value < self.peer_table_size:
-                # Our blocks never use the dynamic table, but the peer's decoder must be told
-                # that its smaller size took effect (RFC 7541 §4.2), in our next header block.
-                self.peer_table_size = value
-                self.table_update = True
-        self._start_waiting()
-
-    def _on_window_update(self, stream_id: int, increment: int) -> None:
-        if increment == 0:
-            if stream_id == 0:
-                raise f.ProtocolError("WINDOW_UPDATE of 0")
-            # On a stream it is that stream's error only (RFC 9113 §6.9): reset it, keep the rest.
-            self._stream_error(stream_id, f.PROTOCOL_ERROR)
-            return
-        if stream_id == 0:
-            self.send_window += increment
-            if self.send_window > f.MAX_WINDOW:
-                raise f.ProtocolError("connection window above 2^31-1", f.FLOW_CONTROL_ERROR)
-            self._pump_blocked()
-            return
-        half = self.halves.get(stream_id)
-        if half is not None:
-            half.send_window += increment
-            if half.send_window > f.MAX_WINDOW:  # that stream's error only (RFC 9113 §6.9.1)
-                self._stream_error(stream_id, f.FLOW_CONTROL_ERROR)
-                return
-            if half.pending or half.trailers_pending is not None:
-                half.pump()
-
-    def _stream_error(self, stream_id: int, code: int, idle: bool = False) -> None:
-        """A stream error (RFC 9113 §5.4.2): RST_STREAM(code) on that stream, its call ended; the
-        connection and its other streams go on. Nothing is sent for an idle stream, unless
-        ``idle``: a PRIORITY frame may name one, and its own error is the stream's (§5.3.1 of
-        RFC 7540; grpc-go's and hyper's servers reset it too)."""
-        half = self.halves.get(stream_id)
-        if half is not None:
-            if half.done or half.reset:
-                return
-            half.abort(code)
-            if self.server_side:
-                half.call.caller_gone()
-            else:
-                half.call.upstream_gone(f"{self.describe} broke HTTP/2 on the stream ({f.ERROR_NAMES[code]})")
-            return
-        ours = (stream_id % 2 == 1) != self.server_side
-        known = stream_id < (self.next_id if ours else self.last_peer_id + 1)
-        if (known or idle) and stream_id not in self._reset_ids:
-            self.reset_stream(stream_id, code)
-
-    def reset_stream(self, stream_id: int, code: int) -> None:
-        """Send RST_STREAM; frames the peer sent before it sees it are ignored (RFC 9113 §5.1)."""
-        self.write(f.rst_stream(stream_id, code))
-        reset = self._reset_ids
-        reset.add(stream_id)
-        self._reset_order.append(stream_id)
-        if len(self._reset_order) > RESET_IDS_KEPT:
-            reset.discard(self._reset_order.popleft())
-
-    def header_frames(self, stream_id: int, block: bytes, end: bool) -> bytes:
-        """HEADERS (+ CONTINUATION) frames for ``block``, starting with the dynamic table size
-        update the peer is owed after lowering SETTINGS_HEADER_TABLE_SIZE (RFC 7541 §4.2)."""
-        if self.table_update:
-            self.table_update = False
-            block = f.table_size_update(0) + block  # we never use the table: 0 fits every limit
-        return f.header_frames(stream_id, block, end, self.peer_max_frame)
-
-    def _pump_blocked(self) -> None:
-        for half in list(self.blocked.values()):
-            half.pump()
-            if self.send_window <= 0:
-                break
-
-    def _on_reset(self, stream_id: int, code: int) -> None:
-        half = self.halves.get(stream_id)
-        if half is None or half.reset:
-            return
-        half.reset = True
+        if event.unsent and half.peer is not None:
+            half.peer.grant(event.unsent)
+        code = event.error_code
         if self.server_side:
             half.call.caller_gone()
-        else:
+        elif event.remote:
             refused = code == f.REFUSED_STREAM  # not processed (RFC 9113 §8.7): safe to send again
             name = f.ERROR_NAMES.get(code, f"HTTP/2 error code {code}")
             half.call.upstream_gone(f"{self.describe} reset the stream ({name})", refused, reset_code=code)
+        else:
+            half.call.upstream_gone(f"{self.describe} broke HTTP/2 on the stream ({f.ERROR_NAMES[code]})")
 
-    def _on_goaway(self, last_stream_id: int, code: int) -> None:
+    def _on_goaway(self, event: ev.GoAwayReceived) -> None:
         if self.server_side:
             return  # the caller will open no more streams; the running ones go on
         self.retire()
-        for half in [h for h in self.halves.values() if h.id > last_stream_id] + [w[0] for w in self.waiting]:
+        gone = [self.halves[i] for i in event.refused if i in self.halves] + [w[0] for w in self.waiting]
+        for half in gone:
             half.reset = True  # above the last stream it will process: not processed, like a refusal
-            half.call.upstream_gone(f"{self.describe} is going away (GOAWAY, HTTP/2 error code {code})", True)
+            half.call.upstream_gone(
+                f"{self.describe} is going away (GOAWAY, HTTP/2 error code {event.error_code})", True
+            )
 
     # -- the end ---------------------------------------------------------------------
 
@@ -1124,7 +850,6 @@ class Endpoint:
                 half.call.upstream_gone(reason)
         self.halves.clear()
         self.waiting.clear()
-        self.blocked.clear()
 
 
 def _decode_block(decoder: hpack.Decoder, block: bytes) -> Headers:

@@ -258,7 +258,6 @@ class Relay:
             if end:
                 call.on_request_data(b"", True)
             return
-        client.recv_ended = end
         if route is None:  # a relay that only answers calls itself
             call.fail(Status.UNIMPLEMENTED, f"unknown method {text}")
             return

@@ -311,12 +311,9 @@ class Call:
         if not client.done and not client.send_ended and not self.answered:
             self.answered = True
             self.status, self.message = status, message
-            client.drop_pending()
-            client.end_pending = False
-            client.ep.blocked.pop(client.id, None)
+            client.drop_pending()  # queued data, its end and trailers: this status ends it instead
             fields = _status_fields(status, message, None)
             block = f.encode_headers(fields if client.headers_sent else [*_PLAIN_HEADERS, *fields])
-            client.trailers_pending = None
             client.send_headers(block, True)
         if self.upstream is not None:
             self.upstream.abort(f.CANCEL)

@@ -445,7 +445,6 @@ class _ServerRelay(Relay):
         client = call.client = Half(ep, stream_id, call)
         call.inbox = Inbox(client, server.max_request)
         client.peer = call  # told as reply bytes are written: send_message's room to send
-        client.recv_ended = end
         ep.halves[stream_id] = client
         self.in_flight += 1
         deadline = None
