@@ -135,10 +135,12 @@ def test_a_restart_with_an_inherited_socket_fails_no_call(workdir: str) -> None:
             caller.join(timeout=2 * patience)
         slowest = max(latencies[before:])
         print(f"calls: {len(latencies)}, during the restart the slowest took {slowest:.3f} s")
-        assert [] == failures
-        assert len(latencies) >= stopped + 200, "the successor served no calls"
         with open(log, "rb") as out:
             text = out.read()
+        states = [daemon.poll() for daemon in daemons]
+        context = f"daemons' exit codes {states}; their log:\n{text.decode(errors='replace')}"
+        assert [] == failures, context
+        assert len(latencies) >= stopped + 200, f"the successor served no calls; {context}"
         assert 2 == text.count(b"event=socket_activated")
         assert 1 == text.count(b"event=stopped")
         assert os.path.exists(listen)  # the socket file is systemd's: left in place
