@@ -744,7 +744,13 @@ async def serve(
 
     dispatcher = Dispatcher(relay, observe=observe_hook)
     if config.requirements.active:
-        guard = Guard(config.requirements, dispatcher, config.hook_dir, held=metrics.required_call_held)
+        guard = Guard(
+            config.requirements,
+            dispatcher,
+            config.hook_dir,
+            held=metrics.required_call_held,
+            forget=metrics.forget_required_server,
+        )
         metrics.track_required(guard)
         for server in config.requirements.servers:
             unheld = [p.value for p in HookPoint if p in server.points and p not in GUARDED]

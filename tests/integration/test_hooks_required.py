@@ -22,6 +22,7 @@ from cri_api.v1 import api_pb2
 
 from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin
 from krproxy import admin
+from krproxy.hooks.guard import MAX_ANNOTATED_SERVERS
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
 from krproxy.hooks.required import Requirements, parse_required_server
@@ -435,6 +436,31 @@ class TestAnnotations:
         assert grpc.StatusCode.INVALID_ARGUMENT == error.code()
         assert "is not a list of hook server names" in error.details()
         assert [] == node.fake.requests("RunPodSandbox")
+
+    async def test_many_pods_naming_distinct_servers_keep_memory_bounded(self, node: Node) -> None:
+        """300 pods, each requiring a server of its own that is not there: each is refused, the guard
+        tracks at most MAX_ANNOTATED_SERVERS names and the held metric has as many series; the daemon
+        answers on."""
+        await node.start_proxy(requirements=requiring())
+        for i in range(MAX_ANNOTATED_SERVERS + 44):
+            config = annotated({"required-plugins.noderesource.dev/pod": f'["net-{i}"]'}, f"p{i}")
+            error = await refused(node, "RunPodSandbox", run_request(config))
+            assert f"required hook server net-{i} is not registered" in error.details()
+
+        guard = node.proxy.hooks.guard
+        assert guard is not None
+        assert MAX_ANNOTATED_SERVERS == len(guard.states())
+        assert "net-299" in guard.states() and "net-0" not in guard.states()
+        series = [
+            s
+            for metric in node.proxy.metrics.registry.collect()
+            if metric.name == "krproxy_required_calls_held"
+            for s in metric.samples
+            if s.name.endswith("_total")
+        ]
+        assert MAX_ANNOTATED_SERVERS == len(series)
+        assert [] == node.fake.requests("RunPodSandbox")
+        assert (await node.client.call(node.client.runtime.Version, api_pb2.VersionRequest())).runtime_name
 
     async def test_tolerate_annotation_exempts(self, node: Node) -> None:
         tolerate = "tolerate-missing-nri-plugins.noderesource.dev"
