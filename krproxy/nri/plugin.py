@@ -106,8 +106,13 @@ EVENT_OF: Mapping[HookPoint, api.Event] = {
 }
 #: The hook points where a required hook server can hold the runtime back: NRI fails the CRI operation
 #: when the plugin answers these events with an error. The others are events after the fact
-#: (StateChange) or answers NRI does not wait on.
-GUARDED = (HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
+#: (StateChange) or answers NRI does not wait on. PreUpdatePodSandboxResources (UpdatePodSandbox) only
+#: with NRI 0.12 and later: an older runtime has no such event.
+GUARDED = (
+    HookPoint.PRE_CREATE_CONTAINER,
+    HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
+    HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES,
+)
 #: The hook points whose requests come from krproxy's store (the container as created and as the hook
 #: servers left it), not from the event alone.
 STORE_READERS = frozenset(
@@ -378,6 +383,8 @@ class NriPlugin:
         self.nri_version = request.NRI_version
         # NRI 0.12 says its version here; older runtimes refuse a plugin subscribing to events they lack.
         self.runtime_events = ALL_EVENTS if self.nri_version else EVENTS_BEFORE_0_12
+        if not self.nri_version:
+            self._pod_resize_not_held()
         self.subscribed = self.events_needed()
         self.store_kept = self.keeps_store()
         unavailable = [
@@ -404,6 +411,20 @@ class NriPlugin:
             store=self.store_kept,
         )
         return bytes(api.ConfigureResponse(events=self.subscribed))
+
+    def _pod_resize_not_held(self) -> None:
+        """Say which required servers' PreUpdatePodSandboxResources a runtime before NRI 0.12 cannot hold."""
+        point = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
+        for server in self.guard.requirements.servers if self.guard is not None else ():
+            if point in server.points:
+                log.event(
+                    LOGGER,
+                    "required_points_not_held",
+                    level=logging.WARNING if server.points == {point} else logging.INFO,
+                    server=server.name,
+                    points=point.value,
+                    reason="the runtime's NRI is older than 0.12: it has no UpdatePodSandbox",
+                )
 
     async def synchronize(self, payload: bytes) -> bytes:
         request = wire.parse("SynchronizeRequest", payload)
@@ -451,7 +472,7 @@ class NriPlugin:
                 reason="NRI cannot make these changes at this event",
             )
 
-    async def _require(self, point: HookPoint, pod: PodInfo, container: str) -> Needed:
+    async def _require(self, point: HookPoint, pod: PodInfo, container: str | None) -> Needed:
         """The required hook servers of *point* for this container, once all are up; else an UNAVAILABLE
         error for the runtime, which fails the CRI operation (:data:`GUARDED` points only). Names that are
         krproxy's own NRI plugin name (``name`` or ``index-name``, as NRI's validator matches) are met."""
@@ -570,7 +591,10 @@ class NriPlugin:
         request = wire.parse("UpdatePodSandboxRequest", payload)
         pod = nri_convert.pod_from_nri(_present(request, "pod"))
         point = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
-        if self._skips(pod) or not self.dispatcher.plugins_for(point):
+        if self._skips(pod):
+            return b""
+        required = await self._require(point, pod, None)
+        if not self.dispatcher.plugins_for(point) and not required.names:
             return b""
         wanted = _present(request, "linux_resources")
         overhead = _present(request, "overhead_linux_resources")
@@ -584,7 +608,12 @@ class NriPlugin:
         )
         target = f"pod {pod.namespace}/{pod.name}"
         after: PodResize = await self._run(
-            point, resize, hook_convert.pod_resize_hook_request_bytes, merge.merge_pod_resize, target
+            point,
+            resize,
+            hook_convert.pod_resize_hook_request_bytes,
+            merge.merge_pod_resize,
+            target,
+            required,
         )
         if after.pod.resources != resize.pod.resources:
             self._not_applied(point, target, ["resources"])
@@ -761,7 +790,8 @@ async def serve(
                     level=logging.WARNING if len(unheld) == len(server.points) else logging.INFO,
                     server=server.name,
                     points=",".join(unheld),
-                    reason="NRI fails the CRI operation only for CreateContainer and UpdateContainer",
+                    reason="NRI fails the CRI operation only for CreateContainer, UpdateContainer and "
+                    "(NRI 0.12) UpdatePodSandbox",
                 )
     plugin = NriPlugin(config, dispatcher, metrics, guard=guard)
     metrics.track_store(lambda: plugin.store)
