@@ -86,6 +86,7 @@ from krproxy.metrics import Metrics
 from krproxy.nri import DEFAULT_SOCKET, PLUGIN_SERVICE, RUNTIME_SERVICE, _mux, wire
 from krproxy.nri import convert as nri_convert
 from krproxy.nri._session import ConnectionLost, Handler, Session, TtrpcError
+from krproxy.nri.validator import ValidatorCheck, Verdict, check_containerd_config
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from krproxy.relay import Relay
 
@@ -196,6 +197,9 @@ class NriConfig:
     metrics_address: str = attrs.field(default="")
     #: Required hook servers and the annotations naming them (held at :data:`GUARDED` points only).
     requirements: Requirements = attrs.field(factory=Requirements)
+    #: containerd's configuration file, read at start to tell whether its NRI validator requires krproxy
+    #: (:mod:`krproxy.nri.validator`); "": not checked.
+    containerd_config: str = ""
 
     @metrics_address.validator
     def _check_metrics_address(self, attribute: attrs.Attribute[str], value: str) -> None:
@@ -236,6 +240,8 @@ class NriPlugin:
     admin_address: str = ""
     #: Required hook servers' states and the gate of the :data:`GUARDED` points (None: nothing required).
     guard: Guard | None = None
+    #: What containerd's configuration says of krproxy's own registration (``--containerd-config``).
+    validator: ValidatorCheck = attrs.field(factory=ValidatorCheck)
     _sync_pods: list[Any] = attrs.field(factory=list, init=False)  # upb PodSandbox and Container
     _sync_containers: list[Any] = attrs.field(factory=list, init=False)
     _resubscribe: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -740,6 +746,8 @@ class NriView:
                 "event_calls": plugin.event_calls,
                 "request_timeout": plugin.request_timeout,
                 "events": hex(plugin.subscribed),
+                "runtime_requires_plugin": plugin.validator.required,
+                "runtime_validator": plugin.validator.describe(),
             },
             "store": {
                 "kept": plugin.store_kept,
@@ -751,6 +759,29 @@ class NriView:
             **admin.registry_status(plugin.dispatcher.registry),
             "required_servers": admin.required_status(plugin.guard),
         }
+
+
+def _check_validator(config: NriConfig) -> ValidatorCheck:
+    """Read containerd's configuration (if given) and log whether it requires krproxy's registration.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed.
+    """
+    if not config.containerd_config:
+        check = ValidatorCheck()
+    else:
+        check = check_containerd_config(config.containerd_config, config.plugin_name, config.plugin_index)
+    log.event(
+        LOGGER,
+        "nri_runtime_validator",
+        level=logging.INFO if check.verdict in (Verdict.REQUIRED, Verdict.NOT_CHECKED) else logging.WARNING,
+        required={True: "yes", False: "no", None: "unknown"}[check.required],
+        plugin=f"{config.plugin_index}-{config.plugin_name}",
+        detail=check.describe(),
+        files=",".join(check.files),
+        tolerate_annotation=check.tolerate_annotation,
+    )
+    return check
 
 
 async def serve(
@@ -793,7 +824,7 @@ async def serve(
                     reason="NRI fails the CRI operation only for CreateContainer, UpdateContainer and "
                     "(NRI 0.12) UpdatePodSandbox",
                 )
-    plugin = NriPlugin(config, dispatcher, metrics, guard=guard)
+    plugin = NriPlugin(config, dispatcher, metrics, guard=guard, validator=_check_validator(config))
     metrics.track_store(lambda: plugin.store)
     view = NriView(plugin, metrics)
     metrics.ready.set_function(lambda: view.readiness()[0])

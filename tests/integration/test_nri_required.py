@@ -13,6 +13,7 @@ import trio
 
 from fakes.nri import FakeNriRuntime, NriError
 from fakes.plugin import Changes, FakePlugin, run_fake_plugin, write_registration
+from krproxy import admin
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.required import Requirements, parse_required_server
 from krproxy.nri import plugin as nri_plugin
@@ -189,3 +190,44 @@ async def test_update_pod_sandbox_is_not_subscribed_before_nri_0_12(
     assert not plugin.subscribed & (1 << (api.Event.UPDATE_POD_SANDBOX - 1))
     said = [r.krproxy_fields for r in caplog.records if r.getMessage() == "required_points_not_held"]  # type: ignore[attr-defined]
     assert [("quota", "PreUpdatePodSandboxResources")] == [(f["server"], f["points"]) for f in said]
+
+
+@pytest.mark.parametrize(
+    ("required_plugins", "said", "level"),
+    [("['50-krproxy']", "yes", logging.INFO), ("['other']", "no", logging.WARNING)],
+)
+async def test_says_whether_containerd_requires_it(
+    nursery: trio.Nursery,
+    runtime: FakeNriRuntime,
+    caplog: pytest.LogCaptureFixture,
+    required_plugins: str,
+    said: str,
+    level: int,
+) -> None:
+    """``--containerd-config``: at start the log and ``krproxy status`` say whether containerd's NRI
+    validator requires krproxy's own registration."""
+    caplog.set_level(logging.INFO, logger="krproxy.nri")
+    config_file = os.path.join(os.path.dirname(runtime.socket_path), "config.toml")
+    await trio.Path(config_file).write_text(
+        "version = 3\n[plugins.'io.containerd.nri.v1.nri'.default_validator]\n"
+        f"enable = true\nrequired_plugins = {required_plugins}\n"
+    )
+    os.makedirs(hook_dir(runtime), exist_ok=True)
+    config = NriConfig(
+        socket=runtime.socket_path,
+        hook_dir=hook_dir(runtime),
+        insecure_registration_files=True,
+        containerd_config=config_file,
+    )
+    with trio.fail_after(LIVENESS_LIMIT):
+        plugin: NriPlugin = await nursery.start(nri_plugin.serve, config)
+
+    [record] = [r for r in caplog.records if r.getMessage() == "nri_runtime_validator"]
+    assert said == record.krproxy_fields["required"]  # type: ignore[attr-defined]
+    assert level == record.levelno
+    status = nri_plugin.NriView(plugin, plugin.metrics).status()
+    assert (said == "yes") is status["nri"]["runtime_requires_plugin"]
+    report = admin.render_status(status)
+    assert (
+        f"containerd's validator: krproxy nri is {'required' if said == 'yes' else 'not required'}" in report
+    )
