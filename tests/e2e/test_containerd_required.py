@@ -8,6 +8,7 @@ the container's cgroup files.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -310,3 +311,60 @@ def test_required_server_holds_the_pod_resize_through_nri(
             assert [hook] == plugin.hooks_called()
         finally:
             assert 0 == plugin.stop()
+
+
+VALIDATOR = """\
+[plugins.'io.containerd.nri.v1.nri'.default_validator]
+  enable = true
+  required_plugins = ['krproxy']
+  tolerate_missing_plugins_annotation = 'tolerate-missing-nri-plugins.noderesource.dev'
+"""
+
+
+@contextlib.contextmanager
+def requiring_krproxy(containerd: Containerd, workdir: Path) -> Iterator[None]:
+    """containerd restarted with its NRI default validator requiring the plugin ``krproxy``; restarted
+    without it afterwards (the session's other tests must not need krproxy nri)."""
+    validator = workdir / "validator.toml"
+    validator.write_text(VALIDATOR)
+    containerd.crash()
+    containerd.config_imports = [str(validator)]
+    containerd.start()
+    try:
+        yield
+    finally:
+        containerd.crash()
+        containerd.config_imports = []
+        containerd.start()
+
+
+def test_containerd_s_validator_requiring_krproxy_nri(containerd: Containerd, short_tmp: Path) -> None:
+    """containerd 2.3 with ``required_plugins = ['krproxy']``: while krproxy nri is not registered no container
+    is created (pods are: the validator sees containers only), except for a pod with the tolerate annotation
+    (krproxy's own pods must carry it); krproxy nri says at start that containerd requires it, reading
+    containerd's configuration with its imports; once it runs, containers are created."""
+    if not containerd.version.startswith("2.3."):
+        pytest.skip(f"containerd {containerd.version}: the default validator is 2.2 and later; run with 2.3")
+    flags = ("--containerd-config", str(containerd.dir / "config.toml"), "--required-plugins-annotation", "")
+    with (
+        requiring_krproxy(containerd, short_tmp),
+        Cri.connect(containerd.socket) as direct,
+        cleanup(direct) as pods,
+    ):
+        pod = pod_config(containerd.cgroup_parent, "validated")
+        pod_id = run_pod(direct, pod, pods)
+        with pytest.raises(grpc.RpcError) as info:
+            create_container(direct, pod_id, pod, container_config(containerd.busybox))
+        assert 'required plugin "krproxy" not present' in (info.value.details() or "")
+        request = pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=pod_id))
+        assert [] == list(direct.runtime.ListContainers(request, timeout=TIMEOUT).containers)
+
+        own = pod_config(containerd.cgroup_parent, "krproxy-own")
+        own.annotations["tolerate-missing-nri-plugins.noderesource.dev"] = "true"
+        own_id = run_pod(direct, own, pods)
+        assert create_container(direct, own_id, own, container_config(containerd.busybox))
+
+        with krproxy_nri(containerd, short_tmp, extra=flags) as daemon:
+            assert "event=nri_runtime_validator required=yes" in daemon.log
+            cid = create_container(direct, pod_id, pod, container_config(containerd.busybox))
+            assert [cid] == [c.id for c in direct.runtime.ListContainers(request, timeout=TIMEOUT).containers]
