@@ -546,6 +546,8 @@ def render_status(status: Mapping[str, Any]) -> str:
             + (f" ({protocol})" if protocol else "")
             + f", request timeout {nri.get('request_timeout', '?')}s, events {nri.get('events', '?')}"
         )
+        if nri.get("runtime_validator"):
+            lines.append(f"containerd's validator: krproxy nri is {nri['runtime_validator']}")
     else:
         lines.append(
             f"listen: {get('listen')} ({'accepting calls' if get('listening', False) else 'not accepting calls'}"

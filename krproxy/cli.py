@@ -184,8 +184,9 @@ def _add_required(p: argparse.ArgumentParser) -> None:
         metavar="NAME[=POINT,...]",
         help="the hook server registered as NAME.json must be registered and answering, or calls at its "
         "hook points (all, or the POINTs listed, e.g. koordlet=PreRunPodSandbox,PreCreateContainer) "
-        "fail with UNAVAILABLE and the runtime does nothing (krproxy nri: at PreCreateContainer and "
-        "PreUpdateContainerResources only); repeatable; default: none",
+        "fail with UNAVAILABLE and the runtime does nothing (krproxy nri: at PreCreateContainer, "
+        "PreUpdateContainerResources and, NRI 0.12, PreUpdatePodSandboxResources only); repeatable; "
+        "default: none",
     )
     p.add_argument(
         "--required-plugins-annotation",
@@ -274,6 +275,14 @@ def _add_nri(subparsers: argparse._SubParsersAction[Any]) -> None:
     )
     p.add_argument("--plugin-name", default="krproxy", help="name to register under; default: %(default)s")
     p.add_argument(
+        "--containerd-config",
+        default="",
+        metavar="PATH",
+        help="containerd's configuration file (with its imports): read at start to say whether containerd's "
+        "NRI default validator requires this plugin (required_plugins), in the log and krproxy status; "
+        "default: not checked",
+    )
+    p.add_argument(
         "--plugin-index",
         default="50",
         metavar="NN",
@@ -292,6 +301,7 @@ def _nri(args: argparse.Namespace) -> int:
 
     from krproxy import _supervise
     from krproxy.nri import plugin
+    from krproxy.nri.validator import check_containerd_config
 
     try:
         cfg = plugin.NriConfig(
@@ -304,8 +314,11 @@ def _nri(args: argparse.Namespace) -> int:
             metrics_address=args.metrics_address,
             metrics_allow_remote=args.metrics_allow_remote,
             requirements=_requirements(args),
+            containerd_config=args.containerd_config,
         )
-    except ValueError as err:
+        if cfg.containerd_config:  # an unreadable file is an error at start, not in the event loop
+            check_containerd_config(cfg.containerd_config, cfg.plugin_name, cfg.plugin_index)
+    except ValueError as err:  # ConfigError too
         print(f"krproxy nri: error: {err}", file=sys.stderr)
         return 2
     from krproxy import admin

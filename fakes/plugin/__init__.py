@@ -2,7 +2,8 @@
 
 :class:`FakePlugin` answers every hook (by default echoing the request as koordlet does, plus its
 :class:`Changes`), can be told to misbehave (:class:`Misbehaviour`) and logs every call;
-:func:`run_fake_plugin` serves it as a trio task; :func:`write_registration` tells a proxy about it.
+:func:`run_fake_plugin` serves it as a trio task (with ``answer_after``: listening but not answering, for
+a while or for ever); :func:`write_registration` tells a proxy about it.
 ``python -m fakes.plugin`` runs one from the command line.
 """
 

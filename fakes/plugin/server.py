@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
@@ -35,6 +36,7 @@ from krproxy import rpc
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
+from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
 LOGGER = logging.getLogger("fakes.plugin")
 
@@ -355,6 +357,7 @@ async def run_fake_plugin(
     path: str,
     plugin: FakePlugin | None = None,
     *,
+    answer_after: float | trio.Event = 0.0,
     task_status: trio.TaskStatus[FakePlugin] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve a fake plugin on the unix socket *path* until cancelled.
@@ -362,9 +365,33 @@ async def run_fake_plugin(
     Reports the :class:`FakePlugin` through ``task_status`` once the socket accepts connections;
     on cancellation connections are closed and the socket file is removed (if still ours). See
     :meth:`FakePlugin.server` for what it refuses.
+
+    ``answer_after`` plays a hook server that is registered but not answering: the socket is bound
+    and listening at once (a connect succeeds, into the kernel's backlog), but nothing is read or
+    answered for that many seconds (trio time; ``math.inf``: never), or until that event is set, as
+    a server that is still starting or whose serve loop is wedged. After it, the connections waiting
+    in the backlog are served as usual.
     """
     plugin = FakePlugin() if plugin is None else plugin
-    async with trio.open_nursery() as nursery:
-        await nursery.start(plugin.server().serve, path)
-        LOGGER.info("event=listening path=%s", path)
-        task_status.started(plugin)
+    if not isinstance(answer_after, trio.Event) and not answer_after >= 0:
+        raise ValueError(f"answer_after must be >= 0 (math.inf: never), not {answer_after}")
+    sock = bind_unix_socket(path)
+    inode = os.stat(path).st_ino
+    try:
+        async with trio.open_nursery() as nursery:
+            if isinstance(answer_after, trio.Event) or answer_after:
+                LOGGER.info("event=listening_not_answering path=%s answer_after=%s", path, answer_after)
+                task_status.started(plugin)
+                if isinstance(answer_after, trio.Event):
+                    await answer_after.wait()
+                else:
+                    await trio.sleep(answer_after)
+                await nursery.start(plugin.server().serve_socket, sock)
+                LOGGER.info("event=answering path=%s", path)
+            else:
+                await nursery.start(plugin.server().serve_socket, sock)
+                LOGGER.info("event=listening path=%s", path)
+                task_status.started(plugin)
+    finally:
+        sock.close()
+        unlink_if_ours(path, inode)

@@ -86,6 +86,7 @@ from krproxy.metrics import Metrics
 from krproxy.nri import DEFAULT_SOCKET, PLUGIN_SERVICE, RUNTIME_SERVICE, _mux, wire
 from krproxy.nri import convert as nri_convert
 from krproxy.nri._session import ConnectionLost, Handler, Session, TtrpcError
+from krproxy.nri.validator import ValidatorCheck, Verdict, check_containerd_config
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from krproxy.relay import Relay
 
@@ -106,8 +107,13 @@ EVENT_OF: Mapping[HookPoint, api.Event] = {
 }
 #: The hook points where a required hook server can hold the runtime back: NRI fails the CRI operation
 #: when the plugin answers these events with an error. The others are events after the fact
-#: (StateChange) or answers NRI does not wait on.
-GUARDED = (HookPoint.PRE_CREATE_CONTAINER, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
+#: (StateChange) or answers NRI does not wait on. PreUpdatePodSandboxResources (UpdatePodSandbox) only
+#: with NRI 0.12 and later: an older runtime has no such event.
+GUARDED = (
+    HookPoint.PRE_CREATE_CONTAINER,
+    HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
+    HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES,
+)
 #: The hook points whose requests come from krproxy's store (the container as created and as the hook
 #: servers left it), not from the event alone.
 STORE_READERS = frozenset(
@@ -191,6 +197,9 @@ class NriConfig:
     metrics_address: str = attrs.field(default="")
     #: Required hook servers and the annotations naming them (held at :data:`GUARDED` points only).
     requirements: Requirements = attrs.field(factory=Requirements)
+    #: containerd's configuration file, read at start to tell whether its NRI validator requires krproxy
+    #: (:mod:`krproxy.nri.validator`); "": not checked.
+    containerd_config: str = ""
 
     @metrics_address.validator
     def _check_metrics_address(self, attribute: attrs.Attribute[str], value: str) -> None:
@@ -231,6 +240,8 @@ class NriPlugin:
     admin_address: str = ""
     #: Required hook servers' states and the gate of the :data:`GUARDED` points (None: nothing required).
     guard: Guard | None = None
+    #: What containerd's configuration says of krproxy's own registration (``--containerd-config``).
+    validator: ValidatorCheck = attrs.field(factory=ValidatorCheck)
     _sync_pods: list[Any] = attrs.field(factory=list, init=False)  # upb PodSandbox and Container
     _sync_containers: list[Any] = attrs.field(factory=list, init=False)
     _resubscribe: trio.Event = attrs.field(factory=trio.Event, init=False)
@@ -378,6 +389,8 @@ class NriPlugin:
         self.nri_version = request.NRI_version
         # NRI 0.12 says its version here; older runtimes refuse a plugin subscribing to events they lack.
         self.runtime_events = ALL_EVENTS if self.nri_version else EVENTS_BEFORE_0_12
+        if not self.nri_version:
+            self._pod_resize_not_held()
         self.subscribed = self.events_needed()
         self.store_kept = self.keeps_store()
         unavailable = [
@@ -404,6 +417,20 @@ class NriPlugin:
             store=self.store_kept,
         )
         return bytes(api.ConfigureResponse(events=self.subscribed))
+
+    def _pod_resize_not_held(self) -> None:
+        """Say which required servers' PreUpdatePodSandboxResources a runtime before NRI 0.12 cannot hold."""
+        point = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
+        for server in self.guard.requirements.servers if self.guard is not None else ():
+            if point in server.points:
+                log.event(
+                    LOGGER,
+                    "required_points_not_held",
+                    level=logging.WARNING if server.points == {point} else logging.INFO,
+                    server=server.name,
+                    points=point.value,
+                    reason="the runtime's NRI is older than 0.12: it has no UpdatePodSandbox",
+                )
 
     async def synchronize(self, payload: bytes) -> bytes:
         request = wire.parse("SynchronizeRequest", payload)
@@ -451,7 +478,7 @@ class NriPlugin:
                 reason="NRI cannot make these changes at this event",
             )
 
-    async def _require(self, point: HookPoint, pod: PodInfo, container: str) -> Needed:
+    async def _require(self, point: HookPoint, pod: PodInfo, container: str | None) -> Needed:
         """The required hook servers of *point* for this container, once all are up; else an UNAVAILABLE
         error for the runtime, which fails the CRI operation (:data:`GUARDED` points only). Names that are
         krproxy's own NRI plugin name (``name`` or ``index-name``, as NRI's validator matches) are met."""
@@ -570,7 +597,10 @@ class NriPlugin:
         request = wire.parse("UpdatePodSandboxRequest", payload)
         pod = nri_convert.pod_from_nri(_present(request, "pod"))
         point = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
-        if self._skips(pod) or not self.dispatcher.plugins_for(point):
+        if self._skips(pod):
+            return b""
+        required = await self._require(point, pod, None)
+        if not self.dispatcher.plugins_for(point) and not required.names:
             return b""
         wanted = _present(request, "linux_resources")
         overhead = _present(request, "overhead_linux_resources")
@@ -584,7 +614,12 @@ class NriPlugin:
         )
         target = f"pod {pod.namespace}/{pod.name}"
         after: PodResize = await self._run(
-            point, resize, hook_convert.pod_resize_hook_request_bytes, merge.merge_pod_resize, target
+            point,
+            resize,
+            hook_convert.pod_resize_hook_request_bytes,
+            merge.merge_pod_resize,
+            target,
+            required,
         )
         if after.pod.resources != resize.pod.resources:
             self._not_applied(point, target, ["resources"])
@@ -711,6 +746,8 @@ class NriView:
                 "event_calls": plugin.event_calls,
                 "request_timeout": plugin.request_timeout,
                 "events": hex(plugin.subscribed),
+                "runtime_requires_plugin": plugin.validator.required,
+                "runtime_validator": plugin.validator.describe(),
             },
             "store": {
                 "kept": plugin.store_kept,
@@ -722,6 +759,29 @@ class NriView:
             **admin.registry_status(plugin.dispatcher.registry),
             "required_servers": admin.required_status(plugin.guard),
         }
+
+
+def _check_validator(config: NriConfig) -> ValidatorCheck:
+    """Read containerd's configuration (if given) and log whether it requires krproxy's registration.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed.
+    """
+    if not config.containerd_config:
+        check = ValidatorCheck()
+    else:
+        check = check_containerd_config(config.containerd_config, config.plugin_name, config.plugin_index)
+    log.event(
+        LOGGER,
+        "nri_runtime_validator",
+        level=logging.INFO if check.verdict in (Verdict.REQUIRED, Verdict.NOT_CHECKED) else logging.WARNING,
+        required={True: "yes", False: "no", None: "unknown"}[check.required],
+        plugin=f"{config.plugin_index}-{config.plugin_name}",
+        detail=check.describe(),
+        files=",".join(check.files),
+        tolerate_annotation=check.tolerate_annotation,
+    )
+    return check
 
 
 async def serve(
@@ -744,7 +804,13 @@ async def serve(
 
     dispatcher = Dispatcher(relay, observe=observe_hook)
     if config.requirements.active:
-        guard = Guard(config.requirements, dispatcher, config.hook_dir, held=metrics.required_call_held)
+        guard = Guard(
+            config.requirements,
+            dispatcher,
+            config.hook_dir,
+            held=metrics.required_call_held,
+            forget=metrics.forget_required_server,
+        )
         metrics.track_required(guard)
         for server in config.requirements.servers:
             unheld = [p.value for p in HookPoint if p in server.points and p not in GUARDED]
@@ -755,9 +821,10 @@ async def serve(
                     level=logging.WARNING if len(unheld) == len(server.points) else logging.INFO,
                     server=server.name,
                     points=",".join(unheld),
-                    reason="NRI fails the CRI operation only for CreateContainer and UpdateContainer",
+                    reason="NRI fails the CRI operation only for CreateContainer, UpdateContainer and "
+                    "(NRI 0.12) UpdatePodSandbox",
                 )
-    plugin = NriPlugin(config, dispatcher, metrics, guard=guard)
+    plugin = NriPlugin(config, dispatcher, metrics, guard=guard, validator=_check_validator(config))
     metrics.track_store(lambda: plugin.store)
     view = NriView(plugin, metrics)
     metrics.ready.set_function(lambda: view.readiness()[0])

@@ -178,20 +178,22 @@ async def main(config: dict[str, Any]) -> None:
     plugin = ScriptedPlugin(config)
     strict = header_check(GrpcGo.V2, accepted=header_log(config.get("headers")))
     server = rpc.Server(plugin.handlers(), check_headers=strict)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve, config["socket"])
-        register(
-            config["hook_dir"],
-            config["name"],
-            config["socket"],
-            config.get("hooks", ALL_HOOKS),
-            config.get("failure_policy", "Ignore"),
-            config.get("timeout", "2s"),
-        )
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    # Watch the signals first: a SIGTERM during start-up (a test stopping a plugin whose registration
+    # file was already there) must stop it cleanly, not kill it.
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve, config["socket"])
+            register(
+                config["hook_dir"],
+                config["name"],
+                config["socket"],
+                config.get("hooks", ALL_HOOKS),
+                config.get("failure_policy", "Ignore"),
+                config.get("timeout", "2s"),
+            )
             async for _ in signals:
                 break
-        nursery.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
 
 
 if __name__ == "__main__":

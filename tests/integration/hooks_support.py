@@ -18,6 +18,7 @@ never speed claims.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -134,15 +135,19 @@ class Node:
         call_timeout: str | float | None = PLUGIN_TIMEOUT,
         order: int | None = None,
         serve: bool = True,
+        answer_after: float | trio.Event = 0.0,
     ) -> FakePlugin:
         """Serve *plugin* on ``<sockdir>/<name>.sock`` (unless not *serve*) and register it as ``<name>.json``.
+        With *answer_after*, the plugin listens at once but answers nothing for that long (``math.inf``:
+        never; an event: until it is set; :func:`~fakes.plugin.run_fake_plugin`).
 
         With the proxy running, returns once the proxy uses this registration (a rewritten one too: the
         same endpoint keeps the proxy's connection to the plugin).
         """
         plugin = FakePlugin() if plugin is None else plugin
         if serve:
-            await self.nursery.start(run_fake_plugin, self.plugin_socket(name), plugin)
+            serving = functools.partial(run_fake_plugin, answer_after=answer_after)
+            await self.nursery.start(serving, self.plugin_socket(name), plugin)
         path = write_registration(
             self.hook_dir,
             name,
