@@ -334,3 +334,21 @@ def test_the_probe_names_who_loaded_what() -> None:
     assert ["trio (imported by anyio <- krproxy.x)"] == offences("pure", [["trio", ["anyio", "krproxy.x"]]])
     assert [] == offences("sans-I/O", [["hpack", ["krproxy.relay.frames"]]])
     assert ["hpack (imported by krproxy.x)"] == offences("pure", [["hpack", ["krproxy.x"]]])
+
+
+def _modules_after_importing(*modules: str) -> set[str]:
+    code = f"import json, sys; import {', '.join(modules)}; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=120
+    )
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_the_admin_endpoint_does_not_load_the_proxys_interceptors() -> None:
+    """``krproxy nri``'s admin endpoint (server and status) reads the daemon through protocols:
+    importing it loads neither ``HookRuntime`` nor the relay; ``krproxy status`` (the client)
+    loads no trio and no metrics either."""
+    endpoint = _modules_after_importing("krproxy.admin.server", "krproxy.admin.status")
+    assert set() == endpoint & {"krproxy.hooks.runtime", "krproxy.relay", "krproxy.relay.relay"}
+    client = _modules_after_importing("krproxy.admin.client")
+    assert set() == client & {"trio", "prometheus_client", "krproxy.admin.server", "krproxy.admin.status"}
