@@ -27,7 +27,7 @@ import trio
 from cri_api.v1 import api_pb2_grpc
 
 from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, sequential_ids, stepping_clock
-from fakes.containerd.state import LIST_SEED_ENV
+from fakes.containerd.records import LIST_SEED_ENV
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -13,8 +13,9 @@ from collections.abc import Sequence
 
 import trio
 
+from fakes.containerd.records import list_order
 from fakes.containerd.server import FakeContainerd, run_fake_containerd
-from fakes.containerd.state import RuntimeState, list_order
+from fakes.containerd.state import RuntimeState
 from krproxy import _argparse
 from krproxy.unixsock import strip_unix_scheme
 

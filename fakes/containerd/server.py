@@ -34,7 +34,8 @@ import betterproto2.casing
 import trio
 
 from fakes import strict
-from fakes.containerd.state import CriError, RuntimeState
+from fakes.containerd.records import CriError
+from fakes.containerd.state import RuntimeState
 from fakes.grpc_go import Metadata, encode_metadata, header_check, metadata_items
 from krproxy import rpc
 from krproxy.grpcstatus import GRPCError, Status
