@@ -18,7 +18,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from krproxy.bench import Processes
+from krproxy.bench._support import Processes
 
 ROOT = Path(__file__).resolve().parents[2]
 

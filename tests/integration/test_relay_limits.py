@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from krproxy.bench import Processes, _serve_args
+from krproxy.bench._support import Processes, _serve_args
 
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"  # a method with hook points
 STATUS = "/runtime.v1.RuntimeService/ContainerStatus"  # relayed frame by frame

@@ -25,7 +25,7 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
-from krproxy.bench import Processes, _serve_args
+from krproxy.bench._support import Processes, _serve_args
 from tests.integration.support import LIVENESS_LIMIT
 
 
