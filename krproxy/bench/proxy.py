@@ -127,25 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         throughput: dict[str, list[float]] = {"direct": [], "proxy": []}
         for _ in range(2):
             for label, target in (("direct", direct), ("proxy", plain)):
-                runs = [
-                    subprocess.Popen(
-                        [
-                            PY,
-                            "-m",
-                            "krproxy.bench.client",
-                            "throughput",
-                            "--target",
-                            target,
-                            "--threads",
-                            "8",
-                            "--seconds",
-                            str(args.throughput_seconds),
-                        ],
-                        stdout=subprocess.PIPE,
-                    )
-                    for _ in range(4)
-                ]
-                outs = [json.loads(p.communicate()[0]) for p in runs]
+                outs = _throughput_clients(target, "--seconds", str(args.throughput_seconds))
                 throughput[label].append(sum(o["calls"] for o in outs) / max(o["seconds"] for o in outs))
                 errors = {k: v for o in outs for k, v in o["errors"].items()}
                 if errors:
@@ -331,6 +313,14 @@ def _recovery(procs: Processes, workdir: str) -> dict[str, float]:
     raise RuntimeError("recovery did not finish within 120 s")
 
 
+def _throughput_clients(target: str, *limit: str) -> list[dict[str, Any]]:
+    """Four throughput client processes of 8 threads each against ``target``, until ``limit``
+    (``--seconds N`` or ``--calls N``); their JSON reports."""
+    command = [PY, "-m", "krproxy.bench.client", "throughput", "--target", target, "--threads", "8", *limit]
+    runs = [subprocess.Popen(command, stdout=subprocess.PIPE) for _ in range(4)]
+    return [json.loads(p.communicate()[0]) for p in runs]
+
+
 def _leak_check(pid: int, target: str, calls: int) -> dict[str, Any]:
     """RSS and fds of the daemon at ``pid`` around ``calls`` calls, after a warm-up round of as many.
 
@@ -340,25 +330,7 @@ def _leak_check(pid: int, target: str, calls: int) -> dict[str, Any]:
     """
 
     def one_round() -> list[dict[str, Any]]:
-        runs = [
-            subprocess.Popen(
-                [
-                    PY,
-                    "-m",
-                    "krproxy.bench.client",
-                    "throughput",
-                    "--target",
-                    target,
-                    "--threads",
-                    "8",
-                    "--calls",
-                    str(calls // 4),
-                ],
-                stdout=subprocess.PIPE,
-            )
-            for _ in range(4)
-        ]
-        return [json.loads(p.communicate()[0]) for p in runs]
+        return _throughput_clients(target, "--calls", str(calls // 4))
 
     start = _proc_status(pid)
     one_round()
