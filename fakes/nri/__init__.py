@@ -7,10 +7,10 @@ adjustments and updates to its own state (see :mod:`fakes.nri.runtime`).
 
 from __future__ import annotations
 
+from fakes.nri.adjust import NriError as NriError
+from fakes.nri.events import all_events as all_events
+from fakes.nri.events import event_mask as event_mask
 from fakes.nri.runtime import ConnectedPlugin as ConnectedPlugin
 from fakes.nri.runtime import FakeNriRuntime as FakeNriRuntime
-from fakes.nri.runtime import NriError as NriError
-from fakes.nri.runtime import all_events as all_events
-from fakes.nri.runtime import event_mask as event_mask
 
 __all__ = ["ConnectedPlugin", "FakeNriRuntime", "NriError", "all_events", "event_mask"]
