@@ -1,5 +1,5 @@
 """The fake runtime's tables and what every CRI call of it reads: lookups, status and list
-messages, their encoded forms, the event outbox (the base of :class:`fakes.containerd.state.RuntimeState`)."""
+messages, their encoded forms, the event outbox (the base of :class:`krproxy.fakes.containerd.state.RuntimeState`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import attrs
 
-from fakes.containerd.records import (
+from krproxy.fakes.containerd.records import (
     Code,
     Container,
     CriError,
@@ -37,7 +37,7 @@ _T = TypeVar("_T")
 
 @attrs.define(eq=False)
 class Tables:
-    """The state :class:`~fakes.containerd.state.RuntimeState` keeps (its docstring says what each
+    """The state :class:`~krproxy.fakes.containerd.state.RuntimeState` keeps (its docstring says what each
     attribute means), and the helpers its CRI calls share."""
 
     clock: Callable[[], int] = time.time_ns

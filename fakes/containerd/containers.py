@@ -1,12 +1,12 @@
 """The fake runtime's container calls: create, start, stop, remove, list, status, update,
-exec and stats (a part of :class:`fakes.containerd.state.RuntimeState`)."""
+exec and stats (a part of :class:`krproxy.fakes.containerd.state.RuntimeState`)."""
 
 from __future__ import annotations
 
 import attrs
 
-from fakes.containerd._tables import Tables
-from fakes.containerd.records import (
+from krproxy.fakes.containerd._tables import Tables
+from krproxy.fakes.containerd.records import (
     CONTAINER_TRANSITIONS,
     EXIT_CODE_KILLED,
     IMAGE_FS_MOUNTPOINT,

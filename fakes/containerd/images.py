@@ -1,10 +1,10 @@
 """The fake runtime's image service: pull, list, status, remove, filesystem info (a part of
-:class:`fakes.containerd.state.RuntimeState`)."""
+:class:`krproxy.fakes.containerd.state.RuntimeState`)."""
 
 from __future__ import annotations
 
-from fakes.containerd._tables import Tables
-from fakes.containerd.records import (
+from krproxy.fakes.containerd._tables import Tables
+from krproxy.fakes.containerd.records import (
     IMAGE_FS_MOUNTPOINT,
     Code,
     CriError,

@@ -1,5 +1,5 @@
 """The fake runtime's records and rules: status codes, the transition tables, sandboxes,
-containers and images, IDs and clocks (see :mod:`fakes.containerd.state`)."""
+containers and images, IDs and clocks (see :mod:`krproxy.fakes.containerd.state`)."""
 
 from __future__ import annotations
 

@@ -3,15 +3,15 @@
 Rules of this module:
 
 - Every state transition lives in :class:`RuntimeState`, and the legal ones are data
-  (``CONTAINER_TRANSITIONS`` and ``SANDBOX_TRANSITIONS`` in :mod:`fakes.containerd.records`); a
+  (``CONTAINER_TRANSITIONS`` and ``SANDBOX_TRANSITIONS`` in :mod:`krproxy.fakes.containerd.records`); a
   pair missing from a table is an invalid operation.
 - :class:`RuntimeState` is made of parts, one module each: the records and rules
-  (:mod:`~fakes.containerd.records`), the tables and the helpers every call reads
-  (:mod:`~fakes.containerd._tables`), the container calls (:mod:`~fakes.containerd.containers`),
-  the image service (:mod:`~fakes.containerd.images`); this module adds the runtime and sandbox
+  (:mod:`~krproxy.fakes.containerd.records`), the tables and the helpers every call reads
+  (:mod:`~krproxy.fakes.containerd._tables`), the container calls (:mod:`~krproxy.fakes.containerd.containers`),
+  the image service (:mod:`~krproxy.fakes.containerd.images`); this module adds the runtime and sandbox
   calls and :meth:`RuntimeState.seed`.
 - Methods named after CRI calls take the CRI request message and return the response message;
-  they never await and never touch sockets. The service layer (:mod:`fakes.containerd.server`)
+  they never await and never touch sockets. The service layer (:mod:`krproxy.fakes.containerd.server`)
   only moves messages between the wire and these methods.
 - Failures raise :class:`CriError` carrying the gRPC status code containerd would answer with.
 - Lifecycle events pile up in an outbox; whoever serves the runtime drains it with
@@ -29,10 +29,10 @@ from typing import ClassVar
 
 import attrs
 
-from fakes.containerd._tables import Tables
-from fakes.containerd.containers import ContainerCalls
-from fakes.containerd.images import ImageCalls
-from fakes.containerd.records import (
+from krproxy.fakes.containerd._tables import Tables
+from krproxy.fakes.containerd.containers import ContainerCalls
+from krproxy.fakes.containerd.images import ImageCalls
+from krproxy.fakes.containerd.records import (
     EXIT_CODE_KILLED,
     RUNTIME_API_VERSION,
     RUNTIME_NAME,

@@ -1,6 +1,6 @@
 """The fake NRI runtime's adjustment rules: a ``ContainerAdjustment`` applied to a container,
 resources merged, and NRI's ownership of each field (two plugins setting one is an error naming
-both), for :class:`fakes.nri.runtime.FakeNriRuntime`."""
+both), for :class:`krproxy.fakes.nri.runtime.FakeNriRuntime`."""
 
 from __future__ import annotations
 

@@ -40,8 +40,8 @@ from typing import Any
 import attrs
 import trio
 
-from fakes.nri.adjust import NriError, adjust, merge_resources, resources_of
-from fakes.nri.events import all_events, event_mask
+from krproxy.fakes.nri.adjust import NriError, adjust, merge_resources, resources_of
+from krproxy.fakes.nri.events import all_events, event_mask
 from krproxy.grpcstatus import Status
 from krproxy.nri import PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
 from krproxy.nri._session import ConnectionLost, Session, TtrpcError
@@ -50,7 +50,7 @@ from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
 __all__ = ["ConnectedPlugin", "FakeNriRuntime", "NriError"]
 
-LOGGER = logging.getLogger("fakes.nri")
+LOGGER = logging.getLogger("krproxy.fakes.nri")
 
 
 @attrs.define(eq=False)

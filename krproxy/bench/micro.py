@@ -38,7 +38,7 @@ def header_flood(calls: int, sizes: list[int]) -> dict[str, Any]:
 
     results: dict[str, Any] = {}
     try:
-        procs.start("containerd", ["-m", "fakes.containerd", "--socket", backend], backend)
+        procs.start("containerd", ["-m", "krproxy.fakes.containerd", "--socket", backend], backend)
         procs.start("krproxy", _serve_args(proxy, backend, os.path.join(workdir, "hooks")), proxy)
         results["idle"] = latency()
         for size in sizes:

@@ -58,7 +58,7 @@ def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
                     "plugin-nri",
                     [
                         "-m",
-                        "fakes.plugin",
+                        "krproxy.fakes.plugin",
                         "--socket",
                         plugin,
                         "--hook-dir",

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     try:
         procs.start(
             "containerd",
-            ["-m", "fakes.containerd", "--socket", sock("containerd"), "--seed-pods", "1000"],
+            ["-m", "krproxy.fakes.containerd", "--socket", sock("containerd"), "--seed-pods", "1000"],
             sock("containerd"),
         )
         hook_dirs = {n: os.path.join(workdir, f"hooks-{n}") for n in ("none", "one", "three", "rec")}
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 f"plugin-{name}",
                 [
                     "-m",
-                    "fakes.plugin",
+                    "krproxy.fakes.plugin",
                     "--socket",
                     sock(name),
                     "--hook-dir",
@@ -286,7 +286,16 @@ def _recovery(procs: Processes, workdir: str) -> dict[str, float]:
     backend = os.path.join(workdir, "containerd-big.sock")
     procs.start(
         "containerd-big",
-        ["-m", "fakes.containerd", "--socket", backend, "--seed-pods", "1000", "--containers-per-pod", "3"],
+        [
+            "-m",
+            "krproxy.fakes.containerd",
+            "--socket",
+            backend,
+            "--seed-pods",
+            "1000",
+            "--containers-per-pod",
+            "3",
+        ],
         backend,
     )
     listen = os.path.join(workdir, "krproxy-recovery.sock")

@@ -42,7 +42,7 @@ def sockets(goproxy: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
     procs = Processes(str(tmp_path))
     runtime, proxied = str(tmp_path / "containerd.sock"), str(tmp_path / "goproxy.sock")
     try:
-        procs.start("containerd", ["-m", "fakes.containerd", "--socket", runtime], runtime)
+        procs.start("containerd", ["-m", "krproxy.fakes.containerd", "--socket", runtime], runtime)
         procs.start("goproxy", [goproxy, "-listen", proxied, "-backend", runtime], proxied, python=False)
         yield runtime, proxied
     finally:

@@ -19,8 +19,8 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2
 
-from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
 from krproxy import admin
+from krproxy.fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
 from krproxy.hooks.required import Requirements, parse_required_server

@@ -103,6 +103,8 @@ def assign(layers: list[Layer], modules: set[str], packages: set[str]) -> tuple[
 def _graph() -> tuple[dict[str, set[str]], set[str]]:
     """``module -> krproxy modules it imports`` (generated code left out) and the packages."""
     paths = {_module_name(p): p for p in sorted((ROOT / "krproxy").rglob("*.py"))}
+    # the fakes: the folder fakes/, installed as krproxy.fakes (pyproject.toml)
+    paths |= {"krproxy." + _module_name(p): p for p in sorted((ROOT / "fakes").rglob("*.py"))}
     packages = {m for m, p in paths.items() if p.name == "__init__.py"}
     graph = {}
     for module, path in paths.items():
@@ -169,21 +171,13 @@ def test_the_stdlib_row_imports_only_the_standard_library() -> None:
         if row not in stdlib:
             continue
         source = (ROOT / (module.replace(".", "/") + ".py")).read_text()
-        for node in ast.walk(ast.parse(source)):
-            names = (
-                [a.name for a in node.names]
-                if isinstance(node, ast.Import)
-                else [node.module or ""]
-                if isinstance(node, ast.ImportFrom) and not node.level
-                else []
-            )
-            outside += [
-                f"{module} imports {n}"
-                for n in names
-                if n.partition(".")[0] not in sys.stdlib_module_names
-                and not (n.startswith("krproxy.") and ROWS.get(n) in stdlib)
-                and n != "krproxy"
-            ]
+        outside += [
+            f"{module} imports {n}"
+            for n in _imports(ast.parse(source), "krproxy", type_checking=True)
+            if n.partition(".")[0] not in sys.stdlib_module_names
+            and not (n.startswith("krproxy.") and ROWS.get(n) in stdlib)
+            and n != "krproxy"
+        ]
     assert [] == outside
 
 

@@ -37,7 +37,7 @@ def daemon() -> Iterator[tuple[str, int]]:
     procs = Processes(workdir)
     try:
         backend = os.path.join(workdir, "containerd.sock")
-        procs.start("containerd", ["-m", "fakes.containerd", "--socket", backend], backend)
+        procs.start("containerd", ["-m", "krproxy.fakes.containerd", "--socket", backend], backend)
         listen = os.path.join(workdir, "krproxy.sock")
         hooks = os.path.join(workdir, "hooks")
         os.makedirs(hooks)

@@ -55,7 +55,7 @@ def _serve_activated(
     ``workdir/krproxy.sock``, as systemd starts it (appended to ``daemons``); returns the socket
     path, the daemon's argv (to start its successor) and its log file."""
     backend = os.path.join(workdir, "containerd.sock")
-    procs.start("containerd", ["-m", "fakes.containerd", "--socket", backend, *fake_args], backend)
+    procs.start("containerd", ["-m", "krproxy.fakes.containerd", "--socket", backend, *fake_args], backend)
     listen = os.path.join(workdir, "krproxy.sock")
     listener.bind(listen)
     listener.listen(128)

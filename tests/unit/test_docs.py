@@ -17,7 +17,7 @@ be without root or a node:
 - ``json`` blocks parse; a registration file (``remote-endpoint``) and an OCI hook file
   (``hook``) parse with krproxy's own loaders. ``toml`` blocks parse; ``yaml`` blocks load as a
   node policy (the SDK's loader).
-- Inline spans such as `` `krproxy trace show|replay|serve` `` or `` `python -m fakes.containerd
+- Inline spans such as `` `krproxy trace show|replay|serve` `` or `` `python -m krproxy.fakes.containerd
   --socket PATH` ``: the command exists and ``--help`` names its flags.
 
 Blocks without a language and without a prompt are diagrams and sample output: not run.

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakes.containerd.records import (
+from krproxy.fakes.containerd.records import (
     CONTAINER_TRANSITIONS,
     EXIT_CODE_KILLED,
     Code,
@@ -20,7 +20,7 @@ from fakes.containerd.records import (
     sequential_ids,
     stepping_clock,
 )
-from fakes.containerd.state import RuntimeState
+from krproxy.fakes.containerd.state import RuntimeState
 from krproxy.proto.runtime import v1 as cri
 
 CS = cri.ContainerState
