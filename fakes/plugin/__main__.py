@@ -1,4 +1,4 @@
-"""``python -m fakes.plugin --socket PATH --hook-dir DIR``: run a fake hook plugin until SIGINT or SIGTERM.
+"""``python -m krproxy.fakes.plugin --socket PATH --hook-dir DIR``: run a fake hook plugin until SIGINT or SIGTERM.
 
 On start it serves the socket, then writes ``DIR/<name>.json`` registering itself; on a signal it
 removes that file, stops serving and exits 0. It echoes every hook request as koordlet does, with
@@ -21,13 +21,13 @@ from collections.abc import Sequence
 
 import trio
 
-from fakes.plugin.registration import remove_registration, write_registration
-from fakes.plugin.server import Changes, FakePlugin, Misbehaviour, run_fake_plugin
 from krproxy import _argparse
+from krproxy.fakes.plugin.registration import remove_registration, write_registration
+from krproxy.fakes.plugin.server import Changes, FakePlugin, Misbehaviour, run_fake_plugin
 from krproxy.hooks.points import HookPoint
 from krproxy.unixsock import strip_unix_scheme
 
-LOGGER = logging.getLogger("fakes.plugin")
+LOGGER = logging.getLogger("krproxy.fakes.plugin")
 
 
 def _hooks(value: str) -> tuple[HookPoint, ...]:
@@ -60,7 +60,7 @@ def _seconds(value: str) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     parser = _argparse.Parser(
-        prog="python -m fakes.plugin",
+        prog="python -m krproxy.fakes.plugin",
         description="Serve a fake runtime hook plugin on a unix socket and register it in a hook directory.",
     )
     parser.add_argument("--socket", required=True, help="unix socket path (a unix:// prefix is accepted)")

@@ -7,7 +7,7 @@ the request is echoed back the way koordlet's proxy server does, with the plugin
 :class:`Changes` applied on top.
 
 The plugin is as strict as a grpc-go hook server (koordlet) about request headers
-(:mod:`fakes.strict`, applied by :func:`fakes.grpc_go.header_check`): a malformed ``grpc-timeout``
+(:mod:`krproxy.fakes.strict`, applied by :func:`krproxy.fakes.grpc_go.header_check`): a malformed ``grpc-timeout``
 (more than 8 digits) or a missing ``:method`` is refused the way the chosen grpc-go version does
 (RST_STREAM PROTOCOL_ERROR by default), and every accepted request's header block is logged
 (:attr:`FakePlugin.headers`). Like koordlet's grpc-go server it advertises no stream limit and
@@ -30,15 +30,15 @@ from typing import Any, TypeAlias
 import attrs
 import trio
 
-from fakes import strict
-from fakes.grpc_go import header_check
 from krproxy import rpc
+from krproxy.fakes import strict
+from krproxy.fakes.grpc_go import header_check
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
-LOGGER = logging.getLogger("fakes.plugin")
+LOGGER = logging.getLogger("krproxy.fakes.plugin")
 
 HookRequest: TypeAlias = hookapi.PodSandboxHookRequest | hookapi.ContainerResourceHookRequest
 HookResponse: TypeAlias = hookapi.PodSandboxHookResponse | hookapi.ContainerResourceHookResponse
@@ -241,7 +241,7 @@ class FakePlugin:
         changes: applied on top of the echo for every hook without its own answer.
         answers: per-hook computed answers, replacing the echo (see :meth:`answer`).
         calls: every call received, in arrival order (also those that misbehaved).
-        grpc_go: how a request grpc-go refuses is answered (:class:`fakes.strict.GrpcGo`).
+        grpc_go: how a request grpc-go refuses is answered (:class:`krproxy.fakes.strict.GrpcGo`).
         headers: the header block of every request accepted, in arrival order (``grpc-timeout``
             included).
         rejected: every request refused for its headers, with why.

@@ -27,7 +27,7 @@ included) *before* answering, and once it listens writes its registration file i
 
 The server is as strict as a hook server on grpc-go (koordlet) is: it refuses what grpc-go
 refuses (a ``grpc-timeout`` of more than 8 digits answers INTERNAL, and so on:
-:func:`fakes.grpc_go.header_check`).
+:func:`krproxy.fakes.grpc_go.header_check`).
 
 Every other call is echoed unchanged. SIGTERM stops it (exit 0, socket removed).
 """
@@ -46,9 +46,9 @@ from typing import Any
 import betterproto2
 import trio
 
-from fakes.grpc_go import header_check
-from fakes.strict import GrpcGo, Headers
 from krproxy import rpc
+from krproxy.fakes.grpc_go import header_check
+from krproxy.fakes.strict import GrpcGo, Headers
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from fakes.plugin import Changes, FakePlugin, Misbehaviour
+from krproxy.fakes.plugin import Changes, FakePlugin, Misbehaviour
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi

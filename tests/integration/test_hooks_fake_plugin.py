@@ -16,8 +16,8 @@ import grpc
 import pytest
 import trio
 
-from fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour, run_fake_plugin
 from krproxy import rpc
+from krproxy.fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour, run_fake_plugin
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -204,7 +204,7 @@ class TestServerWithGrpcio:
 
 class TestCommandLine:
     async def test_registers_changes_and_unregisters(self, node: Node, sockdir: str) -> None:
-        """``python -m fakes.plugin`` writes its registration file, changes containers through a running
+        """``python -m krproxy.fakes.plugin`` writes its registration file, changes containers through a running
         proxy as its flags say, and on SIGTERM removes the file and exits 0."""
         await node.start_proxy()
         pod_id = await node.run_pod()
@@ -213,7 +213,7 @@ class TestCommandLine:
         command = [
             sys.executable,
             "-m",
-            "fakes.plugin",
+            "krproxy.fakes.plugin",
             f"--socket=unix://{socket_path}",
             f"--hook-dir={node.hook_dir}",
             "--name=cli",
@@ -262,7 +262,7 @@ class TestCommandLine:
             [
                 sys.executable,
                 "-m",
-                "fakes.plugin",
+                "krproxy.fakes.plugin",
                 "--socket=/tmp/x.sock",
                 "--hook-dir=/tmp",
                 "--hooks=PreFoo",

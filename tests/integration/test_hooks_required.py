@@ -20,8 +20,8 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2
 
-from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin
 from krproxy import admin
+from krproxy.fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin
 from krproxy.hooks.guard import MAX_ANNOTATED_SERVERS
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
@@ -302,9 +302,9 @@ class TestRegisteredButNotThere:
         assert [HOOKED_PARENT] == [r.config.linux.cgroup_parent for r in node.received("RunPodSandbox")]
 
     async def test_not_answering_from_the_command_line(self, node: Node, sockdir: str) -> None:
-        """``python -m fakes.plugin --not-answering``: registered, listening, never answering."""
+        """``python -m krproxy.fakes.plugin --not-answering``: registered, listening, never answering."""
         socket_path = os.path.join(sockdir, "cli.sock")
-        command = [sys.executable, "-m", "fakes.plugin", f"--socket={socket_path}"]
+        command = [sys.executable, "-m", "krproxy.fakes.plugin", f"--socket={socket_path}"]
         command += [
             f"--hook-dir={node.hook_dir}",
             "--name=cli",

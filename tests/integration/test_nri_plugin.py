@@ -1,7 +1,7 @@
 """``krproxy nri`` against the fake NRI runtime, with fake hook servers from the hook directory.
 
-Each test runs the runtime side (fakes.nri), krproxy's NRI plugin (krproxy.nri.plugin.serve) and hook
-servers (fakes.plugin) in one trio run over unix sockets in a temp dir.
+Each test runs the runtime side (krproxy.fakes.nri), krproxy's NRI plugin (krproxy.nri.plugin.serve) and hook
+servers (krproxy.fakes.plugin) in one trio run over unix sockets in a temp dir.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import attrs
 import pytest
 import trio
 
-from fakes.nri import FakeNriRuntime, NriError, event_mask
-from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
 from krproxy import admin
+from krproxy.fakes.nri import FakeNriRuntime, NriError, event_mask
+from krproxy.fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.required import Requirements

@@ -11,9 +11,9 @@ import os
 import pytest
 import trio
 
-from fakes.nri import FakeNriRuntime, NriError
-from fakes.plugin import Changes, FakePlugin, run_fake_plugin, write_registration
 from krproxy import admin
+from krproxy.fakes.nri import FakeNriRuntime, NriError
+from krproxy.fakes.plugin import Changes, FakePlugin, run_fake_plugin, write_registration
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.required import Requirements, parse_required_server
 from krproxy.nri import plugin as nri_plugin

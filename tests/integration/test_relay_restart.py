@@ -25,7 +25,7 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
-from krproxy.bench import Processes, _serve_args
+from krproxy.bench._support import Processes, _serve_args
 from tests.integration.support import LIVENESS_LIMIT
 
 
@@ -55,7 +55,7 @@ def _serve_activated(
     ``workdir/krproxy.sock``, as systemd starts it (appended to ``daemons``); returns the socket
     path, the daemon's argv (to start its successor) and its log file."""
     backend = os.path.join(workdir, "containerd.sock")
-    procs.start("containerd", ["-m", "fakes.containerd", "--socket", backend, *fake_args], backend)
+    procs.start("containerd", ["-m", "krproxy.fakes.containerd", "--socket", backend, *fake_args], backend)
     listen = os.path.join(workdir, "krproxy.sock")
     listener.bind(listen)
     listener.listen(128)

@@ -11,7 +11,7 @@ from typing import Any, cast
 import attrs
 import trio
 
-from fakes.plugin.server import echo_container, echo_pod
+from krproxy.fakes.plugin.server import echo_container, echo_pod
 from krproxy.forward import Reply
 from krproxy.hooks import convert
 from krproxy.hooks.dispatch import Dispatcher
