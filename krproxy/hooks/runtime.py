@@ -189,22 +189,19 @@ class HookRuntime:
         request = await _decode_request(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest")
         with _malformed("RunPodSandboxRequest"):
             pod = convert.pod_from_run_request(request)
-        if not self._skips(pod):
-            required = await self._require(HookPoint.PRE_RUN_POD_SANDBOX, pod)
-            pod, data = await self._pre_hooks(
-                HookPoint.PRE_RUN_POD_SANDBOX,
-                pod,
-                target=f"pod {pod.namespace}/{pod.name}",
-                required=required,
-                data=data,
-                rebuild=lambda merged: merge.apply_run_pod(request, merged),
-                what="RunPodSandboxRequest",
-            )
-        reply = await forward(data)
-        sandbox_id = _reply_field(cri.RunPodSandboxResponse, reply, "pod_sandbox_id")
-        if sandbox_id:
-            self.lifecycle.keep(HookPoint.PRE_RUN_POD_SANDBOX, sandbox_id, pod)
-        return reply
+        point = HookPoint.PRE_RUN_POD_SANDBOX
+        pod, data = await self._pre_hooks(
+            point,
+            pod,
+            pod=pod,
+            target=f"pod {pod.namespace}/{pod.name}",
+            data=data,
+            rebuild=lambda merged: merge.apply_run_pod(request, merged),
+            what="RunPodSandboxRequest",
+        )
+        return await self._forward_created(
+            point, pod, forward(data), cri.RunPodSandboxResponse, "pod_sandbox_id"
+        )
 
     async def stop_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
         sandbox_id = _decode_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")
@@ -247,17 +244,15 @@ class HookRuntime:
                     self._missing("pod", sandbox_id, point)
                     return await forward(data)
                 resize = convert.pod_resize_from_request(request, stored)
-            if not self._skips(stored):
-                required = await self._require(point, stored)
-                resize, data = await self._pre_hooks(
-                    point,
-                    resize,
-                    target=f"pod {stored.namespace}/{stored.name}",
-                    required=required,
-                    data=data,
-                    rebuild=lambda merged: merge.apply_pod_resize(request, merged),
-                    what="UpdatePodSandboxResourcesRequest",
-                )
+            resize, data = await self._pre_hooks(
+                point,
+                resize,
+                pod=stored,
+                target=f"pod {stored.namespace}/{stored.name}",
+                data=data,
+                rebuild=lambda merged: merge.apply_pod_resize(request, merged),
+                what="UpdatePodSandboxResourcesRequest",
+            )
             reply = await forward(data)
             self.lifecycle.keep(point, sandbox_id, resize)
             return reply
@@ -277,22 +272,20 @@ class HookRuntime:
                 self._missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
                 pod = convert.pod_from_run_request(cri.RunPodSandboxRequest(config=request.sandbox_config))
             info = convert.container_from_create_request(request, pod)
-        if not self._skips(pod):
-            required = await self._require(HookPoint.PRE_CREATE_CONTAINER, pod, info.name)
-            info, data = await self._pre_hooks(
-                HookPoint.PRE_CREATE_CONTAINER,
-                info,
-                target=f"pod {pod.namespace}/{pod.name} container {info.name}",
-                required=required,
-                data=data,
-                rebuild=lambda merged: merge.apply_create(request, merged),
-                what="CreateContainerRequest",
-            )
-        reply = await forward(data)
-        container_id = _reply_field(cri.CreateContainerResponse, reply, "container_id")
-        if container_id:
-            self.lifecycle.keep(HookPoint.PRE_CREATE_CONTAINER, container_id, info)
-        return reply
+        point = HookPoint.PRE_CREATE_CONTAINER
+        info, data = await self._pre_hooks(
+            point,
+            info,
+            pod=pod,
+            container=info.name,
+            target=f"pod {pod.namespace}/{pod.name} container {info.name}",
+            data=data,
+            rebuild=lambda merged: merge.apply_create(request, merged),
+            what="CreateContainerRequest",
+        )
+        return await self._forward_created(
+            point, info, forward(data), cri.CreateContainerResponse, "container_id"
+        )
 
     async def start_container(self, data: bytes, forward: Forward) -> Reply:
         container_id = _decode_id(cri.StartContainerRequest, data, "container_id")
@@ -344,12 +337,12 @@ class HookRuntime:
                 if stored is None:
                     return await forward(data)
                 prepared = merge.prepare_update(stored, request)
-            required = await self._require(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, stored.pod, stored.name)
             updated, data = await self._pre_hooks(
                 HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
                 prepared,
+                pod=stored.pod,
+                container=stored.name,
                 target=container_id,
-                required=required,
                 data=data,
                 rebuild=lambda merged: merge.apply_update(request, merged),
                 what="UpdateContainerResourcesRequest",
@@ -367,20 +360,35 @@ class HookRuntime:
         point: HookPoint,
         record: R,
         *,
+        pod: PodInfo,
+        container: str | None = None,
         target: str,
-        required: Needed,
         data: bytes,
         rebuild: Callable[[R], Any],
         what: str,
     ) -> tuple[R, bytes]:
-        """Run the pre hooks of *point* on *record*; return the record as the plugins left it and the
-        request to forward: kubelet's *data* itself when no plugin changed anything, else the message
-        ``rebuild(record)`` makes, encoded."""
+        """Run the pre hooks of *point* on *record* (unless *pod* skips them; once its required servers are
+        up); return the record as the plugins left it and the request to forward: kubelet's *data* itself
+        when no plugin changed anything, else the message ``rebuild(record)`` makes, encoded."""
+        if self._skips(pod):
+            return record, data
+        required = await self._require(point, pod, container)
         merged = await self.lifecycle.pre(point, record, target=target, required=required)
         if merged is record:
             return record, data
         with _malformed(what):
             return merged, bytes(rebuild(merged).SerializeToString())
+
+    async def _forward_created(
+        self, point: HookPoint, record: Any, call: Awaitable[Reply], answer: type[Any], field: str
+    ) -> Reply:
+        """Await the forwarded RunPodSandbox or CreateContainer *call*; keep *record* under the id its
+        answer's *field* names."""
+        reply = await call
+        ident = _reply_field(answer, reply, field)
+        if ident:
+            self.lifecycle.keep(point, ident, record)
+        return reply
 
     def _missing(self, kind: str, ident: str, point: HookPoint) -> None:
         """An id the store does not know: hooks skipped. Worth a warning only if a plugin wanted

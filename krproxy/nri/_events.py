@@ -42,7 +42,7 @@ from krproxy.hooks import merge
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard, RequiredMissing
 from krproxy.hooks.lifecycle import Lifecycle
-from krproxy.hooks.model import PodInfo, PodResize
+from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize
 from krproxy.hooks.outcomes import HookRejected, RequiredFailed
 from krproxy.hooks.points import HookPoint, Stage
 from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed
@@ -151,15 +151,26 @@ class EventHandlers:
 
     # -- events with an answer -----------------------------------------------------------------
 
-    async def create_container(self, payload: bytes) -> bytes:
-        request = wire.parse("CreateContainerRequest", payload)
+    async def _container_request(
+        self, point: HookPoint, request_type: str, payload: bytes
+    ) -> tuple[Any, ContainerInfo, Needed] | None:
+        """The request, its container and the required servers of an event whose answer can fail the CRI
+        operation; None when no hook server (registered or required) is to run for it."""
+        request = wire.parse(request_type, payload)
         info = nri_convert.container_from_nri(request.pod, request.container)
-        point = HookPoint.PRE_CREATE_CONTAINER
         if self.lifecycle.skips(info.pod):
-            return bytes(api.CreateContainerResponse())
+            return None
         required = await self._require(point, info.pod, info.name)
         if not self.dispatcher.plugins_for(point) and not required.names:
+            return None
+        return request, info, required
+
+    async def create_container(self, payload: bytes) -> bytes:
+        point = HookPoint.PRE_CREATE_CONTAINER
+        hooked = await self._container_request(point, "CreateContainerRequest", payload)
+        if hooked is None:
             return bytes(api.CreateContainerResponse())
+        _, info, required = hooked
         target = f"pod {info.pod.namespace}/{info.pod.name} container {info.name}"
         after = await self._run(point, info, target, required)
         adjusted = nri_convert.adjustment(info, after, oom_score_adj=self.nri_0_8)
@@ -167,14 +178,11 @@ class EventHandlers:
         return bytes(api.CreateContainerResponse(adjust=adjusted.adjust))
 
     async def update_container(self, payload: bytes) -> bytes:
-        request = wire.parse("UpdateContainerRequest", payload)
-        info = nri_convert.container_from_nri(request.pod, request.container)
         point = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
-        if self.lifecycle.skips(info.pod):
+        hooked = await self._container_request(point, "UpdateContainerRequest", payload)
+        if hooked is None:
             return bytes(api.UpdateContainerResponse())
-        required = await self._require(point, info.pod, info.name)
-        if not self.dispatcher.plugins_for(point) and not required.names:
-            return bytes(api.UpdateContainerResponse())
+        request, info, required = hooked
         wanted = nri_convert.resources_from_nri(request.linux_resources)
         stored = self.store.get_container(info.id) or info
         current = stored.resources if stored.resources is not None else wanted
