@@ -64,7 +64,7 @@ from krproxy.nri import convert as nri_convert
 from krproxy.nri._events import EVENT_METHODS as EVENT_METHODS
 from krproxy.nri._events import GUARDED as GUARDED
 from krproxy.nri._events import MARGIN as MARGIN
-from krproxy.nri._events import EventHandlers
+from krproxy.nri._events import EventHandlers, warm_up
 from krproxy.nri._session import ConnectionLost, Handler, Session, TtrpcError
 from krproxy.nri._view import NriView
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
@@ -445,6 +445,7 @@ async def serve(
             await nursery.start(watch_hook_dir, config, plugin.publish, metrics.registration_error)
             if guard is not None:
                 nursery.start_soon(guard.run)
+            warm_up()  # before the runtime's first event, not during it (a few tenths of a second)
             await nursery.start(plugin.run)
             log.event(LOGGER, "nri_started", socket=config.socket, hook_dir=config.hook_dir)
             task_status.started(plugin)
