@@ -41,6 +41,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -258,7 +259,20 @@ class NriPlugin(EventHandlers):
         }
         for name, (event, request_type) in EVENT_METHODS.items():
             methods[name] = self._event_method(event, request_type)
-        return {(PLUGIN_SERVICE, name): handler for name, handler in methods.items()}
+        return {(PLUGIN_SERVICE, name): self._timed(name, handler) for name, handler in methods.items()}
+
+    def _timed(self, method: str, handler: Handler) -> Handler:
+        """*handler*, its time observed in ``krproxy_nri_call_seconds{method}`` (answered or failed)."""
+        histogram = self.metrics.nri_call_seconds.labels(method)
+
+        async def timed(payload: bytes) -> bytes:
+            started = time.perf_counter()
+            try:
+                return await handler(payload)
+            finally:
+                histogram.observe(time.perf_counter() - started)
+
+        return timed
 
     # -- the connection --------------------------------------------------------------------------
 
