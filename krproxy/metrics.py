@@ -113,6 +113,14 @@ class Metrics:
             ["hook", "field"],
             registry=r,
         )
+        self.nri_call_seconds = Histogram(
+            "krproxy_nri_call_seconds",
+            "Time krproxy nri takes to answer the runtime's NRI calls (from the request read to the answer "
+            "written; the runtime waits that long, most calls on a pod's way to running), by method.",
+            ["method"],
+            buckets=BUCKETS,
+            registry=r,
+        )
         self.required_held = Counter(
             "krproxy_required_calls_held_total",
             "CRI calls refused (UNAVAILABLE, nothing forwarded) because a required hook server was not "

@@ -6,10 +6,13 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import re
 import signal
+import socket
 import statistics
 import subprocess
 import time
+import urllib.request
 from typing import Any
 
 from krproxy.bench._support import (
@@ -73,12 +76,18 @@ def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
                 pods: dict[str, list[float]] = {"without": [], "with": []}
                 version: dict[str, list[float]] = {"without": [], "with": []}
                 cpu_per_pod: list[float] = []  # krproxy nri CPU ms per pod, one figure per "with" block
+                waited: list[float] = []  # ms containerd waited on krproxy nri's answers per pod, likewise
+                hook_calls: list[float] = []  # ms of those in calls to the hook server
                 blocks = max(args.nri_blocks, 1)
                 for block in range(blocks):
                     for state_name in ("without", "with"):
+                        port = _free_port()
                         daemon = (
-                            _start_nri(workdir, socket, hook_dir, block) if state_name == "with" else None
+                            _start_nri(workdir, socket, hook_dir, block, port)
+                            if state_name == "with"
+                            else None
                         )
+                        answered = _nri_answer_seconds(port) if daemon is not None else (0.0, 0.0)
                         cpu_before = _cpu_seconds(daemon.pid) if daemon is not None else 0.0
                         try:
                             got = _client(
@@ -93,14 +102,22 @@ def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
                             if daemon is not None:
                                 used = _cpu_seconds(daemon.pid) - cpu_before
                                 cpu_per_pod.append(used * 1000 / max(args.nri_pods, 1))
+                                answering, hooks = _nri_answer_seconds(port)
+                                pods_done = max(args.nri_pods, 1)
+                                waited.append((answering - answered[0]) * 1000 / pods_done)
+                                hook_calls.append((hooks - answered[1]) * 1000 / pods_done)
                         finally:
                             if daemon is not None:
                                 daemon.send_signal(signal.SIGTERM)
                                 daemon.wait(30)
                 return {
                     "pod_start": {k: _summary(v) for k, v in pods.items()},
+                    # every pod's start, so that runs can be pooled (one run's medians move by tens of ms)
+                    "pod_start_samples_ms": {k: [round(us / 1000, 3) for us in v] for k, v in pods.items()},
                     "version": {k: _summary(v) for k, v in version.items()},
                     "krproxy_cpu_ms_per_pod": round(statistics.median(cpu_per_pod), 2),
+                    "krproxy_answer_ms_per_pod": round(statistics.median(waited), 3),
+                    "hook_call_ms_per_pod": round(statistics.median(hook_calls), 3),
                     "containerd": state.get("containerd_version", "?"),
                 }
             finally:
@@ -115,7 +132,34 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (14th, 15th)
 
 
-def _start_nri(workdir: str, socket: str, hook_dir: str, block: int) -> subprocess.Popen[bytes]:
+def _free_port() -> int:
+    """A loopback TCP port nobody listens on now (for an admin endpoint)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+#: NRI calls that are not events: registration and state, off a pod's path.
+_NRI_SETUP_CALLS = frozenset({"Configure", "Synchronize", "Shutdown"})
+
+
+def _nri_answer_seconds(port: int) -> tuple[float, float]:
+    """Seconds ``krproxy nri`` (admin endpoint on ``port``) spent so far answering the runtime's event calls
+    (``krproxy_nri_call_seconds`` of every method but :data:`_NRI_SETUP_CALLS`), and of them in calls to
+    hook servers (``krproxy_hook_call_seconds``)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    answering = hooks = 0.0
+    for match in re.finditer(r'^krproxy_nri_call_seconds_sum\{method="([A-Za-z]+)"\} (\S+)$', text, re.M):
+        if match[1] not in _NRI_SETUP_CALLS:
+            answering += float(match[2])
+    for match in re.finditer(r"^krproxy_hook_call_seconds_sum\{[^}]*\} (\S+)$", text, re.M):
+        hooks += float(match[1])
+    return answering, hooks
+
+
+def _start_nri(workdir: str, socket: str, hook_dir: str, block: int, port: int) -> subprocess.Popen[bytes]:
     """``krproxy nri`` on ``socket``; returns once containerd synchronized it with its hook server loaded."""
     log_path = os.path.join(workdir, f"krproxy-nri-{block}.log")
     with open(log_path, "wb") as log:
@@ -130,6 +174,8 @@ def _start_nri(workdir: str, socket: str, hook_dir: str, block: int) -> subproce
                 "--hook-dir",
                 hook_dir,
                 "--insecure-registration-files",
+                "--metrics-address",
+                f"127.0.0.1:{port}",
             ],
             stdout=log,
             stderr=log,
@@ -164,5 +210,14 @@ def report_nri(r: dict[str, Any]) -> list[str]:
         lines.append(
             f"{'krproxy nri CPU per pod':<33} {r['krproxy_cpu_ms_per_pod']:8.2f} ms (run to removal; median of the "
             "'with' blocks; user+system, its idle work included)"
+        )
+    if "krproxy_answer_ms_per_pod" in r:
+        lines.append(
+            f"{'krproxy nri answering, per pod':<33} {r['krproxy_answer_ms_per_pod']:8.3f} ms (request read to answer "
+            "written, every event call; median of the 'with' blocks: what containerd waited on it)"
+        )
+    if "hook_call_ms_per_pod" in r:
+        lines.append(
+            f"{'  of which calling the hook server':<33} {r['hook_call_ms_per_pod']:8.3f} ms (krproxy_hook_call_seconds)"
         )
     return lines

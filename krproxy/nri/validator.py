@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import enum
 import glob
+import logging
 import os
 import tomllib
 from collections.abc import Mapping
 from typing import Any
 
 import attrs
+
+from krproxy import log
 
 __all__ = ["NRI_PLUGIN_KEY", "ConfigError", "ValidatorCheck", "Verdict", "check_containerd_config"]
 
@@ -146,3 +149,24 @@ def check_containerd_config(path: str, plugin_name: str, plugin_index: str) -> V
     return ValidatorCheck(
         Verdict.REQUIRED, read, f"default_validator.required_plugins lists {listed[0]!r}", tolerate
     )
+
+
+def log_validator_check(path: str, plugin_name: str, plugin_index: str) -> ValidatorCheck:
+    """:func:`check_containerd_config` of ``path`` (if given; else not checked), logged as
+    ``nri_runtime_validator`` (a warning unless krproxy is required or nothing was checked).
+
+    Raises:
+        ConfigError: the file cannot be read or parsed.
+    """
+    check = check_containerd_config(path, plugin_name, plugin_index) if path else ValidatorCheck()
+    log.event(
+        logging.getLogger("krproxy.nri"),
+        "nri_runtime_validator",
+        level=logging.INFO if check.verdict in (Verdict.REQUIRED, Verdict.NOT_CHECKED) else logging.WARNING,
+        required={True: "yes", False: "no", None: "unknown"}[check.required],
+        plugin=f"{plugin_index}-{plugin_name}",
+        detail=check.describe(),
+        files=",".join(check.files),
+        tolerate_annotation=check.tolerate_annotation,
+    )
+    return check

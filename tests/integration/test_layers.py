@@ -355,8 +355,6 @@ MAX_LINES = 500
 LONG_MODULES_TO_SPLIT = {
     "krproxy/relay/connection.py": "Endpoint, Half and Route in one module (relay)",
     "krproxy/relay/rpc.py": "relayed calls, interceptor calls and the relay's own calls (relay)",
-    "krproxy/nri/plugin.py": "the NRI plugin's events, adjustments and serving (NRI mode)",
-    "krproxy/hooks/convert.py": "records from CRI messages and from upb, and hook requests two ways",
     "krproxy/rpc/server.py": "Server, Stream and the server-side call (krproxy.rpc)",
     "krproxy/hookserver/_policy.py": "the node policy's schema, its loader and its watcher (SDK)",
 }

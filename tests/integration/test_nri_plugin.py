@@ -326,6 +326,18 @@ class TestCreate:
         assert 1 == counter.labels("PreCreateContainer", "pod_cgroup_parent")._value.get()
         assert 1 == counter.labels("PreRunPodSandbox", "cgroup_parent")._value.get()
 
+    async def test_call_time_is_observed_by_method(self, node: Node) -> None:
+        """krproxy_nri_call_seconds counts each NRI call krproxy answered, by method (what the runtime waited on)."""
+        await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER])
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            await node.runtime.create_container(container())
+            await node.runtime.create_container(container("second"))
+        registry = plugin.metrics.registry
+        assert 2 == registry.get_sample_value("krproxy_nri_call_seconds_count", {"method": "CreateContainer"})
+        assert 1 == registry.get_sample_value("krproxy_nri_call_seconds_count", {"method": "Configure"})
+
     async def test_oom_score_adj_on_nri_0_6_is_said_not_applied(self, node: Node) -> None:
         """NRI 0.6.1 (containerd 1.7) has no oom_score_adj in its ContainerAdjustment and drops the unknown
         field: there krproxy logs and counts it as not applied instead of sending it into the void."""
