@@ -141,6 +141,7 @@ class TestIntegersBeyondTheWire:
 
         assert pod_hook_request(pod) == decoded
 
+    @FUZZ
     @given(st.integers(1 << 64, 1 << 80) | st.integers(-(1 << 80), -(1 << 63) - 1))
     def test_beyond_them_is_refused(self, value: int) -> None:
         for resources in (Resources(cpu_shares=value), Resources(hugepage_limits=(("2MB", value),))):
