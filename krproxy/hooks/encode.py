@@ -16,6 +16,9 @@ an absent one as ``""``; betterproto2 and Go's encoder would write it, which dec
 number is below 16, so each tag is one byte: ``field number << 3 | wire type`` (0 varint, 2 length-delimited).
 
 Env values come from CRI as bytes decoded with ``surrogateescape``; a byte that is not UTF-8 is sent as U+FFFD.
+
+An integer outside int64's and uint64's range (Docker's JSON has any size) raises ValueError naming it: the hook
+call fails by the server's policy rather than send the value wrapped modulo 2^64.
 """
 
 from __future__ import annotations
@@ -44,8 +47,14 @@ def _put_str(out: bytearray, tag: bytes, value: str) -> None:
         out += data
 
 
+#: The integers a varint field holds: int64's and uint64's (and uint32 attempts, as betterproto2 wrote them).
+_INT_MIN, _INT_END = -(1 << 63), 1 << 64
+
+
 def _put_int(out: bytearray, tag: bytes, value: int) -> None:
     if value:
+        if not _INT_MIN <= value < _INT_END:  # Docker's JSON has integers of any size; CRI's and NRI's not
+            raise ValueError(f"{value} does not fit the hook protocol's 64-bit integers")
         out += tag
         out += varint(value)
 

@@ -4,6 +4,7 @@ encode.container_request) must decode to exactly the messages built field by fie
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -127,3 +128,24 @@ class TestSerializedHookRequests:
         assert hookapi.PodSandboxMetadata() == decoded.pod_meta
         assert hookapi.ContainerMetadata() == decoded.container_meta
         assert None is decoded.container_resources
+
+
+class TestIntegersBeyondTheWire:
+    """Docker's JSON carries integers of any size: one that no 64-bit protobuf integer holds is refused with
+    the reason (a failed hook call, by the server's policy), not sent wrapped modulo 2^64 (2^64 + 2048 read
+    as 2048), nor as the overlong varint betterproto2 wrote (which Go's decoder, koordlet's, refuses)."""
+
+    def test_the_64_bit_bounds_are_sent(self) -> None:
+        pod = PodInfo(resources=Resources(cpu_shares=-(1 << 63), hugepage_limits=(("2MB", (1 << 64) - 1),)))
+        decoded = hookapi.PodSandboxHookRequest.FromString(encode.pod_request(pod))
+
+        assert pod_hook_request(pod) == decoded
+
+    @FUZZ
+    @given(st.integers(1 << 64, 1 << 80) | st.integers(-(1 << 80), -(1 << 63) - 1))
+    def test_beyond_them_is_refused(self, value: int) -> None:
+        for resources in (Resources(cpu_shares=value), Resources(hugepage_limits=(("2MB", value),))):
+            with pytest.raises(ValueError, match=f"{value} does not fit"):
+                encode.container_request(ContainerInfo(resources=resources))
+        with pytest.raises(ValueError, match=f"{value} does not fit"):
+            encode.pod_request(PodInfo(attempt=value))
