@@ -13,7 +13,7 @@ import trio
 
 from krproxy import admin
 from krproxy.fakes.nri import FakeNriRuntime, NriError
-from krproxy.fakes.plugin import Changes, FakePlugin, run_fake_plugin, write_registration
+from krproxy.fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.required import Requirements, parse_required_server
 from krproxy.nri import plugin as nri_plugin
@@ -231,3 +231,35 @@ async def test_says_whether_containerd_requires_it(
     assert (
         f"containerd's validator: krproxy nri is {'required' if said == 'yes' else 'not required'}" in report
     )
+
+
+async def test_a_wait_for_a_required_server_leaves_the_hook_call_only_what_is_left(
+    nursery: trio.Nursery, short_tmp: object
+) -> None:
+    """A CreateContainer that waited (start-up grace) for its required server has only the rest of the
+    runtime's request timeout for the hook call, not a new one: past it NRI drops the plugin. (The bound is
+    the request's ttrpc deadline, which the chain's budget is also held to.)"""
+    runtime = FakeNriRuntime(os.path.join(str(short_tmp), "nri.sock"), request_timeout=3.0)
+    await nursery.start(runtime.serve)
+    os.makedirs(hook_dir(runtime), exist_ok=True)
+    config = NriConfig(
+        socket=runtime.socket_path,
+        hook_dir=hook_dir(runtime),
+        insecure_registration_files=True,
+        requirements=Requirements((parse_required_server("limits"),), startup_grace=LIVENESS_LIMIT),
+    )
+    with trio.fail_after(LIVENESS_LIMIT):
+        await nursery.start(nri_plugin.serve, config)
+        await runtime.wait_for_plugins(1)
+        await runtime.run_pod(pod())
+        slow = FakePlugin(Changes(cpu_shares=4096))
+        slow.misbehave(Misbehaviour(delay=2.0))
+
+        async def server_comes_up() -> None:
+            await trio.sleep(1.5)  # the call waits for it, within the grace
+            await add_server(nursery, runtime, "limits", slow)
+
+        nursery.start_soon(server_comes_up)
+        with pytest.raises(NriError, match="no answer within"):  # ran out of the time left: refused in time
+            await runtime.create_container(container())
+        assert 1 == len(runtime.plugins)  # answered within the request timeout: NRI keeps krproxy
