@@ -7,7 +7,7 @@ proxied targets block by block after a warm-up, so machine noise hits both alike
 
 Cases (issue 8): small passthrough latency (Version, ContainerStatus); large passthrough
 (ListContainers of 1000 containers, ~860 KB); throughput with 32 concurrent callers; hooked
-CreateContainer with one and with three chained plugins; small calls while another client is
+CreateContainer with one and with three chained plugins, and with one SDK plugin (:mod:`krproxy.bench.sdk`); small calls while another client is
 stuck with ~20 MB of answers unread (issue 16); the same with recording on (when
 ``--record`` exists); store recovery of 1000 pods / 3000 containers and the RSS after it; RSS
 and open fds after 100k calls; NRI mode against containerd 2.x (pod start and a plain call, with
@@ -197,6 +197,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             label: _summary(got[t]) for label, t in zip(labels, targets, strict=False)
         }
 
+        from krproxy.bench.sdk import sdk_create  # here: `python -m krproxy.bench.sdk` runs it as __main__
+
+        with _scratch() as sdk_dir:
+            results["sdk_CreateContainer"] = sdk_create(sdk_dir, args.create_calls)
         results["stuck_client"] = _stuck_client(plain, args)
         results["header_flood"] = header_flood(args.flood_calls, [1 << 20, 4095])
         results["real_containerd"] = _real_containerd(procs, workdir, args)
@@ -801,6 +805,10 @@ def report(results: dict[str, Any]) -> str:
         )
     else:
         lines.append("CreateContainer with --record      not measured: recording is not built yet")
+    if "sdk_CreateContainer" in results:
+        from krproxy.bench.sdk import report_sdk_create
+
+        lines += report_sdk_create(results["sdk_CreateContainer"])
     real = results.get("real_containerd", {"skipped": "not run"})
     if "skipped" in real:
         lines.append(f"real containerd                   not measured: {real['skipped']}")
@@ -962,6 +970,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="measure only Version calls while another caller floods krproxy with header blocks",
     )
     parser.add_argument(
+        "--only-sdk-create",
+        action="store_true",
+        help="measure only CreateContainer through krproxy with one SDK plugin, beside direct and one fake plugin",
+    )
+    parser.add_argument(
         "--only-rpc-server",
         action="store_true",
         help="measure only the CPU per unary call of krproxy.rpc's server (hook servers' engine)",
@@ -998,6 +1011,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.only_header_flood:
         results = {"header_flood": header_flood(args.flood_calls, [1 << 20, 384 << 10, 4095])}
         print("\n".join(report_header_flood(results["header_flood"])))
+    elif args.only_sdk_create:
+        from krproxy.bench.sdk import report_sdk_create, sdk_create
+
+        with _scratch() as workdir:
+            results = {"sdk_CreateContainer": sdk_create(workdir, args.create_calls)}
+        print("\n".join(report_sdk_create(results["sdk_CreateContainer"])))
     elif args.only_rpc_server:
         results = {"rpc_server": rpc_server_cpu(args.small_calls)}
         print("\n".join(report_rpc_server_cpu(results["rpc_server"])))
