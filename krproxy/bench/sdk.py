@@ -176,7 +176,8 @@ def report_cpu_per_call(r: dict[str, Any]) -> list[str]:
 
 
 def sdk_create(workdir: str, calls: int, blocks: int = 10, baseline: str | None = None) -> dict[str, Any]:
-    """CreateContainer latency direct, through krproxy with one fake plugin (``fakes.plugin``), and
+    """CreateContainer latency direct, through krproxy with one fake plugin (``fakes.plugin``, adding
+    an annotation), and
     through krproxy with one SDK plugin (this module's :func:`register`, ``krproxy hooks serve``; also
     from ``baseline``'s tree when given): one client process, the targets taking turns block by block.
     Each krproxy has its own hook directory, so each calls only its one plugin."""
@@ -198,11 +199,10 @@ def sdk_create(workdir: str, calls: int, blocks: int = 10, baseline: str | None 
             os.makedirs(hook_dir)
             if name == "fake":
                 argv = ["-m", "fakes.plugin", "--socket", sock(f"plugin-{name}"), "--hook-dir", hook_dir]
-                procs.start(
-                    f"plugin-{name}",
-                    [*argv, "--name", name, "--hooks", "PreCreateContainer"],
-                    sock("plugin-fake"),
-                )
+                # It changes the request too (an annotation; the SDK plugin sets an env), so the
+                # proxy's share (decode the answer, merge, re-encode the request) is the same for both.
+                argv += ["--name", name, "--hooks", "PreCreateContainer", "--add-annotation", "bench=1"]
+                procs.start(f"plugin-{name}", argv, sock("plugin-fake"))
             else:
                 process = start_hook_server(
                     sock(f"plugin-{name}"),
