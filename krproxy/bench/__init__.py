@@ -996,6 +996,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--anchor-calls", type=int, default=6000, help="Go anchor: calls of the mix per round"
     )
     parser.add_argument("--anchor-rounds", type=int, default=3, help="Go anchor: rounds per proxy")
+    parser.add_argument(
+        "--anchor-runtime",
+        choices=["containerd", "fake"],
+        default="containerd",
+        help="Go anchor: in front of real containerd (the sandbox) or the fake containerd",
+    )
     args = parser.parse_args(argv)
     if args.only_go_anchor:
         with _scratch() as workdir:
