@@ -1,8 +1,9 @@
 """``python -m krproxy.bench.sdk``: the CPU a hook server written with the SDK spends per hook call.
 
 Starts ``krproxy hooks serve`` as processes of their own — with one trivial plugin function (this
-module's :func:`register`), and with the built-in policies and no policy file — and sends each
-PreCreateContainerHook calls one after another from this process (a :class:`krproxy.rpc.Channel`,
+module's :func:`register`), with the built-in policies and no policy file, and with the one function
+again for requests of kubelet's size (about 4 KB, :func:`kubelet_sized_request`; the others get a
+minimal one of about 100 bytes) — and sends each PreCreateContainerHook calls one after another from this process (a :class:`krproxy.rpc.Channel`,
 as the proxy calls it), in rounds: every server gets its turn in each round, the order turning
 round by round, so machine noise hits all alike. Prints, per server, the server process's CPU
 (utime + stime from ``/proc/PID/stat``) per call in each round and the median and p99 call latency
@@ -35,13 +36,18 @@ from krproxy.bench._support import Processes, _client, _serve_args, _summary
 from krproxy.grpcstatus import GRPCError
 from krproxy.hookserver import ContainerContext, HookServer, Stage
 from krproxy.hookserver.testing import container_request, pod_request
+from krproxy.proto.runtime import v1alpha1 as hookapi
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
-#: The SDK hook servers measured: name, ``krproxy hooks serve`` options.
+PLAIN = ["--no-builtin", "--plugin", "krproxy.bench.sdk"]
+
+#: The SDK hook servers measured: name, ``krproxy hooks serve`` options, and whether the calls carry a
+#: request of kubelet's size (:func:`kubelet_sized_request`) rather than a minimal one.
 CASES = {
-    "one plain function": ["--no-builtin", "--plugin", "krproxy.bench.sdk"],
-    "built-in policies": [],
+    "one plain function": (PLAIN, False),
+    "built-in policies": ([], False),
+    "one plain function, 4 KB": (PLAIN, True),
 }
 
 #: Issue 24's targets: the SDK server's CPU per call, and what one SDK plugin adds to CreateContainer.
@@ -55,6 +61,37 @@ def register(app: HookServer) -> None:
     @app.hook(Stage.PRE_CREATE_CONTAINER, name="bench-env")
     def bench_env(ctx: ContainerContext) -> None:
         ctx.response.add_envs["BENCH"] = ctx.request.pod.meta.name
+
+
+def minimal_request() -> bytes:
+    return bytes(container_request(pod_request("bench"), "app").SerializeToString())
+
+
+def kubelet_sized_request() -> bytes:
+    """A PreCreateContainer request of the size kubelet's make (about 4 KB): a pod with 8 labels and
+    10 annotations, a container with 6 annotations, 40 env variables and its resources."""
+    pod = pod_request(
+        "web-7d9c6b5f4-x2x9k",
+        labels={f"app.kubernetes.io/l{i}": f"value-{i}" for i in range(8)},
+        annotations={f"kubernetes.io/annotation-{i}": "x" * 60 for i in range(10)},
+    )
+    resources = hookapi.LinuxContainerResources(
+        cpu_period=100000,
+        cpu_quota=200000,
+        cpu_shares=2048,
+        memory_limit_in_bytes=1 << 30,
+        oom_score_adj=-997,
+        cpuset_cpus="0-1",
+        unified={"memory.high": "900000000"},
+    )
+    request = container_request(
+        pod,
+        "app",
+        resources=resources,
+        envs={f"ENV_VAR_{i}": f"value-{i}-" + "y" * 30 for i in range(40)},
+        annotations={f"io.kubernetes.container.a{i}": "z" * 40 for i in range(6)},
+    )
+    return bytes(request.SerializeToString())
 
 
 def cpu_seconds(pid: int) -> float:
@@ -90,15 +127,15 @@ async def _wait_ready(socket: str, request: bytes) -> None:
 
 
 async def _measure_rounds(
-    servers: dict[str, tuple[str, int]], calls: int, rounds: int
+    servers: dict[str, tuple[str, int, bytes]], calls: int, rounds: int
 ) -> dict[str, dict[str, list[float]]]:
-    """Per server (label: socket, pid): the CPU per call of each round (ms) and all latencies (ms)."""
-    request = bytes(container_request(pod_request("bench"), "app").SerializeToString())
+    """Per server (label: socket, pid, request): the CPU per call of each round (ms) and all
+    latencies (ms)."""
     path = Stage.PRE_CREATE_CONTAINER.rpc_path
     results: dict[str, dict[str, list[float]]] = {}
     channels: dict[str, rpc.Channel] = {}
     try:
-        for label, (socket, _) in servers.items():
+        for label, (socket, _, request) in servers.items():
             await _wait_ready(socket, request)
             channels[label] = rpc.Channel(socket)
             for _ in range(200):  # warm-up: connection, code paths, allocator
@@ -107,7 +144,7 @@ async def _measure_rounds(
         order = list(servers)
         for turn in range(rounds):
             for label in order[turn % len(order) :] + order[: turn % len(order)]:
-                channel, pid = channels[label], servers[label][1]
+                channel, (_, pid, request) = channels[label], servers[label]
                 before = cpu_seconds(pid)
                 for _ in range(calls):
                     start = time.perf_counter()
@@ -126,10 +163,11 @@ def cpu_per_call(calls: int, rounds: int, baseline: str | None, workdir: str) ->
     trees: dict[str, str | None] = {"": None}
     if baseline is not None:
         trees = {" (baseline)": os.path.abspath(baseline), "": None}
-    servers: dict[str, tuple[str, int]] = {}
+    servers: dict[str, tuple[str, int, bytes]] = {}
     processes = []
     try:
-        for index, (case, extra) in enumerate(CASES.items()):
+        for index, (case, (extra, kubelet_sized)) in enumerate(CASES.items()):
+            request = kubelet_sized_request() if kubelet_sized else minimal_request()
             for suffix, tree in trees.items():
                 name = f"s{index}{'b' if tree else ''}"
                 socket = os.path.join(workdir, f"{name}.sock")
@@ -142,7 +180,7 @@ def cpu_per_call(calls: int, rounds: int, baseline: str | None, workdir: str) ->
                     os.path.join(workdir, f"{name}.log"),
                 )
                 processes.append(process)
-                servers[case + suffix] = (socket, process.pid)
+                servers[case + suffix] = (socket, process.pid, request)
         measured = trio.run(_measure_rounds, servers, calls, rounds)
     finally:
         for process in processes:
@@ -168,7 +206,7 @@ def report_cpu_per_call(r: dict[str, Any]) -> list[str]:
         rounds = got["cpu_ms_rounds"]
         ok = "met" if got["cpu_ms"] <= CPU_TARGET_MS else "MISSED"
         lines.append(
-            f"{label:<32} server CPU {got['cpu_ms']:6.3f} ms/call (rounds {min(rounds):.3f}-{max(rounds):.3f})"
+            f"{label:<36} server CPU {got['cpu_ms']:6.3f} ms/call (rounds {min(rounds):.3f}-{max(rounds):.3f})"
             f"   latency median {got['latency_median_ms']:6.3f} ms  p99 {got['latency_p99_ms']:6.3f} ms"
             f"   <= {CPU_TARGET_MS} ms: {ok}"
         )
@@ -208,7 +246,7 @@ def sdk_create(workdir: str, calls: int, blocks: int = 10, baseline: str | None 
                     sock(f"plugin-{name}"),
                     hook_dir,
                     workdir,
-                    CASES["one plain function"],
+                    PLAIN,
                     tree,
                     os.path.join(workdir, f"plugin-{name}.log"),
                 )
