@@ -108,7 +108,7 @@ class HookService:
         except _wire.DecodeError as exc:
             raise _not_a(stage, "PodSandboxHookRequest", exc) from exc
         try:
-            return _wire.pod_reply(req, self.app.run_pod(stage, pod))
+            return _wire.pod_reply(req, pod, self.app.run_pod(stage, pod))
         except (HookFailedError, OSError) as exc:
             raise GRPCError(Status.UNKNOWN, str(exc)) from exc
 
@@ -118,7 +118,7 @@ class HookService:
         except _wire.DecodeError as exc:
             raise _not_a(stage, "ContainerResourceHookRequest", exc) from exc
         try:
-            return _wire.container_reply(req, self.app.run_container(stage, container))
+            return _wire.container_reply(req, container, self.app.run_container(stage, container))
         except (HookFailedError, OSError) as exc:
             raise GRPCError(Status.UNKNOWN, str(exc)) from exc
 

@@ -17,6 +17,7 @@ betterproto2's dicts do) and plugins see the same dicts as before.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from google.protobuf import message_factory
@@ -114,12 +115,10 @@ def _put(field: Any, items: dict[str, str]) -> None:
         add(key=key, value=value)
 
 
-def _merged(field: Any, changes: dict[str, str]) -> dict[str, str]:
-    """A request's map (its entries) with ``changes`` laid over it, in the order betterproto2's
+def _merged(request: Mapping[str, str], changes: dict[str, str]) -> dict[str, str]:
+    """A request's map with ``changes`` laid over it, in the order betterproto2's
     ``{**request, **changes}`` gives."""
-    merged = entries(field)
-    merged.update(changes)
-    return merged
+    return {**request, **changes}
 
 
 def _put_resources(out: Any, req: Any, name: str, changes: ResourceChanges) -> None:
@@ -149,23 +148,25 @@ def _put_resources(out: Any, req: Any, name: str, changes: ResourceChanges) -> N
         res.memory_limit_in_bytes = memory
 
 
-def pod_reply(req: Any, ctx: PodContext) -> bytes:
-    """The encoded PodSandboxHookResponse :func:`._done.pod_response` gives for ``req`` and ``ctx``."""
+def pod_reply(req: Any, pod: PodInfo, ctx: PodContext) -> bytes:
+    """The encoded PodSandboxHookResponse :func:`._done.pod_response` gives for ``req`` and ``ctx``;
+    ``pod`` is :func:`pod_info`'s record of ``req`` (its maps, read once)."""
     changes = ctx.response
     out = PodSandboxHookResponse()
-    _put(out.labels, _merged(req.labels, changes.labels))
-    _put(out.annotations, _merged(req.annotations, changes.annotations))
+    _put(out.labels, _merged(pod.labels, changes.labels))
+    _put(out.annotations, _merged(pod.annotations, changes.annotations))
     out.cgroup_parent = changes.cgroup_parent or req.cgroup_parent
     _put_resources(out, req, "resources", changes.resources)
     return bytes(out.SerializeToString())
 
 
-def container_reply(req: Any, ctx: ContainerContext) -> bytes:
-    """The encoded ContainerResourceHookResponse :func:`._done.container_response` gives."""
+def container_reply(req: Any, container: ContainerInfo, ctx: ContainerContext) -> bytes:
+    """The encoded ContainerResourceHookResponse :func:`._done.container_response` gives;
+    ``container`` is :func:`container_info`'s record of ``req``."""
     changes = ctx.response
     out = ContainerResourceHookResponse()
-    _put(out.container_annotations, _merged(req.container_annotations, changes.annotations))
+    _put(out.container_annotations, _merged(container.annotations, changes.annotations))
     _put_resources(out, req, "container_resources", changes.resources)
     out.pod_cgroup_parent = req.pod_cgroup_parent
-    _put(out.container_envs, _merged(req.container_envs, changes.add_envs))
+    _put(out.container_envs, _merged(container.envs, changes.add_envs))
     return bytes(out.SerializeToString())

@@ -100,7 +100,9 @@ class TestEncode:
         ctx.response.annotations.update(annotations)
         ctx.response.cgroup_parent = cgroup_parent
         _set(ctx.response.resources, resources)
-        assert pod_response(req, ctx) == pb.PodSandboxHookResponse.FromString(_wire.pod_reply(upb_req, ctx))
+        assert pod_response(req, ctx) == pb.PodSandboxHookResponse.FromString(
+            _wire.pod_reply(upb_req, info, ctx)
+        )
 
     @given(container_requests, maps, maps, changed_resources)
     def test_container_answer(
@@ -117,7 +119,7 @@ class TestEncode:
         ctx.response.add_envs.update(envs)
         _set(ctx.response.resources, resources)
         expected = container_response(req, ctx)
-        got = pb.ContainerResourceHookResponse.FromString(_wire.container_reply(upb_req, ctx))
+        got = pb.ContainerResourceHookResponse.FromString(_wire.container_reply(upb_req, info, ctx))
         assert expected == got
         assert list(expected.container_envs.items()) == list(got.container_envs.items())
 
@@ -128,8 +130,8 @@ class TestEncode:
         ctx = ContainerContext(info)
         ctx.response.resources.cpu_bvt = -1  # written by the executor, not answered
         assert pb.ContainerResourceHookResponse() == pb.ContainerResourceHookResponse.FromString(
-            _wire.container_reply(upb_req, ctx)
+            _wire.container_reply(upb_req, info, ctx)
         )
         ctx.response.resources.cfs_quota = 0
-        got = pb.ContainerResourceHookResponse.FromString(_wire.container_reply(upb_req, ctx))
+        got = pb.ContainerResourceHookResponse.FromString(_wire.container_reply(upb_req, info, ctx))
         assert pb.LinuxContainerResources() == got.container_resources
