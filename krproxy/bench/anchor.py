@@ -80,7 +80,9 @@ def go_anchor(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
         if fake:
             direct = os.path.join(workdir, "containerd-anchor.sock")
             seed = ["--seed-pods", str(args.anchor_pods)]
-            procs.start("containerd-anchor", ["-m", "fakes.containerd", "--socket", direct, *seed], direct)
+            procs.start(
+                "containerd-anchor", ["-m", "krproxy.fakes.containerd", "--socket", direct, *seed], direct
+            )
             return {
                 "runtime": "fake containerd",
                 **_measure(procs, workdir, binary, direct, args.anchor_pods, args),

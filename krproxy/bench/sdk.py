@@ -214,7 +214,7 @@ def report_cpu_per_call(r: dict[str, Any]) -> list[str]:
 
 
 def sdk_create(workdir: str, calls: int, blocks: int = 10, baseline: str | None = None) -> dict[str, Any]:
-    """CreateContainer latency direct, through krproxy with one fake plugin (``fakes.plugin``, adding
+    """CreateContainer latency direct, through krproxy with one fake plugin (``krproxy.fakes.plugin``, adding
     an annotation), and
     through krproxy with one SDK plugin (this module's :func:`register`, ``krproxy hooks serve``; also
     from ``baseline``'s tree when given): one client process, the targets taking turns block by block.
@@ -227,7 +227,9 @@ def sdk_create(workdir: str, calls: int, blocks: int = 10, baseline: str | None 
     labels = {"direct": sock("containerd")}
     try:
         procs.start(
-            "containerd", ["-m", "fakes.containerd", "--socket", sock("containerd")], sock("containerd")
+            "containerd",
+            ["-m", "krproxy.fakes.containerd", "--socket", sock("containerd")],
+            sock("containerd"),
         )
         plugins: dict[str, str | None] = {"fake": None, "sdk": None}
         if baseline is not None:
@@ -236,7 +238,14 @@ def sdk_create(workdir: str, calls: int, blocks: int = 10, baseline: str | None 
             hook_dir = os.path.join(workdir, f"hooks-{name}")
             os.makedirs(hook_dir)
             if name == "fake":
-                argv = ["-m", "fakes.plugin", "--socket", sock(f"plugin-{name}"), "--hook-dir", hook_dir]
+                argv = [
+                    "-m",
+                    "krproxy.fakes.plugin",
+                    "--socket",
+                    sock(f"plugin-{name}"),
+                    "--hook-dir",
+                    hook_dir,
+                ]
                 # It changes the request too (an annotation; the SDK plugin sets an env), so the
                 # proxy's share (decode the answer, merge, re-encode the request) is the same for both.
                 argv += ["--name", name, "--hooks", "PreCreateContainer", "--add-annotation", "bench=1"]

@@ -20,7 +20,7 @@ import hpack
 import pytest
 import trio
 
-from fakes.containerd import FakeContainerd
+from krproxy.fakes.containerd import FakeContainerd
 from krproxy.relay import Relay
 from krproxy.relay import frames as f
 from tests.integration.support import LIVENESS_LIMIT, start_proxy, wait_until

@@ -1,0 +1,172 @@
+"""Whether containerd's NRI default validator requires ``krproxy nri`` itself (pure, but for reading files).
+
+containerd 2.2 and later (NRI 0.10 and later) can refuse every container that a list of NRI plugins did
+not see: the default validator's ``required_plugins``, in containerd's configuration::
+
+    [plugins.'io.containerd.nri.v1.nri'.default_validator]
+      enable = true
+      required_plugins = ['krproxy']
+
+With krproxy's NRI name there (``krproxy`` or ``50-krproxy``: NRI's validator knows each plugin by both),
+containerd creates no container while ``krproxy nri`` is not registered; without it, containers are
+created without krproxy's hook servers whenever krproxy is down or re-registering. The runtime does not
+tell a plugin its validator configuration (NRI's Configure carries none), so the only source is the
+configuration file, given with ``--containerd-config``: :func:`check_containerd_config` reads it as
+containerd does (files in ``imports``, globs allowed, relative to the main file, merged in order over it
+key by key, a list replaced whole: what ``containerd config dump`` shows of 2.3.4) and says what it finds
+(:class:`ValidatorCheck`).
+"""
+
+from __future__ import annotations
+
+import enum
+import glob
+import logging
+import os
+import tomllib
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+
+from krproxy import log
+
+__all__ = ["NRI_PLUGIN_KEY", "ConfigError", "ValidatorCheck", "Verdict", "check_containerd_config"]
+
+#: containerd's NRI plugin, the key of its table under ``[plugins]`` (configuration version 2 and later).
+NRI_PLUGIN_KEY = "io.containerd.nri.v1.nri"
+
+
+class ConfigError(ValueError):
+    """The configuration file cannot be read or parsed; the message names the file and the fix."""
+
+
+class Verdict(enum.Enum):
+    """What containerd's configuration says about krproxy's own registration."""
+
+    NOT_CHECKED = "not checked (give krproxy nri --containerd-config PATH)"
+    REQUIRED = "required: containerd creates no container while krproxy nri is not registered"
+    NOT_REQUIRED = "not required: containerd creates containers while krproxy nri is down"
+    NRI_DISABLED = "NRI is disabled in containerd's configuration"
+
+
+@attrs.frozen
+class ValidatorCheck:
+    """The verdict, the files read, and why (the setting that decided it), for the log and ``status``."""
+
+    verdict: Verdict = Verdict.NOT_CHECKED
+    files: tuple[str, ...] = ()
+    reason: str = ""
+    #: The validator's ``tolerate_missing_plugins_annotation`` ("" when none): pods with it set true are
+    #: created without krproxy too.
+    tolerate_annotation: str = ""
+
+    @property
+    def required(self) -> bool | None:
+        """True or False when the configuration was read; None when not checked."""
+        return None if self.verdict is Verdict.NOT_CHECKED else self.verdict is Verdict.REQUIRED
+
+    def describe(self) -> str:
+        return f"{self.verdict.value} ({self.reason})" if self.reason else self.verdict.value
+
+
+def _load(path: str) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except OSError as err:
+        raise ConfigError(
+            f"cannot read containerd's configuration {path}: {err.strerror or err}; give the file containerd "
+            "runs with (containerd -c PATH, default /etc/containerd/config.toml), mounted into krproxy's pod"
+        ) from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{path} is not valid TOML ({err}); is it containerd's configuration?") from None
+
+
+def _merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+    """*other* over *into*, key by key; tables merged, anything else (lists too) replaced."""
+    for key, value in other.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _imports(path: str, document: Mapping[str, Any]) -> list[str]:
+    patterns = document.get("imports", [])
+    if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+        raise ConfigError(f"{path}: imports must be a list of paths or globs")
+    files: list[str] = []
+    for pattern in patterns:
+        pattern = os.path.join(os.path.dirname(os.path.abspath(path)), pattern)
+        files += sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+    return files
+
+
+def _nri_table(document: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    plugins = document.get("plugins")
+    table = plugins.get(NRI_PLUGIN_KEY) if isinstance(plugins, Mapping) else None
+    return table if isinstance(table, Mapping) else None
+
+
+def check_containerd_config(path: str, plugin_name: str, plugin_index: str) -> ValidatorCheck:
+    """Whether the containerd configuration at *path* (with its imports) requires the NRI plugin
+    *plugin_index*-*plugin_name*.
+
+    Raises:
+        ConfigError: a file cannot be read or is not TOML; the message says which and what to give.
+    """
+    document = _load(path)
+    files = [path, *_imports(path, document)]
+    for imported in files[1:]:
+        _merge(document, _load(imported))
+    read = tuple(files)
+    table = _nri_table(document)
+    if table is not None and table.get("disable") is True:
+        return ValidatorCheck(Verdict.NRI_DISABLED, read, f"[plugins.'{NRI_PLUGIN_KEY}'] disable = true")
+    validator = table.get("default_validator") if table is not None else None
+    if not isinstance(validator, Mapping):
+        return ValidatorCheck(
+            Verdict.NOT_REQUIRED,
+            read,
+            f"no [plugins.'{NRI_PLUGIN_KEY}'.default_validator] (containerd 2.2 and later have one)",
+        )
+    if validator.get("enable") is not True:
+        return ValidatorCheck(Verdict.NOT_REQUIRED, read, "default_validator.enable is not true")
+    required = validator.get("required_plugins", [])
+    names = {plugin_name, f"{plugin_index}-{plugin_name}"}
+    tolerate = validator.get("tolerate_missing_plugins_annotation", "")
+    tolerate = tolerate if isinstance(tolerate, str) else ""
+    listed = [n for n in required if n in names] if isinstance(required, list) else []
+    if not listed:
+        return ValidatorCheck(
+            Verdict.NOT_REQUIRED,
+            read,
+            f"default_validator.required_plugins = {required!r} names neither {plugin_name!r} nor "
+            f"'{plugin_index}-{plugin_name}'",
+            tolerate,
+        )
+    return ValidatorCheck(
+        Verdict.REQUIRED, read, f"default_validator.required_plugins lists {listed[0]!r}", tolerate
+    )
+
+
+def log_validator_check(path: str, plugin_name: str, plugin_index: str) -> ValidatorCheck:
+    """:func:`check_containerd_config` of ``path`` (if given; else not checked), logged as
+    ``nri_runtime_validator`` (a warning unless krproxy is required or nothing was checked).
+
+    Raises:
+        ConfigError: the file cannot be read or parsed.
+    """
+    check = check_containerd_config(path, plugin_name, plugin_index) if path else ValidatorCheck()
+    log.event(
+        logging.getLogger("krproxy.nri"),
+        "nri_runtime_validator",
+        level=logging.INFO if check.verdict in (Verdict.REQUIRED, Verdict.NOT_CHECKED) else logging.WARNING,
+        required={True: "yes", False: "no", None: "unknown"}[check.required],
+        plugin=f"{plugin_index}-{plugin_name}",
+        detail=check.describe(),
+        files=",".join(check.files),
+        tolerate_annotation=check.tolerate_annotation,
+    )
+    return check
