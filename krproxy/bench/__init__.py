@@ -7,7 +7,8 @@ proxied targets block by block after a warm-up, so machine noise hits both alike
 
 Cases (issue 8): small passthrough latency (Version, ContainerStatus); large passthrough
 (ListContainers of 1000 containers, ~860 KB); throughput with 32 concurrent callers; hooked
-CreateContainer with one and with three chained plugins; small calls while another client is
+CreateContainer with one and with three chained plugins, and with one SDK plugin (:mod:`krproxy.bench.sdk`,
+``--only-sdk-create``); small calls while another client is
 stuck with ~20 MB of answers unread (issue 16); the same with recording on (when
 ``--record`` exists); store recovery of 1000 pods / 3000 containers and the RSS after it; RSS
 and open fds after 100k calls; NRI mode against containerd 2.x (pod start and a plain call, with
@@ -77,6 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="measure only Version calls while another caller floods krproxy with header blocks",
     )
     parser.add_argument(
+        "--only-sdk-create",
+        action="store_true",
+        help="measure only CreateContainer through krproxy with one SDK plugin, beside direct and one fake plugin",
+    )
+    parser.add_argument(
         "--only-rpc-server",
         action="store_true",
         help="measure only the CPU per unary call of krproxy.rpc's server (hook servers' engine)",
@@ -98,6 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--anchor-calls", type=int, default=6000, help="Go anchor: calls of the mix per round"
     )
     parser.add_argument("--anchor-rounds", type=int, default=3, help="Go anchor: rounds per proxy")
+    parser.add_argument(
+        "--anchor-runtime",
+        choices=["containerd", "fake"],
+        default="containerd",
+        help="Go anchor: in front of real containerd (the sandbox) or the fake containerd",
+    )
     args = parser.parse_args(argv)
     if args.only_go_anchor:
         with _scratch() as workdir:
@@ -113,6 +125,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.only_header_flood:
         results = {"header_flood": header_flood(args.flood_calls, [1 << 20, 384 << 10, 4095])}
         print("\n".join(report_header_flood(results["header_flood"])))
+    elif args.only_sdk_create:
+        from krproxy.bench.sdk import report_sdk_create, sdk_create  # here: see proxy.run
+
+        with _scratch() as workdir:
+            results = {"sdk_CreateContainer": sdk_create(workdir, args.create_calls)}
+        print("\n".join(report_sdk_create(results["sdk_CreateContainer"])))
     elif args.only_rpc_server:
         results = {"rpc_server": rpc_server_cpu(args.small_calls)}
         print("\n".join(report_rpc_server_cpu(results["rpc_server"])))

@@ -25,6 +25,7 @@ from krproxy.bench._support import (
     _NoSandbox,
     _populate,
     _sandbox,
+    _scratch,
     _serve_args,
     _summary,
 )
@@ -159,6 +160,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             label: _summary(got[t]) for label, t in zip(labels, targets, strict=False)
         }
 
+        from krproxy.bench.sdk import sdk_create  # here: `python -m krproxy.bench.sdk` runs it as __main__
+
+        with _scratch() as sdk_dir:
+            results["sdk_CreateContainer"] = sdk_create(sdk_dir, args.create_calls)
         results["stuck_client"] = _stuck_client(plain, args)
         results["header_flood"] = header_flood(args.flood_calls, [1 << 20, 4095])
         results["real_containerd"] = _real_containerd(procs, workdir, args)

@@ -61,6 +61,10 @@ def report(results: dict[str, Any]) -> str:
         )
     else:
         lines.append("CreateContainer with --record      not measured: recording is not built yet")
+    if "sdk_CreateContainer" in results:
+        from krproxy.bench.sdk import report_sdk_create  # here: see proxy.run
+
+        lines += report_sdk_create(results["sdk_CreateContainer"])
     real = results.get("real_containerd", {"skipped": "not run"})
     if "skipped" in real:
         lines.append(f"real containerd                   not measured: {real['skipped']}")
