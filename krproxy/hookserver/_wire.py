@@ -115,9 +115,16 @@ def _put(field: Any, items: dict[str, str]) -> None:
         add(key=key, value=value)
 
 
-def _merged(request: Mapping[str, str], changes: dict[str, str]) -> dict[str, str]:
+def _merged(request: Mapping[str, str], changes: dict[str, str], name: str) -> dict[str, str]:
     """A request's map with ``changes`` laid over it, in the order betterproto2's
-    ``{**request, **changes}`` gives."""
+    ``{**request, **changes}`` gives. A None key or value in ``changes`` is a TypeError, as betterproto2's
+    encoding made it (upb would send it as "")."""
+    if None in changes or None in changes.values():
+        key = next(k for k, v in changes.items() if k is None or v is None)
+        raise TypeError(
+            f"a plugin set {name}[{key!r}] to None, or None as a key: keys and values are str; "
+            "to leave a key as the request has it, do not set it"
+        )
     return {**request, **changes}
 
 
@@ -153,8 +160,8 @@ def pod_reply(req: Any, pod: PodInfo, ctx: PodContext) -> bytes:
     ``pod`` is :func:`pod_info`'s record of ``req`` (its maps, read once)."""
     changes = ctx.response
     out = PodSandboxHookResponse()
-    _put(out.labels, _merged(pod.labels, changes.labels))
-    _put(out.annotations, _merged(pod.annotations, changes.annotations))
+    _put(out.labels, _merged(pod.labels, changes.labels, "labels"))
+    _put(out.annotations, _merged(pod.annotations, changes.annotations, "annotations"))
     out.cgroup_parent = changes.cgroup_parent or req.cgroup_parent
     _put_resources(out, req, "resources", changes.resources)
     return bytes(out.SerializeToString())
@@ -165,8 +172,8 @@ def container_reply(req: Any, container: ContainerInfo, ctx: ContainerContext) -
     ``container`` is :func:`container_info`'s record of ``req``."""
     changes = ctx.response
     out = ContainerResourceHookResponse()
-    _put(out.container_annotations, _merged(container.annotations, changes.annotations))
+    _put(out.container_annotations, _merged(container.annotations, changes.annotations, "annotations"))
     _put_resources(out, req, "container_resources", changes.resources)
     out.pod_cgroup_parent = req.pod_cgroup_parent
-    _put(out.container_envs, _merged(container.envs, changes.add_envs))
+    _put(out.container_envs, _merged(container.envs, changes.add_envs, "add_envs"))
     return bytes(out.SerializeToString())

@@ -135,3 +135,26 @@ class TestEncode:
         ctx.response.resources.cfs_quota = 0
         got = pb.ContainerResourceHookResponse.FromString(_wire.container_reply(upb_req, info, ctx))
         assert pb.LinuxContainerResources() == got.container_resources
+
+
+class TestNoneInMaps:
+    """A None a plugin puts in an answer's map (``add_envs["X"] = os.environ.get("Y")``) fails the call,
+    as betterproto2's encoding did, instead of reaching the container as an empty value."""
+
+    @pytest.mark.parametrize("where", ["annotations", "add_envs"])
+    @pytest.mark.parametrize(("key", "value"), [("X", None), (None, "1")])
+    def test_container_answer(self, where: str, key: Any, value: Any) -> None:
+        upb_req, info = _wire.container_info(b"")
+        ctx = ContainerContext(info)
+        getattr(ctx.response, where)[key] = value
+        with pytest.raises(TypeError, match="None"):
+            _wire.container_reply(upb_req, info, ctx)
+
+    @pytest.mark.parametrize("where", ["labels", "annotations"])
+    def test_pod_answer(self, where: str) -> None:
+        req = pb.PodSandboxHookRequest(labels={"a": "1"}, annotations={"a": "1"})
+        upb_req, info = _wire.pod_info(bytes(req.SerializeToString()))
+        ctx = PodContext(info)
+        getattr(ctx.response, where)["a"] = None
+        with pytest.raises(TypeError, match="None"):
+            _wire.pod_reply(upb_req, info, ctx)
