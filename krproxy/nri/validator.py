@@ -12,9 +12,10 @@ containerd creates no container while ``krproxy nri`` is not registered; without
 created without krproxy's hook servers whenever krproxy is down or re-registering. The runtime does not
 tell a plugin its validator configuration (NRI's Configure carries none), so the only source is the
 configuration file, given with ``--containerd-config``: :func:`check_containerd_config` reads it as
-containerd does (files in ``imports``, globs allowed, relative to the main file, merged in order over it
-key by key, a list replaced whole: what ``containerd config dump`` shows of 2.3.4) and says what it finds
-(:class:`ValidatorCheck`).
+containerd does (files in ``imports``, globbed when they have a ``*``, relative to the file naming them,
+imported files' own imports read after them, each file once, merged in that order over the main file key
+by key, a list replaced whole but ``disabled_plugins`` added up: what ``containerd config dump`` shows of
+2.3.4) and says what it finds (:class:`ValidatorCheck`).
 """
 
 from __future__ import annotations
@@ -93,14 +94,42 @@ def _merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
 
 
 def _imports(path: str, document: Mapping[str, Any]) -> list[str]:
+    """The files *path*'s ``imports`` name, as containerd's ``resolveImports``: relative to *path*'s
+    directory; globbed only when it has a ``*`` (then as Go's ``filepath.Glob``: dot files match too)."""
     patterns = document.get("imports", [])
     if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
         raise ConfigError(f"{path}: imports must be a list of paths or globs")
     files: list[str] = []
     for pattern in patterns:
-        pattern = os.path.join(os.path.dirname(os.path.abspath(path)), pattern)
-        files += sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
+        pattern = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), pattern))
+        files += sorted(glob.glob(pattern, include_hidden=True)) if "*" in pattern else [pattern]
     return files
+
+
+def _load_all(path: str) -> tuple[dict[str, Any], list[str], set[str]]:
+    """*path* and the files it imports, merged as containerd's ``LoadConfigWithPlugins`` does: each file's
+    imports queued after those already waiting (imported files' own imports too), a file read once (at
+    its first place); the merged document, the files in the order read, and the union of their
+    ``disabled_plugins`` (containerd appends those lists rather than replacing them)."""
+    document: dict[str, Any] = {}
+    files: list[str] = []
+    disabled: set[str] = set()
+    seen: set[str] = set()
+    pending = [path]
+    while pending:
+        current = pending.pop(0)
+        key = os.path.abspath(current)
+        if key in seen:
+            continue
+        seen.add(key)
+        loaded = _load(current)
+        files.append(current)
+        names = loaded.get("disabled_plugins", [])
+        if isinstance(names, list):
+            disabled.update(n for n in names if isinstance(n, str))
+        _merge(document, loaded)
+        pending += _imports(current, loaded)
+    return document, files, disabled
 
 
 def _nri_table(document: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -116,11 +145,10 @@ def check_containerd_config(path: str, plugin_name: str, plugin_index: str) -> V
     Raises:
         ConfigError: a file cannot be read or is not TOML; the message says which and what to give.
     """
-    document = _load(path)
-    files = [path, *_imports(path, document)]
-    for imported in files[1:]:
-        _merge(document, _load(imported))
+    document, files, disabled = _load_all(path)
     read = tuple(files)
+    if NRI_PLUGIN_KEY in disabled:
+        return ValidatorCheck(Verdict.NRI_DISABLED, read, f"disabled_plugins lists {NRI_PLUGIN_KEY!r}")
     table = _nri_table(document)
     if table is not None and table.get("disable") is True:
         return ValidatorCheck(Verdict.NRI_DISABLED, read, f"[plugins.'{NRI_PLUGIN_KEY}'] disable = true")

@@ -1,8 +1,8 @@
 """containerd's NRI default validator configuration: does it require krproxy nri's own registration?
 
 The merge rules are what ``containerd -c main.toml config dump`` of containerd 2.3.4 shows: imported
-files (globs, relative to the main file) override the main file and each other in order, key by key
-inside tables; a list is replaced whole.
+files (globs, relative to the file naming them, their own imports after them, each once) override the
+main file and each other in order, key by key inside tables; a list is replaced whole.
 """
 
 from __future__ import annotations
@@ -108,3 +108,54 @@ def test_cli_refuses_an_unreadable_file(tmp_path: Path, capsys: pytest.CaptureFi
 
     assert 2 == code
     assert f"cannot read containerd's configuration {tmp_path}/nope.toml" in capsys.readouterr().err
+
+
+def test_imports_of_imported_files_are_read_after_them(tmp_path: Path) -> None:
+    """containerd reads an imported file's own imports too (relative to that file), queued after the
+    files already waiting (LoadConfigWithPlugins' pending list; `config dump` of 2.3.4 shows them)."""
+    main = write(tmp_path / "config.toml", "version = 3\nimports = ['conf.d/*.toml', 'last.toml']\n")
+    write(tmp_path / "conf.d" / "10.toml", "version = 3\nimports = ['../sub/nri.toml']\n")
+    write(tmp_path / "sub" / "nri.toml", VALIDATOR + "enable = true\nrequired_plugins = ['krproxy']\n")
+    write(tmp_path / "last.toml", VALIDATOR + "required_plugins = ['other']\n")
+    result = check_containerd_config(main, "krproxy", "50")
+    # main, then its imports (10.toml, last.toml), then 10.toml's: sub/nri.toml's list is merged last.
+    assert Verdict.REQUIRED is result.verdict
+    assert [main, f"{tmp_path}/conf.d/10.toml", f"{tmp_path}/last.toml", f"{tmp_path}/sub/nri.toml"] == [
+        str(Path(f).resolve()) if f != main else f for f in result.files
+    ]
+
+
+def test_a_file_imported_again_is_read_once(tmp_path: Path) -> None:
+    """containerd skips a file already loaded (circular or repeated imports): its first place counts."""
+    main = write(tmp_path / "config.toml", "version = 3\nimports = ['a.toml', 'b.toml', 'a.toml']\n")
+    write(
+        tmp_path / "a.toml",
+        VALIDATOR + "enable = true\nrequired_plugins = ['krproxy']\nimports = ['b.toml']\n",
+    )
+    write(tmp_path / "b.toml", VALIDATOR + "required_plugins = ['other']\nimports = ['a.toml']\n")
+    result = check_containerd_config(main, "krproxy", "50")
+    assert Verdict.NOT_REQUIRED is result.verdict  # b.toml, read after a.toml, names other
+    assert 3 == len(result.files)
+
+
+def test_globs_as_go_s_filepath_glob(tmp_path: Path) -> None:
+    """containerd globs an import only when it has a '*' (a '[' is then a file name's), and Go's glob
+    matches names starting with a dot."""
+    main = write(tmp_path / "config.toml", "version = 3\nimports = ['conf.d/*.toml', 'x[1].toml']\n")
+    write(tmp_path / "conf.d" / ".hidden.toml", VALIDATOR + "enable = true\nrequired_plugins = ['krproxy']\n")
+    write(tmp_path / "x[1].toml", VALIDATOR + "tolerate_missing_plugins_annotation = 't'\n")
+    write(tmp_path / "x1.toml", VALIDATOR + "enable = false\n")
+    result = check_containerd_config(main, "krproxy", "50")
+    assert (Verdict.REQUIRED, "t") == (result.verdict, result.tolerate_annotation)
+
+
+def test_nri_in_disabled_plugins_is_nri_disabled(tmp_path: Path) -> None:
+    """``disabled_plugins`` lists of all files add up (containerd appends them); NRI in it means no NRI."""
+    main = write(
+        tmp_path / "config.toml",
+        "version = 3\nimports = ['d.toml']\ndisabled_plugins = ['io.containerd.nri.v1.nri']\n"
+        + VALIDATOR
+        + "enable = true\nrequired_plugins = ['krproxy']\n",
+    )
+    write(tmp_path / "d.toml", "version = 3\ndisabled_plugins = ['io.containerd.snapshotter.v1.zfs']\n")
+    assert (Verdict.NRI_DISABLED, "disabled_plugins lists 'io.containerd.nri.v1.nri'") == check(main)
