@@ -205,6 +205,13 @@ class Guard:
         self._changed.set()
         self._changed = trio.Event()
 
+    def _touch(self, names: Sequence[str]) -> None:
+        """*names* were needed now: annotated ones the guard knows move to the most recently needed end
+        (a name found up is not probed, so :meth:`_set` would not move it)."""
+        for name in names:
+            if name not in self._flagged and name in self._states:
+                self._states[name] = self._states.pop(name)
+
     def _bound(self) -> None:
         """Make room for one annotated name: forget the least recently needed beyond the bound."""
         annotated = [n for n in self._states if n not in self._flagged]
@@ -274,6 +281,7 @@ class Guard:
         """
         if not names:
             return
+        self._touch(names)
         missing = [n for n in names if not self.availability(n).up]
         if not missing:
             return

@@ -404,6 +404,19 @@ class TestGuard:
 
         assert ["koordlet", "a", "c"] == list(g.states())
 
+    async def test_a_name_needed_while_up_is_kept_over_older_ones(self) -> None:
+        """A call that finds an annotated server up (no probe) counts as needing it: the bound forgets
+        the name needed least recently, not the one probed longest ago."""
+        dispatcher = FakeDispatcher()
+        for name in "abc":
+            dispatcher.register(name)
+        g = guard(dispatcher, max_annotated=2)
+        for name in ["a", "b", "a", "c"]:
+            await g.admit(RUN, [name])
+
+        assert 3 == dispatcher.probes  # "a" was up the second time: not probed again
+        assert ["koordlet", "a", "c"] == list(g.states())
+
     async def test_an_annotated_server_failing_a_call_is_probed(
         self, autojump_clock: trio.testing.MockClock
     ) -> None:
