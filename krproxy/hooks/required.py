@@ -222,9 +222,16 @@ def _annotated(annotations: Mapping[str, str], key: str, container: str | None) 
             f"(list only the hook servers this pod cannot run without)"
         )
     for name in names:
-        if len(name.encode()) > MAX_NAME_BYTES:
+        try:
+            size = len(name.encode())
+        except UnicodeEncodeError:  # JSON's \u escape of half a surrogate pair: no file or message holds it
             raise AnnotationError(
-                f"annotation {key} lists a hook server name of {len(name.encode())} bytes ({name[:40]!r}...); "
+                f"annotation {key} lists a hook server name that is not valid UTF-8 ({name[:40]!r}); write "
+                f"its characters, or both halves of a \\u surrogate pair"
+            ) from None
+        if size > MAX_NAME_BYTES:
+            raise AnnotationError(
+                f"annotation {key} lists a hook server name of {size} bytes ({name[:40]!r}...); "
                 f"a registration file's name is at most {MAX_NAME_BYTES} bytes before .json"
             )
     return names

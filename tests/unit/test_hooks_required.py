@@ -209,6 +209,12 @@ class TestDecision:
         with pytest.raises(AnnotationError, match="name of 251 bytes"):
             required_names(Requirements(), RUN, {KEY: json.dumps([longest + "n"])}, None)
 
+    def test_a_name_with_a_lone_surrogate_refuses(self) -> None:
+        """JSON's escape of half a UTF-16 pair decodes to a str no file name or UTF-8 message can hold: the
+        annotation is refused (INVALID_ARGUMENT), not a UnicodeEncodeError out of the call (UNKNOWN)."""
+        with pytest.raises(AnnotationError, match="not valid UTF-8"):
+            required_names(Requirements(), RUN, {KEY: '["\\ud800"]'}, None)
+
 
 # -- the guard, in virtual time ---------------------------------------------------------------------
 
