@@ -102,7 +102,10 @@ def _imports(path: str, document: Mapping[str, Any]) -> list[str]:
     files: list[str] = []
     for pattern in patterns:
         pattern = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), pattern))
-        files += sorted(glob.glob(pattern, include_hidden=True)) if "*" in pattern else [pattern]
+        if "*" in pattern:  # Go's order: each directory's names sorted, so by components, not strings
+            files += sorted(glob.glob(pattern, include_hidden=True), key=lambda f: f.split(os.sep))
+        else:
+            files.append(pattern)
     return files
 
 

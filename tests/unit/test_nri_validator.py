@@ -159,3 +159,14 @@ def test_nri_in_disabled_plugins_is_nri_disabled(tmp_path: Path) -> None:
     )
     write(tmp_path / "d.toml", "version = 3\ndisabled_plugins = ['io.containerd.snapshotter.v1.zfs']\n")
     assert (Verdict.NRI_DISABLED, "disabled_plugins lists 'io.containerd.nri.v1.nri'") == check(main)
+
+
+def test_glob_matches_in_go_s_order(tmp_path: Path) -> None:
+    """Go's filepath.Glob sorts each directory's names (d/a before d/a-b), not whole paths as strings
+    ('-' sorts before '/'): the later file's list wins as under containerd."""
+    main = write(
+        tmp_path / "config.toml", "version = 3\nimports = ['d/*/x.toml']\n" + VALIDATOR + "enable = true\n"
+    )
+    write(tmp_path / "d" / "a" / "x.toml", VALIDATOR + "required_plugins = ['krproxy']\n")
+    write(tmp_path / "d" / "a-b" / "x.toml", VALIDATOR + "required_plugins = ['other']\n")
+    assert Verdict.NOT_REQUIRED is check(main)[0]
