@@ -56,15 +56,8 @@ def _meta(meta: Any) -> PodMeta:
 
 
 def _resources(res: Any) -> Resources:
-    return Resources(
-        cpu_period=res.cpu_period,
-        cpu_quota=res.cpu_quota,
-        cpu_shares=res.cpu_shares,
-        memory_limit=res.memory_limit_in_bytes,
-        oom_score_adj=res.oom_score_adj,
-        cpuset_cpus=res.cpuset_cpus,
-        cpuset_mems=res.cpuset_mems,
-    )
+    """A upb LinuxContainerResources as a record (it has the fields :meth:`Resources.from_proto` reads)."""
+    return Resources.from_proto(res)
 
 
 def pod_info(request: bytes) -> tuple[Any, PodInfo]:
