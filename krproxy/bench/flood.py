@@ -16,7 +16,7 @@ from __future__ import annotations
 import socket
 import threading
 
-from krproxy.relay import frames as f
+from krproxy.h2 import frames as f
 
 
 def send_header_blocks(path: str, size: int, stop: threading.Event, sent: list[int]) -> None:

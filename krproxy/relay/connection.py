@@ -32,37 +32,35 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Protocol, cast
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import Protocol, cast
 
 import hpack
 import hpack.exceptions
 import trio
 
 from krproxy import log
-from krproxy.relay import frames as f
+from krproxy.h2 import frames as f
 
-if TYPE_CHECKING:
-    from krproxy.relay.relay import Relay
+# The limits and window sizes are the HTTP/2 core's (krproxy.h2.connection), one source for both.
+from krproxy.h2.connection import (
+    CONNECTION_WINDOW,
+    DRAIN_PING,
+    HTTP1_PEER,
+    MAX_HEADER_BLOCK,
+    MAX_HEADER_LIST,
+    MAX_WINDOW_SHIFTS,
+    RESET_IDS_KEPT,
+    STREAM_WINDOW,
+)
 
 LOGGER = logging.getLogger("krproxy.relay")
 
 Headers = list[tuple[bytes, bytes]]
 
-#: Window we grant each stream (SETTINGS_INITIAL_WINDOW_SIZE), and the connection as a whole.
-#: An 860 KB ListContainers answer fits in one stream window, so it never waits for a grant.
-STREAM_WINDOW = 4 * 1024 * 1024
-CONNECTION_WINDOW = 16 * 1024 * 1024
 #: Granted bytes are sent back in WINDOW_UPDATEs once this much has accumulated.
 _STREAM_GRANT_AT = STREAM_WINDOW // 4
 _CONNECTION_GRANT_AT = CONNECTION_WINDOW // 4
-#: Largest header block (with CONTINUATIONs) accepted from a peer.
-MAX_HEADER_BLOCK = 1024 * 1024
-#: Largest decoded header list accepted: grpc-go's default for servers
-#: (``defaultServerMaxHeaderListSize``), which containerd keeps (it sets no MaxHeaderListSize);
-#: hpack's own default is only 64 KiB. One beyond it ends the connection (COMPRESSION_ERROR:
-#: hpack stops in the middle of the block, so the connection's HPACK state is lost).
-MAX_HEADER_LIST = 16 * 1024 * 1024
 #: Bytes of header blocks a connection's reader decodes on the event loop between two waits
 #: for its socket; a block that does not fit is decoded in a worker thread while the reader
 #: waits (frames after it wait too: HPACK state is the connection's). HPACK decoding in Python
@@ -101,23 +99,12 @@ _RECV_SIZE = 256 * 1024
 #: Reads handled back to back before the reader lets other tasks run.
 _READS_PER_CHECKPOINT = 8
 
-
-#: Stream windows a peer's changes of SETTINGS_INITIAL_WINDOW_SIZE may make us adjust over a
-#: connection's life (each change adjusts every open stream's); beyond it the connection ends
-#: with ENHANCE_YOUR_CALM. A few hundred thousand cost a fraction of a second; grpc-go (kubelet,
-#: containerd) changes it only as its BDP estimate grows, a handful of times per connection.
-MAX_WINDOW_SHIFTS = 1_000_000
-
-#: Streams reset by us whose late frames are ignored, per connection (older ones: errors).
-_RESET_IDS_KEPT = 1024
 #: A private flag on a header block: its HEADERS frame made the stream depend on itself.
 _SELF_DEPENDENT = 0x100
 
 _RETIRED = "retired"
 _STOPPED = "krproxy stopped"
 _DRAINED = "drained"
-#: The PING payload that marks the round trip of a graceful shutdown's first GOAWAY.
-_DRAIN_PING = b"krdrain\x00"
 
 #: What a socket error says happened to the connection, in words instead of an errno string.
 _PEER_ENDED = {
@@ -133,12 +120,20 @@ def _socket_trouble(err: OSError | trio.ClosedResourceError) -> str:
     return str(err) or type(err).__name__
 
 
-#: Said when the peer answers in HTTP/1 (dockerd does, to an HTTP/2 preface): the usual reason
-#: is a proxy in CRI mode pointed at dockerd's socket.
-_HTTP1_PEER = (
-    "the peer speaks HTTP/1, not gRPC over HTTP/2; if it is dockerd, run krproxy with "
-    "--backend-runtime-mode=Docker"
-)
+class Relay(Protocol):
+    """What a connection needs of the relay that owns it (:class:`krproxy.relay.relay.Relay`):
+    named here so that this module does not import that one (no import cycle, not even for
+    the type checker)."""
+
+    dirty: list[Endpoint]
+    caller_max_streams: int | None
+    check_request_headers: bool
+    large_decodes: trio.CapacityLimiter
+    small_decodes: trio.CapacityLimiter
+
+    def spawn(self, fn: Callable[[], Awaitable[object]]) -> None: ...
+    def flush(self) -> None: ...
+    def open_call(self, ep: Endpoint, stream_id: int, headers: Headers, end: bool) -> None: ...
 
 
 class CallSide(Protocol):
@@ -648,7 +643,7 @@ class Endpoint:
             return
         self.goaway = "announced"
         self.write(f.goaway(f.MAX_STREAM_ID, f.NO_ERROR))
-        self.write(f.frame(f.PING, 0, 0, _DRAIN_PING))
+        self.write(f.frame(f.PING, 0, 0, DRAIN_PING))
 
     def final_goaway(self) -> None:
         """Second step: GOAWAY with the last stream id processed; later streams are refused (the
@@ -778,7 +773,7 @@ class Endpoint:
             size = high << 16 | low
             if size > f.DEFAULT_MAX_FRAME:
                 if buf.startswith(b"HTTP/1.", offset):  # an HTTP/1 answer, read as a frame header
-                    raise f.ProtocolError(_HTTP1_PEER, f.PROTOCOL_ERROR)
+                    raise f.ProtocolError(HTTP1_PEER, f.PROTOCOL_ERROR)
                 raise f.ProtocolError(f"frame of {size} bytes exceeds 16384", f.FRAME_SIZE_ERROR)
             end = offset + f.HEAD_SIZE + size
             if end > total:
@@ -828,7 +823,7 @@ class Endpoint:
                 raise f.ProtocolError("PING payload is not 8 bytes", f.FRAME_SIZE_ERROR)
             if not flags & f.ACK:
                 self.write(f.frame(f.PING, f.ACK, 0, payload))
-            elif payload == _DRAIN_PING and self.goaway == "announced":
+            elif payload == DRAIN_PING and self.goaway == "announced":
                 self.final_goaway()
         elif kind == f.RST_STREAM:
             self._require_stream(stream_id, "RST_STREAM")
@@ -1070,7 +1065,7 @@ class Endpoint:
         reset = self._reset_ids
         reset.add(stream_id)
         self._reset_order.append(stream_id)
-        if len(self._reset_order) > _RESET_IDS_KEPT:
+        if len(self._reset_order) > RESET_IDS_KEPT:
             reset.discard(self._reset_order.popleft())
 
     def header_frames(self, stream_id: int, block: bytes, end: bool) -> bytes:

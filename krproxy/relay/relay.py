@@ -22,7 +22,7 @@ cannot be reached, or drops its connection mid-call, ends the call with UNAVAILA
 the socket (the next call reconnects); a caller that goes away resets the upstream stream.
 Every finished call is reported to the observers as a :class:`krproxy.calls.CallRecord`.
 
-Modules: :mod:`~krproxy.relay.frames` (frames and header blocks, no I/O),
+Modules: :mod:`krproxy.h2.frames` (frames and header blocks, no I/O),
 :mod:`~krproxy.relay.connection` (connections, streams, flow control),
 :mod:`~krproxy.relay.rpc` (relayed, answered and own calls), and this one (:class:`Relay`:
 accepting, routing, deadlines, draining).
@@ -44,8 +44,8 @@ import trio
 from krproxy import calls, log
 from krproxy.forward import Interceptor
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay import frames as f
 from krproxy.relay.connection import _STOPPED, Endpoint, Half, Headers, Route, connect_unix
 from krproxy.relay.rpc import (
     MAX_OWN_ANSWER,

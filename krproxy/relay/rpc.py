@@ -17,7 +17,8 @@ import math
 import time
 import urllib.parse
 import zlib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 import attrs
 import trio
@@ -25,14 +26,35 @@ import trio
 from krproxy import calls
 from krproxy.forward import BackendError, Interceptor, Reply
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay import frames as f
 from krproxy.relay.connection import Half, Headers, Route
 
-if TYPE_CHECKING:
-    from krproxy.relay.relay import Relay
-
 LOGGER = logging.getLogger("krproxy.relay")
+
+
+class Relay(Protocol):
+    """What a call needs of the relay that runs it (:class:`krproxy.relay.relay.Relay`): named
+    here so that this module does not import that one (no import cycle, not even for the type
+    checker)."""
+
+    keep_messages: bool
+    max_request: int
+    nursery: trio.Nursery
+
+    def is_unary(self, path: str) -> bool: ...
+    def flush(self) -> None: ...
+    def call_finished(self, call: Call) -> None: ...
+    async def unary(
+        self,
+        route: Route,
+        path: str,
+        message: bytes,
+        metadata: Iterable[tuple[bytes, bytes]] = ...,
+        deadline: float = ...,
+        max_answer: int = ...,
+    ) -> Answer: ...
+
 
 _GRPC_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _STATUS_BY_CODE = {status.value: status for status in Status}

@@ -25,7 +25,7 @@ from types import TracebackType
 import trio
 
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.relay import frames as f
+from krproxy.h2 import frames as f
 from krproxy.relay.connection import Half, Headers, Route, connect_unix
 from krproxy.relay.relay import _REFUSED_ATTEMPTS, _REFUSED_PAUSE, Relay
 from krproxy.relay.rpc import (

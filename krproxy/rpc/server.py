@@ -38,8 +38,8 @@ from typing import NoReturn, cast
 import trio
 
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay import frames as f
 from krproxy.relay.connection import Endpoint, Half, Headers
 from krproxy.relay.relay import Relay
 from krproxy.relay.rpc import (

@@ -40,7 +40,6 @@ NOT_SANS_IO = tuple(name for name in NOT_PURE if name != "hpack")
 #: Pure modules that still load trio through their package, with the reason: the test fails
 #: once one of them is fixed (strict xfail), so the list and the doc's note shrink with it.
 LOADS_TRIO_THROUGH_PACKAGE = {
-    "krproxy.relay.frames": "relay/__init__ imports relay.connection (trio) to re-export Route, Relay",
     "krproxy.hookserver._context": "hookserver/__init__ imports the whole SDK surface (_app, _service: trio)",
     "krproxy.hookserver._cgroups": "hookserver/__init__ imports the whole SDK surface (_app, _service: trio)",
     "krproxy.hookserver._rules": "hookserver/__init__ imports the SDK (trio); _rules imports _policy (trio)",
@@ -326,7 +325,7 @@ def test_the_probe_names_who_loaded_what() -> None:
         "pure", [["socket", ["asyncio.base_events", "asyncio", "krproxy.x"]]]
     )
     assert ["trio (imported by anyio <- krproxy.x)"] == offences("pure", [["trio", ["anyio", "krproxy.x"]]])
-    assert [] == offences("sans-I/O", [["hpack", ["krproxy.relay.frames"]]])
+    assert [] == offences("sans-I/O", [["hpack", ["krproxy.h2.frames"]]])
     assert ["hpack (imported by krproxy.x)"] == offences("pure", [["hpack", ["krproxy.x"]]])
 
 

@@ -27,8 +27,8 @@ import pytest
 import trio
 
 from krproxy.grpcstatus import Status
+from krproxy.h2 import frames as f
 from krproxy.relay import Relay
-from krproxy.relay import frames as f
 from krproxy.relay.connection import CONNECTION_WINDOW, MAX_HEADER_BLOCK
 from krproxy.relay.rpc import UpstreamError, grpc_message, request_headers
 from tests.integration.support import LIVENESS_LIMIT, ThreadedUnixServer, wait_until

@@ -21,8 +21,8 @@ import pytest
 import trio
 
 from krproxy.fakes.containerd import FakeContainerd
+from krproxy.h2 import frames as f
 from krproxy.relay import Relay
-from krproxy.relay import frames as f
 from tests.integration.support import LIVENESS_LIMIT, start_proxy, wait_until
 
 PATH = "/test.Conformance/Call"

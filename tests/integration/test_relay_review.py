@@ -436,7 +436,7 @@ class TestHardening:
     ) -> None:
         """A WINDOW_UPDATE taking a stream's window past 2^31-1 is that stream's flow-control
         error (RFC 9113 §6.9.1): RST_STREAM FLOW_CONTROL_ERROR, and the connection still answers."""
-        from krproxy.relay import frames
+        from krproxy.h2 import frames
 
         started = threading.Event()
 
@@ -489,7 +489,7 @@ class TestHardening:
         monkeypatch: pytest.MonkeyPatch,
     ) -> None:
         """Pings answered into a connection nobody reads: the relay closes it instead of queueing forever."""
-        from krproxy.relay import frames
+        from krproxy.h2 import frames
 
         monkeypatch.setattr("krproxy.relay.connection.MAX_UNSENT", 64 * 1024)
         listen = str(short_tmp / "relay.sock")

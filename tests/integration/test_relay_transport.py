@@ -30,8 +30,8 @@ import trio
 from krproxy import rpc
 from krproxy.daemon import Daemon
 from krproxy.fakes.grpc_go import metadata_items
+from krproxy.h2 import frames as f
 from krproxy.relay import Relay
-from krproxy.relay import frames as f
 from krproxy.relay.rpc import grpc_message, request_headers
 from tests.integration.support import (
     ScriptedBackend,

@@ -22,7 +22,7 @@ import trio
 import trio.lowlevel
 
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.relay import frames as f
+from krproxy.h2 import frames as f
 from krproxy.rpc import Channel, Server, Stream, unary, unary_stream
 
 LIVENESS_LIMIT = 30.0  # seconds: a bound on what must happen, not a speed claim

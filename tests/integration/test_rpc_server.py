@@ -24,7 +24,7 @@ import trio
 import trio.testing
 
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.relay import frames as f
+from krproxy.h2 import frames as f
 from krproxy.relay.rpc import CloseConnection
 from krproxy.rpc import Channel, Server, Stream, unary, unary_stream
 from krproxy.unixsock import SocketInUseError

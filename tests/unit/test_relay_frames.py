@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from krproxy.relay import frames as f
+from krproxy.h2 import frames as f
 from krproxy.relay.connection import _Aside, _decode_aside
 from krproxy.relay.rpc import KEEP_ALL, KEEP_FIRST, KEEP_NONE, _Tap, encode_grpc_timeout, grpc_timeout
 

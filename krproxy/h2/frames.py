@@ -1,6 +1,6 @@
 """HTTP/2 frames and header blocks, as much of RFC 9113 / RFC 7541 as a gRPC hop needs.
 
-Only bytes in, bytes out: no I/O and no connection state (that is :mod:`krproxy.relay.relay`).
+Only bytes in, bytes out: no I/O and no connection state (that is :mod:`krproxy.h2.connection`).
 
 Header blocks are *decoded* with the ``hpack`` package (a peer may use the dynamic table and
 Huffman coding) but *encoded* here, without either: every field is a full static-table match

@@ -1,0 +1,284 @@
+"""The send side of :class:`krproxy.h2.connection.Connection`: headers, data within the peer's
+windows, trailers, resets, GOAWAY, PING and the credit for received data. Bytes go to the
+connection's output buffer (:meth:`Connection.data_to_send`); nothing here does I/O.
+
+Sends on a stream that is over (reset, ended, released, or never opened by a peer that reset it
+since) are no-ops, not errors: a relay forwarding one side of a call to the other races the
+peer's resets all the time. What a driver can only get wrong by a bug raises
+:class:`LocalProtocolError`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from krproxy.h2 import events as ev
+from krproxy.h2 import frames as f
+from krproxy.h2.streams import Stream
+
+__all__ = ["DRAIN_PING", "RESET_IDS_KEPT", "LocalProtocolError", "Sender"]
+
+#: Streams reset by us whose late frames are ignored, per connection (older ones: errors).
+RESET_IDS_KEPT = 1024
+#: The PING payload that marks the round trip of a graceful shutdown's first GOAWAY.
+DRAIN_PING = b"krdrain\x00"
+
+
+class LocalProtocolError(Exception):
+    """Our own side misused the connection (a bug of the driver, not the peer's doing)."""
+
+
+class Sender:
+    """Send methods of a connection; the state they use is set up by ``Connection.__init__``."""
+
+    server: bool
+    credit_on_arrival: bool
+    streams: dict[int, Stream]
+    blocked: dict[int, Stream]
+    buffered: int
+    send_window: int
+    recv_window: int
+    to_grant: int
+    peer_initial_window: int
+    peer_max_frame: int
+    peer_max_streams: int
+    stream_window: int
+    next_id: int
+    last_peer_id: int
+    goaway_state: str | None
+    table_update: bool
+    reset_ids: set[int]
+    _reset_order: deque[int]
+    _out: bytearray
+    _events: list[ev.Event]
+    _grant_stream_at: int
+    _grant_connection_at: int
+
+    # -- streams -------------------------------------------------------------------------
+
+    def can_start_stream(self) -> bool:
+        """A stream may be opened now (client role): below the peer's limit, ids left."""
+        return len(self.streams) < self.peer_max_streams and self.next_id <= f.MAX_STREAM_ID
+
+    def start_stream(self, headers: ev.Headers | bytes, end_stream: bool = False) -> int:
+        """Open the next stream of ours with a request's ``headers`` (or an encoded block);
+        returns its id. Raises :class:`LocalProtocolError` unless :meth:`can_start_stream`."""
+        if self.server:
+            raise LocalProtocolError("a server opens no streams (push is not supported)")
+        if not self.can_start_stream():
+            raise LocalProtocolError("no stream can be opened now (peer's limit or ids used up)")
+        stream_id = self.next_id
+        self.next_id += 2
+        self.streams[stream_id] = Stream(stream_id, self.peer_initial_window, self.stream_window)
+        self.send_headers(stream_id, headers, end_stream)
+        return stream_id
+
+    def release_stream(self, stream_id: int) -> int:
+        """Forget a stream (the driver is done with it): its slot is free again. Returns the
+        bytes still queued for it, dropped. Sends nothing: reset it first if it is not over."""
+        stream = self.streams.pop(stream_id, None)
+        if stream is None:
+            return 0
+        return self._drop(stream)
+
+    def stream(self, stream_id: int) -> Stream | None:
+        """The state of a stream not yet released (read only)."""
+        return self.streams.get(stream_id)
+
+    # -- headers, data, trailers ---------------------------------------------------------
+
+    def send_headers(self, stream_id: int, headers: ev.Headers | bytes, end_stream: bool = False) -> None:
+        """Send a header block (not flow controlled) at once; a no-op on a stream that is over."""
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.reset or stream.send_ended:
+            return
+        if stream.pending or stream.end_pending:
+            raise LocalProtocolError(f"headers after data on stream {stream_id}: use send_trailers")
+        block = headers if isinstance(headers, bytes) else f.encode_headers(headers)
+        stream.headers_sent = True
+        self._out += self._header_frames(stream_id, block, end_stream)
+        if end_stream:
+            stream.send_ended = True
+
+    def send_data(self, stream_id: int, data: bytes, end_stream: bool = False) -> int:
+        """Send ``data`` within the peer's windows and frame size; the rest waits in the stream
+        until WINDOW_UPDATEs let it go (:class:`~krproxy.h2.events.DataSent`). Returns the bytes
+        taken now: framed, or dropped on a stream that is over."""
+        stream = self.streams.get(stream_id)
+        size = len(data)
+        if stream is None or stream.reset or stream.send_ended:
+            return size
+        if not stream.headers_sent:
+            raise LocalProtocolError(f"data before headers on stream {stream_id}")
+        if (
+            not stream.pending
+            and size <= stream.send_window
+            and size <= self.send_window
+            and size <= self.peer_max_frame
+        ):
+            # The common case: the whole chunk fits; no queueing, no copy into `pending`.
+            if size or end_stream:
+                self._out += f.HEAD.pack(
+                    size >> 16, size & 0xFFFF, f.DATA, f.END_STREAM if end_stream else 0, stream_id
+                )
+                self._out += data
+            stream.send_window -= size
+            self.send_window -= size
+            if end_stream:
+                stream.send_ended = True
+            return size
+        stream.pending += data
+        self.buffered += size
+        if end_stream:
+            stream.end_pending = True
+        return self._pump(stream)
+
+    def send_trailers(self, stream_id: int, headers: ev.Headers | bytes) -> None:
+        """End the stream with a header block, after any data still queued."""
+        stream = self.streams.get(stream_id)
+        if stream is None or stream.reset or stream.send_ended:
+            return
+        stream.trailers_pending = headers if isinstance(headers, bytes) else f.encode_headers(headers)
+        self._pump(stream)
+
+    def _pump(self, stream: Stream) -> int:
+        """Frame queued data within the windows, then the queued end or trailers; the bytes framed."""
+        if stream.reset or stream.send_ended:
+            return 0
+        pending = stream.pending
+        sent = 0
+        total = len(pending)
+        if total:
+            view = memoryview(pending)
+            out = self._out
+            while sent < total:
+                size = min(total - sent, stream.send_window, self.send_window, self.peer_max_frame)
+                if size <= 0:
+                    break
+                last = sent + size == total
+                flags = f.END_STREAM if last and stream.end_pending and stream.trailers_pending is None else 0
+                out += f.HEAD.pack(size >> 16, size & 0xFFFF, f.DATA, flags, stream.id)
+                out += view[sent : sent + size]
+                sent += size
+                stream.send_window -= size
+                self.send_window -= size
+                if flags:
+                    stream.send_ended = True
+            view.release()
+            del pending[:sent]
+            self.buffered -= sent
+        if pending:
+            self.blocked[stream.id] = stream
+            return sent
+        self.blocked.pop(stream.id, None)
+        if stream.trailers_pending is not None:
+            block, stream.trailers_pending = stream.trailers_pending, None
+            self._out += self._header_frames(stream.id, block, True)
+            stream.send_ended = True
+        elif stream.end_pending and not stream.send_ended:
+            self._out += f.frame(f.DATA, f.END_STREAM, stream.id)
+            stream.send_ended = True
+        return sent
+
+    def _report(self, stream: Stream, sent: int) -> None:
+        if sent or stream.send_ended:
+            self._events.append(ev.DataSent(stream.id, sent, stream.send_ended))
+
+    def _pump_blocked(self) -> None:
+        for stream in list(self.blocked.values()):
+            ended = stream.send_ended
+            sent = self._pump(stream)
+            if sent or stream.send_ended != ended:
+                self._report(stream, sent)
+            if self.send_window <= 0:
+                break
+
+    def _header_frames(self, stream_id: int, block: bytes, end: bool) -> bytes:
+        """HEADERS (+ CONTINUATION) frames for ``block``, starting with the dynamic table size
+        update the peer is owed after lowering SETTINGS_HEADER_TABLE_SIZE (RFC 7541 §4.2)."""
+        if self.table_update:
+            self.table_update = False
+            block = f.table_size_update(0) + block  # we never use the table: 0 fits every limit
+        return f.header_frames(stream_id, block, end, self.peer_max_frame)
+
+    # -- resets, credit --------------------------------------------------------------------
+
+    def reset_stream(self, stream_id: int, error_code: int = f.CANCEL) -> int:
+        """RST_STREAM on a stream unless it is over; frames the peer sent before it sees it are
+        ignored (RFC 9113 §5.1). Returns the queued bytes dropped."""
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return 0
+        if stream.done:
+            return 0
+        stream.reset = True
+        unsent = self._drop(stream)
+        self._send_reset(stream_id, error_code)
+        return unsent
+
+    def _drop(self, stream: Stream) -> int:
+        unsent = len(stream.pending)
+        if unsent:
+            self.buffered -= unsent
+            stream.pending.clear()
+        stream.trailers_pending = None
+        self.blocked.pop(stream.id, None)
+        return unsent
+
+    def _send_reset(self, stream_id: int, code: int) -> None:
+        self._out += f.rst_stream(stream_id, code)
+        self.reset_ids.add(stream_id)
+        self._reset_order.append(stream_id)
+        if len(self._reset_order) > RESET_IDS_KEPT:
+            self.reset_ids.discard(self._reset_order.popleft())
+
+    def acknowledge_received_data(self, stream_id: int, size: int) -> None:
+        """The consumer took ``size`` received bytes of a stream: let the peer send as much
+        more (the connection's share too, unless it came back on arrival). WINDOW_UPDATEs go
+        out once a quarter of a window has accumulated."""
+        if not self.credit_on_arrival:
+            self._grant_connection(size)
+        stream = self.streams.get(stream_id)
+        if stream is not None and not stream.recv_ended and not stream.reset:
+            stream.to_grant += size
+            if stream.to_grant >= self._grant_stream_at:
+                self._out += f.window_update(stream_id, stream.to_grant)
+                stream.recv_window += stream.to_grant
+                stream.to_grant = 0
+
+    def _grant_connection(self, size: int) -> None:
+        self.to_grant += size
+        if self.to_grant >= self._grant_connection_at:
+            self._out += f.window_update(0, self.to_grant)
+            self.recv_window += self.to_grant
+            self.to_grant = 0
+
+    # -- the connection --------------------------------------------------------------------
+
+    def send_ping(self, payload: bytes) -> None:
+        if len(payload) != 8:
+            raise LocalProtocolError("a PING carries 8 bytes")
+        self._out += f.frame(f.PING, 0, 0, payload)
+
+    def goaway(self, error_code: int = f.NO_ERROR, debug: bytes = b"") -> None:
+        """GOAWAY naming the last stream the peer opened: no more streams (streams above it
+        are refused)."""
+        self.goaway_state = "final"
+        self._out += f.goaway(self.last_peer_id, error_code, debug)
+
+    def announce_goaway(self) -> None:
+        """First step of a graceful shutdown (RFC 9113 §6.8): GOAWAY with the largest stream id,
+        so the peer opens no new streams but those already on their way are still served, and
+        a PING whose answer tells that they have all arrived; that answer sends the final
+        GOAWAY (:meth:`final_goaway`)."""
+        if self.goaway_state is not None:
+            return
+        self.goaway_state = "announced"
+        self._out += f.goaway(f.MAX_STREAM_ID, f.NO_ERROR)
+        self._out += f.frame(f.PING, 0, 0, DRAIN_PING)
+
+    def final_goaway(self) -> None:
+        """Second step: GOAWAY with the last stream id processed; later streams are refused."""
+        if self.goaway_state == "final":
+            return
+        self.goaway(f.NO_ERROR)

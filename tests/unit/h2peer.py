@@ -1,0 +1,81 @@
+"""Wire input for the in-memory tests of :mod:`krproxy.h2.connection`: frames as a peer writes
+them, and a reader of what the connection wrote back."""
+
+from __future__ import annotations
+
+import hpack
+
+from krproxy.h2 import events as ev
+from krproxy.h2 import frames as f
+from krproxy.h2.connection import Connection, Role
+
+REQUEST = [
+    (b":method", b"POST"),
+    (b":scheme", b"http"),
+    (b":path", b"/runtime.v1.RuntimeService/Version"),
+    (b":authority", b"x"),
+    (b"content-type", b"application/grpc"),
+]
+RESPONSE = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+
+
+def block(headers: list[tuple[bytes, bytes]]) -> bytes:
+    return hpack.Encoder().encode(headers)
+
+
+def headers_frame(stream_id: int, headers: list[tuple[bytes, bytes]] = REQUEST, end: bool = False) -> bytes:
+    return f.frame(f.HEADERS, f.END_HEADERS | (f.END_STREAM if end else 0), stream_id, block(headers))
+
+
+def data_frame(stream_id: int, data: bytes, end: bool = False) -> bytes:
+    return f.frame(f.DATA, f.END_STREAM if end else 0, stream_id, data)
+
+
+def parse(out: bytes) -> list[tuple[int, int, int, bytes]]:
+    """``(type, flags, stream id, payload)`` of each frame in ``out``."""
+    frames, offset = [], 0
+    while offset < len(out):
+        high, low, kind, flags, stream_id = f.HEAD.unpack_from(out, offset)
+        size = high << 16 | low
+        frames.append((kind, flags, stream_id, out[offset + 9 : offset + 9 + size]))
+        offset += 9 + size
+    return frames
+
+
+def resets(out: bytes) -> dict[int, int]:
+    """Stream id -> RST_STREAM code, of the frames in ``out``."""
+    return {sid: int.from_bytes(p, "big") for kind, _, sid, p in parse(out) if kind == f.RST_STREAM}
+
+
+def goaway_code(out: bytes) -> int | None:
+    codes = [f.parse_goaway(p)[1] for kind, _, _, p in parse(out) if kind == f.GOAWAY]
+    return codes[-1] if codes else None
+
+
+def window_updates(out: bytes) -> list[tuple[int, int]]:
+    return [(sid, f.parse_u32(p)) for kind, _, sid, p in parse(out) if kind == f.WINDOW_UPDATE]
+
+
+def server(max_streams: int | None = 1000, settings: bytes = f.settings([])) -> Connection:
+    """A server connection that took a client's preface and SETTINGS; its output so far dropped."""
+    conn = Connection(Role.SERVER, max_concurrent_streams=max_streams)
+    conn.receive_data(f.PREFACE + settings)
+    conn.data_to_send()
+    return conn
+
+
+def client(settings: bytes = f.settings([])) -> Connection:
+    """A client connection that took a server's SETTINGS; its output so far dropped."""
+    conn = Connection(Role.CLIENT)
+    conn.receive_data(settings)
+    conn.data_to_send()
+    return conn
+
+
+def terminated(events: list[ev.Event]) -> ev.ConnectionTerminated | None:
+    last = events[-1] if events else None
+    return last if isinstance(last, ev.ConnectionTerminated) else None
+
+
+def kinds(events: list[ev.Event]) -> list[str]:
+    return [type(e).__name__ for e in events]

@@ -1,0 +1,605 @@
+"""krproxy.h2.connection in the server role, bytes in and bytes out: stream, window, settings
+and GOAWAY rules, and the attack classes of issue 24 that a caller can mount. No sockets."""
+
+from __future__ import annotations
+
+import hpack
+import pytest
+
+from krproxy.h2 import _control as control
+from krproxy.h2 import connection as core
+from krproxy.h2 import events as ev
+from krproxy.h2 import frames as f
+from krproxy.h2.connection import CONNECTION_WINDOW, STREAM_WINDOW, Connection, LocalProtocolError, Role
+from tests.unit.h2peer import (
+    REQUEST,
+    RESPONSE,
+    block,
+    data_frame,
+    goaway_code,
+    headers_frame,
+    kinds,
+    parse,
+    resets,
+    server,
+    terminated,
+    window_updates,
+)
+
+
+def _open(conn: Connection, stream_id: int = 1, end: bool = False) -> None:
+    events = conn.receive_data(headers_frame(stream_id, end=end))
+    assert [ev.RequestReceived(stream_id, REQUEST, end)] == events
+
+
+def _code(conn: Connection, data: bytes) -> int | None:
+    """The connection error ``data`` is (the GOAWAY's code), None if it is none."""
+    end = terminated(conn.receive_data(data))
+    if end is None:
+        return None
+    assert end.error_code == goaway_code(conn.data_to_send())
+    return end.error_code
+
+
+# -- the start ---------------------------------------------------------------------------
+
+
+def test_the_server_writes_its_settings_and_connection_window_and_acknowledges_the_peers() -> None:
+    conn = Connection(Role.SERVER, max_concurrent_streams=7)
+    first = parse(conn.data_to_send())
+    assert (f.SETTINGS, 0, 0) == first[0][:3]
+    assert {(f.INITIAL_WINDOW_SIZE, STREAM_WINDOW), (f.MAX_CONCURRENT_STREAMS, 7)} == set(
+        f.parse_settings(first[0][3])
+    )
+    assert [(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW)] == window_updates(conn.data_to_send() or b"") + [
+        (sid, f.parse_u32(p)) for kind, _, sid, p in first if kind == f.WINDOW_UPDATE
+    ]
+    events = conn.receive_data(f.PREFACE + f.settings([(f.MAX_FRAME_SIZE, 20000)]))
+    assert [ev.SettingsChanged(((f.MAX_FRAME_SIZE, 20000),))] == events
+    assert [(f.SETTINGS, f.ACK, 0, b"")] == parse(conn.data_to_send())
+    assert conn.preface_received
+
+
+def test_a_wrong_preface_ends_the_connection() -> None:
+    conn = Connection(Role.SERVER)
+    assert _code(conn, b"GET / HTTP/1.1\r\n\r\n") == f.PROTOCOL_ERROR
+    conn = Connection(Role.SERVER)
+    assert [] == conn.receive_data(f.PREFACE[:10])
+    assert not conn.preface_received
+
+
+# -- streams -----------------------------------------------------------------------------
+
+
+def test_a_request_and_its_data_arrive_as_events_and_a_frame_split_anywhere_waits() -> None:
+    conn = server()
+    wire = headers_frame(1) + data_frame(1, b"hello", end=True)
+    events = []
+    for i in range(len(wire)):
+        events += conn.receive_data(wire[i : i + 1])
+    assert [ev.RequestReceived(1, REQUEST, False), ev.DataReceived(1, b"hello", 5, True)] == events
+
+
+def test_an_even_stream_id_or_one_not_above_the_last_ends_the_connection() -> None:
+    assert _code(server(), headers_frame(2)) == f.PROTOCOL_ERROR
+    conn = server()
+    _open(conn, 5)
+    assert _code(conn, headers_frame(3)) == f.PROTOCOL_ERROR
+
+
+def test_late_headers_of_a_stream_we_reset_are_ignored() -> None:
+    conn = server()
+    _open(conn, 1)
+    conn.reset_stream(1, f.CANCEL)
+    conn.release_stream(1)
+    assert [] == conn.receive_data(headers_frame(1, end=True))
+    assert None is conn.terminated
+
+
+def test_a_stream_beyond_the_advertised_limit_is_refused() -> None:
+    conn = server(max_streams=2)
+    _open(conn, 1)
+    _open(conn, 3)
+    assert [] == conn.receive_data(headers_frame(5))
+    assert {5: f.REFUSED_STREAM} == resets(conn.data_to_send())
+    conn.release_stream(1)
+    _open(conn, 7)
+
+
+def test_rapid_reset_streams_the_caller_resets_hold_their_slots_until_released() -> None:
+    # CVE-2023-44487: open and reset at once, again and again. The slot is the driver's until
+    # the work for the stream is over, so resets never let more streams run than advertised.
+    conn = server(max_streams=10)
+    wire = b"".join(headers_frame(i) + f.rst_stream(i, f.CANCEL) for i in range(1, 41, 2))
+    events = conn.receive_data(wire)
+    assert 10 == sum(isinstance(e, ev.RequestReceived) for e in events)
+    assert 10 == sum(isinstance(e, ev.StreamReset) and e.remote for e in events)
+    assert set(range(21, 41, 2)) == set(resets(conn.data_to_send()))  # refused
+    assert 10 == len(conn.streams)
+
+
+def test_made_you_reset_streams_we_reset_for_the_callers_errors_hold_their_slots() -> None:
+    # CVE-2025-8671: frames that make the server reset the stream (here WINDOW_UPDATE of 0).
+    conn = server(max_streams=10)
+    wire = b"".join(headers_frame(i) + f.window_update(i, 0) for i in range(1, 41, 2))
+    events = conn.receive_data(wire)
+    assert 10 == sum(isinstance(e, ev.RequestReceived) for e in events)
+    assert [ev.StreamReset(i, f.PROTOCOL_ERROR, remote=False) for i in range(1, 21, 2)] == [
+        e for e in events if isinstance(e, ev.StreamReset)
+    ]
+    out = resets(conn.data_to_send())
+    assert {i: f.REFUSED_STREAM for i in range(21, 41, 2)} == {i: c for i, c in out.items() if i > 20}
+    assert 10 == len(conn.streams)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"")],
+        [(b":method", b"POST"), (b":scheme", b"http")],
+        [*REQUEST, (b"connection", b"close")],
+        [*REQUEST, (b"content-length", b"x")],
+    ],
+    ids=["empty-path", "no-path", "connection-specific", "content-length-nan"],
+)
+def test_a_malformed_request_is_a_stream_error(headers: list[tuple[bytes, bytes]]) -> None:
+    conn = server()
+    assert [] == conn.receive_data(headers_frame(1, headers))
+    assert {1: f.PROTOCOL_ERROR} == resets(conn.data_to_send())
+    _open(conn, 3)  # the connection goes on
+
+
+def test_malformed_requests_pass_when_checks_are_off() -> None:
+    conn = Connection(Role.SERVER, check_request_headers=False)
+    conn.receive_data(f.PREFACE + f.settings([]))
+    headers = [(b":method", b"POST"), (b":path", b"")]
+    assert [ev.RequestReceived(1, headers, True)] == conn.receive_data(headers_frame(1, headers, end=True))
+
+
+def test_a_stream_depending_on_itself_is_a_stream_error() -> None:
+    conn = server()
+    payload = (1).to_bytes(4, "big") + b"\x10" + block(REQUEST)
+    assert [] == conn.receive_data(f.frame(f.HEADERS, f.END_HEADERS | f.PRIORITY_FLAG, 1, payload))
+    assert {1: f.PROTOCOL_ERROR} == resets(conn.data_to_send())
+    assert [] == conn.receive_data(f.frame(f.PRIORITY, 0, 3, (3).to_bytes(4, "big") + b"\x10"))
+    assert {3: f.PROTOCOL_ERROR} == resets(conn.data_to_send())
+    assert [] == conn.receive_data(f.frame(f.PRIORITY, 0, 5, b"\x00\x00\x00\x01"))  # 4 bytes, not 5
+    assert {5: f.FRAME_SIZE_ERROR} == resets(conn.data_to_send())
+    assert _code(conn, f.frame(f.PRIORITY, 0, 0, b"\x00" * 5)) == f.PROTOCOL_ERROR
+
+
+def test_data_other_than_the_content_length_is_a_stream_error_and_not_passed_on() -> None:
+    conn = server()
+    headers = [*REQUEST, (b"content-length", b"3")]
+    conn.receive_data(headers_frame(1, headers))
+    events = conn.receive_data(data_frame(1, b"four", end=True))
+    assert [ev.StreamReset(1, f.PROTOCOL_ERROR, remote=False)] == events  # no DataReceived
+    assert {1: f.PROTOCOL_ERROR} == resets(conn.data_to_send())
+    assert 4 == conn.to_grant  # its connection credit came back
+    conn.receive_data(headers_frame(3, [*REQUEST, (b"content-length", b"3")], end=True))
+    assert {3: f.PROTOCOL_ERROR} == resets(conn.data_to_send())
+
+
+def test_data_on_a_half_closed_stream_resets_it_and_on_a_closed_one_too() -> None:
+    conn = server()
+    _open(conn, 1, end=True)
+    events = conn.receive_data(data_frame(1, b"x"))
+    assert [ev.StreamReset(1, f.STREAM_CLOSED, remote=False)] == events
+    assert {1: f.STREAM_CLOSED} == resets(conn.data_to_send())
+    _open(conn, 3)
+    conn.receive_data(f.rst_stream(3, f.CANCEL))
+    assert [] == conn.receive_data(data_frame(3, b"x"))  # the peer reset it: closed
+    assert {3: f.STREAM_CLOSED} == resets(conn.data_to_send())
+
+
+def test_data_in_flight_on_a_stream_we_reset_is_ignored_and_on_an_idle_one_ends_the_connection() -> None:
+    conn = server()
+    _open(conn, 1)
+    conn.reset_stream(1, f.CANCEL)
+    conn.data_to_send()
+    assert [] == conn.receive_data(data_frame(1, b"late"))
+    assert b"" == conn.data_to_send()
+    assert _code(conn, data_frame(9, b"x")) == f.PROTOCOL_ERROR
+
+
+def test_a_second_header_block_without_end_stream_ends_the_connection() -> None:
+    conn = server()
+    _open(conn, 1)
+    assert _code(conn, headers_frame(1, [(b"x-a", b"1")])) == f.PROTOCOL_ERROR
+
+
+def test_a_trailer_flood_is_one_stream_error() -> None:
+    conn = server()
+    _open(conn, 1)
+    trailers = [(b"x-trailer", b"1")]
+    events = conn.receive_data(b"".join(headers_frame(1, trailers, end=True) for _ in range(50)))
+    assert [ev.TrailersReceived(1, trailers), ev.StreamReset(1, f.STREAM_CLOSED, remote=False)] == events
+    assert [(f.RST_STREAM, 0, 1, b"\x00\x00\x00\x05")] == parse(conn.data_to_send())
+    assert None is conn.terminated
+
+
+def test_trailers_with_a_pseudo_header_are_a_stream_error() -> None:
+    conn = server()
+    _open(conn, 1)
+    events = conn.receive_data(headers_frame(1, [(b":path", b"/")], end=True))
+    assert [ev.StreamReset(1, f.PROTOCOL_ERROR, remote=False)] == events
+
+
+@pytest.mark.parametrize("kind", [f.RST_STREAM, f.WINDOW_UPDATE])
+def test_reset_or_window_update_on_an_idle_stream_ends_the_connection(kind: int) -> None:
+    assert _code(server(), f.frame(kind, 0, 1, b"\x00\x00\x00\x01")) == f.PROTOCOL_ERROR
+
+
+# -- flow control ------------------------------------------------------------------------
+
+
+def test_received_data_is_credited_only_when_acknowledged() -> None:
+    conn = server()
+    _open(conn, 1)
+    chunk = b"x" * 16384
+    conn.receive_data(b"".join(data_frame(1, chunk) for _ in range(80)))
+    assert [] == window_updates(conn.data_to_send())  # nothing taken yet
+    for _ in range(80):
+        conn.acknowledge_received_data(1, len(chunk))
+    updates = window_updates(conn.data_to_send())
+    assert sum(n for sid, n in updates if sid == 1) == STREAM_WINDOW // 4 * (
+        80 * 16384 // (STREAM_WINDOW // 4)
+    )
+    assert all(n >= STREAM_WINDOW // 4 for sid, n in updates if sid == 1)
+
+
+def test_data_beyond_a_window_ends_the_connection() -> None:
+    conn = Connection(Role.SERVER, stream_window=100, connection_window=65535)
+    conn.receive_data(f.PREFACE + f.settings([]))
+    _open(conn, 1)
+    assert _code(conn, data_frame(1, b"x" * 101)) == f.FLOW_CONTROL_ERROR
+    conn = Connection(Role.SERVER, connection_window=65535)
+    conn.receive_data(f.PREFACE + f.settings([]))
+    _open(conn, 1)
+    assert None is _code(conn, b"".join(data_frame(1, b"x" * 16383) for _ in range(4)))
+    assert _code(conn, data_frame(1, b"x" * 4)) == f.FLOW_CONTROL_ERROR
+
+
+def test_padding_is_credited_at_once() -> None:
+    conn = Connection(Role.SERVER, stream_window=8, connection_window=65535)  # grant at 2 bytes
+    conn.receive_data(f.PREFACE + f.settings([]))
+    _open(conn, 1)
+    events = conn.receive_data(f.frame(f.DATA, f.PADDED, 1, b"\x02ab\x00\x00"))
+    assert [ev.DataReceived(1, b"ab", 5, False)] == events
+    assert (1, 3) in window_updates(conn.data_to_send())
+
+
+def test_send_data_keeps_to_the_peers_windows_and_frame_size() -> None:
+    conn = server(settings=f.settings([(f.INITIAL_WINDOW_SIZE, 40000)]))
+    _open(conn, 1)
+    conn.send_headers(1, RESPONSE)
+    conn.data_to_send()
+    assert 40000 == conn.send_data(1, b"x" * 50000, end_stream=True)
+    frames = parse(conn.data_to_send())
+    assert [16384, 16384, 7232] == [len(p) for kind, _, _, p in frames]
+    assert all(flags == 0 for _, flags, _, _ in frames)
+    assert 10000 == conn.buffered
+    events = conn.receive_data(f.window_update(1, 20000))
+    assert [ev.DataSent(1, 10000, True)] == events
+    assert [(f.DATA, f.END_STREAM, 1)] == [fr[:3] for fr in parse(conn.data_to_send())]
+    assert 0 == conn.buffered
+
+
+def test_send_data_keeps_to_the_connection_window() -> None:
+    conn = server(settings=f.settings([(f.INITIAL_WINDOW_SIZE, 100000)]))
+    _open(conn, 1)
+    conn.send_headers(1, RESPONSE)
+    assert f.DEFAULT_WINDOW == conn.send_data(1, b"x" * 70000)
+    assert [] == conn.receive_data(f.window_update(1, 1000))  # the connection's is spent
+    assert [ev.DataSent(1, 70000 - f.DEFAULT_WINDOW, False)] == conn.receive_data(f.window_update(0, 10000))
+
+
+def test_trailers_wait_for_the_data_queued_before_them() -> None:
+    conn = server(settings=f.settings([(f.INITIAL_WINDOW_SIZE, 10)]))
+    _open(conn, 1, end=True)
+    conn.send_headers(1, RESPONSE)
+    assert 10 == conn.send_data(1, b"y" * 30)
+    conn.send_trailers(1, [(b"grpc-status", b"0")])
+    assert [f.HEADERS, f.DATA] == [k for k, *_ in parse(conn.data_to_send())]
+    assert [ev.DataSent(1, 20, True)] == conn.receive_data(f.window_update(1, 100))
+    assert [(f.DATA, 0), (f.HEADERS, f.END_STREAM | f.END_HEADERS)] == [
+        fr[:2] for fr in parse(conn.data_to_send())
+    ]
+    assert conn.streams[1].done
+
+
+def test_a_stream_window_driven_past_the_maximum_resets_that_stream_only() -> None:
+    conn = server()
+    _open(conn, 1)
+    _open(conn, 3)
+    events = conn.receive_data(f.window_update(1, f.MAX_WINDOW))
+    assert [ev.StreamReset(1, f.FLOW_CONTROL_ERROR, remote=False)] == events
+    assert {1: f.FLOW_CONTROL_ERROR} == resets(conn.data_to_send())
+    assert _code(conn, f.window_update(0, f.MAX_WINDOW)) == f.FLOW_CONTROL_ERROR
+
+
+def test_a_window_update_of_zero_resets_a_stream_and_ends_the_connection_on_stream_zero() -> None:
+    conn = server()
+    _open(conn, 1)
+    assert [ev.StreamReset(1, f.PROTOCOL_ERROR, remote=False)] == conn.receive_data(f.window_update(1, 0))
+    assert _code(conn, f.window_update(0, 0)) == f.PROTOCOL_ERROR
+
+
+def test_a_reset_refunds_connection_credit_exactly_once() -> None:
+    # Data taken before a reset, data dropped by it, and data that arrives after it: each byte
+    # comes back to the peer's connection window once (a double refund would let a peer send
+    # more than we granted, a missing one would shrink the window for good).
+    conn = Connection(Role.SERVER, max_concurrent_streams=10, connection_window=65535)
+    conn.receive_data(f.PREFACE + f.settings([]))
+    _open(conn, 1)
+    conn.receive_data(data_frame(1, b"a" * 1000))
+    conn.acknowledge_received_data(1, 400)
+    conn.reset_stream(1, f.CANCEL)
+    conn.acknowledge_received_data(1, 600)  # the consumer dropped the rest
+    conn.receive_data(data_frame(1, b"b" * 500))  # in flight when we reset it
+    conn.receive_data(f.rst_stream(1, f.CANCEL))
+    conn.release_stream(1)
+    assert 65535 == conn.recv_window + conn.to_grant
+    assert 1500 == conn.to_grant
+
+
+def test_queued_data_dropped_by_a_reset_is_reported_once() -> None:
+    conn = server(settings=f.settings([(f.INITIAL_WINDOW_SIZE, 0)]))
+    _open(conn, 1)
+    conn.send_headers(1, RESPONSE)
+    assert 0 == conn.send_data(1, b"z" * 300)
+    events = conn.receive_data(f.rst_stream(1, f.CANCEL))
+    assert [ev.StreamReset(1, f.CANCEL, remote=True, unsent=300)] == events
+    assert 0 == conn.buffered
+    assert 0 == conn.release_stream(1)
+    assert 5 == conn.send_data(1, b"after")  # over: taken (dropped) at once
+
+
+# -- settings ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0, 16383, 2**24])
+def test_an_invalid_max_frame_size_ends_the_connection(value: int) -> None:
+    assert _code(server(), f.settings([(f.MAX_FRAME_SIZE, value)])) == f.PROTOCOL_ERROR
+
+
+def test_the_largest_max_frame_size_is_taken() -> None:
+    conn = server(settings=f.settings([(f.MAX_FRAME_SIZE, 2**24 - 1), (f.INITIAL_WINDOW_SIZE, 10**6)]))
+    conn.receive_data(f.window_update(0, 10**6))
+    _open(conn, 1)
+    conn.send_headers(1, RESPONSE)
+    conn.data_to_send()
+    conn.send_data(1, b"x" * 100000)
+    assert [100000] == [len(p) for _, _, _, p in parse(conn.data_to_send())]
+
+
+@pytest.mark.parametrize(
+    ("wire", "code"),
+    [
+        (f.frame(f.SETTINGS, 0, 0, b"\x00\x04\x00\x00"), f.FRAME_SIZE_ERROR),
+        (f.frame(f.SETTINGS, f.ACK, 0, b"\x00" * 6), f.FRAME_SIZE_ERROR),
+        (f.frame(f.SETTINGS, 0, 1, b""), f.PROTOCOL_ERROR),
+        (f.settings([(f.INITIAL_WINDOW_SIZE, 2**31)]), f.FLOW_CONTROL_ERROR),
+        (f.settings([(f.ENABLE_PUSH, 2)]), f.PROTOCOL_ERROR),
+    ],
+    ids=["length", "ack-payload", "on-stream", "window-max", "enable-push"],
+)
+def test_bad_settings_end_the_connection(wire: bytes, code: int) -> None:
+    assert _code(server(), wire) == code
+
+
+def test_unknown_settings_are_ignored() -> None:
+    conn = server()
+    assert [ev.SettingsChanged(((0x99, 5),))] == conn.receive_data(f.settings([(0x99, 5)]))
+
+
+def test_initial_window_size_changes_adjust_open_streams_and_may_overflow_one() -> None:
+    conn = server()
+    _open(conn, 1)
+    conn.receive_data(f.settings([(f.INITIAL_WINDOW_SIZE, 1000)]))
+    assert 1000 == conn.streams[1].send_window
+    conn.receive_data(f.window_update(1, f.MAX_WINDOW - 1000))
+    assert _code(conn, f.settings([(f.INITIAL_WINDOW_SIZE, 1001)])) == f.FLOW_CONTROL_ERROR
+
+
+def test_repeated_initial_window_size_changes_end_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(control, "MAX_WINDOW_SHIFTS", 1000)
+    conn = server()
+    for i in range(1, 200, 2):
+        _open(conn, i)
+    flips = b"".join(f.settings([(f.INITIAL_WINDOW_SIZE, 1000 + i % 2)]) for i in range(20))
+    assert _code(conn, flips) == f.ENHANCE_YOUR_CALM
+    conn = server()
+    _open(conn, 1)
+    assert None is _code(conn, flips)  # one stream: 20 shifts
+
+
+def test_a_lowered_header_table_size_is_announced_in_the_next_block_only() -> None:
+    conn = server(settings=f.settings([(f.HEADER_TABLE_SIZE, 0)]))
+    _open(conn, 1)
+    _open(conn, 3)
+    conn.send_headers(1, RESPONSE)
+    conn.send_headers(3, RESPONSE)
+    (_, _, _, first), (_, _, _, second) = parse(conn.data_to_send())
+    assert 0x20 == first[0]  # a dynamic table size update to 0
+    assert second == first[1:]
+    decoder = hpack.Decoder()
+    decoder.header_table_size = 0  # a strict peer's decoder after lowering its table
+    assert RESPONSE == decoder.decode(first, raw=True)
+
+
+# -- frames ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", range(0x0A, 0x10))
+def test_unknown_frame_types_are_ignored_but_not_inside_a_header_block(kind: int) -> None:
+    conn = server()
+    wire = f.frame(kind, 0xFF, 0, b"?" * 30) + f.frame(kind, 0, 1, b"") + headers_frame(1)
+    assert [ev.RequestReceived(1, REQUEST, False)] == conn.receive_data(wire)
+    opened = f.frame(f.HEADERS, 0, 3, block(REQUEST))
+    assert _code(conn, opened + f.frame(kind, 0, 3, b"")) == f.PROTOCOL_ERROR
+
+
+def test_a_continuation_flood_ends_the_connection_at_the_block_limit() -> None:
+    conn = server()
+    wire = f.frame(f.HEADERS, 0, 1, b"\x00" * 16384)
+    wire += b"".join(
+        f.frame(f.CONTINUATION, 0, 1, b"\x00" * 16384) for _ in range(core.MAX_HEADER_BLOCK // 16384)
+    )
+    end = terminated(conn.receive_data(wire))
+    assert end is not None
+    assert (f.PROTOCOL_ERROR, "header block too large") == (end.error_code, end.reason)
+
+
+def test_a_header_block_split_in_continuations_is_decoded_whole() -> None:
+    conn = server()
+    raw = block(REQUEST)
+    wire = f.frame(f.HEADERS, 0, 1, raw[:3]) + f.frame(f.CONTINUATION, 0, 1, raw[3:6])
+    wire += f.frame(f.CONTINUATION, f.END_HEADERS, 1, raw[6:])
+    assert [ev.RequestReceived(1, REQUEST, False)] == conn.receive_data(wire)
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        f.frame(f.CONTINUATION, f.END_HEADERS, 1, b""),
+        f.frame(f.HEADERS, 0, 1, b"") + f.frame(f.CONTINUATION, 0, 3, b""),
+        f.frame(f.HEADERS, 0, 1, b"") + f.frame(f.PING, 0, 0, b"\x00" * 8),
+    ],
+    ids=["no-block", "other-stream", "interrupted"],
+)
+def test_a_continuation_out_of_place_ends_the_connection(wire: bytes) -> None:
+    assert _code(server(), wire) == f.PROTOCOL_ERROR
+
+
+@pytest.mark.parametrize(
+    ("wire", "code"),
+    [
+        (f.frame(f.DATA, f.PADDED, 1, b"\x05abc"), f.PROTOCOL_ERROR),
+        (f.frame(f.HEADERS, f.PADDED | f.END_HEADERS, 1, b"\x03ab"), f.PROTOCOL_ERROR),
+        (f.frame(f.HEADERS, f.PRIORITY_FLAG | f.END_HEADERS, 1, b"\x00\x00\x00"), f.FRAME_SIZE_ERROR),
+        (f.frame(f.HEADERS, f.END_HEADERS, 0, block(REQUEST)), f.PROTOCOL_ERROR),
+        (f.frame(f.PING, 0, 0, b"\x00" * 7), f.FRAME_SIZE_ERROR),
+        (f.frame(f.PING, 0, 1, b"\x00" * 8), f.PROTOCOL_ERROR),
+        (f.frame(f.WINDOW_UPDATE, 0, 0, b"\x00\x00\x01"), f.FRAME_SIZE_ERROR),
+        (f.frame(f.GOAWAY, 0, 0, b"\x00" * 7), f.FRAME_SIZE_ERROR),
+        (f.frame(f.PUSH_PROMISE, f.END_HEADERS, 1, b"\x00\x00\x00\x02"), f.PROTOCOL_ERROR),
+        (f.frame(f.DATA, 0, 1, b"x" * 16385), f.FRAME_SIZE_ERROR),
+        (f.frame(f.HEADERS, f.END_HEADERS, 1, b"\xff\xff\xff"), f.COMPRESSION_ERROR),
+    ],
+    ids=[
+        "data-padding",
+        "headers-padding",
+        "headers-short-priority",
+        "headers-stream-0",
+        "ping-length",
+        "ping-on-stream",
+        "window-update-length",
+        "goaway-short",
+        "push-promise",
+        "oversized",
+        "hpack",
+    ],
+)
+def test_malformed_frames_end_the_connection(wire: bytes, code: int) -> None:
+    assert _code(server(), wire) == code
+
+
+def test_an_http1_answer_is_named() -> None:
+    conn = Connection(Role.CLIENT)
+    end = terminated(conn.receive_data(b"HTTP/1.1 400 Bad Request\r\n\r\n"))
+    assert end is not None
+    assert "speaks HTTP/1" in end.reason
+
+
+def test_a_ping_is_answered() -> None:
+    conn = server()
+    assert [ev.PingReceived(b"12345678")] == conn.receive_data(f.frame(f.PING, 0, 0, b"12345678"))
+    assert [(f.PING, f.ACK, 0, b"12345678")] == parse(conn.data_to_send())
+
+
+def test_no_input_is_taken_after_the_connection_ended() -> None:
+    conn = server()
+    assert _code(conn, f.frame(f.PUSH_PROMISE, 0, 1, b"")) == f.PROTOCOL_ERROR
+    assert [] == conn.receive_data(headers_frame(1))
+
+
+# -- large header blocks -----------------------------------------------------------------
+
+
+def test_a_block_beyond_the_decode_budget_is_handed_out_and_input_waits_for_it() -> None:
+    conn = server()
+    conn.decode_budget = 100
+    big = [*REQUEST, (b"x-big", b"v" * 200)]
+    wire = headers_frame(1) + headers_frame(3, big) + data_frame(3, b"d")
+    events = conn.receive_data(wire)
+    assert ["RequestReceived", "HeaderBlockReceived"] == kinds(events)
+    handed = events[-1]
+    assert isinstance(handed, ev.HeaderBlockReceived)
+    with pytest.raises(LocalProtocolError):
+        conn.receive_data(b"")
+    headers = conn.decode_block(handed.block)
+    assert [ev.RequestReceived(3, big, False), ev.DataReceived(3, b"d", 1, False)] == conn.receive_headers(
+        headers
+    )
+
+
+def test_an_undecodable_handed_out_block_ends_the_connection() -> None:
+    conn = server()
+    conn.decode_budget = 0
+    events = conn.receive_data(f.frame(f.HEADERS, f.END_HEADERS, 1, b"\xff\xff\xff\xff"))
+    handed = events[-1]
+    assert isinstance(handed, ev.HeaderBlockReceived)
+    end = terminated(conn.receive_headers(conn.decode_block(handed.block)))
+    assert end is not None
+    assert f.COMPRESSION_ERROR == end.error_code
+
+
+# -- GOAWAY ------------------------------------------------------------------------------
+
+
+def test_graceful_shutdown_refuses_streams_after_the_ping_round_trip() -> None:
+    conn = server()
+    _open(conn, 1)
+    conn.announce_goaway()
+    (goaway, ping) = parse(conn.data_to_send())
+    assert (f.MAX_STREAM_ID, f.NO_ERROR) == f.parse_goaway(goaway[3])
+    _open(conn, 3)  # on its way before the caller saw the GOAWAY: served
+    conn.receive_data(f.frame(f.PING, f.ACK, 0, ping[3]))
+    assert [(3, f.NO_ERROR)] == [
+        f.parse_goaway(p) for k, _, _, p in parse(conn.data_to_send()) if k == f.GOAWAY
+    ]
+    assert [] == conn.receive_data(headers_frame(5))
+    assert {5: f.REFUSED_STREAM} == resets(conn.data_to_send())
+
+
+def test_a_goaway_from_the_caller_is_reported() -> None:
+    conn = server()
+    events = conn.receive_data(f.goaway(0, f.NO_ERROR, b"bye"))
+    assert [ev.GoAwayReceived(0, f.NO_ERROR, b"bye", ())] == events
+
+
+def test_data_that_fits_the_windows_is_still_split_at_the_peers_frame_size() -> None:
+    conn = server(settings=f.settings([(f.INITIAL_WINDOW_SIZE, 100000)]))
+    conn.receive_data(f.window_update(0, 100000))
+    _open(conn, 1)
+    conn.send_headers(1, RESPONSE)
+    conn.data_to_send()
+    assert 20000 == conn.send_data(1, b"x" * 20000)
+    assert [16384, 3616] == [len(p) for _, _, _, p in parse(conn.data_to_send())]
+
+
+def test_resetting_a_stream_drops_its_queued_data_and_a_closed_one_is_not_reset() -> None:
+    conn = server(settings=f.settings([(f.INITIAL_WINDOW_SIZE, 0)]))
+    _open(conn, 1)
+    conn.send_headers(1, RESPONSE)
+    conn.send_data(1, b"q" * 70)
+    conn.data_to_send()
+    assert 70 == conn.reset_stream(1, f.CANCEL)
+    assert {1: f.CANCEL} == resets(conn.data_to_send())
+    assert 0 == conn.buffered
+    _open(conn, 3, end=True)
+    conn.send_headers(3, RESPONSE, end_stream=True)
+    conn.data_to_send()
+    assert 0 == conn.reset_stream(3, f.CANCEL)
+    assert b"" == conn.data_to_send()
