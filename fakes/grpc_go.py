@@ -1,8 +1,8 @@
-"""grpc-go's strictness (:mod:`fakes.strict`) for a :class:`krproxy.rpc.Server`.
+"""grpc-go's strictness (:mod:`krproxy.fakes.strict`) for a :class:`krproxy.rpc.Server`.
 
 The gRPC fakes (the fake containerd, the fake plugin) are served by krproxy's own gRPC server,
 which judges request headers by RFC 9113 and serves what it lets through. grpc-go judges them
-its own way (:func:`fakes.strict.check_request`); :func:`header_check` is the server's
+its own way (:func:`krproxy.fakes.strict.check_request`); :func:`header_check` is the server's
 ``check_headers`` that applies those rules instead, answers a refused request as the chosen
 grpc-go version does, and tells the fake about every request it accepted or refused.
 
@@ -17,11 +17,11 @@ import binascii
 import logging
 from collections.abc import Callable, Iterable
 
-from fakes.strict import GrpcGo, Headers, Rejection, check_request
 from krproxy import rpc
+from krproxy.fakes.strict import GrpcGo, Headers, Rejection, check_request
 from krproxy.forward import Headers as Fields
 
-LOGGER = logging.getLogger("fakes.grpc_go")
+LOGGER = logging.getLogger("krproxy.fakes.grpc_go")
 
 #: The HTTP/2 error code (RFC 9113 §7) of grpc-go's resets.
 PROTOCOL_ERROR = 0x1
@@ -49,7 +49,7 @@ def header_check(
     """A ``check_headers`` for :class:`krproxy.rpc.Server` that refuses what grpc-go refuses.
 
     Each request's header block (pseudo-headers included, each octet one character, as grpc-go
-    reads octets above 0x7f) is judged by :func:`fakes.strict.check_request`. ``accepted`` is
+    reads octets above 0x7f) is judged by :func:`krproxy.fakes.strict.check_request`. ``accepted`` is
     told every block let through, ``rejected`` every refused one with why. A refused request is
     answered as ``grpc_go`` does: RST_STREAM PROTOCOL_ERROR (1.6, and every version for what its
     framer refuses), or grpc-go 2's early abort: a trailers-only answer with the HTTP status,

@@ -17,9 +17,9 @@ the rules, once, for the fakes that speak gRPC:
 - :data:`MAX_MESSAGE` and :func:`too_large` are containerd's message limit and grpc-go's answer
   (with RESOURCE_EXHAUSTED).
 
-The fakes apply them through their server's header check (:func:`fakes.grpc_go.header_check`,
+The fakes apply them through their server's header check (:func:`krproxy.fakes.grpc_go.header_check`,
 for :class:`krproxy.rpc.Server`), with the stream limit and message sizes set on the server
-(:mod:`fakes.containerd.server`, :mod:`fakes.plugin.server`). This module imports no server.
+(:mod:`krproxy.fakes.containerd.server`, :mod:`krproxy.fakes.plugin.server`). This module imports no server.
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ from collections.abc import Iterable
 import attrs
 
 from krproxy.hooks.required import Requirements
-from krproxy.unixsock import strip_unix_scheme
 
 DEFAULT_LISTEN = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
 DEFAULT_RUNTIME_ENDPOINT = "/var/run/containerd/containerd.sock"
@@ -38,7 +37,8 @@ def socket_path(endpoint: str) -> str:
     Raises:
         ValueError: saying what is wrong and what would be right.
     """
-    path = strip_unix_scheme(endpoint)
+    # As krproxy.unixsock.strip_unix_scheme, which the pure core cannot import (it binds sockets).
+    path = endpoint.removeprefix("unix://")
     if path.startswith("unix:"):
         path = path.removeprefix("unix:")
     if not path:

@@ -183,7 +183,13 @@ async def serve(
     )
     publish = dispatcher.publish
     if config.requirements.active:
-        guard = Guard(config.requirements, dispatcher, config.hook_dir, held=metrics.required_call_held)
+        guard = Guard(
+            config.requirements,
+            dispatcher,
+            config.hook_dir,
+            held=metrics.required_call_held,
+            forget=metrics.forget_required_server,
+        )
         publish = functools.partial(_publish, dispatcher, guard)
         metrics.track_required(guard)
     hooks = HookRuntime(HookStore(), dispatcher, config.skip_label, guard)

@@ -2,7 +2,7 @@
 
 Everything runs in one process and one ``trio.run``, on sockets in a fresh temp dir:
 
-* the fake containerd (:mod:`fakes.containerd`) as the backend runtime;
+* the fake containerd (:mod:`krproxy.fakes.containerd`) as the backend runtime;
 * a small hook plugin, ``demo-limits``, registered by a file in the hook directory: on
   PreCreateContainer it echoes the request (as koordlet does) with a CPU quota, a memory
   limit, a cpuset and an annotation set;
@@ -26,10 +26,10 @@ from typing import Any, TypeVar
 
 import trio
 
-from fakes.containerd import FakeContainerd, run_fake_containerd
 from krproxy import kubelet, rpc
 from krproxy.config import ProxyConfig
 from krproxy.daemon import serve
+from krproxy.fakes.containerd import FakeContainerd, run_fake_containerd
 from krproxy.grpcstatus import GRPCError
 from krproxy.hooks.points import CRI_RUNTIME_SERVICE, HookPoint
 from krproxy.proto.runtime import v1 as cri

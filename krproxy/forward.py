@@ -13,7 +13,7 @@ status with its message, details and trailers (:class:`BackendError`).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import attrs
 
@@ -64,6 +64,29 @@ Forward = Callable[[bytes], Awaitable[Reply]]
 #: Handles one intercepted unary call: ``interceptor(path, request, forward) -> Reply``.
 #: It may raise :class:`GRPCError` to refuse the call without forwarding it.
 Interceptor = Callable[[str, bytes, Forward], Awaitable[Reply]]
+
+#: Handles one intercepted call of a known method: ``handler(request, forward) -> Reply``.
+Handler = Callable[[bytes, Forward], Awaitable[Reply]]
+
+#: The path prefix of the CRI RuntimeService's methods.
+RUNTIME_PREFIX = "/runtime.v1.RuntimeService/"
+
+
+def runtime_interceptors(
+    handlers: Mapping[str, Handler], *, first: Callable[[], Awaitable[object]] | None = None
+) -> dict[str, Interceptor]:
+    """The interceptor table of RuntimeService *handlers* (by method name, e.g. ``"StartContainer"``);
+    each call awaits *first* (if given) before its handler."""
+
+    def bind(handler: Handler) -> Interceptor:
+        async def intercept(path: str, request: bytes, forward: Forward) -> Reply:
+            if first is not None:
+                await first()
+            return await handler(request, forward)
+
+        return intercept
+
+    return {RUNTIME_PREFIX + name: bind(handler) for name, handler in handlers.items()}
 
 
 def known_routes() -> dict[str, Cardinality]:

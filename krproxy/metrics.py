@@ -6,6 +6,7 @@ in one test process never share counters.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -112,6 +113,14 @@ class Metrics:
             ["hook", "field"],
             registry=r,
         )
+        self.nri_call_seconds = Histogram(
+            "krproxy_nri_call_seconds",
+            "Time krproxy nri takes to answer the runtime's NRI calls (from the request read to the answer "
+            "written; the runtime waits that long, most calls on a pod's way to running), by method.",
+            ["method"],
+            buckets=BUCKETS,
+            registry=r,
+        )
         self.required_held = Counter(
             "krproxy_required_calls_held_total",
             "CRI calls refused (UNAVAILABLE, nothing forwarded) because a required hook server was not "
@@ -147,6 +156,13 @@ class Metrics:
     def required_call_held(self, server: str, point: HookPoint) -> None:
         """Count a call held back for a missing required hook server (the guard's ``held``)."""
         self.required_held.labels(server, point.value).inc()
+
+    def forget_required_server(self, server: str) -> None:
+        """Drop *server*'s held-call series (the guard's ``forget``: an annotated name it no longer
+        tracks), so that the label set stays bounded as the guard's names are."""
+        for point in HookPoint:
+            with contextlib.suppress(KeyError):
+                self.required_held.remove(server, point.value)
 
     def observe_call(self, record: CallRecord) -> None:
         method = record.path.rpartition("/")[2] if record.path in _KNOWN_PATHS else "unknown"

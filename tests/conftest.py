@@ -2,7 +2,7 @@
 
 - ``short_tmp``: a fresh directory under ``/tmp`` with a short path (unix socket paths are limited
   to 107 bytes, and pytest's ``tmp_path`` can be longer), removed afterwards.
-- ``fake_containerd``: a :class:`~fakes.containerd.FakeContainerd` served on a socket in
+- ``fake_containerd``: a :class:`~krproxy.fakes.containerd.FakeContainerd` served on a socket in
   ``short_tmp``, with a deterministic clock and IDs; yields ``(fake, socket_path)``.
 - ``cri_client``: a factory ``cri_client(socket_path) -> CriClient`` of independent grpcio clients
   (upstream ``cri_api`` stubs), closed at teardown.
@@ -26,8 +26,14 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2_grpc
 
-from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, sequential_ids, stepping_clock
-from fakes.containerd.state import LIST_SEED_ENV
+from krproxy.fakes.containerd import (
+    FakeContainerd,
+    RuntimeState,
+    run_fake_containerd,
+    sequential_ids,
+    stepping_clock,
+)
+from krproxy.fakes.containerd.records import LIST_SEED_ENV
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -6,16 +6,16 @@ request log and fault injection; :func:`run_fake_containerd` serves it as a trio
 
 from __future__ import annotations
 
-from fakes.containerd.server import FakeContainerd as FakeContainerd
-from fakes.containerd.server import Fault as Fault
-from fakes.containerd.server import RecordedRequest as RecordedRequest
-from fakes.containerd.server import run_fake_containerd as run_fake_containerd
-from fakes.containerd.state import Code as Code
-from fakes.containerd.state import CriError as CriError
-from fakes.containerd.state import ExecResult as ExecResult
-from fakes.containerd.state import RuntimeState as RuntimeState
-from fakes.containerd.state import sequential_ids as sequential_ids
-from fakes.containerd.state import stepping_clock as stepping_clock
+from krproxy.fakes.containerd.records import Code as Code
+from krproxy.fakes.containerd.records import CriError as CriError
+from krproxy.fakes.containerd.records import ExecResult as ExecResult
+from krproxy.fakes.containerd.records import sequential_ids as sequential_ids
+from krproxy.fakes.containerd.records import stepping_clock as stepping_clock
+from krproxy.fakes.containerd.server import FakeContainerd as FakeContainerd
+from krproxy.fakes.containerd.server import Fault as Fault
+from krproxy.fakes.containerd.server import RecordedRequest as RecordedRequest
+from krproxy.fakes.containerd.server import run_fake_containerd as run_fake_containerd
+from krproxy.fakes.containerd.state import RuntimeState as RuntimeState
 
 __all__ = [
     "Code",

@@ -1,4 +1,4 @@
-"""``python -m fakes.containerd --socket PATH``: run a fake containerd until SIGINT or SIGTERM.
+"""``python -m krproxy.fakes.containerd --socket PATH``: run a fake containerd until SIGINT or SIGTERM.
 
 Exits 0 after a signal, with the socket file removed.
 """
@@ -13,12 +13,13 @@ from collections.abc import Sequence
 
 import trio
 
-from fakes.containerd.server import FakeContainerd, run_fake_containerd
-from fakes.containerd.state import RuntimeState, list_order
 from krproxy import _argparse
+from krproxy.fakes.containerd.records import list_order
+from krproxy.fakes.containerd.server import FakeContainerd, run_fake_containerd
+from krproxy.fakes.containerd.state import RuntimeState
 from krproxy.unixsock import strip_unix_scheme
 
-LOGGER = logging.getLogger("fakes.containerd")
+LOGGER = logging.getLogger("krproxy.fakes.containerd")
 
 
 #: Logging thresholds, by their logging names.
@@ -27,7 +28,7 @@ LEVELS = ["DEBUG", "INFO", "WARNING", "ERROR"]
 
 def _parser() -> argparse.ArgumentParser:
     parser = _argparse.Parser(
-        prog="python -m fakes.containerd",
+        prog="python -m krproxy.fakes.containerd",
         description="Serve a fake containerd CRI runtime and image service on a unix socket.",
     )
     parser.add_argument("--socket", required=True, help="unix socket path (a unix:// prefix is accepted)")

@@ -1,17 +1,17 @@
-"""The fake containerd on the wire: :class:`~fakes.containerd.state.RuntimeState` served by krproxy's gRPC server.
+"""The fake containerd on the wire: :class:`~krproxy.fakes.containerd.state.RuntimeState` served by krproxy's gRPC server.
 
 Each CRI method path (:func:`krproxy.methods.cri_methods`) gets a handler that receives the request
 as raw bytes (so the exact bytes a proxy forwarded can be recorded), decodes it, applies any
 injected fault, calls the state, and encodes the answer (or sends it as the state encoded it, for
-:data:`~fakes.containerd.state.RuntimeState.ENCODED_CALLS`).
+:data:`~krproxy.fakes.containerd.state.RuntimeState.ENCODED_CALLS`).
 
-Which methods work is decided by :data:`~fakes.containerd.state.RuntimeState.CRI_CALLS` plus
+Which methods work is decided by :data:`~krproxy.fakes.containerd.state.RuntimeState.CRI_CALLS` plus
 ``GetContainerEvents`` (served here, since it needs a live stream); every other CRI method answers
 UNIMPLEMENTED "method X not implemented" (grpc-go's generated answer) after its request was
 recorded, and unknown method paths UNIMPLEMENTED from the server itself.
 
-The fake is as strict as containerd's grpc-go (:mod:`fakes.strict`, applied by
-:func:`fakes.grpc_go.header_check`): a request with a malformed ``grpc-timeout`` (more than 8
+The fake is as strict as containerd's grpc-go (:mod:`krproxy.fakes.strict`, applied by
+:func:`krproxy.fakes.grpc_go.header_check`): a request with a malformed ``grpc-timeout`` (more than 8
 digits) or without ``:method`` is refused as the chosen grpc-go version does (containerd 1.6's
 RST_STREAM PROTOCOL_ERROR by default), a message over 16 MiB either way is RESOURCE_EXHAUSTED with
 grpc-go's words (a request's by the server, before it is read), and no SETTINGS_MAX_CONCURRENT_STREAMS is advertised unless asked for. The header
@@ -33,15 +33,16 @@ import betterproto2
 import betterproto2.casing
 import trio
 
-from fakes import strict
-from fakes.containerd.state import CriError, RuntimeState
-from fakes.grpc_go import Metadata, encode_metadata, header_check, metadata_items
 from krproxy import rpc
+from krproxy.fakes import strict
+from krproxy.fakes.containerd.records import CriError
+from krproxy.fakes.containerd.state import RuntimeState
+from krproxy.fakes.grpc_go import Metadata, encode_metadata, header_check, metadata_items
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.methods import cri_methods
 from krproxy.proto.runtime import v1 as cri
 
-LOGGER = logging.getLogger("fakes.containerd")
+LOGGER = logging.getLogger("krproxy.fakes.containerd")
 
 #: One subscriber of GetContainerEvents: where its events are sent.
 _Subscriber = trio.MemorySendChannel[cri.ContainerEventResponse]
@@ -101,7 +102,7 @@ class FakeContainerd:
     grpc_go: strict.GrpcGo = strict.GrpcGo.V1_6
     max_concurrent_streams: int | None = None
     enforce_deadlines: bool = True
-    #: Every request refused for its headers (:func:`fakes.strict.check_request`), with why.
+    #: Every request refused for its headers (:func:`krproxy.fakes.strict.check_request`), with why.
     rejected: list[tuple[strict.Headers, strict.Rejection]] = attrs.field(init=False, factory=list)
     _headers: dict[str, collections.deque[strict.Headers]] = attrs.field(init=False, factory=dict)
     _log: dict[str, collections.deque[RecordedRequest]] = attrs.field(init=False, factory=dict)

@@ -1,4 +1,4 @@
-"""``python -m fakes.dockerd --socket PATH``: run the fake Docker Engine API until SIGINT/SIGTERM."""
+"""``python -m krproxy.fakes.dockerd --socket PATH``: run the fake Docker Engine API until SIGINT/SIGTERM."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections.abc import Sequence
 
 import trio
 
-from fakes.dockerd.server import FakeDockerd, run_fake_dockerd
-from fakes.dockerd.state import DockerState
 from krproxy import _argparse
+from krproxy.fakes.dockerd.server import FakeDockerd, run_fake_dockerd
+from krproxy.fakes.dockerd.state import DockerState
 
 
 async def _main(path: str, cgroup_driver: str) -> None:
@@ -26,7 +26,7 @@ async def _main(path: str, cgroup_driver: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _argparse.Parser(prog="python -m fakes.dockerd", description=__doc__)
+    parser = _argparse.Parser(prog="python -m krproxy.fakes.dockerd", description=__doc__)
     parser.add_argument("--socket", required=True, metavar="PATH", help="unix socket to listen on")
     parser.add_argument(
         "--cgroup-driver", default="cgroupfs", choices=["cgroupfs", "systemd"], help="what dockerd reports"

@@ -41,11 +41,11 @@ import attrs
 import h11
 import trio
 
-from fakes.dockerd.state import DockerState, Failure, RequestRecord, multiplex
+from krproxy.fakes.dockerd.state import DockerState, Failure, RequestRecord, multiplex
 
 __all__ = ["FakeDockerd", "run_fake_dockerd"]
 
-LOGGER = logging.getLogger("fakes.dockerd")
+LOGGER = logging.getLogger("krproxy.fakes.dockerd")
 
 _RECEIVE = 64 * 1024
 _VERSION = re.compile(r"^/v\d+\.\d+(?=/)")
@@ -66,7 +66,7 @@ class FakeDockerd:
     """A scriptable Docker Engine API with a request log.
 
     Attributes:
-        state: containers and execs (:class:`fakes.dockerd.state.DockerState`).
+        state: containers and execs (:class:`krproxy.fakes.dockerd.state.DockerState`).
         requests: every request received, in arrival order.
         hijacked: bytes the exec sessions received from clients, in order.
     """

@@ -2,15 +2,15 @@
 
 :class:`FakeNriRuntime` listens for external plugins on a unix socket, registers, configures and
 synchronizes them, and drives pod and container lifecycle events through them, applying their
-adjustments and updates to its own state (see :mod:`fakes.nri.runtime`).
+adjustments and updates to its own state (see :mod:`krproxy.fakes.nri.runtime`).
 """
 
 from __future__ import annotations
 
-from fakes.nri.runtime import ConnectedPlugin as ConnectedPlugin
-from fakes.nri.runtime import FakeNriRuntime as FakeNriRuntime
-from fakes.nri.runtime import NriError as NriError
-from fakes.nri.runtime import all_events as all_events
-from fakes.nri.runtime import event_mask as event_mask
+from krproxy.fakes.nri.adjust import NriError as NriError
+from krproxy.fakes.nri.events import all_events as all_events
+from krproxy.fakes.nri.events import event_mask as event_mask
+from krproxy.fakes.nri.runtime import ConnectedPlugin as ConnectedPlugin
+from krproxy.fakes.nri.runtime import FakeNriRuntime as FakeNriRuntime
 
 __all__ = ["ConnectedPlugin", "FakeNriRuntime", "NriError", "all_events", "event_mask"]

@@ -40,32 +40,17 @@ from typing import Any
 import attrs
 import trio
 
+from krproxy.fakes.nri.adjust import NriError, adjust, merge_resources, resources_of
+from krproxy.fakes.nri.events import all_events, event_mask
 from krproxy.grpcstatus import Status
 from krproxy.nri import PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
 from krproxy.nri._session import ConnectionLost, Session, TtrpcError
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
-__all__ = ["ConnectedPlugin", "FakeNriRuntime", "NriError", "all_events", "event_mask"]
+__all__ = ["ConnectedPlugin", "FakeNriRuntime", "NriError"]
 
-LOGGER = logging.getLogger("fakes.nri")
-
-
-def event_mask(events: Iterable[api.Event]) -> int:
-    """NRI's event mask: bit ``e - 1`` for each event ``e``."""
-    mask = 0
-    for event in events:
-        mask |= 1 << (event - 1)
-    return mask
-
-
-def all_events() -> int:
-    """Every valid event (``ValidEvents`` in NRI)."""
-    return (1 << (api.Event.LAST - 1)) - 1
-
-
-class NriError(Exception):
-    """A lifecycle operation failed because of a plugin (its error, or conflicting adjustments)."""
+LOGGER = logging.getLogger("krproxy.fakes.nri")
 
 
 @attrs.define(eq=False)
@@ -410,7 +395,7 @@ class FakeNriRuntime:
 
         def apply(plugin: str, answer: api.CreateContainerResponse) -> None:
             if answer.adjust is not None:
-                _adjust(container, answer.adjust, plugin, owners, nri_0_6=self.nri_0_6)
+                adjust(container, answer.adjust, plugin, owners, nri_0_6=self.nri_0_6)
             pending.extend(answer.update)
 
         request = api.CreateContainerRequest(pod=pod, container=container)
@@ -442,7 +427,7 @@ class FakeNriRuntime:
             for update in answer.update:
                 if update.container_id == container_id:
                     if update.linux is not None and update.linux.resources is not None:
-                        _merge_resources(wanted, update.linux.resources, plugin, owners)
+                        merge_resources(wanted, update.linux.resources, plugin, owners)
                 else:
                     others.append(update)
 
@@ -450,7 +435,7 @@ class FakeNriRuntime:
         await self._call_each(
             api.Event.UPDATE_CONTAINER, "UpdateContainer", request, api.UpdateContainerResponse, apply
         )
-        _merge_resources(_resources_of(container), wanted, "", {})
+        merge_resources(resources_of(container), wanted, "", {})
         self._apply_updates(others)
         await self._event(api.Event.POST_UPDATE_CONTAINER, pod, container)
         return wanted
@@ -483,7 +468,7 @@ class FakeNriRuntime:
                     failed.append(update)
                 continue
             if update.linux is not None and update.linux.resources is not None:
-                _merge_resources(_resources_of(container), update.linux.resources, "", {})
+                merge_resources(resources_of(container), update.linux.resources, "", {})
         return failed
 
 
@@ -502,104 +487,3 @@ _EVENT_METHODS: dict[api.Event, tuple[str, type[Any]]] = {
 
 
 # --- adjustments (NRI's pkg/adaptation/result.go, the parts a hook bridge can produce and more) -------
-
-
-def _claim(owners: dict[str, str], field: str, plugin: str) -> None:
-    if not plugin:
-        return
-    owner = owners.get(field)
-    if owner is not None and owner != plugin:
-        raise NriError(f"plugins {owner!r} and {plugin!r} both tried to set {field}")
-    owners[field] = plugin
-
-
-def _resources_of(container: api.Container) -> api.LinuxResources:
-    if container.linux is None:
-        container.linux = api.LinuxContainer()
-    if container.linux.resources is None:
-        container.linux.resources = api.LinuxResources()
-    return container.linux.resources
-
-
-def _merge_resources(
-    target: api.LinuxResources, change: api.LinuxResources, plugin: str, owners: dict[str, str]
-) -> None:
-    """Set every field ``change`` sets (Optional* present, strings non-empty, map keys) in ``target``."""
-    for group in ("memory", "cpu"):
-        source = getattr(change, group)
-        if source is None:
-            continue
-        if getattr(target, group) is None:
-            setattr(target, group, api.LinuxMemory() if group == "memory" else api.LinuxCpu())
-        dest = getattr(target, group)
-        for field in attrs_fields(source):
-            value = getattr(source, field)
-            if value is None or value == "":
-                continue
-            _claim(owners, f"{group}.{field}", plugin)
-            setattr(dest, field, value)
-    for key, value in change.unified.items():
-        _claim(owners, f"unified[{key}]", plugin)
-        target.unified[key] = value
-    for limit in change.hugepage_limits:
-        _claim(owners, f"hugepage_limits[{limit.page_size}]", plugin)
-        target.hugepage_limits = [h for h in target.hugepage_limits if h.page_size != limit.page_size] + [
-            limit
-        ]
-    for field in ("blockio_class", "rdt_class", "pids"):
-        if getattr(change, field) is not None:
-            _claim(owners, field, plugin)
-            setattr(target, field, getattr(change, field))
-
-
-def attrs_fields(message: Any) -> list[str]:
-    """The field names of a betterproto2 message, in declaration order."""
-    return [f.name for f in message.__dataclass_fields__.values()]
-
-
-def _adjust(
-    container: api.Container,
-    adjust: api.ContainerAdjustment,
-    plugin: str,
-    owners: dict[str, str],
-    *,
-    nri_0_6: bool = False,
-) -> None:
-    for key, value in adjust.annotations.items():
-        name, remove = (key[1:], True) if key.startswith("-") else (key, False)
-        if remove:
-            container.annotations.pop(name, None)
-            owners.pop(f"annotations[{name}]", None)
-            continue
-        _claim(owners, f"annotations[{name}]", plugin)
-        container.annotations[name] = value
-    for kv in adjust.env:
-        name, remove = (kv.key[1:], True) if kv.key.startswith("-") else (kv.key, False)
-        container.env = [e for e in container.env if e.split("=", 1)[0] != name]
-        if remove:
-            owners.pop(f"env[{name}]", None)
-            continue
-        _claim(owners, f"env[{name}]", plugin)
-        container.env.append(f"{name}={kv.value}")
-    for mount in adjust.mounts:
-        _claim(owners, f"mounts[{mount.destination}]", plugin)
-        container.mounts = [m for m in container.mounts if m.destination != mount.destination] + [mount]
-    if adjust.hooks is not None:
-        if container.hooks is None:
-            container.hooks = api.Hooks()
-        for stage in attrs_fields(adjust.hooks):
-            getattr(container.hooks, stage).extend(getattr(adjust.hooks, stage))
-    for rlimit in adjust.rlimits:
-        _claim(owners, f"rlimits[{rlimit.type}]", plugin)
-        container.rlimits = [r for r in container.rlimits if r.type != rlimit.type] + [rlimit]
-    linux = adjust.linux
-    if linux is not None:
-        assert container.linux is not None
-        if linux.resources is not None:
-            _merge_resources(_resources_of(container), linux.resources, plugin, owners)
-        if linux.cgroups_path:
-            _claim(owners, "cgroups_path", plugin)
-            container.linux.cgroups_path = linux.cgroups_path
-        if linux.oom_score_adj is not None and not nri_0_6:  # 0.6.1's schema has no such field: Go drops it
-            _claim(owners, "oom_score_adj", plugin)
-            container.linux.oom_score_adj = linux.oom_score_adj

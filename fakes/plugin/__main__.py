@@ -1,26 +1,33 @@
-"""``python -m fakes.plugin --socket PATH --hook-dir DIR``: run a fake hook plugin until SIGINT or SIGTERM.
+"""``python -m krproxy.fakes.plugin --socket PATH --hook-dir DIR``: run a fake hook plugin until SIGINT or SIGTERM.
 
 On start it serves the socket, then writes ``DIR/<name>.json`` registering itself; on a signal it
 removes that file, stops serving and exits 0. It echoes every hook request as koordlet does, with
 the changes asked for by the ``--set-*``/``--add-*`` flags.
+
+The hook servers a required-server check must tell apart: absent (not running), slow (``--delay S``:
+each hook answer S seconds late), and registered but not answering (``--not-answering``: the socket
+accepts connections and nothing is ever answered; ``--answer-after S``: the same for S seconds, then
+it serves as usual).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
+import math
 import signal
 from collections.abc import Sequence
 
 import trio
 
-from fakes.plugin.registration import remove_registration, write_registration
-from fakes.plugin.server import Changes, FakePlugin, Misbehaviour, run_fake_plugin
 from krproxy import _argparse
+from krproxy.fakes.plugin.registration import remove_registration, write_registration
+from krproxy.fakes.plugin.server import Changes, FakePlugin, Misbehaviour, run_fake_plugin
 from krproxy.hooks.points import HookPoint
 from krproxy.unixsock import strip_unix_scheme
 
-LOGGER = logging.getLogger("fakes.plugin")
+LOGGER = logging.getLogger("krproxy.fakes.plugin")
 
 
 def _hooks(value: str) -> tuple[HookPoint, ...]:
@@ -41,9 +48,19 @@ def _key_value(value: str) -> tuple[str, str]:
     return key, val
 
 
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"expected seconds >= 0, not {value!r}")
+    return seconds
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _argparse.Parser(
-        prog="python -m fakes.plugin",
+        prog="python -m krproxy.fakes.plugin",
         description="Serve a fake runtime hook plugin on a unix socket and register it in a hook directory.",
     )
     parser.add_argument("--socket", required=True, help="unix socket path (a unix:// prefix is accepted)")
@@ -73,6 +90,21 @@ def _parser() -> argparse.ArgumentParser:
         help="annotation to add (pod and container hooks); repeatable",
     )
     parser.add_argument("--delay", type=float, default=0.0, metavar="S", help="seconds before each answer")
+    silent = parser.add_mutually_exclusive_group()
+    silent.add_argument(
+        "--answer-after",
+        type=_seconds,
+        default=0.0,
+        metavar="S",
+        help="registered and listening at once, but answer nothing for S seconds (a server still starting)",
+    )
+    silent.add_argument(
+        "--not-answering",
+        action="store_const",
+        const=math.inf,
+        dest="answer_after",
+        help="registered and listening, but never answer (a hung server: connects succeed, calls time out)",
+    )
     levels = ["DEBUG", "INFO", "WARNING", "ERROR"]
     parser.add_argument(
         "--log-level", default="INFO", type=_argparse.choice_of(levels), choices=levels, help="any case"
@@ -86,7 +118,9 @@ async def _serve(args: argparse.Namespace, plugin: FakePlugin) -> None:
     # Watch the signals first: one arriving during start-up must not be lost.
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
         async with trio.open_nursery() as nursery:
-            await nursery.start(run_fake_plugin, socket, plugin)
+            await nursery.start(
+                functools.partial(run_fake_plugin, answer_after=args.answer_after), socket, plugin
+            )
             path = write_registration(
                 args.hook_dir, args.name, socket, args.hooks, failure_policy=args.failure_policy
             )

@@ -7,7 +7,7 @@ the request is echoed back the way koordlet's proxy server does, with the plugin
 :class:`Changes` applied on top.
 
 The plugin is as strict as a grpc-go hook server (koordlet) about request headers
-(:mod:`fakes.strict`, applied by :func:`fakes.grpc_go.header_check`): a malformed ``grpc-timeout``
+(:mod:`krproxy.fakes.strict`, applied by :func:`krproxy.fakes.grpc_go.header_check`): a malformed ``grpc-timeout``
 (more than 8 digits) or a missing ``:method`` is refused the way the chosen grpc-go version does
 (RST_STREAM PROTOCOL_ERROR by default), and every accepted request's header block is logged
 (:attr:`FakePlugin.headers`). Like koordlet's grpc-go server it advertises no stream limit and
@@ -23,20 +23,22 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeAlias
 
 import attrs
 import trio
 
-from fakes import strict
-from fakes.grpc_go import header_check
 from krproxy import rpc
+from krproxy.fakes import strict
+from krproxy.fakes.grpc_go import header_check
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
+from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
-LOGGER = logging.getLogger("fakes.plugin")
+LOGGER = logging.getLogger("krproxy.fakes.plugin")
 
 HookRequest: TypeAlias = hookapi.PodSandboxHookRequest | hookapi.ContainerResourceHookRequest
 HookResponse: TypeAlias = hookapi.PodSandboxHookResponse | hookapi.ContainerResourceHookResponse
@@ -239,7 +241,7 @@ class FakePlugin:
         changes: applied on top of the echo for every hook without its own answer.
         answers: per-hook computed answers, replacing the echo (see :meth:`answer`).
         calls: every call received, in arrival order (also those that misbehaved).
-        grpc_go: how a request grpc-go refuses is answered (:class:`fakes.strict.GrpcGo`).
+        grpc_go: how a request grpc-go refuses is answered (:class:`krproxy.fakes.strict.GrpcGo`).
         headers: the header block of every request accepted, in arrival order (``grpc-timeout``
             included).
         rejected: every request refused for its headers, with why.
@@ -355,6 +357,7 @@ async def run_fake_plugin(
     path: str,
     plugin: FakePlugin | None = None,
     *,
+    answer_after: float | trio.Event = 0.0,
     task_status: trio.TaskStatus[FakePlugin] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve a fake plugin on the unix socket *path* until cancelled.
@@ -362,9 +365,33 @@ async def run_fake_plugin(
     Reports the :class:`FakePlugin` through ``task_status`` once the socket accepts connections;
     on cancellation connections are closed and the socket file is removed (if still ours). See
     :meth:`FakePlugin.server` for what it refuses.
+
+    ``answer_after`` plays a hook server that is registered but not answering: the socket is bound
+    and listening at once (a connect succeeds, into the kernel's backlog), but nothing is read or
+    answered for that many seconds (trio time; ``math.inf``: never), or until that event is set, as
+    a server that is still starting or whose serve loop is wedged. After it, the connections waiting
+    in the backlog are served as usual.
     """
     plugin = FakePlugin() if plugin is None else plugin
-    async with trio.open_nursery() as nursery:
-        await nursery.start(plugin.server().serve, path)
-        LOGGER.info("event=listening path=%s", path)
-        task_status.started(plugin)
+    if not isinstance(answer_after, trio.Event) and not answer_after >= 0:
+        raise ValueError(f"answer_after must be >= 0 (math.inf: never), not {answer_after}")
+    sock = bind_unix_socket(path)
+    inode = os.stat(path).st_ino
+    try:
+        async with trio.open_nursery() as nursery:
+            if isinstance(answer_after, trio.Event) or answer_after:
+                LOGGER.info("event=listening_not_answering path=%s answer_after=%s", path, answer_after)
+                task_status.started(plugin)
+                if isinstance(answer_after, trio.Event):
+                    await answer_after.wait()
+                else:
+                    await trio.sleep(answer_after)
+                await nursery.start(plugin.server().serve_socket, sock)
+                LOGGER.info("event=answering path=%s", path)
+            else:
+                await nursery.start(plugin.server().serve_socket, sock)
+                LOGGER.info("event=listening path=%s", path)
+                task_status.started(plugin)
+    finally:
+        sock.close()
+        unlink_if_ours(path, inode)

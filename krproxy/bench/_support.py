@@ -149,3 +149,7 @@ def _sandbox(workdir: str, name: str, *options: str) -> Iterator[tuple[str, dict
         yield sandbox, state, cgroup_parent
     finally:
         subprocess.run([PY, SANDBOX_SCRIPT, "stop", "--dir", sandbox], capture_output=True)
+
+
+def _check(ok: bool) -> str:
+    return "met" if ok else "MISSED"

@@ -13,7 +13,8 @@ in alternating rounds, so that drift on a noisy machine reaches both alike. Two 
   divided by the calls. The client is a separate process, so only the proxy's own work counts.
 
 ``python -m krproxy.bench --only-go-anchor`` runs just this case; ``nox -s bench`` runs it with
-the others. Where the sandbox or the Go build cannot run, the case says why and is skipped.
+the others. ``--anchor-runtime fake`` puts both proxies in front of the fake containerd (seeded with
+``--anchor-pods`` pods) instead: no root, no sandbox. Where the sandbox or the Go build cannot run, the case says why and is skipped.
 """
 
 from __future__ import annotations
@@ -64,9 +65,11 @@ def _go_proxy() -> str:
 
 
 def go_anchor(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
-    """krproxy and the Go proxy in front of one real containerd (see the module docstring)."""
+    """krproxy and the Go proxy in front of one real containerd (see the module docstring); in
+    front of the fake containerd instead with ``args.anchor_runtime == "fake"``."""
+    fake = getattr(args, "anchor_runtime", "containerd") == "fake"
     missing = [tool for tool in ("containerd", "runc") if shutil.which(tool) is None]
-    if missing or os.geteuid() != 0:
+    if not fake and (missing or os.geteuid() != 0):
         return {"skipped": f"{', '.join(missing)} not installed" if missing else "not root"}
     try:
         binary = _go_proxy()
@@ -74,57 +77,68 @@ def go_anchor(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
         return {"skipped": f"the grpc-go proxy cannot be built: {err}"}
     procs = Processes(workdir)
     try:
+        if fake:
+            direct = os.path.join(workdir, "containerd-anchor.sock")
+            seed = ["--seed-pods", str(args.anchor_pods)]
+            procs.start(
+                "containerd-anchor", ["-m", "krproxy.fakes.containerd", "--socket", direct, *seed], direct
+            )
+            return {
+                "runtime": "fake containerd",
+                **_measure(procs, workdir, binary, direct, args.anchor_pods, args),
+            }
         with _sandbox(workdir, "go-anchor") as (_, state, cgroup_parent):
             direct = state["socket"]
             populated = _populate(direct, args.anchor_pods, 1, state["busybox_image"], cgroup_parent)
-            hook_dir = os.path.join(workdir, "hooks-anchor")
-            os.makedirs(hook_dir, exist_ok=True)
-            krproxy_sock = os.path.join(workdir, "krproxy-anchor.sock")
-            go_sock = os.path.join(workdir, "goproxy-anchor.sock")
-            proxies = {
-                "krproxy": procs.start(
-                    "krproxy-anchor", _serve_args(krproxy_sock, direct, hook_dir), krproxy_sock
-                ),
-                "go": procs.start(
-                    "goproxy-anchor", [binary, "-listen", go_sock, "-backend", direct], go_sock, python=False
-                ),
-            }
-            sockets = {"krproxy": krproxy_sock, "go": go_sock}
-            got = _client(
-                "latency",
-                "--targets",
-                f"{direct},{krproxy_sock},{go_sock}",
-                "--method",
-                "Version",
-                "--calls",
-                str(args.small_calls),
-                "--blocks",
-                "10",
-            )["latencies_us"]
-            latency = {"direct": _summary(got[direct])}
-            for name, sock in sockets.items():
-                latency[name] = _summary(got[sock])
-            cpu: dict[str, list[float]] = {name: [] for name in proxies}
-            errors: dict[str, dict[str, int]] = {name: {} for name in proxies}
-            for _ in range(args.anchor_rounds):
-                for name, process in proxies.items():
-                    before = _cpu_seconds(process.pid)
-                    ran = _client(
-                        "mix", "--target", sockets[name], "--threads", "4", "--calls", str(args.anchor_calls)
-                    )
-                    cpu[name].append((_cpu_seconds(process.pid) - before) / ran["calls"] * 1e6)
-                    for code, count in ran["errors"].items():
-                        errors[name][code] = errors[name].get(code, 0) + count
-            return {
-                "pods": populated.get("pods", args.anchor_pods),
-                "version_latency": latency,
-                "cpu_per_call_us": cpu,
-                "mix_errors": errors,
-            }
+            pods = populated.get("pods", args.anchor_pods)
+            return {"runtime": "containerd", **_measure(procs, workdir, binary, direct, pods, args)}
     except _NoSandbox as err:
         return {"skipped": str(err)}
     finally:
         procs.stop()
+
+
+def _measure(
+    procs: Processes, workdir: str, binary: str, direct: str, pods: int, args: argparse.Namespace
+) -> dict[str, Any]:
+    """Both proxies started in front of ``direct``; the latency and the CPU figures."""
+    hook_dir = os.path.join(workdir, "hooks-anchor")
+    os.makedirs(hook_dir, exist_ok=True)
+    krproxy_sock = os.path.join(workdir, "krproxy-anchor.sock")
+    go_sock = os.path.join(workdir, "goproxy-anchor.sock")
+    proxies = {
+        "krproxy": procs.start("krproxy-anchor", _serve_args(krproxy_sock, direct, hook_dir), krproxy_sock),
+        "go": procs.start(
+            "goproxy-anchor", [binary, "-listen", go_sock, "-backend", direct], go_sock, python=False
+        ),
+    }
+    sockets = {"krproxy": krproxy_sock, "go": go_sock}
+    got = _client(
+        "latency",
+        "--targets",
+        f"{direct},{krproxy_sock},{go_sock}",
+        "--method",
+        "Version",
+        "--calls",
+        str(args.small_calls),
+        "--blocks",
+        "10",
+    )["latencies_us"]
+    latency = {"direct": _summary(got[direct])}
+    for name, sock in sockets.items():
+        latency[name] = _summary(got[sock])
+    cpu: dict[str, list[float]] = {name: [] for name in proxies}
+    errors: dict[str, dict[str, int]] = {name: {} for name in proxies}
+    for _ in range(args.anchor_rounds):
+        for name, process in proxies.items():
+            before = _cpu_seconds(process.pid)
+            ran = _client(
+                "mix", "--target", sockets[name], "--threads", "4", "--calls", str(args.anchor_calls)
+            )
+            cpu[name].append((_cpu_seconds(process.pid) - before) / ran["calls"] * 1e6)
+            for code, count in ran["errors"].items():
+                errors[name][code] = errors[name].get(code, 0) + count
+    return {"pods": pods, "version_latency": latency, "cpu_per_call_us": cpu, "mix_errors": errors}
 
 
 def report_go_anchor(r: dict[str, Any]) -> list[str]:
@@ -136,7 +150,8 @@ def report_go_anchor(r: dict[str, Any]) -> list[str]:
     added = {name: (lat[name]["median_ms"] - lat["direct"]["median_ms"]) * 1000 for name in ("krproxy", "go")}
     cpu = {name: statistics.median(values) for name, values in r["cpu_per_call_us"].items()}
     lines.append(
-        f"  containerd with {r['pods']} pods; Version direct median {lat['direct']['median_ms'] * 1000:.0f} µs"
+        f"  {r.get('runtime', 'containerd')} with {r['pods']} pods;"
+        f" Version direct median {lat['direct']['median_ms'] * 1000:.0f} µs"
     )
     for title, figures in (("added latency of Version", added), ("CPU per call of the steady mix", cpu)):
         ratio = figures["krproxy"] / figures["go"] if figures["go"] > 0 else float("inf")

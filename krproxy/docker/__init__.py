@@ -13,8 +13,22 @@ See docs/docker-mode.md.
 
 from __future__ import annotations
 
-from krproxy.docker.server import DockerDaemon as DockerDaemon
-from krproxy.docker.server import DockerProxy as DockerProxy
-from krproxy.docker.server import serve as serve
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from krproxy.docker.server import DockerDaemon as DockerDaemon
+    from krproxy.docker.server import DockerProxy as DockerProxy
+    from krproxy.docker.server import serve as serve
+
+
+def __getattr__(name: str) -> Any:
+    # The proxy runs on trio; the pure modules below it (routes, convert) are imported through
+    # this package without it (tests/integration/test_layers.py).
+    if name in __all__:
+        from krproxy.docker import server
+
+        return getattr(server, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["DockerDaemon", "DockerProxy", "serve"]

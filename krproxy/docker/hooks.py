@@ -15,8 +15,9 @@ stop and remove drop the entry only when dockerd is done with the object (:func:
 304 already stopped, 404 no such container); after another answer, or none, the entry stays so a
 retried stop still runs its PostStop hook with the full record (as in CRI mode).
 
-The same hook points, plugins, store and merge rules as CRI mode (:mod:`krproxy.hooks`); only the
-wire format differs (:mod:`krproxy.docker.convert`). A pre hook of a ``Fail`` plugin that fails
+The same hook points, plugins, store and merge rules as CRI mode (:mod:`krproxy.hooks`), and the same
+sequence at each point (:class:`~krproxy.hooks.lifecycle.Lifecycle`); only the wire format differs
+(:mod:`krproxy.docker.convert`). A pre hook of a ``Fail`` plugin that fails
 turns the request into HTTP 500 with the error text, and nothing is forwarded; ``Ignore`` goes on
 with the request as it was. Post hook failures are logged only (the reference writes a second
 status line after the real response, which clients never see).
@@ -39,7 +40,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 import attrs
 import trio
@@ -48,30 +49,16 @@ from krproxy import log
 from krproxy.docker import convert
 from krproxy.docker._http import Reply, error_reply
 from krproxy.docker.routes import Action, Route, query_value
-from krproxy.hooks import convert as hook_convert
 from krproxy.hooks import merge
+from krproxy.hooks.lifecycle import Chain, Lifecycle
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
-from krproxy.hooks.outcomes import ChainResult, HookRejected
+from krproxy.hooks.outcomes import HookRejected
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.store import HookStore
 
 __all__ = ["BadRequest", "Chain", "DockerHooks", "Forward", "Request"]
 
 LOGGER = logging.getLogger("krproxy.docker.hooks")
-
-
-class Chain(Protocol):
-    """:meth:`krproxy.hooks.dispatch.Dispatcher.run`."""
-
-    def __call__(
-        self,
-        point: HookPoint,
-        record: Any,
-        to_request: Callable[[Any], Any],
-        merge: Callable[[Any, Any], merge.Merged[Any]],
-        *,
-        target: str = "",
-    ) -> Awaitable[ChainResult[Any]]: ...
 
 
 #: Send the request to dockerd, with this body instead of the original when not None; the reply.
@@ -111,11 +98,6 @@ def _finished(reply: Reply) -> bool:
     return reply.ok or reply.status in (304, 404)
 
 
-def _keep(record: Any, answer: Any) -> merge.Merged[Any]:
-    """Post hooks: the answer is ignored."""
-    return merge.Merged(record)
-
-
 def _created_id(reply: Reply) -> str:
     try:
         document = json.loads(reply.body)
@@ -140,7 +122,11 @@ class DockerHooks:
     chain: Chain
     skip_label: tuple[str, str]
     cgroup_driver: str = "cgroupfs"
+    lifecycle: Lifecycle = attrs.field(init=False)
     _recovered: trio.Event = attrs.field(factory=trio.Event, init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.lifecycle = Lifecycle(self.store, self.chain, self.skip_label)
 
     def mark_recovered(self) -> None:
         """Let intercepted requests through: the store now reflects dockerd."""
@@ -169,7 +155,7 @@ class DockerHooks:
             return error_reply(400, str(err))
 
     def _skips(self, pod: PodInfo) -> bool:
-        return pod.has_label(*self.skip_label)
+        return self.lifecycle.skips(pod)
 
     def _resolve(self, ident: str) -> str:
         """The stored id *ident* names: itself, or the one stored id it is a prefix of (Docker accepts
@@ -196,20 +182,18 @@ class DockerHooks:
     async def _create_sandbox(self, name: convert.K8sName, body: dict[str, Any], forward: Forward) -> Reply:
         pod = merged = convert.pod_from_create(name, body, self.cgroup_driver)
         if not self._skips(pod):
-            chain = await self.chain(
+            merged = await self.lifecycle.pre(
                 HookPoint.PRE_RUN_POD_SANDBOX,
                 pod,
-                hook_convert.pod_hook_request,
-                convert.merge_docker_pod,
                 target=f"pod {pod.namespace}/{pod.name}",
+                fold=convert.merge_docker_pod,
             )
-            merged = chain.value
         new_body = (
-            None if merged == pod else _encode(convert.apply_pod(body, pod, merged, self.cgroup_driver))
+            None if merged is pod else _encode(convert.apply_pod(body, pod, merged, self.cgroup_driver))
         )
         reply = await forward(new_body)
         if reply.ok and (ident := _created_id(reply)):
-            self.store.put_pod(ident, merged)
+            self.lifecycle.keep(HookPoint.PRE_RUN_POD_SANDBOX, ident, merged)
         return reply
 
     async def _create_container(self, name: convert.K8sName, body: dict[str, Any], forward: Forward) -> Reply:
@@ -227,22 +211,19 @@ class DockerHooks:
             pod = convert.pod_from_name(name)
         info = merged = convert.container_from_create(name, body, pod)
         if not self._skips(pod):
-            chain = await self.chain(
+            merged = await self.lifecycle.pre(
                 HookPoint.PRE_CREATE_CONTAINER,
                 info,
-                hook_convert.container_hook_request,
-                merge.merge_container_info,
                 target=f"pod {pod.namespace}/{pod.name} container {info.name}",
             )
-            merged = chain.value
         new_body = (
             None
-            if merged == info
+            if merged is info
             else _encode(convert.apply_container(body, info, merged, self.cgroup_driver))
         )
         reply = await forward(new_body)
         if reply.ok and (ident := _created_id(reply)):
-            self.store.put_container(ident, attrs.evolve(merged, id=ident))
+            self.lifecycle.keep(HookPoint.PRE_CREATE_CONTAINER, ident, merged)
         return reply
 
     # -- start / stop / update / remove ------------------------------------------------------
@@ -255,27 +236,14 @@ class DockerHooks:
         info = self._hooked_container(ident)
         if info is None:
             return await forward(None)
-        chain = await self.chain(
-            HookPoint.PRE_START_CONTAINER,
-            info,
-            hook_convert.container_hook_request,
-            merge.merge_container_info,
-            target=ident,
-        )
-        if chain.value != info:
-            info = chain.value
-            self.store.update_container(ident, info)
+        started = await self.lifecycle.pre(HookPoint.PRE_START_CONTAINER, info, target=ident)
+        if started is not info:
+            self.lifecycle.keep(HookPoint.PRE_START_CONTAINER, ident, started)
         try:
             return await forward(None)
         finally:
             with trio.CancelScope(shield=True):
-                await self.chain(
-                    HookPoint.POST_START_CONTAINER,
-                    info,
-                    hook_convert.container_hook_request,
-                    _keep,
-                    target=ident,
-                )
+                await self.lifecycle.post(HookPoint.POST_START_CONTAINER, started, target=ident)
 
     async def _stop(self, ident: str, forward: Forward) -> Reply:
         reply: Reply | None = None
@@ -292,21 +260,13 @@ class DockerHooks:
             if forget:
                 self.store.delete_container(ident)
             if not self._skips(info.pod):
-                await self.chain(
-                    HookPoint.POST_STOP_CONTAINER,
-                    info,
-                    hook_convert.container_hook_request,
-                    _keep,
-                    target=ident,
-                )
+                await self.lifecycle.post(HookPoint.POST_STOP_CONTAINER, info, target=ident)
             return
         pod = self.store.get_pod(ident)
         if pod is not None and forget:
             self.store.delete_pod(ident)
         if pod is not None and not self._skips(pod):
-            await self.chain(
-                HookPoint.POST_STOP_POD_SANDBOX, pod, hook_convert.pod_hook_request, _keep, target=ident
-            )
+            await self.lifecycle.post(HookPoint.POST_STOP_POD_SANDBOX, pod, target=ident)
 
     async def _update(self, ident: str, request: Request, forward: Forward) -> Reply:
         stored = self._hooked_container(ident)
@@ -316,18 +276,12 @@ class DockerHooks:
         requested = convert.update_from_docker(body)
         before = merge.update_resource_by_update_request(stored.resources or Resources(), requested)
         prepared = attrs.evolve(stored, resources=before)
-        chain = await self.chain(
-            HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
-            prepared,
-            hook_convert.container_hook_request,
-            merge.merge_container_info,
-            target=ident,
-        )
-        after = chain.value.resources or Resources()
+        updated = await self.lifecycle.pre(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, prepared, target=ident)
+        after = updated.resources or Resources()
         new_body = None if after == before else _encode(convert.apply_update(body, before, after))
         reply = await forward(new_body)
         if reply.ok:
-            self.store.update_container(ident, chain.value)
+            self.lifecycle.keep(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, ident, updated)
         return reply
 
     async def _remove(self, ident: str, forward: Forward) -> Reply:

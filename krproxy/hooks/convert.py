@@ -44,16 +44,12 @@ as upb messages (:mod:`krproxy.hooks.wire`, about 100× faster than betterproto2
 * :func:`pod_resize_from_request` — UpdatePodSandboxResources + the stored pod → :class:`PodResize`: the
   stored record with ``resources`` and ``overhead`` set to the requested ones (``None`` where absent).
 
-To hook-protocol requests: :func:`pod_hook_request` (PreRunPodSandbox, PostStopPodSandbox, and
-PreUpdatePodSandboxResources with the resize's pod) and :func:`container_hook_request` (the five container
-hooks). :func:`pod_hook_request_bytes` and
-:func:`container_hook_request_bytes` serialize the same messages straight from the records, several times faster
-than building and encoding betterproto2 messages (which costs more than the rest of a hook call's own work); the
-tests check that both decode to the same message.
+Hook-protocol requests are written from the records by :mod:`krproxy.hooks.encode`, the one encoder of
+every front end.
 
 CRI ``KeyValue.value`` is ``bytes`` in our schema while hook-protocol envs are strings: values are decoded as
-UTF-8 with ``surrogateescape`` (so they encode back to the same bytes); in hook requests any undecodable byte
-is sent as U+FFFD.
+UTF-8 with ``surrogateescape`` (so they encode back to the same bytes; :mod:`krproxy.hooks.encode` sends any
+undecodable byte as U+FFFD).
 """
 
 from __future__ import annotations
@@ -66,24 +62,18 @@ import attrs
 
 from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, PodResize, Resources
 from krproxy.proto.runtime import v1, v1alpha1
-from krproxy.protowire import varint
 
 __all__ = [
     "cgroup_parent_from_verbose",
     "container_from_create_request",
     "container_from_wire_list",
     "container_from_wire_status",
-    "container_hook_request",
-    "container_hook_request_bytes",
     "envs_from_cri",
     "envs_to_cri",
     "pod_from_run_request",
     "pod_from_wire_sandbox",
     "pod_from_wire_status",
-    "pod_hook_request",
-    "pod_hook_request_bytes",
     "pod_resize_from_request",
-    "pod_resize_hook_request_bytes",
     "resources_from_cri",
     "resources_from_hook",
     "resources_to_cri",
@@ -166,14 +156,6 @@ def envs_from_cri(envs: Iterable[v1.KeyValue]) -> FrozenMap[str, str]:
 def envs_to_cri(envs: Mapping[str, str]) -> list[v1.KeyValue]:
     """Map → CRI env list, in the map's order."""
     return [v1.KeyValue(key=k, value=v.encode("utf-8", "surrogateescape")) for k, v in envs.items()]
-
-
-def _hook_safe(value: str) -> str:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    return value
 
 
 # --- from CRI requests -------------------------------------------------------------------------------------
@@ -417,158 +399,3 @@ def container_from_wire_status(
         envs=_envs_from_json(_dig(document, "config", "envs")),
         pod_cgroup_parent=pod.cgroup_parent,
     )
-
-
-# --- to hook-protocol requests -----------------------------------------------------------------------------
-
-
-def _pod_meta(pod: PodInfo) -> v1alpha1.PodSandboxMetadata:
-    return v1alpha1.PodSandboxMetadata(
-        name=pod.name, uid=pod.uid, namespace=pod.namespace, attempt=pod.attempt
-    )
-
-
-def pod_hook_request(pod: PodInfo) -> v1alpha1.PodSandboxHookRequest:
-    """The request of PreRunPodSandbox and PostStopPodSandbox hooks for *pod*."""
-    return v1alpha1.PodSandboxHookRequest(
-        pod_meta=_pod_meta(pod),
-        runtime_handler=pod.runtime_handler,
-        labels=dict(pod.labels),
-        annotations=dict(pod.annotations),
-        cgroup_parent=pod.cgroup_parent,
-        overhead=resources_to_hook(pod.overhead) if pod.overhead is not None else None,
-        resources=resources_to_hook(pod.resources) if pod.resources is not None else None,
-    )
-
-
-def container_hook_request(container: ContainerInfo) -> v1alpha1.ContainerResourceHookRequest:
-    """The request of the container hooks for *container* (``container_resources`` absent when unknown)."""
-    pod = container.pod
-    return v1alpha1.ContainerResourceHookRequest(
-        pod_meta=_pod_meta(pod),
-        container_meta=v1alpha1.ContainerMetadata(
-            name=container.name, attempt=container.attempt, id=container.id
-        ),
-        container_annotations=dict(container.annotations),
-        container_resources=(
-            resources_to_hook(container.resources) if container.resources is not None else None
-        ),
-        pod_resources=resources_to_hook(pod.resources) if pod.resources is not None else None,
-        pod_annotations=dict(pod.annotations),
-        pod_labels=dict(pod.labels),
-        pod_cgroup_parent=container.pod_cgroup_parent,
-        container_envs={k: _hook_safe(v) for k, v in container.envs.items()},
-    )
-
-
-# --- to hook-protocol requests, serialized ----------------------------------------------------------------
-#
-# Protobuf's wire format written by hand for the two hook requests (protos/runtime_hook_v1alpha1.proto): proto3
-# leaves out scalars at their default, writes a sub-message whenever the betterproto2 builders above set one
-# (even empty), and a map as one entry message {1: key, 2: value} per item. Every field number is below 16,
-# so each tag is one byte: ``field number << 3 | wire type`` (0 varint, 2 length-delimited).
-
-
-def _put_str(out: bytearray, tag: bytes, value: str) -> None:
-    if value:
-        data = value.encode()
-        out += tag
-        out += varint(len(data))
-        out += data
-
-
-def _put_int(out: bytearray, tag: bytes, value: int) -> None:
-    if value:
-        out += tag
-        out += varint(value)
-
-
-def _put_message(out: bytearray, tag: bytes, body: bytes | bytearray) -> None:
-    out += tag
-    out += varint(len(body))
-    out += body
-
-
-def _put_map(out: bytearray, tag: bytes, items: Iterable[tuple[str, str]]) -> None:
-    for key, value in items:
-        entry = bytearray()
-        _put_str(entry, _KEY, key)
-        _put_str(entry, _VALUE, value)
-        _put_message(out, tag, entry)
-
-
-#: The tags of a map entry's fields (tags are ``field number << 3 | wire type``; 2: length-delimited, 0: varint).
-_KEY, _VALUE = b"\x0a", b"\x12"
-
-
-def _resources_bytes(r: Resources) -> bytearray:
-    """``LinuxContainerResources`` (fields 1–10)."""
-    out = bytearray()
-    _put_int(out, b"\x08", r.cpu_period)
-    _put_int(out, b"\x10", r.cpu_quota)
-    _put_int(out, b"\x18", r.cpu_shares)
-    _put_int(out, b"\x20", r.memory_limit_in_bytes)
-    _put_int(out, b"\x28", r.oom_score_adj)
-    _put_str(out, b"\x32", r.cpuset_cpus)
-    _put_str(out, b"\x3a", r.cpuset_mems)
-    for page_size, limit in r.hugepage_limits:  # HugepageLimit {1: page_size, 2: limit}
-        entry = bytearray()
-        _put_str(entry, b"\x0a", page_size)
-        _put_int(entry, b"\x10", limit)
-        _put_message(out, b"\x42", entry)
-    _put_map(out, b"\x4a", r.unified.items())
-    _put_int(out, b"\x50", r.memory_swap_limit_in_bytes)
-    return out
-
-
-def _pod_meta_bytes(pod: PodInfo) -> bytearray:
-    """``PodSandboxMetadata`` {1: name, 2: uid, 3: namespace, 4: attempt}."""
-    out = bytearray()
-    _put_str(out, b"\x0a", pod.name)
-    _put_str(out, b"\x12", pod.uid)
-    _put_str(out, b"\x1a", pod.namespace)
-    _put_int(out, b"\x20", pod.attempt)
-    return out
-
-
-def pod_hook_request_bytes(pod: PodInfo) -> bytes:
-    """:func:`pod_hook_request`, serialized."""
-    out = bytearray()
-    _put_message(out, b"\x0a", _pod_meta_bytes(pod))  # 1 pod_meta
-    _put_str(out, b"\x12", pod.runtime_handler)  # 2
-    _put_map(out, b"\x1a", pod.labels.items())  # 3
-    _put_map(out, b"\x22", pod.annotations.items())  # 4
-    _put_str(out, b"\x2a", pod.cgroup_parent)  # 5
-    if pod.overhead is not None:
-        _put_message(out, b"\x32", _resources_bytes(pod.overhead))  # 6
-    if pod.resources is not None:
-        _put_message(out, b"\x3a", _resources_bytes(pod.resources))  # 7
-    return bytes(out)
-
-
-def pod_resize_hook_request_bytes(resize: PodResize) -> bytes:
-    """The PreUpdatePodSandboxResources request: :func:`pod_hook_request_bytes` of the resize's pod (its
-    ``resources`` and ``overhead`` are the requested ones)."""
-    return pod_hook_request_bytes(resize.pod)
-
-
-def container_hook_request_bytes(container: ContainerInfo) -> bytes:
-    """:func:`container_hook_request`, serialized."""
-    pod = container.pod
-    out = bytearray()
-    _put_message(out, b"\x0a", _pod_meta_bytes(pod))  # 1 pod_meta
-    meta = bytearray()  # 2 container_meta: ContainerMetadata {1: name, 2: attempt, 3: id}
-    _put_str(meta, b"\x0a", container.name)
-    _put_int(meta, b"\x10", container.attempt)
-    _put_str(meta, b"\x1a", container.id)
-    _put_message(out, b"\x12", meta)
-    _put_map(out, b"\x1a", container.annotations.items())  # 3 container_annotations
-    if container.resources is not None:
-        _put_message(out, b"\x22", _resources_bytes(container.resources))  # 4 container_resources
-    if pod.resources is not None:
-        _put_message(out, b"\x2a", _resources_bytes(pod.resources))  # 5 pod_resources
-    _put_map(out, b"\x32", pod.annotations.items())  # 6 pod_annotations
-    _put_map(out, b"\x3a", pod.labels.items())  # 7 pod_labels
-    _put_str(out, b"\x42", container.pod_cgroup_parent)  # 8
-    _put_map(out, b"\x4a", ((k, _hook_safe(v)) for k, v in container.envs.items()))  # 9 container_envs
-    return bytes(out)

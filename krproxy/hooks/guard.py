@@ -49,6 +49,11 @@ PROBE_TIMEOUT = 1.0
 PROBE_INTERVAL = 1.0
 #: Seconds between probes of servers that are up; a call that finds one gone is refused and re-probes.
 UP_INTERVAL = 5.0
+#: Most names pods' annotations required that the guard keeps a state for (besides the flags' servers,
+#: always kept): beyond it the least recently needed is forgotten (its state, its metric series), so
+#: many pods naming distinct servers cannot grow memory without limit. A forgotten name needed again is
+#: probed again, as a name seen for the first time.
+MAX_ANNOTATED_SERVERS = 256
 #: Seconds kept before the call's deadline when waiting during the start-up grace, so that kubelet gets
 #: our UNAVAILABLE (which names the server) rather than its own DEADLINE_EXCEEDED.
 DEADLINE_MARGIN = 0.1
@@ -57,7 +62,8 @@ DEADLINE_MARGIN = 0.1
 class Guard:
     """Required servers' availability, kept current by :meth:`run`; :meth:`admit` gates hooked calls.
 
-    ``held(name, point)`` is told each time a call is held back for *name* at *point* (the metric).
+    ``held(name, point)`` is told each time a call is held back for *name* at *point* (the metric), and
+    ``forget(name)`` when an annotated name is no longer tracked (:data:`MAX_ANNOTATED_SERVERS`).
     Use in the trio thread the dispatcher runs in.
     """
 
@@ -68,12 +74,18 @@ class Guard:
         hook_dir: str,
         *,
         held: Callable[[str, HookPoint], None] = lambda name, point: None,
+        forget: Callable[[str], None] = lambda name: None,
+        max_annotated: int = MAX_ANNOTATED_SERVERS,
     ) -> None:
         self.requirements = requirements
         self._dispatcher = dispatcher
         self._hook_dir = hook_dir
         self._held = held
-        self._states: dict[str, Availability] = {}
+        self._forget = forget
+        self._max_annotated = max_annotated
+        self._forgotten = 0  # annotated names dropped at the bound, for the log
+        self._flagged = frozenset(s.name for s in requirements.servers)
+        self._states: dict[str, Availability] = {}  # the flags' servers first, then annotated, oldest first
         self._probing: dict[str, trio.Event] = {}
         self._suspects: set[str] = set()  # failed a hook call: probed in the next round
         self._unhooked: set[tuple[str, HookPoint]] = set()  # logged as registered without a point
@@ -168,7 +180,11 @@ class Guard:
         return Availability(State.UP)
 
     def _set(self, name: str, availability: Availability) -> None:
-        before = self._states.get(name, Availability())
+        if name in self._flagged:
+            before = self._states.get(name, Availability())
+        else:  # most recently needed last
+            before = self._states.pop(name, Availability())
+            self._bound()
         self._states[name] = availability
         if before == availability:
             return
@@ -188,6 +204,33 @@ class Guard:
             )
         self._changed.set()
         self._changed = trio.Event()
+
+    def _touch(self, names: Sequence[str]) -> None:
+        """*names* were needed now: annotated ones the guard knows move to the most recently needed end
+        (a name found up is not probed, so :meth:`_set` would not move it)."""
+        for name in names:
+            if name not in self._flagged and name in self._states:
+                self._states[name] = self._states.pop(name)
+
+    def _bound(self) -> None:
+        """Make room for one annotated name: forget the least recently needed beyond the bound."""
+        annotated = [n for n in self._states if n not in self._flagged]
+        for name in annotated[: max(0, len(annotated) - self._max_annotated + 1)]:
+            del self._states[name]
+            self._suspects.discard(name)
+            self._forget(name)
+            self._forgotten += 1
+            if self._forgotten in (1, 10, 100) or self._forgotten % 1000 == 0:
+                log.event(
+                    LOGGER,
+                    "required_names_bound",
+                    level=logging.WARNING,
+                    bound=self._max_annotated,
+                    forgotten=self._forgotten,
+                    server=name,
+                    hint="pods annotate more distinct hook server names than krproxy tracks; the least "
+                    "recently needed is forgotten and probed anew when needed again",
+                )
 
     # -- the request path -----------------------------------------------------------------
 
@@ -238,6 +281,7 @@ class Guard:
         """
         if not names:
             return
+        self._touch(names)
         missing = [n for n in names if not self.availability(n).up]
         if not missing:
             return

@@ -30,6 +30,8 @@ from krproxy.hooks.points import HookPoint
 
 __all__ = [
     "DEFAULT_STARTUP_GRACE",
+    "MAX_ANNOTATED_NAMES",
+    "MAX_NAME_BYTES",
     "NOTHING_NEEDED",
     "REQUIRED_PLUGINS_ANNOTATION",
     "AnnotationError",
@@ -51,6 +53,13 @@ __all__ = [
 
 #: NRI's annotation naming the plugins a pod or container requires (nri pkg/plugin RequiredPluginsAnnotation).
 REQUIRED_PLUGINS_ANNOTATION = "required-plugins.noderesource.dev"
+
+#: Most hook server names one annotation may list: a pod needing more is refused (INVALID_ARGUMENT), so
+#: one call never has krproxy probe and track thousands of names.
+MAX_ANNOTATED_NAMES = 32
+#: Longest hook server name an annotation may list, in bytes: a registration file's name is the hook
+#: server's name plus ``.json``, at most 255 bytes (NAME_MAX), so a longer name can never be registered.
+MAX_NAME_BYTES = 250
 
 #: Seconds after start during which a call at a required point waits for a missing required server
 #: instead of failing at once: long enough for a hook server that survived krproxy's restart to be
@@ -206,6 +215,25 @@ def _annotated(annotations: Mapping[str, str], key: str, container: str | None) 
             f"annotation {key} {value!r} is not a list of hook server names; "
             f"write a JSON list such as '[\"koordlet\"]'"
         )
+    names = tuple(dict.fromkeys(names))
+    if len(names) > MAX_ANNOTATED_NAMES:
+        raise AnnotationError(
+            f"annotation {key} lists {len(names)} hook servers; at most {MAX_ANNOTATED_NAMES} are accepted "
+            f"(list only the hook servers this pod cannot run without)"
+        )
+    for name in names:
+        try:
+            size = len(name.encode())
+        except UnicodeEncodeError:  # JSON's \u escape of half a surrogate pair: no file or message holds it
+            raise AnnotationError(
+                f"annotation {key} lists a hook server name that is not valid UTF-8 ({name[:40]!r}); write "
+                f"its characters, or both halves of a \\u surrogate pair"
+            ) from None
+        if size > MAX_NAME_BYTES:
+            raise AnnotationError(
+                f"annotation {key} lists a hook server name of {size} bytes ({name[:40]!r}...); "
+                f"a registration file's name is at most {MAX_NAME_BYTES} bytes before .json"
+            )
     return names
 
 

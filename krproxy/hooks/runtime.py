@@ -26,6 +26,10 @@ plugins that only observe is byte-for-byte transparent too.
 Intercepted calls wait until the store has been recovered from the runtime after a
 restart (:meth:`HookRuntime.mark_recovered`), so no hook ever runs against a partial store.
 
+The sequence at each hook point (records → hook request → chain → merge → store) is
+:class:`~krproxy.hooks.lifecycle.Lifecycle`'s, shared with Docker and NRI mode; this module only reads
+CRI requests into records and writes merged records back into them.
+
 Required hook servers (:mod:`krproxy.hooks.required`): before a hooked call does anything at a
 point where the flags or the pod's annotations require a server, :meth:`HookRuntime._require` asks
 the :class:`~krproxy.hooks.guard.Guard`, which refuses it (UNAVAILABLE, nothing forwarded) while
@@ -45,11 +49,12 @@ import attrs
 import trio
 
 from krproxy import log
-from krproxy.forward import BackendError, Forward, Interceptor, Reply
+from krproxy.forward import BackendError, Forward, Handler, Interceptor, Reply, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import convert, merge
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard
+from krproxy.hooks.lifecycle import Lifecycle
 from krproxy.hooks.model import ContainerInfo, PodInfo
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed
@@ -57,8 +62,6 @@ from krproxy.hooks.store import HookStore
 from krproxy.proto.runtime import v1 as cri
 
 LOGGER = logging.getLogger("krproxy.hooks")
-
-_RUNTIME = "/runtime.v1.RuntimeService/"
 
 R = TypeVar("R")
 
@@ -135,13 +138,17 @@ class HookRuntime:
     dispatcher: Dispatcher
     skip_label: tuple[str, str]
     guard: Guard | None = None
+    lifecycle: Lifecycle = attrs.field(init=False)
     _recovered: trio.Event = attrs.field(factory=trio.Event, init=False)
     _locks: weakref.WeakValueDictionary[str, trio.Lock] = attrs.field(
         factory=weakref.WeakValueDictionary, init=False
     )
 
+    def __attrs_post_init__(self) -> None:
+        self.lifecycle = Lifecycle(self.store, self.dispatcher.run, self.skip_label)
+
     def interceptors(self) -> dict[str, Interceptor]:
-        handlers: dict[str, Callable[[bytes, Forward], Awaitable[Reply]]] = {
+        handlers: dict[str, Handler] = {
             "RunPodSandbox": self.run_pod_sandbox,
             "CreateContainer": self.create_container,
             "StartContainer": self.start_container,
@@ -152,15 +159,7 @@ class HookRuntime:
             "RemoveContainer": self.remove_container,
             "RemovePodSandbox": self.remove_pod_sandbox,
         }
-
-        def bind(handler: Callable[[bytes, Forward], Awaitable[Reply]]) -> Interceptor:
-            async def intercept(path: str, request: bytes, forward: Forward) -> Reply:
-                await self._recovered.wait()
-                return await handler(request, forward)
-
-            return intercept
-
-        return {_RUNTIME + name: bind(handler) for name, handler in handlers.items()}
+        return runtime_interceptors(handlers, first=self._recovered.wait)
 
     def mark_recovered(self) -> None:
         """Let intercepted calls through: the store now reflects the runtime."""
@@ -171,7 +170,7 @@ class HookRuntime:
         return self._recovered.is_set()
 
     def _skips(self, pod: PodInfo) -> bool:
-        return pod.has_label(*self.skip_label)
+        return self.lifecycle.skips(pod)
 
     async def _require(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> Needed:
         """The required hook servers of a hooked call at *point*, once all are up and registered where
@@ -190,24 +189,19 @@ class HookRuntime:
         request = await _decode_request(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest")
         with _malformed("RunPodSandboxRequest"):
             pod = convert.pod_from_run_request(request)
-        if not self._skips(pod):
-            required = await self._require(HookPoint.PRE_RUN_POD_SANDBOX, pod)
-            pod, data = await self._pre_hooks(
-                HookPoint.PRE_RUN_POD_SANDBOX,
-                pod,
-                convert.pod_hook_request_bytes,
-                merge.merge_pod_info,
-                target=f"pod {pod.namespace}/{pod.name}",
-                required=required,
-                data=data,
-                rebuild=lambda merged: merge.apply_run_pod(request, merged),
-                what="RunPodSandboxRequest",
-            )
-        reply = await forward(data)
-        sandbox_id = _reply_field(cri.RunPodSandboxResponse, reply, "pod_sandbox_id")
-        if sandbox_id:
-            self.store.put_pod(sandbox_id, pod)
-        return reply
+        point = HookPoint.PRE_RUN_POD_SANDBOX
+        pod, data = await self._pre_hooks(
+            point,
+            pod,
+            pod=pod,
+            target=f"pod {pod.namespace}/{pod.name}",
+            data=data,
+            rebuild=lambda merged: merge.apply_run_pod(request, merged),
+            what="RunPodSandboxRequest",
+        )
+        return await self._forward_created(
+            point, pod, forward(data), cri.RunPodSandboxResponse, "pod_sandbox_id"
+        )
 
     async def stop_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
         sandbox_id = _decode_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")
@@ -220,9 +214,7 @@ class HookRuntime:
             if pod is None:
                 self._missing("pod", sandbox_id, HookPoint.POST_STOP_POD_SANDBOX)
             elif not self._skips(pod):
-                await self._post_hook(
-                    HookPoint.POST_STOP_POD_SANDBOX, pod, sandbox_id, convert.pod_hook_request_bytes
-                )()
+                await self.lifecycle.post(HookPoint.POST_STOP_POD_SANDBOX, pod, target=sandbox_id)
 
         return await _forward_then_forget(
             _forward_then(forward, data, post),
@@ -252,21 +244,17 @@ class HookRuntime:
                     self._missing("pod", sandbox_id, point)
                     return await forward(data)
                 resize = convert.pod_resize_from_request(request, stored)
-            if not self._skips(stored):
-                required = await self._require(point, stored)
-                resize, data = await self._pre_hooks(
-                    point,
-                    resize,
-                    convert.pod_resize_hook_request_bytes,
-                    merge.merge_pod_resize,
-                    target=f"pod {stored.namespace}/{stored.name}",
-                    required=required,
-                    data=data,
-                    rebuild=lambda merged: merge.apply_pod_resize(request, merged),
-                    what="UpdatePodSandboxResourcesRequest",
-                )
+            resize, data = await self._pre_hooks(
+                point,
+                resize,
+                pod=stored,
+                target=f"pod {stored.namespace}/{stored.name}",
+                data=data,
+                rebuild=lambda merged: merge.apply_pod_resize(request, merged),
+                what="UpdatePodSandboxResourcesRequest",
+            )
             reply = await forward(data)
-            self.store.resize_pod(sandbox_id, resize.pod.resources, resize.pod.overhead)
+            self.lifecycle.keep(point, sandbox_id, resize)
             return reply
 
     async def remove_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
@@ -284,24 +272,20 @@ class HookRuntime:
                 self._missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
                 pod = convert.pod_from_run_request(cri.RunPodSandboxRequest(config=request.sandbox_config))
             info = convert.container_from_create_request(request, pod)
-        if not self._skips(pod):
-            required = await self._require(HookPoint.PRE_CREATE_CONTAINER, pod, info.name)
-            info, data = await self._pre_hooks(
-                HookPoint.PRE_CREATE_CONTAINER,
-                info,
-                convert.container_hook_request_bytes,
-                merge.merge_container_info,
-                target=f"pod {pod.namespace}/{pod.name} container {info.name}",
-                required=required,
-                data=data,
-                rebuild=lambda merged: merge.apply_create(request, merged),
-                what="CreateContainerRequest",
-            )
-        reply = await forward(data)
-        container_id = _reply_field(cri.CreateContainerResponse, reply, "container_id")
-        if container_id:
-            self.store.put_container(container_id, attrs.evolve(info, id=container_id))
-        return reply
+        point = HookPoint.PRE_CREATE_CONTAINER
+        info, data = await self._pre_hooks(
+            point,
+            info,
+            pod=pod,
+            container=info.name,
+            target=f"pod {pod.namespace}/{pod.name} container {info.name}",
+            data=data,
+            rebuild=lambda merged: merge.apply_create(request, merged),
+            what="CreateContainerRequest",
+        )
+        return await self._forward_created(
+            point, info, forward(data), cri.CreateContainerResponse, "container_id"
+        )
 
     async def start_container(self, data: bytes, forward: Forward) -> Reply:
         container_id = _decode_id(cri.StartContainerRequest, data, "container_id")
@@ -311,21 +295,15 @@ class HookRuntime:
                 return await forward(data)
             required = await self._require(HookPoint.PRE_START_CONTAINER, info.pod, info.name)
             await self._require(HookPoint.POST_START_CONTAINER, info.pod, info.name)
-            chain = await self.dispatcher.run(
-                HookPoint.PRE_START_CONTAINER,
-                info,
-                convert.container_hook_request_bytes,
-                merge.merge_container_info,
-                target=container_id,
-                required=required.names,
-                hooked=required.hooked,
+            started = await self.lifecycle.pre(
+                HookPoint.PRE_START_CONTAINER, info, target=container_id, required=required
             )
-            if chain.value != info:
-                info = chain.value
-                self.store.update_container(container_id, info)
-            post = self._post_hook(
-                HookPoint.POST_START_CONTAINER, info, container_id, convert.container_hook_request_bytes
-            )
+            if started is not info:
+                self.lifecycle.keep(HookPoint.PRE_START_CONTAINER, container_id, started)
+
+            async def post() -> None:
+                await self.lifecycle.post(HookPoint.POST_START_CONTAINER, started, target=container_id)
+
             return await _forward_then(forward, data, post)
 
     async def stop_container(self, data: bytes, forward: Forward) -> Reply:
@@ -337,9 +315,7 @@ class HookRuntime:
         async def post() -> None:
             info = self._hooked_container(container_id, HookPoint.POST_STOP_CONTAINER)
             if info is not None:
-                await self._post_hook(
-                    HookPoint.POST_STOP_CONTAINER, info, container_id, convert.container_hook_request_bytes
-                )()
+                await self.lifecycle.post(HookPoint.POST_STOP_CONTAINER, info, target=container_id)
 
         return await _forward_then_forget(
             _forward_then(forward, data, post), lambda: self.store.delete_container(container_id)
@@ -361,20 +337,18 @@ class HookRuntime:
                 if stored is None:
                     return await forward(data)
                 prepared = merge.prepare_update(stored, request)
-            required = await self._require(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, stored.pod, stored.name)
             updated, data = await self._pre_hooks(
                 HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
                 prepared,
-                convert.container_hook_request_bytes,
-                merge.merge_container_info,
+                pod=stored.pod,
+                container=stored.name,
                 target=container_id,
-                required=required,
                 data=data,
                 rebuild=lambda merged: merge.apply_update(request, merged),
                 what="UpdateContainerResourcesRequest",
             )
             reply = await forward(data)
-            self.store.update_container(container_id, updated)
+            self.lifecycle.keep(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES, container_id, updated)
             return reply
 
     async def remove_container(self, data: bytes, forward: Forward) -> Reply:
@@ -385,31 +359,36 @@ class HookRuntime:
         self,
         point: HookPoint,
         record: R,
-        to_request: Callable[[R], bytes],
-        merge_answer: Callable[[R, Any], merge.Merged[R]],
         *,
+        pod: PodInfo,
+        container: str | None = None,
         target: str,
-        required: Needed,
         data: bytes,
         rebuild: Callable[[R], Any],
         what: str,
     ) -> tuple[R, bytes]:
-        """Run the pre hooks of *point* on *record*; return the record as the plugins left it and the
-        request to forward: kubelet's *data* itself when no plugin changed anything, else the message
-        ``rebuild(record)`` makes, encoded."""
-        chain = await self.dispatcher.run(
-            point,
-            record,
-            to_request,
-            merge_answer,
-            target=target,
-            required=required.names,
-            hooked=required.hooked,
-        )
-        if chain.value == record:
+        """Run the pre hooks of *point* on *record* (unless *pod* skips them; once its required servers are
+        up); return the record as the plugins left it and the request to forward: kubelet's *data* itself
+        when no plugin changed anything, else the message ``rebuild(record)`` makes, encoded."""
+        if self._skips(pod):
+            return record, data
+        required = await self._require(point, pod, container)
+        merged = await self.lifecycle.pre(point, record, target=target, required=required)
+        if merged is record:
             return record, data
         with _malformed(what):
-            return chain.value, bytes(rebuild(chain.value).SerializeToString())
+            return merged, bytes(rebuild(merged).SerializeToString())
+
+    async def _forward_created(
+        self, point: HookPoint, record: Any, call: Awaitable[Reply], answer: type[Any], field: str
+    ) -> Reply:
+        """Await the forwarded RunPodSandbox or CreateContainer *call*; keep *record* under the id its
+        answer's *field* names."""
+        reply = await call
+        ident = _reply_field(answer, reply, field)
+        if ident:
+            self.lifecycle.keep(point, ident, record)
+        return reply
 
     def _missing(self, kind: str, ident: str, point: HookPoint) -> None:
         """An id the store does not know: hooks skipped. Worth a warning only if a plugin wanted
@@ -430,14 +409,6 @@ class HookRuntime:
         if lock is None:
             lock = self._locks[key] = trio.Lock()
         return lock
-
-    def _post_hook(
-        self, point: HookPoint, record: Any, target: str, to_request: Callable[[Any], Any]
-    ) -> Callable[[], Awaitable[None]]:
-        async def run() -> None:
-            await self.dispatcher.run(point, record, to_request, _keep, target=target)
-
-        return run
 
     def _hooked_container(self, container_id: str, point: HookPoint) -> ContainerInfo | None:
         """The stored container if hooks should run for it, else None (unknown or skipped)."""
@@ -487,8 +458,3 @@ async def _forward_then_forget(
         raise
     forget()
     return reply
-
-
-def _keep(record: Any, answer: Any) -> merge.Merged[Any]:
-    """Post hooks: the answer is ignored."""
-    return merge.Merged(record)

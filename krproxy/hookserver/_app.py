@@ -248,7 +248,12 @@ class HookServer:
         Pod-level settings whose cgroup does not exist yet are kept and retried
         (:meth:`retry_pending`) until it does.
         """
-        ctx = PodContext(PodInfo.from_proto(req))
+        return pod_response(req, self.run_pod(stage, PodInfo.from_proto(req)))
+
+    def run_pod(self, stage: Stage, pod: PodInfo) -> PodContext:
+        """:meth:`handle_pod` without the wire types: the call's context, whose ``response`` holds
+        what the plugins decided (the served SDK encodes the answer itself, ``_wire``)."""
+        ctx = PodContext(pod)
         result = run_hooks(self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value)
         _log_decision(stage, ctx, result)
         key = "pod:" + _pod_key(ctx.request)
@@ -267,13 +272,17 @@ class HookServer:
         except CgroupMissingError as exc:
             if stage is not Stage.POST_STOP_POD_SANDBOX:
                 self._defer(key, ctx, exc, include_cri=include_cri)
-        return pod_response(req, ctx)
+        return ctx
 
     def handle_container(
         self, stage: Stage, req: pb.ContainerResourceHookRequest
     ) -> pb.ContainerResourceHookResponse:
         """Answer a container-level hook call. Raises :class:`HookFailedError` under FAIL."""
-        ctx = ContainerContext(ContainerInfo.from_proto(req))
+        return container_response(req, self.run_container(stage, ContainerInfo.from_proto(req)))
+
+    def run_container(self, stage: Stage, container: ContainerInfo) -> ContainerContext:
+        """:meth:`handle_container` without the wire types (see :meth:`run_pod`)."""
+        ctx = ContainerContext(container)
         result = run_hooks(self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value)
         _log_decision(stage, ctx, result)
         if self.pending:  # the pod's cgroup exists by the time its containers are created
@@ -289,7 +298,7 @@ class HookServer:
         if stage is Stage.POST_STOP_CONTAINER:
             self.pods.remove_container(ctx.request)
             self.pending.pop(key, None)
-        return container_response(req, ctx)
+        return ctx
 
     # -- settings waiting for their cgroup -------------------------------------------------------
 

@@ -187,6 +187,15 @@ def apply_pod(executor: Executor, ctx: PodContext, *, include_cri: bool = True) 
     )
 
 
+def _writes_something(changes: ResourceChanges, *, include_cri: bool) -> bool:
+    """Whether :func:`apply` may write anything for ``changes`` (False: it would write nothing and
+    raise nothing, wherever the cgroup is)."""
+    if changes.cpu_bvt is not None or changes.cpu_idle is not None or changes.resctrl is not None:
+        return True
+    cri = (changes.cpu_shares, changes.cfs_quota, changes.cpuset, changes.memory_limit)
+    return include_cri and any(value is not None for value in cri)
+
+
 def find_container_cgroup(executor: Executor, info: ContainerInfo) -> tuple[str, tuple[str, ...]]:
     """The container's cgroup directory, and the directories looked at for it.
 
@@ -207,6 +216,8 @@ def apply_container(executor: Executor, ctx: ContainerContext, *, include_cri: b
     info = ctx.request
     if not info.id or not (info.pod.cgroup_parent or info.cgroup_path):
         return []
+    if not _writes_something(ctx.response.resources, include_cri=include_cri):
+        return []  # the usual call: no need to look for the container's cgroup on the node
     cgroup_dir, tried = find_container_cgroup(executor, info)
     return apply(
         executor,

@@ -41,7 +41,7 @@ import attrs
 import trio
 
 from krproxy import log
-from krproxy.forward import Forward, Interceptor, Reply
+from krproxy.forward import RUNTIME_PREFIX, Forward, Handler, Interceptor, Reply, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.ocihooks.execute import HookRun, run_hook
 from krproxy.ocihooks.model import PRE_START_STAGES, Container, HookFile, select, state_document
@@ -49,8 +49,6 @@ from krproxy.ocihooks.watch import watch_hook_dirs
 from krproxy.proto.runtime import v1 as cri
 
 LOGGER = logging.getLogger("krproxy.ocihooks")
-
-_RUNTIME = "/runtime.v1.RuntimeService/"
 
 #: Seconds a hook that sets no ``timeout`` may run at the proxy: kubelet's default
 #: ``--runtime-request-timeout`` (2 min), after which the CRI call is abandoned anyway.
@@ -140,7 +138,9 @@ class StatusLookup:
         request = cri.ContainerStatusRequest(container_id=container_id, verbose=True)
         try:
             with trio.fail_after(LOOKUP_TIMEOUT):
-                data = await self._call(_RUNTIME + "ContainerStatus", bytes(request.SerializeToString()))
+                data = await self._call(
+                    RUNTIME_PREFIX + "ContainerStatus", bytes(request.SerializeToString())
+                )
             reply = cri.ContainerStatusResponse.FromString(data)
         except Exception as err:
             log.event(
@@ -184,7 +184,7 @@ class OciHooks:
         self.hooks = list(hooks)
 
     def interceptors(self) -> dict[str, Interceptor]:
-        handlers: dict[str, Callable[[bytes, Forward], Awaitable[Reply]]] = {
+        handlers: dict[str, Handler] = {
             "CreateContainer": self.create_container,
             "StartContainer": self.start_container,
             "StopContainer": self.stop_container,
@@ -192,14 +192,7 @@ class OciHooks:
             "RemoveContainer": self.remove_container,
             "RemovePodSandbox": self.remove_pod_sandbox,
         }
-
-        def bind(handler: Callable[[bytes, Forward], Awaitable[Reply]]) -> Interceptor:
-            async def intercept(path: str, request: bytes, forward: Forward) -> Reply:
-                return await handler(request, forward)
-
-            return intercept
-
-        return {_RUNTIME + name: bind(handler) for name, handler in handlers.items()}
+        return runtime_interceptors(handlers)
 
     def wrap(self, existing: Mapping[str, Interceptor]) -> dict[str, Interceptor]:
         """``existing`` interceptors with ours added; where both intercept a path, ours is the inner one."""

@@ -178,7 +178,7 @@ class Stream:
     def refuse(self, headers: Headers) -> None:
         """End the call at once with exactly ``headers`` as a trailers-only answer (``:status``
         included), as grpc-go's transport refuses a request it cannot take (HTTP 400/405 and
-        ``grpc-status`` INTERNAL, :class:`fakes.strict.Rejection`). RST_STREAM NO_ERROR follows
+        ``grpc-status`` INTERNAL, :class:`krproxy.fakes.strict.Rejection`). RST_STREAM NO_ERROR follows
         if the request had not ended, as after any answer (RFC 9113 §8.1)."""
         call = self._call
         call.check_open()

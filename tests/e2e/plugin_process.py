@@ -27,7 +27,7 @@ included) *before* answering, and once it listens writes its registration file i
 
 The server is as strict as a hook server on grpc-go (koordlet) is: it refuses what grpc-go
 refuses (a ``grpc-timeout`` of more than 8 digits answers INTERNAL, and so on:
-:func:`fakes.grpc_go.header_check`).
+:func:`krproxy.fakes.grpc_go.header_check`).
 
 Every other call is echoed unchanged. SIGTERM stops it (exit 0, socket removed).
 """
@@ -46,9 +46,9 @@ from typing import Any
 import betterproto2
 import trio
 
-from fakes.grpc_go import header_check
-from fakes.strict import GrpcGo, Headers
 from krproxy import rpc
+from krproxy.fakes.grpc_go import header_check
+from krproxy.fakes.strict import GrpcGo, Headers
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -178,20 +178,22 @@ async def main(config: dict[str, Any]) -> None:
     plugin = ScriptedPlugin(config)
     strict = header_check(GrpcGo.V2, accepted=header_log(config.get("headers")))
     server = rpc.Server(plugin.handlers(), check_headers=strict)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(server.serve, config["socket"])
-        register(
-            config["hook_dir"],
-            config["name"],
-            config["socket"],
-            config.get("hooks", ALL_HOOKS),
-            config.get("failure_policy", "Ignore"),
-            config.get("timeout", "2s"),
-        )
-        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    # Watch the signals first: a SIGTERM during start-up (a test stopping a plugin whose registration
+    # file was already there) must stop it cleanly, not kill it.
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(server.serve, config["socket"])
+            register(
+                config["hook_dir"],
+                config["name"],
+                config["socket"],
+                config.get("hooks", ALL_HOOKS),
+                config.get("failure_policy", "Ignore"),
+                config.get("timeout", "2s"),
+            )
             async for _ in signals:
                 break
-        nursery.cancel_scope.cancel()
+            nursery.cancel_scope.cancel()
 
 
 if __name__ == "__main__":

@@ -68,6 +68,8 @@ class Containerd:
     cgroup_parent: str
     #: Where the containerd, shim and ctr to run are (``containerd-sandbox fetch``); "" for PATH.
     bin_dir: str = ""
+    #: TOML files the next :meth:`start` puts into the config's ``imports`` (merged over it).
+    config_imports: list[str] = attrs.field(factory=list)
 
     @property
     def state(self) -> dict[str, Any]:
@@ -106,6 +108,7 @@ class Containerd:
         r = run_script(
             *("start", "--dir", str(self.dir), "--cgroup-parent", self.cgroup_parent),
             *(("--bin-dir", self.bin_dir) if self.bin_dir else ()),
+            *(arg for path in self.config_imports for arg in ("--config-import", path)),
         )
         assert 0 == r.returncode, f"containerd-sandbox start failed:\n{r.stderr}"
 

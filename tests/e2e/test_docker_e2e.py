@@ -103,7 +103,7 @@ class Node:
         args = [
             sys.executable,
             "-m",
-            "fakes.plugin",
+            "krproxy.fakes.plugin",
             f"--socket={socket}",
             f"--hook-dir={self.hook_dir}",
             *flags,

@@ -55,14 +55,16 @@ def nri_socket(containerd: Containerd) -> Path:
     return containerd.dir / "run" / "nri" / "nri.sock"
 
 
-def start_nri(containerd: Containerd, workdir: Path, log_name: str = "krproxy-nri.log") -> Proxy:
-    """Start ``krproxy nri`` on containerd's NRI socket with hook dir ``workdir/hooks``."""
+def start_nri(
+    containerd: Containerd, workdir: Path, log_name: str = "krproxy-nri.log", extra: tuple[str, ...] = ()
+) -> Proxy:
+    """Start ``krproxy nri ... EXTRA`` on containerd's NRI socket with hook dir ``workdir/hooks``."""
     (workdir / "hooks").mkdir(exist_ok=True)
     log_path = workdir / log_name
     command = [sys.executable, "-m", "krproxy", "nri", "--nri-socket", str(nri_socket(containerd))]
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [*command, "--hook-dir", str(workdir / "hooks")],
+            [*command, "--hook-dir", str(workdir / "hooks"), *extra],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -72,14 +74,15 @@ def start_nri(containerd: Containerd, workdir: Path, log_name: str = "krproxy-nr
 
 
 @contextlib.contextmanager
-def krproxy_nri(containerd: Containerd, workdir: Path) -> Iterator[Proxy]:
-    """``krproxy nri`` on containerd's NRI socket, hook dir ``workdir/hooks``; must exit 0 on SIGTERM."""
+def krproxy_nri(containerd: Containerd, workdir: Path, extra: tuple[str, ...] = ()) -> Iterator[Proxy]:
+    """``krproxy nri ... EXTRA`` on containerd's NRI socket, hook dir ``workdir/hooks``; must exit 0 on
+    SIGTERM."""
     socket = nri_socket(containerd)
     if not socket.exists():
         pytest.skip(
             f"containerd {containerd.version} serves no NRI socket at {socket} (NRI is 1.7 and later)"
         )
-    daemon = start_nri(containerd, workdir)
+    daemon = start_nri(containerd, workdir, extra=extra)
     try:
         synchronized(daemon, 1)
         yield daemon

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 import trio
 
 from krproxy.daemon import Daemon
+from tests.integration.processes import ECHO_BACKEND, wait_for_socket
 from tests.integration.support import ScriptedBackend, start_proxy, start_scripted_backend
 
 
@@ -48,3 +51,14 @@ def channel_to() -> Iterator[Callable[[str], grpc.Channel]]:
     yield open_channel
     for channel in channels:
         channel.close()
+
+
+@pytest.fixture
+def echo_backend(sockdir: str) -> Iterator[str]:
+    """The echo backend (echo_backend.py) as a process of its own, on ``sockdir/backend.sock``."""
+    path = os.path.join(sockdir, "backend.sock")
+    process = subprocess.Popen([sys.executable, ECHO_BACKEND, path], stderr=subprocess.PIPE)
+    wait_for_socket(path, process)
+    yield path
+    process.kill()
+    process.wait()

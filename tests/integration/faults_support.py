@@ -30,7 +30,7 @@ import grpc
 import trio
 from cri_api.v1 import api_pb2, api_pb2_grpc
 
-from fakes.containerd import FakeContainerd, Fault, run_fake_containerd
+from krproxy.fakes.containerd import FakeContainerd, Fault, run_fake_containerd
 
 #: fds that may legitimately come and go around a burst (the relay reconnecting a backend or plugin
 #: connection, the watcher's scandir): a leak grows with the number of calls, not by this much.

@@ -1,7 +1,7 @@
 """Shared harness of the ``test_hooks_*`` integration tests (this module holds no tests).
 
 A :class:`Node` is what a kubelet sees: the real proxy daemon in front of a fake containerd, hook
-plugins (:class:`fakes.plugin.FakePlugin`) registered in its hook directory, and an independent grpcio
+plugins (:class:`krproxy.fakes.plugin.FakePlugin`) registered in its hook directory, and an independent grpcio
 CRI client (upstream ``cri_api`` stubs) talking to the proxy.
 
 Plugins started before :meth:`Node.start_proxy` are loaded by the proxy's first directory scan (no
@@ -18,6 +18,7 @@ never speed claims.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -27,9 +28,9 @@ import attrs
 import trio
 from cri_api.v1 import api_pb2
 
-from fakes.containerd import FakeContainerd
-from fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_atomic, write_registration
 from krproxy.daemon import Daemon
+from krproxy.fakes.containerd import FakeContainerd
+from krproxy.fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_atomic, write_registration
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import parse_registration
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -134,15 +135,19 @@ class Node:
         call_timeout: str | float | None = PLUGIN_TIMEOUT,
         order: int | None = None,
         serve: bool = True,
+        answer_after: float | trio.Event = 0.0,
     ) -> FakePlugin:
         """Serve *plugin* on ``<sockdir>/<name>.sock`` (unless not *serve*) and register it as ``<name>.json``.
+        With *answer_after*, the plugin listens at once but answers nothing for that long (``math.inf``:
+        never; an event: until it is set; :func:`~krproxy.fakes.plugin.run_fake_plugin`).
 
         With the proxy running, returns once the proxy uses this registration (a rewritten one too: the
         same endpoint keeps the proxy's connection to the plugin).
         """
         plugin = FakePlugin() if plugin is None else plugin
         if serve:
-            await self.nursery.start(run_fake_plugin, self.plugin_socket(name), plugin)
+            serving = functools.partial(run_fake_plugin, answer_after=answer_after)
+            await self.nursery.start(serving, self.plugin_socket(name), plugin)
         path = write_registration(
             self.hook_dir,
             name,

@@ -19,10 +19,10 @@ import betterproto2
 import grpc
 import trio
 
-from fakes.grpc_go import metadata_items
 from krproxy import rpc
 from krproxy.config import ProxyConfig
 from krproxy.daemon import Daemon, serve
+from krproxy.fakes.grpc_go import metadata_items
 
 Behaviour = Callable[[rpc.Stream, list[bytes]], Awaitable[None]]
 Reply = TypeVar("Reply", bound=betterproto2.Message)

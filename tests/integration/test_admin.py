@@ -15,8 +15,8 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2
 
-from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd
 from krproxy.daemon import Daemon
+from krproxy.fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd
 from tests.conftest import CriClient
 from tests.integration.support import LIVENESS_LIMIT, start_proxy, wait_until
 

@@ -40,7 +40,9 @@ def start_containerd(sockdir: str, processes: list[subprocess.Popen[bytes]]) -> 
     path = os.path.join(sockdir, "containerd.sock")
     log = os.path.join(sockdir, "containerd.log")
     with open(log, "wb") as f:
-        process = subprocess.Popen([sys.executable, "-m", "fakes.containerd", "--socket", path], stderr=f)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "krproxy.fakes.containerd", "--socket", path], stderr=f
+        )
     processes.append(process)
     _wait_for(lambda: os.path.exists(path), "fake containerd listening", process, log)
     return path

@@ -12,9 +12,9 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2 as pb
 
-from fakes.dockerd import run_fake_dockerd
 from krproxy.config import ProxyConfig
 from krproxy.daemon import serve
+from krproxy.fakes.dockerd import run_fake_dockerd
 from krproxy.relay import Relay
 from krproxy.relay.rpc import UpstreamError
 from tests.integration.support import LIVENESS_LIMIT

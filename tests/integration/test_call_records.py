@@ -13,10 +13,10 @@ import trio
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
-from fakes.containerd import FakeContainerd, Fault
 from krproxy.calls import CallRecord
 from krproxy.daemon import Daemon
 from krproxy.demo import DemoLimitsPlugin
+from krproxy.fakes.containerd import FakeContainerd, Fault
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from tests.integration.support import in_thread, start_proxy, wait_until

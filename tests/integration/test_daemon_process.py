@@ -12,50 +12,10 @@ import grpc
 import pytest
 import trio
 
-from tests.integration.support import LIVENESS_LIMIT, in_thread, raw_unary
+from tests.integration.processes import start_daemon
+from tests.integration.support import in_thread, raw_unary
 
 VERSION = "/runtime.v1.RuntimeService/Version"
-ECHO_BACKEND = os.path.join(os.path.dirname(__file__), "echo_backend.py")
-
-
-def _wait_for_socket(path: str, process: subprocess.Popen[bytes], limit: float = LIVENESS_LIMIT) -> None:
-    channel = grpc.insecure_channel(f"unix://{path}")
-    try:
-        grpc.channel_ready_future(channel).result(timeout=limit)
-    except grpc.FutureTimeoutError:
-        process.kill()
-        raise AssertionError(f"{path} never became ready; stderr: {process.communicate()[1]!r}") from None
-    finally:
-        channel.close()
-
-
-@pytest.fixture
-def echo_backend(sockdir: str) -> Iterator[str]:
-    path = os.path.join(sockdir, "backend.sock")
-    process = subprocess.Popen([sys.executable, ECHO_BACKEND, path], stderr=subprocess.PIPE)
-    _wait_for_socket(path, process)
-    yield path
-    process.kill()
-    process.wait()
-
-
-def start_daemon(sockdir: str, backend: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    listen = os.path.join(sockdir, "proxy.sock")
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "krproxy",
-            "serve",
-            f"--koord-runtimeproxy-endpoint=unix://{listen}",
-            f"--remote-runtime-service-endpoint=unix://{backend}",
-            f"--hook-dir={sockdir}/hooks",
-            *extra,
-        ],
-        stderr=subprocess.PIPE,
-    )
-    _wait_for_socket(listen, process)
-    return process, listen
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from fakes.plugin import Changes, FakePlugin, Misbehaviour
+from krproxy.fakes.plugin import Changes, FakePlugin, Misbehaviour
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -332,3 +332,30 @@ class TestUpdate:
         assert 500 == reply.status
         assert "no answer within" in json.loads(reply.body)["message"]
         assert [] == forwarded(node, "/update$")
+
+
+class TestIntegersBeyondTheWire:
+    async def test_cpu_shares_beyond_64_bits_is_not_sent_wrapped(self, node: DockerNode) -> None:
+        """Docker's JSON carries integers of any size; one the hook protocol's 64-bit fields cannot hold
+        (here CpuShares 2^64 + 2048) is not sent to the hook server wrapped (as 2048): the hook call fails
+        with the reason (Ignore: dockerd gets the body as the client sent it, and answers it)."""
+        plugin = await node.add_plugin("p", FakePlugin(Changes(cpu_quota=1)), [HookPoint.PRE_RUN_POD_SANDBOX])
+        await node.start_proxy()
+        body = sandbox_body()
+        body["HostConfig"]["CpuShares"] = (1 << 64) + 2048
+        await node.call("POST", f"/containers/create?name={SANDBOX_NAME}", body)
+        assert [] == [r.resources.cpu_shares for r in plugin.requests(HookPoint.PRE_RUN_POD_SANDBOX)]
+        assert [body] == forwarded(node, "/containers/create$")
+
+    async def test_under_fail_the_create_is_refused_with_the_reason(self, node: DockerNode) -> None:
+        """The same under a Fail server: HTTP 500 naming the value, and dockerd never sees the create."""
+        plugin = await node.add_plugin("strict", failure_policy="Fail")
+        await node.start_proxy()
+        sandbox = await node.create(SANDBOX_NAME, sandbox_body())
+        body = container_body(sandbox)
+        body["HostConfig"]["Memory"] = -(1 << 63) - 1
+        reply = await node.call("POST", f"/containers/create?name={CONTAINER_NAME}", body)
+        assert 500 == reply.status
+        assert f"{-(1 << 63) - 1} does not fit" in json.loads(reply.body)["message"]
+        assert [] == plugin.requests(HookPoint.PRE_CREATE_CONTAINER)
+        assert 1 == len(node.fake.requests_to("POST", "/containers/create$"))

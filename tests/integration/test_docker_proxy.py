@@ -15,8 +15,8 @@ import h11
 import pytest
 import trio
 
-from fakes.dockerd import multiplex
 from krproxy.docker.client import request
+from krproxy.fakes.dockerd import multiplex
 from krproxy.unixsock import bind_unix_socket
 from tests.integration.support import wait_until
 from tests.integration.test_docker_support import (

@@ -11,8 +11,8 @@ import sys
 import pytest
 import trio
 
-from fakes.plugin import FakePlugin
 from krproxy.docker.client import request
+from krproxy.fakes.plugin import FakePlugin
 from krproxy.hooks.model import Resources
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi

@@ -1,7 +1,7 @@
 """Shared harness of the ``test_docker_*`` integration tests (this module holds no tests).
 
 A :class:`DockerNode` is what dockershim sees: the real proxy daemon in Docker mode in front of a fake
-dockerd (:mod:`fakes.dockerd`), fake hook plugins registered in its hook directory, and a small HTTP
+dockerd (:mod:`krproxy.fakes.dockerd`), fake hook plugins registered in its hook directory, and a small HTTP
 client (:mod:`krproxy.docker.client`) talking to the proxy socket. Bodies are built like dockershim's.
 """
 
@@ -17,13 +17,13 @@ import attrs
 import h11
 import trio
 
-from fakes.dockerd import FakeDockerd, run_fake_dockerd
-from fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_registration
 from krproxy.config import ProxyConfig
 from krproxy.daemon import serve
 from krproxy.docker import DockerDaemon
 from krproxy.docker._http import Reply
 from krproxy.docker.client import request
+from krproxy.fakes.dockerd import FakeDockerd, run_fake_dockerd
+from krproxy.fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_registration
 from krproxy.hooks.points import HookPoint
 from tests.integration.hooks_support import PLUGIN_TIMEOUT
 from tests.integration.support import LIVENESS_LIMIT, wait_until

@@ -17,7 +17,7 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2
 
-from fakes.containerd import (
+from krproxy.fakes.containerd import (
     FakeContainerd,
     Fault,
     RuntimeState,
@@ -436,12 +436,12 @@ class TestSocket:
 
 class TestCli:
     async def test_serves_until_sigint(self, short_tmp: Any, cri_client: ClientFactory) -> None:
-        """``python -m fakes.containerd`` serves seeded pods, exits 0 on SIGINT and removes its socket."""
+        """``python -m krproxy.fakes.containerd`` serves seeded pods, exits 0 on SIGINT and removes its socket."""
         path = str(short_tmp / "cli.sock")
         argv = [
             sys.executable,
             "-m",
-            "fakes.containerd",
+            "krproxy.fakes.containerd",
             "--socket",
             path,
             "--seed-pods",

@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 
-from fakes.nri import FakeNriRuntime, NriError
+from krproxy.fakes.nri import FakeNriRuntime, NriError
 from krproxy.grpcstatus import Status
 from krproxy.nri import PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
 from krproxy.nri._session import Session, TtrpcError

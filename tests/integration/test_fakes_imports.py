@@ -22,9 +22,9 @@ _SERVE_AND_CALL = textwrap.dedent(
     """
     import json, os, sys, tempfile
     import trio
-    import fakes.dockerd.__main__, fakes.nri, fakes.containerd.__main__, fakes.plugin.__main__
-    from fakes.containerd import run_fake_containerd
-    from fakes.plugin import run_fake_plugin
+    import krproxy.fakes.dockerd.__main__, krproxy.fakes.nri, krproxy.fakes.containerd.__main__, krproxy.fakes.plugin.__main__
+    from krproxy.fakes.containerd import run_fake_containerd
+    from krproxy.fakes.plugin import run_fake_plugin
     from krproxy import rpc
     from krproxy.hooks.points import HookPoint
 
@@ -57,5 +57,9 @@ def test_the_fakes_load_no_grpclib_trio_asyncio_or_h2() -> None:
     )
     assert 0 == done.returncode, done.stderr
     loaded = set(json.loads(done.stdout))
-    assert {"fakes.containerd.server", "fakes.plugin.server", "krproxy.rpc"} <= loaded  # it ran
+    assert {
+        "krproxy.fakes.containerd.server",
+        "krproxy.fakes.plugin.server",
+        "krproxy.rpc",
+    } <= loaded  # it ran
     assert set() == NOT_IN_FAKES & loaded

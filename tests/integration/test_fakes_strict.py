@@ -20,9 +20,9 @@ from cri_api.v1 import api_pb2, api_pb2_grpc
 from h2.errors import ErrorCodes
 from h2.settings import SettingCodes
 
-from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd
-from fakes.plugin import FakePlugin, run_fake_plugin
-from fakes.strict import MAX_MESSAGE, MAX_PLUGIN_REQUEST, GrpcGo
+from krproxy.fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd
+from krproxy.fakes.plugin import FakePlugin, run_fake_plugin
+from krproxy.fakes.strict import MAX_MESSAGE, MAX_PLUGIN_REQUEST, GrpcGo
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hookapi

@@ -18,8 +18,8 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2, api_pb2_grpc
 
-from fakes.containerd import Fault
 from krproxy.daemon import Daemon
+from krproxy.fakes.containerd import Fault
 from krproxy.hookserver.testing import logged_events
 from tests.integration.faults_support import (
     Processes,

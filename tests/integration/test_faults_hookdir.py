@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import trio
 
-from fakes.plugin import Changes, FakePlugin, registration_document, run_fake_plugin
+from krproxy.fakes.plugin import Changes, FakePlugin, registration_document, run_fake_plugin
 from krproxy.hooks import watcher
 from krproxy.hooks.points import HookPoint
 from tests.integration.faults_support import Usage, assert_no_leak, version_ok

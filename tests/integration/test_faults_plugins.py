@@ -18,7 +18,14 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2
 
-from fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
+from krproxy.fakes.plugin import (
+    GARBAGE,
+    Changes,
+    FakePlugin,
+    Misbehaviour,
+    run_fake_plugin,
+    write_registration,
+)
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -92,10 +99,10 @@ async def burst(
 
 
 def plugin_argv(node: Node, path: str, *flags: str) -> list[str]:
-    """``python -m fakes.plugin`` arguments; it registers itself in a directory the proxy does not watch
+    """``python -m krproxy.fakes.plugin`` arguments; it registers itself in a directory the proxy does not watch
     (the test writes the registration the proxy reads, with the policy it wants)."""
     hook_dir = os.path.join(node.sockdir, "plugin-hooks")
-    return ["-m", "fakes.plugin", "--socket", path, "--hook-dir", hook_dir, *flags]
+    return ["-m", "krproxy.fakes.plugin", "--socket", path, "--hook-dir", hook_dir, *flags]
 
 
 async def warm_up(node: Node, pod_id: str) -> Usage:
@@ -206,7 +213,7 @@ class TestPluginProcessKilled:
     async def test_killed_mid_call(
         self, node: Node, procs: Processes, policy: str, expected: grpc.StatusCode
     ) -> None:
-        """A plugin process (``python -m fakes.plugin``) SIGKILLed while it holds a hook call: the call
+        """A plugin process (``python -m krproxy.fakes.plugin``) SIGKILLed while it holds a hook call: the call
         proceeds unmodified (Ignore) or is rejected UNKNOWN (Fail); later calls see an unreachable plugin
         the same way, until a new process serves the socket again."""
         path = node.plugin_socket("p")

@@ -16,7 +16,7 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2, api_pb2_grpc
 
-from fakes.plugin import FakePlugin, run_fake_plugin, write_registration
+from krproxy.fakes.plugin import FakePlugin, run_fake_plugin, write_registration
 from krproxy.hooks.points import HookPoint
 from tests.integration.faults_support import Processes, channel, processes, version_ok, wait_for_log
 from tests.integration.hooks_support import container_config, pod_config

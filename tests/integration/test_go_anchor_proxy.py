@@ -18,7 +18,7 @@ import grpc
 import pytest
 from cri_api.v1 import api_pb2 as pb
 
-from krproxy.bench import Processes
+from krproxy.bench._support import Processes
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +42,7 @@ def sockets(goproxy: str, tmp_path: Path) -> Iterator[tuple[str, str]]:
     procs = Processes(str(tmp_path))
     runtime, proxied = str(tmp_path / "containerd.sock"), str(tmp_path / "goproxy.sock")
     try:
-        procs.start("containerd", ["-m", "fakes.containerd", "--socket", runtime], runtime)
+        procs.start("containerd", ["-m", "krproxy.fakes.containerd", "--socket", runtime], runtime)
         procs.start("goproxy", [goproxy, "-listen", proxied, "-backend", runtime], proxied, python=False)
         yield runtime, proxied
     finally:

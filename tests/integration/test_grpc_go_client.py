@@ -29,10 +29,10 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2 as pb
 
-from fakes.containerd import FakeContainerd
-from fakes.plugin import Changes, FakePlugin
 from krproxy import rpc
-from krproxy.bench import Processes
+from krproxy.bench._support import Processes
+from krproxy.fakes.containerd import FakeContainerd
+from krproxy.fakes.plugin import Changes, FakePlugin
 from krproxy.hooks.points import HookPoint
 from tests.conftest import CriClient
 from tests.integration.hooks_support import Node, container_config, make_node, pod_config

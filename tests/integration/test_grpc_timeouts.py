@@ -4,7 +4,7 @@ krproxy forwards the 8 intercepted CRI methods, and calls plugins, through calls
 ``grpc-timeout`` it writes itself. Until d1b6bf2 it wrote microseconds with no digit limit, and
 grpc-go (containerd, koordlet) resets a stream whose value has more than 8 digits: any deadline of
 100 s or more (kubelet's are 2 and 4 min) failed every pod. Here the proxy runs in front of the
-fake containerd and a fake plugin, both as strict as grpc-go (:mod:`fakes.strict`), and each
+fake containerd and a fake plugin, both as strict as grpc-go (:mod:`krproxy.fakes.strict`), and each
 method is called with deadlines from 1 ms to 10 h; the plugin is registered with timeouts from 1
 ms to the 5 min maximum and failure policy Fail, so a refused plugin call fails the CRI call.
 
@@ -27,9 +27,15 @@ import trio.lowlevel
 import trio.testing
 from cri_api.v1 import api_pb2
 
-from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, sequential_ids, stepping_clock
-from fakes.plugin import FakePlugin
-from fakes.strict import Headers, timeout_error
+from krproxy.fakes.containerd import (
+    FakeContainerd,
+    RuntimeState,
+    run_fake_containerd,
+    sequential_ids,
+    stepping_clock,
+)
+from krproxy.fakes.plugin import FakePlugin
+from krproxy.fakes.strict import Headers, timeout_error
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import MAX_TIMEOUT
 from krproxy.relay.rpc import encode_grpc_timeout, grpc_timeout

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from fakes.containerd import FakeContainerd
+from krproxy.fakes.containerd import FakeContainerd
 from tests.integration.support import LIVENESS_LIMIT, start_proxy
 
 try:

@@ -10,7 +10,7 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2
 
-from fakes.plugin import Changes, FakePlugin
+from krproxy.fakes.plugin import Changes, FakePlugin
 from krproxy.hooks.points import HookPoint
 from krproxy.hookserver.testing import logged_events
 from krproxy.proto.runtime import v1alpha1 as hookapi

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import trio
 
-from fakes.plugin import Changes, FakePlugin, Misbehaviour
+from krproxy.fakes.plugin import Changes, FakePlugin, Misbehaviour
 from krproxy.hooks.points import HookPoint
 from tests.integration.hooks_support import Node, make_node
 from tests.integration.support import wait_until

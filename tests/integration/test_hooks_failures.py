@@ -14,8 +14,8 @@ import grpc
 import pytest
 import trio
 
-from fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour
 from krproxy import rpc
+from krproxy.fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1 as cri

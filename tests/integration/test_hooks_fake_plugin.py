@@ -3,7 +3,9 @@ command line, registering with a running proxy and changing a container end to e
 
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import signal
 import sys
@@ -14,8 +16,8 @@ import grpc
 import pytest
 import trio
 
-from fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour, run_fake_plugin
 from krproxy import rpc
+from krproxy.fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour, run_fake_plugin
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -167,10 +169,42 @@ class TestServerWithGrpcio:
         assert trio.current_time() - started >= 0.2
         assert "/kubepods" == answer.pod_cgroup_parent
 
+    async def test_answer_after_listens_at_once_and_answers_later(
+        self, nursery: trio.Nursery, short_tmp: Path
+    ) -> None:
+        """``answer_after``: the socket accepts a connection at once, the call (and any gRPC answer, even
+        UNIMPLEMENTED for an unknown method) comes only after the delay, then the plugin serves as usual."""
+        path = str(short_tmp / "p.sock")
+        plugin = await nursery.start(functools.partial(run_fake_plugin, answer_after=0.3), path)
+
+        started = trio.current_time()
+        with trio.socket.socket(trio.socket.AF_UNIX) as sock:
+            await sock.connect(path)  # the backlog takes it: a connect does not tell it is answering
+        assert trio.current_time() - started < 0.3
+        answer = await call_create(path)
+
+        assert trio.current_time() - started >= 0.3
+        assert "/kubepods" == answer.pod_cgroup_parent
+        assert [CREATE] == plugin.hooks_called()
+
+    async def test_never_answering(self, nursery: trio.Nursery, short_tmp: Path) -> None:
+        """``answer_after=math.inf``: connects succeed, nothing is ever answered (the caller times out)."""
+        path = str(short_tmp / "p.sock")
+        plugin = await nursery.start(functools.partial(run_fake_plugin, answer_after=math.inf), path)
+
+        with pytest.raises(GRPCError) as info:
+            async with rpc.Channel(path) as channel:
+                await unary_call(
+                    channel, CREATE.rpc_path, REQUEST, hookapi.ContainerResourceHookResponse, timeout=0.3
+                )
+
+        assert Status.DEADLINE_EXCEEDED == info.value.status
+        assert [] == plugin.calls
+
 
 class TestCommandLine:
     async def test_registers_changes_and_unregisters(self, node: Node, sockdir: str) -> None:
-        """``python -m fakes.plugin`` writes its registration file, changes containers through a running
+        """``python -m krproxy.fakes.plugin`` writes its registration file, changes containers through a running
         proxy as its flags say, and on SIGTERM removes the file and exits 0."""
         await node.start_proxy()
         pod_id = await node.run_pod()
@@ -179,7 +213,7 @@ class TestCommandLine:
         command = [
             sys.executable,
             "-m",
-            "fakes.plugin",
+            "krproxy.fakes.plugin",
             f"--socket=unix://{socket_path}",
             f"--hook-dir={node.hook_dir}",
             "--name=cli",
@@ -228,7 +262,7 @@ class TestCommandLine:
             [
                 sys.executable,
                 "-m",
-                "fakes.plugin",
+                "krproxy.fakes.plugin",
                 "--socket=/tmp/x.sock",
                 "--hook-dir=/tmp",
                 "--hooks=PreFoo",

@@ -15,7 +15,7 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2
 
-from fakes.containerd import (
+from krproxy.fakes.containerd import (
     FakeContainerd,
     Fault,
     RuntimeState,
@@ -23,7 +23,7 @@ from fakes.containerd import (
     sequential_ids,
     stepping_clock,
 )
-from fakes.plugin import FakePlugin, Misbehaviour
+from krproxy.fakes.plugin import FakePlugin, Misbehaviour
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.hookserver import HookServer, PodContext, ServeOptions, Stage, serve

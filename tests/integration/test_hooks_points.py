@@ -13,8 +13,8 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2
 
-from fakes.containerd import Fault
-from fakes.plugin import Changes, FakePlugin
+from krproxy.fakes.containerd import Fault
+from krproxy.fakes.plugin import Changes, FakePlugin
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi

@@ -20,9 +20,9 @@ import grpc
 import pytest
 import trio
 
-from fakes.containerd import FakeContainerd, run_fake_containerd
-from fakes.plugin import Changes, FakePlugin
 from krproxy import rpc
+from krproxy.fakes.containerd import FakeContainerd, run_fake_containerd
+from krproxy.fakes.plugin import Changes, FakePlugin
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import convert, wire
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import trio
 
-from fakes.plugin import FakePlugin, registration_document
+from krproxy.fakes.plugin import FakePlugin, registration_document
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import FailurePolicy
 from tests.integration.hooks_support import REGISTRATION_LIMIT, Node, make_node

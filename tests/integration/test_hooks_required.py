@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
-import socket
-from collections.abc import Iterator
+import signal
+import sys
 from typing import Any
 
 import grpc
@@ -19,21 +20,21 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2
 
-from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
 from krproxy import admin
+from krproxy.fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin
+from krproxy.hooks.guard import MAX_ANNOTATED_SERVERS
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import Registry
 from krproxy.hooks.required import Requirements, parse_required_server
 from krproxy.hookserver.testing import logged_events
 from tests.integration.hooks_support import (
     HANG_TIMEOUT,
-    PLUGIN_TIMEOUT,
     Node,
     container_config,
     make_node,
     pod_config,
 )
-from tests.integration.support import wait_until
+from tests.integration.support import LIVENESS_LIMIT, wait_until
 
 RUN = HookPoint.PRE_RUN_POD_SANDBOX
 CREATE = HookPoint.PRE_CREATE_CONTAINER
@@ -68,20 +69,6 @@ def run_request(config: api_pb2.PodSandboxConfig | None = None) -> api_pb2.RunPo
 def held(node: Node, server: str, point: HookPoint) -> float | None:
     labels = {"server": server, "hook": point.value}
     return node.proxy.metrics.registry.get_sample_value("krproxy_required_calls_held_total", labels)
-
-
-@pytest.fixture
-def silent_socket(sockdir: str) -> Iterator[str]:
-    """A socket that accepts connections into its backlog and never answers: a hook server that is
-    registered but hung (or still starting)."""
-    path = os.path.join(sockdir, "hung.sock")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    sock.listen(16)
-    try:
-        yield path
-    finally:
-        sock.close()
 
 
 class TestAbsentServer:
@@ -283,17 +270,62 @@ class TestRegisteredButNotThere:
         assert f"koordlet is registered but its socket is unreachable ({socket_path}:" in error.details()
         assert [] == node.fake.requests("RunPodSandbox")
 
-    async def test_not_answering(self, node: Node, silent_socket: str) -> None:
-        write_registration(node.hook_dir, "koordlet", silent_socket, [RUN], timeout=PLUGIN_TIMEOUT)
+    async def test_not_answering(self, node: Node) -> None:
+        """Registered and listening, but its serve loop never answers (a hung server): refused, named as
+        not answering, not as unreachable."""
+        await node.add_plugin("koordlet", hooked_plugin(), [RUN], answer_after=math.inf)
         await node.start_proxy(requirements=requiring("koordlet"))
 
         error = await refused(node, "RunPodSandbox", run_request())
 
         assert grpc.StatusCode.UNAVAILABLE == error.code()
-        assert f"koordlet is registered but not answering (no answer within 1s at {silent_socket})" in (
+        socket_path = node.plugin_socket("koordlet")
+        assert f"koordlet is registered but not answering (no answer within 1s at {socket_path})" in (
             error.details()
         )
         assert [] == node.fake.requests("RunPodSandbox")
+
+    async def test_answering_late_holds_calls_until_it_answers(self, node: Node) -> None:
+        """Registered and listening, still starting (answers nothing yet): calls are refused; once it
+        answers, kubelet's retry goes through hooked, without a new registration."""
+        answering = trio.Event()
+        plugin = await node.add_plugin("koordlet", hooked_plugin(), [RUN], answer_after=answering)
+        await node.start_proxy(requirements=requiring("koordlet"))
+
+        error = await refused(node, "RunPodSandbox", run_request())
+        assert "koordlet is registered but not answering" in error.details()
+        assert [] == node.fake.requests("RunPodSandbox")
+
+        answering.set()
+        await node.run_pod()
+        assert [RUN] == plugin.hooks_called()
+        assert [HOOKED_PARENT] == [r.config.linux.cgroup_parent for r in node.received("RunPodSandbox")]
+
+    async def test_not_answering_from_the_command_line(self, node: Node, sockdir: str) -> None:
+        """``python -m krproxy.fakes.plugin --not-answering``: registered, listening, never answering."""
+        socket_path = os.path.join(sockdir, "cli.sock")
+        command = [sys.executable, "-m", "krproxy.fakes.plugin", f"--socket={socket_path}"]
+        command += [
+            f"--hook-dir={node.hook_dir}",
+            "--name=cli",
+            "--hooks=PreRunPodSandbox",
+            "--not-answering",
+        ]
+        process = await trio.lowlevel.open_process(command)
+        try:
+            await wait_until(lambda: os.path.exists(os.path.join(node.hook_dir, "cli.json")), LIVENESS_LIMIT)
+            await node.start_proxy(requirements=requiring("cli"))
+
+            error = await refused(node, "RunPodSandbox", run_request())
+
+            assert f"cli is registered but not answering (no answer within 1s at {socket_path})" in (
+                error.details()
+            )
+            assert [] == node.fake.requests("RunPodSandbox")
+        finally:
+            process.send_signal(signal.SIGTERM)
+            with trio.fail_after(LIVENESS_LIMIT):
+                assert 0 == await process.wait()
 
     async def test_readyz_and_status_name_it(self, node: Node) -> None:
         await node.start_proxy(requirements=requiring("koordlet=PreRunPodSandbox"))
@@ -404,6 +436,31 @@ class TestAnnotations:
         assert grpc.StatusCode.INVALID_ARGUMENT == error.code()
         assert "is not a list of hook server names" in error.details()
         assert [] == node.fake.requests("RunPodSandbox")
+
+    async def test_many_pods_naming_distinct_servers_keep_memory_bounded(self, node: Node) -> None:
+        """300 pods, each requiring a server of its own that is not there: each is refused, the guard
+        tracks at most MAX_ANNOTATED_SERVERS names and the held metric has as many series; the daemon
+        answers on."""
+        await node.start_proxy(requirements=requiring())
+        for i in range(MAX_ANNOTATED_SERVERS + 44):
+            config = annotated({"required-plugins.noderesource.dev/pod": f'["net-{i}"]'}, f"p{i}")
+            error = await refused(node, "RunPodSandbox", run_request(config))
+            assert f"required hook server net-{i} is not registered" in error.details()
+
+        guard = node.proxy.hooks.guard
+        assert guard is not None
+        assert MAX_ANNOTATED_SERVERS == len(guard.states())
+        assert "net-299" in guard.states() and "net-0" not in guard.states()
+        series = [
+            s
+            for metric in node.proxy.metrics.registry.collect()
+            if metric.name == "krproxy_required_calls_held"
+            for s in metric.samples
+            if s.name.endswith("_total")
+        ]
+        assert MAX_ANNOTATED_SERVERS == len(series)
+        assert [] == node.fake.requests("RunPodSandbox")
+        assert (await node.client.call(node.client.runtime.Version, api_pb2.VersionRequest())).runtime_name
 
     async def test_tolerate_annotation_exempts(self, node: Node) -> None:
         tolerate = "tolerate-missing-nri-plugins.noderesource.dev"

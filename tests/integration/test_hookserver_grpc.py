@@ -23,8 +23,8 @@ import anyio
 import pytest
 import trio
 
-from krproxy import cli, log
-from krproxy.grpcstatus import GRPCError
+from krproxy import cli, log, rpc
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hookserver import (
     CgroupFile,
     ContainerContext,
@@ -159,6 +159,40 @@ async def test_fail_policy_answers_with_error(short_tmp: pathlib.Path, stub_for:
             app.plugin_failure_policy = FailurePolicy.IGNORE
             resp = await stub.call(Stage.PRE_START_CONTAINER, req)
             assert req.container_resources == resp.container_resources
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_request_that_is_no_hook_message_is_invalid_argument(short_tmp: pathlib.Path) -> None:
+    """Bytes that are no hook request end the call INVALID_ARGUMENT, naming the message expected;
+    no plugin runs, and the server answers the next call."""
+    app = HookServer(executor=FakeNode(short_tmp / "node").create().executor())
+    ran: list[str] = []
+
+    @app.hook(Stage.PRE_CREATE_CONTAINER, name="seen")
+    def seen(ctx: ContainerContext) -> None:
+        ran.append(ctx.request.name)
+
+    options = _options(short_tmp)
+    with trio.fail_after(LIVENESS_LIMIT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, app, options)
+            async with rpc.Channel(options.socket) as channel:
+                for stage, expected in (
+                    (Stage.PRE_CREATE_CONTAINER, "ContainerResourceHookRequest"),
+                    (Stage.PRE_RUN_POD_SANDBOX, "PodSandboxHookRequest"),
+                ):
+                    with pytest.raises(GRPCError) as info:
+                        await channel.unary(stage.rpc_path, b"\x0a\xff\x01", timeout=5)
+                    assert Status.INVALID_ARGUMENT == info.value.status
+                    assert f"{stage.rpc_name}: the request is no {expected}" in (info.value.message or "")
+                assert [] == ran
+                reply = await channel.unary(
+                    Stage.PRE_CREATE_CONTAINER.rpc_path,
+                    bytes(container_request(pod_request("p"), "c").SerializeToString()),
+                    timeout=5,
+                )
+            assert ["c"] == ran
+            assert pb.ContainerResourceHookResponse.FromString(reply).pod_cgroup_parent
             nursery.cancel_scope.cancel()
 
 

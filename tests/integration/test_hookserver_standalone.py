@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import pytest
 import trio
 
-from fakes.containerd import FakeContainerd
+from krproxy.fakes.containerd import FakeContainerd
 from krproxy.hookserver import (
     CgroupFile,
     HookServer,

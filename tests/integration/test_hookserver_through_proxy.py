@@ -28,8 +28,14 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2 as pb
 
-from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, sequential_ids, stepping_clock
 from krproxy.daemon import Daemon
+from krproxy.fakes.containerd import (
+    FakeContainerd,
+    RuntimeState,
+    run_fake_containerd,
+    sequential_ids,
+    stepping_clock,
+)
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import FailurePolicy as ProxyFailurePolicy
 from krproxy.hookserver import (

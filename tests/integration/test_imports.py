@@ -33,6 +33,8 @@ PURE_CORE = [
     "krproxy.hooks.slices",
     "krproxy.hooks.outcomes",
     "krproxy.hooks.convert",
+    "krproxy.hooks.encode",
+    "krproxy.hooks.lifecycle",
     "krproxy.hooks.validate",
     "krproxy.calls",
     "krproxy.config",

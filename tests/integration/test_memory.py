@@ -22,10 +22,10 @@ import trio
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
-from fakes.containerd import FakeContainerd
-from fakes.plugin import FakePlugin
 from krproxy import calls
 from krproxy.daemon import Daemon
+from krproxy.fakes.containerd import FakeContainerd
+from krproxy.fakes.plugin import FakePlugin
 from krproxy.hooks.points import HookPoint
 from tests.integration.hooks_support import make_node
 from tests.integration.support import in_thread, start_proxy, wait_until

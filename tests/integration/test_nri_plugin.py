@@ -1,7 +1,7 @@
 """``krproxy nri`` against the fake NRI runtime, with fake hook servers from the hook directory.
 
-Each test runs the runtime side (fakes.nri), krproxy's NRI plugin (krproxy.nri.plugin.serve) and hook
-servers (fakes.plugin) in one trio run over unix sockets in a temp dir.
+Each test runs the runtime side (krproxy.fakes.nri), krproxy's NRI plugin (krproxy.nri.plugin.serve) and hook
+servers (krproxy.fakes.plugin) in one trio run over unix sockets in a temp dir.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import attrs
 import pytest
 import trio
 
-from fakes.nri import FakeNriRuntime, NriError, event_mask
-from fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
 from krproxy import admin
+from krproxy.fakes.nri import FakeNriRuntime, NriError, event_mask
+from krproxy.fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.required import Requirements
@@ -325,6 +325,18 @@ class TestCreate:
         counter = plugin.metrics.nri_not_applied
         assert 1 == counter.labels("PreCreateContainer", "pod_cgroup_parent")._value.get()
         assert 1 == counter.labels("PreRunPodSandbox", "cgroup_parent")._value.get()
+
+    async def test_call_time_is_observed_by_method(self, node: Node) -> None:
+        """krproxy_nri_call_seconds counts each NRI call krproxy answered, by method (what the runtime waited on)."""
+        await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER])
+        with trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            await node.runtime.create_container(container())
+            await node.runtime.create_container(container("second"))
+        registry = plugin.metrics.registry
+        assert 2 == registry.get_sample_value("krproxy_nri_call_seconds_count", {"method": "CreateContainer"})
+        assert 1 == registry.get_sample_value("krproxy_nri_call_seconds_count", {"method": "Configure"})
 
     async def test_oom_score_adj_on_nri_0_6_is_said_not_applied(self, node: Node) -> None:
         """NRI 0.6.1 (containerd 1.7) has no oom_score_adj in its ContainerAdjustment and drops the unknown

@@ -11,8 +11,9 @@ import os
 import pytest
 import trio
 
-from fakes.nri import FakeNriRuntime, NriError
-from fakes.plugin import Changes, FakePlugin, run_fake_plugin, write_registration
+from krproxy import admin
+from krproxy.fakes.nri import FakeNriRuntime, NriError
+from krproxy.fakes.plugin import Changes, FakePlugin, Misbehaviour, run_fake_plugin, write_registration
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.required import Requirements, parse_required_server
 from krproxy.nri import plugin as nri_plugin
@@ -148,3 +149,117 @@ async def test_a_server_not_hooking_create_container_does_not_meet_it(
 
         with pytest.raises(NriError, match="required hook server gpu is registered, but not for this hook"):
             await runtime.create_container(container("app"))
+
+
+async def test_update_pod_sandbox_fails_until_the_required_server_answers(
+    nursery: trio.Nursery, runtime: FakeNriRuntime
+) -> None:
+    """NRI 0.12's UpdatePodSandbox (a pod-level resize): held while a server required there is missing,
+    even with no hook server registered for it; once the server answers, the resize goes through it."""
+    resize = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
+    resources = api.LinuxResources(cpu=api.LinuxCpu(shares=api.OptionalUInt64(value=2048)))
+    with trio.fail_after(LIVENESS_LIMIT):
+        plugin = await start_krproxy(nursery, runtime, "quota=PreUpdatePodSandboxResources")
+        assert plugin.subscribed & (1 << (api.Event.UPDATE_POD_SANDBOX - 1))
+        await runtime.run_pod(pod())
+
+        with pytest.raises(NriError, match="required hook server quota is not registered"):
+            await runtime.update_pod("pod-web", resources)
+        assert 1 == len(runtime.plugins)
+
+        server = FakePlugin()
+        await add_server(nursery, runtime, "quota", server, (resize,))
+        await wait_until(lambda: "quota.json" in plugin.dispatcher.registry.plugins)
+        await runtime.update_pod("pod-web", resources)
+
+    assert [resize] == server.hooks_called()
+
+
+async def test_update_pod_sandbox_is_not_subscribed_before_nri_0_12(
+    nursery: trio.Nursery, short_tmp: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A runtime before NRI 0.12 has no UpdatePodSandbox: nothing is subscribed for it (the runtime would
+    refuse krproxy), and the log says the point is not held there."""
+    caplog.set_level(logging.INFO, logger="krproxy.nri")
+    old = FakeNriRuntime(os.path.join(str(short_tmp), "nri.sock"), request_timeout=10.0, nri_version="")
+    await nursery.start(old.serve)
+    with trio.fail_after(LIVENESS_LIMIT):
+        plugin = await start_krproxy(nursery, old, "quota=PreUpdatePodSandboxResources")
+        await wait_until(lambda: plugin.subscribed != 0)
+
+    assert not plugin.subscribed & (1 << (api.Event.UPDATE_POD_SANDBOX - 1))
+    said = [r.krproxy_fields for r in caplog.records if r.getMessage() == "required_points_not_held"]  # type: ignore[attr-defined]
+    assert [("quota", "PreUpdatePodSandboxResources")] == [(f["server"], f["points"]) for f in said]
+
+
+@pytest.mark.parametrize(
+    ("required_plugins", "said", "level"),
+    [("['50-krproxy']", "yes", logging.INFO), ("['other']", "no", logging.WARNING)],
+)
+async def test_says_whether_containerd_requires_it(
+    nursery: trio.Nursery,
+    runtime: FakeNriRuntime,
+    caplog: pytest.LogCaptureFixture,
+    required_plugins: str,
+    said: str,
+    level: int,
+) -> None:
+    """``--containerd-config``: at start the log and ``krproxy status`` say whether containerd's NRI
+    validator requires krproxy's own registration."""
+    caplog.set_level(logging.INFO, logger="krproxy.nri")
+    config_file = os.path.join(os.path.dirname(runtime.socket_path), "config.toml")
+    await trio.Path(config_file).write_text(
+        "version = 3\n[plugins.'io.containerd.nri.v1.nri'.default_validator]\n"
+        f"enable = true\nrequired_plugins = {required_plugins}\n"
+    )
+    os.makedirs(hook_dir(runtime), exist_ok=True)
+    config = NriConfig(
+        socket=runtime.socket_path,
+        hook_dir=hook_dir(runtime),
+        insecure_registration_files=True,
+        containerd_config=config_file,
+    )
+    with trio.fail_after(LIVENESS_LIMIT):
+        plugin: NriPlugin = await nursery.start(nri_plugin.serve, config)
+
+    [record] = [r for r in caplog.records if r.getMessage() == "nri_runtime_validator"]
+    assert said == record.krproxy_fields["required"]  # type: ignore[attr-defined]
+    assert level == record.levelno
+    status = nri_plugin.NriView(plugin, plugin.metrics).status()
+    assert (said == "yes") is status["nri"]["runtime_requires_plugin"]
+    report = admin.render_status(status)
+    assert (
+        f"containerd's validator: krproxy nri is {'required' if said == 'yes' else 'not required'}" in report
+    )
+
+
+async def test_a_wait_for_a_required_server_leaves_the_hook_call_only_what_is_left(
+    nursery: trio.Nursery, short_tmp: object
+) -> None:
+    """A CreateContainer that waited (start-up grace) for its required server has only the rest of the
+    runtime's request timeout for the hook call, not a new one: past it NRI drops the plugin. (The bound is
+    the request's ttrpc deadline, which the chain's budget is also held to.)"""
+    runtime = FakeNriRuntime(os.path.join(str(short_tmp), "nri.sock"), request_timeout=3.0)
+    await nursery.start(runtime.serve)
+    os.makedirs(hook_dir(runtime), exist_ok=True)
+    config = NriConfig(
+        socket=runtime.socket_path,
+        hook_dir=hook_dir(runtime),
+        insecure_registration_files=True,
+        requirements=Requirements((parse_required_server("limits"),), startup_grace=LIVENESS_LIMIT),
+    )
+    with trio.fail_after(LIVENESS_LIMIT):
+        await nursery.start(nri_plugin.serve, config)
+        await runtime.wait_for_plugins(1)
+        await runtime.run_pod(pod())
+        slow = FakePlugin(Changes(cpu_shares=4096))
+        slow.misbehave(Misbehaviour(delay=2.0))
+
+        async def server_comes_up() -> None:
+            await trio.sleep(1.5)  # the call waits for it, within the grace
+            await add_server(nursery, runtime, "limits", slow)
+
+        nursery.start_soon(server_comes_up)
+        with pytest.raises(NriError, match="no answer within"):  # ran out of the time left: refused in time
+            await runtime.create_container(container())
+        assert 1 == len(runtime.plugins)  # answered within the request timeout: NRI keeps krproxy

@@ -13,8 +13,8 @@ import trio
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
-from fakes.containerd import FakeContainerd
 from krproxy.daemon import Daemon
+from krproxy.fakes.containerd import FakeContainerd
 from tests.integration.support import in_thread, start_proxy, wait_until
 
 

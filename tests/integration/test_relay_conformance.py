@@ -20,7 +20,7 @@ import hpack
 import pytest
 import trio
 
-from fakes.containerd import FakeContainerd
+from krproxy.fakes.containerd import FakeContainerd
 from krproxy.h2 import frames as f
 from krproxy.relay import Relay
 from tests.integration.support import LIVENESS_LIMIT, start_proxy, wait_until

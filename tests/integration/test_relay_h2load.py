@@ -20,7 +20,7 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2 as pb
 
-from fakes.containerd import FakeContainerd
+from krproxy.fakes.containerd import FakeContainerd
 from tests.integration.support import start_proxy
 
 H2LOAD = shutil.which("h2load")

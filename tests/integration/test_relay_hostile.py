@@ -23,8 +23,8 @@ import trio
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc
 
-from fakes.containerd import FakeContainerd
 from krproxy.bench.flood import send_header_blocks
+from krproxy.fakes.containerd import FakeContainerd
 from krproxy.grpcstatus import Status
 from krproxy.relay.rpc import grpc_message, request_headers
 from tests.integration.support import LIVENESS_LIMIT, in_thread, start_proxy, wait_until

@@ -10,8 +10,8 @@ import grpc
 import trio
 from cri_api.v1 import api_pb2 as pb
 
-from fakes.containerd import FakeContainerd
 from krproxy.bench.stuck import hold_unread
+from krproxy.fakes.containerd import FakeContainerd
 from tests.integration.support import in_thread, start_proxy, wait_until
 
 LIST = "/runtime.v1.RuntimeService/ListContainers"

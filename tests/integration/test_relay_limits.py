@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from krproxy.bench import Processes, _serve_args
+from krproxy.bench._support import Processes, _serve_args
 
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"  # a method with hook points
 STATUS = "/runtime.v1.RuntimeService/ContainerStatus"  # relayed frame by frame
@@ -37,7 +37,7 @@ def daemon() -> Iterator[tuple[str, int]]:
     procs = Processes(workdir)
     try:
         backend = os.path.join(workdir, "containerd.sock")
-        procs.start("containerd", ["-m", "fakes.containerd", "--socket", backend], backend)
+        procs.start("containerd", ["-m", "krproxy.fakes.containerd", "--socket", backend], backend)
         listen = os.path.join(workdir, "krproxy.sock")
         hooks = os.path.join(workdir, "hooks")
         os.makedirs(hooks)

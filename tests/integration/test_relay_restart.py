@@ -25,7 +25,7 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
-from krproxy.bench import Processes, _serve_args
+from krproxy.bench._support import Processes, _serve_args
 from tests.integration.support import LIVENESS_LIMIT
 
 
@@ -55,7 +55,7 @@ def _serve_activated(
     ``workdir/krproxy.sock``, as systemd starts it (appended to ``daemons``); returns the socket
     path, the daemon's argv (to start its successor) and its log file."""
     backend = os.path.join(workdir, "containerd.sock")
-    procs.start("containerd", ["-m", "fakes.containerd", "--socket", backend, *fake_args], backend)
+    procs.start("containerd", ["-m", "krproxy.fakes.containerd", "--socket", backend, *fake_args], backend)
     listen = os.path.join(workdir, "krproxy.sock")
     listener.bind(listen)
     listener.listen(128)
@@ -135,10 +135,12 @@ def test_a_restart_with_an_inherited_socket_fails_no_call(workdir: str) -> None:
             caller.join(timeout=2 * patience)
         slowest = max(latencies[before:])
         print(f"calls: {len(latencies)}, during the restart the slowest took {slowest:.3f} s")
-        assert [] == failures
-        assert len(latencies) >= stopped + 200, "the successor served no calls"
         with open(log, "rb") as out:
             text = out.read()
+        states = [daemon.poll() for daemon in daemons]
+        context = f"daemons' exit codes {states}; their log:\n{text.decode(errors='replace')}"
+        assert [] == failures, context
+        assert len(latencies) >= stopped + 200, f"the successor served no calls; {context}"
         assert 2 == text.count(b"event=socket_activated")
         assert 1 == text.count(b"event=stopped")
         assert os.path.exists(listen)  # the socket file is systemd's: left in place

@@ -27,9 +27,9 @@ import h2.settings
 import pytest
 import trio
 
-from fakes.grpc_go import metadata_items
 from krproxy import rpc
 from krproxy.daemon import Daemon
+from krproxy.fakes.grpc_go import metadata_items
 from krproxy.h2 import frames as f
 from krproxy.relay import Relay
 from krproxy.relay.rpc import grpc_message, request_headers

@@ -17,7 +17,7 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2
 
-from fakes.plugin import Changes, FakePlugin, registration_document
+from krproxy.fakes.plugin import Changes, FakePlugin, registration_document
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.hooks_support import (

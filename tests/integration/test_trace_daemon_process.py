@@ -5,29 +5,16 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import grpc
-import pytest
 
 from krproxy.trace import load
+from tests.integration.processes import start_daemon
 from tests.integration.support import in_thread, raw_unary
-from tests.integration.test_daemon_process import ECHO_BACKEND, _wait_for_socket, start_daemon
 
 VERSION = "/runtime.v1.RuntimeService/Version"
-
-
-@pytest.fixture
-def echo_backend(sockdir: str) -> Iterator[str]:
-    """The echo backend as a process of its own (as in test_daemon_process)."""
-    path = os.path.join(sockdir, "backend.sock")
-    process = subprocess.Popen([sys.executable, ECHO_BACKEND, path], stderr=subprocess.PIPE)
-    _wait_for_socket(path, process)
-    yield path
-    process.kill()
-    process.wait()
 
 
 def _wait_for_line(process: subprocess.Popen[bytes], text: str, limit: float = 10.0) -> str:

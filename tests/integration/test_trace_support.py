@@ -20,9 +20,15 @@ import trio
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
-from fakes.containerd import FakeContainerd, RuntimeState, run_fake_containerd, sequential_ids, stepping_clock
 from krproxy.daemon import Daemon
 from krproxy.demo import DemoLimitsPlugin
+from krproxy.fakes.containerd import (
+    FakeContainerd,
+    RuntimeState,
+    run_fake_containerd,
+    sequential_ids,
+    stepping_clock,
+)
 from tests.integration.support import start_proxy
 
 #: The committed golden traces (regenerate with scripts/record-golden-traces).

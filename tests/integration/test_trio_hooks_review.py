@@ -13,8 +13,8 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2
 
-from fakes.containerd.server import Fault
-from fakes.plugin import FakePlugin
+from krproxy.fakes.containerd.server import Fault
+from krproxy.fakes.plugin import FakePlugin
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.model import FrozenMap
 from krproxy.hooks.points import HookPoint

@@ -3,7 +3,7 @@
 Set-up, all on unix sockets in a temp directory:
 
 - a fake containerd process (``python -m tests.integration.faults_support``), seeded with pods;
-- two fake hook plugin processes (``python -m fakes.plugin``) registered for every hook, the first
+- two fake hook plugin processes (``python -m krproxy.fakes.plugin``) registered for every hook, the first
   setting a cpu quota, the second an annotation;
 - the proxy daemon, in this process on a thread of its own (``trio.run`` → ``open_loop`` →
   :func:`krproxy.daemon.serve`), so that its trio tasks can be counted;
@@ -300,7 +300,15 @@ def soak(calls: int, seconds: float, clients: int, processes: int) -> Figures:
         _wait_socket(runtime)
         for index, flags in enumerate((["--set-cpu-quota=50000"], ["--add-annotation=soak=yes"])):
             socket = os.path.join(directory, f"plugin{index}.sock")
-            argv = ["-m", "fakes.plugin", "--socket", socket, "--hook-dir", hook_dir, f"--name=plugin{index}"]
+            argv = [
+                "-m",
+                "krproxy.fakes.plugin",
+                "--socket",
+                socket,
+                "--hook-dir",
+                hook_dir,
+                f"--name=plugin{index}",
+            ]
             started.append(
                 _start([*argv, "--log-level=WARNING", *flags], os.path.join(directory, f"p{index}.log"))
             )

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from krproxy.admin import (
+from krproxy.admin.client import render_status
+from krproxy.admin.server import (
     MAX_HEAD,
     BadRequest,
     Request,
@@ -14,7 +15,6 @@ from krproxy.admin import (
     connection,
     parse_head,
     receive,
-    render_status,
 )
 from krproxy.config import is_loopback, parse_address
 

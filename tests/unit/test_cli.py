@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from fakes.containerd.__main__ import _parser as fake_containerd_parser
-from fakes.plugin.__main__ import _parser as fake_plugin_parser
 from krproxy import _argparse, cli
+from krproxy.fakes.containerd.__main__ import _parser as fake_containerd_parser
+from krproxy.fakes.plugin.__main__ import _parser as fake_plugin_parser
 from krproxy.unixsock import SocketInUseError, bind_unix_socket
 
 

@@ -9,8 +9,11 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
+#: krproxy's packages; the fakes (the folder fakes/) are its subpackage krproxy.fakes.
 PACKAGES = sorted(
-    ".".join(p.parent.relative_to(ROOT).parts)
+    ".".join(
+        ("krproxy", *p.parent.relative_to(ROOT).parts) if top == "fakes" else p.parent.relative_to(ROOT).parts
+    )
     for top in ("krproxy", "fakes")
     for p in (ROOT / top).rglob("__init__.py")
     if "proto" not in p.relative_to(ROOT).parts  # generated: the compiler writes its own __all__

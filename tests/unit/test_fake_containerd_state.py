@@ -9,18 +9,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakes.containerd.state import (
+from krproxy.fakes.containerd.records import (
     CONTAINER_TRANSITIONS,
     EXIT_CODE_KILLED,
     Code,
     CriError,
     ExecResult,
     Op,
-    RuntimeState,
     normalize_image_name,
     sequential_ids,
     stepping_clock,
 )
+from krproxy.fakes.containerd.state import RuntimeState
 from krproxy.proto.runtime import v1 as cri
 
 CS = cri.ContainerState

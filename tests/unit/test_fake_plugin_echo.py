@@ -1,4 +1,4 @@
-"""The fake plugin's wire-level echo (fakes.plugin.server.echo_bytes): it must answer exactly what the decoded
+"""The fake plugin's wire-level echo (krproxy.fakes.plugin.server.echo_bytes): it must answer exactly what the decoded
 echo (echo_container / echo_pod) answers, for any request; and give up (None) on requests only a decode can
 judge."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fakes.plugin.server import echo_bytes, echo_container, echo_pod
+from krproxy.fakes.plugin.server import echo_bytes, echo_container, echo_pod
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.fuzz import examples

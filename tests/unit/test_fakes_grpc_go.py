@@ -1,8 +1,8 @@
-"""fakes.grpc_go's metadata helpers: what the fakes' request logs and the tests' backend record."""
+"""krproxy.fakes.grpc_go's metadata helpers: what the fakes' request logs and the tests' backend record."""
 
 from __future__ import annotations
 
-from fakes.grpc_go import encode_metadata, metadata_items
+from krproxy.fakes.grpc_go import encode_metadata, metadata_items
 
 
 def test_metadata_is_the_callers_fields_only_with_bin_values_decoded() -> None:

@@ -1,10 +1,10 @@
-"""The rules of fakes.strict: grpc-go's judgement of a request's headers, its message limit."""
+"""The rules of krproxy.fakes.strict: grpc-go's judgement of a request's headers, its message limit."""
 
 from __future__ import annotations
 
 import pytest
 
-from fakes.strict import MAX_MESSAGE, GrpcGo, check_request, timeout_error, too_large
+from krproxy.fakes.strict import MAX_MESSAGE, GrpcGo, check_request, timeout_error, too_large
 from krproxy.relay.rpc import encode_grpc_timeout
 
 POST = [(":method", "POST"), (":path", "/runtime.v1.RuntimeService/Version")]

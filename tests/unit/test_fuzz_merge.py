@@ -17,26 +17,17 @@ from krproxy.hooks.merge import merge_container_info, merge_create_container, me
 from krproxy.hooks.model import PodInfo
 from krproxy.hooks.validate import check_answer
 from krproxy.proto.runtime import v1, v1alpha1
-from tests.fuzz import examples
+from tests.fuzz import INT64, examples, linux_resources
 
 FUZZ = settings(max_examples=examples(150), deadline=None)
 
 names = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=12)
 string_maps = st.dictionaries(names, names, max_size=4)
-int64 = st.integers(-(1 << 63), (1 << 63) - 1)
+int64 = INT64
 cpusets = st.sampled_from(["", "0", "0-3", "1,3", "0-3,8-11"]) | names
 
-hook_resources = st.builds(
-    v1alpha1.LinuxContainerResources,
-    cpu_period=int64,
-    cpu_quota=int64,
-    cpu_shares=int64,
-    memory_limit_in_bytes=int64,
-    oom_score_adj=int64,
-    cpuset_cpus=cpusets,
-    cpuset_mems=cpusets,
-    unified=string_maps,
-    memory_swap_limit_in_bytes=int64,
+hook_resources = linux_resources(
+    v1alpha1.LinuxContainerResources, cpusets, unified=string_maps, memory_swap_limit_in_bytes=int64
 )
 container_answers = st.builds(
     v1alpha1.ContainerResourceHookResponse,
@@ -52,16 +43,7 @@ pod_answers = st.builds(
     cgroup_parent=names,
     resources=st.none() | hook_resources,
 )
-cri_resources = st.builds(
-    v1.LinuxContainerResources,
-    cpu_period=int64,
-    cpu_quota=int64,
-    cpu_shares=int64,
-    memory_limit_in_bytes=int64,
-    oom_score_adj=int64,
-    cpuset_cpus=cpusets,
-    cpuset_mems=cpusets,
-)
+cri_resources = linux_resources(v1.LinuxContainerResources, cpusets)
 create_requests = st.builds(
     lambda annotations, envs, resources: v1.CreateContainerRequest(
         pod_sandbox_id="pod",

@@ -11,17 +11,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from krproxy.hooks import wire
+from krproxy.hooks import encode, wire
 from krproxy.hooks.convert import (
     container_from_create_request,
     container_from_wire_list,
     container_from_wire_status,
-    container_hook_request,
     envs_from_cri,
     pod_from_run_request,
     pod_from_wire_sandbox,
     pod_from_wire_status,
-    pod_hook_request,
     resources_from_cri,
     resources_from_hook,
     resources_to_cri,
@@ -30,6 +28,17 @@ from krproxy.hooks.convert import (
 from krproxy.hooks.merge import prepare_update
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
 from krproxy.proto.runtime import v1, v1alpha1
+
+
+def pod_hook_request(pod: PodInfo) -> v1alpha1.PodSandboxHookRequest:
+    """The PodSandboxHookRequest a hook server receives for *pod* (the encoder's bytes, decoded)."""
+    return v1alpha1.PodSandboxHookRequest.FromString(encode.pod_request(pod))
+
+
+def container_hook_request(info: ContainerInfo) -> v1alpha1.ContainerResourceHookRequest:
+    """The ContainerResourceHookRequest a hook server receives for *info* (the encoder's bytes, decoded)."""
+    return v1alpha1.ContainerResourceHookRequest.FromString(encode.container_request(info))
+
 
 RESOURCES = Resources(
     cpu_period=100000,

@@ -11,9 +11,9 @@ from typing import Any, cast
 import attrs
 import trio
 
-from fakes.plugin.server import echo_container, echo_pod
+from krproxy.fakes.plugin.server import echo_container, echo_pod
 from krproxy.forward import Reply
-from krproxy.hooks import convert
+from krproxy.hooks import convert, encode
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.merge import Change, apply_pod_resize, merge_pod_resize
 from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize, Resources
@@ -54,7 +54,7 @@ class TestHookRequest:
     def test_carries_the_stored_pod_and_the_requested_resources(self) -> None:
         """The hook is told the stored pod (meta, handler, labels, annotations, cgroup parent) with
         resources = the requested pod resources and overhead = the requested overhead."""
-        request = v1alpha1.PodSandboxHookRequest.FromString(convert.pod_resize_hook_request_bytes(resize()))
+        request = v1alpha1.PodSandboxHookRequest.FromString(encode.pod_resize_request(resize()))
 
         assert (
             v1alpha1.PodSandboxHookRequest(
@@ -159,7 +159,12 @@ class TestStore:
         stored_c2 = store.get_container("c2")
         assert stored_c1 is not None and stored_c2 is not None
         assert attrs.evolve(POD, resources=REQUESTED, overhead=OVERHEAD) == store.get_pod("sb1")
-        assert convert.resources_to_hook(REQUESTED) == convert.container_hook_request(stored_c1).pod_resources
+        assert (
+            convert.resources_to_hook(REQUESTED)
+            == v1alpha1.ContainerResourceHookRequest.FromString(
+                encode.container_request(stored_c1)
+            ).pod_resources
+        )
         assert stored_c2.pod == POD
 
     def test_unknown_pod_is_not_created(self) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -17,6 +18,8 @@ from krproxy.hooks.outcomes import Outcome
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import PluginRegistration, Registry
 from krproxy.hooks.required import (
+    MAX_ANNOTATED_NAMES,
+    MAX_NAME_BYTES,
     AnnotationError,
     RequiredServer,
     Requirements,
@@ -189,6 +192,29 @@ class TestDecision:
         with pytest.raises(AnnotationError, match=problem):
             required_names(self.requirements, RUN, annotations, None)
 
+    def test_an_annotation_lists_at_most_max_annotated_names(self) -> None:
+        """A pod listing thousands of names is refused with the bound, not probed and tracked name by name."""
+        many = [f"server-{i}" for i in range(MAX_ANNOTATED_NAMES + 1)]
+        enough = json.dumps(many[:MAX_ANNOTATED_NAMES] + many[:5])  # repeats count once
+
+        assert MAX_ANNOTATED_NAMES == len(required_names(Requirements(), RUN, {KEY: enough}, None))
+        with pytest.raises(AnnotationError, match=f"lists 33 hook servers; at most {MAX_ANNOTATED_NAMES}"):
+            required_names(Requirements(), RUN, {KEY: json.dumps(many)}, None)
+        with pytest.raises(AnnotationError, match="lists 5000 hook servers"):
+            required_names(Requirements(), CREATE, {KEY: json.dumps([f"s{i}" for i in range(5000)])}, "app")
+
+    def test_a_name_no_registration_file_can_have_refuses(self) -> None:
+        longest = "n" * MAX_NAME_BYTES
+        assert (longest,) == required_names(Requirements(), RUN, {KEY: json.dumps([longest])}, None)
+        with pytest.raises(AnnotationError, match="name of 251 bytes"):
+            required_names(Requirements(), RUN, {KEY: json.dumps([longest + "n"])}, None)
+
+    def test_a_name_with_a_lone_surrogate_refuses(self) -> None:
+        """JSON's escape of half a UTF-16 pair decodes to a str no file name or UTF-8 message can hold: the
+        annotation is refused (INVALID_ARGUMENT), not a UnicodeEncodeError out of the call (UNKNOWN)."""
+        with pytest.raises(AnnotationError, match="not valid UTF-8"):
+            required_names(Requirements(), RUN, {KEY: '["\\ud800"]'}, None)
+
 
 # -- the guard, in virtual time ---------------------------------------------------------------------
 
@@ -354,6 +380,48 @@ class TestGuard:
             await g.admit(RUN, ["koordlet"], deadline=deadline)
 
         assert deadline - DEADLINE_MARGIN == pytest.approx(trio.current_time())
+
+    async def test_annotated_names_tracked_are_bounded(self, caplog: pytest.LogCaptureFixture) -> None:
+        """Many pods naming distinct servers: the guard keeps at most the bound of annotated names (the
+        least recently needed go, their metric series with them) besides the flags' servers; the log says
+        when the bound is hit; a forgotten name needed again is refused as before."""
+        caplog.set_level(logging.INFO, logger="krproxy.hooks.required")
+        forgotten: list[str] = []
+        g = guard(FakeDispatcher(), forget=forgotten.append, max_annotated=10)
+
+        for i in range(25):
+            with pytest.raises(RequiredMissing):
+                await g.admit(RUN, [f"net-{i}"])
+
+        assert ["koordlet", *[f"net-{i}" for i in range(15, 25)]] == list(g.states())
+        assert [f"net-{i}" for i in range(15)] == forgotten
+        bound = [r for r in caplog.records if r.getMessage().startswith("required_names_bound")]
+        assert [1, 10] == [r.krproxy_fields["forgotten"] for r in bound]  # type: ignore[attr-defined]
+        assert logging.WARNING == bound[0].levelno
+        with pytest.raises(RequiredMissing, match="net-0 is not registered"):
+            await g.admit(RUN, ["net-0"])
+        assert "net-0" in g.states()
+
+    async def test_a_name_needed_again_is_kept_over_older_ones(self) -> None:
+        g = guard(FakeDispatcher(), max_annotated=2)
+        for name in ["a", "b", "a", "c"]:
+            with pytest.raises(RequiredMissing):
+                await g.admit(RUN, [name])
+
+        assert ["koordlet", "a", "c"] == list(g.states())
+
+    async def test_a_name_needed_while_up_is_kept_over_older_ones(self) -> None:
+        """A call that finds an annotated server up (no probe) counts as needing it: the bound forgets
+        the name needed least recently, not the one probed longest ago."""
+        dispatcher = FakeDispatcher()
+        for name in "abc":
+            dispatcher.register(name)
+        g = guard(dispatcher, max_annotated=2)
+        for name in ["a", "b", "a", "c"]:
+            await g.admit(RUN, [name])
+
+        assert 3 == dispatcher.probes  # "a" was up the second time: not probed again
+        assert ["koordlet", "a", "c"] == list(g.states())
 
     async def test_an_annotated_server_failing_a_call_is_probed(
         self, autojump_clock: trio.testing.MockClock

@@ -13,6 +13,7 @@ from krproxy.hookserver import (
     CgroupFile,
     ContainerContext,
     ContainerInfo,
+    Executor,
     HookServer,
     Level,
     PodInfo,
@@ -87,6 +88,31 @@ class TestLayouts:
         for candidate in container_cgroup_candidates(SYSTEMD_POD, "abc"):
             assert candidate in deferred["reason"]
         assert "container:abc" in app.pending
+
+    def test_nothing_to_write_looks_for_no_cgroup(
+        self, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A container call whose plugins changed nothing the SDK writes answers without looking
+        for the container's cgroup on the node (the usual call: a few stat calls saved); one that
+        sets cpu.idle looks and writes."""
+        node = FakeNode(tmp_path).create()
+        pod_dir = pod_cgroup_dir(SYSTEMD_POD)
+        node.add_cgroup(f"{pod_dir}/cri-containerd-abc.scope")
+        app = _idle_app(node)
+        looked: list[str] = []
+        exists = Executor.cgroup_exists
+
+        def counting(executor: Executor, cgroup_dir: str) -> bool:
+            looked.append(cgroup_dir)
+            return exists(executor, cgroup_dir)
+
+        monkeypatch.setattr(Executor, "cgroup_exists", counting)
+        req = container_request(pod_request("web", cgroup_parent=SYSTEMD_POD), "app", id="abc")
+        app.handle_container(Stage.PRE_START_CONTAINER, req)  # no plugin at this stage
+        assert [] == looked
+        app.handle_container(Stage.POST_START_CONTAINER, req)
+        assert f"{pod_dir}/cri-containerd-abc.scope" in looked
+        assert "1" == node.read(f"{pod_dir}/cri-containerd-abc.scope", CgroupFile.CPU_IDLE)
 
     def test_candidates_per_driver(self) -> None:
         """A systemd pod slice tries the scopes first; a cgroupfs pod directory the plain forms."""

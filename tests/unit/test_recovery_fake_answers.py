@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from fakes.containerd import Code, CriError, RuntimeState, sequential_ids, stepping_clock
+from krproxy.fakes.containerd import Code, CriError, RuntimeState, sequential_ids, stepping_clock
 from krproxy.proto.runtime import v1 as cri
 
 

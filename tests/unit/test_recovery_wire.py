@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from krproxy.hooks import convert, wire
 from krproxy.hooks.model import ContainerInfo, PodInfo
 from krproxy.proto.runtime import v1
+from tests import fuzz
 
 POD = PodInfo(name="web", uid="u1", namespace="default", cgroup_parent="/kubepods/podu1")
 
@@ -25,15 +26,9 @@ metadata = st.builds(
     v1.PodSandboxMetadata, name=text, uid=text, namespace=text, attempt=st.integers(0, 2**32 - 1)
 )
 container_metadata = st.builds(v1.ContainerMetadata, name=text, attempt=st.integers(0, 2**32 - 1))
-linux_resources = st.builds(
+linux_resources = fuzz.linux_resources(
     v1.LinuxContainerResources,
-    cpu_period=int64,
-    cpu_quota=int64,
-    cpu_shares=int64,
-    memory_limit_in_bytes=int64,
-    oom_score_adj=int64,
-    cpuset_cpus=text,
-    cpuset_mems=text,
+    text,
     hugepage_limits=st.lists(
         st.builds(v1.HugepageLimit, page_size=text, limit=st.integers(0, 2**64 - 1)), max_size=2
     ),

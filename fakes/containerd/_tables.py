@@ -1,0 +1,353 @@
+"""The fake runtime's tables and what every CRI call of it reads: lookups, status and list
+messages, their encoded forms, the event outbox (the base of :class:`krproxy.fakes.containerd.state.RuntimeState`)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TypeVar
+
+import attrs
+
+from krproxy.fakes.containerd.records import (
+    Code,
+    Container,
+    CriError,
+    EventType,
+    ExecResult,
+    ImageRecord,
+    Sandbox,
+    clone,
+    container_not_found,
+    encoded,
+    image_record_for,
+    list_order,
+    matches,
+    normalize_image_name,
+    sandbox_not_found,
+    sequential_ids,
+)
+from krproxy.proto.runtime import v1 as cri
+
+_R = TypeVar("_R", Sandbox, Container)
+_T = TypeVar("_T")
+
+
+@attrs.define(eq=False)
+class Tables:
+    """The state :class:`~krproxy.fakes.containerd.state.RuntimeState` keeps (its docstring says what each
+    attribute means), and the helpers its CRI calls share."""
+
+    clock: Callable[[], int] = time.time_ns
+    new_id: Callable[[], str] = attrs.Factory(sequential_ids)
+    force_remove_running: bool = True
+    require_pulled_images: bool = False
+    order: random.Random = attrs.Factory(list_order)
+    pod_resize: bool = True
+    _sandboxes: dict[str, Sandbox] = attrs.field(init=False, factory=dict)
+    _containers: dict[str, Container] = attrs.field(init=False, factory=dict)
+    #: Sandbox ID -> the IDs of its containers, in creation order (the keys; values unused).
+    _pod_index: dict[str, dict[str, None]] = attrs.field(init=False, factory=dict)
+    _images: dict[str, ImageRecord] = attrs.field(init=False, factory=dict)
+    _exec_scripts: dict[tuple[str, ...], ExecResult] = attrs.field(init=False, factory=dict)
+    _events: list[cri.ContainerEventResponse] = attrs.field(init=False, factory=list)
+    #: containerd's name index: "name_pod_namespace_uid_attempt" -> owner ID, unique while alive.
+    _reserved_names: dict[str, str] = attrs.field(init=False, factory=dict)
+    _ip_counter: itertools.count[int] = attrs.field(init=False, factory=lambda: itertools.count(2))
+
+    # -- read-only views for tests ------------------------------------------------------------
+
+    @property
+    def sandboxes(self) -> Mapping[str, Sandbox]:
+        """Live sandboxes by ID, in creation order."""
+        return dict(self._sandboxes)
+
+    @property
+    def containers(self) -> Mapping[str, Container]:
+        """Live containers by ID, in creation order."""
+        return dict(self._containers)
+
+    @property
+    def images(self) -> Mapping[str, ImageRecord]:
+        """Pulled images by ID."""
+        return dict(self._images)
+
+    def take_events(self) -> list[cri.ContainerEventResponse]:
+        """Return the lifecycle events produced since the last call, oldest first, and forget them."""
+        events, self._events = self._events, []
+        return events
+
+    def script_exec(self, cmd: Sequence[str], result: ExecResult) -> None:
+        """Make ``ExecSync`` of exactly ``cmd`` (in any container) answer ``result``."""
+        self._exec_scripts[tuple(cmd)] = result
+
+    # -- lookups ------------------------------------------------------------------------------
+
+    def _find_sandbox(self, sandbox_id: str) -> Sandbox:
+        """Find a sandbox by full ID or unique ID prefix (containerd's store accepts both)."""
+        return self._find(self._sandboxes, sandbox_id, sandbox_not_found)
+
+    def _find_container(self, container_id: str) -> Container:
+        """Find a container by full ID or unique ID prefix."""
+        return self._find(self._containers, container_id, container_not_found)
+
+    @staticmethod
+    def _find(table: Mapping[str, _R], key: str, not_found: Callable[[str], CriError]) -> _R:
+        record = table.get(key)
+        if record is not None:
+            return record
+        candidates = [v for k, v in table.items() if k.startswith(key)] if key else []
+        if len(candidates) != 1:
+            raise not_found(key)
+        return candidates[0]
+
+    def _resolve_image(self, name: str) -> ImageRecord | None:
+        """Find a pulled image by name (short or full), repo digest, ID or bare ID hex."""
+        if not name:
+            return None
+        if name in self._images:
+            return self._images[name]
+        if f"sha256:{name}" in self._images:
+            return self._images[f"sha256:{name}"]
+        ref = normalize_image_name(name)
+        for image in self._images.values():
+            if ref in image.repo_tags or name in image.repo_digests:
+                return image
+        return None
+
+    # -- message builders ---------------------------------------------------------------------
+
+    def _sandbox_status(self, sandbox: Sandbox) -> cri.PodSandboxStatus:
+        return cri.PodSandboxStatus(
+            id=sandbox.id,
+            metadata=cri.PodSandboxMetadata(
+                name=sandbox.name, uid=sandbox.uid, namespace=sandbox.namespace, attempt=sandbox.attempt
+            ),
+            state=sandbox.state,
+            created_at=sandbox.created_at,
+            network=cri.PodSandboxNetworkStatus(ip=sandbox.ip),
+            linux=cri.LinuxPodSandboxStatus(
+                namespaces=cri.Namespace(
+                    options=clone(sandbox.namespace_options) if sandbox.namespace_options else None
+                )
+            ),
+            labels=dict(sandbox.labels),
+            annotations=dict(sandbox.annotations),
+            runtime_handler=sandbox.runtime_handler,
+        )
+
+    def _container_status(self, container: Container) -> cri.ContainerStatus:
+        return cri.ContainerStatus(
+            id=container.id,
+            metadata=cri.ContainerMetadata(name=container.name, attempt=container.attempt),
+            state=container.state,
+            created_at=container.created_at,
+            started_at=container.started_at,
+            finished_at=container.finished_at,
+            exit_code=container.exit_code,
+            image=cri.ImageSpec(image=container.image),
+            image_ref=container.image_id,
+            image_id=container.image_id,
+            reason=container.reason,
+            message=container.message,
+            labels=dict(container.labels),
+            annotations=dict(container.annotations),
+            mounts=[clone(m) for m in container.mounts],
+            log_path=container.log_path,
+            resources=cri.ContainerResources(
+                linux=clone(container.resources) if container.resources is not None else None
+            ),
+        )
+
+    def _container_message(self, container: Container) -> cri.Container:
+        return cri.Container(
+            id=container.id,
+            pod_sandbox_id=container.pod_sandbox_id,
+            metadata=cri.ContainerMetadata(name=container.name, attempt=container.attempt),
+            image=cri.ImageSpec(image=container.image),
+            image_ref=container.image_id,
+            image_id=container.image_id,
+            state=container.state,
+            created_at=container.created_at,
+            labels=dict(container.labels),
+            annotations=dict(container.annotations),
+        )
+
+    @staticmethod
+    def _image_message(image: ImageRecord) -> cri.Image:
+        return cri.Image(
+            id=image.id,
+            repo_tags=list(image.repo_tags),
+            repo_digests=list(image.repo_digests),
+            size=image.size,
+        )
+
+    def _pod_containers(self, sandbox_id: str) -> list[Container]:
+        return [self._containers[c] for c in self._pod_index.get(sandbox_id, ())]
+
+    def _add_container(self, container: Container) -> None:
+        self._containers[container.id] = container
+        self._pod_index.setdefault(container.pod_sandbox_id, {})[container.id] = None
+
+    def _emit(self, subject_id: str, event_type: EventType, sandbox: Sandbox) -> None:
+        """Queue a lifecycle event carrying the pod's status and its containers' statuses."""
+        self._events.append(
+            cri.ContainerEventResponse(
+                container_id=subject_id,
+                container_event_type=event_type,
+                created_at=self.clock(),
+                pod_sandbox_status=self._sandbox_status(sandbox),
+                containers_statuses=[self._container_status(c) for c in self._pod_containers(sandbox.id)],
+            )
+        )
+
+    # -- encoded answers (ENCODED_CALLS) ------------------------------------------------------
+    #
+    # Encodings of messages concatenate into the encoding of their merge, and betterproto2 writes
+    # fields in number order: so each answer below is joined, byte for byte, from the encodings of
+    # its parts (one per list item and per status), each kept on its record. Records never change
+    # (a transition makes a new record, which starts with nothing kept), so nothing goes stale.
+
+    def list_pod_sandbox_encoded(self, request: cri.ListPodSandboxRequest) -> bytes:
+        """:meth:`list_pod_sandbox`, encoded: the very same bytes."""
+        return b"".join(
+            self._sandbox_item_bytes(s) for s in self._unordered(self._select_sandboxes(request.filter))
+        )
+
+    def pod_sandbox_status_encoded(self, request: cri.PodSandboxStatusRequest) -> bytes:
+        """:meth:`pod_sandbox_status`, encoded: the very same bytes (fields: status 1,
+        containers_statuses 3, timestamp 4)."""
+        sandbox = self._find_sandbox(request.pod_sandbox_id)
+        parts = [self._sandbox_status_bytes(sandbox)]
+        parts.extend(self._in_pod_status_bytes(c) for c in self._pod_containers(sandbox.id))
+        parts.append(bytes(cri.PodSandboxStatusResponse(timestamp=self.clock()).SerializeToString()))
+        return b"".join(parts)
+
+    def list_containers_encoded(self, request: cri.ListContainersRequest) -> bytes:
+        """:meth:`list_containers`, encoded: the very same bytes."""
+        return b"".join(
+            self._container_item_bytes(c) for c in self._unordered(self._select_containers(request.filter))
+        )
+
+    def container_status_encoded(self, request: cri.ContainerStatusRequest) -> bytes:
+        """:meth:`container_status`, encoded: the very same bytes."""
+        return self._container_status_bytes(self._find_container(request.container_id))
+
+    def _sandbox_item_bytes(self, sandbox: Sandbox) -> bytes:
+        return encoded(
+            sandbox.wire,
+            "ListPodSandboxResponse.items",
+            lambda: cri.ListPodSandboxResponse(items=[self._sandbox_message(sandbox)]),
+        )
+
+    def _sandbox_status_bytes(self, sandbox: Sandbox) -> bytes:
+        return encoded(
+            sandbox.wire,
+            "PodSandboxStatusResponse.status",
+            lambda: cri.PodSandboxStatusResponse(status=self._sandbox_status(sandbox)),
+        )
+
+    def _container_item_bytes(self, container: Container) -> bytes:
+        return encoded(
+            container.wire,
+            "ListContainersResponse.containers",
+            lambda: cri.ListContainersResponse(containers=[self._container_message(container)]),
+        )
+
+    def _in_pod_status_bytes(self, container: Container) -> bytes:
+        return encoded(
+            container.wire,
+            "PodSandboxStatusResponse.containers_statuses",
+            lambda: cri.PodSandboxStatusResponse(containers_statuses=[self._container_status(container)]),
+        )
+
+    def _container_status_bytes(self, container: Container) -> bytes:
+        return encoded(
+            container.wire,
+            "ContainerStatusResponse.status",
+            lambda: cri.ContainerStatusResponse(status=self._container_status(container)),
+        )
+
+    def _prepare_answers(self, sandbox: Sandbox) -> None:
+        """Encode, and keep on the records, every part of the encoded answers about *sandbox*."""
+        self._sandbox_item_bytes(sandbox)
+        self._sandbox_status_bytes(sandbox)
+        for container in self._pod_containers(sandbox.id):
+            self._container_item_bytes(container)
+            self._in_pod_status_bytes(container)
+            self._container_status_bytes(container)
+
+    # -- runtime info -------------------------------------------------------------------------
+
+    def _unordered(self, items: Iterable[_T]) -> list[_T]:
+        """``items`` in an order of :attr:`order`'s choosing (see the class docstring)."""
+        shuffled = list(items)
+        self.order.shuffle(shuffled)
+        return shuffled
+
+    def _select_sandboxes(self, flt: cri.PodSandboxFilter | None) -> Iterable[Sandbox]:
+        sandboxes: Iterable[Sandbox] = self._sandboxes.values()
+        if flt is not None:
+            if flt.id:
+                try:
+                    sandboxes = [self._find_sandbox(flt.id)]
+                except CriError:
+                    sandboxes = []
+            if flt.state is not None:
+                sandboxes = [s for s in sandboxes if s.state == flt.state.state]
+            if flt.label_selector:
+                sandboxes = [s for s in sandboxes if matches(s.labels, flt.label_selector)]
+        return sandboxes
+
+    @staticmethod
+    def _sandbox_message(sandbox: Sandbox) -> cri.PodSandbox:
+        return cri.PodSandbox(
+            id=sandbox.id,
+            metadata=cri.PodSandboxMetadata(
+                name=sandbox.name, uid=sandbox.uid, namespace=sandbox.namespace, attempt=sandbox.attempt
+            ),
+            state=sandbox.state,
+            created_at=sandbox.created_at,
+            labels=dict(sandbox.labels),
+            annotations=dict(sandbox.annotations),
+            runtime_handler=sandbox.runtime_handler,
+        )
+
+    def _reserve(self, name: str, owner: str, kind: str) -> None:
+        holder = self._reserved_names.get(name)
+        if holder is not None:
+            raise CriError(
+                Code.UNKNOWN,
+                f'failed to reserve {kind} name "{name}": name "{name}" is reserved for "{holder}"',
+            )
+        self._reserved_names[name] = owner
+
+    def _select_containers(self, flt: cri.ContainerFilter | None) -> Iterable[Container]:
+        containers: Iterable[Container] = self._containers.values()
+        if flt is not None:
+            if flt.id:
+                try:
+                    containers = [self._find_container(flt.id)]
+                except CriError:
+                    containers = []
+            if flt.pod_sandbox_id:
+                try:
+                    pod_id = self._find_sandbox(flt.pod_sandbox_id).id
+                except CriError:
+                    pod_id = flt.pod_sandbox_id
+                containers = [c for c in containers if c.pod_sandbox_id == pod_id]
+            if flt.state is not None:
+                containers = [c for c in containers if c.state == flt.state.state]
+            if flt.label_selector:
+                containers = [c for c in containers if matches(c.labels, flt.label_selector)]
+        return containers
+
+    def _record_image(self, name: str) -> ImageRecord:
+        image = image_record_for(name)
+        known = self._images.get(image.id)
+        if known is not None:
+            return known
+        self._images[image.id] = image
+        return image

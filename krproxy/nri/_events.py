@@ -1,0 +1,373 @@
+"""What ``krproxy nri`` does at each NRI event: the hook points (:class:`EventHandlers`, part of
+:class:`krproxy.nri.plugin.NriPlugin`).
+
+Each handler reads the event's pod and container into records (:mod:`krproxy.nri.convert`), runs the hook
+point through the shared :class:`~krproxy.hooks.lifecycle.Lifecycle` (the sequence of proxy and Docker mode),
+and turns the merged record into what NRI can apply:
+
+======================  ==============================  ===============================================
+hook point              NRI event                       what NRI applies of the answer
+======================  ==============================  ===============================================
+PreRunPodSandbox        RUN_POD_SANDBOX                 nothing: the pod exists already (logged)
+PostStopPodSandbox      STOP_POD_SANDBOX                (answer ignored, as in proxy mode)
+PreCreateContainer      CREATE_CONTAINER                annotations, env, resources, oom_score_adj (NRI
+                                                        0.8+) (ContainerAdjustment); not the pod cgroup
+                                                        parent
+PreStartContainer       START_CONTAINER                 nothing in the runtime; krproxy's store, as in
+                                                        proxy mode
+PostStartContainer      POST_START_CONTAINER            (answer ignored)
+PostStopContainer       STOP_CONTAINER                  (answer ignored)
+PreUpdateContainer-     UPDATE_CONTAINER                resources (a ContainerUpdate of that container);
+Resources                                               not annotations, not oom_score_adj
+PreUpdatePodSandbox-    UPDATE_POD_SANDBOX (NRI 0.12)   nothing: NRI can refuse a pod's resize (a Fail
+Resources                                               server's refusal) but not change it (logged)
+======================  ==============================  ===============================================
+
+Every change NRI cannot make is logged (``nri_change_not_applied``) and counted
+(``krproxy_nri_changes_not_applied_total{hook,field}``), never dropped silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import typing
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import attrs
+import betterproto2
+import trio
+
+from krproxy import log
+from krproxy.grpcstatus import Status
+from krproxy.hooks import merge
+from krproxy.hooks.dispatch import Dispatcher
+from krproxy.hooks.guard import Guard, RequiredMissing
+from krproxy.hooks.lifecycle import Lifecycle
+from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize
+from krproxy.hooks.outcomes import HookRejected, RequiredFailed
+from krproxy.hooks.points import HookPoint, Stage
+from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed
+from krproxy.hooks.store import HookStore
+from krproxy.metrics import Metrics
+from krproxy.nri import convert as nri_convert
+from krproxy.nri import wire
+from krproxy.nri._session import Handler, TtrpcError
+from krproxy.proto.nri.pkg.api import v1alpha1 as api
+from krproxy.proto.runtime import v1alpha1 as hookapi
+
+LOGGER = logging.getLogger("krproxy.nri")
+
+#: The hook points where a required hook server can hold the runtime back: NRI fails the CRI operation
+#: when the plugin answers these events with an error. The others are events after the fact
+#: (StateChange) or answers NRI does not wait on. PreUpdatePodSandboxResources (UpdatePodSandbox) only
+#: with NRI 0.12 and later: an older runtime has no such event.
+GUARDED = (
+    HookPoint.PRE_CREATE_CONTAINER,
+    HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
+    HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES,
+)
+#: NRI 0.12's dedicated method of each event that has no answer of its own (before 0.12: StateChange),
+#: with its request message's name.
+EVENT_METHODS: Mapping[str, tuple[api.Event, str]] = {
+    "RunPodSandbox": (api.Event.RUN_POD_SANDBOX, "RunPodSandboxRequest"),
+    "StopPodSandbox": (api.Event.STOP_POD_SANDBOX, "StopPodSandboxRequest"),
+    "RemovePodSandbox": (api.Event.REMOVE_POD_SANDBOX, "RemovePodSandboxRequest"),
+    "PostCreateContainer": (api.Event.POST_CREATE_CONTAINER, "PostCreateContainerRequest"),
+    "StartContainer": (api.Event.START_CONTAINER, "StartContainerRequest"),
+    "PostStartContainer": (api.Event.POST_START_CONTAINER, "PostStartContainerRequest"),
+    "RemoveContainer": (api.Event.REMOVE_CONTAINER, "RemoveContainerRequest"),
+}
+#: Time kept back from the runtime's request timeout for krproxy's own work and the answer's trip.
+MARGIN = 0.2
+
+
+#: The betterproto2 messages an event's handler writes (NRI answers) or reads (hook servers' answers); with
+#: every message they hold, :func:`warm_up` prepares them.
+EVENT_MESSAGES = (
+    api.CreateContainerResponse,
+    api.UpdateContainerResponse,
+    api.StopContainerResponse,
+    api.Empty,
+    hookapi.PodSandboxHookResponse,
+    hookapi.ContainerResourceHookResponse,
+)
+
+
+def _message_types(hint: Any) -> Iterator[type[betterproto2.Message]]:
+    if isinstance(hint, type) and issubclass(hint, betterproto2.Message):
+        yield hint
+    for arg in typing.get_args(hint):
+        yield from _message_types(arg)
+
+
+def warm_up(roots: tuple[type[betterproto2.Message], ...] = EVENT_MESSAGES) -> int:
+    """Make betterproto2 resolve the field metadata of *roots* and every message they hold, now; the number
+    of message classes.
+
+    betterproto2 does that at a class's first use, resolving its type hints (a few ms a class): ~90 ms for
+    the first CreateContainer answer with an adjustment (a ContainerAdjustment holds some 40 message types),
+    which the first pod after every start of ``krproxy nri`` paid on its way to running, inside NRI's
+    request timeout. :func:`~krproxy.nri.plugin.serve` calls this before it registers.
+    """
+    seen: set[type[betterproto2.Message]] = set()
+    todo = list(roots)
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        cls.FromString(bytes(cls()))  # resolves and caches the class's metadata
+        for hint in typing.get_type_hints(cls).values():
+            todo.extend(_message_types(hint))
+    return len(seen)
+
+
+def _present(message: Any, field: str) -> Any | None:
+    """The upb sub-message ``field`` of ``message`` if set, else None (upb reads an unset one as empty)."""
+    return getattr(message, field) if message.HasField(field) else None
+
+
+class EventHandlers:
+    """The NRI plugin's handlers of the events that carry hook points; the attributes are
+    :class:`~krproxy.nri.plugin.NriPlugin`'s."""
+
+    config: Any  # NriConfig (plugin_name, plugin_index)
+    dispatcher: Dispatcher
+    metrics: Metrics
+    store: HookStore
+    lifecycle: Lifecycle
+    guard: Guard | None
+    request_timeout: float
+    store_kept: bool
+    nri_0_8: bool
+    event_calls: str
+
+    def _deadline(self) -> float:
+        """When the chain must be done: the runtime's request timeout (and the call's deadline) less MARGIN."""
+        now = trio.current_time()
+        deadline = min(now + self.request_timeout, trio.current_effective_deadline())
+        return deadline - max(MARGIN, 0.1 * self.request_timeout)
+
+    def _hooked(self, point: HookPoint, pod: PodInfo) -> bool:
+        """Whether *point*'s hook servers run for *pod*: some are registered, and the pod does not skip."""
+        return bool(self.dispatcher.plugins_for(point)) and not self.lifecycle.skips(pod)
+
+    def _not_applied(self, point: HookPoint, target: str, fields: tuple[str, ...] | list[str]) -> None:
+        for field in fields:
+            self.metrics.nri_not_applied.labels(point.value, field.split("[")[0]).inc()
+        if fields:
+            log.event(
+                LOGGER,
+                "nri_change_not_applied",
+                level=logging.WARNING,
+                hook=point.value,
+                target=target,
+                fields=",".join(fields),
+                reason="NRI cannot make these changes at this event",
+            )
+
+    def _pod_resize_not_held(self) -> None:
+        """Say which required servers' PreUpdatePodSandboxResources a runtime before NRI 0.12 cannot hold."""
+        point = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
+        for server in self.guard.requirements.servers if self.guard is not None else ():
+            if point in server.points:
+                log.event(
+                    LOGGER,
+                    "required_points_not_held",
+                    level=logging.WARNING if server.points == {point} else logging.INFO,
+                    server=server.name,
+                    points=point.value,
+                    reason="the runtime's NRI is older than 0.12: it has no UpdatePodSandbox",
+                )
+
+    async def _require(self, point: HookPoint, pod: PodInfo, container: str | None) -> Needed:
+        """The required hook servers of *point* for this container, once all are up; else an UNAVAILABLE
+        error for the runtime, which fails the CRI operation (:data:`GUARDED` points only). Names that are
+        krproxy's own NRI plugin name (``name`` or ``index-name``, as NRI's validator matches) are met."""
+        if self.guard is None or point not in GUARDED:
+            return NOTHING_NEEDED
+        own = {self.config.plugin_name, f"{self.config.plugin_index}-{self.config.plugin_name}"}
+        try:
+            return await self.guard.require(
+                point, pod.annotations, container, met=own, deadline=self._deadline()
+            )
+        except AnnotationError as err:
+            raise TtrpcError(Status.INVALID_ARGUMENT, str(err)) from None
+        except RequiredMissing as exc:
+            raise TtrpcError(Status.UNAVAILABLE, exc.message or "") from None
+
+    async def _run(
+        self, point: HookPoint, record: Any, target: str, required: Needed = NOTHING_NEEDED
+    ) -> Any:
+        """Run ``point``'s hook servers within the budget (:meth:`Lifecycle.pre` / :meth:`Lifecycle.post`);
+        a Fail (or required) server's failure of a pre hook becomes an error for the runtime."""
+        if point.stage is Stage.POST:
+            await self.lifecycle.post(point, record, target=target, deadline=self._deadline())
+            return record
+        try:
+            return await self.lifecycle.pre(
+                point, record, target=target, required=required, deadline=self._deadline()
+            )
+        except (HookRejected, RequiredFailed, RequiredMissing) as exc:
+            raise TtrpcError(exc.status, exc.message or "") from None
+
+    # -- events with an answer -----------------------------------------------------------------
+
+    async def _container_request(
+        self, point: HookPoint, request_type: str, payload: bytes
+    ) -> tuple[Any, ContainerInfo, Needed] | None:
+        """The request, its container and the required servers of an event whose answer can fail the CRI
+        operation; None when no hook server (registered or required) is to run for it."""
+        request = wire.parse(request_type, payload)
+        info = nri_convert.container_from_nri(request.pod, request.container)
+        if self.lifecycle.skips(info.pod):
+            return None
+        required = await self._require(point, info.pod, info.name)
+        if not self.dispatcher.plugins_for(point) and not required.names:
+            return None
+        return request, info, required
+
+    async def create_container(self, payload: bytes) -> bytes:
+        point = HookPoint.PRE_CREATE_CONTAINER
+        hooked = await self._container_request(point, "CreateContainerRequest", payload)
+        if hooked is None:
+            return bytes(api.CreateContainerResponse())
+        _, info, required = hooked
+        target = f"pod {info.pod.namespace}/{info.pod.name} container {info.name}"
+        after = await self._run(point, info, target, required)
+        adjusted = nri_convert.adjustment(info, after, oom_score_adj=self.nri_0_8)
+        self._not_applied(point, target, adjusted.not_applied)
+        return bytes(api.CreateContainerResponse(adjust=adjusted.adjust))
+
+    async def update_container(self, payload: bytes) -> bytes:
+        point = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
+        hooked = await self._container_request(point, "UpdateContainerRequest", payload)
+        if hooked is None:
+            return bytes(api.UpdateContainerResponse())
+        request, info, required = hooked
+        wanted = nri_convert.resources_from_nri(request.linux_resources)
+        stored = self.store.get_container(info.id) or info
+        current = stored.resources if stored.resources is not None else wanted
+        prepared = attrs.evolve(stored, resources=merge.update_resource_by_update_request(current, wanted))
+        after = await self._run(point, prepared, info.id, required)
+        not_applied = [
+            f"annotations[{k}]"
+            for k in after.annotations
+            if prepared.annotations.get(k) != after.annotations[k]
+        ]
+        update = api.UpdateContainerResponse()
+        if after.resources is not None and prepared.resources is not None:
+            resources, missing = nri_convert.resources_update(prepared.resources, after.resources)
+            not_applied += missing
+            if after.resources.oom_score_adj != prepared.resources.oom_score_adj:
+                not_applied.append("oom_score_adj")  # NRI's ContainerUpdate has no such field
+            if resources is not None:
+                update.update = [
+                    api.ContainerUpdate(
+                        container_id=info.id, linux=api.LinuxContainerUpdate(resources=resources)
+                    )
+                ]
+        self._not_applied(point, info.id, not_applied)
+        self.lifecycle.keep(point, info.id, after)
+        return bytes(update)
+
+    async def update_pod_sandbox(self, payload: bytes) -> bytes:
+        """NRI 0.12's UpdatePodSandbox (CRI UpdatePodSandboxResources, a pod-level resize): the
+        PreUpdatePodSandboxResources hook servers see the pod with the requested resources and overhead;
+        a Fail server's refusal fails the resize. NRI can refuse the update but not change it: changed
+        resources are logged and counted as not applied."""
+        request = wire.parse("UpdatePodSandboxRequest", payload)
+        pod = nri_convert.pod_from_nri(_present(request, "pod"))
+        point = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
+        if self.lifecycle.skips(pod):
+            return b""
+        required = await self._require(point, pod, None)
+        if not self.dispatcher.plugins_for(point) and not required.names:
+            return b""
+        wanted = _present(request, "linux_resources")
+        overhead = _present(request, "overhead_linux_resources")
+        resize = PodResize(
+            pod_sandbox_id=request.pod.id,
+            pod=attrs.evolve(
+                pod,
+                resources=nri_convert.resources_from_nri(wanted) if wanted is not None else None,
+                overhead=nri_convert.resources_from_nri(overhead) if overhead is not None else None,
+            ),
+        )
+        target = f"pod {pod.namespace}/{pod.name}"
+        after: PodResize = await self._run(point, resize, target, required)
+        if after.pod.resources != resize.pod.resources:
+            self._not_applied(point, target, ["resources"])
+        return b""  # UpdatePodSandboxResponse is an empty message
+
+    async def stop_container(self, payload: bytes) -> bytes:
+        request = wire.parse("StopContainerRequest", payload)
+        info = nri_convert.container_from_nri(request.pod, request.container)
+        if self._hooked(HookPoint.POST_STOP_CONTAINER, info.pod):
+            await self._run(HookPoint.POST_STOP_CONTAINER, info, info.id)
+        return bytes(api.StopContainerResponse())
+
+    # -- events without an answer of their own -------------------------------------------------
+
+    def _event_method(self, event: api.Event, request_type: str) -> Handler:
+        """The handler of NRI 0.12's dedicated method for ``event`` (e.g. ``StartContainer``)."""
+        message = wire.message_class(request_type)
+        has_container = "container" in message.DESCRIPTOR.fields_by_name
+
+        async def handle(payload: bytes) -> bytes:
+            request = message()
+            request.ParseFromString(payload)
+            self.event_calls = "dedicated"
+            container = _present(request, "container") if has_container else None
+            await self._on_event(event, _present(request, "pod"), container)
+            return b""  # every such response is an empty message
+
+        return handle
+
+    async def state_change(self, payload: bytes) -> bytes:
+        """The same events from a runtime before NRI 0.12 (or a 0.12 one's deprecated fallback)."""
+        event = wire.parse("StateChangeEvent", payload)
+        self.event_calls = "StateChange"
+        await self._on_event(event.event, _present(event, "pod"), _present(event, "container"))
+        return bytes(api.Empty())
+
+    async def _on_event(self, kind: api.Event, nri_pod: Any | None, nri_container: Any | None) -> None:
+        """An event without an answer of its own: keep the store, run the hook point's servers."""
+        pod = nri_convert.pod_from_nri(nri_pod)
+        store = self.store_kept
+        if kind == api.Event.RUN_POD_SANDBOX:
+            if store and nri_pod is not None:
+                self.lifecycle.keep(HookPoint.PRE_RUN_POD_SANDBOX, nri_pod.id, pod)
+            await self._pod_hook(HookPoint.PRE_RUN_POD_SANDBOX, pod)
+        elif kind == api.Event.STOP_POD_SANDBOX:
+            await self._pod_hook(HookPoint.POST_STOP_POD_SANDBOX, pod)
+        elif kind == api.Event.REMOVE_POD_SANDBOX:
+            if store and nri_pod is not None:
+                self.store.remove_pod(nri_pod.id)
+        elif kind == api.Event.POST_CREATE_CONTAINER:
+            if store:
+                info = nri_convert.container_from_nri(nri_pod, nri_container)
+                self.lifecycle.keep(HookPoint.PRE_CREATE_CONTAINER, info.id, info)
+        elif kind == api.Event.START_CONTAINER:
+            await self._container_hook(HookPoint.PRE_START_CONTAINER, nri_pod, nri_container)
+        elif kind == api.Event.POST_START_CONTAINER:
+            await self._container_hook(HookPoint.POST_START_CONTAINER, nri_pod, nri_container)
+        elif kind == api.Event.REMOVE_CONTAINER and store and nri_container is not None:
+            self.store.delete_container(nri_container.id)
+
+    async def _pod_hook(self, point: HookPoint, pod: PodInfo) -> None:
+        if not self._hooked(point, pod):
+            return
+        target = f"pod {pod.namespace}/{pod.name}"
+        after = await self._run(point, pod, target)
+        if point is HookPoint.PRE_RUN_POD_SANDBOX:
+            self._not_applied(point, target, nri_convert.pod_changes(pod, after))
+
+    async def _container_hook(self, point: HookPoint, nri_pod: Any | None, nri_container: Any | None) -> None:
+        info = nri_convert.container_from_nri(nri_pod, nri_container)
+        if not self._hooked(point, info.pod):
+            return
+        after = await self._run(point, self.store.get_container(info.id) or info, info.id)
+        if point is HookPoint.PRE_START_CONTAINER:
+            self.lifecycle.keep(point, info.id, after)  # as in proxy mode: the answer updates the store
