@@ -98,6 +98,7 @@ class Connection(Control):
         stream_window: int = STREAM_WINDOW,
         connection_window: int = CONNECTION_WINDOW,
         max_window_shifts: int | None = None,
+        stepwise: bool = False,
     ) -> None:
         """Args:
         max_concurrent_streams: the limit we advertise (server role); streams beyond it
@@ -108,11 +109,16 @@ class Connection(Control):
             data arrives rather than when it is acknowledged (default: in the client role).
         max_window_shifts: stream windows the peer's SETTINGS_INITIAL_WINDOW_SIZE changes
             may adjust (default :data:`MAX_WINDOW_SHIFTS`).
+        stepwise: :meth:`receive_data` returns after each frame that made events, and keeps
+            the rest of the input for the next call (``receive_data(b"")`` goes on). A driver
+            that acts on an event (answers, resets, releases a stream) then does so before the
+            connection's state moves past it: the next frames meet the state it left.
         """
         self.role = role
         self.server = role is Role.SERVER
         self.max_concurrent_streams = max_concurrent_streams
         self.check_request_headers = check_request_headers
+        self.stepwise = stepwise
         self.credit_on_arrival = (
             (not self.server) if connection_credit_on_arrival is None else connection_credit_on_arrival
         )
@@ -250,7 +256,11 @@ class Connection(Control):
         offset, total = 0, len(buf)
         head = f.HEAD
         try:
+            events = self._events
+            stepwise = self.stepwise
             while total - offset >= f.HEAD_SIZE and self._deferred is None and self.terminated is None:
+                if stepwise and events:
+                    break
                 high, low, kind, flags, stream_id = head.unpack_from(buf, offset)
                 size = high << 16 | low
                 if size > f.DEFAULT_MAX_FRAME:

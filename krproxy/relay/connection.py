@@ -476,6 +476,7 @@ class Endpoint:
             max_concurrent_streams=relay.caller_max_streams if server_side else None,
             check_request_headers=relay.check_request_headers,
             max_window_shifts=MAX_WINDOW_SHIFTS,  # read here: tests lower it
+            stepwise=True,  # each event is acted on before the core reads on (see _handle)
         )
         self.h2.decode_budget = DECODE_PER_TURN
         self.out = self.h2.output  # written from and trimmed in place
@@ -499,6 +500,16 @@ class Endpoint:
     def held(self) -> int:
         """Bytes queued here: received elsewhere, not yet within this connection's windows."""
         return self.h2.buffered + self.waiting_held
+
+    @property
+    def recv_window(self) -> int:
+        """What the peer may still send on the connection (the core's)."""
+        return self.h2.recv_window
+
+    @property
+    def to_grant(self) -> int:
+        """Connection credit taken, not yet sent back in a WINDOW_UPDATE (the core's)."""
+        return self.h2.to_grant
 
     @property
     def goaway(self) -> str | None:
@@ -726,16 +737,25 @@ class Endpoint:
     async def _handle(self, events: list[ev.Event]) -> None:
         """Hand the core's events to the calls, waiting for a worker thread to decode each
         header block beyond what the event loop decodes (:data:`DECODE_PER_TURN`)."""
+        h2 = self.h2
         while True:
+            if not events:
+                self.touch()
+                self.relay.flush()
+                return
             self._dispatch(events)
+            last = events[-1]
+            if last.__class__ is ev.ConnectionTerminated:
+                self.touch()
+                self.relay.flush()
+                raise _Terminated(cast(ev.ConnectionTerminated, last))
+            if last.__class__ is not ev.HeaderBlockReceived:
+                # The core stopped after this frame's events (stepwise): on with the rest.
+                events = h2.receive_data(b"")
+                continue
             self.touch()
             self.relay.flush()
-            last = events[-1] if events else None
-            if last.__class__ is ev.ConnectionTerminated:
-                raise _Terminated(last)
-            if last.__class__ is not ev.HeaderBlockReceived:
-                return
-            block = last.block
+            block = cast(ev.HeaderBlockReceived, last).block
             large = len(block) >= LARGE_BLOCK
             try:
                 headers: Headers | f.ProtocolError = await trio.to_thread.run_sync(
