@@ -80,6 +80,25 @@ def test_a_request_and_its_data_arrive_as_events_and_a_frame_split_anywhere_wait
     assert [ev.RequestReceived(1, REQUEST, False), ev.DataReceived(1, b"hello", 5, True)] == events
 
 
+def test_stepwise_input_stops_after_each_frame_s_events_so_the_driver_acts_first() -> None:
+    """A driver that answers stream 1 and resets it (NO_ERROR) on its RequestReceived, before the
+    core has read on: the DATA that followed in the same read meets a reset stream (ignored,
+    §5.1), not a live one, and the RST_STREAM goes out before anything the later frames cause."""
+    conn = Connection(Role.SERVER, stepwise=True)
+    conn.receive_data(f.PREFACE + f.settings([]))
+    conn.data_to_send()
+    wire = headers_frame(1) + data_frame(1, b"hello", end=True) + f.frame(f.PING, 0, 0, b"12345678")
+    assert [ev.RequestReceived(1, REQUEST, False)] == conn.receive_data(wire)
+    conn.send_headers(1, RESPONSE, end_stream=True)
+    conn.reset_stream(1, f.NO_ERROR)
+    # The DATA meets a stream we reset: ignored, no event; the PING's comes next.
+    assert [ev.PingReceived(b"12345678")] == conn.receive_data(b"")
+    assert [(f.HEADERS, 1), (f.RST_STREAM, 1), (f.PING, 0)] == [
+        (kind, sid) for kind, _, sid, _ in parse(conn.data_to_send())
+    ]
+    assert [] == conn.receive_data(b"")
+
+
 def test_an_even_stream_id_or_one_not_above_the_last_ends_the_connection() -> None:
     assert _code(server(), headers_frame(2)) == f.PROTOCOL_ERROR
     conn = server()
