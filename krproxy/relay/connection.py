@@ -748,14 +748,14 @@ class Endpoint:
             if last.__class__ is ev.ConnectionTerminated:
                 self.touch()
                 self.relay.flush()
-                raise _Terminated(cast(ev.ConnectionTerminated, last))
+                raise _Terminated(last)
             if last.__class__ is not ev.HeaderBlockReceived:
                 # The core stopped after this frame's events (stepwise): on with the rest.
                 events = h2.receive_data(b"")
                 continue
             self.touch()
             self.relay.flush()
-            block = cast(ev.HeaderBlockReceived, last).block
+            block = last.block
             large = len(block) >= LARGE_BLOCK
             try:
                 headers: Headers | f.ProtocolError = await trio.to_thread.run_sync(
