@@ -17,6 +17,11 @@ collected of its requests (they are taken whole before the hooks run), and its s
 and the calls waiting for an upstream stream slot (:data:`MAX_WAITING`), which take turns by
 caller connection.
 
+Protocol state is the HTTP/2 core's (:class:`krproxy.h2.connection.Connection`, one per
+endpoint): the endpoint feeds it what it reads and turns its events into the calls' steps. The
+core reads *stepwise*: it stops after each frame that made events, so each event is acted on
+(a call answered, a stream reset or released) before the next frame meets the core's state.
+
 I/O: non-blocking sockets in one trio thread. A reader task per connection parses what
 arrived and hands it on; whatever that queued on any connection is then written with a plain
 ``send`` (:meth:`Relay.flush`); a writer task waits only when a socket's buffer is full.
@@ -82,9 +87,6 @@ LOGGER = logging.getLogger("krproxy.relay")
 
 Headers = list[tuple[bytes, bytes]]
 
-#: Granted bytes are sent back in WINDOW_UPDATEs once this much has accumulated.
-_STREAM_GRANT_AT = STREAM_WINDOW // 4
-_CONNECTION_GRANT_AT = CONNECTION_WINDOW // 4
 #: Bytes of header blocks a connection's reader decodes on the event loop between two waits
 #: for its socket; a block that does not fit is decoded in a worker thread while the reader
 #: waits (frames after it wait too: HPACK state is the connection's). HPACK decoding in Python
@@ -122,9 +124,6 @@ MAX_WAITING = 10_000
 _RECV_SIZE = 256 * 1024
 #: Reads handled back to back before the reader lets other tasks run.
 _READS_PER_CHECKPOINT = 8
-
-#: A private flag on a header block: its HEADERS frame made the stream depend on itself.
-_SELF_DEPENDENT = 0x100
 
 _RETIRED = "retired"
 _STOPPED = "krproxy stopped"
