@@ -186,6 +186,12 @@ class Connection(Control):
         return out
 
     @property
+    def input_left(self) -> bool:
+        """Input is kept that may hold a whole frame (stepwise reading stopped before it):
+        ``receive_data(b"")`` goes on with it."""
+        return len(self._in) >= f.HEAD_SIZE
+
+    @property
     def preface_received(self) -> bool:
         """The client's connection preface arrived (always true in the client role)."""
         return not self._preface_due

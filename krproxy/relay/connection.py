@@ -750,7 +750,7 @@ class Endpoint:
                 raise _Terminated(last)
             if last.__class__ is not ev.HeaderBlockReceived:
                 # The core stopped after this frame's events (stepwise): on with the rest.
-                events = h2.receive_data(b"")
+                events = h2.receive_data(b"") if h2.input_left else []
                 continue
             self.touch()
             self.relay.flush()

@@ -89,6 +89,7 @@ def test_stepwise_input_stops_after_each_frame_s_events_so_the_driver_acts_first
     conn.data_to_send()
     wire = headers_frame(1) + data_frame(1, b"hello", end=True) + f.frame(f.PING, 0, 0, b"12345678")
     assert [ev.RequestReceived(1, REQUEST, False)] == conn.receive_data(wire)
+    assert conn.input_left
     conn.send_headers(1, RESPONSE, end_stream=True)
     conn.reset_stream(1, f.NO_ERROR)
     # The DATA meets a stream we reset: ignored, no event; the PING's comes next.
@@ -96,6 +97,7 @@ def test_stepwise_input_stops_after_each_frame_s_events_so_the_driver_acts_first
     assert [(f.HEADERS, 1), (f.RST_STREAM, 1), (f.PING, 0)] == [
         (kind, sid) for kind, _, sid, _ in parse(conn.data_to_send())
     ]
+    assert not conn.input_left
     assert [] == conn.receive_data(b"")
 
 
