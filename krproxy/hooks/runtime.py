@@ -280,7 +280,7 @@ class HookRuntime:
             container=info.name,
             target=f"pod {pod.namespace}/{pod.name} container {info.name}",
             data=data,
-            rebuild=lambda merged: merge.apply_create(request, merged),
+            rebuild=lambda merged: merge.write_create(request, merged),  # request: ours, used once
             what="CreateContainerRequest",
         )
         return await self._forward_created(
