@@ -37,12 +37,14 @@ Rules (koord-runtime-proxy v1.8, ``resexecutor/cri``; see shared/notes/hook-sema
 Beyond the reference: requests are cloned through their wire form (``copy.deepcopy`` of a betterproto2
 message drops its unknown fields) and resource messages are rewritten field by field, so unknown fields a
 newer kubelet sent survive a merge; a missing ``config.linux``/``sandbox_config.linux`` (a nil dereference in
-the reference) is created when something must be written into it.
+the reference) is created when something must be written into it. The request path does not encode
+:func:`apply_create`'s message: :mod:`krproxy.hooks.rewrite` writes the same changes into kubelet's bytes with
+upb, to the same bytes (tests/unit/test_hooks_rewrite.py), ~40× faster.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Generic, TypeVar
 
 import attrs
@@ -65,6 +67,7 @@ __all__ = [
     "apply_pod_resize",
     "apply_run_pod",
     "apply_update",
+    "create_envs",
     "merge_container_info",
     "merge_create_container",
     "merge_pod",
@@ -74,7 +77,6 @@ __all__ = [
     "prepare_update",
     "update_resource",
     "update_resource_by_update_request",
-    "write_create",
 ]
 
 T = TypeVar("T")
@@ -304,24 +306,23 @@ def apply_run_pod(request: v1.RunPodSandboxRequest, pod: PodInfo) -> v1.RunPodSa
     return out
 
 
+def create_envs(sent: Iterable[str], envs: FrozenMap[str, str]) -> dict[str, str]:
+    """The record's *envs* in the order CreateContainer's ``config.envs`` is rebuilt in: the names the request
+    *sent* (in its order, first place of a repeated name) that are still set, then the added ones by name."""
+    seen = list(dict.fromkeys(sent))
+    known = set(seen)
+    ordered = [k for k in seen if k in envs] + sorted(k for k in envs if k not in known)
+    return {k: envs[k] for k in ordered}
+
+
 def _rebuild_envs(original: list[v1.KeyValue], envs: FrozenMap[str, str]) -> list[v1.KeyValue]:
-    seen = list(dict.fromkeys(kv.key for kv in original))
-    ordered = [k for k in seen if k in envs] + sorted(k for k in envs if k not in set(seen))
-    return envs_to_cri({k: envs[k] for k in ordered})
+    return envs_to_cri(create_envs((kv.key for kv in original), envs))
 
 
 def apply_create(request: v1.CreateContainerRequest, info: ContainerInfo) -> v1.CreateContainerRequest:
     """A copy of *request* carrying the container record: annotations, the whole ``config.linux.resources``,
     the pod cgroup parent (if non-empty) and ``config.envs`` rebuilt from the record's envs."""
-    return write_create(_clone(request), info)
-
-
-def write_create(out: v1.CreateContainerRequest, info: ContainerInfo) -> v1.CreateContainerRequest:
-    """:func:`apply_create` in place: write the container record into *out* itself and return it.
-
-    For a caller that owns the request and has no further use for it as it was (the request path, which
-    decoded it for this call): the copy costs a serialize and a parse, about half of a merge.
-    """
+    out = _clone(request)
     if out.config is None:
         out.config = v1.ContainerConfig()
     out.config.annotations = dict(info.annotations)

@@ -51,7 +51,7 @@ import trio
 from krproxy import log
 from krproxy.forward import BackendError, Forward, Handler, Interceptor, Reply, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.hooks import convert, merge
+from krproxy.hooks import convert, merge, rewrite
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard
 from krproxy.hooks.lifecycle import Lifecycle
@@ -196,7 +196,7 @@ class HookRuntime:
             pod=pod,
             target=f"pod {pod.namespace}/{pod.name}",
             data=data,
-            rebuild=lambda merged: merge.apply_run_pod(request, merged),
+            rebuild=lambda merged: merge.apply_run_pod(request, merged).SerializeToString(),
             what="RunPodSandboxRequest",
         )
         return await self._forward_created(
@@ -250,7 +250,7 @@ class HookRuntime:
                 pod=stored,
                 target=f"pod {stored.namespace}/{stored.name}",
                 data=data,
-                rebuild=lambda merged: merge.apply_pod_resize(request, merged),
+                rebuild=lambda merged: merge.apply_pod_resize(request, merged).SerializeToString(),
                 what="UpdatePodSandboxResourcesRequest",
             )
             reply = await forward(data)
@@ -280,7 +280,7 @@ class HookRuntime:
             container=info.name,
             target=f"pod {pod.namespace}/{pod.name} container {info.name}",
             data=data,
-            rebuild=lambda merged: merge.write_create(request, merged),  # request: ours, used once
+            rebuild=lambda merged: rewrite.create_request(data, merged),  # kubelet's bytes, with upb
             what="CreateContainerRequest",
         )
         return await self._forward_created(
@@ -344,7 +344,7 @@ class HookRuntime:
                 container=stored.name,
                 target=container_id,
                 data=data,
-                rebuild=lambda merged: merge.apply_update(request, merged),
+                rebuild=lambda merged: merge.apply_update(request, merged).SerializeToString(),
                 what="UpdateContainerResourcesRequest",
             )
             reply = await forward(data)
@@ -364,12 +364,12 @@ class HookRuntime:
         container: str | None = None,
         target: str,
         data: bytes,
-        rebuild: Callable[[R], Any],
+        rebuild: Callable[[R], bytes],
         what: str,
     ) -> tuple[R, bytes]:
         """Run the pre hooks of *point* on *record* (unless *pod* skips them; once its required servers are
         up); return the record as the plugins left it and the request to forward: kubelet's *data* itself
-        when no plugin changed anything, else the message ``rebuild(record)`` makes, encoded."""
+        when no plugin changed anything, else the bytes ``rebuild(record)`` makes."""
         if self._skips(pod):
             return record, data
         required = await self._require(point, pod, container)
@@ -377,7 +377,7 @@ class HookRuntime:
         if merged is record:
             return record, data
         with _malformed(what):
-            return merged, bytes(rebuild(merged).SerializeToString())
+            return merged, bytes(rebuild(merged))
 
     async def _forward_created(
         self, point: HookPoint, record: Any, call: Awaitable[Reply], answer: type[Any], field: str

@@ -10,7 +10,6 @@ import pytest
 from krproxy.hooks.convert import container_from_create_request, resources_to_cri, resources_to_hook
 from krproxy.hooks.merge import (
     Change,
-    apply_create,
     apply_update,
     merge_container_info,
     merge_create_container,
@@ -19,7 +18,6 @@ from krproxy.hooks.merge import (
     prepare_update,
     update_resource,
     update_resource_by_update_request,
-    write_create,
 )
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
 from krproxy.proto.runtime import v1, v1alpha1
@@ -294,23 +292,6 @@ class TestMergeCreateContainer:
 
         assert merged.value.SerializeToString().endswith(b"\xa8\x06\x01")
         assert wire == request.SerializeToString()
-
-    def test_write_create_is_apply_create_in_place(self) -> None:
-        """The request path's in-place rebuild writes what the copying one returns, into the request itself."""
-        wire = create_request([("A", "1"), ("B", "2")]).SerializeToString() + b"\xa8\x06\x01"
-        answer = v1alpha1.ContainerResourceHookResponse(
-            container_annotations={"d": "2"}, container_envs={"B": "3", "C": "4"}, pod_cgroup_parent="/p"
-        )
-        info = merge_container_info(
-            container_from_create_request(v1.CreateContainerRequest.FromString(wire), PodInfo()), answer
-        ).value
-        copied = apply_create(v1.CreateContainerRequest.FromString(wire), info)
-        request = v1.CreateContainerRequest.FromString(wire)
-
-        written = write_create(request, info)
-
-        assert written is request
-        assert copied.SerializeToString() == written.SerializeToString() != wire
 
 
 class TestMergeContainerInfo:
