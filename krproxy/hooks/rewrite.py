@@ -1,31 +1,37 @@
-"""The merged CreateContainer request, written into kubelet's bytes with upb (the request path's encoder).
+"""The intercepted CreateContainer request in upb: decoded, and written back with a merged record.
 
-:func:`krproxy.hooks.merge.write_create` says what a merged container record changes in a CreateContainer
-request; re-encoding a betterproto2 message costs ~0.4 ms for a small request (pure Python, each field's
-work inside ``warnings.catch_warnings``), most of what a hooked CreateContainer added over direct.
-:func:`create_request` makes the same changes on kubelet's bytes parsed by upb (:mod:`krproxy.hooks.wire`,
-maps read as their entries) and serializes that: a few microseconds.
+The request path reads kubelet's CreateContainer as a :data:`CreateContainerRequest` (the record comes from
+:func:`krproxy.hooks.convert.container_from_wire_create`) and, when a plugin changed something, writes the
+merged record into that same message and encodes it (:func:`create_request`). The changes are
+:func:`krproxy.hooks.merge.apply_create`'s and so are the bytes (tests/unit/test_hooks_rewrite.py). With
+betterproto2 (pure Python, each field's work inside ``warnings.catch_warnings``) decoding a 4 KB request of
+kubelet's size took ~1.5 ms and encoding the merged one ~3.6 ms; upb does each in tens of microseconds
+(``python -m krproxy.bench.merge``).
 
-What kubelet sent and the merge does not touch is re-encoded as upb read it: known fields in field-number
-order, then unknown fields, as betterproto2 writes them. Two differences from encoding the betterproto2
-decode, both of input no Go client produces: a map (other than those rewritten here) that repeats a key
-keeps every entry (betterproto2 kept the last value), and a field sent with a default value explicitly keeps
-it (betterproto2 dropped it). Either way the runtime reads the same request.
+The message comes from :mod:`krproxy.hooks.wire`'s writing pool: maps are read as their entries (kubelet's
+order kept) and entry keys and values have presence (an empty one is written, as Go writes it). What the
+merge does not touch is re-encoded as upb read it: known fields in field-number order, then unknown fields,
+as betterproto2 wrote them. Differences from the betterproto2 path, all for input no Go client produces: a
+map (other than those rewritten here) that repeats a key keeps every entry (betterproto2 kept the last
+value; the runtime reads the same map), a field sent with a default value explicitly keeps it, and a field
+sent with the wrong wire type is kept as an unknown field, as the runtime's Go decoder keeps it
+(betterproto2 read a value of the wrong type, which the request path refused with INVALID_ARGUMENT).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from google.protobuf.message import DecodeError
-
 from krproxy.hooks import wire
 from krproxy.hooks.merge import create_envs
 from krproxy.hooks.model import ContainerInfo, Resources
 
-__all__ = ["create_request"]
+__all__ = ["CreateContainerRequest", "create_request"]
 
-_CreateContainerRequest = wire.message_class("CreateContainerRequest", writing=True)
+#: Kubelet's CreateContainer request as a upb message class (``CreateContainerRequest.FromString(data)``; raises
+#: ``google.protobuf.message.DecodeError`` on bytes that are none). A field sent with a wire type other than
+#: its own is kept as an unknown field, as the runtime's Go decoder keeps it.
+CreateContainerRequest = wire.message_class("CreateContainerRequest", writing=True)
 
 
 def _set_map(field: Any, values: dict[str, str]) -> None:
@@ -50,18 +56,12 @@ def _write_resources(target: Any, resources: Resources) -> None:
     target.memory_swap_limit_in_bytes = resources.memory_swap_limit_in_bytes
 
 
-def create_request(data: bytes, info: ContainerInfo) -> bytes:
-    """Kubelet's CreateContainer request *data* carrying the merged record *info*, as
-    :func:`krproxy.hooks.merge.apply_create` writes it: annotations, the whole ``config.linux.resources`` (if
-    known), the pod cgroup parent (if non-empty) and ``config.envs`` rebuilt from the record's envs.
-
-    Raises ``ValueError`` if upb cannot parse *data* (betterproto2 could, or the call would not be here).
+def create_request(message: Any, info: ContainerInfo) -> bytes:
+    """The CreateContainer *message* (a :data:`CreateContainerRequest`; changed in place) carrying the merged record
+    *info*, encoded, as :func:`krproxy.hooks.merge.apply_create` writes it: annotations, the whole
+    ``config.linux.resources`` (if known), the pod cgroup parent (if non-empty) and ``config.envs`` rebuilt
+    from the record's envs.
     """
-    message = _CreateContainerRequest()
-    try:
-        message.ParseFromString(data)
-    except DecodeError as err:
-        raise ValueError(f"cannot decode CreateContainerRequest: {err}") from None
     config = message.config  # sent from here on, even if empty: clearing a field in it marks it set
     _set_map(config.annotations, dict(info.annotations))
     if info.resources is not None:

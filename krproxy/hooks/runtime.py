@@ -264,14 +264,15 @@ class HookRuntime:
     # -- containers --------------------------------------------------------------------
 
     async def create_container(self, data: bytes, forward: Forward) -> Reply:
-        request = await _decode_request(cri.CreateContainerRequest, data, "CreateContainerRequest")
+        # upb, not betterproto2: ~1.5 ms less to decode a request of kubelet's size (hooks/rewrite.py).
+        request = await _decode_request(rewrite.CreateContainerRequest, data, "CreateContainerRequest")
         with _malformed("CreateContainerRequest"):
             pod = self.store.get_pod(request.pod_sandbox_id)
             if pod is None:
                 # Better than the reference (which skips hooks): the request carries the pod's config.
                 self._missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
-                pod = convert.pod_from_run_request(cri.RunPodSandboxRequest(config=request.sandbox_config))
-            info = convert.container_from_create_request(request, pod)
+                pod = convert.pod_from_wire_config(request.sandbox_config)
+            info = convert.container_from_wire_create(request, pod)
         point = HookPoint.PRE_CREATE_CONTAINER
         info, data = await self._pre_hooks(
             point,
@@ -280,7 +281,7 @@ class HookRuntime:
             container=info.name,
             target=f"pod {pod.namespace}/{pod.name} container {info.name}",
             data=data,
-            rebuild=lambda merged: rewrite.create_request(data, merged),  # kubelet's bytes, with upb
+            rebuild=lambda merged: rewrite.create_request(request, merged),
             what="CreateContainerRequest",
         )
         return await self._forward_created(

@@ -1,17 +1,25 @@
-"""krproxy.hooks.rewrite: the request path writes a merged CreateContainer with upb into kubelet's bytes; the
-bytes must be those merge.apply_create's betterproto2 message encodes to (the reference of the merge rules),
-unknown fields and all. Explicit cases, then hypothesis (budget: tests/fuzz/__init__.py)."""
+"""krproxy.hooks.rewrite: the request path decodes kubelet's CreateContainer with upb, reads the record from it
+(convert.container_from_wire_create) and writes a merged record into it. The record must be the one
+convert.container_from_create_request reads from the betterproto2 decode, and the bytes those
+merge.apply_create's betterproto2 message encodes to (the reference of the merge rules), unknown fields and
+all. Explicit cases, then hypothesis (budget: tests/fuzz/__init__.py)."""
 
 from __future__ import annotations
 
 import pytest
+from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from krproxy.hooks.convert import container_from_create_request
+from krproxy.hooks.convert import (
+    container_from_create_request,
+    container_from_wire_create,
+    pod_from_run_request,
+    pod_from_wire_config,
+)
 from krproxy.hooks.merge import apply_create, merge_container_info
 from krproxy.hooks.model import ContainerInfo, PodInfo
-from krproxy.hooks.rewrite import create_request
+from krproxy.hooks.rewrite import CreateContainerRequest, create_request
 from krproxy.proto.runtime import v1, v1alpha1
 from tests.fuzz import INT64, examples, linux_resources
 
@@ -82,7 +90,7 @@ def test_same_bytes_as_apply_create(
     wire = bytes(request_.SerializeToString()) + unknown
     info = merged_record(wire, answer)
 
-    assert expected(wire, info) == create_request(wire, info)
+    assert expected(wire, info) == create_request(CreateContainerRequest.FromString(wire), info)
 
 
 def test_unknown_resources_leave_linux_alone() -> None:
@@ -90,7 +98,9 @@ def test_unknown_resources_leave_linux_alone() -> None:
     wire = bytes(v1.CreateContainerRequest(pod_sandbox_id="x").SerializeToString())
     info = ContainerInfo(resources=None, annotations={"a": "1"})
 
-    written = v1.CreateContainerRequest.FromString(create_request(wire, info))
+    written = v1.CreateContainerRequest.FromString(
+        create_request(CreateContainerRequest.FromString(wire), info)
+    )
 
     assert written.config is not None and written.config.linux is None
     assert {"a": "1"} == written.config.annotations
@@ -103,12 +113,35 @@ def test_a_record_without_resources_as_apply_create(info: ContainerInfo) -> None
     """Nothing but (maybe) envs to write and no config sent: a config is sent all the same, as apply_create does."""
     wire = bytes(v1.CreateContainerRequest(pod_sandbox_id="x").SerializeToString())
 
-    assert expected(wire, info) == create_request(wire, info)
+    assert expected(wire, info) == create_request(CreateContainerRequest.FromString(wire), info)
 
 
-def test_undecodable_bytes_are_a_value_error() -> None:
-    with pytest.raises(ValueError, match="cannot decode CreateContainerRequest"):
-        create_request(b"\x12\x05ab", ContainerInfo())
+def test_undecodable_bytes_raise() -> None:
+    with pytest.raises(DecodeError):
+        CreateContainerRequest.FromString(b"\x12\x05ab")
+
+
+def same_records(wire: bytes) -> None:
+    """The upb-decoded request gives the records the betterproto2-decoded one gives."""
+    reference = v1.CreateContainerRequest.FromString(wire)
+    upb = CreateContainerRequest.FromString(wire)
+    pod = pod_from_run_request(v1.RunPodSandboxRequest(config=reference.sandbox_config))
+    assert pod == pod_from_wire_config(upb.sandbox_config)
+    assert container_from_create_request(reference, pod) == container_from_wire_create(upb, pod)
+
+
+@pytest.mark.parametrize("unknown", [b"", UNKNOWN], ids=["", "unknown field"])
+@pytest.mark.parametrize("request_", REQUESTS.values(), ids=REQUESTS.keys())
+def test_same_records_as_betterproto2(request_: v1.CreateContainerRequest, unknown: bytes) -> None:
+    same_records(bytes(request_.SerializeToString()) + unknown)
+
+
+def test_repeated_map_keys_read_as_betterproto2_reads_them() -> None:
+    """A key sent twice: the later value, in the first place (wire.entries)."""
+    entry = v1.ContainerConfig(annotations={"a": "1", "b": "2"}).SerializeToString()
+    again = v1.ContainerConfig(annotations={"a": "3"}).SerializeToString()
+    config = bytes(entry) + bytes(again)
+    same_records(b"\x12" + bytes([len(config)]) + config)
 
 
 names = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=6)
@@ -170,6 +203,7 @@ answers = st.builds(
 @settings(max_examples=examples(150), deadline=None)
 @given(requests, answers)
 def test_fuzz_same_bytes_as_apply_create(wire: bytes, answer: v1alpha1.ContainerResourceHookResponse) -> None:
+    same_records(wire)
     info = merged_record(wire, answer)
 
-    assert expected(wire, info) == create_request(wire, info)
+    assert expected(wire, info) == create_request(CreateContainerRequest.FromString(wire), info)
