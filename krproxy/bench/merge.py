@@ -138,7 +138,7 @@ def measure(
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m krproxy.bench.merge", description=__doc__.split("\n")[0])
-    parser.add_argument("--calls", type=int, default=1000)
+    parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     for size, data in (("bench", bench_request()), ("kubelet-sized", kubelet_sized_request())):
