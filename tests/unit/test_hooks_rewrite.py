@@ -6,6 +6,7 @@ all. Explicit cases, then hypothesis (budget: tests/fuzz/__init__.py)."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 from google.protobuf.message import DecodeError
 from hypothesis import given, settings
@@ -207,3 +208,17 @@ def test_fuzz_same_bytes_as_apply_create(wire: bytes, answer: v1alpha1.Container
     info = merged_record(wire, answer)
 
     assert expected(wire, info) == create_request(CreateContainerRequest.FromString(wire), info)
+
+
+def test_a_field_of_the_wrong_wire_type_is_kept_unknown() -> None:
+    """``config`` sent as a varint: read as no config (as containerd's Go decoder reads it), kept as an unknown
+    field and forwarded after the merge (betterproto2 read an int there, which the request path refused)."""
+    wire = b"\x0a\x01p\x10\x01"  # pod_sandbox_id "p"; field 2 (config, a message) as varint 1
+    message = CreateContainerRequest.FromString(wire)
+    info = container_from_wire_create(message, PodInfo())
+    assert ("p", "") == (info.pod_sandbox_id, info.name)
+
+    written = create_request(message, attrs.evolve(info, annotations={"a": "1"}))
+
+    assert written.endswith(b"\x10\x01")
+    assert {"a": "1"} == v1.CreateContainerRequest.FromString(written[: -len(b"\x10\x01")]).config.annotations
