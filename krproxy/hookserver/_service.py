@@ -27,7 +27,7 @@ from krproxy.grpcstatus import GRPCError, Status
 
 from . import _wire
 from ._app import RETRY_INTERVAL, HookServer, Ticker
-from ._policy import PolicyWatcher
+from ._policywatch import PolicyWatcher
 from ._registration import registration_json, remove_registration, write_registration
 from ._registry import WORKER_THREAD, FailurePolicy, HookFailedError, Stage
 
