@@ -20,8 +20,9 @@ cgroup paths, the policy and its rules) are imported through this package withou
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from krproxy._lazy import reexport
 
 if TYPE_CHECKING:
     from krproxy.hookserver._app import HookServer as HookServer
@@ -124,10 +125,4 @@ _WHERE = {
 
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> Any:
-    # An import that fails (trio missing, a bug in _service) raises its own error here, not
-    # "cannot import name": only AttributeError is turned into that.
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"krproxy.hookserver.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = reexport(__name__, _WHERE)
