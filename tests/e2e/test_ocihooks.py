@@ -36,6 +36,7 @@ from cri_api.v1 import api_pb2 as pb
 from krproxy import kubelet
 from krproxy.ocihooks.wrapper import write_launcher
 from tests.e2e.support import LOOP, TIMEOUT, Containerd, Cri, Proxy, pod_config, wait_until
+from tests.ocihook_files import write_hook_file
 
 RECORDER = f"""#!{sys.executable}
 import json, sys, time
@@ -81,19 +82,18 @@ class Hooks:
         directory: Path | None = None,
         env: list[str] | None = None,
     ) -> Path:
-        args = [str(self.script), str(self.record), label or name, str(exit_code)]
-        if sleep is not None:
-            args.append(str(sleep))
-        hook: dict[str, Any] = {"path": str(self.script), "args": args}
-        if timeout is not None:
-            hook["timeout"] = timeout
-        if env is not None:
-            hook["env"] = env
-        path = (directory or self.low) / name
-        tmp = path.with_name("." + path.name + ".tmp")
-        tmp.write_text(json.dumps({"version": "1.0.0", "hook": hook, "when": when, "stages": stages}))
-        os.replace(tmp, path)
-        return path
+        return write_hook_file(
+            (directory or self.low) / name,
+            self.script,
+            self.record,
+            label or name,
+            when,
+            stages,
+            exit_code=exit_code,
+            sleep=sleep,
+            timeout=timeout,
+            env=env,
+        )
 
     def calls(self, container_id: str | None = None) -> list[dict[str, Any]]:
         if not self.record.exists():
