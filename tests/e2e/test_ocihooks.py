@@ -36,7 +36,7 @@ from cri_api.v1 import api_pb2 as pb
 from krproxy import kubelet
 from krproxy.ocihooks.wrapper import write_launcher
 from tests.e2e.support import LOOP, TIMEOUT, Containerd, Cri, Proxy, pod_config, wait_until
-from tests.ocihook_files import write_hook_file
+from tests.ocihook_files import HookFiles
 
 RECORDER = f"""#!{sys.executable}
 import json, sys, time
@@ -63,37 +63,11 @@ WRAPPER = Path(sys.executable).parent / "krproxy-runc-wrapper"
 
 
 @attrs.define
-class Hooks:
+class Hooks(HookFiles):
     low: Path
     high: Path
     record: Path
     script: Path
-
-    def write(
-        self,
-        name: str,
-        when: dict[str, Any],
-        stages: list[str],
-        *,
-        label: str = "",
-        exit_code: int = 0,
-        sleep: float | None = None,
-        timeout: int | None = None,
-        directory: Path | None = None,
-        env: list[str] | None = None,
-    ) -> Path:
-        return write_hook_file(
-            (directory or self.low) / name,
-            self.script,
-            self.record,
-            label or name,
-            when,
-            stages,
-            exit_code=exit_code,
-            sleep=sleep,
-            timeout=timeout,
-            env=env,
-        )
 
     def calls(self, container_id: str | None = None) -> list[dict[str, Any]]:
         if not self.record.exists():

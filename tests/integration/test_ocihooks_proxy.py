@@ -22,7 +22,7 @@ from krproxy.daemon import Daemon
 from krproxy.forward import Reply
 from krproxy.ocihooks.proxy import compose
 from tests.integration.support import LIVENESS_LIMIT, in_thread, start_proxy, wait_until
-from tests.ocihook_files import write_hook_file
+from tests.ocihook_files import HookFiles
 
 #: A hook: ``recorder.py OUT LABEL [EXIT [SLEEP]]`` records ``{"label", "state"}`` then sleeps and exits.
 RECORDER = f"""#!{sys.executable}
@@ -44,7 +44,7 @@ sys.exit(code)
 RELOAD_LIMIT = LIVENESS_LIMIT
 
 
-class Hooks:
+class Hooks(HookFiles):
     """Two hooks.d directories (low, high precedence) and the record file the hooks write to."""
 
     def __init__(self, root: Path) -> None:
@@ -55,30 +55,6 @@ class Hooks:
         self.script = root / "recorder.py"
         self.script.write_text(RECORDER)
         self.script.chmod(0o755)
-
-    def write(
-        self,
-        name: str,
-        when: dict[str, Any],
-        stages: list[str],
-        *,
-        label: str = "",
-        exit_code: int = 0,
-        sleep: float | None = None,
-        timeout: int | None = None,
-        directory: Path | None = None,
-    ) -> Path:
-        return write_hook_file(
-            (directory or self.low) / name,
-            self.script,
-            self.record,
-            label or name,
-            when,
-            stages,
-            exit_code=exit_code,
-            sleep=sleep,
-            timeout=timeout,
-        )
 
     def calls(self) -> list[dict[str, Any]]:
         if not self.record.exists():
