@@ -35,7 +35,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from krproxy import kubelet
 from krproxy.ocihooks.wrapper import write_launcher
-from tests.e2e.support import LOOP, TIMEOUT, Containerd, Cri, Proxy, pod_config, wait_until
+from tests.e2e.support import LOOP, TIMEOUT, Containerd, Cri, Proxy, pod_config, start_proxy, wait_until
 from tests.ocihook_files import HookFiles
 
 RECORDER = f"""#!{sys.executable}
@@ -155,30 +155,8 @@ class Node:
 
 def _start_oci_proxy(workdir: Path, backend: str, dirs: list[Path], limit: float = 30) -> Proxy:
     """``krproxy serve`` with ``--oci-hooks-dir`` for each of ``dirs``; returns once it answers Version."""
-    socket = str(workdir / "proxy.sock")
-    (workdir / "hooks").mkdir(exist_ok=True)
-    log_path = workdir / "krproxy.log"
-    command = [
-        *(sys.executable, "-m", "krproxy", "serve", "--koord-runtimeproxy-endpoint", socket),
-        *("--remote-runtime-service-endpoint", backend, "--hook-dir", str(workdir / "hooks")),
-    ]
-    for directory in dirs:
-        command += ["--oci-hooks-dir", str(directory)]
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=workdir)
-    proxy = Proxy(process, socket, log_path, workdir, backend)
-    wait_until(lambda: os.path.exists(socket) or process.poll() is not None, limit, "proxy socket")
-    with Cri.connect(socket) as cri:
-        deadline = time.monotonic() + limit
-        while True:
-            assert process.poll() is None, f"krproxy exited with {process.returncode}; log:\n{proxy.log}"
-            with contextlib.suppress(grpc.RpcError):
-                cri.runtime.Version(pb.VersionRequest(), timeout=1)
-                return proxy
-            if time.monotonic() > deadline:
-                proxy.terminate()
-                raise AssertionError(f"krproxy not answering after {limit}s; log:\n{proxy.log}")
-            time.sleep(0.05)
+    extra = tuple(arg for directory in dirs for arg in ("--oci-hooks-dir", str(directory)))
+    return start_proxy(workdir, backend, limit=limit, extra=extra)
 
 
 @pytest.fixture
