@@ -39,11 +39,7 @@ NOT_SANS_IO = tuple(name for name in NOT_PURE if name != "hpack")
 
 #: Pure modules that still load trio through their package, with the reason: the test fails
 #: once one of them is fixed (strict xfail), so the list and the doc's note shrink with it.
-LOADS_TRIO_THROUGH_PACKAGE = {
-    "krproxy.hookserver._context": "hookserver/__init__ imports the whole SDK surface (_app, _service: trio)",
-    "krproxy.hookserver._cgroups": "hookserver/__init__ imports the whole SDK surface (_app, _service: trio)",
-    "krproxy.hookserver._rules": "hookserver/__init__ imports the SDK (trio); _rules imports _policy (trio)",
-}
+LOADS_TRIO_THROUGH_PACKAGE: dict[str, str] = {}
 
 
 @attrs.frozen
@@ -145,11 +141,7 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
 
 
 #: Upward imports still to remove, with the reason; the test of each fails once it is gone.
-UPWARD_TO_FIX = {
-    ("krproxy.hookserver._rules", "krproxy.hookserver._policy"): (
-        "_policy holds the NodePolicy value (pure) and the PolicyWatcher (trio) in one module"
-    ),
-}
+UPWARD_TO_FIX: dict[tuple[str, str], str] = {}
 
 
 @pytest.mark.parametrize(
@@ -355,7 +347,6 @@ LONG_MODULES_TO_SPLIT = {
     "krproxy/relay/connection.py": "Endpoint, Half and Route in one module (relay)",
     "krproxy/relay/rpc.py": "relayed calls, interceptor calls and the relay's own calls (relay)",
     "krproxy/rpc/server.py": "Server, Stream and the server-side call (krproxy.rpc)",
-    "krproxy/hookserver/_policy.py": "the node policy's schema, its loader and its watcher (SDK)",
 }
 
 
