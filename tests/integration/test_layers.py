@@ -132,26 +132,9 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
         f"{module} ({LAYERS[ROWS[module]].name}) imports {target} ({LAYERS[ROWS[target]].name})"
         for module, targets in sorted(GRAPH.items())
         for target in sorted(targets)
-        if module in ROWS
-        and target in ROWS
-        and ROWS[target] < ROWS[module]
-        and (module, target) not in UPWARD_TO_FIX
+        if module in ROWS and target in ROWS and ROWS[target] < ROWS[module]
     ]
     assert [] == upward
-
-
-#: Upward imports still to remove, with the reason; the test of each fails once it is gone.
-UPWARD_TO_FIX: dict[tuple[str, str], str] = {}
-
-
-@pytest.mark.parametrize(
-    "edge",
-    [pytest.param(e, marks=pytest.mark.xfail(strict=True, reason=r)) for e, r in UPWARD_TO_FIX.items()],
-)
-def test_an_upward_import_still_to_fix(edge: tuple[str, str]) -> None:
-    """The import named is gone (expected to fail until it is)."""
-    module, target = edge
-    assert target not in GRAPH[module]
 
 
 def test_the_stdlib_row_imports_only_the_standard_library() -> None:
