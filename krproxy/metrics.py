@@ -115,8 +115,9 @@ class Metrics:
         )
         self.nri_call_seconds = Histogram(
             "krproxy_nri_call_seconds",
-            "Time krproxy nri takes to answer the runtime's NRI calls (from the request read to the answer "
-            "written; the runtime waits that long, most calls on a pod's way to running), by method.",
+            "Time krproxy nri's handler takes for each of the runtime's NRI calls (from the decoded request to "
+            "the answer ready; the runtime waits that long and the answer's trip, most calls on a pod's way "
+            "to running), by method.",
             ["method"],
             buckets=BUCKETS,
             registry=r,

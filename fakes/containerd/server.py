@@ -32,6 +32,7 @@ import attrs
 import betterproto2
 import betterproto2.casing
 import trio
+from google.protobuf.message import DecodeError
 
 from krproxy import rpc
 from krproxy.fakes import strict
@@ -39,6 +40,7 @@ from krproxy.fakes.containerd.records import CriError
 from krproxy.fakes.containerd.state import RuntimeState
 from krproxy.fakes.grpc_go import Metadata, encode_metadata, header_check, metadata_items
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.hooks import wire
 from krproxy.methods import cri_methods
 from krproxy.proto.runtime import v1 as cri
 
@@ -240,7 +242,7 @@ class FakeContainerd:
         raw = await stream.recv_message()
         if raw is None:
             raise GRPCError(Status.INTERNAL, f"{method}: the request ended without a message")
-        message = request_type.FromString(raw)
+        message = _unmarshal(request_type, raw)
         log = self._log.setdefault(method, collections.deque(maxlen=self.history))
         log.append(RecordedRequest(method, message, raw, metadata_items(stream.metadata)))
         LOGGER.debug("event=request method=%s bytes=%d", method, len(raw))
@@ -268,6 +270,22 @@ class FakeContainerd:
         await stream.send_message(
             _checked(reply if isinstance(reply, bytes) else bytes(reply.SerializeToString()))
         )
+
+
+def _unmarshal(request_type: type[betterproto2.Message], raw: bytes) -> Any:
+    """*raw* as containerd's Go decoder reads it: a field sent with a wire type other than its own is an
+    unknown field there (betterproto2 fails on it), and bytes that are no message at all are grpc-go's
+    INTERNAL "error unmarshalling request"."""
+    try:
+        return request_type.FromString(raw)
+    except Exception:  # betterproto2 raises KeyError, ValueError, struct.error...
+        pass
+    try:
+        lenient = wire.message_class(request_type.__name__, writing=True).FromString(raw)
+    except DecodeError as err:
+        raise GRPCError(Status.INTERNAL, f"grpc: error unmarshalling request: {err}") from None
+    lenient.DiscardUnknownFields()
+    return request_type.FromString(lenient.SerializeToString())
 
 
 def _unimplemented(method: str, request: Any) -> Any:

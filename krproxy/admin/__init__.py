@@ -11,8 +11,9 @@ alone.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from krproxy._lazy import reexport
 
 if TYPE_CHECKING:
     from krproxy.admin.client import Unreachable as Unreachable
@@ -51,8 +52,4 @@ _WHERE = {
 
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"krproxy.admin.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = reexport(__name__, _WHERE)

@@ -21,6 +21,17 @@ import grpc
 PY = sys.executable
 
 
+def wait_grpc(socket: str, failure: str) -> None:
+    """Wait (up to a minute) until ``socket`` answers gRPC; else RuntimeError(``failure``)."""
+    channel = grpc.insecure_channel(f"unix://{socket}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=60)
+    except grpc.FutureTimeoutError:
+        raise RuntimeError(failure) from None
+    finally:
+        channel.close()
+
+
 class Processes:
     """Subprocesses the benchmark started; all stopped by PID at the end."""
 
@@ -37,13 +48,7 @@ class Processes:
         command = [PY, *argv] if python else list(argv)
         process = subprocess.Popen(command, stdout=log, stderr=log, cwd=self.workdir)
         self.started.append(process)
-        channel = grpc.insecure_channel(f"unix://{socket}")
-        try:
-            grpc.channel_ready_future(channel).result(timeout=60)
-        except grpc.FutureTimeoutError:
-            raise RuntimeError(f"{name} did not start; see {log.name}") from None
-        finally:
-            channel.close()
+        wait_grpc(socket, f"{name} did not start; see {log.name}")
         return process
 
     def stop(self) -> None:

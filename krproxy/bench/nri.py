@@ -213,8 +213,8 @@ def report_nri(r: dict[str, Any]) -> list[str]:
         )
     if "krproxy_answer_ms_per_pod" in r:
         lines.append(
-            f"{'krproxy nri answering, per pod':<33} {r['krproxy_answer_ms_per_pod']:8.3f} ms (request read to answer "
-            "written, every event call; median of the 'with' blocks: what containerd waited on it)"
+            f"{'krproxy nri answering, per pod':<33} {r['krproxy_answer_ms_per_pod']:8.3f} ms (handler start to answer "
+            "ready, every event call; median of the 'with' blocks: what containerd waited on it)"
         )
     if "hook_call_ms_per_pod" in r:
         lines.append(

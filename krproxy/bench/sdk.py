@@ -28,11 +28,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import grpc
 import trio
 
 from krproxy import log, rpc
-from krproxy.bench._support import Processes, _client, _serve_args, _summary
+from krproxy.bench._support import Processes, _client, _serve_args, _summary, wait_grpc
 from krproxy.grpcstatus import GRPCError
 from krproxy.hookserver import ContainerContext, HookServer, Stage
 from krproxy.hookserver.testing import container_request, pod_request
@@ -260,7 +259,7 @@ def sdk_create(workdir: str, calls: int, blocks: int = 10, baseline: str | None 
                     os.path.join(workdir, f"plugin-{name}.log"),
                 )
                 procs.started.append(process)
-                _wait_grpc(sock(f"plugin-{name}"), f"plugin-{name}")
+                wait_grpc(sock(f"plugin-{name}"), f"plugin-{name} did not start")
             procs.start(
                 f"krproxy-{name}",
                 _serve_args(sock(f"krproxy-{name}"), sock("containerd"), hook_dir),
@@ -282,16 +281,6 @@ def sdk_create(workdir: str, calls: int, blocks: int = 10, baseline: str | None 
     finally:
         procs.stop()
     return {label: _summary(got[target]) for label, target in labels.items()}
-
-
-def _wait_grpc(socket: str, name: str) -> None:
-    channel = grpc.insecure_channel(f"unix://{socket}")
-    try:
-        grpc.channel_ready_future(channel).result(timeout=60)
-    except grpc.FutureTimeoutError:
-        raise RuntimeError(f"{name} did not start") from None
-    finally:
-        channel.close()
 
 
 def report_sdk_create(r: dict[str, Any]) -> list[str]:

@@ -13,22 +13,16 @@ See docs/docker-mode.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from krproxy._lazy import reexport
 
 if TYPE_CHECKING:
     from krproxy.docker.server import DockerDaemon as DockerDaemon
     from krproxy.docker.server import DockerProxy as DockerProxy
     from krproxy.docker.server import serve as serve
 
-
-def __getattr__(name: str) -> Any:
-    # The proxy runs on trio; the pure modules below it (routes, convert) are imported through
-    # this package without it (tests/integration/test_layers.py).
-    if name in __all__:
-        from krproxy.docker import server
-
-        return getattr(server, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
+# The proxy runs on trio; the pure modules below it (routes, convert) are imported through this
+# package without it (tests/integration/test_layers.py).
 __all__ = ["DockerDaemon", "DockerProxy", "serve"]
+__getattr__ = reexport(__name__, dict.fromkeys(__all__, "server"))

@@ -10,6 +10,8 @@ From CRI requests (the live path, koord-runtime-proxy's ``ParseRequest``):
 * :func:`container_from_create_request` — CreateContainer + the stored pod → :class:`ContainerInfo`: name,
   attempt, annotations, ``config.linux.resources`` (always present, zero when absent), envs (list → map, the
   later value of a duplicated name wins, first-seen order kept), ``sandbox_config.linux.cgroup_parent``.
+  The request path decodes CreateContainer with upb (:mod:`krproxy.hooks.rewrite`) and reads the same record
+  with :func:`container_from_wire_create` (and :func:`pod_from_wire_config` for a pod the store lacks).
 
 From CRI List/Status answers (store recovery after a restart; the reference recovers only metadata, labels and
 annotations and loses cgroup parent, resources and envs). Recovery decodes thousands of these, so they arrive
@@ -66,11 +68,13 @@ from krproxy.proto.runtime import v1, v1alpha1
 __all__ = [
     "cgroup_parent_from_verbose",
     "container_from_create_request",
+    "container_from_wire_create",
     "container_from_wire_list",
     "container_from_wire_status",
     "envs_from_cri",
     "envs_to_cri",
     "pod_from_run_request",
+    "pod_from_wire_config",
     "pod_from_wire_sandbox",
     "pod_from_wire_status",
     "pod_resize_from_request",
@@ -315,7 +319,7 @@ def _recovered_resources(reported: Resources | None, document: Any) -> Resources
     )
 
 
-# --- from upb-decoded answers (recovery, krproxy.hooks.wire) ------------------------------------------------
+# --- from upb-decoded messages (recovery and the CreateContainer request, krproxy.hooks.wire) --------------
 #
 # upb reads an unset sub-message as an empty one (hence HasField where "absent" differs from "empty"), and
 # map fields come as repeated key/value entries (a key sent twice: the later value, in the first place).
@@ -324,6 +328,39 @@ def _recovered_resources(reported: Resources | None, document: Any) -> Resources
 def _entries(field: Iterable[Any]) -> dict[str, Any]:
     """A map field read as its repeated entries → the dict betterproto2 decodes (see ``wire.entries``)."""
     return {entry.key: entry.value for entry in field}
+
+
+def container_from_wire_create(request: Any, pod: PodInfo) -> ContainerInfo:
+    """:func:`container_from_create_request` of a upb-decoded CreateContainer (:mod:`krproxy.hooks.rewrite`,
+    the request path): the same record."""
+    config = request.config
+    meta = config.metadata
+    resources = config.linux.resources
+    return ContainerInfo(
+        pod_sandbox_id=request.pod_sandbox_id,
+        pod=pod,
+        name=meta.name,
+        attempt=meta.attempt,
+        annotations=_entries(config.annotations),
+        resources=_resources_from(resources, _entries(resources.unified)),
+        envs=envs_from_cri(config.envs),
+        pod_cgroup_parent=request.sandbox_config.linux.cgroup_parent,
+    )
+
+
+def pod_from_wire_config(config: Any) -> PodInfo:
+    """:func:`pod_from_run_request` of a RunPodSandbox carrying only the upb-decoded *config* (a
+    CreateContainer's ``sandbox_config``, for a pod the store does not know)."""
+    meta = config.metadata
+    return PodInfo(
+        name=meta.name,
+        uid=meta.uid,
+        namespace=meta.namespace,
+        attempt=meta.attempt,
+        labels=_entries(config.labels),
+        annotations=_entries(config.annotations),
+        cgroup_parent=config.linux.cgroup_parent,
+    )
 
 
 def pod_from_wire_sandbox(sandbox: Any) -> PodInfo:

@@ -37,12 +37,14 @@ Rules (koord-runtime-proxy v1.8, ``resexecutor/cri``; see shared/notes/hook-sema
 Beyond the reference: requests are cloned through their wire form (``copy.deepcopy`` of a betterproto2
 message drops its unknown fields) and resource messages are rewritten field by field, so unknown fields a
 newer kubelet sent survive a merge; a missing ``config.linux``/``sandbox_config.linux`` (a nil dereference in
-the reference) is created when something must be written into it.
+the reference) is created when something must be written into it. The request path does not encode
+:func:`apply_create`'s message: it decodes CreateContainer with upb and :mod:`krproxy.hooks.rewrite` writes
+the same changes into that message, to the same bytes (tests/unit/test_hooks_rewrite.py), ~30× faster.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Generic, TypeVar
 
 import attrs
@@ -65,6 +67,7 @@ __all__ = [
     "apply_pod_resize",
     "apply_run_pod",
     "apply_update",
+    "create_envs",
     "merge_container_info",
     "merge_create_container",
     "merge_pod",
@@ -303,10 +306,17 @@ def apply_run_pod(request: v1.RunPodSandboxRequest, pod: PodInfo) -> v1.RunPodSa
     return out
 
 
+def create_envs(sent: Iterable[str], envs: FrozenMap[str, str]) -> dict[str, str]:
+    """The record's *envs* in the order CreateContainer's ``config.envs`` is rebuilt in: the names the request
+    *sent* (in its order, first place of a repeated name) that are still set, then the added ones by name."""
+    seen = list(dict.fromkeys(sent))
+    known = set(seen)
+    ordered = [k for k in seen if k in envs] + sorted(k for k in envs if k not in known)
+    return {k: envs[k] for k in ordered}
+
+
 def _rebuild_envs(original: list[v1.KeyValue], envs: FrozenMap[str, str]) -> list[v1.KeyValue]:
-    seen = list(dict.fromkeys(kv.key for kv in original))
-    ordered = [k for k in seen if k in envs] + sorted(k for k in envs if k not in set(seen))
-    return envs_to_cri({k: envs[k] for k in ordered})
+    return envs_to_cri(create_envs((kv.key for kv in original), envs))
 
 
 def apply_create(request: v1.CreateContainerRequest, info: ContainerInfo) -> v1.CreateContainerRequest:

@@ -51,7 +51,7 @@ import trio
 from krproxy import log
 from krproxy.forward import BackendError, Forward, Handler, Interceptor, Reply, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.hooks import convert, merge
+from krproxy.hooks import convert, merge, rewrite
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard
 from krproxy.hooks.lifecycle import Lifecycle
@@ -196,7 +196,7 @@ class HookRuntime:
             pod=pod,
             target=f"pod {pod.namespace}/{pod.name}",
             data=data,
-            rebuild=lambda merged: merge.apply_run_pod(request, merged),
+            rebuild=lambda merged: merge.apply_run_pod(request, merged).SerializeToString(),
             what="RunPodSandboxRequest",
         )
         return await self._forward_created(
@@ -250,7 +250,7 @@ class HookRuntime:
                 pod=stored,
                 target=f"pod {stored.namespace}/{stored.name}",
                 data=data,
-                rebuild=lambda merged: merge.apply_pod_resize(request, merged),
+                rebuild=lambda merged: merge.apply_pod_resize(request, merged).SerializeToString(),
                 what="UpdatePodSandboxResourcesRequest",
             )
             reply = await forward(data)
@@ -264,14 +264,15 @@ class HookRuntime:
     # -- containers --------------------------------------------------------------------
 
     async def create_container(self, data: bytes, forward: Forward) -> Reply:
-        request = await _decode_request(cri.CreateContainerRequest, data, "CreateContainerRequest")
+        # upb, not betterproto2: ~1.5 ms less to decode a request of kubelet's size (hooks/rewrite.py).
+        request = await _decode_request(rewrite.CreateContainerRequest, data, "CreateContainerRequest")
         with _malformed("CreateContainerRequest"):
             pod = self.store.get_pod(request.pod_sandbox_id)
             if pod is None:
                 # Better than the reference (which skips hooks): the request carries the pod's config.
                 self._missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
-                pod = convert.pod_from_run_request(cri.RunPodSandboxRequest(config=request.sandbox_config))
-            info = convert.container_from_create_request(request, pod)
+                pod = convert.pod_from_wire_config(request.sandbox_config)
+            info = convert.container_from_wire_create(request, pod)
         point = HookPoint.PRE_CREATE_CONTAINER
         info, data = await self._pre_hooks(
             point,
@@ -280,7 +281,7 @@ class HookRuntime:
             container=info.name,
             target=f"pod {pod.namespace}/{pod.name} container {info.name}",
             data=data,
-            rebuild=lambda merged: merge.apply_create(request, merged),
+            rebuild=lambda merged: rewrite.create_request(request, merged),
             what="CreateContainerRequest",
         )
         return await self._forward_created(
@@ -344,7 +345,7 @@ class HookRuntime:
                 container=stored.name,
                 target=container_id,
                 data=data,
-                rebuild=lambda merged: merge.apply_update(request, merged),
+                rebuild=lambda merged: merge.apply_update(request, merged).SerializeToString(),
                 what="UpdateContainerResourcesRequest",
             )
             reply = await forward(data)
@@ -364,12 +365,12 @@ class HookRuntime:
         container: str | None = None,
         target: str,
         data: bytes,
-        rebuild: Callable[[R], Any],
+        rebuild: Callable[[R], bytes],
         what: str,
     ) -> tuple[R, bytes]:
         """Run the pre hooks of *point* on *record* (unless *pod* skips them; once its required servers are
         up); return the record as the plugins left it and the request to forward: kubelet's *data* itself
-        when no plugin changed anything, else the message ``rebuild(record)`` makes, encoded."""
+        when no plugin changed anything, else the bytes ``rebuild(record)`` makes."""
         if self._skips(pod):
             return record, data
         required = await self._require(point, pod, container)
@@ -377,7 +378,7 @@ class HookRuntime:
         if merged is record:
             return record, data
         with _malformed(what):
-            return merged, bytes(rebuild(merged).SerializeToString())
+            return merged, bytes(rebuild(merged))
 
     async def _forward_created(
         self, point: HookPoint, record: Any, call: Awaitable[Reply], answer: type[Any], field: str

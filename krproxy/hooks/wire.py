@@ -1,4 +1,5 @@
-"""CRI messages decoded with upb (protobuf's C implementation), for store recovery's bulk reads.
+"""CRI messages decoded with upb (protobuf's C implementation), for store recovery's bulk reads and for
+re-encoding a CreateContainer request a plugin changed (:mod:`krproxy.hooks.rewrite`).
 
 Store recovery decodes thousands of status answers; betterproto2 decodes in pure Python, about 100× slower
 than upb (see DESIGN.md). The classes here are built at import from the descriptor of our own
@@ -51,30 +52,45 @@ POD_SANDBOX_STATUS = f"/{_PACKAGE}.RuntimeService/PodSandboxStatus"
 CONTAINER_STATUS = f"/{_PACKAGE}.RuntimeService/ContainerStatus"
 
 
-def _maps_as_entries(messages: Iterable[descriptor_pb2.DescriptorProto]) -> None:
+def _maps_as_entries(messages: Iterable[descriptor_pb2.DescriptorProto], present: bool) -> None:
     for message in messages:
         if message.options.map_entry:
             message.options.ClearField("map_entry")
             if not message.options.ListFields():
                 message.ClearField("options")
-        _maps_as_entries(message.nested_type)
+            if present:
+                _with_presence(message)
+        _maps_as_entries(message.nested_type, present)
 
 
-def private_pool(serialized: bytes) -> descriptor_pool.DescriptorPool:
-    """A descriptor pool of its own holding the serialized FileDescriptorProto, maps read as entries."""
+def _with_presence(entry: descriptor_pb2.DescriptorProto) -> None:
+    """Make an entry's key and value proto3 ``optional``: one set to "" is then written, as Go (and
+    betterproto2) write every map entry's key and value, and not dropped as a proto3 default."""
+    for field in entry.field:
+        field.proto3_optional = True
+        field.oneof_index = len(entry.oneof_decl)
+        entry.oneof_decl.add(name=f"_{field.name}")
+
+
+def private_pool(serialized: bytes, *, entry_presence: bool = False) -> descriptor_pool.DescriptorPool:
+    """A descriptor pool of its own holding the serialized FileDescriptorProto, maps read as entries (whose
+    key and value have presence if *entry_presence*: for writing entries, see :func:`_with_presence`)."""
     file = descriptor_pb2.FileDescriptorProto.FromString(serialized)
-    _maps_as_entries(file.message_type)
+    _maps_as_entries(file.message_type, entry_presence)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
     return pool
 
 
 _POOL = private_pool(descriptors.CRI_V1)
+_WRITING_POOL = private_pool(descriptors.CRI_V1, entry_presence=True)
 
 
-def message_class(name: str) -> Any:
-    """The upb message class of the ``runtime.v1`` message *name* (e.g. ``"ContainerStatus"``)."""
-    return message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
+def message_class(name: str, *, writing: bool = False) -> Any:
+    """The upb message class of the ``runtime.v1`` message *name* (e.g. ``"ContainerStatus"``); with
+    *writing*, from the pool whose map entries have presence (for messages re-encoded after changes)."""
+    pool = _WRITING_POOL if writing else _POOL
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
 
 
 def entries(field: Iterable[Any]) -> dict[str, Any]:

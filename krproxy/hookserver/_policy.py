@@ -1,4 +1,4 @@
-"""The node policy file (shaped after Koordinator's NodeSLO spec) and its live watcher.
+"""The node policy file (shaped after Koordinator's NodeSLO spec): its schema and loader.
 
 The file's keys, their meaning, unit, range and default are defined once, in :data:`SCHEMA`:
 the loader validates against it (an unknown key is refused, with a "did you mean" for a near
@@ -7,29 +7,21 @@ generated from it (:func:`schema_markdown`; ``scripts/gen_policy_doc.py`` rewrit
 a unit test fails when the two disagree).
 
 A section is in force when present, unless it says ``enable: false``. LSE pods use the
-``lsrClass`` strategy (as in Koordinator); SYSTEM pods are left alone.
+``lsrClass`` strategy (as in Koordinator); SYSTEM pods are left alone. The live watcher that
+re-reads the file runs on trio, in :mod:`krproxy.hookserver._policywatch`.
 """
 
 from __future__ import annotations
 
 import difflib
-import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-import trio
 import yaml
 
-from krproxy import log
-
 from ._context import QoSClass
-
-LOGGER = logging.getLogger("krproxy.hookserver.policy")
-
-#: How often the watcher looks at the policy file (s). Cheap: one stat() per poll.
-POLL_INTERVAL = 1.0
 
 
 class PolicyError(ValueError):
@@ -482,65 +474,3 @@ def schema_markdown() -> str:
             *_rows(SCHEMA, ""),
         ]
     )
-
-
-# -- the watcher --------------------------------------------------------------------------------
-
-
-def _stamp(path: str) -> tuple[int, int, int] | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
-
-
-@attrs.define
-class PolicyWatcher:
-    """Polls the policy file's inode/mtime/size; on a change, parses and calls ``on_change``.
-
-    A bad or missing file keeps the last good policy (and is logged).
-    """
-
-    path: str
-    on_change: Callable[[NodePolicy], object] = attrs.field(hash=False)
-    interval: float = POLL_INTERVAL
-    current: NodePolicy | None = None
-    _stamp: tuple[int, int, int] | None = None
-
-    def poll(self) -> bool:
-        """Look once; return whether a new policy was taken (and ``on_change`` called)."""
-        stamp = _stamp(self.path)
-        if stamp == self._stamp:
-            return False
-        self._stamp = stamp
-        kept = self.current is not None
-        if stamp is None:
-            log.event(LOGGER, "policy_missing", level=logging.WARNING, path=self.path, kept_last_good=kept)
-            return False
-        try:
-            policy = NodePolicy.load(self.path)
-        except (OSError, PolicyError) as exc:
-            log.event(
-                LOGGER,
-                "policy_invalid",
-                level=logging.ERROR,
-                path=self.path,
-                error=str(exc),
-                kept_last_good=kept,
-            )
-            return False
-        if policy == self.current:
-            return False
-        self.current = policy
-        log.event(LOGGER, "policy_loaded", path=self.path)
-        self.on_change(policy)
-        return True
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Poll forever; ready once the first look is done."""
-        self.poll()
-        task_status.started()
-        while True:
-            await trio.sleep(self.interval)
-            self.poll()

@@ -27,13 +27,35 @@ from krproxy.grpcstatus import GRPCError, Status
 
 from . import _wire
 from ._app import RETRY_INTERVAL, HookServer, Ticker
-from ._policy import PolicyWatcher
+from ._policywatch import PolicyWatcher
 from ._registration import registration_json, remove_registration, write_registration
 from ._registry import WORKER_THREAD, FailurePolicy, HookFailedError, Stage
 
 LOGGER = logging.getLogger("krproxy.hookserver")
 
 T = TypeVar("T")
+R = TypeVar("R")  # the request's record
+C = TypeVar("C")  # the call's context
+
+
+def _answer(
+    stage: Stage,
+    request: bytes,
+    message: str,
+    decode: Callable[[bytes], tuple[Any, R]],
+    run: Callable[[Stage, R], C],
+    reply: Callable[[Any, R, C], bytes],
+) -> bytes:
+    """One hook call's answer: ``request`` decoded (else INVALID_ARGUMENT naming ``message``), the
+    plugins run on its record, the reply encoded; a plugin's failure is UNKNOWN with its message."""
+    try:
+        req, info = decode(request)
+    except _wire.DecodeError as exc:
+        raise _not_a(stage, message, exc) from exc
+    try:
+        return reply(req, info, run(stage, info))
+    except (HookFailedError, OSError) as exc:
+        raise GRPCError(Status.UNKNOWN, str(exc)) from exc
 
 
 class AppWorker:
@@ -103,24 +125,19 @@ class HookService:
     # as much CPU as the rest of the call).
 
     def _pod(self, stage: Stage, request: bytes) -> bytes:
-        try:
-            req, pod = _wire.pod_info(request)
-        except _wire.DecodeError as exc:
-            raise _not_a(stage, "PodSandboxHookRequest", exc) from exc
-        try:
-            return _wire.pod_reply(req, pod, self.app.run_pod(stage, pod))
-        except (HookFailedError, OSError) as exc:
-            raise GRPCError(Status.UNKNOWN, str(exc)) from exc
+        return _answer(
+            stage, request, "PodSandboxHookRequest", _wire.pod_info, self.app.run_pod, _wire.pod_reply
+        )
 
     def _container(self, stage: Stage, request: bytes) -> bytes:
-        try:
-            req, container = _wire.container_info(request)
-        except _wire.DecodeError as exc:
-            raise _not_a(stage, "ContainerResourceHookRequest", exc) from exc
-        try:
-            return _wire.container_reply(req, container, self.app.run_container(stage, container))
-        except (HookFailedError, OSError) as exc:
-            raise GRPCError(Status.UNKNOWN, str(exc)) from exc
+        return _answer(
+            stage,
+            request,
+            "ContainerResourceHookRequest",
+            _wire.container_info,
+            self.app.run_container,
+            _wire.container_reply,
+        )
 
     async def _call(self, answer: Callable[[Stage, bytes], bytes], stage: Stage, request: bytes) -> bytes:
         return await self.worker.run(answer, stage, request)

@@ -55,11 +55,6 @@ def _meta(meta: Any) -> PodMeta:
     return PodMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid, attempt=meta.attempt)
 
 
-def _resources(res: Any) -> Resources:
-    """A upb LinuxContainerResources as a record (it has the fields :meth:`Resources.from_proto` reads)."""
-    return Resources.from_proto(res)
-
-
 def pod_info(request: bytes) -> tuple[Any, PodInfo]:
     """A PodSandboxHookRequest's bytes: the upb message (for :func:`pod_reply`) and the plugins' record,
     as :meth:`PodInfo.from_proto` makes it. Raises :class:`DecodeError` when the bytes are no such message."""
@@ -71,8 +66,8 @@ def pod_info(request: bytes) -> tuple[Any, PodInfo]:
         annotations=entries(req.annotations),
         cgroup_parent=req.cgroup_parent,
         runtime_handler=req.runtime_handler,
-        resources=_resources(req.resources) if has("resources") else None,
-        overhead=_resources(req.overhead) if has("overhead") else None,
+        resources=Resources.from_proto(req.resources) if has("resources") else None,
+        overhead=Resources.from_proto(req.overhead) if has("overhead") else None,
     )
     return req, info
 
@@ -87,7 +82,7 @@ def container_info(request: bytes) -> tuple[Any, ContainerInfo]:
         labels=entries(req.pod_labels),
         annotations=entries(req.pod_annotations),
         cgroup_parent=req.pod_cgroup_parent,
-        resources=_resources(req.pod_resources) if has("pod_resources") else None,
+        resources=Resources.from_proto(req.pod_resources) if has("pod_resources") else None,
     )
     meta = req.container_meta  # an unset one reads as empty: "", "", 0, as from_proto gives
     info = ContainerInfo(
@@ -96,7 +91,7 @@ def container_info(request: bytes) -> tuple[Any, ContainerInfo]:
         id=meta.id,
         attempt=meta.attempt,
         annotations=entries(req.container_annotations),
-        resources=_resources(req.container_resources),
+        resources=Resources.from_proto(req.container_resources),
         envs=entries(req.container_envs),
     )
     return req, info

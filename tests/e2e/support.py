@@ -162,14 +162,20 @@ class Proxy:
 
     def terminate(self, limit: float = 30) -> int:
         """SIGTERM the daemon and return its exit code (SIGKILL and fail if it hangs)."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(limit)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise AssertionError(f"krproxy ignored SIGTERM for {limit}s; log:\n{self.log}") from None
+        return sigterm(self.process, limit, lambda: f"krproxy ignored SIGTERM for {limit}s; log:\n{self.log}")
+
+
+def sigterm(process: subprocess.Popen[bytes], limit: float, hung: Callable[[], str]) -> int:
+    """SIGTERM ``process`` (by PID) unless it has exited, and return its exit code; if it is still
+    running after ``limit`` seconds, SIGKILL it and fail with ``hung()``."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+    try:
+        return process.wait(limit)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise AssertionError(hung()) from None
 
 
 def start_proxy(
@@ -386,14 +392,7 @@ class Plugin:
 
     def stop(self, limit: float = 10) -> int:
         """SIGTERM the plugin (by PID) and return its exit code; SIGKILL and fail if it hangs."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(limit)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-            raise AssertionError(f"plugin {self.name} ignored SIGTERM; log:\n{self.log}") from None
+        return sigterm(self.process, limit, lambda: f"plugin {self.name} ignored SIGTERM; log:\n{self.log}")
 
 
 def start_plugin(proxy: Proxy, name: str, limit: float = 20, **config: Any) -> Plugin:

@@ -47,6 +47,15 @@ LIMITS = {
     "cpuset_cpus": "0",
     "cpuset_mems": "0",
 }
+#: The cgroup v1 files of a container created with :data:`LIMITS` and kubelet's cpu_shares 256.
+LIMITED_CGROUP = {
+    "cpu.cfs_quota_us": "30000",
+    "cpu.cfs_period_us": "100000",
+    "cpu.shares": "256",
+    "memory.limit_in_bytes": str(64 * MiB),
+    "cpuset.cpus": "0",
+    "cpuset.mems": "0",
+}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -191,14 +200,7 @@ class TestResources:
             assert {"cpu": expected_cgroup, "memory": expected_cgroup, "cpuset": expected_cgroup} == {
                 c: cgroups_of(pid)[c] for c in ("cpu", "memory", "cpuset")
             }
-            assert {
-                "cpu.cfs_quota_us": "30000",
-                "cpu.cfs_period_us": "100000",
-                "cpu.shares": "256",
-                "memory.limit_in_bytes": str(64 * MiB),
-                "cpuset.cpus": "0",
-                "cpuset.mems": "0",
-            } == cgroup_values(pid)
+            assert LIMITED_CGROUP == cgroup_values(pid)
             assert {**LIMITS, "cpu_shares": 256} == status_resources(via_proxy, cid)
 
             # kubelet's update asks for quota 50000 and 512 shares; the plugin cuts the quota to 20000.

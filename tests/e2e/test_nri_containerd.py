@@ -35,6 +35,7 @@ from tests.e2e.support import (
     wait_until,
 )
 from tests.e2e.test_containerd_hooks import (
+    LIMITED_CGROUP,
     LIMITS,
     MiB,
     cgroup_values,
@@ -182,14 +183,7 @@ def test_hook_server_through_nri(containerd: Containerd, direct: Cri, short_tmp:
             landed = lifecycle(direct, containerd, direct)
         finally:
             assert 0 == plugin.stop()
-    assert {
-        "cpu.cfs_quota_us": "30000",
-        "cpu.cfs_period_us": "100000",
-        "cpu.shares": "256",
-        "memory.limit_in_bytes": str(64 * MiB),
-        "cpuset.cpus": "0",
-        "cpuset.mems": "0",
-    } == landed["created"]
+    assert LIMITED_CGROUP == landed["created"]
     assert "yes" == landed["env"]
     updated = landed["updated"]
     assert isinstance(updated, dict)

@@ -35,7 +35,8 @@ from cri_api.v1 import api_pb2 as pb
 
 from krproxy import kubelet
 from krproxy.ocihooks.wrapper import write_launcher
-from tests.e2e.support import LOOP, TIMEOUT, Containerd, Cri, Proxy, pod_config, wait_until
+from tests.e2e.support import LOOP, TIMEOUT, Containerd, Cri, Proxy, pod_config, start_proxy, wait_until
+from tests.ocihook_files import HookFiles
 
 RECORDER = f"""#!{sys.executable}
 import json, sys, time
@@ -62,38 +63,11 @@ WRAPPER = Path(sys.executable).parent / "krproxy-runc-wrapper"
 
 
 @attrs.define
-class Hooks:
+class Hooks(HookFiles):
     low: Path
     high: Path
     record: Path
     script: Path
-
-    def write(
-        self,
-        name: str,
-        when: dict[str, Any],
-        stages: list[str],
-        *,
-        label: str = "",
-        exit_code: int = 0,
-        sleep: float | None = None,
-        timeout: int | None = None,
-        directory: Path | None = None,
-        env: list[str] | None = None,
-    ) -> Path:
-        args = [str(self.script), str(self.record), label or name, str(exit_code)]
-        if sleep is not None:
-            args.append(str(sleep))
-        hook: dict[str, Any] = {"path": str(self.script), "args": args}
-        if timeout is not None:
-            hook["timeout"] = timeout
-        if env is not None:
-            hook["env"] = env
-        path = (directory or self.low) / name
-        tmp = path.with_name("." + path.name + ".tmp")
-        tmp.write_text(json.dumps({"version": "1.0.0", "hook": hook, "when": when, "stages": stages}))
-        os.replace(tmp, path)
-        return path
 
     def calls(self, container_id: str | None = None) -> list[dict[str, Any]]:
         if not self.record.exists():
@@ -181,30 +155,8 @@ class Node:
 
 def _start_oci_proxy(workdir: Path, backend: str, dirs: list[Path], limit: float = 30) -> Proxy:
     """``krproxy serve`` with ``--oci-hooks-dir`` for each of ``dirs``; returns once it answers Version."""
-    socket = str(workdir / "proxy.sock")
-    (workdir / "hooks").mkdir(exist_ok=True)
-    log_path = workdir / "krproxy.log"
-    command = [
-        *(sys.executable, "-m", "krproxy", "serve", "--koord-runtimeproxy-endpoint", socket),
-        *("--remote-runtime-service-endpoint", backend, "--hook-dir", str(workdir / "hooks")),
-    ]
-    for directory in dirs:
-        command += ["--oci-hooks-dir", str(directory)]
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=workdir)
-    proxy = Proxy(process, socket, log_path, workdir, backend)
-    wait_until(lambda: os.path.exists(socket) or process.poll() is not None, limit, "proxy socket")
-    with Cri.connect(socket) as cri:
-        deadline = time.monotonic() + limit
-        while True:
-            assert process.poll() is None, f"krproxy exited with {process.returncode}; log:\n{proxy.log}"
-            with contextlib.suppress(grpc.RpcError):
-                cri.runtime.Version(pb.VersionRequest(), timeout=1)
-                return proxy
-            if time.monotonic() > deadline:
-                proxy.terminate()
-                raise AssertionError(f"krproxy not answering after {limit}s; log:\n{proxy.log}")
-            time.sleep(0.05)
+    extra = tuple(arg for directory in dirs for arg in ("--oci-hooks-dir", str(directory)))
+    return start_proxy(workdir, backend, limit=limit, extra=extra)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ import attrs
 import betterproto2
 import grpc
 import trio
+from cri_api.v1 import api_pb2 as pb
 
 from krproxy import rpc
 from krproxy.config import ProxyConfig
@@ -188,3 +189,20 @@ class ThreadedUnixServer:
 
     def serve_connection(self, sock: socket.socket) -> None:
         raise NotImplementedError
+
+
+async def create_in_new_pod(runtime: Any) -> str:
+    """Through the grpcio CRI ``runtime`` stub: RunPodSandbox (pod ``n/p``), then CreateContainer
+    ``c`` (image ``x``) in it; the container's ID. Each call times out after 10 s."""
+    config = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="p", uid="u", namespace="n"))
+    pod = await in_thread(runtime.RunPodSandbox, pb.RunPodSandboxRequest(config=config), timeout=10)
+    created = await in_thread(
+        runtime.CreateContainer,
+        pb.CreateContainerRequest(
+            pod_sandbox_id=pod.pod_sandbox_id,
+            config=pb.ContainerConfig(metadata=pb.ContainerMetadata(name="c"), image=pb.ImageSpec(image="x")),
+            sandbox_config=config,
+        ),
+        timeout=10,
+    )
+    return str(created.container_id)

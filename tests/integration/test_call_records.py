@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from collections.abc import Callable
@@ -19,7 +18,7 @@ from krproxy.demo import DemoLimitsPlugin
 from krproxy.fakes.containerd import FakeContainerd, Fault
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
-from tests.integration.support import in_thread, start_proxy, wait_until
+from tests.integration.support import create_in_new_pod, in_thread, start_proxy, wait_until
 
 
 @pytest.fixture
@@ -73,20 +72,7 @@ class TestCallRecords:
         daemon, records = proxy_with_plugin
         fake, _ = fake_containerd
         runtime = pb_grpc.RuntimeServiceStub(channel_to(daemon.config.listen))
-        config = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="p", uid="u", namespace="n"))
-        pod = await in_thread(runtime.RunPodSandbox, pb.RunPodSandboxRequest(config=config), timeout=10)
-        create = functools.partial(
-            runtime.CreateContainer,
-            pb.CreateContainerRequest(
-                pod_sandbox_id=pod.pod_sandbox_id,
-                config=pb.ContainerConfig(
-                    metadata=pb.ContainerMetadata(name="c"), image=pb.ImageSpec(image="x")
-                ),
-                sandbox_config=config,
-            ),
-            timeout=10,
-        )
-        await in_thread(create)
+        await create_in_new_pod(runtime)
         await wait_until(lambda: any(r.path.endswith("/CreateContainer") for r in records))
         record = _only(records, "CreateContainer")
         assert fake.requests("CreateContainer")[-1].raw == record.forwarded

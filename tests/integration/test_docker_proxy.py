@@ -11,7 +11,6 @@ import json
 import os
 import socket
 
-import h11
 import pytest
 import trio
 
@@ -21,7 +20,6 @@ from krproxy.unixsock import bind_unix_socket
 from tests.integration.support import wait_until
 from tests.integration.test_docker_support import (
     CONTAINER_NAME,
-    IO_LIMIT,
     DockerNode,
     make_node,
     open_raw,
@@ -79,28 +77,18 @@ class TestPassthrough:
             await stream.send_all(
                 f"GET /v1.41/containers/{ident}/logs?follow=1&stdout=1 HTTP/1.1\r\nHost: docker\r\n\r\n".encode()
             )
-            conn = h11.Connection(h11.CLIENT)
-            conn.send(h11.Request(method="GET", target="/", headers=[("Host", "docker")]))
-            conn.send(h11.EndOfMessage())
-            received = b""
             expected = b"".join(multiplex(1, line) for line in lines)
-            with trio.fail_after(IO_LIMIT):
-                while True:
-                    event = conn.next_event()
-                    if event is h11.NEED_DATA:
-                        conn.receive_data(await stream.receive_some(65536))
-                    elif isinstance(event, h11.Response):
-                        assert 200 == event.status_code
-                    elif isinstance(event, h11.Data):
-                        received += event.data
-                        if received == multiplex(1, lines[0]):  # the stream is live: feed it more
-                            node.fake.append_log(ident, lines[1])
-                            node.fake.append_log(ident, lines[2])
-                        if received == expected:
-                            node.fake.state.stop(ident)
-                            node.fake._notify()
-                    elif isinstance(event, h11.EndOfMessage):
-                        break
+
+            def feed(received: bytes) -> None:
+                if received == multiplex(1, lines[0]):  # the stream is live: feed it more
+                    node.fake.append_log(ident, lines[1])
+                    node.fake.append_log(ident, lines[2])
+                if received == expected:
+                    node.fake.state.stop(ident)
+                    node.fake._notify()
+
+            head, received = await read_response(stream, feed)
+        assert 200 == head.status_code
         assert expected == received
 
     async def test_events_stream_until_the_client_leaves(self, node: DockerNode) -> None:

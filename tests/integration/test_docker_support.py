@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import attrs
@@ -197,8 +197,11 @@ async def receive_until(stream: trio.SocketStream, predicate: Any, limit: float 
     return data
 
 
-async def read_response(stream: trio.SocketStream) -> tuple[h11.Response, bytes]:
-    """Read one whole HTTP response from a raw stream (h11 client side)."""
+async def read_response(
+    stream: trio.SocketStream, on_data: Callable[[bytes], object] | None = None
+) -> tuple[h11.Response, bytes]:
+    """Read one whole HTTP response from a raw stream (h11 client side); ``on_data`` sees the body
+    so far after each piece of it arrives (to feed a streamed response while it is read)."""
     conn = h11.Connection(h11.CLIENT)
     conn.send(h11.Request(method="GET", target="/", headers=[("Host", "x")]))  # only to set h11's state
     conn.send(h11.EndOfMessage())
@@ -213,6 +216,8 @@ async def read_response(stream: trio.SocketStream) -> tuple[h11.Response, bytes]
                 head = event
             elif isinstance(event, h11.Data):
                 body += event.data
+                if on_data is not None:
+                    on_data(body)
             elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
                 break
     assert head is not None

@@ -222,6 +222,7 @@ class TestBogusGrpcFraming:
     @FUZZ
     @given(payload=st.binary(max_size=256))
     @example(payload=b"\x10\x01")  # wrong wire type for `config`: decodes leniently, fails when read
+    @example(payload=b"\x08\x00\t\x00\x00\x00\x00\x00\x00\x00\x00")  # pod_sandbox_id twice, wrong wire types
     def test_random_message_to_a_hooked_method(self, payload: bytes) -> None:
         """Correctly framed random bytes to CreateContainer (decoded by the proxy for its hooks): answered
         with a gRPC status, OK only if the runtime accepted it, and never INTERNAL or UNKNOWN from the proxy

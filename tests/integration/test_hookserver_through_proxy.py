@@ -14,12 +14,13 @@ from what the fake received, so a node tree here looks like a real node's after 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import pathlib
 import shutil
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -315,13 +316,15 @@ async def test_sdk_registration_file_is_accepted_unchanged(
             nursery.cancel_scope.cancel()
 
 
-async def test_be_and_ls_pods_get_their_settings_through_proxy(
+@contextlib.asynccontextmanager
+async def be_and_ls_through_proxy(
     fake_containerd: tuple[FakeContainerd, str],
     short_tmp: pathlib.Path,
     cri_client: Callable[[str], CriClient],
-) -> None:
-    """BE and LS pods created through the proxy: pod cgroups, resctrl groups and the exact
-    CreateContainer requests the runtime received."""
+) -> AsyncIterator[tuple[FakeNode, pathlib.Path, Started, Started]]:
+    """The proxy in front of the fake containerd, the SDK server (built-in policies, reading
+    :data:`POLICY` from a file) registered with it, and the BE and LS pods started through it:
+    yields the node, the policy file and the two pods; stops it all after."""
     fake, runtime = fake_containerd
     node = FakeNode(short_tmp / "node").create()
     app = make_app(node)
@@ -335,46 +338,57 @@ async def test_be_and_ls_pods_get_their_settings_through_proxy(
             client = cri_client(daemon.config.listen)
             be = await start_pod(client, fake, node, BE)
             ls = await start_pod(client, fake, node, LS)
-
-            # Group identity and CPU suppress: BE bvt −1 and quota 2 cores; LS bvt 2, no quota.
-            assert ("-1", "200000 100000") == pod_files(node, BE)
-            assert ("2", "max 100000") == pod_files(node, LS)
-            assert "0" == node.read(BE.cgroup_parent, CgroupFile.CPU_IDLE)  # bvt exists: no fallback
-            # Resctrl: one group per class, the container's processes in it (PostStartContainer).
-            assert ("L3:0=7\nMB:0=30", "100") == resctrl_files(node, "BE")
-            assert ("L3:0=fff\nMB:0=100", "101") == resctrl_files(node, "LS")
-
-            # What the runtime received: the SDK's echo + the proxy's merge keep kubelet's values
-            # and add the plugins' (cpuset and unlimited quota for LS, env for BE).
-            be_req, ls_req = created(fake, be.sandbox_id), created(fake, ls.sandbox_id)
-            assert be_req.config is not None and be_req.config.linux is not None
-            assert ls_req.config is not None and ls_req.config.linux is not None
-            assert (
-                cri.LinuxContainerResources(cpu_period=100_000, cpu_shares=2, oom_score_adj=1000)
-                == be_req.config.linux.resources
-            )
-            assert (
-                cri.LinuxContainerResources(
-                    cpu_period=100_000,
-                    cpu_quota=-1,
-                    cpu_shares=512,
-                    memory_limit_in_bytes=256 << 20,
-                    oom_score_adj=900,
-                    cpuset_cpus="0-1",
-                )
-                == ls_req.config.linux.resources
-            )
-            assert {"FROM_KUBELET": b"1", "OMP_NUM_THREADS": b"2"} == {
-                kv.key: kv.value for kv in be_req.config.envs
-            }
-            assert {"FROM_KUBELET": b"1"} == {kv.key: kv.value for kv in ls_req.config.envs}
-            # The pods themselves went through unmodified (the SDK only echoes labels etc.).
-            (be_run, ls_run) = (r.message for r in fake.requests("RunPodSandbox"))
-            assert isinstance(be_run, cri.RunPodSandboxRequest) and be_run.config is not None
-            assert BE.sandbox_config() == pb.PodSandboxConfig.FromString(be_run.config.SerializeToString())
-            assert isinstance(ls_run, cri.RunPodSandboxRequest) and ls_run.config is not None
-            assert LS.sandbox_config() == pb.PodSandboxConfig.FromString(ls_run.config.SerializeToString())
+            yield node, policy, be, ls
             nursery.cancel_scope.cancel()
+
+
+async def test_be_and_ls_pods_get_their_settings_through_proxy(
+    fake_containerd: tuple[FakeContainerd, str],
+    short_tmp: pathlib.Path,
+    cri_client: Callable[[str], CriClient],
+) -> None:
+    """BE and LS pods created through the proxy: pod cgroups, resctrl groups and the exact
+    CreateContainer requests the runtime received."""
+    fake = fake_containerd[0]
+    async with be_and_ls_through_proxy(fake_containerd, short_tmp, cri_client) as (node, _, be, ls):
+        # Group identity and CPU suppress: BE bvt −1 and quota 2 cores; LS bvt 2, no quota.
+        assert ("-1", "200000 100000") == pod_files(node, BE)
+        assert ("2", "max 100000") == pod_files(node, LS)
+        assert "0" == node.read(BE.cgroup_parent, CgroupFile.CPU_IDLE)  # bvt exists: no fallback
+        # Resctrl: one group per class, the container's processes in it (PostStartContainer).
+        assert ("L3:0=7\nMB:0=30", "100") == resctrl_files(node, "BE")
+        assert ("L3:0=fff\nMB:0=100", "101") == resctrl_files(node, "LS")
+
+        # What the runtime received: the SDK's echo + the proxy's merge keep kubelet's values
+        # and add the plugins' (cpuset and unlimited quota for LS, env for BE).
+        be_req, ls_req = created(fake, be.sandbox_id), created(fake, ls.sandbox_id)
+        assert be_req.config is not None and be_req.config.linux is not None
+        assert ls_req.config is not None and ls_req.config.linux is not None
+        assert (
+            cri.LinuxContainerResources(cpu_period=100_000, cpu_shares=2, oom_score_adj=1000)
+            == be_req.config.linux.resources
+        )
+        assert (
+            cri.LinuxContainerResources(
+                cpu_period=100_000,
+                cpu_quota=-1,
+                cpu_shares=512,
+                memory_limit_in_bytes=256 << 20,
+                oom_score_adj=900,
+                cpuset_cpus="0-1",
+            )
+            == ls_req.config.linux.resources
+        )
+        assert {"FROM_KUBELET": b"1", "OMP_NUM_THREADS": b"2"} == {
+            kv.key: kv.value for kv in be_req.config.envs
+        }
+        assert {"FROM_KUBELET": b"1"} == {kv.key: kv.value for kv in ls_req.config.envs}
+        # The pods themselves went through unmodified (the SDK only echoes labels etc.).
+        (be_run, ls_run) = (r.message for r in fake.requests("RunPodSandbox"))
+        assert isinstance(be_run, cri.RunPodSandboxRequest) and be_run.config is not None
+        assert BE.sandbox_config() == pb.PodSandboxConfig.FromString(be_run.config.SerializeToString())
+        assert isinstance(ls_run, cri.RunPodSandboxRequest) and ls_run.config is not None
+        assert LS.sandbox_config() == pb.PodSandboxConfig.FromString(ls_run.config.SerializeToString())
 
 
 async def test_policy_change_reapplies_to_existing_pods(
@@ -383,31 +397,19 @@ async def test_policy_change_reapplies_to_existing_pods(
     cri_client: Callable[[str], CriClient],
 ) -> None:
     """Editing the policy file rewrites the running pods' files, with no CRI call at all."""
-    fake, runtime = fake_containerd
-    node = FakeNode(short_tmp / "node").create()
-    app = make_app(node)
-    policy = short_tmp / "policy.yaml"
-    write_policy(policy, POLICY)
-    with trio.fail_after(LIVENESS_LIMIT):
-        async with trio.open_nursery() as nursery:
-            daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
-            await start_hookserver(nursery, app, daemon, short_tmp, policy_path=str(policy))
-            prime_cpu_suppress(app)
-            client = cri_client(daemon.config.listen)
-            be = await start_pod(client, fake, node, BE)
-            ls = await start_pod(client, fake, node, LS)
-            ids = {be.container_id: "be-app", ls.container_id: "ls-app"}
-            before, calls = tree(node, ids), cri_call_counts(fake)
-            assert ("-1", "200000 100000") == pod_files(node, BE)
+    fake = fake_containerd[0]
+    async with be_and_ls_through_proxy(fake_containerd, short_tmp, cri_client) as (node, policy, be, ls):
+        ids = {be.container_id: "be-app", ls.container_id: "ls-app"}
+        before, calls = tree(node, ids), cri_call_counts(fake)
+        assert ("-1", "200000 100000") == pod_files(node, BE)
 
-            write_policy(policy, EDITED_POLICY)
-            expected = dict(before)
-            expected["cgroup/kubepods/besteffort/poduid-be/cpu.bvt_warp_ns"] = "0"
-            expected["cgroup/kubepods/besteffort/poduid-be/cpu.max"] = "400000 100000"  # 8 × 75 % − 2
-            expected["resctrl/BE/schemata"] = "L3:0=3f\nMB:0=60"
-            await converge(lambda: tree(node, ids), expected)
-            assert calls == cri_call_counts(fake)
-            nursery.cancel_scope.cancel()
+        write_policy(policy, EDITED_POLICY)
+        expected = dict(before)
+        expected["cgroup/kubepods/besteffort/poduid-be/cpu.bvt_warp_ns"] = "0"
+        expected["cgroup/kubepods/besteffort/poduid-be/cpu.max"] = "400000 100000"  # 8 × 75 % − 2
+        expected["resctrl/BE/schemata"] = "L3:0=3f\nMB:0=60"
+        await converge(lambda: tree(node, ids), expected)
+        assert calls == cri_call_counts(fake)
 
 
 async def test_standalone_converges_to_the_same_tree(

@@ -39,11 +39,7 @@ NOT_SANS_IO = tuple(name for name in NOT_PURE if name != "hpack")
 
 #: Pure modules that still load trio through their package, with the reason: the test fails
 #: once one of them is fixed (strict xfail), so the list and the doc's note shrink with it.
-LOADS_TRIO_THROUGH_PACKAGE = {
-    "krproxy.hookserver._context": "hookserver/__init__ imports the whole SDK surface (_app, _service: trio)",
-    "krproxy.hookserver._cgroups": "hookserver/__init__ imports the whole SDK surface (_app, _service: trio)",
-    "krproxy.hookserver._rules": "hookserver/__init__ imports the SDK (trio); _rules imports _policy (trio)",
-}
+LOADS_TRIO_THROUGH_PACKAGE: dict[str, str] = {}
 
 
 @attrs.frozen
@@ -136,30 +132,9 @@ def test_no_module_imports_from_a_layer_above_its_own() -> None:
         f"{module} ({LAYERS[ROWS[module]].name}) imports {target} ({LAYERS[ROWS[target]].name})"
         for module, targets in sorted(GRAPH.items())
         for target in sorted(targets)
-        if module in ROWS
-        and target in ROWS
-        and ROWS[target] < ROWS[module]
-        and (module, target) not in UPWARD_TO_FIX
+        if module in ROWS and target in ROWS and ROWS[target] < ROWS[module]
     ]
     assert [] == upward
-
-
-#: Upward imports still to remove, with the reason; the test of each fails once it is gone.
-UPWARD_TO_FIX = {
-    ("krproxy.hookserver._rules", "krproxy.hookserver._policy"): (
-        "_policy holds the NodePolicy value (pure) and the PolicyWatcher (trio) in one module"
-    ),
-}
-
-
-@pytest.mark.parametrize(
-    "edge",
-    [pytest.param(e, marks=pytest.mark.xfail(strict=True, reason=r)) for e, r in UPWARD_TO_FIX.items()],
-)
-def test_an_upward_import_still_to_fix(edge: tuple[str, str]) -> None:
-    """The import named is gone (expected to fail until it is)."""
-    module, target = edge
-    assert target not in GRAPH[module]
 
 
 def test_the_stdlib_row_imports_only_the_standard_library() -> None:
@@ -355,7 +330,6 @@ LONG_MODULES_TO_SPLIT = {
     "krproxy/relay/connection.py": "Endpoint, Half and Route in one module (relay)",
     "krproxy/relay/rpc.py": "relayed calls, interceptor calls and the relay's own calls (relay)",
     "krproxy/rpc/server.py": "Server, Stream and the server-side call (krproxy.rpc)",
-    "krproxy/hookserver/_policy.py": "the node policy's schema, its loader and its watcher (SDK)",
 }
 
 

@@ -7,7 +7,6 @@ on stdin — as a JSON line to a file; hook files point at them from temp hooks.
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 import time
@@ -23,6 +22,7 @@ from krproxy.daemon import Daemon
 from krproxy.forward import Reply
 from krproxy.ocihooks.proxy import compose
 from tests.integration.support import LIVENESS_LIMIT, in_thread, start_proxy, wait_until
+from tests.ocihook_files import HookFiles
 
 #: A hook: ``recorder.py OUT LABEL [EXIT [SLEEP]]`` records ``{"label", "state"}`` then sleeps and exits.
 RECORDER = f"""#!{sys.executable}
@@ -44,7 +44,7 @@ sys.exit(code)
 RELOAD_LIMIT = LIVENESS_LIMIT
 
 
-class Hooks:
+class Hooks(HookFiles):
     """Two hooks.d directories (low, high precedence) and the record file the hooks write to."""
 
     def __init__(self, root: Path) -> None:
@@ -55,30 +55,6 @@ class Hooks:
         self.script = root / "recorder.py"
         self.script.write_text(RECORDER)
         self.script.chmod(0o755)
-
-    def write(
-        self,
-        name: str,
-        when: dict[str, Any],
-        stages: list[str],
-        *,
-        label: str = "",
-        exit_code: int = 0,
-        sleep: float | None = None,
-        timeout: int | None = None,
-        directory: Path | None = None,
-    ) -> Path:
-        args = [str(self.script), str(self.script), str(self.record), label or name, str(exit_code)]
-        if sleep is not None:
-            args.append(str(sleep))
-        hook: dict[str, Any] = {"path": str(self.script), "args": args[1:]}
-        if timeout is not None:
-            hook["timeout"] = timeout
-        path = (directory or self.low) / name
-        tmp = path.with_name("." + path.name + ".tmp")
-        tmp.write_text(json.dumps({"version": "1.0.0", "hook": hook, "when": when, "stages": stages}))
-        os.replace(tmp, path)
-        return path
 
     def calls(self) -> list[dict[str, Any]]:
         if not self.record.exists():

@@ -15,7 +15,7 @@ from cri_api.v1 import api_pb2_grpc as pb_grpc
 
 from krproxy.daemon import Daemon
 from krproxy.fakes.containerd import FakeContainerd
-from tests.integration.support import in_thread, start_proxy, wait_until
+from tests.integration.support import create_in_new_pod, in_thread, start_proxy, wait_until
 
 
 @pytest.fixture
@@ -92,22 +92,10 @@ class TestContainerEvents:
         consumer.start()
         try:
             await wait_until(lambda: fake.event_subscribers == 1)
-            config = pb.PodSandboxConfig(metadata=pb.PodSandboxMetadata(name="p", uid="u", namespace="n"))
-            pod = await in_thread(runtime.RunPodSandbox, pb.RunPodSandboxRequest(config=config), timeout=10)
-            created = await in_thread(
-                runtime.CreateContainer,
-                pb.CreateContainerRequest(
-                    pod_sandbox_id=pod.pod_sandbox_id,
-                    config=pb.ContainerConfig(
-                        metadata=pb.ContainerMetadata(name="c"), image=pb.ImageSpec(image="x")
-                    ),
-                    sandbox_config=config,
-                ),
-                timeout=10,
-            )
+            container_id = await create_in_new_pod(runtime)
             await in_thread(
                 runtime.StartContainer,
-                pb.StartContainerRequest(container_id=created.container_id),
+                pb.StartContainerRequest(container_id=container_id),
                 timeout=10,
             )
             await wait_until(two_container_events.is_set)
@@ -115,12 +103,10 @@ class TestContainerEvents:
             events.cancel()
             await in_thread(consumer.join)
         container_events = [
-            (e.container_id, e.container_event_type)
-            for e in received
-            if e.container_id == created.container_id
+            (e.container_id, e.container_event_type) for e in received if e.container_id == container_id
         ]
         assert [
-            (created.container_id, pb.CONTAINER_CREATED_EVENT),
-            (created.container_id, pb.CONTAINER_STARTED_EVENT),
+            (container_id, pb.CONTAINER_CREATED_EVENT),
+            (container_id, pb.CONTAINER_STARTED_EVENT),
         ] == container_events
         await wait_until(lambda: fake.event_subscribers == 0)

@@ -28,7 +28,7 @@ def _wheel(tmp_path: pathlib.Path) -> zipfile.ZipFile:
     skip = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / "krproxy", src / "krproxy", symlinks=True, ignore=skip)
     shutil.copytree(ROOT / "fakes", src / "fakes", ignore=skip)
-    subprocess.run(
+    built = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -41,10 +41,11 @@ def _wheel(tmp_path: pathlib.Path) -> zipfile.ZipFile:
             "-w",
             str(tmp_path / "dist"),
         ],
-        check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
+    assert 0 == built.returncode, f"pip wheel failed:\n{built.stdout}{built.stderr}"
     (wheel,) = (tmp_path / "dist").glob("krproxy-*.whl")
     return zipfile.ZipFile(wheel)
 
