@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from krproxy import __version__
 from krproxy.calls import CallRecord
 from krproxy.forward import known_routes
+from krproxy.grpcstatus import Status
 from krproxy.hooks.outcomes import Outcome
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.store import HookStore
@@ -37,6 +38,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
+        #: observe_call's labelled series by (path, status), for the known paths (bounded).
+        self._call_series: dict[tuple[str, Status], tuple[Counter, Histogram, Histogram]] = {}
         self.registration_errors = Counter(
             "krproxy_registration_errors_total",
             "Registration files found invalid, by file name.",
@@ -166,10 +169,29 @@ class Metrics:
                 self.required_held.remove(server, point.value)
 
     def observe_call(self, record: CallRecord) -> None:
-        method = record.path.rpartition("/")[2] if record.path in _KNOWN_PATHS else "unknown"
-        self.calls.labels(method, record.status.name).inc()
-        self.call_seconds.labels(method).observe(record.seconds)
-        self.backend_seconds.labels(method).observe(record.backend_seconds)
+        series = self._call_series.get((record.path, record.status))
+        if series is None:
+            series = self._series_of(record.path, record.status)
+        count, seconds, backend_seconds = series
+        count.inc()
+        seconds.observe(record.seconds)
+        backend_seconds.observe(record.backend_seconds)
+
+    def _series_of(self, path: str, status: Status) -> tuple[Counter, Histogram, Histogram]:
+        """The labelled series a call of ``path`` ending with ``status`` counts in, kept: a
+        ``labels()`` lookup costs more than the rest of :meth:`observe_call`, once per relayed
+        call. Unknown paths share the "unknown" series and are not kept one by one (a caller
+        may send any path)."""
+        known = path in _KNOWN_PATHS
+        method = path.rpartition("/")[2] if known else "unknown"
+        series = (
+            self.calls.labels(method, status.name),
+            self.call_seconds.labels(method),
+            self.backend_seconds.labels(method),
+        )
+        if known:
+            self._call_series[(path, status)] = series
+        return series
 
     def observe_hook(self, outcome: Outcome) -> None:
         self.hook_calls.labels(outcome.plugin, outcome.point.value, outcome.result).inc()

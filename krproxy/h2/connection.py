@@ -156,7 +156,8 @@ class Connection(Control):
         self._reset_order: deque[int] = deque()
         self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
         self.terminated: ev.ConnectionTerminated | None = None
-        self._in = bytearray()
+        #: Input kept for the next call: a partial frame, or the frames after a stepwise stop.
+        self.unread = bytearray()
         #: The bytes queued for the peer: :meth:`data_to_send` takes them, or a driver writes
         #: from this buffer and trims it in place (one copy less per write).
         self.output = bytearray()
@@ -189,7 +190,7 @@ class Connection(Control):
     def input_left(self) -> bool:
         """Input is kept that may hold a whole frame (stepwise reading stopped before it):
         ``receive_data(b"")`` goes on with it."""
-        return len(self._in) >= f.HEAD_SIZE
+        return len(self.unread) >= f.HEAD_SIZE
 
     @property
     def preface_received(self) -> bool:
@@ -207,8 +208,16 @@ class Connection(Control):
             raise LocalProtocolError("a header block awaits receive_headers()")
         if self.terminated is not None:
             return []
-        self._in += data
-        return self._run()
+        if data:
+            self.unread += data
+        if self._preface_due:
+            try:
+                if not self._preface():
+                    return []
+            except f.ProtocolError as err:
+                self._terminate(err.code, str(err))
+                return self._take_events()
+        return self.next_events()
 
     def decode_block(self, block: bytes) -> Headers | f.ProtocolError:
         """The fields of a block handed out by :class:`~krproxy.h2.events.HeaderBlockReceived`,
@@ -234,36 +243,36 @@ class Connection(Control):
         except f.ProtocolError as err:
             self._terminate(err.code, str(err))
             return self._take_events()
-        return self._run()
+        return self.next_events()
 
     def _take_events(self) -> list[ev.Event]:
         events, self._events = self._events, []
         return events
 
-    def _run(self) -> list[ev.Event]:
-        try:
-            if self._preface_due:
-                buf = self._in
-                if len(buf) < len(f.PREFACE):
-                    if not f.PREFACE.startswith(bytes(buf)):
-                        raise f.ProtocolError("not an HTTP/2 connection preface")
-                    return self._take_events()
-                if not buf.startswith(f.PREFACE):
-                    raise f.ProtocolError("not an HTTP/2 connection preface")
-                del buf[: len(f.PREFACE)]
-                self._preface_due = False
-            self._frames()
-        except f.ProtocolError as err:
-            self._terminate(err.code, str(err))
-        return self._take_events()
+    def _preface(self) -> bool:
+        """Take the client's connection preface (server role); False while it is incomplete."""
+        buf = self.unread
+        if len(buf) < len(f.PREFACE):
+            if not f.PREFACE.startswith(bytes(buf)):
+                raise f.ProtocolError("not an HTTP/2 connection preface")
+            return False
+        if not buf.startswith(f.PREFACE):
+            raise f.ProtocolError("not an HTTP/2 connection preface")
+        del buf[: len(f.PREFACE)]
+        self._preface_due = False
+        return True
 
-    def _frames(self) -> None:
-        buf = self._in
+    def next_events(self) -> list[ev.Event]:
+        """Handle the whole frames kept in :attr:`unread`; returns their events. In stepwise mode,
+        a driver calls it for the rest of the input when the previous events are acted on and
+        :attr:`unread` holds a frame header or more: ``receive_data(b"")`` without its checks
+        (one call per frame that made events, on every driver's hot path)."""
+        buf = self.unread
         offset, total = 0, len(buf)
         head = f.HEAD
+        events = self._events
+        stepwise = self.stepwise
         try:
-            events = self._events
-            stepwise = self.stepwise
             while total - offset >= f.HEAD_SIZE and self._deferred is None and self.terminated is None:
                 if stepwise and events:
                     break
@@ -279,8 +288,12 @@ class Connection(Control):
                 payload = bytes(buf[offset + f.HEAD_SIZE : end])
                 offset = end
                 self._frame(kind, flags, stream_id & 0x7FFF_FFFF, payload)
+        except f.ProtocolError as err:
+            self._terminate(err.code, str(err))
         finally:
             del buf[:offset]
+        self._events = []
+        return events
 
     def _terminate(self, code: int, reason: str) -> None:
         if self.terminated is not None:
@@ -366,14 +379,15 @@ class Connection(Control):
     # -- DATA ----------------------------------------------------------------------------
 
     def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
-        _require_stream(stream_id, "DATA")
+        if stream_id == 0:
+            raise f.ProtocolError("DATA on stream 0")
         size = len(payload)
         self.recv_window -= size
         if self.recv_window < 0:
             raise f.ProtocolError("DATA beyond the connection window", f.FLOW_CONTROL_ERROR)
         if self.credit_on_arrival:
             self._grant_connection(size)
-        data = f.unpad(flags, payload)
+        data = f.unpad(flags, payload) if flags & f.PADDED else payload
         stream = self.streams.get(stream_id)
         if stream is None or stream.recv_ended or stream.reset:
             if not self.credit_on_arrival:

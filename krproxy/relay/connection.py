@@ -38,7 +38,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import hpack
 import hpack.exceptions
@@ -222,10 +222,10 @@ class _FairQueue:
 
     def __init__(self) -> None:
         self._queues: dict[object, deque[_Waiting]] = {}
-        self._count = 0
+        self.count = 0
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
     def __iter__(self) -> Iterator[_Waiting]:
         for queue in list(self._queues.values()):
@@ -238,7 +238,7 @@ class _FairQueue:
 
     def append(self, entry: _Waiting) -> None:
         self._queues.setdefault(self._turn(entry[0]), deque()).append(entry)
-        self._count += 1
+        self.count += 1
 
     def popleft(self) -> _Waiting:
         turn = next(iter(self._queues))
@@ -246,7 +246,7 @@ class _FairQueue:
         entry = queue.popleft()
         if queue:
             self._queues[turn] = queue  # back at the end: the next caller's turn comes first
-        self._count -= 1
+        self.count -= 1
         return entry
 
     def evict_for(self, half: Half) -> _Waiting | None:
@@ -258,7 +258,7 @@ class _FairQueue:
         if len(self._queues.get(self._turn(half), ())) + 1 >= len(queue):
             return None
         entry = queue.pop()
-        self._count -= 1
+        self.count -= 1
         if not queue:
             del self._queues[largest]
         return entry
@@ -268,7 +268,7 @@ class _FairQueue:
         if queue is None:
             return
         kept = deque(entry for entry in queue if entry[0] is not half)
-        self._count -= len(queue) - len(kept)
+        self.count -= len(queue) - len(kept)
         if kept:
             self._queues[self._turn(half)] = kept
         else:
@@ -276,7 +276,7 @@ class _FairQueue:
 
     def clear(self) -> None:
         self._queues.clear()
-        self._count = 0
+        self.count = 0
 
 
 class _Closed(Exception):
@@ -289,11 +289,6 @@ class _Terminated(Exception):
     def __init__(self, event: ev.ConnectionTerminated) -> None:
         super().__init__(event.reason)
         self.code = event.error_code
-
-
-def _over(s: Stream) -> bool:
-    """Nothing more is sent on the stream (a function: the send that follows may end it)."""
-    return s.reset or s.send_ended
 
 
 class Half:
@@ -357,7 +352,7 @@ class Half:
     def send_data(self, data: bytes, end: bool) -> None:
         """Queue ``data`` (from the paired half) and send what the windows allow."""
         s = self.s
-        if _over(s):
+        if s.reset or s.send_ended:  # over: nothing more is sent on it
             if self.peer is not None:
                 self.peer.grant(len(data))
             return
@@ -369,7 +364,8 @@ class Half:
                 s.end_pending = True
             return
         taken = ep.h2.send_data(s.id, data, end)
-        ep.touch()
+        if not ep.dirty:
+            ep.touch()
         if taken and self.peer is not None:
             self.peer.grant(taken)
         if ep.server_side and ep.h2.buffered > MAX_HELD and not ep.dirty:  # try_send closes it
@@ -381,13 +377,15 @@ class Half:
     def send_trailers(self, block: bytes) -> None:
         """Send a header block ending the stream, after any data still queued."""
         s = self.s
-        if _over(s):
+        if s.reset or s.send_ended:  # over: nothing more is sent on it
             return
         if not self.opened:
             s.trailers_pending = block
             return
-        sent = self.ep.h2.send_trailers(s.id, block)
-        self.ep.touch()
+        ep = self.ep
+        sent = ep.h2.send_trailers(s.id, block)
+        if not ep.dirty:
+            ep.touch()
         if sent and self.peer is not None:
             self.peer.grant(sent)
         if s.send_ended:
@@ -398,8 +396,10 @@ class Half:
         s = self.s
         if s.reset or s.send_ended:
             return
-        self.ep.h2.send_headers(s.id, block, end)
-        self.ep.touch()
+        ep = self.ep
+        ep.h2.send_headers(s.id, block, end)
+        if not ep.dirty:
+            ep.touch()
         if end:
             self.call.settle()
 
@@ -412,7 +412,8 @@ class Half:
         its credit back when the bytes arrived (see the module docstring)."""
         ep = self.ep
         ep.h2.acknowledge_received_data(self.s.id, size)
-        ep.touch()
+        if not ep.dirty:
+            ep.touch()
 
     def grant_stream(self, size: int) -> None:
         """Stream credit only, for a reader of our own that gave the connection's credit back on
@@ -621,16 +622,20 @@ class Endpoint:
             half.call.settle()
 
     def forget(self, half: Half) -> None:
-        half.drop_pending()  # a stream reset by its peer, or on a lost connection, left it
+        s = half.s
+        if s.pending or s.end_pending or s.trailers_pending is not None:
+            half.drop_pending()  # a stream reset by its peer, or on a lost connection, left it
+        waiting = self.waiting
         if not half.opened:  # ended while it waited for a slot: it holds no place in the queue
-            self.waiting.remove(half)
-        elif self.halves.get(half.id) is half:
-            del self.halves[half.id]
-            self.h2.release_stream(half.id)
-        self._start_waiting()
-        if self.retiring and not self.halves and not self.waiting:
+            waiting.remove(half)
+        elif self.halves.get(s.id) is half:
+            del self.halves[s.id]
+            self.h2.release_stream(s.id)
+        if waiting.count:
+            self._start_waiting()
+        if self.retiring and not self.halves and not waiting.count:
             self.close(_RETIRED)
-        elif self.goaway == "final" and not self.halves:
+        elif self.h2.goaway_state == "final" and not self.halves:
             self._close_when_sent()
 
     def reset_stream(self, stream_id: int, code: int) -> None:
@@ -714,6 +719,7 @@ class Endpoint:
     async def _read_loop(self) -> None:
         sock = self.sock
         h2 = self.h2
+        preface_due = self.server_side
         reads = 0
         while True:
             try:
@@ -726,7 +732,8 @@ class Endpoint:
             if not data:
                 raise _Closed()
             await self._handle(h2.receive_data(data))
-            if self._handshake.deadline != math.inf and h2.preface_received:
+            if preface_due and h2.preface_received:
+                preface_due = False
                 self._handshake.deadline = math.inf
             reads += 1
             if reads >= _READS_PER_CHECKPOINT:
@@ -737,46 +744,52 @@ class Endpoint:
         """Hand the core's events to the calls, waiting for a worker thread to decode each
         header block beyond what the event loop decodes (:data:`DECODE_PER_TURN`)."""
         h2 = self.h2
-        while True:
-            if not events:
-                self.touch()
-                self.relay.flush()
-                return
+        unread = h2.unread
+        while events:
             self._dispatch(events)
             last = events[-1]
-            if last.__class__ is ev.ConnectionTerminated:
+            kind = last.__class__
+            if kind is ev.HeaderBlockReceived:
+                events = await self._decode_block_aside(cast(ev.HeaderBlockReceived, last).block)
+            elif kind is ev.ConnectionTerminated:
                 self.touch()
                 self.relay.flush()
-                raise _Terminated(last)
-            if last.__class__ is not ev.HeaderBlockReceived:
+                raise _Terminated(cast(ev.ConnectionTerminated, last))
+            elif len(unread) >= f.HEAD_SIZE:
                 # The core stopped after this frame's events (stepwise): on with the rest.
-                events = h2.receive_data(b"") if h2.input_left else []
-                continue
-            self.touch()
-            self.relay.flush()
-            block = last.block
-            large = len(block) >= LARGE_BLOCK
-            try:
-                headers: Headers | f.ProtocolError = await trio.to_thread.run_sync(
-                    _decode_aside,
-                    self.h2.decoder,
-                    block,
-                    limiter=self.relay.large_decodes if large else self.relay.small_decodes,
-                    abandon_on_cancel=True,  # a relay stopping does not wait for it
-                )
-            except f.ProtocolError as err:
-                headers = err
-            if self.closed:  # closed meanwhile (e.g. it stopped reading our answers)
-                raise trio.ClosedResourceError("connection closed")
-            events = self.h2.receive_headers(headers)
+                events = h2.next_events()
+            else:
+                break
+        self.touch()
+        self.relay.flush()
 
-    def _dispatch(self, events: list[ev.Event]) -> None:
+    async def _decode_block_aside(self, block: bytes) -> list[ev.Event]:
+        """Decode a header block the core handed out in a worker thread, and go on."""
+        self.touch()
+        self.relay.flush()
+        large = len(block) >= LARGE_BLOCK
+        try:
+            headers: Headers | f.ProtocolError = await trio.to_thread.run_sync(
+                _decode_aside,
+                self.h2.decoder,
+                block,
+                limiter=self.relay.large_decodes if large else self.relay.small_decodes,
+                abandon_on_cancel=True,  # a relay stopping does not wait for it
+            )
+        except f.ProtocolError as err:
+            headers = err
+        if self.closed:  # closed meanwhile (e.g. it stopped reading our answers)
+            raise trio.ClosedResourceError("connection closed")
+        return self.h2.receive_headers(headers)
+
+    def _dispatch(self, events: list[Any]) -> None:
+        # Events are read without cast() (a function call each on the hot path).
         server = self.server_side
         halves = self.halves
         for event in events:
             kind = event.__class__
             if kind is ev.DataReceived:
-                data = cast(ev.DataReceived, event)
+                data = event
                 half = halves.get(data.stream_id)
                 if half is None:  # the relay refused it (and the core reset it)
                     self.h2.acknowledge_received_data(data.stream_id, data.flow_controlled_length)
@@ -785,19 +798,19 @@ class Endpoint:
                 else:
                     half.call.on_reply_data(data.data, data.end_stream)
             elif kind is ev.RequestReceived:
-                request = cast(ev.RequestReceived, event)
+                request = event
                 self.relay.open_call(self, request.stream_id, request.headers, request.end_stream)
                 if request.stream_id not in halves:  # refused or answered at once: not ours to keep
                     self.h2.release_stream(request.stream_id)
             elif kind is ev.HeadersReceived:
-                reply = cast(ev.HeadersReceived, event)
+                reply = event
                 half = halves.get(reply.stream_id)
                 if half is not None:
                     half.call.on_reply_headers(reply.headers, reply.end_stream)
                     if reply.end_stream:
                         half.call.settle()
             elif kind is ev.DataSent:
-                sent = cast(ev.DataSent, event)
+                sent = event
                 half = halves.get(sent.stream_id)
                 if half is not None:
                     if sent.size and half.peer is not None:
@@ -805,20 +818,20 @@ class Endpoint:
                     if sent.stream_ended:
                         half.call.settle()
             elif kind is ev.TrailersReceived:
-                trailers = cast(ev.TrailersReceived, event)
+                trailers = event
                 half = halves.get(trailers.stream_id)
                 if half is not None:
                     half.call.on_request_trailers(trailers.headers)
                     half.call.settle()
             elif kind is ev.StreamReset:
-                self._on_reset(cast(ev.StreamReset, event))
+                self._on_reset(event)
             elif kind is ev.SettingsChanged:
                 self._start_waiting()
             elif kind is ev.PingAcked:
                 if self.goaway == "final" and not halves and not self.closing:
                     self._close_when_sent()  # the drain PING came back: the final GOAWAY is out
             elif kind is ev.GoAwayReceived:
-                self._on_goaway(cast(ev.GoAwayReceived, event))
+                self._on_goaway(event)
 
     def _on_reset(self, event: ev.StreamReset) -> None:
         half = self.halves.get(event.stream_id)

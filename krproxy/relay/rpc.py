@@ -253,7 +253,7 @@ class Call:
                 self.too_large(data, err)
                 return
         upstream = self.upstream
-        if upstream is None or upstream.done:
+        if upstream is None or upstream.s.done:
             self.client.grant(len(data))
             return
         upstream.send_data(data, end)
@@ -272,7 +272,7 @@ class Call:
         if end:
             self._backend_done()
             self._take_status(headers)
-            if self.client.headers_sent:
+            if self.client.s.headers_sent:
                 self.client.send_trailers(block)
             else:
                 self.client.send_headers(block, True)
@@ -359,17 +359,24 @@ class Call:
         """Close what is over; once both halves are, the call is finished."""
         if self.finished:
             return
+        # The halves' stream states are read directly (``half.s``): this runs several times
+        # per call, and each property read would be one more function call.
         client, upstream = self.client, self.upstream
-        if client.send_ended and not client.recv_ended and not client.reset:
+        c = client.s
+        if c.send_ended and not c.recv_ended and not c.reset:
             # We answered before the caller finished sending: close its side (RFC 9113 §8.1).
             client.abort(f.NO_ERROR)
-        if upstream is not None and upstream.recv_ended and not upstream.send_ended and not upstream.reset:
-            upstream.abort(f.CANCEL)  # the upstream answered; nothing more of the request matters
-        if upstream is not None and upstream.done:
-            # The runtime's half is over: free its stream slot now, not once the caller has
-            # read the answer (a caller that never reads would hold the runtime's slots).
-            upstream.ep.forget(upstream)
-        if client.done and (upstream is None or upstream.done):
+        upstream_done = True
+        if upstream is not None:
+            u = upstream.s
+            if u.recv_ended and not u.send_ended and not u.reset:
+                upstream.abort(f.CANCEL)  # the upstream answered; nothing more of the request matters
+            upstream_done = u.reset or (u.send_ended and u.recv_ended)
+            if upstream_done:
+                # The runtime's half is over: free its stream slot now, not once the caller has
+                # read the answer (a caller that never reads would hold the runtime's slots).
+                upstream.ep.forget(upstream)
+        if upstream_done and (c.reset or (c.send_ended and c.recv_ended)):
             self.finish()
 
     def finish(self) -> None:
