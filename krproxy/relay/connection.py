@@ -352,7 +352,8 @@ class Half:
     def send_data(self, data: bytes, end: bool) -> None:
         """Queue ``data`` (from the paired half) and send what the windows allow."""
         s = self.s
-        if s.reset or s.send_ended:  # over: nothing more is sent on it
+        over = s.reset or s.send_ended  # a variable: the send below may end it (no narrowing)
+        if over:
             if self.peer is not None:
                 self.peer.grant(len(data))
             return
@@ -377,7 +378,8 @@ class Half:
     def send_trailers(self, block: bytes) -> None:
         """Send a header block ending the stream, after any data still queued."""
         s = self.s
-        if s.reset or s.send_ended:  # over: nothing more is sent on it
+        over = s.reset or s.send_ended  # a variable: the send below may end it (no narrowing)
+        if over:
             return
         if not self.opened:
             s.trailers_pending = block
