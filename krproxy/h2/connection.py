@@ -212,8 +212,9 @@ class Connection(Control):
             self.unread += data
         if self._preface_due:
             try:
-                if not self._preface():
+                if not f.take_preface(self.unread):
                     return []
+                self._preface_due = False
             except f.ProtocolError as err:
                 self._terminate(err.code, str(err))
                 return self._take_events()
@@ -248,19 +249,6 @@ class Connection(Control):
     def _take_events(self) -> list[ev.Event]:
         events, self._events = self._events, []
         return events
-
-    def _preface(self) -> bool:
-        """Take the client's connection preface (server role); False while it is incomplete."""
-        buf = self.unread
-        if len(buf) < len(f.PREFACE):
-            if not f.PREFACE.startswith(bytes(buf)):
-                raise f.ProtocolError("not an HTTP/2 connection preface")
-            return False
-        if not buf.startswith(f.PREFACE):
-            raise f.ProtocolError("not an HTTP/2 connection preface")
-        del buf[: len(f.PREFACE)]
-        self._preface_due = False
-        return True
 
     def next_events(self) -> list[ev.Event]:
         """Handle the whole frames kept in :attr:`unread`; returns their events. In stepwise mode,

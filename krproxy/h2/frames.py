@@ -134,6 +134,19 @@ def parse_goaway(payload: bytes) -> tuple[int, int]:
     return last & 0x7FFF_FFFF, code
 
 
+def take_preface(buf: bytearray) -> bool:
+    """Remove the client's connection preface from the start of ``buf``; False while it is
+    incomplete there. Raises :class:`ProtocolError` if ``buf`` starts with anything else."""
+    if len(buf) < len(PREFACE):
+        if not PREFACE.startswith(bytes(buf)):
+            raise ProtocolError("not an HTTP/2 connection preface")
+        return False
+    if not buf.startswith(PREFACE):
+        raise ProtocolError("not an HTTP/2 connection preface")
+    del buf[: len(PREFACE)]
+    return True
+
+
 def unpad(flags: int, payload: bytes) -> bytes:
     """The payload of a DATA or HEADERS frame without its padding (PADDED flag)."""
     if not flags & PADDED:

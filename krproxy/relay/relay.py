@@ -46,7 +46,9 @@ from krproxy.forward import Interceptor
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay.connection import _STOPPED, Endpoint, Half, Headers, Route, connect_unix
+from krproxy.relay.connection import _STOPPED, Endpoint, Headers
+from krproxy.relay.half import Half
+from krproxy.relay.route import Route, connect_unix
 from krproxy.relay.rpc import (
     MAX_OWN_ANSWER,
     Answer,

@@ -15,7 +15,7 @@ from collections import deque
 import trio
 
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.relay.connection import Half
+from krproxy.relay.half import Half
 from krproxy.relay.rpc import MessageTooLarge
 
 

@@ -26,8 +26,9 @@ import trio
 
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
-from krproxy.relay.connection import Half, Headers, Route, connect_unix
+from krproxy.relay.half import Half, Headers
 from krproxy.relay.relay import _REFUSED_ATTEMPTS, _REFUSED_PAUSE, Relay
+from krproxy.relay.route import Route, connect_unix
 from krproxy.relay.rpc import (
     _RESET_STATUS,
     MAX_OWN_ANSWER,

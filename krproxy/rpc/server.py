@@ -40,7 +40,8 @@ import trio
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay.connection import Endpoint, Half, Headers
+from krproxy.relay.connection import Endpoint, Headers
+from krproxy.relay.half import Half
 from krproxy.relay.relay import Relay
 from krproxy.relay.rpc import (
     _PLAIN_HEADERS,

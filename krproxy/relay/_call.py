@@ -1,0 +1,273 @@
+"""A relayed gRPC call (:class:`Call`): a caller's stream paired with a stream to the runtime;
+frames are passed on, the status is read from the trailers for the call record."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+import trio
+
+from krproxy import calls
+from krproxy.grpcstatus import Status
+from krproxy.h2 import frames as f
+from krproxy.relay._grpc import (
+    _PLAIN_HEADERS,
+    _RESET_STATUS,
+    KEEP_ALL,
+    KEEP_FIRST,
+    KEEP_NONE,
+    Answer,
+    MessageTooLarge,
+    _read_status,
+    _status_fields,
+    _Tap,
+)
+from krproxy.relay.half import Half, Headers
+from krproxy.relay.route import Route
+
+LOGGER = logging.getLogger("krproxy.relay")
+
+
+class Relay(Protocol):
+    """What a call needs of the relay that runs it (:class:`krproxy.relay.relay.Relay`): named
+    here so that this module does not import that one (no import cycle, not even for the type
+    checker)."""
+
+    keep_messages: bool
+    max_request: int
+    nursery: trio.Nursery
+
+    def is_unary(self, path: str) -> bool: ...
+    def flush(self) -> None: ...
+    def call_finished(self, call: Call) -> None: ...
+    async def unary(
+        self,
+        route: Route,
+        path: str,
+        message: bytes,
+        metadata: Iterable[tuple[bytes, bytes]] = ...,
+        deadline: float = ...,
+        max_answer: int = ...,
+    ) -> Answer: ...
+
+
+class Call:
+    """A gRPC call in the relay: the caller's half, the upstream half, and what is known."""
+
+    __slots__ = (
+        "answered",
+        "backend_clock",
+        "backend_seconds",
+        "client",
+        "clock",
+        "deadline",
+        "finished",
+        "message",
+        "path",
+        "relay",
+        "reply_tap",
+        "request_tap",
+        "route",
+        "started",
+        "status",
+        "timer",
+        "upstream",
+    )
+
+    def __init__(self, relay: Relay, path: str, route: Route | None) -> None:
+        self.relay = relay
+        self.path = path
+        self.route = route
+        self.client: Half = None  # type: ignore[assignment]  # set right after construction
+        self.upstream: Half | None = None
+        self.started = time.time()
+        self.clock = time.perf_counter()
+        self.backend_clock = 0.0
+        self.backend_seconds = 0.0
+        self.status = Status.OK
+        self.message: str | None = None
+        self.answered = False  # the caller got a status (trailers), from upstream or from us
+        self.finished = False
+        self.deadline = math.inf
+        self.timer: list[Any] | None = None  # its entry in the relay's deadline heap
+        # Message bytes only if records are to carry them (relay.keep_messages: e.g. recording).
+        keep = relay.keep_messages
+        self.request_tap: _Tap | None = _Tap(KEEP_FIRST if keep else KEEP_NONE, relay.max_request)
+        self.reply_tap: _Tap | None = _Tap(KEEP_ALL if keep and relay.is_unary(path) else KEEP_NONE)
+
+    @property
+    def describe(self) -> str:
+        """What the call goes to, for messages."""
+        return self.route.describe if self.route is not None else "krproxy"
+
+    def on_request_data(self, data: bytes, end: bool) -> None:
+        if self.request_tap is not None and data:
+            try:
+                self.request_tap.feed(data)
+            except MessageTooLarge as err:
+                self.too_large(data, err)
+                return
+        upstream = self.upstream
+        if upstream is None or upstream.s.done:
+            self.client.grant(len(data))
+            return
+        upstream.send_data(data, end)
+
+    def on_reply_data(self, data: bytes, end: bool) -> None:
+        if self.reply_tap is not None and data:
+            self.reply_tap.feed(data)
+        if end:
+            self._backend_done()
+        self.client.send_data(data, end)
+
+    def on_reply_headers(self, headers: Headers, end: bool) -> None:
+        if self.route is not None:
+            self.route.mark_reachable()
+        block = f.encode_headers(headers)
+        if end:
+            self._backend_done()
+            self._take_status(headers)
+            if self.client.s.headers_sent:
+                self.client.send_trailers(block)
+            else:
+                self.client.send_headers(block, True)
+        else:
+            self.client.send_headers(block, False)
+
+    def on_request_trailers(self, headers: Headers) -> None:
+        # gRPC callers end a request with END_STREAM on DATA; a header block is legal though.
+        if self.upstream is not None and not self.upstream.done:
+            self.upstream.send_trailers(f.encode_headers(headers))
+
+    def too_large(self, data: bytes, err: MessageTooLarge) -> None:
+        """The request announced a message above the limit: RESOURCE_EXHAUSTED, as grpc-go
+        (containerd) answers, before any more of it is buffered or sent on."""
+        self.client.grant(len(data))
+        self.fail(
+            Status.RESOURCE_EXHAUSTED,
+            f"request message of {err.size} bytes is larger than krproxy's limit of {err.limit} bytes"
+            " (--max-request-message-size)",
+        )
+
+    def _backend_done(self) -> None:
+        if self.backend_clock:
+            self.backend_seconds = time.perf_counter() - self.backend_clock
+
+    def _take_status(self, headers: Headers) -> None:
+        self.answered = True
+        status, self.message, _ = _read_status(headers)
+        self.status = status if status is not None else Status.UNKNOWN
+
+    def fail(self, status: Status, message: str) -> None:
+        """End the call with ``status`` for the caller and reset the upstream stream."""
+        if self.finished:
+            return
+        client = self.client
+        if not client.done and not client.send_ended and not self.answered:
+            self.answered = True
+            self.status, self.message = status, message
+            client.drop_pending()  # queued data, its end and trailers: this status ends it instead
+            fields = _status_fields(status, message, None)
+            block = f.encode_headers(fields if client.headers_sent else [*_PLAIN_HEADERS, *fields])
+            client.send_headers(block, True)
+        if self.upstream is not None:
+            self.upstream.abort(f.CANCEL)
+        self.settle()
+
+    def caller_gone(self) -> None:
+        """The caller reset the stream or its connection closed."""
+        if not self.answered:
+            self.answered = True
+            self.status, self.message = Status.CANCELLED, "the call ended before an answer was sent"
+        self.client.reset = True
+        if self.upstream is not None:
+            self.upstream.abort(f.CANCEL)
+        self.settle()
+
+    def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
+        """The upstream stream was reset or its connection lost, before the call ended.
+
+        ``refused``: the upstream did not process the call (REFUSED_STREAM, or above a GOAWAY's
+        last stream). If the caller has had no answer yet it gets REFUSED_STREAM too, which gRPC
+        clients take as leave to send the call again (grpc-go's transparent retry).
+        ``reset_code``: the upstream reset the stream with this HTTP/2 error code; the caller
+        gets the status grpc-go gives such a reset (INTERNAL for a protocol error, CANCELLED,
+        RESOURCE_EXHAUSTED for ENHANCE_YOUR_CALM...), not UNAVAILABLE.
+        """
+        upstream = self.upstream
+        if upstream is not None:
+            upstream.reset = True
+        client = self.client
+        if refused and not self.answered and not client.headers_sent and not client.done:
+            self.answered = True
+            self.status, self.message = Status.UNAVAILABLE, f"{self.describe} refused the call: {reason}"
+            client.abort(f.REFUSED_STREAM)
+            self.settle()
+        elif not self.answered and reset_code is not None:
+            self.fail(_RESET_STATUS.get(reset_code, Status.INTERNAL), reason)
+        elif not self.answered:
+            self.fail(Status.UNAVAILABLE, f"{self.describe} is unavailable: {reason}")
+        else:
+            self.settle()
+
+    def settle(self) -> None:
+        """Close what is over; once both halves are, the call is finished."""
+        if self.finished:
+            return
+        # The halves' stream states are read directly (``half.s``): this runs several times
+        # per call, and each property read would be one more function call.
+        client, upstream = self.client, self.upstream
+        c = client.s
+        if c.send_ended and not c.recv_ended and not c.reset:
+            # We answered before the caller finished sending: close its side (RFC 9113 §8.1).
+            client.abort(f.NO_ERROR)
+        upstream_done = True
+        if upstream is not None:
+            u = upstream.s
+            if u.recv_ended and not u.send_ended and not u.reset:
+                upstream.abort(f.CANCEL)  # the upstream answered; nothing more of the request matters
+            upstream_done = u.reset or (u.send_ended and u.recv_ended)
+            if upstream_done:
+                # The runtime's half is over: free its stream slot now, not once the caller has
+                # read the answer (a caller that never reads would hold the runtime's slots).
+                upstream.ep.forget(upstream)
+        if upstream_done and (c.reset or (c.send_ended and c.recv_ended)):
+            self.finish()
+
+    def finish(self) -> None:
+        self.finished = True
+        client, upstream = self.client, self.upstream
+        client.ep.forget(client)
+        if upstream is not None:
+            upstream.ep.forget(upstream)
+        self.relay.call_finished(self)
+        # No reference cycles (call <-> half): the call's bytes are freed as soon as it is over,
+        # not at the next full garbage collection.
+        client.release()
+        if upstream is not None:
+            upstream.release()
+
+    def record(self) -> calls.CallRecord:
+        request = self.request_tap.first if self.request_tap is not None else None
+        reply_tap = self.reply_tap
+        reply = None
+        ok = self.status is Status.OK and self.relay.is_unary(self.path)
+        if ok and reply_tap is not None and reply_tap.first is not None and reply_tap.messages == 1:
+            reply = bytes(reply_tap.first)
+        return calls.CallRecord(
+            path=self.path,
+            started=self.started,
+            seconds=time.perf_counter() - self.clock,
+            backend_seconds=self.backend_seconds,
+            request=bytes(request) if request is not None else b"",
+            forwarded=None,
+            reply=reply,
+            replies=reply_tap.messages if reply_tap is not None else 0,
+            status=self.status,
+            message=self.message,
+            hooks=(),
+        )

@@ -1,0 +1,293 @@
+"""gRPC on the relay's streams, without the streams: ``grpc-timeout``, status trailers, message
+framing and decompression, the message counter of a relayed call (:class:`_Tap`), and what the
+relay's own calls answer or raise (:class:`Answer`, :class:`UpstreamError`)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import urllib.parse
+import zlib
+
+import attrs
+import trio
+
+from krproxy.grpcstatus import GRPCError, Status
+from krproxy.h2 import frames as f
+from krproxy.relay.half import Headers
+
+_GRPC_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
+_STATUS_BY_CODE = {status.value: status for status in Status}
+
+
+#: The gRPC spec allows at most 8 digits in ``grpc-timeout``; grpc-go (containerd, koordlet)
+#: resets a stream whose value is longer (1.6: RST_STREAM PROTOCOL_ERROR; 2.x: INTERNAL).
+_GRPC_TIMEOUT_MAX = 10**8 - 1
+#: Units from the finest, as grpc-go's ``encodeTimeout`` tries them, with their size in ns.
+_GRPC_TIMEOUT_ENCODE = (
+    (b"n", 1),
+    (b"u", 10**3),
+    (b"m", 10**6),
+    (b"S", 10**9),
+    (b"M", 60 * 10**9),
+    (b"H", 3600 * 10**9),
+)
+
+
+def grpc_timeout(value: bytes) -> float | None:
+    """Seconds in a ``grpc-timeout`` header value (``"100m"``), None if malformed."""
+    unit = _GRPC_TIMEOUT_UNITS.get(value[-1:])
+    if unit is None or not value[:-1].isdigit() or len(value) > 9:
+        return None
+    return int(value[:-1]) * unit
+
+
+def encode_grpc_timeout(seconds: float) -> bytes:
+    """A ``grpc-timeout`` header value for ``seconds``, as the gRPC spec and grpc-go write it.
+
+    The finest unit whose count fits in 8 digits, rounded up (a peer never sees a deadline
+    earlier than ours); ``0n`` for a deadline already past, 99999999 hours at most.
+    """
+    if seconds <= 0:
+        return b"0n"
+    nanos = math.ceil(seconds * 1e9)
+    for unit, size in _GRPC_TIMEOUT_ENCODE:
+        count = -(-nanos // size)
+        if count <= _GRPC_TIMEOUT_MAX:
+            return b"%d%s" % (count, unit)
+    return b"%d%s" % (_GRPC_TIMEOUT_MAX, b"H")
+
+
+_PLAIN_HEADERS: Headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+_PLAIN_TRAILERS: Headers = [(b"grpc-status", b"0")]
+
+
+def _status_fields(status: Status, message: str | None, details: bytes | None) -> Headers:
+    fields = [(b"grpc-status", b"%d" % status.value)]
+    if message:
+        fields.append((b"grpc-message", urllib.parse.quote(message, safe=" ").encode()))
+    if details:
+        fields.append((b"grpc-status-details-bin", base64.b64encode(details).rstrip(b"=")))
+    return fields
+
+
+def _read_status(headers: Headers) -> tuple[Status | None, str | None, bytes | None]:
+    """``grpc-status`` (None if missing or unknown), ``grpc-message`` and ``grpc-status-details-bin``."""
+    code = message = details = None
+    for name, value in headers:
+        if name == b"grpc-status":
+            code = value
+        elif name == b"grpc-message":
+            message = urllib.parse.unquote(value.decode("utf-8", "replace"))
+        elif name == b"grpc-status-details-bin":
+            try:
+                details = base64.b64decode(value + b"=" * (-len(value) % 4))
+            except binascii.Error:  # not base64: the status and message still stand
+                details = None
+    status = _STATUS_BY_CODE.get(int(code)) if code is not None and code.isdigit() else None
+    return status, message, details
+
+
+#: The status of a call whose stream the upstream reset, by HTTP/2 error code (as grpc-go's
+#: http2ErrConvTab); codes not listed are INTERNAL. REFUSED_STREAM is handled apart (a retry).
+_RESET_STATUS = {
+    f.CANCEL: Status.CANCELLED,
+    f.FLOW_CONTROL_ERROR: Status.RESOURCE_EXHAUSTED,
+    f.ENHANCE_YOUR_CALM: Status.RESOURCE_EXHAUSTED,
+    0xC: Status.PERMISSION_DENIED,  # INADEQUATE_SECURITY
+    f.REFUSED_STREAM: Status.UNAVAILABLE,
+}
+
+KEEP_NONE, KEEP_FIRST, KEEP_ALL = 0, 1, 2
+
+
+class MessageTooLarge(Exception):
+    """A message's length prefix announced more than a :class:`_Tap`'s limit."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"a message of {size} bytes is larger than the limit of {limit} bytes")
+        self.size, self.limit = size, limit
+
+
+class _Tap:
+    """Counts the gRPC messages in one direction of a call; keeps their bytes if asked to.
+
+    ``keep``: :data:`KEEP_NONE` (count only), :data:`KEEP_FIRST` (the first message: a request,
+    or what an interceptor needs) or :data:`KEEP_ALL` (every message's bytes, for unary replies
+    in call records). ``limit``: a message whose 5-byte prefix announces more raises
+    :class:`MessageTooLarge` before any of it is kept.
+    """
+
+    __slots__ = ("_head", "_keep", "_left", "_limit", "compressed", "first", "messages")
+
+    def __init__(self, keep: int, limit: int = 2**32) -> None:
+        self._head = bytearray()
+        self._left = 0
+        self._keep = keep
+        self._limit = limit
+        self.first: bytearray | None = None
+        self.compressed = False  # the first message's compressed flag (grpc-encoding applies)
+        self.messages = 0
+
+    def feed(self, data: bytes) -> None:
+        i, n = 0, len(data)
+        while i < n:
+            if self._left:
+                take = min(self._left, n - i)
+                if self.first is not None and (self.messages == 0 or self._keep == KEEP_ALL):
+                    self.first += data[i : i + take]
+                i += take
+                self._left -= take
+                if not self._left:
+                    self.messages += 1
+                continue
+            need = 5 - len(self._head)
+            self._head += data[i : i + need]
+            i += need
+            if len(self._head) == 5:
+                self._left = int.from_bytes(self._head[1:5], "big")
+                if self._left > self._limit:
+                    raise MessageTooLarge(self._left, self._limit)
+                if self.first is None and self._keep != KEEP_NONE:
+                    self.first = bytearray()
+                    self.compressed = bool(self._head[0] & 1)
+                self._head.clear()
+                if not self._left:
+                    self.messages += 1
+
+
+#: Request header fields not passed on when the relay makes a call of its own (which it sends
+#: uncompressed, and whose answer it can only read uncompressed).
+_OWN_FIELDS = frozenset(
+    (
+        b":method",
+        b":scheme",
+        b":path",
+        b":authority",
+        b"content-type",
+        b"te",
+        b"grpc-timeout",
+        b"grpc-encoding",
+        b"grpc-accept-encoding",
+    )
+)
+
+#: The zlib ``wbits`` of each grpc-encoding a compressed request may come in (gRPC's
+#: compression.md): gzip has a gzip header, deflate is zlib's format.
+_DECOMPRESS_WBITS = {b"gzip": 31, b"deflate": 15}
+#: Compressed requests at least this large are decompressed in a worker thread.
+_THREAD_DECOMPRESS_AT = 64 * 1024
+
+
+def _decompress(data: bytes, wbits: int, limit: int) -> bytes:
+    """``data`` decompressed, at most ``limit`` bytes of it (more: :class:`MessageTooLarge`)."""
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as err:
+        problem = f"grpc: failed to decompress the received message: {err}"
+    else:
+        if len(out) > limit:
+            raise MessageTooLarge(len(out), limit)
+        if not inflater.eof:
+            problem = "grpc: failed to decompress the received message: it is truncated"
+        else:
+            return out
+    raise GRPCError(Status.INTERNAL, problem)
+
+
+async def decompress_message(encoding: bytes, data: bytes, limit: int) -> bytes:
+    """A message that came with the compressed flag, decompressed as its ``grpc-encoding``
+    says (gzip or deflate; a large one in a worker thread), at most ``limit`` bytes of it.
+
+    Raises :class:`GRPCError` as grpc-go answers: INTERNAL for the flag with no encoding (or
+    ``identity``) and for bytes that do not decompress, UNIMPLEMENTED for another encoding;
+    :class:`MessageTooLarge` when it decompresses to more than ``limit`` (each caller words that).
+    """
+    if encoding in (b"", b"identity"):
+        raise GRPCError(Status.INTERNAL, "grpc: compressed flag set with identity or empty encoding")
+    wbits = _DECOMPRESS_WBITS.get(encoding)
+    if wbits is None:
+        raise GRPCError(
+            Status.UNIMPLEMENTED,
+            f"grpc: Decompressor is not installed for grpc-encoding {encoding.decode('ascii', 'replace')!r}"
+            " (krproxy reads gzip and deflate)",
+        )
+    if len(data) < _THREAD_DECOMPRESS_AT:
+        return _decompress(data, wbits, limit)
+    return await trio.to_thread.run_sync(_decompress, data, wbits, limit)
+
+
+def grpc_message(data: bytes) -> bytes:
+    """gRPC's length-prefixed framing of one uncompressed message."""
+    return b"\x00" + len(data).to_bytes(4, "big") + data
+
+
+def request_headers(path: str, authority: bytes = b"localhost") -> Headers:
+    """The header fields that open a gRPC call of ``path``: the pseudo-headers first (RFC 9113
+    §8.3.1), then gRPC's ``content-type`` and ``te``; a caller appends ``grpc-timeout`` and metadata."""
+    return [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", path.encode()),
+        (b":authority", authority),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+    ]
+
+
+class CloseConnection(Exception):
+    """Raised by an interceptor to close the caller's connection instead of answering.
+
+    For test doubles that play a peer that crashes mid-call (the fake plugin's ``drop``).
+    """
+
+
+def _forget_traceback(err: BaseException) -> None:
+    """Drop what an exception that ended a call holds: its traceback's frames hold the call and
+    its request, in reference cycles (a frame holding the exception) that only a full garbage
+    collection would free."""
+    chain: BaseException | None = err
+    while chain is not None:
+        context = chain.__context__
+        chain.__traceback__ = chain.__cause__ = chain.__context__ = None
+        chain = context
+
+
+@attrs.frozen
+class Answer:
+    """What an upstream answered to a unary call the relay made (any status)."""
+
+    status: Status
+    message: str | None
+    details: bytes | None
+    body: bytes
+    headers: Headers | None  # None for a trailers-only answer
+    trailers: Headers
+
+
+#: Largest answer the relay accepts to a call of its own by default: a node's ListContainers is
+#: a few MB. Plugin calls pass a smaller limit (krproxy.hooks.dispatch.MAX_PLUGIN_ANSWER).
+MAX_OWN_ANSWER = 64 * 1024 * 1024
+
+
+class UpstreamError(Exception):
+    """A call the relay made got no answer: the stream or the connection ended first."""
+
+
+class StreamReset(UpstreamError):
+    """The upstream reset the stream of a call the relay made (RST_STREAM ``code``) before answering."""
+
+    def __init__(self, reason: str, code: int) -> None:
+        super().__init__(reason)
+        self.code = code
+
+
+class BadAnswer(UpstreamError):
+    """A call the relay made was answered, but not as gRPC answers: OK without one uncompressed
+    message, or an answer ending without its trailers."""
+
+
+class AnswerTooLarge(UpstreamError):
+    """A call the relay made was answered more than its ``max_answer`` bytes (the stream is reset)."""

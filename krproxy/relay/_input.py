@@ -1,0 +1,226 @@
+"""The reading side of an :class:`~krproxy.relay.connection.Endpoint`: its socket's bytes into
+the HTTP/2 core, the core's events into the calls' steps, large header blocks decoded aside.
+
+The core reads *stepwise*: it stops after each frame that made events, so each event is acted
+on (a call answered, a stream reset or released) before the next frame meets the core's state.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Protocol, cast
+
+import trio
+
+from krproxy.h2 import events as ev
+from krproxy.h2 import frames as f
+from krproxy.h2.connection import Connection
+
+if TYPE_CHECKING:
+    from krproxy.relay._queue import FairQueue
+    from krproxy.relay.half import Half
+
+__all__ = ["DECODE_PER_TURN", "LARGE_BLOCK", "Reader"]
+
+Headers = list[tuple[bytes, bytes]]
+
+#: Bytes of header blocks a connection's reader decodes on the event loop between two waits
+#: for its socket; a block that does not fit is decoded in a worker thread while the reader
+#: waits (frames after it wait too: HPACK state is the connection's). HPACK decoding in Python
+#: costs ~2 µs a field, and a field may take one byte: a 1 MiB block of indexed fields held
+#: every other caller up for ~0.6 s, and blocks just small enough to be decoded here one after
+#: the other would as well. 4 KiB is ~8 ms at worst, and ten to a hundred of kubelet's blocks.
+DECODE_PER_TURN = 4 * 1024
+#: Blocks this large and larger take the worker thread of large blocks
+#: (``Relay.large_decodes``), others beyond DECODE_PER_TURN that of small ones
+#: (``Relay.small_decodes``), so that a caller's few small blocks never wait for a peer's
+#: megabyte.
+LARGE_BLOCK = 16 * 1024
+_RECV_SIZE = 256 * 1024
+#: Reads handled back to back before the reader lets other tasks run.
+_READS_PER_CHECKPOINT = 8
+
+
+class _Closed(Exception):
+    """The peer closed the connection."""
+
+
+class _Terminated(Exception):
+    """The HTTP/2 core ended the connection (the peer broke HTTP/2); its GOAWAY is queued."""
+
+    def __init__(self, event: ev.ConnectionTerminated) -> None:
+        super().__init__(event.reason)
+        self.code = event.error_code
+
+
+class _Owner(Protocol):
+    """What the reading side needs of the relay (:class:`krproxy.relay.connection.Relay`, named
+    here so that this module imports no other of the relay's modules but the bottom ones)."""
+
+    def flush(self) -> None: ...
+    def open_call(self, ep: Any, stream_id: int, headers: Headers, end: bool) -> None: ...
+
+
+class Reader:
+    """The reading side of an endpoint (a base of :class:`~krproxy.relay.connection.Endpoint`,
+    which sets up what is declared here)."""
+
+    relay: _Owner
+    sock: Any
+    h2: Connection
+    server_side: bool
+    closed: bool
+    closing: bool
+    halves: dict[int, Half]
+    waiting: FairQueue
+    _handshake: trio.CancelScope
+
+    @property
+    def describe(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def goaway(self) -> str | None:
+        raise NotImplementedError
+
+    def touch(self) -> None:
+        raise NotImplementedError
+
+    def retire(self) -> None:
+        raise NotImplementedError
+
+    def _start_waiting(self) -> None:
+        raise NotImplementedError
+
+    def _close_when_sent(self) -> None:
+        raise NotImplementedError
+
+    async def _read_loop(self) -> None:
+        sock = self.sock
+        h2 = self.h2
+        preface_due = self.server_side
+        reads = 0
+        while True:
+            try:
+                data = sock.recv(_RECV_SIZE)
+            except BlockingIOError:
+                reads = 0
+                h2.decode_budget = DECODE_PER_TURN
+                await trio.lowlevel.wait_readable(sock)
+                continue
+            if not data:
+                raise _Closed()
+            await self._handle(h2.receive_data(data))
+            if preface_due and h2.preface_received:
+                preface_due = False
+                self._handshake.deadline = math.inf
+            reads += 1
+            if reads >= _READS_PER_CHECKPOINT:
+                reads = 0
+                await trio.lowlevel.checkpoint()
+
+    async def _handle(self, events: list[ev.Event]) -> None:
+        """Hand the core's events to the calls, waiting for a worker thread to decode each
+        header block beyond what the event loop decodes (:data:`DECODE_PER_TURN`)."""
+        h2 = self.h2
+        unread = h2.unread
+        while events:
+            self._dispatch(events)
+            last = events[-1]
+            kind = last.__class__
+            if kind is ev.HeaderBlockReceived:
+                events = await self._decode_block_aside(cast(ev.HeaderBlockReceived, last).block)
+            elif kind is ev.ConnectionTerminated:
+                self.touch()
+                self.relay.flush()
+                raise _Terminated(cast(ev.ConnectionTerminated, last))
+            elif len(unread) >= f.HEAD_SIZE:
+                # The core stopped after this frame's events (stepwise): on with the rest.
+                events = h2.next_events()
+            else:
+                break
+        self.touch()
+        self.relay.flush()
+
+    async def _decode_block_aside(self, block: bytes) -> list[ev.Event]:
+        raise NotImplementedError  # the Endpoint's: in a worker thread
+
+    def _dispatch(self, events: list[Any]) -> None:
+        # Events are read without cast() (a function call each on the hot path).
+        server = self.server_side
+        halves = self.halves
+        for event in events:
+            kind = event.__class__
+            if kind is ev.DataReceived:
+                data = event
+                half = halves.get(data.stream_id)
+                if half is None:  # the relay refused it (and the core reset it)
+                    self.h2.acknowledge_received_data(data.stream_id, data.flow_controlled_length)
+                elif server:
+                    half.call.on_request_data(data.data, data.end_stream)
+                else:
+                    half.call.on_reply_data(data.data, data.end_stream)
+            elif kind is ev.RequestReceived:
+                request = event
+                self.relay.open_call(self, request.stream_id, request.headers, request.end_stream)
+                if request.stream_id not in halves:  # refused or answered at once: not ours to keep
+                    self.h2.release_stream(request.stream_id)
+            elif kind is ev.HeadersReceived:
+                reply = event
+                half = halves.get(reply.stream_id)
+                if half is not None:
+                    half.call.on_reply_headers(reply.headers, reply.end_stream)
+                    if reply.end_stream:
+                        half.call.settle()
+            elif kind is ev.DataSent:
+                sent = event
+                half = halves.get(sent.stream_id)
+                if half is not None:
+                    if sent.size and half.peer is not None:
+                        half.peer.grant(sent.size)
+                    if sent.stream_ended:
+                        half.call.settle()
+            elif kind is ev.TrailersReceived:
+                trailers = event
+                half = halves.get(trailers.stream_id)
+                if half is not None:
+                    half.call.on_request_trailers(trailers.headers)
+                    half.call.settle()
+            elif kind is ev.StreamReset:
+                self._on_reset(event)
+            elif kind is ev.SettingsChanged:
+                self._start_waiting()
+            elif kind is ev.PingAcked:
+                if self.goaway == "final" and not halves and not self.closing:
+                    self._close_when_sent()  # the drain PING came back: the final GOAWAY is out
+            elif kind is ev.GoAwayReceived:
+                self._on_goaway(event)
+
+    def _on_reset(self, event: ev.StreamReset) -> None:
+        half = self.halves.get(event.stream_id)
+        if half is None:
+            return
+        if event.unsent and half.peer is not None:
+            half.peer.grant(event.unsent)
+        code = event.error_code
+        if self.server_side:
+            half.call.caller_gone()
+        elif event.remote:
+            refused = code == f.REFUSED_STREAM  # not processed (RFC 9113 §8.7): safe to send again
+            name = f.ERROR_NAMES.get(code, f"HTTP/2 error code {code}")
+            half.call.upstream_gone(f"{self.describe} reset the stream ({name})", refused, reset_code=code)
+        else:
+            half.call.upstream_gone(f"{self.describe} broke HTTP/2 on the stream ({f.ERROR_NAMES[code]})")
+
+    def _on_goaway(self, event: ev.GoAwayReceived) -> None:
+        if self.server_side:
+            return  # the caller will open no more streams; the running ones go on
+        self.retire()
+        gone = [self.halves[i] for i in event.refused if i in self.halves] + [w[0] for w in self.waiting]
+        for half in gone:
+            half.reset = True  # above the last stream it will process: not processed, like a refusal
+            half.call.upstream_gone(
+                f"{self.describe} is going away (GOAWAY, HTTP/2 error code {event.error_code})", True
+            )
+
+    # -- the end ---------------------------------------------------------------------

@@ -1,0 +1,324 @@
+"""Calls the relay answers itself and calls it makes.
+
+- :class:`LocalCall`: a call with hook points; the relay collects the request and runs the
+  interceptor, whose ``forward`` is a call of the relay's own.
+- :class:`_Exchange`: the relay's side of a unary call it makes (to the runtime for an
+  intercepted call, to a plugin, for store recovery), read back as an :class:`Answer`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import trio
+
+from krproxy import calls
+from krproxy.forward import BackendError, Interceptor, Reply
+from krproxy.grpcstatus import GRPCError, Status
+from krproxy.h2 import frames as f
+from krproxy.relay import connection
+from krproxy.relay._call import Call, Relay
+from krproxy.relay._grpc import (
+    _OWN_FIELDS,
+    _PLAIN_HEADERS,
+    _PLAIN_TRAILERS,
+    KEEP_FIRST,
+    MAX_OWN_ANSWER,
+    Answer,
+    AnswerTooLarge,
+    BadAnswer,
+    CloseConnection,
+    MessageTooLarge,
+    UpstreamError,
+    _forget_traceback,
+    _read_status,
+    _status_fields,
+    _Tap,
+    decompress_message,
+    grpc_message,
+)
+from krproxy.relay.half import Half, Headers
+from krproxy.relay.route import Route
+
+LOGGER = logging.getLogger("krproxy.relay")
+
+
+class HandledCall(Call):
+    """A call answered by a handler task of ours (an interceptor, a :mod:`krproxy.rpc` handler):
+    ``_scope`` is the task's cancel scope, cancelled when the call ends without it (failed, or
+    its caller gone); ``_collected`` the request bytes it holds, counted in the caller
+    connection's ``collected`` until the call finishes."""
+
+    __slots__ = ("_collected", "_scope")
+
+    def __init__(self, relay: Relay, path: str, route: Route | None) -> None:
+        super().__init__(relay, path, route)
+        self._scope: trio.CancelScope | None = None
+        self._collected = 0
+
+    def fail(self, status: Status, message: str) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        super().fail(status, message)
+
+    def finish(self) -> None:
+        self.client.ep.collected -= self._collected
+        self._collected = 0
+        super().finish()
+
+    def caller_gone(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        super().caller_gone()
+
+
+class LocalCall(HandledCall):
+    """A call with hook points: the relay collects the request and runs the interceptor.
+
+    The interceptor runs in a task of its own; its ``forward`` makes a unary call on the
+    runtime route (:meth:`Relay.unary`), with the caller's metadata and what is left of the
+    caller's deadline. Its reply, or the runtime's error answer, goes back unchanged.
+    """
+
+    __slots__ = ("_encoding", "_interceptor", "_metadata", "_started", "ctx")
+
+    def __init__(
+        self, relay: Relay, path: str, route: Route | None, interceptor: Interceptor, headers: Headers
+    ) -> None:
+        super().__init__(relay, path, route)
+        self.request_tap = _Tap(KEEP_FIRST, relay.max_request)  # the interceptor needs the request
+        self.reply_tap = None
+        self._interceptor = interceptor
+        self._metadata = [field for field in headers if field[0] not in _OWN_FIELDS]
+        self._encoding = next((value for name, value in headers if name == b"grpc-encoding"), b"identity")
+        self._started = False
+        self.ctx = calls.CallContext(path)
+
+    def on_request_data(self, data: bytes, end: bool) -> None:
+        assert self.request_tap is not None
+        if data:
+            ep = self.client.ep
+            if ep.collected + len(data) > connection.MAX_HELD:
+                # Its windows are granted as it arrives, so bound it here: a caller sending many
+                # large requests and never finishing them would otherwise fill our memory.
+                self.client.grant(len(data))
+                self.fail(
+                    Status.RESOURCE_EXHAUSTED,
+                    f"krproxy already holds {ep.collected} bytes of requests from this connection"
+                    f" (limit {connection.MAX_HELD}); send fewer large calls at once",
+                )
+                return
+            try:
+                self.request_tap.feed(data)
+            except MessageTooLarge as err:
+                self.too_large(data, err)
+                return
+            ep.collected += len(data)
+            self._collected += len(data)
+            self.client.grant(len(data))
+        if end:
+            self.client.recv_ended = True
+            if not self._started and not self.finished and not self.answered:
+                self._started = True
+                self.relay.nursery.start_soon(self._handle)
+
+    def on_request_trailers(self, headers: Headers) -> None:
+        self.on_request_data(b"", True)
+
+    async def _handle(self) -> None:
+        if self.finished or self.answered:  # reset or failed before this task ran: cancelled
+            return
+        tap = self.request_tap
+        assert tap is not None
+        ctx = self.ctx
+        calls.CURRENT.set(ctx)  # this task's own context: calls never share one
+        ctx.deadline = self.deadline
+        try:
+            if tap.first is None or tap.messages < 1:
+                raise GRPCError(Status.INTERNAL, "the request carried no complete message")
+            ctx.request = bytes(tap.first)
+            with trio.CancelScope() as self._scope:
+                if tap.compressed:
+                    ctx.request = await self._decompressed(ctx.request)
+                reply = await self._interceptor(self.path, ctx.request, self._forward)
+                ctx.reply, ctx.replies = reply.message, 1  # before answering: that may finish the call
+                self._answer(
+                    reply.headers or _PLAIN_HEADERS,
+                    grpc_message(reply.message),
+                    reply.trailers or _PLAIN_TRAILERS,
+                )
+        except CloseConnection:
+            self.client.ep.close("the handler closed the connection")
+        except BackendError as err:
+            self._answer(err.headers, None, err.trailers, err)
+            _forget_traceback(err)
+        except GRPCError as err:
+            details = err.details if isinstance(err.details, bytes) else None
+            self._answer(None, None, _status_fields(err.status, err.message, details), err)
+            _forget_traceback(err)
+        except Exception as err:  # a bug of ours: answer UNKNOWN, keep serving
+            LOGGER.exception("interceptor for %s failed", self.path)
+            unknown = GRPCError(Status.UNKNOWN, f"{type(err).__name__}: {err}")
+            self._answer(None, None, _status_fields(unknown.status, unknown.message, None), unknown)
+            _forget_traceback(err)
+        finally:
+            self.relay.flush()
+
+    async def _decompressed(self, data: bytes) -> bytes:
+        """A request message that came compressed (gzip or deflate, as gRPC clients may send),
+        decompressed: the interceptor reads protobuf, and forwards it uncompressed."""
+        try:
+            return await decompress_message(self._encoding, data, self.relay.max_request)
+        except MessageTooLarge as err:
+            raise GRPCError(
+                Status.RESOURCE_EXHAUSTED,
+                f"request message decompressed is larger than krproxy's limit of {err.limit} bytes"
+                " (--max-request-message-size)",
+            ) from None
+
+    def _answer(
+        self, headers: Headers | None, body: bytes | None, trailers: Headers, err: GRPCError | None = None
+    ) -> None:
+        client = self.client
+        if self.answered or client.done or client.send_ended:
+            return
+        self.answered = True
+        if err is not None:
+            self.status, self.message = err.status, err.message
+        if headers is None:  # trailers-only; a runtime's own such answer has its :status already
+            whole = trailers if trailers and trailers[0][0] == b":status" else [*_PLAIN_HEADERS, *trailers]
+            client.send_headers(f.encode_headers(whole), True)
+            return
+        client.send_headers(f.encode_headers(headers), False)
+        if body is not None:
+            client.send_data(body, False)
+        client.send_trailers(f.encode_headers(trailers))
+
+    async def _forward(self, data: bytes) -> Reply:
+        ctx = self.ctx
+        if data is not ctx.request:
+            ctx.forwarded = data  # an interceptor changed it
+        if self.route is None:
+            raise GRPCError(Status.UNIMPLEMENTED, f"{self.path}: nothing to forward to")
+        started = time.perf_counter()
+        try:
+            answer = await self.relay.unary(self.route, self.path, data, self._metadata, self.deadline)
+        except TimeoutError:  # (an OSError: first)
+            raise GRPCError(
+                Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {self.describe}"
+            ) from None
+        except (OSError, UpstreamError) as err:  # unreachable, or the connection broke: as for relayed calls
+            raise GRPCError(Status.UNAVAILABLE, f"{self.describe} is unavailable: {err}") from None
+        finally:
+            ctx.backend_seconds += time.perf_counter() - started
+        if answer.status is not Status.OK:
+            raise BackendError(
+                answer.status,
+                answer.message,
+                answer.details,
+                headers=answer.headers,
+                trailers=answer.trailers,
+            )
+        return Reply(answer.body, answer.headers or [], answer.trailers)
+
+    def record(self) -> calls.CallRecord:
+        ctx = self.ctx
+        if self.status is not Status.OK:
+            ctx.fail(self.status, self.message)
+        return ctx.finish()
+
+
+class OwnStream:
+    """A stream the relay opened itself (a unary call of its own, a client's server stream):
+    its ``upstream`` half reports to it; ``finished`` once the stream is forgotten."""
+
+    __slots__ = ("finished", "upstream")
+    upstream: Half
+    finished: bool
+
+    def settle(self) -> None:
+        """Reset what the server still sends to an answer read whole; forget the stream once done."""
+        upstream = self.upstream
+        if upstream.recv_ended and not upstream.send_ended and not upstream.reset:
+            upstream.abort(f.CANCEL)
+        if upstream.done and not self.finished:
+            self.finished = True
+            upstream.ep.forget(upstream)
+            upstream.release()  # no cycle (stream <-> half)
+
+
+class _Exchange(OwnStream):
+    """The relay's side of a unary call it makes itself; the upstream half reports here."""
+
+    __slots__ = (
+        "backend_clock",
+        "body",
+        "done",
+        "error",
+        "error_type",
+        "headers",
+        "limit",
+        "refused",
+        "reset_code",
+        "trailers",
+    )
+
+    def __init__(self, limit: int = MAX_OWN_ANSWER) -> None:
+        self.limit = limit
+        self.upstream: Half = None  # type: ignore[assignment]  # set right after construction
+        self.headers: Headers | None = None
+        self.trailers: Headers | None = None
+        self.body = bytearray()
+        self.error: str | None = None
+        self.refused = False  # the upstream did not process it: safe to send again
+        self.error_type: type[UpstreamError] = UpstreamError  # what `error` is raised as
+        self.reset_code: int | None = None  # the upstream reset the stream before answering
+        self.done = trio.Event()
+        self.finished = False
+        self.backend_clock = 0.0
+
+    def on_reply_headers(self, headers: Headers, end: bool) -> None:
+        if end:
+            self.trailers = headers
+            self.done.set()
+        else:
+            self.headers = headers
+
+    def on_reply_data(self, data: bytes, end: bool) -> None:
+        if self.done.is_set():
+            return
+        self.body += data
+        self.upstream.grant(len(data))
+        if len(self.body) > self.limit:  # a peer that would fill our memory: stop reading it
+            self.error = f"the answer is larger than {self.limit} bytes"
+            self.error_type = AnswerTooLarge
+            self.done.set()
+            self.upstream.abort(f.CANCEL)
+            self.settle()
+            return
+        if end:  # gRPC ends with trailers; an answer without them is broken
+            self.error = "the answer ended without a status"
+            self.error_type = BadAnswer
+            self.done.set()
+            self.settle()  # the stream is over: free its slot
+
+    def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
+        self.upstream.reset = True
+        if not self.done.is_set():
+            self.error, self.refused, self.reset_code = reason, refused, reset_code
+            self.done.set()
+        self.settle()
+
+    def answer(self) -> Answer:
+        trailers = self.trailers or []
+        status, message, details = _read_status(trailers)
+        if status is None:
+            status, message = Status.UNKNOWN, message or "the answer carried no valid grpc-status"
+        body = b""
+        if status is Status.OK:
+            raw = self.body
+            if len(raw) < 5 or raw[0] != 0 or int.from_bytes(raw[1:5], "big") != len(raw) - 5:
+                raise BadAnswer("the answer is not one uncompressed gRPC message")
+            body = bytes(raw[5:])
+        return Answer(status, message, details, body, self.headers, trailers)
