@@ -259,13 +259,12 @@ class Sender:
         if len(self._reset_order) > RESET_IDS_KEPT:
             self.reset_ids.discard(self._reset_order.popleft())
 
-    def acknowledge_received_data(self, stream_id: int, size: int) -> None:
+    def acknowledge_received_data(self, stream_id: int, size: int, connection: bool = True) -> None:
         """The consumer took ``size`` received bytes of a stream: let the peer send as much
-        more (the connection's share too, unless it came back on arrival). WINDOW_UPDATEs go
-        out once a quarter of a window has accumulated."""
-        # What _grant_connection and acknowledge_stream_data do, inline: once per DATA frame
-        # relayed, where two more calls cost more than the rest.
-        if not self.credit_on_arrival:
+        more (the connection's share too, unless it came back on arrival or ``connection`` is
+        false). WINDOW_UPDATEs go out once a quarter of a window has accumulated."""
+        # _grant_connection inline: this runs once per DATA frame relayed.
+        if connection and not self.credit_on_arrival:
             self.to_grant += size
             if self.to_grant >= self._grant_connection_at:
                 self.output += f.window_update(0, self.to_grant)
@@ -282,13 +281,7 @@ class Sender:
     def acknowledge_stream_data(self, stream_id: int, size: int) -> None:
         """Stream credit only: for a consumer that gave the connection's share back already
         (:meth:`acknowledge_connection_data`) and the stream's as it takes messages."""
-        stream = self.streams.get(stream_id)
-        if stream is not None and not stream.recv_ended and not stream.reset:
-            stream.to_grant += size
-            if stream.to_grant >= self._grant_stream_at:
-                self.output += f.window_update(stream_id, stream.to_grant)
-                stream.recv_window += stream.to_grant
-                stream.to_grant = 0
+        self.acknowledge_received_data(stream_id, size, connection=False)
 
     def acknowledge_connection_data(self, size: int) -> None:
         """Connection credit only (see :meth:`acknowledge_stream_data`)."""

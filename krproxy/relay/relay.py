@@ -46,22 +46,21 @@ from krproxy.forward import Interceptor
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay.connection import _STOPPED, Endpoint, Headers
-from krproxy.relay.half import Half
-from krproxy.relay.route import Route, connect_unix
-from krproxy.relay.rpc import (
+from krproxy.relay._call import Call
+from krproxy.relay._grpc import (
     MAX_OWN_ANSWER,
     Answer,
-    Call,
-    LocalCall,
     StreamReset,
     UpstreamError,
-    _Exchange,
     encode_grpc_timeout,
     grpc_message,
     grpc_timeout,
     request_headers,
 )
+from krproxy.relay._local import LocalCall, _Exchange
+from krproxy.relay.connection import _STOPPED, Endpoint, Headers
+from krproxy.relay.half import Half
+from krproxy.relay.route import Route, connect_unix
 
 LOGGER = logging.getLogger("krproxy.relay")
 

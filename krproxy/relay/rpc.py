@@ -9,63 +9,38 @@
   :class:`Answer`.
 - :mod:`krproxy.relay._grpc`: gRPC without the streams (timeouts, status, framing, errors).
 
-This module gathers their names for the rest of krproxy.
+This module gathers the names used outside the relay.
 """
 
 from __future__ import annotations
 
 from krproxy.relay._call import Call, Relay
 from krproxy.relay._grpc import (
-    _PLAIN_HEADERS,
-    _RESET_STATUS,
     KEEP_ALL,
     KEEP_FIRST,
     KEEP_NONE,
-    MAX_OWN_ANSWER,
-    Answer,
-    AnswerTooLarge,
-    BadAnswer,
     CloseConnection,
     MessageTooLarge,
-    StreamReset,
     UpstreamError,
-    _forget_traceback,
-    _read_status,
-    _status_fields,
     _Tap,
-    decompress_message,
     encode_grpc_timeout,
     grpc_message,
     grpc_timeout,
     request_headers,
 )
-from krproxy.relay._local import HandledCall, LocalCall, OwnStream, _Exchange
+from krproxy.relay._local import LocalCall
 
 __all__ = [
     "KEEP_ALL",
     "KEEP_FIRST",
     "KEEP_NONE",
-    "MAX_OWN_ANSWER",
-    "_PLAIN_HEADERS",
-    "_RESET_STATUS",
-    "Answer",
-    "AnswerTooLarge",
-    "BadAnswer",
     "Call",
     "CloseConnection",
-    "HandledCall",
     "LocalCall",
     "MessageTooLarge",
-    "OwnStream",
     "Relay",
-    "StreamReset",
     "UpstreamError",
-    "_Exchange",
     "_Tap",
-    "_forget_traceback",
-    "_read_status",
-    "_status_fields",
-    "decompress_message",
     "encode_grpc_timeout",
     "grpc_message",
     "grpc_timeout",

@@ -26,16 +26,12 @@ import trio
 
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
-from krproxy.relay.half import Half, Headers
-from krproxy.relay.relay import _REFUSED_ATTEMPTS, _REFUSED_PAUSE, Relay
-from krproxy.relay.route import Route, connect_unix
-from krproxy.relay.rpc import (
+from krproxy.relay._grpc import (
     _RESET_STATUS,
     MAX_OWN_ANSWER,
     AnswerTooLarge,
     BadAnswer,
     MessageTooLarge,
-    OwnStream,
     StreamReset,
     UpstreamError,
     _read_status,
@@ -43,6 +39,10 @@ from krproxy.relay.rpc import (
     grpc_message,
     request_headers,
 )
+from krproxy.relay._local import OwnStream
+from krproxy.relay.half import Half, Headers
+from krproxy.relay.relay import _REFUSED_ATTEMPTS, _REFUSED_PAUSE, Relay
+from krproxy.relay.route import Route, connect_unix
 from krproxy.rpc._messages import Inbox
 from krproxy.unixsock import strip_unix_scheme
 

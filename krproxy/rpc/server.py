@@ -40,13 +40,9 @@ import trio
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay.connection import Endpoint, Headers
-from krproxy.relay.half import Half
-from krproxy.relay.relay import Relay
-from krproxy.relay.rpc import (
+from krproxy.relay._grpc import (
     _PLAIN_HEADERS,
     CloseConnection,
-    HandledCall,
     MessageTooLarge,
     _forget_traceback,
     _status_fields,
@@ -54,6 +50,10 @@ from krproxy.relay.rpc import (
     grpc_message,
     grpc_timeout,
 )
+from krproxy.relay._local import HandledCall
+from krproxy.relay.connection import Endpoint, Headers
+from krproxy.relay.half import Half
+from krproxy.relay.relay import Relay
 from krproxy.rpc._messages import Inbox
 from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
