@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from krproxy.daemon import Daemon
+from krproxy.relay import Relay
 from tests.integration.processes import ECHO_BACKEND, wait_for_socket
 from tests.integration.support import ScriptedBackend, start_proxy, start_scripted_backend
 
@@ -33,6 +34,14 @@ async def scripted_backend(nursery: trio.Nursery, sockdir: str) -> ScriptedBacke
 async def proxy(nursery: trio.Nursery, sockdir: str) -> Daemon:
     """The proxy on ``sockdir/proxy.sock`` in front of ``sockdir/backend.sock``."""
     return await start_proxy(nursery, sockdir)
+
+
+@pytest.fixture
+async def relay(nursery: trio.Nursery) -> Relay:
+    """A :class:`krproxy.relay.Relay` running in the test's nursery, not yet configured or serving."""
+    relay = Relay()
+    await nursery.start(relay.run)
+    return relay
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ from krproxy import rpc
 from krproxy.config import ProxyConfig
 from krproxy.daemon import Daemon, serve
 from krproxy.fakes.grpc_go import metadata_items
+from krproxy.relay import Relay
 
 Behaviour = Callable[[rpc.Stream, list[bytes]], Awaitable[None]]
 Reply = TypeVar("Reply", bound=betterproto2.Message)
@@ -108,6 +109,15 @@ async def start_proxy(nursery: trio.Nursery, sockdir: str, **config: Any) -> Dae
         functools.partial(serve, ProxyConfig(**config), handle_signals=False)
     )
     return daemon
+
+
+async def serve_relay(nursery: trio.Nursery, relay: Relay, listen_path: str) -> str:
+    """Serve ``relay``'s callers on a unix socket at ``listen_path`` (returned)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(listen_path)
+    listener.listen(16)
+    await nursery.start(relay.serve, listener)
+    return listen_path
 
 
 async def unary_call(

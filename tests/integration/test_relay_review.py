@@ -28,7 +28,7 @@ from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import Relay, Route, connect_unix
 from krproxy.relay.connection import CONNECTION_WINDOW
 from krproxy.relay.rpc import UpstreamError, grpc_message, request_headers
-from tests.integration.support import ThreadedUnixServer, wait_until
+from tests.integration.support import ThreadedUnixServer, serve_relay, wait_until
 
 PATH = "/test.Review/Call"
 Fields = list[tuple[bytes, bytes]]
@@ -130,13 +130,6 @@ def upstream_path(short_tmp: Path) -> str:
     return str(short_tmp / "upstream.sock")
 
 
-@pytest.fixture
-async def relay(nursery: trio.Nursery) -> Relay:
-    relay = Relay()
-    await nursery.start(relay.run)
-    return relay
-
-
 @contextlib.contextmanager
 def serving(path: str, script: Script, settings: dict[int, int] | None = None) -> Iterator[RawServer]:
     server = RawServer(path, script, settings)
@@ -206,13 +199,6 @@ class Client:
         return body, dict(blocks[-1].headers) if blocks else {}  # type: ignore[arg-type]
 
 
-async def _serve_relay(nursery: trio.Nursery, relay: Relay, listen_path: str) -> None:
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(listen_path)
-    listener.listen(16)
-    await nursery.start(relay.serve, listener)
-
-
 class TestFlowControlCredit:
     async def test_reply_bytes_dropped_by_a_reset_are_granted_back_to_the_upstream(
         self, nursery: trio.Nursery, short_tmp: Path, upstream_path: str
@@ -229,7 +215,7 @@ class TestFlowControlCredit:
             lambda path, body: Answer(body=grpc_message(big) if body == grpc_message(b"big") else body),
         ) as server:
             relay.configure(Route(relay, "runtime", connect_unix(upstream_path)), None, {}, [])
-            await _serve_relay(nursery, relay, listen)
+            await serve_relay(nursery, relay, listen)
             stalled = Client(listen, window=0)  # never grants the relay any stream window
             try:
                 for i in range(15):  # 15.7 MiB of the connection's 16 MiB
@@ -336,7 +322,7 @@ class TestCallsWithHookPoints:
         relay = Relay()
         relay.configure(None, None, {PATH: interceptor}, [PATH])
         listen = str(short_tmp / "relay.sock")
-        await _serve_relay(nursery, relay, listen)
+        await serve_relay(nursery, relay, listen)
         client = Client(listen)
         try:
             stream_id = client.start(PATH, b"cancelled")
@@ -362,7 +348,7 @@ class TestCallsWithHookPoints:
         runtime = Route(relay, "backend runtime rt.sock", connect_unix(upstream_path))
         relay.configure(runtime, None, {PATH: passthrough}, [PATH])
         listen = str(short_tmp / "relay.sock")
-        await _serve_relay(nursery, relay, listen)
+        await serve_relay(nursery, relay, listen)
         client = Client(listen)
         try:
             _, unreachable = await trio.to_thread.run_sync(client.call, PATH, b"x")
@@ -449,7 +435,7 @@ class TestHardening:
 
         listen = str(short_tmp / "relay.sock")
         relay.configure(relay.route_to(upstream_path, "upstream"), None, {}, unary_paths=[PATH])
-        await _serve_relay(nursery, relay, listen)
+        await serve_relay(nursery, relay, listen)
 
         def run() -> tuple[int, bool]:
             client = Client(listen)
@@ -494,7 +480,7 @@ class TestHardening:
         monkeypatch.setattr("krproxy.relay.connection.MAX_UNSENT", 64 * 1024)
         listen = str(short_tmp / "relay.sock")
         relay.configure(relay.route_to(upstream_path, "upstream"), None, {}, unary_paths=[PATH])
-        await _serve_relay(nursery, relay, listen)
+        await serve_relay(nursery, relay, listen)
         client = Client(listen)
         ping = frames.frame(frames.PING, 0, 0, b"12345678")
         try:

@@ -42,6 +42,7 @@ from tests.integration.support import (
     start_scripted_backend,
     wait_until,
 )
+from tests.unit.h2peer import split_frames
 
 ECHO = "/test.Relay/Echo"
 BIG = "/test.Relay/Big"
@@ -389,15 +390,10 @@ class TestStreams:
             buf = b""
             try:
                 while not reset:  # read frames by hand: h2 would take a reset of stream 7 as an error
-                    buf += sock.recv(65536)
-                    while len(buf) >= f.HEAD_SIZE:
-                        high, low, kind, _flags, stream = f.HEAD.unpack_from(buf, 0)
-                        end = f.HEAD_SIZE + (high << 16 | low)
-                        if len(buf) < end:
-                            break
-                        if kind == f.RST_STREAM:
-                            reset.append((stream, int.from_bytes(buf[f.HEAD_SIZE : end], "big")))
-                        buf = buf[end:]
+                    frames, buf = split_frames(buf + sock.recv(65536))
+                    reset += [
+                        (stream, int.from_bytes(p, "big")) for k, _, stream, p in frames if k == f.RST_STREAM
+                    ]
             finally:
                 sock.close()
             return advertised, reset
