@@ -63,6 +63,17 @@ def channel_to() -> Iterator[Callable[[str], grpc.Channel]]:
 
 
 @pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test started (it appends them); killed at teardown if still running, and reaped."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+
+
+@pytest.fixture
 def echo_backend(sockdir: str) -> Iterator[str]:
     """The echo backend (echo_backend.py) as a process of its own, on ``sockdir/backend.sock``."""
     path = os.path.join(sockdir, "backend.sock")

@@ -46,6 +46,17 @@ HANG_TIMEOUT = "0.3s"
 #: the watcher's poll interval is shown in virtual time (tests/unit/test_hooks_watcher.py).
 REGISTRATION_LIMIT = LIVENESS_LIMIT
 
+#: The hook points a pod's whole life calls, in order (PostStop hooks run after the runtime stopped
+#: the object): run the pod, create, start, update and stop a container, stop the pod.
+LIFECYCLE_HOOKS = [
+    HookPoint.PRE_RUN_POD_SANDBOX,
+    HookPoint.PRE_CREATE_CONTAINER,
+    HookPoint.PRE_START_CONTAINER,
+    HookPoint.POST_START_CONTAINER,
+    HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
+    HookPoint.POST_STOP_CONTAINER,
+    HookPoint.POST_STOP_POD_SANDBOX,
+]
 POD_LABELS = {"io.kubernetes.pod.name": "web", "app": "web"}
 POD_ANNOTATIONS = {"kubernetes.io/config.source": "api"}
 CGROUP_PARENT = "/kubepods/burstable/poduid-web"

@@ -41,24 +41,13 @@ from krproxy.hooks.registration import MAX_TIMEOUT
 from krproxy.relay.rpc import encode_grpc_timeout, grpc_timeout
 from tests.conftest import CriClient
 from tests.integration.h2_client import framed, grpc_request, request
-from tests.integration.hooks_support import Node, container_config, pod_config
+from tests.integration.hooks_support import LIFECYCLE_HOOKS, Node, container_config, pod_config
 
 RUNTIME = "/runtime.v1.RuntimeService/"
 
 #: Caller deadlines in seconds: 1 ms to 10 h, around the 8-digit limit of each unit (the old
 #: microsecond encoding broke from 100 s on), and kubelet's defaults.
 DEADLINES = [0.001, 0.0123, 0.1, 1.0, 99.999999, 100.0, 120.0, 240.0, 3600.0, 36000.0]
-
-#: Plugin calls in a lifecycle, in order (PostStop hooks run after the runtime stopped the object).
-LIFECYCLE_HOOKS = [
-    HookPoint.PRE_RUN_POD_SANDBOX,
-    HookPoint.PRE_CREATE_CONTAINER,
-    HookPoint.PRE_START_CONTAINER,
-    HookPoint.POST_START_CONTAINER,
-    HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
-    HookPoint.POST_STOP_CONTAINER,
-    HookPoint.POST_STOP_POD_SANDBOX,
-]
 
 
 def _timeout_of(headers: Headers) -> str:
