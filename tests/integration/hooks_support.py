@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
+import grpc
+import pytest
 import trio
 from cri_api.v1 import api_pb2
 
@@ -280,3 +282,10 @@ async def make_node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, c
     """The fixture body of ``node`` in each ``test_hooks_*`` module (proxy not started yet)."""
     fake, path = fake_containerd
     return Node(nursery, sockdir, fake, path, cri_client)
+
+
+async def rejection(node: Node, method: str, request: Any) -> grpc.RpcError:
+    """The error ``method`` fails with when ``node``'s proxy is called with ``request`` (the call must fail)."""
+    with pytest.raises(grpc.RpcError) as info:
+        await node.call(method, request)
+    return info.value
