@@ -11,12 +11,14 @@ import functools
 import os
 import socket
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import attrs
 import betterproto2
 import grpc
+import h2.connection
+import h2.events
 import trio
 from cri_api.v1 import api_pb2 as pb
 
@@ -199,6 +201,40 @@ class ThreadedUnixServer:
 
     def serve_connection(self, sock: socket.socket) -> None:
         raise NotImplementedError
+
+
+def received(sock: socket.socket, stopping: Callable[[], bool]) -> Iterator[bytes]:
+    """The chunks ``sock`` delivers until its peer closes it or ``stopping()`` holds. ``sock`` has a
+    short timeout, so that ``stopping`` is looked at while the peer is quiet."""
+    while not stopping():
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue
+        if not data:
+            return
+        yield data
+
+
+class RequestsByStream:
+    """What an ``h2`` server connection (``header_encoding=None``) has received of each request: its
+    path and body; the body's flow-control credit is given back as it arrives."""
+
+    def __init__(self) -> None:
+        self.paths: dict[int, bytes] = {}
+        self.bodies: dict[int, bytearray] = {}
+
+    def take(self, conn: h2.connection.H2Connection, event: h2.events.Event) -> tuple[bytes, bytes] | None:
+        """Take in ``event`` of ``conn``: the path and body of the request whose stream it ends, else None."""
+        if isinstance(event, h2.events.RequestReceived):
+            self.paths[event.stream_id] = dict(event.headers)[b":path"]  # type: ignore[arg-type]
+            self.bodies[event.stream_id] = bytearray()
+        elif isinstance(event, h2.events.DataReceived):
+            self.bodies[event.stream_id] += event.data
+            conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        elif isinstance(event, h2.events.StreamEnded):
+            return self.paths.pop(event.stream_id), bytes(self.bodies.pop(event.stream_id))
+        return None
 
 
 async def create_in_new_pod(runtime: Any) -> str:

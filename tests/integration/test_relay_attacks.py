@@ -30,7 +30,7 @@ from krproxy.h2 import frames as f
 from krproxy.relay import Relay
 from krproxy.relay.connection import CONNECTION_WINDOW, MAX_HEADER_BLOCK
 from krproxy.relay.rpc import UpstreamError, grpc_message, request_headers
-from tests.integration.support import LIVENESS_LIMIT, ThreadedUnixServer, serve_relay, wait_until
+from tests.integration.support import LIVENESS_LIMIT, ThreadedUnixServer, received, serve_relay, wait_until
 from tests.unit.h2peer import read_frames, split_frames
 
 PATH = "/test.Attack/Call"
@@ -65,13 +65,7 @@ class SilentRuntime(ThreadedUnixServer):
         conn.initiate_connection()
         sock.sendall(conn.data_to_send())
         with sock:
-            while not self.stopping:
-                try:
-                    data = sock.recv(65536)
-                except TimeoutError:
-                    continue
-                if not data:
-                    break
+            for data in received(sock, lambda: self.stopping):
                 for event in conn.receive_data(data):
                     if isinstance(event, h2.events.RequestReceived):
                         self.received += 1
@@ -300,13 +294,7 @@ class ScriptedUpstream(ThreadedUnixServer):
         with sock:
             try:
                 sock.sendall(self.settings)
-                while not self.stopping:
-                    try:
-                        chunk = sock.recv(65536)
-                    except TimeoutError:
-                        continue
-                    if not chunk:
-                        return
+                for chunk in received(sock, lambda: self.stopping):
                     buf += chunk
                     if preface:
                         if len(buf) < len(f.PREFACE):

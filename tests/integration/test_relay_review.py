@@ -28,7 +28,7 @@ from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import Relay, Route, connect_unix
 from krproxy.relay.connection import CONNECTION_WINDOW
 from krproxy.relay.rpc import UpstreamError, grpc_message, request_headers
-from tests.integration.support import ThreadedUnixServer, serve_relay, wait_until
+from tests.integration.support import RequestsByStream, ThreadedUnixServer, received, serve_relay, wait_until
 
 PATH = "/test.Review/Call"
 Fields = list[tuple[bytes, bytes]]
@@ -68,26 +68,13 @@ class RawServer(ThreadedUnixServer):
         if self.settings:
             conn.update_settings(self.settings)
         sock.sendall(conn.data_to_send())
-        paths: dict[int, bytes] = {}
-        bodies: dict[int, bytearray] = {}
+        requests = RequestsByStream()
         outgoing: dict[int, tuple[bytearray, Fields | None]] = {}
         try:
-            while not self.stopping:
-                try:
-                    data = sock.recv(65536)
-                except TimeoutError:
-                    continue
-                if not data:
-                    return
+            for data in received(sock, lambda: self.stopping):
                 for event in conn.receive_data(data):
-                    if isinstance(event, h2.events.RequestReceived):
-                        paths[event.stream_id] = dict(event.headers)[b":path"]  # type: ignore[arg-type]
-                        bodies[event.stream_id] = bytearray()
-                    elif isinstance(event, h2.events.DataReceived):
-                        bodies[event.stream_id] += event.data
-                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                    elif isinstance(event, h2.events.StreamEnded):
-                        answer = self.script(paths[event.stream_id], bytes(bodies[event.stream_id]))
+                    if (request := requests.take(conn, event)) is not None:
+                        answer = self.script(*request)
                         if answer.headers is not None:
                             conn.send_headers(
                                 event.stream_id,

@@ -34,6 +34,7 @@ from krproxy.h2 import frames as f
 from krproxy.relay import Relay
 from krproxy.relay.rpc import grpc_message, request_headers
 from tests.integration.support import (
+    RequestsByStream,
     ScriptedBackend,
     hang,
     in_thread,
@@ -147,23 +148,16 @@ def echo_in_small_windows(listener: socket.socket, echoed: list[bytes]) -> None:
     conn_sock, _ = listener.accept()
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
     conn.initiate_connection()
-    paths: dict[int, bytes] = {}
-    bodies: dict[int, bytearray] = {}
+    requests = RequestsByStream()
     unsent: dict[int, bytes] = {}
     # The proxy hanging up at the test's end ends this runtime (as in reset_every_stream below).
     with conn_sock, contextlib.suppress(BrokenPipeError, ConnectionResetError):
         conn_sock.sendall(conn.data_to_send())
         while data := conn_sock.recv(65536):
             for event in conn.receive_data(data):
-                if isinstance(event, h2.events.RequestReceived):
-                    paths[event.stream_id] = dict(event.headers)[b":path"]  # type: ignore[arg-type]
-                    bodies[event.stream_id] = bytearray()
-                elif isinstance(event, h2.events.DataReceived):
-                    bodies[event.stream_id] += event.data
-                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                elif isinstance(event, h2.events.StreamEnded):
-                    body = bytes(bodies.pop(event.stream_id))
-                    if paths.pop(event.stream_id) == ECHO.encode():
+                if (request := requests.take(conn, event)) is not None:
+                    path, body = request
+                    if path == ECHO.encode():
                         echoed.append(body[5:])  # one message: its 5-byte prefix, then the message
                     conn.send_headers(
                         event.stream_id, [(":status", "200"), ("content-type", "application/grpc")]
