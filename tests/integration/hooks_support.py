@@ -73,6 +73,23 @@ RESOURCES = {
 }
 
 
+#: The hook-protocol metadata of :func:`pod_config`'s pod.
+POD_META = hookapi.PodSandboxMetadata(name="web", uid="uid-web", namespace="prod", attempt=1)
+
+
+def pod_hook_request(**changes: Any) -> hookapi.PodSandboxHookRequest:
+    """What pod hooks get for :func:`pod_config` run with handler runc, before any plugin change;
+    ``changes`` replace or add fields."""
+    fields: dict[str, Any] = {
+        "pod_meta": POD_META,
+        "runtime_handler": "runc",
+        "labels": POD_LABELS,
+        "annotations": POD_ANNOTATIONS,
+        "cgroup_parent": CGROUP_PARENT,
+    }
+    return hookapi.PodSandboxHookRequest(**{**fields, **changes})
+
+
 def pod_config(
     name: str = "web", *, labels: Mapping[str, str] | None = None, attempt: int = 1
 ) -> api_pb2.PodSandboxConfig:

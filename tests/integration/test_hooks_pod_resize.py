@@ -30,17 +30,15 @@ from krproxy.hookserver import HookServer, PodContext, ServeOptions, Stage, serv
 from krproxy.hookserver.testing import FakeNode
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.hooks_support import (
-    CGROUP_PARENT,
-    POD_ANNOTATIONS,
     POD_LABELS,
     Node,
     make_node,
     pod_config,
+    pod_hook_request,
 )
 from tests.integration.support import wait_until
 
 RESIZE = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
-POD_META = hookapi.PodSandboxMetadata(name="web", uid="uid-web", namespace="prod", attempt=1)
 #: What kubelet sends for a pod resized to 1.5 CPUs and 1 GiB, with a RuntimeClass overhead.
 RESOURCES = {
     "cpu_period": 100_000,
@@ -106,12 +104,7 @@ class TestResizeHook:
         await resize(node, resize_request(pod_id))
 
         assert [
-            hookapi.PodSandboxHookRequest(
-                pod_meta=POD_META,
-                runtime_handler="runc",
-                labels=POD_LABELS,
-                annotations=POD_ANNOTATIONS,
-                cgroup_parent=CGROUP_PARENT,
+            pod_hook_request(
                 overhead=hookapi.LinuxContainerResources(**OVERHEAD),
                 resources=hookapi.LinuxContainerResources(**RESOURCES),
             )
