@@ -133,6 +133,22 @@ async def _big(stream: rpc.Stream, messages: list[bytes]) -> None:
     await stream.send_message(BIG_REPLY)
 
 
+def _held_calls(
+    backend: ScriptedBackend, channel: grpc.Channel, count: int
+) -> tuple[trio.Event, list[grpc.Future]]:
+    """``count`` calls to SLOW over ``channel`` (messages b"0", b"1", ...), each held by ``backend``
+    until the event returned is set, then echoed; the event and the calls' futures."""
+    released = trio.Event()
+
+    async def slow(stream: rpc.Stream, messages: list[bytes]) -> None:
+        await released.wait()
+        await stream.send_message(messages[0])
+
+    backend.behaviours[SLOW] = slow
+    call = raw_unary(channel, SLOW)
+    return released, [call.future(b"%d" % i, timeout=30) for i in range(count)]
+
+
 async def _backend_and_proxy(nursery: trio.Nursery, sockdir: str) -> tuple[ScriptedBackend, Daemon]:
     backend, _ = await start_scripted_backend(nursery, os.path.join(sockdir, "backend.sock"))
     backend.behaviours[BIG] = _big
@@ -214,15 +230,7 @@ class TestStreams:
     ) -> None:
         """The backend takes 100 streams per connection; the relay queues the rest instead of failing them."""
         backend, daemon = await _backend_and_proxy(nursery, sockdir)
-        released = trio.Event()  # set once enough calls are running
-
-        async def slow(stream: rpc.Stream, messages: list[bytes]) -> None:
-            await released.wait()
-            await stream.send_message(messages[0])
-
-        backend.behaviours[SLOW] = slow
-        call = raw_unary(channel_to(daemon.config.listen), SLOW)
-        futures = [call.future(b"%d" % i, timeout=30) for i in range(150)]
+        released, futures = _held_calls(backend, channel_to(daemon.config.listen), 150)
         await wait_until(lambda: backend.started.count(SLOW) >= 100)
         await trio.sleep(0.2)
         running = backend.started.count(SLOW)
@@ -242,15 +250,7 @@ class TestStreams:
         (naming the queue) instead of waiting in an unbounded list; the queued ones go on."""
         monkeypatch.setattr("krproxy.relay.connection.MAX_WAITING", 5)
         backend, daemon = await _backend_and_proxy(nursery, sockdir)
-        released = trio.Event()
-
-        async def slow(stream: rpc.Stream, messages: list[bytes]) -> None:
-            await released.wait()
-            await stream.send_message(messages[0])
-
-        backend.behaviours[SLOW] = slow
-        call = raw_unary(channel_to(daemon.config.listen), SLOW)
-        futures = [call.future(b"%d" % i, timeout=30) for i in range(110)]
+        released, futures = _held_calls(backend, channel_to(daemon.config.listen), 110)
         await wait_until(lambda: backend.started.count(SLOW) >= 100)
         await wait_until(lambda: sum(future.done() for future in futures) >= 5)
         released.set()

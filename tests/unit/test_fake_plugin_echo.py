@@ -13,45 +13,9 @@ from krproxy.fakes.plugin.server import echo_bytes, echo_container, echo_pod
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.fuzz import examples
+from tests.unit.hook_messages import container_requests, pod_requests
 
 FUZZ = settings(max_examples=examples(200), deadline=None)
-
-names = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=8)
-string_maps = st.dictionaries(names, names, max_size=3)
-int64 = st.integers(-(1 << 63), (1 << 63) - 1)
-resources = st.builds(
-    hookapi.LinuxContainerResources,
-    cpu_period=int64,
-    cpu_quota=int64,
-    cpuset_cpus=names,
-    hugepage_limits=st.lists(
-        st.builds(hookapi.HugepageLimit, page_size=names, limit=st.integers(0, (1 << 64) - 1)), max_size=2
-    ),
-    unified=string_maps,
-)
-pod_meta = st.builds(hookapi.PodSandboxMetadata, name=names, uid=names, attempt=st.integers(0, (1 << 32) - 1))
-container_requests = st.builds(
-    hookapi.ContainerResourceHookRequest,
-    pod_meta=st.none() | pod_meta,
-    container_meta=st.none() | st.builds(hookapi.ContainerMetadata, name=names, id=names),
-    container_annotations=string_maps,
-    container_resources=st.none() | resources,
-    pod_resources=st.none() | resources,
-    pod_annotations=string_maps,
-    pod_labels=string_maps,
-    pod_cgroup_parent=names,
-    container_envs=string_maps,
-)
-pod_requests = st.builds(
-    hookapi.PodSandboxHookRequest,
-    pod_meta=st.none() | pod_meta,
-    runtime_handler=names,
-    labels=string_maps,
-    annotations=string_maps,
-    cgroup_parent=names,
-    overhead=st.none() | resources,
-    resources=st.none() | resources,
-)
 
 
 def _wire_echo(hook: HookPoint, request: betterproto2.Message) -> bytes:

@@ -23,7 +23,7 @@ from krproxy.hookserver import (
     pod_response,
 )
 from krproxy.proto.runtime import v1alpha1 as pb
-from tests.unit.test_hookserver_echo import container_requests, maps, pod_requests, texts
+from tests.unit.hook_messages import container_requests, maps, pod_requests, texts
 
 optional_ints = st.none() | st.integers(min_value=-(2**40), max_value=2**40)
 changed_resources = st.fixed_dictionaries(
