@@ -36,7 +36,7 @@ from krproxy.fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_a
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import parse_registration
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from tests.integration.support import LIVENESS_LIMIT, start_proxy, wait_until
+from tests.integration.support import LIVENESS_LIMIT, shut_down, start_proxy, wait_until
 
 #: Plugin timeout used by default, for plugins that answer: it must not fire even when the machine is
 #: loaded (at 0.3 s a PreRunPodSandbox answer came too late now and then, and the pod went unchanged).
@@ -226,8 +226,7 @@ class Node:
 
     async def stop_proxy(self) -> None:
         """Shut the proxy down gracefully (as SIGTERM does) and wait until its socket is gone."""
-        self.proxy.request_shutdown()
-        await wait_until(lambda: not os.path.exists(self.proxy_socket))
+        await shut_down(self.proxy, self.proxy_socket)
         self.daemon = None
 
     # -- CRI calls through the proxy (grpcio) ---------------------------------------------------

@@ -25,6 +25,7 @@ from cri_api.v1 import api_pb2 as pb
 from krproxy import rpc
 from krproxy.config import ProxyConfig
 from krproxy.daemon import Daemon, serve
+from krproxy.docker import DockerDaemon
 from krproxy.fakes.grpc_go import metadata_items
 from krproxy.relay import Relay
 
@@ -134,6 +135,12 @@ async def unary_call(
     here (raises :class:`krproxy.grpcstatus.GRPCError` for an error status)."""
     reply = await channel.unary(path, bytes(request.SerializeToString()), timeout=timeout)
     return reply_type.FromString(reply)
+
+
+async def shut_down(daemon: Daemon | DockerDaemon, listen: str) -> None:
+    """Shut ``daemon`` down gracefully (as SIGTERM does) and wait until its socket ``listen`` is gone."""
+    daemon.request_shutdown()
+    await wait_until(lambda: not os.path.exists(listen))
 
 
 def raw_unary(channel: grpc.Channel, path: str) -> grpc.UnaryUnaryMultiCallable:
