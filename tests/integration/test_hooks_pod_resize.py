@@ -16,12 +16,7 @@ import trio
 from cri_api.v1 import api_pb2
 
 from krproxy.fakes.containerd import (
-    FakeContainerd,
     Fault,
-    RuntimeState,
-    run_fake_containerd,
-    sequential_ids,
-    stepping_clock,
 )
 from krproxy.fakes.plugin import FakePlugin, Misbehaviour
 from krproxy.grpcstatus import Status
@@ -29,6 +24,7 @@ from krproxy.hooks.points import HookPoint
 from krproxy.hookserver import HookServer, PodContext, ServeOptions, Stage, serve
 from krproxy.hookserver.testing import FakeNode
 from krproxy.proto.runtime import v1alpha1 as hookapi
+from tests.conftest import serve_fake_containerd
 from tests.integration.hooks_support import (
     POD_LABELS,
     Node,
@@ -57,9 +53,8 @@ async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_cl
 @pytest.fixture
 async def old_node(nursery: trio.Nursery, sockdir: str, cri_client: Any) -> AsyncIterator[Node]:
     """A node whose runtime lacks UpdatePodSandboxResources, as containerd 1.6 to 2.1."""
-    fake = FakeContainerd(RuntimeState(clock=stepping_clock(), new_id=sequential_ids(), pod_resize=False))
     path = f"{sockdir}/containerd-old.sock"
-    await nursery.start(run_fake_containerd, path, fake)
+    fake = await serve_fake_containerd(nursery, path, pod_resize=False)
     yield await make_node(nursery, sockdir, (fake, path), cri_client)
 
 
