@@ -305,6 +305,14 @@ async def _relay_before_a_silent_runtime(
     return listen, silent, relay
 
 
+async def _relay_before_no_runtime(nursery: trio.Nursery, short_tmp: Path) -> str:
+    """A relay whose runtime is unreachable (its socket closed): it answers every call UNAVAILABLE
+    itself. The relay's socket."""
+    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    silent.close()
+    return listen
+
+
 @pytest.mark.parametrize("case", sorted(STREAM_CASES))
 async def test_a_stream_error_resets_only_that_stream(
     nursery: trio.Nursery, short_tmp: Path, case: str
@@ -350,8 +358,7 @@ async def test_data_on_a_closed_stream_is_refused_unless_we_reset_it(
     DATA on 3 then was on its way before the caller saw that reset: ignored (RFC 9113 §5.1),
     never a reason to end kubelet's connection. DATA on 1 is on a closed stream: RST_STREAM
     STREAM_CLOSED (§6.1). The connection still answers a PING."""
-    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
-    silent.close()
+    listen = await _relay_before_no_runtime(nursery, short_tmp)
     encoder = hpack.Encoder()
     message = b"\x00\x00\x00\x00\x00"
     data = _after_preface(
@@ -475,8 +482,7 @@ async def test_a_request_on_a_lower_stream_id_is_a_connection_error(
 async def test_a_lowered_header_table_size_is_acknowledged(nursery: trio.Nursery, short_tmp: Path) -> None:
     """A caller's SETTINGS_HEADER_TABLE_SIZE of 0: the relay's next header block starts with a
     dynamic table size update (RFC 7541 §4.2), which h2's decoder (as nghttp2's) insists on."""
-    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
-    silent.close()  # an unreachable runtime: the relay answers UNAVAILABLE itself
+    listen = await _relay_before_no_runtime(nursery, short_tmp)
 
     def call() -> list[object]:
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
@@ -513,8 +519,7 @@ async def test_a_connection_without_preface_is_closed(
 ) -> None:
     """A caller that connects and never sends the preface is not kept forever."""
     monkeypatch.setattr("krproxy.relay.connection.HANDSHAKE_TIMEOUT", 0.3)
-    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
-    silent.close()
+    listen = await _relay_before_no_runtime(nursery, short_tmp)
 
     def idle() -> bytes:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -534,8 +539,7 @@ async def test_connections_beyond_the_cap_are_closed(
 ) -> None:
     """With MAX_CONNECTIONS open, one more is closed at once; the open ones still answer."""
     monkeypatch.setattr("krproxy.relay.relay.MAX_CONNECTIONS", 2)
-    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
-    silent.close()
+    listen = await _relay_before_no_runtime(nursery, short_tmp)
 
     def three() -> tuple[bool, bool]:
         socks = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]
