@@ -104,7 +104,7 @@ class TestRegistrationFiles:
 
     @as_root
     @UNTRUSTED
-    async def test_file_others_could_write_is_rejection(
+    async def test_file_others_could_write_is_refused(
         self, node: Node, change: Callable[[str], object], reason: str
     ) -> None:
         """A file owned by another user, or writable by a group other than root's, is refused,
