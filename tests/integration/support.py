@@ -234,7 +234,7 @@ class RequestsByStream:
     def take(self, conn: h2.connection.H2Connection, event: h2.events.Event) -> tuple[bytes, bytes] | None:
         """Take in ``event`` of ``conn``: the path and body of the request whose stream it ends, else None."""
         if isinstance(event, h2.events.RequestReceived):
-            self.paths[event.stream_id] = dict(event.headers)[b":path"]  # type: ignore[arg-type]
+            self.paths[event.stream_id] = dict(event.headers)[b":path"]
             self.bodies[event.stream_id] = bytearray()
         elif isinstance(event, h2.events.DataReceived):
             self.bodies[event.stream_id] += event.data
