@@ -220,16 +220,20 @@ def _with_id(info: ContainerInfo, container_id: str) -> ContainerInfo:
     return attrs.evolve(info, id=container_id)
 
 
+#: The fields a ListPodSandbox item and a PodSandboxStatus share, for :data:`POD` but its cgroup parent.
+SANDBOX_FIELDS: dict[str, Any] = {
+    "id": "sb1",
+    "metadata": v1.PodSandboxMetadata(name="web", uid="u1", namespace="default", attempt=2),
+    "labels": {"app": "web"},
+    "annotations": {"a": "1"},
+    "runtime_handler": "runc",
+}
+
+
 class TestRecovery:
     def test_pod_from_sandbox(self) -> None:
         """A ListPodSandbox item gives everything but the cgroup parent."""
-        sandbox = v1.PodSandbox(
-            id="sb1",
-            metadata=v1.PodSandboxMetadata(name="web", uid="u1", namespace="default", attempt=2),
-            labels={"app": "web"},
-            annotations={"a": "1"},
-            runtime_handler="runc",
-        )
+        sandbox = v1.PodSandbox(**SANDBOX_FIELDS)
 
         assert attrs.evolve(POD, cgroup_parent="") == pod_from_wire_sandbox(_wire(sandbox))
 
@@ -262,13 +266,7 @@ class TestRecovery:
     )
     def test_pod_from_status(self, info: dict[str, str] | None, expected: str) -> None:
         """The cgroup parent is recovered from verbose info where the runtime reports it, else empty."""
-        status = v1.PodSandboxStatus(
-            id="sb1",
-            metadata=v1.PodSandboxMetadata(name="web", uid="u1", namespace="default", attempt=2),
-            labels={"app": "web"},
-            annotations={"a": "1"},
-            runtime_handler="runc",
-        )
+        status = v1.PodSandboxStatus(**SANDBOX_FIELDS)
 
         assert attrs.evolve(POD, cgroup_parent=expected) == pod_from_wire_status(_wire(status), info)
 
