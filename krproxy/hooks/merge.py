@@ -40,7 +40,7 @@ written into it (see :mod:`krproxy.hooks.writeback`).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 
@@ -96,30 +96,37 @@ class Merged(Generic[T]):
 # --- field rules -------------------------------------------------------------------------------------------
 
 
+def _alike(a: Resources, b: Resources) -> dict[str, Any]:
+    """The fields both of Koordinator's resource rules treat alike: cpu_period, cpu_shares, memory limit and
+    swap if b > 0; cpu_quota if b ≠ 0 (−1 = unlimited); unified add/overwrite."""
+    return {
+        "cpu_period": b.cpu_period if b.cpu_period > 0 else a.cpu_period,
+        "cpu_quota": b.cpu_quota if b.cpu_quota != 0 else a.cpu_quota,
+        "cpu_shares": b.cpu_shares if b.cpu_shares > 0 else a.cpu_shares,
+        "memory_limit_in_bytes": b.memory_limit_in_bytes
+        if b.memory_limit_in_bytes > 0
+        else a.memory_limit_in_bytes,
+        "unified": a.unified.merged(b.unified),
+        "memory_swap_limit_in_bytes": (
+            b.memory_swap_limit_in_bytes if b.memory_swap_limit_in_bytes > 0 else a.memory_swap_limit_in_bytes
+        ),
+    }
+
+
 def update_resource(a: Resources, b: Resources | None) -> Resources:
     """Koordinator's ``updateResource``: merge a hook answer's resources *b* into *a*.
 
-    cpu_period, cpu_shares, memory limit and swap if b > 0; cpu_quota if b ≠ 0 (−1 = unlimited);
-    oom_score_adj if −1000 ≤ b ≤ 1000 (so a 0 resets it); cpuset_cpus and cpuset_mems always, even "";
-    unified add/overwrite; hugepage_limits never. ``b is None`` leaves *a* as is.
+    The fields of :func:`_alike`; oom_score_adj if −1000 ≤ b ≤ 1000 (so a 0 resets it); cpuset_cpus and
+    cpuset_mems always, even ""; hugepage_limits never. ``b is None`` leaves *a* as is.
     """
     if b is None:
         return a
     return attrs.evolve(
         a,
-        cpu_period=b.cpu_period if b.cpu_period > 0 else a.cpu_period,
-        cpu_quota=b.cpu_quota if b.cpu_quota != 0 else a.cpu_quota,
-        cpu_shares=b.cpu_shares if b.cpu_shares > 0 else a.cpu_shares,
-        memory_limit_in_bytes=(
-            b.memory_limit_in_bytes if b.memory_limit_in_bytes > 0 else a.memory_limit_in_bytes
-        ),
+        **_alike(a, b),
         oom_score_adj=b.oom_score_adj if -1000 <= b.oom_score_adj <= 1000 else a.oom_score_adj,
         cpuset_cpus=b.cpuset_cpus,
         cpuset_mems=b.cpuset_mems,
-        unified=a.unified.merged(b.unified),
-        memory_swap_limit_in_bytes=(
-            b.memory_swap_limit_in_bytes if b.memory_swap_limit_in_bytes > 0 else a.memory_swap_limit_in_bytes
-        ),
     )
 
 
@@ -131,18 +138,9 @@ def update_resource_by_update_request(a: Resources, b: Resources) -> Resources:
     """
     return attrs.evolve(
         a,
-        cpu_period=b.cpu_period if b.cpu_period > 0 else a.cpu_period,
-        cpu_quota=b.cpu_quota if b.cpu_quota != 0 else a.cpu_quota,
-        cpu_shares=b.cpu_shares if b.cpu_shares > 0 else a.cpu_shares,
-        memory_limit_in_bytes=(
-            b.memory_limit_in_bytes if b.memory_limit_in_bytes > 0 else a.memory_limit_in_bytes
-        ),
+        **_alike(a, b),
         cpuset_cpus=b.cpuset_cpus or a.cpuset_cpus,
         cpuset_mems=b.cpuset_mems or a.cpuset_mems,
-        unified=a.unified.merged(b.unified),
-        memory_swap_limit_in_bytes=(
-            b.memory_swap_limit_in_bytes if b.memory_swap_limit_in_bytes > 0 else a.memory_swap_limit_in_bytes
-        ),
     )
 
 
