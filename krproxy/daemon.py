@@ -47,7 +47,7 @@ from krproxy.config import BackendMode, ProxyConfig
 from krproxy.forward import Backend, known_routes
 from krproxy.grpcstatus import Cardinality
 from krproxy.hooks.dispatch import Dispatcher
-from krproxy.hooks.guard import Guard
+from krproxy.hooks.guard import Guard, counted_guard
 from krproxy.hooks.outcomes import Outcome
 from krproxy.hooks.recovery import CALL_TIMEOUT, recover
 from krproxy.hooks.registration import Registry
@@ -183,15 +183,8 @@ async def serve(
     )
     publish = dispatcher.publish
     if config.requirements.active:
-        guard = Guard(
-            config.requirements,
-            dispatcher,
-            config.hook_dir,
-            held=metrics.required_call_held,
-            forget=metrics.forget_required_server,
-        )
+        guard = counted_guard(config.requirements, dispatcher, config.hook_dir, metrics)
         publish = functools.partial(_publish, dispatcher, guard)
-        metrics.track_required(guard)
     hooks = HookRuntime(HookStore(), dispatcher, config.skip_label, guard)
     metrics.track_store(lambda: hooks.store)
     interceptors = hooks.interceptors()
