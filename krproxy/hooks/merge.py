@@ -48,7 +48,6 @@ from krproxy.hooks.model import (
     RESOURCE_SCALARS,
     ContainerAnswer,
     ContainerInfo,
-    FrozenMap,
     PodAnswer,
     PodInfo,
     PodResize,
@@ -256,7 +255,7 @@ def prepare_update(info: ContainerInfo, requested: Resources | None) -> Containe
 # --- the CreateContainer environment ---------------------------------------------------------------------
 
 
-def create_envs(sent: Iterable[str], envs: FrozenMap[str, str]) -> dict[str, str]:
+def create_envs(sent: Iterable[str], envs: Mapping[str, str]) -> dict[str, str]:
     """The record's *envs* in the order CreateContainer's ``config.envs`` is rebuilt in: the names the request
     *sent* (in its order, first place of a repeated name) that are still set, then the added ones by name."""
     seen = list(dict.fromkeys(sent))
