@@ -108,18 +108,7 @@ async def _recover_store(
         retry_on=(Exception,),  # whatever the runtime does, recovery is tried again
         runtime=config.runtime_endpoint,
     )
-    hooks.store.load(recovered.pods.items(), recovered.containers.items())
-    hooks.mark_recovered()
-    metrics.recovered.set(1)
-    log.event(
-        LOGGER,
-        "store_recovered",
-        pods=len(recovered.pods),
-        containers=len(recovered.containers),
-        fallbacks=recovered.fallbacks,
-        orphans=recovered.orphans,
-        seconds=round(recovered.seconds, 3),
-    )
+    _supervise.store_recovered(hooks, recovered, metrics, LOGGER, fallbacks=recovered.fallbacks)
 
 
 async def serve(
