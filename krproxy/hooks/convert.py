@@ -327,66 +327,62 @@ def container_from_wire_create(request: Any, pod: PodInfo) -> ContainerInfo:
     )
 
 
-def pod_from_wire_config(config: Any) -> PodInfo:
-    """:func:`pod_from_run_request` of a RunPodSandbox carrying only the upb-decoded *config* (a
-    CreateContainer's ``sandbox_config``, for a pod the store does not know)."""
-    meta = config.metadata
+def _wire_pod(item: Any, **more: Any) -> PodInfo:
+    """The pod record of a upb message with a PodSandboxMetadata ``metadata``, ``labels`` and ``annotations``
+    (a PodSandboxConfig, a ListPodSandbox item, a PodSandboxStatus), with the fields *more* gives."""
+    meta = item.metadata
     return PodInfo(
         name=meta.name,
         uid=meta.uid,
         namespace=meta.namespace,
         attempt=meta.attempt,
-        labels=_entries(config.labels),
-        annotations=_entries(config.annotations),
-        cgroup_parent=config.linux.cgroup_parent,
+        labels=_entries(item.labels),
+        annotations=_entries(item.annotations),
+        **more,
     )
+
+
+def pod_from_wire_config(config: Any) -> PodInfo:
+    """:func:`pod_from_run_request` of a RunPodSandbox carrying only the upb-decoded *config* (a
+    CreateContainer's ``sandbox_config``, for a pod the store does not know)."""
+    return _wire_pod(config, cgroup_parent=config.linux.cgroup_parent)
 
 
 def pod_from_wire_sandbox(sandbox: Any) -> PodInfo:
     """The pod record recoverable from a ListPodSandbox item (no cgroup parent: the list does not carry it)."""
-    meta = sandbox.metadata
-    return PodInfo(
-        name=meta.name,
-        uid=meta.uid,
-        namespace=meta.namespace,
-        attempt=meta.attempt,
-        runtime_handler=sandbox.runtime_handler,
-        labels=_entries(sandbox.labels),
-        annotations=_entries(sandbox.annotations),
-    )
+    return _wire_pod(sandbox, runtime_handler=sandbox.runtime_handler)
 
 
 def pod_from_wire_status(status: Any, info: Mapping[str, str] | None = None) -> PodInfo:
     """The pod record recoverable from PodSandboxStatus and its verbose *info* (see the module docstring)."""
-    meta = status.metadata
     document = _verbose(info)
-    return PodInfo(
-        name=meta.name,
-        uid=meta.uid,
-        namespace=meta.namespace,
-        attempt=meta.attempt,
+    return _wire_pod(
+        status,
         runtime_handler=status.runtime_handler,
-        labels=_entries(status.labels),
-        annotations=_entries(status.annotations),
         cgroup_parent=_cgroup_parent_from_document(document, status.id),
         resources=_resources_from_json(_dig(document, "resources", "linux")),
         overhead=_resources_from_json(_dig(document, "overhead", "linux")),
     )
 
 
+def _wire_container(item: Any, pod_sandbox_id: str, pod: PodInfo, **more: Any) -> ContainerInfo:
+    """The container record of a upb ListContainers item or ContainerStatus (``metadata``, ``id``,
+    ``annotations``) in sandbox *pod_sandbox_id* of *pod*, with the fields *more* gives."""
+    return ContainerInfo(
+        pod_sandbox_id=pod_sandbox_id,
+        pod=pod,
+        name=item.metadata.name,
+        attempt=item.metadata.attempt,
+        id=item.id,
+        annotations=_entries(item.annotations),
+        pod_cgroup_parent=pod.cgroup_parent,
+        **more,
+    )
+
+
 def container_from_wire_list(container: Any, pod: PodInfo) -> ContainerInfo:
     """The container record recoverable from a ListContainers item (resources unknown, no envs)."""
-    meta = container.metadata
-    return ContainerInfo(
-        pod_sandbox_id=container.pod_sandbox_id,
-        pod=pod,
-        name=meta.name,
-        attempt=meta.attempt,
-        id=container.id,
-        annotations=_entries(container.annotations),
-        resources=None,
-        pod_cgroup_parent=pod.cgroup_parent,
-    )
+    return _wire_container(container, container.pod_sandbox_id, pod, resources=None)
 
 
 def container_from_wire_status(
@@ -399,21 +395,16 @@ def container_from_wire_status(
 
     ContainerStatus does not name the sandbox: pass *pod_sandbox_id* from the ListContainers item.
     """
-    meta = status.metadata
     document = _verbose(info)
     reported = None
     if status.HasField("resources") and status.resources.HasField("linux"):
         reported = _resources_from(status.resources.linux, _entries(status.resources.linux.unified))
-    return ContainerInfo(
-        pod_sandbox_id=pod_sandbox_id,
-        pod=pod,
-        name=meta.name,
-        attempt=meta.attempt,
-        id=status.id,
-        annotations=_entries(status.annotations),
+    return _wire_container(
+        status,
+        pod_sandbox_id,
+        pod,
         resources=_recovered_resources(reported, document),
         envs=_envs_from_json(_dig(document, "config", "envs")),
-        pod_cgroup_parent=pod.cgroup_parent,
     )
 
 
