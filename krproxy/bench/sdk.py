@@ -106,9 +106,23 @@ def start_hook_server(
 ) -> subprocess.Popen[bytes]:
     """``krproxy hooks serve`` on ``socket`` registering into ``hook_dir``; from source tree ``tree``
     (its ``krproxy`` package first on the path) when given, else from this one."""
-    argv = ["-m", "krproxy", "hooks", "serve", "--socket", socket]
-    argv += ["--hook-dir", hook_dir, "--cgroup-root", workdir, *extra]
-    return start_from(argv, tree, workdir, log_path)
+    return start_from(hook_server_argv(socket, hook_dir, workdir, extra), tree, workdir, log_path)
+
+
+def hook_server_argv(socket: str, hook_dir: str, workdir: str, extra: Sequence[str]) -> list[str]:
+    return [
+        "-m",
+        "krproxy",
+        "hooks",
+        "serve",
+        "--socket",
+        socket,
+        "--hook-dir",
+        hook_dir,
+        "--cgroup-root",
+        workdir,
+        *extra,
+    ]
 
 
 def start_from(argv: Sequence[str], tree: str | None, workdir: str, log_path: str) -> subprocess.Popen[bytes]:
@@ -223,9 +237,8 @@ def sdk_create(workdir: str, calls: int, baseline: str | None = None) -> dict[st
     """CreateContainer latency direct, through krproxy with no plugin, with one fake plugin
     (``krproxy.fakes.plugin``, adding an annotation), and with one SDK plugin (this module's :func:`register`,
     ``krproxy hooks serve``; also, when given, the daemon and the SDK plugin both from ``baseline``'s tree):
-    one client process, the targets
-    taking turns call by call, each in a pod created through it. Each krproxy has its own hook directory,
-    so each calls only its one plugin. Beside each target's latencies: the CPU (utime + stime) its daemon
+    one client process, the targets taking turns call by call, each in a pod created through it. Each
+    krproxy has its own hook directory, so each calls only its one plugin. Beside each target's latencies: the CPU (utime + stime) its daemon
     and its plugin spent per CreateContainer (with the untimed RemoveContainer after it, and the 20
     warm-up calls), figures the machine's load moves less than latencies.
 
@@ -235,6 +248,13 @@ def sdk_create(workdir: str, calls: int, baseline: str | None = None) -> dict[st
 
     def sock(name: str) -> str:
         return os.path.join(workdir, f"{name}.sock")
+
+    def start(name: str, argv: Sequence[str], tree: str | None) -> int:
+        """Start ``argv`` from ``tree`` logging into ``<name>.log``; its pid once ``<name>.sock`` answers."""
+        process = start_from(argv, tree, workdir, os.path.join(workdir, f"{name}.log"))
+        procs.started.append(process)
+        wait_grpc(sock(name), f"{name} did not start; see its log")
+        return process.pid
 
     labels = {"direct": sock("containerd")}
     pids: dict[str, dict[str, int]] = {}
@@ -264,28 +284,12 @@ def sdk_create(workdir: str, calls: int, baseline: str | None = None) -> dict[st
                 # It changes the request too (an annotation; the SDK plugin sets an env), so the
                 # proxy's share (decode the answer, merge, re-encode the request) is the same for both.
                 argv += ["--name", name, "--hooks", "PreCreateContainer", "--add-annotation", "bench=1"]
-                pids[label]["plugin"] = procs.start(f"plugin-{name}", argv, sock("plugin-fake")).pid
+                pids[label]["plugin"] = start(f"plugin-{name}", argv, None)
             elif name != "no":
-                process = start_hook_server(
-                    sock(f"plugin-{name}"),
-                    hook_dir,
-                    workdir,
-                    PLAIN,
-                    tree,
-                    os.path.join(workdir, f"plugin-{name}.log"),
-                )
-                procs.started.append(process)
-                wait_grpc(sock(f"plugin-{name}"), f"plugin-{name} did not start")
-                pids[label]["plugin"] = process.pid
-            daemon = start_from(
-                _serve_args(sock(f"krproxy-{name}"), sock("containerd"), hook_dir),
-                tree,
-                workdir,
-                os.path.join(workdir, f"krproxy-{name}.log"),
-            )
-            procs.started.append(daemon)
-            wait_grpc(sock(f"krproxy-{name}"), f"krproxy-{name} did not start")
-            pids[label]["daemon"] = daemon.pid
+                argv = hook_server_argv(sock(f"plugin-{name}"), hook_dir, workdir, PLAIN)
+                pids[label]["plugin"] = start(f"plugin-{name}", argv, tree)
+            argv = _serve_args(sock(f"krproxy-{name}"), sock("containerd"), hook_dir)
+            pids[label]["daemon"] = start(f"krproxy-{name}", argv, tree)
             labels[label] = sock(f"krproxy-{name}")
         time.sleep(1.0)  # let each daemon's watcher see its plugin
         before = {label: {k: cpu_seconds(pid) for k, pid in p.items()} for label, p in pids.items()}
