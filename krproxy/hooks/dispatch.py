@@ -180,7 +180,7 @@ class Dispatcher:
         answer = await self._unary(
             plugin, point.rpc_path, _serialized(request), plugin.timeout if within is None else within
         )
-        response: Response = answers.decode(reply_type, answer)  # upb: ~80 µs less than betterproto2
+        response: Response = answers.decode(reply_type, answer)  # upb: 35-85 µs less than betterproto2
         return response
 
     async def probe(self, plugin: PluginRegistration, within: float) -> None:
