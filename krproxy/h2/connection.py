@@ -11,7 +11,8 @@ Rules (each has an in-memory test in ``tests/unit/test_h2state*.py``):
 * A *connection* error — a frame the peer may never send, a window past 2^31-1 on the connection, a
   header block past :data:`MAX_HEADER_BLOCK`, an undecodable block — queues GOAWAY(code) and ends the
   connection (:class:`~krproxy.h2.events.ConnectionTerminated`).
-* A *stream* error (RFC 9113 §5.4.2) — a malformed request, DATA on a half-closed stream, a stream window
+* A *stream* error (RFC 9113 §5.4.2) — a malformed request, an answer's second header block without
+  END_STREAM, DATA on a half-closed stream, a stream window
   past 2^31-1, WINDOW_UPDATE of 0 on a stream, PRIORITY on itself or of the wrong length — resets that
   stream only (:class:`~krproxy.h2.events.StreamReset`); frames the peer sent before it saw the reset
   are ignored (§5.1).
@@ -430,6 +431,11 @@ class Connection(Control):
         stream = self.streams.get(stream_id)
         if not self.server:
             if stream is not None and not stream.recv_ended and not stream.reset:
+                if stream.headers_received and not end:
+                    # After the answer's headers only trailers (END_STREAM) may come: malformed
+                    # (RFC 9113 §8.1), that stream's error. (No 1xx answers: gRPC sends none.)
+                    self._stream_error(stream_id, f.PROTOCOL_ERROR)
+                    return
                 stream.recv_ended = end
                 stream.headers_received = True
                 self._events.append(ev.HeadersReceived(stream_id, headers, end))

@@ -192,3 +192,22 @@ def test_a_goaway_refuses_the_streams_above_its_last_id() -> None:
     assert not conn.streams[1].reset
     assert conn.streams[3].reset and conn.streams[5].reset
     assert conn.goaway_received
+
+
+def test_a_second_answer_header_block_without_end_stream_resets_that_stream() -> None:
+    """After the answer's headers, only trailers may come (RFC 9113 §8.1): a second block
+    without END_STREAM is malformed, the stream's error, not a second answer to pass on."""
+    conn = client()
+    conn.start_stream(REQUEST, end_stream=True)
+    conn.start_stream(REQUEST, end_stream=True)
+    conn.data_to_send()
+    events = conn.receive_data(
+        headers_frame(1, RESPONSE) + data_frame(1, b"answer") + headers_frame(1, [(b"x-more", b"1")])
+    )
+    assert ev.StreamReset(1, f.PROTOCOL_ERROR, remote=False, unsent=0) == events[-1]
+    assert {1: f.PROTOCOL_ERROR} == resets(conn.data_to_send())
+    wire = headers_frame(3, RESPONSE) + headers_frame(3, TRAILERS, end=True)  # the other goes on
+    assert [
+        ev.HeadersReceived(3, RESPONSE, False),
+        ev.HeadersReceived(3, TRAILERS, True),
+    ] == conn.receive_data(wire)

@@ -1,0 +1,134 @@
+"""Review of the relay on the HTTP/2 core (branch driver2): peers that break HTTP/2 in ways the
+other suites do not try. Each test names the rule it holds; peers are raw sockets in threads."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import h2.config
+import h2.connection
+import h2.events
+import trio
+
+from krproxy.h2 import frames as f
+from krproxy.relay import Relay
+from krproxy.relay.rpc import grpc_message
+from tests.integration.support import received, serve_relay, wait_until
+from tests.integration.test_relay_review import Client
+
+PATH = "/test.Review/Call"
+
+#: What the raw upstream writes on a stream once the request arrived: raw frame bytes.
+Script = Callable[[int], bytes]
+
+
+class RawFramesServer:
+    """An upstream that does the HTTP/2 handshake with ``h2`` and answers each request with the
+    raw frames ``script(stream_id)`` returns (bytes it chooses, rules broken or not)."""
+
+    def __init__(self, path: str, script: Script) -> None:
+        self.script = script
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(4)
+        self.listener.settimeout(0.2)
+        self.stopping = False
+        self.answered = 0
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.stopping:
+            try:
+                sock, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=self._connection, args=(sock,), daemon=True).start()
+
+    def _connection(self, sock: socket.socket) -> None:
+        sock.settimeout(0.2)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        with contextlib.suppress(OSError):
+            for data in received(sock, lambda: self.stopping):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived):
+                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    if isinstance(event, h2.events.StreamEnded):
+                        sock.sendall(conn.data_to_send())
+                        sock.sendall(self.script(event.stream_id))
+                        self.answered += 1
+                sock.sendall(conn.data_to_send())
+        sock.close()
+
+    def close(self) -> None:
+        self.stopping = True
+        self.thread.join(5)
+        self.listener.close()
+
+
+@contextlib.contextmanager
+def raw_upstream(path: str, script: Script) -> Iterator[RawFramesServer]:
+    server = RawFramesServer(path, script)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+_ANSWER_HEADERS = f.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])
+
+
+class TestUpstreamHeaderBlocks:
+    async def test_a_second_header_block_without_end_stream_fails_the_call_not_the_relay(
+        self, nursery: trio.Nursery, relay: Relay, short_tmp: Path
+    ) -> None:
+        """An upstream sends its answer's headers, a message, then a second header block without
+        END_STREAM: a malformed response (RFC 9113 §8.1), that stream's error. The caller gets a
+        status and the relay goes on serving; before, the block was passed on to the caller, and
+        with the message still queued for the caller's window the core refused to send headers
+        after data (LocalProtocolError), which ended the relay's whole task tree."""
+        upstream = str(short_tmp / "upstream.sock")
+
+        def script(stream_id: int) -> bytes:
+            return (
+                f.header_frames(stream_id, _ANSWER_HEADERS, False, f.DEFAULT_MAX_FRAME)
+                + f.frame(f.DATA, 0, stream_id, grpc_message(b"answer"))
+                + f.header_frames(
+                    stream_id, f.encode_headers([(b"x-more", b"1")]), False, f.DEFAULT_MAX_FRAME
+                )
+            )
+
+        listen = str(short_tmp / "relay.sock")
+        relay.configure(relay.route_to(upstream, "upstream"), None, {}, unary_paths=[PATH])
+        await serve_relay(nursery, relay, listen)
+
+        def call(window: int | None) -> list[h2.events.Event]:
+            client = Client(listen, window=window)
+            try:
+                stream_id = client.start(PATH, b"x")
+                client.flush()
+                return client.until(
+                    stream_id, lambda e: isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset))
+                )
+            finally:
+                client.close()
+
+        with raw_upstream(upstream, script):
+            # Window 0: the message waits in the relay when the second block comes.
+            events = await trio.to_thread.run_sync(call, 0)
+            await wait_until(lambda: relay.in_flight == 0)
+            again = await trio.to_thread.run_sync(call, None)
+        for seen in (events, again):
+            blocks = [
+                e for e in seen if isinstance(e, (h2.events.ResponseReceived, h2.events.TrailersReceived))
+            ]
+            assert not any(b"x-more" in dict(e.headers) for e in blocks)  # type: ignore[arg-type]
+            assert isinstance(seen[-1], h2.events.StreamEnded)
+            status = dict(blocks[-1].headers)[b"grpc-status"]  # type: ignore[arg-type]
+            assert status != b"0"
