@@ -11,9 +11,9 @@ Rules (each has an in-memory test in ``tests/unit/test_h2state*.py``):
 * A *connection* error — a frame the peer may never send, a window past 2^31-1 on the connection, a
   header block past :data:`MAX_HEADER_BLOCK`, an undecodable block — queues GOAWAY(code) and ends the
   connection (:class:`~krproxy.h2.events.ConnectionTerminated`).
-* A *stream* error (RFC 9113 §5.4.2) — a malformed request, an answer's second header block without
-  END_STREAM, DATA on a half-closed stream, a stream window
-  past 2^31-1, WINDOW_UPDATE of 0 on a stream, PRIORITY on itself or of the wrong length — resets that
+* A *stream* error (RFC 9113 §5.4.2) — a malformed request, an answer starting with DATA or with a
+  second header block without END_STREAM, DATA on a half-closed stream, a stream window past
+  2^31-1, WINDOW_UPDATE of 0 on a stream, PRIORITY on itself or of the wrong length — resets that
   stream only (:class:`~krproxy.h2.events.StreamReset`); frames the peer sent before it saw the reset
   are ignored (§5.1).
 * Flow control: received data is credited back only when the consumer calls
@@ -391,6 +391,12 @@ class Connection(Control):
                 # Closed: the peer reset it, or both sides ended it (RFC 9113 §6.1: a stream
                 # error). Not when we reset it: what was in flight then is ignored (§5.1).
                 self._send_reset(stream_id, f.STREAM_CLOSED)
+            return
+        if not stream.headers_received:  # (ours: a peer's stream opens with its headers)
+            # An answer starts with its header block (RFC 9113 §8.1): malformed, that stream's error.
+            if not self.credit_on_arrival:
+                self._grant_connection(size)
+            self._stream_error(stream_id, f.PROTOCOL_ERROR)
             return
         stream.recv_window -= size
         if stream.recv_window < 0:

@@ -132,3 +132,44 @@ class TestUpstreamHeaderBlocks:
             assert isinstance(seen[-1], h2.events.StreamEnded)
             status = dict(blocks[-1].headers)[b"grpc-status"]  # type: ignore[arg-type]
             assert status != b"0"
+
+    async def test_data_before_the_answers_headers_fails_the_call_not_the_relay(
+        self, nursery: trio.Nursery, relay: Relay, short_tmp: Path
+    ) -> None:
+        """An upstream sends a message before any header block: a malformed response (RFC 9113
+        §8.1), that stream's error; the caller gets a status. Before, the relay passed the
+        DATA on to the caller's stream, whose headers were not sent yet, and the core's
+        LocalProtocolError ("data before headers") ended the relay's whole task tree."""
+        upstream = str(short_tmp / "upstream.sock")
+
+        def script(stream_id: int) -> bytes:
+            return f.frame(f.DATA, 0, stream_id, grpc_message(b"answer")) + f.header_frames(
+                stream_id, f.encode_headers([(b"grpc-status", b"0")]), True, f.DEFAULT_MAX_FRAME
+            )
+
+        listen = str(short_tmp / "relay.sock")
+        relay.configure(relay.route_to(upstream, "upstream"), None, {}, unary_paths=[PATH])
+        await serve_relay(nursery, relay, listen)
+        with raw_upstream(upstream, script):
+            first = await trio.to_thread.run_sync(_call, listen)
+            again = await trio.to_thread.run_sync(_call, listen)
+        for seen in (first, again):
+            assert not [e for e in seen if isinstance(e, h2.events.DataReceived)]
+            assert isinstance(seen[-1], h2.events.StreamEnded)
+            blocks = [
+                e for e in seen if isinstance(e, (h2.events.ResponseReceived, h2.events.TrailersReceived))
+            ]
+            assert dict(blocks[-1].headers)[b"grpc-status"] != b"0"  # type: ignore[arg-type]
+
+
+def _call(listen: str) -> list[h2.events.Event]:
+    """One call through the relay; its stream's events up to its end."""
+    client = Client(listen)
+    try:
+        stream_id = client.start(PATH, b"x")
+        client.flush()
+        return client.until(
+            stream_id, lambda e: isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset))
+        )
+    finally:
+        client.close()

@@ -211,3 +211,15 @@ def test_a_second_answer_header_block_without_end_stream_resets_that_stream() ->
         ev.HeadersReceived(3, RESPONSE, False),
         ev.HeadersReceived(3, TRAILERS, True),
     ] == conn.receive_data(wire)
+
+
+def test_data_before_the_answers_headers_resets_that_stream() -> None:
+    """An answer starts with its header block (RFC 9113 §8.1): DATA first is malformed, the
+    stream's error, never passed on (a relay has no headers to send before it)."""
+    conn = client()
+    conn.start_stream(REQUEST, end_stream=True)
+    conn.data_to_send()
+    events = conn.receive_data(data_frame(1, b"answer") + headers_frame(1, TRAILERS, end=True))
+    assert [ev.StreamReset(1, f.PROTOCOL_ERROR, remote=False, unsent=0)] == events
+    assert {1: f.PROTOCOL_ERROR} == resets(conn.data_to_send())
+    assert CONNECTION_WINDOW == conn.recv_window + conn.to_grant  # its connection credit came back
