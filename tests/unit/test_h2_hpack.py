@@ -7,6 +7,8 @@ from typing import Any
 
 import hpack
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from krproxy.h2._hpack import KEPT_BLOCK, Decoder
 
@@ -85,3 +87,72 @@ def test_an_undecodable_block_still_raises() -> None:
         decoder.decode(b"\xff\xff\xff\xff", raw=True)
     with pytest.raises(hpack.exceptions.HPACKError):
         decoder.decode(b"\xff\xff\xff\xff", raw=True)
+
+
+# -- the memory against hpack itself ----------------------------------------------------------
+
+
+def _int(value: int, bits: int, first: int) -> bytes:
+    limit = (1 << bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _string(data: bytes) -> bytes:
+    return _int(len(data), 7, 0) + data
+
+
+_NAMES = st.sampled_from([b"a", b"c", b"grpc-status", b"content-type", b"x-big", b":status"])
+# Values large enough that one entry evicts the others (the count may stay, the entries not).
+_VALUES = st.one_of(
+    st.sampled_from([b"", b"0", b"1", b"d", b"application/grpc", b"x" * 1000, b"y" * 2100, b"z" * 3000]),
+    st.binary(max_size=8),
+)
+_FIELDS = st.one_of(
+    # Indexed: mostly the dynamic table's first entries (0 and beyond the table: errors).
+    st.one_of(st.integers(62, 65), st.integers(0, 75)).map(lambda i: _int(i, 7, 0x80)),
+    st.tuples(_NAMES, _VALUES).map(lambda nv: b"\x40" + _string(nv[0]) + _string(nv[1])),  # adds an entry
+    st.tuples(st.integers(1, 70), _VALUES).map(lambda iv: _int(iv[0], 6, 0x40) + _string(iv[1])),
+    st.tuples(_NAMES, _VALUES).map(lambda nv: b"\x00" + _string(nv[0]) + _string(nv[1])),
+    st.tuples(_NAMES, _VALUES).map(lambda nv: b"\x10" + _string(nv[0]) + _string(nv[1])),
+    # Size updates: to sizes already in force (no change), below the entries (evicting), too large.
+    st.one_of(st.sampled_from([0, 64, 4096]), st.integers(0, 5000)).map(lambda size: _int(size, 5, 0x20)),
+)
+_BLOCKS = st.lists(_FIELDS, max_size=5).map(b"".join)
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    size=st.sampled_from([68, 150, 4096]),
+    pool=st.lists(_BLOCKS, min_size=1, max_size=8),
+    order=st.lists(st.integers(0, 7), max_size=60),
+)
+def test_answers_from_memory_are_what_hpack_decodes(size: int, pool: list[bytes], order: list[int]) -> None:
+    """Differential: blocks drawn again and again from a small pool (so the memory answers),
+    mixing fields that add entries, evict them (a table of two small entries, or values up to
+    3000 bytes in 4096), resize the table inside a block, and fail. Every answer, and every
+    failure, is hpack's; so is the table after each block."""
+    ours, theirs = Decoder(max_header_list_size=1 << 20), hpack.Decoder(max_header_list_size=1 << 20)
+    ours.header_table_size = theirs.header_table_size = size
+    for i in order:
+        block = pool[i % len(pool)]
+        try:
+            expected: Any = list(theirs.decode(block, raw=True))
+        except Exception as err:  # the type is what is compared
+            expected = type(err)
+        try:
+            got: Any = list(ours.decode(block, raw=True))
+        except Exception as err:
+            got = type(err)
+        assert expected == got
+        if isinstance(got, list):  # the never-indexed flag survives the memory too
+            assert [type(h) for h in expected] == [type(h) for h in got]
+        assert list(theirs.header_table.dynamic_entries) == list(ours.header_table.dynamic_entries)
+        assert theirs.header_table.maxsize == ours.header_table.maxsize
