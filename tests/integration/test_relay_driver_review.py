@@ -12,11 +12,12 @@ from pathlib import Path
 import h2.config
 import h2.connection
 import h2.events
+import h2.settings
 import trio
 
 from krproxy.h2 import frames as f
 from krproxy.relay import Relay
-from krproxy.relay.rpc import grpc_message
+from krproxy.relay.rpc import grpc_message, request_headers
 from tests.integration.support import received, serve_relay, wait_until
 from tests.integration.test_relay_review import Client
 
@@ -173,3 +174,75 @@ def _call(listen: str) -> list[h2.events.Event]:
         )
     finally:
         client.close()
+
+
+class TestCallerCredit:
+    async def test_request_bytes_dropped_by_a_callers_resets_come_back_to_its_connection(
+        self, nursery: trio.Nursery, relay: Relay, short_tmp: Path
+    ) -> None:
+        """A runtime that takes streams but grants no window: each request waits in the relay,
+        and the caller resets it. 24 such requests of 1 MiB are more than the caller
+        connection's 16 MiB window: they all go through only if each reset gave the dropped
+        bytes' connection credit back (once: twice would push the caller's window past what
+        the relay can hold, which h2 reports as a flow-control error)."""
+        upstream = str(short_tmp / "upstream.sock")
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(upstream)
+        listener.listen(4)
+        stop = threading.Event()
+
+        def no_window() -> None:
+            sock, _ = listener.accept()
+            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+            conn.initiate_connection()
+            conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+            sock.sendall(conn.data_to_send())
+            sock.settimeout(0.2)
+            with sock, contextlib.suppress(OSError):
+                for data in received(sock, stop.is_set):
+                    conn.receive_data(data)
+                    sock.sendall(conn.data_to_send())
+
+        thread = threading.Thread(target=no_window, daemon=True)
+        thread.start()
+        listen = str(short_tmp / "relay.sock")
+        relay.configure(relay.route_to(upstream, "upstream"), None, {}, unary_paths=[PATH])
+        await serve_relay(nursery, relay, listen)
+
+        def caller() -> int:
+            client = Client(listen, limit=10)
+            try:
+                for _ in range(24):
+                    stream_id = client.conn.get_next_available_stream_id()
+                    client.conn.send_headers(stream_id, [*request_headers(PATH, b"review")])
+                    body = memoryview(b"\x00" * (1 << 20))
+                    while body:
+                        size = min(
+                            len(body),
+                            client.conn.local_flow_control_window(stream_id),
+                            client.conn.max_outbound_frame_size,
+                        )
+                        if size <= 0:  # wait for the relay's WINDOW_UPDATE
+                            client.flush()
+                            data = client.sock.recv(65536)
+                            if not data:
+                                raise ConnectionError("the relay closed the connection")
+                            client.conn.receive_data(data)
+                            continue
+                        client.conn.send_data(stream_id, bytes(body[:size]))
+                        body = body[size:]
+                    client.flush()
+                    client.conn.reset_stream(stream_id)
+                    client.flush()
+                return client.conn.outbound_flow_control_window
+            finally:
+                client.close()
+
+        try:
+            window = await trio.to_thread.run_sync(caller)
+            await wait_until(lambda: relay.in_flight == 0)
+        finally:
+            stop.set()
+            listener.close()
+            await trio.to_thread.run_sync(thread.join)
+        assert window <= 16 * 1024 * 1024
