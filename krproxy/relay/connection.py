@@ -14,6 +14,9 @@ bounded (:data:`MAX_HELD`), as is what calls with hook points have collected of 
 the calls waiting for an upstream stream slot (:data:`MAX_WAITING`), which take turns by caller
 connection (flow control: :mod:`krproxy.relay.half`).
 
+An exception of ours met while a connection's input is handled ends that connection (logged
+with its traceback, its calls failed), not the daemon (:meth:`Endpoint.run`).
+
 I/O: non-blocking sockets in one trio thread. A reader task per connection parses what
 arrived and hands it on; whatever that queued on any connection is then written with a plain
 ``send`` (:meth:`Relay.flush`); a writer task waits only when a socket's buffer is full.
@@ -402,6 +405,11 @@ class Endpoint(Reader):
         except trio.Cancelled:
             reason = _STOPPED
             raise
+        except Exception as err:
+            # A bug of ours, met on this connection's input: it ends this connection and its
+            # calls (UNAVAILABLE, or the caller's cancelled), never the daemon and every other.
+            reason = f"internal error: {type(err).__name__}: {err}"
+            LOGGER.exception("krproxy failed on its connection to the %s", self.describe)
         finally:
             self.close(reason)
             self.relay.flush()

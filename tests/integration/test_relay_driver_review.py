@@ -13,13 +13,15 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.settings
+import pytest
 import trio
 
 from krproxy.h2 import frames as f
 from krproxy.relay import Relay
+from krproxy.relay._call import Call
 from krproxy.relay.rpc import grpc_message, request_headers
 from tests.integration.support import received, serve_relay, wait_until
-from tests.integration.test_relay_review import Client
+from tests.integration.test_relay_review import Answer, Client, serving
 
 PATH = "/test.Review/Call"
 
@@ -246,3 +248,46 @@ class TestCallerCredit:
             listener.close()
             await trio.to_thread.run_sync(thread.join)
         assert window <= 16 * 1024 * 1024
+
+
+class TestIsolation:
+    async def test_a_bug_met_on_one_connection_ends_that_connection_not_the_relay(
+        self,
+        nursery: trio.Nursery,
+        relay: Relay,
+        short_tmp: Path,
+        monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture,
+    ) -> None:
+        """An exception of ours while a connection's events are handled (here injected where the
+        two bugs above were: passing an upstream's answer on) closes that connection, its calls
+        failing with a status, and is logged with its traceback; the relay and its other
+        connections go on. Before, it ended the relay's whole task tree: the daemon."""
+        upstream = str(short_tmp / "upstream.sock")
+        real = Call.on_reply_headers
+        injected: list[str] = []
+
+        def buggy(self: Call, headers: list[tuple[bytes, bytes]], end: bool) -> None:
+            if not injected:
+                injected.append(self.path)
+                raise RuntimeError("injected bug")
+            real(self, headers, end)
+
+        monkeypatch.setattr(Call, "on_reply_headers", buggy)
+        listen = str(short_tmp / "relay.sock")
+        relay.configure(relay.route_to(upstream, "upstream"), None, {}, unary_paths=[PATH])
+        await serve_relay(nursery, relay, listen)
+        with serving(upstream, lambda path, body: Answer(body=body)):
+            first = await trio.to_thread.run_sync(_call, listen)
+            await wait_until(lambda: relay.in_flight == 0)
+            second = await trio.to_thread.run_sync(_call, listen)
+        assert [PATH] == injected
+        statuses = []
+        for seen in (first, second):
+            blocks = [
+                e for e in seen if isinstance(e, (h2.events.ResponseReceived, h2.events.TrailersReceived))
+            ]
+            statuses.append(dict(blocks[-1].headers)[b"grpc-status"])  # type: ignore[arg-type]
+        assert [b"14", b"0"] == statuses  # UNAVAILABLE, then served
+        logged = [r for r in caplog.records if r.exc_info and "failed on its connection" in r.getMessage()]
+        assert ["injected bug"] == [str(r.exc_info[1]) for r in logged if r.exc_info]
