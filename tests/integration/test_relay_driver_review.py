@@ -20,7 +20,7 @@ from krproxy.h2 import frames as f
 from krproxy.relay import Relay
 from krproxy.relay._call import Call
 from krproxy.relay.rpc import grpc_message, request_headers
-from tests.integration.support import received, serve_relay, wait_until
+from tests.integration.support import ThreadedUnixServer, received, serve_relay, wait_until
 from tests.integration.test_relay_review import Answer, Client, serving
 
 PATH = "/test.Review/Call"
@@ -29,30 +29,15 @@ PATH = "/test.Review/Call"
 Script = Callable[[int], bytes]
 
 
-class RawFramesServer:
+class RawFramesServer(ThreadedUnixServer):
     """An upstream that does the HTTP/2 handshake with ``h2`` and answers each request with the
     raw frames ``script(stream_id)`` returns (bytes it chooses, rules broken or not)."""
 
     def __init__(self, path: str, script: Script) -> None:
         self.script = script
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(path)
-        self.listener.listen(4)
-        self.listener.settimeout(0.2)
-        self.stopping = False
-        self.answered = 0
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        super().__init__(path)
 
-    def _serve(self) -> None:
-        while not self.stopping:
-            try:
-                sock, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=self._connection, args=(sock,), daemon=True).start()
-
-    def _connection(self, sock: socket.socket) -> None:
+    def serve_connection(self, sock: socket.socket) -> None:
         sock.settimeout(0.2)
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
         conn.initiate_connection()
@@ -65,14 +50,8 @@ class RawFramesServer:
                     if isinstance(event, h2.events.StreamEnded):
                         sock.sendall(conn.data_to_send())
                         sock.sendall(self.script(event.stream_id))
-                        self.answered += 1
                 sock.sendall(conn.data_to_send())
         sock.close()
-
-    def close(self) -> None:
-        self.stopping = True
-        self.thread.join(5)
-        self.listener.close()
 
 
 @contextlib.contextmanager
@@ -111,22 +90,11 @@ class TestUpstreamHeaderBlocks:
         relay.configure(relay.route_to(upstream, "upstream"), None, {}, unary_paths=[PATH])
         await serve_relay(nursery, relay, listen)
 
-        def call(window: int | None) -> list[h2.events.Event]:
-            client = Client(listen, window=window)
-            try:
-                stream_id = client.start(PATH, b"x")
-                client.flush()
-                return client.until(
-                    stream_id, lambda e: isinstance(e, (h2.events.StreamEnded, h2.events.StreamReset))
-                )
-            finally:
-                client.close()
-
         with raw_upstream(upstream, script):
             # Window 0: the message waits in the relay when the second block comes.
-            events = await trio.to_thread.run_sync(call, 0)
+            events = await trio.to_thread.run_sync(_call, listen, 0)
             await wait_until(lambda: relay.in_flight == 0)
-            again = await trio.to_thread.run_sync(call, None)
+            again = await trio.to_thread.run_sync(_call, listen)
         for seen in (events, again):
             blocks = [
                 e for e in seen if isinstance(e, (h2.events.ResponseReceived, h2.events.TrailersReceived))
@@ -165,9 +133,10 @@ class TestUpstreamHeaderBlocks:
             assert dict(blocks[-1].headers)[b"grpc-status"] != b"0"  # type: ignore[arg-type]
 
 
-def _call(listen: str) -> list[h2.events.Event]:
-    """One call through the relay; its stream's events up to its end."""
-    client = Client(listen)
+def _call(listen: str, window: int | None = None) -> list[h2.events.Event]:
+    """One call through the relay (``window``: the caller's stream window); its stream's events
+    up to its end."""
+    client = Client(listen, window=window)
     try:
         stream_id = client.start(PATH, b"x")
         client.flush()

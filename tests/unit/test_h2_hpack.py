@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from krproxy.h2._hpack import KEPT_BLOCK, Decoder
+from krproxy.h2.frames import _integer
 
 ANSWER = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 
@@ -92,21 +93,8 @@ def test_an_undecodable_block_still_raises() -> None:
 # -- the memory against hpack itself ----------------------------------------------------------
 
 
-def _int(value: int, bits: int, first: int) -> bytes:
-    limit = (1 << bits) - 1
-    if value < limit:
-        return bytes((first | value,))
-    out = bytearray((first | limit,))
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _string(data: bytes) -> bytes:
-    return _int(len(data), 7, 0) + data
+    return _integer(len(data), 7, 0) + data
 
 
 _NAMES = st.sampled_from([b"a", b"c", b"grpc-status", b"content-type", b"x-big", b":status"])
@@ -117,13 +105,13 @@ _VALUES = st.one_of(
 )
 _FIELDS = st.one_of(
     # Indexed: mostly the dynamic table's first entries (0 and beyond the table: errors).
-    st.one_of(st.integers(62, 65), st.integers(0, 75)).map(lambda i: _int(i, 7, 0x80)),
+    st.one_of(st.integers(62, 65), st.integers(0, 75)).map(lambda i: _integer(i, 7, 0x80)),
     st.tuples(_NAMES, _VALUES).map(lambda nv: b"\x40" + _string(nv[0]) + _string(nv[1])),  # adds an entry
-    st.tuples(st.integers(1, 70), _VALUES).map(lambda iv: _int(iv[0], 6, 0x40) + _string(iv[1])),
+    st.tuples(st.integers(1, 70), _VALUES).map(lambda iv: _integer(iv[0], 6, 0x40) + _string(iv[1])),
     st.tuples(_NAMES, _VALUES).map(lambda nv: b"\x00" + _string(nv[0]) + _string(nv[1])),
     st.tuples(_NAMES, _VALUES).map(lambda nv: b"\x10" + _string(nv[0]) + _string(nv[1])),
     # Size updates: to sizes already in force (no change), below the entries (evicting), too large.
-    st.one_of(st.sampled_from([0, 64, 4096]), st.integers(0, 5000)).map(lambda size: _int(size, 5, 0x20)),
+    st.one_of(st.sampled_from([0, 64, 4096]), st.integers(0, 5000)).map(lambda size: _integer(size, 5, 0x20)),
 )
 _BLOCKS = st.lists(_FIELDS, max_size=5).map(b"".join)
 
