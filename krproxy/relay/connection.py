@@ -368,6 +368,10 @@ class Endpoint(Reader):
             self.close(_DRAINED)
 
     def _start_waiting(self) -> None:
+        if self.h2.goaway_received:
+            # No stream is opened after the peer's GOAWAY (RFC 9113 §6.8): the calls waiting
+            # then were refused (Reader._on_goaway), which frees slots while it runs.
+            return
         while self.waiting and len(self.halves) < self.h2.peer_max_streams and not self.closed:
             waiting, block, end = self.waiting.popleft()
             if not waiting.done:

@@ -31,10 +31,12 @@ Script = Callable[[int], bytes]
 
 class RawFramesServer(ThreadedUnixServer):
     """An upstream that does the HTTP/2 handshake with ``h2`` and answers each request with the
-    raw frames ``script(stream_id)`` returns (bytes it chooses, rules broken or not)."""
+    raw frames ``script(stream_id)`` returns (bytes it chooses, rules broken or not), and the
+    answer to a PING with ``script(0)``; ``settings`` are sent raw after h2's."""
 
-    def __init__(self, path: str, script: Script) -> None:
+    def __init__(self, path: str, script: Script, settings: dict[int, int] | None = None) -> None:
         self.script = script
+        self.settings = settings or {}
         super().__init__(path)
 
     def serve_connection(self, sock: socket.socket) -> None:
@@ -42,6 +44,8 @@ class RawFramesServer(ThreadedUnixServer):
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
         conn.initiate_connection()
         sock.sendall(conn.data_to_send())
+        if self.settings:  # raw too: h2 would hold streams the raw answers ended against them
+            sock.sendall(f.settings(list(self.settings.items())))
         with contextlib.suppress(OSError):
             for data in received(sock, lambda: self.stopping):
                 for event in conn.receive_data(data):
@@ -50,13 +54,17 @@ class RawFramesServer(ThreadedUnixServer):
                     if isinstance(event, h2.events.StreamEnded):
                         sock.sendall(conn.data_to_send())
                         sock.sendall(self.script(event.stream_id))
+                    elif isinstance(event, h2.events.PingAckReceived):  # a PING of the script's
+                        sock.sendall(self.script(0))
                 sock.sendall(conn.data_to_send())
         sock.close()
 
 
 @contextlib.contextmanager
-def raw_upstream(path: str, script: Script) -> Iterator[RawFramesServer]:
-    server = RawFramesServer(path, script)
+def raw_upstream(
+    path: str, script: Script, settings: dict[int, int] | None = None
+) -> Iterator[RawFramesServer]:
+    server = RawFramesServer(path, script, settings)
     try:
         yield server
     finally:
@@ -260,3 +268,79 @@ class TestIsolation:
         assert [b"14", b"0"] == statuses  # UNAVAILABLE, then served
         logged = [r for r in caplog.records if r.exc_info and "failed on its connection" in r.getMessage()]
         assert ["injected bug"] == [str(r.exc_info[1]) for r in logged if r.exc_info]
+
+
+class TestUpstreamGoaway:
+    @pytest.mark.parametrize("slots", [1, 2])
+    async def test_calls_above_a_runtimes_goaway_are_refused_and_none_opened_after_it(
+        self, nursery: trio.Nursery, relay: Relay, short_tmp: Path, slots: int
+    ) -> None:
+        """A runtime allowing ``slots`` streams at a time answers the first of three calls after a
+        GOAWAY naming it as the last it processes, and ignores the others (RFC 9113 §6.8 lets
+        it). The first is answered; the others, opened above the GOAWAY's last stream or waiting
+        for a slot, are refused to the caller (REFUSED_STREAM: grpc-go sends them again), and no
+        stream is opened on the connection after its GOAWAY (§6.8: "MUST NOT"). Before, with
+        two slots, refusing the stream above the GOAWAY freed a slot and the relay opened the
+        waiting call on that connection (an h2 server takes that as a connection error)."""
+        upstream = str(short_tmp / "upstream.sock")
+        seen: list[int] = []
+
+        def answer(stream_id: int) -> bytes:
+            return (
+                f.header_frames(stream_id, _ANSWER_HEADERS, False, 16384)
+                + f.frame(f.DATA, 0, stream_id, grpc_message(b"answer"))
+                + f.header_frames(stream_id, f.encode_headers([(b"grpc-status", b"0")]), True, 16384)
+            )
+
+        def script(stream_id: int) -> bytes:
+            if stream_id:
+                seen.append(stream_id)
+            if stream_id == 1:  # the first call on a connection
+                return answer(1)
+            if stream_id == 1 + 2 * slots:  # every slot taken: the relay has the calls queued
+                # The answer once the relay has acted on the GOAWAY (answered the PING after it).
+                return f.goaway(3, f.NO_ERROR) + f.frame(f.PING, 0, 0, b"goaway!!")
+            if stream_id == 0:
+                return answer(3)
+            return b""
+
+        listen = str(short_tmp / "relay.sock")
+        relay.configure(relay.route_to(upstream, "upstream"), None, {}, unary_paths=[PATH])
+        await serve_relay(nursery, relay, listen)
+
+        def three_calls() -> dict[int, str]:
+            client = Client(listen)
+            try:
+                ends: dict[int, str] = {}
+                # First a call of its own: the relay has the runtime's SETTINGS (its limit) after it.
+                first = client.start(PATH, b"x")
+                client.flush()
+                ids = [first]
+                while True:
+                    data = client.sock.recv(65536)
+                    if not data:
+                        raise ConnectionError("the relay closed the connection")
+                    for event in client.conn.receive_data(data):
+                        if isinstance(event, h2.events.TrailersReceived):
+                            ends[event.stream_id] = dict(event.headers)[b"grpc-status"].decode()
+                        elif isinstance(event, h2.events.StreamReset):
+                            ends[event.stream_id] = event.error_code.name
+                    client.flush()
+                    if len(ends) == len(ids) == 1:
+                        ids += [client.start(PATH, b"x") for _ in range(3)]
+                        client.flush()  # in one write: the relay queues those beyond the limit
+                    elif len(ends) == len(ids):
+                        return {i: ends[i] for i in ids}
+            finally:
+                client.close()
+
+        with raw_upstream(upstream, script, {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: slots}):
+            ends = await trio.to_thread.run_sync(three_calls)
+            await wait_until(lambda: relay.in_flight == 0)
+        first_connection = seen[: seen.index(1, 1)] if 1 in seen[1:] else seen
+        assert [1, 3, 5][: 1 + slots] == first_connection
+        # The others were refused, or (a call the relay read only after the GOAWAY) went on a
+        # new connection.
+        assert ("0", "0") == (ends[1], ends[3])
+        assert {ends[5], ends[7]} <= {"REFUSED_STREAM", "0"}
+        assert "REFUSED_STREAM" in (ends[5], ends[7])
