@@ -329,7 +329,6 @@ MAX_LINES = 500
 LONG_MODULES_TO_SPLIT = {
     "krproxy/relay/connection.py": "Endpoint, Half and Route in one module (relay)",
     "krproxy/relay/rpc.py": "relayed calls, interceptor calls and the relay's own calls (relay)",
-    "krproxy/rpc/server.py": "Server, Stream and the server-side call (krproxy.rpc)",
 }
 
 
