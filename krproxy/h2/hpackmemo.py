@@ -30,6 +30,8 @@ _STATIC = len(HeaderTable.STATIC_TABLE)
 MEMO_LIMIT = 2048
 #: Longer fields are left to ``hpack`` every time (a large cookie is no gRPC call's field).
 FIELD_LIMIT = 512
+#: Whole blocks remembered at most.
+BLOCKS_LIMIT = 256
 #: Longer blocks are left to ``hpack`` whole, without looking for fields to remember.
 BLOCK_LIMIT = 4096
 
@@ -37,6 +39,9 @@ BLOCK_LIMIT = 4096
 _UNIQUE = frozenset({b"grpc-timeout"})
 
 _memo: dict[bytes, tuple[bytes, bytes]] = {}
+#: Whole blocks without a field of :data:`_UNIQUE` (answers' headers and trailers, requests
+#: without a deadline): one look-up for all their fields.
+_blocks: dict[bytes, tuple[tuple[tuple[bytes, bytes], ...], int]] = {}
 #: Decodes single fields that touch no table, so its own table stays empty and its state unchanged.
 _SCRATCH = hpack.Decoder(max_header_list_size=1 << 20)
 
@@ -59,6 +64,17 @@ def _integer(block: bytes, at: int, prefix_bits: int) -> tuple[int, int] | None:
     return None
 
 
+def _string_end(block: bytes, at: int) -> int | None:
+    """Where the string literal (RFC 7541 §5.2) at ``block[at]`` ends; None if cut off."""
+    if at >= len(block):
+        return None
+    length = block[at] & 0x7F  # the Huffman flag aside
+    if length < 0x7F:
+        return at + 1 + length
+    got = _integer(block, at, 7)
+    return None if got is None else got[1] + got[0]
+
+
 def _field_ends(block: bytes) -> list[int] | None:
     """Where each field of ``block`` ends, if every field is one the dynamic table cannot
     affect (see the module docstring); None otherwise or if the block is cut off."""
@@ -67,29 +83,23 @@ def _field_ends(block: bytes) -> list[int] | None:
     size = len(block)
     while at < size:
         first = block[at]
-        if first & 0x80:  # indexed field: static entries only
-            got = _integer(block, at, 7)
-            if got is None or not 1 <= got[0] <= _STATIC:
+        if first & 0x80:  # indexed field: static entries only (all below the 7-bit prefix's 127)
+            if not 1 <= first & 0x7F <= _STATIC:
                 return None
-            at = got[1]
+            at += 1
         elif first & 0xE0:  # 01xxxxxx adds to the table, 001xxxxx resizes it
             return None
         else:  # 0000xxxx without indexing, 0001xxxx never indexed
             got = _integer(block, at, 4)
             if got is None or got[0] > _STATIC:
                 return None
-            at = got[1]
-            for _ in range(1 if got[0] else 2):  # the value, after the name if it is a literal
-                if at >= size:
-                    return None
-                length = _integer(block, at, 7)
-                if length is None:
-                    return None
-                at = length[1] + length[0]
-            if at > size:
+            name_end = got[1] if got[0] else _string_end(block, got[1])  # an index or a literal
+            value_end = None if name_end is None else _string_end(block, name_end)
+            if value_end is None:
                 return None
+            at = value_end
         ends.append(at)
-    return ends
+    return ends if at == size else None
 
 
 def decode(decoder: hpack.Decoder, block: bytes) -> Headers:
@@ -97,13 +107,18 @@ def decode(decoder: hpack.Decoder, block: bytes) -> Headers:
 
     The same headers (``hpack``'s tuple classes included, so never-indexed fields stay so),
     the same errors, and the same decoder state after it as ``hpack`` alone gives."""
+    if decoder.header_table.maxsize > decoder.max_allowed_table_size:
+        return cast(Headers, decoder.decode(block, raw=True))  # raises hpack's error
+    whole = _blocks.get(block)  # (its headers, their size)
+    if whole is not None and whole[1] <= decoder.max_header_list_size:
+        return list(whole[0])
     ends = _field_ends(block) if len(block) <= BLOCK_LIMIT else None
-    if ends is None or decoder.header_table.maxsize > decoder.max_allowed_table_size:
+    if ends is None:
         return cast(Headers, decoder.decode(block, raw=True))  # hpack's state, rules and errors
     memo = _memo
     headers = []
     start = 0
-    inflated = 0
+    unique = False
     for end in ends:
         field = block[start:end]
         header = memo.get(field)
@@ -112,13 +127,19 @@ def decode(decoder: hpack.Decoder, block: bytes) -> Headers:
                 return cast(Headers, decoder.decode(block, raw=True))
             # A field of its own decodes alike in any decoder: one that never changes does.
             header = cast(Headers, _SCRATCH.decode(field, raw=True))[0]
-            if header[0] not in _UNIQUE:
+            if header[0] in _UNIQUE:
+                unique = True
+            else:
                 if len(memo) >= MEMO_LIMIT:
                     memo.clear()
                 memo[field] = header
         headers.append(header)
-        inflated += 32 + len(header[0]) + len(header[1])  # RFC 7541 §4.1, as hpack counts
         start = end
+    inflated = sum(32 + len(name) + len(value) for name, value in headers)  # RFC 7541 §4.1
     if inflated > decoder.max_header_list_size:
         return cast(Headers, decoder.decode(block, raw=True))  # raises hpack's error
+    if not unique:
+        if len(_blocks) >= BLOCKS_LIMIT:
+            _blocks.clear()
+        _blocks[block] = (tuple(headers), inflated)
     return headers

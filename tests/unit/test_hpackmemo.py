@@ -24,6 +24,7 @@ CALL = [
 @pytest.fixture(autouse=True)
 def empty_memo() -> None:
     hpackmemo._memo.clear()
+    hpackmemo._blocks.clear()
 
 
 def decoder() -> hpack.Decoder:
@@ -37,6 +38,12 @@ def test_a_call_decodes_as_hpack_decodes_it_first_and_again() -> None:
     assert hpackmemo.decode(ours, block) == expected
     assert hpackmemo.decode(ours, block) == expected  # from the memo
     assert len(hpackmemo._memo) == len(CALL)  # every field but grpc-timeout remembered
+    assert not hpackmemo._blocks  # nor the block that holds it
+    answer = f.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])
+    assert (
+        hpackmemo.decode(ours, answer) == hpackmemo.decode(ours, answer) == decoder().decode(answer, raw=True)
+    )
+    assert [answer] == list(hpackmemo._blocks)  # a block without one is remembered whole
 
 
 def test_grpc_timeout_is_never_remembered() -> None:
@@ -61,7 +68,8 @@ def test_the_memo_is_bounded() -> None:
     ours = decoder()
     for i in range(hpackmemo.MEMO_LIMIT + 10):
         hpackmemo.decode(ours, f.encode_headers([(b"x-request-id", b"%d" % i)]))
-    assert len(hpackmemo._memo) <= hpackmemo.MEMO_LIMIT
+    assert 0 < len(hpackmemo._memo) <= hpackmemo.MEMO_LIMIT
+    assert 0 < len(hpackmemo._blocks) <= hpackmemo.BLOCKS_LIMIT
 
 
 def test_a_header_list_too_large_is_refused_from_the_memo_too() -> None:
@@ -118,6 +126,7 @@ def test_any_sequence_of_blocks_decodes_and_leaves_the_table_as_hpack_does(
     never-indexed fields) on one connection: each decodes to what hpack alone decodes, and both
     decoders' tables are the same after each block."""
     hpackmemo._memo.clear()
+    hpackmemo._blocks.clear()
     encoder = hpack.Encoder()
     encoder.header_table_size = table_size
     plain, ours = decoder(), decoder()
@@ -128,6 +137,9 @@ def test_any_sequence_of_blocks_decodes_and_leaves_the_table_as_hpack_does(
             block = f.encode_headers([hpack.NeverIndexedHeaderTuple(*h) for h in headers])
         else:
             block = encoder.encode(headers, huffman=how == "huffman")
-        assert hpackmemo.decode(ours, block) == plain.decode(block, raw=True)
+        expected = plain.decode(block, raw=True)
+        got = hpackmemo.decode(ours, block)
+        assert got == expected
+        assert [h.__class__ for h in got] == [h.__class__ for h in expected]
         assert list(ours.header_table.dynamic_entries) == list(plain.header_table.dynamic_entries)
         assert ours.header_table_size == plain.header_table_size
