@@ -161,6 +161,19 @@ def requirements(args: argparse.Namespace) -> Any:
     )
 
 
+def shared_config(args: argparse.Namespace) -> dict[str, Any]:
+    """The configuration fields ``serve`` (``ProxyConfig``) and ``nri`` (``NriConfig``) both take from the
+    flags they share (:func:`add_hook_dir`, :func:`add_admin`, :func:`add_required`)."""
+    return {
+        "hook_dir": args.hook_dir,
+        "skip_label": (args.runtime_hook_server_key, args.runtime_hook_server_val),
+        "insecure_registration_files": args.insecure_registration_files,
+        "metrics_address": args.metrics_address,
+        "metrics_allow_remote": args.metrics_allow_remote,
+        "requirements": requirements(args),
+    }
+
+
 def add_required(p: argparse.ArgumentParser) -> None:
     """Required hook servers (docs/hooks.md, "Required hook servers")."""
     from krproxy.hooks.required import DEFAULT_STARTUP_GRACE, REQUIRED_PLUGINS_ANNOTATION

@@ -1,15 +1,23 @@
-"""trio helpers shared by the CRI daemon (:mod:`krproxy.daemon`) and Docker mode (:mod:`krproxy.docker`)."""
+"""Helpers shared by the CRI daemon (:mod:`krproxy.daemon`) and Docker mode (:mod:`krproxy.docker`): retrying
+recovery on trio, loading what it rebuilt, watching signals."""
 
 from __future__ import annotations
 
 import logging
 import signal
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
 from krproxy import log
+
+if TYPE_CHECKING:
+    from krproxy.docker.hooks import DockerHooks
+    from krproxy.docker.recovery import Recovered as DockerRecovered
+    from krproxy.hooks.recovery import Recovered
+    from krproxy.hooks.runtime import HookRuntime
+    from krproxy.metrics import Metrics
 
 LOGGER = logging.getLogger("krproxy.recovery")
 
@@ -17,6 +25,29 @@ LOGGER = logging.getLogger("krproxy.recovery")
 RECOVERY_BACKOFF = (0.1, 5.0)
 
 T = TypeVar("T")
+
+
+def store_recovered(
+    hooks: HookRuntime | DockerHooks,
+    recovered: Recovered | DockerRecovered,
+    metrics: Metrics,
+    logger: logging.Logger,
+    **details: Any,
+) -> None:
+    """Load what recovery rebuilt into the store, let the hooked calls through, set the ``recovered`` gauge,
+    and log ``store_recovered`` (the counts, then *details*, orphans and seconds) to *logger*."""
+    hooks.store.load(recovered.pods.items(), recovered.containers.items())
+    hooks.mark_recovered()
+    metrics.recovered.set(1)
+    log.event(
+        logger,
+        "store_recovered",
+        pods=len(recovered.pods),
+        containers=len(recovered.containers),
+        **details,
+        orphans=recovered.orphans,
+        seconds=round(recovered.seconds, 3),
+    )
 
 
 async def retry(

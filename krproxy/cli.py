@@ -19,7 +19,7 @@ from krproxy._flags import (
     add_logging,
     add_nri,
     add_serve,
-    requirements,
+    shared_config,
 )
 
 if TYPE_CHECKING:
@@ -42,13 +42,8 @@ def _nri(args: argparse.Namespace) -> int:
             socket=args.nri_socket.removeprefix("unix://"),
             plugin_name=args.plugin_name,
             plugin_index=args.plugin_index,
-            hook_dir=args.hook_dir,
-            skip_label=(args.runtime_hook_server_key, args.runtime_hook_server_val),
-            insecure_registration_files=args.insecure_registration_files,
-            metrics_address=args.metrics_address,
-            metrics_allow_remote=args.metrics_allow_remote,
-            requirements=requirements(args),
             containerd_config=args.containerd_config,
+            **shared_config(args),
         )
         if cfg.containerd_config:  # an unreadable file is an error at start, not in the event loop
             check_containerd_config(cfg.containerd_config, cfg.plugin_name, cfg.plugin_index)
@@ -185,8 +180,6 @@ def _serve(args: argparse.Namespace) -> int:
             runtime_endpoint=args.runtime,
             image_endpoint=args.image,
             backend_mode=args.backend_runtime_mode,
-            hook_dir=args.hook_dir,
-            skip_label=(args.runtime_hook_server_key, args.runtime_hook_server_val),
             socket_mode=args.socket_mode,
             socket_group=args.socket_group,
             grace_period=args.grace_period,
@@ -196,10 +189,7 @@ def _serve(args: argparse.Namespace) -> int:
             record_max_bytes=args.record_max_bytes,
             record_keep=args.record_keep,
             record_paused=args.record_paused,
-            metrics_address=args.metrics_address,
-            metrics_allow_remote=args.metrics_allow_remote,
-            insecure_registration_files=args.insecure_registration_files,
-            requirements=requirements(args),
+            **shared_config(args),
         )
     except ValueError as err:
         return usage_error(str(err))

@@ -47,7 +47,7 @@ from krproxy.config import BackendMode, ProxyConfig
 from krproxy.forward import Backend, known_routes
 from krproxy.grpcstatus import Cardinality
 from krproxy.hooks.dispatch import Dispatcher
-from krproxy.hooks.guard import Guard
+from krproxy.hooks.guard import Guard, counted_guard
 from krproxy.hooks.outcomes import Outcome
 from krproxy.hooks.recovery import CALL_TIMEOUT, recover
 from krproxy.hooks.registration import Registry
@@ -108,18 +108,7 @@ async def _recover_store(
         retry_on=(Exception,),  # whatever the runtime does, recovery is tried again
         runtime=config.runtime_endpoint,
     )
-    hooks.store.load(recovered.pods.items(), recovered.containers.items())
-    hooks.mark_recovered()
-    metrics.recovered.set(1)
-    log.event(
-        LOGGER,
-        "store_recovered",
-        pods=len(recovered.pods),
-        containers=len(recovered.containers),
-        fallbacks=recovered.fallbacks,
-        orphans=recovered.orphans,
-        seconds=round(recovered.seconds, 3),
-    )
+    _supervise.store_recovered(hooks, recovered, metrics, LOGGER, fallbacks=recovered.fallbacks)
 
 
 async def serve(
@@ -183,15 +172,8 @@ async def serve(
     )
     publish = dispatcher.publish
     if config.requirements.active:
-        guard = Guard(
-            config.requirements,
-            dispatcher,
-            config.hook_dir,
-            held=metrics.required_call_held,
-            forget=metrics.forget_required_server,
-        )
+        guard = counted_guard(config.requirements, dispatcher, config.hook_dir, metrics)
         publish = functools.partial(_publish, dispatcher, guard)
-        metrics.track_required(guard)
     hooks = HookRuntime(HookStore(), dispatcher, config.skip_label, guard)
     metrics.track_store(lambda: hooks.store)
     interceptors = hooks.interceptors()

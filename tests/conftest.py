@@ -99,13 +99,24 @@ def short_tmp() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+async def serve_fake_containerd(
+    nursery: trio.Nursery, path: str, *, enforce_deadlines: bool = True, **state: Any
+) -> FakeContainerd:
+    """A fake containerd on ``path`` whose ids count up and whose clock steps (its answers are the
+    same on every run); ``state`` goes to its :class:`RuntimeState` (e.g. ``pod_resize=False``)."""
+    fake = FakeContainerd(
+        RuntimeState(clock=stepping_clock(), new_id=sequential_ids(), **state),
+        enforce_deadlines=enforce_deadlines,
+    )
+    await nursery.start(run_fake_containerd, path, fake)
+    return fake
+
+
 @pytest.fixture
 async def fake_containerd(short_tmp: Path) -> AsyncIterator[tuple[FakeContainerd, str]]:
-    fake = FakeContainerd(RuntimeState(clock=stepping_clock(), new_id=sequential_ids()))
     path = str(short_tmp / "containerd.sock")
     async with trio.open_nursery() as nursery:
-        await nursery.start(run_fake_containerd, path, fake)
-        yield fake, path
+        yield await serve_fake_containerd(nursery, path), path
         nursery.cancel_scope.cancel()
 
 

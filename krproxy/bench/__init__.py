@@ -3,7 +3,8 @@
 Everything runs as separate processes on unix sockets in a temp dir: the fake containerd (the
 backend, seeded with 1000 pods), fake hook plugins, several ``krproxy serve`` daemons, and
 grpcio client processes (:mod:`krproxy.bench.client`) that alternate between direct and
-proxied targets block by block after a warm-up, so machine noise hits both alike.
+proxied targets block by block after a warm-up (CreateContainer: call by call, each target in a pod
+created through it), so machine noise hits both alike.
 
 Cases (issue 8): small passthrough latency (Version, ContainerStatus); large passthrough
 (ListContainers of 1000 containers, ~860 KB); throughput with 32 concurrent callers; hooked

@@ -100,6 +100,7 @@ def _summary(samples_us: list[float]) -> dict[str, float]:
     ordered = sorted(samples_us)
     return {
         "median_ms": statistics.median(ordered) / 1000,
+        "p10_ms": ordered[int(len(ordered) * 0.1)] / 1000,
         "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] / 1000,
         "n": len(ordered),
     }

@@ -4,7 +4,7 @@ Usage (run by :mod:`krproxy.bench`, which reads the JSON it prints on stdout)::
 
     python -m krproxy.bench.client latency --targets A,B --method Version --calls 2000 --blocks 10
     python -m krproxy.bench.client throughput --target A --threads 8 --seconds 5
-    python -m krproxy.bench.client create --targets A,B,C --calls 300 --blocks 10 --pod-via A
+    python -m krproxy.bench.client create --targets A,B,C --calls 300
     python -m krproxy.bench.client populate --target A --pods 10 --containers 20 --image IMG --cgroup-parent P
     python -m krproxy.bench.client mix --target A --threads 4 --calls 4000
 
@@ -157,28 +157,39 @@ def mix(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def create(args: argparse.Namespace) -> dict[str, Any]:
-    """CreateContainer latency per target, in one pod created through ``--pod-via``; each container is removed again."""
+    """CreateContainer latency per target, each in a pod of its own created through that target (as kubelet
+    creates its pods through the proxy, so the proxy knows the pod when the container comes); each container
+    is removed again."""
     channels = {t: _channel(t) for t in args.targets}
-    config = pb.PodSandboxConfig(
-        metadata=pb.PodSandboxMetadata(name="bench", uid=f"bench-{time.time_ns()}", namespace="bench"),
-        linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/bench"),
-    )
-    run = _raw(channels[args.pod_via], "/runtime.v1.RuntimeService/RunPodSandbox")
-    pod_id = pb.RunPodSandboxResponse.FromString(
-        run(pb.RunPodSandboxRequest(config=config).SerializeToString(), timeout=30)
-    ).pod_sandbox_id
+    configs = {
+        t: pb.PodSandboxConfig(
+            metadata=pb.PodSandboxMetadata(
+                name=f"bench-{n}", uid=f"bench-{n}-{time.time_ns()}", namespace="bench"
+            ),
+            linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/bench"),
+        )
+        for n, t in enumerate(args.targets)
+    }
+    pods = {
+        t: pb.RunPodSandboxResponse.FromString(
+            _raw(ch, "/runtime.v1.RuntimeService/RunPodSandbox")(
+                pb.RunPodSandboxRequest(config=configs[t]).SerializeToString(), timeout=30
+            )
+        ).pod_sandbox_id
+        for t, ch in channels.items()
+    }
     counter = iter(range(10**9))
 
-    def request() -> bytes:
+    def request(target: str) -> bytes:
         message = pb.CreateContainerRequest(
-            pod_sandbox_id=pod_id,
+            pod_sandbox_id=pods[target],
             config=pb.ContainerConfig(
                 metadata=pb.ContainerMetadata(name=f"c{next(counter)}"),
                 image=pb.ImageSpec(image="docker.io/library/busybox:latest"),
                 envs=[pb.KeyValue(key="A", value="1")],
                 linux=pb.LinuxContainerConfig(resources=pb.LinuxContainerResources(cpu_shares=512)),
             ),
-            sandbox_config=config,
+            sandbox_config=configs[target],
         )
         return bytes(message.SerializeToString())
 
@@ -196,17 +207,19 @@ def create(args: argparse.Namespace) -> dict[str, Any]:
 
     for target, call in calls.items():
         for _ in range(20):
-            remove(target, call(request(), timeout=30))
+            remove(target, call(request(target), timeout=30))
+    # The targets take turns call by call (the order turning each round), not block by block: on a
+    # shared machine whose load moves within seconds, each target's calls then meet the same load.
     samples: dict[str, list[float]] = {t: [] for t in args.targets}
-    per_block = max(1, args.calls // args.blocks)
-    for _ in range(args.blocks):
-        for target, call in calls.items():
-            for _ in range(per_block):
-                body = request()
-                started = time.perf_counter()
-                answer = call(body, timeout=30)
-                samples[target].append((time.perf_counter() - started) * 1e6)
-                remove(target, answer)
+    order = list(args.targets)
+    for _ in range(args.calls):
+        for target in order:
+            body = request(target)
+            started = time.perf_counter()
+            answer = calls[target](body, timeout=30)
+            samples[target].append((time.perf_counter() - started) * 1e6)
+            remove(target, answer)
+        order.append(order.pop(0))
     return {"latencies_us": samples}
 
 
@@ -325,9 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     cre = sub.add_parser("create")
     cre.add_argument("--targets", type=lambda v: v.split(","), required=True)
-    cre.add_argument("--pod-via", required=True)
     cre.add_argument("--calls", type=int, default=300)
-    cre.add_argument("--blocks", type=int, default=10)
     pop = sub.add_parser("populate")
     pop.add_argument("--target", required=True)
     pop.add_argument("--pods", type=int, default=10)

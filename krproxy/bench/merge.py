@@ -6,7 +6,7 @@ For the bench's CreateContainer (:mod:`krproxy.bench.client`'s, ~200 bytes) and 
 (``krproxy.hookserver.testing``'s ~4 KB one), and two answers (one annotation added; one env added), times:
 
 * ``whole, betterproto2``: decode kubelet's bytes, build the record, merge the answer, copy the request
-  and write the record into it (:func:`krproxy.hooks.merge.apply_create`), encode: the request path before
+  and write the record into it (:func:`krproxy.hooks.writeback.apply_create`), encode: the request path before
   :mod:`krproxy.hooks.rewrite` — everything the proxy does for a hooked CreateContainer but the calls;
 * ``whole``: the request path now, all in upb (:mod:`krproxy.hooks.rewrite`): decode, the record
   (:func:`krproxy.hooks.convert.container_from_wire_create`), merge, write the record into the decoded
@@ -23,7 +23,7 @@ import argparse
 import time
 from collections.abc import Callable
 
-from krproxy.hooks import convert, merge, rewrite
+from krproxy.hooks import convert, merge, rewrite, writeback
 from krproxy.hooks.model import PodInfo
 from krproxy.proto.runtime import v1, v1alpha1
 
@@ -109,24 +109,29 @@ def measure(
 ) -> dict[str, float]:
     pod = PodInfo(name="bench", namespace="bench")
     request = v1.CreateContainerRequest.FromString(data)
-    info = merge.merge_container_info(convert.container_from_create_request(request, pod), answer).value
+    info = merge.merge_container_info(
+        convert.container_from_create_request(request, pod), convert.container_answer(answer)
+    ).value
 
     def whole() -> bytes:
         decoded = rewrite.CreateContainerRequest.FromString(data)
         record = convert.container_from_wire_create(decoded, pod)
-        return rewrite.create_request(decoded, merge.merge_container_info(record, answer).value)
+        merged = merge.merge_container_info(record, convert.container_answer(answer)).value
+        return rewrite.create_request(decoded, merged)
 
     def whole_betterproto2() -> bytes:
         decoded = v1.CreateContainerRequest.FromString(data)
         record = convert.container_from_create_request(decoded, pod)
-        merged = merge.apply_create(decoded, merge.merge_container_info(record, answer).value)
+        merged = writeback.apply_create(
+            decoded, merge.merge_container_info(record, convert.container_answer(answer)).value
+        )
         return bytes(merged.SerializeToString())
 
     return {
         "whole, betterproto2": best_us(whole_betterproto2, calls, rounds),
         "whole": best_us(whole, calls, rounds),
         "encode, betterproto2": best_us(
-            lambda: merge.apply_create(request, info).SerializeToString(), calls, rounds
+            lambda: writeback.apply_create(request, info).SerializeToString(), calls, rounds
         ),
         "parse+encode, upb": best_us(
             lambda: rewrite.create_request(rewrite.CreateContainerRequest.FromString(data), info),

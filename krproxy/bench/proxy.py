@@ -142,12 +142,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "create",
             "--targets",
             ",".join(targets),
-            "--pod-via",
-            sock("krproxy-plain"),
             "--calls",
             str(args.create_calls),
-            "--blocks",
-            "10",
         )["latencies_us"]
         labels = [
             "direct",

@@ -37,11 +37,9 @@ import attrs
 
 from krproxy import log
 from krproxy.hooks import merge, validate
-from krproxy.hooks.convert import resources_from_hook
 from krproxy.hooks.merge import Change, Merged
-from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
+from krproxy.hooks.model import ContainerInfo, FrozenMap, PodAnswer, PodInfo, Resources
 from krproxy.hooks.slices import ROOT, is_slice_name, slice_path
-from krproxy.proto.runtime import v1alpha1 as hookapi
 
 LOGGER = logging.getLogger("krproxy.docker.convert")
 
@@ -361,21 +359,21 @@ def _resource_changes(old: Resources | None, new: Resources | None) -> list[Chan
     ]
 
 
-def merge_docker_pod(pod: PodInfo, response: hookapi.PodSandboxHookResponse) -> Merged[PodInfo]:
+def merge_docker_pod(pod: PodInfo, answer: PodAnswer) -> Merged[PodInfo]:
     """Merge a PreRunPodSandbox answer into a Docker pod record: CRI mode's rules (labels, annotations,
     cgroup parent), plus the answer's ``resources`` by Koordinator's ``updateResource`` rule — in Docker
     mode the sandbox container's HostConfig carries them (the reference overwrites all eight fields).
     Resources that :func:`krproxy.hooks.validate.check_resources` rejects are ignored (logged)."""
-    merged = merge.merge_pod_info(pod, response)
-    if pod.resources is None or response.resources is None:
+    merged = merge.merge_pod_info(pod, answer)
+    if pod.resources is None or answer.resources is None:
         return merged
-    if problems := validate.check_resources(response.resources, "resources"):
+    if problems := validate.check_resources(answer.resources, "resources"):
         # The dispatcher checks what CRI mode applies, which excludes a pod answer's resources.
         log.event(
             LOGGER, "pod_resources_ignored", level=logging.WARNING, pod=pod.name, problems="; ".join(problems)
         )
         return merged
-    resources = merge.update_resource(pod.resources, resources_from_hook(response.resources))
+    resources = merge.update_resource(pod.resources, answer.resources)
     return Merged(
         attrs.evolve(merged.value, resources=resources),
         merged.changes + tuple(_resource_changes(pod.resources, resources)),

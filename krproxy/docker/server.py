@@ -343,19 +343,9 @@ async def _recover_store(config: ProxyConfig, hooks: DockerHooks, metrics: Metri
         retry_on=(OSError, h11.ProtocolError, client.DockerError),
         runtime=config.runtime_endpoint,
     )
-    hooks.store.load(recovered.pods.items(), recovered.containers.items())
     hooks.cgroup_driver = recovered.cgroup_driver
-    hooks.mark_recovered()
-    metrics.recovered.set(1)
-    log.event(
-        LOGGER,
-        "store_recovered",
-        pods=len(recovered.pods),
-        containers=len(recovered.containers),
-        cgroup_driver=recovered.cgroup_driver,
-        vanished=recovered.vanished,
-        orphans=recovered.orphans,
-        seconds=round(recovered.seconds, 3),
+    _supervise.store_recovered(
+        hooks, recovered, metrics, LOGGER, cgroup_driver=recovered.cgroup_driver, vanished=recovered.vanished
     )
 
 

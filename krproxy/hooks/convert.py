@@ -1,5 +1,7 @@
-"""Named conversions between wire messages (CRI ``runtime.v1``, hook protocol ``runtime.v1alpha1``) and the
-domain records of :mod:`krproxy.hooks.model`. Every wire type the hook core reads or writes passes here.
+"""Named conversions from wire messages (CRI ``runtime.v1``, hook protocol ``runtime.v1alpha1``) to the
+domain records of :mod:`krproxy.hooks.model`. Every wire message the hook core reads passes here; records are
+written back by :mod:`krproxy.hooks.writeback` (betterproto2) and :mod:`krproxy.hooks.rewrite` (upb), and
+into hook requests by :mod:`krproxy.hooks.encode`, the one encoder of every front end.
 
 From CRI requests (the live path, koord-runtime-proxy's ``ParseRequest``):
 
@@ -46,8 +48,8 @@ as upb messages (:mod:`krproxy.hooks.wire`, about 100× faster than betterproto2
 * :func:`pod_resize_from_request` — UpdatePodSandboxResources + the stored pod → :class:`PodResize`: the
   stored record with ``resources`` and ``overhead`` set to the requested ones (``None`` where absent).
 
-Hook-protocol requests are written from the records by :mod:`krproxy.hooks.encode`, the one encoder of
-every front end.
+From hook servers' answers: :func:`wrong_types` lists the fields betterproto2 decoded with a type not their
+own, and :func:`pod_answer` / :func:`container_answer` read a well-typed answer into its record.
 
 CRI ``KeyValue.value`` is ``bytes`` in our schema while hook-protocol envs are strings: values are decoded as
 UTF-8 with ``surrogateescape`` (so they encode back to the same bytes; :mod:`krproxy.hooks.encode` sends any
@@ -62,17 +64,29 @@ from typing import Any
 
 import attrs
 
-from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, PodResize, Resources
+from krproxy.hooks.model import (
+    RESOURCE_SCALARS,
+    ContainerAnswer,
+    ContainerInfo,
+    FrozenMap,
+    PodAnswer,
+    PodInfo,
+    PodResize,
+    Resources,
+)
 from krproxy.proto.runtime import v1, v1alpha1
 
 __all__ = [
+    "WRONG_TYPES",
+    "answer_from_hook",
     "cgroup_parent_from_verbose",
+    "container_answer",
     "container_from_create_request",
     "container_from_wire_create",
     "container_from_wire_list",
     "container_from_wire_status",
     "envs_from_cri",
-    "envs_to_cri",
+    "pod_answer",
     "pod_from_run_request",
     "pod_from_wire_config",
     "pod_from_wire_sandbox",
@@ -80,12 +94,12 @@ __all__ = [
     "pod_resize_from_request",
     "resources_from_cri",
     "resources_from_hook",
-    "resources_to_cri",
-    "resources_to_hook",
-    "write_resources",
+    "update_request_resources",
+    "wrong_types",
 ]
 
-_AnyResources = v1.LinuxContainerResources | v1alpha1.LinuxContainerResources
+#: How the violation of :func:`wrong_types` starts.
+WRONG_TYPES = "answer has fields of the wrong type"
 
 
 # --- resources and envs ------------------------------------------------------------------------------------
@@ -117,49 +131,9 @@ def resources_from_hook(resources: v1alpha1.LinuxContainerResources | None) -> R
     return _resources_from(resources) if resources is not None else None
 
 
-def write_resources(target: _AnyResources, resources: Resources) -> None:
-    """Set every field of *target* (a CRI or hook message) from *resources*, keeping its unknown fields."""
-    target.cpu_period = resources.cpu_period
-    target.cpu_quota = resources.cpu_quota
-    target.cpu_shares = resources.cpu_shares
-    target.memory_limit_in_bytes = resources.memory_limit_in_bytes
-    target.oom_score_adj = resources.oom_score_adj
-    target.cpuset_cpus = resources.cpuset_cpus
-    target.cpuset_mems = resources.cpuset_mems
-    target.unified = dict(resources.unified)
-    target.memory_swap_limit_in_bytes = resources.memory_swap_limit_in_bytes
-    if isinstance(target, v1.LinuxContainerResources):
-        target.hugepage_limits = [
-            v1.HugepageLimit(page_size=s, limit=n) for s, n in resources.hugepage_limits
-        ]
-    else:
-        target.hugepage_limits = [
-            v1alpha1.HugepageLimit(page_size=s, limit=n) for s, n in resources.hugepage_limits
-        ]
-
-
-def resources_to_cri(resources: Resources) -> v1.LinuxContainerResources:
-    """:class:`Resources` → a new CRI ``LinuxContainerResources``."""
-    message = v1.LinuxContainerResources()
-    write_resources(message, resources)
-    return message
-
-
-def resources_to_hook(resources: Resources) -> v1alpha1.LinuxContainerResources:
-    """:class:`Resources` → a new hook-protocol ``LinuxContainerResources``."""
-    message = v1alpha1.LinuxContainerResources()
-    write_resources(message, resources)
-    return message
-
-
 def envs_from_cri(envs: Iterable[v1.KeyValue]) -> FrozenMap[str, str]:
     """CRI env list → map: a later value of a duplicated name wins, names keep their first-seen position."""
     return FrozenMap((kv.key, kv.value.decode("utf-8", "surrogateescape")) for kv in envs)
-
-
-def envs_to_cri(envs: Mapping[str, str]) -> list[v1.KeyValue]:
-    """Map → CRI env list, in the map's order."""
-    return [v1.KeyValue(key=k, value=v.encode("utf-8", "surrogateescape")) for k, v in envs.items()]
 
 
 # --- from CRI requests -------------------------------------------------------------------------------------
@@ -196,6 +170,11 @@ def container_from_create_request(request: v1.CreateContainerRequest, pod: PodIn
         envs=envs_from_cri(config.envs),
         pod_cgroup_parent=sandbox_linux.cgroup_parent if sandbox_linux is not None else "",
     )
+
+
+def update_request_resources(request: v1.UpdateContainerResourcesRequest) -> Resources | None:
+    """The resources an UpdateContainerResources request asks for (its ``linux``); ``None`` if it carries none."""
+    return resources_from_cri(request.linux) if request.linux is not None else None
 
 
 def pod_resize_from_request(request: v1.UpdatePodSandboxResourcesRequest, pod: PodInfo) -> PodResize:
@@ -348,66 +327,62 @@ def container_from_wire_create(request: Any, pod: PodInfo) -> ContainerInfo:
     )
 
 
-def pod_from_wire_config(config: Any) -> PodInfo:
-    """:func:`pod_from_run_request` of a RunPodSandbox carrying only the upb-decoded *config* (a
-    CreateContainer's ``sandbox_config``, for a pod the store does not know)."""
-    meta = config.metadata
+def _wire_pod(item: Any, **more: Any) -> PodInfo:
+    """The pod record of a upb message with a PodSandboxMetadata ``metadata``, ``labels`` and ``annotations``
+    (a PodSandboxConfig, a ListPodSandbox item, a PodSandboxStatus), with the fields *more* gives."""
+    meta = item.metadata
     return PodInfo(
         name=meta.name,
         uid=meta.uid,
         namespace=meta.namespace,
         attempt=meta.attempt,
-        labels=_entries(config.labels),
-        annotations=_entries(config.annotations),
-        cgroup_parent=config.linux.cgroup_parent,
+        labels=_entries(item.labels),
+        annotations=_entries(item.annotations),
+        **more,
     )
+
+
+def pod_from_wire_config(config: Any) -> PodInfo:
+    """:func:`pod_from_run_request` of a RunPodSandbox carrying only the upb-decoded *config* (a
+    CreateContainer's ``sandbox_config``, for a pod the store does not know)."""
+    return _wire_pod(config, cgroup_parent=config.linux.cgroup_parent)
 
 
 def pod_from_wire_sandbox(sandbox: Any) -> PodInfo:
     """The pod record recoverable from a ListPodSandbox item (no cgroup parent: the list does not carry it)."""
-    meta = sandbox.metadata
-    return PodInfo(
-        name=meta.name,
-        uid=meta.uid,
-        namespace=meta.namespace,
-        attempt=meta.attempt,
-        runtime_handler=sandbox.runtime_handler,
-        labels=_entries(sandbox.labels),
-        annotations=_entries(sandbox.annotations),
-    )
+    return _wire_pod(sandbox, runtime_handler=sandbox.runtime_handler)
 
 
 def pod_from_wire_status(status: Any, info: Mapping[str, str] | None = None) -> PodInfo:
     """The pod record recoverable from PodSandboxStatus and its verbose *info* (see the module docstring)."""
-    meta = status.metadata
     document = _verbose(info)
-    return PodInfo(
-        name=meta.name,
-        uid=meta.uid,
-        namespace=meta.namespace,
-        attempt=meta.attempt,
+    return _wire_pod(
+        status,
         runtime_handler=status.runtime_handler,
-        labels=_entries(status.labels),
-        annotations=_entries(status.annotations),
         cgroup_parent=_cgroup_parent_from_document(document, status.id),
         resources=_resources_from_json(_dig(document, "resources", "linux")),
         overhead=_resources_from_json(_dig(document, "overhead", "linux")),
     )
 
 
+def _wire_container(item: Any, pod_sandbox_id: str, pod: PodInfo, **more: Any) -> ContainerInfo:
+    """The container record of a upb ListContainers item or ContainerStatus (``metadata``, ``id``,
+    ``annotations``) in sandbox *pod_sandbox_id* of *pod*, with the fields *more* gives."""
+    return ContainerInfo(
+        pod_sandbox_id=pod_sandbox_id,
+        pod=pod,
+        name=item.metadata.name,
+        attempt=item.metadata.attempt,
+        id=item.id,
+        annotations=_entries(item.annotations),
+        pod_cgroup_parent=pod.cgroup_parent,
+        **more,
+    )
+
+
 def container_from_wire_list(container: Any, pod: PodInfo) -> ContainerInfo:
     """The container record recoverable from a ListContainers item (resources unknown, no envs)."""
-    meta = container.metadata
-    return ContainerInfo(
-        pod_sandbox_id=container.pod_sandbox_id,
-        pod=pod,
-        name=meta.name,
-        attempt=meta.attempt,
-        id=container.id,
-        annotations=_entries(container.annotations),
-        resources=None,
-        pod_cgroup_parent=pod.cgroup_parent,
-    )
+    return _wire_container(container, container.pod_sandbox_id, pod, resources=None)
 
 
 def container_from_wire_status(
@@ -420,19 +395,95 @@ def container_from_wire_status(
 
     ContainerStatus does not name the sandbox: pass *pod_sandbox_id* from the ListContainers item.
     """
-    meta = status.metadata
     document = _verbose(info)
     reported = None
     if status.HasField("resources") and status.resources.HasField("linux"):
         reported = _resources_from(status.resources.linux, _entries(status.resources.linux.unified))
-    return ContainerInfo(
-        pod_sandbox_id=pod_sandbox_id,
-        pod=pod,
-        name=meta.name,
-        attempt=meta.attempt,
-        id=status.id,
-        annotations=_entries(status.annotations),
+    return _wire_container(
+        status,
+        pod_sandbox_id,
+        pod,
         resources=_recovered_resources(reported, document),
         envs=_envs_from_json(_dig(document, "config", "envs")),
-        pod_cgroup_parent=pod.cgroup_parent,
     )
+
+
+# --- hook answers ------------------------------------------------------------------------------------------
+#
+# betterproto2 does not check wire types when decoding: a varint sent for a string field decodes as an int
+# (``cgroup_parent=5``), a varint for a message field as an int. Such a value would only fail later — when the
+# merged CRI request is encoded, outside the failure policy — or not at all. So every field an answer can carry
+# is checked for its declared type (:func:`wrong_types`) before it is read into an answer record.
+
+_CPUSETS = ("cpuset_cpus", "cpuset_mems")
+_INT_RESOURCES = tuple(name for name in RESOURCE_SCALARS if name not in _CPUSETS)
+
+
+def _is_str_map(value: object) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+def _resources_types(r: object, name: str) -> list[str]:
+    if r is None:
+        return []
+    if not isinstance(r, v1alpha1.LinuxContainerResources):
+        return [name]
+    wrong = [f"{name}.{f}" for f in _INT_RESOURCES if not isinstance(getattr(r, f), int)]
+    wrong += [f"{name}.{f}" for f in _CPUSETS if not isinstance(getattr(r, f), str)]
+    if not _is_str_map(r.unified):
+        wrong.append(f"{name}.unified")
+    pages = r.hugepage_limits
+    if not isinstance(pages, list) or not all(
+        isinstance(p, v1alpha1.HugepageLimit) and isinstance(p.page_size, str) and isinstance(p.limit, int)
+        for p in pages
+    ):
+        wrong.append(f"{name}.hugepage_limits")
+    return wrong
+
+
+def wrong_types(answer: object) -> list[str]:
+    """The fields of a decoded hook answer whose value is not of the field's type (see above); answers of
+    other types are not checked."""
+    if isinstance(answer, v1alpha1.ContainerResourceHookResponse):
+        maps = ("container_annotations", "container_envs")
+        resources, parent = "container_resources", "pod_cgroup_parent"
+    elif isinstance(answer, v1alpha1.PodSandboxHookResponse):
+        maps, resources, parent = ("labels", "annotations"), "resources", "cgroup_parent"
+    else:
+        return []
+    wrong = [f for f in maps if not _is_str_map(getattr(answer, f))]
+    wrong += _resources_types(getattr(answer, resources), resources)
+    if not isinstance(getattr(answer, parent), str):
+        wrong.append(parent)
+    return wrong
+
+
+def pod_answer(response: v1alpha1.PodSandboxHookResponse) -> PodAnswer:
+    """A pod hook's answer → :class:`PodAnswer` (``resources`` ``None`` when the answer carries none)."""
+    return PodAnswer(
+        labels=response.labels,
+        annotations=response.annotations,
+        cgroup_parent=response.cgroup_parent,
+        resources=resources_from_hook(response.resources),
+    )
+
+
+def container_answer(response: v1alpha1.ContainerResourceHookResponse) -> ContainerAnswer:
+    """A container hook's answer → :class:`ContainerAnswer` (``resources`` ``None`` when it carries none)."""
+    return ContainerAnswer(
+        annotations=response.container_annotations,
+        resources=resources_from_hook(response.container_resources),
+        pod_cgroup_parent=response.pod_cgroup_parent,
+        envs=response.container_envs,
+    )
+
+
+def answer_from_hook(
+    response: v1alpha1.PodSandboxHookResponse | v1alpha1.ContainerResourceHookResponse,
+) -> PodAnswer | ContainerAnswer:
+    """:func:`pod_answer` or :func:`container_answer`, by the answer's type (check :func:`wrong_types` first)."""
+    if isinstance(response, v1alpha1.PodSandboxHookResponse):
+        return pod_answer(response)
+    return container_answer(response)

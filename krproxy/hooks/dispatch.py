@@ -25,6 +25,8 @@ import trio
 
 from krproxy import log
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.hooks import answers
+from krproxy.hooks.convert import WRONG_TYPES, answer_from_hook, wrong_types
 from krproxy.hooks.merge import Change, Merged
 from krproxy.hooks.outcomes import (
     ChainResult,
@@ -37,7 +39,7 @@ from krproxy.hooks.outcomes import (
 from krproxy.hooks.points import HookPoint, Stage
 from krproxy.hooks.registration import FailurePolicy, PluginRegistration, Registry
 from krproxy.hooks.required import Availability, State
-from krproxy.hooks.validate import INVALID_ANSWER, WRONG_TYPES, check_answer, wrong_types
+from krproxy.hooks.validate import INVALID_ANSWER, check_answer
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from krproxy.relay import Relay
 from krproxy.relay.rpc import UpstreamError
@@ -66,7 +68,7 @@ class InvalidAnswer(Exception):
 
 
 def _check_types(answer: Response) -> None:
-    """Refuse an answer that decoded only loosely (:func:`krproxy.hooks.validate.wrong_types`)."""
+    """Refuse an answer that decoded only loosely (:func:`krproxy.hooks.convert.wrong_types`)."""
     wrong = wrong_types(answer)
     if wrong:
         raise InvalidAnswer([f"{WRONG_TYPES} ({', '.join(wrong)})"])
@@ -179,7 +181,7 @@ class Dispatcher:
         answer = await self._unary(
             plugin, point.rpc_path, _serialized(request), plugin.timeout if within is None else within
         )
-        response: Response = reply_type.FromString(answer)
+        response: Response = answers.decode(reply_type, answer)  # upb: 35-85 µs less than betterproto2
         return response
 
     async def probe(self, plugin: PluginRegistration, within: float) -> None:
@@ -269,10 +271,11 @@ class Dispatcher:
                 answer = await self.call(plugin, point, request[1], within=within)
                 if point.stage is Stage.PRE:
                     _check_types(answer)
-                    violations = check_answer(record, answer)
+                    read = answer_from_hook(answer)
+                    violations = check_answer(record, read)
                     if violations:
                         raise InvalidAnswer(violations)
-                    merged = merge(record, answer)
+                    merged = merge(record, read)
                     changes = merged.changes
                     if merged.value != record:
                         record = merged.value

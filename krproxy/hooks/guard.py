@@ -27,6 +27,7 @@ import logging
 import math
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Protocol
 
 import trio
 
@@ -38,7 +39,7 @@ from krproxy.hooks.registration import Registry
 from krproxy.hooks.required import Availability, Needed, Requirements, State, needed
 from krproxy.relay.rpc import UpstreamError
 
-__all__ = ["Guard", "RequiredMissing"]
+__all__ = ["Guard", "GuardMetrics", "RequiredMissing", "counted_guard"]
 
 LOGGER = logging.getLogger("krproxy.hooks.required")
 
@@ -57,6 +58,30 @@ MAX_ANNOTATED_SERVERS = 256
 #: Seconds kept before the call's deadline when waiting during the start-up grace, so that kubelet gets
 #: our UNAVAILABLE (which names the server) rather than its own DEADLINE_EXCEEDED.
 DEADLINE_MARGIN = 0.1
+
+
+class GuardMetrics(Protocol):
+    """What :func:`counted_guard` tells the metrics (:class:`krproxy.metrics.Metrics` has it)."""
+
+    def required_call_held(self, server: str, point: HookPoint) -> None: ...
+    def forget_required_server(self, server: str) -> None: ...
+    def track_required(self, guard: Guard) -> None: ...
+
+
+def counted_guard(
+    requirements: Requirements, dispatcher: Dispatcher, hook_dir: str, metrics: GuardMetrics
+) -> Guard:
+    """A :class:`Guard` whose held calls and forgotten servers are counted in *metrics*, which reports its
+    servers' states: the one every daemon (CRI and NRI mode) runs."""
+    guard = Guard(
+        requirements,
+        dispatcher,
+        hook_dir,
+        held=metrics.required_call_held,
+        forget=metrics.forget_required_server,
+    )
+    metrics.track_required(guard)
+    return guard
 
 
 class Guard:

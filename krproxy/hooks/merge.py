@@ -1,16 +1,14 @@
-"""Koordinator's merge rules: how a plugin's answer changes the pod/container record and the CRI request.
+"""Koordinator's merge rules: how a plugin's answer changes the pod/container record.
 
-Pure functions; nothing here mutates its arguments. Each merge returns a :class:`Merged` value: the new
-object plus the :class:`Change` list that describes the hook's decision (for logs and traces).
-
-Two layers:
-
-* Record level, used to chain several plugins (each sees the previous one's result):
-  :func:`merge_pod_info`, :func:`merge_container_info`, :func:`prepare_update`, and the field rules
-  :func:`update_resource` / :func:`update_resource_by_update_request`.
-* Request level, writing a record back into the CRI request: :func:`apply_run_pod`, :func:`apply_create`,
-  :func:`apply_update`; and single-answer conveniences :func:`merge_pod`, :func:`merge_create_container`,
-  :func:`merge_update_container` (record level + apply).
+Pure functions on records (:mod:`krproxy.hooks.model`); nothing here mutates its arguments or touches a wire
+message. Each merge takes the record and a hook server's answer record (:class:`PodAnswer`,
+:class:`ContainerAnswer`, read from the wire by :mod:`krproxy.hooks.convert`) and returns a :class:`Merged`
+value: the new record plus the :class:`Change` list that describes the hook's decision (for logs and traces).
+Chaining several plugins, each sees the previous one's result: :func:`merge_pod_info`,
+:func:`merge_container_info`, :func:`merge_pod_resize`, :func:`prepare_update`, and the field rules
+:func:`update_resource` / :func:`update_resource_by_update_request`. Writing the merged record back into the
+CRI request is :mod:`krproxy.hooks.writeback`'s (betterproto2) and :mod:`krproxy.hooks.rewrite`'s (upb,
+CreateContainer on the request path); :func:`create_envs` is the env order both write.
 
 Rules (koord-runtime-proxy v1.8, ``resexecutor/cri``; see shared/notes/hook-semantics.md 2.4):
 
@@ -34,59 +32,41 @@ Rules (koord-runtime-proxy v1.8, ``resexecutor/cri``; see shared/notes/hook-sema
   annotations by stored ∪ answer; we keep the request's own annotations underneath (stored ∪ answer win on
   conflict), so the values the reference would send are sent and nothing is silently dropped.
 
-Beyond the reference: requests are cloned through their wire form (``copy.deepcopy`` of a betterproto2
-message drops its unknown fields) and resource messages are rewritten field by field, so unknown fields a
-newer kubelet sent survive a merge; a missing ``config.linux``/``sandbox_config.linux`` (a nil dereference in
-the reference) is created when something must be written into it. The request path does not encode
-:func:`apply_create`'s message: it decodes CreateContainer with upb and :mod:`krproxy.hooks.rewrite` writes
-the same changes into that message, to the same bytes (tests/unit/test_hooks_rewrite.py), ~30× faster.
+Beyond the reference: unknown fields a newer kubelet sent survive a merge, and a missing
+``config.linux``/``sandbox_config.linux`` (a nil dereference in the reference) is created when something must be
+written into it (see :mod:`krproxy.hooks.writeback`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import attrs
 
-from krproxy.hooks.convert import (
-    container_from_create_request,
-    envs_to_cri,
-    pod_from_run_request,
-    resources_from_cri,
-    resources_from_hook,
-    write_resources,
+from krproxy.hooks.model import (
+    RESOURCE_SCALARS,
+    ContainerAnswer,
+    ContainerInfo,
+    PodAnswer,
+    PodInfo,
+    PodResize,
+    Resources,
 )
-from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, PodResize, Resources
-from krproxy.proto.runtime import v1, v1alpha1
 
 __all__ = [
     "Change",
     "Merged",
-    "apply_create",
-    "apply_pod_resize",
-    "apply_run_pod",
-    "apply_update",
     "create_envs",
     "merge_container_info",
-    "merge_create_container",
-    "merge_pod",
     "merge_pod_info",
     "merge_pod_resize",
-    "merge_update_container",
     "prepare_update",
     "update_resource",
     "update_resource_by_update_request",
 ]
 
 T = TypeVar("T")
-_M = TypeVar(
-    "_M",
-    v1.RunPodSandboxRequest,
-    v1.CreateContainerRequest,
-    v1.UpdateContainerResourcesRequest,
-    v1.UpdatePodSandboxResourcesRequest,
-)
 
 
 @attrs.frozen
@@ -115,30 +95,37 @@ class Merged(Generic[T]):
 # --- field rules -------------------------------------------------------------------------------------------
 
 
+def _alike(a: Resources, b: Resources) -> dict[str, Any]:
+    """The fields both of Koordinator's resource rules treat alike: cpu_period, cpu_shares, memory limit and
+    swap if b > 0; cpu_quota if b ≠ 0 (−1 = unlimited); unified add/overwrite."""
+    return {
+        "cpu_period": b.cpu_period if b.cpu_period > 0 else a.cpu_period,
+        "cpu_quota": b.cpu_quota if b.cpu_quota != 0 else a.cpu_quota,
+        "cpu_shares": b.cpu_shares if b.cpu_shares > 0 else a.cpu_shares,
+        "memory_limit_in_bytes": b.memory_limit_in_bytes
+        if b.memory_limit_in_bytes > 0
+        else a.memory_limit_in_bytes,
+        "unified": a.unified.merged(b.unified),
+        "memory_swap_limit_in_bytes": (
+            b.memory_swap_limit_in_bytes if b.memory_swap_limit_in_bytes > 0 else a.memory_swap_limit_in_bytes
+        ),
+    }
+
+
 def update_resource(a: Resources, b: Resources | None) -> Resources:
     """Koordinator's ``updateResource``: merge a hook answer's resources *b* into *a*.
 
-    cpu_period, cpu_shares, memory limit and swap if b > 0; cpu_quota if b ≠ 0 (−1 = unlimited);
-    oom_score_adj if −1000 ≤ b ≤ 1000 (so a 0 resets it); cpuset_cpus and cpuset_mems always, even "";
-    unified add/overwrite; hugepage_limits never. ``b is None`` leaves *a* as is.
+    The fields of :func:`_alike`; oom_score_adj if −1000 ≤ b ≤ 1000 (so a 0 resets it); cpuset_cpus and
+    cpuset_mems always, even ""; hugepage_limits never. ``b is None`` leaves *a* as is.
     """
     if b is None:
         return a
     return attrs.evolve(
         a,
-        cpu_period=b.cpu_period if b.cpu_period > 0 else a.cpu_period,
-        cpu_quota=b.cpu_quota if b.cpu_quota != 0 else a.cpu_quota,
-        cpu_shares=b.cpu_shares if b.cpu_shares > 0 else a.cpu_shares,
-        memory_limit_in_bytes=(
-            b.memory_limit_in_bytes if b.memory_limit_in_bytes > 0 else a.memory_limit_in_bytes
-        ),
+        **_alike(a, b),
         oom_score_adj=b.oom_score_adj if -1000 <= b.oom_score_adj <= 1000 else a.oom_score_adj,
         cpuset_cpus=b.cpuset_cpus,
         cpuset_mems=b.cpuset_mems,
-        unified=a.unified.merged(b.unified),
-        memory_swap_limit_in_bytes=(
-            b.memory_swap_limit_in_bytes if b.memory_swap_limit_in_bytes > 0 else a.memory_swap_limit_in_bytes
-        ),
     )
 
 
@@ -150,18 +137,9 @@ def update_resource_by_update_request(a: Resources, b: Resources) -> Resources:
     """
     return attrs.evolve(
         a,
-        cpu_period=b.cpu_period if b.cpu_period > 0 else a.cpu_period,
-        cpu_quota=b.cpu_quota if b.cpu_quota != 0 else a.cpu_quota,
-        cpu_shares=b.cpu_shares if b.cpu_shares > 0 else a.cpu_shares,
-        memory_limit_in_bytes=(
-            b.memory_limit_in_bytes if b.memory_limit_in_bytes > 0 else a.memory_limit_in_bytes
-        ),
+        **_alike(a, b),
         cpuset_cpus=b.cpuset_cpus or a.cpuset_cpus,
         cpuset_mems=b.cpuset_mems or a.cpuset_mems,
-        unified=a.unified.merged(b.unified),
-        memory_swap_limit_in_bytes=(
-            b.memory_swap_limit_in_bytes if b.memory_swap_limit_in_bytes > 0 else a.memory_swap_limit_in_bytes
-        ),
     )
 
 
@@ -174,25 +152,13 @@ def _diff_map(prefix: str, old: Mapping[str, str], new: Mapping[str, str]) -> li
     return changes
 
 
-_SCALAR_RESOURCES = (
-    "cpu_period",
-    "cpu_quota",
-    "cpu_shares",
-    "memory_limit_in_bytes",
-    "oom_score_adj",
-    "cpuset_cpus",
-    "cpuset_mems",
-    "memory_swap_limit_in_bytes",
-)
-
-
 def _diff_resources(prefix: str, old: Resources | None, new: Resources | None) -> list[Change]:
     if old == new:
         return []
     before, after = old or Resources(), new or Resources()
     changes = [
         Change(f"{prefix}.{name}", getattr(before, name), getattr(after, name))
-        for name in _SCALAR_RESOURCES
+        for name in RESOURCE_SCALARS
         if getattr(before, name) != getattr(after, name) or old is None or new is None
     ]
     if before.hugepage_limits != after.hugepage_limits:
@@ -223,33 +189,31 @@ def _diff_container(old: ContainerInfo, new: ContainerInfo) -> tuple[Change, ...
 # --- record level ------------------------------------------------------------------------------------------
 
 
-def merge_pod_info(pod: PodInfo, response: v1alpha1.PodSandboxHookResponse) -> Merged[PodInfo]:
+def merge_pod_info(pod: PodInfo, answer: PodAnswer) -> Merged[PodInfo]:
     """Merge a PreRunPodSandbox answer into the pod record (its ``resources`` are ignored in CRI mode)."""
     merged = attrs.evolve(
         pod,
-        labels=pod.labels.merged(response.labels),
-        annotations=pod.annotations.merged(response.annotations),
-        cgroup_parent=response.cgroup_parent or pod.cgroup_parent,
+        labels=pod.labels.merged(answer.labels),
+        annotations=pod.annotations.merged(answer.annotations),
+        cgroup_parent=answer.cgroup_parent or pod.cgroup_parent,
     )
     return Merged(merged, _diff_pod(pod, merged))
 
 
-def merge_pod_resize(resize: PodResize, response: v1alpha1.PodSandboxHookResponse) -> Merged[PodResize]:
+def merge_pod_resize(resize: PodResize, answer: PodAnswer) -> Merged[PodResize]:
     """Merge a PreUpdatePodSandboxResources answer into the resize: its ``resources`` by :func:`update_resource`
     (when the request carried resources); everything else in the answer is ignored."""
     requested = resize.pod.resources
     if requested is None:
         return Merged(resize)
-    resources = update_resource(requested, resources_from_hook(response.resources))
+    resources = update_resource(requested, answer.resources)
     if resources == requested:
         return Merged(resize)
     merged = attrs.evolve(resize, pod=attrs.evolve(resize.pod, resources=resources))
     return Merged(merged, tuple(_diff_resources("resources", requested, resources)))
 
 
-def merge_container_info(
-    info: ContainerInfo, response: v1alpha1.ContainerResourceHookResponse
-) -> Merged[ContainerInfo]:
+def merge_container_info(info: ContainerInfo, answer: ContainerAnswer) -> Merged[ContainerInfo]:
     """Merge a container hook's answer into the container record.
 
     Resources are merged only when both the record and the answer have them (Koordinator: ``a == nil ||
@@ -257,139 +221,44 @@ def merge_container_info(
     """
     resources = info.resources
     if resources is not None:
-        resources = update_resource(resources, resources_from_hook(response.container_resources))
+        resources = update_resource(resources, answer.resources)
     merged = attrs.evolve(
         info,
-        annotations=info.annotations.merged(response.container_annotations),
+        annotations=info.annotations.merged(answer.annotations),
         resources=resources,
-        pod_cgroup_parent=response.pod_cgroup_parent or info.pod_cgroup_parent,
-        envs=response.container_envs if response.container_envs else info.envs,
+        pod_cgroup_parent=answer.pod_cgroup_parent or info.pod_cgroup_parent,
+        envs=answer.envs if answer.envs else info.envs,
     )
     return Merged(merged, _diff_container(info, merged))
 
 
-def prepare_update(info: ContainerInfo, request: v1.UpdateContainerResourcesRequest) -> ContainerInfo:
-    """The record a PreUpdateContainerResources hook sees: the stored *info* with the request's resources
+def prepare_update(info: ContainerInfo, requested: Resources | None) -> ContainerInfo:
+    """The record a PreUpdateContainerResources hook sees: the stored *info* with the resources the
+    UpdateContainerResources request asks for (*requested*: its ``linux``, ``None`` when it carries none)
     merged in by :func:`update_resource_by_update_request`.
 
-    If the stored resources are unknown (recovered without them) the request's resources are taken as they
+    If the stored resources are unknown (recovered without them) the requested resources are taken as they
     are — the reference would send none and then drop the plugin's resource changes.
     """
     if info.resources is None:
-        if request.linux is None:
+        if requested is None:
             return info
-        return attrs.evolve(info, resources=resources_from_cri(request.linux))
+        return attrs.evolve(info, resources=requested)
     return attrs.evolve(
-        info, resources=update_resource_by_update_request(info.resources, resources_from_cri(request.linux))
+        info,
+        resources=update_resource_by_update_request(
+            info.resources, requested if requested is not None else Resources()
+        ),
     )
 
 
-# --- request level -----------------------------------------------------------------------------------------
+# --- the CreateContainer environment ---------------------------------------------------------------------
 
 
-def _clone(message: _M) -> _M:
-    """A deep copy that keeps unknown fields (``copy.deepcopy`` of a betterproto2 message loses them)."""
-    return type(message).FromString(message.SerializeToString())
-
-
-def apply_run_pod(request: v1.RunPodSandboxRequest, pod: PodInfo) -> v1.RunPodSandboxRequest:
-    """A copy of *request* with the pod record's labels, annotations and (if non-empty) cgroup parent."""
-    out = _clone(request)
-    if out.config is None:
-        out.config = v1.PodSandboxConfig()
-    out.config.labels = dict(pod.labels)
-    out.config.annotations = dict(pod.annotations)
-    if pod.cgroup_parent:
-        if out.config.linux is None:
-            out.config.linux = v1.LinuxPodSandboxConfig()
-        out.config.linux.cgroup_parent = pod.cgroup_parent
-    return out
-
-
-def create_envs(sent: Iterable[str], envs: FrozenMap[str, str]) -> dict[str, str]:
+def create_envs(sent: Iterable[str], envs: Mapping[str, str]) -> dict[str, str]:
     """The record's *envs* in the order CreateContainer's ``config.envs`` is rebuilt in: the names the request
     *sent* (in its order, first place of a repeated name) that are still set, then the added ones by name."""
     seen = list(dict.fromkeys(sent))
     known = set(seen)
     ordered = [k for k in seen if k in envs] + sorted(k for k in envs if k not in known)
     return {k: envs[k] for k in ordered}
-
-
-def _rebuild_envs(original: list[v1.KeyValue], envs: FrozenMap[str, str]) -> list[v1.KeyValue]:
-    return envs_to_cri(create_envs((kv.key for kv in original), envs))
-
-
-def apply_create(request: v1.CreateContainerRequest, info: ContainerInfo) -> v1.CreateContainerRequest:
-    """A copy of *request* carrying the container record: annotations, the whole ``config.linux.resources``,
-    the pod cgroup parent (if non-empty) and ``config.envs`` rebuilt from the record's envs."""
-    out = _clone(request)
-    if out.config is None:
-        out.config = v1.ContainerConfig()
-    out.config.annotations = dict(info.annotations)
-    if info.resources is not None:
-        if out.config.linux is None:
-            out.config.linux = v1.LinuxContainerConfig()
-        if out.config.linux.resources is None:
-            out.config.linux.resources = v1.LinuxContainerResources()
-        write_resources(out.config.linux.resources, info.resources)
-    if info.pod_cgroup_parent:
-        if out.sandbox_config is None:
-            out.sandbox_config = v1.PodSandboxConfig()
-        if out.sandbox_config.linux is None:
-            out.sandbox_config.linux = v1.LinuxPodSandboxConfig()
-        out.sandbox_config.linux.cgroup_parent = info.pod_cgroup_parent
-    out.config.envs = _rebuild_envs(out.config.envs, info.envs)
-    return out
-
-
-def apply_update(
-    request: v1.UpdateContainerResourcesRequest, info: ContainerInfo
-) -> v1.UpdateContainerResourcesRequest:
-    """A copy of *request* whose ``linux`` is the record's resources (if known) and whose annotations are the
-    request's with the record's added/overwritten."""
-    out = _clone(request)
-    if info.resources is not None:
-        if out.linux is None:
-            out.linux = v1.LinuxContainerResources()
-        write_resources(out.linux, info.resources)
-    out.annotations = {**out.annotations, **info.annotations}
-    return out
-
-
-def apply_pod_resize(
-    request: v1.UpdatePodSandboxResourcesRequest, resize: PodResize
-) -> v1.UpdatePodSandboxResourcesRequest:
-    """A copy of *request* whose ``resources`` are the resize's (every field; unknown fields kept)."""
-    out = _clone(request)
-    if resize.pod.resources is not None:
-        if out.resources is None:
-            out.resources = v1.LinuxContainerResources()
-        write_resources(out.resources, resize.pod.resources)
-    return out
-
-
-def merge_pod(
-    request: v1.RunPodSandboxRequest, response: v1alpha1.PodSandboxHookResponse
-) -> Merged[v1.RunPodSandboxRequest]:
-    """Merge one PreRunPodSandbox answer into a RunPodSandbox request."""
-    merged = merge_pod_info(pod_from_run_request(request), response)
-    return Merged(apply_run_pod(request, merged.value), merged.changes)
-
-
-def merge_create_container(
-    request: v1.CreateContainerRequest, response: v1alpha1.ContainerResourceHookResponse
-) -> Merged[v1.CreateContainerRequest]:
-    """Merge one PreCreateContainer answer into a CreateContainer request."""
-    merged = merge_container_info(container_from_create_request(request, PodInfo()), response)
-    return Merged(apply_create(request, merged.value), merged.changes)
-
-
-def merge_update_container(
-    request: v1.UpdateContainerResourcesRequest,
-    stored: ContainerInfo,
-    response: v1alpha1.ContainerResourceHookResponse,
-) -> Merged[v1.UpdateContainerResourcesRequest]:
-    """Merge one PreUpdateContainerResources answer into an UpdateContainerResources request, given the
-    stored record (the request is first merged into it by :func:`prepare_update`)."""
-    merged = merge_container_info(prepare_update(stored, request), response)
-    return Merged(apply_update(request, merged.value), merged.changes)

@@ -1,25 +1,31 @@
 """Frozen domain records for runtime hooks: what the proxy knows about a pod or a container.
 
-These records are the sans-I/O core's vocabulary. They never hold wire (betterproto2) objects; the
-conversions to and from CRI and hook-protocol messages live in :mod:`krproxy.hooks.convert`.
+These records are the sans-I/O core's vocabulary: what is known (:class:`PodInfo`, :class:`ContainerInfo`,
+:class:`PodResize`) and what a hook server answered (:class:`PodAnswer`, :class:`ContainerAnswer`). They never
+hold wire (betterproto2, upb) objects; wire messages are read into records by :mod:`krproxy.hooks.convert` and
+records written into CRI requests by :mod:`krproxy.hooks.writeback` (betterproto2) and
+:mod:`krproxy.hooks.rewrite` (upb).
 
 Immutable mappings: every string map (labels, annotations, envs, cgroup v2 ``unified``) is a
 :class:`FrozenMap` — a read-only, *hashable*, insertion-ordered ``Mapping``. Hashable so that records stay
 usable as set members and dict keys (attrs frozen classes hash their fields); insertion-ordered so that an
-environment keeps the order kubelet sent it in (see :func:`krproxy.hooks.merge.apply_create`). Equality
+environment keeps the order kubelet sent it in (see :func:`krproxy.hooks.merge.create_envs`). Equality
 ignores order, like ``dict``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Iterator, Mapping
+from collections.abc import Hashable, ItemsView, Iterable, Iterator, Mapping
 from typing import Generic, TypeVar, final, overload
 
 import attrs
 
 __all__ = [
+    "RESOURCE_SCALARS",
+    "ContainerAnswer",
     "ContainerInfo",
     "FrozenMap",
+    "PodAnswer",
     "PodInfo",
     "PodResize",
     "Resources",
@@ -71,11 +77,18 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
     def __repr__(self) -> str:
         return f"FrozenMap({self._data!r})"
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def items(self) -> ItemsView[K, V]:
+        """The dict's own view (Mapping's would look each key up again)."""
+        return self._data.items()
+
     def merged(self, *others: Mapping[K, V]) -> FrozenMap[K, V]:
         """Return a copy with every key of *others* added or overwritten, in order (Koordinator's MergeMap)."""
         data = dict(self._data)
         for other in others:
-            data.update(other)
+            data.update(other._data if isinstance(other, FrozenMap) else other)
         return FrozenMap(data)
 
 
@@ -123,6 +136,20 @@ class Resources:
     hugepage_limits: tuple[tuple[str, int], ...] = attrs.field(default=(), converter=_hugepages)
     unified: FrozenMap[str, str] = attrs.field(factory=FrozenMap, converter=_str_map)
     memory_swap_limit_in_bytes: int = 0
+
+
+#: The fields of :class:`Resources` that hold one value (all but ``hugepage_limits`` and ``unified``), in the
+#: order of CRI's message; the wire messages (CRI and hook protocol) use the same names.
+RESOURCE_SCALARS = (
+    "cpu_period",
+    "cpu_quota",
+    "cpu_shares",
+    "memory_limit_in_bytes",
+    "oom_score_adj",
+    "cpuset_cpus",
+    "cpuset_mems",
+    "memory_swap_limit_in_bytes",
+)
 
 
 @attrs.frozen
@@ -192,3 +219,36 @@ class PodResize:
 
     pod_sandbox_id: str
     pod: PodInfo
+
+
+@attrs.frozen
+class PodAnswer:
+    """A hook server's answer at a pod hook point (the hook protocol's ``PodSandboxHookResponse``).
+
+    What an answer leaves out changes nothing: the maps add or overwrite keys, an empty ``cgroup_parent``
+    keeps the pod's, and ``resources`` is ``None`` when the answer carries none (the wire field has presence).
+    Which fields a hook point applies: :func:`krproxy.hooks.merge.merge_pod_info` and
+    :func:`krproxy.hooks.merge.merge_pod_resize`.
+    """
+
+    labels: FrozenMap[str, str] = attrs.field(factory=FrozenMap, converter=_str_map)
+    annotations: FrozenMap[str, str] = attrs.field(factory=FrozenMap, converter=_str_map)
+    cgroup_parent: str = ""
+    resources: Resources | None = None
+
+
+@attrs.frozen
+class ContainerAnswer:
+    """A hook server's answer at a container hook point (the hook protocol's ``ContainerResourceHookResponse``;
+    its ``container_annotations``, ``container_resources`` and ``container_envs`` are ``annotations``,
+    ``resources`` and ``envs`` here).
+
+    As :class:`PodAnswer`: ``resources`` is ``None`` when the answer carries none, an empty
+    ``pod_cgroup_parent`` keeps the container's, and an empty ``envs`` keeps the environment (proto3 cannot
+    tell an empty map from an absent one). See :func:`krproxy.hooks.merge.merge_container_info`.
+    """
+
+    annotations: FrozenMap[str, str] = attrs.field(factory=FrozenMap, converter=_str_map)
+    resources: Resources | None = None
+    pod_cgroup_parent: str = ""
+    envs: FrozenMap[str, str] = attrs.field(factory=FrozenMap, converter=_str_map)

@@ -3,7 +3,7 @@
 The request path reads kubelet's CreateContainer as a :data:`CreateContainerRequest` (the record comes from
 :func:`krproxy.hooks.convert.container_from_wire_create`) and, when a plugin changed something, writes the
 merged record into that same message and encodes it (:func:`create_request`). The changes are
-:func:`krproxy.hooks.merge.apply_create`'s and so are the bytes (tests/unit/test_hooks_rewrite.py). With
+:func:`krproxy.hooks.writeback.apply_create`'s and so are the bytes (tests/unit/test_hooks_rewrite.py). With
 betterproto2 (pure Python, each field's work inside ``warnings.catch_warnings``) decoding a 4 KB request of
 kubelet's size took ~1.5 ms and encoding the merged one ~3.6 ms; upb does each in tens of microseconds
 (``python -m krproxy.bench.merge``).
@@ -25,6 +25,7 @@ from typing import Any
 from krproxy.hooks import wire
 from krproxy.hooks.merge import create_envs
 from krproxy.hooks.model import ContainerInfo, Resources
+from krproxy.hooks.writeback import write_scalars
 
 __all__ = ["CreateContainerRequest", "create_request"]
 
@@ -41,24 +42,17 @@ def _set_map(field: Any, values: dict[str, str]) -> None:
 
 
 def _write_resources(target: Any, resources: Resources) -> None:
-    """Every field of a CRI LinuxContainerResources (as :func:`krproxy.hooks.convert.write_resources`)."""
-    target.cpu_period = resources.cpu_period
-    target.cpu_quota = resources.cpu_quota
-    target.cpu_shares = resources.cpu_shares
-    target.memory_limit_in_bytes = resources.memory_limit_in_bytes
-    target.oom_score_adj = resources.oom_score_adj
-    target.cpuset_cpus = resources.cpuset_cpus
-    target.cpuset_mems = resources.cpuset_mems
+    """Every field of a CRI LinuxContainerResources (as :func:`krproxy.hooks.writeback.write_resources`)."""
+    write_scalars(target, resources)
     del target.hugepage_limits[:]
     for page_size, limit in resources.hugepage_limits:
         target.hugepage_limits.add(page_size=page_size, limit=limit)
     _set_map(target.unified, dict(resources.unified))
-    target.memory_swap_limit_in_bytes = resources.memory_swap_limit_in_bytes
 
 
 def create_request(message: Any, info: ContainerInfo) -> bytes:
     """The CreateContainer *message* (a :data:`CreateContainerRequest`; changed in place) carrying the merged record
-    *info*, encoded, as :func:`krproxy.hooks.merge.apply_create` writes it: annotations, the whole
+    *info*, encoded, as :func:`krproxy.hooks.writeback.apply_create` writes it: annotations, the whole
     ``config.linux.resources`` (if known), the pod cgroup parent (if non-empty) and ``config.envs`` rebuilt
     from the record's envs.
     """

@@ -51,7 +51,7 @@ import trio
 from krproxy import log
 from krproxy.forward import BackendError, Forward, Handler, Interceptor, Reply, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.hooks import convert, merge, rewrite
+from krproxy.hooks import convert, merge, rewrite, writeback
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard
 from krproxy.hooks.lifecycle import Lifecycle
@@ -196,7 +196,7 @@ class HookRuntime:
             pod=pod,
             target=f"pod {pod.namespace}/{pod.name}",
             data=data,
-            rebuild=lambda merged: merge.apply_run_pod(request, merged).SerializeToString(),
+            rebuild=lambda merged: writeback.apply_run_pod(request, merged).SerializeToString(),
             what="RunPodSandboxRequest",
         )
         return await self._forward_created(
@@ -250,7 +250,7 @@ class HookRuntime:
                 pod=stored,
                 target=f"pod {stored.namespace}/{stored.name}",
                 data=data,
-                rebuild=lambda merged: merge.apply_pod_resize(request, merged).SerializeToString(),
+                rebuild=lambda merged: writeback.apply_pod_resize(request, merged).SerializeToString(),
                 what="UpdatePodSandboxResourcesRequest",
             )
             reply = await forward(data)
@@ -337,7 +337,7 @@ class HookRuntime:
                 stored = self._hooked_container(container_id, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
                 if stored is None:
                     return await forward(data)
-                prepared = merge.prepare_update(stored, request)
+                prepared = merge.prepare_update(stored, convert.update_request_resources(request))
             updated, data = await self._pre_hooks(
                 HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
                 prepared,
@@ -345,7 +345,7 @@ class HookRuntime:
                 container=stored.name,
                 target=container_id,
                 data=data,
-                rebuild=lambda merged: merge.apply_update(request, merged).SerializeToString(),
+                rebuild=lambda merged: writeback.apply_update(request, merged).SerializeToString(),
                 what="UpdateContainerResourcesRequest",
             )
             reply = await forward(data)

@@ -1,9 +1,11 @@
-"""Checking a plugin's answer before it is applied: pure functions, no I/O.
+"""Checking a plugin's answer before it is applied: pure functions on records, no I/O.
 
 A hook plugin is trusted to adjust pods and containers, but not to hand the runtime values that
 no kubelet would send: a cgroup path that climbs out with ``..``, a negative memory limit, an
 environment variable whose name contains ``=``. :func:`check_answer` lists what is wrong with one
-pre-hook answer; the dispatcher treats a non-empty list like any other plugin failure, under the
+pre-hook answer (an answer record, :class:`PodAnswer` or :class:`ContainerAnswer`, which
+:mod:`krproxy.hooks.convert` reads from the wire once :func:`krproxy.hooks.convert.wrong_types` found every
+field of its declared type); the dispatcher treats a non-empty list like any other plugin failure, under the
 plugin's failure policy (``Fail`` rejects the CRI call naming plugin, hook and violation;
 ``Ignore`` drops that plugin's answer and goes on).
 
@@ -41,16 +43,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize
+from krproxy.hooks.model import ContainerAnswer, ContainerInfo, PodAnswer, PodInfo, PodResize, Resources
 from krproxy.hooks.slices import ROOT, is_slice_name, slice_path
-from krproxy.proto.runtime import v1alpha1
 
 __all__ = [
     "INVALID_ANSWER",
     "MAX_BYTES",
     "MAX_KEY",
     "MAX_VALUE",
-    "WRONG_TYPES",
     "check_answer",
     "check_cgroup_parent",
     "check_container_answer",
@@ -59,7 +59,6 @@ __all__ = [
     "check_pod_resize_answer",
     "check_resources",
     "is_below",
-    "wrong_types",
 ]
 
 #: Largest key and value (characters) a plugin may set in labels, annotations and envs.
@@ -68,9 +67,6 @@ MAX_VALUE = 256 * 1024
 
 #: How a violation's cause starts in logs, statuses and metrics.
 INVALID_ANSWER = "invalid answer"
-
-#: How the violation of :func:`wrong_types` starts.
-WRONG_TYPES = "answer has fields of the wrong type"
 
 #: Largest memory or swap limit accepted: 1 PiB, far beyond any node, well below overflow.
 MAX_BYTES = 1 << 50
@@ -131,7 +127,7 @@ def check_cpu_list(value: str) -> str | None:
     return None
 
 
-def check_resources(resources: v1alpha1.LinuxContainerResources, prefix: str = "resources") -> list[str]:
+def check_resources(resources: Resources, prefix: str = "resources") -> list[str]:
     """Every out-of-range value in a hook answer's resources."""
     r = resources
     problems: list[str] = []
@@ -195,7 +191,7 @@ def _check_envs(envs: Mapping[str, str]) -> list[str]:
     return problems
 
 
-def check_pod_answer(pod: PodInfo, answer: v1alpha1.PodSandboxHookResponse) -> list[str]:
+def check_pod_answer(pod: PodInfo, answer: PodAnswer) -> list[str]:
     """Violations in a PreRunPodSandbox answer for *pod* (the pod as the previous plugins left it)."""
     problems = _check_map("labels", answer.labels) + _check_map("annotations", answer.annotations)
     if answer.cgroup_parent and answer.cgroup_parent != pod.cgroup_parent:  # an echo is never wrong
@@ -205,19 +201,20 @@ def check_pod_answer(pod: PodInfo, answer: v1alpha1.PodSandboxHookResponse) -> l
     return problems
 
 
-def check_pod_resize_answer(resize: PodResize, answer: v1alpha1.PodSandboxHookResponse) -> list[str]:
+def check_pod_resize_answer(resize: PodResize, answer: PodAnswer) -> list[str]:
     """Violations in a PreUpdatePodSandboxResources answer: only its ``resources`` are applied, so checked."""
     if answer.resources is None or resize.pod.resources is None:
         return []
     return check_resources(answer.resources, "resources")
 
 
-def check_container_answer(info: ContainerInfo, answer: v1alpha1.ContainerResourceHookResponse) -> list[str]:
-    """Violations in a container pre-hook answer for *info* (as the previous plugins left it)."""
-    problems = _check_map("container_annotations", answer.container_annotations)
-    if answer.container_resources is not None:
-        problems += check_resources(answer.container_resources, "container_resources")
-    problems += _check_envs(answer.container_envs)
+def check_container_answer(info: ContainerInfo, answer: ContainerAnswer) -> list[str]:
+    """Violations in a container pre-hook answer for *info* (as the previous plugins left it); a violation
+    names the field as the hook protocol does (``container_annotations``, ``container_resources``)."""
+    problems = _check_map("container_annotations", answer.annotations)
+    if answer.resources is not None:
+        problems += check_resources(answer.resources, "container_resources")
+    problems += _check_envs(answer.envs)
     parent = answer.pod_cgroup_parent
     if parent and parent != info.pod_cgroup_parent:  # an echo is never wrong
         problem = check_cgroup_parent(parent)
@@ -234,73 +231,10 @@ def check_answer(record: object, answer: object) -> list[str]:
 
     Answers of other types (and records of other kinds) are not checked: nothing is known about them.
     """
-    if isinstance(record, PodInfo) and isinstance(answer, v1alpha1.PodSandboxHookResponse):
+    if isinstance(record, PodInfo) and isinstance(answer, PodAnswer):
         return check_pod_answer(record, answer)
-    if isinstance(record, ContainerInfo) and isinstance(answer, v1alpha1.ContainerResourceHookResponse):
+    if isinstance(record, ContainerInfo) and isinstance(answer, ContainerAnswer):
         return check_container_answer(record, answer)
-    if isinstance(record, PodResize) and isinstance(answer, v1alpha1.PodSandboxHookResponse):
+    if isinstance(record, PodResize) and isinstance(answer, PodAnswer):
         return check_pod_resize_answer(record, answer)
     return []
-
-
-# --- field types ---------------------------------------------------------------------------------------------
-#
-# betterproto2 does not check wire types when decoding: a varint sent for a string field decodes as an int
-# (``cgroup_parent=5``), a varint for a message field as an int. Such a value would only fail later — when the
-# merged CRI request is encoded, outside the failure policy — or not at all. So every field an answer can carry
-# is checked for its declared type before anything else looks at it.
-
-_INT_RESOURCES = (
-    "cpu_period",
-    "cpu_quota",
-    "cpu_shares",
-    "memory_limit_in_bytes",
-    "oom_score_adj",
-    "memory_swap_limit_in_bytes",
-)
-
-
-def _is_str_map(value: object) -> bool:
-    return isinstance(value, dict) and all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    )
-
-
-def _resources_types(r: object, name: str) -> list[str]:
-    if r is None:
-        return []
-    if not isinstance(r, v1alpha1.LinuxContainerResources):
-        return [name]
-    wrong = [f"{name}.{f}" for f in _INT_RESOURCES if not isinstance(getattr(r, f), int)]
-    wrong += [f"{name}.{f}" for f in ("cpuset_cpus", "cpuset_mems") if not isinstance(getattr(r, f), str)]
-    if not _is_str_map(r.unified):
-        wrong.append(f"{name}.unified")
-    pages = r.hugepage_limits
-    if not isinstance(pages, list) or not all(
-        isinstance(p, v1alpha1.HugepageLimit) and isinstance(p.page_size, str) and isinstance(p.limit, int)
-        for p in pages
-    ):
-        wrong.append(f"{name}.hugepage_limits")
-    return wrong
-
-
-def wrong_types(answer: object) -> list[str]:
-    """The fields of a decoded hook answer whose value is not of the field's type (see above).
-
-    Answers of other types are not checked.
-    """
-    if isinstance(answer, v1alpha1.ContainerResourceHookResponse):
-        maps, resources, parent = (
-            ("container_annotations", "container_envs"),
-            "container_resources",
-            "pod_cgroup_parent",
-        )
-    elif isinstance(answer, v1alpha1.PodSandboxHookResponse):
-        maps, resources, parent = ("labels", "annotations"), "resources", "cgroup_parent"
-    else:
-        return []
-    wrong = [f for f in maps if not _is_str_map(getattr(answer, f))]
-    wrong += _resources_types(getattr(answer, resources), resources)
-    if not isinstance(getattr(answer, parent), str):
-        wrong.append(parent)
-    return wrong

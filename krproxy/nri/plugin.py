@@ -51,7 +51,7 @@ import trio
 from krproxy import admin, log
 from krproxy.config import check_metrics_address
 from krproxy.hooks.dispatch import Dispatcher
-from krproxy.hooks.guard import Guard
+from krproxy.hooks.guard import Guard, counted_guard
 from krproxy.hooks.lifecycle import Lifecycle
 from krproxy.hooks.outcomes import Outcome
 from krproxy.hooks.points import HookPoint
@@ -440,14 +440,7 @@ async def serve(
 
     dispatcher = Dispatcher(relay, observe=observe_hook)
     if config.requirements.active:
-        guard = Guard(
-            config.requirements,
-            dispatcher,
-            config.hook_dir,
-            held=metrics.required_call_held,
-            forget=metrics.forget_required_server,
-        )
-        metrics.track_required(guard)
+        guard = counted_guard(config.requirements, dispatcher, config.hook_dir, metrics)
         for server in config.requirements.servers:
             unheld = [p.value for p in HookPoint if p in server.points and p not in GUARDED]
             if unheld:  # an explicit list, or the default of every point: say what NRI cannot hold

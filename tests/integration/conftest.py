@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from krproxy.daemon import Daemon
+from krproxy.relay import Relay
 from tests.integration.processes import ECHO_BACKEND, wait_for_socket
 from tests.integration.support import ScriptedBackend, start_proxy, start_scripted_backend
 
@@ -36,6 +37,14 @@ async def proxy(nursery: trio.Nursery, sockdir: str) -> Daemon:
 
 
 @pytest.fixture
+async def relay(nursery: trio.Nursery) -> Relay:
+    """A :class:`krproxy.relay.Relay` running in the test's nursery, not yet configured or serving."""
+    relay = Relay()
+    await nursery.start(relay.run)
+    return relay
+
+
+@pytest.fixture
 def channel_to() -> Iterator[Callable[[str], grpc.Channel]]:
     """Open grpcio channels to unix socket paths; all closed at teardown."""
     channels: list[grpc.Channel] = []
@@ -51,6 +60,17 @@ def channel_to() -> Iterator[Callable[[str], grpc.Channel]]:
     yield open_channel
     for channel in channels:
         channel.close()
+
+
+@pytest.fixture
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test started (it appends them); killed at teardown if still running, and reaped."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
 
 
 @pytest.fixture

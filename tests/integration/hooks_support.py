@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
+import grpc
+import pytest
 import trio
 from cri_api.v1 import api_pb2
 
@@ -34,7 +36,7 @@ from krproxy.fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_a
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import parse_registration
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from tests.integration.support import LIVENESS_LIMIT, start_proxy, wait_until
+from tests.integration.support import LIVENESS_LIMIT, shut_down, start_proxy, wait_until
 
 #: Plugin timeout used by default, for plugins that answer: it must not fire even when the machine is
 #: loaded (at 0.3 s a PreRunPodSandbox answer came too late now and then, and the pod went unchanged).
@@ -46,6 +48,17 @@ HANG_TIMEOUT = "0.3s"
 #: the watcher's poll interval is shown in virtual time (tests/unit/test_hooks_watcher.py).
 REGISTRATION_LIMIT = LIVENESS_LIMIT
 
+#: The hook points a pod's whole life calls, in order (PostStop hooks run after the runtime stopped
+#: the object): run the pod, create, start, update and stop a container, stop the pod.
+LIFECYCLE_HOOKS = [
+    HookPoint.PRE_RUN_POD_SANDBOX,
+    HookPoint.PRE_CREATE_CONTAINER,
+    HookPoint.PRE_START_CONTAINER,
+    HookPoint.POST_START_CONTAINER,
+    HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
+    HookPoint.POST_STOP_CONTAINER,
+    HookPoint.POST_STOP_POD_SANDBOX,
+]
 POD_LABELS = {"io.kubernetes.pod.name": "web", "app": "web"}
 POD_ANNOTATIONS = {"kubernetes.io/config.source": "api"}
 CGROUP_PARENT = "/kubepods/burstable/poduid-web"
@@ -58,6 +71,23 @@ RESOURCES = {
     "cpuset_cpus": "0-3",
     "cpuset_mems": "0",
 }
+
+
+#: The hook-protocol metadata of :func:`pod_config`'s pod.
+POD_META = hookapi.PodSandboxMetadata(name="web", uid="uid-web", namespace="prod", attempt=1)
+
+
+def pod_hook_request(**changes: Any) -> hookapi.PodSandboxHookRequest:
+    """What pod hooks get for :func:`pod_config` run with handler runc, before any plugin change;
+    ``changes`` replace or add fields."""
+    fields: dict[str, Any] = {
+        "pod_meta": POD_META,
+        "runtime_handler": "runc",
+        "labels": POD_LABELS,
+        "annotations": POD_ANNOTATIONS,
+        "cgroup_parent": CGROUP_PARENT,
+    }
+    return hookapi.PodSandboxHookRequest(**{**fields, **changes})
 
 
 def pod_config(
@@ -196,8 +226,7 @@ class Node:
 
     async def stop_proxy(self) -> None:
         """Shut the proxy down gracefully (as SIGTERM does) and wait until its socket is gone."""
-        self.proxy.request_shutdown()
-        await wait_until(lambda: not os.path.exists(self.proxy_socket))
+        await shut_down(self.proxy, self.proxy_socket)
         self.daemon = None
 
     # -- CRI calls through the proxy (grpcio) ---------------------------------------------------
@@ -269,3 +298,10 @@ async def make_node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, c
     """The fixture body of ``node`` in each ``test_hooks_*`` module (proxy not started yet)."""
     fake, path = fake_containerd
     return Node(nursery, sockdir, fake, path, cri_client)
+
+
+async def rejection(node: Node, method: str, request: Any) -> grpc.RpcError:
+    """The error ``method`` fails with when ``node``'s proxy is called with ``request`` (the call must fail)."""
+    with pytest.raises(grpc.RpcError) as info:
+        await node.call(method, request)
+    return info.value

@@ -11,19 +11,23 @@ import functools
 import os
 import socket
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 import attrs
 import betterproto2
 import grpc
+import h2.connection
+import h2.events
 import trio
 from cri_api.v1 import api_pb2 as pb
 
 from krproxy import rpc
 from krproxy.config import ProxyConfig
 from krproxy.daemon import Daemon, serve
+from krproxy.docker import DockerDaemon
 from krproxy.fakes.grpc_go import metadata_items
+from krproxy.relay import Relay
 
 Behaviour = Callable[[rpc.Stream, list[bytes]], Awaitable[None]]
 Reply = TypeVar("Reply", bound=betterproto2.Message)
@@ -110,6 +114,15 @@ async def start_proxy(nursery: trio.Nursery, sockdir: str, **config: Any) -> Dae
     return daemon
 
 
+async def serve_relay(nursery: trio.Nursery, relay: Relay, listen_path: str) -> str:
+    """Serve ``relay``'s callers on a unix socket at ``listen_path`` (returned)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(listen_path)
+    listener.listen(16)
+    await nursery.start(relay.serve, listener)
+    return listen_path
+
+
 async def unary_call(
     channel: rpc.Channel,
     path: str,
@@ -122,6 +135,12 @@ async def unary_call(
     here (raises :class:`krproxy.grpcstatus.GRPCError` for an error status)."""
     reply = await channel.unary(path, bytes(request.SerializeToString()), timeout=timeout)
     return reply_type.FromString(reply)
+
+
+async def shut_down(daemon: Daemon | DockerDaemon, listen: str) -> None:
+    """Shut ``daemon`` down gracefully (as SIGTERM does) and wait until its socket ``listen`` is gone."""
+    daemon.request_shutdown()
+    await wait_until(lambda: not os.path.exists(listen))
 
 
 def raw_unary(channel: grpc.Channel, path: str) -> grpc.UnaryUnaryMultiCallable:
@@ -189,6 +208,40 @@ class ThreadedUnixServer:
 
     def serve_connection(self, sock: socket.socket) -> None:
         raise NotImplementedError
+
+
+def received(sock: socket.socket, stopping: Callable[[], bool]) -> Iterator[bytes]:
+    """The chunks ``sock`` delivers until its peer closes it or ``stopping()`` holds. ``sock`` has a
+    short timeout, so that ``stopping`` is looked at while the peer is quiet."""
+    while not stopping():
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue
+        if not data:
+            return
+        yield data
+
+
+class RequestsByStream:
+    """What an ``h2`` server connection (``header_encoding=None``) has received of each request: its
+    path and body; the body's flow-control credit is given back as it arrives."""
+
+    def __init__(self) -> None:
+        self.paths: dict[int, bytes] = {}
+        self.bodies: dict[int, bytearray] = {}
+
+    def take(self, conn: h2.connection.H2Connection, event: h2.events.Event) -> tuple[bytes, bytes] | None:
+        """Take in ``event`` of ``conn``: the path and body of the request whose stream it ends, else None."""
+        if isinstance(event, h2.events.RequestReceived):
+            self.paths[event.stream_id] = dict(event.headers)[b":path"]
+            self.bodies[event.stream_id] = bytearray()
+        elif isinstance(event, h2.events.DataReceived):
+            self.bodies[event.stream_id] += event.data
+            conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        elif isinstance(event, h2.events.StreamEnded):
+            return self.paths.pop(event.stream_id), bytes(self.bodies.pop(event.stream_id))
+        return None
 
 
 async def create_in_new_pod(runtime: Any) -> str:

@@ -8,23 +8,9 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-
-import pytest
 
 #: How long a daemon may take to start (imports included) before a test gives up.
 START_LIMIT = 30.0
-
-
-@pytest.fixture
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Processes a test started; killed at teardown if still running."""
-    started: list[subprocess.Popen[bytes]] = []
-    yield started
-    for process in started:
-        if process.poll() is None:
-            process.kill()
-        process.wait()
 
 
 def _wait_for(predicate: object, what: str, process: subprocess.Popen[bytes], log: str) -> None:

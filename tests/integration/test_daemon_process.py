@@ -6,7 +6,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -18,17 +18,6 @@ from tests.integration.support import in_thread, raw_unary
 VERSION = "/runtime.v1.RuntimeService/Version"
 
 
-@pytest.fixture
-def daemon_processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    """Daemons a test started; any still running at teardown are killed."""
-    processes: list[subprocess.Popen[bytes]] = []
-    yield processes
-    for process in processes:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-
-
 class TestSignals:
     @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
     async def test_sigterm_drains_in_flight_calls(
@@ -36,7 +25,7 @@ class TestSignals:
         signum: signal.Signals,
         sockdir: str,
         echo_backend: str,
-        daemon_processes: list[subprocess.Popen[bytes]],
+        processes: list[subprocess.Popen[bytes]],
         channel_to: Callable[[str], grpc.Channel],
     ) -> None:
         """On SIGTERM a call in flight completes, the daemon exits 0 and removes its socket.
@@ -44,7 +33,7 @@ class TestSignals:
         SIGHUP (the terminal closed, or a ``kill -HUP`` meant as "reload") too: it used to kill the
         daemon at once, unlogged, the call cut and the socket file left behind."""
         process, listen = start_daemon(sockdir, echo_backend, "--grace-period=10")
-        daemon_processes.append(process)
+        processes.append(process)
         call = raw_unary(channel_to(listen), VERSION)
         # Connected first: a call still connecting at SIGTERM would be refused, not drained (under load
         # 0.5 s was not always enough to connect and send it).
@@ -64,12 +53,12 @@ class TestSignals:
         self,
         sockdir: str,
         echo_backend: str,
-        daemon_processes: list[subprocess.Popen[bytes]],
+        processes: list[subprocess.Popen[bytes]],
         channel_to: Callable[[str], grpc.Channel],
     ) -> None:
         """A call that outlives the grace period is cancelled and the daemon still exits 0."""
         process, listen = start_daemon(sockdir, echo_backend, "--grace-period=0.5")
-        daemon_processes.append(process)
+        processes.append(process)
         call = raw_unary(channel_to(listen), VERSION)
         assert b"ping" == await in_thread(call, b"ping", timeout=30)  # connected first, as above
         in_flight = call.future(b"hang", timeout=30)

@@ -16,7 +16,7 @@ from krproxy.fakes.plugin import Changes, FakePlugin, Misbehaviour
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from tests.integration.hooks_support import HANG_TIMEOUT
+from tests.integration.hooks_support import HANG_TIMEOUT, POD_META, hook_resources
 from tests.integration.test_docker_support import (
     CGROUP_PARENT,
     CONTAINER_NAME,
@@ -32,16 +32,8 @@ from tests.integration.test_docker_support import (
 
 UPDATE = HookPoint.PRE_UPDATE_CONTAINER_RESOURCES
 
-POD_META = hookapi.PodSandboxMetadata(name="web", uid="uid-web", namespace="prod", attempt=1)
-RESOURCES = hookapi.LinuxContainerResources(
-    cpu_period=100_000,
-    cpu_quota=200_000,
-    cpu_shares=2048,
-    memory_limit_in_bytes=1 << 30,
-    oom_score_adj=900,
-    cpuset_cpus="0-3",
-    cpuset_mems="0",
-)
+#: HOST_RESOURCES in the hook protocol: the same values as hooks_support.RESOURCES.
+RESOURCES = hook_resources()
 SKIP = {"runtimeproxy.koordinator.sh/skip-hookserver": "true"}
 
 

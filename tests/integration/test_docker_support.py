@@ -26,7 +26,7 @@ from krproxy.fakes.dockerd import FakeDockerd, run_fake_dockerd
 from krproxy.fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_registration
 from krproxy.hooks.points import HookPoint
 from tests.integration.hooks_support import PLUGIN_TIMEOUT
-from tests.integration.support import LIVENESS_LIMIT, wait_until
+from tests.integration.support import LIVENESS_LIMIT, shut_down, wait_until
 
 #: Seconds any one socket operation of a test may take (a liveness bound).
 IO_LIMIT = LIVENESS_LIMIT
@@ -149,9 +149,8 @@ class DockerNode:
         return self.proxy
 
     async def stop_proxy(self) -> None:
-        """Shut the proxy down gracefully and wait until its socket is gone."""
-        self.proxy.request_shutdown()
-        await wait_until(lambda: not os.path.exists(self.proxy_socket))
+        """Shut the proxy down gracefully (as SIGTERM does) and wait until its socket is gone."""
+        await shut_down(self.proxy, self.proxy_socket)
         self.daemon = None
 
     async def call(self, method: str, target: str, body: Any = None) -> Reply:

@@ -20,13 +20,11 @@ from cri_api.v1 import api_pb2
 from krproxy.fakes.containerd import (
     FakeContainerd,
     Fault,
-    RuntimeState,
     run_fake_containerd,
-    sequential_ids,
-    stepping_clock,
 )
 from krproxy.grpcstatus import Status
 from krproxy.proto.runtime import v1 as cri
+from tests.conftest import serve_fake_containerd
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 
 FakeFixture = tuple[FakeContainerd, str]
@@ -358,15 +356,11 @@ class TestFaults:
         the server's deadline timer for the call — DEADLINE_EXCEEDED for a call nothing delayed —
         or onto any other timer the server's connection runs.
         """
-        fake = FakeContainerd(
-            RuntimeState(clock=stepping_clock(), new_id=sequential_ids()),
-            # The server would enforce the client's (wall) deadline in trio time: at the jump it
-            # would fire before the delay ends.
-            enforce_deadlines=False,
-        )
         path = str(short_tmp / "containerd.sock")
         async with trio.open_nursery() as nursery:
-            await nursery.start(run_fake_containerd, path, fake)
+            # The server would enforce the client's (wall) deadline in trio time: at the jump it
+            # would fire before the delay ends.
+            fake = await serve_fake_containerd(nursery, path, enforce_deadlines=False)
             fake.inject("Version", Fault(delay=600))
             client = cri_client(path)
             start = trio.current_time()

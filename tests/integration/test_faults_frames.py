@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.fuzz import examples
+from tests.integration import h2_client
 from tests.integration.faults_support import FD_SLACK, Process, Processes, open_fds, version_ok
 from tests.integration.support import LIVENESS_LIMIT
 
@@ -131,17 +132,7 @@ def grpc_request(path: str, body: bytes) -> tuple[bool, int | None]:
     """
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
     conn.initiate_connection()
-    conn.send_headers(
-        1,
-        [
-            (":method", "POST"),
-            (":scheme", "http"),
-            (":path", path),
-            (":authority", "localhost"),
-            ("content-type", "application/grpc"),
-            ("te", "trailers"),
-        ],
-    )
+    conn.send_headers(1, h2_client.grpc_request(path))
     conn.send_data(1, body, end_stream=True)
     status: int | None = None
     with connect(SOCKET_OF[0]) as sock:

@@ -74,6 +74,17 @@ async def still_serving(node: Node) -> bool:
     return bool(await in_thread(version_ok, node.proxy_socket))
 
 
+async def registered_as_a(node: Node) -> tuple[str, str]:
+    """Plugins "a" (cpu_quota 1) and "b" (2) served; p.json registers "a" before the proxy starts;
+    a pod. The path of p.json and the pod's id."""
+    await serve_plugins(node, {"a": 1, "b": 2})
+    path = os.path.join(node.hook_dir, "p.json")
+    os.makedirs(node.hook_dir)
+    write_in_place(path, document(node, "a"))
+    await node.start_proxy()
+    return path, await node.run_pod()
+
+
 class TestRewrites:
     async def test_rapid_rewrites_final_content_wins(self, node: Node) -> None:
         """80 in-place rewrites of one file within ~1 s (endpoints, half documents, garbage): the proxy
@@ -103,12 +114,7 @@ class TestRewrites:
     async def test_partial_write_then_rest(self, node: Node) -> None:
         """A file left half-written for two polls is reported invalid while the previous version stays in
         force; once the rest is written, the new version is."""
-        await serve_plugins(node, {"a": 1, "b": 2})
-        path = os.path.join(node.hook_dir, "p.json")
-        os.makedirs(node.hook_dir)
-        write_in_place(path, document(node, "a"))
-        await node.start_proxy()
-        pod_id = await node.run_pod()
+        path, pod_id = await registered_as_a(node)
         new = document(node, "b")
 
         with open(path, "wb") as f:  # noqa: ASYNC230 - held open, half-written, across awaits
@@ -211,12 +217,7 @@ class TestUnreadable:
     ) -> None:
         """A file that cannot be read (EACCES; the tests run as root, so reading is made to fail) is
         reported, and its last good version stays in force until it can be read again."""
-        await serve_plugins(node, {"a": 1, "b": 2})
-        path = os.path.join(node.hook_dir, "p.json")
-        os.makedirs(node.hook_dir)
-        write_in_place(path, document(node, "a"))
-        await node.start_proxy()
-        pod_id = await node.run_pod()
+        path, pod_id = await registered_as_a(node)
         real_read = watcher.read_file
 
         def read_file(target: str, **kwargs: Any) -> bytes | None:

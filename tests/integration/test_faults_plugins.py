@@ -124,17 +124,25 @@ async def misbehave(node: Node, plugin: FakePlugin, trouble: str, policy: str) -
     plugin.misbehave(TROUBLES[trouble])
 
 
+async def misbehaving_plugin(node: Node, trouble: str, policy: str) -> tuple[FakePlugin, str, Usage]:
+    """A plugin "bad" at PreCreateContainer with ``policy``, changing cpu_quota to 1; the proxy and a
+    pod; the warm-up; then the plugin fails as ``trouble`` says. The plugin, the pod and the usage
+    before the trouble."""
+    plugin = FakePlugin(Changes(cpu_quota=1))
+    await node.add_plugin("bad", plugin, [CREATE], failure_policy=policy)
+    await node.start_proxy()
+    pod_id = await node.run_pod()
+    before = await warm_up(node, pod_id)
+    await misbehave(node, plugin, trouble, policy)
+    return plugin, pod_id, before
+
+
 class TestMisbehavingPlugin:
     @pytest.mark.parametrize("trouble", list(TROUBLES))
     async def test_ignore_policy(self, node: Node, trouble: str) -> None:
         """Ignore: every call of the burst succeeds, none carries the plugin's change; the proxy still
         serves and holds no more fds or tasks than before."""
-        plugin = FakePlugin(Changes(cpu_quota=1))
-        await node.add_plugin("bad", plugin, [CREATE], failure_policy="Ignore")
-        await node.start_proxy()
-        pod_id = await node.run_pod()
-        before = await warm_up(node, pod_id)
-        await misbehave(node, plugin, trouble, "Ignore")
+        plugin, pod_id, before = await misbehaving_plugin(node, trouble, "Ignore")
 
         outcomes, details = await burst(node, pod_id)
 
@@ -151,12 +159,7 @@ class TestMisbehavingPlugin:
     async def test_fail_policy(self, node: Node, trouble: str) -> None:
         """Fail: every call of the burst is rejected UNKNOWN "hook server err: hook server bad failed
         PreCreateContainer: ..." and nothing reaches the runtime; the proxy still serves, nothing leaks."""
-        plugin = FakePlugin(Changes(cpu_quota=1))
-        await node.add_plugin("bad", plugin, [CREATE], failure_policy="Fail")
-        await node.start_proxy()
-        pod_id = await node.run_pod()
-        before = await warm_up(node, pod_id)
-        await misbehave(node, plugin, trouble, "Fail")
+        _, pod_id, before = await misbehaving_plugin(node, trouble, "Fail")
 
         outcomes, details = await burst(node, pod_id)
 

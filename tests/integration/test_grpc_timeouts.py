@@ -29,36 +29,21 @@ from cri_api.v1 import api_pb2
 
 from krproxy.fakes.containerd import (
     FakeContainerd,
-    RuntimeState,
-    run_fake_containerd,
-    sequential_ids,
-    stepping_clock,
 )
 from krproxy.fakes.plugin import FakePlugin
 from krproxy.fakes.strict import Headers, timeout_error
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import MAX_TIMEOUT
 from krproxy.relay.rpc import encode_grpc_timeout, grpc_timeout
-from tests.conftest import CriClient
+from tests.conftest import CriClient, serve_fake_containerd
 from tests.integration.h2_client import framed, grpc_request, request
-from tests.integration.hooks_support import Node, container_config, pod_config
+from tests.integration.hooks_support import LIFECYCLE_HOOKS, Node, container_config, pod_config
 
 RUNTIME = "/runtime.v1.RuntimeService/"
 
 #: Caller deadlines in seconds: 1 ms to 10 h, around the 8-digit limit of each unit (the old
 #: microsecond encoding broke from 100 s on), and kubelet's defaults.
 DEADLINES = [0.001, 0.0123, 0.1, 1.0, 99.999999, 100.0, 120.0, 240.0, 3600.0, 36000.0]
-
-#: Plugin calls in a lifecycle, in order (PostStop hooks run after the runtime stopped the object).
-LIFECYCLE_HOOKS = [
-    HookPoint.PRE_RUN_POD_SANDBOX,
-    HookPoint.PRE_CREATE_CONTAINER,
-    HookPoint.PRE_START_CONTAINER,
-    HookPoint.POST_START_CONTAINER,
-    HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
-    HookPoint.POST_STOP_CONTAINER,
-    HookPoint.POST_STOP_POD_SANDBOX,
-]
 
 
 def _timeout_of(headers: Headers) -> str:
@@ -171,8 +156,7 @@ async def test_forwards_and_plugin_calls_carry_a_timeout_grpc_go_accepts(
     """Without a plugin the forwards alone are shown (a refused plugin call would fail first)."""
     mock_clock.rate = 1  # real time while the proxy starts
     path = os.path.join(sockdir, "containerd.sock")
-    state = RuntimeState(clock=stepping_clock(), new_id=sequential_ids())
-    fake = await nursery.start(run_fake_containerd, path, FakeContainerd(state, enforce_deadlines=False))
+    fake = await serve_fake_containerd(nursery, path, enforce_deadlines=False)
     node = Node(nursery, sockdir, fake, path, cri_client)
     plugin_timeout = min(deadline, MAX_TIMEOUT)
     plugin = FakePlugin()

@@ -73,8 +73,11 @@ SKIPPED = {
 
 
 def _peers() -> Path:
-    """``../shared/peers`` beside the repository (here and on CI); in a git worktree, beside the
+    """``$KRPROXY_PEERS_DIR`` if set (as ``scripts/containerd-sandbox`` reads it), else
+    ``../shared/peers`` beside the repository (here and on CI); in a git worktree, beside the
     main checkout the worktree belongs to."""
+    if os.environ.get("KRPROXY_PEERS_DIR"):
+        return Path(os.environ["KRPROXY_PEERS_DIR"])
     roots = [REPOSITORY]
     try:
         common = subprocess.run(

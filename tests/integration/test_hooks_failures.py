@@ -20,7 +20,7 @@ from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1
-from tests.integration.hooks_support import HANG_TIMEOUT, PLUGIN_TIMEOUT, Node, make_node
+from tests.integration.hooks_support import HANG_TIMEOUT, PLUGIN_TIMEOUT, Node, make_node, rejection
 from tests.integration.support import unary_call
 
 CREATE = HookPoint.PRE_CREATE_CONTAINER
@@ -91,10 +91,14 @@ async def failing_plugin(node: Node, trouble: str, policy: str, name: str = "bad
     return plugin
 
 
-async def rejection(node: Node, method: str, request: Any) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as info:
-        await node.call(method, request)
-    return info.value
+async def create_rejected_by_unserved(node: Node, name: str) -> grpc.RpcError:
+    """Plugin ``name`` registered (Fail, at PreCreateContainer) but not served by the harness (the
+    test serves its socket itself, or not at all); the proxy, a pod, and the CreateContainer that
+    fails: its error."""
+    await node.add_plugin(name, hooks=[CREATE], failure_policy="Fail", serve=False)
+    await node.start_proxy()
+    pod_id = await node.run_pod()
+    return await rejection(node, "CreateContainer", node.create_request(pod_id))
 
 
 @pytest.mark.parametrize("trouble", list(TROUBLES))
@@ -138,11 +142,7 @@ class TestPreHookFailureDetails:
         path = node.plugin_socket("stale")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.bind(path)
-        await node.add_plugin("stale", hooks=[CREATE], failure_policy="Fail", serve=False)
-        await node.start_proxy()
-        pod_id = await node.run_pod()
-
-        error = await rejection(node, "CreateContainer", node.create_request(pod_id))
+        error = await create_rejected_by_unserved(node, "stale")
 
         assert f"hook server stale failed PreCreateContainer: unreachable at {path}" in error.details()
         assert await trio.Path(path).exists()
@@ -162,11 +162,7 @@ class TestPreHookFailureDetails:
             conn.close()  # closing with unread input makes the kernel reset the peer
 
         node.nursery.start_soon(accept_then_die)
-        await node.add_plugin("reset", hooks=[CREATE], failure_policy="Fail", serve=False)
-        await node.start_proxy()
-        pod_id = await node.run_pod()
-
-        error = await rejection(node, "CreateContainer", node.create_request(pod_id))
+        error = await create_rejected_by_unserved(node, "reset")
 
         listener.close()
         assert "hook server reset failed PreCreateContainer: connection reset by peer" in error.details()
@@ -192,11 +188,7 @@ class TestPreHookFailureDetails:
                 await done.wait()
 
         node.nursery.start_soon(accept_then_stop_reading)
-        await node.add_plugin("deaf", hooks=[CREATE], failure_policy="Fail", serve=False)
-        await node.start_proxy()
-        pod_id = await node.run_pod()
-
-        error = await rejection(node, "CreateContainer", node.create_request(pod_id))
+        error = await create_rejected_by_unserved(node, "deaf")
 
         done.set()
         listener.close()

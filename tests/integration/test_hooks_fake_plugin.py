@@ -21,7 +21,8 @@ from krproxy.fakes.plugin import GARBAGE, Changes, FakePlugin, Misbehaviour, run
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from tests.integration.hooks_support import Node, make_node
+from krproxy.unixsock import bind_unix_socket
+from tests.integration.hooks_support import Node, container_config, make_node
 from tests.integration.support import unary_call, wait_until
 
 #: How long a new Python process may take to start (or stop) on a loaded CI machine.
@@ -273,3 +274,40 @@ class TestCommandLine:
 
         assert 2 == result.returncode
         assert b"unknown hook 'PreFoo'" in result.stderr
+
+
+class _CountingListener:
+    """A listening socket that counts the connections it accepted (the relay's accept loop calls
+    ``accept`` and waits on ``fileno``)."""
+
+    def __init__(self, sock: Any) -> None:
+        self.sock = sock
+        self.accepted = 0
+
+    def accept(self) -> Any:
+        got = self.sock.accept()
+        self.accepted += 1
+        return got
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+async def test_one_connection_to_a_plugin_serves_every_hooked_call(nursery: trio.Nursery, node: Node) -> None:
+    """The proxy keeps its connection to a registered plugin: hooked calls after the first open none
+    (a connection per call would be a connect and an HTTP/2 handshake on every CreateContainer)."""
+    path = node.plugin_socket("p")
+    listener = _CountingListener(bind_unix_socket(path))
+    plugin = FakePlugin()
+    await nursery.start(plugin.server().serve_socket, listener)
+    await node.start_proxy()
+    await node.add_plugin("p", plugin, [CREATE], serve=False)
+    pod_id = await node.run_pod()
+    await node.create_container(pod_id, container_config("first"))
+    opened = listener.accepted
+
+    for n in range(5):
+        await node.create_container(pod_id, container_config(f"c{n}"))
+
+    assert 6 == len(plugin.requests(CREATE))
+    assert 1 <= opened == listener.accepted

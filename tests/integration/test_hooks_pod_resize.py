@@ -16,12 +16,7 @@ import trio
 from cri_api.v1 import api_pb2
 
 from krproxy.fakes.containerd import (
-    FakeContainerd,
     Fault,
-    RuntimeState,
-    run_fake_containerd,
-    sequential_ids,
-    stepping_clock,
 )
 from krproxy.fakes.plugin import FakePlugin, Misbehaviour
 from krproxy.grpcstatus import Status
@@ -29,18 +24,17 @@ from krproxy.hooks.points import HookPoint
 from krproxy.hookserver import HookServer, PodContext, ServeOptions, Stage, serve
 from krproxy.hookserver.testing import FakeNode
 from krproxy.proto.runtime import v1alpha1 as hookapi
+from tests.conftest import serve_fake_containerd
 from tests.integration.hooks_support import (
-    CGROUP_PARENT,
-    POD_ANNOTATIONS,
     POD_LABELS,
     Node,
     make_node,
     pod_config,
+    pod_hook_request,
 )
 from tests.integration.support import wait_until
 
 RESIZE = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
-POD_META = hookapi.PodSandboxMetadata(name="web", uid="uid-web", namespace="prod", attempt=1)
 #: What kubelet sends for a pod resized to 1.5 CPUs and 1 GiB, with a RuntimeClass overhead.
 RESOURCES = {
     "cpu_period": 100_000,
@@ -59,9 +53,8 @@ async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_cl
 @pytest.fixture
 async def old_node(nursery: trio.Nursery, sockdir: str, cri_client: Any) -> AsyncIterator[Node]:
     """A node whose runtime lacks UpdatePodSandboxResources, as containerd 1.6 to 2.1."""
-    fake = FakeContainerd(RuntimeState(clock=stepping_clock(), new_id=sequential_ids(), pod_resize=False))
     path = f"{sockdir}/containerd-old.sock"
-    await nursery.start(run_fake_containerd, path, fake)
+    fake = await serve_fake_containerd(nursery, path, pod_resize=False)
     yield await make_node(nursery, sockdir, (fake, path), cri_client)
 
 
@@ -106,12 +99,7 @@ class TestResizeHook:
         await resize(node, resize_request(pod_id))
 
         assert [
-            hookapi.PodSandboxHookRequest(
-                pod_meta=POD_META,
-                runtime_handler="runc",
-                labels=POD_LABELS,
-                annotations=POD_ANNOTATIONS,
-                cgroup_parent=CGROUP_PARENT,
+            pod_hook_request(
                 overhead=hookapi.LinuxContainerResources(**OVERHEAD),
                 resources=hookapi.LinuxContainerResources(**RESOURCES),
             )

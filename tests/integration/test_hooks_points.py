@@ -22,15 +22,16 @@ from tests.integration.hooks_support import (
     CGROUP_PARENT,
     POD_ANNOTATIONS,
     POD_LABELS,
+    POD_META,
     Node,
     hook_resources,
     make_node,
     pod_config,
+    pod_hook_request,
 )
 from tests.integration.support import in_thread
 
 SKIP_LABEL = {"runtimeproxy.koordinator.sh/skip-hookserver": "true"}
-POD_META = hookapi.PodSandboxMetadata(name="web", uid="uid-web", namespace="prod", attempt=1)
 #: The envs of container_config() as a map: the later MODE wins.
 ENVS = {"PATH": "/bin", "MODE": "b"}
 
@@ -68,15 +69,7 @@ class TestPodHooks:
 
         await node.run_pod()
 
-        assert [
-            hookapi.PodSandboxHookRequest(
-                pod_meta=POD_META,
-                runtime_handler="runc",
-                labels=POD_LABELS,
-                annotations=POD_ANNOTATIONS,
-                cgroup_parent=CGROUP_PARENT,
-            )
-        ] == plugin.requests(HookPoint.PRE_RUN_POD_SANDBOX)
+        assert [pod_hook_request()] == plugin.requests(HookPoint.PRE_RUN_POD_SANDBOX)
         expected = api_pb2.RunPodSandboxRequest(config=pod_config(), runtime_handler="runc")
         expected.config.labels["added"] = "l"
         expected.config.annotations["added"] = "a"
@@ -91,15 +84,9 @@ class TestPodHooks:
 
         await node.stop_pod(pod_id)
 
-        assert [
-            hookapi.PodSandboxHookRequest(
-                pod_meta=POD_META,
-                runtime_handler="runc",
-                labels={**POD_LABELS, "added": "l"},
-                annotations=POD_ANNOTATIONS,
-                cgroup_parent=CGROUP_PARENT,
-            )
-        ] == plugin.requests(HookPoint.POST_STOP_POD_SANDBOX)
+        assert [pod_hook_request(labels={**POD_LABELS, "added": "l"})] == plugin.requests(
+            HookPoint.POST_STOP_POD_SANDBOX
+        )
         assert [HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.POST_STOP_POD_SANDBOX] == plugin.hooks_called()
         assert None is node.proxy.hooks.store.get_pod(pod_id)
         assert [pod_id] == [r.pod_sandbox_id for r in node.received("StopPodSandbox")]
@@ -267,13 +254,7 @@ class TestRetriedStop:
 
         await node.stop_pod(pod_id)
 
-        expected = hookapi.PodSandboxHookRequest(
-            pod_meta=POD_META,
-            runtime_handler="runc",
-            labels=POD_LABELS,
-            annotations=POD_ANNOTATIONS,
-            cgroup_parent=CGROUP_PARENT,
-        )
+        expected = pod_hook_request()
         assert [expected] * 2 == plugin.requests(HookPoint.POST_STOP_POD_SANDBOX)
         assert None is node.proxy.hooks.store.get_pod(pod_id)
 

@@ -33,6 +33,7 @@ from tests.integration.hooks_support import (
     container_config,
     make_node,
     pod_config,
+    rejection,
 )
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 
@@ -56,12 +57,6 @@ def hooked_plugin() -> FakePlugin:
     return FakePlugin(Changes(cgroup_parent=HOOKED_PARENT, annotations={"hooked": "yes"}))
 
 
-async def refused(node: Node, method: str, request: Any) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as info:
-        await node.call(method, request)
-    return info.value
-
-
 def run_request(config: api_pb2.PodSandboxConfig | None = None) -> api_pb2.RunPodSandboxRequest:
     return api_pb2.RunPodSandboxRequest(config=config or pod_config(), runtime_handler="runc")
 
@@ -75,7 +70,7 @@ class TestAbsentServer:
     async def test_run_pod_refused_and_nothing_forwarded(self, node: Node) -> None:
         await node.start_proxy(requirements=requiring("koordlet"))
 
-        error = await refused(node, "RunPodSandbox", run_request())
+        error = await rejection(node, "RunPodSandbox", run_request())
 
         assert grpc.StatusCode.UNAVAILABLE == error.code()
         file = os.path.join(node.hook_dir, "koordlet.json")
@@ -100,7 +95,7 @@ class TestAbsentServer:
 
     async def test_retry_goes_through_hooked_once_it_is_there(self, node: Node) -> None:
         await node.start_proxy(requirements=requiring("koordlet"))
-        await refused(node, "RunPodSandbox", run_request())
+        await rejection(node, "RunPodSandbox", run_request())
 
         plugin = await node.add_plugin("koordlet", hooked_plugin(), [RUN])
         pod_id = await node.run_pod()
@@ -114,7 +109,7 @@ class TestAbsentServer:
         await node.start_proxy(requirements=requiring("koordlet=PreCreateContainer"))
         pod_id = await node.run_pod()  # PreRunPodSandbox is not required
 
-        error = await refused(node, "CreateContainer", node.create_request(pod_id))
+        error = await rejection(node, "CreateContainer", node.create_request(pod_id))
 
         assert grpc.StatusCode.UNAVAILABLE == error.code()
         assert "PreCreateContainer needs it" in error.details()
@@ -131,8 +126,8 @@ class TestAbsentServer:
         await node.start_proxy(requirements=requiring("koordlet=PreCreateContainer"))
         pod_id = await node.run_pod()
 
-        await refused(node, "CreateContainer", node.create_request(pod_id))
-        error = await refused(node, "CreateContainer", node.create_request(pod_id))
+        await rejection(node, "CreateContainer", node.create_request(pod_id))
+        error = await rejection(node, "CreateContainer", node.create_request(pod_id))
 
         [logged] = logged_events(caplog.records, "required_server_not_hooked")
         assert ("koordlet", "PreCreateContainer") == (logged["server"], logged["hook"])
@@ -156,7 +151,7 @@ class TestAbsentServer:
             pod_sandbox_id=pod_id, config=container_config("app"), sandbox_config=config
         )
 
-        error = await refused(node, "CreateContainer", request)
+        error = await rejection(node, "CreateContainer", request)
 
         assert grpc.StatusCode.UNAVAILABLE == error.code()
         assert "required hook server gpu is registered, but not for this hook point" in error.details()
@@ -179,7 +174,7 @@ class TestAbsentServer:
 
         monkeypatch.setattr(guard, "admit", admit_then_unregister)
 
-        error = await refused(node, "RunPodSandbox", run_request())
+        error = await rejection(node, "RunPodSandbox", run_request())
 
         assert grpc.StatusCode.UNAVAILABLE == error.code()
         assert "required hook server koordlet is not registered (its registration file went away)" in (
@@ -198,7 +193,7 @@ class TestAbsentServer:
             )
             plugins.cancel_scope.cancel()
 
-        error = await refused(node, "RunPodSandbox", run_request())
+        error = await rejection(node, "RunPodSandbox", run_request())
 
         assert grpc.StatusCode.UNAVAILABLE == error.code()
         assert "required hook server koordlet" in error.details()
@@ -212,7 +207,7 @@ class TestAbsentServer:
         await node.add_plugin("koordlet", plugin, [RUN], call_timeout=HANG_TIMEOUT)
         await node.start_proxy(requirements=requiring("koordlet"))
 
-        error = await refused(node, "RunPodSandbox", run_request())
+        error = await rejection(node, "RunPodSandbox", run_request())
 
         assert grpc.StatusCode.UNAVAILABLE == error.code()
         assert "required hook server koordlet failed PreRunPodSandbox: no answer within" in error.details()
@@ -263,7 +258,7 @@ class TestRegisteredButNotThere:
         await node.add_plugin("koordlet", hooks=[RUN], serve=False)  # registered, nothing listens
         await node.start_proxy(requirements=requiring("koordlet"))
 
-        error = await refused(node, "RunPodSandbox", run_request())
+        error = await rejection(node, "RunPodSandbox", run_request())
 
         assert grpc.StatusCode.UNAVAILABLE == error.code()
         socket_path = node.plugin_socket("koordlet")
@@ -276,7 +271,7 @@ class TestRegisteredButNotThere:
         await node.add_plugin("koordlet", hooked_plugin(), [RUN], answer_after=math.inf)
         await node.start_proxy(requirements=requiring("koordlet"))
 
-        error = await refused(node, "RunPodSandbox", run_request())
+        error = await rejection(node, "RunPodSandbox", run_request())
 
         assert grpc.StatusCode.UNAVAILABLE == error.code()
         socket_path = node.plugin_socket("koordlet")
@@ -292,7 +287,7 @@ class TestRegisteredButNotThere:
         plugin = await node.add_plugin("koordlet", hooked_plugin(), [RUN], answer_after=answering)
         await node.start_proxy(requirements=requiring("koordlet"))
 
-        error = await refused(node, "RunPodSandbox", run_request())
+        error = await rejection(node, "RunPodSandbox", run_request())
         assert "koordlet is registered but not answering" in error.details()
         assert [] == node.fake.requests("RunPodSandbox")
 
@@ -316,7 +311,7 @@ class TestRegisteredButNotThere:
             await wait_until(lambda: os.path.exists(os.path.join(node.hook_dir, "cli.json")), LIVENESS_LIMIT)
             await node.start_proxy(requirements=requiring("cli"))
 
-            error = await refused(node, "RunPodSandbox", run_request())
+            error = await rejection(node, "RunPodSandbox", run_request())
 
             assert f"cli is registered but not answering (no answer within 1s at {socket_path})" in (
                 error.details()
@@ -376,7 +371,7 @@ class TestStartup:
             plugins.cancel_scope.cancel()
 
         await node.start_proxy(requirements=requiring("koordlet"), socket_name="proxy2.sock")
-        error = await refused(node, "RunPodSandbox", run_request(pod_config("db")))
+        error = await rejection(node, "RunPodSandbox", run_request(pod_config("db")))
 
         assert grpc.StatusCode.UNAVAILABLE == error.code()
         assert 1 == len(node.fake.requests("RunPodSandbox"))  # the first krproxy's pod only
@@ -402,7 +397,7 @@ class TestAnnotations:
             pod_sandbox_id=pod_id, config=container_config("app"), sandbox_config=config
         )
 
-        error = await refused(node, "CreateContainer", request)
+        error = await rejection(node, "CreateContainer", request)
         sidecar = await node.create_container(pod_id, container_config("sidecar"))
 
         assert grpc.StatusCode.UNAVAILABLE == error.code()
@@ -417,7 +412,7 @@ class TestAnnotations:
     async def test_pod_scoped_requirement_holds_run_pod_sandbox(self, node: Node) -> None:
         await node.start_proxy(requirements=requiring())
 
-        error = await refused(
+        error = await rejection(
             node,
             "RunPodSandbox",
             run_request(annotated({"required-plugins.noderesource.dev/pod": "[ net ]"})),
@@ -429,7 +424,7 @@ class TestAnnotations:
     async def test_malformed_annotation_is_refused_with_the_fix(self, node: Node) -> None:
         await node.start_proxy(requirements=requiring())
 
-        error = await refused(
+        error = await rejection(
             node, "RunPodSandbox", run_request(annotated({"required-plugins.noderesource.dev": "net"}))
         )
 
@@ -444,7 +439,7 @@ class TestAnnotations:
         await node.start_proxy(requirements=requiring())
         for i in range(MAX_ANNOTATED_SERVERS + 44):
             config = annotated({"required-plugins.noderesource.dev/pod": f'["net-{i}"]'}, f"p{i}")
-            error = await refused(node, "RunPodSandbox", run_request(config))
+            error = await rejection(node, "RunPodSandbox", run_request(config))
             assert f"required hook server net-{i} is not registered" in error.details()
 
         guard = node.proxy.hooks.guard
@@ -467,7 +462,7 @@ class TestAnnotations:
         await node.start_proxy(requirements=requiring("koordlet", tolerate_annotation=tolerate))
 
         await node.run_pod(annotated({tolerate: "true"}))
-        error = await refused(node, "RunPodSandbox", run_request(annotated({tolerate: "false"}, "db")))
+        error = await rejection(node, "RunPodSandbox", run_request(annotated({tolerate: "false"}, "db")))
 
         assert grpc.StatusCode.UNAVAILABLE == error.code()
         assert 1 == len(node.fake.requests("RunPodSandbox"))

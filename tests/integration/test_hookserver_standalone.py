@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import json
 import pathlib
-from collections.abc import Sequence
 
 import pytest
 import trio
@@ -21,31 +20,20 @@ from krproxy.hookserver import (
     HookServer,
     NodePolicy,
     PodSelector,
-    PodTarget,
     Stage,
     run_standalone,
 )
 from krproxy.hookserver.policies import cpuset, cpusuppress, groupidentity, resctrl
-from krproxy.hookserver.policies.cpusuppress import Measurement
 from krproxy.hookserver.testing import FakeNode, container_request, pod_request
 from krproxy.proto.runtime import v1 as cri
 from tests.integration.support import LIVENESS_LIMIT, wait_until
+from tests.integration.test_hookserver_through_proxy import POLICY, meter
 
-POLICY = """
-resourceQOSStrategy:
-  lsClass: {cpuQOS: {groupIdentity: 2}, resctrlQOS: {catRangeEndPercent: 100, mbaPercent: 100}}
-  beClass: {cpuQOS: {groupIdentity: -1}, resctrlQOS: {catRangeEndPercent: 25, mbaPercent: 30}}
-resourceUsedThresholdWithBE: {cpuSuppressThresholdPercent: 50, cpuSuppressPolicy: cfsQuota}
-"""
 PODS = {
     # name: (qos label, cgroup parent, annotations)
     "be": ("BE", "/kubepods/besteffort/poduid-be", {}),
     "ls": ("LS", "/kubepods/burstable/poduid-ls", {cpuset.ANNOTATION: json.dumps({"cpuset": "0-1"})}),
 }
-
-
-def meter(targets: Sequence[PodTarget]) -> Measurement:
-    return Measurement(total_cores=8, node_used=2.0, ls_used=2.0)
 
 
 def make_app(node: FakeNode) -> HookServer:
@@ -55,6 +43,23 @@ def make_app(node: FakeNode) -> HookServer:
     cpusuppress.install(app, meter, interval=0.05)
     resctrl.install(app)
     return app
+
+
+def policy_file(tmp: pathlib.Path) -> pathlib.Path:
+    """:data:`POLICY` written to ``tmp/policy.yaml``."""
+    policy = tmp / "policy.yaml"
+    policy.write_text(POLICY)
+    return policy
+
+
+async def start_standalone(
+    nursery: trio.Nursery, app: HookServer, runtime: str, policy: pathlib.Path, **options: object
+) -> None:
+    """Standalone mode for ``app`` against ``runtime`` with the policy file ``policy``, a pass every
+    50 ms; ``options`` go to :func:`run_standalone`."""
+    await nursery.start(
+        functools.partial(run_standalone, app, runtime, interval=0.05, policy_path=str(policy), **options)
+    )
 
 
 def start_pod(fake: FakeContainerd, name: str, *, namespace: str = "default", labelled: bool = True) -> str:
@@ -109,8 +114,7 @@ async def test_standalone_converges_like_proxy_mode(
 
     # Proxy mode, driven directly: the hook calls kubelet's pod start would cause.
     proxy_app = make_app(proxy_node)
-    policy = short_tmp / "policy.yaml"
-    policy.write_text(POLICY)
+    policy = policy_file(short_tmp)
     proxy_app.set_policy(NodePolicy.load(policy))
     proxy_app.tick(proxy_app.tickers[0])
     create_answers = {}
@@ -125,11 +129,7 @@ async def test_standalone_converges_like_proxy_mode(
     app = make_app(standalone_node)
     with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
-            await nursery.start(
-                functools.partial(
-                    run_standalone, app, f"unix://{socket}", interval=0.05, policy_path=str(policy)
-                )
-            )
+            await start_standalone(nursery, app, f"unix://{socket}", policy)
             expected = snapshot(proxy_node)
             assert expected["be:CFS_QUOTA"] == "200000 100000"  # 8 × 50% − 2 LS
             await wait_until(lambda: snapshot(standalone_node) == expected)
@@ -154,14 +154,10 @@ async def test_later_pod_is_picked_up_at_next_pass(
     """Asynchronous by design: a pod started after a pass gets its settings at a later pass."""
     fake, socket = fake_containerd
     node = FakeNode(short_tmp / "n").create()
-    policy = short_tmp / "policy.yaml"
-    policy.write_text(POLICY)
     app = make_app(node)
     with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
-            await nursery.start(
-                functools.partial(run_standalone, app, socket, interval=0.05, policy_path=str(policy))
-            )
+            await start_standalone(nursery, app, socket, policy_file(short_tmp))
             assert () == app.pods.targets()
             parent = PODS["be"][1]
             node.add_cgroup(parent)
@@ -208,16 +204,10 @@ async def test_only_selected_pods_are_touched(
     for name, cid in ids.items():
         node.add_cgroup(PODS[name][1])
         node.add_cgroup(f"{PODS[name][1]}/{cid}")
-    policy = short_tmp / "policy.yaml"
-    policy.write_text(POLICY)
     app = make_app(node)
     with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
-            await nursery.start(
-                functools.partial(
-                    run_standalone, app, socket, interval=0.05, policy_path=str(policy), selector=selector
-                )
-            )
+            await start_standalone(nursery, app, socket, policy_file(short_tmp), selector=selector)
             assert touched == {t.pod.meta.name for t in app.pods.targets()}
             nursery.cancel_scope.cancel()
     bvt = {name: node.read(PODS[name][1], CgroupFile.CPU_BVT) for name in ids}

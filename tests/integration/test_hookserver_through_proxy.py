@@ -172,14 +172,16 @@ def write_policy(path: pathlib.Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-async def start_hookserver(
-    nursery: trio.Nursery, app: HookServer, daemon: Daemon, tmp: pathlib.Path, **options: Any
-) -> ServeOptions:
-    """Serve ``app`` registering into the proxy's hook dir; return once the proxy uses the file."""
+async def proxy_and_hookserver(
+    nursery: trio.Nursery, app: HookServer, runtime: str, tmp: pathlib.Path, **options: Any
+) -> tuple[Daemon, ServeOptions]:
+    """The proxy in ``tmp`` in front of ``runtime``, and ``app`` served registering into its hook
+    dir (``options`` go to :class:`ServeOptions`); return once the proxy uses the registration."""
+    daemon = await start_proxy(nursery, str(tmp), runtime_endpoint=runtime)
     opts = ServeOptions(socket=str(tmp / "hs.sock"), hook_dir=daemon.config.hook_dir, **options)
     await nursery.start(serve, app, opts)
     await wait_until(lambda: REGISTRATION in daemon.hooks.dispatcher.registry.plugins)
-    return opts
+    return daemon, opts
 
 
 def runtime_applies(node: FakeNode, cgroup_dir: str, res: cri.LinuxContainerResources | None) -> None:
@@ -287,8 +289,9 @@ async def test_sdk_registration_file_is_accepted_unchanged(
     app = make_app(node)
     with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
-            daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
-            opts = await start_hookserver(nursery, app, daemon, short_tmp, failure_policy=FailurePolicy.FAIL)
+            daemon, opts = await proxy_and_hookserver(
+                nursery, app, runtime, short_tmp, failure_policy=FailurePolicy.FAIL
+            )
             path = pathlib.Path(daemon.config.hook_dir) / REGISTRATION
             written = path.read_bytes()
             stages = (  # the built-ins' stages plus the two lifecycle stages every SDK server takes
@@ -332,8 +335,7 @@ async def be_and_ls_through_proxy(
     write_policy(policy, POLICY)
     with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
-            daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
-            await start_hookserver(nursery, app, daemon, short_tmp, policy_path=str(policy))
+            daemon, _ = await proxy_and_hookserver(nursery, app, runtime, short_tmp, policy_path=str(policy))
             prime_cpu_suppress(app)
             client = cri_client(daemon.config.listen)
             be = await start_pod(client, fake, node, BE)
@@ -427,8 +429,9 @@ async def test_standalone_converges_to_the_same_tree(
     proxy_app, alone_app = make_app(proxy_node), make_app(alone_node)
     with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
-            daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
-            await start_hookserver(nursery, proxy_app, daemon, short_tmp, policy_path=str(policy))
+            daemon, _ = await proxy_and_hookserver(
+                nursery, proxy_app, runtime, short_tmp, policy_path=str(policy)
+            )
             prime_cpu_suppress(proxy_app)
             client = cri_client(daemon.config.listen)
             started = {pod.name: await start_pod(client, fake, proxy_node, pod) for pod in (BE, LS)}
@@ -511,11 +514,10 @@ async def test_plugin_error_under_failure_policies(
     sdk_applied = plugin_policy is FailurePolicy.IGNORE
     with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
-            daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
-            await start_hookserver(
+            daemon, _ = await proxy_and_hookserver(
                 nursery,
                 app,
-                daemon,
+                runtime,
                 short_tmp,
                 policy_path=str(policy),
                 failure_policy=registration_policy,
@@ -583,8 +585,7 @@ async def test_removed_pod_is_forgotten_by_the_hook_server(
     app = make_app(node)
     with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
-            daemon = await start_proxy(nursery, str(short_tmp), runtime_endpoint=runtime)
-            await start_hookserver(nursery, app, daemon, short_tmp)
+            daemon, _ = await proxy_and_hookserver(nursery, app, runtime, short_tmp)
             client = cri_client(daemon.config.listen)
             be = await start_pod(client, fake, node, BE)
             assert [1] == [len(t.containers) for t in app.pods.targets()]

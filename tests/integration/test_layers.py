@@ -322,6 +322,15 @@ def test_the_admin_endpoint_does_not_load_the_proxys_interceptors() -> None:
     assert set() == client & {"trio", "prometheus_client", "krproxy.admin.server", "krproxy.admin.status"}
 
 
+def test_merge_and_validation_take_records_not_wire_messages() -> None:
+    """The merge rules and the answer checks work on records (docs/architecture.md, "One protobuf path per
+    job"): importing them, their package included, loads no generated message and no protobuf runtime."""
+    loaded = _modules_after_importing("krproxy.hooks.merge", "krproxy.hooks.validate")
+    wire = {m for m in loaded if m.startswith(("krproxy.proto", "betterproto2", "google.protobuf"))}
+    assert {"krproxy.hooks.merge", "krproxy.hooks.validate"} <= loaded
+    assert set() == wire
+
+
 #: A module of one job fits in about this many lines (docs/architecture.md, "Layers").
 MAX_LINES = 500
 

@@ -30,6 +30,7 @@ from krproxy.nri._session import TtrpcError
 from krproxy.nri.plugin import NriConfig, NriPlugin
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from krproxy.proto.runtime import v1alpha1 as hookapi
+from tests.integration.hooks_support import LIFECYCLE_HOOKS
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 
 LIMIT = LIVENESS_LIMIT  # seconds any one test may take (a liveness bound)
@@ -494,15 +495,7 @@ class TestOtherEvents:
             await node.runtime.remove_container("ctr-app")
             await node.runtime.stop_pod("pod-web")
             await node.runtime.remove_pod("pod-web")
-        assert [
-            HookPoint.PRE_RUN_POD_SANDBOX,
-            HookPoint.PRE_CREATE_CONTAINER,
-            HookPoint.PRE_START_CONTAINER,
-            HookPoint.POST_START_CONTAINER,
-            HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
-            HookPoint.POST_STOP_CONTAINER,
-            HookPoint.POST_STOP_POD_SANDBOX,
-        ] == fake.hooks_called()
+        assert LIFECYCLE_HOOKS == fake.hooks_called()
         assert {"app": "web"} == fake.requests(HookPoint.POST_STOP_CONTAINER)[0].pod_labels
         assert {} == plugin.store.pods() and {} == plugin.store.containers()
         assert nri_plugin.NRI_VERSION == connected.nri_version  # said at registration

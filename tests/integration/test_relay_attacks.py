@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,7 +30,8 @@ from krproxy.h2 import frames as f
 from krproxy.relay import Relay
 from krproxy.relay.connection import CONNECTION_WINDOW, MAX_HEADER_BLOCK
 from krproxy.relay.rpc import UpstreamError, grpc_message, request_headers
-from tests.integration.support import LIVENESS_LIMIT, ThreadedUnixServer, wait_until
+from tests.integration.support import LIVENESS_LIMIT, ThreadedUnixServer, received, serve_relay, wait_until
+from tests.unit.h2peer import read_frames, split_frames
 
 PATH = "/test.Attack/Call"
 MESSAGE = grpc_message(b"ping")
@@ -41,28 +41,6 @@ def _after_preface(*frames: bytes) -> bytes:
     return f.PREFACE + f.frame(f.SETTINGS, 0, 0) + b"".join(frames)
 
 
-def _read_frames(sock: socket.socket, until: Callable[[list[tuple[int, int, int, bytes]]], bool]) -> list:
-    """Frames read from ``sock`` (kind, flags, stream, payload) until ``until`` holds or it closes."""
-    seen: list[tuple[int, int, int, bytes]] = []
-    buf = b""
-    while not until(seen):
-        try:
-            chunk = sock.recv(65536)
-        except (ConnectionResetError, BrokenPipeError):
-            break
-        if not chunk:
-            break
-        buf += chunk
-        while len(buf) >= f.HEAD_SIZE:
-            high, low, kind, flags, stream = f.HEAD.unpack_from(buf, 0)
-            size = high << 16 | low
-            if len(buf) < f.HEAD_SIZE + size:
-                break
-            seen.append((kind, flags, stream, buf[f.HEAD_SIZE : f.HEAD_SIZE + size]))
-            buf = buf[f.HEAD_SIZE + size :]
-    return seen
-
-
 def _pinged(seen: list[tuple[int, int, int, bytes]]) -> bool:
     return any(kind == f.PING and flags & f.ACK for kind, flags, _, _ in seen)
 
@@ -70,72 +48,44 @@ def _pinged(seen: list[tuple[int, int, int, bytes]]) -> bool:
 # -- server side: a hostile caller -------------------------------------------------------------
 
 
-class SilentRuntime:
+class SilentRuntime(ThreadedUnixServer):
     """An ``h2`` server that takes requests and never answers; counts the streams it has open
     (received, not reset) and the most it had open at once."""
 
     def __init__(self, path: str) -> None:
-        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.listener.bind(path)
-        self.listener.listen(4)
-        self.listener.settimeout(0.2)
         self.received = 0
         self.reset = 0
         self.open: set[int] = set()
         self.most_open = 0
-        self.stopping = False
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
+        super().__init__(path, backlog=4)
 
-    def close(self) -> None:
-        self.stopping = True
-        self.thread.join(5)
-        self.listener.close()
-
-    def _serve(self) -> None:
-        while not self.stopping:
-            try:
-                sock, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            sock.settimeout(0.2)
-            conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
-            conn.initiate_connection()
-            sock.sendall(conn.data_to_send())
-            with sock:
-                while not self.stopping:
-                    try:
-                        data = sock.recv(65536)
-                    except TimeoutError:
-                        continue
-                    if not data:
-                        break
-                    for event in conn.receive_data(data):
-                        if isinstance(event, h2.events.RequestReceived):
-                            self.received += 1
-                            self.open.add(event.stream_id)
-                            self.most_open = max(self.most_open, len(self.open))
-                        elif isinstance(event, h2.events.StreamReset):
-                            self.reset += 1
-                            self.open.discard(event.stream_id)
-                    sock.sendall(conn.data_to_send())
+    def serve_connection(self, sock: socket.socket) -> None:
+        sock.settimeout(0.2)
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        with sock:
+            for data in received(sock, lambda: self.stopping):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.RequestReceived):
+                        self.received += 1
+                        self.open.add(event.stream_id)
+                        self.most_open = max(self.most_open, len(self.open))
+                    elif isinstance(event, h2.events.StreamReset):
+                        self.reset += 1
+                        self.open.discard(event.stream_id)
+                sock.sendall(conn.data_to_send())
 
 
 @pytest.fixture
 async def silent_relay(
-    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    nursery: trio.Nursery, relay: Relay, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[str, SilentRuntime, Relay]:
     """A relay allowing a caller 10 streams, before a runtime that never answers."""
     monkeypatch.setattr("krproxy.relay.connection.CALLER_MAX_STREAMS", 10)
     runtime = SilentRuntime(str(short_tmp / "runtime.sock"))
-    relay = Relay()
-    await nursery.start(relay.run)
     relay.configure(relay.route_to(str(short_tmp / "runtime.sock"), "runtime"), None, {}, unary_paths=[PATH])
-    listen = str(short_tmp / "relay.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(listen)
-    listener.listen(4)
-    await nursery.start(relay.serve, listener)
+    listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
     yield listen, runtime, relay
     runtime.close()
 
@@ -146,7 +96,7 @@ def _exchange(listen: str, data: bytes) -> list[tuple[int, int, int, bytes]]:
         sock.settimeout(LIVENESS_LIMIT)
         sock.connect(listen)
         sock.sendall(data + f.frame(f.PING, 0, 0, b"attacked"))
-        return _read_frames(sock, _pinged)
+        return read_frames(sock, _pinged)
 
 
 def _request(stream_id: int, encoder: hpack.Encoder) -> bytes:
@@ -209,7 +159,7 @@ async def test_a_continuation_flood_ends_the_connection_at_the_block_limit(
             sock.connect(listen)
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 sock.sendall(data)  # the relay may close before taking it all
-            return _read_frames(sock, lambda seen: any(kind == f.GOAWAY for kind, _, _, _ in seen))
+            return read_frames(sock, lambda seen: any(kind == f.GOAWAY for kind, _, _, _ in seen))
 
     seen = await trio.to_thread.run_sync(run)
     assert [f.PROTOCOL_ERROR] == [int.from_bytes(p[4:8], "big") for kind, _, _, p in seen if kind == f.GOAWAY]
@@ -217,21 +167,15 @@ async def test_a_continuation_flood_ends_the_connection_at_the_block_limit(
 
 @pytest.mark.parametrize("kind", range(0x0A, 0x10))
 async def test_unknown_frame_types_are_ignored(
-    nursery: trio.Nursery, short_tmp: Path, kind: int, fake_containerd: tuple[object, str]
+    nursery: trio.Nursery, relay: Relay, short_tmp: Path, kind: int, fake_containerd: tuple[object, str]
 ) -> None:
     """Frame types 0x0a-0x0f (CVE-2026-27141) on the connection and on an open stream, with
     flags and a payload, in the middle of a request: ignored (RFC 9113 §5.5), the call is
     answered and nothing is reset. Rule: an unknown frame type is never an error."""
     _, backend = fake_containerd
-    relay = Relay()
-    await nursery.start(relay.run)
     version = "/runtime.v1.RuntimeService/Version"
     relay.configure(relay.route_to(backend, "runtime"), None, {}, unary_paths=[version])
-    listen = str(short_tmp / "relay.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(listen)
-    listener.listen(4)
-    await nursery.start(relay.serve, listener)
+    listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
     block = hpack.Encoder().encode([(n.decode(), v.decode()) for n, v in request_headers(version)])
     data = _after_preface(
         f.frame(kind, 0xFF, 0, b"unknown"),
@@ -246,7 +190,7 @@ async def test_unknown_frame_types_are_ignored(
             sock.settimeout(LIVENESS_LIMIT)
             sock.connect(listen)
             sock.sendall(data)
-            return _read_frames(
+            return read_frames(
                 sock, lambda seen: any(k == f.HEADERS and fl & f.END_STREAM for k, fl, _, _ in seen)
             )
 
@@ -350,26 +294,13 @@ class ScriptedUpstream(ThreadedUnixServer):
         with sock:
             try:
                 sock.sendall(self.settings)
-                while not self.stopping:
-                    try:
-                        chunk = sock.recv(65536)
-                    except TimeoutError:
-                        continue
-                    if not chunk:
-                        return
+                for chunk in received(sock, lambda: self.stopping):
                     buf += chunk
                     if preface:
                         if len(buf) < len(f.PREFACE):
                             continue
                         buf, preface = buf[len(f.PREFACE) :], False
-                    frames = []
-                    while len(buf) >= f.HEAD_SIZE:
-                        high, low, kind, flags, stream = f.HEAD.unpack_from(buf, 0)
-                        size = high << 16 | low
-                        if len(buf) < f.HEAD_SIZE + size:
-                            break
-                        frames.append((kind, flags, stream, buf[f.HEAD_SIZE : f.HEAD_SIZE + size]))
-                        buf = buf[f.HEAD_SIZE + size :]
+                    frames, buf = split_frames(buf)
                     self.goaways += [int.from_bytes(p[4:8], "big") for k, _, _, p in frames if k == f.GOAWAY]
                     # A send fails once the relay has closed; its GOAWAY may still be unread.
                     with contextlib.suppress(OSError):
@@ -380,6 +311,17 @@ class ScriptedUpstream(ThreadedUnixServer):
                                 sock.sendall(self.answer(stream))
             except OSError:
                 return
+
+
+async def _call_until_goaway(relay: Relay, path: str, upstream: ScriptedUpstream) -> object:
+    """One call through ``relay`` to ``upstream`` (serving ``path``), then a wait for the GOAWAY the
+    relay sends it; the call's answer or error. The upstream is closed after."""
+    try:
+        answer = await _call(relay, path)
+        await wait_until(lambda: bool(upstream.goaways))
+    finally:
+        upstream.close()
+    return answer
 
 
 def _headers(stream_id: int, fields: list[tuple[str, str]], end: bool = False) -> bytes:
@@ -399,13 +341,6 @@ def _answer(stream_id: int, *between: bytes, status: str = "0") -> bytes:
             _headers(stream_id, [("grpc-status", status)], end=True),
         )
     )
-
-
-@pytest.fixture
-async def relay(nursery: trio.Nursery) -> Relay:
-    relay = Relay()
-    await nursery.start(relay.run)
-    return relay
 
 
 async def _call(relay: Relay, path: str) -> object:
@@ -444,11 +379,7 @@ async def test_an_upstreams_invalid_max_frame_size_fails_the_call_at_once(
     call fails at once instead of hanging."""
     path = str(short_tmp / "upstream.sock")
     upstream = ScriptedUpstream(path, _answer, f.settings([(f.MAX_FRAME_SIZE, size)]))
-    try:
-        answer = await _call(relay, path)
-        await wait_until(lambda: bool(upstream.goaways))
-    finally:
-        upstream.close()
+    answer = await _call_until_goaway(relay, path, upstream)
     assert isinstance(answer, UpstreamError)
     assert [f.PROTOCOL_ERROR] == upstream.goaways
 
@@ -465,11 +396,7 @@ async def test_an_upstreams_continuation_flood_fails_the_call_at_once(relay: Rel
         return b"".join(frames)
 
     upstream = ScriptedUpstream(path, flood)
-    try:
-        answer = await _call(relay, path)
-        await wait_until(lambda: bool(upstream.goaways))
-    finally:
-        upstream.close()
+    answer = await _call_until_goaway(relay, path, upstream)
     assert isinstance(answer, UpstreamError)
     assert [f.PROTOCOL_ERROR] == upstream.goaways
 
@@ -498,11 +425,7 @@ async def test_an_upstreams_malformed_frame_fails_the_call_at_once(
     (GOAWAY), and the call fails at once."""
     path = str(short_tmp / "upstream.sock")
     upstream = ScriptedUpstream(path, lambda stream: frame)
-    try:
-        answer = await _call(relay, path)
-        await wait_until(lambda: bool(upstream.goaways))
-    finally:
-        upstream.close()
+    answer = await _call_until_goaway(relay, path, upstream)
     assert isinstance(answer, UpstreamError)
     assert [code] == upstream.goaways
 
@@ -540,10 +463,6 @@ async def test_an_upstreams_repeated_initial_window_size_changes_fail_the_call(
     monkeypatch.setattr("krproxy.relay.connection.MAX_WINDOW_SHIFTS", 100)
     path = str(short_tmp / "upstream.sock")
     upstream = ScriptedUpstream(path, lambda stream: _window_flips(300))
-    try:
-        answer = await _call(relay, path)
-        await wait_until(lambda: bool(upstream.goaways))
-    finally:
-        upstream.close()
+    answer = await _call_until_goaway(relay, path, upstream)
     assert isinstance(answer, UpstreamError)
     assert [f.ENHANCE_YOUR_CALM] == upstream.goaways

@@ -48,13 +48,6 @@ def echo(request: bytes, context: grpc.ServicerContext) -> bytes:
 
 
 @pytest.fixture
-async def relay(nursery: trio.Nursery) -> Relay:
-    relay = Relay()
-    await nursery.start(relay.run)
-    return relay
-
-
-@pytest.fixture
 def route(relay: Relay, short_tmp: Path) -> Route:
     return relay.route_to(str(short_tmp / "p.sock"), "plugin p")
 

@@ -23,7 +23,8 @@ import trio
 from krproxy.fakes.containerd import FakeContainerd
 from krproxy.h2 import frames as f
 from krproxy.relay import Relay
-from tests.integration.support import LIVENESS_LIMIT, start_proxy, wait_until
+from tests.integration.support import LIVENESS_LIMIT, serve_relay, start_proxy, wait_until
+from tests.unit.h2peer import Frame, parse, read_frames, split_frames
 
 PATH = "/test.Conformance/Call"
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -100,37 +101,19 @@ def _relay_verdict(path: str, data: bytes) -> int:
         sock.settimeout(5)
         sock.connect(path)
         sock.sendall(data)
-        buf = b""
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return 0
-            buf += chunk
-            while len(buf) >= f.HEAD_SIZE:
-                high, low, kind, _flags, _stream = f.HEAD.unpack_from(buf, 0)
-                size = high << 16 | low
-                if len(buf) < f.HEAD_SIZE + size:
-                    break
-                payload = buf[f.HEAD_SIZE : f.HEAD_SIZE + size]
-                buf = buf[f.HEAD_SIZE + size :]
-                if kind == f.GOAWAY:
-                    return int.from_bytes(payload[4:8], "big")
+        seen = read_frames(sock, lambda seen: any(kind == f.GOAWAY for kind, _, _, _ in seen))
+    codes = [int.from_bytes(payload[4:8], "big") for kind, _, _, payload in seen if kind == f.GOAWAY]
+    return codes[0] if codes else 0
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 async def test_a_misbehaving_caller_gets_the_connection_error_h2_gives(
-    nursery: trio.Nursery, short_tmp: Path, case: str
+    nursery: trio.Nursery, relay: Relay, short_tmp: Path, case: str
 ) -> None:
     """The relay ends the connection with the error code the RFC names, as an ``h2`` server does."""
     data, expected = CASES[case]
-    relay = Relay()
-    await nursery.start(relay.run)
     relay.configure(relay.route_to(str(short_tmp / "none.sock"), "upstream"), None, {}, unary_paths=[PATH])
-    listen = str(short_tmp / "relay.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(listen)
-    listener.listen(4)
-    await nursery.start(relay.serve, listener)
+    listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
     assert H2_DIFFERS.get(case, expected) == _h2_verdict(data)
     assert expected == await trio.to_thread.run_sync(_relay_verdict, listen, data)
 
@@ -140,17 +123,7 @@ async def test_a_window_update_of_0_on_a_stream_resets_only_that_stream(
 ) -> None:
     """WINDOW_UPDATE of 0 on an open stream is a stream error (RFC 9113 §6.9): RST_STREAM
     PROTOCOL_ERROR on it, and the connection still answers a PING."""
-    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # a runtime that never answers
-    silent.bind(str(short_tmp / "silent.sock"))
-    silent.listen(4)
-    relay = Relay()
-    await nursery.start(relay.run)
-    relay.configure(relay.route_to(str(short_tmp / "silent.sock"), "upstream"), None, {}, unary_paths=[PATH])
-    listen = str(short_tmp / "relay.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(listen)
-    listener.listen(4)
-    await nursery.start(relay.serve, listener)
+    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
     encoder = h2.connection.H2Connection().encoder
     block = encoder.encode(
         [(":method", "POST"), (":scheme", "http"), (":path", PATH), ("content-type", "application/grpc")]
@@ -158,32 +131,9 @@ async def test_a_window_update_of_0_on_a_stream_resets_only_that_stream(
     data = _after_preface(
         f.frame(f.HEADERS, f.END_HEADERS, 1, block),
         f.frame(f.WINDOW_UPDATE, 0, 1, b"\x00\x00\x00\x00"),
-        f.frame(f.PING, 0, 0, b"12345678"),
     )
-
-    def run() -> list[tuple[int, int, bytes]]:
-        seen: list[tuple[int, int, bytes]] = []
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(5)
-            sock.connect(listen)
-            sock.sendall(data)
-            buf = b""
-            while not any(kind == f.PING for kind, _, _ in seen):
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
-                while len(buf) >= f.HEAD_SIZE:
-                    high, low, kind, _flags, stream = f.HEAD.unpack_from(buf, 0)
-                    size = high << 16 | low
-                    if len(buf) < f.HEAD_SIZE + size:
-                        break
-                    seen.append((kind, stream, buf[f.HEAD_SIZE : f.HEAD_SIZE + size]))
-                    buf = buf[f.HEAD_SIZE + size :]
-        return seen
-
     try:
-        seen = await trio.to_thread.run_sync(run)
+        seen = await trio.to_thread.run_sync(_relay_frames, listen, data)
     finally:
         silent.close()
     resets = [(stream, int.from_bytes(p, "big")) for kind, stream, p in seen if kind == f.RST_STREAM]
@@ -327,37 +277,19 @@ def _h2_code(data: bytes) -> int:
         conn.receive_data(data)
     except h2.exceptions.ProtocolError as err:
         return int(err.error_code)
-    out = conn.data_to_send()
-    while len(out) >= f.HEAD_SIZE:
-        high, low, kind, _flags, stream = f.HEAD.unpack_from(out, 0)
-        size = high << 16 | low
+    for kind, _, stream, payload in parse(conn.data_to_send()):
         if kind == f.RST_STREAM and stream == 1:
-            return int.from_bytes(out[f.HEAD_SIZE : f.HEAD_SIZE + 4], "big")
-        out = out[f.HEAD_SIZE + size :]
+            return int.from_bytes(payload[:4], "big")
     return 0
 
 
 def _relay_frames(path: str, data: bytes) -> list[tuple[int, int, bytes]]:
-    """The frames the relay answers ``data`` + a PING with, up to the PING's answer."""
-    seen: list[tuple[int, int, bytes]] = []
+    """The frames the relay answers ``data`` + a PING with, up to the PING's answer:
+    ``(type, stream id, payload)``."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(5)
         sock.connect(path)
-        sock.sendall(data + f.frame(f.PING, 0, 0, b"12345678"))
-        buf = b""
-        while not any(kind == f.PING for kind, _, _ in seen):
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-            while len(buf) >= f.HEAD_SIZE:
-                high, low, kind, _flags, stream = f.HEAD.unpack_from(buf, 0)
-                size = high << 16 | low
-                if len(buf) < f.HEAD_SIZE + size:
-                    break
-                seen.append((kind, stream, buf[f.HEAD_SIZE : f.HEAD_SIZE + size]))
-                buf = buf[f.HEAD_SIZE + size :]
-    return seen
+        return _relay_frames_on(sock, data)
 
 
 async def _relay_before_a_silent_runtime(
@@ -369,12 +301,16 @@ async def _relay_before_a_silent_runtime(
     relay = Relay()
     await nursery.start(relay.run)
     relay.configure(relay.route_to(str(short_tmp / "silent.sock"), "upstream"), None, {}, unary_paths=[PATH])
-    listen = str(short_tmp / "relay.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(listen)
-    listener.listen(4)
-    await nursery.start(relay.serve, listener)
+    listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
     return listen, silent, relay
+
+
+async def _relay_before_no_runtime(nursery: trio.Nursery, short_tmp: Path) -> str:
+    """A relay whose runtime is unreachable (its socket closed): it answers every call UNAVAILABLE
+    itself. The relay's socket."""
+    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    silent.close()
+    return listen
 
 
 @pytest.mark.parametrize("case", sorted(STREAM_CASES))
@@ -422,8 +358,7 @@ async def test_data_on_a_closed_stream_is_refused_unless_we_reset_it(
     DATA on 3 then was on its way before the caller saw that reset: ignored (RFC 9113 §5.1),
     never a reason to end kubelet's connection. DATA on 1 is on a closed stream: RST_STREAM
     STREAM_CLOSED (§6.1). The connection still answers a PING."""
-    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
-    silent.close()
+    listen = await _relay_before_no_runtime(nursery, short_tmp)
     encoder = hpack.Encoder()
     message = b"\x00\x00\x00\x00\x00"
     data = _after_preface(
@@ -547,8 +482,7 @@ async def test_a_request_on_a_lower_stream_id_is_a_connection_error(
 async def test_a_lowered_header_table_size_is_acknowledged(nursery: trio.Nursery, short_tmp: Path) -> None:
     """A caller's SETTINGS_HEADER_TABLE_SIZE of 0: the relay's next header block starts with a
     dynamic table size update (RFC 7541 §4.2), which h2's decoder (as nghttp2's) insists on."""
-    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
-    silent.close()  # an unreachable runtime: the relay answers UNAVAILABLE itself
+    listen = await _relay_before_no_runtime(nursery, short_tmp)
 
     def call() -> list[object]:
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
@@ -585,8 +519,7 @@ async def test_a_connection_without_preface_is_closed(
 ) -> None:
     """A caller that connects and never sends the preface is not kept forever."""
     monkeypatch.setattr("krproxy.relay.connection.HANDSHAKE_TIMEOUT", 0.3)
-    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
-    silent.close()
+    listen = await _relay_before_no_runtime(nursery, short_tmp)
 
     def idle() -> bytes:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
@@ -606,8 +539,7 @@ async def test_connections_beyond_the_cap_are_closed(
 ) -> None:
     """With MAX_CONNECTIONS open, one more is closed at once; the open ones still answer."""
     monkeypatch.setattr("krproxy.relay.relay.MAX_CONNECTIONS", 2)
-    listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
-    silent.close()
+    listen = await _relay_before_no_runtime(nursery, short_tmp)
 
     def three() -> tuple[bool, bool]:
         socks = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(3)]
@@ -630,22 +562,9 @@ async def test_connections_beyond_the_cap_are_closed(
 
 
 def _relay_frames_on(sock: socket.socket, data: bytes) -> list[tuple[int, int, bytes]]:
-    seen: list[tuple[int, int, bytes]] = []
     sock.sendall(data + f.frame(f.PING, 0, 0, b"12345678"))
-    buf = b""
-    while not any(kind == f.PING and stream == 0 for kind, stream, _ in seen):
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while len(buf) >= f.HEAD_SIZE:
-            high, low, kind, _flags, stream = f.HEAD.unpack_from(buf, 0)
-            size = high << 16 | low
-            if len(buf) < f.HEAD_SIZE + size:
-                break
-            seen.append((kind, stream, buf[f.HEAD_SIZE : f.HEAD_SIZE + size]))
-            buf = buf[f.HEAD_SIZE + size :]
-    return seen
+    seen = read_frames(sock, lambda seen: any(kind == f.PING and stream == 0 for kind, _, stream, _ in seen))
+    return [(kind, stream, payload) for kind, _, stream, payload in seen]
 
 
 async def test_shutdown_sends_the_two_step_goaway(nursery: trio.Nursery, short_tmp: Path) -> None:
@@ -656,25 +575,20 @@ async def test_shutdown_sends_the_two_step_goaway(nursery: trio.Nursery, short_t
     encoder = hpack.Encoder()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(5)
-    frames: list[tuple[int, int, int, bytes]] = []
+    unread: list[Frame] = []  # read from the socket, not yet looked at
     buf = b""
 
-    def read_until(kind: int) -> tuple[int, int, int, bytes]:
+    def read_until(kind: int) -> Frame:
         nonlocal buf
         while True:
-            while len(buf) >= f.HEAD_SIZE:
-                high, low, got, flags, stream = f.HEAD.unpack_from(buf, 0)
-                size = high << 16 | low
-                if len(buf) < f.HEAD_SIZE + size:
-                    break
-                frame = (got, flags, stream, buf[f.HEAD_SIZE : f.HEAD_SIZE + size])
-                buf = buf[f.HEAD_SIZE + size :]
-                frames.append(frame)
-                if got == kind:
+            while unread:
+                frame = unread.pop(0)
+                if frame[0] == kind:
                     return frame
             chunk = sock.recv(65536)
             assert chunk, "the relay closed the connection"
-            buf += chunk
+            frames, buf = split_frames(buf + chunk)
+            unread.extend(frames)
 
     try:
         await trio.to_thread.run_sync(sock.connect, listen)

@@ -28,7 +28,7 @@ from krproxy.fakes.containerd import FakeContainerd
 from krproxy.grpcstatus import Status
 from krproxy.h2 import hpackmemo
 from krproxy.relay.rpc import grpc_message, request_headers
-from tests.integration.support import LIVENESS_LIMIT, in_thread, start_proxy, wait_until
+from tests.integration.support import LIVENESS_LIMIT, in_thread, received, start_proxy, wait_until
 
 VERSION = "/runtime.v1.RuntimeService/Version"
 LIST = "/runtime.v1.RuntimeService/ListContainers"
@@ -296,13 +296,7 @@ async def test_requests_waiting_for_the_runtimes_window_do_not_close_its_connect
         conn_sock.sendall(conn.data_to_send())
         conn_sock.settimeout(0.2)
         with conn_sock:
-            while not stop.is_set():
-                try:
-                    data = conn_sock.recv(65536)
-                except TimeoutError:
-                    continue
-                if not data:
-                    return
+            for data in received(conn_sock, stop.is_set):
                 conn.receive_data(data)
                 conn_sock.sendall(conn.data_to_send())
 

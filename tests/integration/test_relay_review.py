@@ -28,7 +28,7 @@ from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import Relay, Route, connect_unix
 from krproxy.relay.connection import CONNECTION_WINDOW
 from krproxy.relay.rpc import UpstreamError, grpc_message, request_headers
-from tests.integration.support import ThreadedUnixServer, wait_until
+from tests.integration.support import RequestsByStream, ThreadedUnixServer, received, serve_relay, wait_until
 
 PATH = "/test.Review/Call"
 Fields = list[tuple[bytes, bytes]]
@@ -68,26 +68,13 @@ class RawServer(ThreadedUnixServer):
         if self.settings:
             conn.update_settings(self.settings)
         sock.sendall(conn.data_to_send())
-        paths: dict[int, bytes] = {}
-        bodies: dict[int, bytearray] = {}
+        requests = RequestsByStream()
         outgoing: dict[int, tuple[bytearray, Fields | None]] = {}
         try:
-            while not self.stopping:
-                try:
-                    data = sock.recv(65536)
-                except TimeoutError:
-                    continue
-                if not data:
-                    return
+            for data in received(sock, lambda: self.stopping):
                 for event in conn.receive_data(data):
-                    if isinstance(event, h2.events.RequestReceived):
-                        paths[event.stream_id] = dict(event.headers)[b":path"]  # type: ignore[arg-type]
-                        bodies[event.stream_id] = bytearray()
-                    elif isinstance(event, h2.events.DataReceived):
-                        bodies[event.stream_id] += event.data
-                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                    elif isinstance(event, h2.events.StreamEnded):
-                        answer = self.script(paths[event.stream_id], bytes(bodies[event.stream_id]))
+                    if (request := requests.take(conn, event)) is not None:
+                        answer = self.script(*request)
                         if answer.headers is not None:
                             conn.send_headers(
                                 event.stream_id,
@@ -128,13 +115,6 @@ class RawServer(ThreadedUnixServer):
 @pytest.fixture
 def upstream_path(short_tmp: Path) -> str:
     return str(short_tmp / "upstream.sock")
-
-
-@pytest.fixture
-async def relay(nursery: trio.Nursery) -> Relay:
-    relay = Relay()
-    await nursery.start(relay.run)
-    return relay
 
 
 @contextlib.contextmanager
@@ -206,13 +186,6 @@ class Client:
         return body, dict(blocks[-1].headers) if blocks else {}  # type: ignore[arg-type]
 
 
-async def _serve_relay(nursery: trio.Nursery, relay: Relay, listen_path: str) -> None:
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(listen_path)
-    listener.listen(16)
-    await nursery.start(relay.serve, listener)
-
-
 class TestFlowControlCredit:
     async def test_reply_bytes_dropped_by_a_reset_are_granted_back_to_the_upstream(
         self, nursery: trio.Nursery, short_tmp: Path, upstream_path: str
@@ -229,7 +202,7 @@ class TestFlowControlCredit:
             lambda path, body: Answer(body=grpc_message(big) if body == grpc_message(b"big") else body),
         ) as server:
             relay.configure(Route(relay, "runtime", connect_unix(upstream_path)), None, {}, [])
-            await _serve_relay(nursery, relay, listen)
+            await serve_relay(nursery, relay, listen)
             stalled = Client(listen, window=0)  # never grants the relay any stream window
             try:
                 for i in range(15):  # 15.7 MiB of the connection's 16 MiB
@@ -336,7 +309,7 @@ class TestCallsWithHookPoints:
         relay = Relay()
         relay.configure(None, None, {PATH: interceptor}, [PATH])
         listen = str(short_tmp / "relay.sock")
-        await _serve_relay(nursery, relay, listen)
+        await serve_relay(nursery, relay, listen)
         client = Client(listen)
         try:
             stream_id = client.start(PATH, b"cancelled")
@@ -362,7 +335,7 @@ class TestCallsWithHookPoints:
         runtime = Route(relay, "backend runtime rt.sock", connect_unix(upstream_path))
         relay.configure(runtime, None, {PATH: passthrough}, [PATH])
         listen = str(short_tmp / "relay.sock")
-        await _serve_relay(nursery, relay, listen)
+        await serve_relay(nursery, relay, listen)
         client = Client(listen)
         try:
             _, unreachable = await trio.to_thread.run_sync(client.call, PATH, b"x")
@@ -449,7 +422,7 @@ class TestHardening:
 
         listen = str(short_tmp / "relay.sock")
         relay.configure(relay.route_to(upstream_path, "upstream"), None, {}, unary_paths=[PATH])
-        await _serve_relay(nursery, relay, listen)
+        await serve_relay(nursery, relay, listen)
 
         def run() -> tuple[int, bool]:
             client = Client(listen)
@@ -494,7 +467,7 @@ class TestHardening:
         monkeypatch.setattr("krproxy.relay.connection.MAX_UNSENT", 64 * 1024)
         listen = str(short_tmp / "relay.sock")
         relay.configure(relay.route_to(upstream_path, "upstream"), None, {}, unary_paths=[PATH])
-        await _serve_relay(nursery, relay, listen)
+        await serve_relay(nursery, relay, listen)
         client = Client(listen)
         ping = frames.frame(frames.PING, 0, 0, b"12345678")
         try:

@@ -34,6 +34,7 @@ from krproxy.h2 import frames as f
 from krproxy.relay import Relay
 from krproxy.relay.rpc import grpc_message, request_headers
 from tests.integration.support import (
+    RequestsByStream,
     ScriptedBackend,
     hang,
     in_thread,
@@ -42,6 +43,7 @@ from tests.integration.support import (
     start_scripted_backend,
     wait_until,
 )
+from tests.unit.h2peer import split_frames
 
 ECHO = "/test.Relay/Echo"
 BIG = "/test.Relay/Big"
@@ -131,6 +133,22 @@ async def _big(stream: rpc.Stream, messages: list[bytes]) -> None:
     await stream.send_message(BIG_REPLY)
 
 
+def _held_calls(
+    backend: ScriptedBackend, channel: grpc.Channel, count: int
+) -> tuple[trio.Event, list[grpc.Future]]:
+    """``count`` calls to SLOW over ``channel`` (messages b"0", b"1", ...), each held by ``backend``
+    until the event returned is set, then echoed; the event and the calls' futures."""
+    released = trio.Event()
+
+    async def slow(stream: rpc.Stream, messages: list[bytes]) -> None:
+        await released.wait()
+        await stream.send_message(messages[0])
+
+    backend.behaviours[SLOW] = slow
+    call = raw_unary(channel, SLOW)
+    return released, [call.future(b"%d" % i, timeout=30) for i in range(count)]
+
+
 async def _backend_and_proxy(nursery: trio.Nursery, sockdir: str) -> tuple[ScriptedBackend, Daemon]:
     backend, _ = await start_scripted_backend(nursery, os.path.join(sockdir, "backend.sock"))
     backend.behaviours[BIG] = _big
@@ -146,23 +164,16 @@ def echo_in_small_windows(listener: socket.socket, echoed: list[bytes]) -> None:
     conn_sock, _ = listener.accept()
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
     conn.initiate_connection()
-    paths: dict[int, bytes] = {}
-    bodies: dict[int, bytearray] = {}
+    requests = RequestsByStream()
     unsent: dict[int, bytes] = {}
     # The proxy hanging up at the test's end ends this runtime (as in reset_every_stream below).
     with conn_sock, contextlib.suppress(BrokenPipeError, ConnectionResetError):
         conn_sock.sendall(conn.data_to_send())
         while data := conn_sock.recv(65536):
             for event in conn.receive_data(data):
-                if isinstance(event, h2.events.RequestReceived):
-                    paths[event.stream_id] = dict(event.headers)[b":path"]  # type: ignore[arg-type]
-                    bodies[event.stream_id] = bytearray()
-                elif isinstance(event, h2.events.DataReceived):
-                    bodies[event.stream_id] += event.data
-                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                elif isinstance(event, h2.events.StreamEnded):
-                    body = bytes(bodies.pop(event.stream_id))
-                    if paths.pop(event.stream_id) == ECHO.encode():
+                if (request := requests.take(conn, event)) is not None:
+                    path, body = request
+                    if path == ECHO.encode():
                         echoed.append(body[5:])  # one message: its 5-byte prefix, then the message
                     conn.send_headers(
                         event.stream_id, [(":status", "200"), ("content-type", "application/grpc")]
@@ -219,15 +230,7 @@ class TestStreams:
     ) -> None:
         """The backend takes 100 streams per connection; the relay queues the rest instead of failing them."""
         backend, daemon = await _backend_and_proxy(nursery, sockdir)
-        released = trio.Event()  # set once enough calls are running
-
-        async def slow(stream: rpc.Stream, messages: list[bytes]) -> None:
-            await released.wait()
-            await stream.send_message(messages[0])
-
-        backend.behaviours[SLOW] = slow
-        call = raw_unary(channel_to(daemon.config.listen), SLOW)
-        futures = [call.future(b"%d" % i, timeout=30) for i in range(150)]
+        released, futures = _held_calls(backend, channel_to(daemon.config.listen), 150)
         await wait_until(lambda: backend.started.count(SLOW) >= 100)
         await trio.sleep(0.2)
         running = backend.started.count(SLOW)
@@ -247,15 +250,7 @@ class TestStreams:
         (naming the queue) instead of waiting in an unbounded list; the queued ones go on."""
         monkeypatch.setattr("krproxy.relay.connection.MAX_WAITING", 5)
         backend, daemon = await _backend_and_proxy(nursery, sockdir)
-        released = trio.Event()
-
-        async def slow(stream: rpc.Stream, messages: list[bytes]) -> None:
-            await released.wait()
-            await stream.send_message(messages[0])
-
-        backend.behaviours[SLOW] = slow
-        call = raw_unary(channel_to(daemon.config.listen), SLOW)
-        futures = [call.future(b"%d" % i, timeout=30) for i in range(110)]
+        released, futures = _held_calls(backend, channel_to(daemon.config.listen), 110)
         await wait_until(lambda: backend.started.count(SLOW) >= 100)
         await wait_until(lambda: sum(future.done() for future in futures) >= 5)
         released.set()
@@ -389,15 +384,10 @@ class TestStreams:
             buf = b""
             try:
                 while not reset:  # read frames by hand: h2 would take a reset of stream 7 as an error
-                    buf += sock.recv(65536)
-                    while len(buf) >= f.HEAD_SIZE:
-                        high, low, kind, _flags, stream = f.HEAD.unpack_from(buf, 0)
-                        end = f.HEAD_SIZE + (high << 16 | low)
-                        if len(buf) < end:
-                            break
-                        if kind == f.RST_STREAM:
-                            reset.append((stream, int.from_bytes(buf[f.HEAD_SIZE : end], "big")))
-                        buf = buf[end:]
+                    frames, buf = split_frames(buf + sock.recv(65536))
+                    reset += [
+                        (stream, int.from_bytes(p, "big")) for k, _, stream, p in frames if k == f.RST_STREAM
+                    ]
             finally:
                 sock.close()
             return advertised, reset

@@ -26,6 +26,7 @@ from tests.integration.hooks_support import (
     Node,
     make_node,
     pod_config,
+    rejection,
 )
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 from tests.integration.test_docker_support import make_node as make_docker_node
@@ -191,12 +192,6 @@ class TestRegistrationFiles:
 
         error = node.proxy.hooks.dispatcher.registry.error_for("pipe.json") or ""
         assert (["p.json"], True) == (node.registered(), "not a regular file" in error)
-
-
-async def rejection(node: Node, method: str, request: Any) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as info:
-        await node.call(method, request)
-    return info.value
 
 
 def invalid_count(node: Node, plugin: str, hook: HookPoint) -> float:

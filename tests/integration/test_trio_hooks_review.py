@@ -21,6 +21,7 @@ from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import PluginRegistration, Registry
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from krproxy.relay import Relay
+from tests.conftest import CriClient
 from tests.integration.hooks_support import Node as HooksNode
 from tests.integration.hooks_support import container_config, make_node
 from tests.integration.support import in_thread, wait_until
@@ -30,6 +31,18 @@ __all__ = ["node"]  # the fixture, shared with test_ocihooks_proxy
 
 
 START = HookPoint.PRE_START_CONTAINER
+
+
+async def start_failure(client: CriClient, container_id: str, deadline: float) -> grpc.StatusCode:
+    """The status a StartContainer of ``container_id`` through ``client`` with a deadline of
+    ``deadline`` seconds (grpcio's timeout, sent as grpc-timeout) fails with (it must fail)."""
+    with pytest.raises(grpc.RpcError) as caught:
+        await in_thread(
+            client.runtime.StartContainer,
+            api_pb2.StartContainerRequest(container_id=container_id),
+            timeout=deadline,
+        )
+    return caught.value.code()
 
 
 class TestCancelledOciHook:
@@ -50,13 +63,7 @@ class TestCancelledOciHook:
             return await unary(route, path, *args, **kwargs)
 
         monkeypatch.setattr(relay, "unary", spy)
-        with pytest.raises(grpc.RpcError) as caught:
-            await in_thread(
-                node.client.runtime.StartContainer,
-                api_pb2.StartContainerRequest(container_id=container_id),
-                timeout=0.3,
-            )
-        assert grpc.StatusCode.DEADLINE_EXCEEDED == caught.value.code()
+        assert grpc.StatusCode.DEADLINE_EXCEEDED == await start_failure(node.client, container_id, 0.3)
         # The hook records its label, then sleeps 1 s: it started (however loaded the machine), and 1.5 s
         # later it has ended and the proxy has had its chance to forward.
         await wait_until(lambda: ["slow.json"] == node.hooks.labels())
@@ -82,13 +89,7 @@ class TestDeadlineDuringForward:
         for attempt in range(8):  # the relay's deadline and the forward's own timeout fire together
             container_id = await node.create_container(pod_id, container_config(f"app{attempt}"))
             node.fake.inject("StartContainer", Fault(delay=2.0))
-            with pytest.raises(grpc.RpcError) as caught:
-                await in_thread(
-                    node.client.runtime.StartContainer,
-                    api_pb2.StartContainerRequest(container_id=container_id),
-                    timeout=0.1,
-                )
-            assert grpc.StatusCode.DEADLINE_EXCEEDED == caught.value.code()
+            assert grpc.StatusCode.DEADLINE_EXCEEDED == await start_failure(node.client, container_id, 0.1)
         await trio.sleep(0.2)
         assert [] == plugin.hooks_called()
 

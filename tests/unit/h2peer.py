@@ -1,7 +1,11 @@
 """Wire input for the in-memory tests of :mod:`krproxy.h2.connection`: frames as a peer writes
-them, and a reader of what the connection wrote back."""
+them, and a reader of what the connection wrote back. :func:`split_frames` and :func:`read_frames`
+also serve the integration tests that speak raw HTTP/2 to the relay over a socket."""
 
 from __future__ import annotations
+
+import socket
+from collections.abc import Callable
 
 import hpack
 
@@ -31,15 +35,47 @@ def data_frame(stream_id: int, data: bytes, end: bool = False) -> bytes:
     return f.frame(f.DATA, f.END_STREAM if end else 0, stream_id, data)
 
 
-def parse(out: bytes) -> list[tuple[int, int, int, bytes]]:
-    """``(type, flags, stream id, payload)`` of each frame in ``out``."""
-    frames, offset = [], 0
-    while offset < len(out):
-        high, low, kind, flags, stream_id = f.HEAD.unpack_from(out, offset)
-        size = high << 16 | low
-        frames.append((kind, flags, stream_id, out[offset + 9 : offset + 9 + size]))
-        offset += 9 + size
+#: One frame as read: ``(type, flags, stream id, payload)``.
+Frame = tuple[int, int, int, bytes]
+
+
+def split_frames(buf: bytes) -> tuple[list[Frame], bytes]:
+    """The whole frames at the start of ``buf``, and the bytes after them (the start of a frame
+    not yet all read)."""
+    frames: list[Frame] = []
+    offset = 0
+    while len(buf) - offset >= f.HEAD_SIZE:
+        high, low, kind, flags, stream_id = f.HEAD.unpack_from(buf, offset)
+        end = offset + f.HEAD_SIZE + (high << 16 | low)
+        if len(buf) < end:
+            break
+        frames.append((kind, flags, stream_id, bytes(buf[offset + f.HEAD_SIZE : end])))
+        offset = end
+    return frames, bytes(buf[offset:])
+
+
+def parse(out: bytes) -> list[Frame]:
+    """Each frame in ``out``, which holds whole frames only."""
+    frames, rest = split_frames(out)
+    assert not rest, f"{len(rest)} bytes after the last whole frame"
     return frames
+
+
+def read_frames(sock: socket.socket, until: Callable[[list[Frame]], bool]) -> list[Frame]:
+    """Frames read from the blocking ``sock`` until ``until`` holds for those read so far, or the
+    peer closes (or resets) the connection; all the whole frames of the last read are kept."""
+    seen: list[Frame] = []
+    buf = b""
+    while not until(seen):
+        try:
+            chunk = sock.recv(65536)
+        except (ConnectionResetError, BrokenPipeError):
+            break
+        if not chunk:
+            break
+        frames, buf = split_frames(buf + chunk)
+        seen += frames
+    return seen
 
 
 def resets(out: bytes) -> dict[int, int]:

@@ -149,6 +149,41 @@ class TestParsing:
         assert "'debug', 'info', 'warning', 'error'" in err
 
 
+@pytest.mark.parametrize("command", ["serve", "nri"])
+def test_the_shared_flags_reach_either_config(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``serve`` and ``nri`` hand their shared flags (hook dir, skip label, admin, required servers) to their
+    configuration alike."""
+    from krproxy import config
+    from krproxy.nri import plugin
+
+    seen: dict[str, object] = {}
+
+    def record(**fields: object) -> None:
+        seen.update(fields)
+        raise ValueError("stop before starting")
+
+    monkeypatch.setattr(config, "ProxyConfig", record)
+    monkeypatch.setattr(plugin, "NriConfig", record)
+    flags = ["--hook-dir=/h", "--runtime-hook-server-key=k", "--runtime-hook-server-val=v"]
+    flags += ["--insecure-registration-files", "--metrics-address=127.0.0.1:9", "--metrics-allow-remote"]
+    code, err = _run([command, *flags, "--required-hook-server=koordlet"], capsys)
+
+    assert (2, "stop before starting") == (code, err.strip().rpartition(": ")[2])
+    requirements = seen.pop("requirements")
+    shared = {k: seen[k] for k in ("hook_dir", "skip_label", "insecure_registration_files")}
+    shared |= {k: seen[k] for k in ("metrics_address", "metrics_allow_remote")}
+    assert {
+        "hook_dir": "/h",
+        "skip_label": ("k", "v"),
+        "insecure_registration_files": True,
+        "metrics_address": "127.0.0.1:9",
+        "metrics_allow_remote": True,
+    } == shared
+    assert ["koordlet"] == [server.name for server in requirements.servers]  # type: ignore[attr-defined]
+
+
 class TestServeRefuses:
     """Bad paths are refused before anything starts, naming the flag and what to do."""
 

@@ -194,21 +194,21 @@ def missing_from(ours: Any, older: Any, path: str = "") -> str | None:
 
 
 class TestNriMatchesUpstream:
-    def test_nri_0_8_is_a_subset(self, tmp_path: pathlib.Path) -> None:
-        """Every message, field, enum value and method of NRI 0.8.0 (containerd 2.0, 2.1) is in ours, the same."""
-        upstream = upstream_nri_descriptor("0.8.0-1", tmp_path)
+    @pytest.mark.parametrize(
+        ("release", "version"),
+        [
+            pytest.param("0.8.0-1", "0.8.0", id="nri-0.8-containerd-2.0-2.1"),
+            pytest.param("0.6.1-2", "0.6.1", id="nri-0.6-containerd-1.7"),
+        ],
+    )
+    def test_upstream_release_is_a_subset(self, tmp_path: pathlib.Path, release: str, version: str) -> None:
+        """Every message, field, enum value and method of an NRI release containerd ships (0.8.0:
+        containerd 2.0, 2.1; 0.6.1: containerd 1.7) is in ours, the same."""
+        upstream = upstream_nri_descriptor(release, tmp_path)
         ours = compile_descriptor("nri_v1alpha1.proto", tmp_path)
         ours.pop("name")
         diff = missing_from(_normalise(ours), upstream)
-        assert diff is None, f"nri_v1alpha1.proto lacks part of NRI 0.8.0: {diff}"
-
-    def test_nri_0_6_is_a_subset(self, tmp_path: pathlib.Path) -> None:
-        """Every message, field, enum value and method of NRI 0.6.1 (containerd 1.7) is in ours, the same."""
-        upstream = upstream_nri_descriptor("0.6.1-2", tmp_path)
-        ours = compile_descriptor("nri_v1alpha1.proto", tmp_path)
-        ours.pop("name")
-        diff = missing_from(_normalise(ours), upstream)
-        assert diff is None, f"nri_v1alpha1.proto lacks part of NRI 0.6.1: {diff}"
+        assert diff is None, f"nri_v1alpha1.proto lacks part of NRI {version}: {diff}"
 
     def test_subset_check_names_what_is_missing(self) -> None:
         """The subset check reports a field the older schema has and ours lacks, by path."""

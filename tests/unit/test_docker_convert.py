@@ -13,10 +13,9 @@ from krproxy.docker.convert import K8sName
 from krproxy.docker.routes import Action, Route, query_value, route
 from krproxy.docker.server import _hijacks
 from krproxy.hooks import validate
-from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
+from krproxy.hooks.model import ContainerInfo, PodAnswer, PodInfo, Resources
 from krproxy.hooks.slices import slice_path
 from krproxy.hookserver._cgroups import pod_cgroup_dir
-from krproxy.proto.runtime import v1alpha1 as hookapi
 
 HOST_CONFIG = {
     "CpuPeriod": 100_000,
@@ -239,12 +238,10 @@ class TestRecords:
         pod = PodInfo(resources=Resources(cpu_shares=2, memory_limit_in_bytes=10))
         merged = convert.merge_docker_pod(
             pod,
-            hookapi.PodSandboxHookResponse(resources=hookapi.LinuxContainerResources(cpu_shares=8)),
+            PodAnswer(resources=Resources(cpu_shares=8)),
         )
         assert Resources(cpu_shares=8, memory_limit_in_bytes=10) == merged.value.resources
-        bad = hookapi.PodSandboxHookResponse(
-            resources=hookapi.LinuxContainerResources(memory_limit_in_bytes=-5)
-        )
+        bad = PodAnswer(resources=Resources(memory_limit_in_bytes=-5))
         assert pod.resources == convert.merge_docker_pod(pod, bad).value.resources
 
 

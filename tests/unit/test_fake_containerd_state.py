@@ -56,6 +56,14 @@ def start(state: RuntimeState, ctr_id: str) -> None:
     state.start_container(cri.StartContainerRequest(container_id=ctr_id))
 
 
+def running(state: RuntimeState) -> tuple[str, str]:
+    """A pod "web" and its container "app", started: their ids."""
+    pod_id = run_pod(state)
+    ctr_id = create(state, pod_id)
+    start(state, ctr_id)
+    return pod_id, ctr_id
+
+
 def stop(state: RuntimeState, ctr_id: str, timeout: int = 10) -> None:
     state.stop_container(cri.StopContainerRequest(container_id=ctr_id, timeout=timeout))
 
@@ -202,9 +210,7 @@ class TestSandbox:
     def test_stop_kills_containers(self) -> None:
         """Stopping a pod kills its running containers (137) and marks it NOTREADY."""
         s = new_state()
-        pod = run_pod(s)
-        ctr = create(s, pod)
-        start(s, ctr)
+        pod, _ = running(s)
         s.stop_pod_sandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod))
         reply = s.pod_sandbox_status(cri.PodSandboxStatusRequest(pod_sandbox_id=pod))
         assert reply.status is not None
@@ -462,9 +468,7 @@ class TestEvents:
     def test_lifecycle_events(self) -> None:
         """A pod and container lifecycle yields the events containerd sends, in order."""
         s = new_state()
-        pod = run_pod(s)
-        ctr = create(s, pod)
-        start(s, ctr)
+        pod, ctr = running(s)
         stop(s, ctr)
         remove(s, ctr)
         s.remove_pod_sandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=pod))
@@ -484,9 +488,7 @@ class TestEvents:
     def test_event_carries_statuses(self) -> None:
         """An event carries the pod status and the pod's container statuses at that moment."""
         s = new_state()
-        pod = run_pod(s)
-        ctr = create(s, pod)
-        start(s, ctr)
+        pod, ctr = running(s)
         event = s.take_events()[-1]
         assert event.pod_sandbox_status is not None
         assert (pod, [(ctr, CS.CONTAINER_RUNNING)]) == (

@@ -4,6 +4,7 @@ judge."""
 
 from __future__ import annotations
 
+import betterproto2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,45 +13,16 @@ from krproxy.fakes.plugin.server import echo_bytes, echo_container, echo_pod
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.fuzz import examples
+from tests.unit.hook_messages import container_requests, pod_requests
 
 FUZZ = settings(max_examples=examples(200), deadline=None)
 
-names = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=8)
-string_maps = st.dictionaries(names, names, max_size=3)
-int64 = st.integers(-(1 << 63), (1 << 63) - 1)
-resources = st.builds(
-    hookapi.LinuxContainerResources,
-    cpu_period=int64,
-    cpu_quota=int64,
-    cpuset_cpus=names,
-    hugepage_limits=st.lists(
-        st.builds(hookapi.HugepageLimit, page_size=names, limit=st.integers(0, (1 << 64) - 1)), max_size=2
-    ),
-    unified=string_maps,
-)
-pod_meta = st.builds(hookapi.PodSandboxMetadata, name=names, uid=names, attempt=st.integers(0, (1 << 32) - 1))
-container_requests = st.builds(
-    hookapi.ContainerResourceHookRequest,
-    pod_meta=st.none() | pod_meta,
-    container_meta=st.none() | st.builds(hookapi.ContainerMetadata, name=names, id=names),
-    container_annotations=string_maps,
-    container_resources=st.none() | resources,
-    pod_resources=st.none() | resources,
-    pod_annotations=string_maps,
-    pod_labels=string_maps,
-    pod_cgroup_parent=names,
-    container_envs=string_maps,
-)
-pod_requests = st.builds(
-    hookapi.PodSandboxHookRequest,
-    pod_meta=st.none() | pod_meta,
-    runtime_handler=names,
-    labels=string_maps,
-    annotations=string_maps,
-    cgroup_parent=names,
-    overhead=st.none() | resources,
-    resources=st.none() | resources,
-)
+
+def _wire_echo(hook: HookPoint, request: betterproto2.Message) -> bytes:
+    """The wire echo of ``request`` at ``hook`` (it must give one)."""
+    answer = echo_bytes(hook, bytes(request.SerializeToString()))
+    assert answer is not None
+    return answer
 
 
 class TestEchoBytes:
@@ -60,10 +32,8 @@ class TestEchoBytes:
         self, request: hookapi.ContainerResourceHookRequest, hook: HookPoint
     ) -> None:
         """For any container hook request, the wire echo decodes to echo_container(request)."""
-        answer = echo_bytes(hook, bytes(request.SerializeToString()))
-
-        assert answer is not None
-        assert echo_container(request) == hookapi.ContainerResourceHookResponse.FromString(answer)
+        answer = hookapi.ContainerResourceHookResponse.FromString(_wire_echo(hook, request))
+        assert echo_container(request) == answer
 
     @FUZZ
     @given(pod_requests, st.sampled_from([p for p in HookPoint if p.is_pod_level]))
@@ -71,10 +41,7 @@ class TestEchoBytes:
         self, request: hookapi.PodSandboxHookRequest, hook: HookPoint
     ) -> None:
         """For any pod hook request, the wire echo decodes to echo_pod(request)."""
-        answer = echo_bytes(hook, bytes(request.SerializeToString()))
-
-        assert answer is not None
-        assert echo_pod(request) == hookapi.PodSandboxHookResponse.FromString(answer)
+        assert echo_pod(request) == hookapi.PodSandboxHookResponse.FromString(_wire_echo(hook, request))
 
     def test_repeated_fields_resolve_alike(self) -> None:
         """A field sent twice (a later string wins, a map key seen again takes the later value) gives the

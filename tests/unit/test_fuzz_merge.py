@@ -3,8 +3,9 @@ plugin may send them.
 
 Invariants (Koordinator's rules, krproxy/hooks/merge.py): a merge never raises; annotations and labels are
 added or overwritten, never lost; a container answer with resources always overwrites the cpusets (even
-with ""). For raw bytes: whatever decodes and passes :func:`krproxy.hooks.validate.check_answer` (the
-dispatcher's gate, inside its failure handling) merges without raising. Budget: tests/fuzz/__init__.py.
+with ""). For raw bytes, the dispatcher's gate: whatever decodes with every field of its declared type
+(:func:`krproxy.hooks.convert.wrong_types`) is read into an answer record, checked
+(:func:`krproxy.hooks.validate.check_answer`) and, if it passes, merged, none of which raises. Budget: tests/fuzz/__init__.py.
 """
 
 from __future__ import annotations
@@ -12,10 +13,16 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from krproxy.hooks.convert import container_from_create_request, pod_from_run_request
-from krproxy.hooks.merge import merge_container_info, merge_create_container, merge_pod
-from krproxy.hooks.model import PodInfo
+from krproxy.hooks.convert import (
+    answer_from_hook,
+    container_from_create_request,
+    pod_from_run_request,
+    wrong_types,
+)
+from krproxy.hooks.merge import merge_container_info
+from krproxy.hooks.model import ContainerAnswer, ContainerInfo, PodInfo
 from krproxy.hooks.validate import check_answer
+from krproxy.hooks.writeback import merge_create_container, merge_pod
 from krproxy.proto.runtime import v1, v1alpha1
 from tests.fuzz import INT64, examples, linux_resources
 
@@ -113,20 +120,15 @@ class TestFuzzRawAnswers:
     def test_random_bytes_never_break_a_merge_past_validation(
         self, request: v1.CreateContainerRequest, data: bytes
     ) -> None:
-        """Bytes from a plugin: they fail to decode, or validation rejects (or raises on) them, or they merge
-        without raising."""
+        """Bytes from a plugin: they fail to decode, or have fields of the wrong type, or validation rejects
+        them, or they merge without raising."""
         record = container_from_create_request(request, pod_from_run_request(v1.RunPodSandboxRequest()))
         for answer_type in (v1alpha1.ContainerResourceHookResponse, v1alpha1.PodSandboxHookResponse):
             try:
                 answer = answer_type.FromString(data)
             except Exception:
                 continue  # does not decode: a plugin failure
-            try:
-                violations = check_answer(record, answer)
-            except Exception:
-                continue  # the dispatcher counts a raising check as the plugin's failure too
-            if not violations and isinstance(answer, v1alpha1.ContainerResourceHookResponse):
-                merge_container_info(record, answer)
+            _gate_and_merge(record, answer)
 
     @FUZZ
     @given(create_requests, pod_answers)
@@ -140,9 +142,15 @@ class TestFuzzRawAnswers:
             answer = v1alpha1.ContainerResourceHookResponse.FromString(bytes(wrong.SerializeToString()))
         except Exception:
             return
-        try:
-            violations = check_answer(record, answer)
-        except Exception:
-            return  # the dispatcher treats this as the plugin's failure
-        if not violations:
-            merge_container_info(record, answer)
+        _gate_and_merge(record, answer)
+
+
+def _gate_and_merge(
+    record: ContainerInfo, answer: v1alpha1.ContainerResourceHookResponse | v1alpha1.PodSandboxHookResponse
+) -> None:
+    """The dispatcher's steps for a decoded answer: type check, read, check, merge (raising in none)."""
+    if wrong_types(answer):
+        return  # a plugin failure
+    read = answer_from_hook(answer)
+    if not check_answer(record, read) and isinstance(read, ContainerAnswer):
+        merge_container_info(record, read)

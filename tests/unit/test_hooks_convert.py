@@ -13,20 +13,24 @@ from hypothesis import strategies as st
 
 from krproxy.hooks import encode, wire
 from krproxy.hooks.convert import (
+    answer_from_hook,
+    container_answer,
     container_from_create_request,
     container_from_wire_list,
     container_from_wire_status,
     envs_from_cri,
+    pod_answer,
     pod_from_run_request,
     pod_from_wire_sandbox,
     pod_from_wire_status,
     resources_from_cri,
     resources_from_hook,
-    resources_to_cri,
-    resources_to_hook,
+    update_request_resources,
+    wrong_types,
 )
 from krproxy.hooks.merge import prepare_update
-from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
+from krproxy.hooks.model import ContainerAnswer, ContainerInfo, PodAnswer, PodInfo, Resources
+from krproxy.hooks.writeback import resources_to_cri, resources_to_hook
 from krproxy.proto.runtime import v1, v1alpha1
 
 
@@ -185,7 +189,7 @@ class TestHookRequests:
             container_id="c1", linux=v1.LinuxContainerResources(cpu_shares=4, oom_score_adj=5)
         )
 
-        actual = container_hook_request(prepare_update(stored, request))
+        actual = container_hook_request(prepare_update(stored, update_request_resources(request)))
 
         expected_resources = attrs.evolve(RESOURCES, cpu_shares=4)
         assert expected_container_request("c1", expected_resources) == actual
@@ -220,16 +224,20 @@ def _with_id(info: ContainerInfo, container_id: str) -> ContainerInfo:
     return attrs.evolve(info, id=container_id)
 
 
+#: The fields a ListPodSandbox item and a PodSandboxStatus share, for :data:`POD` but its cgroup parent.
+SANDBOX_FIELDS: dict[str, Any] = {
+    "id": "sb1",
+    "metadata": v1.PodSandboxMetadata(name="web", uid="u1", namespace="default", attempt=2),
+    "labels": {"app": "web"},
+    "annotations": {"a": "1"},
+    "runtime_handler": "runc",
+}
+
+
 class TestRecovery:
     def test_pod_from_sandbox(self) -> None:
         """A ListPodSandbox item gives everything but the cgroup parent."""
-        sandbox = v1.PodSandbox(
-            id="sb1",
-            metadata=v1.PodSandboxMetadata(name="web", uid="u1", namespace="default", attempt=2),
-            labels={"app": "web"},
-            annotations={"a": "1"},
-            runtime_handler="runc",
-        )
+        sandbox = v1.PodSandbox(**SANDBOX_FIELDS)
 
         assert attrs.evolve(POD, cgroup_parent="") == pod_from_wire_sandbox(_wire(sandbox))
 
@@ -262,13 +270,7 @@ class TestRecovery:
     )
     def test_pod_from_status(self, info: dict[str, str] | None, expected: str) -> None:
         """The cgroup parent is recovered from verbose info where the runtime reports it, else empty."""
-        status = v1.PodSandboxStatus(
-            id="sb1",
-            metadata=v1.PodSandboxMetadata(name="web", uid="u1", namespace="default", attempt=2),
-            labels={"app": "web"},
-            annotations={"a": "1"},
-            runtime_handler="runc",
-        )
+        status = v1.PodSandboxStatus(**SANDBOX_FIELDS)
 
         assert attrs.evolve(POD, cgroup_parent=expected) == pod_from_wire_status(_wire(status), info)
 
@@ -408,3 +410,88 @@ class TestResources:
     def test_absent(self) -> None:
         """Absent CRI resources are zero; absent hook resources stay absent."""
         assert (Resources(), None) == (resources_from_cri(None), resources_from_hook(None))
+
+
+class TestAnswers:
+    def test_every_field_of_a_container_answer(self) -> None:
+        """Each field of the hook protocol's container answer lands in its field of the record."""
+        answer = v1alpha1.ContainerResourceHookResponse(
+            container_annotations={"a": "1"},
+            container_resources=resources_to_hook(RESOURCES),
+            pod_cgroup_parent="/kubepods/p",
+            container_envs={"E": "2"},
+        )
+
+        expected = ContainerAnswer(
+            annotations={"a": "1"}, resources=RESOURCES, pod_cgroup_parent="/kubepods/p", envs={"E": "2"}
+        )
+        assert (expected, expected) == (container_answer(answer), answer_from_hook(answer))
+
+    def test_every_field_of_a_pod_answer(self) -> None:
+        """Each field of the hook protocol's pod answer lands in its field of the record."""
+        answer = v1alpha1.PodSandboxHookResponse(
+            labels={"l": "1"},
+            annotations={"a": "2"},
+            cgroup_parent="/kubepods/p",
+            resources=resources_to_hook(RESOURCES),
+        )
+
+        expected = PodAnswer(
+            labels={"l": "1"}, annotations={"a": "2"}, cgroup_parent="/kubepods/p", resources=RESOURCES
+        )
+        assert (expected, expected) == (pod_answer(answer), answer_from_hook(answer))
+
+    def test_resources_keep_their_presence(self) -> None:
+        """An answer without resources has none (changes nothing); one with empty resources has zero ones."""
+        absent = v1alpha1.ContainerResourceHookResponse.FromString(b"")
+        empty = v1alpha1.ContainerResourceHookResponse.FromString(b"\x12\x00")
+
+        assert (None, Resources()) == (container_answer(absent).resources, container_answer(empty).resources)
+        assert (PodAnswer(), ContainerAnswer()) == (
+            pod_answer(v1alpha1.PodSandboxHookResponse()),
+            container_answer(absent),
+        )
+
+
+class TestWrongTypes:
+    @pytest.mark.parametrize(
+        ("raw", "expected"),
+        [
+            (b"\x18\x05", ["pod_cgroup_parent"]),  # a varint for the string
+            (b"\x10\x05", ["container_resources"]),  # a varint for the message
+            (b"\x0a\x02\x08\x01", ["container_annotations"]),  # a map entry with an int key
+            (b"\x12\x02\x30\x05", ["container_resources.cpuset_cpus"]),
+            (b"\x12\x02\x0a\x00", ["container_resources.cpu_period"]),  # a string for an int
+            (b"\x22\x02\x08\x01", ["container_envs"]),
+        ],
+    )
+    def test_loosely_decoded_container_answers(self, raw: bytes, expected: list[str]) -> None:
+        """betterproto2 decodes these despite their wire types; each wrong field is named."""
+        answer = v1alpha1.ContainerResourceHookResponse.FromString(raw)
+
+        assert expected == wrong_types(answer)
+
+    def test_loosely_decoded_pod_answer(self) -> None:
+        """The pod answer's fields are checked alike."""
+        answer = v1alpha1.PodSandboxHookResponse.FromString(b"\x18\x05\x20\x01")
+
+        assert ["resources", "cgroup_parent"] == wrong_types(answer)
+
+    def test_well_typed_answers_pass(self) -> None:
+        """Every field set with its own type: nothing to report, for both answer types and unknown ones."""
+        container = v1alpha1.ContainerResourceHookResponse(
+            container_annotations={"a": "b"},
+            container_resources=v1alpha1.LinuxContainerResources(
+                cpu_quota=-1,
+                cpuset_cpus="0",
+                unified={"k": "v"},
+                hugepage_limits=[v1alpha1.HugepageLimit("2MB", 1)],
+            ),
+            pod_cgroup_parent="/kubepods",
+            container_envs={"E": "1"},
+        )
+        pod = v1alpha1.PodSandboxHookResponse(
+            labels={"l": "v"}, cgroup_parent="/kubepods", resources=v1alpha1.LinuxContainerResources()
+        )
+
+        assert ([], [], []) == (wrong_types(container), wrong_types(pod), wrong_types(object()))

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from krproxy.hooks import encode
-from krproxy.hooks.convert import resources_to_hook
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
+from krproxy.hooks.writeback import resources_to_hook
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.fuzz import examples
 

@@ -7,19 +7,23 @@ from typing import Any
 import attrs
 import pytest
 
-from krproxy.hooks.convert import container_from_create_request, resources_to_cri, resources_to_hook
+from krproxy.hooks.convert import container_from_create_request, update_request_resources
 from krproxy.hooks.merge import (
     Change,
-    apply_update,
     merge_container_info,
-    merge_create_container,
-    merge_pod,
-    merge_update_container,
     prepare_update,
     update_resource,
     update_resource_by_update_request,
 )
-from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
+from krproxy.hooks.model import ContainerAnswer, ContainerInfo, PodInfo, Resources
+from krproxy.hooks.writeback import (
+    apply_update,
+    merge_create_container,
+    merge_pod,
+    merge_update_container,
+    resources_to_cri,
+    resources_to_hook,
+)
 from krproxy.proto.runtime import v1, v1alpha1
 
 BASE = Resources(
@@ -298,10 +302,8 @@ class TestMergeContainerInfo:
     def test_pre_start_updates_record_only(self) -> None:
         """A PreStartContainer answer yields the updated record and the changes."""
         info = ContainerInfo(name="app", id="c1", resources=BASE, envs={"A": "1"})
-        answer = v1alpha1.ContainerResourceHookResponse(
-            container_annotations={"x": "y"},
-            container_resources=resources_to_hook(attrs.evolve(BASE, cpu_shares=4)),
-            container_envs={"A": "2"},
+        answer = ContainerAnswer(
+            annotations={"x": "y"}, resources=attrs.evolve(BASE, cpu_shares=4), envs={"A": "2"}
         )
 
         merged = merge_container_info(info, answer)
@@ -319,7 +321,7 @@ class TestMergeContainerInfo:
     def test_unknown_resources_stay_unknown(self) -> None:
         """Without stored resources the answer's resources are not merged (Koordinator: a == nil)."""
         info = ContainerInfo(name="app")
-        answer = v1alpha1.ContainerResourceHookResponse(container_resources=resources_to_hook(BASE))
+        answer = ContainerAnswer(resources=BASE)
 
         assert info == merge_container_info(info, answer).value
 
@@ -334,7 +336,7 @@ class TestMergeUpdateContainer:
             container_id="c1",
             linux=v1.LinuxContainerResources(cpu_shares=512, oom_score_adj=100, cpuset_cpus=""),
         )
-        prepared = prepare_update(self.stored(), request)
+        prepared = prepare_update(self.stored(), update_request_resources(request))
         answer = v1alpha1.ContainerResourceHookResponse(
             container_resources=resources_to_hook(attrs.evolve(_known(prepared.resources), cpu_quota=-1))
         )
@@ -358,7 +360,7 @@ class TestMergeUpdateContainer:
             linux=v1.LinuxContainerResources(cpu_shares=5, oom_score_adj=3)
         )
 
-        prepared = prepare_update(ContainerInfo(name="app"), request)
+        prepared = prepare_update(ContainerInfo(name="app"), update_request_resources(request))
 
         assert Resources(cpu_shares=5, oom_score_adj=3) == prepared.resources
 
@@ -366,4 +368,7 @@ class TestMergeUpdateContainer:
         """No stored resources and none in the request: the request's linux stays absent."""
         request = v1.UpdateContainerResourcesRequest(container_id="c1")
 
-        assert apply_update(request, prepare_update(ContainerInfo(), request)).linux is None
+        assert (
+            apply_update(request, prepare_update(ContainerInfo(), update_request_resources(request))).linux
+            is None
+        )

@@ -15,13 +15,14 @@ from krproxy.fakes.plugin.server import echo_container, echo_pod
 from krproxy.forward import Reply
 from krproxy.hooks import convert, encode
 from krproxy.hooks.dispatch import Dispatcher
-from krproxy.hooks.merge import Change, apply_pod_resize, merge_pod_resize
-from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize, Resources
+from krproxy.hooks.merge import Change, merge_pod_resize
+from krproxy.hooks.model import ContainerInfo, PodAnswer, PodInfo, PodResize, Resources
 from krproxy.hooks.points import EXTENSIONS, HookPoint
 from krproxy.hooks.registration import PluginRegistration, Registry
 from krproxy.hooks.runtime import HookRuntime
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.validate import check_answer
+from krproxy.hooks.writeback import apply_pod_resize, resources_to_cri, resources_to_hook
 from krproxy.proto.runtime import v1, v1alpha1
 
 POD = PodInfo(
@@ -41,8 +42,8 @@ OVERHEAD = Resources(cpu_shares=25, memory_limit_in_bytes=64 << 20)
 def resize_request(resources: Resources = REQUESTED) -> v1.UpdatePodSandboxResourcesRequest:
     return v1.UpdatePodSandboxResourcesRequest(
         pod_sandbox_id="sb1",
-        overhead=convert.resources_to_cri(OVERHEAD),
-        resources=convert.resources_to_cri(resources),
+        overhead=resources_to_cri(OVERHEAD),
+        resources=resources_to_cri(resources),
     )
 
 
@@ -63,8 +64,8 @@ class TestHookRequest:
                 labels={"app": "web"},
                 annotations={"team": "a"},
                 cgroup_parent="/kubepods/burstable/podu1",
-                overhead=convert.resources_to_hook(OVERHEAD),
-                resources=convert.resources_to_hook(REQUESTED),
+                overhead=resources_to_hook(OVERHEAD),
+                resources=resources_to_hook(REQUESTED),
             )
             == request
         )
@@ -81,9 +82,7 @@ class TestHookRequest:
 class TestMerge:
     def test_answer_resources_merged_like_container_resources(self) -> None:
         """Positive values replace, quota ≠ 0 replaces, cpusets always, unified added; the change is listed."""
-        answer = v1alpha1.PodSandboxHookResponse(
-            resources=v1alpha1.LinuxContainerResources(cpu_quota=200000, unified={"memory.high": "900"})
-        )
+        answer = PodAnswer(resources=Resources(cpu_quota=200000, unified={"memory.high": "900"}))
 
         merged = merge_pod_resize(resize(), answer)
 
@@ -97,9 +96,7 @@ class TestMerge:
 
     def test_everything_but_resources_is_ignored(self) -> None:
         """Labels, annotations and cgroup parent of an answer have nowhere to go: the resize is unchanged."""
-        answer = v1alpha1.PodSandboxHookResponse(
-            labels={"x": "1"}, annotations={"y": "2"}, cgroup_parent="/elsewhere"
-        )
+        answer = PodAnswer(labels={"x": "1"}, annotations={"y": "2"}, cgroup_parent="/elsewhere")
 
         merged = merge_pod_resize(resize(), answer)
 
@@ -108,7 +105,7 @@ class TestMerge:
     def test_request_without_resources_cannot_gain_them(self) -> None:
         """As for containers (Koordinator: both must be non-nil), no requested resources → nothing merged."""
         bare = convert.pod_resize_from_request(v1.UpdatePodSandboxResourcesRequest(pod_sandbox_id="sb1"), POD)
-        answer = v1alpha1.PodSandboxHookResponse(resources=v1alpha1.LinuxContainerResources(cpu_shares=4))
+        answer = PodAnswer(resources=Resources(cpu_shares=4))
 
         assert bare == merge_pod_resize(bare, answer).value
 
@@ -134,13 +131,13 @@ class TestMerge:
 class TestValidate:
     def test_resources_are_checked(self) -> None:
         """The applied field is checked with the container resources' bounds."""
-        answer = v1alpha1.PodSandboxHookResponse(resources=v1alpha1.LinuxContainerResources(cpu_shares=1))
+        answer = PodAnswer(resources=Resources(cpu_shares=1))
 
         assert ["resources.cpu_shares=1 is not 0 or 2..262144"] == check_answer(resize(), answer)
 
     def test_fields_not_applied_are_not_checked(self) -> None:
         """A bad cgroup parent in a resize answer is ignored, not a failure (it is never applied)."""
-        answer = v1alpha1.PodSandboxHookResponse(cgroup_parent="../..", labels={"": "x"})
+        answer = PodAnswer(cgroup_parent="../..", labels={"": "x"})
 
         assert [] == check_answer(resize(), answer)
 
@@ -160,7 +157,7 @@ class TestStore:
         assert stored_c1 is not None and stored_c2 is not None
         assert attrs.evolve(POD, resources=REQUESTED, overhead=OVERHEAD) == store.get_pod("sb1")
         assert (
-            convert.resources_to_hook(REQUESTED)
+            resources_to_hook(REQUESTED)
             == v1alpha1.ContainerResourceHookRequest.FromString(
                 encode.container_request(stored_c1)
             ).pod_resources
@@ -263,9 +260,7 @@ class TestResizeDuringContainerHooks:
 
     async def test_update_container_resources(self) -> None:
         async def update(runtime: HookRuntime) -> None:
-            request = v1.UpdateContainerResourcesRequest(
-                container_id="c1", linux=convert.resources_to_cri(REQUESTED)
-            )
+            request = v1.UpdateContainerResourcesRequest(container_id="c1", linux=resources_to_cri(REQUESTED))
             forward = functools.partial(_forward_ok, v1.UpdateContainerResourcesResponse())
             await runtime.update_container_resources(bytes(request), forward)
 

@@ -13,7 +13,7 @@ import trio.lowlevel
 import trio.testing
 
 from krproxy import cli
-from krproxy.hooks.guard import DEADLINE_MARGIN, PROBE_INTERVAL, Guard, RequiredMissing
+from krproxy.hooks.guard import DEADLINE_MARGIN, PROBE_INTERVAL, Guard, RequiredMissing, counted_guard
 from krproxy.hooks.outcomes import Outcome
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import PluginRegistration, Registry
@@ -32,6 +32,7 @@ from krproxy.hooks.required import (
     parse_required_server,
     required_names,
 )
+from krproxy.metrics import Metrics
 
 RUN = HookPoint.PRE_RUN_POD_SANDBOX
 CREATE = HookPoint.PRE_CREATE_CONTAINER
@@ -253,6 +254,19 @@ def missing_events(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 class TestGuard:
+    async def test_counted_guard_reports_to_the_metrics(self) -> None:
+        """The daemons' guard: a held call is counted, and each flagged server's state is a gauge."""
+        metrics = Metrics()
+        requirements = Requirements((parse_required_server("koordlet"),), startup_grace=0.0)
+        g = counted_guard(requirements, FakeDispatcher(), "/etc/runtime/hookserver.d", metrics)  # type: ignore[arg-type]
+
+        with pytest.raises(RequiredMissing):
+            await g.admit(RUN, ["koordlet"])
+
+        sample = metrics.registry.get_sample_value
+        held = sample("krproxy_required_calls_held_total", {"server": "koordlet", "hook": RUN.value})
+        assert (1.0, 0.0) == (held, sample("krproxy_required_server_up", {"server": "koordlet"}))
+
     async def test_refuses_with_what_is_missing_and_counts(self) -> None:
         held: list[tuple[str, HookPoint]] = []
         g = guard(FakeDispatcher(), held=lambda name, point: held.append((name, point)))

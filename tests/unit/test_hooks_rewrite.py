@@ -1,7 +1,7 @@
 """krproxy.hooks.rewrite: the request path decodes kubelet's CreateContainer with upb, reads the record from it
 (convert.container_from_wire_create) and writes a merged record into it. The record must be the one
 convert.container_from_create_request reads from the betterproto2 decode, and the bytes those
-merge.apply_create's betterproto2 message encodes to (the reference of the merge rules), unknown fields and
+writeback.apply_create's betterproto2 message encodes to (the reference of the merge rules), unknown fields and
 all. Explicit cases, then hypothesis (budget: tests/fuzz/__init__.py)."""
 
 from __future__ import annotations
@@ -13,14 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from krproxy.hooks.convert import (
+    container_answer,
     container_from_create_request,
     container_from_wire_create,
     pod_from_run_request,
     pod_from_wire_config,
 )
-from krproxy.hooks.merge import apply_create, merge_container_info
+from krproxy.hooks.merge import merge_container_info
 from krproxy.hooks.model import ContainerInfo, PodInfo
 from krproxy.hooks.rewrite import CreateContainerRequest, create_request
+from krproxy.hooks.writeback import apply_create
 from krproxy.proto.runtime import v1, v1alpha1
 from tests.fuzz import INT64, examples, linux_resources
 
@@ -33,7 +35,9 @@ def with_unknown(message: v1.LinuxContainerResources) -> v1.LinuxContainerResour
 
 def merged_record(wire: bytes, answer: v1alpha1.ContainerResourceHookResponse) -> ContainerInfo:
     request = v1.CreateContainerRequest.FromString(wire)
-    return merge_container_info(container_from_create_request(request, PodInfo()), answer).value
+    return merge_container_info(
+        container_from_create_request(request, PodInfo()), container_answer(answer)
+    ).value
 
 
 def expected(wire: bytes, info: ContainerInfo) -> bytes:

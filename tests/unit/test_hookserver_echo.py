@@ -9,7 +9,6 @@ from __future__ import annotations
 import pathlib
 
 from hypothesis import given
-from hypothesis import strategies as st
 
 from krproxy.hookserver import (
     ContainerContext,
@@ -24,47 +23,7 @@ from krproxy.hookserver import (
 )
 from krproxy.hookserver.testing import FakeNode, container_request, pod_request
 from krproxy.proto.runtime import v1alpha1 as pb
-
-texts = st.text(max_size=8)
-maps = st.dictionaries(texts, texts, max_size=3)
-ints = st.integers(min_value=-(2**40), max_value=2**40)
-resources = st.builds(
-    pb.LinuxContainerResources,
-    cpu_period=ints,
-    cpu_quota=ints,
-    cpu_shares=ints,
-    memory_limit_in_bytes=ints,
-    oom_score_adj=st.integers(-1000, 1000),
-    cpuset_cpus=texts,
-    cpuset_mems=texts,
-    unified=maps,
-    memory_swap_limit_in_bytes=ints,
-    hugepage_limits=st.lists(
-        st.builds(pb.HugepageLimit, page_size=texts, limit=st.integers(0, 2**40)), max_size=2
-    ),
-)
-pod_meta = st.builds(pb.PodSandboxMetadata, name=texts, uid=texts, namespace=texts, attempt=st.integers(0, 9))
-pod_requests = st.builds(
-    pb.PodSandboxHookRequest,
-    pod_meta=st.none() | pod_meta,
-    runtime_handler=texts,
-    labels=maps,
-    annotations=maps,
-    cgroup_parent=texts,
-    resources=st.none() | resources,
-)
-container_requests = st.builds(
-    pb.ContainerResourceHookRequest,
-    pod_meta=st.none() | pod_meta,
-    container_meta=st.none()
-    | st.builds(pb.ContainerMetadata, name=texts, attempt=st.integers(0, 9), id=texts),
-    container_annotations=maps,
-    container_resources=st.none() | resources,
-    pod_annotations=maps,
-    pod_labels=maps,
-    pod_cgroup_parent=texts,
-    container_envs=maps,
-)
+from tests.unit.hook_messages import container_requests, pod_requests
 
 
 class TestEcho:

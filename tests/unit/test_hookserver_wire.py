@@ -23,7 +23,7 @@ from krproxy.hookserver import (
     pod_response,
 )
 from krproxy.proto.runtime import v1alpha1 as pb
-from tests.unit.test_hookserver_echo import container_requests, maps, pod_requests, texts
+from tests.unit.hook_messages import container_requests, maps, pod_requests, texts
 
 optional_ints = st.none() | st.integers(min_value=-(2**40), max_value=2**40)
 changed_resources = st.fixed_dictionaries(
@@ -49,21 +49,23 @@ def _items(info: PodInfo | ContainerInfo) -> list[Any]:
     return [*_items(info.pod), list(info.annotations.items()), list(info.envs.items())]
 
 
+def _assert_same_record(expected: PodInfo | ContainerInfo, info: PodInfo | ContainerInfo) -> None:
+    """``info`` equals ``expected``, and its maps hold their items in the same order."""
+    assert expected == info
+    assert _items(expected) == _items(info)
+
+
 class TestDecode:
     @given(pod_requests)
     def test_pod_record(self, req: pb.PodSandboxHookRequest) -> None:
         """The record of a pod request is what :meth:`PodInfo.from_proto` makes, maps in wire order."""
-        _, info = _wire.pod_info(bytes(req.SerializeToString()))
-        expected = PodInfo.from_proto(req)
-        assert expected == info
-        assert _items(expected) == _items(info)
+        _assert_same_record(PodInfo.from_proto(req), _wire.pod_info(bytes(req.SerializeToString()))[1])
 
     @given(container_requests)
     def test_container_record(self, req: pb.ContainerResourceHookRequest) -> None:
-        _, info = _wire.container_info(bytes(req.SerializeToString()))
+        """The record of a container request is what :meth:`ContainerInfo.from_proto` makes, maps in wire order."""
         expected = ContainerInfo.from_proto(req)
-        assert expected == info
-        assert _items(expected) == _items(info)
+        _assert_same_record(expected, _wire.container_info(bytes(req.SerializeToString()))[1])
 
     def test_later_map_key_wins_in_its_first_place(self) -> None:
         """A key sent twice takes the later value and keeps its first place, as betterproto2 decodes it."""

@@ -16,6 +16,11 @@ from krproxy.nri.validator import ConfigError, Verdict, check_containerd_config
 VALIDATOR = "[plugins.'io.containerd.nri.v1.nri'.default_validator]\n"
 
 
+def requiring(plugin: str) -> str:
+    """The validator's table, enabled and requiring ``plugin``."""
+    return VALIDATOR + f"enable = true\nrequired_plugins = ['{plugin}']\n"
+
+
 def write(path: Path, text: str) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
@@ -30,8 +35,8 @@ def check(path: str) -> tuple[Verdict, str]:
 @pytest.mark.parametrize(
     ("text", "verdict", "reason"),
     [
-        (VALIDATOR + "enable = true\nrequired_plugins = ['krproxy']\n", Verdict.REQUIRED, "lists 'krproxy'"),
-        (VALIDATOR + "enable = true\nrequired_plugins = ['50-krproxy']\n", Verdict.REQUIRED, "'50-krproxy'"),
+        (requiring("krproxy"), Verdict.REQUIRED, "lists 'krproxy'"),
+        (requiring("50-krproxy"), Verdict.REQUIRED, "'50-krproxy'"),
         # containerd 1.7's version 2 spelling, double quotes: the same table.
         (
             'version = 2\n[plugins."io.containerd.nri.v1.nri".default_validator]\n'
@@ -41,7 +46,7 @@ def check(path: str) -> tuple[Verdict, str]:
         ),
         (VALIDATOR + "enable = false\nrequired_plugins = ['krproxy']\n", Verdict.NOT_REQUIRED, "enable"),
         (VALIDATOR + "required_plugins = ['krproxy']\n", Verdict.NOT_REQUIRED, "enable is not true"),
-        (VALIDATOR + "enable = true\nrequired_plugins = ['10-krproxy']\n", Verdict.NOT_REQUIRED, "neither"),
+        (requiring("10-krproxy"), Verdict.NOT_REQUIRED, "neither"),
         (VALIDATOR + "enable = true\n", Verdict.NOT_REQUIRED, "names neither"),
         (
             "version = 3\n[plugins.'io.containerd.nri.v1.nri']\ndisable = false\n",
@@ -61,9 +66,7 @@ def test_verdicts(tmp_path: Path, text: str, verdict: Verdict, reason: str) -> N
 def test_imports_override_the_main_file_in_order_key_by_key(tmp_path: Path) -> None:
     main = write(
         tmp_path / "config.toml",
-        "version = 3\nimports = ['conf.d/*.toml']\n"
-        + VALIDATOR
-        + "enable = true\nrequired_plugins = ['x']\n",
+        "version = 3\nimports = ['conf.d/*.toml']\n" + requiring("x"),
     )
     write(tmp_path / "conf.d" / "10.toml", VALIDATOR + "required_plugins = ['krproxy']\n")
     assert Verdict.REQUIRED is check(main)[0]  # the main file's enable, the import's list
@@ -115,7 +118,7 @@ def test_imports_of_imported_files_are_read_after_them(tmp_path: Path) -> None:
     files already waiting (LoadConfigWithPlugins' pending list; `config dump` of 2.3.4 shows them)."""
     main = write(tmp_path / "config.toml", "version = 3\nimports = ['conf.d/*.toml', 'last.toml']\n")
     write(tmp_path / "conf.d" / "10.toml", "version = 3\nimports = ['../sub/nri.toml']\n")
-    write(tmp_path / "sub" / "nri.toml", VALIDATOR + "enable = true\nrequired_plugins = ['krproxy']\n")
+    write(tmp_path / "sub" / "nri.toml", requiring("krproxy"))
     write(tmp_path / "last.toml", VALIDATOR + "required_plugins = ['other']\n")
     result = check_containerd_config(main, "krproxy", "50")
     # main, then its imports (10.toml, last.toml), then 10.toml's: sub/nri.toml's list is merged last.
@@ -142,7 +145,7 @@ def test_globs_as_go_s_filepath_glob(tmp_path: Path) -> None:
     """containerd globs an import only when it has a '*' (a '[' is then a file name's), and Go's glob
     matches names starting with a dot."""
     main = write(tmp_path / "config.toml", "version = 3\nimports = ['conf.d/*.toml', 'x[1].toml']\n")
-    write(tmp_path / "conf.d" / ".hidden.toml", VALIDATOR + "enable = true\nrequired_plugins = ['krproxy']\n")
+    write(tmp_path / "conf.d" / ".hidden.toml", requiring("krproxy"))
     write(tmp_path / "x[1].toml", VALIDATOR + "tolerate_missing_plugins_annotation = 't'\n")
     write(tmp_path / "x1.toml", VALIDATOR + "enable = false\n")
     result = check_containerd_config(main, "krproxy", "50")
@@ -154,8 +157,7 @@ def test_nri_in_disabled_plugins_is_nri_disabled(tmp_path: Path) -> None:
     main = write(
         tmp_path / "config.toml",
         "version = 3\nimports = ['d.toml']\ndisabled_plugins = ['io.containerd.nri.v1.nri']\n"
-        + VALIDATOR
-        + "enable = true\nrequired_plugins = ['krproxy']\n",
+        + requiring("krproxy"),
     )
     write(tmp_path / "d.toml", "version = 3\ndisabled_plugins = ['io.containerd.snapshotter.v1.zfs']\n")
     assert (Verdict.NRI_DISABLED, "disabled_plugins lists 'io.containerd.nri.v1.nri'") == check(main)

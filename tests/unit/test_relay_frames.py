@@ -12,21 +12,12 @@ from hypothesis import strategies as st
 from krproxy.h2 import frames as f
 from krproxy.relay.connection import _Aside, _decode_aside
 from krproxy.relay.rpc import KEEP_ALL, KEEP_FIRST, KEEP_NONE, _Tap, encode_grpc_timeout, grpc_timeout
+from tests.unit.h2peer import parse
 
 header_fields = st.lists(
     st.tuples(st.binary(min_size=1, max_size=300), st.binary(max_size=3000)),
     max_size=20,
 )
-
-
-def _split(block: bytes) -> list[tuple[int, int, int, bytes]]:
-    frames_, offset = [], 0
-    while offset < len(block):
-        high, low, kind, flags, stream_id = f.HEAD.unpack_from(block, offset)
-        size = high << 16 | low
-        frames_.append((kind, flags, stream_id, block[offset + 9 : offset + 9 + size]))
-        offset += 9 + size
-    return frames_
 
 
 class TestHeaderBlocks:
@@ -53,7 +44,7 @@ class TestHeaderBlocks:
 
     def test_a_block_larger_than_a_frame_continues(self) -> None:
         block = bytes(range(256)) * 100  # 25,600 bytes
-        frames_ = _split(f.header_frames(5, block, True, 10_000))
+        frames_ = parse(f.header_frames(5, block, True, 10_000))
         assert [(f.HEADERS, f.END_STREAM), (f.CONTINUATION, 0), (f.CONTINUATION, f.END_HEADERS)] == [
             (kind, flags) for kind, flags, _, _ in frames_
         ]
@@ -61,7 +52,7 @@ class TestHeaderBlocks:
         assert block == b"".join(payload for *_, payload in frames_)
 
     def test_a_small_block_is_one_frame(self) -> None:
-        assert [(f.HEADERS, f.END_HEADERS, 3, b"abc")] == _split(f.header_frames(3, b"abc", False, 16_384))
+        assert [(f.HEADERS, f.END_HEADERS, 3, b"abc")] == parse(f.header_frames(3, b"abc", False, 16_384))
 
 
 def _decoder() -> hpack.Decoder:
@@ -89,7 +80,7 @@ class TestFramePayloads:
 
     def test_settings_round_trip_and_bad_length(self) -> None:
         frame = f.settings([(f.INITIAL_WINDOW_SIZE, 1 << 22), (f.ENABLE_PUSH, 0)])
-        ((kind, flags, stream_id, payload),) = _split(frame)
+        ((kind, flags, stream_id, payload),) = parse(frame)
         assert (f.SETTINGS, 0, 0) == (kind, flags, stream_id)
         assert [(f.INITIAL_WINDOW_SIZE, 1 << 22), (f.ENABLE_PUSH, 0)] == f.parse_settings(payload)
         with pytest.raises(f.ProtocolError) as err:
@@ -97,9 +88,9 @@ class TestFramePayloads:
         assert f.FRAME_SIZE_ERROR == err.value.code
 
     def test_window_update_and_goaway(self) -> None:
-        ((_, _, stream_id, payload),) = _split(f.window_update(7, 1000))
+        ((_, _, stream_id, payload),) = parse(f.window_update(7, 1000))
         assert (7, 1000) == (stream_id, f.parse_u32(payload))
-        ((_, _, _, payload),) = _split(f.goaway(9, f.PROTOCOL_ERROR, b"why"))
+        ((_, _, _, payload),) = parse(f.goaway(9, f.PROTOCOL_ERROR, b"why"))
         assert (9, f.PROTOCOL_ERROR) == f.parse_goaway(payload)
         with pytest.raises(f.ProtocolError):
             f.parse_u32(b"\x00\x00\x01")
