@@ -30,12 +30,11 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from typing import cast
 
 import hpack
 import hpack.exceptions
 
-from krproxy.h2 import _control, _hpack
+from krproxy.h2 import _control, _hpack, hpackmemo
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
 from krproxy.h2._control import MAX_WINDOW_SHIFTS, Control
@@ -226,7 +225,7 @@ class Connection(Control):
         decoded with the connection's HPACK state, or the COMPRESSION_ERROR it is. Safe in a
         worker thread while nothing else touches the connection."""
         try:
-            return cast(Headers, self.decoder.decode(block, raw=True))
+            return hpackmemo.decode(self.decoder, block)
         except (hpack.exceptions.HPACKError, IndexError, ValueError) as err:
             return f.ProtocolError(f"undecodable header block: {err}", f.COMPRESSION_ERROR)
 

@@ -85,7 +85,8 @@ class Hook(Generic[Ctx]):
 
 
 #: In the SDK's worker thread (:class:`krproxy.hookserver._service.AppWorker`), ``trio_token`` is
-#: the trio run an ``async def`` plugin function is handed to.
+#: the trio run an ``async def`` plugin function is handed to, and ``release_loop`` (when set)
+#: what stops that run's thread waiting for the current job before the function is handed over.
 WORKER_THREAD = threading.local()
 
 
@@ -107,6 +108,9 @@ def call_hook(hook: Hook[Ctx], ctx: Ctx) -> None:
     if not hook.is_async:
         hook.fn(ctx)
     elif token is not None:
+        release_loop = getattr(WORKER_THREAD, "release_loop", None)
+        if release_loop is not None:  # the loop may be waiting for this job: it must run the hook
+            release_loop()
         trio.from_thread.run(hook.fn, ctx, trio_token=token)  # type: ignore[arg-type]
     elif _in_trio_thread():
         raise AsyncHookOnEventLoopError(

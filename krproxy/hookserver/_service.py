@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import attrs
 import outcome
@@ -65,12 +65,24 @@ class AppWorker:
     CPU per call (about 45 µs against 80-120 µs for a hop on a 2-core machine; measured with a
     no-op function, docs/plugin-authoring.md), and one job at a time is what the app's lock-free
     state needs anyway. Open it with ``async with AppWorker.open() as worker``.
+
+    The way back is cheap too: :meth:`run` first waits for the job on a lock, the event loop's
+    thread blocked for at most :attr:`wait_inline` seconds, and only a job still running then
+    comes back through trio (``run_sync_soon``: a write to trio's wake-up socket, its read, a
+    pass of the scheduler for the task that drains it). A hook call's job takes tens of
+    microseconds, so most calls skip that: 5 system calls fewer per call (futex waits
+    aside), about a tenth of the server's CPU per call (docs/performance.md). A job that hands
+    work to the loop itself (an ``async def`` plugin function, :func:`._registry.call_hook`)
+    lets the loop go first (:meth:`_Job.release_loop`).
     """
+
+    #: Seconds the event loop's thread waits for a job before handing the wait to trio. The
+    #: loop serves nothing meanwhile, so it is kept well under the proxy's hook timeouts.
+    wait_inline = 0.001
 
     def __init__(self, trio_token: trio.lowlevel.TrioToken) -> None:
         self._token = trio_token
-        self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], trio.lowlevel.Task] | None]
-        self._jobs = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._work, name="krproxy-hookserver-app", daemon=True)
 
     @classmethod
@@ -89,17 +101,53 @@ class AppWorker:
     def _work(self) -> None:
         WORKER_THREAD.trio_token = self._token
         while (job := self._jobs.get()) is not None:
-            fn, args, task = job
-            result = outcome.capture(fn, *args)
-            self._token.run_sync_soon(trio.lowlevel.reschedule, task, result)
+            WORKER_THREAD.release_loop = job.release_loop
+            result = outcome.capture(job.fn, *job.args)
+            WORKER_THREAD.release_loop = None
+            with job.guard:
+                job.result = result
+                awaited = job.awaited
+            if awaited:
+                self._token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
+            else:
+                job.release_loop()
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the worker thread, after every job queued before it. A caller cancelled
         once the job is queued still waits for it to finish (the app's state stays whole)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        self._jobs.put((fn, args, trio.lowlevel.current_task()))
-        result: T = await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED)
-        return result
+        job = _Job(fn, args, trio.lowlevel.current_task())
+        self._jobs.put(job)
+        job.done.acquire(timeout=self.wait_inline)  # released when the job ends (or lets go)
+        with job.guard:
+            result = job.result
+            job.awaited = result is None  # from here on the worker reschedules this task
+        if result is None:  # wait_task_rescheduled unwraps the outcome the worker sends
+            return cast(T, await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED))
+        return cast(T, result.unwrap())
+
+
+class _Job:
+    """One job of an :class:`AppWorker` and how its result comes back."""
+
+    __slots__ = ("args", "awaited", "done", "fn", "guard", "released", "result", "task")
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], task: trio.lowlevel.Task) -> None:
+        self.fn = fn
+        self.args = args
+        self.task = task
+        self.result: outcome.Outcome[Any] | None = None
+        self.done = threading.Lock()  # held until the job ends or lets the loop go
+        self.done.acquire()
+        self.released = False
+        self.guard = threading.Lock()  # result and awaited change together
+        self.awaited = False  # the loop waits through trio: the result comes by run_sync_soon
+
+    def release_loop(self) -> None:
+        """Stop the event loop's thread waiting on the lock (once; from the worker thread)."""
+        if not self.released:
+            self.released = True
+            self.done.release()
 
 
 class HookService:

@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol, cast
+from typing import Protocol
 
 import hpack
 import hpack.exceptions
@@ -41,6 +41,7 @@ import trio
 from krproxy import log
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
+from krproxy.h2 import hpackmemo
 
 # The limits and window sizes are the HTTP/2 core's (krproxy.h2.connection), one source for both.
 from krproxy.h2.connection import (
@@ -469,7 +470,7 @@ def _decode_block(decoder: hpack.Decoder, block: bytes) -> Headers:
     """A header block decoded with the connection's HPACK state (on the event loop, or in a
     worker thread while the connection's reader waits). Raises a COMPRESSION_ERROR."""
     try:
-        return cast(Headers, decoder.decode(block, raw=True))
+        return hpackmemo.decode(decoder, block)
     except (hpack.exceptions.HPACKError, IndexError, ValueError) as err:
         raise f.ProtocolError(f"undecodable header block: {err}", f.COMPRESSION_ERROR) from None
 

@@ -3,6 +3,7 @@ that is not up yet instead of crashing."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ from krproxy.docker.client import request
 from krproxy.fakes.plugin import FakePlugin
 from krproxy.hooks.model import Resources
 from krproxy.hooks.points import HookPoint
+from krproxy.hookserver.testing import logged_events
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 from tests.integration.test_docker_support import (
@@ -56,6 +58,30 @@ class TestRecovery:
             recovered.pod_cgroup_parent,
         )
         assert (sandbox, "app", 2) == (recovered.pod_sandbox_id, recovered.name, recovered.attempt)
+
+    async def test_recovery_is_logged_and_shown_as_in_cri_mode(
+        self, node: DockerNode, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Once the store is recovered, the ``krproxy_store_recovered`` gauge is 1 and krproxy.docker logs
+        ``store_recovered``: the counts, dockerd's cgroup driver, the containers that vanished before
+        inspect, then the orphans and the seconds (the fields and order of Docker mode's line)."""
+        await node.start_proxy()
+        await node.create_pod()
+        await node.stop_proxy()
+        caplog.set_level(logging.INFO, logger="krproxy.docker")
+        caplog.clear()
+        await node.start_proxy()
+        [logged] = logged_events(caplog.records, "store_recovered")
+        assert ["pods", "containers", "cgroup_driver", "vanished", "orphans", "seconds"] == list(logged)
+        assert (1, 1, "cgroupfs", 0, 0) == (
+            logged["pods"],
+            logged["containers"],
+            logged["cgroup_driver"],
+            logged["vanished"],
+            logged["orphans"],
+        )
+        assert "krproxy.docker" == next(r.name for r in caplog.records if r.getMessage() == "store_recovered")
+        assert 1.0 == node.proxy.metrics.registry.get_sample_value("krproxy_store_recovered")
 
     async def test_hooks_after_restart_get_the_full_record(self, node: DockerNode) -> None:
         """PreStartContainer after a restart carries the recovered pod meta, resources and envs."""

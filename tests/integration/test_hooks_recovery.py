@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ from krproxy.hooks import convert, wire
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.recovery import CALL_TIMEOUT, Recovered, recover
+from krproxy.hookserver.testing import logged_events
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from krproxy.relay import Relay
@@ -48,6 +50,23 @@ async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_cl
 
 
 class TestRestart:
+    async def test_recovery_is_logged_and_shown(self, node: Node, caplog: pytest.LogCaptureFixture) -> None:
+        """Once the store is recovered, the ``krproxy_store_recovered`` gauge is 1 and krproxy.daemon logs
+        ``store_recovered``: the counts, the fallbacks, the orphans and the seconds, in that order."""
+        await node.start_proxy()
+        await node.pod_with_container()
+        await node.stop_proxy()
+        caplog.set_level(logging.INFO, logger="krproxy.daemon")
+        caplog.clear()
+
+        await node.start_proxy(socket_name="proxy-2.sock")
+
+        [logged] = logged_events(caplog.records, "store_recovered")
+        assert ["pods", "containers", "fallbacks", "orphans", "seconds"] == list(logged)
+        assert (1, 1, 0, 0) == (logged["pods"], logged["containers"], logged["fallbacks"], logged["orphans"])
+        assert "krproxy.daemon" == next(r.name for r in caplog.records if r.getMessage() == "store_recovered")
+        assert 1.0 == node.proxy.metrics.registry.get_sample_value("krproxy_store_recovered")
+
     async def test_hooks_after_restart_use_recovered_records(self, node: Node) -> None:
         """A pod and container created through a first proxy (with plugin changes) are recovered by a
         second one; Start/Update/Stop on them drive hooks with the recovered labels, annotations and

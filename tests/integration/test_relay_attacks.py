@@ -45,6 +45,17 @@ def _pinged(seen: list[tuple[int, int, int, bytes]]) -> bool:
     return any(kind == f.PING and flags & f.ACK for kind, flags, _, _ in seen)
 
 
+def _stream_limits(seen: list[tuple[int, int, int, bytes]]) -> list[int]:
+    """The SETTINGS_MAX_CONCURRENT_STREAMS values the relay advertised in ``seen``."""
+    return [
+        value
+        for kind, flags, _, payload in seen
+        if kind == f.SETTINGS and not flags & f.ACK
+        for setting, value in f.parse_settings(payload)
+        if setting == f.MAX_CONCURRENT_STREAMS
+    ]
+
+
 # -- server side: a hostile caller -------------------------------------------------------------
 
 
@@ -79,10 +90,12 @@ class SilentRuntime(ThreadedUnixServer):
 
 @pytest.fixture
 async def silent_relay(
-    nursery: trio.Nursery, relay: Relay, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    nursery: trio.Nursery, relay: Relay, short_tmp: Path
 ) -> tuple[str, SilentRuntime, Relay]:
-    """A relay allowing a caller 10 streams, before a runtime that never answers."""
-    monkeypatch.setattr("krproxy.relay.connection.CALLER_MAX_STREAMS", 10)
+    """A relay allowing a caller 10 streams, before a runtime that never answers. (The relay fixture's
+    Relay read ``connection.CALLER_MAX_STREAMS`` when it was made: patching the constant now would
+    leave it at 1000.)"""
+    relay.caller_max_streams = 10
     runtime = SilentRuntime(str(short_tmp / "runtime.sock"))
     relay.configure(relay.route_to(str(short_tmp / "runtime.sock"), "runtime"), None, {}, unary_paths=[PATH])
     listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
@@ -117,6 +130,7 @@ async def test_rapid_reset_never_holds_more_runtime_streams_than_the_caller_may_
     encoder = hpack.Encoder()
     flood = b"".join(_request(i, encoder) + f.rst_stream(i, f.CANCEL) for i in range(1, 4001, 2))
     seen = await trio.to_thread.run_sync(_exchange, listen, _after_preface(flood))
+    assert [10] == _stream_limits(seen)  # the limit the rule is measured against
     assert _pinged(seen)
     assert [] == [kind for kind, _, _, _ in seen if kind == f.GOAWAY]
     await wait_until(lambda: relay.in_flight == 0 and runtime.received == runtime.reset)
@@ -135,6 +149,7 @@ async def test_made_you_reset_never_holds_more_runtime_streams_than_the_caller_m
     zero = b"\x00\x00\x00\x00"
     flood = b"".join(_request(i, encoder) + f.frame(f.WINDOW_UPDATE, 0, i, zero) for i in range(1, 4001, 2))
     seen = await trio.to_thread.run_sync(_exchange, listen, _after_preface(flood))
+    assert [10] == _stream_limits(seen)
     assert _pinged(seen)
     resets = [int.from_bytes(p, "big") for kind, _, _, p in seen if kind == f.RST_STREAM]
     assert [f.PROTOCOL_ERROR] * 2000 == resets

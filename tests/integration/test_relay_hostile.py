@@ -26,6 +26,7 @@ from cri_api.v1 import api_pb2_grpc
 from krproxy.bench.flood import send_header_blocks
 from krproxy.fakes.containerd import FakeContainerd
 from krproxy.grpcstatus import Status
+from krproxy.h2 import hpackmemo
 from krproxy.relay.rpc import grpc_message, request_headers
 from tests.integration.support import LIVENESS_LIMIT, in_thread, received, start_proxy, wait_until
 
@@ -497,20 +498,20 @@ async def test_huge_header_blocks_hold_up_only_their_own_connection(
     held every caller up: none of the 20 could complete during it (the 384 KiB case holds a block
     wherever it is decoded; the 4000-byte one holds the first decoded off the event loop's
     thread, and fails before the fix for want of one)."""
-    real_decode = hpack.Decoder.decode
+    real_decode = hpackmemo.decode  # every block goes through it (hpack's decode, or its memo)
     decoding, released = threading.Event(), threading.Event()
     held: list[bool] = []  # for the block held: whether the second client let it go
     loop_thread = threading.current_thread()
 
-    def decode(decoder: hpack.Decoder, block: bytes, raw: bool = False) -> Any:
-        headers = real_decode(decoder, block, raw=raw)
+    def decode(decoder: hpack.Decoder, block: bytes) -> Any:
+        headers = real_decode(decoder, block)
         aside = threading.current_thread() is not loop_thread
         if len(block) >= size and (anywhere or aside) and not decoding.is_set():
             decoding.set()
             held.append(released.wait(LIVENESS_LIMIT))
         return headers
 
-    monkeypatch.setattr(hpack.Decoder, "decode", decode)
+    monkeypatch.setattr(hpackmemo, "decode", decode)
     _, backend = fake_containerd
     proxy = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
     stop = threading.Event()

@@ -1,0 +1,233 @@
+"""The server side of one call of :class:`krproxy.rpc.Server`: the relay's call without an upstream.
+
+A :class:`_ServerCall` is what the server's relay makes of each stream it accepts (a
+:class:`krproxy.relay._local.HandledCall` whose caller's half is the only one): it takes the
+request's DATA into an :class:`~krproxy.rpc._messages.Inbox`, runs the method's handler in
+a cancel scope, and ends the call as the rules of :mod:`krproxy.rpc.server` say (the
+handler's error as its status, a trailers-only answer before any reply message, a reset
+cancelling the handler). The handler's view of it is :class:`krproxy.rpc.Stream`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, cast
+
+import trio
+
+from krproxy.grpcstatus import GRPCError, Status
+from krproxy.h2 import frames as f
+from krproxy.relay import connection
+from krproxy.relay._grpc import (
+    _PLAIN_HEADERS,
+    CloseConnection,
+    MessageTooLarge,
+    _forget_traceback,
+    _status_fields,
+    grpc_message,
+)
+from krproxy.relay._local import HandledCall
+from krproxy.relay.half import Headers
+from krproxy.rpc._messages import Inbox
+
+if TYPE_CHECKING:
+    from krproxy.rpc._stream import Stream
+    from krproxy.rpc.server import Server
+
+LOGGER = logging.getLogger("krproxy.rpc")
+
+#: Reply bytes a handler may have queued beyond the caller's windows before send_message waits.
+_SEND_AHEAD = 256 * 1024
+
+_PLAIN_BLOCK = f.encode_headers(_PLAIN_HEADERS)
+_OK_BLOCK = f.encode_headers([(b"grpc-status", b"0")])
+_OK_ONLY_BLOCK = f.encode_headers([*_PLAIN_HEADERS, (b"grpc-status", b"0")])
+
+
+class _ServerCall(HandledCall):
+    """A call the server answers: the caller's half and no upstream (the relay's :class:`Call`
+    gives the ending rules: answering early resets the rest of the request, a reset ends it)."""
+
+    __slots__ = ("ended_here", "inbox", "server", "stream", "unsent")
+
+    def __init__(self, server: Server, path: str) -> None:
+        super().__init__(server.relay, path, None)
+        self.request_tap = self.reply_tap = None
+        self.server = server
+        self.inbox: Inbox = None  # type: ignore[assignment]  # set with `client`, right after
+        self.unsent = 0  # reply bytes queued beyond the caller's windows
+        self.ended_here = False  # the handler (or check_headers) ended the call: no more sends
+        self.stream: Stream = None  # type: ignore[assignment]  # set right after construction
+
+    @property
+    def describe(self) -> str:
+        return f"the handler of {self.path}"
+
+    # -- from the connection -------------------------------------------------------------
+
+    def on_request_data(self, data: bytes, end: bool) -> None:
+        if data:
+            client = self.client
+            ep = client.ep
+            size = len(data)
+            if ep.collected + size > connection.MAX_HELD:
+                client.grant(size)
+                self.fail(
+                    Status.RESOURCE_EXHAUSTED,
+                    f"the server already holds {ep.collected} bytes of requests from this connection",
+                )
+                return
+            try:
+                self.inbox.arrived(data)
+            except MessageTooLarge as err:
+                client.grant(size)
+                self.fail(
+                    Status.RESOURCE_EXHAUSTED,
+                    f"grpc: received message larger than max ({err.size} vs. {err.limit})",
+                )
+                return
+            except GRPCError as err:  # not gRPC's framing
+                client.grant(size)
+                self.fail(err.status, err.message or "")
+                return
+            ep.grant(size)  # the connection's credit at once; the stream's as messages are taken
+            ep.collected += size
+            self._collected += size
+        if end:
+            self.inbox.wake()
+            self.settle()
+
+    def on_request_trailers(self, headers: Headers) -> None:
+        self.inbox.wake()
+
+    def grant(self, size: int) -> None:
+        """Reply bytes queued on the caller's half were written (or dropped): room to send more."""
+        self.unsent -= size
+        if self.unsent <= _SEND_AHEAD:
+            self.inbox.wake()
+
+    def took(self, size: int) -> None:
+        """The handler took a request message of ``size`` bytes (prefix included)."""
+        size = min(size, self._collected)
+        self.client.ep.collected -= size
+        self._collected -= size
+
+    def finish(self) -> None:
+        self.inbox.wake()
+        super().finish()
+
+    # -- from the handler ----------------------------------------------------------------
+
+    def check_open(self) -> None:
+        if self.ended_here:
+            raise RuntimeError(f"{self.path}: the handler ended this call already")
+
+    def reply(self, message: bytes) -> None:
+        """A unary answer: headers, ``message`` and OK trailers, in one write."""
+        client = self.client
+        self.ended_here = True
+        if self.answered or client.send_ended or client.reset:
+            return
+        self.answered = True
+        if not client.headers_sent:
+            client.send_headers(_PLAIN_BLOCK, False)
+        client.send_data(grpc_message(message), False)
+        client.send_trailers(_OK_BLOCK)
+
+    def end(
+        self,
+        status: Status,
+        message: str | None,
+        details: bytes | None,
+        metadata: Sequence[tuple[bytes, bytes]],
+    ) -> None:
+        """Trailers with ``status`` after what is queued; trailers-only if no headers went out."""
+        client = self.client
+        self.ended_here = True
+        if self.answered or client.send_ended or client.reset:
+            return
+        self.answered = True
+        self.status, self.message = status, message
+        if status is Status.OK and not message and not details and not metadata:
+            if client.headers_sent:
+                client.send_trailers(_OK_BLOCK)
+            else:
+                client.send_headers(_OK_ONLY_BLOCK, True)
+            return
+        fields = [*_status_fields(status, message, details), *metadata]
+        if client.headers_sent:
+            client.send_trailers(f.encode_headers(fields))
+        else:
+            client.send_headers(f.encode_headers([*_PLAIN_HEADERS, *fields]), True)
+
+    def reset(self, code: int) -> None:
+        self.ended_here = True
+        if self._scope is not None:
+            self._scope.cancel()
+        client = self.client
+        if self.finished or client.reset:
+            return
+        if not self.answered:
+            self.answered = True
+            self.status, self.message = (
+                Status.CANCELLED,
+                f"reset by the server ({f.ERROR_NAMES.get(code, code)})",
+            )
+        if client.done:  # answered and the request over: nothing to reset
+            self.settle()
+            return
+        client.abort(code)
+        self.settle()
+        self.relay.flush()
+
+    # -- the handler's task --------------------------------------------------------------
+
+    async def run(self, check: Callable[[Stream], Awaitable[bool]] | None) -> None:
+        if self.finished or self.answered:  # reset or failed before this task ran
+            return
+        stream = self.stream
+        try:
+            with trio.CancelScope() as self._scope:
+                if check is not None and not await check(stream):
+                    if not self.answered and not self.finished:
+                        self.reset(f.PROTOCOL_ERROR)
+                    return
+                handler = self.server.handler_for(self.path)
+                if handler is None:
+                    raise GRPCError(Status.UNIMPLEMENTED, f"unknown method {self.path}")
+                await handler(stream)
+                self.end(Status.OK, None, None, ())
+        except CloseConnection:
+            self.client.ep.close("the handler closed the connection")
+        except Exception as err:  # a handler's error is its call's, never the server's
+            self._ended_by(err)
+        finally:
+            self.relay.flush()
+
+    def _ended_by(self, err: Exception) -> None:
+        grpc_error = _grpc_error(err)
+        if self.answered or self.finished:
+            if grpc_error is None:
+                LOGGER.exception("handler of %s failed after its call ended", self.path)
+        elif grpc_error is not None:
+            details = grpc_error.details if isinstance(grpc_error.details, bytes) else None
+            self.end(grpc_error.status, grpc_error.message, details, ())
+        else:
+            LOGGER.exception("handler of %s failed", self.path)
+            self.end(Status.UNKNOWN, f"{type(err).__name__}: {err}", None, ())
+        _forget_traceback(err)
+
+
+def _grpc_error(err: Exception) -> GRPCError | None:
+    """The GRPCError ``err`` is, or the one a group of only GRPCErrors holds (a handler's nursery)."""
+    if isinstance(err, GRPCError):
+        return err
+    if isinstance(err, ExceptionGroup):
+        matched, rest = err.split(GRPCError)
+        if matched is not None and rest is None:
+            leaf: BaseException = matched
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            return cast(GRPCError, leaf)
+    return None

@@ -1,0 +1,187 @@
+"""What a handler of :class:`krproxy.rpc.Server` holds: the call's :class:`Stream`, and the
+``unary`` and ``unary_stream`` adapters that make a handler of a plain async function."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING
+
+import trio
+
+from krproxy.grpcstatus import GRPCError, Status
+from krproxy.h2 import frames as f
+from krproxy.relay._grpc import _PLAIN_HEADERS, MessageTooLarge, decompress_message, grpc_message
+from krproxy.relay.half import Headers
+from krproxy.rpc._call import _PLAIN_BLOCK, _SEND_AHEAD
+
+if TYPE_CHECKING:
+    from krproxy.rpc._call import _ServerCall
+
+__all__ = ["Handler", "Stream", "unary", "unary_stream"]
+
+
+class Stream:
+    """One call, server side: what a handler reads the request from and answers through.
+
+    Attributes:
+        path: the method path (``:path``), e.g. ``/runtime.v1.RuntimeService/Version``.
+        headers: the request's header block as it came, pseudo-headers included, in order.
+        deadline: ``trio.current_time()`` plus the caller's ``grpc-timeout``; None without one.
+        headers_ended: whether the request's HEADERS frame ended the stream (no message follows).
+    """
+
+    __slots__ = ("_call", "deadline", "headers", "headers_ended", "path")
+
+    def __init__(
+        self, call: _ServerCall, path: str, headers: Headers, end: bool, deadline: float | None
+    ) -> None:
+        self._call = call
+        self.path = path
+        self.headers = headers
+        self.headers_ended = end
+        self.deadline = deadline
+
+    @property
+    def metadata(self) -> Headers:
+        """The request's header fields without the pseudo-headers."""
+        return [field for field in self.headers if not field[0].startswith(b":")]
+
+    async def recv_message(self) -> bytes | None:
+        """The next request message; None once the request has ended (or the call is over).
+
+        A message with the compressed flag is decompressed (gzip, deflate); see
+        :func:`krproxy.relay.rpc.decompress_message` for the errors, raised as :class:`GRPCError`
+        (RESOURCE_EXHAUSTED when it decompresses to more than ``max_request``).
+        """
+        await trio.lowlevel.checkpoint_if_cancelled()
+        call = self._call
+        inbox = call.inbox
+        while True:
+            taken = inbox.take()
+            if taken is not None:
+                compressed, message = taken
+                call.took(len(message) + 5)
+                if compressed:
+                    encoding = next((v for k, v in self.headers if k == b"grpc-encoding"), b"")
+                    limit = call.server.max_request
+                    try:
+                        return await decompress_message(encoding, message, limit)
+                    except MessageTooLarge:
+                        raise GRPCError(
+                            Status.RESOURCE_EXHAUSTED,
+                            f"grpc: received message after decompression larger than max ({limit + 1}+ vs. {limit})",
+                        ) from None
+                return message
+            client = call.client
+            if call.finished or client.reset:
+                return None
+            if client.recv_ended:
+                if inbox.messages.incomplete:
+                    raise GRPCError(Status.INTERNAL, "the request ended in the middle of a message")
+                return None
+            await inbox.wait()
+
+    async def send_initial_metadata(self, metadata: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        """Send the response headers (``:status`` 200, gRPC's content-type, then ``metadata``).
+        Optional: :meth:`send_message` sends the plain ones first if none were sent."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        call = self._call
+        call.check_open()
+        client = call.client
+        if client.headers_sent:
+            raise RuntimeError(f"{self.path}: the response headers were sent already")
+        client.send_headers(
+            f.encode_headers([*_PLAIN_HEADERS, *metadata]) if metadata else _PLAIN_BLOCK, False
+        )
+        call.relay.flush()
+
+    async def send_message(self, message: bytes) -> None:
+        """Send one reply message; waits while the caller is far behind in reading."""
+        await trio.lowlevel.checkpoint_if_cancelled()  # a call ended by its caller ends its handler
+        call = self._call
+        call.check_open()
+        client = call.client
+        if not client.headers_sent:
+            client.send_headers(_PLAIN_BLOCK, False)
+        framed = grpc_message(message)
+        call.unsent += len(framed)
+        client.send_data(framed, False)
+        call.relay.flush()
+        while call.unsent > _SEND_AHEAD and not call.finished and not client.reset:
+            await call.inbox.wait()  # woken by grant() below as the caller's windows open
+
+    async def send_trailing_metadata(
+        self,
+        status: Status = Status.OK,
+        message: str | None = None,
+        details: bytes | None = None,
+        metadata: Sequence[tuple[bytes, bytes]] = (),
+    ) -> None:
+        """End the call with ``status``; after any reply messages still queued. Without response
+        headers sent before, a trailers-only answer (one header block), as grpc-go sends errors."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        call = self._call
+        call.check_open()
+        call.end(status, message, details, metadata)
+        call.relay.flush()
+
+    def refuse(self, headers: Headers) -> None:
+        """End the call at once with exactly ``headers`` as a trailers-only answer (``:status``
+        included), as grpc-go's transport refuses a request it cannot take (HTTP 400/405 and
+        ``grpc-status`` INTERNAL, :class:`krproxy.fakes.strict.Rejection`). RST_STREAM NO_ERROR follows
+        if the request had not ended, as after any answer (RFC 9113 §8.1)."""
+        call = self._call
+        call.check_open()
+        if call.client.headers_sent:
+            raise RuntimeError(f"{self.path}: the response headers were sent already")
+        call.ended_here = True
+        if call.answered:  # the call ended already (its caller went away)
+            return
+        call.answered = True
+        call.status = Status.INTERNAL
+        call.client.send_headers(f.encode_headers(headers), True)
+        call.relay.flush()
+
+    def reset(self, error_code: int) -> None:
+        """Reset the stream (RST_STREAM ``error_code``, e.g. PROTOCOL_ERROR as grpc-go's framer
+        does to a header block it refuses); the handler, if running, is cancelled."""
+        self._call.reset(error_code)
+
+    def close_connection(self) -> None:
+        """Close the caller's whole connection at once, every call on it ending (fakes that crash)."""
+        self._call.client.ep.close("the handler closed the connection")
+
+
+Handler = Callable[[Stream], Awaitable[None]]
+
+
+def unary(fn: Callable[[bytes], Awaitable[bytes]]) -> Handler:
+    """A handler for a unary method: ``fn`` takes the request message and returns the reply's."""
+
+    async def handle(stream: Stream) -> None:
+        request = await stream.recv_message()
+        if request is None:
+            raise GRPCError(Status.INTERNAL, "the request carried no message")
+        reply = await fn(request)
+        stream._call.reply(reply)  # headers, message and OK trailers written at once
+
+    return handle
+
+
+def unary_stream(fn: Callable[[bytes], AsyncIterator[bytes]]) -> Handler:
+    """A handler for a server-streaming method: ``fn`` takes the request message and yields
+    the reply messages; the call ends OK when it is exhausted."""
+
+    async def handle(stream: Stream) -> None:
+        request = await stream.recv_message()
+        if request is None:
+            raise GRPCError(Status.INTERNAL, "the request carried no message")
+        replies = fn(request)
+        async with contextlib.AsyncExitStack() as stack:
+            if hasattr(replies, "aclose"):
+                stack.push_async_callback(replies.aclose)
+            async for reply in replies:
+                await stream.send_message(reply)
+
+    return handle

@@ -1,0 +1,78 @@
+"""The SDK's AppWorker: jobs in its thread, results back without trio's wake-up when they are quick."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import trio
+import trio.lowlevel
+
+from krproxy.hookserver._registry import Hook, call_hook
+from krproxy.hookserver._service import AppWorker
+
+
+class CountingToken:
+    """A trio token that counts the results handed back through trio (``run_sync_soon``)."""
+
+    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
+        self.token = token
+        self.handed_back = 0
+
+    def run_sync_soon(self, fn: Any, *args: Any) -> None:
+        self.handed_back += 1
+        self.token.run_sync_soon(fn, *args)
+
+
+def slow(seconds: float, value: str) -> str:
+    time.sleep(seconds)
+    return value
+
+
+def fail(message: str) -> None:
+    raise ValueError(message)
+
+
+async def test_quick_jobs_come_back_without_trio_and_slow_ones_through_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A job done within ``wait_inline`` is taken from the lock (no ``run_sync_soon``); a longer
+    one comes back through trio; both with their result or their error, run in the worker thread."""
+    async with AppWorker.open() as worker:
+        counting = CountingToken(worker._token)
+        worker._token = counting  # type: ignore[assignment]
+        monkeypatch.setattr(worker, "wait_inline", 5.0)  # quick, however loaded the machine
+        assert "worker" == await worker.run(
+            lambda: "worker" if threading.current_thread() is worker._thread else ""
+        )
+        with pytest.raises(ValueError, match="quick"):
+            await worker.run(fail, "quick")
+        assert 0 == counting.handed_back
+        monkeypatch.setattr(worker, "wait_inline", 0.001)
+        assert "slow" == await worker.run(slow, 0.2, "slow")
+        with pytest.raises(ValueError, match="late"):
+            await worker.run(lambda: slow(0.2, "") + str(fail("late")))
+        assert 2 == counting.handed_back
+
+
+async def test_a_job_that_awaits_an_async_plugin_function_lets_the_loop_go_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An ``async def`` plugin function runs on the loop the job was sent from: the loop stops
+    waiting on the lock at once (it would otherwise sit out ``wait_inline`` before running it)."""
+    ran: list[bool] = []
+
+    async def on_trio(ctx: object) -> None:
+        await trio.lowlevel.checkpoint()
+        ran.append(True)
+
+    hook = Hook.of("async-one", "", on_trio)
+    async with AppWorker.open() as worker:
+        monkeypatch.setattr(worker, "wait_inline", 10.0)
+        started = time.monotonic()
+        await worker.run(call_hook, hook, object())
+        elapsed = time.monotonic() - started
+    assert [True] == ran
+    assert elapsed < 5.0  # not the 10 s of wait_inline

@@ -1,0 +1,145 @@
+"""krproxy.h2.hpackmemo: header blocks decoded from a memo of fields give what hpack gives."""
+
+from __future__ import annotations
+
+import hpack
+import hpack.exceptions
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from krproxy.h2 import frames as f
+from krproxy.h2 import hpackmemo
+
+CALL = [
+    (b":method", b"POST"),
+    (b":scheme", b"http"),
+    (b":path", b"/runtime.v1alpha1.RuntimeHookService/PreCreateContainerHook"),
+    (b":authority", b"localhost"),
+    (b"content-type", b"application/grpc"),
+    (b"te", b"trailers"),
+]
+
+
+@pytest.fixture(autouse=True)
+def empty_memo() -> None:
+    hpackmemo._memo.clear()
+    hpackmemo._blocks.clear()
+
+
+def decoder() -> hpack.Decoder:
+    return hpack.Decoder(max_header_list_size=16 << 20)
+
+
+def test_a_call_decodes_as_hpack_decodes_it_first_and_again() -> None:
+    block = f.encode_headers([*CALL, (b"grpc-timeout", b"4999871u")])
+    expected = decoder().decode(block, raw=True)
+    ours = decoder()
+    assert hpackmemo.decode(ours, block) == expected
+    assert hpackmemo.decode(ours, block) == expected  # from the memo
+    assert len(hpackmemo._memo) == len(CALL)  # every field but grpc-timeout remembered
+    assert not hpackmemo._blocks  # nor the block that holds it
+    answer = f.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])
+    assert (
+        hpackmemo.decode(ours, answer) == hpackmemo.decode(ours, answer) == decoder().decode(answer, raw=True)
+    )
+    assert [answer] == list(hpackmemo._blocks)  # a block without one is remembered whole
+
+
+def test_grpc_timeout_is_never_remembered() -> None:
+    ours = decoder()
+    for micros in range(100):
+        block = f.encode_headers([*CALL, (b"grpc-timeout", b"%du" % micros)])
+        assert hpackmemo.decode(ours, block)[-1] == (b"grpc-timeout", b"%du" % micros)
+    assert len(hpackmemo._memo) == len(CALL)
+
+
+def test_a_never_indexed_field_stays_never_indexed() -> None:
+    secret = hpack.NeverIndexedHeaderTuple(b"authorization", b"Bearer x")
+    block = f.encode_headers([*CALL, secret])
+    for _ in range(2):
+        got = hpackmemo.decode(decoder(), block)
+        assert got[-1] == secret
+        assert got[-1].__class__ is hpack.NeverIndexedHeaderTuple
+        assert f.encode_headers(got) == block  # passed on as it came
+
+
+def test_the_memo_is_bounded() -> None:
+    ours = decoder()
+    for i in range(hpackmemo.MEMO_LIMIT + 10):
+        hpackmemo.decode(ours, f.encode_headers([(b"x-request-id", b"%d" % i)]))
+    assert 0 < len(hpackmemo._memo) <= hpackmemo.MEMO_LIMIT
+    assert 0 < len(hpackmemo._blocks) <= hpackmemo.BLOCKS_LIMIT
+
+
+def test_a_header_list_too_large_is_refused_from_the_memo_too() -> None:
+    block = f.encode_headers([(b"x-big", b"v" * 400)] * 3)
+    small = hpack.Decoder(max_header_list_size=1000)
+    hpackmemo.decode(decoder(), block)  # the field is in the memo now
+    with pytest.raises(hpack.exceptions.OversizedHeaderListError):
+        hpackmemo.decode(small, block)
+
+
+def test_a_table_size_the_encoder_did_not_shrink_is_refused_from_the_memo_too() -> None:
+    block = f.encode_headers(CALL)
+    hpackmemo.decode(decoder(), block)
+    shrunk = decoder()
+    shrunk.max_allowed_table_size = 0  # we sent SETTINGS_HEADER_TABLE_SIZE 0; no size update came
+    with pytest.raises(hpack.exceptions.InvalidTableSizeError):
+        hpackmemo.decode(shrunk, block)
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        f.encode_headers(CALL)[:-3],  # cut in a value
+        b"\x00\x7f",  # a name length cut off
+        b"\x80",  # index 0
+        b"\xff\xff\xff\xff\xff\xff\x7f",  # an index beyond any table
+    ],
+)
+def test_a_broken_block_raises_as_hpack_raises(block: bytes) -> None:
+    with pytest.raises(hpack.exceptions.HPACKError) as theirs:
+        decoder().decode(block, raw=True)
+    with pytest.raises(type(theirs.value)):
+        hpackmemo.decode(decoder(), block)
+
+
+names = st.sampled_from([b"content-type", b"x-a", b"x-b", b":path", b"user-agent", b"grpc-timeout"])
+values = st.sampled_from([b"", b"1", b"application/grpc", b"/a/B", b"grpc-go/1.60", b"x" * 70])
+header_lists = st.lists(st.tuples(names, values), max_size=8)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    blocks=st.lists(
+        st.tuples(header_lists, st.sampled_from(["krproxy", "indexing", "huffman", "never"])),
+        min_size=1,
+        max_size=8,
+    ),
+    table_size=st.sampled_from([0, 64, 4096]),
+)
+def test_any_sequence_of_blocks_decodes_and_leaves_the_table_as_hpack_does(
+    blocks: list[tuple[list[tuple[bytes, bytes]], str]], table_size: int
+) -> None:
+    """Blocks of our encoder (no table) mixed with hpack's (the dynamic table, Huffman coding,
+    never-indexed fields) on one connection: each decodes to what hpack alone decodes, and both
+    decoders' tables are the same after each block."""
+    hpackmemo._memo.clear()
+    hpackmemo._blocks.clear()
+    encoder = hpack.Encoder()
+    encoder.header_table_size = table_size
+    plain, ours = decoder(), decoder()
+    for headers, how in blocks:
+        if how == "krproxy":
+            block = f.encode_headers(headers)
+        elif how == "never":
+            block = f.encode_headers([hpack.NeverIndexedHeaderTuple(*h) for h in headers])
+        else:
+            block = encoder.encode(headers, huffman=how == "huffman")
+        expected = plain.decode(block, raw=True)
+        got = hpackmemo.decode(ours, block)
+        assert got == expected
+        assert [h.__class__ for h in got] == [h.__class__ for h in expected]
+        assert list(ours.header_table.dynamic_entries) == list(plain.header_table.dynamic_entries)
+        assert ours.header_table_size == plain.header_table_size
