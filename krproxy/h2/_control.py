@@ -1,11 +1,13 @@
 """The rules of a :class:`krproxy.h2.connection.Connection` for the frames that steer it:
-SETTINGS, WINDOW_UPDATE, RST_STREAM and GOAWAY, and stream errors. No I/O."""
+SETTINGS, WINDOW_UPDATE, RST_STREAM and GOAWAY, an answer's header blocks, and stream errors.
+No I/O."""
 
 from __future__ import annotations
 
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
 from krproxy.h2._send import Sender
+from krproxy.h2.streams import Stream
 
 __all__ = ["MAX_WINDOW_SHIFTS", "Control"]
 
@@ -109,6 +111,19 @@ class Control(Sender):
                     self.blocked.pop(stream.id, None)
                     refused.append(stream.id)
         self._events.append(ev.GoAwayReceived(last_stream_id, code, debug, tuple(refused)))
+
+    def _on_answer_block(self, stream: Stream | None, headers: ev.Headers, end: bool) -> None:
+        """A header block on a stream of ours (client role): the answer's headers, then its
+        trailers (END_STREAM). A second block without END_STREAM is malformed (RFC 9113 §8.1),
+        that stream's error, not a second answer (no 1xx answers: gRPC sends none)."""
+        if stream is None or stream.recv_ended or stream.reset:
+            return
+        if stream.headers_received and not end:
+            self._stream_error(stream.id, f.PROTOCOL_ERROR)
+            return
+        stream.recv_ended = end
+        stream.headers_received = True
+        self._events.append(ev.HeadersReceived(stream.id, headers, end))
 
     def _stream_error(self, stream_id: int, code: int, idle: bool = False) -> None:
         """A stream error (RFC 9113 §5.4.2): RST_STREAM(code) on that stream; the connection and

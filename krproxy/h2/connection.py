@@ -391,8 +391,7 @@ class Connection(Control):
                 # error). Not when we reset it: what was in flight then is ignored (§5.1).
                 self._send_reset(stream_id, f.STREAM_CLOSED)
             return
-        if not stream.headers_received:  # (ours: a peer's stream opens with its headers)
-            # An answer starts with its header block (RFC 9113 §8.1): malformed, that stream's error.
+        if not stream.headers_received:  # an answer starts with headers (RFC 9113 §8.1): malformed
             if not self.credit_on_arrival:
                 self._grant_connection(size)
             self._stream_error(stream_id, f.PROTOCOL_ERROR)
@@ -435,15 +434,7 @@ class Connection(Control):
         end = bool(flags & f.END_STREAM)
         stream = self.streams.get(stream_id)
         if not self.server:
-            if stream is not None and not stream.recv_ended and not stream.reset:
-                if stream.headers_received and not end:
-                    # After the answer's headers only trailers (END_STREAM) may come: malformed
-                    # (RFC 9113 §8.1), that stream's error. (No 1xx answers: gRPC sends none.)
-                    self._stream_error(stream_id, f.PROTOCOL_ERROR)
-                    return
-                stream.recv_ended = end
-                stream.headers_received = True
-                self._events.append(ev.HeadersReceived(stream_id, headers, end))
+            self._on_answer_block(stream, headers, end)
             return
         if stream is None:
             self._open_peer_stream(stream_id, flags, headers, end)

@@ -14,9 +14,6 @@ bounded (:data:`MAX_HELD`), as is what calls with hook points have collected of 
 the calls waiting for an upstream stream slot (:data:`MAX_WAITING`), which take turns by caller
 connection (flow control: :mod:`krproxy.relay.half`).
 
-An exception of ours met while a connection's input is handled ends that connection (logged
-with its traceback, its calls failed), not the daemon (:meth:`Endpoint.run`).
-
 I/O: non-blocking sockets in one trio thread. A reader task per connection parses what
 arrived and hands it on; whatever that queued on any connection is then written with a plain
 ``send`` (:meth:`Relay.flush`); a writer task waits only when a socket's buffer is full.
@@ -34,14 +31,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-import hpack
-import hpack.exceptions
 import trio
 
 from krproxy import log
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
-from krproxy.h2 import hpackmemo
 
 # The limits and window sizes are the HTTP/2 core's (krproxy.h2.connection), one source for both.
 from krproxy.h2.connection import (
@@ -369,9 +363,7 @@ class Endpoint(Reader):
             self.close(_DRAINED)
 
     def _start_waiting(self) -> None:
-        if self.h2.goaway_received:
-            # No stream is opened after the peer's GOAWAY (RFC 9113 §6.8): the calls waiting
-            # then were refused (Reader._on_goaway), which frees slots while it runs.
+        if self.h2.goaway_received:  # none after it (RFC 9113 §6.8): Reader._on_goaway refused them
             return
         while self.waiting and len(self.halves) < self.h2.peer_max_streams and not self.closed:
             waiting, block, end = self.waiting.popleft()
@@ -410,9 +402,7 @@ class Endpoint(Reader):
         except trio.Cancelled:
             reason = _STOPPED
             raise
-        except Exception as err:
-            # A bug of ours, met on this connection's input: it ends this connection and its
-            # calls (UNAVAILABLE, or the caller's cancelled), never the daemon and every other.
+        except Exception as err:  # a bug of ours: it ends this connection, not the daemon
             reason = f"internal error: {type(err).__name__}: {err}"
             LOGGER.exception("krproxy failed on its connection to the %s", self.describe)
         finally:
@@ -428,16 +418,13 @@ class Endpoint(Reader):
         self.touch()
         self.relay.flush()
         large = len(block) >= LARGE_BLOCK
-        try:
-            headers: Headers | f.ProtocolError = await trio.to_thread.run_sync(
-                _decode_aside,
-                self.h2.decoder,
-                block,
-                limiter=self.relay.large_decodes if large else self.relay.small_decodes,
-                abandon_on_cancel=True,  # a relay stopping does not wait for it
-            )
-        except f.ProtocolError as err:
-            headers = err
+        headers = await trio.to_thread.run_sync(
+            _decode_aside,
+            self.h2.decode_block,
+            block,
+            limiter=self.relay.large_decodes if large else self.relay.small_decodes,
+            abandon_on_cancel=True,  # a relay stopping does not wait for it
+        )
         if self.closed:  # closed meanwhile (e.g. it stopped reading our answers)
             raise trio.ClosedResourceError("connection closed")
         return self.h2.receive_headers(headers)
@@ -466,15 +453,6 @@ class Endpoint(Reader):
         self.waiting.clear()
 
 
-def _decode_block(decoder: hpack.Decoder, block: bytes) -> Headers:
-    """A header block decoded with the connection's HPACK state (on the event loop, or in a
-    worker thread while the connection's reader waits). Raises a COMPRESSION_ERROR."""
-    try:
-        return hpackmemo.decode(decoder, block)
-    except (hpack.exceptions.HPACKError, IndexError, ValueError) as err:
-        raise f.ProtocolError(f"undecodable header block: {err}", f.COMPRESSION_ERROR) from None
-
-
 class _Aside:
     """The interpreter's switch interval while blocks are decoded in worker threads
     (:data:`_ASIDE_SWITCH_INTERVAL`): the first thread to start sets it, the last one to end
@@ -500,11 +478,14 @@ class _Aside:
                 sys.setswitchinterval(cls.interval)
 
 
-def _decode_aside(decoder: hpack.Decoder, block: bytes) -> Headers:
-    """:func:`_decode_block` in a worker thread, the event loop's thread getting the interpreter
-    back more often meanwhile (:class:`_Aside`)."""
+def _decode_aside(
+    decode: Callable[[bytes], Headers | f.ProtocolError], block: bytes
+) -> Headers | f.ProtocolError:
+    """``decode(block)`` (the core's ``decode_block``: the fields, or the COMPRESSION_ERROR) in a
+    worker thread, the event loop's thread getting the interpreter back more often meanwhile
+    (:class:`_Aside`)."""
     _Aside.enter()
     try:
-        return _decode_block(decoder, block)
+        return decode(block)
     finally:
         _Aside.leave()
