@@ -7,9 +7,12 @@ from typing import Any
 
 import hpack
 import pytest
+from hpack.huffman import HuffmanEncoder
+from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from krproxy.h2 import hpackmemo
 from krproxy.h2._hpack import KEPT_BLOCK, Decoder
 from krproxy.h2.frames import _integer
 
@@ -93,14 +96,25 @@ def test_an_undecodable_block_still_raises() -> None:
 # -- the memory against hpack itself ----------------------------------------------------------
 
 
+_HUFFMAN = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
+
+
 def _string(data: bytes) -> bytes:
     return _integer(len(data), 7, 0) + data
 
 
+def _huffman(data: bytes) -> bytes:
+    coded = _HUFFMAN.encode(data)
+    return _integer(len(coded), 7, 0x80) + coded
+
+
 _NAMES = st.sampled_from([b"a", b"c", b"grpc-status", b"content-type", b"x-big", b":status"])
-# Values large enough that one entry evicts the others (the count may stay, the entries not).
+# Values over the small header list limit, and large enough that one entry evicts the others (the
+# count may stay, the entries not).
 _VALUES = st.one_of(
-    st.sampled_from([b"", b"0", b"1", b"d", b"application/grpc", b"x" * 1000, b"y" * 2100, b"z" * 3000]),
+    st.sampled_from(
+        [b"", b"0", b"1", b"d", b"application/grpc", b"m" * 300, b"x" * 1000, b"y" * 2100, b"z" * 3000]
+    ),
     st.binary(max_size=8),
 )
 _FIELDS = st.one_of(
@@ -110,6 +124,20 @@ _FIELDS = st.one_of(
     st.tuples(st.integers(1, 70), _VALUES).map(lambda iv: _integer(iv[0], 6, 0x40) + _string(iv[1])),
     st.tuples(_NAMES, _VALUES).map(lambda nv: b"\x00" + _string(nv[0]) + _string(nv[1])),
     st.tuples(_NAMES, _VALUES).map(lambda nv: b"\x10" + _string(nv[0]) + _string(nv[1])),
+    # Without indexing and never indexed, with a name from the static table or beyond it, Huffman
+    # coded or not: fields krproxy.h2.hpackmemo may answer from its memo.
+    st.tuples(
+        st.one_of(st.integers(62, 63), st.integers(0, 65)),
+        st.sampled_from([0x00, 0x10]),
+        _VALUES,
+        st.booleans(),
+    ).map(
+        lambda f: (
+            _integer(f[0], 4, f[1])
+            + (b"" if f[0] else _string(b"x-name"))
+            + (_huffman(f[2]) if f[3] else _string(f[2]))
+        )
+    ),
     # Size updates: to sizes already in force (no change), below the entries (evicting), too large.
     st.one_of(st.sampled_from([0, 64, 4096]), st.integers(0, 5000)).map(lambda size: _integer(size, 5, 0x20)),
 )
@@ -123,20 +151,25 @@ _BLOCKS = st.lists(_FIELDS, max_size=5).map(b"".join)
     order=st.lists(st.integers(0, 7), max_size=60),
 )
 def test_answers_from_memory_are_what_hpack_decodes(size: int, pool: list[bytes], order: list[int]) -> None:
-    """Differential: blocks drawn again and again from a small pool (so the memory answers),
+    """Differential: blocks drawn again and again from a small pool (so the memories answer),
     mixing fields that add entries, evict them (a table of two small entries, or values up to
-    3000 bytes in 4096), resize the table inside a block, and fail. Every answer, and every
-    failure, is hpack's; so is the table after each block."""
-    ours, theirs = Decoder(max_header_list_size=1 << 20), hpack.Decoder(max_header_list_size=1 << 20)
-    ours.header_table_size = theirs.header_table_size = size
-    for i in order:
+    3000 bytes in 4096), resize the table inside a block, fields that touch no table (the
+    memo of krproxy.h2.hpackmemo, shared by all decoders), header lists over the limit, and
+    failures. Decoded as the core and the relay do (``hpackmemo.decode`` in front of the
+    remembering decoder), every answer and every failure is hpack's; so is the table after
+    each block. Two connections take the same blocks, one with a header list limit of 200
+    bytes: the memo is shared, the limit is each decoder's."""
+    pairs = [(Decoder(max_header_list_size=n), hpack.Decoder(max_header_list_size=n)) for n in (1 << 20, 200)]
+    for ours, theirs in pairs:
+        ours.header_table_size = theirs.header_table_size = size
+    for i, (ours, theirs) in ((i, pair) for i in order for pair in pairs):
         block = pool[i % len(pool)]
         try:
             expected: Any = list(theirs.decode(block, raw=True))
         except Exception as err:  # the type is what is compared
             expected = type(err)
         try:
-            got: Any = list(ours.decode(block, raw=True))
+            got: Any = list(hpackmemo.decode(ours, block))
         except Exception as err:
             got = type(err)
         assert expected == got
