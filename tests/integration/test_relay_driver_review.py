@@ -76,7 +76,7 @@ _ANSWER_HEADERS = f.encode_headers([(b":status", b"200"), (b"content-type", b"ap
 
 class TestUpstreamHeaderBlocks:
     async def test_a_second_header_block_without_end_stream_fails_the_call_not_the_relay(
-        self, nursery: trio.Nursery, relay: Relay, short_tmp: Path
+        self, nursery: trio.Nursery, relay: Relay, short_tmp: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         """An upstream sends its answer's headers, a message, then a second header block without
         END_STREAM: a malformed response (RFC 9113 §8.1), that stream's error. The caller gets a
@@ -111,9 +111,10 @@ class TestUpstreamHeaderBlocks:
             assert isinstance(seen[-1], h2.events.StreamEnded)
             status = dict(blocks[-1].headers)[b"grpc-status"]  # type: ignore[arg-type]
             assert status != b"0"
+        assert not _internal_errors(caplog)  # the stream's error, not the connection's end
 
     async def test_data_before_the_answers_headers_fails_the_call_not_the_relay(
-        self, nursery: trio.Nursery, relay: Relay, short_tmp: Path
+        self, nursery: trio.Nursery, relay: Relay, short_tmp: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         """An upstream sends a message before any header block: a malformed response (RFC 9113
         §8.1), that stream's error; the caller gets a status. Before, the relay passed the
@@ -139,6 +140,12 @@ class TestUpstreamHeaderBlocks:
                 e for e in seen if isinstance(e, (h2.events.ResponseReceived, h2.events.TrailersReceived))
             ]
             assert dict(blocks[-1].headers)[b"grpc-status"] != b"0"  # type: ignore[arg-type]
+        assert not _internal_errors(caplog)  # the stream's error, not the connection's end
+
+
+def _internal_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What the relay logged as its own failure (Endpoint.run's last resort)."""
+    return [r.getMessage() for r in caplog.records if "failed on its connection" in r.getMessage()]
 
 
 def _call(listen: str, window: int | None = None) -> list[h2.events.Event]:
@@ -268,6 +275,7 @@ class TestIsolation:
         assert [b"14", b"0"] == statuses  # UNAVAILABLE, then served
         logged = [r for r in caplog.records if r.exc_info and "failed on its connection" in r.getMessage()]
         assert ["injected bug"] == [str(r.exc_info[1]) for r in logged if r.exc_info]
+        assert 1 == len(_internal_errors(caplog))
 
 
 class TestUpstreamGoaway:
