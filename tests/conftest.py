@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import random
 import shutil
@@ -34,6 +35,7 @@ from krproxy.fakes.containerd import (
     stepping_clock,
 )
 from krproxy.fakes.containerd.records import LIST_SEED_ENV
+from krproxy.relay import connection as relay_connection
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -54,6 +56,35 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     """The seed again after a failure (``-q`` hides the header)."""
     if exitstatus not in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
         terminalreporter.write_line(_list_seed_line())
+
+
+class _RelayBugs(logging.Handler):
+    """Keeps the records of the relay's last resort (:data:`krproxy.relay.connection.BUG_MESSAGE`)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.seen: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.msg == relay_connection.BUG_MESSAGE:
+            self.seen.append(record)
+
+
+@pytest.fixture(autouse=True)
+def _no_relay_bug(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Fail a test in which the relay met a bug of its own. In the daemon such a bug closes the one
+    connection it was met on and is logged, so that the daemon keeps serving the others; in a test
+    it must not pass quietly. A test that injects one is marked ``relay_bug_expected``."""
+    handler = _RelayBugs()
+    logger = logging.getLogger("krproxy.relay")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    if handler.seen and request.node.get_closest_marker("relay_bug_expected") is None:
+        first = handler.seen[0]
+        pytest.fail(f"the relay met a bug of its own: {first.getMessage()}\n{handler.format(first)}")
 
 
 #: Generous client-side deadline for grpcio calls in tests: a hung call fails instead of hanging. A

@@ -71,6 +71,8 @@ __all__ = [
 ]
 
 LOGGER = logging.getLogger("krproxy.relay")
+#: The message :meth:`Endpoint.run` logs a bug of ours with (the tests fail on it: tests/conftest.py).
+BUG_MESSAGE = "krproxy failed on its connection to the %s"
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -404,7 +406,7 @@ class Endpoint(Reader):
             raise
         except Exception as err:  # a bug of ours: it ends this connection, not the daemon
             reason = f"internal error: {type(err).__name__}: {err}"
-            LOGGER.exception("krproxy failed on its connection to the %s", self.describe)
+            LOGGER.exception(BUG_MESSAGE, self.describe)
         finally:
             self.close(reason)
             self.relay.flush()

@@ -235,6 +235,7 @@ class TestCallerCredit:
 
 
 class TestIsolation:
+    @pytest.mark.relay_bug_expected
     async def test_a_bug_met_on_one_connection_ends_that_connection_not_the_relay(
         self,
         nursery: trio.Nursery,
