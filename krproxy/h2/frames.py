@@ -217,15 +217,29 @@ def field_problem(name: bytes, value: bytes) -> str | None:
     return None
 
 
+#: Fields :func:`field_problem` found nothing wrong in: a call of one method sends the same ones
+#: every time (grpc-timeout aside, never remembered). Bounded; started over when full.
+_GOOD_FIELDS: set[tuple[bytes, bytes]] = set()
+_GOOD_FIELDS_LIMIT = 1024
+_NOT_REMEMBERED = frozenset({b"grpc-timeout"})
+
+
 def request_header_problem(headers: Iterable[tuple[bytes, bytes]], trailers: bool = False) -> str | None:
     """What makes a request's header list (or its trailers) malformed (RFC 9113 §8.2, §8.3.1),
     or None. A malformed request is a stream error of type PROTOCOL_ERROR (§8.1.1)."""
     regular = False
     seen: set[bytes] = set()
-    for name, value in headers:
-        problem = field_problem(name, value)
-        if problem is not None:
-            return problem
+    good = _GOOD_FIELDS
+    for field in headers:
+        name, value = field
+        if field not in good:
+            problem = field_problem(name, value)
+            if problem is not None:
+                return problem
+            if name not in _NOT_REMEMBERED and len(name) + len(value) <= 256:
+                if len(good) >= _GOOD_FIELDS_LIMIT:
+                    good.clear()
+                good.add(field)
         if name.startswith(b":"):
             if trailers:
                 return f"pseudo-header {name!r} in trailers"

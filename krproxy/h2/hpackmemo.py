@@ -5,7 +5,8 @@ with a literal or static name (RFC 7541 §6.1, §6.2.2, §6.2.3) decodes to the 
 whatever the decoder's dynamic table holds, and leaves the table as it was. krproxy's own
 encoder (:func:`krproxy.h2.frames.encode_headers`) sends only such fields, and a gRPC call
 of one method sends the same ones every time (only ``grpc-timeout`` changes), so
-:func:`decode` finds each of them by its bytes in a memo and leaves ``hpack`` the blocks
+:func:`decode` finds each of them by its bytes in a memo (``grpc-timeout`` by its name's bytes,
+its value a plain literal read as it is) and leaves ``hpack`` the blocks
 that touch the dynamic table (grpc-go's, h2's), the first sight of a field, and anything
 malformed: ``hpack`` decodes those, and its errors and checks stay the rules. In the SDK's
 hook server this took decoding from about a sixth of the process's Python time to a few
@@ -20,6 +21,7 @@ from __future__ import annotations
 from typing import cast
 
 import hpack
+from hpack import HeaderTuple
 from hpack.table import HeaderTable
 
 Headers = list[tuple[bytes, bytes]]
@@ -39,6 +41,10 @@ BLOCK_LIMIT = 4096
 _UNIQUE = frozenset({b"grpc-timeout"})
 
 _memo: dict[bytes, tuple[bytes, bytes]] = {}
+#: A field of :data:`_UNIQUE` by the bytes before its value (its representation and name, as
+#: first decoded by ``hpack``): its header's class and name. Only those names get entries, and
+#: each only for the two plain literal representations: a few entries at most.
+_unique_names: dict[bytes, tuple[type[HeaderTuple], bytes]] = {}
 #: Whole blocks without a field of :data:`_UNIQUE` (answers' headers and trailers, requests
 #: without a deadline): one look-up for all their fields.
 _blocks: dict[bytes, tuple[tuple[tuple[bytes, bytes], ...], int]] = {}
@@ -102,6 +108,47 @@ def _field_ends(block: bytes) -> list[int] | None:
     return ends if at == size else None
 
 
+def _value_start(field: bytes) -> int | None:
+    """Where the value of ``field`` starts, if it is a literal without indexing or never
+    indexed whose name is a static index below 15 or a short plain literal, and whose value is
+    a plain literal (no Huffman coding) shorter than 127 bytes that ends the field; else None."""
+    first = field[0]
+    if first & 0xE0:  # not 0000xxxx nor 0001xxxx (callers pass those only; kept for safety)
+        return None
+    index = first & 0x0F
+    if index == 0x0F:  # a multi-byte index
+        return None
+    at = 1
+    if not index:  # a literal name: short and plain only
+        if len(field) < 2 or field[1] >= 0x7F:
+            return None
+        at = 2 + field[1]
+    if at >= len(field) or field[at] >= 0x7F or at + 1 + field[at] != len(field):
+        return None
+    return at + 1
+
+
+def _unique_field(field: bytes) -> tuple[bytes, bytes] | None:
+    """``field`` decoded without ``hpack``, if it is a field of :data:`_UNIQUE` whose name part
+    was decoded by ``hpack`` before (:func:`_remember_unique`) and whose value is plain."""
+    start = _value_start(field)
+    if start is None:
+        return None
+    known = _unique_names.get(field[: start - 1])
+    if known is None:
+        return None
+    cls, name = known
+    return cls(name, field[start:])
+
+
+def _remember_unique(field: bytes, header: tuple[bytes, bytes]) -> None:
+    """Remember the name part of ``field``, which ``hpack`` decoded to ``header`` (a field of
+    :data:`_UNIQUE`), if its value is plain and decoded to the bytes it holds."""
+    start = _value_start(field)
+    if start is not None and field[start:] == header[1]:
+        _unique_names[field[: start - 1]] = (cast(type[HeaderTuple], header.__class__), header[0])
+
+
 def decode(decoder: hpack.Decoder, block: bytes) -> Headers:
     """``decoder.decode(block, raw=True)``, the fields that allow it taken from the memo.
 
@@ -125,14 +172,19 @@ def decode(decoder: hpack.Decoder, block: bytes) -> Headers:
         if header is None:
             if end - start > FIELD_LIMIT:
                 return cast(Headers, decoder.decode(block, raw=True))
-            # A field of its own decodes alike in any decoder: one that never changes does.
-            header = cast(Headers, _SCRATCH.decode(field, raw=True))[0]
-            if header[0] in _UNIQUE:
-                unique = True
+            known = _unique_field(field)  # e.g. grpc-timeout, its name seen before
+            if known is not None:
+                header, unique = known, True
             else:
-                if len(memo) >= MEMO_LIMIT:
-                    memo.clear()
-                memo[field] = header
+                # A field of its own decodes alike in any decoder: one that never changes does.
+                header = cast(Headers, _SCRATCH.decode(field, raw=True))[0]
+                if header[0] in _UNIQUE:
+                    unique = True
+                    _remember_unique(field, header)
+                else:
+                    if len(memo) >= MEMO_LIMIT:
+                        memo.clear()
+                    memo[field] = header
         headers.append(header)
         start = end
     inflated = sum(32 + len(name) + len(value) for name, value in headers)  # RFC 7541 §4.1

@@ -114,6 +114,14 @@ class Reader:
             if preface_due and h2.preface_received:
                 preface_due = False
                 self._handshake.deadline = math.inf
+            if len(data) < _RECV_SIZE and sock.fileno() >= 0:
+                # The read emptied the socket's buffer: wait until more arrives rather than ask
+                # again now only to be told EAGAIN (a system call and an exception per call).
+                # (A socket closed meanwhile goes on to recv, whose error ends the loop.)
+                reads = 0
+                h2.decode_budget = DECODE_PER_TURN
+                await trio.lowlevel.wait_readable(sock)
+                continue
             reads += 1
             if reads >= _READS_PER_CHECKPOINT:
                 reads = 0

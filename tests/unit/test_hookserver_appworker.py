@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import Any
@@ -76,3 +77,24 @@ async def test_a_job_that_awaits_an_async_plugin_function_lets_the_loop_go_first
         elapsed = time.monotonic() - started
     assert [True] == ran
     assert elapsed < 5.0  # not the 10 s of wait_inline
+
+
+async def test_jobs_queued_behind_a_slow_one_all_run_in_order_even_with_the_wake_pipe_full() -> None:
+    """The loop wakes the thread with a byte on a pipe that never blocks it: once the pipe is
+    full the bytes are dropped, and the thread, woken by those already there, takes every job
+    queued, so none waits for a wake-up that never comes."""
+    done: list[int] = []
+    async with AppWorker.open() as worker:
+        assert not os.get_blocking(worker._wake_w)  # a flood of jobs never blocks the loop
+        with pytest.raises(BlockingIOError):
+            while True:  # fill the pipe as a flood of queued jobs would
+                os.write(worker._wake_w, b"x" * 4096)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(worker.run, slow, 0.2, "slow")
+            await trio.sleep(0.05)  # the slow job is running: the rest queue behind it
+            for i in range(50):
+                nursery.start_soon(worker.run, done.append, i)
+                await trio.lowlevel.checkpoint()  # queued in this order
+        with trio.fail_after(10):  # never stuck: every pending byte is read in turn
+            assert "after" == await worker.run(slow, 0, "after")
+    assert done == list(range(50))

@@ -25,6 +25,7 @@ CALL = [
 def empty_memo() -> None:
     hpackmemo._memo.clear()
     hpackmemo._blocks.clear()
+    hpackmemo._unique_names.clear()
 
 
 def decoder() -> hpack.Decoder:
@@ -52,6 +53,19 @@ def test_grpc_timeout_is_never_remembered() -> None:
         block = f.encode_headers([*CALL, (b"grpc-timeout", b"%du" % micros)])
         assert hpackmemo.decode(ours, block)[-1] == (b"grpc-timeout", b"%du" % micros)
     assert len(hpackmemo._memo) == len(CALL)
+
+
+def test_grpc_timeout_after_the_first_is_read_without_hpack(monkeypatch: pytest.MonkeyPatch) -> None:
+    ours = decoder()
+    hpackmemo.decode(ours, f.encode_headers([*CALL, (b"grpc-timeout", b"5S")]))
+    monkeypatch.setattr(hpackmemo, "_SCRATCH", None)  # any field left to hpack now fails
+    for value in (b"4999871u", b"100m", b"99999999n"):
+        got = hpackmemo.decode(ours, f.encode_headers([*CALL, (b"grpc-timeout", value)]))
+        assert got == decoder().decode(f.encode_headers([*CALL, (b"grpc-timeout", value)]), raw=True)
+        assert got[-1].__class__ is hpack.HeaderTuple
+    secret = hpack.NeverIndexedHeaderTuple(b"grpc-timeout", b"1S")  # another representation
+    with pytest.raises(AttributeError):  # first seen: left to hpack, which is gone
+        hpackmemo.decode(ours, f.encode_headers([*CALL, secret]))
 
 
 def test_a_never_indexed_field_stays_never_indexed() -> None:
@@ -127,6 +141,7 @@ def test_any_sequence_of_blocks_decodes_and_leaves_the_table_as_hpack_does(
     decoders' tables are the same after each block."""
     hpackmemo._memo.clear()
     hpackmemo._blocks.clear()
+    hpackmemo._unique_names.clear()
     encoder = hpack.Encoder()
     encoder.header_table_size = table_size
     plain, ours = decoder(), decoder()

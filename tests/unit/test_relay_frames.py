@@ -218,6 +218,20 @@ class TestRequestHeaderRules:
         assert f.request_header_problem([*GOOD, (b"x-id", b"a b\tc\x80\xff"), (b"x-e", b"")]) is None
         assert f.request_header_problem([*GOOD, (b"x-!#$%&'*+-.^_`|~09az", b"1")]) is None
 
+    def test_fields_found_good_are_not_checked_again(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        f._GOOD_FIELDS.clear()
+        call = [*GOOD, (b"grpc-timeout", b"5S")]
+        assert f.request_header_problem(call) is None
+        checked: list[bytes] = []
+        real = f.field_problem
+        monkeypatch.setattr(f, "field_problem", lambda n, v: checked.append(n) or real(n, v))
+        assert f.request_header_problem([*GOOD, (b"grpc-timeout", b"4S")]) is None
+        assert checked == [b"grpc-timeout"]  # the one field whose value changes call by call
+        # The list's own rules still apply to remembered fields.
+        assert "after a regular" in str(f.request_header_problem([GOOD[3], *GOOD[:3]]))
+        assert "twice" in str(f.request_header_problem([*GOOD[:3], GOOD[2], GOOD[3]]))
+        assert "control character" in str(f.request_header_problem([*GOOD, (b"x-id", b"a\x00")]))
+
     def test_trailers_are_judged_by_the_same_field_rules(self) -> None:
         assert "control character" in str(f.request_header_problem([(b"x-id", b"\x00")], trailers=True))
 
