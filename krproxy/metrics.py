@@ -40,6 +40,9 @@ class Metrics:
         self.registry = r = CollectorRegistry()
         #: observe_call's labelled series by (path, status), for the known paths (bounded).
         self._call_series: dict[tuple[str, Status], tuple[Counter, Histogram, Histogram]] = {}
+        #: observe_hook's labelled series by (plugin, hook point, result): as many as the metrics' own
+        #: children, which prometheus-client keeps for good anyway.
+        self._hook_series: dict[tuple[str, HookPoint, str], tuple[Counter, Histogram]] = {}
         self.registration_errors = Counter(
             "krproxy_registration_errors_total",
             "Registration files found invalid, by file name.",
@@ -194,7 +197,14 @@ class Metrics:
         return series
 
     def observe_hook(self, outcome: Outcome) -> None:
-        self.hook_calls.labels(outcome.plugin, outcome.point.value, outcome.result).inc()
-        self.hook_seconds.labels(outcome.plugin, outcome.point.value).observe(outcome.seconds)
+        key = (outcome.plugin, outcome.point, outcome.result)
+        series = self._hook_series.get(key)
+        if series is None:  # two labels() lookups cost more than the rest, once per plugin call
+            series = self._hook_series[key] = (
+                self.hook_calls.labels(outcome.plugin, outcome.point.value, outcome.result),
+                self.hook_seconds.labels(outcome.plugin, outcome.point.value),
+            )
+        series[0].inc()
+        series[1].observe(outcome.seconds)
         if outcome.detail.startswith(INVALID_ANSWER):
             self.invalid_answers.labels(outcome.plugin, outcome.point.value).inc()

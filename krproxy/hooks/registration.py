@@ -289,6 +289,10 @@ class Registry:
 
     plugins: FrozenMap[str, PluginRegistration] = attrs.field(factory=FrozenMap)
     errors: FrozenMap[str, str] = attrs.field(factory=FrozenMap)
+    # plugins_for's answers: every hooked call asks, and a registry never changes (evolve makes a new one).
+    _by_point: dict[HookPoint, tuple[PluginRegistration, ...]] = attrs.field(
+        factory=dict, init=False, eq=False, repr=False
+    )
 
     def apply(self, file: str, content: bytes | None) -> Registry:
         """The registry after *file* changed to *content* (``None``: the file was deleted).
@@ -324,7 +328,10 @@ class Registry:
 
     def plugins_for(self, point: HookPoint) -> tuple[PluginRegistration, ...]:
         """The registrations that handle *point*, in call order."""
-        return tuple(p for p in self.ordered() if p.handles(point))
+        found = self._by_point.get(point)
+        if found is None:
+            found = self._by_point[point] = tuple(p for p in self.ordered() if p.handles(point))
+        return found
 
     def error_for(self, file: str) -> str | None:
         """The error message of *file*'s newest version, or None if it is valid (or unknown)."""

@@ -237,6 +237,14 @@ def _annotated(annotations: Mapping[str, str], key: str, container: str | None) 
     return names
 
 
+def _mentions(annotations: Mapping[str, str], key: str) -> bool:
+    """Whether *annotations* hold any form :func:`effective_annotation` reads of *key* (empty: none)."""
+    if not key:
+        return False
+    prefix = key + "/"
+    return any(name == key or name.startswith(prefix) for name in annotations)
+
+
 def tolerates_missing(annotations: Mapping[str, str], key: str, container: str | None) -> bool:
     """Whether the tolerate-missing annotation *key* (empty: none) exempts the pod or container.
 
@@ -328,6 +336,11 @@ def needed(
     Raises:
         AnnotationError: as :func:`required_names`.
     """
+    if not requirements.servers and not (
+        _mentions(annotations, requirements.annotation)
+        or _mentions(annotations, requirements.tolerate_annotation)
+    ):
+        return NOTHING_NEEDED  # the usual call: no flag, no annotation of ours (one pass over the keys)
     names = required_names(requirements, point, annotations, container)
     hooked = hooked_names(requirements, point, annotations, container)
     return Needed(tuple(n for n in names if n not in met), tuple(n for n in hooked if n not in met))

@@ -20,6 +20,8 @@ from krproxy.hooks.registration import PluginRegistration, Registry
 from krproxy.hooks.required import (
     MAX_ANNOTATED_NAMES,
     MAX_NAME_BYTES,
+    NOTHING_NEEDED,
+    REQUIRED_PLUGINS_ANNOTATION,
     AnnotationError,
     RequiredServer,
     Requirements,
@@ -452,3 +454,51 @@ class TestGuard:
             await trio.sleep(0.1)
             assert State.UNREACHABLE is g.availability("net").state
             nursery.cancel_scope.cancel()
+
+
+class TestNeededShortcut:
+    """``needed`` answers NOTHING_NEEDED without parsing when no flag and no annotation of ours is there:
+    it must give what the full reading gives, and still refuse a malformed annotation."""
+
+    KEYS = (
+        REQUIRED_PLUGINS_ANNOTATION,
+        f"{REQUIRED_PLUGINS_ANNOTATION}/pod",
+        f"{REQUIRED_PLUGINS_ANNOTATION}/container.app",
+        f"{REQUIRED_PLUGINS_ANNOTATION}x",
+        "tolerate",
+        "tolerate/container.app",
+        "toleratex",
+        "other",
+    )
+    VALUES = ('["koordlet"]', "true", "false", "not json", "")
+
+    @staticmethod
+    def full(requirements: Requirements, annotations: dict[str, str]) -> Any:
+        try:
+            return (
+                required_names(requirements, CREATE, annotations, "app"),
+                hooked_names(requirements, CREATE, annotations, "app"),
+            )
+        except AnnotationError as err:
+            return str(err)
+
+    @pytest.mark.parametrize("tolerate", ["", "tolerate"])
+    def test_same_as_the_full_reading(self, tolerate: str) -> None:
+        requirements = Requirements(tolerate_annotation=tolerate)
+        for i in range(len(self.KEYS) * len(self.VALUES)):
+            for j in range(len(self.KEYS)):
+                annotations = {self.KEYS[j]: self.VALUES[i % len(self.VALUES)], "other": "1"}
+                if i % 3 == 0:
+                    annotations[self.KEYS[i % len(self.KEYS)]] = self.VALUES[(i + 1) % len(self.VALUES)]
+                try:
+                    got: Any = needed(requirements, CREATE, annotations, "app")
+                    got = (got.names, got.hooked)
+                except AnnotationError as err:
+                    got = str(err)
+                assert self.full(requirements, annotations) == got, annotations
+
+    def test_unrelated_annotations_need_nothing(self) -> None:
+        assert NOTHING_NEEDED is needed(Requirements(tolerate_annotation="t"), CREATE, {"a": "1"}, "app")
+        assert NOTHING_NEEDED is not needed(
+            Requirements((RequiredServer("k", frozenset({CREATE})),)), CREATE, {"a": "1"}, "app"
+        )
