@@ -28,19 +28,30 @@ from cri_api.v1 import api_pb2_grpc as pb_grpc
 from krproxy.bench._support import Processes, _serve_args
 from tests.integration.support import LIVENESS_LIMIT
 
+#: Run in the child in place of a ``preexec_fn``: fd 3 and ``LISTEN_PID`` (this process's pid, which
+#: ``exec`` keeps) set, then ``exec`` of the daemon. A ``preexec_fn`` runs Python between fork and
+#: exec in a child of this process, whose other threads (grpcio's) it inherits in whatever state
+#: they were: a successor daemon died there of SIGABRT (exit code -6, grpc's "epoll_wait error:
+#: Bad file descriptor" in its log) and every call then timed out on the socket no one accepted;
+#: another run hung in that fork. Without a ``preexec_fn`` the child runs no Python before exec.
+_AS_SYSTEMD_DOES = """
+import os, sys
+fd = int(sys.argv[1])
+if fd != 3:
+    os.dup2(fd, 3)
+    os.close(fd)
+os.environ["LISTEN_FDS"] = "1"
+os.environ["LISTEN_PID"] = str(os.getpid())
+os.execv(sys.executable, [sys.executable, *sys.argv[2:]])
+"""
+
 
 def _activated(argv: list[str], listener: socket.socket, log: str) -> subprocess.Popen[bytes]:
     """Start ``python argv`` with ``listener`` as its fd 3, the way systemd passes a socket."""
     fd = listener.fileno()
-
-    def as_systemd_does() -> None:
-        os.dup2(fd, 3)
-        os.environ["LISTEN_FDS"] = "1"
-        os.environ["LISTEN_PID"] = str(os.getpid())
-
     with open(log, "ab") as out:
         return subprocess.Popen(
-            [sys.executable, *argv], stdout=out, stderr=out, pass_fds=(3,), preexec_fn=as_systemd_does
+            [sys.executable, "-c", _AS_SYSTEMD_DOES, str(fd), *argv], stdout=out, stderr=out, pass_fds=(fd,)
         )
 
 
