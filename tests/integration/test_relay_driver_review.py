@@ -17,7 +17,7 @@ import pytest
 import trio
 
 from krproxy.h2 import frames as f
-from krproxy.relay import Relay
+from krproxy.relay import Relay, connection
 from krproxy.relay._call import Call
 from krproxy.relay.rpc import grpc_message, request_headers
 from tests.integration.support import ThreadedUnixServer, received, serve_relay, wait_until
@@ -145,7 +145,7 @@ class TestUpstreamHeaderBlocks:
 
 def _internal_errors(caplog: pytest.LogCaptureFixture) -> list[str]:
     """What the relay logged as its own failure (Endpoint.run's last resort)."""
-    return [r.getMessage() for r in caplog.records if "failed on its connection" in r.getMessage()]
+    return [r.getMessage() for r in caplog.records if r.msg == connection.BUG_MESSAGE]
 
 
 def _call(listen: str, window: int | None = None) -> list[h2.events.Event]:
@@ -274,7 +274,7 @@ class TestIsolation:
             ]
             statuses.append(dict(blocks[-1].headers)[b"grpc-status"])  # type: ignore[arg-type]
         assert [b"14", b"0"] == statuses  # UNAVAILABLE, then served
-        logged = [r for r in caplog.records if r.exc_info and "failed on its connection" in r.getMessage()]
+        logged = [r for r in caplog.records if r.exc_info and r.msg == connection.BUG_MESSAGE]
         assert ["injected bug"] == [str(r.exc_info[1]) for r in logged if r.exc_info]
         assert 1 == len(_internal_errors(caplog))
 
