@@ -63,21 +63,22 @@ class CallContext:
 
 
 @attrs.frozen
-class CallRecord:
-    """A finished call.
+class CallFacts:
+    """What is recorded of a finished call: the fields a :class:`CallRecord` and a trace's
+    :class:`krproxy.trace.format.TraceRecord` share (each adds its own ``hooks``).
 
     Attributes:
         path: the gRPC method path, e.g. ``/runtime.v1.RuntimeService/Version``.
         started: wall-clock start, seconds since the epoch.
         seconds: total time in the proxy, backend time included.
         backend_seconds: time spent waiting for the runtime.
-        request: the request as the caller sent it (the first message, for streams).
+        request: the request as the caller sent it (the first message, for streams; empty for
+            calls relayed as raw streams).
         forwarded: the request as sent to the runtime, if hooks changed it; else None.
         reply: the reply (unary calls that succeeded); None otherwise.
-        replies: how many reply messages were relayed.
+        replies: how many reply messages were relayed (streams: only this is recorded).
         status: the status the caller got.
         message: the status message the caller got, if any.
-        hooks: every plugin call made for this CRI call, in order.
     """
 
     path: str
@@ -90,6 +91,16 @@ class CallRecord:
     replies: int
     status: Status
     message: str | None
+
+
+@attrs.frozen
+class CallRecord(CallFacts):
+    """A finished call, as the proxy handed it to its observers.
+
+    Attributes:
+        hooks: every plugin call made for this CRI call, in order.
+    """
+
     hooks: tuple[Outcome, ...]
 
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import attrs
 
-from krproxy.calls import CallRecord
+from krproxy.calls import CallFacts, CallRecord
 from krproxy.grpcstatus import Status
 from krproxy.hooks.outcomes import Outcome
 
@@ -248,35 +248,16 @@ class HookRecord:
 
 
 @attrs.frozen
-class TraceRecord:
-    """One recorded CRI call, as read back from a trace (messages still raw bytes).
+class TraceRecord(CallFacts):
+    """One recorded CRI call, as read back from a trace (messages still raw bytes): the
+    :class:`~krproxy.calls.CallFacts` of the call that was recorded, and
 
     Attributes:
         number: the record's number in its file, counting from 1.
-        path: the gRPC method path.
-        started: wall-clock start, seconds since the epoch.
-        seconds: total time in the proxy.
-        backend_seconds: time spent waiting for the runtime.
-        request: the request as the caller sent it (empty for calls relayed as raw streams).
-        forwarded: the request as sent to the runtime, if hooks changed it.
-        reply: the reply of a successful unary call; None otherwise.
-        replies: how many reply messages were relayed (streams: only this is recorded).
-        status: the status the caller got.
-        message: the status message, if any.
         hooks: the plugin calls made, in order.
     """
 
     number: int
-    path: str
-    started: float
-    seconds: float
-    backend_seconds: float
-    request: bytes
-    forwarded: bytes | None
-    reply: bytes | None
-    replies: int
-    status: Status
-    message: str | None
     hooks: tuple[HookRecord, ...]
 
     @property

@@ -3,6 +3,8 @@ trace backend's matching, and show's filters."""
 
 from __future__ import annotations
 
+import attrs
+
 from krproxy.grpcstatus import Status
 from krproxy.proto.runtime import v1 as cri
 from krproxy.trace import messages
@@ -137,7 +139,7 @@ class TestReplay:
     def test_streams_are_skipped(self) -> None:
         """Server-streaming and unknown methods are skipped, not sent."""
         events = rec(9, "GetContainerEvents", cri.GetEventsRequest(), None)
-        unknown = TraceRecord(10, "/runtime.v9.X/Y", 1.0, 0, 0, b"", None, None, 0, Status.OK, None, ())
+        unknown = attrs.evolve(rec(10, "Y", cri.VersionRequest(), None), path="/runtime.v9.X/Y")
         target = ScriptedTarget()
         report = replay([events, unknown], target)
         assert (2, []) == (report.skipped, target.sent)
