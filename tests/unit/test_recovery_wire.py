@@ -75,17 +75,16 @@ def _keep_order(record: PodInfo | ContainerInfo) -> tuple[Any, ...]:
 def _pod(
     meta: v1.PodSandboxMetadata | None, item: v1.PodSandbox | v1.PodSandboxStatus, cgroup_parent: str
 ) -> PodInfo:
-    """The record the fields of a ListPodSandbox item or a PodSandboxStatus make."""
-    meta = meta or v1.PodSandboxMetadata()
-    return PodInfo(
-        name=meta.name,
-        uid=meta.uid,
-        namespace=meta.namespace,
-        attempt=meta.attempt,
-        runtime_handler=item.runtime_handler,
+    """The record the fields of a ListPodSandbox item or a PodSandboxStatus make: the one the betterproto2
+    path makes of a RunPodSandbox request that carries them."""
+    config = v1.PodSandboxConfig(
+        metadata=meta,
         labels=item.labels,
         annotations=item.annotations,
-        cgroup_parent=cgroup_parent,
+        linux=v1.LinuxPodSandboxConfig(cgroup_parent=cgroup_parent),
+    )
+    return convert.pod_from_run_request(
+        v1.RunPodSandboxRequest(config=config, runtime_handler=item.runtime_handler)
     )
 
 
