@@ -35,7 +35,7 @@ import trio
 from google.protobuf.message import DecodeError
 
 from krproxy import rpc
-from krproxy.fakes import strict
+from krproxy.fakes import _armed, strict
 from krproxy.fakes.containerd.records import CriError
 from krproxy.fakes.containerd.state import RuntimeState
 from krproxy.fakes.grpc_go import Metadata, encode_metadata, header_check, metadata_items
@@ -206,18 +206,6 @@ class FakeContainerd:
         finally:
             self._subscribers.discard(send)
 
-    def _take_fault(self, method: str) -> Fault | None:
-        entry = self._faults.get(method)
-        if entry is None:
-            return None
-        fault, left = entry
-        if left is not None:
-            if left <= 1:
-                del self._faults[method]
-            else:
-                self._faults[method] = (fault, left - 1)
-        return fault
-
     @staticmethod
     async def _misbehave(fault: Fault, stream: rpc.Stream) -> bool:
         """Apply a fault's drop or status; True when the call has been answered (or cut off)."""
@@ -246,7 +234,7 @@ class FakeContainerd:
         log = self._log.setdefault(method, collections.deque(maxlen=self.history))
         log.append(RecordedRequest(method, message, raw, metadata_items(stream.metadata)))
         LOGGER.debug("event=request method=%s bytes=%d", method, len(raw))
-        fault = self._take_fault(method)
+        fault = _armed.take(self._faults, method)
         if fault is not None:
             if fault.delay:
                 await trio.sleep(fault.delay)

@@ -31,7 +31,7 @@ import attrs
 import trio
 
 from krproxy import rpc
-from krproxy.fakes import strict
+from krproxy.fakes import _armed, strict
 from krproxy.fakes.grpc_go import header_check
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
@@ -318,16 +318,7 @@ class FakePlugin:
 
     def _take_trouble(self, hook: HookPoint) -> Misbehaviour | None:
         key: HookPoint | None = hook if hook in self._trouble else None
-        entry = self._trouble.get(key)
-        if entry is None:
-            return None
-        trouble, left = entry
-        if left is not None:
-            if left <= 1:
-                del self._trouble[key]
-            else:
-                self._trouble[key] = (trouble, left - 1)
-        return trouble
+        return _armed.take(self._trouble, key)
 
     def _answer(self, hook: HookPoint, request: Any) -> bytes:
         answer = self.answers.get(hook, self.changes.answer)(request)
