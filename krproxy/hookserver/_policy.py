@@ -378,6 +378,10 @@ class NodePolicy:
         """The strategy for a pod of class ``qos`` (LSE → LSR; SYSTEM → none)."""
         return self.classes.get(QoSClass.LSR if qos is QoSClass.LSE else qos)
 
+    def strategies(self) -> list[ClassStrategy]:
+        """The strategies the policy sets, of the classes it can set (LSR, LS, BE in that order)."""
+        return [s for qos in _CLASS_KEYS.values() if (s := self.strategy(qos)) is not None]
+
 
 # -- the generated reference --------------------------------------------------------------------
 

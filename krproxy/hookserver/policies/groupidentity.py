@@ -60,10 +60,7 @@ class GroupIdentity:
 
 
 def _configured(policy: NodePolicy | None) -> bool:
-    return policy is not None and any(
-        (s := policy.strategy(q)) is not None and s.cpu_qos is not None
-        for q in (QoSClass.LSR, QoSClass.LS, QoSClass.BE)
-    )
+    return policy is not None and any(s.cpu_qos is not None for s in policy.strategies())
 
 
 def status(probe: NodeProbe, policy: NodePolicy | None) -> FeatureStatus:

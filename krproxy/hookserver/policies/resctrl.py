@@ -105,10 +105,7 @@ class Resctrl:
 
 
 def _configured(policy: NodePolicy | None) -> bool:
-    return policy is not None and any(
-        (s := policy.strategy(q)) is not None and s.resctrl_qos is not None
-        for q in (QoSClass.LSR, QoSClass.LS, QoSClass.BE)
-    )
+    return policy is not None and any(s.resctrl_qos is not None for s in policy.strategies())
 
 
 def status(executor: Executor, policy: NodePolicy | None) -> FeatureStatus:
