@@ -1,5 +1,5 @@
 """Helpers shared by the CRI daemon (:mod:`krproxy.daemon`) and Docker mode (:mod:`krproxy.docker`): retrying
-recovery on trio, loading what it rebuilt, watching signals."""
+recovery on trio, loading what it rebuilt, watching signals, saying they are ready."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import trio
 from krproxy import log
 
 if TYPE_CHECKING:
+    from krproxy.config import ProxyConfig
     from krproxy.docker.hooks import DockerHooks
     from krproxy.docker.recovery import Recovered as DockerRecovered
     from krproxy.hooks.recovery import Recovered
@@ -94,3 +95,17 @@ async def watch_signals(
             log.event(LOGGER.getChild("signal"), "signal", signal=signal.Signals(signum).name)
             request_shutdown()
             return
+
+
+def log_ready(logger: logging.Logger, config: ProxyConfig, plugins: int, **more: Any) -> None:
+    """Log ``event=ready`` (docs/operations.md): the daemon's socket accepts calls; *more* are the
+    fields of its mode (the image socket, Docker mode's name)."""
+    log.event(
+        logger,
+        "ready",
+        **more,
+        listen=config.listen,
+        runtime=config.runtime_endpoint,
+        hook_dir=config.hook_dir,
+        plugins=plugins,
+    )

@@ -227,15 +227,7 @@ async def serve(
             if handle_signals:
                 await nursery.start(_supervise.watch_signals, daemon.request_shutdown)
                 await nursery.start(watch_toggle_signal, recorder)
-            log.event(
-                LOGGER,
-                "ready",
-                listen=config.listen,
-                runtime=config.runtime_endpoint,
-                image=config.image_socket,
-                hook_dir=config.hook_dir,
-                plugins=len(dispatcher.registry.plugins),
-            )
+            _supervise.log_ready(LOGGER, config, len(dispatcher.registry.plugins), image=config.image_socket)
             task_status.started(daemon)
             await daemon._shutdown.wait()
             await daemon._drain()

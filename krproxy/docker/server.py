@@ -399,15 +399,7 @@ async def serve(
                 daemon = DockerDaemon(config, proxy, hooks, dispatcher, metrics)
                 if handle_signals:
                     await nursery.start(_supervise.watch_signals, daemon.request_shutdown)
-                log.event(
-                    LOGGER,
-                    "ready",
-                    mode="Docker",
-                    listen=config.listen,
-                    runtime=config.runtime_endpoint,
-                    hook_dir=config.hook_dir,
-                    plugins=len(dispatcher.registry.plugins),
-                )
+                _supervise.log_ready(LOGGER, config, len(dispatcher.registry.plugins), mode="Docker")
                 task_status.started(daemon)
                 await daemon._shutdown.wait()
                 accepting.cancel()
