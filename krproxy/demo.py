@@ -22,7 +22,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import trio
 
@@ -31,7 +31,8 @@ from krproxy.config import ProxyConfig
 from krproxy.daemon import serve
 from krproxy.fakes.containerd import FakeContainerd, run_fake_containerd
 from krproxy.grpcstatus import GRPCError
-from krproxy.hooks.points import CRI_RUNTIME_SERVICE, HookPoint
+from krproxy.hooks.points import HookPoint
+from krproxy.methods import cri_methods
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hookapi
 
@@ -39,9 +40,6 @@ from krproxy.proto.runtime import v1alpha1 as hookapi
 DEMO_LIMITS = {"cpu_quota": 50_000, "cpu_period": 100_000, "memory_limit_in_bytes": 256 << 20}
 DEMO_CPUSET = "0-1"
 DEMO_ANNOTATION = ("demo.krproxy.io/limited-by", "demo-limits")
-
-
-M = TypeVar("M")
 
 
 class DemoLimitsPlugin:
@@ -115,38 +113,39 @@ def _pod_config() -> cri.PodSandboxConfig:
 
 
 class _Runtime:
-    """CRI RuntimeService calls on a channel: ``await runtime.call("Version", reply_type, request)``."""
+    """CRI calls on a channel, each found by its request's type: ``await runtime.call(cri.VersionRequest(), seconds=2)``."""
 
     def __init__(self, channel: rpc.Channel) -> None:
         self.channel = channel
+        self._methods = {method.request: method for method in cri_methods().values()}
 
-    async def call(self, method: str, reply_type: type[M], request: Any, *, seconds: float) -> M:
-        """``method`` with a deadline ``seconds`` from now (sent as grpc-timeout, as kubelet does)."""
-        path = f"/{CRI_RUNTIME_SERVICE}/{method}"
-        reply = await self.channel.unary(path, bytes(request.SerializeToString()), timeout=seconds)
-        return reply_type.FromString(reply)  # type: ignore[attr-defined,no-any-return]
+    async def call(self, request: Any, *, seconds: float) -> Any:
+        """The reply, with a deadline ``seconds`` from now (sent as grpc-timeout, as kubelet does)."""
+        method = self._methods[type(request)]
+        reply = await self.channel.unary(method.path, bytes(request.SerializeToString()), timeout=seconds)
+        return method.reply.FromString(reply)
 
 
 async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
     channel = rpc.Channel(proxy_socket)
     runtime = _Runtime(channel)
     timeout = kubelet.RUNTIME_REQUEST_TIMEOUT  # kubelet's deadlines, as a node has them
+
+    async def step(request: Any, describe: Callable[[Any], str], seconds: float = timeout) -> Any:
+        """One CRI call as a step of the demo, named by its method."""
+        name = type(request).__name__.removesuffix("Request")
+        return await demo.step(name, lambda: runtime.call(request, seconds=seconds), describe)
+
     try:
-        await demo.step(
-            "Version",
-            lambda: runtime.call("Version", cri.VersionResponse, cri.VersionRequest(), seconds=timeout),
+        await step(
+            cri.VersionRequest(),
             lambda r: f"{r.runtime_name} {r.runtime_version} (CRI {r.runtime_api_version})",
         )
         pod_config = _pod_config()
-        pod = await demo.step(
-            "RunPodSandbox",
-            lambda: runtime.call(
-                "RunPodSandbox",
-                cri.RunPodSandboxResponse,
-                cri.RunPodSandboxRequest(config=pod_config),
-                seconds=kubelet.RUN_POD_SANDBOX_TIMEOUT,
-            ),
+        pod = await step(
+            cri.RunPodSandboxRequest(config=pod_config),
             lambda r: f"pod default/demo -> sandbox {r.pod_sandbox_id[:12]}",
+            kubelet.RUN_POD_SANDBOX_TIMEOUT,
         )
         if pod is None:
             return
@@ -156,15 +155,9 @@ async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
             command=["sh", "-c", "sleep 3600"],
             linux=cri.LinuxContainerConfig(resources=cri.LinuxContainerResources(cpu_shares=2)),
         )
-        created = await demo.step(
-            "CreateContainer",
-            lambda: runtime.call(
-                "CreateContainer",
-                cri.CreateContainerResponse,
-                cri.CreateContainerRequest(
-                    pod_sandbox_id=pod.pod_sandbox_id, config=container_config, sandbox_config=pod_config
-                ),
-                seconds=timeout,
+        created = await step(
+            cri.CreateContainerRequest(
+                pod_sandbox_id=pod.pod_sandbox_id, config=container_config, sandbox_config=pod_config
             ),
             lambda r: f"container app -> {r.container_id[:12]}",
         )
@@ -188,82 +181,25 @@ async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
             and resources.cpu_shares == 2
             and received.config.annotations.get(DEMO_ANNOTATION[0]) == DEMO_ANNOTATION[1],
         )
-        await demo.step(
-            "StartContainer",
-            lambda: runtime.call(
-                "StartContainer",
-                cri.StartContainerResponse,
-                cri.StartContainerRequest(container_id=cid),
-                seconds=timeout,
-            ),
-            lambda r: "started",
-        )
-        await demo.step(
-            "ContainerStatus",
-            lambda: runtime.call(
-                "ContainerStatus",
-                cri.ContainerStatusResponse,
-                cri.ContainerStatusRequest(container_id=cid),
-                seconds=timeout,
-            ),
+        await step(cri.StartContainerRequest(container_id=cid), lambda r: "started")
+        await step(
+            cri.ContainerStatusRequest(container_id=cid),
             lambda r: f"{r.status.state.name}, cpu_quota={r.status.resources.linux.cpu_quota}",
         )
-        await demo.step(
-            "ExecSync",
-            lambda: runtime.call(
-                "ExecSync",
-                cri.ExecSyncResponse,
-                cri.ExecSyncRequest(container_id=cid, cmd=["echo", "hello"], timeout=5),
-                seconds=kubelet.exec_sync_timeout(5),
-            ),
+        await step(
+            cri.ExecSyncRequest(container_id=cid, cmd=["echo", "hello"], timeout=5),
             lambda r: f"exit {r.exit_code}, stdout {r.stdout!r}",
+            kubelet.exec_sync_timeout(5),
         )
-        for name, call in (
-            (
-                "StopContainer",
-                lambda: runtime.call(
-                    "StopContainer",
-                    cri.StopContainerResponse,
-                    cri.StopContainerRequest(container_id=cid, timeout=1),
-                    seconds=kubelet.stop_container_timeout(1),
-                ),
-            ),
-            (
-                "RemoveContainer",
-                lambda: runtime.call(
-                    "RemoveContainer",
-                    cri.RemoveContainerResponse,
-                    cri.RemoveContainerRequest(container_id=cid),
-                    seconds=timeout,
-                ),
-            ),
-            (
-                "StopPodSandbox",
-                lambda: runtime.call(
-                    "StopPodSandbox",
-                    cri.StopPodSandboxResponse,
-                    cri.StopPodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id),
-                    seconds=timeout,
-                ),
-            ),
-            (
-                "RemovePodSandbox",
-                lambda: runtime.call(
-                    "RemovePodSandbox",
-                    cri.RemovePodSandboxResponse,
-                    cri.RemovePodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id),
-                    seconds=timeout,
-                ),
-            ),
-        ):
-            await demo.step(name, call, lambda r: "done")
-        listed = await demo.step(
-            "ListPodSandbox",
-            lambda: runtime.call(
-                "ListPodSandbox", cri.ListPodSandboxResponse, cri.ListPodSandboxRequest(), seconds=timeout
-            ),
-            lambda r: f"{len(r.items)} pods left",
+        await step(
+            cri.StopContainerRequest(container_id=cid, timeout=1),
+            lambda r: "done",
+            kubelet.stop_container_timeout(1),
         )
+        await step(cri.RemoveContainerRequest(container_id=cid), lambda r: "done")
+        await step(cri.StopPodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id), lambda r: "done")
+        await step(cri.RemovePodSandboxRequest(pod_sandbox_id=pod.pod_sandbox_id), lambda r: "done")
+        listed = await step(cri.ListPodSandboxRequest(), lambda r: f"{len(r.items)} pods left")
         demo.check("nothing left behind", listed is not None and len(listed.items) == 0)
     finally:
         await channel.aclose()
