@@ -409,16 +409,14 @@ class FakeNriRuntime:
         return container
 
     async def start_container(self, container_id: str) -> None:
-        container = self.containers[container_id]
-        pod = self.pods[container.pod_sandbox_id]
+        container, pod = self._container(container_id)
         await self._event(api.Event.START_CONTAINER, pod, container)
         container.state = api.ContainerState.CONTAINER_RUNNING
         await self._event(api.Event.POST_START_CONTAINER, pod, container)
 
     async def update_container(self, container_id: str, resources: api.LinuxResources) -> api.LinuxResources:
         """Update a container's resources with the plugins' changes; returns the resources applied."""
-        container = self.containers[container_id]
-        pod = self.pods[container.pod_sandbox_id]
+        container, pod = self._container(container_id)
         wanted = api.LinuxResources.parse(bytes(resources))
         owners: dict[str, str] = {}
         others: list[api.ContainerUpdate] = []
@@ -441,8 +439,7 @@ class FakeNriRuntime:
         return wanted
 
     async def stop_container(self, container_id: str) -> None:
-        container = self.containers[container_id]
-        pod = self.pods[container.pod_sandbox_id]
+        container, pod = self._container(container_id)
         pending: list[api.ContainerUpdate] = []
         request = api.StopContainerRequest(pod=pod, container=container)
         await self._call_each(
@@ -458,6 +455,11 @@ class FakeNriRuntime:
     async def remove_container(self, container_id: str) -> None:
         container = self.containers.pop(container_id)
         await self._event(api.Event.REMOVE_CONTAINER, self.pods[container.pod_sandbox_id], container)
+
+    def _container(self, container_id: str) -> tuple[api.Container, api.PodSandbox]:
+        """A known container and its pod."""
+        container = self.containers[container_id]
+        return container, self.pods[container.pod_sandbox_id]
 
     def _apply_updates(self, updates: Iterable[api.ContainerUpdate]) -> list[api.ContainerUpdate]:
         failed = []
