@@ -100,12 +100,9 @@ async def watch_signals(
 def log_ready(logger: logging.Logger, config: ProxyConfig, plugins: int, **more: Any) -> None:
     """Log ``event=ready`` (docs/operations.md): the daemon's socket accepts calls; *more* are the
     fields of its mode (the image socket, Docker mode's name)."""
-    log.event(
-        logger,
-        "ready",
-        **more,
-        listen=config.listen,
-        runtime=config.runtime_endpoint,
-        hook_dir=config.hook_dir,
-        plugins=plugins,
-    )
+    where: dict[str, Any] = {
+        "listen": config.listen,
+        "runtime": config.runtime_endpoint,
+        "hook_dir": config.hook_dir,
+    }
+    log.event(logger, "ready", **more, **where, plugins=plugins)
