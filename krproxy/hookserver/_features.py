@@ -46,6 +46,11 @@ class FeatureStatus:
     mode: str = ""
     wanted: bool = True
 
+    @classmethod
+    def not_in_policy(cls, feature: str, key: str) -> FeatureStatus:
+        """Off because the node policy does not set *key* (not wanted, so no warning)."""
+        return cls(feature, False, f"no {key} in the policy", wanted=False)
+
 
 StatusFn = Callable[[NodePolicy | None], FeatureStatus]
 

@@ -392,7 +392,7 @@ def status(
     """Active when the policy has resourceUsedThresholdWithBE and the node has the files it needs."""
     config = policy.cpu_suppress if policy is not None else None
     if config is None:
-        return FeatureStatus(NAME, False, "no resourceUsedThresholdWithBE in the policy", wanted=False)
+        return FeatureStatus.not_in_policy(NAME, "resourceUsedThresholdWithBE")
     needed = [CgroupFile.CPU_USAGE, CgroupFile.CFS_QUOTA]
     if config.policy == "cpuset":
         needed.append(CgroupFile.CPUSET_CPUS)

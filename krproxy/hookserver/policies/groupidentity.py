@@ -59,16 +59,10 @@ class GroupIdentity:
             ctx.response.resources.cpu_bvt = value
 
 
-def _configured(policy: NodePolicy | None) -> bool:
-    return policy is not None and any(s.cpu_qos is not None for s in policy.strategies())
-
-
 def status(probe: NodeProbe, policy: NodePolicy | None) -> FeatureStatus:
     """Active when the policy sets a groupIdentity; the mode says which kernel file carries it."""
-    if not _configured(policy):
-        return FeatureStatus(
-            NAME, False, "no resourceQOSStrategy.<class>.cpuQOS.groupIdentity in the policy", wanted=False
-        )
+    if policy is None or all(s.cpu_qos is None for s in policy.strategies()):
+        return FeatureStatus.not_in_policy(NAME, "resourceQOSStrategy.<class>.cpuQOS.groupIdentity")
     if probe.has(CgroupFile.CPU_BVT):
         return FeatureStatus(NAME, True, "the kernel has group identity", mode="cpu.bvt_warp_ns")
     no_bvt = probe.missing(CgroupFile.CPU_BVT) + ": kernel without group identity"

@@ -104,16 +104,10 @@ class Resctrl:
             ctx.response.resources.resctrl = group
 
 
-def _configured(policy: NodePolicy | None) -> bool:
-    return policy is not None and any(s.resctrl_qos is not None for s in policy.strategies())
-
-
 def status(executor: Executor, policy: NodePolicy | None) -> FeatureStatus:
     """Active when the policy has a resctrlQOS and the node has resctrl with L3 CAT."""
-    if not _configured(policy):
-        return FeatureStatus(
-            NAME, False, "no resourceQOSStrategy.<class>.resctrlQOS in the policy", wanted=False
-        )
+    if policy is None or all(s.resctrl_qos is None for s in policy.strategies()):
+        return FeatureStatus.not_in_policy(NAME, "resourceQOSStrategy.<class>.resctrlQOS")
     root = executor.resctrl_root
     if not executor.resctrl_path("info").is_dir():
         return FeatureStatus(
