@@ -27,6 +27,7 @@ from krproxy.fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_r
 from krproxy.hooks.points import HookPoint
 from tests.integration.hooks_support import PLUGIN_TIMEOUT
 from tests.integration.support import LIVENESS_LIMIT, shut_down, wait_until
+from tests.records import DOCKER_HOST_RESOURCES
 
 #: Seconds any one socket operation of a test may take (a liveness bound).
 IO_LIMIT = LIVENESS_LIMIT
@@ -36,15 +37,7 @@ CONTAINER_NAME = "k8s_app_web_prod_uid-web_2"
 CGROUP_PARENT = "/kubepods/burstable/poduid-web"
 POD_LABELS = {"io.kubernetes.pod.name": "web", "app": "web"}
 POD_ANNOTATIONS = {"kubernetes.io/config.source": "api"}
-HOST_RESOURCES = {
-    "CpuPeriod": 100_000,
-    "CpuQuota": 200_000,
-    "CpuShares": 2048,
-    "Memory": 1 << 30,
-    "OomScoreAdj": 900,
-    "CpusetCpus": "0-3",
-    "CpusetMems": "0",
-}
+HOST_RESOURCES = DOCKER_HOST_RESOURCES
 
 
 def sandbox_body(labels: dict[str, str] | None = None) -> dict[str, Any]:
