@@ -59,6 +59,20 @@ async def hang(stream: rpc.Stream, messages: list[bytes]) -> None:
     await trio.sleep_forever()
 
 
+def hanging(started: Callable[[rpc.Stream], object], ended: Callable[[], object]) -> rpc.Handler:
+    """A :class:`krproxy.rpc.Server` handler that never answers: it calls ``started`` with its stream, then
+    ``ended`` when it is cancelled."""
+
+    async def hang(stream: rpc.Stream) -> None:
+        started(stream)
+        try:
+            await trio.sleep_forever()
+        finally:
+            ended()
+
+    return hang
+
+
 @attrs.define
 class ScriptedBackend:
     """Answers any path: per-path behaviour, else :func:`echo`. Records every call."""
@@ -121,6 +135,20 @@ async def serve_relay(nursery: trio.Nursery, relay: Relay, listen_path: str) -> 
     listener.listen(16)
     await nursery.start(relay.serve, listener)
     return listen_path
+
+
+async def serve_relay_to(
+    nursery: trio.Nursery,
+    relay: Relay,
+    upstream: str,
+    sockdir: str,
+    unary_paths: list[str],
+    name: str = "upstream",
+) -> str:
+    """Send every call of ``relay`` to the one upstream socket ``upstream`` (route ``name``; ``unary_paths`` are
+    its unary methods) and serve its callers on ``sockdir/relay.sock`` (returned)."""
+    relay.configure(relay.route_to(upstream, name), None, {}, unary_paths=unary_paths)
+    return await serve_relay(nursery, relay, os.path.join(sockdir, "relay.sock"))
 
 
 async def unary_call(
