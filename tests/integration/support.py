@@ -26,6 +26,7 @@ from krproxy import rpc
 from krproxy.config import ProxyConfig
 from krproxy.daemon import Daemon, serve
 from krproxy.docker import DockerDaemon
+from krproxy.fakes.containerd import FakeContainerd
 from krproxy.fakes.grpc_go import metadata_items
 from krproxy.relay import Relay
 
@@ -115,6 +116,15 @@ async def start_scripted_backend(
     server = backend.server(**options)
     await nursery.start(server.serve, path)
     return backend, server
+
+
+@attrs.frozen
+class ProxiedFake:
+    """The fake containerd on ``socket`` and the proxy (``daemon``) in front of it."""
+
+    fake: FakeContainerd
+    socket: str
+    daemon: Daemon
 
 
 async def start_proxy(nursery: trio.Nursery, sockdir: str, **config: Any) -> Daemon:

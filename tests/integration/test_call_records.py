@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 
@@ -17,9 +16,10 @@ from krproxy.calls import CallRecord
 from krproxy.daemon import Daemon
 from krproxy.demo import DemoLimitsPlugin
 from krproxy.fakes.containerd import FakeContainerd, Fault
+from krproxy.fakes.plugin import write_registration
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
-from tests.integration.support import create_in_new_pod, in_thread, start_proxy, wait_until
+from tests.integration.support import ProxiedFake, create_in_new_pod, in_thread, wait_until
 
 
 @attrs.frozen
@@ -35,22 +35,19 @@ class Recorded:
 
 @pytest.fixture
 async def recorded(
-    fake_containerd: tuple[FakeContainerd, str],
-    nursery: trio.Nursery,
-    sockdir: str,
-    channel_to: Callable[[str], grpc.Channel],
+    proxied_fake: ProxiedFake, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
 ) -> Recorded:
-    fake, backend = fake_containerd
+    daemon = proxied_fake.daemon
     plugin_socket = os.path.join(sockdir, "plugin.sock")
     await nursery.start(DemoLimitsPlugin().serve, plugin_socket)
-    os.makedirs(os.path.join(sockdir, "hooks"))
-    with open(os.path.join(sockdir, "hooks", "limits.json"), "w") as f:  # noqa: ASYNC230 - tiny local file
-        json.dump({"remote-endpoint": plugin_socket, "runtime-hooks": ["PreCreateContainer"]}, f)
-    daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    write_registration(daemon.config.hook_dir, "limits", plugin_socket, [HookPoint.PRE_CREATE_CONTAINER])
+    await wait_until(lambda: bool(daemon.hooks.dispatcher.registry.plugins))  # picked up at its next poll
     records: list[CallRecord] = []
     daemon.relay.observers.append(records.append)
     daemon.relay.keep_messages = True  # what --record sets
-    return Recorded(daemon, records, fake, pb_grpc.RuntimeServiceStub(channel_to(daemon.config.listen)))
+    return Recorded(
+        daemon, records, proxied_fake.fake, pb_grpc.RuntimeServiceStub(channel_to(daemon.config.listen))
+    )
 
 
 def _only(records: list[CallRecord], method: str) -> CallRecord:

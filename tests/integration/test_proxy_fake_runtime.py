@@ -7,36 +7,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import attrs
 import grpc
-import pytest
-import trio
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
-from krproxy.fakes.containerd import FakeContainerd
-from tests.integration.support import create_in_new_pod, in_thread, start_proxy, wait_until
-
-
-@attrs.frozen
-class Runtimes:
-    """The fake containerd, and grpcio channels to it directly and through the proxy in front of it."""
-
-    fake: FakeContainerd
-    direct: grpc.Channel
-    proxied: grpc.Channel
-
-
-@pytest.fixture
-async def runtimes(
-    fake_containerd: tuple[FakeContainerd, str],
-    nursery: trio.Nursery,
-    sockdir: str,
-    channel_to: Callable[[str], grpc.Channel],
-) -> Runtimes:
-    fake, backend = fake_containerd
-    daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
-    return Runtimes(fake, channel_to(backend), channel_to(daemon.config.listen))
+from tests.integration.support import ProxiedFake, create_in_new_pod, in_thread, wait_until
 
 
 class _InsertionOrder(random.Random):
@@ -47,9 +22,11 @@ class _InsertionOrder(random.Random):
 
 
 class TestLargeList:
-    async def test_1000_containers_forwarded_intact(self, runtimes: Runtimes) -> None:
+    async def test_1000_containers_forwarded_intact(
+        self, proxied_fake: ProxiedFake, channel_to: Callable[[str], grpc.Channel]
+    ) -> None:
         """ListContainers with 1000 containers (~860 KB) comes back byte-identical to a direct call."""
-        fake = runtimes.fake
+        fake = proxied_fake.fake
         fake.seed(pods=1000, containers_per_pod=1)
         path = "/runtime.v1.RuntimeService/ListContainers"
         request = pb.ListContainersRequest().SerializeToString()
@@ -62,19 +39,21 @@ class TestLargeList:
         # The fake shuffles every list anew, as containerd's order changes; here the point is the
         # bytes the proxy forwards, so the runtime answers both calls in one order.
         fake.state.order = _InsertionOrder()
-        through_proxy = await in_thread(raw, runtimes.proxied)
-        direct = await in_thread(raw, runtimes.direct)
+        through_proxy = await in_thread(raw, channel_to(proxied_fake.daemon.config.listen))
+        direct = await in_thread(raw, channel_to(proxied_fake.socket))
         assert len(direct) > 800_000
         assert direct == through_proxy
         assert 1000 == len(pb.ListContainersResponse.FromString(through_proxy).containers)
 
 
 class TestContainerEvents:
-    async def test_events_stream_through(self, runtimes: Runtimes) -> None:
+    async def test_events_stream_through(
+        self, proxied_fake: ProxiedFake, channel_to: Callable[[str], grpc.Channel]
+    ) -> None:
         """GetContainerEvents through the proxy delivers the lifecycle events of a container created
         while the stream is open, and cancelling the stream ends the backend's subscription."""
-        fake = runtimes.fake
-        runtime = pb_grpc.RuntimeServiceStub(runtimes.proxied)
+        fake = proxied_fake.fake
+        runtime = pb_grpc.RuntimeServiceStub(channel_to(proxied_fake.daemon.config.listen))
         events = runtime.GetContainerEvents(pb.GetEventsRequest(), timeout=30)
         received: list[pb.ContainerEventResponse] = []
         two_container_events = threading.Event()
