@@ -29,11 +29,9 @@ resources = linux_resources(
 pods = st.builds(
     PodInfo,
     **dict.fromkeys(("name", "uid", "namespace", "runtime_handler", "cgroup_parent"), texts),
+    **dict.fromkeys(("labels", "annotations"), string_maps),
+    **dict.fromkeys(("resources", "overhead"), st.none() | resources),
     attempt=uint32,
-    labels=string_maps,
-    annotations=string_maps,
-    resources=st.none() | resources,
-    overhead=st.none() | resources,
 )
 #: Env values as CRI delivers them: bytes decoded with surrogateescape, so not always valid UTF-8.
 env_values = texts | st.binary(max_size=6).map(lambda b: b.decode("utf-8", "surrogateescape"))
