@@ -127,6 +127,26 @@ class ProxiedFake:
     daemon: Daemon
 
 
+class ProxyHolder:
+    """The proxy half of a test node (``hooks_support.Node``, ``test_docker_support.DockerNode``): the node
+    starts ``daemon`` on ``proxy_socket`` its own way; this waits for its store and stops it."""
+
+    daemon: Daemon | DockerDaemon | None
+    proxy_socket: str
+
+    async def wait_recovered(self) -> None:
+        """Wait until the proxy's store is recovered."""
+        daemon = self.daemon
+        assert daemon is not None, "start_proxy() first"
+        await wait_until(lambda: daemon.hooks.recovered)
+
+    async def stop_proxy(self) -> None:
+        """Shut the proxy down gracefully (as SIGTERM does) and wait until its socket is gone."""
+        assert self.daemon is not None, "start_proxy() first"
+        await shut_down(self.daemon, self.proxy_socket)
+        self.daemon = None
+
+
 async def start_proxy(nursery: trio.Nursery, sockdir: str, **config: Any) -> Daemon:
     """Start the proxy on ``sockdir/proxy.sock`` in front of ``sockdir/backend.sock`` (by default)."""
     config.setdefault("runtime_endpoint", os.path.join(sockdir, "backend.sock"))

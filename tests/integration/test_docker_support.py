@@ -26,7 +26,7 @@ from krproxy.fakes.dockerd import FakeDockerd, run_fake_dockerd
 from krproxy.fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_registration
 from krproxy.hooks.points import HookPoint
 from tests.integration.hooks_support import PLUGIN_TIMEOUT
-from tests.integration.support import LIVENESS_LIMIT, shut_down, wait_until
+from tests.integration.support import LIVENESS_LIMIT, ProxyHolder
 from tests.records import DOCKER_HOST_RESOURCES
 
 #: Seconds any one socket operation of a test may take (a liveness bound).
@@ -74,7 +74,7 @@ def container_body(sandbox_id: str) -> dict[str, Any]:
 
 
 @attrs.define
-class DockerNode:
+class DockerNode(ProxyHolder):
     """The proxy in Docker mode, a fake dockerd and fake plugins, all in one test's nursery."""
 
     nursery: trio.Nursery
@@ -138,13 +138,8 @@ class DockerNode:
             functools.partial(serve, ProxyConfig(**settings), handle_signals=False)
         )
         if wait_recovered:
-            await wait_until(lambda: self.proxy.hooks.recovered)
+            await self.wait_recovered()
         return self.proxy
-
-    async def stop_proxy(self) -> None:
-        """Shut the proxy down gracefully (as SIGTERM does) and wait until its socket is gone."""
-        await shut_down(self.proxy, self.proxy_socket)
-        self.daemon = None
 
     async def call(self, method: str, target: str, body: Any = None) -> Reply:
         """One request to the proxy (a JSON body unless bytes)."""
