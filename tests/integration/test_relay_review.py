@@ -175,11 +175,10 @@ class Client:
         for event in self.events():
             if isinstance(event, h2.events.DataReceived):
                 self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                self.flush()
+            self.flush()  # the window granted, and h2's own answers (SETTINGS and PING acks)
             if getattr(event, "stream_id", None) == stream_id:
                 seen.append(event)
                 if done(event):
-                    self.flush()
                     return seen
         raise AssertionError("unreachable: events() ends only by raising")
 
