@@ -35,18 +35,14 @@ from tests.e2e.support import (
     start_proxy,
     verbose_info,
 )
+from tests.records import RESIZED_CPU
 
 METHOD = "/runtime.v1.RuntimeService/UpdatePodSandboxResources"
 HOOK = "PreUpdatePodSandboxResources"
 LABELS = {"app": "resize", "koordinator.sh/qosClass": "LS"}
 ANNOTATIONS = {"example.com/owner": "e2e"}
 #: What kubelet sends for a pod resized to 1.5 CPUs and 256 MiB, with a RuntimeClass overhead.
-RESOURCES = {
-    "cpu_period": 100_000,
-    "cpu_quota": 150_000,
-    "cpu_shares": 1536,
-    "memory_limit_in_bytes": 256 << 20,
-}
+RESOURCES = {**RESIZED_CPU, "memory_limit_in_bytes": 256 << 20}
 OVERHEAD = {"cpu_shares": 25, "memory_limit_in_bytes": 32 << 20}
 
 

@@ -40,6 +40,18 @@ WANTED_EVENTS = {pb.CONTAINER_CREATED_EVENT, pb.CONTAINER_STARTED_EVENT}
 METRICS_VOLATILE = frozenset({"timestamp", "value"})
 
 
+def status_calls(
+    path: str, request: Any, field: str, known: Any, unknown: Any
+) -> list[tuple[str, Any, frozenset[str]]]:
+    """``path``'s call for the object ``known`` (its ``field``), verbose too, and for one that does not exist."""
+    stable: frozenset[str] = frozenset()
+    return [
+        (path, request(**{field: known}), stable),
+        (path, request(**{field: known}, verbose=True), stable),
+        (path, request(**{field: unknown}), stable),
+    ]
+
+
 def read_calls(pod_id: str, container_id: str, image: str) -> list[tuple[str, Any, frozenset[str]]]:
     """(method path, request, fields to ignore) for every read-only CRI call, errors included."""
     stable: frozenset[str] = frozenset()
@@ -54,26 +66,22 @@ def read_calls(pod_id: str, container_id: str, image: str) -> list[tuple[str, An
             pb.ListPodSandboxRequest(filter=pb.PodSandboxFilter(id=pod_id)),
             stable,
         ),
-        (RUNTIME + "PodSandboxStatus", pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id), stable),
-        (
-            RUNTIME + "PodSandboxStatus",
-            pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True),
-            stable,
+        *status_calls(
+            RUNTIME + "PodSandboxStatus", pb.PodSandboxStatusRequest, "pod_sandbox_id", pod_id, "no-such-pod"
         ),
-        (RUNTIME + "PodSandboxStatus", pb.PodSandboxStatusRequest(pod_sandbox_id="no-such-pod"), stable),
         (RUNTIME + "ListContainers", pb.ListContainersRequest(), stable),
         (
             RUNTIME + "ListContainers",
             pb.ListContainersRequest(filter=pb.ContainerFilter(pod_sandbox_id=pod_id)),
             stable,
         ),
-        (RUNTIME + "ContainerStatus", pb.ContainerStatusRequest(container_id=container_id), stable),
-        (
+        *status_calls(
             RUNTIME + "ContainerStatus",
-            pb.ContainerStatusRequest(container_id=container_id, verbose=True),
-            stable,
+            pb.ContainerStatusRequest,
+            "container_id",
+            container_id,
+            "no-such-container",
         ),
-        (RUNTIME + "ContainerStatus", pb.ContainerStatusRequest(container_id="no-such-container"), stable),
         (RUNTIME + "ContainerStats", pb.ContainerStatsRequest(container_id=container_id), VOLATILE),
         (RUNTIME + "ContainerStats", pb.ContainerStatsRequest(container_id="no-such-container"), stable),
         (RUNTIME + "ListContainerStats", pb.ListContainerStatsRequest(), VOLATILE),
@@ -83,13 +91,13 @@ def read_calls(pod_id: str, container_id: str, image: str) -> list[tuple[str, An
         # containerd 2.3 answers with each metric's current value, which moves between two calls.
         (RUNTIME + "ListPodSandboxMetrics", pb.ListPodSandboxMetricsRequest(), METRICS_VOLATILE),
         (IMAGE + "ListImages", pb.ListImagesRequest(), stable),
-        (IMAGE + "ImageStatus", pb.ImageStatusRequest(image=pb.ImageSpec(image=image)), stable),
-        (
+        *status_calls(
             IMAGE + "ImageStatus",
-            pb.ImageStatusRequest(image=pb.ImageSpec(image=image), verbose=True),
-            stable,
+            pb.ImageStatusRequest,
+            "image",
+            pb.ImageSpec(image=image),
+            pb.ImageSpec(image="no/such:image"),
         ),
-        (IMAGE + "ImageStatus", pb.ImageStatusRequest(image=pb.ImageSpec(image="no/such:image")), stable),
         (IMAGE + "ImageFsInfo", pb.ImageFsInfoRequest(), VOLATILE),
     ]
 

@@ -62,6 +62,11 @@ RELOAD_LIMIT = 2.0
 WRAPPER = Path(sys.executable).parent / "krproxy-runc-wrapper"
 
 
+def for_team(team: str) -> dict[str, Any]:
+    """A hook file's ``when``: containers whose :data:`ANNOTATION` is ``team`` (a regular expression)."""
+    return {"annotations": {f"^{ANNOTATION}$": team}}
+
+
 @attrs.define
 class Hooks(HookFiles):
     low: Path
@@ -115,6 +120,12 @@ class Node:
                 self.cri.runtime.RemovePodSandbox(
                     pb.RemovePodSandboxRequest(pod_sandbox_id=pod_id), timeout=TIMEOUT
                 )
+
+    @contextlib.contextmanager
+    def container(self, team: str) -> Iterator[str]:
+        """A container named ``team`` with :data:`ANNOTATION` ``team``, in a pod of its own (removed after)."""
+        with self.pod() as pod_id:
+            yield self.create(pod_id, team, annotations={ANNOTATION: team})
 
     def create(
         self,
@@ -217,7 +228,7 @@ class TestOciHooks:
         """always, annotations, commands and hasBindMounts each select a hook only for matching containers."""
         h = node.hooks
         h.write("10-always.json", {"always": True}, ["prestart"])
-        h.write("20-annotations.json", {"annotations": {f"^{ANNOTATION}$": "^gpu$"}}, ["prestart"])
+        h.write("20-annotations.json", for_team("^gpu$"), ["prestart"])
         h.write("30-commands.json", {"commands": ["^sh$"]}, ["prestart"])
         h.write("40-binds.json", {"hasBindMounts": True}, ["prestart"])
         node.settle()
@@ -246,7 +257,7 @@ class TestOciHooks:
         the other containers' creates are decided by the index against containerd's own
         config.json, without Python; the hook must still run for the one that has the annotation."""
         h = node.hooks
-        h.write("traced.json", {"annotations": {f"^{ANNOTATION}$": "^traced-by-seccomp$"}}, ["prestart"])
+        h.write("traced.json", for_team("^traced-by-seccomp$"), ["prestart"])
         node.settle()
         time.sleep(1.1)
         with node.pod() as pod_id:
@@ -270,10 +281,9 @@ class TestOciHooks:
         """Every stage's hook reads the OCI state: id, status, annotations; pid and bundle where known."""
         h = node.hooks
         for stage in ("prestart", "createRuntime", "poststart", "poststop"):
-            h.write(f"{stage}.json", {"annotations": {f"^{ANNOTATION}$": "state"}}, [stage])
+            h.write(f"{stage}.json", for_team("state"), [stage])
         node.settle()
-        with node.pod() as pod_id:
-            container_id = node.create(pod_id, "state", annotations={ANNOTATION: "state"})
+        with node.container("state") as container_id:
             node.start(container_id)
             node.stop(container_id)
             wait_until(lambda: len(h.calls(container_id)) == 4, 10, "poststop hook ran")
@@ -306,24 +316,19 @@ class TestOciHooks:
         """A hook file without ``env`` runs with an empty environment (not runc's, containerd's or
         the shim's); one with ``env`` gets exactly that."""
         h = node.hooks
-        when = {"annotations": {f"^{ANNOTATION}$": "env"}}
-        h.write("bare.json", when, ["prestart"])
-        h.write("set.json", when, ["prestart"], env=["A=1", "B=two words"])
+        h.write("bare.json", for_team("env"), ["prestart"])
+        h.write("set.json", for_team("env"), ["prestart"], env=["A=1", "B=two words"])
         node.settle()
-        with node.pod() as pod_id:
-            container_id = node.create(pod_id, "env", annotations={ANNOTATION: "env"})
+        with node.container("env") as container_id:
             node.start(container_id)
         envs = {c["label"]: c["env"] for c in h.calls(container_id)}
         assert {"bare.json": {}, "set.json": {"A": "1", "B": "two words"}} == envs
 
     def test_failing_prestart_blocks_the_start(self, node: Node) -> None:
         """A pre-start hook exiting non-zero fails StartContainer, and the container never runs."""
-        node.hooks.write(
-            "gate.json", {"annotations": {f"^{ANNOTATION}$": "gate"}}, ["createRuntime"], exit_code=3
-        )
+        node.hooks.write("gate.json", for_team("gate"), ["createRuntime"], exit_code=3)
         node.settle()
-        with node.pod() as pod_id:
-            container_id = node.create(pod_id, "gate", annotations={ANNOTATION: "gate"})
+        with node.container("gate") as container_id:
             code, details, _ = _failed_start(node, container_id)
             assert grpc.StatusCode.UNKNOWN == code
             assert "hook gate.json says no" in details, details
@@ -332,12 +337,9 @@ class TestOciHooks:
 
     def test_timeout_is_enforced(self, node: Node) -> None:
         """A pre-start hook over its timeout is killed and the start fails soon after the timeout."""
-        node.hooks.write(
-            "slow.json", {"annotations": {f"^{ANNOTATION}$": "slow"}}, ["prestart"], sleep=60, timeout=1
-        )
+        node.hooks.write("slow.json", for_team("slow"), ["prestart"], sleep=60, timeout=1)
         node.settle()
-        with node.pod() as pod_id:
-            container_id = node.create(pod_id, "slow", annotations={ANNOTATION: "slow"})
+        with node.container("slow") as container_id:
             _, details, seconds = _failed_start(node, container_id)
             assert seconds < 15, f"start took {seconds:.1f}s"
             assert "time" in details.lower(), details
@@ -346,7 +348,7 @@ class TestOciHooks:
     def test_precedence_and_live_reload(self, node: Node) -> None:
         """The later directory wins on a shared name; removing it brings the earlier back; new files apply."""
         h = node.hooks
-        when = {"annotations": {f"^{ANNOTATION}$": "reload"}}
+        when = for_team("reload")
         h.write("a.json", when, ["prestart"], label="low")
         h.write("a.json", when, ["prestart"], label="high", directory=h.high)
         node.settle()
@@ -381,12 +383,9 @@ def test_wrapper_is_quick_when_no_hook_matches(short_tmp: Path) -> None:
 class TestPostStageFailures:
     def test_failing_poststart(self, node: Node) -> None:
         """A failing poststart hook: only logged at the proxy; runc (1.1) instead fails the start and kills the container."""
-        node.hooks.write(
-            "post.json", {"annotations": {f"^{ANNOTATION}$": "post"}}, ["poststart"], exit_code=1
-        )
+        node.hooks.write("post.json", for_team("post"), ["poststart"], exit_code=1)
         node.settle()
-        with node.pod() as pod_id:
-            container_id = node.create(pod_id, "post", annotations={ANNOTATION: "post"})
+        with node.container("post") as container_id:
             if node.kind == "proxy":
                 node.start(container_id)
                 assert pb.CONTAINER_RUNNING == node.state_of(container_id)

@@ -13,9 +13,10 @@ import pytest
 import trio
 
 from krproxy.daemon import Daemon
+from krproxy.fakes.containerd import FakeContainerd
 from krproxy.relay import Relay
 from tests.integration.processes import ECHO_BACKEND, wait_for_socket
-from tests.integration.support import ScriptedBackend, start_proxy, start_scripted_backend
+from tests.integration.support import ProxiedFake, ScriptedBackend, start_proxy, start_scripted_backend
 
 
 @pytest.fixture
@@ -34,6 +35,15 @@ async def scripted_backend(nursery: trio.Nursery, sockdir: str) -> ScriptedBacke
 async def proxy(nursery: trio.Nursery, sockdir: str) -> Daemon:
     """The proxy on ``sockdir/proxy.sock`` in front of ``sockdir/backend.sock``."""
     return await start_proxy(nursery, sockdir)
+
+
+@pytest.fixture
+async def proxied_fake(
+    fake_containerd: tuple[FakeContainerd, str], nursery: trio.Nursery, sockdir: str
+) -> ProxiedFake:
+    """The proxy on ``sockdir/proxy.sock`` in front of the fake containerd."""
+    fake, backend = fake_containerd
+    return ProxiedFake(fake, backend, await start_proxy(nursery, sockdir, runtime_endpoint=backend))
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ from krproxy.fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_a
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import parse_registration
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from tests.integration.support import LIVENESS_LIMIT, shut_down, start_proxy, wait_until
+from tests.integration.support import LIVENESS_LIMIT, ProxyHolder, start_proxy, wait_until
 
 #: Plugin timeout used by default, for plugins that answer: it must not fire even when the machine is
 #: loaded (at 0.3 s a PreRunPodSandbox answer came too late now and then, and the pod went unchanged).
@@ -125,7 +125,7 @@ def hook_resources(**overrides: Any) -> hookapi.LinuxContainerResources:
 
 
 @attrs.define
-class Node:
+class Node(ProxyHolder):
     """The proxy, a fake containerd, fake plugins and a grpcio client, all in one test's nursery."""
 
     nursery: trio.Nursery
@@ -221,13 +221,8 @@ class Node:
         config["listen"] = self.proxy_socket
         self.daemon = await start_proxy(self.nursery, self.sockdir, **config)
         if wait_recovered:
-            await wait_until(lambda: self.proxy.hooks.recovered)
+            await self.wait_recovered()
         return self.daemon
-
-    async def stop_proxy(self) -> None:
-        """Shut the proxy down gracefully (as SIGTERM does) and wait until its socket is gone."""
-        await shut_down(self.proxy, self.proxy_socket)
-        self.daemon = None
 
     # -- CRI calls through the proxy (grpcio) ---------------------------------------------------
 

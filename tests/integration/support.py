@@ -26,6 +26,7 @@ from krproxy import rpc
 from krproxy.config import ProxyConfig
 from krproxy.daemon import Daemon, serve
 from krproxy.docker import DockerDaemon
+from krproxy.fakes.containerd import FakeContainerd
 from krproxy.fakes.grpc_go import metadata_items
 from krproxy.relay import Relay
 
@@ -57,6 +58,20 @@ async def echo(stream: rpc.Stream, messages: list[bytes]) -> None:
 async def hang(stream: rpc.Stream, messages: list[bytes]) -> None:
     """Never answer."""
     await trio.sleep_forever()
+
+
+def hanging(started: Callable[[rpc.Stream], object], ended: Callable[[], object]) -> rpc.Handler:
+    """A :class:`krproxy.rpc.Server` handler that never answers: it calls ``started`` with its stream, then
+    ``ended`` when it is cancelled."""
+
+    async def hang(stream: rpc.Stream) -> None:
+        started(stream)
+        try:
+            await trio.sleep_forever()
+        finally:
+            ended()
+
+    return hang
 
 
 @attrs.define
@@ -103,6 +118,35 @@ async def start_scripted_backend(
     return backend, server
 
 
+@attrs.frozen
+class ProxiedFake:
+    """The fake containerd on ``socket`` and the proxy (``daemon``) in front of it."""
+
+    fake: FakeContainerd
+    socket: str
+    daemon: Daemon
+
+
+class ProxyHolder:
+    """The proxy half of a test node (``hooks_support.Node``, ``test_docker_support.DockerNode``): the node
+    starts ``daemon`` on ``proxy_socket`` its own way; this waits for its store and stops it."""
+
+    daemon: Daemon | DockerDaemon | None
+    proxy_socket: str
+
+    async def wait_recovered(self) -> None:
+        """Wait until the proxy's store is recovered."""
+        daemon = self.daemon
+        assert daemon is not None, "start_proxy() first"
+        await wait_until(lambda: daemon.hooks.recovered)
+
+    async def stop_proxy(self) -> None:
+        """Shut the proxy down gracefully (as SIGTERM does) and wait until its socket is gone."""
+        assert self.daemon is not None, "start_proxy() first"
+        await shut_down(self.daemon, self.proxy_socket)
+        self.daemon = None
+
+
 async def start_proxy(nursery: trio.Nursery, sockdir: str, **config: Any) -> Daemon:
     """Start the proxy on ``sockdir/proxy.sock`` in front of ``sockdir/backend.sock`` (by default)."""
     config.setdefault("runtime_endpoint", os.path.join(sockdir, "backend.sock"))
@@ -121,6 +165,20 @@ async def serve_relay(nursery: trio.Nursery, relay: Relay, listen_path: str) -> 
     listener.listen(16)
     await nursery.start(relay.serve, listener)
     return listen_path
+
+
+async def serve_relay_to(
+    nursery: trio.Nursery,
+    relay: Relay,
+    upstream: str,
+    sockdir: str,
+    unary_paths: list[str],
+    name: str = "upstream",
+) -> str:
+    """Send every call of ``relay`` to the one upstream socket ``upstream`` (route ``name``; ``unary_paths`` are
+    its unary methods) and serve its callers on ``sockdir/relay.sock`` (returned)."""
+    relay.configure(relay.route_to(upstream, name), None, {}, unary_paths=unary_paths)
+    return await serve_relay(nursery, relay, os.path.join(sockdir, "relay.sock"))
 
 
 async def unary_call(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable
 
+import attrs
 import grpc
 import pytest
 import trio
@@ -16,27 +16,38 @@ from krproxy.calls import CallRecord
 from krproxy.daemon import Daemon
 from krproxy.demo import DemoLimitsPlugin
 from krproxy.fakes.containerd import FakeContainerd, Fault
+from krproxy.fakes.plugin import write_registration
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
-from tests.integration.support import create_in_new_pod, in_thread, start_proxy, wait_until
+from tests.integration.support import ProxiedFake, create_in_new_pod, in_thread, wait_until
+
+
+@attrs.frozen
+class Recorded:
+    """The proxy in front of the fake containerd with one PreCreateContainer plugin, its call records
+    collected, and a CRI client through it."""
+
+    daemon: Daemon
+    records: list[CallRecord]
+    fake: FakeContainerd
+    runtime: pb_grpc.RuntimeServiceStub
 
 
 @pytest.fixture
-async def proxy_with_plugin(
-    fake_containerd: tuple[FakeContainerd, str], nursery: trio.Nursery, sockdir: str
-) -> tuple[Daemon, list[CallRecord]]:
-    """The proxy in front of the fake containerd, one PreCreateContainer plugin, records collected."""
-    _, backend = fake_containerd
+async def recorded(
+    proxied_fake: ProxiedFake, nursery: trio.Nursery, sockdir: str, channel_to: Callable[[str], grpc.Channel]
+) -> Recorded:
+    daemon = proxied_fake.daemon
     plugin_socket = os.path.join(sockdir, "plugin.sock")
     await nursery.start(DemoLimitsPlugin().serve, plugin_socket)
-    os.makedirs(os.path.join(sockdir, "hooks"))
-    with open(os.path.join(sockdir, "hooks", "limits.json"), "w") as f:  # noqa: ASYNC230 - tiny local file
-        json.dump({"remote-endpoint": plugin_socket, "runtime-hooks": ["PreCreateContainer"]}, f)
-    daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    write_registration(daemon.config.hook_dir, "limits", plugin_socket, [HookPoint.PRE_CREATE_CONTAINER])
+    await wait_until(lambda: bool(daemon.hooks.dispatcher.registry.plugins))  # picked up at its next poll
     records: list[CallRecord] = []
     daemon.relay.observers.append(records.append)
     daemon.relay.keep_messages = True  # what --record sets
-    return daemon, records
+    return Recorded(
+        daemon, records, proxied_fake.fake, pb_grpc.RuntimeServiceStub(channel_to(daemon.config.listen))
+    )
 
 
 def _only(records: list[CallRecord], method: str) -> CallRecord:
@@ -45,13 +56,10 @@ def _only(records: list[CallRecord], method: str) -> CallRecord:
 
 
 class TestCallRecords:
-    async def test_passthrough_call(
-        self, proxy_with_plugin: tuple[Daemon, list[CallRecord]], channel_to: Callable[[str], grpc.Channel]
-    ) -> None:
+    async def test_passthrough_call(self, recorded: Recorded) -> None:
         """A forwarded call is reported with its request, reply, status and timings, and no hooks."""
-        daemon, records = proxy_with_plugin
-        runtime = pb_grpc.RuntimeServiceStub(channel_to(daemon.config.listen))
-        reply = await in_thread(runtime.Version, pb.VersionRequest(version="v1"), timeout=10)
+        records = recorded.records
+        reply = await in_thread(recorded.runtime.Version, pb.VersionRequest(version="v1"), timeout=10)
         await wait_until(lambda: any(r.path.endswith("/Version") for r in records))
         record = _only(records, "Version")
         assert pb.VersionRequest(version="v1").SerializeToString() == record.request
@@ -61,21 +69,14 @@ class TestCallRecords:
         assert () == record.hooks
         assert 0 < record.backend_seconds <= record.seconds
 
-    async def test_hooked_call_reports_plugin_changes(
-        self,
-        proxy_with_plugin: tuple[Daemon, list[CallRecord]],
-        fake_containerd: tuple[FakeContainerd, str],
-        channel_to: Callable[[str], grpc.Channel],
-    ) -> None:
+    async def test_hooked_call_reports_plugin_changes(self, recorded: Recorded) -> None:
         """A CreateContainer changed by a plugin is reported with the bytes actually forwarded and the
         plugin's changes, field by field."""
-        daemon, records = proxy_with_plugin
-        fake, _ = fake_containerd
-        runtime = pb_grpc.RuntimeServiceStub(channel_to(daemon.config.listen))
-        await create_in_new_pod(runtime)
+        records = recorded.records
+        await create_in_new_pod(recorded.runtime)
         await wait_until(lambda: any(r.path.endswith("/CreateContainer") for r in records))
         record = _only(records, "CreateContainer")
-        assert fake.requests("CreateContainer")[-1].raw == record.forwarded
+        assert recorded.fake.requests("CreateContainer")[-1].raw == record.forwarded
         (outcome,) = record.hooks
         assert (HookPoint.PRE_CREATE_CONTAINER, "ok", "limits") == (
             outcome.point,
@@ -86,23 +87,16 @@ class TestCallRecords:
         assert 50_000 == changed["resources.cpu_quota"]
         assert "0-1" == changed["resources.cpuset_cpus"]
 
-    async def test_backend_error_reported(
-        self,
-        proxy_with_plugin: tuple[Daemon, list[CallRecord]],
-        fake_containerd: tuple[FakeContainerd, str],
-        channel_to: Callable[[str], grpc.Channel],
-    ) -> None:
+    async def test_backend_error_reported(self, recorded: Recorded) -> None:
         """A call the backend fails is reported with the backend's status and message, and counted in metrics."""
-        daemon, records = proxy_with_plugin
-        fake, _ = fake_containerd
-        fake.inject("Version", Fault(status=Status.RESOURCE_EXHAUSTED, message="busy"))
-        runtime = pb_grpc.RuntimeServiceStub(channel_to(daemon.config.listen))
+        records = recorded.records
+        recorded.fake.inject("Version", Fault(status=Status.RESOURCE_EXHAUSTED, message="busy"))
         with pytest.raises(grpc.RpcError):
-            await in_thread(runtime.Version, pb.VersionRequest(), timeout=10)
+            await in_thread(recorded.runtime.Version, pb.VersionRequest(), timeout=10)
         await wait_until(lambda: any(r.path.endswith("/Version") for r in records))
         record = _only(records, "Version")
         assert ("RESOURCE_EXHAUSTED", "busy") == (record.status.name, record.message)
-        samples = daemon.metrics.registry.get_sample_value(
+        samples = recorded.daemon.metrics.registry.get_sample_value(
             "krproxy_calls_total", {"method": "Version", "code": "RESOURCE_EXHAUSTED"}
         )
         assert 1.0 == samples

@@ -26,7 +26,8 @@ from krproxy.fakes.dockerd import FakeDockerd, run_fake_dockerd
 from krproxy.fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_registration
 from krproxy.hooks.points import HookPoint
 from tests.integration.hooks_support import PLUGIN_TIMEOUT
-from tests.integration.support import LIVENESS_LIMIT, shut_down, wait_until
+from tests.integration.support import LIVENESS_LIMIT, ProxyHolder
+from tests.records import DOCKER_HOST_RESOURCES
 
 #: Seconds any one socket operation of a test may take (a liveness bound).
 IO_LIMIT = LIVENESS_LIMIT
@@ -36,15 +37,7 @@ CONTAINER_NAME = "k8s_app_web_prod_uid-web_2"
 CGROUP_PARENT = "/kubepods/burstable/poduid-web"
 POD_LABELS = {"io.kubernetes.pod.name": "web", "app": "web"}
 POD_ANNOTATIONS = {"kubernetes.io/config.source": "api"}
-HOST_RESOURCES = {
-    "CpuPeriod": 100_000,
-    "CpuQuota": 200_000,
-    "CpuShares": 2048,
-    "Memory": 1 << 30,
-    "OomScoreAdj": 900,
-    "CpusetCpus": "0-3",
-    "CpusetMems": "0",
-}
+HOST_RESOURCES = DOCKER_HOST_RESOURCES
 
 
 def sandbox_body(labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -81,7 +74,7 @@ def container_body(sandbox_id: str) -> dict[str, Any]:
 
 
 @attrs.define
-class DockerNode:
+class DockerNode(ProxyHolder):
     """The proxy in Docker mode, a fake dockerd and fake plugins, all in one test's nursery."""
 
     nursery: trio.Nursery
@@ -145,13 +138,8 @@ class DockerNode:
             functools.partial(serve, ProxyConfig(**settings), handle_signals=False)
         )
         if wait_recovered:
-            await wait_until(lambda: self.proxy.hooks.recovered)
+            await self.wait_recovered()
         return self.proxy
-
-    async def stop_proxy(self) -> None:
-        """Shut the proxy down gracefully (as SIGTERM does) and wait until its socket is gone."""
-        await shut_down(self.proxy, self.proxy_socket)
-        self.daemon = None
 
     async def call(self, method: str, target: str, body: Any = None) -> Reply:
         """One request to the proxy (a JSON body unless bytes)."""

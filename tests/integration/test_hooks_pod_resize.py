@@ -33,15 +33,11 @@ from tests.integration.hooks_support import (
     pod_hook_request,
 )
 from tests.integration.support import wait_until
+from tests.records import RESIZED_CPU
 
 RESIZE = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
 #: What kubelet sends for a pod resized to 1.5 CPUs and 1 GiB, with a RuntimeClass overhead.
-RESOURCES = {
-    "cpu_period": 100_000,
-    "cpu_quota": 150_000,
-    "cpu_shares": 1536,
-    "memory_limit_in_bytes": 1 << 30,
-}
+RESOURCES = {**RESIZED_CPU, "memory_limit_in_bytes": 1 << 30}
 OVERHEAD = {"cpu_shares": 25, "memory_limit_in_bytes": 64 << 20}
 
 

@@ -29,6 +29,7 @@ from krproxy.hooks import convert, wire
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.recovery import CALL_TIMEOUT, Recovered, recover
+from krproxy.hooks.writeback import resources_to_cri
 from krproxy.hookserver.testing import logged_events
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -42,6 +43,7 @@ from tests.integration.hooks_support import (
     pod_config,
 )
 from tests.integration.support import LIVENESS_LIMIT, Behaviour, ScriptedBackend, start_scripted_backend
+from tests.records import FULL_RESOURCES
 
 
 @pytest.fixture
@@ -265,17 +267,9 @@ class TestRecover:
         for name, linux in [
             (
                 "full",
-                cri.LinuxContainerResources(
-                    cpu_period=100_000,
-                    cpu_quota=-1,
-                    cpu_shares=2048,
-                    memory_limit_in_bytes=1 << 30,
-                    oom_score_adj=-997,
-                    cpuset_cpus="0-3",
-                    cpuset_mems="0",
-                    hugepage_limits=[cri.HugepageLimit(page_size="2MB", limit=1 << 21)],
-                    unified={"memory.high": "max", "cpu.weight": "100"},
-                    memory_swap_limit_in_bytes=2 << 30,
+                # Two cgroup v2 settings: recovery keeps their order.
+                resources_to_cri(
+                    attrs.evolve(FULL_RESOURCES, unified={"memory.high": "max", "cpu.weight": "100"})
                 ),
             ),
             ("none", None),
@@ -423,26 +417,27 @@ class TestRecover:
         )
         pod_c = attrs.evolve(pod_b, name="c", uid="uid-c")
         assert {"sb-a": pod_a, "sb-b": pod_b, "sb-c": pod_c} == recovered.pods
-        assert {
-            "c-1": ContainerInfo(
-                pod_sandbox_id="sb-a",
-                pod=pod_a,
-                name="app",
+
+        def listed(container_id: str, sandbox_id: str, pod: PodInfo, name: str) -> ContainerInfo:
+            """The record of a container's list item alone (what a failed status falls back to)."""
+            return ContainerInfo(
+                pod_sandbox_id=sandbox_id,
+                pod=pod,
+                name=name,
                 attempt=2,
-                id="c-1",
+                id=container_id,
+                annotations={"from": "list"},
+            )
+
+        assert {
+            "c-1": attrs.evolve(
+                listed("c-1", "sb-a", pod_a, "app"),
                 annotations={"from": "status"},
                 resources=Resources(cpu_shares=512, memory_swap_limit_in_bytes=7),
                 envs={"B": "1", "A": "2"},
                 pod_cgroup_parent="/kubepods/burstable/pod-a",
             ),
-            "c-2": ContainerInfo(
-                pod_sandbox_id="sb-b",
-                pod=pod_b,
-                name="side",
-                attempt=2,
-                id="c-2",
-                annotations={"from": "list"},
-            ),
+            "c-2": listed("c-2", "sb-b", pod_b, "side"),
         } == recovered.containers
         assert ["B", "A"] == list(recovered.containers["c-1"].envs)
         assert (3, 1) == (recovered.fallbacks, recovered.orphans)

@@ -24,11 +24,10 @@ from cri_api.v1 import api_pb2_grpc as pb_grpc
 
 from krproxy import calls
 from krproxy.daemon import Daemon
-from krproxy.fakes.containerd import FakeContainerd
 from krproxy.fakes.plugin import FakePlugin
 from krproxy.hooks.points import HookPoint
 from tests.integration.hooks_support import make_node
-from tests.integration.support import in_thread, start_proxy, wait_until
+from tests.integration.support import ProxiedFake, in_thread, wait_until
 
 #: Calls measured, after WARM_UP calls (connections made, caches filled).
 CALLS = 600
@@ -69,10 +68,9 @@ def _versions(stub: pb_grpc.RuntimeServiceStub, times: int) -> None:
 
 
 @pytest.fixture
-async def proxy(fake_containerd: tuple[FakeContainerd, str], nursery: trio.Nursery, sockdir: str) -> Daemon:
+def proxy(proxied_fake: ProxiedFake) -> Daemon:
     """The proxy in front of the fake containerd."""
-    _, backend = fake_containerd
-    return await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    return proxied_fake.daemon
 
 
 class TestMemory:

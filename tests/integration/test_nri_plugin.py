@@ -32,6 +32,7 @@ from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.integration.hooks_support import LIFECYCLE_HOOKS
 from tests.integration.support import LIVENESS_LIMIT, wait_until
+from tests.records import RESIZED_CPU
 
 LIMIT = LIVENESS_LIMIT  # seconds any one test may take (a liveness bound)
 
@@ -48,6 +49,20 @@ def pod(name: str = "web", *, labels: dict[str, str] | None = None) -> api.PodSa
     )
 
 
+def nri_resources(
+    *, cpu_period: int, cpu_quota: int, cpu_shares: int, memory_limit_in_bytes: int
+) -> api.LinuxResources:
+    """NRI's resources for CPU period, quota and shares and a memory limit (CRI's names for them)."""
+    cpu = api.LinuxCpu(
+        shares=api.OptionalUInt64(value=cpu_shares),
+        quota=api.OptionalInt64(value=cpu_quota),
+        period=api.OptionalUInt64(value=cpu_period),
+    )
+    return api.LinuxResources(
+        cpu=cpu, memory=api.LinuxMemory(limit=api.OptionalInt64(value=memory_limit_in_bytes))
+    )
+
+
 def container(name: str = "app", pod_id: str = "pod-web") -> api.Container:
     return api.Container(
         id=f"ctr-{name}",
@@ -56,13 +71,8 @@ def container(name: str = "app", pod_id: str = "pod-web") -> api.Container:
         annotations={"io.kubernetes.container.hash": "abc"},
         env=["PATH=/bin", "MODE=a"],
         linux=api.LinuxContainer(
-            resources=api.LinuxResources(
-                cpu=api.LinuxCpu(
-                    shares=api.OptionalUInt64(value=1024),
-                    quota=api.OptionalInt64(value=100_000),
-                    period=api.OptionalUInt64(value=100_000),
-                ),
-                memory=api.LinuxMemory(limit=api.OptionalInt64(value=1 << 30)),
+            resources=nri_resources(
+                cpu_period=100_000, cpu_quota=100_000, cpu_shares=1024, memory_limit_in_bytes=1 << 30
             )
         ),
     )
@@ -633,14 +643,7 @@ def get(address: str, path: str) -> tuple[int, str]:
 
 RESIZE = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
 #: A pod resized to 1.5 CPUs and 1 GiB, with a RuntimeClass overhead, as containerd 2.3 tells NRI.
-RESIZED = api.LinuxResources(
-    cpu=api.LinuxCpu(
-        shares=api.OptionalUInt64(value=1536),
-        quota=api.OptionalInt64(value=150_000),
-        period=api.OptionalUInt64(value=100_000),
-    ),
-    memory=api.LinuxMemory(limit=api.OptionalInt64(value=1 << 30)),
-)
+RESIZED = nri_resources(**RESIZED_CPU, memory_limit_in_bytes=1 << 30)
 OVERHEAD = api.LinuxResources(cpu=api.LinuxCpu(shares=api.OptionalUInt64(value=25)))
 
 

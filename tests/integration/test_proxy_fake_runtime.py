@@ -8,22 +8,10 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
-import pytest
-import trio
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pb_grpc
 
-from krproxy.daemon import Daemon
-from krproxy.fakes.containerd import FakeContainerd
-from tests.integration.support import create_in_new_pod, in_thread, start_proxy, wait_until
-
-
-@pytest.fixture
-async def proxy_to_fake(
-    fake_containerd: tuple[FakeContainerd, str], nursery: trio.Nursery, sockdir: str
-) -> Daemon:
-    _, backend = fake_containerd
-    return await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+from tests.integration.support import ProxiedFake, create_in_new_pod, in_thread, wait_until
 
 
 class _InsertionOrder(random.Random):
@@ -35,13 +23,10 @@ class _InsertionOrder(random.Random):
 
 class TestLargeList:
     async def test_1000_containers_forwarded_intact(
-        self,
-        fake_containerd: tuple[FakeContainerd, str],
-        proxy_to_fake: Daemon,
-        channel_to: Callable[[str], grpc.Channel],
+        self, proxied_fake: ProxiedFake, channel_to: Callable[[str], grpc.Channel]
     ) -> None:
         """ListContainers with 1000 containers (~860 KB) comes back byte-identical to a direct call."""
-        fake, backend = fake_containerd
+        fake = proxied_fake.fake
         fake.seed(pods=1000, containers_per_pod=1)
         path = "/runtime.v1.RuntimeService/ListContainers"
         request = pb.ListContainersRequest().SerializeToString()
@@ -54,8 +39,8 @@ class TestLargeList:
         # The fake shuffles every list anew, as containerd's order changes; here the point is the
         # bytes the proxy forwards, so the runtime answers both calls in one order.
         fake.state.order = _InsertionOrder()
-        through_proxy = await in_thread(raw, channel_to(proxy_to_fake.config.listen))
-        direct = await in_thread(raw, channel_to(backend))
+        through_proxy = await in_thread(raw, channel_to(proxied_fake.daemon.config.listen))
+        direct = await in_thread(raw, channel_to(proxied_fake.socket))
         assert len(direct) > 800_000
         assert direct == through_proxy
         assert 1000 == len(pb.ListContainersResponse.FromString(through_proxy).containers)
@@ -63,15 +48,12 @@ class TestLargeList:
 
 class TestContainerEvents:
     async def test_events_stream_through(
-        self,
-        fake_containerd: tuple[FakeContainerd, str],
-        proxy_to_fake: Daemon,
-        channel_to: Callable[[str], grpc.Channel],
+        self, proxied_fake: ProxiedFake, channel_to: Callable[[str], grpc.Channel]
     ) -> None:
         """GetContainerEvents through the proxy delivers the lifecycle events of a container created
         while the stream is open, and cancelling the stream ends the backend's subscription."""
-        fake, _ = fake_containerd
-        runtime = pb_grpc.RuntimeServiceStub(channel_to(proxy_to_fake.config.listen))
+        fake = proxied_fake.fake
+        runtime = pb_grpc.RuntimeServiceStub(channel_to(proxied_fake.daemon.config.listen))
         events = runtime.GetContainerEvents(pb.GetEventsRequest(), timeout=30)
         received: list[pb.ContainerEventResponse] = []
         two_container_events = threading.Event()

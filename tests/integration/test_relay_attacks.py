@@ -30,7 +30,13 @@ from krproxy.h2 import frames as f
 from krproxy.relay import Relay
 from krproxy.relay.connection import CONNECTION_WINDOW, MAX_HEADER_BLOCK
 from krproxy.relay.rpc import UpstreamError, grpc_message, request_headers
-from tests.integration.support import LIVENESS_LIMIT, ThreadedUnixServer, received, serve_relay, wait_until
+from tests.integration.support import (
+    LIVENESS_LIMIT,
+    ThreadedUnixServer,
+    received,
+    serve_relay_to,
+    wait_until,
+)
 from tests.unit.h2peer import read_frames, split_frames
 
 PATH = "/test.Attack/Call"
@@ -97,8 +103,9 @@ async def silent_relay(
     leave it at 1000.)"""
     relay.caller_max_streams = 10
     runtime = SilentRuntime(str(short_tmp / "runtime.sock"))
-    relay.configure(relay.route_to(str(short_tmp / "runtime.sock"), "runtime"), None, {}, unary_paths=[PATH])
-    listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
+    listen = await serve_relay_to(
+        nursery, relay, str(short_tmp / "runtime.sock"), str(short_tmp), [PATH], name="runtime"
+    )
     yield listen, runtime, relay
     runtime.close()
 
@@ -189,8 +196,7 @@ async def test_unknown_frame_types_are_ignored(
     answered and nothing is reset. Rule: an unknown frame type is never an error."""
     _, backend = fake_containerd
     version = "/runtime.v1.RuntimeService/Version"
-    relay.configure(relay.route_to(backend, "runtime"), None, {}, unary_paths=[version])
-    listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
+    listen = await serve_relay_to(nursery, relay, backend, str(short_tmp), [version], name="runtime")
     block = hpack.Encoder().encode([(n.decode(), v.decode()) for n, v in request_headers(version)])
     data = _after_preface(
         f.frame(kind, 0xFF, 0, b"unknown"),

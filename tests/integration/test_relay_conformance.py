@@ -23,7 +23,7 @@ import trio
 from krproxy.fakes.containerd import FakeContainerd
 from krproxy.h2 import frames as f
 from krproxy.relay import Relay
-from tests.integration.support import LIVENESS_LIMIT, serve_relay, start_proxy, wait_until
+from tests.integration.support import LIVENESS_LIMIT, serve_relay_to, start_proxy, wait_until
 from tests.unit.h2peer import Frame, parse, read_frames, split_frames
 
 PATH = "/test.Conformance/Call"
@@ -112,8 +112,7 @@ async def test_a_misbehaving_caller_gets_the_connection_error_h2_gives(
 ) -> None:
     """The relay ends the connection with the error code the RFC names, as an ``h2`` server does."""
     data, expected = CASES[case]
-    relay.configure(relay.route_to(str(short_tmp / "none.sock"), "upstream"), None, {}, unary_paths=[PATH])
-    listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
+    listen = await serve_relay_to(nursery, relay, str(short_tmp / "none.sock"), str(short_tmp), [PATH])
     assert H2_DIFFERS.get(case, expected) == _h2_verdict(data)
     assert expected == await trio.to_thread.run_sync(_relay_verdict, listen, data)
 
@@ -300,8 +299,7 @@ async def _relay_before_a_silent_runtime(
     silent.listen(4)
     relay = Relay()
     await nursery.start(relay.run)
-    relay.configure(relay.route_to(str(short_tmp / "silent.sock"), "upstream"), None, {}, unary_paths=[PATH])
-    listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
+    listen = await serve_relay_to(nursery, relay, str(short_tmp / "silent.sock"), str(short_tmp), [PATH])
     return listen, silent, relay
 
 

@@ -20,7 +20,7 @@ from krproxy.h2 import frames as f
 from krproxy.relay import Relay, connection
 from krproxy.relay._call import Call
 from krproxy.relay.rpc import grpc_message, request_headers
-from tests.integration.support import ThreadedUnixServer, received, serve_relay, wait_until
+from tests.integration.support import ThreadedUnixServer, received, serve_relay_to, wait_until
 from tests.integration.test_relay_review import Answer, Client, serving
 
 PATH = "/test.Review/Call"
@@ -94,9 +94,7 @@ class TestUpstreamHeaderBlocks:
                 )
             )
 
-        listen = str(short_tmp / "relay.sock")
-        relay.configure(relay.route_to(upstream, "upstream"), None, {}, unary_paths=[PATH])
-        await serve_relay(nursery, relay, listen)
+        listen = await serve_relay_to(nursery, relay, upstream, str(short_tmp), [PATH])
 
         with raw_upstream(upstream, script):
             # Window 0: the message waits in the relay when the second block comes.
@@ -127,9 +125,7 @@ class TestUpstreamHeaderBlocks:
                 stream_id, f.encode_headers([(b"grpc-status", b"0")]), True, f.DEFAULT_MAX_FRAME
             )
 
-        listen = str(short_tmp / "relay.sock")
-        relay.configure(relay.route_to(upstream, "upstream"), None, {}, unary_paths=[PATH])
-        await serve_relay(nursery, relay, listen)
+        listen = await serve_relay_to(nursery, relay, upstream, str(short_tmp), [PATH])
         with raw_upstream(upstream, script):
             first = await trio.to_thread.run_sync(_call, listen)
             again = await trio.to_thread.run_sync(_call, listen)
@@ -191,9 +187,7 @@ class TestCallerCredit:
 
         thread = threading.Thread(target=no_window, daemon=True)
         thread.start()
-        listen = str(short_tmp / "relay.sock")
-        relay.configure(relay.route_to(upstream, "upstream"), None, {}, unary_paths=[PATH])
-        await serve_relay(nursery, relay, listen)
+        listen = await serve_relay_to(nursery, relay, upstream, str(short_tmp), [PATH])
 
         def caller() -> int:
             client = Client(listen, limit=10)
@@ -259,9 +253,7 @@ class TestIsolation:
             real(self, headers, end)
 
         monkeypatch.setattr(Call, "on_reply_headers", buggy)
-        listen = str(short_tmp / "relay.sock")
-        relay.configure(relay.route_to(upstream, "upstream"), None, {}, unary_paths=[PATH])
-        await serve_relay(nursery, relay, listen)
+        listen = await serve_relay_to(nursery, relay, upstream, str(short_tmp), [PATH])
         with serving(upstream, lambda path, body: Answer(body=body)):
             first = await trio.to_thread.run_sync(_call, listen)
             await wait_until(lambda: relay.in_flight == 0)
@@ -313,9 +305,7 @@ class TestUpstreamGoaway:
                 return answer(3)
             return b""
 
-        listen = str(short_tmp / "relay.sock")
-        relay.configure(relay.route_to(upstream, "upstream"), None, {}, unary_paths=[PATH])
-        await serve_relay(nursery, relay, listen)
+        listen = await serve_relay_to(nursery, relay, upstream, str(short_tmp), [PATH])
 
         def three_calls() -> dict[int, str]:
             client = Client(listen)

@@ -28,7 +28,14 @@ from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import Relay, Route, connect_unix
 from krproxy.relay.connection import CONNECTION_WINDOW
 from krproxy.relay.rpc import UpstreamError, grpc_message, request_headers
-from tests.integration.support import RequestsByStream, ThreadedUnixServer, received, serve_relay, wait_until
+from tests.integration.support import (
+    RequestsByStream,
+    ThreadedUnixServer,
+    received,
+    serve_relay,
+    serve_relay_to,
+    wait_until,
+)
 
 PATH = "/test.Review/Call"
 Fields = list[tuple[bytes, bytes]]
@@ -154,22 +161,26 @@ class Client:
     def flush(self) -> None:
         self.sock.sendall(self.conn.data_to_send())
 
-    def until(self, stream_id: int, done: Callable[[h2.events.Event], bool]) -> list[h2.events.Event]:
-        """Read (granting window as data is read) until ``done`` holds for an event of the stream."""
-        seen: list[h2.events.Event] = []
+    def events(self) -> Iterator[h2.events.Event]:
+        """The connection's events as they are read; ConnectionError when the relay closes it."""
         while True:
             data = self.sock.recv(65536)
             if not data:
                 raise ConnectionError("the relay closed the connection")
-            for event in self.conn.receive_data(data):
-                if isinstance(event, h2.events.DataReceived):
-                    self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-                if getattr(event, "stream_id", None) == stream_id:
-                    seen.append(event)
-                    if done(event):
-                        self.flush()
-                        return seen
-            self.flush()
+            yield from self.conn.receive_data(data)
+
+    def until(self, stream_id: int, done: Callable[[h2.events.Event], bool]) -> list[h2.events.Event]:
+        """Read (granting window as data is read) until ``done`` holds for an event of the stream."""
+        seen: list[h2.events.Event] = []
+        for event in self.events():
+            if isinstance(event, h2.events.DataReceived):
+                self.conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            self.flush()  # the window granted, and h2's own answers (SETTINGS and PING acks)
+            if getattr(event, "stream_id", None) == stream_id:
+                seen.append(event)
+                if done(event):
+                    return seen
+        raise AssertionError("unreachable: events() ends only by raising")
 
     def call(self, path: str, message: bytes) -> tuple[bytes, dict[bytes, bytes]]:
         """A whole unary call: the body and the trailers."""
@@ -420,9 +431,7 @@ class TestHardening:
             time.sleep(1)
             return Answer(body=grpc_message(b"late"))
 
-        listen = str(short_tmp / "relay.sock")
-        relay.configure(relay.route_to(upstream_path, "upstream"), None, {}, unary_paths=[PATH])
-        await serve_relay(nursery, relay, listen)
+        listen = await serve_relay_to(nursery, relay, upstream_path, str(short_tmp), [PATH])
 
         def run() -> tuple[int, bool]:
             client = Client(listen)
@@ -432,20 +441,17 @@ class TestHardening:
                 started.wait(5)
                 client.sock.sendall(frames.window_update(stream_id, 2**31 - 1))
                 code = None
-                while True:
-                    data = client.sock.recv(65536)
-                    if not data:
-                        raise ConnectionError("closed")
-                    for event in client.conn.receive_data(data):
-                        if isinstance(event, h2.events.ConnectionTerminated):
-                            raise AssertionError(f"GOAWAY {event.error_code!r}")
-                        if isinstance(event, h2.events.StreamReset):
-                            code = int(event.error_code)
-                            client.conn.ping(b"still-up")
-                            client.flush()
-                        if isinstance(event, h2.events.PingAckReceived):
-                            assert code is not None
-                            return code, True
+                for event in client.events():
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        raise AssertionError(f"GOAWAY {event.error_code!r}")
+                    if isinstance(event, h2.events.StreamReset):
+                        code = int(event.error_code)
+                        client.conn.ping(b"still-up")
+                        client.flush()
+                    if isinstance(event, h2.events.PingAckReceived):
+                        assert code is not None
+                        return code, True
+                raise AssertionError("unreachable: events() ends only by raising")
             finally:
                 client.close()
 
@@ -465,9 +471,7 @@ class TestHardening:
         from krproxy.h2 import frames
 
         monkeypatch.setattr("krproxy.relay.connection.MAX_UNSENT", 64 * 1024)
-        listen = str(short_tmp / "relay.sock")
-        relay.configure(relay.route_to(upstream_path, "upstream"), None, {}, unary_paths=[PATH])
-        await serve_relay(nursery, relay, listen)
+        listen = await serve_relay_to(nursery, relay, upstream_path, str(short_tmp), [PATH])
         client = Client(listen)
         ping = frames.frame(frames.PING, 0, 0, b"12345678")
         try:

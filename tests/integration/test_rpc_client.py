@@ -24,6 +24,7 @@ import trio.lowlevel
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.rpc import Channel, Server, Stream, unary, unary_stream
+from tests.integration.support import hanging
 
 LIVENESS_LIMIT = 30.0  # seconds: a bound on what must happen, not a speed claim
 
@@ -120,12 +121,8 @@ async def test_the_timeout_is_deadline_exceeded_and_reaches_the_server(
     deadlines: list[float | None] = []
     cancelled = trio.Event()
 
-    async def hang(stream: Stream) -> None:
-        deadlines.append(stream.deadline)
-        try:
-            await trio.sleep_forever()
-        finally:
-            cancelled.set()
+    # ``cancelled`` is a new event for the second call: the handler sets whichever is current.
+    hang = hanging(lambda stream: deadlines.append(stream.deadline), lambda: cancelled.set())
 
     # The server does not enforce it: the client's own deadline ends the call, and its reset
     # (the caller going away) cancels the handler.

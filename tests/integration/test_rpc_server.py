@@ -29,6 +29,7 @@ from krproxy.relay.rpc import CloseConnection
 from krproxy.rpc import Channel, Server, Stream, unary, unary_stream
 from krproxy.unixsock import SocketInUseError
 from tests.integration.h2_client import framed, grpc_request, request
+from tests.integration.support import hanging
 
 ECHO = "/test.Echo/Echo"
 LIVENESS_LIMIT = 30.0  # seconds: a bound on what must happen, not a speed claim
@@ -206,12 +207,7 @@ async def test_the_callers_deadline_cancels_the_handler(
     ended: list[str] = []
     deadlines: list[float | None] = []
 
-    async def hang(stream: Stream) -> None:
-        deadlines.append(stream.deadline)
-        try:
-            await trio.sleep_forever()
-        finally:
-            ended.append("cancelled")
+    hang = hanging(lambda stream: deadlines.append(stream.deadline), lambda: ended.append("cancelled"))
 
     await start(nursery, sock, Server({"/t.S/Hang": hang}))
     started = trio.current_time()
@@ -451,12 +447,7 @@ async def test_the_caller_going_away_cancels_the_handler(
     running, cancelled = trio.Event(), trio.Event()
     token = trio.lowlevel.current_trio_token()
 
-    async def hang(stream: Stream) -> None:
-        token.run_sync_soon(running.set)
-        try:
-            await trio.sleep_forever()
-        finally:
-            cancelled.set()
+    hang = hanging(lambda _stream: token.run_sync_soon(running.set), cancelled.set)
 
     await start(nursery, sock, Server({"/t.S/Hang": hang}, enforce_deadlines=False))
     method = grpcio(sock).unary_unary("/t.S/Hang", request_serializer=None, response_deserializer=None)

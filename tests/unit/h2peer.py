@@ -13,13 +13,14 @@ from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
 from krproxy.h2.connection import Connection, Role
 
-REQUEST = [
-    (b":method", b"POST"),
-    (b":scheme", b"http"),
-    (b":path", b"/runtime.v1.RuntimeService/Version"),
-    (b":authority", b"x"),
-    (b"content-type", b"application/grpc"),
-]
+
+def grpc_request(path: bytes, authority: bytes = b"x") -> list[tuple[bytes, bytes]]:
+    """The headers of a gRPC request to ``path`` as a client writes them, pseudo-headers first."""
+    pseudo = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path), (b":authority", authority)]
+    return [*pseudo, (b"content-type", b"application/grpc")]
+
+
+REQUEST = grpc_request(b"/runtime.v1.RuntimeService/Version")
 RESPONSE = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 
 

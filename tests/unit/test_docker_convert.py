@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import h11
 import pytest
 from hypothesis import given
@@ -16,15 +17,10 @@ from krproxy.hooks import validate
 from krproxy.hooks.model import ContainerInfo, PodAnswer, PodInfo, Resources
 from krproxy.hooks.slices import slice_path
 from krproxy.hookserver._cgroups import pod_cgroup_dir
+from tests.records import DOCKER_HOST_RESOURCES, WEB_POD
 
 HOST_CONFIG = {
-    "CpuPeriod": 100_000,
-    "CpuQuota": 200_000,
-    "CpuShares": 2048,
-    "Memory": 1 << 30,
-    "OomScoreAdj": 900,
-    "CpusetCpus": "0-3",
-    "CpusetMems": "0",
+    **DOCKER_HOST_RESOURCES,
     "MemorySwap": 2 << 30,
     "CgroupParent": "/kubepods/burstable/poduid",
 }
@@ -164,19 +160,15 @@ class TestRecords:
     def test_pod_from_create(self) -> None:
         """A sandbox create body gives name, namespace, uid, attempt, split labels, cgroup parent, resources."""
         body = {
-            "Labels": {"io.kubernetes.docker.type": "podsandbox", "annotation.k": "v"},
+            "Labels": {"io.kubernetes.docker.type": "podsandbox", "app": "web", "annotation.a": "1"},
             "HostConfig": HOST_CONFIG,
         }
-        pod = convert.pod_from_create(K8sName("POD", "web", "prod", "u", 1), body, "cgroupfs")
+        pod = convert.pod_from_create(K8sName("POD", "web", "default", "u1", 1), body, "cgroupfs")
         assert (
-            PodInfo(
-                name="web",
-                uid="u",
-                namespace="prod",
-                attempt=1,
+            attrs.evolve(
+                WEB_POD,
                 runtime_handler="docker",
-                labels={"io.kubernetes.docker.type": "podsandbox"},
-                annotations={"k": "v"},
+                labels={"io.kubernetes.docker.type": "podsandbox", "app": "web"},
                 cgroup_parent="/kubepods/burstable/poduid",
                 resources=RESOURCES,
             )

@@ -32,6 +32,7 @@ from krproxy.hooks.merge import prepare_update
 from krproxy.hooks.model import ContainerAnswer, ContainerInfo, PodAnswer, PodInfo, Resources
 from krproxy.hooks.writeback import resources_to_cri, resources_to_hook
 from krproxy.proto.runtime import v1, v1alpha1
+from tests.records import FULL_RESOURCES, WEB_POD
 
 
 def pod_hook_request(pod: PodInfo) -> v1alpha1.PodSandboxHookRequest:
@@ -44,18 +45,7 @@ def container_hook_request(info: ContainerInfo) -> v1alpha1.ContainerResourceHoo
     return v1alpha1.ContainerResourceHookRequest.FromString(encode.container_request(info))
 
 
-RESOURCES = Resources(
-    cpu_period=100000,
-    cpu_quota=-1,
-    cpu_shares=1024,
-    memory_limit_in_bytes=1 << 29,
-    oom_score_adj=-997,
-    cpuset_cpus="0-1",
-    cpuset_mems="0",
-    hugepage_limits=[("2MB", 4 << 20)],
-    unified={"memory.high": "max"},
-    memory_swap_limit_in_bytes=1 << 30,
-)
+RESOURCES = FULL_RESOURCES
 
 RUN = v1.RunPodSandboxRequest(
     config=v1.PodSandboxConfig(
@@ -69,16 +59,7 @@ RUN = v1.RunPodSandboxRequest(
     runtime_handler="runc",
 )
 
-POD = PodInfo(
-    name="web",
-    uid="u1",
-    namespace="default",
-    attempt=2,
-    runtime_handler="runc",
-    labels={"app": "web"},
-    annotations={"a": "1"},
-    cgroup_parent="/kubepods/podu1",
-)
+POD = attrs.evolve(WEB_POD, attempt=2)
 
 CREATE = v1.CreateContainerRequest(
     pod_sandbox_id="sb1",
@@ -304,15 +285,7 @@ class TestRecovery:
             annotations={"c": "1"},
         )
 
-        expected = ContainerInfo(
-            pod_sandbox_id="sb1",
-            pod=POD,
-            name="app",
-            attempt=1,
-            id="c1",
-            annotations={"c": "1"},
-            pod_cgroup_parent="/kubepods/podu1",
-        )
+        expected = attrs.evolve(_with_id(CONTAINER, "c1"), resources=None, envs={})
         assert expected == container_from_wire_list(_wire(item), POD)
 
     def _status(self, resources: v1.LinuxContainerResources | None) -> Any:
@@ -359,13 +332,13 @@ class TestRecovery:
                     "cpu_period": 100000,
                     "cpu_quota": -1,
                     "cpu_shares": 1024,
-                    "memory_limit_in_bytes": 1 << 29,
+                    "memory_limit_in_bytes": 1 << 30,
                     "oom_score_adj": -997,
-                    "cpuset_cpus": "0-1",
+                    "cpuset_cpus": "0-3",
                     "cpuset_mems": "0",
-                    "hugepage_limits": [{"page_size": "2MB", "limit": 4 << 20}],
+                    "hugepage_limits": [{"page_size": "2MB", "limit": 1 << 21}],
                     "unified": {"memory.high": "max"},
-                    "memory_swap_limit_in_bytes": 1 << 30,
+                    "memory_swap_limit_in_bytes": 2 << 30,
                 }
             },
         }

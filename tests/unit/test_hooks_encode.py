@@ -12,52 +12,37 @@ from krproxy.hooks import encode
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
 from krproxy.hooks.writeback import resources_to_hook
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from tests.fuzz import examples
+from tests.fuzz import INT64, examples, linux_resources
 
 FUZZ = settings(max_examples=examples(300), deadline=None)
 
 texts = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=10)
 string_maps = st.dictionaries(texts, texts, max_size=3)
-int64 = st.integers(-(1 << 63), (1 << 63) - 1)
-resources = st.builds(
+uint32 = st.integers(0, (1 << 32) - 1)
+resources = linux_resources(
     Resources,
-    cpu_period=int64,
-    cpu_quota=int64,
-    cpu_shares=int64,
-    memory_limit_in_bytes=int64,
-    oom_score_adj=int64,
-    cpuset_cpus=texts,
-    cpuset_mems=texts,
+    texts,
     hugepage_limits=st.lists(st.tuples(texts, st.integers(0, (1 << 64) - 1)), max_size=2),
     unified=string_maps,
-    memory_swap_limit_in_bytes=int64,
+    memory_swap_limit_in_bytes=INT64,
 )
 pods = st.builds(
     PodInfo,
-    name=texts,
-    uid=texts,
-    namespace=texts,
-    attempt=st.integers(0, (1 << 32) - 1),
-    runtime_handler=texts,
-    labels=string_maps,
-    annotations=string_maps,
-    cgroup_parent=texts,
-    resources=st.none() | resources,
-    overhead=st.none() | resources,
+    **dict.fromkeys(("name", "uid", "namespace", "runtime_handler", "cgroup_parent"), texts),
+    **dict.fromkeys(("labels", "annotations"), string_maps),
+    **dict.fromkeys(("resources", "overhead"), st.none() | resources),
+    attempt=uint32,
 )
 #: Env values as CRI delivers them: bytes decoded with surrogateescape, so not always valid UTF-8.
 env_values = texts | st.binary(max_size=6).map(lambda b: b.decode("utf-8", "surrogateescape"))
 containers = st.builds(
     ContainerInfo,
-    pod_sandbox_id=texts,
+    **dict.fromkeys(("pod_sandbox_id", "name", "id", "pod_cgroup_parent"), texts),
     pod=pods,
-    name=texts,
-    attempt=st.integers(0, (1 << 32) - 1),
-    id=texts,
+    attempt=uint32,
     annotations=string_maps,
     resources=st.none() | resources,
     envs=st.dictionaries(texts, env_values, max_size=3),
-    pod_cgroup_parent=texts,
 )
 
 

@@ -25,19 +25,10 @@ from krproxy.hooks.writeback import (
     resources_to_hook,
 )
 from krproxy.proto.runtime import v1, v1alpha1
+from tests.records import FULL_RESOURCES
 
-BASE = Resources(
-    cpu_period=100000,
-    cpu_quota=200000,
-    cpu_shares=2048,
-    memory_limit_in_bytes=1 << 30,
-    oom_score_adj=-997,
-    cpuset_cpus="0-3",
-    cpuset_mems="0",
-    hugepage_limits=[("2MB", 1 << 21)],
-    unified={"memory.high": "100"},
-    memory_swap_limit_in_bytes=2 << 30,
-)
+#: What the merge tables start from: every field set (their expectations name its values).
+BASE = attrs.evolve(FULL_RESOURCES, cpu_quota=200_000, cpu_shares=2048, unified={"memory.high": "100"})
 
 
 def run_request() -> v1.RunPodSandboxRequest:

@@ -16,7 +16,7 @@ from krproxy.forward import Reply
 from krproxy.hooks import convert, encode
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.merge import Change, merge_pod_resize
-from krproxy.hooks.model import ContainerInfo, PodAnswer, PodInfo, PodResize, Resources
+from krproxy.hooks.model import ContainerInfo, PodAnswer, PodResize, Resources
 from krproxy.hooks.points import EXTENSIONS, HookPoint
 from krproxy.hooks.registration import PluginRegistration, Registry
 from krproxy.hooks.runtime import HookRuntime
@@ -24,18 +24,10 @@ from krproxy.hooks.store import HookStore
 from krproxy.hooks.validate import check_answer
 from krproxy.hooks.writeback import apply_pod_resize, resources_to_cri, resources_to_hook
 from krproxy.proto.runtime import v1, v1alpha1
+from tests.records import RESIZED_CPU, WEB_POD
 
-POD = PodInfo(
-    name="web",
-    uid="u1",
-    namespace="default",
-    attempt=1,
-    runtime_handler="runc",
-    labels={"app": "web"},
-    annotations={"team": "a"},
-    cgroup_parent="/kubepods/burstable/podu1",
-)
-REQUESTED = Resources(cpu_period=100000, cpu_quota=150000, cpu_shares=1536, memory_limit_in_bytes=1 << 30)
+POD = attrs.evolve(WEB_POD, cgroup_parent="/kubepods/burstable/podu1")
+REQUESTED = Resources(**RESIZED_CPU, memory_limit_in_bytes=1 << 30)
 OVERHEAD = Resources(cpu_shares=25, memory_limit_in_bytes=64 << 20)
 
 
@@ -62,7 +54,7 @@ class TestHookRequest:
                 pod_meta=v1alpha1.PodSandboxMetadata(name="web", uid="u1", namespace="default", attempt=1),
                 runtime_handler="runc",
                 labels={"app": "web"},
-                annotations={"team": "a"},
+                annotations={"a": "1"},
                 cgroup_parent="/kubepods/burstable/podu1",
                 overhead=resources_to_hook(OVERHEAD),
                 resources=resources_to_hook(REQUESTED),

@@ -13,6 +13,7 @@ import attrs
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
 from krproxy.nri import convert, wire
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
+from tests.records import FULL_RESOURCES
 
 
 def upb(message: Any) -> Any:
@@ -20,15 +21,17 @@ def upb(message: Any) -> Any:
     return wire.parse(type(message).__name__, bytes(message))
 
 
+#: The fields an NRI pod and a hook record name alike, with the values the pod carries.
+POD_FIELDS: dict[str, Any] = {
+    "name": "web",
+    "uid": "u1",
+    "namespace": "prod",
+    "labels": {"app": "web"},
+    "annotations": {"a": "1"},
+    "runtime_handler": "runc",
+}
 POD_MESSAGE = api.PodSandbox(
-    id="p1",
-    name="web",
-    uid="u1",
-    namespace="prod",
-    labels={"app": "web"},
-    annotations={"a": "1"},
-    runtime_handler="runc",
-    linux=api.LinuxPodSandbox(cgroup_parent="/kubepods/pod-u1"),
+    id="p1", linux=api.LinuxPodSandbox(cgroup_parent="/kubepods/pod-u1"), **POD_FIELDS
 )
 CONTAINER_MESSAGE = api.Container(
     id="c1",
@@ -43,6 +46,7 @@ CONTAINER_MESSAGE = api.Container(
                 quota=api.OptionalInt64(value=-1),
                 period=api.OptionalUInt64(value=100_000),
                 cpus="0-3",
+                mems="0",
             ),
             memory=api.LinuxMemory(
                 limit=api.OptionalInt64(value=1 << 30), swap=api.OptionalInt64(value=2 << 30)
@@ -59,34 +63,12 @@ POD, CONTAINER = upb(POD_MESSAGE), upb(CONTAINER_MESSAGE)
 class TestFromNri:
     def test_pod(self) -> None:
         """Name, uid, namespace, handler, labels, annotations and the cgroup parent are taken; no attempt."""
-        expected = PodInfo(
-            name="web",
-            uid="u1",
-            namespace="prod",
-            runtime_handler="runc",
-            labels={"app": "web"},
-            annotations={"a": "1"},
-            cgroup_parent="/kubepods/pod-u1",
-        )
-        assert expected == convert.pod_from_nri(POD)
+        assert PodInfo(cgroup_parent="/kubepods/pod-u1", **POD_FIELDS) == convert.pod_from_nri(POD)
 
     def test_container(self) -> None:
         """Resources (with oom_score_adj from beside them), env as a map (later duplicate wins) and the pod."""
         info = convert.container_from_nri(POD, CONTAINER)
-        assert (
-            Resources(
-                cpu_period=100_000,
-                cpu_quota=-1,
-                cpu_shares=1024,
-                memory_limit_in_bytes=1 << 30,
-                oom_score_adj=-997,
-                cpuset_cpus="0-3",
-                hugepage_limits=(("2MB", 1 << 21),),
-                unified={"memory.high": "max"},
-                memory_swap_limit_in_bytes=2 << 30,
-            )
-            == info.resources
-        )
+        assert FULL_RESOURCES == info.resources
         assert {"PATH": "/bin", "MODE": "b", "EMPTY": ""} == info.envs
         assert ("c1", "p1", "app", "/kubepods/pod-u1") == (
             info.id,

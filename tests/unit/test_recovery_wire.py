@@ -104,16 +104,16 @@ def _container(
     )
 
 
-@given(
-    st.builds(
-        v1.PodSandbox,
-        id=text,
-        metadata=st.none() | metadata,
-        labels=string_maps,
-        annotations=string_maps,
-        runtime_handler=text,
-    )
-)
+#: The fields a ListPodSandbox item and a PodSandboxStatus share (but the id).
+sandbox_fields = {
+    "metadata": st.none() | metadata,
+    "labels": string_maps,
+    "annotations": string_maps,
+    "runtime_handler": text,
+}
+
+
+@given(st.builds(v1.PodSandbox, id=text, **sandbox_fields))
 def test_pod_from_sandbox(sandbox: v1.PodSandbox) -> None:
     """A ListPodSandbox item: its metadata, labels, annotations and handler; no cgroup parent."""
     data = bytes(v1.ListPodSandboxResponse(items=[sandbox]))
@@ -124,17 +124,7 @@ def test_pod_from_sandbox(sandbox: v1.PodSandbox) -> None:
     assert (expected, _keep_order(expected)) == (actual, _keep_order(actual))
 
 
-@given(
-    st.builds(
-        v1.PodSandboxStatus,
-        id=st.sampled_from(["", "c", "sb1"]),
-        metadata=st.none() | metadata,
-        labels=string_maps,
-        annotations=string_maps,
-        runtime_handler=text,
-    ),
-    infos,
-)
+@given(st.builds(v1.PodSandboxStatus, id=st.sampled_from(["", "c", "sb1"]), **sandbox_fields), infos)
 def test_pod_from_status(status: v1.PodSandboxStatus, info: dict[str, str]) -> None:
     """A PodSandboxStatus: its fields, and the cgroup parent its verbose info names."""
     data = bytes(v1.PodSandboxStatusResponse(status=status, info=info))
