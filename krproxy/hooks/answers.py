@@ -11,7 +11,9 @@ them and builds the betterproto2 message from the decoded fields in 10 and 16 µ
 :func:`decode` gives the message ``FromString`` would give. Where the two decoders read the wire differently,
 it leaves the answer to betterproto2: bytes upb refuses, and any field upb did not know — a field number
 the schema lacks, or a known field sent with a wire type other than its own (betterproto2 reads the latter
-as a value of the wrong type, which :func:`krproxy.hooks.convert.wrong_types` then reports). Maps are read
+as a value of the wrong type, which :func:`krproxy.hooks.convert.wrong_types` then reports), a map entry's
+key or value included; and an answer with its resources sent more than once (upb merges the occurrences,
+as protobuf says; betterproto2 keeps the last, and the fallback must not change the reading). Maps are read
 as their entries (:func:`krproxy.hooks.wire.entries`: wire order, a repeated key's later value in its first
 place), as betterproto2 reads them. ``tests/unit/test_hooks_answers.py`` holds the two decoders equal.
 """
@@ -23,6 +25,7 @@ from typing import Any, TypeVar
 from google.protobuf import descriptor_pb2, message_factory, unknown_fields
 from google.protobuf.message import DecodeError
 
+from krproxy import protowire
 from krproxy.hooks import wire
 from krproxy.proto import descriptors
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -53,7 +56,29 @@ def _field_kinds() -> dict[str, dict[str, str]]:
     return kinds
 
 
+def _singular_message_tags() -> dict[str, bytes]:
+    """Per answer type, the tags of its singular message fields (the resources), one byte each. The
+    messages inside an answer have none (checked here), so a field sent twice can only be at the top."""
+    file = descriptor_pb2.FileDescriptorProto.FromString(descriptors.RUNTIME_HOOK_V1ALPHA1)
+    answer_types = (hookapi.ContainerResourceHookResponse.__name__, hookapi.PodSandboxHookResponse.__name__)
+    tags: dict[str, bytes] = {}
+    for message in file.message_type:
+        singular = [
+            f.number
+            for f in message.field
+            if f.type == descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
+            and f.label != descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+        ]
+        if message.name in answer_types:
+            assert all(number < 16 for number in singular), "a tag of more than one byte"
+            tags[message.name] = bytes(number << 3 | 2 for number in singular)
+        elif message.name.startswith(("LinuxContainerResources", "HugepageLimit")):
+            assert not singular, f"{message.name} has a singular message field: check it in _a_message_twice"
+    return tags
+
+
 _KINDS = _field_kinds()
+_SINGULAR_TAGS = _singular_message_tags()
 _UPB: dict[type[Any], Any] = {
     cls: message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PACKAGE}.{cls.__name__}"))
     for cls in (hookapi.ContainerResourceHookResponse, hookapi.PodSandboxHookResponse)
@@ -61,7 +86,9 @@ _UPB: dict[type[Any], Any] = {
 
 
 def _known_only(message: Any) -> bool:
-    """Whether upb knew every field of *message* and of the messages in it."""
+    """Whether upb knew every field of *message* and of the messages in it (map entries included: an
+    entry's key or value sent with another wire type is an unknown field of the entry, which upb's reading
+    would make an empty string where betterproto2 reads the wrong-typed value ``wrong_types`` reports)."""
     if len(unknown_fields.UnknownFieldSet(message)):
         return False
     kinds = _KINDS[message.DESCRIPTOR.name]
@@ -71,7 +98,33 @@ def _known_only(message: Any) -> bool:
             return False
         if kind == "messages" and not all(_known_only(v) for v in value):
             return False
+        if kind == "map" and any(len(unknown_fields.UnknownFieldSet(entry)) for entry in value):
+            return False
     return True
+
+
+def _a_message_twice(cls: type[Any], data: bytes) -> bool:
+    """Whether a singular message field of the answer (its resources) occurs more than once: upb merges the
+    occurrences, as protobuf says; betterproto2 keeps the last. Called once upb knew every field: each
+    field of an answer is length-delimited with a one-byte tag, so the loop only hops from tag to tag
+    (anything else is left to betterproto2)."""
+    tags = _SINGULAR_TAGS[cls.__name__]
+    seen = bytearray()
+    pos, end = 0, len(data)
+    try:
+        while pos < end:
+            tag = data[pos]
+            if tag & 0x87 != 2:  # not a length-delimited field with a one-byte tag
+                return True
+            if tag in tags:
+                if tag in seen:
+                    return True
+                seen.append(tag)
+            length, pos = protowire.read_varint(data, pos + 1)
+            pos += length
+    except protowire.DecodeError:
+        return True
+    return False
 
 
 def _build(message: Any) -> Any:
@@ -98,7 +151,7 @@ def decode(cls: type[M], data: bytes) -> M:
         message = _UPB[cls].FromString(data)
     except DecodeError:
         return cls.FromString(data)  # betterproto2's own error (or its reading)
-    if not _known_only(message):
+    if not _known_only(message) or _a_message_twice(cls, data):
         return cls.FromString(data)
     built: M = _build(message)
     return built
