@@ -170,3 +170,31 @@ async def test_an_async_plugin_function_that_raises_comes_back_as_its_error(
             with trio.fail_after(10):
                 await worker.run(call_hook, Hook.of("fine", "", fine), object())
     assert [threading.main_thread().name] * 3 == seen  # on the loop's thread
+
+
+async def test_the_loop_does_not_wait_inline_behind_a_job_that_outran_the_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The inline wait is for a job done within ``wait_inline``: behind one that has run longer already,
+    the loop would sit out the whole wait serving nothing (1 ms a call: 200 calls arriving while a plugin
+    function was slow held the loop about 240 ms). Here wait_inline is 4 s, made so once the slow job
+    runs; the slow job ends when the loop tells it to, which a loop held 4 s by the call queued at 4.5 s
+    never does before the job gives up at 6.5 s."""
+    released: list[bool] = []
+    busy = threading.Event()
+    release = threading.Event()
+
+    def slow() -> None:
+        busy.set()
+        released.append(release.wait(6.5))
+
+    async with AppWorker.open() as worker, trio.open_nursery() as nursery:
+        nursery.start_soon(worker.run, slow)
+        await trio.to_thread.run_sync(busy.wait, 20)  # the worker is in the slow job (the loop free)
+        monkeypatch.setattr(worker, "wait_inline", 4.0)
+        await trio.sleep(4.5)
+        nursery.start_soon(worker.run, lambda: None)  # queued behind it
+        await trio.sleep(0.1)  # the queued call has run up to its wait
+        release.set()
+        assert "after" == await worker.run(lambda: "after")
+    assert [True] == released
