@@ -11,7 +11,9 @@ them and builds the betterproto2 message from the decoded fields in 10 and 16 µ
 :func:`decode` gives the message ``FromString`` would give. Where the two decoders read the wire differently,
 it leaves the answer to betterproto2: bytes upb refuses, and any field upb did not know — a field number
 the schema lacks, or a known field sent with a wire type other than its own (betterproto2 reads the latter
-as a value of the wrong type, which :func:`krproxy.hooks.convert.wrong_types` then reports). Maps are read
+as a value of the wrong type, which :func:`krproxy.hooks.convert.wrong_types` then reports), a map entry's
+key or value included; and an answer with its resources sent more than once (upb merges the occurrences,
+as protobuf says; betterproto2 keeps the last, and the fallback must not change the reading). Maps are read
 as their entries (:func:`krproxy.hooks.wire.entries`: wire order, a repeated key's later value in its first
 place), as betterproto2 reads them. ``tests/unit/test_hooks_answers.py`` holds the two decoders equal.
 """
@@ -23,6 +25,7 @@ from typing import Any, TypeVar
 from google.protobuf import descriptor_pb2, message_factory, unknown_fields
 from google.protobuf.message import DecodeError
 
+from krproxy import protowire
 from krproxy.hooks import wire
 from krproxy.proto import descriptors
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -53,36 +56,86 @@ def _field_kinds() -> dict[str, dict[str, str]]:
     return kinds
 
 
+def _singular_messages() -> dict[str, tuple[tuple[str, ...], bytes]]:
+    """Per answer type, the names of its singular message fields (the resources) and their tags, one byte
+    each. The messages inside an answer have none (checked here): a field sent twice can only be at the top."""
+    file = descriptor_pb2.FileDescriptorProto.FromString(descriptors.RUNTIME_HOOK_V1ALPHA1)
+    answer_types = (hookapi.ContainerResourceHookResponse.__name__, hookapi.PodSandboxHookResponse.__name__)
+    found: dict[str, tuple[tuple[str, ...], bytes]] = {}
+    for message in file.message_type:
+        singular = [
+            f
+            for f in message.field
+            if f.type == descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE
+            and f.label != descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+        ]
+        if message.name in answer_types:
+            assert all(f.number < 16 for f in singular), "a tag of more than one byte"
+            found[message.name] = (
+                tuple(f.name for f in singular),
+                bytes(f.number << 3 | 2 for f in singular),
+            )
+        elif message.name.startswith(("LinuxContainerResources", "HugepageLimit")):
+            assert not singular, f"{message.name} has a singular message field: check it in _a_message_twice"
+    return found
+
+
 _KINDS = _field_kinds()
+_SINGULAR = _singular_messages()
 _UPB: dict[type[Any], Any] = {
     cls: message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"{_PACKAGE}.{cls.__name__}"))
     for cls in (hookapi.ContainerResourceHookResponse, hookapi.PodSandboxHookResponse)
 }
 
 
-def _known_only(message: Any) -> bool:
-    """Whether upb knew every field of *message* and of the messages in it."""
-    if len(unknown_fields.UnknownFieldSet(message)):
+class _Unknown(Exception):
+    """upb did not know a field of the answer: betterproto2 reads it."""
+
+
+def _a_message_twice(message: Any, data: bytes) -> bool:
+    """Whether a singular message field of the answer (its resources) occurs more than once: upb merges the
+    occurrences, as protobuf says; betterproto2 keeps the last. Called once upb knew every field: each
+    field of an answer is length-delimited with a one-byte tag, so the loop only hops from tag to tag
+    (anything else is left to betterproto2)."""
+    names, tags = _SINGULAR[message.DESCRIPTOR.name]
+    if not any(message.HasField(name) for name in names) or all(data.count(tag) < 2 for tag in tags):
         return False
-    kinds = _KINDS[message.DESCRIPTOR.name]
-    for field, value in message.ListFields():
-        kind = kinds[field.name]
-        if kind == "message" and not _known_only(value):
-            return False
-        if kind == "messages" and not all(_known_only(v) for v in value):
-            return False
-    return True
+    seen = bytearray()
+    pos, end = 0, len(data)
+    try:
+        while pos < end:
+            tag = data[pos]
+            if tag & 0x87 != 2:  # not a length-delimited field with a one-byte tag
+                return True
+            if tag in tags:
+                if tag in seen:
+                    return True
+                seen.append(tag)
+            length, pos = protowire.read_varint(data, pos + 1)
+            pos += length
+    except protowire.DecodeError:
+        return True
+    return False
 
 
 def _build(message: Any) -> Any:
-    """The betterproto2 message with *message*'s fields (a upb message upb fully knew)."""
+    """The betterproto2 message with *message*'s fields. Raises :class:`_Unknown` for a field upb did not
+    know, in the message, the messages in it or a map entry (a key or value sent with another wire type is
+    an unknown field of the entry, which upb reads as ``""`` where betterproto2 reads the wrong-typed value
+    :func:`krproxy.hooks.convert.wrong_types` reports)."""
+    if len(unknown_fields.UnknownFieldSet(message)):
+        raise _Unknown
     name = message.DESCRIPTOR.name
     kinds = _KINDS[name]
     fields: dict[str, Any] = {}
     for field, value in message.ListFields():
         kind = kinds[field.name]
-        if kind == "map":
-            fields[field.name] = wire.entries(value)
+        if kind == "map":  # as wire.entries: wire order, a repeated key's later value in its first place
+            entries = fields[field.name] = {}
+            for entry in value:
+                if len(unknown_fields.UnknownFieldSet(entry)):
+                    raise _Unknown
+                entries[entry.key] = entry.value
         elif kind == "message":
             fields[field.name] = _build(value)
         elif kind == "messages":
@@ -98,7 +151,10 @@ def decode(cls: type[M], data: bytes) -> M:
         message = _UPB[cls].FromString(data)
     except DecodeError:
         return cls.FromString(data)  # betterproto2's own error (or its reading)
-    if not _known_only(message):
+    if _a_message_twice(message, data):
         return cls.FromString(data)
-    built: M = _build(message)
+    try:
+        built: M = _build(message)
+    except _Unknown:
+        return cls.FromString(data)
     return built

@@ -16,6 +16,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar, cast
 
@@ -68,7 +69,9 @@ class AppWorker:
     state needs anyway. Open it with ``async with AppWorker.open() as worker``.
 
     The way back is cheap too: :meth:`run` first waits for the job on a lock, the event loop's
-    thread blocked for at most :attr:`wait_inline` seconds, and only a job still running then
+    thread blocked for at most :attr:`wait_inline` seconds (not at all behind a job that has run
+    that long already: a slow plugin function cost the loop that much for each call arriving
+    meanwhile), and only a job still running then
     comes back through trio (``run_sync_soon``: a write to trio's wake-up socket, its read, a
     pass of the scheduler for the task that drains it). A hook call's job takes tens of
     microseconds, so most calls skip that: 5 system calls fewer per call (futex waits
@@ -95,6 +98,8 @@ class AppWorker:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._work, name="krproxy-hookserver-app", daemon=True)
+        #: When the job the thread runs began (time.monotonic), or None between jobs.
+        self._running_since: float | None = None
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -134,7 +139,9 @@ class AppWorker:
 
     def _do(self, job: _Job) -> None:
         WORKER_THREAD.release_loop = job.release_loop
+        self._running_since = time.monotonic()
         result = outcome.capture(job.fn, *job.args)
+        self._running_since = None
         WORKER_THREAD.release_loop = None
         with job.guard:
             job.result = result
@@ -149,8 +156,12 @@ class AppWorker:
         once the job is queued still waits for it to finish (the app's state stays whole)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         job = _Job(fn, args, trio.lowlevel.current_task())
+        since = self._running_since
         self._put(job)
-        job.done.acquire(timeout=self.wait_inline)  # released when the job ends (or lets go)
+        if since is None or time.monotonic() - since < self.wait_inline:
+            job.done.acquire(timeout=self.wait_inline)  # released when the job ends (or lets go)
+        # (else the job waits behind one that has run longer than wait_inline already: it would not be
+        # done before the wait ran out, while the loop served nothing)
         with job.guard:
             result = job.result
             job.awaited = result is None  # from here on the worker reschedules this task
