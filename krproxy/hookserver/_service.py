@@ -68,7 +68,7 @@ class AppWorker:
     state needs anyway. Open it with ``async with AppWorker.open() as worker``.
 
     A hook call's job is queued with :meth:`submit`, from the connection's own task (the
-    handlers are :class:`krproxy.rpc.UnaryJob`\ s: no trio task, cancel scope or scheduler pass
+    handlers are :class:`krproxy.rpc.UnaryJob` objects: no trio task, cancel scope or scheduler pass
     per call); the app's other work (tickers, the policy watcher) awaits :meth:`run`.
 
     The way back is cheap too: :meth:`submit` first waits for the job on a lock, the event loop's
