@@ -215,8 +215,14 @@ class _ServerCall(HandledCall):
             self._answer_job(result)  # the connection's task flushes once its frames are handled
 
     def _job_done(self, result: outcome.Outcome[bytes]) -> None:
-        """The job's late answer, on the event loop's thread."""
-        self._answer_job(result)
+        """The job's late answer, on the event loop's thread (a ``run_sync_soon`` callback, where
+        an exception would end the whole server: a bug of ours ends the connection, as
+        :meth:`krproxy.relay.connection.Endpoint.run` ends it)."""
+        try:
+            self._answer_job(result)
+        except Exception as err:
+            LOGGER.exception(connection.BUG_MESSAGE, f"caller of {self.path}")
+            self.client.ep.close(f"internal error: {type(err).__name__}: {err}")
         self.relay.flush()
 
     def _answer_job(self, result: outcome.Outcome[bytes]) -> None:

@@ -20,6 +20,7 @@ import trio.testing
 
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.rpc import Server, Stream, UnaryJob
+from krproxy.rpc._call import _ServerCall
 from tests.integration.h2_client import framed, grpc_request, request
 
 LIVENESS_LIMIT = 30.0  # seconds: a bound on what must happen, not a speed claim
@@ -219,3 +220,29 @@ async def test_with_an_async_check_headers_the_job_runs_from_the_calls_task(
         assert grpc.StatusCode.ABORTED == caught.value.code()
     assert [AT_ONCE, LATER] == checked
     assert 2 == len(jobs.tasks) and not any(map(not_a_handler_task, jobs.tasks))
+
+
+@pytest.mark.relay_bug_expected
+async def test_a_bug_in_answering_late_ends_that_connection_not_the_server(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A late answer is a ``run_sync_soon`` callback, where an exception would end the whole
+    trio run: a bug there is logged as the relay's bugs are and closes that one connection."""
+    jobs = Jobs()
+    await nursery.start(jobs.server().serve, sock)
+    real_reply = _ServerCall.reply
+
+    def broken(call: _ServerCall, message: bytes) -> None:
+        if message == b"BUG":
+            raise RuntimeError("injected")
+        real_reply(call, message)
+
+    monkeypatch.setattr(_ServerCall, "reply", broken)
+    with trio.fail_after(LIVENESS_LIMIT):
+        future = grpcio(LATER).future(b"x", timeout=LIVENESS_LIMIT)
+        await jobs.wait_for(1)
+        jobs.waiting[0][1](outcome.Value(b"BUG"))
+        with pytest.raises(grpc.RpcError) as caught:
+            await trio.to_thread.run_sync(future.result)
+        assert grpc.StatusCode.UNAVAILABLE == caught.value.code()
+        assert b"olleh" == (await request(sock, grpc_request(AT_ONCE), framed(b"hello"))).message
