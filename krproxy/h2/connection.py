@@ -34,7 +34,7 @@ from collections import deque
 import hpack
 import hpack.exceptions
 
-from krproxy.h2 import _control, _hpack, hpackmemo
+from krproxy.h2 import _control, hpackmemo
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
 from krproxy.h2._control import MAX_WINDOW_SHIFTS, Control
@@ -154,7 +154,7 @@ class Connection(Control):
         self.table_update = False  # a dynamic table size update is owed in the next block
         self.reset_ids: set[int] = set()
         self._reset_order: deque[int] = deque()
-        self.decoder = _hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self.decoder = hpack.Decoder(max_header_list_size=MAX_HEADER_LIST)  # through hpackmemo.decode
         self.terminated: ev.ConnectionTerminated | None = None
         #: Input kept for the next call: a partial frame, or the frames after a stepwise stop.
         self.unread = bytearray()

@@ -1,55 +1,91 @@
-"""Header blocks decoded field by field from a memo, where HPACK's state cannot matter.
+"""HPACK header blocks decoded from one memory: by their bytes, where the decoder's state
+cannot matter or is as it was.
 
-A field sent as a static-table index or as a literal *without* indexing or *never* indexed
-with a literal or static name (RFC 7541 §6.1, §6.2.2, §6.2.3) decodes to the same header
-whatever the decoder's dynamic table holds, and leaves the table as it was. krproxy's own
-encoder (:func:`krproxy.h2.frames.encode_headers`) sends only such fields, and a gRPC call
-of one method sends the same ones every time (only ``grpc-timeout`` changes), so
-:func:`decode` finds each of them by its bytes in a memo (``grpc-timeout`` by its name's bytes,
-its value a plain literal read as it is) and leaves ``hpack`` the blocks
-that touch the dynamic table (grpc-go's, h2's), the first sight of a field, and anything
-malformed: ``hpack`` decodes those, and its errors and checks stay the rules. In the SDK's
-hook server this took decoding from about a sixth of the process's Python time to a few
-per cent (docs/performance.md).
+Decoding is a function of the block and the decoder's dynamic table. Two rules make most blocks
+a gRPC peer sends a dictionary look-up instead of ``hpack``'s ~5-20 µs in Python:
 
-Pure: no I/O, no clock; the memo is the process's, shared by all connections (a field's
-meaning depends on no connection), bounded, and started over when full.
+- **Fields that cannot touch the table.** A field sent as a static-table index or as a literal
+  *without* indexing or *never* indexed with a literal or static name (RFC 7541 §6.1, §6.2.2,
+  §6.2.3) decodes to the same header whatever the table holds, and leaves it as it was.
+  krproxy's own encoder (:func:`krproxy.h2.frames.encode_headers`) sends only such fields, and
+  a gRPC call of one method sends the same ones every time; only ``grpc-timeout`` changes. Such
+  a block is remembered whole, for any decoder; a block of them with a ``grpc-timeout`` is
+  remembered without that field, as a template the field's bytes are read into (its name's
+  bytes known, its value a plain literal, as krproxy's encoder sends it); a block seen first is
+  decoded field by field, each field remembered as a block of one.
+- **Blocks that left the table as it was.** Other blocks (grpc-go's and h2's, which index into
+  the dynamic table: a runtime's answers and trailers are the same few indexed bytes call after
+  call) are decoded by ``hpack``; one of at most :data:`KEPT_BLOCK` bytes that left the table
+  unchanged is remembered with the table's state it was decoded against (the newest entry
+  *object*, held by the entry so that its identity cannot be reused, the entry count and the
+  size limit), and answered from memory only while a decoder's table is in that state.
+
+``hpack`` decodes everything else (the first sight of a block, blocks that change the table,
+anything malformed): its errors and checks stay the rules, and a decoder's table is always
+``hpack``'s. Every answer is checked against the decoder's header list limit.
+
+Pure: no I/O, no clock. The memory is the process's, shared by all connections (a remembered
+block's meaning depends on no connection), bounded (:data:`MEMO_LIMIT` entries), and started
+over when full. Safe to call from several threads (one connection's decoder in one at a time).
 """
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Any, cast
 
 import hpack
 from hpack import HeaderTuple
 from hpack.table import HeaderTable
 
+__all__ = ["BLOCK_LIMIT", "FIELD_LIMIT", "KEPT_BLOCK", "MEMO_LIMIT", "decode"]
+
 Headers = list[tuple[bytes, bytes]]
+#: What a remembered block was decoded against: the newest dynamic entry, entry count, size limit.
+State = tuple[object, int, int]
 
 #: Static table entries (RFC 7541 Appendix A): index 1 to 61.
 _STATIC = len(HeaderTable.STATIC_TABLE)
-#: Fields remembered at most; a peer sending ever new ones makes the memo start over.
-MEMO_LIMIT = 2048
+#: Entries remembered at most (blocks, fields, templates); one more starts the memory over.
+MEMO_LIMIT = 4096
 #: Longer fields are left to ``hpack`` every time (a large cookie is no gRPC call's field).
 FIELD_LIMIT = 512
-#: Whole blocks remembered at most.
-BLOCKS_LIMIT = 256
 #: Longer blocks are left to ``hpack`` whole, without looking for fields to remember.
 BLOCK_LIMIT = 4096
+#: Largest block remembered with a table state: a gRPC answer's or trailers' blocks are a few
+#: bytes once indexed.
+KEPT_BLOCK = 128
 
 #: Fields whose value differs call by call: never remembered.
 _UNIQUE = frozenset({b"grpc-timeout"})
 
-_memo: dict[bytes, tuple[bytes, bytes]] = {}
+#: The memory. A block's bytes: (its headers, their size (RFC 7541 §4.1), the table state it
+#: holds for or None for any, None). A template, by (where the field of :data:`_UNIQUE` was,
+#: the block without it): (the other headers, their size, None, the field's place among them).
+_memo: dict[Any, tuple[tuple[tuple[bytes, bytes], ...], int, State | None, int | None]] = {}
 #: A field of :data:`_UNIQUE` by the bytes before its value (its representation and name, as
 #: first decoded by ``hpack``): its header's class and name. Only those names get entries, and
 #: each only for the two plain literal representations: a few entries at most.
 _unique_names: dict[bytes, tuple[type[HeaderTuple], bytes]] = {}
-#: Whole blocks without a field of :data:`_UNIQUE` (answers' headers and trailers, requests
-#: without a deadline): one look-up for all their fields.
-_blocks: dict[bytes, tuple[tuple[tuple[bytes, bytes], ...], int]] = {}
 #: Decodes single fields that touch no table, so its own table stays empty and its state unchanged.
 _SCRATCH = hpack.Decoder(max_header_list_size=1 << 20)
+
+
+def _remember(key: Any, entry: tuple[tuple[tuple[bytes, bytes], ...], int, State | None, int | None]) -> None:
+    if len(_memo) >= MEMO_LIMIT:
+        _memo.clear()
+    _memo[key] = entry
+
+
+def _state(decoder: hpack.Decoder) -> State:
+    table = decoder.header_table
+    entries = table.dynamic_entries
+    return (entries[0] if entries else None, len(entries), table.maxsize)
+
+
+def _same(a: State, b: State) -> bool:
+    """The same table: the same newest entry *object* (an entry equal to the newest one may be
+    added again, evicting the oldest), entry count and size limit."""
+    return a[0] is b[0] and a[1] == b[1] and a[2] == b[2]
 
 
 def _integer(block: bytes, at: int, prefix_bits: int) -> tuple[int, int] | None:
@@ -150,48 +186,108 @@ def _remember_unique(field: bytes, header: tuple[bytes, bytes]) -> None:
 
 
 def decode(decoder: hpack.Decoder, block: bytes) -> Headers:
-    """``decoder.decode(block, raw=True)``, the fields that allow it taken from the memo.
+    """``decoder.decode(block, raw=True)``, from the memory where the module's rules allow.
 
     The same headers (``hpack``'s tuple classes included, so never-indexed fields stay so),
     the same errors, and the same decoder state after it as ``hpack`` alone gives."""
     if decoder.header_table.maxsize > decoder.max_allowed_table_size:
         return cast(Headers, decoder.decode(block, raw=True))  # raises hpack's error
-    whole = _blocks.get(block)  # (its headers, their size)
-    if whole is not None and whole[1] <= decoder.max_header_list_size:
-        return list(whole[0])
+    limit = decoder.max_header_list_size
+    kept = _memo.get(block)
+    if kept is not None:
+        headers, size, state, _ = kept
+        if size <= limit and (state is None or _same(state, _state(decoder))):
+            return list(headers)
+    if _unique_names:
+        found = _from_template(block, limit)
+        if found is not None:
+            return found
     ends = _field_ends(block) if len(block) <= BLOCK_LIMIT else None
     if ends is None:
-        return cast(Headers, decoder.decode(block, raw=True))  # hpack's state, rules and errors
+        return _by_hpack(decoder, block)
+    return _by_fields(decoder, block, ends)
+
+
+def _from_template(block: bytes, limit: int) -> Headers | None:
+    """``block`` from a template: a remembered block with a field of :data:`_UNIQUE` at the place
+    one of their known names' bytes is found in ``block``. The block is then exactly the
+    template's fields with that field between them (the template's key holds the bytes on each
+    side), so it decodes to theirs with that field's header between them."""
+    for prefix, (cls, name) in _unique_names.items():
+        at = block.find(prefix)
+        if at < 0:
+            continue
+        start = at + len(prefix)  # the value's length byte
+        if start >= len(block) or block[start] >= 0x7F:
+            continue
+        end = start + 1 + block[start]
+        template = _memo.get((at, block[:at] + block[end:])) if end <= len(block) else None
+        if template is None:
+            continue
+        headers, size, _, place = template
+        value = block[start + 1 : end]
+        size += 32 + len(name) + len(value)
+        if size > limit:
+            return None  # hpack raises its error
+        got = list(headers)
+        got.insert(cast(int, place), cls(name, value))
+        return got
+    return None
+
+
+def _by_hpack(decoder: hpack.Decoder, block: bytes) -> Headers:
+    """``hpack``'s decoding; a short block that left the table as it was is remembered with the
+    table's state."""
+    before = _state(decoder)
+    headers = cast(Headers, decoder.decode(block, raw=True))
+    if len(block) <= KEPT_BLOCK and _same(_state(decoder), before):
+        size = sum(32 + len(name) + len(value) for name, value in headers)
+        _remember(block, (tuple(headers), size, before, None))
+    return headers
+
+
+def _by_fields(decoder: hpack.Decoder, block: bytes, ends: list[int]) -> Headers:
+    """A block of fields that cannot touch the table (:func:`_field_ends`), field by field."""
     memo = _memo
-    headers = []
+    headers: Headers = []
     start = 0
-    unique = False
+    unique: tuple[int, int, int] | None = None  # the field of _UNIQUE: its start, end and place
+    several = False
     for end in ends:
         field = block[start:end]
-        header = memo.get(field)
-        if header is None:
+        kept = memo.get(field)
+        if kept is not None and kept[2] is None and len(kept[0]) == 1:
+            header = kept[0][0]
+        else:
             if end - start > FIELD_LIMIT:
                 return cast(Headers, decoder.decode(block, raw=True))
             known = _unique_field(field)  # e.g. grpc-timeout, its name seen before
             if known is not None:
-                header, unique = known, True
+                header = known
             else:
                 # A field of its own decodes alike in any decoder: one that never changes does.
                 header = cast(Headers, _SCRATCH.decode(field, raw=True))[0]
                 if header[0] in _UNIQUE:
-                    unique = True
                     _remember_unique(field, header)
                 else:
-                    if len(memo) >= MEMO_LIMIT:
-                        memo.clear()
-                    memo[field] = header
+                    _remember(field, ((header,), 32 + len(header[0]) + len(header[1]), None, None))
+            if header[0] in _UNIQUE:
+                several = unique is not None
+                unique = (start, end, len(headers))
         headers.append(header)
         start = end
     inflated = sum(32 + len(name) + len(value) for name, value in headers)  # RFC 7541 §4.1
     if inflated > decoder.max_header_list_size:
         return cast(Headers, decoder.decode(block, raw=True))  # raises hpack's error
-    if not unique:
-        if len(_blocks) >= BLOCKS_LIMIT:
-            _blocks.clear()
-        _blocks[block] = (tuple(headers), inflated)
+    if unique is None:
+        _remember(block, (tuple(headers), inflated, None, None))
+    elif not several:
+        at, end, place = unique
+        field = block[at:end]
+        value_start = _value_start(field)
+        if value_start is not None and field[: value_start - 1] in _unique_names:  # as found later
+            one = headers[place]
+            others = (*headers[:place], *headers[place + 1 :])
+            size = inflated - 32 - len(one[0]) - len(one[1])
+            _remember((at, block[:at] + block[end:]), (others, size, None, place))
     return headers

@@ -68,7 +68,11 @@ class AppWorker:
     no-op function, docs/plugin-authoring.md), and one job at a time is what the app's lock-free
     state needs anyway. Open it with ``async with AppWorker.open() as worker``.
 
-    The way back is cheap too: :meth:`run` first waits for the job on a lock, the event loop's
+    A hook call's job is queued with :meth:`submit`, from the connection's own task (the
+    handlers are :class:`krproxy.rpc.UnaryJob` objects: no trio task, cancel scope or scheduler pass
+    per call); the app's other work (tickers, the policy watcher) awaits :meth:`run`.
+
+    The way back is cheap too: :meth:`submit` first waits for the job on a lock, the event loop's
     thread blocked for at most :attr:`wait_inline` seconds (not at all behind a job that has run
     that long already: a slow plugin function cost the loop that much for each call arriving
     meanwhile), and only a job still running then
@@ -147,15 +151,17 @@ class AppWorker:
             job.result = result
             awaited = job.awaited
         if awaited:
-            self._token.run_sync_soon(trio.lowlevel.reschedule, job.task, result)
+            self._token.run_sync_soon(job.done_late, result)
         else:
             job.release_loop()
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the worker thread, after every job queued before it. A caller cancelled
-        once the job is queued still waits for it to finish (the app's state stays whole)."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        job = _Job(fn, args, trio.lowlevel.current_task())
+    def submit(
+        self, done_late: Callable[[outcome.Outcome[T]], None], fn: Callable[..., T], *args: Any
+    ) -> outcome.Outcome[T] | None:
+        """Queue ``fn(*args)`` (after every job queued before it) from the event loop's thread,
+        without a task: its outcome if it ended within :attr:`wait_inline`, else None and
+        ``done_late(outcome)`` is called on the loop's thread once it ends (``run_sync_soon``)."""
+        job = _Job(fn, args, done_late)
         since = self._running_since
         self._put(job)
         if since is None or time.monotonic() - since < self.wait_inline:
@@ -164,7 +170,15 @@ class AppWorker:
         # done before the wait ran out, while the loop served nothing)
         with job.guard:
             result = job.result
-            job.awaited = result is None  # from here on the worker reschedules this task
+            job.awaited = result is None  # from here on the worker hands it to done_late
+        return result
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the worker thread, after every job queued before it. A caller cancelled
+        once the job is queued still waits for it to finish (the app's state stays whole)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        task = trio.lowlevel.current_task()
+        result = self.submit(functools.partial(trio.lowlevel.reschedule, task), fn, *args)
         if result is None:  # wait_task_rescheduled unwraps the outcome the worker sends
             return cast(T, await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED))
         return cast(T, result.unwrap())
@@ -173,18 +187,20 @@ class AppWorker:
 class _Job:
     """One job of an :class:`AppWorker` and how its result comes back."""
 
-    __slots__ = ("args", "awaited", "done", "fn", "guard", "released", "result", "task")
+    __slots__ = ("args", "awaited", "done", "done_late", "fn", "guard", "released", "result")
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], task: trio.lowlevel.Task) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], done_late: Callable[[outcome.Outcome[Any]], None]
+    ) -> None:
         self.fn = fn
         self.args = args
-        self.task = task
+        self.done_late = done_late
         self.result: outcome.Outcome[Any] | None = None
         self.done = threading.Lock()  # held until the job ends or lets the loop go
         self.done.acquire()
         self.released = False
         self.guard = threading.Lock()  # result and awaited change together
-        self.awaited = False  # the loop waits through trio: the result comes by run_sync_soon
+        self.awaited = False  # the loop no longer waits on the lock: the result goes to done_late
 
     def release_loop(self) -> None:
         """Stop the event loop's thread waiting on the lock (once; from the worker thread)."""
@@ -204,10 +220,11 @@ class HookService:
         self.worker = worker
 
     def handlers(self) -> dict[str, rpc.Handler]:
-        """One unary handler per hook point, by gRPC path."""
+        """One unary handler per hook point, by gRPC path: an :class:`rpc.UnaryJob` whose work is
+        the worker's job, so a call costs the event loop no task of its own."""
         return {
-            stage.rpc_path: rpc.unary(
-                functools.partial(self._call, self._pod if stage.is_pod_level else self._container, stage)
+            stage.rpc_path: rpc.UnaryJob(
+                functools.partial(self._start, self._pod if stage.is_pod_level else self._container, stage)
             )
             for stage in Stage
         }
@@ -230,8 +247,14 @@ class HookService:
             _wire.container_reply,
         )
 
-    async def _call(self, answer: Callable[[Stage, bytes], bytes], stage: Stage, request: bytes) -> bytes:
-        return await self.worker.run(answer, stage, request)
+    def _start(
+        self,
+        answer: Callable[[Stage, bytes], bytes],
+        stage: Stage,
+        request: bytes,
+        done_late: Callable[[outcome.Outcome[bytes]], None],
+    ) -> outcome.Outcome[bytes] | None:
+        return self.worker.submit(done_late, answer, stage, request)
 
 
 def _not_a(stage: Stage, expected: str, exc: Exception) -> GRPCError:

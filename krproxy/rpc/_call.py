@@ -32,7 +32,9 @@ from krproxy.relay.half import Headers
 from krproxy.rpc._messages import Inbox
 
 if TYPE_CHECKING:
-    from krproxy.rpc._stream import Stream
+    import outcome
+
+    from krproxy.rpc._stream import Stream, UnaryJob
     from krproxy.rpc.server import Server
 
 LOGGER = logging.getLogger("krproxy.rpc")
@@ -49,7 +51,7 @@ class _ServerCall(HandledCall):
     """A call the server answers: the caller's half and no upstream (the relay's :class:`Call`
     gives the ending rules: answering early resets the rest of the request, a reset ends it)."""
 
-    __slots__ = ("ended_here", "inbox", "server", "stream", "unsent")
+    __slots__ = ("ended_here", "inbox", "job", "server", "stream", "unsent")
 
     def __init__(self, server: Server, path: str) -> None:
         super().__init__(server.relay, path, None)
@@ -59,6 +61,7 @@ class _ServerCall(HandledCall):
         self.unsent = 0  # reply bytes queued beyond the caller's windows
         self.ended_here = False  # the handler (or check_headers) ended the call: no more sends
         self.stream: Stream = None  # type: ignore[assignment]  # set right after construction
+        self.job: UnaryJob | None = None  # to start once the request has ended (no task then)
 
     @property
     def describe(self) -> str:
@@ -96,10 +99,14 @@ class _ServerCall(HandledCall):
             self._collected += size
         if end:
             self.inbox.wake()
+            if self.job is not None:
+                self.start_job()
             self.settle()
 
     def on_request_trailers(self, headers: Headers) -> None:
         self.inbox.wake()
+        if self.job is not None:
+            self.start_job()
 
     def grant(self, size: int) -> None:
         """Reply bytes queued on the caller's half were written (or dropped): room to send more."""
@@ -180,6 +187,54 @@ class _ServerCall(HandledCall):
         client.abort(code)
         self.settle()
         self.relay.flush()
+
+    # -- a UnaryJob, without a task ------------------------------------------------------
+
+    def start_job(self) -> None:
+        """The request has ended: start :attr:`job` on its message, from the connection's task
+        (see :class:`krproxy.rpc.UnaryJob`); anything but one plain message goes to :meth:`run`."""
+        job, self.job = self.job, None
+        assert job is not None
+        if self.finished or self.answered:  # failed or reset before it ended
+            return
+        messages = self.inbox.messages
+        ready = messages.ready
+        if len(ready) != 1 or ready[0][0] or messages.incomplete:
+            self.relay.nursery.start_soon(self.run, None)  # unary's answers, in a task
+            return
+        taken = self.inbox.take()
+        assert taken is not None
+        message = taken[1]
+        self.took(len(message) + 5)
+        try:
+            result = job.start(message, self._job_done)
+        except Exception as err:  # the job's bug is its call's, never the connection's
+            self._ended_by(err)
+            return
+        if result is not None:
+            self._answer_job(result)  # the connection's task flushes once its frames are handled
+
+    def _job_done(self, result: outcome.Outcome[bytes]) -> None:
+        """The job's late answer, on the event loop's thread (a ``run_sync_soon`` callback, where
+        an exception would end the whole server: a bug of ours ends the connection, as
+        :meth:`krproxy.relay.connection.Endpoint.run` ends it)."""
+        try:
+            self._answer_job(result)
+        except Exception as err:
+            LOGGER.exception(connection.BUG_MESSAGE, f"caller of {self.path}")
+            self.client.ep.close(f"internal error: {type(err).__name__}: {err}")
+        self.relay.flush()
+
+    def _answer_job(self, result: outcome.Outcome[bytes]) -> None:
+        try:
+            reply = result.unwrap()
+        except CloseConnection:
+            if not self.finished:
+                self.client.ep.close("the handler closed the connection")
+        except Exception as err:
+            self._ended_by(err)
+        else:
+            self.reply(reply)  # dropped if the call ended meanwhile (deadline, reset)
 
     # -- the handler's task --------------------------------------------------------------
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import outcome
 import trio
 
 from krproxy.grpcstatus import GRPCError, Status
@@ -18,7 +19,7 @@ from krproxy.rpc._call import _PLAIN_BLOCK, _SEND_AHEAD
 if TYPE_CHECKING:
     from krproxy.rpc._call import _ServerCall
 
-__all__ = ["Handler", "Stream", "unary", "unary_stream"]
+__all__ = ["Handler", "Stream", "UnaryJob", "unary", "unary_stream"]
 
 
 class Stream:
@@ -167,6 +168,59 @@ def unary(fn: Callable[[bytes], Awaitable[bytes]]) -> Handler:
         stream._call.reply(reply)  # headers, message and OK trailers written at once
 
     return handle
+
+
+#: How a :class:`UnaryJob` hands its answer back: the reply message, or the error, as an outcome.
+Done = Callable[[outcome.Outcome[bytes]], None]
+
+
+class UnaryJob:
+    """A unary method answered without a task of its own: ``start(request, done)`` starts the
+    work for a request message and must not block the event loop (it hands the work to a
+    thread, or answers at once). It returns the outcome (the reply message or the error) if
+    it has it already, else None, and then calls ``done(outcome)`` once, later, on the event
+    loop's thread (e.g. through ``TrioToken.run_sync_soon``).
+
+    The server starts it from the connection's own task as the request's last DATA frame is
+    handled, so a call costs no trio task, cancel scope or scheduler pass. The rules of
+    :mod:`krproxy.rpc.server` hold as for :func:`unary`: the answer's status, trailers and
+    errors alike; the caller's deadline ends the call DEADLINE_EXCEEDED and its reset ends it,
+    at once in both cases, while the work runs on (it cannot be cancelled) and its answer,
+    when it comes, is dropped. A request that is not one plain message (none, compressed, cut
+    off) and a server with an ``async def`` check_headers take :func:`unary`'s path, in a task
+    (:meth:`__call__`), with the same answers as :func:`unary`.
+    """
+
+    __slots__ = ("start",)
+
+    def __init__(self, start: Callable[[bytes, Done], outcome.Outcome[bytes] | None]) -> None:
+        self.start = start
+
+    async def __call__(self, stream: Stream) -> None:
+        """The same call as a task's handler (see the class docstring for when)."""
+        request = await stream.recv_message()
+        if request is None:
+            raise GRPCError(Status.INTERNAL, "the request carried no message")
+        task = trio.lowlevel.current_task()
+        late = False
+
+        def done(result: outcome.Outcome[bytes]) -> None:
+            if late:
+                trio.lowlevel.reschedule(task, result)
+
+        result = self.start(request, done)
+        if result is None:
+            late = True
+            reply = await trio.lowlevel.wait_task_rescheduled(_abort_failed)  # unwraps the outcome
+        else:
+            reply = result.unwrap()
+        stream._call.reply(reply)
+
+
+def _abort_failed(_: Any) -> trio.lowlevel.Abort:
+    # A job cannot be cancelled: its handler waits for its answer (the call itself ends at
+    # once for the caller, through the call's own ending rules).
+    return trio.lowlevel.Abort.FAILED
 
 
 def unary_stream(fn: Callable[[bytes], AsyncIterator[bytes]]) -> Handler:

@@ -5,7 +5,10 @@ Connections, streams, flow control, settings and GOAWAY are the relay's
 routes nowhere: every stream it accepts becomes a :class:`_ServerCall` (a
 :class:`krproxy.relay.rpc.Call` without an upstream), whose handler runs in a task of its own
 and talks to the caller through a :class:`Stream`: request messages as they arrive, reply
-messages as the handler sends them, trailers at the end. Deadlines (``grpc-timeout``) are the
+messages as the handler sends them, trailers at the end. A :class:`UnaryJob` handler runs
+without a task: it is started from the connection's task once the request has ended, and
+answers at once or later from a thread of its own (the SDK's hook server: no trio task,
+cancel scope or scheduler pass per call). Deadlines (``grpc-timeout``) are the
 relay's deadline heap; the caller going away (RST_STREAM, a closed connection) cancels the
 handler as it cancels an interceptor of the daemon's.
 
@@ -43,10 +46,10 @@ from krproxy.relay.half import Half
 from krproxy.relay.relay import Relay
 from krproxy.rpc._call import _ServerCall
 from krproxy.rpc._messages import Inbox
-from krproxy.rpc._stream import Handler, Stream, unary, unary_stream
+from krproxy.rpc._stream import Handler, Stream, UnaryJob, unary, unary_stream
 from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
-__all__ = ["Handler", "Server", "Stream", "unary", "unary_stream"]
+__all__ = ["Handler", "Server", "Stream", "UnaryJob", "unary", "unary_stream"]
 
 LOGGER = logging.getLogger("krproxy.rpc")
 
@@ -98,7 +101,16 @@ class _ServerRelay(Relay):
         if path is None:
             call.reset(f.PROTOCOL_ERROR)  # (the relay's own checks refuse it before, when on)
             return
-        self.nursery.start_soon(call.run, check if server.check_is_async else None)  # type: ignore[arg-type]
+        if server.check_is_async:
+            self.nursery.start_soon(call.run, check)  # type: ignore[arg-type]
+            return
+        handler = server.handlers.get(text)
+        if handler.__class__ is UnaryJob:  # no task: started as the request ends
+            call.job = handler
+            if end:
+                call.start_job()
+            return
+        self.nursery.start_soon(call.run, None)
 
 
 class Server:

@@ -136,6 +136,54 @@ async def test_plain_functions_run_in_a_worker_thread_async_ones_on_trio(
     assert threading.main_thread() is not threads["plain"]
 
 
+async def test_a_slow_plain_function_stalls_no_other_connection_and_deadlines_still_end_calls(
+    short_tmp: pathlib.Path, stub_for: Any
+) -> None:
+    """While a plain plugin function blocks in the worker thread, the event loop serves: a
+    second connection's call of an unknown method is answered, and a hook call queued behind the
+    slow one ends DEADLINE_EXCEEDED at its deadline (its job runs later, its answer dropped).
+    Then the slow call is answered, and so is the next one."""
+    app = HookServer(executor=FakeNode(short_tmp / "node").create().executor())
+    release, entered = threading.Event(), threading.Event()
+
+    @app.hook(Stage.PRE_CREATE_CONTAINER, name="slow")
+    def slow(ctx: ContainerContext) -> None:
+        if ctx.request.name == "slow":
+            entered.set()
+            release.wait(LIVENESS_LIMIT)
+        ctx.response.add_envs["SEEN"] = ctx.request.name
+
+    options = _options(short_tmp)
+    request = container_request(pod_request("p"), "slow")
+    with trio.fail_after(LIVENESS_LIMIT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, app, options)
+            answers: list[Any] = []
+            answered = trio.Event()
+
+            async def slow_call() -> None:
+                answers.append(await stub_for(options.socket).call(Stage.PRE_CREATE_CONTAINER, request))
+                answered.set()
+
+            nursery.start_soon(slow_call)
+            await trio.to_thread.run_sync(entered.wait, LIVENESS_LIMIT)
+            async with rpc.Channel(options.socket) as other:
+                with pytest.raises(GRPCError) as info:
+                    await other.unary("/no.Such/Method", b"", timeout=LIVENESS_LIMIT)
+                assert Status.UNIMPLEMENTED == info.value.status
+                queued = bytes(container_request(pod_request("p"), "queued").SerializeToString())
+                with pytest.raises(GRPCError) as info:
+                    await other.unary(Stage.PRE_CREATE_CONTAINER.rpc_path, queued, timeout=0.2)
+                assert Status.DEADLINE_EXCEEDED == info.value.status
+                assert [] == answers
+                release.set()
+                reply = await other.unary(Stage.PRE_CREATE_CONTAINER.rpc_path, queued, timeout=LIVENESS_LIMIT)
+            assert {"SEEN": "queued"} == pb.ContainerResourceHookResponse.FromString(reply).container_envs
+            await answered.wait()
+            assert {"SEEN": "slow"} == answers[0].container_envs
+            nursery.cancel_scope.cancel()
+
+
 async def test_fail_policy_answers_with_error(short_tmp: pathlib.Path, stub_for: Any) -> None:
     """Under plugin failure policy Fail, a raising plugin makes the hook call fail, naming it."""
     app = HookServer(

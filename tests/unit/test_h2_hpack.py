@@ -1,5 +1,5 @@
-"""krproxy.h2._hpack.Decoder: blocks that left the dynamic table as it was are answered from
-memory, and only while the table stays as it was."""
+"""krproxy.h2.hpackmemo's second rule: blocks that left the dynamic table as it was are answered
+from memory, and only while the table stays as it was; and the whole module against hpack."""
 
 from __future__ import annotations
 
@@ -13,8 +13,22 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from krproxy.h2 import hpackmemo
-from krproxy.h2._hpack import KEPT_BLOCK, Decoder
 from krproxy.h2.frames import _integer
+from krproxy.h2.hpackmemo import KEPT_BLOCK
+
+
+@pytest.fixture(autouse=True)
+def empty_memo() -> None:
+    hpackmemo._memo.clear()
+    hpackmemo._unique_names.clear()
+
+
+class Decoder(hpack.Decoder):
+    """A connection's decoder as the core decodes with it: through :func:`hpackmemo.decode`."""
+
+    def decode_block(self, block: bytes) -> Any:
+        return hpackmemo.decode(self, block)
+
 
 ANSWER = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 
@@ -38,10 +52,10 @@ def test_an_indexed_block_seen_before_is_not_decoded_again(counted: list[bytes])
     first = encoder.encode(ANSWER)  # literals with incremental indexing: the table changes
     again = encoder.encode(ANSWER)  # indexed fields only (the dynamic table's two entries)
     assert first != again
-    assert ANSWER == decoder.decode(first, raw=True)
-    assert ANSWER == decoder.decode(again, raw=True)
-    assert ANSWER == decoder.decode(again, raw=True)
-    assert ANSWER == decoder.decode(again, raw=True)
+    assert ANSWER == decoder.decode_block(first)
+    assert ANSWER == decoder.decode_block(again)
+    assert ANSWER == decoder.decode_block(again)
+    assert ANSWER == decoder.decode_block(again)
     assert [first, again] == counted  # the last two came from memory
 
 
@@ -49,19 +63,19 @@ def test_a_block_that_changes_the_table_is_decoded_each_time(counted: list[bytes
     decoder = Decoder(max_header_list_size=1 << 20)
     block = hpack.Encoder().encode([(b"x-call", b"1")])  # a literal with incremental indexing
     for _ in range(3):
-        assert [(b"x-call", b"1")] == decoder.decode(block, raw=True)
+        assert [(b"x-call", b"1")] == decoder.decode_block(block)
     assert 3 == len(counted)
 
 
 def test_a_kept_block_is_decoded_again_once_the_table_changed(counted: list[bytes]) -> None:
     """Index 62 is the newest dynamic entry: after a new entry it names that one."""
     encoder, decoder = hpack.Encoder(), Decoder(max_header_list_size=1 << 20)
-    decoder.decode(encoder.encode([(b"x-a", b"1")]), raw=True)
+    decoder.decode_block(encoder.encode([(b"x-a", b"1")]))
     newest = b"\xbe"  # indexed field 62
-    assert [(b"x-a", b"1")] == decoder.decode(newest, raw=True)
-    assert [(b"x-a", b"1")] == decoder.decode(newest, raw=True)
-    decoder.decode(encoder.encode([(b"x-b", b"2")]), raw=True)
-    assert [(b"x-b", b"2")] == decoder.decode(newest, raw=True)
+    assert [(b"x-a", b"1")] == decoder.decode_block(newest)
+    assert [(b"x-a", b"1")] == decoder.decode_block(newest)
+    decoder.decode_block(encoder.encode([(b"x-b", b"2")]))
+    assert [(b"x-b", b"2")] == decoder.decode_block(newest)
     assert 4 == len(counted)  # the second read of 62 only came from memory
 
 
@@ -70,27 +84,42 @@ def test_the_same_entry_added_again_is_a_change(counted: list[bytes]) -> None:
     another entry, though the count and the newest entry's value are as they were."""
     decoder = Decoder(max_header_list_size=1 << 20)
     decoder.header_table_size = decoder.header_table.maxsize = 68  # two entries of 34 bytes
-    decoder.decode(b"\x40\x01a\x01b", raw=True)  # literals with incremental indexing: (a, b)
-    decoder.decode(b"\x40\x01c\x01d", raw=True)  # then (c, d): the table is [(c, d), (a, b)]
-    assert [(b"a", b"b")] == decoder.decode(b"\xbf", raw=True)  # indexed field 63
-    decoder.decode(b"\x40\x01c\x01d", raw=True)  # (a, b) goes: [(c, d), (c, d)]
-    assert [(b"c", b"d")] == decoder.decode(b"\xbf", raw=True)
+    decoder.decode_block(b"\x40\x01a\x01b")  # literals with incremental indexing: (a, b)
+    decoder.decode_block(b"\x40\x01c\x01d")  # then (c, d): the table is [(c, d), (a, b)]
+    assert [(b"a", b"b")] == decoder.decode_block(b"\xbf")  # indexed field 63
+    decoder.decode_block(b"\x40\x01c\x01d")  # (a, b) goes: [(c, d), (c, d)]
+    assert [(b"c", b"d")] == decoder.decode_block(b"\xbf")
+
+
+def test_the_memory_is_shared_but_a_block_is_answered_only_for_the_table_it_was_decoded_with(
+    counted: list[bytes],
+) -> None:
+    """Two connections whose tables differ read index 62 each as their own newest entry,
+    whichever remembered it first."""
+    first, second = Decoder(max_header_list_size=1 << 20), Decoder(max_header_list_size=1 << 20)
+    first.decode_block(b"\x40\x01a\x01b")
+    second.decode_block(b"\x40\x01c\x01d")
+    for _ in range(2):
+        assert [(b"a", b"b")] == first.decode_block(b"\xbe")
+        assert [(b"c", b"d")] == second.decode_block(b"\xbe")
+    assert 4 + 2 == len(counted)  # each decoder's second read from memory
 
 
 def test_large_blocks_are_not_kept(counted: list[bytes]) -> None:
     decoder = Decoder(max_header_list_size=1 << 20)
-    block = b"\x82" * (KEPT_BLOCK + 1)  # indexed :method GET, over and over
-    decoder.decode(block, raw=True)
-    decoder.decode(block, raw=True)
-    assert 2 == len(counted)
+    decoder.decode_block(b"\x40\x01a\x01b")  # a dynamic entry, (a, b)
+    block = b"\xbe" * (KEPT_BLOCK + 1)  # indexed field 62, over and over
+    decoder.decode_block(block)
+    decoder.decode_block(block)
+    assert 3 == len(counted)
 
 
 def test_an_undecodable_block_still_raises() -> None:
     decoder = Decoder(max_header_list_size=1 << 20)
     with pytest.raises(hpack.exceptions.HPACKError):
-        decoder.decode(b"\xff\xff\xff\xff", raw=True)
+        decoder.decode_block(b"\xff\xff\xff\xff")
     with pytest.raises(hpack.exceptions.HPACKError):
-        decoder.decode(b"\xff\xff\xff\xff", raw=True)
+        decoder.decode_block(b"\xff\xff\xff\xff")
 
 
 # -- the memory against hpack itself ----------------------------------------------------------
@@ -155,10 +184,12 @@ def test_answers_from_memory_are_what_hpack_decodes(size: int, pool: list[bytes]
     mixing fields that add entries, evict them (a table of two small entries, or values up to
     3000 bytes in 4096), resize the table inside a block, fields that touch no table (the
     memo of krproxy.h2.hpackmemo, shared by all decoders), header lists over the limit, and
-    failures. Decoded as the core and the relay do (``hpackmemo.decode`` in front of the
-    remembering decoder), every answer and every failure is hpack's; so is the table after
-    each block. Two connections take the same blocks, one with a header list limit of 200
-    bytes: the memo is shared, the limit is each decoder's."""
+    failures. Decoded as the core and the relay do (``hpackmemo.decode``), every answer and
+    every failure is hpack's; so is the table after each block. Two connections take the same
+    blocks, one with a header list limit of 200 bytes: the memory is shared, the limit and
+    the table are each decoder's."""
+    hpackmemo._memo.clear()
+    hpackmemo._unique_names.clear()
     pairs = [(Decoder(max_header_list_size=n), hpack.Decoder(max_header_list_size=n)) for n in (1 << 20, 200)]
     for ours, theirs in pairs:
         ours.header_table_size = theirs.header_table_size = size
@@ -169,7 +200,7 @@ def test_answers_from_memory_are_what_hpack_decodes(size: int, pool: list[bytes]
         except Exception as err:  # the type is what is compared
             expected = type(err)
         try:
-            got: Any = list(hpackmemo.decode(ours, block))
+            got: Any = list(ours.decode_block(block))
         except Exception as err:
             got = type(err)
         assert expected == got

@@ -1,4 +1,5 @@
-"""krproxy.h2.hpackmemo: header blocks decoded from a memo of fields give what hpack gives."""
+"""krproxy.h2.hpackmemo's first rule: header blocks decoded from a memo of fields (and of
+whole blocks, and of blocks with their grpc-timeout read into them) give what hpack gives."""
 
 from __future__ import annotations
 
@@ -24,8 +25,13 @@ CALL = [
 @pytest.fixture(autouse=True)
 def empty_memo() -> None:
     hpackmemo._memo.clear()
-    hpackmemo._blocks.clear()
     hpackmemo._unique_names.clear()
+
+
+def remembered() -> tuple[list[bytes], list[tuple[int, bytes]]]:
+    """The memory's blocks (single fields among them) and its templates' keys."""
+    blocks = [key for key in hpackmemo._memo if isinstance(key, bytes)]
+    return blocks, [key for key in hpackmemo._memo if isinstance(key, tuple)]
 
 
 def decoder() -> hpack.Decoder:
@@ -38,13 +44,16 @@ def test_a_call_decodes_as_hpack_decodes_it_first_and_again() -> None:
     ours = decoder()
     assert hpackmemo.decode(ours, block) == expected
     assert hpackmemo.decode(ours, block) == expected  # from the memo
-    assert len(hpackmemo._memo) == len(CALL)  # every field but grpc-timeout remembered
-    assert not hpackmemo._blocks  # nor the block that holds it
+    fields, templates = remembered()
+    assert len(fields) == len(CALL)  # every field but grpc-timeout remembered
+    timeout = b"\x00\x0cgrpc-timeout\x084999871u"  # a literal without indexing, plain
+    assert block.endswith(timeout)
+    assert [(len(block) - len(timeout), block[: -len(timeout)])] == templates  # the block without it
     answer = f.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])
     assert (
         hpackmemo.decode(ours, answer) == hpackmemo.decode(ours, answer) == decoder().decode(answer, raw=True)
     )
-    assert [answer] == list(hpackmemo._blocks)  # a block without one is remembered whole
+    assert answer in remembered()[0]  # a block without one is remembered whole
 
 
 def test_grpc_timeout_is_never_remembered() -> None:
@@ -52,7 +61,8 @@ def test_grpc_timeout_is_never_remembered() -> None:
     for micros in range(100):
         block = f.encode_headers([*CALL, (b"grpc-timeout", b"%du" % micros)])
         assert hpackmemo.decode(ours, block)[-1] == (b"grpc-timeout", b"%du" % micros)
-    assert len(hpackmemo._memo) == len(CALL)
+    assert len(remembered()[0]) == len(CALL)
+    assert all(name != b"grpc-timeout" for entry in hpackmemo._memo.values() for name, _ in entry[0])
 
 
 def test_grpc_timeout_after_the_first_is_read_without_hpack(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -66,6 +76,35 @@ def test_grpc_timeout_after_the_first_is_read_without_hpack(monkeypatch: pytest.
     secret = hpack.NeverIndexedHeaderTuple(b"grpc-timeout", b"1S")  # another representation
     with pytest.raises(AttributeError):  # first seen: left to hpack, which is gone
         hpackmemo.decode(ours, f.encode_headers([*CALL, secret]))
+
+
+def test_a_block_with_another_grpc_timeout_is_read_into_its_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The template holds the fields on each side of grpc-timeout: a later block with another
+    value (of another length too) is decoded without looking at its fields; a block that
+    differs anywhere else is not taken for it."""
+    ours = decoder()
+    middle = [*CALL[:3], (b"grpc-timeout", b"5S"), *CALL[3:]]
+    hpackmemo.decode(ours, f.encode_headers(middle))
+    monkeypatch.setattr(hpackmemo, "_field_ends", None)  # any block not from memory fails now
+    for value in (b"4999871u", b"1S", b""):
+        headers = [*CALL[:3], (b"grpc-timeout", value), *CALL[3:]]
+        block = f.encode_headers(headers)
+        got = hpackmemo.decode(ours, block)
+        assert got == decoder().decode(block, raw=True) == headers
+        assert [h.__class__ for h in got] == [hpack.HeaderTuple] * len(headers)
+    other = [*CALL[:2], (b":path", b"/other"), (b"grpc-timeout", b"5S"), *CALL[3:]]
+    with pytest.raises(TypeError):  # not from the template: on to _field_ends, which is gone
+        hpackmemo.decode(ours, f.encode_headers(other))
+
+
+def test_a_template_answers_within_the_header_list_limit_only() -> None:
+    headers = [*CALL, (b"grpc-timeout", b"5S")]
+    hpackmemo.decode(decoder(), f.encode_headers(headers))
+    size = sum(32 + len(n) + len(v) for n, v in headers)
+    exact = hpack.Decoder(max_header_list_size=size)
+    assert headers == hpackmemo.decode(exact, f.encode_headers(headers))
+    with pytest.raises(hpack.exceptions.OversizedHeaderListError):
+        hpackmemo.decode(exact, f.encode_headers([*CALL, (b"grpc-timeout", b"50S")]))
 
 
 def test_a_never_indexed_field_stays_never_indexed() -> None:
@@ -83,7 +122,6 @@ def test_the_memo_is_bounded() -> None:
     for i in range(hpackmemo.MEMO_LIMIT + 10):
         hpackmemo.decode(ours, f.encode_headers([(b"x-request-id", b"%d" % i)]))
     assert 0 < len(hpackmemo._memo) <= hpackmemo.MEMO_LIMIT
-    assert 0 < len(hpackmemo._blocks) <= hpackmemo.BLOCKS_LIMIT
 
 
 def test_a_header_list_too_large_is_refused_from_the_memo_too() -> None:
@@ -140,7 +178,6 @@ def test_any_sequence_of_blocks_decodes_and_leaves_the_table_as_hpack_does(
     never-indexed fields) on one connection: each decodes to what hpack alone decodes, and both
     decoders' tables are the same after each block."""
     hpackmemo._memo.clear()
-    hpackmemo._blocks.clear()
     hpackmemo._unique_names.clear()
     encoder = hpack.Encoder()
     encoder.header_table_size = table_size

@@ -1,0 +1,248 @@
+"""krproxy.rpc's UnaryJob: a unary method answered without a task of its own, at once or later.
+
+The rules of :mod:`krproxy.rpc.server` hold as for :func:`krproxy.rpc.unary` (status, errors,
+deadline, reset, max request size); these tests hold each of them, and that a job still
+waiting for its answer stalls neither other streams nor other connections."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import outcome
+import pytest
+import trio
+import trio.testing
+
+from krproxy.grpcstatus import GRPCError, Status
+from krproxy.rpc import Server, Stream, UnaryJob
+from krproxy.rpc._call import _ServerCall
+from tests.integration.h2_client import framed, grpc_request, request
+
+LIVENESS_LIMIT = 30.0  # seconds: a bound on what must happen, not a speed claim
+AT_ONCE = "/t.S/AtOnce"
+LATER = "/t.S/Later"
+
+
+class Jobs:
+    """Two UnaryJobs: :attr:`at_once` answers the reversed request at once (or raises what
+    the request names); :attr:`later` keeps each request's ``done`` until the test answers."""
+
+    def __init__(self) -> None:
+        self.tasks: list[str] = []  # the task each job was started in, by name
+        self.waiting: list[tuple[bytes, Callable[[outcome.Outcome[bytes]], None]]] = []
+        self.changed = trio.Event()
+        self.at_once = UnaryJob(self._at_once)
+        self.later = UnaryJob(self._later)
+
+    def _at_once(self, request: bytes, done: Any) -> outcome.Outcome[bytes] | None:
+        self.tasks.append(trio.lowlevel.current_task().name)
+        if request == b"grpc-error":
+            return outcome.Error(GRPCError(Status.FAILED_PRECONDITION, "not now", details=b"why"))
+        if request == b"bug":
+            return outcome.Error(ValueError("a bug"))
+        if request == b"raise":
+            raise KeyError("raised by start")
+        return outcome.Value(request[::-1])
+
+    def _later(self, request: bytes, done: Callable[[outcome.Outcome[bytes]], None]) -> None:
+        self.tasks.append(trio.lowlevel.current_task().name)
+        self.waiting.append((request, done))
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def wait_for(self, count: int) -> None:
+        while len(self.waiting) < count:
+            await self.changed.wait()
+
+    def server(self, **kwargs: Any) -> Server:
+        async def plain(stream: Stream) -> None:
+            message = await stream.recv_message()
+            await stream.send_message(message or b"")
+
+        return Server({AT_ONCE: self.at_once, LATER: self.later, "/t.S/Plain": plain}, **kwargs)
+
+
+@pytest.fixture
+def sock(short_tmp: Path) -> str:
+    return str(short_tmp / "rpc.sock")
+
+
+@pytest.fixture
+def grpcio(sock: str) -> Iterator[Callable[[str], Any]]:
+    channel = grpc.insecure_channel("unix://" + sock)
+
+    def method(path: str) -> Any:
+        return channel.unary_unary(path, request_serializer=None, response_deserializer=None)
+
+    yield method
+    channel.close()
+
+
+async def call(method: Any, message: bytes, **kwargs: Any) -> Any:
+    kwargs.setdefault("timeout", LIVENESS_LIMIT)
+    return await trio.to_thread.run_sync(functools.partial(method.with_call, message, **kwargs))
+
+
+async def failure(method: Any, message: bytes, **kwargs: Any) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as caught:
+        await call(method, message, **kwargs)
+    return caught.value
+
+
+def not_a_handler_task(name: str) -> bool:
+    return "_ServerCall.run" not in name
+
+
+async def test_answers_at_once_and_later_with_their_status_and_no_task_of_their_own(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
+) -> None:
+    jobs = Jobs()
+    await nursery.start(jobs.server().serve, sock)
+    with trio.fail_after(LIVENESS_LIMIT):
+        reply, state = await call(grpcio(AT_ONCE), b"abc")
+        assert b"cba" == reply and grpc.StatusCode.OK == state.code()
+        err = await failure(grpcio(AT_ONCE), b"grpc-error")
+        assert (grpc.StatusCode.FAILED_PRECONDITION, "not now") == (err.code(), err.details())
+        err = await failure(grpcio(AT_ONCE), b"bug")
+        assert (grpc.StatusCode.UNKNOWN, "ValueError: a bug") == (err.code(), err.details())
+        err = await failure(grpcio(AT_ONCE), b"raise")
+        assert grpc.StatusCode.UNKNOWN == err.code() and "raised by start" in err.details()
+
+        async with trio.open_nursery() as calls:
+            answers: list[Any] = []
+
+            async def late_call(message: bytes) -> None:
+                answers.append(await call(grpcio(LATER), message))
+
+            calls.start_soon(late_call, b"one")
+            await jobs.wait_for(1)
+            request, done = jobs.waiting[0]
+            done(outcome.Value(request.upper()))
+        assert b"ONE" == answers[0][0]
+    assert len(jobs.tasks) == 5 and all(map(not_a_handler_task, jobs.tasks)), jobs.tasks
+
+
+async def test_a_job_waiting_for_its_answer_stalls_no_other_stream_or_connection(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
+) -> None:
+    """While one call's job has not answered, calls on the same connection (grpcio's one
+    channel) and on another (the raw client) are answered; then the first one is too."""
+    jobs = Jobs()
+    await nursery.start(jobs.server().serve, sock)
+    with trio.fail_after(LIVENESS_LIMIT):
+        future = grpcio(LATER).future(b"slow", timeout=LIVENESS_LIMIT)
+        await jobs.wait_for(1)
+        assert b"cba" == (await call(grpcio(AT_ONCE), b"abc"))[0]
+        assert b"plain" == (await call(grpcio("/t.S/Plain"), b"plain"))[0]
+        assert b"olleh" == (await request(sock, grpc_request(AT_ONCE), framed(b"hello"))).message
+        assert not future.done()
+        jobs.waiting[0][1](outcome.Value(b"at last"))
+        assert b"at last" == await trio.to_thread.run_sync(future.result)
+
+
+async def test_the_deadline_ends_the_call_and_the_late_answer_is_dropped(
+    nursery: trio.Nursery, sock: str, autojump_clock: trio.testing.MockClock
+) -> None:
+    jobs = Jobs()
+    server = jobs.server()
+    await nursery.start(server.serve, sock)
+    for late in (outcome.Value(b"too late"), outcome.Error(ValueError("too late as well"))):
+        answer = await request(sock, grpc_request(LATER, timeout=5.0), framed(b"x"))
+        assert 4 == answer.grpc_status  # DEADLINE_EXCEEDED, from the server
+        assert 0 == server.relay.in_flight  # its slot is free while the job still runs
+        jobs.waiting[-1][1](late)  # nothing to send it to: dropped (an error logged only)
+    assert b"cba" == (await request(sock, grpc_request(AT_ONCE, timeout=5.0), framed(b"abc"))).message
+
+
+async def test_the_callers_reset_frees_the_call_before_the_job_answers(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
+) -> None:
+    jobs = Jobs()
+    server = jobs.server()
+    await nursery.start(server.serve, sock)
+    with trio.fail_after(LIVENESS_LIMIT):
+        future = grpcio(LATER).future(b"x", timeout=LIVENESS_LIMIT)
+        await jobs.wait_for(1)
+        assert 1 == server.relay.in_flight
+        future.cancel()  # grpcio resets the stream (RST_STREAM CANCEL)
+        await server.relay.wait_idle()
+        jobs.waiting[0][1](outcome.Value(b"dropped"))
+        assert b"cba" == (await call(grpcio(AT_ONCE), b"abc"))[0]
+
+
+async def test_max_request_and_requests_that_are_no_plain_message_answer_as_unary_does(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
+) -> None:
+    """Too large: RESOURCE_EXHAUSTED, the job never started. No message, a message cut off,
+    a compressed one: unary's answers, the job run from a task for the compressed one."""
+    jobs = Jobs()
+    await nursery.start(jobs.server(max_request=100).serve, sock)
+    with trio.fail_after(LIVENESS_LIMIT):
+        err = await failure(grpcio(AT_ONCE), b"x" * 101)
+        assert grpc.StatusCode.RESOURCE_EXHAUSTED == err.code()
+        assert [] == jobs.tasks
+
+        none = await request(sock, grpc_request(AT_ONCE))
+        assert (13, "the request carried no message") == (none.grpc_status, none.grpc_message)
+        cut = await request(sock, grpc_request(AT_ONCE), framed(b"abc")[:-1])
+        assert (13, "the request ended in the middle of a message") == (cut.grpc_status, cut.grpc_message)
+        assert [] == jobs.tasks
+
+        zipped = b"\x01" + len(gz := gzip.compress(b"abc")).to_bytes(4, "big") + gz
+        answer = await request(sock, grpc_request(AT_ONCE, **{"grpc-encoding": "gzip"}), zipped)
+        assert b"cba" == answer.message
+        assert 1 == len(jobs.tasks) and not not_a_handler_task(jobs.tasks[0])
+
+
+async def test_with_an_async_check_headers_the_job_runs_from_the_calls_task(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
+) -> None:
+    jobs = Jobs()
+    checked: list[str] = []
+
+    async def check(stream: Stream) -> bool:
+        checked.append(stream.path)
+        return True
+
+    await nursery.start(Server({LATER: jobs.later, AT_ONCE: jobs.at_once}, check_headers=check).serve, sock)
+    with trio.fail_after(LIVENESS_LIMIT):
+        assert b"cba" == (await call(grpcio(AT_ONCE), b"abc"))[0]
+        future = grpcio(LATER).future(b"x", timeout=LIVENESS_LIMIT)
+        await jobs.wait_for(1)
+        jobs.waiting[0][1](outcome.Error(GRPCError(Status.ABORTED, "later")))
+        with pytest.raises(grpc.RpcError) as caught:
+            await trio.to_thread.run_sync(future.result)
+        assert grpc.StatusCode.ABORTED == caught.value.code()
+    assert [AT_ONCE, LATER] == checked
+    assert 2 == len(jobs.tasks) and not any(map(not_a_handler_task, jobs.tasks))
+
+
+@pytest.mark.relay_bug_expected
+async def test_a_bug_in_answering_late_ends_that_connection_not_the_server(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A late answer is a ``run_sync_soon`` callback, where an exception would end the whole
+    trio run: a bug there is logged as the relay's bugs are and closes that one connection."""
+    jobs = Jobs()
+    await nursery.start(jobs.server().serve, sock)
+    real_reply = _ServerCall.reply
+
+    def broken(call: _ServerCall, message: bytes) -> None:
+        if message == b"BUG":
+            raise RuntimeError("injected")
+        real_reply(call, message)
+
+    monkeypatch.setattr(_ServerCall, "reply", broken)
+    with trio.fail_after(LIVENESS_LIMIT):
+        future = grpcio(LATER).future(b"x", timeout=LIVENESS_LIMIT)
+        await jobs.wait_for(1)
+        jobs.waiting[0][1](outcome.Value(b"BUG"))
+        with pytest.raises(grpc.RpcError) as caught:
+            await trio.to_thread.run_sync(future.result)
+        assert grpc.StatusCode.UNAVAILABLE == caught.value.code()
+        assert b"olleh" == (await request(sock, grpc_request(AT_ONCE), framed(b"hello"))).message
