@@ -49,6 +49,8 @@ class Control(Sender):
                             "too many SETTINGS_INITIAL_WINDOW_SIZE changes", f.ENHANCE_YOUR_CALM
                         )
                     for stream in self.streams.values():
+                        if stream.reset:  # no longer a window we maintain (a WINDOW_UPDATE may have
+                            continue  # overflowed it: that was the stream's error, §6.9.1)
                         stream.send_window += delta
                         if stream.send_window > f.MAX_WINDOW:  # RFC 9113 §6.9.2
                             raise f.ProtocolError("a stream window above 2^31-1", f.FLOW_CONTROL_ERROR)

@@ -423,6 +423,18 @@ def test_initial_window_size_changes_adjust_open_streams_and_may_overflow_one() 
     assert _code(conn, f.settings([(f.INITIAL_WINDOW_SIZE, 1001)])) == f.FLOW_CONTROL_ERROR
 
 
+def test_a_stream_reset_for_its_overflowed_window_is_left_out_of_later_window_changes() -> None:
+    # Its overflow was that stream's error (§6.9.1); a later SETTINGS change must not find the
+    # dead window above 2^31-1 and end the connection (the h2 oracle's seed 1619 found it).
+    conn = server()
+    _open(conn, 1)
+    _open(conn, 3)
+    conn.receive_data(f.window_update(1, f.MAX_WINDOW))
+    assert {1: f.FLOW_CONTROL_ERROR} == resets(conn.data_to_send())
+    assert None is _code(conn, f.settings([(f.INITIAL_WINDOW_SIZE, 16383)]))
+    assert 16383 == conn.streams[3].send_window
+
+
 def test_repeated_initial_window_size_changes_end_the_connection(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(control, "MAX_WINDOW_SHIFTS", 1000)
     conn = server()
