@@ -187,7 +187,7 @@ class HookRuntime:
             "RemoveContainer": self.remove_container,
             "RemovePodSandbox": self.remove_pod_sandbox,
         }
-        return runtime_interceptors(handlers, first=self._recovered.wait)
+        return runtime_interceptors(handlers, gate=self._recovered)
 
     def mark_recovered(self) -> None:
         """Let intercepted calls through: the store now reflects the runtime."""
