@@ -14,11 +14,15 @@ status with its message, details and trailers (:class:`BackendError`).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 
 from krproxy.grpcstatus import Cardinality, GRPCError, Status
 from krproxy.methods import cri_methods
+
+if TYPE_CHECKING:
+    import trio  # the gate's type only: this module loads no event loop (tests/integration/test_layers.py)
 
 #: Header fields as they travel: (name, value) bytes pairs, pseudo-headers included.
 Headers = list[tuple[bytes, bytes]]
@@ -73,15 +77,20 @@ RUNTIME_PREFIX = "/runtime.v1.RuntimeService/"
 
 
 def runtime_interceptors(
-    handlers: Mapping[str, Handler], *, first: Callable[[], Awaitable[object]] | None = None
+    handlers: Mapping[str, Handler], *, gate: trio.Event | None = None
 ) -> dict[str, Interceptor]:
     """The interceptor table of RuntimeService *handlers* (by method name, e.g. ``"StartContainer"``);
-    each call awaits *first* (if given) before its handler."""
+    each call waits for *gate* (if given) to be set before its handler runs.
+
+    Once the gate is set a call goes straight on, without the checkpoint ``Event.wait`` makes even
+    then: each checkpoint is a pass of trio's scheduler (an ``epoll_wait`` and the run loop's
+    bookkeeping) on every intercepted call. The handler's first wait is its checkpoint.
+    """
 
     def bind(handler: Handler) -> Interceptor:
         async def intercept(path: str, request: bytes, forward: Forward) -> Reply:
-            if first is not None:
-                await first()
+            if gate is not None and not gate.is_set():
+                await gate.wait()
             return await handler(request, forward)
 
         return intercept

@@ -52,6 +52,8 @@ class Relay(Protocol):
         metadata: Iterable[tuple[bytes, bytes]] = ...,
         deadline: float = ...,
         max_answer: int = ...,
+        *,
+        watched: bool = ...,
     ) -> Answer: ...
 
 

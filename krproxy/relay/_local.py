@@ -203,7 +203,9 @@ class LocalCall(HandledCall):
             raise GRPCError(Status.UNIMPLEMENTED, f"{self.path}: nothing to forward to")
         started = time.perf_counter()
         try:
-            answer = await self.relay.unary(self.route, self.path, data, self._metadata, self.deadline)
+            answer = await self.relay.unary(
+                self.route, self.path, data, self._metadata, self.deadline, watched=True
+            )
         except TimeoutError:  # (an OSError: first)
             raise GRPCError(
                 Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {self.describe}"

@@ -151,6 +151,35 @@ class TestErrors:
         assert grpc.StatusCode.DEADLINE_EXCEEDED == info.value.code()
         await wait_until(lambda: VERSION in scripted_backend.cancelled)
 
+    async def test_deadline_expiry_of_an_intercepted_call(
+        self,
+        scripted_backend: ScriptedBackend,
+        proxy: Daemon,
+        channel_to: Callable[[str], grpc.Channel],
+        monkeypatch: pytest.MonkeyPatch,
+    ) -> None:
+        """An intercepted call (RemoveContainer) forwarded to a backend slower than the caller's deadline:
+        DEADLINE_EXCEEDED, and the backend call is cancelled, by the relay's timer of the caller's call
+        alone: the forward opens no cancel scope of its own for the same deadline."""
+        remove = "/runtime.v1.RuntimeService/RemoveContainer"
+        scopes: list[object] = []  # the paths of the relay's own calls that waited in a scope of their own
+        move_on_at = trio.move_on_at
+
+        def counted(deadline: float, **kwargs: bool) -> trio.CancelScope:
+            caller = sys._getframe(1)
+            if caller.f_code.co_name == "_exchange":
+                scopes.append(caller.f_locals["path"])
+            return move_on_at(deadline, **kwargs)
+
+        monkeypatch.setattr(trio, "move_on_at", counted)
+        scripted_backend.behaviours[remove] = hang
+        with pytest.raises(grpc.RpcError) as info:
+            await in_thread(raw_unary(channel_to(proxy.config.listen), remove), b"\x0a\x01c", timeout=1.0)
+        assert grpc.StatusCode.DEADLINE_EXCEEDED == info.value.code()
+        await wait_until(lambda: remove in scripted_backend.cancelled)
+        assert [remove] == scripted_backend.started[-1:]
+        assert remove not in scopes
+
     async def test_cancelled_caller_cancels_backend_call(
         self, scripted_backend: ScriptedBackend, proxy: Daemon, channel_to: Callable[[str], grpc.Channel]
     ) -> None:
