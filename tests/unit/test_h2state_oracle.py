@@ -23,7 +23,7 @@ from krproxy.h2 import frames as f
 from krproxy.h2.connection import Connection, Role
 from tests.unit.h2peer import REQUEST, parse
 
-RUNS = 400
+RUNS = 1200
 FRAMES_PER_RUN = 12
 OK, STREAM, CONNECTION = "accepted", "stream error", "connection error"
 
@@ -136,6 +136,8 @@ KNOWN = {
     ("window-update", CONNECTION, OK): "WINDOW_UPDATE on an idle stream is a connection error (§5.1)",
     ("unknown", OK, CONNECTION): "an unknown frame type is ignored whatever its flags (§5.5); h2's "
     "frame parser (hyperframe) reads the PADDED flag of one and fails",
+    ("continuation", CONNECTION, STREAM): "a CONTINUATION not preceded by a HEADERS without "
+    "END_HEADERS is a connection error (§6.10); h2 answers a stream error first when its stream is closed",
 }
 #: After the client's GOAWAY, h2 closes its state machine and takes no frame; the streams below
 #: its last id go on (§6.8), so the core takes them.
