@@ -132,6 +132,7 @@ class Relay(Protocol):
     the type checker)."""
 
     dirty: list[Endpoint]
+    defer_records: bool
     caller_max_streams: int | None
     check_request_headers: bool
     large_decodes: trio.CapacityLimiter

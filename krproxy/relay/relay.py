@@ -119,6 +119,12 @@ class Relay:
         self._unary_paths: frozenset[str] = frozenset()
         self.nursery: trio.Nursery = None  # type: ignore[assignment]  # set by serve()
         self.dirty: list[Endpoint] = []
+        #: True while a connection's reader hands a frame's events to the calls (synchronous):
+        #: a call finished then is reported to the observers after the next :meth:`flush`,
+        #: once the answer is written, not before (its record and metrics are off the answer's
+        #: path; the reader flushes right after, on every way out).
+        self.defer_records = False
+        self._unrecorded: list[Call] = []
         self.in_flight = 0
         self.draining = False
         self._idle_waiters: list[trio.Event] = []
@@ -225,10 +231,15 @@ class Relay:
         context.run(self.nursery.start_soon, fn)
 
     def flush(self) -> None:
-        """Write out every connection something was queued on."""
+        """Write out every connection something was queued on; then report the calls that
+        finished meanwhile (:attr:`defer_records`)."""
         dirty = self.dirty
         while dirty:
             dirty.pop().try_send()
+        if self._unrecorded:
+            finished, self._unrecorded = self._unrecorded, []
+            for call in finished:
+                self._observe(call)
 
     # -- calls -------------------------------------------------------------------------
 
@@ -284,16 +295,23 @@ class Relay:
                 event.set()
             self._idle_waiters.clear()
         if self.observers:
+            if self.defer_records:
+                self._unrecorded.append(call)
+            else:
+                self._observe(call)
+
+    def _observe(self, call: Call) -> None:
+        """Hand the call's record to every observer."""
+        try:
+            record = call.record()
+        except Exception:  # a bug of ours; the call itself is over and fine
+            LOGGER.exception("call record of %s failed", call.path)
+            return
+        for observer in self.observers:
             try:
-                record = call.record()
-            except Exception:  # a bug of ours; the call itself is over and fine
-                LOGGER.exception("call record of %s failed", call.path)
-                return
-            for observer in self.observers:
-                try:
-                    observer(record)
-                except Exception:  # an observer must never break a call
-                    LOGGER.exception("observer %r failed", observer)
+                observer(record)
+            except Exception:  # an observer must never break a call
+                LOGGER.exception("observer %r failed", observer)
 
     async def wait_idle(self) -> None:
         """Return once no call is in flight."""
