@@ -59,7 +59,7 @@ class _Owner(Protocol):
 
     defer_records: bool
 
-    def flush(self) -> None: ...
+    def flush(self, last: Any = ...) -> None: ...
     def open_call(self, ep: Any, stream_id: int, headers: Headers, end: bool) -> None: ...
 
 
@@ -157,7 +157,7 @@ class Reader:
             else:
                 break
         self.touch()
-        self.relay.flush()
+        self.relay.flush(last=self)  # what was passed on first, then this peer's acknowledgements
 
     async def _decode_block_aside(self, block: bytes) -> list[ev.Event]:
         raise NotImplementedError  # the Endpoint's: in a worker thread

@@ -230,10 +230,19 @@ class Relay:
         context.run(calls.CURRENT.set, None)
         context.run(self.nursery.start_soon, fn)
 
-    def flush(self) -> None:
+    def flush(self, last: Endpoint | None = None) -> None:
         """Write out every connection something was queued on; then report the calls that
-        finished meanwhile (:attr:`defer_records`)."""
+        finished meanwhile (:attr:`defer_records`).
+
+        ``last``: written after the others: a reader's own connection, whose bytes are its
+        answers to its peer (a PING's or SETTINGS' acknowledgement, window updates), while the
+        others carry what it passed on. containerd sends a PING with the DATA of an answer
+        (grpc-go's BDP estimate): acknowledged first, the answer waited for one more send and
+        containerd's wake-up."""
         dirty = self.dirty
+        if last is not None and last.dirty and len(dirty) > 1:
+            dirty.remove(last)
+            dirty.insert(0, last)  # taken from the end: this one goes out last
         while dirty:
             dirty.pop().try_send()
         if self._unrecorded:
