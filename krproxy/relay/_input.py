@@ -57,7 +57,9 @@ class _Owner(Protocol):
     """What the reading side needs of the relay (:class:`krproxy.relay.connection.Relay`, named
     here so that this module imports no other of the relay's modules but the bottom ones)."""
 
-    def flush(self) -> None: ...
+    defer_records: bool
+
+    def flush(self, last: Any = ...) -> None: ...
     def open_call(self, ep: Any, stream_id: int, headers: Headers, end: bool) -> None: ...
 
 
@@ -132,8 +134,15 @@ class Reader:
         header block beyond what the event loop decodes (:data:`DECODE_PER_TURN`)."""
         h2 = self.h2
         unread = h2.unread
+        relay = self.relay
         while events:
-            self._dispatch(events)
+            # Calls finished by these events are reported after the flush below (or the one
+            # before a block decoded aside, or run()'s on an error): their answers go out first.
+            relay.defer_records = True
+            try:
+                self._dispatch(events)
+            finally:
+                relay.defer_records = False
             last = events[-1]
             kind = last.__class__
             if kind is ev.HeaderBlockReceived:
@@ -148,7 +157,7 @@ class Reader:
             else:
                 break
         self.touch()
-        self.relay.flush()
+        self.relay.flush(last=self)  # what was passed on first, then this peer's acknowledgements
 
     async def _decode_block_aside(self, block: bytes) -> list[ev.Event]:
         raise NotImplementedError  # the Endpoint's: in a worker thread

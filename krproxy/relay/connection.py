@@ -132,13 +132,14 @@ class Relay(Protocol):
     the type checker)."""
 
     dirty: list[Endpoint]
+    defer_records: bool
     caller_max_streams: int | None
     check_request_headers: bool
     large_decodes: trio.CapacityLimiter
     small_decodes: trio.CapacityLimiter
 
     def spawn(self, fn: Callable[[], Awaitable[object]]) -> None: ...
-    def flush(self) -> None: ...
+    def flush(self, last: Endpoint | None = None) -> None: ...
     def open_call(self, ep: Endpoint, stream_id: int, headers: Headers, end: bool) -> None: ...
 
 

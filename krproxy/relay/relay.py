@@ -119,6 +119,12 @@ class Relay:
         self._unary_paths: frozenset[str] = frozenset()
         self.nursery: trio.Nursery = None  # type: ignore[assignment]  # set by serve()
         self.dirty: list[Endpoint] = []
+        #: True while a connection's reader hands a frame's events to the calls (synchronous):
+        #: a call finished then is reported to the observers after the next :meth:`flush`,
+        #: once the answer is written, not before (its record and metrics are off the answer's
+        #: path; the reader flushes right after, on every way out).
+        self.defer_records = False
+        self._unrecorded: list[Call] = []
         self.in_flight = 0
         self.draining = False
         self._idle_waiters: list[trio.Event] = []
@@ -224,11 +230,25 @@ class Relay:
         context.run(calls.CURRENT.set, None)
         context.run(self.nursery.start_soon, fn)
 
-    def flush(self) -> None:
-        """Write out every connection something was queued on."""
+    def flush(self, last: Endpoint | None = None) -> None:
+        """Write out every connection something was queued on; then report the calls that
+        finished meanwhile (:attr:`defer_records`).
+
+        ``last``: written after the others: a reader's own connection, whose bytes are its
+        answers to its peer (a PING's or SETTINGS' acknowledgement, window updates), while the
+        others carry what it passed on. containerd sends a PING with the DATA of an answer
+        (grpc-go's BDP estimate): acknowledged first, the answer waited for one more send and
+        containerd's wake-up."""
         dirty = self.dirty
+        if last is not None and last.dirty and len(dirty) > 1:
+            dirty.remove(last)
+            dirty.insert(0, last)  # taken from the end: this one goes out last
         while dirty:
             dirty.pop().try_send()
+        if self._unrecorded:
+            finished, self._unrecorded = self._unrecorded, []
+            for call in finished:
+                self._observe(call)
 
     # -- calls -------------------------------------------------------------------------
 
@@ -284,16 +304,23 @@ class Relay:
                 event.set()
             self._idle_waiters.clear()
         if self.observers:
+            if self.defer_records:
+                self._unrecorded.append(call)
+            else:
+                self._observe(call)
+
+    def _observe(self, call: Call) -> None:
+        """Hand the call's record to every observer."""
+        try:
+            record = call.record()
+        except Exception:  # a bug of ours; the call itself is over and fine
+            LOGGER.exception("call record of %s failed", call.path)
+            return
+        for observer in self.observers:
             try:
-                record = call.record()
-            except Exception:  # a bug of ours; the call itself is over and fine
-                LOGGER.exception("call record of %s failed", call.path)
-                return
-            for observer in self.observers:
-                try:
-                    observer(record)
-                except Exception:  # an observer must never break a call
-                    LOGGER.exception("observer %r failed", observer)
+                observer(record)
+            except Exception:  # an observer must never break a call
+                LOGGER.exception("observer %r failed", observer)
 
     async def wait_idle(self) -> None:
         """Return once no call is in flight."""
