@@ -101,14 +101,11 @@ class TestCallRecords:
         )
         assert 1.0 == samples
 
-    async def test_answer_is_written_before_the_record(
-        self, proxy_with_plugin: tuple[Daemon, list[CallRecord]], channel_to: Callable[[str], grpc.Channel]
-    ) -> None:
+    async def test_answer_is_written_before_the_record(self, recorded: Recorded) -> None:
         """A forwarded call's record and metrics come after its answer is written to the caller:
         when the observers see the record, nothing the relay queued waits to be sent, so their
         work is not on the answer's path (latency, issue 24)."""
-        daemon, records = proxy_with_plugin
-        relay = daemon.relay
+        relay = recorded.daemon.relay
         unsent: list[tuple[int, int]] = []
 
         def observe(record: CallRecord) -> None:
@@ -116,9 +113,8 @@ class TestCallRecords:
                 unsent.append((len(relay.dirty), sum(len(ep.out) for ep in relay._clients)))
 
         relay.observers.insert(0, observe)
-        runtime = pb_grpc.RuntimeServiceStub(channel_to(daemon.config.listen))
         for _ in range(3):
-            await in_thread(runtime.Version, pb.VersionRequest(version="v1"), timeout=10)
+            await in_thread(recorded.runtime.Version, pb.VersionRequest(version="v1"), timeout=10)
         await wait_until(lambda: len(unsent) == 3)
         assert [(0, 0)] * 3 == unsent
-        assert 3 == sum(r.path.endswith("/Version") for r in records)
+        assert 3 == sum(r.path.endswith("/Version") for r in recorded.records)
