@@ -47,10 +47,11 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from krproxy import log, protowire
+from krproxy import log
 from krproxy.forward import BackendError, Forward, Handler, Interceptor, Reply, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import convert, merge, rewrite, writeback
+from krproxy.hooks._reading import decode_id, decode_request, malformed, reply_field
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard
 from krproxy.hooks.lifecycle import Lifecycle
@@ -63,113 +64,6 @@ from krproxy.proto.runtime import v1 as cri
 LOGGER = logging.getLogger("krproxy.hooks")
 
 R = TypeVar("R")
-
-
-def _plain_id(message_type: type[Any], data: bytes, field: str) -> str | None:
-    """The string *field* of a message of *message_type* read straight off the wire, as betterproto2
-    would read it: the field's last occurrence (proto3's rule for a scalar sent twice), ``""`` when absent,
-    other fields skipped. None when the bytes are anything else (malformed, the field or another
-    known one with another wire type, not UTF-8): the caller decodes them with betterproto2 then, for its reading or its error.
-
-    Every CreateContainer and RemoveContainer reads one such message (CreateContainerResponse,
-    RemoveContainerRequest): 1.0 µs here, 4.4 µs through betterproto2 (load ~2.5).
-    """
-    number = message_type._betterproto.meta_by_field_name[field].number
-    known = message_type._betterproto.field_name_by_number
-    value = ""
-    try:
-        for found, wire_type, raw in protowire.fields(data):
-            if wire_type in (1, 5) and found in known:  # none is fixed-width: betterproto2 refuses it
-                return None  # (StopContainerRequest's int64 timeout sent as a fixed32 or fixed64)
-            if found == number:
-                if not isinstance(raw, bytes):  # another wire type
-                    return None
-                value = raw.decode()  # each occurrence: betterproto2 refuses any that is not UTF-8
-    except (protowire.DecodeError, UnicodeDecodeError):
-        return None
-    return value
-
-
-def _reply_field(message_type: type[Any], reply: Reply, field: str) -> str | None:
-    """One id field of a backend reply, or None (logged) if the reply does not decode.
-
-    The reply still goes back to kubelet unchanged: only the store misses the entry.
-    """
-    plain = _plain_id(message_type, reply.message, field)
-    if plain is not None:
-        return plain
-    try:
-        value: str = getattr(message_type.FromString(reply.message), field)
-    except Exception as err:
-        log.event(
-            LOGGER,
-            "reply_undecodable",
-            level=logging.WARNING,
-            message=message_type.__name__,
-            error=f"{type(err).__name__}: {err}",
-        )
-        return None
-    return value
-
-
-def _decode(message_type: type[Any], data: bytes, what: str) -> Any:
-    try:
-        return message_type.FromString(data)
-    except Exception as err:  # a malformed request must not reach the hooks, nor crash anything
-        problem = f"cannot decode {what}: {err}"
-    # Raised outside the except block: the decoder's exception, whose traceback holds ``data``
-    # in a reference cycle (frame -> exception -> traceback -> frame), is not kept as context.
-    raise GRPCError(Status.INVALID_ARGUMENT, problem)
-
-
-#: Requests at least this large are decoded in a worker thread: a 16 MiB CreateContainer of
-#: 16,000 annotations takes ~0.7 s to decode (~43 ms per MB), which on the event loop would
-#: stall every other call for as long; in a thread the loop keeps getting the GIL between them.
-THREAD_DECODE_AT = 256 * 1024
-
-
-async def _decode_request(message_type: type[Any], data: bytes, what: str) -> Any:
-    if len(data) < THREAD_DECODE_AT:
-        return _decode(message_type, data, what)
-    return await trio.to_thread.run_sync(_decode, message_type, data, what)
-
-
-def _decode_id(message_type: type[Any], data: bytes, field: str) -> str:
-    """The id field of a request that carries only an id."""
-    plain = _plain_id(message_type, data, field)
-    if plain is not None:
-        return plain
-    value = getattr(_decode(message_type, data, message_type.__name__), field)
-    if not isinstance(value, str):
-        raise GRPCError(
-            Status.INVALID_ARGUMENT, f"malformed {message_type.__name__}: {field} is not a string"
-        )
-    return value
-
-
-class _malformed:
-    """Reading a decoded request failed: the request was malformed, not the proxy broken.
-
-    betterproto2 decodes a field sent with the wrong wire type into a value of the wrong type
-    (``config == 1``) instead of refusing it, so such requests only fail once read.
-
-    A class, not a ``contextlib.contextmanager``: that costs about 8 Python calls a use (a generator
-    and its wrapper), on every hooked CreateContainer once or twice; this 3.
-    """
-
-    __slots__ = ("what",)
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: type[BaseException] | None, err: BaseException | None, tb: object) -> None:
-        if kind is not None and issubclass(kind, (AttributeError, TypeError, ValueError)):
-            raise GRPCError(
-                Status.INVALID_ARGUMENT, f"malformed {self.what}: {kind.__name__}: {err}"
-            ) from None
 
 
 @attrs.define(eq=False)
@@ -228,8 +122,8 @@ class HookRuntime:
     # -- pods --------------------------------------------------------------------------
 
     async def run_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
-        request = await _decode_request(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest")
-        with _malformed("RunPodSandboxRequest"):
+        request = await decode_request(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest")
+        with malformed("RunPodSandboxRequest"):
             pod = convert.pod_from_run_request(request)
         point = HookPoint.PRE_RUN_POD_SANDBOX
         pod, data = await self._pre_hooks(
@@ -246,7 +140,7 @@ class HookRuntime:
         )
 
     async def stop_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
-        sandbox_id = _decode_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")
+        sandbox_id = decode_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")
         known = self.store.get_pod(sandbox_id)
         if known is not None and not self._skips(known):
             await self._require(HookPoint.POST_STOP_POD_SANDBOX, known)
@@ -269,10 +163,10 @@ class HookRuntime:
         resize on any error but UNIMPLEMENTED, which runtimes without the call (containerd before 2.3)
         answer; that answer, like every runtime error, goes back unchanged and leaves the store as it was.
         """
-        request = await _decode_request(
+        request = await decode_request(
             cri.UpdatePodSandboxResourcesRequest, data, "UpdatePodSandboxResourcesRequest"
         )
-        with _malformed("UpdatePodSandboxResourcesRequest"):
+        with malformed("UpdatePodSandboxResourcesRequest"):
             sandbox_id = request.pod_sandbox_id
             if not isinstance(sandbox_id, str):
                 raise TypeError("pod_sandbox_id is not a string")
@@ -280,7 +174,7 @@ class HookRuntime:
         # Held across read -> hooks -> forward -> store, as for UpdateContainerResources: a resize and
         # kubelet's revert of it must reach the runtime and the store in the same order.
         async with self._lock("pod/" + sandbox_id):
-            with _malformed("UpdatePodSandboxResourcesRequest"):
+            with malformed("UpdatePodSandboxResourcesRequest"):
                 stored = self.store.get_pod(sandbox_id)
                 if stored is None:
                     self._missing("pod", sandbox_id, point)
@@ -300,15 +194,15 @@ class HookRuntime:
             return reply
 
     async def remove_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
-        sandbox_id = _decode_id(cri.RemovePodSandboxRequest, data, "pod_sandbox_id")
+        sandbox_id = decode_id(cri.RemovePodSandboxRequest, data, "pod_sandbox_id")
         return await _forward_then_forget(forward(data), lambda: self.store.remove_pod(sandbox_id))
 
     # -- containers --------------------------------------------------------------------
 
     async def create_container(self, data: bytes, forward: Forward) -> Reply:
         # upb, not betterproto2: ~1.5 ms less to decode a request of kubelet's size (hooks/rewrite.py).
-        request = await _decode_request(rewrite.CreateContainerRequest, data, "CreateContainerRequest")
-        with _malformed("CreateContainerRequest"):
+        request = await decode_request(rewrite.CreateContainerRequest, data, "CreateContainerRequest")
+        with malformed("CreateContainerRequest"):
             pod = self.store.get_pod(request.pod_sandbox_id)
             if pod is None:
                 # Better than the reference (which skips hooks): the request carries the pod's config.
@@ -331,7 +225,7 @@ class HookRuntime:
         )
 
     async def start_container(self, data: bytes, forward: Forward) -> Reply:
-        container_id = _decode_id(cri.StartContainerRequest, data, "container_id")
+        container_id = decode_id(cri.StartContainerRequest, data, "container_id")
         async with self._lock(container_id):
             info = self._hooked_container(container_id, HookPoint.PRE_START_CONTAINER)
             if info is None:
@@ -350,7 +244,7 @@ class HookRuntime:
             return await _forward_then(forward, data, post)
 
     async def stop_container(self, data: bytes, forward: Forward) -> Reply:
-        container_id = _decode_id(cri.StopContainerRequest, data, "container_id")
+        container_id = decode_id(cri.StopContainerRequest, data, "container_id")
         known = self.store.get_container(container_id)
         if known is not None and not self._skips(known.pod):
             await self._require(HookPoint.POST_STOP_CONTAINER, known.pod, known.name)
@@ -365,17 +259,17 @@ class HookRuntime:
         )
 
     async def update_container_resources(self, data: bytes, forward: Forward) -> Reply:
-        request = await _decode_request(
+        request = await decode_request(
             cri.UpdateContainerResourcesRequest, data, "UpdateContainerResourcesRequest"
         )
-        with _malformed("UpdateContainerResourcesRequest"):
+        with malformed("UpdateContainerResourcesRequest"):
             container_id = request.container_id
             if not isinstance(container_id, str):
                 raise TypeError("container_id is not a string")
         # Held across read -> hooks -> forward -> store, so that two updates of one container
         # (kubelet's CPU manager and a resize, say) cannot undo each other in the runtime.
         async with self._lock(container_id):
-            with _malformed("UpdateContainerResourcesRequest"):
+            with malformed("UpdateContainerResourcesRequest"):
                 stored = self._hooked_container(container_id, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
                 if stored is None:
                     return await forward(data)
@@ -395,7 +289,7 @@ class HookRuntime:
             return reply
 
     async def remove_container(self, data: bytes, forward: Forward) -> Reply:
-        container_id = _decode_id(cri.RemoveContainerRequest, data, "container_id")
+        container_id = decode_id(cri.RemoveContainerRequest, data, "container_id")
         return await _forward_then_forget(forward(data), lambda: self.store.delete_container(container_id))
 
     async def _pre_hooks(
@@ -419,7 +313,7 @@ class HookRuntime:
         merged = await self.lifecycle.pre(point, record, target=target, required=required)
         if merged is record:
             return record, data
-        with _malformed(what):
+        with malformed(what):
             return merged, bytes(rebuild(merged))
 
     async def _forward_created(
@@ -428,7 +322,7 @@ class HookRuntime:
         """Await the forwarded RunPodSandbox or CreateContainer *call*; keep *record* under the id its
         answer's *field* names."""
         reply = await call
-        ident = _reply_field(answer, reply, field)
+        ident = reply_field(answer, reply, field)
         if ident:
             self.lifecycle.keep(point, ident, record)
         return reply

@@ -119,10 +119,9 @@ class Relay:
         self._unary_paths: frozenset[str] = frozenset()
         self.nursery: trio.Nursery = None  # type: ignore[assignment]  # set by serve()
         self.dirty: list[Endpoint] = []
-        #: True while a connection's reader hands a frame's events to the calls (synchronous):
-        #: a call finished then is reported to the observers after the next :meth:`flush`,
-        #: once the answer is written, not before (its record and metrics are off the answer's
-        #: path; the reader flushes right after, on every way out).
+        #: True while a reader hands a frame's events to the calls (synchronous): a call finished
+        #: then is reported to the observers after the next :meth:`flush` (the reader's, on every
+        #: way out), so its record and metrics are off the answer's path.
         self.defer_records = False
         self._unrecorded: list[Call] = []
         self.in_flight = 0
@@ -231,14 +230,11 @@ class Relay:
         context.run(self.nursery.start_soon, fn)
 
     def flush(self, last: Endpoint | None = None) -> None:
-        """Write out every connection something was queued on; then report the calls that
-        finished meanwhile (:attr:`defer_records`).
-
-        ``last``: written after the others: a reader's own connection, whose bytes are its
-        answers to its peer (a PING's or SETTINGS' acknowledgement, window updates), while the
-        others carry what it passed on. containerd sends a PING with the DATA of an answer
-        (grpc-go's BDP estimate): acknowledged first, the answer waited for one more send and
-        containerd's wake-up."""
+        """Write out every connection something was queued on, then report the calls that
+        finished meanwhile (:attr:`defer_records`). ``last`` goes out after the others: a reader's
+        own connection, with its acknowledgements to its peer, after what it passed on
+        (containerd sends a PING with an answer's DATA: acknowledged first, the answer waited
+        for one more send and containerd's wake-up)."""
         dirty = self.dirty
         if last is not None and last.dirty and len(dirty) > 1:
             dirty.remove(last)
@@ -344,12 +340,10 @@ class Relay:
     ) -> Answer:
         """Call ``path`` on ``route`` with ``message``, within ``deadline`` (trio clock).
 
-        ``watched``: ``deadline`` is that of a call the relay already ends at it (a
-        :class:`~krproxy.relay._local.LocalCall`'s: its timer fails the call, answering
-        DEADLINE_EXCEEDED, and cancels the handler, which resets this stream). It is sent upstream
-        as ``grpc-timeout`` all the same, but no cancel scope of this call's own waits for it: one
-        cancel scope fewer on every intercepted call (entering and leaving one with a deadline is
-        about 25 Python calls in trio).
+        ``watched``: ``deadline`` is that of a call the relay ends at it anyway (a
+        :class:`~krproxy.relay._local.LocalCall`'s timer answers DEADLINE_EXCEEDED and cancels the
+        handler, which resets this stream): sent upstream as ``grpc-timeout``, with no cancel
+        scope of its own here (about 25 Python calls fewer per intercepted call).
 
         An answer larger than ``max_answer`` bytes is an :class:`AnswerTooLarge`, a stream the
         upstream reset a :class:`StreamReset`, an answer gRPC does not give (OK without one

@@ -1,5 +1,5 @@
-"""krproxy.hooks.runtime reads the id of id-only messages (RemoveContainerRequest, CreateContainerResponse,
-...) off the wire (``_plain_id``) and leaves everything else to betterproto2: where it answers, it must
+"""krproxy.hooks._reading reads the id of id-only messages (RemoveContainerRequest, CreateContainerResponse,
+...) off the wire (``plain_id``) and leaves everything else to betterproto2: where it answers, it must
 answer what betterproto2 reads; and the malformed requests keep betterproto2's refusal."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.hooks import runtime
+from krproxy.hooks import _reading as reading
 from krproxy.proto.runtime import v1 as cri
 
 ID_MESSAGES = [
@@ -38,7 +38,7 @@ CASES = {
 
 
 def agrees(message_type: type[Any], field: str, data: bytes) -> None:
-    plain = runtime._plain_id(message_type, data, field)
+    plain = reading.plain_id(message_type, data, field)
     if plain is None:  # left to betterproto2
         return
     assert plain == getattr(message_type.FromString(data), field)
@@ -58,15 +58,15 @@ def test_well_formed_ids_are_read_off_the_wire(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(cri.RemoveContainerRequest, "FromString", refuse)
     data = bytes(cri.RemoveContainerRequest(container_id="c" * 64))
-    assert "c" * 64 == runtime._decode_id(cri.RemoveContainerRequest, data, "container_id")
+    assert "c" * 64 == reading.decode_id(cri.RemoveContainerRequest, data, "container_id")
     for case in ("empty", "an id", "the id twice: the last counts", "other fields around it"):
-        assert runtime._plain_id(cri.RemoveContainerRequest, CASES[case], "container_id") is not None
+        assert reading.plain_id(cri.RemoveContainerRequest, CASES[case], "container_id") is not None
 
 
 @pytest.mark.parametrize("case", ["the id as a varint", "not UTF-8", "a group"])
 def test_malformed_requests_are_refused_as_before(case: str) -> None:
     with pytest.raises(GRPCError) as caught:
-        runtime._decode_id(cri.RemoveContainerRequest, CASES[case], "container_id")
+        reading.decode_id(cri.RemoveContainerRequest, CASES[case], "container_id")
     assert caught.value.status is Status.INVALID_ARGUMENT
     assert "RemoveContainerRequest" in (caught.value.message or "")
 

@@ -1,4 +1,4 @@
-"""Review of d448e7b: krproxy.hooks.runtime reads the id of id-only messages off the wire (``_plain_id``) and
+"""Review of d448e7b: krproxy.hooks._reading reads the id of id-only messages off the wire (``plain_id``) and
 leaves other bytes to betterproto2. Beyond agreeing where it answers (tests/unit/test_hooks_ids.py), it must
 not answer where betterproto2 refuses: a request betterproto2 cannot decode was refused INVALID_ARGUMENT and
 must still be, whatever field makes it so (StopContainerRequest's int64 timeout sent as a fixed32: betterproto2
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.hooks import runtime
+from krproxy.hooks import _reading as reading
 from tests.fuzz import examples
 from tests.unit.test_hooks_ids import ID_MESSAGES
 
@@ -41,13 +41,13 @@ def refused_as_betterproto2_refuses(message_type: type[Any], field: str, data: b
     except Exception:
         value = None
     if value is None:  # betterproto2 refuses it
-        assert runtime._plain_id(message_type, data, field) is None
+        assert reading.plain_id(message_type, data, field) is None
         if not message_type.__name__.endswith("Response"):
             with pytest.raises(GRPCError) as caught:
-                runtime._decode_id(message_type, data, field)
+                reading.decode_id(message_type, data, field)
             assert caught.value.status is Status.INVALID_ARGUMENT
     elif isinstance(value, str):
-        plain = runtime._plain_id(message_type, data, field)
+        plain = reading.plain_id(message_type, data, field)
         assert plain is None or plain == value
 
 
