@@ -97,12 +97,19 @@ async def watch_signals(
             return
 
 
-def log_ready(logger: logging.Logger, config: ProxyConfig, plugins: int, **more: Any) -> None:
-    """Log ``event=ready`` (docs/operations.md): the daemon's socket accepts calls; *more* are the
-    fields of its mode (the image socket, Docker mode's name)."""
-    where: dict[str, Any] = {
-        "listen": config.listen,
-        "runtime": config.runtime_endpoint,
-        "hook_dir": config.hook_dir,
-    }
-    log.event(logger, "ready", **more, **where, plugins=plugins)
+def log_ready(
+    logger: logging.Logger,
+    config: ProxyConfig,
+    plugins: int,
+    *,
+    mode: str | None = None,
+    image: str | None = None,
+) -> None:
+    """Log ``event=ready`` (docs/operations.md): the daemon's socket accepts calls. The fields keep the
+    order each mode logged before they shared this: Docker mode names itself first (``mode``), the CRI
+    daemon its image socket (``image``) after the runtime's."""
+    fields: dict[str, Any] = {} if mode is None else {"mode": mode}
+    fields.update(listen=config.listen, runtime=config.runtime_endpoint)
+    if image is not None:
+        fields["image"] = image
+    log.event(logger, "ready", **fields, hook_dir=config.hook_dir, plugins=plugins)

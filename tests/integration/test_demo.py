@@ -20,6 +20,25 @@ class TestDemo:
         assert "cpu_quota=50000 cpu_period=100000 memory_limit=268435456 cpuset_cpus='0-1'" in text
         assert text.rstrip().endswith("demo finished: all steps behaved")
 
+    async def test_demo_names_each_call(self) -> None:
+        """Each CRI call the demo makes is one line naming its method, in the lifecycle's order."""
+        out = io.StringIO()
+        assert 0 == await run_demo(out)
+        named = [line[7:31].rstrip() for line in out.getvalue().splitlines() if line[7:31].endswith("  ")]
+        assert [
+            "Version",
+            "RunPodSandbox",
+            "CreateContainer",
+            "StartContainer",
+            "ContainerStatus",
+            "ExecSync",
+            "StopContainer",
+            "RemoveContainer",
+            "StopPodSandbox",
+            "RemovePodSandbox",
+            "ListPodSandbox",
+        ] == named
+
     def test_demo_command(self) -> None:
         """`krproxy demo` as a command exits 0 and leaves no socket directory behind."""
         result = subprocess.run(

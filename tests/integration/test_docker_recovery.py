@@ -83,6 +83,23 @@ class TestRecovery:
         assert "krproxy.docker" == next(r.name for r in caplog.records if r.getMessage() == "store_recovered")
         assert 1.0 == node.proxy.metrics.registry.get_sample_value("krproxy_store_recovered")
 
+    async def test_ready_is_logged_with_its_sockets(
+        self, node: DockerNode, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Once its socket accepts calls, krproxy.docker logs ``ready``: Docker mode, the proxy socket,
+        dockerd's, the hook directory and how many plugins are registered, in that order."""
+        await node.add_plugin("p", FakePlugin(), [HookPoint.PRE_START_CONTAINER])
+        caplog.set_level(logging.INFO, logger="krproxy.docker")
+        config = (await node.start_proxy()).config
+        [logged] = logged_events(caplog.records, "ready")
+        assert [
+            ("mode", "Docker"),
+            ("listen", config.listen),
+            ("runtime", config.runtime_endpoint),
+            ("hook_dir", config.hook_dir),
+            ("plugins", 1),
+        ] == list(logged.items())
+
     async def test_hooks_after_restart_get_the_full_record(self, node: DockerNode) -> None:
         """PreStartContainer after a restart carries the recovered pod meta, resources and envs."""
         plugin = await node.add_plugin("p", FakePlugin(), [HookPoint.PRE_START_CONTAINER])

@@ -69,6 +69,23 @@ class TestRestart:
         assert "krproxy.daemon" == next(r.name for r in caplog.records if r.getMessage() == "store_recovered")
         assert 1.0 == node.proxy.metrics.registry.get_sample_value("krproxy_store_recovered")
 
+    async def test_ready_is_logged_with_its_sockets(
+        self, node: Node, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """Once its socket accepts calls, krproxy.daemon logs ``ready``: the proxy socket, the runtime's, the
+        image service's, the hook directory and how many plugins are registered, in that order."""
+        await node.add_plugin("p", hooks=[HookPoint.PRE_CREATE_CONTAINER])
+        caplog.set_level(logging.INFO, logger="krproxy.daemon")
+        config = (await node.start_proxy()).config
+        [logged] = logged_events(caplog.records, "ready")
+        assert [
+            ("listen", config.listen),
+            ("runtime", config.runtime_endpoint),
+            ("image", config.image_socket),
+            ("hook_dir", config.hook_dir),
+            ("plugins", 1),
+        ] == list(logged.items())
+
     async def test_hooks_after_restart_use_recovered_records(self, node: Node) -> None:
         """A pod and container created through a first proxy (with plugin changes) are recovered by a
         second one; Start/Update/Stop on them drive hooks with the recovered labels, annotations and

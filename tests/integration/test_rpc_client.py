@@ -142,6 +142,7 @@ async def test_the_timeout_is_deadline_exceeded_and_reaches_the_server(
         assert Status.DEADLINE_EXCEEDED == caught.value.status
         with trio.fail_after(LIVENESS_LIMIT):
             await cancelled.wait()
+        assert deadlines[1] is not None  # the stream's grpc-timeout reached the server too
 
 
 async def test_calls_to_krproxys_own_server(nursery: trio.Nursery, sock: str) -> None:

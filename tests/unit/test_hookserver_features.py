@@ -99,7 +99,8 @@ class TestFeatureStatus:
     def test_every_policy_change_reports_again(
         self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
     ) -> None:
-        """Without a policy the policy features are off (not a warning); each change reports anew."""
+        """Without a policy the policy features are off (not a warning), each naming the key that turns it on;
+        each change reports anew."""
         app, _ = _app(tmp_path)
         with caplog.at_level(logging.INFO):
             app.report_features()
@@ -110,8 +111,34 @@ class TestFeatureStatus:
         first = {e["feature"]: e for e in events[:5]}
         assert first["cpusuppress"]["active"] is False
         assert "no resourceUsedThresholdWithBE in the policy" == first["cpusuppress"]["reason"]
+        assert (
+            "no resourceQOSStrategy.<class>.cpuQOS.groupIdentity in the policy"
+            == first["groupidentity"]["reason"]
+        )
         assert all(r.levelno == logging.INFO for r in caplog.records[:5])
         assert 0.0 == _gauge(app, "cpusuppress")
+
+    @pytest.mark.parametrize("qos_class", ["lsrClass", "lsClass", "beClass"])
+    def test_each_class_configures_and_each_feature_names_its_key(
+        self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture, qos_class: str
+    ) -> None:
+        """A cpuQOS of any one class turns group identity on; a policy without resctrlQOS or
+        resourceUsedThresholdWithBE leaves those off, each reason naming the key to set, at INFO (not
+        wanted, so not a warning)."""
+        app, _ = _app(tmp_path)
+        with caplog.at_level(logging.INFO):
+            app.set_policy(
+                NodePolicy.from_text(
+                    f"resourceQOSStrategy: {{{qos_class}: {{cpuQOS: {{groupIdentity: 2}}}}}}"
+                )
+            )
+        status = _statuses(caplog)
+        assert (True, 1.0) == (status["groupidentity"]["active"], _gauge(app, "groupidentity"))
+        assert {
+            "resctrl": (False, "no resourceQOSStrategy.<class>.resctrlQOS in the policy"),
+            "cpusuppress": (False, "no resourceUsedThresholdWithBE in the policy"),
+        } == {name: (status[name]["active"], status[name]["reason"]) for name in ("resctrl", "cpusuppress")}
+        assert [] == [r for r in caplog.records if r.levelno >= logging.WARNING]
 
     def test_textfile(self, tmp_path: pathlib.Path) -> None:
         """The gauge is written for node_exporter's textfile collector when asked."""
