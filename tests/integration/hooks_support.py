@@ -298,5 +298,21 @@ async def make_node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, c
 async def rejection(node: Node, method: str, request: Any) -> grpc.RpcError:
     """The error ``method`` fails with when ``node``'s proxy is called with ``request`` (the call must fail)."""
     with pytest.raises(grpc.RpcError) as info:
-        await node.call(method, request)
+        if method == "UpdatePodSandboxResources":
+            await node.update_pod(request)
+        else:
+            await node.call(method, request)
     return info.value
+
+
+async def refused(node: Node, method: str, request: Any, code: grpc.StatusCode) -> str:
+    """Call ``method`` through ``node``'s proxy and check that the proxy refused it with ``code`` before it
+    reached the runtime (the fake containerd got no ``method`` call at all); return the error's details for
+    the caller's checks of the message."""
+    error = await rejection(node, method, request)
+    details = error.details() or ""
+    # This module is not rewritten by pytest: the messages say what a failed check saw.
+    assert code == error.code(), f"{method} refused with {error.code()}, not {code}: {details}"
+    forwarded = node.fake.requests(method)
+    assert [] == forwarded, f"{method} refused ({details}) but the runtime got {len(forwarded)} call(s)"
+    return details
