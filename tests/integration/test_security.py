@@ -26,6 +26,7 @@ from tests.integration.hooks_support import (
     Node,
     make_node,
     pod_config,
+    refused,
     rejection,
 )
 from tests.integration.support import LIVENESS_LIMIT, wait_until
@@ -206,14 +207,12 @@ class TestInvalidAnswers:
         await node.start_proxy()
         pod_id = await node.run_pod()
 
-        error = await rejection(node, "CreateContainer", node.create_request(pod_id))
+        details = await refused(node, "CreateContainer", node.create_request(pod_id), grpc.StatusCode.UNKNOWN)
 
-        assert grpc.StatusCode.UNKNOWN == error.code()
         assert (
             "hook server err: hook server bad failed PreCreateContainer: invalid answer: "
             "container_resources.cpu_shares=1 is not 0 or 2..262144"
-        ) == error.details()
-        assert [] == node.fake.requests("CreateContainer")
+        ) == details
         assert 1.0 == invalid_count(node, "bad", CREATE)
         labels = {"plugin": "bad", "hook": CREATE.value, "result": "rejected"}
         assert 1.0 == node.proxy.metrics.registry.get_sample_value("krproxy_hook_calls_total", labels)
@@ -240,13 +239,11 @@ class TestInvalidAnswers:
         await node.add_plugin("mover", plugin, [RUN_POD], failure_policy="Fail")
         await node.start_proxy()
 
-        error = await rejection(
-            node, "RunPodSandbox", api_pb2.RunPodSandboxRequest(config=pod_config(), runtime_handler="runc")
-        )
+        request = api_pb2.RunPodSandboxRequest(config=pod_config(), runtime_handler="runc")
+        details = await refused(node, "RunPodSandbox", request, grpc.StatusCode.UNKNOWN)
 
-        assert "hook server mover failed PreRunPodSandbox: invalid answer: cgroup_parent" in error.details()
-        assert "not a clean path" in error.details()
-        assert [] == node.fake.requests("RunPodSandbox")
+        assert "hook server mover failed PreRunPodSandbox: invalid answer: cgroup_parent" in details
+        assert "not a clean path" in details
 
     async def test_container_escaping_its_pod_cgroup_is_rejected(self, node: Node) -> None:
         """A container answer moving the container out of its pod's cgroup is a violation;
