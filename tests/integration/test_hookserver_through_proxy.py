@@ -184,6 +184,22 @@ async def proxy_and_hookserver(
     return daemon, opts
 
 
+@contextlib.asynccontextmanager
+async def sdk_behind_proxy(
+    runtime: str, tmp: pathlib.Path, **options: Any
+) -> AsyncIterator[tuple[FakeNode, HookServer, Daemon, ServeOptions]]:
+    """A fake node in ``tmp``, :func:`make_app`'s SDK server on it, and :func:`proxy_and_hookserver`
+    (``options`` go to :class:`ServeOptions`), all within the liveness bound: yields the node, the
+    server, the proxy and the serve options; stops them all after."""
+    node = FakeNode(tmp / "node").create()
+    app = make_app(node)
+    with trio.fail_after(LIVENESS_LIMIT):
+        async with trio.open_nursery() as nursery:
+            daemon, opts = await proxy_and_hookserver(nursery, app, runtime, tmp, **options)
+            yield node, app, daemon, opts
+            nursery.cancel_scope.cancel()
+
+
 def runtime_applies(node: FakeNode, cgroup_dir: str, res: cri.LinuxContainerResources | None) -> None:
     """What runc does at create: the CRI resources into the container cgroup (set fields only)."""
     if res is None:
@@ -285,38 +301,36 @@ async def test_sdk_registration_file_is_accepted_unchanged(
 ) -> None:
     """The file the SDK writes (koordlet-shaped) is what the proxy registers, byte for byte, no warnings."""
     _fake, runtime = fake_containerd
-    node = FakeNode(short_tmp / "node").create()
-    app = make_app(node)
-    with trio.fail_after(LIVENESS_LIMIT):
-        async with trio.open_nursery() as nursery:
-            daemon, opts = await proxy_and_hookserver(
-                nursery, app, runtime, short_tmp, failure_policy=FailurePolicy.FAIL
-            )
-            path = pathlib.Path(daemon.config.hook_dir) / REGISTRATION
-            written = path.read_bytes()
-            stages = (  # the built-ins' stages plus the two lifecycle stages every SDK server takes
-                Stage.PRE_RUN_POD_SANDBOX,
-                Stage.POST_STOP_POD_SANDBOX,
-                Stage.PRE_CREATE_CONTAINER,
-                Stage.POST_START_CONTAINER,
-                Stage.POST_STOP_CONTAINER,
-                Stage.PRE_UPDATE_CONTAINER_RESOURCES,
-            )
-            assert registration_json(opts.socket, FailurePolicy.FAIL, stages).encode() == written
-            assert [REGISTRATION] == os.listdir(path.parent)  # no temp file left behind
+    async with sdk_behind_proxy(runtime, short_tmp, failure_policy=FailurePolicy.FAIL) as (
+        _,
+        _,
+        daemon,
+        opts,
+    ):
+        path = pathlib.Path(daemon.config.hook_dir) / REGISTRATION
+        written = path.read_bytes()
+        stages = (  # the built-ins' stages plus the two lifecycle stages every SDK server takes
+            Stage.PRE_RUN_POD_SANDBOX,
+            Stage.POST_STOP_POD_SANDBOX,
+            Stage.PRE_CREATE_CONTAINER,
+            Stage.POST_START_CONTAINER,
+            Stage.POST_STOP_CONTAINER,
+            Stage.PRE_UPDATE_CONTAINER_RESOURCES,
+        )
+        assert registration_json(opts.socket, FailurePolicy.FAIL, stages).encode() == written
+        assert [REGISTRATION] == os.listdir(path.parent)  # no temp file left behind
 
-            registry = daemon.hooks.dispatcher.registry
-            assert {} == dict(registry.errors)
-            plugin = registry.plugins[REGISTRATION]
-            assert ("krproxy-hookserver", opts.socket, ProxyFailurePolicy.FAIL) == (
-                plugin.name,
-                plugin.endpoint,
-                plugin.failure_policy,
-            )
-            assert tuple(HookPoint(s.value) for s in stages) == plugin.hooks
-            assert () == plugin.warnings
-            assert written == path.read_bytes()  # nobody rewrote it
-            nursery.cancel_scope.cancel()
+        registry = daemon.hooks.dispatcher.registry
+        assert {} == dict(registry.errors)
+        plugin = registry.plugins[REGISTRATION]
+        assert ("krproxy-hookserver", opts.socket, ProxyFailurePolicy.FAIL) == (
+            plugin.name,
+            plugin.endpoint,
+            plugin.failure_policy,
+        )
+        assert tuple(HookPoint(s.value) for s in stages) == plugin.hooks
+        assert () == plugin.warnings
+        assert written == path.read_bytes()  # nobody rewrote it
 
 
 @contextlib.asynccontextmanager
@@ -329,19 +343,14 @@ async def be_and_ls_through_proxy(
     :data:`POLICY` from a file) registered with it, and the BE and LS pods started through it:
     yields the node, the policy file and the two pods; stops it all after."""
     fake, runtime = fake_containerd
-    node = FakeNode(short_tmp / "node").create()
-    app = make_app(node)
     policy = short_tmp / "policy.yaml"
     write_policy(policy, POLICY)
-    with trio.fail_after(LIVENESS_LIMIT):
-        async with trio.open_nursery() as nursery:
-            daemon, _ = await proxy_and_hookserver(nursery, app, runtime, short_tmp, policy_path=str(policy))
-            prime_cpu_suppress(app)
-            client = cri_client(daemon.config.listen)
-            be = await start_pod(client, fake, node, BE)
-            ls = await start_pod(client, fake, node, LS)
-            yield node, policy, be, ls
-            nursery.cancel_scope.cancel()
+    async with sdk_behind_proxy(runtime, short_tmp, policy_path=str(policy)) as (node, app, daemon, _):
+        prime_cpu_suppress(app)
+        client = cri_client(daemon.config.listen)
+        be = await start_pod(client, fake, node, BE)
+        ls = await start_pod(client, fake, node, LS)
+        yield node, policy, be, ls
 
 
 async def test_be_and_ls_pods_get_their_settings_through_proxy(
@@ -581,23 +590,18 @@ async def test_removed_pod_is_forgotten_by_the_hook_server(
 ) -> None:
     """After kubelet stops and removes a pod through the proxy, re-apply no longer targets it."""
     fake, runtime = fake_containerd
-    node = FakeNode(short_tmp / "node").create()
-    app = make_app(node)
-    with trio.fail_after(LIVENESS_LIMIT):
-        async with trio.open_nursery() as nursery:
-            daemon, _ = await proxy_and_hookserver(nursery, app, runtime, short_tmp)
-            client = cri_client(daemon.config.listen)
-            be = await start_pod(client, fake, node, BE)
-            assert [1] == [len(t.containers) for t in app.pods.targets()]
-            for method, request in (
-                (client.runtime.StopContainer, pb.StopContainerRequest(container_id=be.container_id)),
-                (client.runtime.RemoveContainer, pb.RemoveContainerRequest(container_id=be.container_id)),
-                (client.runtime.StopPodSandbox, pb.StopPodSandboxRequest(pod_sandbox_id=be.sandbox_id)),
-                (client.runtime.RemovePodSandbox, pb.RemovePodSandboxRequest(pod_sandbox_id=be.sandbox_id)),
-            ):
-                await client.call(method, request)
-            shutil.rmtree(node.cgroup_root / BE.cgroup_parent.strip("/"))  # kubelet removes the cgroup
-            assert {} == daemon.hooks.store.pods()  # the proxy forgot it
-            app.reconcile()  # a re-apply (policy change, CPU suppress tick) …
-            assert () == app.pods.targets()  # … should not target it any more
-            nursery.cancel_scope.cancel()
+    async with sdk_behind_proxy(runtime, short_tmp) as (node, app, daemon, _):
+        client = cri_client(daemon.config.listen)
+        be = await start_pod(client, fake, node, BE)
+        assert [1] == [len(t.containers) for t in app.pods.targets()]
+        for method, request in (
+            (client.runtime.StopContainer, pb.StopContainerRequest(container_id=be.container_id)),
+            (client.runtime.RemoveContainer, pb.RemoveContainerRequest(container_id=be.container_id)),
+            (client.runtime.StopPodSandbox, pb.StopPodSandboxRequest(pod_sandbox_id=be.sandbox_id)),
+            (client.runtime.RemovePodSandbox, pb.RemovePodSandboxRequest(pod_sandbox_id=be.sandbox_id)),
+        ):
+            await client.call(method, request)
+        shutil.rmtree(node.cgroup_root / BE.cgroup_parent.strip("/"))  # kubelet removes the cgroup
+        assert {} == daemon.hooks.store.pods()  # the proxy forgot it
+        app.reconcile()  # a re-apply (policy change, CPU suppress tick) …
+        assert () == app.pods.targets()  # … should not target it any more
