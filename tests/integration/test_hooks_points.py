@@ -56,6 +56,18 @@ def container_request(container_id: str = "", **changes: Any) -> hookapi.Contain
     return hookapi.ContainerResourceHookRequest(**{**fields, **changes})
 
 
+#: The pod's labels after :func:`labelling_plugin_and_pod`'s PreRunPodSandbox.
+LABELLED = {**POD_LABELS, "added": "l"}
+
+
+async def labelling_plugin_and_pod(node: Node) -> tuple[FakePlugin, str]:
+    """A plugin at every hook point that adds the label added=l, the proxy, and the default pod run
+    through it (so stored with :data:`LABELLED`): the plugin and the pod's id."""
+    plugin = await node.add_plugin("p", FakePlugin(Changes(labels={"added": "l"})))
+    await node.start_proxy()
+    return plugin, await node.run_pod()
+
+
 class TestPodHooks:
     async def test_pre_run_pod_sandbox(self, node: Node) -> None:
         """PreRunPodSandbox gets the pod's meta, handler, labels, annotations and cgroup parent; its answer
@@ -78,15 +90,11 @@ class TestPodHooks:
 
     async def test_post_stop_pod_sandbox(self, node: Node) -> None:
         """PostStopPodSandbox gets the stored pod as the pre hook left it; the pod is then dropped."""
-        plugin = await node.add_plugin("p", FakePlugin(Changes(labels={"added": "l"})))
-        await node.start_proxy()
-        pod_id = await node.run_pod()
+        plugin, pod_id = await labelling_plugin_and_pod(node)
 
         await node.stop_pod(pod_id)
 
-        assert [pod_hook_request(labels={**POD_LABELS, "added": "l"})] == plugin.requests(
-            HookPoint.POST_STOP_POD_SANDBOX
-        )
+        assert [pod_hook_request(labels=LABELLED)] == plugin.requests(HookPoint.POST_STOP_POD_SANDBOX)
         assert [HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.POST_STOP_POD_SANDBOX] == plugin.hooks_called()
         assert None is node.proxy.hooks.store.get_pod(pod_id)
         assert [pod_id] == [r.pod_sandbox_id for r in node.received("StopPodSandbox")]
@@ -96,15 +104,11 @@ class TestContainerHooks:
     async def test_pre_create_container(self, node: Node) -> None:
         """PreCreateContainer gets the container (no id yet), its resources, envs as a map, the sandbox's
         cgroup parent and the stored pod's labels (as PreRunPodSandbox changed them)."""
-        plugin = await node.add_plugin("p", FakePlugin(Changes(labels={"added": "l"})))
-        await node.start_proxy()
-        pod_id = await node.run_pod()
+        plugin, pod_id = await labelling_plugin_and_pod(node)
 
         await node.create_container(pod_id)
 
-        assert [container_request(pod_labels={**POD_LABELS, "added": "l"})] == plugin.requests(
-            HookPoint.PRE_CREATE_CONTAINER
-        )
+        assert [container_request(pod_labels=LABELLED)] == plugin.requests(HookPoint.PRE_CREATE_CONTAINER)
         # An echo changes nothing: the runtime gets kubelet's request as sent (duplicate env included).
         assert [node.create_request(pod_id)] == node.received("CreateContainer")
 
