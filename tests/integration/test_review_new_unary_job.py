@@ -188,3 +188,69 @@ async def test_a_server_stops_with_a_job_that_never_answers_and_one_answers_afte
         with pytest.raises(grpc.RpcError) as caught:
             await trio.to_thread.run_sync(future.result)
     assert grpc.StatusCode.UNAVAILABLE == caught.value.code()
+
+
+def handler_tasks() -> list[str]:
+    root = trio.lowlevel.current_root_task()
+    assert root is not None
+    found, todo = [], [root]
+    while todo:
+        task = todo.pop()
+        found.append(task.name)
+        todo += [child for nursery in task.child_nurseries for child in nursery.child_tasks]
+    return [name for name in found if "_ServerCall.run" in name]
+
+
+async def with_task_path(nursery: trio.Nursery, jobs: Jobs, sock: str) -> Server:
+    """The job's server with an ``async def`` check_headers: each job runs from its call's task."""
+
+    async def check(stream: Any) -> bool:
+        return True
+
+    server = Server(
+        {LATER: UnaryJob(jobs._later), AT_ONCE: UnaryJob(lambda r, d: outcome.Value(r[::-1]))},
+        check_headers=check,
+    )
+    await nursery.start(server.serve, sock)
+    return server
+
+
+async def test_from_a_task_a_job_answering_twice_gives_its_first_answer_only(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
+) -> None:
+    """The same as the first test, the job run from its call's task (an async check_headers) and
+    its answers handed back as AppWorker hands them, as run_sync_soon callbacks."""
+    jobs = Jobs()
+    server = await with_task_path(nursery, jobs, sock)
+    token = trio.lowlevel.current_trio_token()
+    with trio.fail_after(LIVENESS_LIMIT):
+        future = grpcio(LATER).future(b"x", timeout=LIVENESS_LIMIT)
+        await jobs.wait_for(1)
+        done = jobs.waiting[0][1]
+        token.run_sync_soon(done, outcome.Value(b"first"))
+        token.run_sync_soon(done, outcome.Value(b"second"))
+        assert b"first" == await trio.to_thread.run_sync(future.result)
+        token.run_sync_soon(done, outcome.Error(ValueError("third")))
+        await server.relay.wait_idle()
+        for _ in range(3):
+            assert b"cba" == (await call(grpcio(AT_ONCE), b"abc"))[0]
+        assert [] == handler_tasks()
+
+
+async def test_from_a_task_a_job_that_never_answers_leaves_no_task_behind_its_deadline(
+    nursery: trio.Nursery, sock: str
+) -> None:
+    """The job run from its call's task never answers: the caller's deadline ends the call
+    DEADLINE_EXCEEDED, and the call's task with it (as the job's own call without a task): a
+    task left waiting would hold the server's end (serve's cancellation) until the job answers."""
+    jobs = Jobs()
+    await with_task_path(nursery, jobs, sock)
+    try:
+        with trio.fail_after(LIVENESS_LIMIT):
+            answer = await request(sock, grpc_request(LATER, timeout=0.5), framed(b"x"))
+            assert 4 == answer.grpc_status  # DEADLINE_EXCEEDED
+            while handler_tasks():  # noqa: ASYNC110 - bounded by fail_after
+                await trio.sleep(0.05)
+    finally:
+        for _, done in jobs.waiting:  # (so that a failing test does not hang the server's end)
+            done(outcome.Value(b"late"))
