@@ -11,8 +11,9 @@ import trio
 
 from krproxy.forward import RUNTIME_PREFIX, Reply
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.hooks._reading import malformed
 from krproxy.hooks.model import ContainerInfo, PodInfo
-from krproxy.hooks.runtime import HookRuntime, _malformed
+from krproxy.hooks.runtime import HookRuntime
 from krproxy.hooks.store import HookStore
 from krproxy.proto.runtime import v1
 
@@ -72,14 +73,14 @@ async def test_calls_wait_for_recovery() -> None:
 
 
 class TestMalformed:
-    """``_malformed`` (a class since the context manager's generator cost more calls): a request read that
+    """``malformed`` (a class since the context manager's generator cost more calls): a request read that
     fails is INVALID_ARGUMENT naming the request, anything else passes as it is."""
 
     @pytest.mark.parametrize(
         "error", [AttributeError("x"), TypeError("x"), ValueError("x"), UnicodeError("x")]
     )
     def test_a_failed_read_is_invalid_argument(self, error: Exception) -> None:
-        with pytest.raises(GRPCError) as raised, _malformed("CreateContainerRequest"):
+        with pytest.raises(GRPCError) as raised, malformed("CreateContainerRequest"):
             raise error
         assert Status.INVALID_ARGUMENT is raised.value.status
         assert f"malformed CreateContainerRequest: {type(error).__name__}: x" == raised.value.message
@@ -87,10 +88,10 @@ class TestMalformed:
 
     @pytest.mark.parametrize("error", [KeyError("x"), GRPCError(Status.UNAVAILABLE, "x"), RuntimeError("x")])
     def test_other_errors_pass(self, error: Exception) -> None:
-        with pytest.raises(type(error)) as raised, _malformed("CreateContainerRequest"):
+        with pytest.raises(type(error)) as raised, malformed("CreateContainerRequest"):
             raise error
         assert error is raised.value
 
     def test_nothing_raised(self) -> None:
-        with _malformed("CreateContainerRequest"):
+        with malformed("CreateContainerRequest"):
             pass
