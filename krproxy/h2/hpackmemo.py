@@ -64,7 +64,8 @@ _UNIQUE = frozenset({b"grpc-timeout"})
 _memo: dict[Any, tuple[tuple[tuple[bytes, bytes], ...], int, State | None, int | None]] = {}
 #: A field of :data:`_UNIQUE` by the bytes before its value (its representation and name, as
 #: first decoded by ``hpack``): its header's class and name. Only those names get entries, and
-#: each only for the two plain literal representations: a few entries at most.
+#: each only for the two plain literal representations: a few entries at most. Replaced, never
+#: changed in place (a thread may be walking it).
 _unique_names: dict[bytes, tuple[type[HeaderTuple], bytes]] = {}
 #: Decodes single fields that touch no table, so its own table stays empty and its state unchanged.
 _SCRATCH = hpack.Decoder(max_header_list_size=1 << 20)
@@ -180,9 +181,12 @@ def _unique_field(field: bytes) -> tuple[bytes, bytes] | None:
 def _remember_unique(field: bytes, header: tuple[bytes, bytes]) -> None:
     """Remember the name part of ``field``, which ``hpack`` decoded to ``header`` (a field of
     :data:`_UNIQUE`), if its value is plain and decoded to the bytes it holds."""
+    global _unique_names
     start = _value_start(field)
     if start is not None and field[start:] == header[1]:
-        _unique_names[field[: start - 1]] = (cast(type[HeaderTuple], header.__class__), header[0])
+        # A new dict, not an item added: another thread may be walking the names (_from_template).
+        known = (cast(type[HeaderTuple], header.__class__), header[0])
+        _unique_names = {**_unique_names, field[: start - 1]: known}
 
 
 def decode(decoder: hpack.Decoder, block: bytes) -> Headers:
@@ -240,7 +244,9 @@ def _by_hpack(decoder: hpack.Decoder, block: bytes) -> Headers:
     table's state."""
     before = _state(decoder)
     headers = cast(Headers, decoder.decode(block, raw=True))
-    if len(block) <= KEPT_BLOCK and _same(_state(decoder), before):
+    # Not one that starts with a size update: hpack checks it against the decoder's allowed
+    # size (our SETTINGS_HEADER_TABLE_SIZE), which the table's state does not hold.
+    if len(block) <= KEPT_BLOCK and block[0] & 0xE0 != 0x20 and _same(_state(decoder), before):
         size = sum(32 + len(name) + len(value) for name, value in headers)
         _remember(block, (tuple(headers), size, before, None))
     return headers

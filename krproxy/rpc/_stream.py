@@ -202,25 +202,28 @@ class UnaryJob:
         if request is None:
             raise GRPCError(Status.INTERNAL, "the request carried no message")
         task = trio.lowlevel.current_task()
-        late = False
+        waiting = False  # the task waits for done(): only then, and once, may done() wake it
 
         def done(result: outcome.Outcome[bytes]) -> None:
-            if late:
+            nonlocal waiting
+            if waiting:
+                waiting = False
                 trio.lowlevel.reschedule(task, result)
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            # The call ended (its deadline, its reset, the server's end): the task ends now, as
+            # a job's call without a task does; the work runs on and its answer is dropped.
+            nonlocal waiting
+            waiting = False
+            return trio.lowlevel.Abort.SUCCEEDED
 
         result = self.start(request, done)
         if result is None:
-            late = True
-            reply = await trio.lowlevel.wait_task_rescheduled(_abort_failed)  # unwraps the outcome
+            waiting = True
+            reply = await trio.lowlevel.wait_task_rescheduled(abort)  # unwraps the outcome
         else:
             reply = result.unwrap()
         stream._call.reply(reply)
-
-
-def _abort_failed(_: Any) -> trio.lowlevel.Abort:
-    # A job cannot be cancelled: its handler waits for its answer (the call itself ends at
-    # once for the caller, through the call's own ending rules).
-    return trio.lowlevel.Abort.FAILED
 
 
 def unary_stream(fn: Callable[[bytes], AsyncIterator[bytes]]) -> Handler:
