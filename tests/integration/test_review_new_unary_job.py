@@ -17,39 +17,9 @@ import outcome
 import pytest
 import trio
 
-from krproxy.rpc import Server, UnaryJob
+from krproxy.rpc import Server
 from tests.integration.h2_client import framed, grpc_request, request
-
-LIVENESS_LIMIT = 30.0  # seconds: a bound on what must happen, not a speed claim
-LATER = "/t.S/Later"
-AT_ONCE = "/t.S/AtOnce"
-Done = Callable[[outcome.Outcome[bytes]], None]
-
-
-class Jobs:
-    """:attr:`later` keeps each request and its ``done`` until the test answers; :attr:`at_once`
-    answers the reversed request at once."""
-
-    def __init__(self) -> None:
-        self.waiting: list[tuple[bytes, Done]] = []
-        self.changed = trio.Event()
-
-    def _later(self, request: bytes, done: Done) -> None:
-        self.waiting.append((request, done))
-        self.changed.set()
-        self.changed = trio.Event()
-
-    async def wait_for(self, count: int) -> None:
-        while len(self.waiting) < count:
-            await self.changed.wait()
-
-    def server(self) -> Server:
-        return Server(
-            {
-                LATER: UnaryJob(self._later),
-                AT_ONCE: UnaryJob(lambda request, done: outcome.Value(request[::-1])),
-            }
-        )
+from tests.integration.test_rpc_unary_job import AT_ONCE, LATER, LIVENESS_LIMIT, Jobs
 
 
 @pytest.fixture
@@ -207,10 +177,7 @@ async def with_task_path(nursery: trio.Nursery, jobs: Jobs, sock: str) -> Server
     async def check(stream: Any) -> bool:
         return True
 
-    server = Server(
-        {LATER: UnaryJob(jobs._later), AT_ONCE: UnaryJob(lambda r, d: outcome.Value(r[::-1]))},
-        check_headers=check,
-    )
+    server = jobs.server(check_headers=check)
     await nursery.start(server.serve, sock)
     return server
 
