@@ -246,7 +246,7 @@ def _by_hpack(decoder: hpack.Decoder, block: bytes) -> Headers:
     headers = cast(Headers, decoder.decode(block, raw=True))
     # Not one that starts with a size update: hpack checks it against the decoder's allowed
     # size (our SETTINGS_HEADER_TABLE_SIZE), which the table's state does not hold.
-    if len(block) <= KEPT_BLOCK and block[0] & 0xE0 != 0x20 and _same(_state(decoder), before):
+    if 0 < len(block) <= KEPT_BLOCK and block[0] & 0xE0 != 0x20 and _same(_state(decoder), before):
         size = sum(32 + len(name) + len(value) for name, value in headers)
         _remember(block, (tuple(headers), size, before, None))
     return headers

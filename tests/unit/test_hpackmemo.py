@@ -117,6 +117,13 @@ def test_a_never_indexed_field_stays_never_indexed() -> None:
         assert f.encode_headers(got) == block  # passed on as it came
 
 
+def test_an_empty_block_decodes_to_no_headers_by_either_rule() -> None:
+    # Legal HPACK (a HEADERS frame with no fields). decode() reads it as a block of no fields; the
+    # table-state rule looked at its first byte to tell a size update, and raised IndexError.
+    assert [] == hpackmemo.decode(hpack.Decoder(), b"")
+    assert [] == hpackmemo._by_hpack(hpack.Decoder(), b"")
+
+
 def test_the_memo_is_bounded() -> None:
     ours = decoder()
     for i in range(hpackmemo.MEMO_LIMIT + 10):
