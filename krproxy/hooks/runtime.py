@@ -21,7 +21,12 @@ entry stays, so kubelet's retry still runs PostStop hooks with the full record
 ``runtimeproxy.koordinator.sh/skip-hookserver=true``) get no hooks, but are still stored.
 
 When no plugin changed anything, the original request bytes are forwarded, so a proxy with
-plugins that only observe is byte-for-byte transparent too.
+plugins that only observe is byte-for-byte transparent too. A call that would run no hook at all
+(no plugin at its points, no required server, or a pod with the skip label) and only forward and
+then tell the store is not intercepted: :meth:`HookRuntime.watches` lets it go to the runtime as
+the caller sent it (header block and message, as a passthrough call) and the store learns from its
+request and answer once the answer is out. RunPodSandbox, CreateContainer, the Stops and the Removes
+are watched so; StartContainer and the resource updates always go through their interceptor.
 
 Intercepted calls wait until the store has been recovered from the runtime after a
 restart (:meth:`HookRuntime.mark_recovered`), so no hook ever runs against a partial store.
@@ -48,16 +53,34 @@ import attrs
 import trio
 
 from krproxy import log
-from krproxy.forward import BackendError, Forward, Handler, Interceptor, Reply, runtime_interceptors
+from krproxy.forward import (
+    RUNTIME_PREFIX,
+    BackendError,
+    Forward,
+    Handler,
+    Interceptor,
+    Reply,
+    Watch,
+    Watcher,
+    runtime_interceptors,
+)
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import convert, merge, rewrite, writeback
-from krproxy.hooks._reading import decode_id, decode_request, malformed, reply_field
+from krproxy.hooks._reading import (
+    THREAD_DECODE_AT,
+    decode,
+    decode_id,
+    decode_request,
+    malformed,
+    plain_id,
+    reply_field,
+)
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard
 from krproxy.hooks.lifecycle import Lifecycle
 from krproxy.hooks.model import ContainerInfo, PodInfo
 from krproxy.hooks.points import HookPoint
-from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed
+from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed, needed
 from krproxy.hooks.store import HookStore
 from krproxy.proto.runtime import v1 as cri
 
@@ -97,6 +120,31 @@ class HookRuntime:
         }
         return runtime_interceptors(handlers, gate=self._recovered)
 
+    def watches(self) -> dict[str, Watch]:
+        """The watches (:data:`krproxy.forward.Watch`) of the methods whose call, where no hook runs and no
+        hook server is required, only forwards the caller's request and then tells the store: such a call
+        goes upstream as the caller's bytes, and the store learns from the request and the answer. None
+        before the store is recovered (the interceptor waits for that), nor for a request the interceptor
+        would refuse (it says why). StartContainer and the resource updates are not watched: they hold a
+        container's or pod's lock across their forward, which orders them against hooked calls."""
+        watches: dict[str, Watch] = {
+            "RunPodSandbox": self._watch_run_pod_sandbox,
+            "CreateContainer": self._watch_create_container,
+            "StopContainer": self._watch_stop_container,
+            "StopPodSandbox": self._watch_stop_pod_sandbox,
+            "RemoveContainer": self._watch_remove_container,
+            "RemovePodSandbox": self._watch_remove_pod_sandbox,
+        }
+        recovered = self._recovered
+
+        def bind(watch: Watch) -> Watch:
+            def gated(data: bytes) -> Watcher | None:
+                return watch(data) if recovered.is_set() else None
+
+            return gated
+
+        return {RUNTIME_PREFIX + name: bind(watch) for name, watch in watches.items()}
+
     def mark_recovered(self) -> None:
         """Let intercepted calls through: the store now reflects the runtime."""
         self._recovered.set()
@@ -107,6 +155,22 @@ class HookRuntime:
 
     def _skips(self, pod: PodInfo) -> bool:
         return self.lifecycle.skips(pod)
+
+    def _unhooked(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> bool:
+        """Whether a call at *point* for *pod* (and *container*) would run no hook and need no hook server:
+        the pod skips hooks, or no plugin is registered for *point* and nothing is required there (the
+        flags, the pod's annotations; annotations that do not parse: not unhooked, the call is refused)."""
+        if self._skips(pod):
+            return True
+        if self.dispatcher.plugins_for(point):
+            return False
+        if self.guard is None:
+            return True
+        try:
+            need = needed(self.guard.requirements, point, pod.annotations, container)
+        except AnnotationError:
+            return False
+        return not need.names and not need.hooked
 
     async def _require(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> Needed:
         """The required hook servers of a hooked call at *point*, once all are up and registered where
@@ -292,6 +356,87 @@ class HookRuntime:
         container_id = decode_id(cri.RemoveContainerRequest, data, "container_id")
         return await _forward_then_forget(forward(data), lambda: self.store.delete_container(container_id))
 
+    # -- watched calls: no hook to run (see watches()) -------------------------------------
+
+    def _watch_run_pod_sandbox(self, data: bytes) -> Watcher | None:
+        if len(data) >= THREAD_DECODE_AT:  # decoded in a thread by the interceptor
+            return None
+        try:
+            pod = convert.pod_from_run_request(decode(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest"))
+        except Exception:  # malformed: the interceptor refuses it
+            return None
+        point = HookPoint.PRE_RUN_POD_SANDBOX
+        if not self._unhooked(point, pod):
+            return None
+        return self._keeper(point, pod, cri.RunPodSandboxResponse, "pod_sandbox_id")
+
+    def _watch_create_container(self, data: bytes) -> Watcher | None:
+        if len(data) >= THREAD_DECODE_AT:
+            return None
+        point = HookPoint.PRE_CREATE_CONTAINER
+        try:
+            request = rewrite.CreateContainerRequest.FromString(data)
+            pod = self.store.get_pod(request.pod_sandbox_id)
+            stored = pod is not None
+            if pod is None:
+                pod = convert.pod_from_wire_config(request.sandbox_config)
+            info = convert.container_from_wire_create(request, pod)
+        except Exception:  # malformed: the interceptor refuses it
+            return None
+        if not self._unhooked(point, pod, info.name):
+            return None
+        if not stored:
+            self._missing("pod", request.pod_sandbox_id, point)
+        return self._keeper(point, info, cri.CreateContainerResponse, "container_id")
+
+    def _watch_stop_container(self, data: bytes) -> Watcher | None:
+        container_id = plain_id(cri.StopContainerRequest, data, "container_id")
+        if container_id is None:  # the interceptor decodes it, or refuses it
+            return None
+        point = HookPoint.POST_STOP_CONTAINER
+        known = self.store.get_container(container_id)
+        if known is None:
+            self._missing("container", container_id, point)
+        elif not self._unhooked(point, known.pod, known.name):
+            return None
+        return _forgetter(lambda: self.store.delete_container(container_id))
+
+    def _watch_stop_pod_sandbox(self, data: bytes) -> Watcher | None:
+        sandbox_id = plain_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")
+        if sandbox_id is None:
+            return None
+        point = HookPoint.POST_STOP_POD_SANDBOX
+        known = self.store.get_pod(sandbox_id)
+        if known is None:
+            self._missing("pod", sandbox_id, point)
+        elif not self._unhooked(point, known):
+            return None
+        return _forgetter(
+            lambda: self.store.delete_pod(sandbox_id), gone=lambda: self.store.remove_pod(sandbox_id)
+        )
+
+    def _watch_remove_container(self, data: bytes) -> Watcher | None:
+        container_id = plain_id(cri.RemoveContainerRequest, data, "container_id")
+        if container_id is None:
+            return None
+        return _forgetter(lambda: self.store.delete_container(container_id))
+
+    def _watch_remove_pod_sandbox(self, data: bytes) -> Watcher | None:
+        sandbox_id = plain_id(cri.RemovePodSandboxRequest, data, "pod_sandbox_id")
+        if sandbox_id is None:
+            return None
+        return _forgetter(lambda: self.store.remove_pod(sandbox_id))
+
+    def _keeper(self, point: HookPoint, record: Any, answer: type[Any], field: str) -> Watcher:
+        """The watcher of a watched RunPodSandbox or CreateContainer: keeps *record* under the id its
+        answer's *field* names, as :meth:`_forward_created` does."""
+
+        def keep(status: Status, reply: bytes | None) -> None:
+            if reply is not None:
+                self._keep_created(point, record, answer, field, reply)
+
+        return keep
+
     async def _pre_hooks(
         self,
         point: HookPoint,
@@ -322,10 +467,15 @@ class HookRuntime:
         """Await the forwarded RunPodSandbox or CreateContainer *call*; keep *record* under the id its
         answer's *field* names."""
         reply = await call
+        self._keep_created(point, record, answer, field, reply.message)
+        return reply
+
+    def _keep_created(
+        self, point: HookPoint, record: Any, answer: type[Any], field: str, reply: bytes
+    ) -> None:
         ident = reply_field(answer, reply, field)
         if ident:
             self.lifecycle.keep(point, ident, record)
-        return reply
 
     def _missing(self, kind: str, ident: str, point: HookPoint) -> None:
         """An id the store does not know: hooks skipped. Worth a warning only if a plugin wanted
@@ -390,8 +540,24 @@ async def _forward_then_forget(
     try:
         reply = await call
     except BackendError as err:
-        if err.status is Status.NOT_FOUND:
-            (gone or forget)()
+        _forget_when_done(err.status, forget, gone)
         raise
     forget()
     return reply
+
+
+def _forget_when_done(
+    status: Status, forget: Callable[[], object], gone: Callable[[], object] | None
+) -> None:
+    """:func:`_forward_then_forget`'s rule, given the runtime's *status*: forget after OK, or (*gone* if
+    given) after NOT_FOUND; keep after anything else."""
+    if status is Status.OK:
+        forget()
+    elif status is Status.NOT_FOUND:
+        (gone or forget)()
+
+
+def _forgetter(forget: Callable[[], object], *, gone: Callable[[], object] | None = None) -> Watcher:
+    """The watcher of a watched Stop or Remove call: :func:`_forward_then_forget`'s rule (a watched call's
+    NOT_FOUND is the runtime's: the relay answers none of its own)."""
+    return lambda status, reply: _forget_when_done(status, forget, gone)

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import trio
 
 from krproxy import calls
+from krproxy.forward import Watcher
 from krproxy.grpcstatus import Status
 from krproxy.h2 import frames as f
 from krproxy.relay._grpc import (
@@ -79,6 +80,10 @@ class Call:
         "timer",
         "upstream",
     )
+
+    #: Told the call's end once its answer is out (:data:`krproxy.forward.Watcher`): only a call with
+    #: hook points that went upstream as the caller's bytes has one (:class:`~krproxy.relay._local.LocalCall`).
+    watcher: Watcher | None = None
 
     def __init__(self, relay: Relay, path: str, route: Route | None) -> None:
         self.relay = relay
@@ -253,13 +258,18 @@ class Call:
         if upstream is not None:
             upstream.release()
 
+    def reply_message(self) -> bytes | None:
+        """The reply of a unary call that succeeded, if its reply tap kept it; else None."""
+        reply_tap = self.reply_tap
+        ok = self.status is Status.OK and self.relay.is_unary(self.path)
+        if ok and reply_tap is not None and reply_tap.first is not None and reply_tap.messages == 1:
+            return bytes(reply_tap.first)
+        return None
+
     def record(self) -> calls.CallRecord:
         request = self.request_tap.first if self.request_tap is not None else None
         reply_tap = self.reply_tap
-        reply = None
-        ok = self.status is Status.OK and self.relay.is_unary(self.path)
-        if ok and reply_tap is not None and reply_tap.first is not None and reply_tap.messages == 1:
-            reply = bytes(reply_tap.first)
+        reply = self.reply_message()
         return calls.CallRecord(
             path=self.path,
             started=self.started,
