@@ -39,6 +39,7 @@ class Relay(Protocol):
     checker)."""
 
     keep_messages: bool
+    defer_records: bool
     max_request: int
     nursery: trio.Nursery
 

@@ -236,14 +236,23 @@ class LocalCall(HandledCall):
         self.answered = True
         if err is not None:
             self.status, self.message = err.status, err.message
-        if headers is None:  # trailers-only; a runtime's own such answer has its :status already
-            whole = trailers if trailers and trailers[0][0] == b":status" else [*_PLAIN_HEADERS, *trailers]
-            client.send_headers(f.encode_headers(whole), True)
-            return
-        client.send_headers(f.encode_headers(headers), False)
-        if body is not None:
-            client.send_data(body, False)
-        client.send_trailers(f.encode_headers(trailers))
+        # The call finishes as its end is queued: its record waits for the relay's next flush (which
+        # _handle makes), so the answer goes out first, as for calls the readers finish.
+        relay = self.relay
+        deferring, relay.defer_records = relay.defer_records, True
+        try:
+            if headers is None:  # trailers-only; a runtime's own such answer has its :status already
+                whole = (
+                    trailers if trailers and trailers[0][0] == b":status" else [*_PLAIN_HEADERS, *trailers]
+                )
+                client.send_headers(f.encode_headers(whole), True)
+                return
+            client.send_headers(f.encode_headers(headers), False)
+            if body is not None:
+                client.send_data(body, False)
+            client.send_trailers(f.encode_headers(trailers))
+        finally:
+            relay.defer_records = deferring
 
     async def _forward(self, data: bytes) -> Reply:
         ctx = self.ctx
