@@ -359,8 +359,10 @@ class HookRuntime:
     # -- watched calls: no hook to run (see watches()) -------------------------------------
 
     def _watch_run_pod_sandbox(self, data: bytes) -> Watcher | None:
-        if len(data) >= THREAD_DECODE_AT:  # decoded in a thread by the interceptor
-            return None
+        # With plugins at the point only a pod with the skip label would be watched: not worth decoding
+        # every pod twice to find those (the interceptor skips their hooks just as well).
+        if len(data) >= THREAD_DECODE_AT or self.dispatcher.plugins_for(HookPoint.PRE_RUN_POD_SANDBOX):
+            return None  # (large requests: the interceptor decodes them in a thread)
         try:
             pod = convert.pod_from_run_request(decode(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest"))
         except Exception:  # malformed: the interceptor refuses it
@@ -374,6 +376,13 @@ class HookRuntime:
         if len(data) >= THREAD_DECODE_AT:
             return None
         point = HookPoint.PRE_CREATE_CONTAINER
+        if self.dispatcher.plugins_for(point):
+            # Hooks run unless the pod skips them: read only its id (the request is decoded once, by the
+            # interceptor, for a call that runs hooks); a pod the store lacks goes to the interceptor.
+            sandbox_id = plain_id(cri.CreateContainerRequest, data, "pod_sandbox_id")
+            known = self.store.get_pod(sandbox_id) if sandbox_id else None
+            if known is None or not self._skips(known):
+                return None
         try:
             request = rewrite.CreateContainerRequest.FromString(data)
             pod = self.store.get_pod(request.pod_sandbox_id)

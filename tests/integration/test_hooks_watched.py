@@ -19,6 +19,7 @@ from cri_api.v1 import api_pb2
 from krproxy.fakes.containerd import Fault
 from krproxy.fakes.plugin import Changes, FakePlugin
 from krproxy.grpcstatus import Status
+from krproxy.hooks import convert
 from krproxy.hooks.points import HookPoint
 from tests.integration.hooks_support import Node, container_config, make_node, pod_config, refused
 from tests.integration.test_hooks_points import container_request
@@ -74,6 +75,24 @@ class TestUpstreamAsSent:
             "RunPodSandbox",
             caller_fields(node, "RunPodSandbox"),
         )
+
+    async def test_a_call_that_runs_hooks_reads_its_request_once(
+        self, node: Node, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The watch does not read a request into a record only to hand the call to the interceptor."""
+        read: list[str] = []
+        original = convert.container_from_wire_create
+
+        def counted(request: Any, pod: Any) -> Any:
+            read.append(request.config.metadata.name)
+            return original(request, pod)
+
+        monkeypatch.setattr(convert, "container_from_wire_create", counted)
+        await node.add_plugin("p", hooks=[HookPoint.PRE_CREATE_CONTAINER])
+        await node.start_proxy()
+        await node.pod_with_container()
+
+        assert ["app"] == read
 
     async def test_a_pod_that_skips_hooks_is_watched_despite_plugins(self, node: Node) -> None:
         await node.add_plugin("p", FakePlugin(Changes(annotations={"added": "a"})))
