@@ -21,9 +21,8 @@ from krproxy.fakes.plugin import Changes, FakePlugin
 from krproxy.grpcstatus import Status
 from krproxy.hooks import convert
 from krproxy.hooks.points import HookPoint
-from tests.integration.hooks_support import Node, container_config, make_node, pod_config, refused
+from tests.integration.hooks_support import Node, container_config, make_node, pod_config
 from tests.integration.test_hooks_points import container_request
-from tests.integration.test_hooks_required import annotated, requiring
 
 #: Fields a call's header block has of its own: its method, and its deadline (what is left of it).
 OWN = ("grpc-timeout", ":path")
@@ -171,19 +170,8 @@ class TestStoreLearns:
 
 
 class TestStillIntercepted:
-    async def test_a_required_server_fails_closed_without_any_plugin(self, node: Node) -> None:
-        """No plugin registered at all, and the pod requires one: refused, nothing reaches the runtime."""
-        await node.start_proxy(requirements=requiring())
-        config = annotated({"required-plugins.noderesource.dev/container.app": '["gpu"]'})
-        pod_id = await node.run_pod(config)
-        request = api_pb2.CreateContainerRequest(
-            pod_sandbox_id=pod_id, config=container_config("app"), sandbox_config=config
-        )
-
-        details = await refused(node, "CreateContainer", request, grpc.StatusCode.UNAVAILABLE)
-
-        assert "gpu" in details
-        assert [] == node.received("CreateContainer")
+    """(A required server refusing a create where no plugin is registered at all:
+    test_hooks_required.py's test_container_scoped_requirement.)"""
 
     async def test_a_malformed_request_is_refused_not_forwarded(self, node: Node) -> None:
         await node.start_proxy()
