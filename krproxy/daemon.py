@@ -176,7 +176,7 @@ async def serve(
         publish = functools.partial(_publish, dispatcher, guard)
     hooks = HookRuntime(HookStore(), dispatcher, config.skip_label, guard)
     metrics.track_store(lambda: hooks.store)
-    interceptors = hooks.interceptors()
+    interceptors = plugin_interceptors = hooks.interceptors()
     # OCI hooks (--oci-hooks-dir): their interceptors wrap the plugin ones (krproxy/ocihooks/proxy.py).
     oci_hooks = None
     if config.oci_hook_dirs:
@@ -184,11 +184,15 @@ async def serve(
             functools.partial(relay.call, runtime_route, within=ocihooks.LOOKUP_TIMEOUT)
         )
         interceptors = oci_hooks.wrap(interceptors)
+    # A call at a hook point without plugins goes upstream as the caller's bytes (hooks/watched.py);
+    # not where OCI hooks wrapped the interceptor, which has work of its own.
+    watches = {p: w for p, w in hooks.watches().items() if interceptors[p] is plugin_interceptors[p]}
     relay.configure(
         runtime=runtime_route,
         image=image_route,
         interceptors=interceptors,
         unary_paths=[p for p, c in known_routes().items() if c is Cardinality.UNARY_UNARY],
+        watches=watches,
     )
     backends = [("runtime", runtime)] if image is runtime else [("runtime", runtime), ("image", image)]
     view = admin.AdminView(config, relay, hooks, metrics, backends)

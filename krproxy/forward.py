@@ -72,6 +72,18 @@ Interceptor = Callable[[str, bytes, Forward], Awaitable[Reply]]
 #: Handles one intercepted call of a known method: ``handler(request, forward) -> Reply``.
 Handler = Callable[[bytes, Forward], Awaitable[Reply]]
 
+#: Told how a watched call ended, once its answer is out: ``watcher(status, reply)``, *reply* the
+#: runtime's answer message when the status is OK (else None). It must be quick and must not raise.
+Watcher = Callable[[Status, bytes | None], None]
+
+#: Looks at an intercepted call's whole request (the message's bytes) before anything else happens to
+#: it: a :data:`Watcher` lets the call go upstream as the caller sent it, frame by frame like a
+#: passthrough call, and is told its end; None hands it to the path's :data:`Interceptor` as usual.
+#: Synchronous, on the reader's turn: it must be quick, must not raise, and must say None whenever
+#: the interceptor would do anything but forward the caller's request unchanged (a hook to run, a
+#: required server to check, a request to refuse, a store to wait for).
+Watch = Callable[[bytes], Watcher | None]
+
 #: The path prefix of the CRI RuntimeService's methods.
 RUNTIME_PREFIX = "/runtime.v1.RuntimeService/"
 

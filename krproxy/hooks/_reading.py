@@ -11,7 +11,6 @@ from typing import Any
 import trio
 
 from krproxy import log, protowire
-from krproxy.forward import Reply
 from krproxy.grpcstatus import GRPCError, Status
 
 LOGGER = logging.getLogger("krproxy.hooks")
@@ -42,16 +41,16 @@ def plain_id(message_type: type[Any], data: bytes, field: str) -> str | None:
     return value
 
 
-def reply_field(message_type: type[Any], reply: Reply, field: str) -> str | None:
-    """One id field of a backend reply, or None (logged) if the reply does not decode.
+def reply_field(message_type: type[Any], reply: bytes, field: str) -> str | None:
+    """One id field of a backend reply message, or None (logged) if the reply does not decode.
 
     The reply still goes back to kubelet unchanged: only the store misses the entry.
     """
-    plain = plain_id(message_type, reply.message, field)
+    plain = plain_id(message_type, reply, field)
     if plain is not None:
         return plain
     try:
-        value: str = getattr(message_type.FromString(reply.message), field)
+        value: str = getattr(message_type.FromString(reply), field)
     except Exception as err:
         log.warning(
             LOGGER, "reply_undecodable", message=message_type.__name__, error=f"{type(err).__name__}: {err}"

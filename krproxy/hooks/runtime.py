@@ -21,7 +21,12 @@ entry stays, so kubelet's retry still runs PostStop hooks with the full record
 ``runtimeproxy.koordinator.sh/skip-hookserver=true``) get no hooks, but are still stored.
 
 When no plugin changed anything, the original request bytes are forwarded, so a proxy with
-plugins that only observe is byte-for-byte transparent too.
+plugins that only observe is byte-for-byte transparent too. A call that would run no hook at all
+(no plugin at its points, no required server, or a pod with the skip label) and only forward and
+then tell the store is not intercepted: its watch (:mod:`krproxy.hooks.watched`) lets it go to the
+runtime as the caller sent it (header block and message, as a passthrough call) and the store learns
+from its request and answer once the answer is out. RunPodSandbox, CreateContainer, the Stops and the
+Removes are watched so; StartContainer and the resource updates always go through their interceptor.
 
 Intercepted calls wait until the store has been recovered from the runtime after a
 restart (:meth:`HookRuntime.mark_recovered`), so no hook ever runs against a partial store.
@@ -48,9 +53,9 @@ import attrs
 import trio
 
 from krproxy import log
-from krproxy.forward import BackendError, Forward, Handler, Interceptor, Reply, runtime_interceptors
+from krproxy.forward import BackendError, Forward, Handler, Interceptor, Reply, Watch, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.hooks import convert, merge, rewrite, writeback
+from krproxy.hooks import convert, merge, rewrite, watched, writeback
 from krproxy.hooks._reading import decode_id, decode_request, malformed, reply_field
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard
@@ -96,6 +101,11 @@ class HookRuntime:
             "RemovePodSandbox": self.remove_pod_sandbox,
         }
         return runtime_interceptors(handlers, gate=self._recovered)
+
+    def watches(self) -> dict[str, Watch]:
+        """The watches of the calls that go upstream as the caller's bytes where no hook would run
+        (:mod:`krproxy.hooks.watched`)."""
+        return watched.watches(self)
 
     def mark_recovered(self) -> None:
         """Let intercepted calls through: the store now reflects the runtime."""
@@ -148,7 +158,7 @@ class HookRuntime:
         async def post() -> None:
             pod = self.store.get_pod(sandbox_id)
             if pod is None:
-                self._missing("pod", sandbox_id, HookPoint.POST_STOP_POD_SANDBOX)
+                self.missing("pod", sandbox_id, HookPoint.POST_STOP_POD_SANDBOX)
             elif not self._skips(pod):
                 await self.lifecycle.post(HookPoint.POST_STOP_POD_SANDBOX, pod, target=sandbox_id)
 
@@ -177,7 +187,7 @@ class HookRuntime:
             with malformed("UpdatePodSandboxResourcesRequest"):
                 stored = self.store.get_pod(sandbox_id)
                 if stored is None:
-                    self._missing("pod", sandbox_id, point)
+                    self.missing("pod", sandbox_id, point)
                     return await forward(data)
                 resize = convert.pod_resize_from_request(request, stored)
             resize, data = await self._pre_hooks(
@@ -206,7 +216,7 @@ class HookRuntime:
             pod = self.store.get_pod(request.pod_sandbox_id)
             if pod is None:
                 # Better than the reference (which skips hooks): the request carries the pod's config.
-                self._missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
+                self.missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
                 pod = convert.pod_from_wire_config(request.sandbox_config)
             info = convert.container_from_wire_create(request, pod)
         point = HookPoint.PRE_CREATE_CONTAINER
@@ -322,12 +332,17 @@ class HookRuntime:
         """Await the forwarded RunPodSandbox or CreateContainer *call*; keep *record* under the id its
         answer's *field* names."""
         reply = await call
+        self.keep_created(point, record, answer, field, reply.message)
+        return reply
+
+    def keep_created(
+        self, point: HookPoint, record: Any, answer: type[Any], field: str, reply: bytes
+    ) -> None:
         ident = reply_field(answer, reply, field)
         if ident:
             self.lifecycle.keep(point, ident, record)
-        return reply
 
-    def _missing(self, kind: str, ident: str, point: HookPoint) -> None:
+    def missing(self, kind: str, ident: str, point: HookPoint) -> None:
         """An id the store does not know: hooks skipped. Worth a warning only if a plugin wanted
         this hook (kubelet stops a pod twice before removing it, so the second time is normal)."""
         log.event(
@@ -351,7 +366,7 @@ class HookRuntime:
         """The stored container if hooks should run for it, else None (unknown or skipped)."""
         info = self.store.get_container(container_id)
         if info is None:
-            self._missing("container", container_id, point)
+            self.missing("container", container_id, point)
             return None
         return None if self._skips(info.pod) else info
 
@@ -390,8 +405,7 @@ async def _forward_then_forget(
     try:
         reply = await call
     except BackendError as err:
-        if err.status is Status.NOT_FOUND:
-            (gone or forget)()
+        watched.forget_when_done(err.status, forget, gone)
         raise
     forget()
     return reply

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 import trio
 
 from krproxy import calls
+from krproxy.forward import Watcher
 from krproxy.grpcstatus import Status
 from krproxy.h2 import frames as f
 from krproxy.relay._grpc import (
@@ -38,6 +39,7 @@ class Relay(Protocol):
     checker)."""
 
     keep_messages: bool
+    defer_records: bool
     max_request: int
     nursery: trio.Nursery
 
@@ -79,6 +81,10 @@ class Call:
         "timer",
         "upstream",
     )
+
+    #: Told the call's end once its answer is out (:data:`krproxy.forward.Watcher`): only a call with
+    #: hook points that went upstream as the caller's bytes has one (:class:`~krproxy.relay._local.LocalCall`).
+    watcher: Watcher | None = None
 
     def __init__(self, relay: Relay, path: str, route: Route | None) -> None:
         self.relay = relay
@@ -253,13 +259,18 @@ class Call:
         if upstream is not None:
             upstream.release()
 
+    def reply_message(self) -> bytes | None:
+        """The reply of a unary call that succeeded, if its reply tap kept it; else None."""
+        reply_tap = self.reply_tap
+        ok = self.status is Status.OK and self.relay.is_unary(self.path)
+        if ok and reply_tap is not None and reply_tap.first is not None and reply_tap.messages == 1:
+            return bytes(reply_tap.first)
+        return None
+
     def record(self) -> calls.CallRecord:
         request = self.request_tap.first if self.request_tap is not None else None
         reply_tap = self.reply_tap
-        reply = None
-        ok = self.status is Status.OK and self.relay.is_unary(self.path)
-        if ok and reply_tap is not None and reply_tap.first is not None and reply_tap.messages == 1:
-            reply = bytes(reply_tap.first)
+        reply = self.reply_message()
         return calls.CallRecord(
             path=self.path,
             started=self.started,
@@ -273,3 +284,24 @@ class Call:
             message=self.message,
             hooks=(),
         )
+
+
+def report(call: Call, observers: list[calls.Observer]) -> None:
+    """A finished call: tell its watcher how it ended, then hand its record to every observer."""
+    if call.watcher is not None:
+        try:
+            call.watcher(call.status, call.reply_message())
+        except Exception:  # a bug of ours; the call itself is over and fine
+            LOGGER.exception("watcher of %s failed", call.path)
+    if not observers:
+        return
+    try:
+        record = call.record()
+    except Exception:  # a bug of ours; the call itself is over and fine
+        LOGGER.exception("call record of %s failed", call.path)
+        return
+    for observer in observers:
+        try:
+            observer(record)
+        except Exception:  # an observer must never break a call
+            LOGGER.exception("observer %r failed", observer)

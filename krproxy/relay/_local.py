@@ -14,7 +14,7 @@ import time
 import trio
 
 from krproxy import calls
-from krproxy.forward import BackendError, Interceptor, Reply
+from krproxy.forward import BackendError, Interceptor, Reply, Watch
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
@@ -23,6 +23,7 @@ from krproxy.relay._grpc import (
     _OWN_FIELDS,
     _PLAIN_HEADERS,
     _PLAIN_TRAILERS,
+    KEEP_ALL,
     KEEP_FIRST,
     MAX_OWN_ANSWER,
     Answer,
@@ -79,18 +80,33 @@ class LocalCall(HandledCall):
     The interceptor runs in a task of its own; its ``forward`` makes a unary call on the
     runtime route (:meth:`Relay.unary`), with the caller's metadata and what is left of the
     caller's deadline. Its reply, or the runtime's error answer, goes back unchanged.
+
+    Unless the path's ``watch`` (:data:`krproxy.forward.Watch`), shown the whole request first,
+    gives a watcher: then the call goes upstream as the caller sent it (its header block, its
+    message), its answer is relayed frame by frame as a passthrough :class:`Call`'s, and the
+    watcher is told how it ended once the answer is out (:meth:`Relay.flush`). No task, no
+    re-encoding, no call of the relay's own: a hook point without plugins costs about what a
+    passthrough call does.
     """
 
-    __slots__ = ("_encoding", "_interceptor", "_metadata", "_started", "ctx")
+    __slots__ = ("_encoding", "_headers", "_interceptor", "_started", "_watch", "ctx", "watcher")
 
     def __init__(
-        self, relay: Relay, path: str, route: Route | None, interceptor: Interceptor, headers: Headers
+        self,
+        relay: Relay,
+        path: str,
+        route: Route | None,
+        interceptor: Interceptor,
+        headers: Headers,
+        watch: Watch | None = None,
     ) -> None:
         super().__init__(relay, path, route)
         self.request_tap = _Tap(KEEP_FIRST, relay.max_request)  # the interceptor needs the request
         self.reply_tap = None
         self._interceptor = interceptor
-        self._metadata = [field for field in headers if field[0] not in _OWN_FIELDS]
+        self._headers = headers
+        self._watch = watch
+        self.watcher = None
         self._encoding = next((value for name, value in headers if name == b"grpc-encoding"), b"identity")
         self._started = False
         self.ctx = calls.CallContext(path)
@@ -121,7 +137,41 @@ class LocalCall(HandledCall):
             self.client.recv_ended = True
             if not self._started and not self.finished and not self.answered:
                 self._started = True
-                self.relay.nursery.start_soon(self._handle)
+                if not self._pass_watched():
+                    self.relay.nursery.start_soon(self._handle)
+
+    def _pass_watched(self) -> bool:
+        """Send the call upstream as the caller's bytes if its path's watch gives a watcher for its
+        request (one whole uncompressed message); False: the interceptor is to handle it."""
+        tap = self.request_tap
+        route = self.route
+        if self._watch is None or route is None or tap is None or tap.compressed:
+            return False
+        if tap.first is None or tap.messages != 1:
+            return False
+        request = bytes(tap.first)
+        try:
+            watcher = self._watch(request)
+        except Exception:  # a bug of ours: the interceptor handles the call, as without a watch
+            LOGGER.exception("watch of %s failed", self.path)
+            return False
+        if watcher is None:
+            return False
+        self.watcher = watcher
+        try:
+            ep = route.endpoint()
+        except OSError as err:
+            self.fail(Status.UNAVAILABLE, f"{route.describe} is unavailable: {err}")
+            return True
+        self.reply_tap = _Tap(KEEP_ALL)  # the watcher and the record get the reply
+        client = self.client
+        upstream = self.upstream = Half(ep, 0, self)
+        # The caller's request was granted back as it arrived (it was held here): only the answer's
+        # credit goes back to the upstream as the caller takes it, hence no upstream.peer.
+        client.peer = upstream
+        ep.open_stream(upstream, f.encode_headers(self._headers), False)
+        upstream.send_data(grpc_message(request), True)
+        return True
 
     def on_request_trailers(self, headers: Headers) -> None:
         self.on_request_data(b"", True)
@@ -186,14 +236,23 @@ class LocalCall(HandledCall):
         self.answered = True
         if err is not None:
             self.status, self.message = err.status, err.message
-        if headers is None:  # trailers-only; a runtime's own such answer has its :status already
-            whole = trailers if trailers and trailers[0][0] == b":status" else [*_PLAIN_HEADERS, *trailers]
-            client.send_headers(f.encode_headers(whole), True)
-            return
-        client.send_headers(f.encode_headers(headers), False)
-        if body is not None:
-            client.send_data(body, False)
-        client.send_trailers(f.encode_headers(trailers))
+        # The call finishes as its end is queued: its record waits for the relay's next flush (which
+        # _handle makes), so the answer goes out first, as for calls the readers finish.
+        relay = self.relay
+        deferring, relay.defer_records = relay.defer_records, True
+        try:
+            if headers is None:  # trailers-only; a runtime's own such answer has its :status already
+                whole = (
+                    trailers if trailers and trailers[0][0] == b":status" else [*_PLAIN_HEADERS, *trailers]
+                )
+                client.send_headers(f.encode_headers(whole), True)
+                return
+            client.send_headers(f.encode_headers(headers), False)
+            if body is not None:
+                client.send_data(body, False)
+            client.send_trailers(f.encode_headers(trailers))
+        finally:
+            relay.defer_records = deferring
 
     async def _forward(self, data: bytes) -> Reply:
         ctx = self.ctx
@@ -202,9 +261,10 @@ class LocalCall(HandledCall):
         if self.route is None:
             raise GRPCError(Status.UNIMPLEMENTED, f"{self.path}: nothing to forward to")
         started = time.perf_counter()
+        metadata = [field for field in self._headers if field[0] not in _OWN_FIELDS]
         try:
             answer = await self.relay.unary(
-                self.route, self.path, data, self._metadata, self.deadline, watched=True
+                self.route, self.path, data, metadata, self.deadline, watched=True
             )
         except TimeoutError:  # (an OSError: first)
             raise GRPCError(
@@ -225,6 +285,8 @@ class LocalCall(HandledCall):
         return Reply(answer.body, answer.headers or [], answer.trailers)
 
     def record(self) -> calls.CallRecord:
+        if self.watcher is not None:  # relayed as a passthrough call: its taps hold what it carried
+            return super().record()
         ctx = self.ctx
         if self.status is not Status.OK:
             ctx.fail(self.status, self.message)

@@ -12,9 +12,10 @@ Messages are never parsed: DATA payloads are copied from one connection to the o
 blocks are decoded (HPACK state is per connection) and re-encoded. A call with hook points is
 answered by the relay itself: it collects the request and runs the path's interceptor, which
 forwards through a unary call of the relay's own (:meth:`Relay.unary`); plugin calls and store
-recovery use the same. Everything else — the 30-odd other CRI methods, method paths our protos
-lack, server streams such as GetContainerEvents — costs one frame copy each way, which is what
-makes the proxy cheap (docs/performance.md).
+recovery use the same; one where no hook would run goes upstream as it came, watched
+(:class:`~krproxy.relay._local.LocalCall`, :data:`krproxy.forward.Watch`). Everything else — the
+30-odd other CRI methods, method paths our protos lack, server streams such as GetContainerEvents —
+costs one frame copy each way, which is what makes the proxy cheap (docs/performance.md).
 
 Per call the relay adds, on its own account: the caller's deadline (``grpc-timeout``) is
 enforced here too, so a runtime that hangs cannot keep a call open past it; a runtime that
@@ -42,11 +43,11 @@ from typing import Any
 import trio
 
 from krproxy import calls, log
-from krproxy.forward import Interceptor
+from krproxy.forward import Interceptor, Watch
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay._call import Call
+from krproxy.relay._call import Call, report
 from krproxy.relay._grpc import (
     MAX_OWN_ANSWER,
     Answer,
@@ -84,7 +85,9 @@ class Relay:
 
     :meth:`configure` sets the routes (runtime; image, which may be the runtime's; None for a
     relay that only answers calls itself: other paths get UNIMPLEMENTED), the interceptors by
-    method path, and the unary method paths (whose replies records carry).
+    method path, and the unary method paths (whose replies records carry); ``watches`` (by
+    method path, of intercepted paths) may let a call go upstream as the caller sent it
+    (:data:`krproxy.forward.Watch`).
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class Relay:
         self.runtime: Route | None = None  # set by configure()
         self.image: Route | None = None
         self.interceptors: dict[str, Interceptor] = {}
+        self.watches: dict[str, Watch] = {}
         self._routes: dict[str, Route] = {}  # to plugins and other sockets, by path
         self._unary_paths: frozenset[str] = frozenset()
         self.nursery: trio.Nursery = None  # type: ignore[assignment]  # set by serve()
@@ -141,9 +145,11 @@ class Relay:
         image: Route | None,
         interceptors: Mapping[str, Interceptor],
         unary_paths: Iterable[str],
+        watches: Mapping[str, Watch] | None = None,
     ) -> None:
         self.runtime, self.image = runtime, image
         self.interceptors = dict(interceptors)
+        self.watches = dict(watches or {})
         self._unary_paths = frozenset(unary_paths)
 
     def is_unary(self, path: str) -> bool:
@@ -243,7 +249,7 @@ class Relay:
         if self._unrecorded:
             finished, self._unrecorded = self._unrecorded, []
             for call in finished:
-                self._observe(call)
+                report(call, self.observers)
 
     # -- calls -------------------------------------------------------------------------
 
@@ -263,7 +269,7 @@ class Relay:
         call = (
             Call(self, text, route)
             if interceptor is None
-            else LocalCall(self, text, route, interceptor, headers)
+            else LocalCall(self, text, route, interceptor, headers, self.watches.get(text))
         )
         client = call.client = Half(ep, stream_id, call)
         ep.halves[stream_id] = client
@@ -298,24 +304,11 @@ class Relay:
             for event in self._idle_waiters:
                 event.set()
             self._idle_waiters.clear()
-        if self.observers:
+        if self.observers or call.watcher is not None:
             if self.defer_records:
                 self._unrecorded.append(call)
             else:
-                self._observe(call)
-
-    def _observe(self, call: Call) -> None:
-        """Hand the call's record to every observer."""
-        try:
-            record = call.record()
-        except Exception:  # a bug of ours; the call itself is over and fine
-            LOGGER.exception("call record of %s failed", call.path)
-            return
-        for observer in self.observers:
-            try:
-                observer(record)
-            except Exception:  # an observer must never break a call
-                LOGGER.exception("observer %r failed", observer)
+                report(call, self.observers)
 
     async def wait_idle(self) -> None:
         """Return once no call is in flight."""

@@ -1,0 +1,38 @@
+"""A call the relay answers itself (an interceptor's) is reported after its answer is written, as a call
+a reader ends is: the record and the observers (metrics, the recorder) are off the answer's path."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import trio
+
+from krproxy.forward import Forward, Reply
+from krproxy.relay import Relay
+from tests.integration.support import LIVENESS_LIMIT, serve_relay, wait_until
+
+PATH = "/test.Echo/Intercepted"
+
+
+async def test_an_intercepted_calls_record_comes_after_its_answer_is_written(
+    relay: Relay, nursery: trio.Nursery, short_tmp: Path, channel_to: Callable[[str], grpc.Channel]
+) -> None:
+    async def intercept(path: str, request: bytes, forward: Forward) -> Reply:
+        return Reply(b"pong")
+
+    relay.configure(None, None, {PATH: intercept}, unary_paths=[PATH])
+    queued: list[int] = []  # connections with bytes still to write, as each record is observed
+    relay.observers.append(lambda record: queued.append(len(relay.dirty)))
+    listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
+    method = channel_to(listen).unary_unary(PATH, request_serializer=None, response_deserializer=None)
+
+    with trio.fail_after(LIVENESS_LIMIT):
+        for count in range(1, 4):
+            call = functools.partial(method, b"ping", timeout=LIVENESS_LIMIT)
+            assert b"pong" == await trio.to_thread.run_sync(call)
+            await wait_until(lambda: len(queued) >= count)  # noqa: B023 - awaited here
+
+    assert [0, 0, 0] == queued
