@@ -9,7 +9,7 @@ turns the changes into the echoed hook response and into cgroup/resctrl writes.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, ValuesView
 from types import MappingProxyType
 from typing import Any
 
@@ -49,7 +49,7 @@ class LazyMap(Mapping[str, str]):
     """A read-only map of a hook request whose dict is read (``read()``) the first time it is used.
 
     The served SDK decodes a request's labels, annotations and envs only for the plugins that look at
-    them (``_wire``: reading a kubelet-sized request's 64 entries was a third of its call's job); to a
+    them (``_wire``: decoding a kubelet-sized request's 64 entries was about half its call's job); to a
     plugin it is the ``mappingproxy`` the record otherwise holds: the same methods, ``==`` with any
     mapping, ``|``, ``copy()`` and the ``repr``.
     """
@@ -78,6 +78,15 @@ class LazyMap(Mapping[str, str]):
 
     def __contains__(self, key: object) -> bool:
         return key in self._items
+
+    def keys(self) -> KeysView[str]:  # the dict's own views, as mappingproxy gives them
+        return self._items.keys()
+
+    def items(self) -> ItemsView[str, str]:
+        return self._items.items()
+
+    def values(self) -> ValuesView[str]:
+        return self._items.values()
 
     def __reversed__(self) -> Iterator[str]:
         return reversed(self._items)

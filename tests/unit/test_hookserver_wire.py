@@ -205,6 +205,8 @@ class TestReadWhenUsed:
         assert dict(proxy) == labels.copy() and labels.copy() is not labels.copy()
         assert {"app": "web", "tier": "front", "x": "1"} == labels | {"x": "1"} == {"x": "1"} | labels
         assert "tier" in labels and "x" not in labels and labels.get("x") is None and 2 == len(labels)
+        assert (proxy.keys(), proxy.items()) == (labels.keys(), labels.items())
+        assert list(proxy.values()) == list(labels.values())
         with pytest.raises(TypeError):
             labels["x"] = "1"  # type: ignore[index]
 
