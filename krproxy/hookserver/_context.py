@@ -9,8 +9,9 @@ turns the changes into the echoed hook response and into cgroup/resctrl writes.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, ValuesView
 from types import MappingProxyType
+from typing import Any
 
 import attrs
 
@@ -39,7 +40,68 @@ class QoSClass(enum.Enum):
 
 
 def _frozen_map(value: Mapping[str, str] | None) -> Mapping[str, str]:
+    if value.__class__ is LazyMap:  # read-only already, and its dict read once when first used
+        return value
     return MappingProxyType(dict(value or {}))
+
+
+class LazyMap(Mapping[str, str]):
+    """A read-only map of a hook request whose dict is read (``read()``) the first time it is used.
+
+    The served SDK decodes a request's labels, annotations and envs only for the plugins that look at
+    them (``_wire``: decoding a kubelet-sized request's 64 entries was about half its call's job); to a
+    plugin it is the ``mappingproxy`` the record otherwise holds: the same methods, ``==`` with any
+    mapping, ``|``, ``copy()`` and the ``repr``.
+    """
+
+    __slots__ = ("_dict", "_read")
+
+    def __init__(self, read: Callable[[], dict[str, str]]) -> None:
+        self._read = read
+        self._dict: dict[str, str] | None = None
+
+    @property
+    def _items(self) -> dict[str, str]:
+        got = self._dict
+        if got is None:  # (two threads reading it at once read the same dict twice)
+            got = self._dict = self._read()
+        return got
+
+    def __getitem__(self, key: str) -> str:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._items
+
+    def keys(self) -> KeysView[str]:  # the dict's own views, as mappingproxy gives them
+        return self._items.keys()
+
+    def items(self) -> ItemsView[str, str]:
+        return self._items.items()
+
+    def values(self) -> ValuesView[str]:
+        return self._items.values()
+
+    def __reversed__(self) -> Iterator[str]:
+        return reversed(self._items)
+
+    def __or__(self, other: Any) -> Any:
+        return self._items | other
+
+    def __ror__(self, other: Any) -> Any:
+        return other | self._items
+
+    def __repr__(self) -> str:
+        return f"mappingproxy({self._items!r})"
+
+    def copy(self) -> dict[str, str]:
+        return dict(self._items)
 
 
 @attrs.frozen

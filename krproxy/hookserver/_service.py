@@ -10,11 +10,11 @@ the proxy's deadlines), and ``async def`` plugin functions are handed back to th
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import logging
 import os
-import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -96,7 +96,7 @@ class AppWorker:
 
     def __init__(self, trio_token: trio.lowlevel.TrioToken) -> None:
         self._token = trio_token
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: collections.deque[_Job | None] = collections.deque()  # append, popleft: atomic
         # A byte written after each put (never blocking: a full pipe already wakes the thread,
         # which then takes every job queued).
         self._wake_r, self._wake_w = os.pipe()
@@ -123,7 +123,7 @@ class AppWorker:
             os.close(worker._wake_w)
 
     def _put(self, job: _Job | None) -> None:
-        self._jobs.put(job)
+        self._jobs.append(job)
         with contextlib.suppress(BlockingIOError):  # full: the thread has wake-ups enough
             os.write(self._wake_w, b"j")
 
@@ -132,11 +132,8 @@ class AppWorker:
         jobs = self._jobs
         while True:
             os.read(self._wake_r, 4096)  # until something is queued; every pending wake-up
-            while True:
-                try:
-                    job = jobs.get_nowait()
-                except queue.Empty:
-                    break
+            while jobs:  # (one consumer: what it saw stays there)
+                job = jobs.popleft()
                 if job is None:
                     return
                 self._do(job)

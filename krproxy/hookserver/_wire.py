@@ -13,14 +13,22 @@ The classes are built at import from the descriptor of our own ``protos/runtime_
 (:mod:`krproxy.proto.descriptors`) in a private pool with maps read as their entries, as
 :mod:`krproxy.hooks.wire` does, so labels, annotations and envs keep the order of the wire (as
 betterproto2's dicts do) and plugins see the same dicts as before.
+
+A record's maps are :class:`LazyMap` objects, read into their dicts only when something uses them (a
+plugin that reads one label does not pay for 40 envs), and the answer never reads them: it echoes a
+request's map by copying its entries as they came, in C (every string map's entries are of one message
+type in our pool, ``StringEntry``, so upb's ``extend`` takes them), then the plugins' changes. A key the
+plugins changed is then written twice, the request's value first; a map decoder takes the later one in
+the first one's place, so the answer decodes to what :func:`._done.container_response` gives (the map
+``{**request, **changes}``, in its order), as the proxy and koord-runtime-proxy decode it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
 from typing import Any
 
-from google.protobuf import message_factory
+from google.protobuf import descriptor_pb2, message_factory
 from google.protobuf.message import DecodeError
 
 from krproxy.hooks.wire import entries, private_pool
@@ -29,6 +37,7 @@ from krproxy.proto import descriptors
 from ._context import (
     ContainerContext,
     ContainerInfo,
+    LazyMap,
     PodContext,
     PodInfo,
     PodMeta,
@@ -38,7 +47,27 @@ from ._context import (
 
 __all__ = ["DecodeError", "container_info", "container_reply", "pod_info", "pod_reply"]
 
-_POOL = private_pool(descriptors.RUNTIME_HOOK_V1ALPHA1)
+
+def _one_entry_type(serialized: bytes) -> bytes:
+    """The file descriptor with a top-level ``StringEntry`` (key, value) as the entry type of every
+    map field (each map's own entry type stays, unused): upb copies entries from one field into
+    another only between fields of one message type. All of this file's maps are string to string."""
+    file = descriptor_pb2.FileDescriptorProto.FromString(serialized)
+    string = descriptor_pb2.FieldDescriptorProto.TYPE_STRING
+    entry = file.message_type.add(name="StringEntry")
+    entry.field.add(name="key", number=1, type=string, json_name="key")
+    entry.field.add(name="value", number=2, type=string, json_name="value")
+    for message in file.message_type:
+        maps = {
+            f".{file.package}.{message.name}.{n.name}" for n in message.nested_type if n.options.map_entry
+        }
+        for field in message.field:
+            if field.type_name in maps:
+                field.type_name = f".{file.package}.StringEntry"
+    return bytes(file.SerializeToString())
+
+
+_POOL = private_pool(_one_entry_type(descriptors.RUNTIME_HOOK_V1ALPHA1))
 
 
 def _message_class(name: str) -> Any:
@@ -55,6 +84,10 @@ def _meta(meta: Any) -> PodMeta:
     return PodMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid, attempt=meta.attempt)
 
 
+def _lazy(field: Any) -> LazyMap:
+    return LazyMap(functools.partial(entries, field))
+
+
 def pod_info(request: bytes) -> tuple[Any, PodInfo]:
     """A PodSandboxHookRequest's bytes: the upb message (for :func:`pod_reply`) and the plugins' record,
     as :meth:`PodInfo.from_proto` makes it. Raises :class:`DecodeError` when the bytes are no such message."""
@@ -62,8 +95,8 @@ def pod_info(request: bytes) -> tuple[Any, PodInfo]:
     has = req.HasField
     info = PodInfo(
         meta=_meta(req.pod_meta) if has("pod_meta") else PodMeta(),
-        labels=entries(req.labels),
-        annotations=entries(req.annotations),
+        labels=_lazy(req.labels),
+        annotations=_lazy(req.annotations),
         cgroup_parent=req.cgroup_parent,
         runtime_handler=req.runtime_handler,
         resources=Resources.from_proto(req.resources) if has("resources") else None,
@@ -79,8 +112,8 @@ def container_info(request: bytes) -> tuple[Any, ContainerInfo]:
     has = req.HasField
     pod = PodInfo(
         meta=_meta(req.pod_meta) if has("pod_meta") else PodMeta(),
-        labels=entries(req.pod_labels),
-        annotations=entries(req.pod_annotations),
+        labels=_lazy(req.pod_labels),
+        annotations=_lazy(req.pod_annotations),
         cgroup_parent=req.pod_cgroup_parent,
         resources=Resources.from_proto(req.pod_resources) if has("pod_resources") else None,
     )
@@ -90,30 +123,27 @@ def container_info(request: bytes) -> tuple[Any, ContainerInfo]:
         name=meta.name,
         id=meta.id,
         attempt=meta.attempt,
-        annotations=entries(req.container_annotations),
+        annotations=_lazy(req.container_annotations),
         resources=Resources.from_proto(req.container_resources),
-        envs=entries(req.container_envs),
+        envs=_lazy(req.container_envs),
     )
     return req, info
 
 
-def _put(field: Any, items: dict[str, str]) -> None:
-    add = field.add
-    for key, value in items.items():
-        add(key=key, value=value)
-
-
-def _merged(request: Mapping[str, str], changes: dict[str, str], name: str) -> dict[str, str]:
-    """A request's map with ``changes`` laid over it, in the order betterproto2's
-    ``{**request, **changes}`` gives. A None key or value in ``changes`` is a TypeError, as betterproto2's
-    encoding made it (upb would send it as "")."""
+def _echo(out: Any, request: Any, changes: dict[str, str], name: str) -> None:
+    """The answer's map field ``out``: the request's field ``request`` with ``changes`` laid over it,
+    as entries (see the module's notes). A None key or value in ``changes`` is a TypeError, as
+    betterproto2's encoding made it (upb would send it as "")."""
     if None in changes or None in changes.values():
         key = next(k for k, v in changes.items() if k is None or v is None)
         raise TypeError(
             f"a plugin set {name}[{key!r}] to None, or None as a key: keys and values are str; "
             "to leave a key as the request has it, do not set it"
         )
-    return {**request, **changes}
+    out.extend(request)
+    add = out.add
+    for key, value in changes.items():
+        add(key=key, value=value)
 
 
 def _put_resources(out: Any, req: Any, name: str, changes: ResourceChanges) -> None:
@@ -144,24 +174,24 @@ def _put_resources(out: Any, req: Any, name: str, changes: ResourceChanges) -> N
 
 
 def pod_reply(req: Any, pod: PodInfo, ctx: PodContext) -> bytes:
-    """The encoded PodSandboxHookResponse :func:`._done.pod_response` gives for ``req`` and ``ctx``;
-    ``pod`` is :func:`pod_info`'s record of ``req`` (its maps, read once)."""
+    """The encoded PodSandboxHookResponse :func:`._done.pod_response` gives for ``req`` and ``ctx``
+    (decoded; ``pod``, :func:`pod_info`'s record of ``req``, is not needed)."""
     changes = ctx.response
     out = PodSandboxHookResponse()
-    _put(out.labels, _merged(pod.labels, changes.labels, "labels"))
-    _put(out.annotations, _merged(pod.annotations, changes.annotations, "annotations"))
+    _echo(out.labels, req.labels, changes.labels, "labels")
+    _echo(out.annotations, req.annotations, changes.annotations, "annotations")
     out.cgroup_parent = changes.cgroup_parent or req.cgroup_parent
     _put_resources(out, req, "resources", changes.resources)
     return bytes(out.SerializeToString())
 
 
 def container_reply(req: Any, container: ContainerInfo, ctx: ContainerContext) -> bytes:
-    """The encoded ContainerResourceHookResponse :func:`._done.container_response` gives;
-    ``container`` is :func:`container_info`'s record of ``req``."""
+    """The encoded ContainerResourceHookResponse :func:`._done.container_response` gives (decoded;
+    ``container``, :func:`container_info`'s record of ``req``, is not needed)."""
     changes = ctx.response
     out = ContainerResourceHookResponse()
-    _put(out.container_annotations, _merged(container.annotations, changes.annotations, "annotations"))
+    _echo(out.container_annotations, req.container_annotations, changes.annotations, "annotations")
     _put_resources(out, req, "container_resources", changes.resources)
     out.pod_cgroup_parent = req.pod_cgroup_parent
-    _put(out.container_envs, _merged(container.envs, changes.add_envs, "add_envs"))
+    _echo(out.container_envs, req.container_envs, changes.add_envs, "add_envs")
     return bytes(out.SerializeToString())

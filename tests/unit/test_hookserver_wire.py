@@ -7,6 +7,7 @@ the records plugins see and the answers the proxy gets must be the same either w
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -160,3 +161,68 @@ class TestNoneInMaps:
         getattr(ctx.response, where)["a"] = None
         with pytest.raises(TypeError, match="None"):
             _wire.pod_reply(upb_req, info, ctx)
+
+
+class TestReadWhenUsed:
+    """A record's maps are read from the request when something uses them, and the answer never
+    reads them: a plugin that looks at one field does not pay for the request's every entry."""
+
+    def _request(self) -> bytes:
+        req = pb.ContainerResourceHookRequest(
+            pod_meta=pb.PodSandboxMetadata(name="web"),
+            pod_labels={"app": "web", "tier": "front"},
+            pod_annotations={"a": "1"},
+            container_annotations={"c": "2"},
+            container_envs={"PATH": "/bin", "HOME": "/root"},
+        )
+        return bytes(req.SerializeToString())
+
+    def test_no_map_is_read_for_a_plugin_that_reads_none(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        read: list[Any] = []
+        real = _wire.entries
+
+        def entries(field: Any) -> dict[str, str]:
+            read.append(field)
+            return real(field)
+
+        monkeypatch.setattr(_wire, "entries", entries)
+        upb_req, info = _wire.container_info(self._request())
+        ctx = ContainerContext(info)
+        ctx.response.add_envs["NAME"] = info.pod.meta.name
+        answer = pb.ContainerResourceHookResponse.FromString(_wire.container_reply(upb_req, info, ctx))
+        assert [] == read
+        assert [("PATH", "/bin"), ("HOME", "/root"), ("NAME", "web")] == list(answer.container_envs.items())
+        assert "web" == info.pod.labels["app"]  # now, and once
+        assert 1 == len(read)
+
+    def test_a_read_map_is_the_mappingproxy_it_replaces(self) -> None:
+        _, info = _wire.container_info(self._request())
+        labels, proxy = info.pod.labels, MappingProxyType({"app": "web", "tier": "front"})
+        assert labels == proxy and proxy == labels and labels == dict(proxy)
+        assert labels != {"app": "web"}
+        assert repr(proxy) == repr(labels)
+        assert ["app", "tier"] == list(labels) and ["tier", "app"] == list(reversed(labels))
+        assert dict(proxy) == labels.copy() and labels.copy() is not labels.copy()
+        assert {"app": "web", "tier": "front", "x": "1"} == labels | {"x": "1"} == {"x": "1"} | labels
+        assert "tier" in labels and "x" not in labels and labels.get("x") is None and 2 == len(labels)
+        assert (proxy.keys(), proxy.items()) == (labels.keys(), labels.items())
+        assert list(proxy.values()) == list(labels.values())
+        with pytest.raises(TypeError):
+            labels["x"] = "1"  # type: ignore[index]
+
+    def test_a_changed_key_is_answered_after_the_request_s_and_decodes_in_its_place(self) -> None:
+        """The answer echoes the request's entries as they came, then the changes: a key a plugin
+        changed is written twice, and decodes to the plugin's value in the request's place, as the
+        map ``{**request, **changes}`` that :func:`container_response` answers."""
+        upb_req, info = _wire.container_info(self._request())
+        ctx = ContainerContext(info)
+        ctx.response.add_envs.update({"PATH": "/usr/bin", "X": "1"})
+        raw = _wire.container_reply(upb_req, info, ctx)
+        entries = [
+            (e.key, e.value) for e in _wire.ContainerResourceHookResponse.FromString(raw).container_envs
+        ]
+        assert [("PATH", "/bin"), ("HOME", "/root"), ("PATH", "/usr/bin"), ("X", "1")] == entries
+        expected = container_response(pb.ContainerResourceHookRequest.FromString(self._request()), ctx)
+        got = pb.ContainerResourceHookResponse.FromString(raw)
+        assert expected == got
+        assert [("PATH", "/usr/bin"), ("HOME", "/root"), ("X", "1")] == list(got.container_envs.items())
