@@ -66,7 +66,9 @@ class TraceWriter:
     header. A single record larger than ``max_bytes`` still gets written, alone in its file.
 
     Opening an existing file appends to it, after cutting off a torn last record; a file that
-    is not a trace of this version, or has a damaged record, is rotated away untouched.
+    is not a trace of this version, or has a damaged record, is rotated away untouched. A file
+    renamed, deleted or truncated by someone else is noticed at the next write, and the path
+    opened again.
 
     Not thread-safe: use from one thread at a time. Files are created with mode 0600 (traces
     hold whatever kubelet sent: environment variables, secrets mounted as env).
@@ -125,6 +127,7 @@ class TraceWriter:
 
     def write(self, frames: Sequence[bytes]) -> int:
         """Append encoded records (from :func:`encode_call`); returns the bytes written."""
+        self._follow_path()
         self.open()
         written = 0
         batch: list[bytes] = []
@@ -140,6 +143,27 @@ class TraceWriter:
         if batch:
             written += self._write_all(b"".join(batch))
         return written
+
+    def _follow_path(self) -> None:
+        """Reopen ``path`` if the open file is no longer there as written: renamed or deleted (logrotate's
+        rename, an ``rm`` to free space) or cut short (logrotate's copytruncate). Appending on would put
+        records into a file nobody finds, or after no header."""
+        if self._fd is None:
+            return
+        ours = os.fstat(self._fd)
+        try:
+            there = os.stat(self.path)
+        except FileNotFoundError:
+            there = None
+        if there is None or (there.st_dev, there.st_ino) != (ours.st_dev, ours.st_ino):
+            reason = "renamed or deleted"
+        elif ours.st_size != self.size:
+            reason = f"size changed from {self.size} to {ours.st_size} bytes (truncated?)"
+        else:
+            return
+        log.event(LOGGER, "recording_reopened", level=logging.WARNING, file=self.path, reason=reason)
+        self.close()
+        self.open()
 
     def rotate(self) -> None:
         """Start a new file now; the current one becomes ``FILE.1``."""
