@@ -23,10 +23,12 @@ goes on. A crash loses at most the records of the last flush interval; the file 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
 import socket
+import stat
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -97,11 +99,17 @@ class TraceWriter:
         if self._fd is not None:
             return
         try:
-            with open(self.path, "rb") as f:
-                data = f.read()
+            # Non-blocking: a FIFO at the path must not hang the start (or a flush) on its other end.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             self._create()
             return
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(
+                    errno.EINVAL, f"{self.path} is not a regular file; give --record the path of a file"
+                )
+            data = f.read()
         if not data:
             self._create()
             return

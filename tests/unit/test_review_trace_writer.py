@@ -1,5 +1,6 @@
 """Review of the trace writer as a node's operator meets it: the file rotated or deleted under it
-(logrotate's copytruncate and rename, an ``rm`` to free space), a disk that fills. Each file must stay readable up to its last whole record, and new records
+(logrotate's copytruncate and rename, an ``rm`` to free space), a disk that fills, a FIFO given
+as the trace file. Each file must stay readable up to its last whole record, and new records
 must land in a readable file at the path the daemon was given."""
 
 from __future__ import annotations
@@ -7,10 +8,13 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from krproxy import cli
 from krproxy.calls import CallRecord
 from krproxy.grpcstatus import Status
 from krproxy.trace import format as fmt
@@ -155,3 +159,62 @@ class TestFullDisk:
         again.close()
         loaded = load([str(trace)])
         assert ([req(1), req(2), req(4)], ()) == ([r.request for r in loaded.records], loaded.notes)
+
+
+def _in_thread_or_unblock(fn: Callable[[], object], unblock: Callable[[], None]) -> tuple[bool, object]:
+    """Run ``fn`` in a thread; if it has not returned within 10 s, ``unblock`` it and wait for it.
+
+    Returns (returned in time, what it returned or raised).
+    """
+    result: list[object] = []
+
+    def run() -> None:
+        try:
+            result.append(fn())
+        except BaseException as err:  # handed to the test
+            result.append(err)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    in_time = not thread.is_alive()
+    if not in_time:
+        unblock()
+        thread.join(10)
+    return in_time, result[0] if result else None
+
+
+def _open_other_end(fifo: Path, flags: int) -> Callable[[], None]:
+    def unblock() -> None:
+        fd = os.open(fifo, flags | os.O_NONBLOCK)
+        os.close(fd)
+
+    return unblock
+
+
+class TestNotARegularFile:
+    def test_serve_refuses_a_fifo_at_once(self, tmp_path: Path) -> None:
+        """``--record`` naming a FIFO nobody reads: refused with a message, instead of hanging the
+        start (kubelet's calls wait for a proxy that never listens)."""
+        fifo = tmp_path / "trace.fifo"
+        os.mkfifo(fifo)
+        in_time, problem = _in_thread_or_unblock(
+            lambda: cli._check_record(str(fifo)), _open_other_end(fifo, os.O_RDONLY)
+        )
+        assert in_time, "the check blocked on the FIFO"
+        assert isinstance(problem, str)
+        assert f"--record {fifo}" in problem and "not a regular file" in problem
+
+    def test_writer_refuses_a_fifo_at_once(self, tmp_path: Path) -> None:
+        """The writer (what ``Recorder.run`` opens before the proxy listens) raises OSError naming
+        the problem instead of blocking on a FIFO without a writer."""
+        fifo = tmp_path / "trace.fifo"
+        os.mkfifo(fifo)
+        w = writer(fifo)
+        in_time, raised = _in_thread_or_unblock(w.open, _open_other_end(fifo, os.O_WRONLY))
+        assert in_time, "opening the FIFO blocked"
+        assert isinstance(raised, OSError) and "not a regular file" in str(raised)
+        assert not w.is_open
+
+    def test_regular_file_passes_the_check(self, tmp_path: Path) -> None:
+        assert "" == cli._check_record(str(tmp_path / "node.krt"))
