@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import math
 import os
 import signal
 import sys
@@ -39,6 +40,17 @@ def _time(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a time (ISO 8601 such as 2024-05-01T10:00:00Z, or seconds since the epoch)"
         ) from None
+
+
+def _positive(text: str) -> float:
+    """A finite number above 0 (``--timeout`` seconds, ``--speed``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number above 0 (e.g. 30 or 0.5)")
+    return value
 
 
 def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
@@ -79,9 +91,9 @@ def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     )
     r.add_argument("--timing", action="store_true", help="keep the recorded gaps between calls")
     r.add_argument(
-        "--speed", type=float, default=1.0, metavar="X", help="with --timing: play this many times faster"
+        "--speed", type=_positive, default=1.0, metavar="X", help="with --timing: play this many times faster"
     )
-    r.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="deadline of each call")
+    r.add_argument("--timeout", type=_positive, default=30.0, metavar="SECONDS", help="deadline of each call")
     r.add_argument(
         "--ignore",
         action="append",
