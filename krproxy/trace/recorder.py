@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import signal
 import socket
 import stat
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -41,6 +43,8 @@ from krproxy.calls import CallRecord
 from krproxy.trace.format import TraceError, decode_header, encode_call, encode_header, valid_end
 
 LOGGER = logging.getLogger("krproxy.trace")
+
+T = TypeVar("T")
 
 #: Default size at which the trace file is rotated: large enough for hours of a busy node's
 #: lifecycle traffic, small enough to copy off a node.
@@ -54,6 +58,9 @@ FLUSH_BYTES = 1 << 20
 #: Pending bytes beyond which new records are dropped rather than buffered (a stuck disk must
 #: not grow the proxy's memory without bound).
 MAX_PENDING = 64 << 20
+#: How long the daemon's stop waits for the last trace write: a hung disk (a dead NFS server)
+#: must not hold the stop, and with it a socket-activated successor, up for good.
+STOP_FLUSH_LIMIT = 5.0
 
 
 def _rotated(path: str, n: int) -> str:
@@ -259,12 +266,14 @@ class Recorder:
         flush_interval: float = FLUSH_INTERVAL,
         flush_bytes: int = FLUSH_BYTES,
         max_pending: int = MAX_PENDING,
+        stop_flush_limit: float = STOP_FLUSH_LIMIT,
     ) -> None:
         self.path = path
         self.active = active
         self.flush_interval = flush_interval
         self.flush_bytes = flush_bytes
         self.max_pending = max_pending
+        self.stop_flush_limit = stop_flush_limit
         self._writer = TraceWriter(path, max_bytes=max_bytes, keep=keep)
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -273,6 +282,7 @@ class Recorder:
         self._written = 0
         self._wake = trio.Event()
         self._lock = trio.Lock()
+        self._thread_lock = threading.Lock()
 
     # -- the request path ------------------------------------------------------------------
 
@@ -322,15 +332,26 @@ class Recorder:
 
     # -- the writing task ------------------------------------------------------------------
 
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        """Run a blocking :class:`TraceWriter` method in a worker thread, one at a time. Abandoned
+        when cancelled (only the daemon's stop cancels it): the thread finishes on its own, and
+        the next one waits for it."""
+
+        def locked() -> T:
+            with self._thread_lock:
+                return fn()
+
+        return await trio.to_thread.run_sync(locked, abandon_on_cancel=True)
+
     async def flush(self) -> None:
         """Write the pending records now (and close the file if recording is off)."""
         async with self._lock:
             frames, self._pending, self._pending_bytes = self._pending, [], 0
             try:
                 if frames:
-                    self._written += await trio.to_thread.run_sync(self._writer.write, frames)
+                    self._written += await self._in_thread(functools.partial(self._writer.write, frames))
                 if not self.active and self._writer.is_open:
-                    await trio.to_thread.run_sync(self._writer.close)
+                    await self._in_thread(self._writer.close)
             except OSError as err:
                 self._dropped += len(frames)
                 self.active = False
@@ -343,10 +364,11 @@ class Recorder:
                 )
                 log.event(LOGGER, "recording", state="off", file=self.path)
                 with contextlib.suppress(OSError):
-                    self._writer.close()
+                    await self._in_thread(self._writer.close)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Write pending records periodically until cancelled; then write the rest and close.
+        """Write pending records periodically until cancelled; then write the rest and close,
+        waiting at most :attr:`stop_flush_limit` seconds for the disk (``event=recording_abandoned``).
 
         Opens (or creates) the file before reporting started, so a bad path shows at start-up
         (as ``event=recording_failed``; the proxy runs on without recording).
@@ -354,7 +376,7 @@ class Recorder:
         if self.active:
             log.event(LOGGER, "recording", state="on", file=self.path)
             try:
-                await trio.to_thread.run_sync(self._writer.open)
+                await self._in_thread(self._writer.open)
             except OSError as err:
                 self.active = False
                 log.event(LOGGER, "recording_failed", level=logging.ERROR, file=self.path, error=str(err))
@@ -367,10 +389,18 @@ class Recorder:
                 self._wake = trio.Event()
                 await self.flush()
         finally:
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + self.stop_flush_limit) as last:
                 await self.flush()
                 with contextlib.suppress(OSError):
-                    await trio.to_thread.run_sync(self._writer.close)
+                    await self._in_thread(self._writer.close)
+            if last.cancelled_caught:
+                log.event(
+                    LOGGER,
+                    "recording_abandoned",
+                    level=logging.WARNING,
+                    file=self.path,
+                    reason=f"writing the trace took over {self.stop_flush_limit:g} s; its last records may be lost",
+                )
 
 
 async def watch_toggle_signal(

@@ -221,3 +221,52 @@ class TestBlockedDisk:
         written = of_path(load([trace]).records, VERSION)
         assert 21 == len(written) + stats.dropped
         assert any(r.getMessage() == "recording_dropped" for r in caplog.records)
+
+
+class TestStopWithABlockedDisk:
+    async def test_a_stuck_write_does_not_hold_the_stop_forever(
+        self, sockdir: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """SIGTERM while a trace write hangs (a dead NFS server): the daemon still stops, after a
+        bounded wait for the trace, and says what it gave up (event=recording_abandoned). A stop
+        that waits on the disk for good keeps a socket-activated successor from taking kubelet's
+        calls until systemd kills it. The writes finish once the disk answers again."""
+        trace = os.path.join(sockdir, "trace.krt")
+        disk_back = threading.Event()
+        blocked = threading.Event()
+        finished: list[int] = []
+        real_write = TraceWriter.write
+
+        def stuck_write(self: TraceWriter, frames: Sequence[bytes]) -> int:
+            blocked.set()
+            disk_back.wait(LIVENESS_LIMIT + 10)
+            try:
+                return real_write(self, frames)
+            finally:
+                finished.append(len(frames))
+
+        monkeypatch.setattr(TraceWriter, "write", stuck_write)
+        recorder: Recorder | None = None
+        try:
+            async with trio.open_nursery() as runtime:
+                await start_scripted_backend(runtime, os.path.join(sockdir, "backend.sock"))
+                with trio.move_on_after(LIVENESS_LIMIT) as scope:
+                    async with trio.open_nursery() as nursery:  # ends when the daemon has stopped
+                        daemon = await start_proxy(nursery, sockdir, record=trace)
+                        recorder = recorder_of(daemon)
+                        async with rpc.Channel(daemon.config.listen) as channel:
+                            await version(channel, b"\x0a\x011")
+                            await wait_until(blocked.is_set)
+                            await version(channel, b"\x0a\x012")  # pending behind the stuck write
+                        daemon.request_shutdown()
+                stopped = not scope.cancelled_caught
+                runtime.cancel_scope.cancel()
+        finally:
+            disk_back.set()
+        # The periodic write and the stop's own, abandoned, end on their own once the disk is back.
+        await wait_until(lambda: 2 == len(finished))
+        assert recorder is not None
+        recorder._writer.close()
+        assert stopped, "the daemon did not stop while the trace write hung"
+        assert any(r.getMessage() == "recording_abandoned" for r in caplog.records)
+        assert [b"\x0a\x011", b"\x0a\x012"] == [r.request for r in of_path(load([trace]).records, VERSION)]
