@@ -4,7 +4,8 @@ Mount under the main CLI with :func:`add_subcommands`; each parsed namespace car
 handler in ``args.func(args) -> int``.
 
 Exit status: 0 success (replay: every call identical); 1 replay found differences; 2 usage
-error, or a trace that cannot be read (the message names file and record).
+error, or a trace that cannot be read (the message names file and record); 130 replay
+interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -173,7 +174,11 @@ def _replay(args: argparse.Namespace) -> int:
         volatile=messages.VOLATILE | frozenset(args.ignore),
         progress=progress_bar(sys.stderr) if show_progress else None,
     )
-    report = trio.run(_replay_to, args.target, replaying)
+    try:
+        report = trio.run(_replay_to, args.target, replaying)
+    except KeyboardInterrupt:  # Ctrl-C: the call in flight is reset; no report for a partial replay
+        print("krproxy trace replay: interrupted", file=sys.stderr)
+        return 130
     for line in report.lines():
         print(line)
     return 0 if report.ok else 1

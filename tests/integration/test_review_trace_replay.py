@@ -4,6 +4,9 @@ test's directory and are stopped by the test's nursery."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,6 +52,13 @@ def call(
 def records(path: Path, *calls: CallRecord) -> tuple[TraceRecord, ...]:
     path.write_bytes(fmt.encode_header({"writer": "test"}) + b"".join(fmt.encode_call(c) for c in calls))
     return load([str(path)]).records
+
+
+def start_krproxy(argv: list[str]) -> subprocess.Popen[bytes]:
+    """``krproxy ARGV`` as a process of its own, its output piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "krproxy", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
 
 
 class CountingBackend(TraceBackend):
@@ -148,3 +158,27 @@ class TestServeWithCallersThatLeave:
             assert Status.DEADLINE_EXCEEDED == raised.value.status
             await wait_until(lambda: backend.active == 0)
             assert b"\x0a\x030.1" == await channel.unary(VERSION, b"\x0a\x02v2", timeout=LIVENESS_LIMIT)
+
+
+class TestInterruptingAReplay:
+    async def test_ctrl_c_stops_a_replay_waiting_on_its_target(
+        self, nursery: trio.Nursery, short_tmp: Path, processes: list[subprocess.Popen[bytes]]
+    ) -> None:
+        """Ctrl-C (SIGINT) while a call waits on a target that does not answer: replay stops at once,
+        says so, exit 130 and no traceback, instead of waiting out each remaining call's --timeout."""
+        trace = short_tmp / "node.krt"
+        records(trace, call(1), call(2), call(3))
+        backend, _ = await start_scripted_backend(nursery, str(short_tmp / "runtime.sock"))
+        backend.behaviours[VERSION] = hang
+        argv = ["trace", "replay", str(trace), "--target", str(short_tmp / "runtime.sock"), "--timeout=600"]
+        process = start_krproxy(argv)
+        processes.append(process)
+        await wait_until(lambda: VERSION in backend.started)
+        process.send_signal(signal.SIGINT)
+        try:
+            _, err = await in_thread(process.communicate, timeout=LIVENESS_LIMIT)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("replay went on after SIGINT") from None
+        assert 130 == process.returncode, err.decode()
+        assert b"interrupted" in err and b"Traceback" not in err
+        await wait_until(lambda: VERSION in backend.cancelled)  # the call in flight was reset
