@@ -35,6 +35,27 @@ def call_until_refused(listen: str, caller: int, answered: list[bytes]) -> None:
         channel.close()
 
 
+async def stop_under_load(process: subprocess.Popen[bytes], listen: str, signum: int) -> list[bytes]:
+    """Send ``signum`` to the daemon once CALLERS callers in a loop have had 300 answers; wait for it
+    to end and the callers to stop. Returns the requests that were answered."""
+    answered: list[bytes] = []
+    threads = [
+        threading.Thread(target=call_until_refused, args=(listen, k, answered), daemon=True)
+        for k in range(CALLERS)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        await wait_until(lambda: len(answered) >= 300)
+        process.send_signal(signum)
+        await in_thread(process.wait, 30)
+    finally:
+        for thread in threads:
+            await in_thread(thread.join, 30)
+    assert not any(thread.is_alive() for thread in threads)
+    return answered
+
+
 class TestSigtermUnderLoad:
     async def test_every_answered_call_is_in_the_trace(
         self, sockdir: str, echo_backend: str, processes: list[subprocess.Popen[bytes]]
@@ -44,21 +65,8 @@ class TestSigtermUnderLoad:
         trace = os.path.join(sockdir, "trace.krt")
         process, listen = start_daemon(sockdir, echo_backend, f"--record={trace}")
         processes.append(process)
-        answered: list[bytes] = []
-        threads = [
-            threading.Thread(target=call_until_refused, args=(listen, k, answered), daemon=True)
-            for k in range(CALLERS)
-        ]
-        for thread in threads:
-            thread.start()
-        try:
-            await wait_until(lambda: len(answered) >= 300)
-            process.send_signal(signal.SIGTERM)
-            assert 0 == await in_thread(process.wait, 30)
-        finally:
-            for thread in threads:
-                await in_thread(thread.join, 30)
-        assert not any(thread.is_alive() for thread in threads)
+        answered = await stop_under_load(process, listen, signal.SIGTERM)
+        assert 0 == process.returncode
         loaded = load([trace])
         recorded = [r.request for r in loaded.records if r.path == VERSION]
         assert () == loaded.notes
@@ -75,20 +83,7 @@ class TestSigtermUnderLoad:
         trace = os.path.join(sockdir, "trace.krt")
         process, listen = start_daemon(sockdir, echo_backend, f"--record={trace}")
         processes.append(process)
-        answered: list[bytes] = []
-        threads = [
-            threading.Thread(target=call_until_refused, args=(listen, k, answered), daemon=True)
-            for k in range(CALLERS)
-        ]
-        for thread in threads:
-            thread.start()
-        try:
-            await wait_until(lambda: len(answered) >= 300)
-            process.kill()
-            await in_thread(process.wait, 30)
-        finally:
-            for thread in threads:
-                await in_thread(thread.join, 30)
+        answered = await stop_under_load(process, listen, signal.SIGKILL)
         before = load([trace]).records
         assert set(r.request for r in before) <= set(answered)
         os.unlink(listen)  # left by the killed process; the next one would replace it as stale anyway
