@@ -221,10 +221,18 @@ class TraceWriter:
     def _write_all(self, data: bytes) -> int:
         assert self._fd is not None
         view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-            self.size += n
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+                self.size += n
+        except OSError:
+            # The file may end inside a record now (a full disk): the next write opens it again,
+            # which cuts that record off, instead of appending after it.
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise
         return len(data)
 
 

@@ -161,6 +161,38 @@ class TestFullDisk:
         assert ([req(1), req(2), req(4)], ()) == ([r.request for r in loaded.records], loaded.notes)
 
 
+class TestAfterAFailedWrite:
+    def test_the_same_writer_goes_on_after_the_torn_record(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A write that fails mid-record (ENOSPC), then space again: the same writer's next records
+        follow the last whole one; none is appended after the torn bytes, which would make every
+        later record unreadable (CRC mismatch). The recorder closed its writer after a failure, but
+        a write abandoned at the daemon's stop is followed by the stop's own write."""
+        trace = tmp_path / "node.krt"
+        w = writer(trace)
+        w.write([frame(1)])
+        real_write = os.write
+
+        calls: list[int] = []
+
+        def full_disk(fd: int, data: bytes | memoryview) -> int:
+            # As the kernel does: a short write of what still fits, then ENOSPC.
+            calls.append(fd)
+            if len(calls) == 1:
+                return real_write(fd, bytes(data[:7]))
+            monkeypatch.setattr(os, "write", real_write)  # space again after this one
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "write", full_disk)
+        with pytest.raises(OSError, match="No space left"):
+            w.write([frame(2)])
+        w.write([frame(3)])
+        w.close()
+        loaded = load([str(trace)])
+        assert ([req(1), req(3)], ()) == ([r.request for r in loaded.records], loaded.notes)
+
+
 def _in_thread_or_unblock(fn: Callable[[], object], unblock: Callable[[], None]) -> tuple[bool, object]:
     """Run ``fn`` in a thread; if it has not returned within 10 s, ``unblock`` it and wait for it.
 
