@@ -15,7 +15,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from krproxy import rpc
 from krproxy.daemon import Daemon
-from krproxy.grpcstatus import GRPCError
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.trace import load
 from krproxy.trace.format import TraceRecord
 from krproxy.trace.recorder import Recorder, TraceWriter
@@ -140,7 +140,9 @@ class TestCutCalls:
         self, nursery: trio.Nursery, sockdir: str
     ) -> None:
         """A runtime that never answers: the caller's 1 s deadline ends the call, and the trace holds
-        it once, with the status the caller got."""
+        it once, without a reply. Its status is DEADLINE_EXCEEDED when the proxy's own timer (from
+        grpc-timeout) ends the call first, CANCELLED when the caller's RST_STREAM arrives first: the
+        two race (under load the caller's reset won once in a full suite run)."""
         trace = os.path.join(sockdir, "trace.krt")
         backend, daemon = await recording_proxy(nursery, sockdir, trace)
         backend.behaviours[VERSION] = hang
@@ -151,7 +153,9 @@ class TestCutCalls:
         await wait_until(lambda: recorder.statistics().recorded >= 1)
         await recorder.flush()
         (record,) = of_path(load([trace]).records, VERSION)
-        assert (b"\x0a\x01d", raised.value.status, None) == (record.request, record.status, record.reply)
+        assert Status.DEADLINE_EXCEEDED == raised.value.status
+        assert (b"\x0a\x01d", None) == (record.request, record.reply)
+        assert record.status in (Status.DEADLINE_EXCEEDED, Status.CANCELLED)
 
     async def test_a_call_the_caller_resets_is_recorded_once(
         self, nursery: trio.Nursery, sockdir: str
