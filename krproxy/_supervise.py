@@ -65,13 +65,8 @@ async def retry(
         try:
             return await attempt()
         except retry_on as err:
-            log.event(
-                LOGGER,
-                "recovery_retry",
-                level=logging.WARNING,
-                **fields,
-                error=f"{type(err).__name__}: {err}",
-                retry_in=delay,
+            log.warning(
+                LOGGER, "recovery_retry", **fields, error=f"{type(err).__name__}: {err}", retry_in=delay
             )
         await trio.sleep(delay)
         delay = min(delay * 2, cap)

@@ -112,10 +112,9 @@ LOGGER = logging.getLogger("krproxy.calls")
 def log_call(record: CallRecord) -> None:
     """Observer: at debug level (``krproxy serve --log-level debug``), one line per finished call."""
     if LOGGER.isEnabledFor(logging.DEBUG):
-        log.event(
+        log.debug(
             LOGGER,
             "call",
-            level=logging.DEBUG,
             method=record.path,
             code=record.status.name,
             ms=round(record.seconds * 1000, 3),

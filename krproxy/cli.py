@@ -159,10 +159,9 @@ def _check_record(path: str) -> str:
 
 def _admin_unavailable(err: AddressUnavailable) -> int:
     """Log that ``--metrics-address`` could not be listened on (serve and nri); exit status 1."""
-    log.event(
+    log.error(
         LOGGER,
         "startup_failed",
-        level=logging.ERROR,
         flag="--metrics-address",
         address=err.filename,
         error=f"{err.strerror}: {err.hint()}",
@@ -207,10 +206,9 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         daemon.run(cfg)
     except SocketInUseError as err:
-        log.event(
+        log.error(
             LOGGER,
             "socket_in_use",
-            level=logging.ERROR,
             listen=err.filename,
             error=f"{err.strerror}: stop that process first, or choose another --koord-runtimeproxy-endpoint",
         )
@@ -219,13 +217,8 @@ def _serve(args: argparse.Namespace) -> int:
         return _admin_unavailable(err)
     except OSError as err:
         flag = "--koord-runtimeproxy-endpoint" if err.filename == cfg.listen else ""
-        log.event(
-            LOGGER,
-            "startup_failed",
-            level=logging.ERROR,
-            flag=flag,
-            path=err.filename or "",
-            error=err.strerror or str(err),
+        log.error(
+            LOGGER, "startup_failed", flag=flag, path=err.filename or "", error=err.strerror or str(err)
         )
         return 1
     return 0

@@ -96,7 +96,7 @@ class Daemon:
         with trio.move_on_after(self.config.grace_period) as scope:
             await self.relay.wait_drained()
         if scope.cancelled_caught:
-            log.event(LOGGER, "grace_period_over", level=logging.WARNING, cancelled=self.relay.in_flight)
+            log.warning(LOGGER, "grace_period_over", cancelled=self.relay.in_flight)
 
 
 async def _recover_store(
@@ -133,7 +133,7 @@ async def serve(
         from krproxy.docker.server import serve as serve_docker
 
         if config.metrics_address:  # the admin endpoint (krproxy.admin) reads the CRI daemon's parts
-            log.event(LOGGER, "admin_unavailable", level=logging.WARNING, reason="not served in Docker mode")
+            log.warning(LOGGER, "admin_unavailable", reason="not served in Docker mode")
         if admin_sock is not None:
             admin_sock.close()
 
@@ -308,10 +308,9 @@ def activated_listener(path: str) -> socket.socket | None:
     os.set_inheritable(sock.fileno(), False)
     name = sock.getsockname()
     if name != path:
-        log.event(
+        log.warning(
             LOGGER,
             "activated_socket_elsewhere",
-            level=logging.WARNING,
             socket=name,
             listen=path,
             hint="make ListenStream= in krproxy.socket and --koord-runtimeproxy-endpoint the same path",

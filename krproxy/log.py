@@ -1,12 +1,14 @@
 """Structured logging: one line per event, ``key=value`` (default) or JSON.
 
-Code logs events with :func:`event`, naming the event and its fields::
+Code logs events with :func:`event` (at INFO), or :func:`debug`, :func:`warning` and :func:`error`
+for the other levels, naming the event and its fields::
 
-    log.event(LOGGER, "backend_unavailable", backend="/run/containerd.sock", error=str(err))
+    log.warning(LOGGER, "backend_unavailable", backend="/run/containerd.sock", error=str(err))
 
 which renders as ``ts=2026-11-22T07:02:03.123Z level=warning logger=krproxy.forward
-event=backend_unavailable backend=/run/containerd.sock error="..."``. Plain ``LOGGER.info(msg)``
-calls from libraries still render, with their text as ``msg=``.
+event=backend_unavailable backend=/run/containerd.sock error="..."``. A level known only at run time
+goes to ``event(..., level=...)``. Plain ``LOGGER.info(msg)`` calls from libraries still render,
+with their text as ``msg=``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,21 @@ def event(logger: logging.Logger, name: str, *, level: int = logging.INFO, **fie
     """Log the event ``name`` with ``fields`` at ``level``."""
     if logger.isEnabledFor(level):
         logger.log(level, name, extra={"krproxy_fields": fields})
+
+
+def debug(logger: logging.Logger, name: str, **fields: Any) -> None:
+    """:func:`event` at DEBUG."""
+    event(logger, name, level=logging.DEBUG, **fields)
+
+
+def warning(logger: logging.Logger, name: str, **fields: Any) -> None:
+    """:func:`event` at WARNING."""
+    event(logger, name, level=logging.WARNING, **fields)
+
+
+def error(logger: logging.Logger, name: str, **fields: Any) -> None:
+    """:func:`event` at ERROR."""
+    event(logger, name, level=logging.ERROR, **fields)
 
 
 def _timestamp(record: logging.LogRecord) -> str:

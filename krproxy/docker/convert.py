@@ -369,9 +369,7 @@ def merge_docker_pod(pod: PodInfo, answer: PodAnswer) -> Merged[PodInfo]:
         return merged
     if problems := validate.check_resources(answer.resources, "resources"):
         # The dispatcher checks what CRI mode applies, which excludes a pod answer's resources.
-        log.event(
-            LOGGER, "pod_resources_ignored", level=logging.WARNING, pod=pod.name, problems="; ".join(problems)
-        )
+        log.warning(LOGGER, "pod_resources_ignored", pod=pod.name, problems="; ".join(problems))
         return merged
     resources = merge.update_resource(pod.resources, answer.resources)
     return Merged(

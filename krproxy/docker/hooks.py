@@ -105,7 +105,7 @@ def _created_id(reply: Reply) -> str:
         document = None
     ident = document.get("Id") if isinstance(document, dict) else None
     if not isinstance(ident, str) or not ident:
-        log.event(LOGGER, "create_reply_undecodable", level=logging.WARNING, status=reply.status)
+        log.warning(LOGGER, "create_reply_undecodable", status=reply.status)
         return ""
     return ident
 
@@ -200,10 +200,9 @@ class DockerHooks:
         sandbox_id = convert.labels_of(body).get(convert.SANDBOX_ID_LABEL, "")
         pod = self.store.get_pod(sandbox_id)
         if pod is None:
-            log.event(
+            log.warning(
                 LOGGER,
                 "pod_not_stored",
-                level=logging.WARNING,
                 sandbox=sandbox_id,
                 container=name.container,
                 reason="pod meta taken from the container name",

@@ -70,7 +70,7 @@ async def recover(socket_path: str) -> Recovered:
             try:
                 document = await client.get_json(socket_path, f"/containers/{urllib.parse.quote(ident)}/json")
             except client.DockerError as err:
-                log.event(LOGGER, "inspect_failed", level=logging.WARNING, id=ident, error=str(err))
+                log.warning(LOGGER, "inspect_failed", id=ident, error=str(err))
                 return
         if isinstance(document, dict):
             inspected[ident] = document

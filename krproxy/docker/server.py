@@ -186,7 +186,7 @@ class DockerProxy:
                 await down.send(h11.Data(data=reply.body))
             await down.send(h11.EndOfMessage())
         except h11.LocalProtocolError as err:  # e.g. a body for a HEAD request: drop the connection
-            log.event(LOGGER, "reply_not_sendable", level=logging.WARNING, error=str(err))
+            log.warning(LOGGER, "reply_not_sendable", error=str(err))
             down.conn.send_failed()
 
     async def _connect(self) -> Peer:
@@ -316,7 +316,7 @@ class DockerProxy:
                 else:
                     break
         except (h11.RemoteProtocolError, trio.BrokenResourceError) as err:
-            log.event(LOGGER, "upstream_broke_mid_response", level=logging.WARNING, error=str(err))
+            log.warning(LOGGER, "upstream_broke_mid_response", error=str(err))
         down.conn.send_failed()  # the client sees the connection close before the body's end
         return None
 
@@ -367,7 +367,7 @@ async def serve(
         sock = unixsock.bind_unix_socket(config.listen, mode=config.socket_mode, gid=config.socket_group)
     ignored = [name for name in _CRI_ONLY if getattr(config, name, None)]
     if ignored:
-        log.event(LOGGER, "cri_only_settings_ignored", level=logging.WARNING, settings=",".join(ignored))
+        log.warning(LOGGER, "cri_only_settings_ignored", settings=",".join(ignored))
     # At the end the socket file is removed only if it is still ours: a successor may have
     # replaced it while we were draining.
     inode = 0 if inherited else os.stat(config.listen).st_ino
@@ -410,7 +410,7 @@ async def serve(
                 with trio.move_on_after(config.grace_period) as grace:
                     await proxy.wait_idle()
                 if grace.cancelled_caught:
-                    log.event(LOGGER, "grace_period_over", level=logging.WARNING, cancelled=proxy.in_flight)
+                    log.warning(LOGGER, "grace_period_over", cancelled=proxy.in_flight)
                 handlers.cancel_scope.cancel()
             nursery.cancel_scope.cancel()
     finally:

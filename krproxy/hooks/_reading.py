@@ -53,12 +53,8 @@ def reply_field(message_type: type[Any], reply: Reply, field: str) -> str | None
     try:
         value: str = getattr(message_type.FromString(reply.message), field)
     except Exception as err:
-        log.event(
-            LOGGER,
-            "reply_undecodable",
-            level=logging.WARNING,
-            message=message_type.__name__,
-            error=f"{type(err).__name__}: {err}",
+        log.warning(
+            LOGGER, "reply_undecodable", message=message_type.__name__, error=f"{type(err).__name__}: {err}"
         )
         return None
     return value

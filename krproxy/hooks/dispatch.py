@@ -293,10 +293,9 @@ class Dispatcher:
                     failure.cause,
                 )
                 self._report(outcomes, outcome)
-                log.event(
+                log.warning(
                     LOGGER,
                     "hook_failed",
-                    level=logging.WARNING,
                     plugin=plugin.name,
                     hook=point.value,
                     target=target,
@@ -318,10 +317,9 @@ class Dispatcher:
         self._observe(outcome)
         self._on_outcome(outcome)
         if LOGGER.isEnabledFor(logging.DEBUG):  # `--log-level debug`: one line per plugin call
-            log.event(
+            log.debug(
                 LOGGER,
                 "hook_call",
-                level=logging.DEBUG,
                 plugin=outcome.plugin,
                 hook=outcome.point.value,
                 result=outcome.result,

@@ -219,10 +219,9 @@ class Guard:
             else:
                 log.event(LOGGER, "required_server_up", server=name)
         elif before.up or before.state is State.UNKNOWN:
-            log.event(
+            log.warning(
                 LOGGER,
                 "required_server_missing",
-                level=logging.WARNING,
                 server=name,
                 state=availability.state.name.lower(),
                 detail=availability.detail,
@@ -246,10 +245,9 @@ class Guard:
             self._forget(name)
             self._forgotten += 1
             if self._forgotten in (1, 10, 100) or self._forgotten % 1000 == 0:
-                log.event(
+                log.warning(
                     LOGGER,
                     "required_names_bound",
-                    level=logging.WARNING,
                     bound=self._max_annotated,
                     forgotten=self._forgotten,
                     server=name,
@@ -285,10 +283,9 @@ class Guard:
                 self._held(name, point)
                 if availability.state is State.NOT_HOOKED and (name, point) not in self._unhooked:
                     self._unhooked.add((name, point))  # once per registry: a file to fix, not an outage
-                    log.event(
+                    log.warning(
                         LOGGER,
                         "required_server_not_hooked",
-                        level=logging.WARNING,
                         server=name,
                         hook=point.value,
                         detail=availability.detail,

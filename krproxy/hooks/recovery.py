@@ -126,7 +126,7 @@ async def recover(call: UnaryCall) -> Recovered:
 
     container_infos = await _map_bounded(container, listed, CONCURRENCY)
     if orphans:
-        log.event(LOGGER, "recovery_orphans", level=logging.WARNING, containers=orphans)
+        log.warning(LOGGER, "recovery_orphans", containers=orphans)
     return Recovered(
         pods=pods,
         containers={c.id: info for c, info in zip(listed, container_infos, strict=True)},

@@ -128,13 +128,7 @@ def ensure_directory(directory: str) -> bool:
     try:
         os.makedirs(directory, mode=0o755, exist_ok=True)
     except OSError as err:
-        log.event(
-            LOGGER,
-            "hook_dir_unavailable",
-            level=logging.WARNING,
-            dir=directory,
-            error=os.strerror(err.errno or errno.EIO),
-        )
+        log.warning(LOGGER, "hook_dir_unavailable", dir=directory, error=os.strerror(err.errno or errno.EIO))
         return False
     return True
 
@@ -176,10 +170,9 @@ def _report(directory: str, name: str, registry: Registry, removed: bool) -> Non
     error = registry.error_for(name)
     plugin = registry.plugins.get(name)
     if error is not None:
-        log.event(
+        log.error(
             LOGGER,
             "registration_invalid",
-            level=logging.ERROR,
             file=os.path.join(directory, name),
             error=error,
             kept_previous=plugin is not None,
@@ -198,7 +191,7 @@ def _report(directory: str, name: str, registry: Registry, removed: bool) -> Non
             order=plugin.order,
         )
         for warning in plugin.warnings:
-            log.event(LOGGER, "registration_warning", level=logging.WARNING, file=name, warning=warning)
+            log.warning(LOGGER, "registration_warning", file=name, warning=warning)
 
 
 async def watch(
@@ -234,7 +227,7 @@ async def watch(
             # Not a directory, unreadable, I/O error: keep the plugins we have and look again.
             if str(err) != scan_error:
                 scan_error = str(err)
-                log.event(LOGGER, "hook_dir_unreadable", level=logging.ERROR, dir=directory, error=scan_error)
+                log.error(LOGGER, "hook_dir_unreadable", dir=directory, error=scan_error)
             after = before
         else:
             scan_error = ""

@@ -147,10 +147,9 @@ def _changed(value: Any) -> dict[str, Any]:
 def _log_decision(stage: Stage, ctx: PodContext | ContainerContext, result: RunResult) -> None:
     """At debug level, one line per hook call: who, which functions ran, what they decided."""
     if LOGGER.isEnabledFor(logging.DEBUG):
-        log.event(
+        log.debug(
             LOGGER,
             "hook_decision",
-            level=logging.DEBUG,
             stage=stage.value,
             pod=_who(ctx),
             ran=",".join(result.ran),
@@ -325,10 +324,9 @@ class HookServer:
             except CgroupMissingError as exc:
                 if now - pending.since >= PENDING_TIMEOUT:
                     del self.pending[key]
-                    log.event(
+                    log.error(
                         LOGGER,
                         "cgroup_write_abandoned",
-                        level=logging.ERROR,
                         pod=_who(ctx),
                         waited=round(now - pending.since, 1),
                         reason=str(exc),
@@ -336,7 +334,7 @@ class HookServer:
                 continue
             except OSError as exc:
                 del self.pending[key]
-                log.event(LOGGER, "cgroup_write_failed", level=logging.ERROR, pod=_who(ctx), error=str(exc))
+                log.error(LOGGER, "cgroup_write_failed", pod=_who(ctx), error=str(exc))
                 continue
             del self.pending[key]
             changes += done
@@ -387,7 +385,7 @@ class HookServer:
         except CgroupMissingError as exc:
             log.event(LOGGER, "cgroup_missing", pod=_who(ctx), reason=str(exc))
         except OSError as exc:
-            log.event(LOGGER, "reconcile_failed", level=logging.ERROR, pod=_who(ctx), error=str(exc))
+            log.error(LOGGER, "reconcile_failed", pod=_who(ctx), error=str(exc))
         return []
 
     def set_policy(self, policy: NodePolicy) -> tuple[str, ...]:
@@ -404,7 +402,7 @@ class HookServer:
         try:
             changed = ticker.fn(self.pods.targets())
         except Exception as exc:
-            log.event(LOGGER, "ticker_failed", level=logging.ERROR, ticker=ticker.name, error=repr(exc))
+            log.error(LOGGER, "ticker_failed", ticker=ticker.name, error=repr(exc))
             return []
         return self._reapply(f"ticker:{ticker.name}") if changed else []
 

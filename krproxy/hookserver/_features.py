@@ -124,7 +124,5 @@ class Features:
             try:
                 write_to_textfile(self.textfile, self.registry)
             except OSError as exc:
-                log.event(
-                    LOGGER, "metrics_write_failed", level=logging.ERROR, path=self.textfile, error=str(exc)
-                )
+                log.error(LOGGER, "metrics_write_failed", path=self.textfile, error=str(exc))
         return statuses

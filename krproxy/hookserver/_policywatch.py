@@ -51,19 +51,12 @@ class PolicyWatcher:
         self._stamp = stamp
         kept = self.current is not None
         if stamp is None:
-            log.event(LOGGER, "policy_missing", level=logging.WARNING, path=self.path, kept_last_good=kept)
+            log.warning(LOGGER, "policy_missing", path=self.path, kept_last_good=kept)
             return False
         try:
             policy = NodePolicy.load(self.path)
         except (OSError, PolicyError) as exc:
-            log.event(
-                LOGGER,
-                "policy_invalid",
-                level=logging.ERROR,
-                path=self.path,
-                error=str(exc),
-                kept_last_good=kept,
-            )
+            log.error(LOGGER, "policy_invalid", path=self.path, error=str(exc), kept_last_good=kept)
             return False
         if policy == self.current:
             return False

@@ -141,9 +141,7 @@ def run_hooks(hooks: Sequence[Hook[Ctx]], ctx: Ctx, policy: FailurePolicy, *, wh
         except Exception as exc:
             if policy is FailurePolicy.FAIL:
                 raise HookFailedError(where, hook.name, exc) from exc
-            log.event(
-                LOGGER, "hook_failed", level=logging.WARNING, where=where, plugin=hook.name, error=repr(exc)
-            )
+            log.warning(LOGGER, "hook_failed", where=where, plugin=hook.name, error=repr(exc))
             failed.append(hook.name)
     return RunResult(tuple(ran), tuple(failed))
 

@@ -66,7 +66,7 @@ class Rules:
                 if rule.parse(policy):
                     updated.append(name)
             except Exception as exc:
-                log.event(LOGGER, "rule_parse_failed", level=logging.ERROR, rule=name, error=repr(exc))
+                log.error(LOGGER, "rule_parse_failed", rule=name, error=repr(exc))
         if updated:
             log.event(LOGGER, "rules_updated", rules=",".join(updated))
             for callback in self._callbacks:

@@ -240,7 +240,7 @@ async def reconcile_once(
         find = functools.partial(find_kubelet_cgroup, app.executor)
         listed = await list_targets(channel, find)
     except (GRPCError, OSError) as exc:
-        log.event(LOGGER, "cri_list_failed", level=logging.WARNING, error=_describe(exc))
+        log.warning(LOGGER, "cri_list_failed", error=_describe(exc))
         return False
     targets = [t for t in listed if selector.matches(t.pod)]
 

@@ -157,10 +157,9 @@ class EventHandlers:
         for field in fields:
             self.metrics.nri_not_applied.labels(point.value, field.split("[")[0]).inc()
         if fields:
-            log.event(
+            log.warning(
                 LOGGER,
                 "nri_change_not_applied",
-                level=logging.WARNING,
                 hook=point.value,
                 target=target,
                 fields=",".join(fields),

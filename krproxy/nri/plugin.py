@@ -297,10 +297,9 @@ class NriPlugin(EventHandlers):
                         "it off, 1.6 has none), and is --nri-socket its socket_path?"
                     )
                 self.last_error = f"cannot connect: {exc.strerror or exc}" + (f"; {hint}" if hint else "")
-                log.event(
+                log.warning(
                     LOGGER,
                     "nri_unreachable",
-                    level=logging.WARNING,
                     socket=self.config.socket,
                     error=str(exc),
                     hint=hint,
@@ -329,7 +328,7 @@ class NriPlugin(EventHandlers):
             await session.run()
             nursery.cancel_scope.cancel()
         self.last_error = f"disconnected: {session.reason}"
-        log.event(LOGGER, "nri_disconnected", level=logging.WARNING, reason=session.reason)
+        log.warning(LOGGER, "nri_disconnected", reason=session.reason)
         return self.synchronized.is_set()
 
     async def _register(self, session: Session) -> None:
@@ -342,7 +341,7 @@ class NriPlugin(EventHandlers):
                 await session.call(RUNTIME_SERVICE, "RegisterPlugin", bytes(request))
         except (TtrpcError, ConnectionLost, trio.TooSlowError) as exc:
             self.last_error = f"registration failed: {str(exc) or 'timed out'}"
-            log.event(LOGGER, "nri_registration_failed", level=logging.WARNING, error=str(exc) or "timed out")
+            log.warning(LOGGER, "nri_registration_failed", error=str(exc) or "timed out")
             await session.aclose()
             return
         self.registered, self.last_error = True, ""
@@ -377,10 +376,9 @@ class NriPlugin(EventHandlers):
             if self.dispatcher.plugins_for(point) and not mask_of({EVENT_OF[point]}) & self.runtime_events
         ]
         if unavailable:
-            log.event(
+            log.warning(
                 LOGGER,
                 "nri_hook_point_unavailable",
-                level=logging.WARNING,
                 hooks=",".join(unavailable),
                 reason="the runtime's NRI has no event for them (NRI 0.12 and later has)",
             )

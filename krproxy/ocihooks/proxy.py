@@ -143,12 +143,8 @@ class StatusLookup:
                 )
             reply = cri.ContainerStatusResponse.FromString(data)
         except Exception as err:
-            log.event(
-                LOGGER,
-                "oci_hook_lookup_failed",
-                level=logging.WARNING,
-                container=container_id,
-                error=f"{type(err).__name__}: {err}",
+            log.warning(
+                LOGGER, "oci_hook_lookup_failed", container=container_id, error=f"{type(err).__name__}: {err}"
             )
             return None
         return looked_from_status(reply)
@@ -292,10 +288,9 @@ class OciHooks:
         looked = await self.lookup(container_id)
         if looked is None:
             if tracked is None:
-                log.event(
+                log.warning(
                     LOGGER,
                     "oci_hooks_skipped_unknown_container",
-                    level=logging.WARNING,
                     container=container_id,
                     reason="not seen at CreateContainer and the runtime could not tell",
                 )
@@ -332,7 +327,7 @@ class OciHooks:
         if run.ok:
             log.event(LOGGER, "oci_hook_ran", **fields)
         else:
-            log.event(LOGGER, "oci_hook_failed", level=logging.WARNING, error=run.describe(), **fields)
+            log.warning(LOGGER, "oci_hook_failed", error=run.describe(), **fields)
         # The thread's result arrives even if the call was cancelled meanwhile, with no checkpoint:
         # end here, or the caller would go on (forward a StartContainer kubelet gave up on).
         await trio.lowlevel.checkpoint_if_cancelled()

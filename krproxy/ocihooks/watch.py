@@ -82,10 +82,9 @@ class HookDirectories:
         if present:
             log.event(LOGGER, "oci_hooks_dir_found", dir=directory)
         else:
-            log.event(
+            log.warning(
                 LOGGER,
                 "oci_hooks_dir_missing",
-                level=logging.WARNING,
                 dir=directory,
                 hint="no hooks from it until it is created; check the --oci-hooks-dir path",
             )
@@ -103,7 +102,7 @@ class HookDirectories:
 def _report(directory: str, name: str, entry: Entry, masked: str | None) -> None:
     path = os.path.join(directory, name)
     if isinstance(entry, str):
-        log.event(LOGGER, "oci_hook_invalid", level=logging.ERROR, file=path, error=entry)
+        log.error(LOGGER, "oci_hook_invalid", file=path, error=entry)
         return
     log.event(
         LOGGER,

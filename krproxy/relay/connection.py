@@ -392,12 +392,12 @@ class Endpoint(Reader):
                 await self._read_loop()
             # _read_loop only ever ends by raising: here the deadline cancelled it.
             reason = f"no HTTP/2 connection preface within {HANDSHAKE_TIMEOUT:g} s"
-            log.event(LOGGER, "handshake_timeout", level=logging.WARNING, peer=self.describe)
+            log.warning(LOGGER, "handshake_timeout", peer=self.describe)
         except _Closed:
             reason = "connection closed by peer"
         except _Terminated as err:
             reason = f"HTTP/2 protocol error: {err}"
-            log.event(LOGGER, "protocol_error", level=logging.WARNING, peer=self.describe, error=err)
+            log.warning(LOGGER, "protocol_error", peer=self.describe, error=err)
             if not self.closed:
                 self.try_send()  # the core's GOAWAY
         except (OSError, trio.ClosedResourceError) as err:

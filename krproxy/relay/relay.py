@@ -191,17 +191,16 @@ class Relay:
                 await trio.lowlevel.wait_readable(listener)
                 continue
             except OSError as err:  # e.g. EMFILE: keep serving the connections we have
-                log.event(LOGGER, "accept_failed", level=logging.ERROR, error=err)
+                log.error(LOGGER, "accept_failed", error=err)
                 await trio.sleep(0.1)
                 continue
             if len(self._clients) >= MAX_CONNECTIONS:
                 sock.close()
                 self._turned_away += 1
                 if self._turned_away in (1, 10, 100) or self._turned_away % 1000 == 0:
-                    log.event(
+                    log.warning(
                         LOGGER,
                         "connection_limit",
-                        level=logging.WARNING,
                         connections=len(self._clients),
                         turned_away=self._turned_away,
                     )

@@ -175,9 +175,9 @@ class TraceBackend:
             requests.append(request)
         record = self.answers.answer(path, requests[0] if requests else b"")
         if record is None:
-            log.event(LOGGER, "not_in_trace", level=logging.WARNING, method=path)
+            log.warning(LOGGER, "not_in_trace", method=path)
             raise GRPCError(Status.UNIMPLEMENTED, f"{path} is not in the trace")
-        log.event(LOGGER, "answered", level=logging.DEBUG, method=path, record=record.number)
+        log.debug(LOGGER, "answered", method=path, record=record.number)
         if self.timing and record.backend_seconds > 0:
             await trio.sleep(record.backend_seconds)
         if record.status is not Status.OK:

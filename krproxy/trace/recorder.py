@@ -124,18 +124,12 @@ class TraceWriter:
             header = decode_header(data)
             end = valid_end(data, header.size)
         except TraceError as err:
-            log.event(LOGGER, "recording_set_aside", level=logging.WARNING, file=self.path, reason=str(err))
+            log.warning(LOGGER, "recording_set_aside", file=self.path, reason=str(err))
             self._shift()
             self._create()
             return
         if end < len(data):
-            log.event(
-                LOGGER,
-                "recording_torn_tail_cut",
-                level=logging.WARNING,
-                file=self.path,
-                bytes=len(data) - end,
-            )
+            log.warning(LOGGER, "recording_torn_tail_cut", file=self.path, bytes=len(data) - end)
             os.truncate(self.path, end)
         self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
         self._header_size, self.size = header.size, end
@@ -303,9 +297,7 @@ class Recorder:
         if size > self.max_pending:
             self._dropped += 1
             if self._dropped == 1 or self._dropped % 1000 == 0:
-                log.event(
-                    LOGGER, "recording_dropped", level=logging.WARNING, file=self.path, dropped=self._dropped
-                )
+                log.warning(LOGGER, "recording_dropped", file=self.path, dropped=self._dropped)
             return
         self._pending.append(frame)
         self._pending_bytes = size
@@ -363,13 +355,7 @@ class Recorder:
             except OSError as err:
                 self._dropped += len(frames)
                 self.active = False
-                log.event(
-                    LOGGER,
-                    "recording_failed",
-                    level=logging.ERROR,
-                    file=self.path,
-                    error=str(err),
-                )
+                log.error(LOGGER, "recording_failed", file=self.path, error=str(err))
                 log.event(LOGGER, "recording", state="off", file=self.path)
                 with contextlib.suppress(OSError):
                     await self._in_thread(self._writer.close)
@@ -387,7 +373,7 @@ class Recorder:
                 await self._in_thread(self._writer.open)
             except OSError as err:
                 self.active = False
-                log.event(LOGGER, "recording_failed", level=logging.ERROR, file=self.path, error=str(err))
+                log.error(LOGGER, "recording_failed", file=self.path, error=str(err))
                 log.event(LOGGER, "recording", state="off", file=self.path)
         task_status.started()
         try:
@@ -423,10 +409,9 @@ async def watch_toggle_signal(
         task_status.started()
         async for _ in signals:
             if recorder is None:
-                log.event(
+                log.warning(
                     LOGGER,
                     "recording_unavailable",
-                    level=logging.WARNING,
                     reason="no trace file: start krproxy serve with --record FILE",
                 )
             else:

@@ -16,13 +16,25 @@ from krproxy.daemon import Daemon
 from krproxy.fakes.containerd import FakeContainerd
 from krproxy.relay import Relay
 from tests.integration.processes import ECHO_BACKEND, wait_for_socket
-from tests.integration.support import ProxiedFake, ScriptedBackend, start_proxy, start_scripted_backend
+from tests.integration.support import (
+    ProxiedFake,
+    ScriptedBackend,
+    grpcio_channels,
+    start_proxy,
+    start_scripted_backend,
+)
 
 
 @pytest.fixture
 def sockdir(short_tmp: Path) -> str:
     """``short_tmp`` as a string: the directory for this test's sockets."""
     return str(short_tmp)
+
+
+@pytest.fixture
+def sock(short_tmp: Path) -> str:
+    """``short_tmp/rpc.sock``: where a test's own krproxy.rpc server listens."""
+    return str(short_tmp / "rpc.sock")
 
 
 @pytest.fixture
@@ -56,20 +68,11 @@ async def relay(nursery: trio.Nursery) -> Relay:
 
 @pytest.fixture
 def channel_to() -> Iterator[Callable[[str], grpc.Channel]]:
-    """Open grpcio channels to unix socket paths; all closed at teardown."""
-    channels: list[grpc.Channel] = []
-
-    def open_channel(path: str) -> grpc.Channel:
-        channel = grpc.insecure_channel(
-            f"unix://{path}",
-            options=[("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)],
-        )
-        channels.append(channel)
-        return channel
-
-    yield open_channel
-    for channel in channels:
-        channel.close()
+    """Open grpcio channels to unix socket paths (grpcio's retries off); all closed at teardown."""
+    with grpcio_channels(
+        ("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)
+    ) as open_channel:
+        yield open_channel
 
 
 @pytest.fixture

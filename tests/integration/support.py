@@ -7,6 +7,7 @@ what the proxy forwarded (bytes, metadata, deadline) and make the backend misbeh
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
@@ -199,6 +200,24 @@ async def shut_down(daemon: Daemon | DockerDaemon, listen: str) -> None:
     """Shut ``daemon`` down gracefully (as SIGTERM does) and wait until its socket ``listen`` is gone."""
     daemon.request_shutdown()
     await wait_until(lambda: not os.path.exists(listen))
+
+
+@contextlib.contextmanager
+def grpcio_channels(*options: tuple[str, Any]) -> Iterator[Callable[[str], grpc.Channel]]:
+    """A function that opens grpcio channels (with *options*) to unix socket paths; each channel it
+    opened is closed on leaving."""
+    channels: list[grpc.Channel] = []
+
+    def open_channel(path: str) -> grpc.Channel:
+        channel = grpc.insecure_channel(f"unix://{path}", options=list(options))
+        channels.append(channel)
+        return channel
+
+    try:
+        yield open_channel
+    finally:
+        for channel in channels:
+            channel.close()
 
 
 def raw_unary(channel: grpc.Channel, path: str) -> grpc.UnaryUnaryMultiCallable:

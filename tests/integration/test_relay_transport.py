@@ -39,6 +39,7 @@ from tests.integration.support import (
     hang,
     in_thread,
     raw_unary,
+    serve_relay,
     start_proxy,
     start_scripted_backend,
     wait_until,
@@ -284,11 +285,7 @@ class TestStreams:
         relay = Relay()
         await nursery.start(relay.run)
         relay.configure(relay.route_to(os.path.join(sockdir, "backend.sock"), "backend"), None, {}, [SLOW])
-        listen = os.path.join(sockdir, "relay.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(listen)
-        listener.listen(16)
-        await nursery.start(relay.serve, listener)
+        listen = await serve_relay(nursery, relay, os.path.join(sockdir, "relay.sock"))
         released = trio.Event()
 
         async def slow(stream: rpc.Stream, messages: list[bytes]) -> None:

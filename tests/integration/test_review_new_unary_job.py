@@ -4,9 +4,7 @@ while a job is out, a job never answering when the server stops, and one answeri
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,12 +17,7 @@ import trio
 
 from krproxy.rpc import Server
 from tests.integration.h2_client import framed, grpc_request, request
-from tests.integration.test_rpc_unary_job import AT_ONCE, LATER, LIVENESS_LIMIT, Jobs
-
-
-@pytest.fixture
-def sock(short_tmp: Path) -> str:
-    return str(short_tmp / "rpc.sock")
+from tests.integration.test_rpc_unary_job import AT_ONCE, LATER, LIVENESS_LIMIT, Jobs, call
 
 
 @pytest.fixture
@@ -41,10 +34,6 @@ def grpcio(sock: str) -> Iterator[Callable[[str], Any]]:
     channel.close()
 
 
-async def call(method: Any, message: bytes) -> Any:
-    return await trio.to_thread.run_sync(functools.partial(method.with_call, message, timeout=LIVENESS_LIMIT))
-
-
 def h2_client() -> h2.connection.H2Connection:
     conn = h2.connection.H2Connection(
         h2.config.H2Configuration(client_side=True, header_encoding="utf-8", validate_inbound_headers=False)
@@ -59,8 +48,7 @@ async def test_a_job_answering_twice_gives_the_caller_its_first_answer_only(
     """done() called again (with a value, then with an error) after the call ended: dropped, the
     connection and the server serve on, nothing left in flight."""
     jobs = Jobs()
-    server = jobs.server()
-    await nursery.start(server.serve, sock)
+    server = await jobs.serve(nursery, sock)
     with trio.fail_after(LIVENESS_LIMIT):
         future = grpcio(LATER).future(b"x", timeout=LIVENESS_LIMIT)
         await jobs.wait_for(1)
@@ -80,8 +68,7 @@ async def test_a_request_in_many_data_frames_and_a_large_late_answer(
     """A request sent one byte a DATA frame reaches the job whole; an answer of 3 MiB given late
     (far beyond the caller's 64 KiB stream window) is sent as the caller's window updates come."""
     jobs = Jobs()
-    server = jobs.server()
-    await nursery.start(server.serve, sock)
+    await jobs.serve(nursery, sock)
     with trio.fail_after(LIVENESS_LIMIT):
         message = bytes(range(256)) * 3
         conn = h2_client()
@@ -122,8 +109,7 @@ async def test_the_callers_connection_lost_while_the_job_is_out(nursery: trio.Nu
     """The caller closes its socket (no RST_STREAM, no GOAWAY) with the job out: the call is over
     at once, its slot free; the job's later answer is dropped and the server serves on."""
     jobs = Jobs()
-    server = jobs.server()
-    await nursery.start(server.serve, sock)
+    server = await jobs.serve(nursery, sock)
     with trio.fail_after(LIVENESS_LIMIT):
         conn = h2_client()
         conn.send_headers(1, grpc_request(LATER))
@@ -177,9 +163,7 @@ async def with_task_path(nursery: trio.Nursery, jobs: Jobs, sock: str) -> Server
     async def check(stream: Any) -> bool:
         return True
 
-    server = jobs.server(check_headers=check)
-    await nursery.start(server.serve, sock)
-    return server
+    return await jobs.serve(nursery, sock, check_headers=check)
 
 
 async def test_from_a_task_a_job_answering_twice_gives_its_first_answer_only(

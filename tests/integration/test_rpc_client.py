@@ -10,7 +10,6 @@ import os
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -27,11 +26,6 @@ from krproxy.rpc import Channel, Server, Stream, unary, unary_stream
 from tests.integration.support import hanging
 
 LIVENESS_LIMIT = 30.0  # seconds: a bound on what must happen, not a speed claim
-
-
-@pytest.fixture
-def sock(short_tmp: Path) -> str:
-    return str(short_tmp / "rpc.sock")
 
 
 class _Generic(grpc.GenericRpcHandler):

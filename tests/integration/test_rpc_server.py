@@ -29,7 +29,7 @@ from krproxy.relay.rpc import CloseConnection
 from krproxy.rpc import Channel, Server, Stream, unary, unary_stream
 from krproxy.unixsock import SocketInUseError
 from tests.integration.h2_client import framed, grpc_request, request
-from tests.integration.support import hanging
+from tests.integration.support import grpcio_channels, hanging
 
 ECHO = "/test.Echo/Echo"
 LIVENESS_LIMIT = 30.0  # seconds: a bound on what must happen, not a speed claim
@@ -45,24 +45,9 @@ async def start(nursery: trio.Nursery, path: str, server: Server) -> str:
 
 
 @pytest.fixture
-def sock(short_tmp: Path) -> str:
-    return str(short_tmp / "rpc.sock")
-
-
-@pytest.fixture
 def grpcio() -> Iterator[Callable[[str], grpc.Channel]]:
-    channels: list[grpc.Channel] = []
-
-    def open_channel(path: str) -> grpc.Channel:
-        channel = grpc.insecure_channel(
-            "unix://" + path, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
-        )
-        channels.append(channel)
-        return channel
-
-    yield open_channel
-    for channel in channels:
-        channel.close()
+    with grpcio_channels(("grpc.max_receive_message_length", 64 * 1024 * 1024)) as open_channel:
+        yield open_channel
 
 
 async def call_unary(channel: grpc.Channel, path: str, message: bytes, **kwargs: Any) -> Any:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import gzip
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -66,10 +65,11 @@ class Jobs:
 
         return Server({AT_ONCE: self.at_once, LATER: self.later, "/t.S/Plain": plain}, **kwargs)
 
-
-@pytest.fixture
-def sock(short_tmp: Path) -> str:
-    return str(short_tmp / "rpc.sock")
+    async def serve(self, nursery: trio.Nursery, sock: str, **kwargs: Any) -> Server:
+        """:meth:`server` (with *kwargs*), serving on *sock* in *nursery*."""
+        server = self.server(**kwargs)
+        await nursery.start(server.serve, sock)
+        return server
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ async def test_answers_at_once_and_later_with_their_status_and_no_task_of_their_
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
 ) -> None:
     jobs = Jobs()
-    await nursery.start(jobs.server().serve, sock)
+    await jobs.serve(nursery, sock)
     with trio.fail_after(LIVENESS_LIMIT):
         reply, state = await call(grpcio(AT_ONCE), b"abc")
         assert b"cba" == reply and grpc.StatusCode.OK == state.code()
@@ -133,7 +133,7 @@ async def test_a_job_waiting_for_its_answer_stalls_no_other_stream_or_connection
     """While one call's job has not answered, calls on the same connection (grpcio's one
     channel) and on another (the raw client) are answered; then the first one is too."""
     jobs = Jobs()
-    await nursery.start(jobs.server().serve, sock)
+    await jobs.serve(nursery, sock)
     with trio.fail_after(LIVENESS_LIMIT):
         future = grpcio(LATER).future(b"slow", timeout=LIVENESS_LIMIT)
         await jobs.wait_for(1)
@@ -149,8 +149,7 @@ async def test_the_deadline_ends_the_call_and_the_late_answer_is_dropped(
     nursery: trio.Nursery, sock: str, autojump_clock: trio.testing.MockClock
 ) -> None:
     jobs = Jobs()
-    server = jobs.server()
-    await nursery.start(server.serve, sock)
+    server = await jobs.serve(nursery, sock)
     for late in (outcome.Value(b"too late"), outcome.Error(ValueError("too late as well"))):
         answer = await request(sock, grpc_request(LATER, timeout=5.0), framed(b"x"))
         assert 4 == answer.grpc_status  # DEADLINE_EXCEEDED, from the server
@@ -163,8 +162,7 @@ async def test_the_callers_reset_frees_the_call_before_the_job_answers(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
 ) -> None:
     jobs = Jobs()
-    server = jobs.server()
-    await nursery.start(server.serve, sock)
+    server = await jobs.serve(nursery, sock)
     with trio.fail_after(LIVENESS_LIMIT):
         future = grpcio(LATER).future(b"x", timeout=LIVENESS_LIMIT)
         await jobs.wait_for(1)
@@ -181,7 +179,7 @@ async def test_max_request_and_requests_that_are_no_plain_message_answer_as_unar
     """Too large: RESOURCE_EXHAUSTED, the job never started. No message, a message cut off,
     a compressed one: unary's answers, the job run from a task for the compressed one."""
     jobs = Jobs()
-    await nursery.start(jobs.server(max_request=100).serve, sock)
+    await jobs.serve(nursery, sock, max_request=100)
     with trio.fail_after(LIVENESS_LIMIT):
         err = await failure(grpcio(AT_ONCE), b"x" * 101)
         assert grpc.StatusCode.RESOURCE_EXHAUSTED == err.code()
@@ -229,7 +227,7 @@ async def test_a_bug_in_answering_late_ends_that_connection_not_the_server(
     """A late answer is a ``run_sync_soon`` callback, where an exception would end the whole
     trio run: a bug there is logged as the relay's bugs are and closes that one connection."""
     jobs = Jobs()
-    await nursery.start(jobs.server().serve, sock)
+    await jobs.serve(nursery, sock)
     real_reply = _ServerCall.reply
 
     def broken(call: _ServerCall, message: bytes) -> None:

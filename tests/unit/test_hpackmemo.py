@@ -11,13 +11,11 @@ from hypothesis import strategies as st
 
 from krproxy.h2 import frames as f
 from krproxy.h2 import hpackmemo
+from tests.unit.h2peer import grpc_request
 
+# :method, :scheme, :path (the tests below cut the list after it), :authority, content-type, te
 CALL = [
-    (b":method", b"POST"),
-    (b":scheme", b"http"),
-    (b":path", b"/runtime.v1alpha1.RuntimeHookService/PreCreateContainerHook"),
-    (b":authority", b"localhost"),
-    (b"content-type", b"application/grpc"),
+    *grpc_request(b"/runtime.v1alpha1.RuntimeHookService/PreCreateContainerHook", b"localhost"),
     (b"te", b"trailers"),
 ]
 

@@ -14,14 +14,9 @@ from hypothesis import strategies as st
 
 from krproxy.h2 import frames as f
 from krproxy.h2 import hpackmemo
+from tests.unit.h2peer import grpc_request
 
-CALL = [
-    (b":method", b"POST"),
-    (b":scheme", b"http"),
-    (b":path", b"/runtime.v1.RuntimeService/Version"),
-    (b":authority", b"localhost"),
-    (b"content-type", b"application/grpc"),
-]
+CALL = grpc_request(b"/runtime.v1.RuntimeService/Version", b"localhost")
 TIMEOUT_PREFIX = b"\x00\x0cgrpc-timeout"  # a literal without indexing, its name plain (as we send it)
 
 

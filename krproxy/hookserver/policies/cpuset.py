@@ -38,7 +38,7 @@ def cpuset_from_annotations(annotations: Mapping[str, str]) -> str | None:
     try:
         status = json.loads(raw)
     except ValueError:
-        log.event(LOGGER, "bad_resource_status", level=logging.WARNING, value=raw)
+        log.warning(LOGGER, "bad_resource_status", value=raw)
         return None
     cpuset = status.get("cpuset") if isinstance(status, dict) else None
     return cpuset if isinstance(cpuset, str) and cpuset else None

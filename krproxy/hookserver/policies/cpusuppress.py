@@ -265,7 +265,7 @@ class CpuSuppressPlugin:
         if abs(target - held) <= max(held * HYSTERESIS, MIN_STEP):
             return False
         if target > held and self._changed_at is not None and now - self._changed_at < RAISE_INTERVAL:
-            log.event(LOGGER, "cpusuppress_raise_deferred", level=logging.DEBUG, quota=held, wanted=target)
+            log.debug(LOGGER, "cpusuppress_raise_deferred", quota=held, wanted=target)
             return False
         return True
 
@@ -280,10 +280,9 @@ class CpuSuppressPlugin:
             cpus = self.node_cpus()
             cpuset = be_cpuset(cpus, quota, pinned=self._pinned)
             if cpuset is None and not self._no_free_cpu:  # logged when it starts, not every tick
-                log.event(
+                log.warning(
                     LOGGER,
                     "cpusuppress_no_free_cpu",
-                    level=logging.WARNING,
                     online=format_cpus(cpus),
                     pinned=format_cpus(self._pinned),
                     kept=self.cpuset or "",

@@ -34,10 +34,10 @@ def inject_env(ctx: ContainerContext) -> None:
     try:
         envs = json.loads(raw)
     except ValueError:
-        log.event(LOGGER, "bad_env_annotation", level=logging.WARNING, pod=who(ctx.request.pod), value=raw)
+        log.warning(LOGGER, "bad_env_annotation", pod=who(ctx.request.pod), value=raw)
         return
     if not isinstance(envs, dict) or not all(isinstance(v, str) for v in envs.values()):
-        log.event(LOGGER, "bad_env_annotation", level=logging.WARNING, pod=who(ctx.request.pod), value=raw)
+        log.warning(LOGGER, "bad_env_annotation", pod=who(ctx.request.pod), value=raw)
         return
     ctx.response.add_envs.update(envs)
 
