@@ -170,7 +170,7 @@ class TraceWriter:
             reason = f"size changed from {self.size} to {ours.st_size} bytes (truncated?)"
         else:
             return
-        log.event(LOGGER, "recording_reopened", level=logging.WARNING, file=self.path, reason=reason)
+        log.warning(LOGGER, "recording_reopened", file=self.path, reason=reason)
         self.close()
         self.open()
 
@@ -388,10 +388,9 @@ class Recorder:
                 with contextlib.suppress(OSError):
                     await self._in_thread(self._writer.close)
             if last.cancelled_caught:
-                log.event(
+                log.warning(
                     LOGGER,
                     "recording_abandoned",
-                    level=logging.WARNING,
                     file=self.path,
                     reason=f"writing the trace took over {self.stop_flush_limit:g} s; its last records may be lost",
                 )
