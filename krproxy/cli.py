@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import stat
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -144,7 +145,13 @@ def _check_paths(args: argparse.Namespace) -> str:
 def _check_record(path: str) -> str:
     """Why the trace file cannot be written (created empty if missing); empty when it can."""
     try:
-        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+        mode: int | None = os.stat(path).st_mode
+    except OSError:
+        mode = None  # missing (created below), or the open below says what is wrong
+    if mode is not None and not stat.S_ISREG(mode):
+        return f"--record {path}: not a regular file; give the path of a file (created if missing)"
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o600))
     except OSError as err:
         return f"--record {path}: cannot write the trace file ({err.strerror}); choose a writable path"
     return ""

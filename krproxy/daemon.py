@@ -216,6 +216,7 @@ async def serve(
                 )
                 await nursery.start(recorder.run)
                 relay.observers.append(recorder.observe)
+                metrics.recording.set_function(functools.partial(_is_recording, recorder))
                 relay.keep_messages = True
             await nursery.start(relay.serve, sock)
             if guard is not None:
@@ -244,6 +245,11 @@ async def serve(
             admin_sock.close()
         dispatcher.close()
     log.event(LOGGER, "stopped", listen=config.listen)
+
+
+def _is_recording(recorder: Recorder) -> float:
+    """``krproxy_recording`` (and /status's ``recording``): 1 while calls are being recorded."""
+    return 1.0 if recorder.active else 0.0
 
 
 def _publish(dispatcher: Dispatcher, guard: Guard, registry: Registry) -> None:

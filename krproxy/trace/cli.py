@@ -4,7 +4,8 @@ Mount under the main CLI with :func:`add_subcommands`; each parsed namespace car
 handler in ``args.func(args) -> int``.
 
 Exit status: 0 success (replay: every call identical); 1 replay found differences; 2 usage
-error, or a trace that cannot be read (the message names file and record).
+error, or a trace that cannot be read (the message names file and record); 130 replay
+interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import math
 import os
 import signal
 import sys
@@ -39,6 +41,17 @@ def _time(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a time (ISO 8601 such as 2024-05-01T10:00:00Z, or seconds since the epoch)"
         ) from None
+
+
+def _positive(text: str) -> float:
+    """A finite number above 0 (``--timeout`` seconds, ``--speed``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number above 0 (e.g. 30 or 0.5)")
+    return value
 
 
 def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
@@ -79,9 +92,9 @@ def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     )
     r.add_argument("--timing", action="store_true", help="keep the recorded gaps between calls")
     r.add_argument(
-        "--speed", type=float, default=1.0, metavar="X", help="with --timing: play this many times faster"
+        "--speed", type=_positive, default=1.0, metavar="X", help="with --timing: play this many times faster"
     )
-    r.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS", help="deadline of each call")
+    r.add_argument("--timeout", type=_positive, default=30.0, metavar="SECONDS", help="deadline of each call")
     r.add_argument(
         "--ignore",
         action="append",
@@ -161,7 +174,11 @@ def _replay(args: argparse.Namespace) -> int:
         volatile=messages.VOLATILE | frozenset(args.ignore),
         progress=progress_bar(sys.stderr) if show_progress else None,
     )
-    report = trio.run(_replay_to, args.target, replaying)
+    try:
+        report = trio.run(_replay_to, args.target, replaying)
+    except KeyboardInterrupt:  # Ctrl-C: the call in flight is reset; no report for a partial replay
+        print("krproxy trace replay: interrupted", file=sys.stderr)
+        return 130
     for line in report.lines():
         print(line)
     return 0 if report.ok else 1

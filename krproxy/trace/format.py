@@ -110,6 +110,8 @@ def decode_header(data: bytes | memoryview) -> Header:
         TraceFormatError: wrong magic, unsupported version, or a damaged header.
     """
     view = memoryview(data)
+    if not view:  # e.g. created by `krproxy serve --record-paused`, not yet switched on
+        raise TraceFormatError("the file is empty: nothing has been recorded into it")
     if len(view) < _HEADER.size or bytes(view[:8]) != MAGIC:
         raise TraceFormatError("not a krproxy trace file (no KRPTRACE header)")
     _, version, _flags, meta_len = _HEADER.unpack_from(view)

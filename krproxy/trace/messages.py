@@ -27,6 +27,7 @@ from typing import Any, cast
 import attrs
 import betterproto2
 
+from krproxy import protowire
 from krproxy.grpcstatus import Cardinality
 from krproxy.methods import Method, cri_methods
 from krproxy.proto.runtime import v1 as cri
@@ -108,6 +109,13 @@ def decode(path: str, data: bytes | None, *, reply: bool = False) -> betterproto
     """Decode a request (or reply) of ``path``; None if absent, unknown or undecodable."""
     types = method_types(path)
     if data is None or types is None:
+        return None
+    try:
+        # betterproto2 reads bytes cut short (a varint or a field's length running past the end) as
+        # the fields before the cut, or as an empty message: such bytes are no message of ``path``.
+        for _ in protowire.fields(data):
+            pass
+    except protowire.DecodeError:
         return None
     try:
         return (types.reply if reply else types.request).parse(data)

@@ -23,13 +23,17 @@ goes on. A crash loses at most the records of the last flush interval; the file 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import logging
 import os
 import signal
 import socket
+import stat
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -39,6 +43,8 @@ from krproxy.calls import CallRecord
 from krproxy.trace.format import TraceError, decode_header, encode_call, encode_header, valid_end
 
 LOGGER = logging.getLogger("krproxy.trace")
+
+T = TypeVar("T")
 
 #: Default size at which the trace file is rotated: large enough for hours of a busy node's
 #: lifecycle traffic, small enough to copy off a node.
@@ -52,6 +58,9 @@ FLUSH_BYTES = 1 << 20
 #: Pending bytes beyond which new records are dropped rather than buffered (a stuck disk must
 #: not grow the proxy's memory without bound).
 MAX_PENDING = 64 << 20
+#: How long the daemon's stop waits for the last trace write: a hung disk (a dead NFS server)
+#: must not hold the stop, and with it a socket-activated successor, up for good.
+STOP_FLUSH_LIMIT = 5.0
 
 
 def _rotated(path: str, n: int) -> str:
@@ -66,7 +75,9 @@ class TraceWriter:
     header. A single record larger than ``max_bytes`` still gets written, alone in its file.
 
     Opening an existing file appends to it, after cutting off a torn last record; a file that
-    is not a trace of this version, or has a damaged record, is rotated away untouched.
+    is not a trace of this version, or has a damaged record, is rotated away untouched. A file
+    renamed, deleted or truncated by someone else is noticed at the next write, and the path
+    opened again.
 
     Not thread-safe: use from one thread at a time. Files are created with mode 0600 (traces
     hold whatever kubelet sent: environment variables, secrets mounted as env).
@@ -95,11 +106,17 @@ class TraceWriter:
         if self._fd is not None:
             return
         try:
-            with open(self.path, "rb") as f:
-                data = f.read()
+            # Non-blocking: a FIFO at the path must not hang the start (or a flush) on its other end.
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK)
         except FileNotFoundError:
             self._create()
             return
+        with open(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(
+                    errno.EINVAL, f"{self.path} is not a regular file; give --record the path of a file"
+                )
+            data = f.read()
         if not data:
             self._create()
             return
@@ -119,6 +136,7 @@ class TraceWriter:
 
     def write(self, frames: Sequence[bytes]) -> int:
         """Append encoded records (from :func:`encode_call`); returns the bytes written."""
+        self._follow_path()
         self.open()
         written = 0
         batch: list[bytes] = []
@@ -134,6 +152,27 @@ class TraceWriter:
         if batch:
             written += self._write_all(b"".join(batch))
         return written
+
+    def _follow_path(self) -> None:
+        """Reopen ``path`` if the open file is no longer there as written: renamed or deleted (logrotate's
+        rename, an ``rm`` to free space) or cut short (logrotate's copytruncate). Appending on would put
+        records into a file nobody finds, or after no header."""
+        if self._fd is None:
+            return
+        ours = os.fstat(self._fd)
+        try:
+            there = os.stat(self.path)
+        except FileNotFoundError:
+            there = None
+        if there is None or (there.st_dev, there.st_ino) != (ours.st_dev, ours.st_ino):
+            reason = "renamed or deleted"
+        elif ours.st_size != self.size:
+            reason = f"size changed from {self.size} to {ours.st_size} bytes (truncated?)"
+        else:
+            return
+        log.warning(LOGGER, "recording_reopened", file=self.path, reason=reason)
+        self.close()
+        self.open()
 
     def rotate(self) -> None:
         """Start a new file now; the current one becomes ``FILE.1``."""
@@ -176,10 +215,18 @@ class TraceWriter:
     def _write_all(self, data: bytes) -> int:
         assert self._fd is not None
         view = memoryview(data)
-        while view:
-            n = os.write(self._fd, view)
-            view = view[n:]
-            self.size += n
+        try:
+            while view:
+                n = os.write(self._fd, view)
+                view = view[n:]
+                self.size += n
+        except OSError:
+            # The file may end inside a record now (a full disk): the next write opens it again,
+            # which cuts that record off, instead of appending after it.
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise
         return len(data)
 
 
@@ -221,12 +268,14 @@ class Recorder:
         flush_interval: float = FLUSH_INTERVAL,
         flush_bytes: int = FLUSH_BYTES,
         max_pending: int = MAX_PENDING,
+        stop_flush_limit: float = STOP_FLUSH_LIMIT,
     ) -> None:
         self.path = path
         self.active = active
         self.flush_interval = flush_interval
         self.flush_bytes = flush_bytes
         self.max_pending = max_pending
+        self.stop_flush_limit = stop_flush_limit
         self._writer = TraceWriter(path, max_bytes=max_bytes, keep=keep)
         self._pending: list[bytes] = []
         self._pending_bytes = 0
@@ -235,6 +284,7 @@ class Recorder:
         self._written = 0
         self._wake = trio.Event()
         self._lock = trio.Lock()
+        self._thread_lock = threading.Lock()
 
     # -- the request path ------------------------------------------------------------------
 
@@ -282,25 +332,37 @@ class Recorder:
 
     # -- the writing task ------------------------------------------------------------------
 
+    async def _in_thread(self, fn: Callable[[], T]) -> T:
+        """Run a blocking :class:`TraceWriter` method in a worker thread, one at a time. Abandoned
+        when cancelled (only the daemon's stop cancels it): the thread finishes on its own, and
+        the next one waits for it."""
+
+        def locked() -> T:
+            with self._thread_lock:
+                return fn()
+
+        return await trio.to_thread.run_sync(locked, abandon_on_cancel=True)
+
     async def flush(self) -> None:
         """Write the pending records now (and close the file if recording is off)."""
         async with self._lock:
             frames, self._pending, self._pending_bytes = self._pending, [], 0
             try:
                 if frames:
-                    self._written += await trio.to_thread.run_sync(self._writer.write, frames)
+                    self._written += await self._in_thread(functools.partial(self._writer.write, frames))
                 if not self.active and self._writer.is_open:
-                    await trio.to_thread.run_sync(self._writer.close)
+                    await self._in_thread(self._writer.close)
             except OSError as err:
                 self._dropped += len(frames)
                 self.active = False
                 log.error(LOGGER, "recording_failed", file=self.path, error=str(err))
                 log.event(LOGGER, "recording", state="off", file=self.path)
                 with contextlib.suppress(OSError):
-                    self._writer.close()
+                    await self._in_thread(self._writer.close)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Write pending records periodically until cancelled; then write the rest and close.
+        """Write pending records periodically until cancelled; then write the rest and close,
+        waiting at most :attr:`stop_flush_limit` seconds for the disk (``event=recording_abandoned``).
 
         Opens (or creates) the file before reporting started, so a bad path shows at start-up
         (as ``event=recording_failed``; the proxy runs on without recording).
@@ -308,7 +370,7 @@ class Recorder:
         if self.active:
             log.event(LOGGER, "recording", state="on", file=self.path)
             try:
-                await trio.to_thread.run_sync(self._writer.open)
+                await self._in_thread(self._writer.open)
             except OSError as err:
                 self.active = False
                 log.error(LOGGER, "recording_failed", file=self.path, error=str(err))
@@ -321,10 +383,17 @@ class Recorder:
                 self._wake = trio.Event()
                 await self.flush()
         finally:
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + self.stop_flush_limit) as last:
                 await self.flush()
                 with contextlib.suppress(OSError):
-                    await trio.to_thread.run_sync(self._writer.close)
+                    await self._in_thread(self._writer.close)
+            if last.cancelled_caught:
+                log.warning(
+                    LOGGER,
+                    "recording_abandoned",
+                    file=self.path,
+                    reason=f"writing the trace took over {self.stop_flush_limit:g} s; its last records may be lost",
+                )
 
 
 async def watch_toggle_signal(

@@ -1,0 +1,103 @@
+"""Review of `krproxy serve --record` as a process stopped while calls pour in: SIGTERM under load
+leaves a trace that reads cleanly and holds every call that was answered."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+
+import grpc
+
+from krproxy.trace import load
+from tests.integration.processes import start_daemon
+from tests.integration.support import in_thread, raw_unary, wait_until
+
+VERSION = "/runtime.v1.RuntimeService/Version"
+CALLERS = 8
+
+
+def call_until_refused(listen: str, caller: int, answered: list[bytes]) -> None:
+    """Version calls one after another, each with its own request, until the proxy stops answering."""
+    channel = grpc.insecure_channel(f"unix://{listen}", options=[("grpc.enable_retries", 0)])
+    version = raw_unary(channel, VERSION)
+    try:
+        for n in range(100_000):
+            request = b"\x0a\x06" + f"{caller:02d}{n:04d}".encode()
+            try:
+                reply = version(request, timeout=10)
+            except grpc.RpcError:
+                return  # draining, then gone
+            assert request == reply
+            answered.append(request)
+    finally:
+        channel.close()
+
+
+async def stop_under_load(process: subprocess.Popen[bytes], listen: str, signum: int) -> list[bytes]:
+    """Send ``signum`` to the daemon once CALLERS callers in a loop have had 300 answers; wait for it
+    to end and the callers to stop. Returns the requests that were answered."""
+    answered: list[bytes] = []
+    threads = [
+        threading.Thread(target=call_until_refused, args=(listen, k, answered), daemon=True)
+        for k in range(CALLERS)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        await wait_until(lambda: len(answered) >= 300)
+        process.send_signal(signum)
+        await in_thread(process.wait, 30)
+    finally:
+        for thread in threads:
+            await in_thread(thread.join, 30)
+    assert not any(thread.is_alive() for thread in threads)
+    return answered
+
+
+class TestSigtermUnderLoad:
+    async def test_every_answered_call_is_in_the_trace(
+        self, sockdir: str, echo_backend: str, processes: list[subprocess.Popen[bytes]]
+    ) -> None:
+        """Eight callers in a loop; SIGTERM once a few hundred calls are answered: exit 0, the trace
+        has no torn or damaged record, and every answered call is in it once."""
+        trace = os.path.join(sockdir, "trace.krt")
+        process, listen = start_daemon(sockdir, echo_backend, f"--record={trace}")
+        processes.append(process)
+        answered = await stop_under_load(process, listen, signal.SIGTERM)
+        assert 0 == process.returncode
+        loaded = load([trace])
+        recorded = [r.request for r in loaded.records if r.path == VERSION]
+        assert () == loaded.notes
+        assert len(recorded) == len(set(recorded))
+        assert set(answered) <= set(recorded), (
+            f"{len(set(answered) - set(recorded))} answered calls not recorded"
+        )
+
+    async def test_after_sigkill_the_next_daemon_appends_to_a_clean_file(
+        self, sockdir: str, echo_backend: str, processes: list[subprocess.Popen[bytes]]
+    ) -> None:
+        """SIGKILL under load (no flush, maybe a torn last record): the file reads up to its last whole
+        record; a daemon started again on it cuts any torn tail and appends its own calls after."""
+        trace = os.path.join(sockdir, "trace.krt")
+        process, listen = start_daemon(sockdir, echo_backend, f"--record={trace}")
+        processes.append(process)
+        answered = await stop_under_load(process, listen, signal.SIGKILL)
+        before = load([trace]).records
+        assert set(r.request for r in before) <= set(answered)
+        os.unlink(listen)  # left by the killed process; the next one would replace it as stale anyway
+        again, listen = start_daemon(sockdir, echo_backend, f"--record={trace}")
+        processes.append(again)
+        channel = grpc.insecure_channel(f"unix://{listen}")
+        try:
+            assert b"\x0a\x04last" == await in_thread(
+                raw_unary(channel, VERSION), b"\x0a\x04last", timeout=10
+            )
+        finally:
+            channel.close()
+        again.send_signal(signal.SIGTERM)
+        assert 0 == await in_thread(again.wait, 30)
+        after = load([trace])
+        assert () == after.notes
+        assert [*[r.request for r in before], b"\x0a\x04last"] == [r.request for r in after.records]
