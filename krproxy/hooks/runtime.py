@@ -25,8 +25,10 @@ plugins that only observe is byte-for-byte transparent too. A call that would ru
 (no plugin at its points, no required server, or a pod with the skip label) and only forward and
 then tell the store is not intercepted: :meth:`HookRuntime.watches` lets it go to the runtime as
 the caller sent it (header block and message, as a passthrough call) and the store learns from its
-request and answer once the answer is out. RunPodSandbox, CreateContainer, the Stops and the Removes
-are watched so; StartContainer and the resource updates always go through their interceptor.
+request and answer once the answer is out. RunPodSandbox, CreateContainer and the Removes are
+watched so, and the Stops of objects the store lacks or whose pod skips hooks (a PostStop hook is run
+at the answer, by the plugins registered then); StartContainer and the resource updates always go
+through their interceptor.
 
 Intercepted calls wait until the store has been recovered from the runtime after a
 restart (:meth:`HookRuntime.mark_recovered`), so no hook ever runs against a partial store.
@@ -406,8 +408,8 @@ class HookRuntime:
         known = self.store.get_container(container_id)
         if known is None:
             self._missing("container", container_id, point)
-        elif not self._unhooked(point, known.pod, known.name):
-            return None
+        elif not self._skips(known.pod):
+            return None  # (see _watch_stop_pod_sandbox)
         return _forgetter(lambda: self.store.delete_container(container_id))
 
     def _watch_stop_pod_sandbox(self, data: bytes) -> Watcher | None:
@@ -418,7 +420,10 @@ class HookRuntime:
         known = self.store.get_pod(sandbox_id)
         if known is None:
             self._missing("pod", sandbox_id, point)
-        elif not self._unhooked(point, known):
+        elif not self._skips(known):
+            # A stored object that runs hooks goes to the interceptor even with no plugin at its PostStop
+            # point now: a Stop waits for the grace period (kubelet's 30 s), and a plugin registered by
+            # the answer gets its PostStop hook there; a watched call decided at the request would not.
             return None
         return _forgetter(
             lambda: self.store.delete_pod(sandbox_id), gone=lambda: self.store.remove_pod(sandbox_id)
