@@ -127,8 +127,10 @@ class HookRuntime:
         hook server is required, only forwards the caller's request and then tells the store: such a call
         goes upstream as the caller's bytes, and the store learns from the request and the answer. None
         before the store is recovered (the interceptor waits for that), nor for a request the interceptor
-        would refuse (it says why). StartContainer and the resource updates are not watched: they hold a
-        container's or pod's lock across their forward, which orders them against hooked calls."""
+        would refuse (it says why), nor for a Stop of a stored object whose pod does not skip hooks (its
+        PostStop hook runs for the plugins registered at the answer). StartContainer and the resource
+        updates are not watched: they hold a container's or pod's lock across their forward, which
+        orders them against hooked calls."""
         watches: dict[str, Watch] = {
             "RunPodSandbox": self._watch_run_pod_sandbox,
             "CreateContainer": self._watch_create_container,
