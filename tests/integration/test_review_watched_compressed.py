@@ -1,8 +1,8 @@
 """Review of watched calls (issue 24): a runtime that compresses its answers.
 
 A watched call goes upstream with the caller's header block, ``grpc-accept-encoding`` included, so a
-runtime configured to compress (a grpcio server with ``compression=gzip`` does so for every caller that
-accepts it) answers it compressed. The caller reads it; the store must learn the pod and the container
+runtime configured to compress (a grpcio server with ``compression=gzip`` or ``deflate`` does so for
+every caller that accepts it) answers it compressed. The caller reads it; the store must learn the pod and the container
 from it too. (An intercepted call cannot use such a runtime at all: the relay's own unary call reads
 only an uncompressed answer and the caller gets UNAVAILABLE, on main as on createlat4.) The runtime here is a grpcio server answering the few CRI methods the proxy needs with fixed
 messages; it runs in its own threads and is stopped at the end of each test.
@@ -31,7 +31,7 @@ CONTAINER_ID = "ctr-" + "1" * 200
 
 
 class CompressingRuntime:
-    """Answers RunPodSandbox, CreateContainer, the lists recovery makes and Version; gzip where accepted."""
+    """Answers RunPodSandbox, CreateContainer, the lists recovery makes and Version; compressed."""
 
     def __init__(self) -> None:
         self.created: list[str] = []
@@ -60,13 +60,11 @@ class CompressingRuntime:
         )
 
 
-@pytest.fixture
-def compressing(sockdir: str) -> Iterator[tuple[CompressingRuntime, str]]:
+@pytest.fixture(params=[grpc.Compression.Gzip, grpc.Compression.Deflate], ids=["gzip", "deflate"])
+def compressing(sockdir: str, request: pytest.FixtureRequest) -> Iterator[tuple[CompressingRuntime, str]]:
     runtime = CompressingRuntime()
-    path = os.path.join(sockdir, "gzip-runtime.sock")
-    server = grpc.server(
-        concurrent.futures.ThreadPoolExecutor(max_workers=2), compression=grpc.Compression.Gzip
-    )
+    path = os.path.join(sockdir, "compressing-runtime.sock")
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2), compression=request.param)
     server.add_generic_rpc_handlers((runtime.handler(),))
     server.add_insecure_port("unix:" + path)
     server.start()
