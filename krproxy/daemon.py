@@ -184,7 +184,7 @@ async def serve(
             functools.partial(relay.call, runtime_route, within=ocihooks.LOOKUP_TIMEOUT)
         )
         interceptors = oci_hooks.wrap(interceptors)
-    # A call at a hook point without plugins goes upstream as the caller's bytes (HookRuntime.watches);
+    # A call at a hook point without plugins goes upstream as the caller's bytes (hooks/watched.py);
     # not where OCI hooks wrapped the interceptor, which has work of its own.
     watches = {p: w for p, w in hooks.watches().items() if interceptors[p] is plugin_interceptors[p]}
     relay.configure(

@@ -23,12 +23,12 @@ entry stays, so kubelet's retry still runs PostStop hooks with the full record
 When no plugin changed anything, the original request bytes are forwarded, so a proxy with
 plugins that only observe is byte-for-byte transparent too. A call that would run no hook at all
 (no plugin at its points, no required server, or a pod with the skip label) and only forward and
-then tell the store is not intercepted: :meth:`HookRuntime.watches` lets it go to the runtime as
-the caller sent it (header block and message, as a passthrough call) and the store learns from its
-request and answer once the answer is out. RunPodSandbox, CreateContainer and the Removes are
-watched so, and the Stops of objects the store lacks or whose pod skips hooks (a PostStop hook is run
-at the answer, by the plugins registered then); StartContainer and the resource updates always go
-through their interceptor.
+then tell the store is not intercepted: its watch (:mod:`krproxy.hooks.watched`) lets it go to the
+runtime as the caller sent it (header block and message, as a passthrough call) and the store learns
+from its request and answer once the answer is out. RunPodSandbox, CreateContainer and the Removes
+are watched so, and the Stops of objects the store lacks or whose pod skips hooks (a PostStop hook is
+run at the answer, by the plugins registered then); StartContainer and the resource updates always
+go through their interceptor.
 
 Intercepted calls wait until the store has been recovered from the runtime after a
 restart (:meth:`HookRuntime.mark_recovered`), so no hook ever runs against a partial store.
@@ -55,34 +55,16 @@ import attrs
 import trio
 
 from krproxy import log
-from krproxy.forward import (
-    RUNTIME_PREFIX,
-    BackendError,
-    Forward,
-    Handler,
-    Interceptor,
-    Reply,
-    Watch,
-    Watcher,
-    runtime_interceptors,
-)
+from krproxy.forward import BackendError, Forward, Handler, Interceptor, Reply, Watch, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.hooks import convert, merge, rewrite, writeback
-from krproxy.hooks._reading import (
-    THREAD_DECODE_AT,
-    decode,
-    decode_id,
-    decode_request,
-    malformed,
-    plain_id,
-    reply_field,
-)
+from krproxy.hooks import convert, merge, rewrite, watched, writeback
+from krproxy.hooks._reading import decode_id, decode_request, malformed, reply_field
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard
 from krproxy.hooks.lifecycle import Lifecycle
 from krproxy.hooks.model import ContainerInfo, PodInfo
 from krproxy.hooks.points import HookPoint
-from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed, needed
+from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed
 from krproxy.hooks.store import HookStore
 from krproxy.proto.runtime import v1 as cri
 
@@ -123,31 +105,9 @@ class HookRuntime:
         return runtime_interceptors(handlers, gate=self._recovered)
 
     def watches(self) -> dict[str, Watch]:
-        """The watches (:data:`krproxy.forward.Watch`) of the methods whose call, where no hook runs and no
-        hook server is required, only forwards the caller's request and then tells the store: such a call
-        goes upstream as the caller's bytes, and the store learns from the request and the answer. None
-        before the store is recovered (the interceptor waits for that), nor for a request the interceptor
-        would refuse (it says why), nor for a Stop of a stored object whose pod does not skip hooks (its
-        PostStop hook runs for the plugins registered at the answer). StartContainer and the resource
-        updates are not watched: they hold a container's or pod's lock across their forward, which
-        orders them against hooked calls."""
-        watches: dict[str, Watch] = {
-            "RunPodSandbox": self._watch_run_pod_sandbox,
-            "CreateContainer": self._watch_create_container,
-            "StopContainer": self._watch_stop_container,
-            "StopPodSandbox": self._watch_stop_pod_sandbox,
-            "RemoveContainer": self._watch_remove_container,
-            "RemovePodSandbox": self._watch_remove_pod_sandbox,
-        }
-        recovered = self._recovered
-
-        def bind(watch: Watch) -> Watch:
-            def gated(data: bytes) -> Watcher | None:
-                return watch(data) if recovered.is_set() else None
-
-            return gated
-
-        return {RUNTIME_PREFIX + name: bind(watch) for name, watch in watches.items()}
+        """The watches of the calls that go upstream as the caller's bytes where no hook would run
+        (:mod:`krproxy.hooks.watched`)."""
+        return watched.watches(self)
 
     def mark_recovered(self) -> None:
         """Let intercepted calls through: the store now reflects the runtime."""
@@ -159,22 +119,6 @@ class HookRuntime:
 
     def _skips(self, pod: PodInfo) -> bool:
         return self.lifecycle.skips(pod)
-
-    def _unhooked(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> bool:
-        """Whether a call at *point* for *pod* (and *container*) would run no hook and need no hook server:
-        the pod skips hooks, or no plugin is registered for *point* and nothing is required there (the
-        flags, the pod's annotations; annotations that do not parse: not unhooked, the call is refused)."""
-        if self._skips(pod):
-            return True
-        if self.dispatcher.plugins_for(point):
-            return False
-        if self.guard is None:
-            return True
-        try:
-            need = needed(self.guard.requirements, point, pod.annotations, container)
-        except AnnotationError:
-            return False
-        return not need.names and not need.hooked
 
     async def _require(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> Needed:
         """The required hook servers of a hooked call at *point*, once all are up and registered where
@@ -216,7 +160,7 @@ class HookRuntime:
         async def post() -> None:
             pod = self.store.get_pod(sandbox_id)
             if pod is None:
-                self._missing("pod", sandbox_id, HookPoint.POST_STOP_POD_SANDBOX)
+                self.missing("pod", sandbox_id, HookPoint.POST_STOP_POD_SANDBOX)
             elif not self._skips(pod):
                 await self.lifecycle.post(HookPoint.POST_STOP_POD_SANDBOX, pod, target=sandbox_id)
 
@@ -245,7 +189,7 @@ class HookRuntime:
             with malformed("UpdatePodSandboxResourcesRequest"):
                 stored = self.store.get_pod(sandbox_id)
                 if stored is None:
-                    self._missing("pod", sandbox_id, point)
+                    self.missing("pod", sandbox_id, point)
                     return await forward(data)
                 resize = convert.pod_resize_from_request(request, stored)
             resize, data = await self._pre_hooks(
@@ -274,7 +218,7 @@ class HookRuntime:
             pod = self.store.get_pod(request.pod_sandbox_id)
             if pod is None:
                 # Better than the reference (which skips hooks): the request carries the pod's config.
-                self._missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
+                self.missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
                 pod = convert.pod_from_wire_config(request.sandbox_config)
             info = convert.container_from_wire_create(request, pod)
         point = HookPoint.PRE_CREATE_CONTAINER
@@ -360,99 +304,6 @@ class HookRuntime:
         container_id = decode_id(cri.RemoveContainerRequest, data, "container_id")
         return await _forward_then_forget(forward(data), lambda: self.store.delete_container(container_id))
 
-    # -- watched calls: no hook to run (see watches()) -------------------------------------
-
-    def _watch_run_pod_sandbox(self, data: bytes) -> Watcher | None:
-        # With plugins at the point only a pod with the skip label would be watched: not worth decoding
-        # every pod twice to find those (the interceptor skips their hooks just as well).
-        if len(data) >= THREAD_DECODE_AT or self.dispatcher.plugins_for(HookPoint.PRE_RUN_POD_SANDBOX):
-            return None  # (large requests: the interceptor decodes them in a thread)
-        try:
-            pod = convert.pod_from_run_request(decode(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest"))
-        except Exception:  # malformed: the interceptor refuses it
-            return None
-        point = HookPoint.PRE_RUN_POD_SANDBOX
-        if not self._unhooked(point, pod):
-            return None
-        return self._keeper(point, pod, cri.RunPodSandboxResponse, "pod_sandbox_id")
-
-    def _watch_create_container(self, data: bytes) -> Watcher | None:
-        if len(data) >= THREAD_DECODE_AT:
-            return None
-        point = HookPoint.PRE_CREATE_CONTAINER
-        if self.dispatcher.plugins_for(point):
-            # Hooks run unless the pod skips them: read only its id (the request is decoded once, by the
-            # interceptor, for a call that runs hooks); a pod the store lacks goes to the interceptor.
-            sandbox_id = plain_id(cri.CreateContainerRequest, data, "pod_sandbox_id")
-            known = self.store.get_pod(sandbox_id) if sandbox_id else None
-            if known is None or not self._skips(known):
-                return None
-        try:
-            request = rewrite.CreateContainerRequest.FromString(data)
-            pod = self.store.get_pod(request.pod_sandbox_id)
-            stored = pod is not None
-            if pod is None:
-                pod = convert.pod_from_wire_config(request.sandbox_config)
-            info = convert.container_from_wire_create(request, pod)
-        except Exception:  # malformed: the interceptor refuses it
-            return None
-        if not self._unhooked(point, pod, info.name):
-            return None
-        if not stored:
-            self._missing("pod", request.pod_sandbox_id, point)
-        return self._keeper(point, info, cri.CreateContainerResponse, "container_id")
-
-    def _watch_stop_container(self, data: bytes) -> Watcher | None:
-        container_id = plain_id(cri.StopContainerRequest, data, "container_id")
-        if container_id is None:  # the interceptor decodes it, or refuses it
-            return None
-        point = HookPoint.POST_STOP_CONTAINER
-        known = self.store.get_container(container_id)
-        if known is None:
-            self._missing("container", container_id, point)
-        elif not self._skips(known.pod):
-            return None  # (see _watch_stop_pod_sandbox)
-        return _forgetter(lambda: self.store.delete_container(container_id))
-
-    def _watch_stop_pod_sandbox(self, data: bytes) -> Watcher | None:
-        sandbox_id = plain_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")
-        if sandbox_id is None:
-            return None
-        point = HookPoint.POST_STOP_POD_SANDBOX
-        known = self.store.get_pod(sandbox_id)
-        if known is None:
-            self._missing("pod", sandbox_id, point)
-        elif not self._skips(known):
-            # A stored object that runs hooks goes to the interceptor even with no plugin at its PostStop
-            # point now: a Stop waits for the grace period (kubelet's 30 s), and a plugin registered by
-            # the answer gets its PostStop hook there; a watched call decided at the request would not.
-            return None
-        return _forgetter(
-            lambda: self.store.delete_pod(sandbox_id), gone=lambda: self.store.remove_pod(sandbox_id)
-        )
-
-    def _watch_remove_container(self, data: bytes) -> Watcher | None:
-        container_id = plain_id(cri.RemoveContainerRequest, data, "container_id")
-        if container_id is None:
-            return None
-        return _forgetter(lambda: self.store.delete_container(container_id))
-
-    def _watch_remove_pod_sandbox(self, data: bytes) -> Watcher | None:
-        sandbox_id = plain_id(cri.RemovePodSandboxRequest, data, "pod_sandbox_id")
-        if sandbox_id is None:
-            return None
-        return _forgetter(lambda: self.store.remove_pod(sandbox_id))
-
-    def _keeper(self, point: HookPoint, record: Any, answer: type[Any], field: str) -> Watcher:
-        """The watcher of a watched RunPodSandbox or CreateContainer: keeps *record* under the id its
-        answer's *field* names, as :meth:`_forward_created` does."""
-
-        def keep(status: Status, reply: bytes | None) -> None:
-            if reply is not None:
-                self._keep_created(point, record, answer, field, reply)
-
-        return keep
-
     async def _pre_hooks(
         self,
         point: HookPoint,
@@ -483,17 +334,17 @@ class HookRuntime:
         """Await the forwarded RunPodSandbox or CreateContainer *call*; keep *record* under the id its
         answer's *field* names."""
         reply = await call
-        self._keep_created(point, record, answer, field, reply.message)
+        self.keep_created(point, record, answer, field, reply.message)
         return reply
 
-    def _keep_created(
+    def keep_created(
         self, point: HookPoint, record: Any, answer: type[Any], field: str, reply: bytes
     ) -> None:
         ident = reply_field(answer, reply, field)
         if ident:
             self.lifecycle.keep(point, ident, record)
 
-    def _missing(self, kind: str, ident: str, point: HookPoint) -> None:
+    def missing(self, kind: str, ident: str, point: HookPoint) -> None:
         """An id the store does not know: hooks skipped. Worth a warning only if a plugin wanted
         this hook (kubelet stops a pod twice before removing it, so the second time is normal)."""
         log.event(
@@ -517,7 +368,7 @@ class HookRuntime:
         """The stored container if hooks should run for it, else None (unknown or skipped)."""
         info = self.store.get_container(container_id)
         if info is None:
-            self._missing("container", container_id, point)
+            self.missing("container", container_id, point)
             return None
         return None if self._skips(info.pod) else info
 
@@ -556,24 +407,7 @@ async def _forward_then_forget(
     try:
         reply = await call
     except BackendError as err:
-        _forget_when_done(err.status, forget, gone)
+        watched.forget_when_done(err.status, forget, gone)
         raise
     forget()
     return reply
-
-
-def _forget_when_done(
-    status: Status, forget: Callable[[], object], gone: Callable[[], object] | None
-) -> None:
-    """:func:`_forward_then_forget`'s rule, given the runtime's *status*: forget after OK, or (*gone* if
-    given) after NOT_FOUND; keep after anything else."""
-    if status is Status.OK:
-        forget()
-    elif status is Status.NOT_FOUND:
-        (gone or forget)()
-
-
-def _forgetter(forget: Callable[[], object], *, gone: Callable[[], object] | None = None) -> Watcher:
-    """The watcher of a watched Stop or Remove call: :func:`_forward_then_forget`'s rule (a watched call's
-    NOT_FOUND is the runtime's: the relay answers none of its own)."""
-    return lambda status, reply: _forget_when_done(status, forget, gone)

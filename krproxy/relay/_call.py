@@ -284,3 +284,24 @@ class Call:
             message=self.message,
             hooks=(),
         )
+
+
+def report(call: Call, observers: list[calls.Observer]) -> None:
+    """A finished call: tell its watcher how it ended, then hand its record to every observer."""
+    if call.watcher is not None:
+        try:
+            call.watcher(call.status, call.reply_message())
+        except Exception:  # a bug of ours; the call itself is over and fine
+            LOGGER.exception("watcher of %s failed", call.path)
+    if not observers:
+        return
+    try:
+        record = call.record()
+    except Exception:  # a bug of ours; the call itself is over and fine
+        LOGGER.exception("call record of %s failed", call.path)
+        return
+    for observer in observers:
+        try:
+            observer(record)
+        except Exception:  # an observer must never break a call
+            LOGGER.exception("observer %r failed", observer)

@@ -47,7 +47,7 @@ from krproxy.forward import Interceptor, Watch
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay._call import Call
+from krproxy.relay._call import Call, report
 from krproxy.relay._grpc import (
     MAX_OWN_ANSWER,
     Answer,
@@ -250,7 +250,7 @@ class Relay:
         if self._unrecorded:
             finished, self._unrecorded = self._unrecorded, []
             for call in finished:
-                self._observe(call)
+                report(call, self.observers)
 
     # -- calls -------------------------------------------------------------------------
 
@@ -309,27 +309,7 @@ class Relay:
             if self.defer_records:
                 self._unrecorded.append(call)
             else:
-                self._observe(call)
-
-    def _observe(self, call: Call) -> None:
-        """Tell the call's watcher how it ended, then hand the call's record to every observer."""
-        if call.watcher is not None:
-            try:
-                call.watcher(call.status, call.reply_message())
-            except Exception:  # a bug of ours; the call itself is over and fine
-                LOGGER.exception("watcher of %s failed", call.path)
-        if not self.observers:
-            return
-        try:
-            record = call.record()
-        except Exception:  # a bug of ours; the call itself is over and fine
-            LOGGER.exception("call record of %s failed", call.path)
-            return
-        for observer in self.observers:
-            try:
-                observer(record)
-            except Exception:  # an observer must never break a call
-                LOGGER.exception("observer %r failed", observer)
+                report(call, self.observers)
 
     async def wait_idle(self) -> None:
         """Return once no call is in flight."""

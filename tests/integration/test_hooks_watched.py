@@ -1,6 +1,6 @@
 """Watched calls: a CRI call with hook points whose point has no plugin and needs no hook server goes to the
 runtime as the caller sent it, and the store learns what it needs from the request and the answer
-(:meth:`krproxy.hooks.runtime.HookRuntime.watches`).
+(:mod:`krproxy.hooks.watched`).
 
 The header block the fake containerd receives tells the two ways apart: a watched call carries the
 caller's own (as a passthrough call does), an intercepted one the relay's (``:authority localhost``, no

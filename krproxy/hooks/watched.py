@@ -1,0 +1,194 @@
+"""Watched calls: the CRI calls with hook points that, where no hook would run, go upstream as the caller's bytes.
+
+Where no plugin is registered at a call's points and no hook server is required there (the flags, the pod's
+annotations), or the pod has the skip label, an interceptor of :mod:`krproxy.hooks.runtime` would only
+forward the caller's request and then tell the store. Such a call needs none of it: its *watch*
+(:data:`krproxy.forward.Watch`), shown the request, gives a watcher; the relay sends the call on as it came,
+relays the answer frame by frame, and tells the watcher the status and the reply once the answer is out
+(:class:`krproxy.relay._local.LocalCall`). The watcher keeps the pod or container
+(:meth:`HookRuntime.keep_created`), or drops it by :func:`forget_when_done`'s rule: the
+store ends as the interceptor would have left it.
+
+A watch says None, and the interceptor handles the call as before, before the store is recovered, for a
+request the interceptor would refuse (malformed; annotations that do not parse: it says why), for one of
+at least :data:`~krproxy.hooks._reading.THREAD_DECODE_AT` bytes (decoded in a thread there), and for a Stop
+of a stored object whose pod does not skip hooks (its PostStop hook runs for the plugins registered at
+the answer, which a Stop waits for through the grace period). StartContainer
+and the resource updates have no watch: they hold a container's or pod's lock across their forward, which
+orders them against hooked calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from krproxy.forward import RUNTIME_PREFIX, Watch, Watcher
+from krproxy.grpcstatus import Status
+from krproxy.hooks import convert, rewrite
+from krproxy.hooks._reading import THREAD_DECODE_AT, decode, plain_id
+from krproxy.hooks.model import PodInfo
+from krproxy.hooks.points import HookPoint
+from krproxy.hooks.required import AnnotationError, needed
+from krproxy.proto.runtime import v1 as cri
+
+if TYPE_CHECKING:
+    from krproxy.hooks.runtime import HookRuntime
+
+__all__ = ["forget_when_done", "watches"]
+
+
+def watches(hooks: HookRuntime) -> dict[str, Watch]:
+    """The watches of *hooks*' watched methods, by method path; each says None until the store is recovered."""
+    watched = _Watches(hooks)
+    table: dict[str, Watch] = {
+        "RunPodSandbox": watched.run_pod_sandbox,
+        "CreateContainer": watched.create_container,
+        "StopContainer": watched.stop_container,
+        "StopPodSandbox": watched.stop_pod_sandbox,
+        "RemoveContainer": watched.remove_container,
+        "RemovePodSandbox": watched.remove_pod_sandbox,
+    }
+
+    def bind(watch: Watch) -> Watch:
+        def gated(data: bytes) -> Watcher | None:
+            return watch(data) if hooks.recovered else None
+
+        return gated
+
+    return {RUNTIME_PREFIX + name: bind(watch) for name, watch in table.items()}
+
+
+class _Watches:
+    """The watch of each watched method, reading *hooks*' store, registry and required servers."""
+
+    def __init__(self, hooks: HookRuntime) -> None:
+        self.hooks = hooks
+
+    def unhooked(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> bool:
+        """Whether a call at *point* for *pod* (and *container*) would run no hook and need no hook server:
+        the pod skips hooks, or no plugin is registered for *point* and nothing is required there (the
+        flags, the pod's annotations; annotations that do not parse: not unhooked, the call is refused)."""
+        hooks = self.hooks
+        if hooks.lifecycle.skips(pod):
+            return True
+        if hooks.dispatcher.plugins_for(point):
+            return False
+        if hooks.guard is None:
+            return True
+        try:
+            need = needed(hooks.guard.requirements, point, pod.annotations, container)
+        except AnnotationError:
+            return False
+        return not need.names and not need.hooked
+
+    def run_pod_sandbox(self, data: bytes) -> Watcher | None:
+        # With plugins at the point only a pod with the skip label would be watched: not worth decoding
+        # every pod twice to find those (the interceptor skips their hooks just as well).
+        point = HookPoint.PRE_RUN_POD_SANDBOX
+        if len(data) >= THREAD_DECODE_AT or self.hooks.dispatcher.plugins_for(point):
+            return None
+        try:
+            pod = convert.pod_from_run_request(decode(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest"))
+        except Exception:  # malformed: the interceptor refuses it
+            return None
+        if not self.unhooked(point, pod):
+            return None
+        return self._keeper(point, pod, cri.RunPodSandboxResponse, "pod_sandbox_id")
+
+    def create_container(self, data: bytes) -> Watcher | None:
+        if len(data) >= THREAD_DECODE_AT:
+            return None
+        hooks = self.hooks
+        point = HookPoint.PRE_CREATE_CONTAINER
+        if hooks.dispatcher.plugins_for(point):
+            # Hooks run unless the pod skips them: read only its id (the request is decoded once, by the
+            # interceptor, for a call that runs hooks); a pod the store lacks goes to the interceptor.
+            sandbox_id = plain_id(cri.CreateContainerRequest, data, "pod_sandbox_id")
+            known = hooks.store.get_pod(sandbox_id) if sandbox_id else None
+            if known is None or not hooks.lifecycle.skips(known):
+                return None
+        try:
+            request = rewrite.CreateContainerRequest.FromString(data)
+            pod = hooks.store.get_pod(request.pod_sandbox_id)
+            stored = pod is not None
+            if pod is None:
+                pod = convert.pod_from_wire_config(request.sandbox_config)
+            info = convert.container_from_wire_create(request, pod)
+        except Exception:  # malformed: the interceptor refuses it
+            return None
+        if not self.unhooked(point, pod, info.name):
+            return None
+        if not stored:
+            hooks.missing("pod", request.pod_sandbox_id, point)
+        return self._keeper(point, info, cri.CreateContainerResponse, "container_id")
+
+    def stop_container(self, data: bytes) -> Watcher | None:
+        container_id = plain_id(cri.StopContainerRequest, data, "container_id")
+        if container_id is None:  # the interceptor decodes it, or refuses it
+            return None
+        store = self.hooks.store
+        point = HookPoint.POST_STOP_CONTAINER
+        known = store.get_container(container_id)
+        if known is None:
+            self.hooks.missing("container", container_id, point)
+        elif not self.hooks.lifecycle.skips(known.pod):
+            return None  # (see stop_pod_sandbox)
+        return _forgetter(lambda: store.delete_container(container_id))
+
+    def stop_pod_sandbox(self, data: bytes) -> Watcher | None:
+        sandbox_id = plain_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")
+        if sandbox_id is None:
+            return None
+        store = self.hooks.store
+        point = HookPoint.POST_STOP_POD_SANDBOX
+        known = store.get_pod(sandbox_id)
+        if known is None:
+            self.hooks.missing("pod", sandbox_id, point)
+        elif not self.hooks.lifecycle.skips(known):
+            # A stored object that runs hooks goes to the interceptor even with no plugin at its PostStop
+            # point now: a Stop waits for the grace period (kubelet's 30 s), and a plugin registered by
+            # the answer gets its PostStop hook there; a watched call decided at the request would not.
+            return None
+        return _forgetter(lambda: store.delete_pod(sandbox_id), gone=lambda: store.remove_pod(sandbox_id))
+
+    def remove_container(self, data: bytes) -> Watcher | None:
+        container_id = plain_id(cri.RemoveContainerRequest, data, "container_id")
+        if container_id is None:
+            return None
+        store = self.hooks.store
+        return _forgetter(lambda: store.delete_container(container_id))
+
+    def remove_pod_sandbox(self, data: bytes) -> Watcher | None:
+        sandbox_id = plain_id(cri.RemovePodSandboxRequest, data, "pod_sandbox_id")
+        if sandbox_id is None:
+            return None
+        store = self.hooks.store
+        return _forgetter(lambda: store.remove_pod(sandbox_id))
+
+    def _keeper(self, point: HookPoint, record: Any, answer: type[Any], field: str) -> Watcher:
+        """The watcher of a watched RunPodSandbox or CreateContainer: keeps *record* under the id its
+        answer's *field* names, as the interceptor does once it has the runtime's reply."""
+        hooks = self.hooks
+
+        def keep(status: Status, reply: bytes | None) -> None:
+            if reply is not None:
+                hooks.keep_created(point, record, answer, field, reply)
+
+        return keep
+
+
+def forget_when_done(status: Status, forget: Callable[[], object], gone: Callable[[], object] | None) -> None:
+    """The rule of Stop and Remove calls, given the runtime's *status*: forget the store entry after OK, or
+    (*gone* if given) after NOT_FOUND; keep it after anything else (:func:`krproxy.hooks.runtime._forward_then_forget`
+    says why)."""
+    if status is Status.OK:
+        forget()
+    elif status is Status.NOT_FOUND:
+        (gone or forget)()
+
+
+def _forgetter(forget: Callable[[], object], *, gone: Callable[[], object] | None = None) -> Watcher:
+    """The watcher of a watched Stop or Remove call: :func:`forget_when_done`'s rule (a watched call's
+    NOT_FOUND is the runtime's: the relay answers none of its own)."""
+    return lambda status, reply: forget_when_done(status, forget, gone)
