@@ -40,7 +40,7 @@ class TestRemoveRacingAHookedCall:
     )
     async def test_the_removed_container_stays_removed(self, node: Node, point: HookPoint) -> None:
         plugin = await node.add_plugin("slow", hooks=[point], call_timeout=30)
-        plugin.misbehave(Misbehaviour(delay=3.0), point)  # (the call is logged as it arrives)
+        plugin.misbehave(Misbehaviour(delay=6.0), point)  # logged as it arrives; time for the Remove
         await node.start_proxy()
         _, container_id = await node.pod_with_container()
         if point is HookPoint.PRE_UPDATE_CONTAINER_RESOURCES:
