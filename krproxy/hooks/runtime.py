@@ -25,8 +25,10 @@ plugins that only observe is byte-for-byte transparent too. A call that would ru
 (no plugin at its points, no required server, or a pod with the skip label) and only forward and
 then tell the store is not intercepted: its watch (:mod:`krproxy.hooks.watched`) lets it go to the
 runtime as the caller sent it (header block and message, as a passthrough call) and the store learns
-from its request and answer once the answer is out. RunPodSandbox, CreateContainer, the Stops and the
-Removes are watched so; StartContainer and the resource updates always go through their interceptor.
+from its request and answer once the answer is out. RunPodSandbox, CreateContainer and the Removes
+are watched so, and the Stops of objects the store lacks or whose pod skips hooks (a PostStop hook is
+run at the answer, by the plugins registered then); StartContainer and the resource updates always
+go through their interceptor.
 
 Intercepted calls wait until the store has been recovered from the runtime after a
 restart (:meth:`HookRuntime.mark_recovered`), so no hook ever runs against a partial store.

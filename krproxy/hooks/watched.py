@@ -10,8 +10,10 @@ relays the answer frame by frame, and tells the watcher the status and the reply
 store ends as the interceptor would have left it.
 
 A watch says None, and the interceptor handles the call as before, before the store is recovered, for a
-request the interceptor would refuse (malformed; annotations that do not parse: it says why), and for one of
-at least :data:`~krproxy.hooks._reading.THREAD_DECODE_AT` bytes (decoded in a thread there). StartContainer
+request the interceptor would refuse (malformed; annotations that do not parse: it says why), for one of
+at least :data:`~krproxy.hooks._reading.THREAD_DECODE_AT` bytes (decoded in a thread there), and for a Stop
+of a stored object whose pod does not skip hooks (its PostStop hook runs for the plugins registered at
+the answer, which a Stop waits for through the grace period). StartContainer
 and the resource updates have no watch: they hold a container's or pod's lock across their forward, which
 orders them against hooked calls.
 """
@@ -130,8 +132,8 @@ class _Watches:
         known = store.get_container(container_id)
         if known is None:
             self.hooks.missing("container", container_id, point)
-        elif not self.unhooked(point, known.pod, known.name):
-            return None
+        elif not self.hooks.lifecycle.skips(known.pod):
+            return None  # (see stop_pod_sandbox)
         return _forgetter(lambda: store.delete_container(container_id))
 
     def stop_pod_sandbox(self, data: bytes) -> Watcher | None:
@@ -143,7 +145,10 @@ class _Watches:
         known = store.get_pod(sandbox_id)
         if known is None:
             self.hooks.missing("pod", sandbox_id, point)
-        elif not self.unhooked(point, known):
+        elif not self.hooks.lifecycle.skips(known):
+            # A stored object that runs hooks goes to the interceptor even with no plugin at its PostStop
+            # point now: a Stop waits for the grace period (kubelet's 30 s), and a plugin registered by
+            # the answer gets its PostStop hook there; a watched call decided at the request would not.
             return None
         return _forgetter(lambda: store.delete_pod(sandbox_id), gone=lambda: store.remove_pod(sandbox_id))
 

@@ -20,6 +20,7 @@ from krproxy.h2 import frames as f
 from krproxy.relay import connection
 from krproxy.relay._call import Call, Relay
 from krproxy.relay._grpc import (
+    _DECOMPRESS_WBITS,
     _OWN_FIELDS,
     _PLAIN_HEADERS,
     _PLAIN_TRAILERS,
@@ -32,6 +33,7 @@ from krproxy.relay._grpc import (
     CloseConnection,
     MessageTooLarge,
     UpstreamError,
+    _decompress,
     _forget_traceback,
     _read_status,
     _status_fields,
@@ -41,6 +43,10 @@ from krproxy.relay._grpc import (
 )
 from krproxy.relay.half import Half, Headers
 from krproxy.relay.route import Route
+
+#: What a watched call's compressed answer may decompress to (on the reader's turn): its watcher
+#: reads one id, and no reply of a watched method comes near.
+_WATCHED_REPLY_LIMIT = 64 * 1024
 
 LOGGER = logging.getLogger("krproxy.relay")
 
@@ -89,7 +95,16 @@ class LocalCall(HandledCall):
     passthrough call does.
     """
 
-    __slots__ = ("_encoding", "_headers", "_interceptor", "_started", "_watch", "ctx", "watcher")
+    __slots__ = (
+        "_encoding",
+        "_headers",
+        "_interceptor",
+        "_reply_encoding",
+        "_started",
+        "_watch",
+        "ctx",
+        "watcher",
+    )
 
     def __init__(
         self,
@@ -108,6 +123,7 @@ class LocalCall(HandledCall):
         self._watch = watch
         self.watcher = None
         self._encoding = next((value for name, value in headers if name == b"grpc-encoding"), b"identity")
+        self._reply_encoding = b"identity"  # a watched call's answer's, which the runtime may compress
         self._started = False
         self.ctx = calls.CallContext(path)
 
@@ -175,6 +191,29 @@ class LocalCall(HandledCall):
 
     def on_request_trailers(self, headers: Headers) -> None:
         self.on_request_data(b"", True)
+
+    def on_reply_headers(self, headers: Headers, end: bool) -> None:
+        # Only a watched call has an upstream half of its own (the interceptor's calls are _Exchanges).
+        if not end:
+            self._reply_encoding = next((v for n, v in headers if n == b"grpc-encoding"), b"identity")
+        super().on_reply_headers(headers, end)
+
+    def reply_message(self) -> bytes | None:
+        """As :meth:`Call.reply_message`, decompressed: a watched call carries the caller's
+        ``grpc-accept-encoding``, so the runtime may compress the answer its watcher must read. None
+        (logged) if it does not decompress, or to more than :data:`_WATCHED_REPLY_LIMIT`."""
+        message = super().reply_message()
+        tap = self.reply_tap
+        if message is None or tap is None or not tap.compressed:
+            return message
+        try:
+            wbits = _DECOMPRESS_WBITS.get(self._reply_encoding)
+            if wbits is None:
+                raise GRPCError(Status.UNIMPLEMENTED, f"unknown grpc-encoding {self._reply_encoding!r}")
+            return _decompress(message, wbits, _WATCHED_REPLY_LIMIT)
+        except (GRPCError, MessageTooLarge) as err:
+            LOGGER.warning("%s: the runtime's compressed answer is unreadable here: %s", self.path, err)
+            return None
 
     async def _handle(self) -> None:
         if self.finished or self.answered:  # reset or failed before this task ran: cancelled
