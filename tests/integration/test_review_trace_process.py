@@ -66,13 +66,17 @@ class TestSigtermUnderLoad:
         process, listen = start_daemon(sockdir, echo_backend, f"--record={trace}")
         processes.append(process)
         answered = await stop_under_load(process, listen, signal.SIGTERM)
-        assert 0 == process.returncode
+        # The daemon's log, for the messages below: one run of the whole suite on a loaded machine
+        # found none of 328 answered calls in the trace (a header only), and no run since has.
+        log = process.stderr.read().decode(errors="replace") if process.stderr is not None else ""
+        assert 0 == process.returncode, log
         loaded = load([trace])
         recorded = [r.request for r in loaded.records if r.path == VERSION]
-        assert () == loaded.notes
+        assert () == loaded.notes, log
         assert len(recorded) == len(set(recorded))
         assert set(answered) <= set(recorded), (
-            f"{len(set(answered) - set(recorded))} answered calls not recorded"
+            f"{len(set(answered) - set(recorded))} answered calls not recorded, "
+            f"{len(loaded.records)} records in {sorted(os.listdir(sockdir))}; the daemon's log:\n{log}"
         )
 
     async def test_after_sigkill_the_next_daemon_appends_to_a_clean_file(
