@@ -6,7 +6,7 @@ Two halves, joined by an in-memory list of encoded records:
   the finished call (raw bytes, nothing decoded, see :func:`krproxy.trace.format.encode_call`)
   and appends it to the pending list. It never blocks and never touches the disk.
 * :meth:`Recorder.run`, a trio task in the daemon's root nursery, hands the pending records to
-  a :class:`TraceWriter` in a worker thread every :data:`FLUSH_INTERVAL` seconds, or sooner
+  a :class:`TraceWriter` in a thread of its own every :data:`FLUSH_INTERVAL` seconds, or sooner
   once :data:`FLUSH_BYTES` are pending.
 
 Recording can be switched on and off while the daemon runs (:meth:`Recorder.toggle`; the
@@ -22,6 +22,7 @@ goes on. A crash loses at most the records of the last flush interval; the file 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import functools
@@ -36,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
+import outcome
 import trio
 
 from krproxy import __version__, log
@@ -61,6 +63,53 @@ MAX_PENDING = 64 << 20
 #: How long the daemon's stop waits for the last trace write: a hung disk (a dead NFS server)
 #: must not hold the stop, and with it a socket-activated successor, up for good.
 STOP_FLUSH_LIMIT = 5.0
+
+
+class _InOrder:
+    """Blocking calls run one at a time in a thread, in the order they were queued, whether or not
+    their callers still wait for them.
+
+    A call is queued before its caller's first checkpoint, so a caller cancelled at any point leaves
+    its call to run: a write of records taken from the pending list is never skipped, and a later
+    call (the stop's close) returns only after it. trio's own ``to_thread.run_sync`` could be
+    cancelled before its thread started, and abandoned calls raced the later ones for a lock: the
+    stop's close could win and the daemon exit before a periodic flush's records were written. The
+    thread ends when nothing is queued, and the next call starts another.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._queue: collections.deque[Callable[[], None]] = collections.deque()
+        self._running = False
+
+    async def run(self, fn: Callable[[], T]) -> T:
+        token = trio.lowlevel.current_trio_token()
+        done = trio.Event()
+        result: list[outcome.Outcome[T]] = []
+
+        def job() -> None:
+            result.append(outcome.capture(fn))
+            with contextlib.suppress(trio.RunFinishedError):  # the run ended: no one waits
+                token.run_sync_soon(done.set)
+
+        with self._lock:
+            self._queue.append(job)
+            start = not self._running
+            self._running = True
+        if start:
+            threading.Thread(target=self._work, name=self.name, daemon=True).start()
+        await done.wait()
+        return result[0].unwrap()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._running = False
+                    return
+                job = self._queue.popleft()
+            job()
 
 
 def _rotated(path: str, n: int) -> str:
@@ -284,7 +333,7 @@ class Recorder:
         self._written = 0
         self._wake = trio.Event()
         self._lock = trio.Lock()
-        self._thread_lock = threading.Lock()
+        self._jobs = _InOrder("krproxy-trace-writer")
 
     # -- the request path ------------------------------------------------------------------
 
@@ -333,15 +382,10 @@ class Recorder:
     # -- the writing task ------------------------------------------------------------------
 
     async def _in_thread(self, fn: Callable[[], T]) -> T:
-        """Run a blocking :class:`TraceWriter` method in a worker thread, one at a time. Abandoned
-        when cancelled (only the daemon's stop cancels it): the thread finishes on its own, and
-        the next one waits for it."""
-
-        def locked() -> T:
-            with self._thread_lock:
-                return fn()
-
-        return await trio.to_thread.run_sync(locked, abandon_on_cancel=True)
+        """Run a blocking :class:`TraceWriter` method in the writer's thread (:class:`_InOrder`).
+        Cancelling the wait (only the daemon's stop does) leaves the call queued: it still runs, in
+        its place, and the stop's last close, queued after it, waits for it."""
+        return await self._jobs.run(fn)
 
     async def flush(self) -> None:
         """Write the pending records now (and close the file if recording is off)."""
