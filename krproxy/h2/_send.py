@@ -94,7 +94,8 @@ class Sender:
         """Forget a stream (the driver is done with it): its slot is free again. Returns the
         bytes still queued for it, dropped. Sends nothing: reset it first if it is not over."""
         stream = self.streams.pop(stream_id, None)
-        if stream is None:
+        if stream is None or not stream.pending:
+            # The common end of a call: nothing queued (trailers wait only behind queued data).
             return 0
         return self._drop(stream)
 
@@ -226,6 +227,10 @@ class Sender:
         if self.table_update:
             self.table_update = False
             block = f.table_size_update(0) + block  # we never use the table: 0 fits every limit
+        size = len(block)
+        if size <= self.peer_max_frame:  # one HEADERS frame, as nearly every block: packed here
+            flags = f.END_HEADERS | f.END_STREAM if end else f.END_HEADERS
+            return f.HEAD.pack(size >> 16, size & 0xFFFF, f.HEADERS, flags, stream_id) + block
         return f.header_frames(stream_id, block, end, self.peer_max_frame)
 
     # -- resets, credit --------------------------------------------------------------------

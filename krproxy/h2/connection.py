@@ -296,14 +296,16 @@ class Connection(Control):
         if kind == f.DATA:
             self._on_data(flags, stream_id, payload)
         elif kind == f.HEADERS:
-            _require_stream(stream_id, "HEADERS")
-            fragment, depends_on = f.header_fragment(flags, payload)
-            if depends_on == stream_id:  # a stream error, once the block is decoded (HPACK state)
-                flags |= _SELF_DEPENDENT
+            if stream_id == 0:
+                raise f.ProtocolError("HEADERS on stream 0")
+            if flags & (f.PADDED | f.PRIORITY_FLAG):  # gRPC peers send neither: the block is the payload
+                payload, depends_on = f.header_fragment(flags, payload)
+                if depends_on == stream_id:  # a stream error, once the block is decoded (HPACK state)
+                    flags |= _SELF_DEPENDENT
             if flags & f.END_HEADERS:
-                self._block(stream_id, flags, fragment)
+                self._block(stream_id, flags, payload)
             else:
-                self._continuation = (stream_id, flags, bytearray(fragment))
+                self._continuation = (stream_id, flags, bytearray(payload))
         elif kind == f.CONTINUATION:
             if self._continuation is None or self._continuation[0] != stream_id:
                 raise f.ProtocolError("CONTINUATION without a header block to continue")
@@ -425,10 +427,14 @@ class Connection(Control):
                 self._deferred = (stream_id, flags)
                 self._events.append(ev.HeaderBlockReceived(stream_id, block))
                 return
-        headers = self.decode_block(block)
-        if isinstance(headers, f.ProtocolError):
-            raise headers
-        self._on_block(stream_id, flags, headers)
+        try:  # decode_block's work, without its result's isinstance test (once per block)
+            headers = hpackmemo.decode(self.decoder, block)
+        except (hpack.exceptions.HPACKError, IndexError, ValueError) as err:
+            raise f.ProtocolError(f"undecodable header block: {err}", f.COMPRESSION_ERROR) from None
+        if self.server:
+            self._on_block(stream_id, flags, headers)
+        else:
+            self._on_answer_block(self.streams.get(stream_id), headers, bool(flags & f.END_STREAM))
 
     def _on_block(self, stream_id: int, flags: int, headers: Headers) -> None:
         end = bool(flags & f.END_STREAM)
