@@ -69,7 +69,7 @@ class Sender:
         :class:`LocalProtocolError` unless :meth:`can_start_stream`."""
         if self.server:
             raise LocalProtocolError("a server opens no streams (push is not supported)")
-        if not self.can_start_stream():
+        if len(self.streams) >= self.peer_max_streams or self.next_id > f.MAX_STREAM_ID:  # can_start_stream()
             raise LocalProtocolError("no stream can be opened now (peer's limit or ids used up)")
         stream_id = self.next_id
         self.next_id += 2

@@ -257,28 +257,32 @@ class Connection(Control):
         (one call per frame that made events, on every driver's hot path)."""
         buf = self.unread
         offset, total = 0, len(buf)
-        head = f.HEAD
+        # Once per frame of every call: the loop's constants and methods are locals.
+        unpack_from, on_frame = f.HEAD.unpack_from, self._frame
+        head_size, max_frame = f.HEAD_SIZE, f.DEFAULT_MAX_FRAME
         events = self._events
         stepwise = self.stepwise
+        view = memoryview(buf)  # a frame's payload is copied once, from the view (not sliced, then copied)
         try:
-            while total - offset >= f.HEAD_SIZE and self._deferred is None and self.terminated is None:
+            while total - offset >= head_size and self._deferred is None and self.terminated is None:
                 if stepwise and events:
                     break
-                high, low, kind, flags, stream_id = head.unpack_from(buf, offset)
+                high, low, kind, flags, stream_id = unpack_from(buf, offset)
                 size = high << 16 | low
-                if size > f.DEFAULT_MAX_FRAME:
+                if size > max_frame:
                     if buf.startswith(b"HTTP/1.", offset):  # an HTTP/1 answer, read as a frame header
                         raise f.ProtocolError(HTTP1_PEER, f.PROTOCOL_ERROR)
                     raise f.ProtocolError(f"frame of {size} bytes exceeds 16384", f.FRAME_SIZE_ERROR)
-                end = offset + f.HEAD_SIZE + size
+                end = offset + head_size + size
                 if end > total:
                     break
-                payload = bytes(buf[offset + f.HEAD_SIZE : end])
+                payload = bytes(view[offset + head_size : end])
                 offset = end
-                self._frame(kind, flags, stream_id & 0x7FFF_FFFF, payload)
+                on_frame(kind, flags, stream_id & 0x7FFF_FFFF, payload)
         except f.ProtocolError as err:
             self._terminate(err.code, str(err))
         finally:
+            view.release()  # before the bytearray is resized
             del buf[:offset]
         self._events = []
         return events
@@ -375,8 +379,10 @@ class Connection(Control):
         self.recv_window -= size
         if self.recv_window < 0:
             raise f.ProtocolError("DATA beyond the connection window", f.FLOW_CONTROL_ERROR)
-        if self.credit_on_arrival:
-            self._grant_connection(size)
+        if self.credit_on_arrival:  # _grant_connection inline: once per DATA frame
+            self.to_grant += size
+            if self.to_grant >= self._grant_connection_at:
+                self._grant_connection(0)
         data = f.unpad(flags, payload) if flags & f.PADDED else payload
         stream = self.streams.get(stream_id)
         if stream is None or stream.recv_ended or stream.reset:
