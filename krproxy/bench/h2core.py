@@ -100,8 +100,13 @@ def time_calls(message_size: int, calls: int, rounds: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m krproxy.bench.h2core", description=__doc__)
-    parser.add_argument("--calls", type=int, default=20_000, help="unary calls per timed round")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds (the best is printed)")
+    parser.add_argument("--calls", type=int, default=2000, help="unary calls per timed round")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=25,
+        help="timed rounds (the best is printed: short rounds, many, so that one of them runs while the machine lets it)",
+    )
     parser.add_argument(
         "--sizes", default="100,4096", help="message sizes in bytes, comma separated (default 100,4096)"
     )
