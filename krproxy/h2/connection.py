@@ -257,32 +257,28 @@ class Connection(Control):
         (one call per frame that made events, on every driver's hot path)."""
         buf = self.unread
         offset, total = 0, len(buf)
-        # Once per frame of every call: the loop's constants and methods are locals.
-        unpack_from, on_frame = f.HEAD.unpack_from, self._frame
-        head_size, max_frame = f.HEAD_SIZE, f.DEFAULT_MAX_FRAME
+        head = f.HEAD
         events = self._events
         stepwise = self.stepwise
-        view = memoryview(buf)  # a frame's payload is copied once, from the view (not sliced, then copied)
         try:
-            while total - offset >= head_size and self._deferred is None and self.terminated is None:
+            while total - offset >= f.HEAD_SIZE and self._deferred is None and self.terminated is None:
                 if stepwise and events:
                     break
-                high, low, kind, flags, stream_id = unpack_from(buf, offset)
+                high, low, kind, flags, stream_id = head.unpack_from(buf, offset)
                 size = high << 16 | low
-                if size > max_frame:
+                if size > f.DEFAULT_MAX_FRAME:
                     if buf.startswith(b"HTTP/1.", offset):  # an HTTP/1 answer, read as a frame header
                         raise f.ProtocolError(HTTP1_PEER, f.PROTOCOL_ERROR)
                     raise f.ProtocolError(f"frame of {size} bytes exceeds 16384", f.FRAME_SIZE_ERROR)
-                end = offset + head_size + size
+                end = offset + f.HEAD_SIZE + size
                 if end > total:
                     break
-                payload = bytes(view[offset + head_size : end])
+                payload = bytes(buf[offset + f.HEAD_SIZE : end])
                 offset = end
-                on_frame(kind, flags, stream_id & 0x7FFF_FFFF, payload)
+                self._frame(kind, flags, stream_id & 0x7FFF_FFFF, payload)
         except f.ProtocolError as err:
             self._terminate(err.code, str(err))
         finally:
-            view.release()  # before the bytearray is resized
             del buf[:offset]
         self._events = []
         return events
