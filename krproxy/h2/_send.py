@@ -157,7 +157,12 @@ class Sender:
         stream = self.streams.get(stream_id)
         if stream is None or stream.reset or stream.send_ended:
             return 0
-        stream.trailers_pending = headers if isinstance(headers, bytes) else f.encode_headers(headers)
+        block = headers if isinstance(headers, bytes) else f.encode_headers(headers)
+        if not stream.pending:  # nothing queued before them, as after most answers: out now
+            self.output += self._header_frames(stream_id, block, True)
+            stream.send_ended = True
+            return 0
+        stream.trailers_pending = block
         return self._pump(stream)
 
     def abandon_output(self, stream_id: int) -> int:
