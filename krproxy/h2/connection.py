@@ -375,10 +375,10 @@ class Connection(Control):
         self.recv_window -= size
         if self.recv_window < 0:
             raise f.ProtocolError("DATA beyond the connection window", f.FLOW_CONTROL_ERROR)
-        if self.credit_on_arrival:  # _grant_connection inline: once per DATA frame
+        if self.credit_on_arrival:  # _grant_connection(size), its test inline: once per DATA frame
             self.to_grant += size
             if self.to_grant >= self._grant_connection_at:
-                self._grant_connection(0)
+                self._grant_connection(0)  # adds nothing: sends the WINDOW_UPDATE now due
         data = f.unpad(flags, payload) if flags & f.PADDED else payload
         stream = self.streams.get(stream_id)
         if stream is None or stream.recv_ended or stream.reset:
