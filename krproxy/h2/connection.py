@@ -357,15 +357,6 @@ class Connection(Control):
                 self._stream_error(stream_id, err.code, idle=True)
         # Unknown frame types are ignored (RFC 9113 §5.5).
 
-    def _require_not_idle(self, stream_id: int, kind: str) -> None:
-        """RST_STREAM or WINDOW_UPDATE on a stream nobody opened yet is a connection error
-        (RFC 9113 §5.1): the peer's stream ids and ours are told apart by parity."""
-        if stream_id == 0:
-            return
-        idle = stream_id >= self.next_id if self._ours(stream_id) else stream_id > self.last_peer_id
-        if idle:
-            raise f.ProtocolError(f"{kind} on idle stream {stream_id}")
-
     # -- DATA ----------------------------------------------------------------------------
 
     def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
