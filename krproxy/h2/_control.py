@@ -31,6 +31,15 @@ class Control(Sender):
     def _ours(self, stream_id: int) -> bool:
         return (stream_id % 2 == 1) != self.server
 
+    def _require_not_idle(self, stream_id: int, kind: str) -> None:
+        """RST_STREAM or WINDOW_UPDATE on a stream nobody opened yet is a connection error
+        (RFC 9113 §5.1): the peer's stream ids and ours are told apart by parity."""
+        if stream_id == 0:
+            return
+        idle = stream_id >= self.next_id if self._ours(stream_id) else stream_id > self.last_peer_id
+        if idle:
+            raise f.ProtocolError(f"{kind} on idle stream {stream_id}")
+
     def _on_settings(self, values: list[tuple[int, int]]) -> None:
         if not self.peer_settings_seen:
             self.peer_settings_seen = True

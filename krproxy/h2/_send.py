@@ -69,7 +69,7 @@ class Sender:
         :class:`LocalProtocolError` unless :meth:`can_start_stream`."""
         if self.server:
             raise LocalProtocolError("a server opens no streams (push is not supported)")
-        if not self.can_start_stream():
+        if len(self.streams) >= self.peer_max_streams or self.next_id > f.MAX_STREAM_ID:  # can_start_stream()
             raise LocalProtocolError("no stream can be opened now (peer's limit or ids used up)")
         stream_id = self.next_id
         self.next_id += 2
@@ -94,7 +94,8 @@ class Sender:
         """Forget a stream (the driver is done with it): its slot is free again. Returns the
         bytes still queued for it, dropped. Sends nothing: reset it first if it is not over."""
         stream = self.streams.pop(stream_id, None)
-        if stream is None:
+        if stream is None or not stream.pending:
+            # The common end of a call: nothing queued (trailers wait only behind queued data).
             return 0
         return self._drop(stream)
 
@@ -156,7 +157,12 @@ class Sender:
         stream = self.streams.get(stream_id)
         if stream is None or stream.reset or stream.send_ended:
             return 0
-        stream.trailers_pending = headers if isinstance(headers, bytes) else f.encode_headers(headers)
+        block = headers if isinstance(headers, bytes) else f.encode_headers(headers)
+        if not stream.pending:  # nothing queued before them, as after most answers: out now
+            self.output += self._header_frames(stream_id, block, True)
+            stream.send_ended = True
+            return 0
+        stream.trailers_pending = block
         return self._pump(stream)
 
     def abandon_output(self, stream_id: int) -> int:
@@ -226,6 +232,10 @@ class Sender:
         if self.table_update:
             self.table_update = False
             block = f.table_size_update(0) + block  # we never use the table: 0 fits every limit
+        size = len(block)
+        if size <= self.peer_max_frame:  # one HEADERS frame, as nearly every block: packed here
+            flags = f.END_HEADERS | f.END_STREAM if end else f.END_HEADERS
+            return f.HEAD.pack(size >> 16, size & 0xFFFF, f.HEADERS, flags, stream_id) + block
         return f.header_frames(stream_id, block, end, self.peer_max_frame)
 
     # -- resets, credit --------------------------------------------------------------------

@@ -296,14 +296,16 @@ class Connection(Control):
         if kind == f.DATA:
             self._on_data(flags, stream_id, payload)
         elif kind == f.HEADERS:
-            _require_stream(stream_id, "HEADERS")
-            fragment, depends_on = f.header_fragment(flags, payload)
-            if depends_on == stream_id:  # a stream error, once the block is decoded (HPACK state)
-                flags |= _SELF_DEPENDENT
+            if stream_id == 0:
+                raise f.ProtocolError("HEADERS on stream 0")
+            if flags & (f.PADDED | f.PRIORITY_FLAG):  # gRPC peers send neither: the block is the payload
+                payload, depends_on = f.header_fragment(flags, payload)
+                if depends_on == stream_id:  # a stream error, once the block is decoded (HPACK state)
+                    flags |= _SELF_DEPENDENT
             if flags & f.END_HEADERS:
-                self._block(stream_id, flags, fragment)
+                self._block(stream_id, flags, payload)
             else:
-                self._continuation = (stream_id, flags, bytearray(fragment))
+                self._continuation = (stream_id, flags, bytearray(payload))
         elif kind == f.CONTINUATION:
             if self._continuation is None or self._continuation[0] != stream_id:
                 raise f.ProtocolError("CONTINUATION without a header block to continue")
@@ -355,15 +357,6 @@ class Connection(Control):
                 self._stream_error(stream_id, err.code, idle=True)
         # Unknown frame types are ignored (RFC 9113 §5.5).
 
-    def _require_not_idle(self, stream_id: int, kind: str) -> None:
-        """RST_STREAM or WINDOW_UPDATE on a stream nobody opened yet is a connection error
-        (RFC 9113 §5.1): the peer's stream ids and ours are told apart by parity."""
-        if stream_id == 0:
-            return
-        idle = stream_id >= self.next_id if self._ours(stream_id) else stream_id > self.last_peer_id
-        if idle:
-            raise f.ProtocolError(f"{kind} on idle stream {stream_id}")
-
     # -- DATA ----------------------------------------------------------------------------
 
     def _on_data(self, flags: int, stream_id: int, payload: bytes) -> None:
@@ -373,8 +366,10 @@ class Connection(Control):
         self.recv_window -= size
         if self.recv_window < 0:
             raise f.ProtocolError("DATA beyond the connection window", f.FLOW_CONTROL_ERROR)
-        if self.credit_on_arrival:
-            self._grant_connection(size)
+        if self.credit_on_arrival:  # _grant_connection(size), its test inline: once per DATA frame
+            self.to_grant += size
+            if self.to_grant >= self._grant_connection_at:
+                self._grant_connection(0)  # adds nothing: sends the WINDOW_UPDATE now due
         data = f.unpad(flags, payload) if flags & f.PADDED else payload
         stream = self.streams.get(stream_id)
         if stream is None or stream.recv_ended or stream.reset:
@@ -425,10 +420,14 @@ class Connection(Control):
                 self._deferred = (stream_id, flags)
                 self._events.append(ev.HeaderBlockReceived(stream_id, block))
                 return
-        headers = self.decode_block(block)
-        if isinstance(headers, f.ProtocolError):
-            raise headers
-        self._on_block(stream_id, flags, headers)
+        try:  # decode_block's work, without its result's isinstance test (once per block)
+            headers = hpackmemo.decode(self.decoder, block)
+        except (hpack.exceptions.HPACKError, IndexError, ValueError) as err:
+            raise f.ProtocolError(f"undecodable header block: {err}", f.COMPRESSION_ERROR) from None
+        if self.server:
+            self._on_block(stream_id, flags, headers)
+        else:
+            self._on_answer_block(self.streams.get(stream_id), headers, bool(flags & f.END_STREAM))
 
     def _on_block(self, stream_id: int, flags: int, headers: Headers) -> None:
         end = bool(flags & f.END_STREAM)

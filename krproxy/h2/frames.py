@@ -188,6 +188,7 @@ _CONNECTION_SPECIFIC = frozenset(
     (b"connection", b"proxy-connection", b"keep-alive", b"transfer-encoding", b"upgrade")
 )
 _REQUEST_PSEUDO = frozenset((b":method", b":scheme", b":path", b":authority"))
+_REQUIRED_PSEUDO = frozenset((b":method", b":scheme", b":path"))
 #: The octets a regular field name may hold: RFC 9110's token characters but uppercase letters.
 #: RFC 9113 §8.2.1 forbids 0x00-0x20, 0x41-0x5a (uppercase), 0x7f-0xff and ':'; grpc-go's framer
 #: (containerd's, ``validWireHeaderFieldName``) takes token characters only, which also leaves
@@ -264,10 +265,8 @@ def request_header_problem(headers: Iterable[tuple[bytes, bytes]], trailers: boo
             if name in seen:
                 return "content-length twice"
             seen.add(name)
-    if not trailers:
-        missing = [n.decode() for n in (b":method", b":scheme", b":path") if n not in seen]
-        if missing:
-            return "no " + ", ".join(missing)
+    if not trailers and not _REQUIRED_PSEUDO <= seen:
+        return "no " + ", ".join(n.decode() for n in (b":method", b":scheme", b":path") if n not in seen)
     return None
 
 

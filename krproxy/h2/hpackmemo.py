@@ -234,7 +234,8 @@ def _from_template(block: bytes, limit: int) -> Headers | None:
         if size > limit:
             return None  # hpack raises its error
         got = list(headers)
-        got.insert(cast(int, place), cls(name, value))
+        assert place is not None  # a template holds its field's place (typing.cast is a call)
+        got.insert(place, cls(name, value))
         return got
     return None
 

@@ -194,6 +194,29 @@ def test_a_goaway_refuses_the_streams_above_its_last_id() -> None:
     assert conn.goaway_received
 
 
+def test_releasing_a_stream_a_goaway_refused_reports_its_queued_data() -> None:
+    conn = client()
+    stream_id = conn.start_stream(REQUEST)
+    assert f.DEFAULT_WINDOW == conn.send_data(stream_id, b"x" * (f.DEFAULT_WINDOW + 10))
+    conn.send_trailers(stream_id, TRAILERS)
+    conn.receive_data(f.goaway(0, f.NO_ERROR))
+    assert not conn.blocked  # refused: no longer waiting for a window, its data still queued
+    assert 10 == conn.release_stream(stream_id)
+    assert 0 == conn.buffered
+
+
+def test_a_header_block_beyond_the_peers_frame_size_goes_out_in_continuations() -> None:
+    conn = client()
+    big = [*REQUEST, (b"x-big", b"v" * 40000)]
+    conn.start_stream(big, end_stream=True)
+    frames = [fr for fr in parse(conn.data_to_send()) if fr[0] in (f.HEADERS, f.CONTINUATION)]
+    assert [(f.HEADERS, f.END_STREAM), (f.CONTINUATION, 0), (f.CONTINUATION, f.END_HEADERS)] == [
+        fr[:2] for fr in frames
+    ]
+    assert all(len(fr[3]) <= f.DEFAULT_MAX_FRAME for fr in frames)
+    assert f.encode_headers(big) == b"".join(fr[3] for fr in frames)
+
+
 def test_a_second_answer_header_block_without_end_stream_resets_that_stream() -> None:
     """After the answer's headers, only trailers may come (RFC 9113 §8.1): a second block
     without END_STREAM is malformed, the stream's error, not a second answer to pass on."""
