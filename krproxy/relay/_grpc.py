@@ -197,14 +197,9 @@ def _decompress(data: bytes, wbits: int, limit: int) -> bytes:
     raise GRPCError(Status.INTERNAL, problem)
 
 
-async def decompress_message(encoding: bytes, data: bytes, limit: int) -> bytes:
-    """A message that came with the compressed flag, decompressed as its ``grpc-encoding``
-    says (gzip or deflate; a large one in a worker thread), at most ``limit`` bytes of it.
-
-    Raises :class:`GRPCError` as grpc-go answers: INTERNAL for the flag with no encoding (or
-    ``identity``) and for bytes that do not decompress, UNIMPLEMENTED for another encoding;
-    :class:`MessageTooLarge` when it decompresses to more than ``limit`` (each caller words that).
-    """
+def _wbits(encoding: bytes) -> int:
+    """The zlib ``wbits`` for a compressed message's ``grpc-encoding``; :class:`GRPCError` as grpc-go
+    answers: INTERNAL for no encoding (or ``identity``), UNIMPLEMENTED for one krproxy does not read."""
     if encoding in (b"", b"identity"):
         raise GRPCError(Status.INTERNAL, "grpc: compressed flag set with identity or empty encoding")
     wbits = _DECOMPRESS_WBITS.get(encoding)
@@ -214,6 +209,24 @@ async def decompress_message(encoding: bytes, data: bytes, limit: int) -> bytes:
             f"grpc: Decompressor is not installed for grpc-encoding {encoding.decode('ascii', 'replace')!r}"
             " (krproxy reads gzip and deflate)",
         )
+    return wbits
+
+
+def decompress_inline(encoding: bytes, data: bytes, limit: int) -> bytes:
+    """A small message that came with the compressed flag, decompressed here, as :func:`decompress_message`
+    does (its errors too); for callers that may not wait."""
+    return _decompress(data, _wbits(encoding), limit)
+
+
+async def decompress_message(encoding: bytes, data: bytes, limit: int) -> bytes:
+    """A message that came with the compressed flag, decompressed as its ``grpc-encoding``
+    says (gzip or deflate; a large one in a worker thread), at most ``limit`` bytes of it.
+
+    Raises :class:`GRPCError` as grpc-go answers: INTERNAL for the flag with no encoding (or
+    ``identity``) and for bytes that do not decompress, UNIMPLEMENTED for another encoding;
+    :class:`MessageTooLarge` when it decompresses to more than ``limit`` (each caller words that).
+    """
+    wbits = _wbits(encoding)
     if len(data) < _THREAD_DECOMPRESS_AT:
         return _decompress(data, wbits, limit)
     return await trio.to_thread.run_sync(_decompress, data, wbits, limit)

@@ -20,7 +20,6 @@ from krproxy.h2 import frames as f
 from krproxy.relay import connection
 from krproxy.relay._call import Call, Relay
 from krproxy.relay._grpc import (
-    _DECOMPRESS_WBITS,
     _OWN_FIELDS,
     _PLAIN_HEADERS,
     _PLAIN_TRAILERS,
@@ -33,11 +32,11 @@ from krproxy.relay._grpc import (
     CloseConnection,
     MessageTooLarge,
     UpstreamError,
-    _decompress,
     _forget_traceback,
     _read_status,
     _status_fields,
     _Tap,
+    decompress_inline,
     decompress_message,
     grpc_message,
 )
@@ -207,10 +206,7 @@ class LocalCall(HandledCall):
         if message is None or tap is None or not tap.compressed:
             return message
         try:
-            wbits = _DECOMPRESS_WBITS.get(self._reply_encoding)
-            if wbits is None:
-                raise GRPCError(Status.UNIMPLEMENTED, f"unknown grpc-encoding {self._reply_encoding!r}")
-            return _decompress(message, wbits, _WATCHED_REPLY_LIMIT)
+            return decompress_inline(self._reply_encoding, message, _WATCHED_REPLY_LIMIT)
         except (GRPCError, MessageTooLarge) as err:
             LOGGER.warning("%s: the runtime's compressed answer is unreadable here: %s", self.path, err)
             return None
