@@ -46,7 +46,7 @@ def _answer(
     message: str,
     decode: Callable[[bytes], tuple[Any, R]],
     run: Callable[[Stage, R], C],
-    reply: Callable[[Any, R, C], bytes],
+    reply: Callable[[Any, C], bytes],
 ) -> bytes:
     """One hook call's answer: ``request`` decoded (else INVALID_ARGUMENT naming ``message``), the
     plugins run on its record, the reply encoded; a plugin's failure is UNKNOWN with its message."""
@@ -55,7 +55,7 @@ def _answer(
     except _wire.DecodeError as exc:
         raise _not_a(stage, message, exc) from exc
     try:
-        return reply(req, info, run(stage, info))
+        return reply(req, run(stage, info))
     except (HookFailedError, OSError) as exc:
         raise GRPCError(Status.UNKNOWN, str(exc)) from exc
 

@@ -173,9 +173,9 @@ def _put_resources(out: Any, req: Any, name: str, changes: ResourceChanges) -> N
         res.memory_limit_in_bytes = memory
 
 
-def pod_reply(req: Any, pod: PodInfo, ctx: PodContext) -> bytes:
-    """The encoded PodSandboxHookResponse :func:`._done.pod_response` gives for ``req`` and ``ctx``
-    (decoded; ``pod``, :func:`pod_info`'s record of ``req``, is not needed)."""
+def pod_reply(req: Any, ctx: PodContext) -> bytes:
+    """The encoded PodSandboxHookResponse :func:`._done.pod_response` gives for ``req`` (the upb
+    message of :func:`pod_info`) and ``ctx``."""
     changes = ctx.response
     out = PodSandboxHookResponse()
     _echo(out.labels, req.labels, changes.labels, "labels")
@@ -185,9 +185,9 @@ def pod_reply(req: Any, pod: PodInfo, ctx: PodContext) -> bytes:
     return bytes(out.SerializeToString())
 
 
-def container_reply(req: Any, container: ContainerInfo, ctx: ContainerContext) -> bytes:
-    """The encoded ContainerResourceHookResponse :func:`._done.container_response` gives (decoded;
-    ``container``, :func:`container_info`'s record of ``req``, is not needed)."""
+def container_reply(req: Any, ctx: ContainerContext) -> bytes:
+    """The encoded ContainerResourceHookResponse :func:`._done.container_response` gives for ``req``
+    (the upb message of :func:`container_info`) and ``ctx``."""
     changes = ctx.response
     out = ContainerResourceHookResponse()
     _echo(out.container_annotations, req.container_annotations, changes.annotations, "annotations")

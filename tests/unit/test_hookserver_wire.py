@@ -103,9 +103,7 @@ class TestEncode:
         ctx.response.annotations.update(annotations)
         ctx.response.cgroup_parent = cgroup_parent
         _set(ctx.response.resources, resources)
-        assert pod_response(req, ctx) == pb.PodSandboxHookResponse.FromString(
-            _wire.pod_reply(upb_req, info, ctx)
-        )
+        assert pod_response(req, ctx) == pb.PodSandboxHookResponse.FromString(_wire.pod_reply(upb_req, ctx))
 
     @given(container_requests, maps, maps, changed_resources)
     def test_container_answer(
@@ -122,7 +120,7 @@ class TestEncode:
         ctx.response.add_envs.update(envs)
         _set(ctx.response.resources, resources)
         expected = container_response(req, ctx)
-        got = pb.ContainerResourceHookResponse.FromString(_wire.container_reply(upb_req, info, ctx))
+        got = pb.ContainerResourceHookResponse.FromString(_wire.container_reply(upb_req, ctx))
         assert expected == got
         assert list(expected.container_envs.items()) == list(got.container_envs.items())
 
@@ -133,10 +131,10 @@ class TestEncode:
         ctx = ContainerContext(info)
         ctx.response.resources.cpu_bvt = -1  # written by the executor, not answered
         assert pb.ContainerResourceHookResponse() == pb.ContainerResourceHookResponse.FromString(
-            _wire.container_reply(upb_req, info, ctx)
+            _wire.container_reply(upb_req, ctx)
         )
         ctx.response.resources.cfs_quota = 0
-        got = pb.ContainerResourceHookResponse.FromString(_wire.container_reply(upb_req, info, ctx))
+        got = pb.ContainerResourceHookResponse.FromString(_wire.container_reply(upb_req, ctx))
         assert pb.LinuxContainerResources() == got.container_resources
 
 
@@ -151,7 +149,7 @@ class TestNoneInMaps:
         ctx = ContainerContext(info)
         getattr(ctx.response, where)[key] = value
         with pytest.raises(TypeError, match="None"):
-            _wire.container_reply(upb_req, info, ctx)
+            _wire.container_reply(upb_req, ctx)
 
     @pytest.mark.parametrize("where", ["labels", "annotations"])
     def test_pod_answer(self, where: str) -> None:
@@ -160,7 +158,7 @@ class TestNoneInMaps:
         ctx = PodContext(info)
         getattr(ctx.response, where)["a"] = None
         with pytest.raises(TypeError, match="None"):
-            _wire.pod_reply(upb_req, info, ctx)
+            _wire.pod_reply(upb_req, ctx)
 
 
 class TestReadWhenUsed:
@@ -189,7 +187,7 @@ class TestReadWhenUsed:
         upb_req, info = _wire.container_info(self._request())
         ctx = ContainerContext(info)
         ctx.response.add_envs["NAME"] = info.pod.meta.name
-        answer = pb.ContainerResourceHookResponse.FromString(_wire.container_reply(upb_req, info, ctx))
+        answer = pb.ContainerResourceHookResponse.FromString(_wire.container_reply(upb_req, ctx))
         assert [] == read
         assert [("PATH", "/bin"), ("HOME", "/root"), ("NAME", "web")] == list(answer.container_envs.items())
         assert "web" == info.pod.labels["app"]  # now, and once
@@ -217,7 +215,7 @@ class TestReadWhenUsed:
         upb_req, info = _wire.container_info(self._request())
         ctx = ContainerContext(info)
         ctx.response.add_envs.update({"PATH": "/usr/bin", "X": "1"})
-        raw = _wire.container_reply(upb_req, info, ctx)
+        raw = _wire.container_reply(upb_req, ctx)
         entries = [
             (e.key, e.value) for e in _wire.ContainerResourceHookResponse.FromString(raw).container_envs
         ]
