@@ -11,10 +11,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["HelpFormatter", "Parser", "at_least", "choice_of"]
+__all__ = ["HelpFormatter", "Parser", "above", "at_least", "choice_of"]
 
 
 def _shown(default: Any) -> str:
@@ -29,18 +30,35 @@ def _shown(default: Any) -> str:
     return str(default)
 
 
+def _number(text: str, kind: type[int] | type[float]) -> int | float:
+    try:
+        return kind(text)
+    except ValueError:
+        noun = "a whole number" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"must be {noun}, not {text!r}") from None
+
+
 def at_least(minimum: int, kind: type[int] | type[float] = int) -> Any:
     """An argparse ``type`` for a number not below ``minimum``: the error names the flag (argparse
     prefixes ``argument --flag:``) and the bound, as ``must be at least 0, not '-1'``."""
-    noun = "a whole number" if kind is int else "a number"
 
     def convert(text: str) -> int | float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be {noun}, not {text!r}") from None
+        value = _number(text, kind)
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {text!r}")
+        return value
+
+    return convert
+
+
+def above(minimum: float) -> Any:
+    """An argparse ``type`` for a finite number greater than ``minimum`` (a deadline, a speed): as
+    :func:`at_least`, ``must be a finite number above 0, not 'nan'``."""
+
+    def convert(text: str) -> float:
+        value = _number(text, float)
+        if not minimum < value < math.inf:
+            raise argparse.ArgumentTypeError(f"must be a finite number above {minimum:g}, not {text!r}")
         return value
 
     return convert

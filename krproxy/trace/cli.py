@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import math
 import os
 import signal
 import sys
@@ -22,7 +21,7 @@ from typing import Any, TextIO
 
 import trio
 
-from krproxy import log, rpc
+from krproxy import _argparse, log, rpc
 from krproxy.trace import messages
 from krproxy.trace.backend import TraceBackend
 from krproxy.trace.files import TraceFileError, load
@@ -41,17 +40,6 @@ def _time(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a time (ISO 8601 such as 2024-05-01T10:00:00Z, or seconds since the epoch)"
         ) from None
-
-
-def _positive(text: str) -> float:
-    """A finite number above 0 (``--timeout`` seconds, ``--speed``)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (0 < value < math.inf):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number above 0 (e.g. 30 or 0.5)")
-    return value
 
 
 def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
@@ -92,9 +80,15 @@ def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     )
     r.add_argument("--timing", action="store_true", help="keep the recorded gaps between calls")
     r.add_argument(
-        "--speed", type=_positive, default=1.0, metavar="X", help="with --timing: play this many times faster"
+        "--speed",
+        type=_argparse.above(0),
+        default=1.0,
+        metavar="X",
+        help="with --timing: play this many times faster",
     )
-    r.add_argument("--timeout", type=_positive, default=30.0, metavar="SECONDS", help="deadline of each call")
+    r.add_argument(
+        "--timeout", type=_argparse.above(0), default=30.0, metavar="SECONDS", help="deadline of each call"
+    )
     r.add_argument(
         "--ignore",
         action="append",
