@@ -44,6 +44,8 @@ def at_least(minimum: int, kind: type[int] | type[float] = int) -> Any:
 
     def convert(text: str) -> int | float:
         value = _number(text, kind)
+        if math.isnan(value):  # compares with nothing: it would pass the bound (a timeout raises at use)
+            raise argparse.ArgumentTypeError(f"must be a number, not {text!r}")
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, not {text!r}")
         return value

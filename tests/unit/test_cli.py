@@ -207,6 +207,11 @@ class TestServeRefuses:
             (["--record-max-bytes=-1"], "argument --record-max-bytes: must be at least 0, not '-1'"),
             (["--record-keep=-1"], "argument --record-keep: must be at least 0, not '-1'"),
             (["--grace-period=-1"], "argument --grace-period: must be at least 0, not '-1'"),
+            (["--grace-period=nan"], "argument --grace-period: must be a number, not 'nan'"),
+            (
+                ["--required-startup-grace=nan"],
+                "argument --required-startup-grace: must be a number, not 'nan'",
+            ),
             (["--record-keep=many"], "argument --record-keep: must be a whole number, not 'many'"),
             (["--metrics-address=localhost"], "argument --metrics-address: 'localhost' is not HOST:PORT"),
             (
