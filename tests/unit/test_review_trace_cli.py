@@ -17,29 +17,21 @@ from krproxy.grpcstatus import Status
 from krproxy.trace import format as fmt
 from krproxy.trace.files import load
 from krproxy.trace.replay import Answer, replay
+from tests.unit.test_trace_format import call as format_call
+from tests.unit.test_trace_format import trace_bytes
 
 VERSION = "/runtime.v1.RuntimeService/Version"
 STATUS = "/runtime.v1.RuntimeService/Status"
 
 
 def call(n: int, *, path: str = VERSION, started: float | None = None) -> CallRecord:
-    return CallRecord(
-        path=path,
-        started=1_700_000_000.0 + n if started is None else started,
-        seconds=0.001,
-        backend_seconds=0.001,
-        request=b"",
-        forwarded=None,
-        reply=b"",
-        replies=1,
-        status=Status.OK,
-        message=None,
-        hooks=(),
-    )
+    """test_trace_format's record with empty messages, a Version call unless said otherwise."""
+    at = {} if started is None else {"started": started}
+    return format_call(n, path=path, seconds=0.001, request=b"", reply=b"", **at)
 
 
 def write_trace(path: Path, *calls: CallRecord) -> Path:
-    path.write_bytes(fmt.encode_header({"writer": "test"}) + b"".join(fmt.encode_call(c) for c in calls))
+    path.write_bytes(trace_bytes(*calls))
     return path
 
 

@@ -15,30 +15,17 @@ from pathlib import Path
 import pytest
 
 from krproxy import cli
-from krproxy.calls import CallRecord
-from krproxy.grpcstatus import Status
 from krproxy.trace import format as fmt
 from krproxy.trace.files import load
 from krproxy.trace.recorder import TraceWriter
+from tests.unit.test_trace_format import call
 
 PATH = "/runtime.v1.RuntimeService/Version"
 
 
 def frame(n: int) -> bytes:
     return fmt.encode_call(
-        CallRecord(
-            path=PATH,
-            started=1_700_000_000.0 + n,
-            seconds=0.001,
-            backend_seconds=0.001,
-            request=b"\x0a\x02v" + bytes([n]),
-            forwarded=None,
-            reply=b"\x0a\x01x",
-            replies=1,
-            status=Status.OK,
-            message=None,
-            hooks=(),
-        )
+        call(n, path=PATH, seconds=0.001, request=b"\x0a\x02v" + bytes([n]), reply=b"\x0a\x01x")
     )
 
 
