@@ -8,6 +8,9 @@ on (a call answered, a stream reset or released) before the next frame meets the
 from __future__ import annotations
 
 import math
+import sys
+import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import trio
@@ -36,6 +39,10 @@ DECODE_PER_TURN = 4 * 1024
 #: (``Relay.small_decodes``), so that a caller's few small blocks never wait for a peer's
 #: megabyte.
 LARGE_BLOCK = 16 * 1024
+#: Seconds a decoding worker thread runs before the event loop's thread may take the
+#: interpreter (GIL) back: Python's 5 ms made every step of other callers' calls (request,
+#: forward, answer) wait up to 5 ms while a block was decoded aside.
+_ASIDE_SWITCH_INTERVAL = 0.0001
 _RECV_SIZE = 256 * 1024
 #: Reads handled back to back before the reader lets other tasks run.
 _READS_PER_CHECKPOINT = 8
@@ -58,6 +65,8 @@ class _Owner(Protocol):
     here so that this module imports no other of the relay's modules but the bottom ones)."""
 
     defer_records: bool
+    large_decodes: trio.CapacityLimiter
+    small_decodes: trio.CapacityLimiter
 
     def flush(self, last: Any = ...) -> None: ...
     def open_call(self, ep: Any, stream_id: int, headers: Headers, end: bool) -> None: ...
@@ -75,7 +84,8 @@ class Reader:
     closing: bool
     halves: dict[int, Half]
     waiting: FairQueue
-    _handshake: trio.CancelScope
+    lingering: bool
+    _reading: trio.CancelScope
 
     @property
     def describe(self) -> str:
@@ -112,10 +122,13 @@ class Reader:
                 continue
             if not data:
                 raise _Closed()
-            await self._handle(h2.receive_data(data))
-            if preface_due and h2.preface_received:
+            if self.lingering:  # what a drained caller still sends (Endpoint.close): not read
+                continue
+            events = h2.receive_data(data)
+            if preface_due and h2.preface_received:  # before the events may start a linger's deadline
                 preface_due = False
-                self._handshake.deadline = math.inf
+                self._reading.deadline = math.inf
+            await self._handle(events)
             if len(data) < _RECV_SIZE and sock.fileno() >= 0:
                 # The read emptied the socket's buffer: wait until more arrives rather than ask
                 # again now only to be told EAGAIN (a system call and an exception per call).
@@ -160,7 +173,20 @@ class Reader:
         self.relay.flush(last=self)  # what was passed on first, then this peer's acknowledgements
 
     async def _decode_block_aside(self, block: bytes) -> list[ev.Event]:
-        raise NotImplementedError  # the Endpoint's: in a worker thread
+        """Decode a header block the core handed out in a worker thread, and go on."""
+        self.touch()
+        self.relay.flush()
+        large = len(block) >= LARGE_BLOCK
+        headers = await trio.to_thread.run_sync(
+            _decode_aside,
+            self.h2.decode_block,
+            block,
+            limiter=self.relay.large_decodes if large else self.relay.small_decodes,
+            abandon_on_cancel=True,  # a relay stopping does not wait for it
+        )
+        if self.closed:  # closed meanwhile (e.g. it stopped reading our answers)
+            raise trio.ClosedResourceError("connection closed")
+        return self.h2.receive_headers(headers)
 
     def _dispatch(self, events: list[Any]) -> None:
         # Events are read without cast() (a function call each on the hot path).
@@ -241,3 +267,41 @@ class Reader:
             )
 
     # -- the end ---------------------------------------------------------------------
+
+
+class _Aside:
+    """The interpreter's switch interval while blocks are decoded in worker threads
+    (:data:`_ASIDE_SWITCH_INTERVAL`): the first thread to start sets it, the last one to end
+    puts the previous value back (two may decode at once, one per limiter)."""
+
+    lock = threading.Lock()
+    running = 0
+    interval = 0.0
+
+    @classmethod
+    def enter(cls) -> None:
+        with cls.lock:
+            if not cls.running:
+                cls.interval = sys.getswitchinterval()
+                sys.setswitchinterval(min(cls.interval, _ASIDE_SWITCH_INTERVAL))
+            cls.running += 1
+
+    @classmethod
+    def leave(cls) -> None:
+        with cls.lock:
+            cls.running -= 1
+            if not cls.running:
+                sys.setswitchinterval(cls.interval)
+
+
+def _decode_aside(
+    decode: Callable[[bytes], Headers | f.ProtocolError], block: bytes
+) -> Headers | f.ProtocolError:
+    """``decode(block)`` (the core's ``decode_block``: the fields, or the COMPRESSION_ERROR) in a
+    worker thread, the event loop's thread getting the interpreter back more often meanwhile
+    (:class:`_Aside`)."""
+    _Aside.enter()
+    try:
+        return decode(block)
+    finally:
+        _Aside.leave()

@@ -25,8 +25,6 @@ import errno
 import logging
 import math
 import socket
-import sys
-import threading
 import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
@@ -34,7 +32,6 @@ from typing import Protocol
 import trio
 
 from krproxy import log
-from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
 
 # The limits and window sizes are the HTTP/2 core's (krproxy.h2.connection), one source for both.
@@ -76,10 +73,6 @@ BUG_MESSAGE = "krproxy failed on its connection to the %s"
 
 Headers = list[tuple[bytes, bytes]]
 
-#: Seconds a decoding worker thread runs before the event loop's thread may take the
-#: interpreter (GIL) back: Python's 5 ms made every step of other callers' calls (request,
-#: forward, answer) wait up to 5 ms while a block was decoded aside.
-_ASIDE_SWITCH_INTERVAL = 0.0001
 #: Bytes queued for a peer beyond which the connection is closed (see Endpoint.try_send).
 MAX_UNSENT = 64 * 1024 * 1024
 #: Bytes of answers held for one caller connection (relayed but not yet within its windows)
@@ -94,6 +87,12 @@ CALLER_MAX_STREAMS = 1000
 #: Seconds a caller has to send the HTTP/2 connection preface before its connection is closed
 #: (grpc-go servers, containerd among them, give 120 s; kubelet sends it at once).
 HANDSHAKE_TIMEOUT = 20.0
+#: Seconds a drained caller connection is read on after its final GOAWAY is out and its write side
+#: shut, until the caller closes it (a lingering close): a caller that opened a stream, or answered
+#: a PING, just before it read the GOAWAY must be able to write that, then read the GOAWAY that
+#: says its stream was not processed and send it again elsewhere. A close at once fails its write
+#: (EPIPE), and grpcio then fails the call UNAVAILABLE instead of retrying it.
+LINGER = 2.0
 #: Calls waiting for a stream slot on one upstream connection (its peer's
 #: MAX_CONCURRENT_STREAMS); beyond it a call fails at once instead of queueing: the latest of
 #: the caller with the most calls waiting (which may be the new call).
@@ -171,6 +170,7 @@ class Endpoint(Reader):
         self.writing = False
         self.closing = False  # close once `out` is written (a drained connection)
         self.closed = False
+        self.lingering = False  # closed with its write side shut, read on until the caller closes
         self.retiring = False  # takes no new streams (GOAWAY received, or ids used up)
         self.halves: dict[int, Half] = {}
         # Bytes queued on upstream halves still waiting for a stream slot.
@@ -182,7 +182,7 @@ class Endpoint(Reader):
         self.collected = 0
         # Upstream halves waiting for a stream slot (peer's MAX_CONCURRENT_STREAMS), with their headers.
         self.waiting = FairQueue()
-        self._handshake = trio.CancelScope()  # run() replaces it: the preface's deadline
+        self._reading = trio.CancelScope()  # run() replaces it: the preface's deadline, the linger's
         self.touch()
 
     @property
@@ -388,11 +388,14 @@ class Endpoint(Reader):
         reason = "connection closed"
         deadline = trio.current_time() + HANDSHAKE_TIMEOUT if self.server_side else math.inf
         try:
-            with trio.CancelScope(deadline=deadline) as self._handshake:
+            with trio.CancelScope(deadline=deadline) as self._reading:
                 await self._read_loop()
             # _read_loop only ever ends by raising: here the deadline cancelled it.
-            reason = f"no HTTP/2 connection preface within {HANDSHAKE_TIMEOUT:g} s"
-            log.warning(LOGGER, "handshake_timeout", peer=self.describe)
+            if self.lingering:
+                reason = _DRAINED
+            else:
+                reason = f"no HTTP/2 connection preface within {HANDSHAKE_TIMEOUT:g} s"
+                log.warning(LOGGER, "handshake_timeout", peer=self.describe)
         except _Closed:
             reason = "connection closed by peer"
         except _Terminated as err:
@@ -416,33 +419,22 @@ class Endpoint(Reader):
     def describe(self) -> str:
         return self.route.describe if self.route is not None else "caller"
 
-    async def _decode_block_aside(self, block: bytes) -> list[ev.Event]:
-        """Decode a header block the core handed out in a worker thread, and go on."""
-        self.touch()
-        self.relay.flush()
-        large = len(block) >= LARGE_BLOCK
-        headers = await trio.to_thread.run_sync(
-            _decode_aside,
-            self.h2.decode_block,
-            block,
-            limiter=self.relay.large_decodes if large else self.relay.small_decodes,
-            abandon_on_cancel=True,  # a relay stopping does not wait for it
-        )
-        if self.closed:  # closed meanwhile (e.g. it stopped reading our answers)
-            raise trio.ClosedResourceError("connection closed")
-        return self.h2.receive_headers(headers)
-
     # -- the end ---------------------------------------------------------------------
 
     def close(self, reason: str) -> None:
-        """Close the socket and end every call on it."""
+        """Close the socket and end every call on it. A drained caller connection only shuts its
+        write side and is read on until the caller closes it, at most :data:`LINGER` seconds."""
         if self.closed:
+            if self.lingering and reason is not _DRAINED:  # the caller closed, the linger is over, or a stop
+                self._close_socket()
             return
         self.closed = True
         if self.route is not None:
             self.route.lost(self, reason)
-        trio.lowlevel.notify_closing(self.sock)
-        self.sock.close()
+        if reason is _DRAINED and self.server_side:
+            self._linger()
+        else:
+            self._close_socket()
         self.out.clear()
         for half in list(self.halves.values()) + [w[0] for w in self.waiting]:
             if half.call.finished:
@@ -455,40 +447,17 @@ class Endpoint(Reader):
         self.halves.clear()
         self.waiting.clear()
 
+    def _linger(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_WR)  # the caller reads the final GOAWAY, then the end
+        except OSError:  # it is gone already
+            self._close_socket()
+            return
+        self.lingering = True
+        self._reading.deadline = min(self._reading.deadline, trio.current_time() + LINGER)
 
-class _Aside:
-    """The interpreter's switch interval while blocks are decoded in worker threads
-    (:data:`_ASIDE_SWITCH_INTERVAL`): the first thread to start sets it, the last one to end
-    puts the previous value back (two may decode at once, one per limiter)."""
-
-    lock = threading.Lock()
-    running = 0
-    interval = 0.0
-
-    @classmethod
-    def enter(cls) -> None:
-        with cls.lock:
-            if not cls.running:
-                cls.interval = sys.getswitchinterval()
-                sys.setswitchinterval(min(cls.interval, _ASIDE_SWITCH_INTERVAL))
-            cls.running += 1
-
-    @classmethod
-    def leave(cls) -> None:
-        with cls.lock:
-            cls.running -= 1
-            if not cls.running:
-                sys.setswitchinterval(cls.interval)
-
-
-def _decode_aside(
-    decode: Callable[[bytes], Headers | f.ProtocolError], block: bytes
-) -> Headers | f.ProtocolError:
-    """``decode(block)`` (the core's ``decode_block``: the fields, or the COMPRESSION_ERROR) in a
-    worker thread, the event loop's thread getting the interpreter back more often meanwhile
-    (:class:`_Aside`)."""
-    _Aside.enter()
-    try:
-        return decode(block)
-    finally:
-        _Aside.leave()
+    def _close_socket(self) -> None:
+        self.lingering = False
+        if self.sock.fileno() >= 0:
+            trio.lowlevel.notify_closing(self.sock)
+            self.sock.close()

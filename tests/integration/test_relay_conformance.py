@@ -22,7 +22,7 @@ import trio
 
 from krproxy.fakes.containerd import FakeContainerd
 from krproxy.h2 import frames as f
-from krproxy.relay import Relay
+from krproxy.relay import Relay, connection
 from tests.integration.support import LIVENESS_LIMIT, serve_relay_to, start_proxy, wait_until
 from tests.unit.h2peer import Frame, parse, read_frames, split_frames
 
@@ -610,3 +610,95 @@ async def test_shutdown_sends_the_two_step_goaway(nursery: trio.Nursery, short_t
     assert 0 == ping_flags & f.ACK
     assert (3, f.NO_ERROR) == f.parse_goaway(final)
     assert (5, f.REFUSED_STREAM) == (stream, int.from_bytes(code, "big"))
+
+
+def _frames_until_eof(sock: socket.socket) -> list[Frame]:
+    """Every frame the relay writes before it ends its side of the connection."""
+    buf = b""
+    while chunk := sock.recv(65536):
+        buf += chunk
+    frames, rest = split_frames(buf)
+    assert b"" == rest
+    return frames
+
+
+async def _drained_to_the_final_goaway(
+    relay: Relay, listen: str, drained: trio.Event, nursery: trio.Nursery
+) -> socket.socket:
+    """A caller connection with no call, through the two-step GOAWAY of a stop (the PING answered),
+    up to the relay's end of writing; ``drained`` is set when :meth:`Relay.wait_drained` returns."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(LIVENESS_LIMIT)
+    await trio.to_thread.run_sync(sock.connect, listen)
+    seen = await trio.to_thread.run_sync(_relay_frames_on, sock, _after_preface())
+    assert any(kind == f.SETTINGS for kind, _, _ in seen)
+    relay.start_draining()
+
+    async def stop() -> None:
+        await relay.wait_drained()
+        drained.set()
+
+    nursery.start_soon(stop)
+    ping = next(
+        p
+        for kind, flags, _, p in await trio.to_thread.run_sync(read_frames, sock, _has_ping)
+        if kind == f.PING
+    )
+    sock.sendall(f.frame(f.PING, f.ACK, 0, ping))
+    frames = await trio.to_thread.run_sync(_frames_until_eof, sock)
+    assert [(0, f.NO_ERROR)] == [f.parse_goaway(p) for kind, _, _, p in frames if kind == f.GOAWAY]
+    return sock
+
+
+def _has_ping(seen: list[Frame]) -> bool:
+    return any(kind == f.PING and not flags & f.ACK for kind, flags, _, _ in seen)
+
+
+async def test_a_drained_connection_takes_what_the_caller_still_sends_until_it_closes(
+    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its final GOAWAY the relay ends only its own side of a caller's connection and reads
+    on (a lingering close): a caller that opened a stream just before it read the GOAWAY can still
+    write it, then read the GOAWAY that says the stream was not processed, and send it again
+    elsewhere. A close at once failed that write with EPIPE, and grpcio failed the call UNAVAILABLE
+    ("Stream removed (sendmsg: Broken pipe)") instead of retrying it, in test_relay_restart."""
+    monkeypatch.setattr(connection, "LINGER", 10 * LIVENESS_LIMIT)  # only the caller's close ends it
+    listen, silent, relay = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    drained = trio.Event()
+    try:
+        sock = await _drained_to_the_final_goaway(relay, listen, drained, nursery)
+        with sock:
+            # The relay has written its last byte; the caller's late stream is still taken in.
+            sock.sendall(
+                f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, 1, hpack.Encoder().encode(list(GOOD)))
+            )
+            sock.sendall(f.frame(f.PING, 0, 0, b"late-one"))
+            await trio.sleep(0.05)
+            assert not drained.is_set()  # the relay waits for the caller to close
+        with trio.fail_after(LIVENESS_LIMIT):
+            await drained.wait()
+        assert 0 == relay.in_flight  # the late stream, above the last id, never became a call
+    finally:
+        silent.close()
+
+
+async def test_a_drained_connection_the_caller_keeps_open_is_closed_after_the_linger(
+    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lingering close is bounded: a caller that neither closes nor stops writing does not
+    hold the stop up beyond connection.LINGER."""
+    monkeypatch.setattr(connection, "LINGER", 0.2)
+    listen, silent, relay = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    drained = trio.Event()
+    try:
+        sock = await _drained_to_the_final_goaway(relay, listen, drained, nursery)
+        with sock:
+            with trio.fail_after(LIVENESS_LIMIT):
+                while not drained.is_set():
+                    sock.sendall(f.frame(f.PING, 0, 0, b"12345678"))
+                    await trio.sleep(0.01)
+            with pytest.raises(OSError):  # the relay closed it: EPIPE or ECONNRESET
+                for _ in range(100):
+                    sock.sendall(f.frame(f.PING, 0, 0, b"12345678"))
+    finally:
+        silent.close()

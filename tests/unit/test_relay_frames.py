@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from krproxy.h2 import frames as f
 from krproxy.h2.connection import Connection, Role
-from krproxy.relay.connection import _Aside, _decode_aside
+from krproxy.relay._input import _Aside, _decode_aside
 from krproxy.relay.rpc import KEEP_ALL, KEEP_FIRST, KEEP_NONE, _Tap, encode_grpc_timeout, grpc_timeout
 from tests.unit.h2peer import parse
 
