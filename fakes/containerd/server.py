@@ -261,19 +261,18 @@ class FakeContainerd:
 
 
 def _unmarshal(request_type: type[betterproto2.Message], raw: bytes) -> Any:
-    """*raw* as containerd's Go decoder reads it: a field sent with a wire type other than its own is an
-    unknown field there (betterproto2 fails on it), and bytes that are no message at all are grpc-go's
+    """*raw* as containerd's Go decoder reads it: read by upb first, which reads as Go does (a field sent
+    with a wire type other than its own is an unknown field, the last of a singular field sent twice
+    wins), unknown fields dropped, then into betterproto2's message. betterproto2 alone is lenient
+    where Go is not: it kept a varint in a message field's place (the fake then failed on it with a
+    Python error) and read a string cut short. Bytes that are no message at all are grpc-go's
     INTERNAL "error unmarshalling request"."""
     try:
-        return request_type.FromString(raw)
-    except Exception:  # betterproto2 raises KeyError, ValueError, struct.error...
-        pass
-    try:
-        lenient = wire.message_class(request_type.__name__, writing=True).FromString(raw)
+        read = wire.message_class(request_type.__name__, writing=True).FromString(raw)
     except DecodeError as err:
         raise GRPCError(Status.INTERNAL, f"grpc: error unmarshalling request: {err}") from None
-    lenient.DiscardUnknownFields()
-    return request_type.FromString(lenient.SerializeToString())
+    read.DiscardUnknownFields()
+    return request_type.FromString(read.SerializeToString())
 
 
 def _unimplemented(method: str, request: Any) -> Any:
