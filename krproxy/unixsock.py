@@ -15,7 +15,7 @@ import stat
 
 from krproxy import log
 
-__all__ = ["SocketInUseError", "bind_unix_socket", "strip_unix_scheme", "unlink_if_ours"]
+__all__ = ["SocketInUseError", "bind_unix_socket", "strip_unix_scheme", "unlink_if_ours", "unreachable"]
 
 LOGGER = logging.getLogger("krproxy.grpc")
 _IN_USE = "another process is listening on this socket"
@@ -126,6 +126,18 @@ def _make_parents(path: str) -> list[str]:
                 os.rmdir(directory)
         raise
     return created
+
+
+def unreachable(path: str, timeout: float = 5.0) -> str | None:
+    """Why nothing accepts a connection on the unix socket ``path`` (the error's words), or None
+    when something does. The probe connection is closed at once, before any byte is sent."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(timeout)
+        try:
+            probe.connect(path)
+        except OSError as err:
+            return err.strerror or str(err)
+    return None
 
 
 def unlink_if_ours(path: str, inode: int) -> None:

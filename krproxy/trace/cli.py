@@ -4,8 +4,8 @@ Mount under the main CLI with :func:`add_subcommands`; each parsed namespace car
 handler in ``args.func(args) -> int``.
 
 Exit status: 0 success (replay: every call identical); 1 replay found differences; 2 usage
-error, or a trace that cannot be read (the message names file and record); 130 replay
-interrupted (Ctrl-C).
+error, a trace that cannot be read (the message names file and record), or a replay target
+that accepts no connection; 130 replay interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -28,7 +28,13 @@ from krproxy.trace.files import TraceFileError, load
 from krproxy.trace.format import TraceRecord
 from krproxy.trace.replay import ChannelTransport, ReplayReport, Transport, replay
 from krproxy.trace.show import Filter, parse_time, show
-from krproxy.unixsock import SocketInUseError, bind_unix_socket, strip_unix_scheme, unlink_if_ours
+from krproxy.unixsock import (
+    SocketInUseError,
+    bind_unix_socket,
+    strip_unix_scheme,
+    unlink_if_ours,
+    unreachable,
+)
 
 LOGGER = logging.getLogger("krproxy.trace.serve")
 
@@ -157,6 +163,15 @@ def progress_bar(out: TextIO, width: int = 30) -> Callable[[int, int, TraceRecor
 def _replay(args: argparse.Namespace) -> int:
     records = _load(args.files)
     if records is None:
+        return 2
+    target = strip_unix_scheme(args.target)
+    problem = unreachable(target)
+    if problem is not None:  # else every call would be one more UNAVAILABLE "difference"
+        print(
+            f"krproxy trace replay: cannot reach {target}: {problem} "
+            "(--target names the unix socket of a running runtime or proxy)",
+            file=sys.stderr,
+        )
         return 2
     show_progress = args.progress == "always" or (args.progress == "auto" and sys.stderr.isatty())
     replaying = functools.partial(

@@ -182,7 +182,8 @@ def test_serving_commands_load_no_grpclib_h2_or_asyncio_loop(
 
 def test_demo_and_trace_replay_load_no_grpclib_h2_or_asyncio_loop(short_tmp: pathlib.Path) -> None:
     """`krproxy demo` (fake containerd, plugin, proxy, client in one process) and `trace replay`
-    (against nobody: every call UNAVAILABLE) load none of them either."""
+    (against nobody: it stops at its check of the target, with every module of a replay loaded)
+    load none of them either."""
     trace = str(ROOT / "tests" / "data" / "traces" / "fake-lifecycle.krt")
     for args in (
         ["demo"],

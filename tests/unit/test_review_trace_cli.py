@@ -6,7 +6,9 @@ passes the checks shows as UNAVAILABLE answers (exit 1)."""
 
 from __future__ import annotations
 
+import socket
 import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -123,6 +125,11 @@ class TestOrder:
         assert report.ok
 
 
+def _socket_left_behind(path: Path) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.bind(str(path))
+
+
 class TestReplayFlags:
     @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
     def test_timeout_must_be_a_positive_number_of_seconds(
@@ -156,9 +163,42 @@ class TestReplayFlags:
         assert "--speed" in err
 
     def test_sound_flags_pass(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-        """The checks refuse nothing sound: 0.5 s and 10x reach the target (nobody there: UNAVAILABLE, exit 1)."""
+        """The checks refuse nothing sound: 0.5 s and 10x reach the target (a socket that takes the
+        connection and never answers: DEADLINE_EXCEEDED, exit 1)."""
         trace = write_trace(tmp_path / "node.krt", call(1))
-        argv = ["trace", "replay", str(trace), "--target", str(tmp_path / "x.sock"), "--timeout=0.5"]
-        code, out, _ = run([*argv, "--timing", "--speed=10", "--progress=never"], capsys)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+            silent.bind(str(tmp_path / "x.sock"))
+            silent.listen(4)
+            argv = ["trace", "replay", str(trace), "--target", str(tmp_path / "x.sock"), "--timeout=0.5"]
+            code, out, _ = run([*argv, "--timing", "--speed=10", "--progress=never"], capsys)
         assert 1 == code
-        assert 'replay "UNAVAILABLE"' in out and "cannot reach" in out
+        assert 'replay "DEADLINE_EXCEEDED"' in out
+
+
+class TestReplayTarget:
+    @pytest.mark.parametrize(
+        ("make", "words"),
+        [
+            (lambda path: None, "No such file or directory"),
+            (lambda path: path.write_text(""), "Connection refused"),  # a file, not a socket
+            (_socket_left_behind, "Connection refused"),  # what a crashed runtime leaves
+        ],
+    )
+    def test_a_target_nobody_serves_is_one_error_not_a_difference_per_call(
+        self,
+        tmp_path: Path,
+        capsys: pytest.CaptureFixture[str],
+        make: Callable[[Path], object],
+        words: str,
+    ) -> None:
+        """Against a socket nobody serves, replay reported every call as a difference (status
+        UNAVAILABLE, "cannot reach ..."), 18 of them for a short trace, and exit 1 as if the
+        runtime had answered differently. Now one line that says which target and why, exit 2,
+        and nothing sent."""
+        trace = write_trace(tmp_path / "node.krt", call(1), call(2))
+        target = tmp_path / "x.sock"
+        make(target)
+        code, out, err = run(["trace", "replay", str(trace), "--target", f"unix://{target}"], capsys)
+        assert (2, "") == (code, out)
+        assert f"krproxy trace replay: cannot reach {target}: {words}" in err
+        assert "--target" in err
