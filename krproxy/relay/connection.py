@@ -387,12 +387,13 @@ class Endpoint(Reader):
         """Read and handle frames until the connection ends, then end its calls."""
         reason = "connection closed"
         deadline = trio.current_time() + HANDSHAKE_TIMEOUT if self.server_side else math.inf
+        deadline = min(deadline, self._reading.deadline)  # a linger begun before this task ran
         try:
             with trio.CancelScope(deadline=deadline) as self._reading:
                 await self._read_loop()
             # _read_loop only ever ends by raising: here the deadline cancelled it.
-            if self.lingering:
-                reason = _DRAINED
+            if self.lingering:  # (any reason but _DRAINED closes the socket: see close())
+                reason = f"drained; not closed by the caller within {LINGER:g} s of the final GOAWAY"
             else:
                 reason = f"no HTTP/2 connection preface within {HANDSHAKE_TIMEOUT:g} s"
                 log.warning(LOGGER, "handshake_timeout", peer=self.describe)

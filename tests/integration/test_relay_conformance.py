@@ -702,3 +702,24 @@ async def test_a_drained_connection_the_caller_keeps_open_is_closed_after_the_li
                     sock.sendall(f.frame(f.PING, 0, 0, b"12345678"))
     finally:
         silent.close()
+
+
+async def test_a_linger_begun_before_the_reader_ran_keeps_its_bound(
+    nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection drained before its reader task first ran (accepted just as the stop began)
+    lingers LINGER, not the preface's HANDSHAKE_TIMEOUT, which run() would otherwise set."""
+    monkeypatch.setattr(connection, "LINGER", 0.2)
+    monkeypatch.setattr(connection, "HANDSHAKE_TIMEOUT", 10 * LIVENESS_LIMIT)
+    relay = Relay()
+    await nursery.start(relay.run)
+    ours, caller = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with caller:
+        ep = connection.Endpoint(relay, ours, server_side=True)
+        ep.announce_goaway()
+        ep.final_goaway()  # no call on it: written out, then the linger
+        assert ep.lingering
+        with trio.fail_after(LIVENESS_LIMIT):
+            await ep.run()
+        assert not ep.lingering
+        assert -1 == ours.fileno()
