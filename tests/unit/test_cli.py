@@ -378,17 +378,22 @@ class TestBindUnixSocket:
 
 def test_trace_replay_runs_without_grpcio(tmp_path: Path) -> None:
     """`krproxy trace replay` needs no grpcio (it used to, from an extra): with grpcio unimportable
-    it replays, here to a socket nobody serves, every call answered UNAVAILABLE (exit 1)."""
+    it replays, here to a socket that takes connections and never answers, every call cut at its
+    deadline (exit 1)."""
     trace = Path(__file__).resolve().parents[1] / "data" / "traces" / "fake-lifecycle.krt"
     target = str(tmp_path / "x.sock")
     code = (
         "import sys; sys.modules['grpc'] = None\n"
         "from krproxy import cli\n"
-        f"sys.exit(cli.main(['trace', 'replay', {str(trace)!r}, '--target', {target!r}, '--progress', 'never']))"
+        f"sys.exit(cli.main(['trace', 'replay', {str(trace)!r}, '--target', {target!r}, '--progress', 'never', "
+        "'--timeout', '0.2']))"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as silent:
+        silent.bind(target)
+        silent.listen(4)
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert 1 == done.returncode, done.stderr
-    assert 'status: recorded "OK", replay "UNAVAILABLE"' in done.stdout
+    assert 'status: recorded "OK", replay "DEADLINE_EXCEEDED"' in done.stdout
     assert done.stdout.rstrip().endswith(
         "MISMATCH 18 calls: 0 identical, 18 different, 0 skipped; 0 ids mapped"
     )

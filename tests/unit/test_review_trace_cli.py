@@ -1,8 +1,8 @@
 """Review of reading traces as an operator meets them: `krproxy trace show|replay` on files that are
 empty, cut short, damaged, from a newer krproxy, or not traces at all, records out of order, and
 replay's own flags. Each bad input gets exit status 2 and a message naming the file or flag; no
-traceback. No server is started: replay's target here is a path nobody listens on, so a flag that
-passes the checks shows as UNAVAILABLE answers (exit 1)."""
+traceback. No server is started: replay's target here is a path nobody listens on (one error, exit
+2, checked after the flags and the files), or a socket that never answers."""
 
 from __future__ import annotations
 
