@@ -15,6 +15,19 @@ From CRI requests (the live path, koord-runtime-proxy's ``ParseRequest``):
   The request path decodes CreateContainer with upb (:mod:`krproxy.hooks.rewrite`) and reads the same record
   with :func:`container_from_wire_create` (and :func:`pod_from_wire_config` for a pod the store lacks).
 
+Why a record has a reader per decoder. A request the proxy rewrites with :mod:`krproxy.hooks.writeback`
+(RunPodSandbox, UpdateContainerResources, UpdatePodSandboxResources) is decoded with betterproto2; CreateContainer
+(the most frequent, the largest) and recovery's answers with upb, for speed. The two decoders show a message
+differently: betterproto2 gives ``None`` for an absent sub-message and a dict for a map, upb an empty message
+and the map's repeated entries; so each has its reader (``pod_from_run_request`` / ``_wire_pod``,
+``container_from_create_request`` / ``container_from_wire_create``), and a property test
+(tests/unit/test_hooks_rewrite.py) holds the two readers' records equal for the same bytes. A pod is built in
+one place, ``_pod``, from either decoder's metadata and maps; the container readers share only name and
+attempt, so each builds its record. ``container_from_create_request`` serves no daemon path: it is the
+reference the upb reader is tested against, and the read of ``writeback.merge_create_container`` and of
+bench.merge's betterproto2 figure. As an adapter over the upb reader (encode, decode with upb) it would leave
+the create path as it is but make that test compare a reader with itself, and change the bench's figure.
+
 From CRI List/Status answers (store recovery after a restart; the reference recovers only metadata, labels and
 annotations and loses cgroup parent, resources and envs). Recovery decodes thousands of these, so they arrive
 as upb messages (:mod:`krproxy.hooks.wire`, about 100× faster than betterproto2), not betterproto2 ones:
@@ -132,18 +145,28 @@ def envs_from_cri(envs: Iterable[v1.KeyValue]) -> FrozenMap[str, str]:
 # --- from CRI requests -------------------------------------------------------------------------------------
 
 
-def pod_from_run_request(request: v1.RunPodSandboxRequest) -> PodInfo:
-    """The pod record of a RunPodSandbox request (before or after hooks were merged into it)."""
-    config = request.config or v1.PodSandboxConfig()
-    meta = config.metadata or v1.PodSandboxMetadata()
+def _pod(meta: Any, labels: Mapping[str, str], annotations: Mapping[str, str], **more: Any) -> PodInfo:
+    """The pod record of a PodSandboxMetadata *meta* (either decoder's) and the maps read beside it, with the
+    fields *more* gives: every reader of a pod, betterproto2 or upb, builds it here."""
     return PodInfo(
         name=meta.name,
         uid=meta.uid,
         namespace=meta.namespace,
         attempt=meta.attempt,
+        labels=labels,
+        annotations=annotations,
+        **more,
+    )
+
+
+def pod_from_run_request(request: v1.RunPodSandboxRequest) -> PodInfo:
+    """The pod record of a RunPodSandbox request (before or after hooks were merged into it)."""
+    config = request.config or v1.PodSandboxConfig()
+    return _pod(
+        config.metadata or v1.PodSandboxMetadata(),
+        config.labels,
+        config.annotations,
         runtime_handler=request.runtime_handler,
-        labels=config.labels,
-        annotations=config.annotations,
         cgroup_parent=config.linux.cgroup_parent if config.linux is not None else "",
     )
 
@@ -323,16 +346,7 @@ def container_from_wire_create(request: Any, pod: PodInfo) -> ContainerInfo:
 def _wire_pod(item: Any, **more: Any) -> PodInfo:
     """The pod record of a upb message with a PodSandboxMetadata ``metadata``, ``labels`` and ``annotations``
     (a PodSandboxConfig, a ListPodSandbox item, a PodSandboxStatus), with the fields *more* gives."""
-    meta = item.metadata
-    return PodInfo(
-        name=meta.name,
-        uid=meta.uid,
-        namespace=meta.namespace,
-        attempt=meta.attempt,
-        labels=_entries(item.labels),
-        annotations=_entries(item.annotations),
-        **more,
-    )
+    return _pod(item.metadata, _entries(item.labels), _entries(item.annotations), **more)
 
 
 def pod_from_wire_config(config: Any) -> PodInfo:

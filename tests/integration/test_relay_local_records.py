@@ -3,7 +3,6 @@ a reader ends is: the record and the observers (metrics, the recorder) are off t
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import trio
 
 from krproxy.forward import Forward, Reply
 from krproxy.relay import Relay
-from tests.integration.support import LIVENESS_LIMIT, serve_relay, wait_until
+from tests.integration.support import LIVENESS_LIMIT, in_thread, raw_unary, serve_relay, wait_until
 
 PATH = "/test.Echo/Intercepted"
 
@@ -27,12 +26,11 @@ async def test_an_intercepted_calls_record_comes_after_its_answer_is_written(
     queued: list[int] = []  # connections with bytes still to write, as each record is observed
     relay.observers.append(lambda record: queued.append(len(relay.dirty)))
     listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
-    method = channel_to(listen).unary_unary(PATH, request_serializer=None, response_deserializer=None)
+    method = raw_unary(channel_to(listen), PATH)
 
     with trio.fail_after(LIVENESS_LIMIT):
         for count in range(1, 4):
-            call = functools.partial(method, b"ping", timeout=LIVENESS_LIMIT)
-            assert b"pong" == await trio.to_thread.run_sync(call)
+            assert b"pong" == await in_thread(method, b"ping", timeout=LIVENESS_LIMIT)
             await wait_until(lambda: len(queued) >= count)  # noqa: B023 - awaited here
 
     assert [0, 0, 0] == queued

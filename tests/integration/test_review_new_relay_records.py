@@ -5,7 +5,6 @@ the connection's end in the same read, on the runtime's side and on the caller's
 
 from __future__ import annotations
 
-import functools
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +17,7 @@ from krproxy.calls import CallRecord
 from krproxy.h2 import frames as f
 from krproxy.relay import Relay
 from krproxy.relay.rpc import grpc_message, request_headers
-from tests.integration.support import LIVENESS_LIMIT, serve_relay_to, wait_until
+from tests.integration.support import LIVENESS_LIMIT, in_thread, raw_unary, serve_relay_to, wait_until
 from tests.integration.test_relay_attacks import PATH, ScriptedUpstream, _answer
 
 CONNECTION_ERROR = f.frame(f.DATA, 0, 0, b"x")  # DATA on stream 0: PROTOCOL_ERROR (RFC 9113 §6.1)
@@ -48,11 +47,10 @@ async def test_a_call_ended_by_the_runtimes_last_read_is_reported_once(
     try:
         records = _records(relay)
         listen = await serve_relay_to(nursery, relay, str(short_tmp / "up.sock"), str(short_tmp), [PATH])
-        method = channel_to(listen).unary_unary(PATH, request_serializer=None, response_deserializer=None)
+        method = raw_unary(channel_to(listen), PATH)
         with trio.fail_after(LIVENESS_LIMIT):
             for count in range(1, 4):
-                call = functools.partial(method, b"ping", timeout=LIVENESS_LIMIT)
-                assert b"pong" == await trio.to_thread.run_sync(call)
+                assert b"pong" == await in_thread(method, b"ping", timeout=LIVENESS_LIMIT)
                 await wait_until(lambda: len(records) >= count)  # noqa: B023 - awaited here
             await relay.wait_idle()
         await trio.sleep(0.2)  # (a record reported twice would show by now)
