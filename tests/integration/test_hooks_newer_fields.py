@@ -20,6 +20,8 @@ from google.protobuf import message as pb_message
 from google.protobuf import unknown_fields
 
 from krproxy.fakes.plugin import Changes, FakePlugin
+from krproxy.hooks.points import HookPoint
+from krproxy.proto.runtime import v1alpha1 as hookapi
 from krproxy.protowire import varint
 from tests.integration.hooks_support import Node, container_config, make_node, pod_config
 
@@ -93,9 +95,18 @@ async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_cl
         cpu_quota=50_000,
         envs={"ADDED": "1"},
     )
-    await node.add_plugin("changer", FakePlugin(changes))
+    plugin = FakePlugin(changes)
+    plugin.answer(HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES, quota_changed)
+    await node.add_plugin("changer", plugin)
     await node.start_proxy()
     return node
+
+
+def quota_changed(request: hookapi.PodSandboxHookRequest) -> hookapi.PodSandboxHookResponse:
+    """A pod resize answer: the requested resources with the cpu quota changed."""
+    resources = hookapi.LinuxContainerResources.FromString(bytes(request.resources))
+    resources.cpu_quota = 50_000
+    return hookapi.PodSandboxHookResponse(resources=resources)
 
 
 class TestNewerFieldsSurviveAChange:
@@ -154,3 +165,26 @@ class TestNewerFieldsSurviveAChange:
         assert 50_000 == got.linux.cpu_quota
         assert expected("request") == newer_in(got)
         assert expected("linux") == newer_in(got.linux)
+
+    async def test_update_pod_sandbox_resources(self, node: Node) -> None:
+        """UpdatePodSandboxResources (pod-level resize): the plugin's cpu quota replaces kubelet's, and the
+        newer fields of the request, its resources and its overhead are still there."""
+        pod_id = await node.run_pod()
+        request = api_pb2.UpdatePodSandboxResourcesRequest(
+            pod_sandbox_id=pod_id,
+            overhead=api_pb2.LinuxContainerResources(cpu_shares=25),
+            resources=api_pb2.LinuxContainerResources(cpu_quota=150_000, cpu_period=100_000),
+        )
+        for where, message in {
+            "request": request,
+            "overhead": request.overhead,
+            "resources": request.resources,
+        }.items():
+            with_newer(message, where)
+        await node.update_pod(request)
+
+        [got] = node.received("UpdatePodSandboxResources")
+        assert 50_000 == got.resources.cpu_quota
+        assert expected("request") == newer_in(got)
+        assert expected("overhead") == newer_in(got.overhead)
+        assert expected("resources") == newer_in(got.resources)
