@@ -59,28 +59,19 @@ def marked_pod_config() -> api_pb2.PodSandboxConfig:
     config.linux.resources.CopyFrom(
         api_pb2.LinuxContainerResources(cpu_shares=512, memory_limit_in_bytes=1 << 28)
     )
-    for where, message in pod_parts(config).items():
+    for where, message in parts(config).items():
         with_newer(message, where)
     return config
 
 
-def pod_parts(config: api_pb2.PodSandboxConfig) -> dict[str, pb_message.Message]:
+def parts(config: api_pb2.PodSandboxConfig | api_pb2.ContainerConfig) -> dict[str, pb_message.Message]:
+    """The messages of a pod's or a container's config that krproxy decodes and may re-encode."""
     return {
         "config": config,
         "config.metadata": config.metadata,
         "config.linux": config.linux,
         "config.linux.security_context": config.linux.security_context,
         "config.linux.resources": config.linux.resources,
-    }
-
-
-def container_parts(config: api_pb2.ContainerConfig) -> dict[str, pb_message.Message]:
-    return {
-        "config": config,
-        "config.metadata": config.metadata,
-        "config.linux": config.linux,
-        "config.linux.resources": config.linux.resources,
-        "config.linux.security_context": config.linux.security_context,
     }
 
 
@@ -121,7 +112,7 @@ class TestNewerFieldsSurviveAChange:
         assert "l" == got.config.labels["added"]
         assert "/moved" == got.config.linux.cgroup_parent
         assert expected("request") == newer_in(got)
-        for where, part in pod_parts(got.config).items():
+        for where, part in parts(got.config).items():
             assert expected(where) == newer_in(part), where
 
     async def test_create_container(self, node: Node) -> None:
@@ -130,7 +121,7 @@ class TestNewerFieldsSurviveAChange:
         sandbox config beside it, is where kubelet put it."""
         pod_id = await node.run_pod()
         config = container_config()
-        for where, message in container_parts(config).items():
+        for where, message in parts(config).items():
             with_newer(message, where)
         request = api_pb2.CreateContainerRequest(
             pod_sandbox_id=pod_id, config=config, sandbox_config=marked_pod_config()
@@ -144,9 +135,9 @@ class TestNewerFieldsSurviveAChange:
         assert "a" == got.config.annotations["added"]
         assert "/moved" == got.sandbox_config.linux.cgroup_parent
         assert expected("request") == newer_in(got)
-        for where, part in container_parts(got.config).items():
+        for where, part in parts(got.config).items():
             assert expected(where) == newer_in(part), where
-        for where, part in pod_parts(got.sandbox_config).items():
+        for where, part in parts(got.sandbox_config).items():
             assert expected(where) == newer_in(part), "sandbox_" + where
 
     async def test_update_container_resources(self, node: Node) -> None:
