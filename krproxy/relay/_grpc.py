@@ -63,10 +63,42 @@ _PLAIN_HEADERS: Headers = [(b":status", b"200"), (b"content-type", b"application
 _PLAIN_TRAILERS: Headers = [(b"grpc-status", b"0")]
 
 
+#: The most bytes of ``grpc-message`` krproxy writes (percent-encoded). A client bounds the header block a
+#: status arrives in: grpcio refuses one above 16 KiB (the caller sees RESOURCE_EXHAUSTED "received metadata
+#: size exceeds hard limit" instead of the status krproxy sent), and grpc-go 1.82 starts moving its default
+#: from 16 MiB to 8 KiB (a later release makes it the default; kubelet's client then answers INTERNAL). A
+#: hook server's error message, which a Fail plugin's status carries to kubelet, can be any length: past
+#: this it is cut, and says so. 4 KiB leaves room under 8 KiB for the other fields.
+MAX_STATUS_MESSAGE = 4096
+
+
+def status_message(message: str) -> bytes:
+    """*message* as a ``grpc-message`` value: percent-encoded, at most :data:`MAX_STATUS_MESSAGE` bytes.
+
+    A longer one keeps its start (the status krproxy words names the plugin and hook first) and ends
+    with how many characters were cut.
+    """
+    encoded = urllib.parse.quote(message, safe=" ").encode()
+    if len(encoded) <= MAX_STATUS_MESSAGE:
+        return encoded
+    budget = MAX_STATUS_MESSAGE - len(_quoted_cut_note(len(message)))
+    kept = size = 0
+    for char in message:
+        size += len(urllib.parse.quote(char, safe=" "))
+        if size > budget:
+            break
+        kept += 1
+    return urllib.parse.quote(message[:kept], safe=" ").encode() + _quoted_cut_note(len(message) - kept)
+
+
+def _quoted_cut_note(cut: int) -> bytes:
+    return urllib.parse.quote(f" ... ({cut} more characters cut by krproxy)", safe=" ").encode()
+
+
 def _status_fields(status: Status, message: str | None, details: bytes | None) -> Headers:
     fields = [(b"grpc-status", b"%d" % status.value)]
     if message:
-        fields.append((b"grpc-message", urllib.parse.quote(message, safe=" ").encode()))
+        fields.append((b"grpc-message", status_message(message)))
     if details:
         fields.append((b"grpc-status-details-bin", base64.b64encode(details).rstrip(b"=")))
     return fields

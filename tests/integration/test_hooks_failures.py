@@ -20,7 +20,16 @@ from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1
-from tests.integration.hooks_support import HANG_TIMEOUT, PLUGIN_TIMEOUT, Node, make_node, refused, rejection
+from krproxy.relay._grpc import MAX_STATUS_MESSAGE
+from tests.integration.hooks_support import (
+    HANG_TIMEOUT,
+    PLUGIN_TIMEOUT,
+    Node,
+    make_node,
+    pod_config,
+    refused,
+    rejection,
+)
 from tests.integration.support import unary_call
 
 CREATE = HookPoint.PRE_CREATE_CONTAINER
@@ -209,6 +218,23 @@ class TestPreHookFailureDetails:
         assert "hook server p failed PreStartContainer: UNAVAILABLE: busy" in details
         assert HookPoint.POST_START_CONTAINER not in plugin.hooks_called()
 
+    async def test_a_long_error_message_is_cut_so_the_status_reaches_kubelet(self, node: Node) -> None:
+        """A Fail plugin answering with 20 000 characters of message: the caller still gets UNKNOWN naming
+        plugin, hook and cause, cut to fit (grpcio refused the whole status with RESOURCE_EXHAUSTED
+        "received metadata size exceeds hard limit" when krproxy sent the message whole)."""
+        plugin = FakePlugin()
+        plugin.misbehave(Misbehaviour(status=Status.FAILED_PRECONDITION, message="why " * 5000))
+        await node.add_plugin("p", plugin, failure_policy="Fail")
+        await node.start_proxy()
+
+        details = await refused(node, "RunPodSandbox", cri_run_pod(), grpc.StatusCode.UNKNOWN)
+
+        assert details.startswith(
+            "hook server err: hook server p failed PreRunPodSandbox: FAILED_PRECONDITION: why"
+        )
+        assert details.endswith(" more characters cut by krproxy)"), details[-100:]
+        assert len(details) <= MAX_STATUS_MESSAGE
+
     async def test_fail_stops_the_chain(self, node: Node) -> None:
         """After a Fail plugin failed, later plugins are not called."""
         await failing_plugin(node, "error", "Fail", name="a")
@@ -288,6 +314,12 @@ def cri_start(container_id: str) -> Any:
     from cri_api.v1 import api_pb2
 
     return api_pb2.StartContainerRequest(container_id=container_id)
+
+
+def cri_run_pod() -> Any:
+    from cri_api.v1 import api_pb2
+
+    return api_pb2.RunPodSandboxRequest(config=pod_config(), runtime_handler="runc")
 
 
 class TestTimeoutInVirtualTime:

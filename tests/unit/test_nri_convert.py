@@ -78,6 +78,32 @@ class TestFromNri:
         )
         assert "web" == info.pod.name
 
+    def test_fields_of_a_newer_nri(self) -> None:
+        """A pod and container from a runtime with a newer NRI than 0.12.2 (fields beyond our schema in the
+        pod, its linux part, the container, its linux part, resources, cpu and memory) read as without them."""
+        newer = b"\xd8\xfa\x01\x07" + b"\xe2\xfa\x01\x05newer"  # field 4011 = 7, field 4012 = "newer"
+
+        def marked(message: Any, *parts: str) -> Any:
+            out = type(message).FromString(bytes(message) + newer)
+            for path in parts:
+                holder = out
+                *outer, last = path.split(".")
+                for name in outer:
+                    holder = getattr(holder, name)
+                part = getattr(holder, last)
+                setattr(holder, last, type(part).FromString(bytes(part) + newer))
+            return out
+
+        pod = marked(POD_MESSAGE, "linux")
+        container = marked(
+            CONTAINER_MESSAGE, "linux", "linux.resources", "linux.resources.cpu", "linux.resources.memory"
+        )
+        assert bytes(pod).count(newer) == 2 and bytes(container).count(newer) == 5  # the fields are sent
+        assert convert.pod_from_nri(POD) == convert.pod_from_nri(upb(pod))
+        assert convert.container_from_nri(POD, CONTAINER) == convert.container_from_nri(
+            upb(pod), upb(container)
+        )
+
     def test_missing_parts(self) -> None:
         """A pod or container without its optional parts converts to empty records, never an error."""
         assert PodInfo() == convert.pod_from_nri(None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import urllib.parse
 
 import hpack
 import pytest
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 
 from krproxy.h2 import frames as f
 from krproxy.h2.connection import Connection, Role
+from krproxy.relay._grpc import MAX_STATUS_MESSAGE, _read_status, status_message
 from krproxy.relay._input import _Aside, _decode_aside
 from krproxy.relay.rpc import KEEP_ALL, KEEP_FIRST, KEEP_NONE, _Tap, encode_grpc_timeout, grpc_timeout
 from tests.unit.h2peer import parse
@@ -149,6 +151,33 @@ class TestGrpcTimeout:
 
 def _framed(*messages: bytes) -> bytes:
     return b"".join(b"\x00" + len(m).to_bytes(4, "big") + m for m in messages)
+
+
+class TestStatusMessage:
+    """``grpc-message`` values krproxy writes fit the header block every gRPC client accepts."""
+
+    @pytest.mark.parametrize("message", ["", "boom", "x" * MAX_STATUS_MESSAGE, "% é 中 \n" * 10])
+    def test_a_short_message_is_percent_encoded_whole(self, message: str) -> None:
+        assert urllib.parse.quote(message, safe=" ").encode() == status_message(message)
+
+    @pytest.mark.parametrize("unit", ["x", "é", "中", "%", "😀", "a\n"])
+    def test_a_long_message_keeps_its_start_and_says_how_much_was_cut(self, unit: str) -> None:
+        message = "plugin p failed: " + unit * 20_000
+        value = status_message(message)
+        # as much of the start as fits: short of the limit by less than one character (12 bytes encoded)
+        assert MAX_STATUS_MESSAGE - 16 <= len(value) <= MAX_STATUS_MESSAGE
+        _, text, _ = _read_status([(b"grpc-status", b"2"), (b"grpc-message", value)])
+        assert text is not None
+        kept, _, note = text.partition(" ... (")
+        assert message.startswith(kept)
+        assert f"{len(message) - len(kept)} more characters cut by krproxy)" == note
+
+    @given(st.text(max_size=9000))
+    def test_any_message_fits_and_decodes_to_a_start_of_it(self, message: str) -> None:
+        value = status_message(message)
+        assert len(value) <= MAX_STATUS_MESSAGE
+        text = urllib.parse.unquote(value.decode())
+        assert text == message or message.startswith(text.partition(" ... (")[0])
 
 
 class TestTap:
