@@ -25,7 +25,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from krproxy.hooks import answers
-from krproxy.hookserver import ContainerContext, ContainerInfo, PodInfo, _wire, container_response
+from krproxy.hookserver import ContainerContext, ContainerInfo, PodContext, PodInfo, _wire, container_response
 from krproxy.proto import descriptors
 from krproxy.proto.runtime import v1alpha1 as pb
 from tests.unit.hook_messages import texts
@@ -172,6 +172,49 @@ def test_every_reader_reads_the_answer_as_request_then_changes(
         assert list(want_annotations.items()) == list(got.container_annotations.items()), reader
     spec = _RESPONSE.FromString(answer)  # protobuf's maps (grpc-go's reading: the last value wins)
     assert (want_envs, want_annotations) == (dict(spec.container_envs), dict(spec.container_annotations))
+
+
+# -- what a plugin may put in an answer's map ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "named"),
+    [("X", 5, "int"), ("X", b"v", "bytes"), (b"X", "v", "bytes"), (5, "v", "int"), ("X", ["v"], "list")],
+)
+@pytest.mark.parametrize("where", ["annotations", "add_envs"])
+def test_a_value_or_key_that_is_no_str_fails_the_call_naming_the_key_and_type(
+    where: str, key: Any, value: Any, named: str
+) -> None:
+    """Refused as the in-process path (betterproto2) refuses it, with a message a plugin author can
+    act on: the map, the key, the type; never the value (it may be a credential)."""
+    upb_req, info = _wire.container_info(b"")
+    ctx = ContainerContext(info)
+    getattr(ctx.response, where)[key] = value
+    with pytest.raises(TypeError, match=rf"{where}\[{key!r}\].*{named}.*str") as raised:
+        _wire.container_reply(upb_req, ctx)
+    if isinstance(value, bytes):
+        assert repr(value) not in str(raised.value)
+    with pytest.raises((TypeError, AttributeError)):  # the in-process path refuses it too
+        bytes(container_response(pb.ContainerResourceHookRequest(), ctx))
+
+
+def test_a_pod_answer_s_label_that_is_no_str_fails_the_call_naming_it() -> None:
+    upb_req, info = _wire.pod_info(b"")
+    ctx = PodContext(info)
+    ctx.response.labels["team"] = 7  # type: ignore[assignment]
+    with pytest.raises(TypeError, match=r"labels\['team'\].*int"):
+        _wire.pod_reply(upb_req, ctx)
+
+
+def test_a_str_subclass_is_taken_as_its_text() -> None:
+    class Name(str):
+        pass
+
+    upb_req, info = _wire.container_info(b"")
+    ctx = ContainerContext(info)
+    ctx.response.add_envs[Name("K")] = Name("v")
+    got = pb.ContainerResourceHookResponse.parse(_wire.container_reply(upb_req, ctx))
+    assert {"K": "v"} == got.container_envs
 
 
 def test_records_of_either_path_compare_equal() -> None:
