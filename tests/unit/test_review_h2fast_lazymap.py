@@ -6,16 +6,21 @@ A record's labels, annotations and envs are :class:`LazyMap` objects on the serv
 tell them apart by anything it may do with a read-only map, text included (a plugin may write
 ``str(labels)`` into an annotation). The answer echoes the request's entries as they came, then
 the changes: every reader of the protocol (betterproto2, krproxy's upb reader in
-:mod:`krproxy.hooks.answers`, and protobuf's own map semantics, which grpc-go's koord-runtime-proxy
-follows: a key repeated on the wire keeps its last value) must see ``{**request, **changes}``,
-also when the request itself repeats a key.
+:mod:`krproxy.hooks.answers`, protobuf's own maps, and Go's protobuf as koord-runtime-proxy reads
+an answer, tests/godecode: a key repeated on the wire keeps its last value) must see
+``{**request, **changes}``, also when the request itself repeats a key.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
 import pickle
+import random
+import subprocess
+import sys
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -224,3 +229,75 @@ def test_records_of_either_path_compare_equal() -> None:
     _, served = _wire.container_info(bytes(req.SerializeToString()))
     assert ContainerInfo.from_proto(req) == served
     assert str(ContainerInfo.from_proto(req)) == str(served)
+
+
+# -- Go's reading (google.golang.org/protobuf, as koord-runtime-proxy reads an answer) --------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def godecode() -> str:
+    """tests/godecode, built by scripts/install-go-client from the packages it unpacked (never
+    downloads); without them the Go cases are skipped with its reason."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "install-go-client"), "--offline", "--program", "godecode"],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    path = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    if done.returncode != 0 or not os.access(path, os.X_OK):
+        pytest.skip(f"no Go decoder: {done.stdout.strip() or done.stderr.strip()}")
+    return path
+
+
+def _go_reads(godecode: str, tmp_path: Path, message: str, answer: bytes) -> dict[str, Any]:
+    descriptor = tmp_path / "hook.desc"
+    if not descriptor.exists():
+        descriptor.write_bytes(descriptors.RUNTIME_HOOK_V1ALPHA1)
+    done = subprocess.run(
+        [godecode, "-descriptor", str(descriptor), "-message", f"runtime.v1alpha1.{message}"],
+        input=answer,
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    assert 0 == done.returncode, done.stderr.decode()
+    return dict(json.loads(done.stdout))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_go_reads_the_answer_as_request_then_changes(godecode: str, tmp_path: Path, seed: int) -> None:
+    """Requests repeating keys, plugins changing some of them and adding others: Go's decoder
+    keeps a repeated key's last value, so it reads ``{**request, **changes}``, as krproxy does."""
+    rng = random.Random(seed)
+    keys = ["A", "B", "é", "", "PATH"]
+    envs = [(rng.choice(keys), rng.choice(["1", "2", "ü", ""])) for _ in range(rng.randrange(6))]
+    annotations = [(rng.choice(keys), rng.choice(["x", "y"])) for _ in range(rng.randrange(6))]
+    raw = _request_with_entries(envs, annotations)
+    upb_req, info = _wire.container_info(raw)
+    ctx = ContainerContext(info)
+    ctx.response.add_envs.update(
+        {rng.choice(keys): rng.choice(["new", "ñ"]) for _ in range(rng.randrange(3))}
+    )
+    ctx.response.annotations.update({rng.choice(keys): "set" for _ in range(rng.randrange(3))})
+    answer = _wire.container_reply(upb_req, ctx)
+    got = _go_reads(godecode, tmp_path, "ContainerResourceHookResponse", answer)
+    assert {**dict(envs), **ctx.response.add_envs} == got.get("container_envs", {})
+    assert {**dict(annotations), **ctx.response.annotations} == got.get("container_annotations", {})
+    krproxy = answers.decode(pb.ContainerResourceHookResponse, answer)
+    assert (got.get("container_envs", {}), got.get("container_annotations", {})) == (
+        krproxy.container_envs,
+        krproxy.container_annotations,
+    )
+
+
+def test_go_reads_a_pod_answer_s_changed_label(godecode: str, tmp_path: Path) -> None:
+    req = pb.PodSandboxHookRequest(labels={"app": "web", "tier": "front"}, annotations={"a": "1"})
+    upb_req, info = _wire.pod_info(bytes(req.SerializeToString()))
+    ctx = PodContext(info)
+    ctx.response.labels["tier"] = "back"
+    got = _go_reads(godecode, tmp_path, "PodSandboxHookResponse", _wire.pod_reply(upb_req, ctx))
+    assert {"app": "web", "tier": "back"} == got["labels"] and {"a": "1"} == got["annotations"]
