@@ -130,7 +130,7 @@ def container_info(request: bytes) -> tuple[Any, ContainerInfo]:
     return req, info
 
 
-def _echo(out: Any, request: Any, changes: dict[str, str], name: str) -> None:
+def _echo(out: Any, request: Any, changes: dict[Any, Any], name: str) -> None:  # (a plugin may put anything)
     """The answer's map field ``out``: the request's field ``request`` with ``changes`` laid over it,
     as entries (see the module's notes). A key or value in ``changes`` that is no str is a TypeError
     naming the key and the type, as betterproto2's encoding refused it (upb would send None as "",
