@@ -30,6 +30,7 @@ import pytest
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
 from krproxy.h2.connection import Connection, Role
+from krproxy.h2.streams import Stream
 from tests.unit.h2peer import REQUEST, RESPONSE, client, data_frame, goaway_code, parse, resets, server
 
 TRAILERS = [(b"grpc-status", b"0")]
@@ -508,3 +509,27 @@ def test_release_of_streams_without_queued_bytes_after_a_goaway() -> None:
     assert ours.streams[refused].reset
     assert 0 == ours.release_stream(refused) == ours.release_stream(done) == ours.release_stream(done)
     assert {} == ours.streams and not ours.blocked and 0 == ours.buffered
+
+
+@pytest.mark.parametrize("size", [0, 100, 70000])
+def test_a_stream_started_with_data_and_trailers_kept_while_it_waited_sends_them_in_order(size: int) -> None:
+    """The relay keeps a request's data and trailers on the Stream while it waits for a slot
+    (start_stream(stream=...)): they go out behind the headers, the trailers last, as the windows allow."""
+    ours, peer = _client_with_h2_server()
+    kept = Stream(0, 0, 0)
+    kept.pending += b"r" * size
+    kept.trailers_pending = f.encode_headers(TRAILERS)
+    sid = ours.start_stream(REQUEST, stream=kept)
+    peer.exchange()
+    received = sum(e.flow_controlled_length for e in peer.theirs if isinstance(e, h2.events.DataReceived))
+    if received < size:  # held by the peer's 65535 windows: the trailers with it
+        assert not [e for e in peer.theirs if isinstance(e, h2.events.StreamEnded)]
+        peer.h2.acknowledge_received_data(received, sid)
+        peer.h2.increment_flow_control_window(size, sid)
+        peer.exchange()
+    frames = _stream_frames(peer, sid)
+    assert [f.HEADERS] == [kind for kind, _ in frames[:1]]
+    assert size == sum(n for kind, n in frames if kind == f.DATA)
+    assert (f.HEADERS, len(f.encode_headers(TRAILERS))) == frames[-1]
+    assert [TRAILERS] == [list(e.headers) for e in peer.theirs if isinstance(e, h2.events.TrailersReceived)]
+    assert not ours.blocked and 0 == ours.buffered and 0 == ours.release_stream(sid)
