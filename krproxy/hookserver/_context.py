@@ -51,7 +51,7 @@ class LazyMap(Mapping[str, str]):
     The served SDK decodes a request's labels, annotations and envs only for the plugins that look at
     them (``_wire``: decoding a kubelet-sized request's 64 entries was about half its call's job); to a
     plugin it is the ``mappingproxy`` the record otherwise holds: the same methods, ``==`` with any
-    mapping, ``|``, ``copy()`` and the ``repr``.
+    mapping, ``|``, ``copy()``, the ``repr`` and the ``str``.
     """
 
     __slots__ = ("_dict", "_read")
@@ -99,6 +99,9 @@ class LazyMap(Mapping[str, str]):
 
     def __repr__(self) -> str:
         return f"mappingproxy({self._items!r})"
+
+    def __str__(self) -> str:  # a mappingproxy's str is its dict's (format() and f-strings too)
+        return str(self._items)
 
     def copy(self) -> dict[str, str]:
         return dict(self._items)

@@ -130,19 +130,20 @@ def container_info(request: bytes) -> tuple[Any, ContainerInfo]:
     return req, info
 
 
-def _echo(out: Any, request: Any, changes: dict[str, str], name: str) -> None:
+def _echo(out: Any, request: Any, changes: dict[Any, Any], name: str) -> None:  # (a plugin may put anything)
     """The answer's map field ``out``: the request's field ``request`` with ``changes`` laid over it,
-    as entries (see the module's notes). A None key or value in ``changes`` is a TypeError, as
-    betterproto2's encoding made it (upb would send it as "")."""
-    if None in changes or None in changes.values():
-        key = next(k for k, v in changes.items() if k is None or v is None)
-        raise TypeError(
-            f"a plugin set {name}[{key!r}] to None, or None as a key: keys and values are str; "
-            "to leave a key as the request has it, do not set it"
-        )
+    as entries (see the module's notes). A key or value in ``changes`` that is no str is a TypeError
+    naming the key and the type, as betterproto2's encoding refused it (upb would send None as "",
+    take bytes as text, and say only "bad argument type" of an int)."""
     out.extend(request)
     add = out.add
     for key, value in changes.items():
+        if not (isinstance(key, str) and isinstance(value, str)):
+            wrong, what = (value, "value") if isinstance(key, str) else (key, "key")
+            raise TypeError(  # the value unquoted: it may be a credential
+                f"a plugin set {name}[{key!r}] with a {type(wrong).__name__} as its {what}: keys and "
+                "values are str; to leave a key as the request has it, do not set it"
+            )
         add(key=key, value=value)
 
 
