@@ -349,10 +349,10 @@ def _wire_pod(item: Any, **more: Any) -> PodInfo:
     return _pod(item.metadata, _entries(item.labels), _entries(item.annotations), **more)
 
 
-def pod_from_wire_config(config: Any) -> PodInfo:
-    """:func:`pod_from_run_request` of a RunPodSandbox carrying only the upb-decoded *config* (a
-    CreateContainer's ``sandbox_config``, for a pod the store does not know)."""
-    return _wire_pod(config, cgroup_parent=config.linux.cgroup_parent)
+def pod_from_wire_config(config: Any, runtime_handler: str = "") -> PodInfo:
+    """:func:`pod_from_run_request` of a RunPodSandbox carrying the upb-decoded *config* (a watched
+    RunPodSandbox's, a CreateContainer's ``sandbox_config`` for a pod the store does not know)."""
+    return _wire_pod(config, runtime_handler=runtime_handler, cgroup_parent=config.linux.cgroup_parent)
 
 
 def pod_from_wire_sandbox(sandbox: Any) -> PodInfo:

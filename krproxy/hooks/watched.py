@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from krproxy.forward import RUNTIME_PREFIX, Watch, Watcher
 from krproxy.grpcstatus import Status
-from krproxy.hooks import convert, rewrite
+from krproxy.hooks import convert, rewrite, wire
 from krproxy.hooks._reading import THREAD_DECODE_AT, decode, plain_id
 from krproxy.hooks.model import PodInfo
 from krproxy.hooks.points import HookPoint
@@ -89,7 +89,7 @@ class _Watches:
         if len(data) >= THREAD_DECODE_AT or self.hooks.dispatcher.plugins_for(point):
             return None
         try:
-            pod = convert.pod_from_run_request(decode(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest"))
+            pod = _pod_of_run_request(data)
         except Exception:  # malformed: the interceptor refuses it
             return None
         if not self.unhooked(point, pod):
@@ -192,3 +192,23 @@ def _forgetter(forget: Callable[[], object], *, gone: Callable[[], object] | Non
     """The watcher of a watched Stop or Remove call: :func:`forget_when_done`'s rule (a watched call's
     NOT_FOUND is the runtime's: the relay answers none of its own)."""
     return lambda status, reply: forget_when_done(status, forget, gone)
+
+
+_RUN_POD_SANDBOX = wire.message_class("RunPodSandboxRequest", writing=True)
+
+
+def _pod_of_run_request(data: bytes) -> PodInfo:
+    """The pod record of a RunPodSandbox request, as the interceptor reads it (its errors too).
+
+    upb reads a kubelet's request some fifteen times faster than betterproto2 (20 µs against 0.32-0.35
+    ms for 0.9 KB, the record built, at load 3). Its reading is taken when it dropped nothing: no field it does not know
+    and none sent with a wrong wire type (upb keeps both as unknown fields, where betterproto2 holds
+    the second as a value of the wrong type, which the interceptor refuses), told by the message's
+    size without its unknown fields being the request's. Anything else (a newer kubelet's field, a
+    key sent twice, a varint longer than it need be) is read by betterproto2, as the interceptor does.
+    """
+    request = _RUN_POD_SANDBOX.FromString(data)
+    request.DiscardUnknownFields()
+    if request.ByteSize() == len(data):
+        return convert.pod_from_wire_config(request.config, request.runtime_handler)
+    return convert.pod_from_run_request(decode(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest"))

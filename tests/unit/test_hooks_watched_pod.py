@@ -1,0 +1,93 @@
+"""A watched RunPodSandbox reads its pod with upb when upb dropped nothing, else as the interceptor
+does (hooks/watched.py's _pod_of_run_request): either way the record the interceptor would read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from krproxy.hooks import watched
+from krproxy.hooks._reading import decode
+from krproxy.hooks.convert import pod_from_run_request
+from krproxy.proto.runtime import v1 as cri
+
+names = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=8)
+string_maps = st.dictionaries(names, names, max_size=4)
+requests = st.builds(
+    cri.RunPodSandboxRequest,
+    config=st.none()
+    | st.builds(
+        cri.PodSandboxConfig,
+        metadata=st.none()
+        | st.builds(
+            cri.PodSandboxMetadata, name=names, uid=names, namespace=names, attempt=st.integers(0, 2**32 - 1)
+        ),
+        hostname=names,
+        labels=string_maps,
+        annotations=string_maps,
+        linux=st.none() | st.builds(cri.LinuxPodSandboxConfig, cgroup_parent=names),
+    ),
+    runtime_handler=names,
+)
+
+
+def _interceptors(data: bytes) -> Any:
+    return pod_from_run_request(decode(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest"))
+
+
+class _Counted:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, *args: Any) -> Any:
+        self.calls += 1
+        return decode(*args)
+
+
+@given(requests)
+def test_upb_reads_the_pod_the_interceptor_reads_without_betterproto2(
+    request: cri.RunPodSandboxRequest,
+) -> None:
+    data = bytes(request.SerializeToString())
+    counted = _Counted()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(watched, "decode", counted)
+        pod = watched._pod_of_run_request(data)
+    assert _interceptors(data) == pod
+    assert 0 == counted.calls
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        b"\xa2\x06\x03new",  # field 100, length-delimited: a newer kubelet's field
+        b"\x1a\x05other",  # runtime_handler (3) sent twice: the last wins
+        b"\x0a\x00",  # an empty config after the first: merged into it
+    ],
+    ids=["unknown field", "field twice", "config twice"],
+)
+def test_what_upb_would_read_otherwise_is_read_as_the_interceptor_reads_it(extra: bytes) -> None:
+    request = cri.RunPodSandboxRequest(
+        config=cri.PodSandboxConfig(metadata=cri.PodSandboxMetadata(name="web", uid="u", namespace="ns")),
+        runtime_handler="runc",
+    )
+    data = bytes(request.SerializeToString()) + extra
+    counted = _Counted()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(watched, "decode", counted)
+        pod = watched._pod_of_run_request(data)
+    assert _interceptors(data) == pod
+    assert 1 == counted.calls
+
+
+def test_a_config_of_the_wrong_wire_type_fails_as_it_does_in_the_interceptor() -> None:
+    """upb keeps the varint config as an unknown field (no pod at all); betterproto2 holds the int,
+    which the interceptor cannot read: the watch fails too, and the interceptor takes the call."""
+    data = b"\x08\x01"  # config (1) as the varint 1
+    with pytest.raises(AttributeError):
+        _interceptors(data)
+    with pytest.raises(AttributeError):
+        watched._pod_of_run_request(data)
