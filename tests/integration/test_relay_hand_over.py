@@ -1,0 +1,216 @@
+"""An interceptor hands its last step to the relay (``forward.hand_over``): its request goes upstream from
+the call's own stream, the runtime's answer is relayed as a watched call's, and the watcher is told its end.
+
+Its hooks have run, so a runtime refusing the call unprocessed (REFUSED_STREAM) is not passed to the caller,
+whose retry would run them again: the relay sends the same bytes again, a bounded number of times. A watched
+call (no hook ran) is refused to the caller as a passthrough call is.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import pytest
+import trio
+
+import krproxy.relay._local as local_module
+from krproxy.calls import CallRecord
+from krproxy.forward import Forward, Reply, Watcher
+from krproxy.grpcstatus import Status
+from krproxy.relay import Relay
+from krproxy.relay.rpc import grpc_message
+from tests.integration.support import LIVENESS_LIMIT, serve_relay, wait_until
+
+PATH = "/test.Echo/Hooked"
+
+
+class Runtime:
+    """An h2 server on a unix socket that refuses the first *refuse* streams (REFUSED_STREAM) and echoes
+    the others' request message; ``bodies`` holds each stream's request as it came."""
+
+    def __init__(self, path: str, refuse: int) -> None:
+        self.refuse = refuse
+        self.bodies: list[bytes] = []
+        self.refused = 0
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(4)
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            sock, _ = self.listener.accept()
+        except OSError:
+            return
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+        conn.initiate_connection()
+        sock.sendall(conn.data_to_send())
+        bodies: dict[int, bytes] = {}
+        with sock:
+            while True:
+                try:
+                    data = sock.recv(65536)
+                except OSError:
+                    return
+                if not data:
+                    return
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.DataReceived):
+                        bodies[event.stream_id] = bodies.get(event.stream_id, b"") + event.data
+                        conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    elif isinstance(event, h2.events.StreamEnded):
+                        body = bodies.pop(event.stream_id, b"")
+                        self.bodies.append(body)
+                        if self.refused < self.refuse:
+                            self.refused += 1
+                            conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+                            continue
+                        conn.send_headers(
+                            event.stream_id, [(":status", "200"), ("content-type", "application/grpc")]
+                        )
+                        conn.send_data(event.stream_id, body)
+                        conn.send_headers(event.stream_id, [("grpc-status", "0")], end_stream=True)
+                sock.sendall(conn.data_to_send())
+
+    def close(self) -> None:
+        self.listener.close()
+        self.thread.join(5)
+
+
+@pytest.fixture
+def runtime_at(short_tmp: Path) -> Iterator[Callable[[int], Runtime]]:
+    made: list[Runtime] = []
+
+    def make(refuse: int) -> Runtime:
+        made.append(Runtime(str(short_tmp / "runtime.sock"), refuse))
+        return made[-1]
+
+    yield make
+    for runtime in made:
+        runtime.close()
+
+
+class Hooked:
+    """An interceptor that runs its "hooks" (counted), changes the request and hands the forward over."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+        self.told: list[tuple[Status, bytes | None]] = []
+
+    async def __call__(self, path: str, request: bytes, forward: Forward) -> Reply:
+        self.runs += 1
+        await trio.lowlevel.checkpoint()  # as a plugin call would wait
+        watcher: Watcher = lambda status, reply: self.told.append((status, reply))  # noqa: E731
+        reply: Reply = forward.hand_over(b"changed " + request, watcher)  # type: ignore[attr-defined]
+        return reply
+
+
+async def call(
+    relay: Relay, nursery: trio.Nursery, short_tmp: Path, channel_to: Callable[[str], grpc.Channel]
+) -> bytes | grpc.RpcError:
+    listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
+    method = channel_to(listen).unary_unary(PATH, request_serializer=None, response_deserializer=None)
+    try:
+        with trio.fail_after(LIVENESS_LIMIT):
+            answer: bytes = await trio.to_thread.run_sync(
+                functools.partial(method, b"ping", timeout=LIVENESS_LIMIT)
+            )
+            return answer
+    except grpc.RpcError as err:
+        return err
+
+
+async def test_a_handed_over_call_the_runtime_refuses_is_sent_again_without_running_its_hooks_again(
+    relay: Relay,
+    nursery: trio.Nursery,
+    short_tmp: Path,
+    channel_to: Callable[[str], grpc.Channel],
+    runtime_at: Callable[[int], Runtime],
+) -> None:
+    runtime = runtime_at(2)
+    hooked = Hooked()
+    records: list[CallRecord] = []
+    relay.keep_messages = True
+    relay.observers.append(records.append)
+    relay.configure(relay.route_to(str(short_tmp / "runtime.sock"), "runtime"), None, {PATH: hooked}, [PATH])
+
+    assert b"changed ping" == await call(relay, nursery, short_tmp, channel_to)
+    await wait_until(lambda: bool(records))
+
+    assert 1 == hooked.runs
+    assert [grpc_message(b"changed ping")] * 3 == runtime.bodies  # refused twice, the same bytes each time
+    assert [(Status.OK, b"changed ping")] == hooked.told
+    record = records[0]
+    assert (b"ping", b"changed ping", b"changed ping", 1, Status.OK) == (
+        record.request,
+        record.forwarded,
+        record.reply,
+        record.replies,
+        record.status,
+    )
+
+
+async def test_a_handed_over_call_the_runtime_always_refuses_ends_unavailable(
+    relay: Relay,
+    nursery: trio.Nursery,
+    short_tmp: Path,
+    channel_to: Callable[[str], grpc.Channel],
+    runtime_at: Callable[[int], Runtime],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not forever, even without a deadline; the watcher is told the failure (and keeps nothing)."""
+    monkeypatch.setattr(local_module, "_REFUSED_ATTEMPTS", 3)
+    runtime = runtime_at(1000)
+    hooked = Hooked()
+    relay.configure(relay.route_to(str(short_tmp / "runtime.sock"), "runtime"), None, {PATH: hooked}, [PATH])
+
+    err = await call(relay, nursery, short_tmp, channel_to)
+
+    assert isinstance(err, grpc.RpcError)
+    assert grpc.StatusCode.UNAVAILABLE == err.code()
+    assert "runtime refused the call 3 times" in (err.details() or "")
+    assert (1, 3) == (hooked.runs, len(runtime.bodies))
+    await wait_until(lambda: bool(hooked.told))
+    assert [(Status.UNAVAILABLE, None)] == hooked.told
+
+
+async def test_a_watched_call_the_runtime_refuses_is_refused_to_the_caller(
+    relay: Relay,
+    nursery: trio.Nursery,
+    short_tmp: Path,
+    channel_to: Callable[[str], grpc.Channel],
+    runtime_at: Callable[[int], Runtime],
+) -> None:
+    """No hook ran: the caller gets the refusal (grpc-go sends the call again; this client, retries off,
+    reports UNAVAILABLE), and the relay does not send it again itself."""
+    runtime = runtime_at(1)
+    told: list[tuple[Status, bytes | None]] = []
+
+    async def intercept(path: str, request: bytes, forward: Forward) -> Reply:
+        raise AssertionError("a watched call reaches no interceptor")
+
+    relay.configure(
+        relay.route_to(str(short_tmp / "runtime.sock"), "runtime"),
+        None,
+        {PATH: intercept},
+        [PATH],
+        watches={PATH: lambda request: lambda status, reply: told.append((status, reply))},
+    )
+
+    err = await call(relay, nursery, short_tmp, channel_to)
+
+    assert isinstance(err, grpc.RpcError)
+    assert grpc.StatusCode.UNAVAILABLE == err.code()
+    assert [grpc_message(b"ping")] == runtime.bodies
+    await wait_until(lambda: bool(told))
+    assert [(Status.UNAVAILABLE, None)] == told
