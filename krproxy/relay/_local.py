@@ -371,8 +371,8 @@ class LocalCall(HandledCall):
         upstream.send_data(request, True)
 
     def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
-        upstream = self.upstream
-        if not refused or self._handed is None or upstream is None or self.answered:
+        upstream, client = self.upstream, self.client
+        if not refused or self._handed is None or upstream is None or self.answered or client.s.headers_sent:
             super().upstream_gone(reason, refused, reset_code)
             return
         upstream.reset = True

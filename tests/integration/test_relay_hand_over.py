@@ -37,8 +37,9 @@ class Runtime:
     """An h2 server on a unix socket that refuses the first *refuse* streams (REFUSED_STREAM) and echoes
     the others' request message; ``bodies`` holds each stream's request as it came."""
 
-    def __init__(self, path: str, refuse: int) -> None:
+    def __init__(self, path: str, refuse: int, answer_first: bool = False) -> None:
         self.refuse = refuse
+        self.answer_first = answer_first  # send the answer's HEADERS before refusing (a broken runtime)
         self.bodies: list[bytes] = []
         self.refused = 0
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -73,6 +74,11 @@ class Runtime:
                         self.bodies.append(body)
                         if self.refused < self.refuse:
                             self.refused += 1
+                            if self.answer_first:
+                                conn.send_headers(
+                                    event.stream_id,
+                                    [(":status", "200"), ("content-type", "application/grpc")],
+                                )
                             conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
                             continue
                         conn.send_headers(
@@ -91,8 +97,8 @@ class Runtime:
 def runtime_at(short_tmp: Path) -> Iterator[Callable[[int], Runtime]]:
     made: list[Runtime] = []
 
-    def make(refuse: int) -> Runtime:
-        made.append(Runtime(str(short_tmp / "runtime.sock"), refuse))
+    def make(refuse: int, answer_first: bool = False) -> Runtime:
+        made.append(Runtime(str(short_tmp / "runtime.sock"), refuse, answer_first))
         return made[-1]
 
     yield make
@@ -135,7 +141,7 @@ async def test_a_handed_over_call_the_runtime_refuses_is_sent_again_without_runn
     nursery: trio.Nursery,
     short_tmp: Path,
     channel_to: Callable[[str], grpc.Channel],
-    runtime_at: Callable[[int], Runtime],
+    runtime_at: Callable[..., Runtime],
 ) -> None:
     runtime = runtime_at(2)
     hooked = Hooked()
@@ -165,7 +171,7 @@ async def test_a_handed_over_call_the_runtime_always_refuses_ends_unavailable(
     nursery: trio.Nursery,
     short_tmp: Path,
     channel_to: Callable[[str], grpc.Channel],
-    runtime_at: Callable[[int], Runtime],
+    runtime_at: Callable[..., Runtime],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Not forever, even without a deadline; the watcher is told the failure (and keeps nothing)."""
@@ -189,7 +195,7 @@ async def test_a_watched_call_the_runtime_refuses_is_refused_to_the_caller(
     nursery: trio.Nursery,
     short_tmp: Path,
     channel_to: Callable[[str], grpc.Channel],
-    runtime_at: Callable[[int], Runtime],
+    runtime_at: Callable[..., Runtime],
 ) -> None:
     """No hook ran: the caller gets the refusal (grpc-go sends the call again; this client, retries off,
     reports UNAVAILABLE), and the relay does not send it again itself."""
@@ -214,3 +220,23 @@ async def test_a_watched_call_the_runtime_refuses_is_refused_to_the_caller(
     assert [grpc_message(b"ping")] == runtime.bodies
     await wait_until(lambda: bool(told))
     assert [(Status.UNAVAILABLE, None)] == told
+
+
+async def test_a_handed_over_call_refused_after_its_answer_began_is_not_sent_again(
+    relay: Relay,
+    nursery: trio.Nursery,
+    short_tmp: Path,
+    channel_to: Callable[[str], grpc.Channel],
+    runtime_at: Callable[..., Runtime],
+) -> None:
+    """The caller already has the answer's header block: a second attempt would send it another. The call
+    fails as a relayed one does (grpc-go's status for the reset), and the runtime sees it once."""
+    runtime = runtime_at(1, answer_first=True)
+    hooked = Hooked()
+    relay.configure(relay.route_to(str(short_tmp / "runtime.sock"), "runtime"), None, {PATH: hooked}, [PATH])
+
+    err = await call(relay, nursery, short_tmp, channel_to)
+
+    assert isinstance(err, grpc.RpcError)
+    assert grpc.StatusCode.UNAVAILABLE == err.code()
+    assert (1, 1) == (hooked.runs, len(runtime.bodies))
