@@ -8,12 +8,14 @@ call (no hook ran) is refused to the caller as a passthrough call is.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import attrs
 import grpc
 import h2.config
 import h2.connection
@@ -24,7 +26,7 @@ import trio
 
 import krproxy.relay._local as local_module
 from krproxy.calls import CallRecord
-from krproxy.forward import Forward, Reply, Watcher
+from krproxy.forward import Forward, Interceptor, Reply, Watch, Watcher
 from krproxy.grpcstatus import Status
 from krproxy.relay import Relay
 from krproxy.relay.rpc import grpc_message
@@ -42,6 +44,7 @@ class Runtime:
         self.answer_first = answer_first  # send the answer's HEADERS before refusing (a broken runtime)
         self.bodies: list[bytes] = []
         self.refused = 0
+        self.accepted: socket.socket | None = None
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(path)
         self.listener.listen(4)
@@ -53,6 +56,7 @@ class Runtime:
             sock, _ = self.listener.accept()
         except OSError:
             return
+        self.accepted = sock
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
         conn.initiate_connection()
         sock.sendall(conn.data_to_send())
@@ -86,24 +90,17 @@ class Runtime:
                         )
                         conn.send_data(event.stream_id, body)
                         conn.send_headers(event.stream_id, [("grpc-status", "0")], end_stream=True)
-                sock.sendall(conn.data_to_send())
+                try:
+                    sock.sendall(conn.data_to_send())
+                except OSError:  # the relay went away first
+                    return
 
     def close(self) -> None:
         self.listener.close()
+        if self.accepted is not None:
+            with contextlib.suppress(OSError):
+                self.accepted.shutdown(socket.SHUT_RDWR)  # its thread's recv returns
         self.thread.join(5)
-
-
-@pytest.fixture
-def runtime_at(short_tmp: Path) -> Iterator[Callable[[int], Runtime]]:
-    made: list[Runtime] = []
-
-    def make(refuse: int, answer_first: bool = False) -> Runtime:
-        made.append(Runtime(str(short_tmp / "runtime.sock"), refuse, answer_first))
-        return made[-1]
-
-    yield make
-    for runtime in made:
-        runtime.close()
 
 
 class Hooked:
@@ -121,42 +118,65 @@ class Hooked:
         return reply
 
 
-async def call(
+@attrs.define
+class Setup:
+    """A relay in front of :class:`Runtime`, its one path intercepted by *interceptor* (and watched by
+    *watch*, if given), and its records."""
+
+    relay: Relay
+    nursery: trio.Nursery
+    short_tmp: Path
+    channel_to: Callable[[str], grpc.Channel]
+    runtimes: list[Runtime] = attrs.field(factory=list)
+    records: list[CallRecord] = attrs.field(factory=list)
+
+    async def call(
+        self, interceptor: Interceptor, refuse: int, *, answer_first: bool = False, watch: Watch | None = None
+    ) -> tuple[Runtime, bytes | grpc.RpcError]:
+        """One call of ``b"ping"``, the runtime refusing its first *refuse* streams: the runtime, and the
+        answer or the error the caller got."""
+        runtime = Runtime(str(self.short_tmp / "runtime.sock"), refuse, answer_first)
+        self.runtimes.append(runtime)
+        relay = self.relay
+        relay.keep_messages = True
+        relay.observers.append(self.records.append)
+        route = relay.route_to(str(self.short_tmp / "runtime.sock"), "runtime")
+        relay.configure(route, None, {PATH: interceptor}, [PATH], watches={PATH: watch} if watch else None)
+        listen = await serve_relay(self.nursery, relay, str(self.short_tmp / "relay.sock"))
+        method = self.channel_to(listen).unary_unary(
+            PATH, request_serializer=None, response_deserializer=None
+        )
+        try:
+            with trio.fail_after(LIVENESS_LIMIT):
+                call = functools.partial(method, b"ping", timeout=LIVENESS_LIMIT)
+                answer: bytes = await trio.to_thread.run_sync(call)
+                return runtime, answer
+        except grpc.RpcError as err:
+            return runtime, err
+
+
+@pytest.fixture
+def setup(
     relay: Relay, nursery: trio.Nursery, short_tmp: Path, channel_to: Callable[[str], grpc.Channel]
-) -> bytes | grpc.RpcError:
-    listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
-    method = channel_to(listen).unary_unary(PATH, request_serializer=None, response_deserializer=None)
-    try:
-        with trio.fail_after(LIVENESS_LIMIT):
-            answer: bytes = await trio.to_thread.run_sync(
-                functools.partial(method, b"ping", timeout=LIVENESS_LIMIT)
-            )
-            return answer
-    except grpc.RpcError as err:
-        return err
+) -> Iterator[Setup]:
+    made = Setup(relay, nursery, short_tmp, channel_to)
+    yield made
+    for runtime in made.runtimes:
+        runtime.close()
 
 
 async def test_a_handed_over_call_the_runtime_refuses_is_sent_again_without_running_its_hooks_again(
-    relay: Relay,
-    nursery: trio.Nursery,
-    short_tmp: Path,
-    channel_to: Callable[[str], grpc.Channel],
-    runtime_at: Callable[..., Runtime],
+    setup: Setup,
 ) -> None:
-    runtime = runtime_at(2)
     hooked = Hooked()
-    records: list[CallRecord] = []
-    relay.keep_messages = True
-    relay.observers.append(records.append)
-    relay.configure(relay.route_to(str(short_tmp / "runtime.sock"), "runtime"), None, {PATH: hooked}, [PATH])
+    runtime, answer = await setup.call(hooked, refuse=2)
 
-    assert b"changed ping" == await call(relay, nursery, short_tmp, channel_to)
-    await wait_until(lambda: bool(records))
-
+    assert b"changed ping" == answer
+    await wait_until(lambda: bool(setup.records))
     assert 1 == hooked.runs
     assert [grpc_message(b"changed ping")] * 3 == runtime.bodies  # refused twice, the same bytes each time
     assert [(Status.OK, b"changed ping")] == hooked.told
-    record = records[0]
+    record = setup.records[0]
     assert (b"ping", b"changed ping", b"changed ping", 1, Status.OK) == (
         record.request,
         record.forwarded,
@@ -167,20 +187,12 @@ async def test_a_handed_over_call_the_runtime_refuses_is_sent_again_without_runn
 
 
 async def test_a_handed_over_call_the_runtime_always_refuses_ends_unavailable(
-    relay: Relay,
-    nursery: trio.Nursery,
-    short_tmp: Path,
-    channel_to: Callable[[str], grpc.Channel],
-    runtime_at: Callable[..., Runtime],
-    monkeypatch: pytest.MonkeyPatch,
+    setup: Setup, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not forever, even without a deadline; the watcher is told the failure (and keeps nothing)."""
     monkeypatch.setattr(local_module, "_REFUSED_ATTEMPTS", 3)
-    runtime = runtime_at(1000)
     hooked = Hooked()
-    relay.configure(relay.route_to(str(short_tmp / "runtime.sock"), "runtime"), None, {PATH: hooked}, [PATH])
-
-    err = await call(relay, nursery, short_tmp, channel_to)
+    runtime, err = await setup.call(hooked, refuse=1000)
 
     assert isinstance(err, grpc.RpcError)
     assert grpc.StatusCode.UNAVAILABLE == err.code()
@@ -190,53 +202,32 @@ async def test_a_handed_over_call_the_runtime_always_refuses_ends_unavailable(
     assert [(Status.UNAVAILABLE, None)] == hooked.told
 
 
-async def test_a_watched_call_the_runtime_refuses_is_refused_to_the_caller(
-    relay: Relay,
-    nursery: trio.Nursery,
-    short_tmp: Path,
-    channel_to: Callable[[str], grpc.Channel],
-    runtime_at: Callable[..., Runtime],
-) -> None:
+async def test_a_handed_over_call_refused_after_its_answer_began_is_not_sent_again(setup: Setup) -> None:
+    """The caller already has the answer's header block: a second attempt would send it another. The call
+    fails as a relayed one does (grpc-go's status for the reset), and the runtime sees it once."""
+    hooked = Hooked()
+    runtime, err = await setup.call(hooked, refuse=1, answer_first=True)
+
+    assert isinstance(err, grpc.RpcError)
+    assert grpc.StatusCode.UNAVAILABLE == err.code()
+    assert (1, 1) == (hooked.runs, len(runtime.bodies))
+
+
+async def test_a_watched_call_the_runtime_refuses_is_refused_to_the_caller(setup: Setup) -> None:
     """No hook ran: the caller gets the refusal (grpc-go sends the call again; this client, retries off,
     reports UNAVAILABLE), and the relay does not send it again itself."""
-    runtime = runtime_at(1)
     told: list[tuple[Status, bytes | None]] = []
 
     async def intercept(path: str, request: bytes, forward: Forward) -> Reply:
         raise AssertionError("a watched call reaches no interceptor")
 
-    relay.configure(
-        relay.route_to(str(short_tmp / "runtime.sock"), "runtime"),
-        None,
-        {PATH: intercept},
-        [PATH],
-        watches={PATH: lambda request: lambda status, reply: told.append((status, reply))},
-    )
+    def watch(request: bytes) -> Watcher:
+        return lambda status, reply: told.append((status, reply))
 
-    err = await call(relay, nursery, short_tmp, channel_to)
+    runtime, err = await setup.call(intercept, refuse=1, watch=watch)
 
     assert isinstance(err, grpc.RpcError)
     assert grpc.StatusCode.UNAVAILABLE == err.code()
     assert [grpc_message(b"ping")] == runtime.bodies
     await wait_until(lambda: bool(told))
     assert [(Status.UNAVAILABLE, None)] == told
-
-
-async def test_a_handed_over_call_refused_after_its_answer_began_is_not_sent_again(
-    relay: Relay,
-    nursery: trio.Nursery,
-    short_tmp: Path,
-    channel_to: Callable[[str], grpc.Channel],
-    runtime_at: Callable[..., Runtime],
-) -> None:
-    """The caller already has the answer's header block: a second attempt would send it another. The call
-    fails as a relayed one does (grpc-go's status for the reset), and the runtime sees it once."""
-    runtime = runtime_at(1, answer_first=True)
-    hooked = Hooked()
-    relay.configure(relay.route_to(str(short_tmp / "runtime.sock"), "runtime"), None, {PATH: hooked}, [PATH])
-
-    err = await call(relay, nursery, short_tmp, channel_to)
-
-    assert isinstance(err, grpc.RpcError)
-    assert grpc.StatusCode.UNAVAILABLE == err.code()
-    assert (1, 1) == (hooked.runs, len(runtime.bodies))
