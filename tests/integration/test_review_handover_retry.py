@@ -34,7 +34,7 @@ from tests.integration.support import LIVENESS_LIMIT, serve_relay, wait_until
 
 PATH = "/test.Echo/Hooked"
 
-REFUSE, GOAWAY, ERROR, ECHO = "refuse", "goaway", "error", "echo"
+REFUSE, GOAWAY, ERROR, ECHO, SILENT = "refuse", "goaway", "error", "echo", "silent"
 
 
 class Runtime:
@@ -43,6 +43,8 @@ class Runtime:
     def __init__(self, path: str, script: Callable[[int], str]) -> None:
         self.script = script
         self.bodies: list[bytes] = []
+        self.headers: list[dict[bytes, bytes]] = []
+        self.resets: list[int] = []  # the error codes of the streams the relay reset
         self.connections = 0
         self.socks: list[socket.socket] = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -76,7 +78,11 @@ class Runtime:
                     if not data:
                         return
                     for event in conn.receive_data(data):
-                        if isinstance(event, h2.events.DataReceived):
+                        if isinstance(event, h2.events.RequestReceived):
+                            self.headers.append(dict(event.headers))
+                        elif isinstance(event, h2.events.StreamReset):
+                            self.resets.append(event.error_code)
+                        elif isinstance(event, h2.events.DataReceived):
                             bodies[event.stream_id] = bodies.get(event.stream_id, b"") + event.data
                             conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
                         elif isinstance(event, h2.events.StreamEnded):
@@ -96,6 +102,8 @@ class Runtime:
 
     @staticmethod
     def _answer(conn: h2.connection.H2Connection, stream_id: int, action: str, body: bytes) -> None:
+        if action == SILENT:
+            return
         if action == REFUSE:
             conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
         elif action == ERROR:
@@ -115,6 +123,8 @@ class Runtime:
             conn.send_headers(stream_id, [("grpc-status", "0")], end_stream=True)
 
     def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)  # its accept returns (closing alone does not wake it)
         self.listener.close()
         for sock in self.socks:
             with contextlib.suppress(OSError):
@@ -165,12 +175,12 @@ class Harness:
         self,
         method: grpc.UnaryUnaryMultiCallable,
         timeout: float = LIVENESS_LIMIT,  # noqa: ASYNC109
+        compression: grpc.Compression | None = None,
     ) -> bytes | grpc.RpcError:
         try:
             with trio.fail_after(LIVENESS_LIMIT + 5):
-                answer: bytes = await trio.to_thread.run_sync(
-                    functools.partial(method, b"ping", timeout=timeout)
-                )
+                call = functools.partial(method, b"ping", timeout=timeout, compression=compression)
+                answer: bytes = await trio.to_thread.run_sync(call)
                 return answer
         except grpc.RpcError as err:
             return err
@@ -214,10 +224,13 @@ class TestARefusedHandedOverCall:
         sent = await settled(lambda: len(runtime.bodies))
         assert 1 <= sent < 200
         await wait_until(lambda: bool(harness.hooked.told))
-        assert [(Status.DEADLINE_EXCEEDED, None)] == harness.hooked.told
+        # (the relay's timer or grpcio's RST_STREAM at its own deadline, whichever comes first)
+        ends = {Status.DEADLINE_EXCEEDED, Status.CANCELLED}
+        ((status, reply),) = harness.hooked.told
+        assert (True, None) == (status in ends, reply)
         assert 1 == harness.hooked.runs
         await wait_until(lambda: bool(harness.records))
-        assert Status.DEADLINE_EXCEEDED == harness.records[0].status
+        assert status == harness.records[0].status
 
     async def test_is_not_sent_again_once_its_caller_cancelled(self, harness: Harness) -> None:
         runtime, method = await harness.start(lambda n: REFUSE)
@@ -293,3 +306,41 @@ class TestARefusedHandedOverCall:
         assert [b"changed ping"] == results
         assert 41 == len(runtime.bodies)
         assert 1 == harness.hooked.runs
+
+
+class TestAHandedOverCall:
+    async def test_whose_request_came_compressed_goes_upstream_uncompressed(self, harness: Harness) -> None:
+        """The interceptor read it decompressed and changed it; the runtime gets one plain message, with
+        no grpc-encoding (nor the caller's grpc-accept-encoding)."""
+        runtime, method = await harness.start(lambda n: ECHO)
+        result = await harness.call(method, compression=grpc.Compression.Gzip)
+
+        assert b"changed ping" == result
+        assert [grpc_message(b"changed ping")] == runtime.bodies
+        (headers,) = runtime.headers
+        assert b"grpc-encoding" not in headers
+        assert b"grpc-accept-encoding" not in headers
+        await wait_until(lambda: bool(harness.records))
+        assert (b"ping", b"changed ping", b"changed ping") == (
+            harness.records[0].request,
+            harness.records[0].forwarded,
+            harness.records[0].reply,
+        )
+
+    async def test_its_caller_cancels_while_the_runtime_works_is_reset_upstream(
+        self, harness: Harness
+    ) -> None:
+        """The runtime never answers; kubelet gives up (RST_STREAM): the runtime's stream is reset
+        (CANCEL), the watcher told CANCELLED (nothing kept), no call left."""
+        runtime, method = await harness.start(lambda n: SILENT)
+        future = method.future(b"ping", timeout=LIVENESS_LIMIT)
+        await wait_until(lambda: bool(runtime.bodies))
+        future.cancel()
+
+        await wait_until(lambda: bool(runtime.resets))
+        assert [h2.errors.ErrorCodes.CANCEL] == runtime.resets
+        with trio.fail_after(LIVENESS_LIMIT):
+            await harness.relay.wait_idle()
+        await wait_until(lambda: bool(harness.hooked.told))
+        assert [(Status.CANCELLED, None)] == harness.hooked.told
+        assert 1 == len(runtime.bodies)
