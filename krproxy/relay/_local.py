@@ -379,6 +379,9 @@ class LocalCall(HandledCall):
         upstream.ep.forget(upstream)
         upstream.release()
         self.upstream = None
+        if self.backend_clock:  # this attempt's time counts, as Relay.unary counts every attempt's
+            self.ctx.backend_seconds += time.perf_counter() - self.backend_clock
+            self.backend_clock = 0.0
         self._refusals += 1
         if self._refusals >= _REFUSED_ATTEMPTS:  # even without a deadline, not forever
             self.fail(

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from tests.integration.support import LIVENESS_LIMIT, serve_relay, wait_until
 PATH = "/test.Echo/Hooked"
 
 REFUSE, GOAWAY, ERROR, ECHO, SILENT = "refuse", "goaway", "error", "echo", "silent"
+SLOW_REFUSE = "refuse after a second"  # (a runtime that took its time before refusing)
 
 
 class Runtime:
@@ -104,7 +106,9 @@ class Runtime:
     def _answer(conn: h2.connection.H2Connection, stream_id: int, action: str, body: bytes) -> None:
         if action == SILENT:
             return
-        if action == REFUSE:
+        if action == SLOW_REFUSE:
+            time.sleep(1.0)
+        if action in (REFUSE, SLOW_REFUSE):
             conn.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
         elif action == ERROR:
             conn.send_headers(
@@ -139,10 +143,13 @@ class Hooked:
     def __init__(self) -> None:
         self.runs = 0
         self.told: list[tuple[Status, bytes | None]] = []
+        self.hand_over = True  # False: await the forward, as every interceptor did on d5d66c5
 
     async def __call__(self, path: str, request: bytes, forward: Forward) -> Reply:
         self.runs += 1
         await trio.lowlevel.checkpoint()
+        if not self.hand_over:
+            return await forward(b"changed " + request)
         watcher: Watcher = lambda status, reply: self.told.append((status, reply))  # noqa: E731
         reply: Reply = forward.hand_over(b"changed " + request, watcher)  # type: ignore[attr-defined]
         return reply
@@ -344,3 +351,19 @@ class TestAHandedOverCall:
         await wait_until(lambda: bool(harness.hooked.told))
         assert [(Status.CANCELLED, None)] == harness.hooked.told
         assert 1 == len(runtime.bodies)
+
+    @pytest.mark.parametrize("hand_over", [True, False], ids=["handed over", "forwarded"])
+    async def test_refused_counts_every_attempts_time_as_backend_time(
+        self, harness: Harness, hand_over: bool
+    ) -> None:
+        """As a forward does (Relay.unary counts its attempts): the runtime took a second to refuse the
+        first attempt, then answered; the record's backend time has that second, not only the last
+        attempt's."""
+        harness.hooked.hand_over = hand_over
+        runtime, method = await harness.start(lambda n: SLOW_REFUSE if n == 1 else ECHO)
+        result = await harness.call(method)
+
+        assert b"changed ping" == result
+        assert 2 == len(runtime.bodies)
+        await wait_until(lambda: bool(harness.records))
+        assert harness.records[0].backend_seconds >= 1.0
