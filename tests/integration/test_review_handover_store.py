@@ -11,6 +11,7 @@ the record itself, exactly as on d5d66c5.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any
 
 import attrs
@@ -224,3 +225,31 @@ class TestTheDeadlineOfAHandedOverForward:
         assert "kubelet" == fields["x-caller"]
         assert "grpc-accept-encoding" not in fields
         assert len(node.proxy.hooks.store.containers()) == 1
+
+
+class TestWhereOciHooksWrapTheInterceptor:
+    async def test_the_create_is_not_handed_over_and_both_stores_keep_it(
+        self, node: Node, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """--oci-hook-dirs: the OCI interceptor (inner) needs CreateContainer's answer, so the plugins'
+        interceptor gets a plain forward and hands nothing over; RunPodSandbox, which OCI hooks do not
+        intercept, still is. The plugin store keeps the changed container, the OCI one tracks it."""
+        handed: list[str] = []
+        hand_over = local_module.LocalCall.hand_over
+
+        def spy(call: local_module.LocalCall, data: bytes, watcher: Any) -> Any:
+            handed.append(call.path.rsplit("/", 1)[-1])
+            return hand_over(call, data, watcher)
+
+        monkeypatch.setattr(local_module.LocalCall, "hand_over", spy)
+        oci_dir = os.path.join(node.sockdir, "oci-hooks")
+        os.makedirs(oci_dir)
+        await changing_plugin(node)
+        await node.start_proxy(oci_hook_dirs=(oci_dir,))
+        _, container_id = await create(node)
+
+        assert ["RunPodSandbox"] == handed
+        container = node.proxy.hooks.store.get_container(container_id)
+        assert container is not None and "container" == container.annotations["changed"]
+        assert node.proxy.oci_hooks is not None
+        assert container_id in node.proxy.oci_hooks._containers
