@@ -26,6 +26,7 @@ import h2.exceptions
 import pytest
 import trio
 
+import krproxy.relay._local as local_module
 from krproxy.calls import CallRecord
 from krproxy.forward import Forward, Reply, Watcher
 from krproxy.grpcstatus import Status
@@ -241,6 +242,20 @@ class TestARefusedHandedOverCall:
         assert 1 == harness.hooked.runs
         await wait_until(lambda: bool(harness.records))
         assert status == harness.records[0].status
+
+    async def test_waiting_to_be_resent_when_its_deadline_passes_is_not_sent(
+        self, harness: Harness, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The pause before a resend made 4 s long: the caller's 2 s deadline passes during it, and the
+        runtime (refused once) never gets the request again: a create nobody waits for."""
+        monkeypatch.setattr(local_module, "_REFUSED_PAUSE", 4.0)
+        runtime, method = await harness.start(lambda n: REFUSE)
+        result = await harness.call(method, timeout=2.0)
+
+        assert grpc.StatusCode.DEADLINE_EXCEEDED == code_of(result)
+        await trio.sleep(4.0)  # past the pause's end
+        assert [grpc_message(b"changed ping")] == runtime.bodies
+        assert 0 == harness.relay.in_flight
 
     async def test_is_not_sent_again_once_its_caller_cancelled(self, harness: Harness) -> None:
         runtime, method = await harness.start(lambda n: REFUSE)
