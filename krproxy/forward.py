@@ -62,7 +62,12 @@ class BackendError(GRPCError):
         self.trailers: Headers = trailers if trailers is not None else []
 
 
-#: Sends a (possibly changed) request to the runtime and returns its reply.
+#: Sends a (possibly changed) request to the runtime and returns its reply. The relay's own (a
+#: :class:`~krproxy.relay._local.LocalCall`'s) also offers ``hand_over(request, watcher) -> Reply``, for
+#: an interceptor that has nothing left to do but forward and tell the store: it returns what
+#: ``hand_over`` returned, and the relay sends *request* upstream, relays the runtime's answer as a
+#: watched call's and tells *watcher* its end. A wrapping interceptor (``ocihooks.proxy.compose``) gives
+#: the one inside it a plain function, without ``hand_over``: its own work follows the forward.
 Forward = Callable[[bytes], Awaitable[Reply]]
 
 #: Handles one intercepted unary call: ``interceptor(path, request, forward) -> Reply``.

@@ -148,7 +148,7 @@ class HookRuntime:
             what="RunPodSandboxRequest",
         )
         return await self._forward_created(
-            point, pod, forward(data), cri.RunPodSandboxResponse, "pod_sandbox_id"
+            point, pod, forward, data, cri.RunPodSandboxResponse, "pod_sandbox_id"
         )
 
     async def stop_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
@@ -233,7 +233,7 @@ class HookRuntime:
             what="CreateContainerRequest",
         )
         return await self._forward_created(
-            point, info, forward(data), cri.CreateContainerResponse, "container_id"
+            point, info, forward, data, cri.CreateContainerResponse, "container_id"
         )
 
     async def start_container(self, data: bytes, forward: Forward) -> Reply:
@@ -329,11 +329,17 @@ class HookRuntime:
             return merged, bytes(rebuild(merged))
 
     async def _forward_created(
-        self, point: HookPoint, record: Any, call: Awaitable[Reply], answer: type[Any], field: str
+        self, point: HookPoint, record: Any, forward: Forward, data: bytes, answer: type[Any], field: str
     ) -> Reply:
-        """Await the forwarded RunPodSandbox or CreateContainer *call*; keep *record* under the id its
-        answer's *field* names."""
-        reply = await call
+        """Forward a RunPodSandbox or CreateContainer request *data*; keep *record* under the id its
+        answer's *field* names. Nothing else is left to do: where *forward* offers it (the relay's, not
+        an OCI hook's wrapping, :data:`krproxy.forward.Forward`), the forward and the keeping are handed
+        over, and the relay answers the call as it does a watched one."""
+        hand_over = getattr(forward, "hand_over", None)
+        if hand_over is not None:
+            reply: Reply = hand_over(data, watched.keeper(self, point, record, answer, field))
+            return reply
+        reply = await forward(data)
         self.keep_created(point, record, answer, field, reply.message)
         return reply
 

@@ -35,7 +35,7 @@ from krproxy.proto.runtime import v1 as cri
 if TYPE_CHECKING:
     from krproxy.hooks.runtime import HookRuntime
 
-__all__ = ["forget_when_done", "watches"]
+__all__ = ["forget_when_done", "keeper", "watches"]
 
 
 def watches(hooks: HookRuntime) -> dict[str, Watch]:
@@ -94,7 +94,7 @@ class _Watches:
             return None
         if not self.unhooked(point, pod):
             return None
-        return self._keeper(point, pod, cri.RunPodSandboxResponse, "pod_sandbox_id")
+        return keeper(self.hooks, point, pod, cri.RunPodSandboxResponse, "pod_sandbox_id")
 
     def create_container(self, data: bytes) -> Watcher | None:
         if len(data) >= THREAD_DECODE_AT:
@@ -121,7 +121,7 @@ class _Watches:
             return None
         if not stored:
             hooks.missing("pod", request.pod_sandbox_id, point)
-        return self._keeper(point, info, cri.CreateContainerResponse, "container_id")
+        return keeper(self.hooks, point, info, cri.CreateContainerResponse, "container_id")
 
     def stop_container(self, data: bytes) -> Watcher | None:
         container_id = plain_id(cri.StopContainerRequest, data, "container_id")
@@ -166,16 +166,17 @@ class _Watches:
         store = self.hooks.store
         return _forgetter(lambda: store.remove_pod(sandbox_id))
 
-    def _keeper(self, point: HookPoint, record: Any, answer: type[Any], field: str) -> Watcher:
-        """The watcher of a watched RunPodSandbox or CreateContainer: keeps *record* under the id its
-        answer's *field* names, as the interceptor does once it has the runtime's reply."""
-        hooks = self.hooks
 
-        def keep(status: Status, reply: bytes | None) -> None:
-            if reply is not None:
-                hooks.keep_created(point, record, answer, field, reply)
+def keeper(hooks: HookRuntime, point: HookPoint, record: Any, answer: type[Any], field: str) -> Watcher:
+    """The watcher of a watched RunPodSandbox or CreateContainer, or of one whose interceptor handed its
+    forward over: keeps *record* under the id its answer's *field* names, as the interceptor does once it
+    has the runtime's reply."""
 
-        return keep
+    def keep(status: Status, reply: bytes | None) -> None:
+        if reply is not None:
+            hooks.keep_created(point, record, answer, field, reply)
+
+    return keep
 
 
 def forget_when_done(status: Status, forget: Callable[[], object], gone: Callable[[], object] | None) -> None:

@@ -189,6 +189,10 @@ class _Tap:
                     self.messages += 1
 
 
+#: Seconds before a call the upstream refused unprocessed is sent again, and how often at most.
+_REFUSED_PAUSE = 0.005
+_REFUSED_ATTEMPTS = 200
+
 #: Request header fields not passed on when the relay makes a call of its own (which it sends
 #: uncompressed, and whose answer it can only read uncompressed).
 _OWN_FIELDS = frozenset(

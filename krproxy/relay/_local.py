@@ -2,19 +2,20 @@
 
 - :class:`LocalCall`: a call with hook points; the relay collects the request and runs the
   interceptor, whose ``forward`` is a call of the relay's own.
-- :class:`_Exchange`: the relay's side of a unary call it makes (to the runtime for an
-  intercepted call, to a plugin, for store recovery), read back as an :class:`Answer`.
+  (:mod:`krproxy.relay._exchange` holds the relay's side of such calls.)
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections.abc import Awaitable
 
 import trio
 
 from krproxy import calls
-from krproxy.forward import BackendError, Interceptor, Reply, Watch
+from krproxy.forward import BackendError, Interceptor, Reply, Watch, Watcher
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
@@ -23,22 +24,21 @@ from krproxy.relay._grpc import (
     _OWN_FIELDS,
     _PLAIN_HEADERS,
     _PLAIN_TRAILERS,
+    _REFUSED_ATTEMPTS,
+    _REFUSED_PAUSE,
     KEEP_ALL,
     KEEP_FIRST,
-    MAX_OWN_ANSWER,
-    Answer,
-    AnswerTooLarge,
-    BadAnswer,
     CloseConnection,
     MessageTooLarge,
     UpstreamError,
     _forget_traceback,
-    _read_status,
     _status_fields,
     _Tap,
     decompress_inline,
     decompress_message,
+    encode_grpc_timeout,
     grpc_message,
+    request_headers,
 )
 from krproxy.relay.half import Half, Headers
 from krproxy.relay.route import Route
@@ -46,6 +46,9 @@ from krproxy.relay.route import Route
 #: What a watched call's compressed answer may decompress to (on the reader's turn): its watcher
 #: reads one id, and no reply of a watched method comes near.
 _WATCHED_REPLY_LIMIT = 64 * 1024
+
+#: What :meth:`LocalCall.hand_over` gives the interceptor to return: the relay answers the call.
+_HANDED_OVER = Reply(b"")
 
 LOGGER = logging.getLogger("krproxy.relay")
 
@@ -92,12 +95,21 @@ class LocalCall(HandledCall):
     watcher is told how it ended once the answer is out (:meth:`Relay.flush`). No task, no
     re-encoding, no call of the relay's own: a hook point without plugins costs about what a
     passthrough call does.
+
+    An interceptor whose last step is to forward and tell the store may hand that step over
+    (:meth:`hand_over`, offered as ``forward.hand_over``): once it returns, its request goes upstream
+    from this call's own half and the answer is relayed as a watched call's, without the relay's
+    own unary call, its ``_Exchange`` and the answer's re-encoding. Its hooks have run, so a refusal
+    of the runtime's (REFUSED_STREAM, GOAWAY) is not passed to the caller, whose retry would run them
+    again: the same bytes are sent again, as :meth:`Relay.unary` does.
     """
 
     __slots__ = (
         "_encoding",
+        "_handed",
         "_headers",
         "_interceptor",
+        "_refusals",
         "_reply_encoding",
         "_started",
         "_watch",
@@ -124,6 +136,8 @@ class LocalCall(HandledCall):
         self._encoding = next((value for name, value in headers if name == b"grpc-encoding"), b"identity")
         self._reply_encoding = b"identity"  # a watched call's answer's, which the runtime may compress
         self._started = False
+        self._handed: bytes | None = None  # the framed request the interceptor handed over (hand_over)
+        self._refusals = 0
         self.ctx = calls.CallContext(path)
 
     def on_request_data(self, data: bytes, end: bool) -> None:
@@ -226,7 +240,11 @@ class LocalCall(HandledCall):
             with trio.CancelScope() as self._scope:
                 if tap.compressed:
                     ctx.request = await self._decompressed(ctx.request)
-                reply = await self._interceptor(self.path, ctx.request, self._forward)
+                reply = await self._interceptor(self.path, ctx.request, _Forward(self))
+                if reply is _HANDED_OVER:
+                    if not self.answered:  # (the deadline may have passed meanwhile)
+                        self._send_handed()
+                    return
                 ctx.reply, ctx.replies = reply.message, 1  # before answering: that may finish the call
                 self._answer(
                     reply.headers or _PLAIN_HEADERS,
@@ -319,105 +337,87 @@ class LocalCall(HandledCall):
             )
         return Reply(answer.body, answer.headers or [], answer.trailers)
 
-    def record(self) -> calls.CallRecord:
-        if self.watcher is not None:  # relayed as a passthrough call: its taps hold what it carried
-            return super().record()
+    def hand_over(self, data: bytes, watcher: Watcher) -> Reply:
+        """Take the interceptor's last step: *data* goes upstream as the call's request once the
+        interceptor returns what this returns, the answer goes to the caller as a watched call's,
+        and *watcher* is told its end (:data:`krproxy.forward.Watcher`)."""
         ctx = self.ctx
+        if data is not ctx.request:
+            ctx.forwarded = data  # an interceptor changed it
+        if self.route is None:
+            raise GRPCError(Status.UNIMPLEMENTED, f"{self.path}: nothing to forward to")
+        self.watcher = watcher
+        self.reply_tap = _Tap(KEEP_ALL)  # the watcher and the record get the reply
+        self._handed = grpc_message(data)
+        return _HANDED_OVER
+
+    def _send_handed(self) -> None:
+        """Open the upstream stream of a handed-over call and send its request (again, if refused)."""
+        route, request = self.route, self._handed
+        assert route is not None and request is not None
+        try:
+            ep = route.endpoint()
+        except OSError as err:
+            self.fail(Status.UNAVAILABLE, f"{route.describe} is unavailable: {err}")
+            return
+        # As the relay's own calls are sent: the caller's metadata, what is left of its deadline.
+        fields = request_headers(self.path)
+        if self.deadline != math.inf:
+            fields.append((b"grpc-timeout", encode_grpc_timeout(self.deadline - trio.current_time())))
+        fields += [field for field in self._headers if field[0] not in _OWN_FIELDS]
+        upstream = self.upstream = Half(ep, 0, self)
+        self.client.peer = upstream  # (the request was granted back as it arrived: see _pass_watched)
+        ep.open_stream(upstream, f.encode_headers(fields), False)
+        upstream.send_data(request, True)
+
+    def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
+        upstream, client = self.upstream, self.client
+        if not refused or self._handed is None or upstream is None or self.answered or client.s.headers_sent:
+            super().upstream_gone(reason, refused, reset_code)
+            return
+        upstream.reset = True
+        upstream.ep.forget(upstream)
+        upstream.release()
+        self.upstream = None
+        if self.backend_clock:  # this attempt's time counts, as Relay.unary counts every attempt's
+            self.ctx.backend_seconds += time.perf_counter() - self.backend_clock
+            self.backend_clock = 0.0
+        self._refusals += 1
+        if self._refusals >= _REFUSED_ATTEMPTS:  # even without a deadline, not forever
+            self.fail(
+                Status.UNAVAILABLE, f"{self.describe} refused the call {self._refusals} times: {reason}"
+            )
+            return
+        self.relay.nursery.start_soon(self._send_again)
+
+    async def _send_again(self) -> None:
+        await trio.sleep(_REFUSED_PAUSE)
+        if not self.answered and not self.finished:  # (the caller gone, the deadline passed: no more)
+            self._send_handed()
+            self.relay.flush()
+
+    def record(self) -> calls.CallRecord:
+        ctx = self.ctx
+        if self._handed is not None:  # relayed as a watched call, after the hooks ctx holds
+            ctx.backend_seconds += self.backend_seconds
+            ctx.reply = self.reply_message()
+            ctx.replies = 1 if ctx.reply is not None else 0
+        elif self.watcher is not None:  # relayed as a passthrough call: its taps hold what it carried
+            return super().record()
         if self.status is not Status.OK:
             ctx.fail(self.status, self.message)
         return ctx.finish()
 
 
-class OwnStream:
-    """A stream the relay opened itself (a unary call of its own, a client's server stream):
-    its ``upstream`` half reports to it; ``finished`` once the stream is forgotten."""
+class _Forward:
+    """The ``forward`` a :class:`LocalCall` gives its interceptor: a :data:`krproxy.forward.Forward`
+    that also offers :meth:`LocalCall.hand_over` (``compose`` gives an outer interceptor a plain one)."""
 
-    __slots__ = ("finished", "upstream")
-    upstream: Half
-    finished: bool
+    __slots__ = ("hand_over", "relay")
 
-    def settle(self) -> None:
-        """Reset what the server still sends to an answer read whole; forget the stream once done."""
-        upstream = self.upstream
-        if upstream.recv_ended and not upstream.send_ended and not upstream.reset:
-            upstream.abort(f.CANCEL)
-        if upstream.done and not self.finished:
-            self.finished = True
-            upstream.ep.forget(upstream)
-            upstream.release()  # no cycle (stream <-> half)
+    def __init__(self, call: LocalCall) -> None:
+        self.relay = call._forward
+        self.hand_over = call.hand_over
 
-
-class _Exchange(OwnStream):
-    """The relay's side of a unary call it makes itself; the upstream half reports here."""
-
-    __slots__ = (
-        "backend_clock",
-        "body",
-        "done",
-        "error",
-        "error_type",
-        "headers",
-        "limit",
-        "refused",
-        "reset_code",
-        "trailers",
-    )
-
-    def __init__(self, limit: int = MAX_OWN_ANSWER) -> None:
-        self.limit = limit
-        self.upstream: Half = None  # type: ignore[assignment]  # set right after construction
-        self.headers: Headers | None = None
-        self.trailers: Headers | None = None
-        self.body = bytearray()
-        self.error: str | None = None
-        self.refused = False  # the upstream did not process it: safe to send again
-        self.error_type: type[UpstreamError] = UpstreamError  # what `error` is raised as
-        self.reset_code: int | None = None  # the upstream reset the stream before answering
-        self.done = trio.Event()
-        self.finished = False
-        self.backend_clock = 0.0
-
-    def on_reply_headers(self, headers: Headers, end: bool) -> None:
-        if end:
-            self.trailers = headers
-            self.done.set()
-        else:
-            self.headers = headers
-
-    def on_reply_data(self, data: bytes, end: bool) -> None:
-        if self.done.is_set():
-            return
-        self.body += data
-        self.upstream.grant(len(data))
-        if len(self.body) > self.limit:  # a peer that would fill our memory: stop reading it
-            self.error = f"the answer is larger than {self.limit} bytes"
-            self.error_type = AnswerTooLarge
-            self.done.set()
-            self.upstream.abort(f.CANCEL)
-            self.settle()
-            return
-        if end:  # gRPC ends with trailers; an answer without them is broken
-            self.error = "the answer ended without a status"
-            self.error_type = BadAnswer
-            self.done.set()
-            self.settle()  # the stream is over: free its slot
-
-    def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
-        self.upstream.reset = True
-        if not self.done.is_set():
-            self.error, self.refused, self.reset_code = reason, refused, reset_code
-            self.done.set()
-        self.settle()
-
-    def answer(self) -> Answer:
-        trailers = self.trailers or []
-        status, message, details = _read_status(trailers)
-        if status is None:
-            status, message = Status.UNKNOWN, message or "the answer carried no valid grpc-status"
-        body = b""
-        if status is Status.OK:
-            raw = self.body
-            if len(raw) < 5 or raw[0] != 0 or int.from_bytes(raw[1:5], "big") != len(raw) - 5:
-                raise BadAnswer("the answer is not one uncompressed gRPC message")
-            body = bytes(raw[5:])
-        return Answer(status, message, details, body, self.headers, trailers)
+    def __call__(self, data: bytes) -> Awaitable[Reply]:
+        return self.relay(data)

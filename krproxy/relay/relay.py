@@ -48,7 +48,10 @@ from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
 from krproxy.relay._call import Call, report
+from krproxy.relay._exchange import _Exchange
 from krproxy.relay._grpc import (
+    _REFUSED_ATTEMPTS,
+    _REFUSED_PAUSE,
     MAX_OWN_ANSWER,
     Answer,
     StreamReset,
@@ -58,7 +61,7 @@ from krproxy.relay._grpc import (
     grpc_timeout,
     request_headers,
 )
-from krproxy.relay._local import LocalCall, _Exchange
+from krproxy.relay._local import LocalCall
 from krproxy.relay.connection import _STOPPED, Endpoint, Headers
 from krproxy.relay.half import Half
 from krproxy.relay.route import Route, connect_unix
@@ -71,10 +74,6 @@ MAX_CONNECTIONS = 1000
 
 #: Largest request message accepted (``--max-request-message-size``), as containerd's limit.
 MAX_REQUEST = 16 * 1024 * 1024
-
-#: Seconds before a call the upstream refused unprocessed is sent again, and how often at most.
-_REFUSED_PAUSE = 0.005
-_REFUSED_ATTEMPTS = 200
 
 
 class Relay:

@@ -4,7 +4,7 @@
   runtime; frames are passed on, the status is read from the trailers for the call record.
 - :class:`LocalCall` (:mod:`krproxy.relay._local`): a call with hook points; the relay collects
   the request and runs the interceptor, whose ``forward`` is a call of the relay's own.
-- :class:`_Exchange` (:mod:`krproxy.relay._local`): the relay's side of a unary call it makes (to
+- :class:`_Exchange` (:mod:`krproxy.relay._exchange`): the relay's side of a unary call it makes (to
   the runtime for an intercepted call, to a plugin, for store recovery), read back as an
   :class:`Answer`.
 - :mod:`krproxy.relay._grpc`: gRPC without the streams (timeouts, status, framing, errors).

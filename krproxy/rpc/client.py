@@ -26,7 +26,10 @@ import trio
 
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
+from krproxy.relay._exchange import OwnStream
 from krproxy.relay._grpc import (
+    _REFUSED_ATTEMPTS,
+    _REFUSED_PAUSE,
     _RESET_STATUS,
     MAX_OWN_ANSWER,
     AnswerTooLarge,
@@ -39,9 +42,8 @@ from krproxy.relay._grpc import (
     grpc_message,
     request_headers,
 )
-from krproxy.relay._local import OwnStream
 from krproxy.relay.half import Half, Headers
-from krproxy.relay.relay import _REFUSED_ATTEMPTS, _REFUSED_PAUSE, Relay
+from krproxy.relay.relay import Relay
 from krproxy.relay.route import Route, connect_unix
 from krproxy.rpc._messages import Inbox
 from krproxy.unixsock import strip_unix_scheme
