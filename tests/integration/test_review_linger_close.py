@@ -1,0 +1,230 @@
+"""A review of the relay's lingering close (Endpoint.close(_DRAINED) on a caller connection): every
+way a lingering connection ends closes its socket once and ends its reader, whatever the caller
+does meanwhile, and the stop is held at most LINGER by it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from krproxy.h2 import frames as f
+from krproxy.relay import connection
+from krproxy.relay import relay as relay_module
+from tests.integration.support import LIVENESS_LIMIT, wait_until
+from tests.integration.test_relay_conformance import (
+    PATH,
+    _drained_to_the_final_goaway,
+    _relay_before_a_silent_runtime,
+)
+
+#: Seconds a flooding caller writes before it gives up waiting for the relay to close.
+_FLOOD_FOR = 20.0
+
+#: A caller that writes as fast as it can on the inherited socket until the relay closes it
+#: (exit 0), or _FLOOD_FOR seconds pass with the relay still reading (exit 3).
+_FLOOD = """
+import os, socket, sys, time
+sock = socket.socket(fileno=int(sys.argv[1]))
+chunk = bytes(1 << 20)
+end = time.monotonic() + float(sys.argv[2])
+try:
+    while time.monotonic() < end:
+        sock.sendall(chunk)
+except OSError:
+    sys.exit(0)
+sys.exit(3)
+"""
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def test_a_caller_flooding_during_the_linger_is_closed_at_its_bound(
+    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller that writes megabytes without pause after the final GOAWAY: the relay discards them
+    and still closes the connection after LINGER, and the rest of the relay runs meanwhile."""
+    monkeypatch.setattr(connection, "LINGER", 0.5)
+    listen, silent, relay = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    drained = trio.Event()
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await trio.sleep(0.05)
+            ticks += 1
+
+    try:
+        sock = await _drained_to_the_final_goaway(relay, listen, drained, nursery)
+        with sock:
+            flood = await trio.lowlevel.open_process(
+                [sys.executable, "-c", _FLOOD, str(sock.fileno()), str(_FLOOD_FOR)],
+                pass_fds=[sock.fileno()],
+            )
+        try:
+            nursery.start_soon(tick)
+            status = await flood.wait()
+        finally:
+            if flood.returncode is None:
+                flood.kill()
+                await flood.wait()
+        assert 0 == status, f"the relay read the flood for {_FLOOD_FOR:g} s without closing"
+        with trio.fail_after(LIVENESS_LIMIT):
+            await drained.wait()
+        assert not relay._clients
+        assert ticks > 0  # other tasks ran while the flood was read
+    finally:
+        silent.close()
+
+
+#: Caller connections lingering at once in the tests below.
+_MANY = 200
+
+
+async def _many_drained(
+    listen: str, relay: relay_module.Relay, nursery: trio.Nursery, drained: trio.Event
+) -> list[trio.socket.SocketType]:
+    """_MANY caller connections through the preface, then a stop's drain (their PINGs unanswered:
+    the final GOAWAY comes after the round trip), each read up to the relay's end of writing."""
+    callers = []
+    for _ in range(_MANY):
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        await sock.connect(listen)
+        await sock.send(f.PREFACE + f.frame(f.SETTINGS, 0, 0))
+        callers.append(sock)
+    await wait_until(lambda: len(relay._clients) == _MANY)
+
+    async def stop() -> None:
+        await relay.wait_drained(round_trip=0.2)
+        drained.set()
+
+    relay.start_draining()
+    nursery.start_soon(stop)
+    with trio.fail_after(LIVENESS_LIMIT):
+        for sock in callers:
+            while await sock.recv(65536):  # up to the relay's SHUT_WR
+                pass
+    return callers
+
+
+async def test_hundreds_of_lingering_connections_end_together_at_the_bound(
+    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Callers that keep their connections open: each lingers LINGER from its own final GOAWAY, all
+    at once (not LINGER after one another), and every socket of the relay's is closed then."""
+    monkeypatch.setattr(connection, "LINGER", 1.0)
+    listen, silent, relay = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    drained = trio.Event()
+    try:
+        callers = await _many_drained(listen, relay, nursery, drained)
+        ours = [ep.sock for ep in relay._clients]
+        assert all(ep.lingering for ep in relay._clients)
+        fds = _open_fds()
+        with trio.fail_after(LIVENESS_LIMIT):  # one after another would be _MANY seconds
+            await drained.wait()
+        assert fds - _MANY == _open_fds()
+        assert all(-1 == sock.fileno() for sock in ours)
+        for sock in callers:
+            assert b"" == await sock.recv(10)
+            sock.close()
+    finally:
+        silent.close()
+
+
+async def test_lingering_connections_end_at_the_callers_close(
+    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Callers that close once they read the end: the linger ends at their EOF, not at its bound,
+    and the relay's sockets are closed."""
+    monkeypatch.setattr(connection, "LINGER", 10 * LIVENESS_LIMIT)
+    listen, silent, relay = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    drained = trio.Event()
+    try:
+        callers = await _many_drained(listen, relay, nursery, drained)
+        ours = [ep.sock for ep in relay._clients]
+        fds = _open_fds()
+        for sock in callers:
+            sock.close()
+        with trio.fail_after(LIVENESS_LIMIT):
+            await drained.wait()
+        assert fds - 2 * _MANY == _open_fds()
+        assert all(-1 == sock.fileno() for sock in ours)
+    finally:
+        silent.close()
+
+
+async def test_lingering_connections_reset_by_their_callers_are_closed(
+    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Callers that close with the relay's last bytes unread: the relay's read fails ECONNRESET
+    (a unix socket's way to say so), which ends the linger as an EOF does."""
+    monkeypatch.setattr(connection, "LINGER", 10 * LIVENESS_LIMIT)
+    listen, silent, relay = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    drained = trio.Event()
+    try:
+        callers = []
+        for _ in range(_MANY):
+            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            await sock.connect(listen)
+            await sock.send(f.PREFACE + f.frame(f.SETTINGS, 0, 0))
+            callers.append(sock)
+        await wait_until(lambda: len(relay._clients) == _MANY)
+
+        async def stop() -> None:
+            await relay.wait_drained(round_trip=0.2)
+            drained.set()
+
+        relay.start_draining()
+        nursery.start_soon(stop)
+        await wait_until(lambda: all(ep.lingering for ep in relay._clients))
+        ours = [ep.sock for ep in relay._clients]
+        fds = _open_fds()
+        for sock in callers:
+            sock.close()  # nothing read: the relay's SETTINGS, GOAWAYs and PING are unread
+        with trio.fail_after(LIVENESS_LIMIT):
+            await drained.wait()
+        assert fds - 2 * _MANY == _open_fds()
+        assert all(-1 == sock.fileno() for sock in ours)
+    finally:
+        silent.close()
+
+
+async def test_a_stop_during_the_linger_closes_every_socket(
+    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay's run() cancelled (the daemon's grace period over, or a stop) while connections
+    linger: Relay.run's close(_STOPPED) and the readers' cancellation close each socket, once."""
+    monkeypatch.setattr(connection, "LINGER", 10 * LIVENESS_LIMIT)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind(str(short_tmp / "silent.sock"))
+    silent.listen(4)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # ours: left open by the relay
+    drained = trio.Event()
+    try:
+        async with trio.open_nursery() as inner:
+            relay = relay_module.Relay()
+            relay.configure(relay.route_to(str(short_tmp / "silent.sock"), "silent"), None, {}, [PATH])
+            listen = str(short_tmp / "relay.sock")
+            listener.bind(listen)
+            listener.listen(16)
+            await inner.start(relay.serve, listener)
+            callers = await _many_drained(listen, relay, inner, drained)
+            ours = [ep.sock for ep in relay._clients]
+            fds = _open_fds()
+            inner.cancel_scope.cancel()
+        assert not drained.is_set()
+        assert not relay._clients
+        assert all(-1 == sock.fileno() for sock in ours)
+        assert fds - _MANY == _open_fds()
+        for sock in callers:
+            sock.close()
+    finally:
+        silent.close()
+        listener.close()
