@@ -18,27 +18,49 @@ from krproxy.relay import relay as relay_module
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 from tests.integration.test_relay_conformance import (
     PATH,
-    _drained_to_the_final_goaway,
+    _after_preface,
     _relay_before_a_silent_runtime,
+    _relay_frames_on,
 )
 
 #: Seconds a flooding caller writes before it gives up waiting for the relay to close.
 _FLOOD_FOR = 20.0
 
-#: A caller that writes as fast as it can on the inherited socket until the relay closes it
-#: (exit 0), or _FLOOD_FOR seconds pass with the relay still reading (exit 3).
+#: A caller that writes WINDOW_UPDATE frames (increment 1, on the connection: valid, unanswered) as
+#: fast as it can on the inherited socket, from before the stop to after its final GOAWAY, until
+#: the relay closes the connection (exit 0), or _FLOOD_FOR seconds pass with the relay still
+#: reading (exit 3). It creates the file named second once it has written a megabyte.
 _FLOOD = """
-import os, socket, sys, time
+import socket, sys, time
 sock = socket.socket(fileno=int(sys.argv[1]))
-chunk = bytes(1 << 20)
-end = time.monotonic() + float(sys.argv[2])
+sock.setblocking(True)  # the parent's timeout left it non-blocking
+chunk = bytes.fromhex("000004080000000000" "00000001") * (1 << 16)
+end = time.monotonic() + float(sys.argv[3])
+sent = 0
 try:
     while time.monotonic() < end:
         sock.sendall(chunk)
+        sent += len(chunk)
+        if sent == len(chunk):
+            open(sys.argv[2], "w").close()
 except OSError:
     sys.exit(0)
 sys.exit(3)
 """
+
+
+@pytest.fixture
+def lingered(monkeypatch: pytest.MonkeyPatch) -> list[connection.Endpoint]:
+    """The connections that began a linger (tests check that it was reached)."""
+    begun: list[connection.Endpoint] = []
+    linger = connection.Endpoint._linger
+
+    def noted(ep: connection.Endpoint) -> None:
+        begun.append(ep)
+        linger(ep)
+
+    monkeypatch.setattr(connection.Endpoint, "_linger", noted)
+    return begun
 
 
 def _open_fds() -> int:
@@ -46,13 +68,18 @@ def _open_fds() -> int:
 
 
 async def test_a_caller_flooding_during_the_linger_is_closed_at_its_bound(
-    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    nursery: trio.Nursery,
+    short_tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    lingered: list[connection.Endpoint],
 ) -> None:
-    """A caller that writes megabytes without pause after the final GOAWAY: the relay discards them
-    and still closes the connection after LINGER, and the rest of the relay runs meanwhile."""
-    monkeypatch.setattr(connection, "LINGER", 0.5)
+    """A caller that writes megabytes without pause through the stop: after the final GOAWAY the
+    relay discards them and still closes the connection after LINGER, and the rest of the relay
+    runs meanwhile."""
+    monkeypatch.setattr(connection, "LINGER", 1.0)
     listen, silent, relay = await _relay_before_a_silent_runtime(nursery, short_tmp)
     drained = trio.Event()
+    started = short_tmp / "flooding"
     ticks = 0
 
     async def tick() -> None:
@@ -61,14 +88,23 @@ async def test_a_caller_flooding_during_the_linger_is_closed_at_its_bound(
             await trio.sleep(0.05)
             ticks += 1
 
+    async def stop() -> None:
+        await relay.wait_drained(round_trip=0.2)  # the PING unanswered
+        drained.set()
+
     try:
-        sock = await _drained_to_the_final_goaway(relay, listen, drained, nursery)
-        with sock:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(LIVENESS_LIMIT)
+            await trio.to_thread.run_sync(sock.connect, listen)
+            await trio.to_thread.run_sync(_relay_frames_on, sock, _after_preface())
             flood = await trio.lowlevel.open_process(
-                [sys.executable, "-c", _FLOOD, str(sock.fileno()), str(_FLOOD_FOR)],
+                [sys.executable, "-c", _FLOOD, str(sock.fileno()), str(started), str(_FLOOD_FOR)],
                 pass_fds=[sock.fileno()],
             )
         try:
+            await wait_until(started.exists)
+            relay.start_draining()
+            nursery.start_soon(stop)
             nursery.start_soon(tick)
             status = await flood.wait()
         finally:
@@ -78,6 +114,7 @@ async def test_a_caller_flooding_during_the_linger_is_closed_at_its_bound(
         assert 0 == status, f"the relay read the flood for {_FLOOD_FOR:g} s without closing"
         with trio.fail_after(LIVENESS_LIMIT):
             await drained.wait()
+        assert 1 == len(lingered)
         assert not relay._clients
         assert ticks > 0  # other tasks ran while the flood was read
     finally:

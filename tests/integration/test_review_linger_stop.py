@@ -24,6 +24,7 @@ from tests.integration.support import (
 )
 from tests.integration.test_grpc_go_client import goclient  # noqa: F401 - the fixture
 from tests.integration.test_relay_conformance import _data, _frames_until_eof, _has_ping, _open, _replaced
+from tests.integration.test_review_linger_close import lingered  # noqa: F401 - the fixture
 from tests.unit.h2peer import read_frames
 
 _STEADY = ("-duration", "120s", "-concurrency", "4", "-answered-file")
@@ -43,22 +44,10 @@ async def _slow(stream: rpc.Stream, messages: list[bytes]) -> None:
     await stream.send_message(b"slow")
 
 
-@pytest.fixture
-def lingered(monkeypatch: pytest.MonkeyPatch) -> list[connection.Endpoint]:
-    """The connections that began a linger (the tests below check it was reached)."""
-    begun: list[connection.Endpoint] = []
-    linger = connection.Endpoint._linger
-
-    def noted(ep: connection.Endpoint) -> None:
-        begun.append(ep)
-        linger(ep)
-
-    monkeypatch.setattr(connection.Endpoint, "_linger", noted)
-    return begun
-
-
 async def test_a_stop_is_not_held_by_a_grpcio_caller_that_closes(
-    nursery: trio.Nursery, sockdir: str, lingered: list[connection.Endpoint]
+    nursery: trio.Nursery,
+    sockdir: str,
+    lingered: list[connection.Endpoint],  # noqa: F811 - the fixture
 ) -> None:
     """grpcio with a call running at the final GOAWAY: the relay lingers once the answer is out,
     and grpcio's close (its call over, the server going away) ends the linger, long before its
@@ -83,7 +72,7 @@ async def test_a_stop_is_not_held_by_a_grpc_go_caller_that_closes(
     nursery: trio.Nursery,
     sockdir: str,
     goclient: str,  # noqa: F811 - the fixture
-    lingered: list[connection.Endpoint],
+    lingered: list[connection.Endpoint],  # noqa: F811 - the fixture,
 ) -> None:
     """kubelet's client (tests/goclient): calls running at the final GOAWAY, then its connection
     closed once they are answered; the stop ends long before the linger's bound."""
@@ -172,7 +161,9 @@ async def test_a_stream_after_the_final_goaway_never_reaches_the_runtime(
 
 
 async def test_an_upstream_that_drains_sees_krproxy_close_at_its_eof(
-    nursery: trio.Nursery, sockdir: str, lingered: list[connection.Endpoint]
+    nursery: trio.Nursery,
+    sockdir: str,
+    lingered: list[connection.Endpoint],  # noqa: F811 - the fixture
 ) -> None:
     """krproxy's relay as a client (to the runtime, or a hook server on the SDK's rpc.Server):
     when the upstream drains with a call of krproxy's running, krproxy closes its connection once
@@ -192,7 +183,9 @@ async def test_an_upstream_that_drains_sees_krproxy_close_at_its_eof(
 
 
 async def test_a_channel_closes_at_its_servers_drain(
-    nursery: trio.Nursery, sockdir: str, lingered: list[connection.Endpoint]
+    nursery: trio.Nursery,
+    sockdir: str,
+    lingered: list[connection.Endpoint],  # noqa: F811 - the fixture
 ) -> None:
     """krproxy.rpc.Channel (the SDK's client, krproxy's calls of its own) likewise."""
     backend, server = await start_scripted_backend(nursery, os.path.join(sockdir, "backend.sock"))
