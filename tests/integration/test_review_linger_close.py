@@ -7,18 +7,24 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
 from krproxy.h2 import frames as f
-from krproxy.relay import connection
+from krproxy.relay import _input, connection
 from krproxy.relay import relay as relay_module
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 from tests.integration.test_relay_conformance import (
+    GOOD,
     PATH,
     _after_preface,
+    _data,
+    _frames_until_eof,
+    _open,
     _relay_before_a_silent_runtime,
     _relay_frames_on,
 )
@@ -265,3 +271,65 @@ async def test_a_stop_during_the_linger_closes_every_socket(
     finally:
         silent.close()
         listener.close()
+
+
+async def test_a_linger_begun_while_a_block_is_decoded_aside_reads_on(
+    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller's new stream has a header block too large to decode in the event loop
+    (DECODE_PER_TURN): the reader waits for a worker thread, and meanwhile the stop's final GOAWAY
+    (the PING unanswered, after the round trip) begins the linger; the stream is above the
+    GOAWAY's last id (0), so the caller sends it again elsewhere, but only if it can still write
+    its DATA and read that GOAWAY. The reader back from the thread found the connection closed and
+    ended it with ClosedResourceError, which closed the socket at once: the caller's next write
+    failed (EPIPE), grpcio's way to fail the call UNAVAILABLE instead of retrying it."""
+    monkeypatch.setattr(connection, "LINGER", 10 * LIVENESS_LIMIT)  # only the caller's close ends it
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+    decode = _input._decode_aside
+
+    def held(*args: Any) -> Any:
+        entered.set()
+        release.wait(LIVENESS_LIMIT)
+        try:
+            return decode(*args)
+        finally:
+            returned.set()
+
+    monkeypatch.setattr(_input, "_decode_aside", held)
+    listen, silent, relay = await _relay_before_a_silent_runtime(nursery, short_tmp)
+    drained = trio.Event()
+
+    async def stop() -> None:
+        await relay.wait_drained(round_trip=0.2)
+        drained.set()
+
+    big = (*GOOD, ("x-big", "v" * (2 * connection.DECODE_PER_TURN)))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(LIVENESS_LIMIT)
+    try:
+        with sock:
+            await trio.to_thread.run_sync(sock.connect, listen)
+            await trio.to_thread.run_sync(_relay_frames_on, sock, _after_preface())
+            [ep] = relay._clients
+            sock.sendall(_open(*big))  # stream 1, its DATA to follow
+            await trio.to_thread.run_sync(entered.wait, LIVENESS_LIMIT)
+            relay.start_draining()
+            nursery.start_soon(stop)
+            await wait_until(lambda: ep.lingering)  # the final GOAWAY is out, the write side shut
+            release.set()
+            await trio.to_thread.run_sync(returned.wait, LIVENESS_LIMIT)
+            # The reader back from its thread: on to its next read (which resets the decoding
+            # budget the block overdrew), or out with the connection closed.
+            budget = connection.DECODE_PER_TURN
+            await wait_until(lambda: ep.h2.decode_budget == budget or not ep.lingering)
+            assert ep.lingering and ep.sock.fileno() >= 0
+            sock.sendall(_data(5, end=True))  # the stream's DATA: taken in, not read
+            frames = await trio.to_thread.run_sync(_frames_until_eof, sock)
+            assert (0, f.NO_ERROR) == f.parse_goaway([p for kind, _, _, p in frames if kind == f.GOAWAY][-1])
+            assert not drained.is_set()
+        with trio.fail_after(LIVENESS_LIMIT):
+            await drained.wait()
+        assert 0 == relay.in_flight
+    finally:
+        release.set()
+        silent.close()
