@@ -131,11 +131,11 @@ async def test_a_caller_flooding_during_the_linger_is_closed_at_its_bound(
 _MANY = 200
 
 
-async def _many_drained(
+async def _many_draining(
     listen: str, relay: relay_module.Relay, nursery: trio.Nursery, drained: trio.Event
 ) -> list[trio.socket.SocketType]:
-    """_MANY caller connections through the preface, then a stop's drain (their PINGs unanswered:
-    the final GOAWAY comes after the round trip), each read up to the relay's end of writing."""
+    """_MANY caller connections through the preface, then a stop's drain begun (their PINGs
+    unanswered: the final GOAWAY comes after the round trip); ``drained`` is set at its end."""
     callers = []
     for _ in range(_MANY):
         sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -150,6 +150,14 @@ async def _many_drained(
 
     relay.start_draining()
     nursery.start_soon(stop)
+    return callers
+
+
+async def _many_drained(
+    listen: str, relay: relay_module.Relay, nursery: trio.Nursery, drained: trio.Event
+) -> list[trio.socket.SocketType]:
+    """:func:`_many_draining`, each connection read up to the relay's end of writing."""
+    callers = await _many_draining(listen, relay, nursery, drained)
     with trio.fail_after(LIVENESS_LIMIT):
         for sock in callers:
             while await sock.recv(65536):  # up to the relay's SHUT_WR
@@ -181,56 +189,26 @@ async def test_hundreds_of_lingering_connections_end_together_at_the_bound(
         silent.close()
 
 
+@pytest.mark.parametrize("read_first", [True, False], ids=["eof", "reset"])
 async def test_lingering_connections_end_at_the_callers_close(
-    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch, read_first: bool
 ) -> None:
-    """Callers that close once they read the end: the linger ends at their EOF, not at its bound,
-    and the relay's sockets are closed."""
+    """Callers that close once they read the end (eof), or with the relay's last bytes unread
+    (reset: the relay's read fails ECONNRESET, a unix socket's way to say so): the linger ends at
+    their close, not at its bound, and the relay's sockets are closed."""
     monkeypatch.setattr(connection, "LINGER", 10 * LIVENESS_LIMIT)
     listen, silent, relay = await _relay_before_a_silent_runtime(nursery, short_tmp)
     drained = trio.Event()
     try:
-        callers = await _many_drained(listen, relay, nursery, drained)
+        if read_first:
+            callers = await _many_drained(listen, relay, nursery, drained)
+        else:
+            callers = await _many_draining(listen, relay, nursery, drained)
+            await wait_until(lambda: all(ep.lingering for ep in relay._clients))
         ours = [ep.sock for ep in relay._clients]
         fds = _open_fds()
         for sock in callers:
             sock.close()
-        with trio.fail_after(LIVENESS_LIMIT):
-            await drained.wait()
-        assert fds - 2 * _MANY == _open_fds()
-        assert all(-1 == sock.fileno() for sock in ours)
-    finally:
-        silent.close()
-
-
-async def test_lingering_connections_reset_by_their_callers_are_closed(
-    nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Callers that close with the relay's last bytes unread: the relay's read fails ECONNRESET
-    (a unix socket's way to say so), which ends the linger as an EOF does."""
-    monkeypatch.setattr(connection, "LINGER", 10 * LIVENESS_LIMIT)
-    listen, silent, relay = await _relay_before_a_silent_runtime(nursery, short_tmp)
-    drained = trio.Event()
-    try:
-        callers = []
-        for _ in range(_MANY):
-            sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            await sock.connect(listen)
-            await sock.send(f.PREFACE + f.frame(f.SETTINGS, 0, 0))
-            callers.append(sock)
-        await wait_until(lambda: len(relay._clients) == _MANY)
-
-        async def stop() -> None:
-            await relay.wait_drained(round_trip=0.2)
-            drained.set()
-
-        relay.start_draining()
-        nursery.start_soon(stop)
-        await wait_until(lambda: all(ep.lingering for ep in relay._clients))
-        ours = [ep.sock for ep in relay._clients]
-        fds = _open_fds()
-        for sock in callers:
-            sock.close()  # nothing read: the relay's SETTINGS, GOAWAYs and PING are unread
         with trio.fail_after(LIVENESS_LIMIT):
             await drained.wait()
         assert fds - 2 * _MANY == _open_fds()
