@@ -185,6 +185,8 @@ class Reader:
             abandon_on_cancel=True,  # a relay stopping does not wait for it
         )
         if self.closed:  # closed meanwhile (e.g. it stopped reading our answers)
+            if self.lingering:  # drained meanwhile: read on, discarding, as _read_loop does
+                return []
             raise trio.ClosedResourceError("connection closed")
         return self.h2.receive_headers(headers)
 
