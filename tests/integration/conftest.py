@@ -15,6 +15,7 @@ import trio
 from krproxy.daemon import Daemon
 from krproxy.fakes.containerd import FakeContainerd
 from krproxy.relay import Relay
+from tests.integration.handover_support import Harness
 from tests.integration.processes import ECHO_BACKEND, wait_for_socket
 from tests.integration.support import (
     ProxiedFake,
@@ -73,6 +74,18 @@ def channel_to() -> Iterator[Callable[[str], grpc.Channel]]:
         ("grpc.max_receive_message_length", 64 << 20), ("grpc.enable_retries", 0)
     ) as open_channel:
         yield open_channel
+
+
+@pytest.fixture
+def harness(
+    relay: Relay, nursery: trio.Nursery, short_tmp: Path, channel_to: Callable[[str], grpc.Channel]
+) -> Iterator[Harness]:
+    """The hand-over tests' relay, scripted runtime and interceptor (handover_support); the runtimes
+    it started are stopped at teardown."""
+    made = Harness(relay, nursery, short_tmp, channel_to)
+    yield made
+    for runtime in made.runtimes:
+        runtime.close()
 
 
 @pytest.fixture

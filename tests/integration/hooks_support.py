@@ -31,8 +31,9 @@ import trio
 from cri_api.v1 import api_pb2
 
 from krproxy.daemon import Daemon
-from krproxy.fakes.containerd import FakeContainerd
+from krproxy.fakes.containerd import FakeContainerd, Fault
 from krproxy.fakes.plugin import ALL_HOOKS, FakePlugin, run_fake_plugin, write_atomic, write_registration
+from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import parse_registration
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -59,6 +60,15 @@ LIFECYCLE_HOOKS = [
     HookPoint.POST_STOP_CONTAINER,
     HookPoint.POST_STOP_POD_SANDBOX,
 ]
+#: Runtime faults of a create or remove after which the caller got an error, so the store keeps what it
+#: had: the runtime did not do the work, or the caller cannot know it did.
+FAILED_WORK = {
+    "error": Fault(status=Status.INTERNAL, message="boom"),
+    "error after the work": Fault(status=Status.INTERNAL, message="lost", after_call=True),
+    "dropped": Fault(drop=True),
+    "dropped after the work": Fault(drop=True, after_call=True),
+}
+
 POD_LABELS = {"io.kubernetes.pod.name": "web", "app": "web"}
 POD_ANNOTATIONS = {"kubernetes.io/config.source": "api"}
 CGROUP_PARENT = "/kubepods/burstable/poduid-web"

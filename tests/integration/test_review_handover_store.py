@@ -25,7 +25,14 @@ from krproxy.fakes.containerd import Fault
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from tests.integration.hooks_support import Node, container_config, hook_resources, make_node, pod_config
+from tests.integration.hooks_support import (
+    FAILED_WORK,
+    Node,
+    container_config,
+    hook_resources,
+    make_node,
+    pod_config,
+)
 from tests.integration.support import in_thread, wait_until
 
 CREATES = [HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_CREATE_CONTAINER]
@@ -131,13 +138,7 @@ class TestTheStoreAfterAHandedOverCreate:
 
 
 #: Answers after which nothing may be kept (the caller got an error).
-FAILURES = {
-    "error": Fault(status=Status.INTERNAL, message="boom"),
-    "not found": Fault(status=Status.NOT_FOUND, message="no such pod"),
-    "error after the work": Fault(status=Status.INTERNAL, message="lost", after_call=True),
-    "dropped": Fault(drop=True),
-    "dropped after the work": Fault(drop=True, after_call=True),
-}
+FAILURES = {**FAILED_WORK, "not found": Fault(status=Status.NOT_FOUND, message="no such pod")}
 
 
 async def failing(node: Node, method: str, request: Any, timeout: float | None = None) -> grpc.StatusCode:  # noqa: ASYNC109

@@ -18,17 +18,11 @@ from cri_api.v1 import api_pb2
 
 from krproxy.fakes.containerd import Fault
 from krproxy.grpcstatus import Status
-from tests.integration.hooks_support import Node, make_node
+from tests.integration.hooks_support import FAILED_WORK, Node, make_node
 from tests.integration.support import in_thread
 
 #: Faults under which the runtime did not do the work, or the caller cannot know it did.
-FAILURES = {
-    "error": Fault(status=Status.INTERNAL, message="boom"),
-    "unavailable": Fault(status=Status.UNAVAILABLE, message="restarting"),
-    "error after the work": Fault(status=Status.INTERNAL, message="lost", after_call=True),
-    "dropped": Fault(drop=True),
-    "dropped after the work": Fault(drop=True, after_call=True),
-}
+FAILURES = {**FAILED_WORK, "unavailable": Fault(status=Status.UNAVAILABLE, message="restarting")}
 
 
 @pytest.fixture
