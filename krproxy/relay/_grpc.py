@@ -9,6 +9,7 @@ import binascii
 import math
 import urllib.parse
 import zlib
+from collections.abc import Iterable
 
 import attrs
 import trio
@@ -284,6 +285,16 @@ def request_headers(path: str, authority: bytes = b"localhost") -> Headers:
         (b"content-type", b"application/grpc"),
         (b"te", b"trailers"),
     ]
+
+
+def own_call_headers(path: str, deadline: float, metadata: Iterable[tuple[bytes, bytes]]) -> Headers:
+    """The header fields of a call the relay makes itself: :func:`request_headers`, ``grpc-timeout`` for
+    what is left until *deadline* (trio's clock; none without one), then *metadata*."""
+    fields = request_headers(path)
+    if deadline != math.inf:
+        fields.append((b"grpc-timeout", encode_grpc_timeout(deadline - trio.current_time())))
+    fields += metadata
+    return fields
 
 
 class CloseConnection(Exception):

@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Awaitable
 
@@ -36,9 +35,8 @@ from krproxy.relay._grpc import (
     _Tap,
     decompress_inline,
     decompress_message,
-    encode_grpc_timeout,
     grpc_message,
-    request_headers,
+    own_call_headers,
 )
 from krproxy.relay.half import Half, Headers
 from krproxy.relay.route import Route
@@ -314,10 +312,9 @@ class LocalCall(HandledCall):
         if self.route is None:
             raise GRPCError(Status.UNIMPLEMENTED, f"{self.path}: nothing to forward to")
         started = time.perf_counter()
-        metadata = [field for field in self._headers if field[0] not in _OWN_FIELDS]
         try:
             answer = await self.relay.unary(
-                self.route, self.path, data, metadata, self.deadline, watched=True
+                self.route, self.path, data, self._metadata(), self.deadline, watched=True
             )
         except TimeoutError:  # (an OSError: first)
             raise GRPCError(
@@ -336,6 +333,10 @@ class LocalCall(HandledCall):
                 trailers=answer.trailers,
             )
         return Reply(answer.body, answer.headers or [], answer.trailers)
+
+    def _metadata(self) -> Headers:
+        """The caller's header fields the relay passes on in a forward of its own."""
+        return [field for field in self._headers if field[0] not in _OWN_FIELDS]
 
     def hand_over(self, data: bytes, watcher: Watcher) -> Reply:
         """Take the interceptor's last step: *data* goes upstream as the call's request once the
@@ -361,10 +362,7 @@ class LocalCall(HandledCall):
             self.fail(Status.UNAVAILABLE, f"{route.describe} is unavailable: {err}")
             return
         # As the relay's own calls are sent: the caller's metadata, what is left of its deadline.
-        fields = request_headers(self.path)
-        if self.deadline != math.inf:
-            fields.append((b"grpc-timeout", encode_grpc_timeout(self.deadline - trio.current_time())))
-        fields += [field for field in self._headers if field[0] not in _OWN_FIELDS]
+        fields = own_call_headers(self.path, self.deadline, self._metadata())
         upstream = self.upstream = Half(ep, 0, self)
         self.client.peer = upstream  # (the request was granted back as it arrived: see _pass_watched)
         ep.open_stream(upstream, f.encode_headers(fields), False)

@@ -56,10 +56,9 @@ from krproxy.relay._grpc import (
     Answer,
     StreamReset,
     UpstreamError,
-    encode_grpc_timeout,
     grpc_message,
     grpc_timeout,
-    request_headers,
+    own_call_headers,
 )
 from krproxy.relay._local import LocalCall
 from krproxy.relay.connection import _STOPPED, Endpoint, Headers
@@ -381,11 +380,7 @@ class Relay:
         exchange = _Exchange(max_answer)
         ep = route.endpoint()
         upstream = exchange.upstream = Half(ep, 0, exchange)  # type: ignore[arg-type]
-        fields = request_headers(path)
-        if deadline != math.inf:
-            fields.append((b"grpc-timeout", encode_grpc_timeout(deadline - trio.current_time())))
-        fields += metadata
-        ep.open_stream(upstream, f.encode_headers(fields), False)
+        ep.open_stream(upstream, f.encode_headers(own_call_headers(path, deadline, metadata)), False)
         upstream.send_data(framed, True)
         self.flush()
         try:

@@ -38,9 +38,8 @@ from krproxy.relay._grpc import (
     StreamReset,
     UpstreamError,
     _read_status,
-    encode_grpc_timeout,
     grpc_message,
-    request_headers,
+    own_call_headers,
 )
 from krproxy.relay.half import Half, Headers
 from krproxy.relay.relay import Relay
@@ -172,11 +171,7 @@ class Channel:
                 raise self._unreachable(err) from None
             half = reading.upstream = Half(ep, 0, reading)
             reading.inbox = Inbox(half, self.max_answer)
-            fields = request_headers(method)
-            if deadline != math.inf:
-                fields.append((b"grpc-timeout", encode_grpc_timeout(deadline - trio.current_time())))
-            fields += extra
-            ep.open_stream(half, f.encode_headers(fields), False)
+            ep.open_stream(half, f.encode_headers(own_call_headers(method, deadline, extra)), False)
             half.send_data(grpc_message(request), True)
             self._relay.flush()
             return reading
