@@ -38,7 +38,7 @@ import attrs
 from krproxy import log
 from krproxy.hooks import merge, validate
 from krproxy.hooks.merge import Change, Merged
-from krproxy.hooks.model import ContainerInfo, FrozenMap, PodAnswer, PodInfo, Resources
+from krproxy.hooks.model import ContainerInfo, FrozenMap, PodAnswer, PodInfo, Resources, resource_scalar
 from krproxy.hooks.slices import ROOT, is_slice_name, slice_path
 
 LOGGER = logging.getLogger("krproxy.docker.convert")
@@ -91,7 +91,6 @@ RESOURCE_FIELDS: tuple[tuple[str, str], ...] = (
     ("cpuset_mems", "CpusetMems"),
     ("memory_swap_limit_in_bytes", "MemorySwap"),
 )
-_STRING_FIELDS = frozenset({"cpuset_cpus", "cpuset_mems"})
 #: ``docker update`` cannot change the OOM score adjustment: UpdateConfig has no such field.
 _NOT_UPDATABLE = frozenset({"oom_score_adj"})
 
@@ -234,11 +233,9 @@ def to_docker_cgroup_parent(driver: str, parent: str) -> str:
 
 def resources_from_docker(host_config: Any) -> Resources:
     """Resources of a HostConfig (or of an UpdateConfig: same keys); absent keys are zero."""
-    values: dict[str, Any] = {}
-    for field, key in RESOURCE_FIELDS:
-        value = _get(host_config, key)
-        values[field] = _str(value) if field in _STRING_FIELDS else _int(value)
-    return Resources(**values)
+    return Resources(
+        **{field: resource_scalar(field, _get(host_config, key)) for field, key in RESOURCE_FIELDS}
+    )
 
 
 def update_from_docker(update_config: Any) -> Resources:

@@ -79,6 +79,7 @@ import attrs
 
 from krproxy.hooks.model import (
     RESOURCE_SCALARS,
+    RESOURCE_STRINGS,
     ContainerAnswer,
     ContainerInfo,
     FrozenMap,
@@ -86,6 +87,7 @@ from krproxy.hooks.model import (
     PodInfo,
     PodResize,
     Resources,
+    resource_scalar,
 )
 from krproxy.proto.runtime import v1, v1alpha1
 
@@ -273,13 +275,7 @@ def _resources_from_json(document: Any) -> Resources | None:
     hugepages = document.get("hugepage_limits")
     unified = document.get("unified")
     return Resources(
-        cpu_period=_int(document.get("cpu_period")),
-        cpu_quota=_int(document.get("cpu_quota")),
-        cpu_shares=_int(document.get("cpu_shares")),
-        memory_limit_in_bytes=_int(document.get("memory_limit_in_bytes")),
-        oom_score_adj=_int(document.get("oom_score_adj")),
-        cpuset_cpus=_str(document.get("cpuset_cpus")),
-        cpuset_mems=_str(document.get("cpuset_mems")),
+        **{name: resource_scalar(name, document.get(name)) for name in RESOURCE_SCALARS},
         hugepage_limits=[
             (_str(h.get("page_size")), _int(h.get("limit")))
             for h in (hugepages if isinstance(hugepages, list) else [])
@@ -288,7 +284,6 @@ def _resources_from_json(document: Any) -> Resources | None:
         unified=(
             {k: v for k, v in unified.items() if isinstance(v, str)} if isinstance(unified, dict) else None
         ),
-        memory_swap_limit_in_bytes=_int(document.get("memory_swap_limit_in_bytes")),
     )
 
 
@@ -422,8 +417,7 @@ def container_from_wire_status(
 # merged CRI request is encoded, outside the failure policy — or not at all. So every field an answer can carry
 # is checked for its declared type (:func:`wrong_types`) before it is read into an answer record.
 
-_CPUSETS = ("cpuset_cpus", "cpuset_mems")
-_INT_RESOURCES = tuple(name for name in RESOURCE_SCALARS if name not in _CPUSETS)
+_INT_RESOURCES = tuple(name for name in RESOURCE_SCALARS if name not in RESOURCE_STRINGS)
 
 
 def _is_str_map(value: object) -> bool:
@@ -438,7 +432,7 @@ def _resources_types(r: object, name: str) -> list[str]:
     if not isinstance(r, v1alpha1.LinuxContainerResources):
         return [name]
     wrong = [f"{name}.{f}" for f in _INT_RESOURCES if not isinstance(getattr(r, f), int)]
-    wrong += [f"{name}.{f}" for f in _CPUSETS if not isinstance(getattr(r, f), str)]
+    wrong += [f"{name}.{f}" for f in RESOURCE_STRINGS if not isinstance(getattr(r, f), str)]
     if not _is_str_map(r.unified):
         wrong.append(f"{name}.unified")
     pages = r.hugepage_limits

@@ -16,12 +16,13 @@ ignores order, like ``dict``.
 from __future__ import annotations
 
 from collections.abc import Hashable, ItemsView, Iterable, Iterator, Mapping
-from typing import Generic, TypeVar, final, overload
+from typing import Any, Generic, TypeVar, final, overload
 
 import attrs
 
 __all__ = [
     "RESOURCE_SCALARS",
+    "RESOURCE_STRINGS",
     "ContainerAnswer",
     "ContainerInfo",
     "FrozenMap",
@@ -29,6 +30,7 @@ __all__ = [
     "PodInfo",
     "PodResize",
     "Resources",
+    "resource_scalar",
     "to_frozen_map",
 ]
 
@@ -150,6 +152,19 @@ RESOURCE_SCALARS = (
     "cpuset_mems",
     "memory_swap_limit_in_bytes",
 )
+#: The fields of :data:`RESOURCE_SCALARS` that hold a string (Linux cpu lists), in the same order; the
+#: others hold an int.
+RESOURCE_STRINGS = ("cpuset_cpus", "cpuset_mems")
+
+
+def resource_scalar(name: str, value: object) -> Any:
+    """A value read from JSON (a Go-JSON CRI message, a Docker HostConfig) as the :class:`Resources` field
+    *name* holds it: a str for a cpuset, an int (not a bool) for the others. Anything else (absent, null,
+    another JSON type) reads as the field's zero: a malformed document costs that field, not the record.
+    (Typed ``Any``, not ``int | str``: which of the two depends on *name*, so ``Resources(**…)`` takes it.)"""
+    if name in RESOURCE_STRINGS:
+        return value if isinstance(value, str) else ""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 @attrs.frozen

@@ -58,23 +58,36 @@ def pod_from_nri(pod: Any | None) -> PodInfo:
     )
 
 
+#: Where NRI keeps each scalar of :class:`Resources` (all but ``oom_score_adj``, which lives beside the
+#: resources in NRI's ``LinuxContainer``): the record field, the part of ``LinuxResources`` (``cpu`` or
+#: ``memory``), the part's field, and the optional wrapper a value is set in (None: a plain string). Read
+#: by :func:`resources_from_nri`, written by :func:`resources_update`.
+_NRI_SCALARS: tuple[tuple[str, str, str, type[Any] | None], ...] = (
+    ("cpu_period", "cpu", "period", api.OptionalUInt64),
+    ("cpu_quota", "cpu", "quota", api.OptionalInt64),
+    ("cpu_shares", "cpu", "shares", api.OptionalUInt64),
+    ("cpuset_cpus", "cpu", "cpus", None),
+    ("cpuset_mems", "cpu", "mems", None),
+    ("memory_limit_in_bytes", "memory", "limit", api.OptionalInt64),
+    ("memory_swap_limit_in_bytes", "memory", "swap", api.OptionalInt64),
+)
+
+
 def resources_from_nri(resources: Any | None, oom_score_adj: Any | None = None) -> Resources:
     """CRI-style resources from NRI's (upb ``LinuxResources``; ``oom_score_adj``, an ``OptionalInt``, lives
     beside them in NRI's ``LinuxContainer``)."""
+    oom = oom_score_adj.value if oom_score_adj is not None else 0
     if resources is None:
-        return Resources(oom_score_adj=oom_score_adj.value if oom_score_adj is not None else 0)
-    cpu, memory = resources.cpu, resources.memory
+        return Resources(oom_score_adj=oom)
+    scalars: dict[str, Any] = {}
+    for field, part, name, wrapper in _NRI_SCALARS:
+        value = getattr(getattr(resources, part), name)
+        scalars[field] = value if wrapper is None else value.value
     return Resources(
-        cpu_period=cpu.period.value,
-        cpu_quota=cpu.quota.value,
-        cpu_shares=cpu.shares.value,
-        memory_limit_in_bytes=memory.limit.value,
-        oom_score_adj=oom_score_adj.value if oom_score_adj is not None else 0,
-        cpuset_cpus=cpu.cpus,
-        cpuset_mems=cpu.mems,
+        **scalars,
+        oom_score_adj=oom,
         hugepage_limits=[(h.page_size, h.limit) for h in resources.hugepage_limits],
         unified=entries(resources.unified),
-        memory_swap_limit_in_bytes=memory.swap.value,
     )
 
 
@@ -118,24 +131,18 @@ def resources_update(before: Resources, after: Resources) -> tuple[api.LinuxReso
     """The fields of ``after`` that differ from ``before``, as NRI resources; and what NRI cannot set."""
     out = api.LinuxResources()
     cpu, memory = api.LinuxCpu(), api.LinuxMemory()
+    parts = {"cpu": cpu, "memory": memory}
     not_applied: list[str] = []
-    if after.cpu_period != before.cpu_period:
-        cpu.period = api.OptionalUInt64(value=after.cpu_period)
-    if after.cpu_quota != before.cpu_quota:
-        cpu.quota = api.OptionalInt64(value=after.cpu_quota)
-    if after.cpu_shares != before.cpu_shares:
-        cpu.shares = api.OptionalUInt64(value=after.cpu_shares)
-    for name in ("cpuset_cpus", "cpuset_mems"):
-        new = getattr(after, name)
-        if new != getattr(before, name):
-            if new:
-                setattr(cpu, "cpus" if name == "cpuset_cpus" else "mems", new)
-            else:
-                not_applied.append(f"{name} cleared")
-    if after.memory_limit_in_bytes != before.memory_limit_in_bytes:
-        memory.limit = api.OptionalInt64(value=after.memory_limit_in_bytes)
-    if after.memory_swap_limit_in_bytes != before.memory_swap_limit_in_bytes:
-        memory.swap = api.OptionalInt64(value=after.memory_swap_limit_in_bytes)
+    for field, part, name, wrapper in _NRI_SCALARS:
+        new = getattr(after, field)
+        if new == getattr(before, field):
+            continue
+        if wrapper is not None:
+            setattr(parts[part], name, wrapper(value=new))
+        elif new:
+            setattr(parts[part], name, new)
+        else:  # a cpuset: NRI sets strings, it cannot clear one
+            not_applied.append(f"{field} cleared")
     for key, value in after.unified.items():
         if before.unified.get(key) != value:
             out.unified[key] = value

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
 import attrs
@@ -29,7 +30,16 @@ from krproxy.hooks.convert import (
     wrong_types,
 )
 from krproxy.hooks.merge import prepare_update
-from krproxy.hooks.model import ContainerAnswer, ContainerInfo, PodAnswer, PodInfo, Resources
+from krproxy.hooks.model import (
+    RESOURCE_SCALARS,
+    RESOURCE_STRINGS,
+    ContainerAnswer,
+    ContainerInfo,
+    PodAnswer,
+    PodInfo,
+    Resources,
+    resource_scalar,
+)
 from krproxy.hooks.writeback import resources_to_cri, resources_to_hook
 from krproxy.proto.runtime import v1, v1alpha1
 from tests.records import FULL_RESOURCES, WEB_POD
@@ -349,6 +359,29 @@ class TestRecovery:
 
         assert _with_id(CONTAINER, "c1") == actual
 
+    @pytest.mark.parametrize(
+        ("name", "value", "expected"),
+        [
+            ("cpu_quota", -1, -1),
+            ("cpu_shares", None, 0),
+            ("cpu_shares", "1024", 0),
+            ("cpu_shares", True, 0),
+            ("memory_limit_in_bytes", 1.5, 0),
+            ("cpuset_cpus", "0-3", "0-3"),
+            ("cpuset_cpus", 3, ""),
+            ("cpuset_mems", None, ""),
+        ],
+    )
+    def test_a_json_scalar_of_another_type_reads_as_zero(self, name: str, value: Any, expected: Any) -> None:
+        """A JSON value becomes the field's type or its zero (a bool is not an int here, as in Go)."""
+        assert expected == resource_scalar(name, value)
+        document = {"linux": {"resources": {name: value}}}
+        recovered = container_from_wire_status(
+            self._status(None), "sb1", POD, {"info": json.dumps({"config": document})}
+        )
+        assert recovered.resources is not None
+        assert expected == getattr(recovered.resources, name)
+
     def test_container_from_status_nothing_reported(self) -> None:
         """Without reported resources or verbose info, resources are unknown and envs empty."""
         actual = container_from_wire_status(self._status(None), "sb1", POD)
@@ -383,6 +416,12 @@ class TestResources:
     def test_absent(self) -> None:
         """Absent CRI resources are zero; absent hook resources stay absent."""
         assert (Resources(), None) == (resources_from_cri(None), resources_from_hook(None))
+
+    def test_the_string_scalars_are_the_str_fields(self) -> None:
+        """RESOURCE_STRINGS, which the JSON and Docker readers and the answer and value checks go by, names
+        exactly the scalars the record holds as str, in RESOURCE_SCALARS' order."""
+        hints = typing.get_type_hints(Resources)
+        assert tuple(name for name in RESOURCE_SCALARS if hints[name] is str) == RESOURCE_STRINGS
 
 
 class TestAnswers:

@@ -194,6 +194,14 @@ class TestResourcesUpdate:
             == resources
         )
 
+    def test_every_scalar_it_writes_reads_back(self) -> None:
+        """resources_update and resources_from_nri go by one table: every field set from nothing comes back
+        from NRI's resources as it was (oom_score_adj and hugepages are not NRI resources: left out)."""
+        after = attrs.evolve(FULL_RESOURCES, oom_score_adj=0, hugepage_limits=())
+        resources, missing = convert.resources_update(Resources(), after)
+        assert [] == missing and resources is not None
+        assert after == convert.resources_from_nri(upb(resources))
+
     def test_pod_changes(self) -> None:
         """Every pod field a hook changed is named (NRI applies none)."""
         before = convert.pod_from_nri(POD)
