@@ -28,6 +28,7 @@ from tests.integration.test_relay_conformance import (
     _relay_before_a_silent_runtime,
     _relay_frames_on,
 )
+from tests.ticks import Ticks
 
 #: Seconds a flooding caller writes before it gives up waiting for the relay to close.
 _FLOOD_FOR = 20.0
@@ -86,13 +87,7 @@ async def test_a_caller_flooding_during_the_linger_is_closed_at_its_bound(
     listen, silent, relay = await _relay_before_a_silent_runtime(nursery, short_tmp)
     drained = trio.Event()
     started = short_tmp / "flooding"
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            await trio.sleep(0.05)
-            ticks += 1
+    ticks = Ticks(0.05)
 
     async def stop() -> None:
         await relay.wait_drained(round_trip=0.2)  # the PING unanswered
@@ -111,7 +106,7 @@ async def test_a_caller_flooding_during_the_linger_is_closed_at_its_bound(
             await wait_until(started.exists)
             relay.start_draining()
             nursery.start_soon(stop)
-            nursery.start_soon(tick)
+            nursery.start_soon(ticks.run)
             status = await flood.wait()
         finally:
             if flood.returncode is None:
@@ -122,7 +117,7 @@ async def test_a_caller_flooding_during_the_linger_is_closed_at_its_bound(
             await drained.wait()
         assert 1 == len(lingered)
         assert not relay._clients
-        assert ticks > 0  # other tasks ran while the flood was read
+        assert ticks.count > 0  # other tasks ran while the flood was read
     finally:
         silent.close()
 

@@ -16,6 +16,7 @@ import trio
 
 from krproxy.hookserver._registry import Hook, call_hook
 from krproxy.hookserver._service import AppWorker
+from tests.ticks import Ticks
 
 
 class Boom(Exception):
@@ -76,16 +77,10 @@ async def test_a_job_that_raises_or_blocks_leaves_the_worker_serving() -> None:
     """A job that raises (quick or slow) and one that blocks a second while twenty calls arrive: the
     twenty are served after it, in order, and the worker goes on; the loop serves meanwhile."""
     order: list[int] = []
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await trio.sleep(0.01)
-            ticks += 1
+    ticks = Ticks(0.01)
 
     async with AppWorker.open() as worker, trio.open_nursery() as outer:
-        outer.start_soon(ticker)
+        outer.start_soon(ticks.run)
         with pytest.raises(Boom):
             await worker.run(job, 3, 0, [])
         with pytest.raises(Boom):
@@ -94,11 +89,11 @@ async def test_a_job_that_raises_or_blocks_leaves_the_worker_serving() -> None:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(worker.run, time.sleep, 1.0)
                 await trio.sleep(0.1)
-                before = ticks
+                before = ticks.count
                 for i in range(20):
                     nursery.start_soon(worker.run, order.append, i)
                     await trio.sleep(0.01)
-                assert ticks > before  # the loop was not held while the slow job ran
+                assert ticks.count > before  # the loop was not held while the slow job ran
         assert list(range(20)) == order
         assert 42 == await worker.run(lambda: 42)
         outer.cancel_scope.cancel()
