@@ -43,15 +43,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from krproxy.hooks.model import (
-    RESOURCE_STRINGS,
-    ContainerAnswer,
-    ContainerInfo,
-    PodAnswer,
-    PodInfo,
-    PodResize,
-    Resources,
-)
+from krproxy.hooks.model import ContainerAnswer, ContainerInfo, PodAnswer, PodInfo, PodResize, Resources
 from krproxy.hooks.slices import ROOT, is_slice_name, slice_path
 
 __all__ = [
@@ -155,7 +147,7 @@ def check_resources(resources: Resources, prefix: str = "resources") -> list[str
         bad("memory_swap_limit_in_bytes", r.memory_swap_limit_in_bytes, "-1..1 PiB")
     if not -1000 <= r.oom_score_adj <= 1000:
         bad("oom_score_adj", r.oom_score_adj, "-1000..1000")
-    for field in RESOURCE_STRINGS:
+    for field in ("cpuset_cpus", "cpuset_mems"):
         problem = check_cpu_list(getattr(r, field))
         if problem is not None:
             problems.append(f"{prefix}.{field}: {problem}")

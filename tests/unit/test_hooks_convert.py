@@ -418,7 +418,7 @@ class TestResources:
         assert (Resources(), None) == (resources_from_cri(None), resources_from_hook(None))
 
     def test_the_string_scalars_are_the_str_fields(self) -> None:
-        """RESOURCE_STRINGS, which the JSON and Docker readers and the answer and value checks go by, names
+        """RESOURCE_STRINGS, which the JSON and Docker readers and the answer type check go by, names
         exactly the scalars the record holds as str, in RESOURCE_SCALARS' order."""
         hints = typing.get_type_hints(Resources)
         assert tuple(name for name in RESOURCE_SCALARS if hints[name] is str) == RESOURCE_STRINGS
