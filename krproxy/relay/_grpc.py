@@ -197,7 +197,8 @@ _REFUSED_PAUSE = 0.005
 _REFUSED_ATTEMPTS = 200
 
 #: Request header fields not passed on when the relay makes a call of its own (which it sends
-#: uncompressed, and whose answer it can only read uncompressed).
+#: uncompressed, and whose answer it can only read uncompressed; its request is the interceptor's,
+#: whose length a caller's content-length does not give).
 _OWN_FIELDS = frozenset(
     (
         b":method",
@@ -205,6 +206,7 @@ _OWN_FIELDS = frozenset(
         b":path",
         b":authority",
         b"content-type",
+        b"content-length",
         b"te",
         b"grpc-timeout",
         b"grpc-encoding",
