@@ -6,7 +6,9 @@ decoded with ``surrogateescape``, a bug of the plugin's), which UTF-8 cannot enc
 from __future__ import annotations
 
 import functools
+import urllib.parse
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -14,10 +16,14 @@ import pytest
 import trio
 
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.relay import Relay, Route, connect_unix
 from krproxy.relay._grpc import MAX_STATUS_MESSAGE
 from krproxy.rpc import Server, unary
 from tests.integration.h2_client import grpc_request, request
-from tests.integration.support import grpcio_channels
+from tests.integration.support import grpcio_channels, serve_relay
+from tests.integration.test_relay_review import Answer, serving
+
+PLAIN = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 
 LIVENESS_LIMIT = 30.0  # seconds: a bound on what must happen, not a speed claim
 
@@ -86,3 +92,31 @@ async def test_a_long_message_reaches_grpcio_and_a_raw_peer_cut_at_the_limit(
     answer = await request(sock, grpc_request("/t.S/Refuse"), b"")
     (value,) = [v for n, v in answer.headers if n == "grpc-message"]
     assert len(value.encode()) <= MAX_STATUS_MESSAGE
+
+
+async def test_a_runtimes_own_long_message_is_relayed_untouched(
+    nursery: trio.Nursery, short_tmp: Path, grpcio: Callable[[str], grpc.Channel]
+) -> None:
+    """docs/hooks.md: only the messages krproxy writes itself are cut. A runtime's 10 KiB status message
+    (percent-encoded as the runtime sent it, '%' and non-ASCII included) reaches grpcio whole."""
+    text = " ".join(
+        ["runtime says: ünïcödé 100%"] * 200
+    )  # 9.8 KiB encoded: over krproxy's cut, under grpcio's 16 KiB
+    upstream = str(short_tmp / "upstream.sock")
+    relay = Relay()
+    await nursery.start(relay.run)
+    relay.configure(Route(relay, "runtime", connect_unix(upstream)), None, {}, [])
+    trailers = [(b"grpc-status", b"9"), (b"grpc-message", status_quote(text))]
+    with serving(upstream, lambda path, body: Answer(headers=None, trailers=[*PLAIN, *trailers])):
+        listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
+        with pytest.raises(grpc.RpcError) as caught:
+            await _call(grpcio(listen), "/runtime.v1.RuntimeService/Version")
+    assert grpc.StatusCode.FAILED_PRECONDITION == caught.value.code()
+    assert text == caught.value.details()
+
+
+def status_quote(text: str) -> bytes:
+    """*text* as grpc-go writes a ``grpc-message``: every byte outside 0x20-0x7e, and '%', as %XX."""
+    return "".join(
+        c if " " <= c <= "~" and c != "%" else urllib.parse.quote(c, safe="") for c in text
+    ).encode()
