@@ -59,7 +59,8 @@ def _cri_request_class() -> Any:
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("runtime.v1.RunPodSandboxRequest"))
 
 
-def _go_reads(program: str, tmp_path: Path, data: bytes) -> dict[str, Any] | None:
+def go_reads(program: str, tmp_path: Path, data: bytes) -> dict[str, Any] | None:
+    """Go's reading of *data* as a RunPodSandboxRequest (protojson, proto names), None if Go refuses it."""
     descriptor = tmp_path / "cri.desc"
     descriptor.write_bytes(descriptors.CRI_V1)
     done = subprocess.run(
@@ -75,7 +76,7 @@ def _go_reads(program: str, tmp_path: Path, data: bytes) -> dict[str, Any] | Non
 
 @pytest.mark.parametrize("data", CASES.values(), ids=CASES.keys())
 def test_the_fake_reads_a_request_as_go_does(godecode: str, tmp_path: Path, data: bytes) -> None:  # noqa: F811
-    go = _go_reads(godecode, tmp_path, data)
+    go = go_reads(godecode, tmp_path, data)
     if go is None:
         with pytest.raises(GRPCError) as caught:
             _unmarshal(cri.RunPodSandboxRequest, data)

@@ -11,21 +11,16 @@ finding of this review, left to the hooks' owners: see the xfail below)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from krproxy.hooks import watched
 from krproxy.hooks._reading import decode
 from krproxy.hooks.convert import pod_from_run_request
-from krproxy.proto import descriptors
 from krproxy.proto.runtime import v1 as cri
+from tests.unit.test_review7_fake_unmarshal_go import go_reads
 from tests.unit.test_review_h2fast_lazymap import godecode  # noqa: F401 - the fixture
-
-REQUEST = "runtime.v1.RunPodSandboxRequest"
 
 
 def _field(number: int, payload: bytes) -> bytes:
@@ -51,27 +46,14 @@ def _upb_size(data: bytes) -> int:
     return int(request.ByteSize())
 
 
-def _go_reads(program: str, tmp_path: Path, data: bytes) -> dict[str, Any]:
-    descriptor = tmp_path / "cri.desc"
-    descriptor.write_bytes(descriptors.CRI_V1)
-    done = subprocess.run(
-        [program, "-descriptor", str(descriptor), "-message", REQUEST],
-        input=data,
-        capture_output=True,
-        check=False,
-        timeout=60,
-    )
-    assert 0 == done.returncode, done.stderr.decode()
-    return dict(json.loads(done.stdout))
-
-
 def test_the_split_config_has_the_size_upb_writes() -> None:
     """The premise of the cases below: the watch takes upb's reading of SPLIT_CONFIG."""
     assert len(SPLIT_CONFIG) == _upb_size(SPLIT_CONFIG)
 
 
 def test_the_watch_reads_a_split_config_as_go_does(godecode: str, tmp_path: Path) -> None:  # noqa: F811
-    go = _go_reads(godecode, tmp_path, SPLIT_CONFIG)
+    go = go_reads(godecode, tmp_path, SPLIT_CONFIG)
+    assert go is not None
     pod = watched._pod_of_run_request(SPLIT_CONFIG)
     metadata = go["config"]["metadata"]
     assert (metadata["name"], metadata["uid"], metadata["namespace"]) == (pod.name, pod.uid, pod.namespace)
