@@ -129,15 +129,30 @@ def _make_parents(path: str) -> list[str]:
 
 
 def unreachable(path: str, timeout: float = 5.0) -> str | None:
-    """Why nothing accepts a connection on the unix socket ``path`` (the error's words), or None
-    when something does. The probe connection is closed at once, before any byte is sent."""
+    """Why nothing accepts a connection on the unix socket ``path`` (the error's words, or what
+    ``path`` is when it is no socket), or None when something does. The probe connection is closed at
+    once, before any byte is sent."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
         probe.settimeout(timeout)
         try:
             probe.connect(path)
         except OSError as err:
-            return err.strerror or str(err)
+            kind = _not_a_socket(path)
+            return f"not a socket but {kind}" if kind else err.strerror or str(err)
     return None
+
+
+def _not_a_socket(path: str) -> str | None:
+    """What ``path`` is when it exists and is no socket ("a directory"), else None."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    return (
+        "a directory" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode) else "a special file"
+    )
 
 
 def unlink_if_ours(path: str, inode: int) -> None:

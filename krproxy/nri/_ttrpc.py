@@ -102,8 +102,9 @@ def _field_bytes(number: int, data: bytes) -> bytes:
 
 
 def _field_text(number: int, text: str) -> bytes:
-    """A string field; proto3 writes nothing for the empty string."""
-    return _field_bytes(number, text.encode()) if text else b""
+    """A string field; proto3 writes nothing for the empty string. A character UTF-8 cannot encode
+    (a lone surrogate, from a path read with surrogateescape) is written escaped (``\\udcff``)."""
+    return _field_bytes(number, text.encode("utf-8", "backslashreplace")) if text else b""
 
 
 def _field_varint(number: int, value: int) -> bytes:

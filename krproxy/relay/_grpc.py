@@ -77,19 +77,21 @@ def status_message(message: str) -> bytes:
     """*message* as a ``grpc-message`` value: percent-encoded, at most :data:`MAX_STATUS_MESSAGE` bytes.
 
     A longer one keeps its start (the status krproxy words names the plugin and hook first) and ends
-    with how many characters were cut.
+    with how many characters were cut. A character UTF-8 cannot encode (a lone surrogate) is sent
+    escaped (``\\udcff``).
     """
-    encoded = urllib.parse.quote(message, safe=" ").encode()
+    encoded = urllib.parse.quote(message, safe=" ", errors="backslashreplace").encode()
     if len(encoded) <= MAX_STATUS_MESSAGE:
         return encoded
     budget = MAX_STATUS_MESSAGE - len(_quoted_cut_note(len(message)))
     kept = size = 0
     for char in message:
-        size += len(urllib.parse.quote(char, safe=" "))
+        size += len(urllib.parse.quote(char, safe=" ", errors="backslashreplace"))
         if size > budget:
             break
         kept += 1
-    return urllib.parse.quote(message[:kept], safe=" ").encode() + _quoted_cut_note(len(message) - kept)
+    kept_part = urllib.parse.quote(message[:kept], safe=" ", errors="backslashreplace").encode()
+    return kept_part + _quoted_cut_note(len(message) - kept)
 
 
 def _quoted_cut_note(cut: int) -> bytes:
@@ -195,7 +197,8 @@ _REFUSED_PAUSE = 0.005
 _REFUSED_ATTEMPTS = 200
 
 #: Request header fields not passed on when the relay makes a call of its own (which it sends
-#: uncompressed, and whose answer it can only read uncompressed).
+#: uncompressed, and whose answer it can only read uncompressed; its request is the interceptor's,
+#: whose length a caller's content-length does not give).
 _OWN_FIELDS = frozenset(
     (
         b":method",
@@ -203,6 +206,7 @@ _OWN_FIELDS = frozenset(
         b":path",
         b":authority",
         b"content-type",
+        b"content-length",
         b"te",
         b"grpc-timeout",
         b"grpc-encoding",

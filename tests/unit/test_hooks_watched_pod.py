@@ -67,7 +67,7 @@ def test_upb_reads_the_pod_the_interceptor_reads_without_betterproto2(
     [
         b"\xa2\x06\x03new",  # field 100, length-delimited: a newer kubelet's field
         b"\x1a\x05other",  # runtime_handler (3) sent twice: the last wins
-        b"\x0a\x00",  # an empty config after the first: merged into it
+        b"\x0a\x00",  # an empty config after the first: betterproto2 keeps it alone (Go merges)
     ],
     ids=["unknown field", "field twice", "config twice"],
 )

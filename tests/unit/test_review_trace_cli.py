@@ -180,7 +180,7 @@ class TestReplayTarget:
         ("make", "words"),
         [
             (lambda path: None, "No such file or directory"),
-            (lambda path: path.write_text(""), "Connection refused"),  # a file, not a socket
+            (lambda path: path.write_text(""), "not a socket but a regular file"),
             (_socket_left_behind, "Connection refused"),  # what a crashed runtime leaves
         ],
     )
