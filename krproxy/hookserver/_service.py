@@ -89,7 +89,7 @@ class AppWorker:
     waking, finding the loop's thread holding it, and sleeping again until it is let go (a
     second wake-up of each thread per job). About 5-10 µs of CPU less per job
     (docs/performance.md). The way back is a pipe for the same reason: the thread's ``os.write``
-    lets go of the GIL too, where releasing a lock the loop waited on did not (a hop 10-25 µs
+    lets go of the GIL too, where releasing a lock the loop waited on did not (a hop 10-30 µs
     cheaper in a two-thread ping-pong, docs/performance.md).
     """
 
