@@ -15,6 +15,7 @@ import contextlib
 import functools
 import logging
 import os
+import select
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -72,8 +73,8 @@ class AppWorker:
     handlers are :class:`krproxy.rpc.UnaryJob` objects: no trio task, cancel scope or scheduler pass
     per call); the app's other work (tickers, the policy watcher) awaits :meth:`run`.
 
-    The way back is cheap too: :meth:`submit` first waits for the job on a lock, the event loop's
-    thread blocked for at most :attr:`wait_inline` seconds (not at all behind a job that has run
+    The way back is cheap too: :meth:`submit` first waits for the job's byte on a second pipe
+    (``poll``, :meth:`_wait_for`), the event loop's thread blocked for at most :attr:`wait_inline` seconds (not at all behind a job that has run
     that long already: a slow plugin function cost the loop that much for each call arriving
     meanwhile), and only a job still running then
     comes back through trio (``run_sync_soon``: a write to trio's wake-up socket, its read, a
@@ -87,7 +88,9 @@ class AppWorker:
     lets go of the GIL before the system call, so the thread wakes to a free GIL instead of
     waking, finding the loop's thread holding it, and sleeping again until it is let go (a
     second wake-up of each thread per job). About 5-10 µs of CPU less per job
-    (docs/performance.md).
+    (docs/performance.md). The way back is a pipe for the same reason: the thread's ``os.write``
+    lets go of the GIL too, where releasing a lock the loop waited on did not (a hop 10-30 µs
+    cheaper in a two-thread ping-pong, docs/performance.md).
     """
 
     #: Seconds the event loop's thread waits for a job before handing the wait to trio. The
@@ -101,6 +104,13 @@ class AppWorker:
         # which then takes every job queued).
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
+        # The way back: a byte the thread writes when the job the loop waits for ends (or lets
+        # go), which the loop waits for with poll(); never blocking either side.
+        self._answer_r, self._answer_w = os.pipe()
+        os.set_blocking(self._answer_r, False)
+        os.set_blocking(self._answer_w, False)
+        self._answered = select.poll()
+        self._answered.register(self._answer_r, select.POLLIN)
         self._thread = threading.Thread(target=self._work, name="krproxy-hookserver-app", daemon=True)
         #: When the job the thread runs began (time.monotonic), or None between jobs.
         self._running_since: float | None = None
@@ -119,8 +129,8 @@ class AppWorker:
                 with trio.CancelScope(shield=True):
                     await trio.to_thread.run_sync(worker._thread.join)
         finally:
-            os.close(worker._wake_r)
-            os.close(worker._wake_w)
+            for fd in (worker._wake_r, worker._wake_w, worker._answer_r, worker._answer_w):
+                os.close(fd)
 
     def _put(self, job: _Job | None) -> None:
         self._jobs.append(job)
@@ -158,17 +168,32 @@ class AppWorker:
         """Queue ``fn(*args)`` (after every job queued before it) from the event loop's thread,
         without a task: its outcome if it ended within :attr:`wait_inline`, else None and
         ``done_late(outcome)`` is called on the loop's thread once it ends (``run_sync_soon``)."""
-        job = _Job(fn, args, done_late)
+        job = _Job(fn, args, done_late, self._answer_w)
         since = self._running_since
         self._put(job)
         if since is None or time.monotonic() - since < self.wait_inline:
-            job.done.acquire(timeout=self.wait_inline)  # released when the job ends (or lets go)
+            self._wait_for(job)
         # (else the job waits behind one that has run longer than wait_inline already: it would not be
         # done before the wait ran out, while the loop served nothing)
         with job.guard:
             result = job.result
             job.awaited = result is None  # from here on the worker hands it to done_late
         return result
+
+    def _wait_for(self, job: _Job) -> None:
+        """Block the loop's thread until ``job`` ends or lets the loop go, at most
+        :attr:`wait_inline` seconds. A byte read here may be a job's before it (one that ended
+        just after the loop stopped waiting for it): then the wait goes on for the rest."""
+        deadline = time.monotonic() + self.wait_inline
+        wait_ms = self.wait_inline * 1000
+        while self._answered.poll(wait_ms):
+            with contextlib.suppress(BlockingIOError):  # (nothing left: read by an earlier wait)
+                os.read(self._answer_r, 4096)
+            if job.released:
+                return
+            wait_ms = (deadline - time.monotonic()) * 1000
+            if wait_ms <= 0:
+                return
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the worker thread, after every job queued before it. A caller cancelled
@@ -184,26 +209,30 @@ class AppWorker:
 class _Job:
     """One job of an :class:`AppWorker` and how its result comes back."""
 
-    __slots__ = ("args", "awaited", "done", "done_late", "fn", "guard", "released", "result")
+    __slots__ = ("answer_w", "args", "awaited", "done_late", "fn", "guard", "released", "result")
 
     def __init__(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], done_late: Callable[[outcome.Outcome[Any]], None]
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        done_late: Callable[[outcome.Outcome[Any]], None],
+        answer_w: int,
     ) -> None:
         self.fn = fn
         self.args = args
         self.done_late = done_late
+        self.answer_w = answer_w  # the worker's answer pipe (AppWorker._wait_for)
         self.result: outcome.Outcome[Any] | None = None
-        self.done = threading.Lock()  # held until the job ends or lets the loop go
-        self.done.acquire()
-        self.released = False
+        self.released = False  # the job ended or let the loop go: its byte is written
         self.guard = threading.Lock()  # result and awaited change together
-        self.awaited = False  # the loop no longer waits on the lock: the result goes to done_late
+        self.awaited = False  # the loop no longer waits for it: the result goes to done_late
 
     def release_loop(self) -> None:
-        """Stop the event loop's thread waiting on the lock (once; from the worker thread)."""
+        """Stop the event loop's thread waiting for this job (once; from the worker thread)."""
         if not self.released:
             self.released = True
-            self.done.release()
+            with contextlib.suppress(BlockingIOError):  # full: the loop's poll sees bytes already
+                os.write(self.answer_w, b"a")
 
 
 class HookService:

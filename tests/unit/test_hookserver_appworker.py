@@ -98,3 +98,20 @@ async def test_jobs_queued_behind_a_slow_one_all_run_in_order_even_with_the_wake
         with trio.fail_after(10):  # never stuck: every pending byte is read in turn
             assert "after" == await worker.run(slow, 0, "after")
     assert done == list(range(50))
+
+
+async def test_a_byte_left_by_an_earlier_job_does_not_end_the_wait_for_the_next(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The thread writes a byte to the answer pipe when the job the loop waits for ends; a job that
+    ended just after the loop stopped waiting for it leaves its byte there. The next wait reads it,
+    sees its own job still running and waits on: the job still comes back without trio."""
+    async with AppWorker.open() as worker:
+        counting = CountingToken(worker._token)
+        worker._token = counting  # type: ignore[assignment]
+        monkeypatch.setattr(worker, "wait_inline", 5.0)
+        os.write(worker._answer_w, b"a")  # as the late job's byte
+        assert "slow" == await worker.run(slow, 0.1, "slow")
+        assert 0 == counting.handed_back
+        with pytest.raises(BlockingIOError):  # the stale byte and the job's own were both read
+            os.read(worker._answer_r, 1)
