@@ -81,7 +81,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--only-sdk-create",
         action="store_true",
-        help="measure only CreateContainer through krproxy with one SDK plugin, beside direct and one fake plugin",
+        help="measure only CreateContainer through krproxy with one SDK plugin, beside direct, one fake plugin"
+        " and a grpc-go raw-forwarding proxy",
     )
     parser.add_argument(
         "--only-rpc-server",

@@ -12,9 +12,9 @@ krproxy: ``git archive REV | tar -x -C DIR``), measured in the same rounds. Issu
 most 0.2 ms of the server's CPU per call.
 
 ``--create`` (and ``python -m krproxy.bench --only-sdk-create``) measures instead what one SDK
-plugin adds to CreateContainer through krproxy, beside direct, no plugin and one fake plugin
-(:func:`sdk_create`; with ``--baseline``, also a daemon and its SDK plugin both run from that tree);
-issue 24's target: at most 1.0 ms over direct.
+plugin adds to CreateContainer through krproxy, beside direct, no plugin, one fake plugin and the Go
+anchor's grpc-go raw-forwarding proxy (:func:`sdk_create`; with ``--baseline``, also a daemon and its SDK
+plugin both run from that tree); issue 24's target: at most 1.0 ms over direct.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import trio
 
 from krproxy import log, rpc
 from krproxy.bench._support import Processes, _client, _serve_args, _summary, wait_grpc
+from krproxy.bench.anchor import _go_proxy
 from krproxy.grpcstatus import GRPCError
 from krproxy.hookserver import ContainerContext, HookServer, Stage
 from krproxy.hookserver.testing import container_request, pod_request
@@ -236,7 +237,9 @@ def report_cpu_per_call(r: dict[str, Any]) -> list[str]:
 def sdk_create(workdir: str, calls: int, baseline: str | None = None) -> dict[str, Any]:
     """CreateContainer latency direct, through krproxy with no plugin, with one fake plugin
     (``krproxy.fakes.plugin``, adding an annotation), and with one SDK plugin (this module's :func:`register`,
-    ``krproxy hooks serve``; also, when given, the daemon and the SDK plugin both from ``baseline``'s tree):
+    ``krproxy hooks serve``; also, when given, the daemon and the SDK plugin both from ``baseline``'s tree),
+    and through the Go anchor's grpc-go raw-forwarding proxy (:mod:`krproxy.bench.anchor`; what any proxy
+    hop costs on this machine; left out, with the reason under ``grpc_go_proxy``, when it cannot be built):
     one client process, the targets taking turns call by call, each in a pod created through it. Each
     krproxy has its own hook directory, so each calls only its one plugin. Beside each target's latencies: the CPU (utime + stime) its daemon
     and its plugin spent per CreateContainer (with the untimed RemoveContainer after it, and the 20
@@ -258,12 +261,23 @@ def sdk_create(workdir: str, calls: int, baseline: str | None = None) -> dict[st
 
     labels = {"direct": sock("containerd")}
     pids: dict[str, dict[str, int]] = {}
+    go_skipped = None
     try:
         procs.start(
             "containerd",
             ["-m", "krproxy.fakes.containerd", "--socket", sock("containerd")],
             sock("containerd"),
         )
+        try:
+            binary = _go_proxy()
+        except (OSError, RuntimeError) as err:
+            go_skipped = f"the grpc-go proxy cannot be built: {err}"
+        else:
+            argv = [binary, "-listen", sock("goproxy"), "-backend", sock("containerd")]
+            pids["grpc_go_proxy"] = {
+                "daemon": procs.start("goproxy", argv, sock("goproxy"), python=False).pid
+            }
+            labels["grpc_go_proxy"] = sock("goproxy")
         plugins: dict[str, str | None] = {"no": None, "fake": None, "sdk": None}
         if baseline is not None:
             plugins["sdk-baseline"] = os.path.abspath(baseline)
@@ -298,7 +312,9 @@ def sdk_create(workdir: str, calls: int, baseline: str | None = None) -> dict[st
     finally:
         procs.stop()
     _check_hooks_ran(workdir, [n for n in plugins if n != "no"])
-    results = {label: _summary(got[target]) for label, target in labels.items()}
+    results: dict[str, Any] = {label: _summary(got[target]) for label, target in labels.items()}
+    if go_skipped is not None:
+        results["grpc_go_proxy"] = {"skipped": go_skipped}
     created = calls + 20  # the client's warm-up calls too
     for label, p in pids.items():
         for kind in p:
@@ -324,7 +340,7 @@ def report_sdk_create(r: dict[str, Any]) -> list[str]:
         f"   (p10 {direct['p10_ms']:.3f} ms)"
     ]
     for label, got in r.items():
-        if label == "direct":
+        if label == "direct" or "skipped" in got:
             continue
         added = got["median_ms"] - direct["median_ms"]
         target = ""
@@ -341,7 +357,24 @@ def report_sdk_create(r: dict[str, Any]) -> list[str]:
             f"{'CreateContainer, ' + label:<42} median {got['median_ms']:7.3f} ms  p99 {got['p99_ms']:7.3f} ms"
             f"   added {added:6.3f} ms (p10: {fast:6.3f} ms){target}{cpu}"
         )
-    return lines
+    return lines + _report_go_calibration(r)
+
+
+def _report_go_calibration(r: dict[str, Any]) -> list[str]:
+    """The grpc-go proxy's added latency beside krproxy's with no plugin: what a proxy hop costs here."""
+    go = r.get("grpc_go_proxy")
+    if go is None:
+        return []
+    if "skipped" in go:
+        return [f"grpc-go proxy, no plugin: skipped: {go['skipped']}"]
+    direct, mine = r["direct"]["median_ms"], r["proxy_no_plugin"]["median_ms"]
+    added_go, added_mine = go["median_ms"] - direct, mine - direct
+    ratio = f"{added_mine / added_go:.2f}x" if added_go > 0 else "n/a (grpc-go added nothing)"
+    return [
+        f"Added over direct, no plugin: krproxy {added_mine:.3f} ms, grpc-go proxy {added_go:.3f} ms: {ratio}"
+        f"   CPU per create: krproxy {r['proxy_no_plugin']['daemon_cpu_ms']:.3f} ms,"
+        f" grpc-go {go['daemon_cpu_ms']:.3f} ms"
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,9 @@
 """krproxy.hooks.answers: plugin answers decoded with upb must be the betterproto2 messages ``FromString``
 gives (merge and validation read those), for well-formed answers and for everything else a plugin can send:
 unknown fields, fields with the wrong wire type, repeated map keys, bytes that are no message. Explicit
-cases, then hypothesis (budget: tests/fuzz/__init__.py). And the request path decodes through it."""
+cases, then hypothesis (budget: tests/fuzz/__init__.py). And the request path decodes through it, reading
+a well-formed answer straight into its record (``answers.read``): the record ``answer_from_hook`` makes of
+betterproto2's message."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from krproxy.hooks import answers, dispatch
-from krproxy.hooks.convert import wrong_types
+from krproxy.hooks.convert import answer_from_hook, wrong_types
+from krproxy.hooks.model import ContainerAnswer, PodAnswer
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.fuzz import INT64, examples, linux_resources
@@ -86,6 +89,13 @@ def same_as_betterproto2(cls: type[Any], data: bytes) -> None:
         # varint's int makes betterproto2 allocate that many bytes (b"\x10\xe1\x9e\xa8\xa0\xd2;": 2 TB).
         return
     assert bytes(reference) == bytes(got)  # unknown fields too
+    read = answers.read(cls, data)
+    if isinstance(read, (ContainerAnswer, PodAnswer)):
+        assert answer_from_hook(reference) == read
+        assert repr(answer_from_hook(reference)) == repr(read)  # map order too
+    else:  # betterproto2's reading: the dispatcher checks its types and converts it
+        assert type(read) is cls
+        assert repr(reference) == repr(read)
 
 
 @pytest.mark.parametrize(("cls", "data"), CASES.values(), ids=CASES.keys())
@@ -125,6 +135,32 @@ def test_the_dispatcher_decodes_plugin_answers_through_it(monkeypatch: pytest.Mo
     plugin: Any = types.SimpleNamespace(timeout=1.0)
     got = trio.run(dispatch.Dispatcher.call, dispatcher, plugin, HookPoint.PRE_CREATE_CONTAINER, b"")
     assert {"BENCH": "1"} == got.container_envs
+
+
+def test_a_known_answer_is_read_into_its_record_without_betterproto2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """answers.read builds no betterproto2 answer for a well-formed one, and none goes through wrong_types."""
+    data = CASES["everything"][1]
+    expected = answer_from_hook(Container.FromString(data))
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("read through betterproto2")
+
+    monkeypatch.setattr(Container, "FromString", refuse)
+    monkeypatch.setattr(Container, "__init__", refuse)
+    monkeypatch.setattr(dispatch, "wrong_types", refuse)
+    got = answers.read(Container, data)
+    assert expected == got
+    assert expected.resources is not None  # (the case carries them: their conversion is covered)
+    assert got is dispatch._record(got)
+
+
+def test_a_loosely_decoded_answer_is_refused_by_the_dispatcher() -> None:
+    """A field sent with another wire type: read gives betterproto2's message, whose wrong types the
+    dispatcher refuses as before."""
+    read = answers.read(*CASES["pod_cgroup_parent as a varint"])
+    assert type(read) is Container
+    with pytest.raises(dispatch.InvalidAnswer, match="wrong"):
+        dispatch._record(read)
 
 
 names = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=6)

@@ -209,22 +209,16 @@ class _HeldDispatcher(Dispatcher):
             )
         )
 
-    async def call(
-        self,
-        plugin: PluginRegistration,
-        point: HookPoint,
-        request: Any,
-        *,
-        within: float | None = None,
-    ) -> Any:
+    async def _unary(self, plugin: PluginRegistration, path: str, request: bytes, within: float) -> bytes:
+        point = next(p for p in HookPoint if p.rpc_path == path)
         if point is self.hold:
             self.entered.set()
             await self.release.wait()
         if point.is_pod_level:
-            return echo_pod(v1alpha1.PodSandboxHookRequest.FromString(request))
+            return bytes(echo_pod(v1alpha1.PodSandboxHookRequest.FromString(request)))
         answer = echo_container(v1alpha1.ContainerResourceHookRequest.FromString(request))
         answer.container_annotations["seen"] = "yes"
-        return answer
+        return bytes(answer)
 
 
 class TestResizeDuringContainerHooks:
