@@ -58,7 +58,7 @@ EXCEPTIONS = {
     "than an answer takes to come back (its header blocks beyond 4 KiB a turn are decoded in a "
     "worker thread), fewer than 1000 are open at a time and the limit is not exceeded; in front "
     "of containerd the case passed. The refusal of a stream beyond the limit is covered by "
-    "test_relay_transport's test_the_stream_limit_is_advertised_and_kept.",
+    "test_relay_transport_streams's test_the_stream_limit_is_advertised_and_kept.",
 }
 
 #: Cases h2spec skips itself: they need a response body (DATA) to watch flow control at work,

@@ -23,11 +23,11 @@ from tests.integration.test_relay_conformance import (
     PATH,
     _after_preface,
     _data,
-    _frames_until_eof,
     _open,
     _relay_before_a_silent_runtime,
     _relay_frames_on,
 )
+from tests.integration.test_relay_conformance_shutdown import _frames_until_eof
 from tests.ticks import Ticks
 
 #: Seconds a flooding caller writes before it gives up waiting for the relay to close.

@@ -23,7 +23,8 @@ from tests.integration.support import (
     wait_until,
 )
 from tests.integration.test_grpc_go_client import goclient  # noqa: F401 - the fixture
-from tests.integration.test_relay_conformance import _data, _frames_until_eof, _has_ping, _open, _replaced
+from tests.integration.test_relay_conformance import _data, _open, _replaced
+from tests.integration.test_relay_conformance_shutdown import _frames_until_eof, _has_ping
 from tests.integration.test_review_linger_close import lingered  # noqa: F401 - the fixture
 from tests.unit.h2peer import read_frames
 

@@ -1,7 +1,7 @@
 """Recovery's upb path (krproxy.hooks.wire + convert.*_from_wire_*) recovers, for any answer a runtime may
 send, exactly the fields of the messages it was encoded from, map order included (as betterproto2 decodes
 them: a key sent twice keeps its first place with the later value). The verbose info's own rules (cgroup
-parent, requested resources, envs) are table-tested in test_hooks_convert.py."""
+parent, requested resources, envs) are table-tested in test_hooks_convert_recovery.py."""
 
 from __future__ import annotations
 
