@@ -106,7 +106,12 @@ class AppWorker:
         os.set_blocking(self._wake_w, False)
         # The way back: a byte the thread writes when the job the loop waits for ends (or lets
         # go), which the loop waits for with poll(); never blocking either side.
-        self._answer_r, self._answer_w = os.pipe()
+        try:
+            self._answer_r, self._answer_w = os.pipe()
+        except OSError:  # (out of fds: the wake pipe must not be left open)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            raise
         os.set_blocking(self._answer_r, False)
         os.set_blocking(self._answer_w, False)
         self._answered = select.poll()

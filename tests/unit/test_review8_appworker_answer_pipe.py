@@ -113,7 +113,6 @@ def test_every_way_a_worker_ends_closes_its_four_fds(ending: Any) -> None:
     assert open_fds() == before
 
 
-@pytest.mark.xfail(strict=True, reason="the wake pipe is left open when the answer pipe cannot be opened")
 def test_a_worker_that_cannot_open_its_second_pipe_closes_the_first(monkeypatch: pytest.MonkeyPatch) -> None:
     """Out of fds (EMFILE) when the answer pipe is opened: the error reaches the caller, and the
     wake pipe, already open, is closed (a node short of fds would otherwise lose two more each try)."""
