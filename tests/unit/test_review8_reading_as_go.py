@@ -7,6 +7,7 @@ then sometimes cut short or spliced. Whenever Go accepts the bytes, what the int
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from pathlib import Path
@@ -68,9 +69,6 @@ _VARINT_TYPES = {
 _FIXED64 = {FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64, FieldDescriptor.TYPE_DOUBLE}
 _FIXED32 = {FieldDescriptor.TYPE_FIXED32, FieldDescriptor.TYPE_SFIXED32, FieldDescriptor.TYPE_FLOAT}
 
-GROUPS = False
-WRONG_TYPES = False
-
 _TEXT = st.one_of(
     st.sampled_from(["", "web", "k", "v", "/kubepods", "ns"]),
     st.text(max_size=6).map(lambda text: text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")),
@@ -88,7 +86,7 @@ def _string(draw: st.DrawFn) -> bytes:
 def _value(draw: st.DrawFn, field: FieldDescriptor, depth: int) -> bytes:
     """One occurrence of *field* on the wire, sometimes with another wire type than its own."""
     number = field.number
-    if WRONG_TYPES and draw(st.integers(0, 11)) == 0:  # another wire type
+    if draw(st.integers(0, 11)) == 0:  # another wire type
         wire_type = draw(st.sampled_from([0, 1, 2, 5]))
         payload = {0: _varint(draw(st.integers(0, 300))), 1: bytes(8), 5: b"\x01\x00\x00\x00"}
         if wire_type == 2:
@@ -120,7 +118,7 @@ def _message(draw: st.DrawFn, descriptor: Descriptor, depth: int = 0) -> bytes:
         pick = draw(st.integers(0, 15))
         if pick == 0 or not fields:  # an unknown field, now and then a group
             number = draw(st.integers(30, 40))
-            if GROUPS and draw(st.booleans()):
+            if draw(st.booleans()):
                 parts.append(_tag(number, 3) + _delimited(1, b"x") + _tag(number, 4))
             else:
                 parts.append(_delimited(number, draw(st.binary(max_size=3))))
@@ -141,8 +139,14 @@ def _request(draw: st.DrawFn, name: str) -> bytes:
     return data
 
 
-def go_reads(program: str, descriptor: Path, name: str, data: bytes) -> dict[str, Any] | None:
-    """Go's reading of *data* (protojson, proto names), None if Go refuses it."""
+#: google.golang.org/protobuf's reflective decoder (dynamicpb) panics on a map entry whose key came
+#: with another wire type ("type mismatch: cannot convert nil to map key"); containerd's generated
+#: code does not take that path. Such bytes have no Go reading to compare with.
+GO_PANICKED = "panicked"
+
+
+def go_reads(program: str, descriptor: Path, name: str, data: bytes) -> dict[str, Any] | str | None:
+    """Go's reading of *data* (protojson, proto names), None if Go refuses it, GO_PANICKED."""
     done = subprocess.run(
         [program, "-descriptor", str(descriptor), "-message", f"runtime.v1.{name}"],
         input=data,
@@ -150,6 +154,8 @@ def go_reads(program: str, descriptor: Path, name: str, data: bytes) -> dict[str
         check=False,
         timeout=60,
     )
+    if done.returncode == 2 and b"panic: type mismatch: cannot convert nil to map key" in done.stderr:
+        return GO_PANICKED
     assert done.returncode in (0, 1), done.stderr.decode()
     return dict(json.loads(done.stdout)) if done.returncode == 0 else None
 
@@ -166,6 +172,10 @@ def _check(godecode: str, tmp_path: Path, name: str, data: bytes) -> None:  # no
         descriptor.write_bytes(descriptors.CRI_V1)
     message_type = getattr(cri, name)
     go = go_reads(godecode, descriptor, name, data)
+    if go == GO_PANICKED:  # read or refused, no crash
+        with contextlib.suppress(GRPCError):
+            reading.decode(message_type, data, name)
+        return
     if go is None:
         with pytest.raises(GRPCError) as caught:
             reading.decode(message_type, data, name)
@@ -174,6 +184,7 @@ def _check(godecode: str, tmp_path: Path, name: str, data: bytes) -> None:  # no
             with pytest.raises(Exception):  # noqa: B017 - any: the watcher steps aside on all
                 watched._pod_of_run_request(data)
         return
+    assert isinstance(go, dict)
     request = reading.decode(message_type, data, name)
     assert go == as_dict(name, request)
     if name == "RunPodSandboxRequest":  # the record the hooks get is the one Go's reading makes
@@ -232,7 +243,6 @@ MISREAD = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="betterproto2 reads what upb kept as unknown as a known field")
 @pytest.mark.parametrize(("name", "data"), MISREAD.values(), ids=MISREAD.keys())
 def test_a_field_go_keeps_as_unknown_is_not_read_as_a_known_one(
     godecode: str,  # noqa: F811
