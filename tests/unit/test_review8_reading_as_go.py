@@ -101,7 +101,7 @@ def _value(draw: st.DrawFn, field: FieldDescriptor, depth: int) -> bytes:
         return _delimited(number, draw(st.binary(max_size=4)))
     if kind in _VARINT_TYPES:
         value = draw(st.one_of(st.integers(0, 300), st.integers(-(2**63), 2**64 - 1)))
-        if field.label == FieldDescriptor.LABEL_REPEATED and draw(st.booleans()):  # packed
+        if field.is_repeated and draw(st.booleans()):  # packed
             return _delimited(number, b"".join(_varint(value) for _ in range(draw(st.integers(0, 3)))))
         return _tag(number, 0) + _varint(value)
     if kind in _FIXED64:
