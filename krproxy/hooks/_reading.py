@@ -163,7 +163,8 @@ class malformed:
     """Reading a decoded request failed: the request was malformed, not the proxy broken.
 
     betterproto2 decodes a field sent with the wrong wire type into a value of the wrong type
-    (``config == 1``) instead of refusing it, so such requests only fail once read.
+    (``config == 1``) instead of refusing it, so such requests only failed once read; :func:`decode`
+    now hands it what Go reads (no such field: :func:`as_go_reads`), and this stays as a last guard.
 
     A class, not a ``contextlib.contextmanager``: that costs about 8 Python calls a use (a generator
     and its wrapper), on every hooked CreateContainer once or twice; this 3.

@@ -203,8 +203,8 @@ def _pod_of_run_request(data: bytes) -> PodInfo:
 
     upb reads a kubelet's request some fifteen times faster than betterproto2 (20 µs against 0.32-0.35
     ms for 0.9 KB, the record built, at load 3). Its reading is taken when it dropped nothing: no field it does not know
-    and none sent with a wrong wire type (upb keeps both as unknown fields, where betterproto2 holds
-    the second as a value of the wrong type, which the interceptor refuses), told by the message's
+    and none sent with a wrong wire type (upb keeps both as unknown fields, as Go does; the interceptor
+    reads the second as Go does too, through :func:`._reading.as_go_reads`), told by the message's
     size without its unknown fields being the request's. Anything else (a newer kubelet's field, a
     key sent twice, a varint longer than it need be) is read by betterproto2, as the interceptor does.
     """
