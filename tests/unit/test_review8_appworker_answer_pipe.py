@@ -16,22 +16,11 @@ import trio.lowlevel
 
 from krproxy.hookserver._registry import Hook, call_hook
 from krproxy.hookserver._service import AppWorker
+from tests.unit.test_hookserver_appworker import CountingToken
 
 
 def open_fds() -> set[int]:
     return {int(name) for name in os.listdir("/proc/self/fd")}
-
-
-class CountingToken:
-    """A trio token that counts the results handed back through trio (``run_sync_soon``)."""
-
-    def __init__(self, token: trio.lowlevel.TrioToken) -> None:
-        self.token = token
-        self.handed_back = 0
-
-    def run_sync_soon(self, fn: Any, *args: Any) -> None:
-        self.handed_back += 1
-        self.token.run_sync_soon(fn, *args)
 
 
 def slow(seconds: float, value: Any) -> Any:

@@ -204,33 +204,18 @@ def _check(godecode: str, tmp_path: Path, name: str, data: bytes) -> None:  # no
         assert watched._pod_of_run_request(data) == record  # the watched path reads it so too
 
 
-_SETTINGS = settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
-
-
-@_SETTINGS
-@given(data=_request("RunPodSandboxRequest"))
-def test_run_pod_sandbox_is_read_as_go_reads_it(godecode: str, tmp_path: Path, data: bytes) -> None:  # noqa: F811
-    _check(godecode, tmp_path, "RunPodSandboxRequest", data)
-
-
-@_SETTINGS
-@given(data=_request("UpdateContainerResourcesRequest"))
-def test_update_container_resources_is_read_as_go_reads_it(
+@settings(max_examples=300, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@pytest.mark.parametrize(
+    "name", ["RunPodSandboxRequest", "UpdateContainerResourcesRequest", "UpdatePodSandboxResourcesRequest"]
+)
+@given(data=st.data())
+def test_a_request_is_read_as_go_reads_it(
     godecode: str,  # noqa: F811
     tmp_path: Path,
-    data: bytes,
+    name: str,
+    data: st.DataObject,
 ) -> None:
-    _check(godecode, tmp_path, "UpdateContainerResourcesRequest", data)
-
-
-@_SETTINGS
-@given(data=_request("UpdatePodSandboxResourcesRequest"))
-def test_update_pod_sandbox_resources_is_read_as_go_reads_it(
-    godecode: str,  # noqa: F811
-    tmp_path: Path,
-    data: bytes,
-) -> None:
-    _check(godecode, tmp_path, "UpdatePodSandboxResourcesRequest", data)
+    _check(godecode, tmp_path, name, data.draw(_request(name), label="request"))
 
 
 #: Go reads a known field sent with another wire type as an unknown field (and skips an unknown group
