@@ -64,7 +64,8 @@ class HookFailedError(Exception):
     """A plugin function raised under :attr:`FailurePolicy.FAIL`."""
 
     def __init__(self, where: str, name: str, cause: BaseException) -> None:
-        super().__init__(f"hook plugin {name!r} failed at {where}: {cause}")
+        text = str(cause) if isinstance(cause, Exception) else repr(cause)  # SystemExit(3), not 3
+        super().__init__(f"hook plugin {name!r} failed at {where}: {text}")
         self.where = where
         self.name = name
         self.cause = cause
@@ -136,13 +137,22 @@ def run_hooks(hooks: Sequence[Hook[Ctx]], ctx: Ctx, policy: FailurePolicy, *, wh
     failed: list[str] = []
     for hook in hooks:
         ran.append(hook.name)
+        cause: BaseException
         try:
             call_hook(hook, ctx)
+            continue
+        except (SystemExit, KeyboardInterrupt) as exc:
+            if getattr(WORKER_THREAD, "trio_token", None) is None:
+                raise  # the caller's own thread (an app called in-process): its exit, its Ctrl-C
+            # In the server's worker thread only the function itself raises them (sys.exit() in a
+            # plugin, a library's KeyboardInterrupt): a function that failed, not the server's end.
+            cause = exc
         except Exception as exc:
-            if policy is FailurePolicy.FAIL:
-                raise HookFailedError(where, hook.name, exc) from exc
-            log.warning(LOGGER, "hook_failed", where=where, plugin=hook.name, error=repr(exc))
-            failed.append(hook.name)
+            cause = exc
+        if policy is FailurePolicy.FAIL:
+            raise HookFailedError(where, hook.name, cause) from cause
+        log.warning(LOGGER, "hook_failed", where=where, plugin=hook.name, error=repr(cause))
+        failed.append(hook.name)
     return RunResult(tuple(ran), tuple(failed))
 
 

@@ -210,6 +210,51 @@ async def test_fail_policy_answers_with_error(short_tmp: pathlib.Path, stub_for:
             nursery.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("exit", [SystemExit(3), KeyboardInterrupt()], ids=["sys.exit", "KeyboardInterrupt"])
+async def test_a_plugin_that_exits_fails_its_call_not_the_server(
+    short_tmp: pathlib.Path, stub_for: Any, exit: BaseException
+) -> None:
+    """A served plugin function that raises SystemExit (sys.exit()) or KeyboardInterrupt fails its
+    call as any raising function does (Fail: UNKNOWN naming it and the exit; Ignore: the echo), and
+    the server answers the next call: in the worker thread only the function raises them."""
+    app = HookServer(
+        executor=FakeNode(short_tmp / "node").create().executor(), plugin_failure_policy=FailurePolicy.FAIL
+    )
+
+    @app.hook(Stage.PRE_START_CONTAINER, name="exits")
+    def exits(ctx: ContainerContext) -> None:
+        raise exit
+
+    options = _options(short_tmp)
+    with trio.fail_after(LIVENESS_LIMIT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, app, options)
+            stub = stub_for(options.socket)
+            req = container_request(pod_request("p"), "c", id="c1")
+            with pytest.raises(GRPCError) as info:
+                await stub.call(Stage.PRE_START_CONTAINER, req)
+            assert Status.UNKNOWN == info.value.status
+            assert "'exits'" in (info.value.message or "")
+            assert type(exit).__name__ in (info.value.message or "")
+            app.plugin_failure_policy = FailurePolicy.IGNORE
+            resp = await stub.call(Stage.PRE_START_CONTAINER, req)
+            assert req.container_resources == resp.container_resources
+            nursery.cancel_scope.cancel()
+
+
+def test_in_process_an_exit_is_the_callers() -> None:
+    """Called in-process (no server, the caller's own thread), SystemExit and KeyboardInterrupt are the
+    caller's: they pass through, not as a plugin's failure."""
+    app = HookServer(plugin_failure_policy=FailurePolicy.IGNORE)
+
+    @app.hook(Stage.PRE_START_CONTAINER, name="exits")
+    def exits(ctx: ContainerContext) -> None:
+        raise SystemExit(3)
+
+    with pytest.raises(SystemExit):
+        app.handle_container(Stage.PRE_START_CONTAINER, container_request(pod_request("p"), "c", id="c1"))
+
+
 async def test_a_request_that_is_no_hook_message_is_invalid_argument(short_tmp: pathlib.Path) -> None:
     """Bytes that are no hook request end the call INVALID_ARGUMENT, naming the message expected;
     no plugin runs, and the server answers the next call."""
