@@ -90,8 +90,17 @@ class Rejection:
             (":status", str(self.http_status)),
             ("content-type", "application/grpc"),
             ("grpc-status", str(_INTERNAL)),
-            ("grpc-message", self.message),
+            ("grpc-message", grpc_message(self.message)),
         ]
+
+
+def grpc_message(text: str) -> str:
+    """*text* as grpc-go writes a ``grpc-message`` (its ``encodeGrpcMessage``): every UTF-8 byte
+    outside printable ASCII, and ``%``, percent-encoded."""
+    return "".join(
+        chr(byte) if 0x20 <= byte <= 0x7E and byte != 0x25 else f"%{byte:02X}"
+        for byte in text.encode("utf-8", "surrogateescape")
+    )
 
 
 def timeout_error(value: str) -> str | None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import urllib.parse
+
 import pytest
 
-from krproxy.fakes.strict import MAX_MESSAGE, GrpcGo, check_request, timeout_error, too_large
+from krproxy.fakes.strict import MAX_MESSAGE, GrpcGo, check_request, grpc_message, timeout_error, too_large
 from krproxy.relay.rpc import encode_grpc_timeout
 
 POST = [(":method", "POST"), (":path", "/runtime.v1.RuntimeService/Version")]
@@ -114,6 +116,17 @@ def test_the_early_abort_is_trailers_only_with_internal() -> None:
         ("grpc-status", "13"),
         ("grpc-message", 'malformed grpc-timeout: transport: timeout string is too long: "123456789m"'),
     ] == rejection.early_abort_headers()
+
+
+def test_the_early_abort_s_message_is_percent_encoded_as_grpc_go_encodes_it() -> None:
+    """A value quoted in the message that is not printable ASCII (or holds ``%``) goes out
+    percent-encoded, as grpc-go's encodeGrpcMessage writes it; grpcio and grpc-go decode it back."""
+    rejection = check_request([*POST, ("grpc-timeout", "1é")])
+    assert rejection is not None
+    (message,) = [value for name, value in rejection.early_abort_headers() if name == "grpc-message"]
+    assert 'malformed grpc-timeout: transport: timeout unit is not recognized: "1%C3%A9"' == message
+    assert rejection.message == urllib.parse.unquote(message)
+    assert "100%25 sure" == grpc_message("100% sure")
 
 
 def test_a_framer_refusal_has_no_early_abort() -> None:
