@@ -1,4 +1,5 @@
-"""Plugin answers decoded with upb, handed on as the betterproto2 messages the rest of the hooks read.
+"""Plugin answers decoded with upb, read straight into their records (:func:`read`, the dispatcher's) or
+into the betterproto2 messages ``FromString`` would give (:func:`decode`).
 
 Every hooked call decodes its plugins' answers (``ContainerResourceHookResponse``, ``PodSandboxHookResponse``).
 betterproto2 decodes in pure Python, each field inside ``warnings.catch_warnings``: 45 µs for a 33-byte
@@ -8,14 +9,15 @@ CreateContainer. upb (protobuf's C implementation, the classes built from our ow
 ``runtime_hook_v1alpha1.proto`` descriptor, as :mod:`krproxy.hooks.wire` builds the CRI ones) decodes
 them and builds the betterproto2 message from the decoded fields in 10 and 16 µs.
 
-:func:`decode` gives the message ``FromString`` would give. Where the two decoders read the wire differently,
-it leaves the answer to betterproto2: bytes upb refuses, and any field upb did not know — a field number
-the schema lacks, or a known field sent with a wire type other than its own (betterproto2 reads the latter
-as a value of the wrong type, which :func:`krproxy.hooks.convert.wrong_types` then reports), a map entry's
-key or value included; and an answer with its resources sent more than once (upb merges the occurrences,
-as protobuf says; betterproto2 keeps the last, and the fallback must not change the reading). Maps are read
-as their entries (:func:`krproxy.hooks.wire.entries`: wire order, a repeated key's later value in its first
-place), as betterproto2 reads them. ``tests/unit/test_hooks_answers.py`` holds the two decoders equal.
+:func:`decode` gives the message ``FromString`` would give, and :func:`read` that message's record.
+Where the two decoders read the wire differently, each leaves the answer to betterproto2: bytes upb
+refuses, and any field upb did not know — a field number the schema lacks, or a known field sent with a
+wire type other than its own (betterproto2 reads the latter as a value of the wrong type, which
+:func:`krproxy.hooks.convert.wrong_types` then reports), a map entry's key or value included; and an
+answer with its resources sent more than once (upb merges the occurrences, as protobuf says; betterproto2
+keeps the last, and the fallback must not change the reading). Maps are read as their entries
+(:func:`krproxy.hooks.wire.entries`: wire order, a repeated key's later value in its first place), as
+betterproto2 reads them. ``tests/unit/test_hooks_answers.py`` holds the two decoders equal.
 """
 
 from __future__ import annotations

@@ -179,24 +179,6 @@ class Dispatcher:
         if missing:
             raise RequiredMissing(point, missing)
 
-    async def call(
-        self,
-        plugin: PluginRegistration,
-        point: HookPoint,
-        request: Request | bytes,
-        *,
-        within: float | None = None,
-    ) -> Response:
-        """One plugin call (``request`` as a message or serialized), given ``within`` seconds (default: the
-        plugin's timeout); raises whatever went wrong (see :meth:`run` for the policy)."""
-        answer = await self._unary(
-            plugin, point.rpc_path, _serialized(request), plugin.timeout if within is None else within
-        )
-        response: Response = answers.decode(
-            _reply_type(point), answer
-        )  # upb: 35-85 µs less than betterproto2
-        return response
-
     async def probe(self, plugin: PluginRegistration, within: float) -> None:
         """Check that *plugin* answers gRPC calls: call :data:`PROBE_PATH`, a method no hook server
         implements, and take any status as an answer (UNIMPLEMENTED is the usual one).
@@ -282,7 +264,7 @@ class Dispatcher:
                 if request is None or request[0] is not record:
                     request = (record, _serialized(to_request(record)))
                 # Read straight into the record where upb can (a post hook's answer too: one that does not
-                # decode is the plugin's failure); Dispatcher.call gives the message.
+                # decode is the plugin's failure).
                 answer = answers.read(
                     _reply_type(point), await self._unary(plugin, point.rpc_path, request[1], within)
                 )

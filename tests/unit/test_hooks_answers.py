@@ -7,8 +7,9 @@ betterproto2's message."""
 
 from __future__ import annotations
 
-import types
-from typing import Any
+import functools
+import json
+from typing import Any, cast
 
 import pytest
 import trio
@@ -17,8 +18,10 @@ from hypothesis import strategies as st
 
 from krproxy.hooks import answers, dispatch
 from krproxy.hooks.convert import answer_from_hook, wrong_types
-from krproxy.hooks.model import ContainerAnswer, PodAnswer
+from krproxy.hooks.merge import merge_container_info
+from krproxy.hooks.model import ContainerAnswer, ContainerInfo, PodAnswer
 from krproxy.hooks.points import HookPoint
+from krproxy.hooks.registration import Registry
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from tests.fuzz import INT64, examples, linux_resources
 
@@ -120,21 +123,32 @@ def test_a_known_answer_does_not_go_through_betterproto2(monkeypatch: pytest.Mon
     assert expected == answers.decode(Container, data)
 
 
-def test_the_dispatcher_decodes_plugin_answers_through_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Dispatcher.call hands the plugin's bytes to answers.decode (betterproto2 refused here)."""
+def test_the_dispatcher_reads_plugin_answers_through_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dispatcher.run hands the plugin's bytes to answers.read (betterproto2 refused here): the chain's
+    record has the plugin's env."""
     data = CASES["an env"][1]
 
-    async def unary(plugin: Any, path: str, request: bytes, within: float) -> bytes:
-        return data
+    class Answering(dispatch.Dispatcher):
+        async def _unary(self, plugin: Any, path: str, request: bytes, within: float) -> bytes:
+            return data
 
     def refuse(data: bytes) -> Any:
         raise AssertionError("decoded with betterproto2")
 
     monkeypatch.setattr(Container, "FromString", refuse)
-    dispatcher: Any = types.SimpleNamespace(_unary=unary)
-    plugin: Any = types.SimpleNamespace(timeout=1.0)
-    got = trio.run(dispatch.Dispatcher.call, dispatcher, plugin, HookPoint.PRE_CREATE_CONTAINER, b"")
-    assert {"BENCH": "1"} == got.container_envs
+    dispatcher = Answering(cast(Any, None))
+    registration = {"remote-endpoint": "/run/p.sock", "runtime-hooks": ["PreCreateContainer"]}
+    dispatcher.publish(Registry().apply("p.json", json.dumps(registration).encode()))
+    result = trio.run(
+        functools.partial(
+            dispatcher.run,
+            HookPoint.PRE_CREATE_CONTAINER,
+            ContainerInfo(name="c"),
+            lambda record: b"",
+            merge_container_info,
+        )
+    )
+    assert {"BENCH": "1"} == dict(result.value.envs)
 
 
 def test_a_known_answer_is_read_into_its_record_without_betterproto2(monkeypatch: pytest.MonkeyPatch) -> None:
