@@ -38,7 +38,15 @@ import attrs
 from krproxy import log
 from krproxy.hooks import merge, validate
 from krproxy.hooks.merge import Change, Merged
-from krproxy.hooks.model import ContainerInfo, FrozenMap, PodAnswer, PodInfo, Resources, resource_scalar
+from krproxy.hooks.model import (
+    ContainerInfo,
+    FrozenMap,
+    PodAnswer,
+    PodInfo,
+    Resources,
+    json_str,
+    resource_scalar,
+)
 from krproxy.hooks.slices import ROOT, is_slice_name, slice_path
 
 LOGGER = logging.getLogger("krproxy.docker.convert")
@@ -115,14 +123,6 @@ def _get(document: Any, name: str) -> Any:
 
 def _put(document: dict[str, Any], name: str, value: Any) -> None:
     document[_key(document, name) or name] = value
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ""
 
 
 # --- names, labels, envs, cgroups ----------------------------------------------------------------------------
@@ -274,7 +274,7 @@ def pod_from_create(name: K8sName, body: Mapping[str, Any], driver: str) -> PodI
         pod_from_name(name),
         labels=labels,
         annotations=annotations,
-        cgroup_parent=to_cri_cgroup_parent(driver, _str(_get(host_config, "CgroupParent"))),
+        cgroup_parent=to_cri_cgroup_parent(driver, json_str(_get(host_config, "CgroupParent"))),
         resources=resources_from_docker(host_config),
     )
 
@@ -303,13 +303,15 @@ def pod_from_inspect(inspect: Mapping[str, Any], driver: str) -> PodInfo:
     The reference stores the Docker name as pod name and the Docker id as uid; we take name, namespace,
     uid and attempt from the dockershim name when it parses, and fall back to the reference's values.
     """
-    docker_name = _str(_get(inspect, "Name"))
+    docker_name = json_str(_get(inspect, "Name"))
     name = parse_k8s_name(docker_name)
     base = (
         pod_from_name(name)
         if name is not None
         else PodInfo(
-            name=docker_name.removeprefix("/"), uid=_str(_get(inspect, "Id")), runtime_handler=RUNTIME_HANDLER
+            name=docker_name.removeprefix("/"),
+            uid=json_str(_get(inspect, "Id")),
+            runtime_handler=RUNTIME_HANDLER,
         )
     )
     labels, annotations = split_labels(labels_of(_get(inspect, "Config")))
@@ -318,7 +320,7 @@ def pod_from_inspect(inspect: Mapping[str, Any], driver: str) -> PodInfo:
         base,
         labels=labels,
         annotations=annotations,
-        cgroup_parent=to_cri_cgroup_parent(driver, _str(_get(host_config, "CgroupParent"))),
+        cgroup_parent=to_cri_cgroup_parent(driver, json_str(_get(host_config, "CgroupParent"))),
         resources=resources_from_docker(host_config),
     )
 
@@ -330,13 +332,13 @@ def container_from_inspect(inspect: Mapping[str, Any], pod: PodInfo) -> Containe
     """
     config = _get(inspect, "Config")
     labels = labels_of(config)
-    name = parse_k8s_name(_str(_get(inspect, "Name")))
+    name = parse_k8s_name(json_str(_get(inspect, "Name")))
     return ContainerInfo(
         pod_sandbox_id=labels.get(SANDBOX_ID_LABEL, ""),
         pod=pod,
-        name=name.container if name is not None else _str(_get(inspect, "Name")).removeprefix("/"),
+        name=name.container if name is not None else json_str(_get(inspect, "Name")).removeprefix("/"),
         attempt=name.attempt if name is not None else 0,
-        id=_str(_get(inspect, "Id")),
+        id=json_str(_get(inspect, "Id")),
         annotations=split_labels(labels)[1],
         resources=resources_from_docker(_get(inspect, "HostConfig")),
         envs=envs_from_docker(_get(config, "Env")),

@@ -87,6 +87,8 @@ from krproxy.hooks.model import (
     PodInfo,
     PodResize,
     Resources,
+    json_int,
+    json_str,
     resource_scalar,
 )
 from krproxy.proto.runtime import v1, v1alpha1
@@ -260,14 +262,6 @@ def cgroups_path_from_verbose(info: Mapping[str, str] | None) -> str:
     return cgroups_path if isinstance(cgroups_path, str) else ""
 
 
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def _str(value: Any) -> str:
-    return value if isinstance(value, str) else ""
-
-
 def _resources_from_json(document: Any) -> Resources | None:
     """Resources from the Go-JSON form of a CRI LinuxContainerResources (snake_case keys, omitempty)."""
     if not isinstance(document, dict):
@@ -277,7 +271,7 @@ def _resources_from_json(document: Any) -> Resources | None:
     return Resources(
         **{name: resource_scalar(name, document.get(name)) for name in RESOURCE_SCALARS},
         hugepage_limits=[
-            (_str(h.get("page_size")), _int(h.get("limit")))
+            (json_str(h.get("page_size")), json_int(h.get("limit")))
             for h in (hugepages if isinstance(hugepages, list) else [])
             if isinstance(h, dict)
         ],
@@ -291,7 +285,7 @@ def _envs_from_json(document: Any) -> FrozenMap[str, str]:
     if not isinstance(document, list):
         return FrozenMap()
     return FrozenMap(
-        (_str(kv.get("key")), _str(kv.get("value")))
+        (json_str(kv.get("key")), json_str(kv.get("value")))
         for kv in document
         if isinstance(kv, dict) and isinstance(kv.get("key"), str)
     )

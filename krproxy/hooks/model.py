@@ -30,6 +30,8 @@ __all__ = [
     "PodInfo",
     "PodResize",
     "Resources",
+    "json_int",
+    "json_str",
     "resource_scalar",
     "to_frozen_map",
 ]
@@ -157,14 +159,22 @@ RESOURCE_SCALARS = (
 RESOURCE_STRINGS = ("cpuset_cpus", "cpuset_mems")
 
 
+def json_int(value: object) -> int:
+    """A JSON value read as an int: itself if it is one (not a bool), else 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def json_str(value: object) -> str:
+    """A JSON value read as a str: itself if it is one, else ``""``."""
+    return value if isinstance(value, str) else ""
+
+
 def resource_scalar(name: str, value: object) -> Any:
     """A value read from JSON (a Go-JSON CRI message, a Docker HostConfig) as the :class:`Resources` field
     *name* holds it: a str for a cpuset, an int (not a bool) for the others. Anything else (absent, null,
     another JSON type) reads as the field's zero: a malformed document costs that field, not the record.
     (Typed ``Any``, not ``int | str``: which of the two depends on *name*, so ``Resources(**…)`` takes it.)"""
-    if name in RESOURCE_STRINGS:
-        return value if isinstance(value, str) else ""
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return json_str(value) if name in RESOURCE_STRINGS else json_int(value)
 
 
 @attrs.frozen
