@@ -6,7 +6,6 @@ grpc-go answers), or both read the same message."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,10 @@ from krproxy.fakes.containerd.server import _unmarshal
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.proto import descriptors
 from krproxy.proto.runtime import v1 as cri
-from tests.unit.test_review_h2fast_lazymap import godecode  # noqa: F401 - the fixture
+from tests.unit.test_review_h2fast_lazymap import (
+    go_decode,
+    godecode,  # noqa: F401 - the fixture
+)
 
 
 def _field(number: int, payload: bytes) -> bytes:
@@ -63,13 +65,7 @@ def go_reads(program: str, tmp_path: Path, data: bytes) -> dict[str, Any] | None
     """Go's reading of *data* as a RunPodSandboxRequest (protojson, proto names), None if Go refuses it."""
     descriptor = tmp_path / "cri.desc"
     descriptor.write_bytes(descriptors.CRI_V1)
-    done = subprocess.run(
-        [program, "-descriptor", str(descriptor), "-message", "runtime.v1.RunPodSandboxRequest"],
-        input=data,
-        capture_output=True,
-        check=False,
-        timeout=60,
-    )
+    done = go_decode(program, descriptor, "runtime.v1.RunPodSandboxRequest", data)
     assert done.returncode in (0, 1), done.stderr.decode()
     return dict(json.loads(done.stdout)) if done.returncode == 0 else None
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,10 @@ from krproxy.hooks import _reading as reading
 from krproxy.hooks import convert, watched
 from krproxy.proto import descriptors
 from krproxy.proto.runtime import v1 as cri
-from tests.unit.test_review_h2fast_lazymap import godecode  # noqa: F401 - the fixture
+from tests.unit.test_review_h2fast_lazymap import (
+    go_decode,
+    godecode,  # noqa: F401 - the fixture
+)
 
 _POOL = descriptor_pool.DescriptorPool()
 _POOL.Add(descriptor_pb2.FileDescriptorProto.FromString(descriptors.CRI_V1))
@@ -155,13 +157,7 @@ GO_PANICKED = "panicked"
 
 def go_reads(program: str, descriptor: Path, name: str, data: bytes) -> dict[str, Any] | str | None:
     """Go's reading of *data* (protojson, proto names), None if Go refuses it, GO_PANICKED."""
-    done = subprocess.run(
-        [program, "-descriptor", str(descriptor), "-message", f"runtime.v1.{name}"],
-        input=data,
-        capture_output=True,
-        check=False,
-        timeout=60,
-    )
+    done = go_decode(program, descriptor, f"runtime.v1.{name}", data)
     if done.returncode == 2 and b"panic: type mismatch: cannot convert nil to map key" in done.stderr:
         return GO_PANICKED
     assert done.returncode in (0, 1), done.stderr.decode()

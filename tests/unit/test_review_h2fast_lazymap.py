@@ -253,17 +253,25 @@ def godecode() -> str:
     return path
 
 
-def _go_reads(godecode: str, tmp_path: Path, message: str, answer: bytes) -> dict[str, Any]:
-    descriptor = tmp_path / "hook.desc"
-    if not descriptor.exists():
-        descriptor.write_bytes(descriptors.RUNTIME_HOOK_V1ALPHA1)
-    done = subprocess.run(
-        [godecode, "-descriptor", str(descriptor), "-message", f"runtime.v1alpha1.{message}"],
-        input=answer,
+def go_decode(
+    godecode: str, descriptor: Path, message: str, data: bytes
+) -> subprocess.CompletedProcess[bytes]:
+    """tests/godecode run on *data* as the message *message* (full name) of the descriptor set in the file
+    *descriptor*: exit 0 with its protojson reading (proto names) on stdout, 1 when Go refuses the bytes."""
+    return subprocess.run(
+        [godecode, "-descriptor", str(descriptor), "-message", message],
+        input=data,
         capture_output=True,
         check=False,
         timeout=60,
     )
+
+
+def _go_reads(godecode: str, tmp_path: Path, message: str, answer: bytes) -> dict[str, Any]:
+    descriptor = tmp_path / "hook.desc"
+    if not descriptor.exists():
+        descriptor.write_bytes(descriptors.RUNTIME_HOOK_V1ALPHA1)
+    done = go_decode(godecode, descriptor, f"runtime.v1alpha1.{message}", answer)
     assert 0 == done.returncode, done.stderr.decode()
     return dict(json.loads(done.stdout))
 
