@@ -56,12 +56,18 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS  # fields 14 and 15 of proc(5)
 
 
-def _go_proxy() -> str:
-    """The grpc-go proxy's binary (built now if needed); RuntimeError with the build's reason."""
-    done = subprocess.run([PY, INSTALL_GO, "--program", "goproxy"], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(done.stdout.strip() or done.stderr.strip())
-    return done.stdout.strip()
+def go_proxy() -> str:
+    """The grpc-go proxy's binary (built now if needed); RuntimeError "the grpc-go proxy cannot be built:
+    ..." with the build's reason (the Go anchor's and the create bench's skip)."""
+    try:
+        done = subprocess.run([PY, INSTALL_GO, "--program", "goproxy"], capture_output=True, text=True)
+    except OSError as err:
+        reason = str(err)
+    else:
+        if done.returncode == 0:
+            return done.stdout.strip()
+        reason = done.stdout.strip() or done.stderr.strip()
+    raise RuntimeError(f"the grpc-go proxy cannot be built: {reason}")
 
 
 def go_anchor(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -72,9 +78,9 @@ def go_anchor(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
     if not fake and (missing or os.geteuid() != 0):
         return {"skipped": f"{', '.join(missing)} not installed" if missing else "not root"}
     try:
-        binary = _go_proxy()
-    except (OSError, RuntimeError) as err:
-        return {"skipped": f"the grpc-go proxy cannot be built: {err}"}
+        binary = go_proxy()
+    except RuntimeError as err:
+        return {"skipped": str(err)}
     procs = Processes(workdir)
     try:
         if fake:

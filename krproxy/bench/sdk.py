@@ -33,7 +33,7 @@ import trio
 
 from krproxy import log, rpc
 from krproxy.bench._support import Processes, _client, _serve_args, _summary, wait_grpc
-from krproxy.bench.anchor import _go_proxy
+from krproxy.bench.anchor import go_proxy
 from krproxy.grpcstatus import GRPCError
 from krproxy.hookserver import ContainerContext, HookServer, Stage
 from krproxy.hookserver.testing import container_request, pod_request
@@ -269,9 +269,9 @@ def sdk_create(workdir: str, calls: int, baseline: str | None = None) -> dict[st
             sock("containerd"),
         )
         try:
-            binary = _go_proxy()
-        except (OSError, RuntimeError) as err:
-            go_skipped = f"the grpc-go proxy cannot be built: {err}"
+            binary = go_proxy()
+        except RuntimeError as err:
+            go_skipped = str(err)
         else:
             argv = [binary, "-listen", sock("goproxy"), "-backend", sock("containerd")]
             pids["grpc_go_proxy"] = {
