@@ -1,5 +1,5 @@
 """A scripted h2 runtime, an interceptor that hands its forward over, and a relay between them and a
-grpcio caller: the hand-over tests' (test_relay_hand_over.py, test_review_handover_retry.py) harness.
+grpcio caller: the hand-over tests' (test_relay_hand_over.py, test_relay_hand_over_retry.py) harness.
 
 The runtime (a thread on a unix socket; every connection it accepts is served) answers the n-th
 stream it is sent as its script says: refuse it (REFUSED_STREAM), send the answer's headers and then

@@ -63,7 +63,7 @@ EXCEPTIONS = {
 
 #: Cases h2spec skips itself: they need a response body (DATA) to watch flow control at work,
 #: and h2spec's request gets none from a gRPC server (see above). test_relay_transport's and
-#: test_relay_review's flow-control tests cover those rules with gRPC calls that have one.
+#: test_relay_raw_peers's flow-control tests cover those rules with gRPC calls that have one.
 SKIPPED = {
     "http2/6.5.3/1": "several SETTINGS_INITIAL_WINDOW_SIZE values in one frame, watched on a response body",
     "http2/6.9.1/1": "an initial window of 1, watched on a response body (DATA of length 1)",

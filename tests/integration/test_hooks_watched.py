@@ -57,7 +57,7 @@ class TestUpstreamAsSent:
         caller = await passthrough_fields(node)
         assert "grpc-accept-encoding" in dict(caller)  # grpcio's, which the relay drops from its own calls
 
-        # (The Stops of stored objects are not watched: test_review_watched_post_stop.)
+        # (The Stops of stored objects are not watched: test_hooks_watched_post_stop.)
         for method in ["RunPodSandbox", "CreateContainer", "RemoveContainer", "RemovePodSandbox"]:
             assert (method, caller) == (method, caller_fields(node, method))
         assert [node.create_request(pod_id)] == node.received("CreateContainer")

@@ -13,7 +13,7 @@ from krproxy.h2 import frames as f
 from krproxy.relay import Relay, connection
 from krproxy.relay.rpc import grpc_message
 from tests.integration.support import serve_relay, wait_until
-from tests.integration.test_relay_driver_review import PATH, _call, raw_upstream
+from tests.integration.test_relay_broken_peers import PATH, _call, raw_upstream
 
 _ANSWER_HEADERS = f.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])
 

@@ -1,0 +1,76 @@
+"""Tests of d448e7b: krproxy.hooks._reading reads the id of id-only messages off the wire (``plain_id``) and
+leaves other bytes to betterproto2. Beyond agreeing where it answers (tests/unit/test_hooks_ids.py), it must
+not answer where betterproto2 refuses: a request betterproto2 cannot decode was refused INVALID_ARGUMENT and
+must still be, whatever field makes it so, unless Go reads it (StopContainerRequest's int64 timeout sent as a
+fixed32: betterproto2 raises KeyError, Go keeps it as an unknown field, and since review8 the interceptor reads
+the id as Go does). Also: the id's occurrences around groups, truncated varints and the id first sent with
+another wire type."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from krproxy.grpcstatus import GRPCError, Status
+from krproxy.hooks import _reading as reading
+from krproxy.hooks import wire
+from tests.fuzz import examples
+from tests.unit.test_hooks_ids import ID_MESSAGES
+
+FRAGMENTS = [
+    b"\x0a\x03abc",  # the id
+    b"\x0a\x00",  # an empty id
+    b"\x08\x01",  # the id as a varint
+    b"\x0d\x00\x00\x00\x00",  # the id as a fixed32
+    b"\x10\x05",  # field 2 as a varint (StopContainerRequest's timeout)
+    b"\x15\x01\x00\x00\x00",  # field 2 as a fixed32
+    b"\x11" + bytes(8),  # field 2 as a fixed64
+    b"\x12\x01x",  # field 2 length-delimited
+    b"\xa8\x06\x01",  # field 101, a varint
+    b"\xad\x06\x00\x00\x00\x00",  # field 101, a fixed32
+    b"\x13\x14",  # a group, field 2
+    b"\x10\xff",  # a truncated varint
+    b"\x0a\x02\xff\xfe",  # an id that is not UTF-8
+]
+
+
+def refused_as_betterproto2_refuses(message_type: type[Any], field: str, data: bytes) -> None:
+    try:
+        value = getattr(message_type.FromString(data), field)
+    except Exception:
+        value = None
+    if value is None:  # betterproto2 refuses it
+        assert reading.plain_id(message_type, data, field) is None
+        if not message_type.__name__.endswith("Response"):
+            try:  # upb refuses it too (as Go does), or betterproto2 is handed what Go reads (review8)
+                go = getattr(wire.message_class(message_type.__name__).FromString(data), field)
+            except DecodeError:
+                go = None
+            if go is None:
+                with pytest.raises(GRPCError) as caught:
+                    reading.decode_id(message_type, data, field)
+                assert caught.value.status is Status.INVALID_ARGUMENT
+            else:
+                assert go == reading.decode_id(message_type, data, field)
+    elif isinstance(value, str):
+        plain = reading.plain_id(message_type, data, field)
+        assert plain is None or plain == value
+
+
+@pytest.mark.parametrize(("message_type", "field"), ID_MESSAGES, ids=[m.__name__ for m, _ in ID_MESSAGES])
+def test_a_stop_request_with_its_timeout_as_a_fixed32_is_not_read_off_the_wire(
+    message_type: type[Any], field: str
+) -> None:
+    refused_as_betterproto2_refuses(message_type, field, b"\x0a\x01a\x15\x00\x00\x00\x00")
+    refused_as_betterproto2_refuses(message_type, field, b"\x15\x00\x00\x00\x00")
+
+
+@settings(max_examples=examples(400))
+@given(st.lists(st.sampled_from(FRAGMENTS), max_size=4).map(b"".join))
+def test_fuzz_nothing_betterproto2_refuses_is_read_off_the_wire(data: bytes) -> None:
+    for message_type, field in ID_MESSAGES:
+        refused_as_betterproto2_refuses(message_type, field, data)
