@@ -272,7 +272,7 @@ class TestServeRefuses:
         assert "event=startup_failed flag=--koord-runtimeproxy-endpoint" in err
         assert str(listen.parent) in err
 
-    def test_a_metrics_address_in_use_says_what_to_do_and_leaves_nothing(
+    def test_a_metrics_address_in_use_says_what_to_do(
         self, short_tmp: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
         """Another process on --metrics-address: the message names the flag and the address and says

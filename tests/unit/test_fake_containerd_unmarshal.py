@@ -25,7 +25,8 @@ def test_a_message_field_sent_as_a_varint_is_unknown_and_dropped() -> None:
     assert cri.CreateContainerRequest(pod_sandbox_id="pod-1") == request
 
 
-def test_a_wrong_wire_type_deep_inside_is_dropped_and_the_rest_kept() -> None:
+def test_a_wrong_wire_type_deep_inside_is_dropped_rest_kept() -> None:
+    """A wrong wire type deep inside is dropped and the rest kept."""
     metadata_as_varint = b"\x08\x05"  # ContainerConfig.metadata (1) as a varint
     image = _field(2, _field(1, b"nginx:1.25"))
     request = _unmarshal(cri.CreateContainerRequest, _field(2, metadata_as_varint + image))
@@ -46,7 +47,7 @@ def test_bytes_that_are_no_message_are_internal_as_grpc_go_says() -> None:
     assert caught.value.message.startswith("grpc: error unmarshalling request: ")
 
 
-def test_a_create_whose_config_is_a_varint_is_refused_for_its_missing_metadata() -> None:
+def test_a_create_with_varint_config_is_refused_for_metadata() -> None:
     """What the fake answers is its model of containerd's for a nil config, not a Python error
     (an AttributeError on the int was answered UNKNOWN)."""
     state = new_state()

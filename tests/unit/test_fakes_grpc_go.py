@@ -5,7 +5,8 @@ from __future__ import annotations
 from krproxy.fakes.grpc_go import encode_metadata, metadata_items
 
 
-def test_metadata_is_the_callers_fields_only_with_bin_values_decoded() -> None:
+def test_metadata_is_the_callers_fields_bin_values_decoded() -> None:
+    """Metadata is the callers fields only with bin values decoded."""
     headers = [
         (b"content-type", b"application/grpc"),
         (b"te", b"trailers"),

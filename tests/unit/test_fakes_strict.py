@@ -118,7 +118,7 @@ def test_the_early_abort_is_trailers_only_with_internal() -> None:
     ] == rejection.early_abort_headers()
 
 
-def test_the_early_abort_s_message_is_percent_encoded_as_grpc_go_encodes_it() -> None:
+def test_the_early_abort_message_is_percent_encoded_as_grpc_go() -> None:
     """A value quoted in the message that is not printable ASCII (or holds ``%``) goes out
     percent-encoded, as grpc-go's encodeGrpcMessage writes it; grpcio and grpc-go decode it back."""
     rejection = check_request([*POST, ("grpc-timeout", "1é")])

@@ -62,7 +62,7 @@ def test_a_request_s_headers_read_alike_with_padding_or_priority(flags: int, pay
 
 @pytest.mark.parametrize("flags", [f.PRIORITY_FLAG, f.PRIORITY_FLAG | f.PADDED])
 @pytest.mark.parametrize("split", [False, True])
-def test_headers_depending_on_their_own_stream_reset_it_split_or_not(flags: int, split: bool) -> None:
+def test_headers_depending_on_their_own_stream_reset_it(flags: int, split: bool) -> None:
     """The self-dependency is read from the HEADERS frame; with the block in CONTINUATIONs the
     flag must ride along to the end of the block."""
     conn = server()
@@ -123,7 +123,8 @@ def test_headers_padding_up_to_and_past_the_payload(flags: int, payload: bytes, 
 
 
 @pytest.mark.parametrize("flags", [0, f.PADDED, f.PRIORITY_FLAG, f.PADDED | f.PRIORITY_FLAG])
-def test_headers_on_stream_zero_end_the_connection_whatever_the_flags(flags: int) -> None:
+def test_headers_on_stream_zero_end_the_connection(flags: int) -> None:
+    """Headers on stream zero end the connection whatever the flags."""
     conn = server()
     conn.receive_data(f.frame(f.HEADERS, flags | f.END_HEADERS, 0, b"\x00" * 6 + _block(REQUEST)))
     assert conn.terminated is not None and f.PROTOCOL_ERROR == goaway_code(conn.data_to_send())
@@ -203,7 +204,7 @@ def _pass_on_and_compare(ours: Connection, peer: _H2Peer, acknowledge: Any, wind
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_the_connection_window_never_drifts_from_the_h2_client_s_view(seed: int) -> None:
+def test_the_connection_window_agrees_with_an_h2_client(seed: int) -> None:
     """Server role, credit when acknowledged: many DATA frames of random sizes, padded or not, on
     streams that go on, that we reset while the peer's DATA is in flight, or that the peer
     resets. The peer's send window is always our receive window, and once every byte passed on
@@ -242,7 +243,7 @@ def test_the_connection_window_never_drifts_from_the_h2_client_s_view(seed: int)
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_the_client_s_connection_window_never_drifts_from_the_h2_server_s_view(seed: int) -> None:
+def test_the_client_connection_window_agrees_with_an_h2_server(seed: int) -> None:
     """Client role, connection credit on arrival: answers' DATA, padded or not, on streams that
     go on, that we reset with the peer's DATA in flight, and after a stream's end."""
     rng = random.Random(seed)
@@ -274,7 +275,8 @@ def test_the_client_s_connection_window_never_drifts_from_the_h2_server_s_view(s
 
 
 @pytest.mark.parametrize("role", [Role.CLIENT, Role.SERVER])
-def test_a_window_update_goes_out_exactly_at_a_quarter_of_the_window(role: Role) -> None:
+def test_a_window_update_goes_out_at_a_quarter_of_the_window(role: Role) -> None:
+    """A window update goes out exactly at a quarter of the window."""
     window = 4096
     conn = Connection(role, connection_window=4 * window, stream_window=4 * window)
     if role is Role.SERVER:

@@ -45,7 +45,8 @@ def _stream_frames(peer: _H2Peer, sid: int) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("blocked_by", ["stream", "connection", "frame-size"])
-def test_trailers_follow_the_data_queued_before_them_whatever_holds_it(blocked_by: str) -> None:
+def test_trailers_follow_the_data_queued_before_them(blocked_by: str) -> None:
+    """Trailers follow the data queued before them whatever holds it."""
     ours, peer = _server_with_h2_client()
     if blocked_by == "stream":  # the peer's stream window: its SETTINGS' 65535 less 100
         peer.h2.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 100})
@@ -106,7 +107,8 @@ def test_trailers_on_a_stream_the_peer_reset_send_nothing() -> None:
     assert b"" == ours.data_to_send() and before == len(peer.wire)
 
 
-def test_trailers_on_a_stream_reset_while_its_data_waits_are_dropped_with_it() -> None:
+def test_trailers_of_a_stream_reset_with_data_waiting_drop() -> None:
+    """Trailers on a stream reset while its data waits are dropped with it."""
     ours, peer = _server_with_h2_client()
     sid = _h2_client_stream(ours, peer)
     ours.send_data(sid, b"m" * 70000)  # beyond the peer's 65535 windows
@@ -167,7 +169,8 @@ def test_a_header_block_at_and_one_past_the_peer_s_frame_size(
     assert [headers] == [list(e.headers) for e in got]
 
 
-def test_a_lowered_max_frame_size_is_impossible_and_a_raised_one_is_used_by_trailers_too() -> None:
+def test_a_raised_max_frame_size_is_used_by_trailers_too() -> None:
+    """A lowered max frame size is impossible and a raised one is used by trailers too."""
     ours, peer = _server_with_h2_client()
     peer.h2.update_settings({h2.settings.SettingCodes.MAX_FRAME_SIZE: 16385})
     peer.exchange()
@@ -189,7 +192,8 @@ def test_a_lowered_max_frame_size_is_impossible_and_a_raised_one_is_used_by_trai
 # -- release_stream ------------------------------------------------------------------------
 
 
-def test_release_after_our_goaway_reports_queued_bytes_and_forgets_the_stream() -> None:
+def test_release_after_our_goaway_reports_queued_bytes() -> None:
+    """Release after our goaway reports queued bytes and forgets the stream."""
     ours, peer = _server_with_h2_client()
     sid = _h2_client_stream(ours, peer)
     ours.send_data(sid, b"m" * 70000)
@@ -203,7 +207,8 @@ def test_release_after_our_goaway_reports_queued_bytes_and_forgets_the_stream() 
     assert 65535 == sum(n for k, n in _stream_frames(peer, sid) if k == f.DATA)
 
 
-def test_release_of_a_blocked_stream_below_a_received_goaway_s_last_id_drops_its_queue() -> None:
+def test_release_below_a_received_goaway_drops_the_queue() -> None:
+    """Release of a blocked stream below a received goaway's last id drops its queue."""
     ours = client()
     sid = ours.start_stream(REQUEST)
     assert 65535 == ours.send_data(sid, b"x" * 70000)
@@ -228,7 +233,7 @@ def test_release_of_streams_without_queued_bytes_after_a_goaway() -> None:
 
 
 @pytest.mark.parametrize("size", [0, 100, 70000])
-def test_a_stream_started_with_data_and_trailers_kept_while_it_waited_sends_them_in_order(size: int) -> None:
+def test_a_waiting_stream_sends_kept_data_and_trailers_in_order(size: int) -> None:
     """The relay keeps a request's data and trailers on the Stream while it waits for a slot
     (start_stream(stream=...)): they go out behind the headers, the trailers last, as the windows allow."""
     ours, peer = _client_with_h2_server()

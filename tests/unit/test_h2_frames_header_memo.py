@@ -80,7 +80,8 @@ def test_a_bad_field_is_never_remembered(field: tuple[bytes, bytes]) -> None:
     assert field not in frames._GOOD_FIELDS
 
 
-def test_a_flood_of_distinct_fields_keeps_the_memory_bounded_and_the_answers_right() -> None:
+def test_a_flood_of_distinct_fields_keeps_the_memory_bounded() -> None:
+    """A flood of distinct fields keeps the memory bounded and the answers right."""
     for i in range(5000):
         assert frames.request_header_problem([*GOOD_REQUEST, (b"x-%d" % i, b"v")]) is None
         assert len(frames._GOOD_FIELDS) <= frames._GOOD_FIELDS_LIMIT

@@ -91,7 +91,7 @@ def test_the_same_entry_added_again_is_a_change(counted: list[bytes]) -> None:
     assert [(b"c", b"d")] == decoder.decode_block(b"\xbf")
 
 
-def test_the_memory_is_shared_but_a_block_is_answered_only_for_the_table_it_was_decoded_with(
+def test_a_shared_block_is_answered_only_for_its_own_table(
     counted: list[bytes],
 ) -> None:
     """Two connections whose tables differ read index 62 each as their own newest entry,

@@ -50,7 +50,7 @@ def same_table(a: hpack.Decoder, b: hpack.Decoder) -> bool:
     )
 
 
-def test_a_size_update_beyond_another_decoders_allowed_size_is_refused_from_memory_too() -> None:
+def test_a_size_update_beyond_the_allowed_is_refused_from_memory() -> None:
     """A block that raises the table's size beyond 4096 and lowers it again leaves an empty table
     as it was: remembered for that state. A decoder whose SETTINGS allowed 8192 takes it; one that
     allows 4096 (the same empty table, the same size) must refuse it, as hpack does."""
@@ -62,7 +62,7 @@ def test_a_size_update_beyond_another_decoders_allowed_size_is_refused_from_memo
     assert outcome(narrow, block, memo=True) == outcome(plain, block, memo=False)
 
 
-def test_a_size_update_within_the_block_is_replayed_as_hpack_decodes_it() -> None:
+def test_a_size_update_within_the_block_replays_as_hpack() -> None:
     """Updates inside a block (to 0 and back, to the same size) on two connections, one with a
     table entry: each decodes, and leaves its table, as hpack does, first sight and from memory."""
     encoder = hpack.Encoder()
@@ -98,7 +98,7 @@ def test_odd_grpc_timeout_values_decode_as_hpack_decodes_them(value: bytes) -> N
                 assert outcome(decoder(), block, True) == outcome(decoder(), block, False)
 
 
-def test_the_templates_bytes_inside_another_fields_value_are_not_taken_for_the_field() -> None:
+def test_template_bytes_inside_another_value_are_not_the_field() -> None:
     """Another field's value holding grpc-timeout's bytes (name and a length byte) before the real
     field, or without one: the same headers as hpack, never a field made of a value's bytes."""
     hpackmemo.decode(decoder(), f.encode_headers([*CALL, (b"grpc-timeout", b"5S")]))
@@ -114,7 +114,7 @@ def test_the_templates_bytes_inside_another_fields_value_are_not_taken_for_the_f
             assert hpackmemo.decode(decoder(), block) == headers == decoder().decode(block, raw=True)
 
 
-def test_a_kept_block_over_the_header_list_limit_is_refused_on_a_hit() -> None:
+def test_a_kept_block_over_the_list_limit_is_refused_on_a_hit() -> None:
     """A block remembered with its table state (it indexes the dynamic table) answered from memory
     only within the decoder's header list limit, on the same connection after the limit fell."""
     encoder = hpack.Encoder()
@@ -129,7 +129,7 @@ def test_a_kept_block_over_the_header_list_limit_is_refused_on_a_hit() -> None:
     assert outcome(ours, again, True) == outcome(plain, again, False)
 
 
-def test_a_name_added_while_another_thread_looks_for_templates_breaks_neither() -> None:
+def test_a_name_added_during_a_template_lookup_breaks_neither() -> None:
     """Header blocks are decoded in worker threads (relay/_input.py's _decode_block_aside, one for
     large blocks and one for small ones) and on the loop's thread: a grpc-timeout representation
     seen for the first time by one while another walks the known names (here: while the large

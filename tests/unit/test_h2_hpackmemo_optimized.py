@@ -87,7 +87,8 @@ def decode_through_a_connection() -> list[list[list[str]]]:
     return got
 
 
-def test_odd_grpc_timeouts_decode_from_templates_as_hpack_decodes_them() -> None:
+def test_odd_grpc_timeouts_decode_from_templates_as_hpack() -> None:
+    """Odd grpc timeouts decode from templates as hpack decodes them."""
     real = hpackmemo._by_fields, hpackmemo._by_hpack
     try:
         got = decode_through_a_connection()

@@ -40,7 +40,8 @@ def _code(conn: Connection, data: bytes) -> int | None:
 # -- the start ---------------------------------------------------------------------------
 
 
-def test_the_server_writes_its_settings_and_connection_window_and_acknowledges_the_peers() -> None:
+def test_the_server_writes_its_settings_and_acks_the_peers() -> None:
+    """The server writes its settings and connection window and acknowledges the peers."""
     conn = Connection(Role.SERVER, max_concurrent_streams=7)
     first = parse(conn.data_to_send())
     assert (f.SETTINGS, 0, 0) == first[0][:3]
@@ -67,7 +68,8 @@ def test_a_wrong_preface_ends_the_connection() -> None:
 # -- streams -----------------------------------------------------------------------------
 
 
-def test_a_request_and_its_data_arrive_as_events_and_a_frame_split_anywhere_waits() -> None:
+def test_a_request_and_data_arrive_as_events_split_anywhere() -> None:
+    """A request and its data arrive as events and a frame split anywhere waits."""
     conn = server()
     wire = headers_frame(1) + data_frame(1, b"hello", end=True)
     events = []
@@ -76,7 +78,7 @@ def test_a_request_and_its_data_arrive_as_events_and_a_frame_split_anywhere_wait
     assert [ev.RequestReceived(1, REQUEST, False), ev.DataReceived(1, b"hello", 5, True)] == events
 
 
-def test_stepwise_input_stops_after_each_frame_s_events_so_the_driver_acts_first() -> None:
+def test_stepwise_input_stops_after_each_frames_events() -> None:
     """A driver that answers stream 1 and resets it (NO_ERROR) on its RequestReceived, before the
     core has read on: the DATA that followed in the same read meets a reset stream (ignored,
     §5.1), not a live one, and the RST_STREAM goes out before anything the later frames cause."""
@@ -97,7 +99,8 @@ def test_stepwise_input_stops_after_each_frame_s_events_so_the_driver_acts_first
     assert [] == conn.receive_data(b"")
 
 
-def test_an_even_stream_id_or_one_not_above_the_last_ends_the_connection() -> None:
+def test_an_even_or_non_increasing_stream_id_ends_the_connection() -> None:
+    """An even stream id or one not above the last ends the connection."""
     assert _code(server(), headers_frame(2)) == f.PROTOCOL_ERROR
     conn = server()
     _open(conn, 5)
@@ -123,7 +126,8 @@ def test_a_stream_beyond_the_advertised_limit_is_refused() -> None:
     _open(conn, 7)
 
 
-def test_rapid_reset_streams_the_caller_resets_hold_their_slots_until_released() -> None:
+def test_rapid_reset_streams_hold_their_slots_until_released() -> None:
+    """Rapid reset streams the caller resets hold their slots until released."""
     # CVE-2023-44487: open and reset at once, again and again. The slot is the driver's until
     # the work for the stream is over, so resets never let more streams run than advertised.
     conn = server(max_streams=10)
@@ -135,7 +139,8 @@ def test_rapid_reset_streams_the_caller_resets_hold_their_slots_until_released()
     assert 10 == len(conn.streams)
 
 
-def test_made_you_reset_streams_we_reset_for_the_callers_errors_hold_their_slots() -> None:
+def test_made_you_reset_streams_hold_their_slots() -> None:
+    """Made you reset streams we reset for the callers errors hold their slots."""
     # CVE-2025-8671: frames that make the server reset the stream (here WINDOW_UPDATE of 0).
     conn = server(max_streams=10)
     wire = b"".join(headers_frame(i) + f.window_update(i, 0) for i in range(1, 41, 2))
@@ -185,7 +190,8 @@ def test_a_stream_depending_on_itself_is_a_stream_error() -> None:
     assert _code(conn, f.frame(f.PRIORITY, 0, 0, b"\x00" * 5)) == f.PROTOCOL_ERROR
 
 
-def test_data_other_than_the_content_length_is_a_stream_error_and_not_passed_on() -> None:
+def test_data_beyond_content_length_is_a_stream_error() -> None:
+    """Data other than the content length is a stream error and not passed on."""
     conn = server()
     headers = [*REQUEST, (b"content-length", b"3")]
     conn.receive_data(headers_frame(1, headers))
@@ -197,7 +203,8 @@ def test_data_other_than_the_content_length_is_a_stream_error_and_not_passed_on(
     assert {3: f.PROTOCOL_ERROR} == resets(conn.data_to_send())
 
 
-def test_data_on_a_half_closed_stream_resets_it_and_on_a_closed_one_too() -> None:
+def test_data_on_a_half_closed_or_closed_stream_resets_it() -> None:
+    """Data on a half closed stream resets it and on a closed one too."""
     conn = server()
     _open(conn, 1, end=True)
     events = conn.receive_data(data_frame(1, b"x"))
@@ -209,7 +216,8 @@ def test_data_on_a_half_closed_stream_resets_it_and_on_a_closed_one_too() -> Non
     assert {3: f.STREAM_CLOSED} == resets(conn.data_to_send())
 
 
-def test_data_in_flight_on_a_stream_we_reset_is_ignored_and_on_an_idle_one_ends_the_connection() -> None:
+def test_data_in_flight_on_a_reset_stream_is_ignored() -> None:
+    """Data in flight on a stream we reset is ignored and on an idle one ends the connection."""
     conn = server()
     _open(conn, 1)
     conn.reset_stream(1, f.CANCEL)
@@ -219,7 +227,8 @@ def test_data_in_flight_on_a_stream_we_reset_is_ignored_and_on_an_idle_one_ends_
     assert _code(conn, data_frame(9, b"x")) == f.PROTOCOL_ERROR
 
 
-def test_a_second_header_block_without_end_stream_ends_the_connection() -> None:
+def test_a_second_header_block_no_end_stream_ends_connection() -> None:
+    """A second header block without end stream ends the connection."""
     conn = server()
     _open(conn, 1)
     assert _code(conn, headers_frame(1, [(b"x-a", b"1")])) == f.PROTOCOL_ERROR
@@ -243,7 +252,8 @@ def test_trailers_with_a_pseudo_header_are_a_stream_error() -> None:
 
 
 @pytest.mark.parametrize("kind", [f.RST_STREAM, f.WINDOW_UPDATE])
-def test_reset_or_window_update_on_an_idle_stream_ends_the_connection(kind: int) -> None:
+def test_reset_or_window_update_on_idle_stream_ends_connection(kind: int) -> None:
+    """Reset or window update on an idle stream ends the connection."""
     assert _code(server(), f.frame(kind, 0, 1, b"\x00\x00\x00\x01")) == f.PROTOCOL_ERROR
 
 
@@ -325,7 +335,8 @@ def test_trailers_wait_for_the_data_queued_before_them() -> None:
     assert conn.streams[1].done
 
 
-def test_a_stream_window_driven_past_the_maximum_resets_that_stream_only() -> None:
+def test_a_stream_window_past_the_maximum_resets_that_stream() -> None:
+    """A stream window driven past the maximum resets that stream only."""
     conn = server()
     _open(conn, 1)
     _open(conn, 3)
@@ -335,7 +346,8 @@ def test_a_stream_window_driven_past_the_maximum_resets_that_stream_only() -> No
     assert _code(conn, f.window_update(0, f.MAX_WINDOW)) == f.FLOW_CONTROL_ERROR
 
 
-def test_a_window_update_of_zero_resets_a_stream_and_ends_the_connection_on_stream_zero() -> None:
+def test_a_window_update_of_zero_resets_or_ends_the_connection() -> None:
+    """A window update of zero resets a stream and ends the connection on stream zero."""
     conn = server()
     _open(conn, 1)
     assert [ev.StreamReset(1, f.PROTOCOL_ERROR, remote=False)] == conn.receive_data(f.window_update(1, 0))

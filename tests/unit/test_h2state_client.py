@@ -55,7 +55,8 @@ def test_a_call_goes_out_and_its_answer_comes_back() -> None:
     assert 3 == conn.start_stream(REQUEST, end_stream=True)
 
 
-def test_connection_credit_comes_back_on_arrival_and_stream_credit_when_taken() -> None:
+def test_connection_credit_on_arrival_stream_credit_when_taken() -> None:
+    """Connection credit comes back on arrival and stream credit when taken."""
     conn = client()
     conn.start_stream(REQUEST, end_stream=True)
     conn.data_to_send()
@@ -67,7 +68,8 @@ def test_connection_credit_comes_back_on_arrival_and_stream_credit_when_taken() 
     assert [1] == [sid for k, _, sid, _ in parse(conn.data_to_send()) if k == f.WINDOW_UPDATE]
 
 
-def test_streams_wait_for_the_peers_limit_default_100_until_its_settings() -> None:
+def test_streams_wait_for_the_peers_limit_100_until_settings() -> None:
+    """Streams wait for the peers limit default 100 until its settings."""
     conn = Connection(Role.CLIENT)
     for _ in range(100):
         conn.start_stream(REQUEST, end_stream=True)
@@ -97,7 +99,8 @@ def test_streams_we_reset_hold_their_slots_until_released() -> None:
 
 
 @pytest.mark.parametrize("value", [0, 16383, 2**24])
-def test_an_upstreams_invalid_max_frame_size_ends_the_connection_at_once(value: int) -> None:
+def test_an_upstream_bad_max_frame_size_ends_the_connection(value: int) -> None:
+    """An upstreams invalid max frame size ends the connection at once."""
     # CVE-2026-33814: a client that took it hung; here the connection ends and so its calls.
     conn = client()
     conn.start_stream(REQUEST, end_stream=True)
@@ -122,7 +125,8 @@ def test_an_upstreams_continuation_flood_ends_the_connection() -> None:
     assert _code(conn, wire) == f.PROTOCOL_ERROR
 
 
-def test_an_upstreams_trailer_flood_leaves_the_first_trailers_in_force() -> None:
+def test_an_upstream_trailer_flood_keeps_the_first_trailers() -> None:
+    """An upstreams trailer flood leaves the first trailers in force."""
     conn = client()
     conn.start_stream(REQUEST, end_stream=True)
     conn.receive_data(headers_frame(1, RESPONSE))
@@ -147,9 +151,10 @@ def test_an_upstreams_malformed_frame_ends_the_connection(wire: bytes) -> None:
     assert _code(conn, wire) in (f.PROTOCOL_ERROR, f.FRAME_SIZE_ERROR)
 
 
-def test_an_upstreams_repeated_initial_window_size_changes_end_the_connection(
+def test_upstream_window_size_changes_again_end_the_connection(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """An upstreams repeated initial window size changes end the connection."""
     monkeypatch.setattr(control, "MAX_WINDOW_SHIFTS", 500)
     conn = client()
     for _ in range(50):
@@ -158,7 +163,8 @@ def test_an_upstreams_repeated_initial_window_size_changes_end_the_connection(
     assert _code(conn, flips) == f.ENHANCE_YOUR_CALM
 
 
-def test_a_lowered_header_table_size_is_announced_in_the_next_request() -> None:
+def test_a_lowered_header_table_size_is_announced_next_request() -> None:
+    """A lowered header table size is announced in the next request."""
     conn = client(settings=f.settings([(f.HEADER_TABLE_SIZE, 100)]))
     conn.start_stream(REQUEST, end_stream=True)
     conn.start_stream(REQUEST, end_stream=True)
@@ -167,7 +173,8 @@ def test_a_lowered_header_table_size_is_announced_in_the_next_request() -> None:
     assert 0x20 != second[3][0]
 
 
-def test_a_reset_from_the_upstream_is_reported_and_later_frames_ignored() -> None:
+def test_an_upstream_reset_is_reported_later_frames_ignored() -> None:
+    """A reset from the upstream is reported and later frames ignored."""
     conn = client()
     conn.start_stream(REQUEST, end_stream=True)
     events = conn.receive_data(f.rst_stream(1, f.REFUSED_STREAM))
@@ -176,7 +183,8 @@ def test_a_reset_from_the_upstream_is_reported_and_later_frames_ignored() -> Non
     assert {} == resets(conn.data_to_send())
 
 
-def test_data_on_a_stream_the_client_never_opened_is_ignored_but_credited() -> None:
+def test_data_on_a_never_opened_stream_is_ignored_but_credited() -> None:
+    """Data on a stream the client never opened is ignored but credited."""
     conn = client()
     assert [] == conn.receive_data(data_frame(7, b"x" * 100))
     assert 100 == conn.to_grant
@@ -194,7 +202,8 @@ def test_a_goaway_refuses_the_streams_above_its_last_id() -> None:
     assert conn.goaway_received
 
 
-def test_releasing_a_stream_a_goaway_refused_reports_its_queued_data() -> None:
+def test_releasing_a_goaway_refused_stream_reports_its_data() -> None:
+    """Releasing a stream a goaway refused reports its queued data."""
     conn = client()
     stream_id = conn.start_stream(REQUEST)
     assert f.DEFAULT_WINDOW == conn.send_data(stream_id, b"x" * (f.DEFAULT_WINDOW + 10))
@@ -205,7 +214,8 @@ def test_releasing_a_stream_a_goaway_refused_reports_its_queued_data() -> None:
     assert 0 == conn.buffered
 
 
-def test_a_header_block_beyond_the_peers_frame_size_goes_out_in_continuations() -> None:
+def test_a_large_header_block_goes_out_in_continuations() -> None:
+    """A header block beyond the peers frame size goes out in continuations."""
     conn = client()
     big = [*REQUEST, (b"x-big", b"v" * 40000)]
     conn.start_stream(big, end_stream=True)
@@ -217,7 +227,7 @@ def test_a_header_block_beyond_the_peers_frame_size_goes_out_in_continuations() 
     assert f.encode_headers(big) == b"".join(fr[3] for fr in frames)
 
 
-def test_a_second_answer_header_block_without_end_stream_resets_that_stream() -> None:
+def test_a_second_answer_block_no_end_stream_resets_the_stream() -> None:
     """After the answer's headers, only trailers may come (RFC 9113 §8.1): a second block
     without END_STREAM is malformed, the stream's error, not a second answer to pass on."""
     conn = client()

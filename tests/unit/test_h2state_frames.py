@@ -63,7 +63,8 @@ def test_unknown_settings_are_ignored() -> None:
     assert [ev.SettingsChanged(((0x99, 5),))] == conn.receive_data(f.settings([(0x99, 5)]))
 
 
-def test_initial_window_size_changes_adjust_open_streams_and_may_overflow_one() -> None:
+def test_initial_window_size_changes_adjust_open_streams() -> None:
+    """Initial window size changes adjust open streams and may overflow one."""
     conn = server()
     _open(conn, 1)
     conn.receive_data(f.settings([(f.INITIAL_WINDOW_SIZE, 1000)]))
@@ -72,7 +73,8 @@ def test_initial_window_size_changes_adjust_open_streams_and_may_overflow_one() 
     assert _code(conn, f.settings([(f.INITIAL_WINDOW_SIZE, 1001)])) == f.FLOW_CONTROL_ERROR
 
 
-def test_a_stream_reset_for_its_overflowed_window_is_left_out_of_later_window_changes() -> None:
+def test_a_stream_reset_for_overflow_skips_later_window_changes() -> None:
+    """A stream reset for its overflowed window is left out of later window changes."""
     # Its overflow was that stream's error (§6.9.1); a later SETTINGS change must not find the
     # dead window above 2^31-1 and end the connection (the h2 oracle's seed 1619 found it).
     conn = server()
@@ -96,7 +98,8 @@ def test_repeated_initial_window_size_changes_end_the_connection(monkeypatch: py
     assert None is _code(conn, flips)  # one stream: 20 shifts
 
 
-def test_a_lowered_header_table_size_is_announced_in_the_next_block_only() -> None:
+def test_a_lowered_header_table_size_is_announced_next_block() -> None:
+    """A lowered header table size is announced in the next block only."""
     conn = server(settings=f.settings([(f.HEADER_TABLE_SIZE, 0)]))
     _open(conn, 1)
     _open(conn, 3)
@@ -114,7 +117,8 @@ def test_a_lowered_header_table_size_is_announced_in_the_next_block_only() -> No
 
 
 @pytest.mark.parametrize("kind", range(0x0A, 0x10))
-def test_unknown_frame_types_are_ignored_but_not_inside_a_header_block(kind: int) -> None:
+def test_unknown_frame_types_are_ignored_outside_header_blocks(kind: int) -> None:
+    """Unknown frame types are ignored but not inside a header block."""
     conn = server()
     wire = f.frame(kind, 0xFF, 0, b"?" * 30) + f.frame(kind, 0, 1, b"") + headers_frame(1)
     assert [ev.RequestReceived(1, REQUEST, False)] == conn.receive_data(wire)
@@ -122,7 +126,8 @@ def test_unknown_frame_types_are_ignored_but_not_inside_a_header_block(kind: int
     assert _code(conn, opened + f.frame(kind, 0, 3, b"")) == f.PROTOCOL_ERROR
 
 
-def test_a_continuation_flood_ends_the_connection_at_the_block_limit() -> None:
+def test_a_continuation_flood_ends_at_the_block_limit() -> None:
+    """A continuation flood ends the connection at the block limit."""
     conn = server()
     wire = f.frame(f.HEADERS, 0, 1, b"\x00" * 16384)
     wire += b"".join(
@@ -209,7 +214,8 @@ def test_no_input_is_taken_after_the_connection_ended() -> None:
 # -- large header blocks -----------------------------------------------------------------
 
 
-def test_a_block_beyond_the_decode_budget_is_handed_out_and_input_waits_for_it() -> None:
+def test_a_block_beyond_the_decode_budget_makes_input_wait() -> None:
+    """A block beyond the decode budget is handed out and input waits for it."""
     conn = server()
     conn.decode_budget = 100
     big = [*REQUEST, (b"x-big", b"v" * 200)]
@@ -240,7 +246,8 @@ def test_an_undecodable_handed_out_block_ends_the_connection() -> None:
 # -- GOAWAY ------------------------------------------------------------------------------
 
 
-def test_graceful_shutdown_refuses_streams_after_the_ping_round_trip() -> None:
+def test_graceful_shutdown_refuses_streams_after_the_ping() -> None:
+    """Graceful shutdown refuses streams after the ping round trip."""
     conn = server()
     _open(conn, 1)
     conn.announce_goaway()
@@ -261,7 +268,8 @@ def test_a_goaway_from_the_caller_is_reported() -> None:
     assert [ev.GoAwayReceived(0, f.NO_ERROR, b"bye", ())] == events
 
 
-def test_data_that_fits_the_windows_is_still_split_at_the_peers_frame_size() -> None:
+def test_data_fitting_the_windows_is_split_at_the_frame_size() -> None:
+    """Data that fits the windows is still split at the peers frame size."""
     conn = server(settings=f.settings([(f.INITIAL_WINDOW_SIZE, 100000)]))
     conn.receive_data(f.window_update(0, 100000))
     _open(conn, 1)
@@ -271,7 +279,8 @@ def test_data_that_fits_the_windows_is_still_split_at_the_peers_frame_size() -> 
     assert [16384, 3616] == [len(p) for _, _, _, p in parse(conn.data_to_send())]
 
 
-def test_resetting_a_stream_drops_its_queued_data_and_a_closed_one_is_not_reset() -> None:
+def test_resetting_a_stream_drops_its_queued_data() -> None:
+    """Resetting a stream drops its queued data and a closed one is not reset."""
     conn = server(settings=f.settings([(f.INITIAL_WINDOW_SIZE, 0)]))
     _open(conn, 1)
     conn.send_headers(1, RESPONSE)

@@ -91,7 +91,8 @@ def test_plugins_for_follows_every_change_of_the_registrations(steps: list[Any])
             assert answers[point] == old.plugins_for(point)
 
 
-def test_a_plugin_that_re_registers_other_points_is_called_at_its_new_points_only() -> None:
+def test_a_re_registered_plugin_is_called_at_its_new_points() -> None:
+    """A plugin that re registers other points is called at its new points only."""
     registry = Registry().apply(FILES[0], registration([HookPoint.PRE_CREATE_CONTAINER], 0, "/run/a.sock"))
     assert [FILES[0]] == [p.file for p in registry.plugins_for(HookPoint.PRE_CREATE_CONTAINER)]
     registry = registry.apply(FILES[0], registration([HookPoint.PRE_RUN_POD_SANDBOX], 0, "/run/a.sock"))

@@ -62,9 +62,8 @@ def refused_as_betterproto2_refuses(message_type: type[Any], field: str, data: b
 
 
 @pytest.mark.parametrize(("message_type", "field"), ID_MESSAGES, ids=[m.__name__ for m, _ in ID_MESSAGES])
-def test_a_stop_request_with_its_timeout_as_a_fixed32_is_not_read_off_the_wire(
-    message_type: type[Any], field: str
-) -> None:
+def test_a_stop_with_a_fixed32_timeout_is_not_read_off_the_wire(message_type: type[Any], field: str) -> None:
+    """A stop request with its timeout as a fixed32 is not read off the wire."""
     refused_as_betterproto2_refuses(message_type, field, b"\x0a\x01a\x15\x00\x00\x00\x00")
     refused_as_betterproto2_refuses(message_type, field, b"\x15\x00\x00\x00\x00")
 

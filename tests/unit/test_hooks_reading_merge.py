@@ -73,7 +73,9 @@ def test_a_malformed_request_is_refused(data: bytes) -> None:
     assert caught.value.message.startswith("cannot decode RunPodSandboxRequest:")
 
 
-def test_upb_classes_and_messages_that_are_no_cri_message_are_read_as_they_came() -> None:
+def test_upb_and_non_cri_messages_are_read_as_they_came() -> None:
+    """Upb classes and messages that are no cri message are read as they came."""
+
     class NotCri:
         _betterproto = None
 

@@ -53,9 +53,10 @@ def _watched_reading(data: bytes) -> tuple[Any, int]:
 
 
 @given(requests)
-def test_upb_reads_the_pod_the_interceptor_reads_without_betterproto2(
+def test_upb_reads_the_interceptors_pod_without_betterproto2(
     request: cri.RunPodSandboxRequest,
 ) -> None:
+    """Upb reads the pod the interceptor reads without betterproto2."""
     data = bytes(request.SerializeToString())
     pod, decoded = _watched_reading(data)
     assert _interceptors(data) == pod
@@ -71,7 +72,8 @@ def test_upb_reads_the_pod_the_interceptor_reads_without_betterproto2(
     ],
     ids=["unknown field", "field twice", "config twice"],
 )
-def test_what_upb_would_read_otherwise_is_read_as_the_interceptor_reads_it(extra: bytes) -> None:
+def test_what_upb_reads_otherwise_is_read_as_the_interceptor(extra: bytes) -> None:
+    """What upb would read otherwise is read as the interceptor reads it."""
     request = cri.RunPodSandboxRequest(
         config=cri.PodSandboxConfig(metadata=cri.PodSandboxMetadata(name="web", uid="u", namespace="ns")),
         runtime_handler="runc",
@@ -82,7 +84,7 @@ def test_what_upb_would_read_otherwise_is_read_as_the_interceptor_reads_it(extra
     assert 1 == decoded
 
 
-def test_a_config_of_the_wrong_wire_type_is_read_as_it_is_in_the_interceptor() -> None:
+def test_a_wrong_wire_type_config_is_read_as_the_interceptor() -> None:
     """upb keeps the varint config as an unknown field (no pod at all), as Go does; so does the
     interceptor since review8 (betterproto2 held the int, which it could not read): the watch reads
     the same empty pod, through the interceptor's reading."""

@@ -36,7 +36,7 @@ def fail(message: str) -> None:
     raise ValueError(message)
 
 
-async def test_quick_jobs_come_back_without_trio_and_slow_ones_through_it(
+async def test_quick_jobs_return_without_trio_slow_ones_through_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A job done within ``wait_inline`` is taken from the lock (no ``run_sync_soon``); a longer
@@ -58,7 +58,7 @@ async def test_quick_jobs_come_back_without_trio_and_slow_ones_through_it(
         assert 2 == counting.handed_back
 
 
-async def test_a_job_that_awaits_an_async_plugin_function_lets_the_loop_go_first(
+async def test_a_job_awaiting_an_async_function_lets_the_loop_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An ``async def`` plugin function runs on the loop the job was sent from: the loop stops
@@ -79,7 +79,7 @@ async def test_a_job_that_awaits_an_async_plugin_function_lets_the_loop_go_first
     assert elapsed < 5.0  # not the 10 s of wait_inline
 
 
-async def test_jobs_queued_behind_a_slow_one_all_run_in_order_even_with_the_wake_pipe_full() -> None:
+async def test_jobs_behind_a_slow_one_run_in_order_with_a_full_pipe() -> None:
     """The loop wakes the thread with a byte on a pipe that never blocks it: once the pipe is
     full the bytes are dropped, and the thread, woken by those already there, takes every job
     queued, so none waits for a wake-up that never comes."""
@@ -100,7 +100,7 @@ async def test_jobs_queued_behind_a_slow_one_all_run_in_order_even_with_the_wake
     assert done == list(range(50))
 
 
-async def test_a_byte_left_by_an_earlier_job_does_not_end_the_wait_for_the_next(
+async def test_a_byte_left_by_an_earlier_job_does_not_end_a_wait(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The thread writes a byte to the answer pipe when the job the loop waits for ends; a job that

@@ -33,7 +33,7 @@ def job(i: int, seconds: float, log: list[int]) -> int:
 
 
 @pytest.mark.parametrize("wait_inline", [0.0, 0.00002, 0.001, 5.0])
-async def test_each_caller_gets_its_own_result_whichever_way_it_comes_back(
+async def test_each_caller_gets_its_own_result_either_way(
     monkeypatch: pytest.MonkeyPatch, wait_inline: float
 ) -> None:
     """Many callers, jobs of 0 to 1 ms, the inline wait at the jobs' length so that the lock and trio
@@ -99,7 +99,7 @@ async def test_a_job_that_raises_or_blocks_leaves_the_worker_serving() -> None:
         outer.cancel_scope.cancel()
 
 
-async def test_a_caller_cancelled_with_its_job_queued_still_sees_it_done() -> None:
+async def test_a_caller_cancelled_with_a_queued_job_sees_it_done() -> None:
     """The job queued behind a slow one is not dropped when its caller is cancelled: it runs, once,
     after the slow one, and the caller returns when it is done (the app's state stays whole)."""
     ran: list[str] = []
@@ -145,9 +145,11 @@ async def test_the_end_of_the_worker_runs_every_job_queued_before_it() -> None:
     assert not thread.is_alive()
 
 
-async def test_an_async_plugin_function_that_raises_comes_back_as_its_error(
+async def test_an_async_plugin_function_raising_returns_its_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """An async plugin function that raises comes back as its error."""
+
     async def fails(ctx: object) -> None:
         await trio.lowlevel.checkpoint()
         raise Boom("async")
@@ -167,7 +169,7 @@ async def test_an_async_plugin_function_that_raises_comes_back_as_its_error(
     assert [threading.main_thread().name] * 3 == seen  # on the loop's thread
 
 
-async def test_the_loop_does_not_wait_inline_behind_a_job_that_outran_the_wait(
+async def test_the_loop_does_not_wait_inline_behind_a_slow_job(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The inline wait is for a job done within ``wait_inline``: behind one that has run longer already,

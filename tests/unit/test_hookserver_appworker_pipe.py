@@ -102,7 +102,7 @@ def test_every_way_a_worker_ends_closes_its_four_fds(ending: Any) -> None:
     assert open_fds() == before
 
 
-def test_a_worker_that_cannot_open_its_second_pipe_closes_the_first(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_worker_failing_its_second_pipe_closes_the_first(monkeypatch: pytest.MonkeyPatch) -> None:
     """Out of fds (EMFILE) when the answer pipe is opened: the error reaches the caller, and the
     wake pipe, already open, is closed (a node short of fds would otherwise lose two more each try)."""
     real_pipe = os.pipe
@@ -156,7 +156,7 @@ async def test_answers_never_cross_when_late_jobs_leave_bytes_behind() -> None:
     assert sorted(order) == list(range(600))
 
 
-async def test_a_full_answer_pipe_blocks_neither_the_thread_nor_the_loop() -> None:
+async def test_a_full_answer_pipe_blocks_neither_thread_nor_loop() -> None:
     """With the answer pipe full (thousands of late jobs' bytes never read), the thread's byte is
     dropped, not waited on: a quick job still comes back inline, an async plugin function still
     runs, and a job's answer is not taken for another's."""
@@ -191,7 +191,7 @@ async def test_a_full_answer_pipe_blocks_neither_the_thread_nor_the_loop() -> No
                 assert "next" == await worker.run(slow, 0.05, "next")
 
 
-async def test_signals_during_the_poll_neither_end_the_wait_nor_lose_the_job() -> None:
+async def test_signals_during_the_poll_neither_end_it_nor_lose_a_job() -> None:
     """SIGALRM every millisecond while the loop waits in poll(): the call is resumed (PEP 475) for
     the rest of the wait, so a 0.2 s job still comes back inline, not through trio."""
     alarms = 0
@@ -217,7 +217,7 @@ async def test_signals_during_the_poll_neither_end_the_wait_nor_lose_the_job() -
     assert alarms > 10
 
 
-async def test_a_signal_handler_raising_in_the_poll_leaves_the_next_job_its_own_answer() -> None:
+async def test_a_signal_handler_raising_in_poll_keeps_next_answer() -> None:
     """An exception from a signal handler (as KeyboardInterrupt) comes out of the wait; the job still
     runs to its end (the app's state stays whole), and its byte does not answer the next job."""
     ran: list[str] = []

@@ -94,7 +94,7 @@ def _quota_writes(changes: Sequence[object], cgroup: str) -> int:
 
 class TestHysteresis:
     @pytest.mark.parametrize("version", [1, 2])
-    def test_load_wandering_around_the_budget_writes_at_most_once_a_minute(
+    def test_load_around_the_budget_writes_at_most_once_a_minute(
         self, tmp_path: pathlib.Path, version: int
     ) -> None:
         """LS usage moving ±1 % around its level every second for 10 minutes changes the BE quota

@@ -95,7 +95,7 @@ def test_a_plugin_cannot_tell_the_lazy_map_from_the_mappingproxy(name: str, labe
     assert _outcome(OPERATIONS[name], in_process) == _outcome(OPERATIONS[name], served)
 
 
-def test_copies_of_a_record_s_maps_are_plain_reads_of_the_request() -> None:
+def test_copies_of_a_records_maps_read_the_request() -> None:
     """copy.copy and copy.deepcopy refuse a mappingproxy but take a LazyMap (it holds the upb
     field): more than the in-process path allows, and what they give reads as the map."""
     served, _ = _pair(LABELS)
@@ -103,7 +103,7 @@ def test_copies_of_a_record_s_maps_are_plain_reads_of_the_request() -> None:
 
 
 @pytest.mark.parametrize("field", [1, 2])  # key, value of the entry
-def test_a_request_map_entry_that_is_not_utf8_is_a_decode_error_before_any_plugin_runs(field: int) -> None:
+def test_a_non_utf8_map_entry_is_a_decode_error_before_plugins(field: int) -> None:
     """Not read lazily inside the plugin: refused when the request is decoded, so the call is
     answered INVALID_ARGUMENT naming the message (``_service._answer``)."""
     good = bytes(pb.ContainerResourceHookRequest(container_envs={"AB": "CD"}).SerializeToString())
@@ -185,7 +185,7 @@ def test_every_reader_reads_the_answer_as_request_then_changes(
     [("X", 5, "int"), ("X", b"v", "bytes"), (b"X", "v", "bytes"), (5, "v", "int"), ("X", ["v"], "list")],
 )
 @pytest.mark.parametrize("where", ["annotations", "add_envs"])
-def test_a_value_or_key_that_is_no_str_fails_the_call_naming_the_key_and_type(
+def test_a_non_str_value_or_key_fails_naming_key_and_type(
     where: str, key: Any, value: Any, named: str
 ) -> None:
     """Refused as the in-process path (betterproto2) refuses it, with a message a plugin author can
@@ -201,7 +201,8 @@ def test_a_value_or_key_that_is_no_str_fails_the_call_naming_the_key_and_type(
         bytes(container_response(pb.ContainerResourceHookRequest(), ctx))
 
 
-def test_a_pod_answer_s_label_that_is_no_str_fails_the_call_naming_it() -> None:
+def test_a_pod_answers_non_str_label_fails_naming_it() -> None:
+    """A pod answer's label that is no str fails the call naming it."""
     upb_req, info = _wire.pod_info(b"")
     ctx = PodContext(info)
     ctx.response.labels["team"] = 7  # type: ignore[assignment]

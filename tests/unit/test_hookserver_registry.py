@@ -144,7 +144,7 @@ class TestFailurePolicy:
 
 
 class TestAsyncPluginFunctions:
-    def test_async_function_outside_a_served_app_runs_in_a_trio_run_of_its_own(self) -> None:
+    def test_async_function_outside_an_app_runs_in_its_own_trio(self) -> None:
         """Called without the SDK's server (a unit test calling handle_pod), an ``async def``
         function still runs, and may await trio."""
         app = HookServer(executor=FakeNode(pathlib.Path("/nonexistent")).executor())
@@ -156,7 +156,7 @@ class TestAsyncPluginFunctions:
 
         assert "yes" == app.handle_pod(Stage.PRE_RUN_POD_SANDBOX, pod_request("p")).labels["later"]
 
-    async def test_async_function_on_the_event_loop_thread_fails_saying_why(self) -> None:
+    async def test_async_function_on_the_loop_thread_fails_saying_why(self) -> None:
         """From the event loop's own thread an ``async def`` function cannot be awaited by the
         synchronous app: under FAIL the call fails naming the function and what to do."""
         app = HookServer(

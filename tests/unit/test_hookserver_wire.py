@@ -208,7 +208,7 @@ class TestReadWhenUsed:
         with pytest.raises(TypeError):
             labels["x"] = "1"  # type: ignore[index]
 
-    def test_a_changed_key_is_answered_after_the_request_s_and_decodes_in_its_place(self) -> None:
+    def test_a_changed_key_follows_the_requests_and_decodes_there(self) -> None:
         """The answer echoes the request's entries as they came, then the changes: a key a plugin
         changed is written twice, and decodes to the plugin's value in the request's place, as the
         map ``{**request, **changes}`` that :func:`container_response` answers."""

@@ -76,7 +76,7 @@ def test_grpc_timeout_after_the_first_is_read_without_hpack(monkeypatch: pytest.
         hpackmemo.decode(ours, f.encode_headers([*CALL, secret]))
 
 
-def test_a_block_with_another_grpc_timeout_is_read_into_its_template(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_another_grpc_timeout_is_read_into_its_template(monkeypatch: pytest.MonkeyPatch) -> None:
     """The template holds the fields on each side of grpc-timeout: a later block with another
     value (of another length too) is decoded without looking at its fields; a block that
     differs anywhere else is not taken for it."""
@@ -137,7 +137,8 @@ def test_a_header_list_too_large_is_refused_from_the_memo_too() -> None:
         hpackmemo.decode(small, block)
 
 
-def test_a_table_size_the_encoder_did_not_shrink_is_refused_from_the_memo_too() -> None:
+def test_an_unshrunk_table_size_is_refused_from_the_memo_too() -> None:
+    """A table size the encoder did not shrink is refused from the memo too."""
     block = f.encode_headers(CALL)
     hpackmemo.decode(decoder(), block)
     shrunk = decoder()
@@ -176,7 +177,7 @@ header_lists = st.lists(st.tuples(names, values), max_size=8)
     ),
     table_size=st.sampled_from([0, 64, 4096]),
 )
-def test_any_sequence_of_blocks_decodes_and_leaves_the_table_as_hpack_does(
+def test_any_blocks_decode_and_leave_the_table_as_hpack_does(
     blocks: list[tuple[list[tuple[bytes, bytes]], str]], table_size: int
 ) -> None:
     """Blocks of our encoder (no table) mixed with hpack's (the dynamic table, Huffman coding,

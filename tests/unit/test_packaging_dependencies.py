@@ -43,7 +43,8 @@ def runtime_closure() -> set[str]:
     return seen
 
 
-def test_a_plain_install_pulls_no_grpclib_trio_asyncio_h2_or_grpcio() -> None:
+def test_a_plain_install_pulls_no_grpclib_h2_or_grpcio() -> None:
+    """A plain install pulls no grpclib trio asyncio h2 or grpcio."""
     closure = runtime_closure()
     assert {"trio", "betterproto2", "protobuf"} <= closure  # it did read the dependencies
     assert set() == closure & NOT_INSTALLED

@@ -25,9 +25,8 @@ header_fields = st.lists(
 
 class TestHeaderBlocks:
     @given(header_fields)
-    def test_any_fields_decode_back_and_leave_the_dynamic_table_empty(
-        self, fields: list[tuple[bytes, bytes]]
-    ) -> None:
+    def test_any_fields_decode_back_leaving_the_table_empty(self, fields: list[tuple[bytes, bytes]]) -> None:
+        """Any fields decode back and leave the dynamic table empty."""
         decoder = hpack.Decoder()
         decoder.max_header_list_size = 1 << 20
         assert fields == [tuple(h) for h in decoder.decode(f.encode_headers(fields), raw=True)]
@@ -161,7 +160,8 @@ class TestStatusMessage:
         assert urllib.parse.quote(message, safe=" ").encode() == status_message(message)
 
     @pytest.mark.parametrize("unit", ["x", "é", "中", "%", "😀", "a\n"])
-    def test_a_long_message_keeps_its_start_and_says_how_much_was_cut(self, unit: str) -> None:
+    def test_a_long_message_keeps_its_start_says_how_much_was_cut(self, unit: str) -> None:
+        """A long message keeps its start and says how much was cut."""
         message = "plugin p failed: " + unit * 20_000
         value = status_message(message)
         # as much of the start as fits: short of the limit by less than one character (12 bytes encoded)
@@ -273,7 +273,7 @@ class TestRequestHeaderRules:
 
 
 class TestDecodingAside:
-    def test_the_switch_interval_is_lowered_while_any_block_is_decoded_aside(self) -> None:
+    def test_the_switch_interval_is_lowered_while_decoding_aside(self) -> None:
         """Two worker threads may decode at once: the interval comes back only when both are done."""
         before = sys.getswitchinterval()
         _Aside.enter()

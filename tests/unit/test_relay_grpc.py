@@ -41,9 +41,10 @@ async def test_no_deadline_no_grpc_timeout_and_the_metadata_last(mock_clock: tri
     assert [(b"x-a", b"1"), (b"x-b", b"2")] == fields[-2:]
 
 
-async def test_a_deadline_passed_is_0n_and_a_sub_millisecond_one_is_not_rounded_down(
+async def test_a_past_deadline_is_0n_sub_ms_ones_not_rounded_down(
     mock_clock: trio.testing.MockClock,
 ) -> None:
+    """A deadline passed is 0n and a sub millisecond one is not rounded down."""
     now = trio.current_time()
     assert [b"0n"] == _timeouts(own_call_headers(PATH, now - 5, []))
     assert [b"0n"] == _timeouts(own_call_headers(PATH, now, []))

@@ -184,7 +184,7 @@ class TestReplayTarget:
             (_socket_left_behind, "Connection refused"),  # what a crashed runtime leaves
         ],
     )
-    def test_a_target_nobody_serves_is_one_error_not_a_difference_per_call(
+    def test_a_target_nobody_serves_is_one_error(
         self,
         tmp_path: Path,
         capsys: pytest.CaptureFixture[str],

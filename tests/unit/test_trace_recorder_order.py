@@ -15,7 +15,8 @@ from krproxy.trace.recorder import Recorder
 from tests.unit.test_trace_format import call
 
 
-async def test_a_call_whose_caller_was_cancelled_still_runs_before_the_next(tmp_path: object) -> None:
+async def test_a_cancelled_callers_call_still_runs_before_the_next(tmp_path: object) -> None:
+    """A call whose caller was cancelled still runs before the next."""
     recorder = Recorder(os.path.join(str(tmp_path), "trace.krt"))
     order: list[str] = []
     release = threading.Event()

@@ -69,7 +69,7 @@ def closing_target(tmp_path: Path) -> Iterator[Path]:
     thread.join(5)
 
 
-def test_a_target_that_accepts_then_closes_is_reached_and_each_call_says_why(
+def test_a_target_that_accepts_then_closes_says_why_per_call(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], closing_target: Path
 ) -> None:
     """The probe only connects, so such a target counts as reached: every call is a difference,

@@ -94,7 +94,7 @@ class TestImages:
         diff = images_diff([image(1), image(1)], [image(1)])
         assert [('reply.images[id="sha256:0001"]', messages.to_plain(image(1)), None)] == diff
 
-    def test_elements_of_one_name_match_whatever_the_order_of_their_own_sets(self) -> None:
+    def test_elements_of_one_name_match_in_any_order_of_their_sets(self) -> None:
         """Two images of one name (both without an ID here), listed in another order and each with its tags
         in another order, are the same multiset: no difference (matching compared them order-sensitively,
         then paired the leftovers by position, and reported ten false differences)."""
