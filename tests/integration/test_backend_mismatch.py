@@ -35,7 +35,7 @@ async def test_the_relays_own_call_to_dockerd_names_http1(nursery: trio.Nursery,
     assert HINT in str(raised.value)
 
 
-async def test_kubelets_call_through_cri_mode_to_dockerd_suggests_docker_mode(
+async def test_cri_mode_against_dockerd_suggests_docker_mode(
     nursery: trio.Nursery, short_tmp: Path, cri_client: Callable[[str], Any]
 ) -> None:
     """kubelet's call through krproxy (CRI mode) to dockerd: UNAVAILABLE, with the hint in its details."""

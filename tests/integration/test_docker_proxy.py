@@ -255,9 +255,7 @@ class TestShutdown:
         with pytest.raises(OSError):
             await request(node.proxy_socket, "GET", "/_ping")
 
-    async def test_draining_refuses_new_connections_and_keeps_a_successors_socket(
-        self, node: DockerNode
-    ) -> None:
+    async def test_draining_refuses_connections_keeps_successors_socket(self, node: DockerNode) -> None:
         """Once draining starts, a new connection is refused at once (not left in the backlog), and a
         socket file another instance put in its place meanwhile is not removed at the end."""
         stream = await open_raw(node.proxy_socket)  # a request in flight holds the drain open

@@ -65,9 +65,10 @@ PEERS = ["containerd", "plugin"]
 
 @pytest.mark.parametrize("kind", PEERS)
 @pytest.mark.parametrize("value", ["123456789u", "119999808u", "12S", "1.5S", "5"])
-async def test_a_malformed_grpc_timeout_resets_the_stream_as_containerd_1_6(
+async def test_a_malformed_grpc_timeout_resets_as_containerd_1_6(
     nursery: trio.Nursery, sockdir: str, kind: str, value: str
 ) -> None:
+    """A malformed grpc timeout resets the stream as containerd 1 6."""
     peer, path, rpc, message = await _peer(kind, nursery, sockdir, GrpcGo.V1_6)
     if value == "12S":  # the valid control: the same request is answered
         answer = await request(path, grpc_request(rpc, **{"grpc-timeout": value}), framed(message))
@@ -146,7 +147,7 @@ async def test_grpc_go_2_aborts_early_with_internal(
     ],
     ids=["nul", "crlf", "control", "uppercase-name", "separator-in-name", "outer-whitespace", "obs-text"],
 )
-async def test_a_field_grpc_go_s_framer_refuses_resets_the_stream_in_every_version(
+async def test_a_field_grpc_go_refuses_resets_the_stream(
     nursery: trio.Nursery,
     sockdir: str,
     kind: str,
@@ -169,7 +170,7 @@ async def test_a_field_grpc_go_s_framer_refuses_resets_the_stream_in_every_versi
 
 
 @pytest.mark.parametrize(("advertised", "expected"), [(None, None), (7, 7)])
-async def test_no_max_concurrent_streams_is_advertised_unless_asked_for(
+async def test_no_max_concurrent_streams_unless_asked_for(
     nursery: trio.Nursery, sockdir: str, advertised: int | None, expected: int | None
 ) -> None:
     """containerd advertises no SETTINGS_MAX_CONCURRENT_STREAMS (h2, under grpclib, said 100)."""

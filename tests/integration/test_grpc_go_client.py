@@ -129,7 +129,7 @@ async def _huge(stream: rpc.Stream, messages: list[bytes]) -> None:
     await stream.send_message(b"x" * (LIMIT + 1))
 
 
-async def test_an_answer_over_16_mib_is_refused_by_kubelet_s_client_and_krproxy_goes_on(
+async def test_an_answer_over_16_mib_kubelet_refuses_krproxy_goes_on(
     goclient: str, nursery: trio.Nursery, sockdir: str
 ) -> None:
     """grpc-go refuses an answer over its receive limit itself (RESOURCE_EXHAUSTED, from the

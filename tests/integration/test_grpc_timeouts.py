@@ -145,7 +145,7 @@ async def _settle(done: Callable[[], bool]) -> None:
 
 @pytest.mark.parametrize("with_plugin", [False, True], ids=["forwards", "forwards-and-plugin"])
 @pytest.mark.parametrize("deadline", DEADLINES)
-async def test_forwards_and_plugin_calls_carry_a_timeout_grpc_go_accepts(
+async def test_forwards_and_plugin_calls_carry_a_grpc_go_timeout(
     nursery: trio.Nursery,
     sockdir: str,
     cri_client: Callable[[str], CriClient],

@@ -50,7 +50,7 @@ EXCEPTIONS = {
     "generic/2/2": "WINDOW_UPDATE on a half-closed (remote) stream, then a DATA frame expected: a gRPC "
     "server answers h2spec's GET without a gRPC message trailers-only (HEADERS with END_STREAM), "
     "with no DATA frame. The rule (the frame is accepted) is covered by test_relay_conformance's "
-    "test_window_update_and_priority_on_a_half_closed_stream_are_accepted.",
+    "test_window_update_and_priority_on_half_closed_stream.",
     "generic/2/3": "PRIORITY on a half-closed (remote) stream, then a DATA frame expected: trailers-only, "
     "as generic/2/2, and covered by the same test.",
     "http2/5.1.2/1": "1001 HEADERS with END_STREAM to exceed SETTINGS_MAX_CONCURRENT_STREAMS (1000): "

@@ -218,7 +218,7 @@ class TestPreHookFailureDetails:
         assert "hook server p failed PreStartContainer: UNAVAILABLE: busy" in details
         assert HookPoint.POST_START_CONTAINER not in plugin.hooks_called()
 
-    async def test_a_long_error_message_is_cut_so_the_status_reaches_kubelet(self, node: Node) -> None:
+    async def test_a_long_error_message_is_cut_to_reach_kubelet(self, node: Node) -> None:
         """A Fail plugin answering with 20 000 characters of message: the caller still gets UNKNOWN naming
         plugin, hook and cause, cut to fit (grpcio refused the whole status with RESOURCE_EXHAUSTED
         "received metadata size exceeds hard limit" when krproxy sent the message whole)."""

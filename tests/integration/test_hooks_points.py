@@ -228,7 +228,8 @@ class TestRetriedStop:
     """A Stop the runtime failed keeps its store entry, so kubelet's retry still reaches the PostStop hooks;
     a Stop or Remove of an object the runtime no longer has (NOT_FOUND) drops it."""
 
-    async def test_retried_stop_container_runs_post_stop_with_the_full_record(self, node: Node) -> None:
+    async def test_retried_stop_container_post_stop_has_full_record(self, node: Node) -> None:
+        """Retried stop container runs post stop with the full record."""
         plugin = await node.add_plugin("p", hooks=[HookPoint.POST_STOP_CONTAINER])
         await node.start_proxy()
         _, container_id = await node.pod_with_container()
@@ -246,7 +247,8 @@ class TestRetriedStop:
         assert None is node.proxy.hooks.store.get_container(container_id)
         assert 2 == len(node.received("StopContainer"))
 
-    async def test_retried_stop_pod_sandbox_runs_post_stop_with_the_full_record(self, node: Node) -> None:
+    async def test_retried_stop_pod_sandbox_post_stop_has_full_record(self, node: Node) -> None:
+        """Retried stop pod sandbox runs post stop with the full record."""
         plugin = await node.add_plugin("p", hooks=[HookPoint.POST_STOP_POD_SANDBOX])
         await node.start_proxy()
         pod_id = await node.run_pod()
@@ -262,7 +264,7 @@ class TestRetriedStop:
         assert [expected] * 2 == plugin.requests(HookPoint.POST_STOP_POD_SANDBOX)
         assert None is node.proxy.hooks.store.get_pod(pod_id)
 
-    async def test_stop_kubelet_gave_up_on_runs_post_stop_once_at_the_retry(self, node: Node) -> None:
+    async def test_abandoned_stop_runs_post_stop_once_at_the_retry(self, node: Node) -> None:
         """kubelet's deadline passes while the runtime stops the container: no PostStop then (nobody waits
         for it), the entry stays, and the retry that works runs PostStopContainer once and drops it."""
         plugin = await node.add_plugin("p", hooks=[HookPoint.POST_STOP_CONTAINER])
@@ -306,7 +308,7 @@ class TestRetriedStop:
         assert None is node.proxy.hooks.store.get_container(container_id)
         assert None is node.proxy.hooks.store.get_pod(pod_id)
 
-    async def test_stop_pod_sandbox_not_found_drops_the_pods_containers_too(self, node: Node) -> None:
+    async def test_stop_pod_sandbox_not_found_drops_its_containers(self, node: Node) -> None:
         """A sandbox the runtime no longer has took its containers with it (RemovePodSandbox removes them
         first), and kubelet will send no RemoveContainer for containers the runtime does not list: their
         records go with the pod's, as after RemovePodSandbox. A successful Stop keeps them (the containers

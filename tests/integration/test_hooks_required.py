@@ -138,7 +138,7 @@ class TestAbsentServer:
         ) in details
         assert 2.0 == held(node, "koordlet", CREATE)
 
-    async def test_an_annotated_server_must_be_registered_for_create_container(self, node: Node) -> None:
+    async def test_an_annotated_server_must_be_registered_for_create(self, node: Node) -> None:
         """A container annotated with a server that does not hook PreCreateContainer is not created: NRI's
         validator refuses a container a required plugin did not process."""
         await node.add_plugin("gpu", hooked_plugin(), [RUN])

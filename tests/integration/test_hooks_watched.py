@@ -45,7 +45,7 @@ async def passthrough_fields(node: Node) -> list[tuple[str, str]]:
 
 
 class TestUpstreamAsSent:
-    async def test_calls_at_points_without_plugins_carry_the_callers_header_block(self, node: Node) -> None:
+    async def test_calls_without_plugins_carry_the_callers_headers(self, node: Node) -> None:
         """Every watched method (a plugin registered for PreStartContainer only does not count)."""
         await node.add_plugin("p", hooks=[HookPoint.PRE_START_CONTAINER])
         await node.start_proxy()
@@ -141,7 +141,8 @@ class TestStoreLearns:
         assert (grpc.StatusCode.INTERNAL, "no space") == (failed.value.code(), failed.value.details())
         assert {} == node.proxy.hooks.store.containers()
 
-    async def test_remove_forgets_the_container_only_once_the_runtime_removed_it(self, node: Node) -> None:
+    async def test_remove_forgets_the_container_once_the_runtime_did(self, node: Node) -> None:
+        """Remove forgets the container only once the runtime removed it."""
         await node.start_proxy()
         _, container_id = await node.pod_with_container()
         store = node.proxy.hooks.store

@@ -94,7 +94,7 @@ async def create_pod_and_container(node: Node) -> tuple[str, str]:
 
 
 class TestCompressedAnswers:
-    async def test_the_store_learns_a_pod_and_container_answered_compressed(self, node: Node) -> None:
+    async def test_the_store_learns_compressed_pod_and_container(self, node: Node) -> None:
         """No plugin: both calls are watched."""
         await node.start_proxy()
 

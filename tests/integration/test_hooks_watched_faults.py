@@ -100,7 +100,7 @@ class TestFailedForwards:
 
 
 class TestRequestsAsTheyCame:
-    async def test_a_large_remove_with_unknown_fields_reaches_the_runtime_whole(self, node: Node) -> None:
+    async def test_a_large_remove_with_unknown_fields_arrives_whole(self, node: Node) -> None:
         """1 MiB of an unknown field (many DATA frames, more than a stream's first window)."""
         await node.start_proxy()
         _, container_id = await node.pod_with_container()

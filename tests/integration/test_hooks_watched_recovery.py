@@ -47,9 +47,8 @@ class TestRecovery:
 
         assert [kept_id] == list(node.proxy.hooks.store.containers())
 
-    async def test_objects_created_watched_are_recovered_and_watched_calls_update_them(
-        self, node: Node
-    ) -> None:
+    async def test_watched_objects_are_recovered_and_updated(self, node: Node) -> None:
+        """Objects created watched are recovered and watched calls update them."""
         await node.start_proxy()
         pod_id, container_id = await node.pod_with_container()  # watched: no plugin
         second = await node.create_container(pod_id, container_config("side"))

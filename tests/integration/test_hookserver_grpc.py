@@ -104,9 +104,7 @@ async def test_round_trip_and_registration(short_tmp: pathlib.Path, stub_for: An
     assert "hs.sock" not in os.listdir(short_tmp)  # the socket file is gone too
 
 
-async def test_plain_functions_run_in_a_worker_thread_async_ones_on_trio(
-    short_tmp: pathlib.Path, stub_for: Any
-) -> None:
+async def test_plain_functions_in_a_thread_async_ones_on_trio(short_tmp: pathlib.Path, stub_for: Any) -> None:
     """A plain plugin function runs in a worker thread, so a slow one cannot stall the event loop;
     an ``async def`` one runs on the trio loop's thread and may await anyio. Both on one context,
     by name: the async one sees what the plain one set."""
@@ -136,7 +134,7 @@ async def test_plain_functions_run_in_a_worker_thread_async_ones_on_trio(
     assert threading.main_thread() is not threads["plain"]
 
 
-async def test_a_slow_plain_function_stalls_no_other_connection_and_deadlines_still_end_calls(
+async def test_a_slow_plain_function_stalls_no_other_connection(
     short_tmp: pathlib.Path, stub_for: Any
 ) -> None:
     """While a plain plugin function blocks in the worker thread, the event loop serves: a

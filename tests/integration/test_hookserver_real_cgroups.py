@@ -133,7 +133,7 @@ def test_refused_write_names_pod_file_and_value(scratch: str, caplog: pytest.Log
     assert "-1" == _quota(pod_dir)
 
 
-def test_v1_kernel_accepts_an_unlimited_container_limited_as_the_pod_rises(
+def test_v1_kernel_accepts_unlimited_container_as_pod_rises(
     scratch: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A container without a quota (-1) that a plugin limits to 1.5 CPUs while the pod rises from

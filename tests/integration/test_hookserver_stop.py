@@ -29,9 +29,10 @@ def _options(short_tmp: pathlib.Path) -> ServeOptions:
     return ServeOptions(socket=str(short_tmp / "hs.sock"), hook_dir=str(short_tmp / "hookserver.d"))
 
 
-async def test_a_server_stopped_during_a_late_job_waits_for_it_and_closes_the_workers_fds(
+async def test_a_stop_during_a_late_job_waits_and_closes_worker_fds(
     short_tmp: pathlib.Path,
 ) -> None:
+    """A server stopped during a late job waits for it and closes the workers fds."""
     app = HookServer(executor=FakeNode(short_tmp / "node").create().executor())
     entered, release = threading.Event(), threading.Event()
     finished: list[str] = []

@@ -180,7 +180,7 @@ def test_serving_commands_load_no_grpclib_h2_or_asyncio_loop(
     assert [] == _loaded(modules, NOT_IN_COMMANDS)
 
 
-def test_demo_and_trace_replay_load_no_grpclib_h2_or_asyncio_loop(short_tmp: pathlib.Path) -> None:
+def test_demo_and_trace_replay_load_no_grpclib_h2_or_asyncio(short_tmp: pathlib.Path) -> None:
     """`krproxy demo` (fake containerd, plugin, proxy, client in one process) and `trace replay`
     (against nobody: it stops at its check of the target, with every module of a replay loaded)
     load none of them either."""

@@ -312,7 +312,7 @@ def _modules_after_importing(*modules: str) -> set[str]:
     return set(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def test_the_admin_endpoint_does_not_load_the_proxys_interceptors() -> None:
+def test_the_admin_endpoint_loads_no_interceptors() -> None:
     """``krproxy nri``'s admin endpoint (server and status) reads the daemon through protocols:
     importing it loads neither ``HookRuntime`` nor the relay; ``krproxy status`` (the client)
     loads no trio and no metrics either."""
@@ -366,7 +366,7 @@ def _too_long(root: pathlib.Path = ROOT) -> list[str]:
     return [p for p in _sources(root) if len((root / p).read_text().splitlines()) > MAX_LINES]
 
 
-def test_the_length_rule_holds_tests_and_scripts_and_leaves_generated_code_out(
+def test_the_length_rule_holds_tests_scripts_not_generated(
     tmp_path: pathlib.Path,
 ) -> None:
     """A 501-line module is found in each part of the tree, a python script without ``.py`` too;

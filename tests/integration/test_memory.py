@@ -88,7 +88,7 @@ class TestMemory:
 
 
 class TestCallContextsOfTasks:
-    async def test_a_connection_opened_during_a_call_does_not_keep_the_call(
+    async def test_a_connection_opened_during_a_call_does_not_keep_it(
         self, nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_client: Any
     ) -> None:
         """The first PreRunPodSandbox opens the plugin's connection from within the call; its

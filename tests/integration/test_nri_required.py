@@ -79,9 +79,10 @@ async def add_server(
     write_registration(hook_dir(runtime), name, endpoint, list(hooks), timeout="10s")
 
 
-async def test_create_container_fails_until_the_required_server_answers(
+async def test_create_container_fails_until_required_server_answers(
     nursery: trio.Nursery, runtime: FakeNriRuntime
 ) -> None:
+    """Create container fails until the required server answers."""
     with trio.fail_after(LIVENESS_LIMIT):
         plugin = await start_krproxy(nursery, runtime, "limits")
         assert plugin.subscribed & (1 << (api.Event.CREATE_CONTAINER - 1))  # even with no hook server
@@ -151,7 +152,7 @@ async def test_a_server_not_hooking_create_container_does_not_meet_it(
             await runtime.create_container(container("app"))
 
 
-async def test_update_pod_sandbox_fails_until_the_required_server_answers(
+async def test_update_pod_sandbox_fails_until_required_server_answers(
     nursery: trio.Nursery, runtime: FakeNriRuntime
 ) -> None:
     """NRI 0.12's UpdatePodSandbox (a pod-level resize): held while a server required there is missing,
@@ -233,7 +234,7 @@ async def test_says_whether_containerd_requires_it(
     )
 
 
-async def test_a_wait_for_a_required_server_leaves_the_hook_call_only_what_is_left(
+async def test_a_required_server_wait_leaves_the_hook_what_is_left(
     nursery: trio.Nursery, short_tmp: object
 ) -> None:
     """A CreateContainer that waited (start-up grace) for its required server has only the rest of the

@@ -14,10 +14,12 @@ from tests.integration.support import LIVENESS_LIMIT
 from tests.integration.test_nri_session import PLUGIN, _Pair, pair  # noqa: F401 - the fixture
 
 
-async def test_a_message_utf8_cannot_encode_is_answered_and_the_session_goes_on(
+async def test_a_non_utf8_message_is_answered_and_session_goes_on(
     pair: _Pair,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A message utf8 cannot encode is answered and the session goes on."""
+
     async def fail(payload: bytes) -> bytes:
         raise TtrpcError(Status.FAILED_PRECONDITION, "no cgroup at /sys/fs/cgroup/\udcff")
 

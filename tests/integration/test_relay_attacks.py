@@ -126,7 +126,7 @@ def _request(stream_id: int, encoder: hpack.Encoder) -> bytes:
     )
 
 
-async def test_rapid_reset_never_holds_more_runtime_streams_than_the_caller_may_open(
+async def test_rapid_reset_holds_no_more_streams_than_caller_may_open(
     silent_relay: tuple[str, SilentRuntime, Relay],
 ) -> None:
     """Rapid Reset (CVE-2023-44487): 2000 requests each reset by the caller at once, on one
@@ -144,7 +144,7 @@ async def test_rapid_reset_never_holds_more_runtime_streams_than_the_caller_may_
     assert runtime.most_open <= 10
 
 
-async def test_made_you_reset_never_holds_more_runtime_streams_than_the_caller_may_open(
+async def test_made_you_reset_holds_at_most_the_callers_streams(
     silent_relay: tuple[str, SilentRuntime, Relay],
 ) -> None:
     """MadeYouReset (CVE-2025-8671): 2000 requests each followed by a frame that makes the
@@ -164,7 +164,7 @@ async def test_made_you_reset_never_holds_more_runtime_streams_than_the_caller_m
     assert runtime.most_open <= 10
 
 
-async def test_a_continuation_flood_ends_the_connection_at_the_block_limit(
+async def test_a_continuation_flood_ends_at_the_block_limit(
     silent_relay: tuple[str, SilentRuntime, Relay],
 ) -> None:
     """CONTINUATION flood (CVE-2023-45288, CVE-2024-27316): a header block that never ends.
@@ -392,7 +392,7 @@ async def test_unknown_frame_types_from_an_upstream_are_ignored(
 
 
 @pytest.mark.parametrize("size", [0, 16_383, 2**24])
-async def test_an_upstreams_invalid_max_frame_size_fails_the_call_at_once(
+async def test_an_upstream_bad_max_frame_size_fails_the_call(
     relay: Relay, short_tmp: Path, size: int
 ) -> None:
     """An upstream's SETTINGS_MAX_FRAME_SIZE out of range (CVE-2026-33814: a frame size of 0
@@ -451,9 +451,7 @@ async def test_an_upstreams_malformed_frame_fails_the_call_at_once(
     assert [code] == upstream.goaways
 
 
-async def test_an_upstreams_trailer_flood_leaves_the_first_trailers_in_force(
-    relay: Relay, short_tmp: Path
-) -> None:
+async def test_an_upstream_trailer_flood_keeps_the_first_trailers(relay: Relay, short_tmp: Path) -> None:
     """An upstream sending trailers, then 200 more header blocks on the ended stream (a trailer
     flood, each claiming another status). Rule: a stream's answer ends with its first trailers;
     later blocks are ignored, and the connection serves the next call."""
@@ -475,7 +473,7 @@ async def test_an_upstreams_trailer_flood_leaves_the_first_trailers_in_force(
     assert [] == upstream.goaways
 
 
-async def test_an_upstreams_repeated_initial_window_size_changes_fail_the_call(
+async def test_upstream_window_size_changes_again_fail_the_call(
     relay: Relay, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An upstream flipping SETTINGS_INITIAL_WINDOW_SIZE while a call is open: beyond

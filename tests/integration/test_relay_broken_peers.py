@@ -75,7 +75,7 @@ _ANSWER_HEADERS = f.encode_headers([(b":status", b"200"), (b"content-type", b"ap
 
 
 class TestUpstreamHeaderBlocks:
-    async def test_a_second_header_block_without_end_stream_fails_the_call_not_the_relay(
+    async def test_second_header_block_no_end_stream_fails_the_call(
         self, nursery: trio.Nursery, relay: Relay, short_tmp: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         """An upstream sends its answer's headers, a message, then a second header block without
@@ -111,7 +111,7 @@ class TestUpstreamHeaderBlocks:
             assert status != b"0"
         assert not _internal_errors(caplog)  # the stream's error, not the connection's end
 
-    async def test_data_before_the_answers_headers_fails_the_call_not_the_relay(
+    async def test_data_before_the_answer_headers_fails_the_call(
         self, nursery: trio.Nursery, relay: Relay, short_tmp: Path, caplog: pytest.LogCaptureFixture
     ) -> None:
         """An upstream sends a message before any header block: a malformed response (RFC 9113
@@ -159,7 +159,7 @@ def _call(listen: str, window: int | None = None) -> list[h2.events.Event]:
 
 
 class TestCallerCredit:
-    async def test_request_bytes_dropped_by_a_callers_resets_come_back_to_its_connection(
+    async def test_request_bytes_dropped_by_resets_credit_the_caller(
         self, nursery: trio.Nursery, relay: Relay, short_tmp: Path
     ) -> None:
         """A runtime that takes streams but grants no window: each request waits in the relay,
@@ -230,7 +230,7 @@ class TestCallerCredit:
 
 class TestIsolation:
     @pytest.mark.relay_bug_expected
-    async def test_a_bug_met_on_one_connection_ends_that_connection_not_the_relay(
+    async def test_a_bug_on_one_connection_ends_only_that_connection(
         self,
         nursery: trio.Nursery,
         relay: Relay,
@@ -273,7 +273,7 @@ class TestIsolation:
 
 class TestUpstreamGoaway:
     @pytest.mark.parametrize("slots", [1, 2])
-    async def test_calls_above_a_runtimes_goaway_are_refused_and_none_opened_after_it(
+    async def test_calls_above_a_runtime_goaway_are_refused(
         self, nursery: trio.Nursery, relay: Relay, short_tmp: Path, slots: int
     ) -> None:
         """A runtime allowing ``slots`` streams at a time answers the first of three calls after a

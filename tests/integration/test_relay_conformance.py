@@ -115,9 +115,7 @@ async def test_a_misbehaving_caller_gets_the_connection_error_h2_gives(
     assert expected == await trio.to_thread.run_sync(_relay_verdict, listen, data)
 
 
-async def test_a_window_update_of_0_on_a_stream_resets_only_that_stream(
-    nursery: trio.Nursery, short_tmp: Path
-) -> None:
+async def test_a_window_update_of_0_resets_only_that_stream(nursery: trio.Nursery, short_tmp: Path) -> None:
     """WINDOW_UPDATE of 0 on an open stream is a stream error (RFC 9113 §6.9): RST_STREAM
     PROTOCOL_ERROR on it, and the connection still answers a PING."""
     listen, silent, _ = await _relay_before_a_silent_runtime(nursery, short_tmp)
@@ -327,7 +325,7 @@ async def test_a_stream_error_resets_only_that_stream(
     assert any(kind == f.PING for kind, _, _ in seen)
 
 
-async def test_window_update_and_priority_on_a_half_closed_stream_are_accepted(
+async def test_window_update_and_priority_on_half_closed_stream(
     nursery: trio.Nursery, short_tmp: Path
 ) -> None:
     """A request ended with its HEADERS (half-closed, remote) may still get WINDOW_UPDATE and

@@ -79,7 +79,7 @@ def _three_versions(
     [(b"x-id", b"a\x00b"), (b"x-id", b"a\r\nx-injected: 1"), (b"x-id", b"a\x01"), (b"x(id)", b"1")],
     ids=["nul", "crlf", "control", "separator-in-name"],
 )
-async def test_a_forbidden_octet_fails_its_own_stream_and_never_reaches_the_runtime(
+async def test_a_forbidden_octet_fails_its_stream_not_the_runtime(
     fake_containerd: tuple[FakeContainerd, str],
     nursery: trio.Nursery,
     sockdir: str,
@@ -100,7 +100,7 @@ async def test_a_forbidden_octet_fails_its_own_stream_and_never_reaches_the_runt
 
 
 @pytest.mark.parametrize(("length", "answered"), [(b"5", True), (b"4", False), (b"6", False)])
-async def test_a_content_length_the_data_does_not_match_never_reaches_the_runtime(
+async def test_a_mismatched_content_length_never_reaches_runtime(
     fake_containerd: tuple[FakeContainerd, str],
     nursery: trio.Nursery,
     sockdir: str,

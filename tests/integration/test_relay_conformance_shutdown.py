@@ -112,7 +112,7 @@ def _has_ping(seen: list[Frame]) -> bool:
     return any(kind == f.PING and not flags & f.ACK for kind, flags, _, _ in seen)
 
 
-async def test_a_drained_connection_takes_what_the_caller_still_sends_until_it_closes(
+async def test_a_drained_connection_reads_until_the_caller_closes(
     nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """After its final GOAWAY the relay ends only its own side of a caller's connection and reads
@@ -140,7 +140,7 @@ async def test_a_drained_connection_takes_what_the_caller_still_sends_until_it_c
         silent.close()
 
 
-async def test_a_drained_connection_the_caller_keeps_open_is_closed_after_the_linger(
+async def test_a_drained_connection_kept_open_closes_after_linger(
     nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The lingering close is bounded: a caller that neither closes nor stops writing does not

@@ -60,7 +60,7 @@ async def test_a_call_ended_by_the_runtimes_last_read_is_reported_once(
 
 
 @pytest.mark.parametrize("then", ["connection-error", "eof"])
-async def test_a_call_the_caller_reset_in_its_last_read_is_reported_once(
+async def test_a_call_reset_in_its_last_read_is_reported_once(
     relay: Relay, nursery: trio.Nursery, short_tmp: Path, then: str
 ) -> None:
     """A caller sends a request, resets it and breaks (or closes) its connection in one write,

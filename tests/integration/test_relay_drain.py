@@ -57,9 +57,8 @@ def _read_to_eof(sock: socket.socket, stream_id: int) -> tuple[int, bool]:
     return got, ended
 
 
-async def test_a_stop_writes_out_an_answer_queued_before_it_ends_the_connection(
-    nursery: trio.Nursery, sockdir: str
-) -> None:
+async def test_a_stop_writes_out_a_queued_answer_before_closing(nursery: trio.Nursery, sockdir: str) -> None:
+    """A stop writes out an answer queued before it ends the connection."""
     backend, _ = await start_scripted_backend(nursery, os.path.join(sockdir, "backend.sock"))
     backend.behaviours[BIG] = _big
     proxy = await start_proxy(nursery, sockdir)

@@ -19,9 +19,10 @@ from tests.integration.handover_support import ECHO, HEADERS_REFUSE, REFUSE, Har
 from tests.integration.support import wait_until
 
 
-async def test_a_handed_over_call_the_runtime_refuses_is_sent_again_without_running_its_hooks_again(
+async def test_a_refused_hand_over_is_resent_without_its_hooks(
     harness: Harness,
 ) -> None:
+    """A handed over call the runtime refuses is sent again without running its hooks again."""
     runtime, method = await harness.start(lambda n: REFUSE if n <= 2 else ECHO)
     answer = await harness.call(method)
     hooked = harness.hooked
@@ -41,7 +42,7 @@ async def test_a_handed_over_call_the_runtime_refuses_is_sent_again_without_runn
     )
 
 
-async def test_a_handed_over_call_the_runtime_always_refuses_ends_unavailable(
+async def test_a_hand_over_always_refused_ends_unavailable(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not forever, even without a deadline; the watcher is told the failure (and keeps nothing)."""
@@ -58,7 +59,7 @@ async def test_a_handed_over_call_the_runtime_always_refuses_ends_unavailable(
     assert [(Status.UNAVAILABLE, None)] == hooked.told
 
 
-async def test_a_handed_over_call_refused_after_its_answer_began_is_not_sent_again(harness: Harness) -> None:
+async def test_a_hand_over_refused_mid_answer_is_not_resent(harness: Harness) -> None:
     """The caller already has the answer's header block: a second attempt would send it another. The call
     fails as a relayed one does (grpc-go's status for the reset), and the runtime sees it once."""
     runtime, method = await harness.start(lambda n: HEADERS_REFUSE if n == 1 else ECHO)
@@ -70,7 +71,7 @@ async def test_a_handed_over_call_refused_after_its_answer_began_is_not_sent_aga
     assert (1, 1) == (hooked.runs, len(runtime.bodies))
 
 
-async def test_a_watched_call_the_runtime_refuses_is_refused_to_the_caller(harness: Harness) -> None:
+async def test_a_refused_watched_call_is_refused_to_the_caller(harness: Harness) -> None:
     """No hook ran: the caller gets the refusal (grpc-go sends the call again; this client, retries off,
     reports UNAVAILABLE), and the relay does not send it again itself."""
     told: list[tuple[Status, bytes | None]] = []

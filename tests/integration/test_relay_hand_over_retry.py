@@ -61,7 +61,7 @@ class TestARefusedHandedOverCall:
         await wait_until(lambda: bool(harness.records))
         assert status == harness.records[0].status
 
-    async def test_waiting_to_be_resent_when_its_deadline_passes_is_not_sent(
+    async def test_waiting_to_be_resent_past_its_deadline_is_not_sent(
         self, harness: Harness, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """The pause before a resend made 4 s long: the caller's 2 s deadline passes during it, and the
@@ -89,9 +89,7 @@ class TestARefusedHandedOverCall:
         assert [(Status.CANCELLED, None)] == harness.hooked.told
         assert 1 == harness.hooked.runs
 
-    async def test_is_sent_again_on_a_new_connection_after_the_runtime_went_away(
-        self, harness: Harness
-    ) -> None:
+    async def test_is_resent_on_a_new_connection_after_goaway(self, harness: Harness) -> None:
         """containerd restarted under the proxy: GOAWAY (nothing processed), the connection closed. The
         same rewritten bytes go to the new connection; the hooks ran once."""
         runtime, method = await harness.start(lambda n: GOAWAY if n == 1 else ECHO)
@@ -111,9 +109,8 @@ class TestARefusedHandedOverCall:
             record.status,
         )
 
-    async def test_refused_then_answered_with_a_trailers_only_error_passes_the_error_on(
-        self, harness: Harness
-    ) -> None:
+    async def test_refused_then_trailers_only_error_passes_it_on(self, harness: Harness) -> None:
+        """Refused then answered with a trailers only error passes the error on."""
         runtime, method = await harness.start(lambda n: REFUSE if n <= 3 else ERROR)
         result = await harness.call(method)
 
@@ -152,7 +149,7 @@ class TestARefusedHandedOverCall:
 
 
 class TestAHandedOverCall:
-    async def test_whose_request_came_compressed_goes_upstream_uncompressed(self, harness: Harness) -> None:
+    async def test_compressed_request_goes_upstream_uncompressed(self, harness: Harness) -> None:
         """The interceptor read it decompressed and changed it; the runtime gets one plain message, with
         no grpc-encoding (nor the caller's grpc-accept-encoding)."""
         runtime, method = await harness.start(lambda n: ECHO)
@@ -170,9 +167,7 @@ class TestAHandedOverCall:
             harness.records[0].reply,
         )
 
-    async def test_its_caller_cancels_while_the_runtime_works_is_reset_upstream(
-        self, harness: Harness
-    ) -> None:
+    async def test_cancelled_while_the_runtime_works_is_reset_upstream(self, harness: Harness) -> None:
         """The runtime never answers; kubelet gives up (RST_STREAM): the runtime's stream is reset
         (CANCEL), the watcher told CANCELLED (nothing kept), no call left."""
         runtime, method = await harness.start(lambda n: SILENT)

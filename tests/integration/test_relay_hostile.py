@@ -115,7 +115,7 @@ class RawCaller:
         self.sock.close()
 
 
-async def test_thousands_of_calls_ending_every_way_leave_no_stream_counted(
+async def test_thousands_of_calls_ending_any_way_leave_no_stream(
     fake_containerd: tuple[FakeContainerd, str], nursery: trio.Nursery, sockdir: str
 ) -> None:
     """5000 calls on one connection, ending by answer, by the caller's reset before or after the
@@ -271,7 +271,7 @@ async def test_requests_collected_for_hooks_are_bounded_per_connection(
     assert [] == fake.requests("RunPodSandbox")  # none finished; the refused one never goes on
 
 
-async def test_requests_waiting_for_the_runtimes_window_do_not_close_its_connection(
+async def test_requests_waiting_for_runtime_window_keep_connection(
     nursery: trio.Nursery, sockdir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """MAX_HELD bounds what one *caller* connection has waiting for it. Request bytes waiting for

@@ -82,7 +82,7 @@ async def test_exactly_16_mib_passes_and_one_byte_more_does_not(
     assert 1 == len(fake.requests("RunPodSandbox"))
 
 
-async def test_a_stream_window_is_granted_to_the_runtime_only_as_the_caller_reads(
+async def test_stream_window_granted_upstream_as_the_caller_reads(
     nursery: trio.Nursery, sockdir: str
 ) -> None:
     """The runtime connection's window comes back on arrival, but a stream's only as its caller

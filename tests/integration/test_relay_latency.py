@@ -18,7 +18,7 @@ from tests.integration.test_relay_broken_peers import PATH, _call, raw_upstream
 _ANSWER_HEADERS = f.encode_headers([(b":status", b"200"), (b"content-type", b"application/grpc")])
 
 
-async def test_an_answer_goes_to_the_caller_before_the_ping_ack_to_the_runtime(
+async def test_an_answer_goes_out_before_the_ping_ack(
     nursery: trio.Nursery, relay: Relay, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """containerd (grpc-go) sends a PING with an answer's DATA (its BDP estimate). Read together,

@@ -74,7 +74,7 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-async def test_a_caller_flooding_during_the_linger_is_closed_at_its_bound(
+async def test_a_caller_flooding_the_linger_is_closed_at_its_bound(
     nursery: trio.Nursery,
     short_tmp: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -160,7 +160,7 @@ async def _many_drained(
     return callers
 
 
-async def test_hundreds_of_lingering_connections_end_together_at_the_bound(
+async def test_hundreds_of_lingering_connections_end_at_the_bound(
     nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Callers that keep their connections open: each lingers LINGER from its own final GOAWAY, all

@@ -100,7 +100,7 @@ async def test_a_stop_is_not_held_by_a_grpc_go_caller_that_closes(
     assert 1 == len(lingered)
 
 
-async def test_a_caller_that_never_closes_holds_the_stop_at_most_the_grace_period(
+async def test_a_caller_never_closing_holds_stop_at_most_the_grace(
     nursery: trio.Nursery, sockdir: str
 ) -> None:
     """The linger's bound is 10 times the test's limit here; the daemon's grace period (5 s: the
@@ -123,7 +123,7 @@ async def test_a_caller_that_never_closes_holds_the_stop_at_most_the_grace_perio
         assert not proxy.relay._clients
 
 
-async def test_a_stream_after_the_final_goaway_never_reaches_the_runtime(
+async def test_a_stream_after_the_final_goaway_never_goes_upstream(
     nursery: trio.Nursery, sockdir: str
 ) -> None:
     """A caller that opens a stream, and sends a PING and a SETTINGS, after the relay's final

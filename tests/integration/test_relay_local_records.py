@@ -16,9 +16,11 @@ from tests.integration.support import LIVENESS_LIMIT, in_thread, raw_unary, serv
 PATH = "/test.Echo/Intercepted"
 
 
-async def test_an_intercepted_calls_record_comes_after_its_answer_is_written(
+async def test_an_intercepted_calls_record_follows_its_answer(
     relay: Relay, nursery: trio.Nursery, short_tmp: Path, channel_to: Callable[[str], grpc.Channel]
 ) -> None:
+    """An intercepted calls record comes after its answer is written."""
+
     async def intercept(path: str, request: bytes, forward: Forward) -> Reply:
         return Reply(b"pong")
 

@@ -22,9 +22,10 @@ PATH = "/test.Review7/Call"
 
 
 @pytest.mark.parametrize("hand_over", [False, True], ids=["forward", "handed over"])
-async def test_a_callers_content_length_is_not_passed_on_with_a_changed_request(
+async def test_a_callers_content_length_is_dropped_on_a_new_request(
     relay: Relay, nursery: trio.Nursery, short_tmp: Path, hand_over: bool
 ) -> None:
+    """A callers content length is not passed on with a changed request."""
     told: list[Status] = []
 
     async def intercept(path: str, request_: bytes, forward: Forward) -> Reply:

@@ -198,7 +198,7 @@ class Client:
 
 
 class TestFlowControlCredit:
-    async def test_reply_bytes_dropped_by_a_reset_are_granted_back_to_the_upstream(
+    async def test_reply_bytes_dropped_by_a_reset_credit_the_upstream(
         self, nursery: trio.Nursery, short_tmp: Path, upstream_path: str
     ) -> None:
         """A caller that resets a call while its reply waits in the relay (its window is closed):
@@ -306,7 +306,7 @@ class TestOwnCalls:
 
 
 class TestCallsWithHookPoints:
-    async def test_a_call_reset_before_its_interceptor_started_does_not_run_it(
+    async def test_a_call_reset_before_its_interceptor_does_not_run_it(
         self, nursery: trio.Nursery, short_tmp: Path
     ) -> None:
         """A caller that sends a request and resets the stream in the same packet has cancelled

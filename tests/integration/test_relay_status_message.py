@@ -51,9 +51,11 @@ async def _echo(message: bytes) -> bytes:
     ],
     ids=["grpc-error", "other-exception"],
 )
-async def test_a_message_utf8_cannot_encode_still_answers_and_the_server_lives_on(
+async def test_a_non_utf8_message_still_answers_server_lives_on(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], grpc.Channel], raised: Exception
 ) -> None:
+    """A message utf8 cannot encode still answers and the server lives on."""
+
     async def refuse(message: bytes) -> bytes:
         raise raised
 
@@ -71,9 +73,10 @@ async def test_a_message_utf8_cannot_encode_still_answers_and_the_server_lives_o
     assert b"still here" == reply
 
 
-async def test_a_long_message_reaches_grpcio_and_a_raw_peer_cut_at_the_limit(
+async def test_a_long_message_is_cut_at_the_limit_for_any_peer(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], grpc.Channel]
 ) -> None:
+    """A long message reaches grpcio and a raw peer cut at the limit."""
     text = "ünïcödé %" * 5000
 
     async def refuse(message: bytes) -> bytes:

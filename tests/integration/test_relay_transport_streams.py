@@ -102,7 +102,7 @@ class TestStreams:
         assert len(answers) == len(set(answers)) == 110 - len(refusals)
         assert set(answers) <= {b"%d" % i for i in range(110)}
 
-    async def test_a_full_queue_refuses_the_caller_with_the_most_calls_waiting(
+    async def test_a_full_queue_refuses_the_caller_with_most_waiting(
         self,
         nursery: trio.Nursery,
         sockdir: str,

@@ -76,13 +76,14 @@ async def _call(channel: grpc.Channel, timeout: float | None) -> grpc.StatusCode
 
 
 @pytest.mark.parametrize("twice", [False, True], ids=["one-forward", "second-forward"])
-async def test_the_deadline_ends_a_watched_forward_and_resets_the_runtimes_stream(
+async def test_the_deadline_ends_a_watched_forward_and_resets_it(
     relay: Relay,
     nursery: trio.Nursery,
     short_tmp: Path,
     channel_to: Callable[[str], grpc.Channel],
     twice: bool,
 ) -> None:
+    """The deadline ends a watched forward and resets the runtimes stream."""
     runtime, listen = await _setup(relay, nursery, short_tmp, twice=twice)
     with trio.fail_after(LIVENESS_LIMIT):
         for count in (1, 2):
@@ -92,7 +93,7 @@ async def test_the_deadline_ends_a_watched_forward_and_resets_the_runtimes_strea
     assert 2 == runtime.started
 
 
-async def test_a_call_without_deadline_ends_with_its_callers_connection(
+async def test_a_call_without_deadline_ends_with_its_connection(
     relay: Relay, nursery: trio.Nursery, short_tmp: Path
 ) -> None:
     """No grpc-timeout (no timer): the forward waits, then the caller resets the stream, or closes
@@ -114,7 +115,7 @@ async def test_a_call_without_deadline_ends_with_its_callers_connection(
             await relay.wait_idle()
 
 
-async def test_a_call_waiting_at_the_gate_ends_at_its_deadline_and_never_reaches_the_runtime(
+async def test_a_call_at_the_gate_ends_at_its_deadline(
     relay: Relay, nursery: trio.Nursery, short_tmp: Path, channel_to: Callable[[str], grpc.Channel]
 ) -> None:
     """Recovery not done: the call waits at the gate; its deadline ends it; the gate opened later

@@ -280,9 +280,7 @@ async def test_an_answer_over_max_answer_is_resource_exhausted(grpcio_server: _G
         assert b"cba" == await channel.unary("/g.S/Echo", b"abc")
 
 
-async def test_a_stream_the_server_resets_has_the_status_grpc_go_gives_the_reset(
-    nursery: trio.Nursery, sock: str
-) -> None:
+async def test_a_server_reset_has_the_status_grpc_go_gives(nursery: trio.Nursery, sock: str) -> None:
     """RST_STREAM's code is the status as grpc-go's client maps it (http2ErrConvTab): CANCEL is
     CANCELLED, INTERNAL_ERROR (or any code not listed) INTERNAL, ENHANCE_YOUR_CALM
     RESOURCE_EXHAUSTED; only REFUSED_STREAM is UNAVAILABLE (it was UNAVAILABLE for every code)."""

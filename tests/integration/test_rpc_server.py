@@ -94,9 +94,11 @@ async def test_a_unary_handler_answers_grpcio_and_sees_its_metadata(
     assert big[::-1] == reply
 
 
-async def test_grpc_error_is_the_status_and_other_exceptions_are_unknown(
+async def test_grpc_error_is_its_status_other_exceptions_unknown(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], grpc.Channel], caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Grpc error is the status and other exceptions are unknown."""
+
     async def refuse(message: bytes) -> bytes:
         raise GRPCError(Status.NOT_FOUND, "no such pod: é", b"\x08\x05")
 
@@ -133,9 +135,10 @@ async def test_an_error_before_any_message_is_a_trailers_only_answer(
     assert answer.reset is None
 
 
-async def test_unknown_paths_are_unimplemented_unless_the_fallback_answers(
+async def test_unknown_paths_unimplemented_unless_fallback_answers(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], grpc.Channel]
 ) -> None:
+    """Unknown paths are unimplemented unless the fallback answers."""
     asked: list[str] = []
 
     def fallback(path: str) -> Any:
@@ -170,7 +173,8 @@ async def test_a_handler_returning_without_trailers_ends_ok(nursery: trio.Nurser
     assert ("grpc-status", "0") in answer.headers and [] == answer.trailers  # trailers-only OK
 
 
-async def test_serve_replaces_a_stale_socket_refuses_a_live_one_and_removes_its_own(sock: str) -> None:
+async def test_serve_replaces_stale_socket_refuses_live_one(sock: str) -> None:
+    """Serve replaces a stale socket refuses a live one and removes its own."""
     stale = socket.socket(socket.AF_UNIX)
     stale.bind(sock)
     stale.close()  # a file nobody listens on, as a crash leaves
@@ -200,9 +204,10 @@ async def test_the_callers_deadline_cancels_the_handler(
     assert deadlines[0] is not None and deadlines[0] == pytest.approx(started + 5.0, abs=0.1)
 
 
-async def test_without_enforce_deadlines_the_handler_runs_past_the_deadline(
+async def test_without_enforce_deadlines_handler_runs_past_it(
     nursery: trio.Nursery, sock: str, autojump_clock: trio.testing.MockClock
 ) -> None:
+    """Without enforce deadlines the handler runs past the deadline."""
     ran: list[float] = []
 
     async def slow(stream: Stream) -> None:

@@ -39,9 +39,10 @@ from tests.integration.test_rpc_server import grpcio as grpcio  # the fixture, t
 # -- limits and endings -----------------------------------------------------------------------
 
 
-async def test_a_request_message_over_max_request_is_resource_exhausted(
+async def test_a_request_over_max_request_is_resource_exhausted(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], grpc.Channel]
 ) -> None:
+    """A request message over max request is resource exhausted."""
     await start(nursery, sock, Server({ECHO: unary(_reverse)}, max_request=1024 * 1024))
     channel = grpcio(sock)
     err = await grpcio_error(channel, ECHO, b"x" * (1024 * 1024 + 1))
@@ -82,9 +83,9 @@ async def test_max_streams_is_advertised_and_kept(nursery: trio.Nursery, sock: s
     assert h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS not in answer.settings  # as grpc-go
 
 
-async def test_close_connection_drops_the_transport_and_the_server_goes_on(
-    nursery: trio.Nursery, sock: str
-) -> None:
+async def test_close_connection_drops_transport_server_goes_on(nursery: trio.Nursery, sock: str) -> None:
+    """Close connection drops the transport and the server goes on."""
+
     async def crash(stream: Stream) -> None:
         stream.close_connection()
 
@@ -235,9 +236,11 @@ async def test_a_handler_sending_after_its_caller_left_is_cancelled(
     assert ["cancelled"] == outcome
 
 
-async def test_sending_after_the_handler_ended_the_call_is_an_error_of_the_handler(
+async def test_sending_after_the_call_ended_is_the_handlers_error(
     nursery: trio.Nursery, sock: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Sending after the handler ended the call is an error of the handler."""
+
     async def twice(stream: Stream) -> None:
         await stream.send_trailing_metadata(Status.OK)
         await stream.send_message(b"late")

@@ -98,9 +98,10 @@ def not_a_handler_task(name: str) -> bool:
     return "_ServerCall.run" not in name
 
 
-async def test_answers_at_once_and_later_with_their_status_and_no_task_of_their_own(
+async def test_answers_now_and_later_with_status_and_no_own_task(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
 ) -> None:
+    """Answers at once and later with their status and no task of their own."""
     jobs = Jobs()
     await jobs.serve(nursery, sock)
     with trio.fail_after(LIVENESS_LIMIT):
@@ -127,7 +128,7 @@ async def test_answers_at_once_and_later_with_their_status_and_no_task_of_their_
     assert len(jobs.tasks) == 5 and all(map(not_a_handler_task, jobs.tasks)), jobs.tasks
 
 
-async def test_a_job_waiting_for_its_answer_stalls_no_other_stream_or_connection(
+async def test_a_waiting_job_stalls_no_other_stream_or_connection(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
 ) -> None:
     """While one call's job has not answered, calls on the same connection (grpcio's one
@@ -145,9 +146,10 @@ async def test_a_job_waiting_for_its_answer_stalls_no_other_stream_or_connection
         assert b"at last" == await trio.to_thread.run_sync(future.result)
 
 
-async def test_the_deadline_ends_the_call_and_the_late_answer_is_dropped(
+async def test_the_deadline_ends_the_call_the_late_answer_dropped(
     nursery: trio.Nursery, sock: str, autojump_clock: trio.testing.MockClock
 ) -> None:
+    """The deadline ends the call and the late answer is dropped."""
     jobs = Jobs()
     server = await jobs.serve(nursery, sock)
     for late in (outcome.Value(b"too late"), outcome.Error(ValueError("too late as well"))):
@@ -173,7 +175,7 @@ async def test_the_callers_reset_frees_the_call_before_the_job_answers(
         assert b"cba" == (await call(grpcio(AT_ONCE), b"abc"))[0]
 
 
-async def test_max_request_and_requests_that_are_no_plain_message_answer_as_unary_does(
+async def test_max_request_and_odd_requests_answer_as_unary_does(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
 ) -> None:
     """Too large: RESOURCE_EXHAUSTED, the job never started. No message, a message cut off,
@@ -197,9 +199,10 @@ async def test_max_request_and_requests_that_are_no_plain_message_answer_as_unar
         assert 1 == len(jobs.tasks) and not not_a_handler_task(jobs.tasks[0])
 
 
-async def test_with_an_async_check_headers_the_job_runs_from_the_calls_task(
+async def test_with_async_check_headers_the_job_runs_in_call_task(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
 ) -> None:
+    """With an async check headers the job runs from the calls task."""
     jobs = Jobs()
     checked: list[str] = []
 
@@ -221,7 +224,7 @@ async def test_with_an_async_check_headers_the_job_runs_from_the_calls_task(
 
 
 @pytest.mark.relay_bug_expected
-async def test_a_bug_in_answering_late_ends_that_connection_not_the_server(
+async def test_a_bug_answering_late_ends_only_that_connection(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A late answer is a ``run_sync_soon`` callback, where an exception would end the whole

@@ -42,7 +42,7 @@ def h2_client() -> h2.connection.H2Connection:
     return conn
 
 
-async def test_a_job_answering_twice_gives_the_caller_its_first_answer_only(
+async def test_a_job_answering_twice_gives_its_first_answer_only(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
 ) -> None:
     """done() called again (with a value, then with an error) after the call ended: dropped, the
@@ -125,7 +125,7 @@ async def test_the_callers_connection_lost_while_the_job_is_out(nursery: trio.Nu
         assert b"cba" == (await request(sock, grpc_request(AT_ONCE), framed(b"abc"))).message
 
 
-async def test_a_server_stops_with_a_job_that_never_answers_and_one_answers_after(
+async def test_a_server_stops_with_a_silent_job_and_a_late_one(
     sock: str, grpcio: Callable[[str], Any]
 ) -> None:
     """A job that never calls done() for a call without a deadline: drain gives up after its grace,
@@ -166,7 +166,7 @@ async def with_task_path(nursery: trio.Nursery, jobs: Jobs, sock: str) -> Server
     return await jobs.serve(nursery, sock, check_headers=check)
 
 
-async def test_from_a_task_a_job_answering_twice_gives_its_first_answer_only(
+async def test_from_a_task_a_job_answering_twice_gives_the_first(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any]
 ) -> None:
     """The same as the first test, the job run from its call's task (an async check_headers) and
@@ -188,9 +188,7 @@ async def test_from_a_task_a_job_answering_twice_gives_its_first_answer_only(
         assert [] == handler_tasks()
 
 
-async def test_from_a_task_a_job_that_never_answers_leaves_no_task_behind_its_deadline(
-    nursery: trio.Nursery, sock: str
-) -> None:
+async def test_from_a_task_a_silent_job_leaves_no_task_behind(nursery: trio.Nursery, sock: str) -> None:
     """The job run from its call's task never answers: the caller's deadline ends the call
     DEADLINE_EXCEEDED, and the call's task with it (as the job's own call without a task): a
     task left waiting would hold the server's end (serve's cancellation) until the job answers."""
