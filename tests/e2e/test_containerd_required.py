@@ -166,7 +166,7 @@ class Caller:
         return answer
 
 
-def test_kill_9_and_restart_while_kubelet_calls_lets_nothing_through(
+def test_kill_9_and_restart_under_kubelet_lets_nothing_through(
     containerd: Containerd, short_tmp: Path, direct: Cri
 ) -> None:
     """The required server and then krproxy are killed (-9) and krproxy restarted, while a caller keeps
