@@ -65,6 +65,10 @@ def test_no_test_file_is_named_after_a_review_or_a_round() -> None:
     assert [] == misnamed_files()
 
 
+def test_no_test_name_is_over_70_characters() -> None:
+    assert [] == long_test_names()
+
+
 @pytest.mark.parametrize(
     "name",
     [
