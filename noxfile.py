@@ -22,8 +22,10 @@ import sys
 
 import nox
 
-nox.options.default_venv_backend = "venv"
-nox.options.sessions = ["tests", "e2e", "lint", "typecheck"]
+# uv makes a session's venv and installs into it in seconds (from its cache after the first run);
+# .ci/run and README's test command install it beside nox.
+nox.options.default_venv_backend = "uv"
+nox.options.sessions = ["setup", "tests", "e2e", "lint", "typecheck"]
 nox.options.reuse_existing_virtualenvs = True
 
 
@@ -31,8 +33,13 @@ nox.options.reuse_existing_virtualenvs = True
 PYTHONS = ["3.11", "3.12", "3.13", "3.14", "3.15"]
 #: Run in scripts/sid-python's Debian sid chroot where the machine has no interpreter of theirs.
 SID_PYTHONS = ["3.14", "3.15"]
-#: What every test session runs: pytest's arguments before the session's own.
+#: What every test session runs: pytest's arguments before the session's own. ``-n`` is
+#: pytest-xdist's worker count: 3 on this 2-core machine, since many tests wait on sockets and
+#: processes rather than the CPU (docs/testing.md, "How CI runs"); KRPROXY_TEST_WORKERS changes it
+#: (0: no workers, every test in the one pytest process). Tests that share something between
+#: processes are marked ``serial`` and run after the others, one at a time (tests/conftest.py).
 TEST_PATHS = ["tests/unit", "tests/integration"]
+TEST_WORKERS = os.environ.get("KRPROXY_TEST_WORKERS", "3")
 
 
 def _is_version(path: str, version: str) -> bool:
@@ -84,6 +91,47 @@ def _install(session: nox.Session) -> None:
     session.install("-e", ".[test]")
 
 
+#: Whether this nox run did the host set-up already (scripts/host-setup: once per run).
+_SET_UP: dict[str, bool] = {}
+
+
+def _host_setup(session: nox.Session, *, sid: bool = False) -> None:
+    """scripts/host-setup once per nox run (``--sid``: with the sid chroot), in the first session that
+    needs it; later sessions of the run skip it. On CI a sid chroot that cannot be had fails the run."""
+    key = "sid" if sid else "host"
+    if key in _SET_UP:
+        if not _SET_UP[key]:
+            _sid_unavailable(session)
+        return
+    command = [sys.executable, "scripts/host-setup", *(["--sid"] if sid else [])]
+    session.log(" ".join(command))
+    done = subprocess.run(command).returncode == 0  # its output as it goes; 1: no sid chroot
+    _SET_UP["host"] = True
+    if sid:
+        _SET_UP["sid"] = done
+        if not done:
+            _sid_unavailable(session)
+
+
+def _sid_unavailable(session: nox.Session) -> None:
+    reason = "no Debian sid chroot for the 3.14 and 3.15 sessions (scripts/host-setup said why, above)"
+    if "CI" in os.environ:  # as nox's --error-on-missing-interpreters for the other versions
+        session.error(reason)
+    session.skip(reason)
+
+
+def _pytest_args(session: nox.Session) -> list[str]:
+    workers = ["-n", TEST_WORKERS] if TEST_WORKERS != "0" else ["-p", "no:xdist"]
+    return [*TEST_PATHS, *workers, *session.posargs]
+
+
+@nox.session(python=False)
+def setup(session: nox.Session) -> None:
+    """The host set-up every test session needs, once per run and cached for the next (scripts/host-setup):
+    h2load and socat, the Go test programs, NRI's protos, the sid chroot where 3.14 or 3.15 runs in it."""
+    _host_setup(session, sid=bool(_IN_SID))
+
+
 def _test_params() -> list[nox.param]:
     """One (python, sid) per version: the interpreter found, or ``False`` (no host venv) and the sid version."""
     params = []
@@ -96,74 +144,49 @@ def _test_params() -> list[nox.param]:
     return params
 
 
+_TEST_PARAMS = _test_params()
+#: The versions whose session runs in the sid chroot on this machine.
+_IN_SID = [param.args[1] for param in _TEST_PARAMS if param.args[1]]
+
+
 @nox.session
-@nox.parametrize(["python", "sid"], _test_params())
+@nox.parametrize(["python", "sid"], _TEST_PARAMS)
 def tests(session: nox.Session, sid: str | None) -> None:
     """Unit and integration tests (no real runtime needed), on each supported Python."""
     if sid:
         _tests_in_sid(session, sid)
         return
+    _host_setup(session)
     _install(session)
-    # nghttp2's h2load, the relay's third-party HTTP/2 client (tests/integration/test_relay_h2load.py),
-    # and socat, which bridges h2spec's TCP to the proxy's unix socket (tests/integration/test_h2spec.py);
-    # where one cannot be installed the script says why and its test is skipped.
-    for command, package in (("h2load", "nghttp2-client"), ("socat", "socat")):
-        session.run(
-            "sh", "scripts/install-debian-command", command, package, external=True, success_codes=[0, 1]
-        )
-    # A grpc-go client set up as kubelet's (tests/integration/test_grpc_go_client.py), built from
-    # Debian trixie's Go and grpc-go unpacked under /var/cache/krproxy-debs; where that cannot be
-    # done the script says why and those tests are skipped with it. The same for the benchmark's
-    # grpc-go proxy (tests/integration/test_go_anchor_proxy.py).
-    session.run("python", "scripts/install-go-client", success_codes=[0, 1])
-    session.run("python", "scripts/install-go-client", "--program", "goproxy", success_codes=[0, 1])
-    session.run("pytest", *TEST_PATHS, *session.posargs)
+    session.run("pytest", *_pytest_args(session))
+
+
+def _uv_binary() -> str:
+    """The uv that nox uses (installed beside it), for the sid chroot, which has none of its own."""
+    try:
+        from uv import find_uv_bin  # the PyPI package ``uv``, installed with nox
+    except ImportError:
+        return shutil.which("uv") or "uv"
+    return str(find_uv_bin())
 
 
 def _tests_in_sid(session: nox.Session, version: str) -> None:
     """The tests on Debian sid's Python ``version``, in scripts/sid-python's chroot.
 
-    The chroot is built on first use (about 2 minutes) and cached; the venv lives in
-    .nox/tests-sid-X-Y of the repository, made by the chroot's pythonX.Y. Where the chroot
-    cannot be had (no root, no debootstrap) the session is skipped with the reason, or fails on CI.
+    The chroot is built by scripts/host-setup on first use (about 2 minutes) and cached; the venv
+    lives in .nox/tests-sid-X-Y of the repository, made by the host's uv (bound read-only into the
+    chroot) with the chroot's pythonX.Y, uv's cache kept in the chroot. Where the chroot cannot be
+    had (no root, no debootstrap) the session is skipped with the reason, or fails on CI.
     """
-    ensured = subprocess.run(
-        [sys.executable, "scripts/sid-python", "ensure"], stdout=subprocess.PIPE, text=True
-    )
-    if ensured.returncode != 0:
-        why = ensured.stdout.strip().removeprefix("sid-python: ")
-        reason = f"no Python {version} on this machine (pyenv, PATH) and no Debian sid chroot for it: {why}"
-        if "CI" in os.environ:  # as nox's --error-on-missing-interpreters for the other versions
-            session.error(reason)
-        session.skip(reason)
-    # The grpc-go client is built on the host (its Go comes unpacked from Debian packages) into
-    # /var/cache/krproxy-debs, which the chroot sees read-only; h2load and socat are installed in the chroot.
-    session.run(sys.executable, "scripts/install-go-client", external=True, success_codes=[0, 1])
-    session.run(
-        sys.executable,
-        "scripts/install-go-client",
-        "--program",
-        "goproxy",
-        external=True,
-        success_codes=[0, 1],
-    )
-    sid = [sys.executable, "scripts/sid-python", "run", "--"]
+    _host_setup(session, sid=True)
+    uv = os.path.realpath(_uv_binary())
+    sid = [sys.executable, "scripts/sid-python", "run", "--ro-bind", uv, "--", "env", "UV_LINK_MODE=copy"]
     venv = os.path.join(".nox", f"tests-sid-{version.replace('.', '-')}")
-    if not os.path.lexists(os.path.join(venv, "bin", "python")):  # a link to the chroot's python
-        session.run(*sid, f"python{version}", "-m", "venv", venv, external=True)
     python = os.path.join(venv, "bin", "python")
-    session.run(*sid, python, "-m", "pip", "install", "-e", ".[test]", external=True)
-    for command, package in (("h2load", "nghttp2-client"), ("socat", "socat")):
-        session.run(
-            *sid,
-            "sh",
-            "scripts/install-debian-command",
-            command,
-            package,
-            external=True,
-            success_codes=[0, 1],
-        )
-    session.run(*sid, python, "-m", "pytest", *TEST_PATHS, *session.posargs, external=True)
+    if not os.path.lexists(python):  # a link to the chroot's python
+        session.run(*sid, uv, "venv", "-q", "-p", f"/usr/bin/python{version}", venv, external=True)
+    session.run(*sid, uv, "pip", "install", "-q", "-p", python, "-e", ".[test]", external=True)
+    session.run(*sid, python, "-m", "pytest", *_pytest_args(session), external=True)
 
 
 @nox.session

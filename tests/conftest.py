@@ -15,6 +15,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import tempfile
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -37,10 +38,34 @@ from krproxy.fakes.containerd import (
 from krproxy.fakes.containerd.records import LIST_SEED_ENV
 from krproxy.relay import connection as relay_connection
 
+#: Signals the tests send to the processes they start, or which those processes rely on.
+CHILD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _still_ignored(signum: int, frame: object) -> None:
+    """In place of SIG_IGN in the pytest process: the signal is still ignored here."""
+
+
+def children_start_with_default_signals() -> None:
+    """Replace each inherited SIG_IGN of :data:`CHILD_SIGNALS` with a handler that does nothing.
+
+    A process started from a background job (``cmd &`` in a script, ``nohup``) inherits SIGINT
+    (SIGHUP) ignored, and an ignored signal stays ignored across ``exec``: every process a test
+    started then ignored it too, and a test sending it SIGINT failed (a ``krproxy trace replay``
+    went on waiting, since Python installs its KeyboardInterrupt handler only where SIGINT is at
+    its default). A caught signal is reset to its default by ``exec``, so with a handler here the
+    children start as from a terminal, while this process keeps ignoring the signal as asked.
+    """
+    for signum in CHILD_SIGNALS:
+        if signal.getsignal(signum) is signal.SIG_IGN:
+            signal.signal(signum, _still_ignored)
+
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Fix the fake containerd's list order for the session (lists come shuffled, as containerd's)."""
+    """Fix the fake containerd's list order for the session (lists come shuffled, as containerd's);
+    let the processes the tests start begin with the default signal dispositions."""
     os.environ.setdefault(LIST_SEED_ENV, str(random.randrange(2**32)))
+    children_start_with_default_signals()
 
 
 def _list_seed_line() -> str:

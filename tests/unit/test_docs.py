@@ -208,8 +208,8 @@ def check_python(command: Command) -> None:
 
 def check_pip(command: Command) -> None:
     """``pip install krproxy`` or ``pip install -e .`` is what tests/unit/test_packaging.py
-    builds; here the package named is ours."""
-    assert command.argv[-1] in {"krproxy", ".", "nox"}, f"{command.where}: installs {command.argv[-1]}"
+    builds; here the package named is ours (or nox and uv, which run the tests)."""
+    assert command.argv[-1] in {"krproxy", ".", "nox", "uv"}, f"{command.where}: installs {command.argv[-1]}"
 
 
 @functools.cache

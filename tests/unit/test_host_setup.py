@@ -1,0 +1,34 @@
+"""scripts/host-setup: the one-time host set-up nox does before the test sessions."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+from tests.unit import test_descriptors
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _host_setup() -> ModuleType:
+    loader = importlib.machinery.SourceFileLoader("host_setup", str(ROOT / "scripts" / "host-setup"))
+    spec = importlib.util.spec_from_loader("host_setup", loader)
+    assert spec is not None
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_it_fetches_the_nri_releases_the_descriptor_test_reads() -> None:
+    """The NRI packages host-setup unpacks are those test_descriptors compares against: the sid
+    chroot sees the package cache read-only, so a release host-setup missed is skipped there."""
+    wanted = {(suite, test_descriptors.NRI_PACKAGE, v) for v, suite in test_descriptors.NRI_VERSIONS.items()}
+    assert wanted == set(_host_setup().DEBIAN_FILES)
+
+
+def test_it_builds_every_go_program_of_the_tests() -> None:
+    """Every Go program under tests/ (a directory with a main package) is built by host-setup."""
+    programs = {path.parent.name for path in ROOT.glob("tests/*/main.go")}
+    assert programs == set(_host_setup().GO_PROGRAMS)
