@@ -104,13 +104,16 @@ def tests(session: nox.Session, sid: str | None) -> None:
         _tests_in_sid(session, sid)
         return
     _install(session)
-    # nghttp2's h2load, the relay's third-party HTTP/2 client (tests/integration/test_relay_h2load.py),
-    # and socat, which bridges h2spec's TCP to the proxy's unix socket (tests/integration/test_h2spec.py);
-    # where one cannot be installed the script says why and its test is skipped.
-    for command, package in (("h2load", "nghttp2-client"), ("socat", "socat")):
-        session.run(
-            "sh", "scripts/install-debian-command", command, package, external=True, success_codes=[0, 1]
-        )
+    # nghttp2's h2load, the relay's third-party HTTP/2 client (tests/integration/test_relay_h2load.py);
+    # where it cannot be installed the script says why and its test is skipped.
+    session.run(
+        "sh",
+        "scripts/install-debian-command",
+        "h2load",
+        "nghttp2-client",
+        external=True,
+        success_codes=[0, 1],
+    )
     # A grpc-go client set up as kubelet's (tests/integration/test_grpc_go_client.py), built from
     # Debian trixie's Go and grpc-go unpacked under /var/cache/krproxy-debs; where that cannot be
     # done the script says why and those tests are skipped with it. The same for the benchmark's
@@ -137,7 +140,7 @@ def _tests_in_sid(session: nox.Session, version: str) -> None:
             session.error(reason)
         session.skip(reason)
     # The grpc-go client is built on the host (its Go comes unpacked from Debian packages) into
-    # /var/cache/krproxy-debs, which the chroot sees read-only; h2load and socat are installed in the chroot.
+    # /var/cache/krproxy-debs, which the chroot sees read-only; h2load is installed in the chroot.
     session.run(sys.executable, "scripts/install-go-client", external=True, success_codes=[0, 1])
     session.run(
         sys.executable,
@@ -153,16 +156,15 @@ def _tests_in_sid(session: nox.Session, version: str) -> None:
         session.run(*sid, f"python{version}", "-m", "venv", venv, external=True)
     python = os.path.join(venv, "bin", "python")
     session.run(*sid, python, "-m", "pip", "install", "-e", ".[test]", external=True)
-    for command, package in (("h2load", "nghttp2-client"), ("socat", "socat")):
-        session.run(
-            *sid,
-            "sh",
-            "scripts/install-debian-command",
-            command,
-            package,
-            external=True,
-            success_codes=[0, 1],
-        )
+    session.run(
+        *sid,
+        "sh",
+        "scripts/install-debian-command",
+        "h2load",
+        "nghttp2-client",
+        external=True,
+        success_codes=[0, 1],
+    )
     session.run(*sid, python, "-m", "pytest", *TEST_PATHS, *session.posargs, external=True)
 
 
