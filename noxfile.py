@@ -128,7 +128,7 @@ def _pytest_args(session: nox.Session) -> list[str]:
 @nox.session(python=False)
 def setup(session: nox.Session) -> None:
     """The host set-up every test session needs, once per run and cached for the next (scripts/host-setup):
-    h2load and socat, the Go test programs, NRI's protos, the sid chroot where 3.14 or 3.15 runs in it."""
+    h2load, the Go test programs, NRI's protos, the sid chroot where 3.14 or 3.15 runs in it."""
     _host_setup(session, sid=bool(_IN_SID))
 
 
@@ -191,14 +191,13 @@ def _tests_in_sid(session: nox.Session, version: str) -> None:
 
 @nox.session
 def e2e(session: nox.Session) -> None:
-    """End-to-end tests: the krproxy daemon in front of real containerd 1.6, 1.7, 2.x (sid's 2.1) and 2.3
-    in private sandboxes.
+    """End-to-end tests: the krproxy daemon in front of real containerd 1.6, 1.7 and 2.x (sid's 2.1),
+    Debian's packages, in private sandboxes, and Docker mode in front of a real dockerd.
 
     scripts/e2e-matrix runs tests/e2e once per containerd version (in parallel) and Docker mode's
     file once, and prints passed/failed/skipped per version. Arguments go to every pytest run;
     ``--versions 1.6,2.x`` or ``--jobs N`` narrow the matrix or change how many run at a time.
-    containerd 2.3 is the prebuilt archive in ../shared/peers (or $KRPROXY_PEERS_DIR); without it
-    the 2.3 row is skipped with that reason.
+    What only containerd 2.3 does (NRI 0.12) is covered by the fakes (docs/testing.md).
     """
     _install(session)
     # Docker mode's e2e test needs a dockerd; fetch one if we can (unpacked, not installed).

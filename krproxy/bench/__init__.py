@@ -69,8 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument(
         "--nri-containerd",
-        default="2.3",
-        choices=["2.3", "2.x"],
+        default="2.x",
+        choices=["2.x", "1.7"],
         help="NRI cases: which containerd (containerd-sandbox fetch --version); default %(default)s",
     )
     parser.add_argument(

@@ -27,8 +27,8 @@ from krproxy.bench._support import (
 
 
 def nri(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
-    """NRI mode against a real containerd (``--nri-containerd``: 2.3, the default, or 2.x; NRI on by default in
-    both): pod start with and without ``krproxy nri``
+    """NRI mode against a real containerd (``--nri-containerd``: 2.x, sid's 2.1, the default, or 1.7,
+    trixie's, whose NRI the sandbox turns on): pod start with and without ``krproxy nri``
     registered (one hook server that answers at once, on PreCreateContainer), and Version straight to
     containerd in both states (plain CRI calls never touch krproxy in NRI mode).
 

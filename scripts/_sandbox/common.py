@@ -4,7 +4,6 @@ its log, and the files of one sandbox directory (:class:`Paths`).
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -25,13 +24,9 @@ VERSIONS = {
     "1.6": ("bookworm", "1.6."),
     "1.7": ("trixie", "1.7."),
     "2.x": ("sid", "2."),
-    "2.3": ("peers", "2.3."),
 }
-#: The versions that come as an archive of prebuilt binaries in the peers directory, not from Debian.
-ARCHIVES = {"2.3": "containerd-2.3.4-linux-amd64.tar.xz"}
 #: scripts/, where the helper scripts containerd-sandbox runs are.
 SCRIPTS = Path(__file__).resolve().parents[1]
-PEERS_DIR = Path(os.environ.get("KRPROXY_PEERS_DIR", SCRIPTS.parents[1] / "shared" / "peers"))
 DEFAULT_CACHE = "/var/cache/krproxy-debs"  # fetch-debian-package's
 # libcni (inside containerd) caches ADD results here; containerd 1.6 has no
 # setting to move it.  See _cleanup_cni_cache.

@@ -1,5 +1,5 @@
 """containerd-sandbox ``install`` and ``fetch``: the Debian packages it needs, and the bin dir of a
-containerd version (Debian's packages unpacked by fetch-debian-package, or the peers' archive).
+containerd version (bookworm's installed package, or trixie's and sid's unpacked by fetch-debian-package).
 """
 
 from __future__ import annotations
@@ -9,11 +9,9 @@ import os
 import shutil
 import subprocess
 import sys
-import tarfile
-import tempfile
 from pathlib import Path
 
-from _sandbox.common import ARCHIVES, CNI_BIN_DIR, CNI_PACKAGE, PACKAGES, PEERS_DIR, SCRIPTS, VERSIONS, log
+from _sandbox.common import CNI_BIN_DIR, CNI_PACKAGE, PACKAGES, SCRIPTS, VERSIONS, log
 
 # --------------------------------------------------------------------------- install
 
@@ -75,49 +73,9 @@ def containerd_version(binary: str) -> str:
     return words[2].lstrip("v")
 
 
-def unpack_archive(archive: Path, cache: str) -> Path:
-    """The directory holding ``archive``'s binaries, unpacked into ``cache`` if not yet there.
-
-    Unpacked into a temporary directory and renamed into place: a run never meets a parallel run's
-    half-unpacked directory, and a target without ``containerd`` (left by other means) is replaced.
-    """
-    name = archive.name.removesuffix(".tar.xz")
-    target = Path(cache) / name
-    if (target / "containerd").exists():
-        return target
-    if not archive.exists():
-        raise FetchError(
-            f"{archive} is absent (the prebuilt containerd, see the README beside it); "
-            "set KRPROXY_PEERS_DIR to the directory that holds it"
-        )
-    Path(cache).mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=cache))
-    try:
-        with tarfile.open(archive) as tar:
-            tar.extractall(partial, filter="data")
-        if target.exists() and not (target / "containerd").exists():
-            shutil.rmtree(target)
-        try:
-            partial.rename(target)
-        except OSError:  # another run got there first
-            if not (target / "containerd").exists():
-                raise
-    except (OSError, tarfile.TarError) as exc:
-        raise FetchError(f"cannot unpack {archive} into {cache}: {exc}") from exc
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
-    return target
-
-
 def fetch(version: str, cache: str) -> Path:
     """The ``usr/bin`` holding containerd ``version`` (fetched into ``cache`` if needed)."""
     suite, prefix = VERSIONS[version]
-    if suite == "peers":  # prebuilt, beside the repository
-        bin_dir = unpack_archive(PEERS_DIR / ARCHIVES[version], cache)
-        found = containerd_version(str(bin_dir / "containerd"))
-        if not found.startswith(prefix):
-            raise FetchError(f"{bin_dir}/containerd is {found}, not {version}")
-        return bin_dir
     if suite == "bookworm":  # the machine's own package, installed by `install`
         binary = shutil.which("containerd")
         if not binary:

@@ -100,6 +100,12 @@ class Containerd:
         return int(self.version.split(".")[0])
 
     @property
+    def release(self) -> tuple[int, int]:
+        """Major and minor version: ``(2, 1)`` for ``2.1.9+unknown``."""
+        major, minor = self.version.split(".")[:2]
+        return int(major), int(minor)
+
+    @property
     def ctr(self) -> str:
         """The ``ctr`` of this containerd."""
         return os.path.join(self.bin_dir, "ctr") if self.bin_dir else "ctr"

@@ -88,7 +88,7 @@ def read_calls(pod_id: str, container_id: str, image: str) -> list[tuple[str, An
         (RUNTIME + "PodSandboxStats", pb.PodSandboxStatsRequest(pod_sandbox_id=pod_id), VOLATILE),
         (RUNTIME + "ListPodSandboxStats", pb.ListPodSandboxStatsRequest(), VOLATILE),
         (RUNTIME + "ListMetricDescriptors", pb.ListMetricDescriptorsRequest(), stable),
-        # containerd 2.3 answers with each metric's current value, which moves between two calls.
+        # containerd 2.3 and later answer with each metric's current value, which moves between two calls.
         (RUNTIME + "ListPodSandboxMetrics", pb.ListPodSandboxMetricsRequest(), METRICS_VOLATILE),
         (IMAGE + "ListImages", pb.ListImagesRequest(), stable),
         *status_calls(

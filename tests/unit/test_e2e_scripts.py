@@ -156,54 +156,11 @@ def test_fetch_debian_package_version_prefix(tmp_path: Path) -> None:
     assert str(tmp_path / "containerd_1.7.9-1") == fetch._unpacked(str(tmp_path), "containerd", "1.7.9-1")
 
 
-class TestPrebuiltContainerd:
-    """containerd 2.3 comes as an archive of binaries in the peers directory, unpacked into the cache."""
-
-    def archive(self, tmp_path: Path, name: str = "containerd-2.3.4-linux-amd64.tar.xz") -> Path:
-        import tarfile
-
-        src = tmp_path / "src"
-        src.mkdir()
-        for binary in ("containerd", "containerd-shim-runc-v2", "ctr"):
-            (src / binary).write_text("#!/bin/sh\n")
-        path = tmp_path / "peers" / name
-        path.parent.mkdir()
-        with tarfile.open(path, "w:xz") as tar:
-            for binary in ("containerd", "containerd-shim-runc-v2", "ctr"):
-                tar.add(src / binary, arcname=binary)
-        return path
-
-    def test_unpacked_once_into_the_cache(self, sandbox: ModuleType, tmp_path: Path) -> None:
-        archive = self.archive(tmp_path)
-        cache = tmp_path / "cache"
-        first = sandbox.unpack_archive(archive, str(cache))
-        assert cache / "containerd-2.3.4-linux-amd64" == first
-        assert {"containerd", "containerd-shim-runc-v2", "ctr"} == {p.name for p in first.iterdir()}
-        archive.unlink()  # the second time it is not needed
-        assert first == sandbox.unpack_archive(archive, str(cache))
-        assert [first] == list(cache.iterdir())  # no temporary directory left behind
-
-    def test_absent_archive_says_where_and_how(self, sandbox: ModuleType, tmp_path: Path) -> None:
-        """Without the archive the reason names it and the variable that points elsewhere (the 2.3 tests
-        are then skipped with it)."""
-        missing = tmp_path / "peers" / "containerd-2.3.4-linux-amd64.tar.xz"
-        with pytest.raises(
-            sandbox.FetchError, match=r"containerd-2\.3\.4-linux-amd64\.tar\.xz is absent.*KRPROXY_PEERS_DIR"
-        ):
-            sandbox.unpack_archive(missing, str(tmp_path / "cache"))
-        assert not (tmp_path / "cache" / "containerd-2.3.4-linux-amd64").exists()
-
-    def test_a_half_unpacked_directory_is_replaced(self, sandbox: ModuleType, tmp_path: Path) -> None:
-        archive = self.archive(tmp_path)
-        stale = tmp_path / "cache" / "containerd-2.3.4-linux-amd64"
-        stale.mkdir(parents=True)
-        (stale / "ctr").write_text("half")  # an unpack by hand, killed before containerd landed
-        assert stale == sandbox.unpack_archive(archive, str(tmp_path / "cache"))
-        assert (stale / "containerd").exists() and "half" != (stale / "ctr").read_text()
-
-    def test_in_the_matrix(self, sandbox: ModuleType) -> None:
-        assert "2.3" in load("e2e-matrix").VERSIONS
-        assert ("peers", "2.3.") == sandbox.VERSIONS["2.3"]
+def test_the_matrix_is_debian_s_containerd(sandbox: ModuleType) -> None:
+    """The matrix runs what the machine's Debian archive provides: bookworm's 1.6, trixie's 1.7 and
+    sid's 2.x, no prebuilt archive beside the repository."""
+    assert ("1.6", "1.7", "2.x") == load("e2e-matrix").VERSIONS
+    assert {"1.6": ("bookworm", "1.6."), "1.7": ("trixie", "1.7."), "2.x": ("sid", "2.")} == sandbox.VERSIONS
 
 
 def test_pull_registry_serves_only_pulls(tmp_path: Path) -> None:
