@@ -182,7 +182,7 @@ def render_details(call: Call) -> list[str]:
         lines.extend(f"      {c.field}: {json.dumps(c.old)} -> {json.dumps(c.new)}" for c in hook.changes)
     for label, message in (("request", call.request), ("forwarded", call.forwarded), ("reply", call.reply)):
         if message is not None:
-            lines.append(f"    {label}: {json.dumps(messages.to_plain(message), sort_keys=True)}")
+            lines.append(f"    {label}: {json.dumps(messages.to_readable(message), sort_keys=True)}")
     if call.record.reply is None and call.record.replies:
         lines.append(f"    replies: {call.record.replies} stream messages (not recorded)")
     return lines
