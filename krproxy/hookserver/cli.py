@@ -15,7 +15,7 @@ from typing import Any
 import trio
 
 from krproxy import _argparse, log
-from krproxy._supervise import watch_signals
+from krproxy._supervise import exception_leaves, watch_signals
 from krproxy.unixsock import SocketInUseError
 
 from ._app import DEFAULT_CGROUP_ROOT, DEFAULT_RESCTRL_ROOT, RECONCILE_INTERVAL, HookServer
@@ -217,7 +217,7 @@ def _run(fn: Any, command: str) -> int:
     try:
         trio.run(fn)
     except (KeyboardInterrupt, OSError, BaseExceptionGroup) as err:
-        errors = _leaves(err)
+        errors = exception_leaves(err)
         if all(isinstance(e, KeyboardInterrupt) for e in errors):
             return 130  # Ctrl-C before the signals were caught: nothing was registered yet
         if not all(isinstance(e, OSError) for e in errors):
@@ -231,12 +231,6 @@ def _run(fn: Any, command: str) -> int:
             print(f"krproxy hooks {command}: error: {error}{hint}", file=sys.stderr)
         return 1
     return 0
-
-
-def _leaves(err: BaseException) -> list[BaseException]:
-    if isinstance(err, BaseExceptionGroup):
-        return [leaf for sub in err.exceptions for leaf in _leaves(sub)]
-    return [err]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
