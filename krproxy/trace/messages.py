@@ -128,44 +128,6 @@ def to_plain(message: betterproto2.Message) -> Plain:
     return message.to_dict(casing=betterproto2.Casing.SNAKE)
 
 
-def to_readable(message: betterproto2.Message) -> Plain:
-    """:func:`to_plain` for a person: a bytes field that is UTF-8 shows as its text, other bytes as text
-    with ``\\xNN`` escapes, where proto3's JSON mapping (``to_plain``, ``trace show --json``) gives base64.
-
-    CRI's env values are bytes (``KeyValue.value``): ``MODE=trace`` read ``"dHJhY2U="`` in ``trace show
-    -d``. Nothing here reads the result back; ``--json`` keeps the mapping tools can decode.
-    """
-    plain = to_plain(message)
-    _readable_bytes(message, plain)
-    return plain
-
-
-def _readable_bytes(message: betterproto2.Message, plain: Plain) -> None:
-    """Replace, in *plain* (``message``'s :func:`to_plain`), every bytes value by its text."""
-    for field in dataclasses.fields(message):  # type: ignore[arg-type]  # betterproto2 messages are dataclasses
-        if field.name not in plain:
-            continue
-        value = getattr(message, field.name)
-        if isinstance(value, list):
-            plain[field.name] = [_readable(v, p) for v, p in zip(value, plain[field.name], strict=True)]
-        elif isinstance(value, dict):
-            # to_dict keeps the map's order (its keys may be strings of int keys)
-            plain[field.name] = {
-                key: _readable(v, p)
-                for v, (key, p) in zip(value.values(), plain[field.name].items(), strict=True)
-            }
-        else:
-            plain[field.name] = _readable(value, plain[field.name])
-
-
-def _readable(value: Any, plain: Any) -> Any:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "backslashreplace")
-    if isinstance(value, betterproto2.Message):
-        _readable_bytes(value, plain)
-    return plain
-
-
 # --- which pod and container a call is about -----------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from krproxy.proto.runtime import v1 as cri
 from krproxy.trace import format as fmt
 from krproxy.trace import messages
 from krproxy.trace.files import TraceFileError, load
+from krproxy.trace.show import readable
 
 from .test_trace_format import call, trace_bytes
 
@@ -110,9 +111,9 @@ class TestReadable:
     def test_bytes_that_are_not_utf8_are_escaped(self) -> None:
         """Bytes that are not UTF-8 print with \\xNN escapes, the UTF-8 around them as text."""
         config = cri.ContainerConfig(envs=[cri.KeyValue(key="K", value="é\xff".encode("latin-1"))])
-        assert [{"key": "K", "value": "\\xe9\\xff"}] == messages.to_readable(config)["envs"]
+        assert [{"key": "K", "value": "\\xe9\\xff"}] == readable(config)["envs"]
         config = cri.ContainerConfig(envs=[cri.KeyValue(key="K", value="é".encode() + b"\xff")])
-        assert [{"key": "K", "value": "é\\xff"}] == messages.to_readable(config)["envs"]
+        assert [{"key": "K", "value": "é\\xff"}] == readable(config)["envs"]
 
     def test_nested_messages_and_other_fields_are_kept(self) -> None:
         """Only bytes fields change: nested messages are walked, strings, ints and maps stay as to_plain
@@ -127,8 +128,8 @@ class TestReadable:
             ),
         )
         plain = messages.to_plain(request)
-        readable = messages.to_readable(request)
-        assert [{"key": "A", "value": "1"}, {"key": "B"}] == readable["config"]["envs"]  # "" is the default
+        shown = readable(request)
+        assert [{"key": "A", "value": "1"}, {"key": "B"}] == shown["config"]["envs"]  # "" is the default
         plain["config"].pop("envs")
-        readable["config"].pop("envs")
-        assert plain == readable
+        shown["config"].pop("envs")
+        assert plain == shown
