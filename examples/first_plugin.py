@@ -12,7 +12,6 @@ removes that file when stopped (Ctrl-C, SIGTERM or SIGHUP).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import signal
 
 import trio
@@ -35,15 +34,13 @@ def be_idle(ctx: PodContext) -> None:
 
 
 async def _main(options: ServeOptions) -> None:
-    async with trio.open_nursery() as nursery:
-
-        async def stop_on_signal() -> None:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
-                async for _ in signals:
-                    nursery.cancel_scope.cancel()
-
-        nursery.start_soon(stop_on_signal)
-        await serve(app, options)
+    # Ctrl-C (SIGINT), SIGTERM and SIGHUP cancel serve(), which removes the registration file
+    # before its socket closes. The signals are caught before serving starts.
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(serve, app, options)
+            async for _ in signals:
+                nursery.cancel_scope.cancel()
 
 
 if __name__ == "__main__":
@@ -55,5 +52,4 @@ if __name__ == "__main__":
     # The SDK's log format (logfmt on stderr), as `krproxy hooks serve` does: without it the
     # SDK's events (deferred or failed cgroup writes...) would go nowhere.
     log.configure("debug" if args.verbose else "info")
-    with contextlib.suppress(KeyboardInterrupt):
-        trio.run(_main, ServeOptions(socket=args.socket, hook_dir=args.hook_dir, name="first-plugin"))
+    trio.run(_main, ServeOptions(socket=args.socket, hook_dir=args.hook_dir, name="first-plugin"))

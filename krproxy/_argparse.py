@@ -6,14 +6,20 @@
   and ``--record`` must not quietly stand for ``--record-paused``.
 - An option a subcommand does not know is reported with *that* subcommand's usage
   (``krproxy serve --bogus`` shows serve's), see :meth:`Parser.parse_known_args`.
+- A misspelt option, subcommand or choice is answered with the nearest one
+  (``unrecognized arguments: --hook-dirs (did you mean --hook-dir?)``), and an error shows a
+  one-line usage where the full one would run over a few lines (``krproxy serve`` has some forty
+  flags: nineteen lines of them hid the one line that mattered), with the ``--help`` to ask for.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
+import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 __all__ = ["HelpFormatter", "Parser", "above", "at_least", "choice_of"]
 
@@ -105,12 +111,57 @@ class Parser(argparse.ArgumentParser):
     def parse_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> argparse.Namespace:
-        """As argparse's, but unknown options are reported by the subcommand they followed."""
+        """As argparse's, but unknown options are reported by the subcommand they followed, each with
+        the nearest option that subcommand has."""
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             parser: argparse.ArgumentParser = parsed._parser
-            parser.error(f"unrecognized arguments: {' '.join(extras)}")
+            options = [o for o in parser._option_string_actions if o.startswith("--")]
+            named = [_with_nearest(extra, options) if extra.startswith("--") else extra for extra in extras]
+            parser.error(f"unrecognized arguments: {' '.join(named)}")
         return parsed
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        """argparse's check of a value against ``choices`` (subcommands too), naming the nearest choice."""
+        if action.choices is not None and value not in action.choices:
+            choices = ", ".join(map(repr, action.choices))
+            nearest = _nearest(str(value), [str(c) for c in action.choices])
+            hint = f"did you mean {nearest!r}? " if nearest else ""
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r} ({hint}choose from {choices})")
+
+    def error(self, message: str) -> NoReturn:
+        """Print a usage (one line when the full one is long) and the error to stderr; exit 2."""
+        usage = self.format_usage()
+        if usage.count("\n") > _LONG_USAGE:
+            usage = self._short_usage()
+        sys.stderr.write(usage)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+    def _short_usage(self) -> str:
+        """``usage: krproxy serve [OPTIONS]`` with the positionals, and where the options are listed."""
+        formatter = self._get_formatter()
+        positionals = [
+            formatter._format_args(action, action.dest.upper())
+            for action in self._actions
+            if not action.option_strings
+        ]
+        line = " ".join([self.prog, "[OPTIONS]", *positionals])
+        return f"usage: {line}   ({self.prog} --help lists the options)\n"
+
+
+#: Lines of usage above which an error shows the one-line form instead.
+_LONG_USAGE = 3
+
+
+def _nearest(word: str, candidates: Sequence[str]) -> str | None:
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return close[0] if close else None
+
+
+def _with_nearest(extra: str, options: Sequence[str]) -> str:
+    """``--hook-dirs`` -> ``--hook-dirs (did you mean --hook-dir?)``; a value after ``=`` is ignored."""
+    nearest = _nearest(extra.partition("=")[0], options)
+    return f"{extra} (did you mean {nearest}?)" if nearest else extra
 
 
 def choice_of(choices: Sequence[str]) -> Any:

@@ -108,3 +108,12 @@ def log_ready(
     if image is not None:
         fields["image"] = image
     log.event(logger, "ready", **fields, hook_dir=config.hook_dir, plugins=plugins)
+
+
+def exception_leaves(err: BaseException) -> list[BaseException]:
+    """The exceptions inside ``err``: itself, or every leaf of trio's (nested) exception groups. A command
+    tells a user's mistake (every leaf an OSError: a socket in use, a path that is a directory) from a bug
+    by them."""
+    if isinstance(err, BaseExceptionGroup):
+        return [leaf for sub in err.exceptions for leaf in exception_leaves(sub)]
+    return [err]

@@ -13,7 +13,7 @@ import os
 import stat
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from krproxy import __version__, _argparse, config, log
 from krproxy._flags import (
@@ -38,9 +38,13 @@ def _nri(args: argparse.Namespace) -> int:
     from krproxy.nri import plugin
     from krproxy.nri.validator import check_containerd_config
 
+    bad_path = _check_paths(args, _NRI_PATH_FLAGS)
+    if bad_path:
+        print(f"krproxy nri: error: {bad_path}", file=sys.stderr)
+        return 2
     try:
         cfg = plugin.NriConfig(
-            socket=args.nri_socket.removeprefix("unix://"),
+            socket=config.socket_path(args.nri_socket),
             plugin_name=args.plugin_name,
             plugin_index=args.plugin_index,
             containerd_config=args.containerd_config,
@@ -128,10 +132,17 @@ _PATH_FLAGS = (
 )
 
 
-def _check_paths(args: argparse.Namespace) -> str:
+#: ``krproxy nri``'s: its socket as the proxy's endpoints (``tcp://...`` was taken for a file's path).
+_NRI_PATH_FLAGS = (
+    ("--nri-socket", "nri_socket", config.socket_path),
+    ("--hook-dir", "hook_dir", config.absolute_dir),
+)
+
+
+def _check_paths(args: argparse.Namespace, flags: Sequence[tuple[str, str, Any]] = _PATH_FLAGS) -> str:
     """The first bad path flag's error, naming the flag; empty when all are good."""
-    checks = [(flag, getattr(args, dest), check) for flag, dest, check in _PATH_FLAGS]
-    checks += [("--oci-hooks-dir", d, config.absolute_dir) for d in args.oci_hook_dirs]
+    checks = [(flag, getattr(args, dest), check) for flag, dest, check in flags]
+    checks += [("--oci-hooks-dir", d, config.absolute_dir) for d in getattr(args, "oci_hook_dirs", ())]
     for flag, value, check in checks:
         if not value:
             continue

@@ -27,7 +27,7 @@ from typing import Any
 import trio
 
 from krproxy import kubelet, rpc
-from krproxy.config import ProxyConfig
+from krproxy.config import MAX_SOCKET_PATH, ProxyConfig
 from krproxy.daemon import serve
 from krproxy.fakes.containerd import FakeContainerd, run_fake_containerd
 from krproxy.grpcstatus import GRPCError
@@ -216,10 +216,37 @@ def _register_plugin(hook_dir: str, endpoint: str) -> None:
         json.dump(registration, f)
 
 
-async def run_demo(out: Any = None) -> int:
-    """Run the demo; returns the process exit status (0: every step behaved)."""
-    demo = Demo(out or sys.stdout)
+#: The longest socket name the demo puts in its work directory (``containerd.sock``).
+_LONGEST_SOCKET = "/containerd.sock"
+
+
+def _workdir() -> str:
+    """A new work directory for the demo's sockets: in ``$TMPDIR`` (Python's temporary directory), or in
+    ``/tmp`` when the sockets' paths there would be too long for unix sockets (a deep ``TMPDIR``).
+
+    Raises:
+        OSError: no directory could be made (the message says where it was tried).
+    """
     workdir = tempfile.mkdtemp(prefix="krproxy-demo-")
+    if len(os.fsencode(workdir + _LONGEST_SOCKET)) <= MAX_SOCKET_PATH:
+        return workdir
+    os.rmdir(workdir)
+    return tempfile.mkdtemp(prefix="krproxy-demo-", dir="/tmp")
+
+
+async def run_demo(out: Any = None) -> int:
+    """Run the demo; returns the process exit status (0: every step behaved, 1: one did not, or the demo
+    could not make its work directory)."""
+    demo = Demo(out or sys.stdout)
+    try:
+        workdir = _workdir()
+    except OSError as err:
+        print(
+            f"krproxy demo: error: cannot make a work directory for its sockets ({err}); "
+            "set TMPDIR to a writable directory",
+            file=sys.stderr,
+        )
+        return 1
     paths = {name: os.path.join(workdir, f"{name}.sock") for name in ("containerd", "plugin", "krproxy")}
     hook_dir = os.path.join(workdir, "hooks")
     demo.say("krproxy demo: the proxy in front of the bundled fake containerd, with one hook plugin")

@@ -137,12 +137,12 @@ def unreachable(path: str, timeout: float = 5.0) -> str | None:
         try:
             probe.connect(path)
         except OSError as err:
-            kind = _not_a_socket(path)
+            kind = not_a_socket(path)
             return f"not a socket but {kind}" if kind else err.strerror or str(err)
     return None
 
 
-def _not_a_socket(path: str) -> str | None:
+def not_a_socket(path: str) -> str | None:
     """What ``path`` is when it exists and is no socket ("a directory"), else None."""
     try:
         mode = os.stat(path).st_mode

@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import signal
+import sys
 from collections.abc import Sequence
 
 import trio
 
 from krproxy import _argparse
+from krproxy._supervise import exception_leaves
+from krproxy.config import socket_path
 from krproxy.fakes.containerd.records import list_order
 from krproxy.fakes.containerd.server import FakeContainerd, run_fake_containerd
 from krproxy.fakes.containerd.state import RuntimeState
-from krproxy.unixsock import strip_unix_scheme
+from krproxy.unixsock import SocketInUseError
 
 LOGGER = logging.getLogger("krproxy.fakes.containerd")
 
@@ -63,14 +67,39 @@ async def _serve(path: str, fake: FakeContainerd) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse arguments, seed the fake if asked, and serve until a signal arrives."""
-    args = _parser().parse_args(argv)
+    """Parse arguments, seed the fake if asked, and serve until a signal arrives.
+
+    A socket path that cannot be used (not a unix path, too long, in a directory that does not exist:
+    none is created) is a usage error, exit 2; one that cannot be listened on (in use, a directory, no
+    permission) is one line naming it, exit 1. No traceback for either.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        path = socket_path(args.socket)
+    except ValueError as err:
+        parser.error(f"--socket: {err}")
+    if not os.path.isdir(os.path.dirname(path)):
+        parser.error(f"--socket {path}: no directory {os.path.dirname(path)}; create it first")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     order = list_order() if args.list_seed is None else random.Random(args.list_seed)
     fake = FakeContainerd(RuntimeState(order=order))
     if args.seed_pods:
         fake.seed(args.seed_pods, args.containers_per_pod)
-    trio.run(_serve, strip_unix_scheme(args.socket), fake)
+    try:
+        trio.run(_serve, path, fake)
+    except (OSError, BaseExceptionGroup) as err:
+        errors = exception_leaves(err)
+        if not all(isinstance(e, OSError) for e in errors):
+            raise
+        for error in errors:
+            hint = (
+                "; stop that process first, or choose another --socket"
+                if isinstance(error, SocketInUseError)
+                else ""
+            )
+            print(f"{parser.prog}: error: --socket {path}: {error}{hint}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -42,13 +42,16 @@ class PolicyWatcher:
     interval: float = POLL_INTERVAL
     current: NodePolicy | None = None
     _stamp: tuple[int, int, int] | None = None
+    #: Whether ``_stamp`` is a look's: a file missing at the first look is news (``policy_missing``), as
+    #: is one that disappears later, though both stamps are None.
+    _looked: bool = False
 
     def poll(self) -> bool:
         """Look once; return whether a new policy was taken (and ``on_change`` called)."""
         stamp = _stamp(self.path)
-        if stamp == self._stamp:
+        if self._looked and stamp == self._stamp:
             return False
-        self._stamp = stamp
+        self._stamp, self._looked = stamp, True
         kept = self.current is not None
         if stamp is None:
             log.warning(LOGGER, "policy_missing", path=self.path, kept_last_good=kept)

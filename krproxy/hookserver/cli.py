@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import trio
 
 from krproxy import _argparse, log
+from krproxy._supervise import exception_leaves, watch_signals
 from krproxy.unixsock import SocketInUseError
 
 from ._app import DEFAULT_CGROUP_ROOT, DEFAULT_RESCTRL_ROOT, RECONCILE_INTERVAL, HookServer
@@ -182,7 +182,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_sigterm, nursery.cancel_scope)
+            await nursery.start(watch_signals, nursery.cancel_scope.cancel)
             await serve(app, options)
 
     return _run(run, "serve")
@@ -199,7 +199,7 @@ def _standalone(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_sigterm, nursery.cancel_scope)
+            await nursery.start(watch_signals, nursery.cancel_scope.cancel)
             await run_standalone(
                 app, args.cri_endpoint, interval=args.interval, policy_path=args.policy, selector=selector
             )
@@ -207,25 +207,19 @@ def _standalone(args: argparse.Namespace) -> int:
     return _run(run, "standalone")
 
 
-async def _cancel_on_sigterm(scope: trio.CancelScope) -> None:
-    """SIGTERM or SIGHUP stops gracefully: the registration file is removed before the socket closes.
-
-    SIGHUP too (the terminal closed): left to its default action it would kill the server at once
-    and leave its registration file naming a dead socket."""
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGHUP) as signals:
-        async for _ in signals:
-            scope.cancel()
-            return
-
-
 def _run(fn: Any, command: str) -> int:
-    """``trio.run(fn)``; an OS error (also inside trio's exception groups) is printed, exit 1."""
+    """``trio.run(fn)``; an OS error (also inside trio's exception groups) is printed, exit 1.
+
+    SIGINT, SIGTERM and SIGHUP stop the server gracefully (``watch_signals`` cancels it: the
+    registration file is removed before the socket closes), exit 0. Before, SIGINT was trio's
+    KeyboardInterrupt, raised inside the nursery's exception group: a traceback and exit 1, and the
+    registration file left naming a dead socket."""
     try:
         trio.run(fn)
-    except KeyboardInterrupt:
-        return 130
-    except (OSError, ExceptionGroup) as err:
-        errors = _leaves(err)
+    except (KeyboardInterrupt, OSError, BaseExceptionGroup) as err:
+        errors = exception_leaves(err)
+        if all(isinstance(e, KeyboardInterrupt) for e in errors):
+            return 130  # Ctrl-C before the signals were caught: nothing was registered yet
         if not all(isinstance(e, OSError) for e in errors):
             raise
         for error in errors:
@@ -237,12 +231,6 @@ def _run(fn: Any, command: str) -> int:
             print(f"krproxy hooks {command}: error: {error}{hint}", file=sys.stderr)
         return 1
     return 0
-
-
-def _leaves(err: BaseException) -> list[BaseException]:
-    if isinstance(err, BaseExceptionGroup):
-        return [leaf for sub in err.exceptions for leaf in _leaves(sub)]
-    return [err]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -370,3 +370,22 @@ class EventHandlers:
         after = await self._run(point, self.store.get_container(info.id) or info, info.id)
         if point is HookPoint.PRE_START_CONTAINER:
             self.lifecycle.keep(point, info.id, after)  # as in proxy mode: the answer updates the store
+
+
+def mask_of(events: set[api.Event]) -> int:
+    mask = 0
+    for event in events:
+        mask |= 1 << (event - 1)
+    return mask
+
+
+def event_names(mask: int) -> str:
+    """An event mask as the logs and ``krproxy status`` show it: NRI's event names in event order,
+    ``RUN_POD_SANDBOX,CREATE_CONTAINER`` (``0x9`` said nothing to an operator); bits of no event NRI
+    0.12 knows as ``bitN``; ``none`` for 0."""
+    names = []
+    for bit in range(mask.bit_length()):
+        if mask >> bit & 1:
+            event = bit + 1
+            names.append(api.Event(event).name if 0 < event < api.Event.LAST else f"bit{bit}")
+    return ",".join(names) or "none"

@@ -10,6 +10,7 @@ import attrs
 
 from krproxy import __version__, admin
 from krproxy.metrics import Metrics
+from krproxy.nri._events import event_names
 
 if TYPE_CHECKING:
     from krproxy.nri.plugin import NriPlugin
@@ -60,7 +61,7 @@ class NriView:
                 "nri_version": plugin.nri_version,
                 "event_calls": plugin.event_calls,
                 "request_timeout": plugin.request_timeout,
-                "events": hex(plugin.subscribed),
+                "events": event_names(plugin.subscribed),
                 "runtime_requires_plugin": plugin.validator.required,
                 "runtime_validator": plugin.validator.describe(),
             },

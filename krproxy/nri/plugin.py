@@ -65,7 +65,7 @@ from krproxy.nri import convert as nri_convert
 from krproxy.nri._events import EVENT_METHODS as EVENT_METHODS
 from krproxy.nri._events import GUARDED as GUARDED
 from krproxy.nri._events import MARGIN as MARGIN
-from krproxy.nri._events import EventHandlers, warm_up
+from krproxy.nri._events import EventHandlers, event_names, mask_of, warm_up
 from krproxy.nri._session import ConnectionLost, Handler, Session, TtrpcError
 from krproxy.nri._view import NriView
 from krproxy.nri.validator import ValidatorCheck, log_validator_check
@@ -121,13 +121,6 @@ DEFAULT_REQUEST_TIMEOUT = 2.0
 REGISTRATION_TIMEOUT = 5.0
 #: Reconnection backoff: first wait, and the longest.
 RECONNECT_MIN, RECONNECT_MAX = 0.5, 10.0
-
-
-def mask_of(events: set[api.Event]) -> int:
-    mask = 0
-    for event in events:
-        mask |= 1 << (event - 1)
-    return mask
 
 
 def _check_index(index: str) -> str:
@@ -247,9 +240,11 @@ class NriPlugin(EventHandlers):
         needed = self.events_needed()
         # Said either way, so that an operator (and the e2e tests) can tell when new hook servers are in
         # effect: at once, or after the re-registration.
-        log.event(LOGGER, "nri_hooks_published", events=hex(needed), resubscribe=needed != self.subscribed)
+        log.event(
+            LOGGER, "nri_hooks_published", events=event_names(needed), resubscribe=needed != self.subscribed
+        )
         if needed != self.subscribed:
-            log.event(LOGGER, "nri_resubscribe", events=hex(needed), was=hex(self.subscribed))
+            log.event(LOGGER, "nri_resubscribe", events=event_names(needed), was=event_names(self.subscribed))
             self._resubscribe.set()
 
     def handlers(self) -> dict[tuple[str, str], Handler]:
@@ -389,7 +384,7 @@ class NriPlugin(EventHandlers):
             runtime=self.runtime,
             nri=self.nri_version or ("0.8 to 0.11" if self.nri_0_8 else "before 0.8"),
             request_timeout=self.request_timeout,
-            events=hex(self.subscribed),
+            events=event_names(self.subscribed),
             store=self.store_kept,
         )
         return bytes(api.ConfigureResponse(events=self.subscribed))

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from krproxy import log
 from krproxy.relay.connection import _RETIRED, _STOPPED, Endpoint, Relay
+from krproxy.unixsock import not_a_socket
 
 __all__ = ["Route", "connect_unix"]
 
@@ -99,6 +100,12 @@ def connect_unix(path: str) -> Callable[[], socket.socket]:
         except BlockingIOError:
             sock.close()  # a unix socket refuses at once when its backlog is full
             raise ConnectionRefusedError(f"{path}: listen backlog full") from None
+        except ConnectionRefusedError as err:
+            sock.close()
+            kind = not_a_socket(path)  # connect() says "Connection refused" for a directory too
+            if kind is None:
+                raise
+            raise ConnectionRefusedError(err.errno, f"not a socket but {kind}", path) from None
         except BaseException:
             sock.close()
             raise

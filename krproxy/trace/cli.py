@@ -3,9 +3,10 @@
 Mount under the main CLI with :func:`add_subcommands`; each parsed namespace carries its
 handler in ``args.func(args) -> int``.
 
-Exit status: 0 success (replay: every call identical); 1 replay found differences; 2 usage
-error, a trace that cannot be read (the message names file and record), or a replay target
-that accepts no connection; 130 replay interrupted (Ctrl-C).
+Exit status: 0 success (replay: every call identical); 1 replay found differences, or show left
+out a damaged record (named on stderr; every good one is shown); 2 usage error, a trace that cannot
+be read (the message names file and record; replay and serve refuse a damaged record), or a replay
+target that accepts no connection; 130 replay interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import trio
 from krproxy import _argparse, log, rpc
 from krproxy.trace import messages
 from krproxy.trace.backend import TraceBackend
-from krproxy.trace.files import TraceFileError, load
+from krproxy.trace.files import Loaded, TraceFileError, load
 from krproxy.trace.format import TraceRecord
 from krproxy.trace.replay import ChannelTransport, ReplayReport, Transport, replay
 from krproxy.trace.show import Filter, parse_time, show
@@ -123,27 +124,31 @@ def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     return trace
 
 
-def _load(files: list[str]) -> tuple[TraceRecord, ...] | None:
+def _load(files: list[str], *, skip_corrupt: bool = False) -> Loaded | None:
     try:
         return load(
-            files, warn=lambda note: print(f"krproxy trace: warning: {note}", file=sys.stderr)
-        ).records
+            files,
+            warn=lambda note: print(f"krproxy trace: warning: {note}", file=sys.stderr),
+            skip_corrupt=skip_corrupt,
+        )
     except TraceFileError as err:
         print(f"krproxy trace: error: {err}", file=sys.stderr)
         return None
 
 
 def _show(args: argparse.Namespace) -> int:
-    records = _load(args.files)
-    if records is None:
+    """Every good record is shown; a damaged one is named on stderr and left out, exit 1 (a trace is
+    forensics: one bad record must not hide the rest). A file that cannot be read at all: exit 2."""
+    loaded = _load(args.files, skip_corrupt=True)
+    if loaded is None:
         return 2
     selection = Filter(tuple(args.method), args.pod, args.container, args.since, args.until)
     try:
-        for line in show(records, selection, as_json=args.json, details=args.details):
+        for line in show(loaded.records, selection, as_json=args.json, details=args.details):
             print(line)
     except BrokenPipeError:  # `| head`
         sys.stderr.close()
-    return 0
+    return 1 if loaded.damaged else 0
 
 
 def progress_bar(out: TextIO, width: int = 30) -> Callable[[int, int, TraceRecord], None]:
@@ -161,9 +166,10 @@ def progress_bar(out: TextIO, width: int = 30) -> Callable[[int, int, TraceRecor
 
 
 def _replay(args: argparse.Namespace) -> int:
-    records = _load(args.files)
-    if records is None:
+    loaded = _load(args.files)
+    if loaded is None:
         return 2
+    records = loaded.records
     target = strip_unix_scheme(args.target)
     problem = unreachable(target)
     if problem is not None:  # else every call would be one more UNAVAILABLE "difference"
@@ -219,10 +225,10 @@ async def _serve_trace(backend: TraceBackend, socket: str) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    records = _load(args.files)
-    if records is None:
+    loaded = _load(args.files)
+    if loaded is None:
         return 2
-    backend = TraceBackend(records, timing=args.timing)
+    backend = TraceBackend(loaded.records, timing=args.timing)
     try:
         trio.run(_serve_trace, backend, strip_unix_scheme(args.socket))
     except SocketInUseError as err:

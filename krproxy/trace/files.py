@@ -21,11 +21,19 @@ class Loaded:
     files: tuple[tuple[str, ReadResult], ...]
     notes: tuple[str, ...]
 
+    @property
+    def damaged(self) -> bool:
+        """Whether a damaged record was left out (``skip_corrupt``): what was shown is not all."""
+        return any(result.corrupt for _, result in self.files)
 
-def load(paths: Sequence[str], *, warn: Callable[[str], None] = lambda note: None) -> Loaded:
+
+def load(
+    paths: Sequence[str], *, warn: Callable[[str], None] = lambda note: None, skip_corrupt: bool = False
+) -> Loaded:
     """Read the trace files ``paths`` in the order given.
 
-    A torn last record is skipped and reported through ``warn`` (and in :attr:`Loaded.notes`).
+    A torn last record is skipped and reported through ``warn`` (and in :attr:`Loaded.notes`); with
+    ``skip_corrupt`` so is each damaged record (named by file, number and offset), the good ones kept.
 
     Raises:
         TraceFileError: a file is missing, not a trace, or has a corrupt record; the message
@@ -41,7 +49,7 @@ def load(paths: Sequence[str], *, warn: Callable[[str], None] = lambda note: Non
         except OSError as err:
             raise TraceFileError(f"{path}: {err.strerror or err}") from None
         try:
-            result = read_records(data)
+            result = read_records(data, skip_corrupt=skip_corrupt)
         except TraceError as err:
             raise TraceFileError(f"{path}: {err}") from None
         files.append((path, result))
@@ -53,7 +61,11 @@ def load(paths: Sequence[str], *, warn: Callable[[str], None] = lambda note: Non
 
 
 def _notes(result: ReadResult) -> list[str]:
-    notes = []
+    notes = [f"{error} (left out)" for error in result.corrupt]
+    if result.unread:
+        notes.append(
+            f"the last {result.unread} bytes could not be read: no record can be found after a damaged length"
+        )
     if result.torn is not None:
         notes.append(result.torn.describe())
     if result.unknown_kinds:

@@ -18,7 +18,10 @@ an incremental CRC over the parts and one ``bytes.join``; nothing is decoded. De
 Error handling: :func:`read_records` stops at the first record it cannot trust. A record the
 file ends in the middle of (a crash mid-write) is a *torn tail*: reported in
 :attr:`ReadResult.torn`, the records before it are returned. A complete record whose CRC or
-structure is wrong raises :class:`CorruptRecordError` naming its record number and offset.
+structure is wrong raises :class:`CorruptRecordError` naming its record number and offset; with
+``skip_corrupt`` (what ``trace show`` reads with) it is named in :attr:`ReadResult.corrupt` instead and
+reading goes on after it, where its length says it ends. A damaged length leaves no way to find the
+next record: the rest of the file is then reported unread (:attr:`ReadResult.unread`).
 """
 
 from __future__ import annotations
@@ -75,13 +78,15 @@ class CorruptRecordError(TraceError):
         number: the record's number in its file, counting from 1.
         offset: the byte offset of the record's frame in the file.
         reason: what was wrong.
+        resumes: whether the next record can be found (the damaged one's length is plausible).
     """
 
-    def __init__(self, number: int, offset: int, reason: str) -> None:
+    def __init__(self, number: int, offset: int, reason: str, *, resumes: bool = True) -> None:
         super().__init__(f"record {number} (byte offset {offset}) is corrupt: {reason}")
         self.number = number
         self.offset = offset
         self.reason = reason
+        self.resumes = resumes
 
 
 # --- header -----------------------------------------------------------------------------------------
@@ -354,14 +359,19 @@ class Frame:
     end: int
 
 
-def iter_frames(data: bytes | memoryview, start: int) -> Iterator[Frame | TornTail]:
+def iter_frames(
+    data: bytes | memoryview, start: int, *, skip_corrupt: bool = False
+) -> Iterator[Frame | TornTail | CorruptRecordError]:
     """Check and yield the records of ``data`` from offset ``start`` (just after the header).
 
     Yields a :class:`TornTail` last if the data ends inside a record (or in a run of zero
-    bytes, as a file system may leave after a crash).
+    bytes, as a file system may leave after a crash). With ``skip_corrupt`` a damaged record is
+    yielded as its :class:`CorruptRecordError` and the records after it follow; one whose length is
+    impossible is yielded last (nothing after it can be found).
 
     Raises:
-        CorruptRecordError: a complete record failed its CRC or has an impossible length.
+        CorruptRecordError: without ``skip_corrupt``, a complete record failed its CRC or has an
+            impossible length.
     """
     view = memoryview(data)
     pos, number, total = start, 0, len(view)
@@ -373,15 +383,22 @@ def iter_frames(data: bytes | memoryview, start: int) -> Iterator[Frame | TornTa
             return
         length, crc = _FRAME.unpack_from(view, pos)
         if length == 0 or length > MAX_PAYLOAD:
-            raise CorruptRecordError(number, pos, f"impossible record length {length}")
+            error = CorruptRecordError(number, pos, f"impossible record length {length}", resumes=False)
+            if not skip_corrupt:
+                raise error
+            yield error
+            return
         end = pos + _FRAME.size + length
         if end > total:
             yield TornTail(number, pos, rest)
             return
         payload = view[pos + _FRAME.size : end]
-        if zlib.crc32(payload) != crc:
+        if zlib.crc32(payload) == crc:
+            yield Frame(number, pos, payload, end)
+        elif skip_corrupt:
+            yield CorruptRecordError(number, pos, "CRC mismatch")
+        else:
             raise CorruptRecordError(number, pos, "CRC mismatch")
-        yield Frame(number, pos, payload, end)
         pos = end
 
 
@@ -393,28 +410,47 @@ class ReadResult:
     records: tuple[TraceRecord, ...]
     torn: TornTail | None = None
     unknown_kinds: int = 0
+    #: With ``skip_corrupt``: the damaged records left out, in file order.
+    corrupt: tuple[CorruptRecordError, ...] = ()
+    #: With ``skip_corrupt``: bytes after a damaged record length, which could not be read.
+    unread: int = 0
 
 
-def read_records(data: bytes) -> ReadResult:
+def read_records(data: bytes, *, skip_corrupt: bool = False) -> ReadResult:
     """Decode a whole trace file held in memory.
+
+    With ``skip_corrupt`` a damaged record is left out and named in :attr:`ReadResult.corrupt`, and the
+    good records before and after it are returned.
 
     Raises:
         TraceFormatError: no valid header.
-        CorruptRecordError: a record is damaged (its number and offset are in the error).
+        CorruptRecordError: without ``skip_corrupt``, a record is damaged (its number and offset are
+            in the error).
     """
     header = decode_header(data)
     records: list[TraceRecord] = []
+    corrupt: list[CorruptRecordError] = []
     torn: TornTail | None = None
-    unknown = 0
-    for item in iter_frames(data, header.size):
+    unknown = unread = 0
+    for item in iter_frames(data, header.size, skip_corrupt=skip_corrupt):
         if isinstance(item, TornTail):
             torn = item
             break
+        if isinstance(item, CorruptRecordError):
+            corrupt.append(item)
+            if not item.resumes:
+                unread = len(data) - item.offset
+            continue
         if item.payload[0] != KIND_CALL:
             unknown += 1
             continue
-        records.append(decode_call(item.number, item.offset, item.payload))
-    return ReadResult(header, tuple(records), torn, unknown)
+        try:
+            records.append(decode_call(item.number, item.offset, item.payload))
+        except CorruptRecordError as err:
+            if not skip_corrupt:
+                raise
+            corrupt.append(err)
+    return ReadResult(header, tuple(records), torn, unknown, tuple(corrupt), unread)
 
 
 def valid_end(data: bytes | memoryview, start: int) -> int:

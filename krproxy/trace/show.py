@@ -7,12 +7,14 @@ sandbox (container) ID it returned belongs to, so later calls can be filtered by
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import attrs
+import betterproto2
 
 from krproxy.trace import messages
 from krproxy.trace.format import TraceRecord
@@ -115,6 +117,45 @@ def decode_calls(records: Iterable[TraceRecord]) -> Iterator[Call]:
         )
 
 
+def readable(message: betterproto2.Message) -> messages.Plain:
+    """:func:`~krproxy.trace.messages.to_plain` for a person: a bytes field that is UTF-8 shows as its
+    text, other bytes as text with ``\\xNN`` escapes, where proto3's JSON mapping (``to_plain``, ``trace
+    show --json``) gives base64.
+
+    CRI's env values are bytes (``KeyValue.value``): ``MODE=trace`` read ``"dHJhY2U="`` in ``trace show
+    -d``. Nothing here reads the result back; ``--json`` keeps the mapping tools can decode.
+    """
+    plain = messages.to_plain(message)
+    _readable_bytes(message, plain)
+    return plain
+
+
+def _readable_bytes(message: betterproto2.Message, plain: messages.Plain) -> None:
+    """Replace, in *plain* (``message``'s ``to_plain``), every bytes value by its text."""
+    for field in dataclasses.fields(message):  # type: ignore[arg-type]  # betterproto2 messages are dataclasses
+        if field.name not in plain:
+            continue
+        value = getattr(message, field.name)
+        if isinstance(value, list):
+            plain[field.name] = [_readable(v, p) for v, p in zip(value, plain[field.name], strict=True)]
+        elif isinstance(value, dict):
+            # to_dict keeps the map's order (its keys may be strings of int keys)
+            plain[field.name] = {
+                key: _readable(v, p)
+                for v, (key, p) in zip(value.values(), plain[field.name].items(), strict=True)
+            }
+        else:
+            plain[field.name] = _readable(value, plain[field.name])
+
+
+def _readable(value: Any, plain: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if isinstance(value, betterproto2.Message):
+        _readable_bytes(value, plain)
+    return plain
+
+
 def _hook_summary(record: TraceRecord) -> str:
     parts = []
     for hook in record.hooks:
@@ -182,7 +223,7 @@ def render_details(call: Call) -> list[str]:
         lines.extend(f"      {c.field}: {json.dumps(c.old)} -> {json.dumps(c.new)}" for c in hook.changes)
     for label, message in (("request", call.request), ("forwarded", call.forwarded), ("reply", call.reply)):
         if message is not None:
-            lines.append(f"    {label}: {json.dumps(messages.to_plain(message), sort_keys=True)}")
+            lines.append(f"    {label}: {json.dumps(readable(message), sort_keys=True)}")
     if call.record.reply is None and call.record.replies:
         lines.append(f"    replies: {call.record.replies} stream messages (not recorded)")
     return lines

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import io
 import os
+import pathlib
 import subprocess
 import sys
+import tempfile
+
+import pytest
+import trio
 
 from krproxy.demo import run_demo
 
@@ -49,3 +54,32 @@ class TestDemo:
             line for line in result.stdout.splitlines() if "sockets and hook dir in" in line
         ).split()[-1]
         assert not os.path.exists(workdir)
+
+    def test_a_deep_tmpdir_moves_the_sockets_to_tmp(self, short_tmp: pathlib.Path) -> None:
+        """With a TMPDIR so deep that socket paths in it would be too long for unix sockets, the demo puts
+        its sockets in /tmp and behaves (it ended in an exception-group traceback)."""
+        deep = short_tmp / ("d" * 100)
+        deep.mkdir()
+        result = subprocess.run(
+            [sys.executable, "-m", "krproxy", "demo"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "TMPDIR": str(deep)},
+        )
+        assert 0 == result.returncode, result.stdout + result.stderr
+        assert "sockets and hook dir in /tmp/krproxy-demo-" in result.stdout
+        assert "Traceback" not in result.stderr
+
+    def test_no_usable_tmpdir_is_one_line(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """When no work directory can be made, the demo says so in one line, with the fix, exit 1."""
+
+        def refuse(*args: object, **kwargs: object) -> str:
+            raise PermissionError(13, "Permission denied", "/nowhere")
+
+        monkeypatch.setattr(tempfile, "mkdtemp", refuse)
+        assert 1 == trio.run(run_demo, io.StringIO())
+        err = capsys.readouterr().err
+        assert "krproxy demo: error: cannot make a work directory" in err and "set TMPDIR" in err

@@ -339,15 +339,18 @@ async def test_one_log_format_and_a_stop_line(
 EXAMPLE_PLUGIN = pathlib.Path(__file__).resolve().parents[2] / "examples" / "first_plugin.py"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP], ids=lambda s: s.name)
+STOP_SIGNALS = [signal.SIGINT, signal.SIGTERM, signal.SIGHUP]
+
+
+@pytest.mark.parametrize("signum", STOP_SIGNALS, ids=lambda s: s.name)
 @pytest.mark.parametrize("server", ["hooks-serve", "example"])
 def test_hooks_serve_stops_on_a_signal_and_unregisters(
     short_tmp: pathlib.Path, signum: signal.Signals, server: str
 ) -> None:
-    """``krproxy hooks serve`` and the guide's example plugin as processes: SIGTERM, and SIGHUP (its
-    terminal closed) too, removes the registration file and exits 0. SIGHUP used to kill them at
-    once, leaving a registration that names a dead socket (with ``Fail``, every hooked CRI call then
-    fails)."""
+    """``krproxy hooks serve`` and the guide's example plugin as processes: one SIGINT (Ctrl-C), SIGTERM
+    or SIGHUP (its terminal closed) removes the registration file and exits 0, with no traceback.
+    SIGHUP used to kill them at once, leaving a registration that names a dead socket (with ``Fail``,
+    every hooked CRI call then fails); SIGINT ended in trio's exception-group traceback, exit 1."""
     hook_dir = short_tmp / "hooks"
     socket = str(short_tmp / "s.sock")
     if server == "example":
@@ -380,6 +383,34 @@ def test_hooks_serve_stops_on_a_signal_and_unregisters(
     assert 0 == process.returncode, stderr
     assert not registration.exists()
     assert b"event=hookserver_stopped" in stderr
+    assert b"Traceback" not in stderr
+
+
+@pytest.mark.parametrize("signum", STOP_SIGNALS, ids=lambda s: s.name)
+def test_hooks_standalone_stops_on_a_signal(short_tmp: pathlib.Path, signum: signal.Signals) -> None:
+    """``krproxy hooks standalone`` as a process (its runtime absent, so it keeps retrying) stops on one
+    SIGINT, SIGTERM or SIGHUP: its stop line, exit 0, no traceback (SIGINT gave trio's exception-group
+    traceback and exit 1)."""
+    command = [sys.executable, "-m", "krproxy", "hooks", "standalone", "--no-builtin"]
+    command += ["--cri-endpoint", f"unix://{short_tmp}/absent.sock", "--cgroup-root", str(short_tmp)]
+    process = subprocess.Popen(command, stderr=subprocess.PIPE)
+    try:
+        assert process.stderr is not None
+        seen = b""
+        deadline = time.monotonic() + LIVENESS_LIMIT
+        while b"event=standalone_started" not in seen:  # logged once its signals are caught
+            line = process.stderr.readline()
+            assert line and time.monotonic() < deadline, seen
+            seen += line
+        process.send_signal(signum)
+        _, stderr = process.communicate(timeout=LIVENESS_LIMIT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert 0 == process.returncode, seen + stderr
+    assert b"event=standalone_stopped" in stderr
+    assert b"Traceback" not in stderr
 
 
 @pytest.mark.parametrize(

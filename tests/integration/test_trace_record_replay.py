@@ -203,13 +203,14 @@ class TestTraceCli:
     def test_corrupt_trace_exits_2_naming_the_record(
         self, short_tmp: Path, capsys: pytest.CaptureFixture[str]
     ) -> None:
-        """A damaged golden copy is refused with the file, the record number and the reason."""
+        """A damaged golden copy is refused by replay with the file, the record number and the reason,
+        before anything is sent (``trace show`` lists the good records: tests/unit/test_trace_show.py)."""
         damaged = short_tmp / "damaged.krt"
         shutil.copyfile(FAKE_GOLDEN, damaged)
         data = bytearray(damaged.read_bytes())
         data[len(data) // 2] ^= 0xFF
         damaged.write_bytes(bytes(data))
-        assert 2 == cli.main(["trace", "show", str(damaged)])
+        assert 2 == cli.main(["trace", "replay", str(damaged), "--target", str(short_tmp / "none.sock")])
         err = capsys.readouterr().err
         assert f"krproxy trace: error: {damaged}: record " in err and "is corrupt: CRC mismatch" in err
 

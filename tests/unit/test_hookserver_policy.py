@@ -269,6 +269,32 @@ class TestWatcher:
         assert "empty" in invalid["error"] and "{}" in invalid["error"]
         assert NodePolicy() == NodePolicy.from_text("{}")
 
+    def test_a_missing_file_is_logged_at_start_and_when_gone(
+        self, tmp_path: pathlib.Path, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A policy file missing at the first look is logged once (``policy_missing``, nothing to keep), and
+        again, once, when it disappears later (the last good policy kept). Before, a file missing from the
+        start logged nothing: ``--policy`` with a typo ran with no policy, silently."""
+        path = tmp_path / "policy.yaml"
+        watcher = PolicyWatcher(str(path), lambda p: None)
+        with caplog.at_level(logging.WARNING):
+            assert not watcher.poll()
+            assert not watcher.poll()
+        [missing] = logged_events(caplog.records, "policy_missing")
+        assert {"path": str(path), "kept_last_good": False} == {
+            k: missing[k] for k in ("path", "kept_last_good")
+        }
+        path.write_text(YAML)
+        assert watcher.poll()
+        caplog.clear()
+        path.unlink()
+        with caplog.at_level(logging.WARNING):
+            assert not watcher.poll()
+            assert not watcher.poll()
+        [missing] = logged_events(caplog.records, "policy_missing")
+        assert missing["kept_last_good"] is True
+        assert NodePolicy.from_text(YAML) == watcher.current
+
     def test_rename_over_is_noticed(self, tmp_path: pathlib.Path) -> None:
         """Replacing the file by rename (new inode, as ConfigMap updates do) is a change."""
         path = tmp_path / "policy.yaml"
