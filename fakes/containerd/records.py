@@ -240,14 +240,17 @@ def image_record_for(name: str) -> ImageRecord:
     )
 
 
+def lookup_failed(kind: str, key: str, code: Code, reason: str) -> CriError:
+    """containerd's answer when its store cannot name the ``kind`` ("sandbox", "container") ``key`` names."""
+    return CriError(code, f'an error occurred when try to find {kind} "{key}": {reason}')
+
+
 def sandbox_not_found(sandbox_id: str) -> CriError:
-    return CriError(Code.NOT_FOUND, f'an error occurred when try to find sandbox "{sandbox_id}": not found')
+    return lookup_failed("sandbox", sandbox_id, Code.NOT_FOUND, "not found")
 
 
 def container_not_found(container_id: str) -> CriError:
-    return CriError(
-        Code.NOT_FOUND, f'an error occurred when try to find container "{container_id}": not found'
-    )
+    return lookup_failed("container", container_id, Code.NOT_FOUND, "not found")
 
 
 def state_name(state: ContainerState) -> str:
