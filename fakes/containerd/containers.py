@@ -9,7 +9,9 @@ from krproxy.fakes.containerd._tables import Tables
 from krproxy.fakes.containerd.records import (
     CONTAINER_TRANSITIONS,
     EXIT_CODE_KILLED,
+    EXIT_CODE_START_ERROR,
     IMAGE_FS_MOUNTPOINT,
+    START_ERROR_REASON,
     Code,
     Container,
     ContainerState,
@@ -81,12 +83,22 @@ class ContainerCalls(Tables):
 
     def start_container(self, request: cri.StartContainerRequest) -> cri.StartContainerResponse:
         """CREATED -> RUNNING; emits STARTED. Starting in any other state, or in a NOTREADY pod,
-        is UNKNOWN with containerd's messages."""
+        is UNKNOWN with containerd's messages; the latter fails once the container is marked starting,
+        and containerd then marks it EXITED (exit code 128, reason "StartError"; every version)."""
         container = self._find_container(request.container_id)
         new_state = self._transition(container, Op.START)
         sandbox = self._sandboxes[container.pod_sandbox_id]
         if sandbox.state != SandboxState.SANDBOX_READY:
-            raise CriError(Code.UNKNOWN, f'sandbox container "{sandbox.id}" is not running')
+            message = f'sandbox container "{sandbox.id}" is not running'
+            self._containers[container.id] = attrs.evolve(
+                container,
+                state=self._transition(container, Op.FAIL_START),
+                finished_at=self.clock(),
+                exit_code=EXIT_CODE_START_ERROR,
+                reason=START_ERROR_REASON,
+                message=message,
+            )
+            raise CriError(Code.UNKNOWN, message)
         self._containers[container.id] = attrs.evolve(container, state=new_state, started_at=self.clock())
         self._emit(container.id, EventType.CONTAINER_STARTED_EVENT, sandbox)
         return cri.StartContainerResponse()

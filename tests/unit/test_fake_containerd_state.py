@@ -127,7 +127,7 @@ class TestContainerStateMachine:
 
     def test_table_matches_behaviour(self) -> None:
         """The transitions table only names real states and ops (it is the single source of truth)."""
-        assert {Op.START, Op.STOP, Op.EXIT} == {op for _, op in CONTAINER_TRANSITIONS}
+        assert {Op.START, Op.STOP, Op.EXIT, Op.FAIL_START} == {op for _, op in CONTAINER_TRANSITIONS}
 
     def test_timestamps(self) -> None:
         """created_at < started_at < finished_at, all in nanoseconds from the injected clock."""
@@ -372,6 +372,8 @@ class TestInvariants:
                 assert (0, 0) == (c.started_at, c.finished_at)
             elif c.state == CS.CONTAINER_RUNNING:
                 assert c.created_at < c.started_at and c.finished_at == 0
+            elif c.reason == "StartError":  # a start that failed: never started (containerd's record)
+                assert c.started_at == 0 and c.created_at < c.finished_at
             else:
                 assert c.created_at < c.started_at < c.finished_at
         for event in s.take_events():

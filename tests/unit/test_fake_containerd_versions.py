@@ -211,3 +211,23 @@ class TestRouting:
             routed("Version", version),
             routed("/x", version),
         ]
+
+
+class TestStartFailure:
+    @pytest.mark.parametrize("version", VERSIONS)
+    def test_a_start_in_a_stopped_pod_leaves_it_exited(self, version: str) -> None:
+        """StartContainer of a CREATED container whose pod stopped: UNKNOWN "sandbox container ... is not
+        running", and containerd marks the container EXITED (128, "StartError"), seen on 2.1.9 by the
+        differential test."""
+        s = new_state(imitate=version)
+        pod = run_pod(s)
+        ctr = create(s, pod)
+        s.stop_pod_sandbox(cri.StopPodSandboxRequest(pod_sandbox_id=pod))
+        code, message = answer(lambda: s.start_container(cri.StartContainerRequest(container_id=ctr)))
+        record = s.containers[ctr]
+        assert (Code.UNKNOWN, f'sandbox container "{pod}" is not running') == (code, message)
+        assert (cri.ContainerState.CONTAINER_EXITED, 128, "StartError") == (
+            record.state,
+            record.exit_code,
+            record.reason,
+        )
