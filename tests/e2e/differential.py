@@ -18,7 +18,7 @@ Blocking code (grpcio), as every e2e helper.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import grpc
@@ -373,15 +373,49 @@ def steps(
     )
 
 
+#: How every generated sequence begins: a pod and a container in it, so most steps reach an object.
+START = (Step("run", None, 0), Step("create", Ref("pod", 0, "full"), 0))
+
+
 def sequences(max_size: int = 10, **kinds: Sequence[str]) -> st.SearchStrategy[list[Step]]:
-    """A pod run first (so most sequences reach containers), then up to ``max_size`` steps."""
-    start = [Step("run", None, 0), Step("create", Ref("pod", 0, "full"), 0)]
-    return st.lists(steps(**kinds), min_size=1, max_size=max_size).map(lambda rest: start + rest)
+    """:data:`START`, then up to ``max_size`` steps."""
+    return st.lists(steps(**kinds), min_size=1, max_size=max_size).map(lambda rest: [*START, *rest])
 
 
-def report(
-    differences: Sequence[Difference], names: tuple[str, str], steps_played: Sequence[Step]
-) -> Iterator[str]:
-    yield "sequence: " + "; ".join(s.describe() for s in steps_played)
-    for difference in differences:
-        yield difference.describe(names)
+def undocumented(test_file: str, known: Sequence[tuple[str, str]], docs: str) -> list[str]:
+    """What docs/testing.md (``docs``) lacks about the accepted differences ``known`` (id, reason) of
+    ``test_file``: its bullet in "Differential tests" must say "Accepted differences: none" when there
+    are none, and name each one's id and reason otherwise."""
+    section = docs.partition("## Differential tests")[2].partition("\n## ")[0]
+    bullet = next((b for b in section.split("\n- ") if f"`tests/e2e/{test_file}`" in b), None)
+    if bullet is None:
+        return [f"no bullet for tests/e2e/{test_file}"]
+    if not known:
+        return (
+            []
+            if "Accepted differences: none" in bullet
+            else ["the bullet lists differences the test has not"]
+        )
+    return [ident for ident, reason in known if ident not in section or reason not in section]
+
+
+def kind(difference: Difference) -> str:
+    """What a difference is, without the run's particulars: the step's verb, id form, mutation and
+    spelling, what differs, and the two codes."""
+    step = difference.step
+    form = step.ref.form if step.ref else "-"
+    codes = f"{difference.first.code} vs {difference.second.code}"
+    return f"{step.verb} id={form} mutation={step.mutation} path={step.spelling}: {difference.what} ({codes})"
+
+
+def summary(found: Sequence[tuple[Sequence[Step], Difference]], names: tuple[str, str]) -> str:
+    """Every kind of difference found (:func:`kind`), how often, and the first sequence that showed it."""
+    kinds: dict[str, list[tuple[Sequence[Step], Difference]]] = {}
+    for sequence, difference in found:
+        kinds.setdefault(kind(difference), []).append((sequence, difference))
+    lines = [f"{len(found)} differences of {len(kinds)} kinds ({names[0]} vs {names[1]}):"]
+    for name, seen in sorted(kinds.items()):
+        sequence, first = seen[0]
+        lines.append(f"- {name}: {len(seen)}x; first in: " + "; ".join(s.describe() for s in sequence))
+        lines.append("  " + first.describe(names).replace("\n", "\n  "))
+    return "\n".join(lines)
