@@ -9,9 +9,9 @@ the runtime accepted at a Pre hook point must also have reached the hook server:
 hook point unhooked is a difference too.
 
 Every difference fails unless it is one of :data:`KNOWN`, each listed with its reason in docs/testing.md
-("krproxy against containerd direct"). Bounded for CI: three explicit sequences (a slash-less
-RunPodSandbox; StartContainer and UpdateContainerResources by prefix; a 1 MiB id, then a call on the same
-connection) and ``examples(20)`` generated ones of up to 12 steps per way (about two minutes per
+("krproxy against containerd direct"). Bounded for CI: four explicit sequences (a slash-less
+RunPodSandbox; StartContainer and UpdateContainerResources by prefix; a RemovePodSandbox whose id is not
+valid UTF-8; a 1 MiB id, then a call on the same connection) and ``examples(20)`` generated ones of up to 12 steps per way (about two minutes per
 containerd version); ``KRPROXY_FUZZ_EXAMPLES=N`` runs N per way.
 """
 
@@ -173,6 +173,7 @@ def test_proxy_answers_as_containerd_direct(sides: tuple[Side, Side], way: HookC
     )
     @given(sequence=differential.sequences(mutations=MUTATIONS, spellings=SPELLINGS))
     @example(sequence=[Step("run", spelling="slashless")])
+    @example(sequence=[*START, Step("remove_pod", Ref("pod", 0, "unknown"), mutation="invalid_utf8")])
     @example(
         sequence=[*START, Step("start", Ref("ctr", 0, "prefix")), Step("update", Ref("ctr", 0, "prefix"))]
     )
