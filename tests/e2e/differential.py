@@ -382,8 +382,23 @@ def sequences(max_size: int = 10, **kinds: Sequence[str]) -> st.SearchStrategy[l
     return st.lists(steps(**kinds), min_size=1, max_size=max_size).map(lambda rest: [*START, *rest])
 
 
-def undocumented(test_file: str, known: Sequence[tuple[str, str]], docs: str) -> list[str]:
-    """What docs/testing.md (``docs``) lacks about the accepted differences ``known`` (id, reason) of
+@attrs.frozen
+class Known:
+    """A difference a differential test accepts: its id, which differences it covers, and why (the
+    reason docs/testing.md gives, beside the test that holds it)."""
+
+    id: str
+    matches: Callable[[Difference], bool]
+    reason: str
+
+
+def unexplained(differences: Sequence[Difference], known: Sequence[Known]) -> list[Difference]:
+    """The differences none of ``known`` accepts."""
+    return [d for d in differences if not any(k.matches(d) for k in known)]
+
+
+def undocumented(test_file: str, known: Sequence[Known], docs: str) -> list[str]:
+    """What docs/testing.md (``docs``) lacks about the accepted differences ``known`` of
     ``test_file``: its bullet in "Differential tests" must say "Accepted differences: none" when there
     are none, and name each one's id and reason otherwise."""
     section = docs.partition("## Differential tests")[2].partition("\n## ")[0]
@@ -396,7 +411,7 @@ def undocumented(test_file: str, known: Sequence[tuple[str, str]], docs: str) ->
             if "Accepted differences: none" in bullet
             else ["the bullet lists differences the test has not"]
         )
-    return [ident for ident, reason in known if ident not in section or reason not in section]
+    return [k.id for k in known if k.id not in section or k.reason not in section]
 
 
 def kind(difference: Difference) -> str:

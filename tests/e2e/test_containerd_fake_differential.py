@@ -17,10 +17,9 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
-import attrs
 import pytest
 from cri_api.v1 import api_pb2 as pb
 from hypothesis import Phase, example, given, seed, settings
@@ -33,17 +32,8 @@ from tests.fuzz import examples
 DOCS = REPO / "docs" / "testing.md"
 
 
-@attrs.frozen
-class Known:
-    """A difference between the fake and the real runtime that the test accepts, and why (docs/testing.md)."""
-
-    id: str
-    matches: Callable[[Difference], bool]
-    reason: str
-
-
 #: The accepted differences: none. Each one found is a rule the fake must learn.
-KNOWN: tuple[Known, ...] = ()
+KNOWN: tuple[differential.Known, ...] = ()
 
 
 def imitated(containerd: Containerd) -> str:
@@ -90,10 +80,6 @@ def real_side(containerd: Containerd) -> Iterator[Side]:
         yield Side(cri, containerd.busybox, "x", cgroup_parent=containerd.cgroup_parent)
 
 
-def unexplained(differences: list[Difference]) -> list[Difference]:
-    return [d for d in differences if not any(known.matches(d) for known in KNOWN)]
-
-
 def test_fake_answers_as_the_real_containerd(fake_side: Side, real_side: Side) -> None:
     """Every step of each generated sequence has the same status code and leaves the same pods and
     containers, in the same states, on the fake imitating this version as on the real runtime. All
@@ -125,7 +111,7 @@ def test_fake_answers_as_the_real_containerd(fake_side: Side, real_side: Side) -
     )
     def explore(sequence: list[Step]) -> None:
         differences = differential.run(sequence, (fake_side, real_side), uuid.uuid4().hex[:10])
-        found.extend((sequence, d) for d in unexplained(differences))
+        found.extend((sequence, d) for d in differential.unexplained(differences, KNOWN))
 
     explore()
     assert not found, differential.summary(found, ("fake", "containerd"))
@@ -133,7 +119,5 @@ def test_fake_answers_as_the_real_containerd(fake_side: Side, real_side: Side) -
 
 def test_every_known_difference_is_documented() -> None:
     """docs/testing.md says what :data:`KNOWN` holds: each accepted difference by id and reason, or none."""
-    missing = differential.undocumented(
-        "test_containerd_fake_differential.py", [(k.id, k.reason) for k in KNOWN], DOCS.read_text()
-    )
+    missing = differential.undocumented("test_containerd_fake_differential.py", KNOWN, DOCS.read_text())
     assert not missing, missing

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -54,18 +54,9 @@ PRE_HOOKS = {
 }
 
 
-@attrs.frozen
-class Known:
-    """A difference between krproxy and containerd direct that the fuzzer accepts, and why (docs/testing.md)."""
-
-    id: str
-    matches: Callable[[Difference], bool]
-    reason: str
-
-
 #: The accepted differences: none. What the fuzzer finds is a place krproxy reads a request otherwise
 #: than the runtime (docs/security.md's one-reading rule).
-KNOWN: tuple[Known, ...] = ()
+KNOWN: tuple[differential.Known, ...] = ()
 
 
 @attrs.define
@@ -156,10 +147,6 @@ def sides(containerd: Containerd, proxied: Proxy) -> Iterator[tuple[Side, Side]]
         )
 
 
-def unexplained(differences: list[Difference]) -> list[Difference]:
-    return [d for d in differences if not any(known.matches(d) for known in KNOWN)]
-
-
 @pytest.mark.parametrize("way", ["none", "echo", "fake_plugin"], indirect=True)
 def test_proxy_answers_as_containerd_direct(sides: tuple[Side, Side], way: HookCounter | None) -> None:
     """Each step's status code and resulting state are the same straight to containerd and through
@@ -188,7 +175,7 @@ def test_proxy_answers_as_containerd_direct(sides: tuple[Side, Side], way: HookC
         if way is not None:
             way.reset()
         differences = differential.run(sequence, sides, uuid.uuid4().hex[:10], hook_check=way)
-        found.extend((sequence, d) for d in unexplained(differences))
+        found.extend((sequence, d) for d in differential.unexplained(differences, KNOWN))
 
     explore()
     assert not found, differential.summary(found, ("containerd", "krproxy"))
@@ -196,7 +183,5 @@ def test_proxy_answers_as_containerd_direct(sides: tuple[Side, Side], way: HookC
 
 def test_every_known_difference_is_documented() -> None:
     """docs/testing.md says what :data:`KNOWN` holds: each accepted difference by id and reason, or none."""
-    missing = differential.undocumented(
-        "test_containerd_proxy_fuzz.py", [(k.id, k.reason) for k in KNOWN], DOCS.read_text()
-    )
+    missing = differential.undocumented("test_containerd_proxy_fuzz.py", KNOWN, DOCS.read_text())
     assert not missing, missing
