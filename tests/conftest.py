@@ -159,7 +159,10 @@ async def serve_fake_containerd(
     nursery: trio.Nursery, path: str, *, enforce_deadlines: bool = True, **state: Any
 ) -> FakeContainerd:
     """A fake containerd on ``path`` whose ids count up and whose clock steps (its answers are the
-    same on every run); ``state`` goes to its :class:`RuntimeState` (e.g. ``pod_resize=False``)."""
+    same on every run); ``state`` goes to its :class:`RuntimeState` (e.g. ``pod_resize=False``,
+    ``imitate="2.3"``). It imitates containerd 1.6 but answers UpdatePodSandboxResources (as 2.3 does)
+    unless told ``pod_resize=False``: the hook tests of that point need a runtime that has it."""
+    state.setdefault("pod_resize", True)
     fake = FakeContainerd(
         RuntimeState(clock=stepping_clock(), new_id=sequential_ids(), **state),
         enforce_deadlines=enforce_deadlines,

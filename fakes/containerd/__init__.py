@@ -16,13 +16,17 @@ from krproxy.fakes.containerd.server import Fault as Fault
 from krproxy.fakes.containerd.server import RecordedRequest as RecordedRequest
 from krproxy.fakes.containerd.server import run_fake_containerd as run_fake_containerd
 from krproxy.fakes.containerd.state import RuntimeState as RuntimeState
+from krproxy.fakes.containerd.versions import IMITATIONS as IMITATIONS
+from krproxy.fakes.containerd.versions import Imitation as Imitation
 
 __all__ = [
+    "IMITATIONS",
     "Code",
     "CriError",
     "ExecResult",
     "FakeContainerd",
     "Fault",
+    "Imitation",
     "RecordedRequest",
     "RuntimeState",
     "run_fake_containerd",

@@ -1,4 +1,5 @@
-"""``python -m krproxy.fakes.containerd --socket PATH``: run a fake containerd until SIGINT or SIGTERM.
+"""``python -m krproxy.fakes.containerd --socket PATH [--imitate 1.6|1.7|2.1|2.3]``: run a fake containerd
+until SIGINT or SIGTERM (imitating containerd 1.6 unless told otherwise).
 
 Exits 0 after a signal, with the socket file removed.
 """
@@ -21,6 +22,7 @@ from krproxy.config import socket_path
 from krproxy.fakes.containerd.records import list_order
 from krproxy.fakes.containerd.server import FakeContainerd, run_fake_containerd
 from krproxy.fakes.containerd.state import RuntimeState
+from krproxy.fakes.containerd.versions import DEFAULT_VERSION, IMITATIONS
 from krproxy.unixsock import SocketInUseError
 
 LOGGER = logging.getLogger("krproxy.fakes.containerd")
@@ -44,6 +46,17 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="seed of the order of list answers, shuffled on every call as containerd's change "
         "(default: $FAKE_CONTAINERD_LIST_SEED, else random)",
+    )
+    parser.add_argument(
+        "--imitate",
+        default=DEFAULT_VERSION,
+        choices=[*IMITATIONS, "2.x"],
+        help=f"the containerd version to answer as where versions differ (default {DEFAULT_VERSION}; 2.x is 2.1)",
+    )
+    parser.add_argument(
+        "--require-pulled-images",
+        action="store_true",
+        help="CreateContainer of an image nobody pulled is NOT_FOUND, as containerd (default: pulled on the fly)",
     )
     parser.add_argument(
         "--log-level",
@@ -83,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--socket {path}: no directory {os.path.dirname(path)}; create it first")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     order = list_order() if args.list_seed is None else random.Random(args.list_seed)
-    fake = FakeContainerd(RuntimeState(order=order))
+    state = RuntimeState(order=order, imitate=args.imitate, require_pulled_images=args.require_pulled_images)
+    fake = FakeContainerd(state)
     if args.seed_pods:
         fake.seed(args.seed_pods, args.containers_per_pod)
     try:

@@ -20,15 +20,15 @@ from krproxy.fakes.containerd.records import (
     ImageRecord,
     Sandbox,
     clone,
-    container_not_found,
     encoded,
     image_record_for,
     list_order,
+    lookup_failed,
     matches,
     normalize_image_name,
-    sandbox_not_found,
     sequential_ids,
 )
+from krproxy.fakes.containerd.versions import DEFAULT_VERSION, IMITATIONS, Imitation, imitation
 from krproxy.proto.runtime import v1 as cri
 
 _R = TypeVar("_R", Sandbox, Container)
@@ -45,7 +45,8 @@ class Tables:
     force_remove_running: bool = True
     require_pulled_images: bool = False
     order: random.Random = attrs.Factory(list_order)
-    pod_resize: bool = True
+    imitate: Imitation = attrs.field(default=IMITATIONS[DEFAULT_VERSION], converter=imitation)
+    pod_resize: bool | None = None
     _sandboxes: dict[str, Sandbox] = attrs.field(init=False, factory=dict)
     _containers: dict[str, Container] = attrs.field(init=False, factory=dict)
     #: Sandbox ID -> the IDs of its containers, in creation order (the keys; values unused).
@@ -86,22 +87,33 @@ class Tables:
     # -- lookups ------------------------------------------------------------------------------
 
     def _find_sandbox(self, sandbox_id: str) -> Sandbox:
-        """Find a sandbox by full ID or unique ID prefix (containerd's store accepts both)."""
-        return self._find(self._sandboxes, sandbox_id, sandbox_not_found)
+        """Find a sandbox by full ID or unique ID prefix, as containerd's store does (:meth:`_find`)."""
+        return self._find(self._sandboxes, sandbox_id, "sandbox")
 
     def _find_container(self, container_id: str) -> Container:
-        """Find a container by full ID or unique ID prefix."""
-        return self._find(self._containers, container_id, container_not_found)
+        """Find a container by full ID or unique ID prefix (:meth:`_find`)."""
+        return self._find(self._containers, container_id, "container")
 
-    @staticmethod
-    def _find(table: Mapping[str, _R], key: str, not_found: Callable[[str], CriError]) -> _R:
+    def _find(self, table: Mapping[str, _R], key: str, kind: str) -> _R:
+        """The record ``key`` names, read as containerd's truncindex reads it: the full ID or a unique
+        prefix of one. Empty: UNKNOWN "prefix can't be empty" (1.6: "Prefix ..."); a prefix of several:
+        UNKNOWN "Multiple IDs found with provided prefix"; none: NOT_FOUND. Each call's answer wraps it."""
         record = table.get(key)
         if record is not None:
             return record
-        candidates = [v for k, v in table.items() if k.startswith(key)] if key else []
-        if len(candidates) != 1:
-            raise not_found(key)
+        if not key:
+            raise lookup_failed(kind, key, Code.UNKNOWN, self.imitate.empty_prefix)
+        candidates = [v for k, v in table.items() if k.startswith(key)]
+        if len(candidates) > 1:
+            raise lookup_failed(kind, key, Code.UNKNOWN, f"Multiple IDs found with provided prefix: {key}")
+        if not candidates:
+            raise lookup_failed(kind, key, Code.NOT_FOUND, "not found")
         return candidates[0]
+
+    @property
+    def answers_pod_resize(self) -> bool:
+        """Whether UpdatePodSandboxResources is answered: :attr:`pod_resize` if set, else the imitated version's."""
+        return self.imitate.pod_resize if self.pod_resize is None else self.pod_resize
 
     def _resolve_image(self, name: str) -> ImageRecord | None:
         """Find a pulled image by name (short or full), repo digest, ID or bare ID hex."""
@@ -319,7 +331,7 @@ class Tables:
         holder = self._reserved_names.get(name)
         if holder is not None:
             raise CriError(
-                Code.UNKNOWN,
+                self.imitate.name_conflict,
                 f'failed to reserve {kind} name "{name}": name "{name}" is reserved for "{holder}"',
             )
         self._reserved_names[name] = owner

@@ -9,7 +9,9 @@ from krproxy.fakes.containerd._tables import Tables
 from krproxy.fakes.containerd.records import (
     CONTAINER_TRANSITIONS,
     EXIT_CODE_KILLED,
+    EXIT_CODE_START_ERROR,
     IMAGE_FS_MOUNTPOINT,
+    START_ERROR_REASON,
     Code,
     Container,
     ContainerState,
@@ -28,16 +30,20 @@ class ContainerCalls(Tables):
     def create_container(self, request: cri.CreateContainerRequest) -> cri.CreateContainerResponse:
         """Create a CREATED container in a READY sandbox; emits CREATED.
 
-        An unknown sandbox is NOT_FOUND; a NOTREADY one is refused with UNKNOWN (containerd
-        returns a plain error, "sandbox container ... is not running", for state conflicts).
+        An unknown sandbox is NOT_FOUND; a NOTREADY one is NOT_FOUND "no running task found" on
+        containerd 1.6 and 1.7, and takes the container on 2.x (:attr:`Imitation.create_in_stopped_pod`).
         """
         sandbox = self._find_sandbox(request.pod_sandbox_id)
         config = request.config or cri.ContainerConfig()
         metadata = config.metadata or cri.ContainerMetadata()
         if not metadata.name:
-            raise CriError(Code.INVALID_ARGUMENT, "container config must include metadata")
-        if sandbox.state != SandboxState.SANDBOX_READY:
-            raise CriError(Code.UNKNOWN, f'sandbox container "{sandbox.id}" is not running')
+            raise CriError(Code.UNKNOWN, "container config must include metadata")
+        if sandbox.state != SandboxState.SANDBOX_READY and not self.imitate.create_in_stopped_pod:
+            raise CriError(
+                Code.NOT_FOUND,
+                "failed to get sandbox container task: no running task found: "
+                f"task {sandbox.id} not found: not found",
+            )
         image_name = config.image.image if config.image else ""
         image = self._resolve_image(image_name)
         if image is None:
@@ -77,24 +83,40 @@ class ContainerCalls(Tables):
 
     def start_container(self, request: cri.StartContainerRequest) -> cri.StartContainerResponse:
         """CREATED -> RUNNING; emits STARTED. Starting in any other state, or in a NOTREADY pod,
-        is UNKNOWN with containerd's messages."""
+        is UNKNOWN with containerd's messages; the latter fails once the container is marked starting,
+        and containerd then marks it EXITED (exit code 128, reason "StartError"; every version)."""
         container = self._find_container(request.container_id)
         new_state = self._transition(container, Op.START)
         sandbox = self._sandboxes[container.pod_sandbox_id]
         if sandbox.state != SandboxState.SANDBOX_READY:
-            raise CriError(Code.UNKNOWN, f'sandbox container "{sandbox.id}" is not running')
+            message = f'sandbox container "{sandbox.id}" is not running'
+            self._containers[container.id] = attrs.evolve(
+                container,
+                state=self._transition(container, Op.FAIL_START),
+                finished_at=self.clock(),
+                exit_code=EXIT_CODE_START_ERROR,
+                reason=START_ERROR_REASON,
+                message=message,
+            )
+            raise CriError(Code.UNKNOWN, message)
         self._containers[container.id] = attrs.evolve(container, state=new_state, started_at=self.clock())
         self._emit(container.id, EventType.CONTAINER_STARTED_EVENT, sandbox)
         return cri.StartContainerResponse()
 
     def stop_container(self, request: cri.StopContainerRequest) -> cri.StopContainerResponse:
-        """RUNNING -> EXITED; emits STOPPED. Unknown IDs are NOT_FOUND; stopping a container that is
-        not running succeeds and changes nothing (as in containerd).
+        """RUNNING -> EXITED; emits STOPPED. Unknown IDs are NOT_FOUND on containerd 1.6 and OK from 1.7
+        on (:attr:`Imitation.stop_unknown_ok`); stopping a container that is not running succeeds and
+        changes nothing (as in containerd).
 
         A positive timeout is a graceful stop (exit 0, reason "Completed"); timeout 0 kills at
         once (exit 137, reason "Error").
         """
-        container = self._find_container(request.container_id)
+        try:
+            container = self._find_container(request.container_id)
+        except CriError as err:
+            if err.code == Code.NOT_FOUND and self.imitate.stop_unknown_ok:
+                return cri.StopContainerResponse()
+            raise
         self._stop(container, exit_code=0 if request.timeout > 0 else EXIT_CODE_KILLED)
         return cri.StopContainerResponse()
 
@@ -117,12 +139,14 @@ class ContainerCalls(Tables):
         """Remove a container; emits DELETED.
 
         Unknown IDs succeed (containerd: "Do not return error if container metadata doesn't
-        exist"). A RUNNING container is killed first (exit 137), as containerd does; with
+        exist"); an empty ID or an ambiguous prefix does not. A RUNNING container is killed first (exit 137), as containerd does; with
         ``force_remove_running=False`` it is refused instead.
         """
         try:
             container = self._find_container(request.container_id)
-        except CriError:
+        except CriError as err:
+            if err.code != Code.NOT_FOUND:
+                raise
             return cri.RemoveContainerResponse()
         if container.state == ContainerState.CONTAINER_RUNNING:
             if not self.force_remove_running:
@@ -192,9 +216,10 @@ class ContainerCalls(Tables):
 
         containerd 2.3 looks the sandbox up (unknown: NOT_FOUND), in any state, and keeps both messages as
         sent, replacing the previous ones (absent ones become absent); it writes no cgroup (kubelet does).
-        With :attr:`pod_resize` false the answer is grpc-go's for a method the server lacks: UNIMPLEMENTED.
+        Where the CRI server lacks the method (containerd 1.6 to 2.1, or :attr:`pod_resize` false) the
+        answer is grpc-go's for a method it does not know: UNIMPLEMENTED.
         """
-        if not self.pod_resize:
+        if not self.answers_pod_resize:
             raise CriError(
                 Code.UNIMPLEMENTED,
                 "unknown method UpdatePodSandboxResources for service runtime.v1.RuntimeService",

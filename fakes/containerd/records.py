@@ -23,6 +23,9 @@ RUNTIME_API_VERSION = "v1"
 
 #: Exit code of a container killed by SIGKILL (128 + 9): what a forced stop leaves behind.
 EXIT_CODE_KILLED = 137
+#: Exit code and reason containerd gives a container whose start failed (``errorStartExitCode``).
+EXIT_CODE_START_ERROR = 128
+START_ERROR_REASON = "StartError"
 
 #: Where containerd's overlayfs snapshotter keeps image layers; ImageFsInfo reports it.
 IMAGE_FS_MOUNTPOINT = "/var/lib/containerd/io.containerd.snapshotter.v1.overlayfs"
@@ -61,6 +64,9 @@ class Op(enum.Enum):
     STOP = "stop"
     #: The container's process ended on its own (crash, completion).
     EXIT = "exit"
+    #: A start that failed once the container was marked starting (its pod is not ready): containerd
+    #: marks it exited (exit code 128, reason "StartError").
+    FAIL_START = "fail_start"
     REMOVE = "remove"
 
 
@@ -69,6 +75,7 @@ class Op(enum.Enum):
 CONTAINER_TRANSITIONS: Mapping[tuple[ContainerState, Op], ContainerState] = {
     (ContainerState.CONTAINER_CREATED, Op.START): ContainerState.CONTAINER_RUNNING,
     (ContainerState.CONTAINER_CREATED, Op.STOP): ContainerState.CONTAINER_CREATED,
+    (ContainerState.CONTAINER_CREATED, Op.FAIL_START): ContainerState.CONTAINER_EXITED,
     (ContainerState.CONTAINER_RUNNING, Op.STOP): ContainerState.CONTAINER_EXITED,
     (ContainerState.CONTAINER_RUNNING, Op.EXIT): ContainerState.CONTAINER_EXITED,
     (ContainerState.CONTAINER_EXITED, Op.STOP): ContainerState.CONTAINER_EXITED,
@@ -240,14 +247,17 @@ def image_record_for(name: str) -> ImageRecord:
     )
 
 
+def lookup_failed(kind: str, key: str, code: Code, reason: str) -> CriError:
+    """containerd's answer when its store cannot name the ``kind`` ("sandbox", "container") ``key`` names."""
+    return CriError(code, f'an error occurred when try to find {kind} "{key}": {reason}')
+
+
 def sandbox_not_found(sandbox_id: str) -> CriError:
-    return CriError(Code.NOT_FOUND, f'an error occurred when try to find sandbox "{sandbox_id}": not found')
+    return lookup_failed("sandbox", sandbox_id, Code.NOT_FOUND, "not found")
 
 
 def container_not_found(container_id: str) -> CriError:
-    return CriError(
-        Code.NOT_FOUND, f'an error occurred when try to find container "{container_id}": not found'
-    )
+    return lookup_failed("container", container_id, Code.NOT_FOUND, "not found")
 
 
 def state_name(state: ContainerState) -> str:

@@ -38,6 +38,7 @@ from krproxy import rpc
 from krproxy.fakes import _armed, strict
 from krproxy.fakes.containerd.records import CriError
 from krproxy.fakes.containerd.state import RuntimeState
+from krproxy.fakes.containerd.versions import Imitation, imitation, route
 from krproxy.fakes.grpc_go import Metadata, encode_metadata, header_check, metadata_items
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import wire
@@ -91,8 +92,15 @@ class FakeContainerd:
     Attributes:
         state: the pure runtime state; tests may inspect it or drive it directly (then call
             :meth:`flush_events` so subscribers see the resulting events).
+        imitate: the containerd version imitated ("1.6", "1.7", "2.1" or "2.x", "2.3"; see
+            :mod:`krproxy.fakes.containerd.versions`): given, it is also the state's; None (the default):
+            the state's (1.6 unless the state was built otherwise). It decides how a ``:path`` is routed
+            (:func:`~krproxy.fakes.containerd.versions.route`) and the answers where versions differ.
         history: how many requests to remember per method.
-        grpc_go: how a request grpc-go refuses is answered (containerd 1.6's way by default).
+        history_bytes: how many bytes of raw requests to remember per method: older ones are forgotten
+            beyond it (the newest is always kept), so a run of large requests stays bounded.
+        grpc_go: how a request grpc-go refuses is answered; None (the default): as the imitated
+            version's grpc-go (1.6: a reset; later: grpc-go's early abort).
         max_concurrent_streams: the SETTINGS_MAX_CONCURRENT_STREAMS to advertise; None (the
             default) advertises none, as containerd.
         enforce_deadlines: False: a caller's ``grpc-timeout`` is checked and logged but not
@@ -100,16 +108,28 @@ class FakeContainerd:
     """
 
     state: RuntimeState = attrs.Factory(RuntimeState)
+    imitate: str | Imitation | None = None
     history: int = 100
-    grpc_go: strict.GrpcGo = strict.GrpcGo.V1_6
+    history_bytes: int = 32 << 20
+    grpc_go: strict.GrpcGo | None = None
     max_concurrent_streams: int | None = None
     enforce_deadlines: bool = True
-    #: Every request refused for its headers (:func:`krproxy.fakes.strict.check_request`), with why.
+    #: The last ``history`` requests refused for their headers (:func:`krproxy.fakes.strict.check_request`), with why.
     rejected: list[tuple[strict.Headers, strict.Rejection]] = attrs.field(init=False, factory=list)
     _headers: dict[str, collections.deque[strict.Headers]] = attrs.field(init=False, factory=dict)
     _log: dict[str, collections.deque[RecordedRequest]] = attrs.field(init=False, factory=dict)
     _faults: dict[str, tuple[Fault, int | None]] = attrs.field(init=False, factory=dict)
     _subscribers: set[_Subscriber] = attrs.field(init=False, factory=set)
+    _logged_bytes: dict[str, int] = attrs.field(init=False, factory=dict)
+
+    def __attrs_post_init__(self) -> None:
+        if self.imitate is not None:
+            self.state.imitate = imitation(self.imitate)
+
+    @property
+    def imitated(self) -> Imitation:
+        """The containerd version this fake imitates (its state's)."""
+        return self.state.imitate
 
     # -- test-facing API ----------------------------------------------------------------------
 
@@ -125,8 +145,27 @@ class FakeContainerd:
     def clear_requests(self) -> None:
         """Forget every recorded request and header block."""
         self._log.clear()
+        self._logged_bytes.clear()
         self._headers.clear()
         self.rejected.clear()
+
+    def footprint(self) -> dict[str, int]:
+        """What the fake holds, by table: records, logged requests and their raw bytes, header blocks,
+        refusals, queued events, subscribers. A long run must keep each bounded (the memory test)."""
+        state = self.state
+        return {
+            "sandboxes": len(state.sandboxes),
+            "containers": len(state.containers),
+            "images": len(state.images),
+            "reserved_names": len(state._reserved_names),
+            "pod_index": len(state._pod_index),
+            "events": len(state._events),
+            "requests": sum(len(log) for log in self._log.values()),
+            "request_bytes": sum(self._logged_bytes.values()),
+            "headers": sum(len(blocks) for blocks in self._headers.values()),
+            "rejected": len(self.rejected),
+            "subscribers": len(self._subscribers),
+        }
 
     def inject(self, method: str, fault: Fault) -> None:
         """Make the next ``fault.times`` calls of ``method`` (short name) misbehave as described."""
@@ -158,9 +197,12 @@ class FakeContainerd:
 
     def server(self) -> rpc.Server:
         """A :class:`krproxy.rpc.Server` serving this fake, as strict as containerd's grpc-go."""
+        grpc_go = self.imitated.grpc_go if self.grpc_go is None else self.grpc_go
+        handlers = self._handlers()
         return rpc.Server(
-            self._handlers(),
-            check_headers=header_check(self.grpc_go, accepted=self._accepted, rejected=self._rejected),
+            handlers,
+            fallback=functools.partial(self._route, handlers),
+            check_headers=header_check(grpc_go, accepted=self._accepted, rejected=self._rejected),
             max_request=strict.MAX_MESSAGE,
             max_streams=self.max_concurrent_streams,
             enforce_deadlines=self.enforce_deadlines,
@@ -187,6 +229,19 @@ class FakeContainerd:
             handlers[path] = functools.partial(self._handle, name, method.request, call, streaming)
         return handlers
 
+    def _route(self, handlers: dict[str, rpc.Handler], path: str) -> rpc.Handler:
+        """A path the handlers do not name exactly, routed as the imitated grpc-go routes it: the
+        method's handler (a slash-less path on 1.6 and 1.7), or one answering grpc-go's refusal."""
+        services: dict[str, set[str]] = {}
+        for known in handlers:
+            service, _, method = known[1:].rpartition("/")
+            services.setdefault(service, set()).add(method)
+        try:
+            service, method = route(path, {k: frozenset(v) for k, v in services.items()}, self.imitated)
+        except GRPCError as err:
+            return functools.partial(_refuse, err)
+        return handlers[f"/{service}/{method}"]
+
     def _accepted(self, headers: strict.Headers) -> None:
         path = next((value for name, value in headers if name == ":path"), "")
         method = path.rsplit("/", 1)[-1]
@@ -194,6 +249,17 @@ class FakeContainerd:
 
     def _rejected(self, headers: strict.Headers, rejection: strict.Rejection) -> None:
         self.rejected.append((tuple(headers), rejection))
+        del self.rejected[: -self.history]
+
+    def _record(self, request: RecordedRequest) -> None:
+        """Log ``request``, forgetting the oldest beyond :attr:`history` requests or :attr:`history_bytes`."""
+        method = request.method
+        log = self._log.setdefault(method, collections.deque())
+        log.append(request)
+        size = self._logged_bytes.get(method, 0) + len(request.raw)
+        while len(log) > 1 and (len(log) > self.history or size > self.history_bytes):
+            size -= len(log.popleft().raw)
+        self._logged_bytes[method] = size
 
     @contextlib.asynccontextmanager
     async def _subscription(self, request: cri.GetEventsRequest) -> AsyncIterator[AsyncIterator[Any]]:
@@ -231,8 +297,7 @@ class FakeContainerd:
         if raw is None:
             raise GRPCError(Status.INTERNAL, f"{method}: the request ended without a message")
         message = _unmarshal(request_type, raw)
-        log = self._log.setdefault(method, collections.deque(maxlen=self.history))
-        log.append(RecordedRequest(method, message, raw, metadata_items(stream.metadata)))
+        self._record(RecordedRequest(method, message, raw, metadata_items(stream.metadata)))
         LOGGER.debug("event=request method=%s bytes=%d", method, len(raw))
         fault = _armed.take(self._faults, method)
         if fault is not None:
@@ -273,6 +338,11 @@ def _unmarshal(request_type: type[betterproto2.Message], raw: bytes) -> Any:
         raise GRPCError(Status.INTERNAL, f"grpc: error unmarshalling request: {err}") from None
     read.DiscardUnknownFields()
     return request_type.FromString(read.SerializeToString())
+
+
+async def _refuse(error: GRPCError, stream: rpc.Stream) -> None:
+    """grpc-go's answer to a path it routes nowhere: the status alone, the request unread."""
+    raise error
 
 
 def _unimplemented(method: str, request: Any) -> Any:

@@ -36,7 +36,6 @@ from krproxy.fakes.containerd.records import (
     EXIT_CODE_KILLED,
     RUNTIME_API_VERSION,
     RUNTIME_NAME,
-    RUNTIME_VERSION,
     SANDBOX_TRANSITIONS,
     Code,
     Container,
@@ -67,8 +66,11 @@ class RuntimeState(ContainerCalls, ImageCalls, Tables):
             ListImages) anew on each call: containerd's lists come from maps and their order
             changes from call to call, so nobody may rely on one. Seeded by
             :func:`list_order`, or pass ``random.Random(seed)``.
-        pod_resize: answer UpdatePodSandboxResources as containerd 2.3 does (true, the default), or with
-            UNIMPLEMENTED "unknown method ..." as containerd 1.6 to 2.1, whose CRI server lacks it (false).
+        imitate: the containerd version imitated where versions differ (:mod:`krproxy.fakes.containerd.versions`):
+            "1.6" (the default), "1.7", "2.1" ("2.x") or "2.3", or an :class:`Imitation`.
+        pod_resize: answer UpdatePodSandboxResources as containerd 2.3 does (true), or with UNIMPLEMENTED
+            "unknown method ..." as containerd 1.6 to 2.1, whose CRI server lacks it (false); None (the
+            default): as the imitated version does.
     """
 
     #: The CRI methods (snake_case, as in the generated services) this class answers.
@@ -109,11 +111,11 @@ class RuntimeState(ContainerCalls, ImageCalls, Tables):
     )
 
     def version(self, request: cri.VersionRequest) -> cri.VersionResponse:
-        """Name and versions, as containerd 1.6 reports them (with a ``-fake`` suffix)."""
+        """Name and versions, as the imitated containerd reports them (with a ``-fake`` suffix)."""
         return cri.VersionResponse(
             version="0.1.0",
             runtime_name=RUNTIME_NAME,
-            runtime_version=RUNTIME_VERSION,
+            runtime_version=self.imitate.runtime_version,
             runtime_api_version=RUNTIME_API_VERSION,
         )
 
@@ -133,13 +135,14 @@ class RuntimeState(ContainerCalls, ImageCalls, Tables):
     def run_pod_sandbox(self, request: cri.RunPodSandboxRequest) -> cri.RunPodSandboxResponse:
         """Create a READY sandbox; emits CREATED and STARTED events with the sandbox ID.
 
-        A second sandbox with the same name/namespace/uid/attempt is refused (UNKNOWN), since
-        containerd reserves that name until the first one is removed.
+        A second sandbox with the same name/namespace/uid/attempt is refused (UNKNOWN on containerd 1.6
+        and 1.7, FAILED_PRECONDITION on 2.x), since containerd reserves that name until the first one is
+        removed.
         """
         config = request.config or cri.PodSandboxConfig()
         metadata = config.metadata or cri.PodSandboxMetadata()
         if not metadata.name:
-            raise CriError(Code.INVALID_ARGUMENT, "sandbox config must include metadata")
+            raise CriError(Code.UNKNOWN, "sandbox config must include metadata")
         options = None
         if config.linux and config.linux.security_context and config.linux.security_context.namespace_options:
             options = clone(config.linux.security_context.namespace_options)
@@ -171,10 +174,16 @@ class RuntimeState(ContainerCalls, ImageCalls, Tables):
     def stop_pod_sandbox(self, request: cri.StopPodSandboxRequest) -> cri.StopPodSandboxResponse:
         """Kill the pod's running containers (exit 137) and mark the sandbox NOTREADY.
 
-        Unknown IDs are NOT_FOUND (containerd looks the sandbox up first and wraps the store's
-        not-found error). Stopping a NOTREADY sandbox again succeeds and changes nothing.
+        Unknown IDs are NOT_FOUND on containerd 1.6 (it looks the sandbox up first and wraps the store's
+        not-found error) and OK from 1.7 on (CRI's idempotent stop). Stopping a NOTREADY sandbox again
+        succeeds and changes nothing.
         """
-        sandbox = self._find_sandbox(request.pod_sandbox_id)
+        try:
+            sandbox = self._find_sandbox(request.pod_sandbox_id)
+        except CriError as err:
+            if err.code == Code.NOT_FOUND and self.imitate.stop_unknown_ok:
+                return cri.StopPodSandboxResponse()
+            raise
         for container in self._pod_containers(sandbox.id):
             self._stop(container, exit_code=EXIT_CODE_KILLED)
         was_ready = sandbox.state == SandboxState.SANDBOX_READY
@@ -187,11 +196,14 @@ class RuntimeState(ContainerCalls, ImageCalls, Tables):
     def remove_pod_sandbox(self, request: cri.RemovePodSandboxRequest) -> cri.RemovePodSandboxResponse:
         """Stop the sandbox if needed, remove its containers, then the sandbox itself.
 
-        Removing an unknown ID succeeds: containerd treats a missing sandbox as already removed.
+        Removing an unknown ID succeeds: containerd treats a missing sandbox as already removed (an
+        empty ID or an ambiguous prefix is refused, as by every lookup).
         """
         try:
             sandbox = self._find_sandbox(request.pod_sandbox_id)
-        except CriError:
+        except CriError as err:
+            if err.code != Code.NOT_FOUND:
+                raise
             return cri.RemovePodSandboxResponse()
         self.stop_pod_sandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox.id))
         sandbox = self._sandboxes[sandbox.id]
