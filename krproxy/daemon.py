@@ -57,6 +57,7 @@ from krproxy.hooks.watcher import watch_hook_dir
 from krproxy.metrics import Metrics
 from krproxy.ocihooks import proxy as ocihooks
 from krproxy.relay import Relay, Route, connect_unix
+from krproxy.routing import CRI_VERSION, Routing
 from krproxy.trace.recorder import Recorder, watch_toggle_signal
 
 LOGGER = logging.getLogger("krproxy.daemon")
@@ -193,6 +194,10 @@ async def serve(
         interceptors=interceptors,
         unary_paths=[p for p, c in known_routes().items() if c is Cardinality.UNARY_UNARY],
         watches=watches,
+        routing=Routing.for_cri(
+            refuse_unknown=bool(config.requirements.servers),
+            forward_unhooked=config.forward_unhooked_methods,
+        ),
     )
     backends = [("runtime", runtime)] if image is runtime else [("runtime", runtime), ("image", image)]
     view = admin.AdminView(config, relay, hooks, metrics, backends)
@@ -232,7 +237,9 @@ async def serve(
             if handle_signals:
                 await nursery.start(_supervise.watch_signals, daemon.request_shutdown)
                 await nursery.start(watch_toggle_signal, recorder)
-            _supervise.log_ready(LOGGER, config, len(dispatcher.registry.plugins), image=config.image_socket)
+            _supervise.log_ready(
+                LOGGER, config, len(dispatcher.registry.plugins), image=config.image_socket, cri=CRI_VERSION
+            )
             task_status.started(daemon)
             await daemon._shutdown.wait()
             await daemon._drain()
