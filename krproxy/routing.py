@@ -39,7 +39,7 @@ __all__ = ["CRI_VERSION", "Refusal", "Routing", "go_quote", "grpc_go_route", "un
 
 #: The CRI krproxy knows: protos/cri_v1.proto matches cri-api's master of the 1.37 line
 #: (KEP-5823's RestorePod and CheckpointPod included); the start-up log names it.
-CRI_VERSION = "cri-api v0.37 (runtime.v1, master)"
+CRI_VERSION = "runtime.v1 of cri-api master (1.37 line)"
 
 #: The service a bare method name given to ``--forward-unhooked-method`` belongs to.
 RUNTIME_SERVICE = "runtime.v1.RuntimeService"

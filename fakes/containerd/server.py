@@ -36,6 +36,7 @@ from google.protobuf.message import DecodeError
 
 from krproxy import rpc
 from krproxy.fakes import _armed, strict
+from krproxy.fakes.containerd import restore
 from krproxy.fakes.containerd.records import CriError
 from krproxy.fakes.containerd.state import RuntimeState
 from krproxy.fakes.grpc_go import Metadata, encode_metadata, header_check, metadata_items
@@ -181,6 +182,8 @@ class FakeContainerd:
                 call = getattr(self.state, snake)
             elif snake == "get_container_events":
                 call = self._subscription
+            elif snake == "restore_pod":
+                call = functools.partial(restore.restore_pod, self.state)
             else:
                 call = functools.partial(_unimplemented, name)
             streaming = method.cardinality.server_streaming

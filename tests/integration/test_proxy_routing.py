@@ -133,3 +133,23 @@ async def test_known_unhooked_methods_forwarded_under_required(
         answer = await call(sockdir, f"/{SERVICE}/{method}")
         assert Status.OK == answer.grpc_status, (method, answer)
         assert reached(scripted_backend, f"/{SERVICE}/{method}")
+
+
+@pytest.mark.parametrize("required", [False, True], ids=["plain", "required"])
+async def test_unknown_method_against_fake_containerd(
+    fake_containerd: Any, nursery: trio.Nursery, sockdir: str, required: bool
+) -> None:
+    """An unknown RuntimeService method reaches the fake containerd (which answers UNIMPLEMENTED itself)
+    without required servers, and is refused by krproxy, never sent, with them."""
+    fake, backend = fake_containerd
+    await proxy(
+        nursery, sockdir, runtime_endpoint=backend, **({"requirements": REQUIRED} if required else {})
+    )
+    path = f"/{SERVICE}/FutureVerb"
+
+    answer = await call(sockdir, path)
+
+    assert Status.UNIMPLEMENTED == answer.grpc_status, answer
+    from_krproxy = answer.grpc_message.startswith(f"unknown method {path}: krproxy")
+    assert required == from_krproxy, answer.grpc_message
+    assert (not required) == bool(fake.headers("FutureVerb")), fake.headers("FutureVerb")
