@@ -19,7 +19,7 @@ config by name, under its ``container_id``. Why no PreRestorePod point of its ow
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
@@ -37,56 +37,57 @@ if TYPE_CHECKING:
 
 LOGGER = logging.getLogger("krproxy.hooks")
 
+WHAT = "RestorePodRequest"
+R = TypeVar("R")
+
 
 async def restore_pod(hooks: HookRuntime, data: bytes, forward: Forward) -> Reply:
     """The RestorePod interceptor's work (module docstring)."""
-    request = await decode_request(cri.RestorePodRequest, data, "RestorePodRequest")
-    with malformed("RestorePodRequest"):
+    request = await decode_request(cri.RestorePodRequest, data, WHAT)
+    with malformed(WHAT):
         config = request.config or cri.PodSandboxConfig()
         run = cri.RunPodSandboxRequest(config=config, runtime_handler=request.runtime_handler)
         pod = convert.pod_from_run_request(run)
     changed = False
-    merged_pod, _ = await hooks._pre_hooks(
-        HookPoint.PRE_RUN_POD_SANDBOX,
-        pod,
-        pod=pod,
-        target=f"restored pod {pod.namespace}/{pod.name}",
-        data=data,
-        rebuild=lambda merged: b"",
-        what="RestorePodRequest",
-    )
+    merged_pod = await _hooked(hooks, HookPoint.PRE_RUN_POD_SANDBOX, pod, pod, None, data)
     if merged_pod is not pod:
-        with malformed("RestorePodRequest"):
+        with malformed(WHAT):
             config = request.config = writeback.apply_run_pod(run, merged_pod).config
         changed = True
     containers: list[ContainerInfo] = []
     for index, container_config in enumerate(list(request.container_configs)):
-        with malformed("RestorePodRequest"):
+        with malformed(WHAT):
             create = cri.CreateContainerRequest(config=container_config, sandbox_config=config)
             info = convert.container_from_create_request(create, merged_pod)
-        merged, _ = await hooks._pre_hooks(
-            HookPoint.PRE_CREATE_CONTAINER,
-            info,
-            pod=merged_pod,
-            container=info.name,
-            target=f"restored pod {pod.namespace}/{pod.name} container {info.name}",
-            data=data,
-            rebuild=lambda merged: b"",
-            what="RestorePodRequest",
-        )
+        merged = await _hooked(hooks, HookPoint.PRE_CREATE_CONTAINER, info, merged_pod, info.name, data)
         if merged is not info:
-            with malformed("RestorePodRequest"):
+            with malformed(WHAT):
                 out = writeback.apply_create(create, merged).config
                 assert out is not None  # apply_create always writes a config
                 request.container_configs[index] = out
             changed = True
         containers.append(merged)
     if changed:
-        with malformed("RestorePodRequest"):
+        with malformed(WHAT):
             data = bytes(request.SerializeToString())
     reply = await forward(data)
     keep_restored(hooks, merged_pod, containers, reply.message)
     return reply
+
+
+async def _hooked(
+    hooks: HookRuntime, point: HookPoint, record: R, pod: PodInfo, container: str | None, data: bytes
+) -> R:
+    """*record* as the pre hooks of *point* left it (the record itself when they changed nothing)."""
+    target = f"restored pod {pod.namespace}/{pod.name}" + (f" container {container}" if container else "")
+    merged, _ = await hooks._pre_hooks(
+        point, record, pod=pod, container=container, target=target, data=data, rebuild=_unused, what=WHAT
+    )
+    return merged
+
+
+def _unused(record: object) -> bytes:
+    return b""  # the merged records are written into the RestorePod request by restore_pod
 
 
 def keep_restored(hooks: HookRuntime, pod: PodInfo, containers: list[ContainerInfo], reply: bytes) -> None:

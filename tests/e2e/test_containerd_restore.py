@@ -16,7 +16,15 @@ import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from krproxy.proto.runtime import v1 as cri
-from tests.e2e.support import TIMEOUT, Containerd, Cri, Proxy, pod_config, start_plugin, start_proxy
+from tests.e2e.support import (
+    TIMEOUT,
+    Containerd,
+    Cri,
+    Proxy,
+    pod_config,
+    serving_proxy,
+    start_plugin,
+)
 from tests.e2e.test_containerd_routing import HOOKS, REQUIRED
 
 PATH = "/runtime.v1.RuntimeService/RestorePod"
@@ -25,12 +33,8 @@ PATH = "/runtime.v1.RuntimeService/RestorePod"
 @pytest.fixture
 def held_proxy(containerd: Containerd, short_tmp: Path) -> Iterator[Proxy]:
     """krproxy with the required server ``limits`` (PreRunPodSandbox, PreCreateContainer, PreStartContainer)."""
-    daemon = start_proxy(short_tmp, containerd.socket, extra=REQUIRED)
-    try:
+    with serving_proxy(short_tmp, containerd.socket, REQUIRED) as daemon:
         yield daemon
-    finally:
-        code = daemon.terminate()
-    assert 0 == code, f"krproxy exited with {code}; log:\n{daemon.log}"
 
 
 def restore_request(containerd: Containerd, archive: Path) -> bytes:

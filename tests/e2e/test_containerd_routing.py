@@ -28,8 +28,8 @@ from tests.e2e.support import (
     Proxy,
     container_config,
     pod_config,
+    serving_proxy,
     start_plugin,
-    start_proxy,
 )
 from tests.e2e.test_containerd_hooks import LIMITS, cleanup, create_container, run_pod
 from tests.integration.h2_client import H2Answer, framed, grpc_request, request
@@ -70,12 +70,8 @@ def raw_call(socket: str, path: str, message: Any) -> H2Answer:
 
 @pytest.fixture
 def required_proxy(containerd: Containerd, short_tmp: Path) -> Iterator[Proxy]:
-    daemon = start_proxy(short_tmp, containerd.socket, extra=REQUIRED)
-    try:
+    with serving_proxy(short_tmp, containerd.socket, REQUIRED) as daemon:
         yield daemon
-    finally:
-        code = daemon.terminate()
-    assert 0 == code, f"krproxy exited with {code}; log:\n{daemon.log}"
 
 
 @contextlib.contextmanager
