@@ -99,16 +99,12 @@ def log_ready(
     *,
     mode: str | None = None,
     image: str | None = None,
-    cri: str | None = None,
 ) -> None:
     """Log ``event=ready`` (docs/operations.md): the daemon's socket accepts calls. The fields keep the
     order each mode logged before they shared this: Docker mode names itself first (``mode``), the CRI
-    daemon its image socket (``image``) after the runtime's, and last the CRI version it knows (``cri``)."""
+    daemon its image socket (``image``) after the runtime's."""
     fields: dict[str, Any] = {} if mode is None else {"mode": mode}
     fields.update(listen=config.listen, runtime=config.runtime_endpoint)
     if image is not None:
         fields["image"] = image
-    fields.update(hook_dir=config.hook_dir, plugins=plugins)
-    if cri is not None:
-        fields["cri"] = cri
-    log.event(logger, "ready", **fields)
+    log.event(logger, "ready", **fields, hook_dir=config.hook_dir, plugins=plugins)

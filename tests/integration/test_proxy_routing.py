@@ -8,6 +8,7 @@ the method is not listed with ``--forward-unhooked-method``.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -16,6 +17,8 @@ import trio
 
 from krproxy.grpcstatus import Status
 from krproxy.hooks.required import Requirements, parse_required_server
+from krproxy.hookserver.testing import logged_events
+from krproxy.routing import CRI_VERSION
 from tests.integration.h2_client import H2Answer, framed, grpc_request, request
 from tests.integration.support import ScriptedBackend, start_proxy
 
@@ -153,3 +156,21 @@ async def test_unknown_method_against_fake_containerd(
     from_krproxy = answer.grpc_message.startswith(f"unknown method {path}: krproxy")
     assert required == from_krproxy, answer.grpc_message
     assert (not required) == bool(fake.headers("FutureVerb")), fake.headers("FutureVerb")
+
+
+@pytest.mark.parametrize("required", [False, True], ids=["plain", "required"])
+async def test_start_up_log_names_the_cri_version(
+    scripted_backend: ScriptedBackend,
+    nursery: trio.Nursery,
+    sockdir: str,
+    caplog: pytest.LogCaptureFixture,
+    required: bool,
+) -> None:
+    """``event=methods`` names the CRI krproxy knows and what becomes of methods it does not know."""
+    caplog.set_level(logging.INFO, logger="krproxy.daemon")
+    extra: dict[str, Any] = {"requirements": REQUIRED} if required else {}
+    await proxy(nursery, sockdir, forward_unhooked_methods=("FutureVerb",), **extra)
+    [logged] = logged_events(caplog.records, "methods")
+    assert CRI_VERSION == logged["cri"] and "cri-api" in CRI_VERSION
+    assert ("refused" if required else "forwarded") == logged["unknown"]
+    assert f"/{SERVICE}/FutureVerb" == logged["forward_unhooked"]
