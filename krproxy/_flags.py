@@ -135,9 +135,30 @@ def add_serve(subparsers: argparse._SubParsersAction[Any]) -> None:
         "/usr/share/containers/oci/hooks.d then /etc/containers/oci/hooks.d); default: none, off",
     )
     add_required(p)
+    p.add_argument(
+        "--forward-unhooked-method",
+        dest="forward_unhooked_methods",
+        type=_unhooked_method,
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --required-hook-server, a method krproxy's protos lack is refused with UNIMPLEMENTED "
+        "(krproxy cannot run hooks for it); NAME (a RuntimeService method, e.g. ListPodSandboxFoo, or a "
+        "path /package.Service/Method) is forwarded unhooked instead; repeatable; default: none",
+    )
     add_record(p)
     add_admin(p)
     add_logging(p)
+
+
+def _unhooked_method(text: str) -> str:
+    from krproxy.routing import unhooked_path
+
+    try:
+        unhooked_path(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 def _required_server(text: str) -> Any:

@@ -206,6 +206,7 @@ def _serve(args: argparse.Namespace) -> int:
             record_max_bytes=args.record_max_bytes,
             record_keep=args.record_keep,
             record_paused=args.record_paused,
+            forward_unhooked_methods=tuple(args.forward_unhooked_methods),
             **shared_config(args),
         )
     except ValueError as err:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 import attrs
 
 from krproxy.hooks.required import Requirements
+from krproxy.routing import unhooked_path
 
 DEFAULT_LISTEN = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
 DEFAULT_RUNTIME_ENDPOINT = "/var/run/containerd/containerd.sock"
@@ -150,6 +151,9 @@ class ProxyConfig:
             first; empty (the default): no OCI hooks at the proxy.
         requirements: required hook servers (``--required-hook-server``), the annotations pods name
             them with, and the start-up grace (docs/hooks.md, "Required hook servers").
+        forward_unhooked_methods: methods our protos lack that are forwarded unhooked even while
+            required hook servers are configured (``--forward-unhooked-method``; bare names are
+            RuntimeService's, paths as given; :func:`krproxy.routing.unhooked_path`).
     """
 
     listen: str = attrs.field(default=DEFAULT_LISTEN, converter=socket_path)
@@ -171,6 +175,12 @@ class ProxyConfig:
     record_paused: bool = False
     oci_hook_dirs: tuple[str, ...] = attrs.field(default=(), converter=_absolute_dirs)
     requirements: Requirements = attrs.field(factory=Requirements)
+    forward_unhooked_methods: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+
+    @forward_unhooked_methods.validator
+    def _check_unhooked(self, attribute: attrs.Attribute[tuple[str, ...]], value: tuple[str, ...]) -> None:
+        for name in value:
+            unhooked_path(name)  # ValueError names the bad one
 
     @metrics_address.validator
     def _check_metrics_address(self, attribute: attrs.Attribute[str], value: str) -> None:

@@ -57,6 +57,7 @@ from krproxy.hooks.watcher import watch_hook_dir
 from krproxy.metrics import Metrics
 from krproxy.ocihooks import proxy as ocihooks
 from krproxy.relay import Relay, Route, connect_unix
+from krproxy.routing import CRI_VERSION, Routing
 from krproxy.trace.recorder import Recorder, watch_toggle_signal
 
 LOGGER = logging.getLogger("krproxy.daemon")
@@ -187,12 +188,17 @@ async def serve(
     # A call at a hook point without plugins goes upstream as the caller's bytes (hooks/watched.py);
     # not where OCI hooks wrapped the interceptor, which has work of its own.
     watches = {p: w for p, w in hooks.watches().items() if interceptors[p] is plugin_interceptors[p]}
+    # Which method a call is, and which calls krproxy refuses instead of forwarding (docs/security.md).
+    routing = Routing.for_cri(
+        refuse_unknown=bool(config.requirements.servers), forward_unhooked=config.forward_unhooked_methods
+    )
     relay.configure(
         runtime=runtime_route,
         image=image_route,
         interceptors=interceptors,
         unary_paths=[p for p, c in known_routes().items() if c is Cardinality.UNARY_UNARY],
         watches=watches,
+        routing=routing,
     )
     backends = [("runtime", runtime)] if image is runtime else [("runtime", runtime), ("image", image)]
     view = admin.AdminView(config, relay, hooks, metrics, backends)
@@ -232,6 +238,13 @@ async def serve(
             if handle_signals:
                 await nursery.start(_supervise.watch_signals, daemon.request_shutdown)
                 await nursery.start(watch_toggle_signal, recorder)
+            log.event(
+                LOGGER,
+                "methods",
+                cri=CRI_VERSION,
+                unknown="refused" if routing.refuse_unknown else "forwarded",
+                forward_unhooked=",".join(sorted(routing.forward_unhooked)),
+            )
             _supervise.log_ready(LOGGER, config, len(dispatcher.registry.plugins), image=config.image_socket)
             task_status.started(daemon)
             await daemon._shutdown.wait()

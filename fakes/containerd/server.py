@@ -36,6 +36,7 @@ from google.protobuf.message import DecodeError
 
 from krproxy import rpc
 from krproxy.fakes import _armed, strict
+from krproxy.fakes.containerd import restore
 from krproxy.fakes.containerd.records import CriError
 from krproxy.fakes.containerd.state import RuntimeState
 from krproxy.fakes.containerd.versions import Imitation, imitation, route
@@ -223,6 +224,8 @@ class FakeContainerd:
                 call = getattr(self.state, snake)
             elif snake == "get_container_events":
                 call = self._subscription
+            elif snake == "restore_pod":
+                call = functools.partial(restore.restore_pod, self.state)
             else:
                 call = functools.partial(_unimplemented, name)
             streaming = method.cardinality.server_streaming

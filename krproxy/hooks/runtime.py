@@ -11,6 +11,7 @@ StopPodSandbox                 forward → PostStopPodSandbox → drop the pod (
 UpdateContainerResources       PreUpdateContainerResources chain → forward → store
 UpdatePodSandboxResources      PreUpdatePodSandboxResources chain → forward → store the pod's resources
 RemoveContainer / RemovePod…   forward → drop from the store (no hooks)
+RestorePod                     PreRunPodSandbox, PreCreateContainer per container → forward → store all
 =============================  =====================================================
 
 Post hooks run whether or not the runtime call succeeded, and the runtime's answer or
@@ -57,7 +58,7 @@ import trio
 from krproxy import log
 from krproxy.forward import BackendError, Forward, Handler, Interceptor, Reply, Watch, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.hooks import convert, merge, rewrite, watched, writeback
+from krproxy.hooks import convert, merge, restore, rewrite, watched, writeback
 from krproxy.hooks._reading import decode_id, decode_request, malformed, reply_field
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard
@@ -101,6 +102,7 @@ class HookRuntime:
             "UpdatePodSandboxResources": self.update_pod_sandbox_resources,
             "RemoveContainer": self.remove_container,
             "RemovePodSandbox": self.remove_pod_sandbox,
+            "RestorePod": self.restore_pod,
         }
         return runtime_interceptors(handlers, gate=self._recovered)
 
@@ -150,6 +152,10 @@ class HookRuntime:
         return await self._forward_created(
             point, pod, forward, data, cri.RunPodSandboxResponse, "pod_sandbox_id"
         )
+
+    async def restore_pod(self, data: bytes, forward: Forward) -> Reply:
+        """RestorePod: PreRunPodSandbox and PreCreateContainer on what it restores (:mod:`krproxy.hooks.restore`)."""
+        return await restore.restore_pod(self, data, forward)
 
     async def stop_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
         sandbox_id = decode_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")

@@ -64,6 +64,7 @@ from krproxy.relay._local import LocalCall
 from krproxy.relay.connection import _STOPPED, Endpoint, Headers
 from krproxy.relay.half import Half
 from krproxy.relay.route import Route, connect_unix
+from krproxy.routing import Routing
 
 LOGGER = logging.getLogger("krproxy.relay")
 
@@ -85,7 +86,8 @@ class Relay:
     relay that only answers calls itself: other paths get UNIMPLEMENTED), the interceptors by
     method path, and the unary method paths (whose replies records carry); ``watches`` (by
     method path, of intercepted paths) may let a call go upstream as the caller sent it
-    (:data:`krproxy.forward.Watch`).
+    (:data:`krproxy.forward.Watch`); ``routing`` says which calls are answered here instead of
+    forwarded (:class:`krproxy.routing.Routing`: by default a ``:path`` without its leading slash).
     """
 
     def __init__(
@@ -117,6 +119,7 @@ class Relay:
         self.image: Route | None = None
         self.interceptors: dict[str, Interceptor] = {}
         self.watches: dict[str, Watch] = {}
+        self.routing = Routing()
         self._routes: dict[str, Route] = {}  # to plugins and other sockets, by path
         self._unary_paths: frozenset[str] = frozenset()
         self.nursery: trio.Nursery = None  # type: ignore[assignment]  # set by serve()
@@ -144,8 +147,11 @@ class Relay:
         interceptors: Mapping[str, Interceptor],
         unary_paths: Iterable[str],
         watches: Mapping[str, Watch] | None = None,
+        routing: Routing | None = None,
     ) -> None:
         self.runtime, self.image = runtime, image
+        if routing is not None:
+            self.routing = routing
         self.interceptors = dict(interceptors)
         self.watches = dict(watches or {})
         self._unary_paths = frozenset(unary_paths)
@@ -277,6 +283,10 @@ class Relay:
         if interceptor is not None:
             if end:
                 call.on_request_data(b"", True)
+            return
+        refusal = self.routing.refusal(text, path)  # which method: the runtime's reading of :path
+        if refusal is not None:
+            call.fail(refusal.status, refusal.message)
             return
         if route is None:  # a relay that only answers calls itself
             call.fail(Status.UNIMPLEMENTED, f"unknown method {text}")

@@ -226,6 +226,17 @@ def start_proxy(
             time.sleep(0.05)
 
 
+@contextlib.contextmanager
+def serving_proxy(workdir: Path, backend: str, extra: tuple[str, ...] = ()) -> Iterator[Proxy]:
+    """:func:`start_proxy` for a fixture: terminated at the end, which must exit 0."""
+    daemon = start_proxy(workdir, backend, extra=extra)
+    try:
+        yield daemon
+    finally:
+        code = daemon.terminate()
+    assert 0 == code, f"krproxy exited with {code}; log:\n{daemon.log}"
+
+
 @attrs.define
 class Cri:
     """grpcio stubs for one CRI socket, plus raw-bytes access to any method path."""

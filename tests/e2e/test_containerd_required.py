@@ -34,6 +34,7 @@ from tests.e2e.support import (
     container_config,
     container_pid,
     pod_config,
+    serving_proxy,
     start_plugin,
     start_proxy,
     wait_until,
@@ -56,12 +57,8 @@ HOOKS: dict[str, Any] = {
 
 @pytest.fixture
 def required_proxy(containerd: Containerd, short_tmp: Path) -> Iterator[Proxy]:
-    daemon = start_proxy(short_tmp, containerd.socket, extra=REQUIRED)
-    try:
+    with serving_proxy(short_tmp, containerd.socket, REQUIRED) as daemon:
         yield daemon
-    finally:
-        code = daemon.terminate()
-    assert 0 == code, f"krproxy exited with {code}; log:\n{daemon.log}"
 
 
 def test_absent_server_holds_the_pod_until_it_is_back(
