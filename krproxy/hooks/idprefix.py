@@ -26,7 +26,8 @@ knows neither error, and grpc-go sends an error without a status as UNKNOWN), th
 around the truncindex error. Measured against containerd 1.6.20, 1.7.24 and 2.1.9 (identical but for one
 letter: 1.6's moby copy says ``Prefix can't be empty``; krproxy writes 1.7's and 2.x's ``prefix``).
 
-Pure: no I/O, no event loop; the standard library and :mod:`krproxy.protowire` only.
+Pure: no I/O, no event loop, no protobuf (the store imports it); the request naming the full id is written by
+:func:`krproxy.hooks._reading.with_id`.
 """
 
 from __future__ import annotations
@@ -36,10 +37,9 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Final, final
 
-from krproxy import protowire
 from krproxy.grpcstatus import GRPCError, Status
 
-__all__ = ["EMPTY", "FIND_MESSAGES", "IdIndex", "IdRefused", "go_quote", "refusal", "with_id"]
+__all__ = ["EMPTY", "FIND_MESSAGES", "IdIndex", "IdRefused", "go_quote", "refusal"]
 
 #: truncindex's ``ErrEmptyPrefix`` (containerd 1.7 and 2.x; 1.6 capitalises the first letter).
 EMPTY: Final = "prefix can't be empty"
@@ -174,40 +174,3 @@ def go_quote(text: str) -> str:
             out.append(f"\\U{code:08x}")
     out.append('"')
     return "".join(out)
-
-
-def with_id(data: bytes, number: int, ident: str) -> bytes:
-    """The message *data* with its string field *number* set to *ident*: every occurrence of the field dropped,
-    one written at the end (protobuf reads a scalar's last occurrence), every other field kept as it came.
-
-    *data* must be a message whose id was read (:func:`krproxy.hooks._reading.plain_id` or a decoder): one that
-    does not parse raises :class:`krproxy.protowire.DecodeError`.
-    """
-    kept = bytearray()
-    pos = 0
-    while pos < len(data):
-        start = pos
-        key, pos = protowire.read_varint(data, pos)
-        found, wire_type = key >> 3, key & 7
-        pos = _skip(data, pos, wire_type, found)
-        if found != number:
-            kept += data[start:pos]
-    value = ident.encode()
-    kept += protowire.varint(number << 3 | 2) + protowire.varint(len(value)) + value
-    return bytes(kept)
-
-
-def _skip(data: bytes, pos: int, wire_type: int, number: int) -> int:
-    """The position after the value of a field of *wire_type* starting at *pos*."""
-    if wire_type == 0:
-        return protowire.read_varint(data, pos)[1]
-    if wire_type == 2:
-        length, pos = protowire.read_varint(data, pos)
-        end = pos + length
-    elif wire_type in (1, 5):
-        end = pos + (8 if wire_type == 1 else 4)
-    else:  # groups (3, 4) and the unused 6, 7: no id-carrying request of the CRI has them
-        raise protowire.DecodeError(f"field {number}: wire type {wire_type}")
-    if end > len(data):
-        raise protowire.DecodeError(f"field {number}: truncated")
-    return end

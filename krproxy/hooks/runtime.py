@@ -66,7 +66,7 @@ from krproxy import log, protowire
 from krproxy.forward import BackendError, Forward, Handler, Interceptor, Reply, Watch, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import convert, idprefix, merge, rewrite, watched, writeback
-from krproxy.hooks._reading import decode, decode_id, decode_request, malformed, reply_field
+from krproxy.hooks._reading import decode, decode_id, decode_request, malformed, reply_field, with_id
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard
 from krproxy.hooks.idprefix import IdRefused
@@ -350,7 +350,7 @@ class HookRuntime:
         if full is None or full == key:
             return key, data
         try:
-            return full, idprefix.with_id(data, 1, full)
+            return full, with_id(data, 1, full)
         except protowire.DecodeError:  # read by betterproto2 (decode_id's fallback): written by it
             message = decode(message_type, data, message_type.__name__)
             setattr(message, field, full)

@@ -17,6 +17,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from krproxy import protowire
 from krproxy.grpcstatus import Status
+from krproxy.hooks import _reading as reading
 from krproxy.hooks import idprefix
 from krproxy.hooks.idprefix import IdIndex, IdRefused
 from krproxy.hooks.store import HookStore
@@ -173,7 +174,7 @@ def test_with_id_keeps_the_other_fields_and_names_the_full_id() -> None:
     unknown = protowire.varint(99 << 3 | 0) + protowire.varint(7)
     data = bytes(cri.StopContainerRequest(container_id="3cdc", timeout=30)) + unknown + b"\x0a\x023c"
 
-    rewritten = idprefix.with_id(data, 1, A)
+    rewritten = reading.with_id(data, 1, A)
 
     assert cri.StopContainerRequest(container_id=A, timeout=30) == cri.StopContainerRequest.FromString(
         rewritten
@@ -185,7 +186,7 @@ def test_with_id_keeps_the_other_fields_and_names_the_full_id() -> None:
 def test_with_id_refuses_bytes_that_do_not_parse() -> None:
     """A truncated message raises the wire reader's DecodeError (the caller writes it with betterproto2)."""
     with pytest.raises(protowire.DecodeError):
-        idprefix.with_id(b"\x0a\x05ab", 1, A)
+        reading.with_id(b"\x0a\x05ab", 1, A)
 
 
 def test_store_resolves_and_forgets_by_full_id() -> None:
