@@ -34,17 +34,12 @@ from tests.e2e.support import (
     wait_until,
 )
 from tests.e2e.test_containerd_hooks import cleanup, create_container, run_pod, start
+from tests.e2e.test_nri_containerd import EVERY_HOOK
 
 PREFIX = 12
-#: Every hook point a call naming an existing pod or container reaches.
-POINTS = [
-    "PreCreateContainer",
-    "PreStartContainer",
-    "PostStartContainer",
-    "PreUpdateContainerResources",
-    "PostStopContainer",
-    "PostStopPodSandbox",
-]
+#: Every hook point a call naming an existing pod or container reaches (all but PreRunPodSandbox), in the
+#: order one container's life calls them.
+POINTS = [hook for hook in EVERY_HOOK if hook != "PreRunPodSandbox"]
 REQUIRED = ("--required-hook-server", "limits=" + ",".join(POINTS), "--required-startup-grace", "0")
 METRICS = ("--metrics-address", "127.0.0.1:0")
 
@@ -129,7 +124,9 @@ def test_prefix_held_while_the_required_server_is_absent(
                 ),
             }
 
-            code, details = outcome(calls[method])
+            result = outcome(calls[method])
+            assert isinstance(result, tuple), f"{method} by prefix reached containerd and did its work"
+            code, details = result
 
             assert grpc.StatusCode.UNAVAILABLE == code, (code, details)
             assert "required hook server limits" in details, details
