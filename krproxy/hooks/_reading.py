@@ -183,3 +183,40 @@ class malformed:
             raise GRPCError(
                 Status.INVALID_ARGUMENT, f"malformed {self.what}: {kind.__name__}: {err}"
             ) from None
+
+
+def with_id(data: bytes, number: int, ident: str) -> bytes:
+    """The message *data* with its string field *number* set to *ident*: every occurrence of the field dropped,
+    one written at the end (protobuf reads a scalar's last occurrence), every other field kept as it came.
+
+    *data* must be a message whose id was read (:func:`plain_id` or a decoder): one that
+    does not parse raises :class:`krproxy.protowire.DecodeError`.
+    """
+    kept = bytearray()
+    pos = 0
+    while pos < len(data):
+        start = pos
+        key, pos = protowire.read_varint(data, pos)
+        found, wire_type = key >> 3, key & 7
+        pos = _skip(data, pos, wire_type, found)
+        if found != number:
+            kept += data[start:pos]
+    value = ident.encode()
+    kept += protowire.varint(number << 3 | 2) + protowire.varint(len(value)) + value
+    return bytes(kept)
+
+
+def _skip(data: bytes, pos: int, wire_type: int, number: int) -> int:
+    """The position after the value of a field of *wire_type* starting at *pos*."""
+    if wire_type == 0:
+        return protowire.read_varint(data, pos)[1]
+    if wire_type == 2:
+        length, pos = protowire.read_varint(data, pos)
+        end = pos + length
+    elif wire_type in (1, 5):
+        end = pos + (8 if wire_type == 1 else 4)
+    else:  # groups (3, 4) and the unused 6, 7: no id-carrying request of the CRI has them
+        raise protowire.DecodeError(f"field {number}: wire type {wire_type}")
+    if end > len(data):
+        raise protowire.DecodeError(f"field {number}: truncated")
+    return end

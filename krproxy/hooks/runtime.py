@@ -43,6 +43,14 @@ point where the flags or the pod's annotations require a server, :meth:`HookRunt
 the :class:`~krproxy.hooks.guard.Guard`, which refuses it (UNAVAILABLE, nothing forwarded) while
 that server is not registered and answering; Stop calls are checked before forwarding, for their
 Post points. Pods with the skip label, and ids the store does not know, run no hooks and need none.
+
+Which object (:mod:`krproxy.hooks.idprefix`): every interceptor reads its pod or container id as containerd
+does before hooks and store see it (:meth:`HookRuntime._named`): a unique prefix of a stored id names that
+object, whose full id the hooks see, the store keys and the runtime is sent (so the runtime acts on the
+object the hooks saw, or answers NOT_FOUND); an empty id, or a prefix of two stored ids, is refused as
+containerd refuses it (UNKNOWN, its message), before any hook or forward. The Removes, which have no hook
+point, forward the caller's request as it came and drop the entry the id names (none if it names none or
+is refused: the runtime answers as it does to anyone).
 """
 
 from __future__ import annotations
@@ -55,13 +63,14 @@ from typing import Any, TypeVar
 import attrs
 import trio
 
-from krproxy import log
+from krproxy import log, protowire
 from krproxy.forward import BackendError, Forward, Handler, Interceptor, Reply, Watch, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.hooks import convert, merge, restore, rewrite, watched, writeback
-from krproxy.hooks._reading import decode_id, decode_request, malformed, reply_field
+from krproxy.hooks import convert, idprefix, merge, restore, rewrite, watched, writeback
+from krproxy.hooks._reading import decode, decode_id, decode_request, malformed, reply_field, with_id
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard
+from krproxy.hooks.idprefix import IdRefused
 from krproxy.hooks.lifecycle import Lifecycle
 from krproxy.hooks.model import ContainerInfo, PodInfo
 from krproxy.hooks.points import HookPoint
@@ -159,6 +168,7 @@ class HookRuntime:
 
     async def stop_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
         sandbox_id = decode_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")
+        sandbox_id, data = self._named("StopPodSandbox", cri.StopPodSandboxRequest, sandbox_id, data)
         known = self.store.get_pod(sandbox_id)
         if known is not None and not self._skips(known):
             await self._require(HookPoint.POST_STOP_POD_SANDBOX, known)
@@ -188,6 +198,10 @@ class HookRuntime:
             sandbox_id = request.pod_sandbox_id
             if not isinstance(sandbox_id, str):
                 raise TypeError("pod_sandbox_id is not a string")
+        request.pod_sandbox_id, data = self._named(
+            "UpdatePodSandboxResources", cri.UpdatePodSandboxResourcesRequest, sandbox_id, data
+        )
+        sandbox_id = request.pod_sandbox_id
         point = HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES
         # Held across read -> hooks -> forward -> store, as for UpdateContainerResources: a resize and
         # kubelet's revert of it must reach the runtime and the store in the same order.
@@ -212,7 +226,9 @@ class HookRuntime:
             return reply
 
     async def remove_pod_sandbox(self, data: bytes, forward: Forward) -> Reply:
-        sandbox_id = decode_id(cri.RemovePodSandboxRequest, data, "pod_sandbox_id")
+        sandbox_id = self.removed_id("pod", decode_id(cri.RemovePodSandboxRequest, data, "pod_sandbox_id"))
+        if sandbox_id is None:
+            return await forward(data)
         return await _forward_then_forget(forward(data), lambda: self.store.remove_pod(sandbox_id))
 
     # -- containers --------------------------------------------------------------------
@@ -221,6 +237,9 @@ class HookRuntime:
         # upb, not betterproto2: ~1.5 ms less to decode a request of kubelet's size (hooks/rewrite.py).
         request = await decode_request(rewrite.CreateContainerRequest, data, "CreateContainerRequest")
         with malformed("CreateContainerRequest"):
+            request.pod_sandbox_id, data = self._named(
+                "CreateContainer", cri.CreateContainerRequest, request.pod_sandbox_id, data
+            )
             pod = self.store.get_pod(request.pod_sandbox_id)
             if pod is None:
                 # Better than the reference (which skips hooks): the request carries the pod's config.
@@ -244,6 +263,7 @@ class HookRuntime:
 
     async def start_container(self, data: bytes, forward: Forward) -> Reply:
         container_id = decode_id(cri.StartContainerRequest, data, "container_id")
+        container_id, data = self._named("StartContainer", cri.StartContainerRequest, container_id, data)
         async with self._lock(container_id):
             info = self._hooked_container(container_id, HookPoint.PRE_START_CONTAINER)
             if info is None:
@@ -263,6 +283,7 @@ class HookRuntime:
 
     async def stop_container(self, data: bytes, forward: Forward) -> Reply:
         container_id = decode_id(cri.StopContainerRequest, data, "container_id")
+        container_id, data = self._named("StopContainer", cri.StopContainerRequest, container_id, data)
         known = self.store.get_container(container_id)
         if known is not None and not self._skips(known.pod):
             await self._require(HookPoint.POST_STOP_CONTAINER, known.pod, known.name)
@@ -284,6 +305,10 @@ class HookRuntime:
             container_id = request.container_id
             if not isinstance(container_id, str):
                 raise TypeError("container_id is not a string")
+        request.container_id, data = self._named(
+            "UpdateContainerResources", cri.UpdateContainerResourcesRequest, container_id, data
+        )
+        container_id = request.container_id
         # Held across read -> hooks -> forward -> store, so that two updates of one container
         # (kubelet's CPU manager and a resize, say) cannot undo each other in the runtime.
         async with self._lock(container_id):
@@ -307,8 +332,47 @@ class HookRuntime:
             return reply
 
     async def remove_container(self, data: bytes, forward: Forward) -> Reply:
-        container_id = decode_id(cri.RemoveContainerRequest, data, "container_id")
+        container_id = self.removed_id(
+            "container", decode_id(cri.RemoveContainerRequest, data, "container_id")
+        )
+        if container_id is None:
+            return await forward(data)
         return await _forward_then_forget(forward(data), lambda: self.store.delete_container(container_id))
+
+    def _named(self, method: str, message_type: type[Any], key: str, data: bytes) -> tuple[str, bytes]:
+        """The id the request *data* of *method* names (its field 1, *key* as read), as containerd reads it, and
+        the request to forward: the stored object's full id and *data* naming it, or *key* and *data* as they
+        came when the store has no object *key* names (:mod:`krproxy.hooks.idprefix`).
+
+        Raises:
+            GRPCError: UNKNOWN as containerd words it, for an empty *key* or a prefix of two stored ids.
+        """
+        field = message_type._betterproto.field_name_by_number[1]
+        resolve = self.store.resolve_pod if field == "pod_sandbox_id" else self.store.resolve_container
+        try:
+            full = resolve(key)
+        except IdRefused as refused:
+            raise idprefix.refusal(method, refused) from None
+        if full is None or full == key:
+            return key, data
+        try:
+            return full, with_id(data, 1, full)
+        except protowire.DecodeError:  # read by betterproto2 (decode_id's fallback): written by it
+            message = decode(message_type, data, message_type.__name__)
+            setattr(message, field, full)
+            return full, bytes(message)
+
+    def removed_id(self, kind: str, key: str) -> str | None:
+        """The id of the entry a Remove of *key* drops (no hook point: the request goes on as it came, here
+        and in its watch): the stored *kind* (``pod`` or ``container``) *key* names, *key* itself when the
+        store has none (nothing to drop), None when containerd refuses *key* (nothing dropped: the runtime
+        answers it as it does to anyone)."""
+        resolve = self.store.resolve_pod if kind == "pod" else self.store.resolve_container
+        try:
+            full = resolve(key)
+        except IdRefused:
+            return None
+        return key if full is None else full
 
     async def _pre_hooks(
         self,

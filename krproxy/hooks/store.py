@@ -26,6 +26,12 @@ When the proxy writes and drops entries (the reference's points, plus Remove*):
 * load: :meth:`HookStore.load` replaces everything with what recovery rebuilt from the runtime, before the
   proxy serves.
 
+Which object an id names is containerd's answer (:mod:`krproxy.hooks.idprefix`): a unique prefix of a stored
+id names it, an empty or ambiguous one is refused. :meth:`HookStore.resolve_pod` and
+:meth:`HookStore.resolve_container` give the stored id a caller's id names; every reader on the request path
+asks them first and then reads, keeps and drops records by that full id, so an entry removed by a prefix
+leaves the store as one removed by its full id. The getters and droppers themselves take full ids only.
+
 Not thread-safe: it is used from one event loop, synchronously (no await between read and write).
 """
 
@@ -36,6 +42,7 @@ from typing import final
 
 import attrs
 
+from krproxy.hooks.idprefix import IdIndex
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
 
 __all__ = ["HookStore", "StoreStatistics"]
@@ -63,12 +70,30 @@ class HookStore:
 
     _pods: dict[str, PodInfo] = attrs.field(factory=dict, init=False)
     _containers: dict[str, ContainerInfo] = attrs.field(factory=dict, init=False)
+    _pod_ids: IdIndex = attrs.field(factory=IdIndex, init=False)
+    _container_ids: IdIndex = attrs.field(factory=IdIndex, init=False)
+
+    # --- which object ---
+
+    def resolve_pod(self, key: str) -> str | None:
+        """The stored sandbox id *key* names as containerd reads it (itself, or the one id it is a prefix of),
+        or None if it names none.
+
+        Raises:
+            krproxy.hooks.idprefix.IdRefused: *key* is empty, or a prefix of two or more stored sandbox ids.
+        """
+        return self._pod_ids.resolve(key)
+
+    def resolve_container(self, key: str) -> str | None:
+        """As :meth:`resolve_pod`, for container ids."""
+        return self._container_ids.resolve(key)
 
     # --- pods ---
 
     def put_pod(self, sandbox_id: str, pod: PodInfo) -> None:
         """Store (or replace) the record of sandbox *sandbox_id*."""
         self._pods[sandbox_id] = pod
+        self._pod_ids.add(sandbox_id)
 
     def get_pod(self, sandbox_id: str) -> PodInfo | None:
         """The record of sandbox *sandbox_id*, or None."""
@@ -76,15 +101,16 @@ class HookStore:
 
     def delete_pod(self, sandbox_id: str) -> PodInfo | None:
         """Drop the pod record only (StopPodSandbox); return it, or None if there was none."""
+        self._pod_ids.discard(sandbox_id)
         return self._pods.pop(sandbox_id, None)
 
     def remove_pod(self, sandbox_id: str) -> tuple[str, ...]:
         """Drop the pod record and every container record of that sandbox (RemovePodSandbox); return the ids
         of the dropped containers."""
-        self._pods.pop(sandbox_id, None)
+        self.delete_pod(sandbox_id)
         dropped = tuple(cid for cid, c in self._containers.items() if c.pod_sandbox_id == sandbox_id)
         for cid in dropped:
-            del self._containers[cid]
+            self.delete_container(cid)
         return dropped
 
     def resize_pod(self, sandbox_id: str, resources: Resources | None, overhead: Resources | None) -> bool:
@@ -112,6 +138,7 @@ class HookStore:
                 container, pod=attrs.evolve(container.pod, resources=pod.resources, overhead=pod.overhead)
             )
         self._containers[container_id] = container
+        self._container_ids.add(container_id)
 
     def get_container(self, container_id: str) -> ContainerInfo | None:
         """The record of container *container_id*, or None."""
@@ -129,6 +156,7 @@ class HookStore:
 
     def delete_container(self, container_id: str) -> ContainerInfo | None:
         """Drop the container record (StopContainer, RemoveContainer); return it, or None."""
+        self._container_ids.discard(container_id)
         return self._containers.pop(container_id, None)
 
     # --- whole store ---
@@ -140,6 +168,8 @@ class HookStore:
         container)`` pairs."""
         self._pods = dict(pods)
         self._containers = dict(containers)
+        self._pod_ids.replace(self._pods)
+        self._container_ids.replace(self._containers)
 
     def pods(self) -> dict[str, PodInfo]:
         """A snapshot of all pod records by sandbox id."""

@@ -16,6 +16,11 @@ of a stored object whose pod does not skip hooks (its PostStop hook runs for the
 the answer, which a Stop waits for through the grace period). StartContainer
 and the resource updates have no watch: they hold a container's or pod's lock across their forward, which
 orders them against hooked calls.
+
+Ids are read as containerd reads them (:mod:`krproxy.hooks.idprefix`), as the interceptors do: a unique
+prefix of a stored id is that object's (whose record decides, and whose entry is dropped), an empty or
+ambiguous id of a call with a hook point goes to the interceptor, which refuses it as containerd does; a
+Remove's is watched all the same (no hook point) and drops nothing.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from krproxy.forward import RUNTIME_PREFIX, Watch, Watcher
 from krproxy.grpcstatus import Status
 from krproxy.hooks import convert, rewrite, wire
 from krproxy.hooks._reading import THREAD_DECODE_AT, decode, plain_id
+from krproxy.hooks.idprefix import IdRefused
 from krproxy.hooks.model import PodInfo
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.required import AnnotationError, needed
@@ -105,17 +111,24 @@ class _Watches:
             # Hooks run unless the pod skips them: read only its id (the request is decoded once, by the
             # interceptor, for a call that runs hooks); a pod the store lacks goes to the interceptor.
             sandbox_id = plain_id(cri.CreateContainerRequest, data, "pod_sandbox_id")
-            known = hooks.store.get_pod(sandbox_id) if sandbox_id else None
+            try:
+                full = hooks.store.resolve_pod(sandbox_id) if sandbox_id else None
+            except IdRefused:  # the interceptor refuses it
+                return None
+            known = None if full is None else hooks.store.get_pod(full)
             if known is None or not hooks.lifecycle.skips(known):
                 return None
         try:
             request = rewrite.CreateContainerRequest.FromString(data)
+            full = hooks.store.resolve_pod(request.pod_sandbox_id)
+            if full is not None:  # the record names the pod by its full id (the caller's bytes go on)
+                request.pod_sandbox_id = full
             pod = hooks.store.get_pod(request.pod_sandbox_id)
             stored = pod is not None
             if pod is None:
                 pod = convert.pod_from_wire_config(request.sandbox_config)
             info = convert.container_from_wire_create(request, pod)
-        except Exception:  # malformed: the interceptor refuses it
+        except Exception:  # malformed, or an empty or ambiguous pod id: the interceptor refuses it
             return None
         if not self.unhooked(point, pod, info.name):
             return None
@@ -129,6 +142,10 @@ class _Watches:
             return None
         store = self.hooks.store
         point = HookPoint.POST_STOP_CONTAINER
+        try:
+            container_id = store.resolve_container(container_id) or container_id
+        except IdRefused:  # the interceptor refuses it
+            return None
         known = store.get_container(container_id)
         if known is None:
             self.hooks.missing("container", container_id, point)
@@ -142,6 +159,10 @@ class _Watches:
             return None
         store = self.hooks.store
         point = HookPoint.POST_STOP_POD_SANDBOX
+        try:
+            sandbox_id = store.resolve_pod(sandbox_id) or sandbox_id
+        except IdRefused:  # the interceptor refuses it
+            return None
         known = store.get_pod(sandbox_id)
         if known is None:
             self.hooks.missing("pod", sandbox_id, point)
@@ -157,14 +178,16 @@ class _Watches:
         if container_id is None:
             return None
         store = self.hooks.store
-        return _forgetter(lambda: store.delete_container(container_id))
+        removed = self.hooks.removed_id("container", container_id)
+        return _forgetter(lambda: None if removed is None else store.delete_container(removed))
 
     def remove_pod_sandbox(self, data: bytes) -> Watcher | None:
         sandbox_id = plain_id(cri.RemovePodSandboxRequest, data, "pod_sandbox_id")
         if sandbox_id is None:
             return None
         store = self.hooks.store
-        return _forgetter(lambda: store.remove_pod(sandbox_id))
+        removed = self.hooks.removed_id("pod", sandbox_id)
+        return _forgetter(lambda: None if removed is None else store.remove_pod(removed))
 
 
 def keeper(hooks: HookRuntime, point: HookPoint, record: Any, answer: type[Any], field: str) -> Watcher:
