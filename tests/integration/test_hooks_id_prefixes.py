@@ -232,8 +232,11 @@ async def test_remove_of_an_ambiguous_id_is_the_runtimes_to_answer(node: Node) -
     pod_id = await node.run_pod()
     ident, ids = await containers_sharing_a_prefix(node, pod_id)
 
-    # The fake answers OK (a Remove of an id it cannot find); containerd answers UNKNOWN.
-    await node.call("RemoveContainer", api_pb2.RemoveContainerRequest(container_id=ident))
+    # The fake, as containerd, answers UNKNOWN "Multiple IDs found with provided prefix".
+    with pytest.raises(grpc.RpcError) as caught:
+        await node.call("RemoveContainer", api_pb2.RemoveContainerRequest(container_id=ident))
+    assert grpc.StatusCode.UNKNOWN == caught.value.code()
+    assert "Multiple IDs found" in caught.value.details()
 
     assert [ident] == [r.container_id for r in node.received("RemoveContainer")]
     assert set(ids) <= set(store.containers())
