@@ -72,11 +72,25 @@ def _with_presence(entry: descriptor_pb2.DescriptorProto) -> None:
         entry.oneof_decl.add(name=f"_{field.name}")
 
 
-def private_pool(serialized: bytes, *, entry_presence: bool = False) -> descriptor_pool.DescriptorPool:
+def _strings_as_bytes(messages: Iterable[descriptor_pb2.DescriptorProto]) -> None:
+    for message in messages:
+        for field in message.field:
+            if field.type == descriptor_pb2.FieldDescriptorProto.TYPE_STRING:
+                field.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+        _strings_as_bytes(message.nested_type)
+
+
+def private_pool(
+    serialized: bytes, *, entry_presence: bool = False, lenient: bool = False
+) -> descriptor_pool.DescriptorPool:
     """A descriptor pool of its own holding the serialized FileDescriptorProto, maps read as entries (whose
-    key and value have presence if *entry_presence*: for writing entries, see :func:`_with_presence`)."""
+    key and value have presence if *entry_presence*: for writing entries, see :func:`_with_presence`);
+    with *lenient*, every string field read as bytes (the same wire form), so that a string that is not
+    UTF-8, which upb refuses and gogo protobuf (containerd 1.6) reads, decodes (:mod:`krproxy.hooks.listing`)."""
     file = descriptor_pb2.FileDescriptorProto.FromString(serialized)
     _maps_as_entries(file.message_type, entry_presence)
+    if lenient:
+        _strings_as_bytes(file.message_type)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
     return pool
@@ -84,12 +98,14 @@ def private_pool(serialized: bytes, *, entry_presence: bool = False) -> descript
 
 _POOL = private_pool(descriptors.CRI_V1)
 _WRITING_POOL = private_pool(descriptors.CRI_V1, entry_presence=True)
+_LENIENT_POOL = private_pool(descriptors.CRI_V1, lenient=True)
 
 
-def message_class(name: str, *, writing: bool = False) -> Any:
+def message_class(name: str, *, writing: bool = False, lenient: bool = False) -> Any:
     """The upb message class of the ``runtime.v1`` message *name* (e.g. ``"ContainerStatus"``); with
-    *writing*, from the pool whose map entries have presence (for messages re-encoded after changes)."""
-    pool = _WRITING_POOL if writing else _POOL
+    *writing*, from the pool whose map entries have presence (for messages re-encoded after changes); with
+    *lenient*, from the pool whose string fields are bytes (:func:`private_pool`)."""
+    pool = _LENIENT_POOL if lenient else _WRITING_POOL if writing else _POOL
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
 
 
