@@ -79,7 +79,7 @@ async def test_one_bad_record_leaves_the_node_ready(
     plugin's hook with the recovered record. The bad record is logged once by id with the reason: kept with
     U+FFFD (its hooks run, shown that) when only a string is not UTF-8, else left out, and then its pod's
     call at that point is refused FAILED_PRECONDITION, naming recovery, before anything reaches the runtime."""
-    good_pod, good, bad_pod, bad = await two_pods(node)
+    _, good, bad_pod, bad = await two_pods(node)
     poison(node, bad_pod, kind)
     plugin = await node.add_plugin("policy", hooks=[UPDATE], failure_policy="Fail")
     caplog.set_level(logging.INFO, logger="krproxy.daemon")
@@ -104,7 +104,9 @@ async def test_one_bad_record_leaves_the_node_ready(
     [recovered] = logged_events(caplog.records, "store_recovered")
     assert (1, 1, 2) == (recovered["pods"], recovered["containers"], recovered["left_out"])
     node.fake.clear_requests()
-    details = await refused(node, "UpdateContainerResources", update(bad), grpc.StatusCode.FAILED_PRECONDITION)
+    details = await refused(
+        node, "UpdateContainerResources", update(bad), grpc.StatusCode.FAILED_PRECONDITION
+    )
     assert f"container {bad} has no record (store recovery left its record out" in details
     assert "hook server policy (failure-policy Fail, PreUpdateContainerResources)" in details
 
@@ -127,11 +129,12 @@ async def test_left_out_record_is_forwarded_without_fail_plugins(node: Node) -> 
 async def test_left_out_record_is_refused_by_required_servers(node: Node) -> None:
     """A --required-hook-server at the point refuses the left-out pod's calls there (Stop included: its
     Post point), while the good pod's calls run the server's hooks."""
-    good_pod, good, bad_pod, bad = await two_pods(node)
+    _, good, bad_pod, bad = await two_pods(node)
     poison(node, bad_pod, "oversized annotation")
     plugin = await node.add_plugin("koordlet", hooks=[UPDATE, HookPoint.POST_STOP_CONTAINER])
     await node.start_proxy(
-        socket_name="proxy-2.sock", requirements=_requirements("koordlet", UPDATE, HookPoint.POST_STOP_CONTAINER)
+        socket_name="proxy-2.sock",
+        requirements=_requirements("koordlet", UPDATE, HookPoint.POST_STOP_CONTAINER),
     )
     node.fake.clear_requests()
     details = await refused(node, "StopContainer", api_pb2.StopContainerRequest(container_id=bad), _FAILED)
@@ -202,6 +205,8 @@ class TestGrace:
             requirements=_requirements("koordlet", UPDATE),
         )
         node.fake.clear_requests()
-        details = await refused(node, "UpdateContainerResources", update(container), grpc.StatusCode.UNAVAILABLE)
+        details = await refused(
+            node, "UpdateContainerResources", update(container), grpc.StatusCode.UNAVAILABLE
+        )
         assert "the hook store is not recovered from the runtime yet" in details
         assert "required hook server koordlet (PreUpdateContainerResources) needs it" in details
