@@ -15,8 +15,6 @@ import logging
 from typing import Any
 
 import trio
-from google.protobuf.message import Message
-from google.protobuf.unknown_fields import UnknownFieldSet
 
 from krproxy import log, protowire
 from krproxy.grpcstatus import GRPCError, Status
@@ -112,29 +110,7 @@ def as_go_reads(message_type: type[Any], data: bytes) -> bytes:
 def _misread_unknowns(message: Any) -> bool:
     """Whether *message* (upb), at any depth, holds an unknown field betterproto2 would misread: a
     known field's number (sent with another wire type) or a group."""
-    return misread_unknown(message) is not None
-
-
-def misread_unknown(message: Any, where: str = "") -> str | None:
-    """The first unknown field of *message* (upb), at any depth, that is a known field's number (sent with
-    another wire type, which Go reads as an unknown field) or a group, described (``"field 2 (metadata) with
-    wire type 0"``); None if there is none. Store recovery leaves a record holding one out
-    (:mod:`krproxy.hooks.listing`)."""
-    numbers = message.DESCRIPTOR.fields_by_number
-    for unknown in UnknownFieldSet(message):
-        if unknown.field_number in numbers or unknown.wire_type == _GROUP:
-            known = numbers.get(unknown.field_number)
-            name = (
-                f" ({where}{known.name})" if known is not None else f" (in {where.rstrip('.')})" * bool(where)
-            )
-            return f"field {unknown.field_number}{name} with wire type {unknown.wire_type}"
-    for field, value in message.ListFields():
-        if field.message_type is not None:
-            for each in (value,) if isinstance(value, Message) else value:  # (or its repeats)
-                found = misread_unknown(each, f"{where}{field.name}.")
-                if found is not None:
-                    return found
-    return None
+    return wire.misread_unknown(message) is not None
 
 
 def decode(message_type: type[Any], data: bytes, what: str) -> Any:

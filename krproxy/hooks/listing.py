@@ -37,7 +37,6 @@ from google.protobuf.descriptor import FieldDescriptor
 
 from krproxy import protowire
 from krproxy.hooks import validate, wire
-from krproxy.hooks._reading import misread_unknown
 
 __all__ = ["Listed", "Read", "Unusable", "read", "read_list"]
 
@@ -175,7 +174,7 @@ def _place(message: Any, strict: Any, where: str, name: str) -> str:
 
 def _unusable(message: Any) -> str:
     """Why the record *message* (strict upb) cannot be used, or ``""``."""
-    misread = misread_unknown(message)
+    misread = wire.misread_unknown(message)
     if misread is not None:
         return misread + ": Go reads the record without it"
     return _oversized(message)

@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from krproxy.proto import descriptors
 
@@ -40,6 +42,7 @@ __all__ = [
     "PodSandboxStatusResponse",
     "entries",
     "message_class",
+    "misread_unknown",
     "private_pool",
 ]
 
@@ -107,6 +110,31 @@ def message_class(name: str, *, writing: bool = False, lenient: bool = False) ->
     *lenient*, from the pool whose string fields are bytes (:func:`private_pool`)."""
     pool = _LENIENT_POOL if lenient else _WRITING_POOL if writing else _POOL
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
+
+
+_GROUP = 3  # the wire type that starts a group
+
+
+def misread_unknown(message: Any, where: str = "") -> str | None:
+    """The first unknown field of *message* (upb), at any depth, that is a known field's number (sent with
+    another wire type, which Go reads as an unknown field) or a group, described (``"field 2 (metadata) with
+    wire type 0"``); None if there is none. Store recovery leaves a record holding one out
+    (:mod:`krproxy.hooks.listing`)."""
+    numbers = message.DESCRIPTOR.fields_by_number
+    for unknown in UnknownFieldSet(message):
+        if unknown.field_number in numbers or unknown.wire_type == _GROUP:
+            known = numbers.get(unknown.field_number)
+            name = (
+                f" ({where}{known.name})" if known is not None else f" (in {where.rstrip('.')})" * bool(where)
+            )
+            return f"field {unknown.field_number}{name} with wire type {unknown.wire_type}"
+    for field, value in message.ListFields():
+        if field.message_type is not None:
+            for each in (value,) if isinstance(value, Message) else value:  # (or its repeats)
+                found = misread_unknown(each, f"{where}{field.name}.")
+                if found is not None:
+                    return found
+    return None
 
 
 def entries(field: Iterable[Any]) -> dict[str, Any]:
