@@ -125,6 +125,15 @@ def add_serve(subparsers: argparse._SubParsersAction[Any]) -> None:
         "default: %(default)s",
     )
     p.add_argument(
+        "--recovery-grace",
+        type=_argparse.at_least(0, float),
+        default=10.0,
+        metavar="SECONDS",
+        help="after start, how long a call at a hook point waits for the hook store to be recovered from "
+        "the runtime; then it goes on with the store as it is (a call on a pod or container the store lacks "
+        "is refused where a required hook server or a Fail plugin needs its record); default: %(default)s",
+    )
+    p.add_argument(
         "--oci-hooks-dir",
         dest="oci_hook_dirs",
         action="append",

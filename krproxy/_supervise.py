@@ -36,8 +36,14 @@ def store_recovered(
     **details: Any,
 ) -> None:
     """Load what recovery rebuilt into the store, let the hooked calls through, set the ``recovered`` gauge,
-    and log ``store_recovered`` (the counts, then *details*, orphans and seconds) to *logger*."""
-    hooks.store.load(recovered.pods.items(), recovered.containers.items())
+    and log ``store_recovered`` (the counts, then *details*, orphans and seconds) to *logger*.
+
+    Records the store holds already are kept over recovered ones: calls after the start-up grace
+    (:mod:`krproxy.hooks.startup`) kept them, and they are newer than recovery's lists."""
+    pods, containers = dict(recovered.pods), dict(recovered.containers)
+    pods.update(hooks.store.pods())
+    containers.update(hooks.store.containers())
+    hooks.store.load(pods.items(), containers.items())
     hooks.mark_recovered()
     metrics.recovered.set(1)
     log.event(

@@ -200,6 +200,7 @@ def _serve(args: argparse.Namespace) -> int:
             socket_mode=args.socket_mode,
             socket_group=args.socket_group,
             grace_period=args.grace_period,
+            recovery_grace=args.recovery_grace,
             max_request_message_size=args.max_request_message_size,
             oci_hook_dirs=tuple(args.oci_hook_dirs),
             record=args.record,

@@ -135,6 +135,8 @@ class ProxyConfig:
         socket_mode: permission bits of the listening socket.
         socket_group: group id of the listening socket, unchanged when None.
         grace_period: seconds in-flight calls may take to finish after SIGTERM.
+        recovery_grace: seconds after start that a call at a hook point waits for store recovery
+            (docs/operations.md, "Store recovery"; :mod:`krproxy.hooks.startup`).
         max_request_message_size: largest request message (bytes) a caller may send; a larger
             one gets RESOURCE_EXHAUSTED from its length prefix, before it is buffered.
         metrics_allow_remote: allow a ``metrics_address`` that is not loopback.
@@ -165,6 +167,7 @@ class ProxyConfig:
     socket_mode: int = 0o660
     socket_group: int | None = None
     grace_period: float = attrs.field(default=10.0)
+    recovery_grace: float = attrs.field(default=10.0, validator=attrs.validators.ge(0))
     max_request_message_size: int = attrs.field(default=16 << 20, validator=attrs.validators.ge(1024))
     metrics_allow_remote: bool = False
     metrics_address: str = attrs.field(default="")

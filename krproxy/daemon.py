@@ -20,8 +20,8 @@ Start-up order: the socket is bound first; the plugins present in the hook direc
 loaded; then the relay accepts calls. A call that needs a required hook server (``--required-hook-server``,
 or a pod's required-plugins annotation) probes it before anything is forwarded, and during the start-up
 grace waits for it (:mod:`krproxy.hooks.guard`). Store recovery runs in the background and retries
-while the runtime is down: calls that carry hooks wait for it (within their deadline), all
-other calls are forwarded at once.
+while the runtime is down: calls that carry hooks wait for it (within their deadline, and no longer than
+``--recovery-grace``: :mod:`krproxy.hooks.startup`), all other calls are forwarded at once.
 
 ``--backend-runtime-mode=Docker`` runs a different server instead (:mod:`krproxy.docker`).
 
@@ -49,7 +49,7 @@ from krproxy.grpcstatus import Cardinality
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard, counted_guard
 from krproxy.hooks.outcomes import Outcome
-from krproxy.hooks.recovery import CALL_TIMEOUT, recover
+from krproxy.hooks.recovery import CALL_TIMEOUT, Recovered, recover
 from krproxy.hooks.registration import Registry
 from krproxy.hooks.runtime import HookRuntime
 from krproxy.hooks.store import HookStore
@@ -104,12 +104,28 @@ async def _recover_store(
     config: ProxyConfig, relay: Relay, runtime: Route, hooks: HookRuntime, metrics: Metrics
 ) -> None:
     call = functools.partial(relay.call, runtime, within=CALL_TIMEOUT)
+    gate = hooks.store_gate
+
+    async def attempt() -> Recovered:
+        try:
+            return await recover(call)
+        except Exception as err:  # what calls waiting at hook points are told they wait for
+            gate.failed(f"{type(err).__name__}: {err}")
+            raise
+
     recovered = await _supervise.retry(
-        functools.partial(recover, call),
+        attempt,
         retry_on=(Exception,),  # whatever the runtime does, recovery is tried again
         runtime=config.runtime_endpoint,
     )
-    _supervise.store_recovered(hooks, recovered, metrics, LOGGER, fallbacks=recovered.fallbacks)
+    for record in recovered.repaired:
+        log.warning(LOGGER, "recovery_record_repaired", kind=record.kind, id=record.id, reason=record.reason)
+    for record in recovered.left_out.values():
+        log.warning(LOGGER, "recovery_record_left_out", kind=record.kind, id=record.id, reason=record.reason)
+    gate.leave_out(recovered.left_out)
+    _supervise.store_recovered(
+        hooks, recovered, metrics, LOGGER, fallbacks=recovered.fallbacks, left_out=len(recovered.left_out)
+    )
 
 
 async def serve(
@@ -229,7 +245,8 @@ async def serve(
                 # Calls needing a required server probe it themselves (and wait out the start-up
                 # grace); this keeps /readyz, the metrics and the log current.
                 nursery.start_soon(guard.run)
-            # Calls with hook points wait for the store; all others are relayed meanwhile.
+            # Calls with hook points wait for the store (within the grace); all others are relayed meanwhile.
+            hooks.store_gate.start(config.recovery_grace)
             nursery.start_soon(_recover_store, config, relay, runtime_route, hooks, metrics)
             view.listening = True
             daemon = Daemon(config, relay, hooks, metrics, recorder, admin_view=view)

@@ -14,15 +14,12 @@ status with its message, details and trailers (:class:`BackendError`).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import attrs
 
 from krproxy.grpcstatus import Cardinality, GRPCError, Status
 from krproxy.methods import cri_methods
-
-if TYPE_CHECKING:
-    import trio  # the gate's type only: this module loads no event loop (tests/integration/test_layers.py)
 
 #: Header fields as they travel: (name, value) bytes pairs, pseudo-headers included.
 Headers = list[tuple[bytes, bytes]]
@@ -93,8 +90,16 @@ Watch = Callable[[bytes], Watcher | None]
 RUNTIME_PREFIX = "/runtime.v1.RuntimeService/"
 
 
+class Gate(Protocol):
+    """What intercepted calls wait on (a ``trio.Event``, or the hook store's start-up gate)."""
+
+    def is_set(self) -> bool: ...
+
+    async def wait(self) -> None: ...
+
+
 def runtime_interceptors(
-    handlers: Mapping[str, Handler], *, gate: trio.Event | None = None
+    handlers: Mapping[str, Handler], *, gate: Gate | None = None
 ) -> dict[str, Interceptor]:
     """The interceptor table of RuntimeService *handlers* (by method name, e.g. ``"StartContainer"``);
     each call waits for *gate* (if given) to be set before its handler runs.

@@ -20,12 +20,14 @@ from krproxy.fakes.containerd.records import (
     ImageRecord,
     Sandbox,
     clone,
+    container_info,
     encoded,
     image_record_for,
     list_order,
     lookup_failed,
     matches,
     normalize_image_name,
+    sandbox_info,
     sequential_ids,
 )
 from krproxy.fakes.containerd.versions import DEFAULT_VERSION, IMITATIONS, Imitation, imitation
@@ -233,6 +235,9 @@ class Tables:
         containers_statuses 3, timestamp 4)."""
         sandbox = self._find_sandbox(request.pod_sandbox_id)
         parts = [self._sandbox_status_bytes(sandbox)]
+        if request.verbose:  # info (field 2), between status and containers_statuses
+            info = self._verbose_sandbox(request, sandbox)
+            parts.append(bytes(cri.PodSandboxStatusResponse(info=info).SerializeToString()))
         parts.extend(self._in_pod_status_bytes(c) for c in self._pod_containers(sandbox.id))
         parts.append(bytes(cri.PodSandboxStatusResponse(timestamp=self.clock()).SerializeToString()))
         return b"".join(parts)
@@ -245,7 +250,22 @@ class Tables:
 
     def container_status_encoded(self, request: cri.ContainerStatusRequest) -> bytes:
         """:meth:`container_status`, encoded: the very same bytes."""
-        return self._container_status_bytes(self._find_container(request.container_id))
+        container = self._find_container(request.container_id)
+        status = self._container_status_bytes(container)
+        if not request.verbose:
+            return status
+        info = self._verbose_container(request, container)
+        return status + bytes(cri.ContainerStatusResponse(info=info).SerializeToString())
+
+    def _verbose_sandbox(self, request: cri.PodSandboxStatusRequest, sandbox: Sandbox) -> dict[str, str]:
+        """The ``info`` of a PodSandboxStatus answer: containerd's document if *request* is verbose."""
+        return sandbox_info(sandbox) if request.verbose else {}
+
+    def _verbose_container(self, request: cri.ContainerStatusRequest, container: Container) -> dict[str, str]:
+        """The ``info`` of a ContainerStatus answer: containerd's document if *request* is verbose."""
+        if not request.verbose:
+            return {}
+        return container_info(container, self._sandboxes.get(container.pod_sandbox_id))
 
     def _sandbox_item_bytes(self, sandbox: Sandbox) -> bytes:
         return encoded(

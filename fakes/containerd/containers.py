@@ -69,6 +69,7 @@ class ContainerCalls(Tables):
             log_path=config.log_path,
             resources=resources,
             mounts=tuple(clone(m) for m in config.mounts),
+            config=clone(config),
         )
         self._reserve(reserved, container.id, "container")
         self._add_container(container)
@@ -175,8 +176,9 @@ class ContainerCalls(Tables):
 
     def container_status(self, request: cri.ContainerStatusRequest) -> cri.ContainerStatusResponse:
         """Status with timestamps (ns), exit code, reason and the current Linux resources."""
+        container = self._find_container(request.container_id)
         return cri.ContainerStatusResponse(
-            status=self._container_status(self._find_container(request.container_id))
+            status=self._container_status(container), info=self._verbose_container(request, container)
         )
 
     def update_container_resources(

@@ -3,13 +3,15 @@ containers and images, IDs and clocks (see :mod:`krproxy.fakes.containerd.state`
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import hashlib
 import itertools
+import json
 import os
 import random
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import betterproto2
@@ -181,6 +183,8 @@ class Sandbox:
     #: its ``updated-resources`` extension); None until then.
     overhead: cri.LinuxContainerResources | None = attrs.field(default=None, hash=False)
     resources: cri.LinuxContainerResources | None = attrs.field(default=None, hash=False)
+    #: The PodSandboxConfig it was run with (what verbose status reports: :func:`sandbox_info`).
+    config: cri.PodSandboxConfig | None = attrs.field(default=None, eq=False, hash=False, repr=False)
     #: Encoded parts of answers about this record (see ``RuntimeState.ENCODED_CALLS``); kept until the
     #: record is replaced, so a new record starts empty.
     wire: dict[str, bytes] = attrs.field(init=False, factory=dict, eq=False, hash=False, repr=False)
@@ -215,6 +219,8 @@ class Container:
     #: The LinuxContainerResources given at create time or by the last update, echoed by status.
     resources: cri.LinuxContainerResources | None = attrs.field(default=None, hash=False)
     mounts: tuple[cri.Mount, ...] = attrs.field(default=(), hash=False)
+    #: The ContainerConfig it was created with (what verbose status reports: :func:`container_info`).
+    config: cri.ContainerConfig | None = attrs.field(default=None, eq=False, hash=False, repr=False)
     #: Encoded parts of answers about this record (see ``RuntimeState.ENCODED_CALLS``); kept until the
     #: record is replaced, so a new record starts empty.
     wire: dict[str, bytes] = attrs.field(init=False, factory=dict, eq=False, hash=False, repr=False)
@@ -262,3 +268,108 @@ def container_not_found(container_id: str) -> CriError:
 
 def state_name(state: ContainerState) -> str:
     return state.name or str(int(state))
+
+
+# -- verbose status info (what containerd puts under ``info["info"]``) -----------------------------
+#
+# Shaped as containerd 1.6.20 writes it (measured; 2.1.9's has the same keys recovery reads, plus
+# ``sandboxMetadata`` and without ``runtimeHandler``): Go's encoding/json of its own structs, whose
+# ``config`` is the CRI config it received as a gogo struct (snake_case names, zero values left out,
+# enums and integers as numbers) and whose ``runtimeSpec`` is the OCI spec it gave runc.
+
+#: The variables the fake's images set, before the CRI envs (as an image's ``PATH`` in ``process.env``).
+IMAGE_ENV = ("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",)
+
+
+def go_json(message: betterproto2.Message) -> dict[str, Any]:
+    """*message* as containerd's ``encoding/json`` writes a CRI struct it holds: snake_case names, every
+    field ``omitempty`` (a sub-message set but empty is ``{}``), enums and integers as numbers, maps as
+    objects; a string not UTF-8, and our schema's bytes ``KeyValue.value``, written as Go writes a string."""
+    document: dict[str, Any] = {}
+    for field in dataclasses.fields(message):  # type: ignore[arg-type]
+        value = getattr(message, field.name)
+        if value is None or (not isinstance(value, betterproto2.Message) and not value):
+            continue
+        document[field.name] = _go_value(value)
+    return document
+
+
+def _go_value(value: Any) -> Any:
+    if isinstance(value, betterproto2.Message):
+        return go_json(value)
+    if isinstance(value, dict):
+        return {k: _go_value(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_go_value(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value
+
+
+def _pid(ident: str) -> int:
+    """A process id for the record *ident*, the same every time (the fake runs no processes)."""
+    return 1000 + int(hashlib.sha256(ident.encode()).hexdigest()[:4], 16)
+
+
+def sandbox_info(sandbox: Sandbox) -> dict[str, str]:
+    """The ``info`` map of a verbose PodSandboxStatus of *sandbox*."""
+    config = go_json(sandbox.config) if sandbox.config is not None else {}
+    parent = (sandbox.config.linux.cgroup_parent if sandbox.config and sandbox.config.linux else "") or ""
+    document: dict[str, Any] = {
+        "pid": _pid(sandbox.id),
+        "processStatus": "running" if sandbox.state == SandboxState.SANDBOX_READY else "stopped",
+        "netNamespaceClosed": sandbox.state != SandboxState.SANDBOX_READY,
+        "image": "registry.k8s.io/pause:3.6",
+        "snapshotKey": sandbox.id,
+        "snapshotter": "overlayfs",
+        "runtimeHandler": sandbox.runtime_handler,
+        "runtimeType": "io.containerd.runc.v2",
+        "runtimeOptions": {},
+        "config": config,
+        "runtimeSpec": {
+            "ociVersion": "1.0.2-dev",
+            "process": {"user": {"uid": 0, "gid": 0}, "args": ["/pause"], "env": list(IMAGE_ENV), "cwd": "/"},
+            "root": {"path": "rootfs", "readonly": True},
+            "annotations": {
+                "io.kubernetes.cri.container-type": "sandbox",
+                "io.kubernetes.cri.sandbox-id": sandbox.id,
+            },
+            "linux": {"cgroupsPath": f"{parent}/{sandbox.id}" if parent else ""},
+        },
+        "cniResult": None,
+    }
+    # What UpdatePodSandboxResources set, as containerd 2.3 reports it (the fake answers that call as 2.3).
+    for name in ("resources", "overhead"):
+        resources = getattr(sandbox, name)
+        if resources is not None:
+            document[name] = {"linux": go_json(resources)}
+    return {"info": json.dumps(document)}
+
+
+def container_info(container: Container, sandbox: Sandbox | None) -> dict[str, str]:
+    """The ``info`` map of a verbose ContainerStatus of *container* (in *sandbox*)."""
+    config = container.config
+    parent = (
+        sandbox.config.linux.cgroup_parent if sandbox and sandbox.config and sandbox.config.linux else ""
+    ) or ""
+    envs = [f"{kv.key}={_go_value(kv.value)}" for kv in (config.envs if config is not None else [])]
+    args = [*(config.command if config else []), *(config.args if config else [])]
+    document: dict[str, Any] = {
+        "sandboxID": container.pod_sandbox_id,
+        "pid": _pid(container.id) if container.state == ContainerState.CONTAINER_RUNNING else 0,
+        "removing": False,
+        "snapshotKey": container.id,
+        "snapshotter": "overlayfs",
+        "runtimeType": "io.containerd.runc.v2",
+        "runtimeOptions": {},
+        "config": go_json(config) if config is not None else {},
+        "runtimeSpec": {
+            "ociVersion": "1.0.2-dev",
+            "process": {"user": {"uid": 0, "gid": 0}, "args": args, "env": [*IMAGE_ENV, *envs], "cwd": "/"},
+            "root": {"path": "rootfs"},
+            "linux": {"cgroupsPath": f"{parent}/{container.id}" if parent else ""},
+        },
+    }
+    return {"info": json.dumps(document)}

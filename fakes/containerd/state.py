@@ -160,6 +160,7 @@ class RuntimeState(ContainerCalls, ImageCalls, Tables):
             runtime_handler=request.runtime_handler,
             ip="" if host_network else self._next_ip(),
             namespace_options=options,
+            config=clone(config),
         )
         self._reserve(sandbox.reserved_name, sandbox.id, "sandbox")
         self._sandboxes[sandbox.id] = sandbox
@@ -220,6 +221,7 @@ class RuntimeState(ContainerCalls, ImageCalls, Tables):
         sandbox = self._find_sandbox(request.pod_sandbox_id)
         return cri.PodSandboxStatusResponse(
             status=self._sandbox_status(sandbox),
+            info=self._verbose_sandbox(request, sandbox),
             containers_statuses=[self._container_status(c) for c in self._pod_containers(sandbox.id)],
             timestamp=self.clock(),
         )

@@ -15,8 +15,6 @@ import logging
 from typing import Any
 
 import trio
-from google.protobuf.message import Message
-from google.protobuf.unknown_fields import UnknownFieldSet
 
 from krproxy import log, protowire
 from krproxy.grpcstatus import GRPCError, Status
@@ -112,16 +110,7 @@ def as_go_reads(message_type: type[Any], data: bytes) -> bytes:
 def _misread_unknowns(message: Any) -> bool:
     """Whether *message* (upb), at any depth, holds an unknown field betterproto2 would misread: a
     known field's number (sent with another wire type) or a group."""
-    numbers = message.DESCRIPTOR.fields_by_number
-    for unknown in UnknownFieldSet(message):
-        if unknown.field_number in numbers or unknown.wire_type == _GROUP:
-            return True
-    for field, value in message.ListFields():
-        if field.message_type is not None:
-            for each in (value,) if isinstance(value, Message) else value:  # (or its repeats)
-                if _misread_unknowns(each):
-                    return True
-    return False
+    return wire.misread_unknown(message) is not None
 
 
 def decode(message_type: type[Any], data: bytes, what: str) -> Any:

@@ -6,6 +6,11 @@ status call for each adds what the lists lack (cgroup parent, resources, envs â€
 or the runtime does not support verbose) falls back to the list item, so one odd entry
 never blocks recovery. Containers whose sandbox is not listed are skipped with a log line.
 
+Each list answer is read item by item, as the runtime's decoder reads it (:mod:`krproxy.hooks.listing`): a
+record krproxy cannot use is left out (and the containers of a pod left out with it) and reported in
+:attr:`Recovered.left_out`; one whose strings are not UTF-8 is kept, read with U+FFFD, and reported in
+:attr:`Recovered.repaired`. Only an answer whose framing does not decode fails recovery (which is retried).
+
 Status calls run :data:`CONCURRENCY` at a time: enough to hide per-call latency, few enough
 not to crowd out kubelet's own calls to the runtime while the proxy starts.
 
@@ -25,7 +30,8 @@ import anyio
 import attrs
 
 from krproxy import log
-from krproxy.hooks import convert, wire
+from krproxy.hooks import convert, listing, wire
+from krproxy.hooks.listing import Unusable
 from krproxy.hooks.model import ContainerInfo, PodInfo
 
 LOGGER = logging.getLogger("krproxy.hooks.recovery")
@@ -49,6 +55,10 @@ class Recovered:
     seconds: float
     fallbacks: int  # entries rebuilt from list items only, their status call having failed
     orphans: int  # containers skipped because their sandbox was not listed
+    #: Records left out (unusable as they came), and of containers whose pod was; by id.
+    left_out: dict[str, Unusable] = attrs.field(factory=dict)
+    #: Records kept with strings read with U+FFFD (:mod:`krproxy.hooks.listing`).
+    repaired: tuple[Unusable, ...] = ()
 
 
 #: Makes one unary CRI call: ``call(path, request bytes) -> reply bytes``; an error status raises.
@@ -82,22 +92,28 @@ async def recover(call: UnaryCall) -> Recovered:
         return await call(path, request.SerializeToString())
 
     fallbacks = 0
-    sandboxes = wire.ListPodSandboxResponse.FromString(
-        await _call(wire.LIST_POD_SANDBOX, wire.ListPodSandboxRequest())
-    ).items
-    containers = wire.ListContainersResponse.FromString(
-        await _call(wire.LIST_CONTAINERS, wire.ListContainersRequest())
-    ).containers
+    pods_listed = listing.read_list(
+        await _call(wire.LIST_POD_SANDBOX, wire.ListPodSandboxRequest()), "PodSandbox", "pod"
+    )
+    containers_listed = listing.read_list(
+        await _call(wire.LIST_CONTAINERS, wire.ListContainersRequest()), "Container", "container"
+    )
+    sandboxes, containers = pods_listed.items, containers_listed.items
+    left_out = {u.id: u for u in pods_listed.left_out + containers_listed.left_out}
+
+    def status(name: str, data: bytes) -> Any:
+        read = listing.read(data, name)  # unusable: the list item, which was usable, stands in
+        return read.message
 
     async def pod(sandbox: Any) -> PodInfo:
         nonlocal fallbacks
         try:
             request = wire.PodSandboxStatusRequest(pod_sandbox_id=sandbox.id, verbose=True)
-            answer = wire.PodSandboxStatusResponse.FromString(await _call(wire.POD_SANDBOX_STATUS, request))
+            answer = status("PodSandboxStatusResponse", await _call(wire.POD_SANDBOX_STATUS, request))
         except Exception:  # vanished or unsupported: the list item still tells the essentials
             fallbacks += 1
             return convert.pod_from_wire_sandbox(sandbox)
-        if not answer.HasField("status"):
+        if answer is None or not answer.HasField("status"):
             fallbacks += 1
             return convert.pod_from_wire_sandbox(sandbox)
         return convert.pod_from_wire_status(answer.status, wire.entries(answer.info))
@@ -106,18 +122,22 @@ async def recover(call: UnaryCall) -> Recovered:
     pods = {s.id: info for s, info in zip(sandboxes, pod_infos, strict=True)}
 
     listed = [c for c in containers if c.pod_sandbox_id in pods]
-    orphans = len(containers) - len(listed)
+    for item in containers:
+        owner = left_out.get(item.pod_sandbox_id)
+        if item.pod_sandbox_id not in pods and owner is not None and owner.kind == "pod":
+            left_out[item.id] = Unusable("container", item.id, f"its pod {owner.id} was left out")
+    orphans = len(containers) - len(listed) - sum(1 for c in containers if c.id in left_out)
 
     async def container(item: Any) -> ContainerInfo:
         nonlocal fallbacks
         owner = pods[item.pod_sandbox_id]
         try:
             request = wire.ContainerStatusRequest(container_id=item.id, verbose=True)
-            answer = wire.ContainerStatusResponse.FromString(await _call(wire.CONTAINER_STATUS, request))
+            answer = status("ContainerStatusResponse", await _call(wire.CONTAINER_STATUS, request))
         except Exception:
             fallbacks += 1
             return convert.container_from_wire_list(item, owner)
-        if not answer.HasField("status"):
+        if answer is None or not answer.HasField("status"):
             fallbacks += 1
             return convert.container_from_wire_list(item, owner)
         return convert.container_from_wire_status(
@@ -133,4 +153,6 @@ async def recover(call: UnaryCall) -> Recovered:
         seconds=time.perf_counter() - started,
         fallbacks=fallbacks,
         orphans=orphans,
+        left_out=left_out,
+        repaired=tuple(pods_listed.repaired + containers_listed.repaired),
     )

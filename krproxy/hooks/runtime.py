@@ -32,7 +32,10 @@ run at the answer, by the plugins registered then); StartContainer and the resou
 go through their interceptor.
 
 Intercepted calls wait until the store has been recovered from the runtime after a
-restart (:meth:`HookRuntime.mark_recovered`), so no hook ever runs against a partial store.
+restart (:meth:`HookRuntime.mark_recovered`), but no longer than the start-up grace
+(:mod:`krproxy.hooks.startup`); a call on a pod or container whose record recovery left out, or has not
+recovered when the grace is over, is refused where a required server or a Fail plugin needs the record
+(:meth:`HookRuntime._refuse_missing`), and otherwise forwarded without hooks.
 
 The sequence at each hook point (records → hook request → chain → merge → store) is
 :class:`~krproxy.hooks.lifecycle.Lifecycle`'s, shared with Docker and NRI mode; this module only reads
@@ -75,6 +78,7 @@ from krproxy.hooks.lifecycle import Lifecycle
 from krproxy.hooks.model import ContainerInfo, PodInfo
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed
+from krproxy.hooks.startup import StoreGate, refusal
 from krproxy.hooks.store import HookStore
 from krproxy.proto.runtime import v1 as cri
 
@@ -92,7 +96,7 @@ class HookRuntime:
     skip_label: tuple[str, str]
     guard: Guard | None = None
     lifecycle: Lifecycle = attrs.field(init=False)
-    _recovered: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _recovered: StoreGate = attrs.field(factory=StoreGate, init=False)
     _locks: weakref.WeakValueDictionary[str, trio.Lock] = attrs.field(
         factory=weakref.WeakValueDictionary, init=False
     )
@@ -121,8 +125,33 @@ class HookRuntime:
         return watched.watches(self)
 
     def mark_recovered(self) -> None:
-        """Let intercepted calls through: the store now reflects the runtime."""
+        """Let intercepted calls through: the store now reflects the runtime (but for the records
+        :attr:`store_gate` says recovery left out)."""
         self._recovered.set()
+
+    @property
+    def store_gate(self) -> StoreGate:
+        """What intercepted calls wait on until the store is recovered (the daemon starts its grace)."""
+        return self._recovered
+
+    def _refuse_missing(self, kind: str, ident: str, *points: HookPoint) -> None:
+        """Raise, before anything is forwarded, for a call at *points* on *ident*, which the store lacks,
+        where recovery is why and a required server or a Fail plugin needs the record
+        (:func:`krproxy.hooks.startup.refusal`)."""
+        stored = self.store.get_pod(ident) if kind == "pod" else self.store.get_container(ident)
+        missing = None if stored is not None else self._recovered.missing(ident)
+        if missing is not None:
+            requirements = self.guard.requirements if self.guard is not None else None
+            err = refusal(
+                missing,
+                kind,
+                ident,
+                points,
+                requirements=requirements,
+                plugins_for=self.dispatcher.plugins_for,
+            )
+            if err is not None:
+                raise err
 
     @property
     def recovered(self) -> bool:
@@ -170,7 +199,9 @@ class HookRuntime:
         sandbox_id = decode_id(cri.StopPodSandboxRequest, data, "pod_sandbox_id")
         sandbox_id, data = self._named("StopPodSandbox", cri.StopPodSandboxRequest, sandbox_id, data)
         known = self.store.get_pod(sandbox_id)
-        if known is not None and not self._skips(known):
+        if known is None:
+            self._refuse_missing("pod", sandbox_id, HookPoint.POST_STOP_POD_SANDBOX)
+        elif not self._skips(known):
             await self._require(HookPoint.POST_STOP_POD_SANDBOX, known)
 
         async def post() -> None:
@@ -210,6 +241,7 @@ class HookRuntime:
                 stored = self.store.get_pod(sandbox_id)
                 if stored is None:
                     self.missing("pod", sandbox_id, point)
+                    self._refuse_missing("pod", sandbox_id, point)
                     return await forward(data)
                 resize = convert.pod_resize_from_request(request, stored)
             resize, data = await self._pre_hooks(
@@ -267,6 +299,9 @@ class HookRuntime:
         async with self._lock(container_id):
             info = self._hooked_container(container_id, HookPoint.PRE_START_CONTAINER)
             if info is None:
+                self._refuse_missing(
+                    "container", container_id, HookPoint.PRE_START_CONTAINER, HookPoint.POST_START_CONTAINER
+                )
                 return await forward(data)
             required = await self._require(HookPoint.PRE_START_CONTAINER, info.pod, info.name)
             await self._require(HookPoint.POST_START_CONTAINER, info.pod, info.name)
@@ -285,7 +320,9 @@ class HookRuntime:
         container_id = decode_id(cri.StopContainerRequest, data, "container_id")
         container_id, data = self._named("StopContainer", cri.StopContainerRequest, container_id, data)
         known = self.store.get_container(container_id)
-        if known is not None and not self._skips(known.pod):
+        if known is None:
+            self._refuse_missing("container", container_id, HookPoint.POST_STOP_CONTAINER)
+        elif not self._skips(known.pod):
             await self._require(HookPoint.POST_STOP_CONTAINER, known.pod, known.name)
 
         async def post() -> None:
@@ -315,6 +352,7 @@ class HookRuntime:
             with malformed("UpdateContainerResourcesRequest"):
                 stored = self._hooked_container(container_id, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
                 if stored is None:
+                    self._refuse_missing("container", container_id, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
                     return await forward(data)
                 prepared = merge.prepare_update(stored, convert.update_request_resources(request))
             updated, data = await self._pre_hooks(

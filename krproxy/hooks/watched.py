@@ -9,7 +9,8 @@ relays the answer frame by frame, and tells the watcher the status and the reply
 (:meth:`HookRuntime.keep_created`), or drops it by :func:`forget_when_done`'s rule: the
 store ends as the interceptor would have left it.
 
-A watch says None, and the interceptor handles the call as before, before the store is recovered, for a
+A watch says None, and the interceptor handles the call as before, before the store is recovered (and for a
+Stop, while recovery left a record out: :mod:`krproxy.hooks.startup`), for a
 request the interceptor would refuse (malformed; annotations that do not parse: it says why), for one of
 at least :data:`~krproxy.hooks._reading.THREAD_DECODE_AT` bytes (decoded in a thread there), and for a Stop
 of a stored object whose pod does not skip hooks (its PostStop hook runs for the plugins registered at
@@ -56,13 +57,15 @@ def watches(hooks: HookRuntime) -> dict[str, Watch]:
         "RemovePodSandbox": watched.remove_pod_sandbox,
     }
 
-    def bind(watch: Watch) -> Watch:
+    def bind(watch: Watch, stop: bool) -> Watch:
         def gated(data: bytes) -> Watcher | None:
-            return watch(data) if hooks.recovered else None
+            if not hooks.recovered or (stop and hooks.store_gate.left_out):
+                return None  # a Stop of a record recovery left out may be refused (hooks/startup.py)
+            return watch(data)
 
         return gated
 
-    return {RUNTIME_PREFIX + name: bind(watch) for name, watch in table.items()}
+    return {RUNTIME_PREFIX + name: bind(watch, name.startswith("Stop")) for name, watch in table.items()}
 
 
 class _Watches:

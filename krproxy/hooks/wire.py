@@ -22,6 +22,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import Message
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from krproxy.proto import descriptors
 
@@ -40,6 +42,7 @@ __all__ = [
     "PodSandboxStatusResponse",
     "entries",
     "message_class",
+    "misread_unknown",
     "private_pool",
 ]
 
@@ -72,11 +75,25 @@ def _with_presence(entry: descriptor_pb2.DescriptorProto) -> None:
         entry.oneof_decl.add(name=f"_{field.name}")
 
 
-def private_pool(serialized: bytes, *, entry_presence: bool = False) -> descriptor_pool.DescriptorPool:
+def _strings_as_bytes(messages: Iterable[descriptor_pb2.DescriptorProto]) -> None:
+    for message in messages:
+        for field in message.field:
+            if field.type == descriptor_pb2.FieldDescriptorProto.TYPE_STRING:
+                field.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+        _strings_as_bytes(message.nested_type)
+
+
+def private_pool(
+    serialized: bytes, *, entry_presence: bool = False, lenient: bool = False
+) -> descriptor_pool.DescriptorPool:
     """A descriptor pool of its own holding the serialized FileDescriptorProto, maps read as entries (whose
-    key and value have presence if *entry_presence*: for writing entries, see :func:`_with_presence`)."""
+    key and value have presence if *entry_presence*: for writing entries, see :func:`_with_presence`);
+    with *lenient*, every string field read as bytes (the same wire form), so that a string that is not
+    UTF-8, which upb refuses and gogo protobuf (containerd 1.6) reads, decodes (:mod:`krproxy.hooks.listing`)."""
     file = descriptor_pb2.FileDescriptorProto.FromString(serialized)
     _maps_as_entries(file.message_type, entry_presence)
+    if lenient:
+        _strings_as_bytes(file.message_type)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(file)
     return pool
@@ -84,13 +101,40 @@ def private_pool(serialized: bytes, *, entry_presence: bool = False) -> descript
 
 _POOL = private_pool(descriptors.CRI_V1)
 _WRITING_POOL = private_pool(descriptors.CRI_V1, entry_presence=True)
+_LENIENT_POOL = private_pool(descriptors.CRI_V1, lenient=True)
 
 
-def message_class(name: str, *, writing: bool = False) -> Any:
+def message_class(name: str, *, writing: bool = False, lenient: bool = False) -> Any:
     """The upb message class of the ``runtime.v1`` message *name* (e.g. ``"ContainerStatus"``); with
-    *writing*, from the pool whose map entries have presence (for messages re-encoded after changes)."""
-    pool = _WRITING_POOL if writing else _POOL
+    *writing*, from the pool whose map entries have presence (for messages re-encoded after changes); with
+    *lenient*, from the pool whose string fields are bytes (:func:`private_pool`)."""
+    pool = _LENIENT_POOL if lenient else _WRITING_POOL if writing else _POOL
     return message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}"))
+
+
+_GROUP = 3  # the wire type that starts a group
+
+
+def misread_unknown(message: Any, where: str = "") -> str | None:
+    """The first unknown field of *message* (upb), at any depth, that is a known field's number (sent with
+    another wire type, which Go reads as an unknown field) or a group, described (``"field 2 (metadata) with
+    wire type 0"``); None if there is none. Store recovery leaves a record holding one out
+    (:mod:`krproxy.hooks.listing`)."""
+    numbers = message.DESCRIPTOR.fields_by_number
+    for unknown in UnknownFieldSet(message):
+        if unknown.field_number in numbers or unknown.wire_type == _GROUP:
+            known = numbers.get(unknown.field_number)
+            name = (
+                f" ({where}{known.name})" if known is not None else f" (in {where.rstrip('.')})" * bool(where)
+            )
+            return f"field {unknown.field_number}{name} with wire type {unknown.wire_type}"
+    for field, value in message.ListFields():
+        if field.message_type is not None:
+            for each in (value,) if isinstance(value, Message) else value:  # (or its repeats)
+                found = misread_unknown(each, f"{where}{field.name}.")
+                if found is not None:
+                    return found
+    return None
 
 
 def entries(field: Iterable[Any]) -> dict[str, Any]:

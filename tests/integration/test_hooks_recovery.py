@@ -35,6 +35,7 @@ from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1 as hookapi
 from krproxy.relay import Relay
 from tests.integration.hooks_support import (
+    CGROUP_PARENT,
     POD_ANNOTATIONS,
     POD_LABELS,
     Node,
@@ -64,7 +65,7 @@ class TestRestart:
         await node.start_proxy(socket_name="proxy-2.sock")
 
         [logged] = logged_events(caplog.records, "store_recovered")
-        assert ["pods", "containers", "fallbacks", "orphans", "seconds"] == list(logged)
+        assert ["pods", "containers", "fallbacks", "left_out", "orphans", "seconds"] == list(logged)
         assert (1, 1, 0, 0) == (logged["pods"], logged["containers"], logged["fallbacks"], logged["orphans"])
         assert "krproxy.daemon" == next(r.name for r in caplog.records if r.getMessage() == "store_recovered")
         assert 1.0 == node.proxy.metrics.registry.get_sample_value("krproxy_store_recovered")
@@ -114,14 +115,15 @@ class TestRestart:
             container_resources=hook_resources(cpu_quota=-1, cpuset_cpus="2-3"),
             pod_annotations=POD_ANNOTATIONS,
             pod_labels={**POD_LABELS, "added": "l"},
-            # Not recoverable from the fake (no verbose info): the pod cgroup parent and the envs.
-            pod_cgroup_parent="",
-            container_envs={},
+            # From the fake's verbose info, as from containerd's: the pod's cgroup parent and the envs the
+            # runtime got (kubelet's, a key sent twice keeping the later value, and the plugin's GPU=0).
+            pod_cgroup_parent=CGROUP_PARENT,
+            container_envs={"PATH": "/bin", "MODE": "b", "GPU": "0"},
         )
         assert [expected] == plugin.requests(HookPoint.PRE_START_CONTAINER)
         # PreStartContainer's answer (the plugin adds GPU=0) is stored: the later hooks see it.
         after_start = hookapi.ContainerResourceHookRequest.FromString(bytes(expected.SerializeToString()))
-        after_start.container_envs = {"GPU": "0"}
+        after_start.container_envs = {"PATH": "/bin", "MODE": "b", "GPU": "0"}
         assert [after_start] == plugin.requests(HookPoint.POST_START_CONTAINER)
         [update] = plugin.requests(HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
         assert hook_resources(cpu_quota=-1, cpuset_cpus="2-3", cpu_shares=4096) == update.container_resources
@@ -134,6 +136,7 @@ class TestRestart:
                 runtime_handler="runc",
                 labels={**POD_LABELS, "added": "l"},
                 annotations=POD_ANNOTATIONS,
+                cgroup_parent=CGROUP_PARENT,
             )
             == pod
         )
