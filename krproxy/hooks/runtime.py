@@ -18,7 +18,7 @@ Post hooks run whether or not the runtime call succeeded, and the runtime's answ
 error goes back to kubelet unchanged. Stop and Remove drop the store entry only when the
 runtime succeeded or answered NOT_FOUND (the object is gone); after any other failure the
 entry stays, so kubelet's retry still runs PostStop hooks with the full record
-(:func:`_forward_then_forget`). Pods labelled with the skip label (by default
+(:func:`~krproxy.hooks.forwarding.forward_then_forget`). Pods labelled with the skip label (by default
 ``runtimeproxy.koordinator.sh/skip-hookserver=true``) get no hooks, but are still stored.
 
 When no plugin changed anything, the original request bytes are forwarded, so a proxy with
@@ -60,18 +60,19 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import attrs
 import trio
 
 from krproxy import log, protowire
-from krproxy.forward import BackendError, Forward, Handler, Interceptor, Reply, Watch, runtime_interceptors
+from krproxy.forward import Forward, Handler, Interceptor, Reply, Watch, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import convert, idprefix, merge, restore, rewrite, watched, writeback
 from krproxy.hooks._reading import decode, decode_id, decode_request, malformed, reply_field, with_id
 from krproxy.hooks.dispatch import Dispatcher
+from krproxy.hooks.forwarding import forward_then, forward_then_forget
 from krproxy.hooks.guard import Guard
 from krproxy.hooks.idprefix import IdRefused
 from krproxy.hooks.lifecycle import Lifecycle
@@ -211,8 +212,8 @@ class HookRuntime:
             elif not self._skips(pod):
                 await self.lifecycle.post(HookPoint.POST_STOP_POD_SANDBOX, pod, target=sandbox_id)
 
-        return await _forward_then_forget(
-            _forward_then(forward, data, post),
+        return await forward_then_forget(
+            forward_then(forward, data, post),
             lambda: self.store.delete_pod(sandbox_id),
             gone=lambda: self.store.remove_pod(sandbox_id),
         )
@@ -261,7 +262,7 @@ class HookRuntime:
         sandbox_id = self.removed_id("pod", decode_id(cri.RemovePodSandboxRequest, data, "pod_sandbox_id"))
         if sandbox_id is None:
             return await forward(data)
-        return await _forward_then_forget(forward(data), lambda: self.store.remove_pod(sandbox_id))
+        return await forward_then_forget(forward(data), lambda: self.store.remove_pod(sandbox_id))
 
     # -- containers --------------------------------------------------------------------
 
@@ -314,7 +315,7 @@ class HookRuntime:
             async def post() -> None:
                 await self.lifecycle.post(HookPoint.POST_START_CONTAINER, started, target=container_id)
 
-            return await _forward_then(forward, data, post)
+            return await forward_then(forward, data, post)
 
     async def stop_container(self, data: bytes, forward: Forward) -> Reply:
         container_id = decode_id(cri.StopContainerRequest, data, "container_id")
@@ -330,8 +331,8 @@ class HookRuntime:
             if info is not None:
                 await self.lifecycle.post(HookPoint.POST_STOP_CONTAINER, info, target=container_id)
 
-        return await _forward_then_forget(
-            _forward_then(forward, data, post), lambda: self.store.delete_container(container_id)
+        return await forward_then_forget(
+            forward_then(forward, data, post), lambda: self.store.delete_container(container_id)
         )
 
     async def update_container_resources(self, data: bytes, forward: Forward) -> Reply:
@@ -375,7 +376,7 @@ class HookRuntime:
         )
         if container_id is None:
             return await forward(data)
-        return await _forward_then_forget(forward(data), lambda: self.store.delete_container(container_id))
+        return await forward_then_forget(forward(data), lambda: self.store.delete_container(container_id))
 
     def _named(self, method: str, message_type: type[Any], key: str, data: bytes) -> tuple[str, bytes]:
         """The id the request *data* of *method* names (its field 1, *key* as read), as containerd reads it, and
@@ -485,43 +486,3 @@ class HookRuntime:
             self.missing("container", container_id, point)
             return None
         return None if self._skips(info.pod) else info
-
-
-async def _forward_then(forward: Forward, data: bytes, post: Callable[[], Awaitable[None]]) -> Reply:
-    """Forward, then run the post hooks — after the runtime's answer, also an error one.
-
-    Not after a cancellation (kubelet gave up, or shutdown cancelled the call): nobody would
-    wait for the result, and hooks running then would outlive the grace period.
-    """
-    try:
-        reply = await forward(data)
-    except GRPCError as err:
-        if err.status is Status.DEADLINE_EXCEEDED and not isinstance(err, BackendError):
-            raise  # the caller's deadline passed at the proxy: kubelet gave up, as for a cancellation
-        await post()
-        raise
-    await post()
-    return reply
-
-
-async def _forward_then_forget(
-    call: Awaitable[Reply], forget: Callable[[], object], *, gone: Callable[[], object] | None = None
-) -> Reply:
-    """Await a Stop or Remove call, then ``forget`` its store entry if the object is done with.
-
-    Forgotten when the runtime succeeded, or answered NOT_FOUND (the object is gone: no later
-    call can need its record; ``gone``, if given, is called instead of ``forget`` then: a sandbox
-    the runtime no longer has took its containers with it, and kubelet sends no RemoveContainer
-    for containers the runtime does not list). Kept after any other failure — an error status, an unreachable
-    runtime, a deadline, a cancellation — since kubelet retries a failed Stop, and the retry's
-    PostStop hooks need the full record. (koord-runtime-proxy drops the entry before knowing the
-    outcome, so a retried Stop runs no hooks; its fix, koordinator#3142, drops on success only.)
-    A kept entry is not leaked: the retry, or kubelet's Remove, drops it.
-    """
-    try:
-        reply = await call
-    except BackendError as err:
-        watched.forget_when_done(err.status, forget, gone)
-        raise
-    forget()
-    return reply

@@ -207,7 +207,7 @@ def keeper(hooks: HookRuntime, point: HookPoint, record: Any, answer: type[Any],
 
 def forget_when_done(status: Status, forget: Callable[[], object], gone: Callable[[], object] | None) -> None:
     """The rule of Stop and Remove calls, given the runtime's *status*: forget the store entry after OK, or
-    (*gone* if given) after NOT_FOUND; keep it after anything else (:func:`krproxy.hooks.runtime._forward_then_forget`
+    (*gone* if given) after NOT_FOUND; keep it after anything else (:func:`krproxy.hooks.forwarding.forward_then_forget`
     says why)."""
     if status is Status.OK:
         forget()

@@ -448,13 +448,13 @@ async def test_standalone_converges_to_the_same_tree(
             started2 = {pod.name: await start_pod(direct, fake2, alone_node, pod) for pod in (BE, LS)}
             rename2 = {s.container_id: f"{n}-app" for n, s in started2.items()}
             assert ("0", "max 100000") == pod_files(alone_node, BE)  # nothing applied yet
-            # The fake's PodSandboxStatus has no verbose info (no cgroup parent): standalone
-            # finds each pod cgroup where kubelet puts it, under the node root.
+            # The fake's verbose PodSandboxStatus carries the pod's config, cgroup parent included, as
+            # containerd's does: standalone reads where each pod cgroup is from it.
             status = await direct.call(
                 direct.runtime.PodSandboxStatus,
                 pb.PodSandboxStatusRequest(pod_sandbox_id=started2["be"].sandbox_id, verbose=True),
             )
-            assert {} == dict(status.info)
+            assert "cgroup_parent" in json.loads(status.info["info"])["config"]["linux"]
 
             await nursery.start(
                 functools.partial(run_standalone, alone_app, runtime2, interval=0.1, policy_path=str(policy))
