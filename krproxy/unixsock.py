@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import stat
+import sys
 
 from krproxy import log
 
@@ -161,3 +162,15 @@ def unlink_if_ours(path: str, inode: int) -> None:
             os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def print_socket_errors(errors: list[BaseException], prefix: str) -> None:
+    """Print each OS error of a command that could not serve on its ``--socket`` as one line on stderr,
+    ``PREFIX: ERROR``, with what to do about a socket another process listens on."""
+    for error in errors:
+        hint = (
+            "; stop that process first, or choose another --socket"
+            if isinstance(error, SocketInUseError)
+            else ""
+        )
+        print(f"{prefix}: {error}{hint}", file=sys.stderr)

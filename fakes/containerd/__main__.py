@@ -11,7 +11,6 @@ import logging
 import os
 import random
 import signal
-import sys
 from collections.abc import Sequence
 
 import trio
@@ -23,7 +22,7 @@ from krproxy.fakes.containerd.records import list_order
 from krproxy.fakes.containerd.server import FakeContainerd, run_fake_containerd
 from krproxy.fakes.containerd.state import RuntimeState
 from krproxy.fakes.containerd.versions import DEFAULT_VERSION, IMITATIONS
-from krproxy.unixsock import SocketInUseError
+from krproxy.unixsock import print_socket_errors
 
 LOGGER = logging.getLogger("krproxy.fakes.containerd")
 
@@ -106,13 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         errors = exception_leaves(err)
         if not all(isinstance(e, OSError) for e in errors):
             raise
-        for error in errors:
-            hint = (
-                "; stop that process first, or choose another --socket"
-                if isinstance(error, SocketInUseError)
-                else ""
-            )
-            print(f"{parser.prog}: error: --socket {path}: {error}{hint}", file=sys.stderr)
+        print_socket_errors(errors, f"{parser.prog}: error: --socket {path}")
         return 1
     return 0
 

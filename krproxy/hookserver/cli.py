@@ -16,7 +16,7 @@ import trio
 
 from krproxy import _argparse, log
 from krproxy._supervise import exception_leaves, watch_signals
-from krproxy.unixsock import SocketInUseError
+from krproxy.unixsock import print_socket_errors
 
 from ._app import DEFAULT_CGROUP_ROOT, DEFAULT_RESCTRL_ROOT, RECONCILE_INTERVAL, HookServer
 from ._context import QOS_LABEL
@@ -222,13 +222,7 @@ def _run(fn: Any, command: str) -> int:
             return 130  # Ctrl-C before the signals were caught: nothing was registered yet
         if not all(isinstance(e, OSError) for e in errors):
             raise
-        for error in errors:
-            hint = (
-                "; stop that process first, or choose another --socket"
-                if isinstance(error, SocketInUseError)
-                else ""
-            )
-            print(f"krproxy hooks {command}: error: {error}{hint}", file=sys.stderr)
+        print_socket_errors(errors, f"krproxy hooks {command}: error")
         return 1
     return 0
 
