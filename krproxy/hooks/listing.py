@@ -148,7 +148,7 @@ def _replace_invalid(message: Any, strict: Any, where: str = "") -> list[str]:
     fixed: list[str] = []
     for field, value in message.ListFields():
         own = strict.fields_by_number[field.number]
-        repeated = field.label == FieldDescriptor.LABEL_REPEATED
+        repeated = field.is_repeated
         values = list(value) if repeated else [value]
         if own.type == FieldDescriptor.TYPE_STRING:
             read = [v.decode("utf-8", "replace").encode() for v in values]
@@ -194,7 +194,7 @@ def _oversized(message: Any, where: str = "") -> str:
                         f"(at most {validate.MAX_VALUE}, Kubernetes' limit for all of a pod's annotations)"
                     )
             continue
-        for each in value if field.label == FieldDescriptor.LABEL_REPEATED else (value,):
+        for each in value if field.is_repeated else (value,):
             found = _oversized(each, f"{where}{field.name}.")
             if found:
                 return found
