@@ -69,3 +69,42 @@ class Cardinality(enum.Enum):
     @property
     def server_streaming(self) -> bool:
         return self.value[1]
+
+
+#: Go's short escapes (``strconv.Quote``), for :func:`go_quote`.
+_GO_ESCAPES = {
+    '"': '\\"',
+    "\\": "\\\\",
+    "\a": "\\a",
+    "\b": "\\b",
+    "\f": "\\f",
+    "\n": "\\n",
+    "\r": "\\r",
+    "\t": "\\t",
+    "\v": "\\v",
+}
+
+
+def go_quote(text: str | bytes) -> str:
+    """*text* quoted as Go's ``strconv.Quote`` (``%q``) writes it: double quotes; backslash
+    escapes for ``"``, ``\\``, the C escapes and other control characters; a byte that is not
+    UTF-8 as ``\\xNN``; printable characters as they are."""
+    raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
+    out = ['"']
+    decoded = raw.decode("utf-8", "surrogateescape")
+    for char in decoded:
+        code = ord(char)
+        if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif char in _GO_ESCAPES:
+            out.append(_GO_ESCAPES[char])
+        elif char == " " or (char.isprintable() and code != 0x7F):
+            out.append(char)
+        elif code < 0x80:
+            out.append(f"\\x{code:02x}")
+        elif code < 0x10000:
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(f"\\U{code:08x}")
+    out.append('"')
+    return "".join(out)

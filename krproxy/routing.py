@@ -33,7 +33,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from krproxy.grpcstatus import Status
+from krproxy.grpcstatus import Status, go_quote
 
 __all__ = ["CRI_VERSION", "Refusal", "Routing", "go_quote", "grpc_go_route", "unhooked_path"]
 
@@ -64,44 +64,6 @@ def grpc_go_route(path: str, *, strict: bool) -> tuple[str, str] | None:
         return None
     service, slash, method = path.rpartition("/")
     return (service, method) if slash else None
-
-
-def go_quote(text: str | bytes) -> str:
-    """*text* quoted as Go's ``strconv.Quote`` (``%q``) writes it: double quotes; backslash
-    escapes for ``"``, ``\\``, the C escapes and other control characters; a byte that is not
-    UTF-8 as ``\\xNN``; printable characters as they are."""
-    raw = text if isinstance(text, bytes) else text.encode("utf-8", "surrogateescape")
-    out = ['"']
-    decoded = raw.decode("utf-8", "surrogateescape")
-    for char in decoded:
-        code = ord(char)
-        if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif char in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[char])
-        elif char == " " or (char.isprintable() and code != 0x7F):
-            out.append(char)
-        elif code < 0x80:
-            out.append(f"\\x{code:02x}")
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    out.append('"')
-    return "".join(out)
-
-
-_GO_ESCAPES = {
-    '"': '\\"',
-    "\\": "\\\\",
-    "\a": "\\a",
-    "\b": "\\b",
-    "\f": "\\f",
-    "\n": "\\n",
-    "\r": "\\r",
-    "\t": "\\t",
-    "\v": "\\v",
-}
 
 
 def unhooked_path(name: str) -> str:

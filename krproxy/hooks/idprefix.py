@@ -37,7 +37,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Final, final
 
-from krproxy.grpcstatus import GRPCError, Status
+from krproxy.grpcstatus import GRPCError, Status, go_quote
 
 __all__ = ["EMPTY", "FIND_MESSAGES", "IdIndex", "IdRefused", "go_quote", "refusal"]
 
@@ -141,36 +141,3 @@ def refusal(method: str, refused: IdRefused) -> GRPCError:
     """The error containerd's *method* answers for the id *refused* names (UNKNOWN, its wording)."""
     message = FIND_MESSAGES[method].format(id=go_quote(refused.key), reason=refused.reason)
     return GRPCError(Status.UNKNOWN, message)
-
-
-_GO_ESCAPES: Final = {
-    "\a": r"\a",
-    "\b": r"\b",
-    "\f": r"\f",
-    "\n": r"\n",
-    "\r": r"\r",
-    "\t": r"\t",
-    "\v": r"\v",
-}
-
-
-def go_quote(text: str) -> str:
-    """*text* as Go's ``%q`` (``strconv.Quote``) writes it: in double quotes, ``"`` and ``\\`` escaped,
-    control characters as ``\\n`` or ``\\xNN``, other unprintable ones as ``\\uNNNN`` or ``\\UNNNNNNNN``."""
-    out = ['"']
-    for char in text:
-        code = ord(char)
-        if char in '"\\':
-            out.append("\\" + char)
-        elif char in _GO_ESCAPES:
-            out.append(_GO_ESCAPES[char])
-        elif code < 0x20 or code == 0x7F:
-            out.append(f"\\x{code:02x}")
-        elif char.isprintable():
-            out.append(char)
-        elif code < 0x10000:
-            out.append(f"\\u{code:04x}")
-        else:
-            out.append(f"\\U{code:08x}")
-    out.append('"')
-    return "".join(out)
