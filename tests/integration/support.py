@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import select
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
@@ -254,8 +255,7 @@ async def wait_until(
 
 class ThreadedUnixServer:
     """A test server on a unix socket, on threads: one accepts, one serves each connection
-    (:meth:`serve_connection`, which subclasses write; the socket has a 0.2 s timeout so loops can
-    look at ``stopping``). :meth:`close` stops accepting, joins the threads and closes the socket.
+    (:meth:`serve_connection`, which subclasses write, reading with :func:`received`). :meth:`close` stops accepting, joins the threads and closes the socket.
     A subclass sets what its connections need before calling ``__init__``, which starts accepting."""
 
     def __init__(self, path: str, backlog: int = 4) -> None:
@@ -292,13 +292,19 @@ class ThreadedUnixServer:
 
 
 def received(sock: socket.socket, stopping: Callable[[], bool]) -> Iterator[bytes]:
-    """The chunks ``sock`` delivers until its peer closes it or ``stopping()`` holds. ``sock`` has a
-    short timeout, so that ``stopping`` is looked at while the peer is quiet."""
+    """The chunks ``sock`` delivers until its peer closes it or ``stopping()`` holds.
+
+    A quiet peer is waited for 0.2 s at a time, so that ``stopping`` is looked at; the socket
+    itself gets the liveness bound as its timeout, which bounds every ``sendall`` of the caller
+    too. (A 0.2 s socket timeout, as the servers had, bounds a whole ``sendall``: a 1 MiB answer
+    to a relay slowed by a busy machine timed out, and the server dropped the connection.)
+    """
+    sock.settimeout(LIVENESS_LIMIT)
     while not stopping():
-        try:
-            data = sock.recv(65536)
-        except TimeoutError:
+        ready, _, _ = select.select([sock], [], [], 0.2)
+        if not ready:
             continue
+        data = sock.recv(65536)
         if not data:
             return
         yield data

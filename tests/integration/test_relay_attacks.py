@@ -77,7 +77,6 @@ class SilentRuntime(ThreadedUnixServer):
         super().__init__(path, backlog=4)
 
     def serve_connection(self, sock: socket.socket) -> None:
-        sock.settimeout(0.2)
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
         conn.initiate_connection()
         sock.sendall(conn.data_to_send())
@@ -309,7 +308,6 @@ class ScriptedUpstream(ThreadedUnixServer):
         super().__init__(path, backlog=4)
 
     def serve_connection(self, sock: socket.socket) -> None:
-        sock.settimeout(0.2)
         buf = b""
         preface = True
         with sock:

@@ -40,7 +40,6 @@ class RawFramesServer(ThreadedUnixServer):
         super().__init__(path)
 
     def serve_connection(self, sock: socket.socket) -> None:
-        sock.settimeout(0.2)
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
         conn.initiate_connection()
         sock.sendall(conn.data_to_send())
@@ -179,7 +178,6 @@ class TestCallerCredit:
             conn.initiate_connection()
             conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
             sock.sendall(conn.data_to_send())
-            sock.settimeout(0.2)
             with sock, contextlib.suppress(OSError):
                 for data in received(sock, stop.is_set):
                     conn.receive_data(data)

@@ -290,7 +290,6 @@ async def test_requests_waiting_for_runtime_window_keep_connection(
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
         conn.initiate_connection()
         conn_sock.sendall(conn.data_to_send())
-        conn_sock.settimeout(0.2)
         with conn_sock:
             for data in received(conn_sock, stop.is_set):
                 conn.receive_data(data)

@@ -69,7 +69,6 @@ class RawServer(ThreadedUnixServer):
         super().__init__(path, backlog=16)
 
     def serve_connection(self, sock: socket.socket) -> None:
-        sock.settimeout(0.2)
         conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
         conn.initiate_connection()
         if self.settings:
