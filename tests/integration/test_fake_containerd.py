@@ -335,12 +335,17 @@ class TestFaults:
         assert (grpc.StatusCode.INTERNAL, 1) == (code, len(fake.state.sandboxes))
 
     async def test_dropped_connection(self, fake_containerd: FakeFixture, cri_client: ClientFactory) -> None:
-        """A dropped connection surfaces as UNAVAILABLE, and the next call reconnects."""
+        """A dropped connection surfaces as UNAVAILABLE, and the next call reconnects.
+
+        The next call waits until grpcio has seen the connection go: a call made before that
+        may be written to the dead socket and fail too ("Stream removed (sendmsg: Broken pipe)",
+        seen under load), which is grpcio's race, not the fake's."""
         fake, path = fake_containerd
         client = cri_client(path)
         await client.call(client.runtime.Version, api_pb2.VersionRequest())
         fake.inject("Version", Fault(drop=True))
         code = await status_code_of(client, client.runtime.Version, api_pb2.VersionRequest())
+        await trio.to_thread.run_sync(_wait_not_ready, client.channel)
         reply = await client.call(client.runtime.Version, api_pb2.VersionRequest())
         assert (grpc.StatusCode.UNAVAILABLE, "containerd") == (code, reply.runtime_name)
 
@@ -456,3 +461,18 @@ class TestCli:
                 proc.kill()
                 await proc.wait()
         assert (2, 0, False) == (len(reply.containers), rc, await trio.Path(path).exists())
+
+
+def _wait_not_ready(channel: grpc.Channel) -> None:
+    """Block until ``channel`` reports a state other than READY (its connection is gone)."""
+    left = threading.Event()
+
+    def seen(state: grpc.ChannelConnectivity) -> None:
+        if state is not grpc.ChannelConnectivity.READY:
+            left.set()
+
+    channel.subscribe(seen)
+    try:
+        assert left.wait(LIVENESS_LIMIT), "grpcio never saw the dropped connection"
+    finally:
+        channel.unsubscribe(seen)
