@@ -33,7 +33,7 @@ from tests.integration.hooks_support import (
     make_node,
     pod_config,
 )
-from tests.integration.support import in_thread, wait_until
+from tests.integration.support import LIVENESS_LIMIT, in_thread, wait_until
 
 CREATES = [HookPoint.PRE_RUN_POD_SANDBOX, HookPoint.PRE_CREATE_CONTAINER]
 
@@ -184,7 +184,7 @@ class TestAFailedHandedOverCreate:
 
         assert grpc.StatusCode.DEADLINE_EXCEEDED == code
         await wait_until(lambda: bool(node.fake.requests("CreateContainer")))
-        with trio.fail_after(10):
+        with trio.fail_after(LIVENESS_LIMIT):
             await node.proxy.relay.wait_idle()
         await trio.sleep(3.0)  # the runtime's late answer comes (and is dropped)
         assert {} == node.proxy.hooks.store.containers()

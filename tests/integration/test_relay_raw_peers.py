@@ -29,6 +29,7 @@ from krproxy.relay import Relay, Route, connect_unix
 from krproxy.relay.connection import CONNECTION_WINDOW
 from krproxy.relay.rpc import UpstreamError, grpc_message, request_headers
 from tests.integration.support import (
+    LIVENESS_LIMIT,
     RequestsByStream,
     ThreadedUnixServer,
     received,
@@ -251,7 +252,7 @@ class TestOwnCalls:
             return Answer(headers=None, trailers=fields)
 
         with serving(upstream_path, script), pytest.raises(GRPCError) as info:
-            await relay.call(route, PATH, b"x", within=5)
+            await relay.call(route, PATH, b"x", within=LIVENESS_LIMIT)
         assert (Status.FAILED_PRECONDITION, message) == (info.value.status, info.value.message)
 
     async def test_an_answer_without_trailers_frees_its_stream(
@@ -267,10 +268,12 @@ class TestOwnCalls:
             )
 
         with serving(upstream_path, script, {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1}):
-            assert b"warm-up" == await relay.call(route, PATH, b"warm-up", within=5)  # SETTINGS known
+            assert b"warm-up" == await relay.call(
+                route, PATH, b"warm-up", within=LIVENESS_LIMIT
+            )  # SETTINGS known
             with pytest.raises(UpstreamError, match="without a status"):
-                await relay.call(route, PATH, b"bad", within=5)
-            assert b"good" == await relay.call(route, PATH, b"good", within=5)
+                await relay.call(route, PATH, b"bad", within=LIVENESS_LIMIT)
+            assert b"good" == await relay.call(route, PATH, b"good", within=LIVENESS_LIMIT)
 
     async def test_undecodable_status_details_leave_the_status(
         self, relay: Relay, upstream_path: str
@@ -287,7 +290,7 @@ class TestOwnCalls:
             serving(upstream_path, lambda path, body: Answer(trailers=trailers)),
             pytest.raises(GRPCError) as info,
         ):
-            await relay.call(route, PATH, b"x", within=5)
+            await relay.call(route, PATH, b"x", within=LIVENESS_LIMIT)
         assert (Status.NOT_FOUND, "gone", None) == (info.value.status, info.value.message, info.value.details)
 
     async def test_an_answer_cut_off_for_size_gives_back_all_its_window(
@@ -298,7 +301,7 @@ class TestOwnCalls:
         route = relay.route_to(upstream_path, "plugin p")
         with serving(upstream_path, lambda path, body: Answer(body=grpc_message(b"x" * 300_000))):
             with pytest.raises(UpstreamError, match="larger than 100000 bytes"):
-                await relay.call(route, PATH, b"x", within=5, max_answer=100_000)
+                await relay.call(route, PATH, b"x", within=LIVENESS_LIMIT, max_answer=100_000)
             ep = route.ep
             assert ep is not None
             await wait_until(lambda: ep.recv_window + ep.to_grant == CONNECTION_WINDOW)

@@ -16,6 +16,7 @@ import trio.lowlevel
 
 from krproxy.hookserver._registry import Hook, call_hook
 from krproxy.hookserver._service import AppWorker
+from tests.integration.support import LIVENESS_LIMIT
 from tests.unit.test_hookserver_appworker import CountingToken
 
 
@@ -173,7 +174,7 @@ async def test_a_full_answer_pipe_blocks_neither_thread_nor_loop() -> None:
             counting = CountingToken(worker._token)
             worker._token = counting  # type: ignore[assignment]
             worker.wait_inline = 5.0
-            with trio.fail_after(4):
+            with trio.fail_after(LIVENESS_LIMIT):
                 assert "quick" == await worker.run(slow, 0.05, "quick")
                 assert 0 == counting.handed_back
                 await worker.run(call_hook, Hook.of("async-one", "", on_trio), object())
@@ -184,9 +185,9 @@ async def test_a_full_answer_pipe_blocks_neither_thread_nor_loop() -> None:
                 while True:
                     os.write(worker._answer_w, b"a" * 4096)
             worker.wait_inline = 0.001
-            with trio.fail_after(4):
+            with trio.fail_after(LIVENESS_LIMIT):
                 assert "late" == await worker.run(slow, 0.05, "late")
-            with trio.fail_after(4):
+            with trio.fail_after(LIVENESS_LIMIT):
                 worker.wait_inline = 5.0
                 assert "next" == await worker.run(slow, 0.05, "next")
 
