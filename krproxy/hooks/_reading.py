@@ -123,14 +123,11 @@ def decode(message_type: type[Any], data: bytes, what: str) -> Any:
     are INVALID_ARGUMENT: the runtime would have read them, krproxy cannot hook them, so it refuses.
     """
     try:
-        read = as_go_reads(message_type, data)
-    except ProtobufDecodeError as err:
+        return message_type.FromString(as_go_reads(message_type, data))
+    except ProtobufDecodeError as err:  # upb's, reading as Go does (or *message_type* is upb's own)
         status, problem = Status.INTERNAL, f"{UNMARSHAL} {what}: {err}"
-    else:
-        try:
-            return message_type.FromString(read)
-        except Exception as err:  # a malformed request must not reach the hooks, nor crash anything
-            status, problem = Status.INVALID_ARGUMENT, f"cannot decode {what}: {err}"
+    except Exception as err:  # a malformed request must not reach the hooks, nor crash anything
+        status, problem = Status.INVALID_ARGUMENT, f"cannot decode {what}: {err}"
     # Raised outside the except block: the decoder's exception, whose traceback holds ``data``
     # in a reference cycle (frame -> exception -> traceback -> frame), is not kept as context.
     raise GRPCError(status, problem)
