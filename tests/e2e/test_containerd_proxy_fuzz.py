@@ -39,9 +39,9 @@ from tests.e2e.support import (
     Cri,
     Plugin,
     Proxy,
+    serving_proxy,
     sigterm,
     start_plugin,
-    start_proxy,
     wait_registered,
 )
 from tests.fuzz import examples
@@ -71,7 +71,9 @@ def _gogo_wire_type(d: Difference) -> bool:
 
 
 def _gogo_utf8(d: Difference) -> bool:
-    return d.step.mutation == "invalid_utf8" and d.second.code == "INTERNAL" and d.first.state == d.second.state
+    return (
+        d.step.mutation == "invalid_utf8" and d.second.code == "INTERNAL" and d.first.state == d.second.state
+    )
 
 
 def _ambiguous_in_runtime(d: Difference) -> bool:
@@ -149,13 +151,11 @@ class HookCounter:
 def proxied(containerd: Containerd) -> Iterator[Proxy]:
     """One ``krproxy serve`` in front of containerd for the whole module (hook servers come and go)."""
     workdir = Path(tempfile.mkdtemp(prefix="kpfz-", dir="/tmp"))  # short: socket paths hold 108 bytes
-    daemon = start_proxy(workdir, containerd.socket)
     try:
-        yield daemon
+        with serving_proxy(workdir, containerd.socket) as daemon:
+            yield daemon
     finally:
-        code = daemon.terminate()
         shutil.rmtree(workdir, ignore_errors=True)
-    assert 0 == code, daemon.log
 
 
 @pytest.fixture
@@ -239,9 +239,7 @@ def test_proxy_answers_as_containerd_direct(sides: tuple[Side, Side], way: HookC
     def explore(sequence: list[Step]) -> None:
         if way is not None:
             way.reset()
-        differences = differential.run(
-            sequence, sides, uuid.uuid4().hex[:10], hook_check=way, known=KNOWN
-        )
+        differences = differential.run(sequence, sides, uuid.uuid4().hex[:10], hook_check=way, known=KNOWN)
         found.extend((sequence, d) for d in differential.unexplained(differences, KNOWN))
 
     explore()
@@ -258,4 +256,6 @@ def test_every_known_difference_is_documented() -> None:
     for row in rows:  # each names the tests that hold krproxy's side: they must exist
         for path, name in re.findall(r"`(tests/[\w/]+\.py)(?:::(\w+))?`", row):
             text = (REPO / path).read_text()
-            assert name == "" or f"def {name}(" in text, f"{path}::{name} named in docs/testing.md: no such test"
+            assert name == "" or f"def {name}(" in text, (
+                f"{path}::{name} named in docs/testing.md: no such test"
+            )

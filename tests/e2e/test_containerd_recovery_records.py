@@ -22,9 +22,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 import grpc
+import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from krproxy import kubelet, protowire
@@ -49,7 +48,11 @@ ANNOTATIONS = {
     "oversized": _field(7, _field(1, b"note") + _field(2, b"x" * (validate.MAX_VALUE + 1))),
 }
 #: What the proxy logs of each record kind once it has met it (None: nothing, the record reads as sent).
-LOGGED = {"not-utf8": "recovery_record_repaired", "wrong-wire-type": None, "oversized": "recovery_record_left_out"}
+LOGGED = {
+    "not-utf8": "recovery_record_repaired",
+    "wrong-wire-type": None,
+    "oversized": "recovery_record_left_out",
+}
 
 
 def run_request(containerd: Containerd, kind: str) -> bytes:
