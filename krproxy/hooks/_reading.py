@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 import trio
+from google.protobuf.message import DecodeError as ProtobufDecodeError
 
 from krproxy import log, protowire
 from krproxy.grpcstatus import GRPCError, Status
@@ -114,13 +115,26 @@ def _misread_unknowns(message: Any) -> bool:
 
 
 def decode(message_type: type[Any], data: bytes, what: str) -> Any:
+    """*data* read as a *message_type*, as the runtime's Go decoder reads it (:func:`as_go_reads`).
+
+    Bytes Go refuses too (a field cut short, a string that is not UTF-8) are answered as grpc-go's server
+    answers a request its codec refuses: INTERNAL, "grpc: error unmarshalling request: ..." (grpc-go
+    server.go; measured on containerd 1.6.20 and 2.1.9). Bytes Go reads and krproxy's reader does not
+    are INVALID_ARGUMENT: the runtime would have read them, krproxy cannot hook them, so it refuses.
+    """
     try:
         return message_type.FromString(as_go_reads(message_type, data))
+    except ProtobufDecodeError as err:  # upb's, reading as Go does (or *message_type* is upb's own)
+        status, problem = Status.INTERNAL, f"{UNMARSHAL} {what}: {err}"
     except Exception as err:  # a malformed request must not reach the hooks, nor crash anything
-        problem = f"cannot decode {what}: {err}"
+        status, problem = Status.INVALID_ARGUMENT, f"cannot decode {what}: {err}"
     # Raised outside the except block: the decoder's exception, whose traceback holds ``data``
     # in a reference cycle (frame -> exception -> traceback -> frame), is not kept as context.
-    raise GRPCError(Status.INVALID_ARGUMENT, problem)
+    raise GRPCError(status, problem)
+
+
+#: How grpc-go's server starts the message of a request its codec refuses (with INTERNAL).
+UNMARSHAL = "grpc: error unmarshalling request:"
 
 
 #: Requests at least this large are decoded in a worker thread: a 16 MiB CreateContainer of

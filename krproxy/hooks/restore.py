@@ -80,7 +80,7 @@ async def _hooked(
 ) -> R:
     """*record* as the pre hooks of *point* left it (the record itself when they changed nothing)."""
     target = f"restored pod {pod.namespace}/{pod.name}" + (f" container {container}" if container else "")
-    merged, _ = await hooks._pre_hooks(
+    merged, _ = await hooks.pre_hooks(
         point, record, pod=pod, container=container, target=target, data=data, rebuild=_unused, what=WHAT
     )
     return merged

@@ -179,7 +179,7 @@ class HookRuntime:
         with malformed("RunPodSandboxRequest"):
             pod = convert.pod_from_run_request(request)
         point = HookPoint.PRE_RUN_POD_SANDBOX
-        pod, data = await self._pre_hooks(
+        pod, data = await self.pre_hooks(
             point,
             pod,
             pod=pod,
@@ -245,7 +245,7 @@ class HookRuntime:
                     self._refuse_missing("pod", sandbox_id, point)
                     return await forward(data)
                 resize = convert.pod_resize_from_request(request, stored)
-            resize, data = await self._pre_hooks(
+            resize, data = await self.pre_hooks(
                 point,
                 resize,
                 pod=stored,
@@ -280,7 +280,7 @@ class HookRuntime:
                 pod = convert.pod_from_wire_config(request.sandbox_config)
             info = convert.container_from_wire_create(request, pod)
         point = HookPoint.PRE_CREATE_CONTAINER
-        info, data = await self._pre_hooks(
+        info, data = await self.pre_hooks(
             point,
             info,
             pod=pod,
@@ -356,7 +356,7 @@ class HookRuntime:
                     self._refuse_missing("container", container_id, HookPoint.PRE_UPDATE_CONTAINER_RESOURCES)
                     return await forward(data)
                 prepared = merge.prepare_update(stored, convert.update_request_resources(request))
-            updated, data = await self._pre_hooks(
+            updated, data = await self.pre_hooks(
                 HookPoint.PRE_UPDATE_CONTAINER_RESOURCES,
                 prepared,
                 pod=stored.pod,
@@ -413,7 +413,7 @@ class HookRuntime:
             return None
         return key if full is None else full
 
-    async def _pre_hooks(
+    async def pre_hooks(
         self,
         point: HookPoint,
         record: R,
@@ -427,7 +427,8 @@ class HookRuntime:
     ) -> tuple[R, bytes]:
         """Run the pre hooks of *point* on *record* (unless *pod* skips them; once its required servers are
         up); return the record as the plugins left it and the request to forward: kubelet's *data* itself
-        when no plugin changed anything, else the bytes ``rebuild(record)`` makes."""
+        when no plugin changed anything, else the bytes ``rebuild(record)`` makes. The seam every verb
+        that creates or changes a workload goes through, this module's and :mod:`krproxy.hooks.restore`'s."""
         if self._skips(pod):
             return record, data
         required = await self._require(point, pod, container)

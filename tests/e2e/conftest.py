@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.support import Containerd, Cri, Plugin, Proxy, run_script, start_plugin, start_proxy
+from tests.e2e.support import Containerd, Cri, Plugin, Proxy, run_script, serving_proxy, start_plugin
 
 HERE = Path(__file__).parent
 #: Which containerd this pytest run uses: 1.6 (the machine's own package, the default), 1.7 or 2.x
@@ -69,12 +69,8 @@ def proxy(containerd: Containerd, short_tmp: Path) -> Iterator[Proxy]:
 
     At teardown it must exit 0 on SIGTERM and have removed its socket.
     """
-    daemon = start_proxy(short_tmp, containerd.socket)
-    try:
+    with serving_proxy(short_tmp, containerd.socket) as daemon:
         yield daemon
-    finally:
-        code = daemon.terminate()
-    assert 0 == code, f"krproxy exited with {code}; log:\n{daemon.log}"
     assert not os.path.exists(daemon.socket)
 
 

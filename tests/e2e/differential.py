@@ -316,11 +316,14 @@ def run(
     run_id: str,
     *,
     hook_check: Callable[[Step, str], str | None] | None = None,
+    known: Sequence[Known] = (),
 ) -> list[Difference]:
     """Play ``steps`` on both sides in lockstep; every step whose code or resulting state differs.
 
     ``hook_check(step, code of the second side)`` may name a difference of its own (the proxy fuzzer's:
-    a call the runtime accepted that no hook saw). A step one side skips is skipped on both. Both sides'
+    a call the runtime accepted that no hook saw). A step one side skips is skipped on both. A difference
+    one of ``known`` accepts ends the sequence when it left the sides apart (one side accepted the call,
+    or their states differ): what followed would compare two different sets of objects. Both sides'
     objects of the run are removed at the end.
     """
     for side in sides:
@@ -336,10 +339,16 @@ def run(
                 for side, (code, message, _) in zip(sides, answers, strict=True)
             ]
             first, second = outcomes
+            found = None
             if first.code != second.code:
-                differences.append(Difference(index, step, "code", first, second))
+                found = Difference(index, step, "code", first, second)
             elif first.state != second.state:
-                differences.append(Difference(index, step, "state", first, second))
+                found = Difference(index, step, "state", first, second)
+            if found is not None:
+                differences.append(found)
+                apart = "OK" in (first.code, second.code) or first.state != second.state
+                if apart and not unexplained([found], known):
+                    break
             if hook_check is not None:
                 missed = hook_check(step, second.code)
                 if missed is not None:

@@ -29,8 +29,8 @@ from tests.e2e.support import (
     container_config,
     outcome,
     pod_config,
+    serving_proxy,
     start_plugin,
-    start_proxy,
     wait_until,
 )
 from tests.e2e.test_containerd_hooks import cleanup, create_container, run_pod, start
@@ -46,12 +46,8 @@ METRICS = ("--metrics-address", "127.0.0.1:0")
 
 @contextlib.contextmanager
 def daemon(short_tmp: Path, containerd: Containerd) -> Iterator[Proxy]:
-    proxy = start_proxy(short_tmp, containerd.socket, extra=REQUIRED + METRICS)
-    try:
+    with serving_proxy(short_tmp, containerd.socket, REQUIRED + METRICS) as proxy:
         yield proxy
-    finally:
-        code = proxy.terminate()
-    assert 0 == code, f"krproxy exited with {code}; log:\n{proxy.log}"
 
 
 def store_sizes(proxy: Proxy) -> tuple[float, float]:

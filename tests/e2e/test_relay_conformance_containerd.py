@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.support import Containerd, Proxy, start_proxy
+from tests.e2e.support import Containerd, Proxy, serving_proxy
 from tests.integration.h2_cases import CASES, check, run
 
 RUNTIME_CASES = [case for case, played in CASES.items() if played.needs_runtime]
@@ -31,13 +31,11 @@ TIMEOUT = 60.0
 @pytest.fixture(scope="module")
 def krproxy(containerd: Containerd) -> Iterator[Proxy]:
     workdir = Path(tempfile.mkdtemp(prefix="kph2-", dir="/tmp"))
-    daemon = start_proxy(workdir, containerd.socket)
     try:
-        yield daemon
+        with serving_proxy(workdir, containerd.socket) as daemon:
+            yield daemon
     finally:
-        code = daemon.terminate()
         shutil.rmtree(workdir, ignore_errors=True)
-    assert 0 == code, f"krproxy exited with {code}; log:\n{daemon.log}"
 
 
 @pytest.mark.parametrize("case", RUNTIME_CASES)

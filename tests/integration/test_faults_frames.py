@@ -230,11 +230,18 @@ class TestBogusGrpcFraming:
         """Correctly framed random bytes to CreateContainer (decoded by the proxy for its hooks): answered
         with a gRPC status, OK only if the runtime accepted it, and never INTERNAL or UNKNOWN from the proxy
         itself (the fake containerd's UNKNOWN for a config without metadata or an empty sandbox id is
-        containerd's answer, passed on); the daemon keeps serving."""
+        containerd's answer, passed on) but grpc-go's INTERNAL for bytes Go's decoder refuses; the daemon
+        keeps serving."""
         reset, status, message = grpc_answer(CREATE, grpc_frame(0, len(payload), payload))
         assert not reset
         assert status is not None
         words = urllib.parse.unquote(message)
         runtime_said = status == 2 and any(w in words for w in RUNTIME_UNKNOWN)
-        assert runtime_said or status not in (2, 13), (status, message)  # a crash in the proxy's own code
+        as_grpc_go = status == 13 and words.startswith(
+            "grpc: error unmarshalling request: CreateContainerRequest:"
+        )
+        assert runtime_said or as_grpc_go or status not in (2, 13), (
+            status,
+            message,
+        )  # a crash in the proxy's own code
         assert version_ok(SOCKET_OF[0])

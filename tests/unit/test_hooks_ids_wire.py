@@ -53,7 +53,7 @@ def refused_as_betterproto2_refuses(message_type: type[Any], field: str, data: b
             if go is None:
                 with pytest.raises(GRPCError) as caught:
                     reading.decode_id(message_type, data, field)
-                assert caught.value.status is Status.INVALID_ARGUMENT
+                assert caught.value.status is Status.INTERNAL  # as grpc-go answers what its codec refuses
             else:
                 assert go == reading.decode_id(message_type, data, field)
     elif isinstance(value, str):

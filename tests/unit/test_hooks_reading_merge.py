@@ -2,7 +2,7 @@
 ``as_go_reads``): a message field sent more than once is merged, at any depth, where betterproto2 alone
 keeps the last occurrence; the rest of betterproto2's reading (unknown fields kept for the write-back,
 map entries in their order) is unchanged, and a request Go refuses is refused, as betterproto2's refusals
-are, with INVALID_ARGUMENT, before any hook sees it (betterproto2 took a field cut short as it was)."""
+are, with INTERNAL as grpc-go refuses them, before any hook sees it (betterproto2 took a field cut short as it was)."""
 
 from __future__ import annotations
 
@@ -67,10 +67,12 @@ def test_unknown_fields_and_map_order_survive_to_the_write_back() -> None:
     ids=["truncated", "a truncated config", "a runtime handler not UTF-8"],
 )
 def test_a_malformed_request_is_refused(data: bytes) -> None:
+    """Bytes Go's decoder refuses are answered as grpc-go answers them: INTERNAL, "grpc: error
+    unmarshalling request", naming the message."""
     with pytest.raises(GRPCError) as caught:
         reading.decode(cri.RunPodSandboxRequest, data, "RunPodSandboxRequest")
-    assert caught.value.status == Status.INVALID_ARGUMENT
-    assert caught.value.message.startswith("cannot decode RunPodSandboxRequest:")
+    assert caught.value.status == Status.INTERNAL
+    assert caught.value.message.startswith("grpc: error unmarshalling request: RunPodSandboxRequest:")
 
 
 def test_upb_and_non_cri_messages_are_read_as_they_came() -> None:
