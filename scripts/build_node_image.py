@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Build the DaemonSets' image (deploy/daemonset*.yaml) from this repository, offline, with no Docker.
 
-    sudo python3 scripts/build_node_image.py [--out krproxy-image.tar] [--name krproxy.local/krproxy:0.1.0]
-    sudo ctr -n k8s.io images import krproxy-image.tar        # on each node, or push it
+    python3 scripts/build_node_image.py [--out krproxy-image.tar] [--name krproxy.local/krproxy:0.1.0]
+    ctr -n k8s.io images import krproxy-image.tar        # on each node, or push it (both as root)
 
 The base is a Debian bookworm root made by ``debootstrap --variant=minbase --include=python3``
 from the machine's Debian archive (scripts/fetch-debian-package finds it), built once and kept in
@@ -129,7 +129,9 @@ def ensure_base(cache: Path, rebuild: bool = False) -> Path:
     """The cached debootstrapped root (built on first use); its path."""
     if os.geteuid() != 0:
         raise Unavailable("building the image needs root (debootstrap and chroot); run it with sudo")
-    debootstrap = shutil.which("debootstrap") or ("/usr/sbin/debootstrap" if os.path.exists("/usr/sbin/debootstrap") else None)
+    debootstrap = shutil.which("debootstrap") or (
+        "/usr/sbin/debootstrap" if os.path.exists("/usr/sbin/debootstrap") else None
+    )
     if debootstrap is None:
         raise Unavailable("debootstrap is not installed: apt-get install debootstrap")
     root = cache / f"base-{SUITE}"
@@ -161,7 +163,15 @@ def _install_krproxy(stage: Path, work: Path) -> None:
     target = stage / LIB
     _run(
         [
-            *(*pip, "install", "--no-compile", "--no-warn-conflicts", "--target", str(target), "--only-binary=:all:"),
+            *(
+                *pip,
+                "install",
+                "--no-compile",
+                "--no-warn-conflicts",
+                "--target",
+                str(target),
+                "--only-binary=:all:",
+            ),
             *(arg for tag in PLATFORMS for arg in ("--platform", tag)),
             *("--python-version", PYTHON_VERSION, "--implementation", "cp"),
             str(wheel),
@@ -175,7 +185,13 @@ def _install_krproxy(stage: Path, work: Path) -> None:
     launcher.chmod(0o755)
     # Hash-checked .pyc: the layer's mtimes are 0, so timestamp-checked ones would never match.
     compile_all = ["chroot", str(stage), "python3", "-m", "compileall", "-q", "-f"]
-    compile_all += ["--invalidation-mode", "unchecked-hash", "/usr/lib/python3", "/usr/lib/python3.11", f"/{LIB}"]
+    compile_all += [
+        "--invalidation-mode",
+        "unchecked-hash",
+        "/usr/lib/python3",
+        "/usr/lib/python3.11",
+        f"/{LIB}",
+    ]
     _run(compile_all, "compiling the modules")
 
 
@@ -201,9 +217,13 @@ def build(out: Path, name: str = IMAGE_NAME, cache: Path = Path(DEFAULT_CACHE)) 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="krproxy-image.tar", help="the OCI tarball to write (default %(default)s)")
+    ap.add_argument(
+        "--out", default="krproxy-image.tar", help="the OCI tarball to write (default %(default)s)"
+    )
     ap.add_argument("--name", default=IMAGE_NAME, help="the image's name (default %(default)s)")
-    ap.add_argument("--cache", default=DEFAULT_CACHE, help="where the base root is kept (default %(default)s)")
+    ap.add_argument(
+        "--cache", default=DEFAULT_CACHE, help="where the base root is kept (default %(default)s)"
+    )
     ap.add_argument("--rebuild-base", action="store_true", help="debootstrap the base again")
     args = ap.parse_args(argv)
     started = time.monotonic()

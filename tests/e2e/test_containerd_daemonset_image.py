@@ -29,10 +29,12 @@ from krproxy import kubelet
 from tests.e2e.support import REPO, TIMEOUT, Containerd, Cri, container_config, verbose_info, wait_until
 
 sys.path.insert(0, str(REPO / "scripts"))
-import build_node_image  # noqa: E402 - needs the line above
+import build_node_image
 
 MANIFEST = REPO / "deploy" / "daemonset.yaml"
 TUTORIAL = REPO / "docs" / "plugin-authoring.md"
+#: What the sandbox's own images are imported with (scripts/_sandbox/start.py).
+IMPORT = ["images", "import", "--snapshotter", "overlayfs"]
 #: Start-up of a pod from a fresh image (snapshot unpacking, Python's first import): generous.
 LIMIT = 60.0
 
@@ -60,8 +62,7 @@ def image(containerd: Containerd, tmp_path_factory: pytest.TempPathFactory) -> s
     except build_node_image.Unavailable as exc:
         pytest.skip(f"the DaemonSet's image cannot be built here: {exc}")
     imported = subprocess.run(
-        [containerd.ctr, "-a", containerd.socket, "-n", "k8s.io", "images", "import"]
-        + ["--snapshotter", "overlayfs", str(out)],
+        [containerd.ctr, "-a", containerd.socket, "-n", "k8s.io", *IMPORT, str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -82,10 +83,14 @@ class Node:
                     self.paths[volume["name"]] = Path(containerd.dir)
                     continue
                 host = root / path.lstrip("/")
-                assert kind == "DirectoryOrCreate", f"volume {volume['name']}: hostPath type {kind!r} not handled"
+                assert kind == "DirectoryOrCreate", (
+                    f"volume {volume['name']}: hostPath type {kind!r} not handled"
+                )
                 host.mkdir(parents=True, exist_ok=True)
             else:
-                assert "emptyDir" in volume, f"volume {volume['name']}: only hostPath and emptyDir are handled"
+                assert "emptyDir" in volume, (
+                    f"volume {volume['name']}: only hostPath and emptyDir are handled"
+                )
                 host = root / "emptydir" / volume["name"]
                 host.mkdir(parents=True)
             self.paths[volume["name"]] = host
@@ -123,7 +128,9 @@ def security_context(spec: dict[str, Any]) -> Any:
     )
 
 
-def sandbox_config(containerd: Containerd, name: str, labels: dict[str, str], logs: Path, host_network: bool) -> Any:
+def sandbox_config(
+    containerd: Containerd, name: str, labels: dict[str, str], logs: Path, host_network: bool
+) -> Any:
     """A pod in kube-system; a pod network only where the sandbox has CNI (its own "node" network
     namespace otherwise, private to the sandbox's containerd like the pod's would be)."""
     uid = uuid.uuid4().hex[:12]
@@ -170,7 +177,9 @@ def answers(socket: Path) -> bool:
     return True
 
 
-def test_daemonset_image_hooks_create(image: str, containerd: Containerd, direct: Cri, short_tmp: Path) -> None:
+def test_daemonset_image_hooks_create(
+    image: str, containerd: Containerd, direct: Cri, short_tmp: Path
+) -> None:
     """krproxy from the built image, run with daemonset.yaml's spec, hooks a CreateContainer sent to it."""
     spec = pod_spec()
     (proxy,) = spec["containers"]
@@ -178,7 +187,9 @@ def test_daemonset_image_hooks_create(image: str, containerd: Containerd, direct
     logs = short_tmp / "logs"
     labels = yaml.safe_load(MANIFEST.read_text())["spec"]["template"]["metadata"]["labels"]
     # Where krproxy listens for kubelet, inside the pod and so on the host.
-    endpoint = next(a.split("=", 1)[1] for a in proxy["args"] if a.startswith("--koord-runtimeproxy-endpoint="))
+    endpoint = next(
+        a.split("=", 1)[1] for a in proxy["args"] if a.startswith("--koord-runtimeproxy-endpoint=")
+    )
     proxy_socket = node.host_path(proxy["volumeMounts"], endpoint.removeprefix("unix://"))
     plugin_socket = tutorial_socket()
     # The tutorial's plugin needs the DaemonSet's plugin socket directory and its hook directory.
@@ -211,7 +222,9 @@ def test_daemonset_image_hooks_create(image: str, containerd: Containerd, direct
         log_path="first-plugin.log",
     )
     proxy_log = logs / "krproxy" / "krproxy.log"
-    proxy_config = sandbox_config(containerd, "krproxy", labels, logs / "krproxy", spec.get("hostNetwork", False))
+    proxy_config = sandbox_config(
+        containerd, "krproxy", labels, logs / "krproxy", spec.get("hostNetwork", False)
+    )
     plugin_config = sandbox_config(containerd, "first-plugin", {}, logs / "plugin", False)
 
     def log_of(path: Path) -> str:
@@ -220,7 +233,9 @@ def test_daemonset_image_hooks_create(image: str, containerd: Containerd, direct
     with pod(direct, proxy_config, krproxy_container) as (_, proxy_id):
         wait_until(lambda: answers(proxy_socket), LIMIT, f"krproxy in the pod answering on {proxy_socket}")
         probe = proxy["readinessProbe"]["exec"]["command"]
-        ready = direct.runtime.ExecSync(pb.ExecSyncRequest(container_id=proxy_id, cmd=probe, timeout=10), timeout=30)
+        ready = direct.runtime.ExecSync(
+            pb.ExecSyncRequest(container_id=proxy_id, cmd=probe, timeout=10), timeout=30
+        )
         assert 0 == ready.exit_code, f"readiness probe {probe}: {ready.stdout!r} {ready.stderr!r}"
         with pod(direct, plugin_config, plugin_container):
             registered = f"event=plugin_registered file={hook_dir}/first-plugin.json"
@@ -241,5 +256,9 @@ def test_daemonset_image_hooks_create(image: str, containerd: Containerd, direct
             pb.StopContainerRequest(container_id=proxy_id, timeout=spec["terminationGracePeriodSeconds"]),
             timeout=TIMEOUT + spec["terminationGracePeriodSeconds"],
         )
-        status = direct.runtime.ContainerStatus(pb.ContainerStatusRequest(container_id=proxy_id), timeout=TIMEOUT)
-        assert 0 == status.status.exit_code, f"krproxy exited {status.status.exit_code}; log:\n{log_of(proxy_log)}"
+        status = direct.runtime.ContainerStatus(
+            pb.ContainerStatusRequest(container_id=proxy_id), timeout=TIMEOUT
+        )
+        assert 0 == status.status.exit_code, (
+            f"krproxy exited {status.status.exit_code}; log:\n{log_of(proxy_log)}"
+        )
