@@ -193,12 +193,19 @@ class _LayerWriter:
         ti.linkname = target
         self._tar.addfile(ti)
 
+    def hardlink(self, name: str, target: str) -> None:
+        ti = self._info(name, tarfile.LNKTYPE, 0o644)
+        ti.linkname = target
+        self._tar.addfile(ti)
+
     def tree(self, root: str, skip: frozenset[str] = frozenset()) -> None:
         """Add every directory, file and symlink under ``root`` (sorted; mode kept, owner 0, mtime 0).
 
         ``skip``: paths relative to ``root`` left out with all below them. Device nodes, FIFOs and
-        sockets are left out (the runtime provides /dev); hard links become copies.
+        sockets are left out (the runtime provides /dev); a file's further hard links are tar
+        hard links to its first name.
         """
+        first_names: dict[tuple[int, int], str] = {}
         for here, dirs, files in os.walk(root):
             rel_here = os.path.relpath(here, root)
             dirs[:] = sorted(d for d in dirs if os.path.normpath(os.path.join(rel_here, d)) not in skip)
@@ -214,6 +221,10 @@ class _LayerWriter:
                 elif os.path.isdir(path):
                     self.dir(name, mode)
                 elif os.path.isfile(path):
+                    if st.st_nlink > 1 and (st.st_dev, st.st_ino) in first_names:
+                        self.hardlink(name, first_names[(st.st_dev, st.st_ino)])
+                        continue
+                    first_names[(st.st_dev, st.st_ino)] = name
                     with open(path, "rb") as f:
                         self.file(name, f.read(), mode)
 

@@ -11,7 +11,8 @@ copies it, installs krproxy's wheel (built from this checkout) and its dependenc
 into /usr/local/lib/krproxy with pip (``--target``, binary wheels for bookworm's CPython 3.11),
 puts a ``krproxy`` launcher in /usr/local/bin, compiles every module to hash-checked .pyc (the
 DaemonSet's root filesystem is read-only, so Python cannot write them at start), leaves out what
-a daemon never reads (docs, man pages, locales, apt's lists and caches, dpkg's own data) and packs
+a daemon never reads (docs, man pages, locales, apt's lists and caches, dpkg's own data, Perl,
+iconv's modules) and packs
 the tree as a one-layer OCI image layout tarball with scripts/build_images.py's deterministic
 packer. The tarball carries its name in ``io.containerd.image.name``, so ``ctr images import``
 registers it under that name.
@@ -77,6 +78,13 @@ SKIP = frozenset(
         "var/lib/apt/lists",
         "var/lib/dpkg",
         "var/log",
+        # Perl, apt and iconv's modules: Debian's tools use them, Python and krproxy do not.
+        "usr/bin/perl",
+        "usr/bin/perl5.36.0",
+        "usr/share/perl5",
+        "usr/lib/x86_64-linux-gnu/perl-base",
+        "usr/lib/x86_64-linux-gnu/gconv",
+        "usr/lib/apt",
         "usr/lib/python3.11/ensurepip",
         "usr/lib/python3.11/idlelib",
         "usr/lib/python3.11/lib2to3",
@@ -110,7 +118,14 @@ def _fetcher() -> ModuleType:
 
 @contextlib.contextmanager
 def _locked(cache: Path) -> Iterator[None]:
-    cache.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        raise Unavailable("building the image needs root (debootstrap and chroot); run it as root")
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise Unavailable(
+            f"cannot make the cache directory {cache} ({exc.strerror}); pass --cache DIR"
+        ) from None
     with open(cache / "lock", "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)  # one base build at a time
         try:
@@ -119,46 +134,53 @@ def _locked(cache: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _run(command: list[str], what: str) -> None:
-    done = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr)
+def _run(command: list[str], what: str, env: dict[str, str] | None = None) -> None:
+    done = subprocess.run(command, stdout=sys.stderr, stderr=sys.stderr, env=env)
     if done.returncode != 0:
         raise Unavailable(f"{what} failed (exit {done.returncode}, output above): {' '.join(command)}")
 
 
 def ensure_base(cache: Path, rebuild: bool = False) -> Path:
     """The cached debootstrapped root (built on first use); its path."""
-    if os.geteuid() != 0:
-        raise Unavailable("building the image needs root (debootstrap and chroot); run it with sudo")
+    with _locked(cache):
+        return _ensure_base(cache, rebuild)
+
+
+def _ensure_base(cache: Path, rebuild: bool) -> Path:
     debootstrap = shutil.which("debootstrap") or (
         "/usr/sbin/debootstrap" if os.path.exists("/usr/sbin/debootstrap") else None
     )
     if debootstrap is None:
         raise Unavailable("debootstrap is not installed: apt-get install debootstrap")
     root = cache / f"base-{SUITE}"
-    with _locked(cache):
-        if (root / MARKER).exists() and not rebuild:
-            return root
-        try:
-            mirror, keyring = _fetcher().archive_uri()
-        except LookupError as exc:
-            raise Unavailable(str(exc)) from None
-        if root.exists():
-            subprocess.run(["rm", "-rf", "--one-file-system", str(root)], check=True)
-        log(f"building the base: debootstrap {SUITE} from {mirror} into {root} (once)")
-        command = ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", debootstrap]
-        command += ["--variant=minbase", f"--include={','.join(PACKAGES)}"]
-        if os.path.exists(keyring):
-            command.append(f"--keyring={keyring}")
-        _run([*command, SUITE, str(root), mirror], f"debootstrap {SUITE}")
-        (root / MARKER).write_text(json.dumps({"suite": SUITE, "packages": PACKAGES, "mirror": mirror}))
+    if (root / MARKER).exists() and not rebuild:
+        return root
+    try:
+        mirror, keyring = _fetcher().archive_uri()
+    except LookupError as exc:
+        raise Unavailable(str(exc)) from None
+    if root.exists():
+        subprocess.run(["rm", "-rf", "--one-file-system", str(root)], check=True)
+    log(f"building the base: debootstrap {SUITE} from {mirror} into {root} (once)")
+    command = ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--mount-proc", debootstrap]
+    command += ["--variant=minbase", f"--include={','.join(PACKAGES)}"]
+    if os.path.exists(keyring):
+        command.append(f"--keyring={keyring}")
+    _run([*command, SUITE, str(root), mirror], f"debootstrap {SUITE}")
+    (root / MARKER).write_text(json.dumps({"suite": SUITE, "packages": PACKAGES, "mirror": mirror}))
     return root
 
 
 def _install_krproxy(stage: Path, work: Path) -> None:
     """krproxy's wheel from this checkout and its dependencies' wheels into ``stage / LIB``."""
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    wheels = work / "wheels"
-    _run([*pip, "wheel", "--no-deps", "-w", str(wheels), str(REPO)], "building krproxy's wheel")
+    # At a fixed path: pip records the wheel's URL in the image (dist-info/direct_url.json).
+    wheels = work.parent / "wheels"
+    shutil.rmtree(wheels, ignore_errors=True)
+    # The wheel's zip timestamps from SOURCE_DATE_EPOCH (1980-01-01, zip's first date): the same
+    # checkout gives the same wheel, whose hash pip records, so the same image.
+    reproducible = {**os.environ, "SOURCE_DATE_EPOCH": "315532800"}
+    _run([*pip, "wheel", "--no-deps", "-w", str(wheels), str(REPO)], "building krproxy's wheel", reproducible)
     (wheel,) = wheels.glob("krproxy-*.whl")
     target = stage / LIB
     _run(
@@ -197,7 +219,12 @@ def _install_krproxy(stage: Path, work: Path) -> None:
 
 def build(out: Path, name: str = IMAGE_NAME, cache: Path = Path(DEFAULT_CACHE)) -> build_images.BuiltImage:
     """Build the image tarball at ``out``; raises :class:`Unavailable` saying why it cannot."""
-    base = ensure_base(cache)
+    with _locked(cache):  # one build at a time per cache (the e2e matrix runs in parallel)
+        return _build(out, name, cache)
+
+
+def _build(out: Path, name: str, cache: Path) -> build_images.BuiltImage:
+    base = _ensure_base(cache, rebuild=False)
     with tempfile.TemporaryDirectory(prefix="krproxy-image-", dir=cache) as tmp:
         work = Path(tmp)
         stage = work / "root"
