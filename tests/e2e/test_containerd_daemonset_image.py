@@ -27,6 +27,7 @@ from cri_api.v1 import api_pb2 as pb
 
 from krproxy import kubelet
 from tests.e2e.support import REPO, TIMEOUT, Containerd, Cri, container_config, verbose_info, wait_until
+from tests.integration.support import LIVENESS_LIMIT
 
 sys.path.insert(0, str(REPO / "scripts"))
 import build_node_image
@@ -35,8 +36,6 @@ MANIFEST = REPO / "deploy" / "daemonset.yaml"
 TUTORIAL = REPO / "docs" / "plugin-authoring.md"
 #: What the sandbox's own images are imported with (scripts/_sandbox/start.py).
 IMPORT = ["images", "import", "--snapshotter", "overlayfs"]
-#: Start-up of a pod from a fresh image (snapshot unpacking, Python's first import): generous.
-LIMIT = 60.0
 
 
 def pod_spec() -> dict[str, Any]:
@@ -231,7 +230,9 @@ def test_daemonset_image_hooks_create(
         return path.read_text(errors="replace") if path.exists() else ""
 
     with pod(direct, proxy_config, krproxy_container) as (_, proxy_id):
-        wait_until(lambda: answers(proxy_socket), LIMIT, f"krproxy in the pod answering on {proxy_socket}")
+        wait_until(
+            lambda: answers(proxy_socket), LIVENESS_LIMIT, f"krproxy in the pod answering on {proxy_socket}"
+        )
         probe = proxy["readinessProbe"]["exec"]["command"]
         ready = direct.runtime.ExecSync(
             pb.ExecSyncRequest(container_id=proxy_id, cmd=probe, timeout=10), timeout=30
@@ -239,11 +240,11 @@ def test_daemonset_image_hooks_create(
         assert 0 == ready.exit_code, f"readiness probe {probe}: {ready.stdout!r} {ready.stderr!r}"
         with pod(direct, plugin_config, plugin_container):
             registered = f"event=plugin_registered file={hook_dir}/first-plugin.json"
-            wait_until(
-                lambda: registered in log_of(proxy_log),
-                LIMIT,
-                f"{registered!r} in krproxy's log; plugin log:\n{log_of(logs / 'plugin' / 'first-plugin.log')}",
-            )
+            try:
+                wait_until(lambda: registered in log_of(proxy_log), LIVENESS_LIMIT, f"{registered!r} logged")
+            except AssertionError as exc:
+                plugin_log = log_of(logs / "plugin" / "first-plugin.log")
+                raise AssertionError(f"{exc}; krproxy:\n{log_of(proxy_log)}\nplugin:\n{plugin_log}") from None
             with Cri.connect(str(proxy_socket)) as via_pod:
                 workload = sandbox_config(containerd, "workload", {}, logs / "workload", False)
                 with pod(via_pod, workload, container_config(containerd.busybox)) as (_, workload_id):
