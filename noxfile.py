@@ -211,6 +211,17 @@ def e2e(session: nox.Session) -> None:
 
 
 @nox.session
+def image(session: nox.Session) -> None:
+    """The DaemonSets' image (not a default session): scripts/build_node_image.py, as root.
+
+    Writes krproxy-image.tar (arguments go to the script: ``nox -s image -- --out PATH``); import it
+    with ``ctr -n k8s.io images import krproxy-image.tar`` (docs/operations.md).
+    """
+    session.install("pip")  # the script installs krproxy's wheels with pip; uv's venvs have none
+    session.run("python", "scripts/build_node_image.py", *session.posargs)
+
+
+@nox.session
 def soak(session: nox.Session) -> None:
     """The bounded soak (not a default session): 200k mixed calls or 10 minutes, 64 clients, 2 plugins.
 

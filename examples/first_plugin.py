@@ -3,7 +3,7 @@ mark BE pods' cgroups SCHED_IDLE.
 
 Run it next to krproxy (or koord-runtime-proxy)::
 
-    python examples/first_plugin.py --socket /run/first-plugin.sock --hook-dir /etc/runtime/hookserver.d
+    python examples/first_plugin.py --socket /run/krproxy-plugins/first-plugin.sock --hook-dir /etc/runtime/hookserver.d
 
 It writes ``/etc/runtime/hookserver.d/first-plugin.json`` so the proxy starts calling it, and
 removes that file when stopped (Ctrl-C, SIGTERM or SIGHUP).
@@ -45,7 +45,7 @@ async def _main(options: ServeOptions) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--socket", default="/run/first-plugin.sock")
+    parser.add_argument("--socket", default="/run/krproxy-plugins/first-plugin.sock")
     parser.add_argument("--hook-dir", default="/etc/runtime/hookserver.d")
     parser.add_argument("-v", "--verbose", action="store_true", help="log every hook call's decisions")
     args = parser.parse_args()

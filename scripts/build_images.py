@@ -193,6 +193,41 @@ class _LayerWriter:
         ti.linkname = target
         self._tar.addfile(ti)
 
+    def hardlink(self, name: str, target: str) -> None:
+        ti = self._info(name, tarfile.LNKTYPE, 0o644)
+        ti.linkname = target
+        self._tar.addfile(ti)
+
+    def tree(self, root: str, skip: frozenset[str] = frozenset()) -> None:
+        """Add every directory, file and symlink under ``root`` (sorted; mode kept, owner 0, mtime 0).
+
+        ``skip``: paths relative to ``root`` left out with all below them. Device nodes, FIFOs and
+        sockets are left out (the runtime provides /dev); a file's further hard links are tar
+        hard links to its first name.
+        """
+        first_names: dict[tuple[int, int], str] = {}
+        for here, dirs, files in os.walk(root):
+            rel_here = os.path.relpath(here, root)
+            dirs[:] = sorted(d for d in dirs if os.path.normpath(os.path.join(rel_here, d)) not in skip)
+            for entry in [*dirs, *sorted(files)]:
+                path = os.path.join(here, entry)
+                name = os.path.normpath(os.path.join(rel_here, entry))
+                if name in skip:
+                    continue
+                st = os.lstat(path)
+                mode = st.st_mode & 0o7777
+                if os.path.islink(path):
+                    self.symlink(name, os.readlink(path))
+                elif os.path.isdir(path):
+                    self.dir(name, mode)
+                elif os.path.isfile(path):
+                    if st.st_nlink > 1 and (st.st_dev, st.st_ino) in first_names:
+                        self.hardlink(name, first_names[(st.st_dev, st.st_ino)])
+                        continue
+                    first_names[(st.st_dev, st.st_ino)] = name
+                    with open(path, "rb") as f:
+                        self.file(name, f.read(), mode)
+
     def finish(self) -> bytes:
         self._tar.close()
         return self._buf.getvalue()

@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import configparser
+import copy
+import re
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from krproxy import cli
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+MANIFESTS = ["daemonset.yaml", "daemonset-nri.yaml"]
 PROXY_SOCKET = "/var/run/koord-runtimeproxy/runtimeproxy.sock"
 
 
@@ -136,3 +144,95 @@ class TestNriDaemonSet:
         assert {"/var/run/nri", "/etc/runtime/hookserver.d"} <= paths
         mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
         assert {"/var/run/nri", "/etc/runtime/hookserver.d"} <= mounts
+
+
+def manifest(name: str) -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load((DEPLOY / name).read_text())
+    return document
+
+
+def documented_plugin_sockets() -> set[str]:
+    """Every plugin socket path the docs tell plugin authors and operators to use."""
+    found = set()
+    for doc in ("plugin-authoring.md", "nri.md", "operations.md"):
+        text = (REPO / "docs" / doc).read_text()
+        found |= set(re.findall(r"--socket[ =](/\S+\.sock)", text))
+        found |= set(re.findall(r'"remote-endpoint":\s*"(?:unix://)?(/[^"]+)"', text))
+        found |= set(re.findall(r"(/var/run/koordlet/\S+\.sock)", text))
+    return found
+
+
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_daemonset_mounts_documented_plugin_sockets(name: str) -> None:
+    """Each plugin socket the docs name is in a host directory the DaemonSet mounts at the same path."""
+    sockets = documented_plugin_sockets()
+    spec = manifest(name)["spec"]["template"]["spec"]
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
+    unmounted = [
+        socket
+        for socket in sorted(sockets)
+        if not any(
+            socket.startswith(path + "/") and host.get(volume) == path for path, volume in mounts.items()
+        )
+    ]
+    assert "/run/krproxy-plugins/first-plugin.sock" in sockets, "the tutorial's socket is no longer found"
+    assert [] == unmounted
+
+
+@pytest.fixture
+def validator() -> Any:
+    """kubernetes-validate (PyPI; Kubernetes' OpenAPI schemas as JSON schemas, per release)."""
+    return pytest.importorskip(
+        "kubernetes_validate", reason="kubernetes-validate (the test extra) is not installed for this Python"
+    )
+
+
+#: The oldest Kubernetes release still supported upstream when this was written, and the newest
+#: the validator knows ("latest").
+KUBERNETES = ["1.32", "latest"]
+
+
+@pytest.mark.parametrize("version", KUBERNETES)
+@pytest.mark.parametrize("name", MANIFESTS)
+def test_daemonset_valid_for_kubernetes(validator: Any, name: str, version: str) -> None:
+    """The DaemonSet validates strictly (no unknown field) against Kubernetes' OpenAPI schema."""
+    release = validator.latest_version() if version == "latest" else version
+    validator.validate(manifest(name), release, strict=True)
+
+
+def test_misspelt_daemonset_field_refused(validator: Any) -> None:
+    """The schema check sees a misspelt field in a volume mount, so a passing check means something."""
+    document = copy.deepcopy(manifest("daemonset.yaml"))
+    document["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]["mountpath"] = "/x"
+    with pytest.raises(validator.ValidationError, match="'mountpath' was unexpected"):
+        validator.validate(document, validator.latest_version(), strict=True)
+
+
+def systemd_verify(tmp_path: Path, service: str) -> subprocess.CompletedProcess[str]:
+    """``systemd-analyze verify`` of ``service`` and deploy/krproxy.socket, copied to ``tmp_path``.
+
+    ExecStart's /usr/local/bin/krproxy is replaced by this environment's krproxy: verify checks
+    that the program exists, and the node install puts it at /usr/local/bin.
+    """
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        pytest.skip("systemd-analyze is not installed (Debian's systemd package)")
+    krproxy = Path(sys.executable).with_name("krproxy")
+    assert krproxy.exists(), f"no krproxy console script next to {sys.executable}"
+    (tmp_path / "krproxy.service").write_text(service.replace("/usr/local/bin/krproxy", str(krproxy)))
+    shutil.copy(DEPLOY / "krproxy.socket", tmp_path / "krproxy.socket")
+    units = [str(tmp_path / "krproxy.service"), str(tmp_path / "krproxy.socket")]
+    return subprocess.run([analyze, "verify", *units], capture_output=True, text=True, timeout=60)
+
+
+def test_systemd_units_verify_clean(tmp_path: Path) -> None:
+    """`systemd-analyze verify` accepts krproxy.service and krproxy.socket without a warning."""
+    done = systemd_verify(tmp_path, (DEPLOY / "krproxy.service").read_text())
+    assert (0, "") == (done.returncode, done.stderr)
+
+
+def test_systemd_verify_sees_unknown_key(tmp_path: Path) -> None:
+    """A misspelt directive in the unit shows in verify's output, so a clean verify means something."""
+    service = (DEPLOY / "krproxy.service").read_text().replace("KillSignal=", "KilSignal=")
+    assert "Unknown key 'KilSignal'" in systemd_verify(tmp_path, service).stderr

@@ -242,7 +242,7 @@ def check_cp(command: Command) -> None:
 
 
 def needs_a_node(command: Command) -> None:
-    """Recognised, not run: systemd as root, or the example's own background jobs."""
+    """Recognised, not run: systemd or containerd's ctr as root, or the example's own background jobs."""
 
 
 COMMANDS = {
@@ -254,6 +254,7 @@ COMMANDS = {
     "cp": check_cp,
     "systemctl": needs_a_node,
     "kill": needs_a_node,
+    "ctr": needs_a_node,
 }
 
 
