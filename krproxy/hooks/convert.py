@@ -23,9 +23,10 @@ and the map's repeated entries; so each has its reader (``pod_from_run_request``
 ``container_from_create_request`` / ``container_from_wire_create``), and a property test
 (tests/unit/test_hooks_rewrite.py) holds the two readers' records equal for the same bytes. A pod is built in
 one place, ``_pod``, from either decoder's metadata and maps; the container readers share only name and
-attempt, so each builds its record. ``container_from_create_request`` serves no daemon path: it is the
-reference the upb reader is tested against, and the read of ``writeback.merge_create_container`` and of
-bench.merge's betterproto2 figure. As an adapter over the upb reader (encode, decode with upb) it would leave
+attempt, so each builds its record. ``container_from_create_request`` serves one daemon path, RestorePod
+(:mod:`krproxy.hooks.restore`, whose container configs it reads with ``writeback.apply_create`` writing them
+back); it is also the reference the upb reader is tested against, and the read of
+``writeback.merge_create_container`` and of bench.merge's betterproto2 figure. As an adapter over the upb reader (encode, decode with upb) it would leave
 the create path as it is but make that test compare a reader with itself, and change the bench's figure.
 
 From CRI List/Status answers (store recovery after a restart; the reference recovers only metadata, labels and
