@@ -64,8 +64,10 @@ def _nri(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
+            # Signals first: start-up (warming the converters up, connecting) takes a few tenths of a
+            # second, and a SIGTERM in it used to kill the process, a SIGINT to end in a traceback.
+            await nursery.start(_supervise.watch_signals, nursery.cancel_scope.cancel)
             await nursery.start(functools.partial(plugin.serve, cfg, admin_sock=admin_sock))
-            await _supervise.watch_signals(nursery.cancel_scope.cancel)
 
     trio.run(run)
     log.event(LOGGER, "stopped", mode="nri")
