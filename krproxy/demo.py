@@ -150,11 +150,12 @@ async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
         )
         if pod is None:
             return
+        kubelet_resources = cri.LinuxContainerResources(cpu_shares=2)
         container_config = cri.ContainerConfig(
             metadata=cri.ContainerMetadata(name="app"),
             image=cri.ImageSpec(image="docker.io/library/busybox:latest"),
             command=["sh", "-c", "sleep 3600"],
-            linux=cri.LinuxContainerConfig(resources=cri.LinuxContainerResources(cpu_shares=2)),
+            linux=cri.LinuxContainerConfig(resources=kubelet_resources),
         )
         created = await step(
             cri.CreateContainerRequest(
@@ -169,8 +170,7 @@ async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
         assert isinstance(received, cri.CreateContainerRequest)
         assert received.config is not None and received.config.linux is not None
         resources = received.config.linux.resources or cri.LinuxContainerResources()
-        sent = container_config.linux.resources
-        assert sent is not None
+        sent = kubelet_resources
         for line in _changes(sent, container_config.annotations, resources, received.config.annotations):
             demo.say(line)
         demo.check(
@@ -216,7 +216,9 @@ def _changes(
 ) -> list[str]:
     """Lines showing, field by field, kubelet's CreateContainer against what the runtime received after
     the plugin: ``before -> after`` where the plugin changed it, ``(kept)`` where it did not."""
-    rows = [(f"linux.resources.{name}", getattr(sent, name), getattr(received, name)) for name in _SHOWN_FIELDS]
+    rows = [
+        (f"linux.resources.{name}", getattr(sent, name), getattr(received, name)) for name in _SHOWN_FIELDS
+    ]
     for key in sorted(set(sent_annotations) | set(received_annotations)):
         rows.append((f"annotations[{key}]", sent_annotations.get(key), received_annotations.get(key)))
     lines = ["       what the plugin changed in CreateContainer (kubelet sent -> the runtime received):"]
@@ -317,13 +319,9 @@ async def _run_steps(demo: Demo, nursery: trio.Nursery, paths: dict[str, str], h
     plugin = DemoLimitsPlugin()
     await nursery.start(plugin.serve, paths["plugin"])
     _register_plugin(hook_dir, paths["plugin"])
-    config = ProxyConfig(
-        listen=paths["krproxy"], runtime_endpoint=paths["containerd"], hook_dir=hook_dir
-    )
+    config = ProxyConfig(listen=paths["krproxy"], runtime_endpoint=paths["containerd"], hook_dir=hook_dir)
     daemon = await nursery.start(functools.partial(serve, config, handle_signals=False))
-    demo.say(
-        f"  krproxy listening on {config.listen}; plugin demo-limits registered (PreCreateContainer)"
-    )
+    demo.say(f"  krproxy listening on {config.listen}; plugin demo-limits registered (PreCreateContainer)")
     await _drive(demo, paths["krproxy"], fake)
     demo.check(f"plugin was called once (calls: {plugin.calls})", plugin.calls == 1)
     daemon.request_shutdown()

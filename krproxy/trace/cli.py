@@ -20,7 +20,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TextIO
 
 import trio
@@ -224,13 +224,15 @@ async def _replay_to(
     report: ReplayReport | None = None
     # Signals can be caught in the main thread only (tests run the command in others: no stopping there).
     in_main = threading.current_thread() is threading.main_thread()
-    receiver = trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) if in_main else contextlib.nullcontext()
+    receiver = (
+        trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) if in_main else contextlib.nullcontext()
+    )
     with receiver as signals:
         async with rpc.Channel(strip_unix_scheme(target)) as channel:
             transport = _StoppableTransport(ChannelTransport(channel), stop)
             async with trio.open_nursery() as nursery:
 
-                async def watch() -> None:
+                async def watch(signals: AsyncIterator[int]) -> None:
                     async for signum in signals:
                         stopped.signum = signal.Signals(signum)
                         stop.set()
@@ -238,15 +240,22 @@ async def _replay_to(
                         return
 
                 if signals is not None:
-                    nursery.start_soon(watch)
-                try:
+                    nursery.start_soon(watch, signals)
+                with contextlib.suppress(_Interrupted):
                     report = await trio.to_thread.run_sync(
-                        functools.partial(replaying, transport, sleep=lambda seconds: stop.wait(seconds) and None)
+                        functools.partial(replaying, transport, sleep=_waiter(stop))
                     )
-                except _Interrupted:
-                    pass
                 nursery.cancel_scope.cancel()
     return None if stopped.signum is not None else report
+
+
+def _waiter(stop: threading.Event) -> Callable[[float], None]:
+    """A sleep for the replay's thread that ends early once ``stop`` is set."""
+
+    def wait(seconds: float) -> None:
+        stop.wait(seconds)
+
+    return wait
 
 
 class _Interrupted(Exception):

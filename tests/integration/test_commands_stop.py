@@ -79,7 +79,9 @@ COMMANDS = {
     ),
     # The recorded calls are a minute apart: the signal comes while replay waits for the second.
     "trace-replay-timing": Command(
-        _krproxy("trace", "replay", "--timing", "{tmp}/node.krt", "--target", "{runtime}", "--progress=always"),
+        _krproxy(
+            "trace", "replay", "--timing", "{tmp}/node.krt", "--target", "{runtime}", "--progress=always"
+        ),
         "1/3",
         "krproxy trace replay: interrupted by",
         one_shot=True,
@@ -90,7 +92,15 @@ COMMANDS = {
         "event=stopped",
     ),
     "fake-plugin": Command(
-        (sys.executable, "-m", "krproxy.fakes.plugin", "--socket", "{tmp}/fp.sock", "--hook-dir", "{tmp}/hooks"),
+        (
+            sys.executable,
+            "-m",
+            "krproxy.fakes.plugin",
+            "--socket",
+            "{tmp}/fp.sock",
+            "--hook-dir",
+            "{tmp}/hooks",
+        ),
         "event=registered",
         "event=stopped",
     ),
@@ -207,7 +217,9 @@ def _stop(argv: list[str], up: str, signum: signal.Signals) -> tuple[int, str]:
 
 @pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: s.name)
 @pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_one_signal_stops_the_command(short_tmp: Path, runtime: str, name: str, signum: signal.Signals) -> None:
+def test_one_signal_stops_the_command(
+    short_tmp: Path, runtime: str, name: str, signum: signal.Signals
+) -> None:
     """One SIGINT or SIGTERM stops each long-running command: its stop line, exit 0 (a one-shot command
     cut short: 128 plus the signal, 130 for Ctrl-C), no traceback. ``nri`` used to die of a SIGTERM
     in start-up and print trio's KeyboardInterrupt group for a SIGINT; ``trace replay --timing`` slept
