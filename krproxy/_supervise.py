@@ -64,16 +64,26 @@ async def retry(
     backoff: tuple[float, float] = RECOVERY_BACKOFF,
     **fields: Any,
 ) -> T:
-    """Await ``attempt()`` until it succeeds, sleeping between failures (logged as ``recovery_retry``
-    with ``fields``). Errors outside ``retry_on`` propagate."""
+    """Await ``attempt()`` until it succeeds, sleeping between failures. Errors outside ``retry_on``
+    propagate.
+
+    Failures are logged as ``recovery_retry`` with ``fields``, backing off: the first of a run of the same
+    error, then only the 2nd, 4th, 8th... repeat, each with ``still=N`` (the failures so far), so that a
+    runtime down for an hour is a dozen lines, not one every 5 s. A different error is logged at once and
+    starts a new run."""
     delay, cap = backoff
+    failures, last_error = 0, ""
     while True:
         try:
             return await attempt()
         except retry_on as err:
-            log.warning(
-                LOGGER, "recovery_retry", **fields, error=f"{type(err).__name__}: {err}", retry_in=delay
-            )
+            error = f"{type(err).__name__}: {err}"
+            failures = 1 if error != last_error else failures + 1
+            last_error = error
+            if failures == 1:
+                log.warning(LOGGER, "recovery_retry", **fields, error=error, retry_in=delay)
+            elif failures & (failures - 1) == 0:  # a power of two
+                log.warning(LOGGER, "recovery_retry", **fields, still=failures, error=error, retry_in=delay)
         await trio.sleep(delay)
         delay = min(delay * 2, cap)
 

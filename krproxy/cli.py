@@ -64,8 +64,10 @@ def _nri(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
+            # Signals first: start-up (warming the converters up, connecting) takes a few tenths of a
+            # second, and a SIGTERM in it used to kill the process, a SIGINT to end in a traceback.
+            await nursery.start(_supervise.watch_signals, nursery.cancel_scope.cancel)
             await nursery.start(functools.partial(plugin.serve, cfg, admin_sock=admin_sock))
-            await _supervise.watch_signals(nursery.cancel_scope.cancel)
 
     trio.run(run)
     log.event(LOGGER, "stopped", mode="nri")
@@ -77,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="krproxy",
         description="krproxy: a CRI runtime proxy with hook plugins for Kubernetes nodes.",
         epilog="Flags without a COMMAND mean `krproxy serve` (as koord-runtime-proxy is invoked): "
-        "`krproxy --remote-runtime-service-endpoint=...` is `krproxy serve --remote-runtime-service-endpoint=...`. "
+        "`krproxy --remote-runtime-service-endpoint=...` is `krproxy serve --remote-runtime-service-endpoint=...`, "
+        "and a bare `krproxy` is `krproxy serve` on koord-runtime-proxy's default sockets. "
         "Run `krproxy COMMAND --help` for a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"krproxy {__version__}")
@@ -229,17 +232,45 @@ def _serve(args: argparse.Namespace) -> int:
     except admin.AddressUnavailable as err:
         return _admin_unavailable(err)
     except OSError as err:
-        flag = "--koord-runtimeproxy-endpoint" if err.filename == cfg.listen else ""
         log.error(
-            LOGGER, "startup_failed", flag=flag, path=err.filename or "", error=err.strerror or str(err)
+            LOGGER,
+            "startup_failed",
+            **_flag_of(err.filename, cfg, args),
+            path=err.filename or "",
+            error=err.strerror or str(err),
         )
         return 1
     return 0
 
 
+def _flag_of(path: str | None, cfg: config.ProxyConfig, args: argparse.Namespace) -> dict[str, str]:
+    """``flag=``: the flag whose path ``path`` is (or is in), and ``default=`` its value when the user gave
+    none (a non-root ``krproxy serve`` fails on the default /var/run and /etc paths: it said ``flag=""``)."""
+    candidates = [
+        ("--koord-runtimeproxy-endpoint", cfg.listen, "listen"),
+        ("--hook-dir", cfg.hook_dir, "hook_dir"),
+        ("--remote-runtime-service-endpoint", cfg.runtime_endpoint, "runtime"),
+        ("--remote-image-service-endpoint", cfg.image_endpoint, "image"),
+    ]
+    for flag, value, dest in candidates:
+        if value and path and (path == value or value.startswith(path.rstrip("/") + "/")):
+            if getattr(args, dest, None) == _serve_default(dest):
+                return {"flag": flag, "default": value}
+            return {"flag": flag}
+    return {"flag": ""}
+
+
+def _serve_default(dest: str) -> Any:
+    """The default ``krproxy serve`` gives ``dest`` when its flag is left out."""
+    args = build_parser().parse_args(["serve"])
+    return getattr(args, dest, None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if args_list and args_list[0].startswith("-") and args_list[0] not in ("-h", "--help", "--version"):
+    if not args_list:  # a bare krproxy serves on koord-runtime-proxy's defaults, as that binary does
+        args_list = ["serve"]
+    elif args_list[0].startswith("-") and args_list[0] not in ("-h", "--help", "--version"):
         args_list.insert(0, "serve")  # koord-runtime-proxy style: flags only
     parser = build_parser()
     args = parser.parse_args(args_list)

@@ -19,6 +19,7 @@ import functools
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Awaitable, Callable
@@ -149,11 +150,12 @@ async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
         )
         if pod is None:
             return
+        kubelet_resources = cri.LinuxContainerResources(cpu_shares=2)
         container_config = cri.ContainerConfig(
             metadata=cri.ContainerMetadata(name="app"),
             image=cri.ImageSpec(image="docker.io/library/busybox:latest"),
             command=["sh", "-c", "sleep 3600"],
-            linux=cri.LinuxContainerConfig(resources=cri.LinuxContainerResources(cpu_shares=2)),
+            linux=cri.LinuxContainerConfig(resources=kubelet_resources),
         )
         created = await step(
             cri.CreateContainerRequest(
@@ -168,12 +170,9 @@ async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
         assert isinstance(received, cri.CreateContainerRequest)
         assert received.config is not None and received.config.linux is not None
         resources = received.config.linux.resources or cri.LinuxContainerResources()
-        demo.say("       what the runtime received for CreateContainer, after the plugin:")
-        demo.say(
-            f"         cpu_quota={resources.cpu_quota} cpu_period={resources.cpu_period} "
-            f"memory_limit={resources.memory_limit_in_bytes} cpuset_cpus={resources.cpuset_cpus!r} "
-            f"cpu_shares={resources.cpu_shares} (kept from kubelet's request)"
-        )
+        sent = kubelet_resources
+        for line in _changes(sent, container_config.annotations, resources, received.config.annotations):
+            demo.say(line)
         demo.check(
             "plugin demo-limits applied its limits and kept the rest",
             all(getattr(resources, k) == v for k, v in DEMO_LIMITS.items())
@@ -203,6 +202,42 @@ async def _drive(demo: Demo, proxy_socket: str, fake: FakeContainerd) -> None:
         demo.check("nothing left behind", listed is not None and len(listed.items) == 0)
     finally:
         await channel.aclose()
+
+
+#: The CreateContainer fields the demo compares, as CRI names them.
+_SHOWN_FIELDS = ("cpu_quota", "cpu_period", "memory_limit_in_bytes", "cpuset_cpus", "cpu_shares")
+
+
+def _changes(
+    sent: cri.LinuxContainerResources,
+    sent_annotations: dict[str, str],
+    received: cri.LinuxContainerResources,
+    received_annotations: dict[str, str],
+) -> list[str]:
+    """Lines showing, field by field, kubelet's CreateContainer against what the runtime received after
+    the plugin: ``before -> after`` where the plugin changed it, ``(kept)`` where it did not."""
+    rows = [
+        (f"linux.resources.{name}", getattr(sent, name), getattr(received, name)) for name in _SHOWN_FIELDS
+    ]
+    for key in sorted(set(sent_annotations) | set(received_annotations)):
+        rows.append((f"annotations[{key}]", sent_annotations.get(key), received_annotations.get(key)))
+    lines = ["       what the plugin changed in CreateContainer (kubelet sent -> the runtime received):"]
+    width = max(len(name) for name, _, _ in rows)
+    for name, before, after in rows:
+        shown = f"{before!r} (kept)" if before == after else f"{_unset(before)} -> {after!r}"
+        lines.append(f"         {name:<{width}}  {shown}")
+    return lines
+
+
+def _unset(value: object) -> str:
+    """A value kubelet left out shows as ``unset`` (proto3's zero: nothing was sent)."""
+    return "unset" if value in (None, 0, "") else repr(value)
+
+
+#: Printed after a demo that behaved: where to go next.
+NEXT_STEPS = """next: write your own plugin, docs/plugin-authoring.md; run the SDK's built-in policies as a hook
+      server with `krproxy hooks serve --help`; put krproxy in front of a real containerd with
+      `krproxy serve --remote-runtime-service-endpoint=unix:///run/containerd/containerd.sock` (README.md)"""
 
 
 def _register_plugin(hook_dir: str, endpoint: str) -> None:
@@ -251,32 +286,48 @@ async def run_demo(out: Any = None) -> int:
     hook_dir = os.path.join(workdir, "hooks")
     demo.say("krproxy demo: the proxy in front of the bundled fake containerd, with one hook plugin")
     demo.say(f"  sockets and hook dir in {workdir}")
+    stopped_by: list[signal.Signals] = []
     try:
-        async with trio.open_nursery() as nursery:
-            fake: FakeContainerd = await nursery.start(run_fake_containerd, paths["containerd"])
-            plugin = DemoLimitsPlugin()
-            await nursery.start(plugin.serve, paths["plugin"])
-            _register_plugin(hook_dir, paths["plugin"])
-            config = ProxyConfig(
-                listen=paths["krproxy"], runtime_endpoint=paths["containerd"], hook_dir=hook_dir
-            )
-            daemon = await nursery.start(functools.partial(serve, config, handle_signals=False))
-            demo.say(
-                f"  krproxy listening on {config.listen}; plugin demo-limits registered (PreCreateContainer)"
-            )
-            await _drive(demo, paths["krproxy"], fake)
-            demo.check(f"plugin was called once (calls: {plugin.calls})", plugin.calls == 1)
-            daemon.request_shutdown()
-            with trio.fail_after(15):
-                while daemon.relay.in_flight:  # noqa: ASYNC110 - drain is brief; no event to wait on
-                    await trio.sleep(0.01)
-            nursery.cancel_scope.cancel()
+        with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_stop_on_signal, signals, nursery.cancel_scope, stopped_by)
+                await _run_steps(demo, nursery, paths, hook_dir)
+                nursery.cancel_scope.cancel()
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if stopped_by:  # Ctrl-C or SIGTERM: the demo did not finish; 128 + the signal, as a shell reports it
+        demo.say(f"demo stopped by {stopped_by[0].name} before it finished")
+        return 128 + stopped_by[0]
     demo.say(
         "demo finished: " + ("all steps behaved" if demo.failures == 0 else f"{demo.failures} problem(s)")
     )
+    if demo.failures == 0:
+        demo.say(NEXT_STEPS)
     return 0 if demo.failures == 0 else 1
+
+
+async def _stop_on_signal(signals: Any, scope: trio.CancelScope, stopped_by: list[signal.Signals]) -> None:
+    async for signum in signals:
+        stopped_by.append(signal.Signals(signum))
+        scope.cancel()
+        return
+
+
+async def _run_steps(demo: Demo, nursery: trio.Nursery, paths: dict[str, str], hook_dir: str) -> None:
+    """Start the fake, the plugin and the proxy in ``nursery``, drive the lifecycle, drain the proxy."""
+    fake: FakeContainerd = await nursery.start(run_fake_containerd, paths["containerd"])
+    plugin = DemoLimitsPlugin()
+    await nursery.start(plugin.serve, paths["plugin"])
+    _register_plugin(hook_dir, paths["plugin"])
+    config = ProxyConfig(listen=paths["krproxy"], runtime_endpoint=paths["containerd"], hook_dir=hook_dir)
+    daemon = await nursery.start(functools.partial(serve, config, handle_signals=False))
+    demo.say(f"  krproxy listening on {config.listen}; plugin demo-limits registered (PreCreateContainer)")
+    await _drive(demo, paths["krproxy"], fake)
+    demo.check(f"plugin was called once (calls: {plugin.calls})", plugin.calls == 1)
+    daemon.request_shutdown()
+    with trio.fail_after(15):
+        while daemon.relay.in_flight:  # noqa: ASYNC110 - drain is brief; no event to wait on
+            await trio.sleep(0.01)
 
 
 def main() -> int:

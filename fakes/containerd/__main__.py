@@ -76,6 +76,7 @@ async def _serve(path: str, fake: FakeContainerd) -> None:
                 LOGGER.info("event=shutdown signal=%s", signal.Signals(signum).name)
                 break
             nursery.cancel_scope.cancel()
+    LOGGER.info("event=stopped path=%s", path)  # the socket is closed and removed
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import signal
+import sys
 from collections.abc import Sequence
 
 import trio
@@ -20,9 +21,13 @@ async def _main(path: str, cgroup_driver: str) -> None:
         async with trio.open_nursery() as nursery:
             await nursery.start(functools.partial(run_fake_dockerd, path, fake))
             print(path, flush=True)
-            async for _ in signals:
+            name = ""
+            async for signum in signals:
+                name = signal.Signals(signum).name
                 nursery.cancel_scope.cancel()
                 break
+    # Said whatever --log-level is: the one line a user sees from a quiet fake is that it stopped.
+    print(f"python -m krproxy.fakes.dockerd: stopped by {name}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

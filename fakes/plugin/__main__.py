@@ -132,6 +132,7 @@ async def _serve(args: argparse.Namespace, plugin: FakePlugin) -> None:
             finally:
                 remove_registration(args.hook_dir, args.name)
             nursery.cancel_scope.cancel()
+    LOGGER.info("event=stopped socket=%s", socket)  # unregistered, the socket closed
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -81,19 +81,24 @@ class UntrustedFile(Exception):
     """A registration file that someone other than root could have written; refused unread."""
 
 
-def untrusted_reason(st: os.stat_result) -> str | None:
+def untrusted_reason(st: os.stat_result, *, uid: int | None = None, gid: int | None = None) -> str | None:
     """Why a file with status *st* must not be trusted as a registration file, or None.
 
     A registration file tells the daemon (root) which socket to hand every pod's spec to and
     whose answers to apply, so it must be as hard to write as the daemon itself: owned by root
     (or by the daemon's own user, the same thing in production) and not writable by others:
     not by everyone, nor by a group other than root's (or the daemon's own).
+
+    *uid* and *gid* are the daemon's (default: this process's): a hook server asks as the root daemon
+    that will read its file (``uid=0, gid=0``).
     """
-    if st.st_uid not in (0, os.geteuid()):
+    uid = os.geteuid() if uid is None else uid
+    gid = os.getegid() if gid is None else gid
+    if st.st_uid not in (0, uid):
         return f"owned by uid {st.st_uid}, not root"
     if st.st_mode & stat.S_IWOTH:
         return f"world-writable (mode {stat.S_IMODE(st.st_mode):04o})"
-    if st.st_mode & stat.S_IWGRP and st.st_gid not in (0, os.getegid()):
+    if st.st_mode & stat.S_IWGRP and st.st_gid not in (0, gid):
         return f"writable by group {st.st_gid} (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 

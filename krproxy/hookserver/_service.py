@@ -27,6 +27,7 @@ import trio
 
 from krproxy import log, rpc
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.hooks.watcher import untrusted_reason
 
 from . import _wire
 from ._app import RETRY_INTERVAL, HookServer, Ticker
@@ -370,6 +371,22 @@ def registered_stages(app: HookServer, options: ServeOptions) -> tuple[Stage, ..
     return tuple(s for s in Stage if s in wanted and s not in options.disabled_stages)
 
 
+def warn_if_refused(path: str) -> None:
+    """Log ``registration_refused`` when krproxy, running as root, will refuse the registration file at
+    ``path`` for its owner or mode (docs/plugin-authoring.md): krproxy logs that too, but on its side; a
+    hook server run as non-root otherwise looked registered and was never called."""
+    reason = untrusted_reason(os.stat(path), uid=0, gid=0)
+    if reason is not None:
+        log.warning(
+            LOGGER,
+            "registration_refused",
+            registration=path,
+            reason=f"krproxy refuses a registration file {reason}",
+            fix="run this hook server as root (krproxy trusts only files root could write), or, on a test "
+            "node, start krproxy with --insecure-registration-files",
+        )
+
+
 async def serve(
     app: HookServer, options: ServeOptions, *, task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED
 ) -> None:
@@ -388,6 +405,7 @@ async def serve(
         )
         path = write_registration(options.hook_dir, options.name, content)
         log.event(LOGGER, "hookserver_started", socket=options.socket, registration=path)
+        warn_if_refused(path)
         try:
             task_status.started(path)
             await trio.sleep_forever()

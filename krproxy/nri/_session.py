@@ -121,7 +121,10 @@ class Session:
             try:
                 data = await self._stream.receive_some(_READ_SIZE)
             except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self._lost = ConnectionLost(f"NRI connection lost: {exc}")
+                # Closed by this side (aclose: a re-subscription, a failed registration, a stop): keep its
+                # reason. trio's "another task closed this fd" says only that the read was cut short.
+                if self._lost is None:
+                    self._lost = ConnectionLost(f"NRI connection lost: {exc}")
                 return
             if not data:
                 self._lost = ConnectionLost("NRI connection closed by the peer")
@@ -227,9 +230,9 @@ class Session:
             raise TtrpcError(status.code, status.message)
         return waiter.response.payload
 
-    async def aclose(self) -> None:
-        """Close the socket; :meth:`run` then returns."""
-        self._lose(ConnectionLost("NRI connection closed"))
+    async def aclose(self, reason: str = "NRI connection closed by krproxy") -> None:
+        """Close the socket; :meth:`run` then returns, with ``reason`` as its :attr:`reason`."""
+        self._lose(ConnectionLost(reason))
         await self._stream.aclose()
 
     async def _flush(self) -> None:

@@ -337,7 +337,7 @@ class NriPlugin(EventHandlers):
         except (TtrpcError, ConnectionLost, trio.TooSlowError) as exc:
             self.last_error = f"registration failed: {str(exc) or 'timed out'}"
             log.warning(LOGGER, "nri_registration_failed", error=str(exc) or "timed out")
-            await session.aclose()
+            await session.aclose(f"closed by krproxy: registration failed ({str(exc) or 'timed out'})")
             return
         self.registered, self.last_error = True, ""
         log.event(LOGGER, "nri_registered", plugin=self.config.plugin_name, index=self.config.plugin_index)
@@ -348,7 +348,7 @@ class NriPlugin(EventHandlers):
         # goes on without its changes. (A call still on its way when the socket closes is lost all the same.)
         with trio.move_on_after(self.request_timeout):
             await session.wait_idle()
-        await session.aclose()
+        await session.aclose("closed by krproxy to subscribe to the events its hook servers now need")
 
     # -- Plugin service ------------------------------------------------------------------------
 

@@ -6,18 +6,21 @@ handler in ``args.func(args) -> int``.
 Exit status: 0 success (replay: every call identical); 1 replay found differences, or show left
 out a damaged record (named on stderr; every good one is shown); 2 usage error, a trace that cannot
 be read (the message names file and record; replay and serve refuse a damaged record), or a replay
-target that accepts no connection; 130 replay interrupted (Ctrl-C).
+target that accepts no connection; 130 (SIGINT, Ctrl-C) or 143 (SIGTERM) replay interrupted: 128 plus the
+signal's number, as a shell reports a command its signal ended, with no report for the partial replay.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TextIO
 
 import trio
@@ -189,20 +192,89 @@ def _replay(args: argparse.Namespace) -> int:
         volatile=messages.VOLATILE | frozenset(args.ignore),
         progress=progress_bar(sys.stderr) if show_progress else None,
     )
+    stopped = _Stopped()
     try:
-        report = trio.run(_replay_to, args.target, replaying)
-    except KeyboardInterrupt:  # Ctrl-C: the call in flight is reset; no report for a partial replay
-        print("krproxy trace replay: interrupted", file=sys.stderr)
-        return 130
+        report = trio.run(_replay_to, args.target, replaying, stopped)
+    except KeyboardInterrupt:  # SIGINT before the receiver was open (or after it closed)
+        stopped.signum = signal.SIGINT
+        report = None
+    if report is None or stopped.signum is not None:  # the call in flight is reset; no partial report
+        signum = stopped.signum or signal.SIGINT
+        end_bar = "\n" if show_progress else ""  # the bar's line is left unfinished
+        print(f"{end_bar}krproxy trace replay: interrupted by {signum.name}", file=sys.stderr)
+        return 128 + signum
     for line in report.lines():
         print(line)
     return 0 if report.ok else 1
 
 
-async def _replay_to(target: str, replaying: Callable[[Transport], ReplayReport]) -> ReplayReport:
-    """Run the (blocking) replay in a worker thread, its calls on a channel of this trio run."""
-    async with rpc.Channel(strip_unix_scheme(target)) as channel:
-        return await trio.to_thread.run_sync(replaying, ChannelTransport(channel))
+class _Stopped:
+    """The signal that stopped a replay, if one did."""
+
+    signum: signal.Signals | None = None
+
+
+async def _replay_to(
+    target: str, replaying: Callable[..., ReplayReport], stopped: _Stopped
+) -> ReplayReport | None:
+    """Run the (blocking) replay in a worker thread, its calls on a channel of this trio run, until it ends
+    or SIGINT/SIGTERM arrives: then the call in flight is cancelled, the thread's wait between calls
+    (``--timing``) ends at once, and None is returned with the signal in ``stopped``."""
+    stop = threading.Event()
+    report: ReplayReport | None = None
+    # Signals can be caught in the main thread only (tests run the command in others: no stopping there).
+    in_main = threading.current_thread() is threading.main_thread()
+    receiver = (
+        trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) if in_main else contextlib.nullcontext()
+    )
+    with receiver as signals:
+        async with rpc.Channel(strip_unix_scheme(target)) as channel:
+            transport = _StoppableTransport(ChannelTransport(channel), stop)
+            async with trio.open_nursery() as nursery:
+
+                async def watch(signals: AsyncIterator[int]) -> None:
+                    async for signum in signals:
+                        stopped.signum = signal.Signals(signum)
+                        stop.set()
+                        nursery.cancel_scope.cancel()
+                        return
+
+                if signals is not None:
+                    nursery.start_soon(watch, signals)
+                with contextlib.suppress(_Interrupted):
+                    report = await trio.to_thread.run_sync(
+                        functools.partial(replaying, transport, sleep=_waiter(stop))
+                    )
+                nursery.cancel_scope.cancel()
+    return None if stopped.signum is not None else report
+
+
+def _waiter(stop: threading.Event) -> Callable[[float], None]:
+    """A sleep for the replay's thread that ends early once ``stop`` is set."""
+
+    def wait(seconds: float) -> None:
+        stop.wait(seconds)
+
+    return wait
+
+
+class _Interrupted(Exception):
+    """Raised in the replay's thread once a signal stopped the replay."""
+
+
+class _StoppableTransport:
+    """A transport that refuses calls once ``stop`` is set (the replay's thread then ends)."""
+
+    def __init__(self, transport: Transport, stop: threading.Event) -> None:
+        self._transport, self._stop = transport, stop
+
+    def __call__(self, path: str, request: bytes, timeout: float) -> Any:
+        if self._stop.is_set():
+            raise _Interrupted
+        try:
+            return self._transport(path, request, timeout)
+        except trio.Cancelled:  # the call in flight, cancelled by the signal
+            raise _Interrupted from None
 
 
 async def _serve_trace(backend: TraceBackend, socket: str) -> None:
@@ -222,6 +294,7 @@ async def _serve_trace(backend: TraceBackend, socket: str) -> None:
     finally:
         sock.close()
         unlink_if_ours(socket, inode)
+    log.event(LOGGER, "stopped", socket=socket)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -22,8 +22,23 @@ class TestDemo:
         assert 0 == await run_demo(out)
         text = out.getvalue()
         assert "FAIL" not in text
-        assert "cpu_quota=50000 cpu_period=100000 memory_limit=268435456 cpuset_cpus='0-1'" in text
-        assert text.rstrip().endswith("demo finished: all steps behaved")
+        assert "demo finished: all steps behaved\nnext: " in text
+
+    async def test_demo_shows_what_the_plugin_changed(self) -> None:
+        """The demo shows kubelet's CreateContainer against what the runtime received, field by field:
+        ``unset -> value`` for what the plugin set, ``(kept)`` for what it left; then the next commands to
+        try. It printed only what the runtime received, and no next step."""
+        out = io.StringIO()
+        assert 0 == await run_demo(out)
+        lines = [line.split() for line in out.getvalue().splitlines()]
+        changes = {words[0]: " ".join(words[1:]) for words in lines if words and "." in words[0]}
+        assert "unset -> 50000" == changes["linux.resources.cpu_quota"]
+        assert "unset -> 100000" == changes["linux.resources.cpu_period"]
+        assert "unset -> 268435456" == changes["linux.resources.memory_limit_in_bytes"]
+        assert "unset -> '0-1'" == changes["linux.resources.cpuset_cpus"]
+        assert "2 (kept)" == changes["linux.resources.cpu_shares"]
+        assert "unset -> 'demo-limits'" == changes["annotations[demo.krproxy.io/limited-by]"]
+        assert "krproxy hooks serve --help" in out.getvalue().split("demo finished")[1]
 
     async def test_demo_names_each_call(self) -> None:
         """Each CRI call the demo makes is one line naming its method, in the lifecycle's order."""

@@ -141,6 +141,21 @@ class TestConnectionEnds:
             with pytest.raises(ConnectionLost):
                 await pair.runtime.call(PLUGIN, "Echo", b"")
 
+    async def test_closing_our_side_keeps_our_reason(self) -> None:
+        """A session krproxy closes while it reads (a re-subscription, a stop) ends with aclose's
+        reason; trio's "another task closed this fd", which the cut-short read raised, never
+        becomes the reason (it reached the log as ``nri_disconnected``)."""
+        a, b = trio.socket.socketpair()
+        session = Session(trio.SocketStream(a), 1, 2, {})
+        with trio.fail_after(LIVENESS_LIMIT):
+            async with trio.open_nursery() as n:
+                await n.start(session.run)
+                await trio.testing.wait_all_tasks_blocked()  # the read is waiting on the socket
+                await session.aclose()
+        assert "another task closed this fd" not in session.reason
+        assert "NRI connection closed by krproxy" == session.reason
+        b.close()
+
     async def test_garbage_ends_the_session(self, nursery: trio.Nursery) -> None:
         """Bytes that break NRI's framing end the session with the reason; nothing hangs."""
         a, b = trio.socket.socketpair()

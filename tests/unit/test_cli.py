@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from krproxy import _argparse, cli
+from krproxy import _argparse, cli, config
 from krproxy.fakes.containerd.__main__ import _parser as fake_containerd_parser
 from krproxy.fakes.plugin.__main__ import _parser as fake_plugin_parser
 from krproxy.unixsock import SocketInUseError, bind_unix_socket
@@ -397,3 +397,43 @@ def test_trace_replay_runs_without_grpcio(tmp_path: Path) -> None:
     assert done.stdout.rstrip().endswith(
         "MISMATCH 18 calls: 0 identical, 18 different, 0 skipped; 0 ids mapped"
     )
+
+
+class TestStartupFailedNamesTheFlag:
+    def test_a_default_path_is_named_with_its_value(self) -> None:
+        """A non-root ``krproxy serve`` failing on a default path (the listen socket's directory under
+        /var/run, the hook dir under /etc): ``flag=`` names the flag and ``default=`` the default it
+        used (it said ``flag=""``)."""
+        args = cli.build_parser().parse_args(["serve"])
+        cfg = config.ProxyConfig(listen=args.listen, runtime_endpoint=args.runtime, hook_dir=args.hook_dir)
+        listen_dir = os.path.dirname(cfg.listen)
+        said = {"flag": "--koord-runtimeproxy-endpoint", "default": cfg.listen}
+        assert said == cli._flag_of(listen_dir, cfg, args)
+        assert {"flag": "--hook-dir", "default": cfg.hook_dir} == cli._flag_of(cfg.hook_dir, cfg, args)
+        assert {"flag": ""} == cli._flag_of("/somewhere/else", cfg, args)
+
+    def test_a_given_path_is_named_without_default(self, short_tmp: Path) -> None:
+        """A path the user gave is named with its value, not called the default."""
+        hooks = str(short_tmp / "hooks")
+        args = cli.build_parser().parse_args(["serve", f"--hook-dir={hooks}"])
+        cfg = config.ProxyConfig(listen=args.listen, runtime_endpoint=args.runtime, hook_dir=args.hook_dir)
+        assert {"flag": "--hook-dir"} == cli._flag_of(hooks, cfg, args)
+
+
+def test_a_bare_krproxy_serves_on_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``krproxy`` with no arguments is ``krproxy serve`` on koord-runtime-proxy's default sockets, as
+    koord-runtime-proxy with none serves (a drop-in's unit or DaemonSet may run it bare); it printed
+    help and exited 2."""
+    seen: list[argparse.Namespace] = []
+
+    def serve(args: argparse.Namespace) -> int:
+        seen.append(args)
+        return 0
+
+    monkeypatch.setattr(cli, "_serve", serve)
+    monkeypatch.setattr(cli.log, "configure", lambda *a: None)
+    assert 0 == cli.main([])
+    [args] = seen
+    assert "serve" == args.command
+    assert "/var/run/koord-runtimeproxy/runtimeproxy.sock" in args.listen
+    assert "/var/run/containerd/containerd.sock" in args.runtime

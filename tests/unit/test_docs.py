@@ -31,6 +31,7 @@ import contextlib
 import functools
 import io
 import json
+import os
 import pathlib
 import re
 import shlex
@@ -242,7 +243,22 @@ def check_cp(command: Command) -> None:
 
 
 def needs_a_node(command: Command) -> None:
-    """Recognised, not run: systemd or containerd's ctr as root, or the example's own background jobs."""
+    """Recognised, not run: systemd or containerd's ctr as root, apt-get, or the example's own
+    background jobs."""
+
+
+def check_ln(command: Command) -> None:
+    """``ln -sf VENV/bin/krproxy LINK``: the link is where deploy/krproxy.service runs krproxy from."""
+    source, link = command.argv[-2:]
+    service = (ROOT / "deploy" / "krproxy.service").read_text()
+    assert source.endswith("/bin/krproxy"), f"{command.where}: links {source}, not a venv's krproxy"
+    assert f"ExecStart={link} " in service, f"{command.where}: deploy/krproxy.service does not run {link}"
+
+
+def check_in_venv(command: Command) -> None:
+    """``DIR/bin/pip ...`` or ``DIR/bin/krproxy ...``: a venv's pip or krproxy, checked as those."""
+    program = os.path.basename(command.argv[0])
+    COMMANDS[program](attrs.evolve(command, argv=(program, *command.argv[1:])))
 
 
 COMMANDS = {
@@ -255,6 +271,9 @@ COMMANDS = {
     "systemctl": needs_a_node,
     "kill": needs_a_node,
     "ctr": needs_a_node,
+    "apt-get": needs_a_node,
+    "pipx": check_pip,
+    "ln": check_ln,
 }
 
 
@@ -272,10 +291,12 @@ def _all_commands() -> list[Command]:
 )
 def test_a_command_of_the_docs_is_right(command: Command) -> None:
     """Each command of a shell block or after a ``$`` prompt is one we check, and passes its check."""
+    if command.argv[0].endswith(("/bin/pip", "/bin/krproxy")):
+        return check_in_venv(command)
     assert command.argv[0] in COMMANDS, (
         f"{command.where}: how to check {command.argv[0]!r}? Add it to COMMANDS"
     )
-    COMMANDS[command.argv[0]](command)
+    return COMMANDS[command.argv[0]](command)
 
 
 @pytest.mark.parametrize(
