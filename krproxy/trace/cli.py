@@ -30,7 +30,7 @@ from krproxy.trace import messages
 from krproxy.trace.backend import TraceBackend
 from krproxy.trace.files import Loaded, TraceFileError, load
 from krproxy.trace.format import TraceRecord
-from krproxy.trace.replay import ChannelTransport, ReplayReport, Transport, replay
+from krproxy.trace.replay import SENT, ChannelTransport, ReplayReport, Transport, replay
 from krproxy.trace.show import Filter, parse_time, show
 from krproxy.unixsock import (
     SocketInUseError,
@@ -87,6 +87,14 @@ def add_subcommands(subparsers: Any) -> argparse.ArgumentParser:
     r.add_argument("files", nargs="+", metavar="FILE", help="trace files, oldest first")
     r.add_argument(
         "--target", required=True, metavar="ENDPOINT", help="unix socket of a CRI runtime or proxy"
+    )
+    r.add_argument(
+        "--send",
+        choices=SENT,
+        default="caller",
+        help="which recorded request to send: caller, what kubelet sent (for a target that is a "
+        "krproxy); runtime, what the runtime received, krproxy's additions and the hooks' changes "
+        "included (for a proxy's trace replayed straight at a runtime)",
     )
     r.add_argument("--timing", action="store_true", help="keep the recorded gaps between calls")
     r.add_argument(
@@ -190,6 +198,7 @@ def _replay(args: argparse.Namespace) -> int:
         speed=args.speed,
         timeout=args.timeout,
         volatile=messages.VOLATILE | frozenset(args.ignore),
+        send=args.send,
         progress=progress_bar(sys.stderr) if show_progress else None,
     )
     stopped = _Stopped()

@@ -44,6 +44,9 @@ class Answer:
 #: ``transport(path, request, timeout) -> Answer``: one unary call to the target.
 Transport = Callable[[str, bytes, float], Answer]
 
+#: What :func:`replay` can send of a record: the caller's request or the runtime's.
+SENT = ("caller", "runtime")
+
 #: ``progress(done, total, record)``: called before each call is sent.
 Progress = Callable[[int, int, TraceRecord], None]
 
@@ -160,6 +163,7 @@ def replay(
     speed: float = 1.0,
     timeout: float = 30.0,
     volatile: frozenset[str] = messages.VOLATILE,
+    send: str = "caller",
     progress: Progress | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
@@ -171,7 +175,15 @@ def replay(
             still sent one at a time, so a slow target only delays what follows.
         timeout: deadline of each call, in seconds.
         volatile: field names normalised before comparing.
+        send: which recorded request to send. ``"caller"``: what the caller (kubelet) sent, for
+            a target that is a krproxy, which adds its own fields and its hooks' changes again.
+            ``"runtime"``: what the runtime received (:attr:`TraceRecord.runtime_request`), for a
+            trace recorded at a proxy and replayed straight at a runtime; sending the caller's
+            request there leaves out what krproxy added (an empty ``linux.resources``, the hooks'
+            changes), and later answers (ContainerStatus) differ for that alone.
     """
+    if send not in SENT:
+        raise ValueError(f"send must be one of {', '.join(SENT)}, not {send!r}")
     ordered = replay_order(records)
     ids = IdMap()
     results: list[CallResult] = []
@@ -190,7 +202,8 @@ def replay(
             wait = (record.started - first) / speed - (clock() - began)
             if wait > 0:
                 sleep(wait)
-        request = messages.rewrite_ids(record.path, record.request, ids)
+        sent = record.runtime_request if send == "runtime" else record.request
+        request = messages.rewrite_ids(record.path, sent, ids)
         answer = transport(record.path, request, timeout)
         results.append(CallResult(record, answer, compare(record, answer, ids, volatile)))
     if progress is not None and ordered:

@@ -144,6 +144,22 @@ class TestReplay:
         report = replay([events, unknown], target)
         assert (2, []) == (report.skipped, target.sent)
 
+    def test_send_runtime_sends_what_the_runtime_got(self) -> None:
+        """``send="runtime"``: the forwarded request (what krproxy and its hooks made of
+        kubelet's), with the target's ids; a record nothing changed sends its request."""
+        records = lifecycle()
+        config = _container()
+        config.envs.append(cri.KeyValue(key="HOOKED", value=b"1"))
+        changed = cri.CreateContainerRequest(pod_sandbox_id="p-old", config=config)
+        records[1] = attrs.evolve(records[1], forwarded=bytes(changed))
+        by_default, as_runtime = ScriptedTarget(), ScriptedTarget()
+        replay(records, by_default)
+        replay(records, as_runtime, send="runtime")
+        sent = cri.CreateContainerRequest.parse(as_runtime.sent[1][1])
+        assert ("p-new", ["HOOKED"]) == (sent.pod_sandbox_id, [e.key for e in sent.config.envs])
+        assert [] == cri.CreateContainerRequest.parse(by_default.sent[1][1]).config.envs
+        assert by_default.sent[2] == as_runtime.sent[2]
+
     def test_timing_keeps_gaps(self) -> None:
         """With timing, the replay sleeps until each call's recorded offset from the first."""
         slept: list[float] = []
