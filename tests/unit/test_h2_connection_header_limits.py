@@ -73,7 +73,7 @@ def test_a_2_mib_status_message_is_an_answer_on_one_stream() -> None:
     trailers = [(b"grpc-status", b"5"), (b"grpc-message", message)]
     wire = f.header_frames(first, encoder.encode(RESPONSE), False, 16_384)
     wire += f.header_frames(first, encoder.encode(trailers, huffman=False), True, 16_384)
-    wire += f.header_frames(second, encoder.encode(RESPONSE + [(b"grpc-status", b"0")]), True, 16_384)
+    wire += f.header_frames(second, encoder.encode([*RESPONSE, (b"grpc-status", b"0")]), True, 16_384)
     events = conn.receive_data(wire)
     assert None is conn.terminated
     ended = [
