@@ -61,17 +61,13 @@ Headers = ev.Headers
 #: An 860 KB ListContainers answer fits in one stream window, so it never waits for a grant.
 STREAM_WINDOW = 4 * 1024 * 1024
 CONNECTION_WINDOW = 16 * 1024 * 1024
-#: Largest decoded header list accepted, and advertised (SETTINGS_MAX_HEADER_LIST_SIZE): grpc-go's
-#: default for clients and servers
-#: (``defaultServerMaxHeaderListSize``), which containerd keeps (it sets no MaxHeaderListSize);
-#: hpack's own default is only 64 KiB. One beyond it ends the connection (COMPRESSION_ERROR:
-#: hpack stops in the middle of the block, so the connection's HPACK state is lost).
+#: Largest header block (with CONTINUATIONs) accepted from a peer; one beyond ends the connection.
+MAX_HEADER_BLOCK = 1024 * 1024
+#: SETTINGS_MAX_HEADER_LIST_SIZE we advertise: a block within it fits MAX_HEADER_BLOCK, and grpc-go
+#: resets a stream over it rather than send it (docs/security.md, "Header list limits, per side").
+ADVERTISED_HEADER_LIST = MAX_HEADER_BLOCK - 16_384
+#: Largest decoded header list (grpc-go's server default); beyond: COMPRESSION_ERROR, hpack stops.
 MAX_HEADER_LIST = 16 * 1024 * 1024
-#: Largest header block (with CONTINUATIONs) accepted from a peer: no sender that keeps to the
-#: :data:`MAX_HEADER_LIST` we advertise sends a longer one (an HPACK field is never longer than
-#: its 32 + name + value bytes, as grpc-go's encoder picks the shorter of Huffman and plain), so
-#: one beyond it (a CONTINUATION flood) ends the connection. A frame's worth of slack.
-MAX_HEADER_BLOCK = MAX_HEADER_LIST + 16_384
 #: A private flag on a header block: its HEADERS frame made the stream depend on itself.
 _SELF_DEPENDENT = 0x100
 
@@ -171,11 +167,8 @@ class Connection(Control):
         self._deferred: tuple[int, int] | None = None
         self._grant_stream_at = stream_window // 4
         self._grant_connection_at = connection_window // 4
-        #: The peer's SETTINGS_MAX_HEADER_LIST_SIZE (None: none advertised, none enforced).
-        self.peer_max_header_list: int | None = None
-        # Our header list limit, advertised so that a grpc-go peer resets a stream whose header
-        # list would exceed it instead of sending it (grpc-go's checkForHeaderListSize).
-        ours = [(f.INITIAL_WINDOW_SIZE, stream_window), (f.MAX_HEADER_LIST_SIZE, MAX_HEADER_LIST)]
+        self.peer_max_header_list: int | None = None  # the peer's limit; None: none said
+        ours = [(f.INITIAL_WINDOW_SIZE, stream_window), (f.MAX_HEADER_LIST_SIZE, ADVERTISED_HEADER_LIST)]
         if self.server:
             if max_concurrent_streams is not None:
                 ours.append((f.MAX_CONCURRENT_STREAMS, max_concurrent_streams))

@@ -3,13 +3,10 @@ block over the peer's limit ending its stream only (as grpc-go's server does). N
 
 from __future__ import annotations
 
-import hpack
-
 from krproxy.h2 import connection as core
-from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
 from krproxy.h2.connection import Connection, Role
-from tests.unit.h2peer import REQUEST, RESPONSE, client, kinds, parse, server
+from tests.unit.h2peer import RESPONSE, kinds, parse, server
 from tests.unit.test_h2state import _open
 
 BIG_TRAILERS = [(b"grpc-status", b"5"), (b"grpc-message", b"m" * 100_000)]
@@ -23,10 +20,11 @@ def _advertised(conn: Connection) -> dict[int, int]:
 
 
 def test_both_roles_advertise_the_header_list_limit() -> None:
-    """Server and client both advertise MAX_HEADER_LIST (grpc-go's default, 16 MiB)."""
+    """Server and client both advertise a header list limit a block within MAX_HEADER_BLOCK meets."""
     for role in (Role.SERVER, Role.CLIENT):
         conn = Connection(role)
-        assert core.MAX_HEADER_LIST == _advertised(conn)[f.MAX_HEADER_LIST_SIZE]
+        advertised = _advertised(conn)[f.MAX_HEADER_LIST_SIZE]
+        assert (core.ADVERTISED_HEADER_LIST, True) == (advertised, advertised < core.MAX_HEADER_BLOCK)
 
 
 def test_trailers_over_the_peers_limit_reset_one_stream() -> None:
@@ -60,26 +58,3 @@ def test_trailers_within_the_peers_limit_are_sent() -> None:
         sent = parse(conn.data_to_send())
         assert f.HEADERS == sent[0][0]
         assert f.RST_STREAM not in [kind for kind, _, _, _ in sent]
-
-
-def test_a_2_mib_status_message_is_an_answer_on_one_stream() -> None:
-    """Trailers with a 2 MiB grpc-message (over the old 1 MiB block limit; plain, as pure-Python
-    Huffman coding of megabytes takes minutes) over CONTINUATION frames are that stream's answer; the connection and its next stream go on."""
-    conn = client()
-    first = conn.start_stream(REQUEST, end_stream=True)
-    second = conn.start_stream(REQUEST, end_stream=True)
-    encoder = hpack.Encoder()
-    message = b"container id " + b"abcdef0123456789" * (2 * 1024 * 1024 // 16)
-    trailers = [(b"grpc-status", b"5"), (b"grpc-message", message)]
-    wire = f.header_frames(first, encoder.encode(RESPONSE), False, 16_384)
-    wire += f.header_frames(first, encoder.encode(trailers, huffman=False), True, 16_384)
-    wire += f.header_frames(second, encoder.encode([*RESPONSE, (b"grpc-status", b"0")]), True, 16_384)
-    events = conn.receive_data(wire)
-    assert None is conn.terminated
-    ended = [
-        (e.stream_id, dict(e.headers).get(b"grpc-status"))
-        for e in events
-        if isinstance(e, ev.HeadersReceived) and e.end_stream
-    ]
-    assert [(first, b"5"), (second, b"0")] == ended
-    assert len(message) > 1024 * 1024
