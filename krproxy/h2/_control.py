@@ -26,6 +26,7 @@ class Control(Sender):
     window_shifts: int
     max_window_shifts: int
     peer_table_size: int
+    peer_max_header_list: int | None
     goaway_received: bool
 
     def _ours(self, stream_id: int) -> bool:
@@ -71,6 +72,8 @@ class Control(Sender):
                 self.peer_max_frame = value
             elif key == f.MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
+            elif key == f.MAX_HEADER_LIST_SIZE:
+                self.peer_max_header_list = value
             elif key == f.ENABLE_PUSH and value > 1:
                 raise f.ProtocolError("ENABLE_PUSH above 1")
             elif key == f.HEADER_TABLE_SIZE and value < self.peer_table_size:

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from collections import deque
 
+import hpack
+import hpack.exceptions
+
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
 from krproxy.h2.streams import Stream
@@ -42,6 +45,7 @@ class Sender:
     peer_initial_window: int
     peer_max_frame: int
     peer_max_streams: int
+    peer_max_header_list: int | None
     stream_window: int
     next_id: int
     last_peer_id: int
@@ -113,6 +117,8 @@ class Sender:
         if stream.pending or stream.end_pending:
             raise LocalProtocolError(f"headers after data on stream {stream_id}: use send_trailers")
         block = headers if isinstance(headers, bytes) else f.encode_headers(headers)
+        if self._over_peer_limit(stream_id, block):
+            return
         stream.headers_sent = True
         self.output += self._header_frames(stream_id, block, end_stream)
         if end_stream:
@@ -158,12 +164,32 @@ class Sender:
         if stream is None or stream.reset or stream.send_ended:
             return 0
         block = headers if isinstance(headers, bytes) else f.encode_headers(headers)
+        if self._over_peer_limit(stream_id, block):
+            return 0
         if not stream.pending:  # nothing queued before them, as after most answers: out now
             self.output += self._header_frames(stream_id, block, True)
             stream.send_ended = True
             return 0
         stream.trailers_pending = block
         return self._pump(stream)
+
+    def _over_peer_limit(self, stream_id: int, block: bytes) -> bool:
+        """A block whose header list exceeds the peer's SETTINGS_MAX_HEADER_LIST_SIZE is not
+        sent: the stream is reset with INTERNAL_ERROR instead, as grpc-go's server does
+        (``checkForHeaderListSize``), and only that stream ends. Our blocks never use the
+        dynamic table, so a fresh decoder reads their size."""
+        limit = self.peer_max_header_list
+        if limit is None or len(block) * 64 <= limit:  # no field of ours is under 1 byte a 64
+            return False
+        try:
+            fields = hpack.Decoder(max_header_list_size=1 << 62).decode(block, raw=True)
+        except (hpack.exceptions.HPACKError, IndexError, ValueError):
+            return False  # not ours to judge: the peer decides
+        if sum(32 + len(name) + len(value) for name, value in fields) <= limit:
+            return False
+        unsent = self.reset_stream(stream_id, f.INTERNAL_ERROR)
+        self._events.append(ev.StreamReset(stream_id, f.INTERNAL_ERROR, remote=False, unsent=unsent))
+        return True
 
     def abandon_output(self, stream_id: int) -> int:
         """Drop what is queued on a stream (data, its end, trailers) so that the driver may end

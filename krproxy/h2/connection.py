@@ -61,12 +61,12 @@ Headers = ev.Headers
 #: An 860 KB ListContainers answer fits in one stream window, so it never waits for a grant.
 STREAM_WINDOW = 4 * 1024 * 1024
 CONNECTION_WINDOW = 16 * 1024 * 1024
-#: Largest header block (with CONTINUATIONs) accepted from a peer.
+#: Largest header block (with CONTINUATIONs) accepted from a peer; one beyond ends the connection.
 MAX_HEADER_BLOCK = 1024 * 1024
-#: Largest decoded header list accepted: grpc-go's default for servers
-#: (``defaultServerMaxHeaderListSize``), which containerd keeps (it sets no MaxHeaderListSize);
-#: hpack's own default is only 64 KiB. One beyond it ends the connection (COMPRESSION_ERROR:
-#: hpack stops in the middle of the block, so the connection's HPACK state is lost).
+#: SETTINGS_MAX_HEADER_LIST_SIZE we advertise: a block within it fits MAX_HEADER_BLOCK, and grpc-go
+#: resets a stream over it rather than send it (docs/security.md, "Header list limits, per side").
+ADVERTISED_HEADER_LIST = MAX_HEADER_BLOCK - 16_384
+#: Largest decoded header list (grpc-go's server default); beyond: COMPRESSION_ERROR, hpack stops.
 MAX_HEADER_LIST = 16 * 1024 * 1024
 #: A private flag on a header block: its HEADERS frame made the stream depend on itself.
 _SELF_DEPENDENT = 0x100
@@ -167,7 +167,8 @@ class Connection(Control):
         self._deferred: tuple[int, int] | None = None
         self._grant_stream_at = stream_window // 4
         self._grant_connection_at = connection_window // 4
-        ours = [(f.INITIAL_WINDOW_SIZE, stream_window)]
+        self.peer_max_header_list: int | None = None  # the peer's limit; None: none said
+        ours = [(f.INITIAL_WINDOW_SIZE, stream_window), (f.MAX_HEADER_LIST_SIZE, ADVERTISED_HEADER_LIST)]
         if self.server:
             if max_concurrent_streams is not None:
                 ours.append((f.MAX_CONCURRENT_STREAMS, max_concurrent_streams))

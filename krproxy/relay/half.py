@@ -208,7 +208,7 @@ class Half:
             ep.touch()
         if sent and self.peer is not None:
             self.peer.grant(sent)
-        if s.send_ended:
+        if s.send_ended or s.reset:  # reset: over the peer's header list limit
             self.call.settle()
 
     def send_headers(self, block: bytes, end: bool) -> None:
@@ -220,7 +220,7 @@ class Half:
         ep.h2.send_headers(s.id, block, end)
         if not ep.dirty:
             ep.touch()
-        if end:
+        if end or s.reset:  # reset: over the peer's header list limit
             self.call.settle()
 
     # -- receiving: give flow-control credit back ------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
-from krproxy.h2.connection import CONNECTION_WINDOW, STREAM_WINDOW, Connection, Role
+from krproxy.h2.connection import ADVERTISED_HEADER_LIST, CONNECTION_WINDOW, STREAM_WINDOW, Connection, Role
 from tests.unit.h2peer import (
     REQUEST,
     RESPONSE,
@@ -45,9 +45,11 @@ def test_the_server_writes_its_settings_and_acks_the_peers() -> None:
     conn = Connection(Role.SERVER, max_concurrent_streams=7)
     first = parse(conn.data_to_send())
     assert (f.SETTINGS, 0, 0) == first[0][:3]
-    assert {(f.INITIAL_WINDOW_SIZE, STREAM_WINDOW), (f.MAX_CONCURRENT_STREAMS, 7)} == set(
-        f.parse_settings(first[0][3])
-    )
+    assert {
+        (f.INITIAL_WINDOW_SIZE, STREAM_WINDOW),
+        (f.MAX_CONCURRENT_STREAMS, 7),
+        (f.MAX_HEADER_LIST_SIZE, ADVERTISED_HEADER_LIST),
+    } == set(f.parse_settings(first[0][3]))
     assert [(0, CONNECTION_WINDOW - f.DEFAULT_WINDOW)] == window_updates(conn.data_to_send() or b"") + [
         (sid, f.parse_u32(p)) for kind, _, sid, p in first if kind == f.WINDOW_UPDATE
     ]

@@ -1,0 +1,60 @@
+"""krproxy.h2.connection and SETTINGS_MAX_HEADER_LIST_SIZE: the limit we advertise, and a header
+block over the peer's limit ending its stream only (as grpc-go's server does). No sockets."""
+
+from __future__ import annotations
+
+from krproxy.h2 import connection as core
+from krproxy.h2 import frames as f
+from krproxy.h2.connection import Connection, Role
+from tests.unit.h2peer import RESPONSE, kinds, parse, server
+from tests.unit.test_h2state import _open
+
+BIG_TRAILERS = [(b"grpc-status", b"5"), (b"grpc-message", b"m" * 100_000)]
+
+
+def _advertised(conn: Connection) -> dict[int, int]:
+    out = conn.data_to_send()
+    frames = parse(out.removeprefix(f.PREFACE))
+    settings = next(p for kind, flags, _, p in frames if kind == f.SETTINGS and not flags & f.ACK)
+    return dict(f.parse_settings(settings))
+
+
+def test_both_roles_advertise_the_header_list_limit() -> None:
+    """Server and client both advertise a header list limit a block within MAX_HEADER_BLOCK meets."""
+    for role in (Role.SERVER, Role.CLIENT):
+        conn = Connection(role)
+        advertised = _advertised(conn)[f.MAX_HEADER_LIST_SIZE]
+        assert (core.ADVERTISED_HEADER_LIST, True) == (advertised, advertised < core.MAX_HEADER_BLOCK)
+
+
+def test_trailers_over_the_peers_limit_reset_one_stream() -> None:
+    """Trailers whose header list exceeds the peer's SETTINGS_MAX_HEADER_LIST_SIZE are not
+    sent: that stream is reset with INTERNAL_ERROR, another stream's trailers go out."""
+    conn = server(settings=f.settings([(f.MAX_HEADER_LIST_SIZE, 16384)]))
+    _open(conn, 1)
+    _open(conn, 3)
+    conn.send_headers(1, RESPONSE)
+    conn.send_headers(3, RESPONSE)
+    conn.data_to_send()
+    assert 0 == conn.send_trailers(1, BIG_TRAILERS)
+    conn.send_trailers(3, [(b"grpc-status", b"0")])
+    frames = parse(conn.data_to_send())
+    assert [(f.RST_STREAM, 1), (f.HEADERS, 3)] == [(kind, sid) for kind, _, sid, _ in frames]
+    assert f.INTERNAL_ERROR == int.from_bytes(frames[0][3], "big")
+    stream = conn.stream(1)
+    assert stream is not None and stream.reset
+    assert ["StreamReset"] == kinds(conn.receive_data(b""))
+    assert conn.terminated is None
+
+
+def test_trailers_within_the_peers_limit_are_sent() -> None:
+    """A 100 KB status message goes out whole to a peer that states no limit or a larger one."""
+    for settings in (b"", f.settings([(f.MAX_HEADER_LIST_SIZE, 200_000)])):
+        conn = server(settings=settings or f.settings([]))
+        _open(conn, 1)
+        conn.send_headers(1, RESPONSE)
+        conn.data_to_send()
+        conn.send_trailers(1, BIG_TRAILERS)
+        sent = parse(conn.data_to_send())
+        assert f.HEADERS == sent[0][0]
+        assert f.RST_STREAM not in [kind for kind, _, _, _ in sent]
