@@ -85,10 +85,6 @@ def _ambiguous_in_runtime(d: Difference) -> bool:
     )
 
 
-def _huge_header(d: Difference) -> bool:
-    return d.step.mutation == "huge" and d.first.code == "INTERNAL" and d.second.code == "RESOURCE_EXHAUSTED"
-
-
 #: The accepted differences, each a place krproxy reads a request otherwise than one runtime, on purpose
 #: (docs/security.md's one-reading rule), with its reason; docs/testing.md lists each with the test that
 #: holds krproxy's side of it.
@@ -116,12 +112,6 @@ KNOWN: tuple[differential.Known, ...] = (
         _ambiguous_in_runtime,
         "a prefix unique in krproxy's store and shared on the runtime with an object made around krproxy "
         "names the stored object, whose hooks ran; the runtime alone finds it ambiguous",
-    ),
-    differential.Known(
-        "huge-header",
-        _huge_header,
-        "a 1 MiB id echoed in the runtime's grpc-message is relayed over the caller's header-list limit "
-        "until krproxy honours it (issue 35 item 3, branch h2limits, which removes this entry)",
     ),
 )
 
