@@ -393,20 +393,70 @@ class FakeNriRuntime:
         owners: dict[str, str] = {}
         pending: list[api.ContainerUpdate] = []
 
+        adjustments: list[bytes] = []
+        original = api.Container.parse(bytes(container))
+
         def apply(plugin: str, answer: api.CreateContainerResponse) -> None:
             if answer.adjust is not None:
                 adjust(container, answer.adjust, plugin, owners, nri_0_6=self.nri_0_6)
+                adjustments.append(bytes(answer.adjust))
             pending.extend(answer.update)
 
         request = api.CreateContainerRequest(pod=pod, container=container)
         await self._call_each(
             api.Event.CREATE_CONTAINER, "CreateContainer", request, api.CreateContainerResponse, apply
         )
+        if self.nri_0_12:
+            # The adjustments of every plugin as one (protobuf merges concatenated messages, repeated
+            # fields appended), shown to the validators with the container as it was asked for.
+            merged = api.ContainerAdjustment.parse(b"".join(adjustments))
+            await self._validate(pod, original, merged, pending)
         container.state = api.ContainerState.CONTAINER_CREATED
         self.containers[container.id] = container
         self._apply_updates(pending)
         await self._event(api.Event.POST_CREATE_CONTAINER, pod, container)
         return container
+
+    async def _validate(
+        self,
+        pod: api.PodSandbox,
+        container: api.Container,
+        merged: api.ContainerAdjustment,
+        updates: list[api.ContainerUpdate],
+    ) -> None:
+        """NRI 0.12's validation: every plugin subscribed to VALIDATE_CONTAINER_ADJUSTMENT (as a mask of 0
+        does: every event) sees the final adjustment; one that rejects it, fails or is late fails the
+        creation, with NRI's wording."""
+        # NRI's ``owners`` (field numbers per plugin) is not filled: the fake keeps owners by field name.
+        plugins = [api.PluginInstance(name=p.name, index=p.index) for p in self.plugins]
+        request = api.ValidateContainerAdjustmentRequest(
+            pod=pod,
+            container=container,
+            adjust=merged,
+            update=updates,
+            plugins=plugins,
+        )
+
+        for plugin in list(self.plugins):  # NRI 0.12 asks them all at once; the fake, in order
+            if not plugin.subscribed(api.Event.VALIDATE_CONTAINER_ADJUSTMENT):
+                continue
+            self.log.append(("call", "ValidateContainerAdjustment"))
+            try:
+                with trio.fail_after(self.request_timeout):
+                    answer = await plugin.session.call(
+                        PLUGIN_SERVICE, "ValidateContainerAdjustment", bytes(request)
+                    )
+            except (trio.TooSlowError, ConnectionLost, TtrpcError) as exc:
+                if not isinstance(exc, TtrpcError):  # fatal: closed, as NRI does; the creation fails still
+                    self._drop(plugin, f"failed to validate request: {exc or 'timed out'}")
+                    await plugin.session.aclose()
+                raise NriError(f"validator plugin {plugin.full_name} failed: {exc or 'timed out'}") from None
+            result = api.ValidateContainerAdjustmentResponse.parse(answer)
+            if result.reject:
+                reason = result.reason or "unknown rejection reason"
+                raise NriError(
+                    f'validator "{plugin.full_name}" rejected container adjustment, reason: {reason}'
+                )
 
     async def start_container(self, container_id: str) -> None:
         container, pod = self._container(container_id)

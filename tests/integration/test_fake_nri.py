@@ -37,7 +37,16 @@ async def connect(
     async def state_change(payload: bytes) -> bytes:
         return bytes(api.Empty())
 
-    table = {"Configure": configure, "Synchronize": synchronize, "StateChange": state_change, **handlers}
+    async def validate(payload: bytes) -> bytes:  # a mask of 0 makes a validator too, as in NRI 0.12
+        return bytes(api.ValidateContainerAdjustmentResponse())
+
+    table = {
+        "Configure": configure,
+        "Synchronize": synchronize,
+        "StateChange": state_change,
+        "ValidateContainerAdjustment": validate,
+        **handlers,
+    }
     stream = await trio.open_unix_socket(runtime.socket_path)
     session = Session(
         stream,
