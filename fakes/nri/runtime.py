@@ -437,7 +437,8 @@ class FakeNriRuntime:
             plugins=plugins,
         )
 
-        for plugin in list(self.plugins):  # NRI 0.12 asks them all at once; the fake, in order
+        errors: list[str] = []
+        for plugin in list(self.plugins):  # NRI 0.12 asks them all at once, then fails with an error
             if not plugin.subscribed(api.Event.VALIDATE_CONTAINER_ADJUSTMENT):
                 continue
             self.log.append(("call", "ValidateContainerAdjustment"))
@@ -450,13 +451,14 @@ class FakeNriRuntime:
                 if not isinstance(exc, TtrpcError):  # fatal: closed, as NRI does; the creation fails still
                     self._drop(plugin, f"failed to validate request: {exc or 'timed out'}")
                     await plugin.session.aclose()
-                raise NriError(f"validator plugin {plugin.full_name} failed: {exc or 'timed out'}") from None
+                errors.append(f"validator plugin {plugin.full_name} failed: {exc or 'timed out'}")
+                continue
             result = api.ValidateContainerAdjustmentResponse.parse(answer)
             if result.reject:
                 reason = result.reason or "unknown rejection reason"
-                raise NriError(
-                    f'validator "{plugin.full_name}" rejected container adjustment, reason: {reason}'
-                )
+                errors.append(f'validator "{plugin.full_name}" rejected container adjustment, reason: {reason}')
+        if errors:
+            raise NriError(errors[0])
 
     async def start_container(self, container_id: str) -> None:
         container, pod = self._container(container_id)

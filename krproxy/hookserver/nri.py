@@ -68,7 +68,7 @@ SOCKET_ENV, NAME_ENV, INDEX_ENV = "NRI_PLUGIN_SOCKET", "NRI_PLUGIN_NAME", "NRI_P
 #: The events a runtime before NRI 0.12 has (0.8's ``ValidEvents``: up to REMOVE_CONTAINER).
 _BEFORE_0_12 = frozenset(e for e in api.Event if 0 < e <= api.Event.REMOVE_CONTAINER)
 #: Events without an answer of their own: NRI 0.12's method and request message, per event.
-_NOTICES: Mapping[api.Event, tuple[str, type[Any]]] = {
+NOTICES: Mapping[api.Event, tuple[str, type[Any]]] = {
     api.Event.RUN_POD_SANDBOX: ("RunPodSandbox", api.RunPodSandboxRequest),
     api.Event.STOP_POD_SANDBOX: ("StopPodSandbox", api.StopPodSandboxRequest),
     api.Event.REMOVE_POD_SANDBOX: ("RemovePodSandbox", api.RemovePodSandboxRequest),
@@ -143,7 +143,7 @@ class NriStub:
 
     def on(self, event: api.Event) -> Callable[[AnyHandler], AnyHandler]:
         """A handler of an event without an answer (``api.Event.RUN_POD_SANDBOX``, the Post* events, ...)."""
-        if event not in _NOTICES:
+        if event not in NOTICES:
             raise ValueError(f"{event!r} has an answer: use its own decorator (e.g. stub.create_container)")
         return self._on(event)
 
@@ -194,7 +194,7 @@ class NriStub:
             "ValidateContainerAdjustment": self._validate,
             "StateChange": self._state_change,
         }
-        for event, (method, request_type) in _NOTICES.items():
+        for event, (method, request_type) in NOTICES.items():
             if event in self._handlers:  # else Unimplemented, as a Go stub without it answers
                 methods[method] = self._notice(event, request_type)
         return {(PLUGIN_SERVICE, name): handler for name, handler in methods.items()}
@@ -316,8 +316,8 @@ class NriStub:
     async def _state_change(self, payload: bytes) -> bytes:
         """Before NRI 0.12: the events without an answer, one method for all."""
         request = api.StateChangeEvent.parse(payload)
-        if request.event in self._handlers and request.event in _NOTICES:
-            container_event = hasattr(_NOTICES[request.event][1](), "container")
+        if request.event in self._handlers and request.event in NOTICES:
+            container_event = hasattr(NOTICES[request.event][1](), "container")
             args = (request.pod, request.container) if container_event else (request.pod,)
             await self._call(request.event, *args)
         return bytes(api.Empty())
