@@ -44,7 +44,10 @@ def inject(pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjust
     ]
     mounts = [
         api.Mount(
-            source=m["source"], destination=m["destination"], type=m.get("type", "bind"), options=m.get("options", [])
+            source=m["source"],
+            destination=m["destination"],
+            type=m.get("type", "bind"),
+            options=m.get("options", []),
         )
         for m in annotated(pod, "mounts", container.name)
     ]

@@ -24,11 +24,26 @@ def changes(container: api.Container, adjust: api.ContainerAdjustment) -> list[s
     before = {e.split("=", 1)[0]: e for e in container.env}
     for kv in adjust.env:
         key = kv.key.removeprefix("-")
-        found.append(f"env[{key}] removed" if kv.key.startswith("-") else f"env[{key}]" + (" changed" if key in before else " added"))
+        found.append(
+            f"env[{key}] removed"
+            if kv.key.startswith("-")
+            else f"env[{key}]" + (" changed" if key in before else " added")
+        )
     found += [f"mounts[{m.destination}]" for m in adjust.mounts]
     found += [f"rlimits[{r.type}]" for r in adjust.rlimits]
     if adjust.hooks is not None:
-        found += [f"hooks.{stage}" for stage in ("prestart", "create_runtime", "create_container", "start_container", "poststart", "poststop") if getattr(adjust.hooks, stage)]
+        found += [
+            f"hooks.{stage}"
+            for stage in (
+                "prestart",
+                "create_runtime",
+                "create_container",
+                "start_container",
+                "poststart",
+                "poststop",
+            )
+            if getattr(adjust.hooks, stage)
+        ]
     if adjust.linux is not None:
         found += [f"devices[{d.path}]" for d in adjust.linux.devices]
     return found

@@ -29,7 +29,9 @@ def adjust(pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjust
     for entry in yaml.safe_load(value) or []:
         name = str(entry["type"]).upper().removeprefix("RLIMIT_")
         if name not in VALID:
-            raise ValueError(f"unknown rlimit type {entry['type']!r}: use one of setrlimit(2)'s, e.g. RLIMIT_NOFILE")
+            raise ValueError(
+                f"unknown rlimit type {entry['type']!r}: use one of setrlimit(2)'s, e.g. RLIMIT_NOFILE"
+            )
         soft, hard = int(entry["soft"]), int(entry["hard"])
         if soft > hard:
             raise ValueError(f"RLIMIT_{name}: soft {soft} is above hard {hard}")

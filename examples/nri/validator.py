@@ -20,8 +20,12 @@ def validate(request: api.ValidateContainerAdjustmentRequest) -> str | None:
     adjust = request.adjust or api.ContainerAdjustment()
     pod = request.pod or api.PodSandbox()
     hooks = adjust.hooks
-    if hooks is not None and any(bytes(hooks)) and pod.annotations.get("validator.krproxy.dev/allow-hooks") != "true":
-        return "OCI hooks are not allowed in this pod (annotate validator.krproxy.dev/allow-hooks: \"true\")"
+    if (
+        hooks is not None
+        and any(bytes(hooks))
+        and pod.annotations.get("validator.krproxy.dev/allow-hooks") != "true"
+    ):
+        return 'OCI hooks are not allowed in this pod (annotate validator.krproxy.dev/allow-hooks: "true")'
     for mount in adjust.mounts:
         if mount.source.startswith("/") and not mount.source.startswith(ALLOWED_MOUNT_ROOTS):
             return f"mount of {mount.source} is outside {', '.join(ALLOWED_MOUNT_ROOTS)}"

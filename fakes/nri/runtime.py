@@ -456,7 +456,9 @@ class FakeNriRuntime:
             result = api.ValidateContainerAdjustmentResponse.parse(answer)
             if result.reject:
                 reason = result.reason or "unknown rejection reason"
-                errors.append(f'validator "{plugin.full_name}" rejected container adjustment, reason: {reason}')
+                errors.append(
+                    f'validator "{plugin.full_name}" rejected container adjustment, reason: {reason}'
+                )
         if errors:
             raise NriError(errors[0])
 

@@ -231,7 +231,11 @@ class NriStub:
         self.nri_version = request.NRI_version
         self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
         has_0_12 = bool(self.nri_version)
-        lacking = [k.name for k in self._handlers if isinstance(k, api.Event) and not has_0_12 and k not in _BEFORE_0_12]
+        lacking = [
+            k.name
+            for k in self._handlers
+            if isinstance(k, api.Event) and not has_0_12 and k not in _BEFORE_0_12
+        ]
         if lacking:
             log.warning(
                 LOGGER,
@@ -321,4 +325,3 @@ class NriStub:
             args = (request.pod, request.container) if container_event else (request.pod,)
             await self._call(request.event, *args)
         return bytes(api.Empty())
-

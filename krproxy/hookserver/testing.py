@@ -311,7 +311,9 @@ class NriEvents:
     async def validate(self, request: Any) -> Any:
         """ValidateContainerAdjustment with *request* (an ``api.ValidateContainerAdjustmentRequest``)."""
 
-        return await self.call("ValidateContainerAdjustment", request, api.ValidateContainerAdjustmentResponse)
+        return await self.call(
+            "ValidateContainerAdjustment", request, api.ValidateContainerAdjustmentResponse
+        )
 
     async def event(self, event: Any, pod: Any, container: Any = None) -> None:
         """An event without an answer (``api.Event.RUN_POD_SANDBOX``, ...): NRI 0.12's method, or StateChange."""

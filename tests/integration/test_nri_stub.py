@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import pathlib
 import socket
 
 import pytest
 import trio
 
 from krproxy.fakes.nri import FakeNriRuntime, NriError
-from krproxy.hookserver.nri import NriStub
+from krproxy.hookserver.nri import NOTICES, NriStub
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from tests.integration.nri_support import container, pod
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 
 LIMIT = LIVENESS_LIMIT
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+#: NRI v0.12.2's schema (as tests/unit/test_descriptors.py finds it).
+REFERENCE = (
+    pathlib.Path(os.environ.get("KRPROXY_REFERENCE_DIR", ROOT.parent / "shared" / "reference"))
+    / "nri-api-v0.12.2.descriptor.json"
+)
 
 
 @pytest.fixture
@@ -96,7 +104,9 @@ async def test_synchronize_with_existing_pods(runtime: FakeNriRuntime, nursery: 
         synced.append(([p.id for p in pods], [c.id for c in containers]))
         memory = api.LinuxMemory(limit=api.OptionalInt64(value=1 << 28))
         resources = api.LinuxResources(memory=memory)
-        return [api.ContainerUpdate(container_id="ctr-app", linux=api.LinuxContainerUpdate(resources=resources))]
+        return [
+            api.ContainerUpdate(container_id="ctr-app", linux=api.LinuxContainerUpdate(resources=resources))
+        ]
 
     with trio.fail_after(LIMIT):
         await attach(nursery, runtime, stub)
@@ -150,7 +160,9 @@ async def test_validator_refusal_fails_creation(runtime: FakeNriRuntime, nursery
         await attach(nursery, runtime, adjuster)
         await attach(nursery, runtime, validator, 2)
         await runtime.run_pod(pod())
-        with pytest.raises(NriError, match='validator "90-validator" rejected container adjustment, reason: mounts from /srv'):
+        with pytest.raises(
+            NriError, match='validator "90-validator" rejected container adjustment, reason: mounts from /srv'
+        ):
             await runtime.create_container(container())
         # an adjustment the validator accepts goes through
         accepted = api.ContainerAdjustment(env=[api.KeyValue(key="OK", value="1")])
@@ -176,9 +188,11 @@ async def test_handler_error_fails_own_event(
     with trio.fail_after(LIMIT):
         await attach(nursery, runtime, stub)
         await runtime.run_pod(pod())
-        with caplog.at_level(logging.ERROR, "krproxy.hookserver.nri"):
-            with pytest.raises(NriError, match="plugin 40-flaky: adjust failed: cannot place this one"):
-                await runtime.create_container(container("bad"))
+        with (
+            caplog.at_level(logging.ERROR, "krproxy.hookserver.nri"),
+            pytest.raises(NriError, match="plugin 40-flaky: adjust failed: cannot place this one"),
+        ):
+            await runtime.create_container(container("bad"))
         await runtime.create_container(container("good"))
     assert calls == ["bad", "good"]
     assert len(runtime.plugins) == 1 and runtime.dropped == []
@@ -196,7 +210,9 @@ async def test_garbage_answer_fails_own_event(runtime: FakeNriRuntime, nursery: 
     with trio.fail_after(LIMIT):
         await attach(nursery, runtime, stub)
         await runtime.run_pod(pod())
-        with pytest.raises(NriError, match="plugin 41-garbage: adjust answered dict; it must answer a ContainerAdjustment"):
+        with pytest.raises(
+            NriError, match="plugin 41-garbage: adjust answered dict; it must answer a ContainerAdjustment"
+        ):
             await runtime.create_container(container())
     assert len(runtime.plugins) == 1
 
@@ -330,6 +346,51 @@ async def test_validator_error_fails_creation(runtime: FakeNriRuntime, nursery: 
     with trio.fail_after(LIMIT):
         await attach(nursery, runtime, validator)
         await runtime.run_pod(pod())
-        with pytest.raises(NriError, match="validator plugin 91-strict failed: .*validate failed: 'policy'"):
+        with pytest.raises(NriError, match=r"validator plugin 91-strict failed: .*validate failed: 'policy'"):
             await runtime.create_container(container())
     assert len(runtime.plugins) == 1  # an error, not a fatal one: still connected
+
+
+def plugin_service_v0_12_2() -> dict[str, tuple[str, str]]:
+    """NRI v0.12.2's Plugin service: method -> (input, output) message names."""
+    source = REFERENCE
+    if not source.exists():
+        pytest.skip(f"{source} is not here: set KRPROXY_REFERENCE_DIR to the directory of NRI's schemas")
+    (file,) = json.loads(source.read_text())["file"]
+    (service,) = [s for s in file["service"] if s["name"] == "Plugin"]
+    return {
+        m["name"]: (m["inputType"].rsplit(".", 1)[1], m["outputType"].rsplit(".", 1)[1])
+        for m in service["method"]
+    }
+
+
+async def test_fake_and_stub_match_schema(runtime: FakeNriRuntime, nursery: trio.Nursery) -> None:
+    """Each call the fake makes in a whole lifecycle, and each method the stub serves, is v0.12.2's."""
+    schema = plugin_service_v0_12_2()
+    stub = NriStub("all", "10")
+    stub.create_container(lambda p, c: None)
+    stub.update_container(lambda p, c, r: None)
+    stub.stop_container(lambda p, c: None)
+    stub.update_pod_sandbox(lambda p, r, o: None)
+    stub.validate_container_adjustment(lambda request: None)
+    for event in NOTICES:
+        stub.on(event)(lambda *args: None)
+    with trio.fail_after(LIMIT):
+        await attach(nursery, runtime, stub)
+        await runtime.run_pod(pod())
+        await runtime.update_pod("pod-web", resources=api.LinuxResources())
+        await runtime.create_container(container())
+        await runtime.start_container("ctr-app")
+        await runtime.update_container("ctr-app", api.LinuxResources())
+        await runtime.stop_container("ctr-app")
+        await runtime.remove_container("ctr-app")
+        await runtime.stop_pod("pod-web")
+        await runtime.remove_pod("pod-web")
+    called = {what for direction, what in runtime.log if direction == "call"}
+    assert called - set(schema) == set()
+    assert len(called) == 16  # Configure, Synchronize and the 14 events: every one was sent
+    served = {method for _, method in stub._methods()}
+    assert served - set(schema) == set()
+    assert served == set(schema)  # every Plugin method is served
+    for event, (method, request_type) in NOTICES.items():
+        assert schema[method][0] == request_type.__name__, event

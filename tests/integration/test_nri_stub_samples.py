@@ -113,7 +113,9 @@ async def test_hook_injector_adds_hooks(runtime: FakeNriRuntime, nursery: trio.N
     with trio.fail_after(LIMIT):
         await attach(nursery, runtime, sample("hook_injector"))
         await runtime.run_pod(pod())
-        await runtime.run_pod(api.PodSandbox(id="pod-skip", name="skip", annotations={"hook-injector.krproxy.dev/skip": "true"}))
+        await runtime.run_pod(
+            api.PodSandbox(id="pod-skip", name="skip", annotations={"hook-injector.krproxy.dev/skip": "true"})
+        )
         hooked = await runtime.create_container(container())
         skipped = await runtime.create_container(container("s", pod_id="pod-skip"))
     assert hooked.hooks is not None
@@ -133,7 +135,9 @@ async def test_ulimit_adjuster_sets_rlimits(runtime: FakeNriRuntime, nursery: tr
         await attach(nursery, runtime, sample("ulimit_adjuster"))
         await runtime.run_pod(p)
         app = await runtime.create_container(container())
-        with pytest.raises(NriError, match="30-ulimit-adjuster: adjust failed: RLIMIT_NOFILE: soft 9 is above hard 1"):
+        with pytest.raises(
+            NriError, match="30-ulimit-adjuster: adjust failed: RLIMIT_NOFILE: soft 9 is above hard 1"
+        ):
             await runtime.create_container(container("bad"))
     assert [(r.type, r.soft, r.hard) for r in app.rlimits] == [("RLIMIT_NOFILE", 1024, 4096)]
 
@@ -147,7 +151,7 @@ async def test_differ_and_validator(runtime: FakeNriRuntime, nursery: trio.Nurse
         await runtime.run_pod(annotated(**{"ulimits.noderesource.dev/container.app": ulimits}))
         await runtime.create_container(container())
         await attach(nursery, runtime, sample("hook_injector"), validator)
-        with pytest.raises(NriError, match='validator "90-validator" rejected .* OCI hooks are not allowed'):
+        with pytest.raises(NriError, match=r'validator "90-validator" rejected .* OCI hooks are not allowed'):
             await runtime.create_container(container("hooked"))
     assert differ.diffs[0] == ("app", ["rlimits[RLIMIT_NOFILE]"])
     assert differ.diffs[1] == ("hooked", ["hooks.prestart", "hooks.poststop"])
