@@ -23,7 +23,11 @@ It listens on a unix socket for external plugins and does what containerd's NRI 
 * **Adjustments.** A ``CreateContainer`` answer's ``ContainerAdjustment`` (annotations, env, mounts,
   resources, cgroups path, rlimits, OCI hooks) is applied to the container being created, each plugin
   seeing the previous ones' result; two plugins setting the same field (or annotation, env variable,
-  unified key) is an error naming both, as NRI's ownership rules make it. Keys starting with ``-`` remove.
+  unified key, device path) is an error naming both, as NRI's ownership rules make it. Keys starting with
+  ``-`` remove (annotations, env, device paths). Playing 0.12, every plugin subscribed to
+  VALIDATE_CONTAINER_ADJUSTMENT (a mask of 0 included, as in NRI) is then shown the merged adjustment;
+  a rejection or failure fails the creation with NRI's words (``validator "10-x" rejected container
+  adjustment, reason: ...``), after every validator was asked.
   ``ContainerUpdate``\\ s (in answers or in ``UpdateContainers``) change the resources of the named
   containers; an update of an unknown container fails unless ``ignore_failure``.
 
