@@ -49,6 +49,7 @@ from krproxy.fakes.nri.events import all_events, event_mask
 from krproxy.grpcstatus import Status
 from krproxy.nri import PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
 from krproxy.nri._session import ConnectionLost, Session, TtrpcError
+from krproxy.nri.notices import NOTICE_METHODS
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
@@ -338,7 +339,7 @@ class FakeNriRuntime:
         self, event: api.Event, pod: api.PodSandbox, container: api.Container | None = None
     ) -> None:
         """An event without an answer of its own: NRI 0.12's dedicated method, or StateChange."""
-        method, request_type = _EVENT_METHODS[event]
+        method, request_type = NOTICE_METHODS[event]
         request = (
             request_type(pod=pod, container=container) if container is not None else request_type(pod=pod)
         )
@@ -530,20 +531,6 @@ class FakeNriRuntime:
             if update.linux is not None and update.linux.resources is not None:
                 merge_resources(resources_of(container), update.linux.resources, "", {})
         return failed
-
-
-#: NRI 0.12's dedicated method of each event without an answer of its own, and its request message.
-_EVENT_METHODS: dict[api.Event, tuple[str, type[Any]]] = {
-    api.Event.RUN_POD_SANDBOX: ("RunPodSandbox", api.RunPodSandboxRequest),
-    api.Event.STOP_POD_SANDBOX: ("StopPodSandbox", api.StopPodSandboxRequest),
-    api.Event.REMOVE_POD_SANDBOX: ("RemovePodSandbox", api.RemovePodSandboxRequest),
-    api.Event.POST_UPDATE_POD_SANDBOX: ("PostUpdatePodSandbox", api.PostUpdatePodSandboxRequest),
-    api.Event.POST_CREATE_CONTAINER: ("PostCreateContainer", api.PostCreateContainerRequest),
-    api.Event.START_CONTAINER: ("StartContainer", api.StartContainerRequest),
-    api.Event.POST_START_CONTAINER: ("PostStartContainer", api.PostStartContainerRequest),
-    api.Event.POST_UPDATE_CONTAINER: ("PostUpdateContainer", api.PostUpdateContainerRequest),
-    api.Event.REMOVE_CONTAINER: ("RemoveContainer", api.RemoveContainerRequest),
-}
 
 
 # --- adjustments (NRI's pkg/adaptation/result.go, the parts a hook bridge can produce and more) -------

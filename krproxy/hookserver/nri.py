@@ -56,6 +56,7 @@ from krproxy import log
 from krproxy.grpcstatus import Status
 from krproxy.nri import DEFAULT_SOCKET, PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
 from krproxy.nri._session import Handler, Session, TtrpcError
+from krproxy.nri.notices import NOTICE_METHODS
 from krproxy.nri.plugin import NRI_VERSION, _check_index, _check_name
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
@@ -68,16 +69,12 @@ SOCKET_ENV, NAME_ENV, INDEX_ENV = "NRI_PLUGIN_SOCKET", "NRI_PLUGIN_NAME", "NRI_P
 #: The events a runtime before NRI 0.12 has (0.8's ``ValidEvents``: up to REMOVE_CONTAINER).
 _BEFORE_0_12 = frozenset(e for e in api.Event if 0 < e <= api.Event.REMOVE_CONTAINER)
 #: Events without an answer of their own: NRI 0.12's method and request message, per event.
-NOTICES: Mapping[api.Event, tuple[str, type[Any]]] = {
-    api.Event.RUN_POD_SANDBOX: ("RunPodSandbox", api.RunPodSandboxRequest),
-    api.Event.STOP_POD_SANDBOX: ("StopPodSandbox", api.StopPodSandboxRequest),
-    api.Event.REMOVE_POD_SANDBOX: ("RemovePodSandbox", api.RemovePodSandboxRequest),
-    api.Event.POST_CREATE_CONTAINER: ("PostCreateContainer", api.PostCreateContainerRequest),
-    api.Event.START_CONTAINER: ("StartContainer", api.StartContainerRequest),
-    api.Event.POST_START_CONTAINER: ("PostStartContainer", api.PostStartContainerRequest),
-    api.Event.POST_UPDATE_CONTAINER: ("PostUpdateContainer", api.PostUpdateContainerRequest),
-    api.Event.REMOVE_CONTAINER: ("RemoveContainer", api.RemoveContainerRequest),
-    api.Event.POST_UPDATE_POD_SANDBOX: ("PostUpdatePodSandbox", api.PostUpdatePodSandboxRequest),
+NOTICES = NOTICE_METHODS
+
+#: The calls answered with ContainerUpdates: request and response messages.
+_UPDATE_CALLS: Mapping[api.Event, tuple[type[Any], type[Any]]] = {
+    api.Event.UPDATE_CONTAINER: (api.UpdateContainerRequest, api.UpdateContainerResponse),
+    api.Event.STOP_CONTAINER: (api.StopContainerRequest, api.StopContainerResponse),
 }
 
 AnyHandler = Callable[..., Any]
@@ -277,20 +274,22 @@ class NriStub:
         return bytes(api.CreateContainerResponse(adjust=adjust, update=self._updates(key, updates)))
 
     async def _update_container(self, payload: bytes) -> bytes:
-        key = api.Event.UPDATE_CONTAINER
-        if key not in self._handlers:
-            return bytes(api.UpdateContainerResponse())
-        request = api.UpdateContainerRequest.parse(payload)
-        answer = await self._call(key, request.pod, request.container, request.linux_resources)
-        return bytes(api.UpdateContainerResponse(update=self._updates(key, answer)))
+        return await self._answer_updates(api.Event.UPDATE_CONTAINER, payload)
 
     async def _stop_container(self, payload: bytes) -> bytes:
-        key = api.Event.STOP_CONTAINER
+        return await self._answer_updates(api.Event.STOP_CONTAINER, payload)
+
+    async def _answer_updates(self, key: api.Event, payload: bytes) -> bytes:
+        """UpdateContainer or StopContainer: the handler's ContainerUpdates (the update gets the resources)."""
+        request_type, response_type = _UPDATE_CALLS[key]
         if key not in self._handlers:
-            return bytes(api.StopContainerResponse())
-        request = api.StopContainerRequest.parse(payload)
-        answer = await self._call(key, request.pod, request.container)
-        return bytes(api.StopContainerResponse(update=self._updates(key, answer)))
+            return bytes(response_type())
+        request = request_type.parse(payload)
+        args = [request.pod, request.container]
+        if key is api.Event.UPDATE_CONTAINER:
+            args.append(request.linux_resources)
+        answer = await self._call(key, *args)
+        return bytes(response_type(update=self._updates(key, answer)))
 
     async def _update_pod_sandbox(self, payload: bytes) -> bytes:
         key = api.Event.UPDATE_POD_SANDBOX

@@ -14,7 +14,7 @@ import trio
 from krproxy.fakes.nri import FakeNriRuntime, NriError
 from krproxy.hookserver.nri import NOTICES, NriStub
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
-from tests.integration.nri_support import container, pod
+from tests.integration.nri_support import container, fake_runtime, pod, whole_lifecycle
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 
 LIMIT = LIVENESS_LIMIT
@@ -28,9 +28,7 @@ REFERENCE = (
 
 @pytest.fixture
 async def runtime(nursery: trio.Nursery, short_tmp: object) -> FakeNriRuntime:
-    fake = FakeNriRuntime(os.path.join(str(short_tmp), "nri.sock"), request_timeout=10.0)
-    await nursery.start(fake.serve)
-    return fake
+    return await fake_runtime(nursery, short_tmp, request_timeout=10.0)
 
 
 async def attach(nursery: trio.Nursery, runtime: FakeNriRuntime, stub: NriStub, count: int = 1) -> None:
@@ -377,15 +375,9 @@ async def test_fake_and_stub_match_schema(runtime: FakeNriRuntime, nursery: trio
         stub.on(event)(lambda *args: None)
     with trio.fail_after(LIMIT):
         await attach(nursery, runtime, stub)
-        await runtime.run_pod(pod())
-        await runtime.update_pod("pod-web", resources=api.LinuxResources())
-        await runtime.create_container(container())
-        await runtime.start_container("ctr-app")
-        await runtime.update_container("ctr-app", api.LinuxResources())
-        await runtime.stop_container("ctr-app")
-        await runtime.remove_container("ctr-app")
-        await runtime.stop_pod("pod-web")
-        await runtime.remove_pod("pod-web")
+        await runtime.run_pod(api.PodSandbox(id="pod-resized"))
+        await runtime.update_pod("pod-resized", resources=api.LinuxResources())
+        await whole_lifecycle(runtime, pod(), container())
     called = {what for direction, what in runtime.log if direction == "call"}
     assert called - set(schema) == set()
     assert len(called) == 16  # Configure, Synchronize and the 14 events: every one was sent

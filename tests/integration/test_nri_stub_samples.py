@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import pathlib
 import sys
 from types import ModuleType
@@ -14,7 +13,7 @@ import trio
 
 from krproxy.fakes.nri import FakeNriRuntime, NriError
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
-from tests.integration.nri_support import container, pod
+from tests.integration.nri_support import container, fake_runtime, pod
 from tests.integration.support import LIVENESS_LIMIT
 
 LIMIT = LIVENESS_LIMIT
@@ -33,9 +32,7 @@ def sample(name: str) -> ModuleType:
 
 @pytest.fixture
 async def runtime(nursery: trio.Nursery, short_tmp: object) -> FakeNriRuntime:
-    fake = FakeNriRuntime(os.path.join(str(short_tmp), "nri.sock"), request_timeout=10.0)
-    await nursery.start(fake.serve)
-    return fake
+    return await fake_runtime(nursery, short_tmp, request_timeout=10.0)
 
 
 async def attach(nursery: trio.Nursery, runtime: FakeNriRuntime, *modules: ModuleType) -> None:
