@@ -31,7 +31,8 @@ Connection: the socket ``NRI_PLUGIN_SOCKET`` names as a file descriptor when the
 plugin (a pre-registered plugin; ``NRI_PLUGIN_NAME`` and ``NRI_PLUGIN_IDX`` then give its name and index,
 as NRI's Go stub reads them), else ``socket`` (``/var/run/nri/nri.sock``). The subscription is the events
 the plugin has handlers for; a runtime before NRI 0.12 (no version in Configure) is not subscribed to the
-0.12 events it lacks, and each such handler is named in a warning. The events without an answer come as
+0.12 events it lacks, and each such handler is named in a warning; adjustment fields newer than the
+runtime's NRI (which it drops) are named in a warning at each creation that sets them. The events without an answer come as
 NRI 0.12's dedicated methods or as ``StateChange`` from older runtimes; both reach the same handler.
 
 Failures: a handler's exception is answered to the runtime as an error naming the plugin (``index-name``)
@@ -50,6 +51,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import attrs
+import betterproto2
 import trio
 
 from krproxy import log
@@ -77,6 +79,23 @@ _UPDATE_CALLS: Mapping[api.Event, tuple[type[Any], type[Any]]] = {
     api.Event.STOP_CONTAINER: (api.StopContainerRequest, api.StopContainerResponse),
 }
 
+#: Adjustment fields by the NRI version that brought them (the schema's notes): a runtime older than
+#: that drops them (protobuf skips fields it does not know).
+_FIELDS_SINCE: Mapping[str, tuple[str, ...]] = {
+    "0.8": ("CDI_devices", "linux.oom_score_adj"),
+    "0.12": (
+        "args",
+        "linux.io_priority",
+        "linux.seccomp_policy",
+        "linux.namespaces",
+        "linux.sysctl",
+        "linux.net_devices",
+        "linux.scheduler",
+        "linux.rdt",
+        "linux.memory_policy",
+    ),
+}
+
 AnyHandler = Callable[..., Any]
 
 
@@ -96,6 +115,8 @@ class NriStub:
     runtime: str = attrs.field(default="", init=False)
     #: The events subscribed at the last Configure (NRI's mask).
     subscribed: int = attrs.field(default=0, init=False)
+    #: Whether the runtime's NRI is 0.8 or later (its Configure carries timeouts; 0.6.1's does not).
+    nri_0_8: bool = attrs.field(default=True, init=False)
     #: Set once the runtime synchronized the plugin on the current connection.
     synchronized: trio.Event = attrs.field(factory=trio.Event, init=False)
     _handlers: dict[api.Event | str, AnyHandler] = attrs.field(factory=dict, init=False)
@@ -228,6 +249,7 @@ class NriStub:
         self.nri_version = request.NRI_version
         self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
         has_0_12 = bool(self.nri_version)
+        self.nri_0_8 = has_0_12 or request.request_timeout > 0 or request.registration_timeout > 0
         lacking = [
             k.name
             for k in self._handlers
@@ -271,7 +293,25 @@ class NriStub:
             adjust, updates = answer
         if adjust is not None and not isinstance(adjust, api.ContainerAdjustment):
             raise self._refuse(key, answer, "a ContainerAdjustment, (adjustment, updates) or None")
+        if adjust is not None:
+            self._say_not_applied(request.container, adjust)
         return bytes(api.CreateContainerResponse(adjust=adjust, update=self._updates(key, updates)))
+
+    def _say_not_applied(self, container: api.Container, adjust: api.ContainerAdjustment) -> None:
+        """Warn of the adjustment's fields newer than the runtime's NRI (it drops them unseen)."""
+        lacking = [
+            since for since, have in (("0.8", self.nri_0_8), ("0.12", bool(self.nri_version))) if not have
+        ]
+        fields = [f for since in lacking for f in _FIELDS_SINCE[since] if _is_set(adjust, f)]
+        if fields:
+            log.warning(
+                LOGGER,
+                "nri_stub_fields_not_applied",
+                plugin=self.full_name,
+                container=container.name,
+                fields=",".join(fields),
+                reason=f"the runtime's NRI is older than {lacking[-1]}: it drops these fields",
+            )
 
     async def _update_container(self, payload: bytes) -> bytes:
         return await self._answer_updates(api.Event.UPDATE_CONTAINER, payload)
@@ -324,3 +364,13 @@ class NriStub:
             args = (request.pod, request.container) if container_event else (request.pod,)
             await self._call(request.event, *args)
         return bytes(api.Empty())
+
+
+def _is_set(message: Any, path: str) -> bool:
+    """Whether the dotted field *path* of a betterproto2 message is set (a sub-message, or non-empty)."""
+    value = message
+    for name in path.split("."):
+        if value is None:
+            return False
+        value = getattr(value, name)
+    return isinstance(value, betterproto2.Message) or bool(value)

@@ -386,3 +386,41 @@ async def test_fake_and_stub_match_schema(runtime: FakeNriRuntime, nursery: trio
     assert served == set(schema)  # every Plugin method is served
     for event, (method, request_type) in NOTICES.items():
         assert schema[method][0] == request_type.__name__, event
+
+
+@pytest.mark.parametrize(
+    ("settings", "fields"),
+    [
+        ({"nri_version": ""}, "args"),
+        ({"nri_0_6": True}, "CDI_devices,linux.oom_score_adj,args"),
+        ({}, None),
+    ],
+)
+async def test_fields_runtime_cannot_apply(
+    runtime: FakeNriRuntime,
+    nursery: trio.Nursery,
+    caplog: pytest.LogCaptureFixture,
+    settings: dict[str, object],
+    fields: str | None,
+) -> None:
+    """Adjustment fields newer than the runtime's NRI are named in a warning (none on 0.12)."""
+    for name, value in settings.items():
+        setattr(runtime, name, value)
+    stub = NriStub("newer", "10")
+
+    @stub.create_container
+    def adjust(pod_: api.PodSandbox, ctr: api.Container) -> api.ContainerAdjustment:
+        return api.ContainerAdjustment(
+            args=["sleep", "1"],
+            CDI_devices=[api.CdiDevice(name="vendor.com/gpu=0")],
+            linux=api.LinuxContainerAdjustment(oom_score_adj=api.OptionalInt(value=100)),
+        )
+
+    with caplog.at_level(logging.WARNING, "krproxy.hookserver.nri"), trio.fail_after(LIMIT):
+        await attach(nursery, runtime, stub)
+        await runtime.run_pod(pod())
+        await runtime.create_container(container())
+    said = [
+        r.krproxy_fields["fields"] for r in caplog.records if r.getMessage() == "nri_stub_fields_not_applied"
+    ]
+    assert said == ([fields] if fields else [])
