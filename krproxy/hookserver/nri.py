@@ -297,7 +297,7 @@ class NriStub:
             self._say_not_applied(request.container, adjust)
         return bytes(api.CreateContainerResponse(adjust=adjust, update=self._updates(key, updates)))
 
-    def _say_not_applied(self, container: api.Container, adjust: api.ContainerAdjustment) -> None:
+    def _say_not_applied(self, container: api.Container | None, adjust: api.ContainerAdjustment) -> None:
         """Warn of the adjustment's fields newer than the runtime's NRI (it drops them unseen)."""
         lacking = [
             since for since, have in (("0.8", self.nri_0_8), ("0.12", bool(self.nri_version))) if not have
@@ -308,7 +308,7 @@ class NriStub:
                 LOGGER,
                 "nri_stub_fields_not_applied",
                 plugin=self.full_name,
-                container=container.name,
+                container=container.name if container is not None else "",
                 fields=",".join(fields),
                 reason=f"the runtime's NRI is older than {lacking[-1]}: it drops these fields",
             )
