@@ -46,6 +46,7 @@ import trio
 
 from krproxy.fakes.nri.adjust import NriError, adjust, merge_resources, resources_of
 from krproxy.fakes.nri.events import all_events, event_mask
+from krproxy.fakes.nri.validation import validate
 from krproxy.grpcstatus import Status
 from krproxy.nri import PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
 from krproxy.nri._session import ConnectionLost, Session, TtrpcError
@@ -415,57 +416,12 @@ class FakeNriRuntime:
             # The adjustments of every plugin as one (protobuf merges concatenated messages, repeated
             # fields appended), shown to the validators with the container as it was asked for.
             merged = api.ContainerAdjustment.parse(b"".join(adjustments))
-            await self._validate(pod, original, merged, pending)
+            await validate(self, pod, original, merged, pending)
         container.state = api.ContainerState.CONTAINER_CREATED
         self.containers[container.id] = container
         self._apply_updates(pending)
         await self._event(api.Event.POST_CREATE_CONTAINER, pod, container)
         return container
-
-    async def _validate(
-        self,
-        pod: api.PodSandbox,
-        container: api.Container,
-        merged: api.ContainerAdjustment,
-        updates: list[api.ContainerUpdate],
-    ) -> None:
-        """NRI 0.12's validation: every plugin subscribed to VALIDATE_CONTAINER_ADJUSTMENT (as a mask of 0
-        does: every event) sees the final adjustment; one that rejects it, fails or is late fails the
-        creation, with NRI's wording."""
-        # NRI's ``owners`` (field numbers per plugin) is not filled: the fake keeps owners by field name.
-        plugins = [api.PluginInstance(name=p.name, index=p.index) for p in self.plugins]
-        request = api.ValidateContainerAdjustmentRequest(
-            pod=pod,
-            container=container,
-            adjust=merged,
-            update=updates,
-            plugins=plugins,
-        )
-
-        errors: list[str] = []
-        for plugin in list(self.plugins):  # NRI 0.12 asks them all at once, then fails with an error
-            if not plugin.subscribed(api.Event.VALIDATE_CONTAINER_ADJUSTMENT):
-                continue
-            self.log.append(("call", "ValidateContainerAdjustment"))
-            try:
-                with trio.fail_after(self.request_timeout):
-                    answer = await plugin.session.call(
-                        PLUGIN_SERVICE, "ValidateContainerAdjustment", bytes(request)
-                    )
-            except (trio.TooSlowError, ConnectionLost, TtrpcError) as exc:
-                if not isinstance(exc, TtrpcError):  # fatal: closed, as NRI does; the creation fails still
-                    self._drop(plugin, f"failed to validate request: {exc or 'timed out'}")
-                    await plugin.session.aclose()
-                errors.append(f"validator plugin {plugin.full_name} failed: {exc or 'timed out'}")
-                continue
-            result = api.ValidateContainerAdjustmentResponse.parse(answer)
-            if result.reject:
-                reason = result.reason or "unknown rejection reason"
-                errors.append(
-                    f'validator "{plugin.full_name}" rejected container adjustment, reason: {reason}'
-                )
-        if errors:
-            raise NriError(errors[0])
 
     async def start_container(self, container_id: str) -> None:
         container, pod = self._container(container_id)

@@ -56,10 +56,17 @@ import trio
 
 from krproxy import log
 from krproxy.grpcstatus import Status
-from krproxy.nri import DEFAULT_SOCKET, PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
+from krproxy.nri import (
+    DEFAULT_SOCKET,
+    NRI_VERSION,
+    PLUGIN_SERVICE,
+    RUNTIME_SERVICE,
+    _mux,
+    check_index,
+    check_name,
+)
 from krproxy.nri._session import Handler, Session, TtrpcError
 from krproxy.nri.notices import NOTICE_METHODS
-from krproxy.nri.plugin import NRI_VERSION, _check_index, _check_name
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
 __all__ = ["NriStub", "PluginError"]
@@ -107,8 +114,8 @@ class PluginError(Exception):
 class NriStub:
     """An NRI plugin: its name, index, handlers, and the connection to the runtime (see the module)."""
 
-    name: str = attrs.field(converter=_check_name)
-    index: str = attrs.field(converter=_check_index)
+    name: str = attrs.field(converter=check_name)
+    index: str = attrs.field(converter=check_index)
     socket: str = DEFAULT_SOCKET
     #: The runtime's NRI version from Configure ("" before NRI 0.12) and its name and version.
     nri_version: str = attrs.field(default="", init=False)
