@@ -104,6 +104,14 @@ def adjust(
     linux = adjust.linux
     if linux is not None:
         assert container.linux is not None
+        for device in linux.devices:  # keyed by path; "-path" removes, as NRI's adjustment does
+            path, remove = (device.path[1:], True) if device.path.startswith("-") else (device.path, False)
+            container.linux.devices = [d for d in container.linux.devices if d.path != path]
+            if remove:
+                owners.pop(f"devices[{path}]", None)
+                continue
+            claim(owners, f"devices[{path}]", plugin)
+            container.linux.devices.append(device)
         if linux.resources is not None:
             merge_resources(resources_of(container), linux.resources, plugin, owners)
         if linux.cgroups_path:

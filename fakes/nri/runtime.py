@@ -23,7 +23,11 @@ It listens on a unix socket for external plugins and does what containerd's NRI 
 * **Adjustments.** A ``CreateContainer`` answer's ``ContainerAdjustment`` (annotations, env, mounts,
   resources, cgroups path, rlimits, OCI hooks) is applied to the container being created, each plugin
   seeing the previous ones' result; two plugins setting the same field (or annotation, env variable,
-  unified key) is an error naming both, as NRI's ownership rules make it. Keys starting with ``-`` remove.
+  unified key, device path) is an error naming both, as NRI's ownership rules make it. Keys starting with
+  ``-`` remove (annotations, env, device paths). Playing 0.12, every plugin subscribed to
+  VALIDATE_CONTAINER_ADJUSTMENT (a mask of 0 included, as in NRI) is then shown the merged adjustment;
+  a rejection or failure fails the creation with NRI's words (``validator "10-x" rejected container
+  adjustment, reason: ...``), after every validator was asked.
   ``ContainerUpdate``\\ s (in answers or in ``UpdateContainers``) change the resources of the named
   containers; an update of an unknown container fails unless ``ignore_failure``.
 
@@ -42,9 +46,11 @@ import trio
 
 from krproxy.fakes.nri.adjust import NriError, adjust, merge_resources, resources_of
 from krproxy.fakes.nri.events import all_events, event_mask
+from krproxy.fakes.nri.validation import validate
 from krproxy.grpcstatus import Status
 from krproxy.nri import PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
 from krproxy.nri._session import ConnectionLost, Session, TtrpcError
+from krproxy.nri.notices import NOTICE_METHODS
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
@@ -334,7 +340,7 @@ class FakeNriRuntime:
         self, event: api.Event, pod: api.PodSandbox, container: api.Container | None = None
     ) -> None:
         """An event without an answer of its own: NRI 0.12's dedicated method, or StateChange."""
-        method, request_type = _EVENT_METHODS[event]
+        method, request_type = NOTICE_METHODS[event]
         request = (
             request_type(pod=pod, container=container) if container is not None else request_type(pod=pod)
         )
@@ -393,15 +399,24 @@ class FakeNriRuntime:
         owners: dict[str, str] = {}
         pending: list[api.ContainerUpdate] = []
 
+        adjustments: list[bytes] = []
+        original = api.Container.parse(bytes(container))
+
         def apply(plugin: str, answer: api.CreateContainerResponse) -> None:
             if answer.adjust is not None:
                 adjust(container, answer.adjust, plugin, owners, nri_0_6=self.nri_0_6)
+                adjustments.append(bytes(answer.adjust))
             pending.extend(answer.update)
 
         request = api.CreateContainerRequest(pod=pod, container=container)
         await self._call_each(
             api.Event.CREATE_CONTAINER, "CreateContainer", request, api.CreateContainerResponse, apply
         )
+        if self.nri_0_12:
+            # The adjustments of every plugin as one (protobuf merges concatenated messages, repeated
+            # fields appended), shown to the validators with the container as it was asked for.
+            merged = api.ContainerAdjustment.parse(b"".join(adjustments))
+            await validate(self, pod, original, merged, pending)
         container.state = api.ContainerState.CONTAINER_CREATED
         self.containers[container.id] = container
         self._apply_updates(pending)
@@ -472,20 +487,6 @@ class FakeNriRuntime:
             if update.linux is not None and update.linux.resources is not None:
                 merge_resources(resources_of(container), update.linux.resources, "", {})
         return failed
-
-
-#: NRI 0.12's dedicated method of each event without an answer of its own, and its request message.
-_EVENT_METHODS: dict[api.Event, tuple[str, type[Any]]] = {
-    api.Event.RUN_POD_SANDBOX: ("RunPodSandbox", api.RunPodSandboxRequest),
-    api.Event.STOP_POD_SANDBOX: ("StopPodSandbox", api.StopPodSandboxRequest),
-    api.Event.REMOVE_POD_SANDBOX: ("RemovePodSandbox", api.RemovePodSandboxRequest),
-    api.Event.POST_UPDATE_POD_SANDBOX: ("PostUpdatePodSandbox", api.PostUpdatePodSandboxRequest),
-    api.Event.POST_CREATE_CONTAINER: ("PostCreateContainer", api.PostCreateContainerRequest),
-    api.Event.START_CONTAINER: ("StartContainer", api.StartContainerRequest),
-    api.Event.POST_START_CONTAINER: ("PostStartContainer", api.PostStartContainerRequest),
-    api.Event.POST_UPDATE_CONTAINER: ("PostUpdateContainer", api.PostUpdateContainerRequest),
-    api.Event.REMOVE_CONTAINER: ("RemoveContainer", api.RemoveContainerRequest),
-}
 
 
 # --- adjustments (NRI's pkg/adaptation/result.go, the parts a hook bridge can produce and more) -------

@@ -22,11 +22,15 @@ import attrs
 
 from krproxy import rpc
 from krproxy.hooks.points import HookPoint
+from krproxy.nri import PLUGIN_SERVICE
+from krproxy.nri._session import TtrpcError
+from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from krproxy.proto.runtime import v1alpha1 as pb
 
 from ._cgroups import DEFAULT_CFS_PERIOD, CgroupFile, parse_cfs_period
 from ._context import QOS_LABEL
 from ._executor import Executor
+from .nri import NOTICES, NriStub, PluginError
 
 _V1_DEFAULTS = {
     CgroupFile.CPU_SHARES: "1024",
@@ -243,3 +247,85 @@ class HookClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+@attrs.define
+class NriEvents:
+    """NRI's calls to an :class:`~krproxy.hookserver.nri.NriStub`'s handlers, without a runtime.
+
+    Each call goes through the stub's own method table, serialized both ways as on the wire; a handler's
+    failure raises :class:`~krproxy.hookserver.nri.PluginError` with the message the runtime would get.
+    ``nri_version=""`` plays a runtime before NRI 0.12 (events without an answer come as StateChange).
+
+        events = NriEvents(stub)
+        answer = await events.create_container(pod, container)
+        assert answer.adjust.env[0].key == "MODE"
+    """
+
+    stub: NriStub
+    nri_version: str = "v0.12.2"
+
+    async def call(self, method: str, request: Any, reply_type: type[Any]) -> Any:
+
+        handler = self.stub._methods().get((PLUGIN_SERVICE, method))
+        if handler is None:
+            raise PluginError(f"plugin {self.stub.full_name} does not implement {method}")
+        try:
+            return reply_type.parse(await handler(bytes(request)))
+        except TtrpcError as exc:
+            raise PluginError(exc.message) from None
+
+    async def configure(self) -> int:
+        """Configure the stub as the runtime would; the event mask it subscribes."""
+
+        request = api.ConfigureRequest(runtime_name="test", runtime_version="0", NRI_version=self.nri_version)
+        return int((await self.call("Configure", request, api.ConfigureResponse)).events)
+
+    async def synchronize(self, pods: Iterable[Any] = (), containers: Iterable[Any] = ()) -> Any:
+
+        request = api.SynchronizeRequest(pods=list(pods), containers=list(containers))
+        return await self.call("Synchronize", request, api.SynchronizeResponse)
+
+    async def create_container(self, pod: Any, container: Any) -> Any:
+
+        request = api.CreateContainerRequest(pod=pod, container=container)
+        return await self.call("CreateContainer", request, api.CreateContainerResponse)
+
+    async def update_container(self, pod: Any, container: Any, resources: Any) -> Any:
+
+        request = api.UpdateContainerRequest(pod=pod, container=container, linux_resources=resources)
+        return await self.call("UpdateContainer", request, api.UpdateContainerResponse)
+
+    async def stop_container(self, pod: Any, container: Any) -> Any:
+
+        request = api.StopContainerRequest(pod=pod, container=container)
+        return await self.call("StopContainer", request, api.StopContainerResponse)
+
+    async def update_pod_sandbox(self, pod: Any, resources: Any = None, overhead: Any = None) -> Any:
+
+        request = api.UpdatePodSandboxRequest(
+            pod=pod, linux_resources=resources, overhead_linux_resources=overhead
+        )
+        return await self.call("UpdatePodSandbox", request, api.UpdatePodSandboxResponse)
+
+    async def validate(self, request: Any) -> Any:
+        """ValidateContainerAdjustment with *request* (an ``api.ValidateContainerAdjustmentRequest``)."""
+
+        return await self.call(
+            "ValidateContainerAdjustment", request, api.ValidateContainerAdjustmentResponse
+        )
+
+    async def event(self, event: Any, pod: Any, container: Any = None) -> None:
+        """An event without an answer (``api.Event.RUN_POD_SANDBOX``, ...): NRI 0.12's method, or StateChange."""
+
+        method, request_type = NOTICES[event]
+        if not self.nri_version:
+            if not self.stub.events(False) & (1 << (event - 1)):
+                return
+            request = api.StateChangeEvent(event=event, pod=pod, container=container)
+            await self.call("StateChange", request, api.Empty)
+            return
+        if not self.stub.events() & (1 << (event - 1)):
+            return  # not subscribed: the runtime does not call it
+        args = {"pod": pod} if container is None else {"pod": pod, "container": container}
+        await self.call(method, request_type(**args), api.Empty)

@@ -16,4 +16,19 @@ RUNTIME_SERVICE = "nri.pkg.api.v1alpha1.Runtime"
 #: Where containerd listens for external plugins unless configured otherwise.
 DEFAULT_SOCKET = "/var/run/nri/nri.sock"
 
-__all__ = ["DEFAULT_SOCKET", "PLUGIN_SERVICE", "RUNTIME_SERVICE"]
+#: The NRI version krproxy speaks, sent in RegisterPlugin (NRI 0.12's version exchange).
+NRI_VERSION = "v0.12.2"
+
+__all__ = ["DEFAULT_SOCKET", "NRI_VERSION", "PLUGIN_SERVICE", "RUNTIME_SERVICE", "check_index", "check_name"]
+
+
+def check_index(index: str) -> str:
+    if len(index) != 2 or not (index.isascii() and index.isdigit()):  # NRI: two bytes, each 0-9
+        raise ValueError(f"NRI plugin index must be two digits, 00..99 (got {index!r})")
+    return index
+
+
+def check_name(name: str) -> str:
+    if not name or "/" in name:
+        raise ValueError(f"NRI plugin name must be non-empty, without '/' (got {name!r})")
+    return name

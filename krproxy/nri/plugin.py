@@ -60,7 +60,9 @@ from krproxy.hooks.required import Requirements
 from krproxy.hooks.store import HookStore
 from krproxy.hooks.watcher import watch_hook_dir
 from krproxy.metrics import Metrics
-from krproxy.nri import DEFAULT_SOCKET, PLUGIN_SERVICE, RUNTIME_SERVICE, _mux, wire
+from krproxy.nri import DEFAULT_SOCKET, NRI_VERSION, PLUGIN_SERVICE, RUNTIME_SERVICE, _mux, wire
+from krproxy.nri import check_index as _check_index
+from krproxy.nri import check_name as _check_name
 from krproxy.nri import convert as nri_convert
 from krproxy.nri._events import EVENT_METHODS as EVENT_METHODS
 from krproxy.nri._events import GUARDED as GUARDED
@@ -105,8 +107,6 @@ STORE_EVENTS = (
     api.Event.POST_CREATE_CONTAINER,
     api.Event.REMOVE_CONTAINER,
 )
-#: The NRI version krproxy speaks, sent in RegisterPlugin (NRI 0.12's version exchange).
-NRI_VERSION = "v0.12.2"
 #: The events a runtime before NRI 0.12 knows (its ``ValidEvents``: 0.8.0's ``LAST`` is 12); it refuses
 #: a plugin that subscribes to any other. 0.12 says its version in Configure and knows every event.
 EVENTS_BEFORE_0_12 = (1 << api.Event.REMOVE_CONTAINER) - 1
@@ -121,18 +121,6 @@ DEFAULT_REQUEST_TIMEOUT = 2.0
 REGISTRATION_TIMEOUT = 5.0
 #: Reconnection backoff: first wait, and the longest.
 RECONNECT_MIN, RECONNECT_MAX = 0.5, 10.0
-
-
-def _check_index(index: str) -> str:
-    if len(index) != 2 or not (index.isascii() and index.isdigit()):  # NRI: two bytes, each 0-9
-        raise ValueError(f"NRI plugin index must be two digits, 00..99 (got {index!r})")
-    return index
-
-
-def _check_name(name: str) -> str:
-    if not name or "/" in name:
-        raise ValueError(f"NRI plugin name must be non-empty, without '/' (got {name!r})")
-    return name
 
 
 @attrs.frozen

@@ -115,3 +115,22 @@ async def start_node(nursery: trio.Nursery, short_tmp: object) -> Node:
 async def wait_subscribed(node: Node, event: api.Event) -> None:
     """Until the plugin containerd knows (the latest registration) subscribes to ``event``."""
     await wait_until(lambda: bool(node.runtime.plugins) and node.runtime.plugins[0].subscribed(event), LIMIT)
+
+
+async def fake_runtime(nursery: trio.Nursery, short_tmp: object, **settings: object) -> FakeNriRuntime:
+    """A fake NRI runtime serving ``nri.sock`` in ``short_tmp``, with *settings* (FakeNriRuntime's)."""
+    fake = FakeNriRuntime(os.path.join(str(short_tmp), "nri.sock"), **settings)  # type: ignore[arg-type]
+    await nursery.start(fake.serve)
+    return fake
+
+
+async def whole_lifecycle(runtime: FakeNriRuntime, pod: api.PodSandbox, container: api.Container) -> None:
+    """Run *pod*, then create, start, update, stop and remove *container*, then stop and remove the pod."""
+    await runtime.run_pod(pod)
+    await runtime.create_container(container)
+    await runtime.start_container(container.id)
+    await runtime.update_container(container.id, api.LinuxResources())
+    await runtime.stop_container(container.id)
+    await runtime.remove_container(container.id)
+    await runtime.stop_pod(pod.id)
+    await runtime.remove_pod(pod.id)

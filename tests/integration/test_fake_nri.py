@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -13,6 +12,7 @@ from krproxy.grpcstatus import Status
 from krproxy.nri import PLUGIN_SERVICE, RUNTIME_SERVICE, _mux
 from krproxy.nri._session import Session, TtrpcError
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
+from tests.integration.nri_support import fake_runtime, whole_lifecycle
 from tests.integration.support import LIVENESS_LIMIT, wait_until
 
 LIMIT = LIVENESS_LIMIT
@@ -37,7 +37,16 @@ async def connect(
     async def state_change(payload: bytes) -> bytes:
         return bytes(api.Empty())
 
-    table = {"Configure": configure, "Synchronize": synchronize, "StateChange": state_change, **handlers}
+    async def validate(payload: bytes) -> bytes:  # a mask of 0 makes a validator too, as in NRI 0.12
+        return bytes(api.ValidateContainerAdjustmentResponse())
+
+    table = {
+        "Configure": configure,
+        "Synchronize": synchronize,
+        "StateChange": state_change,
+        "ValidateContainerAdjustment": validate,
+        **handlers,
+    }
     stream = await trio.open_unix_socket(runtime.socket_path)
     session = Session(
         stream,
@@ -57,9 +66,7 @@ async def connect(
 @pytest.fixture
 async def runtime(nursery: trio.Nursery, short_tmp: object) -> FakeNriRuntime:
     # Generous: a plugin that registers must not be dropped because a loaded machine was slow.
-    fake = FakeNriRuntime(os.path.join(str(short_tmp), "nri.sock"), registration_timeout=10.0)
-    await nursery.start(fake.serve)
-    return fake
+    return await fake_runtime(nursery, short_tmp, registration_timeout=10.0)
 
 
 @pytest.mark.parametrize(
@@ -142,14 +149,7 @@ async def test_plugin_error_fails_the_operation(runtime: FakeNriRuntime, nursery
 
 async def _lifecycle(runtime: FakeNriRuntime) -> None:
     """A pod with one container through every event."""
-    await runtime.run_pod(api.PodSandbox(id="p"))
-    await runtime.create_container(api.Container(id="c", pod_sandbox_id="p"))
-    await runtime.start_container("c")
-    await runtime.update_container("c", api.LinuxResources())
-    await runtime.stop_container("c")
-    await runtime.remove_container("c")
-    await runtime.stop_pod("p")
-    await runtime.remove_pod("p")
+    await whole_lifecycle(runtime, api.PodSandbox(id="p"), api.Container(id="c", pod_sandbox_id="p"))
 
 
 #: The events without an answer of their own, as the lifecycle above raises them.

@@ -1,0 +1,383 @@
+"""NRI plugins in Python: a stub that speaks NRI to the runtime itself (no bridge, one hop).
+
+A plugin makes an :class:`NriStub` with its name and two-digit index, decorates its handlers, and runs
+:meth:`NriStub.run`::
+
+    stub = NriStub("env-adder", "10")
+
+    @stub.create_container
+    def add_env(pod, container):
+        return api.ContainerAdjustment(env=[api.KeyValue(key="MODE", value="b")])
+
+    trio.run(stub.run)
+
+Handlers are plain or async functions; they get NRI's own messages (``api.PodSandbox``,
+``api.Container``, ...; :mod:`krproxy.proto.nri.pkg.api.v1alpha1`) and answer with NRI's answers:
+
+=============================  ==========================  =============================================
+decorator                      handler's arguments         answer
+=============================  ==========================  =============================================
+``synchronize``                pods, containers            list of ``ContainerUpdate`` (or None)
+``create_container``           pod, container              ``ContainerAdjustment``, or (adjustment,
+                                                           updates), or None
+``update_container``           pod, container, resources   list of ``ContainerUpdate`` (or None)
+``stop_container``             pod, container              list of ``ContainerUpdate`` (or None)
+``update_pod_sandbox``         pod, resources, overhead    None (NRI 0.12; raise to refuse the resize)
+``validate_container_adjust``  the request                 None to accept, a reason (str) to refuse
+``run_pod_sandbox``, ...       pod (and container)         None (the events without an answer)
+=============================  ==========================  =============================================
+
+Connection: the socket ``NRI_PLUGIN_SOCKET`` names as a file descriptor when the runtime started the
+plugin (a pre-registered plugin; ``NRI_PLUGIN_NAME`` and ``NRI_PLUGIN_IDX`` then give its name and index,
+as NRI's Go stub reads them), else ``socket`` (``/var/run/nri/nri.sock``). The subscription is the events
+the plugin has handlers for; a runtime before NRI 0.12 (no version in Configure) is not subscribed to the
+0.12 events it lacks, and each such handler is named in a warning; adjustment fields newer than the
+runtime's NRI (which it drops) are named in a warning at each creation that sets them. The events without an answer come as
+NRI 0.12's dedicated methods or as ``StateChange`` from older runtimes; both reach the same handler.
+
+Failures: a handler's exception is answered to the runtime as an error naming the plugin (``index-name``)
+and the handler, and logged; NRI then fails that event's operation only (a pre event) and the plugin stays
+connected. A handler that outlives the runtime's request timeout is cancelled by the session (NRI drops a
+plugin that is late). An answer of the wrong type is reported the same way as an exception.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import betterproto2
+import trio
+
+from krproxy import log
+from krproxy.grpcstatus import Status
+from krproxy.nri import (
+    DEFAULT_SOCKET,
+    NRI_VERSION,
+    PLUGIN_SERVICE,
+    RUNTIME_SERVICE,
+    _mux,
+    check_index,
+    check_name,
+)
+from krproxy.nri._session import Handler, Session, TtrpcError
+from krproxy.nri.notices import NOTICE_METHODS
+from krproxy.proto.nri.pkg.api import v1alpha1 as api
+
+__all__ = ["NriStub", "PluginError"]
+
+LOGGER = logging.getLogger("krproxy.hookserver.nri")
+
+#: NRI's environment for a plugin the runtime starts itself (``pkg/api/plugin.go``).
+SOCKET_ENV, NAME_ENV, INDEX_ENV = "NRI_PLUGIN_SOCKET", "NRI_PLUGIN_NAME", "NRI_PLUGIN_IDX"
+#: The events a runtime before NRI 0.12 has (0.8's ``ValidEvents``: up to REMOVE_CONTAINER).
+_BEFORE_0_12 = frozenset(e for e in api.Event if 0 < e <= api.Event.REMOVE_CONTAINER)
+#: Events without an answer of their own: NRI 0.12's method and request message, per event.
+NOTICES = NOTICE_METHODS
+
+#: The calls answered with ContainerUpdates: request and response messages.
+_UPDATE_CALLS: Mapping[api.Event, tuple[type[Any], type[Any]]] = {
+    api.Event.UPDATE_CONTAINER: (api.UpdateContainerRequest, api.UpdateContainerResponse),
+    api.Event.STOP_CONTAINER: (api.StopContainerRequest, api.StopContainerResponse),
+}
+
+#: Adjustment fields by the NRI version that brought them (the schema's notes): a runtime older than
+#: that drops them (protobuf skips fields it does not know).
+_FIELDS_SINCE: Mapping[str, tuple[str, ...]] = {
+    "0.8": ("CDI_devices", "linux.oom_score_adj"),
+    "0.12": (
+        "args",
+        "linux.io_priority",
+        "linux.seccomp_policy",
+        "linux.namespaces",
+        "linux.sysctl",
+        "linux.net_devices",
+        "linux.scheduler",
+        "linux.rdt",
+        "linux.memory_policy",
+    ),
+}
+
+AnyHandler = Callable[..., Any]
+
+
+class PluginError(Exception):
+    """A handler failed or answered what NRI cannot take; said to the runtime with the plugin's name."""
+
+
+@attrs.define(eq=False)
+class NriStub:
+    """An NRI plugin: its name, index, handlers, and the connection to the runtime (see the module)."""
+
+    name: str = attrs.field(converter=check_name)
+    index: str = attrs.field(converter=check_index)
+    socket: str = DEFAULT_SOCKET
+    #: The runtime's NRI version from Configure ("" before NRI 0.12) and its name and version.
+    nri_version: str = attrs.field(default="", init=False)
+    runtime: str = attrs.field(default="", init=False)
+    #: The events subscribed at the last Configure (NRI's mask).
+    subscribed: int = attrs.field(default=0, init=False)
+    #: Whether the runtime's NRI is 0.8 or later (its Configure carries timeouts; 0.6.1's does not).
+    nri_0_8: bool = attrs.field(default=True, init=False)
+    #: Set once the runtime synchronized the plugin on the current connection.
+    synchronized: trio.Event = attrs.field(factory=trio.Event, init=False)
+    _handlers: dict[api.Event | str, AnyHandler] = attrs.field(factory=dict, init=False)
+
+    @classmethod
+    def from_environment(cls, name: str, index: str, socket: str = DEFAULT_SOCKET) -> NriStub:
+        """A stub named by NRI's environment when the runtime started the plugin, else by *name*/*index*."""
+        return cls(os.environ.get(NAME_ENV) or name, os.environ.get(INDEX_ENV) or index, socket)
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.index}-{self.name}"
+
+    # -- decorators ------------------------------------------------------------------------------
+
+    def _on(self, key: api.Event | str) -> Callable[[AnyHandler], AnyHandler]:
+        def register(handler: AnyHandler) -> AnyHandler:
+            if key in self._handlers:
+                raise ValueError(f"NRI plugin {self.full_name} has two handlers of {key}: keep one")
+            self._handlers[key] = handler
+            return handler
+
+        return register
+
+    def synchronize(self, handler: AnyHandler) -> AnyHandler:
+        return self._on("Synchronize")(handler)
+
+    def create_container(self, handler: AnyHandler) -> AnyHandler:
+        return self._on(api.Event.CREATE_CONTAINER)(handler)
+
+    def update_container(self, handler: AnyHandler) -> AnyHandler:
+        return self._on(api.Event.UPDATE_CONTAINER)(handler)
+
+    def stop_container(self, handler: AnyHandler) -> AnyHandler:
+        return self._on(api.Event.STOP_CONTAINER)(handler)
+
+    def update_pod_sandbox(self, handler: AnyHandler) -> AnyHandler:
+        return self._on(api.Event.UPDATE_POD_SANDBOX)(handler)
+
+    def validate_container_adjustment(self, handler: AnyHandler) -> AnyHandler:
+        return self._on(api.Event.VALIDATE_CONTAINER_ADJUSTMENT)(handler)
+
+    def on(self, event: api.Event) -> Callable[[AnyHandler], AnyHandler]:
+        """A handler of an event without an answer (``api.Event.RUN_POD_SANDBOX``, the Post* events, ...)."""
+        if event not in NOTICES:
+            raise ValueError(f"{event!r} has an answer: use its own decorator (e.g. stub.create_container)")
+        return self._on(event)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def events(self, runtime_has_0_12: bool = True) -> int:
+        """The event mask of the handlers, of what the runtime knows."""
+        mask = 0
+        for key in self._handlers:
+            if isinstance(key, api.Event) and (runtime_has_0_12 or key in _BEFORE_0_12):
+                mask |= 1 << (key - 1)
+        return mask
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect, register and serve until the runtime closes the connection."""
+        if not self.events() and "Synchronize" not in self._handlers:
+            raise ValueError(f"NRI plugin {self.full_name} has no handlers: decorate at least one")
+        fd = os.environ.get(SOCKET_ENV, "")
+        if fd:
+            try:
+                sock = socket.socket(fileno=int(fd))
+            except (ValueError, OSError) as exc:
+                raise ValueError(f"{SOCKET_ENV}={fd!r} is not a socket's file descriptor: {exc}") from None
+            stream: trio.abc.Stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+        else:
+            stream = await trio.open_unix_socket(self.socket)
+        session = Session(stream, _mux.PLUGIN_SERVICE_CONN, _mux.RUNTIME_SERVICE_CONN, self._methods())
+        self.synchronized = trio.Event()
+        async with trio.open_nursery() as nursery:
+            await nursery.start(session.run)
+            request = api.RegisterPluginRequest(
+                plugin_name=self.name, plugin_idx=self.index, NRI_version=NRI_VERSION
+            )
+            with trio.fail_after(5):  # NRI's registration timeout
+                await session.call(RUNTIME_SERVICE, "RegisterPlugin", bytes(request))
+            log.event(LOGGER, "nri_stub_registered", plugin=self.full_name)
+            task_status.started()
+
+    def _methods(self) -> dict[tuple[str, str], Handler]:
+        methods: dict[str, Handler] = {
+            "Configure": self._configure,
+            "Synchronize": self._synchronize,
+            "Shutdown": self._shutdown,
+            "CreateContainer": self._create_container,
+            "UpdateContainer": self._update_container,
+            "StopContainer": self._stop_container,
+            "UpdatePodSandbox": self._update_pod_sandbox,
+            "ValidateContainerAdjustment": self._validate,
+            "StateChange": self._state_change,
+        }
+        for event, (method, request_type) in NOTICES.items():
+            if event in self._handlers:  # else Unimplemented, as a Go stub without it answers
+                methods[method] = self._notice(event, request_type)
+        return {(PLUGIN_SERVICE, name): handler for name, handler in methods.items()}
+
+    async def _call(self, key: api.Event | str, *args: Any) -> Any:
+        handler = self._handlers[key]
+        what = getattr(handler, "__name__", repr(handler))
+        try:
+            answer = handler(*args)
+            if inspect.isawaitable(answer):
+                answer = await answer
+        except Exception as exc:
+            LOGGER.exception("NRI plugin %s: handler %s failed", self.full_name, what)
+            raise TtrpcError(
+                Status.UNKNOWN, f"plugin {self.full_name}: {what} failed: {exc or type(exc).__name__}"
+            ) from None
+        return answer
+
+    def _refuse(self, key: api.Event | str, answer: Any, wanted: str) -> TtrpcError:
+        what = getattr(self._handlers[key], "__name__", "handler")
+        message = f"plugin {self.full_name}: {what} answered {type(answer).__name__}; it must answer {wanted}"
+        LOGGER.error("%s", message)
+        return TtrpcError(Status.UNKNOWN, message)
+
+    def _updates(self, key: api.Event | str, answer: Any) -> list[api.ContainerUpdate]:
+        if answer is None:
+            return []
+        if isinstance(answer, (list, tuple)) and all(isinstance(u, api.ContainerUpdate) for u in answer):
+            return list(answer)
+        raise self._refuse(key, answer, "a list of ContainerUpdate or None")
+
+    async def _configure(self, payload: bytes) -> bytes:
+        request = api.ConfigureRequest.parse(payload)
+        self.nri_version = request.NRI_version
+        self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
+        has_0_12 = bool(self.nri_version)
+        self.nri_0_8 = has_0_12 or request.request_timeout > 0 or request.registration_timeout > 0
+        lacking = [
+            k.name
+            for k in self._handlers
+            if isinstance(k, api.Event) and not has_0_12 and k not in _BEFORE_0_12
+        ]
+        if lacking:
+            log.warning(
+                LOGGER,
+                "nri_stub_events_unavailable",
+                plugin=self.full_name,
+                events=",".join(lacking),
+                reason="the runtime's NRI is older than 0.12 and has no such events",
+            )
+        self.subscribed = self.events(has_0_12)
+        # NRI reads 0 as every event: a plugin with only a Synchronize handler subscribes to the least.
+        events = self.subscribed or 1 << (api.Event.REMOVE_POD_SANDBOX - 1)
+        return bytes(api.ConfigureResponse(events=events))
+
+    async def _synchronize(self, payload: bytes) -> bytes:
+        request = api.SynchronizeRequest.parse(payload)
+        updates: list[api.ContainerUpdate] = []
+        if "Synchronize" in self._handlers:
+            answer = await self._call("Synchronize", list(request.pods), list(request.containers))
+            updates = self._updates("Synchronize", answer)
+        if not request.more:
+            self.synchronized.set()
+        return bytes(api.SynchronizeResponse(update=updates, more=request.more))
+
+    async def _shutdown(self, payload: bytes) -> bytes:
+        log.event(LOGGER, "nri_stub_shutdown", plugin=self.full_name)
+        return bytes(api.Empty())
+
+    async def _create_container(self, payload: bytes) -> bytes:
+        key = api.Event.CREATE_CONTAINER
+        if key not in self._handlers:
+            return bytes(api.CreateContainerResponse())
+        request = api.CreateContainerRequest.parse(payload)
+        answer = await self._call(key, request.pod, request.container)
+        adjust, updates = answer, None
+        if isinstance(answer, tuple) and len(answer) == 2:
+            adjust, updates = answer
+        if adjust is not None and not isinstance(adjust, api.ContainerAdjustment):
+            raise self._refuse(key, answer, "a ContainerAdjustment, (adjustment, updates) or None")
+        if adjust is not None:
+            self._say_not_applied(request.container, adjust)
+        return bytes(api.CreateContainerResponse(adjust=adjust, update=self._updates(key, updates)))
+
+    def _say_not_applied(self, container: api.Container | None, adjust: api.ContainerAdjustment) -> None:
+        """Warn of the adjustment's fields newer than the runtime's NRI (it drops them unseen)."""
+        lacking = [
+            since for since, have in (("0.8", self.nri_0_8), ("0.12", bool(self.nri_version))) if not have
+        ]
+        fields = [f for since in lacking for f in _FIELDS_SINCE[since] if _is_set(adjust, f)]
+        if fields:
+            log.warning(
+                LOGGER,
+                "nri_stub_fields_not_applied",
+                plugin=self.full_name,
+                container=container.name if container is not None else "",
+                fields=",".join(fields),
+                reason=f"the runtime's NRI is older than {lacking[-1]}: it drops these fields",
+            )
+
+    async def _update_container(self, payload: bytes) -> bytes:
+        return await self._answer_updates(api.Event.UPDATE_CONTAINER, payload)
+
+    async def _stop_container(self, payload: bytes) -> bytes:
+        return await self._answer_updates(api.Event.STOP_CONTAINER, payload)
+
+    async def _answer_updates(self, key: api.Event, payload: bytes) -> bytes:
+        """UpdateContainer or StopContainer: the handler's ContainerUpdates (the update gets the resources)."""
+        request_type, response_type = _UPDATE_CALLS[key]
+        if key not in self._handlers:
+            return bytes(response_type())
+        request = request_type.parse(payload)
+        args = [request.pod, request.container]
+        if key is api.Event.UPDATE_CONTAINER:
+            args.append(request.linux_resources)
+        answer = await self._call(key, *args)
+        return bytes(response_type(update=self._updates(key, answer)))
+
+    async def _update_pod_sandbox(self, payload: bytes) -> bytes:
+        key = api.Event.UPDATE_POD_SANDBOX
+        if key in self._handlers:
+            request = api.UpdatePodSandboxRequest.parse(payload)
+            await self._call(key, request.pod, request.linux_resources, request.overhead_linux_resources)
+        return bytes(api.UpdatePodSandboxResponse())
+
+    async def _validate(self, payload: bytes) -> bytes:
+        key = api.Event.VALIDATE_CONTAINER_ADJUSTMENT
+        if key not in self._handlers:
+            return bytes(api.ValidateContainerAdjustmentResponse())
+        answer = await self._call(key, api.ValidateContainerAdjustmentRequest.parse(payload))
+        if answer is not None and not isinstance(answer, str):
+            raise self._refuse(key, answer, "None (accept) or the reason to refuse (str)")
+        return bytes(api.ValidateContainerAdjustmentResponse(reject=answer is not None, reason=answer or ""))
+
+    def _notice(self, event: api.Event, request_type: type[Any]) -> Handler:
+        async def handle(payload: bytes) -> bytes:
+            request = request_type.parse(payload)
+            args = (request.pod,) if not hasattr(request, "container") else (request.pod, request.container)
+            await self._call(event, *args)
+            return bytes(api.Empty())
+
+        return handle
+
+    async def _state_change(self, payload: bytes) -> bytes:
+        """Before NRI 0.12: the events without an answer, one method for all."""
+        request = api.StateChangeEvent.parse(payload)
+        if request.event in self._handlers and request.event in NOTICES:
+            container_event = hasattr(NOTICES[request.event][1](), "container")
+            args = (request.pod, request.container) if container_event else (request.pod,)
+            await self._call(request.event, *args)
+        return bytes(api.Empty())
+
+
+def _is_set(message: Any, path: str) -> bool:
+    """Whether the dotted field *path* of a betterproto2 message is set (a sub-message, or non-empty)."""
+    value = message
+    for name in path.split("."):
+        if value is None:
+            return False
+        value = getattr(value, name)
+    return isinstance(value, betterproto2.Message) or bool(value)
