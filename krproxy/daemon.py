@@ -49,7 +49,7 @@ from krproxy.grpcstatus import Cardinality
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard, counted_guard
 from krproxy.hooks.outcomes import Outcome
-from krproxy.hooks.recovery import CALL_TIMEOUT, Recovered, recover
+from krproxy.hooks.recovery import CALL_TIMEOUT, MAX_ANSWER, Recovered, recover
 from krproxy.hooks.registration import Registry
 from krproxy.hooks.runtime import HookRuntime
 from krproxy.hooks.store import HookStore
@@ -57,6 +57,7 @@ from krproxy.hooks.watcher import watch_hook_dir
 from krproxy.metrics import Metrics
 from krproxy.ocihooks import proxy as ocihooks
 from krproxy.relay import Relay, Route, connect_unix
+from krproxy.relay._grpc import AnswerTooLarge
 from krproxy.routing import CRI_VERSION, Routing
 from krproxy.trace.recorder import Recorder, watch_toggle_signal
 
@@ -103,8 +104,16 @@ class Daemon:
 async def _recover_store(
     config: ProxyConfig, relay: Relay, runtime: Route, hooks: HookRuntime, metrics: Metrics
 ) -> None:
-    call = functools.partial(relay.call, runtime, within=CALL_TIMEOUT)
     gate = hooks.store_gate
+
+    async def call(path: str, message: bytes) -> bytes:
+        try:  # the limit is on the message; the relay's counts its 5-byte gRPC prefix too
+            return await relay.call(runtime, path, message, within=CALL_TIMEOUT, max_answer=MAX_ANSWER + 5)
+        except AnswerTooLarge:
+            raise AnswerTooLarge(
+                f"the runtime's answer to {path} is over {MAX_ANSWER} bytes, kubelet's limit (kubelet cannot"
+                " read it either): remove exited containers and pods, or shorten their labels and annotations"
+            ) from None
 
     async def attempt() -> Recovered:
         try:

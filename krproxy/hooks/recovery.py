@@ -42,6 +42,12 @@ CONCURRENCY = 16
 #: Per-call timeout of recovery's CRI calls, in seconds.
 CALL_TIMEOUT = 30.0
 
+#: The largest answer recovery reads: kubelet's receive limit (grpc-go's 16 MiB default, which is
+#: containerd's send limit too), so a list kubelet cannot read is not read here either. The caller
+#: refuses a larger answer before reading it: splitting 16 MiB of tiny fields in Python holds the
+#: event loop for seconds, long enough for a new kubelet connection's 5 s handshake to time out.
+MAX_ANSWER = 16 * 1024 * 1024
+
 A = TypeVar("A")
 T = TypeVar("T")
 
