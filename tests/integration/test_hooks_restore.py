@@ -169,4 +169,6 @@ async def test_checkpoint_pod_forwarded_with_deadline(node: Node, tmp_path: Path
     assert 1 == len(node.fake.requests("CheckpointPod"))
     (headers,) = node.fake.headers("CheckpointPod")
     timeout = grpc_timeout(dict(headers)["grpc-timeout"].encode())
-    assert timeout is not None and 5 < timeout <= 7, timeout
+    # grpcio rounds the timeout it sends up (7.01 s was seen on 3.13 in CI); krproxy forwards what
+    # is left of that, never more.
+    assert timeout is not None and 5 < timeout <= 7.1, timeout
