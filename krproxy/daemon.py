@@ -57,7 +57,7 @@ from krproxy.hooks.watcher import watch_hook_dir
 from krproxy.metrics import Metrics
 from krproxy.ocihooks import proxy as ocihooks
 from krproxy.relay import Relay, Route, connect_unix
-from krproxy.relay._grpc import AnswerTooLarge
+from krproxy.relay.rpc import AnswerTooLarge
 from krproxy.routing import CRI_VERSION, Routing
 from krproxy.trace.recorder import Recorder, watch_toggle_signal
 
