@@ -239,6 +239,12 @@ async def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 #: time (trio's MockClock) instead.
 LIVENESS_LIMIT = 30.0
 
+#: Seconds a test waits for a child Python process to start (import krproxy, bind, register). Under
+#: ten runnable processes per core a start took over 30 s (a suite run beside six others and
+#: stress-ng, load 19 on 2 cores), so start-up gets its own, longer bound; waiting ends as soon as
+#: the child is up, so an idle machine pays nothing for it.
+STARTUP_LIMIT = 120.0
+
 
 async def wait_until(
     predicate: Callable[[], bool], limit: float = LIVENESS_LIMIT, interval: float = 0.02

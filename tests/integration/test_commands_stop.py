@@ -22,6 +22,7 @@ import attrs
 import pytest
 
 from krproxy.trace import format as fmt
+from tests.integration.processes import wait_for_file
 from tests.integration.support import LIVENESS_LIMIT
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,10 +188,7 @@ def runtime(short_tmp: Path) -> Iterator[str]:
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + LIVENESS_LIMIT
-        while not os.path.exists(path):
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1]
-            time.sleep(0.05)
+        wait_for_file(path, process)
         yield path
     finally:
         process.terminate()

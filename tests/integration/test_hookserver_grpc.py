@@ -39,6 +39,7 @@ from krproxy.hookserver.policies import install_all
 from krproxy.hookserver.policies.cpusuppress import Measurement
 from krproxy.hookserver.testing import FakeNode, HookClient, container_request, logged_events, pod_request
 from krproxy.proto.runtime import v1alpha1 as pb
+from tests.integration.processes import wait_for_file
 from tests.integration.support import LIVENESS_LIMIT
 
 BE_POD = "/kubepods/besteffort/poduid-be"
@@ -370,10 +371,7 @@ def test_hooks_serve_stops_on_a_signal_and_unregisters(
         ]
     process = subprocess.Popen(command, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + LIVENESS_LIMIT
-        while not registration.exists():
-            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1]
-            time.sleep(0.05)
+        wait_for_file(registration, process)
         process.send_signal(signum)
         _, stderr = process.communicate(timeout=LIVENESS_LIMIT)
     finally:
