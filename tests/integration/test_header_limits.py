@@ -1,5 +1,6 @@
 """Header list limits through the proxy: an answer over krproxy's advertised limit ends that call
-alone, with the status grpc-go gives, intercepted and relayed calls alike.
+alone, with the status grpc-go gives, intercepted and relayed calls alike; a request over the
+runtime's advertised limit is failed by krproxy, unsent, as grpc-go's client fails it.
 
 The runtime is the fake containerd, served by krproxy's own HTTP/2 core, which honours the
 SETTINGS_MAX_HEADER_LIST_SIZE krproxy advertises as grpc-go does: trailers over it are not sent,
@@ -8,9 +9,18 @@ the stream is reset with INTERNAL_ERROR (docs/security.md, "Header list limits, 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
+import threading
+import urllib.parse
 from typing import Any
 
 import grpc
+import h2.config
+import h2.connection
+import h2.events
+import h2.settings
 import pytest
 import trio
 from cri_api.v1 import api_pb2, api_pb2_grpc
@@ -20,6 +30,7 @@ from krproxy.grpcstatus import Status
 from krproxy.h2.connection import ADVERTISED_HEADER_LIST
 from tests.integration.faults_support import channel, version_ok
 from tests.integration.support import in_thread, start_proxy
+from tests.integration.test_relay_transport import ECHO, h2_unary
 
 #: Trailing metadata whose header list is over what krproxy advertises to the runtime.
 OVERSIZED = (("x-echo", "e" * (ADVERTISED_HEADER_LIST + 1)),)
@@ -52,3 +63,56 @@ async def test_answer_over_the_limit_ends_one_call(
     assert grpc.StatusCode.INTERNAL == failed.value.code(), failed.value.details()
     assert "reset the stream (INTERNAL_ERROR)" in (failed.value.details() or "")
     assert await in_thread(version_ok, daemon.config.listen)
+
+
+def _serve_limited(listener: socket.socket, limit: int, seen: list[int]) -> None:
+    """An ``h2`` runtime advertising SETTINGS_MAX_HEADER_LIST_SIZE ``limit``: it answers every
+    request OK and notes the header list size of each :data:`ECHO` request it received."""
+    conn_sock, _ = listener.accept()
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+    conn.local_settings = h2.settings.Settings(
+        client=False, initial_values={h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: limit}
+    )
+    conn.initiate_connection()
+    with conn_sock, contextlib.suppress(OSError):
+        conn_sock.sendall(conn.data_to_send())
+        while data := conn_sock.recv(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.RequestReceived):
+                    if (b":path", ECHO.encode()) in event.headers:
+                        seen.append(sum(32 + len(n) + len(v) for n, v in event.headers))
+                elif isinstance(event, h2.events.StreamEnded):
+                    conn.send_headers(
+                        event.stream_id, [(b":status", b"200"), (b"content-type", b"application/grpc")]
+                    )
+                    conn.send_data(event.stream_id, b"\0\0\0\0\0")
+                    conn.send_headers(event.stream_id, [(b"grpc-status", b"0")], end_stream=True)
+            conn_sock.sendall(conn.data_to_send())
+
+
+async def test_request_over_the_runtimes_limit_is_not_sent(nursery: trio.Nursery, sockdir: str) -> None:
+    """A caller's request whose header list exceeds the runtime's SETTINGS_MAX_HEADER_LIST_SIZE
+    (16 KiB, as grpcio advertises): krproxy does not send it, the caller gets INTERNAL with
+    grpc-go's words; the runtime never sees it, and the next call on the connection passes."""
+    backend = os.path.join(sockdir, "backend.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(backend)
+    listener.listen(4)
+    seen: list[int] = []
+    threading.Thread(target=_serve_limited, args=(listener, 16384, seen), daemon=True).start()
+    daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    listen = daemon.config.listen
+    try:
+        first = await in_thread(h2_unary, listen, ECHO, b"")
+        big = await in_thread(h2_unary, listen, ECHO, b"", extra=[("x-big", "v" * 20_000)])
+        after = await in_thread(h2_unary, listen, ECHO, b"")
+    finally:
+        listener.close()
+    assert (b"0", b"13", b"0") == (
+        first.trailers[b"grpc-status"],
+        big.trailers[b"grpc-status"],
+        after.trailers[b"grpc-status"],
+    )
+    message = urllib.parse.unquote(big.trailers[b"grpc-message"].decode())
+    assert "header list size to send violates the maximum size (16384 bytes)" in message, message
+    assert 2 == len(seen) and max(seen) < 16384, seen

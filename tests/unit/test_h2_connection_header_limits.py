@@ -6,7 +6,7 @@ from __future__ import annotations
 from krproxy.h2 import connection as core
 from krproxy.h2 import frames as f
 from krproxy.h2.connection import Connection, Role
-from tests.unit.h2peer import RESPONSE, kinds, parse, server
+from tests.unit.h2peer import REQUEST, RESPONSE, client, kinds, parse, server
 from tests.unit.test_h2state import _open
 
 BIG_TRAILERS = [(b"grpc-status", b"5"), (b"grpc-message", b"m" * 100_000)]
@@ -58,3 +58,15 @@ def test_trailers_within_the_peers_limit_are_sent() -> None:
         sent = parse(conn.data_to_send())
         assert f.HEADERS == sent[0][0]
         assert f.RST_STREAM not in [kind for kind, _, _, _ in sent]
+
+
+def test_request_over_the_peers_limit_is_told_apart() -> None:
+    """A request's header list over the server's SETTINGS_MAX_HEADER_LIST_SIZE: over_peer_limit
+    names the limit (the driver fails that call unsent); a request within it, or a server that
+    stated no limit, gets None."""
+    metadata = [*REQUEST, (b"x-big", b"v" * 20_000)]
+    limited = client(settings=f.settings([(f.MAX_HEADER_LIST_SIZE, 16384)]))
+    unlimited = client()
+    assert 16384 == limited.over_peer_limit(f.encode_headers(metadata))
+    assert limited.over_peer_limit(f.encode_headers([*REQUEST, (b"x-small", b"v" * 16_000)])) is None
+    assert unlimited.over_peer_limit(f.encode_headers(metadata)) is None
