@@ -32,8 +32,12 @@ from tests.integration.faults_support import channel, version_ok
 from tests.integration.support import in_thread, start_proxy
 from tests.integration.test_relay_transport import ECHO, h2_unary
 
-#: Trailing metadata whose header list is over what krproxy advertises to the runtime.
-OVERSIZED = (("x-echo", "e" * (ADVERTISED_HEADER_LIST + 1)),)
+#: Trailers whose header list is over what krproxy advertises to the runtime: status details
+#: (base64 on the wire, a third larger) or any other field.
+OVERSIZED = {
+    "details": ("grpc-status-details-bin", b"\x08\x05" * (ADVERTISED_HEADER_LIST // 2)),
+    "metadata": ("x-echo", "e" * (ADVERTISED_HEADER_LIST + 1)),
+}
 
 
 @pytest.mark.parametrize(
@@ -45,16 +49,17 @@ OVERSIZED = (("x-echo", "e" * (ADVERTISED_HEADER_LIST + 1)),)
         pytest.param("ExecSync", api_pb2.ExecSyncRequest(container_id="c" * 64, cmd=["true"]), id="relayed"),
     ],
 )
+@pytest.mark.parametrize("trailer", sorted(OVERSIZED))
 async def test_answer_over_the_limit_ends_one_call(
-    nursery: trio.Nursery, sockdir: str, fake_containerd: Any, method: str, request_: Any
+    nursery: trio.Nursery, sockdir: str, fake_containerd: Any, method: str, request_: Any, trailer: str
 ) -> None:
-    """The runtime's answer is over krproxy's header list limit: the runtime resets the stream,
-    the caller gets INTERNAL naming the reset (as grpc-go's client does), not UNAVAILABLE, and the
-    next call on the same runtime connection is answered."""
+    """The runtime's answer is over krproxy's header list limit, by its status details or another
+    trailer: the runtime resets the stream, the caller gets INTERNAL naming the reset (as grpc-go's
+    client does), not UNAVAILABLE, and the next call on the same runtime connection is answered."""
     fake, runtime = fake_containerd
-    fake.inject(
-        method, Fault(status=Status.NOT_FOUND, message="no such container", trailing_metadata=OVERSIZED)
-    )
+    oversized = (OVERSIZED[trailer],)
+    fault = Fault(status=Status.NOT_FOUND, message="no such container", trailing_metadata=oversized)
+    fake.inject(method, fault)
     daemon = await start_proxy(nursery, sockdir, runtime_endpoint=runtime)
     with channel(daemon.config.listen) as ch:
         call = getattr(api_pb2_grpc.RuntimeServiceStub(ch), method)
