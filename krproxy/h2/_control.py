@@ -139,6 +139,32 @@ class Control(Sender):
         stream.headers_received = True
         self._events.append(ev.HeadersReceived(stream.id, headers, end))
 
+    def _on_oversized_block(self, stream_id: int) -> None:
+        """A header block over what we decode ended (its HPACK state taken in): that stream is
+        reset with FRAME_SIZE_ERROR, as grpc-go resets a stream whose header list is over its
+        limit; a request's stream is never opened. Stream id rules as for any block."""
+        if self.server and stream_id not in self.streams:
+            if self._take_peer_stream_id(stream_id):
+                self._send_reset(stream_id, f.FRAME_SIZE_ERROR)
+            return
+        self._stream_error(stream_id, f.FRAME_SIZE_ERROR)
+
+    def _take_peer_stream_id(self, stream_id: int) -> bool:
+        """A caller's header block opens ``stream_id`` (server role): True if it is the next one
+        of theirs, False for a stream we reset (frames already on their way are ignored, §5.1);
+        a connection error otherwise (odd ids only, never lower nor reused, RFC 9113 §5.1.1)."""
+        if stream_id % 2 == 0:
+            raise f.ProtocolError(f"caller opened even stream {stream_id}")
+        if stream_id <= self.last_peer_id:
+            if stream_id in self.reset_ids:
+                return False
+            raise f.ProtocolError(
+                f"HEADERS opening stream {stream_id}, not above stream {self.last_peer_id}"
+                " (stream ids are never lower nor reused, RFC 9113 §5.1.1)"
+            )
+        self.last_peer_id = stream_id
+        return True
+
     def _stream_error(self, stream_id: int, code: int, idle: bool = False) -> None:
         """A stream error (RFC 9113 §5.4.2): RST_STREAM(code) on that stream; the connection and
         its other streams go on. Nothing is sent for an idle stream, unless ``idle``: a PRIORITY

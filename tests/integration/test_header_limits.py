@@ -27,10 +27,11 @@ from cri_api.v1 import api_pb2, api_pb2_grpc
 
 from krproxy.fakes.containerd import Fault
 from krproxy.grpcstatus import Status
-from krproxy.h2.connection import ADVERTISED_HEADER_LIST
+from krproxy.h2 import frames as f
+from krproxy.h2.connection import ADVERTISED_HEADER_LIST, MAX_HEADER_BLOCK
 from tests.integration.faults_support import channel, version_ok
 from tests.integration.support import in_thread, start_proxy
-from tests.integration.test_relay_transport import ECHO, h2_unary
+from tests.integration.test_relay_transport import BIG, ECHO, h2_unary
 
 #: Trailers whose header list is over what krproxy advertises to the runtime: status details
 #: (base64 on the wire, a third larger) or any other field.
@@ -121,3 +122,56 @@ async def test_request_over_the_runtimes_limit_is_not_sent(nursery: trio.Nursery
     message = urllib.parse.unquote(big.trailers[b"grpc-message"].decode())
     assert "header list size to send violates the maximum size (16384 bytes)" in message, message
     assert 2 == len(seen) and max(seen) < 16384, seen
+
+
+def _serve_ignoring_the_limit(listener: socket.socket) -> None:
+    """An ``h2`` runtime that ignores the header list limit krproxy advertises, on one connection
+    only (a call on a second one would wait unanswered): it answers
+    :data:`BIG` with a header block over MAX_HEADER_BLOCK (encoded with its connection's own HPACK
+    encoder, so its table moves on), and every other call OK, naming what its table now holds."""
+    conn_sock, _ = listener.accept()
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+    conn.initiate_connection()
+    plain = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+    with conn_sock, contextlib.suppress(OSError):
+        conn_sock.sendall(conn.data_to_send())
+        while data := conn_sock.recv(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.RequestReceived) and (b":path", BIG.encode()) in event.headers:
+                    fields = [*plain, (b"x-big", b"b" * (MAX_HEADER_BLOCK + 100_000)), (b"x-after", b"1")]
+                    block = conn.encoder.encode(fields, huffman=False)
+                    conn_sock.sendall(
+                        conn.data_to_send() + f.header_frames(event.stream_id, block, False, 16384)
+                    )
+                elif isinstance(event, h2.events.StreamEnded):
+                    conn.send_headers(event.stream_id, [*plain, (b"x-after", b"1")])
+                    conn.send_data(event.stream_id, b"\0\0\0\0\0")
+                    conn.send_headers(event.stream_id, [(b"grpc-status", b"0")], end_stream=True)
+            conn_sock.sendall(conn.data_to_send())
+
+
+async def test_a_block_over_what_krproxy_reads_ends_one_call(nursery: trio.Nursery, sockdir: str) -> None:
+    """A runtime sends an answer's header block over the 1 MiB krproxy reads, ignoring the limit it
+    advertised: that call fails INTERNAL (as grpc-go's client fails it), the runtime connection
+    lives on, and the next answer, indexed against the oversized block's HPACK state, is read."""
+    backend = os.path.join(sockdir, "backend.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(backend)
+    listener.listen(4)
+    threading.Thread(target=_serve_ignoring_the_limit, args=(listener,), daemon=True).start()
+    daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
+    listen = daemon.config.listen
+    try:
+        first = await in_thread(h2_unary, listen, ECHO, b"")
+        big = await in_thread(h2_unary, listen, BIG, b"")
+        after = await in_thread(h2_unary, listen, ECHO, b"")
+    finally:
+        listener.close()
+    assert (b"0", b"13", b"0") == (
+        first.trailers[b"grpc-status"],
+        big.trailers[b"grpc-status"],
+        after.trailers[b"grpc-status"],
+    )
+    message = urllib.parse.unquote(big.trailers[b"grpc-message"].decode())
+    assert "peer header list size exceeded limit" in message, message
+    assert b"1" == after.headers[b"x-after"]
