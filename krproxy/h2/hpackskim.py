@@ -29,6 +29,7 @@ from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
 
 from krproxy.h2 import frames as f
+from krproxy.h2 import hpackmemo
 
 __all__ = ["MAX_BLOCK", "MAX_FIELDS", "Skimmer"]
 
@@ -196,20 +197,10 @@ class Skimmer:
 
 
 def _integer(data: bytes, at: int, prefix_bits: int) -> tuple[int, int] | None:
-    """RFC 7541 §5.1 integer at ``data[at]``: (value, position after it), None if cut off."""
-    limit = (1 << prefix_bits) - 1
-    value = data[at] & limit
-    at += 1
-    if value < limit:
-        return value, at
-    shift = 0
-    while at < len(data):
-        byte = data[at]
-        at += 1
-        value += (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, at
-        shift += 7
-        if shift > 28:
-            raise f.ProtocolError("undecodable header block: integer too long", f.COMPRESSION_ERROR)
-    return None
+    """RFC 7541 §5.1 integer at ``data[at]`` (:func:`krproxy.h2.hpackmemo._integer`): (value,
+    position after it), None if cut off; one of more than five continuation bytes is refused
+    (2^35 and beyond: no length or index of a block we take)."""
+    got = hpackmemo._integer(data, at, prefix_bits)
+    if got is None and len(data) - at > 6:
+        raise f.ProtocolError("undecodable header block: integer too long", f.COMPRESSION_ERROR)
+    return got

@@ -31,7 +31,7 @@ from krproxy.h2 import frames as f
 from krproxy.h2.connection import ADVERTISED_HEADER_LIST, MAX_HEADER_BLOCK
 from tests.integration.faults_support import channel, version_ok
 from tests.integration.support import in_thread, start_proxy
-from tests.integration.test_relay_transport import BIG, ECHO, h2_unary
+from tests.integration.test_relay_transport import BIG, ECHO, H2Answer, h2_unary
 
 #: Trailers whose header list is over what krproxy advertises to the runtime: status details
 #: (base64 on the wire, a third larger) or any other field.
@@ -96,28 +96,37 @@ def _serve_limited(listener: socket.socket, limit: int, seen: list[int]) -> None
             conn_sock.sendall(conn.data_to_send())
 
 
-async def test_request_over_the_runtimes_limit_is_not_sent(nursery: trio.Nursery, sockdir: str) -> None:
-    """A caller's request whose header list exceeds the runtime's SETTINGS_MAX_HEADER_LIST_SIZE
-    (16 KiB, as grpcio advertises): krproxy does not send it, the caller gets INTERNAL with
-    grpc-go's words; the runtime never sees it, and the next call on the connection passes."""
+async def _three_calls_via(
+    nursery: trio.Nursery, sockdir: str, serve: Any, *args: Any, path: str = ECHO, extra: Any = None
+) -> tuple[H2Answer, H2Answer, H2Answer]:
+    """Through a proxy in front of ``serve(listener, *args)`` (an ``h2`` runtime in a thread): a
+    plain call, the call under test (``path``, ``extra`` metadata), a plain call; their answers,
+    after asserting their statuses OK, INTERNAL, OK."""
     backend = os.path.join(sockdir, "backend.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(backend)
     listener.listen(4)
-    seen: list[int] = []
-    threading.Thread(target=_serve_limited, args=(listener, 16384, seen), daemon=True).start()
+    threading.Thread(target=serve, args=(listener, *args), daemon=True).start()
     daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
     listen = daemon.config.listen
     try:
         first = await in_thread(h2_unary, listen, ECHO, b"")
-        big = await in_thread(h2_unary, listen, ECHO, b"", extra=[("x-big", "v" * 20_000)])
+        tested = await in_thread(h2_unary, listen, path, b"", extra=extra)
         after = await in_thread(h2_unary, listen, ECHO, b"")
     finally:
         listener.close()
-    assert (b"0", b"13", b"0") == (
-        first.trailers[b"grpc-status"],
-        big.trailers[b"grpc-status"],
-        after.trailers[b"grpc-status"],
+    statuses = [answer.trailers[b"grpc-status"] for answer in (first, tested, after)]
+    assert [b"0", b"13", b"0"] == statuses
+    return first, tested, after
+
+
+async def test_request_over_the_runtimes_limit_is_not_sent(nursery: trio.Nursery, sockdir: str) -> None:
+    """A caller's request whose header list exceeds the runtime's SETTINGS_MAX_HEADER_LIST_SIZE
+    (16 KiB, as grpcio advertises): krproxy does not send it, the caller gets INTERNAL with
+    grpc-go's words; the runtime never sees it, and the next call on the connection passes."""
+    seen: list[int] = []
+    _, big, _ = await _three_calls_via(
+        nursery, sockdir, _serve_limited, 16384, seen, extra=[("x-big", "v" * 20_000)]
     )
     message = urllib.parse.unquote(big.trailers[b"grpc-message"].decode())
     assert "header list size to send violates the maximum size (16384 bytes)" in message, message
@@ -154,24 +163,7 @@ async def test_a_block_over_what_krproxy_reads_ends_one_call(nursery: trio.Nurse
     """A runtime sends an answer's header block over the 1 MiB krproxy reads, ignoring the limit it
     advertised: that call fails INTERNAL (as grpc-go's client fails it), the runtime connection
     lives on, and the next answer, indexed against the oversized block's HPACK state, is read."""
-    backend = os.path.join(sockdir, "backend.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(backend)
-    listener.listen(4)
-    threading.Thread(target=_serve_ignoring_the_limit, args=(listener,), daemon=True).start()
-    daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
-    listen = daemon.config.listen
-    try:
-        first = await in_thread(h2_unary, listen, ECHO, b"")
-        big = await in_thread(h2_unary, listen, BIG, b"")
-        after = await in_thread(h2_unary, listen, ECHO, b"")
-    finally:
-        listener.close()
-    assert (b"0", b"13", b"0") == (
-        first.trailers[b"grpc-status"],
-        big.trailers[b"grpc-status"],
-        after.trailers[b"grpc-status"],
-    )
+    _, big, after = await _three_calls_via(nursery, sockdir, _serve_ignoring_the_limit, path=BIG)
     message = urllib.parse.unquote(big.trailers[b"grpc-message"].decode())
     assert "peer header list size exceeded limit" in message, message
     assert b"1" == after.headers[b"x-after"]
