@@ -313,20 +313,14 @@ class Connection(Control):
             if self._continuation is None or self._continuation[0] != stream_id:
                 raise f.ProtocolError("CONTINUATION without a header block to continue")
             _, first_flags, block = self._continuation
-            if isinstance(block, Skimmer):  # over MAX_HEADER_BLOCK: read for the HPACK state only
-                block.feed(payload)
-            else:
+            if isinstance(block, bytearray) and len(block) + len(payload) <= MAX_HEADER_BLOCK:
                 block += payload
-                if len(block) > MAX_HEADER_BLOCK:
-                    skimmer = Skimmer(self.decoder)
-                    skimmer.feed(bytes(block))
-                    self._continuation = (stream_id, first_flags, skimmer)
-                    block = skimmer
+            else:  # over MAX_HEADER_BLOCK: read for the HPACK state only (krproxy.h2.hpackskim)
+                block = self._skim(stream_id, first_flags, block, payload)
             if flags & f.END_HEADERS:
                 self._continuation = None
                 if isinstance(block, Skimmer):
-                    block.finish()
-                    self._on_oversized_block(stream_id)
+                    self._on_oversized_block(stream_id, block)
                 else:
                     self._block(stream_id, first_flags, bytes(block))
         elif kind == f.SETTINGS:

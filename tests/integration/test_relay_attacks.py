@@ -403,7 +403,7 @@ async def test_an_upstream_bad_max_frame_size_fails_the_call(
     upstream = ScriptedUpstream(path, _answer, f.settings([(f.MAX_FRAME_SIZE, size)]))
     answer = await _call_until_goaway(relay, path, upstream)
     assert isinstance(answer, UpstreamError)
-    assert [f.ENHANCE_YOUR_CALM] == upstream.goaways
+    assert [f.PROTOCOL_ERROR] == upstream.goaways
 
 
 async def test_an_upstreams_continuation_flood_fails_the_call_at_once(relay: Relay, short_tmp: Path) -> None:
