@@ -4,9 +4,12 @@ No I/O."""
 
 from __future__ import annotations
 
+import hpack
+
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
 from krproxy.h2._send import Sender
+from krproxy.h2.hpackskim import Skimmer
 from krproxy.h2.streams import Stream
 
 __all__ = ["MAX_WINDOW_SHIFTS", "Control"]
@@ -23,6 +26,8 @@ class Control(Sender):
     up by ``Connection.__init__``."""
 
     peer_settings_seen: bool
+    decoder: hpack.Decoder
+    _continuation: tuple[int, int, bytearray | Skimmer] | None
     window_shifts: int
     max_window_shifts: int
     peer_table_size: int
@@ -138,6 +143,43 @@ class Control(Sender):
         stream.recv_ended = end
         stream.headers_received = True
         self._events.append(ev.HeadersReceived(stream.id, headers, end))
+
+    def _skim(self, stream_id: int, flags: int, block: bytearray | Skimmer, payload: bytes) -> Skimmer:
+        """A header block past what we decode: from now on read for the HPACK state only."""
+        if isinstance(block, bytearray):
+            skimmer = Skimmer(self.decoder)
+            skimmer.feed(bytes(block))
+            self._continuation = (stream_id, flags, skimmer)
+            block = skimmer
+        block.feed(payload)
+        return block
+
+    def _on_oversized_block(self, stream_id: int, skimmer: Skimmer) -> None:
+        """A header block over what we decode ended (its HPACK state taken in): that stream is
+        reset with FRAME_SIZE_ERROR, as grpc-go resets a stream whose header list is over its
+        limit; a request's stream is never opened. Stream id rules as for any block."""
+        skimmer.finish()
+        if self.server and stream_id not in self.streams:
+            if self._take_peer_stream_id(stream_id):
+                self._send_reset(stream_id, f.FRAME_SIZE_ERROR)
+            return
+        self._stream_error(stream_id, f.FRAME_SIZE_ERROR)
+
+    def _take_peer_stream_id(self, stream_id: int) -> bool:
+        """A caller's header block opens ``stream_id`` (server role): True if it is the next one
+        of theirs, False for a stream we reset (frames already on their way are ignored, §5.1);
+        a connection error otherwise (odd ids only, never lower nor reused, RFC 9113 §5.1.1)."""
+        if stream_id % 2 == 0:
+            raise f.ProtocolError(f"caller opened even stream {stream_id}")
+        if stream_id <= self.last_peer_id:
+            if stream_id in self.reset_ids:
+                return False
+            raise f.ProtocolError(
+                f"HEADERS opening stream {stream_id}, not above stream {self.last_peer_id}"
+                " (stream ids are never lower nor reused, RFC 9113 §5.1.1)"
+            )
+        self.last_peer_id = stream_id
+        return True
 
     def _stream_error(self, stream_id: int, code: int, idle: bool = False) -> None:
         """A stream error (RFC 9113 §5.4.2): RST_STREAM(code) on that stream; the connection and

@@ -70,7 +70,8 @@ class Sender:
         """Open the next stream of ours with a request's ``headers`` (or an encoded block);
         returns its id. ``stream``: state the driver kept while the stream waited for a slot
         (data, its end, trailers queued on it go out now, as the windows allow). Raises
-        :class:`LocalProtocolError` unless :meth:`can_start_stream`."""
+        :class:`LocalProtocolError` unless :meth:`can_start_stream`. The peer's header list
+        limit is the driver's to check first (:meth:`over_peer_limit`)."""
         if self.server:
             raise LocalProtocolError("a server opens no streams (push is not supported)")
         if len(self.streams) >= self.peer_max_streams or self.next_id > f.MAX_STREAM_ID:  # can_start_stream()
@@ -173,19 +174,28 @@ class Sender:
         stream.trailers_pending = block
         return self._pump(stream)
 
-    def _over_peer_limit(self, stream_id: int, block: bytes) -> bool:
-        """A block whose header list exceeds the peer's SETTINGS_MAX_HEADER_LIST_SIZE is not
-        sent: the stream is reset with INTERNAL_ERROR instead, as grpc-go's server does
-        (``checkForHeaderListSize``), and only that stream ends. Our blocks never use the
-        dynamic table, so a fresh decoder reads their size."""
+    def over_peer_limit(self, block: bytes) -> int | None:
+        """The peer's SETTINGS_MAX_HEADER_LIST_SIZE if the header list of ``block`` (one of
+        ours: it never uses the dynamic table, so a fresh decoder reads its size) exceeds it;
+        None if it fits or the peer stated no limit. A driver asks before :meth:`start_stream`
+        and fails that call instead of sending it, as grpc-go's client does ("header list size
+        to send violates the maximum size"); headers and trailers are checked here."""
         limit = self.peer_max_header_list
         if limit is None or len(block) * 64 <= limit:  # no field of ours is under 1 byte a 64
-            return False
+            return None
         try:
             fields = hpack.Decoder(max_header_list_size=1 << 62).decode(block, raw=True)
         except (hpack.exceptions.HPACKError, IndexError, ValueError):
-            return False  # not ours to judge: the peer decides
+            return None  # not ours to judge: the peer decides
         if sum(32 + len(name) + len(value) for name, value in fields) <= limit:
+            return None
+        return limit
+
+    def _over_peer_limit(self, stream_id: int, block: bytes) -> bool:
+        """A block whose header list exceeds the peer's SETTINGS_MAX_HEADER_LIST_SIZE is not
+        sent: the stream is reset with INTERNAL_ERROR instead, as grpc-go's server does
+        (``checkForHeaderListSize``), and only that stream ends."""
+        if self.over_peer_limit(block) is None:
             return False
         unsent = self.reset_stream(stream_id, f.INTERNAL_ERROR)
         self._events.append(ev.StreamReset(stream_id, f.INTERNAL_ERROR, remote=False, unsent=unsent))

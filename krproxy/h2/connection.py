@@ -8,9 +8,10 @@ deadlines, and the scheduling of large header blocks off the event loop.
 
 Rules (each has an in-memory test in ``tests/unit/test_h2state*.py``):
 
-* A *connection* error — a frame the peer may never send, a window past 2^31-1 on the connection, a
-  header block past :data:`MAX_HEADER_BLOCK`, an undecodable block — queues GOAWAY(code) and ends the
-  connection (:class:`~krproxy.h2.events.ConnectionTerminated`).
+* A *connection* error — a frame the peer may never send, a window past 2^31-1 on the connection, an
+  undecodable block, a block past the skimmer's bounds — queues GOAWAY(code) and ends the connection
+  (:class:`~krproxy.h2.events.ConnectionTerminated`). A block past :data:`MAX_HEADER_BLOCK` is read
+  for the HPACK state only (:mod:`krproxy.h2.hpackskim`) and resets its stream (FRAME_SIZE_ERROR).
 * A *stream* error (RFC 9113 §5.4.2) — a malformed request, an answer starting with DATA or with a
   second header block without END_STREAM, DATA on a half-closed stream, a stream window past
   2^31-1, WINDOW_UPDATE of 0 on a stream, PRIORITY on itself or of the wrong length — resets that
@@ -39,6 +40,7 @@ from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
 from krproxy.h2._control import MAX_WINDOW_SHIFTS, Control
 from krproxy.h2._send import DRAIN_PING, RESET_IDS_KEPT, LocalProtocolError
+from krproxy.h2.hpackskim import Skimmer
 from krproxy.h2.streams import Stream
 
 __all__ = [
@@ -61,7 +63,7 @@ Headers = ev.Headers
 #: An 860 KB ListContainers answer fits in one stream window, so it never waits for a grant.
 STREAM_WINDOW = 4 * 1024 * 1024
 CONNECTION_WINDOW = 16 * 1024 * 1024
-#: Largest header block (with CONTINUATIONs) accepted from a peer; one beyond ends the connection.
+#: Largest header block (with CONTINUATIONs) decoded from a peer; one beyond resets its stream.
 MAX_HEADER_BLOCK = 1024 * 1024
 #: SETTINGS_MAX_HEADER_LIST_SIZE we advertise: a block within it fits MAX_HEADER_BLOCK, and grpc-go
 #: resets a stream over it rather than send it (docs/security.md, "Header list limits, per side").
@@ -163,7 +165,7 @@ class Connection(Control):
         self.output = bytearray()
         self._events: list[ev.Event] = []
         self._preface_due = self.server
-        self._continuation: tuple[int, int, bytearray] | None = None
+        self._continuation: tuple[int, int, bytearray | Skimmer] | None = None
         self._deferred: tuple[int, int] | None = None
         self._grant_stream_at = stream_window // 4
         self._grant_connection_at = connection_window // 4
@@ -311,12 +313,16 @@ class Connection(Control):
             if self._continuation is None or self._continuation[0] != stream_id:
                 raise f.ProtocolError("CONTINUATION without a header block to continue")
             _, first_flags, block = self._continuation
-            block += payload
-            if len(block) > MAX_HEADER_BLOCK:
-                raise f.ProtocolError("header block too large")
+            if isinstance(block, bytearray) and len(block) + len(payload) <= MAX_HEADER_BLOCK:
+                block += payload
+            else:  # over MAX_HEADER_BLOCK: read for the HPACK state only (krproxy.h2.hpackskim)
+                block = self._skim(stream_id, first_flags, block, payload)
             if flags & f.END_HEADERS:
                 self._continuation = None
-                self._block(stream_id, first_flags, bytes(block))
+                if isinstance(block, Skimmer):
+                    self._on_oversized_block(stream_id, block)
+                else:
+                    self._block(stream_id, first_flags, bytes(block))
         elif kind == f.SETTINGS:
             _require_connection(stream_id, "SETTINGS")
             if flags & f.ACK:
@@ -454,16 +460,8 @@ class Connection(Control):
         self._events.append(ev.TrailersReceived(stream_id, headers))
 
     def _open_peer_stream(self, stream_id: int, flags: int, headers: Headers, end: bool) -> None:
-        if stream_id % 2 == 0:
-            raise f.ProtocolError(f"caller opened even stream {stream_id}")
-        if stream_id <= self.last_peer_id:
-            if stream_id in self.reset_ids:
-                return  # we reset it: frames already on their way are ignored (§5.1)
-            raise f.ProtocolError(
-                f"HEADERS opening stream {stream_id}, not above stream {self.last_peer_id}"
-                " (stream ids are never lower nor reused, RFC 9113 §5.1.1)"
-            )
-        self.last_peer_id = stream_id
+        if not self._take_peer_stream_id(stream_id):
+            return  # we reset it: frames already on their way are ignored (§5.1)
         limit = self.max_concurrent_streams
         if self.goaway_state == "final" or (limit is not None and len(self.streams) >= limit):
             # Above the last id of our GOAWAY, or beyond the streams we advertised: not

@@ -202,7 +202,7 @@ class Session:
         The caller's deadline (its enclosing cancel scopes, e.g. ``trio.fail_after``) is sent to the peer as
         the call's ``timeout_nano``, as Go's client sends its context's. Cancelled, the call is forgotten
         (ttrpc has no cancel message; a late answer is dropped). Raises :class:`ConnectionLost` when the
-        socket goes first.
+        socket goes first; a request over ttrpc's 4 MiB is not sent and fails RESOURCE_EXHAUSTED.
         """
         if self._lost is not None:
             raise ConnectionLost(str(self._lost))
@@ -213,7 +213,10 @@ class Session:
         async with self._send_lock:  # stream ids must reach the wire in increasing order
             if self._lost is not None:  # lost while this call waited for the lock: nothing will answer
                 raise ConnectionLost(str(self._lost))
-            stream_id = self._client.send_request(request)
+            try:
+                stream_id = self._client.send_request(request)
+            except _ttrpc.OversizedMessage as exc:  # unsent: this call fails alone, as Go's client fails it
+                raise TtrpcError(Status.RESOURCE_EXHAUSTED, exc.message) from None
             self._waiters[stream_id] = waiter
             await self._flush_locked()
         try:

@@ -45,6 +45,7 @@ __all__ = [
     "Flags",
     "Ignored",
     "MessageType",
+    "OversizedMessage",
     "Request",
     "RequestReceived",
     "Response",
@@ -87,6 +88,20 @@ def encode_message(stream_id: int, kind: MessageType, payload: bytes, flags: int
             f"ttrpc message of {len(payload)} bytes exceeds the {MESSAGE_LENGTH_MAX} bytes allowed"
         )
     return _HEADER.pack(len(payload), stream_id, kind, flags) + payload
+
+
+def _too_long(length: int, limit: int) -> str:
+    """Go's words for a message over the limit (``OversizedMessageError``, ``channel.recv``)."""
+    return f"message length {length} exceed maximum message size of {limit}"
+
+
+class OversizedMessage(ValueError):
+    """A request too large to send (:meth:`Connection.send_request`): nothing was sent, and the call
+    fails alone with RESOURCE_EXHAUSTED and :attr:`message`, as Go's ttrpc client refuses it."""
+
+    def __init__(self, request: Request, message: str) -> None:
+        super().__init__(f"{request.service}/{request.method}: {message}")
+        self.message = message
 
 
 def decode_header(header: bytes) -> tuple[int, int, int, int]:
@@ -319,10 +334,7 @@ class Connection:
             raise RuntimeError("only a ttrpc client sends requests")
         payload = request.encode()
         if len(payload) > self.max_message_length:
-            raise ValueError(
-                f"{request.service}/{request.method}: request of {len(payload)} bytes exceeds the"
-                f" {self.max_message_length} bytes a ttrpc message may carry"
-            )
+            raise OversizedMessage(request, _too_long(len(payload), self.max_message_length))
         stream_id = self._next_stream_id
         if stream_id > 0xFFFFFFFF:
             raise RuntimeError("ttrpc stream ids exhausted: open a new connection")
@@ -346,10 +358,7 @@ class Connection:
         if len(payload) > self.max_message_length:
             # As Go's server does when its answer is too large: the caller gets a status instead.
             payload = Response(
-                RpcStatus(
-                    Status.RESOURCE_EXHAUSTED,
-                    f"message length {len(payload)} exceed maximum message size of {self.max_message_length}",
-                )
+                RpcStatus(Status.RESOURCE_EXHAUSTED, _too_long(len(payload), self.max_message_length))
             ).encode()
         self._outbound.append(encode_message(stream_id, MessageType.RESPONSE, payload))
 
@@ -403,7 +412,7 @@ class Connection:
         return self._events.popleft() if self._events else None
 
     def _oversized(self, stream_id: int, kind: int, length: int) -> None:
-        message = f"message length {length} exceed maximum message size of {self.max_message_length}"
+        message = _too_long(length, self.max_message_length)
         if self.role is Role.SERVER:
             self._answer(stream_id, Status.RESOURCE_EXHAUSTED, message)
         elif stream_id in self._open:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import math
 import urllib.parse
 import zlib
@@ -17,6 +18,8 @@ import trio
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay.half import Headers
+
+LOGGER = logging.getLogger("krproxy.relay")
 
 _GRPC_TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
 _STATUS_BY_CODE = {status.value: status for status in Status}
@@ -98,12 +101,31 @@ def _quoted_cut_note(cut: int) -> bytes:
     return urllib.parse.quote(f" ... ({cut} more characters cut by krproxy)", safe=" ").encode()
 
 
+#: The most bytes of ``grpc-status-details-bin`` krproxy writes (base64, unpadded). Details are one
+#: ``google.rpc.Status`` and cannot be cut as a message is: longer ones are left out (logged), the status
+#: and message still go. With the longest ``grpc-message`` the status fields stay under 8 KiB of header
+#: list (RFC 7541 §4.1), the limit gRPC suggests for trailers and grpc-go's coming default (grpc-go
+#: PR 9019, on from 1.82); grpc-go itself bounds details by the header list alone, and a block over a
+#: client's limit costs that client the whole status (grpc-go resets the stream, grpcio answers
+#: RESOURCE_EXHAUSTED).
+MAX_STATUS_DETAILS = 3072
+
+
 def _status_fields(status: Status, message: str | None, details: bytes | None) -> Headers:
     fields = [(b"grpc-status", b"%d" % status.value)]
     if message:
         fields.append((b"grpc-message", status_message(message)))
     if details:
-        fields.append((b"grpc-status-details-bin", base64.b64encode(details).rstrip(b"=")))
+        encoded = base64.b64encode(details).rstrip(b"=")
+        if len(encoded) <= MAX_STATUS_DETAILS:
+            fields.append((b"grpc-status-details-bin", encoded))
+        else:
+            LOGGER.warning(
+                "event=status_details_left_out status=%s bytes=%d limit=%d",
+                status.name,
+                len(encoded),
+                MAX_STATUS_DETAILS,
+            )
     return fields
 
 

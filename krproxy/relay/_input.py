@@ -254,6 +254,9 @@ class Reader:
             refused = code == f.REFUSED_STREAM  # not processed (RFC 9113 §8.7): safe to send again
             name = f.ERROR_NAMES.get(code, f"HTTP/2 error code {code}")
             half.call.upstream_gone(f"{self.describe} reset the stream ({name})", refused, reset_code=code)
+        elif code == f.FRAME_SIZE_ERROR:  # e.g. its header block over what the core reads: as grpc-go's
+            reason = f"{self.describe}: peer header list size exceeded limit (FRAME_SIZE_ERROR)"
+            half.call.upstream_gone(reason, reset_code=code)  # client, INTERNAL
         else:
             half.call.upstream_gone(f"{self.describe} broke HTTP/2 on the stream ({f.ERROR_NAMES[code]})")
 

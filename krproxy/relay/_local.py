@@ -25,10 +25,12 @@ from krproxy.relay._grpc import (
     _PLAIN_TRAILERS,
     _REFUSED_ATTEMPTS,
     _REFUSED_PAUSE,
+    _RESET_STATUS,
     KEEP_ALL,
     KEEP_FIRST,
     CloseConnection,
     MessageTooLarge,
+    StreamReset,
     UpstreamError,
     _forget_traceback,
     _status_fields,
@@ -320,6 +322,8 @@ class LocalCall(HandledCall):
             raise GRPCError(
                 Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {self.describe}"
             ) from None
+        except StreamReset as err:  # the runtime reset this call's stream: the status grpc-go gives it
+            raise GRPCError(_RESET_STATUS.get(err.code, Status.INTERNAL), str(err)) from None
         except (OSError, UpstreamError) as err:  # unreachable, or the connection broke: as for relayed calls
             raise GRPCError(Status.UNAVAILABLE, f"{self.describe} is unavailable: {err}") from None
         finally:

@@ -300,6 +300,14 @@ class Endpoint(Reader):
             half.reset = True
             half.call.upstream_gone(f"{self.describe}: stream ids used up on this connection", True)
             return
+        limit = h2.over_peer_limit(block)
+        if limit is not None:  # not sent: that call fails as grpc-go's client fails it
+            half.reset = True
+            reason = (
+                f"header list size to send violates the maximum size ({limit} bytes) set by {self.describe}"
+            )
+            half.call.upstream_gone(reason, reset_code=f.INTERNAL_ERROR)
+            return
         s = half.s
         queued = len(s.pending)
         self.waiting_held -= queued

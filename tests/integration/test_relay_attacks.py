@@ -163,12 +163,13 @@ async def test_made_you_reset_holds_at_most_the_callers_streams(
     assert runtime.most_open <= 10
 
 
-async def test_a_continuation_flood_ends_at_the_block_limit(
+async def test_a_continuation_flood_ends_at_the_skim_bound(
     silent_relay: tuple[str, SilentRuntime, Relay],
 ) -> None:
     """CONTINUATION flood (CVE-2023-45288, CVE-2024-27316): a header block that never ends.
-    Rule: a block is collected up to MAX_HEADER_BLOCK bytes; one beyond it ends the connection
-    (GOAWAY) instead of growing without bound or waiting for END_HEADERS forever."""
+    Rule: a block is collected up to MAX_HEADER_BLOCK bytes, then only skimmed for its HPACK
+    state, within krproxy.h2.hpackskim's bounds; past them (here its 4096 tiny fields) the
+    connection ends (GOAWAY ENHANCE_YOUR_CALM) instead of growing or waiting forever."""
     listen, _, _ = silent_relay
     chunk = bytes(16_384)
     count = MAX_HEADER_BLOCK // len(chunk) + 2
@@ -183,7 +184,9 @@ async def test_a_continuation_flood_ends_at_the_block_limit(
             return read_frames(sock, lambda seen: any(kind == f.GOAWAY for kind, _, _, _ in seen))
 
     seen = await trio.to_thread.run_sync(run)
-    assert [f.PROTOCOL_ERROR] == [int.from_bytes(p[4:8], "big") for kind, _, _, p in seen if kind == f.GOAWAY]
+    assert [f.ENHANCE_YOUR_CALM] == [
+        int.from_bytes(p[4:8], "big") for kind, _, _, p in seen if kind == f.GOAWAY
+    ]
 
 
 @pytest.mark.parametrize("kind", range(0x0A, 0x10))
@@ -405,7 +408,8 @@ async def test_an_upstream_bad_max_frame_size_fails_the_call(
 
 async def test_an_upstreams_continuation_flood_fails_the_call_at_once(relay: Relay, short_tmp: Path) -> None:
     """An upstream answering with a header block that never ends (CONTINUATION flood). Rule:
-    MAX_HEADER_BLOCK bounds it; the connection ends with GOAWAY and the call fails."""
+    past MAX_HEADER_BLOCK it is skimmed within hpackskim's bounds; past them the connection ends
+    with GOAWAY ENHANCE_YOUR_CALM and the call fails."""
     path = str(short_tmp / "upstream.sock")
     chunk = bytes(16_384)
 
@@ -417,7 +421,7 @@ async def test_an_upstreams_continuation_flood_fails_the_call_at_once(relay: Rel
     upstream = ScriptedUpstream(path, flood)
     answer = await _call_until_goaway(relay, path, upstream)
     assert isinstance(answer, UpstreamError)
-    assert [f.PROTOCOL_ERROR] == upstream.goaways
+    assert [f.ENHANCE_YOUR_CALM] == upstream.goaways
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ from krproxy.h2 import connection as core
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
 from krproxy.h2.connection import Connection, LocalProtocolError, Role
+from krproxy.h2.hpackskim import MAX_FIELDS
 from tests.unit.h2peer import (
     REQUEST,
     RESPONSE,
@@ -126,8 +127,9 @@ def test_unknown_frame_types_are_ignored_outside_header_blocks(kind: int) -> Non
     assert _code(conn, opened + f.frame(kind, 0, 3, b"")) == f.PROTOCOL_ERROR
 
 
-def test_a_continuation_flood_ends_at_the_block_limit() -> None:
-    """A continuation flood ends the connection at the block limit."""
+def test_a_continuation_flood_ends_at_the_skim_bound() -> None:
+    """A continuation flood of tiny fields past the block limit ends the connection once the
+    skimmer's field bound is passed (ENHANCE_YOUR_CALM), not later."""
     conn = server()
     wire = f.frame(f.HEADERS, 0, 1, b"\x00" * 16384)
     wire += b"".join(
@@ -135,7 +137,10 @@ def test_a_continuation_flood_ends_at_the_block_limit() -> None:
     )
     end = terminated(conn.receive_data(wire))
     assert end is not None
-    assert (f.PROTOCOL_ERROR, "header block too large") == (end.error_code, end.reason)
+    assert (f.ENHANCE_YOUR_CALM, f"header block of more than {MAX_FIELDS} fields") == (
+        end.error_code,
+        end.reason,
+    )
 
 
 def test_a_header_block_split_in_continuations_is_decoded_whole() -> None:

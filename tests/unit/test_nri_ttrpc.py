@@ -301,7 +301,9 @@ class TestServerRules:
 class TestClientRules:
     def test_oversized_request_refused_locally(self) -> None:
         """A call too large to send fails at once, naming the method and the limit."""
-        with pytest.raises(ValueError, match=r"s/m: request of \d+ bytes exceeds the 4194304 bytes"):
+        with pytest.raises(
+            _ttrpc.OversizedMessage, match=r"s/m: message length \d+ exceed maximum message size of 4194304"
+        ):
             Connection(Role.CLIENT).send_request(Request("s", "m", b"x" * MESSAGE_LENGTH_MAX))
 
     def test_answer_for_unknown_stream_ignored(self) -> None:

@@ -5,6 +5,8 @@
   ``0n`` once it has passed; never shorter than what is left), then the metadata.
 - :func:`status_message` on text UTF-8 cannot encode (3195fff): a lone surrogate is escaped, and
   any text fits in :data:`MAX_STATUS_MESSAGE` keeping its start.
+- The status fields krproxy writes: ``grpc-status-details-bin`` within :data:`MAX_STATUS_DETAILS`
+  or left out, so that with the longest message they stay within 8 KiB of header list.
 """
 
 from __future__ import annotations
@@ -17,7 +19,15 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from krproxy.relay._grpc import MAX_STATUS_MESSAGE, grpc_timeout, own_call_headers, status_message
+from krproxy.grpcstatus import Status
+from krproxy.relay._grpc import (
+    MAX_STATUS_DETAILS,
+    MAX_STATUS_MESSAGE,
+    _status_fields,
+    grpc_timeout,
+    own_call_headers,
+    status_message,
+)
 
 # -- own_call_headers --------------------------------------------------------------------------
 
@@ -84,3 +94,27 @@ def test_any_text_with_surrogates_fits_and_keeps_its_start(message: str) -> None
         assert expected.startswith(kept)
     else:
         assert expected == read
+
+
+# -- status fields ------------------------------------------------------------------------------
+
+
+def _list_size(fields: list[tuple[bytes, bytes]]) -> int:
+    return sum(32 + len(name) + len(value) for name, value in fields)  # RFC 7541 §4.1
+
+
+def test_status_details_within_the_bound_are_written() -> None:
+    """Details whose base64 fits MAX_STATUS_DETAILS go out, unpadded; with the longest message
+    the status fields stay within 8 KiB of header list (gRPC's suggested trailer limit)."""
+    details = b"\x08\x05" * (MAX_STATUS_DETAILS * 3 // 8)
+    fields = _status_fields(Status.NOT_FOUND, "m" * 10_000, details)
+    written = dict(fields)[b"grpc-status-details-bin"]
+    assert len(written) <= MAX_STATUS_DETAILS and not written.endswith(b"=")
+    assert _list_size(fields) <= 8192, _list_size(fields)
+
+
+def test_status_details_over_the_bound_are_left_out() -> None:
+    """Details too long for the bound cannot be cut (one google.rpc.Status): they are left out,
+    the status and its message still written."""
+    fields = _status_fields(Status.NOT_FOUND, "no such pod", b"\x08\x05" * MAX_STATUS_DETAILS)
+    assert [(b"grpc-status", b"5"), (b"grpc-message", b"no such pod")] == fields
