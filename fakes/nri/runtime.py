@@ -24,7 +24,8 @@ It listens on a unix socket for external plugins and does what containerd's NRI 
   resources, cgroups path, rlimits, OCI hooks) is applied to the container being created, each plugin
   seeing the previous ones' result; two plugins setting the same field (or annotation, env variable,
   unified key, device path) is an error naming both, as NRI's ownership rules make it. Keys starting with
-  ``-`` remove (annotations, env, device paths). Playing 0.12, every plugin subscribed to
+  ``-`` remove (annotations, env, device paths) — for env, only what a plugin before set: the runtime's own
+  variables stay in the container created, hidden from the plugins after only. Playing 0.12, every plugin subscribed to
   VALIDATE_CONTAINER_ADJUSTMENT (a mask of 0 included, as in NRI) is then shown the merged adjustment;
   a rejection or failure fails the creation with NRI's words (``validator "10-x" rejected container
   adjustment, reason: ...``), after every validator was asked.
@@ -44,7 +45,7 @@ from typing import Any
 import attrs
 import trio
 
-from krproxy.fakes.nri.adjust import NriError, adjust, merge_resources, resources_of
+from krproxy.fakes.nri.adjust import NriError, adjust, created_env, merge_resources, resources_of
 from krproxy.fakes.nri.events import all_events, event_mask
 from krproxy.fakes.nri.validation import validate
 from krproxy.grpcstatus import Status
@@ -417,6 +418,7 @@ class FakeNriRuntime:
             # fields appended), shown to the validators with the container as it was asked for.
             merged = api.ContainerAdjustment.parse(b"".join(adjustments))
             await validate(self, pod, original, merged, pending)
+        container.env = created_env(original.env, container.env, owners)
         container.state = api.ContainerState.CONTAINER_CREATED
         self.containers[container.id] = container
         self._apply_updates(pending)
