@@ -11,8 +11,10 @@ A plugin makes an :class:`NriStub` with its name and two-digit index, decorates 
 
     trio.run(stub.run)
 
-Handlers are plain or async functions; they get NRI's own messages (``api.PodSandbox``,
-``api.Container``, ...; :mod:`krproxy.proto.nri.pkg.api.v1alpha1`) and answer with NRI's answers:
+Handlers are plain or async functions; they get NRI's own records (``api.PodSandbox``,
+``api.Container``, ...; :mod:`krproxy.proto.nri.pkg.api.v1alpha1`) read-only (:mod:`krproxy.nri.records`:
+setting a field raises ``FrozenRecordError``, lists are tuples, maps read-only; ``thaw()`` copies one)
+and answer with NRI's answers, which they build:
 
 =============================  ==========================  =============================================
 decorator                      handler's arguments         answer
@@ -67,6 +69,7 @@ from krproxy.nri import (
 )
 from krproxy.nri._session import Handler, Session, TtrpcError
 from krproxy.nri.notices import NOTICE_METHODS
+from krproxy.nri.records import frozen
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
 __all__ = ["NriStub", "PluginError"]
@@ -279,7 +282,8 @@ class NriStub:
         request = api.SynchronizeRequest.parse(payload)
         updates: list[api.ContainerUpdate] = []
         if "Synchronize" in self._handlers:
-            answer = await self._call("Synchronize", list(request.pods), list(request.containers))
+            pods, containers = tuple(map(frozen, request.pods)), tuple(map(frozen, request.containers))
+            answer = await self._call("Synchronize", pods, containers)
             updates = self._updates("Synchronize", answer)
         if not request.more:
             self.synchronized.set()
@@ -294,7 +298,7 @@ class NriStub:
         if key not in self._handlers:
             return bytes(api.CreateContainerResponse())
         request = api.CreateContainerRequest.parse(payload)
-        answer = await self._call(key, request.pod, request.container)
+        answer = await self._call(key, _view(request.pod), _view(request.container))
         adjust, updates = answer, None
         if isinstance(answer, tuple) and len(answer) == 2:
             adjust, updates = answer
@@ -332,9 +336,9 @@ class NriStub:
         if key not in self._handlers:
             return bytes(response_type())
         request = request_type.parse(payload)
-        args = [request.pod, request.container]
+        args = [_view(request.pod), _view(request.container)]
         if key is api.Event.UPDATE_CONTAINER:
-            args.append(request.linux_resources)
+            args.append(_view(request.linux_resources))
         answer = await self._call(key, *args)
         return bytes(response_type(update=self._updates(key, answer)))
 
@@ -342,14 +346,15 @@ class NriStub:
         key = api.Event.UPDATE_POD_SANDBOX
         if key in self._handlers:
             request = api.UpdatePodSandboxRequest.parse(payload)
-            await self._call(key, request.pod, request.linux_resources, request.overhead_linux_resources)
+            resources, overhead = request.linux_resources, request.overhead_linux_resources
+            await self._call(key, _view(request.pod), _view(resources), _view(overhead))
         return bytes(api.UpdatePodSandboxResponse())
 
     async def _validate(self, payload: bytes) -> bytes:
         key = api.Event.VALIDATE_CONTAINER_ADJUSTMENT
         if key not in self._handlers:
             return bytes(api.ValidateContainerAdjustmentResponse())
-        answer = await self._call(key, api.ValidateContainerAdjustmentRequest.parse(payload))
+        answer = await self._call(key, frozen(api.ValidateContainerAdjustmentRequest.parse(payload)))
         if answer is not None and not isinstance(answer, str):
             raise self._refuse(key, answer, "None (accept) or the reason to refuse (str)")
         return bytes(api.ValidateContainerAdjustmentResponse(reject=answer is not None, reason=answer or ""))
@@ -357,7 +362,8 @@ class NriStub:
     def _notice(self, event: api.Event, request_type: type[Any]) -> Handler:
         async def handle(payload: bytes) -> bytes:
             request = request_type.parse(payload)
-            args = (request.pod,) if not hasattr(request, "container") else (request.pod, request.container)
+            pod = _view(request.pod)
+            args = (pod,) if not hasattr(request, "container") else (pod, _view(request.container))
             await self._call(event, *args)
             return bytes(api.Empty())
 
@@ -368,9 +374,15 @@ class NriStub:
         request = api.StateChangeEvent.parse(payload)
         if request.event in self._handlers and request.event in NOTICES:
             container_event = hasattr(NOTICES[request.event][1](), "container")
-            args = (request.pod, request.container) if container_event else (request.pod,)
+            pod = _view(request.pod)
+            args = (pod, _view(request.container)) if container_event else (pod,)
             await self._call(request.event, *args)
         return bytes(api.Empty())
+
+
+def _view(message: Any) -> Any:
+    """A record as handlers see it: read-only (None stays None: a field the runtime left out)."""
+    return None if message is None else frozen(message)
 
 
 def _is_set(message: Any, path: str) -> bool:
