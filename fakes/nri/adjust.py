@@ -66,6 +66,24 @@ def attrs_fields(message: Any) -> list[str]:
     return [f.name for f in message.__dataclass_fields__.values()]
 
 
+def created_env(asked: list[str], shown: list[str], owners: dict[str, str]) -> list[str]:
+    """The env the runtime creates a container with: its own (``asked``), with what plugins set and still
+    own (from ``shown``, the container as the last plugin left it) changed in place or appended.
+
+    A removal (``-NAME``) takes out what a plugin before had set, and hides the variable from the plugins
+    after; it never reaches the runtime: NRI's adaptation (``pkg/adaptation`` adjustEnv, 0.6.1 to 0.12)
+    puts no removal into the adjustment it answers, so the runtime keeps its own variable (measured on
+    containerd 1.7.24 and 2.1.9: tests/e2e/test_nri_stub_containerd.py).
+    """
+    set_by_plugins = {}
+    for entry in shown:
+        name = entry.split("=", 1)[0]
+        if f"env[{name}]" in owners:
+            set_by_plugins[name] = entry
+    created = [set_by_plugins.pop(entry.split("=", 1)[0], entry) for entry in asked]
+    return created + list(set_by_plugins.values())
+
+
 def adjust(
     container: api.Container,
     adjust: api.ContainerAdjustment,

@@ -24,12 +24,14 @@ It listens on a unix socket for external plugins and does what containerd's NRI 
   resources, cgroups path, rlimits, OCI hooks) is applied to the container being created, each plugin
   seeing the previous ones' result; two plugins setting the same field (or annotation, env variable,
   unified key, device path) is an error naming both, as NRI's ownership rules make it. Keys starting with
-  ``-`` remove (annotations, env, device paths). Playing 0.12, every plugin subscribed to
+  ``-`` remove (annotations, env, device paths) — for env, only what a plugin before set: the runtime's own
+  variables stay in the container created, hidden from the plugins after only. Playing 0.12, every plugin subscribed to
   VALIDATE_CONTAINER_ADJUSTMENT (a mask of 0 included, as in NRI) is then shown the merged adjustment;
   a rejection or failure fails the creation with NRI's words (``validator "10-x" rejected container
   adjustment, reason: ...``), after every validator was asked.
   ``ContainerUpdate``\\ s (in answers or in ``UpdateContainers``) change the resources of the named
-  containers; an update of an unknown container fails unless ``ignore_failure``.
+  containers; an update of an unknown container fails unless ``ignore_failure``. Evictions in an answer
+  are recorded (:attr:`FakeNriRuntime.evictions`) and, as by NRI, not acted on.
 
 :attr:`FakeNriRuntime.log` records every call made and received, for assertions.
 """
@@ -44,7 +46,7 @@ from typing import Any
 import attrs
 import trio
 
-from krproxy.fakes.nri.adjust import NriError, adjust, merge_resources, resources_of
+from krproxy.fakes.nri.adjust import NriError, adjust, created_env, merge_resources, resources_of
 from krproxy.fakes.nri.events import all_events, event_mask
 from krproxy.fakes.nri.validation import validate
 from krproxy.grpcstatus import Status
@@ -98,6 +100,9 @@ class FakeNriRuntime:
             ``("call", "StateChange:RUN_POD_SANDBOX")``.
         deprecations: ``(plugin, details)`` of each plugin switched to StateChange, e.g.
             ``("50-krproxy", "does not implement RunPodSandbox")`` (containerd's ``nri-plugin-interface``).
+        evictions: ``(plugin, container id, reason)`` of each eviction a plugin answered (CreateContainer,
+            UpdateContainer). Recorded and not acted on: NRI's adaptation (0.6.1, 0.8.0 and the validator
+            era's, as read) answers the runtime no eviction, so no container is stopped for one.
     """
 
     socket_path: str
@@ -115,6 +120,7 @@ class FakeNriRuntime:
     log: list[tuple[str, str]] = attrs.field(factory=list, init=False)
     dropped: list[tuple[str, str]] = attrs.field(factory=list, init=False)
     deprecations: list[tuple[str, str]] = attrs.field(factory=list, init=False)
+    evictions: list[tuple[str, str, str]] = attrs.field(factory=list, init=False)
     _changed: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     @property
@@ -407,6 +413,7 @@ class FakeNriRuntime:
                 adjust(container, answer.adjust, plugin, owners, nri_0_6=self.nri_0_6)
                 adjustments.append(bytes(answer.adjust))
             pending.extend(answer.update)
+            self._evicted(plugin, answer.evict)
 
         request = api.CreateContainerRequest(pod=pod, container=container)
         await self._call_each(
@@ -417,6 +424,7 @@ class FakeNriRuntime:
             # fields appended), shown to the validators with the container as it was asked for.
             merged = api.ContainerAdjustment.parse(b"".join(adjustments))
             await validate(self, pod, original, merged, pending)
+        container.env = created_env(original.env, container.env, owners)
         container.state = api.ContainerState.CONTAINER_CREATED
         self.containers[container.id] = container
         self._apply_updates(pending)
@@ -443,6 +451,7 @@ class FakeNriRuntime:
                         merge_resources(wanted, update.linux.resources, plugin, owners)
                 else:
                     others.append(update)
+            self._evicted(plugin, answer.evict)
 
         request = api.UpdateContainerRequest(pod=pod, container=container, linux_resources=resources)
         await self._call_each(
@@ -470,6 +479,9 @@ class FakeNriRuntime:
     async def remove_container(self, container_id: str) -> None:
         container = self.containers.pop(container_id)
         await self._event(api.Event.REMOVE_CONTAINER, self.pods[container.pod_sandbox_id], container)
+
+    def _evicted(self, plugin: str, evictions: Iterable[api.ContainerEviction]) -> None:
+        self.evictions += [(plugin, e.container_id, e.reason) for e in evictions]
 
     def _container(self, container_id: str) -> tuple[api.Container, api.PodSandbox]:
         """A known container and its pod."""

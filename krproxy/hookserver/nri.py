@@ -11,16 +11,20 @@ A plugin makes an :class:`NriStub` with its name and two-digit index, decorates 
 
     trio.run(stub.run)
 
-Handlers are plain or async functions; they get NRI's own messages (``api.PodSandbox``,
-``api.Container``, ...; :mod:`krproxy.proto.nri.pkg.api.v1alpha1`) and answer with NRI's answers:
+Handlers are plain or async functions; they get NRI's own records (``api.PodSandbox``,
+``api.Container``, ...; :mod:`krproxy.proto.nri.pkg.api.v1alpha1`) read-only (:mod:`krproxy.nri.records`:
+setting a field raises ``FrozenRecordError``, lists are tuples, maps read-only; ``thaw()`` copies one)
+and answer with NRI's answers, which they build:
 
 =============================  ==========================  =============================================
 decorator                      handler's arguments         answer
 =============================  ==========================  =============================================
 ``synchronize``                pods, containers            list of ``ContainerUpdate`` (or None)
 ``create_container``           pod, container              ``ContainerAdjustment``, or (adjustment,
-                                                           updates), or None
-``update_container``           pod, container, resources   list of ``ContainerUpdate`` (or None)
+                                                           updates), or None, or NRI's whole
+                                                           ``CreateContainerResponse`` (evictions too)
+``update_container``           pod, container, resources   list of ``ContainerUpdate`` (or None), or
+                                                           ``UpdateContainerResponse`` (evictions too)
 ``stop_container``             pod, container              list of ``ContainerUpdate`` (or None)
 ``update_pod_sandbox``         pod, resources, overhead    None (NRI 0.12; raise to refuse the resize)
 ``validate_container_adjust``  the request                 None to accept, a reason (str) to refuse
@@ -34,6 +38,12 @@ the plugin has handlers for; a runtime before NRI 0.12 (no version in Configure)
 0.12 events it lacks, and each such handler is named in a warning; adjustment fields newer than the
 runtime's NRI (which it drops) are named in a warning at each creation that sets them. The events without an answer come as
 NRI 0.12's dedicated methods or as ``StateChange`` from older runtimes; both reach the same handler.
+
+Evictions (``api.ContainerEviction(container_id=..., reason=...)`` in the ``evict`` of a
+``CreateContainerResponse`` or ``UpdateContainerResponse``) are sent as answered, but NRI's adaptation
+does not act on them (0.6.1, 0.8.0 and the validator era's, as read: it answers the runtime no eviction),
+so each answer with evictions is named in a warning (``nri_stub_evictions_not_applied``). An eviction
+without a container id, or of the container being created, is refused as a wrong answer.
 
 Failures: a handler's exception is answered to the runtime as an error naming the plugin (``index-name``)
 and the handler, and logged; NRI then fails that event's operation only (a pre event) and the plugin stays
@@ -67,6 +77,7 @@ from krproxy.nri import (
 )
 from krproxy.nri._session import Handler, Session, TtrpcError
 from krproxy.nri.notices import NOTICE_METHODS
+from krproxy.nri.records import frozen
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
 __all__ = ["NriStub", "PluginError"]
@@ -240,7 +251,11 @@ class NriStub:
 
     def _refuse(self, key: api.Event | str, answer: Any, wanted: str) -> TtrpcError:
         what = getattr(self._handlers[key], "__name__", "handler")
-        message = f"plugin {self.full_name}: {what} answered {type(answer).__name__}; it must answer {wanted}"
+        return self._wrong(f"{what} answered {type(answer).__name__}; it must answer {wanted}")
+
+    def _wrong(self, problem: str) -> TtrpcError:
+        """A handler's answer NRI cannot take, said to the runtime (and logged) with the plugin's name."""
+        message = f"plugin {self.full_name}: {problem}"
         LOGGER.error("%s", message)
         return TtrpcError(Status.UNKNOWN, message)
 
@@ -279,7 +294,8 @@ class NriStub:
         request = api.SynchronizeRequest.parse(payload)
         updates: list[api.ContainerUpdate] = []
         if "Synchronize" in self._handlers:
-            answer = await self._call("Synchronize", list(request.pods), list(request.containers))
+            pods, containers = tuple(map(frozen, request.pods)), tuple(map(frozen, request.containers))
+            answer = await self._call("Synchronize", pods, containers)
             updates = self._updates("Synchronize", answer)
         if not request.more:
             self.synchronized.set()
@@ -294,15 +310,41 @@ class NriStub:
         if key not in self._handlers:
             return bytes(api.CreateContainerResponse())
         request = api.CreateContainerRequest.parse(payload)
-        answer = await self._call(key, request.pod, request.container)
-        adjust, updates = answer, None
-        if isinstance(answer, tuple) and len(answer) == 2:
+        answer = await self._call(key, _view(request.pod), _view(request.container))
+        adjust, updates, evict = answer, None, []
+        if isinstance(answer, api.CreateContainerResponse):
+            adjust, updates, evict = answer.adjust, answer.update, list(answer.evict)
+        elif isinstance(answer, tuple) and len(answer) == 2:
             adjust, updates = answer
         if adjust is not None and not isinstance(adjust, api.ContainerAdjustment):
-            raise self._refuse(key, answer, "a ContainerAdjustment, (adjustment, updates) or None")
+            wanted = "a ContainerAdjustment, (adjustment, updates), a CreateContainerResponse or None"
+            raise self._refuse(key, answer, wanted)
         if adjust is not None:
             self._say_not_applied(request.container, adjust)
-        return bytes(api.CreateContainerResponse(adjust=adjust, update=self._updates(key, updates)))
+        created = request.container.id if request.container is not None else ""
+        self._check_evictions(key, evict, created)
+        return bytes(
+            api.CreateContainerResponse(adjust=adjust, update=self._updates(key, updates), evict=evict)
+        )
+
+    def _check_evictions(self, key: api.Event, evict: list[api.ContainerEviction], created: str = "") -> None:
+        """Refuse evictions NRI could not name; warn that the runtime's NRI does not act on the rest."""
+        what = getattr(self._handlers[key], "__name__", "handler")
+        for eviction in evict:
+            if not eviction.container_id:
+                raise self._wrong(f"{what} asked to evict a container without naming it (container_id)")
+            if eviction.container_id == created:
+                raise self._wrong(
+                    f"{what} asked to evict {created}, the container being created: raise to refuse it"
+                )
+        if evict:
+            log.warning(
+                LOGGER,
+                "nri_stub_evictions_not_applied",
+                plugin=self.full_name,
+                containers=",".join(f"{e.container_id} ({e.reason})" for e in evict),
+                reason="NRI's adaptation does not act on evictions: the runtime keeps these containers",
+            )
 
     def _say_not_applied(self, container: api.Container | None, adjust: api.ContainerAdjustment) -> None:
         """Warn of the adjustment's fields newer than the runtime's NRI (it drops them unseen)."""
@@ -332,24 +374,30 @@ class NriStub:
         if key not in self._handlers:
             return bytes(response_type())
         request = request_type.parse(payload)
-        args = [request.pod, request.container]
+        args = [_view(request.pod), _view(request.container)]
         if key is api.Event.UPDATE_CONTAINER:
-            args.append(request.linux_resources)
+            args.append(_view(request.linux_resources))
         answer = await self._call(key, *args)
+        if key is api.Event.UPDATE_CONTAINER and isinstance(answer, api.UpdateContainerResponse):
+            self._check_evictions(key, list(answer.evict))
+            return bytes(
+                api.UpdateContainerResponse(update=self._updates(key, answer.update), evict=answer.evict)
+            )
         return bytes(response_type(update=self._updates(key, answer)))
 
     async def _update_pod_sandbox(self, payload: bytes) -> bytes:
         key = api.Event.UPDATE_POD_SANDBOX
         if key in self._handlers:
             request = api.UpdatePodSandboxRequest.parse(payload)
-            await self._call(key, request.pod, request.linux_resources, request.overhead_linux_resources)
+            resources, overhead = request.linux_resources, request.overhead_linux_resources
+            await self._call(key, _view(request.pod), _view(resources), _view(overhead))
         return bytes(api.UpdatePodSandboxResponse())
 
     async def _validate(self, payload: bytes) -> bytes:
         key = api.Event.VALIDATE_CONTAINER_ADJUSTMENT
         if key not in self._handlers:
             return bytes(api.ValidateContainerAdjustmentResponse())
-        answer = await self._call(key, api.ValidateContainerAdjustmentRequest.parse(payload))
+        answer = await self._call(key, frozen(api.ValidateContainerAdjustmentRequest.parse(payload)))
         if answer is not None and not isinstance(answer, str):
             raise self._refuse(key, answer, "None (accept) or the reason to refuse (str)")
         return bytes(api.ValidateContainerAdjustmentResponse(reject=answer is not None, reason=answer or ""))
@@ -357,7 +405,8 @@ class NriStub:
     def _notice(self, event: api.Event, request_type: type[Any]) -> Handler:
         async def handle(payload: bytes) -> bytes:
             request = request_type.parse(payload)
-            args = (request.pod,) if not hasattr(request, "container") else (request.pod, request.container)
+            pod = _view(request.pod)
+            args = (pod,) if not hasattr(request, "container") else (pod, _view(request.container))
             await self._call(event, *args)
             return bytes(api.Empty())
 
@@ -368,9 +417,15 @@ class NriStub:
         request = api.StateChangeEvent.parse(payload)
         if request.event in self._handlers and request.event in NOTICES:
             container_event = hasattr(NOTICES[request.event][1](), "container")
-            args = (request.pod, request.container) if container_event else (request.pod,)
+            pod = _view(request.pod)
+            args = (pod, _view(request.container)) if container_event else (pod,)
             await self._call(request.event, *args)
         return bytes(api.Empty())
+
+
+def _view(message: Any) -> Any:
+    """A record as handlers see it: read-only (None stays None: a field the runtime left out)."""
+    return None if message is None else frozen(message)
 
 
 def _is_set(message: Any, path: str) -> bool:

@@ -13,6 +13,7 @@ import trio
 
 from krproxy.fakes.nri import FakeNriRuntime, NriError
 from krproxy.hookserver.nri import NOTICES, NriStub
+from krproxy.nri.records import is_frozen
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from tests.integration.nri_support import container, fake_runtime, pod, whole_lifecycle
 from tests.integration.support import LIVENESS_LIMIT, wait_until
@@ -51,7 +52,7 @@ ADJUSTMENT = api.ContainerAdjustment(
 def check_adjusted(created: api.Container) -> None:
     assert [m.destination for m in created.mounts] == ["/data"]
     assert "ADDED=yes" in created.env
-    assert not [e for e in created.env if e.startswith("MODE=")]
+    assert "MODE=a" in created.env  # NRI removes no env var of the runtime's own (test_fake_nri.py)
     assert [(r.type, r.hard, r.soft) for r in created.rlimits] == [("RLIMIT_NOFILE", 4096, 1024)]
     assert created.hooks is not None and [h.path for h in created.hooks.prestart] == ["/usr/local/bin/hook"]
     assert created.linux is not None and [d.path for d in created.linux.devices] == ["/dev/fuse"]
@@ -61,7 +62,7 @@ def check_adjusted(created: api.Container) -> None:
 async def test_create_container_adjusted(
     runtime: FakeNriRuntime, nursery: trio.Nursery, nri_version: str
 ) -> None:
-    """A mount, device, rlimit, OCI hook, env added and env removed reach the container being created."""
+    """A mount, device, rlimit, OCI hook and env added reach the container being created."""
     runtime.nri_version = nri_version
     stub = NriStub("adjuster", "10")
     seen: list[str] = []
@@ -213,6 +214,41 @@ async def test_garbage_answer_fails_own_event(runtime: FakeNriRuntime, nursery: 
         ):
             await runtime.create_container(container())
     assert len(runtime.plugins) == 1
+
+
+async def test_records_are_read_only(runtime: FakeNriRuntime, nursery: trio.Nursery) -> None:
+    """Handlers are shown frozen records of NRI's classes; changing one fails that event, saying what
+    to answer instead, and changes nothing in the runtime."""
+    runtime.containers["ctr-old"] = container("old")
+    stub = NriStub("mutator", "43")
+    shown: list[object] = []
+
+    @stub.synchronize
+    def sync(pods: tuple[api.PodSandbox, ...], containers: tuple[api.Container, ...]) -> None:
+        shown.extend([pods, containers])
+
+    @stub.update_container
+    def update(pod_: api.PodSandbox, ctr: api.Container, resources: api.LinuxResources) -> None:
+        shown.append(resources)
+
+    @stub.create_container
+    def adjust(pod_: api.PodSandbox, ctr: api.Container) -> None:
+        shown.extend([pod_, ctr])
+        ctr.name = "renamed"
+
+    with trio.fail_after(LIMIT):
+        await attach(nursery, runtime, stub)
+        await runtime.run_pod(pod())
+        with pytest.raises(NriError, match=r"plugin 43-mutator: adjust failed: Container\.name is read-only"):
+            await runtime.create_container(container())
+        await runtime.update_container("ctr-old", api.LinuxResources())
+    pods, containers, pod_, ctr, resources = shown
+    assert isinstance(pods, tuple) and isinstance(containers, tuple)
+    assert [c.name for c in containers] == ["old"]
+    assert isinstance(pod_, api.PodSandbox) and isinstance(ctr, api.Container)
+    assert isinstance(resources, api.LinuxResources)
+    assert all(is_frozen(record) for record in (*pods, *containers, pod_, ctr, resources))
+    assert ctr.name == "app" and "ctr-app" not in runtime.containers
 
 
 async def test_slow_handler_dropped(runtime: FakeNriRuntime, nursery: trio.Nursery) -> None:
