@@ -23,7 +23,7 @@ import pytest
 
 from krproxy.trace import format as fmt
 from tests.integration.processes import wait_for_file
-from tests.integration.support import LIVENESS_LIMIT
+from tests.integration.support import LIVENESS_LIMIT, STARTUP_LIMIT
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_PLUGIN = ROOT / "examples" / "first_plugin.py"
@@ -166,7 +166,8 @@ class Output:
             return b"".join(self._chunks).decode(errors="replace")
 
     def wait_for(self, needle: str, process: subprocess.Popen[bytes]) -> None:
-        deadline = time.monotonic() + LIVENESS_LIMIT
+        """Wait until the child says *needle*: its start-up line, so the bound is start-up's."""
+        deadline = time.monotonic() + STARTUP_LIMIT
         with self._changed:
             while needle not in b"".join(self._chunks).decode(errors="replace"):
                 left = deadline - time.monotonic()
