@@ -67,6 +67,25 @@ class ThreadRecordingExecutor(Executor):
         super()._write_cgroup(path, text)
 
 
+class Callers:
+    """Hook calls made each on a connection of its own; :meth:`wait` for a number of answers."""
+
+    def __init__(self, socket: str) -> None:
+        self.socket = socket
+        self.answers: list[Any] = []
+        self._changed = trio.Event()
+
+    async def call(self, stage: Stage, request: Any) -> None:
+        async with HookClient(self.socket) as own:
+            self.answers.append(await own.call(stage, request))
+        self._changed.set()
+
+    async def wait(self, count: int) -> None:
+        while len(self.answers) < count:
+            self._changed = trio.Event()
+            await self._changed.wait()
+
+
 def _app(short_tmp: pathlib.Path, **kw: Any) -> HookServer:
     return HookServer(executor=FakeNode(short_tmp / "node").create().executor(), **kw)
 
@@ -152,17 +171,11 @@ async def test_a_call_finding_the_app_busy_waits_its_turn(
     def quick(ctx: ContainerContext) -> None:
         order.append("quick")
 
-    answers: list[Any] = []
-    both = trio.Event()
+    callers = Callers(str(short_tmp / "hs.sock"))
     with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             await nursery.start(serve, app, _options(short_tmp))
-
-            async def call(stage: Stage, request: Any) -> None:
-                async with HookClient(str(short_tmp / "hs.sock")) as own:
-                    answers.append(await own.call(stage, request))
-                if len(answers) == 2:
-                    both.set()
+            call = callers.call
 
             nursery.start_soon(
                 call, Stage.PRE_START_CONTAINER, container_request(pod_request("p"), "a", id="a1")
@@ -172,7 +185,7 @@ async def test_a_call_finding_the_app_busy_waits_its_turn(
             await trio.sleep(0.1)  # the second call has arrived and is waiting its turn
             assert [] == order
             release.set()
-            await both.wait()
+            await callers.wait(2)
             nursery.cancel_scope.cancel()
     assert ["slow", "quick"] == order
 
@@ -196,17 +209,11 @@ async def test_work_queued_while_an_async_stage_awaits_runs_after(
     def plain(ctx: ContainerContext) -> None:
         order.append("plain")
 
-    answers: list[Any] = []
-    both = trio.Event()
+    callers = Callers(str(short_tmp / "hs.sock"))
     with trio.fail_after(LIVENESS_LIMIT):
         async with trio.open_nursery() as nursery:
             await nursery.start(serve, app, _options(short_tmp))
-
-            async def call(stage: Stage, request: Any) -> None:
-                async with HookClient(str(short_tmp / "hs.sock")) as own:
-                    answers.append(await own.call(stage, request))
-                if len(answers) == 2:
-                    both.set()
+            call = callers.call
 
             nursery.start_soon(call, CREATE, container_request(pod_request("p"), "a"))
             await awaiting.wait()
@@ -216,7 +223,7 @@ async def test_work_queued_while_an_async_stage_awaits_runs_after(
             await trio.sleep(0.1)  # the worker had every chance to run it
             assert [] == order
             proceed.set()
-            await both.wait()
+            await callers.wait(2)
             nursery.cancel_scope.cancel()
     assert ["async", "plain"] == order
 
