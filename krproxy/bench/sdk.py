@@ -1,9 +1,11 @@
 """``python -m krproxy.bench.sdk``: the CPU a hook server written with the SDK spends per hook call.
 
 Starts ``krproxy hooks serve`` as processes of their own — with one trivial plugin function (this
-module's :func:`register`), with the built-in policies and no policy file, and with the one function
-again for requests of kubelet's size (about 4 KB, :func:`kubelet_sized_request`; the others get a
-minimal one of about 100 bytes) — and sends each PreCreateContainerHook calls one after another from this process (a :class:`krproxy.rpc.Channel`,
+module's :func:`register`: a plain function, run in the app's worker thread; the same declared
+``blocking=False``, run on the event loop; and as an ``async def`` function, run in a task on the
+loop), with the built-in policies and no policy file, and with the plain and the non-blocking
+function again for requests of kubelet's size (about 4 KB, :func:`kubelet_sized_request`; the others
+get a minimal one of about 100 bytes) — and sends each PreCreateContainerHook calls one after another from this process (a :class:`krproxy.rpc.Channel`,
 as the proxy calls it), in rounds: every server gets its turn in each round, the order turning
 round by round, so machine noise hits all alike. Prints, per server, the server process's CPU
 (utime + stime from ``/proc/PID/stat``) per call in each round and the median and p99 call latency
@@ -43,12 +45,22 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 PLAIN = ["--no-builtin", "--plugin", "krproxy.bench.sdk"]
 
-#: The SDK hook servers measured: name, ``krproxy hooks serve`` options, and whether the calls carry a
-#: request of kubelet's size (:func:`kubelet_sized_request`) rather than a minimal one.
+#: The environment variable that tells :func:`register` which kind of function to register (one of
+#: :data:`KINDS`; "plain" when unset). An older tree's ``register`` (``--baseline``) ignores it: the
+#: same function then runs as that tree runs a plain one.
+KIND_VARIABLE = "KRPROXY_BENCH_SDK_PLUGIN"
+KINDS = ("plain", "non-blocking", "async")
+
+#: The SDK hook servers measured: name, ``krproxy hooks serve`` options, whether the calls carry a
+#: request of kubelet's size (:func:`kubelet_sized_request`) rather than a minimal one, and the kind
+#: of :func:`register`'s function.
 CASES = {
-    "one plain function": (PLAIN, False),
-    "built-in policies": ([], False),
-    "one plain function, 4 KB": (PLAIN, True),
+    "one plain function": (PLAIN, False, "plain"),
+    "one non-blocking function": (PLAIN, False, "non-blocking"),
+    "one async function": (PLAIN, False, "async"),
+    "built-in policies": ([], False, "plain"),
+    "one plain function, 4 KB": (PLAIN, True, "plain"),
+    "one non-blocking function, 4 KB": (PLAIN, True, "non-blocking"),
 }
 
 #: Issue 24's targets: the SDK server's CPU per call, and what one SDK plugin adds to CreateContainer.
@@ -57,11 +69,22 @@ CREATE_ADDED_TARGET_MS = 1.0
 
 
 def register(app: HookServer) -> None:
-    """The bench's plugin (``--plugin krproxy.bench.sdk``): one function setting one variable."""
+    """The bench's plugin (``--plugin krproxy.bench.sdk``): one function setting one variable, of the
+    kind :data:`KIND_VARIABLE` names (a plain function by default)."""
+    kind = os.environ.get(KIND_VARIABLE, "plain")
+    if kind not in KINDS:
+        raise ValueError(f"{KIND_VARIABLE}={kind!r}: one of {', '.join(KINDS)}")
 
-    @app.hook(Stage.PRE_CREATE_CONTAINER, name="bench-env")
     def bench_env(ctx: ContainerContext) -> None:
         ctx.response.add_envs["BENCH"] = ctx.request.pod.meta.name
+
+    async def bench_env_async(ctx: ContainerContext) -> None:
+        bench_env(ctx)
+
+    if kind == "async":
+        app.hook(Stage.PRE_CREATE_CONTAINER, name="bench-env")(bench_env_async)
+    else:
+        app.hook(Stage.PRE_CREATE_CONTAINER, name="bench-env", blocking=kind == "plain")(bench_env)
 
 
 def minimal_request() -> bytes:
@@ -103,11 +126,19 @@ def cpu_seconds(pid: int) -> float:
 
 
 def start_hook_server(
-    socket: str, hook_dir: str, workdir: str, extra: Sequence[str], tree: str | None, log_path: str
+    socket: str,
+    hook_dir: str,
+    workdir: str,
+    extra: Sequence[str],
+    tree: str | None,
+    log_path: str,
+    kind: str = "plain",
 ) -> subprocess.Popen[bytes]:
-    """``krproxy hooks serve`` on ``socket`` registering into ``hook_dir``; from source tree ``tree``
-    (its ``krproxy`` package first on the path) when given, else from this one."""
-    return start_from(hook_server_argv(socket, hook_dir, workdir, extra), tree, workdir, log_path)
+    """``krproxy hooks serve`` on ``socket`` registering into ``hook_dir``, :func:`register`'s function
+    of ``kind``; from source tree ``tree`` (its ``krproxy`` package first on the path) when given, else
+    from this one."""
+    argv = hook_server_argv(socket, hook_dir, workdir, extra)
+    return start_from(argv, tree, workdir, log_path, {KIND_VARIABLE: kind})
 
 
 def hook_server_argv(socket: str, hook_dir: str, workdir: str, extra: Sequence[str]) -> list[str]:
@@ -126,10 +157,16 @@ def hook_server_argv(socket: str, hook_dir: str, workdir: str, extra: Sequence[s
     ]
 
 
-def start_from(argv: Sequence[str], tree: str | None, workdir: str, log_path: str) -> subprocess.Popen[bytes]:
+def start_from(
+    argv: Sequence[str],
+    tree: str | None,
+    workdir: str,
+    log_path: str,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
     """``python argv`` run from source tree ``tree`` (its ``krproxy`` package first on the path) when given,
-    else from this one."""
-    env = dict(os.environ)
+    else from this one; ``extra_env`` added to this process's environment."""
+    env = {**os.environ, **(extra_env or {})}
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
     with open(log_path, "wb") as out:
@@ -137,7 +174,7 @@ def start_from(argv: Sequence[str], tree: str | None, workdir: str, log_path: st
 
 
 async def _wait_ready(socket: str, request: bytes) -> None:
-    with trio.fail_after(60):
+    with trio.fail_after(300):  # (a dozen servers starting at once on a loaded 2-core machine)
         while True:
             try:
                 async with rpc.Channel(socket) as channel:
@@ -187,7 +224,7 @@ def cpu_per_call(calls: int, rounds: int, baseline: str | None, workdir: str) ->
     servers: dict[str, tuple[str, int, bytes]] = {}
     processes = []
     try:
-        for index, (case, (extra, kubelet_sized)) in enumerate(CASES.items()):
+        for index, (case, (extra, kubelet_sized, kind)) in enumerate(CASES.items()):
             request = kubelet_sized_request() if kubelet_sized else minimal_request()
             for suffix, tree in trees.items():
                 name = f"s{index}{'b' if tree else ''}"
@@ -199,6 +236,7 @@ def cpu_per_call(calls: int, rounds: int, baseline: str | None, workdir: str) ->
                     extra,
                     tree,
                     os.path.join(workdir, f"{name}.log"),
+                    kind,
                 )
                 processes.append(process)
                 servers[case + suffix] = (socket, process.pid, request)

@@ -24,14 +24,16 @@ from ._done import (
     apply_container,
     apply_pod,
     container_response,
+    container_writes_something,
     order_quota_writes,
     pod_response,
     who,
+    writes_something,
 )
 from ._executor import Change, Executor
 from ._features import Features, FeatureStatus, NodeProbe, StatusFn
 from ._policy import NodePolicy
-from ._registry import FailurePolicy, Level, Registry, RunResult, Stage, run_hooks
+from ._registry import FailurePolicy, Hook, Level, Registry, RunResult, Stage, call_hook, run_hooks
 from ._rules import Rules
 
 #: Seconds between two reconciliations in standalone mode (koordlet's
@@ -41,6 +43,7 @@ RECONCILE_INTERVAL = 10.0
 LOGGER = logging.getLogger("krproxy.hookserver")
 
 F = TypeVar("F", bound=Callable[..., Any])
+Ctx = TypeVar("Ctx", PodContext, ContainerContext)
 
 #: Seconds between attempts at settings whose cgroup did not exist yet (a pod's cgroup appears
 #: when the runtime starts the sandbox, after PreRunPodSandbox answered).
@@ -188,11 +191,20 @@ class HookServer:
 
     # -- registration ----------------------------------------------------------------------
 
-    def hook(self, stage: Stage, *, name: str | None = None, description: str = "") -> Callable[[F], F]:
-        """Decorator: run the function at ``stage`` (a PodContext or ContainerContext argument)."""
+    def hook(
+        self, stage: Stage, *, name: str | None = None, description: str = "", blocking: bool | None = None
+    ) -> Callable[[F], F]:
+        """Decorator: run the function at ``stage`` (a PodContext or ContainerContext argument).
+
+        A plain function is taken as blocking unless declared ``blocking=False``: served, a stage
+        with a blocking function runs in the app's worker thread, one of non-blocking (and ``async
+        def``) functions only on the event loop, without a thread (docs/plugin-authoring.md).
+        """
 
         def register(fn: F) -> F:
-            self.registry.register(stage, name or fn.__name__, description or (fn.__doc__ or ""), fn)
+            self.registry.register(
+                stage, name or fn.__name__, description or (fn.__doc__ or ""), fn, blocking=blocking
+            )
             return fn
 
         return register
@@ -253,7 +265,21 @@ class HookServer:
         """:meth:`handle_pod` without the wire types: the call's context, whose ``response`` holds
         what the plugins decided (the served SDK encodes the answer itself, ``_wire``)."""
         ctx = PodContext(pod)
-        result = run_hooks(self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value)
+        self.finish_pod(stage, ctx, self.run_stage(stage, ctx))
+        return ctx
+
+    def run_stage(
+        self, stage: Stage, ctx: Ctx, call: Callable[[Hook[Ctx], Ctx], None] = call_hook
+    ) -> RunResult:
+        """The first half of a hook call: ``stage``'s plugin functions on ``ctx``, each through
+        ``call`` (:func:`run_hooks`); :meth:`finish_pod` or :meth:`finish_container` is the second."""
+        return run_hooks(
+            self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value, call=call
+        )
+
+    def finish_pod(self, stage: Stage, ctx: PodContext, result: RunResult) -> None:
+        """The second half of a pod-level hook call, once the plugins decided (``result``): the pod
+        cache, then the settings written (or deferred until the cgroup exists)."""
         _log_decision(stage, ctx, result)
         key = "pod:" + _pod_key(ctx.request)
         if stage is Stage.POST_STOP_POD_SANDBOX:
@@ -271,7 +297,17 @@ class HookServer:
         except CgroupMissingError as exc:
             if stage is not Stage.POST_STOP_POD_SANDBOX:
                 self._defer(key, ctx, exc, include_cri=include_cri)
-        return ctx
+
+    def finish_touches_files(self, stage: Stage, ctx: PodContext | ContainerContext) -> bool:
+        """Whether :meth:`finish_pod` / :meth:`finish_container` may read or write files on the node
+        for ``ctx`` (settings to write, or settings waiting for their cgroup to retry); False: it only
+        updates the app's records, in microseconds."""
+        if isinstance(ctx, PodContext):
+            include_cri = stage is not Stage.PRE_UPDATE_POD_SANDBOX_RESOURCES
+            return bool(ctx.request.cgroup_parent) and writes_something(
+                ctx.response.resources, include_cri=include_cri
+            )
+        return bool(self.pending) or container_writes_something(ctx, include_cri=False)
 
     def handle_container(
         self, stage: Stage, req: pb.ContainerResourceHookRequest
@@ -282,7 +318,11 @@ class HookServer:
     def run_container(self, stage: Stage, container: ContainerInfo) -> ContainerContext:
         """:meth:`handle_container` without the wire types (see :meth:`run_pod`)."""
         ctx = ContainerContext(container)
-        result = run_hooks(self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value)
+        self.finish_container(stage, ctx, self.run_stage(stage, ctx))
+        return ctx
+
+    def finish_container(self, stage: Stage, ctx: ContainerContext, result: RunResult) -> None:
+        """The second half of a container-level hook call (see :meth:`finish_pod`)."""
         _log_decision(stage, ctx, result)
         if self.pending:  # the pod's cgroup exists by the time its containers are created
             self.retry_pending()
@@ -297,7 +337,6 @@ class HookServer:
         if stage is Stage.POST_STOP_CONTAINER:
             self.pods.remove_container(ctx.request)
             self.pending.pop(key, None)
-        return ctx
 
     # -- settings waiting for their cgroup -------------------------------------------------------
 

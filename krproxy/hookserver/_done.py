@@ -187,13 +187,21 @@ def apply_pod(executor: Executor, ctx: PodContext, *, include_cri: bool = True) 
     )
 
 
-def _writes_something(changes: ResourceChanges, *, include_cri: bool) -> bool:
+def writes_something(changes: ResourceChanges, *, include_cri: bool) -> bool:
     """Whether :func:`apply` may write anything for ``changes`` (False: it would write nothing and
     raise nothing, wherever the cgroup is)."""
     if changes.cpu_bvt is not None or changes.cpu_idle is not None or changes.resctrl is not None:
         return True
     cri = (changes.cpu_shares, changes.cfs_quota, changes.cpuset, changes.memory_limit)
     return include_cri and any(value is not None for value in cri)
+
+
+def container_writes_something(ctx: ContainerContext, *, include_cri: bool) -> bool:
+    """Whether :func:`apply_container` may touch the node's files for ``ctx`` (False: it returns at once)."""
+    info = ctx.request
+    if not info.id or not (info.pod.cgroup_parent or info.cgroup_path):
+        return False
+    return writes_something(ctx.response.resources, include_cri=include_cri)
 
 
 def find_container_cgroup(executor: Executor, info: ContainerInfo) -> tuple[str, tuple[str, ...]]:
@@ -213,11 +221,9 @@ def find_container_cgroup(executor: Executor, info: ContainerInfo) -> tuple[str,
 
 def apply_container(executor: Executor, ctx: ContainerContext, *, include_cri: bool) -> list[Change]:
     """Container-level settings; ``include_cri`` is False when the response carries them."""
-    info = ctx.request
-    if not info.id or not (info.pod.cgroup_parent or info.cgroup_path):
-        return []
-    if not _writes_something(ctx.response.resources, include_cri=include_cri):
+    if not container_writes_something(ctx, include_cri=include_cri):
         return []  # the usual call: no need to look for the container's cgroup on the node
+    info = ctx.request
     cgroup_dir, tried = find_container_cgroup(executor, info)
     return apply(
         executor,

@@ -2,24 +2,31 @@
 
 The app (:class:`HookServer`) is synchronous and keeps its state (pod cache, pending writes, the
 policy) without locks. Everything that touches it — hook calls, the policy watcher, tickers,
-retries — runs through one :class:`AppWorker`: one at a time, in a worker thread, so a slow
-plugin function or cgroup write never stalls the event loop (the socket, other connections,
-the proxy's deadlines), and ``async def`` plugin functions are handed back to the trio loop
-(see :func:`._registry.call_hook`).
+retries — runs one at a time (:class:`._worker.AppWorker`). Where a hook call runs follows from its
+stage's functions (:meth:`._registry.Registry.placement`):
+
+- a blocking plain function among them (a plain ``def`` unless declared ``blocking=False``): the
+  whole call in the worker thread, so a slow plugin function never stalls the event loop (the
+  socket, other connections, the proxy's deadlines); its ``async def`` functions are handed back to
+  the loop (:func:`._registry.call_hook`);
+- non-blocking plain functions only: on the event loop, in the step that read the request, when the
+  app is idle (no hop to a thread and back: about half of such a server's CPU per call, docs/
+  performance.md); each function timed (:class:`._registry.InlineWatch`);
+- non-blocking and ``async def`` functions: in a task on the event loop, the app held meanwhile.
+
+Either way the SDK's own file work (cgroup writes, retries of deferred ones) goes to a thread: on
+the loop, a call whose finish would touch files (:meth:`HookServer.finish_touches_files`) finishes
+in the worker (or, from a task that holds the app, in a thread of trio's). A call that finds the app
+busy queues behind the work before it, in the worker, as before.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import functools
 import logging
 import os
-import select
-import threading
-import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any, TypeVar, cast
+from collections.abc import Callable
+from typing import Any
 
 import attrs
 import outcome
@@ -31,229 +38,69 @@ from krproxy.hooks.watcher import untrusted_reason
 
 from . import _wire
 from ._app import RETRY_INTERVAL, HookServer, Ticker
+from ._context import ContainerContext, PodContext
 from ._policywatch import PolicyWatcher
 from ._registration import registration_json, remove_registration, write_registration
-from ._registry import WORKER_THREAD, FailurePolicy, HookFailedError, Stage
+from ._registry import (
+    WORKER_THREAD,
+    FailurePolicy,
+    HookFailedError,
+    InlineWatch,
+    Placement,
+    RunResult,
+    Stage,
+    run_hooks_on_loop,
+)
+from ._worker import AppWorker as AppWorker
 
 LOGGER = logging.getLogger("krproxy.hookserver")
 
-T = TypeVar("T")
-R = TypeVar("R")  # the request's record
-C = TypeVar("C")  # the call's context
 
+@attrs.frozen
+class _Level:
+    """How a hook call of one level (pod, container) is read, finished and answered."""
 
-def _answer(
-    stage: Stage,
-    request: bytes,
-    message: str,
-    decode: Callable[[bytes], tuple[Any, R]],
-    run: Callable[[Stage, R], C],
-    reply: Callable[[Any, C], bytes],
-) -> bytes:
-    """One hook call's answer: ``request`` decoded (else INVALID_ARGUMENT naming ``message``), the
-    plugins run on its record, the reply encoded; a plugin's failure is UNKNOWN with its message."""
-    try:
-        req, info = decode(request)
-    except _wire.DecodeError as exc:
-        raise _not_a(stage, message, exc) from exc
-    try:
-        return reply(req, run(stage, info))
-    except (HookFailedError, OSError) as exc:
-        raise GRPCError(Status.UNKNOWN, str(exc)) from exc
-
-
-class AppWorker:
-    """Runs the app's synchronous work one job at a time, in order, in a thread of its own.
-
-    One thread for the app's whole life rather than ``trio.to_thread.run_sync`` per call: half the
-    CPU per call (about 45 µs against 80-120 µs for a hop on a 2-core machine; measured with a
-    no-op function, docs/plugin-authoring.md), and one job at a time is what the app's lock-free
-    state needs anyway. Open it with ``async with AppWorker.open() as worker``.
-
-    A hook call's job is queued with :meth:`submit`, from the connection's own task (the
-    handlers are :class:`krproxy.rpc.UnaryJob` objects: no trio task, cancel scope or scheduler pass
-    per call); the app's other work (tickers, the policy watcher) awaits :meth:`run`.
-
-    The way back is cheap too: :meth:`submit` first waits for the job's byte on a second pipe
-    (``poll``, :meth:`_wait_for`), the event loop's thread blocked for at most :attr:`wait_inline` seconds (not at all behind a job that has run
-    that long already: a slow plugin function cost the loop that much for each call arriving
-    meanwhile), and only a job still running then
-    comes back through trio (``run_sync_soon``: a write to trio's wake-up socket, its read, a
-    pass of the scheduler for the task that drains it). A hook call's job takes tens of
-    microseconds, so most calls skip that: 5 system calls fewer per call (futex waits
-    aside), about a tenth of the server's CPU per call (docs/performance.md). A job that hands
-    work to the loop itself (an ``async def`` plugin function, :func:`._registry.call_hook`)
-    lets the loop go first (:meth:`_Job.release_loop`).
-
-    The thread sleeps on a pipe, not on the queue: the loop wakes it with ``os.write``, which
-    lets go of the GIL before the system call, so the thread wakes to a free GIL instead of
-    waking, finding the loop's thread holding it, and sleeping again until it is let go (a
-    second wake-up of each thread per job). About 5-10 µs of CPU less per job
-    (docs/performance.md). The way back is a pipe for the same reason: the thread's ``os.write``
-    lets go of the GIL too, where releasing a lock the loop waited on did not (a hop 10-30 µs
-    cheaper in a two-thread ping-pong, docs/performance.md).
-    """
-
-    #: Seconds the event loop's thread waits for a job before handing the wait to trio. The
-    #: loop serves nothing meanwhile, so it is kept well under the proxy's hook timeouts.
-    wait_inline = 0.001
-
-    def __init__(self, trio_token: trio.lowlevel.TrioToken) -> None:
-        self._token = trio_token
-        self._jobs: collections.deque[_Job | None] = collections.deque()  # append, popleft: atomic
-        # A byte written after each put (never blocking: a full pipe already wakes the thread,
-        # which then takes every job queued).
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
-        # The way back: a byte the thread writes when the job the loop waits for ends (or lets
-        # go), which the loop waits for with poll(); never blocking either side.
-        try:
-            self._answer_r, self._answer_w = os.pipe()
-        except OSError:  # (out of fds: the wake pipe must not be left open)
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-            raise
-        os.set_blocking(self._answer_r, False)
-        os.set_blocking(self._answer_w, False)
-        self._answered = select.poll()
-        self._answered.register(self._answer_r, select.POLLIN)
-        self._thread = threading.Thread(target=self._work, name="krproxy-hookserver-app", daemon=True)
-        #: When the job the thread runs began (time.monotonic), or None between jobs.
-        self._running_since: float | None = None
-
-    @classmethod
-    @contextlib.asynccontextmanager
-    async def open(cls) -> AsyncIterator[AppWorker]:
-        """A worker for this trio run; its thread ends when the block does (after its last job)."""
-        worker = cls(trio.lowlevel.current_trio_token())
-        try:
-            worker._thread.start()
-            try:
-                yield worker
-            finally:
-                worker._put(None)
-                with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(worker._thread.join)
-        finally:
-            for fd in (worker._wake_r, worker._wake_w, worker._answer_r, worker._answer_w):
-                os.close(fd)
-
-    def _put(self, job: _Job | None) -> None:
-        self._jobs.append(job)
-        with contextlib.suppress(BlockingIOError):  # full: the thread has wake-ups enough
-            os.write(self._wake_w, b"j")
-
-    def _work(self) -> None:
-        WORKER_THREAD.trio_token = self._token
-        jobs = self._jobs
-        while True:
-            os.read(self._wake_r, 4096)  # until something is queued; every pending wake-up
-            while jobs:  # (one consumer: what it saw stays there)
-                job = jobs.popleft()
-                if job is None:
-                    return
-                self._do(job)
-
-    def _do(self, job: _Job) -> None:
-        WORKER_THREAD.release_loop = job.release_loop
-        self._running_since = time.monotonic()
-        result = outcome.capture(job.fn, *job.args)
-        self._running_since = None
-        WORKER_THREAD.release_loop = None
-        with job.guard:
-            job.result = result
-            awaited = job.awaited
-        if awaited:
-            self._token.run_sync_soon(job.done_late, result)
-        else:
-            job.release_loop()
-
-    def submit(
-        self, done_late: Callable[[outcome.Outcome[T]], None], fn: Callable[..., T], *args: Any
-    ) -> outcome.Outcome[T] | None:
-        """Queue ``fn(*args)`` (after every job queued before it) from the event loop's thread,
-        without a task: its outcome if it ended within :attr:`wait_inline`, else None and
-        ``done_late(outcome)`` is called on the loop's thread once it ends (``run_sync_soon``)."""
-        job = _Job(fn, args, done_late, self._answer_w)
-        since = self._running_since
-        self._put(job)
-        if since is None or time.monotonic() - since < self.wait_inline:
-            self._wait_for(job)
-        # (else the job waits behind one that has run longer than wait_inline already: it would not be
-        # done before the wait ran out, while the loop served nothing)
-        with job.guard:
-            result = job.result
-            job.awaited = result is None  # from here on the worker hands it to done_late
-        return result
-
-    def _wait_for(self, job: _Job) -> None:
-        """Block the loop's thread until ``job`` ends or lets the loop go, at most
-        :attr:`wait_inline` seconds. A byte read here may be a job's before it (one that ended
-        just after the loop stopped waiting for it): then the wait goes on for the rest."""
-        deadline = time.monotonic() + self.wait_inline
-        wait_ms = self.wait_inline * 1000
-        while self._answered.poll(wait_ms):
-            with contextlib.suppress(BlockingIOError):  # (nothing left: read by an earlier wait)
-                os.read(self._answer_r, 4096)
-            if job.released:
-                return
-            wait_ms = (deadline - time.monotonic()) * 1000
-            if wait_ms <= 0:
-                return
-
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the worker thread, after every job queued before it. A caller cancelled
-        once the job is queued still waits for it to finish (the app's state stays whole)."""
-        await trio.lowlevel.checkpoint_if_cancelled()
-        task = trio.lowlevel.current_task()
-        result = self.submit(functools.partial(trio.lowlevel.reschedule, task), fn, *args)
-        if result is None:  # wait_task_rescheduled unwraps the outcome the worker sends
-            return cast(T, await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED))
-        return cast(T, result.unwrap())
-
-
-class _Job:
-    """One job of an :class:`AppWorker` and how its result comes back."""
-
-    __slots__ = ("answer_w", "args", "awaited", "done_late", "fn", "guard", "released", "result")
-
-    def __init__(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        done_late: Callable[[outcome.Outcome[Any]], None],
-        answer_w: int,
-    ) -> None:
-        self.fn = fn
-        self.args = args
-        self.done_late = done_late
-        self.answer_w = answer_w  # the worker's answer pipe (AppWorker._wait_for)
-        self.result: outcome.Outcome[Any] | None = None
-        self.released = False  # the job ended or let the loop go: its byte is written
-        self.guard = threading.Lock()  # result and awaited change together
-        self.awaited = False  # the loop no longer waits for it: the result goes to done_late
-
-    def release_loop(self) -> None:
-        """Stop the event loop's thread waiting for this job (once; from the worker thread)."""
-        if not self.released:
-            self.released = True
-            with contextlib.suppress(BlockingIOError):  # full: the loop's poll sees bytes already
-                os.write(self.answer_w, b"a")
+    message: str  # the request's message type, for errors
+    decode: Callable[[bytes], tuple[Any, Any]]  # the upb request and the plugins' record (_wire)
+    context: Callable[[Any], Any]  # the call's context for the record
+    finish: Callable[[Stage, Any, RunResult], None]  # the app's second half of the call
+    reply: Callable[[Any, Any], bytes]  # the answer's bytes (_wire)
 
 
 class HookService:
-    """Answers every hook point by running the app's plugins for that stage.
+    """Answers every hook point by running the app's plugins for that stage, where the stage's
+    functions say (see the module's notes).
 
-    :meth:`handlers` is the route table for :class:`krproxy.rpc.Server`.
+    :meth:`handlers` is the route table for :class:`krproxy.rpc.Server`. Without a ``nursery`` a
+    stage with ``async def`` functions runs in the worker (their tasks need one); ``watch`` times
+    non-blocking plain functions on the loop.
     """
 
-    def __init__(self, app: HookServer, worker: AppWorker) -> None:
+    def __init__(
+        self,
+        app: HookServer,
+        worker: AppWorker,
+        nursery: trio.Nursery | None = None,
+        watch: InlineWatch | None = None,
+    ) -> None:
         self.app = app
         self.worker = worker
+        self.nursery = nursery
+        self.watch = InlineWatch() if watch is None else watch
+        self._pod = _Level(
+            "PodSandboxHookRequest", _wire.pod_info, PodContext, app.finish_pod, _wire.pod_reply
+        )
+        self._container = _Level(
+            "ContainerResourceHookRequest",
+            _wire.container_info,
+            ContainerContext,
+            app.finish_container,
+            _wire.container_reply,
+        )
 
     def handlers(self) -> dict[str, rpc.Handler]:
-        """One unary handler per hook point, by gRPC path: an :class:`rpc.UnaryJob` whose work is
-        the worker's job, so a call costs the event loop no task of its own."""
+        """One unary handler per hook point, by gRPC path: an :class:`rpc.UnaryJob`, so a call costs
+        the event loop no task of its own (unless its stage awaits)."""
         return {
             stage.rpc_path: rpc.UnaryJob(
                 functools.partial(self._start, self._pod if stage.is_pod_level else self._container, stage)
@@ -261,32 +108,120 @@ class HookService:
             for stage in Stage
         }
 
-    # In the worker thread, decoding and encoding too (upb, ``_wire``: with betterproto2 they took
-    # as much CPU as the rest of the call).
-
-    def _pod(self, stage: Stage, request: bytes) -> bytes:
-        return _answer(
-            stage, request, "PodSandboxHookRequest", _wire.pod_info, self.app.run_pod, _wire.pod_reply
-        )
-
-    def _container(self, stage: Stage, request: bytes) -> bytes:
-        return _answer(
-            stage,
-            request,
-            "ContainerResourceHookRequest",
-            _wire.container_info,
-            self.app.run_container,
-            _wire.container_reply,
-        )
-
     def _start(
         self,
-        answer: Callable[[Stage, bytes], bytes],
+        level: _Level,
         stage: Stage,
         request: bytes,
         done_late: Callable[[outcome.Outcome[bytes]], None],
     ) -> outcome.Outcome[bytes] | None:
-        return self.worker.submit(done_late, answer, stage, request)
+        """Start a call (on the loop's thread, from the connection's task): its outcome if it has it
+        already, else None and ``done_late(outcome)`` later."""
+        placement = self.app.registry.placement(stage)
+        if placement is Placement.WORKER or not self.worker.idle:
+            return self.worker.submit(done_late, self._in_worker, level, stage, request)
+        if placement is Placement.LOOP:
+            try:
+                return self._on_loop(level, stage, request, done_late)
+            except Exception as exc:  # the call's answer (rpc reports it as submit's would)
+                return outcome.Error(exc)
+        if self.nursery is None:  # (no nursery for the task: the worker hands its awaits to the loop)
+            return self.worker.submit(done_late, self._in_worker, level, stage, request)
+        self.worker.hold()
+        self.nursery.start_soon(self._in_task, level, stage, request, done_late)
+        return None
+
+    def _read(self, level: _Level, stage: Stage, request: bytes) -> tuple[Any, Any]:
+        """The upb request and the call's context; INVALID_ARGUMENT naming the message if the bytes are
+        no such message."""
+        try:
+            req, info = level.decode(request)
+        except _wire.DecodeError as exc:
+            raise _not_a(stage, level.message, exc) from exc
+        return req, level.context(info)
+
+    def _finish(self, level: _Level, stage: Stage, req: Any, ctx: Any, result: RunResult) -> bytes:
+        """The call's second half and its answer; a write the kernel refused is UNKNOWN with its message."""
+        try:
+            level.finish(stage, ctx, result)
+            return level.reply(req, ctx)
+        except OSError as exc:
+            raise GRPCError(Status.UNKNOWN, str(exc)) from exc
+
+    def _in_worker(self, level: _Level, stage: Stage, request: bytes) -> bytes:
+        """The whole call, as a job of the worker's."""
+        req, ctx = self._read(level, stage, request)
+        try:
+            result = self.app.run_stage(stage, ctx)
+        except HookFailedError as exc:
+            raise GRPCError(Status.UNKNOWN, str(exc)) from exc
+        return self._finish(level, stage, req, ctx, result)
+
+    def _on_loop(
+        self,
+        level: _Level,
+        stage: Stage,
+        request: bytes,
+        done_late: Callable[[outcome.Outcome[bytes]], None],
+    ) -> outcome.Outcome[bytes] | None:
+        """The call on the loop's thread, the app idle; the second half in the worker when it would
+        touch files (the worker idle, so that is the next job: nothing runs in between)."""
+        req, ctx = self._read(level, stage, request)
+        try:
+            result = self.app.run_stage(stage, ctx, self.watch.call)
+        except HookFailedError as exc:
+            raise GRPCError(Status.UNKNOWN, str(exc)) from exc
+        if self.app.finish_touches_files(stage, ctx):
+            return self.worker.submit(done_late, self._finish, level, stage, req, ctx, result)
+        return outcome.Value(self._finish(level, stage, req, ctx, result))
+
+    async def _in_task(
+        self,
+        level: _Level,
+        stage: Stage,
+        request: bytes,
+        done_late: Callable[[outcome.Outcome[bytes]], None],
+    ) -> None:
+        """The call in a task of its own on the loop, holding the app until it ends. The caller's
+        deadline does not cancel it (as a job in the worker runs on): its answer is then dropped."""
+        try:
+            answer: outcome.Outcome[bytes] = outcome.Value(await self._awaited(level, stage, request))
+        except Exception as exc:
+            answer = outcome.Error(exc)
+        finally:
+            self.worker.release()
+        done_late(answer)
+
+    async def _awaited(self, level: _Level, stage: Stage, request: bytes) -> bytes:
+        req, ctx = self._read(level, stage, request)
+        app = self.app
+        try:
+            result = await run_hooks_on_loop(
+                app.registry.hooks(stage), ctx, app.plugin_failure_policy, where=stage.value, watch=self.watch
+            )
+        except HookFailedError as exc:
+            raise GRPCError(Status.UNKNOWN, str(exc)) from exc
+        if not app.finish_touches_files(stage, ctx):
+            return self._finish(level, stage, req, ctx, result)
+        token = trio.lowlevel.current_trio_token()
+        return await trio.to_thread.run_sync(self._finish_in_thread, token, level, stage, req, ctx, result)
+
+    def _finish_in_thread(
+        self,
+        token: trio.lowlevel.TrioToken,
+        level: _Level,
+        stage: Stage,
+        req: Any,
+        ctx: Any,
+        result: RunResult,
+    ) -> bytes:
+        """:meth:`_finish` in a thread of trio's, the app held by the task that waits for it: as in the
+        worker, an ``async def`` reconciler that a retry runs is handed to the loop."""
+        WORKER_THREAD.trio_token = token
+        try:
+            return self._finish(level, stage, req, ctx, result)
+        finally:
+            WORKER_THREAD.trio_token = None
 
 
 def _not_a(stage: Stage, expected: str, exc: Exception) -> GRPCError:
@@ -397,7 +332,7 @@ async def serve(
     the proxy stops calling), then the server stops and the socket file is removed.
     """
     async with AppWorker.open() as worker, trio.open_nursery() as nursery:
-        server = rpc.Server(HookService(app, worker).handlers())
+        server = rpc.Server(HookService(app, worker, nursery).handlers())
         await run_background(app, options.policy_path, nursery, worker)
         await nursery.start(server.serve, options.socket)
         content = registration_json(

@@ -1,0 +1,199 @@
+"""krproxy.hookserver._registry: where a stage runs (``blocking``, :meth:`Registry.placement`) and the
+timing of non-blocking functions on the loop (:class:`InlineWatch`, on a fake clock)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import pytest
+import trio
+import trio.lowlevel
+
+from krproxy.hookserver import (
+    ContainerContext,
+    ContainerInfo,
+    FailurePolicy,
+    HookFailedError,
+    HookServer,
+    PodInfo,
+    Stage,
+    run_hooks,
+)
+from krproxy.hookserver._registry import InlineWatch, Placement, run_hooks_on_loop
+from krproxy.hookserver.testing import container_request, logged_events, pod_request
+
+STAGE = Stage.PRE_CREATE_CONTAINER
+
+
+def plain(ctx: ContainerContext) -> None:
+    ctx.response.add_envs["PLAIN"] = "1"
+
+
+async def awaiting(ctx: ContainerContext) -> None:
+    await trio.lowlevel.checkpoint()
+    ctx.response.add_envs["ASYNC"] = "1"
+
+
+def _ctx() -> ContainerContext:
+    return ContainerContext(ContainerInfo(PodInfo()))
+
+
+class FakeClock:
+    """Seconds that move only when a test says so (``advance``)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class TestPlacement:
+    @pytest.mark.parametrize(
+        ("declared", "expected"),
+        [
+            ([], Placement.LOOP),
+            ([(plain, None)], Placement.WORKER),
+            ([(plain, True)], Placement.WORKER),
+            ([(plain, False)], Placement.LOOP),
+            ([(awaiting, None)], Placement.TASK),
+            ([(awaiting, None), (plain, False)], Placement.TASK),
+            ([(awaiting, None), (plain, None)], Placement.WORKER),
+            ([(plain, False), (plain, None)], Placement.WORKER),
+        ],
+        ids=[
+            "none",
+            "plain",
+            "blocking",
+            "non-blocking",
+            "async",
+            "async+non-blocking",
+            "async+plain",
+            "mixed",
+        ],
+    )
+    def test_a_stage_runs_where_its_functions_allow(
+        self, declared: list[tuple[Callable[[ContainerContext], object], bool | None]], expected: Placement
+    ) -> None:
+        """A plain function is blocking unless declared otherwise; one blocking function puts the whole
+        stage in the worker, an async one (without blocking ones) in a task on the loop, and a stage of
+        non-blocking plain functions (or none) runs on the loop itself."""
+        app = HookServer()
+        for i, (fn, blocking) in enumerate(declared):
+            app.hook(STAGE, name=f"f{i}", blocking=blocking)(fn)
+        assert expected == app.registry.placement(STAGE)
+        assert Placement.LOOP == app.registry.placement(Stage.PRE_START_CONTAINER)  # another stage: none
+
+    def test_an_async_function_declared_blocking_is_refused(self) -> None:
+        """``blocking=True`` on an ``async def`` function is a TypeError naming it: it runs on the event
+        loop whatever it declares."""
+        app = HookServer()
+        with pytest.raises(TypeError, match="'waits' is an async def function"):
+            app.hook(STAGE, name="waits", blocking=True)(awaiting)
+        assert () == app.registry.hooks(STAGE)
+
+    def test_declared_non_blocking_runs_as_before_in_process(self) -> None:
+        """In-process (``handle_container``), a non-blocking function runs as any plain one does."""
+        app = HookServer()
+        app.hook(STAGE, name="quick", blocking=False)(plain)
+        answer = app.handle_container(STAGE, container_request(pod_request("p"), "c"))
+        assert {"PLAIN": "1"} == answer.container_envs
+
+
+class TestInlineWatch:
+    def test_a_slow_inline_function_is_logged_once(self, caplog: pytest.LogCaptureFixture) -> None:
+        """A non-blocking function that took longer than the limit (on the watch's clock) is logged at
+        warning level, naming it, with how long it took and the fix; once per function; a quick one is
+        not logged."""
+        clock = FakeClock()
+        watch = InlineWatch(clock=clock, limit=0.01)
+        app = HookServer()
+
+        def slow(ctx: ContainerContext) -> None:
+            clock.advance(0.025)
+
+        def quick(ctx: ContainerContext) -> None:
+            clock.advance(0.009)
+
+        app.hook(STAGE, name="slow", blocking=False)(slow)
+        app.hook(STAGE, name="quick", blocking=False)(quick)
+        with caplog.at_level(logging.WARNING, logger="krproxy.hookserver"):
+            for _ in range(3):
+                app.run_stage(STAGE, _ctx(), watch.call)
+        [slow_line] = logged_events(caplog.records, "inline_hook_slow")
+        assert "slow" == slow_line["plugin"]
+        assert 25.0 == slow_line["took_ms"]
+        assert 10.0 == slow_line["limit_ms"]
+        assert "blocking=False" in slow_line["fix"]
+
+    def test_a_raising_inline_function_is_timed_too(self, caplog: pytest.LogCaptureFixture) -> None:
+        """A function that took too long and then raised is logged as slow, and its error still goes to
+        the failure policy."""
+        clock = FakeClock()
+        watch = InlineWatch(clock=clock, limit=0.01)
+        app = HookServer()
+
+        def broken(ctx: ContainerContext) -> None:
+            clock.advance(1.0)
+            raise RuntimeError("kaput")
+
+        app.hook(STAGE, name="broken", blocking=False)(broken)
+        with caplog.at_level(logging.WARNING, logger="krproxy.hookserver"):
+            result = app.run_stage(STAGE, _ctx(), watch.call)
+        assert ("broken",) == result.failed
+        [slow_line] = logged_events(caplog.records, "inline_hook_slow")
+        assert 1000.0 == slow_line["took_ms"]
+
+    @pytest.mark.parametrize(
+        "raised", [SystemExit(3), KeyboardInterrupt()], ids=["sys.exit", "KeyboardInterrupt"]
+    )
+    def test_an_exit_in_an_inline_function_is_its_failure(self, raised: BaseException) -> None:
+        """Called on the served loop (through a watch), SystemExit and KeyboardInterrupt from a function
+        are its failure, as in the worker thread: under FAIL the stage fails naming it."""
+        app = HookServer(plugin_failure_policy=FailurePolicy.FAIL)
+
+        def exits(ctx: ContainerContext) -> None:
+            raise raised
+
+        app.hook(STAGE, name="exits", blocking=False)(exits)
+        with pytest.raises(HookFailedError, match="hook plugin 'exits' failed"):
+            run_hooks(
+                app.registry.hooks(STAGE),
+                _ctx(),
+                FailurePolicy.FAIL,
+                where="x",
+                call=InlineWatch().call,
+            )
+
+
+class TestRunHooksOnLoop:
+    async def test_async_and_inline_functions_share_the_context_in_order(self) -> None:
+        """On the loop, a stage's async functions are awaited and its non-blocking plain ones called, by
+        name, on one context; an async one raising under IGNORE is logged and the rest run."""
+        app = HookServer()
+
+        async def b_async(ctx: ContainerContext) -> None:
+            await trio.lowlevel.checkpoint()
+            ctx.response.add_envs["B"] = ctx.response.add_envs["A"] + "b"
+
+        async def c_broken(ctx: ContainerContext) -> None:
+            raise RuntimeError("kaput")
+
+        def d_plain(ctx: ContainerContext) -> None:
+            ctx.response.add_envs["D"] = ctx.response.add_envs["B"] + "d"
+
+        app.hook(STAGE, name="a", blocking=False)(lambda ctx: ctx.response.add_envs.update(A="a"))
+        app.hook(STAGE, name="b")(b_async)
+        app.hook(STAGE, name="c")(c_broken)
+        app.hook(STAGE, name="d", blocking=False)(d_plain)
+        ctx = _ctx()
+        result = await run_hooks_on_loop(
+            app.registry.hooks(STAGE), ctx, FailurePolicy.IGNORE, where="x", watch=InlineWatch()
+        )
+        assert ("a", "b", "c", "d") == result.ran
+        assert ("c",) == result.failed
+        assert {"A": "a", "B": "ab", "D": "abd"} == ctx.response.add_envs
