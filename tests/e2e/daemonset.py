@@ -232,10 +232,16 @@ class Running:
 
 
 def _ready(direct: Cri, container_id: str, probe: list[str]) -> bool:
-    """Whether the readiness probe, run in the container as kubelet runs it, exits 0."""
-    reply = direct.runtime.ExecSync(
-        pb.ExecSyncRequest(container_id=container_id, cmd=probe, timeout=10), timeout=30
-    )
+    """Whether the readiness probe, run in the container as kubelet runs it, exits 0 (a probe that times
+    out, as one may on a busy machine, is a failed probe: kubelet runs it again)."""
+    try:
+        reply = direct.runtime.ExecSync(
+            pb.ExecSyncRequest(container_id=container_id, cmd=probe, timeout=10), timeout=30
+        )
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            return False
+        raise
     return reply.exit_code == 0
 
 
