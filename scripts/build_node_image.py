@@ -2,6 +2,7 @@
 """Build the DaemonSets' image (deploy/daemonset*.yaml) from this repository, offline, with no Docker.
 
     python3 scripts/build_node_image.py [--out krproxy-image.tar] [--name krproxy.local/krproxy:0.1.0]
+    python3 scripts/build_node_image.py --base-only         # the cached base alone
     ctr -n k8s.io images import krproxy-image.tar        # on each node, or push it (both as root)
 
 The base is a Debian bookworm root made by ``debootstrap --variant=minbase --include=python3``
@@ -15,7 +16,8 @@ a daemon never reads (docs, man pages, locales, apt's lists and caches, dpkg's o
 iconv's modules) and packs
 the tree as a one-layer OCI image layout tarball with scripts/build_images.py's deterministic
 packer. The tarball carries its name in ``io.containerd.image.name``, so ``ctr images import``
-registers it under that name.
+registers it under that name. ``--base-only`` makes the cached base and stops (scripts/host-setup
+runs it once per test run, so that the e2e session's first image build does not debootstrap).
 
 Needs root (debootstrap, chroot) and, for the first build, the Debian archive and PyPI (or pip's
 cache). Exit 2 with one line saying why when the image cannot be built here.
@@ -147,14 +149,14 @@ def ensure_base(cache: Path, rebuild: bool = False) -> Path:
 
 
 def _ensure_base(cache: Path, rebuild: bool) -> Path:
+    root = cache / f"base-{SUITE}"
+    if (root / MARKER).exists() and not rebuild:
+        return root
     debootstrap = shutil.which("debootstrap") or (
         "/usr/sbin/debootstrap" if os.path.exists("/usr/sbin/debootstrap") else None
     )
     if debootstrap is None:
         raise Unavailable("debootstrap is not installed: apt-get install debootstrap")
-    root = cache / f"base-{SUITE}"
-    if (root / MARKER).exists() and not rebuild:
-        return root
     try:
         mirror, keyring = _fetcher().archive_uri()
     except LookupError as exc:
@@ -252,11 +254,21 @@ def main(argv: list[str] | None = None) -> int:
         "--cache", default=DEFAULT_CACHE, help="where the base root is kept (default %(default)s)"
     )
     ap.add_argument("--rebuild-base", action="store_true", help="debootstrap the base again")
+    ap.add_argument(
+        "--base-only",
+        action="store_true",
+        help="make the cached base only, no image (scripts/host-setup does, once per test run)",
+    )
     args = ap.parse_args(argv)
     started = time.monotonic()
     try:
-        if args.rebuild_base:
-            ensure_base(Path(args.cache), rebuild=True)
+        if args.rebuild_base or args.base_only:
+            cached = (Path(args.cache) / f"base-{SUITE}" / MARKER).exists() and not args.rebuild_base
+            base = ensure_base(Path(args.cache), rebuild=args.rebuild_base)
+        if args.base_only:
+            how = "cached" if cached else f"built in {time.monotonic() - started:.0f} s"
+            print(f"the image base {base} ({how})")
+            return 0
         image = build(Path(args.out), args.name, Path(args.cache))
     except Unavailable as exc:
         print(f"build_node_image: cannot build the image: {exc}", file=sys.stderr)

@@ -63,6 +63,18 @@ def containerd() -> Iterator[Containerd]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def node_image(containerd: Containerd, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The DaemonSets' image (both manifests name the same), built from this checkout once per run and
+    imported into the sandbox's containerd; its name (tests/e2e/daemonset.py)."""
+    from tests.e2e import daemonset
+
+    name = daemonset.Manifest(HERE.parents[1] / "deploy" / "daemonset.yaml").image
+    nri = daemonset.Manifest(HERE.parents[1] / "deploy" / "daemonset-nri.yaml").image
+    assert nri == name, f"the DaemonSets name two images: {name}, {nri}"
+    return daemonset.import_image(containerd, tmp_path_factory.mktemp("image") / "krproxy-image.tar", name)
+
+
 @pytest.fixture
 def proxy(containerd: Containerd, short_tmp: Path) -> Iterator[Proxy]:
     """``krproxy serve`` in front of containerd (socket, log and hook dir in ``short_tmp``).

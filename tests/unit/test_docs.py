@@ -10,7 +10,9 @@ be without root or a node:
   are asked for ``--help``, which must name every flag the command and its trailing comment
   use; ``nox -s NAME`` names a session of noxfile.py; ``cp`` copies files that exist.
   ``systemctl`` and ``kill`` need a node (systemd as root, the example's own jobs), and the
-  deploy units are checked by tests/unit/test_admin_deploy.py: they are only recognised.
+  deploy units are checked by tests/unit/test_admin_deploy.py: they are only recognised. The
+  install blocks (README's "Try it" and "Install", operations.md's "Installing on a node") are
+  also run as written, by tests/e2e/test_docs_install.py.
 - A ``$ krproxy trace show`` of a trace under tests/data runs, and its output is the block's
   (``...`` stands for lines, or within a line for text, left out).
 - ``python`` blocks run, a document's blocks in order in one namespace.
@@ -209,8 +211,11 @@ def check_python(command: Command) -> None:
 
 def check_pip(command: Command) -> None:
     """``pip install krproxy`` or ``pip install -e .`` is what tests/unit/test_packaging.py
-    builds; here the package named is ours (or nox and uv, which run the tests)."""
-    assert command.argv[-1] in {"krproxy", ".", "nox", "uv"}, f"{command.where}: installs {command.argv[-1]}"
+    builds; here the package named is ours (the checkout, or its wheel), or nox and uv, which run the
+    tests. tests/e2e/test_docs_install.py runs README's and operations.md's installs."""
+    named = command.argv[-1]
+    ours = named in {"krproxy", ".", "nox", "uv"} or re.fullmatch(r"(dist/)?krproxy-\*\.whl", named)
+    assert ours, f"{command.where}: installs {named}"
 
 
 @functools.cache

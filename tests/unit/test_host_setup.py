@@ -7,6 +7,8 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 from tests.unit import test_descriptors
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,3 +34,17 @@ def test_it_builds_every_go_program_of_the_tests() -> None:
     """Every Go program under tests/ (a directory with a main package) is built by host-setup."""
     programs = {path.parent.name for path in ROOT.glob("tests/*/main.go")}
     assert programs == set(_host_setup().GO_PROGRAMS)
+
+
+def test_it_makes_the_image_base_before_the_e2e_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """host-setup makes the node image's base (debootstrap first) in the cache the e2e image build reads,
+    so that the first e2e run does not debootstrap it."""
+    host_setup = _host_setup()
+    ran: list[list[str]] = []
+    monkeypatch.setattr(host_setup, "step", lambda what, command, note="": ran.append(command) or True)
+    host_setup.host()
+    base = [host_setup.sys.executable, str(ROOT / "scripts" / "build_node_image.py"), "--base-only"]
+    assert base in ran, ran
+    assert "--cache" not in base  # build_node_image's default cache, which build() uses too
+    tool = ["sh", str(ROOT / "scripts" / "install-debian-command"), "debootstrap", "debootstrap"]
+    assert ran.index(tool) < ran.index(base)
