@@ -14,7 +14,11 @@ stuck with ~20 MB of answers unread (issue 16); the same with recording on (when
 ``--record`` exists); store recovery of 1000 pods / 3000 containers and the RSS after it; RSS
 and open fds after 100k calls; NRI mode against containerd 2.x (pod start and a plain call, with
 and without ``krproxy nri`` registered; ``--only-nri`` runs just these). CPU per unary call of
-:mod:`krproxy.rpc`'s server beside a relay interceptor (``--only-rpc-server``). Prints a table
+:mod:`krproxy.rpc`'s server beside a relay interceptor (``--only-rpc-server``). Against Go anchors of our
+own: passthrough against a grpc-go raw-forwarding proxy (:mod:`krproxy.bench.anchor`, ``--only-go-anchor``),
+and a hooked CreateContainer through krproxy and an SDK hook server against a grpc-go proxy doing
+koord-runtime-proxy's hook work and a grpc-go hook server (:mod:`krproxy.bench.hookanchor`,
+``--only-hook-anchor``). Prints a table
 (medians, p99s, proxy/direct) with each target marked met or missed, and writes the figures
 as JSON.
 """
@@ -29,6 +33,7 @@ from collections.abc import Sequence
 
 from krproxy.bench._support import _scratch
 from krproxy.bench.anchor import go_anchor, report_go_anchor
+from krproxy.bench.hookanchor import hook_anchor, report_hook_anchor
 from krproxy.bench.micro import header_flood, report_header_flood, report_rpc_server_cpu, rpc_server_cpu
 from krproxy.bench.nri import nri, report_nri
 from krproxy.bench.proxy import run as run
@@ -107,6 +112,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--anchor-rounds", type=int, default=3, help="Go anchor: rounds per proxy")
     parser.add_argument(
+        "--only-hook-anchor",
+        action="store_true",
+        help="measure only a hooked CreateContainer through krproxy and the SDK against a grpc-go hook proxy"
+        " and hook server",
+    )
+    parser.add_argument(
+        "--hook-anchor-calls", type=int, default=300, help="hook anchor: creates per target and round"
+    )
+    parser.add_argument("--hook-anchor-rounds", type=int, default=5, help="hook anchor: rounds")
+    parser.add_argument(
         "--anchor-runtime",
         choices=["containerd", "fake"],
         default="containerd",
@@ -117,6 +132,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with _scratch() as workdir:
             results = {"go_anchor": go_anchor(workdir, args)}
         print("\n".join(report_go_anchor(results["go_anchor"])))
+    elif args.only_hook_anchor:
+        with _scratch() as workdir:
+            results = {"hook_anchor": hook_anchor(workdir, args)}
+        print("\n".join(report_hook_anchor(results["hook_anchor"])))
     elif args.only_nri:
         workdir = tempfile.mkdtemp(prefix="krproxy-bench-")
         try:

@@ -56,18 +56,25 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / _TICKS  # fields 14 and 15 of proc(5)
 
 
-def go_proxy() -> str:
-    """The grpc-go proxy's binary (built now if needed); RuntimeError "the grpc-go proxy cannot be built:
-    ..." with the build's reason (the Go anchor's and the create bench's skip)."""
+def go_program(program: str = "goproxy") -> str:
+    """The binary of Go program ``tests/<program>`` (built now if needed); RuntimeError "the grpc-go
+    proxy cannot be built: ..." (or "tests/<program> cannot be built") with the build's reason (the Go
+    anchors' and the create bench's skip)."""
     try:
-        done = subprocess.run([PY, INSTALL_GO, "--program", "goproxy"], capture_output=True, text=True)
+        done = subprocess.run([PY, INSTALL_GO, "--program", program], capture_output=True, text=True)
     except OSError as err:
         reason = str(err)
     else:
         if done.returncode == 0:
             return done.stdout.strip()
         reason = done.stdout.strip() or done.stderr.strip()
-    raise RuntimeError(f"the grpc-go proxy cannot be built: {reason}")
+    what = "the grpc-go proxy" if program == "goproxy" else f"tests/{program}"
+    raise RuntimeError(f"{what} cannot be built: {reason}")
+
+
+def go_proxy() -> str:
+    """The grpc-go raw-forwarding proxy's binary: :func:`go_program` of tests/goproxy."""
+    return go_program("goproxy")
 
 
 def go_anchor(workdir: str, args: argparse.Namespace) -> dict[str, Any]:

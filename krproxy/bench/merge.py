@@ -5,14 +5,14 @@ end-to-end ``--only-sdk-create``).
 For the bench's CreateContainer (:mod:`krproxy.bench.client`'s, ~200 bytes) and for one of kubelet's size
 (``krproxy.hookserver.testing``'s ~4 KB one), and two answers (one annotation added; one env added), times:
 
-* ``whole, betterproto2``: decode kubelet's bytes, build the record, merge the answer, copy the request
-  and write the record into it (:func:`krproxy.hooks.writeback.apply_create`), encode: the request path before
-  :mod:`krproxy.hooks.rewrite` — everything the proxy does for a hooked CreateContainer but the calls;
-* ``whole``: the request path now, all in upb (:mod:`krproxy.hooks.rewrite`): decode, the record
+* ``whole``: the request path, all in upb (:mod:`krproxy.hooks.rewrite`): decode, the record
   (:func:`krproxy.hooks.convert.container_from_wire_create`), merge, write the record into the decoded
-  message and encode it;
-* ``encode, betterproto2`` / ``parse+encode, upb``: the last step alone, apply_create + encode vs a upb
-  parse + :func:`krproxy.hooks.rewrite.create_request` (which changes the message it is given).
+  message and encode it — everything the proxy does for a hooked CreateContainer but the calls;
+* ``parse+encode, upb``: the last step alone, a upb parse + :func:`krproxy.hooks.rewrite.create_request`
+  (which changes the message it is given).
+
+The betterproto2 path these replaced (docs/performance.md has its figures) is kept only as the tests'
+reference, in tests/oracles.py.
 
 Each figure is the best of ``--rounds`` rounds of ``--calls`` calls.
 """
@@ -23,7 +23,7 @@ import argparse
 import time
 from collections.abc import Callable
 
-from krproxy.hooks import convert, merge, rewrite, writeback
+from krproxy.hooks import convert, merge, rewrite
 from krproxy.hooks.model import PodInfo
 from krproxy.proto.runtime import v1, v1alpha1
 
@@ -108,9 +108,9 @@ def measure(
     data: bytes, answer: v1alpha1.ContainerResourceHookResponse, calls: int, rounds: int
 ) -> dict[str, float]:
     pod = PodInfo(name="bench", namespace="bench")
-    request = v1.CreateContainerRequest.FromString(data)
     info = merge.merge_container_info(
-        convert.container_from_create_request(request, pod), convert.container_answer(answer)
+        convert.container_from_wire_create(rewrite.CreateContainerRequest.FromString(data), pod),
+        convert.container_answer(answer),
     ).value
 
     def whole() -> bytes:
@@ -119,20 +119,8 @@ def measure(
         merged = merge.merge_container_info(record, convert.container_answer(answer)).value
         return rewrite.create_request(decoded, merged)
 
-    def whole_betterproto2() -> bytes:
-        decoded = v1.CreateContainerRequest.FromString(data)
-        record = convert.container_from_create_request(decoded, pod)
-        merged = writeback.apply_create(
-            decoded, merge.merge_container_info(record, convert.container_answer(answer)).value
-        )
-        return bytes(merged.SerializeToString())
-
     return {
-        "whole, betterproto2": best_us(whole_betterproto2, calls, rounds),
         "whole": best_us(whole, calls, rounds),
-        "encode, betterproto2": best_us(
-            lambda: writeback.apply_create(request, info).SerializeToString(), calls, rounds
-        ),
         "parse+encode, upb": best_us(
             lambda: rewrite.create_request(rewrite.CreateContainerRequest.FromString(data), info),
             calls,

@@ -30,6 +30,7 @@ from krproxy.bench._support import (
     _summary,
 )
 from krproxy.bench.anchor import go_anchor
+from krproxy.bench.hookanchor import hook_anchor
 from krproxy.bench.micro import header_flood
 from krproxy.bench.nri import nri
 from krproxy.bench.wrapper import runc_wrapper, runc_wrapper_containerd
@@ -167,6 +168,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["runc_wrapper_containerd"] = runc_wrapper_containerd(workdir, args)
         results["nri"] = nri(workdir, args)
         results["go_anchor"] = go_anchor(workdir, args)
+        with _scratch() as hook_dir:
+            results["hook_anchor"] = hook_anchor(hook_dir, args)
         results["recovery"] = _recovery(procs, workdir)
         results["leak_check"] = _leak_check(proxy_procs["plain"].pid, plain, args.leak_calls)
     finally:

@@ -6,6 +6,7 @@ from typing import Any
 
 from krproxy.bench._support import _check
 from krproxy.bench.anchor import report_go_anchor
+from krproxy.bench.hookanchor import report_hook_anchor
 from krproxy.bench.micro import report_header_flood
 from krproxy.bench.nri import report_nri
 from krproxy.bench.wrapper import report_runc_wrapper, report_runc_wrapper_containerd
@@ -85,6 +86,7 @@ def report(results: dict[str, Any]) -> str:
     lines += report_runc_wrapper_containerd(results.get("runc_wrapper_containerd", {"skipped": "not run"}))
     lines += report_nri(results.get("nri", {"skipped": "not run"}))
     lines += report_go_anchor(results.get("go_anchor", {"skipped": "not run"}))
+    lines += report_hook_anchor(results.get("hook_anchor", {"skipped": "not run"}))
     for label, sc in (("", results.get("stuck_client")), ("real ", real.get("stuck_client"))):
         if sc is not None:
             ok = sc["stuck"]["median_ms"] <= 2 * sc["before"]["median_ms"] + 0.5

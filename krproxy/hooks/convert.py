@@ -9,25 +9,19 @@ From CRI requests (the live path, koord-runtime-proxy's ``ParseRequest``):
   labels, annotations, ``config.linux.cgroup_parent``. ``resources``/``overhead`` stay ``None`` (the reference
   fills them in Docker mode only). Unlike the reference we also keep the metadata ``attempt`` and pass it on
   in ``pod_meta`` (an additive field no plugin is known to read).
-* :func:`container_from_create_request` — CreateContainer + the stored pod → :class:`ContainerInfo`: name,
-  attempt, annotations, ``config.linux.resources`` (always present, zero when absent), envs (list → map, the
-  later value of a duplicated name wins, first-seen order kept), ``sandbox_config.linux.cgroup_parent``.
-  The request path decodes CreateContainer with upb (:mod:`krproxy.hooks.rewrite`) and reads the same record
-  with :func:`container_from_wire_create` (and :func:`pod_from_wire_config` for a pod the store lacks).
+* :func:`container_from_wire_create` — CreateContainer (decoded with upb, :mod:`krproxy.hooks.rewrite`) + the
+  stored pod → :class:`ContainerInfo`: name, attempt, annotations, ``config.linux.resources`` (always present,
+  zero when absent), envs (list → map, the later value of a duplicated name wins, first-seen order kept),
+  ``sandbox_config.linux.cgroup_parent``; :func:`pod_from_wire_config` for a pod the store lacks. RestorePod
+  (:mod:`krproxy.hooks.restore`) reads each container it restores the same way.
 
-Why a record has a reader per decoder. A request the proxy rewrites with :mod:`krproxy.hooks.writeback`
-(RunPodSandbox, UpdateContainerResources, UpdatePodSandboxResources) is decoded with betterproto2; CreateContainer
-(the most frequent, the largest) and recovery's answers with upb, for speed. The two decoders show a message
+Why two decoders. A request the proxy rewrites with :mod:`krproxy.hooks.writeback` (RunPodSandbox,
+UpdateContainerResources, UpdatePodSandboxResources) is decoded with betterproto2; CreateContainer (the most
+frequent, the largest), RestorePod and recovery's answers with upb, for speed. The two decoders show a message
 differently: betterproto2 gives ``None`` for an absent sub-message and a dict for a map, upb an empty message
-and the map's repeated entries; so each has its reader (``pod_from_run_request`` / ``_wire_pod``,
-``container_from_create_request`` / ``container_from_wire_create``), and a property test
-(tests/unit/test_hooks_rewrite.py) holds the two readers' records equal for the same bytes. A pod is built in
-one place, ``_pod``, from either decoder's metadata and maps; the container readers share only name and
-attempt, so each builds its record. ``container_from_create_request`` serves one daemon path, RestorePod
-(:mod:`krproxy.hooks.restore`, whose container configs it reads with ``writeback.apply_create`` writing them
-back); it is also the reference the upb reader is tested against, and the read of
-``writeback.merge_create_container`` and of bench.merge's betterproto2 figure. As an adapter over the upb reader (encode, decode with upb) it would leave
-the create path as it is but make that test compare a reader with itself, and change the bench's figure.
+and the map's repeated entries; so a pod has a reader for each (``pod_from_run_request`` / ``_wire_pod``),
+built in one place, ``_pod``. CreateContainer's betterproto2 reader, the reference the upb one is held to for
+the same bytes, lives in tests/oracles.py (``container_from_create_request``, with tests/unit/test_hooks_rewrite.py).
 
 From CRI List/Status answers (store recovery after a restart; the reference recovers only metadata, labels and
 annotations and loses cgroup parent, resources and envs). Recovery decodes thousands of these, so they arrive
@@ -99,7 +93,6 @@ __all__ = [
     "answer_from_hook",
     "cgroup_parent_from_verbose",
     "container_answer",
-    "container_from_create_request",
     "container_from_wire_create",
     "container_from_wire_list",
     "container_from_wire_status",
@@ -173,23 +166,6 @@ def pod_from_run_request(request: v1.RunPodSandboxRequest) -> PodInfo:
         config.annotations,
         runtime_handler=request.runtime_handler,
         cgroup_parent=config.linux.cgroup_parent if config.linux is not None else "",
-    )
-
-
-def container_from_create_request(request: v1.CreateContainerRequest, pod: PodInfo) -> ContainerInfo:
-    """The container record of a CreateContainer request; *pod* is the stored record of its sandbox."""
-    config = request.config or v1.ContainerConfig()
-    meta = config.metadata or v1.ContainerMetadata()
-    sandbox_linux = request.sandbox_config.linux if request.sandbox_config is not None else None
-    return ContainerInfo(
-        pod_sandbox_id=request.pod_sandbox_id,
-        pod=pod,
-        name=meta.name,
-        attempt=meta.attempt,
-        annotations=config.annotations,
-        resources=resources_from_cri(config.linux.resources if config.linux is not None else None),
-        envs=envs_from_cri(config.envs),
-        pod_cgroup_parent=sandbox_linux.cgroup_parent if sandbox_linux is not None else "",
     )
 
 
@@ -316,8 +292,8 @@ def _entries(field: Iterable[Any]) -> dict[str, Any]:
 
 
 def container_from_wire_create(request: Any, pod: PodInfo) -> ContainerInfo:
-    """:func:`container_from_create_request` of a upb-decoded CreateContainer (:mod:`krproxy.hooks.rewrite`,
-    the request path): the same record."""
+    """The container record of a upb-decoded CreateContainer (:mod:`krproxy.hooks.rewrite`, the request path;
+    RestorePod's containers); *pod* is the stored record of its sandbox."""
     config = request.config
     meta = config.metadata
     resources = config.linux.resources

@@ -26,7 +26,7 @@ import attrs
 from krproxy import log
 from krproxy.forward import Forward, Reply
 from krproxy.grpcstatus import GRPCError
-from krproxy.hooks import convert, writeback
+from krproxy.hooks import convert, rewrite, wire
 from krproxy.hooks._reading import decode, decode_request, malformed
 from krproxy.hooks.model import ContainerInfo, PodInfo
 from krproxy.hooks.points import HookPoint
@@ -38,33 +38,34 @@ if TYPE_CHECKING:
 LOGGER = logging.getLogger("krproxy.hooks")
 
 WHAT = "RestorePodRequest"
+
+#: RestorePod's request in upb, as CreateContainer's (:mod:`krproxy.hooks.rewrite`): maps read as their
+#: entries, which keep presence, so a request written back keeps what was not changed as it came.
+RestorePodRequest = wire.message_class(WHAT, writing=True)
 R = TypeVar("R")
 
 
 async def restore_pod(hooks: HookRuntime, data: bytes, forward: Forward) -> Reply:
     """The RestorePod interceptor's work (module docstring)."""
-    request = await decode_request(cri.RestorePodRequest, data, WHAT)
+    request = await decode_request(RestorePodRequest, data, WHAT)
     with malformed(WHAT):
-        config = request.config or cri.PodSandboxConfig()
-        run = cri.RunPodSandboxRequest(config=config, runtime_handler=request.runtime_handler)
-        pod = convert.pod_from_run_request(run)
+        pod = convert.pod_from_wire_config(request.config, request.runtime_handler)
     changed = False
     merged_pod = await _hooked(hooks, HookPoint.PRE_RUN_POD_SANDBOX, pod, pod, None, data)
     if merged_pod is not pod:
         with malformed(WHAT):
-            config = request.config = writeback.apply_run_pod(run, merged_pod).config
+            rewrite.write_pod_config(request.config, merged_pod)
         changed = True
     containers: list[ContainerInfo] = []
-    for index, container_config in enumerate(list(request.container_configs)):
+    for container_config in request.container_configs:
         with malformed(WHAT):
-            create = cri.CreateContainerRequest(config=container_config, sandbox_config=config)
-            info = convert.container_from_create_request(create, merged_pod)
+            create = _create_request(container_config, request)
+            info = convert.container_from_wire_create(create, merged_pod)
         merged = await _hooked(hooks, HookPoint.PRE_CREATE_CONTAINER, info, merged_pod, info.name, data)
         if merged is not info:
             with malformed(WHAT):
-                out = writeback.apply_create(create, merged).config
-                assert out is not None  # apply_create always writes a config
-                request.container_configs[index] = out
+                rewrite.write_create(create, merged)
+                container_config.CopyFrom(create.config)
             changed = True
         containers.append(merged)
     if changed:
@@ -73,6 +74,16 @@ async def restore_pod(hooks: HookRuntime, data: bytes, forward: Forward) -> Repl
     reply = await forward(data)
     keep_restored(hooks, merged_pod, containers, reply.message)
     return reply
+
+
+def _create_request(container_config: Any, request: Any) -> Any:
+    """The CreateContainer (upb, :data:`krproxy.hooks.rewrite.CreateContainerRequest`) that creating
+    *container_config* in the restored sandbox would send: that config, the sandbox's config beside it."""
+    create = rewrite.CreateContainerRequest()
+    create.config.CopyFrom(container_config)
+    if request.HasField("config"):
+        create.sandbox_config.CopyFrom(request.config)
+    return create
 
 
 async def _hooked(

@@ -3,7 +3,9 @@
 The request path reads kubelet's CreateContainer as a :data:`CreateContainerRequest` (the record comes from
 :func:`krproxy.hooks.convert.container_from_wire_create`) and, when a plugin changed something, writes the
 merged record into that same message and encodes it (:func:`create_request`). The changes are
-:func:`krproxy.hooks.writeback.apply_create`'s and so are the bytes (tests/unit/test_hooks_rewrite.py). With
+those of the betterproto2 reference, tests/oracles.py's ``apply_create``, and so are the bytes
+(tests/unit/test_hooks_rewrite.py); RestorePod's containers and pod config are written here too (:func:`write_create`,
+:func:`write_pod_config`). With
 betterproto2 (pure Python, each field's work inside ``warnings.catch_warnings``) decoding a 4 KB request of
 kubelet's size took ~1.5 ms and encoding the merged one ~3.6 ms; upb does each in tens of microseconds
 (``python -m krproxy.bench.merge``).
@@ -24,10 +26,10 @@ from typing import Any
 
 from krproxy.hooks import wire
 from krproxy.hooks.merge import create_envs
-from krproxy.hooks.model import ContainerInfo, Resources
+from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
 from krproxy.hooks.writeback import write_scalars
 
-__all__ = ["CreateContainerRequest", "create_request"]
+__all__ = ["CreateContainerRequest", "create_request", "write_create", "write_pod_config"]
 
 #: Kubelet's CreateContainer request as a upb message class (``CreateContainerRequest.FromString(data)``; raises
 #: ``google.protobuf.message.DecodeError`` on bytes that are none). A field sent with a wire type other than
@@ -42,7 +44,7 @@ def _set_map(field: Any, values: dict[str, str]) -> None:
 
 
 def _write_resources(target: Any, resources: Resources) -> None:
-    """Every field of a CRI LinuxContainerResources (as :func:`krproxy.hooks.writeback.write_resources`)."""
+    """Every field of a CRI LinuxContainerResources (as :func:`krproxy.hooks.writeback.write_resources` in betterproto2)."""
     write_scalars(target, resources)
     del target.hugepage_limits[:]
     for page_size, limit in resources.hugepage_limits:
@@ -50,12 +52,9 @@ def _write_resources(target: Any, resources: Resources) -> None:
     _set_map(target.unified, dict(resources.unified))
 
 
-def create_request(message: Any, info: ContainerInfo) -> bytes:
-    """The CreateContainer *message* (a :data:`CreateContainerRequest`; changed in place) carrying the merged record
-    *info*, encoded, as :func:`krproxy.hooks.writeback.apply_create` writes it: annotations, the whole
-    ``config.linux.resources`` (if known), the pod cgroup parent (if non-empty) and ``config.envs`` rebuilt
-    from the record's envs.
-    """
+def write_create(message: Any, info: ContainerInfo) -> None:
+    """Write the merged record *info* into the CreateContainer *message* (a :data:`CreateContainerRequest`),
+    as :func:`create_request` does before encoding it."""
     config = message.config  # sent from here on, even if empty: clearing a field in it marks it set
     _set_map(config.annotations, dict(info.annotations))
     if info.resources is not None:
@@ -66,4 +65,22 @@ def create_request(message: Any, info: ContainerInfo) -> bytes:
     del config.envs[:]
     for key, value in envs.items():
         config.envs.add(key=key, value=value.encode("utf-8", "surrogateescape"))
+
+
+def create_request(message: Any, info: ContainerInfo) -> bytes:
+    """The CreateContainer *message* (a :data:`CreateContainerRequest`; changed in place) carrying the merged record
+    *info*, encoded: annotations, the whole ``config.linux.resources`` (if known), the pod cgroup parent (if
+    non-empty) and ``config.envs`` rebuilt from the record's envs (:func:`write_create`).
+    """
+    write_create(message, info)
     return bytes(message.SerializeToString())
+
+
+def write_pod_config(config: Any, pod: PodInfo) -> None:
+    """Write the merged pod record *pod* into a upb PodSandboxConfig *config* (marked sent): its labels,
+    annotations and, if non-empty, cgroup parent, as a RunPodSandbox's config gets them."""
+    config.SetInParent()
+    _set_map(config.labels, dict(pod.labels))
+    _set_map(config.annotations, dict(pod.annotations))
+    if pod.cgroup_parent:
+        config.linux.cgroup_parent = pod.cgroup_parent

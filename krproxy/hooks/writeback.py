@@ -1,17 +1,18 @@
 """Writing records back into betterproto2 messages: the merged record into the CRI request it came from
-(:func:`apply_run_pod`, :func:`apply_create`, :func:`apply_update`, :func:`apply_pod_resize`), and resources
-and envs into new CRI or hook-protocol messages.
+(:func:`apply_run_pod`, :func:`apply_update`, :func:`apply_pod_resize`), and resources and envs into new CRI
+or hook-protocol messages.
 
-:mod:`krproxy.hooks.convert` reads wire messages into records, this module writes records into them; the
-request path writes CreateContainer with upb instead (:mod:`krproxy.hooks.rewrite`, the same bytes as
-:func:`apply_create`'s). The merge rules themselves (:mod:`krproxy.hooks.merge`) see records only.
+:mod:`krproxy.hooks.convert` reads wire messages into records, this module writes records into them;
+CreateContainer and RestorePod are written with upb instead (:mod:`krproxy.hooks.rewrite`; the betterproto2
+form it is held to, ``apply_create``, lives in tests/oracles.py). The merge rules themselves
+(:mod:`krproxy.hooks.merge`) see records only.
 
 Requests are cloned through their wire form (``copy.deepcopy`` of a betterproto2 message drops its unknown
 fields) and resource messages are rewritten field by field, so unknown fields a newer kubelet sent survive;
 a missing ``config.linux``/``sandbox_config.linux`` is created when something must be written into it.
 
-:func:`merge_pod`, :func:`merge_create_container` and :func:`merge_update_container` merge one wire answer into
-one wire request (read, merge, write back): the reference path of the tests and the fuzzers.
+:func:`merge_pod` and :func:`merge_update_container` merge one wire answer into one wire request (read, merge,
+write back): the reference path of the tests and the fuzzers (tests/oracles.py has CreateContainer's).
 """
 
 from __future__ import annotations
@@ -21,22 +22,19 @@ from typing import Any, TypeVar
 
 from krproxy.hooks.convert import (
     container_answer,
-    container_from_create_request,
     pod_answer,
     pod_from_run_request,
     update_request_resources,
 )
-from krproxy.hooks.merge import Merged, create_envs, merge_container_info, merge_pod_info, prepare_update
-from krproxy.hooks.model import RESOURCE_SCALARS, ContainerInfo, FrozenMap, PodInfo, PodResize, Resources
+from krproxy.hooks.merge import Merged, merge_container_info, merge_pod_info, prepare_update
+from krproxy.hooks.model import RESOURCE_SCALARS, ContainerInfo, PodInfo, PodResize, Resources
 from krproxy.proto.runtime import v1, v1alpha1
 
 __all__ = [
-    "apply_create",
     "apply_pod_resize",
     "apply_run_pod",
     "apply_update",
     "envs_to_cri",
-    "merge_create_container",
     "merge_pod",
     "merge_update_container",
     "resources_to_cri",
@@ -48,7 +46,6 @@ __all__ = [
 _M = TypeVar(
     "_M",
     v1.RunPodSandboxRequest,
-    v1.CreateContainerRequest,
     v1.UpdateContainerResourcesRequest,
     v1.UpdatePodSandboxResourcesRequest,
 )
@@ -120,33 +117,6 @@ def apply_run_pod(request: v1.RunPodSandboxRequest, pod: PodInfo) -> v1.RunPodSa
     return out
 
 
-def _rebuild_envs(original: list[v1.KeyValue], envs: FrozenMap[str, str]) -> list[v1.KeyValue]:
-    return envs_to_cri(create_envs((kv.key for kv in original), envs))
-
-
-def apply_create(request: v1.CreateContainerRequest, info: ContainerInfo) -> v1.CreateContainerRequest:
-    """A copy of *request* carrying the container record: annotations, the whole ``config.linux.resources``,
-    the pod cgroup parent (if non-empty) and ``config.envs`` rebuilt from the record's envs."""
-    out = _clone(request)
-    if out.config is None:
-        out.config = v1.ContainerConfig()
-    out.config.annotations = dict(info.annotations)
-    if info.resources is not None:
-        if out.config.linux is None:
-            out.config.linux = v1.LinuxContainerConfig()
-        if out.config.linux.resources is None:
-            out.config.linux.resources = v1.LinuxContainerResources()
-        write_resources(out.config.linux.resources, info.resources)
-    if info.pod_cgroup_parent:
-        if out.sandbox_config is None:
-            out.sandbox_config = v1.PodSandboxConfig()
-        if out.sandbox_config.linux is None:
-            out.sandbox_config.linux = v1.LinuxPodSandboxConfig()
-        out.sandbox_config.linux.cgroup_parent = info.pod_cgroup_parent
-    out.config.envs = _rebuild_envs(out.config.envs, info.envs)
-    return out
-
-
 def apply_update(
     request: v1.UpdateContainerResourcesRequest, info: ContainerInfo
 ) -> v1.UpdateContainerResourcesRequest:
@@ -179,16 +149,6 @@ def merge_pod(
     """Merge one PreRunPodSandbox answer into a RunPodSandbox request."""
     merged = merge_pod_info(pod_from_run_request(request), pod_answer(response))
     return Merged(apply_run_pod(request, merged.value), merged.changes)
-
-
-def merge_create_container(
-    request: v1.CreateContainerRequest, response: v1alpha1.ContainerResourceHookResponse
-) -> Merged[v1.CreateContainerRequest]:
-    """Merge one PreCreateContainer answer into a CreateContainer request."""
-    merged = merge_container_info(
-        container_from_create_request(request, PodInfo()), container_answer(response)
-    )
-    return Merged(apply_create(request, merged.value), merged.changes)
 
 
 def merge_update_container(

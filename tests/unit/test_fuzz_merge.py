@@ -15,16 +15,16 @@ from hypothesis import strategies as st
 
 from krproxy.hooks.convert import (
     answer_from_hook,
-    container_from_create_request,
     pod_from_run_request,
     wrong_types,
 )
 from krproxy.hooks.merge import merge_container_info
 from krproxy.hooks.model import ContainerAnswer, ContainerInfo, PodInfo
 from krproxy.hooks.validate import check_answer
-from krproxy.hooks.writeback import merge_create_container, merge_pod
+from krproxy.hooks.writeback import merge_pod
 from krproxy.proto.runtime import v1, v1alpha1
 from tests.fuzz import INT64, examples, linux_resources
+from tests.oracles import container_from_create_request, merge_create_container
 
 FUZZ = settings(max_examples=examples(150), deadline=None)
 

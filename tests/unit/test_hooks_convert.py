@@ -13,7 +13,7 @@ from krproxy.hooks import encode
 from krproxy.hooks.convert import (
     answer_from_hook,
     container_answer,
-    container_from_create_request,
+    container_from_wire_create,
     envs_from_cri,
     pod_answer,
     pod_from_run_request,
@@ -32,6 +32,7 @@ from krproxy.hooks.model import (
     PodInfo,
     Resources,
 )
+from krproxy.hooks.rewrite import CreateContainerRequest
 from krproxy.hooks.writeback import resources_to_cri, resources_to_hook
 from krproxy.proto.runtime import v1, v1alpha1
 from tests.records import FULL_RESOURCES, WEB_POD
@@ -110,6 +111,13 @@ def expected_container_request(
     )
 
 
+def from_create(request: v1.CreateContainerRequest, pod: PodInfo) -> ContainerInfo:
+    """The record the request path reads from *request*'s bytes (decoded with upb, as kubelet's arrive)."""
+    return container_from_wire_create(
+        CreateContainerRequest.FromString(bytes(request.SerializeToString())), pod
+    )
+
+
 class TestFromCriRequests:
     def test_pod_from_run_request(self) -> None:
         """RunPodSandbox gives meta, handler, labels, annotations, cgroup parent; never resources."""
@@ -118,13 +126,13 @@ class TestFromCriRequests:
     def test_container_from_create_request(self) -> None:
         """CreateContainer gives meta, annotations, resources, envs (later wins) and the sandbox's cgroup
         parent, with the stored pod."""
-        assert CONTAINER == container_from_create_request(CREATE, POD)
+        assert CONTAINER == from_create(CREATE, POD)
 
     def test_missing_linux_gives_zero_resources(self) -> None:
         """Container resources are always present, zero when the request has none."""
         request = v1.CreateContainerRequest(pod_sandbox_id="sb1", config=v1.ContainerConfig())
 
-        assert Resources() == container_from_create_request(request, POD).resources
+        assert Resources() == from_create(request, POD).resources
 
     def test_env_order_first_seen(self) -> None:
         """Env names keep their first position while the later value wins."""
@@ -154,20 +162,20 @@ class TestHookRequests:
 
     def test_pre_create_container(self) -> None:
         """PreCreateContainer: container fields from the request, pod fields from the store, empty id."""
-        actual = container_hook_request(container_from_create_request(CREATE, POD))
+        actual = container_hook_request(from_create(CREATE, POD))
 
         assert expected_container_request("", RESOURCES) == actual
 
     @pytest.mark.parametrize("hook", ["PreStartContainer", "PostStartContainer", "PostStopContainer"])
     def test_stored_container(self, hook: str) -> None:
         """Start/Stop hooks send the stored record, which carries the runtime's container id."""
-        stored = _with_id(container_from_create_request(CREATE, POD), "c1")
+        stored = _with_id(from_create(CREATE, POD), "c1")
 
         assert expected_container_request("c1", RESOURCES) == container_hook_request(stored)
 
     def test_pre_update_container_resources(self) -> None:
         """PreUpdateContainerResources sends the stored record with the request's resources merged in."""
-        stored = _with_id(container_from_create_request(CREATE, POD), "c1")
+        stored = _with_id(from_create(CREATE, POD), "c1")
         request = v1.UpdateContainerResourcesRequest(
             container_id="c1", linux=v1.LinuxContainerResources(cpu_shares=4, oom_score_adj=5)
         )
@@ -185,7 +193,7 @@ class TestHookRequests:
 
     def test_undecodable_env_value(self) -> None:
         """An env value that is not UTF-8 is sent with U+FFFD and the request serializes."""
-        info = container_from_create_request(
+        info = from_create(
             v1.CreateContainerRequest(
                 config=v1.ContainerConfig(envs=[v1.KeyValue(key="X", value=b"a\xffb")])
             ),

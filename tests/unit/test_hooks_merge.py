@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 import pytest
 
-from krproxy.hooks.convert import container_from_create_request, update_request_resources
+from krproxy.hooks.convert import update_request_resources
 from krproxy.hooks.merge import (
     Change,
     merge_container_info,
@@ -18,13 +18,13 @@ from krproxy.hooks.merge import (
 from krproxy.hooks.model import ContainerAnswer, ContainerInfo, PodInfo, Resources
 from krproxy.hooks.writeback import (
     apply_update,
-    merge_create_container,
     merge_pod,
     merge_update_container,
     resources_to_cri,
     resources_to_hook,
 )
 from krproxy.proto.runtime import v1, v1alpha1
+from tests.oracles import container_from_create_request, merge_create_container
 from tests.records import FULL_RESOURCES
 
 #: What the merge tables start from: every field set (their expectations name its values).

@@ -1,7 +1,7 @@
 """krproxy.hooks.rewrite: the request path decodes kubelet's CreateContainer with upb, reads the record from it
 (convert.container_from_wire_create) and writes a merged record into it. The record must be the one
-convert.container_from_create_request reads from the betterproto2 decode, and the bytes those
-writeback.apply_create's betterproto2 message encodes to (the reference of the merge rules), unknown fields and
+tests/oracles.py's container_from_create_request reads from the betterproto2 decode, and the bytes those
+its apply_create's betterproto2 message encodes to (the reference of the merge rules), unknown fields and
 all. Explicit cases, then hypothesis (budget: tests/fuzz/__init__.py)."""
 
 from __future__ import annotations
@@ -14,17 +14,18 @@ from hypothesis import strategies as st
 
 from krproxy.hooks.convert import (
     container_answer,
-    container_from_create_request,
     container_from_wire_create,
     pod_from_run_request,
     pod_from_wire_config,
 )
 from krproxy.hooks.merge import merge_container_info
 from krproxy.hooks.model import ContainerInfo, PodInfo
-from krproxy.hooks.rewrite import CreateContainerRequest, create_request
-from krproxy.hooks.writeback import apply_create
+from krproxy.hooks.restore import RestorePodRequest
+from krproxy.hooks.rewrite import CreateContainerRequest, create_request, write_pod_config
+from krproxy.hooks.writeback import apply_run_pod
 from krproxy.proto.runtime import v1, v1alpha1
 from tests.fuzz import INT64, examples, linux_resources
+from tests.oracles import apply_create, container_from_create_request
 
 UNKNOWN = b"\xa8\x06\x01"  # field 101, varint 1
 
@@ -119,6 +120,37 @@ def test_a_record_without_resources_as_apply_create(info: ContainerInfo) -> None
     wire = bytes(v1.CreateContainerRequest(pod_sandbox_id="x").SerializeToString())
 
     assert expected(wire, info) == create_request(CreateContainerRequest.FromString(wire), info)
+
+
+POD_CONFIGS = {
+    "absent": None,
+    "empty": v1.PodSandboxConfig(),
+    "maps, a parent and more": v1.PodSandboxConfig(
+        metadata=v1.PodSandboxMetadata(name="p", uid="u"),
+        labels={"k": "v", "": ""},
+        annotations={"a": ""},
+        hostname="h",
+        linux=v1.LinuxPodSandboxConfig(cgroup_parent="/p", sysctls={"s": "1"}),
+    ),
+}
+MERGED_PODS = {
+    "unchanged parent": PodInfo(labels={"k": "v2", "n": ""}, annotations={"b": "1"}),
+    "new parent": PodInfo(labels={}, annotations={"a": "x"}, cgroup_parent="/q"),
+}
+
+
+@pytest.mark.parametrize("pod", MERGED_PODS.values(), ids=MERGED_PODS.keys())
+@pytest.mark.parametrize("config", POD_CONFIGS.values(), ids=POD_CONFIGS.keys())
+def test_pod_config_same_bytes_as_apply_run_pod(config: v1.PodSandboxConfig | None, pod: PodInfo) -> None:
+    """RestorePod's merged pod written into its upb config: the bytes of writeback.apply_run_pod's config."""
+    reference = apply_run_pod(v1.RunPodSandboxRequest(config=config), pod).config
+    assert reference is not None
+    upb = RestorePodRequest()
+    if config is not None:
+        upb.config.CopyFrom(upb.config.FromString(bytes(config.SerializeToString())))
+    write_pod_config(upb.config, pod)
+
+    assert bytes(reference.SerializeToString()) == upb.config.SerializeToString()
 
 
 def test_undecodable_bytes_raise() -> None:

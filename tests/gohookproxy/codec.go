@@ -1,0 +1,1 @@
+../goclient/codec.go

@@ -1,0 +1,1 @@
+../goproxy/forward.go

@@ -1,0 +1,1 @@
+../gohookserver/runtime_hook_v1alpha1.pb.go

@@ -1,0 +1,1 @@
+../gohookserver/runtime_hook_v1alpha1_grpc.pb.go

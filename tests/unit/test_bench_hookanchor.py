@@ -1,0 +1,52 @@
+"""``python -m krproxy.bench --only-hook-anchor``: the ratios against Go+Go are taken round by round and
+their median reported (not the ratio of the medians), and the report says which target each one meets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from krproxy.bench import hookanchor
+
+
+def _round(scale: float, krproxy_sdk_added: float) -> dict[str, Any]:
+    """A round where every Go+Go figure is ``scale`` and krproxy + SDK adds ``krproxy_sdk_added`` ms."""
+    out: dict[str, Any] = {"direct_ms": 3.0}
+    for label, (_, server) in hookanchor.CASES.items():
+        out[label] = {"added_ms": scale, "p99_ms": 9.0, "proxy_cpu_ms": scale}
+        if server is not None:
+            out[label]["hook_cpu_ms"] = scale
+    out["krproxy_sdk"]["added_ms"] = krproxy_sdk_added
+    return out
+
+
+def test_ratios_are_medians_of_per_round_ratios() -> None:
+    # Go+Go drifts 1 -> 2 -> 4 ms between rounds, krproxy + SDK at 1.2x of it in each round: the
+    # per-round ratios are all 1.2; the medians (2.0 and 4.8) would give 2.4x.
+    rounds = [_round(1.0, 1.2), _round(2.0, 2.4), _round(4.0, 4.8), _round(1.0, 9.6)]
+    got = hookanchor._digest(rounds)
+    assert [1.2, 1.2, 1.2, 9.6] == [round(v, 6) for v in got["ratios"]["latency"]["rounds"]]
+    assert 1.2 == round(got["ratios"]["latency"]["median"], 6)
+    assert 1.0 == got["ratios"]["no_hook_latency"]["median"]
+    assert 1.5 == got["median"]["go_go"]["added_ms"]
+
+
+def test_report_marks_each_target_met_or_missed() -> None:
+    rounds = [_round(1.0, 1.2), _round(1.0, 1.4), _round(1.0, 1.5)]
+    result = {
+        "runtime": "fake containerd",
+        "calls_per_round": 10,
+        "load_average": {"start": [1.0, 1.0, 1.0], "end": [2.0, 1.0, 1.0]},
+        "rounds": rounds,
+        **hookanchor._digest(rounds),
+    }
+    lines = hookanchor.report_hook_anchor(result)
+    latency = next(line for line in lines if "latency added vs Go+Go" in line)
+    assert "1.40x" in latency and "MISSED" in latency
+    cpu = next(line for line in lines if "proxy CPU vs Go+Go" in line)
+    assert "1.00x" in cpu and "met" in cpu
+    assert any("load average 1.00 at the start, 2.00 at the end" in line for line in lines)
+
+
+def test_a_skipped_run_says_why() -> None:
+    lines = hookanchor.report_hook_anchor({"skipped": "tests/gohookproxy cannot be built: no Go"})
+    assert "  skipped: tests/gohookproxy cannot be built: no Go" == lines[-1]
