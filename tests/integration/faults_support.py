@@ -31,6 +31,7 @@ import trio
 from cri_api.v1 import api_pb2, api_pb2_grpc
 
 from krproxy.fakes.containerd import FakeContainerd, Fault, run_fake_containerd
+from tests.integration.support import STARTUP_LIMIT
 
 #: fds that may legitimately come and go around a burst (the relay reconnecting a backend or plugin
 #: connection, the watcher's scandir): a leak grows with the number of calls, not by this much.
@@ -104,7 +105,9 @@ def version_ok(path: str, timeout: float = 5.0) -> bool:
     return bool(reply.runtime_name)
 
 
-def wait_for_socket(path: str, process: subprocess.Popen[bytes], log: str, limit: float = 30.0) -> None:
+def wait_for_socket(
+    path: str, process: subprocess.Popen[bytes], log: str, limit: float = STARTUP_LIMIT
+) -> None:
     """Block until ``path`` accepts gRPC connections; kill ``process`` and fail if it never does."""
     with channel(path) as ch:
         try:

@@ -9,8 +9,10 @@ import subprocess
 import sys
 import time
 
+from tests.integration.support import STARTUP_LIMIT
+
 #: How long a daemon may take to start (imports included) before a test gives up.
-START_LIMIT = 30.0
+START_LIMIT = STARTUP_LIMIT
 
 
 def _wait_for(predicate: object, what: str, process: subprocess.Popen[bytes], log: str) -> None:
@@ -65,7 +67,10 @@ def start_daemon(sockdir: str, runtime: str, processes: list[subprocess.Popen[by
 
 def status(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "krproxy", "status", *args], capture_output=True, text=True, timeout=30
+        [sys.executable, "-m", "krproxy", "status", *args],
+        capture_output=True,
+        text=True,
+        timeout=STARTUP_LIMIT,
     )
 
 

@@ -18,7 +18,7 @@ from krproxy.hooks.model import Resources
 from krproxy.hooks.points import HookPoint
 from krproxy.hookserver.testing import logged_events
 from krproxy.proto.runtime import v1alpha1 as hookapi
-from tests.integration.support import LIVENESS_LIMIT, wait_until
+from tests.integration.support import LIVENESS_LIMIT, STARTUP_LIMIT, wait_until
 from tests.integration.test_docker_support import (
     CGROUP_PARENT,
     POD_ANNOTATIONS,
@@ -155,7 +155,7 @@ class TestDaemonProcess:
         ]
         process = await trio.lowlevel.open_process(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            await wait_until(lambda: os.path.exists(node.proxy_socket))
+            await wait_until(lambda: os.path.exists(node.proxy_socket), STARTUP_LIMIT)
             with trio.fail_after(LIVENESS_LIMIT):
                 reply = await request(node.proxy_socket, "GET", "/_ping")
             assert (200, b"OK") == (reply.status, reply.body)

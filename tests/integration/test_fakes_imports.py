@@ -13,7 +13,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.integration.support import LIVENESS_LIMIT
+from tests.integration.support import STARTUP_LIMIT
 
 #: What the fakes must not load: none of it is a runtime dependency of krproxy any more.
 NOT_IN_FAKES = {"grpclib", "trio_asyncio", "h2", "<asyncio loop policy>"}
@@ -52,7 +52,7 @@ def test_the_fakes_load_no_grpclib_trio_asyncio_or_h2() -> None:
         [sys.executable, "-c", _SERVE_AND_CALL],
         capture_output=True,
         text=True,
-        timeout=LIVENESS_LIMIT,
+        timeout=STARTUP_LIMIT,
         check=False,
     )
     assert 0 == done.returncode, done.stderr

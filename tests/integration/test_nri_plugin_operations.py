@@ -31,7 +31,7 @@ from tests.integration.nri_support import (
     pod,
     start_node,
 )
-from tests.integration.support import wait_until
+from tests.integration.support import STARTUP_LIMIT, wait_until
 from tests.records import RESIZED_CPU
 
 
@@ -53,7 +53,7 @@ class TestCommand:
             f"unix://{node.runtime.socket_path}",
         ]
         command += ["--plugin-index", "07", "--hook-dir", node.hook_dir, "--insecure-registration-files"]
-        with trio.fail_after(LIMIT):
+        with trio.fail_after(STARTUP_LIMIT):  # a process's start, then its registration and stop
             process = await trio.lowlevel.open_process(command, stderr=subprocess.DEVNULL)
             try:
                 await node.runtime.wait_for_plugins(1)
