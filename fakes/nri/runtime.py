@@ -23,15 +23,13 @@ It listens on a unix socket for external plugins and does what containerd's NRI 
 * **Adjustments.** A ``CreateContainer`` answer's ``ContainerAdjustment`` (annotations, env, mounts,
   resources, cgroups path, rlimits, OCI hooks) is applied to the container being created, each plugin
   seeing the previous ones' result; two plugins setting the same field (or annotation, env variable,
-  unified key, device path) is an error naming both, as NRI's ownership rules make it. Keys starting with
-  ``-`` remove (annotations, env, device paths) — for env, only what a plugin before set: the runtime's own
-  variables stay in the container created, hidden from the plugins after only. Playing 0.12, every plugin subscribed to
-  VALIDATE_CONTAINER_ADJUSTMENT (a mask of 0 included, as in NRI) is then shown the merged adjustment;
-  a rejection or failure fails the creation with NRI's words (``validator "10-x" rejected container
-  adjustment, reason: ...``), after every validator was asked.
+  unified key, device path) is an error naming both, as NRI's ownership rules make it. ``-KEY`` removes
+  (annotations, device paths; env only what a plugin set: the runtime's own stay, hidden from later
+  plugins). Playing 0.12, every plugin subscribed to VALIDATE_CONTAINER_ADJUSTMENT (a mask of 0 included,
+  as in NRI) is then shown the merged adjustment; a rejection or failure fails the creation with NRI's
+  words (``validator "10-x" rejected container adjustment, reason: ...``), after every validator was asked.
   ``ContainerUpdate``\\ s (in answers or in ``UpdateContainers``) change the resources of the named
-  containers; an update of an unknown container fails unless ``ignore_failure``. Evictions in an answer
-  are recorded (:attr:`FakeNriRuntime.evictions`) and, as by NRI, not acted on.
+  containers; an update of an unknown container fails unless ``ignore_failure``.
 
 :attr:`FakeNriRuntime.log` records every call made and received, for assertions.
 """
@@ -100,9 +98,7 @@ class FakeNriRuntime:
             ``("call", "StateChange:RUN_POD_SANDBOX")``.
         deprecations: ``(plugin, details)`` of each plugin switched to StateChange, e.g.
             ``("50-krproxy", "does not implement RunPodSandbox")`` (containerd's ``nri-plugin-interface``).
-        evictions: ``(plugin, container id, reason)`` of each eviction a plugin answered (CreateContainer,
-            UpdateContainer). Recorded and not acted on: NRI's adaptation (0.6.1, 0.8.0 and the validator
-            era's, as read) answers the runtime no eviction, so no container is stopped for one.
+        evictions: ``(plugin, container id, reason)`` of each eviction answered; not acted on, as by NRI.
     """
 
     socket_path: str
