@@ -15,17 +15,17 @@ from krproxy import calls
 from krproxy.forward import Watcher
 from krproxy.grpcstatus import Status
 from krproxy.h2 import frames as f
-from krproxy.relay._grpc import (
-    _PLAIN_HEADERS,
-    _RESET_STATUS,
+from krproxy.relay.grpc import (
     KEEP_ALL,
     KEEP_FIRST,
     KEEP_NONE,
+    PLAIN_HEADERS,
+    RESET_STATUS,
     Answer,
     MessageTooLarge,
-    _read_status,
-    _status_fields,
-    _Tap,
+    Tap,
+    read_status,
+    status_fields,
 )
 from krproxy.relay.half import Half, Headers
 from krproxy.relay.route import Route
@@ -104,8 +104,8 @@ class Call:
         self.timer: list[Any] | None = None  # its entry in the relay's deadline heap
         # Message bytes only if records are to carry them (relay.keep_messages: e.g. recording).
         keep = relay.keep_messages
-        self.request_tap: _Tap | None = _Tap(KEEP_FIRST if keep else KEEP_NONE, relay.max_request)
-        self.reply_tap: _Tap | None = _Tap(KEEP_ALL if keep and relay.is_unary(path) else KEEP_NONE)
+        self.request_tap: Tap | None = Tap(KEEP_FIRST if keep else KEEP_NONE, relay.max_request)
+        self.reply_tap: Tap | None = Tap(KEEP_ALL if keep and relay.is_unary(path) else KEEP_NONE)
 
     @property
     def describe(self) -> str:
@@ -167,7 +167,7 @@ class Call:
 
     def _take_status(self, headers: Headers) -> None:
         self.answered = True
-        status, self.message, _ = _read_status(headers)
+        status, self.message, _ = read_status(headers)
         self.status = status if status is not None else Status.UNKNOWN
 
     def fail(self, status: Status, message: str) -> None:
@@ -179,8 +179,8 @@ class Call:
             self.answered = True
             self.status, self.message = status, message
             client.drop_pending()  # queued data, its end and trailers: this status ends it instead
-            fields = _status_fields(status, message, None)
-            block = f.encode_headers(fields if client.headers_sent else [*_PLAIN_HEADERS, *fields])
+            fields = status_fields(status, message, None)
+            block = f.encode_headers(fields if client.headers_sent else [*PLAIN_HEADERS, *fields])
             client.send_headers(block, True)
         if self.upstream is not None:
             self.upstream.abort(f.CANCEL)
@@ -216,7 +216,7 @@ class Call:
             client.abort(f.REFUSED_STREAM)
             self.settle()
         elif not self.answered and reset_code is not None:
-            self.fail(_RESET_STATUS.get(reset_code, Status.INTERNAL), reason)
+            self.fail(RESET_STATUS.get(reset_code, Status.INTERNAL), reason)
         elif not self.answered:
             self.fail(Status.UNAVAILABLE, f"{self.describe} is unavailable: {reason}")
         else:

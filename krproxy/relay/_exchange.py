@@ -8,13 +8,13 @@ import trio
 
 from krproxy.grpcstatus import Status
 from krproxy.h2 import frames as f
-from krproxy.relay._grpc import (
+from krproxy.relay.grpc import (
     MAX_OWN_ANSWER,
     Answer,
     AnswerTooLarge,
     BadAnswer,
     UpstreamError,
-    _read_status,
+    read_status,
 )
 from krproxy.relay.half import Half, Headers
 
@@ -102,7 +102,7 @@ class _Exchange(OwnStream):
 
     def answer(self) -> Answer:
         trailers = self.trailers or []
-        status, message, details = _read_status(trailers)
+        status, message, details = read_status(trailers)
         if status is None:
             status, message = Status.UNKNOWN, message or "the answer carried no valid grpc-status"
         body = b""

@@ -19,24 +19,24 @@ from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
 from krproxy.relay._call import Call, Relay
-from krproxy.relay._grpc import (
-    _OWN_FIELDS,
-    _PLAIN_HEADERS,
-    _PLAIN_TRAILERS,
-    _REFUSED_ATTEMPTS,
-    _REFUSED_PAUSE,
+from krproxy.relay.grpc import (
     KEEP_ALL,
     KEEP_FIRST,
+    OWN_FIELDS,
+    PLAIN_HEADERS,
+    PLAIN_TRAILERS,
+    REFUSED_ATTEMPTS,
+    REFUSED_PAUSE,
     CloseConnection,
     MessageTooLarge,
+    Tap,
     UpstreamError,
-    _forget_traceback,
-    _status_fields,
-    _Tap,
     decompress_inline,
     decompress_message,
+    forget_traceback,
     grpc_message,
     own_call_headers,
+    status_fields,
 )
 from krproxy.relay.half import Half, Headers
 from krproxy.relay.route import Route
@@ -125,7 +125,7 @@ class LocalCall(HandledCall):
         watch: Watch | None = None,
     ) -> None:
         super().__init__(relay, path, route)
-        self.request_tap = _Tap(KEEP_FIRST, relay.max_request)  # the interceptor needs the request
+        self.request_tap = Tap(KEEP_FIRST, relay.max_request)  # the interceptor needs the request
         self.reply_tap = None
         self._interceptor = interceptor
         self._headers = headers
@@ -190,7 +190,7 @@ class LocalCall(HandledCall):
         except OSError as err:
             self.fail(Status.UNAVAILABLE, f"{route.describe} is unavailable: {err}")
             return True
-        self.reply_tap = _Tap(KEEP_ALL)  # the watcher and the record get the reply
+        self.reply_tap = Tap(KEEP_ALL)  # the watcher and the record get the reply
         client = self.client
         upstream = self.upstream = Half(ep, 0, self)
         # The caller's request was granted back as it arrived (it was held here): only the answer's
@@ -245,24 +245,24 @@ class LocalCall(HandledCall):
                     return
                 ctx.reply, ctx.replies = reply.message, 1  # before answering: that may finish the call
                 self._answer(
-                    reply.headers or _PLAIN_HEADERS,
+                    reply.headers or PLAIN_HEADERS,
                     grpc_message(reply.message),
-                    reply.trailers or _PLAIN_TRAILERS,
+                    reply.trailers or PLAIN_TRAILERS,
                 )
         except CloseConnection:
             self.client.ep.close("the handler closed the connection")
         except BackendError as err:
             self._answer(err.headers, None, err.trailers, err)
-            _forget_traceback(err)
+            forget_traceback(err)
         except GRPCError as err:
             details = err.details if isinstance(err.details, bytes) else None
-            self._answer(None, None, _status_fields(err.status, err.message, details), err)
-            _forget_traceback(err)
+            self._answer(None, None, status_fields(err.status, err.message, details), err)
+            forget_traceback(err)
         except Exception as err:  # a bug of ours: answer UNKNOWN, keep serving
             LOGGER.exception("interceptor for %s failed", self.path)
             unknown = GRPCError(Status.UNKNOWN, f"{type(err).__name__}: {err}")
-            self._answer(None, None, _status_fields(unknown.status, unknown.message, None), unknown)
-            _forget_traceback(err)
+            self._answer(None, None, status_fields(unknown.status, unknown.message, None), unknown)
+            forget_traceback(err)
         finally:
             self.relay.flush()
 
@@ -293,9 +293,7 @@ class LocalCall(HandledCall):
         deferring, relay.defer_records = relay.defer_records, True
         try:
             if headers is None:  # trailers-only; a runtime's own such answer has its :status already
-                whole = (
-                    trailers if trailers and trailers[0][0] == b":status" else [*_PLAIN_HEADERS, *trailers]
-                )
+                whole = trailers if trailers and trailers[0][0] == b":status" else [*PLAIN_HEADERS, *trailers]
                 client.send_headers(f.encode_headers(whole), True)
                 return
             client.send_headers(f.encode_headers(headers), False)
@@ -336,7 +334,7 @@ class LocalCall(HandledCall):
 
     def _metadata(self) -> Headers:
         """The caller's header fields the relay passes on in a forward of its own."""
-        return [field for field in self._headers if field[0] not in _OWN_FIELDS]
+        return [field for field in self._headers if field[0] not in OWN_FIELDS]
 
     def hand_over(self, data: bytes, watcher: Watcher) -> Reply:
         """Take the interceptor's last step: *data* goes upstream as the call's request once the
@@ -348,7 +346,7 @@ class LocalCall(HandledCall):
         if self.route is None:
             raise GRPCError(Status.UNIMPLEMENTED, f"{self.path}: nothing to forward to")
         self.watcher = watcher
-        self.reply_tap = _Tap(KEEP_ALL)  # the watcher and the record get the reply
+        self.reply_tap = Tap(KEEP_ALL)  # the watcher and the record get the reply
         self._handed = grpc_message(data)
         return _HANDED_OVER
 
@@ -381,7 +379,7 @@ class LocalCall(HandledCall):
             self.ctx.backend_seconds += time.perf_counter() - self.backend_clock
             self.backend_clock = 0.0
         self._refusals += 1
-        if self._refusals >= _REFUSED_ATTEMPTS:  # even without a deadline, not forever
+        if self._refusals >= REFUSED_ATTEMPTS:  # even without a deadline, not forever
             self.fail(
                 Status.UNAVAILABLE, f"{self.describe} refused the call {self._refusals} times: {reason}"
             )
@@ -389,7 +387,7 @@ class LocalCall(HandledCall):
         self.relay.nursery.start_soon(self._send_again)
 
     async def _send_again(self) -> None:
-        await trio.sleep(_REFUSED_PAUSE)
+        await trio.sleep(REFUSED_PAUSE)
         if not self.answered and not self.finished:  # (the caller gone, the deadline passed: no more)
             self._send_handed()
             self.relay.flush()

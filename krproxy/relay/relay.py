@@ -49,10 +49,12 @@ from krproxy.h2 import frames as f
 from krproxy.relay import connection
 from krproxy.relay._call import Call, report
 from krproxy.relay._exchange import _Exchange
-from krproxy.relay._grpc import (
-    _REFUSED_ATTEMPTS,
-    _REFUSED_PAUSE,
+from krproxy.relay._local import LocalCall
+from krproxy.relay.connection import _STOPPED, Endpoint, Headers
+from krproxy.relay.grpc import (
     MAX_OWN_ANSWER,
+    REFUSED_ATTEMPTS,
+    REFUSED_PAUSE,
     Answer,
     StreamReset,
     UpstreamError,
@@ -60,8 +62,6 @@ from krproxy.relay._grpc import (
     grpc_timeout,
     own_call_headers,
 )
-from krproxy.relay._local import LocalCall
-from krproxy.relay.connection import _STOPPED, Endpoint, Headers
 from krproxy.relay.half import Half
 from krproxy.relay.route import Route, connect_unix
 from krproxy.routing import Routing
@@ -364,10 +364,10 @@ class Relay:
             exchange = await self._exchange(route, path, framed, extra, deadline, max_answer, watched)
             if not exchange.refused:
                 break
-            if attempt >= _REFUSED_ATTEMPTS:  # even without a deadline, not forever
+            if attempt >= REFUSED_ATTEMPTS:  # even without a deadline, not forever
                 raise UpstreamError(f"{route.describe} refused the call {attempt} times: {exchange.error}")
             with trio.move_on_at(deadline):
-                await trio.sleep(_REFUSED_PAUSE)
+                await trio.sleep(REFUSED_PAUSE)
             if trio.current_time() >= deadline:
                 raise TimeoutError()
         if exchange.error is not None:

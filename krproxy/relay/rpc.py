@@ -7,7 +7,7 @@
 - :class:`_Exchange` (:mod:`krproxy.relay._exchange`): the relay's side of a unary call it makes (to
   the runtime for an intercepted call, to a plugin, for store recovery), read back as an
   :class:`Answer`.
-- :mod:`krproxy.relay._grpc`: gRPC without the streams (timeouts, status, framing, errors).
+- :mod:`krproxy.relay.grpc`: gRPC without the streams (timeouts, status, framing, errors).
 
 This module gathers the names used outside the relay.
 """
@@ -15,21 +15,21 @@ This module gathers the names used outside the relay.
 from __future__ import annotations
 
 from krproxy.relay._call import Call, Relay
-from krproxy.relay._grpc import (
+from krproxy.relay._local import LocalCall
+from krproxy.relay.grpc import (
     KEEP_ALL,
     KEEP_FIRST,
     KEEP_NONE,
     AnswerTooLarge,
     CloseConnection,
     MessageTooLarge,
+    Tap,
     UpstreamError,
-    _Tap,
     encode_grpc_timeout,
     grpc_message,
     grpc_timeout,
     request_headers,
 )
-from krproxy.relay._local import LocalCall
 
 __all__ = [
     "KEEP_ALL",
@@ -41,8 +41,8 @@ __all__ = [
     "LocalCall",
     "MessageTooLarge",
     "Relay",
+    "Tap",
     "UpstreamError",
-    "_Tap",
     "encode_grpc_timeout",
     "grpc_message",
     "grpc_timeout",

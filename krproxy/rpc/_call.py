@@ -19,15 +19,15 @@ import trio
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay._grpc import (
-    _PLAIN_HEADERS,
+from krproxy.relay._local import HandledCall
+from krproxy.relay.grpc import (
+    PLAIN_HEADERS,
     CloseConnection,
     MessageTooLarge,
-    _forget_traceback,
-    _status_fields,
+    forget_traceback,
     grpc_message,
+    status_fields,
 )
-from krproxy.relay._local import HandledCall
 from krproxy.relay.half import Headers
 from krproxy.rpc._messages import Inbox
 
@@ -42,9 +42,9 @@ LOGGER = logging.getLogger("krproxy.rpc")
 #: Reply bytes a handler may have queued beyond the caller's windows before send_message waits.
 _SEND_AHEAD = 256 * 1024
 
-_PLAIN_BLOCK = f.encode_headers(_PLAIN_HEADERS)
+_PLAIN_BLOCK = f.encode_headers(PLAIN_HEADERS)
 _OK_BLOCK = f.encode_headers([(b"grpc-status", b"0")])
-_OK_ONLY_BLOCK = f.encode_headers([*_PLAIN_HEADERS, (b"grpc-status", b"0")])
+_OK_ONLY_BLOCK = f.encode_headers([*PLAIN_HEADERS, (b"grpc-status", b"0")])
 
 
 class _ServerCall(HandledCall):
@@ -162,11 +162,11 @@ class _ServerCall(HandledCall):
             else:
                 client.send_headers(_OK_ONLY_BLOCK, True)
             return
-        fields = [*_status_fields(status, message, details), *metadata]
+        fields = [*status_fields(status, message, details), *metadata]
         if client.headers_sent:
             client.send_trailers(f.encode_headers(fields))
         else:
-            client.send_headers(f.encode_headers([*_PLAIN_HEADERS, *fields]), True)
+            client.send_headers(f.encode_headers([*PLAIN_HEADERS, *fields]), True)
 
     def reset(self, code: int) -> None:
         self.ended_here = True
@@ -271,7 +271,7 @@ class _ServerCall(HandledCall):
         else:
             LOGGER.exception("handler of %s failed", self.path)
             self.end(Status.UNKNOWN, f"{type(err).__name__}: {err}", None, ())
-        _forget_traceback(err)
+        forget_traceback(err)
 
 
 def _grpc_error(err: Exception) -> GRPCError | None:

@@ -12,7 +12,7 @@ import trio
 
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
-from krproxy.relay._grpc import _PLAIN_HEADERS, MessageTooLarge, decompress_message, grpc_message
+from krproxy.relay.grpc import PLAIN_HEADERS, MessageTooLarge, decompress_message, grpc_message
 from krproxy.relay.half import Headers
 from krproxy.rpc._call import _PLAIN_BLOCK, _SEND_AHEAD
 
@@ -93,7 +93,7 @@ class Stream:
         if client.headers_sent:
             raise RuntimeError(f"{self.path}: the response headers were sent already")
         client.send_headers(
-            f.encode_headers([*_PLAIN_HEADERS, *metadata]) if metadata else _PLAIN_BLOCK, False
+            f.encode_headers([*PLAIN_HEADERS, *metadata]) if metadata else _PLAIN_BLOCK, False
         )
         call.relay.flush()
 

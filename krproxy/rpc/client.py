@@ -27,19 +27,19 @@ import trio
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay._exchange import OwnStream
-from krproxy.relay._grpc import (
-    _REFUSED_ATTEMPTS,
-    _REFUSED_PAUSE,
-    _RESET_STATUS,
+from krproxy.relay.grpc import (
     MAX_OWN_ANSWER,
+    REFUSED_ATTEMPTS,
+    REFUSED_PAUSE,
+    RESET_STATUS,
     AnswerTooLarge,
     BadAnswer,
     MessageTooLarge,
     StreamReset,
     UpstreamError,
-    _read_status,
     grpc_message,
     own_call_headers,
+    read_status,
 )
 from krproxy.relay.half import Half, Headers
 from krproxy.relay.relay import Relay
@@ -193,7 +193,7 @@ class Channel:
 def _reset_status(code: int) -> Status:
     """The status of a call whose stream the server reset with ``code``, as grpc-go's client
     maps it (http2ErrConvTab): CANCEL is CANCELLED, REFUSED_STREAM UNAVAILABLE... others INTERNAL."""
-    return _RESET_STATUS.get(code, Status.INTERNAL)
+    return RESET_STATUS.get(code, Status.INTERNAL)
 
 
 class _Reading(OwnStream):
@@ -293,17 +293,17 @@ class _Replies:
                     )
                 return reply
             if reading.error is not None:
-                if reading.refused and self._attempts < _REFUSED_ATTEMPTS:
+                if reading.refused and self._attempts < REFUSED_ATTEMPTS:
                     self._attempts += 1
                     with trio.move_on_at(self._deadline):
-                        await trio.sleep(_REFUSED_PAUSE)
+                        await trio.sleep(REFUSED_PAUSE)
                     if trio.current_time() < self._deadline:
                         self.reading = self._open()
                         continue
                 error = reading.error
                 raise GRPCError(error.status, f"{self._method} on {self._path}: {error.message}")
             if reading.trailers is not None:
-                status, message, details = _read_status(reading.trailers)
+                status, message, details = read_status(reading.trailers)
                 if status is None:
                     raise GRPCError(Status.UNKNOWN, message or "the answer carried no valid grpc-status")
                 if status is not Status.OK:

@@ -40,8 +40,8 @@ from typing import NoReturn
 import trio
 
 from krproxy.h2 import frames as f
-from krproxy.relay._grpc import grpc_timeout
 from krproxy.relay.connection import Endpoint, Headers
+from krproxy.relay.grpc import grpc_timeout
 from krproxy.relay.half import Half
 from krproxy.relay.relay import Relay
 from krproxy.rpc._call import _ServerCall

@@ -66,7 +66,7 @@ class TestARefusedHandedOverCall:
     ) -> None:
         """The pause before a resend made 4 s long: the caller's 2 s deadline passes during it, and the
         runtime (refused once) never gets the request again: a create nobody waits for."""
-        monkeypatch.setattr(local_module, "_REFUSED_PAUSE", 4.0)
+        monkeypatch.setattr(local_module, "REFUSED_PAUSE", 4.0)
         runtime, method = await harness.start(lambda n: REFUSE)
         result = await harness.call(method, timeout=2.0)
 

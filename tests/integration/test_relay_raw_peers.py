@@ -382,7 +382,7 @@ class TestHardening:
         """Refused calls are sent again, but a bounded number of times, even without a deadline."""
         import krproxy.relay.relay as relay_module
 
-        monkeypatch.setattr(relay_module, "_REFUSED_ATTEMPTS", 5)
+        monkeypatch.setattr(relay_module, "REFUSED_ATTEMPTS", 5)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(upstream_path)
         listener.listen(1)

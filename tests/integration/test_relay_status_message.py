@@ -17,7 +17,7 @@ import trio
 
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import Relay, Route, connect_unix
-from krproxy.relay._grpc import MAX_STATUS_MESSAGE
+from krproxy.relay.grpc import MAX_STATUS_MESSAGE
 from krproxy.rpc import Server, unary
 from tests.integration.h2_client import grpc_request, request
 from tests.integration.support import grpcio_channels, serve_relay

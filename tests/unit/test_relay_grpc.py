@@ -1,4 +1,4 @@
-"""krproxy.relay._grpc's writing of gRPC fields, in memory.
+"""krproxy.relay.grpc's writing of gRPC fields, in memory.
 
 - :func:`own_call_headers`, the header fields of a call the relay makes itself (0d51c9f): the
   pseudo-headers first, one ``grpc-timeout`` for what is left of the deadline (none without one;
@@ -17,7 +17,7 @@ import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from krproxy.relay._grpc import MAX_STATUS_MESSAGE, grpc_timeout, own_call_headers, status_message
+from krproxy.relay.grpc import MAX_STATUS_MESSAGE, grpc_timeout, own_call_headers, status_message
 
 # -- own_call_headers --------------------------------------------------------------------------
 
