@@ -11,7 +11,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-import krproxy.relay._local as local_module
+import krproxy.relay.intercepted as local_module
 from krproxy.forward import Forward, Reply, Watcher
 from krproxy.grpcstatus import Status
 from krproxy.relay.rpc import grpc_message

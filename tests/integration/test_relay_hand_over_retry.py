@@ -18,7 +18,7 @@ import h2.exceptions
 import pytest
 import trio
 
-import krproxy.relay._local as local_module
+import krproxy.relay.intercepted as local_module
 from krproxy.grpcstatus import Status
 from krproxy.relay.rpc import grpc_message
 from tests.integration.handover_support import ECHO, ERROR, GOAWAY, REFUSE, SILENT, SLOW_REFUSE, Harness

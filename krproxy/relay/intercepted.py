@@ -2,7 +2,7 @@
 
 - :class:`LocalCall`: a call with hook points; the relay collects the request and runs the
   interceptor, whose ``forward`` is a call of the relay's own.
-  (:mod:`krproxy.relay._exchange` holds the relay's side of such calls.)
+  (:mod:`krproxy.relay.exchange` holds the relay's side of such calls.)
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -18,7 +19,7 @@ from krproxy.forward import BackendError, Interceptor, Reply, Watch, Watcher
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay._call import Call, Relay
+from krproxy.relay.call import Call
 from krproxy.relay.grpc import (
     KEEP_ALL,
     KEEP_FIRST,
@@ -39,7 +40,10 @@ from krproxy.relay.grpc import (
     status_fields,
 )
 from krproxy.relay.half import Half, Headers
-from krproxy.relay.route import Route
+
+if TYPE_CHECKING:
+    from krproxy.relay.route import Route
+    from krproxy.relay.transport import Transport
 
 #: What a watched call's compressed answer may decompress to (on the reader's turn): its watcher
 #: reads one id, and no reply of a watched method comes near.
@@ -51,36 +55,7 @@ _HANDED_OVER = Reply(b"")
 LOGGER = logging.getLogger("krproxy.relay")
 
 
-class HandledCall(Call):
-    """A call answered by a handler task of ours (an interceptor, a :mod:`krproxy.rpc` handler):
-    ``_scope`` is the task's cancel scope, cancelled when the call ends without it (failed, or
-    its caller gone); ``_collected`` the request bytes it holds, counted in the caller
-    connection's ``collected`` until the call finishes."""
-
-    __slots__ = ("_collected", "_scope")
-
-    def __init__(self, relay: Relay, path: str, route: Route | None) -> None:
-        super().__init__(relay, path, route)
-        self._scope: trio.CancelScope | None = None
-        self._collected = 0
-
-    def fail(self, status: Status, message: str) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        super().fail(status, message)
-
-    def finish(self) -> None:
-        self.client.ep.collected -= self._collected
-        self._collected = 0
-        super().finish()
-
-    def caller_gone(self) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        super().caller_gone()
-
-
-class LocalCall(HandledCall):
+class LocalCall(Call):
     """A call with hook points: the relay collects the request and runs the interceptor.
 
     The interceptor runs in a task of its own; its ``forward`` makes a unary call on the
@@ -97,7 +72,7 @@ class LocalCall(HandledCall):
     An interceptor whose last step is to forward and tell the store may hand that step over
     (:meth:`hand_over`, offered as ``forward.hand_over``): once it returns, its request goes upstream
     from this call's own half and the answer is relayed as a watched call's, without the relay's
-    own unary call, its ``_Exchange`` and the answer's re-encoding. Its hooks have run, so a refusal
+    own unary call, its ``Exchange`` and the answer's re-encoding. Its hooks have run, so a refusal
     of the runtime's (REFUSED_STREAM, GOAWAY) is not passed to the caller, whose retry would run them
     again: the same bytes are sent again, as :meth:`Relay.unary` does.
     """
@@ -117,15 +92,16 @@ class LocalCall(HandledCall):
 
     def __init__(
         self,
-        relay: Relay,
+        transport: Transport,
         path: str,
         route: Route | None,
+        unary: bool,
         interceptor: Interceptor,
         headers: Headers,
         watch: Watch | None = None,
     ) -> None:
-        super().__init__(relay, path, route)
-        self.request_tap = Tap(KEEP_FIRST, relay.max_request)  # the interceptor needs the request
+        super().__init__(transport, path, route, unary)
+        self.request_tap = Tap(KEEP_FIRST, transport.max_request)  # the interceptor needs the request
         self.reply_tap = None
         self._interceptor = interceptor
         self._headers = headers
@@ -165,7 +141,7 @@ class LocalCall(HandledCall):
             if not self._started and not self.finished and not self.answered:
                 self._started = True
                 if not self._pass_watched():
-                    self.relay.nursery.start_soon(self._handle)
+                    self.transport.nursery.start_soon(self._handle)
 
     def _pass_watched(self) -> bool:
         """Send the call upstream as the caller's bytes if its path's watch gives a watcher for its
@@ -264,13 +240,13 @@ class LocalCall(HandledCall):
             self._answer(None, None, status_fields(unknown.status, unknown.message, None), unknown)
             forget_traceback(err)
         finally:
-            self.relay.flush()
+            self.transport.flush()
 
     async def _decompressed(self, data: bytes) -> bytes:
         """A request message that came compressed (gzip or deflate, as gRPC clients may send),
         decompressed: the interceptor reads protobuf, and forwards it uncompressed."""
         try:
-            return await decompress_message(self._encoding, data, self.relay.max_request)
+            return await decompress_message(self._encoding, data, self.transport.max_request)
         except MessageTooLarge as err:
             raise GRPCError(
                 Status.RESOURCE_EXHAUSTED,
@@ -289,8 +265,8 @@ class LocalCall(HandledCall):
             self.status, self.message = err.status, err.message
         # The call finishes as its end is queued: its record waits for the relay's next flush (which
         # _handle makes), so the answer goes out first, as for calls the readers finish.
-        relay = self.relay
-        deferring, relay.defer_records = relay.defer_records, True
+        transport = self.transport
+        deferring, transport.defer_records = transport.defer_records, True
         try:
             if headers is None:  # trailers-only; a runtime's own such answer has its :status already
                 whole = trailers if trailers and trailers[0][0] == b":status" else [*PLAIN_HEADERS, *trailers]
@@ -301,7 +277,7 @@ class LocalCall(HandledCall):
                 client.send_data(body, False)
             client.send_trailers(f.encode_headers(trailers))
         finally:
-            relay.defer_records = deferring
+            transport.defer_records = deferring
 
     async def _forward(self, data: bytes) -> Reply:
         ctx = self.ctx
@@ -311,7 +287,7 @@ class LocalCall(HandledCall):
             raise GRPCError(Status.UNIMPLEMENTED, f"{self.path}: nothing to forward to")
         started = time.perf_counter()
         try:
-            answer = await self.relay.unary(
+            answer = await self.transport.unary(
                 self.route, self.path, data, self._metadata(), self.deadline, watched=True
             )
         except TimeoutError:  # (an OSError: first)
@@ -384,13 +360,13 @@ class LocalCall(HandledCall):
                 Status.UNAVAILABLE, f"{self.describe} refused the call {self._refusals} times: {reason}"
             )
             return
-        self.relay.nursery.start_soon(self._send_again)
+        self.transport.nursery.start_soon(self._send_again)
 
     async def _send_again(self) -> None:
         await trio.sleep(REFUSED_PAUSE)
         if not self.answered and not self.finished:  # (the caller gone, the deadline passed: no more)
             self._send_handed()
-            self.relay.flush()
+            self.transport.flush()
 
     def record(self) -> calls.CallRecord:
         ctx = self.ctx
