@@ -34,7 +34,22 @@ def settle_own(stream: Exchange | Reading) -> None:
         upstream.release()  # no cycle (stream <-> half)
 
 
-class Exchange:
+class _OwnSide:
+    """The steps of a caller's half, which a stream of our own never gets (:class:`~krproxy.relay.half.CallSide`)."""
+
+    __slots__ = ()
+
+    def on_request_data(self, data: bytes, end: bool) -> None:
+        pass
+
+    def on_request_trailers(self, headers: Headers) -> None:
+        pass
+
+    def caller_gone(self) -> None:
+        pass
+
+
+class Exchange(_OwnSide):
     """Our side of a unary call we make; the upstream half reports here."""
 
     __slots__ = (
@@ -101,16 +116,6 @@ class Exchange:
             self.done.set()
         self.settle()
 
-    # Steps of a caller's half only; a stream of our own never gets them.
-    def on_request_data(self, data: bytes, end: bool) -> None:
-        pass
-
-    def on_request_trailers(self, headers: Headers) -> None:
-        pass
-
-    def caller_gone(self) -> None:
-        pass
-
     def answer(self) -> Answer:
         trailers = self.trailers or []
         status, message, details = read_status(trailers)
@@ -131,7 +136,7 @@ def reset_status(code: int) -> Status:
     return RESET_STATUS.get(code, Status.INTERNAL)
 
 
-class Reading:
+class Reading(_OwnSide):
     """Our side of a server-streaming call: the stream's half reports here, its messages queue
     in :attr:`inbox` for the caller iterating them (:class:`krproxy.rpc.Channel`)."""
 
@@ -194,13 +199,3 @@ class Reading:
             self.refused = refused and self.headers is None
         self.inbox.wake()
         self.settle()
-
-    # Steps of a caller's half only; a stream of our own never gets them.
-    def on_request_data(self, data: bytes, end: bool) -> None:
-        pass
-
-    def on_request_trailers(self, headers: Headers) -> None:
-        pass
-
-    def caller_gone(self) -> None:
-        pass
