@@ -300,7 +300,10 @@ def _route(relay: Relay, backend: Backend) -> Route:
     """The relay's route to a runtime socket; it keeps ``backend``'s reachability current."""
 
     return Route(
-        relay, f"backend runtime {backend.path}", connect_unix(backend.path), on_state=backend.set_state
+        relay.transport,
+        f"backend runtime {backend.path}",
+        connect_unix(backend.path),
+        on_state=backend.set_state,
     )
 
 

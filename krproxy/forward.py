@@ -60,7 +60,7 @@ class BackendError(GRPCError):
 
 
 #: Sends a (possibly changed) request to the runtime and returns its reply. The relay's own (a
-#: :class:`~krproxy.relay._local.LocalCall`'s) also offers ``hand_over(request, watcher) -> Reply``, for
+#: :class:`~krproxy.relay.intercepted.LocalCall`'s) also offers ``hand_over(request, watcher) -> Reply``, for
 #: an interceptor that has nothing left to do but forward and tell the store: it returns what
 #: ``hand_over`` returned, and the relay sends *request* upstream, relays the runtime's answer as a
 #: watched call's and tells *watcher* its end. A wrapping interceptor (``ocihooks.proxy.compose``) gives

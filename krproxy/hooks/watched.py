@@ -5,7 +5,7 @@ annotations), or the pod has the skip label, an interceptor of :mod:`krproxy.hoo
 forward the caller's request and then tell the store. Such a call needs none of it: its *watch*
 (:data:`krproxy.forward.Watch`), shown the request, gives a watcher; the relay sends the call on as it came,
 relays the answer frame by frame, and tells the watcher the status and the reply once the answer is out
-(:class:`krproxy.relay._local.LocalCall`). The watcher keeps the pod or container
+(:class:`krproxy.relay.intercepted.LocalCall`). The watcher keeps the pod or container
 (:meth:`HookRuntime.keep_created`), or drops it by :func:`forget_when_done`'s rule: the
 store ends as the interceptor would have left it.
 

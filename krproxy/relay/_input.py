@@ -1,5 +1,6 @@
-"""The reading side of an :class:`~krproxy.relay.connection.Endpoint`: its socket's bytes into
-the HTTP/2 core, the core's events into the calls' steps, large header blocks decoded aside.
+"""The reading side of an :class:`~krproxy.relay.connection.Endpoint` (:class:`Reader`, which the
+endpoint holds): its socket's bytes into the HTTP/2 core, the core's events into the calls'
+steps, large header blocks decoded aside.
 
 The core reads *stepwise*: it stops after each frame that made events, so each event is acted
 on (a call answered, a stream reset or released) before the next frame meets the core's state.
@@ -11,17 +12,15 @@ import math
 import sys
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
-from krproxy.h2.connection import Connection
 
 if TYPE_CHECKING:
-    from krproxy.relay._queue import FairQueue
-    from krproxy.relay.half import Half
+    from krproxy.relay.connection import Endpoint
 
 __all__ = ["DECODE_PER_TURN", "LARGE_BLOCK", "Reader"]
 
@@ -60,54 +59,25 @@ class _Terminated(Exception):
         self.code = event.error_code
 
 
-class _Owner(Protocol):
-    """What the reading side needs of the relay (:class:`krproxy.relay.connection.Relay`, named
-    here so that this module imports no other of the relay's modules but the bottom ones)."""
-
-    defer_records: bool
-    large_decodes: trio.CapacityLimiter
-    small_decodes: trio.CapacityLimiter
-
-    def flush(self, last: Any = ...) -> None: ...
-    def open_call(self, ep: Any, stream_id: int, headers: Headers, end: bool) -> None: ...
-
-
 class Reader:
-    """The reading side of an endpoint (a base of :class:`~krproxy.relay.connection.Endpoint`,
-    which sets up what is declared here)."""
+    """The reading side of one endpoint: held by it (``ep.reader``), run by :meth:`Endpoint.run`.
 
-    relay: _Owner
-    sock: Any
-    h2: Connection
-    server_side: bool
-    closed: bool
-    closing: bool
-    halves: dict[int, Half]
-    waiting: FairQueue
-    lingering: bool
-    _reading: trio.CancelScope
+    What stays the same for the connection's life is taken from the endpoint once (its socket,
+    core, halves and transport); its state (closed, lingering, GOAWAY) is read on it."""
 
-    @property
-    def describe(self) -> str:
-        raise NotImplementedError
+    __slots__ = ("ep", "h2", "halves", "server_side", "sock", "transport")
 
-    @property
-    def goaway(self) -> str | None:
-        raise NotImplementedError
+    def __init__(self, ep: Endpoint) -> None:
+        self.ep = ep
+        self.sock = ep.sock
+        self.h2 = ep.h2
+        self.halves = ep.halves  # (cleared in place when the connection ends, never replaced)
+        self.server_side = ep.server_side
+        self.transport = ep.transport
 
-    def touch(self) -> None:
-        raise NotImplementedError
-
-    def retire(self) -> None:
-        raise NotImplementedError
-
-    def _start_waiting(self) -> None:
-        raise NotImplementedError
-
-    def _close_when_sent(self) -> None:
-        raise NotImplementedError
-
-    async def _read_loop(self) -> None:
+    async def read(self) -> None:
+        """Read and handle frames until the connection ends (always by raising)."""
+        ep = self.ep
         sock = self.sock
         h2 = self.h2
         preface_due = self.server_side
@@ -122,12 +92,12 @@ class Reader:
                 continue
             if not data:
                 raise _Closed()
-            if self.lingering:  # what a drained caller still sends (Endpoint.close): not read
+            if ep.lingering:  # what a drained caller still sends (Endpoint.close): not read
                 continue
             events = h2.receive_data(data)
             if preface_due and h2.preface_received:  # before the events may start a linger's deadline
                 preface_due = False
-                self._reading.deadline = math.inf
+                ep.reading.deadline = math.inf
             await self._handle(events)
             if len(data) < _RECV_SIZE and sock.fileno() >= 0:
                 # The read emptied the socket's buffer: wait until more arrives rather than ask
@@ -147,45 +117,45 @@ class Reader:
         header block beyond what the event loop decodes (:data:`DECODE_PER_TURN`)."""
         h2 = self.h2
         unread = h2.unread
-        relay = self.relay
+        transport = self.transport
         while events:
             # Calls finished by these events are reported after the flush below (or the one
             # before a block decoded aside, or run()'s on an error): their answers go out first.
-            relay.defer_records = True
+            transport.defer_records = True
             try:
                 self._dispatch(events)
             finally:
-                relay.defer_records = False
+                transport.defer_records = False
             last = events[-1]
             kind = last.__class__
             if kind is ev.HeaderBlockReceived:
                 events = await self._decode_block_aside(cast(ev.HeaderBlockReceived, last).block)
             elif kind is ev.ConnectionTerminated:
-                self.touch()
-                self.relay.flush()
+                self.ep.touch()
+                transport.flush()
                 raise _Terminated(cast(ev.ConnectionTerminated, last))
             elif len(unread) >= f.HEAD_SIZE:
                 # The core stopped after this frame's events (stepwise): on with the rest.
                 events = h2.next_events()
             else:
                 break
-        self.touch()
-        self.relay.flush(last=self)  # what was passed on first, then this peer's acknowledgements
+        self.ep.touch()
+        transport.flush(last=self.ep)  # what was passed on first, then this peer's acknowledgements
 
     async def _decode_block_aside(self, block: bytes) -> list[ev.Event]:
         """Decode a header block the core handed out in a worker thread, and go on."""
-        self.touch()
-        self.relay.flush()
+        self.ep.touch()
+        self.transport.flush()
         large = len(block) >= LARGE_BLOCK
         headers = await trio.to_thread.run_sync(
             _decode_aside,
             self.h2.decode_block,
             block,
-            limiter=self.relay.large_decodes if large else self.relay.small_decodes,
+            limiter=self.transport.large_decodes if large else self.transport.small_decodes,
             abandon_on_cancel=True,  # a relay stopping does not wait for it
         )
-        if self.closed:  # closed meanwhile (e.g. it stopped reading our answers)
-            if self.lingering:  # drained meanwhile: read on, discarding, as _read_loop does
+        if self.ep.closed:  # closed meanwhile (e.g. it stopped reading our answers)
+            if self.ep.lingering:  # drained meanwhile: read on, discarding, as _read_loop does
                 return []
             raise trio.ClosedResourceError("connection closed")
         return self.h2.receive_headers(headers)
@@ -207,7 +177,7 @@ class Reader:
                     half.call.on_reply_data(data.data, data.end_stream)
             elif kind is ev.RequestReceived:
                 request = event
-                self.relay.open_call(self, request.stream_id, request.headers, request.end_stream)
+                self.transport.open_call(self.ep, request.stream_id, request.headers, request.end_stream)
                 if request.stream_id not in halves:  # refused or answered at once: not ours to keep
                     self.h2.release_stream(request.stream_id)
             elif kind is ev.HeadersReceived:
@@ -234,10 +204,11 @@ class Reader:
             elif kind is ev.StreamReset:
                 self._on_reset(event)
             elif kind is ev.SettingsChanged:
-                self._start_waiting()
+                self.ep.start_waiting()
             elif kind is ev.PingAcked:
-                if self.goaway == "final" and not halves and not self.closing:
-                    self._close_when_sent()  # the drain PING came back: the final GOAWAY is out
+                ep = self.ep
+                if ep.goaway == "final" and not halves and not ep.closing:
+                    ep.close_when_sent()  # the drain PING came back: the final GOAWAY is out
             elif kind is ev.GoAwayReceived:
                 self._on_goaway(event)
 
@@ -253,22 +224,23 @@ class Reader:
         elif event.remote:
             refused = code == f.REFUSED_STREAM  # not processed (RFC 9113 §8.7): safe to send again
             name = f.ERROR_NAMES.get(code, f"HTTP/2 error code {code}")
-            half.call.upstream_gone(f"{self.describe} reset the stream ({name})", refused, reset_code=code)
+            half.call.upstream_gone(f"{self.ep.describe} reset the stream ({name})", refused, reset_code=code)
         elif code == f.FRAME_SIZE_ERROR:  # e.g. its header block over what the core reads: as grpc-go's
-            reason = f"{self.describe}: peer header list size exceeded limit (FRAME_SIZE_ERROR)"
+            reason = f"{self.ep.describe}: peer header list size exceeded limit (FRAME_SIZE_ERROR)"
             half.call.upstream_gone(reason, reset_code=code)  # client, INTERNAL
         else:
-            half.call.upstream_gone(f"{self.describe} broke HTTP/2 on the stream ({f.ERROR_NAMES[code]})")
+            half.call.upstream_gone(f"{self.ep.describe} broke HTTP/2 on the stream ({f.ERROR_NAMES[code]})")
 
     def _on_goaway(self, event: ev.GoAwayReceived) -> None:
         if self.server_side:
             return  # the caller will open no more streams; the running ones go on
-        self.retire()
-        gone = [self.halves[i] for i in event.refused if i in self.halves] + [w[0] for w in self.waiting]
+        ep = self.ep
+        ep.retire()
+        gone = [self.halves[i] for i in event.refused if i in self.halves] + [w[0] for w in ep.waiting]
         for half in gone:
             half.reset = True  # above the last stream it will process: not processed, like a refusal
             half.call.upstream_gone(
-                f"{self.describe} is going away (GOAWAY, HTTP/2 error code {event.error_code})", True
+                f"{ep.describe} is going away (GOAWAY, HTTP/2 error code {event.error_code})", True
             )
 
     # -- the end ---------------------------------------------------------------------

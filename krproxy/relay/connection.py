@@ -16,7 +16,7 @@ connection (flow control: :mod:`krproxy.relay.half`).
 
 I/O: non-blocking sockets in one trio thread. A reader task per connection parses what
 arrived and hands it on; whatever that queued on any connection is then written with a plain
-``send`` (:meth:`Relay.flush`); a writer task waits only when a socket's buffer is full.
+``send`` (:meth:`Transport.flush <krproxy.relay.transport.Transport.flush>`); a writer task waits only when a socket's buffer is full.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ import logging
 import math
 import socket
 import time
-from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -46,7 +45,11 @@ from krproxy.h2.connection import (
 )
 from krproxy.relay._input import DECODE_PER_TURN, LARGE_BLOCK, Reader, _Closed, _Terminated
 from krproxy.relay._queue import FairQueue
-from krproxy.relay.half import Half
+
+if TYPE_CHECKING:
+    from krproxy.relay.half import Half
+    from krproxy.relay.route import Route
+    from krproxy.relay.transport import Transport
 
 __all__ = [
     "CALLER_MAX_STREAMS",
@@ -63,8 +66,6 @@ __all__ = [
     "STREAM_WINDOW",
     "Endpoint",
     "Headers",
-    "Relay",
-    "Upstream",
 ]
 
 LOGGER = logging.getLogger("krproxy.relay")
@@ -98,9 +99,9 @@ LINGER = 2.0
 #: the caller with the most calls waiting (which may be the new call).
 MAX_WAITING = 10_000
 
-_RETIRED = "retired"
-_STOPPED = "krproxy stopped"
-_DRAINED = "drained"
+RETIRED = "retired"
+STOPPED = "krproxy stopped"
+DRAINED = "drained"
 
 #: What a socket error says happened to the connection, in words instead of an errno string.
 _PEER_ENDED = {
@@ -116,53 +117,26 @@ def _socket_trouble(err: OSError | trio.ClosedResourceError) -> str:
     return str(err) or type(err).__name__
 
 
-class Upstream(Protocol):
-    """What a connection to an upstream needs of its :class:`~krproxy.relay.route.Route`."""
-
-    describe: str
-
-    def drop(self, ep: Endpoint) -> None: ...
-    def lost(self, ep: Endpoint, reason: str) -> None: ...
-
-
-class Relay(Protocol):
-    """What a connection needs of the relay that owns it (:class:`krproxy.relay.relay.Relay`):
-    named here so that this module does not import that one (no import cycle, not even for
-    the type checker)."""
-
-    dirty: list[Endpoint]
-    defer_records: bool
-    caller_max_streams: int | None
-    check_request_headers: bool
-    large_decodes: trio.CapacityLimiter
-    small_decodes: trio.CapacityLimiter
-
-    def spawn(self, fn: Callable[[], Awaitable[object]]) -> None: ...
-    def flush(self, last: Endpoint | None = None) -> None: ...
-    def open_call(self, ep: Endpoint, stream_id: int, headers: Headers, end: bool) -> None: ...
-
-
-class Endpoint(Reader):
-    """One HTTP/2 connection: to a caller (``server_side``) or to an upstream. The driver of a
-    :class:`krproxy.h2.connection.Connection`: socket, deadlines, decoding large header blocks
-    in a worker thread, flushing; the core's events become calls' steps."""
-
-    relay: Relay  # the reading side (Reader) needs less of it
+class Endpoint:
+    """One HTTP/2 connection: to a caller (``server_side``) or to an upstream (``route``'s). The
+    driver of a :class:`krproxy.h2.connection.Connection`: socket, deadlines, writing, streams,
+    shutdown; its :class:`~krproxy.relay._input.Reader` (``reader``) reads and hands the core's
+    events to the calls. It belongs to a :class:`~krproxy.relay.transport.Transport`."""
 
     def __init__(
-        self, relay: Relay, sock: socket.socket, *, server_side: bool, route: Upstream | None = None
+        self, transport: Transport, sock: socket.socket, *, server_side: bool, route: Route | None = None
     ) -> None:
         sock.setblocking(False)
-        self.relay = relay
+        self.transport = transport
         self.sock = sock
         self.server_side = server_side
         self.route = route
         self.h2 = Connection(
             Role.SERVER if server_side else Role.CLIENT,
-            max_concurrent_streams=relay.caller_max_streams if server_side else None,
-            check_request_headers=relay.check_request_headers,
+            max_concurrent_streams=transport.caller_max_streams if server_side else None,
+            check_request_headers=transport.check_request_headers,
             max_window_shifts=MAX_WINDOW_SHIFTS,  # read here: tests lower it
-            stepwise=True,  # each event is acted on before the core reads on (see _handle)
+            stepwise=True,  # each event is acted on before the core reads on (Reader._handle)
         )
         self.h2.decode_budget = DECODE_PER_TURN
         self.out = self.h2.output  # written from and trimmed in place
@@ -182,7 +156,8 @@ class Endpoint(Reader):
         self.collected = 0
         # Upstream halves waiting for a stream slot (peer's MAX_CONCURRENT_STREAMS), with their headers.
         self.waiting = FairQueue()
-        self._reading = trio.CancelScope()  # run() replaces it: the preface's deadline, the linger's
+        self.reading = trio.CancelScope()  # run() replaces it: the preface's deadline, the linger's
+        self.reader = Reader(self)
         self.touch()
 
     @property
@@ -210,16 +185,16 @@ class Endpoint(Reader):
     # -- output ------------------------------------------------------------------------
 
     def touch(self) -> None:
-        """The core may have queued bytes: have the relay write them out (Relay.flush)."""
+        """The core may have queued bytes: have the transport write them out (Transport.flush)."""
         if self.out and not self.dirty:
             self.dirty = True
-            self.relay.dirty.append(self)
+            self.transport.dirty.append(self)
 
     def mark_dirty(self) -> None:
-        """Have the relay's next flush look at this connection (try_send closes one past its limits)."""
+        """Have the transport's next flush look at this connection (try_send closes one past its limits)."""
         if not self.dirty:
             self.dirty = True
-            self.relay.dirty.append(self)
+            self.transport.dirty.append(self)
 
     def try_send(self) -> None:
         """Write out what is buffered, without waiting; a writer task takes over the rest."""
@@ -250,7 +225,7 @@ class Endpoint(Reader):
             return
         del self.out[:sent]
         self.writing = True
-        self.relay.spawn(self._write_rest)
+        self.transport.spawn(self._write_rest)
 
     async def _write_rest(self) -> None:
         try:
@@ -267,7 +242,7 @@ class Endpoint(Reader):
         finally:
             self.writing = False
             if self.closing and not self.out:
-                self.close(_DRAINED)
+                self.close(DRAINED)
 
     def grant(self, size: int) -> None:
         """Connection credit for ``size`` received bytes (the streams' comes separately)."""
@@ -335,11 +310,11 @@ class Endpoint(Reader):
             del self.halves[s.id]
             self.h2.release_stream(s.id)
         if waiting.count:
-            self._start_waiting()
+            self.start_waiting()
         if self.retiring and not self.halves and not waiting.count:
-            self.close(_RETIRED)
+            self.close(RETIRED)
         elif self.h2.goaway_state == "final" and not self.halves:
-            self._close_when_sent()
+            self.close_when_sent()
 
     def reset_stream(self, stream_id: int, code: int) -> None:
         """RST_STREAM on a stream the relay will not serve; frames the peer sent before it sees
@@ -364,16 +339,17 @@ class Endpoint(Reader):
         self.h2.final_goaway()
         self.touch()
         if not self.halves:
-            self._close_when_sent()
+            self.close_when_sent()
 
-    def _close_when_sent(self) -> None:
+    def close_when_sent(self) -> None:
         """Close once everything queued (the last answers, the GOAWAY) is written out."""
         self.closing = True
         self.try_send()
         if not self.out and not self.writing:
-            self.close(_DRAINED)
+            self.close(DRAINED)
 
-    def _start_waiting(self) -> None:
+    def start_waiting(self) -> None:
+        """Start what waits for a stream slot, as far as the peer's limit allows."""
         if self.h2.goaway_received:  # none after it (RFC 9113 §6.8): Reader._on_goaway refused them
             return
         while self.waiting and len(self.halves) < self.h2.peer_max_streams and not self.closed:
@@ -387,7 +363,7 @@ class Endpoint(Reader):
         if self.route is not None:
             self.route.drop(self)
         if not self.halves and not self.waiting:
-            self.close(_RETIRED)
+            self.close(RETIRED)
 
     # -- input -------------------------------------------------------------------------
 
@@ -395,12 +371,12 @@ class Endpoint(Reader):
         """Read and handle frames until the connection ends, then end its calls."""
         reason = "connection closed"
         deadline = trio.current_time() + HANDSHAKE_TIMEOUT if self.server_side else math.inf
-        deadline = min(deadline, self._reading.deadline)  # a linger begun before this task ran
+        deadline = min(deadline, self.reading.deadline)  # a linger begun before this task ran
         try:
-            with trio.CancelScope(deadline=deadline) as self._reading:
-                await self._read_loop()
-            # _read_loop only ever ends by raising: here the deadline cancelled it.
-            if self.lingering:  # (any reason but _DRAINED closes the socket: see close())
+            with trio.CancelScope(deadline=deadline) as self.reading:
+                await self.reader.read()
+            # read() only ever ends by raising: here the deadline cancelled it.
+            if self.lingering:  # (any reason but DRAINED closes the socket: see close())
                 reason = f"drained; not closed by the caller within {LINGER:g} s of the final GOAWAY"
             else:
                 reason = f"no HTTP/2 connection preface within {HANDSHAKE_TIMEOUT:g} s"
@@ -415,14 +391,14 @@ class Endpoint(Reader):
         except (OSError, trio.ClosedResourceError) as err:
             reason = _socket_trouble(err)
         except trio.Cancelled:
-            reason = _STOPPED
+            reason = STOPPED
             raise
         except Exception as err:  # a bug of ours: it ends this connection, not the daemon
             reason = f"internal error: {type(err).__name__}: {err}"
             LOGGER.exception(BUG_MESSAGE, self.describe)
         finally:
             self.close(reason)
-            self.relay.flush()
+            self.transport.flush()
 
     @property
     def describe(self) -> str:
@@ -434,13 +410,13 @@ class Endpoint(Reader):
         """Close the socket and end every call on it. A drained caller connection only shuts its
         write side and is read on until the caller closes it, at most :data:`LINGER` seconds."""
         if self.closed:
-            if self.lingering and reason is not _DRAINED:  # the caller closed, the linger is over, or a stop
+            if self.lingering and reason is not DRAINED:  # the caller closed, the linger is over, or a stop
                 self._close_socket()
             return
         self.closed = True
         if self.route is not None:
             self.route.lost(self, reason)
-        if reason is _DRAINED and self.server_side:
+        if reason is DRAINED and self.server_side:
             self._linger()
         else:
             self._close_socket()
@@ -463,7 +439,7 @@ class Endpoint(Reader):
             self._close_socket()
             return
         self.lingering = True
-        self._reading.deadline = min(self._reading.deadline, trio.current_time() + LINGER)
+        self.reading.deadline = min(self.reading.deadline, trio.current_time() + LINGER)
 
     def _close_socket(self) -> None:
         self.lingering = False

@@ -1,5 +1,5 @@
-"""One stream of a relayed call (:class:`Half`) and what it reports to (:class:`CallSide`,
-:class:`Credit`).
+"""One stream of a call (:class:`Half`) and the one interface every call kind offers its halves
+(:class:`CallSide`).
 
 Flow control: a *stream's* credit is granted back to its sender only once its bytes were
 written towards the other side, within that side's window, so a slow reader slows down its own
@@ -15,50 +15,30 @@ calls (:mod:`krproxy.relay.rpc`) read it there on their hot path, not through pr
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from krproxy.h2.connection import STREAM_WINDOW, Connection
+from krproxy.h2.connection import STREAM_WINDOW
 from krproxy.h2.streams import Stream
 
-__all__ = ["CallSide", "Credit", "Half", "Headers", "Link"]
+if TYPE_CHECKING:
+    from krproxy.relay.connection import Endpoint
+    from krproxy.relay.served import Served
+
+__all__ = ["CallSide", "Half", "Headers"]
 
 Headers = list[tuple[bytes, bytes]]
 
 
-class _Flushes(Protocol):
-    def flush(self) -> None: ...
-
-
-class Link(Protocol):
-    """What a half and its call need of the half's connection (:class:`krproxy.relay.connection.Endpoint`):
-    named here so that this module imports none of the relay's (no import cycle, not even for
-    the type checker)."""
-
-    waiting_held: int
-    collected: int
-
-    @property
-    def h2(self) -> Connection: ...
-    @property
-    def relay(self) -> _Flushes: ...
-    @property
-    def server_side(self) -> bool: ...
-    @property
-    def dirty(self) -> bool: ...
-    @property
-    def closed(self) -> bool: ...
-    @property
-    def max_held(self) -> int: ...
-    def touch(self) -> None: ...
-    def grant(self, size: int) -> None: ...
-    def mark_dirty(self) -> None: ...
-    def forget(self, half: Half) -> None: ...
-    def close(self, reason: str) -> None: ...
-    def retire(self) -> None: ...
-
-
 class CallSide(Protocol):
-    """What a stream's frames are handed to: a call in the relay (:mod:`krproxy.relay.rpc`)."""
+    """What a stream's frames are handed to: the interface of every call kind of the transport.
+
+    Five kinds implement it, each a plain class of its own: a relayed call
+    (:class:`~krproxy.relay.call.Call`), an intercepted one (:class:`~krproxy.relay.intercepted.LocalCall`),
+    a served one (:class:`~krproxy.relay.served.Served`), a unary call of our own
+    (:class:`~krproxy.relay.exchange.Exchange`) and a server stream read message by message
+    (:class:`~krproxy.relay.exchange.Reading`). A caller's half gets the ``on_request_*`` steps and
+    ``caller_gone``; an upstream half the ``on_reply_*`` steps and ``upstream_gone``; both ``settle``.
+    """
 
     finished: bool
     backend_clock: float
@@ -70,13 +50,6 @@ class CallSide(Protocol):
     def caller_gone(self) -> None: ...
     def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None: ...
     def settle(self) -> None: ...
-
-
-class Credit(Protocol):
-    """Told of bytes queued on a half once they are written (or dropped): the paired half, whose
-    sender gets flow-control credit back, or a local sender waiting for room (:mod:`krproxy.rpc`)."""
-
-    def grant(self, size: int) -> None: ...
 
 
 class _Over:
@@ -119,10 +92,12 @@ class Half:
 
     __slots__ = ("call", "ep", "opened", "peer", "s")
 
-    def __init__(self, ep: Link, stream_id: int, call: CallSide) -> None:
+    def __init__(self, ep: Endpoint, stream_id: int, call: CallSide) -> None:
         self.ep = ep
         self.call = call
-        self.peer: Credit | None = None
+        #: Told of bytes queued here once they are written (or dropped): the paired half, whose
+        #: sender gets flow-control credit back, or a served call waiting for room to send.
+        self.peer: Half | Served | None = None
         stream = ep.h2.streams.get(stream_id) if stream_id else None
         self.opened = stream is not None
         self.s = stream if stream is not None else Stream(stream_id, 0, STREAM_WINDOW)

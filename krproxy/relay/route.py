@@ -5,10 +5,14 @@ from __future__ import annotations
 import logging
 import socket
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from krproxy import log
-from krproxy.relay.connection import _RETIRED, _STOPPED, Endpoint, Relay
+from krproxy.relay.connection import RETIRED, STOPPED, Endpoint
 from krproxy.unixsock import not_a_socket
+
+if TYPE_CHECKING:
+    from krproxy.relay.transport import Transport
 
 __all__ = ["Route", "connect_unix"]
 
@@ -16,7 +20,7 @@ LOGGER = logging.getLogger("krproxy.relay")
 
 
 class Route:
-    """Where one kind of call goes: a runtime socket, or the in-process server.
+    """Where one kind of call goes: a runtime socket, a plugin's, a server's; on a transport.
 
     Holds one upstream connection at a time, opened on first use and again after it was
     lost, so a restarted runtime is picked up by the next call. ``on_state(reachable, error)``
@@ -25,13 +29,13 @@ class Route:
 
     def __init__(
         self,
-        relay: Relay,
+        transport: Transport,
         describe: str,
         connect: Callable[[], socket.socket],
         *,
         on_state: Callable[[bool, str], None] | None = None,
     ) -> None:
-        self.relay = relay
+        self.transport = transport
         self.describe = describe
         self.connect = connect
         self.on_state = on_state
@@ -47,8 +51,7 @@ class Route:
             except OSError as err:
                 self._unreachable(str(err) or type(err).__name__)
                 raise
-            ep = self.ep = Endpoint(self.relay, sock, server_side=False, route=self)
-            self.relay.spawn(ep.run)
+            ep = self.ep = self.transport.open_upstream(sock, self)
         return ep
 
     def drop(self, ep: Endpoint) -> None:
@@ -57,7 +60,7 @@ class Route:
 
     def lost(self, ep: Endpoint, reason: str) -> None:
         self.drop(ep)
-        if reason in (_RETIRED, _STOPPED):
+        if reason in (RETIRED, STOPPED):
             return
         running = len(ep.halves) + len(ep.waiting)
         if running:

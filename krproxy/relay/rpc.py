@@ -1,35 +1,34 @@
-"""gRPC calls in the relay: relayed ones, ones the relay answers itself, ones it makes.
+"""gRPC calls in the transport, the names used outside it gathered.
 
-- :class:`Call` (:mod:`krproxy.relay._call`): a caller's stream paired with a stream to the
+- :class:`Call` (:mod:`krproxy.relay.call`): a caller's stream paired with a stream to the
   runtime; frames are passed on, the status is read from the trailers for the call record.
-- :class:`LocalCall` (:mod:`krproxy.relay._local`): a call with hook points; the relay collects
-  the request and runs the interceptor, whose ``forward`` is a call of the relay's own.
-- :class:`_Exchange` (:mod:`krproxy.relay._exchange`): the relay's side of a unary call it makes (to
-  the runtime for an intercepted call, to a plugin, for store recovery), read back as an
-  :class:`Answer`.
-- :mod:`krproxy.relay._grpc`: gRPC without the streams (timeouts, status, framing, errors).
+- :class:`LocalCall` (:mod:`krproxy.relay.intercepted`): a call with hook points; the relay collects
+  the request and runs the interceptor, whose ``forward`` is a call of the transport's own.
+- :class:`~krproxy.relay.served.Served`: a call a handler of :class:`krproxy.rpc.Server` answers.
+- :mod:`krproxy.relay.exchange`: streams the transport opens itself, a unary call
+  (``Exchange``, read back as an :class:`Answer`) or a server stream (``Reading``).
+- :mod:`krproxy.relay.grpc`: gRPC without the streams (timeouts, status, framing, errors).
 
-This module gathers the names used outside the relay.
 """
 
 from __future__ import annotations
 
-from krproxy.relay._call import Call, Relay
-from krproxy.relay._grpc import (
+from krproxy.relay.call import Call
+from krproxy.relay.grpc import (
     KEEP_ALL,
     KEEP_FIRST,
     KEEP_NONE,
     AnswerTooLarge,
     CloseConnection,
     MessageTooLarge,
+    Tap,
     UpstreamError,
-    _Tap,
     encode_grpc_timeout,
     grpc_message,
     grpc_timeout,
     request_headers,
 )
-from krproxy.relay._local import LocalCall
+from krproxy.relay.intercepted import LocalCall
 
 __all__ = [
     "KEEP_ALL",
@@ -40,9 +39,8 @@ __all__ = [
     "CloseConnection",
     "LocalCall",
     "MessageTooLarge",
-    "Relay",
+    "Tap",
     "UpstreamError",
-    "_Tap",
     "encode_grpc_timeout",
     "grpc_message",
     "grpc_timeout",

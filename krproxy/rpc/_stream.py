@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import outcome
 import trio
 
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
-from krproxy.relay._grpc import _PLAIN_HEADERS, MessageTooLarge, decompress_message, grpc_message
+from krproxy.relay.grpc import PLAIN_HEADERS, MessageTooLarge, decompress_message, grpc_message
 from krproxy.relay.half import Headers
-from krproxy.rpc._call import _PLAIN_BLOCK, _SEND_AHEAD
-
-if TYPE_CHECKING:
-    from krproxy.rpc._call import _ServerCall
+from krproxy.relay.served import PLAIN_BLOCK, SEND_AHEAD, Done, Served
 
 __all__ = ["Handler", "Stream", "UnaryJob", "unary", "unary_stream"]
 
@@ -34,9 +31,7 @@ class Stream:
 
     __slots__ = ("_call", "deadline", "headers", "headers_ended", "path")
 
-    def __init__(
-        self, call: _ServerCall, path: str, headers: Headers, end: bool, deadline: float | None
-    ) -> None:
+    def __init__(self, call: Served, path: str, headers: Headers, end: bool, deadline: float | None) -> None:
         self._call = call
         self.path = path
         self.headers = headers
@@ -65,7 +60,7 @@ class Stream:
                 call.took(len(message) + 5)
                 if compressed:
                     encoding = next((v for k, v in self.headers if k == b"grpc-encoding"), b"")
-                    limit = call.server.max_request
+                    limit = call.max_request
                     try:
                         return await decompress_message(encoding, message, limit)
                     except MessageTooLarge:
@@ -92,10 +87,8 @@ class Stream:
         client = call.client
         if client.headers_sent:
             raise RuntimeError(f"{self.path}: the response headers were sent already")
-        client.send_headers(
-            f.encode_headers([*_PLAIN_HEADERS, *metadata]) if metadata else _PLAIN_BLOCK, False
-        )
-        call.relay.flush()
+        client.send_headers(f.encode_headers([*PLAIN_HEADERS, *metadata]) if metadata else PLAIN_BLOCK, False)
+        call.transport.flush()
 
     async def send_message(self, message: bytes) -> None:
         """Send one reply message; waits while the caller is far behind in reading."""
@@ -104,12 +97,12 @@ class Stream:
         call.check_open()
         client = call.client
         if not client.headers_sent:
-            client.send_headers(_PLAIN_BLOCK, False)
+            client.send_headers(PLAIN_BLOCK, False)
         framed = grpc_message(message)
         call.unsent += len(framed)
         client.send_data(framed, False)
-        call.relay.flush()
-        while call.unsent > _SEND_AHEAD and not call.finished and not client.reset:
+        call.transport.flush()
+        while call.unsent > SEND_AHEAD and not call.finished and not client.reset:
             await call.inbox.wait()  # woken by grant() below as the caller's windows open
 
     async def send_trailing_metadata(
@@ -125,7 +118,7 @@ class Stream:
         call = self._call
         call.check_open()
         call.end(status, message, details, metadata)
-        call.relay.flush()
+        call.transport.flush()
 
     def refuse(self, headers: Headers) -> None:
         """End the call at once with exactly ``headers`` as a trailers-only answer (``:status``
@@ -142,7 +135,7 @@ class Stream:
         call.answered = True
         call.status = Status.INTERNAL
         call.client.send_headers(f.encode_headers(headers), True)
-        call.relay.flush()
+        call.transport.flush()
 
     def reset(self, error_code: int) -> None:
         """Reset the stream (RST_STREAM ``error_code``, e.g. PROTOCOL_ERROR as grpc-go's framer
@@ -168,10 +161,6 @@ def unary(fn: Callable[[bytes], Awaitable[bytes]]) -> Handler:
         stream._call.reply(reply)  # headers, message and OK trailers written at once
 
     return handle
-
-
-#: How a :class:`UnaryJob` hands its answer back: the reply message, or the error, as an outcome.
-Done = Callable[[outcome.Outcome[bytes]], None]
 
 
 class UnaryJob:

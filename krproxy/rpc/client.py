@@ -1,14 +1,15 @@
 """A gRPC client on krproxy's relay: unary and server-streaming calls to a unix socket.
 
-A :class:`Channel` holds a relay of its own that serves no caller (:class:`krproxy.relay.Relay`
-run without a listener) and one :class:`krproxy.relay.Route` to the socket: the connection is
-opened on the first call and again after it was lost. Unary calls are the relay's own
-(:meth:`Relay.unary`: REFUSED_STREAM and GOAWAY refusals sent again, deadlines, an answer size
-limit); a server-streaming call is a stream on the same connection read message by message
-(:class:`_Reading`), its stream credit given back as the caller takes the messages, opened
-again if the server refused it unprocessed.
+A :class:`Channel` holds a transport of its own that serves no caller
+(:class:`krproxy.relay.transport.Transport` run without a listener) and one
+:class:`krproxy.relay.Route` to the socket: the connection is opened on the first call and again
+after it was lost. Unary calls are the transport's own (:meth:`Transport.unary`: REFUSED_STREAM and
+GOAWAY refusals sent again, deadlines, an answer size limit); a server-streaming call is a stream
+on the same connection read message by message (:class:`krproxy.relay.exchange.Reading`), its
+stream credit given back as the caller takes the messages, opened again if the server refused it
+unprocessed.
 
-The relay's tasks run in a trio system task started on the first call, so a channel works
+The transport's tasks run in a trio system task started on the first call, so a channel works
 with or without ``async with``; :meth:`Channel.aclose` (or leaving the ``async with``) closes
 the connection. Every failure is a :class:`~krproxy.grpcstatus.GRPCError`: the status the
 server answered, UNAVAILABLE naming the socket when it cannot be reached or the connection
@@ -26,25 +27,23 @@ import trio
 
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
-from krproxy.relay._exchange import OwnStream
-from krproxy.relay._grpc import (
-    _REFUSED_ATTEMPTS,
-    _REFUSED_PAUSE,
-    _RESET_STATUS,
+from krproxy.relay.exchange import Reading, reset_status
+from krproxy.relay.grpc import (
     MAX_OWN_ANSWER,
+    REFUSED_ATTEMPTS,
+    REFUSED_PAUSE,
     AnswerTooLarge,
     BadAnswer,
-    MessageTooLarge,
     StreamReset,
     UpstreamError,
-    _read_status,
     grpc_message,
     own_call_headers,
+    read_status,
 )
-from krproxy.relay.half import Half, Headers
-from krproxy.relay.relay import Relay
+from krproxy.relay.half import Half
+from krproxy.relay.messages import Inbox
 from krproxy.relay.route import Route, connect_unix
-from krproxy.rpc._messages import Inbox
+from krproxy.relay.transport import Transport
 from krproxy.unixsock import strip_unix_scheme
 
 __all__ = ["Channel"]
@@ -60,8 +59,8 @@ class Channel:
     def __init__(self, path: str, *, max_answer: int = MAX_OWN_ANSWER) -> None:
         self.path = strip_unix_scheme(path)
         self.max_answer = max_answer
-        self._relay = Relay()
-        self._route = Route(self._relay, self.path, connect_unix(self.path))
+        self._transport = Transport()
+        self._route = Route(self._transport, self.path, connect_unix(self.path))
         self._scope: trio.CancelScope | None = None
         self._started: trio.Event | None = None
         self._stopped: trio.Event | None = None
@@ -96,7 +95,7 @@ class Channel:
             try:
                 with scope:
                     async with trio.open_nursery() as nursery:
-                        await nursery.start(self._relay.run)
+                        await nursery.start(self._transport.run)
                         started.set()
             finally:
                 stopped.set()
@@ -126,7 +125,7 @@ class Channel:
         await self._start()
         deadline = self._deadline(timeout)
         try:
-            answer = await self._relay.unary(
+            answer = await self._transport.unary(
                 self._route, method, request, metadata, deadline, self.max_answer
             )
         except TimeoutError:
@@ -140,7 +139,7 @@ class Channel:
         except BadAnswer as err:  # the server did answer: as grpc-go, not a reason to try again
             raise GRPCError(Status.INTERNAL, f"{method} on {self.path}: {err}") from None
         except StreamReset as err:
-            raise GRPCError(_reset_status(err.code), f"{method} on {self.path}: {err}") from None
+            raise GRPCError(reset_status(err.code), f"{method} on {self.path}: {err}") from None
         except UpstreamError as err:
             raise GRPCError(Status.UNAVAILABLE, f"{method} on {self.path}: {err}") from None
         if answer.status is not Status.OK:
@@ -163,8 +162,8 @@ class Channel:
         deadline = self._deadline(timeout)
         extra = list(metadata)
 
-        def open_stream() -> _Reading:
-            reading = _Reading(self.max_answer)
+        def open_stream() -> Reading:
+            reading = Reading(self.max_answer)
             try:
                 ep = self._route.endpoint()
             except OSError as err:
@@ -173,7 +172,7 @@ class Channel:
             reading.inbox = Inbox(half, self.max_answer)
             ep.open_stream(half, f.encode_headers(own_call_headers(method, deadline, extra)), False)
             half.send_data(grpc_message(request), True)
-            self._relay.flush()
+            self._transport.flush()
             return reading
 
         replies = _Replies(open_stream, method, self.path, deadline)
@@ -184,92 +183,17 @@ class Channel:
             if not reading.finished:
                 reading.upstream.abort(f.CANCEL)
                 reading.settle()
-                self._relay.flush()
+                self._transport.flush()
 
     def _unreachable(self, err: OSError) -> GRPCError:
         return GRPCError(Status.UNAVAILABLE, f"cannot reach {self.path}: {err.strerror or err}")
-
-
-def _reset_status(code: int) -> Status:
-    """The status of a call whose stream the server reset with ``code``, as grpc-go's client
-    maps it (http2ErrConvTab): CANCEL is CANCELLED, REFUSED_STREAM UNAVAILABLE... others INTERNAL."""
-    return _RESET_STATUS.get(code, Status.INTERNAL)
-
-
-class _Reading(OwnStream):
-    """The client's side of a server-streaming call: the stream's half reports here."""
-
-    __slots__ = (
-        "backend_clock",
-        "error",
-        "headers",
-        "inbox",
-        "limit",
-        "refused",
-        "trailers",
-    )
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.upstream: Half = None  # type: ignore[assignment]  # set right after construction
-        self.inbox: Inbox = None  # type: ignore[assignment]
-        self.headers: Headers | None = None
-        self.trailers: Headers | None = None
-        self.error: GRPCError | None = None
-        self.refused = False  # the server did not process it (REFUSED_STREAM, GOAWAY): sent again
-        self.finished = False
-        self.backend_clock = 0.0
-
-    def on_reply_headers(self, headers: Headers, end: bool) -> None:
-        if end:
-            self.trailers = headers
-        else:
-            self.headers = headers
-        self.inbox.wake()
-
-    def on_reply_data(self, data: bytes, end: bool) -> None:
-        if self.error is not None:
-            return
-        try:
-            self.inbox.arrived(data)
-        except MessageTooLarge as err:
-            self.error = GRPCError(
-                Status.RESOURCE_EXHAUSTED, f"received message larger than max ({err.size} vs. {err.limit})"
-            )
-            self.upstream.abort(f.CANCEL)
-        except GRPCError as err:  # not gRPC's framing
-            self.error = err
-            self.upstream.abort(f.CANCEL)
-        if end and self.error is None:  # gRPC ends with trailers; an answer without them is broken
-            self.error = GRPCError(Status.INTERNAL, "the server ended the stream without a status")
-        self.inbox.wake()
-        self.settle()
-
-    def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
-        self.upstream.reset = True
-        if self.error is None and self.trailers is None:
-            status = Status.UNAVAILABLE if reset_code is None else _reset_status(reset_code)
-            self.error = GRPCError(status, reason)
-            self.refused = refused and self.headers is None
-        self.inbox.wake()
-        self.settle()
-
-    # Calls of a caller's connection only; a client's stream never gets them.
-    def on_request_data(self, data: bytes, end: bool) -> None:
-        pass
-
-    def on_request_trailers(self, headers: Headers) -> None:
-        pass
-
-    def caller_gone(self) -> None:
-        pass
 
 
 class _Replies:
     """The reply messages of a server-streaming call, then its status. A stream the server
     refused unprocessed is opened again (as :meth:`Relay.unary` sends a refused call again)."""
 
-    def __init__(self, open_stream: Callable[[], _Reading], method: str, path: str, deadline: float) -> None:
+    def __init__(self, open_stream: Callable[[], Reading], method: str, path: str, deadline: float) -> None:
         self._open = open_stream
         self._method = method
         self._path = path
@@ -293,17 +217,17 @@ class _Replies:
                     )
                 return reply
             if reading.error is not None:
-                if reading.refused and self._attempts < _REFUSED_ATTEMPTS:
+                if reading.refused and self._attempts < REFUSED_ATTEMPTS:
                     self._attempts += 1
                     with trio.move_on_at(self._deadline):
-                        await trio.sleep(_REFUSED_PAUSE)
+                        await trio.sleep(REFUSED_PAUSE)
                     if trio.current_time() < self._deadline:
                         self.reading = self._open()
                         continue
                 error = reading.error
                 raise GRPCError(error.status, f"{self._method} on {self._path}: {error.message}")
             if reading.trailers is not None:
-                status, message, details = _read_status(reading.trailers)
+                status, message, details = read_status(reading.trailers)
                 if status is None:
                     raise GRPCError(Status.UNKNOWN, message or "the answer carried no valid grpc-status")
                 if status is not Status.OK:
@@ -318,7 +242,7 @@ class _Replies:
             ):
                 reading.upstream.abort(f.CANCEL)
                 reading.settle()
-                reading.upstream.ep.relay.flush()
+                reading.upstream.ep.transport.flush()
                 raise GRPCError(
                     Status.DEADLINE_EXCEEDED, f"deadline exceeded calling {self._method} on {self._path}"
                 )

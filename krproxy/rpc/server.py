@@ -1,15 +1,15 @@
 """A gRPC server on krproxy's relay: handlers by method path, bytes in and out.
 
-Connections, streams, flow control, settings and GOAWAY are the relay's
-(:mod:`krproxy.relay.connection`); this module adds what makes a server of it. The relay here
-routes nowhere: every stream it accepts becomes a :class:`_ServerCall` (a
-:class:`krproxy.relay.rpc.Call` without an upstream), whose handler runs in a task of its own
+Connections, streams, flow control, settings and GOAWAY are the transport's
+(:class:`krproxy.relay.transport.Transport`, which a :class:`Server` holds); this module adds what
+makes a server of it: every stream the transport accepts becomes a served call
+(:class:`krproxy.relay.served.Served`, a call without an upstream), whose handler runs in a task of its own
 and talks to the caller through a :class:`Stream`: request messages as they arrive, reply
 messages as the handler sends them, trailers at the end. A :class:`UnaryJob` handler runs
 without a task: it is started from the connection's task once the request has ended, and
 answers at once or later from a thread of its own (the SDK's hook server: no trio task,
 cancel scope or scheduler pass per call). Deadlines (``grpc-timeout``) are the
-relay's deadline heap; the caller going away (RST_STREAM, a closed connection) cancels the
+transport's deadline heap; the caller going away (RST_STREAM, a closed connection) cancels the
 handler as it cancels an interceptor of the daemon's.
 
 Rules:
@@ -40,12 +40,12 @@ from typing import NoReturn
 import trio
 
 from krproxy.h2 import frames as f
-from krproxy.relay._grpc import grpc_timeout
 from krproxy.relay.connection import Endpoint, Headers
+from krproxy.relay.grpc import grpc_timeout
 from krproxy.relay.half import Half
-from krproxy.relay.relay import Relay
-from krproxy.rpc._call import _ServerCall
-from krproxy.rpc._messages import Inbox
+from krproxy.relay.messages import Inbox
+from krproxy.relay.served import Served
+from krproxy.relay.transport import Transport
 from krproxy.rpc._stream import Handler, Stream, UnaryJob, unary, unary_stream
 from krproxy.unixsock import bind_unix_socket, unlink_if_ours
 
@@ -55,62 +55,6 @@ LOGGER = logging.getLogger("krproxy.rpc")
 
 #: Largest request message by default: containerd's limit (grpc-go's own default is 4 MiB).
 MAX_REQUEST = 16 * 1024 * 1024
-
-
-class _ServerRelay(Relay):
-    """The relay of a :class:`Server`: every stream it accepts is a call of the server's."""
-
-    def __init__(self, server: Server, *, enforce_deadlines: bool) -> None:
-        super().__init__(enforce_deadlines=enforce_deadlines)
-        self.server = server
-
-    def open_call(self, ep: Endpoint, stream_id: int, headers: Headers, end: bool) -> None:
-        path = None
-        timeout = None
-        for name, value in headers:
-            if name == b":path":
-                path = value
-            elif name == b"grpc-timeout":
-                timeout = grpc_timeout(value)
-        server = self.server
-        text = path.decode("utf-8", "replace") if path is not None else ""
-        call = _ServerCall(server, text)
-        client = call.client = Half(ep, stream_id, call)
-        call.inbox = Inbox(client, server.max_request)
-        client.peer = call  # told as reply bytes are written: send_message's room to send
-        ep.halves[stream_id] = client
-        self.in_flight += 1
-        deadline = None
-        if timeout is not None:
-            deadline = trio.current_time() + timeout
-            if self.enforce_deadlines:
-                self._add_deadline(call, deadline)
-        stream = call.stream = Stream(call, text, headers, end, deadline)
-        check = server.check_headers
-        if check is not None and not server.check_is_async:
-            try:
-                passed = check(stream)
-            except Exception:  # the check's bug: this stream's end, never the connection's
-                LOGGER.exception("check_headers failed on a request for %s", text)
-                passed = False
-                call.reset(f.INTERNAL_ERROR)
-            if not passed:
-                if not call.answered and not call.finished:
-                    call.reset(f.PROTOCOL_ERROR)
-                return
-        if path is None:
-            call.reset(f.PROTOCOL_ERROR)  # (the relay's own checks refuse it before, when on)
-            return
-        if server.check_is_async:
-            self.nursery.start_soon(call.run, check)  # type: ignore[arg-type]
-            return
-        handler = server.handlers.get(text)
-        if handler.__class__ is UnaryJob:  # no task: started as the request ends
-            call.job = handler
-            if end:
-                call.start_job()
-            return
-        self.nursery.start_soon(call.run, None)
 
 
 class Server:
@@ -152,16 +96,61 @@ class Server:
         self.check_headers = check_headers
         self.check_is_async = check_headers is not None and inspect.iscoroutinefunction(check_headers)
         self.max_request = max_request
-        self.relay = _ServerRelay(self, enforce_deadlines=enforce_deadlines)
-        self.relay.max_request = max_request
-        self.relay.caller_max_streams = max_streams
-        self.relay.check_request_headers = check_headers is None
+        transport = self.transport = Transport(self._open_call, enforce_deadlines=enforce_deadlines)
+        transport.max_request = max_request
+        transport.caller_max_streams = max_streams
+        transport.check_request_headers = check_headers is None
 
     def handler_for(self, path: str) -> Handler | None:
         handler = self.handlers.get(path)
         if handler is None and self.fallback is not None:
             handler = self.fallback(path)
         return handler
+
+    def _open_call(self, ep: Endpoint, stream_id: int, headers: Headers, end: bool) -> None:
+        """A caller's new stream (the transport's ``open_call``): a served call of its path."""
+        path = None
+        timeout = None
+        for name, value in headers:
+            if name == b":path":
+                path = value
+            elif name == b"grpc-timeout":
+                timeout = grpc_timeout(value)
+        transport = self.transport
+        text = path.decode("utf-8", "replace") if path is not None else ""
+        call = Served(transport, text, self.handler_for, self.max_request)
+        client = call.client = Half(ep, stream_id, call)
+        call.inbox = Inbox(client, self.max_request)
+        client.peer = call  # told as reply bytes are written: send_message's room to send
+        ep.halves[stream_id] = client
+        deadline = None if timeout is None else trio.current_time() + timeout
+        transport.call_started(call, deadline)
+        stream = call.stream = Stream(call, text, headers, end, deadline)
+        check = self.check_headers
+        if check is not None and not self.check_is_async:
+            try:
+                passed = check(stream)
+            except Exception:  # the check's bug: this stream's end, never the connection's
+                LOGGER.exception("check_headers failed on a request for %s", text)
+                passed = False
+                call.reset(f.INTERNAL_ERROR)
+            if not passed:
+                if not call.answered and not call.finished:
+                    call.reset(f.PROTOCOL_ERROR)
+                return
+        if path is None:
+            call.reset(f.PROTOCOL_ERROR)  # (the transport's own checks refuse it before, when on)
+            return
+        if self.check_is_async:
+            transport.nursery.start_soon(call.run, check)  # type: ignore[arg-type]
+            return
+        handler = self.handlers.get(text)
+        if handler.__class__ is UnaryJob:  # no task: started as the request ends
+            call.job = handler.start
+            if end:
+                call.start_job()
+            return
+        transport.nursery.start_soon(call.run, None)
 
     async def serve(
         self, path: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -187,10 +176,10 @@ class Server:
         sent are served, later ones are refused unprocessed, which clients send again elsewhere),
         and wait up to ``grace`` seconds for the running calls to end and their answers to be
         written. True if everything ended in time."""
-        relay = self.relay
-        relay.start_draining()
+        transport = self.transport
+        transport.start_draining()
         with trio.move_on_after(grace):
-            await relay.wait_drained(round_trip=min(1.0, grace))
+            await transport.wait_drained(round_trip=min(1.0, grace))
             return True
         return False
 
@@ -198,5 +187,5 @@ class Server:
         self, sock: socket.socket, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> NoReturn:
         """Serve on ``sock``, bound and listening, until cancelled; the socket is left to the caller."""
-        await self.relay.serve(sock, task_status=task_status)
-        raise AssertionError("Relay.serve returned")  # it runs until cancelled
+        await self.transport.serve(sock, task_status=task_status)
+        raise AssertionError("Transport.serve returned")  # it runs until cancelled

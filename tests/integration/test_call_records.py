@@ -110,7 +110,9 @@ class TestCallRecords:
 
         def observe(record: CallRecord) -> None:
             if record.path.endswith("/Version"):
-                unsent.append((len(relay.dirty), sum(len(ep.out) for ep in relay._clients)))
+                unsent.append(
+                    (len(relay.transport.dirty), sum(len(ep.out) for ep in relay.transport._clients))
+                )
 
         relay.observers.insert(0, observe)
         for _ in range(3):

@@ -20,7 +20,7 @@ from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.points import HookPoint
 from krproxy.proto.runtime import v1 as cri
 from krproxy.proto.runtime import v1alpha1
-from krproxy.relay._grpc import MAX_STATUS_MESSAGE
+from krproxy.relay.grpc import MAX_STATUS_MESSAGE
 from tests.integration.hooks_support import (
     HANG_TIMEOUT,
     PLUGIN_TIMEOUT,

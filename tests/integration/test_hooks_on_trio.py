@@ -55,14 +55,14 @@ class TestCancelledOciHook:
         node.hooks.write("slow.json", {"always": True}, ["prestart"], sleep=1.0)
         await wait_reload(node, 1)
         container_id = await node.create()
-        relay = node.daemon.relay
-        unary, forwarded = relay.unary, []
+        transport = node.daemon.relay.transport  # intercepted calls forward through its unary()
+        unary, forwarded = transport.unary, []
 
         async def spy(route: Any, path: str, *args: Any, **kwargs: Any) -> Any:
             forwarded.append(path.rsplit("/", 1)[-1])
             return await unary(route, path, *args, **kwargs)
 
-        monkeypatch.setattr(relay, "unary", spy)
+        monkeypatch.setattr(transport, "unary", spy)
         assert grpc.StatusCode.DEADLINE_EXCEEDED == await start_failure(node.client, container_id, 0.3)
         # The hook records its label, then sleeps 1 s: it started (however loaded the machine), and 1.5 s
         # later it has ended and the proxy has had its chance to forward.

@@ -100,7 +100,7 @@ async def silent_relay(
     """A relay allowing a caller 10 streams, before a runtime that never answers. (The relay fixture's
     Relay read ``connection.CALLER_MAX_STREAMS`` when it was made: patching the constant now would
     leave it at 1000.)"""
-    relay.caller_max_streams = 10
+    relay.transport.caller_max_streams = 10
     runtime = SilentRuntime(str(short_tmp / "runtime.sock"))
     listen = await serve_relay_to(
         nursery, relay, str(short_tmp / "runtime.sock"), str(short_tmp), [PATH], name="runtime"

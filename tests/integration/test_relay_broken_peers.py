@@ -18,7 +18,7 @@ import trio
 
 from krproxy.h2 import frames as f
 from krproxy.relay import Relay, connection
-from krproxy.relay._call import Call
+from krproxy.relay.call import Call
 from krproxy.relay.rpc import grpc_message, request_headers
 from tests.integration.support import ThreadedUnixServer, received, serve_relay_to, wait_until
 from tests.integration.test_relay_raw_peers import Answer, Client, serving

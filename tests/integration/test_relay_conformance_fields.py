@@ -197,7 +197,7 @@ async def test_connections_beyond_the_cap_are_closed(
     nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With MAX_CONNECTIONS open, one more is closed at once; the open ones still answer."""
-    monkeypatch.setattr("krproxy.relay.relay.MAX_CONNECTIONS", 2)
+    monkeypatch.setattr("krproxy.relay.transport.MAX_CONNECTIONS", 2)
     listen = await _relay_before_no_runtime(nursery, short_tmp)
 
     def three() -> tuple[bool, bool]:

@@ -177,7 +177,7 @@ async def test_a_linger_begun_before_the_reader_ran_keeps_its_bound(
     await nursery.start(relay.run)
     ours, caller = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with caller:
-        ep = connection.Endpoint(relay, ours, server_side=True)
+        ep = connection.Endpoint(relay.transport, ours, server_side=True)
         ep.announce_goaway()
         ep.final_goaway()  # no call on it: written out, then the linger
         assert ep.lingering

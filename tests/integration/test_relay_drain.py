@@ -32,7 +32,7 @@ async def _big(stream: rpc.Stream, messages: list[bytes]) -> None:
 
 
 def _clients(proxy: Daemon) -> list[Any]:
-    return list(proxy.relay._clients)
+    return list(proxy.relay.transport._clients)
 
 
 def _read_to_eof(sock: socket.socket, stream_id: int) -> tuple[int, bool]:

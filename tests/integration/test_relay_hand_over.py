@@ -11,7 +11,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-import krproxy.relay._local as local_module
+import krproxy.relay.intercepted as local_module
 from krproxy.forward import Forward, Reply, Watcher
 from krproxy.grpcstatus import Status
 from krproxy.relay.rpc import grpc_message
@@ -46,7 +46,7 @@ async def test_a_hand_over_always_refused_ends_unavailable(
     harness: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Not forever, even without a deadline; the watcher is told the failure (and keeps nothing)."""
-    monkeypatch.setattr(local_module, "_REFUSED_ATTEMPTS", 3)
+    monkeypatch.setattr(local_module, "REFUSED_ATTEMPTS", 3)
     runtime, method = await harness.start(lambda n: REFUSE)
     err = await harness.call(method)
     hooked = harness.hooked

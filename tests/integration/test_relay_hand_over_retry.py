@@ -18,7 +18,7 @@ import h2.exceptions
 import pytest
 import trio
 
-import krproxy.relay._local as local_module
+import krproxy.relay.intercepted as local_module
 from krproxy.grpcstatus import Status
 from krproxy.relay.rpc import grpc_message
 from tests.integration.handover_support import ECHO, ERROR, GOAWAY, REFUSE, SILENT, SLOW_REFUSE, Harness
@@ -66,7 +66,7 @@ class TestARefusedHandedOverCall:
     ) -> None:
         """The pause before a resend made 4 s long: the caller's 2 s deadline passes during it, and the
         runtime (refused once) never gets the request again: a create nobody waits for."""
-        monkeypatch.setattr(local_module, "_REFUSED_PAUSE", 4.0)
+        monkeypatch.setattr(local_module, "REFUSED_PAUSE", 4.0)
         runtime, method = await harness.start(lambda n: REFUSE)
         result = await harness.call(method, timeout=2.0)
 

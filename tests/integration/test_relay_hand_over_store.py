@@ -20,7 +20,7 @@ import pytest
 import trio
 from cri_api.v1 import api_pb2
 
-import krproxy.relay._local as local_module
+import krproxy.relay.intercepted as local_module
 from krproxy.fakes.containerd import Fault
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint

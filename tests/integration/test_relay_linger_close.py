@@ -1,4 +1,4 @@
-"""Tests of the relay's lingering close (Endpoint.close(_DRAINED) on a caller connection): every
+"""Tests of the relay's lingering close (Endpoint.close(DRAINED) on a caller connection): every
 way a lingering connection ends closes its socket once and ends its reader, whatever the caller
 does meanwhile, and the stop is held at most LINGER by it."""
 
@@ -116,7 +116,7 @@ async def test_a_caller_flooding_the_linger_is_closed_at_its_bound(
         with trio.fail_after(LIVENESS_LIMIT):
             await drained.wait()
         assert 1 == len(lingered)
-        assert not relay._clients
+        assert not relay.transport._clients
         assert ticks.count > 0  # other tasks ran while the flood was read
     finally:
         silent.close()
@@ -137,7 +137,7 @@ async def _many_draining(
         await sock.connect(listen)
         await sock.send(f.PREFACE + f.frame(f.SETTINGS, 0, 0))
         callers.append(sock)
-    await wait_until(lambda: len(relay._clients) == _MANY)
+    await wait_until(lambda: len(relay.transport._clients) == _MANY)
 
     async def stop() -> None:
         await relay.wait_drained(round_trip=0.2)
@@ -170,8 +170,8 @@ async def test_hundreds_of_lingering_connections_end_at_the_bound(
     drained = trio.Event()
     try:
         callers = await _many_drained(listen, relay, nursery, drained)
-        ours = [ep.sock for ep in relay._clients]
-        assert all(ep.lingering for ep in relay._clients)
+        ours = [ep.sock for ep in relay.transport._clients]
+        assert all(ep.lingering for ep in relay.transport._clients)
         fds = _open_fds()
         with trio.fail_after(LIVENESS_LIMIT):  # one after another would be _MANY seconds
             await drained.wait()
@@ -199,8 +199,8 @@ async def test_lingering_connections_end_at_the_callers_close(
             callers = await _many_drained(listen, relay, nursery, drained)
         else:
             callers = await _many_draining(listen, relay, nursery, drained)
-            await wait_until(lambda: all(ep.lingering for ep in relay._clients))
-        ours = [ep.sock for ep in relay._clients]
+            await wait_until(lambda: all(ep.lingering for ep in relay.transport._clients))
+        ours = [ep.sock for ep in relay.transport._clients]
         fds = _open_fds()
         for sock in callers:
             sock.close()
@@ -216,7 +216,7 @@ async def test_a_stop_during_the_linger_closes_every_socket(
     nursery: trio.Nursery, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The relay's run() cancelled (the daemon's grace period over, or a stop) while connections
-    linger: Relay.run's close(_STOPPED) and the readers' cancellation close each socket, once."""
+    linger: Relay.run's close(STOPPED) and the readers' cancellation close each socket, once."""
     monkeypatch.setattr(connection, "LINGER", 10 * LIVENESS_LIMIT)
     silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     silent.bind(str(short_tmp / "silent.sock"))
@@ -232,11 +232,11 @@ async def test_a_stop_during_the_linger_closes_every_socket(
             listener.listen(16)
             await inner.start(relay.serve, listener)
             callers = await _many_drained(listen, relay, inner, drained)
-            ours = [ep.sock for ep in relay._clients]
+            ours = [ep.sock for ep in relay.transport._clients]
             fds = _open_fds()
             inner.cancel_scope.cancel()
         assert not drained.is_set()
-        assert not relay._clients
+        assert not relay.transport._clients
         assert all(-1 == sock.fileno() for sock in ours)
         assert fds - _MANY == _open_fds()
         for sock in callers:
@@ -283,7 +283,7 @@ async def test_a_linger_begun_while_a_block_is_decoded_aside_reads_on(
         with sock:
             await trio.to_thread.run_sync(sock.connect, listen)
             await trio.to_thread.run_sync(_relay_frames_on, sock, _after_preface())
-            [ep] = relay._clients
+            [ep] = relay.transport._clients
             sock.sendall(_open(*big))  # stream 1, its DATA to follow
             await trio.to_thread.run_sync(entered.wait, LIVENESS_LIMIT)
             relay.start_draining()

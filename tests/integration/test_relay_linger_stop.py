@@ -63,7 +63,7 @@ async def test_a_stop_is_not_held_by_a_grpcio_caller_that_closes(
             await wait_until(lambda: SLOW in backend.started)
             proxy.request_shutdown()
             with trio.fail_after(LIVENESS_LIMIT):  # the linger's bound is 10 times that
-                await wait_until(lambda: not proxy.relay._clients)
+                await wait_until(lambda: not proxy.relay.transport._clients)
         # The daemon's serve() returned: it stopped.
         assert b"slow" == await trio.to_thread.run_sync(answer.result)
     assert 1 == len(lingered)
@@ -93,7 +93,7 @@ async def test_a_stop_is_not_held_by_a_grpc_go_caller_that_closes(
             await wait_until(lambda: proxy.relay.in_flight == 4)
             proxy.request_shutdown()
             with trio.fail_after(LIVENESS_LIMIT):
-                await wait_until(lambda: not proxy.relay._clients)
+                await wait_until(lambda: not proxy.relay.transport._clients)
         finally:
             client.kill()
             client.wait()
@@ -114,13 +114,13 @@ async def test_a_caller_never_closing_holds_stop_at_most_the_grace(
                 proxy = await start_proxy(daemon_nursery, sockdir, grace_period=5.0)
                 await trio.to_thread.run_sync(caller.connect, proxy.config.listen)
                 caller.sendall(f.PREFACE + f.frame(f.SETTINGS, 0, 0))
-                await wait_until(lambda: len(proxy.relay._clients) == 1)
-                [ep] = proxy.relay._clients
+                await wait_until(lambda: len(proxy.relay.transport._clients) == 1)
+                [ep] = proxy.relay.transport._clients
                 proxy.request_shutdown()
                 await wait_until(lambda: ep.lingering)  # the PING unanswered: final GOAWAY after 1 s
         # The daemon stopped with the caller's connection still open on its side: closed now.
         assert -1 == ep.sock.fileno()
-        assert not proxy.relay._clients
+        assert not proxy.relay.transport._clients
 
 
 async def test_a_stream_after_the_final_goaway_never_goes_upstream(
@@ -137,14 +137,14 @@ async def test_a_stream_after_the_final_goaway_never_goes_upstream(
         with caller:
             await trio.to_thread.run_sync(caller.connect, proxy.config.listen)
             caller.sendall(f.PREFACE + f.frame(f.SETTINGS, 0, 0))
-            await wait_until(lambda: len(proxy.relay._clients) == 1)
+            await wait_until(lambda: len(proxy.relay.transport._clients) == 1)
             proxy.request_shutdown()
             frames = await trio.to_thread.run_sync(read_frames, caller, _has_ping)
             ping = next(p for kind, flags, _, p in frames if kind == f.PING and not flags & f.ACK)
             caller.sendall(f.frame(f.PING, f.ACK, 0, ping))
             frames = await trio.to_thread.run_sync(_frames_until_eof, caller)
             assert [(0, f.NO_ERROR)] == [f.parse_goaway(p) for kind, _, _, p in frames if kind == f.GOAWAY]
-            [ep] = proxy.relay._clients
+            [ep] = proxy.relay.transport._clients
             assert ep.lingering
             caller.sendall(
                 _open(*_replaced(":path", ECHO))
@@ -156,7 +156,7 @@ async def test_a_stream_after_the_final_goaway_never_goes_upstream(
             assert b"" == caller.recv(100)  # no answer to any of it
             assert ep.lingering  # still read on
         with trio.fail_after(LIVENESS_LIMIT):
-            await wait_until(lambda: not proxy.relay._clients)
+            await wait_until(lambda: not proxy.relay.transport._clients)
     assert ECHO not in backend.started
     assert -1 == ep.sock.fileno()
 
@@ -176,10 +176,10 @@ async def test_an_upstream_that_drains_sees_krproxy_close_at_its_eof(
     with grpcio_channels() as open_channel:
         answer = open_channel(proxy.config.listen).unary_unary(SLOW).future(b"", timeout=LIVENESS_LIMIT)
         await wait_until(lambda: SLOW in backend.started)
-        assert 1 == len(server.relay._clients)  # krproxy's connection to the backend
+        assert 1 == len(server.transport._clients)  # krproxy's connection to the backend
         assert await server.drain(LIVENESS_LIMIT)
         assert b"slow" == await trio.to_thread.run_sync(answer.result)
-    assert not server.relay._clients
+    assert not server.transport._clients
     assert 1 == len(lingered)
 
 
@@ -200,6 +200,6 @@ async def test_a_channel_closes_at_its_servers_drain(
         nursery.start_soon(call)
         await wait_until(lambda: SLOW in backend.started)
         assert await server.drain(LIVENESS_LIMIT)
-        assert not server.relay._clients
+        assert not server.transport._clients
     assert [b"slow"] == answers
     assert 1 == len(lingered)

@@ -38,7 +38,9 @@ async def test_a_callers_content_length_is_dropped_on_a_new_request(
 
     backend_path = str(short_tmp / "backend.sock")
     backend, _ = await start_scripted_backend(nursery, backend_path)
-    relay.configure(Route(relay, "runtime", connect_unix(backend_path)), None, {PATH: intercept}, [PATH])
+    relay.configure(
+        Route(relay.transport, "runtime", connect_unix(backend_path)), None, {PATH: intercept}, [PATH]
+    )
     listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
     body = framed(b"ping")
     fields = grpc_request(PATH, LIVENESS_LIMIT, **{"content-length": str(len(body)), "x-asked": "yes"})

@@ -212,7 +212,7 @@ class TestFlowControlCredit:
             upstream_path,
             lambda path, body: Answer(body=grpc_message(big) if body == grpc_message(b"big") else body),
         ) as server:
-            relay.configure(Route(relay, "runtime", connect_unix(upstream_path)), None, {}, [])
+            relay.configure(Route(relay.transport, "runtime", connect_unix(upstream_path)), None, {}, [])
             await serve_relay(nursery, relay, listen)
             stalled = Client(listen, window=0)  # never grants the relay any stream window
             try:
@@ -235,7 +235,7 @@ class TestFlowControlCredit:
 
 
 def _pending_to_callers(relay: Relay) -> int:
-    return sum(len(half.pending) for ep in relay._clients for half in ep.halves.values())
+    return sum(len(half.pending) for ep in relay.transport._clients for half in ep.halves.values())
 
 
 class TestOwnCalls:
@@ -345,7 +345,7 @@ class TestCallsWithHookPoints:
             return await forward(request)
 
         relay = Relay()
-        runtime = Route(relay, "backend runtime rt.sock", connect_unix(upstream_path))
+        runtime = Route(relay.transport, "backend runtime rt.sock", connect_unix(upstream_path))
         relay.configure(runtime, None, {PATH: passthrough}, [PATH])
         listen = str(short_tmp / "relay.sock")
         await serve_relay(nursery, relay, listen)
@@ -380,9 +380,9 @@ class TestHardening:
         self, relay: Relay, upstream_path: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         """Refused calls are sent again, but a bounded number of times, even without a deadline."""
-        import krproxy.relay.relay as relay_module
+        import krproxy.relay.transport as relay_module
 
-        monkeypatch.setattr(relay_module, "_REFUSED_ATTEMPTS", 5)
+        monkeypatch.setattr(relay_module, "REFUSED_ATTEMPTS", 5)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(upstream_path)
         listener.listen(1)
@@ -484,6 +484,6 @@ class TestHardening:
                         client.sock.sendall(ping * 1000)
 
             await trio.to_thread.run_sync(flood)
-            await wait_until(lambda: not relay._clients)
+            await wait_until(lambda: not relay.transport._clients)
         finally:
             client.close()

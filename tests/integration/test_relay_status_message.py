@@ -17,7 +17,7 @@ import trio
 
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import Relay, Route, connect_unix
-from krproxy.relay._grpc import MAX_STATUS_MESSAGE
+from krproxy.relay.grpc import MAX_STATUS_MESSAGE
 from krproxy.rpc import Server, unary
 from tests.integration.h2_client import grpc_request, request
 from tests.integration.support import grpcio_channels, serve_relay
@@ -109,7 +109,7 @@ async def test_a_runtimes_own_long_message_is_relayed_untouched(
     upstream = str(short_tmp / "upstream.sock")
     relay = Relay()
     await nursery.start(relay.run)
-    relay.configure(Route(relay, "runtime", connect_unix(upstream)), None, {}, [])
+    relay.configure(Route(relay.transport, "runtime", connect_unix(upstream)), None, {}, [])
     trailers = [(b"grpc-status", b"9"), (b"grpc-message", status_quote(text))]
     with serving(upstream, lambda path, body: Answer(headers=None, trailers=[*PLAIN, *trailers])):
         listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))

@@ -227,6 +227,8 @@ class TestDeadlines:
         call = raw_unary(channel_to(daemon.config.listen), BIG)
         for _ in range(20):
             assert BIG_REPLY == await in_thread(call, b"", timeout=120)
-        entries = [entry for entry in daemon.relay._deadlines if entry[0] > trio.current_time() + 60]
+        entries = [
+            entry for entry in daemon.relay.transport._deadlines if entry[0] > trio.current_time() + 60
+        ]
         assert 20 == len(entries)
         assert [None] * 20 == [entry[2] for entry in entries]

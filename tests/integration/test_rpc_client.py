@@ -422,8 +422,8 @@ async def test_no_fd_or_call_is_left_after_many_calls_and_failures(nursery: trio
             with pytest.raises(GRPCError):
                 await channel.unary("/t.S/Missing", b"")
     with trio.fail_after(LIVENESS_LIMIT):
-        await server.relay.wait_idle()  # every call ended on the server too
-        while server.relay._clients:  # noqa: ASYNC110 - no event for it: the server sees each EOF
+        await server.transport.wait_idle()  # every call ended on the server too
+        while server.transport._clients:  # noqa: ASYNC110 - no event for it: the server sees each EOF
             await trio.sleep(0.01)
     assert fds + 1 == len(os.listdir("/proc/self/fd"))  # the server's listening socket
     scope.cancel()

@@ -18,8 +18,8 @@ import trio
 import trio.testing
 
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.relay.served import Served
 from krproxy.rpc import Server, Stream, UnaryJob
-from krproxy.rpc._call import _ServerCall
 from tests.integration.h2_client import framed, grpc_request, request
 
 LIVENESS_LIMIT = 30.0  # seconds: a bound on what must happen, not a speed claim
@@ -95,7 +95,7 @@ async def failure(method: Any, message: bytes, **kwargs: Any) -> grpc.RpcError:
 
 
 def not_a_handler_task(name: str) -> bool:
-    return "_ServerCall.run" not in name
+    return "Served.run" not in name
 
 
 async def test_answers_now_and_later_with_status_and_no_own_task(
@@ -155,7 +155,7 @@ async def test_the_deadline_ends_the_call_the_late_answer_dropped(
     for late in (outcome.Value(b"too late"), outcome.Error(ValueError("too late as well"))):
         answer = await request(sock, grpc_request(LATER, timeout=5.0), framed(b"x"))
         assert 4 == answer.grpc_status  # DEADLINE_EXCEEDED, from the server
-        assert 0 == server.relay.in_flight  # its slot is free while the job still runs
+        assert 0 == server.transport.in_flight  # its slot is free while the job still runs
         jobs.waiting[-1][1](late)  # nothing to send it to: dropped (an error logged only)
     assert b"cba" == (await request(sock, grpc_request(AT_ONCE, timeout=5.0), framed(b"abc"))).message
 
@@ -168,9 +168,9 @@ async def test_the_callers_reset_frees_the_call_before_the_job_answers(
     with trio.fail_after(LIVENESS_LIMIT):
         future = grpcio(LATER).future(b"x", timeout=LIVENESS_LIMIT)
         await jobs.wait_for(1)
-        assert 1 == server.relay.in_flight
+        assert 1 == server.transport.in_flight
         future.cancel()  # grpcio resets the stream (RST_STREAM CANCEL)
-        await server.relay.wait_idle()
+        await server.transport.wait_idle()
         jobs.waiting[0][1](outcome.Value(b"dropped"))
         assert b"cba" == (await call(grpcio(AT_ONCE), b"abc"))[0]
 
@@ -231,14 +231,14 @@ async def test_a_bug_answering_late_ends_only_that_connection(
     trio run: a bug there is logged as the relay's bugs are and closes that one connection."""
     jobs = Jobs()
     await jobs.serve(nursery, sock)
-    real_reply = _ServerCall.reply
+    real_reply = Served.reply
 
-    def broken(call: _ServerCall, message: bytes) -> None:
+    def broken(call: Served, message: bytes) -> None:
         if message == b"BUG":
             raise RuntimeError("injected")
         real_reply(call, message)
 
-    monkeypatch.setattr(_ServerCall, "reply", broken)
+    monkeypatch.setattr(Served, "reply", broken)
     with trio.fail_after(LIVENESS_LIMIT):
         future = grpcio(LATER).future(b"x", timeout=LIVENESS_LIMIT)
         await jobs.wait_for(1)

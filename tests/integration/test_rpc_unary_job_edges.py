@@ -57,9 +57,9 @@ async def test_a_job_answering_twice_gives_its_first_answer_only(
         done(outcome.Value(b"second"))
         done(outcome.Error(ValueError("third")))
         assert b"first" == await trio.to_thread.run_sync(future.result)
-        await server.relay.wait_idle()
+        await server.transport.wait_idle()
         assert b"cba" == (await call(grpcio(AT_ONCE), b"abc"))[0]  # the same connection
-        assert 0 == server.relay.in_flight
+        assert 0 == server.transport.in_flight
 
 
 async def test_a_request_in_many_data_frames_and_a_large_late_answer(
@@ -117,9 +117,9 @@ async def test_the_callers_connection_lost_while_the_job_is_out(nursery: trio.Nu
         stream = await trio.open_unix_socket(sock)
         await stream.send_all(conn.data_to_send())
         await jobs.wait_for(1)
-        assert 1 == server.relay.in_flight
+        assert 1 == server.transport.in_flight
         await stream.aclose()
-        await server.relay.wait_idle()
+        await server.transport.wait_idle()
         jobs.waiting[0][1](outcome.Value(b"to nobody"))
         jobs.waiting[0][1](outcome.Error(RuntimeError("to nobody either")))
         assert b"cba" == (await request(sock, grpc_request(AT_ONCE), framed(b"abc"))).message
@@ -154,7 +154,7 @@ def handler_tasks() -> list[str]:
         task = todo.pop()
         found.append(task.name)
         todo += [child for nursery in task.child_nurseries for child in nursery.child_tasks]
-    return [name for name in found if "_ServerCall.run" in name]
+    return [name for name in found if "Served.run" in name]
 
 
 async def with_task_path(nursery: trio.Nursery, jobs: Jobs, sock: str) -> Server:
@@ -182,7 +182,7 @@ async def test_from_a_task_a_job_answering_twice_gives_the_first(
         token.run_sync_soon(done, outcome.Value(b"second"))
         assert b"first" == await trio.to_thread.run_sync(future.result)
         token.run_sync_soon(done, outcome.Error(ValueError("third")))
-        await server.relay.wait_idle()
+        await server.transport.wait_idle()
         for _ in range(3):
             assert b"cba" == (await call(grpcio(AT_ONCE), b"abc"))[0]
         assert [] == handler_tasks()

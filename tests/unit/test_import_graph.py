@@ -143,3 +143,51 @@ def test_the_graph_sees_relative_and_lazy_imports() -> None:
     code = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import krproxy.relay\nimport krproxy.calls\n"
     assert "krproxy.relay" not in _imports(ast.parse(code), "krproxy")
     assert "krproxy.calls" in _imports(ast.parse(code), "krproxy")
+
+
+#: The transport (docs/architecture.md, "The transport"): krproxy.rpc's faces hold it and use only
+#: its public modules; it never imports them, not even for the type checker.
+TRANSPORT, FACES = "krproxy.relay", "krproxy.rpc"
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def private_transport_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The private transport modules (``krproxy.relay._x``) each module outside the transport imports."""
+    return {
+        m: found
+        for m, targets in graph.items()
+        if not _in(m, TRANSPORT)
+        and (found := {t for t in targets if _in(t, TRANSPORT) and t.rpartition(".")[2].startswith("_")})
+    }
+
+
+def test_the_rpc_faces_import_no_private_module_of_the_transport() -> None:
+    """krproxy.rpc (Server, Channel, Stream) reaches the transport through its public modules only."""
+    graph = import_graph(type_checking=True)
+    faces = {m: ts for m, ts in private_transport_imports(graph).items() if _in(m, FACES)}
+    assert {} == faces
+
+
+def upward_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The krproxy.rpc modules each transport module imports."""
+    upward = {m: {t for t in ts if _in(t, FACES)} for m, ts in graph.items() if _in(m, TRANSPORT)}
+    return {m: ts for m, ts in upward.items() if ts}
+
+
+def test_the_transport_imports_no_face_of_rpc() -> None:
+    """The transport is below krproxy.rpc: none of its modules imports rpc, even for the type checker."""
+    assert {} == upward_imports(import_graph(type_checking=True))
+
+
+def test_the_layer_checks_see_a_private_import() -> None:
+    """The checkers themselves: an import of a private transport module, and one upward, are found."""
+    graph = {
+        "krproxy.rpc.server": {"krproxy.relay._input", "krproxy.relay.transport"},
+        "krproxy.relay.transport": {"krproxy.rpc.server"},
+    }
+    assert {"krproxy.rpc.server": {"krproxy.relay._input"}} == private_transport_imports(graph)
+    assert {"krproxy.relay.transport": {"krproxy.rpc.server"}} == upward_imports(graph)
+    assert not _in("krproxy.relayx", TRANSPORT)

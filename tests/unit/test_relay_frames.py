@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from krproxy.h2 import frames as f
 from krproxy.h2.connection import Connection, Role
-from krproxy.relay._grpc import MAX_STATUS_MESSAGE, _read_status, status_message
 from krproxy.relay._input import _Aside, _decode_aside
-from krproxy.relay.rpc import KEEP_ALL, KEEP_FIRST, KEEP_NONE, _Tap, encode_grpc_timeout, grpc_timeout
+from krproxy.relay.grpc import MAX_STATUS_MESSAGE, read_status, status_message
+from krproxy.relay.rpc import KEEP_ALL, KEEP_FIRST, KEEP_NONE, Tap, encode_grpc_timeout, grpc_timeout
 from tests.unit.h2peer import parse
 
 header_fields = st.lists(
@@ -166,7 +166,7 @@ class TestStatusMessage:
         value = status_message(message)
         # as much of the start as fits: short of the limit by less than one character (12 bytes encoded)
         assert MAX_STATUS_MESSAGE - 16 <= len(value) <= MAX_STATUS_MESSAGE
-        _, text, _ = _read_status([(b"grpc-status", b"2"), (b"grpc-message", value)])
+        _, text, _ = read_status([(b"grpc-status", b"2"), (b"grpc-message", value)])
         assert text is not None
         kept, _, note = text.partition(" ... (")
         assert message.startswith(kept)
@@ -187,7 +187,7 @@ class TestTap:
     ) -> None:
         stream = _framed(*messages)
         cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=8)))
-        first, every, count = _Tap(KEEP_FIRST), _Tap(KEEP_ALL), _Tap(KEEP_NONE)
+        first, every, count = Tap(KEEP_FIRST), Tap(KEEP_ALL), Tap(KEEP_NONE)
         for start, end in zip([0, *cuts], [*cuts, len(stream)], strict=True):
             for tap in (first, every, count):
                 tap.feed(stream[start:end])
@@ -196,7 +196,7 @@ class TestTap:
         assert (len(messages), None) == (count.messages, count.first)
 
     def test_incomplete_message_is_not_counted(self) -> None:
-        tap = _Tap(KEEP_FIRST)
+        tap = Tap(KEEP_FIRST)
         tap.feed(_framed(b"abcdef")[:-2])
         assert 0 == tap.messages
 

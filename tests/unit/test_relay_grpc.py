@@ -1,4 +1,4 @@
-"""krproxy.relay._grpc's writing of gRPC fields, in memory.
+"""krproxy.relay.grpc's writing of gRPC fields, in memory.
 
 - :func:`own_call_headers`, the header fields of a call the relay makes itself (0d51c9f): the
   pseudo-headers first, one ``grpc-timeout`` for what is left of the deadline (none without one;
@@ -20,12 +20,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from krproxy.grpcstatus import Status
-from krproxy.relay._grpc import (
+from krproxy.relay.grpc import (
     MAX_STATUS_DETAILS,
     MAX_STATUS_MESSAGE,
-    _status_fields,
     grpc_timeout,
     own_call_headers,
+    status_fields,
     status_message,
 )
 
@@ -107,7 +107,7 @@ def test_status_details_within_the_bound_are_written() -> None:
     """Details whose base64 fits MAX_STATUS_DETAILS go out, unpadded; with the longest message
     the status fields stay within 8 KiB of header list (gRPC's suggested trailer limit)."""
     details = b"\x08\x05" * (MAX_STATUS_DETAILS * 3 // 8)
-    fields = _status_fields(Status.NOT_FOUND, "m" * 10_000, details)
+    fields = status_fields(Status.NOT_FOUND, "m" * 10_000, details)
     written = dict(fields)[b"grpc-status-details-bin"]
     assert len(written) <= MAX_STATUS_DETAILS and not written.endswith(b"=")
     assert _list_size(fields) <= 8192, _list_size(fields)
@@ -116,5 +116,5 @@ def test_status_details_within_the_bound_are_written() -> None:
 def test_status_details_over_the_bound_are_left_out() -> None:
     """Details too long for the bound cannot be cut (one google.rpc.Status): they are left out,
     the status and its message still written."""
-    fields = _status_fields(Status.NOT_FOUND, "no such pod", b"\x08\x05" * MAX_STATUS_DETAILS)
+    fields = status_fields(Status.NOT_FOUND, "no such pod", b"\x08\x05" * MAX_STATUS_DETAILS)
     assert [(b"grpc-status", b"5"), (b"grpc-message", b"no such pod")] == fields

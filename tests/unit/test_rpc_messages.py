@@ -1,4 +1,4 @@
-"""krproxy.rpc._messages.Messages: gRPC's length-prefixed messages out of DATA payloads cut
+"""krproxy.relay.messages.Messages: gRPC's length-prefixed messages out of DATA payloads cut
 anywhere (prefixes split across frames, several messages in one frame, empty messages)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.relay.messages import Messages
 from krproxy.relay.rpc import MessageTooLarge
-from krproxy.rpc._messages import Messages
 
 
 def _framed(flag: int, message: bytes) -> bytes:

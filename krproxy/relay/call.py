@@ -6,8 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -15,54 +14,32 @@ from krproxy import calls
 from krproxy.forward import Watcher
 from krproxy.grpcstatus import Status
 from krproxy.h2 import frames as f
-from krproxy.relay._grpc import (
-    _PLAIN_HEADERS,
-    _RESET_STATUS,
+from krproxy.relay.grpc import (
     KEEP_ALL,
     KEEP_FIRST,
     KEEP_NONE,
-    Answer,
+    PLAIN_HEADERS,
+    RESET_STATUS,
     MessageTooLarge,
-    _read_status,
-    _status_fields,
-    _Tap,
+    Tap,
+    read_status,
+    status_fields,
 )
 from krproxy.relay.half import Half, Headers
-from krproxy.relay.route import Route
+
+if TYPE_CHECKING:
+    from krproxy.relay.route import Route
+    from krproxy.relay.transport import Transport
 
 LOGGER = logging.getLogger("krproxy.relay")
-
-
-class Relay(Protocol):
-    """What a call needs of the relay that runs it (:class:`krproxy.relay.relay.Relay`): named
-    here so that this module does not import that one (no import cycle, not even for the type
-    checker)."""
-
-    keep_messages: bool
-    defer_records: bool
-    max_request: int
-    nursery: trio.Nursery
-
-    def is_unary(self, path: str) -> bool: ...
-    def flush(self) -> None: ...
-    def call_finished(self, call: Call) -> None: ...
-    async def unary(
-        self,
-        route: Route,
-        path: str,
-        message: bytes,
-        metadata: Iterable[tuple[bytes, bytes]] = ...,
-        deadline: float = ...,
-        max_answer: int = ...,
-        *,
-        watched: bool = ...,
-    ) -> Answer: ...
 
 
 class Call:
     """A gRPC call in the relay: the caller's half, the upstream half, and what is known."""
 
     __slots__ = (
+        "_collected",
+        "_scope",
         "answered",
         "backend_clock",
         "backend_seconds",
@@ -72,23 +49,25 @@ class Call:
         "finished",
         "message",
         "path",
-        "relay",
         "reply_tap",
         "request_tap",
         "route",
         "started",
         "status",
         "timer",
+        "transport",
+        "unary",
         "upstream",
     )
 
     #: Told the call's end once its answer is out (:data:`krproxy.forward.Watcher`): only a call with
-    #: hook points that went upstream as the caller's bytes has one (:class:`~krproxy.relay._local.LocalCall`).
+    #: hook points that went upstream as the caller's bytes has one (:class:`~krproxy.relay.intercepted.LocalCall`).
     watcher: Watcher | None = None
 
-    def __init__(self, relay: Relay, path: str, route: Route | None) -> None:
-        self.relay = relay
+    def __init__(self, transport: Transport, path: str, route: Route | None, unary: bool) -> None:
+        self.transport = transport
         self.path = path
+        self.unary = unary  # a unary method: its reply may be kept for the record
         self.route = route
         self.client: Half = None  # type: ignore[assignment]  # set right after construction
         self.upstream: Half | None = None
@@ -102,10 +81,16 @@ class Call:
         self.finished = False
         self.deadline = math.inf
         self.timer: list[Any] | None = None  # its entry in the relay's deadline heap
+        # A call answered by a handler task of ours (an interceptor's, a served one's): the task's
+        # cancel scope, cancelled when the call ends without it (failed, or its caller gone); and
+        # the request bytes it holds, counted in the caller connection's ``collected`` until the
+        # call finishes. A relayed call has neither.
+        self._scope: trio.CancelScope | None = None
+        self._collected = 0
         # Message bytes only if records are to carry them (relay.keep_messages: e.g. recording).
-        keep = relay.keep_messages
-        self.request_tap: _Tap | None = _Tap(KEEP_FIRST if keep else KEEP_NONE, relay.max_request)
-        self.reply_tap: _Tap | None = _Tap(KEEP_ALL if keep and relay.is_unary(path) else KEEP_NONE)
+        keep = transport.keep_messages
+        self.request_tap: Tap | None = Tap(KEEP_FIRST if keep else KEEP_NONE, transport.max_request)
+        self.reply_tap: Tap | None = Tap(KEEP_ALL if keep and unary else KEEP_NONE)
 
     @property
     def describe(self) -> str:
@@ -167,11 +152,13 @@ class Call:
 
     def _take_status(self, headers: Headers) -> None:
         self.answered = True
-        status, self.message, _ = _read_status(headers)
+        status, self.message, _ = read_status(headers)
         self.status = status if status is not None else Status.UNKNOWN
 
     def fail(self, status: Status, message: str) -> None:
         """End the call with ``status`` for the caller and reset the upstream stream."""
+        if self._scope is not None:
+            self._scope.cancel()
         if self.finished:
             return
         client = self.client
@@ -179,8 +166,8 @@ class Call:
             self.answered = True
             self.status, self.message = status, message
             client.drop_pending()  # queued data, its end and trailers: this status ends it instead
-            fields = _status_fields(status, message, None)
-            block = f.encode_headers(fields if client.headers_sent else [*_PLAIN_HEADERS, *fields])
+            fields = status_fields(status, message, None)
+            block = f.encode_headers(fields if client.headers_sent else [*PLAIN_HEADERS, *fields])
             client.send_headers(block, True)
         if self.upstream is not None:
             self.upstream.abort(f.CANCEL)
@@ -188,6 +175,8 @@ class Call:
 
     def caller_gone(self) -> None:
         """The caller reset the stream or its connection closed."""
+        if self._scope is not None:
+            self._scope.cancel()
         if not self.answered:
             self.answered = True
             self.status, self.message = Status.CANCELLED, "the call ended before an answer was sent"
@@ -216,7 +205,7 @@ class Call:
             client.abort(f.REFUSED_STREAM)
             self.settle()
         elif not self.answered and reset_code is not None:
-            self.fail(_RESET_STATUS.get(reset_code, Status.INTERNAL), reason)
+            self.fail(RESET_STATUS.get(reset_code, Status.INTERNAL), reason)
         elif not self.answered:
             self.fail(Status.UNAVAILABLE, f"{self.describe} is unavailable: {reason}")
         else:
@@ -249,10 +238,13 @@ class Call:
     def finish(self) -> None:
         self.finished = True
         client, upstream = self.client, self.upstream
+        if self._collected:
+            client.ep.collected -= self._collected
+            self._collected = 0
         client.ep.forget(client)
         if upstream is not None:
             upstream.ep.forget(upstream)
-        self.relay.call_finished(self)
+        self.transport.call_finished(self)
         # No reference cycles (call <-> half): the call's bytes are freed as soon as it is over,
         # not at the next full garbage collection.
         client.release()
@@ -262,7 +254,7 @@ class Call:
     def reply_message(self) -> bytes | None:
         """The reply of a unary call that succeeded, if its reply tap kept it; else None."""
         reply_tap = self.reply_tap
-        ok = self.status is Status.OK and self.relay.is_unary(self.path)
+        ok = self.status is Status.OK and self.unary
         if ok and reply_tap is not None and reply_tap.first is not None and reply_tap.messages == 1:
             return bytes(reply_tap.first)
         return None

@@ -2,7 +2,7 @@
 
 - :class:`LocalCall`: a call with hook points; the relay collects the request and runs the
   interceptor, whose ``forward`` is a call of the relay's own.
-  (:mod:`krproxy.relay._exchange` holds the relay's side of such calls.)
+  (:mod:`krproxy.relay.exchange` holds the relay's side of such calls.)
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -18,30 +19,33 @@ from krproxy.forward import BackendError, Interceptor, Reply, Watch, Watcher
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay._call import Call, Relay
-from krproxy.relay._grpc import (
-    _OWN_FIELDS,
-    _PLAIN_HEADERS,
-    _PLAIN_TRAILERS,
-    _REFUSED_ATTEMPTS,
-    _REFUSED_PAUSE,
-    _RESET_STATUS,
+from krproxy.relay.call import Call
+from krproxy.relay.grpc import (
     KEEP_ALL,
     KEEP_FIRST,
+    OWN_FIELDS,
+    PLAIN_HEADERS,
+    PLAIN_TRAILERS,
+    REFUSED_ATTEMPTS,
+    REFUSED_PAUSE,
+    RESET_STATUS,
     CloseConnection,
     MessageTooLarge,
     StreamReset,
+    Tap,
     UpstreamError,
-    _forget_traceback,
-    _status_fields,
-    _Tap,
     decompress_inline,
     decompress_message,
+    forget_traceback,
     grpc_message,
     own_call_headers,
+    status_fields,
 )
 from krproxy.relay.half import Half, Headers
-from krproxy.relay.route import Route
+
+if TYPE_CHECKING:
+    from krproxy.relay.route import Route
+    from krproxy.relay.transport import Transport
 
 #: What a watched call's compressed answer may decompress to (on the reader's turn): its watcher
 #: reads one id, and no reply of a watched method comes near.
@@ -53,36 +57,7 @@ _HANDED_OVER = Reply(b"")
 LOGGER = logging.getLogger("krproxy.relay")
 
 
-class HandledCall(Call):
-    """A call answered by a handler task of ours (an interceptor, a :mod:`krproxy.rpc` handler):
-    ``_scope`` is the task's cancel scope, cancelled when the call ends without it (failed, or
-    its caller gone); ``_collected`` the request bytes it holds, counted in the caller
-    connection's ``collected`` until the call finishes."""
-
-    __slots__ = ("_collected", "_scope")
-
-    def __init__(self, relay: Relay, path: str, route: Route | None) -> None:
-        super().__init__(relay, path, route)
-        self._scope: trio.CancelScope | None = None
-        self._collected = 0
-
-    def fail(self, status: Status, message: str) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        super().fail(status, message)
-
-    def finish(self) -> None:
-        self.client.ep.collected -= self._collected
-        self._collected = 0
-        super().finish()
-
-    def caller_gone(self) -> None:
-        if self._scope is not None:
-            self._scope.cancel()
-        super().caller_gone()
-
-
-class LocalCall(HandledCall):
+class LocalCall(Call):
     """A call with hook points: the relay collects the request and runs the interceptor.
 
     The interceptor runs in a task of its own; its ``forward`` makes a unary call on the
@@ -99,7 +74,7 @@ class LocalCall(HandledCall):
     An interceptor whose last step is to forward and tell the store may hand that step over
     (:meth:`hand_over`, offered as ``forward.hand_over``): once it returns, its request goes upstream
     from this call's own half and the answer is relayed as a watched call's, without the relay's
-    own unary call, its ``_Exchange`` and the answer's re-encoding. Its hooks have run, so a refusal
+    own unary call, its ``Exchange`` and the answer's re-encoding. Its hooks have run, so a refusal
     of the runtime's (REFUSED_STREAM, GOAWAY) is not passed to the caller, whose retry would run them
     again: the same bytes are sent again, as :meth:`Relay.unary` does.
     """
@@ -119,15 +94,16 @@ class LocalCall(HandledCall):
 
     def __init__(
         self,
-        relay: Relay,
+        transport: Transport,
         path: str,
         route: Route | None,
+        unary: bool,
         interceptor: Interceptor,
         headers: Headers,
         watch: Watch | None = None,
     ) -> None:
-        super().__init__(relay, path, route)
-        self.request_tap = _Tap(KEEP_FIRST, relay.max_request)  # the interceptor needs the request
+        super().__init__(transport, path, route, unary)
+        self.request_tap = Tap(KEEP_FIRST, transport.max_request)  # the interceptor needs the request
         self.reply_tap = None
         self._interceptor = interceptor
         self._headers = headers
@@ -167,7 +143,7 @@ class LocalCall(HandledCall):
             if not self._started and not self.finished and not self.answered:
                 self._started = True
                 if not self._pass_watched():
-                    self.relay.nursery.start_soon(self._handle)
+                    self.transport.nursery.start_soon(self._handle)
 
     def _pass_watched(self) -> bool:
         """Send the call upstream as the caller's bytes if its path's watch gives a watcher for its
@@ -192,7 +168,7 @@ class LocalCall(HandledCall):
         except OSError as err:
             self.fail(Status.UNAVAILABLE, f"{route.describe} is unavailable: {err}")
             return True
-        self.reply_tap = _Tap(KEEP_ALL)  # the watcher and the record get the reply
+        self.reply_tap = Tap(KEEP_ALL)  # the watcher and the record get the reply
         client = self.client
         upstream = self.upstream = Half(ep, 0, self)
         # The caller's request was granted back as it arrived (it was held here): only the answer's
@@ -247,32 +223,32 @@ class LocalCall(HandledCall):
                     return
                 ctx.reply, ctx.replies = reply.message, 1  # before answering: that may finish the call
                 self._answer(
-                    reply.headers or _PLAIN_HEADERS,
+                    reply.headers or PLAIN_HEADERS,
                     grpc_message(reply.message),
-                    reply.trailers or _PLAIN_TRAILERS,
+                    reply.trailers or PLAIN_TRAILERS,
                 )
         except CloseConnection:
             self.client.ep.close("the handler closed the connection")
         except BackendError as err:
             self._answer(err.headers, None, err.trailers, err)
-            _forget_traceback(err)
+            forget_traceback(err)
         except GRPCError as err:
             details = err.details if isinstance(err.details, bytes) else None
-            self._answer(None, None, _status_fields(err.status, err.message, details), err)
-            _forget_traceback(err)
+            self._answer(None, None, status_fields(err.status, err.message, details), err)
+            forget_traceback(err)
         except Exception as err:  # a bug of ours: answer UNKNOWN, keep serving
             LOGGER.exception("interceptor for %s failed", self.path)
             unknown = GRPCError(Status.UNKNOWN, f"{type(err).__name__}: {err}")
-            self._answer(None, None, _status_fields(unknown.status, unknown.message, None), unknown)
-            _forget_traceback(err)
+            self._answer(None, None, status_fields(unknown.status, unknown.message, None), unknown)
+            forget_traceback(err)
         finally:
-            self.relay.flush()
+            self.transport.flush()
 
     async def _decompressed(self, data: bytes) -> bytes:
         """A request message that came compressed (gzip or deflate, as gRPC clients may send),
         decompressed: the interceptor reads protobuf, and forwards it uncompressed."""
         try:
-            return await decompress_message(self._encoding, data, self.relay.max_request)
+            return await decompress_message(self._encoding, data, self.transport.max_request)
         except MessageTooLarge as err:
             raise GRPCError(
                 Status.RESOURCE_EXHAUSTED,
@@ -291,13 +267,11 @@ class LocalCall(HandledCall):
             self.status, self.message = err.status, err.message
         # The call finishes as its end is queued: its record waits for the relay's next flush (which
         # _handle makes), so the answer goes out first, as for calls the readers finish.
-        relay = self.relay
-        deferring, relay.defer_records = relay.defer_records, True
+        transport = self.transport
+        deferring, transport.defer_records = transport.defer_records, True
         try:
             if headers is None:  # trailers-only; a runtime's own such answer has its :status already
-                whole = (
-                    trailers if trailers and trailers[0][0] == b":status" else [*_PLAIN_HEADERS, *trailers]
-                )
+                whole = trailers if trailers and trailers[0][0] == b":status" else [*PLAIN_HEADERS, *trailers]
                 client.send_headers(f.encode_headers(whole), True)
                 return
             client.send_headers(f.encode_headers(headers), False)
@@ -305,7 +279,7 @@ class LocalCall(HandledCall):
                 client.send_data(body, False)
             client.send_trailers(f.encode_headers(trailers))
         finally:
-            relay.defer_records = deferring
+            transport.defer_records = deferring
 
     async def _forward(self, data: bytes) -> Reply:
         ctx = self.ctx
@@ -315,7 +289,7 @@ class LocalCall(HandledCall):
             raise GRPCError(Status.UNIMPLEMENTED, f"{self.path}: nothing to forward to")
         started = time.perf_counter()
         try:
-            answer = await self.relay.unary(
+            answer = await self.transport.unary(
                 self.route, self.path, data, self._metadata(), self.deadline, watched=True
             )
         except TimeoutError:  # (an OSError: first)
@@ -323,7 +297,7 @@ class LocalCall(HandledCall):
                 Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {self.describe}"
             ) from None
         except StreamReset as err:  # the runtime reset this call's stream: the status grpc-go gives it
-            raise GRPCError(_RESET_STATUS.get(err.code, Status.INTERNAL), str(err)) from None
+            raise GRPCError(RESET_STATUS.get(err.code, Status.INTERNAL), str(err)) from None
         except (OSError, UpstreamError) as err:  # unreachable, or the connection broke: as for relayed calls
             raise GRPCError(Status.UNAVAILABLE, f"{self.describe} is unavailable: {err}") from None
         finally:
@@ -340,7 +314,7 @@ class LocalCall(HandledCall):
 
     def _metadata(self) -> Headers:
         """The caller's header fields the relay passes on in a forward of its own."""
-        return [field for field in self._headers if field[0] not in _OWN_FIELDS]
+        return [field for field in self._headers if field[0] not in OWN_FIELDS]
 
     def hand_over(self, data: bytes, watcher: Watcher) -> Reply:
         """Take the interceptor's last step: *data* goes upstream as the call's request once the
@@ -352,7 +326,7 @@ class LocalCall(HandledCall):
         if self.route is None:
             raise GRPCError(Status.UNIMPLEMENTED, f"{self.path}: nothing to forward to")
         self.watcher = watcher
-        self.reply_tap = _Tap(KEEP_ALL)  # the watcher and the record get the reply
+        self.reply_tap = Tap(KEEP_ALL)  # the watcher and the record get the reply
         self._handed = grpc_message(data)
         return _HANDED_OVER
 
@@ -385,18 +359,18 @@ class LocalCall(HandledCall):
             self.ctx.backend_seconds += time.perf_counter() - self.backend_clock
             self.backend_clock = 0.0
         self._refusals += 1
-        if self._refusals >= _REFUSED_ATTEMPTS:  # even without a deadline, not forever
+        if self._refusals >= REFUSED_ATTEMPTS:  # even without a deadline, not forever
             self.fail(
                 Status.UNAVAILABLE, f"{self.describe} refused the call {self._refusals} times: {reason}"
             )
             return
-        self.relay.nursery.start_soon(self._send_again)
+        self.transport.nursery.start_soon(self._send_again)
 
     async def _send_again(self) -> None:
-        await trio.sleep(_REFUSED_PAUSE)
+        await trio.sleep(REFUSED_PAUSE)
         if not self.answered and not self.finished:  # (the caller gone, the deadline passed: no more)
             self._send_handed()
-            self.relay.flush()
+            self.transport.flush()
 
     def record(self) -> calls.CallRecord:
         ctx = self.ctx

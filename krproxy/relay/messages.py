@@ -1,6 +1,6 @@
 """gRPC's length-prefixed messages in one direction of a stream, and their flow-control credit.
 
-Shared by the server (request messages) and the client (reply messages) of :mod:`krproxy.rpc`.
+Shared by the served calls (request messages) and the read server streams (reply messages).
 DATA payloads are fed in as they arrive; complete messages queue until the handler (or the
 caller iterating a server stream) takes them. Credit follows the reader: the bytes of a
 message nobody has taken yet are granted back to the sender only when the queue is taken
@@ -15,8 +15,8 @@ from collections import deque
 import trio
 
 from krproxy.grpcstatus import GRPCError, Status
+from krproxy.relay.grpc import MessageTooLarge
 from krproxy.relay.half import Half
-from krproxy.relay.rpc import MessageTooLarge
 
 
 class Messages:
@@ -101,7 +101,7 @@ class Inbox:
             half, owed = self.half, self.owed
             self.owed = 0
             half.grant_stream(owed)
-            half.ep.relay.flush()  # a reader that sends nothing would leave the grant unsent
+            half.ep.transport.flush()  # a reader that sends nothing would leave the grant unsent
         return message
 
     def wake(self) -> None:

@@ -1,5 +1,5 @@
 """gRPC on the relay's streams, without the streams: ``grpc-timeout``, status trailers, message
-framing and decompression, the message counter of a relayed call (:class:`_Tap`), and what the
+framing and decompression, the message counter of a relayed call (:class:`Tap`), and what the
 relay's own calls answer or raise (:class:`Answer`, :class:`UpstreamError`)."""
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ def encode_grpc_timeout(seconds: float) -> bytes:
     return b"%d%s" % (_GRPC_TIMEOUT_MAX, b"H")
 
 
-_PLAIN_HEADERS: Headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
-_PLAIN_TRAILERS: Headers = [(b"grpc-status", b"0")]
+PLAIN_HEADERS: Headers = [(b":status", b"200"), (b"content-type", b"application/grpc")]
+PLAIN_TRAILERS: Headers = [(b"grpc-status", b"0")]
 
 
 #: The most bytes of ``grpc-message`` krproxy writes (percent-encoded). A client bounds the header block a
@@ -111,7 +111,7 @@ def _quoted_cut_note(cut: int) -> bytes:
 MAX_STATUS_DETAILS = 3072
 
 
-def _status_fields(status: Status, message: str | None, details: bytes | None) -> Headers:
+def status_fields(status: Status, message: str | None, details: bytes | None) -> Headers:
     fields = [(b"grpc-status", b"%d" % status.value)]
     if message:
         fields.append((b"grpc-message", status_message(message)))
@@ -129,7 +129,7 @@ def _status_fields(status: Status, message: str | None, details: bytes | None) -
     return fields
 
 
-def _read_status(headers: Headers) -> tuple[Status | None, str | None, bytes | None]:
+def read_status(headers: Headers) -> tuple[Status | None, str | None, bytes | None]:
     """``grpc-status`` (None if missing or unknown), ``grpc-message`` and ``grpc-status-details-bin``."""
     code = message = details = None
     for name, value in headers:
@@ -148,7 +148,7 @@ def _read_status(headers: Headers) -> tuple[Status | None, str | None, bytes | N
 
 #: The status of a call whose stream the upstream reset, by HTTP/2 error code (as grpc-go's
 #: http2ErrConvTab); codes not listed are INTERNAL. REFUSED_STREAM is handled apart (a retry).
-_RESET_STATUS = {
+RESET_STATUS = {
     f.CANCEL: Status.CANCELLED,
     f.FLOW_CONTROL_ERROR: Status.RESOURCE_EXHAUSTED,
     f.ENHANCE_YOUR_CALM: Status.RESOURCE_EXHAUSTED,
@@ -160,14 +160,14 @@ KEEP_NONE, KEEP_FIRST, KEEP_ALL = 0, 1, 2
 
 
 class MessageTooLarge(Exception):
-    """A message's length prefix announced more than a :class:`_Tap`'s limit."""
+    """A message's length prefix announced more than a :class:`Tap`'s limit."""
 
     def __init__(self, size: int, limit: int) -> None:
         super().__init__(f"a message of {size} bytes is larger than the limit of {limit} bytes")
         self.size, self.limit = size, limit
 
 
-class _Tap:
+class Tap:
     """Counts the gRPC messages in one direction of a call; keeps their bytes if asked to.
 
     ``keep``: :data:`KEEP_NONE` (count only), :data:`KEEP_FIRST` (the first message: a request,
@@ -215,13 +215,13 @@ class _Tap:
 
 
 #: Seconds before a call the upstream refused unprocessed is sent again, and how often at most.
-_REFUSED_PAUSE = 0.005
-_REFUSED_ATTEMPTS = 200
+REFUSED_PAUSE = 0.005
+REFUSED_ATTEMPTS = 200
 
 #: Request header fields not passed on when the relay makes a call of its own (which it sends
 #: uncompressed, and whose answer it can only read uncompressed; its request is the interceptor's,
 #: whose length a caller's content-length does not give).
-_OWN_FIELDS = frozenset(
+OWN_FIELDS = frozenset(
     (
         b":method",
         b":scheme",
@@ -330,7 +330,7 @@ class CloseConnection(Exception):
     """
 
 
-def _forget_traceback(err: BaseException) -> None:
+def forget_traceback(err: BaseException) -> None:
     """Drop what an exception that ended a call holds: its traceback's frames hold the call and
     its request, in reference cycles (a frame holding the exception) that only a full garbage
     collection would free."""

@@ -1,67 +1,83 @@
-"""The server side of one call of :class:`krproxy.rpc.Server`: the relay's call without an upstream.
+"""The served call kind: one call a handler answers, the caller's half its only one.
 
-A :class:`_ServerCall` is what the server's relay makes of each stream it accepts (a
-:class:`krproxy.relay._local.HandledCall` whose caller's half is the only one): it takes the
-request's DATA into an :class:`~krproxy.rpc._messages.Inbox`, runs the method's handler in
-a cancel scope, and ends the call as the rules of :mod:`krproxy.rpc.server` say (the
-handler's error as its status, a trailers-only answer before any reply message, a reset
-cancelling the handler). The handler's view of it is :class:`krproxy.rpc.Stream`.
+A :class:`Served` is what a :class:`krproxy.rpc.Server` makes of each stream its transport
+accepts: it takes the request's DATA into an :class:`~krproxy.relay.messages.Inbox`, runs the
+method's handler in a cancel scope, and ends the call as the rules of :mod:`krproxy.rpc.server`
+say (the handler's error as its status, a trailers-only answer before any reply message, a reset
+cancelling the handler). The handler's view of it is :class:`krproxy.rpc.Stream`, which the
+server gives it (:attr:`Served.stream`); the transport knows no handler type.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay._grpc import (
-    _PLAIN_HEADERS,
+from krproxy.relay.call import Call
+from krproxy.relay.grpc import (
+    PLAIN_HEADERS,
     CloseConnection,
     MessageTooLarge,
-    _forget_traceback,
-    _status_fields,
+    forget_traceback,
     grpc_message,
+    status_fields,
 )
-from krproxy.relay._local import HandledCall
 from krproxy.relay.half import Headers
-from krproxy.rpc._messages import Inbox
+from krproxy.relay.messages import Inbox
 
 if TYPE_CHECKING:
     import outcome
 
-    from krproxy.rpc._stream import Stream, UnaryJob
-    from krproxy.rpc.server import Server
+    from krproxy.relay.transport import Transport
+
+#: A handler as the transport runs it: ``await handler(stream)`` (:data:`krproxy.rpc.Handler`).
+Handler = Callable[[Any], Awaitable[None]]
+#: How a job hands its answer back: the reply message, or the error, as an outcome.
+Done = Callable[["outcome.Outcome[bytes]"], None]
+#: A unary job's start (:class:`krproxy.rpc.UnaryJob`): ``start(request, done)``, the outcome or None.
+JobStart = Callable[[bytes, Done], "outcome.Outcome[bytes] | None"]
 
 LOGGER = logging.getLogger("krproxy.rpc")
 
 #: Reply bytes a handler may have queued beyond the caller's windows before send_message waits.
-_SEND_AHEAD = 256 * 1024
+SEND_AHEAD = 256 * 1024
 
-_PLAIN_BLOCK = f.encode_headers(_PLAIN_HEADERS)
+PLAIN_BLOCK = f.encode_headers(PLAIN_HEADERS)
 _OK_BLOCK = f.encode_headers([(b"grpc-status", b"0")])
-_OK_ONLY_BLOCK = f.encode_headers([*_PLAIN_HEADERS, (b"grpc-status", b"0")])
+_OK_ONLY_BLOCK = f.encode_headers([*PLAIN_HEADERS, (b"grpc-status", b"0")])
 
 
-class _ServerCall(HandledCall):
-    """A call the server answers: the caller's half and no upstream (the relay's :class:`Call`
-    gives the ending rules: answering early resets the rest of the request, a reset ends it)."""
+class Served(Call):
+    """A call a handler answers: the caller's half and no upstream (the relay's :class:`Call`
+    gives the ending rules: answering early resets the rest of the request, a reset ends it).
 
-    __slots__ = ("ended_here", "inbox", "job", "server", "stream", "unsent")
+    ``handler_for(path)`` gives the path's handler (None: UNIMPLEMENTED); ``max_request`` bounds
+    a request message after decompression (the Inbox bounds it before)."""
 
-    def __init__(self, server: Server, path: str) -> None:
-        super().__init__(server.relay, path, None)
+    __slots__ = ("ended_here", "handler_for", "inbox", "job", "max_request", "stream", "unsent")
+
+    def __init__(
+        self,
+        transport: Transport,
+        path: str,
+        handler_for: Callable[[str], Handler | None],
+        max_request: int,
+    ) -> None:
+        super().__init__(transport, path, None, False)
         self.request_tap = self.reply_tap = None
-        self.server = server
+        self.handler_for = handler_for
+        self.max_request = max_request
         self.inbox: Inbox = None  # type: ignore[assignment]  # set with `client`, right after
         self.unsent = 0  # reply bytes queued beyond the caller's windows
         self.ended_here = False  # the handler (or check_headers) ended the call: no more sends
-        self.stream: Stream = None  # type: ignore[assignment]  # set right after construction
-        self.job: UnaryJob | None = None  # to start once the request has ended (no task then)
+        self.stream: Any = None  # the handler's view (krproxy.rpc.Stream): set right after construction
+        self.job: JobStart | None = None  # to start once the request has ended (no task then)
 
     @property
     def describe(self) -> str:
@@ -111,7 +127,7 @@ class _ServerCall(HandledCall):
     def grant(self, size: int) -> None:
         """Reply bytes queued on the caller's half were written (or dropped): room to send more."""
         self.unsent -= size
-        if self.unsent <= _SEND_AHEAD:
+        if self.unsent <= SEND_AHEAD:
             self.inbox.wake()
 
     def took(self, size: int) -> None:
@@ -138,7 +154,7 @@ class _ServerCall(HandledCall):
             return
         self.answered = True
         if not client.headers_sent:
-            client.send_headers(_PLAIN_BLOCK, False)
+            client.send_headers(PLAIN_BLOCK, False)
         client.send_data(grpc_message(message), False)
         client.send_trailers(_OK_BLOCK)
 
@@ -162,11 +178,11 @@ class _ServerCall(HandledCall):
             else:
                 client.send_headers(_OK_ONLY_BLOCK, True)
             return
-        fields = [*_status_fields(status, message, details), *metadata]
+        fields = [*status_fields(status, message, details), *metadata]
         if client.headers_sent:
             client.send_trailers(f.encode_headers(fields))
         else:
-            client.send_headers(f.encode_headers([*_PLAIN_HEADERS, *fields]), True)
+            client.send_headers(f.encode_headers([*PLAIN_HEADERS, *fields]), True)
 
     def reset(self, code: int) -> None:
         self.ended_here = True
@@ -186,13 +202,13 @@ class _ServerCall(HandledCall):
             return
         client.abort(code)
         self.settle()
-        self.relay.flush()
+        self.transport.flush()
 
     # -- a UnaryJob, without a task ------------------------------------------------------
 
     def start_job(self) -> None:
         """The request has ended: start :attr:`job` on its message, from the connection's task
-        (see :class:`krproxy.rpc.UnaryJob`); anything but one plain message goes to :meth:`run`."""
+        (see :class:`krproxy.rpc.UnaryJob`: :attr:`job` is its ``start``); anything but one plain message goes to :meth:`run`."""
         job, self.job = self.job, None
         assert job is not None
         if self.finished or self.answered:  # failed or reset before it ended
@@ -200,14 +216,14 @@ class _ServerCall(HandledCall):
         messages = self.inbox.messages
         ready = messages.ready
         if len(ready) != 1 or ready[0][0] or messages.incomplete:
-            self.relay.nursery.start_soon(self.run, None)  # unary's answers, in a task
+            self.transport.nursery.start_soon(self.run, None)  # unary's answers, in a task
             return
         taken = self.inbox.take()
         assert taken is not None
         message = taken[1]
         self.took(len(message) + 5)
         try:
-            result = job.start(message, self._job_done)
+            result = job(message, self._job_done)
         except Exception as err:  # the job's bug is its call's, never the connection's
             self._ended_by(err)
             return
@@ -223,7 +239,7 @@ class _ServerCall(HandledCall):
         except Exception as err:
             LOGGER.exception(connection.BUG_MESSAGE, f"caller of {self.path}")
             self.client.ep.close(f"internal error: {type(err).__name__}: {err}")
-        self.relay.flush()
+        self.transport.flush()
 
     def _answer_job(self, result: outcome.Outcome[bytes]) -> None:
         try:
@@ -238,7 +254,7 @@ class _ServerCall(HandledCall):
 
     # -- the handler's task --------------------------------------------------------------
 
-    async def run(self, check: Callable[[Stream], Awaitable[bool]] | None) -> None:
+    async def run(self, check: Callable[[Any], Awaitable[bool]] | None) -> None:
         if self.finished or self.answered:  # reset or failed before this task ran
             return
         stream = self.stream
@@ -248,7 +264,7 @@ class _ServerCall(HandledCall):
                     if not self.answered and not self.finished:
                         self.reset(f.PROTOCOL_ERROR)
                     return
-                handler = self.server.handler_for(self.path)
+                handler = self.handler_for(self.path)
                 if handler is None:
                     raise GRPCError(Status.UNIMPLEMENTED, f"unknown method {self.path}")
                 await handler(stream)
@@ -258,7 +274,7 @@ class _ServerCall(HandledCall):
         except Exception as err:  # a handler's error is its call's, never the server's
             self._ended_by(err)
         finally:
-            self.relay.flush()
+            self.transport.flush()
 
     def _ended_by(self, err: Exception) -> None:
         grpc_error = _grpc_error(err)
@@ -271,7 +287,7 @@ class _ServerCall(HandledCall):
         else:
             LOGGER.exception("handler of %s failed", self.path)
             self.end(Status.UNKNOWN, f"{type(err).__name__}: {err}", None, ())
-        _forget_traceback(err)
+        forget_traceback(err)
 
 
 def _grpc_error(err: Exception) -> GRPCError | None:
