@@ -61,13 +61,13 @@ class LocalCall(Call):
     """A call with hook points: the relay collects the request and runs the interceptor.
 
     The interceptor runs in a task of its own; its ``forward`` makes a unary call on the
-    runtime route (:meth:`Relay.unary`), with the caller's metadata and what is left of the
+    runtime route (:meth:`Transport.unary`), with the caller's metadata and what is left of the
     caller's deadline. Its reply, or the runtime's error answer, goes back unchanged.
 
     Unless the path's ``watch`` (:data:`krproxy.forward.Watch`), shown the whole request first,
     gives a watcher: then the call goes upstream as the caller sent it (its header block, its
     message), its answer is relayed frame by frame as a passthrough :class:`Call`'s, and the
-    watcher is told how it ended once the answer is out (:meth:`Relay.flush`). No task, no
+    watcher is told how it ended once the answer is out (:meth:`Transport.flush`). No task, no
     re-encoding, no call of the relay's own: a hook point without plugins costs about what a
     passthrough call does.
 
@@ -76,7 +76,7 @@ class LocalCall(Call):
     from this call's own half and the answer is relayed as a watched call's, without the relay's
     own unary call, its ``Exchange`` and the answer's re-encoding. Its hooks have run, so a refusal
     of the runtime's (REFUSED_STREAM, GOAWAY) is not passed to the caller, whose retry would run them
-    again: the same bytes are sent again, as :meth:`Relay.unary` does.
+    again: the same bytes are sent again, as :meth:`Transport.unary` does.
     """
 
     __slots__ = (
@@ -355,7 +355,7 @@ class LocalCall(Call):
         upstream.ep.forget(upstream)
         upstream.release()
         self.upstream = None
-        if self.backend_clock:  # this attempt's time counts, as Relay.unary counts every attempt's
+        if self.backend_clock:  # this attempt's time counts, as Transport.unary counts every attempt's
             self.ctx.backend_seconds += time.perf_counter() - self.backend_clock
             self.backend_clock = 0.0
         self._refusals += 1
