@@ -45,7 +45,7 @@ async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_cl
 
 def intercepted(monkeypatch: pytest.MonkeyPatch) -> None:
     """From now on the relay's forward offers no hand_over: the interceptor forwards as on d5d66c5."""
-    monkeypatch.setattr(local_module, "_Forward", lambda call: call._forward)
+    monkeypatch.setattr(local_module, "CallForward", lambda forward, hand_over: forward)
 
 
 async def changing_plugin(node: Node) -> Any:
