@@ -83,7 +83,7 @@ class Daemon:
         self._shutdown.set()
 
     async def _drain(self) -> None:
-        self.relay.start_draining()
+        self.relay.transport.start_draining()
         if self.listener is not None:
             # New connections are refused at once (kubelet retries elsewhere or later) instead of
             # waiting unserved in the backlog. The accept loop is no longer waiting on it.
@@ -92,13 +92,13 @@ class Daemon:
         log.event(
             LOGGER,
             "draining",
-            in_flight=self.relay.in_flight,
+            in_flight=self.relay.transport.in_flight,
             grace_period=self.config.grace_period,
         )
         with trio.move_on_after(self.config.grace_period) as scope:
-            await self.relay.wait_drained()
+            await self.relay.transport.wait_drained()
         if scope.cancelled_caught:
-            log.warning(LOGGER, "grace_period_over", cancelled=self.relay.in_flight)
+            log.warning(LOGGER, "grace_period_over", cancelled=self.relay.transport.in_flight)
 
 
 async def _recover_store(
@@ -108,7 +108,9 @@ async def _recover_store(
 
     async def call(path: str, message: bytes) -> bytes:
         try:  # the limit is on the message; the relay's counts its 5-byte gRPC prefix too
-            return await relay.call(runtime, path, message, within=CALL_TIMEOUT, max_answer=MAX_ANSWER + 5)
+            return await relay.transport.call(
+                runtime, path, message, within=CALL_TIMEOUT, max_answer=MAX_ANSWER + 5
+            )
         except AnswerTooLarge:
             raise AnswerTooLarge(
                 f"the runtime's answer to {path} is over {MAX_ANSWER} bytes, kubelet's limit (kubelet cannot"
@@ -180,7 +182,7 @@ async def serve(
     image = runtime if config.image_socket == config.runtime_endpoint else Backend(config.image_socket)
     metrics = Metrics()
     relay = Relay(observers=[metrics.observe_call, calls.log_call])
-    relay.max_request = config.max_request_message_size
+    relay.transport.max_request = config.max_request_message_size
     runtime_route = _route(relay, runtime)
     image_route = runtime_route if image is runtime else _route(relay, image)
     guard: Guard | None = None
@@ -207,7 +209,7 @@ async def serve(
     oci_hooks = None
     if config.oci_hook_dirs:
         oci_hooks = ocihooks.for_daemon(
-            functools.partial(relay.call, runtime_route, within=ocihooks.LOOKUP_TIMEOUT)
+            functools.partial(relay.transport.call, runtime_route, within=ocihooks.LOOKUP_TIMEOUT)
         )
         interceptors = oci_hooks.wrap(interceptors)
     # A call at a hook point without plugins goes upstream as the caller's bytes (hooks/watched.py);
@@ -226,7 +228,7 @@ async def serve(
         routing=routing,
     )
     backends = [("runtime", runtime)] if image is runtime else [("runtime", runtime), ("image", image)]
-    view = admin.AdminView(config, relay, hooks, metrics, backends)
+    view = admin.AdminView(config, relay.transport, hooks, metrics, backends)
     admin.wire_metrics(view)
     if admin_sock is None and config.metrics_address:
         admin_sock = admin.bind(config.metrics_address)
@@ -246,9 +248,9 @@ async def serve(
                     active=not config.record_paused,
                 )
                 await nursery.start(recorder.run)
-                relay.observers.append(recorder.observe)
+                relay.transport.observers.append(recorder.observe)
                 metrics.recording.set_function(functools.partial(_is_recording, recorder))
-                relay.keep_messages = True
+                relay.transport.keep_messages = True
             await nursery.start(relay.serve, sock)
             if guard is not None:
                 # Calls needing a required server probe it themselves (and wait out the start-up

@@ -326,7 +326,7 @@ async def _run_steps(demo: Demo, nursery: trio.Nursery, paths: dict[str, str], h
     demo.check(f"plugin was called once (calls: {plugin.calls})", plugin.calls == 1)
     daemon.request_shutdown()
     with trio.fail_after(15):
-        while daemon.relay.in_flight:  # noqa: ASYNC110 - drain is brief; no event to wait on
+        while daemon.relay.transport.in_flight:  # noqa: ASYNC110 - drain is brief; no event to wait on
             await trio.sleep(0.01)
 
 

@@ -59,13 +59,29 @@ class BackendError(GRPCError):
         self.trailers: Headers = trailers if trailers is not None else []
 
 
-#: Sends a (possibly changed) request to the runtime and returns its reply. The relay's own (a
-#: :class:`~krproxy.relay.intercepted.LocalCall`'s) also offers ``hand_over(request, watcher) -> Reply``, for
-#: an interceptor that has nothing left to do but forward and tell the store: it returns what
-#: ``hand_over`` returned, and the relay sends *request* upstream, relays the runtime's answer as a
-#: watched call's and tells *watcher* its end. A wrapping interceptor (``ocihooks.proxy.compose``) gives
-#: the one inside it a plain function, without ``hand_over``: its own work follows the forward.
+#: Sends a (possibly changed) request to the runtime and returns its reply. The relay gives an
+#: interceptor a :class:`CallForward`, which can also hand the forward over; a wrapping interceptor
+#: (``ocihooks.proxy.compose``) gives the one inside it a plain function: its own work follows the forward.
 Forward = Callable[[bytes], Awaitable[Reply]]
+
+
+class CallForward:
+    """The :data:`Forward` of an intercepted call (:class:`krproxy.relay.intercepted.LocalCall`'s): awaited,
+    it forwards; :attr:`hand_over` is the call's own ``hand_over(request, watcher) -> Reply``, for an
+    interceptor with nothing left to do but forward and tell the store. It returns what ``hand_over``
+    returned; once it has, the call sends *request* upstream, relays the runtime's answer as a watched
+    call's and tells *watcher* its end. Only the call kind offers it: a forward of another kind is a
+    plain :data:`Forward`, and an interceptor tells the two apart by this type."""
+
+    __slots__ = ("forward", "hand_over")
+
+    def __init__(self, forward: Forward, hand_over: Callable[[bytes, Watcher], Reply]) -> None:
+        self.forward = forward
+        self.hand_over = hand_over
+
+    def __call__(self, data: bytes) -> Awaitable[Reply]:
+        return self.forward(data)
+
 
 #: Handles one intercepted unary call: ``interceptor(path, request, forward) -> Reply``.
 #: It may raise :class:`GRPCError` to refuse the call without forwarding it.

@@ -200,7 +200,9 @@ class Dispatcher:
         if registered:
             self._endpoints.add(endpoint)
         try:
-            return await self._relay.call(route, path, request, within=within, max_answer=MAX_PLUGIN_ANSWER)
+            return await self._relay.transport.call(
+                route, path, request, within=within, max_answer=MAX_PLUGIN_ANSWER
+            )
         finally:
             if not registered and endpoint not in self._endpoints:
                 self._relay.drop_route(endpoint)

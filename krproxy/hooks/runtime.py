@@ -67,7 +67,7 @@ import attrs
 import trio
 
 from krproxy import log, protowire
-from krproxy.forward import Forward, Handler, Interceptor, Reply, Watch, runtime_interceptors
+from krproxy.forward import CallForward, Forward, Handler, Interceptor, Reply, Watch, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import convert, idprefix, merge, restore, rewrite, watched, writeback
 from krproxy.hooks._reading import decode, decode_id, decode_request, malformed, reply_field, with_id
@@ -442,13 +442,11 @@ class HookRuntime:
         self, point: HookPoint, record: Any, forward: Forward, data: bytes, answer: type[Any], field: str
     ) -> Reply:
         """Forward a RunPodSandbox or CreateContainer request *data*; keep *record* under the id its
-        answer's *field* names. Nothing else is left to do: where *forward* offers it (the relay's, not
-        an OCI hook's wrapping, :data:`krproxy.forward.Forward`), the forward and the keeping are handed
-        over, and the relay answers the call as it does a watched one."""
-        hand_over = getattr(forward, "hand_over", None)
-        if hand_over is not None:
-            reply: Reply = hand_over(data, watched.keeper(self, point, record, answer, field))
-            return reply
+        answer's *field* names. Nothing else is left to do: where *forward* is an intercepted call's
+        (:class:`krproxy.forward.CallForward`, not an OCI hook's wrapping), the forward and the keeping
+        are handed over to the call, which answers as it does a watched one."""
+        if isinstance(forward, CallForward):
+            return forward.hand_over(data, watched.keeper(self, point, record, answer, field))
         reply = await forward(data)
         self.keep_created(point, record, answer, field, reply.message)
         return reply

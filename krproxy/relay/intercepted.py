@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 import trio
 
 from krproxy import calls
-from krproxy.forward import BackendError, Interceptor, Reply, Watch, Watcher
+from krproxy.forward import BackendError, CallForward, Interceptor, Reply, Watch, Watcher
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
@@ -61,22 +60,22 @@ class LocalCall(Call):
     """A call with hook points: the relay collects the request and runs the interceptor.
 
     The interceptor runs in a task of its own; its ``forward`` makes a unary call on the
-    runtime route (:meth:`Relay.unary`), with the caller's metadata and what is left of the
+    runtime route (:meth:`Transport.unary`), with the caller's metadata and what is left of the
     caller's deadline. Its reply, or the runtime's error answer, goes back unchanged.
 
     Unless the path's ``watch`` (:data:`krproxy.forward.Watch`), shown the whole request first,
     gives a watcher: then the call goes upstream as the caller sent it (its header block, its
     message), its answer is relayed frame by frame as a passthrough :class:`Call`'s, and the
-    watcher is told how it ended once the answer is out (:meth:`Relay.flush`). No task, no
+    watcher is told how it ended once the answer is out (:meth:`Transport.flush`). No task, no
     re-encoding, no call of the relay's own: a hook point without plugins costs about what a
     passthrough call does.
 
     An interceptor whose last step is to forward and tell the store may hand that step over
-    (:meth:`hand_over`, offered as ``forward.hand_over``): once it returns, its request goes upstream
+    (:meth:`hand_over`, offered through its :class:`krproxy.forward.CallForward`): once it returns, its request goes upstream
     from this call's own half and the answer is relayed as a watched call's, without the relay's
     own unary call, its ``Exchange`` and the answer's re-encoding. Its hooks have run, so a refusal
     of the runtime's (REFUSED_STREAM, GOAWAY) is not passed to the caller, whose retry would run them
-    again: the same bytes are sent again, as :meth:`Relay.unary` does.
+    again: the same bytes are sent again, as :meth:`Transport.unary` does.
     """
 
     __slots__ = (
@@ -216,7 +215,9 @@ class LocalCall(Call):
             with trio.CancelScope() as self._scope:
                 if tap.compressed:
                     ctx.request = await self._decompressed(ctx.request)
-                reply = await self._interceptor(self.path, ctx.request, _Forward(self))
+                reply = await self._interceptor(
+                    self.path, ctx.request, CallForward(self._forward, self.hand_over)
+                )
                 if reply is _HANDED_OVER:
                     if not self.answered:  # (the deadline may have passed meanwhile)
                         self._send_handed()
@@ -355,7 +356,7 @@ class LocalCall(Call):
         upstream.ep.forget(upstream)
         upstream.release()
         self.upstream = None
-        if self.backend_clock:  # this attempt's time counts, as Relay.unary counts every attempt's
+        if self.backend_clock:  # this attempt's time counts, as Transport.unary counts every attempt's
             self.ctx.backend_seconds += time.perf_counter() - self.backend_clock
             self.backend_clock = 0.0
         self._refusals += 1
@@ -383,17 +384,3 @@ class LocalCall(Call):
         if self.status is not Status.OK:
             ctx.fail(self.status, self.message)
         return ctx.finish()
-
-
-class _Forward:
-    """The ``forward`` a :class:`LocalCall` gives its interceptor: a :data:`krproxy.forward.Forward`
-    that also offers :meth:`LocalCall.hand_over` (``compose`` gives an outer interceptor a plain one)."""
-
-    __slots__ = ("hand_over", "relay")
-
-    def __init__(self, call: LocalCall) -> None:
-        self.relay = call._forward
-        self.hand_over = call.hand_over
-
-    def __call__(self, data: bytes) -> Awaitable[Reply]:
-        return self.relay(data)

@@ -11,7 +11,7 @@ an *upstream* connection and the two are relayed frame by frame::
 Messages are never parsed: DATA payloads are copied from one connection to the other, header
 blocks are decoded (HPACK state is per connection) and re-encoded. A call with hook points is
 answered by the relay itself: it collects the request and runs the path's interceptor, which
-forwards through a unary call of the relay's own (:meth:`Relay.unary`); plugin calls and store
+forwards through a unary call of the transport's own (:meth:`Transport.unary`); plugin calls and store
 recovery use the same; one where no hook would run goes upstream as it came, watched
 (:class:`~krproxy.relay.intercepted.LocalCall`, :data:`krproxy.forward.Watch`). Everything else — the
 30-odd other CRI methods, method paths our protos lack, server streams such as GetContainerEvents —
@@ -32,7 +32,6 @@ a transport's face that routes by path; docs/architecture.md draws who holds who
 
 from __future__ import annotations
 
-import math
 import socket
 from collections.abc import Iterable, Mapping
 
@@ -44,7 +43,7 @@ from krproxy.grpcstatus import Status
 from krproxy.h2 import frames as f
 from krproxy.relay.call import Call
 from krproxy.relay.connection import Endpoint, Headers
-from krproxy.relay.grpc import MAX_OWN_ANSWER, Answer, grpc_timeout
+from krproxy.relay.grpc import grpc_timeout
 from krproxy.relay.half import Half
 from krproxy.relay.intercepted import LocalCall
 from krproxy.relay.route import Route, connect_unix
@@ -101,41 +100,9 @@ class Relay:
     def is_unary(self, path: str) -> bool:
         return path in self._unary_paths
 
-    # -- the transport's settings and life, as the daemon drives them ----------------------
-
-    @property
-    def observers(self) -> list[calls.Observer]:
-        return self.transport.observers
-
-    @property
-    def keep_messages(self) -> bool:
-        """Whether records of relayed calls carry their messages (the trace recorder's)."""
-        return self.transport.keep_messages
-
-    @keep_messages.setter
-    def keep_messages(self, value: bool) -> None:
-        self.transport.keep_messages = value
-
-    @property
-    def max_request(self) -> int:
-        """Largest request message: one announcing more gets RESOURCE_EXHAUSTED at once."""
-        return self.transport.max_request
-
-    @max_request.setter
-    def max_request(self, value: int) -> None:
-        self.transport.max_request = value
-
-    @property
-    def in_flight(self) -> int:
-        return self.transport.in_flight
-
-    @property
-    def draining(self) -> bool:
-        return self.transport.draining
-
-    @draining.setter
-    def draining(self, value: bool) -> None:
-        self.transport.draining = value
+    # -- its life: a face is what the daemon runs (as rpc.Server.serve) ------------------
+    # Everything else of the transport's (settings, draining, in flight, flush, calls of our
+    # own) is read on :attr:`transport`: the face adds routing only.
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """:meth:`Transport.run`: the relay's tasks without a listener (calls of our own)."""
@@ -146,24 +113,6 @@ class Relay:
     ) -> None:
         """:meth:`Transport.serve`: accept callers on ``listener`` until cancelled."""
         await self.transport.serve(listener, task_status=task_status)
-
-    def stop_accepting(self) -> None:
-        self.transport.stop_accepting()
-
-    def start_draining(self) -> None:
-        """:meth:`Transport.start_draining`: the two-step GOAWAY on every caller connection."""
-        self.transport.start_draining()
-
-    async def wait_drained(self, round_trip: float = 1.0) -> None:
-        """:meth:`Transport.wait_drained`."""
-        await self.transport.wait_drained(round_trip)
-
-    async def wait_idle(self) -> None:
-        """Return once no call is in flight."""
-        await self.transport.wait_idle()
-
-    def flush(self) -> None:
-        self.transport.flush()
 
     # -- routing -----------------------------------------------------------------------
 
@@ -224,27 +173,3 @@ class Relay:
         route = self._routes.pop(endpoint, None)
         if route is not None and route.ep is not None:
             route.ep.retire()
-
-    # -- calls of our own --------------------------------------------------------------
-
-    async def unary(
-        self,
-        route: Route,
-        path: str,
-        message: bytes,
-        metadata: Iterable[tuple[bytes, bytes]] = (),
-        deadline: float = math.inf,
-        max_answer: int = MAX_OWN_ANSWER,
-        *,
-        watched: bool = False,
-    ) -> Answer:
-        """:meth:`Transport.unary`: a unary call of our own on ``route``."""
-        return await self.transport.unary(
-            route, path, message, metadata, deadline, max_answer, watched=watched
-        )
-
-    async def call(
-        self, route: Route, path: str, message: bytes, within: float, max_answer: int = MAX_OWN_ANSWER
-    ) -> bytes:
-        """:meth:`Transport.call`: the reply message of a call of our own, or an exception."""
-        return await self.transport.call(route, path, message, within, max_answer)

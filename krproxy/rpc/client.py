@@ -191,7 +191,7 @@ class Channel:
 
 class _Replies:
     """The reply messages of a server-streaming call, then its status. A stream the server
-    refused unprocessed is opened again (as :meth:`Relay.unary` sends a refused call again)."""
+    refused unprocessed is opened again (as :meth:`Transport.unary` sends a refused call again)."""
 
     def __init__(self, open_stream: Callable[[], Reading], method: str, path: str, deadline: float) -> None:
         self._open = open_stream

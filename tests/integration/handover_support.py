@@ -175,8 +175,8 @@ class Harness:
         runtime = Runtime(str(self.short_tmp / "runtime.sock"), script)
         self.runtimes.append(runtime)
         relay = self.relay
-        relay.keep_messages = True
-        relay.observers.append(self.records.append)
+        relay.transport.keep_messages = True
+        relay.transport.observers.append(self.records.append)
         route = relay.route_to(str(self.short_tmp / "runtime.sock"), "runtime")
         interceptors = {PATH: interceptor or self.hooked}
         relay.configure(route, None, interceptors, [PATH], watches={PATH: watch} if watch else None)

@@ -281,12 +281,12 @@ class TestReadiness:
     async def test_readyz_fails_while_draining(self, nursery: trio.Nursery, sockdir: str) -> None:
         """Once shutdown starts, /readyz says so (the endpoint lives until the drain is over)."""
         daemon = await start_proxy(nursery, sockdir, metrics_address=LOOPBACK)
-        daemon.relay.draining = True  # what _drain() sets first
+        daemon.relay.transport.draining = True  # what _drain() sets first
 
         code, _, body = await get(daemon, "/readyz")
 
         assert (503, True) == (code, b"shutting down" in body)
-        daemon.relay.draining = False
+        daemon.relay.transport.draining = False
 
 
 class TestConfig:

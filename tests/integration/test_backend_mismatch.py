@@ -31,7 +31,7 @@ async def test_the_relays_own_call_to_dockerd_names_http1(nursery: trio.Nursery,
     await nursery.start(relay.run)
     route = relay.route_to(docker, f"backend runtime {docker}")
     with trio.fail_after(LIVENESS_LIMIT), pytest.raises(UpstreamError) as raised:
-        await relay.call(route, "/runtime.v1.RuntimeService/Version", b"", within=LIVENESS_LIMIT)
+        await relay.transport.call(route, "/runtime.v1.RuntimeService/Version", b"", within=LIVENESS_LIMIT)
     assert HINT in str(raised.value)
 
 

@@ -43,8 +43,8 @@ async def recorded(
     write_registration(daemon.config.hook_dir, "limits", plugin_socket, [HookPoint.PRE_CREATE_CONTAINER])
     await wait_until(lambda: bool(daemon.hooks.dispatcher.registry.plugins))  # picked up at its next poll
     records: list[CallRecord] = []
-    daemon.relay.observers.append(records.append)
-    daemon.relay.keep_messages = True  # what --record sets
+    daemon.relay.transport.observers.append(records.append)
+    daemon.relay.transport.keep_messages = True  # what --record sets
     return Recorded(
         daemon, records, proxied_fake.fake, pb_grpc.RuntimeServiceStub(channel_to(daemon.config.listen))
     )
@@ -114,7 +114,7 @@ class TestCallRecords:
                     (len(relay.transport.dirty), sum(len(ep.out) for ep in relay.transport._clients))
                 )
 
-        relay.observers.insert(0, observe)
+        relay.transport.observers.insert(0, observe)
         for _ in range(3):
             await in_thread(recorded.runtime.Version, pb.VersionRequest(version="v1"), timeout=10)
         await wait_until(lambda: len(unsent) == 3)

@@ -61,7 +61,7 @@ class TestBackendKilled:
         with channel(daemon.config.listen) as ch:
             stub = api_pb2_grpc.RuntimeServiceStub(ch)
             in_flight = stub.Status.future(api_pb2.StatusRequest(), timeout=20)
-            await wait_until(lambda: 1 == daemon.relay.in_flight)
+            await wait_until(lambda: 1 == daemon.relay.transport.in_flight)
             backend.kill()
             with pytest.raises(grpc.RpcError) as killed:
                 await in_thread(in_flight.result)
@@ -86,7 +86,7 @@ class TestBackendKilled:
         with channel(daemon.config.listen) as ch:
             stub = api_pb2_grpc.RuntimeServiceStub(ch)
             events = stub.GetContainerEvents(api_pb2.GetEventsRequest(), timeout=20)
-            await wait_until(lambda: 1 == daemon.relay.in_flight)
+            await wait_until(lambda: 1 == daemon.relay.transport.in_flight)
             backend.kill()
             with pytest.raises(grpc.RpcError) as ended:
                 await in_thread(list, events)
@@ -95,7 +95,7 @@ class TestBackendKilled:
 
             procs.containerd(runtime)
             events = stub.GetContainerEvents(api_pb2.GetEventsRequest(), timeout=20)
-            await wait_until(lambda: 1 == daemon.relay.in_flight)
+            await wait_until(lambda: 1 == daemon.relay.transport.in_flight)
             pod = await in_thread(stub.RunPodSandbox, pod_request("after"), timeout=5)
             create = api_pb2.CreateContainerRequest(
                 pod_sandbox_id=pod.pod_sandbox_id,
@@ -120,7 +120,7 @@ class TestBackendKilled:
 
 
 async def wait_in_flight(daemon: Daemon, count: int) -> bool:
-    await wait_until(lambda: count == daemon.relay.in_flight)
+    await wait_until(lambda: count == daemon.relay.transport.in_flight)
     return True
 
 
@@ -201,7 +201,7 @@ class TestBackendSlow:
                     calls.start_soon(one)
 
         assert [grpc.StatusCode.DEADLINE_EXCEEDED] * 50 == codes
-        await wait_until(lambda: 0 == daemon.relay.in_flight)
+        await wait_until(lambda: 0 == daemon.relay.transport.in_flight)
         assert await in_thread(version_ok, daemon.config.listen)
         await assert_no_leak(before)
 

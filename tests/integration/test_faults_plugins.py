@@ -245,7 +245,7 @@ class TestPluginProcessKilled:
                 result.append(await create("mid"))
 
             calls.start_soon(in_flight)
-            await wait_until(lambda: 1 == node.proxy.relay.in_flight)
+            await wait_until(lambda: 1 == node.proxy.relay.transport.in_flight)
             await trio.sleep(0.3)  # the hook call is at the plugin, which waits 30 s before answering
             plugin.kill()
         after_kill = await create("after")

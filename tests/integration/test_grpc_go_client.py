@@ -159,7 +159,7 @@ async def test_an_answer_over_16_mib_kubelet_refuses_krproxy_goes_on(
     assert {"RESOURCE_EXHAUSTED": 1} == smaller["codes"], smaller
     after = await run_client(goclient, proxy.config.listen, "-calls", "20", "-concurrency", "5")
     assert {"OK": 20} == after["codes"], after
-    await wait_until(lambda: proxy.relay.in_flight == 0)  # the refused answers' streams are gone
+    await wait_until(lambda: proxy.relay.transport.in_flight == 0)  # the refused answers' streams are gone
 
 
 async def test_a_hooked_pod_and_container_with_kubelet_s_deadlines(

@@ -105,9 +105,9 @@ class TestDrain:
             nursery.start_soon(
                 functools.partial(in_thread, node.client.runtime.Version, api_pb2.VersionRequest())
             )
-            await wait_until(lambda: daemon.relay.in_flight == 1)
+            await wait_until(lambda: daemon.relay.transport.in_flight == 1)
             daemon.request_shutdown()
-            await wait_until(lambda: daemon.relay.draining)
+            await wait_until(lambda: daemon.relay.transport.draining)
             await trio.sleep(0.05)
             late = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             with late, pytest.raises((ConnectionRefusedError, FileNotFoundError)):

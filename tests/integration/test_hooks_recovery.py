@@ -208,7 +208,9 @@ async def _recover(nursery: trio.Nursery, path: str) -> Recovered:
     """recover() through a relay of its own, as the daemon runs it."""
     relay = Relay()
     await nursery.start(relay.run)
-    return await recover(functools.partial(relay.call, relay.route_to(path, "runtime"), within=CALL_TIMEOUT))
+    return await recover(
+        functools.partial(relay.transport.call, relay.route_to(path, "runtime"), within=CALL_TIMEOUT)
+    )
 
 
 def _recover_one_by_one(path: str) -> tuple[dict[str, PodInfo], dict[str, ContainerInfo]]:

@@ -331,7 +331,7 @@ class TestStartup:
         await node.start_proxy(requirements=requiring("koordlet", grace=60.0))
         async with trio.open_nursery() as calls:
             calls.start_soon(node.run_pod)
-            await wait_until(lambda: node.proxy.relay.in_flight == 1)
+            await wait_until(lambda: node.proxy.relay.transport.in_flight == 1)
             assert [] == node.fake.requests("RunPodSandbox")
             await node.add_plugin("koordlet", hooked_plugin(), [RUN])
 

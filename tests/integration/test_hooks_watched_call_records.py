@@ -33,7 +33,7 @@ class TestWatchedCallRecords:
     async def test_a_create_that_worked(self, node: Node) -> None:
         await node.start_proxy()
         records: list[CallRecord] = []
-        node.proxy.relay.observers.append(records.append)
+        node.proxy.relay.transport.observers.append(records.append)
         pod_id = await node.run_pod()
         node.fake.inject("CreateContainer", Fault(delay=0.3))
         request = node.create_request(pod_id)
@@ -54,7 +54,7 @@ class TestWatchedCallRecords:
     async def test_a_remove_the_runtime_failed(self, node: Node) -> None:
         await node.start_proxy()
         records: list[CallRecord] = []
-        node.proxy.relay.observers.append(records.append)
+        node.proxy.relay.transport.observers.append(records.append)
         _, container_id = await node.pod_with_container()
         node.fake.inject("RemoveContainer", Fault(status=Status.FAILED_PRECONDITION, message="still running"))
         request = api_pb2.RemoveContainerRequest(container_id=container_id)

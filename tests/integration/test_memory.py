@@ -98,5 +98,5 @@ class TestCallContextsOfTasks:
         await node.add_plugin("p", FakePlugin(), [HookPoint.PRE_RUN_POD_SANDBOX])
         await node.start_proxy()
         await node.run_pod()
-        await wait_until(lambda: node.proxy.relay.in_flight == 0)
+        await wait_until(lambda: node.proxy.relay.transport.in_flight == 0)
         assert 0 == _call_contexts()

@@ -253,7 +253,7 @@ class TestBackendAvailability:
         process = await start_backend()
         try:
             in_flight = call.future(b"hang", timeout=30)
-            await wait_until(lambda: 1 == daemon.relay.in_flight)  # the relay has it
+            await wait_until(lambda: 1 == daemon.relay.transport.in_flight)  # the relay has it
             await trio.sleep(0.3)  # and has sent it on
             process.kill()
             await process.wait()

@@ -139,7 +139,7 @@ async def test_rapid_reset_holds_no_more_streams_than_caller_may_open(
     assert [10] == _stream_limits(seen)  # the limit the rule is measured against
     assert _pinged(seen)
     assert [] == [kind for kind, _, _, _ in seen if kind == f.GOAWAY]
-    await wait_until(lambda: relay.in_flight == 0 and runtime.received == runtime.reset)
+    await wait_until(lambda: relay.transport.in_flight == 0 and runtime.received == runtime.reset)
     assert runtime.most_open <= 10
 
 
@@ -159,7 +159,7 @@ async def test_made_you_reset_holds_at_most_the_callers_streams(
     assert _pinged(seen)
     resets = [int.from_bytes(p, "big") for kind, _, _, p in seen if kind == f.RST_STREAM]
     assert [f.PROTOCOL_ERROR] * 2000 == resets
-    await wait_until(lambda: relay.in_flight == 0 and runtime.received == runtime.reset)
+    await wait_until(lambda: relay.transport.in_flight == 0 and runtime.received == runtime.reset)
     assert runtime.most_open <= 10
 
 
@@ -370,7 +370,7 @@ async def _call(relay: Relay, path: str) -> object:
     (never a hang)."""
     with trio.fail_after(LIVENESS_LIMIT):
         try:
-            return await relay.unary(relay.route_to(path, "upstream"), PATH, b"ping")
+            return await relay.transport.unary(relay.route_to(path, "upstream"), PATH, b"ping")
         except (UpstreamError, OSError) as err:
             return err
 

@@ -98,7 +98,7 @@ class TestUpstreamHeaderBlocks:
         with raw_upstream(upstream, script):
             # Window 0: the message waits in the relay when the second block comes.
             events = await trio.to_thread.run_sync(_call, listen, 0)
-            await wait_until(lambda: relay.in_flight == 0)
+            await wait_until(lambda: relay.transport.in_flight == 0)
             again = await trio.to_thread.run_sync(_call, listen)
         for seen in (events, again):
             blocks = [
@@ -218,7 +218,7 @@ class TestCallerCredit:
 
         try:
             window = await trio.to_thread.run_sync(caller)
-            await wait_until(lambda: relay.in_flight == 0)
+            await wait_until(lambda: relay.transport.in_flight == 0)
         finally:
             stop.set()
             listener.close()
@@ -254,7 +254,7 @@ class TestIsolation:
         listen = await serve_relay_to(nursery, relay, upstream, str(short_tmp), [PATH])
         with serving(upstream, lambda path, body: Answer(body=body)):
             first = await trio.to_thread.run_sync(_call, listen)
-            await wait_until(lambda: relay.in_flight == 0)
+            await wait_until(lambda: relay.transport.in_flight == 0)
             second = await trio.to_thread.run_sync(_call, listen)
         assert [PATH] == injected
         statuses = []
@@ -333,7 +333,7 @@ class TestUpstreamGoaway:
 
         with raw_upstream(upstream, script, {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: slots}):
             ends = await trio.to_thread.run_sync(three_calls)
-            await wait_until(lambda: relay.in_flight == 0)
+            await wait_until(lambda: relay.transport.in_flight == 0)
         first_connection = seen[: seen.index(1, 1)] if 1 in seen[1:] else seen
         assert [1, 3, 5][: 1 + slots] == first_connection
         # The others were refused, or (a call the relay read only after the GOAWAY) went on a

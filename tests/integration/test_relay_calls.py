@@ -1,4 +1,4 @@
-"""The relay's own unary calls (Relay.call: plugin calls, forwards of intercepted calls, store
+"""The relay's own unary calls (Transport.call: plugin calls, forwards of intercepted calls, store
 recovery) against an independent gRPC server: grpcio (C core, as close to grpc-go as Python
 gets). Flow control, stream limits, statuses, timeouts, reconnection, unreachable sockets."""
 
@@ -61,8 +61,8 @@ class TestAgainstGrpcio:
         """A 1 MB request and answer: both sides' flow control (grpcio starts with 64 KiB windows)."""
         message = os.urandom(1 << 20)
         with grpcio_server(_path(route, short_tmp), echo):
-            assert message == await relay.call(route, PATH, message, within=LIVENESS_LIMIT)
-            assert b"small" == await relay.call(route, PATH, b"small", within=LIVENESS_LIMIT)
+            assert message == await relay.transport.call(route, PATH, message, within=LIVENESS_LIMIT)
+            assert b"small" == await relay.transport.call(route, PATH, b"small", within=LIVENESS_LIMIT)
 
     async def test_more_calls_than_the_server_allows_at_once(
         self, relay: Relay, route: Route, short_tmp: Path
@@ -84,10 +84,10 @@ class TestAgainstGrpcio:
         answers: list[bytes] = []
 
         async def one(i: int) -> None:
-            answers.append(await relay.call(route, PATH, b"%d" % i, within=LIVENESS_LIMIT))
+            answers.append(await relay.transport.call(route, PATH, b"%d" % i, within=LIVENESS_LIMIT))
 
         with grpcio_server(_path(route, short_tmp), slow_echo, **{"grpc.max_concurrent_streams": 2}):
-            await relay.call(
+            await relay.transport.call(
                 route, PATH, b"warm-up", within=LIVENESS_LIMIT
             )  # the server's SETTINGS are known from here on
             async with trio.open_nursery() as nursery:
@@ -104,7 +104,7 @@ class TestAgainstGrpcio:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "nö way: 100%")
 
         with grpcio_server(_path(route, short_tmp), refuse), pytest.raises(GRPCError) as info:
-            await relay.call(route, PATH, b"x", within=LIVENESS_LIMIT, max_answer=100_000)
+            await relay.transport.call(route, PATH, b"x", within=LIVENESS_LIMIT, max_answer=100_000)
 
         assert (Status.FAILED_PRECONDITION, "nö way: 100%") == (info.value.status, info.value.message)
 
@@ -126,13 +126,13 @@ class TestAgainstGrpcio:
         with grpcio_server(_path(route, short_tmp), stall):
             started = time.monotonic()
             with pytest.raises((TimeoutError, GRPCError)) as raised:
-                await relay.call(route, PATH, b"stall", within=0.2)
+                await relay.transport.call(route, PATH, b"stall", within=0.2)
             if isinstance(raised.value, GRPCError):
                 assert Status.DEADLINE_EXCEEDED == raised.value.status
             assert time.monotonic() - started < 30  # at its 0.2 s deadline, not at the handler's minute
             await wait_until(ended.is_set)
             connection = route.ep
-            assert b"again" == await relay.call(route, PATH, b"again", within=LIVENESS_LIMIT)
+            assert b"again" == await relay.transport.call(route, PATH, b"again", within=LIVENESS_LIMIT)
             assert connection is route.ep  # the reset stream did not cost the connection
 
     async def test_reconnects_to_a_restarted_server(
@@ -140,18 +140,18 @@ class TestAgainstGrpcio:
     ) -> None:
         """After the server went away, the next call opens a new connection to its successor."""
         with grpcio_server(_path(route, short_tmp), lambda request, context: b"first"):
-            assert b"first" == await relay.call(route, PATH, b"x", within=LIVENESS_LIMIT)
+            assert b"first" == await relay.transport.call(route, PATH, b"x", within=LIVENESS_LIMIT)
         first = route.ep
         assert first is not None
         await wait_until(lambda: first.closed)
         with grpcio_server(_path(route, short_tmp), lambda request, context: b"second"):
-            assert b"second" == await relay.call(route, PATH, b"x", within=LIVENESS_LIMIT)
+            assert b"second" == await relay.transport.call(route, PATH, b"x", within=LIVENESS_LIMIT)
 
 
 class TestConnectionTrouble:
     async def test_no_socket_file(self, relay: Relay, route: Route) -> None:
         with pytest.raises(FileNotFoundError):
-            await relay.call(route, PATH, b"x", within=LIVENESS_LIMIT)
+            await relay.transport.call(route, PATH, b"x", within=LIVENESS_LIMIT)
 
     async def test_nobody_listening(self, relay: Relay, route: Route, short_tmp: Path) -> None:
         import socket
@@ -160,7 +160,7 @@ class TestConnectionTrouble:
         dead.bind(_path(route, short_tmp))  # bound, never listening: connect() is refused
         try:
             with pytest.raises(ConnectionRefusedError):
-                await relay.call(route, PATH, b"x", within=LIVENESS_LIMIT)
+                await relay.transport.call(route, PATH, b"x", within=LIVENESS_LIMIT)
         finally:
             dead.close()
 
@@ -182,7 +182,7 @@ class TestConnectionTrouble:
         thread.start()
         try:
             with pytest.raises(UpstreamError):
-                await relay.call(route, PATH, b"x", within=LIVENESS_LIMIT)
+                await relay.transport.call(route, PATH, b"x", within=LIVENESS_LIMIT)
         finally:
             thread.join()
             listener.close()
@@ -195,4 +195,4 @@ class TestConnectionTrouble:
             grpcio_server(_path(route, short_tmp), lambda request, context: b"x" * 300_000),
             pytest.raises(UpstreamError, match="larger than 100000 bytes"),
         ):
-            await relay.call(route, PATH, b"x", within=LIVENESS_LIMIT, max_answer=100_000)
+            await relay.transport.call(route, PATH, b"x", within=LIVENESS_LIMIT, max_answer=100_000)

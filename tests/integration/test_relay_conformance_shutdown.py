@@ -50,13 +50,13 @@ async def test_shutdown_sends_the_two_step_goaway(nursery: trio.Nursery, short_t
         await trio.to_thread.run_sync(sock.connect, listen)
         sock.sendall(_after_preface(f.frame(f.HEADERS, f.END_HEADERS, 1, encoder.encode(list(GOOD)))))
         await trio.to_thread.run_sync(read_until, f.SETTINGS)
-        await wait_until(lambda: relay.in_flight == 1)
-        relay.start_draining()
+        await wait_until(lambda: relay.transport.in_flight == 1)
+        relay.transport.start_draining()
         _, _, _, first = await trio.to_thread.run_sync(read_until, f.GOAWAY)
         _, ping_flags, _, ping = await trio.to_thread.run_sync(read_until, f.PING)
         # Stream 3 was on its way before we saw the GOAWAY: it is served.
         sock.sendall(f.frame(f.HEADERS, f.END_HEADERS, 3, encoder.encode(list(GOOD))))
-        await wait_until(lambda: relay.in_flight == 2)
+        await wait_until(lambda: relay.transport.in_flight == 2)
         sock.sendall(f.frame(f.PING, f.ACK, 0, ping))
         _, _, _, final = await trio.to_thread.run_sync(read_until, f.GOAWAY)
         sock.sendall(f.frame(f.HEADERS, f.END_HEADERS, 5, encoder.encode(list(GOOD))))
@@ -84,16 +84,16 @@ async def _drained_to_the_final_goaway(
     relay: Relay, listen: str, drained: trio.Event, nursery: trio.Nursery
 ) -> socket.socket:
     """A caller connection with no call, through the two-step GOAWAY of a stop (the PING answered),
-    up to the relay's end of writing; ``drained`` is set when :meth:`Relay.wait_drained` returns."""
+    up to the relay's end of writing; ``drained`` is set when :meth:`Transport.wait_drained` returns."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(LIVENESS_LIMIT)
     await trio.to_thread.run_sync(sock.connect, listen)
     seen = await trio.to_thread.run_sync(_relay_frames_on, sock, _after_preface())
     assert any(kind == f.SETTINGS for kind, _, _ in seen)
-    relay.start_draining()
+    relay.transport.start_draining()
 
     async def stop() -> None:
-        await relay.wait_drained()
+        await relay.transport.wait_drained()
         drained.set()
 
     nursery.start_soon(stop)
@@ -135,7 +135,7 @@ async def test_a_drained_connection_reads_until_the_caller_closes(
             assert not drained.is_set()  # the relay waits for the caller to close
         with trio.fail_after(LIVENESS_LIMIT):
             await drained.wait()
-        assert 0 == relay.in_flight  # the late stream, above the last id, never became a call
+        assert 0 == relay.transport.in_flight  # the late stream, above the last id, never became a call
     finally:
         silent.close()
 

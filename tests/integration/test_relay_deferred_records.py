@@ -25,7 +25,7 @@ CONNECTION_ERROR = f.frame(f.DATA, 0, 0, b"x")  # DATA on stream 0: PROTOCOL_ERR
 
 def _records(relay: Relay) -> list[CallRecord]:
     records: list[CallRecord] = []
-    relay.observers.append(records.append)
+    relay.transport.observers.append(records.append)
     return records
 
 
@@ -52,7 +52,7 @@ async def test_a_call_ended_by_the_runtimes_last_read_is_reported_once(
             for count in range(1, 4):
                 assert b"pong" == await in_thread(method, b"ping", timeout=LIVENESS_LIMIT)
                 await wait_until(lambda: len(records) >= count)  # noqa: B023 - awaited here
-            await relay.wait_idle()
+            await relay.transport.wait_idle()
         await trio.sleep(0.2)  # (a record reported twice would show by now)
         assert [(PATH, "OK")] * 3 == [(r.path, r.status.name) for r in records]
     finally:
@@ -88,7 +88,7 @@ async def test_a_call_reset_in_its_last_read_is_reported_once(
                 if then == "eof":
                     sock.shutdown(socket.SHUT_WR)
                 await wait_until(lambda: len(records) >= 1)
-                await relay.wait_idle()
+                await relay.transport.wait_idle()
         await trio.sleep(0.2)
         assert [(PATH, "CANCELLED")] == [(r.path, r.status.name) for r in records], records
     finally:

@@ -69,7 +69,7 @@ async def test_a_stop_writes_out_a_queued_answer_before_closing(nursery: trio.Nu
         caller.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 2**31 - 1})
         caller.conn.increment_flow_control_window(2**31 - 1 - 65_535)
         stream_id = caller.open(BIG, b"")
-        await wait_until(lambda: proxy.relay.in_flight == 0 and BIG in backend.started)
+        await wait_until(lambda: proxy.relay.transport.in_flight == 0 and BIG in backend.started)
         [ep] = _clients(proxy)
         assert ep.out  # the answer's end is queued, not written: the caller reads nothing yet
         proxy.request_shutdown()

@@ -49,7 +49,7 @@ class TestARefusedHandedOverCall:
 
         assert grpc.StatusCode.DEADLINE_EXCEEDED == code_of(result)
         with trio.fail_after(LIVENESS_LIMIT):
-            await harness.relay.wait_idle()
+            await harness.relay.transport.wait_idle()
         sent = await settled(lambda: len(runtime.bodies))
         assert 1 <= sent < 200
         await wait_until(lambda: bool(harness.hooked.told))
@@ -73,7 +73,7 @@ class TestARefusedHandedOverCall:
         assert grpc.StatusCode.DEADLINE_EXCEEDED == code_of(result)
         await trio.sleep(4.0)  # past the pause's end
         assert [grpc_message(b"changed ping")] == runtime.bodies
-        assert 0 == harness.relay.in_flight
+        assert 0 == harness.relay.transport.in_flight
 
     async def test_is_not_sent_again_once_its_caller_cancelled(self, harness: Harness) -> None:
         runtime, method = await harness.start(lambda n: REFUSE)
@@ -82,7 +82,7 @@ class TestARefusedHandedOverCall:
         future.cancel()
 
         with trio.fail_after(LIVENESS_LIMIT):
-            await harness.relay.wait_idle()
+            await harness.relay.transport.wait_idle()
         sent = await settled(lambda: len(runtime.bodies))
         assert sent < 200
         await wait_until(lambda: bool(harness.hooked.told))
@@ -140,9 +140,9 @@ class TestARefusedHandedOverCall:
 
             calls.start_soon(call)
             await wait_until(lambda: len(runtime.bodies) >= 2)
-            harness.relay.start_draining()
+            harness.relay.transport.start_draining()
             with trio.fail_after(LIVENESS_LIMIT):
-                await harness.relay.wait_drained()
+                await harness.relay.transport.wait_drained()
         assert [b"changed ping"] == results
         assert 41 == len(runtime.bodies)
         assert 1 == harness.hooked.runs
@@ -178,7 +178,7 @@ class TestAHandedOverCall:
         await wait_until(lambda: bool(runtime.resets))
         assert [h2.errors.ErrorCodes.CANCEL] == runtime.resets
         with trio.fail_after(LIVENESS_LIMIT):
-            await harness.relay.wait_idle()
+            await harness.relay.transport.wait_idle()
         await wait_until(lambda: bool(harness.hooked.told))
         assert [(Status.CANCELLED, None)] == harness.hooked.told
         assert 1 == len(runtime.bodies)
@@ -187,7 +187,7 @@ class TestAHandedOverCall:
     async def test_refused_counts_every_attempts_time_as_backend_time(
         self, harness: Harness, hand_over: bool
     ) -> None:
-        """As a forward does (Relay.unary counts its attempts): the runtime took a second to refuse the
+        """As a forward does (Transport.unary counts its attempts): the runtime took a second to refuse the
         first attempt, then answered; the record's backend time has that second, not only the last
         attempt's."""
         harness.hooked.hand_over = hand_over

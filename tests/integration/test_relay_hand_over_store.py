@@ -45,7 +45,7 @@ async def node(nursery: trio.Nursery, sockdir: str, fake_containerd: Any, cri_cl
 
 def intercepted(monkeypatch: pytest.MonkeyPatch) -> None:
     """From now on the relay's forward offers no hand_over: the interceptor forwards as on d5d66c5."""
-    monkeypatch.setattr(local_module, "_Forward", lambda call: call._forward)
+    monkeypatch.setattr(local_module, "CallForward", lambda forward, hand_over: forward)
 
 
 async def changing_plugin(node: Node) -> Any:
@@ -119,8 +119,8 @@ class TestTheStoreAfterAHandedOverCreate:
         late = await node.add_plugin("late", hooks=[HookPoint.PRE_START_CONTAINER])
         records: list[Any] = []
         await node.start_proxy()
-        node.proxy.relay.observers.append(records.append)
-        node.proxy.relay.keep_messages = True
+        node.proxy.relay.transport.observers.append(records.append)
+        node.proxy.relay.transport.keep_messages = True
         _, container_id = await create(node)
         await node.start(container_id)
 
@@ -165,7 +165,7 @@ class TestAFailedHandedOverCreate:
         expected = fault.status.name if fault.status is not None else "UNAVAILABLE"
         assert expected == code.name
         assert {} == node.proxy.hooks.store.containers()
-        await node.proxy.relay.wait_idle()
+        await node.proxy.relay.transport.wait_idle()
 
     @pytest.mark.parametrize("path", ["handed over", "intercepted"])
     async def test_answered_after_the_deadline_keeps_nothing(
@@ -185,10 +185,10 @@ class TestAFailedHandedOverCreate:
         assert grpc.StatusCode.DEADLINE_EXCEEDED == code
         await wait_until(lambda: bool(node.fake.requests("CreateContainer")))
         with trio.fail_after(LIVENESS_LIMIT):
-            await node.proxy.relay.wait_idle()
+            await node.proxy.relay.transport.wait_idle()
         await trio.sleep(3.0)  # the runtime's late answer comes (and is dropped)
         assert {} == node.proxy.hooks.store.containers()
-        assert 0 == node.proxy.relay.in_flight
+        assert 0 == node.proxy.relay.transport.in_flight
 
 
 def timeout_seconds(value: str) -> float:

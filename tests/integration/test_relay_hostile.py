@@ -156,7 +156,7 @@ async def test_thousands_of_calls_ending_any_way_leave_no_stream(
     # Reset by the relay: the malformed requests (PROTOCOL_ERROR), and the too large ones once
     # answered (NO_ERROR: the rest of the request is not wanted, RFC 9113 §8.1).
     assert {"ended", "reset <ErrorCodes.PROTOCOL_ERROR: 1>", "reset <ErrorCodes.NO_ERROR: 0>"} == set(endings)
-    await wait_until(lambda: proxy.relay.in_flight == 0)
+    await wait_until(lambda: proxy.relay.transport.in_flight == 0)
 
 
 SANDBOX = pb.RunPodSandboxRequest(
@@ -320,7 +320,7 @@ async def test_requests_waiting_for_runtime_window_keep_connection(
             while queued() < 3 * 512 * 1024 - 65_535:  # noqa: ASYNC110 - all but what the runtime's window took
                 await trio.sleep(0.02)
         await trio.sleep(0.1)
-        assert (3, False) == (proxy.relay.in_flight, route.ep is None or route.ep.closed)
+        assert (3, False) == (proxy.relay.transport.in_flight, route.ep is None or route.ep.closed)
     finally:
         for caller in opened:
             caller.close()

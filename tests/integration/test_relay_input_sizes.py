@@ -149,4 +149,4 @@ async def test_a_caller_that_half_closes_its_socket_is_let_go(
     assert {1: "ended", 3: "ended", 5: "ended"} == await in_thread(run, True)
     assert {} == await in_thread(run, False)
     assert time.monotonic() - started < LIVENESS_LIMIT  # the relay closed: no read ran into its timeout
-    await wait_until(lambda: proxy.relay.in_flight == 0)
+    await wait_until(lambda: proxy.relay.transport.in_flight == 0)

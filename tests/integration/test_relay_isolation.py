@@ -41,7 +41,7 @@ async def test_a_caller_that_never_reads_does_not_stall_the_others(
     try:
         # The runtime answered the stuck caller's calls (its answers are held by the relay).
         await wait_until(lambda: len(fake.requests("ListContainers")) >= 1000)
-        before = proxy.relay.in_flight
+        before = proxy.relay.transport.in_flight
 
         def others() -> float:
             started = time.monotonic()
@@ -53,7 +53,7 @@ async def test_a_caller_that_never_reads_does_not_stall_the_others(
         # Not held up behind the stuck caller: its calls would wait for ever (their 30 s deadline). The
         # bound is generous for a loaded machine; the figures are in the bench (the stuck-client case).
         assert seconds < 60, f"the second caller took {seconds:.1f} s"
-        assert proxy.relay.in_flight == before  # the stuck calls are still held, not failed
+        assert proxy.relay.transport.in_flight == before  # the stuck calls are still held, not failed
     finally:
         stuck.close()
-    await wait_until(lambda: proxy.relay.in_flight == 0)
+    await wait_until(lambda: proxy.relay.transport.in_flight == 0)

@@ -55,7 +55,7 @@ async def test_an_answer_goes_out_before_the_ping_ack(
         for _ in range(3):
             events = await trio.to_thread.run_sync(_call, listen)
             assert isinstance(events[-1], h2.events.StreamEnded)
-            await wait_until(lambda: relay.in_flight == 0)
+            await wait_until(lambda: relay.transport.in_flight == 0)
     ack = f.frame(f.PING, f.ACK, 0, b"bdp-ping")
     acks = [i for i, (peer, data) in enumerate(writes) if peer == "runtime" and ack in data]
     assert 3 == len(acks)

@@ -90,7 +90,7 @@ async def test_a_caller_flooding_the_linger_is_closed_at_its_bound(
     ticks = Ticks(0.05)
 
     async def stop() -> None:
-        await relay.wait_drained(round_trip=0.2)  # the PING unanswered
+        await relay.transport.wait_drained(round_trip=0.2)  # the PING unanswered
         drained.set()
 
     try:
@@ -104,7 +104,7 @@ async def test_a_caller_flooding_the_linger_is_closed_at_its_bound(
             )
         try:
             await wait_until(started.exists)
-            relay.start_draining()
+            relay.transport.start_draining()
             nursery.start_soon(stop)
             nursery.start_soon(ticks.run)
             status = await flood.wait()
@@ -140,10 +140,10 @@ async def _many_draining(
     await wait_until(lambda: len(relay.transport._clients) == _MANY)
 
     async def stop() -> None:
-        await relay.wait_drained(round_trip=0.2)
+        await relay.transport.wait_drained(round_trip=0.2)
         drained.set()
 
-    relay.start_draining()
+    relay.transport.start_draining()
     nursery.start_soon(stop)
     return callers
 
@@ -273,7 +273,7 @@ async def test_a_linger_begun_while_a_block_is_decoded_aside_reads_on(
     drained = trio.Event()
 
     async def stop() -> None:
-        await relay.wait_drained(round_trip=0.2)
+        await relay.transport.wait_drained(round_trip=0.2)
         drained.set()
 
     big = (*GOOD, ("x-big", "v" * (2 * connection.DECODE_PER_TURN)))
@@ -286,7 +286,7 @@ async def test_a_linger_begun_while_a_block_is_decoded_aside_reads_on(
             [ep] = relay.transport._clients
             sock.sendall(_open(*big))  # stream 1, its DATA to follow
             await trio.to_thread.run_sync(entered.wait, LIVENESS_LIMIT)
-            relay.start_draining()
+            relay.transport.start_draining()
             nursery.start_soon(stop)
             await wait_until(lambda: ep.lingering)  # the final GOAWAY is out, the write side shut
             release.set()
@@ -302,7 +302,7 @@ async def test_a_linger_begun_while_a_block_is_decoded_aside_reads_on(
             assert not drained.is_set()
         with trio.fail_after(LIVENESS_LIMIT):
             await drained.wait()
-        assert 0 == relay.in_flight
+        assert 0 == relay.transport.in_flight
     finally:
         release.set()
         silent.close()

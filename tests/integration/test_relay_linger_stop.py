@@ -90,7 +90,7 @@ async def test_a_stop_is_not_held_by_a_grpc_go_caller_that_closes(
         )
         try:
             await wait_until(lambda: os.path.exists(answered))
-            await wait_until(lambda: proxy.relay.in_flight == 4)
+            await wait_until(lambda: proxy.relay.transport.in_flight == 4)
             proxy.request_shutdown()
             with trio.fail_after(LIVENESS_LIMIT):
                 await wait_until(lambda: not proxy.relay.transport._clients)

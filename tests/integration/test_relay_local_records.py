@@ -26,7 +26,7 @@ async def test_an_intercepted_calls_record_follows_its_answer(
 
     relay.configure(None, None, {PATH: intercept}, unary_paths=[PATH])
     queued: list[int] = []  # connections with bytes still to write, as each record is observed
-    relay.observers.append(lambda record: queued.append(len(relay.transport.dirty)))
+    relay.transport.observers.append(lambda record: queued.append(len(relay.transport.dirty)))
     listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
     method = raw_unary(channel_to(listen), PATH)
 

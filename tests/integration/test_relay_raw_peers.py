@@ -223,7 +223,7 @@ class TestFlowControlCredit:
                     await wait_until(lambda: _pending_to_callers(relay) == len(big) + 5)
                     stalled.conn.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
                     await trio.to_thread.run_sync(stalled.flush)
-                    await wait_until(lambda: relay.in_flight == 0)
+                    await wait_until(lambda: relay.transport.in_flight == 0)
                 fresh = Client(listen)
                 try:
                     body, trailers = await trio.to_thread.run_sync(fresh.call, PATH, b"big")
@@ -252,7 +252,7 @@ class TestOwnCalls:
             return Answer(headers=None, trailers=fields)
 
         with serving(upstream_path, script), pytest.raises(GRPCError) as info:
-            await relay.call(route, PATH, b"x", within=LIVENESS_LIMIT)
+            await relay.transport.call(route, PATH, b"x", within=LIVENESS_LIMIT)
         assert (Status.FAILED_PRECONDITION, message) == (info.value.status, info.value.message)
 
     async def test_an_answer_without_trailers_frees_its_stream(
@@ -268,12 +268,12 @@ class TestOwnCalls:
             )
 
         with serving(upstream_path, script, {h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1}):
-            assert b"warm-up" == await relay.call(
+            assert b"warm-up" == await relay.transport.call(
                 route, PATH, b"warm-up", within=LIVENESS_LIMIT
             )  # SETTINGS known
             with pytest.raises(UpstreamError, match="without a status"):
-                await relay.call(route, PATH, b"bad", within=LIVENESS_LIMIT)
-            assert b"good" == await relay.call(route, PATH, b"good", within=LIVENESS_LIMIT)
+                await relay.transport.call(route, PATH, b"bad", within=LIVENESS_LIMIT)
+            assert b"good" == await relay.transport.call(route, PATH, b"good", within=LIVENESS_LIMIT)
 
     async def test_undecodable_status_details_leave_the_status(
         self, relay: Relay, upstream_path: str
@@ -290,7 +290,7 @@ class TestOwnCalls:
             serving(upstream_path, lambda path, body: Answer(trailers=trailers)),
             pytest.raises(GRPCError) as info,
         ):
-            await relay.call(route, PATH, b"x", within=LIVENESS_LIMIT)
+            await relay.transport.call(route, PATH, b"x", within=LIVENESS_LIMIT)
         assert (Status.NOT_FOUND, "gone", None) == (info.value.status, info.value.message, info.value.details)
 
     async def test_an_answer_cut_off_for_size_gives_back_all_its_window(
@@ -301,7 +301,7 @@ class TestOwnCalls:
         route = relay.route_to(upstream_path, "plugin p")
         with serving(upstream_path, lambda path, body: Answer(body=grpc_message(b"x" * 300_000))):
             with pytest.raises(UpstreamError, match="larger than 100000 bytes"):
-                await relay.call(route, PATH, b"x", within=LIVENESS_LIMIT, max_answer=100_000)
+                await relay.transport.call(route, PATH, b"x", within=LIVENESS_LIMIT, max_answer=100_000)
             ep = route.ep
             assert ep is not None
             await wait_until(lambda: ep.recv_window + ep.to_grant == CONNECTION_WINDOW)
@@ -411,7 +411,7 @@ class TestHardening:
         thread.start()
         try:
             with pytest.raises(UpstreamError, match="refused the call 5 times"):
-                await relay.unary(relay.route_to(upstream_path, "upstream"), PATH, b"x")
+                await relay.transport.unary(relay.route_to(upstream_path, "upstream"), PATH, b"x")
         finally:
             thread.join(5)
             listener.close()

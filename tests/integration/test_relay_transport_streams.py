@@ -164,11 +164,11 @@ class TestStreams:
         greedy = raw_unary(channel_to(daemon.config.listen), SLOW)
         futures = [greedy.future(b"%d" % i, timeout=30) for i in range(200)]
         await wait_until(lambda: backend.started.count(SLOW) >= 100)
-        await wait_until(lambda: daemon.relay.in_flight >= 200)
+        await wait_until(lambda: daemon.relay.transport.in_flight >= 200)
         other = grpc.insecure_channel(f"unix://{daemon.config.listen}")  # a connection of its own
         try:
             answer = raw_unary(other, ECHO).future(b"mine", timeout=30)
-            await wait_until(lambda: daemon.relay.in_flight >= 201)
+            await wait_until(lambda: daemon.relay.transport.in_flight >= 201)
             release.release()  # two slots free: one for each caller's turn
             release.release()
             # In arrival order it would wait for all 100 queued calls of the first caller.

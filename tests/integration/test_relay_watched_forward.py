@@ -1,5 +1,5 @@
 """Tests of createlat3 (eacd1f9, fef5f70): an intercepted call's forward waits for the runtime in
-no cancel scope of its own (``Relay.unary(watched=True)``), trusting the caller's call's timer, and
+no cancel scope of its own (``Transport.unary(watched=True)``), trusting the caller's call's timer, and
 the recovery gate lets calls through without a checkpoint once set. Every way such a call can end
 while its forward or its gate waits must end the forward and reset the runtime's stream: the
 deadline, the caller's reset, the caller's connection gone, a call without a deadline, a second
@@ -89,7 +89,7 @@ async def test_the_deadline_ends_a_watched_forward_and_resets_it(
         for count in (1, 2):
             assert grpc.StatusCode.DEADLINE_EXCEEDED == await _call(channel_to(listen), 0.5)
             await wait_until(lambda: runtime.ended == count)  # noqa: B023 - awaited here
-            await relay.wait_idle()
+            await relay.transport.wait_idle()
     assert 2 == runtime.started
 
 
@@ -112,7 +112,7 @@ async def test_a_call_without_deadline_ends_with_its_connection(
                 if ending != b"close":
                     await sock.send(ending)
             await wait_until(lambda: runtime.ended == count)  # noqa: B023 - awaited here
-            await relay.wait_idle()
+            await relay.transport.wait_idle()
 
 
 async def test_a_call_at_the_gate_ends_at_its_deadline(
@@ -124,7 +124,7 @@ async def test_a_call_at_the_gate_ends_at_its_deadline(
     runtime, listen = await _setup(relay, nursery, short_tmp, gate=gate)
     with trio.fail_after(LIVENESS_LIMIT):
         assert grpc.StatusCode.DEADLINE_EXCEEDED == await _call(channel_to(listen), 0.5)
-        await relay.wait_idle()
+        await relay.transport.wait_idle()
         gate.set()
         await trio.sleep(0.2)
         assert 0 == runtime.started
