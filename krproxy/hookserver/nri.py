@@ -75,9 +75,11 @@ from krproxy.nri import (
     check_index,
     check_name,
 )
+from krproxy.nri._events import warm_up
 from krproxy.nri._session import Handler, Session, TtrpcError
 from krproxy.nri.notices import NOTICE_METHODS
 from krproxy.nri.records import frozen
+from krproxy.nri.versions import RuntimeNri
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
 __all__ = ["NriStub", "PluginError"]
@@ -97,22 +99,29 @@ _UPDATE_CALLS: Mapping[api.Event, tuple[type[Any], type[Any]]] = {
     api.Event.STOP_CONTAINER: (api.StopContainerRequest, api.StopContainerResponse),
 }
 
-#: Adjustment fields by the NRI version that brought them (the schema's notes): a runtime older than
-#: that drops them (protobuf skips fields it does not know).
-_FIELDS_SINCE: Mapping[str, tuple[str, ...]] = {
-    "0.8": ("CDI_devices", "linux.oom_score_adj"),
-    "0.12": (
-        "args",
-        "linux.io_priority",
-        "linux.seccomp_policy",
-        "linux.namespaces",
-        "linux.sysctl",
-        "linux.net_devices",
-        "linux.scheduler",
-        "linux.rdt",
-        "linux.memory_policy",
-    ),
-}
+#: The messages the stub reads and writes (and every message they hold), prepared by
+#: :func:`~krproxy.nri._events.warm_up` before it registers: betterproto2 resolves a class's type hints at
+#: its first use, ~30 ms for a CreateContainer request and its adjustment, which the first pod after each
+#: start of the plugin paid inside the runtime's request timeout.
+STUB_MESSAGES: tuple[type[betterproto2.Message], ...] = (
+    api.ConfigureRequest,
+    api.ConfigureResponse,
+    api.SynchronizeRequest,
+    api.SynchronizeResponse,
+    api.CreateContainerRequest,
+    api.CreateContainerResponse,
+    api.UpdateContainerRequest,
+    api.UpdateContainerResponse,
+    api.StopContainerRequest,
+    api.StopContainerResponse,
+    api.UpdatePodSandboxRequest,
+    api.UpdatePodSandboxResponse,
+    api.ValidateContainerAdjustmentRequest,
+    api.ValidateContainerAdjustmentResponse,
+    api.StateChangeEvent,
+    api.Empty,
+    *(request for _, request in NOTICE_METHODS.values()),
+)
 
 AnyHandler = Callable[..., Any]
 
@@ -135,6 +144,8 @@ class NriStub:
     subscribed: int = attrs.field(default=0, init=False)
     #: Whether the runtime's NRI is 0.8 or later (its Configure carries timeouts; 0.6.1's does not).
     nri_0_8: bool = attrs.field(default=True, init=False)
+    #: What the runtime's NRI applies of an adjustment (from the last Configure).
+    runtime_nri: RuntimeNri = attrs.field(factory=RuntimeNri, init=False)
     #: Set once the runtime synchronized the plugin on the current connection.
     synchronized: trio.Event = attrs.field(factory=trio.Event, init=False)
     _handlers: dict[api.Event | str, AnyHandler] = attrs.field(factory=dict, init=False)
@@ -197,6 +208,7 @@ class NriStub:
         """Connect, register and serve until the runtime closes the connection."""
         if not self.events() and "Synchronize" not in self._handlers:
             raise ValueError(f"NRI plugin {self.full_name} has no handlers: decorate at least one")
+        warm_up(STUB_MESSAGES)  # before the runtime's first event, not during it
         fd = os.environ.get(SOCKET_ENV, "")
         if fd:
             try:
@@ -268,10 +280,10 @@ class NriStub:
 
     async def _configure(self, payload: bytes) -> bytes:
         request = api.ConfigureRequest.parse(payload)
-        self.nri_version = request.NRI_version
+        self.runtime_nri = RuntimeNri.configured(request)
+        self.nri_version, self.nri_0_8 = self.runtime_nri.version, self.runtime_nri.has_0_8
         self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
-        has_0_12 = bool(self.nri_version)
-        self.nri_0_8 = has_0_12 or request.request_timeout > 0 or request.registration_timeout > 0
+        has_0_12 = self.runtime_nri.has_0_12
         lacking = [
             k.name
             for k in self._handlers
@@ -347,19 +359,19 @@ class NriStub:
             )
 
     def _say_not_applied(self, container: api.Container | None, adjust: api.ContainerAdjustment) -> None:
-        """Warn of the adjustment's fields newer than the runtime's NRI (it drops them unseen)."""
-        lacking = [
-            since for since, have in (("0.8", self.nri_0_8), ("0.12", bool(self.nri_version))) if not have
-        ]
-        fields = [f for since in lacking for f in _FIELDS_SINCE[since] if _is_set(adjust, f)]
-        if fields:
+        """Warn of what of the adjustment the runtime's NRI will not apply (:mod:`krproxy.nri.versions`),
+        once per reason."""
+        by_reason: dict[str, list[str]] = {}
+        for field, reason in self.runtime_nri.not_applied(adjust):
+            by_reason.setdefault(reason, []).append(field)
+        for reason, fields in by_reason.items():
             log.warning(
                 LOGGER,
                 "nri_stub_fields_not_applied",
                 plugin=self.full_name,
                 container=container.name if container is not None else "",
                 fields=",".join(fields),
-                reason=f"the runtime's NRI is older than {lacking[-1]}: it drops these fields",
+                reason=reason,
             )
 
     async def _update_container(self, payload: bytes) -> bytes:
@@ -426,13 +438,3 @@ class NriStub:
 def _view(message: Any) -> Any:
     """A record as handlers see it: read-only (None stays None: a field the runtime left out)."""
     return None if message is None else frozen(message)
-
-
-def _is_set(message: Any, path: str) -> bool:
-    """Whether the dotted field *path* of a betterproto2 message is set (a sub-message, or non-empty)."""
-    value = message
-    for name in path.split("."):
-        if value is None:
-            return False
-        value = getattr(value, name)
-    return isinstance(value, betterproto2.Message) or bool(value)
