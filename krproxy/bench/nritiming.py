@@ -96,7 +96,11 @@ async def _pump(
 
 
 async def relay(
-    listen: str, runtime: str, out: TextIO, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    listen: str,
+    runtime: str,
+    out: TextIO,
+    *,
+    task_status: trio.TaskStatus[list[trio.SocketListener]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve plugins on ``listen``, each relayed to the runtime's NRI socket ``runtime``; every answered
     call of the runtime to the plugin written to ``out`` as a JSON line. Runs until cancelled."""

@@ -78,7 +78,7 @@ from krproxy.nri import (
 from krproxy.nri._events import warm_up
 from krproxy.nri._session import Handler, Session, TtrpcError
 from krproxy.nri.notices import NOTICE_METHODS
-from krproxy.nri.records import frozen
+from krproxy.nri.records import parse_frozen, prepare
 from krproxy.nri.versions import RuntimeNri
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
@@ -122,6 +122,9 @@ STUB_MESSAGES: tuple[type[betterproto2.Message], ...] = (
     api.Empty,
     *(request for _, request in NOTICE_METHODS.values()),
 )
+
+#: The runtime's requests the stub reads (:func:`~krproxy.nri.records.parse_frozen`).
+STUB_REQUESTS = tuple(m for m in STUB_MESSAGES if m.__name__.endswith("Request") or m is api.StateChangeEvent)
 
 AnyHandler = Callable[..., Any]
 
@@ -209,6 +212,8 @@ class NriStub:
         if not self.events() and "Synchronize" not in self._handlers:
             raise ValueError(f"NRI plugin {self.full_name} has no handlers: decorate at least one")
         warm_up(STUB_MESSAGES)  # before the runtime's first event, not during it
+        for read in STUB_REQUESTS:
+            prepare(read)
         fd = os.environ.get(SOCKET_ENV, "")
         if fd:
             try:
@@ -303,11 +308,10 @@ class NriStub:
         return bytes(api.ConfigureResponse(events=events))
 
     async def _synchronize(self, payload: bytes) -> bytes:
-        request = api.SynchronizeRequest.parse(payload)
+        request = parse_frozen(api.SynchronizeRequest, payload)
         updates: list[api.ContainerUpdate] = []
         if "Synchronize" in self._handlers:
-            pods, containers = tuple(map(frozen, request.pods)), tuple(map(frozen, request.containers))
-            answer = await self._call("Synchronize", pods, containers)
+            answer = await self._call("Synchronize", request.pods, request.containers)
             updates = self._updates("Synchronize", answer)
         if not request.more:
             self.synchronized.set()
@@ -321,8 +325,8 @@ class NriStub:
         key = api.Event.CREATE_CONTAINER
         if key not in self._handlers:
             return bytes(api.CreateContainerResponse())
-        request = api.CreateContainerRequest.parse(payload)
-        answer = await self._call(key, _view(request.pod), _view(request.container))
+        request = parse_frozen(api.CreateContainerRequest, payload)
+        answer = await self._call(key, request.pod, request.container)
         adjust, updates, evict = answer, None, []
         if isinstance(answer, api.CreateContainerResponse):
             adjust, updates, evict = answer.adjust, answer.update, list(answer.evict)
@@ -385,10 +389,10 @@ class NriStub:
         request_type, response_type = _UPDATE_CALLS[key]
         if key not in self._handlers:
             return bytes(response_type())
-        request = request_type.parse(payload)
-        args = [_view(request.pod), _view(request.container)]
+        request = parse_frozen(request_type, payload)
+        args = [request.pod, request.container]
         if key is api.Event.UPDATE_CONTAINER:
-            args.append(_view(request.linux_resources))
+            args.append(request.linux_resources)
         answer = await self._call(key, *args)
         if key is api.Event.UPDATE_CONTAINER and isinstance(answer, api.UpdateContainerResponse):
             self._check_evictions(key, list(answer.evict))
@@ -400,25 +404,24 @@ class NriStub:
     async def _update_pod_sandbox(self, payload: bytes) -> bytes:
         key = api.Event.UPDATE_POD_SANDBOX
         if key in self._handlers:
-            request = api.UpdatePodSandboxRequest.parse(payload)
+            request = parse_frozen(api.UpdatePodSandboxRequest, payload)
             resources, overhead = request.linux_resources, request.overhead_linux_resources
-            await self._call(key, _view(request.pod), _view(resources), _view(overhead))
+            await self._call(key, request.pod, resources, overhead)
         return bytes(api.UpdatePodSandboxResponse())
 
     async def _validate(self, payload: bytes) -> bytes:
         key = api.Event.VALIDATE_CONTAINER_ADJUSTMENT
         if key not in self._handlers:
             return bytes(api.ValidateContainerAdjustmentResponse())
-        answer = await self._call(key, frozen(api.ValidateContainerAdjustmentRequest.parse(payload)))
+        answer = await self._call(key, parse_frozen(api.ValidateContainerAdjustmentRequest, payload))
         if answer is not None and not isinstance(answer, str):
             raise self._refuse(key, answer, "None (accept) or the reason to refuse (str)")
         return bytes(api.ValidateContainerAdjustmentResponse(reject=answer is not None, reason=answer or ""))
 
     def _notice(self, event: api.Event, request_type: type[Any]) -> Handler:
         async def handle(payload: bytes) -> bytes:
-            request = request_type.parse(payload)
-            pod = _view(request.pod)
-            args = (pod,) if not hasattr(request, "container") else (pod, _view(request.container))
+            request = parse_frozen(request_type, payload)
+            args = (request.pod,) if not hasattr(request, "container") else (request.pod, request.container)
             await self._call(event, *args)
             return bytes(api.Empty())
 
@@ -426,15 +429,9 @@ class NriStub:
 
     async def _state_change(self, payload: bytes) -> bytes:
         """Before NRI 0.12: the events without an answer, one method for all."""
-        request = api.StateChangeEvent.parse(payload)
+        request = parse_frozen(api.StateChangeEvent, payload)
         if request.event in self._handlers and request.event in NOTICES:
             container_event = hasattr(NOTICES[request.event][1](), "container")
-            pod = _view(request.pod)
-            args = (pod, _view(request.container)) if container_event else (pod,)
+            args = (request.pod, request.container) if container_event else (request.pod,)
             await self._call(request.event, *args)
         return bytes(api.Empty())
-
-
-def _view(message: Any) -> Any:
-    """A record as handlers see it: read-only (None stays None: a field the runtime left out)."""
-    return None if message is None else frozen(message)
