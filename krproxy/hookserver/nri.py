@@ -36,7 +36,9 @@ plugin (a pre-registered plugin; ``NRI_PLUGIN_NAME`` and ``NRI_PLUGIN_IDX`` then
 as NRI's Go stub reads them), else ``socket`` (``/var/run/nri/nri.sock``). The subscription is the events
 the plugin has handlers for; a runtime before NRI 0.12 (no version in Configure) is not subscribed to the
 0.12 events it lacks, and each such handler is named in a warning; adjustment fields newer than the
-runtime's NRI (which it drops) are named in a warning at each creation that sets them. The events without an answer come as
+runtime's NRI (which it drops), and env vars removed (no NRI release passes the removal on to the
+runtime: :mod:`krproxy.nri.versions`), are named in a warning at each creation that sets them. Requests
+are decoded by upb straight into the read-only records (:func:`krproxy.nri.records.parse_frozen`). The events without an answer come as
 NRI 0.12's dedicated methods or as ``StateChange`` from older runtimes; both reach the same handler.
 
 Evictions (``api.ContainerEviction(container_id=..., reason=...)`` in the ``evict`` of a
