@@ -48,7 +48,7 @@ from krproxy.bench._support import (
     _sandbox,
     _summary,
 )
-from krproxy.bench.anchor import go_program
+from krproxy.bench.anchor import _cpu_seconds, go_program
 
 __all__ = ["STATES", "TARGET", "nri", "report_nri", "stop_on_signals"]
 
@@ -339,12 +339,6 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-
-
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU time ``pid`` has used so far (``/proc/PID/stat``, clock-tick resolution)."""
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime (14th, 15th)
 
 
 def _free_port() -> int:
