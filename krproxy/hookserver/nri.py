@@ -36,7 +36,9 @@ plugin (a pre-registered plugin; ``NRI_PLUGIN_NAME`` and ``NRI_PLUGIN_IDX`` then
 as NRI's Go stub reads them), else ``socket`` (``/var/run/nri/nri.sock``). The subscription is the events
 the plugin has handlers for; a runtime before NRI 0.12 (no version in Configure) is not subscribed to the
 0.12 events it lacks, and each such handler is named in a warning; adjustment fields newer than the
-runtime's NRI (which it drops) are named in a warning at each creation that sets them. The events without an answer come as
+runtime's NRI (which it drops), and env vars removed (no NRI release passes the removal on to the
+runtime: :mod:`krproxy.nri.versions`), are named in a warning at each creation that sets them. Requests
+are decoded by upb straight into the read-only records (:func:`krproxy.nri.records.parse_frozen`). The events without an answer come as
 NRI 0.12's dedicated methods or as ``StateChange`` from older runtimes; both reach the same handler.
 
 Evictions (``api.ContainerEviction(container_id=..., reason=...)`` in the ``evict`` of a
@@ -75,9 +77,11 @@ from krproxy.nri import (
     check_index,
     check_name,
 )
+from krproxy.nri._events import warm_up
 from krproxy.nri._session import Handler, Session, TtrpcError
 from krproxy.nri.notices import NOTICE_METHODS
-from krproxy.nri.records import frozen
+from krproxy.nri.records import parse_frozen, prepare
+from krproxy.nri.versions import RuntimeNri
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
 __all__ = ["NriStub", "PluginError"]
@@ -97,22 +101,32 @@ _UPDATE_CALLS: Mapping[api.Event, tuple[type[Any], type[Any]]] = {
     api.Event.STOP_CONTAINER: (api.StopContainerRequest, api.StopContainerResponse),
 }
 
-#: Adjustment fields by the NRI version that brought them (the schema's notes): a runtime older than
-#: that drops them (protobuf skips fields it does not know).
-_FIELDS_SINCE: Mapping[str, tuple[str, ...]] = {
-    "0.8": ("CDI_devices", "linux.oom_score_adj"),
-    "0.12": (
-        "args",
-        "linux.io_priority",
-        "linux.seccomp_policy",
-        "linux.namespaces",
-        "linux.sysctl",
-        "linux.net_devices",
-        "linux.scheduler",
-        "linux.rdt",
-        "linux.memory_policy",
-    ),
-}
+#: The messages the stub reads and writes (and every message they hold), prepared by
+#: :func:`~krproxy.nri._events.warm_up` before it registers: betterproto2 resolves a class's type hints at
+#: its first use, ~30 ms for a CreateContainer request and its adjustment, which the first pod after each
+#: start of the plugin paid inside the runtime's request timeout.
+STUB_MESSAGES: tuple[type[betterproto2.Message], ...] = (
+    api.ConfigureRequest,
+    api.ConfigureResponse,
+    api.SynchronizeRequest,
+    api.SynchronizeResponse,
+    api.CreateContainerRequest,
+    api.CreateContainerResponse,
+    api.UpdateContainerRequest,
+    api.UpdateContainerResponse,
+    api.StopContainerRequest,
+    api.StopContainerResponse,
+    api.UpdatePodSandboxRequest,
+    api.UpdatePodSandboxResponse,
+    api.ValidateContainerAdjustmentRequest,
+    api.ValidateContainerAdjustmentResponse,
+    api.StateChangeEvent,
+    api.Empty,
+    *(request for _, request in NOTICE_METHODS.values()),
+)
+
+#: The runtime's requests the stub reads (:func:`~krproxy.nri.records.parse_frozen`).
+STUB_REQUESTS = tuple(m for m in STUB_MESSAGES if m.__name__.endswith("Request") or m is api.StateChangeEvent)
 
 AnyHandler = Callable[..., Any]
 
@@ -135,6 +149,8 @@ class NriStub:
     subscribed: int = attrs.field(default=0, init=False)
     #: Whether the runtime's NRI is 0.8 or later (its Configure carries timeouts; 0.6.1's does not).
     nri_0_8: bool = attrs.field(default=True, init=False)
+    #: What the runtime's NRI applies of an adjustment (from the last Configure).
+    runtime_nri: RuntimeNri = attrs.field(factory=RuntimeNri, init=False)
     #: Set once the runtime synchronized the plugin on the current connection.
     synchronized: trio.Event = attrs.field(factory=trio.Event, init=False)
     _handlers: dict[api.Event | str, AnyHandler] = attrs.field(factory=dict, init=False)
@@ -197,6 +213,9 @@ class NriStub:
         """Connect, register and serve until the runtime closes the connection."""
         if not self.events() and "Synchronize" not in self._handlers:
             raise ValueError(f"NRI plugin {self.full_name} has no handlers: decorate at least one")
+        warm_up(STUB_MESSAGES)  # before the runtime's first event, not during it
+        for read in STUB_REQUESTS:
+            prepare(read)
         fd = os.environ.get(SOCKET_ENV, "")
         if fd:
             try:
@@ -268,10 +287,10 @@ class NriStub:
 
     async def _configure(self, payload: bytes) -> bytes:
         request = api.ConfigureRequest.parse(payload)
-        self.nri_version = request.NRI_version
+        self.runtime_nri = RuntimeNri.configured(request)
+        self.nri_version, self.nri_0_8 = self.runtime_nri.version, self.runtime_nri.has_0_8
         self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
-        has_0_12 = bool(self.nri_version)
-        self.nri_0_8 = has_0_12 or request.request_timeout > 0 or request.registration_timeout > 0
+        has_0_12 = self.runtime_nri.has_0_12
         lacking = [
             k.name
             for k in self._handlers
@@ -291,11 +310,10 @@ class NriStub:
         return bytes(api.ConfigureResponse(events=events))
 
     async def _synchronize(self, payload: bytes) -> bytes:
-        request = api.SynchronizeRequest.parse(payload)
+        request = parse_frozen(api.SynchronizeRequest, payload)
         updates: list[api.ContainerUpdate] = []
         if "Synchronize" in self._handlers:
-            pods, containers = tuple(map(frozen, request.pods)), tuple(map(frozen, request.containers))
-            answer = await self._call("Synchronize", pods, containers)
+            answer = await self._call("Synchronize", request.pods, request.containers)
             updates = self._updates("Synchronize", answer)
         if not request.more:
             self.synchronized.set()
@@ -309,8 +327,8 @@ class NriStub:
         key = api.Event.CREATE_CONTAINER
         if key not in self._handlers:
             return bytes(api.CreateContainerResponse())
-        request = api.CreateContainerRequest.parse(payload)
-        answer = await self._call(key, _view(request.pod), _view(request.container))
+        request = parse_frozen(api.CreateContainerRequest, payload)
+        answer = await self._call(key, request.pod, request.container)
         adjust, updates, evict = answer, None, []
         if isinstance(answer, api.CreateContainerResponse):
             adjust, updates, evict = answer.adjust, answer.update, list(answer.evict)
@@ -347,19 +365,19 @@ class NriStub:
             )
 
     def _say_not_applied(self, container: api.Container | None, adjust: api.ContainerAdjustment) -> None:
-        """Warn of the adjustment's fields newer than the runtime's NRI (it drops them unseen)."""
-        lacking = [
-            since for since, have in (("0.8", self.nri_0_8), ("0.12", bool(self.nri_version))) if not have
-        ]
-        fields = [f for since in lacking for f in _FIELDS_SINCE[since] if _is_set(adjust, f)]
-        if fields:
+        """Warn of what of the adjustment the runtime's NRI will not apply (:mod:`krproxy.nri.versions`),
+        once per reason."""
+        by_reason: dict[str, list[str]] = {}
+        for field, reason in self.runtime_nri.not_applied(adjust):
+            by_reason.setdefault(reason, []).append(field)
+        for reason, fields in by_reason.items():
             log.warning(
                 LOGGER,
                 "nri_stub_fields_not_applied",
                 plugin=self.full_name,
                 container=container.name if container is not None else "",
                 fields=",".join(fields),
-                reason=f"the runtime's NRI is older than {lacking[-1]}: it drops these fields",
+                reason=reason,
             )
 
     async def _update_container(self, payload: bytes) -> bytes:
@@ -373,10 +391,10 @@ class NriStub:
         request_type, response_type = _UPDATE_CALLS[key]
         if key not in self._handlers:
             return bytes(response_type())
-        request = request_type.parse(payload)
-        args = [_view(request.pod), _view(request.container)]
+        request = parse_frozen(request_type, payload)
+        args = [request.pod, request.container]
         if key is api.Event.UPDATE_CONTAINER:
-            args.append(_view(request.linux_resources))
+            args.append(request.linux_resources)
         answer = await self._call(key, *args)
         if key is api.Event.UPDATE_CONTAINER and isinstance(answer, api.UpdateContainerResponse):
             self._check_evictions(key, list(answer.evict))
@@ -388,25 +406,24 @@ class NriStub:
     async def _update_pod_sandbox(self, payload: bytes) -> bytes:
         key = api.Event.UPDATE_POD_SANDBOX
         if key in self._handlers:
-            request = api.UpdatePodSandboxRequest.parse(payload)
+            request = parse_frozen(api.UpdatePodSandboxRequest, payload)
             resources, overhead = request.linux_resources, request.overhead_linux_resources
-            await self._call(key, _view(request.pod), _view(resources), _view(overhead))
+            await self._call(key, request.pod, resources, overhead)
         return bytes(api.UpdatePodSandboxResponse())
 
     async def _validate(self, payload: bytes) -> bytes:
         key = api.Event.VALIDATE_CONTAINER_ADJUSTMENT
         if key not in self._handlers:
             return bytes(api.ValidateContainerAdjustmentResponse())
-        answer = await self._call(key, frozen(api.ValidateContainerAdjustmentRequest.parse(payload)))
+        answer = await self._call(key, parse_frozen(api.ValidateContainerAdjustmentRequest, payload))
         if answer is not None and not isinstance(answer, str):
             raise self._refuse(key, answer, "None (accept) or the reason to refuse (str)")
         return bytes(api.ValidateContainerAdjustmentResponse(reject=answer is not None, reason=answer or ""))
 
     def _notice(self, event: api.Event, request_type: type[Any]) -> Handler:
         async def handle(payload: bytes) -> bytes:
-            request = request_type.parse(payload)
-            pod = _view(request.pod)
-            args = (pod,) if not hasattr(request, "container") else (pod, _view(request.container))
+            request = parse_frozen(request_type, payload)
+            args = (request.pod,) if not hasattr(request, "container") else (request.pod, request.container)
             await self._call(event, *args)
             return bytes(api.Empty())
 
@@ -414,25 +431,9 @@ class NriStub:
 
     async def _state_change(self, payload: bytes) -> bytes:
         """Before NRI 0.12: the events without an answer, one method for all."""
-        request = api.StateChangeEvent.parse(payload)
+        request = parse_frozen(api.StateChangeEvent, payload)
         if request.event in self._handlers and request.event in NOTICES:
             container_event = hasattr(NOTICES[request.event][1](), "container")
-            pod = _view(request.pod)
-            args = (pod, _view(request.container)) if container_event else (pod,)
+            args = (request.pod, request.container) if container_event else (request.pod,)
             await self._call(request.event, *args)
         return bytes(api.Empty())
-
-
-def _view(message: Any) -> Any:
-    """A record as handlers see it: read-only (None stays None: a field the runtime left out)."""
-    return None if message is None else frozen(message)
-
-
-def _is_set(message: Any, path: str) -> bool:
-    """Whether the dotted field *path* of a betterproto2 message is set (a sub-message, or non-empty)."""
-    value = message
-    for name in path.split("."):
-        if value is None:
-            return False
-        value = getattr(value, name)
-    return isinstance(value, betterproto2.Message) or bool(value)

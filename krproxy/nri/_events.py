@@ -53,6 +53,7 @@ from krproxy.metrics import Metrics
 from krproxy.nri import convert as nri_convert
 from krproxy.nri import wire
 from krproxy.nri._session import Handler, TtrpcError
+from krproxy.nri.versions import RuntimeNri
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from krproxy.proto.runtime import v1alpha1 as hookapi
 
@@ -141,6 +142,7 @@ class EventHandlers:
     request_timeout: float
     store_kept: bool
     nri_0_8: bool
+    runtime_nri: RuntimeNri
     event_calls: str
 
     def _deadline(self) -> float:
@@ -153,7 +155,13 @@ class EventHandlers:
         """Whether *point*'s hook servers run for *pod*: some are registered, and the pod does not skip."""
         return bool(self.dispatcher.plugins_for(point)) and not self.lifecycle.skips(pod)
 
-    def _not_applied(self, point: HookPoint, target: str, fields: tuple[str, ...] | list[str]) -> None:
+    def _not_applied(
+        self,
+        point: HookPoint,
+        target: str,
+        fields: tuple[str, ...] | list[str],
+        reason: str = "NRI cannot make these changes at this event",
+    ) -> None:
         for field in fields:
             self.metrics.nri_not_applied.labels(point.value, field.split("[")[0]).inc()
         if fields:
@@ -163,8 +171,17 @@ class EventHandlers:
                 hook=point.value,
                 target=target,
                 fields=",".join(fields),
-                reason="NRI cannot make these changes at this event",
+                reason=reason,
             )
+
+    def _not_applied_by_runtime(self, point: HookPoint, target: str, adjust: api.ContainerAdjustment) -> None:
+        """Say what of ``adjust`` the runtime's NRI will not apply (:mod:`krproxy.nri.versions`: an env
+        var's removal, fields newer than its NRI), once per reason."""
+        by_reason: dict[str, list[str]] = {}
+        for field, reason in self.runtime_nri.not_applied(adjust):
+            by_reason.setdefault(reason, []).append(field)
+        for reason, fields in by_reason.items():
+            self._not_applied(point, target, fields, reason)
 
     def _pod_resize_not_held(self) -> None:
         """Say which required servers' PreUpdatePodSandboxResources a runtime before NRI 0.12 cannot hold."""
@@ -237,6 +254,8 @@ class EventHandlers:
         after = await self._run(point, info, target, required)
         adjusted = nri_convert.adjustment(info, after, oom_score_adj=self.nri_0_8)
         self._not_applied(point, target, adjusted.not_applied)
+        if adjusted.adjust is not None:
+            self._not_applied_by_runtime(point, target, adjusted.adjust)
         return bytes(api.CreateContainerResponse(adjust=adjusted.adjust))
 
     async def update_container(self, payload: bytes) -> bytes:

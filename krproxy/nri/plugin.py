@@ -71,6 +71,7 @@ from krproxy.nri._events import EventHandlers, event_names, mask_of, warm_up
 from krproxy.nri._session import ConnectionLost, Handler, Session, TtrpcError
 from krproxy.nri._view import NriView
 from krproxy.nri.validator import ValidatorCheck, log_validator_check
+from krproxy.nri.versions import RuntimeNri
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from krproxy.relay import Relay
 
@@ -167,6 +168,8 @@ class NriPlugin(EventHandlers):
     nri_0_8: bool = True
     #: The runtime's NRI version from Configure (NRI 0.12 and later; "" before).
     nri_version: str = ""
+    #: What the runtime's NRI applies of an adjustment (from the last Configure).
+    runtime_nri: RuntimeNri = attrs.field(factory=RuntimeNri)
     #: The events the runtime accepts a subscription to (:data:`EVENTS_BEFORE_0_12` until it says 0.12).
     runtime_events: int = EVENTS_BEFORE_0_12
     #: How the runtime delivered the last event without an answer of its own: "dedicated" (NRI 0.12's
@@ -346,7 +349,8 @@ class NriPlugin(EventHandlers):
         self.request_timeout = (
             request.request_timeout / 1000 if request.request_timeout > 0 else DEFAULT_REQUEST_TIMEOUT
         )
-        self.nri_version = request.NRI_version
+        self.runtime_nri = RuntimeNri.configured(request)
+        self.nri_version, self.nri_0_8 = self.runtime_nri.version, self.runtime_nri.has_0_8
         # NRI 0.12 says its version here; older runtimes refuse a plugin subscribing to events they lack.
         self.runtime_events = ALL_EVENTS if self.nri_version else EVENTS_BEFORE_0_12
         if not self.nri_version:
@@ -365,12 +369,11 @@ class NriPlugin(EventHandlers):
                 hooks=",".join(unavailable),
                 reason="the runtime's NRI has no event for them (NRI 0.12 and later has)",
             )
-        self.nri_0_8 = request.registration_timeout > 0 or request.request_timeout > 0
         log.event(
             LOGGER,
             "nri_configured",
             runtime=self.runtime,
-            nri=self.nri_version or ("0.8 to 0.11" if self.nri_0_8 else "before 0.8"),
+            nri=self.runtime_nri.describe(),
             request_timeout=self.request_timeout,
             events=event_names(self.subscribed),
             store=self.store_kept,

@@ -15,6 +15,7 @@ converters want.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from google.protobuf import message_factory
@@ -27,6 +28,7 @@ __all__ = ["entries", "message_class"]
 _POOL = private_pool(descriptors.NRI_V1ALPHA1)
 
 
+@functools.cache
 def message_class(name: str) -> Any:
     """The upb message class of the ``nri.pkg.api.v1alpha1`` message *name* (e.g. ``"StartContainerRequest"``)."""
     return message_factory.GetMessageClass(_POOL.FindMessageTypeByName(f"nri.pkg.api.v1alpha1.{name}"))

@@ -6,6 +6,7 @@ servers (krproxy.fakes.plugin) in one trio run over unix sockets in a temp dir.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 import trio
 
 from krproxy.fakes.nri import FakeNriRuntime, NriError, event_mask
-from krproxy.fakes.plugin import Changes, Misbehaviour
+from krproxy.fakes.plugin import Changes, Misbehaviour, echo_container
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.required import Requirements
@@ -280,6 +281,35 @@ class TestCreate:
             created = await node.runtime.create_container(container())
         assert 500 == created.linux.oom_score_adj.value  # type: ignore[union-attr]
         assert 0 == plugin.metrics.nri_not_applied.labels("PreCreateContainer", "oom_score_adj")._value.get()
+
+    @pytest.mark.parametrize(
+        "settings", [{"nri_0_6": True}, {"nri_version": ""}, {}], ids=["0.6", "0.8", "0.12"]
+    )
+    async def test_env_removal_is_said_not_applied(
+        self, node: Node, settings: dict[str, Any], caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A hook server's answer without one of the container's env vars is NRI's ``-NAME``, which no NRI
+        version passes on to the runtime (it keeps its own variable): logged and counted as not applied,
+        with why, at every NRI version the fake plays."""
+        for name, value in settings.items():
+            setattr(node.runtime, name, value)
+        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER])
+
+        def without_mode(request: Any) -> Any:
+            answer = echo_container(request)
+            del answer.container_envs["MODE"]
+            return answer
+
+        fake.answer(HookPoint.PRE_CREATE_CONTAINER, without_mode)
+        with caplog.at_level(logging.WARNING, "krproxy.nri"), trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            created = await node.runtime.create_container(container())
+        assert "MODE=a" in created.env  # the runtime's own variable stays
+        assert 1 == plugin.metrics.nri_not_applied.labels("PreCreateContainer", "env")._value.get()
+        [said] = [r.krproxy_fields for r in caplog.records if r.getMessage() == "nri_change_not_applied"]
+        assert "env[MODE] removed" == said["fields"]
+        assert "passes no env var's removal on to the runtime" in said["reason"]
 
     async def test_fail_policy_fails_the_creation(self, node: Node) -> None:
         """A Fail hook server's error fails CreateContainer in the runtime, naming server and hook."""

@@ -460,3 +460,24 @@ async def test_fields_runtime_cannot_apply(
         r.krproxy_fields["fields"] for r in caplog.records if r.getMessage() == "nri_stub_fields_not_applied"
     ]
     assert said == ([fields] if fields else [])
+
+
+async def test_env_removal_is_said_not_applied(
+    runtime: FakeNriRuntime, nursery: trio.Nursery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An env var's removal reaches no runtime (only what a plugin before set is removed): it is named in a
+    warning with why, as the fields the runtime drops are, and the runtime keeps its own variable."""
+    stub = NriStub("remover", "10")
+
+    @stub.create_container
+    def remove(pod_: api.PodSandbox, ctr: api.Container) -> api.ContainerAdjustment:
+        return api.ContainerAdjustment(env=[api.KeyValue(key="-MODE")])
+
+    with caplog.at_level(logging.WARNING, "krproxy.hookserver.nri"), trio.fail_after(LIMIT):
+        await attach(nursery, runtime, stub)
+        await runtime.run_pod(pod())
+        created = await runtime.create_container(container())
+    assert "MODE=a" in created.env
+    [said] = [r.krproxy_fields for r in caplog.records if r.getMessage() == "nri_stub_fields_not_applied"]
+    assert "env[MODE] removed" == said["fields"]
+    assert "passes no env var's removal on to the runtime" in said["reason"]
