@@ -34,12 +34,12 @@ PYTHONS = ["3.11", "3.12", "3.13", "3.14", "3.15"]
 #: Run in scripts/sid-python's Debian sid chroot where the machine has no interpreter of theirs.
 SID_PYTHONS = ["3.14", "3.15"]
 #: What every test session runs: pytest's arguments before the session's own. ``-n`` is
-#: pytest-xdist's worker count: 3 on this 2-core machine, since many tests wait on sockets and
+#: pytest-xdist's worker count: 5 on this 2-core machine, since many tests wait on sockets and
 #: processes rather than the CPU (docs/testing.md, "How CI runs"); KRPROXY_TEST_WORKERS changes it
 #: (0: no workers, every test in the one pytest process). Tests that share something between
 #: processes are marked ``serial`` and run after the others, one at a time (tests/conftest.py).
 TEST_PATHS = ["tests/unit", "tests/integration"]
-TEST_WORKERS = os.environ.get("KRPROXY_TEST_WORKERS", "3")
+TEST_WORKERS = os.environ.get("KRPROXY_TEST_WORKERS", "5")
 
 
 def _is_version(path: str, version: str) -> bool:
