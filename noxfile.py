@@ -36,8 +36,8 @@ SID_PYTHONS = ["3.14", "3.15"]
 #: What every test session runs: pytest's arguments before the session's own. ``-n`` is
 #: pytest-xdist's worker count: 5 on this 2-core machine, since many tests wait on sockets and
 #: processes rather than the CPU (docs/testing.md, "How CI runs"); KRPROXY_TEST_WORKERS changes it
-#: (0: no workers, every test in the one pytest process). Tests that share something between
-#: processes are marked ``serial`` and run after the others, one at a time (tests/conftest.py).
+#: (0: no workers, every test in the one pytest process). No test needs to run alone: what tests
+#: share between processes is written under a per-process name or a lock (docs/testing.md).
 TEST_PATHS = ["tests/unit", "tests/integration"]
 TEST_WORKERS = os.environ.get("KRPROXY_TEST_WORKERS", "5")
 
