@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import trio
 import yaml
 
 from krproxy.hookserver.nri import NriStub
@@ -57,4 +56,4 @@ def inject(pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjust
 
 
 if __name__ == "__main__":
-    trio.run(stub.run)
+    raise SystemExit(stub.main())  # until the runtime closes, or Ctrl-C / SIGTERM

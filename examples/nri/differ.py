@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 
-import trio
-
 from krproxy.hookserver.nri import NriStub
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
@@ -58,5 +56,4 @@ def differ(request: api.ValidateContainerAdjustmentRequest) -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
-    trio.run(stub.run)
+    raise SystemExit(stub.main())  # until the runtime closes, or Ctrl-C / SIGTERM

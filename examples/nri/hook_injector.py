@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 
-import trio
-
 from krproxy.hookserver.nri import NriStub
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
@@ -30,4 +28,4 @@ def inject(pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjust
 
 
 if __name__ == "__main__":
-    trio.run(stub.run)
+    raise SystemExit(stub.main())  # until the runtime closes, or Ctrl-C / SIGTERM

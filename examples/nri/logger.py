@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 
-import trio
-
 from krproxy.hookserver.nri import NOTICES, NriStub
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
@@ -38,5 +36,4 @@ def create_container(pod: api.PodSandbox, container: api.Container) -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
-    trio.run(stub.run)
+    raise SystemExit(stub.main())  # until the runtime closes, or Ctrl-C / SIGTERM

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import logging
 
-import trio
-
 from krproxy.hookserver.nri import NriStub
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
@@ -52,5 +50,4 @@ def remove_container(pod: api.PodSandbox, container: api.Container) -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO)
-    trio.run(stub.run)
+    raise SystemExit(stub.main())  # until the runtime closes, or Ctrl-C / SIGTERM

@@ -5,7 +5,6 @@ and ``hard``. An unknown type or soft above hard fails the creation with a messa
 
 from __future__ import annotations
 
-import trio
 import yaml
 
 from krproxy.hookserver.nri import NriStub
@@ -40,4 +39,4 @@ def adjust(pod: api.PodSandbox, container: api.Container) -> api.ContainerAdjust
 
 
 if __name__ == "__main__":
-    trio.run(stub.run)
+    raise SystemExit(stub.main())  # until the runtime closes, or Ctrl-C / SIGTERM

@@ -6,8 +6,6 @@ mounts of host paths outside ``ALLOWED_MOUNT_ROOTS``. The refusal's reason is wh
 
 from __future__ import annotations
 
-import trio
-
 from krproxy.hookserver.nri import NriStub
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
@@ -33,4 +31,4 @@ def validate(request: api.ValidateContainerAdjustmentRequest) -> str | None:
 
 
 if __name__ == "__main__":
-    trio.run(stub.run)
+    raise SystemExit(stub.main())  # until the runtime closes, or Ctrl-C / SIGTERM

@@ -9,10 +9,14 @@ inherited (tests/conftest.py), as from a terminal.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +31,8 @@ from tests.integration.support import LIVENESS_LIMIT, STARTUP_LIMIT
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_PLUGIN = ROOT / "examples" / "first_plugin.py"
+#: plugin-authoring.md's NRI samples, each a program run by the runtime (or by hand) until stopped.
+NRI_SAMPLES = sorted(path.stem for path in (ROOT / "examples" / "nri").glob("*.py"))
 SIGNALS = [signal.SIGINT, signal.SIGTERM]
 VERSION = "/runtime.v1.RuntimeService/Version"
 
@@ -179,15 +185,10 @@ class Output:
         return self.text
 
 
-@pytest.fixture
-def runtime(short_tmp: Path) -> Iterator[str]:
-    """The fake containerd as a process: the runtime behind ``serve`` and replay's target."""
-    path = str(short_tmp / "runtime.sock")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "krproxy.fakes.containerd", "--socket", path],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+@contextlib.contextmanager
+def _serving(argv: list[str], path: str) -> Iterator[str]:
+    """``argv`` as a process until the end of the block, from when its socket ``path`` appears."""
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_for_file(path, process)
         yield path
@@ -196,9 +197,49 @@ def runtime(short_tmp: Path) -> Iterator[str]:
         process.wait(LIVENESS_LIMIT)
 
 
-def _stop(argv: list[str], up: str, signum: signal.Signals) -> tuple[int, str]:
-    """Start ``argv``, wait until it says ``up``, send one ``signum``; its exit status and output."""
-    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+@pytest.fixture
+def runtime(short_tmp: Path) -> Iterator[str]:
+    """The fake containerd as a process: the runtime behind ``serve`` and replay's target."""
+    path = str(short_tmp / "runtime.sock")
+    with _serving([sys.executable, "-m", "krproxy.fakes.containerd", "--socket", path], path):
+        yield path
+
+
+#: The fake NRI runtime as a process, on the socket path it is given. Its timeouts are the tests' bound, not
+#: NRI's 5 s for registering: a sample starting on a loaded machine took longer to import, and was dropped.
+_FAKE_NRI_RUNTIME = """
+import sys, trio
+from krproxy.fakes.nri import FakeNriRuntime
+
+async def main():
+    limit = float(sys.argv[2])
+    runtime = FakeNriRuntime(sys.argv[1], registration_timeout=limit, request_timeout=limit)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(runtime.serve)
+
+trio.run(main)
+"""
+
+
+@pytest.fixture(scope="module")
+def nri_runtime() -> Iterator[str]:
+    """The fake NRI runtime as a process, one for the module: what the NRI samples connect to."""
+    directory = tempfile.mkdtemp(prefix="kp-", dir="/tmp")  # short: a unix socket's path
+    path = os.path.join(directory, "nri.sock")
+    try:
+        with _serving([sys.executable, "-c", _FAKE_NRI_RUNTIME, path, str(STARTUP_LIMIT)], path):
+            yield path
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _stop(
+    argv: list[str], up: str, signum: signal.Signals, env: dict[str, str] | None = None, fd: int | None = None
+) -> tuple[int, str]:
+    """Start ``argv`` (with ``env``, inheriting ``fd``), wait until it says ``up``, send one ``signum``; its
+    exit status and output."""
+    fds = () if fd is None else (fd,)
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, pass_fds=fds)
     output = Output(process)
     try:
         output.wait_for(up, process)
@@ -230,6 +271,22 @@ def test_one_signal_stops_the_command(
     code, text = _stop(argv, command.up, signum)
     assert (128 + signum if command.one_shot else 0) == code, text
     assert command.stopped in text, text
+    assert "Traceback" not in text, text
+
+
+@pytest.mark.parametrize("signum", SIGNALS, ids=lambda s: s.name)
+@pytest.mark.parametrize("name", NRI_SAMPLES)
+def test_one_signal_stops_an_nri_sample(nri_runtime: str, name: str, signum: signal.Signals) -> None:
+    """One SIGINT or SIGTERM stops each NRI sample of examples/nri, started as the runtime starts a
+    plugin (its connection in NRI_PLUGIN_SOCKET): "nri_stub_stopped", exit 0, no traceback. They ran
+    ``trio.run(stub.run)``: SIGINT printed trio's KeyboardInterrupt group and exit 1, SIGTERM killed them."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+        connection.connect(nri_runtime)
+        env = {**os.environ, "NRI_PLUGIN_SOCKET": str(connection.fileno())}
+        argv = [sys.executable, str(ROOT / "examples" / "nri" / f"{name}.py")]
+        code, text = _stop(argv, "nri_stub_registered", signum, env, connection.fileno())
+    assert 0 == code, text
+    assert "event=nri_stub_stopped" in text, text
     assert "Traceback" not in text, text
 
 

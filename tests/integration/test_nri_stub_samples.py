@@ -152,3 +152,18 @@ async def test_differ_and_validator(runtime: FakeNriRuntime, nursery: trio.Nurse
             await runtime.create_container(container("hooked"))
     assert differ.diffs[0] == ("app", ["rlimits[RLIMIT_NOFILE]"])
     assert differ.diffs[1] == ("hooked", ["hooks.prestart", "hooks.poststop"])
+
+
+@pytest.mark.parametrize("fd", ["", "x"], ids=["absent-socket", "not-a-descriptor"])
+def test_main_names_a_socket_it_cannot_use(
+    short_tmp: pathlib.Path, fd: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``stub.main()`` (the samples' entry) on a socket path that is absent, or an NRI_PLUGIN_SOCKET that is
+    no descriptor: one ``nri_stub_failed`` line naming it, exit 1, no traceback (it raised an
+    exception group)."""
+    module = sample("logger")
+    module.stub.socket = str(short_tmp / "absent.sock")
+    monkeypatch.setenv("NRI_PLUGIN_SOCKET", fd)
+    assert 1 == module.stub.main(log_level=None)
+    [failed] = [r.krproxy_fields for r in caplog.records if "nri_stub_failed" == r.getMessage()]
+    assert (f"NRI_PLUGIN_SOCKET={fd}" if fd else module.stub.socket) == failed["socket"], failed

@@ -399,6 +399,38 @@ def test_trace_replay_runs_without_grpcio(tmp_path: Path) -> None:
     )
 
 
+#: What ``krproxy status`` (the DaemonSets' probe) has no use for: the event loop, protobuf, the SDK,
+#: the trace tools, and the hook server's policy files.
+_NOT_FOR_STATUS = ("trio", "google.protobuf", "betterproto2", "yaml", "krproxy.hookserver", "krproxy.trace")
+
+
+def test_status_loads_none_of_the_daemons_machinery() -> None:
+    """`krproxy status` parses its command line without the hooks and trace parsers, whose modules
+    load trio, protobuf and the SDK (2 to 3 s of a probe's 5 s on a loaded node): none is imported."""
+    code = (
+        "import sys\n"
+        "from krproxy import cli\n"
+        "code = cli.main(['status', '--metrics-address', '127.0.0.1:1', '--timeout', '0.5'])\n"
+        f"print(code, sorted(m for m in sys.modules if m.startswith({_NOT_FOR_STATUS!r})))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "2 []" == done.stdout.strip(), done.stderr  # 2: nothing listens there
+
+
+def test_status_help_is_the_same_from_the_whole_parser() -> None:
+    """`krproxy status`'s parser alone formats the same help as in the whole command line's."""
+    whole = cli.build_parser()._subparsers._group_actions[0].choices["status"]  # type: ignore[union-attr]
+    alone = cli.build_parser("status")._subparsers._group_actions[0].choices["status"]  # type: ignore[union-attr]
+    assert whole.format_help() == alone.format_help()
+
+
+def test_a_misspelt_command_still_gets_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    """A first word that names no subcommand gets the whole parser, whose error suggests one."""
+    with pytest.raises(SystemExit):
+        cli.main(["tarce", "show"])
+    assert "did you mean 'trace'?" in capsys.readouterr().err
+
+
 class TestStartupFailedNamesTheFlag:
     def test_a_default_path_is_named_with_its_value(self) -> None:
         """A non-root ``krproxy serve`` failing on a default path (the listen socket's directory under

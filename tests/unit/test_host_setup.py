@@ -48,3 +48,16 @@ def test_it_makes_the_image_base_before_the_e2e_run(monkeypatch: pytest.MonkeyPa
     assert "--cache" not in base  # build_node_image's default cache, which build() uses too
     tool = ["sh", str(ROOT / "scripts" / "install-debian-command"), "debootstrap", "debootstrap"]
     assert ran.index(tool) < ran.index(base)
+
+
+def test_it_makes_the_docs_root_after_debootstrap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """host-setup makes the fresh sid root of the docs-install test (sid-python's docs root, in the default
+    cache the test uses), after debootstrap is installed, so that the e2e row only reuses it."""
+    host_setup = _host_setup()
+    ran: list[list[str]] = []
+    monkeypatch.setattr(host_setup, "step", lambda what, command, note="": ran.append(command) or True)
+    host_setup.host()
+    docs = [host_setup.sys.executable, str(ROOT / "scripts" / "sid-python"), "--root", "docs", "ensure"]
+    assert docs in ran, ran
+    tool = ["sh", str(ROOT / "scripts" / "install-debian-command"), "debootstrap", "debootstrap"]
+    assert ran.index(tool) < ran.index(docs)
