@@ -46,10 +46,9 @@ _SCRIPT = textwrap.dedent(
             oom_score_adj=api.OptionalInt(value=1),
         ),
     )
-    async def events():
-        await stub._create_container(bytes(api.CreateContainerRequest(pod=pod, container=container)))
-        await stub._state_change(bytes(api.StateChangeEvent(event=api.Event.RUN_POD_SANDBOX, pod=pod)))
-    trio.run(events)
+    # plain handlers: the stub answers at once, as the session calls it on its reader's task
+    stub._create_container(bytes(api.CreateContainerRequest(pod=pod, container=container)))
+    stub._state_change(bytes(api.StateChangeEvent(event=api.Event.RUN_POD_SANDBOX, pod=pod)))
     print(",".join(sorted(prepared() - ready)))
     """
 )
