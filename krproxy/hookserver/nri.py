@@ -79,6 +79,7 @@ from krproxy.nri import (
 )
 from krproxy.nri._events import warm_up
 from krproxy.nri._session import Handler, Session, TtrpcError
+from krproxy.nri.encoding import encode
 from krproxy.nri.notices import NOTICE_METHODS
 from krproxy.nri.records import parse_frozen, prepare
 from krproxy.nri.versions import RuntimeNri
@@ -326,7 +327,7 @@ class NriStub:
         self.subscribed = self.events(has_0_12)
         # NRI reads 0 as every event: a plugin with only a Synchronize handler subscribes to the least.
         events = self.subscribed or 1 << (api.Event.REMOVE_POD_SANDBOX - 1)
-        return bytes(api.ConfigureResponse(events=events))
+        return encode(api.ConfigureResponse(events=events))
 
     def _synchronize(self, payload: bytes) -> Answer:
         request = parse_frozen(api.SynchronizeRequest, payload)
@@ -335,7 +336,7 @@ class NriStub:
             updates = self._updates("Synchronize", answer)
             if not request.more:
                 self.synchronized.set()
-            return bytes(api.SynchronizeResponse(update=updates, more=request.more))
+            return encode(api.SynchronizeResponse(update=updates, more=request.more))
 
         if "Synchronize" not in self._handlers:
             return answered(None)
@@ -366,7 +367,7 @@ class NriStub:
             self._say_not_applied(request.container, adjust)
         created = request.container.id if request.container is not None else ""
         self._check_evictions(key, evict, created)
-        return bytes(
+        return encode(
             api.CreateContainerResponse(adjust=adjust, update=self._updates(key, updates), evict=evict)
         )
 
@@ -424,10 +425,10 @@ class NriStub:
         def answered(answer: Any) -> bytes:
             if key is api.Event.UPDATE_CONTAINER and isinstance(answer, api.UpdateContainerResponse):
                 self._check_evictions(key, list(answer.evict))
-                return bytes(
+                return encode(
                     api.UpdateContainerResponse(update=self._updates(key, answer.update), evict=answer.evict)
                 )
-            return bytes(response_type(update=self._updates(key, answer)))
+            return encode(response_type(update=self._updates(key, answer)))
 
         return self._call(key, tuple(args), answered)
 
@@ -447,7 +448,7 @@ class NriStub:
         def answered(answer: Any) -> bytes:
             if answer is not None and not isinstance(answer, str):
                 raise self._refuse(key, answer, "None (accept) or the reason to refuse (str)")
-            return bytes(
+            return encode(
                 api.ValidateContainerAdjustmentResponse(reject=answer is not None, reason=answer or "")
             )
 
