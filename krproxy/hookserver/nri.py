@@ -76,6 +76,7 @@ from krproxy.nri import (
     _mux,
     check_index,
     check_name,
+    encoding,
 )
 from krproxy.nri._events import warm_up
 from krproxy.nri._session import Handler, Session, TtrpcError
@@ -128,6 +129,8 @@ STUB_MESSAGES: tuple[type[betterproto2.Message], ...] = (
 
 #: The runtime's requests the stub reads (:func:`~krproxy.nri.records.parse_frozen`).
 STUB_REQUESTS = tuple(m for m in STUB_MESSAGES if m.__name__.endswith("Request") or m is api.StateChangeEvent)
+#: The answers the stub writes (:func:`~krproxy.nri.encoding.encode`).
+STUB_ANSWERS = tuple(m for m in STUB_MESSAGES if m not in STUB_REQUESTS)
 
 AnyHandler = Callable[..., Any]
 #: A method's reply: at once, or (an async handler's) once awaited (:data:`krproxy.nri._session.Handler`).
@@ -219,6 +222,8 @@ class NriStub:
         warm_up(STUB_MESSAGES)  # before the runtime's first event, not during it
         for read in STUB_REQUESTS:
             prepare(read)
+        for answer in STUB_ANSWERS:
+            encoding.prepare(answer)
         fd = os.environ.get(SOCKET_ENV, "")
         if fd:
             try:

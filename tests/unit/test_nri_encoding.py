@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from krproxy.nri import encoding
 from krproxy.nri.encoding import encode
 from krproxy.nri.records import frozen, parse_frozen
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
@@ -159,3 +160,10 @@ def test_any_adjustment(
     response = api.CreateContainerResponse(adjust=adjust, update=[api.ContainerUpdate(container_id="c")])
     same(response)
     same(frozen(response))
+
+
+def test_prepare_plans_every_class_held() -> None:
+    """prepare() plans the answer and every message it holds (maps of messages too)."""
+    assert encoding.prepare(api.CreateContainerResponse) > 30
+    assert {api.ContainerAdjustment, api.LinuxDevice, api.Hook} <= set(encoding._PLANS)
+    assert api.LinuxNetDevice in set(encoding._PLANS)  # LinuxContainerAdjustment.net_devices' values
