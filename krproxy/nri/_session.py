@@ -36,7 +36,7 @@ import trio
 from krproxy.grpcstatus import Status
 from krproxy.nri import _mux, _ttrpc
 
-__all__ = ["ConnectionLost", "Handler", "Session", "TtrpcError"]
+__all__ = ["AsyncHandler", "ConnectionLost", "Handler", "Session", "TtrpcError"]
 
 LOGGER = logging.getLogger("krproxy.nri.ttrpc")
 
@@ -46,6 +46,8 @@ _READ_SIZE = 65536
 #: A method's implementation: the request's serialized argument in, the serialized answer out: at once
 #: (bytes), or an awaitable of it (an ``async def`` handler) when it must wait for something.
 Handler = Callable[[bytes], bytes | Awaitable[bytes]]
+#: A handler that always waits (``async def``): what ``krproxy nri``'s are (each calls a hook server).
+AsyncHandler = Callable[[bytes], Awaitable[bytes]]
 
 
 class TtrpcError(Exception):
