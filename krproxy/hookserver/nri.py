@@ -14,7 +14,10 @@ A plugin makes an :class:`NriStub` with its name and two-digit index, decorates 
 Handlers are plain or async functions; they get NRI's own records (``api.PodSandbox``,
 ``api.Container``, ...; :mod:`krproxy.proto.nri.pkg.api.v1alpha1`) read-only (:mod:`krproxy.nri.records`:
 setting a field raises ``FrozenRecordError``, lists are tuples, maps read-only; ``thaw()`` copies one)
-and answer with NRI's answers, which they build:
+and answer with NRI's answers, which they build. A plain handler is answered at once, on the session's
+reader (:mod:`krproxy.nri._session`: no task, one write per read): it must only compute. An ``async def``
+handler gets a task of its own under the runtime's request timeout and may await. Answers are written by
+:func:`krproxy.nri.encoding.encode` (betterproto2's bytes, planned once per class):
 
 =============================  ==========================  =============================================
 decorator                      handler's arguments         answer
@@ -49,8 +52,8 @@ without a container id, or of the container being created, is refused as a wrong
 
 Failures: a handler's exception is answered to the runtime as an error naming the plugin (``index-name``)
 and the handler, and logged; NRI then fails that event's operation only (a pre event) and the plugin stays
-connected. A handler that outlives the runtime's request timeout is cancelled by the session (NRI drops a
-plugin that is late). An answer of the wrong type is reported the same way as an exception.
+connected. An async handler that outlives the runtime's request timeout is cancelled by the session
+(NRI drops a plugin that is late). An answer of the wrong type is reported the same way as an exception.
 """
 
 from __future__ import annotations
