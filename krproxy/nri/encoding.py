@@ -24,6 +24,7 @@ from typing import Any
 import betterproto2
 
 from krproxy.nri import records
+from krproxy.protowire import varint
 
 __all__ = ["encode", "prepare"]
 
@@ -58,13 +59,7 @@ def _write_message(out: bytearray, message: Any) -> None:
 def _varint(value: int) -> bytes:
     if not -(1 << 63) <= value < 1 << 64:
         raise ValueError(f"{value} does not fit protobuf's 64-bit numbers")
-    value &= (1 << 64) - 1  # a negative number is ten bytes of two's complement
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
+    return varint(value)
 
 
 def _delimited(out: bytearray, key: bytes, data: bytes) -> None:
