@@ -14,7 +14,10 @@ A plugin makes an :class:`NriStub` with its name and two-digit index, decorates 
 Handlers are plain or async functions; they get NRI's own records (``api.PodSandbox``,
 ``api.Container``, ...; :mod:`krproxy.proto.nri.pkg.api.v1alpha1`) read-only (:mod:`krproxy.nri.records`:
 setting a field raises ``FrozenRecordError``, lists are tuples, maps read-only; ``thaw()`` copies one)
-and answer with NRI's answers, which they build:
+and answer with NRI's answers, which they build. A plain handler is answered at once, on the session's
+reader (:mod:`krproxy.nri._session`: no task, one write per read): it must only compute. An ``async def``
+handler gets a task of its own under the runtime's request timeout and may await. Answers are written by
+:func:`krproxy.nri.encoding.encode` (betterproto2's bytes, planned once per class):
 
 =============================  ==========================  =============================================
 decorator                      handler's arguments         answer
@@ -49,8 +52,8 @@ without a container id, or of the container being created, is refused as a wrong
 
 Failures: a handler's exception is answered to the runtime as an error naming the plugin (``index-name``)
 and the handler, and logged; NRI then fails that event's operation only (a pre event) and the plugin stays
-connected. A handler that outlives the runtime's request timeout is cancelled by the session (NRI drops a
-plugin that is late). An answer of the wrong type is reported the same way as an exception.
+connected. An async handler that outlives the runtime's request timeout is cancelled by the session
+(NRI drops a plugin that is late). An answer of the wrong type is reported the same way as an exception.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ import inspect
 import logging
 import os
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import attrs
@@ -77,9 +80,11 @@ from krproxy.nri import (
     _mux,
     check_index,
     check_name,
+    encoding,
 )
 from krproxy.nri._events import warm_up
 from krproxy.nri._session import Handler, Session, TtrpcError
+from krproxy.nri.encoding import encode
 from krproxy.nri.notices import NOTICE_METHODS
 from krproxy.nri.records import parse_frozen, prepare
 from krproxy.nri.versions import RuntimeNri
@@ -128,8 +133,12 @@ STUB_MESSAGES: tuple[type[betterproto2.Message], ...] = (
 
 #: The runtime's requests the stub reads (:func:`~krproxy.nri.records.parse_frozen`).
 STUB_REQUESTS = tuple(m for m in STUB_MESSAGES if m.__name__.endswith("Request") or m is api.StateChangeEvent)
+#: The answers the stub writes (:func:`~krproxy.nri.encoding.encode`).
+STUB_ANSWERS = tuple(m for m in STUB_MESSAGES if m not in STUB_REQUESTS)
 
 AnyHandler = Callable[..., Any]
+#: A method's reply: at once, or (an async handler's) once awaited (:data:`krproxy.nri._session.Handler`).
+Answer = bytes | Awaitable[bytes]
 
 
 class PluginError(Exception):
@@ -217,6 +226,8 @@ class NriStub:
         warm_up(STUB_MESSAGES)  # before the runtime's first event, not during it
         for read in STUB_REQUESTS:
             prepare(read)
+        for answer in STUB_ANSWERS:
+            encoding.prepare(answer)
         fd = os.environ.get(SOCKET_ENV, "")
         if fd:
             try:
@@ -286,19 +297,36 @@ class NriStub:
                 methods[method] = self._notice(event, request_type)
         return {(PLUGIN_SERVICE, name): handler for name, handler in methods.items()}
 
-    async def _call(self, key: api.Event | str, *args: Any) -> Any:
+    def _call(self, key: api.Event | str, args: tuple[Any, ...], then: Callable[[Any], bytes]) -> Answer:
+        """The handler of ``key`` called with ``args``, its answer made into the reply by ``then``.
+
+        A plain handler's reply is returned at once (the session answers on its reader's task); an
+        awaitable answer (an ``async def`` handler) gives an awaitable of the reply instead.
+        """
         handler = self._handlers[key]
-        what = getattr(handler, "__name__", repr(handler))
         try:
             answer = handler(*args)
-            if inspect.isawaitable(answer):
-                answer = await answer
         except Exception as exc:
-            LOGGER.exception("NRI plugin %s: handler %s failed", self.full_name, what)
-            raise TtrpcError(
-                Status.UNKNOWN, f"plugin {self.full_name}: {what} failed: {exc or type(exc).__name__}"
-            ) from None
-        return answer
+            raise self._failed(handler, exc) from None
+        if inspect.isawaitable(answer):
+            return self._awaited(handler, answer, then)
+        return then(answer)
+
+    async def _awaited(
+        self, handler: AnyHandler, answer: Awaitable[Any], then: Callable[[Any], bytes]
+    ) -> bytes:
+        try:
+            done = await answer
+        except Exception as exc:
+            raise self._failed(handler, exc) from None
+        return then(done)
+
+    def _failed(self, handler: AnyHandler, exc: Exception) -> TtrpcError:
+        what = getattr(handler, "__name__", repr(handler))
+        LOGGER.error("NRI plugin %s: handler %s failed", self.full_name, what, exc_info=exc)
+        return TtrpcError(
+            Status.UNKNOWN, f"plugin {self.full_name}: {what} failed: {exc or type(exc).__name__}"
+        )
 
     def _refuse(self, key: api.Event | str, answer: Any, wanted: str) -> TtrpcError:
         what = getattr(self._handlers[key], "__name__", "handler")
@@ -317,7 +345,7 @@ class NriStub:
             return list(answer)
         raise self._refuse(key, answer, "a list of ContainerUpdate or None")
 
-    async def _configure(self, payload: bytes) -> bytes:
+    def _configure(self, payload: bytes) -> bytes:
         request = api.ConfigureRequest.parse(payload)
         self.runtime_nri = RuntimeNri.configured(request)
         self.nri_version, self.nri_0_8 = self.runtime_nri.version, self.runtime_nri.has_0_8
@@ -339,28 +367,34 @@ class NriStub:
         self.subscribed = self.events(has_0_12)
         # NRI reads 0 as every event: a plugin with only a Synchronize handler subscribes to the least.
         events = self.subscribed or 1 << (api.Event.REMOVE_POD_SANDBOX - 1)
-        return bytes(api.ConfigureResponse(events=events))
+        return encode(api.ConfigureResponse(events=events))
 
-    async def _synchronize(self, payload: bytes) -> bytes:
+    def _synchronize(self, payload: bytes) -> Answer:
         request = parse_frozen(api.SynchronizeRequest, payload)
-        updates: list[api.ContainerUpdate] = []
-        if "Synchronize" in self._handlers:
-            answer = await self._call("Synchronize", request.pods, request.containers)
+
+        def answered(answer: Any) -> bytes:
             updates = self._updates("Synchronize", answer)
-        if not request.more:
-            self.synchronized.set()
-        return bytes(api.SynchronizeResponse(update=updates, more=request.more))
+            if not request.more:
+                self.synchronized.set()
+            return encode(api.SynchronizeResponse(update=updates, more=request.more))
 
-    async def _shutdown(self, payload: bytes) -> bytes:
+        if "Synchronize" not in self._handlers:
+            return answered(None)
+        return self._call("Synchronize", (request.pods, request.containers), answered)
+
+    def _shutdown(self, payload: bytes) -> bytes:
         log.event(LOGGER, "nri_stub_shutdown", plugin=self.full_name)
-        return bytes(api.Empty())
+        return _EMPTY
 
-    async def _create_container(self, payload: bytes) -> bytes:
+    def _create_container(self, payload: bytes) -> Answer:
         key = api.Event.CREATE_CONTAINER
         if key not in self._handlers:
             return bytes(api.CreateContainerResponse())
         request = parse_frozen(api.CreateContainerRequest, payload)
-        answer = await self._call(key, request.pod, request.container)
+        return self._call(key, (request.pod, request.container), lambda a: self._created(request, a))
+
+    def _created(self, request: api.CreateContainerRequest, answer: Any) -> bytes:
+        key = api.Event.CREATE_CONTAINER
         adjust, updates, evict = answer, None, []
         if isinstance(answer, api.CreateContainerResponse):
             adjust, updates, evict = answer.adjust, answer.update, list(answer.evict)
@@ -373,7 +407,7 @@ class NriStub:
             self._say_not_applied(request.container, adjust)
         created = request.container.id if request.container is not None else ""
         self._check_evictions(key, evict, created)
-        return bytes(
+        return encode(
             api.CreateContainerResponse(adjust=adjust, update=self._updates(key, updates), evict=evict)
         )
 
@@ -412,13 +446,13 @@ class NriStub:
                 reason=reason,
             )
 
-    async def _update_container(self, payload: bytes) -> bytes:
-        return await self._answer_updates(api.Event.UPDATE_CONTAINER, payload)
+    def _update_container(self, payload: bytes) -> Answer:
+        return self._answer_updates(api.Event.UPDATE_CONTAINER, payload)
 
-    async def _stop_container(self, payload: bytes) -> bytes:
-        return await self._answer_updates(api.Event.STOP_CONTAINER, payload)
+    def _stop_container(self, payload: bytes) -> Answer:
+        return self._answer_updates(api.Event.STOP_CONTAINER, payload)
 
-    async def _answer_updates(self, key: api.Event, payload: bytes) -> bytes:
+    def _answer_updates(self, key: api.Event, payload: bytes) -> Answer:
         """UpdateContainer or StopContainer: the handler's ContainerUpdates (the update gets the resources)."""
         request_type, response_type = _UPDATE_CALLS[key]
         if key not in self._handlers:
@@ -427,45 +461,62 @@ class NriStub:
         args = [request.pod, request.container]
         if key is api.Event.UPDATE_CONTAINER:
             args.append(request.linux_resources)
-        answer = await self._call(key, *args)
-        if key is api.Event.UPDATE_CONTAINER and isinstance(answer, api.UpdateContainerResponse):
-            self._check_evictions(key, list(answer.evict))
-            return bytes(
-                api.UpdateContainerResponse(update=self._updates(key, answer.update), evict=answer.evict)
-            )
-        return bytes(response_type(update=self._updates(key, answer)))
 
-    async def _update_pod_sandbox(self, payload: bytes) -> bytes:
+        def answered(answer: Any) -> bytes:
+            if key is api.Event.UPDATE_CONTAINER and isinstance(answer, api.UpdateContainerResponse):
+                self._check_evictions(key, list(answer.evict))
+                return encode(
+                    api.UpdateContainerResponse(update=self._updates(key, answer.update), evict=answer.evict)
+                )
+            return encode(response_type(update=self._updates(key, answer)))
+
+        return self._call(key, tuple(args), answered)
+
+    def _update_pod_sandbox(self, payload: bytes) -> Answer:
         key = api.Event.UPDATE_POD_SANDBOX
-        if key in self._handlers:
-            request = parse_frozen(api.UpdatePodSandboxRequest, payload)
-            resources, overhead = request.linux_resources, request.overhead_linux_resources
-            await self._call(key, request.pod, resources, overhead)
-        return bytes(api.UpdatePodSandboxResponse())
+        if key not in self._handlers:
+            return _UPDATE_POD_SANDBOX_RESPONSE
+        request = parse_frozen(api.UpdatePodSandboxRequest, payload)
+        resources, overhead = request.linux_resources, request.overhead_linux_resources
+        return self._call(key, (request.pod, resources, overhead), lambda _: _UPDATE_POD_SANDBOX_RESPONSE)
 
-    async def _validate(self, payload: bytes) -> bytes:
+    def _validate(self, payload: bytes) -> Answer:
         key = api.Event.VALIDATE_CONTAINER_ADJUSTMENT
         if key not in self._handlers:
             return bytes(api.ValidateContainerAdjustmentResponse())
-        answer = await self._call(key, parse_frozen(api.ValidateContainerAdjustmentRequest, payload))
-        if answer is not None and not isinstance(answer, str):
-            raise self._refuse(key, answer, "None (accept) or the reason to refuse (str)")
-        return bytes(api.ValidateContainerAdjustmentResponse(reject=answer is not None, reason=answer or ""))
+
+        def answered(answer: Any) -> bytes:
+            if answer is not None and not isinstance(answer, str):
+                raise self._refuse(key, answer, "None (accept) or the reason to refuse (str)")
+            return encode(
+                api.ValidateContainerAdjustmentResponse(reject=answer is not None, reason=answer or "")
+            )
+
+        return self._call(key, (parse_frozen(api.ValidateContainerAdjustmentRequest, payload),), answered)
 
     def _notice(self, event: api.Event, request_type: type[Any]) -> Handler:
-        async def handle(payload: bytes) -> bytes:
+        def handle(payload: bytes) -> Answer:
             request = parse_frozen(request_type, payload)
             args = (request.pod,) if not hasattr(request, "container") else (request.pod, request.container)
-            await self._call(event, *args)
-            return bytes(api.Empty())
+            return self._call(event, args, _empty)
 
         return handle
 
-    async def _state_change(self, payload: bytes) -> bytes:
+    def _state_change(self, payload: bytes) -> Answer:
         """Before NRI 0.12: the events without an answer, one method for all."""
         request = parse_frozen(api.StateChangeEvent, payload)
         if request.event in self._handlers and request.event in NOTICES:
             container_event = hasattr(NOTICES[request.event][1](), "container")
             args = (request.pod, request.container) if container_event else (request.pod,)
-            await self._call(request.event, *args)
-        return bytes(api.Empty())
+            return self._call(request.event, args, _empty)
+        return _EMPTY
+
+
+#: NRI's empty answers, serialized once.
+_EMPTY = bytes(api.Empty())
+_UPDATE_POD_SANDBOX_RESPONSE = bytes(api.UpdatePodSandboxResponse())
+
+
+def _empty(answer: Any) -> bytes:
+    """The reply of an event without an answer, whatever its handler returned (as before: ignored)."""
+    return _EMPTY

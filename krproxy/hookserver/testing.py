@@ -271,7 +271,11 @@ class NriEvents:
         if handler is None:
             raise PluginError(f"plugin {self.stub.full_name} does not implement {method}")
         try:
-            return reply_type.parse(await handler(bytes(request)))
+            # a plain handler's answer comes at once (as the session takes it), an async one's awaited
+            answer = handler(bytes(request))
+            if not isinstance(answer, bytes):
+                answer = await answer
+            return reply_type.parse(answer)
         except TtrpcError as exc:
             raise PluginError(exc.message) from None
 

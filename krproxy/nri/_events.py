@@ -52,7 +52,7 @@ from krproxy.hooks.store import HookStore
 from krproxy.metrics import Metrics
 from krproxy.nri import convert as nri_convert
 from krproxy.nri import wire
-from krproxy.nri._session import Handler, TtrpcError
+from krproxy.nri._session import AsyncHandler, TtrpcError
 from krproxy.nri.versions import RuntimeNri
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 from krproxy.proto.runtime import v1alpha1 as hookapi
@@ -328,7 +328,7 @@ class EventHandlers:
 
     # -- events without an answer of their own -------------------------------------------------
 
-    def _event_method(self, event: api.Event, request_type: str) -> Handler:
+    def _event_method(self, event: api.Event, request_type: str) -> AsyncHandler:
         """The handler of NRI 0.12's dedicated method for ``event`` (e.g. ``StartContainer``)."""
         message = wire.message_class(request_type)
         has_container = "container" in message.DESCRIPTOR.fields_by_name

@@ -376,6 +376,11 @@ class Connection:
         return out
 
     @property
+    def has_outbound(self) -> bool:
+        """Whether :meth:`messages_to_send` has anything."""
+        return bool(self._outbound)
+
+    @property
     def pending(self) -> frozenset[int]:
         """Client: calls not answered yet. Server: requests not answered yet."""
         return frozenset(self._open)

@@ -68,7 +68,7 @@ from krproxy.nri._events import EVENT_METHODS as EVENT_METHODS
 from krproxy.nri._events import GUARDED as GUARDED
 from krproxy.nri._events import MARGIN as MARGIN
 from krproxy.nri._events import EventHandlers, event_names, mask_of, warm_up
-from krproxy.nri._session import ConnectionLost, Handler, Session, TtrpcError
+from krproxy.nri._session import AsyncHandler, ConnectionLost, Handler, Session, TtrpcError
 from krproxy.nri._view import NriView
 from krproxy.nri.validator import ValidatorCheck, log_validator_check
 from krproxy.nri.versions import RuntimeNri
@@ -239,7 +239,7 @@ class NriPlugin(EventHandlers):
             self._resubscribe.set()
 
     def handlers(self) -> dict[tuple[str, str], Handler]:
-        methods: dict[str, Handler] = {
+        methods: dict[str, AsyncHandler] = {
             "Configure": self.configure,
             "Synchronize": self.synchronize,
             "Shutdown": self.shutdown,
@@ -253,7 +253,7 @@ class NriPlugin(EventHandlers):
             methods[name] = self._event_method(event, request_type)
         return {(PLUGIN_SERVICE, name): self._timed(name, handler) for name, handler in methods.items()}
 
-    def _timed(self, method: str, handler: Handler) -> Handler:
+    def _timed(self, method: str, handler: AsyncHandler) -> Handler:
         """*handler*, its time observed in ``krproxy_nri_call_seconds{method}`` (answered or failed)."""
         histogram = self.metrics.nri_call_seconds.labels(method)
 

@@ -15,9 +15,13 @@ raises :class:`FrozenRecordError` saying what to answer instead. :func:`thaw` gi
 handler that wants to build on one.
 
 :func:`parse_frozen` decodes a runtime's request straight into such views: upb (:mod:`krproxy.nri.wire`)
-decodes, and the views are filled from upb's messages field by field, where betterproto2's decoding and
-then :func:`frozen`'s copy took ~1 ms for one CreateContainer request from containerd (pure Python, some 50
-messages deep) while the runtime waited for the plugin's answer.
+decodes, and each field of a view is read from upb's message when the handler first reads it (then kept
+on the view), where betterproto2's decoding and then :func:`frozen`'s copy took ~1 ms for one
+CreateContainer request from containerd (pure Python, some 50 messages deep) while the runtime waited
+for the plugin's answer; filling every view at once still took ~0.17 ms of it, though a handler reads a
+few fields (the pod's name and annotations, the container's name). A handler that reads everything pays
+that much, no more. What a view shows does not depend on when it is read: upb's messages are not
+changed after decoding, and a view holds its own.
 """
 
 from __future__ import annotations
@@ -32,7 +36,16 @@ from google.protobuf.message import DecodeError
 
 from krproxy.nri import wire
 
-__all__ = ["FrozenRecordError", "frozen", "is_frozen", "parse_frozen", "prepare", "thaw"]
+__all__ = [
+    "FrozenRecordError",
+    "frozen",
+    "is_frozen",
+    "is_message",
+    "message_class",
+    "parse_frozen",
+    "prepare",
+    "thaw",
+]
 
 M = TypeVar("M", bound=betterproto2.Message)
 
@@ -53,7 +66,7 @@ def _refuse(self: Any, name: str, value: Any = None) -> None:
 
 def _eq(self: Any, other: Any) -> Any:
     """Equal to a frozen or mutable message of the same class with the same content."""
-    if not isinstance(other, betterproto2.Message) or _base(type(other)) is not _base(type(self)):
+    if not is_message(other) or message_class(type(other)) is not message_class(type(self)):
         return NotImplemented
     return bool(bytes(self) == bytes(other))
 
@@ -70,7 +83,15 @@ def _same(self: Any, memo: Any = None) -> Any:
     return self  # a frozen record is its own copy
 
 
-def _base(cls: type[Any]) -> type[Any]:
+def is_message(value: Any) -> bool:
+    """Whether ``value`` is a betterproto2 message (a frozen record too), without ``isinstance``:
+    betterproto2's ``Message`` is an ABC with some 360 NRI subclasses, and the first ``isinstance`` of each
+    new type against it walks them all (~1 ms: 3 ms in the first CreateContainer of each plugin start)."""
+    return betterproto2.Message in type(value).__mro__
+
+
+def message_class(cls: type[Any]) -> type[Any]:
+    """The message class NRI defines of ``cls``: ``cls`` itself, or the one a frozen class views."""
     return cls.__bases__[0] if getattr(cls, "_krproxy_frozen", False) else cls
 
 
@@ -95,7 +116,7 @@ def _frozen_class(cls: type[M]) -> type[M]:
 
 
 def _freeze_value(value: Any) -> Any:
-    if isinstance(value, betterproto2.Message):
+    if is_message(value):
         return frozen(value)
     if isinstance(value, (list, tuple)):
         return tuple(_freeze_value(item) for item in value)
@@ -122,7 +143,7 @@ def is_frozen(message: Any) -> bool:
 
 def thaw(message: M) -> M:
     """A mutable copy of a record (frozen or not), of the message class NRI defines."""
-    cls: type[M] = _base(type(message))
+    cls: type[M] = message_class(type(message))
     return cls.parse(bytes(message))
 
 
@@ -183,26 +204,50 @@ _Plan = tuple[tuple[str, str, Callable[[Any, str], Any]], ...]
 _PLANS: dict[type[Any], _Plan] = {}
 
 
+#: Where a view made by :func:`parse_frozen` keeps its upb message.
+_UPB = "_krproxy_upb"
+
+
+class _Lazy:
+    """A field of the frozen class of a message, read from a view's upb message at its first read and
+    then kept on the view (whose own value, set at once by :func:`frozen`, hides this from then on)."""
+
+    __slots__ = ("attribute", "name", "read")
+
+    def __init__(self, attribute: str, name: str, read: Callable[[Any, str], Any]) -> None:
+        self.attribute, self.name, self.read = attribute, name, read
+
+    def __get__(self, view: Any, owner: type[Any] | None = None) -> Any:
+        if view is None:  # on the class: what the message's own class has there
+            return getattr(message_class(owner), self.attribute) if owner is not None else self
+        value = self.read(view.__dict__[_UPB], self.name)
+        object.__setattr__(view, self.attribute, value)
+        return value
+
+
 def _view(cls: type[Any], message: Any) -> Any:
-    """The frozen view of ``cls`` holding what the upb ``message`` holds."""
-    plan = _PLANS.get(cls) or _plan(cls, message.DESCRIPTOR)
+    """The frozen view of ``cls`` holding what the upb ``message`` holds (each field read at first use)."""
+    if cls not in _PLANS:
+        _plan(cls, message.DESCRIPTOR)
     view = object.__new__(_frozen_class(cls))
-    for attribute, name, read in plan:
-        object.__setattr__(view, attribute, read(message, name))
+    object.__setattr__(view, _UPB, message)
     object.__setattr__(view, "_unknown_fields", b"")
     return view
 
 
 def _plan(cls: type[Any], descriptor: Any) -> _Plan:
     """The plan of ``cls``, whose upb messages are of ``descriptor`` (names may differ: ``LinuxCpu`` is
-    ``LinuxCPU``; field numbers do not)."""
+    ``LinuxCPU``; field numbers do not); each field becomes a :class:`_Lazy` of the frozen class."""
     meta = cls._betterproto
     by_number = descriptor.fields_by_number
     plan = []
+    frozen_cls = _frozen_class(cls)
     for field in dataclasses.fields(cls):
         field_meta = meta.meta_by_field_name[field.name]
         reader = _reader(field_meta, meta.cls_by_field, field.name)
-        plan.append((field.name, by_number[field_meta.number].name, reader))
+        name = by_number[field_meta.number].name
+        plan.append((field.name, name, reader))
+        type.__setattr__(frozen_cls, field.name, _Lazy(field.name, name, reader))
     _PLANS[cls] = made = tuple(plan)
     return made
 

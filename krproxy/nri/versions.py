@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-import betterproto2
+
+from krproxy.nri.records import is_message
 
 __all__ = ["ENV_REMOVAL", "FIELDS_SINCE", "RuntimeNri"]
 
@@ -97,4 +98,4 @@ def _is_set(message: Any, path: str) -> bool:
         if value is None:
             return False
         value = getattr(value, name)
-    return isinstance(value, betterproto2.Message) or bool(value)
+    return is_message(value) or bool(value)

@@ -21,6 +21,18 @@ async def _echo(payload: bytes) -> bytes:
     return b"echo:" + payload
 
 
+def _echo_now(payload: bytes) -> bytes:
+    return b"now:" + payload
+
+
+def _crash_now(payload: bytes) -> bytes:
+    raise KeyError("at once")
+
+
+def _fail_now(payload: bytes) -> bytes:
+    raise TtrpcError(Status.FAILED_PRECONDITION, "no, at once")
+
+
 async def _fail(payload: bytes) -> bytes:
     raise TtrpcError(Status.FAILED_PRECONDITION, "plugin says no")
 
@@ -53,6 +65,9 @@ async def pair(nursery: trio.Nursery) -> AsyncIterator[_Pair]:
         (PLUGIN, "Fail"): _fail,
         (PLUGIN, "Crash"): _crash,
         (PLUGIN, "Slow"): _slow,
+        (PLUGIN, "Now"): _echo_now,
+        (PLUGIN, "CrashNow"): _crash_now,
+        (PLUGIN, "FailNow"): _fail_now,
     }
     plugin = Session(
         trio.SocketStream(a), _mux.PLUGIN_SERVICE_CONN, _mux.RUNTIME_SERVICE_CONN, plugin_handlers
@@ -123,6 +138,92 @@ class TestCalls:
             await pair.slow_cancelled.wait()  # by the deadline the call carried (the session is still open)
         assert not pair.plugin.closed
         assert frozenset() == pair.runtime._client.pending  # the caller forgot the stream it gave up on
+
+
+class _Spawns(trio.abc.Instrument):
+    def __init__(self) -> None:
+        self.spawned = 0
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.spawned += 1
+
+
+class _CountingStream(trio.abc.HalfCloseableStream):
+    """A socket stream that counts its writes."""
+
+    def __init__(self, inner: trio.SocketStream) -> None:
+        self.inner, self.writes = inner, 0
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes += 1
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        return await self.inner.receive_some(max_bytes)
+
+    async def send_eof(self) -> None:
+        await self.inner.send_eof()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class TestAnsweredAtOnce:
+    async def test_plain_handler_answers_without_a_task(self, pair: _Pair) -> None:
+        """A handler that returns the bytes is answered on the reader's task: no task is spawned for
+        the call (an async one gets its own, as before)."""
+        spawns = _Spawns()
+        with trio.fail_after(LIVENESS_LIMIT):
+            assert b"now:x" == await pair.runtime.call(PLUGIN, "Now", b"x")  # both sessions settled
+            trio.lowlevel.add_instrument(spawns)
+            try:
+                assert b"now:y" == await pair.runtime.call(PLUGIN, "Now", b"y")
+                assert 0 == spawns.spawned
+                assert b"echo:z" == await pair.runtime.call(PLUGIN, "Echo", b"z")
+                assert 1 == spawns.spawned
+            finally:
+                trio.lowlevel.remove_instrument(spawns)
+
+    async def test_plain_handler_errors(self, pair: _Pair) -> None:
+        """Raised at once, a TtrpcError is the answer's status and anything else UNKNOWN with its text;
+        the session goes on."""
+        with trio.fail_after(LIVENESS_LIMIT):
+            with pytest.raises(TtrpcError) as info:
+                await pair.runtime.call(PLUGIN, "FailNow", b"")
+            assert (Status.FAILED_PRECONDITION, "no, at once") == (info.value.code, info.value.message)
+            with pytest.raises(TtrpcError) as info:
+                await pair.runtime.call(PLUGIN, "CrashNow", b"")
+            assert (Status.UNKNOWN, "'at once'") == (info.value.code, info.value.message)
+            assert b"now:on" == await pair.runtime.call(PLUGIN, "Now", b"on")
+
+    async def test_one_write_per_read(self, nursery: trio.Nursery) -> None:
+        """Requests that arrive in one read and are answered at once go back in one write, each on its
+        own stream id, in order."""
+        a, b = trio.socket.socketpair()
+        stream = _CountingStream(trio.SocketStream(a))
+        session = Session(stream, 1, 2, {(PLUGIN, "Now"): _echo_now})
+        nursery.start_soon(session.run)
+        peer = trio.SocketStream(b)
+        client = _ttrpc.Connection(_ttrpc.Role.CLIENT)
+        for i in range(3):
+            client.send_request(_ttrpc.Request(PLUGIN, "Now", str(i).encode()))
+        await peer.send_all(b"".join(_mux.frames(1, m) for m in client.messages_to_send()))
+        demux, answers = _mux.Demultiplexer(), []
+        with trio.fail_after(LIVENESS_LIMIT):
+            while len(answers) < 3:
+                demux.receive_data(await peer.receive_some())
+                while (frame := demux.next_frame()) is not None:
+                    client.receive_data(frame[1])
+                while (event := client.next_event()) is not None:
+                    assert isinstance(event, _ttrpc.ResponseReceived)
+                    answers.append((event.stream_id, event.response.payload))
+        assert [(1, b"now:0"), (3, b"now:1"), (5, b"now:2")] == answers
+        assert 1 == stream.writes
+        await peer.aclose()
+        await session.aclose()
 
 
 class TestConnectionEnds:

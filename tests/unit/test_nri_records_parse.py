@@ -135,3 +135,16 @@ def test_round_trip_any_content(
         api.CreateContainerRequest,
         bytes(api.CreateContainerRequest(pod=api.PodSandbox(), container=container)),
     )
+
+
+def test_fields_read_at_first_use() -> None:
+    """A view reads a field from upb's message when it is first read, and keeps it: a handler that
+    reads the container's name does not pay for the pod's and container's other records."""
+    payload = (DATA / "containerd-2.1.9-CreateContainerRequest.bin").read_bytes()
+    got = parse_frozen(api.CreateContainerRequest, payload)
+    assert "container" not in vars(got) and "pod" not in vars(got)
+    container = got.container
+    assert container is got.container  # kept: the same record at every read
+    assert {"container"} == {name for name in vars(got) if not name.startswith("_")}
+    assert container.name and "mounts" not in vars(container)
+    assert_same(frozen(api.CreateContainerRequest.parse(payload)), got)  # all of it, read at last
