@@ -266,6 +266,9 @@ class Registry:
 
     _stages: dict[Stage, list[Hook[Any]]] = attrs.Factory(lambda: {s: [] for s in Stage})
     _levels: dict[Level, list[Hook[Any]]] = attrs.Factory(lambda: {lv: [] for lv in Level})
+    # Per stage, its functions and their placement as hooks() and placement() give them: read on
+    # every hook call, so worked out once (on first use after each register()).
+    _plans: dict[Stage, tuple[tuple[Hook[Any], ...], Placement]] = attrs.Factory(dict)
 
     def register(
         self,
@@ -278,6 +281,7 @@ class Registry:
     ) -> None:
         """Run ``fn`` at ``stage`` as ``name``; ``blocking`` as :meth:`Hook.of` takes it."""
         _insert(self._stages[stage], Hook.of(name, description, fn, blocking=blocking), stage.value)
+        self._plans.clear()
 
     def register_reconciler(
         self, level: Level, name: str, description: str, fn: Callable[[Any], Any]
@@ -285,17 +289,25 @@ class Registry:
         _insert(self._levels[level], Hook.of(name, description, fn), level.value)
 
     def hooks(self, stage: Stage) -> tuple[Hook[Any], ...]:
-        return tuple(self._stages[stage])
+        plan = self._plans.get(stage)
+        return (plan or self._plan(stage))[0]
 
     def reconcilers(self, level: Level) -> tuple[Hook[Any], ...]:
         return tuple(self._levels[level])
 
     def placement(self, stage: Stage) -> Placement:
         """Where the served SDK runs ``stage`` (see :class:`Placement`)."""
-        hooks = self._stages[stage]
+        plan = self._plans.get(stage)
+        return (plan or self._plan(stage))[1]
+
+    def _plan(self, stage: Stage) -> tuple[tuple[Hook[Any], ...], Placement]:
+        hooks = tuple(self._stages[stage])
         if any(h.blocking for h in hooks):
-            return Placement.WORKER
-        return Placement.TASK if any(h.is_async for h in hooks) else Placement.LOOP
+            placement = Placement.WORKER
+        else:
+            placement = Placement.TASK if any(h.is_async for h in hooks) else Placement.LOOP
+        plan = self._plans[stage] = (hooks, placement)
+        return plan
 
     def stages(self, disabled: Sequence[Stage] = ()) -> tuple[Stage, ...]:
         """Stages with at least one function, minus ``disabled``, in declaration order."""

@@ -21,6 +21,7 @@ from krproxy.hookserver import (
     run_hooks,
 )
 from krproxy.hookserver._registry import InlineWatch, Placement, run_hooks_on_loop
+from krproxy.hookserver.policies import install_all
 from krproxy.hookserver.testing import container_request, logged_events, pod_request
 
 STAGE = Stage.PRE_CREATE_CONTAINER
@@ -87,6 +88,33 @@ class TestPlacement:
             app.hook(STAGE, name=f"f{i}", blocking=blocking)(fn)
         assert expected == app.registry.placement(STAGE)
         assert Placement.LOOP == app.registry.placement(Stage.PRE_START_CONTAINER)  # another stage: none
+
+    def test_a_function_added_later_moves_its_stage(self) -> None:
+        """Placement and functions are read once per stage, yet a function registered after a call
+        has read them counts from the next call on: a blocking one moves a loop stage to the worker."""
+        app = HookServer()
+        app.hook(STAGE, name="a", blocking=False)(plain)
+        assert Placement.LOOP == app.registry.placement(STAGE)
+        assert ["a"] == [h.name for h in app.registry.hooks(STAGE)]
+        app.hook(STAGE, name="b")(plain)
+        assert Placement.WORKER == app.registry.placement(STAGE)
+        assert ["a", "b"] == [h.name for h in app.registry.hooks(STAGE)]
+
+    def test_builtin_policies_that_only_compute_run_on_loop(self) -> None:
+        """The built-in policies' hook functions that read no file (cpuset, envinject, groupidentity,
+        resctrl, cpusuppress's forget_pod) are declared non-blocking; cpusuppress's set_pod and
+        set_container read the pod cgroup's CFS period, so the stages they are in stay in the worker."""
+        app = HookServer()
+        install_all(app)
+        blocking = {(stage, h.name) for stage in Stage for h in app.registry.hooks(stage) if h.blocking}
+        assert {
+            (Stage.PRE_RUN_POD_SANDBOX, "cpusuppress"),
+            (Stage.PRE_CREATE_CONTAINER, "cpusuppress"),
+            (Stage.PRE_UPDATE_CONTAINER_RESOURCES, "cpusuppress"),
+        } == blocking
+        assert Placement.LOOP == app.registry.placement(Stage.POST_START_CONTAINER)  # resctrl alone
+        assert Placement.LOOP == app.registry.placement(Stage.POST_STOP_POD_SANDBOX)  # forget_pod alone
+        assert Placement.WORKER == app.registry.placement(Stage.PRE_CREATE_CONTAINER)
 
     def test_an_async_function_declared_blocking_is_refused(self) -> None:
         """``blocking=True`` on an ``async def`` function is a TypeError naming it: it runs on the event
