@@ -139,6 +139,7 @@ class Served(Call):
     def finish(self) -> None:
         self.inbox.wake()
         super().finish()
+        self.stream = None  # (no cycle with the handler's view: the call is freed as it ends)
 
     # -- from the handler ----------------------------------------------------------------
 
