@@ -158,6 +158,46 @@ class Sender:
             stream.end_pending = True
         return self._pump(stream)
 
+    def send_answer(self, stream_id: int, headers: bytes | None, data: bytes, trailers: bytes) -> bool:
+        """A whole answer in one step where it goes out at once: ``headers`` (None: sent already),
+        ``data`` in one DATA frame, then ``trailers`` ending the stream; what :meth:`send_headers`,
+        :meth:`send_data` and :meth:`send_trailers` in turn would send. False, having sent nothing,
+        where one of them would queue, reset or refuse (the windows or the frame size too small for
+        ``data``, data queued before it, a block over the peer's header list limit, a stream that is
+        over): the driver then sends the three in turn, as before."""
+        stream = self.streams.get(stream_id)
+        size = len(data)
+        if (
+            stream is None
+            or stream.reset
+            or stream.send_ended
+            or stream.pending
+            or stream.end_pending
+            or stream.headers_sent is (headers is not None)
+            or size > stream.send_window
+            or size > self.send_window
+            or size > self.peer_max_frame
+        ):
+            return False
+        limit = self.peer_max_header_list
+        if limit is not None and (
+            (headers is not None and self.over_peer_limit(headers) is not None)
+            or self.over_peer_limit(trailers) is not None
+        ):
+            return False
+        output = self.output
+        if headers is not None:
+            stream.headers_sent = True
+            output += self._header_frames(stream_id, headers, False)
+        if size:
+            output += f.HEAD.pack(size >> 16, size & 0xFFFF, f.DATA, 0, stream_id)
+            output += data
+        output += self._header_frames(stream_id, trailers, True)
+        stream.send_window -= size
+        self.send_window -= size
+        stream.send_ended = True
+        return True
+
     def send_trailers(self, stream_id: int, headers: ev.Headers | bytes) -> int:
         """End the stream with a header block, after any data still queued. Returns the queued
         bytes framed now (that waited for the windows)."""

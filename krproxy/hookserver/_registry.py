@@ -266,6 +266,11 @@ class Registry:
 
     _stages: dict[Stage, list[Hook[Any]]] = attrs.Factory(lambda: {s: [] for s in Stage})
     _levels: dict[Level, list[Hook[Any]]] = attrs.Factory(lambda: {lv: [] for lv in Level})
+    # Per stage, its functions and their placement as hooks() and placement() give them: read on
+    # every hook call, so worked out when the stage changes (register()), not per call.
+    _plans: dict[Stage, tuple[tuple[Hook[Any], ...], Placement]] = attrs.Factory(
+        lambda: {s: _plan(()) for s in Stage}
+    )
 
     def register(
         self,
@@ -277,7 +282,9 @@ class Registry:
         blocking: bool | None = None,
     ) -> None:
         """Run ``fn`` at ``stage`` as ``name``; ``blocking`` as :meth:`Hook.of` takes it."""
-        _insert(self._stages[stage], Hook.of(name, description, fn, blocking=blocking), stage.value)
+        hooks = self._stages[stage]
+        _insert(hooks, Hook.of(name, description, fn, blocking=blocking), stage.value)
+        self._plans[stage] = _plan(tuple(hooks))
 
     def register_reconciler(
         self, level: Level, name: str, description: str, fn: Callable[[Any], Any]
@@ -285,21 +292,26 @@ class Registry:
         _insert(self._levels[level], Hook.of(name, description, fn), level.value)
 
     def hooks(self, stage: Stage) -> tuple[Hook[Any], ...]:
-        return tuple(self._stages[stage])
+        return self._plans[stage][0]
 
     def reconcilers(self, level: Level) -> tuple[Hook[Any], ...]:
         return tuple(self._levels[level])
 
     def placement(self, stage: Stage) -> Placement:
         """Where the served SDK runs ``stage`` (see :class:`Placement`)."""
-        hooks = self._stages[stage]
-        if any(h.blocking for h in hooks):
-            return Placement.WORKER
-        return Placement.TASK if any(h.is_async for h in hooks) else Placement.LOOP
+        return self._plans[stage][1]
 
     def stages(self, disabled: Sequence[Stage] = ()) -> tuple[Stage, ...]:
         """Stages with at least one function, minus ``disabled``, in declaration order."""
         return tuple(s for s in Stage if self._stages[s] and s not in disabled)
+
+
+def _plan(hooks: tuple[Hook[Any], ...]) -> tuple[tuple[Hook[Any], ...], Placement]:
+    """A stage's functions and where they run: the worker if one blocks, else a task on the loop if
+    one is ``async def``, else the loop itself (none: the loop)."""
+    if any(h.blocking for h in hooks):
+        return hooks, Placement.WORKER
+    return hooks, Placement.TASK if any(h.is_async for h in hooks) else Placement.LOOP
 
 
 def _insert(hooks: list[Hook[Any]], hook: Hook[Any], where: str) -> None:

@@ -139,6 +139,7 @@ class Served(Call):
     def finish(self) -> None:
         self.inbox.wake()
         super().finish()
+        self.stream = None  # (no cycle with the handler's view: the call is freed as it ends)
 
     # -- from the handler ----------------------------------------------------------------
 
@@ -153,9 +154,18 @@ class Served(Call):
         if self.answered or client.send_ended or client.reset:
             return
         self.answered = True
-        if not client.headers_sent:
+        s = client.s
+        data = grpc_message(message)
+        if client.opened:  # the three frames in one step where they go out at once (send_answer)
+            ep = client.ep
+            if ep.h2.send_answer(s.id, None if s.headers_sent else PLAIN_BLOCK, data, _OK_BLOCK):
+                if not ep.dirty:
+                    ep.touch()
+                self.settle()
+                return
+        if not s.headers_sent:
             client.send_headers(PLAIN_BLOCK, False)
-        client.send_data(grpc_message(message), False)
+        client.send_data(data, False)
         client.send_trailers(_OK_BLOCK)
 
     def end(

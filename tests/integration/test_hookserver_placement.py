@@ -125,6 +125,38 @@ async def test_a_non_blocking_stage_runs_on_the_loop_without_a_job(
     assert threading.main_thread() is not threads["plain"]
 
 
+async def test_a_function_registered_while_serving_counts(
+    short_tmp: pathlib.Path, client: HookClient, submitted: list[str]
+) -> None:
+    """A blocking function registered while the server runs, after a call of its stage ran on the loop,
+    is in the next call: that call is one job in the worker and its answer carries both functions'
+    changes."""
+    app = _app(short_tmp)
+
+    @app.hook(CREATE, name="b-quick", blocking=False)
+    def quick(ctx: ContainerContext) -> None:
+        ctx.response.add_envs["QUICK"] = ctx.request.name
+
+    def slow(ctx: ContainerContext) -> None:
+        ctx.response.add_envs["SLOW"] = threading.current_thread().name
+
+    request = container_request(pod_request("p"), "c")
+    with trio.fail_after(LIVENESS_LIMIT):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(serve, app, _options(short_tmp))
+            submitted.clear()
+            first = await client.call(CREATE, request)
+            assert [] == submitted
+            app.hook(CREATE, name="a-slow")(slow)
+            second = await client.call(CREATE, request)
+            assert ["_in_worker"] == submitted
+            nursery.cancel_scope.cancel()
+    assert {"QUICK": "c"} == first.container_envs
+    assert "SLOW" in second.container_envs
+    assert threading.main_thread().name != second.container_envs["SLOW"]
+    assert "c" == second.container_envs["QUICK"]
+
+
 async def test_an_async_stage_runs_in_a_task_without_a_job(
     short_tmp: pathlib.Path, client: HookClient, submitted: list[str]
 ) -> None:

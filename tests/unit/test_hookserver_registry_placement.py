@@ -3,6 +3,7 @@ timing of non-blocking functions on the loop (:class:`InlineWatch`, on a fake cl
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 
@@ -13,6 +14,7 @@ import trio.lowlevel
 from krproxy.hookserver import (
     ContainerContext,
     ContainerInfo,
+    DuplicateHookError,
     FailurePolicy,
     HookFailedError,
     HookServer,
@@ -21,6 +23,7 @@ from krproxy.hookserver import (
     run_hooks,
 )
 from krproxy.hookserver._registry import InlineWatch, Placement, run_hooks_on_loop
+from krproxy.hookserver.policies import envinject, install_all
 from krproxy.hookserver.testing import container_request, logged_events, pod_request
 
 STAGE = Stage.PRE_CREATE_CONTAINER
@@ -88,6 +91,22 @@ class TestPlacement:
         assert expected == app.registry.placement(STAGE)
         assert Placement.LOOP == app.registry.placement(Stage.PRE_START_CONTAINER)  # another stage: none
 
+    def test_builtin_policies_that_only_compute_run_on_loop(self) -> None:
+        """The built-in policies' hook functions that read no file (cpuset, envinject, groupidentity,
+        resctrl, cpusuppress's forget_pod) are declared non-blocking; cpusuppress's set_pod and
+        set_container read the pod cgroup's CFS period, so the stages they are in stay in the worker."""
+        app = HookServer()
+        install_all(app)
+        blocking = {(stage, h.name) for stage in Stage for h in app.registry.hooks(stage) if h.blocking}
+        assert {
+            (Stage.PRE_RUN_POD_SANDBOX, "cpusuppress"),
+            (Stage.PRE_CREATE_CONTAINER, "cpusuppress"),
+            (Stage.PRE_UPDATE_CONTAINER_RESOURCES, "cpusuppress"),
+        } == blocking
+        assert Placement.LOOP == app.registry.placement(Stage.POST_START_CONTAINER)  # resctrl alone
+        assert Placement.LOOP == app.registry.placement(Stage.POST_STOP_POD_SANDBOX)  # forget_pod alone
+        assert Placement.WORKER == app.registry.placement(Stage.PRE_CREATE_CONTAINER)
+
     def test_an_async_function_declared_blocking_is_refused(self) -> None:
         """``blocking=True`` on an ``async def`` function is a TypeError naming it: it runs on the event
         loop whatever it declares."""
@@ -102,6 +121,71 @@ class TestPlacement:
         app.hook(STAGE, name="quick", blocking=False)(plain)
         answer = app.handle_container(STAGE, container_request(pod_request("p"), "c"))
         assert {"PLAIN": "1"} == answer.container_envs
+
+
+class TestPlanAfterRegister:
+    """A stage's functions and placement are worked out when it changes, not per call: whatever is
+    registered after a call has read them counts from the next call on."""
+
+    def test_a_function_added_after_a_call_runs_next(self) -> None:
+        """A blocking function registered after a call of a loop stage is in the next call, ordered by
+        name, and moves the stage to the worker."""
+        app = HookServer()
+        app.hook(STAGE, name="b", blocking=False)(plain)
+        request = container_request(pod_request("p"), "c")
+        assert {"PLAIN": "1"} == app.handle_container(STAGE, request).container_envs
+        assert Placement.LOOP == app.registry.placement(STAGE)
+
+        @app.hook(STAGE, name="a")
+        def first(ctx: ContainerContext) -> None:
+            ctx.response.add_envs["FIRST"] = "a"
+
+        assert ["a", "b"] == [h.name for h in app.registry.hooks(STAGE)]
+        assert Placement.WORKER == app.registry.placement(STAGE)
+        assert {"FIRST": "a", "PLAIN": "1"} == app.handle_container(STAGE, request).container_envs
+
+    def test_an_async_function_added_moves_a_loop_stage(self) -> None:
+        """An ``async def`` function registered after the stage's plan was read moves a loop stage to a
+        task; a blocking one after that to the worker."""
+        app = HookServer()
+        app.hook(STAGE, name="a", blocking=False)(plain)
+        assert Placement.LOOP == app.registry.placement(STAGE)
+        app.hook(STAGE, name="b")(awaiting)
+        assert Placement.TASK == app.registry.placement(STAGE)
+        app.hook(STAGE, name="c")(plain)
+        assert Placement.WORKER == app.registry.placement(STAGE)
+
+    def test_a_policy_installed_after_a_call_runs_next(self) -> None:
+        """A built-in policy installed after a call (here envinject) runs from the next call on."""
+        app = HookServer()
+        app.hook(STAGE, name="quick", blocking=False)(plain)
+        env = json.dumps({"FROM_POD": "yes"})
+        request = container_request(pod_request("p", annotations={envinject.ANNOTATION: env}), "c")
+        assert {"PLAIN": "1"} == app.handle_container(STAGE, request).container_envs
+        envinject.install(app)
+        assert ["envinject", "quick"] == [h.name for h in app.registry.hooks(STAGE)]
+        assert {"FROM_POD": "yes", "PLAIN": "1"} == app.handle_container(STAGE, request).container_envs
+
+    def test_a_refused_duplicate_leaves_the_plan(self) -> None:
+        """A second function of a name already registered is refused and the stage's functions and
+        placement stay as they were."""
+        app = HookServer()
+        app.hook(STAGE, name="a", blocking=False)(plain)
+        before = (app.registry.hooks(STAGE), app.registry.placement(STAGE))
+        with pytest.raises(DuplicateHookError, match="'a' is already registered"):
+            app.hook(STAGE, name="a")(plain)
+        assert before == (app.registry.hooks(STAGE), app.registry.placement(STAGE))
+
+    def test_another_stage_s_function_leaves_this_plan(self) -> None:
+        """A function registered at one stage changes that stage's plan only."""
+        app = HookServer()
+        app.hook(STAGE, name="a", blocking=False)(plain)
+        app.hook(Stage.PRE_START_CONTAINER, name="b")(plain)
+        assert (["a"], Placement.LOOP) == (
+            [h.name for h in app.registry.hooks(STAGE)],
+            app.registry.placement(STAGE),
+        )
+        assert Placement.WORKER == app.registry.placement(Stage.PRE_START_CONTAINER)
 
 
 class TestInlineWatch:

@@ -69,7 +69,7 @@ def status(probe: NodeProbe, policy: NodePolicy | None) -> FeatureStatus:
 
 def install(app: HookServer) -> None:
     description = "container cpuset from scheduling.koordinator.sh/resource-status"
-    app.registry.register(Stage.PRE_CREATE_CONTAINER, NAME, description, set_cpuset)
-    app.registry.register(Stage.PRE_UPDATE_CONTAINER_RESOURCES, NAME, description, set_cpuset)
+    app.registry.register(Stage.PRE_CREATE_CONTAINER, NAME, description, set_cpuset, blocking=False)
+    app.registry.register(Stage.PRE_UPDATE_CONTAINER_RESOURCES, NAME, description, set_cpuset, blocking=False)
     app.registry.register_reconciler(Level.CONTAINER, NAME, description, set_cpuset)
     app.feature(NAME, functools.partial(status, app.probe))

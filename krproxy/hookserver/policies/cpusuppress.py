@@ -438,7 +438,7 @@ def install(
     app.registry.register(Stage.PRE_RUN_POD_SANDBOX, NAME, description, plugin.set_pod)
     app.registry.register(Stage.PRE_CREATE_CONTAINER, NAME, description, plugin.set_container)
     app.registry.register(Stage.PRE_UPDATE_CONTAINER_RESOURCES, NAME, description, plugin.set_container)
-    app.registry.register(Stage.POST_STOP_POD_SANDBOX, NAME, description, plugin.forget_pod)
+    app.registry.register(Stage.POST_STOP_POD_SANDBOX, NAME, description, plugin.forget_pod, blocking=False)
     app.registry.register_reconciler(Level.POD, NAME, description, plugin.set_pod)
     app.registry.register_reconciler(Level.CONTAINER, NAME, description, plugin.reconcile_container)
     app.every(interval, name=NAME)(plugin.tick)

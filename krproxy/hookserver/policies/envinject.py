@@ -52,5 +52,7 @@ def status(policy: NodePolicy | None) -> FeatureStatus:
 
 
 def install(app: HookServer) -> None:
-    app.registry.register(Stage.PRE_CREATE_CONTAINER, NAME, f"container env from {ANNOTATION}", inject_env)
+    app.registry.register(
+        Stage.PRE_CREATE_CONTAINER, NAME, f"container env from {ANNOTATION}", inject_env, blocking=False
+    )
     app.feature(NAME, status)

@@ -83,7 +83,7 @@ def install(app: HookServer) -> GroupIdentity:
     plugin = GroupIdentity()
     description = "cpu.bvt_warp_ns (or cpu.idle/cpu.shares) of the pod cgroup by QoS class"
     app.rules.register(NAME, description, plugin.parse)
-    app.registry.register(Stage.PRE_RUN_POD_SANDBOX, NAME, description, plugin.set_pod)
+    app.registry.register(Stage.PRE_RUN_POD_SANDBOX, NAME, description, plugin.set_pod, blocking=False)
     app.registry.register_reconciler(Level.POD, NAME, description, plugin.reconcile_pod)
     app.feature(NAME, functools.partial(status, app.probe))
     return plugin

@@ -131,7 +131,7 @@ def install(app: HookServer) -> Resctrl:
     plugin = Resctrl(app.executor)
     description = "LLC/memory bandwidth: resctrl group per QoS class"
     app.rules.register(NAME, description, plugin.parse, system_supported=plugin.supported)
-    app.registry.register(Stage.POST_START_CONTAINER, NAME, description, plugin.set_container)
+    app.registry.register(Stage.POST_START_CONTAINER, NAME, description, plugin.set_container, blocking=False)
     app.registry.register_reconciler(Level.CONTAINER, NAME, description, plugin.reconcile_container)
     app.feature(NAME, functools.partial(status, app.executor))
     return plugin
