@@ -186,7 +186,7 @@ class Reader:
                 if half is not None:
                     half.call.on_reply_headers(reply.headers, reply.end_stream)
                     if reply.end_stream:
-                        half.call.settle()
+                        half.state.settle()
             elif kind is ev.DataSent:
                 sent = event
                 half = halves.get(sent.stream_id)
@@ -194,13 +194,13 @@ class Reader:
                     if sent.size and half.peer is not None:
                         half.peer.grant(sent.size)
                     if sent.stream_ended:
-                        half.call.settle()
+                        half.state.settle()
             elif kind is ev.TrailersReceived:
                 trailers = event
                 half = halves.get(trailers.stream_id)
                 if half is not None:
                     half.call.on_request_trailers(trailers.headers)
-                    half.call.settle()
+                    half.state.settle()
             elif kind is ev.StreamReset:
                 self._on_reset(event)
             elif kind is ev.SettingsChanged:
@@ -220,16 +220,18 @@ class Reader:
             half.peer.grant(event.unsent)
         code = event.error_code
         if self.server_side:
-            half.call.caller_gone()
+            half.state.caller_gone()
         elif event.remote:
             refused = code == f.REFUSED_STREAM  # not processed (RFC 9113 §8.7): safe to send again
             name = f.ERROR_NAMES.get(code, f"HTTP/2 error code {code}")
-            half.call.upstream_gone(f"{self.ep.describe} reset the stream ({name})", refused, reset_code=code)
+            half.state.upstream_gone(
+                f"{self.ep.describe} reset the stream ({name})", refused, reset_code=code
+            )
         elif code == f.FRAME_SIZE_ERROR:  # e.g. its header block over what the core reads: as grpc-go's
             reason = f"{self.ep.describe}: peer header list size exceeded limit (FRAME_SIZE_ERROR)"
-            half.call.upstream_gone(reason, reset_code=code)  # client, INTERNAL
+            half.state.upstream_gone(reason, reset_code=code)  # client, INTERNAL
         else:
-            half.call.upstream_gone(f"{self.ep.describe} broke HTTP/2 on the stream ({f.ERROR_NAMES[code]})")
+            half.state.upstream_gone(f"{self.ep.describe} broke HTTP/2 on the stream ({f.ERROR_NAMES[code]})")
 
     def _on_goaway(self, event: ev.GoAwayReceived) -> None:
         if self.server_side:
@@ -239,7 +241,7 @@ class Reader:
         gone = [self.halves[i] for i in event.refused if i in self.halves] + [w[0] for w in ep.waiting]
         for half in gone:
             half.reset = True  # above the last stream it will process: not processed, like a refusal
-            half.call.upstream_gone(
+            half.state.upstream_gone(
                 f"{ep.describe} is going away (GOAWAY, HTTP/2 error code {event.error_code})", True
             )
 

@@ -32,7 +32,7 @@ class FairQueue:
 
     @staticmethod
     def _turn(half: Half) -> object:
-        client = getattr(half.call, "client", None)
+        client = getattr(half.state, "client", None)
         return client.ep if client is not None else None
 
     def append(self, entry: Waiting) -> None:

@@ -262,7 +262,7 @@ class Endpoint:
                 evicted = self.waiting.evict_for(half)
                 refused = half if evicted is None else evicted[0]
                 refused.reset = True
-                refused.call.upstream_gone(reason)
+                refused.state.upstream_gone(reason)
                 if evicted is None:
                     return
             self.waiting.append((half, block, end))
@@ -273,7 +273,7 @@ class Endpoint:
         h2 = self.h2
         if h2.next_id > f.MAX_STREAM_ID:  # ids used up while it waited: not sent, so refused
             half.reset = True
-            half.call.upstream_gone(f"{self.describe}: stream ids used up on this connection", True)
+            half.state.upstream_gone(f"{self.describe}: stream ids used up on this connection", True)
             return
         limit = h2.over_peer_limit(block)
         if limit is not None:  # not sent: that call fails as grpc-go's client fails it
@@ -281,7 +281,7 @@ class Endpoint:
             reason = (
                 f"header list size to send violates the maximum size ({limit} bytes) set by {self.describe}"
             )
-            half.call.upstream_gone(reason, reset_code=f.INTERNAL_ERROR)
+            half.state.upstream_gone(reason, reset_code=f.INTERNAL_ERROR)
             return
         s = half.s
         queued = len(s.pending)
@@ -292,12 +292,12 @@ class Endpoint:
         self.touch()
         if h2.next_id > f.MAX_STREAM_ID:
             self.retire()
-        half.call.backend_clock = time.perf_counter()
+        half.state.backend_clock = time.perf_counter()
         sent = queued - len(s.pending)
         if sent and half.peer is not None:
             half.peer.grant(sent)
         if s.send_ended:
-            half.call.settle()
+            half.state.settle()
 
     def forget(self, half: Half) -> None:
         s = half.s
@@ -422,13 +422,13 @@ class Endpoint:
             self._close_socket()
         self.out.clear()
         for half in list(self.halves.values()) + [w[0] for w in self.waiting]:
-            if half.call.finished:
+            if half.state.finished:
                 continue
             half.reset = True
             if self.server_side:
-                half.call.caller_gone()
+                half.state.caller_gone()
             else:
-                half.call.upstream_gone(reason)
+                half.state.upstream_gone(reason)
         self.halves.clear()
         self.waiting.clear()
 

@@ -35,7 +35,8 @@ def settle_own(stream: Exchange | Reading) -> None:
 
 
 class _OwnSide:
-    """The steps of a caller's half, which a stream of our own never gets (:class:`~krproxy.relay.half.CallSide`)."""
+    """The steps and the end of a caller's half, which a stream of our own never gets: it is its
+    half's :class:`~krproxy.relay.half.CallSide` and its half's state alike (``Half.state``)."""
 
     __slots__ = ()
 

@@ -1,5 +1,6 @@
 """One stream of a call (:class:`Half`) and the one interface every call kind offers its halves
-(:class:`CallSide`).
+(:class:`CallSide`): a half hands its frames to its call kind and tells its call's state how the
+stream ends (:attr:`Half.state`).
 
 Flow control: a *stream's* credit is granted back to its sender only once its bytes were
 written towards the other side, within that side's window, so a slow reader slows down its own
@@ -22,7 +23,9 @@ from krproxy.h2.streams import Stream
 
 if TYPE_CHECKING:
     from krproxy.relay.connection import Endpoint
+    from krproxy.relay.exchange import Exchange, Reading
     from krproxy.relay.served import Served
+    from krproxy.relay.state import CallState
 
 __all__ = ["CallSide", "Half", "Headers"]
 
@@ -36,20 +39,16 @@ class CallSide(Protocol):
     (:class:`~krproxy.relay.call.Call`), an intercepted one (:class:`~krproxy.relay.intercepted.LocalCall`),
     a served one (:class:`~krproxy.relay.served.Served`), a unary call of our own
     (:class:`~krproxy.relay.exchange.Exchange`) and a server stream read message by message
-    (:class:`~krproxy.relay.exchange.Reading`). A caller's half gets the ``on_request_*`` steps and
-    ``caller_gone``; an upstream half the ``on_reply_*`` steps and ``upstream_gone``; both ``settle``.
+    (:class:`~krproxy.relay.exchange.Reading`). A caller's half gets the ``on_request_*`` steps, an
+    upstream half the ``on_reply_*`` steps. How a stream ends is told to its half's
+    :attr:`Half.state` instead (``settle``, ``caller_gone``, ``upstream_gone``): the
+    :class:`~krproxy.relay.state.CallState` a call of a caller's holds, or a stream of our own.
     """
-
-    finished: bool
-    backend_clock: float
 
     def on_request_data(self, data: bytes, end: bool) -> None: ...
     def on_request_trailers(self, headers: Headers) -> None: ...
     def on_reply_headers(self, headers: Headers, end: bool) -> None: ...
     def on_reply_data(self, data: bytes, end: bool) -> None: ...
-    def caller_gone(self) -> None: ...
-    def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None: ...
-    def settle(self) -> None: ...
 
 
 class _Over:
@@ -90,11 +89,18 @@ class Half:
     shared: the connection's own once the stream is open, a stream of its own while an upstream
     half waits for a slot (what is queued on it goes out when it starts)."""
 
-    __slots__ = ("call", "ep", "opened", "peer", "s")
+    __slots__ = ("call", "ep", "opened", "peer", "s", "state")
 
-    def __init__(self, ep: Endpoint, stream_id: int, call: CallSide) -> None:
+    def __init__(
+        self, ep: Endpoint, stream_id: int, call: CallSide, state: CallState | Exchange | Reading
+    ) -> None:
         self.ep = ep
+        #: Handed this stream's frames: the call kind (:class:`CallSide`).
         self.call = call
+        #: Told how this stream ends (``settle``, ``caller_gone``, ``upstream_gone``) and read for
+        #: ``finished``, ``backend_clock``: a caller's call's :class:`~krproxy.relay.state.CallState`,
+        #: or a stream of our own (an ``Exchange``, a ``Reading``), which is its own state.
+        self.state: CallState | Exchange | Reading | _Over = state
         #: Told of bytes queued here once they are written (or dropped): the paired half, whose
         #: sender gets flow-control credit back, or a served call waiting for room to send.
         self.peer: Half | Served | None = None
@@ -166,7 +172,7 @@ class Half:
         if ep.server_side and not ep.dirty and ep.h2.buffered > ep.max_held:
             ep.mark_dirty()  # try_send closes it
         if s.send_ended:
-            self.call.settle()
+            self.state.settle()
 
     def send_trailers(self, block: bytes) -> None:
         """Send a header block ending the stream, after any data still queued."""
@@ -184,7 +190,7 @@ class Half:
         if sent and self.peer is not None:
             self.peer.grant(sent)
         if s.send_ended or s.reset:  # reset: over the peer's header list limit
-            self.call.settle()
+            self.state.settle()
 
     def send_headers(self, block: bytes, end: bool) -> None:
         """Send response (or request) headers at once; they are not flow controlled."""
@@ -196,7 +202,7 @@ class Half:
         if not ep.dirty:
             ep.touch()
         if end or s.reset:  # reset: over the peer's header list limit
-            self.call.settle()
+            self.state.settle()
 
     # -- receiving: give flow-control credit back ------------------------------------------
 
@@ -234,7 +240,7 @@ class Half:
     def release(self) -> None:
         """The call is over: drop the references between this half, its call and its peer, so
         that their memory goes at once (reference counting), not at a full garbage collection."""
-        self.call = _OVER
+        self.call = self.state = _OVER
         self.peer = None
         self.s.trailers_pending = None
 

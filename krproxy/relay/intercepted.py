@@ -41,6 +41,7 @@ from krproxy.relay.grpc import (
     status_fields,
 )
 from krproxy.relay.half import Half, Headers
+from krproxy.relay.state import CallState
 
 if TYPE_CHECKING:
     from krproxy.relay.route import Route
@@ -56,7 +57,7 @@ _HANDED_OVER = Reply(b"")
 LOGGER = logging.getLogger("krproxy.relay")
 
 
-class LocalCall(Call):
+class LocalCall:
     """A call with hook points: the relay collects the request and runs the interceptor.
 
     The interceptor runs in a task of its own; its ``forward`` makes a unary call on the
@@ -65,7 +66,8 @@ class LocalCall(Call):
 
     Unless the path's ``watch`` (:data:`krproxy.forward.Watch`), shown the whole request first,
     gives a watcher: then the call goes upstream as the caller sent it (its header block, its
-    message), its answer is relayed frame by frame as a passthrough :class:`Call`'s, and the
+    message), its answer is relayed frame by frame by a passthrough :class:`Call` over this call's
+    state (its halves, status and end: :attr:`state`, a :class:`CallState`), and the
     watcher is told how it ended once the answer is out (:meth:`Transport.flush`). No task, no
     re-encoding, no call of the relay's own: a hook point without plugins costs about what a
     passthrough call does.
@@ -84,10 +86,13 @@ class LocalCall(Call):
         "_headers",
         "_interceptor",
         "_refusals",
-        "_reply_encoding",
+        "_relayed",
         "_started",
         "_watch",
         "ctx",
+        "request_tap",
+        "state",
+        "unary",
         "watcher",
     )
 
@@ -101,29 +106,30 @@ class LocalCall(Call):
         headers: Headers,
         watch: Watch | None = None,
     ) -> None:
-        super().__init__(transport, path, route, unary)
+        self.state = CallState(transport, path, route, self)
+        self.unary = unary
         self.request_tap = Tap(KEEP_FIRST, transport.max_request)  # the interceptor needs the request
-        self.reply_tap = None
         self._interceptor = interceptor
         self._headers = headers
         self._watch = watch
-        self.watcher = None
+        self.watcher: Watcher | None = None
         self._encoding = next((value for name, value in headers if name == b"grpc-encoding"), b"identity")
-        self._reply_encoding = b"identity"  # a watched call's answer's, which the runtime may compress
         self._started = False
         self._handed: bytes | None = None  # the framed request the interceptor handed over (hand_over)
+        self._relayed: Call | None = None  # what relays the answer of a watched or handed-over call
         self._refusals = 0
         self.ctx = calls.CallContext(path)
 
     def on_request_data(self, data: bytes, end: bool) -> None:
-        assert self.request_tap is not None
+        state = self.state
         if data:
-            ep = self.client.ep
+            client = state.client
+            ep = client.ep
             if ep.collected + len(data) > connection.MAX_HELD:
                 # Its windows are granted as it arrives, so bound it here: a caller sending many
                 # large requests and never finishing them would otherwise fill our memory.
-                self.client.grant(len(data))
-                self.fail(
+                client.grant(len(data))
+                state.fail(
                     Status.RESOURCE_EXHAUSTED,
                     f"krproxy already holds {ep.collected} bytes of requests from this connection"
                     f" (limit {connection.MAX_HELD}); send fewer large calls at once",
@@ -132,24 +138,46 @@ class LocalCall(Call):
             try:
                 self.request_tap.feed(data)
             except MessageTooLarge as err:
-                self.too_large(data, err)
+                state.too_large(data, err)
                 return
             ep.collected += len(data)
-            self._collected += len(data)
-            self.client.grant(len(data))
+            state.collected += len(data)
+            client.grant(len(data))
         if end:
-            self.client.recv_ended = True
-            if not self._started and not self.finished and not self.answered:
+            state.client.recv_ended = True
+            if not self._started and not state.finished and not state.answered:
                 self._started = True
                 if not self._pass_watched():
-                    self.transport.nursery.start_soon(self._handle)
+                    state.transport.nursery.start_soon(self._handle)
+
+    def on_request_trailers(self, headers: Headers) -> None:
+        self.on_request_data(b"", True)
+
+    # The answer of a watched or handed-over call reaches its relayed part (_relayed), not this.
+
+    def on_reply_headers(self, headers: Headers, end: bool) -> None:
+        pass
+
+    def on_reply_data(self, data: bytes, end: bool) -> None:
+        pass
+
+    def _relay_answer(self) -> Call:
+        """What relays this call's answer from the runtime, as a passthrough call's (its reply
+        kept for the watcher and the record)."""
+        state = self.state
+        relayed = Call(
+            state.transport, state.path, state.route, self.unary, answering=state, reply_tap=Tap(KEEP_ALL)
+        )
+        self._relayed = relayed
+        return relayed
 
     def _pass_watched(self) -> bool:
         """Send the call upstream as the caller's bytes if its path's watch gives a watcher for its
         request (one whole uncompressed message); False: the interceptor is to handle it."""
         tap = self.request_tap
-        route = self.route
-        if self._watch is None or route is None or tap is None or tap.compressed:
+        state = self.state
+        route = state.route
+        if self._watch is None or route is None or tap.compressed:
             return False
         if tap.first is None or tap.messages != 1:
             return False
@@ -157,7 +185,7 @@ class LocalCall(Call):
         try:
             watcher = self._watch(request)
         except Exception:  # a bug of ours: the interceptor handles the call, as without a watch
-            LOGGER.exception("watch of %s failed", self.path)
+            LOGGER.exception("watch of %s failed", state.path)
             return False
         if watcher is None:
             return False
@@ -165,11 +193,10 @@ class LocalCall(Call):
         try:
             ep = route.endpoint()
         except OSError as err:
-            self.fail(Status.UNAVAILABLE, f"{route.describe} is unavailable: {err}")
+            state.fail(Status.UNAVAILABLE, f"{route.describe} is unavailable: {err}")
             return True
-        self.reply_tap = Tap(KEEP_ALL)  # the watcher and the record get the reply
-        client = self.client
-        upstream = self.upstream = Half(ep, 0, self)
+        client = state.client
+        upstream = state.upstream = Half(ep, 0, self._relay_answer(), state)
         # The caller's request was granted back as it arrived (it was held here): only the answer's
         # credit goes back to the upstream as the caller takes it, hence no upstream.peer.
         client.peer = upstream
@@ -177,49 +204,46 @@ class LocalCall(Call):
         upstream.send_data(grpc_message(request), True)
         return True
 
-    def on_request_trailers(self, headers: Headers) -> None:
-        self.on_request_data(b"", True)
-
-    def on_reply_headers(self, headers: Headers, end: bool) -> None:
-        # Only a watched call has an upstream half of its own (the interceptor's calls are _Exchanges).
-        if not end:
-            self._reply_encoding = next((v for n, v in headers if n == b"grpc-encoding"), b"identity")
-        super().on_reply_headers(headers, end)
-
     def reply_message(self) -> bytes | None:
-        """As :meth:`Call.reply_message`, decompressed: a watched call carries the caller's
-        ``grpc-accept-encoding``, so the runtime may compress the answer its watcher must read. None
-        (logged) if it does not decompress, or to more than :data:`_WATCHED_REPLY_LIMIT`."""
-        message = super().reply_message()
-        tap = self.reply_tap
+        """The answer of a watched or handed-over call, as :meth:`Call.reply_message` gives it,
+        decompressed: such a call carries the caller's ``grpc-accept-encoding``, so the runtime may
+        compress the answer its watcher must read. None (logged) if it does not decompress, or to
+        more than :data:`_WATCHED_REPLY_LIMIT`; None for an answer of the interceptor's."""
+        relayed = self._relayed
+        if relayed is None:
+            return None
+        message = relayed.reply_message()
+        tap = relayed.reply_tap
         if message is None or tap is None or not tap.compressed:
             return message
+        headers = relayed.answer_headers or ()
+        encoding = next((v for n, v in headers if n == b"grpc-encoding"), b"identity")
         try:
-            return decompress_inline(self._reply_encoding, message, _WATCHED_REPLY_LIMIT)
+            return decompress_inline(encoding, message, _WATCHED_REPLY_LIMIT)
         except (GRPCError, MessageTooLarge) as err:
-            LOGGER.warning("%s: the runtime's compressed answer is unreadable here: %s", self.path, err)
+            LOGGER.warning("%s: the runtime's compressed answer is unreadable here: %s", self.state.path, err)
             return None
 
     async def _handle(self) -> None:
-        if self.finished or self.answered:  # reset or failed before this task ran: cancelled
+        state = self.state
+        if state.finished or state.answered:  # reset or failed before this task ran: cancelled
             return
         tap = self.request_tap
-        assert tap is not None
         ctx = self.ctx
         calls.CURRENT.set(ctx)  # this task's own context: calls never share one
-        ctx.deadline = self.deadline
+        ctx.deadline = state.deadline
         try:
             if tap.first is None or tap.messages < 1:
                 raise GRPCError(Status.INTERNAL, "the request carried no complete message")
             ctx.request = bytes(tap.first)
-            with trio.CancelScope() as self._scope:
+            with trio.CancelScope() as state.scope:
                 if tap.compressed:
                     ctx.request = await self._decompressed(ctx.request)
                 reply = await self._interceptor(
-                    self.path, ctx.request, CallForward(self._forward, self.hand_over)
+                    state.path, ctx.request, CallForward(self._forward, self.hand_over)
                 )
                 if reply is _HANDED_OVER:
-                    if not self.answered:  # (the deadline may have passed meanwhile)
+                    if not state.answered:  # (the deadline may have passed meanwhile)
                         self._send_handed()
                     return
                 ctx.reply, ctx.replies = reply.message, 1  # before answering: that may finish the call
@@ -229,7 +253,7 @@ class LocalCall(Call):
                     reply.trailers or PLAIN_TRAILERS,
                 )
         except CloseConnection:
-            self.client.ep.close("the handler closed the connection")
+            state.client.ep.close("the handler closed the connection")
         except BackendError as err:
             self._answer(err.headers, None, err.trailers, err)
             forget_traceback(err)
@@ -238,18 +262,18 @@ class LocalCall(Call):
             self._answer(None, None, status_fields(err.status, err.message, details), err)
             forget_traceback(err)
         except Exception as err:  # a bug of ours: answer UNKNOWN, keep serving
-            LOGGER.exception("interceptor for %s failed", self.path)
+            LOGGER.exception("interceptor for %s failed", state.path)
             unknown = GRPCError(Status.UNKNOWN, f"{type(err).__name__}: {err}")
             self._answer(None, None, status_fields(unknown.status, unknown.message, None), unknown)
             forget_traceback(err)
         finally:
-            self.transport.flush()
+            state.transport.flush()
 
     async def _decompressed(self, data: bytes) -> bytes:
         """A request message that came compressed (gzip or deflate, as gRPC clients may send),
         decompressed: the interceptor reads protobuf, and forwards it uncompressed."""
         try:
-            return await decompress_message(self._encoding, data, self.transport.max_request)
+            return await decompress_message(self._encoding, data, self.state.transport.max_request)
         except MessageTooLarge as err:
             raise GRPCError(
                 Status.RESOURCE_EXHAUSTED,
@@ -260,15 +284,16 @@ class LocalCall(Call):
     def _answer(
         self, headers: Headers | None, body: bytes | None, trailers: Headers, err: GRPCError | None = None
     ) -> None:
-        client = self.client
-        if self.answered or client.done or client.send_ended:
+        state = self.state
+        client = state.client
+        if state.answered or client.done or client.send_ended:
             return
-        self.answered = True
+        state.answered = True
         if err is not None:
-            self.status, self.message = err.status, err.message
+            state.status, state.message = err.status, err.message
         # The call finishes as its end is queued: its record waits for the relay's next flush (which
         # _handle makes), so the answer goes out first, as for calls the readers finish.
-        transport = self.transport
+        transport = state.transport
         deferring, transport.defer_records = transport.defer_records, True
         try:
             if headers is None:  # trailers-only; a runtime's own such answer has its :status already
@@ -284,23 +309,24 @@ class LocalCall(Call):
 
     async def _forward(self, data: bytes) -> Reply:
         ctx = self.ctx
+        state = self.state
         if data is not ctx.request:
             ctx.forwarded = data  # an interceptor changed it
-        if self.route is None:
-            raise GRPCError(Status.UNIMPLEMENTED, f"{self.path}: nothing to forward to")
+        if state.route is None:
+            raise GRPCError(Status.UNIMPLEMENTED, f"{state.path}: nothing to forward to")
         started = time.perf_counter()
         try:
-            answer = await self.transport.unary(
-                self.route, self.path, data, self._metadata(), self.deadline, watched=True
+            answer = await state.transport.unary(
+                state.route, state.path, data, self._metadata(), state.deadline, watched=True
             )
         except TimeoutError:  # (an OSError: first)
             raise GRPCError(
-                Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {self.describe}"
+                Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {state.describe}"
             ) from None
         except StreamReset as err:  # the runtime reset this call's stream: the status grpc-go gives it
             raise GRPCError(RESET_STATUS.get(err.code, Status.INTERNAL), str(err)) from None
         except (OSError, UpstreamError) as err:  # unreachable, or the connection broke: as for relayed calls
-            raise GRPCError(Status.UNAVAILABLE, f"{self.describe} is unavailable: {err}") from None
+            raise GRPCError(Status.UNAVAILABLE, f"{state.describe} is unavailable: {err}") from None
         finally:
             ctx.backend_seconds += time.perf_counter() - started
         if answer.status is not Status.OK:
@@ -322,65 +348,69 @@ class LocalCall(Call):
         interceptor returns what this returns, the answer goes to the caller as a watched call's,
         and *watcher* is told its end (:data:`krproxy.forward.Watcher`)."""
         ctx = self.ctx
+        state = self.state
         if data is not ctx.request:
             ctx.forwarded = data  # an interceptor changed it
-        if self.route is None:
-            raise GRPCError(Status.UNIMPLEMENTED, f"{self.path}: nothing to forward to")
+        if state.route is None:
+            raise GRPCError(Status.UNIMPLEMENTED, f"{state.path}: nothing to forward to")
         self.watcher = watcher
-        self.reply_tap = Tap(KEEP_ALL)  # the watcher and the record get the reply
+        self._relay_answer()
         self._handed = grpc_message(data)
+        state.resend = self._refused  # its hooks ran: a refusal is sent again, not passed on
         return _HANDED_OVER
 
     def _send_handed(self) -> None:
         """Open the upstream stream of a handed-over call and send its request (again, if refused)."""
-        route, request = self.route, self._handed
-        assert route is not None and request is not None
+        state = self.state
+        route, request, relayed = state.route, self._handed, self._relayed
+        assert route is not None and request is not None and relayed is not None
         try:
             ep = route.endpoint()
         except OSError as err:
-            self.fail(Status.UNAVAILABLE, f"{route.describe} is unavailable: {err}")
+            state.fail(Status.UNAVAILABLE, f"{route.describe} is unavailable: {err}")
             return
         # As the relay's own calls are sent: the caller's metadata, what is left of its deadline.
-        fields = own_call_headers(self.path, self.deadline, self._metadata())
-        upstream = self.upstream = Half(ep, 0, self)
-        self.client.peer = upstream  # (the request was granted back as it arrived: see _pass_watched)
+        fields = own_call_headers(state.path, state.deadline, self._metadata())
+        upstream = state.upstream = Half(ep, 0, relayed, state)
+        state.client.peer = upstream  # (the request was granted back as it arrived: see _pass_watched)
         ep.open_stream(upstream, f.encode_headers(fields), False)
         upstream.send_data(request, True)
 
-    def upstream_gone(self, reason: str, refused: bool = False, reset_code: int | None = None) -> None:
-        upstream, client = self.upstream, self.client
-        if not refused or self._handed is None or upstream is None or self.answered or client.s.headers_sent:
-            super().upstream_gone(reason, refused, reset_code)
-            return
-        upstream.reset = True
-        upstream.ep.forget(upstream)
-        upstream.release()
-        self.upstream = None
-        if self.backend_clock:  # this attempt's time counts, as Transport.unary counts every attempt's
-            self.ctx.backend_seconds += time.perf_counter() - self.backend_clock
-            self.backend_clock = 0.0
+    def _refused(self, reason: str) -> None:
+        """The runtime refused the handed-over request unprocessed (:attr:`CallState.resend`; its
+        upstream half is gone): send it again after a pause, a few times at most."""
+        state = self.state
+        if state.backend_clock:  # this attempt's time counts, as Transport.unary counts every attempt's
+            self.ctx.backend_seconds += time.perf_counter() - state.backend_clock
+            state.backend_clock = 0.0
         self._refusals += 1
         if self._refusals >= REFUSED_ATTEMPTS:  # even without a deadline, not forever
-            self.fail(
-                Status.UNAVAILABLE, f"{self.describe} refused the call {self._refusals} times: {reason}"
+            state.fail(
+                Status.UNAVAILABLE, f"{state.describe} refused the call {self._refusals} times: {reason}"
             )
             return
-        self.transport.nursery.start_soon(self._send_again)
+        state.transport.nursery.start_soon(self._send_again)
 
     async def _send_again(self) -> None:
         await trio.sleep(REFUSED_PAUSE)
-        if not self.answered and not self.finished:  # (the caller gone, the deadline passed: no more)
+        state = self.state
+        if not state.answered and not state.finished:  # (the caller gone, the deadline passed: no more)
             self._send_handed()
-            self.transport.flush()
+            state.transport.flush()
 
     def record(self) -> calls.CallRecord:
         ctx = self.ctx
+        state = self.state
         if self._handed is not None:  # relayed as a watched call, after the hooks ctx holds
-            ctx.backend_seconds += self.backend_seconds
+            ctx.backend_seconds += state.backend_seconds
             ctx.reply = self.reply_message()
             ctx.replies = 1 if ctx.reply is not None else 0
         elif self.watcher is not None:  # relayed as a passthrough call: its taps hold what it carried
-            return super().record()
-        if self.status is not Status.OK:
-            ctx.fail(self.status, self.message)
+            request, relayed = self.request_tap.first, self._relayed
+            replies = (
+                relayed.reply_tap.messages if relayed is not None and relayed.reply_tap is not None else 0
+            )
+            return state.record(bytes(request) if request is not None else b"", self.reply_message(), replies)
+        if state.status is not Status.OK:
+            ctx.fail(state.status, state.message)
         return ctx.finish()

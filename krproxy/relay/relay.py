@@ -138,26 +138,27 @@ class Relay:
             if interceptor is None
             else LocalCall(transport, text, route, unary, interceptor, headers, self.watches.get(text))
         )
-        client = call.client = Half(ep, stream_id, call)
+        state = call.state
+        client = state.client = Half(ep, stream_id, call, state)
         ep.halves[stream_id] = client
-        transport.call_started(call, None if timeout is None else trio.current_time() + timeout)
+        transport.call_started(state, None if timeout is None else trio.current_time() + timeout)
         if interceptor is not None:
             if end:
                 call.on_request_data(b"", True)
             return
         refusal = self.routing.refusal(text, path)  # which method: the runtime's reading of :path
         if refusal is not None:
-            call.fail(refusal.status, refusal.message)
+            state.fail(refusal.status, refusal.message)
             return
         if route is None:  # a relay that only answers calls itself
-            call.fail(Status.UNIMPLEMENTED, f"unknown method {text}")
+            state.fail(Status.UNIMPLEMENTED, f"unknown method {text}")
             return
         try:
             upstream_ep = route.endpoint()
         except OSError as err:
-            call.fail(Status.UNAVAILABLE, f"{route.describe} is unavailable: {err}")
+            state.fail(Status.UNAVAILABLE, f"{route.describe} is unavailable: {err}")
             return
-        upstream = call.upstream = Half(upstream_ep, 0, call)
+        upstream = state.upstream = Half(upstream_ep, 0, call, state)
         upstream.peer, client.peer = client, upstream
         upstream_ep.open_stream(upstream, f.encode_headers(headers), end)
 

@@ -5,6 +5,8 @@
 - :class:`LocalCall` (:mod:`krproxy.relay.intercepted`): a call with hook points; the relay collects
   the request and runs the interceptor, whose ``forward`` is a call of the transport's own.
 - :class:`~krproxy.relay.served.Served`: a call a handler of :class:`krproxy.rpc.Server` answers.
+- :class:`~krproxy.relay.state.CallState`: what each of those three holds, the halves, status and
+  end of a caller's call.
 - :mod:`krproxy.relay.exchange`: streams the transport opens itself, a unary call
   (``Exchange``, read back as an :class:`Answer`) or a server stream (``Reading``).
 - :mod:`krproxy.relay.grpc`: gRPC without the streams (timeouts, status, framing, errors).

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
+from krproxy import calls
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
-from krproxy.relay.call import Call
 from krproxy.relay.grpc import (
     PLAIN_HEADERS,
     CloseConnection,
@@ -30,6 +30,7 @@ from krproxy.relay.grpc import (
 )
 from krproxy.relay.half import Headers
 from krproxy.relay.messages import Inbox
+from krproxy.relay.state import CallState
 
 if TYPE_CHECKING:
     import outcome
@@ -53,14 +54,18 @@ _OK_BLOCK = f.encode_headers([(b"grpc-status", b"0")])
 _OK_ONLY_BLOCK = f.encode_headers([*PLAIN_HEADERS, (b"grpc-status", b"0")])
 
 
-class Served(Call):
-    """A call a handler answers: the caller's half and no upstream (the relay's :class:`Call`
-    gives the ending rules: answering early resets the rest of the request, a reset ends it).
+class Served:
+    """A call a handler answers: the caller's half and no upstream. Its halves, status and end
+    are its :attr:`state` (:class:`~krproxy.relay.state.CallState`), whose rules are the relayed
+    call's: answering early resets the rest of the request, a reset ends it.
 
     ``handler_for(path)`` gives the path's handler (None: UNIMPLEMENTED); ``max_request`` bounds
     a request message after decompression (the Inbox bounds it before)."""
 
-    __slots__ = ("ended_here", "handler_for", "inbox", "job", "max_request", "stream", "unsent")
+    __slots__ = ("ended_here", "handler_for", "inbox", "job", "max_request", "state", "stream", "unsent")
+
+    #: A served call has no watcher (:func:`krproxy.relay.call.report`).
+    watcher: None = None
 
     def __init__(
         self,
@@ -69,8 +74,7 @@ class Served(Call):
         handler_for: Callable[[str], Handler | None],
         max_request: int,
     ) -> None:
-        super().__init__(transport, path, None, False)
-        self.request_tap = self.reply_tap = None
+        self.state = CallState(transport, path, None, self, f"the handler of {path}")
         self.handler_for = handler_for
         self.max_request = max_request
         self.inbox: Inbox = None  # type: ignore[assignment]  # set with `client`, right after
@@ -79,20 +83,17 @@ class Served(Call):
         self.stream: Any = None  # the handler's view (krproxy.rpc.Stream): set right after construction
         self.job: JobStart | None = None  # to start once the request has ended (no task then)
 
-    @property
-    def describe(self) -> str:
-        return f"the handler of {self.path}"
-
     # -- from the connection -------------------------------------------------------------
 
     def on_request_data(self, data: bytes, end: bool) -> None:
+        state = self.state
         if data:
-            client = self.client
+            client = state.client
             ep = client.ep
             size = len(data)
             if ep.collected + size > connection.MAX_HELD:
                 client.grant(size)
-                self.fail(
+                state.fail(
                     Status.RESOURCE_EXHAUSTED,
                     f"the server already holds {ep.collected} bytes of requests from this connection",
                 )
@@ -101,28 +102,36 @@ class Served(Call):
                 self.inbox.arrived(data)
             except MessageTooLarge as err:
                 client.grant(size)
-                self.fail(
+                state.fail(
                     Status.RESOURCE_EXHAUSTED,
                     f"grpc: received message larger than max ({err.size} vs. {err.limit})",
                 )
                 return
             except GRPCError as err:  # not gRPC's framing
                 client.grant(size)
-                self.fail(err.status, err.message or "")
+                state.fail(err.status, err.message or "")
                 return
             ep.grant(size)  # the connection's credit at once; the stream's as messages are taken
             ep.collected += size
-            self._collected += size
+            state.collected += size
         if end:
             self.inbox.wake()
             if self.job is not None:
                 self.start_job()
-            self.settle()
+            state.settle()
 
     def on_request_trailers(self, headers: Headers) -> None:
         self.inbox.wake()
         if self.job is not None:
             self.start_job()
+
+    # A served call has no upstream half: no answer's frames reach it.
+
+    def on_reply_headers(self, headers: Headers, end: bool) -> None:
+        pass
+
+    def on_reply_data(self, data: bytes, end: bool) -> None:
+        pass
 
     def grant(self, size: int) -> None:
         """Reply bytes queued on the caller's half were written (or dropped): room to send more."""
@@ -132,28 +141,38 @@ class Served(Call):
 
     def took(self, size: int) -> None:
         """The handler took a request message of ``size`` bytes (prefix included)."""
-        size = min(size, self._collected)
-        self.client.ep.collected -= size
-        self._collected -= size
+        state = self.state
+        size = min(size, state.collected)
+        state.client.ep.collected -= size
+        state.collected -= size
 
-    def finish(self) -> None:
+    def ended(self) -> None:
+        """The call is over (its state's ``on_end``): a reader waiting for messages or room looks
+        again, and the handler's view is let go (no cycle with it: the call is freed as it ends)."""
         self.inbox.wake()
-        super().finish()
-        self.stream = None  # (no cycle with the handler's view: the call is freed as it ends)
+        self.stream = None
+
+    def reply_message(self) -> None:
+        """A served call's reply is not kept for its record."""
+        return None
+
+    def record(self) -> calls.CallRecord:
+        return self.state.record(b"", None, 0)
 
     # -- from the handler ----------------------------------------------------------------
 
     def check_open(self) -> None:
         if self.ended_here:
-            raise RuntimeError(f"{self.path}: the handler ended this call already")
+            raise RuntimeError(f"{self.state.path}: the handler ended this call already")
 
     def reply(self, message: bytes) -> None:
         """A unary answer: headers, ``message`` and OK trailers, in one write."""
-        client = self.client
+        state = self.state
+        client = state.client
         self.ended_here = True
-        if self.answered or client.send_ended or client.reset:
+        if state.answered or client.send_ended or client.reset:
             return
-        self.answered = True
+        state.answered = True
         s = client.s
         data = grpc_message(message)
         if client.opened:  # the three frames in one step where they go out at once (send_answer)
@@ -161,7 +180,7 @@ class Served(Call):
             if ep.h2.send_answer(s.id, None if s.headers_sent else PLAIN_BLOCK, data, _OK_BLOCK):
                 if not ep.dirty:
                     ep.touch()
-                self.settle()
+                state.settle()
                 return
         if not s.headers_sent:
             client.send_headers(PLAIN_BLOCK, False)
@@ -176,12 +195,13 @@ class Served(Call):
         metadata: Sequence[tuple[bytes, bytes]],
     ) -> None:
         """Trailers with ``status`` after what is queued; trailers-only if no headers went out."""
-        client = self.client
+        state = self.state
+        client = state.client
         self.ended_here = True
-        if self.answered or client.send_ended or client.reset:
+        if state.answered or client.send_ended or client.reset:
             return
-        self.answered = True
-        self.status, self.message = status, message
+        state.answered = True
+        state.status, state.message = status, message
         if status is Status.OK and not message and not details and not metadata:
             if client.headers_sent:
                 client.send_trailers(_OK_BLOCK)
@@ -196,23 +216,24 @@ class Served(Call):
 
     def reset(self, code: int) -> None:
         self.ended_here = True
-        if self._scope is not None:
-            self._scope.cancel()
-        client = self.client
-        if self.finished or client.reset:
+        state = self.state
+        if state.scope is not None:
+            state.scope.cancel()
+        client = state.client
+        if state.finished or client.reset:
             return
-        if not self.answered:
-            self.answered = True
-            self.status, self.message = (
+        if not state.answered:
+            state.answered = True
+            state.status, state.message = (
                 Status.CANCELLED,
                 f"reset by the server ({f.ERROR_NAMES.get(code, code)})",
             )
         if client.done:  # answered and the request over: nothing to reset
-            self.settle()
+            state.settle()
             return
         client.abort(code)
-        self.settle()
-        self.transport.flush()
+        state.settle()
+        state.transport.flush()
 
     # -- a UnaryJob, without a task ------------------------------------------------------
 
@@ -221,12 +242,13 @@ class Served(Call):
         (see :class:`krproxy.rpc.UnaryJob`: :attr:`job` is its ``start``); anything but one plain message goes to :meth:`run`."""
         job, self.job = self.job, None
         assert job is not None
-        if self.finished or self.answered:  # failed or reset before it ended
+        state = self.state
+        if state.finished or state.answered:  # failed or reset before it ended
             return
         messages = self.inbox.messages
         ready = messages.ready
         if len(ready) != 1 or ready[0][0] or messages.incomplete:
-            self.transport.nursery.start_soon(self.run, None)  # unary's answers, in a task
+            state.transport.nursery.start_soon(self.run, None)  # unary's answers, in a task
             return
         taken = self.inbox.take()
         assert taken is not None
@@ -244,19 +266,20 @@ class Served(Call):
         """The job's late answer, on the event loop's thread (a ``run_sync_soon`` callback, where
         an exception would end the whole server: a bug of ours ends the connection, as
         :meth:`krproxy.relay.connection.Endpoint.run` ends it)."""
+        state = self.state
         try:
             self._answer_job(result)
         except Exception as err:
-            LOGGER.exception(connection.BUG_MESSAGE, f"caller of {self.path}")
-            self.client.ep.close(f"internal error: {type(err).__name__}: {err}")
-        self.transport.flush()
+            LOGGER.exception(connection.BUG_MESSAGE, f"caller of {state.path}")
+            state.client.ep.close(f"internal error: {type(err).__name__}: {err}")
+        state.transport.flush()
 
     def _answer_job(self, result: outcome.Outcome[bytes]) -> None:
         try:
             reply = result.unwrap()
         except CloseConnection:
-            if not self.finished:
-                self.client.ep.close("the handler closed the connection")
+            if not self.state.finished:
+                self.state.client.ep.close("the handler closed the connection")
         except Exception as err:
             self._ended_by(err)
         else:
@@ -265,37 +288,39 @@ class Served(Call):
     # -- the handler's task --------------------------------------------------------------
 
     async def run(self, check: Callable[[Any], Awaitable[bool]] | None) -> None:
-        if self.finished or self.answered:  # reset or failed before this task ran
+        state = self.state
+        if state.finished or state.answered:  # reset or failed before this task ran
             return
         stream = self.stream
         try:
-            with trio.CancelScope() as self._scope:
+            with trio.CancelScope() as state.scope:
                 if check is not None and not await check(stream):
-                    if not self.answered and not self.finished:
+                    if not state.answered and not state.finished:
                         self.reset(f.PROTOCOL_ERROR)
                     return
-                handler = self.handler_for(self.path)
+                handler = self.handler_for(state.path)
                 if handler is None:
-                    raise GRPCError(Status.UNIMPLEMENTED, f"unknown method {self.path}")
+                    raise GRPCError(Status.UNIMPLEMENTED, f"unknown method {state.path}")
                 await handler(stream)
                 self.end(Status.OK, None, None, ())
         except CloseConnection:
-            self.client.ep.close("the handler closed the connection")
+            state.client.ep.close("the handler closed the connection")
         except Exception as err:  # a handler's error is its call's, never the server's
             self._ended_by(err)
         finally:
-            self.transport.flush()
+            state.transport.flush()
 
     def _ended_by(self, err: Exception) -> None:
         grpc_error = _grpc_error(err)
-        if self.answered or self.finished:
+        state = self.state
+        if state.answered or state.finished:
             if grpc_error is None:
-                LOGGER.exception("handler of %s failed after its call ended", self.path)
+                LOGGER.exception("handler of %s failed after its call ended", state.path)
         elif grpc_error is not None:
             details = grpc_error.details if isinstance(grpc_error.details, bytes) else None
             self.end(grpc_error.status, grpc_error.message, details, ())
         else:
-            LOGGER.exception("handler of %s failed", self.path)
+            LOGGER.exception("handler of %s failed", state.path)
             self.end(Status.UNKNOWN, f"{type(err).__name__}: {err}", None, ())
         forget_traceback(err)
 

@@ -49,7 +49,10 @@ from krproxy.relay.half import Half
 
 if TYPE_CHECKING:
     from krproxy.relay.call import Call
+    from krproxy.relay.intercepted import LocalCall
     from krproxy.relay.route import Route
+    from krproxy.relay.served import Served
+    from krproxy.relay.state import CallState
 
 __all__ = ["MAX_CONNECTIONS", "MAX_REQUEST", "OpenCall", "Transport"]
 
@@ -117,7 +120,7 @@ class Transport:
         #: then is reported to the observers after the next :meth:`flush` (the reader's, on every
         #: way out), so its record and metrics are off the answer's path.
         self.defer_records = False
-        self._unrecorded: list[Call] = []
+        self._unrecorded: list[Call | LocalCall | Served] = []
         self.in_flight = 0
         self.draining = False
         self._idle_waiters: list[trio.Event] = []
@@ -233,14 +236,16 @@ class Transport:
 
     # -- calls -------------------------------------------------------------------------
 
-    def call_started(self, call: Call, deadline: float | None) -> None:
+    def call_started(self, call: CallState, deadline: float | None) -> None:
         """A call of a caller's began: counted in flight, and ended at its ``deadline`` (trio's
         clock; None: none) if deadlines are enforced."""
         self.in_flight += 1
         if deadline is not None and self.enforce_deadlines:
             self._add_deadline(call, deadline)
 
-    def call_finished(self, call: Call) -> None:
+    def call_finished(self, call: CallState, kind: Call | LocalCall | Served) -> None:
+        """A call of a caller's is over: its deadline entry dropped, its ``kind`` reported (now,
+        or at the next :meth:`flush` while :attr:`defer_records`)."""
         self.in_flight -= 1
         if call.timer is not None:
             # The entry stays in the heap until due (kubelet's deadlines are minutes long), but
@@ -252,11 +257,11 @@ class Transport:
             for event in self._idle_waiters:
                 event.set()
             self._idle_waiters.clear()
-        if self.observers or call.watcher is not None:
+        if self.observers or kind.watcher is not None:
             if self.defer_records:
-                self._unrecorded.append(call)
+                self._unrecorded.append(kind)
             else:
-                report(call, self.observers)
+                report(kind, self.observers)
 
     async def wait_idle(self) -> None:
         """Return once no call is in flight."""
@@ -329,7 +334,7 @@ class Transport:
     ) -> Exchange:
         exchange = Exchange(max_answer)
         ep = route.endpoint()
-        upstream = exchange.upstream = Half(ep, 0, exchange)
+        upstream = exchange.upstream = Half(ep, 0, exchange, exchange)
         ep.open_stream(upstream, f.encode_headers(own_call_headers(path, deadline, metadata)), False)
         upstream.send_data(framed, True)
         self.flush()
@@ -364,7 +369,7 @@ class Transport:
 
     # -- deadlines ---------------------------------------------------------------------
 
-    def _add_deadline(self, call: Call, deadline: float) -> None:
+    def _add_deadline(self, call: CallState, deadline: float) -> None:
         call.deadline = deadline
         call.timer = [deadline, next(self._seq), call]
         heapq.heappush(self._deadlines, call.timer)

@@ -29,10 +29,11 @@ class Stream:
         headers_ended: whether the request's HEADERS frame ended the stream (no message follows).
     """
 
-    __slots__ = ("_call", "deadline", "headers", "headers_ended", "path")
+    __slots__ = ("_call", "_state", "deadline", "headers", "headers_ended", "path")
 
     def __init__(self, call: Served, path: str, headers: Headers, end: bool, deadline: float | None) -> None:
         self._call = call
+        self._state = call.state
         self.path = path
         self.headers = headers
         self.headers_ended = end
@@ -51,7 +52,7 @@ class Stream:
         (RESOURCE_EXHAUSTED when it decompresses to more than ``max_request``).
         """
         await trio.lowlevel.checkpoint_if_cancelled()
-        call = self._call
+        call, state = self._call, self._state
         inbox = call.inbox
         while True:
             taken = inbox.take()
@@ -69,8 +70,8 @@ class Stream:
                             f"grpc: received message after decompression larger than max ({limit + 1}+ vs. {limit})",
                         ) from None
                 return message
-            client = call.client
-            if call.finished or client.reset:
+            client = state.client
+            if state.finished or client.reset:
                 return None
             if client.recv_ended:
                 if inbox.messages.incomplete:
@@ -82,27 +83,27 @@ class Stream:
         """Send the response headers (``:status`` 200, gRPC's content-type, then ``metadata``).
         Optional: :meth:`send_message` sends the plain ones first if none were sent."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        call = self._call
-        call.check_open()
-        client = call.client
+        self._call.check_open()
+        state = self._state
+        client = state.client
         if client.headers_sent:
             raise RuntimeError(f"{self.path}: the response headers were sent already")
         client.send_headers(f.encode_headers([*PLAIN_HEADERS, *metadata]) if metadata else PLAIN_BLOCK, False)
-        call.transport.flush()
+        state.transport.flush()
 
     async def send_message(self, message: bytes) -> None:
         """Send one reply message; waits while the caller is far behind in reading."""
         await trio.lowlevel.checkpoint_if_cancelled()  # a call ended by its caller ends its handler
-        call = self._call
+        call, state = self._call, self._state
         call.check_open()
-        client = call.client
+        client = state.client
         if not client.headers_sent:
             client.send_headers(PLAIN_BLOCK, False)
         framed = grpc_message(message)
         call.unsent += len(framed)
         client.send_data(framed, False)
-        call.transport.flush()
-        while call.unsent > SEND_AHEAD and not call.finished and not client.reset:
+        state.transport.flush()
+        while call.unsent > SEND_AHEAD and not state.finished and not client.reset:
             await call.inbox.wait()  # woken by grant() below as the caller's windows open
 
     async def send_trailing_metadata(
@@ -118,24 +119,24 @@ class Stream:
         call = self._call
         call.check_open()
         call.end(status, message, details, metadata)
-        call.transport.flush()
+        self._state.transport.flush()
 
     def refuse(self, headers: Headers) -> None:
         """End the call at once with exactly ``headers`` as a trailers-only answer (``:status``
         included), as grpc-go's transport refuses a request it cannot take (HTTP 400/405 and
         ``grpc-status`` INTERNAL, :class:`krproxy.fakes.strict.Rejection`). RST_STREAM NO_ERROR follows
         if the request had not ended, as after any answer (RFC 9113 §8.1)."""
-        call = self._call
+        call, state = self._call, self._state
         call.check_open()
-        if call.client.headers_sent:
+        if state.client.headers_sent:
             raise RuntimeError(f"{self.path}: the response headers were sent already")
         call.ended_here = True
-        if call.answered:  # the call ended already (its caller went away)
+        if state.answered:  # the call ended already (its caller went away)
             return
-        call.answered = True
-        call.status = Status.INTERNAL
-        call.client.send_headers(f.encode_headers(headers), True)
-        call.transport.flush()
+        state.answered = True
+        state.status = Status.INTERNAL
+        state.client.send_headers(f.encode_headers(headers), True)
+        state.transport.flush()
 
     def reset(self, error_code: int) -> None:
         """Reset the stream (RST_STREAM ``error_code``, e.g. PROTOCOL_ERROR as grpc-go's framer
@@ -144,7 +145,7 @@ class Stream:
 
     def close_connection(self) -> None:
         """Close the caller's whole connection at once, every call on it ending (fakes that crash)."""
-        self._call.client.ep.close("the handler closed the connection")
+        self._state.client.ep.close("the handler closed the connection")
 
 
 Handler = Callable[[Stream], Awaitable[None]]

@@ -168,7 +168,7 @@ class Channel:
                 ep = self._route.endpoint()
             except OSError as err:
                 raise self._unreachable(err) from None
-            half = reading.upstream = Half(ep, 0, reading)
+            half = reading.upstream = Half(ep, 0, reading, reading)
             reading.inbox = Inbox(half, self.max_answer)
             ep.open_stream(half, f.encode_headers(own_call_headers(method, deadline, extra)), False)
             half.send_data(grpc_message(request), True)

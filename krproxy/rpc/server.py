@@ -119,12 +119,14 @@ class Server:
         transport = self.transport
         text = path.decode("utf-8", "replace") if path is not None else ""
         call = Served(transport, text, self.handler_for, self.max_request)
-        client = call.client = Half(ep, stream_id, call)
+        state = call.state
+        client = state.client = Half(ep, stream_id, call, state)
         call.inbox = Inbox(client, self.max_request)
+        state.on_end = call.ended  # its reader looks again; its view of the call let go
         client.peer = call  # told as reply bytes are written: send_message's room to send
         ep.halves[stream_id] = client
         deadline = None if timeout is None else trio.current_time() + timeout
-        transport.call_started(call, deadline)
+        transport.call_started(state, deadline)
         stream = call.stream = Stream(call, text, headers, end, deadline)
         check = self.check_headers
         if check is not None and not self.check_is_async:
@@ -135,7 +137,7 @@ class Server:
                 passed = False
                 call.reset(f.INTERNAL_ERROR)
             if not passed:
-                if not call.answered and not call.finished:
+                if not state.answered and not state.finished:
                     call.reset(f.PROTOCOL_ERROR)
                 return
         if path is None:

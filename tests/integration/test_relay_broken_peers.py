@@ -246,7 +246,7 @@ class TestIsolation:
 
         def buggy(self: Call, headers: list[tuple[bytes, bytes]], end: bool) -> None:
             if not injected:
-                injected.append(self.path)
+                injected.append(self.state.path)
                 raise RuntimeError("injected bug")
             real(self, headers, end)
 

@@ -239,7 +239,7 @@ class TestWhereOciHooksWrapTheInterceptor:
         hand_over = local_module.LocalCall.hand_over
 
         def spy(call: local_module.LocalCall, data: bytes, watcher: Any) -> Any:
-            handed.append(call.path.rsplit("/", 1)[-1])
+            handed.append(call.state.path.rsplit("/", 1)[-1])
             return hand_over(call, data, watcher)
 
         monkeypatch.setattr(local_module.LocalCall, "hand_over", spy)

@@ -1,4 +1,6 @@
-"""krproxy's modules import each other without cycles (docs/architecture.md, "Layers").
+"""krproxy's modules import each other without cycles (docs/architecture.md, "Layers"), and the
+transport's classes are composed, not spread over modules by inheritance ("The transport: who
+holds whom").
 
 The graph is read from the source: an edge ``a -> b`` for every ``import b`` or ``from b import
 x`` in ``a`` (``from package import module`` counts as an edge to the module), at any depth of
@@ -10,6 +12,7 @@ import of its parent package (Python imports the parent first) is not an edge.
 from __future__ import annotations
 
 import ast
+import importlib
 import pathlib
 from collections.abc import Iterable
 
@@ -191,3 +194,68 @@ def test_the_layer_checks_see_a_private_import() -> None:
     assert {"krproxy.rpc.server": {"krproxy.relay._input"}} == private_transport_imports(graph)
     assert {"krproxy.relay.transport": {"krproxy.rpc.server"}} == upward_imports(graph)
     assert not _in("krproxy.relayx", TRANSPORT)
+
+
+def transport_classes() -> list[type]:
+    """Every class defined in a module of the transport or of its faces."""
+    found: list[type] = []
+    for path in sorted((ROOT / "krproxy" / "relay").glob("*.py")) + sorted(
+        (ROOT / "krproxy" / "rpc").glob("*.py")
+    ):
+        module = importlib.import_module(_module_name(path))
+        found.extend(
+            value
+            for value in vars(module).values()
+            if isinstance(value, type) and value.__module__ == module.__name__
+        )
+    return found
+
+
+def inherited_across_modules(classes: Iterable[type]) -> dict[str, list[str]]:
+    """``class -> bases of krproxy's from another module`` (exceptions left out: an error type
+    extends its family wherever it is raised)."""
+    found: dict[str, list[str]] = {}
+    for cls in classes:
+        bases = [
+            f"{base.__module__}.{base.__qualname__}"
+            for base in cls.__mro__[1:]
+            if base.__module__.startswith("krproxy")
+            and base.__module__ != cls.__module__
+            and not issubclass(base, BaseException)
+        ]
+        if bases:
+            found[f"{cls.__module__}.{cls.__qualname__}"] = bases
+    return found
+
+
+def test_no_transport_class_inherits_from_another_module() -> None:
+    """No class of the transport or its faces is spread over several files by inheritance: its
+    parts are held, not subclassed (a face holds a Transport, a call kind its CallState)."""
+    assert {} == inherited_across_modules(transport_classes())
+
+
+def test_the_call_kinds_subclass_nothing() -> None:
+    """The relayed, intercepted and served call kinds are plain classes, each holding the shared
+    part of a call (its halves, status and end) as a CallState instead of inheriting it."""
+    from krproxy.relay.call import Call
+    from krproxy.relay.intercepted import LocalCall
+    from krproxy.relay.served import Served
+    from krproxy.relay.state import CallState
+
+    kinds = (Call, LocalCall, Served)
+    assert [(kind, object) for kind in kinds] == [kind.__mro__ for kind in kinds]
+    assert all("state" in kind.__slots__ for kind in kinds)
+    assert (CallState, object) == CallState.__mro__
+
+
+def test_the_inheritance_check_sees_a_subclass() -> None:
+    """The checker itself: a class extending one of another krproxy module is reported, an
+    exception extending one is not."""
+    from krproxy.relay.grpc import UpstreamError
+    from krproxy.relay.state import CallState
+
+    spread = type("Spread", (CallState,), {"__module__": "krproxy.relay.elsewhere"})
+    error = type("Error", (UpstreamError,), {"__module__": "krproxy.relay.elsewhere"})
+    assert {"krproxy.relay.elsewhere.Spread": ["krproxy.relay.state.CallState"]} == inherited_across_modules(
+        [spread, error]
+    )
