@@ -70,8 +70,8 @@ import betterproto2
 import trio
 
 from krproxy import log
-from krproxy._supervise import exception_leaves, watch_signals
 from krproxy.grpcstatus import Status
+from krproxy.hookserver import _nriprogram
 from krproxy.nri import (
     DEFAULT_SOCKET,
     NRI_VERSION,
@@ -250,35 +250,11 @@ class NriStub:
             task_status.started()
 
     def main(self, log_level: str | None = "info") -> int:
-        """Run the stub as a program (a sample's ``raise SystemExit(stub.main())``); its exit status.
-
-        It serves until the runtime closes the connection, or until the first SIGINT, SIGTERM or SIGHUP
-        (caught before it connects), then logs ``nri_stub_stopped``: exit 0. A socket it cannot connect
-        to (or an ``NRI_PLUGIN_SOCKET`` that is no descriptor) is one line naming it, exit 1. ``log_level``: krproxy's log format on stderr at that level,
-        as ``krproxy hooks serve`` logs (``None`` leaves logging as the caller set it up).
-        """
-        if log_level is not None:
-            log.configure(log_level)
-
-        async def supervised() -> None:
-            async with trio.open_nursery() as nursery:
-                await nursery.start(watch_signals, nursery.cancel_scope.cancel)
-                await self.run()
-                nursery.cancel_scope.cancel()  # the runtime closed the connection
-
-        try:
-            trio.run(supervised)
-        except BaseException as err:
-            leaves = exception_leaves(err)
-            if not all(isinstance(leaf, (OSError, ValueError)) for leaf in leaves):
-                raise
-            fd = os.environ.get(SOCKET_ENV)
-            where = f"{SOCKET_ENV}={fd}" if fd else self.socket
-            reason = "; ".join(getattr(leaf, "strerror", None) or str(leaf) for leaf in leaves)
-            log.error(LOGGER, "nri_stub_failed", plugin=self.full_name, socket=where, error=reason)
-            return 1
-        log.event(LOGGER, "nri_stub_stopped", plugin=self.full_name)
-        return 0
+        """Run the stub as a program (a sample's ``raise SystemExit(stub.main())``); its exit status
+        (:func:`krproxy.hookserver._nriprogram.run_program`: signals, the lines it logs, exit codes)."""
+        fd = os.environ.get(SOCKET_ENV)
+        where = f"{SOCKET_ENV}={fd}" if fd else self.socket
+        return _nriprogram.run_program(self.run, self.full_name, where, log_level)
 
     def _methods(self) -> dict[tuple[str, str], Handler]:
         methods: dict[str, Handler] = {
