@@ -158,8 +158,10 @@ class TestGrace:
     async def test_calls_go_on_after_the_grace(self, node: Node, caplog: pytest.LogCaptureFixture) -> None:
         """While ListPodSandbox keeps failing, a call at a hook point waits out --recovery-grace, then runs
         (RunPodSandbox: its hooks on its own config) and is kept in the store; a call on a container the
-        store lacks is forwarded without hooks where nothing needs its record. /readyz stays not ready,
-        and why calls wait is logged once."""
+        store lacks is forwarded without hooks where nothing needs its record. The store stays not recovered,
+        and the grace's end is logged once with recovery's last error. (Whether a call also logs why it waits
+        depends on its arriving inside the grace, which real time on a busy machine does not promise:
+        test_hooks_startup.py holds that log in virtual time.)"""
         await node.start_proxy()
         _, container = await node.pod_with_container()
         await node.stop_proxy()
@@ -183,9 +185,9 @@ class TestGrace:
         assert ["late"] == [r.pod_meta.name for r in plugin.requests(HookPoint.PRE_RUN_POD_SANDBOX)]
         assert node.proxy.hooks.store.get_pod(pod_id) is not None
         assert not node.proxy.hooks.recovered
-        [waiting] = logged_events(caplog.records, "hook_calls_wait_for_store")
-        assert "boom" in waiting["last_error"]
-        assert 1 == len(logged_events(caplog.records, "recovery_grace_over"))
+        [over] = logged_events(caplog.records, "recovery_grace_over")
+        assert "boom" in over["last_error"]
+        assert len(logged_events(caplog.records, "hook_calls_wait_for_store")) <= 1
 
         node.fake.clear_faults()  # recovery then finishes, and keeps what the late call stored
         await node.wait_recovered()
