@@ -27,6 +27,12 @@ import nox
 nox.options.default_venv_backend = "uv"
 nox.options.sessions = ["setup", "tests", "e2e", "lint", "typecheck"]
 nox.options.reuse_existing_virtualenvs = True
+# Bytecode caches are written (and reused by every later process of the session: the pytest
+# workers, each `python -m krproxy` a test starts, the e2e rows' daemons) even where the caller's
+# environment says not to: with PYTHONDONTWRITEBYTECODE=1 every one of those processes compiled
+# krproxy, its dependencies and (pytest's assertion rewriting) every test module from source, and a
+# test session took 505 s of CPU rather than 425 s (docs/testing.md, "How CI runs").
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 #: The Python versions krproxy supports (pyproject's requires-python); each gets a test session.
