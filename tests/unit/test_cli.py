@@ -417,11 +417,14 @@ def test_status_loads_none_of_the_daemons_machinery() -> None:
     assert "2 []" == done.stdout.strip(), done.stderr  # 2: nothing listens there
 
 
-def test_status_help_is_the_same_from_the_whole_parser() -> None:
-    """`krproxy status`'s parser alone formats the same help as in the whole command line's."""
-    whole = cli.build_parser()._subparsers._group_actions[0].choices["status"]  # type: ignore[union-attr]
-    alone = cli.build_parser("status")._subparsers._group_actions[0].choices["status"]  # type: ignore[union-attr]
-    assert whole.format_help() == alone.format_help()
+@pytest.mark.parametrize(("command", "other"), [("status", "hooks"), ("hooks", "trace"), ("trace", "hooks")])
+def test_a_command_s_help_is_the_same_alone(command: str, other: str) -> None:
+    """A command's parser built for that command alone formats the help it has in the whole command
+    line's parser, and the parser built for it leaves out a command it does not need."""
+    whole = cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    alone = cli.build_parser(command)._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert whole[command].format_help() == alone[command].format_help()
+    assert other not in alone
 
 
 def test_a_misspelt_command_still_gets_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
