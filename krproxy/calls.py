@@ -16,12 +16,15 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import attrs
 
 from krproxy import log
 from krproxy.grpcstatus import Status
-from krproxy.hooks.outcomes import Outcome
+
+if TYPE_CHECKING:  # the hook machinery, which a call record only holds outcomes of
+    from krproxy.hooks.outcomes import Outcome
 
 
 @attrs.define

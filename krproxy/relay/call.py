@@ -9,7 +9,6 @@ import time
 from typing import TYPE_CHECKING
 
 from krproxy import calls
-from krproxy.forward import Watcher
 from krproxy.grpcstatus import Status
 from krproxy.h2 import frames as f
 from krproxy.relay.grpc import (
@@ -24,6 +23,7 @@ from krproxy.relay.half import Headers
 from krproxy.relay.state import CallState
 
 if TYPE_CHECKING:
+    from krproxy.forward import Watcher  # forward loads the CRI's messages: the transport need not
     from krproxy.relay.intercepted import LocalCall
     from krproxy.relay.route import Route
     from krproxy.relay.served import Served

@@ -143,6 +143,26 @@ def test_trace_show_and_the_runc_wrapper_load_no_grpclib() -> None:
     assert [] == _loaded(modules, NOT_IN_DAEMON)
 
 
+#: The proxy's routing and hook machinery, and the CRI's 186 betterproto2 classes (0.1 s of imports).
+PROXY_ONLY = {
+    "krproxy.relay.relay",
+    "krproxy.forward",
+    "krproxy.methods",
+    "krproxy.hooks",
+    "krproxy.proto.runtime.v1",
+}
+
+
+def test_krproxys_own_grpc_loads_no_proxy_machinery() -> None:
+    """krproxy's gRPC client and server (:mod:`krproxy.rpc`, under the fakes, ``krproxy trace`` and the
+    SDK's hook server) load none of the proxy's routing, hook machinery or CRI messages: the
+    transport's modules are loaded without :class:`krproxy.relay.Relay`."""
+    code = "import json, sys; import krproxy.rpc; print(json.dumps(sorted(sys.modules)))"
+    modules = _modules_after(code)
+    assert "krproxy.relay.transport" in modules
+    assert [] == _loaded(modules, PROXY_ONLY)
+
+
 def _command_modules(args: list[str]) -> list[str]:
     done = subprocess.run(
         [sys.executable, "-c", _RUN_CLI, *args], capture_output=True, text=True, timeout=120, check=False
