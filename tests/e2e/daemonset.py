@@ -14,6 +14,7 @@ The image is built by scripts/build_node_image.py and imported with ``ctr images
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import subprocess
 import sys
@@ -91,13 +92,25 @@ def tutorial_socket() -> str:
     return found.group(1)
 
 
+#: The image's tarball built once for every row by scripts/e2e-matrix (built here when unset).
+PREBUILT = "KRPROXY_E2E_NODE_IMAGE"
+
+
 def import_image(containerd: Containerd, out: Path, name: str) -> str:
     """Build the DaemonSets' image at ``out`` and import it into the sandbox's containerd (skips where it
-    cannot be built here); its name."""
-    try:
-        build_node_image.build(out, name)
-    except build_node_image.Unavailable as exc:
-        pytest.skip(f"the DaemonSet's image cannot be built here: {exc}")
+    cannot be built here); its name. Where ``$KRPROXY_E2E_NODE_IMAGE`` names a tarball
+    scripts/build_node_image.py built (with its default name), that one is imported instead."""
+    prebuilt = os.environ.get(PREBUILT, "")
+    if prebuilt:
+        assert name == build_node_image.IMAGE_NAME, (
+            f"${PREBUILT} is {build_node_image.IMAGE_NAME}, not {name}"
+        )
+        out = Path(prebuilt)
+    else:
+        try:
+            build_node_image.build(out, name)
+        except build_node_image.Unavailable as exc:
+            pytest.skip(f"the DaemonSet's image cannot be built here: {exc}")
     imported = subprocess.run(
         [containerd.ctr, "-a", containerd.socket, "-n", "k8s.io", *IMPORT, str(out)],
         capture_output=True,
