@@ -13,7 +13,7 @@ import errno
 import logging
 import os
 import pathlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 
@@ -79,17 +79,27 @@ def _write(path: pathlib.Path, text: str, *, append: bool = False) -> None:
         f.write(text)
 
 
+def write_cgroup_file(path: pathlib.Path, text: str) -> None:
+    """Write *text* to the cgroup file *path*, as :class:`Executor` does unless given another writer."""
+    _write(path, text)
+
+
 @attrs.define
 class Executor:
     """Applies settings under ``cgroup_root`` (v1 or v2) and ``resctrl_root``.
 
     Attributes:
         cgroup_version: 1 (one hierarchy per controller) or 2 (unified).
+        write_cgroup: the one writer of cgroup files (:func:`write_cgroup_file`); a test's may apply a
+            kernel's rules first, or watch the writes.
     """
 
     cgroup_root: pathlib.Path = attrs.field(converter=pathlib.Path)
     resctrl_root: pathlib.Path = attrs.field(converter=pathlib.Path)
     cgroup_version: int = 2
+    write_cgroup: Callable[[pathlib.Path, str], None] = attrs.field(
+        default=write_cgroup_file, kw_only=True, repr=False
+    )
 
     @classmethod
     def for_roots(cls, cgroup_root: str | os.PathLike[str], resctrl_root: str | os.PathLike[str]) -> Executor:
@@ -144,17 +154,13 @@ class Executor:
         if new is None or old == new:  # None: the value means "unset", nothing to write
             return None
         try:
-            self._write_cgroup(path, new)
+            self.write_cgroup(path, new)
         except FileNotFoundError:
             raise
         except OSError as exc:
             raise CgroupWriteError(path, new, exc) from exc
         log.event(LOGGER, "cgroup_write", path=str(path), old=old, new=new)
         return Change(str(path), old, new)
-
-    def _write_cgroup(self, path: pathlib.Path, text: str) -> None:
-        """The one place a cgroup file is written (a test executor may apply kernel rules here)."""
-        _write(path, text)
 
     def root_cpus(self) -> frozenset[int]:
         """The CPUs the root cgroup can use, which the kernel keeps equal to the online ones: v2

@@ -29,7 +29,7 @@ from krproxy.proto.runtime import v1alpha1 as pb
 
 from ._cgroups import DEFAULT_CFS_PERIOD, CgroupFile, parse_cfs_period
 from ._context import QOS_LABEL
-from ._executor import Executor
+from ._executor import Executor, write_cgroup_file
 from .nri import NOTICES, NriStub, PluginError
 
 _V1_DEFAULTS = {
@@ -104,9 +104,9 @@ class FakeNode:
         return self
 
     def executor(self) -> Executor:
-        if self.strict_quota and self.cgroup_version == 1:
-            return _V1QuotaRules(self.cgroup_root, self.resctrl_root, self.cgroup_version)
-        return Executor(self.cgroup_root, self.resctrl_root, self.cgroup_version)
+        strict = self.strict_quota and self.cgroup_version == 1
+        write = _write_under_v1_quota_rules if strict else write_cgroup_file
+        return Executor(self.cgroup_root, self.resctrl_root, self.cgroup_version, write_cgroup=write)
 
     def add_cgroup(self, cgroup_dir: str, pids: Iterable[int] = (), *, cfs_period: int | None = None) -> None:
         """Create ``cgroup_dir`` with the files a kernel would show, at their default values (the CFS
@@ -151,18 +151,16 @@ def _share_at(cgroup: pathlib.Path, quota: int | None = None) -> float:
     return -1 if quota < 0 else quota / (period or DEFAULT_CFS_PERIOD)
 
 
-class _V1QuotaRules(Executor):
-    """An executor that refuses what cgroup v1 refuses for ``cpu.cfs_quota_us`` (EINVAL). The kernel
-    compares shares of a CPU, quota / period (``tg_cfs_schedulable_down``), not the raw quotas."""
-
-    def _write_cgroup(self, path: pathlib.Path, text: str) -> None:
-        if path.name == "cpu.cfs_quota_us":
-            new = _share_at(path.parent, int(text))
-            parent = _share_at(path.parent.parent)
-            children = [_share_at(c) for c in path.parent.iterdir() if c.is_dir()]
-            if 0 <= parent < new or any(0 <= new < c for c in children):
-                raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
-        super()._write_cgroup(path, text)
+def _write_under_v1_quota_rules(path: pathlib.Path, text: str) -> None:
+    """An executor's cgroup writer that refuses what cgroup v1 refuses for ``cpu.cfs_quota_us`` (EINVAL).
+    The kernel compares shares of a CPU, quota / period (``tg_cfs_schedulable_down``), not the raw quotas."""
+    if path.name == "cpu.cfs_quota_us":
+        new = _share_at(path.parent, int(text))
+        parent = _share_at(path.parent.parent)
+        children = [_share_at(c) for c in path.parent.iterdir() if c.is_dir()]
+        if 0 <= parent < new or any(0 <= new < c for c in children):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+    write_cgroup_file(path, text)
 
 
 def pod_request(

@@ -1,5 +1,6 @@
-"""What ``krproxy nri`` does at each NRI event: the hook points (:class:`EventHandlers`, part of
-:class:`krproxy.nri.plugin.NriPlugin`).
+"""What ``krproxy nri`` does at each NRI event: the hook points (:class:`EventHandlers`, which
+:class:`krproxy.nri.plugin.NriPlugin` holds as ``events``; the plugin keeps the connection and tells the
+handlers, at each Configure, the :class:`Terms` the runtime set).
 
 Each handler reads the event's pod and container into records (:mod:`krproxy.nri.convert`), runs the hook
 point through the shared :class:`~krproxy.hooks.lifecycle.Lifecycle` (the sequence of proxy and Docker mode),
@@ -48,7 +49,6 @@ from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize
 from krproxy.hooks.outcomes import HookRejected, RequiredFailed
 from krproxy.hooks.points import HookPoint, Stage
 from krproxy.hooks.required import NOTHING_NEEDED, AnnotationError, Needed
-from krproxy.hooks.store import HookStore
 from krproxy.metrics import Metrics
 from krproxy.nri import convert as nri_convert
 from krproxy.nri import wire
@@ -81,6 +81,8 @@ EVENT_METHODS: Mapping[str, tuple[api.Event, str]] = {
 }
 #: Time kept back from the runtime's request timeout for krproxy's own work and the answer's trip.
 MARGIN = 0.2
+#: NRI's default request timeout (``DefaultPluginRequestTimeout``), assumed when Configure says none.
+DEFAULT_REQUEST_TIMEOUT = 2.0
 
 
 #: The betterproto2 messages an event's handler writes (NRI answers) or reads (hook servers' answers); with
@@ -129,27 +131,75 @@ def _present(message: Any, field: str) -> Any | None:
     return getattr(message, field) if message.HasField(field) else None
 
 
-class EventHandlers:
-    """The NRI plugin's handlers of the events that carry hook points; the attributes are
-    :class:`~krproxy.nri.plugin.NriPlugin`'s."""
+@attrs.frozen
+class Terms:
+    """What a connection's Configure settled that the event handlers go by.
 
-    config: Any  # NriConfig (plugin_name, plugin_index)
+    Attributes:
+        request_timeout: the runtime's request timeout, seconds: NRI drops a plugin that answers later.
+        runtime_nri: what the runtime's NRI applies of an adjustment.
+        store_kept: whether the events keep krproxy's store on this connection (the plugin's choice, with
+            the events it subscribed).
+    """
+
+    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
+    runtime_nri: RuntimeNri = attrs.field(factory=RuntimeNri)
+    store_kept: bool = False
+
+
+@attrs.define(eq=False)
+class EventHandlers:
+    """The NRI plugin's handlers of the events that carry hook points (one instance across reconnections).
+
+    Attributes:
+        dispatcher: runs the hook servers; says which are registered at a point.
+        metrics: where changes NRI cannot make are counted.
+        lifecycle: the store and the sequence at each hook point.
+        guard: required hook servers' states and the gate of the :data:`GUARDED` points (None: nothing
+            required).
+        own_names: krproxy's own NRI plugin name as NRI's validator matches it (``name`` and
+            ``index-name``): a required server of such a name is met.
+        terms: the current connection's (:meth:`configure`).
+        event_calls: how the runtime delivered the last event without an answer of its own: "dedicated"
+            (NRI 0.12's methods) or "StateChange" (before 0.12, or a 0.12 runtime's deprecated fallback);
+            "" before any.
+    """
+
     dispatcher: Dispatcher
     metrics: Metrics
-    store: HookStore
     lifecycle: Lifecycle
     guard: Guard | None
-    request_timeout: float
-    store_kept: bool
-    nri_0_8: bool
-    runtime_nri: RuntimeNri
-    event_calls: str
+    own_names: frozenset[str]
+    terms: Terms = attrs.field(factory=Terms, init=False)
+    event_calls: str = attrs.field(default="", init=False)
+
+    def configure(self, terms: Terms) -> None:
+        """Go by *terms* from now on (a new connection's Configure); to a runtime before NRI 0.12, say which
+        required servers' PreUpdatePodSandboxResources it cannot hold."""
+        self.terms = terms
+        if not terms.runtime_nri.has_0_12:
+            self._pod_resize_not_held()
+
+    def methods(self) -> dict[str, AsyncHandler]:
+        """The Plugin-service methods these handlers answer, by name: the events with an answer, and
+        those without one both as NRI 0.12's dedicated methods (:data:`EVENT_METHODS`) and as
+        ``StateChange``."""
+        methods: dict[str, AsyncHandler] = {
+            "CreateContainer": self.create_container,
+            "UpdateContainer": self.update_container,
+            "StopContainer": self.stop_container,
+            "UpdatePodSandbox": self.update_pod_sandbox,
+            "StateChange": self.state_change,
+        }
+        for name, (event, request_type) in EVENT_METHODS.items():
+            methods[name] = self._event_method(event, request_type)
+        return methods
 
     def _deadline(self) -> float:
         """When the chain must be done: the runtime's request timeout (and the call's deadline) less MARGIN."""
-        now = trio.current_time()
-        deadline = min(now + self.request_timeout, trio.current_effective_deadline())
-        return deadline - max(MARGIN, 0.1 * self.request_timeout)
+        now, timeout = trio.current_time(), self.terms.request_timeout
+        deadline = min(now + timeout, trio.current_effective_deadline())
+        return deadline - max(MARGIN, 0.1 * timeout)
 
     def _hooked(self, point: HookPoint, pod: PodInfo) -> bool:
         """Whether *point*'s hook servers run for *pod*: some are registered, and the pod does not skip."""
@@ -178,7 +228,7 @@ class EventHandlers:
         """Say what of ``adjust`` the runtime's NRI will not apply (:mod:`krproxy.nri.versions`: an env
         var's removal, fields newer than its NRI), once per reason."""
         by_reason: dict[str, list[str]] = {}
-        for field, reason in self.runtime_nri.not_applied(adjust):
+        for field, reason in self.terms.runtime_nri.not_applied(adjust):
             by_reason.setdefault(reason, []).append(field)
         for reason, fields in by_reason.items():
             self._not_applied(point, target, fields, reason)
@@ -203,10 +253,9 @@ class EventHandlers:
         krproxy's own NRI plugin name (``name`` or ``index-name``, as NRI's validator matches) are met."""
         if self.guard is None or point not in GUARDED:
             return NOTHING_NEEDED
-        own = {self.config.plugin_name, f"{self.config.plugin_index}-{self.config.plugin_name}"}
         try:
             return await self.guard.require(
-                point, pod.annotations, container, met=own, deadline=self._deadline()
+                point, pod.annotations, container, met=self.own_names, deadline=self._deadline()
             )
         except AnnotationError as err:
             raise TtrpcError(Status.INVALID_ARGUMENT, str(err)) from None
@@ -252,7 +301,7 @@ class EventHandlers:
         _, info, required = hooked
         target = f"pod {info.pod.namespace}/{info.pod.name} container {info.name}"
         after = await self._run(point, info, target, required)
-        adjusted = nri_convert.adjustment(info, after, oom_score_adj=self.nri_0_8)
+        adjusted = nri_convert.adjustment(info, after, oom_score_adj=self.terms.runtime_nri.has_0_8)
         self._not_applied(point, target, adjusted.not_applied)
         if adjusted.adjust is not None:
             self._not_applied_by_runtime(point, target, adjusted.adjust)
@@ -265,7 +314,7 @@ class EventHandlers:
             return bytes(api.UpdateContainerResponse())
         request, info, required = hooked
         wanted = nri_convert.resources_from_nri(request.linux_resources)
-        stored = self.store.get_container(info.id) or info
+        stored = self.lifecycle.store.get_container(info.id) or info
         current = stored.resources if stored.resources is not None else wanted
         prepared = attrs.evolve(stored, resources=merge.update_resource_by_update_request(current, wanted))
         after = await self._run(point, prepared, info.id, required)
@@ -353,7 +402,7 @@ class EventHandlers:
     async def _on_event(self, kind: api.Event, nri_pod: Any | None, nri_container: Any | None) -> None:
         """An event without an answer of its own: keep the store, run the hook point's servers."""
         pod = nri_convert.pod_from_nri(nri_pod)
-        store = self.store_kept
+        store = self.terms.store_kept
         if kind == api.Event.RUN_POD_SANDBOX:
             if store and nri_pod is not None:
                 self.lifecycle.keep(HookPoint.PRE_RUN_POD_SANDBOX, nri_pod.id, pod)
@@ -362,7 +411,7 @@ class EventHandlers:
             await self._pod_hook(HookPoint.POST_STOP_POD_SANDBOX, pod)
         elif kind == api.Event.REMOVE_POD_SANDBOX:
             if store and nri_pod is not None:
-                self.store.remove_pod(nri_pod.id)
+                self.lifecycle.store.remove_pod(nri_pod.id)
         elif kind == api.Event.POST_CREATE_CONTAINER:
             if store:
                 info = nri_convert.container_from_nri(nri_pod, nri_container)
@@ -372,7 +421,7 @@ class EventHandlers:
         elif kind == api.Event.POST_START_CONTAINER:
             await self._container_hook(HookPoint.POST_START_CONTAINER, nri_pod, nri_container)
         elif kind == api.Event.REMOVE_CONTAINER and store and nri_container is not None:
-            self.store.delete_container(nri_container.id)
+            self.lifecycle.store.delete_container(nri_container.id)
 
     async def _pod_hook(self, point: HookPoint, pod: PodInfo) -> None:
         if not self._hooked(point, pod):
@@ -386,7 +435,7 @@ class EventHandlers:
         info = nri_convert.container_from_nri(nri_pod, nri_container)
         if not self._hooked(point, info.pod):
             return
-        after = await self._run(point, self.store.get_container(info.id) or info, info.id)
+        after = await self._run(point, self.lifecycle.store.get_container(info.id) or info, info.id)
         if point is HookPoint.PRE_START_CONTAINER:
             self.lifecycle.keep(point, info.id, after)  # as in proxy mode: the answer updates the store
 

@@ -6,8 +6,9 @@ registration files and directory watcher, order, per-plugin timeouts, failure po
 answer validation (:class:`krproxy.hooks.dispatch.Dispatcher`), and the same sequence at each hook point
 (:class:`krproxy.hooks.lifecycle.Lifecycle`). The hook requests are built from the pod and container NRI
 sends with the event, and the answers turned into what NRI can apply: the table of hook points, NRI events
-and what NRI applies is in :mod:`krproxy.nri._events`, which holds the handlers of those events; this
-module registers, subscribes and keeps the connection.
+and what NRI applies is in :mod:`krproxy.nri._events`, whose :class:`~krproxy.nri._events.EventHandlers`
+handle those events; this module's :class:`NriPlugin` holds them, registers, subscribes and keeps the
+connection.
 
 The events without an answer of their own (pods run, stopped, removed; containers created, started,
 removed) come as NRI 0.12's dedicated methods (``RunPodSandbox``, ``StartContainer``, ...; see
@@ -64,10 +65,11 @@ from krproxy.nri import DEFAULT_SOCKET, NRI_VERSION, PLUGIN_SERVICE, RUNTIME_SER
 from krproxy.nri import check_index as _check_index
 from krproxy.nri import check_name as _check_name
 from krproxy.nri import convert as nri_convert
+from krproxy.nri._events import DEFAULT_REQUEST_TIMEOUT as DEFAULT_REQUEST_TIMEOUT
 from krproxy.nri._events import EVENT_METHODS as EVENT_METHODS
 from krproxy.nri._events import GUARDED as GUARDED
 from krproxy.nri._events import MARGIN as MARGIN
-from krproxy.nri._events import EventHandlers, event_names, mask_of, warm_up
+from krproxy.nri._events import EventHandlers, Terms, event_names, mask_of, warm_up
 from krproxy.nri._session import AsyncHandler, ConnectionLost, Handler, Session, TtrpcError
 from krproxy.nri._view import NriView
 from krproxy.nri.validator import ValidatorCheck, log_validator_check
@@ -116,8 +118,6 @@ ALL_EVENTS = (1 << (api.Event.LAST - 1)) - 1
 #: The one event subscribed to when no hook server needs any (NRI reads an empty mask as every event):
 #: once per pod, at its removal, never on the way to a running container.
 IDLE_EVENT = api.Event.REMOVE_POD_SANDBOX
-#: NRI's default request timeout (``DefaultPluginRequestTimeout``), assumed when Configure says none.
-DEFAULT_REQUEST_TIMEOUT = 2.0
 #: Registration must be answered within this (NRI's ``DefaultPluginRegistrationTimeout``).
 REGISTRATION_TIMEOUT = 5.0
 #: Reconnection backoff: first wait, and the longest.
@@ -149,32 +149,21 @@ class NriConfig:
 
 
 @attrs.define(eq=False)
-class NriPlugin(EventHandlers):
-    """The NRI plugin's state and its Plugin-service handlers (one instance across reconnections): the
-    connection's here, the hook points' in :class:`~krproxy.nri._events.EventHandlers`."""
+class NriPlugin:
+    """The NRI plugin (one instance across reconnections): the connection, registration and subscription,
+    and the Plugin service's methods; it holds the handlers of the events that carry hook points
+    (``events``, an :class:`~krproxy.nri._events.EventHandlers`) and tells them each Configure's
+    :class:`~krproxy.nri._events.Terms`."""
 
     config: NriConfig
     dispatcher: Dispatcher
     metrics: Metrics
     store: HookStore = attrs.field(factory=HookStore)
     runtime: str = ""
-    request_timeout: float = DEFAULT_REQUEST_TIMEOUT
     #: The event mask sent at the last Configure.
     subscribed: int = 0
-    #: Whether the store is kept on this connection (decided at Configure, with the events).
-    store_kept: bool = False
-    #: Whether the runtime's NRI is 0.8 or later (its Configure carries timeouts; 0.6.1's does not). 0.6.1
-    #: has no ``oom_score_adj`` in ContainerAdjustment.
-    nri_0_8: bool = True
-    #: The runtime's NRI version from Configure (NRI 0.12 and later; "" before).
-    nri_version: str = ""
-    #: What the runtime's NRI applies of an adjustment (from the last Configure).
-    runtime_nri: RuntimeNri = attrs.field(factory=RuntimeNri)
     #: The events the runtime accepts a subscription to (:data:`EVENTS_BEFORE_0_12` until it says 0.12).
     runtime_events: int = EVENTS_BEFORE_0_12
-    #: How the runtime delivered the last event without an answer of its own: "dedicated" (NRI 0.12's
-    #: methods) or "StateChange" (before 0.12, or a 0.12 runtime's deprecated fallback); "" before any.
-    event_calls: str = ""
     #: Set once the runtime synchronized the current connection (/readyz's meaning).
     synchronized: trio.Event = attrs.field(factory=trio.Event)
     #: Whether the current connection is registered.
@@ -187,13 +176,21 @@ class NriPlugin(EventHandlers):
     guard: Guard | None = None
     #: What containerd's configuration says of krproxy's own registration (``--containerd-config``).
     validator: ValidatorCheck = attrs.field(factory=ValidatorCheck)
-    lifecycle: Lifecycle = attrs.field(init=False)
+    #: The handlers of the events that carry hook points, and the terms of the last Configure they go by.
+    events: EventHandlers = attrs.field(init=False)
     _sync_pods: list[Any] = attrs.field(factory=list, init=False)  # upb PodSandbox and Container
     _sync_containers: list[Any] = attrs.field(factory=list, init=False)
     _resubscribe: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.lifecycle = Lifecycle(self.store, self.dispatcher.run, self.config.skip_label)
+        name, index = self.config.plugin_name, self.config.plugin_index
+        self.events = EventHandlers(
+            self.dispatcher,
+            self.metrics,
+            Lifecycle(self.store, self.dispatcher.run, self.config.skip_label),
+            self.guard,
+            own_names=frozenset({name, f"{index}-{name}"}),
+        )
 
     def keeps_store(self) -> bool:
         """Whether a registered hook server's point reads the store (:data:`STORE_READERS`)."""
@@ -239,18 +236,14 @@ class NriPlugin(EventHandlers):
             self._resubscribe.set()
 
     def handlers(self) -> dict[tuple[str, str], Handler]:
+        """The Plugin service's methods as the ttrpc session finds them: the connection's own (Configure,
+        Synchronize, Shutdown) and the events' (:meth:`EventHandlers.methods`), each timed."""
         methods: dict[str, AsyncHandler] = {
             "Configure": self.configure,
             "Synchronize": self.synchronize,
             "Shutdown": self.shutdown,
-            "CreateContainer": self.create_container,
-            "UpdateContainer": self.update_container,
-            "StopContainer": self.stop_container,
-            "UpdatePodSandbox": self.update_pod_sandbox,
-            "StateChange": self.state_change,
+            **self.events.methods(),
         }
-        for name, (event, request_type) in EVENT_METHODS.items():
-            methods[name] = self._event_method(event, request_type)
         return {(PLUGIN_SERVICE, name): self._timed(name, handler) for name, handler in methods.items()}
 
     def _timed(self, method: str, handler: AsyncHandler) -> Handler:
@@ -337,7 +330,7 @@ class NriPlugin(EventHandlers):
         await self._resubscribe.wait()
         # Answer the calls in flight first: NRI takes a call cut off by the close as krproxy's failure and
         # goes on without its changes. (A call still on its way when the socket closes is lost all the same.)
-        with trio.move_on_after(self.request_timeout):
+        with trio.move_on_after(self.events.terms.request_timeout):
             await session.wait_idle()
         await session.aclose("closed by krproxy to subscribe to the events its hook servers now need")
 
@@ -346,17 +339,13 @@ class NriPlugin(EventHandlers):
     async def configure(self, payload: bytes) -> bytes:
         request = api.ConfigureRequest.parse(payload)
         self.runtime = f"{request.runtime_name} {request.runtime_version}".strip()
-        self.request_timeout = (
-            request.request_timeout / 1000 if request.request_timeout > 0 else DEFAULT_REQUEST_TIMEOUT
-        )
-        self.runtime_nri = RuntimeNri.configured(request)
-        self.nri_version, self.nri_0_8 = self.runtime_nri.version, self.runtime_nri.has_0_8
+        runtime_nri = RuntimeNri.configured(request)
         # NRI 0.12 says its version here; older runtimes refuse a plugin subscribing to events they lack.
-        self.runtime_events = ALL_EVENTS if self.nri_version else EVENTS_BEFORE_0_12
-        if not self.nri_version:
-            self._pod_resize_not_held()
+        self.runtime_events = ALL_EVENTS if runtime_nri.has_0_12 else EVENTS_BEFORE_0_12
         self.subscribed = self.events_needed()
-        self.store_kept = self.keeps_store()
+        timeout = request.request_timeout / 1000 if request.request_timeout > 0 else DEFAULT_REQUEST_TIMEOUT
+        terms = Terms(timeout, runtime_nri, store_kept=self.keeps_store())
+        self.events.configure(terms)
         unavailable = [
             point.value
             for point in HookPoint
@@ -373,10 +362,10 @@ class NriPlugin(EventHandlers):
             LOGGER,
             "nri_configured",
             runtime=self.runtime,
-            nri=self.runtime_nri.describe(),
-            request_timeout=self.request_timeout,
+            nri=terms.runtime_nri.describe(),
+            request_timeout=terms.request_timeout,
             events=event_names(self.subscribed),
-            store=self.store_kept,
+            store=terms.store_kept,
         )
         return bytes(api.ConfigureResponse(events=self.subscribed))
 
@@ -386,7 +375,9 @@ class NriPlugin(EventHandlers):
         self._sync_containers += request.containers
         if request.more:  # NRI 0.8 sends large states in parts: answer each, keep them all
             return bytes(api.SynchronizeResponse(more=True))
-        if not self.store_kept:  # no event would keep it current: hold nothing rather than a stale copy
+        if (
+            not self.events.terms.store_kept
+        ):  # no event would keep it current: hold nothing rather than a stale copy
             self._sync_pods, self._sync_containers = [], []
         pods = {pod.id: nri_convert.pod_from_nri(pod) for pod in self._sync_pods}
         by_id = {pod.id: pod for pod in self._sync_pods}

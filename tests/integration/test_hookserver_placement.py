@@ -29,6 +29,7 @@ from krproxy.hookserver import (
     Stage,
     serve,
 )
+from krproxy.hookserver._executor import write_cgroup_file
 from krproxy.hookserver._worker import AppWorker
 from krproxy.hookserver.testing import FakeNode, HookClient, container_request, pod_request
 from tests.integration.support import LIVENESS_LIMIT
@@ -55,16 +56,6 @@ def submitted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(AppWorker, "submit", spy)
     return jobs
-
-
-class ThreadRecordingExecutor(Executor):
-    """An executor that notes the thread of each cgroup write."""
-
-    threads: list[threading.Thread]
-
-    def _write_cgroup(self, path: pathlib.Path, text: str) -> None:
-        self.threads.append(threading.current_thread())
-        super()._write_cgroup(path, text)
 
 
 class Callers:
@@ -268,8 +259,13 @@ async def test_cgroup_writes_of_a_loop_stage_leave_the_loop(
     (the worker, or a thread of trio's from a task): the file is written, and the answer comes."""
     node = FakeNode(short_tmp / "node").create()
     node.add_cgroup(POD.lstrip("/"))
-    executor = ThreadRecordingExecutor(node.cgroup_root, node.resctrl_root, node.cgroup_version)
-    executor.threads = []
+    threads: list[threading.Thread] = []
+
+    def write(path: pathlib.Path, text: str) -> None:
+        threads.append(threading.current_thread())
+        write_cgroup_file(path, text)
+
+    executor = Executor(node.cgroup_root, node.resctrl_root, node.cgroup_version, write_cgroup=write)
     app = HookServer(executor=executor)
 
     def set_idle(ctx: PodContext) -> None:
@@ -289,8 +285,8 @@ async def test_cgroup_writes_of_a_loop_stage_leave_the_loop(
             nursery.cancel_scope.cancel()
     assert POD == answer.cgroup_parent
     assert "1" == node.read(POD, CgroupFile.CPU_IDLE)
-    assert [] != executor.threads
-    assert threading.main_thread() not in executor.threads
+    assert [] != threads
+    assert threading.main_thread() not in threads
 
 
 @pytest.mark.parametrize("kind", ["non-blocking", "async"])

@@ -78,7 +78,7 @@ class TestRegistration:
         assert 7 == created.linux.resources.cpu.shares.value  # type: ignore[union-attr]
         assert {"app": "web"} == fake.requests(HookPoint.PRE_CREATE_CONTAINER)[0].pod_labels
         assert ({}, {}) == (plugin.store.pods(), plugin.store.containers())  # nothing stale held
-        assert not plugin.store_kept
+        assert not plugin.events.terms.store_kept
 
     async def test_no_hook_server_no_event_on_the_start_path(self, node: Node) -> None:
         """With no hook server registered and no required-plugins annotation honoured krproxy subscribes to
@@ -105,7 +105,7 @@ class TestRegistration:
         node.runtime.request_timeout = 1.5
         with trio.fail_after(LIMIT):
             plugin = await node.start_krproxy()
-        assert 1.5 == plugin.request_timeout
+        assert 1.5 == plugin.events.terms.request_timeout
 
     async def test_nri_0_6_runtime(self, node: Node) -> None:
         """A runtime that sends no timeouts (NRI 0.6.1, containerd 1.7) gets NRI's default of 2 s assumed."""
@@ -113,7 +113,7 @@ class TestRegistration:
         node.runtime.request_timeout = 1.0
         with trio.fail_after(LIMIT):
             plugin = await node.start_krproxy()
-        assert nri_plugin.DEFAULT_REQUEST_TIMEOUT == plugin.request_timeout
+        assert nri_plugin.DEFAULT_REQUEST_TIMEOUT == plugin.events.terms.request_timeout
 
     async def test_split_synchronize(self, node: Node) -> None:
         """A state sent in parts (NRI 0.8's ``more``) is collected whole."""
@@ -445,10 +445,10 @@ class TestOtherEvents:
         assert {"app": "web"} == fake.requests(HookPoint.POST_STOP_CONTAINER)[0].pod_labels
         assert {} == plugin.store.pods() and {} == plugin.store.containers()
         assert nri_plugin.NRI_VERSION == connected.nri_version  # said at registration
-        assert nri_version == plugin.nri_version
+        assert nri_version == plugin.events.terms.runtime_nri.version
         state_changes = [what for _, what in node.runtime.log if what.startswith("StateChange")]
         assert [] == node.runtime.deprecations
         if nri_version:
-            assert [] == state_changes and "dedicated" == plugin.event_calls
+            assert [] == state_changes and "dedicated" == plugin.events.event_calls
         else:
-            assert len(state_changes) == 7 and "StateChange" == plugin.event_calls
+            assert len(state_changes) == 7 and "StateChange" == plugin.events.event_calls

@@ -1,6 +1,5 @@
-"""krproxy's modules import each other without cycles (docs/architecture.md, "Layers"), and the
-transport's classes are composed, not spread over modules by inheritance ("The transport: who
-holds whom").
+"""krproxy's modules import each other without cycles (docs/architecture.md, "Layers"), and its
+classes are composed, not spread over modules by inheritance ("The transport: who holds whom").
 
 The graph is read from the source: an edge ``a -> b`` for every ``import b`` or ``from b import
 x`` in ``a`` (``from package import module`` counts as an edge to the module), at any depth of
@@ -13,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 import pathlib
 from collections.abc import Iterable
 
@@ -196,12 +196,40 @@ def test_the_layer_checks_see_a_private_import() -> None:
     assert not _in("krproxy.relayx", TRANSPORT)
 
 
-def transport_classes() -> list[type]:
-    """Every class defined in a module of the transport or of its faces."""
+#: Left out of :func:`krproxy_classes`.
+NOT_WALKED = (
+    "krproxy.proto",  # generated code
+    "krproxy.h2",  # recomposed on its own branch
+)
+
+#: Classes that may extend a krproxy class of another module: ``(class, base) -> why``.
+INHERITANCE_ALLOWED: dict[tuple[str, str], str] = {
+    ("krproxy.trace.format.TraceRecord", "krproxy.calls.CallFacts"): (
+        "a data base: the frozen fields a finished call's record and a trace's record share, no methods"
+    ),
+}
+
+#: Classes still spread over modules by inheritance, to be recomposed: ``class -> what it is``. The
+#: check fails when one of them no longer is (drop it from here then).
+SPREAD_TO_RECOMPOSE: dict[str, str] = {
+    "krproxy.fakes.containerd.state.RuntimeState": "the fake containerd's state, its CRI calls in mixins",
+    "krproxy.fakes.containerd.containers.ContainerCalls": "RuntimeState's container calls, over Tables",
+    "krproxy.fakes.containerd.images.ImageCalls": "RuntimeState's image calls, over Tables",
+}
+
+
+def _package_modules(directory: pathlib.Path) -> list[pathlib.Path]:
+    """The modules under *directory*, through symlinked packages too (``krproxy/fakes``), sorted."""
+    found = []
+    for parent, _dirs, files in os.walk(directory, followlinks=True):
+        found.extend(pathlib.Path(parent, name) for name in files if name.endswith(".py"))
+    return sorted(found)
+
+
+def classes_of(paths: Iterable[pathlib.Path]) -> list[type]:
+    """Every class defined in the modules at *paths* (imported to see their bases)."""
     found: list[type] = []
-    for path in sorted((ROOT / "krproxy" / "relay").glob("*.py")) + sorted(
-        (ROOT / "krproxy" / "rpc").glob("*.py")
-    ):
+    for path in paths:
         module = importlib.import_module(_module_name(path))
         found.extend(
             value
@@ -211,9 +239,20 @@ def transport_classes() -> list[type]:
     return found
 
 
+def krproxy_classes() -> list[type]:
+    """Every class of krproxy's modules but :data:`NOT_WALKED` (``__main__`` modules are not imported:
+    they run their command)."""
+    return classes_of(
+        path
+        for path in _package_modules(ROOT / "krproxy")
+        if path.name != "__main__.py" and not any(_in(_module_name(path), p) for p in NOT_WALKED)
+    )
+
+
 def inherited_across_modules(classes: Iterable[type]) -> dict[str, list[str]]:
     """``class -> bases of krproxy's from another module`` (exceptions left out: an error type
-    extends its family wherever it is raised)."""
+    extends its family wherever it is raised; typing Protocols too: an interface is implemented, not
+    inherited for its code)."""
     found: dict[str, list[str]] = {}
     for cls in classes:
         bases = [
@@ -222,16 +261,42 @@ def inherited_across_modules(classes: Iterable[type]) -> dict[str, list[str]]:
             if base.__module__.startswith("krproxy")
             and base.__module__ != cls.__module__
             and not issubclass(base, BaseException)
+            and not getattr(base, "_is_protocol", False)
         ]
         if bases:
             found[f"{cls.__module__}.{cls.__qualname__}"] = bases
     return found
 
 
-def test_no_transport_class_inherits_from_another_module() -> None:
-    """No class of the transport or its faces is spread over several files by inheritance: its
-    parts are held, not subclassed (a face holds a Transport, a call kind its CallState)."""
-    assert {} == inherited_across_modules(transport_classes())
+def not_allowed(found: dict[str, list[str]]) -> dict[str, list[str]]:
+    """*found* without the pairs of :data:`INHERITANCE_ALLOWED` and the classes of
+    :data:`SPREAD_TO_RECOMPOSE`."""
+    left = {
+        cls: [base for base in bases if (cls, base) not in INHERITANCE_ALLOWED]
+        for cls, bases in found.items()
+        if cls not in SPREAD_TO_RECOMPOSE
+    }
+    return {cls: bases for cls, bases in left.items() if bases}
+
+
+def test_no_class_inherits_from_another_module() -> None:
+    """No class of krproxy is spread over several files by inheritance: its parts are held, not
+    subclassed (the NRI plugin holds its event handlers, a face of the transport its Transport, a call
+    kind its CallState); only the pairs of INHERITANCE_ALLOWED, each with its reason, extend a class of
+    another module. A class of SPREAD_TO_RECOMPOSE still has to, or it is to leave that list."""
+    found = inherited_across_modules(krproxy_classes())
+    assert {} == not_allowed(found)
+    assert set(SPREAD_TO_RECOMPOSE) <= set(found), "recomposed: drop it from SPREAD_TO_RECOMPOSE"
+    assert set(INHERITANCE_ALLOWED) <= {(cls, base) for cls, bases in found.items() for base in bases}
+
+
+def test_the_walk_reaches_every_package() -> None:
+    """The classes checked come from every part of krproxy, the symlinked fakes included, and none
+    from generated code or the HTTP/2 core."""
+    modules = {cls.__module__ for cls in krproxy_classes()}
+    for module in ("krproxy.nri.plugin", "krproxy.relay.transport", "krproxy.fakes.containerd.state"):
+        assert module in modules
+    assert not [m for m in modules if _in(m, "krproxy.proto") or _in(m, "krproxy.h2")]
 
 
 def test_the_call_kinds_subclass_nothing() -> None:
@@ -250,12 +315,16 @@ def test_the_call_kinds_subclass_nothing() -> None:
 
 def test_the_inheritance_check_sees_a_subclass() -> None:
     """The checker itself: a class extending one of another krproxy module is reported, an
-    exception extending one is not."""
+    exception or a Protocol's implementation extending one is not; an allowed pair is let through."""
+    from krproxy.calls import CallFacts
+    from krproxy.hooks.lifecycle import Chain
     from krproxy.relay.grpc import UpstreamError
     from krproxy.relay.state import CallState
 
     spread = type("Spread", (CallState,), {"__module__": "krproxy.relay.elsewhere"})
     error = type("Error", (UpstreamError,), {"__module__": "krproxy.relay.elsewhere"})
-    assert {"krproxy.relay.elsewhere.Spread": ["krproxy.relay.state.CallState"]} == inherited_across_modules(
-        [spread, error]
-    )
+    chain = type("AChain", (Chain,), {"__module__": "krproxy.relay.elsewhere"})
+    found = inherited_across_modules([spread, error, chain])
+    assert {"krproxy.relay.elsewhere.Spread": ["krproxy.relay.state.CallState"]} == found
+    record = type("TraceRecord", (CallFacts,), {"__module__": "krproxy.trace.format"})
+    assert {} == not_allowed(inherited_across_modules([record]))
