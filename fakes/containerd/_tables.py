@@ -1,12 +1,13 @@
-"""The fake runtime's tables and what every CRI call of it reads: lookups, status and list
-messages, their encoded forms, the event outbox (the base of :class:`krproxy.fakes.containerd.state.RuntimeState`)."""
+"""The fake runtime's tables: its records of pods, containers and images, the lookups that read
+them as containerd does (full IDs or unique prefixes, image names, digests or IDs), the status and
+list messages built from them, their encoded forms, and the event outbox. Every CRI call of
+:class:`~krproxy.fakes.containerd.state.RuntimeState` reads these; the container and image calls
+(:mod:`~krproxy.fakes.containerd.containers`, :mod:`~krproxy.fakes.containerd.images`) hold them."""
 
 from __future__ import annotations
 
 import itertools
-import random
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import attrs
@@ -23,14 +24,12 @@ from krproxy.fakes.containerd.records import (
     container_info,
     encoded,
     image_record_for,
-    list_order,
     lookup_failed,
     matches,
     normalize_image_name,
     sandbox_info,
-    sequential_ids,
 )
-from krproxy.fakes.containerd.versions import DEFAULT_VERSION, IMITATIONS, Imitation, imitation
+from krproxy.fakes.containerd.settings import Settings
 from krproxy.proto.runtime import v1 as cri
 
 _R = TypeVar("_R", Sandbox, Container)
@@ -39,62 +38,55 @@ _T = TypeVar("_T")
 
 @attrs.define(eq=False)
 class Tables:
-    """The state :class:`~krproxy.fakes.containerd.state.RuntimeState` keeps (its docstring says what each
-    attribute means), and the helpers its CRI calls share."""
+    """The records of one fake containerd, and what reads them as containerd does.
 
-    clock: Callable[[], int] = time.time_ns
-    new_id: Callable[[], str] = attrs.Factory(sequential_ids)
-    force_remove_running: bool = True
-    require_pulled_images: bool = False
-    order: random.Random = attrs.Factory(list_order)
-    imitate: Imitation = attrs.field(default=IMITATIONS[DEFAULT_VERSION], converter=imitation)
-    pod_resize: bool | None = None
-    _sandboxes: dict[str, Sandbox] = attrs.field(init=False, factory=dict)
-    _containers: dict[str, Container] = attrs.field(init=False, factory=dict)
-    #: Sandbox ID -> the IDs of its containers, in creation order (the keys; values unused).
-    _pod_index: dict[str, dict[str, None]] = attrs.field(init=False, factory=dict)
-    _images: dict[str, ImageRecord] = attrs.field(init=False, factory=dict)
-    _exec_scripts: dict[tuple[str, ...], ExecResult] = attrs.field(init=False, factory=dict)
-    _events: list[cri.ContainerEventResponse] = attrs.field(init=False, factory=list)
-    #: containerd's name index: "name_pod_namespace_uid_attempt" -> owner ID, unique while alive.
-    _reserved_names: dict[str, str] = attrs.field(init=False, factory=dict)
+    The parts of :class:`~krproxy.fakes.containerd.state.RuntimeState` read and change the records
+    here directly; what must change together (a container and its pod's index, a record and its
+    reserved name) changes through a method.
+
+    Attributes:
+        settings: the fake's choices (:class:`~krproxy.fakes.containerd.settings.Settings`): its clock,
+            the imitated version (lookups answer with its messages), the order of list answers.
+        sandboxes: live sandboxes by ID, in creation order.
+        containers: live containers by ID, in creation order.
+        pod_index: sandbox ID -> the IDs of its containers, in creation order (the keys; values unused).
+        images: pulled images by ID.
+        exec_scripts: what ``ExecSync`` of a command answers, where a test scripted it.
+        events: the lifecycle events not yet taken, oldest first.
+        reserved_names: containerd's name index: "name_pod_namespace_uid_attempt" -> owner ID, unique
+            while the owner lives.
+    """
+
+    settings: Settings
+    sandboxes: dict[str, Sandbox] = attrs.field(init=False, factory=dict)
+    containers: dict[str, Container] = attrs.field(init=False, factory=dict)
+    pod_index: dict[str, dict[str, None]] = attrs.field(init=False, factory=dict)
+    images: dict[str, ImageRecord] = attrs.field(init=False, factory=dict)
+    exec_scripts: dict[tuple[str, ...], ExecResult] = attrs.field(init=False, factory=dict)
+    events: list[cri.ContainerEventResponse] = attrs.field(init=False, factory=list)
+    reserved_names: dict[str, str] = attrs.field(init=False, factory=dict)
     _ip_counter: itertools.count[int] = attrs.field(init=False, factory=lambda: itertools.count(2))
 
-    # -- read-only views for tests ------------------------------------------------------------
-
-    @property
-    def sandboxes(self) -> Mapping[str, Sandbox]:
-        """Live sandboxes by ID, in creation order."""
-        return dict(self._sandboxes)
-
-    @property
-    def containers(self) -> Mapping[str, Container]:
-        """Live containers by ID, in creation order."""
-        return dict(self._containers)
-
-    @property
-    def images(self) -> Mapping[str, ImageRecord]:
-        """Pulled images by ID."""
-        return dict(self._images)
+    # -- the outbox and scripts --------------------------------------------------------------
 
     def take_events(self) -> list[cri.ContainerEventResponse]:
         """Return the lifecycle events produced since the last call, oldest first, and forget them."""
-        events, self._events = self._events, []
+        events, self.events = self.events, []
         return events
 
     def script_exec(self, cmd: Sequence[str], result: ExecResult) -> None:
         """Make ``ExecSync`` of exactly ``cmd`` (in any container) answer ``result``."""
-        self._exec_scripts[tuple(cmd)] = result
+        self.exec_scripts[tuple(cmd)] = result
 
     # -- lookups ------------------------------------------------------------------------------
 
-    def _find_sandbox(self, sandbox_id: str) -> Sandbox:
+    def find_sandbox(self, sandbox_id: str) -> Sandbox:
         """Find a sandbox by full ID or unique ID prefix, as containerd's store does (:meth:`_find`)."""
-        return self._find(self._sandboxes, sandbox_id, "sandbox")
+        return self._find(self.sandboxes, sandbox_id, "sandbox")
 
-    def _find_container(self, container_id: str) -> Container:
+    def find_container(self, container_id: str) -> Container:
         """Find a container by full ID or unique ID prefix (:meth:`_find`)."""
-        return self._find(self._containers, container_id, "container")
+        return self._find(self.containers, container_id, "container")
 
     def _find(self, table: Mapping[str, _R], key: str, kind: str) -> _R:
         """The record ``key`` names, read as containerd's truncindex reads it: the full ID or a unique
@@ -104,7 +96,7 @@ class Tables:
         if record is not None:
             return record
         if not key:
-            raise lookup_failed(kind, key, Code.UNKNOWN, self.imitate.empty_prefix)
+            raise lookup_failed(kind, key, Code.UNKNOWN, self.settings.imitate.empty_prefix)
         candidates = [v for k, v in table.items() if k.startswith(key)]
         if len(candidates) > 1:
             raise lookup_failed(kind, key, Code.UNKNOWN, f"Multiple IDs found with provided prefix: {key}")
@@ -112,28 +104,23 @@ class Tables:
             raise lookup_failed(kind, key, Code.NOT_FOUND, "not found")
         return candidates[0]
 
-    @property
-    def answers_pod_resize(self) -> bool:
-        """Whether UpdatePodSandboxResources is answered: :attr:`pod_resize` if set, else the imitated version's."""
-        return self.imitate.pod_resize if self.pod_resize is None else self.pod_resize
-
-    def _resolve_image(self, name: str) -> ImageRecord | None:
+    def resolve_image(self, name: str) -> ImageRecord | None:
         """Find a pulled image by name (short or full), repo digest, ID or bare ID hex."""
         if not name:
             return None
-        if name in self._images:
-            return self._images[name]
-        if f"sha256:{name}" in self._images:
-            return self._images[f"sha256:{name}"]
+        if name in self.images:
+            return self.images[name]
+        if f"sha256:{name}" in self.images:
+            return self.images[f"sha256:{name}"]
         ref = normalize_image_name(name)
-        for image in self._images.values():
+        for image in self.images.values():
             if ref in image.repo_tags or name in image.repo_digests:
                 return image
         return None
 
     # -- message builders ---------------------------------------------------------------------
 
-    def _sandbox_status(self, sandbox: Sandbox) -> cri.PodSandboxStatus:
+    def sandbox_status(self, sandbox: Sandbox) -> cri.PodSandboxStatus:
         return cri.PodSandboxStatus(
             id=sandbox.id,
             metadata=cri.PodSandboxMetadata(
@@ -152,7 +139,7 @@ class Tables:
             runtime_handler=sandbox.runtime_handler,
         )
 
-    def _container_status(self, container: Container) -> cri.ContainerStatus:
+    def container_status(self, container: Container) -> cri.ContainerStatus:
         return cri.ContainerStatus(
             id=container.id,
             metadata=cri.ContainerMetadata(name=container.name, attempt=container.attempt),
@@ -175,7 +162,7 @@ class Tables:
             ),
         )
 
-    def _container_message(self, container: Container) -> cri.Container:
+    def container_message(self, container: Container) -> cri.Container:
         return cri.Container(
             id=container.id,
             pod_sandbox_id=container.pod_sandbox_id,
@@ -190,7 +177,7 @@ class Tables:
         )
 
     @staticmethod
-    def _image_message(image: ImageRecord) -> cri.Image:
+    def image_message(image: ImageRecord) -> cri.Image:
         return cri.Image(
             id=image.id,
             repo_tags=list(image.repo_tags),
@@ -198,26 +185,46 @@ class Tables:
             size=image.size,
         )
 
-    def _pod_containers(self, sandbox_id: str) -> list[Container]:
-        return [self._containers[c] for c in self._pod_index.get(sandbox_id, ())]
+    def pod_containers(self, sandbox_id: str) -> list[Container]:
+        return [self.containers[c] for c in self.pod_index.get(sandbox_id, ())]
 
-    def _add_container(self, container: Container) -> None:
-        self._containers[container.id] = container
-        self._pod_index.setdefault(container.pod_sandbox_id, {})[container.id] = None
+    # -- records that change together --------------------------------------------------------
 
-    def _emit(self, subject_id: str, event_type: EventType, sandbox: Sandbox) -> None:
+    def add_container(self, container: Container) -> None:
+        """Keep a new *container*, last of its pod's."""
+        self.containers[container.id] = container
+        self.pod_index.setdefault(container.pod_sandbox_id, {})[container.id] = None
+
+    def drop_container(self, container: Container) -> None:
+        """Forget *container*: its record, its place in its pod's index and its reserved name."""
+        del self.containers[container.id]
+        del self.pod_index[container.pod_sandbox_id][container.id]
+        self.reserved_names.pop(container.reserved_name, None)
+
+    def drop_sandbox(self, sandbox: Sandbox) -> None:
+        """Forget *sandbox* (its containers already gone): its record, its index and its reserved name."""
+        del self.sandboxes[sandbox.id]
+        self.pod_index.pop(sandbox.id, None)
+        self.reserved_names.pop(sandbox.reserved_name, None)
+
+    def next_ip(self) -> str:
+        """The pod IP of the next sandbox that has a network of its own."""
+        n = next(self._ip_counter)
+        return f"10.88.{n // 250 % 256}.{n % 250 + 2}"
+
+    def emit(self, subject_id: str, event_type: EventType, sandbox: Sandbox) -> None:
         """Queue a lifecycle event carrying the pod's status and its containers' statuses."""
-        self._events.append(
+        self.events.append(
             cri.ContainerEventResponse(
                 container_id=subject_id,
                 container_event_type=event_type,
-                created_at=self.clock(),
-                pod_sandbox_status=self._sandbox_status(sandbox),
-                containers_statuses=[self._container_status(c) for c in self._pod_containers(sandbox.id)],
+                created_at=self.settings.clock(),
+                pod_sandbox_status=self.sandbox_status(sandbox),
+                containers_statuses=[self.container_status(c) for c in self.pod_containers(sandbox.id)],
             )
         )
 
-    # -- encoded answers (ENCODED_CALLS) ------------------------------------------------------
+    # -- encoded answers (RuntimeState.ENCODED_CALLS) -----------------------------------------
     #
     # Encodings of messages concatenate into the encoding of their merge, and betterproto2 writes
     # fields in number order: so each answer below is joined, byte for byte, from the encodings of
@@ -225,106 +232,106 @@ class Tables:
     # (a transition makes a new record, which starts with nothing kept), so nothing goes stale.
 
     def list_pod_sandbox_encoded(self, request: cri.ListPodSandboxRequest) -> bytes:
-        """:meth:`list_pod_sandbox`, encoded: the very same bytes."""
+        """:meth:`RuntimeState.list_pod_sandbox`, encoded: the very same bytes."""
         return b"".join(
-            self._sandbox_item_bytes(s) for s in self._unordered(self._select_sandboxes(request.filter))
+            self._sandbox_item_bytes(s) for s in self.unordered(self.select_sandboxes(request.filter))
         )
 
     def pod_sandbox_status_encoded(self, request: cri.PodSandboxStatusRequest) -> bytes:
-        """:meth:`pod_sandbox_status`, encoded: the very same bytes (fields: status 1,
+        """:meth:`RuntimeState.pod_sandbox_status`, encoded: the very same bytes (fields: status 1,
         containers_statuses 3, timestamp 4)."""
-        sandbox = self._find_sandbox(request.pod_sandbox_id)
+        sandbox = self.find_sandbox(request.pod_sandbox_id)
         parts = [self._sandbox_status_bytes(sandbox)]
         if request.verbose:  # info (field 2), between status and containers_statuses
-            info = self._verbose_sandbox(request, sandbox)
+            info = self.verbose_sandbox(request, sandbox)
             parts.append(bytes(cri.PodSandboxStatusResponse(info=info).SerializeToString()))
-        parts.extend(self._in_pod_status_bytes(c) for c in self._pod_containers(sandbox.id))
-        parts.append(bytes(cri.PodSandboxStatusResponse(timestamp=self.clock()).SerializeToString()))
+        parts.extend(self._in_pod_status_bytes(c) for c in self.pod_containers(sandbox.id))
+        parts.append(bytes(cri.PodSandboxStatusResponse(timestamp=self.settings.clock()).SerializeToString()))
         return b"".join(parts)
 
     def list_containers_encoded(self, request: cri.ListContainersRequest) -> bytes:
-        """:meth:`list_containers`, encoded: the very same bytes."""
+        """:meth:`ContainerCalls.list_containers`, encoded: the very same bytes."""
         return b"".join(
-            self._container_item_bytes(c) for c in self._unordered(self._select_containers(request.filter))
+            self._container_item_bytes(c) for c in self.unordered(self.select_containers(request.filter))
         )
 
     def container_status_encoded(self, request: cri.ContainerStatusRequest) -> bytes:
-        """:meth:`container_status`, encoded: the very same bytes."""
-        container = self._find_container(request.container_id)
+        """:meth:`ContainerCalls.container_status`, encoded: the very same bytes."""
+        container = self.find_container(request.container_id)
         status = self._container_status_bytes(container)
         if not request.verbose:
             return status
-        info = self._verbose_container(request, container)
+        info = self.verbose_container(request, container)
         return status + bytes(cri.ContainerStatusResponse(info=info).SerializeToString())
 
-    def _verbose_sandbox(self, request: cri.PodSandboxStatusRequest, sandbox: Sandbox) -> dict[str, str]:
+    def verbose_sandbox(self, request: cri.PodSandboxStatusRequest, sandbox: Sandbox) -> dict[str, str]:
         """The ``info`` of a PodSandboxStatus answer: containerd's document if *request* is verbose."""
         return sandbox_info(sandbox) if request.verbose else {}
 
-    def _verbose_container(self, request: cri.ContainerStatusRequest, container: Container) -> dict[str, str]:
+    def verbose_container(self, request: cri.ContainerStatusRequest, container: Container) -> dict[str, str]:
         """The ``info`` of a ContainerStatus answer: containerd's document if *request* is verbose."""
         if not request.verbose:
             return {}
-        return container_info(container, self._sandboxes.get(container.pod_sandbox_id))
+        return container_info(container, self.sandboxes.get(container.pod_sandbox_id))
 
     def _sandbox_item_bytes(self, sandbox: Sandbox) -> bytes:
         return encoded(
             sandbox.wire,
             "ListPodSandboxResponse.items",
-            lambda: cri.ListPodSandboxResponse(items=[self._sandbox_message(sandbox)]),
+            lambda: cri.ListPodSandboxResponse(items=[self.sandbox_message(sandbox)]),
         )
 
     def _sandbox_status_bytes(self, sandbox: Sandbox) -> bytes:
         return encoded(
             sandbox.wire,
             "PodSandboxStatusResponse.status",
-            lambda: cri.PodSandboxStatusResponse(status=self._sandbox_status(sandbox)),
+            lambda: cri.PodSandboxStatusResponse(status=self.sandbox_status(sandbox)),
         )
 
     def _container_item_bytes(self, container: Container) -> bytes:
         return encoded(
             container.wire,
             "ListContainersResponse.containers",
-            lambda: cri.ListContainersResponse(containers=[self._container_message(container)]),
+            lambda: cri.ListContainersResponse(containers=[self.container_message(container)]),
         )
 
     def _in_pod_status_bytes(self, container: Container) -> bytes:
         return encoded(
             container.wire,
             "PodSandboxStatusResponse.containers_statuses",
-            lambda: cri.PodSandboxStatusResponse(containers_statuses=[self._container_status(container)]),
+            lambda: cri.PodSandboxStatusResponse(containers_statuses=[self.container_status(container)]),
         )
 
     def _container_status_bytes(self, container: Container) -> bytes:
         return encoded(
             container.wire,
             "ContainerStatusResponse.status",
-            lambda: cri.ContainerStatusResponse(status=self._container_status(container)),
+            lambda: cri.ContainerStatusResponse(status=self.container_status(container)),
         )
 
-    def _prepare_answers(self, sandbox: Sandbox) -> None:
+    def prepare_answers(self, sandbox: Sandbox) -> None:
         """Encode, and keep on the records, every part of the encoded answers about *sandbox*."""
         self._sandbox_item_bytes(sandbox)
         self._sandbox_status_bytes(sandbox)
-        for container in self._pod_containers(sandbox.id):
+        for container in self.pod_containers(sandbox.id):
             self._container_item_bytes(container)
             self._in_pod_status_bytes(container)
             self._container_status_bytes(container)
 
-    # -- runtime info -------------------------------------------------------------------------
+    # -- selections ---------------------------------------------------------------------------
 
-    def _unordered(self, items: Iterable[_T]) -> list[_T]:
-        """``items`` in an order of :attr:`order`'s choosing (see the class docstring)."""
+    def unordered(self, items: Iterable[_T]) -> list[_T]:
+        """``items`` in an order of :attr:`Settings.order`'s choosing (see its docstring)."""
         shuffled = list(items)
-        self.order.shuffle(shuffled)
+        self.settings.order.shuffle(shuffled)
         return shuffled
 
-    def _select_sandboxes(self, flt: cri.PodSandboxFilter | None) -> Iterable[Sandbox]:
-        sandboxes: Iterable[Sandbox] = self._sandboxes.values()
+    def select_sandboxes(self, flt: cri.PodSandboxFilter | None) -> Iterable[Sandbox]:
+        sandboxes: Iterable[Sandbox] = self.sandboxes.values()
         if flt is not None:
             if flt.id:
                 try:
-                    sandboxes = [self._find_sandbox(flt.id)]
+                    sandboxes = [self.find_sandbox(flt.id)]
                 except CriError:
                     sandboxes = []
             if flt.state is not None:
@@ -334,7 +341,7 @@ class Tables:
         return sandboxes
 
     @staticmethod
-    def _sandbox_message(sandbox: Sandbox) -> cri.PodSandbox:
+    def sandbox_message(sandbox: Sandbox) -> cri.PodSandbox:
         return cri.PodSandbox(
             id=sandbox.id,
             metadata=cri.PodSandboxMetadata(
@@ -347,26 +354,26 @@ class Tables:
             runtime_handler=sandbox.runtime_handler,
         )
 
-    def _reserve(self, name: str, owner: str, kind: str) -> None:
-        holder = self._reserved_names.get(name)
+    def reserve(self, name: str, owner: str, kind: str) -> None:
+        holder = self.reserved_names.get(name)
         if holder is not None:
             raise CriError(
-                self.imitate.name_conflict,
+                self.settings.imitate.name_conflict,
                 f'failed to reserve {kind} name "{name}": name "{name}" is reserved for "{holder}"',
             )
-        self._reserved_names[name] = owner
+        self.reserved_names[name] = owner
 
-    def _select_containers(self, flt: cri.ContainerFilter | None) -> Iterable[Container]:
-        containers: Iterable[Container] = self._containers.values()
+    def select_containers(self, flt: cri.ContainerFilter | None) -> Iterable[Container]:
+        containers: Iterable[Container] = self.containers.values()
         if flt is not None:
             if flt.id:
                 try:
-                    containers = [self._find_container(flt.id)]
+                    containers = [self.find_container(flt.id)]
                 except CriError:
                     containers = []
             if flt.pod_sandbox_id:
                 try:
-                    pod_id = self._find_sandbox(flt.pod_sandbox_id).id
+                    pod_id = self.find_sandbox(flt.pod_sandbox_id).id
                 except CriError:
                     pod_id = flt.pod_sandbox_id
                 containers = [c for c in containers if c.pod_sandbox_id == pod_id]
@@ -376,10 +383,10 @@ class Tables:
                 containers = [c for c in containers if matches(c.labels, flt.label_selector)]
         return containers
 
-    def _record_image(self, name: str) -> ImageRecord:
+    def record_image(self, name: str) -> ImageRecord:
         image = image_record_for(name)
-        known = self._images.get(image.id)
+        known = self.images.get(image.id)
         if known is not None:
             return known
-        self._images[image.id] = image
+        self.images[image.id] = image
         return image

@@ -125,12 +125,12 @@ class FakeContainerd:
 
     def __attrs_post_init__(self) -> None:
         if self.imitate is not None:
-            self.state.imitate = imitation(self.imitate)
+            self.state.settings.imitate = imitation(self.imitate)
 
     @property
     def imitated(self) -> Imitation:
         """The containerd version this fake imitates (its state's)."""
-        return self.state.imitate
+        return self.state.settings.imitate
 
     # -- test-facing API ----------------------------------------------------------------------
 
@@ -158,9 +158,9 @@ class FakeContainerd:
             "sandboxes": len(state.sandboxes),
             "containers": len(state.containers),
             "images": len(state.images),
-            "reserved_names": len(state._reserved_names),
-            "pod_index": len(state._pod_index),
-            "events": len(state._events),
+            "reserved_names": len(state.tables.reserved_names),
+            "pod_index": len(state.tables.pod_index),
+            "events": len(state.tables.events),
             "requests": sum(len(log) for log in self._log.values()),
             "request_bytes": sum(self._logged_bytes.values()),
             "headers": sum(len(blocks) for blocks in self._headers.values()),

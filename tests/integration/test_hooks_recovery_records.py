@@ -47,10 +47,10 @@ def poison(node: Node, pod_id: str, kind: str) -> None:
     """Make the fake list *pod_id* with its item spoilt as *kind* says (its other answers stay good)."""
     state = node.fake.state
     sandbox = state.sandboxes[pod_id]
-    item = bytes(state._sandbox_message(sandbox).SerializeToString()) + POISON[kind]
+    item = bytes(state.tables.sandbox_message(sandbox).SerializeToString()) + POISON[kind]
     sandbox.wire["ListPodSandboxResponse.items"] = _field(1, item)
     if kind == "annotation not UTF-8":  # containerd's status answer lists it too (PodSandboxStatus: field 8)
-        status = bytes(state._sandbox_status(sandbox).SerializeToString()) + _field(8, POISON[kind][2:])
+        status = bytes(state.tables.sandbox_status(sandbox).SerializeToString()) + _field(8, POISON[kind][2:])
         sandbox.wire["PodSandboxStatusResponse.status"] = _field(1, status)
 
 

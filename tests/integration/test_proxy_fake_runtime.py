@@ -38,7 +38,7 @@ class TestLargeList:
 
         # The fake shuffles every list anew, as containerd's order changes; here the point is the
         # bytes the proxy forwards, so the runtime answers both calls in one order.
-        fake.state.order = _InsertionOrder()
+        fake.state.settings.order = _InsertionOrder()
         through_proxy = await in_thread(raw, channel_to(proxied_fake.daemon.config.listen))
         direct = await in_thread(raw, channel_to(proxied_fake.socket))
         assert len(direct) > 800_000

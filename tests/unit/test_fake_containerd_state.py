@@ -318,6 +318,24 @@ class TestPodResize:
 ACTIONS = ["run", "stop_pod", "remove_pod", "create", "start", "stop", "kill", "exit", "remove", "update"]
 
 
+class TestParts:
+    def test_every_cri_call_is_found_by_name(self) -> None:
+        """Each call of CRI_CALLS, and the encoded form of each of ENCODED_CALLS, is the state's by
+        name (the server looks them up so), whichever part answers it."""
+        s = new_state()
+        names = [*RuntimeState.CRI_CALLS, *(f"{name}_encoded" for name in RuntimeState.ENCODED_CALLS)]
+        assert [] == [name for name in sorted(names) if not callable(getattr(s, name, None))]
+
+    def test_the_state_extends_no_part(self) -> None:
+        """RuntimeState holds its tables and calls; none of them is a base of another."""
+        from krproxy.fakes.containerd._tables import Tables
+        from krproxy.fakes.containerd.containers import ContainerCalls
+        from krproxy.fakes.containerd.images import ImageCalls
+
+        kinds = (RuntimeState, Tables, ContainerCalls, ImageCalls)
+        assert [(kind, object) for kind in kinds] == [kind.__mro__ for kind in kinds]
+
+
 class TestInvariants:
     @settings(max_examples=300, deadline=None)
     @given(st.lists(st.tuples(st.sampled_from(ACTIONS), st.integers(0, 7)), max_size=50))

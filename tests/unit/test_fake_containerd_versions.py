@@ -162,7 +162,20 @@ class TestVersionDifferences:
         assert reply.runtime_version.startswith(f"v{version}.")
 
     def test_the_default_is_1_6(self) -> None:
-        assert "1.6" == RuntimeState().imitate.version
+        assert "1.6" == RuntimeState().settings.imitate.version
+
+    def test_a_version_chosen_later_is_every_part_s(self) -> None:
+        """A version set on the state's settings after it was made (as FakeContainerd(imitate=...)
+        does) is the one its tables, its container calls and its pod calls all answer as."""
+        s = new_state(imitate="1.6")
+        s.settings.imitate = "1.7"
+        pod = run_pod(s)
+        lookup = answer(lambda: s.container_status(cri.ContainerStatusRequest(container_id="")))
+        stop = answer(lambda: s.stop_container(cri.StopContainerRequest(container_id="f" * 64)))
+        stop_pod = answer(lambda: s.stop_pod_sandbox(cri.StopPodSandboxRequest(pod_sandbox_id="f" * 64)))
+        assert (Code.UNKNOWN, (None, ""), (None, "")) == (lookup[0], stop, stop_pod)
+        assert "prefix can't be empty" in lookup[1]
+        assert pod in s.sandboxes
 
     def test_2_x_names_2_1_and_unknown_versions_are_refused(self) -> None:
         assert "2.1" == imitation("2.x").version

@@ -209,14 +209,6 @@ INHERITANCE_ALLOWED: dict[tuple[str, str], str] = {
     ),
 }
 
-#: Classes still spread over modules by inheritance, to be recomposed: ``class -> what it is``. The
-#: check fails when one of them no longer is (drop it from here then).
-SPREAD_TO_RECOMPOSE: dict[str, str] = {
-    "krproxy.fakes.containerd.state.RuntimeState": "the fake containerd's state, its CRI calls in mixins",
-    "krproxy.fakes.containerd.containers.ContainerCalls": "RuntimeState's container calls, over Tables",
-    "krproxy.fakes.containerd.images.ImageCalls": "RuntimeState's image calls, over Tables",
-}
-
 
 def _package_modules(directory: pathlib.Path) -> list[pathlib.Path]:
     """The modules under *directory*, through symlinked packages too (``krproxy/fakes``), sorted."""
@@ -269,12 +261,10 @@ def inherited_across_modules(classes: Iterable[type]) -> dict[str, list[str]]:
 
 
 def not_allowed(found: dict[str, list[str]]) -> dict[str, list[str]]:
-    """*found* without the pairs of :data:`INHERITANCE_ALLOWED` and the classes of
-    :data:`SPREAD_TO_RECOMPOSE`."""
+    """*found* without the pairs of :data:`INHERITANCE_ALLOWED`."""
     left = {
         cls: [base for base in bases if (cls, base) not in INHERITANCE_ALLOWED]
         for cls, bases in found.items()
-        if cls not in SPREAD_TO_RECOMPOSE
     }
     return {cls: bases for cls, bases in left.items() if bases}
 
@@ -282,11 +272,10 @@ def not_allowed(found: dict[str, list[str]]) -> dict[str, list[str]]:
 def test_no_class_inherits_from_another_module() -> None:
     """No class of krproxy is spread over several files by inheritance: its parts are held, not
     subclassed (the NRI plugin holds its event handlers, a face of the transport its Transport, a call
-    kind its CallState); only the pairs of INHERITANCE_ALLOWED, each with its reason, extend a class of
-    another module. A class of SPREAD_TO_RECOMPOSE still has to, or it is to leave that list."""
+    kind its CallState, the fake containerd's state its tables and calls); only the pairs of
+    INHERITANCE_ALLOWED, each with its reason, extend a class of another module."""
     found = inherited_across_modules(krproxy_classes())
     assert {} == not_allowed(found)
-    assert set(SPREAD_TO_RECOMPOSE) <= set(found), "recomposed: drop it from SPREAD_TO_RECOMPOSE"
     assert set(INHERITANCE_ALLOWED) <= {(cls, base) for cls, bases in found.items() for base in bases}
 
 

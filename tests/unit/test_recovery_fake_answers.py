@@ -48,9 +48,9 @@ class TestEncodedAnswers:
         for method, method_requests in requests.items():
             for request in method_requests:
                 # Lists come shuffled on every call: the same seed gives both paths the same order.
-                state.order = random.Random(7)
+                state.settings.order = random.Random(7)
                 expected = bytes(getattr(state, method)(request).SerializeToString())
-                state.order = random.Random(7)
+                state.settings.order = random.Random(7)
                 assert expected == getattr(state, f"{method}_encoded")(request), (method, request)
 
     def test_same_bytes_as_the_message_answers(self) -> None:
