@@ -1,6 +1,8 @@
-"""The send side of :class:`krproxy.h2.connection.Connection`: headers, data within the peer's
-windows, trailers, resets, GOAWAY, PING and the credit for received data. Bytes go to the
-connection's output buffer (:meth:`Connection.data_to_send`); nothing here does I/O.
+"""The send side of a :class:`krproxy.h2.connection.Connection`: headers, data within the peer's
+windows, trailers, resets, GOAWAY and PING, and what the peer's SETTINGS say about sending. A
+:class:`Sender` holds the send windows, the data queued beyond them and the peer's limits; the
+bytes go to the connection's output buffer (:attr:`krproxy.h2._state.State.output`, taken with
+``Connection.data_to_send``); nothing here does I/O.
 
 Sends on a stream that is over (reset, ended, released, or never opened by a peer that reset it
 since) are no-ops, not errors: a relay forwarding one side of a call to the other races the
@@ -10,13 +12,12 @@ peer's resets all the time. What a driver can only get wrong by a bug raises
 
 from __future__ import annotations
 
-from collections import deque
-
 import hpack
 import hpack.exceptions
 
 from krproxy.h2 import events as ev
 from krproxy.h2 import frames as f
+from krproxy.h2._state import State
 from krproxy.h2.streams import Stream
 
 __all__ = ["DRAIN_PING", "RESET_IDS_KEPT", "LocalProtocolError", "Sender"]
@@ -32,37 +33,39 @@ class LocalProtocolError(Exception):
 
 
 class Sender:
-    """Send methods of a connection; the state they use is set up by ``Connection.__init__``."""
+    """The send side of one connection: its streams opened, their frames sent within the peer's
+    windows, frame size and header list limit, the rest queued until WINDOW_UPDATEs let it go.
+    The connection binds the public methods onto itself (``conn.send_data`` is this one's)."""
 
-    server: bool
-    credit_on_arrival: bool
-    streams: dict[int, Stream]
-    blocked: dict[int, Stream]
-    buffered: int
-    send_window: int
-    recv_window: int
-    to_grant: int
-    peer_initial_window: int
-    peer_max_frame: int
-    peer_max_streams: int
-    peer_max_header_list: int | None
-    stream_window: int
-    next_id: int
-    last_peer_id: int
-    goaway_state: str | None
-    table_update: bool
-    reset_ids: set[int]
-    _reset_order: deque[int]
-    output: bytearray
-    _events: list[ev.Event]
-    _grant_stream_at: int
-    _grant_connection_at: int
+    def __init__(self, state: State) -> None:
+        self.state = state
+        self.server = state.server
+        self.streams = state.streams  # the state's (never replaced): one look-up less per send
+        self.output = state.output
+        #: What the peer lets us send on the connection (its WINDOW_UPDATEs on stream 0).
+        self.send_window = f.DEFAULT_WINDOW
+        #: Streams with data waiting for send window.
+        self.blocked: dict[int, Stream] = {}
+        #: Bytes queued in the streams beyond the peer's windows.
+        self.buffered = 0
+        # The peer's SETTINGS (krproxy.h2._control sets them), as they steer what we send.
+        self.peer_initial_window = f.DEFAULT_WINDOW
+        self.peer_max_frame = f.DEFAULT_MAX_FRAME
+        # Until the peer's SETTINGS say otherwise, no more streams than RFC 9113 asks every
+        # peer to allow: h2 (grpclib) closes the connection on a stream beyond its limit.
+        self.peer_max_streams = 100
+        self.peer_max_header_list: int | None = None  # the peer's limit; None: none said
+        self.peer_table_size = 4096  # SETTINGS_HEADER_TABLE_SIZE, for our encoder (RFC 7541 §4.2)
+        self.table_update = False  # a dynamic table size update is owed in the next block
+        #: Graceful shutdown (RFC 9113 §6.8): None, "announced" (a GOAWAY with the largest id and
+        #: a PING are out) or "final" (GOAWAY with the last id we process; later streams refused).
+        self.goaway_state: str | None = None
 
     # -- streams -------------------------------------------------------------------------
 
     def can_start_stream(self) -> bool:
         """A stream may be opened now (client role): below the peer's limit, ids left."""
-        return len(self.streams) < self.peer_max_streams and self.next_id <= f.MAX_STREAM_ID
+        return len(self.streams) < self.peer_max_streams and self.state.next_id <= f.MAX_STREAM_ID
 
     def start_stream(
         self, headers: ev.Headers | bytes, end_stream: bool = False, stream: Stream | None = None
@@ -74,16 +77,17 @@ class Sender:
         limit is the driver's to check first (:meth:`over_peer_limit`)."""
         if self.server:
             raise LocalProtocolError("a server opens no streams (push is not supported)")
-        if len(self.streams) >= self.peer_max_streams or self.next_id > f.MAX_STREAM_ID:  # can_start_stream()
+        state = self.state
+        stream_id = state.next_id
+        if len(self.streams) >= self.peer_max_streams or stream_id > f.MAX_STREAM_ID:  # can_start_stream()
             raise LocalProtocolError("no stream can be opened now (peer's limit or ids used up)")
-        stream_id = self.next_id
-        self.next_id += 2
+        state.next_id = stream_id + 2
         if stream is None:
-            stream = Stream(stream_id, self.peer_initial_window, self.stream_window)
+            stream = Stream(stream_id, self.peer_initial_window, state.stream_window)
         else:
             stream.id = stream_id
             stream.send_window = self.peer_initial_window
-            stream.recv_window = self.stream_window
+            stream.recv_window = state.stream_window
         self.streams[stream_id] = stream
         block = headers if isinstance(headers, bytes) else f.encode_headers(headers)
         stream.headers_sent = True
@@ -92,7 +96,7 @@ class Sender:
             stream.send_ended = True
         elif stream.pending or stream.end_pending or stream.trailers_pending is not None:
             self.buffered += len(stream.pending)
-            self._pump(stream)
+            self.pump(stream)
         return stream_id
 
     def release_stream(self, stream_id: int) -> int:
@@ -102,7 +106,7 @@ class Sender:
         if stream is None or not stream.pending:
             # The common end of a call: nothing queued (trailers wait only behind queued data).
             return 0
-        return self._drop(stream)
+        return self.drop(stream)
 
     def stream(self, stream_id: int) -> Stream | None:
         """The state of a stream not yet released (read only)."""
@@ -156,7 +160,7 @@ class Sender:
         self.buffered += size
         if end_stream:
             stream.end_pending = True
-        return self._pump(stream)
+        return self.pump(stream)
 
     def send_answer(self, stream_id: int, headers: bytes | None, data: bytes, trailers: bytes) -> bool:
         """A whole answer in one step where it goes out at once: ``headers`` (None: sent already),
@@ -212,7 +216,7 @@ class Sender:
             stream.send_ended = True
             return 0
         stream.trailers_pending = block
-        return self._pump(stream)
+        return self.pump(stream)
 
     def over_peer_limit(self, block: bytes) -> int | None:
         """The peer's SETTINGS_MAX_HEADER_LIST_SIZE if the header list of ``block`` (one of
@@ -238,7 +242,7 @@ class Sender:
         if self.over_peer_limit(block) is None:
             return False
         unsent = self.reset_stream(stream_id, f.INTERNAL_ERROR)
-        self._events.append(ev.StreamReset(stream_id, f.INTERNAL_ERROR, remote=False, unsent=unsent))
+        self.state.events.append(ev.StreamReset(stream_id, f.INTERNAL_ERROR, remote=False, unsent=unsent))
         return True
 
     def abandon_output(self, stream_id: int) -> int:
@@ -248,9 +252,9 @@ class Sender:
         if stream is None:
             return 0
         stream.end_pending = False
-        return self._drop(stream)
+        return self.drop(stream)
 
-    def _pump(self, stream: Stream) -> int:
+    def pump(self, stream: Stream) -> int:
         """Frame queued data within the windows, then the queued end or trailers; the bytes framed."""
         if stream.reset or stream.send_ended:
             return 0
@@ -289,16 +293,18 @@ class Sender:
             stream.send_ended = True
         return sent
 
-    def _report(self, stream: Stream, sent: int) -> None:
+    def report(self, stream: Stream, sent: int) -> None:
+        """Tell the driver what a window's opening let go on ``stream`` (:class:`~krproxy.h2.events.DataSent`)."""
         if sent or stream.send_ended:
-            self._events.append(ev.DataSent(stream.id, sent, stream.send_ended))
+            self.state.events.append(ev.DataSent(stream.id, sent, stream.send_ended))
 
-    def _pump_blocked(self) -> None:
+    def pump_blocked(self) -> None:
+        """The connection's window opened: send what waits on each blocked stream, in turn."""
         for stream in list(self.blocked.values()):
             ended = stream.send_ended
-            sent = self._pump(stream)
+            sent = self.pump(stream)
             if sent or stream.send_ended != ended:
-                self._report(stream, sent)
+                self.report(stream, sent)
             if self.send_window <= 0:
                 break
 
@@ -314,7 +320,7 @@ class Sender:
             return f.HEAD.pack(size >> 16, size & 0xFFFF, f.HEADERS, flags, stream_id) + block
         return f.header_frames(stream_id, block, end, self.peer_max_frame)
 
-    # -- resets, credit --------------------------------------------------------------------
+    # -- resets --------------------------------------------------------------------------
 
     def reset_stream(self, stream_id: int, error_code: int = f.CANCEL) -> int:
         """RST_STREAM on a stream unless it is over; frames the peer sent before it sees it are
@@ -325,11 +331,12 @@ class Sender:
         if stream.done:
             return 0
         stream.reset = True
-        unsent = self._drop(stream)
-        self._send_reset(stream_id, error_code)
+        unsent = self.drop(stream)
+        self.send_reset(stream_id, error_code)
         return unsent
 
-    def _drop(self, stream: Stream) -> int:
+    def drop(self, stream: Stream) -> int:
+        """Forget what is queued on ``stream`` (data, trailers); returns the data bytes dropped."""
         unsent = len(stream.pending)
         if unsent:
             self.buffered -= unsent
@@ -338,47 +345,14 @@ class Sender:
         self.blocked.pop(stream.id, None)
         return unsent
 
-    def _send_reset(self, stream_id: int, code: int) -> None:
+    def send_reset(self, stream_id: int, code: int) -> None:
+        """RST_STREAM(code), whatever the stream's state; its late frames are ignored (§5.1)."""
         self.output += f.rst_stream(stream_id, code)
-        self.reset_ids.add(stream_id)
-        self._reset_order.append(stream_id)
-        if len(self._reset_order) > RESET_IDS_KEPT:
-            self.reset_ids.discard(self._reset_order.popleft())
-
-    def acknowledge_received_data(self, stream_id: int, size: int, connection: bool = True) -> None:
-        """The consumer took ``size`` received bytes of a stream: let the peer send as much
-        more (the connection's share too, unless it came back on arrival or ``connection`` is
-        false). WINDOW_UPDATEs go out once a quarter of a window has accumulated."""
-        # _grant_connection inline: this runs once per DATA frame relayed.
-        if connection and not self.credit_on_arrival:
-            self.to_grant += size
-            if self.to_grant >= self._grant_connection_at:
-                self.output += f.window_update(0, self.to_grant)
-                self.recv_window += self.to_grant
-                self.to_grant = 0
-        stream = self.streams.get(stream_id)
-        if stream is not None and not stream.recv_ended and not stream.reset:
-            stream.to_grant += size
-            if stream.to_grant >= self._grant_stream_at:
-                self.output += f.window_update(stream_id, stream.to_grant)
-                stream.recv_window += stream.to_grant
-                stream.to_grant = 0
-
-    def acknowledge_stream_data(self, stream_id: int, size: int) -> None:
-        """Stream credit only: for a consumer that gave the connection's share back already
-        (:meth:`acknowledge_connection_data`) and the stream's as it takes messages."""
-        self.acknowledge_received_data(stream_id, size, connection=False)
-
-    def acknowledge_connection_data(self, size: int) -> None:
-        """Connection credit only (see :meth:`acknowledge_stream_data`)."""
-        self._grant_connection(size)
-
-    def _grant_connection(self, size: int) -> None:
-        self.to_grant += size
-        if self.to_grant >= self._grant_connection_at:
-            self.output += f.window_update(0, self.to_grant)
-            self.recv_window += self.to_grant
-            self.to_grant = 0
+        state = self.state
+        state.reset_ids.add(stream_id)
+        state.reset_order.append(stream_id)
+        if len(state.reset_order) > RESET_IDS_KEPT:
+            state.reset_ids.discard(state.reset_order.popleft())
 
     # -- the connection --------------------------------------------------------------------
 
@@ -391,7 +365,7 @@ class Sender:
         """GOAWAY naming the last stream the peer opened: no more streams (streams above it
         are refused)."""
         self.goaway_state = "final"
-        self.output += f.goaway(self.last_peer_id, error_code, debug)
+        self.output += f.goaway(self.state.last_peer_id, error_code, debug)
 
     def announce_goaway(self) -> None:
         """First step of a graceful shutdown (RFC 9113 §6.8): GOAWAY with the largest stream id,

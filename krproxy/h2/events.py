@@ -74,7 +74,7 @@ class TrailersReceived(Event):
 @attrs.frozen(slots=True)
 class HeaderBlockReceived(Event):
     """A header block too large to decode now (the decode budget is spent, see
-    :attr:`~krproxy.h2.connection.Connection.decode_budget`). The connection takes no more input
+    :attr:`~krproxy.h2._blocks.Blocks.decode_budget`). The connection takes no more input
     until the driver decodes it with :meth:`~krproxy.h2.connection.Connection.decode_block`
     (in a worker thread if it likes: nothing else touches the connection meanwhile) and hands
     the result to :meth:`~krproxy.h2.connection.Connection.receive_headers`. Always the last

@@ -87,7 +87,7 @@ class Reader:
                 data = sock.recv(_RECV_SIZE)
             except BlockingIOError:
                 reads = 0
-                h2.decode_budget = DECODE_PER_TURN
+                h2.blocks.decode_budget = DECODE_PER_TURN
                 await trio.lowlevel.wait_readable(sock)
                 continue
             if not data:
@@ -104,7 +104,7 @@ class Reader:
                 # again now only to be told EAGAIN (a system call and an exception per call).
                 # (A socket closed meanwhile goes on to recv, whose error ends the loop.)
                 reads = 0
-                h2.decode_budget = DECODE_PER_TURN
+                h2.blocks.decode_budget = DECODE_PER_TURN
                 await trio.lowlevel.wait_readable(sock)
                 continue
             reads += 1

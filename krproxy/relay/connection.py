@@ -138,7 +138,7 @@ class Endpoint:
             max_window_shifts=MAX_WINDOW_SHIFTS,  # read here: tests lower it
             stepwise=True,  # each event is acted on before the core reads on (Reader._handle)
         )
-        self.h2.decode_budget = DECODE_PER_TURN
+        self.h2.blocks.decode_budget = DECODE_PER_TURN
         self.out = self.h2.output  # written from and trimmed in place
         self.dirty = False
         self.writing = False
@@ -163,24 +163,24 @@ class Endpoint:
     @property
     def held(self) -> int:
         """Bytes queued here: received elsewhere, not yet within this connection's windows."""
-        return self.h2.buffered + self.waiting_held
+        return self.h2.sender.buffered + self.waiting_held
 
     @property
     def recv_window(self) -> int:
         """What the peer may still send on the connection (the core's)."""
-        return self.h2.recv_window
+        return self.h2.inflow.recv_window
 
     @property
     def to_grant(self) -> int:
         """Connection credit taken, not yet sent back in a WINDOW_UPDATE (the core's)."""
-        return self.h2.to_grant
+        return self.h2.inflow.to_grant
 
     @property
     def goaway(self) -> str | None:
         """Graceful shutdown of a caller's connection (RFC 9113 §6.8): None, "announced" (a
         GOAWAY with the largest id and a PING are out), or "final" (GOAWAY with the last id we
         process: streams above it are refused, the connection closes once idle)."""
-        return self.h2.goaway_state
+        return self.h2.sender.goaway_state
 
     # -- output ------------------------------------------------------------------------
 
@@ -254,7 +254,7 @@ class Endpoint:
     def open_stream(self, half: Half, block: bytes, end: bool) -> None:
         """Start ``half`` as a new stream carrying ``block``, or queue it for a free slot."""
         half.opened = False
-        if len(self.halves) >= self.h2.peer_max_streams:
+        if len(self.halves) >= self.h2.sender.peer_max_streams:
             if len(self.waiting) >= MAX_WAITING:
                 # Refused: the call of the caller with the most calls waiting, which is this one
                 # or that caller's latest, so that one caller cannot lock the others out.
@@ -271,7 +271,7 @@ class Endpoint:
 
     def _start(self, half: Half, block: bytes, end: bool) -> None:
         h2 = self.h2
-        if h2.next_id > f.MAX_STREAM_ID:  # ids used up while it waited: not sent, so refused
+        if h2.state.next_id > f.MAX_STREAM_ID:  # ids used up while it waited: not sent, so refused
             half.reset = True
             half.state.upstream_gone(f"{self.describe}: stream ids used up on this connection", True)
             return
@@ -290,7 +290,7 @@ class Endpoint:
         half.opened = True
         self.halves[stream_id] = half
         self.touch()
-        if h2.next_id > f.MAX_STREAM_ID:
+        if h2.state.next_id > f.MAX_STREAM_ID:
             self.retire()
         half.state.backend_clock = time.perf_counter()
         sent = queued - len(s.pending)
@@ -313,7 +313,7 @@ class Endpoint:
             self.start_waiting()
         if self.retiring and not self.halves and not waiting.count:
             self.close(RETIRED)
-        elif self.h2.goaway_state == "final" and not self.halves:
+        elif self.h2.sender.goaway_state == "final" and not self.halves:
             self.close_when_sent()
 
     def reset_stream(self, stream_id: int, code: int) -> None:
@@ -350,9 +350,9 @@ class Endpoint:
 
     def start_waiting(self) -> None:
         """Start what waits for a stream slot, as far as the peer's limit allows."""
-        if self.h2.goaway_received:  # none after it (RFC 9113 §6.8): Reader._on_goaway refused them
+        if self.h2.control.goaway_received:  # none after it (RFC 9113 §6.8): Reader._on_goaway refused them
             return
-        while self.waiting and len(self.halves) < self.h2.peer_max_streams and not self.closed:
+        while self.waiting and len(self.halves) < self.h2.sender.peer_max_streams and not self.closed:
             waiting, block, end = self.waiting.popleft()
             if not waiting.done:
                 self._start(waiting, block, end)

@@ -169,7 +169,7 @@ class Half:
             ep.touch()
         if taken and self.peer is not None:
             self.peer.grant(taken)
-        if ep.server_side and not ep.dirty and ep.h2.buffered > ep.max_held:
+        if ep.server_side and not ep.dirty and ep.h2.sender.buffered > ep.max_held:
             ep.mark_dirty()  # try_send closes it
         if s.send_ended:
             self.state.settle()

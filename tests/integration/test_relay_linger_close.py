@@ -294,7 +294,7 @@ async def test_a_linger_begun_while_a_block_is_decoded_aside_reads_on(
             # The reader back from its thread: on to its next read (which resets the decoding
             # budget the block overdrew), or out with the connection closed.
             budget = connection.DECODE_PER_TURN
-            await wait_until(lambda: ep.h2.decode_budget == budget or not ep.lingering)
+            await wait_until(lambda: ep.h2.blocks.decode_budget == budget or not ep.lingering)
             assert ep.lingering and ep.sock.fileno() >= 0
             sock.sendall(_data(5, end=True))  # the stream's DATA: taken in, not read
             frames = await trio.to_thread.run_sync(_frames_until_eof, sock)

@@ -12,7 +12,7 @@ def test_each_call_runs_to_its_end_on_both_sides() -> None:
     client, server = h2core._pair()
     h2core._calls(client, server, b"m" * 5000)(3)
     assert {} == client.streams == server.streams  # every stream answered, ended and released
-    assert 7 == client.next_id  # streams 1, 3 and 5
+    assert 7 == client.state.next_id  # streams 1, 3 and 5
     assert client.terminated is None and server.terminated is None
 
 

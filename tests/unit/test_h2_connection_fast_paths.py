@@ -199,8 +199,8 @@ def _pass_on_and_compare(ours: Connection, peer: _H2Peer, acknowledge: Any, wind
     peer.got.clear()
     peer.to_theirs()
     assert ours.terminated is None
-    assert peer.h2.outbound_flow_control_window == ours.recv_window
-    assert window == ours.recv_window + ours.to_grant
+    assert peer.h2.outbound_flow_control_window == ours.inflow.recv_window
+    assert window == ours.inflow.recv_window + ours.inflow.to_grant
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -302,4 +302,4 @@ def test_a_window_update_goes_out_at_a_quarter_of_the_window(role: Role) -> None
     assert [] == feed(window - 1)  # one byte short of the threshold: nothing yet
     got = feed(1)
     assert (0, window) in got  # at it: the connection's quarter, at once
-    assert 4 * window == conn.recv_window and 0 == conn.to_grant
+    assert 4 * window == conn.inflow.recv_window and 0 == conn.inflow.to_grant

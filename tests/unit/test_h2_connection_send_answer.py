@@ -51,7 +51,8 @@ def test_an_answer_that_fits_is_the_three_sends_bytes(headers_first: bool) -> No
     assert theirs.data_to_send() == ours.data_to_send()
     stream = ours.streams[1]
     assert stream.send_ended and stream.headers_sent
-    assert (theirs.send_window, theirs.streams[1].send_window) == (ours.send_window, stream.send_window)
+    windows = (theirs.sender.send_window, theirs.streams[1].send_window)
+    assert windows == (ours.sender.send_window, stream.send_window)
 
 
 def test_the_peer_reads_the_whole_answer() -> None:

@@ -59,7 +59,7 @@ def test_trailers_follow_the_data_queued_before_them(blocked_by: str) -> None:
     ended = [e for e in peer.theirs if isinstance(e, h2.events.StreamEnded)]
     if blocked_by != "frame-size":
         assert not ended  # the data still waits for a window: the trailers with it
-        assert ours.blocked
+        assert ours.sender.blocked
     received = sum(len(e.data) for e in peer.theirs if isinstance(e, h2.events.DataReceived))
     peer.h2.acknowledge_received_data(received, sid) if received else None
     for _ in range(10):  # the peer grants what it took, the rest goes out
@@ -75,7 +75,7 @@ def test_trailers_follow_the_data_queued_before_them(blocked_by: str) -> None:
     assert [f.HEADERS] == [kind for kind, _ in frames[1:] if kind != f.DATA]  # no HEADERS between
     trailers = [e for e in peer.theirs if isinstance(e, h2.events.TrailersReceived)]
     assert [TRAILERS] == [list(e.headers) for e in trailers]
-    assert not ours.blocked and 0 == ours.buffered
+    assert not ours.sender.blocked and 0 == ours.sender.buffered
 
 
 def test_trailers_after_data_that_fit_go_out_at_once_after_it() -> None:
@@ -118,7 +118,7 @@ def test_trailers_of_a_stream_reset_with_data_waiting_drop() -> None:
     peer.to_ours()
     reset = [e for e in peer.got if isinstance(e, ev.StreamReset)]
     assert [70000 - 65535] == [e.unsent for e in reset]
-    assert not ours.blocked and 0 == ours.buffered
+    assert not ours.sender.blocked and 0 == ours.sender.buffered
     peer.h2.increment_flow_control_window(100000)
     peer.exchange()
     assert [] == [k for k, _ in _stream_frames(peer, sid)[2:] if k == f.HEADERS]  # no trailers went out
@@ -198,9 +198,9 @@ def test_release_after_our_goaway_reports_queued_bytes() -> None:
     sid = _h2_client_stream(ours, peer)
     ours.send_data(sid, b"m" * 70000)
     ours.goaway()
-    assert sid in ours.blocked and 70000 - 65535 == ours.buffered
+    assert sid in ours.sender.blocked and 70000 - 65535 == ours.sender.buffered
     assert 70000 - 65535 == ours.release_stream(sid)
-    assert not ours.blocked and 0 == ours.buffered and sid not in ours.streams
+    assert not ours.sender.blocked and 0 == ours.sender.buffered and sid not in ours.streams
     peer.to_theirs()  # (h2 takes no frame after a GOAWAY: the windows open by hand)
     ours.receive_data(f.window_update(0, 100000) + f.window_update(sid, 100000))
     assert [] == [k for k, *_ in parse(ours.data_to_send()) if k in (f.DATA, f.HEADERS)]
@@ -214,10 +214,10 @@ def test_release_below_a_received_goaway_drops_the_queue() -> None:
     assert 65535 == ours.send_data(sid, b"x" * 70000)
     ours.send_trailers(sid, TRAILERS)
     ours.receive_data(f.goaway(sid, f.NO_ERROR))  # our stream is below its last id: it goes on
-    assert sid in ours.blocked and not ours.streams[sid].reset
+    assert sid in ours.sender.blocked and not ours.streams[sid].reset
     ours.data_to_send()
     assert 70000 - 65535 == ours.release_stream(sid)
-    assert not ours.blocked and 0 == ours.buffered
+    assert not ours.sender.blocked and 0 == ours.sender.buffered
     ours.receive_data(f.window_update(0, 100000) + f.window_update(sid, 100000))
     assert b"" == ours.data_to_send()  # nothing of a released stream, no trailers
 
@@ -229,7 +229,7 @@ def test_release_of_streams_without_queued_bytes_after_a_goaway() -> None:
     ours.receive_data(f.goaway(done, f.NO_ERROR))
     assert ours.streams[refused].reset
     assert 0 == ours.release_stream(refused) == ours.release_stream(done) == ours.release_stream(done)
-    assert {} == ours.streams and not ours.blocked and 0 == ours.buffered
+    assert {} == ours.streams and not ours.sender.blocked and 0 == ours.sender.buffered
 
 
 @pytest.mark.parametrize("size", [0, 100, 70000])
@@ -253,4 +253,4 @@ def test_a_waiting_stream_sends_kept_data_and_trailers_in_order(size: int) -> No
     assert size == sum(n for kind, n in frames if kind == f.DATA)
     assert (f.HEADERS, len(f.encode_headers(TRAILERS))) == frames[-1]
     assert [TRAILERS] == [list(e.headers) for e in peer.theirs if isinstance(e, h2.events.TrailersReceived)]
-    assert not ours.blocked and 0 == ours.buffered and 0 == ours.release_stream(sid)
+    assert not ours.sender.blocked and 0 == ours.sender.buffered and 0 == ours.release_stream(sid)

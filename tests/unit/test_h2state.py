@@ -200,7 +200,7 @@ def test_data_beyond_content_length_is_a_stream_error() -> None:
     events = conn.receive_data(data_frame(1, b"four", end=True))
     assert [ev.StreamReset(1, f.PROTOCOL_ERROR, remote=False)] == events  # no DataReceived
     assert {1: f.PROTOCOL_ERROR} == resets(conn.data_to_send())
-    assert 4 == conn.to_grant  # its connection credit came back
+    assert 4 == conn.inflow.to_grant  # its connection credit came back
     conn.receive_data(headers_frame(3, [*REQUEST, (b"content-length", b"3")], end=True))
     assert {3: f.PROTOCOL_ERROR} == resets(conn.data_to_send())
 
@@ -307,11 +307,11 @@ def test_send_data_keeps_to_the_peers_windows_and_frame_size() -> None:
     frames = parse(conn.data_to_send())
     assert [16384, 16384, 7232] == [len(p) for kind, _, _, p in frames]
     assert all(flags == 0 for _, flags, _, _ in frames)
-    assert 10000 == conn.buffered
+    assert 10000 == conn.sender.buffered
     events = conn.receive_data(f.window_update(1, 20000))
     assert [ev.DataSent(1, 10000, True)] == events
     assert [(f.DATA, f.END_STREAM, 1)] == [fr[:3] for fr in parse(conn.data_to_send())]
-    assert 0 == conn.buffered
+    assert 0 == conn.sender.buffered
 
 
 def test_send_data_keeps_to_the_connection_window() -> None:
@@ -370,8 +370,8 @@ def test_a_reset_refunds_connection_credit_exactly_once() -> None:
     conn.receive_data(data_frame(1, b"b" * 500))  # in flight when we reset it
     conn.receive_data(f.rst_stream(1, f.CANCEL))
     conn.release_stream(1)
-    assert 65535 == conn.recv_window + conn.to_grant
-    assert 1500 == conn.to_grant
+    assert 65535 == conn.inflow.recv_window + conn.inflow.to_grant
+    assert 1500 == conn.inflow.to_grant
 
 
 def test_queued_data_dropped_by_a_reset_is_reported_once() -> None:
@@ -381,6 +381,6 @@ def test_queued_data_dropped_by_a_reset_is_reported_once() -> None:
     assert 0 == conn.send_data(1, b"z" * 300)
     events = conn.receive_data(f.rst_stream(1, f.CANCEL))
     assert [ev.StreamReset(1, f.CANCEL, remote=True, unsent=300)] == events
-    assert 0 == conn.buffered
+    assert 0 == conn.sender.buffered
     assert 0 == conn.release_stream(1)
     assert 5 == conn.send_data(1, b"after")  # over: taken (dropped) at once

@@ -62,7 +62,7 @@ def test_connection_credit_on_arrival_stream_credit_when_taken() -> None:
     conn.data_to_send()
     chunk = b"x" * 16384
     conn.receive_data(headers_frame(1, RESPONSE) + b"".join(data_frame(1, chunk) for _ in range(200)))
-    assert CONNECTION_WINDOW == conn.recv_window + conn.to_grant  # all of it granted back
+    assert CONNECTION_WINDOW == conn.inflow.recv_window + conn.inflow.to_grant  # all of it granted back
     assert [] == [sid for k, _, sid, _ in parse(conn.data_to_send()) if k == f.WINDOW_UPDATE and sid]
     conn.acknowledge_received_data(1, 200 * 16384)
     assert [1] == [sid for k, _, sid, _ in parse(conn.data_to_send()) if k == f.WINDOW_UPDATE]
@@ -188,7 +188,7 @@ def test_data_on_a_never_opened_stream_is_ignored_but_credited() -> None:
     """Data on a stream the client never opened is ignored but credited."""
     conn = client()
     assert [] == conn.receive_data(data_frame(7, b"x" * 100))
-    assert 100 == conn.to_grant
+    assert 100 == conn.inflow.to_grant
     assert {} == resets(conn.data_to_send())
 
 
@@ -200,7 +200,7 @@ def test_a_goaway_refuses_the_streams_above_its_last_id() -> None:
     assert [ev.GoAwayReceived(1, f.NO_ERROR, b"", (3, 5))] == events
     assert not conn.streams[1].reset
     assert conn.streams[3].reset and conn.streams[5].reset
-    assert conn.goaway_received
+    assert conn.control.goaway_received
 
 
 def test_releasing_a_goaway_refused_stream_reports_its_data() -> None:
@@ -210,9 +210,9 @@ def test_releasing_a_goaway_refused_stream_reports_its_data() -> None:
     assert f.DEFAULT_WINDOW == conn.send_data(stream_id, b"x" * (f.DEFAULT_WINDOW + 10))
     conn.send_trailers(stream_id, TRAILERS)
     conn.receive_data(f.goaway(0, f.NO_ERROR))
-    assert not conn.blocked  # refused: no longer waiting for a window, its data still queued
+    assert not conn.sender.blocked  # refused: no longer waiting for a window, its data still queued
     assert 10 == conn.release_stream(stream_id)
-    assert 0 == conn.buffered
+    assert 0 == conn.sender.buffered
 
 
 def test_a_large_header_block_goes_out_in_continuations() -> None:
@@ -256,4 +256,5 @@ def test_data_before_the_answers_headers_resets_that_stream() -> None:
     events = conn.receive_data(data_frame(1, b"answer") + headers_frame(1, TRAILERS, end=True))
     assert [ev.StreamReset(1, f.PROTOCOL_ERROR, remote=False, unsent=0)] == events
     assert {1: f.PROTOCOL_ERROR} == resets(conn.data_to_send())
-    assert CONNECTION_WINDOW == conn.recv_window + conn.to_grant  # its connection credit came back
+    # Its connection credit came back.
+    assert CONNECTION_WINDOW == conn.inflow.recv_window + conn.inflow.to_grant

@@ -222,7 +222,7 @@ def test_no_input_is_taken_after_the_connection_ended() -> None:
 def test_a_block_beyond_the_decode_budget_makes_input_wait() -> None:
     """A block beyond the decode budget is handed out and input waits for it."""
     conn = server()
-    conn.decode_budget = 100
+    conn.blocks.decode_budget = 100
     big = [*REQUEST, (b"x-big", b"v" * 200)]
     wire = headers_frame(1) + headers_frame(3, big) + data_frame(3, b"d")
     events = conn.receive_data(wire)
@@ -239,7 +239,7 @@ def test_a_block_beyond_the_decode_budget_makes_input_wait() -> None:
 
 def test_an_undecodable_handed_out_block_ends_the_connection() -> None:
     conn = server()
-    conn.decode_budget = 0
+    conn.blocks.decode_budget = 0
     events = conn.receive_data(f.frame(f.HEADERS, f.END_HEADERS, 1, b"\xff\xff\xff\xff"))
     handed = events[-1]
     assert isinstance(handed, ev.HeaderBlockReceived)
@@ -293,7 +293,7 @@ def test_resetting_a_stream_drops_its_queued_data() -> None:
     conn.data_to_send()
     assert 70 == conn.reset_stream(1, f.CANCEL)
     assert {1: f.CANCEL} == resets(conn.data_to_send())
-    assert 0 == conn.buffered
+    assert 0 == conn.sender.buffered
     _open(conn, 3, end=True)
     conn.send_headers(3, RESPONSE, end_stream=True)
     conn.data_to_send()

@@ -98,7 +98,7 @@ class _Ours:
 
     def was_reset(self, stream_id: int) -> bool:
         stream = self.conn.streams.get(stream_id)
-        return stream_id in self.conn.reset_ids or (stream is not None and stream.reset)
+        return stream_id in self.conn.state.reset_ids or (stream is not None and stream.reset)
 
     def feed(self, data: bytes) -> str:
         self.conn.receive_data(data)

@@ -1,5 +1,6 @@
 """krproxy's modules import each other without cycles (docs/architecture.md, "Layers"), and its
-classes are composed, not spread over modules by inheritance ("The transport: who holds whom").
+classes are composed, not spread over modules by inheritance ("The transport: who holds whom",
+"The HTTP/2 core: who holds whom").
 
 The graph is read from the source: an edge ``a -> b`` for every ``import b`` or ``from b import
 x`` in ``a`` (``from package import module`` counts as an edge to the module), at any depth of
@@ -14,7 +15,9 @@ import ast
 import importlib
 import os
 import pathlib
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
+
+import attrs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -197,10 +200,7 @@ def test_the_layer_checks_see_a_private_import() -> None:
 
 
 #: Left out of :func:`krproxy_classes`.
-NOT_WALKED = (
-    "krproxy.proto",  # generated code
-    "krproxy.h2",  # recomposed on its own branch
-)
+NOT_WALKED = ("krproxy.proto",)  # generated code
 
 #: Classes that may extend a krproxy class of another module: ``(class, base) -> why``.
 INHERITANCE_ALLOWED: dict[tuple[str, str], str] = {
@@ -280,12 +280,17 @@ def test_no_class_inherits_from_another_module() -> None:
 
 
 def test_the_walk_reaches_every_package() -> None:
-    """The classes checked come from every part of krproxy, the symlinked fakes included, and none
-    from generated code or the HTTP/2 core."""
+    """The classes checked come from every part of krproxy, the symlinked fakes and the HTTP/2
+    core included, and none from generated code."""
     modules = {cls.__module__ for cls in krproxy_classes()}
-    for module in ("krproxy.nri.plugin", "krproxy.relay.transport", "krproxy.fakes.containerd.state"):
+    for module in (
+        "krproxy.nri.plugin",
+        "krproxy.relay.transport",
+        "krproxy.fakes.containerd.state",
+        "krproxy.h2.connection",
+    ):
         assert module in modules
-    assert not [m for m in modules if _in(m, "krproxy.proto") or _in(m, "krproxy.h2")]
+    assert not [m for m in modules if _in(m, "krproxy.proto")]
 
 
 def test_the_call_kinds_subclass_nothing() -> None:
@@ -317,3 +322,110 @@ def test_the_inheritance_check_sees_a_subclass() -> None:
     assert {"krproxy.relay.elsewhere.Spread": ["krproxy.relay.state.CallState"]} == found
     record = type("TraceRecord", (CallFacts,), {"__module__": "krproxy.trace.format"})
     assert {} == not_allowed(inherited_across_modules([record]))
+
+
+def _sets_on_self(method: ast.FunctionDef | ast.AsyncFunctionDef) -> set[str]:
+    """The names ``method`` assigns as ``self.name`` (``=``, ``+=``, annotated, unpacked; not
+    ``self.name[key] =``, which changes what the name holds)."""
+    found: set[str] = set()
+    for node in ast.walk(method):
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        while targets:
+            target = targets.pop()
+            if isinstance(target, ast.Tuple | ast.List):
+                targets.extend(target.elts)
+            elif (
+                isinstance(target, ast.Attribute)
+                and isinstance(target.value, ast.Name)
+                and target.value.id == "self"
+            ):
+                found.add(target.attr)
+    return found
+
+
+def borrowed_state(tree: ast.Module, fields: Mapping[str, Collection[str]] = {}) -> dict[str, list[str]]:
+    """``class -> state its own __init__ does not set up``: names it annotates at class level
+    without a value, or assigns on ``self`` in another method, that its ``__init__`` never sets
+    (state declared for someone else's ``__init__`` to set: a subclass's, a host's). ``fields``:
+    per class, what an ``__init__`` it does not spell sets (an attrs class's fields)."""
+    found: dict[str, list[str]] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        init = set(fields.get(node.name, ()))
+        elsewhere: set[str] = set()
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign) and item.value is None and isinstance(item.target, ast.Name):
+                elsewhere.add(item.target.id)
+            elif isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                (init if item.name == "__init__" else elsewhere).update(_sets_on_self(item))
+        if unset := sorted(elsewhere - init):
+            found[node.name] = unset
+    return found
+
+
+def test_each_h2_class_sets_up_its_own_state() -> None:
+    """Each class of the HTTP/2 core sets all of its state in its own ``__init__``: no bare
+    class-level annotation and no attribute first set by another method stands for state some
+    other class's ``__init__`` sets up (attrs fields are the class's own)."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "krproxy" / "h2").glob("*.py")):
+        module = importlib.import_module(_module_name(path))
+        fields = {
+            name: [field.name for field in attrs.fields(value)]
+            for name, value in vars(module).items()
+            if isinstance(value, type) and attrs.has(value)
+        }
+        found |= {
+            f"{module.__name__}.{cls}": names
+            for cls, names in borrowed_state(ast.parse(path.read_text()), fields).items()
+        }
+    assert {} == found
+
+
+def test_the_state_check_sees_borrowed_state() -> None:
+    """The checker itself: a bare annotation, or an attribute a method sets, that ``__init__`` does
+    not set is reported; one ``__init__`` sets, one with a value, a key set in a dict the class
+    holds and an attrs field are not."""
+    code = (
+        "class Part:\n    shared: int\n    own: int\n    default: int = 0\n"
+        "    def __init__(self):\n        self.own, self.table = 1, {}\n"
+        "    def later(self):\n        self.own += 1\n        self.table[1] = 2\n        self.late = 3\n"
+        "class Record:\n    field: int\n"
+    )
+    assert {"Part": ["late", "shared"], "Record": ["field"]} == borrowed_state(ast.parse(code))
+    assert {"Part": ["late", "shared"]} == borrowed_state(ast.parse(code), {"Record": ["field"]})
+
+
+def test_the_connection_holds_its_parts() -> None:
+    """The HTTP/2 Connection and each of its parts subclass nothing; the parts share the one State,
+    and the methods a driver calls per frame are the parts' own, bound (no call added per call)."""
+    from krproxy.h2._blocks import Blocks
+    from krproxy.h2._control import Control
+    from krproxy.h2._inflow import Inflow
+    from krproxy.h2._send import Sender
+    from krproxy.h2._state import State
+    from krproxy.h2.connection import Connection, Role
+
+    kinds = (Connection, State, Sender, Control, Inflow, Blocks)
+    assert [(kind, object) for kind in kinds] == [kind.__mro__ for kind in kinds]
+    conn = Connection(Role.SERVER)
+    parts = (conn.sender, conn.control, conn.inflow, conn.blocks)
+    assert [conn.state] * 4 == [part.state for part in parts]
+    assert conn.streams is conn.state.streams and conn.output is conn.state.output
+    bound = {
+        "send_headers": conn.sender,
+        "send_data": conn.sender,
+        "send_trailers": conn.sender,
+        "start_stream": conn.sender,
+        "release_stream": conn.sender,
+        "reset_stream": conn.sender,
+        "acknowledge_received_data": conn.inflow,
+        "decode_block": conn.blocks,
+    }
+    assert bound == {name: getattr(conn, name).__self__ for name in bound}
