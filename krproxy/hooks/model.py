@@ -15,7 +15,7 @@ ignores order, like ``dict``.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, ItemsView, Iterable, Iterator, Mapping
+from collections.abc import Hashable, ItemsView, Iterable, Iterator, KeysView, Mapping
 from typing import Any, Generic, TypeVar, final, overload
 
 import attrs
@@ -84,6 +84,14 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
     def __contains__(self, key: object) -> bool:
         return key in self._data
 
+    def get(self, key: K, default: Any = None) -> Any:  # type: ignore[override]
+        """The dict's own ``get`` (Mapping's is two Python calls: itself and ``__getitem__``)."""
+        return self._data.get(key, default)
+
+    def keys(self) -> KeysView[K]:
+        """The dict's own view (``dict(frozen_map)`` reads it)."""
+        return self._data.keys()
+
     def items(self) -> ItemsView[K, V]:
         """The dict's own view (Mapping's would look each key up again)."""
         return self._data.items()
@@ -112,11 +120,17 @@ def to_frozen_map(
 
 
 def _str_map(value: Mapping[str, str] | Iterable[tuple[str, str]] | None) -> FrozenMap[str, str]:
-    return to_frozen_map(value)
+    """The records' converter: :func:`to_frozen_map` written out (it runs for every map of every record
+    built, several per hooked call; a FrozenMap, the usual value, is returned at the first test)."""
+    if value.__class__ is FrozenMap:
+        return value  # type: ignore[return-value]
+    return FrozenMap() if value is None else FrozenMap(value)
 
 
 def _hugepages(value: Iterable[tuple[str, int]] | None) -> tuple[tuple[str, int], ...]:
-    return tuple((str(size), int(limit)) for size, limit in value or ())
+    if not value:  # none, the usual case: no generator to make
+        return ()
+    return tuple((str(size), int(limit)) for size, limit in value)
 
 
 @attrs.frozen
