@@ -277,8 +277,11 @@ class Dispatcher:
                         raise InvalidAnswer(violations)
                     merged = merge(record, read)
                     changes = merged.changes
-                    if merged.value != record:
-                        record = merged.value
+                    value = merged.value
+                    # Changes say the value differs (Merged); without them it is compared, since a
+                    # merge may hand back an equal copy (then the record, and its request, stay).
+                    if value is not record and (changes or value != record):
+                        record = value
             except Exception as err:  # the plugin is an untrusted peer: every failure is handled
                 failure = HookFailure(plugin.name, point, _describe(err, plugin, within))
                 needed = plugin.name in required and point.stage is Stage.PRE
