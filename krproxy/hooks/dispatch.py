@@ -252,7 +252,9 @@ class Dispatcher:
         outcomes: list[Outcome] = []
         request: tuple[Record, bytes] | None = None  # the serialized request of `record`
         plugins = self.plugins_for(point)  # the same registry as the check's: no await in between
-        if point.stage is Stage.PRE:
+        pre = point.stage is Stage.PRE
+        rpc_path = point.rpc_path
+        if pre:
             self.check_required(point, required, hooked)
         for plugin in plugins:
             started = time.perf_counter()
@@ -268,9 +270,9 @@ class Dispatcher:
                 # Read straight into the record where upb can (a post hook's answer too: one that does not
                 # decode is the plugin's failure).
                 answer = answers.read(
-                    _reply_type(point), await self._unary(plugin, point.rpc_path, request[1], within)
+                    _reply_type(point), await self._unary(plugin, rpc_path, request[1], within)
                 )
-                if point.stage is Stage.PRE:
+                if pre:
                     read = _record(answer)
                     violations = check_answer(record, read)
                     if violations:
@@ -284,10 +286,8 @@ class Dispatcher:
                         record = value
             except Exception as err:  # the plugin is an untrusted peer: every failure is handled
                 failure = HookFailure(plugin.name, point, _describe(err, plugin, within))
-                needed = plugin.name in required and point.stage is Stage.PRE
-                rejected = needed or (
-                    plugin.failure_policy is FailurePolicy.FAIL and point.stage is Stage.PRE
-                )
+                needed = plugin.name in required and pre
+                rejected = needed or (plugin.failure_policy is FailurePolicy.FAIL and pre)
                 outcome = Outcome(
                     plugin.name,
                     point,

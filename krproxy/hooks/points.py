@@ -67,7 +67,7 @@ class HookPoint(enum.Enum):
     @property
     def stage(self) -> Stage:
         """PRE for ``Pre*`` hooks, POST for ``Post*`` hooks."""
-        return Stage.PRE if self.value.startswith("Pre") else Stage.POST
+        return _STAGE[self]
 
     @property
     def cri_method(self) -> str:
@@ -87,7 +87,7 @@ class HookPoint(enum.Enum):
     @property
     def rpc_path(self) -> str:
         """The hook-protocol gRPC path, e.g. ``"/runtime.v1alpha1.RuntimeHookService/PreRunPodSandboxHook"``."""
-        return f"/{HOOK_SERVICE}/{self.rpc_name}"
+        return _RPC_PATH[self]
 
     @property
     def is_pod_level(self) -> bool:
@@ -117,6 +117,10 @@ _CRI_METHOD: dict[HookPoint, str] = {
     HookPoint.PRE_UPDATE_CONTAINER_RESOURCES: "UpdateContainerResources",
     HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES: "UpdatePodSandboxResources",
 }
+
+#: Each point's stage and hook-protocol path, read on every hook call (not worked out each time).
+_STAGE = {p: Stage.PRE if p.value.startswith("Pre") else Stage.POST for p in HookPoint}
+_RPC_PATH = {p: f"/{HOOK_SERVICE}/{p.rpc_name}" for p in HookPoint}
 
 #: Hook points krproxy adds to Koordinator's protocol (RPCs koordlet and koord-runtime-proxy do not know).
 EXTENSIONS = frozenset({HookPoint.PRE_UPDATE_POD_SANDBOX_RESOURCES})
