@@ -195,7 +195,11 @@ class Dispatcher:
         endpoint = plugin.endpoint
         # Only endpoints of the current registry keep their connection: a chain that began before
         # its plugin was unregistered must not leave one behind that nobody closes.
-        registered = any(p.endpoint == endpoint for p in self.registry.plugins.values())
+        registered = False
+        for registration in self.registry.plugins.values():  # (a loop: no generator, no any())
+            if registration.endpoint == endpoint:
+                registered = True
+                break
         route = self._relay.route_to(endpoint, f"plugin {plugin.name} at {endpoint}")
         if registered:
             self._endpoints.add(endpoint)

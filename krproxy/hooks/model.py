@@ -16,7 +16,7 @@ ignores order, like ``dict``.
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable, Hashable, ItemsView, Iterable, Iterator, KeysView, Mapping
+from collections.abc import Callable, Hashable, ItemsView, Iterable, Iterator, KeysView, Mapping, ValuesView
 from typing import Any, Generic, TypeVar, final, overload
 
 import attrs
@@ -105,6 +105,10 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
     def items(self) -> ItemsView[K, V]:
         """The dict's own view (Mapping's would look each key up again)."""
         return self._data.items()
+
+    def values(self) -> ValuesView[V]:
+        """The dict's own view (Mapping's iterates the keys and looks each one up)."""
+        return self._data.values()
 
     def merged(self, *others: Mapping[K, V]) -> FrozenMap[K, V]:
         """Return a copy with every key of *others* added or overwritten, in order (Koordinator's MergeMap)."""

@@ -86,10 +86,10 @@ class TestFrozenMap:
         assert ("1", None, "d") == (m.get("a"), m.get("b"), m.get("b", "d"))
 
     def test_copies(self) -> None:
-        """dict() and keys() give the map's keys in order."""
+        """dict(), keys() and values() give the map's items in order."""
         m = FrozenMap([("b", "2"), ("a", "1")])
 
-        assert (["b", "a"], {"b": "2", "a": "1"}) == (list(m.keys()), dict(m))
+        assert (["b", "a"], ["2", "1"], {"b": "2", "a": "1"}) == (list(m.keys()), list(m.values()), dict(m))
 
     def test_equality(self) -> None:
         """Equal to a FrozenMap or any mapping of the same items, in any order; not to other things."""
