@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client import metrics as _prometheus_metrics
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 
 from krproxy import __version__
 from krproxy.calls import CallRecord
@@ -32,6 +39,102 @@ BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2
 #: Method paths that get their own label; anything else is "unknown" (label values stay bounded).
 _KNOWN_PATHS = frozenset(known_routes())
 
+#: BUCKETS closed by +Inf, as prometheus-client's Histogram closes them, and their ``le`` labels.
+_INF = float("inf")
+_BOUNDS = (*BUCKETS, _INF)
+_LE = tuple(floatToGoString(bound) for bound in _BOUNDS)  # type: ignore[no-untyped-call]  # (untyped upstream)
+
+
+def _use_created() -> bool:
+    """Whether prometheus-client exports ``_created`` series (its PROMETHEUS_DISABLE_CREATED_SERIES,
+    or disable_created_metrics()), so that the series below follow its other metrics."""
+    return bool(getattr(_prometheus_metrics, "_use_created", True))
+
+
+class _PerCallCounter(Collector):
+    """A labelled counter exported as prometheus-client's ``Counter`` exports one (the same samples:
+    ``_total`` and ``_created`` per child, in the order the children were made), for the series every
+    CRI call and hook call counts in. A child is a plain ``[value, created]`` list the caller adds to
+    (``child[0] += 1``): prometheus-client's ``inc`` is six Python calls (its checks, a lock), and a
+    call counts in several. Single writer: only the event loop's thread counts (a scrape only reads)."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: tuple[str, ...], registry: CollectorRegistry
+    ) -> None:
+        self._name, self._documentation, self._labelnames = name, documentation, labelnames
+        self._children: dict[tuple[str, ...], list[float]] = {}
+        registry.register(self)
+
+    def child(self, *labels: str) -> list[float]:
+        """The series of *labels* (made at its first use, as ``Counter.labels`` makes it)."""
+        cell = self._children.get(labels)
+        if cell is None:
+            cell = self._children[labels] = [0.0, time.time()]
+        return cell
+
+    def describe(self) -> Iterable[Metric]:
+        return [Metric(self._name, self._documentation, "counter")]
+
+    def collect(self) -> Iterable[Metric]:
+        metric = Metric(self._name, self._documentation, "counter")
+        created = _use_created()
+        for labels, (value, since) in list(self._children.items()):
+            names = dict(zip(self._labelnames, labels, strict=True))
+            metric.samples.append(Sample(self._name + "_total", names, value))
+            if created:
+                metric.samples.append(Sample(self._name + "_created", dict(names), since))
+        return [metric]
+
+
+class _PerCallHistogram(Collector):
+    """A labelled histogram (buckets :data:`BUCKETS`) exported as prometheus-client's ``Histogram``
+    exports one (cumulative ``_bucket`` samples by ``le``, ``_count``, ``_sum``, ``_created``), counted
+    in plain lists: a child is ``[counts a bucket, sum, created]`` that :func:`_observe` adds to with
+    one C call (prometheus-client's ``observe`` is some eight Python calls). Single writer, as
+    :class:`_PerCallCounter`."""
+
+    def __init__(
+        self, name: str, documentation: str, labelnames: tuple[str, ...], registry: CollectorRegistry
+    ) -> None:
+        self._name, self._documentation, self._labelnames = name, documentation, labelnames
+        self._children: dict[tuple[str, ...], list[Any]] = {}
+        registry.register(self)
+
+    def child(self, *labels: str) -> list[Any]:
+        """The series of *labels* (made at its first use)."""
+        cell = self._children.get(labels)
+        if cell is None:
+            cell = self._children[labels] = [[0.0] * len(_BOUNDS), 0.0, time.time()]
+        return cell
+
+    def describe(self) -> Iterable[Metric]:
+        return [Metric(self._name, self._documentation, "histogram")]
+
+    def collect(self) -> Iterable[Metric]:
+        metric = Metric(self._name, self._documentation, "histogram")
+        created = _use_created()
+        add = metric.samples.append
+        name = self._name
+        for labels, (counts, total, since) in list(self._children.items()):
+            names = dict(zip(self._labelnames, labels, strict=True))
+            acc = 0.0
+            for le, count in zip(_LE, list(counts), strict=True):
+                acc += count
+                add(Sample(name + "_bucket", {**names, "le": le}, acc))
+            add(Sample(name + "_count", dict(names), acc))
+            add(Sample(name + "_sum", dict(names), total))
+            if created:
+                add(Sample(name + "_created", dict(names), since))
+        return [metric]
+
+
+def _observe(child: list[Any], amount: float) -> None:
+    """Histogram.observe's rule on a :class:`_PerCallHistogram` child: the sum, and the first bucket
+    whose bound is at least *amount* (none for NaN)."""
+    child[1] += amount
+    if amount <= _INF:
+        child[0][bisect_left(_BOUNDS, amount)] += 1.0
+
 
 class Metrics:
     """The daemon's counters, gauges and histograms."""
@@ -39,48 +142,47 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = r = CollectorRegistry()
         #: observe_call's labelled series by (path, status), for the known paths (bounded).
-        self._call_series: dict[tuple[str, Status], tuple[Counter, Histogram, Histogram]] = {}
+        self._call_series: dict[tuple[str, Status], tuple[list[float], list[Any], list[Any]]] = {}
         #: observe_hook's labelled series by (plugin, hook point, result): as many as the metrics' own
-        #: children, which prometheus-client keeps for good anyway.
-        self._hook_series: dict[tuple[str, HookPoint, str], tuple[Counter, Histogram]] = {}
+        #: children, which are kept for good anyway.
+        self._hook_series: dict[tuple[str, HookPoint, str], tuple[list[float], list[Any]]] = {}
         self.registration_errors = Counter(
             "krproxy_registration_errors_total",
             "Registration files found invalid, by file name.",
             ["file"],
             registry=r,
         )
-        self.hook_calls = Counter(
-            "krproxy_hook_calls_total",
+        # The series every CRI call and hook call counts in: exported as prometheus-client's Counter
+        # and Histogram export theirs, counted without their calls (_PerCallCounter).
+        self.hook_calls = _PerCallCounter(
+            "krproxy_hook_calls",
             "Hook plugin calls by plugin, hook point and result (ok, failed, rejected).",
-            ["plugin", "hook", "result"],
-            registry=r,
+            ("plugin", "hook", "result"),
+            r,
         )
-        self.hook_seconds = Histogram(
+        self.hook_seconds = _PerCallHistogram(
             "krproxy_hook_call_seconds",
             "Hook plugin call latency by plugin and hook point.",
-            ["plugin", "hook"],
-            buckets=BUCKETS,
-            registry=r,
+            ("plugin", "hook"),
+            r,
         )
-        self.calls = Counter(
-            "krproxy_calls_total",
+        self.calls = _PerCallCounter(
+            "krproxy_calls",
             "CRI calls by method and status code (unknown method paths count as method=unknown).",
-            ["method", "code"],
-            registry=r,
+            ("method", "code"),
+            r,
         )
-        self.call_seconds = Histogram(
+        self.call_seconds = _PerCallHistogram(
             "krproxy_call_seconds",
             "Time a CRI call spent in the proxy, backend time included.",
-            ["method"],
-            buckets=BUCKETS,
-            registry=r,
+            ("method",),
+            r,
         )
-        self.backend_seconds = Histogram(
+        self.backend_seconds = _PerCallHistogram(
             "krproxy_backend_seconds",
             "Time a CRI call waited for the runtime.",
-            ["method"],
-            buckets=BUCKETS,
-            registry=r,
+            ("method",),
+            r,
         )
         self.store_pods = Gauge("krproxy_store_pods", "Pods in the hook store.", registry=r)
         self.store_containers = Gauge("krproxy_store_containers", "Containers in the hook store.", registry=r)
@@ -176,21 +278,27 @@ class Metrics:
         if series is None:
             series = self._series_of(record.path, record.status)
         count, seconds, backend_seconds = series
-        count.inc()
-        seconds.observe(record.seconds)
-        backend_seconds.observe(record.backend_seconds)
+        count[0] += 1.0
+        # _observe written out, twice (a call each saved, on every CRI call)
+        amount = record.seconds
+        seconds[1] += amount
+        if amount <= _INF:
+            seconds[0][bisect_left(_BOUNDS, amount)] += 1.0
+        amount = record.backend_seconds
+        backend_seconds[1] += amount
+        if amount <= _INF:
+            backend_seconds[0][bisect_left(_BOUNDS, amount)] += 1.0
 
-    def _series_of(self, path: str, status: Status) -> tuple[Counter, Histogram, Histogram]:
-        """The labelled series a call of ``path`` ending with ``status`` counts in, kept: a
-        ``labels()`` lookup costs more than the rest of :meth:`observe_call`, once per relayed
-        call. Unknown paths share the "unknown" series and are not kept one by one (a caller
-        may send any path)."""
+    def _series_of(self, path: str, status: Status) -> tuple[list[float], list[Any], list[Any]]:
+        """The labelled series a call of ``path`` ending with ``status`` counts in, kept: finding
+        them costs more than the rest of :meth:`observe_call`, once per relayed call. Unknown paths
+        share the "unknown" series and are not kept one by one (a caller may send any path)."""
         known = path in _KNOWN_PATHS
         method = path.rpartition("/")[2] if known else "unknown"
         series = (
-            self.calls.labels(method, status.name),
-            self.call_seconds.labels(method),
-            self.backend_seconds.labels(method),
+            self.calls.child(method, status.name),
+            self.call_seconds.child(method),
+            self.backend_seconds.child(method),
         )
         if known:
             self._call_series[(path, status)] = series
@@ -199,12 +307,12 @@ class Metrics:
     def observe_hook(self, outcome: Outcome) -> None:
         key = (outcome.plugin, outcome.point, outcome.result)
         series = self._hook_series.get(key)
-        if series is None:  # two labels() lookups cost more than the rest, once per plugin call
+        if series is None:  # found once per plugin, point and result
             series = self._hook_series[key] = (
-                self.hook_calls.labels(outcome.plugin, outcome.point.value, outcome.result),
-                self.hook_seconds.labels(outcome.plugin, outcome.point.value),
+                self.hook_calls.child(outcome.plugin, outcome.point.value, outcome.result),
+                self.hook_seconds.child(outcome.plugin, outcome.point.value),
             )
-        series[0].inc()
-        series[1].observe(outcome.seconds)
+        series[0][0] += 1.0
+        _observe(series[1], outcome.seconds)
         if outcome.detail.startswith(INVALID_ANSWER):
             self.invalid_answers.labels(outcome.plugin, outcome.point.value).inc()

@@ -117,11 +117,23 @@ WRONG_TYPES = "answer has fields of the wrong type"
 
 
 def _resources_from(r: Any, unified: Mapping[str, str] | None = None) -> Resources:
-    """Resources of a CRI or hook message (betterproto2, or upb with ``unified`` read as a dict)."""
+    """Resources of a CRI or hook message (betterproto2, or upb with ``unified`` read as a dict).
+
+    The fields of :data:`RESOURCE_SCALARS` are read one by one, not by ``getattr`` over the names: this
+    runs for the request and each answer of every hooked call (tests/unit/test_hooks_convert.py holds the
+    two lists together)."""
+    pages = r.hugepage_limits
     return Resources(
-        **{name: getattr(r, name) for name in RESOURCE_SCALARS},
-        hugepage_limits=[(h.page_size, h.limit) for h in r.hugepage_limits],
+        cpu_period=r.cpu_period,
+        cpu_quota=r.cpu_quota,
+        cpu_shares=r.cpu_shares,
+        memory_limit_in_bytes=r.memory_limit_in_bytes,
+        oom_score_adj=r.oom_score_adj,
+        cpuset_cpus=r.cpuset_cpus,
+        cpuset_mems=r.cpuset_mems,
+        hugepage_limits=[(h.page_size, h.limit) for h in pages] if pages else (),
         unified=r.unified if unified is None else unified,
+        memory_swap_limit_in_bytes=r.memory_swap_limit_in_bytes,
     )
 
 

@@ -195,7 +195,11 @@ class Dispatcher:
         endpoint = plugin.endpoint
         # Only endpoints of the current registry keep their connection: a chain that began before
         # its plugin was unregistered must not leave one behind that nobody closes.
-        registered = any(p.endpoint == endpoint for p in self.registry.plugins.values())
+        registered = False
+        for registration in self.registry.plugins.values():  # (a loop: no generator, no any())
+            if registration.endpoint == endpoint:
+                registered = True
+                break
         route = self._relay.route_to(endpoint, f"plugin {plugin.name} at {endpoint}")
         if registered:
             self._endpoints.add(endpoint)
@@ -252,7 +256,9 @@ class Dispatcher:
         outcomes: list[Outcome] = []
         request: tuple[Record, bytes] | None = None  # the serialized request of `record`
         plugins = self.plugins_for(point)  # the same registry as the check's: no await in between
-        if point.stage is Stage.PRE:
+        pre = point.stage is Stage.PRE
+        rpc_path = point.rpc_path
+        if pre:
             self.check_required(point, required, hooked)
         for plugin in plugins:
             started = time.perf_counter()
@@ -268,23 +274,24 @@ class Dispatcher:
                 # Read straight into the record where upb can (a post hook's answer too: one that does not
                 # decode is the plugin's failure).
                 answer = answers.read(
-                    _reply_type(point), await self._unary(plugin, point.rpc_path, request[1], within)
+                    _reply_type(point), await self._unary(plugin, rpc_path, request[1], within)
                 )
-                if point.stage is Stage.PRE:
+                if pre:
                     read = _record(answer)
                     violations = check_answer(record, read)
                     if violations:
                         raise InvalidAnswer(violations)
                     merged = merge(record, read)
                     changes = merged.changes
-                    if merged.value != record:
-                        record = merged.value
+                    value = merged.value
+                    # Changes say the value differs (Merged); without them it is compared, since a
+                    # merge may hand back an equal copy (then the record, and its request, stay).
+                    if value is not record and (changes or value != record):
+                        record = value
             except Exception as err:  # the plugin is an untrusted peer: every failure is handled
                 failure = HookFailure(plugin.name, point, _describe(err, plugin, within))
-                needed = plugin.name in required and point.stage is Stage.PRE
-                rejected = needed or (
-                    plugin.failure_policy is FailurePolicy.FAIL and point.stage is Stage.PRE
-                )
+                needed = plugin.name in required and pre
+                rejected = needed or (plugin.failure_policy is FailurePolicy.FAIL and pre)
                 outcome = Outcome(
                     plugin.name,
                     point,

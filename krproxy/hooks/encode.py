@@ -39,11 +39,17 @@ def _hook_safe(value: str) -> str:
     return value
 
 
+#: The varints of 0–127, one byte each: the lengths of nearly every string a hook request carries, written
+#: without a call to :func:`~krproxy.protowire.varint` (a request is some forty fields, on every hooked call).
+_SHORT = tuple(bytes((n,)) for n in range(0x80))
+
+
 def _put_str(out: bytearray, tag: bytes, value: str) -> None:
     if value:
         data = value.encode()
+        n = len(data)
         out += tag
-        out += varint(len(data))
+        out += _SHORT[n] if n < 0x80 else varint(n)
         out += data
 
 
@@ -56,12 +62,13 @@ def _put_int(out: bytearray, tag: bytes, value: int) -> None:
         if not _INT_MIN <= value < _INT_END:  # Docker's JSON has integers of any size; CRI's and NRI's not
             raise ValueError(f"{value} does not fit the hook protocol's 64-bit integers")
         out += tag
-        out += varint(value)
+        out += _SHORT[value] if 0 < value < 0x80 else varint(value)
 
 
 def _put_message(out: bytearray, tag: bytes, body: bytes | bytearray) -> None:
+    n = len(body)
     out += tag
-    out += varint(len(body))
+    out += _SHORT[n] if n < 0x80 else varint(n)
     out += body
 
 
@@ -69,12 +76,40 @@ def _put_message(out: bytearray, tag: bytes, body: bytes | bytearray) -> None:
 _KEY, _VALUE = b"\x0a", b"\x12"
 
 
-def _put_map(out: bytearray, tag: bytes, items: Iterable[tuple[str, str]]) -> None:
+def _put_map(out: bytearray, tag: bytes, items: Iterable[tuple[str, str]], *, replace: bool = False) -> None:
+    """One entry message per item; *replace*: a value that is not UTF-8 (an env's, decoded with
+    surrogateescape) is sent with U+FFFD for its bytes that are not (:func:`_hook_safe`)."""
     for key, value in items:
+        k = key.encode()
+        try:
+            v = value.encode()
+        except UnicodeEncodeError:
+            if not replace:
+                raise
+            v = _hook_safe(value).encode()
+        nk, nv = len(k), len(v)
+        size = (nk + 2 if nk else 0) + (nv + 2 if nv else 0)
+        if size < 0x80:  # every length one byte (the entry's and so its fields'): written inline
+            out += tag
+            out += _SHORT[size]
+            if nk:
+                out += _KEY
+                out += _SHORT[nk]
+                out += k
+            if nv:
+                out += _VALUE
+                out += _SHORT[nv]
+                out += v
+            continue
         entry = bytearray()
-        _put_str(entry, _KEY, key)
-        _put_str(entry, _VALUE, value)
+        _put_bytes(entry, _KEY, k)
+        _put_bytes(entry, _VALUE, v)
         _put_message(out, tag, entry)
+
+
+def _put_bytes(out: bytearray, tag: bytes, data: bytes) -> None:
+    if data:
+        _put_message(out, tag, data)
 
 
 def _resources(r: Resources) -> bytearray:
@@ -92,7 +127,8 @@ def _resources(r: Resources) -> bytearray:
         _put_str(entry, b"\x0a", page_size)
         _put_int(entry, b"\x10", limit)
         _put_message(out, b"\x42", entry)
-    _put_map(out, b"\x4a", r.unified.items())
+    if r.unified:
+        _put_map(out, b"\x4a", r.unified.items())
     _put_int(out, b"\x50", r.memory_swap_limit_in_bytes)
     return out
 
@@ -145,5 +181,5 @@ def container_request(container: ContainerInfo) -> bytes:
     _put_map(out, b"\x32", pod.annotations.items())  # 6 pod_annotations
     _put_map(out, b"\x3a", pod.labels.items())  # 7 pod_labels
     _put_str(out, b"\x42", container.pod_cgroup_parent)  # 8
-    _put_map(out, b"\x4a", ((k, _hook_safe(v)) for k, v in container.envs.items()))  # 9 container_envs
+    _put_map(out, b"\x4a", container.envs.items(), replace=True)  # 9 container_envs
     return bytes(out)

@@ -27,7 +27,7 @@ import attrs
 
 from krproxy.hooks import encode, merge
 from krproxy.hooks.merge import Merged
-from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize
+from krproxy.hooks.model import ContainerInfo, PodInfo, PodResize, evolve
 from krproxy.hooks.outcomes import ChainResult
 from krproxy.hooks.points import HookPoint, Stage
 from krproxy.hooks.required import NOTHING_NEEDED, Needed
@@ -48,7 +48,7 @@ def _put_pod(store: HookStore, ident: str, pod: PodInfo) -> None:
 
 
 def _put_container(store: HookStore, ident: str, info: ContainerInfo) -> None:
-    store.put_container(ident, attrs.evolve(info, id=ident))
+    store.put_container(ident, evolve(info, id=ident))
 
 
 def _update_container(store: HookStore, ident: str, info: ContainerInfo) -> None:
@@ -160,7 +160,7 @@ class Lifecycle:
             hooked=required.hooked,
         )
         result: R = chain.value
-        return record if result == record else result
+        return record if result is record or result == record else result
 
     async def post(
         self, point: HookPoint, record: Any, *, target: str, deadline: float | None = None

@@ -52,6 +52,7 @@ from krproxy.hooks.model import (
     PodInfo,
     PodResize,
     Resources,
+    evolve,
 )
 
 __all__ = [
@@ -86,7 +87,10 @@ class Change:
 
 @attrs.frozen
 class Merged(Generic[T]):
-    """The result of a merge: the new *value* and the *changes* that led to it (empty if none)."""
+    """The result of a merge: the new *value* and the *changes* that led to it (empty if none).
+
+    *changes* are never reported for a *value* equal to the record merged into (the dispatcher takes a
+    merge with changes as one that changed the record, without comparing the two)."""
 
     value: T
     changes: tuple[Change, ...] = ()
@@ -120,7 +124,7 @@ def update_resource(a: Resources, b: Resources | None) -> Resources:
     """
     if b is None:
         return a
-    return attrs.evolve(
+    return evolve(
         a,
         **_alike(a, b),
         oom_score_adj=b.oom_score_adj if -1000 <= b.oom_score_adj <= 1000 else a.oom_score_adj,
@@ -135,7 +139,7 @@ def update_resource_by_update_request(a: Resources, b: Resources) -> Resources:
 
     Like :func:`update_resource` except: cpusets only if non-empty, oom_score_adj never.
     """
-    return attrs.evolve(
+    return evolve(
         a,
         **_alike(a, b),
         cpuset_cpus=b.cpuset_cpus or a.cpuset_cpus,
@@ -191,7 +195,7 @@ def _diff_container(old: ContainerInfo, new: ContainerInfo) -> tuple[Change, ...
 
 def merge_pod_info(pod: PodInfo, answer: PodAnswer) -> Merged[PodInfo]:
     """Merge a PreRunPodSandbox answer into the pod record (its ``resources`` are ignored in CRI mode)."""
-    merged = attrs.evolve(
+    merged = evolve(
         pod,
         labels=pod.labels.merged(answer.labels),
         annotations=pod.annotations.merged(answer.annotations),
@@ -209,7 +213,7 @@ def merge_pod_resize(resize: PodResize, answer: PodAnswer) -> Merged[PodResize]:
     resources = update_resource(requested, answer.resources)
     if resources == requested:
         return Merged(resize)
-    merged = attrs.evolve(resize, pod=attrs.evolve(resize.pod, resources=resources))
+    merged = evolve(resize, pod=evolve(resize.pod, resources=resources))
     return Merged(merged, tuple(_diff_resources("resources", requested, resources)))
 
 
@@ -222,7 +226,7 @@ def merge_container_info(info: ContainerInfo, answer: ContainerAnswer) -> Merged
     resources = info.resources
     if resources is not None:
         resources = update_resource(resources, answer.resources)
-    merged = attrs.evolve(
+    merged = evolve(
         info,
         annotations=info.annotations.merged(answer.annotations),
         resources=resources,
@@ -243,8 +247,8 @@ def prepare_update(info: ContainerInfo, requested: Resources | None) -> Containe
     if info.resources is None:
         if requested is None:
             return info
-        return attrs.evolve(info, resources=requested)
-    return attrs.evolve(
+        return evolve(info, resources=requested)
+    return evolve(
         info,
         resources=update_resource_by_update_request(
             info.resources, requested if requested is not None else Resources()

@@ -23,6 +23,7 @@ file lists it are called there (:data:`EXTENSIONS`), so existing servers never s
 from __future__ import annotations
 
 import enum
+import functools
 
 __all__ = [
     "CRI_RUNTIME_SERVICE",
@@ -64,7 +65,14 @@ class HookPoint(enum.Enum):
     PRE_UPDATE_CONTAINER_RESOURCES = "PreUpdateContainerResources"
     PRE_UPDATE_POD_SANDBOX_RESOURCES = "PreUpdatePodSandboxResources"
 
-    @property
+    # Dispatch reads stage, rpc_path and is_pod_level on every hook call: each is worked out once and
+    # then kept on the member (cached_property: a plain attribute read after the first).
+
+    #: Members hash as objects, by identity (they compare by identity): Enum's ``__hash__`` is a Python
+    #: call on every look-up keyed by a hook point (the points' specs, the registry's plugins, metrics).
+    __hash__ = object.__hash__
+
+    @functools.cached_property
     def stage(self) -> Stage:
         """PRE for ``Pre*`` hooks, POST for ``Post*`` hooks."""
         return Stage.PRE if self.value.startswith("Pre") else Stage.POST
@@ -84,12 +92,12 @@ class HookPoint(enum.Enum):
         """The hook-protocol RPC name, e.g. ``"PreRunPodSandboxHook"``."""
         return f"{self.value}Hook"
 
-    @property
+    @functools.cached_property
     def rpc_path(self) -> str:
         """The hook-protocol gRPC path, e.g. ``"/runtime.v1alpha1.RuntimeHookService/PreRunPodSandboxHook"``."""
         return f"/{HOOK_SERVICE}/{self.rpc_name}"
 
-    @property
+    @functools.cached_property
     def is_pod_level(self) -> bool:
         """True if the hook speaks PodSandboxHookRequest/Response, False for ContainerResourceHook*."""
         return self in (

@@ -22,6 +22,7 @@ sent with the wrong wire type is kept as an unknown field, as the runtime's Go d
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from krproxy.hooks import wire
@@ -37,7 +38,9 @@ __all__ = ["CreateContainerRequest", "create_request", "write_create", "write_po
 CreateContainerRequest = wire.message_class("CreateContainerRequest", writing=True)
 
 
-def _set_map(field: Any, values: dict[str, str]) -> None:
+def _set_map(field: Any, values: Mapping[str, str]) -> None:
+    """Replace the entries of a upb map *field* (kept as repeated entries) by *values*' items, in order
+    (a record's FrozenMap is passed as it is: its ``items`` are its dict's)."""
     del field[:]
     for key, value in values.items():
         field.add(key=key, value=value)
@@ -49,14 +52,14 @@ def _write_resources(target: Any, resources: Resources) -> None:
     del target.hugepage_limits[:]
     for page_size, limit in resources.hugepage_limits:
         target.hugepage_limits.add(page_size=page_size, limit=limit)
-    _set_map(target.unified, dict(resources.unified))
+    _set_map(target.unified, resources.unified)
 
 
 def write_create(message: Any, info: ContainerInfo) -> None:
     """Write the merged record *info* into the CreateContainer *message* (a :data:`CreateContainerRequest`),
     as :func:`create_request` does before encoding it."""
     config = message.config  # sent from here on, even if empty: clearing a field in it marks it set
-    _set_map(config.annotations, dict(info.annotations))
+    _set_map(config.annotations, info.annotations)
     if info.resources is not None:
         _write_resources(config.linux.resources, info.resources)
     if info.pod_cgroup_parent:
@@ -80,7 +83,7 @@ def write_pod_config(config: Any, pod: PodInfo) -> None:
     """Write the merged pod record *pod* into a upb PodSandboxConfig *config* (marked sent): its labels,
     annotations and, if non-empty, cgroup parent, as a RunPodSandbox's config gets them."""
     config.SetInParent()
-    _set_map(config.labels, dict(pod.labels))
-    _set_map(config.annotations, dict(pod.annotations))
+    _set_map(config.labels, pod.labels)
+    _set_map(config.annotations, pod.annotations)
     if pod.cgroup_parent:
         config.linux.cgroup_parent = pod.cgroup_parent

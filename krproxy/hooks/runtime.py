@@ -156,7 +156,7 @@ class HookRuntime:
 
     @property
     def recovered(self) -> bool:
-        return self._recovered.is_set()
+        return self._recovered.recovered
 
     def _skips(self, pod: PodInfo) -> bool:
         return self.lifecycle.skips(pod)

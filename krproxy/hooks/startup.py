@@ -56,6 +56,8 @@ class StoreGate:
 
     def __init__(self) -> None:
         self._event = trio.Event()
+        #: The event's state as a plain attribute: every watched and intercepted call reads it.
+        self.recovered = False
         self._deadline: float | None = None
         self._grace = 0.0
         self._last_error = ""
@@ -78,10 +80,11 @@ class StoreGate:
 
     def set(self) -> None:
         """The store is recovered."""
+        self.recovered = True
         self._event.set()
 
     def is_set(self) -> bool:
-        return self._event.is_set()
+        return self.recovered
 
     @property
     def grace_over(self) -> bool:

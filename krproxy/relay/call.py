@@ -94,8 +94,9 @@ class Call:
 
     def on_reply_headers(self, headers: Headers, end: bool) -> None:
         state = self.state
-        if state.route is not None:
-            state.route.mark_reachable()
+        route = state.route
+        if route is not None and route.reachable is not True:  # (tested here: once per reply)
+            route.mark_reachable()
         block = f.encode_headers(headers)
         client = state.client
         if end:

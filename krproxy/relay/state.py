@@ -217,9 +217,7 @@ class CallState:
         if self.collected:
             client.ep.collected -= self.collected
             self.collected = 0
-        client.ep.forget(client)
-        if upstream is not None:
-            upstream.ep.forget(upstream)
+        client.ep.forget(client)  # (the upstream half was forgotten by settle(), which alone calls this)
         # No reference cycles (state <-> kind, state <-> half): the call's bytes are freed as soon
         # as it is over, not at the next full garbage collection.
         kind, self.kind, self.resend = self.kind, None, None

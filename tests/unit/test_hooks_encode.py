@@ -115,6 +115,43 @@ class TestSerializedHookRequests:
         assert None is decoded.container_resources
 
 
+class TestLengths:
+    """Lengths of one varint byte (below 128) are written inline, longer ones by protowire.varint: each
+    side of that bound, for a map entry, its key, its value, a string and a message."""
+
+    @pytest.mark.parametrize(
+        ("key", "value"),
+        [
+            ("k" * 61, "v" * 62),  # the entry 127 bytes
+            ("k" * 62, "v" * 62),  # 128
+            ("", "v" * 125),  # 127, no key
+            ("k" * 126, ""),  # 128, no value
+            ("k" * 127, "v" * 128),
+            ("k", "v" * 300),
+        ],
+        ids=["127", "128", "127-no-key", "128-no-value", "long-both", "long-value"],
+    )
+    def test_map_entries(self, key: str, value: str) -> None:
+        """Entries of any size decode as the builders' maps, env values' too."""
+        container = ContainerInfo(
+            name="n" * 200, annotations={key: value}, envs={key: value}, pod=PodInfo(labels={key: value})
+        )
+        decoded = hookapi.ContainerResourceHookRequest.FromString(encode.container_request(container))
+
+        assert container_hook_request(container) == decoded
+
+    def test_only_env_values_are_made_utf8(self) -> None:
+        """A value that is not UTF-8 is sent with U+FFFD in an env; in another map it is refused, as before."""
+        value = b"\xff".decode("utf-8", "surrogateescape")
+        decoded = hookapi.ContainerResourceHookRequest.FromString(
+            encode.container_request(ContainerInfo(envs={"E": value}))
+        )
+
+        assert {"E": "\ufffd"} == decoded.container_envs
+        with pytest.raises(UnicodeEncodeError):
+            encode.container_request(ContainerInfo(annotations={"a": value}))
+
+
 class TestIntegersBeyondTheWire:
     """Docker's JSON carries integers of any size: one that no 64-bit protobuf integer holds is refused with
     the reason (a failed hook call, by the server's policy), not sent wrapped modulo 2^64 (2^64 + 2048 read

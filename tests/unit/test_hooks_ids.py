@@ -34,6 +34,10 @@ CASES = {
     "truncated": b"\x0a\x05ab",
     "a group": b"\x0b",
     "field number 0": b"\x02\x00",
+    "an id of 127 bytes": b"\x0a\x7f" + b"i" * 127,
+    "an id of 128 bytes": b"\x0a\x80\x01" + b"i" * 128,
+    # a two-byte length whose first byte + 2 is the size: truncated, not an id of the rest
+    "a long length's first byte": b"\x0a\x85\x01" + b"i" * 132,
 }
 
 

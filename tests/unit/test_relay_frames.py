@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from krproxy.h2 import frames as f
 from krproxy.h2.connection import Connection, Role
 from krproxy.relay._input import _Aside, _decode_aside
-from krproxy.relay.grpc import MAX_STATUS_MESSAGE, read_status, status_message
+from krproxy.relay.grpc import MAX_STATUS_MESSAGE, MessageTooLarge, read_status, status_message
 from krproxy.relay.rpc import KEEP_ALL, KEEP_FIRST, KEEP_NONE, Tap, encode_grpc_timeout, grpc_timeout
 from tests.unit.h2peer import parse
 
@@ -199,6 +199,28 @@ class TestTap:
         tap = Tap(KEEP_FIRST)
         tap.feed(_framed(b"abcdef")[:-2])
         assert 0 == tap.messages
+
+    @given(st.lists(st.tuples(st.binary(max_size=40), st.booleans()), min_size=1, max_size=4))
+    def test_whole_messages_read_as_byte_by_byte(self, messages: list[tuple[bytes, bool]]) -> None:
+        """A chunk that is one whole message (read at once) counts and keeps what its bytes fed one
+        at a time do, the compressed flag of the first included."""
+        chunks = [bytes([flag]) + len(m).to_bytes(4, "big") + m for m, flag in messages]
+        for keep in (KEEP_NONE, KEEP_FIRST, KEEP_ALL):
+            whole, single = Tap(keep), Tap(keep)
+            for chunk in chunks:
+                whole.feed(chunk)
+                for i in range(len(chunk)):
+                    single.feed(chunk[i : i + 1])
+            read = [(t.messages, t.first, t.compressed) for t in (whole, single)]
+            assert read[1] == read[0]
+
+    def test_a_whole_message_over_the_limit(self) -> None:
+        """Refused before any of it is kept, as when its prefix comes alone."""
+        tap = Tap(KEEP_FIRST, limit=3)
+        tap.feed(_framed(b"abc"))
+        with pytest.raises(MessageTooLarge, match="4 bytes is larger than the limit of 3"):
+            tap.feed(_framed(b"abcd"))
+        assert (1, b"abc") == (tap.messages, bytes(tap.first or b""))
 
 
 GOOD = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/a.B/C"), (b"te", b"trailers")]

@@ -1,0 +1,81 @@
+"""What the hook side of a hooked CreateContainer costs in calls: each step of the bench's request
+(krproxy.bench.merge's, a plugin adding an annotation) against a budget, in Python and C function calls
+as cProfile counts them (sys.setprofile: load-independent, unlike time).
+
+The budgets are the counts when they were set, with a little room (other versions of attrs, upb or
+Python count a few differently); a change that adds layers to these steps fails here first. The
+figures before the cuts that set them are in their commits (git log -S'CALL_BUDGETS')."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import pytest
+
+from krproxy.bench.merge import ANSWERS, bench_request
+from krproxy.hooks import answers, convert, encode, merge, rewrite, validate
+from krproxy.hooks.model import PodInfo
+from krproxy.proto.runtime import v1alpha1
+
+#: Calls a step may make at most: the counts when set (19, 56, 20, 14, 41, 6, 28), and 2 or 3 more.
+CALL_BUDGETS = {
+    "record": 22,
+    "request": 59,
+    "answer": 23,
+    "check": 17,
+    "merge": 44,
+    "compare": 8,
+    "rewrite": 31,
+}
+
+
+def calls_of(work: Callable[[], object]) -> int:
+    """The Python and C function calls *work* makes (itself not counted)."""
+    count = 0
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        nonlocal count
+        if event in ("call", "c_call"):
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        work()
+    finally:
+        sys.setprofile(None)
+    return count - 2  # the lambda's own call and setprofile's
+
+
+DATA = bench_request()
+POD = PodInfo(name="bench", namespace="bench", uid="bench-0")
+REPLY = bytes(ANSWERS["annotation"].SerializeToString())
+DECODED = rewrite.CreateContainerRequest.FromString(DATA)
+RECORD = convert.container_from_wire_create(DECODED, POD)
+ANSWER = answers.read(v1alpha1.ContainerResourceHookResponse, REPLY)
+MERGED = merge.merge_container_info(RECORD, ANSWER).value
+
+STEPS: dict[str, Callable[[], object]] = {
+    "record": lambda: convert.container_from_wire_create(DECODED, POD),
+    "request": lambda: encode.container_request(RECORD),
+    "answer": lambda: answers.read(v1alpha1.ContainerResourceHookResponse, REPLY),
+    "check": lambda: validate.check_answer(RECORD, ANSWER),
+    "merge": lambda: merge.merge_container_info(RECORD, ANSWER),
+    "compare": lambda: MERGED != RECORD,
+    "rewrite": lambda: rewrite.create_request(rewrite.CreateContainerRequest.FromString(DATA), MERGED),
+}
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_within_budget(step: str) -> None:
+    """Each step of the hooked CreateContainer makes no more calls than its budget."""
+    assert calls_of(STEPS[step]) <= CALL_BUDGETS[step]
+
+
+def test_the_steps_do_the_work() -> None:
+    """The steps measured are the real ones: the answer's annotation reaches the rewritten request."""
+    data = rewrite.create_request(rewrite.CreateContainerRequest.FromString(DATA), MERGED)
+    rewritten = rewrite.CreateContainerRequest.FromString(data)
+
+    assert "1" == dict((e.key, e.value) for e in rewritten.config.annotations)["bench"]
+    assert MERGED != RECORD
