@@ -7,7 +7,6 @@ from __future__ import annotations
 import attrs
 
 from krproxy.fakes.containerd._tables import Tables
-from krproxy.fakes.containerd.settings import Settings
 from krproxy.fakes.containerd.records import (
     CONTAINER_TRANSITIONS,
     EXIT_CODE_KILLED,
@@ -25,6 +24,7 @@ from krproxy.fakes.containerd.records import (
     clone,
     state_name,
 )
+from krproxy.fakes.containerd.settings import Settings
 from krproxy.proto.runtime import v1 as cri
 
 
