@@ -6,6 +6,8 @@ changes with :func:`attrs.evolve`, so that what matters to the test is what it w
 
 from __future__ import annotations
 
+from krproxy.calls import CallRecord
+from krproxy.grpcstatus import Status
 from krproxy.hooks.model import PodInfo, Resources
 
 #: Container resources with every field set, as kubelet sends for a Guaranteed container with a cpuset,
@@ -49,3 +51,22 @@ DOCKER_HOST_RESOURCES = {
     "CpusetCpus": "0-3",
     "CpusetMems": "0",
 }
+
+
+def call_record(
+    path: str, status: Status = Status.OK, seconds: float = 0.001, backend: float = 0.0005
+) -> CallRecord:
+    """A finished call's record of ``path`` with no hooks and no bytes: what metrics observe."""
+    return CallRecord(
+        path=path,
+        started=0.0,
+        seconds=seconds,
+        backend_seconds=backend,
+        request=b"",
+        forwarded=None,
+        reply=None,
+        replies=0,
+        status=status,
+        message=None,
+        hooks=(),
+    )

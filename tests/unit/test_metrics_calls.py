@@ -5,27 +5,11 @@ from __future__ import annotations
 
 import random
 
-from krproxy.calls import CallRecord
 from krproxy.grpcstatus import Status
 from krproxy.metrics import Metrics
+from tests.records import call_record
 
 VERSION = "/runtime.v1.RuntimeService/Version"
-
-
-def _record(path: str, status: Status = Status.OK) -> CallRecord:
-    return CallRecord(
-        path=path,
-        started=0.0,
-        seconds=0.001,
-        backend_seconds=0.0005,
-        request=b"",
-        forwarded=None,
-        reply=None,
-        replies=0,
-        status=status,
-        message=None,
-        hooks=(),
-    )
 
 
 def test_random_paths_from_a_hostile_caller_keep_no_series_each() -> None:
@@ -35,9 +19,9 @@ def test_random_paths_from_a_hostile_caller_keep_no_series_each() -> None:
     rng = random.Random(7)
     for _ in range(5000):
         path = "/x.Y/" + "".join(rng.choice("abcdefgh") for _ in range(12))
-        metrics.observe_call(_record(path, rng.choice(list(Status))))
-    metrics.observe_call(_record(VERSION))
-    metrics.observe_call(_record(VERSION))
+        metrics.observe_call(call_record(path, rng.choice(list(Status))))
+    metrics.observe_call(call_record(VERSION))
+    metrics.observe_call(call_record(VERSION))
 
     methods = {
         sample.labels["method"]

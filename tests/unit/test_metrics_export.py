@@ -16,6 +16,7 @@ from krproxy.hooks.outcomes import Outcome
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.validate import INVALID_ANSWER
 from krproxy.metrics import BUCKETS, Metrics
+from tests.records import call_record
 
 CREATE = "/runtime.v1.RuntimeService/CreateContainer"
 VERSION = "/runtime.v1.RuntimeService/Version"
@@ -24,25 +25,9 @@ VERSION = "/runtime.v1.RuntimeService/Version"
 SECONDS = [0.0, -0.001, 0.0001, *BUCKETS, 0.0005000001, 0.0999, 130.0, float("inf")]
 
 
-def _record(path: str, status: Status, seconds: float, backend: float) -> CallRecord:
-    return CallRecord(
-        path=path,
-        started=0.0,
-        seconds=seconds,
-        backend_seconds=backend,
-        request=b"",
-        forwarded=None,
-        reply=None,
-        replies=0,
-        status=status,
-        message=None,
-        hooks=(),
-    )
-
-
 def _observations() -> tuple[list[CallRecord], list[Outcome]]:
     records = [
-        _record(path, status, seconds, seconds / 2)
+        call_record(path, status, seconds, seconds / 2)
         for i, seconds in enumerate(SECONDS)
         for path, status in [(CREATE, Status.OK), (VERSION, Status.OK), ("/x.Y/Z", Status(i % 3))]
     ]
@@ -123,7 +108,7 @@ def test_exported_as_prometheus_client_exports(created: bool, monkeypatch: pytes
 def test_sample_values_as_before() -> None:
     """get_sample_value (the admin status, tests) reads the series by their exported names."""
     metrics = Metrics()
-    metrics.observe_call(_record(CREATE, Status.OK, 0.003, 0.001))
+    metrics.observe_call(call_record(CREATE, Status.OK, 0.003, 0.001))
     sample = metrics.registry.get_sample_value
 
     assert 1.0 == sample("krproxy_calls_total", {"method": "CreateContainer", "code": "OK"})
