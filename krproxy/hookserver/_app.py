@@ -147,6 +147,10 @@ def _changed(value: Any) -> dict[str, Any]:
     return out
 
 
+#: Each stage's name (``Stage.value`` is a property of the enum's: two Python calls a hook call).
+_NAMES = {stage: stage.value for stage in Stage}
+
+
 def _log_decision(stage: Stage, ctx: PodContext | ContainerContext, result: RunResult) -> None:
     """At debug level, one line per hook call: who, which functions ran, what they decided."""
     if LOGGER.isEnabledFor(logging.DEBUG):
@@ -274,7 +278,7 @@ class HookServer:
         """The first half of a hook call: ``stage``'s plugin functions on ``ctx``, each through
         ``call`` (:func:`run_hooks`); :meth:`finish_pod` or :meth:`finish_container` is the second."""
         return run_hooks(
-            self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=stage.value, call=call
+            self.registry.hooks(stage), ctx, self.plugin_failure_policy, where=_NAMES[stage], call=call
         )
 
     def finish_pod(self, stage: Stage, ctx: PodContext, result: RunResult) -> None:
