@@ -79,17 +79,14 @@ ContainerResourceHookRequest = _message_class("ContainerResourceHookRequest")
 ContainerResourceHookResponse = _message_class("ContainerResourceHookResponse")
 
 
-def _meta(meta: Any) -> PodMeta:
-    return PodMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid, attempt=meta.attempt)
-
-
 def pod_info(request: bytes) -> tuple[Any, PodInfo]:
     """A PodSandboxHookRequest's bytes: the upb message (for :func:`pod_reply`) and the plugins' record,
     as :meth:`PodInfo.from_proto` makes it. Raises :class:`DecodeError` when the bytes are no such message."""
     req = PodSandboxHookRequest.FromString(request)
     has = req.HasField
+    m = req.pod_meta  # an unset one reads as empty ("", "", "", 0): PodMeta()
     info = PodInfo(
-        meta=_meta(req.pod_meta) if has("pod_meta") else PodMeta(),
+        meta=PodMeta(name=m.name, namespace=m.namespace, uid=m.uid, attempt=m.attempt),
         labels=LazyMap(entries, req.labels),
         annotations=LazyMap(entries, req.annotations),
         cgroup_parent=req.cgroup_parent,
@@ -105,8 +102,9 @@ def container_info(request: bytes) -> tuple[Any, ContainerInfo]:
     :meth:`ContainerInfo.from_proto` makes it. Raises :class:`DecodeError`."""
     req = ContainerResourceHookRequest.FromString(request)
     has = req.HasField
+    m = req.pod_meta  # (as in pod_info)
     pod = PodInfo(
-        meta=_meta(req.pod_meta) if has("pod_meta") else PodMeta(),
+        meta=PodMeta(name=m.name, namespace=m.namespace, uid=m.uid, attempt=m.attempt),
         labels=LazyMap(entries, req.pod_labels),
         annotations=LazyMap(entries, req.pod_annotations),
         cgroup_parent=req.pod_cgroup_parent,

@@ -118,7 +118,8 @@ class Served:
                 self.start_job()
             else:
                 self.inbox.wake()
-            state.settle()
+            if not state.finished:  # (a job answered at once has finished it)
+                state.settle()
 
     def on_request_trailers(self, headers: Headers) -> None:
         self.inbox.wake()

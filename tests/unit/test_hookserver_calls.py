@@ -19,8 +19,8 @@ from krproxy.hookserver._executor import Executor
 from krproxy.hookserver._service import HookService
 from tests.unit.test_hooks_calls import calls_of
 
-#: Calls a part may make at most: the counts when set (22, 8, 23), and one or two more.
-JOB_BUDGETS = {"read": 24, "stage": 9, "finish": 25}
+#: Calls a part may make at most: the counts when set (20, 8, 22), and one or two more.
+JOB_BUDGETS = {"read": 22, "stage": 9, "finish": 24}
 
 STAGE = Stage.PRE_CREATE_CONTAINER
 REQUESTS = {"minimal": sdk.minimal_request(), "kubelet-sized": sdk.kubelet_sized_request()}
