@@ -54,17 +54,20 @@ class LazyMap(Mapping[str, str]):
     mapping, ``|``, ``copy()``, the ``repr`` and the ``str``.
     """
 
-    __slots__ = ("_dict", "_read")
+    __slots__ = ("_dict", "_read", "_source")
 
-    def __init__(self, read: Callable[[], dict[str, str]]) -> None:
+    def __init__(self, read: Callable[[Any], dict[str, str]], source: Any) -> None:
+        """The map ``read(source)`` gives (the function and its argument, not a partial of them:
+        one Python call fewer per map, four maps per hook call)."""
         self._read = read
+        self._source = source
         self._dict: dict[str, str] | None = None
 
     @property
     def _items(self) -> dict[str, str]:
         got = self._dict
         if got is None:  # (two threads reading it at once read the same dict twice)
-            got = self._dict = self._read()
+            got = self._dict = self._read(self._source)
         return got
 
     def __getitem__(self, key: str) -> str:

@@ -135,10 +135,11 @@ def _in_trio_thread() -> bool:
 
 def call_hook(hook: Hook[Ctx], ctx: Ctx) -> None:
     """Run one plugin function on ``ctx``, awaiting it on trio if it is ``async def``."""
-    token = getattr(WORKER_THREAD, "trio_token", None)
     if not hook.is_async:
         hook.fn(ctx)
-    elif token is not None:
+        return
+    token = getattr(WORKER_THREAD, "trio_token", None)
+    if token is not None:
         release_loop = getattr(WORKER_THREAD, "release_loop", None)
         if release_loop is not None:  # the loop may be waiting for this job: it must run the hook
             release_loop()

@@ -25,7 +25,6 @@ the first one's place, so the answer decodes to what :func:`._done.container_res
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 from google.protobuf import descriptor_pb2, message_factory
@@ -80,23 +79,16 @@ ContainerResourceHookRequest = _message_class("ContainerResourceHookRequest")
 ContainerResourceHookResponse = _message_class("ContainerResourceHookResponse")
 
 
-def _meta(meta: Any) -> PodMeta:
-    return PodMeta(name=meta.name, namespace=meta.namespace, uid=meta.uid, attempt=meta.attempt)
-
-
-def _lazy(field: Any) -> LazyMap:
-    return LazyMap(functools.partial(entries, field))
-
-
 def pod_info(request: bytes) -> tuple[Any, PodInfo]:
     """A PodSandboxHookRequest's bytes: the upb message (for :func:`pod_reply`) and the plugins' record,
     as :meth:`PodInfo.from_proto` makes it. Raises :class:`DecodeError` when the bytes are no such message."""
     req = PodSandboxHookRequest.FromString(request)
     has = req.HasField
+    m = req.pod_meta  # an unset one reads as empty ("", "", "", 0): PodMeta()
     info = PodInfo(
-        meta=_meta(req.pod_meta) if has("pod_meta") else PodMeta(),
-        labels=_lazy(req.labels),
-        annotations=_lazy(req.annotations),
+        meta=PodMeta(name=m.name, namespace=m.namespace, uid=m.uid, attempt=m.attempt),
+        labels=LazyMap(entries, req.labels),
+        annotations=LazyMap(entries, req.annotations),
         cgroup_parent=req.cgroup_parent,
         runtime_handler=req.runtime_handler,
         resources=Resources.from_proto(req.resources) if has("resources") else None,
@@ -110,10 +102,11 @@ def container_info(request: bytes) -> tuple[Any, ContainerInfo]:
     :meth:`ContainerInfo.from_proto` makes it. Raises :class:`DecodeError`."""
     req = ContainerResourceHookRequest.FromString(request)
     has = req.HasField
+    m = req.pod_meta  # (as in pod_info)
     pod = PodInfo(
-        meta=_meta(req.pod_meta) if has("pod_meta") else PodMeta(),
-        labels=_lazy(req.pod_labels),
-        annotations=_lazy(req.pod_annotations),
+        meta=PodMeta(name=m.name, namespace=m.namespace, uid=m.uid, attempt=m.attempt),
+        labels=LazyMap(entries, req.pod_labels),
+        annotations=LazyMap(entries, req.pod_annotations),
         cgroup_parent=req.pod_cgroup_parent,
         resources=Resources.from_proto(req.pod_resources) if has("pod_resources") else None,
     )
@@ -123,9 +116,9 @@ def container_info(request: bytes) -> tuple[Any, ContainerInfo]:
         name=meta.name,
         id=meta.id,
         attempt=meta.attempt,
-        annotations=_lazy(req.container_annotations),
+        annotations=LazyMap(entries, req.container_annotations),
         resources=Resources.from_proto(req.container_resources),
-        envs=_lazy(req.container_envs),
+        envs=LazyMap(entries, req.container_envs),
     )
     return req, info
 

@@ -84,10 +84,14 @@ class Inbox:
 
     def arrived(self, data: bytes) -> None:
         """DATA arrived on the half. Raises :class:`MessageTooLarge`, :class:`GRPCError`."""
-        self.messages.feed(data)
-        if self.messages.ready:
+        messages = self.messages
+        messages.feed(data)
+        if messages.ready:
             self.owed += len(data)
-            self.wake()
+            waiter = self._waiter  # (wake() inline: once per DATA frame of a request)
+            if waiter is not None:
+                waiter.set()
+                self._waiter = None
         else:
             self.half.grant_stream(len(data))
 
@@ -102,6 +106,22 @@ class Inbox:
             self.owed = 0
             half.grant_stream(owed)
             half.ep.transport.flush()  # a reader that sends nothing would leave the grant unsent
+        return message
+
+    def take_sole(self) -> bytes | None:
+        """The half's one message if it is all that arrived (uncompressed, complete, nothing after
+        it), for a reader that has the whole of the half's data: its sender ended the stream, so
+        the message's credit is not granted back (no WINDOW_UPDATE is due on a stream whose sender
+        has ended it). None otherwise, nothing taken."""
+        messages = self.messages
+        ready = messages.ready
+        if len(ready) != 1 or messages._partial:
+            return None
+        compressed, message = ready[0]
+        if compressed:
+            return None
+        ready.clear()
+        self.owed = 0
         return message
 
     def wake(self) -> None:

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
+import outcome
 import trio
 
 from krproxy import calls
@@ -33,8 +34,6 @@ from krproxy.relay.messages import Inbox
 from krproxy.relay.state import CallState
 
 if TYPE_CHECKING:
-    import outcome
-
     from krproxy.relay.transport import Transport
 
 #: A handler as the transport runs it: ``await handler(stream)`` (:data:`krproxy.rpc.Handler`).
@@ -115,10 +114,12 @@ class Served:
             ep.collected += size
             state.collected += size
         if end:
-            self.inbox.wake()
-            if self.job is not None:
+            if self.job is not None:  # (no reader waits on a job's inbox: it has no task yet)
                 self.start_job()
-            state.settle()
+            else:
+                self.inbox.wake()
+            if not state.finished:  # (a job answered at once has finished it)
+                state.settle()
 
     def on_request_trailers(self, headers: Headers) -> None:
         self.inbox.wake()
@@ -169,11 +170,11 @@ class Served:
         """A unary answer: headers, ``message`` and OK trailers, in one write."""
         state = self.state
         client = state.client
+        s = client.s  # (its stream's state read directly: the Half's properties are calls)
         self.ended_here = True
-        if state.answered or client.send_ended or client.reset:
+        if state.answered or s.send_ended or s.reset:
             return
         state.answered = True
-        s = client.s
         data = grpc_message(message)
         if client.opened:  # the three frames in one step where they go out at once (send_answer)
             ep = client.ep
@@ -245,15 +246,13 @@ class Served:
         state = self.state
         if state.finished or state.answered:  # failed or reset before it ended
             return
-        messages = self.inbox.messages
-        ready = messages.ready
-        if len(ready) != 1 or ready[0][0] or messages.incomplete:
+        message = self.inbox.take_sole()  # (the request has ended: no stream credit to give back)
+        if message is None:
             state.transport.nursery.start_soon(self.run, None)  # unary's answers, in a task
             return
-        taken = self.inbox.take()
-        assert taken is not None
-        message = taken[1]
-        self.took(len(message) + 5)
+        size = min(len(message) + 5, state.collected)  # took(), inline
+        state.client.ep.collected -= size
+        state.collected -= size
         try:
             result = job(message, self._job_done)
         except Exception as err:  # the job's bug is its call's, never the connection's
@@ -275,15 +274,20 @@ class Served:
         state.transport.flush()
 
     def _answer_job(self, result: outcome.Outcome[bytes]) -> None:
-        try:
-            reply = result.unwrap()
-        except CloseConnection:
+        # The outcome read, not unwrapped (unwrap() is two calls more, for a guard against
+        # reading it twice that this one reader does not need).
+        if type(result) is outcome.Value:  # (not isinstance: an ABC's check is two calls more)
+            self.reply(result.value)  # dropped if the call ended meanwhile (deadline, reset)
+            return
+        assert isinstance(result, outcome.Error)
+        err = result.error
+        if isinstance(err, CloseConnection):
             if not self.state.finished:
                 self.state.client.ep.close("the handler closed the connection")
-        except Exception as err:
+        elif isinstance(err, Exception):
             self._ended_by(err)
-        else:
-            self.reply(reply)  # dropped if the call ended meanwhile (deadline, reset)
+        else:  # (a BaseException, as unwrap() would raise it)
+            raise err
 
     # -- the handler's task --------------------------------------------------------------
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from krproxy.grpcstatus import GRPCError, Status
-from krproxy.relay.messages import Messages
+from krproxy.relay.messages import Inbox, Messages
 from krproxy.relay.rpc import MessageTooLarge
 
 
@@ -56,3 +56,47 @@ def test_a_flag_other_than_0_or_1_is_internal() -> None:
     with pytest.raises(GRPCError) as caught:
         _feed([_framed(0, b"ok"), _framed(2, b"no")[:3], _framed(2, b"no")[3:]])
     assert Status.INTERNAL == caught.value.status
+
+
+class _Half:
+    """What an Inbox asks of its half: stream credit given back (recorded here)."""
+
+    def __init__(self) -> None:
+        self.granted = 0
+
+    def grant_stream(self, size: int) -> None:
+        self.granted += size
+
+
+def _inbox(*frames: bytes) -> tuple[Inbox, _Half]:
+    half = _Half()
+    inbox = Inbox(half, 1024)  # type: ignore[arg-type]
+    for data in frames:
+        inbox.arrived(data)
+    return inbox, half
+
+
+class TestTakeSole:
+    def test_the_one_plain_message_is_taken(self) -> None:
+        """A request of exactly one uncompressed message gives it, owing and granting nothing."""
+        inbox, half = _inbox(_framed(0, b"abc"))
+
+        assert b"abc" == inbox.take_sole()
+        assert (0, 0) == (inbox.owed, half.granted)
+        assert inbox.take() is None
+
+    def test_anything_else_is_left_where_it_is(self) -> None:
+        """Two messages, a compressed one, a message with part of another after it, or none: None,
+        and the messages stay to be taken one by one."""
+        cases = [
+            (_framed(0, b"a") + _framed(0, b"b"),),
+            (_framed(1, b"z"),),
+            (_framed(0, b"a") + _framed(0, b"bc")[:3],),
+            (),
+        ]
+        for frames in cases:
+            inbox, _ = _inbox(*frames)
+            before = list(inbox.messages.ready)
+
+            assert inbox.take_sole() is None, frames
+            assert before == list(inbox.messages.ready), frames
