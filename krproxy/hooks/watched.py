@@ -74,19 +74,18 @@ class _Watches:
     def __init__(self, hooks: HookRuntime) -> None:
         self.hooks = hooks
 
-    def unhooked(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> bool:
-        """Whether a call at *point* for *pod* (and *container*) would run no hook and need no hook server:
-        the pod skips hooks, or no plugin is registered for *point* and nothing is required there (the
-        flags, the pod's annotations; annotations that do not parse: not unhooked, the call is refused)."""
-        hooks = self.hooks
-        if hooks.lifecycle.skips(pod):
-            return True
-        if hooks.dispatcher.plugins_for(point):
-            return False
-        if hooks.guard is None:
+    def nothing_required(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> bool:
+        """Whether a call at *point* for *pod* (and *container*) needs no hook server: nothing is required there
+        (the flags, the pod's annotations; annotations that do not parse: False, the interceptor refuses it).
+
+        A call is watched if no plugin is registered at its point and nothing is required, or if its pod
+        skips hooks. Each watch has already read the point's plugins, and reads the skip label only when the
+        rest does not settle it (few pods carry the label)."""
+        guard = self.hooks.guard
+        if guard is None:
             return True
         try:
-            need = needed(hooks.guard.requirements, point, pod.annotations, container)
+            need = needed(guard.requirements, point, pod.annotations, container)
         except AnnotationError:
             return False
         return not need.names and not need.hooked
@@ -101,7 +100,7 @@ class _Watches:
             pod = _pod_of_run_request(data)
         except Exception:  # malformed: the interceptor refuses it
             return None
-        if not self.unhooked(point, pod):
+        if not (self.nothing_required(point, pod) or self.hooks.lifecycle.skips(pod)):
             return None
         return keeper(self.hooks, point, pod, cri.RunPodSandboxResponse, "pod_sandbox_id")
 
@@ -110,7 +109,8 @@ class _Watches:
             return None
         hooks = self.hooks
         point = HookPoint.PRE_CREATE_CONTAINER
-        if hooks.dispatcher.plugins_for(point):
+        plugins = hooks.dispatcher.plugins_for(point)
+        if plugins:
             # Hooks run unless the pod skips them: read only its id (the request is decoded once, by the
             # interceptor, for a call that runs hooks); a pod the store lacks goes to the interceptor.
             sandbox_id = plain_id(cri.CreateContainerRequest, data, "pod_sandbox_id")
@@ -133,7 +133,7 @@ class _Watches:
             name = request.config.metadata.name
         except Exception:  # malformed, or an empty or ambiguous pod id: the interceptor refuses it
             return None
-        if not self.unhooked(point, pod, name):
+        if not ((not plugins and self.nothing_required(point, pod, name)) or hooks.lifecycle.skips(pod)):
             return None
         if not stored:
             hooks.missing("pod", request.pod_sandbox_id, point)
