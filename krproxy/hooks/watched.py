@@ -74,19 +74,18 @@ class _Watches:
     def __init__(self, hooks: HookRuntime) -> None:
         self.hooks = hooks
 
-    def unhooked(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> bool:
-        """Whether a call at *point* for *pod* (and *container*) would run no hook and need no hook server:
-        the pod skips hooks, or no plugin is registered for *point* and nothing is required there (the
-        flags, the pod's annotations; annotations that do not parse: not unhooked, the call is refused)."""
-        hooks = self.hooks
-        if hooks.lifecycle.skips(pod):
-            return True
-        if hooks.dispatcher.plugins_for(point):
-            return False
-        if hooks.guard is None:
+    def nothing_required(self, point: HookPoint, pod: PodInfo, container: str | None = None) -> bool:
+        """Whether a call at *point* for *pod* (and *container*) needs no hook server: nothing is required there
+        (the flags, the pod's annotations; annotations that do not parse: False, the interceptor refuses it).
+
+        A call is watched if no plugin is registered at its point and nothing is required, or if its pod
+        skips hooks. Each watch has already read the point's plugins, and reads the skip label only when the
+        rest does not settle it (few pods carry the label)."""
+        guard = self.hooks.guard
+        if guard is None:
             return True
         try:
-            need = needed(hooks.guard.requirements, point, pod.annotations, container)
+            need = needed(guard.requirements, point, pod.annotations, container)
         except AnnotationError:
             return False
         return not need.names and not need.hooked
@@ -101,7 +100,7 @@ class _Watches:
             pod = _pod_of_run_request(data)
         except Exception:  # malformed: the interceptor refuses it
             return None
-        if not self.unhooked(point, pod):
+        if not (self.nothing_required(point, pod) or self.hooks.lifecycle.skips(pod)):
             return None
         return keeper(self.hooks, point, pod, cri.RunPodSandboxResponse, "pod_sandbox_id")
 
@@ -110,7 +109,8 @@ class _Watches:
             return None
         hooks = self.hooks
         point = HookPoint.PRE_CREATE_CONTAINER
-        if hooks.dispatcher.plugins_for(point):
+        plugins = hooks.dispatcher.plugins_for(point)
+        if plugins:
             # Hooks run unless the pod skips them: read only its id (the request is decoded once, by the
             # interceptor, for a call that runs hooks); a pod the store lacks goes to the interceptor.
             sandbox_id = plain_id(cri.CreateContainerRequest, data, "pod_sandbox_id")
@@ -130,14 +130,23 @@ class _Watches:
             stored = pod is not None
             if pod is None:
                 pod = convert.pod_from_wire_config(request.sandbox_config)
-            info = convert.container_from_wire_create(request, pod)
+            name = request.config.metadata.name
         except Exception:  # malformed, or an empty or ambiguous pod id: the interceptor refuses it
             return None
-        if not self.unhooked(point, pod, info.name):
+        if not ((not plugins and self.nothing_required(point, pod, name)) or hooks.lifecycle.skips(pod)):
             return None
         if not stored:
             hooks.missing("pod", request.pod_sandbox_id, point)
-        return keeper(self.hooks, point, info, cri.CreateContainerResponse, "container_id")
+        # The container's record is built once the answer is out (the watcher runs then), not between the
+        # request's arrival and its forward: of a watched create's ~80 µs there (~320 µs on a cold process,
+        # between other processes' calls), it took a third. It reads only *request* and *pod*, as they are now.
+        return _lazy_keeper(
+            hooks,
+            point,
+            lambda: convert.container_from_wire_create(request, pod),
+            cri.CreateContainerResponse,
+            "container_id",
+        )
 
     def stop_container(self, data: bytes) -> Watcher | None:
         container_id = plain_id(cri.StopContainerRequest, data, "container_id")
@@ -201,6 +210,18 @@ def keeper(hooks: HookRuntime, point: HookPoint, record: Any, answer: type[Any],
     def keep(status: Status, reply: bytes | None) -> None:
         if reply is not None:
             hooks.keep_created(point, record, answer, field, reply)
+
+    return keep
+
+
+def _lazy_keeper(
+    hooks: HookRuntime, point: HookPoint, build: Callable[[], Any], answer: type[Any], field: str
+) -> Watcher:
+    """:func:`keeper` of the record *build* makes, made when the answer is OK (after it went out)."""
+
+    def keep(status: Status, reply: bytes | None) -> None:
+        if reply is not None:
+            hooks.keep_created(point, build(), answer, field, reply)
 
     return keep
 

@@ -81,7 +81,7 @@ class LocalCall:
     """
 
     __slots__ = (
-        "_encoding",
+        "_ctx",
         "_handed",
         "_headers",
         "_interceptor",
@@ -89,7 +89,6 @@ class LocalCall:
         "_relayed",
         "_started",
         "_watch",
-        "ctx",
         "request_tap",
         "state",
         "unary",
@@ -113,13 +112,21 @@ class LocalCall:
         self._headers = headers
         self._watch = watch
         self.watcher: Watcher | None = None
-        self._encoding = next((value for name, value in headers if name == b"grpc-encoding"), b"identity")
         self._started = False
         self._handed: bytes | None = None  # the framed request the interceptor handed over (hand_over)
         self._relayed: Call | None = None  # what relays the answer of a watched or handed-over call
         self._refusals = 0
-        state = self.state  # its clocks are the context's (two calls fewer a call)
-        self.ctx = calls.CallContext(path, started=state.started, clock_start=state.clock)
+        self._ctx: calls.CallContext | None = None  # made when first read (a watched call has none)
+
+    @property
+    def ctx(self) -> calls.CallContext:
+        """The call's context, for its interceptor and its record; its clocks are the state's (as though it
+        had been made with the call: a watched call goes upstream and is recorded without one)."""
+        ctx = self._ctx
+        if ctx is None:
+            state = self.state
+            ctx = self._ctx = calls.CallContext(state.path, started=state.started, clock_start=state.clock)
+        return ctx
 
     def on_request_data(self, data: bytes, end: bool) -> None:
         state = self.state
@@ -275,7 +282,8 @@ class LocalCall:
         """A request message that came compressed (gzip or deflate, as gRPC clients may send),
         decompressed: the interceptor reads protobuf, and forwards it uncompressed."""
         try:
-            return await decompress_message(self._encoding, data, self.state.transport.max_request)
+            encoding = next((value for name, value in self._headers if name == b"grpc-encoding"), b"identity")
+            return await decompress_message(encoding, data, self.state.transport.max_request)
         except MessageTooLarge as err:
             raise GRPCError(
                 Status.RESOURCE_EXHAUSTED,

@@ -141,6 +141,31 @@ class TestStoreLearns:
         assert (grpc.StatusCode.INTERNAL, "no space") == (failed.value.code(), failed.value.details())
         assert {} == node.proxy.hooks.store.containers()
 
+    async def test_the_record_is_built_after_the_forward(
+        self, node: Node, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A watched create's container record is read from its request once the runtime has answered, not
+        between the request's arrival and its forward; a failed create reads none."""
+        seen: list[int] = []  # the creates the runtime had received, at each reading
+        original = convert.container_from_wire_create
+
+        def counted(request: Any, pod: Any) -> Any:
+            seen.append(len(node.received("CreateContainer")))
+            return original(request, pod)
+
+        monkeypatch.setattr(convert, "container_from_wire_create", counted)
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+        node.fake.inject("CreateContainer", Fault(status=Status.INTERNAL, message="no space"))
+        with pytest.raises(grpc.RpcError):
+            await node.create_container(pod_id)
+        assert [] == seen
+
+        container_id = await node.create_container(pod_id)
+
+        assert [2] == seen
+        assert node.proxy.hooks.store.get_container(container_id) is not None
+
     async def test_remove_forgets_the_container_once_the_runtime_did(self, node: Node) -> None:
         """Remove forgets the container only once the runtime removed it."""
         await node.start_proxy()

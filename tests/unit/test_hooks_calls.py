@@ -1,6 +1,7 @@
 """What the hook side of a hooked CreateContainer costs in calls: each step of the bench's request
 (krproxy.bench.merge's, a plugin adding an annotation) against a budget, in Python and C function calls
-as cProfile counts them (sys.setprofile: load-independent, unlike time).
+as cProfile counts them (sys.setprofile: load-independent, unlike time); and what a watched one (no hook
+server to call) runs before it goes upstream.
 
 The budgets are the counts when they were set, with a little room (other versions of attrs, upb or
 Python count a few differently); a change that adds layers to these steps fails here first. The
@@ -14,9 +15,15 @@ from collections.abc import Callable
 import pytest
 
 from krproxy.bench.merge import ANSWERS, bench_request
+from krproxy.forward import RUNTIME_PREFIX
+from krproxy.grpcstatus import Status
 from krproxy.hooks import answers, convert, encode, merge, rewrite, validate
+from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.model import PodInfo
-from krproxy.proto.runtime import v1alpha1
+from krproxy.hooks.required import Requirements
+from krproxy.hooks.runtime import HookRuntime
+from krproxy.hooks.store import HookStore
+from krproxy.proto.runtime import v1, v1alpha1
 
 #: Calls a step may make at most: the counts when set (19, 56, 20, 14, 41, 6, 28), and 2 or 3 more.
 CALL_BUDGETS = {
@@ -79,3 +86,44 @@ def test_the_steps_do_the_work() -> None:
 
     assert "1" == dict((e.key, e.value) for e in rewritten.config.annotations)["bench"]
     assert MERGED != RECORD
+
+
+class _Guard:
+    """The daemon's guard as a watch reads it: the default requirements (the annotation, no flags)."""
+
+    requirements = Requirements()
+
+
+def _no_plugin_runtime() -> HookRuntime:
+    """A recovered runtime with no plugin registered and the bench's pod stored."""
+    store = HookStore()
+    store.put_pod("0" * 64, POD)
+    hooks = HookRuntime(store, Dispatcher(None), ("skip", "true"), _Guard())  # type: ignore[arg-type]
+    hooks.mark_recovered()
+    return hooks
+
+
+#: What a watched CreateContainer (no hook server to call) may run before it goes upstream, its watch: the
+#: count when set (22; 29 while the watch read the skip label and the point's plugins twice, 48 while it
+#: built the container's record), and 2 more.
+WATCH_BUDGET = 24
+
+
+def test_watched_create_within_budget() -> None:
+    """The watch of a CreateContainer with no plugin makes no more calls than its budget."""
+    watch = _no_plugin_runtime().watches()[RUNTIME_PREFIX + "CreateContainer"]
+    watch(DATA)  # the registry reads the point's plugins once, then keeps them
+
+    assert calls_of(lambda: watch(DATA)) <= WATCH_BUDGET
+
+
+def test_watched_create_keeps_its_record() -> None:
+    """The watch measured is the real one: its watcher, told the runtime's OK answer, stores the container."""
+    hooks = _no_plugin_runtime()
+    watcher = hooks.watches()[RUNTIME_PREFIX + "CreateContainer"](DATA)
+    assert watcher is not None
+
+    watcher(Status.OK, bytes(v1.CreateContainerResponse(container_id="c" * 64)))
+
+    stored = hooks.store.get_container("c" * 64)
+    assert stored is not None and ("c0", POD) == (stored.name, stored.pod)
