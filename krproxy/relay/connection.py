@@ -94,6 +94,11 @@ HANDSHAKE_TIMEOUT = 20.0
 #: says its stream was not processed and send it again elsewhere. A close at once fails its write
 #: (EPIPE), and grpcio then fails the call UNAVAILABLE instead of retrying it.
 LINGER = 2.0
+#: How long a connection whose peer stopped taking our writes (EPIPE, ECONNRESET) is read on for what
+#: the peer sent before it went: a runtime restarting says in a GOAWAY which streams it never
+#: processed, so that their calls are sent again. A peer that closed is read to its end at once; one
+#: that only stopped reading (``shutdown(SHUT_RD)``) is closed after this.
+READ_AFTER_SEND_FAILED = 1.0
 #: Calls waiting for a stream slot on one upstream connection (its peer's
 #: MAX_CONCURRENT_STREAMS); beyond it a call fails at once instead of queueing: the latest of
 #: the caller with the most calls waiting (which may be the new call).
@@ -145,6 +150,7 @@ class Endpoint:
         self.closing = False  # close once `out` is written (a drained connection)
         self.closed = False
         self.lingering = False  # closed with its write side shut, read on until the caller closes
+        self.send_failed = ""  # why the peer takes no more writes: read on, then closed with it
         self.retiring = False  # takes no new streams (GOAWAY received, or ids used up)
         self.halves: dict[int, Half] = {}
         # Bytes queued on upstream halves still waiting for a stream slot.
@@ -201,6 +207,9 @@ class Endpoint:
         self.dirty = False
         if self.closed or not self.out:
             return
+        if self.send_failed:  # the peer takes no more: what is left to read decides the calls' fate
+            self.out.clear()
+            return
         if len(self.out) > MAX_UNSENT:
             # Data is flow controlled, so only a peer that sends (pings, resets) without reading
             # gets here; it would fill our memory with our answers to it.
@@ -218,7 +227,7 @@ class Endpoint:
         except BlockingIOError:
             sent = 0
         except OSError as err:
-            self.close(f"send failed: {_socket_trouble(err)}")
+            self._send_failed(err)
             return
         if sent == len(self.out):
             self.out.clear()
@@ -236,13 +245,29 @@ class Endpoint:
                 except BlockingIOError:
                     continue
                 except (OSError, trio.ClosedResourceError) as err:
-                    self.close(f"send failed: {_socket_trouble(err)}")
+                    self._send_failed(err)
                     return
                 del self.out[:sent]
         finally:
             self.writing = False
             if self.closing and not self.out:
                 self.close(DRAINED)
+
+    def _send_failed(self, err: OSError | trio.ClosedResourceError) -> None:
+        """A write failed. Where the peer went away (EPIPE, ECONNRESET), what it sent before it went is
+        still in the socket: the reader reads it to its end and closes (a GOAWAY read there says which
+        streams the peer never processed, and their calls are sent again on a new connection, as when
+        the GOAWAY is read first). Nothing more is written, no new stream comes here, and the reading
+        ends within :data:`READ_AFTER_SEND_FAILED`. Any other failure closes the connection now."""
+        reason = f"send failed: {_socket_trouble(err)}"
+        if not isinstance(err, (BrokenPipeError, ConnectionResetError)) or self.lingering:
+            self.close(reason)
+            return
+        self.send_failed = reason
+        self.out.clear()
+        if self.route is not None:
+            self.route.drop(self)
+        self.reading.deadline = min(self.reading.deadline, trio.current_time() + READ_AFTER_SEND_FAILED)
 
     def grant(self, size: int) -> None:
         """Connection credit for ``size`` received bytes (the streams' comes separately)."""
@@ -376,13 +401,15 @@ class Endpoint:
             with trio.CancelScope(deadline=deadline) as self.reading:
                 await self.reader.read()
             # read() only ever ends by raising: here the deadline cancelled it.
-            if self.lingering:  # (any reason but DRAINED closes the socket: see close())
+            if self.send_failed:
+                reason = self.send_failed
+            elif self.lingering:  # (any reason but DRAINED closes the socket: see close())
                 reason = f"drained; not closed by the caller within {LINGER:g} s of the final GOAWAY"
             else:
                 reason = f"no HTTP/2 connection preface within {HANDSHAKE_TIMEOUT:g} s"
                 log.warning(LOGGER, "handshake_timeout", peer=self.describe)
         except _Closed:
-            reason = "connection closed by peer"
+            reason = self.send_failed or "connection closed by peer"
         except _Terminated as err:
             reason = f"HTTP/2 protocol error: {err}"
             log.warning(LOGGER, "protocol_error", peer=self.describe, error=err)

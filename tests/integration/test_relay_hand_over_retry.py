@@ -20,6 +20,8 @@ import trio
 
 import krproxy.relay.intercepted as local_module
 from krproxy.grpcstatus import Status
+from krproxy.h2 import events as ev
+from krproxy.relay._input import Reader
 from krproxy.relay.rpc import grpc_message
 from tests.integration.handover_support import ECHO, ERROR, GOAWAY, REFUSE, SILENT, SLOW_REFUSE, Harness
 from tests.integration.support import LIVENESS_LIMIT, wait_until
@@ -108,6 +110,33 @@ class TestARefusedHandedOverCall:
             record.reply,
             record.status,
         )
+
+    async def test_is_resent_when_a_write_fails_before_the_goaway(
+        self, harness: Harness, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """containerd restarted: GOAWAY (nothing processed), then closed. The relay writes to it (a PING
+        here; in CI it was an acknowledgement) before it handles the GOAWAY, and the write fails
+        (EPIPE). The GOAWAY is still read: the call goes to a new connection, not back as UNAVAILABLE
+        ("send failed: connection closed by peer", seen once in a CI run)."""
+        on_goaway = Reader._on_goaway
+        forced: list[bool] = []
+
+        def write_first(reader: Reader, event: ev.GoAwayReceived) -> None:
+            if not forced:
+                forced.append(True)
+                runtime.threads[1].join(LIVENESS_LIMIT)  # the first connection's server: closed
+                reader.ep.h2.send_ping(b"krtest\x00\x00")
+                reader.ep.try_send()
+            on_goaway(reader, event)
+
+        monkeypatch.setattr(Reader, "_on_goaway", write_first)
+        runtime, method = await harness.start(lambda n: GOAWAY if n == 1 else ECHO)
+        result = await harness.call(method)
+
+        assert [True] == forced
+        assert b"changed ping" == result
+        assert 2 == runtime.connections
+        assert 1 == harness.hooked.runs
 
     async def test_refused_then_trailers_only_error_passes_it_on(self, harness: Harness) -> None:
         """Refused then answered with a trailers only error passes the error on."""
