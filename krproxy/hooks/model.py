@@ -71,9 +71,7 @@ class FrozenMap(Mapping[K, V], Generic[K, V]):
         return len(self._data)
 
     def __eq__(self, other: object) -> bool:
-        if other.__class__ is FrozenMap:  # the usual case (records compared), without isinstance calls
-            return self._data == other._data
-        if isinstance(other, FrozenMap):
+        if other.__class__ is FrozenMap:  # (the class is final: this is isinstance, without its call)
             return self._data == other._data
         if isinstance(other, Mapping):
             return self._data == dict(other.items())
