@@ -258,10 +258,11 @@ class Endpoint:
         still in the socket: the reader reads it to its end and closes (a GOAWAY read there says which
         streams the peer never processed, and their calls are sent again on a new connection, as when
         the GOAWAY is read first). Nothing more is written, no new stream comes here, and the reading
-        ends within :data:`READ_AFTER_SEND_FAILED`. Any other failure closes the connection now."""
+        ends within :data:`READ_AFTER_SEND_FAILED`. Any other failure, or one on a connection already
+        closed (a write after a drain's close), goes to :meth:`close` as before."""
         reason = f"send failed: {_socket_trouble(err)}"
-        if not isinstance(err, (BrokenPipeError, ConnectionResetError)) or self.lingering:
-            self.close(reason)
+        if self.closed or not isinstance(err, (BrokenPipeError, ConnectionResetError)):
+            self.close(reason)  # (on a closed connection: what close() did before, ending a linger)
             return
         self.send_failed = reason
         self.out.clear()
