@@ -157,7 +157,7 @@ class LocalCall:
             if not self._started and not state.finished and not state.answered:
                 self._started = True
                 if not self._pass_watched():
-                    state.transport.nursery.start_soon(self._handle)
+                    state.transport.start_handler(self._handle)
 
     def on_request_trailers(self, headers: Headers) -> None:
         self.on_request_data(b"", True)
