@@ -8,11 +8,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import grpc
+import pytest
 import trio
 
 from krproxy import calls
 from krproxy.forward import Forward, Reply
 from krproxy.relay import Relay, transport
+from tests.integration.handover_support import ECHO, SILENT, Harness
 from tests.integration.support import LIVENESS_LIMIT, in_thread, raw_unary, serve_relay, wait_until
 
 PATH = "/test.Echo/Intercepted"
@@ -80,6 +82,67 @@ async def test_calls_at_once_get_tasks_of_their_own(
     assert transport.MAX_IDLE_HANDLERS == len(relay.transport._idle_handlers)
 
 
+async def test_a_cancelled_call_leaves_its_task_to_the_next(
+    relay: Relay, nursery: trio.Nursery, short_tmp: Path, channel_to: Callable[[str], grpc.Channel]
+) -> None:
+    """A handler cancelled at its call's deadline ends that call only: the task runs the next handler in
+    a cancel scope of its own, and a cancel of the first call after it ended reaches nobody."""
+    seen: list[trio.lowlevel.Task] = []
+    first = trio.Event()
+
+    async def intercept(path: str, request: bytes, forward: Forward) -> Reply:
+        seen.append(trio.lowlevel.current_task())
+        if request == b"hang":
+            first.set()
+            await trio.sleep_forever()
+        await trio.sleep(0.05)  # a checkpoint, where a cancel left behind would strike
+        return Reply(request)
+
+    relay.configure(None, None, {PATH: intercept}, unary_paths=[PATH])
+    listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
+    method = raw_unary(channel_to(listen), PATH)
+
+    with trio.fail_after(LIVENESS_LIMIT):
+        with pytest.raises(grpc.RpcError) as err:
+            await in_thread(method, b"hang", timeout=0.2)
+        assert grpc.StatusCode.DEADLINE_EXCEEDED == err.value.code()  # type: ignore[attr-defined]
+        assert first.is_set()
+        assert b"next" == await in_thread(method, b"next", timeout=LIVENESS_LIMIT)
+        assert b"again" == await in_thread(method, b"again", timeout=LIVENESS_LIMIT)
+
+    assert 1 == len(set(seen))
+
+
+async def test_a_handed_over_call_cancels_no_later_handler(harness: Harness) -> None:
+    """A call whose interceptor handed its forward over and returned reaches its deadline after its task
+    took the next call's handler: the deadline ends the first call, not the handler running then."""
+    tasks: list[trio.lowlevel.Task] = []
+
+    async def intercept(path: str, request: bytes, forward: Forward) -> Reply:
+        tasks.append(trio.lowlevel.current_task())
+        if request == b"first":
+            reply: Reply = forward.hand_over(request, lambda status, reply: None)  # type: ignore[attr-defined]
+            return reply
+        await trio.sleep(1.0)  # past the first call's deadline
+        return Reply(request)
+
+    runtime, method = await harness.start(lambda n: SILENT if n == 1 else ECHO, intercept)
+    answers: list[bytes | grpc.RpcError] = []
+
+    async def first() -> None:
+        answers.append(await harness.call(method, timeout=0.5, request=b"first"))
+
+    with trio.fail_after(LIVENESS_LIMIT):
+        async with trio.open_nursery() as callers:
+            callers.start_soon(first)
+            await wait_until(lambda: bool(runtime.bodies))
+            second = await harness.call(method, request=b"second")
+
+    assert b"second" == second
+    assert [grpc.StatusCode.DEADLINE_EXCEEDED] == [a.code() for a in answers if isinstance(a, grpc.RpcError)]
+    assert 2 == len(tasks) and 1 == len(set(tasks))
+
+
 async def test_parked_tasks_end_with_the_transport(short_tmp: Path) -> None:
     """Cancelling the transport ends its parked handler tasks (its nursery does not wait for them)."""
     relay = Relay()
@@ -93,7 +156,7 @@ async def test_parked_tasks_end_with_the_transport(short_tmp: Path) -> None:
             await nursery.start(relay.run)
             done = trio.Event()
 
-            async def handler() -> None:
+            async def handler(scope: trio.CancelScope) -> None:
                 done.set()
 
             relay.transport.start_handler(handler)
