@@ -157,7 +157,7 @@ class LocalCall:
             if not self._started and not state.finished and not state.answered:
                 self._started = True
                 if not self._pass_watched():
-                    state.transport.start_handler(self._handle)
+                    state.transport.handlers.start(self._handle)
 
     def on_request_trailers(self, headers: Headers) -> None:
         self.on_request_data(b"", True)
@@ -234,7 +234,7 @@ class LocalCall:
             return None
 
     async def _handle(self, scope: trio.CancelScope) -> None:
-        """Run the interceptor in *scope* (its task's: :meth:`Transport.start_handler`), which the call's
+        """Run the interceptor in *scope* (its task's: :class:`~krproxy.relay._handlers.HandlerTasks`), which the call's
         state cancels (the caller gone, the deadline passed) until the interceptor is done."""
         state = self.state
         if state.finished or state.answered:  # reset or failed before this task ran: cancelled

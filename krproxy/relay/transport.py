@@ -32,6 +32,7 @@ from krproxy import calls, log
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
+from krproxy.relay._handlers import HandlerTasks
 from krproxy.relay.call import report
 from krproxy.relay.connection import STOPPED, Endpoint, Headers
 from krproxy.relay.exchange import Exchange
@@ -65,14 +66,6 @@ MAX_CONNECTIONS = 1000
 #: Largest request message accepted (``--max-request-message-size``), as containerd's limit.
 MAX_REQUEST = 16 * 1024 * 1024
 
-#: Handler tasks kept parked once their call is over, for the next call's handler
-#: (:meth:`Transport.start_handler`): a parked task woken costs a few microseconds, a new one
-#: ~35 µs on the reader's turn of every intercepted call. Beyond this many idle ones end.
-MAX_IDLE_HANDLERS = 16
-
-#: A call's handler, run by :meth:`Transport.start_handler` in the cancel scope it is given.
-Handler = Callable[[trio.CancelScope], Awaitable[object]]
-
 #: What a face does with a stream a caller opened: ``open_call(ep, stream_id, headers, end)``.
 #: It makes a call of the stream (and puts its half in ``ep.halves``) or resets it.
 OpenCall = Callable[[Endpoint, int, Headers, bool], None]
@@ -81,16 +74,6 @@ OpenCall = Callable[[Endpoint, int, Headers, bool], None]
 def _refuse_every_stream(ep: Endpoint, stream_id: int, headers: Headers, end: bool) -> None:
     """The ``open_call`` of a transport that serves no caller (a :class:`krproxy.rpc.Channel`'s)."""
     ep.reset_stream(stream_id, f.REFUSED_STREAM)
-
-
-class _Parked:
-    """A handler task parked in :meth:`Transport._run_handlers`, and the handler it is woken for."""
-
-    __slots__ = ("fn", "task")
-
-    def __init__(self, task: trio.lowlevel.Task) -> None:
-        self.task = task
-        self.fn: Handler | None = None
 
 
 class Transport:
@@ -150,7 +133,8 @@ class Transport:
         self._dead_timers = 0
         self._seq = itertools.count()
         self._timer: trio.CancelScope | None = None
-        self._idle_handlers: list[_Parked] = []  # parked in _run_handlers, newest last
+        #: The tasks calls' handlers run in (:class:`krproxy.relay._handlers.HandlerTasks`).
+        self.handlers = HandlerTasks()
 
     # -- running -----------------------------------------------------------------------
 
@@ -162,7 +146,7 @@ class Transport:
         """
         try:
             async with trio.open_nursery() as nursery:
-                self.nursery = nursery
+                self.nursery = self.handlers.nursery = nursery
                 nursery.start_soon(self._expire_deadlines)
                 task_status.started()
                 await trio.sleep_forever()
@@ -235,59 +219,6 @@ class Transport:
         context = contextvars.copy_context()
         context.run(calls.CURRENT.set, None)
         context.run(self.nursery.start_soon, fn)
-
-    def start_handler(self, fn: Handler) -> None:
-        """Run ``fn(scope)`` (a call's handler) in a task of the transport's nursery: a parked one whose
-        handler is over (:data:`MAX_IDLE_HANDLERS`), else a new one. As ``nursery.start_soon``: it
-        runs once the current task waits, in a context where no call is current.
-
-        ``scope`` is the task's cancel scope, which *fn* may cancel (then the handler's next checkpoint
-        raises, and the task takes a new scope after it), and must not keep once it returns: the next
-        handler of the task runs in it too. Entering a scope of its own cost each intercepted call
-        ~50 Python calls."""
-        idle = self._idle_handlers
-        if idle:
-            parked = idle.pop()
-            parked.fn = fn
-            trio.lowlevel.reschedule(parked.task)
-        else:
-            self.nursery.start_soon(self._run_handlers, fn)
-
-    async def _run_handlers(self, fn: Handler) -> None:
-        """Run ``fn`` in a cancel scope, then park until :meth:`start_handler` hands this task the
-        next handler; a scope cancelled (by a handler, for its call) is not used again."""
-        parked = _Parked(trio.lowlevel.current_task())
-        while True:
-            with trio.CancelScope() as scope:
-                while True:
-                    await fn(scope)
-                    calls.CURRENT.set(None)  # the call is over: this task does not keep it alive
-                    if scope.cancel_called:
-                        break
-                    woken = await self._park(parked)
-                    if woken is None:
-                        return
-                    fn = woken
-            calls.CURRENT.set(None)
-            woken = await self._park(parked)
-            if woken is None:
-                return
-            fn = woken
-
-    async def _park(self, parked: _Parked) -> Handler | None:
-        """Wait, parked, for :meth:`start_handler`'s next handler; None: enough tasks are parked."""
-        idle = self._idle_handlers
-        if len(idle) >= MAX_IDLE_HANDLERS:
-            return None
-
-        def abort(_: object) -> trio.lowlevel.Abort:  # cancelled while parked: the transport stops
-            idle.remove(parked)
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        idle.append(parked)
-        await trio.lowlevel.wait_task_rescheduled(abort)
-        woken, parked.fn = parked.fn, None
-        return woken
 
     def flush(self, last: Endpoint | None = None) -> None:
         """Write out every connection something was queued on, then report the calls that

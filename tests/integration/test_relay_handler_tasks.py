@@ -13,7 +13,7 @@ import trio
 
 from krproxy import calls
 from krproxy.forward import Forward, Reply
-from krproxy.relay import Relay, transport
+from krproxy.relay import Relay, _handlers
 from tests.integration.handover_support import ECHO, SILENT, Harness
 from tests.integration.support import LIVENESS_LIMIT, in_thread, raw_unary, serve_relay, wait_until
 
@@ -42,7 +42,7 @@ async def test_a_parked_task_runs_the_next_handler(
     assert 1 == len(tasks)
     assert [b"0", b"1", b"2"] == [ctx.request for _, ctx, _ in seen if ctx is not None]
     assert 3 == len({id(ctx) for _, ctx, _ in seen})
-    parked = relay.transport._idle_handlers
+    parked = relay.transport.handlers.idle
     assert [None] == [p.fn for p in parked]
     assert tasks == {p.task for p in parked}
     assert None is parked[0].task.context.get(calls.CURRENT)  # the last call is not kept alive
@@ -51,8 +51,8 @@ async def test_a_parked_task_runs_the_next_handler(
 async def test_calls_at_once_get_tasks_of_their_own(
     relay: Relay, nursery: trio.Nursery, short_tmp: Path, channel_to: Callable[[str], grpc.Channel]
 ) -> None:
-    """Handlers waiting at once run in as many tasks; at most MAX_IDLE_HANDLERS stay parked after."""
-    count = transport.MAX_IDLE_HANDLERS + 2
+    """Handlers waiting at once run in as many tasks; at most MAX_IDLE stay parked after."""
+    count = _handlers.MAX_IDLE + 2
     arrived: list[trio.lowlevel.Task] = []
     release = trio.Event()
 
@@ -79,7 +79,7 @@ async def test_calls_at_once_get_tasks_of_their_own(
 
     assert sorted(b"%d" % n for n in range(count)) == sorted(answers)
     assert count == len(set(arrived))
-    assert transport.MAX_IDLE_HANDLERS == len(relay.transport._idle_handlers)
+    assert _handlers.MAX_IDLE == len(relay.transport.handlers.idle)
 
 
 async def test_a_cancelled_call_leaves_its_task_to_the_next(
@@ -159,9 +159,9 @@ async def test_parked_tasks_end_with_the_transport(short_tmp: Path) -> None:
             async def handler(scope: trio.CancelScope) -> None:
                 done.set()
 
-            relay.transport.start_handler(handler)
+            relay.transport.handlers.start(handler)
             await done.wait()
             await trio.testing.wait_all_tasks_blocked()
-            assert 1 == len(relay.transport._idle_handlers)
+            assert 1 == len(relay.transport.handlers.idle)
             nursery.cancel_scope.cancel()
-    assert [] == relay.transport._idle_handlers
+    assert [] == relay.transport.handlers.idle
