@@ -1,7 +1,7 @@
 """One CRI call as the proxy handled it: collected while it runs, handed to observers after.
 
 The relay opens a :class:`CallContext` for every call with hook points and makes it current
-(a ``ContextVar``: each such call runs in a task of its own, so contexts never mix). Code on
+(a ``ContextVar``: each such call runs in a task of its own, one call at a time, so contexts never mix). Code on
 the call's path adds to it — the dispatcher the hook outcomes, the relay the bytes it sent to
 the runtime and the time the runtime took. When the call ends, the relay freezes
 it into a :class:`CallRecord` and passes that to every observer (metrics, the recorder).

@@ -104,6 +104,7 @@ class HookRuntime:
 
     def __attrs_post_init__(self) -> None:
         self.lifecycle = Lifecycle(self.store, self.dispatcher.run, self.skip_label)
+        self.store.count_label(*self.skip_label)  # (a watch asks whether any stored pod skips hooks)
 
     def interceptors(self) -> dict[str, Interceptor]:
         handlers: dict[str, Handler] = {

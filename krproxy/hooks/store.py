@@ -72,6 +72,25 @@ class HookStore:
     _containers: dict[str, ContainerInfo] = attrs.field(factory=dict, init=False)
     _pod_ids: IdIndex = attrs.field(factory=IdIndex, init=False)
     _container_ids: IdIndex = attrs.field(factory=IdIndex, init=False)
+    _counted: tuple[str, str] | None = attrs.field(default=None, init=False)  # the label count_label counts
+    _labelled: int = attrs.field(default=0, init=False)
+
+    # --- a label's pods ---
+
+    def count_label(self, key: str, value: str) -> None:
+        """Count the stored pods carrying label *key* with exactly *value* from now on (:attr:`labelled`):
+        the skip label, which a hooked call's watch looks for on every CreateContainer."""
+        self._counted = (key, value)
+        self._labelled = sum(1 for pod in self._pods.values() if pod.has_label(key, value))
+
+    @property
+    def labelled(self) -> int:
+        """How many stored pods carry the label :meth:`count_label` counts (0 before it is called)."""
+        return self._labelled
+
+    def _count(self, pod: PodInfo | None) -> int:
+        counted = self._counted
+        return 1 if counted is not None and pod is not None and pod.has_label(*counted) else 0
 
     # --- which object ---
 
@@ -92,6 +111,8 @@ class HookStore:
 
     def put_pod(self, sandbox_id: str, pod: PodInfo) -> None:
         """Store (or replace) the record of sandbox *sandbox_id*."""
+        if self._counted is not None:
+            self._labelled += self._count(pod) - self._count(self._pods.get(sandbox_id))
         self._pods[sandbox_id] = pod
         self._pod_ids.add(sandbox_id)
 
@@ -102,7 +123,9 @@ class HookStore:
     def delete_pod(self, sandbox_id: str) -> PodInfo | None:
         """Drop the pod record only (StopPodSandbox); return it, or None if there was none."""
         self._pod_ids.discard(sandbox_id)
-        return self._pods.pop(sandbox_id, None)
+        pod = self._pods.pop(sandbox_id, None)
+        self._labelled -= self._count(pod)
+        return pod
 
     def remove_pod(self, sandbox_id: str) -> tuple[str, ...]:
         """Drop the pod record and every container record of that sandbox (RemovePodSandbox); return the ids
@@ -168,6 +191,8 @@ class HookStore:
         container)`` pairs."""
         self._pods = dict(pods)
         self._containers = dict(containers)
+        if self._counted is not None:
+            self.count_label(*self._counted)
         self._pod_ids.replace(self._pods)
         self._container_ids.replace(self._containers)
 

@@ -111,8 +111,11 @@ class _Watches:
         point = HookPoint.PRE_CREATE_CONTAINER
         plugins = hooks.dispatcher.plugins_for(point)
         if plugins:
-            # Hooks run unless the pod skips them: read only its id (the request is decoded once, by the
-            # interceptor, for a call that runs hooks); a pod the store lacks goes to the interceptor.
+            # Hooks run unless the pod skips them: none does, if no stored pod carries the skip label (a
+            # pod the store lacks goes to the interceptor); else read only its id (the request is decoded
+            # once, by the interceptor, for a call that runs hooks).
+            if not hooks.store.labelled:
+                return None
             sandbox_id = plain_id(cri.CreateContainerRequest, data, "pod_sandbox_id")
             try:
                 full = hooks.store.resolve_pod(sandbox_id) if sandbox_id else None

@@ -64,6 +64,7 @@ class Exchange(_OwnSide):
         "limit",
         "refused",
         "reset_code",
+        "timed_out",
         "trailers",
         "upstream",
     )
@@ -81,9 +82,16 @@ class Exchange(_OwnSide):
         self.done = trio.Event()
         self.finished = False
         self.backend_clock = 0.0
+        self.timed_out = False  # the deadline passed before the answer came (expire)
 
     def settle(self) -> None:
         settle_own(self)
+
+    def expire(self) -> None:
+        """The call's deadline passed (the transport's timer): done, without an answer."""
+        if not self.done.is_set():
+            self.timed_out = True
+            self.done.set()
 
     def on_reply_headers(self, headers: Headers, end: bool) -> None:
         if end:

@@ -157,7 +157,7 @@ class LocalCall:
             if not self._started and not state.finished and not state.answered:
                 self._started = True
                 if not self._pass_watched():
-                    state.transport.nursery.start_soon(self._handle)
+                    state.transport.handlers.start(self._handle)
 
     def on_request_trailers(self, headers: Headers) -> None:
         self.on_request_data(b"", True)
@@ -233,7 +233,9 @@ class LocalCall:
             LOGGER.warning("%s: the runtime's compressed answer is unreadable here: %s", self.state.path, err)
             return None
 
-    async def _handle(self) -> None:
+    async def _handle(self, scope: trio.CancelScope) -> None:
+        """Run the interceptor in *scope* (its task's: :class:`~krproxy.relay._handlers.HandlerTasks`), which the call's
+        state cancels (the caller gone, the deadline passed) until the interceptor is done."""
         state = self.state
         if state.finished or state.answered:  # reset or failed before this task ran: cancelled
             return
@@ -245,22 +247,22 @@ class LocalCall:
             if tap.first is None or tap.messages < 1:
                 raise GRPCError(Status.INTERNAL, "the request carried no complete message")
             ctx.request = bytes(tap.first)
-            with trio.CancelScope() as state.scope:
-                if tap.compressed:
-                    ctx.request = await self._decompressed(ctx.request)
-                reply = await self._interceptor(
-                    state.path, ctx.request, CallForward(self._forward, self.hand_over)
-                )
-                if reply is _HANDED_OVER:
-                    if not state.answered:  # (the deadline may have passed meanwhile)
-                        self._send_handed()
-                    return
-                ctx.reply, ctx.replies = reply.message, 1  # before answering: that may finish the call
-                self._answer(
-                    reply.headers or PLAIN_HEADERS,
-                    grpc_message(reply.message),
-                    reply.trailers or PLAIN_TRAILERS,
-                )
+            state.scope = scope
+            if tap.compressed:
+                ctx.request = await self._decompressed(ctx.request)
+            reply = await self._interceptor(
+                state.path, ctx.request, CallForward(self._forward, self.hand_over)
+            )
+            if reply is _HANDED_OVER:
+                if not state.answered:  # (the deadline may have passed meanwhile)
+                    self._send_handed()
+                return
+            ctx.reply, ctx.replies = reply.message, 1  # before answering: that may finish the call
+            self._answer(
+                reply.headers or PLAIN_HEADERS,
+                grpc_message(reply.message),
+                reply.trailers or PLAIN_TRAILERS,
+            )
         except CloseConnection:
             state.client.ep.close("the handler closed the connection")
         except BackendError as err:
@@ -276,6 +278,7 @@ class LocalCall:
             self._answer(None, None, status_fields(unknown.status, unknown.message, None), unknown)
             forget_traceback(err)
         finally:
+            state.scope = None  # the task's next handler runs in it: this call cancels it no more
             state.transport.flush()
 
     async def _decompressed(self, data: bytes) -> bytes:

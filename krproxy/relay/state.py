@@ -136,6 +136,10 @@ class CallState:
             self.upstream.abort(f.CANCEL)
         self.settle()
 
+    def expire(self) -> None:
+        """The caller's deadline passed (the transport's timer)."""
+        self.fail(Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {self.describe}")
+
     def caller_gone(self) -> None:
         """The caller reset the stream or its connection closed."""
         if self.scope is not None:

@@ -32,6 +32,7 @@ from krproxy import calls, log
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.h2 import frames as f
 from krproxy.relay import connection
+from krproxy.relay._handlers import HandlerTasks
 from krproxy.relay.call import report
 from krproxy.relay.connection import STOPPED, Endpoint, Headers
 from krproxy.relay.exchange import Exchange
@@ -132,6 +133,8 @@ class Transport:
         self._dead_timers = 0
         self._seq = itertools.count()
         self._timer: trio.CancelScope | None = None
+        #: The tasks calls' handlers run in (:class:`krproxy.relay._handlers.HandlerTasks`).
+        self.handlers = HandlerTasks()
 
     # -- running -----------------------------------------------------------------------
 
@@ -143,7 +146,7 @@ class Transport:
         """
         try:
             async with trio.open_nursery() as nursery:
-                self.nursery = nursery
+                self.nursery = self.handlers.nursery = nursery
                 nursery.start_soon(self._expire_deadlines)
                 task_status.started()
                 await trio.sleep_forever()
@@ -247,12 +250,9 @@ class Transport:
         """A call of a caller's is over: its deadline entry dropped, its ``kind`` reported (now,
         or at the next :meth:`flush` while :attr:`defer_records`)."""
         self.in_flight -= 1
-        if call.timer is not None:
-            # The entry stays in the heap until due (kubelet's deadlines are minutes long), but
-            # not the finished call, with its request and reply.
-            call.timer[2] = None
+        if call.timer is not None:  # (not the finished call, with its request and reply)
+            self._drop_timer(call.timer)
             call.timer = None
-            self._dead_timers += 1
         if self.in_flight == 0 and self._idle_waiters:
             for event in self._idle_waiters:
                 event.set()
@@ -338,18 +338,21 @@ class Transport:
         ep.open_stream(upstream, f.encode_headers(own_call_headers(path, deadline, metadata)), False)
         upstream.send_data(framed, True)
         self.flush()
+        # The deadline is the transport's timer's (as a caller's call's), not a cancel scope of this
+        # task's: entering and leaving one cost each plugin call ~50 Python calls.
+        timer = None if watched or deadline == math.inf else self._add_timer(exchange, deadline)
         try:
-            if watched or deadline == math.inf:
-                await exchange.done.wait()
-            else:
-                with trio.move_on_at(deadline):
-                    await exchange.done.wait()
+            await exchange.done.wait()
         finally:
-            if not exchange.done.is_set():  # the deadline passed, or our caller was cancelled
+            if timer is not None:
+                self._drop_timer(timer)
+            if (
+                exchange.timed_out or not exchange.done.is_set()
+            ):  # the deadline passed, or our caller was cancelled
                 upstream.abort(f.CANCEL)
                 exchange.settle()
                 self.flush()
-        if not exchange.done.is_set():
+        if exchange.timed_out:
             raise TimeoutError()
         return exchange
 
@@ -371,8 +374,13 @@ class Transport:
 
     def _add_deadline(self, call: CallState, deadline: float) -> None:
         call.deadline = deadline
-        call.timer = [deadline, next(self._seq), call]
-        heapq.heappush(self._deadlines, call.timer)
+        call.timer = self._add_timer(call, deadline)
+
+    def _add_timer(self, due: CallState | Exchange, deadline: float) -> list[Any]:
+        """Have ``due.expire()`` called at ``deadline`` (trio time) unless the entry returned is
+        dropped first (:meth:`_drop_timer`)."""
+        entry = [deadline, next(self._seq), due]
+        heapq.heappush(self._deadlines, entry)
         if self._timer is not None and deadline < self._timer.deadline:
             self._timer.deadline = deadline
         # Entries of finished calls stay until due: rebuild the heap without them once they are
@@ -381,6 +389,13 @@ class Transport:
             self._deadlines = [entry for entry in self._deadlines if entry[2] is not None]
             heapq.heapify(self._deadlines)
             self._dead_timers = 0
+        return entry
+
+    def _drop_timer(self, entry: list[Any]) -> None:
+        """Forget a timer of :meth:`_add_timer`'s: its entry stays in the heap until due (kubelet's
+        deadlines are minutes long), but not what it would have expired."""
+        entry[2] = None
+        self._dead_timers += 1
 
     async def _expire_deadlines(self) -> None:
         while True:
@@ -390,12 +405,12 @@ class Transport:
             self._timer = None
             now = trio.current_time()
             heap = self._deadlines
-            while heap and heap[0][0] <= now:
-                call = heapq.heappop(heap)[2]
-                if call is None:  # finished before its deadline
+            while heap and (heap[0][0] <= now or heap[0][2] is None):  # due, or dropped: not waited for
+                due = heapq.heappop(heap)[2]
+                if due is None:  # finished before its deadline
                     self._dead_timers -= 1
                 else:
-                    call.fail(Status.DEADLINE_EXCEEDED, f"deadline exceeded waiting for {call.describe}")
+                    due.expire()
             self.flush()
 
     # -- shutdown ----------------------------------------------------------------------

@@ -19,7 +19,8 @@ from krproxy.forward import RUNTIME_PREFIX
 from krproxy.grpcstatus import Status
 from krproxy.hooks import answers, convert, encode, merge, rewrite, validate
 from krproxy.hooks.dispatch import Dispatcher
-from krproxy.hooks.model import PodInfo
+from krproxy.hooks.model import FrozenMap, PodInfo
+from krproxy.hooks.registration import Registry
 from krproxy.hooks.required import Requirements
 from krproxy.hooks.runtime import HookRuntime
 from krproxy.hooks.store import HookStore
@@ -127,3 +128,41 @@ def test_watched_create_keeps_its_record() -> None:
 
     stored = hooks.store.get_container("c" * 64)
     assert stored is not None and ("c0", POD) == (stored.name, stored.pod)
+
+
+#: What the watch of a CreateContainer with a plugin at its point (hooks to run: the interceptor's) may run on
+#: the caller's reader when no stored pod carries the skip label: the count when set (8; 44 while it read the
+#: pod's id and record to look for the label), and 2 more.
+HOOKED_WATCH_BUDGET = 10
+
+
+def _plugin_runtime(*pods: tuple[str, PodInfo]) -> HookRuntime:
+    """A recovered runtime with one plugin at PreCreateContainer and *pods* stored."""
+    store = HookStore()
+    for sandbox_id, pod in pods:
+        store.put_pod(sandbox_id, pod)
+    dispatcher = Dispatcher(None)  # type: ignore[arg-type]
+    registration = b'{"remote-endpoint": "/run/p.sock", "runtime-hooks": ["PreCreateContainer"]}'
+    dispatcher.publish(Registry().apply("p.json", registration))
+    hooks = HookRuntime(store, dispatcher, ("skip", "true"), _Guard())  # type: ignore[arg-type]
+    hooks.mark_recovered()
+    return hooks
+
+
+def test_hooked_create_watch_within_budget() -> None:
+    """The watch of a CreateContainer whose hooks run says so within its budget, no pod skipping hooks."""
+    watch = _plugin_runtime(("0" * 64, POD)).watches()[RUNTIME_PREFIX + "CreateContainer"]
+
+    assert None is watch(DATA)  # (the registry reads the point's plugins once, then keeps them)
+    assert calls_of(lambda: watch(DATA)) <= HOOKED_WATCH_BUDGET
+
+
+def test_hooked_create_watch_finds_a_skipping_pod() -> None:
+    """The same watch still gives a watcher for the pod that carries the skip label, and only for it."""
+    skipping = PodInfo(name="s", namespace="bench", uid="s-0", labels=FrozenMap({"skip": "true"}))
+    hooks = _plugin_runtime(("0" * 64, skipping))
+    watch = hooks.watches()[RUNTIME_PREFIX + "CreateContainer"]
+    assert watch(DATA) is not None
+
+    hooks.store.put_pod("0" * 64, POD)
+    assert None is watch(DATA)

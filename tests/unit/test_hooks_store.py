@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from krproxy.hooks.model import ContainerInfo, PodInfo
+from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo
 from krproxy.hooks.store import HookStore, StoreStatistics
 
 POD = PodInfo(name="web", uid="u1", namespace="default")
@@ -92,3 +92,30 @@ class TestHookStore:
     def test_statistics_frozen_empty(self) -> None:
         """An empty store reports zeros."""
         assert StoreStatistics(pods=0, containers=0, orphan_containers=0) == HookStore().statistics()
+
+    def test_counts_the_pods_of_a_label(self) -> None:
+        """count_label counts the stored pods carrying it, through put, replace, delete, remove and load."""
+        skipping = PodInfo(name="s", uid="u2", namespace="default", labels=FrozenMap({"skip": "true"}))
+        store = HookStore()
+        store.put_pod("sb1", skipping)
+        assert 0 == store.labelled  # nothing counted yet
+        store.count_label("skip", "true")
+        seen = [store.labelled]
+
+        store.put_pod("sb2", skipping)
+        seen.append(store.labelled)
+        store.put_pod("sb2", skipping)  # replaced by itself: counted once
+        seen.append(store.labelled)
+        store.put_pod("sb2", POD)  # replaced by a pod without the label
+        seen.append(store.labelled)
+        store.delete_pod("sb1")
+        seen.append(store.labelled)
+        store.put_pod("sb3", skipping)
+        store.remove_pod("sb3")
+        seen.append(store.labelled)
+        store.load([("a", skipping), ("b", skipping), ("c", POD)], [])
+        seen.append(store.labelled)
+        store.delete_pod("missing")
+        seen.append(store.labelled)
+
+        assert [1, 2, 2, 1, 0, 0, 2, 2] == seen
