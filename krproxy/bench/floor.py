@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import functools
 import json
 import os
 import signal
@@ -233,6 +232,10 @@ class _Upstream:
             self.waiting = collections.deque(w for w in self.waiting if w[2] is not call)
 
 
+class _Lost(Exception):
+    """An upstream connection ended: the floor proxy stops (:attr:`FloorProxy.lost` says which)."""
+
+
 class FloorProxy:
     """The floor proxy (module docstring): callers in, one runtime connection, at most one hook server's."""
 
@@ -244,6 +247,7 @@ class FloorProxy:
         self.hook_calls: dict[bytes, tuple[bytes, bytes]] = {}  # CRI path -> (hook headers, request)
         self.dirty: list[_Peer] = []
         self.counts = {"calls": 0, "hook_calls": 0, "hook_failures": 0}
+        self.lost = ""  # why it stopped, if an upstream connection ended
 
     async def run(
         self, listen: str, backend: str, hook: str | None, task_status: trio.TaskStatus[None]
@@ -251,11 +255,11 @@ class FloorProxy:
         async with trio.open_nursery() as nursery:
             self.backend = _Upstream(_Peer(_connect(backend), Role.CLIENT, nursery))
             self.upstreams.append(self.backend)
-            nursery.start_soon(self._read_upstream, self.backend, self._on_backend)
+            nursery.start_soon(self._read_upstream, "the runtime", self.backend, self._on_backend)
             if hook is not None:
                 self.hook = _Upstream(_Peer(_connect(hook), Role.CLIENT, nursery))
                 self.upstreams.append(self.hook)
-                nursery.start_soon(self._read_upstream, self.hook, self._on_hook)
+                nursery.start_soon(self._read_upstream, "the hook server", self.hook, self._on_hook)
                 for path, (point, method) in HOOKED.items():
                     if point in self.points:
                         self.hook_calls[path] = (_hook_headers(method), hook_request(point))
@@ -264,9 +268,13 @@ class FloorProxy:
             task_status.started()
             await _accept(listener, nursery, lambda peer: self._serve_caller(_Caller(peer)))
 
-    async def _read_upstream(self, upstream: _Upstream, handle: Callable[[_Peer, list[Any]], None]) -> None:
+    async def _read_upstream(
+        self, name: str, upstream: _Upstream, handle: Callable[[_Peer, list[Any]], None]
+    ) -> None:
+        """Read ``upstream`` until it closes; then the program stops (the floor does not reconnect)."""
         await upstream.peer.read(handle, self._flush)
-        raise RuntimeError("an upstream connection ended (the floor does not reconnect)")
+        self.lost = f"{name} closed its connection"
+        raise _Lost()
 
     async def _serve_caller(self, caller: _Caller) -> None:
         try:
@@ -416,10 +424,16 @@ class FloorHookServer:
 
     def __init__(self) -> None:
         self.answered: collections.Counter[bytes] = collections.Counter()
+        #: The registration file written (None: none), removed by the caller of :meth:`run`.
+        self.registration: str | None = None
 
-    async def run(self, listen: str, task_status: trio.TaskStatus[None]) -> None:
+    async def run(
+        self, listen: str, hook_dir: str | None, points: list[str], task_status: trio.TaskStatus[None]
+    ) -> None:
         async with trio.open_nursery() as nursery:
             listener = _listen(listen)
+            if hook_dir is not None:  # before any caller's handshake can finish: ready means registered
+                self.registration = register(hook_dir, listen, points)
             task_status.started()
             await _accept(listener, nursery, self._serve)
 
@@ -501,15 +515,11 @@ async def _accept(
         nursery.start_soon(serve, _Peer(sock, Role.SERVER, nursery))
 
 
-async def _until_signalled(
-    start: Callable[..., Any], *args: Any, started: Callable[[], None] | None = None
-) -> None:
-    """Run ``start(*args, task_status=...)`` (then ``started()``, once it listens) until SIGTERM or SIGINT."""
+async def _until_signalled(start: Callable[..., Any], *args: Any) -> None:
+    """Run ``start(*args, task_status=...)`` until SIGTERM or SIGINT."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(start, *args)
-            if started is not None:
-                started()
             async for _ in signals:
                 nursery.cancel_scope.cancel()
                 break
@@ -537,22 +547,19 @@ def main(argv: list[str] | None = None) -> int:
     points = [p for p in args.points.split(",") if p]
     if args.program == "proxy":
         floor = FloorProxy(set(points))
-        trio.run(_until_signalled, floor.run, args.listen, args.backend, args.hook)
+        try:
+            trio.run(_until_signalled, floor.run, args.listen, args.backend, args.hook)
+        except* _Lost:
+            print(f"floor proxy: {floor.lost}", file=sys.stderr, flush=True)
         counts = " ".join(f"{name}={value}" for name, value in floor.counts.items())
         print(f"floor proxy stopped: {counts}", file=sys.stderr, flush=True)
-        return 0
+        return 1 if floor.lost else 0
     server = FloorHookServer()
-    registration: list[str] = []
-
-    def registered() -> None:
-        if args.hook_dir is not None:
-            registration.append(register(args.hook_dir, os.path.abspath(args.socket), points))
-
     try:
-        trio.run(functools.partial(_until_signalled, server.run, args.socket, started=registered))
+        trio.run(_until_signalled, server.run, os.path.abspath(args.socket), args.hook_dir, points)
     finally:
-        for path in registration:
-            os.unlink(path)
+        if server.registration is not None:
+            os.unlink(server.registration)
     answered = " ".join(f"{path.decode(errors='replace')}={n}" for path, n in sorted(server.answered.items()))
     total = sum(server.answered.values())
     print(f"floor hook server stopped: answered={total} {answered}".rstrip(), file=sys.stderr, flush=True)
