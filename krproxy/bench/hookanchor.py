@@ -23,7 +23,8 @@ server, krproxy's added latency at most the Go proxy's. The goal beyond is 0.8x 
 
 Measured in the same rounds, the floor of that work on krproxy's stack (:mod:`krproxy.bench.floor`: trio,
 the HTTP/2 core and the sockets, none of krproxy's hook logic): the floor proxy + Go hook server, the Go
-proxy + floor hook server, and the floor proxy with no hook server. Their ratios (:data:`FLOOR_RATIOS`:
+proxy + floor hook server, the floor proxy + floor hook server (the floor of krproxy + SDK hook server),
+and the floor proxy with no hook server. Their ratios (:data:`FLOOR_RATIOS`:
 against Go+Go, and krproxy's against the floor's) are printed beside the targets, with no verdict: they
 say whether a target is reachable on this stack at all, and how far krproxy is above its floor.
 
@@ -55,6 +56,7 @@ CASES: dict[str, tuple[str, str | None]] = {
     "floor_go": ("floor", "go"),
     "go_floor": ("go", "floor"),
     "floor_none": ("floor", None),
+    "floor_floor": ("floor", "floor"),
 }
 
 TITLES = {
@@ -67,6 +69,7 @@ TITLES = {
     "floor_go": "floor proxy + Go hook server",
     "go_floor": "Go proxy + floor hook server",
     "floor_none": "floor proxy, no hook server",
+    "floor_floor": "floor proxy + floor hook server",
 }
 
 #: Issue 38's targets: ratio name -> (what it compares, the most it may be).
@@ -105,6 +108,18 @@ FLOOR_RATIOS = {
         "hook_cpu_ms",
         "go_go",
     ),
+    "floor_pair_latency": (
+        "floor proxy + floor hook server, latency added vs Go+Go",
+        "floor_floor",
+        "added_ms",
+        "go_go",
+    ),
+    "floor_pair_proxy_cpu": (
+        "floor proxy + floor hook server, proxy CPU vs Go+Go",
+        "floor_floor",
+        "proxy_cpu_ms",
+        "go_go",
+    ),
     "floor_no_hook_latency": (
         "no hook server, the floor proxy's latency added vs the Go proxy's",
         "floor_none",
@@ -116,6 +131,18 @@ FLOOR_RATIOS = {
         "floor_none",
         "proxy_cpu_ms",
         "go_none",
+    ),
+    "above_floor_pair_latency": (
+        "krproxy + SDK hook server, latency added vs the floor pair's",
+        "krproxy_sdk",
+        "added_ms",
+        "floor_floor",
+    ),
+    "above_floor_pair_proxy_cpu": (
+        "krproxy + SDK hook server, proxy CPU vs the floor pair's",
+        "krproxy_sdk",
+        "proxy_cpu_ms",
+        "floor_floor",
     ),
     "above_floor_latency": (
         "krproxy + Go hook server, latency added vs the floor proxy's",
@@ -335,13 +362,13 @@ def report_hook_anchor(r: dict[str, Any]) -> list[str]:
         f" direct median {statistics.median(x['direct_ms'] for x in r['rounds']):.3f} ms"
     )
     lines.append(
-        f"  {'target':<28} {'added ms':>9} {'(by round)':<34} {'proxy CPU ms':>12} {'hook CPU ms':>12}"
+        f"  {'target':<31} {'added ms':>9} {'(by round)':<34} {'proxy CPU ms':>12} {'hook CPU ms':>12}"
     )
     for label, figures in r["median"].items():
         by_round = "/".join(f"{x[label]['added_ms']:.2f}" for x in r["rounds"])
         hook = f"{figures['hook_cpu_ms']:12.3f}" if "hook_cpu_ms" in figures else f"{'-':>12}"
         lines.append(
-            f"  {TITLES[label]:<28} {figures['added_ms']:+9.3f} {by_round:<34} {figures['proxy_cpu_ms']:12.3f} {hook}"
+            f"  {TITLES[label]:<31} {figures['added_ms']:+9.3f} {by_round:<34} {figures['proxy_cpu_ms']:12.3f} {hook}"
         )
     lines.append("  (proxy CPU per create + remove, hook server CPU per call)")
     lines.append("  medians of per-round ratios against Go+Go:")
