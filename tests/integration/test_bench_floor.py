@@ -91,6 +91,11 @@ def _counts(tmp_path: Path, name: str, prefix: str) -> dict[str, str]:
     return dict(field.partition("=")[::2] for field in lines[0][len(prefix) :].split())
 
 
+def _counted(counts: dict[str, str]) -> dict[str, str]:
+    """The counts without ``lost=runtime``: said when the runtime, stopped first, closed before the proxy."""
+    return {key: value for key, value in counts.items() if key != "lost"}
+
+
 def test_create_calls_the_hook_then_the_runtime(procs: Processes, tmp_path: Path) -> None:
     """A CreateContainer through the floor proxy makes one PreCreateContainerHook call; the runtime gets
     the request as it was sent; RunPodSandbox goes by without a hook call."""
@@ -101,7 +106,7 @@ def test_create_calls_the_hook_then_the_runtime(procs: Processes, tmp_path: Path
     hook = _counts(tmp_path, "hook", "floor hook server stopped:")
     assert {"answered": "1", f"/runtime.v1alpha1.RuntimeHookService/{CREATE}": "1"} == hook
     proxy = _counts(tmp_path, "proxy", "floor proxy stopped:")
-    assert {"calls": "2", "hook_calls": "1", "hook_failures": "0"} == proxy
+    assert {"calls": "2", "hook_calls": "1", "hook_failures": "0"} == _counted(proxy)
 
 
 def test_no_hook_server_forwards_create_as_is(procs: Processes, tmp_path: Path) -> None:
@@ -109,9 +114,8 @@ def test_no_hook_server_forwards_create_as_is(procs: Processes, tmp_path: Path) 
     _, config = _create(*_start(procs, tmp_path, hook=False))
     assert [{"key": "A", "value": "1"}] == config["envs"]
     procs.stop()
-    assert {"calls": "2", "hook_calls": "0", "hook_failures": "0"} == _counts(
-        tmp_path, "proxy", "floor proxy stopped:"
-    )
+    proxy = _counts(tmp_path, "proxy", "floor proxy stopped:")
+    assert {"calls": "2", "hook_calls": "0", "hook_failures": "0"} == _counted(proxy)
 
 
 def test_registration_is_what_krproxy_hooks_serve_writes(procs: Processes, tmp_path: Path) -> None:
