@@ -106,9 +106,10 @@ class _Peer:
                 self.nursery.start_soon(self._write_rest)
 
     async def _write_rest(self) -> None:
-        while self.h2.output:
-            await trio.lowlevel.wait_writable(self.sock)
-            self._send()
+        with contextlib.suppress(trio.ClosedResourceError):  # closed by its reader meanwhile
+            while self.h2.output:
+                await trio.lowlevel.wait_writable(self.sock)
+                self._send()
         self.writing = False
 
     def _send(self) -> None:
@@ -476,9 +477,13 @@ def main(argv: list[str] | None = None) -> int:
     points = [p for p in args.points.split(",") if p]
     if args.program == "proxy":
         floor = FloorProxy(set(points))
-        trio.run(_until_signalled, floor.run, args.listen, args.backend, args.hook)
-        counts = " ".join(f"{name}={value}" for name, value in floor.counts.items())
-        print(f"floor proxy stopped: {counts} {floor.lost}".rstrip(), file=sys.stderr, flush=True)
+        # A SIGTERM after trio's receiver is gone (run() ended: an upstream closed first) must not kill it.
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        try:  # the counts even after an error (its traceback follows them)
+            trio.run(_until_signalled, floor.run, args.listen, args.backend, args.hook)
+        finally:
+            counts = " ".join(f"{name}={value}" for name, value in floor.counts.items())
+            print(f"floor proxy stopped: {counts} {floor.lost}".rstrip(), file=sys.stderr, flush=True)
         return 1 if floor.lost else 0
     server = FloorHookServer()
     try:
@@ -486,13 +491,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server.registration is not None:
             os.unlink(server.registration)
-    answered = [f"{path.decode(errors='replace')}={n}" for path, n in sorted(server.answered.items())]
-    print(
-        f"floor hook server stopped: answered={server.answered.total()}",
-        *answered,
-        file=sys.stderr,
-        flush=True,
-    )
+        answered = [f"{path.decode(errors='replace')}={n}" for path, n in sorted(server.answered.items())]
+        print(f"floor hook server stopped: answered={server.answered.total()}", *answered, file=sys.stderr)
     return 0
 
 

@@ -333,10 +333,11 @@ def _check_logs(workdir: str, creates: int) -> None:
 def _check_counts(workdir: str, name: str, prefix: str, want: dict[str, int]) -> None:
     """RuntimeError unless ``name``'s log has a line ``prefix key=value ...`` with the values of ``want``."""
     with open(os.path.join(workdir, f"{name}.log"), errors="replace") as f:
-        lines = [line.split()[len(prefix.split()) :] for line in f if line.startswith(prefix)]
+        log = f.read().splitlines()
+    lines = [line.split()[len(prefix.split()) :] for line in log if line.startswith(prefix)]
     got = dict(field.partition("=")[::2] for field in lines[-1]) if lines else {}
     if any(got.get(key) != str(value) for key, value in want.items()):
-        said = " ".join(lines[-1]) if lines else "no counts (did it stop on SIGTERM?)"
+        said = " ".join(lines[-1]) if lines else f"no counts (killed? its log ends {log[-3:]!r})"
         raise RuntimeError(
             f"{name} logged {said}, not {want}: the floor's figures would not be a hooked call's"
         )
