@@ -21,6 +21,13 @@ Issue 38's targets (:data:`TARGETS`): krproxy + SDK hook server at most 1.3x Go+
 1.2x its proxy CPU; the SDK hook server at most 1.2x the Go hook server's CPU per call; with no hook
 server, krproxy's added latency at most the Go proxy's. The goal beyond is 0.8x on each.
 
+Measured in the same rounds, the floor of that work on krproxy's stack (:mod:`krproxy.bench.floor`: trio,
+the HTTP/2 core and the sockets, none of krproxy's hook logic): the floor proxy + Go hook server, the Go
+proxy + floor hook server, the floor proxy + floor hook server (the floor of krproxy + SDK hook server),
+and the floor proxy with no hook server. Their ratios (:data:`FLOOR_RATIOS`:
+against Go+Go, and krproxy's against the floor's) are printed beside the targets, with no verdict: they
+say whether a target is reachable on this stack at all, and how far krproxy is above its floor.
+
 ``python -m krproxy.bench --only-hook-anchor`` runs just this case; ``nox -s bench`` runs it with the
 others. Where the Go programs cannot be built, the case says why and is skipped.
 """
@@ -46,6 +53,10 @@ CASES: dict[str, tuple[str, str | None]] = {
     "krproxy_sdk": ("krproxy", "sdk"),
     "go_none": ("go", None),
     "krproxy_none": ("krproxy", None),
+    "floor_go": ("floor", "go"),
+    "go_floor": ("go", "floor"),
+    "floor_none": ("floor", None),
+    "floor_floor": ("floor", "floor"),
 }
 
 TITLES = {
@@ -55,6 +66,10 @@ TITLES = {
     "krproxy_sdk": "krproxy + SDK hook server",
     "go_none": "Go proxy, no hook server",
     "krproxy_none": "krproxy, no hook server",
+    "floor_go": "floor proxy + Go hook server",
+    "go_floor": "Go proxy + floor hook server",
+    "floor_none": "floor proxy, no hook server",
+    "floor_floor": "floor proxy + floor hook server",
 }
 
 #: Issue 38's targets: ratio name -> (what it compares, the most it may be).
@@ -64,6 +79,101 @@ TARGETS = {
     "hook_cpu": ("SDK hook server CPU per call vs the Go hook server's", 1.2),
     "no_hook_latency": ("no hook server, krproxy's latency added vs the Go proxy's", 1.0),
     "no_hook_cpu": ("no hook server, krproxy's CPU vs the Go proxy's (no target)", None),
+}
+
+#: The floor's ratios, printed as "floor: ..." (no target): name -> (what it compares, the target and
+#: its figure divided, the target it is divided by). Per round, as the targets' ratios are.
+FLOOR_RATIOS = {
+    "floor_latency": (
+        "floor proxy + Go hook server, latency added vs Go+Go",
+        "floor_go",
+        "added_ms",
+        "go_go",
+    ),
+    "floor_proxy_cpu": (
+        "floor proxy + Go hook server, proxy CPU vs Go+Go",
+        "floor_go",
+        "proxy_cpu_ms",
+        "go_go",
+    ),
+    "floor_hook_latency": (
+        "Go proxy + floor hook server, latency added vs Go+Go",
+        "go_floor",
+        "added_ms",
+        "go_go",
+    ),
+    "floor_hook_cpu": (
+        "floor hook server CPU per call vs the Go hook server's",
+        "go_floor",
+        "hook_cpu_ms",
+        "go_go",
+    ),
+    "floor_pair_latency": (
+        "floor proxy + floor hook server, latency added vs Go+Go",
+        "floor_floor",
+        "added_ms",
+        "go_go",
+    ),
+    "floor_pair_proxy_cpu": (
+        "floor proxy + floor hook server, proxy CPU vs Go+Go",
+        "floor_floor",
+        "proxy_cpu_ms",
+        "go_go",
+    ),
+    "floor_no_hook_latency": (
+        "no hook server, the floor proxy's latency added vs the Go proxy's",
+        "floor_none",
+        "added_ms",
+        "go_none",
+    ),
+    "floor_no_hook_cpu": (
+        "no hook server, the floor proxy's CPU vs the Go proxy's",
+        "floor_none",
+        "proxy_cpu_ms",
+        "go_none",
+    ),
+    "above_floor_pair_latency": (
+        "krproxy + SDK hook server, latency added vs the floor pair's",
+        "krproxy_sdk",
+        "added_ms",
+        "floor_floor",
+    ),
+    "above_floor_pair_proxy_cpu": (
+        "krproxy + SDK hook server, proxy CPU vs the floor pair's",
+        "krproxy_sdk",
+        "proxy_cpu_ms",
+        "floor_floor",
+    ),
+    "above_floor_latency": (
+        "krproxy + Go hook server, latency added vs the floor proxy's",
+        "krproxy_go",
+        "added_ms",
+        "floor_go",
+    ),
+    "above_floor_proxy_cpu": (
+        "krproxy + Go hook server, proxy CPU vs the floor proxy's",
+        "krproxy_go",
+        "proxy_cpu_ms",
+        "floor_go",
+    ),
+    "above_floor_hook_cpu": (
+        "SDK hook server CPU per call vs the floor hook server's",
+        "krproxy_sdk",
+        "hook_cpu_ms",
+        "go_floor",
+    ),
+    "above_floor_no_hook_latency": (
+        "no hook server, krproxy's latency added vs the floor proxy's",
+        "krproxy_none",
+        "added_ms",
+        "floor_none",
+    ),
+    "above_floor_no_hook_cpu": (
+        "no hook server, krproxy's CPU vs the floor proxy's",
+        "krproxy_none",
+        "proxy_cpu_ms",
+        "floor_none",
+    ),
 }
 
 #: The client's warm-up creates per target and run (krproxy.bench.client.create): their CPU is counted.
@@ -101,11 +211,15 @@ def hook_anchor(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
             hook_dir = os.path.join(workdir, f"hooks-{label}")
             os.makedirs(hook_dir)
             pids[label] = {}
+            socket = None
             if server is not None:
                 socket = sock(f"hook-{label}")
                 if server == "go":
                     argv = [gohookserver, "-socket", socket, "-hook-dir", hook_dir]
                     process = procs.start(f"hook-{label}", argv, socket, python=False)
+                elif server == "floor":
+                    argv = ["-m", "krproxy.bench.floor", "hook", "--socket", socket, "--hook-dir", hook_dir]
+                    process = procs.start(f"hook-{label}", argv, socket)
                 else:
                     process = procs.start(
                         f"hook-{label}", hook_server_argv(socket, hook_dir, workdir, PLAIN), socket
@@ -116,6 +230,11 @@ def hook_anchor(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
             if proxy == "go":
                 argv = [gohookproxy, "-listen", listen, "-backend", runtime, "-hook-dir", hook_dir]
                 process = procs.start(f"proxy-{label}", argv, listen, python=False)
+            elif proxy == "floor":  # given the hook server's socket: it reads no hook directory
+                argv = ["-m", "krproxy.bench.floor", "proxy", "--listen", listen, "--backend", runtime]
+                process = procs.start(
+                    f"proxy-{label}", [*argv, *(["--hook", socket] if socket else [])], listen
+                )
             else:
                 process = procs.start(f"proxy-{label}", _serve_args(listen, runtime, hook_dir), listen)
             pids[label]["proxy"] = process.pid
@@ -127,7 +246,7 @@ def hook_anchor(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
         load_end = os.getloadavg()
     finally:
         procs.stop()
-    _check_logs(workdir)
+    _check_logs(workdir, args.hook_anchor_rounds * (args.hook_anchor_calls + WARM_UP))
     return {
         "runtime": "fake containerd",
         "calls_per_round": args.hook_anchor_calls,
@@ -182,16 +301,20 @@ def _digest(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         per_round[f"{label}_proxy_cpu"] = [
             _ratio(r[label]["proxy_cpu_ms"], r["go_go"]["proxy_cpu_ms"]) for r in rounds
         ]
+    for name, (_, label, key, base) in FLOOR_RATIOS.items():
+        per_round[name] = [_ratio(r[label][key], r[base][key]) for r in rounds]
     ratios = {
         name: {"rounds": values, "median": statistics.median(values)} for name, values in per_round.items()
     }
     return {"median": figures, "ratios": ratios}
 
 
-def _check_logs(workdir: str) -> None:
-    """RuntimeError if a proxy logged a hook it skipped or a hook server that failed: the figures
-    would not be those of a hooked CreateContainer."""
-    for label, (proxy, _) in CASES.items():
+def _check_logs(workdir: str, creates: int) -> None:
+    """RuntimeError if a proxy logged a hook it skipped or a hook server that failed, or if a floor
+    program's counts, printed as it stopped (:mod:`krproxy.bench.floor`), are not ``creates`` hook
+    calls each (none for the floor proxy with no hook server): the figures would not be those of a
+    hooked CreateContainer."""
+    for label, (proxy, server) in CASES.items():
         marks = ("event=hook_",) if proxy == "krproxy" else ("hook failed", "not in the store")
         with open(os.path.join(workdir, f"proxy-{label}.log"), errors="replace") as f:
             problems = [line for line in f if any(mark in line for mark in marks)]
@@ -200,6 +323,24 @@ def _check_logs(workdir: str) -> None:
                 f"proxy-{label} did not run its hook on every call ({len(problems)} log lines like"
                 f" {problems[0].strip()!r}): the figures would not be those of a hooked CreateContainer"
             )
+        if proxy == "floor":
+            want = {"hook_calls": creates if server else 0, "hook_failures": 0}
+            _check_counts(workdir, f"proxy-{label}", "floor proxy stopped:", want)
+        if server == "floor":
+            _check_counts(workdir, f"hook-{label}", "floor hook server stopped:", {"answered": creates})
+
+
+def _check_counts(workdir: str, name: str, prefix: str, want: dict[str, int]) -> None:
+    """RuntimeError unless ``name``'s log has a line ``prefix key=value ...`` with the values of ``want``."""
+    with open(os.path.join(workdir, f"{name}.log"), errors="replace") as f:
+        log = f.read().splitlines()
+    lines = [line.split()[len(prefix.split()) :] for line in log if line.startswith(prefix)]
+    got = dict(field.partition("=")[::2] for field in lines[-1]) if lines else {}
+    if any(got.get(key) != str(value) for key, value in want.items()):
+        said = " ".join(lines[-1]) if lines else f"no counts (killed? its log ends {log[-3:]!r})"
+        raise RuntimeError(
+            f"{name} logged {said}, not {want}: the floor's figures would not be a hooked call's"
+        )
 
 
 def _verdict(value: float, most: float | None) -> str:
@@ -222,13 +363,13 @@ def report_hook_anchor(r: dict[str, Any]) -> list[str]:
         f" direct median {statistics.median(x['direct_ms'] for x in r['rounds']):.3f} ms"
     )
     lines.append(
-        f"  {'target':<28} {'added ms':>9} {'(by round)':<34} {'proxy CPU ms':>12} {'hook CPU ms':>12}"
+        f"  {'target':<31} {'added ms':>9} {'(by round)':<34} {'proxy CPU ms':>12} {'hook CPU ms':>12}"
     )
     for label, figures in r["median"].items():
         by_round = "/".join(f"{x[label]['added_ms']:.2f}" for x in r["rounds"])
         hook = f"{figures['hook_cpu_ms']:12.3f}" if "hook_cpu_ms" in figures else f"{'-':>12}"
         lines.append(
-            f"  {TITLES[label]:<28} {figures['added_ms']:+9.3f} {by_round:<34} {figures['proxy_cpu_ms']:12.3f} {hook}"
+            f"  {TITLES[label]:<31} {figures['added_ms']:+9.3f} {by_round:<34} {figures['proxy_cpu_ms']:12.3f} {hook}"
         )
     lines.append("  (proxy CPU per create + remove, hook server CPU per call)")
     lines.append("  medians of per-round ratios against Go+Go:")
@@ -239,4 +380,8 @@ def report_hook_anchor(r: dict[str, Any]) -> list[str]:
     for label in ("krproxy_go", "go_sdk"):
         latency, cpu = r["ratios"][f"{label}_latency"]["median"], r["ratios"][f"{label}_proxy_cpu"]["median"]
         lines.append(f"    {TITLES[label]}: latency added {latency:.2f}x, proxy CPU {cpu:.2f}x")
+    for name, (title, *_) in FLOOR_RATIOS.items():
+        ratio = r["ratios"][name]
+        rounds = "/".join(f"{v:.2f}" for v in ratio["rounds"])
+        lines.append(f"    floor: {title}: {ratio['median']:.2f}x ({rounds})")
     return lines

@@ -3,7 +3,10 @@ their median reported (not the ratio of the medians), and the report says which 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from krproxy.bench import hookanchor
 
@@ -50,3 +53,57 @@ def test_report_marks_each_target_met_or_missed() -> None:
 def test_a_skipped_run_says_why() -> None:
     lines = hookanchor.report_hook_anchor({"skipped": "tests/gohookproxy cannot be built: no Go"})
     assert "  skipped: tests/gohookproxy cannot be built: no Go" == lines[-1]
+
+
+def test_floor_ratios_are_printed_without_a_verdict() -> None:
+    """Each floor ratio is a "floor: ..." line, its per-round values beside it, no target verdict."""
+    rounds = [_round(1.0, 1.2), _round(1.0, 1.2)]
+    for r in rounds:
+        r["floor_go"]["added_ms"] = 0.5
+    result = {
+        "runtime": "fake containerd",
+        "calls_per_round": 10,
+        "load_average": {"start": [1.0, 1.0, 1.0], "end": [1.0, 1.0, 1.0]},
+        "rounds": rounds,
+        **hookanchor._digest(rounds),
+    }
+    lines = hookanchor.report_hook_anchor(result)
+    floor = [line for line in lines if line.strip().startswith("floor:")]
+    assert len(hookanchor.FLOOR_RATIOS) == len(floor)
+    latency = next(line for line in floor if "floor proxy + Go hook server, latency added vs Go+Go" in line)
+    assert latency.endswith(": 0.50x (0.50/0.50)")
+    assert not any("target" in line for line in floor)
+
+
+def _logs(tmp_path: Path, floor_hook_calls: int, answered: int) -> None:
+    for label, (proxy, server) in hookanchor.CASES.items():
+        text = ""
+        if proxy == "floor":
+            calls = floor_hook_calls if server else 0
+            text = f"floor proxy stopped: calls=9 hook_calls={calls} hook_failures=0\n"
+        (tmp_path / f"proxy-{label}.log").write_text(text)
+        if server == "floor":
+            (tmp_path / f"hook-{label}.log").write_text(
+                f"floor hook server stopped: answered={answered} x=1\n"
+            )
+
+
+def test_floor_counts_that_match_pass(tmp_path: Path) -> None:
+    """A floor proxy and floor hook server that counted one hook call per create pass the check."""
+    _logs(tmp_path, 120, 120)
+    hookanchor._check_logs(str(tmp_path), 120)
+
+
+def test_a_floor_proxy_that_skipped_hooks_fails(tmp_path: Path) -> None:
+    """A floor proxy that made fewer hook calls than creates makes the run fail, naming it."""
+    _logs(tmp_path, 119, 120)
+    with pytest.raises(RuntimeError, match="proxy-floor_go logged calls=9 hook_calls=119"):
+        hookanchor._check_logs(str(tmp_path), 120)
+
+
+def test_a_floor_hook_server_without_counts_fails(tmp_path: Path) -> None:
+    """A floor hook server that printed no counts (killed, not stopped) makes the run fail."""
+    _logs(tmp_path, 120, 120)
+    (tmp_path / "hook-go_floor.log").write_text("")
+    with pytest.raises(RuntimeError, match="hook-go_floor logged no counts"):
+        hookanchor._check_logs(str(tmp_path), 120)
