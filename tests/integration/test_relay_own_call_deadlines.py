@@ -128,3 +128,21 @@ async def test_short_calls_keep_the_timer_heap_small(relay: Relay, nursery: trio
 
     assert len(transport._deadlines) <= 101
     assert [] == [entry for entry in transport._deadlines if entry[2] is not None]
+
+
+async def test_expired_calls_leave_no_dropped_count(relay: Relay, nursery: trio.Nursery, sock: str) -> None:
+    """A call whose deadline the timer expired (its entry popped) counts no dropped entry when it ends: the
+    count of dropped entries is that of the heap, which its rebuild is measured by."""
+    await nursery.start(
+        Server({"/t.S/Hang": hanging(lambda stream: None, lambda: None)}, enforce_deadlines=False).serve, sock
+    )
+    transport = relay.transport
+    route = relay.route_to(sock, "a hanging server")
+
+    with trio.fail_after(LIVENESS_LIMIT):
+        for _ in range(3):
+            with pytest.raises(TimeoutError):
+                await transport.call(route, "/t.S/Hang", b"", within=0.05)
+
+    assert [] == transport._deadlines
+    assert 0 == transport._dead_timers
