@@ -393,9 +393,11 @@ class Transport:
 
     def _drop_timer(self, entry: list[Any]) -> None:
         """Forget a timer of :meth:`_add_timer`'s: its entry stays in the heap until due (kubelet's
-        deadlines are minutes long), but not what it would have expired."""
-        entry[2] = None
-        self._dead_timers += 1
+        deadlines are minutes long), but not what it would have expired. An entry the timer expired is
+        out of the heap already: not counted again."""
+        if entry[2] is not None:
+            entry[2] = None
+            self._dead_timers += 1
 
     async def _expire_deadlines(self) -> None:
         while True:
@@ -406,10 +408,12 @@ class Transport:
             now = trio.current_time()
             heap = self._deadlines
             while heap and (heap[0][0] <= now or heap[0][2] is None):  # due, or dropped: not waited for
-                due = heapq.heappop(heap)[2]
+                entry = heapq.heappop(heap)
+                due = entry[2]
                 if due is None:  # finished before its deadline
                     self._dead_timers -= 1
                 else:
+                    entry[2] = None  # (out of the heap: the call's end drops it without counting it)
                     due.expire()
             self.flush()
 

@@ -4,6 +4,8 @@ call current; calls at once get tasks of their own; parked tasks end with the tr
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import trio
 
 from krproxy import calls
 from krproxy.forward import Forward, Reply
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay import Relay, _handlers
 from tests.integration.handover_support import ECHO, SILENT, Harness
 from tests.integration.support import LIVENESS_LIMIT, in_thread, raw_unary, serve_relay, wait_until
@@ -165,3 +168,40 @@ async def test_parked_tasks_end_with_the_transport(short_tmp: Path) -> None:
             assert 1 == len(relay.transport.handlers.idle)
             nursery.cancel_scope.cancel()
     assert [] == relay.transport.handlers.idle
+
+
+@pytest.mark.parametrize("ending", ["error", "deadline"])
+async def test_an_ended_handler_keeps_no_call(
+    ending: str,
+    relay: Relay,
+    nursery: trio.Nursery,
+    short_tmp: Path,
+    channel_to: Callable[[str], grpc.Channel],
+) -> None:
+    """A handler that raised a status or was cancelled at its call's deadline leaves its parked task with no
+    call current, and its call is freed (the task's context, its frame and its scope keep none of it)."""
+    contexts: list[weakref.ref[calls.CallContext]] = []
+
+    async def intercept(path: str, request: bytes, forward: Forward) -> Reply:
+        ctx = calls.CURRENT.get()
+        assert ctx is not None
+        contexts.append(weakref.ref(ctx))
+        if ending == "error":
+            raise GRPCError(Status.NOT_FOUND, "no such thing")
+        await trio.sleep_forever()
+        raise AssertionError("not cancelled")
+
+    relay.configure(None, None, {PATH: intercept}, unary_paths=[PATH])
+    listen = await serve_relay(nursery, relay, str(short_tmp / "relay.sock"))
+    method = raw_unary(channel_to(listen), PATH)
+
+    with trio.fail_after(LIVENESS_LIMIT):
+        with pytest.raises(grpc.RpcError) as err:
+            await in_thread(method, b"x" * 4096, timeout=0.3)
+        await wait_until(lambda: relay.transport.in_flight == 0 and len(relay.transport.handlers.idle) == 1)
+
+    expected = grpc.StatusCode.NOT_FOUND if ending == "error" else grpc.StatusCode.DEADLINE_EXCEEDED
+    assert expected == err.value.code()  # type: ignore[attr-defined]
+    assert None is relay.transport.handlers.idle[0].task.context.get(calls.CURRENT)
+    gc.collect()
+    assert [None] == [ref() for ref in contexts]

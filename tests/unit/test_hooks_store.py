@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
 from krproxy.hooks.store import HookStore, StoreStatistics
 
 POD = PodInfo(name="web", uid="u1", namespace="default")
@@ -119,3 +124,50 @@ class TestHookStore:
         seen.append(store.labelled)
 
         assert [1, 2, 2, 1, 0, 0, 2, 2] == seen
+
+
+_SANDBOXES = st.sampled_from(["sb1", "sb2", "sb3"])
+_LABELS = st.sampled_from([{}, {"skip": "true"}, {"skip": "false"}, {"other": "true"}])
+_PODS = st.builds(
+    lambda labels: PodInfo(name="p", uid="u", namespace="default", labels=FrozenMap(labels)), _LABELS
+)
+#: One write of the store's: what the request path, recovery and a resize do to it.
+_WRITES = st.one_of(
+    st.tuples(st.just("put"), _SANDBOXES, _PODS),
+    st.tuples(st.just("delete"), _SANDBOXES),
+    st.tuples(st.just("remove"), _SANDBOXES),
+    st.tuples(st.just("resize"), _SANDBOXES, st.integers(0, 4)),
+    st.tuples(st.just("load"), st.lists(st.tuples(_SANDBOXES, _PODS), max_size=3)),
+    st.tuples(st.just("count"), st.sampled_from([("skip", "true"), ("other", "true")])),
+)
+
+
+def _write(store: HookStore, write: tuple[Any, ...]) -> None:
+    op, *args = write
+    if op == "put":
+        store.put_pod(*args)
+        store.put_container(f"c-{args[0]}", container(args[0], args[0]))
+    elif op == "delete":
+        store.delete_pod(*args)
+    elif op == "remove":
+        store.remove_pod(*args)
+    elif op == "resize":
+        store.resize_pod(args[0], Resources(cpu_shares=args[1]), None)
+    elif op == "load":
+        store.load(args[0], [])
+    else:
+        store.count_label(*args[0])
+
+
+@given(st.lists(_WRITES, max_size=12))
+def test_label_count_follows_every_write(writes: list[tuple[Any, ...]]) -> None:
+    """After any writes (put, replace, delete, remove, resize, load, a new label counted), ``labelled`` is
+    the number of stored pods carrying the counted label (a hooked CreateContainer's watch reads it)."""
+    store = HookStore()
+    counted = ("skip", "true")
+    store.count_label(*counted)
+    for write in writes:
+        _write(store, write)
+        if write[0] == "count":
+            counted = write[1]
+        assert sum(1 for pod in store.pods().values() if pod.has_label(*counted)) == store.labelled
