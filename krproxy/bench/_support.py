@@ -13,12 +13,24 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grpc
 
 PY = sys.executable
+
+
+def cpu_seconds(pid: int) -> float:
+    """The CPU time of process ``pid`` so far, all its threads (ended ones too), in seconds.
+
+    Read from the kernel's CPU clock of the process (the clock id clock_getcpuclockid(3) gives:
+    ``~pid << 3 | CPUCLOCK_SCHED``), which counts nanoseconds; /proc/PID/stat's utime and stime
+    move in clock ticks (10 ms), a step of 0.03 ms a call over a round of 300 calls.
+    OSError when the process has gone.
+    """
+    return time.clock_gettime((~pid << 3) | 2)
 
 
 def wait_grpc(socket: str, failure: str) -> None:

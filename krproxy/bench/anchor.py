@@ -9,7 +9,7 @@ in alternating rounds, so that drift on a noisy machine reaches both alike. Two 
 - **added latency** of a small call (Version): median through the proxy minus median direct,
   from one client process alternating between direct and both proxies block by block;
 - **CPU per forwarded call** of kubelet's steady mix (List*, *Status, Version; a few concurrent
-  callers; :func:`krproxy.bench.client.mix`): the proxy process's utime+stime over the run
+  callers; :func:`krproxy.bench.client.mix`): the proxy process's CPU clock over the run
   divided by the calls. The client is a separate process, so only the proxy's own work counts.
 
 ``python -m krproxy.bench --only-go-anchor`` runs just this case; ``nox -s bench`` runs it with
@@ -36,24 +36,15 @@ from krproxy.bench._support import (
     _sandbox,
     _serve_args,
     _summary,
+    cpu_seconds,
 )
 
 #: scripts/install-go-client, next to the package in a source checkout.
 INSTALL_GO = os.path.join(os.path.dirname(SANDBOX_SCRIPT), "install-go-client")
 
-#: Clock ticks per second of /proc/PID/stat's utime and stime.
-_TICKS = os.sysconf("SC_CLK_TCK")
-
 #: The issue's goals: at most the anchor's cost (1.0x); beyond it, 0.8x.
 GOAL = 1.0
 STRETCH = 0.8
-
-
-def _cpu_seconds(pid: int) -> float:
-    """utime + stime of process ``pid`` (all its threads), in seconds."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICKS  # fields 14 and 15 of proc(5)
 
 
 def go_program(program: str = "goproxy") -> str:
@@ -144,11 +135,11 @@ def _measure(
     errors: dict[str, dict[str, int]] = {name: {} for name in proxies}
     for _ in range(args.anchor_rounds):
         for name, process in proxies.items():
-            before = _cpu_seconds(process.pid)
+            before = cpu_seconds(process.pid)
             ran = _client(
                 "mix", "--target", sockets[name], "--threads", "4", "--calls", str(args.anchor_calls)
             )
-            cpu[name].append((_cpu_seconds(process.pid) - before) / ran["calls"] * 1e6)
+            cpu[name].append((cpu_seconds(process.pid) - before) / ran["calls"] * 1e6)
             for code, count in ran["errors"].items():
                 errors[name][code] = errors[name].get(code, 0) + count
     return {"pods": pods, "version_latency": latency, "cpu_per_call_us": cpu, "mix_errors": errors}

@@ -12,7 +12,7 @@ Go proxy + Go hook server (the anchor, "Go+Go"), krproxy + Go hook server, Go pr
 the Go proxy and krproxy; and direct. One client process (:func:`krproxy.bench.client.create`) takes
 the targets in turn call by call, each in a pod created through it, each container removed again
 (untimed); that run is repeated ``--hook-anchor-rounds`` times. Per round and target: the latency added
-over direct (median minus direct's median), the proxy's CPU (utime + stime from ``/proc/PID/stat``) per
+over direct (median minus direct's median), the proxy's CPU (its CPU clock, :func:`krproxy.bench._support.cpu_seconds`) per
 create + remove and the hook server's per call, the client's 20 warm-up calls counted. The ratios
 against Go+Go are taken round by round and their medians reported, so that drift of the machine's
 load between rounds reaches both sides of a ratio alike; the load average is printed beside them.
@@ -41,8 +41,8 @@ import statistics
 import time
 from typing import Any
 
-from krproxy.bench._support import Processes, _client, _serve_args, _summary
-from krproxy.bench.anchor import STRETCH, _cpu_seconds, go_program
+from krproxy.bench._support import Processes, _client, _serve_args, _summary, cpu_seconds
+from krproxy.bench.anchor import STRETCH, go_program
 from krproxy.bench.sdk import PLAIN, hook_server_argv
 
 #: The proxied targets: label -> (proxy, hook server or None). "go_go" is the anchor of every ratio.
@@ -258,9 +258,9 @@ def hook_anchor(workdir: str, args: argparse.Namespace) -> dict[str, Any]:
 
 def _round(targets: dict[str, str], pids: dict[str, dict[str, int]], calls: int) -> dict[str, Any]:
     """One client run over every target: latencies, and each process's CPU per create (ms)."""
-    before = {label: {kind: _cpu_seconds(pid) for kind, pid in p.items()} for label, p in pids.items()}
+    before = {label: {kind: cpu_seconds(pid) for kind, pid in p.items()} for label, p in pids.items()}
     got = _client("create", "--targets", ",".join(targets.values()), "--calls", str(calls))["latencies_us"]
-    after = {label: {kind: _cpu_seconds(pid) for kind, pid in p.items()} for label, p in pids.items()}
+    after = {label: {kind: cpu_seconds(pid) for kind, pid in p.items()} for label, p in pids.items()}
     latency = {label: _summary(got[target]) for label, target in targets.items()}
     direct = latency["direct"]["median_ms"]
     out: dict[str, Any] = {"direct_ms": direct}

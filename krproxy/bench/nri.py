@@ -47,8 +47,9 @@ from krproxy.bench._support import (
     _NoSandbox,
     _sandbox,
     _summary,
+    cpu_seconds,
 )
-from krproxy.bench.anchor import _cpu_seconds, go_program
+from krproxy.bench.anchor import go_program
 
 __all__ = ["STATES", "TARGET", "nri", "report_nri", "stop_on_signals"]
 
@@ -211,9 +212,9 @@ class _Bench:
                 _wait_for(lambda: _SYNCHRONIZED[name] in _read(log_path), plugin, f"{name} ({log_path})")
                 time.sleep(_SETTLE)
                 answered = _bridge_seconds(port) if port else (0.0, 0.0)
-                cpu_before = _cpu_seconds(plugin.pid)
+                cpu_before = cpu_seconds(plugin.pid)
                 out: dict[str, Any] = {"pods_us": self.pods(name), "version_us": self._version()}
-                out["cpu_ms_per_pod"] = (_cpu_seconds(plugin.pid) - cpu_before) * 1000 / pods
+                out["cpu_ms_per_pod"] = (cpu_seconds(plugin.pid) - cpu_before) * 1000 / pods
                 if port:
                     answering, hooks = _bridge_seconds(port)
                     out["bridge_answer_ms_per_pod"] = (answering - answered[0]) * 1000 / pods

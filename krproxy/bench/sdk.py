@@ -8,7 +8,7 @@ function again for requests of kubelet's size (about 4 KB, :func:`kubelet_sized_
 get a minimal one of about 100 bytes) — and sends each PreCreateContainerHook calls one after another from this process (a :class:`krproxy.rpc.Channel`,
 as the proxy calls it), in rounds: every server gets its turn in each round, the order turning
 round by round, so machine noise hits all alike. Prints, per server, the server process's CPU
-(utime + stime from ``/proc/PID/stat``) per call in each round and the median and p99 call latency
+(its CPU clock, :func:`krproxy.bench._support.cpu_seconds`) per call in each round and the median and p99 call latency
 seen by the client. ``--baseline DIR`` adds the same servers run from another source tree (an older
 krproxy: ``git archive REV | tar -x -C DIR``), measured in the same rounds. Issue 24's target: at
 most 0.2 ms of the server's CPU per call.
@@ -34,14 +34,12 @@ from typing import Any
 import trio
 
 from krproxy import log, rpc
-from krproxy.bench._support import Processes, _client, _serve_args, _summary, wait_grpc
+from krproxy.bench._support import Processes, _client, _serve_args, _summary, cpu_seconds, wait_grpc
 from krproxy.bench.anchor import go_proxy
 from krproxy.grpcstatus import GRPCError
 from krproxy.hookserver import ContainerContext, HookServer, Stage
 from krproxy.hookserver.testing import container_request, pod_request
 from krproxy.proto.runtime import v1alpha1 as hookapi
-
-TICKS = os.sysconf("SC_CLK_TCK")
 
 PLAIN = ["--no-builtin", "--plugin", "krproxy.bench.sdk"]
 
@@ -116,13 +114,6 @@ def kubelet_sized_request() -> bytes:
         annotations={f"io.kubernetes.container.a{i}": "z" * 40 for i in range(6)},
     )
     return bytes(request.SerializeToString())
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of process ``pid`` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # fields 14 and 15 of proc(5)
 
 
 def start_hook_server(
