@@ -301,6 +301,13 @@ class LocalCall:
         client = state.client
         if state.answered or client.done or client.send_ended:
             return
+        # Every block is encoded before the call counts as answered: one that cannot be (a header
+        # field that is not bytes, a bug of ours) raises here, and _handle answers UNKNOWN instead.
+        if headers is None:  # trailers-only; a runtime's own such answer has its :status already
+            whole = trailers if trailers and trailers[0][0] == b":status" else [*PLAIN_HEADERS, *trailers]
+            head, tail = f.encode_headers(whole), None
+        else:
+            head, tail = f.encode_headers(headers), f.encode_headers(trailers)
         state.answered = True
         if err is not None:
             state.status, state.message = err.status, err.message
@@ -309,14 +316,13 @@ class LocalCall:
         transport = state.transport
         deferring, transport.defer_records = transport.defer_records, True
         try:
-            if headers is None:  # trailers-only; a runtime's own such answer has its :status already
-                whole = trailers if trailers and trailers[0][0] == b":status" else [*PLAIN_HEADERS, *trailers]
-                client.send_headers(f.encode_headers(whole), True)
+            if tail is None:
+                client.send_headers(head, True)
                 return
-            client.send_headers(f.encode_headers(headers), False)
+            client.send_headers(head, False)
             if body is not None:
                 client.send_data(body, False)
-            client.send_trailers(f.encode_headers(trailers))
+            client.send_trailers(tail)
         finally:
             transport.defer_records = deferring
 
