@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
 import functools
 import os
 import select
@@ -58,13 +57,6 @@ class AppWorker:
     lets go of the GIL too, where releasing a lock the loop waited on did not (a hop 10-30 µs
     cheaper in a two-thread ping-pong, docs/performance.md).
 
-    While the loop waits for a job, the thread is kept on the loop's CPU (:class:`_SameCpu`): the
-    job then runs where the loop's thread left the request's bytes and the served call's objects in
-    the CPU's caches, instead of waking on the other CPU cold (each call of the hook anchor, ~15 ms
-    apart, meets a cold process; docs/performance.md). The thread is on every CPU again the moment
-    the loop stops waiting (the job outlived :attr:`wait_inline`, or let the loop go), and for every
-    job queued without a wait.
-
     The loop knows whether the app is free (:attr:`idle`): every job it queued has come back to it
     (through :meth:`submit`'s own wait or ``done_late``) and nothing holds the app on the loop. Work
     the loop does itself while idle needs no hop at all; work that awaits on the loop marks the app
@@ -102,7 +94,6 @@ class AppWorker:
         self._outstanding = 0
         self._held = False  # the app is held by work on the loop (hold, release)
         self._gate: threading.Event | None = None  # queued before the jobs that wait for release
-        self._cpu: _SameCpu | None = None  # (from open(): the thread's id is known once it runs)
 
     @property
     def idle(self) -> bool:
@@ -131,7 +122,6 @@ class AppWorker:
         worker = cls(trio.lowlevel.current_trio_token())
         try:
             worker._thread.start()
-            worker._cpu = _SameCpu.of(worker._thread.native_id)
             try:
                 yield worker
             finally:
@@ -194,25 +184,16 @@ class AppWorker:
             self._gate = threading.Event()
             self._put(self._gate)
         self._outstanding += 1
-        cpu = self._cpu
+        self._put(job)
         if not gated and (since is None or time.monotonic() - since < self.wait_inline):
-            if cpu is not None:
-                self._cpu = cpu = cpu.join()
-            self._put(job)
             self._wait_for(job)
-        else:
-            # (the job waits behind one that has run longer than wait_inline already, or behind the
-            # loop's own work: it would not be done before the wait ran out, while the loop served nothing)
-            if cpu is not None:
-                self._cpu = cpu = cpu.leave()
-            self._put(job)
+        # (else the job waits behind one that has run longer than wait_inline already, or behind the
+        # loop's own work: it would not be done before the wait ran out, while the loop served nothing)
         with job.guard:
             result = job.result
             job.awaited = result is None  # from here on the worker hands it to done_late
         if result is not None:
             self._outstanding -= 1
-        elif cpu is not None:  # the job runs on without the loop waiting: on every CPU
-            self._cpu = cpu.leave()
         return result
 
     def _came_back(self, done_late: Callable[[outcome.Outcome[T]], None], result: outcome.Outcome[T]) -> None:
@@ -246,83 +227,6 @@ class AppWorker:
         if result is None:  # wait_task_rescheduled unwraps the outcome the worker sends
             return cast(T, await trio.lowlevel.wait_task_rescheduled(lambda _: trio.lowlevel.Abort.FAILED))
         return cast(T, result.unwrap())
-
-
-def _getcpu() -> Callable[[], int] | None:
-    """The C library's ``sched_getcpu`` (the CPU the calling thread runs on; from the vDSO, no system
-    call), or None where there is none."""
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sched_getcpu
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = []
-    fn.restype = ctypes.c_int
-    return cast(Callable[[], int], fn)
-
-
-class _SameCpu:
-    """Keeps the worker thread (native id ``tid``) on the event loop thread's CPU while the loop
-    waits for a job (:meth:`join`, from the loop's thread, before the job is queued), and lets it use
-    every CPU the loop's thread may use otherwise (:meth:`leave`). Only the worker's own affinity is
-    ever changed, and only in this way.
-
-    Unpinned is the loop thread's affinity read when the worker leaves (a change of the cpuset, which
-    the kernel makes on every thread, or of the process's affinity is followed). A pin costs a system
-    call only when the loop's thread has moved since the last one. An ``OSError`` (a seccomp filter,
-    a cpuset changing under it) or a negative CPU ends it for the worker's life: the thread is
-    unpinned as well as it can be and both methods return None.
-    """
-
-    __slots__ = ("_getcpu", "_pinned", "_tid")
-
-    def __init__(self, tid: int, getcpu: Callable[[], int]) -> None:
-        self._tid = tid
-        self._getcpu = getcpu
-        self._pinned = -1  # the CPU the thread is kept on, or -1: every CPU
-
-    @classmethod
-    def of(cls, tid: int | None) -> _SameCpu | None:
-        """One for thread ``tid``; None where CPUs cannot be read or set, or on one CPU only."""
-        getcpu = _getcpu()
-        if tid is None or getcpu is None or not hasattr(os, "sched_setaffinity"):
-            return None
-        try:
-            if len(os.sched_getaffinity(0)) < 2:
-                return None
-        except OSError:
-            return None
-        return cls(tid, getcpu)
-
-    def join(self) -> _SameCpu | None:
-        """Keep the thread on the loop thread's CPU (from the loop's thread)."""
-        cpu = self._getcpu()
-        if cpu == self._pinned:
-            return self
-        try:
-            if cpu < 0:
-                raise OSError(ctypes.get_errno(), "sched_getcpu failed")
-            os.sched_setaffinity(self._tid, (cpu,))
-        except OSError:
-            self._off()
-            return None
-        self._pinned = cpu
-        return self
-
-    def leave(self) -> _SameCpu | None:
-        """Let the thread use every CPU the loop's thread may use (from the loop's thread)."""
-        if self._pinned < 0:
-            return self
-        try:
-            os.sched_setaffinity(self._tid, os.sched_getaffinity(0))
-        except OSError:
-            self._off()
-            return None
-        self._pinned = -1
-        return self
-
-    def _off(self) -> None:
-        with contextlib.suppress(OSError):
-            os.sched_setaffinity(self._tid, os.sched_getaffinity(0))
 
 
 class _Job:
