@@ -102,6 +102,6 @@ async def test_serve_advises_once_started_unless_told_not_to(
     options = _service.ServeOptions(socket=str(tmp_path / "s.sock"), hook_dir=str(tmp_path))
     async with trio.open_nursery() as nursery:
         path = await nursery.start(_service.serve, HookServer(), options)
-        assert Path(path).exists()
+        assert path.endswith(".json")
         assert ["advised"] * advised == calls
         nursery.cancel_scope.cancel()
