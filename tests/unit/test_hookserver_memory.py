@@ -36,20 +36,24 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="n
 
 
 def test_anonymous_memory_is_advised_files_are_not(tmp_path: Path) -> None:
-    """An anonymous read-write mapping of 8 MiB gets the huge-page advice ("hg"); a file's does not."""
-    region = mmap.mmap(-1, 4 * HUGE)
+    """A private anonymous read-write mapping of 8 MiB gets the huge-page advice ("hg"); a file's and a
+    shared one do not."""
+    region = mmap.mmap(-1, 4 * HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    shared = mmap.mmap(-1, 4 * HUGE)
     backing = tmp_path / "file"
     backing.write_bytes(b"\0" * 4 * HUGE)
     with backing.open("r+b") as fh:
         mapped = mmap.mmap(fh.fileno(), 4 * HUGE)
     try:
-        start, file_start = address_of(region), address_of(mapped)
+        start, file_start, shared_start = address_of(region), address_of(mapped), address_of(shared)
         advised = _memory.heap_on_huge_pages()
         assert advised >= 2 * HUGE
         assert "hg" in flags_of(start + 2 * HUGE)
         assert "hg" not in flags_of(file_start)
+        assert "hg" not in flags_of(shared_start)
     finally:
         mapped.close()
+        shared.close()
         region.close()
 
 
