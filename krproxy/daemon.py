@@ -11,7 +11,8 @@
         ├── trace recorder (--record)   writes recorded calls to the trace file
         ├── CRI front end (krproxy.relay)   relays calls to the runtime, frame by frame; runs the
         │                               interceptors of the calls with hook points; calls plugins
-        ├── store recovery              List/Status from the runtime, retried until it works
+        ├── store recovery              List/Status from the runtime, retried until it works; then
+        │                               the heap onto huge pages (krproxy.hugepages)
         └── signal watchers             SIGTERM/SIGINT -> graceful drain; SIGUSR1 -> recording on/off
 
 Everything runs on trio, in one thread (OCI hooks run in worker threads).
@@ -42,7 +43,7 @@ from typing import Any, cast
 import attrs
 import trio
 
-from krproxy import _supervise, admin, calls, log, unixsock
+from krproxy import _supervise, admin, calls, hugepages, log, unixsock
 from krproxy.config import BackendMode, ProxyConfig
 from krproxy.forward import Backend, known_routes
 from krproxy.grpcstatus import Cardinality
@@ -137,6 +138,8 @@ async def _recover_store(
     _supervise.store_recovered(
         hooks, recovered, metrics, LOGGER, fallbacks=recovered.fallbacks, left_out=len(recovered.left_out)
     )
+    # The imports, the relay and now the store are in memory: onto huge pages (krproxy.hugepages).
+    await hugepages.advise_heap("store recovered")
 
 
 async def serve(

@@ -32,14 +32,13 @@ import attrs
 import outcome
 import trio
 
-from krproxy import log, rpc
+from krproxy import hugepages, log, rpc
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks.watcher import untrusted_reason
 
 from . import _wire
 from ._app import RETRY_INTERVAL, HookServer, Ticker
 from ._context import ContainerContext, PodContext
-from ._memory import heap_on_huge_pages
 from ._policywatch import PolicyWatcher
 from ._registration import registration_json, remove_registration, write_registration
 from ._registry import (
@@ -55,9 +54,6 @@ from ._registry import (
 from ._worker import AppWorker as AppWorker
 
 LOGGER = logging.getLogger("krproxy.hookserver")
-
-#: ``0`` in the environment: :func:`serve` leaves the process's heap on the pages it has (:mod:`._memory`).
-HUGE_PAGES_VARIABLE = "KRPROXY_HOOKSERVER_HUGE_PAGES"
 
 
 @attrs.frozen
@@ -331,23 +327,22 @@ async def serve(
 ) -> None:
     """Serve ``app`` on ``options.socket`` until cancelled (inside ``trio.run``).
 
-    Order: policy loaded → socket listening → registration file written → the process's heap
-    advised onto huge pages (:mod:`._memory`; not with ``KRPROXY_HOOKSERVER_HUGE_PAGES=0``) →
-    ``started(path)`` (the registration path). On cancellation the registration file is removed first (so
+    Order: policy loaded → socket listening → the process's heap advised onto huge pages
+    (:func:`krproxy.hugepages.advise_heap`: the plugins imported and the server set up, before any
+    proxy knows of it) → registration file written → ``started(path)`` (the registration path). On cancellation the registration file is removed first (so
     the proxy stops calling), then the server stops and the socket file is removed.
     """
     async with AppWorker.open() as worker, trio.open_nursery() as nursery:
         server = rpc.Server(HookService(app, worker, nursery).handlers())
         await run_background(app, options.policy_path, nursery, worker)
         await nursery.start(server.serve, options.socket)
+        await hugepages.advise_heap("started")
         content = registration_json(
             options.endpoint or options.socket, options.failure_policy, registered_stages(app, options)
         )
         path = write_registration(options.hook_dir, options.name, content)
         log.event(LOGGER, "hookserver_started", socket=options.socket, registration=path)
         warn_if_refused(path)
-        if os.environ.get(HUGE_PAGES_VARIABLE) != "0":  # (the plugins imported, the server set up)
-            heap_on_huge_pages()
         try:
             task_status.started(path)
             await trio.sleep_forever()

@@ -49,7 +49,7 @@ from typing import Any
 import attrs
 import trio
 
-from krproxy import admin, log
+from krproxy import admin, hugepages, log
 from krproxy.config import check_metrics_address
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.guard import Guard, counted_guard
@@ -451,6 +451,7 @@ async def serve(
             warm_up()  # before the runtime's first event, not during it (a few tenths of a second)
             await nursery.start(plugin.run)
             log.event(LOGGER, "nri_started", socket=config.socket, hook_dir=config.hook_dir)
+            nursery.start_soon(hugepages.advise_heap, "started")  # (krproxy.hugepages)
             task_status.started(plugin)
     finally:
         dispatcher.close()

@@ -1,6 +1,7 @@
-"""Tests of the served process's heap advised onto transparent huge pages: the anonymous read-write
-mappings are advised (whole 2 MiB pages of them), files and the rest are not, and a kernel or a
-system that refuses leaves the process as it was, without an error."""
+"""Tests of a process's heap advised onto transparent huge pages (:mod:`krproxy.hugepages`): the
+anonymous read-write mappings are advised (whole 2 MiB pages of them), files and the rest are not, a
+kernel or a system that refuses leaves the process as it was, without an error, and
+``KRPROXY_HUGE_PAGES=0`` turns it off; a hook server advises before its registration is written."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import mmap
 from pathlib import Path
 
 import pytest
+import trio
 
-from krproxy.hookserver import _memory
+from krproxy import hugepages
+from krproxy.hookserver import HookServer, _service
 
 HUGE = 2 << 20
 
@@ -35,6 +38,9 @@ def address_of(region: mmap.mmap) -> int:
 pytestmark = pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs /proc")
 
 
+@pytest.mark.skipif(
+    not Path("/sys/kernel/mm/transparent_hugepage/enabled").exists(), reason="a kernel without THP"
+)
 def test_anonymous_memory_is_advised_files_are_not(tmp_path: Path) -> None:
     """A private anonymous read-write mapping of 8 MiB gets the huge-page advice ("hg"); a file's and a
     shared one do not."""
@@ -46,7 +52,7 @@ def test_anonymous_memory_is_advised_files_are_not(tmp_path: Path) -> None:
         mapped = mmap.mmap(fh.fileno(), 4 * HUGE)
     try:
         start, file_start, shared_start = address_of(region), address_of(mapped), address_of(shared)
-        advised = _memory.heap_on_huge_pages()
+        advised = hugepages.heap_on_huge_pages()
         assert advised >= 2 * HUGE
         assert "hg" in flags_of(start + 2 * HUGE)
         assert "hg" not in flags_of(file_start)
@@ -69,7 +75,7 @@ def test_only_whole_huge_pages_are_advised(tmp_path: Path) -> None:
         "7ffd0000000-7ffd0a00000 rw-p 00000000 00:00 0             [stack]\n"
     )
     advised: list[tuple[int, int]] = []
-    assert 8 * HUGE == _memory.heap_on_huge_pages(
+    assert 8 * HUGE == hugepages.heap_on_huge_pages(
         str(maps), lambda start, size: advised.append((start, size))
     )
     assert [(0x200000, 4 * HUGE), (0x2200000, 4 * HUGE)] == advised
@@ -77,35 +83,51 @@ def test_only_whole_huge_pages_are_advised(tmp_path: Path) -> None:
 
 def test_a_refusal_leaves_it_as_it_was(tmp_path: Path) -> None:
     """No /proc (a sandbox), or madvise refused (no THP in the kernel): nothing advised, no error."""
-    assert 0 == _memory.heap_on_huge_pages(str(tmp_path / "missing"))
+    assert 0 == hugepages.heap_on_huge_pages(str(tmp_path / "missing"))
 
     def refuse(start: int, size: int) -> None:
         raise OSError(22, "Invalid argument")
 
     maps = tmp_path / "maps"
     maps.write_text("00200000-00a00000 rw-p 00000000 00:00 0 \n")
-    assert 0 == _memory.heap_on_huge_pages(str(maps), refuse)
+    assert 0 == hugepages.heap_on_huge_pages(str(maps), refuse)
 
 
 @pytest.mark.parametrize(("setting", "advised"), [(None, 1), ("1", 1), ("0", 0)])
-async def test_serve_advises_once_started_unless_told_not_to(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: str | None, advised: int
+async def test_advise_heap_unless_told_not_to(
+    monkeypatch: pytest.MonkeyPatch, setting: str | None, advised: int
 ) -> None:
-    """``serve`` advises its process's heap once, after the registration is written (the plugins'
-    imports done); ``KRPROXY_HOOKSERVER_HUGE_PAGES=0`` turns it off."""
-    import trio
+    """``advise_heap`` advises in a thread of its own (the event loop goes on meanwhile) and says how
+    much; ``KRPROXY_HUGE_PAGES=0`` in the environment leaves the memory alone."""
+    threads: list[bool] = []
 
-    from krproxy.hookserver import HookServer, _service
+    def advise() -> int:
+        threads.append(trio.lowlevel.in_trio_run())  # (False: not on the loop's thread)
+        return 4 * HUGE
 
-    calls: list[str] = []
-    monkeypatch.setattr(_service, "heap_on_huge_pages", lambda: calls.append("advised") or 0)
-    if setting is None:
-        monkeypatch.delenv(_service.HUGE_PAGES_VARIABLE, raising=False)
-    else:
-        monkeypatch.setenv(_service.HUGE_PAGES_VARIABLE, setting)
+    monkeypatch.setattr(hugepages, "heap_on_huge_pages", advise)
+    environ = {} if setting is None else {hugepages.VARIABLE: setting}
+    assert 4 * HUGE * advised == await hugepages.advise_heap("started", environ)
+    assert [False] * advised == threads
+
+
+async def test_a_hook_server_advises_before_it_registers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``serve`` advises its process's heap once it is set up (the plugins imported, the socket
+    listening) and before its registration file exists: no proxy calls it while the kernel collapses
+    the pages."""
+    registered: list[bool] = []
+
+    def advise() -> int:
+        registered.append(any(tmp_path.glob("*.json")))
+        return 0
+
+    monkeypatch.setattr(hugepages, "heap_on_huge_pages", advise)
+    monkeypatch.delenv(hugepages.VARIABLE, raising=False)
     options = _service.ServeOptions(socket=str(tmp_path / "s.sock"), hook_dir=str(tmp_path))
     async with trio.open_nursery() as nursery:
         path = await nursery.start(_service.serve, HookServer(), options)
         assert path.endswith(".json")
-        assert ["advised"] * advised == calls
+        assert [False] == registered
         nursery.cancel_scope.cancel()

@@ -1,27 +1,41 @@
-"""The served process's heap on transparent huge pages.
+"""A long-running process's heap on transparent huge pages: the daemon's, ``krproxy nri``'s, a hook server's.
 
-A hook call meets a cold process: between two calls (kubelet's creates, ~15 ms apart in the hook
-anchor) the node's other processes run on the same CPUs and take the caches and the TLB. The call's
-Python then walks the page tables for every 4 KiB page of the heap it touches: the objects, the
-frames, the dicts and code objects of every function it runs, scattered over tens of MiB. On 2 MiB
-pages the same heap is a few dozen TLB entries. Where the node's THP setting is ``madvise`` (the
-common default), only memory advised ``MADV_HUGEPAGE`` gets them: :func:`heap_on_huge_pages` advises
-the process's anonymous read-write mappings (the C heap, Python's object arenas, thread stacks) and
+Each of them serves calls that come one at a time, milliseconds apart (kubelet's creates), and
+between two calls the node's other processes run on the same CPUs and take the caches and the TLB:
+each call meets a cold process. Its Python then walks the page tables for every 4 KiB page of the
+heap it touches (the objects, frames, dicts and code objects of every function it runs, scattered
+over tens of MiB: 280-510 pages a call for the SDK bench's hook server). On 2 MiB pages the same
+heap is a few dozen TLB entries. Where the node's THP setting is ``madvise`` (the common default),
+only memory advised ``MADV_HUGEPAGE`` gets them: :func:`heap_on_huge_pages` advises the process's
+anonymous private read-write mappings (the C heap, Python's object arenas, thread stacks) and
 collapses what they hold now (``MADV_COLLAPSE``, Linux 6.1; before it, khugepaged collapses them in
-its time). Only whole aligned 2 MiB pages of a mapping can be huge: Python's arenas mapped on their
-own (1 MiB each) stay on small pages. Measured with the bench's server: the anonymous pages a call
-touches went from 280-510 small ones to 120-140 small and 8-11 huge ones; in the hook anchor 3-10 %
-less of the server's CPU per call (docs/performance.md), its resident memory within 1 % (58.6 → 58.9 MB).
+its time). Only whole aligned 2 MiB pages of a mapping can be huge, and only what is mapped when it
+runs: Python's arenas mapped on their own (1 MiB each) and memory mapped later (the C heap's growth
+is a mapping of its own) stay on small pages until it runs again.
+Measured in the hook anchor (docs/performance.md): a hook server's and the daemon's CPU per call
+3-10 % lower, resident memory within 1 %.
 
-Nothing else changes: files, code and shared memory are never advised, and where the kernel has no
-THP or refuses (a sandbox without /proc, a seccomp filter) the process stays as it was.
+:func:`advise_heap` is what the processes call, once they are set up, in a thread (collapsing 50
+MiB takes about 0.1 s, the GIL let go meanwhile): not with ``KRPROXY_HUGE_PAGES=0`` in the
+environment. Nothing else changes: files, code and shared memory are never advised, and where the
+kernel has no THP or refuses (a sandbox without /proc, a seccomp filter) the process stays as it was.
 """
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+
+import trio
+
+from krproxy import log
+
+LOGGER = logging.getLogger("krproxy.hugepages")
+
+#: ``0`` in the environment: :func:`advise_heap` leaves the process's memory on the pages it has.
+VARIABLE = "KRPROXY_HUGE_PAGES"
 
 #: madvise(2)'s advice values (linux/mman.h).
 MADV_HUGEPAGE = 14
@@ -89,4 +103,15 @@ def heap_on_huge_pages(
         except OSError:
             return advised
         advised += end - start
+    return advised
+
+
+async def advise_heap(what: str, environ: Mapping[str, str] = os.environ) -> int:
+    """:func:`heap_on_huge_pages` in a thread, unless ``environ`` has ``KRPROXY_HUGE_PAGES=0``; logs
+    what was advised at debug level (``what``: the process's state then, as "started"). The bytes
+    advised."""
+    if environ.get(VARIABLE) == "0":
+        return 0
+    advised = await trio.to_thread.run_sync(heap_on_huge_pages)
+    log.event(LOGGER, "heap_on_huge_pages", level=logging.DEBUG, when=what, advised_mib=advised >> 20)
     return advised
