@@ -329,8 +329,9 @@ async def serve(
 
     Order: policy loaded → socket listening → the process's heap advised onto huge pages
     (:func:`krproxy.hugepages.advise_heap`: the plugins imported and the server set up, before any
-    proxy knows of it) → registration file written → ``started(path)`` (the registration path). On cancellation the registration file is removed first (so
-    the proxy stops calling), then the server stops and the socket file is removed.
+    proxy knows of it) → registration file written → ``started(path)`` (the registration path).
+    On cancellation the registration file is removed first (so the proxy stops calling), then the
+    server stops and the socket file is removed.
     """
     async with AppWorker.open() as worker, trio.open_nursery() as nursery:
         server = rpc.Server(HookService(app, worker, nursery).handlers())

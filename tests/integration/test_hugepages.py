@@ -19,16 +19,16 @@ async def test_the_daemon_advises_its_heap_once_recovered(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A daemon in front of the fake containerd advises its heap once, when its store is recovered."""
-    stores: list[str] = []
+    advised: list[str] = []
 
     def advise() -> int:
-        stores.append("advised")
+        advised.append("advised")
         return 0
 
     monkeypatch.setattr(hugepages, "heap_on_huge_pages", advise)
     monkeypatch.delenv(hugepages.VARIABLE, raising=False)
     _fake, backend = fake_containerd
     daemon = await start_proxy(nursery, sockdir, runtime_endpoint=backend)
-    await wait_until(lambda: daemon.hooks.recovered and bool(stores))
+    await wait_until(lambda: daemon.hooks.recovered and bool(advised))
     await trio.sleep(0.05)  # (a second advice would be made by now)
-    assert 1 == len(stores)
+    assert 1 == len(advised)
