@@ -122,6 +122,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--hook-anchor-rounds", type=int, default=5, help="hook anchor: rounds")
     parser.add_argument(
+        "--hook-anchor-idle-ms",
+        type=float,
+        default=0.0,
+        help="hook anchor: milliseconds the client idles before each create (default 0: back to back;"
+        " the targets are for that)",
+    )
+    parser.add_argument(
         "--anchor-runtime",
         choices=["containerd", "fake"],
         default="containerd",

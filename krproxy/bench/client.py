@@ -215,6 +215,8 @@ def create(args: argparse.Namespace) -> dict[str, Any]:
     for _ in range(args.calls):
         for target in order:
             body = request(target)
+            if args.idle_ms:
+                time.sleep(args.idle_ms / 1e3)
             started = time.perf_counter()
             answer = calls[target](body, timeout=30)
             samples[target].append((time.perf_counter() - started) * 1e6)
@@ -339,6 +341,12 @@ def main(argv: list[str] | None = None) -> int:
     cre = sub.add_parser("create")
     cre.add_argument("--targets", type=lambda v: v.split(","), required=True)
     cre.add_argument("--calls", type=int, default=300)
+    cre.add_argument(
+        "--idle-ms",
+        type=float,
+        default=0.0,
+        help="milliseconds the client sleeps before each timed create: every process waits idle (default 0)",
+    )
     pop = sub.add_parser("populate")
     pop.add_argument("--target", required=True)
     pop.add_argument("--pods", type=int, default=10)

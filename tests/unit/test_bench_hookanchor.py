@@ -50,6 +50,40 @@ def test_report_marks_each_target_met_or_missed() -> None:
     assert any("load average 1.00 at the start, 2.00 at the end" in line for line in lines)
 
 
+def test_spaced_calls_get_no_verdict() -> None:
+    """A run whose client idled before each create says so, and gives its ratios no verdict: the
+    targets are for calls back to back."""
+    rounds = [_round(1.0, 1.1), _round(1.0, 1.1)]
+    result = {
+        "runtime": "fake containerd",
+        "calls_per_round": 10,
+        "idle_ms": 2.0,
+        "load_average": {"start": [1.0, 1.0, 1.0], "end": [1.0, 1.0, 1.0]},
+        "rounds": rounds,
+        **hookanchor._digest(rounds),
+    }
+    lines = hookanchor.report_hook_anchor(result)
+    assert any("calls alternating, the client idle 2 ms before each;" in line for line in lines)
+    targeted = [line for line in lines if "vs Go+Go" in line and "floor:" not in line]
+    assert targeted and all(line.endswith("[spaced calls: no verdict]") for line in targeted)
+    assert not any("met" in line or "MISSED" in line for line in lines)
+
+
+def test_the_client_idles_before_each_create(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The round hands the idle time to the client as --idle-ms."""
+    seen: list[tuple[str, ...]] = []
+
+    def client(*argv: str) -> dict[str, Any]:
+        seen.append(argv)
+        return {"latencies_us": {"a.sock": [1000.0], "b.sock": [1500.0]}}
+
+    monkeypatch.setattr(hookanchor, "_client", client)
+    monkeypatch.setattr(hookanchor, "cpu_seconds", lambda pid: 0.0)
+    got = hookanchor._round({"direct": "a.sock", "go_go": "b.sock"}, {"go_go": {}}, 1, 2.5)
+    assert ("--idle-ms", "2.5") == seen[0][-2:]
+    assert 0.5 == got["go_go"]["added_ms"]
+
+
 def test_a_skipped_run_says_why() -> None:
     lines = hookanchor.report_hook_anchor({"skipped": "tests/gohookproxy cannot be built: no Go"})
     assert "  skipped: tests/gohookproxy cannot be built: no Go" == lines[-1]
