@@ -12,9 +12,10 @@ round by round, so machine noise hits all alike. Prints, per server, the server 
 seen by the client. ``--baseline DIR`` adds the same servers run from another source tree (an older
 krproxy: ``git archive REV | tar -x -C DIR``), measured in the same rounds. The hook anchor's grpc-go
 hook server (``tests/gohookserver``, making the same change) is measured in the same rounds when it can
-be built, and each SDK server's CPU is given against its. ``--idle-ms N`` makes the client idle N ms
-before each call, so every call meets a server that waited, as hook calls on a quiet node do. Issue
-24's target, for calls back to back: at most 0.2 ms of the server's CPU per call.
+be built, and the CPU of each SDK server that makes its change on its request is given against
+its (:func:`against_go`). ``--idle-ms N`` makes the client idle N ms before each call, so every call
+meets a server that waited, as hook calls on a quiet node do. Issue 24's target, for calls back to
+back: at most 0.2 ms of the server's CPU per call.
 
 ``--create`` (and ``python -m krproxy.bench --only-sdk-create``) measures instead what one SDK
 plugin adds to CreateContainer through krproxy, beside direct, no plugin, one fake plugin and the Go
