@@ -73,8 +73,7 @@ GO_SERVER = "Go hook server (grpc-go)"
 def against_go(case: str) -> bool:
     """Whether server ``case`` of :data:`CASES` makes the Go hook server's change on its request, so
     that its CPU is given against Go's: :func:`register`'s function alone, on the minimal request."""
-    extra, kubelet_sized, _ = CASES[case]
-    return extra == PLAIN and not kubelet_sized
+    return CASES[case][0] == PLAIN and not CASES[case][1]
 
 
 #: Issue 24's targets: the SDK server's CPU per call, and what one SDK plugin adds to CreateContainer.
@@ -180,29 +179,16 @@ def start_from(
         return subprocess.Popen([sys.executable, *argv], stdout=out, stderr=out, env=env, cwd=tree or workdir)
 
 
-def _log_end(path: str | None) -> str:
-    """The last 2,000 characters of the log at ``path`` ("" when there is none)."""
-    if path is None or not os.path.exists(path):
-        return ""
-    with open(path, "rb") as f:
-        return f.read()[-2000:].decode(errors="replace").strip()
-
-
-async def _wait_ready(
-    socket: str,
-    request: bytes,
-    process: subprocess.Popen[bytes] | None = None,
-    log_path: str | None = None,
-) -> None:
-    """Wait until the server on ``socket`` answers ``request``; RuntimeError (with its status and the
-    end of ``log_path``) as soon as its ``process`` has exited."""
+async def _wait_ready(socket: str, request: bytes, process: subprocess.Popen[bytes], log: str) -> None:
+    """Wait until the server on ``socket`` answers ``request``; RuntimeError, with its exit status and
+    the end of its ``log``, as soon as its ``process`` has exited."""
     with trio.fail_after(300):  # (a dozen servers starting at once on a loaded 2-core machine)
         while True:
-            if process is not None and process.poll() is not None:
-                tail = _log_end(log_path)
+            if process.poll() is not None:
+                tail = (await trio.Path(log).read_bytes())[-2000:].decode(errors="replace").strip()
                 raise RuntimeError(
-                    f"the server on {socket} exited with status {process.returncode} before it answered"
-                    + (f"; its log ends: {tail}" if tail else "")
+                    f"the server on {socket} exited with status {process.returncode} before it answered;"
+                    f" its log ends: {tail}"
                 )
             try:
                 async with rpc.Channel(socket) as channel:
@@ -212,22 +198,21 @@ async def _wait_ready(
                 await trio.sleep(0.1)
 
 
+#: A server measured: its socket, its process, the request it gets and its log.
+_Server = tuple[str, subprocess.Popen[bytes], bytes, str]
+
+
 async def _measure_rounds(
-    servers: dict[str, tuple[str, int, bytes]],
-    calls: int,
-    rounds: int,
-    idle_ms: float = 0.0,
-    started: dict[str, tuple[subprocess.Popen[bytes], str]] | None = None,
+    servers: dict[str, _Server], calls: int, rounds: int, idle_ms: float
 ) -> dict[str, dict[str, list[float]]]:
-    """Per server (label: socket, pid, request): the CPU per call of each round (ms) and all
-    latencies (ms); the client idles ``idle_ms`` before each measured call. ``started`` (label: process,
-    log) lets the wait for a server fail as soon as it has exited."""
+    """Per server (label: socket, process, request, log): the CPU per call of each round (ms) and all
+    latencies (ms); the client idles ``idle_ms`` before each measured call."""
     path = Stage.PRE_CREATE_CONTAINER.rpc_path
     results: dict[str, dict[str, list[float]]] = {}
     channels: dict[str, rpc.Channel] = {}
     try:
-        for label, (socket, _, request) in servers.items():
-            await _wait_ready(socket, request, *(started or {}).get(label, (None, None)))
+        for label, (socket, process, request, log) in servers.items():
+            await _wait_ready(socket, request, process, log)
             channels[label] = rpc.Channel(socket)
             for _ in range(200):  # warm-up: connection, code paths, allocator
                 await channels[label].unary(path, request, timeout=5)
@@ -235,15 +220,15 @@ async def _measure_rounds(
         order = list(servers)
         for turn in range(rounds):
             for label in order[turn % len(order) :] + order[: turn % len(order)]:
-                channel, (_, pid, request) = channels[label], servers[label]
-                before = cpu_seconds(pid)
+                channel, (_, process, request, _) = channels[label], servers[label]
+                before = cpu_seconds(process.pid)
                 for _ in range(calls):
                     if idle_ms:
                         await trio.sleep(idle_ms / 1e3)
                     start = time.perf_counter()
                     await channel.unary(path, request, timeout=5)
                     results[label]["latency_ms"].append((time.perf_counter() - start) * 1e3)
-                results[label]["cpu_ms"].append((cpu_seconds(pid) - before) / calls * 1e3)
+                results[label]["cpu_ms"].append((cpu_seconds(process.pid) - before) / calls * 1e3)
     finally:
         for channel in channels.values():
             await channel.aclose()
@@ -259,33 +244,18 @@ def cpu_per_call(
     trees: dict[str, str | None] = {"": None}
     if baseline is not None:
         trees = {" (baseline)": os.path.abspath(baseline), "": None}
-    servers: dict[str, tuple[str, int, bytes]] = {}
-    kubelet_sized_servers = set()  # (the Go server is called with the minimal request)
-    compared = set()  # the servers whose CPU is given against Go's (:func:`against_go`)
+    servers: dict[str, _Server] = {}
+    cases: dict[str, str] = {}  # label: case (the Go server has none)
     processes = []
-    started: dict[str, tuple[subprocess.Popen[bytes], str]] = {}
     try:
         for index, (case, (extra, kubelet_sized, kind)) in enumerate(CASES.items()):
             request = kubelet_sized_request() if kubelet_sized else minimal_request()
             for suffix, tree in trees.items():
-                name = f"s{index}{'b' if tree else ''}"
-                socket = os.path.join(workdir, f"{name}.sock")
-                process = start_hook_server(
-                    socket,
-                    os.path.join(workdir, f"{name}.d"),
-                    workdir,
-                    extra,
-                    tree,
-                    os.path.join(workdir, f"{name}.log"),
-                    kind,
-                )
+                base = os.path.join(workdir, f"s{index}{'b' if tree else ''}")
+                socket, log = f"{base}.sock", f"{base}.log"
+                process = start_hook_server(socket, f"{base}.d", workdir, extra, tree, log, kind)
                 processes.append(process)
-                servers[case + suffix] = (socket, process.pid, request)
-                started[case + suffix] = (process, os.path.join(workdir, f"{name}.log"))
-                if kubelet_sized:
-                    kubelet_sized_servers.add(case + suffix)
-                if against_go(case):
-                    compared.add(case + suffix)
+                servers[case + suffix], cases[case + suffix] = (socket, process, request, log), case
         skipped = None
         try:
             go_server = go_program("gohookserver")
@@ -294,13 +264,12 @@ def cpu_per_call(
         else:
             socket, hook_dir = os.path.join(workdir, "go.sock"), os.path.join(workdir, "go.d")
             os.makedirs(hook_dir)
-            go_log = os.path.join(workdir, "go.log")
-            with open(go_log, "wb") as log_file:
+            log = os.path.join(workdir, "go.log")
+            with open(log, "wb") as log_file:
                 argv = [go_server, "-socket", socket, "-hook-dir", hook_dir]
                 processes.append(subprocess.Popen(argv, stdout=log_file, stderr=log_file, cwd=workdir))
-            servers[GO_SERVER] = (socket, processes[-1].pid, minimal_request())
-            started[GO_SERVER] = (processes[-1], go_log)
-        measured = trio.run(_measure_rounds, servers, calls, rounds, idle_ms, started)
+            servers[GO_SERVER] = (socket, processes[-1], minimal_request(), log)
+        measured = trio.run(_measure_rounds, servers, calls, rounds, idle_ms)
     finally:
         for process in processes:
             process.terminate()
@@ -317,8 +286,7 @@ def cpu_per_call(
             "latency_median_ms": statistics.median(latencies),
             "latency_p99_ms": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))],
             "calls": calls * len(got["cpu_ms"]),
-            "kubelet_sized": label in kubelet_sized_servers,
-            "against_go": label in compared,
+            "against_go": label in cases and against_go(cases[label]),
         }
     return out
 
