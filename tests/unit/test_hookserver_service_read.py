@@ -1,0 +1,111 @@
+"""krproxy.hookserver._service: where a hook call's request is read. A blocking stage's runs in the
+worker, but its request is read on the loop's thread first, where its bytes arrived (reading touches
+no app state), unless it is large; a request that is no such message is answered there, no job queued."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import outcome
+import pytest
+import trio
+
+from krproxy.grpcstatus import GRPCError, Status
+from krproxy.hookserver import ContainerContext, HookServer, Stage, _service, _wire
+from krproxy.hookserver._executor import Executor
+from krproxy.hookserver._service import AppWorker, HookService
+from krproxy.hookserver.testing import container_request, pod_request
+from tests.integration.support import LIVENESS_LIMIT
+
+STAGE = Stage.PRE_CREATE_CONTAINER
+
+
+async def _call(service: HookService, request: bytes) -> outcome.Outcome[bytes]:
+    """One call of ``STAGE`` as the server starts it: its outcome, inline or late."""
+    late: list[outcome.Outcome[bytes]] = []
+    came = trio.Event()
+
+    def done_late(result: outcome.Outcome[bytes]) -> None:
+        late.append(result)
+        came.set()
+
+    got = service._start(service._container, STAGE, request, done_late)
+    if got is None:
+        with trio.fail_after(LIVENESS_LIMIT):
+            await came.wait()
+        got = late[0]
+    return got
+
+
+def _served(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, worker: AppWorker
+) -> tuple[HookService, dict[str, str]]:
+    """A service with one blocking function, recording the thread that read each request and the
+    thread that ran the function."""
+    threads: dict[str, str] = {}
+    read = _wire.container_info
+
+    def container_info(request: bytes) -> Any:
+        threads["read"] = threading.current_thread().name
+        return read(request)
+
+    monkeypatch.setattr(_wire, "container_info", container_info)
+    app = HookServer(executor=Executor.for_roots(str(tmp_path), str(tmp_path / "resctrl")))
+
+    @app.hook(STAGE, name="blocking")
+    def blocking(ctx: ContainerContext) -> None:
+        threads["stage"] = threading.current_thread().name
+        ctx.response.add_envs["SEEN"] = ctx.request.name
+
+    return HookService(app, worker), threads
+
+
+def _envs(reply: bytes) -> dict[str, str]:
+    answer = _wire.ContainerResourceHookResponse.FromString(reply)
+    return {e.key: e.value for e in answer.container_envs}
+
+
+async def test_read_on_the_loop(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blocking stage's request is read on the loop's thread; its function runs in the worker, and
+    the answer carries what it did."""
+    async with AppWorker.open() as worker:
+        service, threads = _served(tmp_path, monkeypatch, worker)
+        request = bytes(container_request(pod_request("web"), "app").SerializeToString())
+        reply = (await _call(service, request)).unwrap()
+        worker_name = worker._thread.name
+    assert {"read": threading.current_thread().name, "stage": worker_name} == threads
+    assert {"SEEN": "app"} == _envs(reply)
+
+
+async def test_large_request_read_in_worker(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request of READ_ON_LOOP_BELOW bytes or more is read in the worker, not to hold up the loop."""
+    async with AppWorker.open() as worker:
+        service, threads = _served(tmp_path, monkeypatch, worker)
+        big = container_request(pod_request("web"), "app")
+        big.container_annotations["big"] = "x" * _service.READ_ON_LOOP_BELOW
+        reply = (await _call(service, bytes(big.SerializeToString()))).unwrap()
+        worker_name = worker._thread.name
+    assert {"read": worker_name, "stage": worker_name} == threads
+    assert {"SEEN": "app"} == _envs(reply)
+
+
+async def test_bad_request_answered_without_a_job(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request that is no ContainerResourceHookRequest is INVALID_ARGUMENT naming the message, answered
+    at once: the worker gets no job and stays idle."""
+    async with AppWorker.open() as worker:
+        service, threads = _served(tmp_path, monkeypatch, worker)
+        jobs: list[object] = []
+        submit = worker.submit
+
+        def recorded(*args: Any) -> Any:
+            jobs.append(args)
+            return submit(*args)
+
+        monkeypatch.setattr(worker, "submit", recorded)
+        got = service._start(service._container, STAGE, b"\xff\xff\xff", lambda result: None)
+        assert worker.idle
+    assert isinstance(got, outcome.Error)
+    assert isinstance(got.error, GRPCError) and Status.INVALID_ARGUMENT == got.error.status
+    assert "ContainerResourceHookRequest" in str(got.error.message)
+    assert [] == jobs and "stage" not in threads
