@@ -6,9 +6,10 @@ retries — runs one at a time (:class:`._worker.AppWorker`). Where a hook call 
 stage's functions (:meth:`._registry.Registry.placement`):
 
 - a blocking plain function among them (a plain ``def`` unless declared ``blocking=False``): the
-  whole call in the worker thread, so a slow plugin function never stalls the event loop (the
-  socket, other connections, the proxy's deadlines); its ``async def`` functions are handed back to
-  the loop (:func:`._registry.call_hook`);
+  call in the worker thread, so a slow plugin function never stalls the event loop (the socket,
+  other connections, the proxy's deadlines); its ``async def`` functions are handed back to the loop
+  (:func:`._registry.call_hook`). Only reading the request (upb and the context's records, no app
+  state) is done on the loop first, where its bytes arrived (:data:`READ_ON_LOOP_BELOW`);
 - non-blocking plain functions only: on the event loop, in the step that read the request, when the
   app is idle (no hop to a thread and back: about half of such a server's CPU per call, docs/
   performance.md); each function timed (:class:`._registry.InlineWatch`);
@@ -54,6 +55,12 @@ from ._registry import (
 from ._worker import AppWorker as AppWorker
 
 LOGGER = logging.getLogger("krproxy.hookserver")
+
+#: A request for the worker is read on the loop's thread, where its bytes were read, when smaller
+#: than this: the worker's job then starts from the records. Reading there rather than in the worker
+#: halved a plain function's call after the server waited idle (docs/performance.md, "A blocking
+#: stage's request read on the loop"); a larger one is read in the worker, not to hold up the loop.
+READ_ON_LOOP_BELOW = 64 * 1024
 
 
 @attrs.frozen
@@ -119,17 +126,34 @@ class HookService:
         already, else None and ``done_late(outcome)`` later."""
         placement = self.app.registry.placement(stage)
         if placement is Placement.WORKER or not self.worker.idle:
-            return self.worker.submit(done_late, self._in_worker, level, stage, request)
+            return self._to_worker(level, stage, request, done_late)
         if placement is Placement.LOOP:
             try:
                 return self._on_loop(level, stage, request, done_late)
             except Exception as exc:  # the call's answer (rpc reports it as submit's would)
                 return outcome.Error(exc)
         if self.nursery is None:  # (no nursery for the task: the worker hands its awaits to the loop)
-            return self.worker.submit(done_late, self._in_worker, level, stage, request)
+            return self._to_worker(level, stage, request, done_late)
         self.worker.hold()
         self.nursery.start_soon(self._in_task, level, stage, request, done_late)
         return None
+
+    def _to_worker(
+        self,
+        level: _Level,
+        stage: Stage,
+        request: bytes,
+        done_late: Callable[[outcome.Outcome[bytes]], None],
+    ) -> outcome.Outcome[bytes] | None:
+        """The call queued for the worker, its request read here first (reading touches no app
+        state) unless it is of :data:`READ_ON_LOOP_BELOW` bytes or more."""
+        if len(request) >= READ_ON_LOOP_BELOW:
+            return self.worker.submit(done_late, self._read_in_worker, level, stage, request)
+        try:
+            req, ctx = self._read(level, stage, request)
+        except GRPCError as exc:
+            return outcome.Error(exc)
+        return self.worker.submit(done_late, self._in_worker, level, stage, req, ctx)
 
     def _read(self, level: _Level, stage: Stage, request: bytes) -> tuple[Any, Any]:
         """The upb request and the call's context; INVALID_ARGUMENT naming the message if the bytes are
@@ -148,9 +172,13 @@ class HookService:
         except OSError as exc:
             raise GRPCError(Status.UNKNOWN, str(exc)) from exc
 
-    def _in_worker(self, level: _Level, stage: Stage, request: bytes) -> bytes:
+    def _read_in_worker(self, level: _Level, stage: Stage, request: bytes) -> bytes:
         """The whole call, as a job of the worker's."""
         req, ctx = self._read(level, stage, request)
+        return self._in_worker(level, stage, req, ctx)
+
+    def _in_worker(self, level: _Level, stage: Stage, req: Any, ctx: Any) -> bytes:
+        """The call once read: its stage, finish and answer, as a job of the worker's."""
         try:
             result = self.app.run_stage(stage, ctx)
         except HookFailedError as exc:
