@@ -31,7 +31,7 @@ import shutil
 import tempfile
 from collections.abc import Sequence
 
-from krproxy.bench._support import _scratch
+from krproxy.bench._support import _scratch, non_negative_ms
 from krproxy.bench.anchor import go_anchor, report_go_anchor
 from krproxy.bench.hookanchor import hook_anchor, report_hook_anchor
 from krproxy.bench.micro import header_flood, report_header_flood, report_rpc_server_cpu, rpc_server_cpu
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--hook-anchor-rounds", type=int, default=5, help="hook anchor: rounds")
     parser.add_argument(
         "--hook-anchor-idle-ms",
-        type=float,
+        type=non_negative_ms,
         default=0.0,
         help="hook anchor: milliseconds the client idles before each create (default 0: back to back;"
         " the targets are for that)",

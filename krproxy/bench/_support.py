@@ -4,6 +4,7 @@ modules only."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -31,6 +32,17 @@ def cpu_seconds(pid: int) -> float:
     OSError when the process has gone.
     """
     return time.clock_gettime((~pid << 3) | 2)
+
+
+def non_negative_ms(text: str) -> float:
+    """An ``--idle-ms`` value (argparse ``type``): milliseconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is no number of milliseconds") from None
+    if not value >= 0:  # (NaN too)
+        raise argparse.ArgumentTypeError(f"{text}: milliseconds to idle are 0 or more")
+    return value
 
 
 def wait_grpc(socket: str, failure: str) -> None:

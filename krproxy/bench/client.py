@@ -25,6 +25,8 @@ from typing import Any
 import grpc
 from cri_api.v1 import api_pb2 as pb
 
+from krproxy.bench._support import non_negative_ms
+
 WARMUP_CALLS = 200
 METHODS: dict[str, tuple[str, Callable[[str], Any]]] = {
     # method -> (path, request factory, needs a container id)
@@ -343,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     cre.add_argument("--calls", type=int, default=300)
     cre.add_argument(
         "--idle-ms",
-        type=float,
+        type=non_negative_ms,
         default=0.0,
         help="milliseconds the client sleeps before each timed create: every process waits idle (default 0)",
     )

@@ -38,6 +38,7 @@ from typing import Any
 import trio
 
 from krproxy import log, rpc
+from krproxy.bench import _support
 from krproxy.bench._support import Processes, _client, _serve_args, _summary, cpu_seconds, wait_grpc
 from krproxy.bench.anchor import go_program, go_proxy
 from krproxy.grpcstatus import GRPCError
@@ -246,7 +247,8 @@ def cpu_per_call(
         trees = {" (baseline)": os.path.abspath(baseline), "": None}
     servers: dict[str, _Server] = {}
     cases: dict[str, str] = {}  # label: case (the Go server has none)
-    processes = []
+    procs = Processes(workdir)  # (stopped by pid, killed if SIGTERM does not end them)
+    processes = procs.started
     try:
         for index, (case, (extra, kubelet_sized, kind)) in enumerate(CASES.items()):
             request = kubelet_sized_request() if kubelet_sized else minimal_request()
@@ -271,10 +273,7 @@ def cpu_per_call(
             servers[GO_SERVER] = (socket, processes[-1], minimal_request(), log)
         measured = trio.run(_measure_rounds, servers, calls, rounds, idle_ms)
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait(timeout=30)
+        procs.stop()
     out: dict[str, Any] = {"idle_ms": idle_ms, "servers": {}}
     if skipped is not None:
         out["go_skipped"] = skipped
@@ -477,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--create-calls", type=int, default=300, help="CreateContainer calls per target")
     parser.add_argument(
         "--idle-ms",
-        type=float,
+        type=_support.non_negative_ms,
         default=0.0,
         help="milliseconds the client idles before each call, so each meets a server that waited"
         " (default 0: back to back)",
