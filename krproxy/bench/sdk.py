@@ -248,7 +248,6 @@ def cpu_per_call(
     servers: dict[str, _Server] = {}
     cases: dict[str, str] = {}  # label: case (the Go server has none)
     procs = Processes(workdir)  # (stopped by pid, killed if SIGTERM does not end them)
-    processes = procs.started
     try:
         for index, (case, (extra, kubelet_sized, kind)) in enumerate(CASES.items()):
             request = kubelet_sized_request() if kubelet_sized else minimal_request()
@@ -256,7 +255,7 @@ def cpu_per_call(
                 base = os.path.join(workdir, f"s{index}{'b' if tree else ''}")
                 socket, log = f"{base}.sock", f"{base}.log"
                 process = start_hook_server(socket, f"{base}.d", workdir, extra, tree, log, kind)
-                processes.append(process)
+                procs.started.append(process)
                 servers[case + suffix], cases[case + suffix] = (socket, process, request, log), case
         skipped = None
         try:
@@ -269,8 +268,8 @@ def cpu_per_call(
             log = os.path.join(workdir, "go.log")
             with open(log, "wb") as log_file:
                 argv = [go_server, "-socket", socket, "-hook-dir", hook_dir]
-                processes.append(subprocess.Popen(argv, stdout=log_file, stderr=log_file, cwd=workdir))
-            servers[GO_SERVER] = (socket, processes[-1], minimal_request(), log)
+                procs.started.append(subprocess.Popen(argv, stdout=log_file, stderr=log_file, cwd=workdir))
+            servers[GO_SERVER] = (socket, procs.started[-1], minimal_request(), log)
         measured = trio.run(_measure_rounds, servers, calls, rounds, idle_ms)
     finally:
         procs.stop()
