@@ -109,3 +109,27 @@ async def test_bad_request_answered_without_a_job(tmp_path: Any, monkeypatch: py
     assert isinstance(got.error, GRPCError) and Status.INVALID_ARGUMENT == got.error.status
     assert "ContainerResourceHookRequest" in str(got.error.message)
     assert [] == jobs and "stage" not in threads
+
+
+@pytest.mark.parametrize(
+    ("stage", "expected"),
+    [
+        (Stage.PRE_CREATE_CONTAINER, "ContainerResourceHookRequest"),
+        (Stage.PRE_RUN_POD_SANDBOX, "PodSandboxHookRequest"),
+    ],
+)
+async def test_bad_request_says_what_to_send(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, stage: Stage, expected: str
+) -> None:
+    """A request that is no such message is INVALID_ARGUMENT saying how to fix it: the message the
+    method takes (its package and the proto that defines it), strings in UTF-8."""
+    async with AppWorker.open() as worker:
+        service, _ = _served(tmp_path, monkeypatch, worker)
+        level = service._pod if stage.is_pod_level else service._container
+        got = service._start(level, stage, b"\x0a\x03\x0a\x01\xff", lambda result: None)
+    assert isinstance(got, outcome.Error) and isinstance(got.error, GRPCError)
+    message = str(got.error.message)
+    assert Status.INVALID_ARGUMENT == got.error.status
+    assert message.startswith(f"{stage.rpc_name}: the request is no {expected}")
+    assert f"send {stage.rpc_name} a runtime.v1alpha1.{expected}" in message
+    assert "protos/runtime_hook_v1alpha1.proto" in message and "UTF-8" in message
