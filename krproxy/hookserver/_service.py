@@ -253,7 +253,14 @@ class HookService:
 
 
 def _not_a(stage: Stage, expected: str, exc: Exception) -> GRPCError:
-    return GRPCError(Status.INVALID_ARGUMENT, f"{stage.rpc_name}: the request is no {expected}: {exc}")
+    """INVALID_ARGUMENT for bytes that are no ``expected``, saying what to send instead (upb's own
+    text names only the message; an invalid UTF-8 string is the same error)."""
+    return GRPCError(
+        Status.INVALID_ARGUMENT,
+        f"{stage.rpc_name}: the request is no {expected} ({exc}): send {stage.rpc_name} a "
+        f"runtime.v1alpha1.{expected} as protos/runtime_hook_v1alpha1.proto defines it (Koordinator's "
+        "hook protocol), its strings in UTF-8",
+    )
 
 
 @attrs.frozen
