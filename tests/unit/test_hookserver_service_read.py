@@ -5,6 +5,7 @@ no app state), unless it is large; a request that is no such message is answered
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import outcome
@@ -21,8 +22,8 @@ from tests.integration.support import LIVENESS_LIMIT
 STAGE = Stage.PRE_CREATE_CONTAINER
 
 
-async def _call(service: HookService, request: bytes) -> outcome.Outcome[bytes]:
-    """One call of ``STAGE`` as the server starts it: its outcome, inline or late."""
+async def _call(service: HookService, request: bytes, stage: Stage = STAGE) -> outcome.Outcome[bytes]:
+    """One call of ``stage`` as the server starts it: its outcome, inline or late."""
     late: list[outcome.Outcome[bytes]] = []
     came = trio.Event()
 
@@ -30,12 +31,29 @@ async def _call(service: HookService, request: bytes) -> outcome.Outcome[bytes]:
         late.append(result)
         came.set()
 
-    got = service._start(service._container, STAGE, request, done_late)
+    got = service._start(
+        service._pod if stage.is_pod_level else service._container, stage, request, done_late
+    )
     if got is None:
         with trio.fail_after(LIVENESS_LIMIT):
             await came.wait()
         got = late[0]
     return got
+
+
+def _record_reads(monkeypatch: pytest.MonkeyPatch, threads: dict[str, str]) -> None:
+    """Both levels' readings record their thread as ``threads["read"]`` (patched before the service
+    is made: its levels hold the functions)."""
+    for name in ("pod_info", "container_info"):
+        monkeypatch.setattr(_wire, name, _recording(getattr(_wire, name), threads))
+
+
+def _recording(read: Callable[[bytes], Any], threads: dict[str, str]) -> Callable[[bytes], Any]:
+    def recorded(request: bytes) -> Any:
+        threads["read"] = threading.current_thread().name
+        return read(request)
+
+    return recorded
 
 
 def _served(
@@ -133,3 +151,60 @@ async def test_bad_request_says_what_to_send(
     assert message.startswith(f"{stage.rpc_name}: the request is no {expected}")
     assert f"send {stage.rpc_name} a runtime.v1alpha1.{expected}" in message
     assert "protos/runtime_hook_v1alpha1.proto" in message and "UTF-8" in message
+
+
+def _sized(size: int) -> bytes:
+    """A container request of exactly ``size`` bytes (an annotation padded to fit)."""
+    request = container_request(pod_request("web"), "app")
+    pad = size
+    while True:
+        request.container_annotations["pad"] = "x" * max(pad, 0)
+        got = bytes(request.SerializeToString())
+        if len(got) == size:
+            return got
+        pad += size - len(got)
+
+
+@pytest.mark.parametrize(
+    ("size", "where"), [(_service.READ_ON_LOOP_BELOW - 1, "loop"), (_service.READ_ON_LOOP_BELOW, "worker")]
+)
+async def test_threshold_exact(tmp_path: Any, monkeypatch: pytest.MonkeyPatch, size: int, where: str) -> None:
+    """A request one byte under READ_ON_LOOP_BELOW is read on the loop's thread, one of exactly that
+    many bytes in the worker; both are answered alike."""
+    async with AppWorker.open() as worker:
+        service, threads = _served(tmp_path, monkeypatch, worker)
+        reply = (await _call(service, _sized(size))).unwrap()
+        names = {"loop": threading.current_thread().name, "worker": worker._thread.name}
+    assert {"read": names[where], "stage": names["worker"]} == threads
+    assert {"SEEN": "app"} == _envs(reply)
+
+
+@pytest.mark.parametrize("stage", list(Stage), ids=lambda s: s.value)
+async def test_every_stage_read_on_the_loop(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, stage: Stage
+) -> None:
+    """Every hook point's call of a blocking stage, pod- or container-level, is read on the loop's
+    thread and run in the worker, and its answer carries what the function did."""
+    threads: dict[str, str] = {}
+    _record_reads(monkeypatch, threads)
+    app = HookServer(executor=Executor.for_roots(str(tmp_path), str(tmp_path / "resctrl")))
+
+    @app.hook(stage, name="blocking")
+    def blocking(ctx: Any) -> None:
+        threads["stage"] = threading.current_thread().name
+        ctx.response.annotations["seen"] = ctx.request.meta.name if stage.is_pod_level else ctx.request.name
+
+    pod = pod_request("web")
+    request = pod if stage.is_pod_level else container_request(pod, "app", id="c1")
+    async with AppWorker.open() as worker:
+        reply = (await _call(HookService(app, worker), bytes(request.SerializeToString()), stage)).unwrap()
+        worker_name = worker._thread.name
+    assert {"read": threading.current_thread().name, "stage": worker_name} == threads
+    if stage.is_pod_level:
+        answer = _wire.PodSandboxHookResponse.FromString(reply)
+        assert {"seen": "web"} == {e.key: e.value for e in answer.annotations}
+        assert pod.cgroup_parent == answer.cgroup_parent
+    else:
+        answer = _wire.ContainerResourceHookResponse.FromString(reply)
+        assert {"seen": "app"} == {e.key: e.value for e in answer.container_annotations}
+        assert pod.cgroup_parent == answer.pod_cgroup_parent
