@@ -208,3 +208,54 @@ async def test_every_stage_read_on_the_loop(
         answer = _wire.ContainerResourceHookResponse.FromString(reply)
         assert {"seen": "app"} == {e.key: e.value for e in answer.container_annotations}
         assert pod.cgroup_parent == answer.pod_cgroup_parent
+
+
+_NAMED = b"\x12\x05\x0a\x03app"  # container_meta {name: "app"}
+
+#: Container requests read loosely (each as protobuf-go reads it too: a field of the wrong wire type
+#: or an unknown number kept aside as unknown, a message field given twice merged, a scalar's last
+#: value kept, a uint32 cut to 32 bits) and two that are no such message.
+LOOSE = {
+    "empty": b"",
+    "unknown fields": _NAMED + b"\x98\x06\x01\xa2\x06\x03abc",
+    "wrong wire types": b"\x10\x05\x40\x07" + _NAMED,
+    "map entries loose": _NAMED + b"\x4a\x05\x08\x01\x12\x01v\x4a\x08\x0a\x01k\x12\x01w\x18\x01",
+    "fields twice": _NAMED + b"\x12\x04\x1a\x02c1\x42\x01a\x42\x01b",
+    "uint32 overflow": b"\x12\x0b\x0a\x03app\x10\x85\x80\x80\x80\x10",
+    "cut off": b"\x0a\xff\x01",
+    "invalid utf-8": _NAMED + b"\x42\x01\xff",
+}
+
+
+async def _answer(service: HookService, seen: list[str], request: bytes) -> tuple[str, Any]:
+    """What the function saw and the answer's bytes, or the error's status and text."""
+    seen.clear()
+    got = await _call(service, request)
+    if isinstance(got, outcome.Error):
+        assert isinstance(got.error, GRPCError)
+        return "error", (got.error.status, got.error.message, list(seen))
+    return "reply", (got.unwrap(), list(seen))
+
+
+@pytest.mark.parametrize("request_bytes", list(LOOSE.values()), ids=list(LOOSE))
+async def test_loose_requests_read_alike(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, request_bytes: bytes
+) -> None:
+    """A request read loosely, or not at all, is read on the loop's thread exactly as in the worker:
+    the function sees the same record and the call gets the same answer (or the same error)."""
+    app = HookServer(executor=Executor.for_roots(str(tmp_path), str(tmp_path / "resctrl")))
+    seen: list[str] = []
+
+    @app.hook(STAGE, name="blocking")
+    def blocking(ctx: ContainerContext) -> None:
+        seen.append(repr(ctx.request))
+        ctx.response.add_envs["SEEN"] = ctx.request.name
+
+    async with AppWorker.open() as worker:
+        service = HookService(app, worker)
+        on_loop = await _answer(service, seen, request_bytes)
+        monkeypatch.setattr(_service, "READ_ON_LOOP_BELOW", 0)  # every request read in the worker
+        in_worker = await _answer(service, seen, request_bytes)
+    assert in_worker == on_loop
+    if on_loop[0] == "error":
+        assert Status.INVALID_ARGUMENT == on_loop[1][0] and [] == on_loop[1][2]
