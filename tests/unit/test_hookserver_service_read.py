@@ -11,6 +11,7 @@ from typing import Any
 import outcome
 import pytest
 import trio
+import trio.testing
 
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hookserver import ContainerContext, HookServer, Stage, _service, _wire
@@ -259,3 +260,107 @@ async def test_loose_requests_read_alike(
     assert in_worker == on_loop
     if on_loop[0] == "error":
         assert Status.INVALID_ARGUMENT == on_loop[1][0] and [] == on_loop[1][2]
+
+
+def _named(name: str) -> bytes:
+    return bytes(container_request(pod_request("web"), name).SerializeToString())
+
+
+class _Answers:
+    """The late answers of calls, by name, in the order they came; :meth:`wait` for ``count``."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, outcome.Outcome[bytes]]] = []
+        self._changed = trio.Event()
+
+    def to(self, name: str) -> Callable[[outcome.Outcome[bytes]], None]:
+        def done_late(result: outcome.Outcome[bytes]) -> None:
+            self.got.append((name, result))
+            self._changed.set()
+
+        return done_late
+
+    async def wait(self, count: int) -> list[tuple[str, dict[str, str]]]:
+        with trio.fail_after(LIVENESS_LIMIT):
+            while len(self.got) < count:
+                self._changed = trio.Event()
+                await self._changed.wait()
+        return [(name, _envs(result.unwrap())) for name, result in self.got]
+
+
+async def test_read_while_a_job_runs(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls arriving while an earlier job (a ticker's, the policy watcher's) runs in the worker are
+    read at once on the loop's thread, but their function runs after that job and sees the state it
+    left; calls of one stage run and are answered in the order they came, and a bad one among them
+    is answered at once without changing that order."""
+    threads: dict[str, str] = {}
+    _record_reads(monkeypatch, threads)
+    app = HookServer(executor=Executor.for_roots(str(tmp_path), str(tmp_path / "resctrl")))
+    state = {"policy": "before"}
+    ran: list[str] = []
+
+    @app.hook(STAGE, name="blocking")
+    def blocking(ctx: ContainerContext) -> None:
+        ran.append(ctx.request.name)
+        ctx.response.add_envs["POLICY"] = state["policy"]
+
+    gate = threading.Event()
+
+    def earlier() -> None:
+        assert gate.wait(LIVENESS_LIMIT)
+        state["policy"] = "after"
+
+    answers = _Answers()
+    async with AppWorker.open() as worker:
+        service = HookService(app, worker)
+        assert worker.submit(lambda result: None, earlier) is None
+        try:
+            assert service._start(service._container, STAGE, _named("first"), answers.to("first")) is None
+            bad = service._start(service._container, STAGE, b"\x0a\xff\x01", answers.to("bad"))
+            assert service._start(service._container, STAGE, _named("second"), answers.to("second")) is None
+            assert threading.current_thread().name == threads["read"] and [] == ran  # read, not yet run
+            assert isinstance(bad, outcome.Error) and isinstance(bad.error, GRPCError)
+            assert Status.INVALID_ARGUMENT == bad.error.status
+        finally:
+            gate.set()
+        got = await answers.wait(2)
+    assert ["first", "second"] == ran
+    assert [("first", {"POLICY": "after"}), ("second", {"POLICY": "after"})] == got
+
+
+async def test_read_while_a_task_holds_the_app(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blocking stage's call arriving while an ``async def`` stage's task holds the app is read at
+    once on the loop's thread; its function runs once that task has ended, after it."""
+    threads: dict[str, str] = {}
+    _record_reads(monkeypatch, threads)
+    app = HookServer(executor=Executor.for_roots(str(tmp_path), str(tmp_path / "resctrl")))
+    order: list[str] = []
+    release = trio.Event()
+
+    @app.hook(Stage.PRE_START_CONTAINER, name="awaits")
+    async def awaits(ctx: ContainerContext) -> None:
+        order.append("task began")
+        await release.wait()
+        order.append("task ended")
+
+    @app.hook(STAGE, name="blocking")
+    def blocking(ctx: ContainerContext) -> None:
+        order.append("blocking")
+        ctx.response.add_envs["SEEN"] = ctx.request.name
+
+    answers = _Answers()
+    async with AppWorker.open() as worker, trio.open_nursery() as nursery:
+        service = HookService(app, worker, nursery)
+        start = service._start(
+            service._container, Stage.PRE_START_CONTAINER, _named("held"), answers.to("held")
+        )
+        assert start is None
+        await trio.testing.wait_all_tasks_blocked()
+        assert ["task began"] == order and not worker.idle
+        threads.clear()  # (the held call's reading, on the loop)
+        assert service._start(service._container, STAGE, _named("app"), answers.to("app")) is None
+        assert threading.current_thread().name == threads["read"] and ["task began"] == order
+        release.set()
+        got = await answers.wait(2)
+    assert ["task began", "task ended", "blocking"] == order
+    assert [("held", {}), ("app", {"SEEN": "app"})] == got
