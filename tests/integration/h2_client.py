@@ -80,7 +80,8 @@ def framed(message: bytes) -> bytes:
 
 
 async def request(socket_path: str, fields: Fields, body: bytes | None = None) -> H2Answer:
-    """Send one request (``body``: DATA, already framed; None: headers only, ending the stream)."""
+    """Send one request (``body``: DATA, already framed, in frames of the largest size allowed; None:
+    headers only, ending the stream)."""
     conn = h2.connection.H2Connection(
         h2.config.H2Configuration(
             client_side=True,
@@ -96,7 +97,10 @@ async def request(socket_path: str, fields: Fields, body: bytes | None = None) -
         conn.initiate_connection()
         conn.send_headers(1, fields, end_stream=body is None)
         if body is not None:
-            conn.send_data(1, body, end_stream=True)
+            size = conn.max_outbound_frame_size
+            chunks = [body[at : at + size] for at in range(0, len(body), size)] or [b""]
+            for index, chunk in enumerate(chunks):
+                conn.send_data(1, chunk, end_stream=index == len(chunks) - 1)
         await stream.send_all(conn.data_to_send())
         settings_seen = done = False
         while not done:
