@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -247,3 +248,28 @@ async def test_a_bug_answering_late_ends_only_that_connection(
             await trio.to_thread.run_sync(future.result)
         assert grpc.StatusCode.UNAVAILABLE == caught.value.code()
         assert b"olleh" == (await request(sock, grpc_request(AT_ONCE), framed(b"hello"))).message
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="krproxy/relay/served.py Served._ended_by logs a job's outcome.Error with LOGGER.exception outside "
+    "an except block, so the record's exc_info is (None, None, None) and the log says 'NoneType: None' "
+    "(fix: exc_info=err); left to the helper on krproxy/relay/served.py",
+)
+async def test_a_jobs_bug_is_logged_with_its_exception(
+    nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A job's error that is no GRPCError (a bug), as its outcome at once or later, is logged with
+    that exception, as one raised by start is."""
+    jobs = Jobs()
+    await jobs.serve(nursery, sock)
+    with caplog.at_level(logging.ERROR), trio.fail_after(LIVENESS_LIMIT):
+        assert grpc.StatusCode.UNKNOWN == (await failure(grpcio(AT_ONCE), b"raise")).code()
+        assert grpc.StatusCode.UNKNOWN == (await failure(grpcio(AT_ONCE), b"bug")).code()
+        future = grpcio(LATER).future(b"x", timeout=LIVENESS_LIMIT)
+        await jobs.wait_for(1)
+        jobs.waiting[0][1](outcome.Error(ValueError("a late bug")))
+        with pytest.raises(grpc.RpcError):
+            await trio.to_thread.run_sync(future.result)
+    failed = [r for r in caplog.records if r.getMessage().startswith("handler of /t.S/")]
+    assert [KeyError, ValueError, ValueError] == [r.exc_info[0] if r.exc_info else None for r in failed]
