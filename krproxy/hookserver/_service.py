@@ -146,7 +146,9 @@ class HookService:
         done_late: Callable[[outcome.Outcome[bytes]], None],
     ) -> outcome.Outcome[bytes] | None:
         """The call queued for the worker, its request read here first (reading touches no app
-        state) unless it is of :data:`READ_ON_LOOP_BELOW` bytes or more."""
+        state) unless it is of :data:`READ_ON_LOOP_BELOW` bytes or more: one that is no such message
+        is then answered at once, with no job queued (another error reading it is raised to the
+        server, which answers the call UNKNOWN, as from the worker)."""
         if len(request) >= READ_ON_LOOP_BELOW:
             return self.worker.submit(done_late, self._read_in_worker, level, stage, request)
         try:
