@@ -215,7 +215,8 @@ _NAMED = b"\x12\x05\x0a\x03app"  # container_meta {name: "app"}
 
 #: Container requests read loosely (each as protobuf-go reads it too: a field of the wrong wire type
 #: or an unknown number kept aside as unknown, a message field given twice merged, a scalar's last
-#: value kept, a uint32 cut to 32 bits) and two that are no such message.
+#: value kept, a uint32 cut to 32 bits, unknown groups nested 99 deep) and three that are none (upb
+#: refuses groups nested past 100, where protobuf-go's limit is 10,000: on either thread alike).
 LOOSE = {
     "empty": b"",
     "unknown fields": _NAMED + b"\x98\x06\x01\xa2\x06\x03abc",
@@ -223,7 +224,10 @@ LOOSE = {
     "map entries loose": _NAMED + b"\x4a\x05\x08\x01\x12\x01v\x4a\x08\x0a\x01k\x12\x01w\x18\x01",
     "fields twice": _NAMED + b"\x12\x04\x1a\x02c1\x42\x01a\x42\x01b",
     "uint32 overflow": b"\x12\x0b\x0a\x03app\x10\x85\x80\x80\x80\x10",
+    "groups nested 99": _NAMED + b"\x7b" * 99 + b"\x7c" * 99,
     "cut off": b"\x0a\xff\x01",
+    # (protobuf-go reads this one: tests/unit/test_hooks_reading_go.py's xfail for the proxy's reading)
+    "groups nested 101": _NAMED + b"\x7b" * 101 + b"\x7c" * 101,
     "invalid utf-8": _NAMED + b"\x42\x01\xff",
 }
 
