@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -42,6 +43,8 @@ def non_negative_ms(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is no number of milliseconds") from None
     if not value >= 0:  # (NaN too)
         raise argparse.ArgumentTypeError(f"{text}: milliseconds to idle are 0 or more")
+    if value == math.inf:  # (1e400 too): a client would sleep forever, or fail after starting it all
+        raise argparse.ArgumentTypeError(f"{text}: milliseconds to idle are a finite number")
     return value
 
 

@@ -68,17 +68,10 @@ def test_idle_ms_refused(text: str, said: str) -> None:
         non_negative_ms(text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="krproxy/bench/_support.py non_negative_ms takes inf (and 1e400): bench.sdk's client then sleeps "
-    "forever before its first call (trio.sleep(inf)) and bench.client's create (the hook anchor's) fails "
-    "in it after starting every process (time.sleep: OverflowError); fix: refuse what is not finite "
-    "(math.isfinite). Outside this session's files to fix (krproxy/hookserver, tests)",
-)
 @pytest.mark.parametrize("text", ["inf", "1e400"])
 def test_idle_ms_infinite_refused(text: str) -> None:
     """An idle time that is no finite number of milliseconds is refused: a client would sleep forever."""
-    with pytest.raises(argparse.ArgumentTypeError):
+    with pytest.raises(argparse.ArgumentTypeError, match="a finite number"):
         non_negative_ms(text)
 
 
