@@ -319,12 +319,12 @@ class Served:
         state = self.state
         if state.answered or state.finished:
             if grpc_error is None:
-                LOGGER.exception("handler of %s failed after its call ended", state.path)
+                LOGGER.exception("handler of %s failed after its call ended", state.path, exc_info=err)
         elif grpc_error is not None:
             details = grpc_error.details if isinstance(grpc_error.details, bytes) else None
             self.end(grpc_error.status, grpc_error.message, details, ())
         else:
-            LOGGER.exception("handler of %s failed", state.path)
+            LOGGER.exception("handler of %s failed", state.path, exc_info=err)  # (also outside an except)
             self.end(Status.UNKNOWN, f"{type(err).__name__}: {err}", None, ())
         forget_traceback(err)
 

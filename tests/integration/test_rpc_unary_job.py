@@ -250,12 +250,6 @@ async def test_a_bug_answering_late_ends_only_that_connection(
         assert b"olleh" == (await request(sock, grpc_request(AT_ONCE), framed(b"hello"))).message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="krproxy/relay/served.py Served._ended_by logs a job's outcome.Error with LOGGER.exception outside "
-    "an except block, so the record's exc_info is (None, None, None) and the log says 'NoneType: None' "
-    "(fix: exc_info=err); left to the helper on krproxy/relay/served.py",
-)
 async def test_a_jobs_bug_is_logged_with_its_exception(
     nursery: trio.Nursery, sock: str, grpcio: Callable[[str], Any], caplog: pytest.LogCaptureFixture
 ) -> None:
