@@ -101,6 +101,83 @@ def test_stepwise_input_stops_after_each_frames_events() -> None:
     assert [] == conn.receive_data(b"")
 
 
+def _whole(max_streams: int | None = 1000) -> Connection:
+    """A server connection reading stepwise with whole requests, past the client's preface."""
+    conn = Connection(Role.SERVER, stepwise=True, whole_requests=True, max_concurrent_streams=max_streams)
+    conn.receive_data(f.PREFACE + f.settings([]))
+    conn.data_to_send()
+    return conn
+
+
+def test_a_whole_request_is_read_in_one_step() -> None:
+    """With whole_requests, a request's HEADERS and the DATA frame ending it right after are read
+    in one step: the RequestReceived carries the DATA's event, the stream's state and windows as
+    if the two were read one after the other; the next frame waits."""
+    conn = _whole()
+    wire = headers_frame(1) + data_frame(1, b"hello", end=True) + f.frame(f.PING, 0, 0, b"12345678")
+    body = ev.DataReceived(1, b"hello", 5, True)
+    assert [ev.RequestReceived(1, REQUEST, False, body)] == conn.receive_data(wire)
+    stream = conn.streams[1]
+    assert (True, STREAM_WINDOW - 5) == (stream.recv_ended, stream.recv_window)
+    assert CONNECTION_WINDOW - 5 == conn.inflow.recv_window
+    assert [ev.PingReceived(b"12345678")] == conn.receive_data(b"")
+    conn.acknowledge_received_data(1, 5)  # as for a DataReceived: the credit is the consumer's
+    assert 5 == conn.inflow.to_grant
+    _open(conn, 3, end=True)  # a request without a body: no DATA to carry
+    events = conn.receive_data(headers_frame(5) + data_frame(5, b"", end=True))
+    assert [ev.RequestReceived(5, REQUEST, False, ev.DataReceived(5, b"", 0, True))] == events
+
+
+def test_a_request_read_whole_only_with_its_ending_data() -> None:
+    """DATA not ending the stream, padded, of another stream or not yet whole is read as
+    before, in a step of its own; so is every request without whole_requests."""
+    conn = _whole()
+    padded = f.frame(f.DATA, f.PADDED | f.END_STREAM, 3, b"\x02hi\x00\x00")
+    cases = [
+        (1, data_frame(1, b"ab"), ev.DataReceived(1, b"ab", 2, False)),
+        (3, padded, ev.DataReceived(3, b"hi", 5, True)),
+        (5, headers_frame(7) + data_frame(5, b"x", end=True), ev.RequestReceived(7, REQUEST, False)),
+    ]
+    for stream_id, after, then in cases:
+        assert [ev.RequestReceived(stream_id, REQUEST, False)] == conn.receive_data(
+            headers_frame(stream_id) + after
+        )
+        assert [then] == conn.receive_data(b"")
+    assert [ev.DataReceived(5, b"x", 1, True)] == conn.receive_data(b"")
+    wire = headers_frame(9) + data_frame(9, b"hello", end=True)
+    assert [ev.RequestReceived(9, REQUEST, False)] == conn.receive_data(wire[:-1])
+    assert [ev.DataReceived(9, b"hello", 5, True)] == conn.receive_data(wire[-1:])
+    plain = Connection(Role.SERVER, stepwise=True)
+    plain.receive_data(f.PREFACE + f.settings([]))
+    wire = headers_frame(1) + data_frame(1, b"hello", end=True)
+    assert [ev.RequestReceived(1, REQUEST, False)] == plain.receive_data(wire)
+    assert [ev.DataReceived(1, b"hello", 5, True)] == plain.receive_data(b"")
+
+
+def test_a_whole_requests_data_breaking_a_rule() -> None:
+    """The DATA read with its HEADERS is held to the rules as if read alone: DATA other than its
+    content-length resets the stream in the same step, DATA beyond the connection window ends
+    the connection; the RequestReceived carries no body then."""
+    conn = _whole()
+    fields = [*REQUEST, (b"content-length", b"3")]
+    events = conn.receive_data(headers_frame(1, fields) + data_frame(1, b"hello", end=True))
+    assert [ev.RequestReceived(1, fields, False), ev.StreamReset(1, f.PROTOCOL_ERROR, False)] == events
+    assert {1: f.PROTOCOL_ERROR} == resets(conn.data_to_send())
+    conn = Connection(Role.SERVER, stepwise=True, whole_requests=True, connection_window=f.DEFAULT_WINDOW)
+    conn.receive_data(f.PREFACE + f.settings([]))
+    big = b"x" * 16_000
+    wire = b"".join(headers_frame(i) + data_frame(i, big, end=True) for i in (1, 3, 5, 7, 9))
+    events = []
+    while True:
+        events += conn.receive_data(wire)
+        wire = b""
+        if not conn.input_left:
+            break
+    assert ev.RequestReceived(9, REQUEST, False) == events[-2]
+    end = terminated(events)
+    assert end is not None and f.FLOW_CONTROL_ERROR == end.error_code
+
+
 def test_an_even_or_non_increasing_stream_id_ends_the_connection() -> None:
     """An even stream id or one not above the last ends the connection."""
     assert _code(server(), headers_frame(2)) == f.PROTOCOL_ERROR
