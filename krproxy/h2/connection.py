@@ -30,6 +30,10 @@ Rules (each has an in-memory test in ``tests/unit/test_h2state*.py``):
   ``connection_credit_on_arrival``, a client's choice: the connection is shared by every caller of a
   relay, its streams are not); data to send waits for the peer's windows inside the connection.
 * Streams count against the limits until the driver releases them (:mod:`krproxy.h2.streams`).
+* Stepwise reading (``stepwise``) stops after each frame that made events. With
+  ``whole_requests``, a request's HEADERS and the DATA frame ending its stream right after,
+  whole and unpadded, are one step: the DATA's event rides in the
+  :class:`~krproxy.h2.events.RequestReceived` (``body``), held to every rule as if read alone.
 * Header blocks are decoded here while the driver's budget lasts
   (:attr:`~krproxy.h2._blocks.Blocks.decode_budget`, set as ``conn.blocks.decode_budget``); beyond
   it, a block is handed out whole (:class:`~krproxy.h2.events.HeaderBlockReceived`) and input waits
@@ -119,6 +123,7 @@ class Connection:
         connection_window: int = CONNECTION_WINDOW,
         max_window_shifts: int | None = None,
         stepwise: bool = False,
+        whole_requests: bool = False,
     ) -> None:
         """Args:
         max_concurrent_streams: the limit we advertise (server role); streams beyond it
@@ -133,10 +138,17 @@ class Connection:
             the rest of the input for the next call (``receive_data(b"")`` goes on). A driver
             that acts on an event (answers, resets, releases a stream) then does so before the
             connection's state moves past it: the next frames meet the state it left.
+        whole_requests: (stepwise, server role) a request's HEADERS and the DATA frame ending
+            its stream right after it, whole and unpadded in the input, are read in one step:
+            the DATA's event rides in :attr:`RequestReceived.body
+            <krproxy.h2.events.RequestReceived.body>`. For a driver whose answer to a request
+            does not change what its DATA meets (no reset on the HEADERS alone): the DATA is
+            read before the driver has seen the HEADERS.
         """
         server = role is Role.SERVER
         self.role = role
         self.stepwise = stepwise
+        self.whole_requests = whole_requests and stepwise and server
         self.state = state = State(server=server, stream_window=stream_window)
         self.sender = sender = Sender(state)
         self.control = control = Control(state, sender, max_window_shifts=max_window_shifts)
@@ -279,6 +291,8 @@ class Connection:
         try:
             while total - offset >= f.HEAD_SIZE and blocks.deferred is None and self.terminated is None:
                 if stepwise and events:
+                    if self.whole_requests and len(events) == 1:
+                        offset = self._body(events, buf, offset, total)
                     break
                 high, low, kind, flags, stream_id = head.unpack_from(buf, offset)
                 size = high << 16 | low
@@ -298,6 +312,35 @@ class Connection:
             del buf[:offset]
         state.events = []
         return events
+
+    def _body(self, events: list[ev.Event], buf: bytearray, offset: int, total: int) -> int:
+        """``whole_requests``: the DATA frame at ``offset`` read with the request just opened
+        (``events``' one event) if it is that stream's, ends it, and is whole and unpadded; its
+        event then rides in the request's. Returns the offset the input is read up to."""
+        request = events[0]
+        if not isinstance(request, ev.RequestReceived) or request.end_stream:
+            return offset
+        high, low, kind, flags, stream_id = f.HEAD.unpack_from(buf, offset)
+        size: int = high << 16 | low
+        end: int = offset + f.HEAD_SIZE + size
+        if (
+            kind != f.DATA
+            or flags & (f.END_STREAM | f.PADDED) != f.END_STREAM
+            or stream_id & 0x7FFF_FFFF != request.stream_id
+            or size > f.DEFAULT_MAX_FRAME
+            or end > total
+        ):
+            return offset
+        try:
+            self._on_data(flags, request.stream_id, bytes(buf[offset + f.HEAD_SIZE : end]))
+        except f.ProtocolError as err:
+            self._terminate(err.code, str(err))
+            return end
+        if len(events) == 2:
+            data = events[1]
+            if isinstance(data, ev.DataReceived):
+                events[:] = [ev.RequestReceived(request.stream_id, request.headers, False, data)]
+        return end
 
     def _terminate(self, code: int, reason: str) -> None:
         if self.terminated is not None:

@@ -46,11 +46,16 @@ class RequestReceived(Event):
         stream_id: the new stream.
         headers: the decoded fields, in order (names and values as bytes).
         end_stream: the request has no body (the stream is half-closed, remote).
+        body: with ``whole_requests`` (``Connection``), the DATA frame ending the stream read
+            in the same step, its event as it would have come alone (already through the
+            windows and the stream's rules; its credit is the consumer's to acknowledge, as for
+            any :class:`DataReceived`); None: its DATA, if any, comes in later events.
     """
 
     stream_id: int
     headers: Headers
     end_stream: bool
+    body: DataReceived | None = None
 
 
 @attrs.frozen(slots=True)
