@@ -177,7 +177,15 @@ class Reader:
                     half.call.on_reply_data(data.data, data.end_stream)
             elif kind is ev.RequestReceived:
                 request = event
-                self.transport.open_call(self.ep, request.stream_id, request.headers, request.end_stream)
+                body = request.body
+                if body is None:
+                    self.transport.open_call(
+                        self.ep, request.stream_id, request.headers, request.end_stream, None
+                    )
+                elif not self.transport.open_call(
+                    self.ep, request.stream_id, request.headers, False, body.data
+                ):
+                    self._on_body(body)
                 if request.stream_id not in halves:  # refused or answered at once: not ours to keep
                     self.h2.release_stream(request.stream_id)
             elif kind is ev.HeadersReceived:
@@ -211,6 +219,18 @@ class Reader:
                     ep.close_when_sent()  # the drain PING came back: the final GOAWAY is out
             elif kind is ev.GoAwayReceived:
                 self._on_goaway(event)
+
+    def _on_body(self, body: ev.DataReceived) -> None:
+        """A request's body read with its headers (the core's ``whole_requests``) that open_call
+        did not take: its stream's, as a DATA frame read after open_call. One open_call reset or
+        refused meets what the core does with DATA on a stream it reset: its credit is given back."""
+        stream_id = body.stream_id
+        half = self.halves.get(stream_id)
+        s = self.h2.streams.get(stream_id)
+        if half is None or s is None or s.reset:
+            self.h2.acknowledge_received_data(stream_id, body.flow_controlled_length)
+        else:
+            half.call.on_request_data(body.data, True)
 
     def _on_reset(self, event: ev.StreamReset) -> None:
         half = self.halves.get(event.stream_id)

@@ -142,6 +142,7 @@ class Endpoint:
             check_request_headers=transport.check_request_headers,
             max_window_shifts=MAX_WINDOW_SHIFTS,  # read here: tests lower it
             stepwise=True,  # each event is acted on before the core reads on (Reader._handle)
+            whole_requests=server_side and transport.whole_requests,
         )
         self.h2.blocks.decode_budget = DECODE_PER_TURN
         self.out = self.h2.output  # written from and trimmed in place

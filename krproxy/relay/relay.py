@@ -116,9 +116,12 @@ class Relay:
 
     # -- routing -----------------------------------------------------------------------
 
-    def open_call(self, ep: Endpoint, stream_id: int, headers: Headers, end: bool) -> None:
+    def open_call(
+        self, ep: Endpoint, stream_id: int, headers: Headers, end: bool, body: bytes | None
+    ) -> bool:
         """A caller's new stream (the transport's ``open_call``): a relayed call on the route
-        of its path, or an intercepted one; refused as the runtime would refuse it."""
+        of its path, or an intercepted one; refused as the runtime would refuse it. The relay's
+        transport reads no whole requests: ``body`` is None (and never taken)."""
         path = timeout = None
         for name, value in headers:
             if name == b":path":
@@ -127,7 +130,7 @@ class Relay:
                 timeout = grpc_timeout(value)
         if path is None:  # (request_header_problem checked it is there)
             ep.reset_stream(stream_id, f.PROTOCOL_ERROR)
-            return
+            return False
         text = path.decode("utf-8", "replace")
         route = self.image if b".ImageService/" in path else self.runtime
         interceptor = self.interceptors.get(text)
@@ -145,22 +148,23 @@ class Relay:
         if interceptor is not None:
             if end:
                 call.on_request_data(b"", True)
-            return
+            return False
         refusal = self.routing.refusal(text, path)  # which method: the runtime's reading of :path
         if refusal is not None:
             state.fail(refusal.status, refusal.message)
-            return
+            return False
         if route is None:  # a relay that only answers calls itself
             state.fail(Status.UNIMPLEMENTED, f"unknown method {text}")
-            return
+            return False
         try:
             upstream_ep = route.endpoint()
         except OSError as err:
             state.fail(Status.UNAVAILABLE, f"{route.describe} is unavailable: {err}")
-            return
+            return False
         upstream = state.upstream = Half(upstream_ep, 0, call, state)
         upstream.peer, client.peer = client, upstream
         upstream_ep.open_stream(upstream, f.encode_headers(headers), end)
+        return False
 
     def route_to(self, endpoint: str, describe: str) -> Route:
         """The route to the socket at ``endpoint``: one per path, kept until :meth:`drop_route`."""

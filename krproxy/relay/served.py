@@ -48,8 +48,9 @@ LOGGER = logging.getLogger("krproxy.rpc")
 #: Reply bytes a handler may have queued beyond the caller's windows before send_message waits.
 SEND_AHEAD = 256 * 1024
 
+#: An answer's headers and its OK trailers, encoded (what a unary answer sends around its message).
 PLAIN_BLOCK = f.encode_headers(PLAIN_HEADERS)
-_OK_BLOCK = f.encode_headers([(b"grpc-status", b"0")])
+OK_BLOCK = f.encode_headers([(b"grpc-status", b"0")])
 _OK_ONLY_BLOCK = f.encode_headers([*PLAIN_HEADERS, (b"grpc-status", b"0")])
 
 
@@ -178,7 +179,7 @@ class Served:
         data = grpc_message(message)
         if client.opened:  # the three frames in one step where they go out at once (send_answer)
             ep = client.ep
-            if ep.h2.send_answer(s.id, None if s.headers_sent else PLAIN_BLOCK, data, _OK_BLOCK):
+            if ep.h2.send_answer(s.id, None if s.headers_sent else PLAIN_BLOCK, data, OK_BLOCK):
                 if not ep.dirty:
                     ep.touch()
                 state.settle()
@@ -186,7 +187,7 @@ class Served:
         if not s.headers_sent:
             client.send_headers(PLAIN_BLOCK, False)
         client.send_data(data, False)
-        client.send_trailers(_OK_BLOCK)
+        client.send_trailers(OK_BLOCK)
 
     def end(
         self,
@@ -205,7 +206,7 @@ class Served:
         state.status, state.message = status, message
         if status is Status.OK and not message and not details and not metadata:
             if client.headers_sent:
-                client.send_trailers(_OK_BLOCK)
+                client.send_trailers(OK_BLOCK)
             else:
                 client.send_headers(_OK_ONLY_BLOCK, True)
             return
@@ -254,14 +255,28 @@ class Served:
         state.client.ep.collected -= size
         state.collected -= size
         try:
-            result = job(message, self._job_done)
+            result = job(message, self.job_done)
         except Exception as err:  # the job's bug is its call's, never the connection's
             self._ended_by(err)
             return
         if result is not None:
             self._answer_job(result)  # the connection's task flushes once its frames are handled
 
-    def _job_done(self, result: outcome.Outcome[bytes]) -> None:
+    def adopt_job(self, result: outcome.Outcome[bytes] | Exception | None) -> None:
+        """Its job was started before this call was made, on the request's one message (a
+        whole request, :class:`krproxy.rpc.Server`), and its start gave ``result``: the answer
+        (or its error), the exception the start raised, or None if the answer comes later
+        (through :meth:`job_done`). The call goes on as :meth:`start_job` would have left it."""
+        self.job = None
+        state = self.state
+        if isinstance(result, Exception):  # the job's bug is its call's, never the connection's
+            self._ended_by(result)
+        elif result is not None:
+            self._answer_job(result)
+        if not state.finished:  # (as on_request_data settles after start_job)
+            state.settle()
+
+    def job_done(self, result: outcome.Outcome[bytes]) -> None:
         """The job's late answer, on the event loop's thread (a ``run_sync_soon`` callback, where
         an exception would end the whole server: a bug of ours ends the connection, as
         :meth:`krproxy.relay.connection.Endpoint.run` ends it)."""

@@ -66,14 +66,21 @@ MAX_CONNECTIONS = 1000
 #: Largest request message accepted (``--max-request-message-size``), as containerd's limit.
 MAX_REQUEST = 16 * 1024 * 1024
 
-#: What a face does with a stream a caller opened: ``open_call(ep, stream_id, headers, end)``.
-#: It makes a call of the stream (and puts its half in ``ep.halves``) or resets it.
-OpenCall = Callable[[Endpoint, int, Headers, bool], None]
+#: What a face does with a stream a caller opened: ``open_call(ep, stream_id, headers, end,
+#: body)``. It makes a call of the stream (and puts its half in ``ep.halves``), answers it at
+#: once, or resets it. ``body``: the request's whole body, read with its headers (the DATA frame
+#: ending the stream, on a transport with :attr:`Transport.whole_requests`), else None. It
+#: returns whether it took the body (its connection credit included); if not, the body goes to
+#: the stream's half as any DATA would, after open_call.
+OpenCall = Callable[[Endpoint, int, Headers, bool, "bytes | None"], bool]
 
 
-def _refuse_every_stream(ep: Endpoint, stream_id: int, headers: Headers, end: bool) -> None:
+def _refuse_every_stream(
+    ep: Endpoint, stream_id: int, headers: Headers, end: bool, body: bytes | None
+) -> bool:
     """The ``open_call`` of a transport that serves no caller (a :class:`krproxy.rpc.Channel`'s)."""
     ep.reset_stream(stream_id, f.REFUSED_STREAM)
+    return False
 
 
 class Transport:
@@ -109,6 +116,11 @@ class Transport:
         #: Whether request header lists are checked as RFC 9113 §8.2 says before open_call
         #: (off for a server that plays one with rules of its own: the fakes).
         self.check_request_headers = True
+        #: Whether a caller's request whose HEADERS and DATA frame ending it are read together
+        #: comes to ``open_call`` with its body (the core's ``whole_requests``): for a face that
+        #: never resets a stream on its headers alone (a :class:`krproxy.rpc.Server` without
+        #: ``check_headers``). Read as each connection opens.
+        self.whole_requests = False
         #: The worker threads header blocks are decoded in when the event loop would spend too
         #: long on them (connection.DECODE_PER_TURN): one for large blocks and one for small
         #: ones, for all connections, so that peers sending many share two threads' worth of

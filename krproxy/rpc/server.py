@@ -34,17 +34,19 @@ import inspect
 import logging
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import NoReturn
 
+import outcome
 import trio
 
 from krproxy.h2 import frames as f
-from krproxy.relay.connection import Endpoint, Headers
-from krproxy.relay.grpc import grpc_timeout
+from krproxy.relay.connection import MAX_HELD, Endpoint, Headers
+from krproxy.relay.grpc import grpc_message, grpc_timeout
 from krproxy.relay.half import Half
 from krproxy.relay.messages import Inbox
-from krproxy.relay.served import Served
+from krproxy.relay.served import OK_BLOCK, PLAIN_BLOCK, JobStart, Served
 from krproxy.relay.transport import Transport
 from krproxy.rpc._stream import Handler, Stream, UnaryJob, unary, unary_stream
 from krproxy.unixsock import bind_unix_socket, unlink_if_ours
@@ -103,6 +105,9 @@ class Server:
         transport.max_request = max_request
         transport.caller_max_streams = max_streams
         transport.check_request_headers = check_headers is None
+        # A request read whole comes with its body (_open_call): none where a check may reset
+        # a stream on its headers alone, before its DATA is read.
+        transport.whole_requests = check_headers is None
 
     def handler_for(self, path: str) -> Handler | None:
         handler = self.handlers.get(path)
@@ -110,17 +115,109 @@ class Server:
             handler = self.fallback(path)
         return handler
 
-    def _open_call(self, ep: Endpoint, stream_id: int, headers: Headers, end: bool) -> None:
-        """A caller's new stream (the transport's ``open_call``): a served call of its path."""
+    def _open_call(
+        self, ep: Endpoint, stream_id: int, headers: Headers, end: bool, body: bytes | None
+    ) -> bool:
+        """A caller's new stream (the transport's ``open_call``): a served call of its path, or,
+        for a UnaryJob's whole request (``body``), its answer at once (:meth:`_answer_whole`).
+        Returns whether it took ``body``."""
         path = None
-        timeout = None
+        timeout = None  # grpc-timeout's value, read where a deadline is wanted
         for name, value in headers:
             if name == b":path":
                 path = value
             elif name == b"grpc-timeout":
-                timeout = grpc_timeout(value)
-        transport = self.transport
+                timeout = value
         text = path.decode("utf-8", "replace") if path is not None else ""
+        if body is not None and path is not None:  # (no check_headers: see Transport.whole_requests)
+            handler = self.handlers.get(text)
+            if handler.__class__ is UnaryJob and self._answer_whole(
+                ep, stream_id, headers, text, timeout, body, handler.start
+            ):
+                return True
+        self._served_call(ep, stream_id, headers, end, text, self._deadline(timeout), path is not None)
+        return False
+
+    def _answer_whole(
+        self,
+        ep: Endpoint,
+        stream_id: int,
+        headers: Headers,
+        text: str,
+        timeout: bytes | None,
+        body: bytes,
+        job: JobStart,
+    ) -> bool:
+        """A UnaryJob's request whose body came whole with its headers: if it is one plain
+        message within the limits (and no observer wants the call's record), the job starts on it
+        here and an answer at once goes out with no served call (no CallState, Half, Inbox,
+        Stream or deadline entry: the stream is released as the reader sees no half for it). Any
+        other outcome (an error, an answer later, windows too small) makes the served call the
+        headers would have made, with the same deadline, and hands it the job's start
+        (:meth:`Served.adopt_job <krproxy.relay.served.Served.adopt_job>`). False, having done
+        nothing: the served call's path, as for any request."""
+        size = len(body)
+        if (
+            size < 5
+            or body[0]  # compressed (or not gRPC's framing)
+            or int.from_bytes(body[1:5], "big") != size - 5
+            or size - 5 > self.max_request
+            or ep.collected + size > MAX_HELD
+            or self.transport.observers  # (the record is a served call's)
+        ):
+            return False
+        since = 0.0 if timeout is None else time.perf_counter()  # the deadline's start, if one is made
+        call: Served | None = None
+
+        def done(result: outcome.Outcome[bytes]) -> None:
+            if call is not None:  # (made right after the job's start returned)
+                call.job_done(result)
+
+        ep.grant(size)  # the connection's credit; none for the stream, which its sender ended
+        try:
+            result: outcome.Outcome[bytes] | Exception | None = job(body[5:], done)
+        except Exception as err:  # the job's bug is its call's (the served call's)
+            result = err
+        if type(result) is outcome.Value and ep.h2.send_answer(
+            stream_id, PLAIN_BLOCK, grpc_message(result.value), OK_BLOCK
+        ):
+            if not ep.dirty:
+                ep.touch()
+            return True
+        deadline = self._deadline(timeout, since)
+        call = self._served_call(ep, stream_id, headers, False, text, deadline, True)
+        call.adopt_job(result)
+        return True
+
+    def _deadline(self, timeout: bytes | None, since: float | None = None) -> float | None:
+        """The trio time a call with ``timeout`` (its ``grpc-timeout``) ends at; None without one
+        (or a malformed one). ``since``: when its headers were read (``time.perf_counter()``,
+        trio's system clock), if not just now."""
+        if timeout is None:
+            return None
+        seconds = grpc_timeout(timeout)
+        if seconds is None:
+            return None
+        clock = self._clock
+        if clock is None:
+            clock = self._clock = trio.lowlevel.current_clock()
+        now = clock.current_time()
+        if since is not None:
+            now -= time.perf_counter() - since
+        return now + seconds
+
+    def _served_call(
+        self,
+        ep: Endpoint,
+        stream_id: int,
+        headers: Headers,
+        end: bool,
+        text: str,
+        deadline: float | None,
+        has_path: bool,
+    ) -> Served:
+        """The served call of a caller's new stream (its half in ``ep.halves``), started."""
+        transport = self.transport
         call = Served(transport, text, self.handler_for, self.max_request)
         state = call.state
         client = state.client = Half(ep, stream_id, call, state)
@@ -128,12 +225,6 @@ class Server:
         state.on_end = call.ended  # its reader looks again; its view of the call let go
         client.peer = call  # told as reply bytes are written: send_message's room to send
         ep.halves[stream_id] = client
-        deadline = None
-        if timeout is not None:
-            clock = self._clock
-            if clock is None:
-                clock = self._clock = trio.lowlevel.current_clock()
-            deadline = clock.current_time() + timeout
         transport.call_started(state, deadline)
         stream = call.stream = Stream(call, text, headers, end, deadline)
         check = self.check_headers
@@ -147,20 +238,21 @@ class Server:
             if not passed:
                 if not state.answered and not state.finished:
                     call.reset(f.PROTOCOL_ERROR)
-                return
-        if path is None:
+                return call
+        if not has_path:
             call.reset(f.PROTOCOL_ERROR)  # (the transport's own checks refuse it before, when on)
-            return
+            return call
         if self.check_is_async:
             transport.nursery.start_soon(call.run, check)  # type: ignore[arg-type]
-            return
+            return call
         handler = self.handlers.get(text)
         if handler.__class__ is UnaryJob:  # no task: started as the request ends
             call.job = handler.start
             if end:
                 call.start_job()
-            return
+            return call
         transport.nursery.start_soon(call.run, None)
+        return call
 
     async def serve(
         self, path: str, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
