@@ -173,7 +173,10 @@ class Server:
             if call is not None:  # (made right after the job's start returned)
                 call.job_done(result)
 
-        ep.grant(size)  # the connection's credit; none for the stream, which its sender ended
+        # The connection's credit (none for the stream, which its sender ended). What it and the
+        # answer queue is written out by the reader, which touches its connection once its
+        # events are handled: this runs in its dispatch, never later.
+        ep.h2.acknowledge_connection_data(size)
         try:
             result: outcome.Outcome[bytes] | Exception | None = job(body[5:], done)
         except Exception as err:  # the job's bug is its call's (the served call's)
@@ -181,8 +184,6 @@ class Server:
         if type(result) is outcome.Value and ep.h2.send_answer(
             stream_id, PLAIN_BLOCK, grpc_message(result.value), OK_BLOCK
         ):
-            if not ep.dirty:
-                ep.touch()
             return True
         deadline = self._deadline(timeout, since)
         call = self._served_call(ep, stream_id, headers, False, text, deadline, True)
