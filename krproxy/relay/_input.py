@@ -4,6 +4,9 @@ steps, large header blocks decoded aside.
 
 The core reads *stepwise*: it stops after each frame that made events, so each event is acted
 on (a call answered, a stream reset or released) before the next frame meets the core's state.
+A transport with ``whole_requests`` (a :class:`krproxy.rpc.Server`'s) has a request's HEADERS
+and the DATA frame ending it read in one step: ``open_call`` is given the body, and one it does
+not take goes to the stream's half as any DATA (:meth:`Reader._on_body`).
 """
 
 from __future__ import annotations

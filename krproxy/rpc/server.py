@@ -8,7 +8,10 @@ and talks to the caller through a :class:`Stream`: request messages as they arri
 messages as the handler sends them, trailers at the end. A :class:`UnaryJob` handler runs
 without a task: it is started from the connection's task once the request has ended, and
 answers at once or later from a thread of its own (the SDK's hook server: no trio task,
-cancel scope or scheduler pass per call). Deadlines (``grpc-timeout``) are the
+cancel scope or scheduler pass per call); a UnaryJob's request read whole with its headers
+(the transport's ``whole_requests``: its one DATA frame, ending the stream, in the same read) is
+answered at once without even the served call, when the job answers at once
+(:meth:`Server._answer_whole`). Deadlines (``grpc-timeout``) are the
 transport's deadline heap; the caller going away (RST_STREAM, a closed connection) cancels the
 handler as it cancels an interceptor of the daemon's.
 
