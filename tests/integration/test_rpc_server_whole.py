@@ -4,6 +4,8 @@ takes the served call's path, with the same answers, and the connection's state 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
 import h2.exceptions
@@ -65,30 +67,38 @@ async def test_answered_at_once(nursery: trio.Nursery, sock: str, served: list[s
     assert [] == left_behind(server)
 
 
-async def test_one_connection_keeps_no_credit(nursery: trio.Nursery, sock: str, served: list[str]) -> None:
-    """Calls answered at once and later on one connection: every stream released, every byte
-    of their requests credited back to the connection."""
+@contextlib.asynccontextmanager
+async def connected(
+    nursery: trio.Nursery, sock: str
+) -> AsyncIterator[tuple[Jobs, Server, Any, trio.SocketStream]]:
+    """The Jobs' server on ``sock``, and an h2 client's connection to it (within LIVENESS_LIMIT)."""
     jobs = Jobs()
     server = await jobs.serve(nursery, sock)
-    conn = h2_client()
     stream = await trio.open_unix_socket(sock)
     async with stream:
         with trio.fail_after(LIVENESS_LIMIT):
-            for stream_id, path in ((1, AT_ONCE), (3, LATER), (5, AT_ONCE)):
-                conn.send_headers(stream_id, grpc_request(path, timeout=5.0))
-                conn.send_data(stream_id, framed(b"x" * 100), end_stream=True)
+            yield jobs, server, h2_client(), stream
+
+
+async def test_one_connection_keeps_no_credit(nursery: trio.Nursery, sock: str, served: list[str]) -> None:
+    """Calls answered at once and later on one connection: every stream released, every byte
+    of their requests credited back to the connection."""
+    async with connected(nursery, sock) as (jobs, server, conn, stream):
+        for stream_id, path in ((1, AT_ONCE), (3, LATER), (5, AT_ONCE)):
+            conn.send_headers(stream_id, grpc_request(path, timeout=5.0))
+            conn.send_data(stream_id, framed(b"x" * 100), end_stream=True)
+        await stream.send_all(conn.data_to_send())
+        await jobs.wait_for(1)
+        jobs.waiting[0][1](outcome.Value(b"later"))
+        ended = 0
+        while ended < 3:
+            for event in conn.receive_data(await stream.receive_some(65536)):
+                ended += type(event).__name__ == "StreamEnded"
             await stream.send_all(conn.data_to_send())
-            await jobs.wait_for(1)
-            jobs.waiting[0][1](outcome.Value(b"later"))
-            ended = 0
-            while ended < 3:
-                for event in conn.receive_data(await stream.receive_some(65536)):
-                    ended += type(event).__name__ == "StreamEnded"
-                await stream.send_all(conn.data_to_send())
-            await server.transport.wait_idle()
-            assert [LATER] == served
-            assert [] == left_behind(server)
-            assert [] == credit_kept(server)
+        await server.transport.wait_idle()
+        assert [LATER] == served
+        assert [] == left_behind(server)
+        assert [] == credit_kept(server)
 
 
 async def test_others_take_the_served_path(nursery: trio.Nursery, sock: str, served: list[str]) -> None:
@@ -161,30 +171,25 @@ async def test_a_drain_after_calls_answered_at_once(
 ) -> None:
     """A connection whose calls were all answered at once holds nothing: the server's drain
     ends at once, the connection closed after its GOAWAYs."""
-    jobs = Jobs()
-    server = await jobs.serve(nursery, sock)
-    conn = h2_client()
-    stream = await trio.open_unix_socket(sock)
-    async with stream:
-        with trio.fail_after(LIVENESS_LIMIT):
-            conn.send_headers(1, grpc_request(AT_ONCE))
-            conn.send_data(1, framed(b"abc"), end_stream=True)
-            await stream.send_all(conn.data_to_send())
-            ended = False
-            while not ended:
-                for event in conn.receive_data(await stream.receive_some(65536)):
-                    ended = ended or type(event).__name__ == "StreamEnded"
-            async with trio.open_nursery() as peer:
+    async with connected(nursery, sock) as (_, server, conn, stream):
+        conn.send_headers(1, grpc_request(AT_ONCE))
+        conn.send_data(1, framed(b"abc"), end_stream=True)
+        await stream.send_all(conn.data_to_send())
+        ended = False
+        while not ended:
+            for event in conn.receive_data(await stream.receive_some(65536)):
+                ended = ended or type(event).__name__ == "StreamEnded"
+        async with trio.open_nursery() as peer:
 
-                async def read() -> None:
-                    while data := await stream.receive_some(65536):
-                        try:
-                            conn.receive_data(data)
-                        except h2.exceptions.ProtocolError:  # (h2 takes no PING after a GOAWAY)
-                            continue
-                        await stream.send_all(conn.data_to_send())
+            async def read() -> None:
+                while data := await stream.receive_some(65536):
+                    try:
+                        conn.receive_data(data)
+                    except h2.exceptions.ProtocolError:  # (h2 takes no PING after a GOAWAY)
+                        continue
+                    await stream.send_all(conn.data_to_send())
 
-                peer.start_soon(read)
-                assert await server.drain(LIVENESS_LIMIT)
-            assert not server.transport._clients
+            peer.start_soon(read)
+            assert await server.drain(LIVENESS_LIMIT)
+        assert not server.transport._clients
     assert [] == served
