@@ -184,9 +184,9 @@ class Sender:
         ):
             return False
         limit = self.peer_max_header_list
-        if limit is not None and (
-            (headers is not None and self.over_peer_limit(headers) is not None)
-            or self.over_peer_limit(trailers) is not None
+        if limit is not None and (  # over_peer_limit's first test inline: our blocks are small
+            (headers is not None and len(headers) * 64 > limit and self.over_peer_limit(headers) is not None)
+            or (len(trailers) * 64 > limit and self.over_peer_limit(trailers) is not None)
         ):
             return False
         output = self.output
