@@ -50,9 +50,12 @@ def credit_kept(server: Server) -> list[int]:
     ]
 
 
-async def test_answered_at_once(nursery: trio.Nursery, sock: str, served: list[str]) -> None:
+async def test_answered_at_once(
+    nursery: trio.Nursery, sock: str, served: list[str], caplog: pytest.LogCaptureFixture
+) -> None:
     """HEADERS then the whole message in one DATA frame, answered at once: no served call, the
-    answer and its status as before, nothing left in flight or held."""
+    answer and its status as before (a raising start logged with its traceback), nothing left
+    in flight or held."""
     jobs = Jobs()
     server = await jobs.serve(nursery, sock)
     with trio.fail_after(LIVENESS_LIMIT):
@@ -62,6 +65,8 @@ async def test_answered_at_once(nursery: trio.Nursery, sock: str, served: list[s
         assert (9, "not now") == (failed.grpc_status, failed.grpc_message)
         raised = await request(sock, grpc_request(AT_ONCE), framed(b"raise"))
         assert 2 == raised.grpc_status and "raised by start" in raised.grpc_message
+    (logged,) = [r for r in caplog.records if r.exc_info is not None]
+    assert logged.exc_info is not None and KeyError is logged.exc_info[0]
     assert [AT_ONCE, AT_ONCE] == served  # the errors took the served call's path
     assert 0 == server.transport.in_flight
     assert [] == left_behind(server)
