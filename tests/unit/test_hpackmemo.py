@@ -201,3 +201,73 @@ def test_any_blocks_decode_and_leave_the_table_as_hpack_does(
         assert [h.__class__ for h in got] == [h.__class__ for h in expected]
         assert list(ours.header_table.dynamic_entries) == list(plain.header_table.dynamic_entries)
         assert ours.header_table_size == plain.header_table_size
+
+
+def _grpc_go_blocks(timeouts: list[bytes], table_size: int = 4096) -> list[bytes]:
+    """Blocks as grpc-go's encoder writes a call's headers: every field indexed into the dynamic
+    table (hpack's encoder does the same), Huffman-coded, a fresh grpc-timeout each call."""
+    encoder = hpack.Encoder()
+    encoder.header_table_size = table_size
+    return [
+        encoder.encode([*CALL, (b"grpc-timeout", timeout), (b"user-agent", b"grpc-go/1.64.0")])
+        for timeout in timeouts
+    ]
+
+
+def test_indexed_blocks_with_a_new_timeout_are_read_without_hpack(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grpc-go client's blocks after its first: indexed fields and a new grpc-timeout added to
+    the table, the indexes shifting each call. Each is read by the table rule, not by hpack, to
+    what hpack reads, and leaves the table as hpack leaves it."""
+    blocks = _grpc_go_blocks([b"%du" % (2999990 - 7 * i) for i in range(40)])
+    plain, ours = decoder(), decoder()
+    assert hpackmemo.decode(ours, blocks[0]) == plain.decode(blocks[0], raw=True)
+    monkeypatch.setattr(hpackmemo, "_by_hpack", None)  # any block left to hpack fails now
+    for block in blocks[1:]:
+        expected = plain.decode(block, raw=True)
+        got = hpackmemo.decode(ours, block)
+        assert got == expected
+        assert [h.__class__ for h in got] == [hpack.HeaderTuple] * len(expected)
+        assert list(ours.header_table.dynamic_entries) == list(plain.header_table.dynamic_entries)
+
+
+def _set_up(table_size: int) -> tuple[hpack.Decoder, hpack.Decoder, hpack.Encoder]:
+    encoder = hpack.Encoder()
+    encoder.header_table_size = table_size
+    first = encoder.encode([*CALL, (b"grpc-timeout", b"1S")])
+    plain, ours = decoder(), decoder()
+    plain.decode(first, raw=True)
+    hpackmemo.decode(ours, first)
+    return plain, ours, encoder
+
+
+@pytest.mark.parametrize(
+    ("table_size", "tail"),
+    [
+        (4096, b"\x7e\x02ab\xff\x7f"),  # a new entry, then an index beyond the table
+        (4096, b"\x7e\x05ab"),  # a new entry's value cut off
+        (4096, b"\x7e\x85\xff\xff\xff\xff\xff"),  # a Huffman value that is all padding (EOS)
+        (120, b"\x7e\x02ab\xc0"),  # a new entry that evicts the one the next field names
+    ],
+)
+def test_a_broken_indexed_block_fails_as_hpack_fails(table_size: int, tail: bytes) -> None:
+    """A block that adds to the table and then goes wrong raises hpack's error, and leaves both
+    decoders' tables alike: the table rule changes the table only once a block is read whole."""
+    plain, ours, _ = _set_up(table_size)
+    block = b"\x83\x86" + tail
+    with pytest.raises(hpack.exceptions.HPACKError) as theirs:
+        plain.decode(block, raw=True)
+    with pytest.raises(type(theirs.value)):
+        hpackmemo.decode(ours, block)
+    assert list(ours.header_table.dynamic_entries) == list(plain.header_table.dynamic_entries)
+
+
+def test_an_indexed_block_over_the_list_limit_is_refused() -> None:
+    """The header list limit holds for a block read by the table rule: hpack's error."""
+    plain, ours, encoder = _set_up(4096)
+    block = encoder.encode([*CALL, (b"grpc-timeout", b"2S")])
+    plain.max_header_list_size = ours.max_header_list_size = 100
+    with pytest.raises(hpack.exceptions.OversizedHeaderListError):
+        plain.decode(block, raw=True)
+    with pytest.raises(hpack.exceptions.OversizedHeaderListError):
+        hpackmemo.decode(ours, block)
+    assert list(ours.header_table.dynamic_entries) == list(plain.header_table.dynamic_entries)
