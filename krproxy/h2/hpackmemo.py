@@ -2,7 +2,8 @@
 cannot matter or is as it was.
 
 Decoding is a function of the block and the decoder's dynamic table. Two rules make most blocks
-a gRPC peer sends a dictionary look-up instead of ``hpack``'s ~5-20 µs in Python:
+a gRPC peer sends a dictionary look-up instead of ``hpack``'s ~5-20 µs in Python, and a third
+reads grpc-go's in one function:
 
 - **Fields that cannot touch the table.** A field sent as a static-table index or as a literal
   *without* indexing or *never* indexed with a literal or static name (RFC 7541 §6.1, §6.2.2,
@@ -15,14 +16,21 @@ a gRPC peer sends a dictionary look-up instead of ``hpack``'s ~5-20 µs in Pytho
   decoded field by field, each field remembered as a block of one.
 - **Blocks that left the table as it was.** Other blocks (grpc-go's and h2's, which index into
   the dynamic table: a runtime's answers and trailers are the same few indexed bytes call after
-  call) are decoded by ``hpack``; one of at most :data:`KEPT_BLOCK` bytes that left the table
-  unchanged is remembered with the table's state it was decoded against (the newest entry
-  *object*, held by the entry so that its identity cannot be reused, the entry count and the
-  size limit), and answered from memory only while a decoder's table is in that state.
+  call) are read by the table rule below or by ``hpack``; one of at most :data:`KEPT_BLOCK`
+  bytes that left the table unchanged is remembered with the table's state it was decoded
+  against (the newest entry *object*, held by the entry so that its identity cannot be reused,
+  the entry count and the size limit), and answered from memory only while a decoder's table is
+  in that state.
+- **Indexed blocks read against the table.** A block of indexed fields and of literals with
+  incremental indexing whose name is indexed (a grpc-go client's after its call's first: it indexes
+  every field, and a fresh ``grpc-timeout`` for a short deadline is a new entry each call, which
+  shifts every index) is read here against the decoder's table (:func:`_by_table`), whole, before
+  its new entries go into the table through ``hpack``'s own ``HeaderTable.add``.
 
-``hpack`` decodes everything else (the first sight of a block, blocks that change the table,
-anything malformed): its errors and checks stay the rules, and a decoder's table is always
-``hpack``'s. Every answer is checked against the decoder's header list limit.
+``hpack`` decodes everything else (the first sight of a block, literal names, anything malformed,
+anything the table rule does not read whole): its errors and checks stay the rules, and a
+decoder's table is always ``hpack``'s. Every answer is checked against the decoder's header
+list limit.
 
 Pure: no I/O, no clock. The memory is the process's, shared by all connections (a remembered
 block's meaning depends on no connection), bounded (:data:`MEMO_LIMIT` entries), and started
@@ -35,6 +43,8 @@ from typing import Any, cast
 
 import hpack
 from hpack import HeaderTuple
+from hpack.exceptions import HPACKDecodingError
+from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
 
 __all__ = ["BLOCK_LIMIT", "FIELD_LIMIT", "KEPT_BLOCK", "MEMO_LIMIT", "decode"]
@@ -67,6 +77,9 @@ _memo: dict[Any, tuple[tuple[tuple[bytes, bytes], ...], int, State | None, int |
 #: each only for the two plain literal representations: a few entries at most. Replaced, never
 #: changed in place (a thread may be walking it).
 _unique_names: dict[bytes, tuple[type[HeaderTuple], bytes]] = {}
+#: ``tuple.__new__``: what ``HeaderTuple(name, value)`` calls, called directly (one Python call
+#: fewer per header read by :func:`_by_table`).
+_new_header = tuple.__new__
 #: Decodes single fields that touch no table, so its own table stays empty and its state unchanged.
 _SCRATCH = hpack.Decoder(max_header_list_size=1 << 20)
 
@@ -207,9 +220,13 @@ def decode(decoder: hpack.Decoder, block: bytes) -> Headers:
         if found is not None:
             return found
     ends = _field_ends(block) if len(block) <= BLOCK_LIMIT else None
-    if ends is None:
-        return _by_hpack(decoder, block)
-    return _by_fields(decoder, block, ends)
+    if ends is not None:
+        return _by_fields(decoder, block, ends)
+    if len(block) <= BLOCK_LIMIT:
+        read = _by_table(decoder, block, limit)
+        if read is not None:
+            return read
+    return _by_hpack(decoder, block)
 
 
 def _from_template(block: bytes, limit: int) -> Headers | None:
@@ -250,6 +267,107 @@ def _by_hpack(decoder: hpack.Decoder, block: bytes) -> Headers:
     if 0 < len(block) <= KEPT_BLOCK and block[0] & 0xE0 != 0x20 and _same(_state(decoder), before):
         size = sum(32 + len(name) + len(value) for name, value in headers)
         _remember(block, (tuple(headers), size, before, None))
+    return headers
+
+
+def _by_table(decoder: hpack.Decoder, block: bytes, limit: int) -> Headers | None:
+    """``block`` read against the decoder's table, if it holds only indexed fields and literals
+    with incremental indexing whose name is indexed and whose value is under 127 bytes (grpc-go's
+    blocks after a call's first: its encoder indexes every field, and a fresh ``grpc-timeout``
+    shifts the indexes call by call). None for anything else, anything that does not read, or a
+    list over ``limit``: ``hpack`` then reads it and raises its error.
+
+    The block is read whole against a view of the table (its entries, this block's additions
+    before them, the oldest evicted as ``hpack`` evicts them) before the additions go into the
+    table (``HeaderTable.add``, ``hpack``'s own): a block that fails leaves the table untouched
+    for ``hpack``. One that adds nothing is remembered with the table's state, as by
+    :func:`_by_hpack`."""
+    table = decoder.header_table
+    current = getattr(table, "_current_size", None)  # hpack's sum of its entries' sizes (§4.1)
+    if current is None:
+        return None  # an hpack that keeps it elsewhere: its own reading
+    entries = table.dynamic_entries
+    maxsize = table.maxsize
+    kept = len(entries)  # the table's entries still in the view (the oldest evicted first)
+    added: list[tuple[bytes, bytes]] = []  # this block's new entries, oldest first
+    fresh = 0  # len(added)
+    headers: Headers = []
+    inflated = 0
+    at = 0
+    size = len(block)
+    while at < size:
+        first = block[at]
+        if first & 0x80:  # an indexed field
+            index = first & 0x7F
+            at += 1
+            if index == 0x7F:  # a multi-byte index (one _integer cannot read is hpack's)
+                got = _integer(block, at - 1, 7)
+                if got is None:
+                    return None
+                index, at = got
+            length = -1
+        elif first & 0xC0 == 0x40:  # a literal with incremental indexing
+            index = first & 0x3F
+            at += 1
+            if index == 0x3F:
+                got = _integer(block, at - 1, 6)
+                if got is None:
+                    return None
+                index, at = got
+            if not index or at >= size:
+                return None  # a literal name (a call's first sight of it), or cut off
+            length = block[at]
+            if length & 0x7F == 0x7F:  # a value of 127 bytes or more: hpack's
+                return None
+            start = at + 1
+            at = start + (length & 0x7F)
+            if at > size:
+                return None
+        else:
+            return None  # a literal not indexed, or a table size update
+        if not index:
+            return None  # index 0
+        if index <= _STATIC:
+            entry = HeaderTable.STATIC_TABLE[index - 1]
+        else:
+            place = index - _STATIC - 1
+            if place < fresh:
+                entry = added[-1 - place]
+            elif place - fresh < kept:
+                entry = entries[place - fresh]
+            else:
+                return None  # beyond the table
+        if length < 0:
+            header = _new_header(HeaderTuple, entry)  # HeaderTuple(*entry), without its Python __new__
+        else:
+            value = block[start:at]
+            if length & 0x80:
+                try:
+                    value = decode_huffman(value)
+                except HPACKDecodingError:
+                    return None
+            header = _new_header(HeaderTuple, (entry[0], value))
+            grown = 32 + len(entry[0]) + len(value)
+            if grown > maxsize:
+                return None  # it empties the table
+            added.append(header)
+            fresh += 1
+            current += grown
+            while current > maxsize:
+                if not kept:
+                    return None  # it evicts this block's own entries
+                kept -= 1
+                old = entries[kept]
+                current -= 32 + len(old[0]) + len(old[1])
+        headers.append(header)
+        inflated += 32 + len(header[0]) + len(header[1])
+        if inflated > limit:
+            return None
+    if added:
+        for name, value in added:
+            table.add(name, value)
+    elif size <= KEPT_BLOCK:
+        _remember(block, (tuple(headers), inflated, _state(decoder), None))
     return headers
 
 

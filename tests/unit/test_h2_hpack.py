@@ -35,15 +35,23 @@ ANSWER = [(b":status", b"200"), (b"content-type", b"application/grpc")]
 
 @pytest.fixture
 def counted(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """The blocks hpack itself decoded."""
+    """The blocks read rather than answered from memory: by hpack, or against the table by the
+    module's table rule (:func:`hpackmemo._by_table`, which reads without hpack)."""
     decoded: list[bytes] = []
-    real = hpack.Decoder.decode
+    by_hpack, by_table = hpackmemo._by_hpack, hpackmemo._by_table
 
-    def decode(self: hpack.Decoder, data: bytes, raw: bool = False) -> Any:
-        decoded.append(bytes(data))
-        return real(self, data, raw)
+    def hpack_read(decoder: hpack.Decoder, block: bytes) -> Any:
+        decoded.append(bytes(block))
+        return by_hpack(decoder, block)
 
-    monkeypatch.setattr(hpack.Decoder, "decode", decode)
+    def table_read(decoder: hpack.Decoder, block: bytes, limit: int) -> Any:
+        got = by_table(decoder, block, limit)
+        if got is not None:
+            decoded.append(bytes(block))
+        return got
+
+    monkeypatch.setattr(hpackmemo, "_by_hpack", hpack_read)
+    monkeypatch.setattr(hpackmemo, "_by_table", table_read)
     return decoded
 
 

@@ -1,16 +1,20 @@
 """krproxy.h2.hpackmemo's first rule: header blocks decoded from a memo of fields (and of
-whole blocks, and of blocks with their grpc-timeout read into them) give what hpack gives."""
+whole blocks, and of blocks with their grpc-timeout read into them) give what hpack gives; and its
+table rule: grpc-go's indexed blocks read against the table give hpack's headers, errors and table."""
 
 from __future__ import annotations
 
 import hpack
 import hpack.exceptions
 import pytest
+from hpack.huffman import HuffmanEncoder
+from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from krproxy.h2 import frames as f
 from krproxy.h2 import hpackmemo
+from krproxy.h2.frames import _integer as hpack_integer
 from tests.unit.h2peer import grpc_request
 
 # :method, :scheme, :path (the tests below cut the list after it), :authority, content-type, te
@@ -270,4 +274,52 @@ def test_an_indexed_block_over_the_list_limit_is_refused() -> None:
         plain.decode(block, raw=True)
     with pytest.raises(hpack.exceptions.OversizedHeaderListError):
         hpackmemo.decode(ours, block)
+    assert list(ours.header_table.dynamic_entries) == list(plain.header_table.dynamic_entries)
+
+
+#: Indexes mostly within the table _set_up fills (61 static entries and 5 dynamic ones).
+_INDEX = st.one_of(*[st.integers(min_value=1, max_value=64)] * 24, st.integers(min_value=0, max_value=200))
+_INDEXED = _INDEX.map(lambda i: hpack_integer(i, 7, 0x80))
+_HUFFMAN = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
+
+
+def _literal(name: int, huffman: bool, value: bytes) -> bytes:
+    coded = _HUFFMAN.encode(value) if huffman else value
+    return hpack_integer(name, 6, 0x40) + bytes([(0x80 if huffman else 0) | len(coded)]) + coded
+
+
+_LITERAL = st.builds(_literal, _INDEX, st.booleans(), st.binary(max_size=12))
+_PIECES = st.one_of(_INDEXED, _LITERAL)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    pieces=st.lists(_PIECES, min_size=1, max_size=8),
+    stray=st.one_of(
+        st.none(),
+        st.none(),
+        st.none(),
+        st.tuples(st.integers(min_value=0), st.binary(min_size=1, max_size=3)),
+    ),
+    table_size=st.sampled_from([100, 300, 4096]),
+)
+def test_indexed_blocks_of_any_bytes_read_as_hpack_reads_them(
+    pieces: list[bytes], stray: tuple[int, bytes] | None, table_size: int
+) -> None:
+    """Indexed fields and indexing literals with any index and value (Huffman-coded or not), with
+    stray bytes among them, against a table a grpc-go block filled: the same headers or the same
+    error class as hpack's, and the same table after."""
+    plain, ours, _ = _set_up(table_size)
+    if stray is not None:
+        pieces.insert(stray[0] % (len(pieces) + 1), stray[1])
+    block = b"".join(pieces)
+    try:
+        expected = plain.decode(block, raw=True)
+    except hpack.exceptions.HPACKError as err:
+        with pytest.raises(type(err)):
+            hpackmemo.decode(ours, block)
+    else:
+        got = hpackmemo.decode(ours, block)
+        assert got == expected
+        assert [h.__class__ for h in got] == [h.__class__ for h in expected]
     assert list(ours.header_table.dynamic_entries) == list(plain.header_table.dynamic_entries)
