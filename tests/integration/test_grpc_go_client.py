@@ -33,6 +33,7 @@ from krproxy import rpc
 from krproxy.bench._support import Processes
 from krproxy.fakes.containerd import FakeContainerd
 from krproxy.fakes.plugin import Changes, FakePlugin
+from krproxy.h2 import hpackmemo
 from krproxy.hooks.points import HookPoint
 from tests.conftest import CriClient
 from tests.integration.hooks_support import Node, container_config, make_node, pod_config
@@ -87,6 +88,32 @@ async def test_concurrent_calls_with_kubelet_s_options_all_succeed(
     timeouts = [dict(h)["grpc-timeout"] for h in fake.headers("Version")]
     assert timeouts and all(len(t) <= 9 and t[-1] in "HMSmun" for t in timeouts)  # 8 digits and a unit
     assert all(100 < _seconds(t) <= 120 for t in timeouts), timeouts
+
+
+async def test_a_short_deadline_s_headers_read_as_grpc_go_sent_them(
+    goclient: str, fake_containerd: tuple[FakeContainerd, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """grpc-go straight to a krproxy.rpc.Server (the fake runtime), 3 s deadlines: each call's
+    grpc-timeout is often a new dynamic-table entry that shifts every index, so its blocks are
+    read by hpackmemo's table rule; every call OK with the grpc-timeout it was sent."""
+    fake, backend = fake_containerd
+    read: list[int] = []
+    by_table = hpackmemo._by_table
+
+    def counted(decoder: Any, block: bytes, limit: int) -> Any:
+        got = by_table(decoder, block, limit)
+        read.append(got is not None)
+        return got
+
+    monkeypatch.setattr(hpackmemo, "_by_table", counted)
+    summary = await run_client(goclient, backend, "-calls", "300", "-concurrency", "4", "-timeout", "3s")
+    assert {"OK": 300} == summary["codes"], summary
+    timeouts = [dict(h)["grpc-timeout"] for h in fake.headers("Version")]  # the last ones kept
+    assert timeouts and all(0 < _seconds(t) <= 3 for t in timeouts), timeouts
+    assert len(set(timeouts)) > 10  # fresh values among them: new entries
+    # Every block not answered from memory by the rule, but those with literal names: the first,
+    # and one each time new timeouts have evicted "te" and "grpc-timeout" (every ~90 entries).
+    assert len(read) > 50 and read.count(False) <= 1 + len(read) // 20, f"{sum(read)} of {len(read)}"
 
 
 def _seconds(timeout: str) -> float:
