@@ -79,9 +79,11 @@ def framed(message: bytes) -> bytes:
     return b"\x00" + len(message).to_bytes(4, "big") + message
 
 
-async def request(socket_path: str, fields: Fields, body: bytes | None = None) -> H2Answer:
+async def request(
+    socket_path: str, fields: Fields, body: bytes | None = None, padding: int | None = None
+) -> H2Answer:
     """Send one request (``body``: DATA, already framed, in frames of the largest size allowed; None:
-    headers only, ending the stream)."""
+    headers only, ending the stream; ``padding``: each DATA frame padded with that many bytes)."""
     conn = h2.connection.H2Connection(
         h2.config.H2Configuration(
             client_side=True,
@@ -97,10 +99,10 @@ async def request(socket_path: str, fields: Fields, body: bytes | None = None) -
         conn.initiate_connection()
         conn.send_headers(1, fields, end_stream=body is None)
         if body is not None:
-            size = conn.max_outbound_frame_size
+            size = conn.max_outbound_frame_size - (0 if padding is None else padding + 1)
             chunks = [body[at : at + size] for at in range(0, len(body), size)] or [b""]
             for index, chunk in enumerate(chunks):
-                conn.send_data(1, chunk, end_stream=index == len(chunks) - 1)
+                conn.send_data(1, chunk, end_stream=index == len(chunks) - 1, pad_length=padding)
         await stream.send_all(conn.data_to_send())
         settings_seen = done = False
         while not done:

@@ -16,7 +16,7 @@ import trio
 from krproxy import calls
 from krproxy.h2.connection import CONNECTION_WINDOW
 from krproxy.relay.served import Served
-from krproxy.rpc import Server
+from krproxy.rpc import Server, UnaryJob
 from tests.integration.h2_client import framed, grpc_request, request
 from tests.integration.test_rpc_unary_job import AT_ONCE, LATER, LIVENESS_LIMIT, Jobs
 from tests.integration.test_rpc_unary_job_edges import h2_client
@@ -198,3 +198,116 @@ async def test_a_drain_after_calls_answered_at_once(
             assert await server.drain(LIVENESS_LIMIT)
         assert not server.transport._clients
     assert [] == served
+
+
+SYNC_DONE = "/t.S/SyncDone"
+WRONG_TYPE = "/t.S/WrongType"
+
+
+def _sync_done(request: bytes, done: Any) -> None:
+    done(outcome.Value(request.upper()))  # answered through done() before start returns
+
+
+def _wrong_type(request: bytes, done: Any) -> outcome.Outcome[bytes]:
+    return outcome.Value(request.decode())  # type: ignore[arg-type]  # a str, not bytes
+
+
+async def both_ways(sock: str, fields: list[tuple[str, str]], body: bytes) -> tuple[Any, Any]:
+    """The answers to one request sent whole (its DATA read with its HEADERS) and with its
+    DATA padded (which the core never reads whole: the served call's path), settings aside."""
+    whole = await request(sock, fields, body)
+    padded = await request(sock, fields, body, padding=4)
+    whole.settings = padded.settings = {}
+    return whole, padded
+
+
+async def serve_jobs(nursery: trio.Nursery, sock: str, jobs: Jobs) -> Server:
+    server = Server(
+        {
+            AT_ONCE: jobs.at_once,
+            LATER: jobs.later,
+            SYNC_DONE: UnaryJob(_sync_done),
+            WRONG_TYPE: UnaryJob(_wrong_type),
+        }
+    )
+    await nursery.start(server.serve, sock)
+    return server
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"grpc-timeout": "0n"},
+        {"grpc-timeout": "1n"},
+        {"grpc-timeout": "abc"},
+        {"grpc-timeout": "99999999H"},
+        {"grpc-encoding": "gzip"},
+        {"grpc-encoding": "br"},
+        {"content-length": "8"},
+    ],
+)
+async def test_headers_answered_alike(nursery: trio.Nursery, sock: str, extra: dict[str, str]) -> None:
+    """The same request with odd headers (grpc-timeout zero, tiny, malformed, huge; an
+    encoding; content-length): the same answer whole and padded."""
+    await serve_jobs(nursery, sock, Jobs())
+    with trio.fail_after(LIVENESS_LIMIT):
+        whole, padded = await both_ways(sock, grpc_request(AT_ONCE, **extra), framed(b"abc"))
+    assert padded == whole
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        framed(b""),
+        framed(b"abc") + framed(b"def"),
+        framed(b"abc")[:-1],
+        b"\x00\x00\x00\x00\x02abc",
+        b"\x01" + framed(b"abc")[1:],
+        b"",
+        b"\x00\x00",
+    ],
+)
+async def test_bodies_answered_alike(nursery: trio.Nursery, sock: str, body: bytes) -> None:
+    """Odd bodies (empty message, two messages, a prefix longer or shorter than the DATA, the
+    compressed flag without an encoding, no bytes, a cut prefix): the same answer both ways."""
+    await serve_jobs(nursery, sock, Jobs())
+    with trio.fail_after(LIVENESS_LIMIT):
+        whole, padded = await both_ways(sock, grpc_request(AT_ONCE), body)
+    assert padded == whole
+
+
+async def test_done_within_start(nursery: trio.Nursery, sock: str) -> None:
+    """A job calling done() before its start returns (None): answered whole as padded."""
+    server = await serve_jobs(nursery, sock, Jobs())
+    with trio.fail_after(LIVENESS_LIMIT):
+        whole, padded = await both_ways(sock, grpc_request(SYNC_DONE), framed(b"abc"))
+    assert (b"ABC", 0) == (padded.message, padded.grpc_status)
+    assert padded == whole
+    assert 0 == server.transport.in_flight
+
+
+async def test_a_wrong_answer_type(nursery: trio.Nursery, sock: str) -> None:
+    """A job answering a str, not bytes: its call's error (UNKNOWN, as a unary handler's
+    send_message of a str), the same whole and padded, and the connection serves on."""
+    await serve_jobs(nursery, sock, Jobs())
+    with trio.fail_after(LIVENESS_LIMIT):
+        whole, padded = await both_ways(sock, grpc_request(WRONG_TYPE), framed(b"abc"))
+        assert (2, False) == (padded.grpc_status, padded.connection_closed)
+        assert padded == whole
+        assert b"cba" == (await request(sock, grpc_request(AT_ONCE), framed(b"abc"))).message
+
+
+async def test_a_late_answer_past_its_deadline(nursery: trio.Nursery, sock: str) -> None:
+    """A job answering later, the caller's deadline short: DEADLINE_EXCEEDED both ways, the
+    late answer dropped, nothing in flight."""
+    jobs = Jobs()
+    server = await serve_jobs(nursery, sock, jobs)
+    with trio.fail_after(LIVENESS_LIMIT):
+        whole, padded = await both_ways(sock, grpc_request(LATER, timeout=0.05), framed(b"x"))
+        assert (4, 4) == (whole.grpc_status, padded.grpc_status)
+        assert padded == whole
+        for _, done in jobs.waiting:
+            done(outcome.Value(b"late"))
+        assert 0 == server.transport.in_flight
+        assert b"cba" == (await request(sock, grpc_request(AT_ONCE), framed(b"abc"))).message
