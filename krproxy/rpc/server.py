@@ -171,10 +171,14 @@ class Server:
             return False
         since = 0.0 if timeout is None else time.perf_counter()  # the deadline's start, if one is made
         call: Served | None = None
+        early: outcome.Outcome[bytes] | None = None  # done() called before the start returned
 
         def done(result: outcome.Outcome[bytes]) -> None:
+            nonlocal early
             if call is not None:  # (made right after the job's start returned)
                 call.job_done(result)
+            elif early is None:  # its answer, as job_done would have given it at once
+                early = result
 
         # The connection's credit (none for the stream, which its sender ended). What it and the
         # answer queue is written out by the reader, which touches its connection once its
@@ -183,9 +187,16 @@ class Server:
         try:
             result: outcome.Outcome[bytes] | Exception | None = job(body[5:], done)
         except Exception as err:  # the job's bug is its call's (the served call's)
-            result = err
-        if type(result) is outcome.Value and ep.h2.send_answer(
-            stream_id, PLAIN_BLOCK, grpc_message(result.value), OK_BLOCK
+            if early is None:
+                result = err
+            else:  # answered through done() first: the answer stands, the bug is logged
+                LOGGER.exception("handler of %s failed after its call ended", text, exc_info=err)
+        if early is not None:
+            result = early  # (what the job returned as well comes after it: dropped)
+        if (
+            type(result) is outcome.Value
+            and result.value.__class__ is bytes  # (else its call's error: Served._answer_job)
+            and ep.h2.send_answer(stream_id, PLAIN_BLOCK, grpc_message(result.value), OK_BLOCK)
         ):
             return True
         deadline = self._deadline(timeout, since)
