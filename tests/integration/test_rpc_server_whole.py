@@ -14,6 +14,7 @@ import pytest
 import trio
 
 from krproxy import calls
+from krproxy.h2 import frames as f
 from krproxy.h2.connection import CONNECTION_WINDOW
 from krproxy.relay.served import Served
 from krproxy.rpc import Server, UnaryJob
@@ -311,3 +312,77 @@ async def test_a_late_answer_past_its_deadline(nursery: trio.Nursery, sock: str)
             done(outcome.Value(b"late"))
         assert 0 == server.transport.in_flight
         assert b"cba" == (await request(sock, grpc_request(AT_ONCE), framed(b"abc"))).message
+
+
+async def outcomes(conn: Any, stream: trio.SocketStream, ids: set[int]) -> dict[int, Any]:
+    """Each of ``ids``' end as the h2 client reads it: ("reset", code) or ("ended", grpc-status)."""
+    ended: dict[int, Any] = {}
+    status: dict[int, str] = {}
+    while not ids <= ended.keys():
+        data = await stream.receive_some(65536)
+        assert data, ended
+        for event in conn.receive_data(data):
+            name = type(event).__name__
+            if name == "TrailersReceived" or name == "ResponseReceived":
+                status.update({event.stream_id: v for k, v in event.headers if k == "grpc-status"})
+            elif name == "DataReceived":
+                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif name == "StreamEnded":
+                ended[event.stream_id] = ("ended", status.get(event.stream_id))
+            elif name == "StreamReset":
+                ended[event.stream_id] = ("reset", int(event.error_code))
+        await stream.send_all(conn.data_to_send())
+    return ended
+
+
+@pytest.mark.parametrize("padding", [None, 4])
+async def test_the_stream_limit_alike(nursery: trio.Nursery, sock: str, padding: int | None) -> None:
+    """max_streams=1, in one read: a request answered at once, one answered later, one beyond
+    the limit, then the late one reset by its caller: the same ends whole and padded, every
+    byte credited back, nothing left in flight or held."""
+    jobs = Jobs()
+    server = Server({AT_ONCE: jobs.at_once, LATER: jobs.later}, max_streams=1)
+    await nursery.start(server.serve, sock)
+    stream = await trio.open_unix_socket(sock)
+    async with stream:
+        with trio.fail_after(LIVENESS_LIMIT):
+            conn = h2_client()
+            for stream_id, path in ((1, AT_ONCE), (3, LATER), (5, AT_ONCE)):
+                conn.send_headers(stream_id, grpc_request(path, timeout=5.0))
+                conn.send_data(stream_id, framed(b"x" * 100), end_stream=True, pad_length=padding)
+            await stream.send_all(conn.data_to_send())
+            assert {1: ("ended", "0"), 5: ("reset", 7)} == await outcomes(conn, stream, {1, 5})
+            await jobs.wait_for(1)
+            conn.reset_stream(3, 8)  # CANCEL
+            conn.send_headers(7, grpc_request(AT_ONCE, timeout=5.0))
+            conn.send_data(7, framed(b"abc"), end_stream=True, pad_length=padding)
+            await stream.send_all(conn.data_to_send())
+            assert {7: ("ended", "0")} == await outcomes(conn, stream, {7})
+            jobs.waiting[0][1](outcome.Value(b"too late"))
+            await server.transport.wait_idle()
+            assert [] == left_behind(server)
+            assert [] == credit_kept(server)
+            assert 0 == sum(ep.collected for ep in server.transport._clients)
+
+
+@pytest.mark.parametrize("padding", [None, 4])
+async def test_many_in_one_read_then_goaway(nursery: trio.Nursery, sock: str, padding: int | None) -> None:
+    """Fifty requests answered at once and the caller's GOAWAY in one read: fifty answers,
+    every byte credited back, nothing left behind, whole and padded."""
+    jobs = Jobs()
+    server = await jobs.serve(nursery, sock)
+    stream = await trio.open_unix_socket(sock)
+    async with stream:
+        with trio.fail_after(LIVENESS_LIMIT):
+            conn = h2_client()
+            ids = set(range(1, 101, 2))
+            for stream_id in sorted(ids):
+                conn.send_headers(stream_id, grpc_request(AT_ONCE))
+                conn.send_data(stream_id, framed(b"%d" % stream_id), end_stream=True, pad_length=padding)
+            goaway = f.goaway(0, f.NO_ERROR, b"")  # (raw: h2 reads nothing after its own)
+            await stream.send_all(conn.data_to_send() + goaway)  # (one write: read in one step)
+            ends = await outcomes(conn, stream, ids)
+            assert {stream_id: ("ended", "0") for stream_id in ids} == ends
+            await server.transport.wait_idle()
+            assert [] == left_behind(server)
+            assert [] == credit_kept(server)
