@@ -386,3 +386,33 @@ async def test_many_in_one_read_then_goaway(nursery: trio.Nursery, sock: str, pa
             await server.transport.wait_idle()
             assert [] == left_behind(server)
             assert [] == credit_kept(server)
+
+
+@pytest.mark.parametrize("padding", [None, 4])
+async def test_a_reset_in_the_same_read(nursery: trio.Nursery, sock: str, padding: int | None) -> None:
+    """Requests answered at once and later, each followed by its caller's RST_STREAM in the
+    same read: the late job's answer dropped, the connection serves on, nothing left behind,
+    every byte credited back, whole and padded."""
+    jobs = Jobs()
+    server = await jobs.serve(nursery, sock)
+    stream = await trio.open_unix_socket(sock)
+    async with stream:
+        with trio.fail_after(LIVENESS_LIMIT):
+            conn = h2_client()
+            wire = b""
+            for stream_id, path in ((1, AT_ONCE), (3, LATER)):
+                conn.send_headers(stream_id, grpc_request(path, timeout=5.0))
+                conn.send_data(stream_id, framed(b"x" * 100), end_stream=True, pad_length=padding)
+                wire += conn.data_to_send() + f.rst_stream(stream_id, f.CANCEL)
+            await stream.send_all(wire)  # (raw resets: h2 sends none on a stream it ended)
+            await jobs.wait_for(1)
+            jobs.waiting[0][1](outcome.Value(b"too late"))
+            await server.transport.wait_idle()
+            conn.send_headers(5, grpc_request(AT_ONCE, timeout=5.0))
+            conn.send_data(5, framed(b"abc"), end_stream=True, pad_length=padding)
+            await stream.send_all(conn.data_to_send())
+            ends = await outcomes(conn, stream, {5})
+            assert ("ended", "0") == ends[5]
+            assert [] == left_behind(server)
+            assert [] == credit_kept(server)
+            assert 0 == server.transport.in_flight
