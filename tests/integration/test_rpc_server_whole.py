@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import h2.exceptions
+import h2.settings
 import outcome
 import pytest
 import trio
@@ -203,6 +204,7 @@ async def test_a_drain_after_calls_answered_at_once(
 
 SYNC_DONE = "/t.S/SyncDone"
 WRONG_TYPE = "/t.S/WrongType"
+BIG = "/t.S/Big"
 
 
 def _sync_done(request: bytes, done: Any) -> None:
@@ -229,6 +231,7 @@ async def serve_jobs(nursery: trio.Nursery, sock: str, jobs: Jobs) -> Server:
             LATER: jobs.later,
             SYNC_DONE: UnaryJob(_sync_done),
             WRONG_TYPE: UnaryJob(_wrong_type),
+            BIG: UnaryJob(lambda request, done: outcome.Value(request * 5000)),
         }
     )
     await nursery.start(server.serve, sock)
@@ -324,7 +327,9 @@ async def outcomes(conn: Any, stream: trio.SocketStream, ids: set[int]) -> dict[
         for event in conn.receive_data(data):
             name = type(event).__name__
             if name == "TrailersReceived" or name == "ResponseReceived":
-                status.update({event.stream_id: v for k, v in event.headers if k == "grpc-status"})
+                for key, value in event.headers:
+                    if key == "grpc-status":
+                        status[event.stream_id] = value
             elif name == "DataReceived":
                 conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             elif name == "StreamEnded":
@@ -416,3 +421,47 @@ async def test_a_reset_in_the_same_read(nursery: trio.Nursery, sock: str, paddin
             assert [] == left_behind(server)
             assert [] == credit_kept(server)
             assert 0 == server.transport.in_flight
+
+
+@pytest.mark.parametrize(
+    ("settings", "path"),
+    [
+        ({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 3}, AT_ONCE),
+        ({h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 40}, AT_ONCE),
+        ({}, BIG),
+    ],
+)
+async def test_an_answer_too_large_to_go_at_once(
+    nursery: trio.Nursery, sock: str, settings: dict[int, int], path: str
+) -> None:
+    """The caller's stream window under the answer, its header list limit under the answer's
+    headers, an answer over a frame: the same frames' content whole and padded, nothing left."""
+    server = await serve_jobs(nursery, sock, Jobs())
+    answers = []
+    for padding in (None, 4):
+        stream = await trio.open_unix_socket(sock)
+        async with stream:
+            with trio.fail_after(LIVENESS_LIMIT):
+                conn = h2_client()
+                conn.update_settings(settings)
+                conn.send_headers(1, grpc_request(path))
+                conn.send_data(1, framed(b"abcd"), end_stream=True, pad_length=padding)
+                await stream.send_all(conn.data_to_send())
+                seen: list[Any] = []
+                while not any(type(e).__name__ in ("StreamEnded", "StreamReset") for e in seen):
+                    for event in conn.receive_data(await stream.receive_some(65536)):
+                        seen.append(event)
+                        if type(event).__name__ == "DataReceived":
+                            conn.acknowledge_received_data(event.flow_controlled_length, 1)
+                    await stream.send_all(conn.data_to_send())
+                answers.append(
+                    [
+                        (type(e).__name__, getattr(e, "headers", None), getattr(e, "error_code", None))
+                        for e in seen
+                        if type(e).__name__ in ("ResponseReceived", "TrailersReceived", "StreamReset")
+                    ]
+                    + [b"".join(getattr(e, "data", b"") for e in seen if type(e).__name__ == "DataReceived")]
+                )
+                await server.transport.wait_idle()
+                assert [] == left_behind(server)
+    assert answers[1] == answers[0]
