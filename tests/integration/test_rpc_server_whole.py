@@ -465,3 +465,15 @@ async def test_an_answer_too_large_to_go_at_once(
                 await server.transport.wait_idle()
                 assert [] == left_behind(server)
     assert answers[1] == answers[0]
+
+
+@pytest.mark.parametrize(
+    "path", ["/t.S/AtOnce?x=1", "//t.S/AtOnce", "/t.S/AtOnc%65", "/t.S/atonce", "t.S/AtOnce"]
+)
+async def test_odd_paths_answered_alike(nursery: trio.Nursery, sock: str, path: str) -> None:
+    """:path spelled oddly (a query, a double slash, percent-encoded, another case, no slash):
+    the same answer whole and padded."""
+    await serve_jobs(nursery, sock, Jobs())
+    with trio.fail_after(LIVENESS_LIMIT):
+        whole, padded = await both_ways(sock, grpc_request(path), framed(b"abc"))
+    assert padded == whole
