@@ -205,6 +205,8 @@ async def test_a_drain_after_calls_answered_at_once(
 SYNC_DONE = "/t.S/SyncDone"
 WRONG_TYPE = "/t.S/WrongType"
 BIG = "/t.S/Big"
+RAW = "/t.S/Raw"
+ASYNC = "/t.S/Async"
 
 
 def _sync_done(request: bytes, done: Any) -> None:
@@ -213,6 +215,10 @@ def _sync_done(request: bytes, done: Any) -> None:
 
 def _wrong_type(request: bytes, done: Any) -> outcome.Outcome[bytes]:
     return outcome.Value(request.decode())  # type: ignore[arg-type]  # a str, not bytes
+
+
+async def _async_start(request: bytes, done: Any) -> outcome.Outcome[bytes]:
+    return outcome.Value(request)  # (an async start: its call returns a coroutine)
 
 
 async def both_ways(sock: str, fields: list[tuple[str, str]], body: bytes) -> tuple[Any, Any]:
@@ -232,6 +238,8 @@ async def serve_jobs(nursery: trio.Nursery, sock: str, jobs: Jobs) -> Server:
             SYNC_DONE: UnaryJob(_sync_done),
             WRONG_TYPE: UnaryJob(_wrong_type),
             BIG: UnaryJob(lambda request, done: outcome.Value(request * 5000)),
+            RAW: UnaryJob(lambda request, done: request),  # type: ignore[arg-type,return-value]
+            ASYNC: UnaryJob(_async_start),  # type: ignore[arg-type]
         }
     )
     await nursery.start(server.serve, sock)
@@ -477,3 +485,15 @@ async def test_odd_paths_answered_alike(nursery: trio.Nursery, sock: str, path: 
     with trio.fail_after(LIVENESS_LIMIT):
         whole, padded = await both_ways(sock, grpc_request(path), framed(b"abc"))
     assert padded == whole
+
+
+@pytest.mark.parametrize("path", [RAW, ASYNC])
+async def test_a_start_returning_no_outcome(nursery: trio.Nursery, sock: str, path: str) -> None:
+    """A job's start returning bytes, or a coroutine (an async start): its call's error
+    (UNKNOWN), the same whole and padded, and the connection serves on."""
+    await serve_jobs(nursery, sock, Jobs())
+    with trio.fail_after(LIVENESS_LIMIT):
+        whole, padded = await both_ways(sock, grpc_request(path), framed(b"abc"))
+        assert (2, False) == (padded.grpc_status, padded.connection_closed)
+        assert padded == whole
+        assert b"cba" == (await request(sock, grpc_request(AT_ONCE), framed(b"abc"))).message
