@@ -10,6 +10,7 @@ server gives it (:attr:`Served.stream`); the transport knows no handler type.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -300,7 +301,14 @@ class Served:
             # (bytes-like) dropped if the call ended meanwhile (deadline, reset)
             self.reply(value)  # type: ignore[arg-type]
             return
-        assert isinstance(result, outcome.Error)
+        if not isinstance(result, outcome.Error):  # the job's bug (bytes, a coroutine): its call's
+            given: object = result  # (typed as an outcome: what the job gave, whatever it is)
+            if inspect.iscoroutine(given):
+                given.close()  # (never awaited: no warning of it)
+            self._ended_by(
+                TypeError(f"a UnaryJob's start must give an outcome or None, not {type(result).__name__}")
+            )
+            return
         err = result.error
         if isinstance(err, CloseConnection):
             if not self.state.finished:
