@@ -497,3 +497,15 @@ async def test_a_start_returning_no_outcome(nursery: trio.Nursery, sock: str, pa
         assert (2, False) == (padded.grpc_status, padded.connection_closed)
         assert padded == whole
         assert b"cba" == (await request(sock, grpc_request(AT_ONCE), framed(b"abc"))).message
+
+
+@pytest.mark.parametrize("written", ["0n", "1n", "1u", "10m"])
+async def test_a_late_answer_past_a_tiny_deadline(nursery: trio.Nursery, sock: str, written: str) -> None:
+    """grpc-timeout zero or tiny, the job answering later: DEADLINE_EXCEEDED whole as padded."""
+    jobs = Jobs()
+    server = await serve_jobs(nursery, sock, jobs)
+    with trio.fail_after(LIVENESS_LIMIT):
+        whole, padded = await both_ways(sock, grpc_request(LATER, **{"grpc-timeout": written}), framed(b"x"))
+        assert 4 == padded.grpc_status
+        assert padded == whole
+        assert 0 == server.transport.in_flight
