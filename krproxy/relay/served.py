@@ -293,13 +293,16 @@ class Served:
         # The outcome read, not unwrapped (unwrap() is two calls more, for a guard against
         # reading it twice that this one reader does not need).
         if type(result) is outcome.Value:  # (not isinstance: an ABC's check is two calls more)
-            value = result.value
-            if value.__class__ is not bytes and not isinstance(value, (bytearray, memoryview)):
-                # The job's bug, its call's as a unary handler's send_message of it would be.
-                self._ended_by(TypeError(f"a UnaryJob's answer must be bytes, not {type(value).__name__}"))
-                return
-            # (bytes-like) dropped if the call ended meanwhile (deadline, reset)
-            self.reply(value)  # type: ignore[arg-type]
+            value: Any = result.value  # (typed bytes; a job may give anything)
+            if value.__class__ is not bytes:
+                if not isinstance(value, (bytearray, memoryview)):
+                    # The job's bug, its call's as a unary handler's send_message of it would be.
+                    self._ended_by(
+                        TypeError(f"a UnaryJob's answer must be bytes, not {type(value).__name__}")
+                    )
+                    return
+                value = bytes(value)
+            self.reply(value)  # dropped if the call ended meanwhile (deadline, reset)
             return
         if not isinstance(result, outcome.Error):  # the job's bug (bytes, a coroutine): its call's
             given: object = result  # (typed as an outcome: what the job gave, whatever it is)
