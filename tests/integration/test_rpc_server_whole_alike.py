@@ -115,17 +115,6 @@ async def test_done_within_start(nursery: trio.Nursery, sock: str) -> None:
     assert 0 == server.transport.in_flight
 
 
-async def test_a_wrong_answer_type(nursery: trio.Nursery, sock: str) -> None:
-    """A job answering a str, not bytes: its call's error (UNKNOWN, as a unary handler's
-    send_message of a str), the same whole and padded, and the connection serves on."""
-    await serve_jobs(nursery, sock, Jobs())
-    with trio.fail_after(LIVENESS_LIMIT):
-        whole, padded = await both_ways(sock, grpc_request(WRONG_TYPE), framed(b"abc"))
-        assert (2, False) == (padded.grpc_status, padded.connection_closed)
-        assert padded == whole
-        assert b"cba" == (await request(sock, grpc_request(AT_ONCE), framed(b"abc"))).message
-
-
 async def test_a_late_answer_past_its_deadline(nursery: trio.Nursery, sock: str) -> None:
     """A job answering later, the caller's deadline short: DEADLINE_EXCEEDED both ways, the
     late answer dropped, nothing in flight."""
@@ -303,10 +292,11 @@ async def test_odd_paths_answered_alike(nursery: trio.Nursery, sock: str, path: 
     assert padded == whole
 
 
-@pytest.mark.parametrize("path", [RAW, ASYNC])
-async def test_a_start_returning_no_outcome(nursery: trio.Nursery, sock: str, path: str) -> None:
-    """A job's start returning bytes, or a coroutine (an async start): its call's error
-    (UNKNOWN), the same whole and padded, and the connection serves on."""
+@pytest.mark.parametrize("path", [WRONG_TYPE, RAW, ASYNC])
+async def test_a_job_s_wrong_result(nursery: trio.Nursery, sock: str, path: str) -> None:
+    """A job answering a str, not bytes (as a unary handler's send_message of a str), or a start
+    returning bytes or a coroutine (an async start): its call's error (UNKNOWN), the same whole
+    and padded, and the connection serves on."""
     await serve_jobs(nursery, sock, Jobs())
     with trio.fail_after(LIVENESS_LIMIT):
         whole, padded = await both_ways(sock, grpc_request(path), framed(b"abc"))
