@@ -219,10 +219,10 @@ def decode(decoder: hpack.Decoder, block: bytes) -> Headers:
         found = _from_template(block, limit)
         if found is not None:
             return found
-    ends = _field_ends(block) if len(block) <= BLOCK_LIMIT else None
-    if ends is not None:
-        return _by_fields(decoder, block, ends)
     if len(block) <= BLOCK_LIMIT:
+        ends = _field_ends(block)
+        if ends is not None:
+            return _by_fields(decoder, block, ends)
         read = _by_table(decoder, block, limit)
         if read is not None:
             return read
