@@ -283,13 +283,30 @@ _INDEXED = _INDEX.map(lambda i: hpack_integer(i, 7, 0x80))
 _HUFFMAN = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
 
 
-def _literal(name: int, huffman: bool, value: bytes) -> bytes:
+def _string(huffman: bool, value: bytes) -> bytes:
     coded = _HUFFMAN.encode(value) if huffman else value
-    return hpack_integer(name, 6, 0x40) + bytes([(0x80 if huffman else 0) | len(coded)]) + coded
+    return bytes([(0x80 if huffman else 0) | len(coded)]) + coded
 
 
+def _literal(name: int, huffman: bool, value: bytes) -> bytes:
+    return hpack_integer(name, 6, 0x40) + _string(huffman, value)
+
+
+#: The literal representations beside the indexing one with an indexed name: without indexing
+#: (0000), never indexed (0001), and each kind with a literal name (index 0).
+_OTHER_LITERAL = st.builds(
+    lambda kind, name, huffman, value: (
+        hpack_integer(name, 6 if kind == 0x40 else 4, kind)
+        + (_string(huffman, b"x-" + value[:4]) if name == 0 else b"")
+        + _string(huffman, value)
+    ),
+    st.sampled_from([0x00, 0x10, 0x40]),
+    st.one_of(st.just(0), _INDEX),
+    st.booleans(),
+    st.binary(max_size=12),
+)
 _LITERAL = st.builds(_literal, _INDEX, st.booleans(), st.binary(max_size=12))
-_PIECES = st.one_of(_INDEXED, _LITERAL)
+_PIECES = st.one_of(_INDEXED, _LITERAL, _OTHER_LITERAL)
 
 
 @settings(max_examples=300, deadline=None)
@@ -322,4 +339,27 @@ def test_indexed_blocks_of_any_bytes_read_as_hpack_reads_them(
         got = hpackmemo.decode(ours, block)
         assert got == expected
         assert [h.__class__ for h in got] == [h.__class__ for h in expected]
+    assert list(ours.header_table.dynamic_entries) == list(plain.header_table.dynamic_entries)
+
+
+@pytest.mark.parametrize(
+    "timeout",
+    [
+        hpack.NeverIndexedHeaderTuple(b"grpc-timeout", b"2999987u"),  # grpc-go's PR 9377 would send this
+        hpack.HeaderTuple(b"x-trace", b"never-seen"),  # a literal name added to the table
+    ],
+)
+def test_literal_fields_among_indexed_ones_are_read_without_hpack(
+    monkeypatch: pytest.MonkeyPatch, timeout: hpack.HeaderTuple
+) -> None:
+    """A grpc-go block's indexed fields with a literal beside them (never indexed, or with a
+    literal name, as after an eviction): read by the table rule, not by hpack, to what hpack
+    reads (the never-indexed class kept), the tables alike after."""
+    plain, ours, encoder = _set_up(4096)
+    block = encoder.encode([*CALL, timeout], huffman=True)
+    monkeypatch.setattr(hpackmemo, "_by_hpack", None)  # any block left to hpack fails now
+    expected = plain.decode(block, raw=True)
+    got = hpackmemo.decode(ours, block)
+    assert got == expected
+    assert [h.__class__ for h in got] == [h.__class__ for h in expected]
     assert list(ours.header_table.dynamic_entries) == list(plain.header_table.dynamic_entries)
