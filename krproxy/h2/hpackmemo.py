@@ -21,16 +21,16 @@ reads grpc-go's in one function:
   against (the newest entry *object*, held by the entry so that its identity cannot be reused,
   the entry count and the size limit), and answered from memory only while a decoder's table is
   in that state.
-- **Indexed blocks read against the table.** A block of indexed fields and of literals with
-  incremental indexing whose name is indexed (a grpc-go client's after its call's first: it indexes
-  every field, and a fresh ``grpc-timeout`` for a short deadline is a new entry each call, which
-  shifts every index) is read here against the decoder's table (:func:`_by_table`), whole, before
-  its new entries go into the table through ``hpack``'s own ``HeaderTable.add``.
+- **Blocks read against the table.** A block of indexed fields and literals of any kind with
+  short strings (a grpc-go client's: it indexes every field, and a fresh ``grpc-timeout`` for a
+  short deadline is a new entry each call, which shifts every index) is read here against the
+  decoder's table (:func:`_by_table`), whole, before its new entries go into the table through
+  ``hpack``'s own ``HeaderTable.add``.
 
-``hpack`` decodes everything else (the first sight of a block, literal names, anything malformed,
-anything the table rule does not read whole): its errors and checks stay the rules, and a
-decoder's table is always ``hpack``'s. Every answer is checked against the decoder's header
-list limit.
+``hpack`` decodes everything else (table size updates, strings of 127 bytes or more, anything
+malformed, anything the table rule does not read whole): its errors and checks stay the rules,
+and a decoder's table is always ``hpack``'s. Every answer is checked against the decoder's
+header list limit.
 
 Pure: no I/O, no clock. The memory is the process's, shared by all connections (a remembered
 block's meaning depends on no connection), bounded (:data:`MEMO_LIMIT` entries), and started
@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 import hpack
-from hpack import HeaderTuple
+from hpack import HeaderTuple, NeverIndexedHeaderTuple
 from hpack.exceptions import HPACKDecodingError
 from hpack.huffman_table import decode_huffman
 from hpack.table import HeaderTable
@@ -272,16 +272,18 @@ def _by_hpack(decoder: hpack.Decoder, block: bytes) -> Headers:
 
 def _by_table(decoder: hpack.Decoder, block: bytes, limit: int) -> Headers | None:
     """``block`` read against the decoder's table, if it holds only indexed fields and literals
-    with incremental indexing whose name is indexed and whose value is under 127 bytes (grpc-go's
-    blocks after a call's first: its encoder indexes every field, and a fresh ``grpc-timeout``
-    shifts the indexes call by call). None for anything else, anything that does not read, or a
-    list over ``limit``: ``hpack`` then reads it and raises its error.
+    (with incremental indexing, without, never indexed; their names indexed or literal) whose
+    strings are under 127 bytes: grpc-go's blocks, whose encoder indexes every field, and whose
+    fresh ``grpc-timeout`` shifts the indexes call by call (or, never indexed as grpc-go's PR 9377
+    would send it, stands among indexed fields). None for anything else (a table size update),
+    anything that does not read, or a list over ``limit``: ``hpack`` then reads it and raises
+    its error.
 
     The block is read whole against a view of the table (its entries, this block's additions
     before them, the oldest evicted as ``hpack`` evicts them) before the additions go into the
     table (``HeaderTable.add``, ``hpack``'s own): a block that fails leaves the table untouched
     for ``hpack``. One that adds nothing is remembered with the table's state, as by
-    :func:`_by_hpack`."""
+    :func:`_by_hpack`, unless it holds a :data:`_UNIQUE` field as a literal."""
     table = decoder.header_table
     current = getattr(table, "_current_size", None)  # hpack's sum of its entries' sizes (§4.1)
     if current is None:
@@ -291,6 +293,7 @@ def _by_table(decoder: hpack.Decoder, block: bytes, limit: int) -> Headers | Non
     kept = len(entries)  # the table's entries still in the view (the oldest evicted first)
     added: list[tuple[bytes, bytes]] = []  # this block's new entries, oldest first
     fresh = 0  # len(added)
+    unique = False  # a field of _UNIQUE sent as a literal: the block is not remembered
     headers: Headers = []
     inflated = 0
     at = 0
@@ -298,36 +301,25 @@ def _by_table(decoder: hpack.Decoder, block: bytes, limit: int) -> Headers | Non
     while at < size:
         first = block[at]
         if first & 0x80:  # an indexed field
-            index = first & 0x7F
-            at += 1
-            if index == 0x7F:  # a multi-byte index (one _integer cannot read is hpack's)
-                got = _integer(block, at - 1, 7)
-                if got is None:
-                    return None
-                index, at = got
-            length = -1
-        elif first & 0xC0 == 0x40:  # a literal with incremental indexing
-            index = first & 0x3F
-            at += 1
-            if index == 0x3F:
-                got = _integer(block, at - 1, 6)
-                if got is None:
-                    return None
-                index, at = got
-            if not index or at >= size:
-                return None  # a literal name (a call's first sight of it), or cut off
-            length = block[at]
-            if length & 0x7F == 0x7F:  # a value of 127 bytes or more: hpack's
+            mask = 0x7F
+        elif first & 0x40:  # a literal with incremental indexing
+            mask = 0x3F
+        elif first & 0x20:  # a table size update
+            return None
+        else:  # a literal without indexing (0000xxxx) or never indexed (0001xxxx)
+            mask = 0x0F
+        index = first & mask
+        at += 1
+        if index == mask:  # a multi-byte index (one _integer cannot read is hpack's)
+            got = _integer(block, at - 1, mask.bit_length())
+            if got is None:
                 return None
-            start = at + 1
-            at = start + (length & 0x7F)
-            if at > size:
-                return None
-        else:
-            return None  # a literal not indexed, or a table size update
+            index, at = got
         if not index:
-            return None  # index 0
-        if index <= _STATIC:
+            if mask == 0x7F:
+                return None  # index 0
+            entry = None  # a literal name
+        elif index <= _STATIC:
             entry = HeaderTable.STATIC_TABLE[index - 1]
         else:
             place = index - _STATIC - 1
@@ -337,28 +329,38 @@ def _by_table(decoder: hpack.Decoder, block: bytes, limit: int) -> Headers | Non
                 entry = entries[place - fresh]
             else:
                 return None  # beyond the table
-        if length < 0:
+        if mask == 0x7F:
+            assert entry is not None  # (typing.cast is a call)
             header = _new_header(HeaderTuple, entry)  # HeaderTuple(*entry), without its Python __new__
         else:
-            value = block[start:at]
-            if length & 0x80:
-                try:
-                    value = decode_huffman(value)
-                except HPACKDecodingError:
+            if entry is None:
+                string = _string(block, at)
+                if string is None:
                     return None
-            header = _new_header(HeaderTuple, (entry[0], value))
-            grown = 32 + len(entry[0]) + len(value)
-            if grown > maxsize:
-                return None  # it empties the table
-            added.append(header)
-            fresh += 1
-            current += grown
-            while current > maxsize:
-                if not kept:
-                    return None  # it evicts this block's own entries
-                kept -= 1
-                old = entries[kept]
-                current -= 32 + len(old[0]) + len(old[1])
+                name, at = string
+            else:
+                name = entry[0]
+            string = _string(block, at)
+            if string is None:
+                return None
+            value, at = string
+            kind = NeverIndexedHeaderTuple if first & 0xF0 == 0x10 else HeaderTuple
+            header = _new_header(kind, (name, value))
+            if name in _UNIQUE:
+                unique = True
+            if mask == 0x3F:
+                grown = 32 + len(name) + len(value)
+                if grown > maxsize:
+                    return None  # it empties the table
+                added.append(header)
+                fresh += 1
+                current += grown
+                while current > maxsize:
+                    if not kept:
+                        return None  # it evicts this block's own entries
+                    kept -= 1
+                    old = entries[kept]
+                    current -= 32 + len(old[0]) + len(old[1])
         headers.append(header)
         inflated += 32 + len(header[0]) + len(header[1])
         if inflated > limit:
@@ -366,9 +368,27 @@ def _by_table(decoder: hpack.Decoder, block: bytes, limit: int) -> Headers | Non
     if added:
         for name, value in added:
             table.add(name, value)
-    elif size <= KEPT_BLOCK:
+    elif size <= KEPT_BLOCK and not unique:  # (a fresh grpc-timeout's block is never seen again)
         _remember(block, (tuple(headers), inflated, _state(decoder), None))
     return headers
+
+
+def _string(block: bytes, at: int) -> tuple[bytes, int] | None:
+    """The string literal (RFC 7541 §5.2) at ``block[at]``, Huffman-decoded, and where it ends;
+    None if it is cut off, 127 bytes or longer, or its Huffman code does not decode (hpack's)."""
+    if at >= len(block):
+        return None
+    length = block[at]
+    end = at + 1 + (length & 0x7F)
+    if length & 0x7F == 0x7F or end > len(block):
+        return None
+    value = block[at + 1 : end]
+    if length & 0x80:
+        try:
+            value = decode_huffman(value)
+        except HPACKDecodingError:
+            return None
+    return value, end
 
 
 def _by_fields(decoder: hpack.Decoder, block: bytes, ends: list[int]) -> Headers:
