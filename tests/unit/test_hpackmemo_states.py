@@ -1,0 +1,184 @@
+"""krproxy.h2.hpackmemo over sequences of blocks on decoders that share its memory: each block
+decodes, fails and leaves the table as a plain ``hpack`` decoder given the same blocks does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import hpack
+import pytest
+from hpack.huffman import HuffmanEncoder
+from hpack.huffman_constants import REQUEST_CODES, REQUEST_CODES_LENGTH
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from krproxy.h2 import frames as f
+from krproxy.h2 import hpackmemo
+from krproxy.h2.frames import _integer
+
+_HUFFMAN = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
+
+
+@pytest.fixture(autouse=True)
+def empty_memo() -> None:
+    hpackmemo._memo.clear()
+    hpackmemo._unique_names = {}
+
+
+def _string(value: bytes, huffman: bool) -> bytes:
+    coded = _HUFFMAN.encode(value) if huffman else value
+    return _integer(len(coded), 7, 0x80 if huffman else 0) + coded
+
+
+class Pair:
+    """A decoder read through hpackmemo and a plain one given the same blocks, and an encoder."""
+
+    def __init__(self) -> None:
+        self.ours = hpack.Decoder(max_header_list_size=16 << 20)
+        self.plain = hpack.Decoder(max_header_list_size=16 << 20)
+        self.encoder = hpack.Encoder()
+
+    def set(self, name: str, value: int) -> None:
+        setattr(self.ours, name, value)
+        setattr(self.plain, name, value)
+
+    def feed(self, block: bytes) -> None:
+        """``block`` to both: the same headers (and classes) or the same error, the same table."""
+        try:
+            expected: Any = self.plain.decode(block, raw=True)
+        except Exception as err:  # noqa: BLE001 - whatever hpack raises, ours must raise too
+            with pytest.raises(type(err)):
+                hpackmemo.decode(self.ours, block)
+        else:
+            got = hpackmemo.decode(self.ours, block)
+            assert got == expected
+            assert [h.__class__ for h in got] == [h.__class__ for h in expected]
+        mine, theirs = self.ours.header_table, self.plain.header_table
+        assert list(mine.dynamic_entries) == list(theirs.dynamic_entries)
+        assert mine.maxsize == theirs.maxsize
+        assert mine._current_size == theirs._current_size
+
+
+_NAMES = [b"grpc-timeout", b":path", b"content-type", b"x-a", b"user-agent", b"te"]
+#: Values by length, the string boundaries among them (plain 126/127/128; Huffman-coded 'a's
+#: are 5 bits: 202 of them take 127 bytes) and entries near the small tables' sizes.
+_VALUES = st.one_of(
+    st.sampled_from([b"", b"1S", b"5S", b"/a/B", b"application/grpc", b"trailers"]),
+    st.builds(
+        lambda n, c: bytes([c]) * n,
+        st.sampled_from([1, 20, 29, 30, 60, 125, 126, 127, 128, 200, 201, 202, 203, 204, 600]),
+        st.sampled_from(b"a0"),
+    ),
+)
+_SIZES = st.sampled_from([0, 32, 64, 96, 100, 150, 300, 4096, 5000])
+_INDEX = st.one_of(st.integers(min_value=0, max_value=75), st.sampled_from([126, 127, 128, 200, 1 << 20]))
+
+_INDEXED = _INDEX.map(lambda i: _integer(i, 7, 0x80))
+_LITERAL = st.builds(
+    lambda kind, index, name, value, hname, hvalue: (
+        _integer(index, 6 if kind == 0x40 else 4, kind)
+        + (b"" if index else _string(name, hname))
+        + _string(value, hvalue)
+    ),
+    st.sampled_from([0x40, 0x40, 0x00, 0x10]),
+    st.one_of(st.just(0), st.just(0), _INDEX),
+    st.sampled_from(_NAMES),
+    _VALUES,
+    st.booleans(),
+    st.booleans(),
+)
+#: Stray bytes: a bad Huffman code (EOS, wrong padding), a cut integer, index 0.
+_STRAY = st.sampled_from(
+    [b"\x81\xff", b"\x84\xff\xff\xff\xff", b"\x81\x00", b"\xff", b"\x80", b"\x0f", b"\x7f\x80"]
+)
+#: A literal whose value is a bad Huffman code, or a stray piece alone.
+_BAD = st.builds(
+    lambda kind, index, stray: (
+        _integer(index, 6 if kind == 0x40 else 4, kind) + (b"\x01x" if not index else b"") + stray
+    ),
+    st.sampled_from([0x40, 0x00, 0x10]),
+    st.sampled_from([0, 1, 4, 62]),
+    _STRAY,
+)
+_FIELD = st.one_of(_INDEXED, _INDEXED, _LITERAL, _LITERAL, _LITERAL, _STRAY, _BAD)
+
+
+def _hand(updates: list[int], fields: list[bytes], cut: int | None) -> bytes:
+    block = b"".join(_integer(size, 5, 0x20) for size in updates) + b"".join(fields)
+    return block[: cut % (len(block) + 1)] if cut is not None else block
+
+
+_HEADERS = st.lists(st.tuples(st.sampled_from(_NAMES), _VALUES), max_size=6)
+_WHO = st.integers(min_value=0, max_value=1)
+_STEP = st.one_of(
+    st.tuples(
+        st.just("hand"),
+        _WHO,
+        st.builds(
+            _hand,
+            st.lists(_SIZES, max_size=2),
+            st.lists(_FIELD, max_size=6),
+            st.one_of(st.none(), st.none(), st.none(), st.integers(min_value=0, max_value=400)),
+        ),
+    ),
+    st.tuples(st.just("encoder"), _WHO, st.tuples(_HEADERS, st.booleans(), st.booleans())),
+    st.tuples(st.just("krproxy"), _WHO, st.tuples(_HEADERS, st.booleans())),
+    st.tuples(st.just("again"), _WHO, st.integers(min_value=0, max_value=1000)),
+    st.tuples(st.just("again"), _WHO, st.integers(min_value=0, max_value=1000)),
+    st.tuples(st.just("encoder size"), _WHO, _SIZES),
+    st.tuples(st.just("allowed"), _WHO, _SIZES),
+    st.tuples(st.just("list limit"), _WHO, st.sampled_from([64, 100, 200, 300, 16 << 20])),
+)
+
+
+def _run(steps: list[tuple[str, int, Any]]) -> None:
+    hpackmemo._memo.clear()
+    hpackmemo._unique_names = {}
+    pairs = [Pair(), Pair()]
+    sent: list[bytes] = []
+    for what, who, arg in steps:
+        pair = pairs[who]
+        block: bytes | None = None
+        if what == "hand":
+            block = arg
+        elif what == "encoder":
+            headers, huffman, never = arg
+            if never:
+                headers = [hpack.NeverIndexedHeaderTuple(*h) for h in headers]
+            block = pair.encoder.encode(headers, huffman=huffman)
+        elif what == "krproxy":
+            headers, never = arg
+            if never:
+                headers = [hpack.NeverIndexedHeaderTuple(*h) for h in headers]
+            block = f.encode_headers(headers)
+        elif what == "again":
+            if sent:
+                block = sent[arg % len(sent)]
+        elif what == "encoder size":
+            pair.encoder.header_table_size = arg
+        elif what == "allowed":
+            pair.set("max_allowed_table_size", arg)
+        else:
+            pair.set("max_header_list_size", arg)
+        if block is not None:
+            sent.append(block)
+            pair.feed(block)
+
+
+@settings(max_examples=400, deadline=None)
+@given(steps=st.lists(_STEP, min_size=1, max_size=30))
+def test_two_decoders_read_any_blocks_as_hpack_reads_them(steps: list[tuple[str, int, Any]]) -> None:
+    """Blocks of every representation (hpack's encoder, krproxy's, by hand with size updates,
+    bad Huffman codes and cut ends), blocks sent again, table and header list limits changed,
+    on two decoders that share the memory: hpack's headers, errors and tables after each."""
+    _run(steps)
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=st.lists(_STEP, min_size=1, max_size=30))
+def test_without_hpacks_table_size_blocks_read_as_hpack_reads_them(steps: list[tuple[str, int, Any]]) -> None:
+    """An hpack whose table keeps no ``_current_size``: the table rule steps aside and every
+    block still reads as hpack reads it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hpackmemo, "getattr", lambda _obj, _name, default: default, raising=False)
+        _run(steps)
