@@ -363,3 +363,20 @@ def test_literal_fields_among_indexed_ones_are_read_without_hpack(
     assert got == expected
     assert [h.__class__ for h in got] == [h.__class__ for h in expected]
     assert list(ours.header_table.dynamic_entries) == list(plain.header_table.dynamic_entries)
+
+
+@pytest.mark.parametrize("seen", [False, True])
+def test_a_list_over_the_limit_is_refused_before_a_later_bad_field(seen: bool) -> None:
+    """A block of fields that cannot touch the table, over the header list limit before a field
+    whose Huffman code does not decode: hpack's OversizedHeaderListError (it stops at the
+    limit), not the later field's HPACKDecodingError, whether the first field is remembered
+    or not."""
+    big = b"\x00\x03x-a" + f._integer(128, 7, 0) + b"a" * 128  # 163 bytes in the list
+    block = big + b"\x00\x03x-b\x81\xff"  # a Huffman value that is all padding
+    if seen:
+        hpackmemo.decode(decoder(), big)
+    small = hpack.Decoder(max_header_list_size=100)
+    with pytest.raises(hpack.exceptions.OversizedHeaderListError):
+        small.decode(block, raw=True)
+    with pytest.raises(hpack.exceptions.OversizedHeaderListError):
+        hpackmemo.decode(hpack.Decoder(max_header_list_size=100), block)
