@@ -411,7 +411,10 @@ def _by_fields(decoder: hpack.Decoder, block: bytes, ends: list[int]) -> Headers
                 header = known
             else:
                 # A field of its own decodes alike in any decoder: one that never changes does.
-                header = cast(Headers, _SCRATCH.decode(field, raw=True))[0]
+                try:
+                    header = cast(Headers, _SCRATCH.decode(field, raw=True))[0]
+                except HPACKDecodingError:  # hpack's error, in its order (a list over the limit first)
+                    return cast(Headers, decoder.decode(block, raw=True))
                 if header[0] in _UNIQUE:
                     _remember_unique(field, header)
                 else:
