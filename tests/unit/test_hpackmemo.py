@@ -4,6 +4,8 @@ table rule: grpc-go's indexed blocks read against the table give hpack's headers
 
 from __future__ import annotations
 
+import copy
+
 import hpack
 import hpack.exceptions
 import pytest
@@ -380,3 +382,46 @@ def test_a_list_over_the_limit_is_refused_before_a_later_bad_field(seen: bool) -
         small.decode(block, raw=True)
     with pytest.raises(hpack.exceptions.OversizedHeaderListError):
         hpackmemo.decode(hpack.Decoder(max_header_list_size=100), block)
+
+
+def _limit_cases() -> list[tuple[list[bytes], bytes]]:
+    """(blocks a decoder reads first, a block then read twice) for each of the module's ways."""
+    timeout = [*CALL, (b"grpc-timeout", b"5S")]
+    encoder = hpack.Encoder()
+    first = encoder.encode([*CALL, (b"grpc-timeout", b"1S")])
+    indexed = encoder.encode(CALL)  # the dynamic table's entries only
+    fresh = encoder.encode([*CALL, (b"grpc-timeout", b"2S")])  # one new entry
+    small = hpack.Encoder()
+    small.header_table_size = 256
+    return [
+        ([], f.encode_headers(CALL)),  # fields, then the whole block from memory
+        ([f.encode_headers([*CALL, (b"grpc-timeout", b"1S")])], f.encode_headers(timeout)),  # a template
+        ([first], indexed),  # the table rule, then from memory with the table's state
+        ([first], fresh),  # the table rule, a new entry each time
+        ([], small.encode(CALL)),  # a size update first: hpack's
+    ]
+
+
+@pytest.mark.parametrize(("before", "block"), _limit_cases())
+@pytest.mark.parametrize("over", [0, 1])
+def test_the_header_list_limit_holds_exactly_by_every_rule(
+    before: list[bytes], block: bytes, over: int
+) -> None:
+    """A block's list exactly at the decoder's header list limit is read, one byte over it is
+    refused with hpack's error, first and once the block is remembered; the tables stay alike."""
+    plain, ours = decoder(), decoder()
+    for earlier in before:
+        assert hpackmemo.decode(ours, earlier) == plain.decode(earlier, raw=True)
+    for limited in (True, False, True):
+        probe = hpack.Decoder(max_header_list_size=16 << 20)
+        probe.header_table = copy.deepcopy(plain.header_table)
+        size = sum(32 + len(name) + len(value) for name, value in probe.decode(block, raw=True))
+        plain.max_header_list_size = ours.max_header_list_size = size - over if limited else 16 << 20
+        if limited and over:
+            with pytest.raises(hpack.exceptions.OversizedHeaderListError):
+                plain.decode(block, raw=True)
+            with pytest.raises(hpack.exceptions.OversizedHeaderListError):
+                hpackmemo.decode(ours, block)
+        else:
+            assert hpackmemo.decode(ours, block) == plain.decode(block, raw=True)
+        assert list(ours.header_table.dynamic_entries) == list(plain.header_table.dynamic_entries)
