@@ -3,6 +3,8 @@ decodes, fails and leaves the table as a plain ``hpack`` decoder given the same 
 
 from __future__ import annotations
 
+import sys
+import threading
 from typing import Any
 
 import hpack
@@ -22,7 +24,7 @@ _HUFFMAN = HuffmanEncoder(REQUEST_CODES, REQUEST_CODES_LENGTH)
 @pytest.fixture(autouse=True)
 def empty_memo() -> None:
     hpackmemo._memo.clear()
-    hpackmemo._unique_names = {}
+    hpackmemo._unique_names.clear()
 
 
 def _string(value: bytes, huffman: bool) -> bytes:
@@ -131,9 +133,11 @@ _STEP = st.one_of(
 )
 
 
-def _run(steps: list[tuple[str, int, Any]]) -> None:
-    hpackmemo._memo.clear()
-    hpackmemo._unique_names = {}
+def _run(steps: list[tuple[str, int, Any]], *, fresh: bool = True) -> None:
+    """The steps on two pairs of decoders; ``fresh``: from an empty memory."""
+    if fresh:
+        hpackmemo._memo.clear()
+        hpackmemo._unique_names.clear()
     pairs = [Pair(), Pair()]
     sent: list[bytes] = []
     for what, who, arg in steps:
@@ -182,3 +186,46 @@ def test_without_hpacks_table_size_blocks_read_as_hpack_reads_them(steps: list[t
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(hpackmemo, "getattr", lambda _obj, _name, default: default, raising=False)
         _run(steps)
+
+
+@settings(max_examples=150, deadline=None)
+@given(steps=st.lists(_STEP, min_size=1, max_size=30), limit=st.sampled_from([1, 2, 3, 8]))
+def test_a_memory_started_over_mid_block_reads_as_hpack_reads(
+    steps: list[tuple[str, int, Any]], limit: int
+) -> None:
+    """A memory of a few entries, started over while a block's fields are being remembered:
+    every block still reads as hpack reads it."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hpackmemo, "MEMO_LIMIT", limit)
+        _run(steps)
+
+
+@settings(max_examples=40, deadline=None)
+@given(runs=st.lists(st.lists(_STEP, min_size=1, max_size=30), min_size=4, max_size=4))
+def test_threads_sharing_the_memory_read_as_hpack_reads(runs: list[list[tuple[str, int, Any]]]) -> None:
+    """Four threads, each with its own decoders, on one memory of a few entries started over
+    often, switching every microsecond: each thread's blocks read as hpack reads them."""
+    hpackmemo._memo.clear()
+    hpackmemo._unique_names.clear()
+    failures: list[BaseException] = []
+
+    def run(steps: list[tuple[str, int, Any]]) -> None:
+        try:
+            _run(steps, fresh=False)
+        except BaseException as err:  # reported by the test's thread
+            failures.append(err)
+
+    interval = sys.getswitchinterval()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(hpackmemo, "MEMO_LIMIT", 8)
+        sys.setswitchinterval(1e-6)
+        try:
+            threads = [threading.Thread(target=run, args=(steps,)) for steps in runs]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            sys.setswitchinterval(interval)
+    if failures:
+        raise failures[0]
