@@ -229,3 +229,155 @@ def test_threads_sharing_the_memory_read_as_hpack_reads(runs: list[list[tuple[st
             sys.setswitchinterval(interval)
     if failures:
         raise failures[0]
+
+
+def _add(name: bytes, value: bytes) -> bytes:
+    """A literal with incremental indexing, its name literal too."""
+    return b"\x40" + _string(name, False) + _string(value, False)
+
+
+def test_an_equal_entry_in_the_newest_place_is_another_table() -> None:
+    """A block read against [H, A] is remembered with H, the newest entry; once the table is
+    [H', B] (B added, then H again, each evicting the oldest) its newest entry equals H and
+    the count and size are the same, but index 63 is B now, not A: read again, not answered."""
+    pair = Pair()
+    pair.feed(_integer(72, 5, 0x20))  # room for two entries of 36 bytes
+    for block in (_add(b"x-a", b"A"), _add(b"x-h", b"H")):
+        pair.feed(block)
+    pair.feed(b"\xbf")  # index 63: A
+    assert b"\xbf" in hpackmemo._memo
+    for block in (_add(b"x-b", b"B"), _add(b"x-h", b"H")):
+        pair.feed(block)
+    assert list(pair.ours.header_table.dynamic_entries) == [(b"x-h", b"H"), (b"x-b", b"B")]
+    pair.feed(b"\xbf")  # index 63: B, as hpack reads it
+
+
+def _fill(pair: Pair, count: int) -> None:
+    for i in range(count):
+        pair.feed(_add(b"x-%d" % i, b"v"))
+
+
+@pytest.mark.parametrize("index", [126, 127, 128, 129, 141, 142, 143, 1 << 14])
+@pytest.mark.parametrize("kind", [0x80, 0x40, 0x00, 0x10])
+def test_indexes_with_continuation_bytes_read_as_hpack_reads_them(index: int, kind: int) -> None:
+    """Indexes past the 4-, 6- and 7-bit prefixes (continuation bytes), up to the last entry of
+    a table of 80 (index 141) and past it, as an indexed field and as each literal's name."""
+    pair = Pair()
+    _fill(pair, 80)
+    bits = {0x80: 7, 0x40: 6}.get(kind, 4)
+    field = _integer(index, bits, kind) + (b"" if kind == 0x80 else _string(b"w", False))
+    pair.feed(b"\x83" + field)
+    pair.feed(b"\x83" + field)
+
+
+@pytest.mark.parametrize("overlong", [4, 5, 6])
+@pytest.mark.parametrize("kind", [0x80, 0x40, 0x00, 0x10])
+def test_an_index_with_zero_continuation_bytes_reads_as_hpack_reads_it(overlong: int, kind: int) -> None:
+    """An index sent with ``overlong`` continuation bytes, zeros after the first: hpack reads
+    five at most (the fifth ending the integer), and so do the module's rules."""
+    pair = Pair()
+    _fill(pair, 70)
+    bits = {0x80: 7, 0x40: 6}.get(kind, 4)
+    prefix = (1 << bits) - 1
+    field = bytes([kind | prefix, 0x83]) + b"\x80" * (overlong - 2) + b"\x00"  # prefix + 3
+    field += b"" if kind == 0x80 else _string(b"w", False)
+    pair.feed(field)
+    pair.feed(b"\x86" + field)
+
+
+@pytest.mark.parametrize("length", [125, 126, 127, 128, 129, 200, 201, 202, 203, 204, 205])
+@pytest.mark.parametrize("kind", [0x40, 0x00, 0x10])
+@pytest.mark.parametrize("huffman", [False, True])
+@pytest.mark.parametrize("literal_name", [False, True])
+def test_strings_at_the_length_prefix_read_as_hpack_reads_them(
+    length: int, kind: int, huffman: bool, literal_name: bool
+) -> None:
+    """Names and values of lengths about the 7-bit prefix's 127 (a Huffman-coded 'a' is 5 bits:
+    202 of them take 127 bytes) in each literal, beside an indexed field, twice, on a table
+    with room for them or not."""
+    for table in (4096, 200):
+        pair = Pair()
+        pair.feed(_integer(table, 5, 0x20))
+        _fill(pair, 1)
+        text = b"a" * length
+        if literal_name:
+            field = bytes([kind]) + _string(text, huffman) + _string(b"v", huffman)
+        else:
+            field = bytes([kind | 4]) + _string(text, huffman)
+        for _ in range(2):
+            pair.feed(b"\xbe" + field)
+
+
+#: Every representation: an indexed field, a new entry, a literal without indexing (static name,
+#: plain value), one never indexed (literal name, Huffman value), a new entry whose name index
+#: takes a continuation byte (6-bit prefix) and whose value is plain.
+_EVERY = (
+    b"\xbe"
+    + _add(b"x-new", b"vvv")
+    + b"\x04\x03/ab"
+    + b"\x10\x03x-s"
+    + _string(b"secret", True)
+    + b"\x7f\x04\x02zz"
+)
+
+
+@pytest.mark.parametrize("cut", range(1, len(_EVERY) + 1))
+def test_a_block_cut_anywhere_reads_as_hpack_reads_it(cut: int) -> None:
+    """A block of every representation cut after any byte: hpack's error or headers, on a
+    fresh table and again after the same cut block."""
+    for before in (False, True):
+        pair = Pair()
+        _fill(pair, 5)
+        if before:
+            pair.feed(_EVERY[:cut])
+        pair.feed(_EVERY[:cut])
+
+
+def _block_of(length: int, head: bytes) -> bytes:
+    """``head`` then literals without indexing of ``x-pad`` to ``length`` bytes."""
+    block = head
+    while len(block) < length:
+        room = length - len(block) - 8  # b"\x00\x05x-pad" and the value's length byte
+        block += b"\x00\x05x-pad" + _string(b"p" * max(0, min(room, 100)), False)
+    assert len(block) == length, (len(block), length)
+    return block
+
+
+@pytest.mark.parametrize(
+    "length",
+    [
+        hpackmemo.KEPT_BLOCK - 1,
+        hpackmemo.KEPT_BLOCK,
+        hpackmemo.KEPT_BLOCK + 1,
+        hpackmemo.BLOCK_LIMIT - 1,
+        hpackmemo.BLOCK_LIMIT,
+        hpackmemo.BLOCK_LIMIT + 1,
+    ],
+)
+@pytest.mark.parametrize("head", [b"", b"\xbe", b"\xbe\x40\x03x-n\x01n"])
+def test_blocks_at_the_size_limits_read_as_hpack_reads_them(length: int, head: bytes) -> None:
+    """Blocks of KEPT_BLOCK and BLOCK_LIMIT bytes and one either side (fields that cannot touch
+    the table, with an indexed field, with a new entry), on two decoders, read again after the
+    table changed."""
+    block = _block_of(length, head)
+    pairs = [Pair(), Pair()]
+    for pair in pairs:
+        _fill(pair, 2)
+    for pair in (*pairs, *pairs):
+        pair.feed(block)
+    _fill(pairs[0], 1)
+    pairs[0].feed(block)
+
+
+@pytest.mark.parametrize(
+    "length", [hpackmemo.FIELD_LIMIT - 1, hpackmemo.FIELD_LIMIT, hpackmemo.FIELD_LIMIT + 1]
+)
+@pytest.mark.parametrize("kind", [0x00, 0x10])
+def test_fields_at_the_field_limit_read_as_hpack_reads_them(length: int, kind: int) -> None:
+    """A field of FIELD_LIMIT bytes and one either side, first and again, in a block and alone."""
+    value = b"q" * (length - 1 - 6 - 3)  # its first byte, b"\x05x-big", a 3-byte value length
+    field = bytes([kind]) + _string(b"x-big", False) + _string(value, False)
+    assert len(field) == length
+    pair = Pair()
+    for block in (field, b"\x83" + field, field, b"\x83" + field):
+        pair.feed(block)
