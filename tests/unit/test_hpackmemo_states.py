@@ -105,6 +105,25 @@ _BAD = st.builds(
 _FIELD = st.one_of(_INDEXED, _INDEXED, _LITERAL, _LITERAL, _LITERAL, _STRAY, _BAD)
 
 
+#: Fields that cannot touch the table: static indexes, literals without indexing or never
+#: indexed with a static or literal name; some with a bad Huffman code.
+_PLAIN_FIELD = st.one_of(
+    st.integers(min_value=1, max_value=61).map(lambda i: _integer(i, 7, 0x80)),
+    st.builds(
+        lambda kind, index, name, value, hname, hvalue: (
+            _integer(index, 4, kind) + (b"" if index else _string(name, hname)) + _string(value, hvalue)
+        ),
+        st.sampled_from([0x00, 0x10]),
+        st.one_of(st.just(0), st.integers(min_value=1, max_value=61)),
+        st.sampled_from(_NAMES),
+        _VALUES,
+        st.booleans(),
+        st.booleans(),
+    ),
+    st.builds(lambda kind, stray: bytes([kind]) + b"\x01x" + stray, st.sampled_from([0x00, 0x10]), _STRAY),
+)
+
+
 def _hand(updates: list[int], fields: list[bytes], cut: int | None) -> bytes:
     block = b"".join(_integer(size, 5, 0x20) for size in updates) + b"".join(fields)
     return block[: cut % (len(block) + 1)] if cut is not None else block
@@ -123,13 +142,18 @@ _STEP = st.one_of(
             st.one_of(st.none(), st.none(), st.none(), st.integers(min_value=0, max_value=400)),
         ),
     ),
+    st.tuples(
+        st.just("hand"),
+        _WHO,
+        st.lists(_PLAIN_FIELD, max_size=5).map(b"".join),
+    ),
     st.tuples(st.just("encoder"), _WHO, st.tuples(_HEADERS, st.booleans(), st.booleans())),
     st.tuples(st.just("krproxy"), _WHO, st.tuples(_HEADERS, st.booleans())),
     st.tuples(st.just("again"), _WHO, st.integers(min_value=0, max_value=1000)),
     st.tuples(st.just("again"), _WHO, st.integers(min_value=0, max_value=1000)),
     st.tuples(st.just("encoder size"), _WHO, _SIZES),
     st.tuples(st.just("allowed"), _WHO, _SIZES),
-    st.tuples(st.just("list limit"), _WHO, st.sampled_from([64, 100, 200, 300, 16 << 20])),
+    st.tuples(st.just("list limit"), _WHO, st.sampled_from([40, 64, 100, 200, 300, 700, 16 << 20])),
 )
 
 
