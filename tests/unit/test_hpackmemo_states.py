@@ -405,3 +405,28 @@ def test_fields_at_the_field_limit_read_as_hpack_reads_them(length: int, kind: i
     pair = Pair()
     for block in (field, b"\x83" + field, field, b"\x83" + field):
         pair.feed(block)
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        b"\x81\xff",  # 8 bits of padding
+        b"\x81\x00",  # '0' (00000), then padding of zeros
+        b"\x84\xff\xff\xff\xff",  # EOS
+        b"\x82\x1f\xff",  # 'a' then 11 bits of padding
+    ],
+)
+@pytest.mark.parametrize("kind", [0x40, 0x00, 0x10])
+@pytest.mark.parametrize("where", ["name", "value"])
+@pytest.mark.parametrize("beside", [b"", b"\xbe", b"\x83"])
+def test_a_bad_huffman_code_fails_as_hpack_fails(code: bytes, kind: int, where: str, beside: bytes) -> None:
+    """A name or value whose Huffman code does not decode, in each literal, alone or beside a
+    static or dynamic index: hpack's error, the tables alike, first and again."""
+    field = bytes([kind]) + (
+        code + _string(b"v", False) if where == "name" else _string(b"x-a", False) + code
+    )
+    pair = Pair()
+    _fill(pair, 1)
+    for _ in range(2):
+        pair.feed(beside + field)
+        pair.feed(beside + field + b"\x82")
