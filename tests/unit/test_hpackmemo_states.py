@@ -153,6 +153,7 @@ _STEP = st.one_of(
     st.tuples(st.just("again"), _WHO, st.integers(min_value=0, max_value=1000)),
     st.tuples(st.just("encoder size"), _WHO, _SIZES),
     st.tuples(st.just("allowed"), _WHO, _SIZES),
+    st.tuples(st.just("header_table_size"), _WHO, _SIZES),
     st.tuples(st.just("list limit"), _WHO, st.sampled_from([40, 64, 100, 200, 300, 700, 16 << 20])),
 )
 
@@ -186,6 +187,8 @@ def _run(steps: list[tuple[str, int, Any]], *, fresh: bool = True) -> None:
             pair.encoder.header_table_size = arg
         elif what == "allowed":
             pair.set("max_allowed_table_size", arg)
+        elif what == "header_table_size":  # the table resized without a block (evictions)
+            pair.set("header_table_size", arg)
         else:
             pair.set("max_header_list_size", arg)
         if block is not None:
