@@ -448,3 +448,37 @@ class TestSkipLabel:
             )
             assert (grpc.StatusCode.UNKNOWN, ["PreRunPodSandbox"]) == (code, plugin.hooks_called())
             assert "hook server everything failed PreRunPodSandbox: INTERNAL: must not be called" in details
+
+
+class TestReading:
+    def test_a_varint_past_64_bits_is_read_as_containerd_reads_it(
+        self, containerd: Containerd, via_proxy: Cri, direct: Cri, plugins: Callable[..., Plugin]
+    ) -> None:
+        """A RunPodSandbox whose pod attempt is a varint of more than 64 bits: google.golang.org/protobuf
+        refuses it (tests/godecode; test_hooks_reading_go.py's xfail), but containerd 1.6, 1.7 and 2.1
+        read it cut to 64 bits, as upb does. So does krproxy: a
+        plugin that moves the pod sees the attempt containerd records, straight or through krproxy's
+        rewrite of the request."""
+        plugin = plugins(
+            "mover",
+            hooks=["PreRunPodSandbox"],
+            failure_policy="Fail",
+            move_pods_to=f"/{containerd.cgroup_parent}/varint",
+        )
+        path = "/runtime.v1.RuntimeService/RunPodSandbox"
+        # config (1) sent twice: the second part's metadata (1) attempt (4) is ten bytes whose last is 2
+        past = b"\x0a\x0d\x0a\x0b\x20" + b"\xff" * 9 + b"\x02"
+        attempts = {}
+        with cleanup(direct) as pods:
+            for way, cri in (("direct", direct), ("krproxy", via_proxy)):
+                pod = pod_config(containerd.cgroup_parent, f"varint-{way}")
+                answer = cri.raw(path, pb.RunPodSandboxRequest(config=pod).SerializeToString() + past)
+                pod_id = pb.RunPodSandboxResponse.FromString(answer).pod_sandbox_id
+                pods.append(pod_id)
+                status = direct.runtime.PodSandboxStatus(
+                    pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id), timeout=TIMEOUT
+                )
+                attempts[way] = status.status.metadata.attempt
+            [hooked] = plugin.requests("PreRunPodSandbox")
+            assert {"direct": 2**32 - 1, "krproxy": 2**32 - 1} == attempts
+            assert 2**32 - 1 == hooked["pod_meta"]["attempt"], hooked
