@@ -29,7 +29,7 @@ from google.protobuf.message import DecodeError
 
 from krproxy import protowire
 from krproxy.hooks import convert, wire
-from krproxy.hooks.model import ContainerAnswer, PodAnswer
+from krproxy.hooks.model import ContainerAnswer, PodAnswer, Resources
 from krproxy.proto import descriptors
 from krproxy.proto.runtime import v1alpha1 as hookapi
 
@@ -132,19 +132,13 @@ def _fields(message: Any) -> dict[str, Any]:
     map entry (a key or value sent with another wire type is an unknown field of the entry, which upb reads
     as ``""`` where betterproto2 reads the wrong-typed value :func:`krproxy.hooks.convert.wrong_types`
     reports)."""
-    if len(unknown_fields.UnknownFieldSet(message)):
-        raise _Unknown
-    name = message.DESCRIPTOR.name
-    kinds = _KINDS[name]
+    _known(message)
+    kinds = _KINDS[message.DESCRIPTOR.name]
     fields: dict[str, Any] = {}
     for field, value in message.ListFields():
         kind = kinds[field.name]
-        if kind == "map":  # as wire.entries: wire order, a repeated key's later value in its first place
-            entries = fields[field.name] = {}
-            for entry in value:
-                if len(unknown_fields.UnknownFieldSet(entry)):
-                    raise _Unknown
-                entries[entry.key] = entry.value
+        if kind == "map":
+            fields[field.name] = _map(value)
         elif kind == "message":
             fields[field.name] = _build(value)
         elif kind == "messages":
@@ -154,13 +148,47 @@ def _fields(message: Any) -> dict[str, Any]:
     return fields
 
 
-def _upb_fields(cls: type[M], data: bytes) -> dict[str, Any] | None:
-    """The answer's fields as upb reads them (:func:`_fields`); None where betterproto2 is to read it."""
+def _known(message: Any) -> None:
+    """Raise :class:`_Unknown` if upb kept a field of *message* it did not know."""
+    if len(unknown_fields.UnknownFieldSet(message)):
+        raise _Unknown
+
+
+def _map(entries: Any) -> dict[str, str]:
+    """A map field read as its entries, as :func:`krproxy.hooks.wire.entries` reads it (wire order, a
+    repeated key's later value in its first place); :class:`_Unknown` for an entry with a field upb did not
+    know."""
+    read = {}
+    for entry in entries:
+        _known(entry)
+        read[entry.key] = entry.value
+    return read
+
+
+def _resources(message: Any) -> Resources:
+    """The record of a upb ``LinuxContainerResources``, as :func:`krproxy.hooks.convert.resources_from_hook`
+    makes it of the message :func:`_build` gives, without building that message; :class:`_Unknown` as
+    :func:`_fields` raises it."""
+    _known(message)
+    for page in message.hugepage_limits:
+        _known(page)
+    return convert.resources_from_wire(message, _map(message.unified))
+
+
+def _upb_message(cls: type[M], data: bytes) -> Any:
+    """The answer as upb reads it; None where betterproto2 is to read it (bytes upb refuses: betterproto2's
+    own error, or its reading; resources sent twice)."""
     try:
         message = _UPB[cls].FromString(data)
     except DecodeError:
-        return None  # betterproto2's own error (or its reading)
-    if _a_message_twice(message, data):
+        return None
+    return None if _a_message_twice(message, data) else message
+
+
+def _upb_fields(cls: type[M], data: bytes) -> dict[str, Any] | None:
+    """The answer's fields as upb reads them (:func:`_fields`); None where betterproto2 is to read it."""
+    message = _upb_message(cls, data)
+    if message is None:
         return None
     try:
         return _fields(message)
@@ -198,19 +226,47 @@ _RECORDS: dict[type[Any], tuple[type[Any], dict[str, str]]] = {
 }
 
 
+def _readable_as_records() -> None:
+    """What :func:`read`'s loop assumes of the answers: each field has its record's name and is a map, a
+    scalar or resources (a ``LinuxContainerResources``)."""
+    for cls, (_, names) in _RECORDS.items():
+        kinds = _KINDS[cls.__name__]
+        assert set(kinds) == set(names), f"{cls.__name__}: fields {sorted(kinds)}, names {sorted(names)}"
+        fields = _UPB[cls].DESCRIPTOR.fields_by_name
+        for name, kind in kinds.items():
+            resources = kind == "message" and fields[name].message_type.name == "LinuxContainerResources"
+            assert kind in ("map", "scalar") or resources, f"{cls.__name__}.{name} is read as {kind}"
+
+
+_readable_as_records()
+
+
 def read(cls: type[M], data: bytes) -> ContainerAnswer | PodAnswer | M:
     """The answer's record, as :func:`krproxy.hooks.convert.answer_from_hook` makes it of :func:`decode`'s
-    message, where upb reads it as betterproto2 does: no betterproto2 answer is built, and its fields have
-    their types (nothing for :func:`krproxy.hooks.convert.wrong_types` to find). Elsewhere betterproto2's
-    message (or its error), which the caller checks and converts. On the path of every hooked call: about
-    6 µs less than decode + wrong_types + answer_from_hook in a loop, several times that on a loaded node."""
-    fields = _upb_fields(cls, data)
-    if fields is None:
+    message, where upb reads it as betterproto2 does: no betterproto2 message is built (neither the answer
+    nor its resources), and its fields have their types (nothing for
+    :func:`krproxy.hooks.convert.wrong_types` to find). Elsewhere betterproto2's message (or its error),
+    which the caller checks and converts. On the path of every hooked call: 11 µs in a loop, 64 µs (median)
+    in the daemon between two creates; building the resources' betterproto2 message first cost 4 and 12 µs
+    more (docs/performance.md, "Cold steps")."""
+    message = _upb_message(cls, data)
+    if message is None:
         return cls.FromString(data)
     record, names = _RECORDS[cls]
-    values = {names[name]: value for name, value in fields.items()}
-    resources = values.get("resources")
-    if resources is not None:
-        values["resources"] = convert.resources_from_hook(resources)
+    kinds = _KINDS[message.DESCRIPTOR.name]
+    values: dict[str, Any] = {}
+    try:
+        _known(message)
+        for field, value in message.ListFields():
+            name = field.name
+            kind = kinds[name]
+            if kind == "map":
+                values[names[name]] = _map(value)
+            elif kind == "message":  # the resources (_RECORDS: an answer has no other message field)
+                values[names[name]] = _resources(value)
+            else:
+                values[names[name]] = value
+    except _Unknown:
+        return cls.FromString(data)
     answer: ContainerAnswer | PodAnswer = record(**values)
     return answer

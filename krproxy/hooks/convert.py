@@ -105,6 +105,7 @@ __all__ = [
     "pod_resize_from_request",
     "resources_from_cri",
     "resources_from_hook",
+    "resources_from_wire",
     "update_request_resources",
     "wrong_types",
 ]
@@ -145,6 +146,12 @@ def resources_from_cri(resources: v1.LinuxContainerResources | None) -> Resource
 def resources_from_hook(resources: v1alpha1.LinuxContainerResources | None) -> Resources | None:
     """Hook-protocol resources → :class:`Resources`; ``None`` stays ``None`` (the plugin sent none)."""
     return _resources_from(resources) if resources is not None else None
+
+
+def resources_from_wire(resources: Any, unified: Mapping[str, str]) -> Resources:
+    """A upb ``LinuxContainerResources`` (CRI's or the hook protocol's) → :class:`Resources`, its ``unified``
+    map read as *unified* (its entries: :func:`_entries`)."""
+    return _resources_from(resources, unified)
 
 
 def envs_from_cri(envs: Iterable[v1.KeyValue]) -> FrozenMap[str, str]:

@@ -168,6 +168,25 @@ def test_a_known_answer_is_read_without_betterproto2(monkeypatch: pytest.MonkeyP
     assert got is dispatch._record(got)
 
 
+def test_resources_are_read_without_betterproto2(monkeypatch: pytest.MonkeyPatch) -> None:
+    """answers.read builds no betterproto2 LinuxContainerResources or HugepageLimit on the way to the
+    record: a pod answer's resources and a container answer's, hugepages and unified entries included."""
+    expected = {
+        name: answer_from_hook(CASES[name][0].FromString(CASES[name][1]))
+        for name in ("everything", "a pod answer", "empty resources, present")
+    }
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("resources read through betterproto2")
+
+    monkeypatch.setattr(hookapi.LinuxContainerResources, "__init__", refuse)
+    monkeypatch.setattr(hookapi.HugepageLimit, "__init__", refuse)
+    for name, record in expected.items():
+        got = answers.read(*CASES[name])
+        assert record == got, name
+        assert repr(record) == repr(got), name  # map and hugepage order too
+
+
 def test_a_loosely_decoded_answer_is_refused_by_the_dispatcher() -> None:
     """A field sent with another wire type: read gives betterproto2's message, whose wrong types the
     dispatcher refuses as before."""
