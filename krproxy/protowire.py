@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-__all__ = ["DecodeError", "fields", "read_varint", "varint"]
+__all__ = ["MAX_FIELD_NUMBER", "DecodeError", "fields", "read_varint", "varint"]
+
+#: The largest field number protobuf allows (2**29 - 1). A tag naming a larger one is refused, as upb and
+#: Go's protobuf refuse it (Go's past 2**31 - 1): gogo protobuf, containerd 1.6-2.1's CRI decoder, cuts
+#: the number to 32 bits, so field 2**32 + 1 is its field 1, an id that a reader skipping an unknown
+#: field would not see (tests/e2e/test_containerd_hooks.py, TestReading).
+MAX_FIELD_NUMBER = (1 << 29) - 1
 
 
 class DecodeError(ValueError):
@@ -49,8 +55,8 @@ def fields(data: bytes) -> Iterator[tuple[int, int, int | bytes]]:
     while pos < len(data):
         key, pos = read_varint(data, pos)
         number, wire_type = key >> 3, key & 7
-        if number == 0:
-            raise DecodeError("field number 0")
+        if number == 0 or number > MAX_FIELD_NUMBER:
+            raise DecodeError(f"field number {number}")
         if wire_type == 0:
             value, pos = read_varint(data, pos)
             yield number, wire_type, value

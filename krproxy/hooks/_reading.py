@@ -224,6 +224,8 @@ def with_id(data: bytes, number: int, ident: str) -> bytes:
         start = pos
         key, pos = protowire.read_varint(data, pos)
         found, wire_type = key >> 3, key & 7
+        if not 0 < found <= protowire.MAX_FIELD_NUMBER:
+            raise protowire.DecodeError(f"field number {found}")
         pos = _skip(data, pos, wire_type, found)
         if found != number:
             kept += data[start:pos]

@@ -15,6 +15,7 @@ from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from krproxy import protowire
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import _reading as reading
 from krproxy.hooks import wire
@@ -35,6 +36,7 @@ FRAGMENTS = [
     b"\x13\x14",  # a group, field 2
     b"\x10\xff",  # a truncated varint
     b"\x0a\x02\xff\xfe",  # an id that is not UTF-8
+    b"\x8a\x80\x80\x80\x80\x01\x03xyz",  # field 2**32 + 1: gogo's field 1 (its number cut to 32 bits)
 ]
 
 
@@ -73,3 +75,22 @@ def test_a_stop_with_a_fixed32_timeout_is_not_read_off_the_wire(message_type: ty
 def test_fuzz_nothing_betterproto2_refuses_is_read_off_the_wire(data: bytes) -> None:
     for message_type, field in ID_MESSAGES:
         refused_as_betterproto2_refuses(message_type, field, data)
+
+
+@pytest.mark.parametrize(("message_type", "field"), ID_MESSAGES, ids=[m.__name__ for m, _ in ID_MESSAGES])
+def test_a_field_number_past_protobufs_largest_is_refused(message_type: type[Any], field: str) -> None:
+    """An id, then another under field number 2**32 + 1, which gogo protobuf (containerd 1.6-2.1) cuts to
+    32 bits and reads as the id, field 1: not read off the wire (where it was skipped as an unknown
+    field, naming the first id), but refused as upb and Go's protobuf refuse it."""
+    data = b"\x0a\x03abc" + protowire.varint((2**32 + 1) << 3 | 2) + b"\x03xyz"
+    assert reading.plain_id(message_type, data, field) is None
+    with pytest.raises(protowire.DecodeError):
+        list(protowire.fields(data))
+    with pytest.raises(protowire.DecodeError):
+        reading.with_id(data, 1, "full")
+    if not message_type.__name__.endswith("Response"):
+        with pytest.raises(GRPCError) as caught:
+            reading.decode_id(message_type, data, field)
+        assert caught.value.status is Status.INTERNAL
+    largest = b"\x0a\x03abc" + protowire.varint(protowire.MAX_FIELD_NUMBER << 3 | 2) + b"\x03xyz"
+    assert "abc" == reading.plain_id(message_type, largest, field)  # protobuf's largest: an unknown field
