@@ -125,7 +125,7 @@ class _Watches:
             if known is None or not hooks.lifecycle.skips(known):
                 return None
         try:
-            request = rewrite.CreateContainerRequest.FromString(data)
+            request = decode(rewrite.CreateContainerRequest, data, "CreateContainerRequest")
             full = hooks.store.resolve_pod(request.pod_sandbox_id)
             if full is not None:  # the record names the pod by its full id (the caller's bytes go on)
                 request.pod_sandbox_id = full

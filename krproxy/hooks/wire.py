@@ -42,6 +42,7 @@ __all__ = [
     "PodSandboxStatusResponse",
     "entries",
     "message_class",
+    "misread_entry",
     "misread_unknown",
     "private_pool",
 ]
@@ -55,15 +56,20 @@ POD_SANDBOX_STATUS = f"/{_PACKAGE}.RuntimeService/PodSandboxStatus"
 CONTAINER_STATUS = f"/{_PACKAGE}.RuntimeService/ContainerStatus"
 
 
-def _maps_as_entries(messages: Iterable[descriptor_pb2.DescriptorProto], present: bool) -> None:
+#: The full names of the map entry messages the private pools read as plain messages (their option cleared).
+_ENTRIES: set[str] = set()
+
+
+def _maps_as_entries(messages: Iterable[descriptor_pb2.DescriptorProto], present: bool, scope: str) -> None:
     for message in messages:
         if message.options.map_entry:
+            _ENTRIES.add(f"{scope}.{message.name}")
             message.options.ClearField("map_entry")
             if not message.options.ListFields():
                 message.ClearField("options")
             if present:
                 _with_presence(message)
-        _maps_as_entries(message.nested_type, present)
+        _maps_as_entries(message.nested_type, present, f"{scope}.{message.name}")
 
 
 def _with_presence(entry: descriptor_pb2.DescriptorProto) -> None:
@@ -91,7 +97,7 @@ def private_pool(
     with *lenient*, every string field read as bytes (the same wire form), so that a string that is not
     UTF-8, which upb refuses and gogo protobuf (containerd 1.6) reads, decodes (:mod:`krproxy.hooks.listing`)."""
     file = descriptor_pb2.FileDescriptorProto.FromString(serialized)
-    _maps_as_entries(file.message_type, entry_presence)
+    _maps_as_entries(file.message_type, entry_presence, file.package)
     if lenient:
         _strings_as_bytes(file.message_type)
     pool = descriptor_pool.DescriptorPool()
@@ -132,6 +138,34 @@ def misread_unknown(message: Any, where: str = "") -> str | None:
         if field.message_type is not None:
             for each in (value,) if isinstance(value, Message) else value:  # (or its repeats)
                 found = misread_unknown(each, f"{where}{field.name}.")
+                if found is not None:
+                    return found
+    return None
+
+
+def misread_entry(message: Any, where: str = "") -> str | None:
+    """The first map entry in *message* (upb), at any depth, whose key or value came with another wire type
+    (upb and Go's protobuf keep it as an unknown field of the entry), described (``"config.labels: the
+    value (field 2) with wire type 1"``); None if there is none.
+
+    gogo protobuf, the CRI's decoder in containerd 1.6, 1.7 and 2.1, reads an entry's fields 1 and 2
+    whatever their wire type, as a length and a string: a fixed64 holding a padded varint length and a
+    short string is that string as the key or the value, where upb and Go's protobuf (containerd 2.3) read
+    the entry without it."""
+    descriptor = message.DESCRIPTOR
+    if descriptor.full_name in _ENTRIES:
+        for unknown in UnknownFieldSet(message):
+            if unknown.field_number in (1, 2):
+                part = "key" if unknown.field_number == 1 else "value"
+                return (
+                    f"{where.rstrip('.')}: the {part} (field {unknown.field_number}) with wire type"
+                    f" {unknown.wire_type}"
+                )
+        return None
+    for field, value in message.ListFields():
+        if field.message_type is not None:
+            for each in (value,) if isinstance(value, Message) else value:  # (or its repeats)
+                found = misread_entry(each, f"{where}{field.name}.")
                 if found is not None:
                     return found
     return None
