@@ -14,7 +14,7 @@ __all__ = ["MAX_FIELD_NUMBER", "DecodeError", "fields", "read_varint", "varint"]
 #: The largest field number protobuf allows (2**29 - 1). A tag naming a larger one is refused, as upb and
 #: Go's protobuf refuse it (Go's past 2**31 - 1): gogo protobuf, containerd 1.6-2.1's CRI decoder, cuts
 #: the number to 32 bits, so field 2**32 + 1 is its field 1, an id that a reader skipping an unknown
-#: field would not see (tests/e2e/test_containerd_hooks.py, TestReading).
+#: field would not see (tests/e2e/test_containerd_gogo_reading.py).
 MAX_FIELD_NUMBER = (1 << 29) - 1
 
 

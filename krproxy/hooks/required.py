@@ -336,9 +336,9 @@ def needed(
     Raises:
         AnnotationError: as :func:`required_names`.
     """
+    tolerate = requirements.tolerate_annotation
     if not requirements.servers and not (
-        _mentions(annotations, requirements.annotation)
-        or _mentions(annotations, requirements.tolerate_annotation)
+        _mentions(annotations, requirements.annotation) or (tolerate and _mentions(annotations, tolerate))
     ):
         return NOTHING_NEEDED  # the usual call: no flag, no annotation of ours (one pass over the keys)
     names = required_names(requirements, point, annotations, container)

@@ -125,7 +125,11 @@ class _Watches:
             if known is None or not hooks.lifecycle.skips(known):
                 return None
         try:
-            request = decode(rewrite.CreateContainerRequest, data, "CreateContainerRequest")
+            request = rewrite.CreateContainerRequest.FromString(data)
+            size = request.ByteSize()
+            request.DiscardUnknownFields()  # (this reading builds the record; the caller's bytes go on)
+            if request.ByteSize() != size:  # unknown fields: read as the interceptor reads them, or refused
+                request = decode(rewrite.CreateContainerRequest, data, "CreateContainerRequest")
             full = hooks.store.resolve_pod(request.pod_sandbox_id)
             if full is not None:  # the record names the pod by its full id (the caller's bytes go on)
                 request.pod_sandbox_id = full

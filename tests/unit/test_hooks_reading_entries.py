@@ -2,7 +2,7 @@
 sees the request: gogo protobuf (containerd 1.6, 1.7 and 2.1) reads an entry's fields 1 and 2 whatever their
 wire type, as a length and a string, while upb and Go's protobuf (containerd 2.3) keep them as unknown fields
 of the entry and read it without them; krproxy cannot know which reading the runtime behind has
-(tests/e2e/test_containerd_hooks.py, TestReading, measures gogo's on containerd)."""
+(tests/e2e/test_containerd_gogo_reading.py measures gogo's on containerd)."""
 
 from __future__ import annotations
 
