@@ -13,6 +13,7 @@ starts is the one whose PreStartContainer hook ran. That is what this test holds
 
 from __future__ import annotations
 
+import functools
 import gzip
 from collections.abc import Callable
 from typing import Any
@@ -136,3 +137,48 @@ def test_every_spelling_started_through_krproxy_ran_the_hook(
     else:
         carried |= {"flag 1, gzip", "flag 0, grpc-encoding gzip", "gzip of two members"}
     assert sorted(carried) == sorted(direct_started)
+
+
+def test_a_payload_flag_containerd_refuses_is_refused_as_it_refuses_it(
+    containerd: Containerd, via_proxy: Cri, direct: Cri, proxy: Proxy, plugins: Callable[..., Plugin]
+) -> None:
+    """A message whose flag byte is neither 0 nor 1 (2, 0x80, or 3 with gzip): containerd answers INTERNAL
+    "grpc: received unexpected payload format N" (1.6: UNIMPLEMENTED for 3 with gzip, which it cannot
+    decompress) and starts nothing; so does krproxy, as 2.1 does, before any hook (it read the flag's low
+    bit alone, ran the hook and forwarded the message re-framed)."""
+    plugin = plugins("observer", hooks=["PreStartContainer"])
+    answers = {}
+    with cleanup(direct) as pods:
+        pod = pod_config(containerd.cgroup_parent, "flags")
+        pod_id = run_pod(via_proxy, pod, pods)
+        for n, name in enumerate(("flag 2", "flag 0x80", "flag 3, gzip")):
+            for way, socket in (("direct", containerd.socket), ("krproxy", proxy.socket)):
+                cid = create_container(
+                    via_proxy, pod_id, pod, container_config(containerd.busybox, f"f{n}-{way}")
+                )
+                fields, body, _ = spellings(cid)[name]
+                answer = trio.run(functools.partial(_answer, socket, fields, body))
+                status = direct.runtime.ContainerStatus(
+                    pb.ContainerStatusRequest(container_id=cid), timeout=TIMEOUT
+                )
+                answers[name, way] = (answer.grpc_status, answer.grpc_message, status.status.state)
+    flags = {"flag 2": 2, "flag 0x80": 128, "flag 3, gzip": 3}
+    want = {
+        (name, way): (13, f"grpc: received unexpected payload format {flag}", pb.CONTAINER_CREATED)
+        for name, flag in flags.items()
+        for way in ("direct", "krproxy")
+    }
+    version = direct.runtime.Version(pb.VersionRequest(), timeout=TIMEOUT).runtime_version.lstrip("v")
+    if version.startswith("1.6."):  # its grpc-go looks for a decompressor first
+        want["flag 3, gzip", "direct"] = (
+            12,
+            'grpc: Decompressor is not installed for grpc-encoding "gzip"',
+            0,
+        )
+    assert want == answers
+    assert [] == plugin.hooks_called()
+
+
+async def _answer(socket: str, fields: Fields, body: bytes) -> Any:
+    with trio.fail_after(TIMEOUT):
+        return await request(socket, fields, body)
