@@ -176,7 +176,7 @@ class Tap:
     :class:`MessageTooLarge` before any of it is kept.
     """
 
-    __slots__ = ("_head", "_keep", "_left", "_limit", "compressed", "first", "messages")
+    __slots__ = ("_head", "_keep", "_left", "_limit", "compressed", "first", "flag", "messages")
 
     def __init__(self, keep: int, limit: int = 2**32) -> None:
         self._head = bytearray()
@@ -185,6 +185,7 @@ class Tap:
         self._limit = limit
         self.first: bytearray | None = None
         self.compressed = False  # the first message's compressed flag (grpc-encoding applies)
+        self.flag = 0  # the first message's flag byte (gRPC knows 0 and 1; grpc-go refuses any other)
         self.messages = 0
 
     def feed(self, data: bytes) -> None:
@@ -197,6 +198,7 @@ class Tap:
                 if self.first is None:
                     if self._keep != KEEP_NONE:
                         self.first = bytearray(data[5:])
+                        self.flag = data[0]
                         self.compressed = bool(data[0] & 1)
                 elif self.messages == 0 or self._keep == KEEP_ALL:
                     self.first += data[5:]
@@ -221,6 +223,7 @@ class Tap:
                     raise MessageTooLarge(self._left, self._limit)
                 if self.first is None and self._keep != KEEP_NONE:
                     self.first = bytearray()
+                    self.flag = self._head[0]
                     self.compressed = bool(self._head[0] & 1)
                 self._head.clear()
                 if not self._left:

@@ -5,10 +5,11 @@ Measured on 1.6.20, 1.7.24 and 2.1.9 (2026-12-07): containerd refuses a payload 
 or ``application/grpc+...``/``;...`` (1.6 resets the stream, 1.7 and 2.1 answer INVALID_ARGUMENT), and
 from 1.7 a ``:method`` other than POST; 1.6 has no gzip decompressor (UNIMPLEMENTED), 1.7 and 2.1 read
 gzip, and a gzip message of two members as one (Go's multistream reader); a second message of a unary
-call is ignored; ``te``, ``:authority`` and padded DATA frames change nothing. krproxy accepts some of
-what containerd refuses, and reads a gzip message's first member alone, but it decompresses and
+call is ignored; ``te``, ``:authority`` and padded DATA frames change nothing. krproxy refuses the
+payload flags as 2.1 does, accepts some of what containerd refuses (a content-type, a ``:method``,
+gzip in front of 1.6), and reads a gzip message's first member alone, but it decompresses and
 re-frames the message it read and forwards that: whichever spelling came, the container containerd
-starts is the one whose PreStartContainer hook ran. That is what this test holds, per spelling.
+starts is the one whose PreStartContainer hook ran. That is what the first test holds, per spelling.
 """
 
 from __future__ import annotations

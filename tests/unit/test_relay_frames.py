@@ -214,6 +214,19 @@ class TestTap:
             read = [(t.messages, t.first, t.compressed) for t in (whole, single)]
             assert read[1] == read[0]
 
+    @pytest.mark.parametrize("flag", [0, 1, 2, 3, 0x80, 0xFF])
+    def test_keeps_the_first_flag_byte_whole(self, flag: int) -> None:
+        """The first message's flag byte as it came, whole or cut (grpc-go refuses any but 0 and 1;
+        its low bit alone is the compressed flag), a later message's not."""
+        chunk = bytes([flag]) + (3).to_bytes(4, "big") + b"abc"
+        whole, single = Tap(KEEP_FIRST), Tap(KEEP_FIRST)
+        whole.feed(chunk)  # one whole message: read at once
+        for i in range(len(chunk)):
+            single.feed(chunk[i : i + 1])
+        for tap in (whole, single):
+            tap.feed(b"\x02" + (0).to_bytes(4, "big"))
+        assert (flag, bool(flag & 1)) == (whole.flag, whole.compressed) == (single.flag, single.compressed)
+
     def test_a_whole_message_over_the_limit(self) -> None:
         """Refused before any of it is kept, as when its prefix comes alone."""
         tap = Tap(KEEP_FIRST, limit=3)
