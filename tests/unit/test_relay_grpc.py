@@ -5,24 +5,28 @@
   ``0n`` once it has passed; never shorter than what is left), then the metadata.
 - :func:`status_message` on text UTF-8 cannot encode (3195fff): a lone surrogate is escaped, and
   any text fits in :data:`MAX_STATUS_MESSAGE` keeping its start.
+- :func:`decompress_inline` reads a gzip message of several members whole, as Go does.
 - The status fields krproxy writes: ``grpc-status-details-bin`` within :data:`MAX_STATUS_DETAILS`
   or left out, so that with the longest message they stay within 8 KiB of header list.
 """
 
 from __future__ import annotations
 
+import gzip
 import math
 import urllib.parse
 
+import pytest
 import trio
 import trio.testing
 from hypothesis import given
 from hypothesis import strategies as st
 
-from krproxy.grpcstatus import Status
+from krproxy.grpcstatus import GRPCError, Status
 from krproxy.relay.grpc import (
     MAX_STATUS_DETAILS,
     MAX_STATUS_MESSAGE,
+    decompress_inline,
     grpc_timeout,
     own_call_headers,
     status_fields,
@@ -118,3 +122,15 @@ def test_status_details_over_the_bound_are_left_out() -> None:
     the status and its message still written."""
     fields = status_fields(Status.NOT_FOUND, "no such pod", b"\x08\x05" * MAX_STATUS_DETAILS)
     assert [(b"grpc-status", b"5"), (b"grpc-message", b"no such pod")] == fields
+
+
+def test_a_gzip_message_of_several_members_is_read_whole() -> None:
+    """Go's gzip reader (containerd 1.7 and 2.1's grpc-go) reads concatenated members as one stream:
+    so does krproxy, not the first member alone; bytes after a member that are not one are refused as
+    Go refuses them."""
+    assert b"abcdef" == decompress_inline(b"gzip", gzip.compress(b"abc") + gzip.compress(b"def"), 100)
+    assert b"abc" == decompress_inline(b"gzip", gzip.compress(b"abc") + gzip.compress(b""), 100)
+    for trailing in (b"x", b"\x1f\x8b", bytes(20)):
+        with pytest.raises(GRPCError) as caught:
+            decompress_inline(b"gzip", gzip.compress(b"abc") + trailing, 100)
+        assert Status.INTERNAL == caught.value.status
