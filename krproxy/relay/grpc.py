@@ -260,18 +260,26 @@ _THREAD_DECOMPRESS_AT = 64 * 1024
 
 
 def _decompress(data: bytes, wbits: int, limit: int) -> bytes:
-    """``data`` decompressed, at most ``limit`` bytes of it (more: :class:`MessageTooLarge`)."""
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(data, limit + 1)
-    except zlib.error as err:
-        problem = f"grpc: failed to decompress the received message: {err}"
-    else:
+    """``data`` decompressed, at most ``limit`` bytes of it (more: :class:`MessageTooLarge`).
+
+    gzip data of several members is read as one stream, as Go's ``gzip.Reader`` (grpc-go's, in
+    containerd 1.7 and 2.1) reads it: their outputs one after the other; bytes after a member that
+    do not start another are refused, as Go refuses them."""
+    out = b""
+    while True:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out += inflater.decompress(data, limit + 1 - len(out))  # (never 0, which is no limit)
+        except zlib.error as err:
+            problem = f"grpc: failed to decompress the received message: {err}"
+            break
         if len(out) > limit:
             raise MessageTooLarge(len(out), limit)
         if not inflater.eof:
             problem = "grpc: failed to decompress the received message: it is truncated"
-        else:
+            break
+        data = inflater.unused_data
+        if not data or wbits != _DECOMPRESS_WBITS[b"gzip"]:
             return out
     raise GRPCError(Status.INTERNAL, problem)
 
