@@ -19,8 +19,12 @@ mutates its arguments. Every Docker-specific fact the hook path relies on lives 
   ``ToCriCgroupPath`` / ``generateExpectedCgroupParent``).
 * ``Env`` is a ``NAME=value`` list (:func:`envs_from_docker`, :func:`rebuild_env`).
 
-Go's ``encoding/json`` matches object keys case-insensitively, so dockerd accepts ``cpushares`` for
-``CpuShares``; we read keys the same way and, when writing, replace the key the client used.
+Go's ``encoding/json`` matches an object's keys to struct fields by Unicode simple folding, so dockerd
+accepts ``cpushares`` and ``CpuShareſ`` (U+017F) for ``CpuShares``; we read keys the same way
+(:func:`_key`) and, when writing, replace the key the client used. Go decodes each key naming a field
+into it in turn, a later object merged into the earlier one: a field under two spellings is refused
+(:class:`AmbiguousKey`, 400), as a key sent twice in one object is (``krproxy.docker.hooks``), since
+krproxy's reading of one value would show hooks a request dockerd reads otherwise.
 
 Writing answers back (:func:`apply_pod`, :func:`apply_container`, :func:`apply_update`) only touches the
 fields whose value the hooks changed, so a body no plugin changed is forwarded as the original bytes.
@@ -57,6 +61,7 @@ __all__ = [
     "RUNTIME_HANDLER",
     "SANDBOX_ID_LABEL",
     "SANDBOX_TYPE_LABEL",
+    "AmbiguousKey",
     "K8sName",
     "apply_container",
     "apply_pod",
@@ -106,12 +111,30 @@ _NOT_UPDATABLE = frozenset({"oom_score_adj"})
 # --- case-insensitive JSON access (Go's encoding/json rules) -------------------------------------------------
 
 
+class AmbiguousKey(ValueError):
+    """A JSON object holds a struct field dockerd reads under more than one spelling of its name."""
+
+
+def _folded(key: str) -> str:
+    """*key* folded as Go's ``encoding/json`` matches a struct field's (ASCII) name: by Unicode simple
+    folding, under which ``ſ`` (U+017F) is an ``s`` and the Kelvin sign a ``k`` (``lower()`` folds the
+    latter already)."""
+    return key.lower().replace("\u017f", "s")
+
+
 def _key(document: Mapping[str, Any], name: str) -> str | None:
-    if name in document:
-        return name
-    lowered = name.lower()
-    found = [k for k in document if k.lower() == lowered]
-    return found[-1] if found else None
+    """The key of *document* that dockerd reads as the struct field *name*: the one key equal to it as
+    Go folds names (``HoſtConfig`` is ``HostConfig``). Go decodes every such key in turn into the one
+    field, a later object merged into an earlier one, which a reading of one key does not give:
+    :class:`AmbiguousKey` if there are several (kubelet and the docker CLI send each name once)."""
+    folded = _folded(name)
+    found = [k for k in document if _folded(k) == folded]
+    if len(found) > 1:
+        raise AmbiguousKey(
+            f"{' and '.join(map(repr, found))} name the same field, which dockerd reads as one, merging"
+            " them; krproxy does not: send the field once"
+        )
+    return found[0] if found else None
 
 
 def _get(document: Any, name: str) -> Any:

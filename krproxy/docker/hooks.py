@@ -78,9 +78,29 @@ class BadRequest(Exception):
     """The request body cannot be what dockerd expects; the client gets 400 and nothing is forwarded."""
 
 
+class _Repeated(ValueError):
+    pass
+
+
+def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members as a dict; :class:`_Repeated` for a key sent twice. dockerd's Go decoder
+    decodes a repeated key's value into the first's (an object's fields and a map's entries merged),
+    where Python's keeps the last value alone: hooks would be shown a request dockerd reads otherwise."""
+    document: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in document:
+            raise _Repeated(f"the key {key!r} is sent twice in one object")
+        document[key] = value
+    return document
+
+
 def _json_object(body: bytes, what: str) -> dict[str, Any]:
     try:
-        document = json.loads(body)
+        document = json.loads(body, object_pairs_hook=_once_each)
+    except _Repeated as err:
+        raise BadRequest(
+            f"{err} of the {what} request: dockerd merges the two, krproxy does not; send it once"
+        ) from None
     except (ValueError, RecursionError) as err:
         raise BadRequest(f"invalid JSON in {what} request: {err}") from None
     if not isinstance(document, dict):
@@ -153,6 +173,8 @@ class DockerHooks:
             return error_reply(500, err.message or "hook server err")
         except BadRequest as err:
             return error_reply(400, str(err))
+        except convert.AmbiguousKey as err:
+            return error_reply(400, f"{err} ({route.action.value} request)")
 
     def _skips(self, pod: PodInfo) -> bool:
         return self.lifecycle.skips(pod)

@@ -10,10 +10,12 @@ Skipped, with the reason, where that cannot run: not root, no ``dockerd`` (Debia
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tarfile
@@ -21,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -162,6 +165,27 @@ def node() -> Iterator[Node]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+class _UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: Path) -> None:
+        super().__init__("docker", timeout=60)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX)
+        self.sock.connect(str(self.socket_path))
+
+
+def post(path: Path, target: str, body: bytes) -> tuple[int, bytes]:
+    """A raw POST to the Docker API on the socket *path*: the answer's status and body."""
+    connection = _UnixHTTP(path)
+    try:
+        connection.request("POST", target, body=body, headers={"Content-Type": "application/json"})
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+    finally:
+        connection.close()
+
+
 def create_pod(node: Node) -> tuple[str, str]:
     """The sandbox and an app container, created through the proxy the way dockershim names them."""
     common = ["--network", "none", "--cgroup-parent", CGROUP_PARENT]
@@ -226,3 +250,54 @@ class TestDockerMode:
             assert time.monotonic() < deadline, log[-2000:]
             time.sleep(0.05)
         assert "pods=1 containers=1" in log
+
+
+#: Create bodies that dockerd's Go decoder reads merged: a key sent twice (an object's fields, a map's
+#: entries), a field under two spellings.
+MERGED_BODIES = {
+    "key twice": b'"HostConfig":{"Memory":67108864,"CpuShares":2},"HostConfig":{"CpuShares":3}',
+    "map twice": b'"Labels":{"a":"1"},"Labels":{"b":"2"}',
+    "two spellings": b'"HostConfig":{"CpuShares":5},"hostconfig":{"Memory":67108864}',
+}
+
+
+class TestJsonReading:
+    def test_bodies_dockerd_merges_are_refused(self, node: Node) -> None:
+        """Straight to dockerd 20.10, a key sent twice and a field under two spellings are read merged
+        (Go decodes a later value into the earlier one), and ``HoſtConfig`` (U+017F) is HostConfig.
+        Python's JSON keeps the last value alone, so through krproxy the merged ones get 400 and nothing
+        is created; ``HoſtConfig`` is read as dockerd reads it, and a plugin's change joins its shares."""
+        image = b'{"Image":"krproxy-e2e/busybox:1","Cmd":["sleep","1000"],'
+        direct: dict[str, Any] = {}
+        for n, (case, fields) in enumerate(MERGED_BODIES.items()):
+            status, answer = post(
+                node.docker_sock, f"/containers/create?name=direct-{n}", image + fields + b"}"
+            )
+            assert 201 == status, (case, answer)
+            direct[case] = node.inspect(json.loads(answer)["Id"])
+        assert (67108864, 3) == (
+            direct["key twice"]["HostConfig"]["Memory"],
+            direct["key twice"]["HostConfig"]["CpuShares"],
+        )
+        assert {"a": "1", "b": "2"} == direct["map twice"]["Config"]["Labels"]
+        assert (67108864, 5) == (
+            direct["two spellings"]["HostConfig"]["Memory"],
+            direct["two spellings"]["HostConfig"]["CpuShares"],
+        )
+
+        node.start_plugin("--set-cpu-quota=50000")
+        node.start_proxy()
+        labels = b'"Labels":{"io.kubernetes.docker.type":"container"}'
+        for n, (case, fields) in enumerate(MERGED_BODIES.items()):
+            name = f"k8s_app{n}_web_prod_uid-web_0"
+            body = image + (fields if case == "map twice" else labels + b"," + fields) + b"}"
+            status, answer = post(node.proxy_sock, f"/containers/create?name={name}", body)
+            assert 400 == status, (case, answer)
+            assert b"send" in answer, answer
+            assert name not in node.docker("ps", "-a", "--format", "{{.Names}}", via_proxy=False)
+        folded = image + labels + ',"Ho\u017ftConfig":{"CpuShares":7}}'.encode()
+        status, answer = post(node.proxy_sock, "/containers/create?name=k8s_appf_web_prod_uid-web_0", folded)
+        assert 201 == status, answer
+        host_config = node.inspect(json.loads(answer)["Id"])["HostConfig"]
+        assert isinstance(host_config, dict)
+        assert (7, 50000) == (host_config["CpuShares"], host_config["CpuQuota"])

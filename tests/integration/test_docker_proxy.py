@@ -219,6 +219,23 @@ class TestBadInput:
         assert [] == node.fake.requests
         assert 200 == (await node.call("GET", "/_ping")).status
 
+    @pytest.mark.parametrize(
+        "body",
+        [
+            b'{"Image":"busybox","HostConfig":{"Memory":1},"HostConfig":{"CpuShares":2}}',
+            b'{"Image":"busybox","Labels":{"a":"1"},"Labels":{"b":"2"}}',
+            b'{"Image":"busybox","HostConfig":{"CpuShares":2},"hostconfig":{"Memory":1}}',
+        ],
+        ids=["a key twice", "a map twice", "a field under two spellings"],
+    )
+    async def test_a_create_dockerd_would_merge_gets_400(self, node: DockerNode, body: bytes) -> None:
+        """A create whose body names a key twice, or a field under two spellings, which dockerd reads
+        merged (tests/e2e/test_docker_json_reading.py), gets 400 saying so, and nothing is forwarded."""
+        reply = await node.call("POST", f"/containers/create?name={CONTAINER_NAME}", body)
+        assert 400 == reply.status
+        assert "send" in json.loads(reply.body)["message"]
+        assert [] == node.fake.requests
+
     async def test_oversized_create_body_gets_413(self, node: DockerNode) -> None:
         """An intercepted request body beyond the limit gets 413 and nothing is forwarded."""
         size = 9 << 20

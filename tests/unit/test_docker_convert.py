@@ -294,3 +294,32 @@ class TestHttpHelpers:
     def test_hijack_detection(self, headers: list[tuple[str, str]], expected: bool) -> None:
         """A 200 is a hijack only with a raw/multiplexed stream type and no body framing."""
         assert expected == _hijacks(h11.Response(status_code=200, headers=headers))
+
+
+class TestFieldNames:
+    """Struct field names are matched as dockerd's Go decoder matches them (Unicode simple folding), and a
+    field sent under two spellings, which Go decodes into one, merging, is refused."""
+
+    def test_a_name_is_folded_as_go_folds_it(self) -> None:
+        """``ſ`` (U+017F) is an ``s`` to Go's encoding/json: dockerd 20.10 read ``HoſtConfig`` as
+        HostConfig (tests/e2e/test_docker_json_reading.py), so krproxy reads it so too."""
+        assert 7 == convert.update_from_docker({"CpuShare\u017f": 7}).cpu_shares
+        assert 7 == convert.update_from_docker({"CPU\u017fHARES": 7}).cpu_shares
+        assert 3 == convert.update_from_docker({"cpushares": 3}).cpu_shares
+
+    @pytest.mark.parametrize(
+        "body",
+        [
+            {"CpuShares": 5, "cpushares": 6},
+            {"CpuShares": 5, "CpuShare\u017f": 6},
+            {"cpuShares": 1, "CPUSHARES": 2},
+        ],
+    )
+    def test_a_field_under_two_spellings_is_refused(self, body: dict[str, int]) -> None:
+        """Two keys naming one field: Go decodes both into it in turn, krproxy refuses to pick one."""
+        with pytest.raises(convert.AmbiguousKey, match="name the same field"):
+            convert.update_from_docker(body)
+
+    def test_maps_keep_their_case(self) -> None:
+        """Labels are a map, case-sensitive in Go: ``app`` and ``APP`` are two labels, not refused."""
+        assert {"app": "1", "APP": "2"} == dict(convert.labels_of({"Labels": {"app": "1", "APP": "2"}}))
