@@ -1,0 +1,146 @@
+"""Registration files read as koord-runtime-proxy reads them (krproxy.hooks.registration against
+tests/goregistration, Go's encoding/json into the reference's RuntimeHookConfig).
+
+koordlet and other hook servers write these files for koord-runtime-proxy; krproxy must register
+what it registers from the same bytes. A file krproxy read otherwise went around a hook: a
+``Failure-Policy: Fail`` that Go reads as the field, skipped by krproxy as an unknown key, made a
+required hook server optional, and a ``runtime-hooKs`` list (Kelvin sign) registered it for nothing.
+Where krproxy is deliberately stricter (an unknown policy or hook name, a relative endpoint: see the
+module's notes) it refuses the file with a message instead."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from krproxy.hooks.registration import FailurePolicy, RegistrationError, parse_registration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+E = '"remote-endpoint":"/run/p.sock"'
+HOOKS = '"runtime-hooks":["PreCreateContainer"]'
+
+#: Odd spellings of a file Go reads one way: (name, bytes).
+CASES = [
+    ("plain", f'{{{E},"failure-policy":"Fail",{HOOKS}}}'.encode()),
+    ("key in capitals", f'{{{E},"Failure-Policy":"Fail",{HOOKS}}}'.encode()),
+    ("key all capitals", f'{{"REMOTE-ENDPOINT":"/run/p.sock","FAILURE-POLICY":"Fail",{HOOKS}}}'.encode()),
+    ("kelvin sign", f'{{{E},"failure-policy":"Fail","runtime-hoo\u212as":["PreStartContainer"]}}'.encode()),
+    ("long s", f'{{{E},"failure-policy":"Fail","runtime-hook\u017f":["PreStartContainer"]}}'.encode()),
+    ("twice, last Ignore", f'{{{E},"failure-policy":"Fail","Failure-Policy":"Ignore",{HOOKS}}}'.encode()),
+    ("twice, last Fail", f'{{{E},"failure-policy":"Ignore","FAILURE-policy":"Fail",{HOOKS}}}'.encode()),
+    ("exact twice", f'{{{E},"failure-policy":"Fail","failure-policy":"Ignore",{HOOKS}}}'.encode()),
+    ("null after Fail", f'{{{E},"failure-policy":"Fail","failure-policy":null,{HOOKS}}}'.encode()),
+    ("empty after Fail", f'{{{E},"failure-policy":"Fail","failure-policy":"",{HOOKS}}}'.encode()),
+    ("null endpoint after", f'{{{E},"remote-endpoint":null,"failure-policy":"Fail",{HOOKS}}}'.encode()),
+    ("hooks then null", f'{{{E},"failure-policy":"Fail",{HOOKS},"runtime-hooks":null}}'.encode()),
+    (
+        "hooks twice",
+        f'{{{E},"failure-policy":"Fail",{HOOKS},"Runtime-Hooks":["PreStartContainer"]}}'.encode(),
+    ),
+    ("wrong type first", f'{{{E},"failure-policy":5,"failure-policy":"Fail",{HOOKS}}}'.encode()),
+    ("wrong type later", f'{{{E},"failure-policy":"Fail","failure-policy":true,{HOOKS}}}'.encode()),
+    ("hooks of wrong type first", f'{{{E},"failure-policy":"Fail","runtime-hooks":"x",{HOOKS}}}'.encode()),
+    ("invalid UTF-8 elsewhere", f'{{{E},"failure-policy":"Fail",{HOOKS},"note":"\xff"}}'.encode("latin-1")),
+    ("byte order mark", b"\xef\xbb\xbf" + f'{{{E},"failure-policy":"Fail",{HOOKS}}}'.encode()),
+    ("UTF-16", f'{{{E},"failure-policy":"Fail",{HOOKS}}}'.encode("utf-16")),
+    ("NaN elsewhere", f'{{{E},"failure-policy":"Fail",{HOOKS},"note":NaN}}'.encode()),
+    ("escaped key", f'{{{E},"failure\\u002dpolicy":"Fail",{HOOKS}}}'.encode()),
+    ("trailing data", f'{{{E},"failure-policy":"Fail",{HOOKS}}} {{}}'.encode()),
+    ("unix scheme", f'{{"remote-endpoint":"unix:///run/p.sock","failure-policy":"Fail",{HOOKS}}}'.encode()),
+]
+
+
+@pytest.fixture(scope="module")
+def goregistration() -> Iterator[str]:
+    """tests/goregistration, built by scripts/install-go-client from the packages it unpacked (never
+    downloads); without them these cases are skipped with its reason."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "install-go-client"),
+            "--offline",
+            "--program",
+            "goregistration",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=900,
+    )
+    path = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    if done.returncode != 0 or not os.access(path, os.X_OK):
+        pytest.skip(f"no Go registration reader: {done.stdout.strip() or done.stderr.strip()}")
+    yield path
+
+
+@pytest.fixture(scope="module")
+def go_reads(goregistration: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """What Go made of each case, by name: one process for all of them."""
+    folder = tmp_path_factory.mktemp("registrations")
+    paths = []
+    for index, (_, content) in enumerate(CASES):
+        path = folder / f"{index}.json"
+        path.write_bytes(content)
+        paths.append(str(path))
+    done = subprocess.run([goregistration, *paths], capture_output=True, check=True, timeout=60)
+    lines = done.stdout.decode().splitlines()
+    assert len(lines) == len(CASES), done.stderr
+    return {name: json.loads(line) for (name, _), line in zip(CASES, lines, strict=True)}
+
+
+def _as_krproxy_reads(content: bytes) -> dict[str, Any]:
+    """krproxy's reading in Go's terms: the three fields, or an error."""
+    try:
+        registration = parse_registration("hookserver.d/p.json", content)
+    except RegistrationError as exc:
+        return {"error": exc.problem}
+    return {
+        "remote-endpoint": registration.endpoint,
+        "fail": registration.failure_policy is FailurePolicy.FAIL,
+        "runtime-hooks": [point.value for point in registration.hooks],
+    }
+
+
+def _as_go_reads(read: dict[str, Any]) -> dict[str, Any]:
+    """Go's reading as krproxy states it: koord-runtime-proxy fails closed on "Fail" only; the endpoint
+    without its ``unix://``."""
+    if "error" in read:
+        return {"error": read["error"]}
+    config = read["config"]
+    return {
+        "remote-endpoint": config["remote-endpoint"].removeprefix("unix://"),
+        "fail": config["failure-policy"] == "Fail",
+        "runtime-hooks": config["runtime-hooks"] or [],
+    }
+
+
+@pytest.mark.parametrize("name", [name for name, _ in CASES])
+def test_read_as_go_reads(name: str, go_reads: dict[str, dict[str, Any]]) -> None:
+    """krproxy registers the endpoint, failure policy and hooks Go reads from the same bytes, and refuses
+    the files Go refuses."""
+    content = dict(CASES)[name]
+    ours, go = _as_krproxy_reads(content), _as_go_reads(go_reads[name])
+    if "error" in go or "error" in ours:
+        assert ("error" in ours, "error" in go) == (True, True), (ours, go)
+    else:
+        assert ours == go
+
+
+def test_other_spellings_are_warned() -> None:
+    """A key spelt otherwise than the reference, or given twice, is read as Go reads it, with a warning
+    that says how to write it."""
+    content = f'{{{E},"failure-policy":"Ignore","Failure-Policy":"Fail",{HOOKS}}}'.encode()
+    registration = parse_registration("hookserver.d/p.json", content)
+    assert registration.failure_policy is FailurePolicy.FAIL
+    assert registration.warnings == (
+        'failure-policy is written "failure-policy", "Failure-Policy" (the last counts, as '
+        'koord-runtime-proxy reads it): write it once, as "failure-policy"',
+    )
