@@ -6,7 +6,7 @@ A file registers one hook server (plugin). Keys (koord-runtime-proxy's, plus two
     The plugin's unix socket path, with or without ``unix://`` (``unix:`` also accepted). Must be absolute.
     Any other scheme (``tcp://``, ``dns:`` …) or an empty value is an error.
 ``failure-policy``
-    ``Fail`` or ``Ignore`` (case-sensitive); absent, ``null`` or ``""`` means Ignore. *Stricter than the
+    ``Fail`` or ``Ignore`` (the value case-sensitive); absent, ``null`` or ``""`` means Ignore. *Stricter than the
     reference*, which treats every unknown string as Ignore: a typo such as ``"fail"`` must not silently turn
     a Fail plugin into an Ignore one, so an unknown string is an error.
 ``runtime-hooks``
@@ -22,6 +22,10 @@ A file registers one hook server (plugin). Keys (koord-runtime-proxy's, plus two
     Integer priority, default 0. Plugins registered for the same hook are called in ascending
     ``(order, file name)`` order, each seeing the previous one's result.
 
+The bytes are read as koord-runtime-proxy's Go decoder reads them, so that a file registers the same
+plugin for both (:mod:`krproxy.gojson`): keys fold as Go folds names (``Failure-Policy`` is
+``failure-policy``), a key given twice counts by its last value (a ``null`` leaves a string or number
+as it was), and what Go refuses (a wrong type under any spelling, a BOM, UTF-16, ``NaN``) is an error.
 Other keys are ignored with a warning (forward compatibility). Every problem raises
 :class:`RegistrationError`; nothing else escapes :func:`parse_registration`, whatever the bytes.
 
@@ -41,6 +45,7 @@ from typing import Any
 
 import attrs
 
+from krproxy import gojson
 from krproxy.hooks.model import FrozenMap
 from krproxy.hooks.points import UNSUPPORTED_HOOK_NAMES, HookPoint
 
@@ -62,7 +67,16 @@ DEFAULT_TIMEOUT = 2.0
 #: Upper bound for ``timeout``: beyond this kubelet's own deadline would fire first anyway.
 MAX_TIMEOUT = 300.0
 
-_KNOWN_KEYS = frozenset({"remote-endpoint", "failure-policy", "runtime-hooks", "timeout", "order"})
+_KNOWN_KEYS = ("remote-endpoint", "failure-policy", "runtime-hooks", "timeout", "order")
+#: Each known key by its folded name (:func:`krproxy.gojson.fold_name`).
+_FOLDED_KEYS = {gojson.fold_name(key): key for key in _KNOWN_KEYS}
+#: The types koord-runtime-proxy's ``RuntimeHookConfig`` decodes each of its keys into (ours are ours).
+_GO_TYPES: dict[str, type] = {"remote-endpoint": str, "failure-policy": str, "runtime-hooks": list}
+_GO_KINDS = {
+    "remote-endpoint": "a string",
+    "failure-policy": "a string",
+    "runtime-hooks": "an array of hook names",
+}
 _DURATION_UNITS = {
     "ns": 1e-9,
     "us": 1e-6,
@@ -245,26 +259,60 @@ def _order(file: str, value: object) -> int:
     return value
 
 
+def _fields(file: str, document: gojson.Object, warnings: list[str]) -> dict[str, Any]:
+    """Each known key's value as koord-runtime-proxy's Go decoder reads the object: a key is the field
+    its name folds to (``Failure-Policy`` is ``failure-policy``), and every key naming a field is read
+    in turn, the last winning, except that a ``null`` leaves a string or number as it was (a list it
+    empties). A value of the wrong type under any of them makes Go refuse the whole file; so does this.
+    A field spelt otherwise, or given more than once, gets a warning."""
+    values: dict[str, Any] = {}
+    spellings: dict[str, list[str]] = {}
+    for key, value in document.members:
+        name = _FOLDED_KEYS.get(gojson.fold_name(key))
+        if name is None:
+            warnings.append(f"unknown key {json.dumps(key)} ignored")
+            continue
+        spellings.setdefault(name, []).append(key)
+        if value is None:
+            if name == "runtime-hooks":
+                values.pop(name, None)
+            continue
+        wanted = _GO_TYPES.get(name)
+        if wanted is not None and not isinstance(value, wanted):
+            raise RegistrationError(file, f"{name} must be {_GO_KINDS[name]}, not {_kind(value)}")
+        values[name] = value
+    for name, keys in spellings.items():
+        if keys == [name]:
+            continue
+        written = ", ".join(map(json.dumps, keys))
+        counted = " (the last counts, as koord-runtime-proxy reads it)" if len(keys) > 1 else ""
+        warnings.append(f"{name} is written {written}{counted}: write it once, as {json.dumps(name)}")
+    return values
+
+
 def parse_registration(file: str, content: bytes) -> PluginRegistration:
     """Parse the registration file *file* (a name or path, used in messages) with contents *content*.
+
+    The bytes are read as koord-runtime-proxy reads them (:mod:`krproxy.gojson`, :func:`_fields`).
 
     Raises:
         RegistrationError: whatever is wrong with the file; the only exception this raises.
     """
     try:
-        document: Any = json.loads(content)
+        document: Any = gojson.loads(content)
     except RecursionError:
         raise RegistrationError(file, "not valid JSON: nested too deeply") from None
-    except ValueError as exc:  # includes UnicodeDecodeError and json.JSONDecodeError
+    except ValueError as exc:  # includes json.JSONDecodeError
         raise RegistrationError(file, f"not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
+    if not isinstance(document, gojson.Object):
         raise RegistrationError(file, f"top level must be a JSON object, not {_kind(document)}")
-    warnings = [f"unknown key {json.dumps(key)} ignored" for key in document if key not in _KNOWN_KEYS]
-    endpoint = _endpoint(file, document.get("remote-endpoint"))
-    policy = _failure_policy(file, document.get("failure-policy"))
-    hooks = _hooks(file, document.get("runtime-hooks"), warnings)
-    timeout = _timeout(file, document.get("timeout"))
-    order = _order(file, document.get("order"))
+    warnings: list[str] = []
+    fields = _fields(file, document, warnings)
+    endpoint = _endpoint(file, fields.get("remote-endpoint"))
+    policy = _failure_policy(file, fields.get("failure-policy"))
+    hooks = _hooks(file, fields.get("runtime-hooks"), warnings)
+    timeout = _timeout(file, fields.get("timeout"))
+    order = _order(file, fields.get("order"))
     return PluginRegistration(
         name=posixpath.basename(file).removesuffix(".json"),
         file=file,

@@ -1,0 +1,51 @@
+"""JSON read as Go's ``encoding/json`` reads it, where a Go program reads the same bytes beside krproxy.
+
+Two places need it: a registration file, which koord-runtime-proxy unmarshals into its
+``RuntimeHookConfig`` (:mod:`krproxy.hooks.registration`), and a Docker API body, which dockerd
+decodes into its structs (:mod:`krproxy.docker`). Python's ``json`` and Go's differ where it matters
+to them:
+
+- Go matches an object's key to a struct field by Unicode simple folding (``Failure-Policy``,
+  ``FAILURE-POLICY`` and ``failure-poliſy``-like spellings are the field), and decodes every key that
+  matches in turn, so the last one wins (a ``null`` leaves a string field as it was): :func:`fold_name`,
+  and :class:`Object`, which keeps every member in order where a ``dict`` keeps one per key;
+- Go reads the bytes as UTF-8, each invalid byte a U+FFFD, and refuses a byte order mark, ``NaN`` and
+  ``Infinity``, where ``json.loads`` of bytes guesses UTF-16 or UTF-32, takes a BOM and reads the
+  constants: :func:`loads`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+__all__ = ["Object", "fold_name", "loads"]
+
+
+def fold_name(key: str) -> str:
+    """*key* folded as Go's ``encoding/json`` matches it to a struct field's ASCII name: by Unicode simple
+    folding, under which ``ſ`` (U+017F) is an ``s`` and the Kelvin sign a ``k`` (``lower()`` folds the
+    latter already, and no other character lowers to ASCII)."""
+    return key.lower().replace("\u017f", "s")
+
+
+class Object(dict[str, Any]):
+    """A JSON object as read: a ``dict`` (the last value of each key, as Python reads it) that also keeps
+    :attr:`members`, every ``(key, value)`` in document order, each key as often as it came."""
+
+    __slots__ = ("members",)
+
+    def __init__(self, members: list[tuple[str, Any]]) -> None:
+        super().__init__(members)
+        self.members = members
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def loads(content: bytes) -> Any:
+    """*content* read as Go reads JSON, each object an :class:`Object`. Raises ``ValueError``
+    (``json.JSONDecodeError`` for the syntax) and ``RecursionError`` (nested too deeply for Python)."""
+    text = content.decode("utf-8", "replace")
+    return json.loads(text, object_pairs_hook=Object, parse_constant=_no_constant)
