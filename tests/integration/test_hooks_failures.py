@@ -143,6 +143,24 @@ class TestPreHookFailure:
         assert 1.0 == metrics.get_sample_value("krproxy_hook_calls_total", labels)
 
 
+class TestRegistrationSpelling:
+    async def test_policy_spelt_otherwise_fails_closed(self, node: Node) -> None:
+        """A file whose keys koord-runtime-proxy's Go decoder folds (``Failure-Policy``,
+        ``Runtime-Hooks``) registers a Fail plugin, as it does for Go: with its socket unserved, the
+        create is refused, where krproxy used to skip the keys and create the container unhooked."""
+        path = node.plugin_socket("spelt")
+        node.write_file(
+            "spelt.json",
+            {"Remote-Endpoint": path, "Failure-Policy": "Fail", "Runtime-Hooks": [CREATE.value]},
+        )
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+
+        details = await refused(node, "CreateContainer", node.create_request(pod_id), grpc.StatusCode.UNKNOWN)
+
+        assert f"hook server spelt failed PreCreateContainer: unreachable at {path}" in details
+
+
 class TestPreHookFailureDetails:
     async def test_stale_socket_file_is_unreachable(self, node: Node) -> None:
         """A socket file nobody listens on (a crashed plugin's) is reported as unreachable."""
