@@ -92,6 +92,11 @@ def _serialized(request: Request | bytes) -> bytes:
     return request if isinstance(request, bytes) else bytes(request.SerializeToString())
 
 
+class UnusableEndpoint(OSError):
+    """The plugin's registration names no socket that can be dialed (:attr:`PluginRegistration.unusable`):
+    each call fails as an unreachable server's does."""
+
+
 class NoTimeLeft(Exception):
     """The caller's deadline (kubelet's, NRI's request timeout) left no time for this plugin; handled
     as a plugin failure."""
@@ -107,6 +112,8 @@ def _describe(err: BaseException, plugin: PluginRegistration, within: float) -> 
         return f"no answer within {within:g}s (the plugin gave up: DEADLINE_EXCEEDED)"
     if isinstance(err, GRPCError):
         return f"{err.status.name}: {err.message or ''}".rstrip(": ")
+    if isinstance(err, UnusableEndpoint):
+        return str(err)
     if isinstance(err, (ConnectionRefusedError, FileNotFoundError)):
         return f"unreachable at {plugin.endpoint} ({err.strerror or err})"  # no strerror: backlog full
     if isinstance(err, UpstreamError):  # its message says what happened: connection lost, bad answer...
@@ -192,6 +199,8 @@ class Dispatcher:
             await self._unary(plugin, PROBE_PATH, b"", within)
 
     async def _unary(self, plugin: PluginRegistration, path: str, request: bytes, within: float) -> bytes:
+        if plugin.unusable is not None:
+            raise UnusableEndpoint(f"unreachable: {plugin.unusable}")
         endpoint = plugin.endpoint
         # Only endpoints of the current registry keep their connection: a chain that began before
         # its plugin was unregistered must not leave one behind that nobody closes.

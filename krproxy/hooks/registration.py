@@ -4,15 +4,20 @@ A file registers one hook server (plugin). Keys (koord-runtime-proxy's, plus two
 
 ``remote-endpoint`` (required)
     The plugin's unix socket path, with or without ``unix://`` (``unix:`` also accepted). Must be absolute.
-    Any other scheme (``tcp://``, ``dns:`` …) or an empty value is an error.
+    Without one (missing, empty, relative, another scheme such as ``tcp://``) the plugin is registered
+    unusable, with a warning: each call to it fails, and its failure-policy says what the CRI call does,
+    as koord-runtime-proxy's failed dial does (:attr:`PluginRegistration.unusable`).
 ``failure-policy``
     ``Fail`` or ``Ignore`` (the value case-sensitive); absent, ``null`` or ``""`` means Ignore. *Stricter than the
-    reference*, which treats every unknown string as Ignore: a typo such as ``"fail"`` must not silently turn
-    a Fail plugin into an Ignore one, so an unknown string is an error.
+    reference*, which treats every unknown string as Ignore: a typo such as ``"fail"`` must not turn a Fail
+    plugin into an Ignore one, so an unknown string is read as Fail, with a warning. (Refusing the file
+    would be worse than either: its plugin never called at all.)
 ``runtime-hooks``
     Hook names (:class:`~krproxy.hooks.points.HookPoint` values). A name koordlet knows but no proxy calls
     (``PreRemoveRunPodSandbox``, see :data:`~krproxy.hooks.points.UNSUPPORTED_HOOK_NAMES`) is accepted with a
-    warning and never called, so koordlet's real files load; any other unknown name is an error naming it.
+    warning and never called, so koordlet's real files load; any other unknown name (a newer koordlet's, a
+    typo) too, as the reference never calls it either, with a warning naming it: refusing the file would
+    leave the plugin's other hooks uncalled.
     Absent or empty is allowed, with a warning: the plugin is registered but never called (koordlet writes
     the list of its enabled stages, which can be empty). Duplicates are ignored.
 ``timeout`` (ours)
@@ -114,7 +119,11 @@ class PluginRegistration:
     Attributes:
         name: the file name without ``.json`` (``koordlet`` for ``hookserver.d/koordlet.json``).
         file: the file as given to :func:`parse_registration` (the :class:`Registry` key).
-        endpoint: absolute unix socket path (``unix://`` stripped).
+        endpoint: absolute unix socket path (``unix://`` stripped); as written if :attr:`unusable`.
+        unusable: why no socket can be dialed at ``remote-endpoint`` (missing, another scheme, relative),
+            or None. Such a plugin is registered and each call to it fails as an unreachable server's
+            (:mod:`krproxy.hooks.dispatch`), as koord-runtime-proxy's calls to it fail: refusing its file
+            would let calls a Fail plugin should hold pass unhooked.
         hooks: the hook points to call, in file order.
         timeout: per-call deadline in seconds.
         order: priority; plugins run in ascending ``(order, file name)``.
@@ -129,6 +138,7 @@ class PluginRegistration:
     timeout: float = DEFAULT_TIMEOUT
     order: int = 0
     warnings: tuple[str, ...] = ()
+    unusable: str | None = None
 
     @property
     def sort_key(self) -> tuple[int, str, str]:
@@ -167,51 +177,57 @@ def parse_duration(value: str) -> float | None:
     return sum(float(number) * _DURATION_UNITS[unit] for number, unit in re.findall(_DURATION_PART, value))
 
 
-def _endpoint(file: str, value: object) -> str:
+def _endpoint(value: object) -> tuple[str, str | None]:
+    """The socket path of *value* (a string or None, :func:`_fields`), and None; or *value* as it is and
+    why no unix socket can be dialed there."""
     if value is None:
-        raise RegistrationError(file, "remote-endpoint is missing")
-    if not isinstance(value, str):
-        raise RegistrationError(file, f"remote-endpoint must be a string, not {_kind(value)}")
+        return "", "remote-endpoint is missing"
+    assert isinstance(value, str)
     if not value:
-        raise RegistrationError(file, "remote-endpoint is empty")
+        return value, "remote-endpoint is empty"
     if value.startswith("unix://"):
         path = value.removeprefix("unix://")
     elif value.startswith("unix:"):
         path = value.removeprefix("unix:")
     elif "://" in value or re.match(r"^[A-Za-z][A-Za-z0-9+.-]*:", value):
-        raise RegistrationError(
-            file, f"remote-endpoint {value!r} is not a unix socket (only unix:// is supported)"
-        )
+        return value, f"remote-endpoint {value!r} is not a unix socket (only unix:// is supported)"
     else:
         path = value
     if not path:
-        raise RegistrationError(file, f"remote-endpoint {value!r} has an empty socket path")
+        return value, f"remote-endpoint {value!r} has an empty socket path"
     if not path.startswith("/"):
-        raise RegistrationError(file, f"remote-endpoint {value!r} is not an absolute socket path")
+        return value, f"remote-endpoint {value!r} is not an absolute socket path"
     if "\0" in path:
-        raise RegistrationError(file, f"remote-endpoint {value!r} contains a NUL character")
-    return path
+        return value, f"remote-endpoint {value!r} contains a NUL character"
+    return path, None
 
 
-def _failure_policy(file: str, value: object) -> FailurePolicy:
+def _failure_policy(value: object, warnings: list[str]) -> FailurePolicy:
+    """The policy; *value* is a string or None (:func:`_fields`). An unknown string is read as Fail."""
     if value is None or value == "":
         return FailurePolicy.IGNORE
-    if not isinstance(value, str):
-        raise RegistrationError(file, f"failure-policy must be a string, not {_kind(value)}")
+    assert isinstance(value, str)
     try:
         return FailurePolicy(value)
     except ValueError:
-        raise RegistrationError(file, f"failure-policy {json.dumps(value)} is not Fail or Ignore") from None
+        warnings.append(
+            f"failure-policy {json.dumps(value)} is not Fail or Ignore: read as Fail (a call fails when this "
+            "hook server does; koord-runtime-proxy reads it as Ignore): write Fail or Ignore"
+        )
+        return FailurePolicy.FAIL
 
 
 def _hooks(file: str, value: object, warnings: list[str]) -> tuple[HookPoint, ...]:
+    """The hook points; *value* is a list or None (:func:`_fields`)."""
     if value is None:
         warnings.append("runtime-hooks is missing: the plugin is never called")
         return ()
-    if not isinstance(value, list):
-        raise RegistrationError(file, f"runtime-hooks must be an array of hook names, not {_kind(value)}")
+    assert isinstance(value, list)
     points: dict[HookPoint, None] = {}
     for item in value:
+        if item is None:  # (Go reads it as "", a hook no proxy calls)
+            warnings.append("runtime-hooks: null is no hook name and is ignored")
+            continue
         if not isinstance(item, str):
             raise RegistrationError(file, f"runtime-hooks must hold hook names (strings), not {_kind(item)}")
         point = HookPoint.from_name(item)
@@ -221,7 +237,9 @@ def _hooks(file: str, value: object, warnings: list[str]) -> tuple[HookPoint, ..
             warnings.append(f"runtime-hooks: {item} is not supported by this proxy and is never called")
         else:
             known = ", ".join(p.value for p in HookPoint)
-            raise RegistrationError(file, f"runtime-hooks: unknown hook {json.dumps(item)} (known: {known})")
+            warnings.append(
+                f"runtime-hooks: unknown hook {json.dumps(item)} is never called (known: {known})"
+            )
     if not points:
         warnings.append("runtime-hooks lists no supported hook: the plugin is never called")
     return tuple(points)
@@ -308,8 +326,10 @@ def parse_registration(file: str, content: bytes) -> PluginRegistration:
         raise RegistrationError(file, f"top level must be a JSON object, not {_kind(document)}")
     warnings: list[str] = []
     fields = _fields(file, document, warnings)
-    endpoint = _endpoint(file, fields.get("remote-endpoint"))
-    policy = _failure_policy(file, fields.get("failure-policy"))
+    endpoint, unusable = _endpoint(fields.get("remote-endpoint"))
+    if unusable is not None:
+        warnings.append(f"{unusable}: every call to this hook server fails, as its failure-policy says")
+    policy = _failure_policy(fields.get("failure-policy"), warnings)
     hooks = _hooks(file, fields.get("runtime-hooks"), warnings)
     timeout = _timeout(file, fields.get("timeout"))
     order = _order(file, fields.get("order"))
@@ -317,6 +337,7 @@ def parse_registration(file: str, content: bytes) -> PluginRegistration:
         name=posixpath.basename(file).removesuffix(".json"),
         file=file,
         endpoint=endpoint,
+        unusable=unusable,
         failure_policy=policy,
         hooks=hooks,
         timeout=timeout,

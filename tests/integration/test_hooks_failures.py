@@ -143,7 +143,7 @@ class TestPreHookFailure:
         assert 1.0 == metrics.get_sample_value("krproxy_hook_calls_total", labels)
 
 
-class TestRegistrationSpelling:
+class TestRegistrationReading:
     async def test_policy_spelt_otherwise_fails_closed(self, node: Node) -> None:
         """A file whose keys koord-runtime-proxy's Go decoder folds (``Failure-Policy``,
         ``Runtime-Hooks``) registers a Fail plugin, as it does for Go: with its socket unserved, the
@@ -159,6 +159,28 @@ class TestRegistrationSpelling:
         details = await refused(node, "CreateContainer", node.create_request(pod_id), grpc.StatusCode.UNKNOWN)
 
         assert f"hook server spelt failed PreCreateContainer: unreachable at {path}" in details
+
+    async def test_endpoint_of_another_scheme_fails_closed(self, node: Node) -> None:
+        """A Fail plugin registered at a ``tcp://`` endpoint (no unix socket krproxy can dial) holds the
+        create, as koord-runtime-proxy's failed dial does, where krproxy used to refuse the file and
+        create the container unhooked; the error says why."""
+        node.write_file(
+            "tcp.json",
+            {
+                "remote-endpoint": "tcp://127.0.0.1:9",
+                "failure-policy": "Fail",
+                "runtime-hooks": [CREATE.value],
+            },
+        )
+        await node.start_proxy()
+        pod_id = await node.run_pod()
+
+        details = await refused(node, "CreateContainer", node.create_request(pod_id), grpc.StatusCode.UNKNOWN)
+
+        assert (
+            "hook server tcp failed PreCreateContainer: unreachable: remote-endpoint 'tcp://127.0.0.1:9' is not "
+            "a unix socket (only unix:// is supported)"
+        ) in details
 
 
 class TestPreHookFailureDetails:

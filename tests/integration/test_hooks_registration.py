@@ -127,9 +127,9 @@ class TestMalformed:
         [
             # Every kind of problem is unit-tested in tests/unit/test_hooks_registration.py.
             b"not json",
-            b'{"remote-endpoint": "/x.sock", "runtime-hooks": ["PreCreateContainr"]}',
+            b'{"remote-endpoint": "/x.sock", "runtime-hooks": "PreCreateContainer"}',
         ],
-        ids=["syntax", "unknown-hook"],
+        ids=["syntax", "wrong-type"],
     )
     async def test_malformed_version_keeps_the_previous_one(self, node: Node, content: bytes) -> None:
         """A bad new version of a registered file is counted, and the previous valid version stays in use

@@ -107,32 +107,13 @@ class TestParseRegistration:
                 "not valid JSON: Expecting value: line 1 column 1 (char 0)",
             ),
             (b"[]", "top level must be a JSON object, not an array"),
-            (doc(remote_endpoint=...), "remote-endpoint is missing"),
-            (doc(remote_endpoint=""), "remote-endpoint is empty"),
             (doc(remote_endpoint=5), "remote-endpoint must be a string, not a number"),
-            (
-                doc(remote_endpoint="tcp://10.0.0.1:9000"),
-                "remote-endpoint 'tcp://10.0.0.1:9000' is not a unix socket (only unix:// is supported)",
-            ),
-            (doc(remote_endpoint="unix://"), "remote-endpoint 'unix://' has an empty socket path"),
-            (
-                doc(remote_endpoint="run/p.sock"),
-                "remote-endpoint 'run/p.sock' is not an absolute socket path",
-            ),
-            (doc(failure_policy="Sometimes"), 'failure-policy "Sometimes" is not Fail or Ignore'),
-            (doc(failure_policy="fail"), 'failure-policy "fail" is not Fail or Ignore'),
             (doc(failure_policy=True), "failure-policy must be a string, not a boolean"),
             (
                 doc(runtime_hooks="PreCreateContainer"),
                 "runtime-hooks must be an array of hook names, not a string",
             ),
             (doc(runtime_hooks=[1]), "runtime-hooks must hold hook names (strings), not a number"),
-            (
-                doc(runtime_hooks=["PreCreateContainer", "PreFoo"]),
-                'runtime-hooks: unknown hook "PreFoo" (known: PreRunPodSandbox, PostStopPodSandbox, '
-                "PreCreateContainer, PreStartContainer, PostStartContainer, PostStopContainer, "
-                "PreUpdateContainerResources, PreUpdatePodSandboxResources)",
-            ),
             (doc(timeout="2"), 'timeout "2" is not a number of seconds or a duration like "2s" or "500ms"'),
             (doc(timeout=True), 'timeout true is not a number of seconds or a duration like "2s" or "500ms"'),
             (doc(timeout="0s"), 'timeout "0s" is not in (0s, 5m]'),
@@ -156,11 +137,62 @@ class TestParseRegistration:
             ({"runtime_hooks": []}, ("runtime-hooks lists no supported hook: the plugin is never called",)),
             ({"runtime_hooks": ...}, ("runtime-hooks is missing: the plugin is never called",)),
             ({"weight": 3}, ('unknown key "weight" ignored',)),
+            (
+                {"runtime_hooks": ["PreCreateContainer", "PreFoo", None]},
+                (
+                    'runtime-hooks: unknown hook "PreFoo" is never called (known: PreRunPodSandbox, '
+                    "PostStopPodSandbox, PreCreateContainer, PreStartContainer, PostStartContainer, "
+                    "PostStopContainer, PreUpdateContainerResources, PreUpdatePodSandboxResources)",
+                    "runtime-hooks: null is no hook name and is ignored",
+                ),
+            ),
         ],
     )
     def test_warnings(self, keys: dict[str, object], warnings: tuple[str, ...]) -> None:
         """Accepted oddities are reported as warnings."""
         assert warnings == parse_registration("p.json", doc(**keys)).warnings
+
+    @pytest.mark.parametrize("policy", ["fail", "Sometimes", "FAIL"])
+    def test_unknown_policy_is_fail(self, policy: str) -> None:
+        """A failure-policy that is neither Fail nor Ignore (a typo) is read as Fail, with a warning: a typo
+        must not make a Fail plugin optional, nor leave its file unregistered (its hooks never called)."""
+        registration = parse_registration("p.json", doc(failure_policy=policy))
+
+        assert FailurePolicy.FAIL == registration.failure_policy
+        assert (
+            f'failure-policy "{policy}" is not Fail or Ignore: read as Fail (a call fails when this hook server '
+            "does; koord-runtime-proxy reads it as Ignore): write Fail or Ignore",
+        ) == registration.warnings
+
+    @pytest.mark.parametrize(
+        ("endpoint", "unusable"),
+        [
+            (..., "remote-endpoint is missing"),
+            ("", "remote-endpoint is empty"),
+            (
+                "tcp://10.0.0.1:9000",
+                "remote-endpoint 'tcp://10.0.0.1:9000' is not a unix socket (only unix:// is supported)",
+            ),
+            ("unix://", "remote-endpoint 'unix://' has an empty socket path"),
+            ("run/p.sock", "remote-endpoint 'run/p.sock' is not an absolute socket path"),
+            ("/run/p\0.sock", "remote-endpoint '/run/p\\x00.sock' contains a NUL character"),
+        ],
+    )
+    def test_unusable_endpoint(self, endpoint: object, unusable: str) -> None:
+        """A file without a socket krproxy can dial registers its plugin unusable, with a warning: its
+        calls fail as its failure-policy says, as koord-runtime-proxy's fail to dial it."""
+        registration = parse_registration("p.json", doc(remote_endpoint=endpoint, failure_policy="Fail"))
+
+        assert (unusable, FailurePolicy.FAIL) == (registration.unusable, registration.failure_policy)
+        assert (f"{unusable}: every call to this hook server fails, as its failure-policy says",) == (
+            registration.warnings
+        )
+
+    def test_unknown_hook_leaves_the_others(self) -> None:
+        """An unknown hook name (a newer koordlet's) does not unregister the plugin's known hooks."""
+        content = doc(runtime_hooks=["PreStartContainer", "PreStopContainer"])
+
+        assert (HookPoint.PRE_START_CONTAINER,) == parse_registration("p.json", content).hooks
 
     def test_duplicate_hooks_once(self) -> None:
         """A hook listed twice is registered once, in first position."""
@@ -248,10 +280,10 @@ class TestRegistry:
         """A malformed new version keeps the previous valid one and records the error."""
         good = Registry().apply(FILE, KOORDLET)
 
-        bad = good.apply(FILE, doc(failure_policy="Sometimes"))
+        bad = good.apply(FILE, doc(failure_policy=True))
 
         assert good.plugins == bad.plugins
-        assert f'{FILE}: failure-policy "Sometimes" is not Fail or Ignore' == bad.error_for(FILE)
+        assert f"{FILE}: failure-policy must be a string, not a boolean" == bad.error_for(FILE)
 
     def test_fix_clears_error(self) -> None:
         """A valid version after a bad one replaces the registration and clears the error."""
@@ -261,9 +293,9 @@ class TestRegistry:
 
     def test_bad_first_version(self) -> None:
         """A file that never was valid registers nothing but its error."""
-        registry = Registry().apply(FILE, b"{}")
+        registry = Registry().apply(FILE, b"[]")
 
-        assert ({}, {FILE: f"{FILE}: remote-endpoint is missing"}) == (
+        assert ({}, {FILE: f"{FILE}: top level must be a JSON object, not an array"}) == (
             dict(registry.plugins),
             dict(registry.errors),
         )

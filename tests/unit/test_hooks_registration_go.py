@@ -5,8 +5,8 @@ koordlet and other hook servers write these files for koord-runtime-proxy; krpro
 what it registers from the same bytes. A file krproxy read otherwise went around a hook: a
 ``Failure-Policy: Fail`` that Go reads as the field, skipped by krproxy as an unknown key, made a
 required hook server optional, and a ``runtime-hooKs`` list (Kelvin sign) registered it for nothing.
-Where krproxy is deliberately stricter (an unknown policy or hook name, a relative endpoint: see the
-module's notes) it refuses the file with a message instead."""
+Where krproxy is deliberately stricter it says so: an unknown policy string is Fail (Go's Ignore), a
+relative endpoint refuses the file."""
 
 from __future__ import annotations
 
@@ -20,9 +20,11 @@ from typing import Any
 
 import pytest
 
+from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import FailurePolicy, RegistrationError, parse_registration
 
 ROOT = Path(__file__).resolve().parents[2]
+KNOWN = {point.value for point in HookPoint}
 
 E = '"remote-endpoint":"/run/p.sock"'
 HOOKS = '"runtime-hooks":["PreCreateContainer"]'
@@ -54,6 +56,15 @@ CASES = [
     ("NaN elsewhere", f'{{{E},"failure-policy":"Fail",{HOOKS},"note":NaN}}'.encode()),
     ("escaped key", f'{{{E},"failure\\u002dpolicy":"Fail",{HOOKS}}}'.encode()),
     ("trailing data", f'{{{E},"failure-policy":"Fail",{HOOKS}}} {{}}'.encode()),
+    ("policy typo", f'{{{E},"failure-policy":"fail",{HOOKS}}}'.encode()),
+    (
+        "unknown hook",
+        f'{{{E},"failure-policy":"Fail","runtime-hooks":["PreStopContainer","PreStartContainer"]}}'.encode(),
+    ),
+    ("null hook", f'{{{E},"failure-policy":"Fail","runtime-hooks":[null,"PreStartContainer"]}}'.encode()),
+    ("no endpoint", f'{{"failure-policy":"Fail",{HOOKS}}}'.encode()),
+    ("tcp endpoint", f'{{"remote-endpoint":"tcp://127.0.0.1:9",{HOOKS},"failure-policy":"Fail"}}'.encode()),
+    ("relative endpoint", f'{{"remote-endpoint":"run/p.sock","failure-policy":"Fail",{HOOKS}}}'.encode()),
     ("unix scheme", f'{{"remote-endpoint":"unix:///run/p.sock","failure-policy":"Fail",{HOOKS}}}'.encode()),
 ]
 
@@ -110,15 +121,16 @@ def _as_krproxy_reads(content: bytes) -> dict[str, Any]:
 
 
 def _as_go_reads(read: dict[str, Any]) -> dict[str, Any]:
-    """Go's reading as krproxy states it: koord-runtime-proxy fails closed on "Fail" only; the endpoint
-    without its ``unix://``."""
+    """Go's reading as krproxy states it: the endpoint without its ``unix://``, the hooks krproxy knows.
+    koord-runtime-proxy fails closed on "Fail" only; krproxy on any string but "Ignore" and "" (a typo
+    of "Fail" must not make a plugin optional: the one difference, the stricter one)."""
     if "error" in read:
         return {"error": read["error"]}
     config = read["config"]
     return {
         "remote-endpoint": config["remote-endpoint"].removeprefix("unix://"),
-        "fail": config["failure-policy"] == "Fail",
-        "runtime-hooks": config["runtime-hooks"] or [],
+        "fail": config["failure-policy"] not in ("", "Ignore"),
+        "runtime-hooks": [name for name in config["runtime-hooks"] or [] if name in KNOWN],
     }
 
 
