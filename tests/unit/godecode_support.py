@@ -27,8 +27,18 @@ _BATCHES: dict[tuple[str, bytes], subprocess.Popen[bytes]] = {}
 def godecode() -> Iterator[str]:
     """tests/godecode, built by scripts/install-go-client from the packages it unpacked (never
     downloads); without them the Go cases are skipped with its reason."""
+    path = built_go_program("godecode", "no Go decoder")
+    try:
+        yield path
+    finally:
+        _stop_batches()
+
+
+def built_go_program(program: str, missing: str) -> str:
+    """tests/<program>'s binary, built by scripts/install-go-client from the packages it unpacked
+    (never downloads); without them the test is skipped, ``missing`` and the script's reason said."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "install-go-client"), "--offline", "--program", "godecode"],
+        [sys.executable, str(ROOT / "scripts" / "install-go-client"), "--offline", "--program", program],
         capture_output=True,
         text=True,
         check=False,
@@ -36,11 +46,8 @@ def godecode() -> Iterator[str]:
     )
     path = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     if done.returncode != 0 or not os.access(path, os.X_OK):
-        pytest.skip(f"no Go decoder: {done.stdout.strip() or done.stderr.strip()}")
-    try:
-        yield path
-    finally:
-        _stop_batches()
+        pytest.skip(f"{missing}: {done.stdout.strip() or done.stderr.strip()}")
+    return path
 
 
 def _stop_batches() -> None:

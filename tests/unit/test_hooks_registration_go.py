@@ -11,19 +11,15 @@ relative endpoint refuses the file."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import FailurePolicy, RegistrationError, parse_registration
+from tests.unit.godecode_support import built_go_program
 
-ROOT = Path(__file__).resolve().parents[2]
 KNOWN = {point.value for point in HookPoint}
 
 E = '"remote-endpoint":"/run/p.sock"'
@@ -70,26 +66,9 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def goregistration() -> Iterator[str]:
-    """tests/goregistration, built by scripts/install-go-client from the packages it unpacked (never
-    downloads); without them these cases are skipped with its reason."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "scripts" / "install-go-client"),
-            "--offline",
-            "--program",
-            "goregistration",
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-    )
-    path = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-    if done.returncode != 0 or not os.access(path, os.X_OK):
-        pytest.skip(f"no Go registration reader: {done.stdout.strip() or done.stderr.strip()}")
-    yield path
+def goregistration() -> str:
+    """tests/goregistration's binary (the cases are skipped without Go's packages)."""
+    return built_go_program("goregistration", "no Go registration reader")
 
 
 @pytest.fixture(scope="module")
