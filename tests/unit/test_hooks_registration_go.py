@@ -1,5 +1,5 @@
 """Registration files read as koord-runtime-proxy reads them (krproxy.hooks.registration against
-tests/goregistration, Go's encoding/json into the reference's RuntimeHookConfig).
+tests/gojson, Go's encoding/json into the reference's RuntimeHookConfig).
 
 koordlet and other hook servers write these files for koord-runtime-proxy; krproxy must register
 what it registers from the same bytes. A file krproxy read otherwise went around a hook: a
@@ -10,15 +10,13 @@ relative endpoint refuses the file."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 from typing import Any
 
 import pytest
 
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.registration import FailurePolicy, RegistrationError, parse_registration
-from tests.unit.godecode_support import built_go_program
+from tests.unit.gojson_support import go_reads, gojson  # noqa: F401 - the fixture
 
 KNOWN = {point.value for point in HookPoint}
 
@@ -66,24 +64,10 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def goregistration() -> str:
-    """tests/goregistration's binary (the cases are skipped without Go's packages)."""
-    return built_go_program("goregistration", "no Go registration reader")
-
-
-@pytest.fixture(scope="module")
-def go_reads(goregistration: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """What Go made of each case, by name: one process for all of them."""
-    folder = tmp_path_factory.mktemp("registrations")
-    paths = []
-    for index, (_, content) in enumerate(CASES):
-        path = folder / f"{index}.json"
-        path.write_bytes(content)
-        paths.append(str(path))
-    done = subprocess.run([goregistration, *paths], capture_output=True, check=True, timeout=60)
-    lines = done.stdout.decode().splitlines()
-    assert len(lines) == len(CASES), done.stderr
-    return {name: json.loads(line) for (name, _), line in zip(CASES, lines, strict=True)}
+def go_read(gojson: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:  # noqa: F811
+    """What Go made of each case, by name."""
+    reads = go_reads(gojson, tmp_path_factory.mktemp("registrations"), "registration", [c for _, c in CASES])
+    return {name: read for (name, _), read in zip(CASES, reads, strict=True)}
 
 
 def _as_krproxy_reads(content: bytes) -> dict[str, Any]:
@@ -105,7 +89,7 @@ def _as_go_reads(read: dict[str, Any]) -> dict[str, Any]:
     of "Fail" must not make a plugin optional: the one difference, the stricter one)."""
     if "error" in read:
         return {"error": read["error"]}
-    config = read["config"]
+    config = read["value"]
     return {
         "remote-endpoint": config["remote-endpoint"].removeprefix("unix://"),
         "fail": config["failure-policy"] not in ("", "Ignore"),
@@ -114,11 +98,11 @@ def _as_go_reads(read: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", [name for name, _ in CASES])
-def test_read_as_go_reads(name: str, go_reads: dict[str, dict[str, Any]]) -> None:
+def test_read_as_go_reads(name: str, go_read: dict[str, dict[str, Any]]) -> None:
     """krproxy registers the endpoint, failure policy and hooks Go reads from the same bytes, and refuses
     the files Go refuses."""
     content = dict(CASES)[name]
-    ours, go = _as_krproxy_reads(content), _as_go_reads(go_reads[name])
+    ours, go = _as_krproxy_reads(content), _as_go_reads(go_read[name])
     if "error" in go or "error" in ours:
         assert ("error" in ours, "error" in go) == (True, True), (ours, go)
     else:
