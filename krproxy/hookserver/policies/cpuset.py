@@ -12,11 +12,10 @@ runtime applies it) and as a container reconciler (written directly by the execu
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from collections.abc import Mapping
 
-from krproxy import log
+from krproxy import gojson, log
 
 from .._app import HookServer
 from .._cgroups import CgroupFile
@@ -31,17 +30,59 @@ LOGGER = logging.getLogger("krproxy.hookserver.cpuset")
 
 
 def cpuset_from_annotations(annotations: Mapping[str, str]) -> str | None:
-    """The cpuset in the resource-status annotation, or None (absent or unparsable)."""
+    """The cpuset in the resource-status annotation, or None (absent, empty or unparsable), read as
+    koordlet reads it (:func:`cpuset_of`)."""
     raw = annotations.get(ANNOTATION)
     if raw is None:
         return None
     try:
-        status = json.loads(raw)
-    except ValueError:
+        cpuset = cpuset_of(gojson.loads(raw.encode()))
+    except (ValueError, RecursionError):
         log.warning(LOGGER, "bad_resource_status", value=raw)
         return None
-    cpuset = status.get("cpuset") if isinstance(status, dict) else None
-    return cpuset if isinstance(cpuset, str) and cpuset else None
+    return cpuset or None
+
+
+#: The range of Go's int32, ``CPUSharedPool``'s ``socket`` and ``node``.
+_INT32 = range(-(2**31), 2**31)
+
+
+def cpuset_of(status: object) -> str:
+    """The ``CPUSet`` Koordinator's ``ResourceStatus`` holds once Go's ``encoding/json`` has read
+    *status* (:func:`krproxy.gojson.loads`) into it, as koordlet does: keys folded as Go folds names
+    (``CPUSet`` is ``cpuset``), the last string of several winning, a ``null`` leaving it as it was.
+    ``ValueError`` where Go refuses the value, ``cpuSharedPools`` included (koordlet then sets no cpuset):
+    a wrong type anywhere in the struct, a pool's number that is no int32."""
+    if status is None:
+        return ""
+    if not isinstance(status, gojson.Object):
+        raise ValueError("the resource status is not a JSON object")
+    cpuset = ""
+    for key, value in status.members:
+        name = gojson.fold_name(key)
+        if name == "cpuset" and value is not None:
+            if not isinstance(value, str):
+                raise ValueError("cpuset is not a string")
+            cpuset = value
+        elif name == "cpusharedpools" and value is not None:
+            if not isinstance(value, list):
+                raise ValueError("cpuSharedPools is not an array")
+            for pool in value:
+                _check_pool(pool)
+    return cpuset
+
+
+def _check_pool(pool: object) -> None:
+    """``ValueError`` unless Go reads *pool* into a ``CPUSharedPool`` (``socket`` and ``node`` int32)."""
+    if pool is None:
+        return
+    if not isinstance(pool, gojson.Object):
+        raise ValueError("a cpuSharedPools entry is not a JSON object")
+    for key, value in pool.members:
+        if gojson.fold_name(key) not in ("socket", "node") or value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value not in _INT32:
+            raise ValueError(f"{key} is not an int32")
 
 
 def set_cpuset(ctx: ContainerContext) -> None:
