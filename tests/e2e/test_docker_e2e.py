@@ -301,3 +301,71 @@ class TestJsonReading:
         host_config = node.inspect(json.loads(answer)["Id"])["HostConfig"]
         assert isinstance(host_config, dict)
         assert (7, 50000) == (host_config["CpuShares"], host_config["CpuQuota"])
+
+
+#: Request-targets that dockerd 20.10 routes to create although krproxy's regex did not: gorilla/mux reads
+#: the version as ``[0-9.]+`` (``1.41.0`` compares equal to 1.41) and matches the percent-decoded path.
+CREATE_TARGETS = ("/v1.41.0/containers/create", "/v1.41./containers/create", "/containers/%63reate")
+APP_BODY = b'{"Image":"krproxy-e2e/busybox:1","Cmd":["sleep","1000"],"Labels":{"io.kubernetes.docker.type":"container"}'
+
+
+def _created(answer: bytes) -> str:
+    ident: str = json.loads(answer)["Id"]
+    return ident
+
+
+class TestPathReading:
+    def test_create_paths_dockerd_routes_are_hooked(self, node: Node) -> None:
+        """``/v1.41.0/``, ``/v1.41./`` and ``/containers/%63reate`` create a container straight on dockerd
+        20.10; through krproxy they run PreCreateContainer (the plugin's cpu quota is in it)."""
+        for n, target in enumerate(CREATE_TARGETS):
+            status, answer = post(node.docker_sock, f"{target}?name=direct-{n}", APP_BODY + b"}")
+            assert 201 == status, (target, answer)
+        node.start_plugin("--set-cpu-quota=50000")
+        node.start_proxy()
+        for n, target in enumerate(CREATE_TARGETS):
+            status, answer = post(
+                node.proxy_sock, f"{target}?name=k8s_p{n}_web_prod_uid-web_0", APP_BODY + b"}"
+            )
+            assert 201 == status, (target, answer)
+            host_config = node.inspect(_created(answer))["HostConfig"]
+            assert isinstance(host_config, dict) and 50000 == host_config["CpuQuota"], target
+
+    def test_start_with_a_host_config_is_refused(self, node: Node) -> None:
+        """Straight, ``/v1.23/containers/{id}/start`` with a HostConfig body sets the container's memory
+        (API < 1.24); no hook sees it, so through krproxy it gets 400 and the container keeps its own."""
+        start_body = b'{"Memory":67108864}'
+        status, answer = post(node.docker_sock, "/containers/create?name=direct", APP_BODY + b"}")
+        assert 201 == status, answer
+        ident = _created(answer)
+        assert (204, b"") == post(node.docker_sock, f"/v1.23/containers/{ident}/start", start_body)
+        host_config = node.inspect(ident)["HostConfig"]
+        assert isinstance(host_config, dict) and 67108864 == host_config["Memory"]
+        node.start_plugin()
+        node.start_proxy()
+        status, answer = post(
+            node.proxy_sock, "/containers/create?name=k8s_s_web_prod_uid-web_0", APP_BODY + b"}"
+        )
+        assert 201 == status, answer
+        ident = _created(answer)
+        status, answer = post(node.proxy_sock, f"/v1.23/containers/{ident}/start", start_body)
+        assert 400 == status, answer
+        host_config = node.inspect(ident)["HostConfig"]
+        assert isinstance(host_config, dict) and 0 == host_config["Memory"]
+
+    def test_top_level_host_config_fields_are_refused(self, node: Node) -> None:
+        """Straight, a create body's top-level ``CgroupParent`` and ``Memory`` are HostConfig's to dockerd
+        (its ContainerConfigWrapper embeds HostConfig); hooks read HostConfig alone, so krproxy refuses."""
+        fields = b',"CgroupParent":"/krp-top","Memory":67108864}'
+        status, answer = post(node.docker_sock, "/containers/create?name=direct", APP_BODY + fields)
+        assert 201 == status, answer
+        host_config = node.inspect(_created(answer))["HostConfig"]
+        assert isinstance(host_config, dict)
+        assert ("/krp-top", 67108864) == (host_config["CgroupParent"], host_config["Memory"])
+        node.start_plugin("--set-cpu-quota=50000")
+        node.start_proxy()
+        name = "k8s_t_web_prod_uid-web_0"
+        status, answer = post(node.proxy_sock, f"/containers/create?name={name}", APP_BODY + fields)
+        assert 400 == status, answer
+        assert b"HostConfig" in answer, answer
+        assert name not in node.docker("ps", "-a", "--format", "{{.Names}}", via_proxy=False)
