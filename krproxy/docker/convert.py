@@ -69,6 +69,7 @@ __all__ = [
     "container_from_create",
     "container_from_inspect",
     "envs_from_docker",
+    "folded",
     "is_sandbox",
     "labels_of",
     "merge_docker_pod",
@@ -115,7 +116,7 @@ class AmbiguousKey(ValueError):
     """A JSON object holds a struct field dockerd reads under more than one spelling of its name."""
 
 
-def _folded(key: str) -> str:
+def folded(key: str) -> str:
     """*key* folded as Go's ``encoding/json`` matches a struct field's (ASCII) name: by Unicode simple
     folding, under which ``ſ`` (U+017F) is an ``s`` and the Kelvin sign a ``k`` (``lower()`` folds the
     latter already)."""
@@ -127,8 +128,8 @@ def _key(document: Mapping[str, Any], name: str) -> str | None:
     Go folds names (``HoſtConfig`` is ``HostConfig``). Go decodes every such key in turn into the one
     field, a later object merged into an earlier one, which a reading of one key does not give:
     :class:`AmbiguousKey` if there are several (kubelet and the docker CLI send each name once)."""
-    folded = _folded(name)
-    found = [k for k in document if _folded(k) == folded]
+    wanted = folded(name)
+    found = [k for k in document if folded(k) == wanted]
     if len(found) > 1:
         raise AmbiguousKey(
             f"{' and '.join(map(repr, found))} name the same field, which dockerd reads as one, merging"

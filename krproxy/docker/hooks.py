@@ -72,6 +72,8 @@ class Request:
     method: bytes
     target: bytes
     body: bytes
+    #: Sent with ``Transfer-Encoding: chunked`` (Go's ``ContentLength`` is then -1).
+    chunked: bool = False
 
 
 class BadRequest(Exception):
@@ -106,6 +108,36 @@ def _json_object(body: bytes, what: str) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise BadRequest(f"{what} request body must be a JSON object")
     return document
+
+
+def _no_start_config(request: Request) -> None:
+    """:class:`BadRequest` for a start whose body dockerd reads: one over 7 bytes, or chunked. Below API
+    1.24 dockerd applies it as the container's HostConfig (its resources included) at start, which no
+    hook is shown; from 1.24 dockerd refuses it itself."""
+    if len(request.body) > 7 or request.chunked:
+        raise BadRequest(
+            "a start request with a body sets the container's HostConfig, which krproxy's hooks are not"
+            " shown: start without a body and change resources with /containers/{id}/update"
+        )
+
+
+def _no_top_level_host_config(body: dict[str, Any]) -> None:
+    """:class:`BadRequest` for a create body with HostConfig fields the hooks read at its top level:
+    dockerd's ContainerConfigWrapper embeds a HostConfig there (taken whole when ``HostConfig`` is
+    absent or null, else its Memory, MemorySwap, CpuShares and CpusetCpus fill the inner one's zeros, and
+    ``Cpuset`` is CpusetCpus), while the hooks are shown ``HostConfig`` alone."""
+    found = [key for key in body if convert.folded(key) in _TOP_LEVEL_HOST_CONFIG]
+    if found:
+        raise BadRequest(
+            f"{', '.join(map(repr, found))} at the top level of the create request: dockerd reads it as"
+            " a HostConfig field, krproxy's hooks do not; put it in HostConfig"
+        )
+
+
+#: HostConfig fields the hooks read, plus the deprecated ``Cpuset``, as Go folds their names.
+_TOP_LEVEL_HOST_CONFIG = frozenset(
+    convert.folded(key) for key in (*(k for _, k in convert.RESOURCE_FIELDS), "CgroupParent", "Cpuset")
+)
 
 
 def _encode(document: dict[str, Any]) -> bytes:
@@ -163,6 +195,7 @@ class DockerHooks:
             if route.action is Action.CREATE:
                 return await self._create(request, forward)
             if route.action is Action.START:
+                _no_start_config(request)
                 return await self._start(self._resolve(route.container), forward)
             if route.action is Action.STOP:
                 return await self._stop(self._resolve(route.container), forward)
@@ -197,6 +230,7 @@ class DockerHooks:
         if name is None:
             return await forward(None)  # not made by kubelet: no hooks, not stored
         body = _json_object(request.body, "create")
+        _no_top_level_host_config(body)
         if convert.is_sandbox(convert.labels_of(body)):
             return await self._create_sandbox(name, body, forward)
         return await self._create_container(name, body, forward)

@@ -157,7 +157,12 @@ class DockerProxy:
                 return False
             reply = await self.hooks.handle(
                 hooked,
-                Request(event.method, event.target, body),
+                Request(
+                    event.method,
+                    event.target,
+                    body,
+                    chunked=header(event.headers, b"transfer-encoding") is not None,
+                ),
                 functools.partial(self._forward_whole, event, body),
             )
             await self._send_reply(down, reply)
