@@ -369,3 +369,19 @@ class TestPathReading:
         assert 400 == status, answer
         assert b"HostConfig" in answer, answer
         assert name not in node.docker("ps", "-a", "--format", "{{.Names}}", via_proxy=False)
+
+    def test_start_by_name_is_hooked(self, node: Node) -> None:
+        """dockerd starts a container by its name as well as by id; through krproxy a start by name runs
+        PreStartContainer for the stored container, as a start by id does."""
+        node.start_plugin("--log-level=DEBUG")
+        node.start_proxy()
+        names = ("k8s_n0_web_prod_uid-web_0", "k8s_n1_web_prod_uid-web_0")
+        for name in names:
+            status, answer = post(node.proxy_sock, f"/containers/create?name={name}", APP_BODY + b"}")
+            assert 201 == status, answer
+        ident = node.inspect(names[1])["Id"]
+        for reference in (names[0], ident):
+            status, answer = post(node.proxy_sock, f"/containers/{reference}/start", b"")
+            assert 204 == status, (reference, answer)
+        log = (node.root / "plugin.log").read_text(errors="replace")
+        assert 2 == log.count("hook=PreStartContainer "), log[-2000:]
