@@ -56,10 +56,13 @@ from krproxy.hooks.outcomes import HookRejected
 from krproxy.hooks.points import HookPoint
 from krproxy.hooks.store import HookStore
 
-__all__ = ["BadRequest", "Chain", "DockerHooks", "Forward", "Request"]
+__all__ = ["BadRequest", "Chain", "DockerHooks", "Forward", "Lookup", "Request"]
 
 LOGGER = logging.getLogger("krproxy.docker.hooks")
 
+
+#: Ask dockerd which container a reference names: its full id, or ``""`` if none or unknown.
+Lookup = Callable[[str], Awaitable[str]]
 
 #: Send the request to dockerd, with this body instead of the original when not None; the reply.
 Forward = Callable[[bytes | None], Awaitable[Reply]]
@@ -174,6 +177,9 @@ class DockerHooks:
     chain: Chain
     skip_label: tuple[str, str]
     cgroup_driver: str = "cgroupfs"
+    #: The id of the container dockerd finds for a reference (an id, a unique id prefix or a name), or
+    #: ``""``; None: unique stored id prefixes only.
+    lookup: Lookup | None = None
     lifecycle: Lifecycle = attrs.field(init=False)
     _recovered: trio.Event = attrs.field(factory=trio.Event, init=False)
 
@@ -196,12 +202,12 @@ class DockerHooks:
                 return await self._create(request, forward)
             if route.action is Action.START:
                 _no_start_config(request)
-                return await self._start(self._resolve(route.container), forward)
+                return await self._start(await self._resolve(route.container), forward)
             if route.action is Action.STOP:
-                return await self._stop(self._resolve(route.container), forward)
+                return await self._stop(await self._resolve(route.container), forward)
             if route.action is Action.UPDATE:
-                return await self._update(self._resolve(route.container), request, forward)
-            return await self._remove(self._resolve(route.container), forward)
+                return await self._update(await self._resolve(route.container), request, forward)
+            return await self._remove(await self._resolve(route.container), forward)
         except HookRejected as err:
             return error_reply(500, err.message or "hook server err")
         except BadRequest as err:
@@ -212,11 +218,14 @@ class DockerHooks:
     def _skips(self, pod: PodInfo) -> bool:
         return self.lifecycle.skips(pod)
 
-    def _resolve(self, ident: str) -> str:
-        """The stored id *ident* names: itself, or the one stored id it is a prefix of (Docker accepts
-        unique id prefixes); else *ident* unchanged."""
+    async def _resolve(self, ident: str) -> str:
+        """The stored id a container reference names, decided as dockerd decides: a full id first, then
+        (asking dockerd through :attr:`lookup`) a name, with or without its ``/``, before a unique id
+        prefix; else *ident* unchanged. Without a lookup, a unique stored prefix of 4 or more."""
         if self.store.get_container(ident) is not None or self.store.get_pod(ident) is not None:
             return ident
+        if self.lookup is not None:
+            return await self.lookup(ident) or ident
         if len(ident) >= 4:
             matches = [i for i in (*self.store.containers(), *self.store.pods()) if i.startswith(ident)]
             if len(matches) == 1:

@@ -40,6 +40,7 @@ import functools
 import logging
 import os
 import socket
+import urllib.parse
 from typing import Any
 
 import attrs
@@ -342,6 +343,18 @@ class DockerDaemon:
         self._shutdown.set()
 
 
+async def _container_id(backend: str, reference: str) -> str:
+    """The id of the container dockerd finds for *reference* (inspect), or ``""``."""
+    try:
+        document = await client.get_json(
+            backend, f"/containers/{urllib.parse.quote(reference, safe='')}/json"
+        )
+    except (OSError, h11.ProtocolError, client.DockerError):
+        return ""
+    ident = document.get("Id") if isinstance(document, dict) else None
+    return ident if isinstance(ident, str) else ""
+
+
 async def _recover_store(config: ProxyConfig, hooks: DockerHooks, metrics: Metrics) -> None:
     recovered = await _supervise.retry(
         functools.partial(recovery.recover, config.runtime_endpoint),
@@ -380,7 +393,12 @@ async def serve(
     metrics = Metrics()
     relay = Relay()  # not serving: only the dispatcher's calls to the plugins
     dispatcher = Dispatcher(relay, observe=metrics.observe_hook)
-    hooks = DockerHooks(HookStore(), dispatcher.run, config.skip_label)
+    hooks = DockerHooks(
+        HookStore(),
+        dispatcher.run,
+        config.skip_label,
+        lookup=functools.partial(_container_id, config.runtime_endpoint),
+    )
     metrics.track_store(lambda: hooks.store)
     proxy = DockerProxy(config.runtime_endpoint, hooks)
     try:
