@@ -1,8 +1,9 @@
 """JSON read as Go's ``encoding/json`` reads it, where a Go program reads the same bytes beside krproxy.
 
-Two places need it: a registration file, which koord-runtime-proxy unmarshals into its
-``RuntimeHookConfig`` (:mod:`krproxy.hooks.registration`), and a Docker API body, which dockerd
-decodes into its structs (:mod:`krproxy.docker`). Python's ``json`` and Go's differ where it matters
+Three places need it: a registration file, which koord-runtime-proxy unmarshals into its
+``RuntimeHookConfig`` (:mod:`krproxy.hooks.registration`); a Docker API body, which dockerd decodes
+into its structs (:mod:`krproxy.docker`); Koordinator's resource-status annotation, which koordlet
+reads beside the SDK's cpuset policy (:mod:`krproxy.hookserver.policies.cpuset`). Python's ``json`` and Go's differ where it matters
 to them:
 
 - Go matches an object's key to a struct field by Unicode simple folding (``Failure-Policy``,
@@ -17,6 +18,7 @@ to them:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["Object", "fold_name", "loads"]
@@ -44,8 +46,9 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
-def loads(content: bytes) -> Any:
-    """*content* read as Go reads JSON, each object an :class:`Object`. Raises ``ValueError``
-    (``json.JSONDecodeError`` for the syntax) and ``RecursionError`` (nested too deeply for Python)."""
+def loads(content: bytes, object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] = Object) -> Any:
+    """*content* read as Go reads JSON, each object what *object_pairs_hook* makes of its members (an
+    :class:`Object`). Raises ``ValueError`` (``json.JSONDecodeError`` for the syntax) and
+    ``RecursionError`` (nested too deeply for Python)."""
     text = content.decode("utf-8", "replace")
-    return json.loads(text, object_pairs_hook=Object, parse_constant=_no_constant)
+    return json.loads(text, object_pairs_hook=object_pairs_hook, parse_constant=_no_constant)

@@ -39,7 +39,7 @@ from typing import Any
 
 import attrs
 
-from krproxy import log
+from krproxy import gojson, log
 from krproxy.hooks import merge, validate
 from krproxy.hooks.merge import Change, Merged
 from krproxy.hooks.model import (
@@ -69,7 +69,6 @@ __all__ = [
     "container_from_create",
     "container_from_inspect",
     "envs_from_docker",
-    "folded",
     "is_sandbox",
     "labels_of",
     "merge_docker_pod",
@@ -116,20 +115,13 @@ class AmbiguousKey(ValueError):
     """A JSON object holds a struct field dockerd reads under more than one spelling of its name."""
 
 
-def folded(key: str) -> str:
-    """*key* folded as Go's ``encoding/json`` matches a struct field's (ASCII) name: by Unicode simple
-    folding, under which ``ſ`` (U+017F) is an ``s`` and the Kelvin sign a ``k`` (``lower()`` folds the
-    latter already)."""
-    return key.lower().replace("\u017f", "s")
-
-
 def _key(document: Mapping[str, Any], name: str) -> str | None:
     """The key of *document* that dockerd reads as the struct field *name*: the one key equal to it as
     Go folds names (``HoſtConfig`` is ``HostConfig``). Go decodes every such key in turn into the one
     field, a later object merged into an earlier one, which a reading of one key does not give:
     :class:`AmbiguousKey` if there are several (kubelet and the docker CLI send each name once)."""
-    wanted = folded(name)
-    found = [k for k in document if folded(k) == wanted]
+    wanted = gojson.fold_name(name)
+    found = [k for k in document if gojson.fold_name(k) == wanted]
     if len(found) > 1:
         raise AmbiguousKey(
             f"{' and '.join(map(repr, found))} name the same field, which dockerd reads as one, merging"

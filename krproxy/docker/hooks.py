@@ -45,7 +45,7 @@ from typing import Any
 import attrs
 import trio
 
-from krproxy import log
+from krproxy import gojson, log
 from krproxy.docker import convert
 from krproxy.docker._http import Reply, error_reply
 from krproxy.docker.routes import Action, Route, query_value
@@ -101,7 +101,7 @@ def _once_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _json_object(body: bytes, what: str) -> dict[str, Any]:
     try:
-        document = json.loads(body, object_pairs_hook=_once_each)
+        document = gojson.loads(body, _once_each)
     except _Repeated as err:
         raise BadRequest(
             f"{err} of the {what} request: dockerd merges the two, krproxy does not; send it once"
@@ -129,7 +129,7 @@ def _no_top_level_host_config(body: dict[str, Any]) -> None:
     dockerd's ContainerConfigWrapper embeds a HostConfig there (taken whole when ``HostConfig`` is
     absent or null, else its Memory, MemorySwap, CpuShares and CpusetCpus fill the inner one's zeros, and
     ``Cpuset`` is CpusetCpus), while the hooks are shown ``HostConfig`` alone."""
-    found = [key for key in body if convert.folded(key) in _TOP_LEVEL_HOST_CONFIG]
+    found = [key for key in body if gojson.fold_name(key) in _TOP_LEVEL_HOST_CONFIG]
     if found:
         raise BadRequest(
             f"{', '.join(map(repr, found))} at the top level of the create request: dockerd reads it as"
@@ -139,7 +139,7 @@ def _no_top_level_host_config(body: dict[str, Any]) -> None:
 
 #: HostConfig fields the hooks read, plus the deprecated ``Cpuset``, as Go folds their names.
 _TOP_LEVEL_HOST_CONFIG = frozenset(
-    convert.folded(key) for key in (*(k for _, k in convert.RESOURCE_FIELDS), "CgroupParent", "Cpuset")
+    gojson.fold_name(key) for key in (*(k for _, k in convert.RESOURCE_FIELDS), "CgroupParent", "Cpuset")
 )
 
 

@@ -221,6 +221,19 @@ class TestBadInput:
 
     @pytest.mark.parametrize(
         "body",
+        [b'\xef\xbb\xbf{"Image":"busybox"}', b'{"Image":"busybox","HostConfig":{"Memory":NaN}}'],
+        ids=["a byte order mark", "NaN"],
+    )
+    async def test_a_create_dockerd_refuses_gets_400(self, node: DockerNode, body: bytes) -> None:
+        """A create body Go's decoder refuses (dockerd answers 500 "invalid character") and Python's
+        would read gets 400 and nothing is forwarded, where a BOM's was read and re-encoded for dockerd."""
+        reply = await node.call("POST", f"/containers/create?name={CONTAINER_NAME}", body)
+        assert 400 == reply.status
+        assert "invalid JSON" in json.loads(reply.body)["message"]
+        assert [] == node.fake.requests
+
+    @pytest.mark.parametrize(
+        "body",
         [
             b'{"Image":"busybox","HostConfig":{"Memory":1},"HostConfig":{"CpuShares":2}}',
             b'{"Image":"busybox","Labels":{"a":"1"},"Labels":{"b":"2"}}',
