@@ -4,13 +4,15 @@
 request (optional ``/vX.Y`` prefix)    hook points
 =====================================  =====================================================
 ``POST /containers/create``            PreRunPodSandbox (sandbox) or PreCreateContainer
-``POST /containers/{id}/start``        PreStartContainer, PostStartContainer
-``POST /containers/{id}/stop``         PostStopContainer or PostStopPodSandbox
-``POST /containers/{id}/update``       PreUpdateContainerResources
-``DELETE /containers/{id}``            none: the store forgets the container (or the pod and its
+``POST /containers/{ref}/start``       PreStartContainer, PostStartContainer
+``POST /containers/{ref}/stop``        PostStopContainer or PostStopPodSandbox
+``POST /containers/{ref}/update``      PreUpdateContainerResources
+``DELETE /containers/{ref}``           none: the store forgets the container (or the pod and its
                                        containers)
 anything else                          none: forwarded unchanged
 =====================================  =====================================================
+
+``{ref}`` is any reference dockerd takes there: an id, a unique id prefix, a name, ``/`` included.
 
 Pure: :func:`route` maps a request line to a :class:`Route` or None.
 """
@@ -18,6 +20,7 @@ Pure: :func:`route` maps a request line to a :class:`Route` or None.
 from __future__ import annotations
 
 import enum
+import posixpath
 import re
 import urllib.parse
 
@@ -48,8 +51,10 @@ class Route:
 #: compare equal to 1.41, ``1.41.`` too.
 _VERSION = r"(?:/v[0-9.]+)?"
 _CREATE = re.compile(rf"^{_VERSION}/containers/create$")
-_ACTION = re.compile(rf"^{_VERSION}/containers/([^/]+)/(start|stop|update)$")
-_REMOVE = re.compile(rf"^{_VERSION}/containers/([^/]+)$")
+#: dockerd's routes take any reference, ``/`` included (``/containers/{name:.*}/start``, ``DELETE
+#: /containers/{name:.*}``): a legacy link's alias ``web/db`` is a container's name.
+_ACTION = re.compile(rf"^{_VERSION}/containers/(.+)/(start|stop|update)$")
+_REMOVE = re.compile(rf"^{_VERSION}/containers/(.+)$")
 _ACTIONS = {"start": Action.START, "stop": Action.STOP, "update": Action.UPDATE}
 
 
@@ -67,9 +72,12 @@ def _split(target: bytes) -> tuple[str, str]:
 def route(method: bytes, target: bytes) -> Route | None:
     """The route of a request (method and request-target as sent), or None to forward it unchanged.
 
-    Matched as dockerd matches it: on the percent-decoded path (``/containers/%63reate`` is create;
-    ``%2F`` in an id is a ``/``, which no route takes)."""
+    Matched as dockerd matches it: on the percent-decoded path (``/containers/%63reate`` is create, ``%2F``
+    in a reference a ``/``), and not at all where the path is not clean (``//``, ``.`` or ``..``
+    segments), which dockerd answers with a redirect and nothing done."""
     path = urllib.parse.unquote(_split(target)[0])
+    if _cleaned(path) != path:
+        return None
     if method == b"POST":
         if _CREATE.match(path):
             return Route(Action.CREATE)
@@ -78,9 +86,17 @@ def route(method: bytes, target: bytes) -> Route | None:
             return Route(_ACTIONS[found.group(2)], found.group(1))
     elif method == b"DELETE":
         found = _REMOVE.match(path)
-        if found and found.group(1) not in ("create", "prune", "json"):
+        if found:
             return Route(Action.REMOVE, found.group(1))
     return None
+
+
+def _cleaned(path: str) -> str:
+    """*path* as Go's ``path.Clean`` makes it, its trailing slash kept (gorilla/mux's ``cleanPath``)."""
+    cleaned = "/" + posixpath.normpath(path).lstrip("/")
+    if path.endswith("/") and cleaned != "/":
+        cleaned += "/"
+    return cleaned
 
 
 def query_value(target: bytes, name: str) -> str:

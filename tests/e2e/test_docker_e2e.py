@@ -385,3 +385,13 @@ class TestPathReading:
             assert 204 == status, (reference, answer)
         log = (node.root / "plugin.log").read_text(errors="replace")
         assert 2 == log.count("hook=PreStartContainer "), log[-2000:]
+
+    def test_a_reference_with_a_slash_is_routed(self, node: Node) -> None:
+        """dockerd's start route takes any reference, ``/`` included (``{name:.*}``: a legacy link's alias
+        ``web/db`` is a name): straight and through krproxy, a start of ``nosuch/name`` (sent as
+        ``nosuch%2Fname`` or as two segments) is dockerd's 404 for that very reference."""
+        node.start_proxy()
+        for target in ("/containers/nosuch%2Fname/start", "/containers/nosuch/name/start"):
+            for sock in (node.docker_sock, node.proxy_sock):
+                status, answer = post(sock, target, b"")
+                assert (404, True) == (status, b"nosuch/name" in answer), (sock, target, answer)

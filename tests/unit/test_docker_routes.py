@@ -42,7 +42,25 @@ def test_paths_dockerd_does_not_route(target: bytes) -> None:
 def test_escaped_id() -> None:
     """The container reference is read percent-decoded, as dockerd reads the path."""
     assert Route(Action.START, "abc") == route(b"POST", b"/v1.41.0/containers/%61bc/start")
-    assert route(b"POST", b"/containers/a%2Fb/start") is None
+    assert Route(Action.START, "a/b") == route(b"POST", b"/containers/a%2Fb/start")
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "expected"),
+    [
+        (b"POST", b"/containers/web/db/start", Route(Action.START, "web/db")),
+        (b"POST", b"/v1.41/containers/a/stop/update", Route(Action.UPDATE, "a/stop")),
+        (b"DELETE", b"/containers/web/db", Route(Action.REMOVE, "web/db")),
+        (b"DELETE", b"/containers/json", Route(Action.REMOVE, "json")),
+        (b"POST", b"/containers/a//start", None),
+        (b"POST", b"/containers/./a/start", None),
+        (b"DELETE", b"/containers/a/../b", None),
+    ],
+)
+def test_references_as_dockerd_routes_them(method: bytes, target: bytes, expected: Route | None) -> None:
+    """A reference is whatever dockerd's ``{name:.*}`` takes, ``/`` included (a legacy link's alias is a
+    name); a path dockerd would clean (and redirect) is not intercepted."""
+    assert expected == route(method, target)
 
 
 def test_name_of_an_origin_form_target() -> None:
