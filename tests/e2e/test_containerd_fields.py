@@ -7,6 +7,7 @@ answers each spelling through krproxy as it answers it straight (docs/security.m
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -62,7 +63,8 @@ UPDATES: dict[str, bytes] = {
     "linux as a varint, then linux": _int(2, 5) + _bytes(2, _int(QUOTA, 40_000)),
     "windows beside linux": _bytes(2, _int(QUOTA, 30_000)) + _bytes(3, _int(4, 256 * MiB) + _int(1, 9)),
     "unified key twice": _bytes(
-        2, _bytes(UNIFIED, _entry("memory.high", "1000000")) + _bytes(UNIFIED, _entry("memory.high", "2000000"))
+        2,
+        _bytes(UNIFIED, _entry("memory.high", "1000000")) + _bytes(UNIFIED, _entry("memory.high", "2000000")),
     ),
     "unified in two linux": _bytes(2, _bytes(UNIFIED, _entry("pids.max", "10")))
     + _bytes(2, _bytes(UNIFIED, _entry("memory.high", "3000000"))),
@@ -98,7 +100,9 @@ def test_an_update_spelt_oddly_acts_on_what_the_hook_was_shown(
         got: dict[str, Any] = {}
         for way, cri in (("krproxy", via_proxy), ("direct", direct)):
             cid = create_container(via_proxy, pod_id, pod, container_config(containerd.busybox, way))
-            answer = outcome(lambda cri=cri, cid=cid: cri.raw(path, _bytes(1, cid.encode()) + UPDATES[spelling]))
+            answer = outcome(
+                lambda cri=cri, cid=cid: cri.raw(path, _bytes(1, cid.encode()) + UPDATES[spelling])
+            )
             got[way] = answer[0] if isinstance(answer, tuple) else _status(direct, cid)
         shown = [_shown(request) for request in plugin.requests("PreUpdateContainerResources")]
         print(f"\n{containerd.version} {spelling!r}: {got} shown {shown}")
@@ -107,3 +111,151 @@ def test_an_update_spelt_oddly_acts_on_what_the_hook_was_shown(
             assert [got["krproxy"]] == shown
         else:
             assert isinstance(got["krproxy"], grpc.StatusCode)
+
+
+def _create_status(direct: Cri, cid: str) -> dict[str, Any]:
+    """What containerd recorded of a created container: its pod, name, resources, cgroup path."""
+    reply = direct.runtime.ContainerStatus(
+        pb.ContainerStatusRequest(container_id=cid, verbose=True), timeout=TIMEOUT
+    )
+    listed = direct.runtime.ListContainers(
+        pb.ListContainersRequest(filter=pb.ContainerFilter(id=cid)), timeout=TIMEOUT
+    ).containers
+    info = json.loads(reply.info["info"])
+    return {
+        "pod": listed[0].pod_sandbox_id,
+        "name": reply.status.metadata.name,
+        "quota": reply.status.resources.linux.cpu_quota,
+        "shares": reply.status.resources.linux.cpu_shares,
+        "cgroup_parent": info["runtimeSpec"]["linux"]["cgroupsPath"].rsplit("/", 1)[0],
+    }
+
+
+def test_a_create_spelt_oddly_acts_on_what_the_hook_was_shown(
+    containerd: Containerd, via_proxy: Cri, direct: Cri, plugins: Callable[..., Plugin]
+) -> None:
+    """CreateContainer spellings (``pod_sandbox_id`` twice naming two pods, the config's metadata or
+    resources sent again, the sandbox config's cgroup parent sent again), through krproxy and straight:
+    containerd creates the container in the pod, under the name and cgroup parent and with the resources
+    the PreCreateContainer hook was shown, and the same straight."""
+    plugin = plugins("observer", hooks=["PreCreateContainer"])
+    path = "/runtime.v1.RuntimeService/CreateContainer"
+    with cleanup(direct) as pods:
+        first = pod_config(containerd.cgroup_parent, "first")
+        second = pod_config(containerd.cgroup_parent, "second")
+        first_id, second_id = run_pod(via_proxy, first, pods), run_pod(via_proxy, second, pods)
+        elsewhere = f"/{containerd.cgroup_parent}/elsewhere"
+        spellings = {
+            "pod_sandbox_id twice": lambda config: (
+                _bytes(1, first_id.encode())
+                + _bytes(2, config.SerializeToString())
+                + _bytes(3, second.SerializeToString())
+                + _bytes(1, second_id.encode())
+            ),
+            "metadata sent again": lambda config: (
+                pb.CreateContainerRequest(
+                    pod_sandbox_id=second_id, config=config, sandbox_config=second
+                ).SerializeToString()
+                + _bytes(2, _bytes(1, _bytes(1, config.metadata.name.encode() + b"-renamed")))
+            ),
+            "resources in two parts": lambda config: (
+                pb.CreateContainerRequest(
+                    pod_sandbox_id=second_id, config=config, sandbox_config=second
+                ).SerializeToString()
+                + _bytes(2, _bytes(15, _bytes(1, _int(QUOTA, 30_000))))
+                + _bytes(2, _bytes(15, _bytes(1, _int(SHARES, 300))))
+            ),
+            "cgroup parent sent again": lambda config: (
+                pb.CreateContainerRequest(
+                    pod_sandbox_id=second_id, config=config, sandbox_config=second
+                ).SerializeToString()
+                + _bytes(3, _bytes(8, _bytes(1, elsewhere.encode())))
+            ),
+        }
+        for n, (spelling, build) in enumerate(spellings.items()):
+            got: dict[str, Any] = {}
+            for way, cri in (("krproxy", via_proxy), ("direct", direct)):
+                plugin.forget()
+                config = container_config(containerd.busybox, f"c{n}-{way}")
+                answer = outcome(lambda cri=cri, config=config, build=build: cri.raw(path, build(config)))
+                if isinstance(answer, tuple):
+                    got[way] = answer[0]
+                    continue
+                cid = pb.CreateContainerResponse.FromString(answer).container_id
+                got[way] = _create_status(direct, cid)
+                if way == "krproxy":
+                    [shown] = plugin.requests("PreCreateContainer")
+                    seen = {
+                        "pod": {first.metadata.name: first_id, second.metadata.name: second_id}[
+                            shown["pod_meta"]["name"]
+                        ],
+                        "name": shown["container_meta"]["name"],
+                        "quota": shown["container_resources"]["cpu_quota"],
+                        "shares": shown["container_resources"]["cpu_shares"],
+                        "cgroup_parent": shown["pod_cgroup_parent"],
+                    }
+                    assert seen == got[way], spelling
+            print(f"\n{containerd.version} {spelling!r}: {got}")
+            for each in got.values():
+                if isinstance(each, dict):
+                    each["name"] = each["name"].replace("-krproxy", "").replace("-direct", "")
+            assert got["direct"] == got["krproxy"], spelling
+
+
+def test_a_pod_spelt_oddly_is_run_as_the_hook_was_shown(
+    containerd: Containerd, via_proxy: Cri, direct: Cri, plugins: Callable[..., Plugin]
+) -> None:
+    """RunPodSandbox spellings (the config's metadata, a label and the cgroup parent sent again), through
+    krproxy and straight: containerd records the pod with the name, labels and cgroup parent the
+    PreRunPodSandbox hook was shown, and the same straight."""
+    plugin = plugins("observer", hooks=["PreRunPodSandbox"])
+    path = "/runtime.v1.RuntimeService/RunPodSandbox"
+    spellings: dict[str, Callable[[Any], bytes]] = {
+        "metadata name sent again": lambda pod: _bytes(
+            1, _bytes(1, _bytes(1, pod.metadata.name.encode() + b"-2"))
+        ),
+        "a label sent again": lambda pod: _bytes(1, _bytes(6, _entry("app", "second"))),
+        "cgroup parent sent again": lambda pod: _bytes(
+            1, _bytes(8, _bytes(1, pod.linux.cgroup_parent.encode() + b"-again"))
+        ),
+    }
+    with cleanup(direct) as pods:
+        for spelling, extra in spellings.items():
+            got: dict[str, Any] = {}
+            for way, cri in (("krproxy", via_proxy), ("direct", direct)):
+                plugin.forget()
+                pod = pod_config(containerd.cgroup_parent, way)
+                pod.labels["app"] = "first"
+                answer = outcome(
+                    lambda cri=cri, pod=pod, extra=extra: cri.raw(
+                        path, pb.RunPodSandboxRequest(config=pod).SerializeToString() + extra(pod)
+                    )
+                )
+                if isinstance(answer, tuple):
+                    got[way] = answer[0]
+                    continue
+                pod_id = pb.RunPodSandboxResponse.FromString(answer).pod_sandbox_id
+                pods.append(pod_id)
+                reply = direct.runtime.PodSandboxStatus(
+                    pb.PodSandboxStatusRequest(pod_sandbox_id=pod_id, verbose=True), timeout=TIMEOUT
+                )
+                info = json.loads(reply.info["info"])
+                got[way] = {
+                    "name": reply.status.metadata.name.replace(pod.metadata.uid, "UID"),
+                    "app": reply.status.labels["app"],
+                    "cgroup_parent": info["config"]["linux"]["cgroup_parent"].replace(
+                        pod.metadata.uid, "UID"
+                    ),
+                }
+                if way == "krproxy":
+                    [shown] = plugin.requests("PreRunPodSandbox")
+                    assert {
+                        "name": shown["pod_meta"]["name"].replace(pod.metadata.uid, "UID"),
+                        "app": shown["labels"]["app"],
+                        "cgroup_parent": shown["cgroup_parent"].replace(pod.metadata.uid, "UID"),
+                    } == got[way], spelling
+            print(f"\n{containerd.version} {spelling!r}: {got}")
+            for each in got.values():
+                if isinstance(each, dict):
+                    each["name"] = each["name"].replace("krproxy", "WAY").replace("direct", "WAY")
+            assert got["direct"] == got["krproxy"], spelling
