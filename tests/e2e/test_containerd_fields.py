@@ -125,6 +125,7 @@ def _create_status(direct: Cri, cid: str) -> dict[str, Any]:
     return {
         "pod": listed[0].pod_sandbox_id,
         "name": reply.status.metadata.name,
+        "attempt": reply.status.metadata.attempt,
         "quota": reply.status.resources.linux.cpu_quota,
         "shares": reply.status.resources.linux.cpu_shares,
         "cgroup_parent": info["runtimeSpec"]["linux"]["cgroupsPath"].rsplit("/", 1)[0],
@@ -165,6 +166,18 @@ def test_a_create_spelt_oddly_acts_on_what_the_hook_was_shown(
                 + _bytes(2, _bytes(15, _bytes(1, _int(QUOTA, 30_000))))
                 + _bytes(2, _bytes(15, _bytes(1, _int(SHARES, 300))))
             ),
+            "attempt past 32 bits": lambda config: (
+                pb.CreateContainerRequest(
+                    pod_sandbox_id=second_id, config=config, sandbox_config=second
+                ).SerializeToString()
+                + _bytes(2, _bytes(1, _int(2, 2**32 + 3)))
+            ),
+            "attempt -1": lambda config: (
+                pb.CreateContainerRequest(
+                    pod_sandbox_id=second_id, config=config, sandbox_config=second
+                ).SerializeToString()
+                + _bytes(2, _bytes(1, _int(2, -1)))
+            ),
             "cgroup parent sent again": lambda config: (
                 pb.CreateContainerRequest(
                     pod_sandbox_id=second_id, config=config, sandbox_config=second
@@ -190,6 +203,7 @@ def test_a_create_spelt_oddly_acts_on_what_the_hook_was_shown(
                             shown["pod_meta"]["name"]
                         ],
                         "name": shown["container_meta"]["name"],
+                        "attempt": shown["container_meta"]["attempt"],
                         "quota": shown["container_resources"]["cpu_quota"],
                         "shares": shown["container_resources"]["cpu_shares"],
                         "cgroup_parent": shown["pod_cgroup_parent"],
@@ -214,6 +228,7 @@ def test_a_pod_spelt_oddly_is_run_as_the_hook_was_shown(
         "metadata name sent again": lambda pod: _bytes(
             1, _bytes(1, _bytes(1, pod.metadata.name.encode() + b"-2"))
         ),
+        "attempt past 32 bits": lambda pod: _bytes(1, _bytes(1, _int(4, 2**32 + 2))),
         "a label sent again": lambda pod: _bytes(1, _bytes(6, _entry("app", "second"))),
         "cgroup parent sent again": lambda pod: _bytes(
             1, _bytes(8, _bytes(1, pod.linux.cgroup_parent.encode() + b"-again"))
@@ -242,6 +257,7 @@ def test_a_pod_spelt_oddly_is_run_as_the_hook_was_shown(
                 info = json.loads(reply.info["info"])
                 got[way] = {
                     "name": reply.status.metadata.name.replace(pod.metadata.uid, "UID"),
+                    "attempt": reply.status.metadata.attempt,
                     "app": reply.status.labels["app"],
                     "cgroup_parent": info["config"]["linux"]["cgroup_parent"].replace(
                         pod.metadata.uid, "UID"
@@ -251,6 +267,7 @@ def test_a_pod_spelt_oddly_is_run_as_the_hook_was_shown(
                     [shown] = plugin.requests("PreRunPodSandbox")
                     assert {
                         "name": shown["pod_meta"]["name"].replace(pod.metadata.uid, "UID"),
+                        "attempt": shown["pod_meta"]["attempt"],
                         "app": shown["labels"]["app"],
                         "cgroup_parent": shown["cgroup_parent"].replace(pod.metadata.uid, "UID"),
                     } == got[way], spelling
