@@ -3,8 +3,8 @@
 Three places need it: a registration file, which koord-runtime-proxy unmarshals into its
 ``RuntimeHookConfig`` (:mod:`krproxy.hooks.registration`); a Docker API body, which dockerd decodes
 into its structs (:mod:`krproxy.docker`); Koordinator's resource-status annotation, which koordlet
-reads beside the SDK's cpuset policy (:mod:`krproxy.hookserver.policies.cpuset`). Python's ``json`` and Go's differ where it matters
-to them:
+reads beside the SDK's cpuset policy (:mod:`krproxy.hookserver.policies.cpuset`). Python's ``json``
+and Go's differ where it matters to them:
 
 - Go matches an object's key to a struct field by Unicode simple folding (``Failure-Policy``,
   ``FAILURE-POLICY`` and ``failure-poliſy``-like spellings are the field), and decodes every key that

@@ -8,10 +8,10 @@ A file registers one hook server (plugin). Keys (koord-runtime-proxy's, plus two
     unusable, with a warning: each call to it fails, and its failure-policy says what the CRI call does,
     as koord-runtime-proxy's failed dial does (:attr:`PluginRegistration.unusable`).
 ``failure-policy``
-    ``Fail`` or ``Ignore`` (the value case-sensitive); absent, ``null`` or ``""`` means Ignore. *Stricter than the
-    reference*, which treats every unknown string as Ignore: a typo such as ``"fail"`` must not turn a Fail
-    plugin into an Ignore one, so an unknown string is read as Fail, with a warning. (Refusing the file
-    would be worse than either: its plugin never called at all.)
+    ``Fail`` or ``Ignore`` (the value case-sensitive); absent, ``null`` or ``""`` means Ignore. *Stricter
+    than the reference*, which treats every unknown string as Ignore: a typo such as ``"fail"`` must not
+    turn a Fail plugin into an Ignore one, so an unknown string is read as Fail, with a warning. (Refusing
+    the file would be worse than either: its plugin never called at all.)
 ``runtime-hooks``
     Hook names (:class:`~krproxy.hooks.points.HookPoint` values). A name koordlet knows but no proxy calls
     (``PreRemoveRunPodSandbox``, see :data:`~krproxy.hooks.points.UNSUPPORTED_HOOK_NAMES`) is accepted with a
