@@ -286,3 +286,25 @@ def _skip(data: bytes, pos: int, wire_type: int, number: int) -> int:
     if end > len(data):
         raise protowire.DecodeError(f"field {number}: truncated")
     return end
+
+
+def same_pod(sandbox_id: str, pod: Any, meta: Any) -> None:
+    """Refuse a CreateContainer whose ``sandbox_config`` (*meta*: its metadata) names another pod than the
+    stored sandbox it goes into (*pod*): containerd writes the request's pod name and namespace into the
+    container's OCI spec (``io.kubernetes.cri.sandbox-name``, ``-namespace``), while the hooks are shown the
+    stored pod. kubelet sends the sandbox's own config (a pod's name, namespace and uid never
+    change). A config naming no pod at all (no metadata: tests, hand-made calls) is let through: containerd
+    writes empty names then, which pass for no other pod.
+
+    Raises:
+        GRPCError: INVALID_ARGUMENT, naming both pods.
+    """
+    name, namespace, uid = meta.name, meta.namespace, meta.uid
+    if (name == pod.name and namespace == pod.namespace and uid == pod.uid) or not (name or namespace or uid):
+        return
+    raise GRPCError(
+        Status.INVALID_ARGUMENT,
+        f"CreateContainer for pod sandbox {sandbox_id} ({pod.namespace}/{pod.name}, uid {pod.uid!r}) carries"
+        f" the sandbox_config of {meta.namespace}/{meta.name} (uid {meta.uid!r}): send the config the pod"
+        " sandbox was run with",
+    )

@@ -70,7 +70,15 @@ from krproxy import log, protowire
 from krproxy.forward import CallForward, Forward, Handler, Interceptor, Reply, Watch, runtime_interceptors
 from krproxy.grpcstatus import GRPCError, Status
 from krproxy.hooks import convert, idprefix, merge, restore, rewrite, watched, writeback
-from krproxy.hooks._reading import decode, decode_id, decode_request, malformed, reply_field, with_id
+from krproxy.hooks._reading import (
+    decode,
+    decode_id,
+    decode_request,
+    malformed,
+    reply_field,
+    same_pod,
+    with_id,
+)
 from krproxy.hooks.dispatch import Dispatcher
 from krproxy.hooks.forwarding import forward_then, forward_then_forget
 from krproxy.hooks.guard import Guard
@@ -279,6 +287,8 @@ class HookRuntime:
                 # Better than the reference (which skips hooks): the request carries the pod's config.
                 self.missing("pod", request.pod_sandbox_id, HookPoint.PRE_CREATE_CONTAINER)
                 pod = convert.pod_from_wire_config(request.sandbox_config)
+            else:
+                same_pod(request.pod_sandbox_id, pod, request.sandbox_config.metadata)
             info = convert.container_from_wire_create(request, pod)
         point = HookPoint.PRE_CREATE_CONTAINER
         info, data = await self.pre_hooks(

@@ -278,19 +278,15 @@ def test_a_pod_spelt_oddly_is_run_as_the_hook_was_shown(
             assert got["direct"] == got["krproxy"], spelling
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="containerd writes the container's sandbox-name and sandbox-namespace spec annotations from the"
-    " request's sandbox_config, krproxy shows the hook the stored pod's metadata: not fixed yet",
-)
 def test_a_create_names_its_pod_in_the_spec_as_the_hook_was_shown(
     containerd: Containerd, via_proxy: Cri, direct: Cri, plugins: Callable[..., Plugin]
 ) -> None:
     """A CreateContainer for a stored pod whose sandbox_config carries another pod's name and namespace:
     containerd 1.6, 1.7 and 2.1 create the container in the pod the id names and write the sandbox name
     and namespace of the request into its OCI spec's annotations (``io.kubernetes.cri.sandbox-name``,
-    ``-namespace``), while the PreCreateContainer hook is shown the stored pod's. Through krproxy the
-    call is refused (INVALID_ARGUMENT), or the spec says what the hook was shown."""
+    ``-namespace``; printed), while the PreCreateContainer hook would be shown the stored pod's. Through
+    krproxy the call is refused INVALID_ARGUMENT before any hook runs, and the pod's own config is created
+    with the spec naming the pod the hook was shown."""
     plugin = plugins("observer", hooks=["PreCreateContainer"])
     with cleanup(direct) as pods:
         pod = pod_config(containerd.cgroup_parent, "real")
@@ -298,18 +294,37 @@ def test_a_create_names_its_pod_in_the_spec_as_the_hook_was_shown(
         other = pb.PodSandboxConfig()
         other.CopyFrom(pod)
         other.metadata.name, other.metadata.namespace = "someone-else", "elsewhere"
-        request = pb.CreateContainerRequest(
-            pod_sandbox_id=pod_id, config=container_config(containerd.busybox), sandbox_config=other
-        )
-        got = outcome(lambda: via_proxy.runtime.CreateContainer(request, timeout=TIMEOUT))
-        if isinstance(got, tuple):
-            assert grpc.StatusCode.INVALID_ARGUMENT == got[0], got
-            return
-        reply = direct.runtime.ContainerStatus(
-            pb.ContainerStatusRequest(container_id=got.container_id, verbose=True), timeout=TIMEOUT
-        )
-        notes = json.loads(reply.info["info"])["runtimeSpec"]["annotations"]
-        [shown] = plugin.requests("PreCreateContainer")
-        recorded = (notes["io.kubernetes.cri.sandbox-name"], notes["io.kubernetes.cri.sandbox-namespace"])
-        print(f"\n{containerd.version}: spec {recorded}, hook shown {shown['pod_meta']}")
-        assert (shown["pod_meta"]["name"], shown["pod_meta"]["namespace"]) == recorded
+        spec: dict[str, Any] = {}
+        for way, cri, config in (
+            ("direct", direct, other),
+            ("krproxy", via_proxy, other),
+            ("own", via_proxy, pod),
+        ):
+            plugin.forget()
+            request = pb.CreateContainerRequest(
+                pod_sandbox_id=pod_id,
+                config=container_config(containerd.busybox, f"c-{way}"),
+                sandbox_config=config,
+            )
+            got = outcome(
+                lambda cri=cri, request=request: cri.runtime.CreateContainer(request, timeout=TIMEOUT)
+            )
+            if isinstance(got, tuple):
+                spec[way] = got[0]
+                assert [] == plugin.requests("PreCreateContainer"), way  # refused before the hooks
+                continue
+            reply = direct.runtime.ContainerStatus(
+                pb.ContainerStatusRequest(container_id=got.container_id, verbose=True), timeout=TIMEOUT
+            )
+            notes = json.loads(reply.info["info"])["runtimeSpec"]["annotations"]
+            spec[way] = (
+                notes["io.kubernetes.cri.sandbox-name"],
+                notes["io.kubernetes.cri.sandbox-namespace"],
+            )
+            if way == "own":
+                [shown] = plugin.requests("PreCreateContainer")
+                assert (shown["pod_meta"]["name"], shown["pod_meta"]["namespace"]) == spec[way]
+        print(f"\n{containerd.version}: {spec}")
+        assert ("someone-else", "elsewhere") == spec["direct"]
+        assert grpc.StatusCode.INVALID_ARGUMENT == spec["krproxy"]
+        assert (pod.metadata.name, pod.metadata.namespace) == spec["own"]

@@ -54,8 +54,15 @@ def by_id(node: Node, method: str, ident: str) -> Any:
         return api_pb2.UpdatePodSandboxResourcesRequest(
             pod_sandbox_id=ident, resources=api_pb2.LinuxContainerResources(cpu_shares=512)
         )
-    if method == "CreateContainer":
-        return node.create_request(ident, container_config("by-pod-id"))
+    if method == "CreateContainer":  # with its pod's own config, as kubelet sends it (the pod named in full)
+        request = node.create_request(ident, container_config("by-pod-id"))
+        named = [p for i, p in node.fake.state.sandboxes.items() if ident and i.startswith(ident)]
+        if len(named) == 1:  # (an empty or ambiguous id names none)
+            pod = named[0]
+            request.sandbox_config.metadata.CopyFrom(
+                api_pb2.PodSandboxMetadata(name=pod.name, uid=pod.uid, namespace=pod.namespace)
+            )
+        return request
     raise AssertionError(method)
 
 
