@@ -203,6 +203,8 @@ class DockerHooks:
             if route.action is Action.START:
                 _no_start_config(request)
                 return await self._start(await self._resolve(route.container), forward)
+            if route.action is Action.RESTART:  # (dockerd reads no body): the container starts again
+                return await self._start(await self._resolve(route.container), forward)
             if route.action is Action.STOP:
                 return await self._stop(await self._resolve(route.container), forward)
             if route.action is Action.UPDATE:

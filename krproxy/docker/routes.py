@@ -5,6 +5,7 @@ request (optional ``/vX.Y`` prefix)    hook points
 =====================================  =====================================================
 ``POST /containers/create``            PreRunPodSandbox (sandbox) or PreCreateContainer
 ``POST /containers/{ref}/start``       PreStartContainer, PostStartContainer
+``POST /containers/{ref}/restart``     PreStartContainer, PostStartContainer (the container starts again)
 ``POST /containers/{ref}/stop``        PostStopContainer or PostStopPodSandbox
 ``POST /containers/{ref}/update``      PreUpdateContainerResources
 ``DELETE /containers/{ref}``           none: the store forgets the container (or the pod and its
@@ -34,6 +35,7 @@ class Action(enum.Enum):
 
     CREATE = "create"
     START = "start"
+    RESTART = "restart"
     STOP = "stop"
     UPDATE = "update"
     REMOVE = "remove"
@@ -53,9 +55,9 @@ _VERSION = r"(?:/v[0-9.]+)?"
 _CREATE = re.compile(rf"^{_VERSION}/containers/create$")
 #: dockerd's routes take any reference, ``/`` included (``/containers/{name:.*}/start``, ``DELETE
 #: /containers/{name:.*}``): a legacy link's alias ``web/db`` is a container's name.
-_ACTION = re.compile(rf"^{_VERSION}/containers/(.+)/(start|stop|update)$")
+_ACTION = re.compile(rf"^{_VERSION}/containers/(.+)/(start|restart|stop|update)$")
 _REMOVE = re.compile(rf"^{_VERSION}/containers/(.+)$")
-_ACTIONS = {"start": Action.START, "stop": Action.STOP, "update": Action.UPDATE}
+_ACTIONS = {"start": Action.START, "restart": Action.RESTART, "stop": Action.STOP, "update": Action.UPDATE}
 
 
 def _split(target: bytes) -> tuple[str, str]:

@@ -386,6 +386,30 @@ class TestPathReading:
         log = (node.root / "plugin.log").read_text(errors="replace")
         assert 2 == log.count("hook=PreStartContainer "), log[-2000:]
 
+    def test_restart_is_hooked_as_a_start(self, node: Node) -> None:
+        """dockerd's restart starts a container again (a running one stopped first): through krproxy it runs
+        PreStartContainer and PostStartContainer for the stored container, as a start does, and the container
+        keeps its entry (a second restart is hooked too)."""
+        node.start_plugin("--log-level=DEBUG")
+        node.start_proxy()
+        name = "k8s_r_web_prod_uid-web_0"
+        status, answer = post(node.proxy_sock, f"/containers/create?name={name}", APP_BODY + b"}")
+        assert 201 == status, answer
+        for target in (
+            f"/containers/{name}/start",
+            f"/containers/{name}/restart?t=0",
+            f"/v1.41/containers/{name}/restart",
+        ):
+            status, answer = post(node.proxy_sock, target, b"")
+            assert 204 == status, (target, answer)
+        log = (node.root / "plugin.log").read_text(errors="replace")
+        assert (3, 3) == (log.count("hook=PreStartContainer "), log.count("hook=PostStartContainer ")), log[
+            -2000:
+        ]
+        assert (
+            "true" == node.docker("inspect", "--format", "{{.State.Running}}", name, via_proxy=False).strip()
+        )
+
     def test_a_reference_with_a_slash_is_routed(self, node: Node) -> None:
         """dockerd's start route takes any reference, ``/`` included (``{name:.*}``: a legacy link's alias
         ``web/db`` is a name): straight and through krproxy, a start of ``nosuch/name`` (sent as

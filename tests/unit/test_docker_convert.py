@@ -248,14 +248,15 @@ class TestRoutes:
             (b"POST", b"/v1.24/containers/abc/update", Route(Action.UPDATE, "abc")),
             (b"DELETE", b"/v1.41/containers/abc?force=1", Route(Action.REMOVE, "abc")),
             (b"GET", b"/containers/abc/start", None),
-            (b"POST", b"/containers/abc/restart", None),
+            (b"POST", b"/containers/abc/restart", Route(Action.RESTART, "abc")),
+            (b"POST", b"/containers/abc/kill?signal=HUP", None),
             (b"POST", b"/containers/abc/attach?stream=1", None),
             (b"POST", b"/exec/abc/start", None),
             (b"GET", b"/v1.41/containers/json?all=1", None),
         ],
     )
     def test_route(self, method: bytes, target: bytes, expected: Route | None) -> None:
-        """Only container create/start/stop/update (any API version) and DELETE are intercepted."""
+        """Only container create/start/restart/stop/update (any API version) and DELETE are intercepted."""
         assert expected == route(method, target)
 
     def test_query_value(self) -> None:

@@ -49,6 +49,8 @@ def test_escaped_id() -> None:
     ("method", "target", "expected"),
     [
         (b"POST", b"/containers/web/db/start", Route(Action.START, "web/db")),
+        (b"POST", b"/v1.41/containers/web/restart?t=0", Route(Action.RESTART, "web")),
+        (b"POST", b"/containers/%72estart/restart", Route(Action.RESTART, "restart")),
         (b"POST", b"/v1.41/containers/a/stop/update", Route(Action.UPDATE, "a/stop")),
         (b"DELETE", b"/containers/web/db", Route(Action.REMOVE, "web/db")),
         (b"DELETE", b"/containers/json", Route(Action.REMOVE, "json")),
