@@ -38,6 +38,24 @@ async def test_another_pod_s_config_is_refused(node: Node, field: str) -> None:
     assert [] == plugin.requests(HookPoint.PRE_CREATE_CONTAINER)
 
 
+@pytest.mark.parametrize("skipped", [False, True])
+async def test_refused_with_no_hook_to_run(node: Node, skipped: bool) -> None:
+    """With no hook server for PreCreateContainer, or a pod that skips hooks (the creates krproxy forwards
+    as a watched call, without its interceptor), another pod's config is refused as well: the store would
+    keep the container under the pod its later hooks are shown."""
+    if skipped:
+        await node.add_plugin("limits", hooks=[HookPoint.PRE_CREATE_CONTAINER])
+    await node.start_proxy()
+    labels = {"runtimeproxy.koordinator.sh/skip-hookserver": "true"} if skipped else None
+    pod_id = await node.run_pod(pod_config("web", labels=labels))
+    request = node.create_request(pod_id, container_config("app"))
+    request.sandbox_config.metadata.name = "other"
+
+    details = await refused(node, "CreateContainer", request, grpc.StatusCode.INVALID_ARGUMENT)
+
+    assert "carries the sandbox_config of prod/other" in details, details
+
+
 async def test_own_or_no_config_goes_on(node: Node) -> None:
     """The sandbox's own config (another attempt, other labels: only the pod's identity counts) and a config
     with no metadata are hooked and forwarded."""
