@@ -210,18 +210,22 @@ class EventHandlers:
         point: HookPoint,
         target: str,
         fields: tuple[str, ...] | list[str],
-        reason: str = "NRI cannot make these changes at this event",
+        reason: str | None = None,
     ) -> None:
+        """Count and log changes not applied: one warning per reason (``reason``, else each field's
+        :func:`~krproxy.nri.convert.why_not_applied`)."""
+        by_reason: dict[str, list[str]] = {}
         for field in fields:
             self.metrics.nri_not_applied.labels(point.value, field.split("[")[0]).inc()
-        if fields:
+            by_reason.setdefault(reason or nri_convert.why_not_applied(field), []).append(field)
+        for why, named in by_reason.items():
             log.warning(
                 LOGGER,
                 "nri_change_not_applied",
                 hook=point.value,
                 target=target,
-                fields=",".join(fields),
-                reason=reason,
+                fields=",".join(named),
+                reason=why,
             )
 
     def _not_applied_by_runtime(self, point: HookPoint, target: str, adjust: api.ContainerAdjustment) -> None:

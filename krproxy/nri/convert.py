@@ -17,6 +17,19 @@ the ``not_applied`` part of each result (the caller logs it and counts it): a po
 cgroup parent (the pod exists by the time NRI tells a plugin about it), a container's pod cgroup parent, a
 cpuset or unified key cleared (NRI only sets values), hugepage limits, annotations and ``oom_score_adj`` at an
 update, and ``oom_score_adj`` at creation with NRI 0.6.1.
+
+Some changes NRI would apply, but otherwise than the runtime applies the same answer in proxy mode; they
+are withheld and listed too, with why (:func:`why_not_applied`):
+
+* an env var or annotation whose name begins with ``-``: NRI reads that as its removal mark (``-FOO``
+  removes ``FOO``, from what the NRI plugins before set, and an annotation ``-x`` removes ``x`` from the
+  container's OCI spec), where proxy mode gives the container the name as written (measured on containerd
+  1.7.24 and 2.1.9);
+* the memory swap limit: NRI's spec generator (0.6.1 to 0.12, as read) sets the swap limit to the memory
+  limit whenever an adjustment sets one and never reads the adjustment's swap, and containerd drops an
+  update's swap (``LinuxResources.ToCRI``); proxy mode's swap lands in ``memory.memsw.limit_in_bytes``.
+  Sending it would only claim the field from other NRI plugins. A swap equal to a memory limit sent with
+  it is what NRI gives anyway, and is not listed.
 """
 
 from __future__ import annotations
@@ -31,6 +44,9 @@ from krproxy.nri.wire import entries
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
 __all__ = [
+    "CANNOT",
+    "REMOVAL_MARK",
+    "SWAP",
     "Adjusted",
     "adjustment",
     "container_from_nri",
@@ -39,7 +55,32 @@ __all__ = [
     "pod_from_nri",
     "resources_from_nri",
     "resources_update",
+    "why_not_applied",
 ]
+
+#: Why a change is not applied, unless :func:`why_not_applied` knows better.
+CANNOT = "NRI cannot make these changes at this event"
+#: Why a name beginning with ``-`` is withheld.
+REMOVAL_MARK = (
+    "NRI reads a name beginning with '-' as its removal mark (it would remove the name without the '-', "
+    "not set this one, as proxy mode does): rename the key in the hook server's answer"
+)
+#: Why a swap limit is withheld.
+SWAP = (
+    "NRI sets the memory swap limit to the memory limit and ignores a plugin's swap (containerd drops an "
+    "update's): use proxy mode for a swap limit of its own"
+)
+_SWAP_FIELD = "memory_swap_limit_in_bytes"
+
+
+def why_not_applied(field: str) -> str:
+    """Why the change named ``field`` (as :class:`Adjusted` and :func:`resources_update` name them) is not
+    applied: :data:`REMOVAL_MARK`, :data:`SWAP`, or :data:`CANNOT` for every other."""
+    if field.startswith(("env[-", "annotations[-")):
+        return REMOVAL_MARK
+    if field == _SWAP_FIELD:
+        return SWAP
+    return CANNOT
 
 
 def pod_from_nri(pod: Any | None) -> PodInfo:
@@ -121,14 +162,16 @@ def container_from_nri(pod: Any | None, container: Any | None) -> ContainerInfo:
 
 @attrs.frozen
 class Adjusted:
-    """What NRI will apply (``None``: nothing) and what it cannot, by field name."""
+    """What NRI will apply (``None``: nothing) and what it cannot or would apply otherwise than proxy mode,
+    by field name (:func:`why_not_applied` says why)."""
 
     adjust: api.ContainerAdjustment | None
     not_applied: tuple[str, ...] = ()
 
 
 def resources_update(before: Resources, after: Resources) -> tuple[api.LinuxResources | None, list[str]]:
-    """The fields of ``after`` that differ from ``before``, as NRI resources; and what NRI cannot set."""
+    """The fields of ``after`` that differ from ``before``, as NRI resources; and what NRI cannot set (a swap
+    limit: see the module)."""
     out = api.LinuxResources()
     cpu, memory = api.LinuxCpu(), api.LinuxMemory()
     parts = {"cpu": cpu, "memory": memory}
@@ -136,6 +179,11 @@ def resources_update(before: Resources, after: Resources) -> tuple[api.LinuxReso
     for field, part, name, wrapper in _NRI_SCALARS:
         new = getattr(after, field)
         if new == getattr(before, field):
+            continue
+        if field == _SWAP_FIELD:
+            limit = after.memory_limit_in_bytes
+            if new != limit or limit == before.memory_limit_in_bytes:  # else NRI's own swap is this one
+                not_applied.append(field)
             continue
         if wrapper is not None:
             setattr(parts[part], name, wrapper(value=new))
@@ -156,9 +204,20 @@ def resources_update(before: Resources, after: Resources) -> tuple[api.LinuxReso
     return (out if out != api.LinuxResources() else None), not_applied
 
 
-def _map_changes(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, str]:
-    """Set keys whose value changed; ``-key`` (NRI's removal mark) for keys that went away."""
-    changes = {key: value for key, value in after.items() if before.get(key) != value}
+def _map_changes(
+    name: str, before: Mapping[str, str], after: Mapping[str, str], not_applied: list[str]
+) -> dict[str, str]:
+    """Set keys whose value changed; ``-key`` (NRI's removal mark) for keys that went away. A changed key
+    that begins with ``-`` would read as a removal mark: it is listed in ``not_applied`` as
+    ``name[key]``, not sent."""
+    changes: dict[str, str] = {}
+    for key, value in after.items():
+        if before.get(key) == value:
+            continue
+        if key.startswith("-"):
+            not_applied.append(f"{name}[{key}]")
+        else:
+            changes[key] = value
     changes.update({f"-{key}": "" for key in before if key not in after})
     return changes
 
@@ -169,11 +228,12 @@ def adjustment(before: ContainerInfo, after: ContainerInfo, *, oom_score_adj: bo
     ``oom_score_adj``: whether the runtime's NRI has that adjustment field (0.8 does; 0.6.1, containerd 1.7's,
     does not and would drop it unseen): without it a changed ``oom_score_adj`` is listed as not applied.
     """
-    adjust = api.ContainerAdjustment(annotations=_map_changes(before.annotations, after.annotations))
-    adjust.env = [
-        api.KeyValue(key=key, value=value) for key, value in _map_changes(before.envs, after.envs).items()
-    ]
     not_applied: list[str] = []
+    adjust = api.ContainerAdjustment(
+        annotations=_map_changes("annotations", before.annotations, after.annotations, not_applied)
+    )
+    envs = _map_changes("env", before.envs, after.envs, not_applied)
+    adjust.env = [api.KeyValue(key=key, value=value) for key, value in envs.items()]
     if after.pod_cgroup_parent != before.pod_cgroup_parent:
         not_applied.append("pod_cgroup_parent")
     if after.resources is not None and before.resources is not None:

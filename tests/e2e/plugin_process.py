@@ -18,6 +18,9 @@ included) *before* answering, and once it listens writes its registration file i
 ``envs``
     ``{hook name: {NAME: value}}``: for container pre hooks, echo the request's envs with these
     added or overwritten.
+``annotations``
+    ``{hook name: {key: value}}``: for container pre hooks, echo the request's container annotations
+    with these added or overwritten.
 ``move_pods_to``
     a cgroup path prefix ``P``: PreRunPodSandbox answers ``cgroup_parent = P-<pod uid>``, and
     PreCreateContainer answers ``pod_cgroup_parent = P-<pod uid>`` (so the container follows).
@@ -150,8 +153,12 @@ class ScriptedPlugin:
         if hook == "PreCreateContainer" and message.pod_meta is not None:
             pod_cgroup_parent = self._moved(message.pod_meta.uid) or pod_cgroup_parent
         envs = {**message.container_envs, **self.config.get("envs", {}).get(hook, {})}
+        annotations = {
+            **message.container_annotations,
+            **self.config.get("annotations", {}).get(hook, {}),
+        }
         return hookapi.ContainerResourceHookResponse(
-            container_annotations=message.container_annotations,
+            container_annotations=annotations,
             container_resources=resources,
             pod_cgroup_parent=pod_cgroup_parent,
             container_envs=envs,

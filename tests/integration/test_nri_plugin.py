@@ -311,6 +311,37 @@ class TestCreate:
         assert "env[MODE] removed" == said["fields"]
         assert "passes no env var's removal on to the runtime" in said["reason"]
 
+    async def test_names_read_as_removal_marks_are_withheld(
+        self, node: Node, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        """A hook server's env var ``-MODE`` and annotation ``-io.kubernetes.container.hash`` would be NRI's
+        removal marks (the annotation gone from the container, where proxy mode adds one named so): neither
+        is sent, both are logged and counted with why, and the rest of the answer is applied."""
+        fake = await node.hook_server("h", [HookPoint.PRE_CREATE_CONTAINER])
+
+        def marked(request: Any) -> Any:
+            answer = echo_container(request)
+            answer.container_envs["-MODE"] = "1"
+            answer.container_envs["ADDED"] = "2"
+            answer.container_annotations["-io.kubernetes.container.hash"] = "v"
+            return answer
+
+        fake.answer(HookPoint.PRE_CREATE_CONTAINER, marked)
+        with caplog.at_level(logging.WARNING, "krproxy.nri"), trio.fail_after(LIMIT):
+            plugin = await node.start_krproxy()
+            await node.runtime.run_pod(pod())
+            created = await node.runtime.create_container(container())
+        assert ["PATH=/bin", "MODE=a", "ADDED=2"] == created.env
+        assert {"io.kubernetes.container.hash": "abc"} == created.annotations
+        counter = plugin.metrics.nri_not_applied
+        assert (1, 1) == (
+            counter.labels("PreCreateContainer", "env")._value.get(),
+            counter.labels("PreCreateContainer", "annotations")._value.get(),
+        )
+        [said] = [r.krproxy_fields for r in caplog.records if r.getMessage() == "nri_change_not_applied"]
+        assert "annotations[-io.kubernetes.container.hash],env[-MODE]" == said["fields"]
+        assert "removal mark" in said["reason"]
+
     async def test_fail_policy_fails_the_creation(self, node: Node) -> None:
         """A Fail hook server's error fails CreateContainer in the runtime, naming server and hook."""
         fake = await node.hook_server("strict", [HookPoint.PRE_CREATE_CONTAINER], policy="Fail")

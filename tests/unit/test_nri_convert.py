@@ -177,6 +177,52 @@ class TestAdjustment:
             )
         )
 
+    def test_names_read_as_removal_marks(self) -> None:
+        """An env var or annotation whose name begins with '-' (NRI's removal mark: it would remove ``MODE``
+        or ``h``, where proxy mode gives the container the name as written) is named, not sent."""
+        before = self.before()
+        after = attrs.evolve(
+            before,
+            annotations={**before.annotations, "-h": "v", "kept": "1"},
+            envs={**before.envs, "-MODE": "1"},
+        )
+        adjusted = convert.adjustment(before, after)
+        assert ("annotations[-h]", "env[-MODE]") == adjusted.not_applied
+        assert api.ContainerAdjustment(annotations={"kept": "1"}) == adjusted.adjust
+        assert {convert.REMOVAL_MARK} == {convert.why_not_applied(f) for f in adjusted.not_applied}
+
+    def test_swap_is_named(self) -> None:
+        """A swap limit of its own is named, not sent: NRI sets the swap limit to the memory limit."""
+        before = self.before()
+        assert before.resources is not None
+        after = attrs.evolve(
+            before, resources=attrs.evolve(before.resources, memory_swap_limit_in_bytes=3 << 30)
+        )
+        adjusted = convert.adjustment(before, after)
+        assert (None, ("memory_swap_limit_in_bytes",)) == (adjusted.adjust, adjusted.not_applied)
+        assert convert.SWAP == convert.why_not_applied("memory_swap_limit_in_bytes")
+
+    def test_swap_equal_to_a_new_limit(self) -> None:
+        """A swap equal to the memory limit sent with it is what NRI sets anyway: the limit is sent, nothing
+        named."""
+        before = self.before()
+        assert before.resources is not None
+        resources = attrs.evolve(
+            before.resources, memory_limit_in_bytes=4 << 30, memory_swap_limit_in_bytes=4 << 30
+        )
+        adjusted = convert.adjustment(before, attrs.evolve(before, resources=resources))
+        assert () == adjusted.not_applied
+        assert adjusted.adjust == api.ContainerAdjustment(
+            linux=api.LinuxContainerAdjustment(
+                resources=api.LinuxResources(memory=api.LinuxMemory(limit=api.OptionalInt64(value=4 << 30)))
+            )
+        )
+
+    def test_other_fields_cannot(self) -> None:
+        """Every other field not applied has the one reason: NRI cannot make it at this event."""
+        assert convert.CANNOT == convert.why_not_applied("pod_cgroup_parent")
+        assert convert.CANNOT == convert.why_not_applied("env[MODE]")
+
 
 class TestResourcesUpdate:
     def test_memory_and_quota(self) -> None:
@@ -194,10 +240,21 @@ class TestResourcesUpdate:
             == resources
         )
 
+    def test_swap_at_an_update(self) -> None:
+        """An update's swap is named, not sent: containerd drops it (``LinuxResources.ToCRI``)."""
+        before = Resources(memory_limit_in_bytes=1, memory_swap_limit_in_bytes=1)
+        resources, missing = convert.resources_update(
+            before, attrs.evolve(before, memory_swap_limit_in_bytes=9)
+        )
+        assert (None, ["memory_swap_limit_in_bytes"]) == (resources, missing)
+
     def test_every_scalar_it_writes_reads_back(self) -> None:
         """resources_update and resources_from_nri go by one table: every field set from nothing comes back
-        from NRI's resources as it was (oom_score_adj and hugepages are not NRI resources: left out)."""
-        after = attrs.evolve(FULL_RESOURCES, oom_score_adj=0, hugepage_limits=())
+        from NRI's resources as it was (oom_score_adj and hugepages are not NRI resources, and a swap limit
+        is not sent: left out)."""
+        after = attrs.evolve(
+            FULL_RESOURCES, oom_score_adj=0, hugepage_limits=(), memory_swap_limit_in_bytes=0
+        )
         resources, missing = convert.resources_update(Resources(), after)
         assert [] == missing and resources is not None
         assert after == convert.resources_from_nri(upb(resources))
