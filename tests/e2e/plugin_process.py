@@ -21,6 +21,9 @@ included) *before* answering, and once it listens writes its registration file i
 ``annotations``
     ``{hook name: {key: value}}``: for container pre hooks, echo the request's container annotations
     with these added or overwritten.
+``delay``
+    ``{hook name: seconds}``: wait this long before answering that hook (the call is recorded
+    first).
 ``move_pods_to``
     a cgroup path prefix ``P``: PreRunPodSandbox answers ``cgroup_parent = P-<pod uid>``, and
     PreCreateContainer answers ``pod_cgroup_parent = P-<pod uid>`` (so the container follows).
@@ -114,6 +117,9 @@ class ScriptedPlugin:
             reply = self._pod(point.value, hookapi.PodSandboxHookRequest.FromString(request))
         else:
             reply = self._container(point.value, hookapi.ContainerResourceHookRequest.FromString(request))
+        delay = self.config.get("delay", {}).get(point.value, 0)
+        if delay:
+            await trio.sleep(delay)
         return bytes(reply.SerializeToString())
 
     def _record(self, hook: str, message: betterproto2.Message) -> None:
