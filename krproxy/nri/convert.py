@@ -4,7 +4,9 @@ Pure and synchronous. NRI hands a plugin the pod and the container with every ev
 are built from the event itself (:func:`pod_from_nri`, :func:`container_from_nri`), as CRI mode builds them
 from the CRI request. The event's messages are upb messages (:mod:`krproxy.nri.wire`: decoded in
 microseconds where betterproto2 took milliseconds); an unset sub-message reads as an empty one, so an
-unset value reads as 0 or "". What the hook servers changed is then expressed the way NRI can apply it:
+unset value reads as 0 or "". A container's pod cgroup parent is the one containerd put it under (its
+``cgroups_path``), which need not be its pod's. What the hook servers changed is then expressed the way
+NRI can apply it:
 
 * at CreateContainer, a ``ContainerAdjustment`` (:func:`adjustment`): annotations and environment variables
   set or removed (NRI's ``-key`` marks a removal), resources and ``oom_score_adj`` set;
@@ -34,6 +36,7 @@ are withheld and listed too, with why (:func:`why_not_applied`):
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -49,6 +52,7 @@ __all__ = [
     "SWAP",
     "Adjusted",
     "adjustment",
+    "cgroup_parent_of",
     "container_from_nri",
     "envs_from_nri",
     "pod_changes",
@@ -141,9 +145,37 @@ def envs_from_nri(env: Iterable[str]) -> FrozenMap[str, str]:
     return FrozenMap(out)
 
 
+def cgroup_parent_of(cgroups_path: str, container_id: str) -> str | None:
+    """The cgroup parent containerd put a container under, from its OCI spec's ``cgroupsPath`` (NRI's
+    ``LinuxContainer.cgroups_path``), as containerd's ``getCgroupsPath`` writes it: ``PARENT/ID``
+    (cgroupfs) or ``SLICE:cri-containerd:ID`` (systemd, the parent's last slice only); None when it is
+    neither (or empty)."""
+    if ":" in cgroups_path:
+        parts = cgroups_path.split(":")
+        return parts[0] if len(parts) == 3 and parts[0] and parts[2] == container_id else None
+    parent, sep, name = cgroups_path.rpartition("/")
+    return (parent or "/") if sep and name == container_id else None
+
+
+def _container_cgroup_parent(pod_parent: str, cgroups_path: str, container_id: str) -> str:
+    """The pod cgroup parent a container hook is shown: where containerd put the container. That is the
+    CreateContainer request's ``sandbox_config`` cgroup parent, which containerd 1.7.24 and 2.1.9 take
+    even when it is not the pod's (another pod's config, the parent sent again): the pod's own when the
+    container's ``cgroupsPath`` names the same cgroup (or names none)."""
+    parent = cgroup_parent_of(cgroups_path, container_id)
+    if parent is None:
+        return pod_parent
+    if ":" in cgroups_path:  # a slice name: the same cgroup as a pod parent ending in that slice
+        same = parent == posixpath.basename(pod_parent.rstrip("/"))
+    else:
+        same = parent == (posixpath.normpath(pod_parent) if pod_parent else "")
+    return pod_parent if same else parent
+
+
 def container_from_nri(pod: Any | None, container: Any | None) -> ContainerInfo:
-    """The container (upb ``PodSandbox`` and ``Container``) as the hook core sees it, with its pod. NRI has no
-    attempt counter: ``attempt`` stays 0."""
+    """The container (upb ``PodSandbox`` and ``Container``) as the hook core sees it, with its pod, and as
+    the pod cgroup parent the one containerd put it under (:func:`cgroup_parent_of`). NRI has no attempt
+    counter: ``attempt`` stays 0."""
     pod_info = pod_from_nri(pod)
     if container is None:
         return ContainerInfo(pod=pod_info, pod_cgroup_parent=pod_info.cgroup_parent)
@@ -156,7 +188,7 @@ def container_from_nri(pod: Any | None, container: Any | None) -> ContainerInfo:
         annotations=entries(container.annotations),
         resources=resources_from_nri(linux.resources, linux.oom_score_adj),
         envs=envs_from_nri(container.env),
-        pod_cgroup_parent=pod_info.cgroup_parent,
+        pod_cgroup_parent=_container_cgroup_parent(pod_info.cgroup_parent, linux.cgroups_path, container.id),
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import pytest
 
 from krproxy.hooks.model import ContainerInfo, PodInfo, Resources
 from krproxy.nri import convert, wire
@@ -109,6 +110,46 @@ class TestFromNri:
         assert PodInfo() == convert.pod_from_nri(None)
         info = convert.container_from_nri(upb(api.PodSandbox()), upb(api.Container(id="c")))
         assert (Resources(), {}) == (info.resources, info.envs)
+
+
+class TestPodCgroupParent:
+    """A container hook is shown the cgroup parent containerd put the container under (its spec's
+    cgroupsPath, NRI's ``cgroups_path``), which is the CreateContainer request's sandbox config's and may
+    not be its pod's."""
+
+    @staticmethod
+    def shown(pod_parent: str, cgroups_path: str) -> str:
+        pod = upb(api.PodSandbox(id="p1", linux=api.LinuxPodSandbox(cgroup_parent=pod_parent)))
+        container = upb(api.Container(id="c1", linux=api.LinuxContainer(cgroups_path=cgroups_path)))
+        return convert.container_from_nri(pod, container).pod_cgroup_parent
+
+    @pytest.mark.parametrize(
+        ("pod_parent", "cgroups_path", "shown"),
+        [
+            ("/kubepods/pod-u1", "/kubepods/pod-u1/c1", "/kubepods/pod-u1"),
+            ("/kubepods/pod-u1/", "/kubepods/pod-u1/c1", "/kubepods/pod-u1/"),
+            ("/kubepods/pod-u1", "/kubepods/elsewhere/c1", "/kubepods/elsewhere"),
+            ("/kubepods.slice/kubepods-pod1.slice", "kubepods-pod1.slice:cri-containerd:c1", None),
+            ("kubepods-pod1.slice", "kubepods-pod2.slice:cri-containerd:c1", "kubepods-pod2.slice"),
+            ("/kubepods/pod-u1", "", None),
+            ("/kubepods/pod-u1", "/kubepods/other/c2", None),
+            ("", "c1", ""),
+        ],
+        ids=[
+            "cgroupfs, the pod's",
+            "cgroupfs, the pod's with a slash",
+            "cgroupfs, elsewhere",
+            "systemd, the pod's slice",
+            "systemd, another slice",
+            "no cgroups path",
+            "another container's path",
+            "no parent",
+        ],
+    )
+    def test_shown(self, pod_parent: str, cgroups_path: str, shown: str | None) -> None:
+        """The parent of the container's cgroups path when it names another cgroup than the pod's parent;
+        the pod's parent (None here) when it names the same, or none."""
+        assert (pod_parent if shown is None else shown) == self.shown(pod_parent, cgroups_path)
 
 
 class TestAdjustment:

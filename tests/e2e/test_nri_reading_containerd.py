@@ -1,0 +1,123 @@
+"""CRI requests spelt oddly, sent straight to containerd while ``krproxy nri`` runs: the hook server is
+shown what containerd acts on.
+
+In NRI mode krproxy never reads kubelet's bytes: containerd decodes them (gogo protobuf or Go's), acts,
+and sends NRI its own record of the pod and container, written by Go's protobuf (each field once, a map
+key once). What a hook server is shown is that record, read by upb; each test compares it with what
+containerd recorded (ContainerStatus, its verbose ``runtimeSpec``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from cri_api.v1 import api_pb2 as pb
+
+from krproxy import protowire
+from tests.e2e.support import TIMEOUT, Containerd, Cri, container_config, outcome, pod_config, start_plugin
+from tests.e2e.test_containerd_hooks import cleanup, run_pod
+from tests.e2e.test_nri_containerd import hooks_in_effect, krproxy_nri
+
+
+def _bytes(number: int, payload: bytes) -> bytes:
+    """A length-delimited field *number* holding *payload*."""
+    return protowire.varint(number << 3 | 2) + protowire.varint(len(payload)) + payload
+
+
+def _int(number: int, value: int) -> bytes:
+    return protowire.varint(number << 3) + protowire.varint(value)
+
+
+QUOTA, SHARES = 2, 3
+
+
+def _recorded(direct: Cri, cid: str) -> dict[str, Any]:
+    """What containerd recorded of a created container: its pod, name, resources, cgroup parent (from its
+    spec's cgroupsPath, cgroupfs's PARENT/ID) and annotations."""
+    reply = direct.runtime.ContainerStatus(
+        pb.ContainerStatusRequest(container_id=cid, verbose=True), timeout=TIMEOUT
+    )
+    info = json.loads(reply.info["info"])
+    return {
+        "pod": info["sandboxID"],
+        "name": reply.status.metadata.name,
+        "quota": reply.status.resources.linux.cpu_quota,
+        "shares": reply.status.resources.linux.cpu_shares,
+        "cgroup_parent": info["runtimeSpec"]["linux"]["cgroupsPath"].rsplit("/", 1)[0],
+        "annotations": dict(reply.status.annotations),
+    }
+
+
+def test_a_create_spelt_oddly_is_shown_as_containerd_acts_on_it(
+    containerd: Containerd, direct: Cri, short_tmp: Path
+) -> None:
+    """CreateContainer spellings straight to containerd (``pod_sandbox_id`` twice naming two pods, a
+    ``sandbox_config`` of another pod, the config's resources in two parts, the sandbox config's cgroup
+    parent sent again, a container annotation twice): the PreCreateContainer hook server is shown the pod,
+    name, resources, annotations and cgroup parent containerd created the container with. containerd
+    1.7.24 and 2.1.9 put the container under the request's ``sandbox_config`` cgroup parent, not its
+    pod's (the pod cgroup parent shown was the pod's before)."""
+    path = "/runtime.v1.RuntimeService/CreateContainer"
+    with krproxy_nri(containerd, short_tmp) as daemon:
+        plugin = start_plugin(daemon, "observer", hooks=["PreCreateContainer"])
+        try:
+            hooks_in_effect(daemon)
+            with cleanup(direct) as pods:
+                first = pod_config(containerd.cgroup_parent, "first")
+                second = pod_config(containerd.cgroup_parent, "second")
+                first_id, second_id = run_pod(direct, first, pods), run_pod(direct, second, pods)
+                pod_ids = {first.metadata.name: first_id, second.metadata.name: second_id}
+                elsewhere = f"/{containerd.cgroup_parent}/elsewhere"
+
+                def in_second(config: Any, then: bytes = b"", sandbox: Any = second) -> bytes:
+                    request = pb.CreateContainerRequest(
+                        pod_sandbox_id=second_id, config=config, sandbox_config=sandbox
+                    )
+                    return bytes(request.SerializeToString()) + then
+
+                spellings = {
+                    "pod_sandbox_id twice": lambda config: (
+                        _bytes(1, first_id.encode())
+                        + _bytes(2, config.SerializeToString())
+                        + _bytes(3, second.SerializeToString())
+                        + _bytes(1, second_id.encode())
+                    ),
+                    "sandbox_config of another pod": lambda config: in_second(config, sandbox=first),
+                    "resources in two parts": lambda config: in_second(
+                        config,
+                        _bytes(2, _bytes(15, _bytes(1, _int(QUOTA, 30_000))))
+                        + _bytes(2, _bytes(15, _bytes(1, _int(SHARES, 300)))),
+                    ),
+                    "cgroup parent sent again": lambda config: in_second(
+                        config, _bytes(3, _bytes(8, _bytes(1, elsewhere.encode())))
+                    ),
+                    "annotation twice": lambda config: in_second(
+                        config,
+                        _bytes(2, _bytes(10, _bytes(1, b"a") + _bytes(2, b"one")))
+                        + _bytes(2, _bytes(10, _bytes(1, b"a") + _bytes(2, b"two"))),
+                    ),
+                }
+                for n, (spelling, build) in enumerate(spellings.items()):
+                    plugin.forget()
+                    config = container_config(containerd.busybox, f"c{n}")
+                    answer = outcome(lambda config=config, build=build: direct.raw(path, build(config)))
+                    assert not isinstance(answer, tuple), (spelling, answer)
+                    cid = pb.CreateContainerResponse.FromString(answer).container_id
+                    [shown] = plugin.requests("PreCreateContainer")
+                    seen = {
+                        "pod": pod_ids[shown["pod_meta"]["name"]],
+                        "name": shown["container_meta"]["name"],
+                        "quota": shown["container_resources"]["cpu_quota"],
+                        "shares": shown["container_resources"]["cpu_shares"],
+                        "cgroup_parent": shown["pod_cgroup_parent"],
+                        "annotations": {
+                            k: v
+                            for k, v in shown["container_annotations"].items()
+                            if not k.startswith("io.kubernetes.cri.")
+                        },
+                    }
+                    assert _recorded(direct, cid) == seen, spelling
+        finally:
+            assert 0 == plugin.stop()
