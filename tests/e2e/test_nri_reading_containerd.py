@@ -13,11 +13,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from krproxy import protowire
 from tests.e2e.support import TIMEOUT, Containerd, Cri, container_config, outcome, pod_config, start_plugin
-from tests.e2e.test_containerd_hooks import cleanup, run_pod
+from tests.e2e.test_containerd_fields import UPDATES, _shown, _status
+from tests.e2e.test_containerd_hooks import cleanup, create_container, run_pod
 from tests.e2e.test_nri_containerd import hooks_in_effect, krproxy_nri
 
 
@@ -121,3 +123,59 @@ def test_a_create_spelt_oddly_is_shown_as_containerd_acts_on_it(
                     assert _recorded(direct, cid) == seen, spelling
         finally:
             assert 0 == plugin.stop()
+
+
+@pytest.mark.parametrize("spelling", list(UPDATES))
+def test_an_update_spelt_oddly_is_shown_as_containerd_acts_on_it(
+    spelling: str, containerd: Containerd, direct: Cri, short_tmp: Path
+) -> None:
+    """Each UpdateContainerResources spelling of the proxy-mode test (linux twice, a scalar twice, a
+    varint on ten bytes or past 64 bits, a unified key twice...), straight to containerd: where it takes
+    it, the resources it records are those the PreUpdateContainerResources hook server was shown; where
+    it refuses it, the hook server is not called. But on containerd 1.7: NRI 0.6.1's UpdateContainer
+    request carries no unified keys, so the hook server is shown none of those containerd records
+    (NRI's contract; 2.1's carries them)."""
+    path = "/runtime.v1.RuntimeService/UpdateContainerResources"
+    with krproxy_nri(containerd, short_tmp) as daemon:
+        plugin = start_plugin(daemon, "observer", hooks=["PreUpdateContainerResources"])
+        try:
+            hooks_in_effect(daemon)
+            with cleanup(direct) as pods:
+                pod = pod_config(containerd.cgroup_parent, "update")
+                pod_id = run_pod(direct, pod, pods)
+                cid = create_container(direct, pod_id, pod, container_config(containerd.busybox))
+                answer = outcome(lambda: direct.raw(path, _bytes(1, cid.encode()) + UPDATES[spelling]))
+                shown = [_shown(r) for r in plugin.requests("PreUpdateContainerResources")]
+                if isinstance(answer, tuple):
+                    assert [] == shown, answer
+                    return
+                recorded = _status(direct, cid)
+                if containerd.release == (1, 7) and "unified" in spelling:  # NRI 0.6.1 carries none
+                    assert recorded.pop("unified") and [{}] == [each.pop("unified") for each in shown]
+                assert [recorded] == shown
+        finally:
+            assert 0 == plugin.stop()
+
+
+def test_unified_of_an_update_a_hook_changed(containerd: Containerd, direct: Cri, short_tmp: Path) -> None:
+    """An UpdateContainerResources with cpu_quota and kubelet's unified ``memory.high``, whose
+    PreUpdateContainerResources hook server sets cpu_shares: containerd 2.1 records all three; containerd
+    1.7 (NRI 0.6.1, whose UpdateContainer request carries no unified keys and whose answer replaces the
+    request) records the quota and shares, and no unified key. NRI's, not krproxy's: pinned."""
+    path = "/runtime.v1.RuntimeService/UpdateContainerResources"
+    changes = {"PreUpdateContainerResources": {"cpu_shares": 700}}
+    with krproxy_nri(containerd, short_tmp) as daemon:
+        plugin = start_plugin(daemon, "changer", hooks=["PreUpdateContainerResources"], resources=changes)
+        try:
+            hooks_in_effect(daemon)
+            with cleanup(direct) as pods:
+                pod = pod_config(containerd.cgroup_parent, "update")
+                pod_id = run_pod(direct, pod, pods)
+                cid = create_container(direct, pod_id, pod, container_config(containerd.busybox))
+                unified = _bytes(9, _bytes(1, b"memory.high") + _bytes(2, b"5000000"))
+                direct.raw(path, _bytes(1, cid.encode()) + _bytes(2, _int(QUOTA, 40_000) + unified))
+                recorded = _status(direct, cid)
+        finally:
+            assert 0 == plugin.stop()
+    kept = {} if containerd.release == (1, 7) else {"memory.high": "5000000"}
+    assert (40_000, 700, kept) == (recorded["cpu_quota"], recorded["cpu_shares"], recorded["unified"])
