@@ -7,8 +7,11 @@ neither. An adjustment field newer than the runtime's NRI is dropped unseen (pro
 does not know), and no NRI release passes an env var's removal (``-NAME``) on to the runtime: its
 adaptation (``pkg/adaptation`` adjustEnv, 0.6.1 to 0.12 as read; measured on containerd 1.7.24 and 2.1.9)
 takes the variable out of what the plugins before set and of what the plugins after see, never out of
-the runtime's own env (the pod spec's, the image's). :meth:`RuntimeNri.not_applied` names each such part
-of an adjustment, so that a plugin says it instead of believing it applied.
+the runtime's own env (the pod spec's, the image's). Nor does any apply a plugin's memory swap limit: its
+spec generator (``pkg/runtime-tools/generate``, 0.6.1 to 0.12 as read) sets the swap limit to the memory
+limit whenever an adjustment sets one, and reads no swap (measured on containerd 1.7.24 and 2.1.9:
+``memory.memsw.limit_in_bytes`` is the limit). :meth:`RuntimeNri.not_applied` names each such part of an
+adjustment, so that a plugin says it instead of believing it applied.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import attrs
 
 from krproxy.nri.records import is_message
 
-__all__ = ["ENV_REMOVAL", "FIELDS_SINCE", "RuntimeNri"]
+__all__ = ["ENV_REMOVAL", "FIELDS_SINCE", "SWAP_IGNORED", "RuntimeNri"]
 
 #: Adjustment fields by the NRI version that brought them (the schema's notes), as dotted paths of
 #: ``ContainerAdjustment``: a runtime older than that drops them.
@@ -42,6 +45,12 @@ FIELDS_SINCE: Mapping[str, tuple[str, ...]] = {
 ENV_REMOVAL = (
     "NRI passes no env var's removal on to the runtime: it removes only what an NRI plugin before this one "
     "set, and the runtime's own variable stays"
+)
+
+#: Why a swap limit is listed: no NRI version applies it.
+SWAP_IGNORED = (
+    "NRI sets the memory swap limit to the memory limit (when the adjustment sets one) and applies no "
+    "plugin's swap"
 )
 
 
@@ -81,13 +90,20 @@ class RuntimeNri:
 
     def not_applied(self, adjust: Any) -> list[tuple[str, str]]:
         """What of ``adjust`` the runtime will not apply, each with why: the fields it does not know
-        (``linux.oom_score_adj``), and env vars removed (``env[NAME] removed``)."""
+        (``linux.oom_score_adj``), env vars removed (``env[NAME] removed``) and a swap limit
+        (``linux.resources.memory.swap``) unless it is the memory limit set with it, which NRI gives."""
         out = []
         dropped = self.dropped(adjust)
         if dropped:
             reason = f"the runtime's NRI ({self.describe()}) is older than {self.lacking()[-1]}: it drops these fields"
             out += [(field, reason) for field in dropped]
         out += [(f"env[{kv.key[1:]}] removed", ENV_REMOVAL) for kv in adjust.env if kv.key.startswith("-")]
+        resources = adjust.linux.resources if adjust.linux is not None else None
+        memory = resources.memory if resources is not None else None
+        if memory is not None and memory.swap is not None:
+            limit = memory.limit.value if memory.limit is not None else 0
+            if memory.swap.value != limit or not limit:
+                out.append(("linux.resources.memory.swap", SWAP_IGNORED))
         return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from krproxy.nri.versions import ENV_REMOVAL, RuntimeNri
+from krproxy.nri.versions import ENV_REMOVAL, SWAP_IGNORED, RuntimeNri
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
 #: Every kind of field the table knows, and an env var set and one removed.
@@ -56,3 +56,21 @@ class TestNotApplied:
     def test_an_env_var_set_is_applied(self) -> None:
         adjust = api.ContainerAdjustment(env=[api.KeyValue(key="ADDED", value="1")])
         assert [] == RuntimeNri("", False).not_applied(adjust)
+
+    @pytest.mark.parametrize(
+        ("limit", "swap", "said"),
+        [(None, 1 << 30, True), (1 << 29, 1 << 30, True), (1 << 30, 1 << 30, False)],
+        ids=["swap alone", "swap above the limit", "swap equal to the limit"],
+    )
+    def test_a_swap_limit(self, limit: int | None, swap: int, said: bool) -> None:
+        """No NRI version applies a plugin's swap: it sets the swap limit to the memory limit. A swap equal
+        to the limit set with it is what NRI gives, and is not listed."""
+        memory = api.LinuxMemory(
+            limit=api.OptionalInt64(value=limit) if limit is not None else None,
+            swap=api.OptionalInt64(value=swap),
+        )
+        adjust = api.ContainerAdjustment(
+            linux=api.LinuxContainerAdjustment(resources=api.LinuxResources(memory=memory))
+        )
+        expected = [("linux.resources.memory.swap", SWAP_IGNORED)] if said else []
+        assert expected == RuntimeNri("v0.12.2").not_applied(adjust)
