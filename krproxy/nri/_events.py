@@ -159,6 +159,7 @@ class EventHandlers:
             required).
         own_names: krproxy's own NRI plugin name as NRI's validator matches it (``name`` and
             ``index-name``): a required server of such a name is met.
+        restrict_oom_score_adj: containerd's setting: an ``oom_score_adj`` below containerd's is withheld.
         terms: the current connection's (:meth:`configure`).
         event_calls: how the runtime delivered the last event without an answer of its own: "dedicated"
             (NRI 0.12's methods) or "StateChange" (before 0.12, or a 0.12 runtime's deprecated fallback);
@@ -170,6 +171,8 @@ class EventHandlers:
     lifecycle: Lifecycle
     guard: Guard | None
     own_names: frozenset[str]
+    #: containerd's ``restrict_oom_score_adj`` (:mod:`krproxy.nri.cri_settings`; False when not read).
+    restrict_oom_score_adj: bool = False
     terms: Terms = attrs.field(factory=Terms, init=False)
     event_calls: str = attrs.field(default="", init=False)
 
@@ -305,7 +308,12 @@ class EventHandlers:
         _, info, required = hooked
         target = f"pod {info.pod.namespace}/{info.pod.name} container {info.name}"
         after = await self._run(point, info, target, required)
-        adjusted = nri_convert.adjustment(info, after, oom_score_adj=self.terms.runtime_nri.has_0_8)
+        adjusted = nri_convert.adjustment(
+            info,
+            after,
+            oom_score_adj=self.terms.runtime_nri.has_0_8,
+            restrict_oom_score_adj=self.restrict_oom_score_adj,
+        )
         self._not_applied(point, target, adjusted.not_applied)
         if adjusted.adjust is not None:
             self._not_applied_by_runtime(point, target, adjusted.adjust)

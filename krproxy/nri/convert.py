@@ -48,6 +48,7 @@ from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
 __all__ = [
     "CANNOT",
+    "OOM_RESTRICTED",
     "REMOVAL_MARK",
     "SWAP",
     "Adjusted",
@@ -69,6 +70,11 @@ REMOVAL_MARK = (
     "NRI reads a name beginning with '-' as its removal mark (it would remove the name without the '-', "
     "not set this one, as proxy mode does): rename the key in the hook server's answer"
 )
+#: Why an ``oom_score_adj`` below the runtime's is withheld (:mod:`krproxy.nri.cri_settings`).
+OOM_RESTRICTED = (
+    "containerd's restrict_oom_score_adj keeps a container's oom_score_adj at or above containerd's own, "
+    "and NRI's adjustment would go around it: a value below the one containerd chose is withheld"
+)
 #: Why a swap limit is withheld.
 SWAP = (
     "NRI sets the memory swap limit to the memory limit and ignores a plugin's swap (containerd drops an "
@@ -84,6 +90,8 @@ def why_not_applied(field: str) -> str:
         return REMOVAL_MARK
     if field == _SWAP_FIELD:
         return SWAP
+    if field == "oom_score_adj lowered":
+        return OOM_RESTRICTED
     return CANNOT
 
 
@@ -254,11 +262,20 @@ def _map_changes(
     return changes
 
 
-def adjustment(before: ContainerInfo, after: ContainerInfo, *, oom_score_adj: bool = True) -> Adjusted:
+def adjustment(
+    before: ContainerInfo,
+    after: ContainerInfo,
+    *,
+    oom_score_adj: bool = True,
+    restrict_oom_score_adj: bool = False,
+) -> Adjusted:
     """What the hook servers changed between ``before`` and ``after`` at PreCreateContainer, as NRI's adjustment.
 
     ``oom_score_adj``: whether the runtime's NRI has that adjustment field (0.8 does; 0.6.1, containerd 1.7's,
     does not and would drop it unseen): without it a changed ``oom_score_adj`` is listed as not applied.
+    ``restrict_oom_score_adj``: containerd's setting of that name (:mod:`krproxy.nri.cri_settings`): then an
+    ``oom_score_adj`` below ``before``'s (the one containerd chose) is listed as ``oom_score_adj lowered``,
+    not sent, since containerd would have kept it at or above its own.
     """
     not_applied: list[str] = []
     adjust = api.ContainerAdjustment(
@@ -273,7 +290,9 @@ def adjustment(before: ContainerInfo, after: ContainerInfo, *, oom_score_adj: bo
         not_applied += missing
         linux = api.LinuxContainerAdjustment(resources=resources)
         if after.resources.oom_score_adj != before.resources.oom_score_adj:
-            if oom_score_adj:
+            if restrict_oom_score_adj and after.resources.oom_score_adj < before.resources.oom_score_adj:
+                not_applied.append("oom_score_adj lowered")
+            elif oom_score_adj:
                 linux.oom_score_adj = api.OptionalInt(value=after.resources.oom_score_adj)
             else:
                 not_applied.append("oom_score_adj")

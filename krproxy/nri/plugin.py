@@ -72,6 +72,7 @@ from krproxy.nri._events import MARGIN as MARGIN
 from krproxy.nri._events import EventHandlers, Terms, event_names, mask_of, warm_up
 from krproxy.nri._session import AsyncHandler, ConnectionLost, Handler, Session, TtrpcError
 from krproxy.nri._view import NriView
+from krproxy.nri.cri_settings import restricts_oom_score_adj
 from krproxy.nri.validator import ValidatorCheck, log_validator_check
 from krproxy.nri.versions import RuntimeNri
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
@@ -176,6 +177,8 @@ class NriPlugin:
     guard: Guard | None = None
     #: What containerd's configuration says of krproxy's own registration (``--containerd-config``).
     validator: ValidatorCheck = attrs.field(factory=ValidatorCheck)
+    #: containerd's ``restrict_oom_score_adj`` (``--containerd-config``; False when not read).
+    restrict_oom_score_adj: bool = False
     #: The handlers of the events that carry hook points, and the terms of the last Configure they go by.
     events: EventHandlers = attrs.field(init=False)
     _sync_pods: list[Any] = attrs.field(factory=list, init=False)  # upb PodSandbox and Container
@@ -190,6 +193,7 @@ class NriPlugin:
             Lifecycle(self.store, self.dispatcher.run, self.config.skip_label),
             self.guard,
             own_names=frozenset({name, f"{index}-{name}"}),
+            restrict_oom_score_adj=self.restrict_oom_score_adj,
         )
 
     def keeps_store(self) -> bool:
@@ -395,6 +399,20 @@ class NriPlugin:
         return bytes(api.Empty())
 
 
+def log_cri_settings(path: str) -> bool:
+    """containerd's ``restrict_oom_score_adj`` in its configuration at ``path`` ("": not read, False),
+    logged as ``nri_cri_settings`` when read.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed.
+    """
+    if not path:
+        return False
+    restrict = restricts_oom_score_adj(path)
+    log.event(LOGGER, "nri_cri_settings", restrict_oom_score_adj="yes" if restrict else "no")
+    return restrict
+
+
 async def serve(
     config: NriConfig,
     *,
@@ -434,6 +452,7 @@ async def serve(
         metrics,
         guard=guard,
         validator=log_validator_check(config.containerd_config, config.plugin_name, config.plugin_index),
+        restrict_oom_score_adj=log_cri_settings(config.containerd_config),
     )
     metrics.track_store(lambda: plugin.store)
     view = NriView(plugin, metrics)

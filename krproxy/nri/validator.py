@@ -32,7 +32,14 @@ import attrs
 
 from krproxy import log
 
-__all__ = ["NRI_PLUGIN_KEY", "ConfigError", "ValidatorCheck", "Verdict", "check_containerd_config"]
+__all__ = [
+    "NRI_PLUGIN_KEY",
+    "ConfigError",
+    "ValidatorCheck",
+    "Verdict",
+    "check_containerd_config",
+    "load_config",
+]
 
 #: containerd's NRI plugin, the key of its table under ``[plugins]`` (configuration version 2 and later).
 NRI_PLUGIN_KEY = "io.containerd.nri.v1.nri"
@@ -109,11 +116,14 @@ def _imports(path: str, document: Mapping[str, Any]) -> list[str]:
     return files
 
 
-def _load_all(path: str) -> tuple[dict[str, Any], list[str], set[str]]:
+def load_config(path: str) -> tuple[dict[str, Any], list[str], set[str]]:
     """*path* and the files it imports, merged as containerd's ``LoadConfigWithPlugins`` does: each file's
     imports queued after those already waiting (imported files' own imports too), a file read once (at
     its first place); the merged document, the files in the order read, and the union of their
-    ``disabled_plugins`` (containerd appends those lists rather than replacing them)."""
+    ``disabled_plugins`` (containerd appends those lists rather than replacing them).
+
+    Raises:
+        ConfigError: a file cannot be read or is not TOML."""
     document: dict[str, Any] = {}
     files: list[str] = []
     disabled: set[str] = set()
@@ -148,7 +158,7 @@ def check_containerd_config(path: str, plugin_name: str, plugin_index: str) -> V
     Raises:
         ConfigError: a file cannot be read or is not TOML; the message says which and what to give.
     """
-    document, files, disabled = _load_all(path)
+    document, files, disabled = load_config(path)
     read = tuple(files)
     if NRI_PLUGIN_KEY in disabled:
         return ValidatorCheck(Verdict.NRI_DISABLED, read, f"disabled_plugins lists {NRI_PLUGIN_KEY!r}")

@@ -174,3 +174,45 @@ def test_annotations_land_in_the_spec(
     assert {"FOO": "bar"} == both.proxy_request["container_envs"]
     envs = both.nri_request["container_envs"]
     assert "bar" == envs["FOO"] and "PATH" in envs
+
+
+def oom_score_adj(cri: Cri, containerd: Containerd, direct: Cri) -> str:
+    """Create and start a container through ``cri``; its process's ``oom_score_adj``."""
+    pod = pod_config(containerd.cgroup_parent, "oom")
+    with cleanup(direct) as pods:
+        pod_id = run_pod(cri, pod, pods)
+        cid = create_container(cri, pod_id, pod, container_config(containerd.busybox))
+        start(cri, cid)
+        return Path(f"/proc/{container_pid(direct, cid)}/oom_score_adj").read_text().strip()
+
+
+def test_a_restricted_oom_score_adj_is_withheld(
+    containerd: Containerd, direct: Cri, short_tmp: Path, proxy: Proxy, plugins: Callable[..., Plugin]
+) -> None:
+    """containerd's ``restrict_oom_score_adj`` (set by the sandbox: root has no CAP_SYS_RESOURCE) keeps a
+    container at or above containerd's own ``oom_score_adj``: a hook server's ``-500`` gives containerd's
+    own through ``krproxy serve``. NRI's adjustment goes around the restriction (on 2.1 the spec said -500
+    and runc failed to start the container); ``krproxy nri``, reading the setting from
+    ``--containerd-config``, withholds it and says so: the container starts as without the hook (krproxy
+    does not know containerd's own value to send instead)."""
+    own = Path(f"/proc/{containerd.state['pid']}/oom_score_adj").read_text().strip()
+    assert -500 < int(own)
+    unhooked = oom_score_adj(direct, containerd, direct)
+    answer = {"resources": {"PreCreateContainer": {"oom_score_adj": -500}}}
+    plugins("oom", hooks=HOOKS, failure_policy="Fail", **answer)
+    with Cri.connect(proxy.socket) as via_proxy:
+        assert own == oom_score_adj(via_proxy, containerd, direct)
+    nri_dir = short_tmp / "nri"
+    nri_dir.mkdir()
+    flags = ("--containerd-config", str(containerd.dir / "config.toml"))
+    with krproxy_nri(containerd, nri_dir, flags) as daemon:
+        plugin = start_plugin(daemon, "oom", hooks=HOOKS, failure_policy="Fail", **answer)
+        try:
+            hooks_in_effect(daemon)
+            assert unhooked == oom_score_adj(direct, containerd, direct)
+        finally:
+            assert 0 == plugin.stop()
+        log = daemon.log
+    assert "event=nri_cri_settings restrict_oom_score_adj=yes" in log
+    [said] = [line for line in log.splitlines() if "fields=oom_score_adj lowered" in line.replace('"', "")]
+    assert "restrict_oom_score_adj" in said

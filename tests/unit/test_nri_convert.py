@@ -259,6 +259,27 @@ class TestAdjustment:
             )
         )
 
+    @pytest.mark.parametrize(
+        ("value", "restrict", "sent"),
+        [(-998, True, False), (0, True, True), (-998, False, True)],
+        ids=["lowered, restricted", "raised, restricted", "lowered, not restricted"],
+    )
+    def test_a_restricted_oom_score_adj(self, value: int, restrict: bool, sent: bool) -> None:
+        """With containerd's restrict_oom_score_adj, an oom_score_adj below the one containerd chose (-997)
+        is named ``oom_score_adj lowered``, not sent: containerd would have kept it at or above its own,
+        NRI's adjustment would not. A higher one, or any without the setting, is sent."""
+        before = self.before()
+        assert before.resources is not None
+        after = attrs.evolve(before, resources=attrs.evolve(before.resources, oom_score_adj=value))
+        adjusted = convert.adjustment(before, after, restrict_oom_score_adj=restrict)
+        if sent:
+            assert () == adjusted.not_applied
+            assert adjusted.adjust is not None and adjusted.adjust.linux is not None
+            assert api.OptionalInt(value=value) == adjusted.adjust.linux.oom_score_adj
+        else:
+            assert (None, ("oom_score_adj lowered",)) == (adjusted.adjust, adjusted.not_applied)
+            assert convert.OOM_RESTRICTED == convert.why_not_applied("oom_score_adj lowered")
+
     def test_other_fields_cannot(self) -> None:
         """Every other field not applied has the one reason: NRI cannot make it at this event."""
         assert convert.CANNOT == convert.why_not_applied("pod_cgroup_parent")

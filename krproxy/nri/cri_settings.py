@@ -1,0 +1,41 @@
+"""containerd's CRI settings that NRI's adjustment goes around (pure, but for reading files).
+
+containerd's CRI plugin applies some settings to the container it builds from kubelet's request, and so to
+a hook server's answer in proxy mode; an NRI adjustment is applied to the OCI spec after them and passes
+them by. The one read here is ``restrict_oom_score_adj``: containerd then never gives a container an
+``oom_score_adj`` below its own (``restrictOOMScoreAdj``), but NRI's ``oom_score_adj`` adjustment lands in
+the spec as the plugin wrote it. Measured on containerd 2.1.9 with ``restrict_oom_score_adj = true`` and a
+hook server answering ``-500``: through ``krproxy serve`` the container got 0 (containerd's own); through
+NRI the spec said -500 and runc, without CAP_SYS_RESOURCE, failed to start it (with it, the container
+would have had -500). :func:`restricts_oom_score_adj` reads the setting from ``--containerd-config``, as
+:mod:`krproxy.nri.validator` reads that file; :func:`krproxy.nri.convert.adjustment` then withholds an
+``oom_score_adj`` below the one containerd chose.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from krproxy.nri.validator import load_config
+
+__all__ = ["CRI_PLUGIN_KEYS", "restricts_oom_score_adj"]
+
+#: Where ``restrict_oom_score_adj`` lives: containerd 1.x's CRI plugin, 2.x's CRI runtime plugin.
+CRI_PLUGIN_KEYS = ("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime")
+
+
+def restricts_oom_score_adj(path: str) -> bool:
+    """Whether containerd's configuration at *path* (with its imports) sets ``restrict_oom_score_adj``.
+
+    Raises:
+        ConfigError: a file cannot be read or is not TOML.
+    """
+    document, _, _ = load_config(path)
+    plugins = document.get("plugins")
+    if not isinstance(plugins, Mapping):
+        return False
+    for key in CRI_PLUGIN_KEYS:
+        table = plugins.get(key)
+        if isinstance(table, Mapping) and table.get("restrict_oom_score_adj") is True:
+            return True
+    return False
