@@ -31,7 +31,10 @@ are withheld and listed too, with why (:func:`why_not_applied`):
   limit whenever an adjustment sets one and never reads the adjustment's swap, and containerd drops an
   update's swap (``LinuxResources.ToCRI``); proxy mode's swap lands in ``memory.memsw.limit_in_bytes``.
   Sending it would only claim the field from other NRI plugins. A swap equal to a memory limit sent with
-  it is what NRI gives anyway, and is not listed.
+  it is what NRI gives anyway, and is not listed;
+* with containerd's ``restrict_oom_score_adj`` (:mod:`krproxy.nri.cri_settings`), an ``oom_score_adj``
+  below the one containerd chose: containerd keeps a container at or above its own, NRI's adjustment
+  would go around that.
 """
 
 from __future__ import annotations
