@@ -252,8 +252,15 @@ class Node(ProxyHolder):
     def create_request(
         self, pod_id: str, config: api_pb2.ContainerConfig | None = None
     ) -> api_pb2.CreateContainerRequest:
+        """A CreateContainer in pod *pod_id* whose sandbox_config names that pod, as kubelet's does (the
+        proxy refuses another pod's): :func:`pod_config` with the pod's identity where the runtime has it."""
+        sandbox = pod_config()
+        known = self.fake.state.sandboxes.get(pod_id)
+        if known is not None:
+            sandbox.metadata.name, sandbox.metadata.uid = known.name, known.uid
+            sandbox.metadata.namespace = known.namespace
         return api_pb2.CreateContainerRequest(
-            pod_sandbox_id=pod_id, config=config or container_config(), sandbox_config=pod_config()
+            pod_sandbox_id=pod_id, config=config or container_config(), sandbox_config=sandbox
         )
 
     async def create_container(self, pod_id: str, config: api_pb2.ContainerConfig | None = None) -> str:

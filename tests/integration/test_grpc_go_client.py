@@ -213,7 +213,6 @@ async def test_a_hooked_pod_and_container_with_kubelet_s_deadlines(
     assert "yes" == node.received("RunPodSandbox")[-1].config.labels["hooked"]
 
     create = node.create_request(pod_id)
-    create.sandbox_config.CopyFrom(run.config)  # the pod's own, as kubelet sends it
     summary = await run_client(
         goclient,
         node.proxy_socket,
