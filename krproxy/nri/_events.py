@@ -293,6 +293,8 @@ class EventHandlers:
         operation; None when no hook server (registered or required) is to run for it."""
         request = wire.parse(request_type, payload)
         info = nri_convert.container_from_nri(request.pod, request.container)
+        if point is HookPoint.PRE_CREATE_CONTAINER and (wrong := nri_convert.another_pod_named(info)):
+            raise TtrpcError(Status.INVALID_ARGUMENT, wrong)  # (whether or not hooks run, as proxy mode)
         if self.lifecycle.skips(info.pod):
             return None
         required = await self._require(point, info.pod, info.name)

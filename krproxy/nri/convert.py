@@ -56,6 +56,7 @@ __all__ = [
     "SWAP",
     "Adjusted",
     "adjustment",
+    "another_pod_named",
     "cgroup_parent_of",
     "container_from_nri",
     "envs_from_nri",
@@ -200,6 +201,29 @@ def container_from_nri(pod: Any | None, container: Any | None) -> ContainerInfo:
         resources=resources_from_nri(linux.resources, linux.oom_score_adj),
         envs=envs_from_nri(container.env),
         pod_cgroup_parent=_container_cgroup_parent(pod_info.cgroup_parent, linux.cgroups_path, container.id),
+    )
+
+
+#: The OCI spec annotations containerd names a container's pod by, written from the CreateContainer
+#: request's ``sandbox_config`` (not from the pod containerd stored).
+SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"
+SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
+
+
+def another_pod_named(info: ContainerInfo) -> str | None:
+    """What is wrong when a created container's spec names another pod than its sandbox (``None``: nothing).
+    containerd 1.7 and 2.1 create the container in the sandbox kubelet's ``pod_sandbox_id`` names but write
+    the request's ``sandbox_config`` name and namespace into the spec, while NRI gives the hooks the stored
+    pod; proxy mode refuses such a create (:func:`krproxy.hooks._reading.same_pod`). Empty names (a
+    config without metadata) pass for no other pod."""
+    name = info.annotations.get(SANDBOX_NAME, "")
+    namespace = info.annotations.get(SANDBOX_NAMESPACE, "")
+    pod = info.pod
+    if (name == pod.name and namespace == pod.namespace) or not (name or namespace):
+        return None
+    return (
+        f"CreateContainer for pod {pod.namespace}/{pod.name} carries the sandbox_config of"
+        f" {namespace}/{name}: send the config the pod sandbox was run with"
     )
 
 

@@ -55,9 +55,9 @@ def _recorded(direct: Cri, cid: str) -> dict[str, Any]:
 def test_a_create_spelt_oddly_is_shown_as_containerd_acts_on_it(
     containerd: Containerd, direct: Cri, short_tmp: Path
 ) -> None:
-    """CreateContainer spellings straight to containerd (``pod_sandbox_id`` twice naming two pods, a
-    ``sandbox_config`` of another pod, the config's resources in two parts, the sandbox config's cgroup
-    parent sent again, a container annotation twice): the PreCreateContainer hook server is shown the pod,
+    """CreateContainer spellings straight to containerd (``pod_sandbox_id`` twice naming two pods, the
+    config's resources in two parts, the sandbox config's cgroup parent sent again, a container annotation
+    twice): the PreCreateContainer hook server is shown the pod,
     name, resources, annotations and cgroup parent containerd created the container with. containerd
     1.7.24 and 2.1.9 put the container under the request's ``sandbox_config`` cgroup parent, not its
     pod's (the pod cgroup parent shown was the pod's before)."""
@@ -86,7 +86,6 @@ def test_a_create_spelt_oddly_is_shown_as_containerd_acts_on_it(
                         + _bytes(3, second.SerializeToString())
                         + _bytes(1, second_id.encode())
                     ),
-                    "sandbox_config of another pod": lambda config: in_second(config, sandbox=first),
                     "resources in two parts": lambda config: in_second(
                         config,
                         _bytes(2, _bytes(15, _bytes(1, _int(QUOTA, 30_000))))
@@ -123,6 +122,44 @@ def test_a_create_spelt_oddly_is_shown_as_containerd_acts_on_it(
                     assert _recorded(direct, cid) == seen, spelling
         finally:
             assert 0 == plugin.stop()
+
+
+def test_a_create_with_another_pod_s_config_is_refused(
+    containerd: Containerd, direct: Cri, short_tmp: Path
+) -> None:
+    """A CreateContainer straight to containerd for one pod carrying another pod's ``sandbox_config``:
+    containerd would write the other pod's name and namespace into the container's spec annotations
+    while NRI shows the hook server the stored pod; krproxy nri refuses it as proxy mode does, so
+    containerd fails the create, naming both pods, and no hook server is called. The same create
+    with the pod's own config goes through."""
+    path = "/runtime.v1.RuntimeService/CreateContainer"
+    with krproxy_nri(containerd, short_tmp) as daemon:
+        plugin = start_plugin(daemon, "observer", hooks=["PreCreateContainer"])
+        try:
+            hooks_in_effect(daemon)
+            with cleanup(direct) as pods:
+                first = pod_config(containerd.cgroup_parent, "first")
+                second = pod_config(containerd.cgroup_parent, "second")
+                run_pod(direct, first, pods)
+                second_id = run_pod(direct, second, pods)
+                got: dict[str, Any] = {}
+                for way, sandbox in (("another", first), ("own", second)):
+                    plugin.forget()
+                    request = pb.CreateContainerRequest(
+                        pod_sandbox_id=second_id,
+                        config=container_config(containerd.busybox, f"c-{way}"),
+                        sandbox_config=sandbox,
+                    )
+                    answer = outcome(lambda request=request: direct.raw(path, request.SerializeToString()))
+                    got[way] = (answer, len(plugin.requests("PreCreateContainer")))
+        finally:
+            assert 0 == plugin.stop()
+    (refusal, called), (created, own_called) = got["another"], got["own"]
+    print(f"\n{containerd.version}: {refusal}")
+    assert isinstance(refusal, tuple) and "carries the sandbox_config of" in str(refusal[1]), refusal
+    assert f"{second.metadata.namespace}/{second.metadata.name}" in str(refusal[1]), refusal
+    assert 0 == called
+    assert not isinstance(created, tuple) and 1 == own_called, created
 
 
 @pytest.mark.parametrize("spelling", list(UPDATES))

@@ -326,3 +326,25 @@ class TestResourcesUpdate:
         before = convert.pod_from_nri(POD)
         after = attrs.evolve(before, labels={"app": "web", "x": "1"}, annotations={}, cgroup_parent="/other")
         assert ("annotations[a]", "cgroup_parent", "labels[x]") == convert.pod_changes(before, after)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "wrong"),
+    [
+        ({convert.SANDBOX_NAME: "web", convert.SANDBOX_NAMESPACE: "prod"}, False),
+        ({}, False),  # a config without metadata: empty names, no other pod
+        ({convert.SANDBOX_NAME: "", convert.SANDBOX_NAMESPACE: ""}, False),
+        ({convert.SANDBOX_NAME: "other", convert.SANDBOX_NAMESPACE: "prod"}, True),
+        ({convert.SANDBOX_NAME: "web", convert.SANDBOX_NAMESPACE: "elsewhere"}, True),
+        ({convert.SANDBOX_NAME: "web"}, True),
+    ],
+)
+def test_another_pod_named_in_the_spec(annotations: dict[str, str], wrong: bool) -> None:
+    """A created container whose spec annotations name another pod than its sandbox (containerd writes
+    them from the request's sandbox_config) is found, with both pods named; the pod's own names, or
+    none at all, are not."""
+    info = ContainerInfo(pod=PodInfo(name="web", namespace="prod"), name="app", annotations=annotations)
+    got = convert.another_pod_named(info)
+    assert wrong == (got is not None), got
+    if got is not None:
+        assert "pod prod/web carries the sandbox_config of" in got
