@@ -208,22 +208,26 @@ def container_from_nri(pod: Any | None, container: Any | None) -> ContainerInfo:
 #: request's ``sandbox_config`` (not from the pod containerd stored).
 SANDBOX_NAME = "io.kubernetes.cri.sandbox-name"
 SANDBOX_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
+SANDBOX_UID = "io.kubernetes.cri.sandbox-uid"
 
 
 def another_pod_named(info: ContainerInfo) -> str | None:
     """What is wrong when a created container's spec names another pod than its sandbox (``None``: nothing).
     containerd 1.7 and 2.1 create the container in the sandbox kubelet's ``pod_sandbox_id`` names but write
-    the request's ``sandbox_config`` name and namespace into the spec, while NRI gives the hooks the stored
-    pod; proxy mode refuses such a create (:func:`krproxy.hooks._reading.same_pod`). Empty names (a
-    config without metadata) pass for no other pod."""
+    the request's ``sandbox_config`` name, namespace and uid into the spec (measured on 2.1.9: a uid alone
+    differing lands there too), while NRI gives the hooks the stored pod; proxy mode refuses such a create
+    (:func:`krproxy.hooks._reading.same_pod`). Empty names (a config without metadata) pass for no other
+    pod; a spec without the uid annotation is judged by name and namespace."""
     name = info.annotations.get(SANDBOX_NAME, "")
     namespace = info.annotations.get(SANDBOX_NAMESPACE, "")
+    uid = info.annotations.get(SANDBOX_UID)
     pod = info.pod
-    if (name == pod.name and namespace == pod.namespace) or not (name or namespace):
+    same = name == pod.name and namespace == pod.namespace and uid in (None, pod.uid)
+    if same or not (name or namespace or uid):
         return None
     return (
-        f"CreateContainer for pod {pod.namespace}/{pod.name} carries the sandbox_config of"
-        f" {namespace}/{name}: send the config the pod sandbox was run with"
+        f"CreateContainer for pod {pod.namespace}/{pod.name} (uid {pod.uid!r}) carries the sandbox_config of"
+        f" {namespace}/{name} (uid {uid!r}): send the config the pod sandbox was run with"
     )
 
 

@@ -216,3 +216,52 @@ def test_unified_of_an_update_a_hook_changed(containerd: Containerd, direct: Cri
             assert 0 == plugin.stop()
     kept = {} if containerd.release == (1, 7) else {"memory.high": "5000000"}
     assert (40_000, 700, kept) == (recorded["cpu_quota"], recorded["cpu_shares"], recorded["unified"])
+
+
+def test_a_create_with_another_pod_s_uid_is_refused(
+    containerd: Containerd, direct: Cri, short_tmp: Path
+) -> None:
+    """A CreateContainer for a pod whose ``sandbox_config`` has the pod's name and namespace but another
+    uid: containerd 1.7 and 2.1 write that uid into the spec (``io.kubernetes.cri.sandbox-uid``) while NRI
+    shows the hook server the stored pod's; krproxy nri refuses it as proxy mode does, and no hook server
+    is called. The pod's own config is created, its spec naming the uid the hook was shown."""
+    with krproxy_nri(containerd, short_tmp) as daemon:
+        plugin = start_plugin(daemon, "observer", hooks=["PreCreateContainer"])
+        try:
+            hooks_in_effect(daemon)
+            with cleanup(direct) as pods:
+                pod = pod_config(containerd.cgroup_parent, "uid")
+                pod_id = run_pod(direct, pod, pods)
+                other = pb.PodSandboxConfig()
+                other.CopyFrom(pod)
+                other.metadata.uid = "another-uid"
+                got: dict[str, Any] = {}
+                for way, sandbox in (("another", other), ("own", pod)):
+                    plugin.forget()
+                    request = pb.CreateContainerRequest(
+                        pod_sandbox_id=pod_id,
+                        config=container_config(containerd.busybox, f"c-{way}"),
+                        sandbox_config=sandbox,
+                    )
+                    answer = outcome(
+                        lambda request=request: direct.runtime.CreateContainer(request, timeout=TIMEOUT)
+                    )
+                    if not isinstance(answer, tuple):
+                        reply = direct.runtime.ContainerStatus(
+                            pb.ContainerStatusRequest(container_id=answer.container_id, verbose=True),
+                            timeout=TIMEOUT,
+                        )
+                        answer = json.loads(reply.info["info"])["runtimeSpec"]["annotations"].get(
+                            "io.kubernetes.cri.sandbox-uid"
+                        )
+                    got[way] = (
+                        answer,
+                        [shown["pod_meta"]["uid"] for shown in plugin.requests("PreCreateContainer")],
+                    )
+        finally:
+            assert 0 == plugin.stop()
+    print(f"\n{containerd.version}: {got}")
+    (refusal, called), (spec_uid, shown) = got["another"], got["own"]
+    assert isinstance(refusal, tuple) and "carries the sandbox_config of" in str(refusal[1]), got
+    assert [] == called
+    assert (pod.metadata.uid, [pod.metadata.uid]) == (spec_uid, shown)

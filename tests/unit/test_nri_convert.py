@@ -337,14 +337,20 @@ class TestResourcesUpdate:
         ({convert.SANDBOX_NAME: "other", convert.SANDBOX_NAMESPACE: "prod"}, True),
         ({convert.SANDBOX_NAME: "web", convert.SANDBOX_NAMESPACE: "elsewhere"}, True),
         ({convert.SANDBOX_NAME: "web"}, True),
+        ({convert.SANDBOX_NAME: "web", convert.SANDBOX_NAMESPACE: "prod", convert.SANDBOX_UID: "u1"}, False),
+        ({convert.SANDBOX_NAME: "web", convert.SANDBOX_NAMESPACE: "prod", convert.SANDBOX_UID: "u2"}, True),
+        ({convert.SANDBOX_NAME: "web", convert.SANDBOX_NAMESPACE: "prod", convert.SANDBOX_UID: ""}, True),
+        ({convert.SANDBOX_UID: "u2"}, True),
     ],
 )
 def test_another_pod_named_in_the_spec(annotations: dict[str, str], wrong: bool) -> None:
     """A created container whose spec annotations name another pod than its sandbox (containerd writes
-    them from the request's sandbox_config) is found, with both pods named; the pod's own names, or
-    none at all, are not."""
-    info = ContainerInfo(pod=PodInfo(name="web", namespace="prod"), name="app", annotations=annotations)
+    them from the request's sandbox_config), or another uid, is found, with both pods named; the pod's own
+    names, or none at all, are not."""
+    info = ContainerInfo(
+        pod=PodInfo(name="web", namespace="prod", uid="u1"), name="app", annotations=annotations
+    )
     got = convert.another_pod_named(info)
     assert wrong == (got is not None), got
     if got is not None:
-        assert "pod prod/web carries the sandbox_config of" in got
+        assert "pod prod/web (uid 'u1') carries the sandbox_config of" in got
