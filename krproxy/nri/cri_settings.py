@@ -14,7 +14,9 @@ would have had -500). :func:`restricts_oom_score_adj` reads the setting from ``-
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Mapping
+from typing import Any
 
 from krproxy.nri.validator import load_config
 
@@ -24,18 +26,28 @@ __all__ = ["CRI_PLUGIN_KEYS", "restricts_oom_score_adj"]
 CRI_PLUGIN_KEYS = ("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime")
 
 
+def _version(path: str) -> Any:
+    with open(path, "rb") as file:  # (load_config read it already: it is TOML)
+        return tomllib.load(file).get("version", 0)
+
+
 def restricts_oom_score_adj(path: str) -> bool:
-    """Whether containerd's configuration at *path* (with its imports) sets ``restrict_oom_score_adj``.
+    """Whether containerd's configuration at *path* (with its imports) sets ``restrict_oom_score_adj``, as
+    containerd 2.1.9's ``config dump`` shows it: the CRI runtime plugin's value when the merged files set
+    one; else the 1.x CRI plugin's, which containerd 2.x migrates only from a file of version 2 among those
+    read (a version 3 file's, or a version 1 or unversioned main file's, is an unknown key it ignores).
+    containerd 1.7 reads the 1.x key of a version 2 file, as here (its ``[plugins.cri]`` of version 1 is not
+    read: 1.7's NRI has no ``oom_score_adj`` to withhold).
 
     Raises:
         ConfigError: a file cannot be read or is not TOML.
     """
-    document, _, _ = load_config(path)
+    document, files, _ = load_config(path)
     plugins = document.get("plugins")
     if not isinstance(plugins, Mapping):
         return False
-    for key in CRI_PLUGIN_KEYS:
-        table = plugins.get(key)
-        if isinstance(table, Mapping) and table.get("restrict_oom_score_adj") is True:
-            return True
-    return False
+    grpc, runtime = (plugins.get(key) for key in CRI_PLUGIN_KEYS)
+    if isinstance(runtime, Mapping) and "restrict_oom_score_adj" in runtime:
+        return runtime["restrict_oom_score_adj"] is True
+    migrated = any(_version(file) == 2 for file in files)
+    return migrated and isinstance(grpc, Mapping) and grpc.get("restrict_oom_score_adj") is True
