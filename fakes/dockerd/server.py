@@ -8,6 +8,7 @@ Endpoints (each also under a ``/vX.Y`` prefix):
 ``GET /containers/json[?all=1]``             running (or all) containers
 ``GET /containers/{id}/json``                inspect: ``Name``, ``Config`` (Labels, Env), ``HostConfig``
 ``POST /containers/{id}/start|stop``         204, or 304 when already in that state
+``POST /containers/{id}/restart``            204: stopped (if running) and started again
 ``POST /containers/{id}/update``             200; resource keys of the body replace the HostConfig's
 ``DELETE /containers/{id}``                  204; 409 while running
 ``GET /containers/{id}/logs[?follow=1]``     streaming: chunked multiplexed frames of the container's log;
@@ -179,9 +180,13 @@ class FakeDockerd:
             method == "POST"
             and parts[0] == "containers"
             and len(parts) == 3
-            and parts[2] in ("start", "stop")
+            and parts[2] in ("start", "stop", "restart")
         ):
-            changed = state.start(parts[1]) if parts[2] == "start" else state.stop(parts[1])
+            if parts[2] == "restart":  # dockerd: stopped if running, started again; 204
+                state.stop(parts[1])
+                changed = state.start(parts[1])
+            else:
+                changed = state.start(parts[1]) if parts[2] == "start" else state.stop(parts[1])
             self._notify()
             await _reply(stream, conn, 204 if changed else 304, None)
         elif method == "POST" and parts[0] == "containers" and len(parts) == 3 and parts[2] == "update":

@@ -181,6 +181,9 @@ class DockerHooks:
     #: ``""``; None: unique stored id prefixes only.
     lookup: Lookup | None = None
     lifecycle: Lifecycle = attrs.field(init=False)
+    #: Containers stopped through krproxy, dropped from the store but not removed from dockerd: a start or
+    #: restart of one is hooked with its record again (recovery stores such containers too).
+    _stopped: dict[str, ContainerInfo] = attrs.field(factory=dict, init=False)
     _recovered: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -224,12 +227,17 @@ class DockerHooks:
         """The stored id a container reference names, decided as dockerd decides: a full id first, then
         (asking dockerd through :attr:`lookup`) a name, with or without its ``/``, before a unique id
         prefix; else *ident* unchanged. Without a lookup, a unique stored prefix of 4 or more."""
-        if self.store.get_container(ident) is not None or self.store.get_pod(ident) is not None:
+        if (
+            self.store.get_container(ident) is not None
+            or self.store.get_pod(ident) is not None
+            or ident in self._stopped
+        ):
             return ident
         if self.lookup is not None:
             return await self.lookup(ident) or ident
         if len(ident) >= 4:
-            matches = [i for i in (*self.store.containers(), *self.store.pods()) if i.startswith(ident)]
+            known = {*self.store.containers(), *self.store.pods(), *self._stopped}
+            matches = [i for i in known if i.startswith(ident)]
             if len(matches) == 1:
                 return matches[0]
         return ident
@@ -299,6 +307,10 @@ class DockerHooks:
         return None if info is None or self._skips(info.pod) else info
 
     async def _start(self, ident: str, forward: Forward) -> Reply:
+        if (stopped := self._stopped.pop(ident, None)) is not None and self.store.get_container(
+            ident
+        ) is None:
+            self.store.put_container(ident, stopped)  # started again: its record back, its hooks run
         info = self._hooked_container(ident)
         if info is None:
             return await forward(None)
@@ -325,6 +337,7 @@ class DockerHooks:
         if info is not None:
             if forget:
                 self.store.delete_container(ident)
+                self._stopped[ident] = info
             if not self._skips(info.pod):
                 await self.lifecycle.post(HookPoint.POST_STOP_CONTAINER, info, target=ident)
             return
@@ -355,4 +368,7 @@ class DockerHooks:
         if _finished(reply):
             self.store.delete_container(ident)
             self.store.remove_pod(ident)
+            self._stopped.pop(ident, None)
+            for cid in [cid for cid, info in self._stopped.items() if info.pod_sandbox_id == ident]:
+                del self._stopped[cid]
         return reply

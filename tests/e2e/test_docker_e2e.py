@@ -410,6 +410,27 @@ class TestPathReading:
             "true" == node.docker("inspect", "--format", "{{.State.Running}}", name, via_proxy=False).strip()
         )
 
+    def test_a_stopped_container_is_hooked_when_started_again(self, node: Node) -> None:
+        """A container stopped through krproxy and then restarted (or started) runs again in dockerd: each
+        start runs PreStartContainer and PostStartContainer for it, as its first start did."""
+        node.start_plugin("--log-level=DEBUG")
+        node.start_proxy()
+        name = "k8s_s_web_prod_uid-web_0"
+        status, answer = post(node.proxy_sock, f"/containers/create?name={name}", APP_BODY + b"}")
+        assert 201 == status, answer
+        for target in ("start", "stop?t=0", "restart?t=0", "stop?t=0", "start"):
+            status, answer = post(node.proxy_sock, f"/containers/{name}/{target}", b"")
+            assert 204 == status, (target, answer)
+        log = (node.root / "plugin.log").read_text(errors="replace")
+        counts = [
+            log.count(f"hook={hook} ")
+            for hook in ("PreStartContainer", "PostStartContainer", "PostStopContainer")
+        ]
+        assert [3, 3, 2] == counts, log[-2000:]
+        assert (
+            "true" == node.docker("inspect", "--format", "{{.State.Running}}", name, via_proxy=False).strip()
+        )
+
     def test_a_reference_with_a_slash_is_routed(self, node: Node) -> None:
         """dockerd's start route takes any reference, ``/`` included (``{name:.*}``: a legacy link's alias
         ``web/db`` is a name): straight and through krproxy, a start of ``nosuch/name`` (sent as

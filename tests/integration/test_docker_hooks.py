@@ -205,6 +205,21 @@ class TestStartStop:
         assert container == plugin.requests(HookPoint.POST_STOP_CONTAINER)[0].container_meta.id
         assert node.proxy.hooks.store.get_container(container) is None
 
+    @pytest.mark.parametrize("again", ["start", "restart"])
+    async def test_a_stopped_container_started_again_is_hooked(self, node: DockerNode, again: str) -> None:
+        """A container stopped (its entry dropped) and then started or restarted runs again: the start
+        hooks run with its record, and a later stop runs PostStopContainer; once removed, it is forgotten."""
+        plugin = await node.add_plugin("p")
+        await node.start_proxy()
+        _, container = await node.create_pod()
+        for action in ("start", "stop", again, "stop"):
+            assert (await node.call("POST", f"/containers/{container}/{action}")).status in (204, 304)
+        starts = plugin.requests(HookPoint.PRE_START_CONTAINER)
+        assert [container, container] == [r.container_meta.id for r in starts]
+        assert 2 == len(plugin.requests(HookPoint.POST_STOP_CONTAINER))
+        await node.call("DELETE", f"/containers/{container}")
+        assert {} == node.proxy.hooks._stopped
+
     async def test_stop_sandbox_runs_post_stop_pod_sandbox(self, node: DockerNode) -> None:
         """Stopping the sandbox container runs PostStopPodSandbox with the stored pod."""
         plugin = await node.add_plugin("p")
