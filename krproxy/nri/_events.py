@@ -173,6 +173,9 @@ class EventHandlers:
     own_names: frozenset[str]
     #: containerd's ``restrict_oom_score_adj`` (:mod:`krproxy.nri.cri_settings`; False when not read).
     restrict_oom_score_adj: bool = False
+    #: The runtime process's own ``oom_score_adj`` (:func:`krproxy.nri.cri_settings.peer_oom_score_adj`,
+    #: read at each connection; None: unknown).
+    runtime_oom_score_adj: int | None = attrs.field(default=None, init=False)
     terms: Terms = attrs.field(factory=Terms, init=False)
     event_calls: str = attrs.field(default="", init=False)
 
@@ -315,6 +318,7 @@ class EventHandlers:
             after,
             oom_score_adj=self.terms.runtime_nri.has_0_8,
             restrict_oom_score_adj=self.restrict_oom_score_adj,
+            runtime_oom_score_adj=self.runtime_oom_score_adj,
         )
         self._not_applied(point, target, adjusted.not_applied)
         if adjusted.adjust is not None:

@@ -77,7 +77,8 @@ REMOVAL_MARK = (
 #: Why an ``oom_score_adj`` below the runtime's is withheld (:mod:`krproxy.nri.cri_settings`).
 OOM_RESTRICTED = (
     "containerd's restrict_oom_score_adj keeps a container's oom_score_adj at or above containerd's own, "
-    "and NRI's adjustment would go around it: a value below the one containerd chose is withheld"
+    "and NRI's adjustment would go around it: a value below containerd's own is sent as containerd's own "
+    "(when krproxy cannot read that, a value below the one containerd chose is withheld)"
 )
 #: Why a swap limit is withheld.
 SWAP = (
@@ -299,14 +300,17 @@ def adjustment(
     *,
     oom_score_adj: bool = True,
     restrict_oom_score_adj: bool = False,
+    runtime_oom_score_adj: int | None = None,
 ) -> Adjusted:
     """What the hook servers changed between ``before`` and ``after`` at PreCreateContainer, as NRI's adjustment.
 
     ``oom_score_adj``: whether the runtime's NRI has that adjustment field (0.8 does; 0.6.1, containerd 1.7's,
     does not and would drop it unseen): without it a changed ``oom_score_adj`` is listed as not applied.
-    ``restrict_oom_score_adj``: containerd's setting of that name (:mod:`krproxy.nri.cri_settings`): then an
-    ``oom_score_adj`` below ``before``'s (the one containerd chose) is listed as ``oom_score_adj lowered``,
-    not sent, since containerd would have kept it at or above its own.
+    ``restrict_oom_score_adj``: containerd's setting of that name (:mod:`krproxy.nri.cri_settings`): then
+    containerd keeps a container at or above its own ``oom_score_adj`` (``runtime_oom_score_adj``, the
+    containerd process's; when unknown, ``before``'s bounds it, the one containerd chose, at or above its
+    own). A value below that bound is sent raised to it (nothing when that is ``before``'s) and listed as
+    ``oom_score_adj lowered``, as proxy mode's containerd would have raised it.
     """
     not_applied: list[str] = []
     adjust = api.ContainerAdjustment(
@@ -321,10 +325,18 @@ def adjustment(
         not_applied += missing
         linux = api.LinuxContainerAdjustment(resources=resources)
         if after.resources.oom_score_adj != before.resources.oom_score_adj:
-            if restrict_oom_score_adj and after.resources.oom_score_adj < before.resources.oom_score_adj:
-                not_applied.append("oom_score_adj lowered")
+            value = after.resources.oom_score_adj
+            if restrict_oom_score_adj:
+                floor = (
+                    before.resources.oom_score_adj if runtime_oom_score_adj is None else runtime_oom_score_adj
+                )
+                if value < floor:
+                    not_applied.append("oom_score_adj lowered")
+                    value = floor
+            if value == before.resources.oom_score_adj:
+                pass
             elif oom_score_adj:
-                linux.oom_score_adj = api.OptionalInt(value=after.resources.oom_score_adj)
+                linux.oom_score_adj = api.OptionalInt(value=value)
             else:
                 not_applied.append("oom_score_adj")
         if linux != api.LinuxContainerAdjustment():

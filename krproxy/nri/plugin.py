@@ -72,7 +72,7 @@ from krproxy.nri._events import MARGIN as MARGIN
 from krproxy.nri._events import EventHandlers, Terms, event_names, mask_of, warm_up
 from krproxy.nri._session import AsyncHandler, ConnectionLost, Handler, Session, TtrpcError
 from krproxy.nri._view import NriView
-from krproxy.nri.cri_settings import restricts_oom_score_adj
+from krproxy.nri.cri_settings import peer_oom_score_adj, restricts_oom_score_adj
 from krproxy.nri.validator import ValidatorCheck, log_validator_check
 from krproxy.nri.versions import RuntimeNri
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
@@ -291,6 +291,8 @@ class NriPlugin:
                 await trio.sleep(wait)
                 wait = min(wait * 2, RECONNECT_MAX)
                 continue
+            if self.restrict_oom_score_adj:
+                self.events.runtime_oom_score_adj = peer_oom_score_adj(stream.socket)
             served = await self._serve(stream)
             self.registered = False
             if served:  # it was up: come back at once, then back off if that fails

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 from cri_api.v1 import api_pb2 as pb
 
 from tests.e2e.support import (
@@ -176,12 +177,15 @@ def test_annotations_land_in_the_spec(
     assert "bar" == envs["FOO"] and "PATH" in envs
 
 
-def oom_score_adj(cri: Cri, containerd: Containerd, direct: Cri) -> str:
-    """Create and start a container through ``cri``; its process's ``oom_score_adj``."""
+def oom_score_adj(cri: Cri, containerd: Containerd, direct: Cri, requested: int = 0) -> str:
+    """Create (kubelet's ``oom_score_adj``: *requested*) and start a container through ``cri``; its
+    process's ``oom_score_adj``."""
     pod = pod_config(containerd.cgroup_parent, "oom")
+    container = container_config(containerd.busybox)
+    container.linux.resources.oom_score_adj = requested
     with cleanup(direct) as pods:
         pod_id = run_pod(cri, pod, pods)
-        cid = create_container(cri, pod_id, pod, container_config(containerd.busybox))
+        cid = create_container(cri, pod_id, pod, container)
         start(cri, cid)
         return Path(f"/proc/{container_pid(direct, cid)}/oom_score_adj").read_text().strip()
 
@@ -216,3 +220,30 @@ def test_a_restricted_oom_score_adj_is_withheld(
     assert "event=nri_cri_settings restrict_oom_score_adj=yes" in log
     [said] = [line for line in log.splitlines() if "fields=oom_score_adj lowered" in line.replace('"', "")]
     assert "restrict_oom_score_adj" in said
+
+
+def test_a_restricted_oom_score_adj_above_containerd_s_is_applied(
+    containerd: Containerd, direct: Cri, short_tmp: Path, proxy: Proxy, plugins: Callable[..., Plugin]
+) -> None:
+    """With ``restrict_oom_score_adj``, kubelet asking 900 and a hook server answering a value below 900
+    but above containerd's own: containerd gives the hook's value through ``krproxy serve`` (it only keeps a
+    container at or above its *own* ``oom_score_adj``); ``krproxy nri`` gives it too."""
+    if containerd.major < 2:
+        pytest.skip("containerd 1.7's NRI (0.6.1) has no oom_score_adj adjustment")
+    own = int(Path(f"/proc/{containerd.state['pid']}/oom_score_adj").read_text())
+    lowered = (own + 900) // 2
+    assert own < lowered < 900
+    answer = {"resources": {"PreCreateContainer": {"oom_score_adj": lowered}}}
+    plugins("oom", hooks=HOOKS, failure_policy="Fail", **answer)
+    with Cri.connect(proxy.socket) as via_proxy:
+        assert str(lowered) == oom_score_adj(via_proxy, containerd, direct, 900)
+    nri_dir = short_tmp / "nri"
+    nri_dir.mkdir()
+    flags = ("--containerd-config", str(containerd.dir / "config.toml"))
+    with krproxy_nri(containerd, nri_dir, flags) as daemon:
+        plugin = start_plugin(daemon, "oom", hooks=HOOKS, failure_policy="Fail", **answer)
+        try:
+            hooks_in_effect(daemon)
+            assert str(lowered) == oom_score_adj(direct, containerd, direct, 900)
+        finally:
+            assert 0 == plugin.stop()

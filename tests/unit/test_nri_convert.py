@@ -280,6 +280,25 @@ class TestAdjustment:
             assert (None, ("oom_score_adj lowered",)) == (adjusted.adjust, adjusted.not_applied)
             assert convert.OOM_RESTRICTED == convert.why_not_applied("oom_score_adj lowered")
 
+    @pytest.mark.parametrize(
+        ("value", "sent", "lowered"),
+        [(-998, -998, False), (-999, -998, True), (-500, -500, False), (-997, None, False)],
+        ids=["containerd's own", "below containerd's own", "between", "unchanged"],
+    )
+    def test_oom_score_adj_bounded_by_containerd_s_own(
+        self, value: int, sent: int | None, lowered: bool
+    ) -> None:
+        """With restrict_oom_score_adj and containerd's own oom_score_adj known (-998, below the -997 it chose):
+        a value at or above containerd's own is sent as proxy mode's containerd gives it, one below is sent
+        as containerd's own and named ``oom_score_adj lowered``."""
+        before = self.before()
+        assert before.resources is not None
+        after = attrs.evolve(before, resources=attrs.evolve(before.resources, oom_score_adj=value))
+        adjusted = convert.adjustment(before, after, restrict_oom_score_adj=True, runtime_oom_score_adj=-998)
+        linux = adjusted.adjust.linux if adjusted.adjust is not None else None
+        got = linux.oom_score_adj.value if linux is not None and linux.oom_score_adj is not None else None
+        assert (sent, lowered) == (got, "oom_score_adj lowered" in adjusted.not_applied)
+
     def test_other_fields_cannot(self) -> None:
         """Every other field not applied has the one reason: NRI cannot make it at this event."""
         assert convert.CANNOT == convert.why_not_applied("pod_cgroup_parent")
