@@ -173,7 +173,7 @@ class EventHandlers:
     own_names: frozenset[str]
     #: containerd's ``restrict_oom_score_adj`` (:mod:`krproxy.nri.cri_settings`; False when not read).
     restrict_oom_score_adj: bool = False
-    #: The runtime process's own ``oom_score_adj`` (:func:`krproxy.nri.cri_settings.peer_oom_score_adj`,
+    #: The runtime process's own ``oom_score_adj`` (:func:`krproxy.nri.plugin.peer_oom_score_adj`,
     #: read at each connection; None: unknown).
     runtime_oom_score_adj: int | None = attrs.field(default=None, init=False)
     terms: Terms = attrs.field(factory=Terms, init=False)

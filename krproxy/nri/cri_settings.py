@@ -10,39 +10,23 @@ NRI the spec said -500 and runc, without CAP_SYS_RESOURCE, failed to start it (w
 would have had -500). :func:`restricts_oom_score_adj` reads the setting from ``--containerd-config``, as
 :mod:`krproxy.nri.validator` reads that file; :func:`krproxy.nri.convert.adjustment` then raises an
 ``oom_score_adj`` below containerd's own to it, as containerd would have: containerd's own is read from
-the NRI socket's peer (:func:`peer_oom_score_adj`); unknown, the one containerd chose for the container
+the NRI socket's peer (:func:`krproxy.nri.plugin.peer_oom_score_adj`); unknown, the one containerd chose for the container
 (never below its own) bounds it instead. Measured on 2.1.9: kubelet asking 900, a hook answering 450
 (containerd's own 0), proxy mode gave 450, and krproxy nri, bounding by 900, had withheld it.
 """
 
 from __future__ import annotations
 
-import socket
-import struct
 import tomllib
 from collections.abc import Mapping
 from typing import Any
 
 from krproxy.nri.validator import load_config
 
-__all__ = ["CRI_PLUGIN_KEYS", "peer_oom_score_adj", "restricts_oom_score_adj"]
+__all__ = ["CRI_PLUGIN_KEYS", "restricts_oom_score_adj"]
 
 #: Where ``restrict_oom_score_adj`` lives: containerd 1.x's CRI plugin, 2.x's CRI runtime plugin.
 CRI_PLUGIN_KEYS = ("io.containerd.grpc.v1.cri", "io.containerd.cri.v1.runtime")
-
-
-def peer_oom_score_adj(sock: Any) -> int | None:
-    """The ``oom_score_adj`` of the process at the other end of the unix socket *sock* (containerd, serving
-    NRI): the value its ``restrict_oom_score_adj`` keeps containers at or above. None when it cannot be
-    read (the process not in krproxy's pid namespace: SO_PEERCRED says pid 0, or no such /proc entry)."""
-    try:
-        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
-        if pid <= 0:
-            return None
-        with open(f"/proc/{pid}/oom_score_adj") as file:
-            return int(file.read())
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def _version(path: str) -> Any:

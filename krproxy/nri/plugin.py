@@ -42,6 +42,7 @@ from __future__ import annotations
 import errno
 import logging
 import socket
+import struct
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -72,7 +73,7 @@ from krproxy.nri._events import MARGIN as MARGIN
 from krproxy.nri._events import EventHandlers, Terms, event_names, mask_of, warm_up
 from krproxy.nri._session import AsyncHandler, ConnectionLost, Handler, Session, TtrpcError
 from krproxy.nri._view import NriView
-from krproxy.nri.cri_settings import peer_oom_score_adj, restricts_oom_score_adj
+from krproxy.nri.cri_settings import restricts_oom_score_adj
 from krproxy.nri.validator import ValidatorCheck, log_validator_check
 from krproxy.nri.versions import RuntimeNri
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
@@ -399,6 +400,20 @@ class NriPlugin:
     async def shutdown(self, payload: bytes) -> bytes:
         log.event(LOGGER, "nri_runtime_shutdown", runtime=self.runtime)
         return bytes(api.Empty())
+
+
+def peer_oom_score_adj(sock: Any) -> int | None:
+    """The ``oom_score_adj`` of the process at the other end of the unix socket *sock* (containerd, serving
+    NRI): the value its ``restrict_oom_score_adj`` keeps containers at or above. None when it cannot be
+    read (the process not in krproxy's pid namespace: SO_PEERCRED says pid 0, or no such /proc entry)."""
+    try:
+        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if pid <= 0:
+            return None
+        with open(f"/proc/{pid}/oom_score_adj") as file:
+            return int(file.read())
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def log_cri_settings(path: str) -> bool:

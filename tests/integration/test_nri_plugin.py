@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -483,3 +485,14 @@ class TestOtherEvents:
             assert [] == state_changes and "dedicated" == plugin.events.event_calls
         else:
             assert len(state_changes) == 7 and "StateChange" == plugin.events.event_calls
+
+
+def test_the_peer_s_oom_score_adj() -> None:
+    """The oom_score_adj of the process at the other end of a unix socket (here this one) is read; of no
+    socket, None."""
+    left, right = socket.socketpair(socket.AF_UNIX)
+    with left, right:
+        assert int(Path(f"/proc/{os.getpid()}/oom_score_adj").read_text()) == nri_plugin.peer_oom_score_adj(
+            left
+        )
+    assert nri_plugin.peer_oom_score_adj(None) is None

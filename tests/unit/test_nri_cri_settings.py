@@ -3,13 +3,11 @@ configuration as krproxy.nri.validator reads it (imports merged over the main fi
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
 import pytest
 
-from krproxy.nri.cri_settings import peer_oom_score_adj, restricts_oom_score_adj
+from krproxy.nri.cri_settings import restricts_oom_score_adj
 from krproxy.nri.validator import ConfigError
 
 
@@ -77,12 +75,3 @@ def test_a_version_2_import_brings_the_1_x_key(tmp_path: Path) -> None:
         'version = 2\n[plugins."io.containerd.grpc.v1.cri"]\n  restrict_oom_score_adj = true\n',
     )
     assert restricts_oom_score_adj(write(tmp_path / "config.toml", "version = 3\nimports = ['old.toml']\n"))
-
-
-def test_the_peer_s_oom_score_adj() -> None:
-    """The oom_score_adj of the process at the other end of a unix socket (here this one) is read; of no
-    socket, None."""
-    left, right = socket.socketpair(socket.AF_UNIX)
-    with left, right:
-        assert int(Path(f"/proc/{os.getpid()}/oom_score_adj").read_text()) == peer_oom_score_adj(left)
-    assert peer_oom_score_adj(None) is None
