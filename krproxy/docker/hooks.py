@@ -165,6 +165,12 @@ def _created_id(reply: Reply) -> str:
     return ident
 
 
+#: Stopped containers' records :class:`DockerHooks` keeps for a later start (the oldest forgotten first):
+#: kubelet removes through krproxy what it stopped, so only containers removed straight on dockerd stay, and
+#: a node keeps far fewer stopped containers than this.
+MAX_STOPPED = 10_000
+
+
 @attrs.define(eq=False)
 class DockerHooks:
     """Store + hook chain for Docker requests; :meth:`handle` runs one intercepted request.
@@ -182,7 +188,8 @@ class DockerHooks:
     lookup: Lookup | None = None
     lifecycle: Lifecycle = attrs.field(init=False)
     #: Containers stopped through krproxy, dropped from the store but not removed from dockerd: a start or
-    #: restart of one is hooked with its record again (recovery stores such containers too).
+    #: restart of one is hooked with its record again (recovery stores such containers too). At most
+    #: :data:`MAX_STOPPED`.
     _stopped: dict[str, ContainerInfo] = attrs.field(factory=dict, init=False)
     _recovered: trio.Event = attrs.field(factory=trio.Event, init=False)
 
@@ -338,6 +345,8 @@ class DockerHooks:
             if forget:
                 self.store.delete_container(ident)
                 self._stopped[ident] = info
+                if len(self._stopped) > MAX_STOPPED:  # the oldest first (only ones removed behind our back)
+                    del self._stopped[next(iter(self._stopped))]
             if not self._skips(info.pod):
                 await self.lifecycle.post(HookPoint.POST_STOP_CONTAINER, info, target=ident)
             return

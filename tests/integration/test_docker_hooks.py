@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import trio
 
+from krproxy.docker import hooks as docker_hooks
 from krproxy.fakes.plugin import Changes, FakePlugin, Misbehaviour
 from krproxy.grpcstatus import Status
 from krproxy.hooks.points import HookPoint
@@ -219,6 +220,24 @@ class TestStartStop:
         assert 2 == len(plugin.requests(HookPoint.POST_STOP_CONTAINER))
         await node.call("DELETE", f"/containers/{container}")
         assert {} == node.proxy.hooks._stopped
+
+    async def test_stopped_records_are_bounded(
+        self, node: DockerNode, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """At most MAX_STOPPED stopped containers' records are kept (the oldest forgotten first): one
+        removed straight on dockerd is never removed through krproxy."""
+        monkeypatch.setattr(docker_hooks, "MAX_STOPPED", 1)
+        await node.start_proxy()
+        sandbox, first = await node.create_pod()
+        stopped = []
+        for container in (
+            first,
+            await node.create(CONTAINER_NAME.replace("app", "app2"), container_body(sandbox)),
+        ):
+            await node.call("POST", f"/containers/{container}/start")
+            await node.call("POST", f"/containers/{container}/stop")
+            stopped.append(container)
+        assert [stopped[1]] == list(node.proxy.hooks._stopped)
 
     async def test_stop_sandbox_runs_post_stop_pod_sandbox(self, node: DockerNode) -> None:
         """Stopping the sandbox container runs PostStopPodSandbox with the stored pod."""
