@@ -243,13 +243,9 @@ def test_restarts_lose_no_hook(containerd: Containerd, direct: Cri, short_tmp: P
             containerd.start()  # same DIR and socket path
             synchronized(daemon, 2)  # reconnected and synchronized by the new containerd
             with cleanup(direct) as pods:
-                pod_id = run_pod(direct, pod_config(containerd.cgroup_parent, "after"), pods)
-                create_container(
-                    direct,
-                    pod_id,
-                    pod_config(containerd.cgroup_parent, "after"),
-                    container_config(containerd.busybox),
-                )
+                after = pod_config(containerd.cgroup_parent, "after")  # (a uid of its own: made once)
+                pod_id = run_pod(direct, after, pods)
+                create_container(direct, pod_id, after, container_config(containerd.busybox))
             assert 2 == len(plugin.requests("PreCreateContainer"))
         finally:
             assert 0 == plugin.stop()
