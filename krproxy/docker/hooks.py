@@ -314,9 +314,8 @@ class DockerHooks:
         return None if info is None or self._skips(info.pod) else info
 
     async def _start(self, ident: str, forward: Forward) -> Reply:
-        if (stopped := self._stopped.pop(ident, None)) is not None and self.store.get_container(
-            ident
-        ) is None:
+        stopped = self._stopped.pop(ident, None)
+        if stopped is not None and self.store.get_container(ident) is None:
             self.store.put_container(ident, stopped)  # started again: its record back, its hooks run
         info = self._hooked_container(ident)
         if info is None:

@@ -299,8 +299,7 @@ def same_pod(sandbox_id: str, pod: Any, meta: Any) -> None:
     Raises:
         GRPCError: INVALID_ARGUMENT, naming both pods.
     """
-    name, namespace, uid = meta.name, meta.namespace, meta.uid
-    if (name == pod.name and namespace == pod.namespace and uid == pod.uid) or not (name or namespace or uid):
+    if not pod.named_otherwise(meta.name, meta.namespace, meta.uid):
         return
     raise GRPCError(
         Status.INVALID_ARGUMENT,

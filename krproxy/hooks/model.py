@@ -228,6 +228,14 @@ class PodInfo:
         """Whether the pod carries label *key* with exactly *value* (used for the skip-hookserver opt-out)."""
         return self.labels.get(key) == value
 
+    def named_otherwise(self, name: str, namespace: str, uid: str | None) -> bool:
+        """Whether a CreateContainer's ``sandbox_config`` naming (*name*, *namespace*, *uid*) names another pod
+        than this one: containerd writes those into the container's spec. Empty names (a config without
+        metadata) name no pod; a *uid* of None (a spec without it) is not compared."""
+        if not (name or namespace or uid):
+            return False
+        return not (name == self.name and namespace == self.namespace and uid in (None, self.uid))
+
 
 @attrs.frozen
 class ContainerInfo:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from krproxy.forward import RUNTIME_PREFIX, Watch, Watcher
 from krproxy.grpcstatus import Status
 from krproxy.hooks import convert, rewrite, wire
-from krproxy.hooks._reading import THREAD_DECODE_AT, decode, plain_id, same_pod
+from krproxy.hooks._reading import THREAD_DECODE_AT, decode, plain_id
 from krproxy.hooks.idprefix import IdRefused
 from krproxy.hooks.model import PodInfo
 from krproxy.hooks.points import HookPoint
@@ -138,11 +138,11 @@ class _Watches:
             if pod is None:
                 pod = convert.pod_from_wire_config(request.sandbox_config)
             else:
-                same_pod(request.pod_sandbox_id, pod, request.sandbox_config.metadata)
+                meta = request.sandbox_config.metadata
+                if pod.named_otherwise(meta.name, meta.namespace, meta.uid):  # the interceptor refuses it
+                    return None  # (hooks._reading.same_pod)
             name = request.config.metadata.name
-        except (
-            Exception
-        ):  # malformed, an empty or ambiguous pod id, another pod's config: the interceptor refuses it
+        except Exception:  # malformed, or an empty or ambiguous pod id: the interceptor refuses it
             return None
         if not ((not plugins and self.nothing_required(point, pod, name)) or hooks.lifecycle.skips(pod)):
             return None

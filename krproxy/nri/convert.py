@@ -46,6 +46,7 @@ from typing import Any
 import attrs
 
 from krproxy.hooks.model import ContainerInfo, FrozenMap, PodInfo, Resources
+from krproxy.nri.versions import SWAP_IGNORED
 from krproxy.nri.wire import entries
 from krproxy.proto.nri.pkg.api import v1alpha1 as api
 
@@ -81,10 +82,7 @@ OOM_RESTRICTED = (
     "(when krproxy cannot read that, a value below the one containerd chose is withheld)"
 )
 #: Why a swap limit is withheld.
-SWAP = (
-    "NRI sets the memory swap limit to the memory limit and ignores a plugin's swap (containerd drops an "
-    "update's): use proxy mode for a swap limit of its own"
-)
+SWAP = f"{SWAP_IGNORED} (containerd drops an update's): use proxy mode for a swap limit of its own"
 _SWAP_FIELD = "memory_swap_limit_in_bytes"
 
 
@@ -223,8 +221,7 @@ def another_pod_named(info: ContainerInfo) -> str | None:
     namespace = info.annotations.get(SANDBOX_NAMESPACE, "")
     uid = info.annotations.get(SANDBOX_UID)
     pod = info.pod
-    same = name == pod.name and namespace == pod.namespace and uid in (None, pod.uid)
-    if same or not (name or namespace or uid):
+    if not pod.named_otherwise(name, namespace, uid):
         return None
     return (
         f"CreateContainer for pod {pod.namespace}/{pod.name} (uid {pod.uid!r}) carries the sandbox_config of"
@@ -333,12 +330,11 @@ def adjustment(
                 if value < floor:
                     not_applied.append("oom_score_adj lowered")
                     value = floor
-            if value == before.resources.oom_score_adj:
-                pass
-            elif oom_score_adj:
-                linux.oom_score_adj = api.OptionalInt(value=value)
-            else:
-                not_applied.append("oom_score_adj")
+            if value != before.resources.oom_score_adj:
+                if oom_score_adj:
+                    linux.oom_score_adj = api.OptionalInt(value=value)
+                else:
+                    not_applied.append("oom_score_adj")
         if linux != api.LinuxContainerAdjustment():
             adjust.linux = linux
     return Adjusted(adjust if adjust != api.ContainerAdjustment() else None, tuple(not_applied))
